@@ -1,0 +1,28 @@
+"""Hot ops of the student: torch references and Triton kernels behind one dispatch point.
+
+Select the backend with ``MLFF_DISTILLER_KERNELS=auto|triton|torch`` or :func:`set_backend` / :func:`use_backend`.
+"""
+
+from ._backend import BACKENDS, get_backend, resolve_backend, set_backend, triton_available, use_backend
+from .edge_features import edge_basis, edge_basis_reference, edge_features, edge_features_reference
+from .message_passing import message_passing, message_passing_reference
+from .rbf_cutoff import BASES, ENVELOPES, rbf_cutoff, rbf_cutoff_reference
+
+__all__ = [
+    "BACKENDS",
+    "BASES",
+    "ENVELOPES",
+    "edge_basis",
+    "edge_basis_reference",
+    "edge_features",
+    "edge_features_reference",
+    "get_backend",
+    "message_passing",
+    "message_passing_reference",
+    "rbf_cutoff",
+    "rbf_cutoff_reference",
+    "resolve_backend",
+    "set_backend",
+    "triton_available",
+    "use_backend",
+]

@@ -1,0 +1,96 @@
+"""Kernel backend selection: ``auto | triton | torch``.
+
+The backend is read from ``MLFF_DISTILLER_KERNELS`` (default ``auto``) and may be overridden from Python with
+:func:`set_backend` or the :func:`use_backend` context manager. ``auto`` picks Triton for CUDA tensors when Triton
+imports, and the torch reference otherwise. ``triton`` on a CPU tensor runs only under the Triton interpreter
+(``TRITON_INTERPRET=1``); anywhere else asking for it is a clear error rather than a silent fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["BACKENDS", "get_backend", "resolve_backend", "set_backend", "triton_available", "use_backend"]
+
+BACKENDS = ("auto", "triton", "torch")
+_ENV = "MLFF_DISTILLER_KERNELS"
+_override: str | None = None
+
+
+def _check(name: str) -> str:
+    name = name.strip().lower()
+    if name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKENDS} (env {_ENV})")
+    return name
+
+
+def get_backend() -> str:
+    """The requested backend: the Python override if set, else ``$MLFF_DISTILLER_KERNELS``, else ``auto``."""
+    if _override is not None:
+        return _override
+    return _check(os.environ.get(_ENV, "auto") or "auto")
+
+
+def set_backend(name: str | None) -> None:
+    """Set the backend for this process (``None`` returns control to the environment variable)."""
+    global _override
+    _override = None if name is None else _check(name)
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Temporarily select a backend: ``with use_backend("torch"): ...``."""
+    global _override
+    old = _override
+    _override = _check(name)
+    try:
+        yield
+    finally:
+        _override = old
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_available(device: torch.device | str) -> bool:
+    """Whether Triton kernels can run on tensors of ``device`` in this process."""
+    device = torch.device(device)
+    if not _triton_importable():
+        return False
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and interpreter_enabled()
+
+
+def resolve_backend(device: torch.device | str) -> str:
+    """The backend that will actually run for tensors on ``device``: ``"triton"`` or ``"torch"``."""
+    requested = get_backend()
+    if requested == "torch":
+        return "torch"
+    device = torch.device(device)
+    if requested == "auto":
+        return "triton" if device.type == "cuda" and triton_available(device) else "torch"
+    if not triton_available(device):
+        why = (
+            "triton is not installed"
+            if not _triton_importable()
+            else f"Triton kernels need a CUDA device (got {device.type}); on CPU set TRITON_INTERPRET=1"
+        )
+        raise RuntimeError(f"kernel backend 'triton' was requested but cannot run here: {why}")
+    return "triton"
