@@ -1,0 +1,243 @@
+"""Shared pieces of the neighbour-list backends: the result type, input checks, cell geometry, finishing.
+
+Every backend works in the *wrapped frame*: periodic atoms are moved into the cell by an integer image
+``k_i`` (so ``wrapped_i = positions_i - k_i @ cell``) and the backend finds triples ``(i, j, S')`` with
+``|wrapped_j - wrapped_i + S' @ cell| < cutoff``. :func:`finish` turns them into the caller's frame,
+``S = S' - k_j + k_i``, so that the returned shifts satisfy the vector formula with the ORIGINAL positions.
+All geometry is done in float64 whatever the input dtype: the pair set must match ASE exactly, and float32
+rounding of ``|r|`` near the cutoff would otherwise add or drop pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Geometry", "NeighborList", "RawPairs", "finish", "prepare"]
+
+# Periodic lattice vectors spanning less than this (Å, Å² or Å³) make a degenerate cell (as in batch.py).
+MIN_VOLUME = 1e-6
+# Relative slack on ``cutoff / height`` when counting images and ghosts: a few extra candidates are harmless,
+# a missing image because a fractional coordinate rounded to 1.0 - 1e-16 is not.
+IMAGE_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class NeighborList:
+    """A full (both directions) radius graph of a batch, sorted by receiver.
+
+    Attributes:
+        edge_index: ``[2, E]`` int64; row 0 the centre/receiver ``i``, row 1 the neighbour ``j`` (global atom
+            indices within the batch).
+        shifts: ``[E, 3]`` int64 integer image shifts ``S``: the edge vector is
+            ``positions[j] - positions[i] + S @ cell[batch[i]]`` (Å), with the positions as given.
+        shift_vectors: ``[E, 3]`` ``S @ cell[batch[i]]`` in Å, dtype/device of the positions. Never carries a
+            gradient; to differentiate through the cell (stress), recompute it from ``shifts``.
+        row_ptr: ``[N + 1]`` int64 CSR offsets: the edges of receiver ``i`` are ``row_ptr[i]:row_ptr[i + 1]``.
+        method: the backend that ran (``"brute"`` or ``"cell_list"``), to see what ``"auto"`` chose.
+    """
+
+    edge_index: torch.Tensor
+    shifts: torch.Tensor
+    shift_vectors: torch.Tensor
+    row_ptr: torch.Tensor
+    method: str
+
+    @property
+    def num_edges(self) -> int:
+        return self.edge_index.shape[1]
+
+    def vectors(self, positions: torch.Tensor) -> torch.Tensor:
+        """``[E, 3]`` edge vectors ``positions[j] - positions[i] + shift_vectors`` in Å (differentiable in
+        ``positions``)."""
+        i, j = self.edge_index
+        return positions[j] - positions[i] + self.shift_vectors.to(positions.dtype)
+
+    def distances(self, positions: torch.Tensor) -> torch.Tensor:
+        """``[E]`` edge lengths in Å."""
+        return self.vectors(positions).norm(dim=1)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Everything a backend needs, computed once per call (float64 unless noted; Å and fractional units).
+
+    ``basis [B,3,3]``: the cell with non-periodic (or absent) vectors replaced by orthonormal vectors
+    orthogonal to the periodic ones, so it is always invertible; used only for fractional coordinates.
+    ``heights [B,3]``: distance between lattice planes of ``basis`` (Å). ``n_images [B,3]`` int64: images
+    needed on each side along each periodic vector, 0 along non-periodic ones. ``wrapped [N,3]``, ``frac
+    [N,3]`` (wrapped fractional, in [0, 1) along periodic vectors), ``image [N,3]`` int64 ``k``.
+    """
+
+    positions: torch.Tensor
+    cell: torch.Tensor
+    pbc: torch.Tensor
+    batch: torch.Tensor
+    ptr: torch.Tensor
+    counts: torch.Tensor
+    cutoff: float
+    basis: torch.Tensor
+    heights: torch.Tensor
+    n_images: torch.Tensor
+    wrapped: torch.Tensor
+    frac: torch.Tensor
+    image: torch.Tensor
+
+    @property
+    def num_atoms(self) -> int:
+        return self.positions.shape[0]
+
+
+@dataclass(frozen=True)
+class RawPairs:
+    """Backend output: receivers ``i``, neighbours ``j`` ``[E]``; wrapped-frame shifts ``S'`` ``[E, 3]``."""
+
+    i: torch.Tensor
+    j: torch.Tensor
+    shifts: torch.Tensor
+    is_sorted: bool
+
+
+def prepare(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    pbc: torch.Tensor,
+    batch: torch.Tensor,
+    ptr: torch.Tensor,
+    cutoff: float,
+) -> Geometry:
+    """Validate the inputs and compute the shared cell geometry. Raises ``ValueError`` on bad input."""
+    cutoff = _check(positions, cell, pbc, batch, ptr, cutoff)
+    pbc = pbc.to(dtype=torch.bool)
+    batch, ptr = batch.long(), ptr.long()
+    cell64 = cell.to(torch.float64)
+
+    basis = _full_rank_basis(cell64, pbc)
+    volume = torch.linalg.det(basis).abs()
+    bad = pbc.any(dim=1) & (volume < MIN_VOLUME)
+    if bool(bad.any()):
+        k = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(
+            f"neighbor_list: structure {k} has a degenerate cell: its periodic vectors span "
+            f"{float(volume[k]):.3g} with pbc={pbc[k].tolist()}"
+        )
+    inv = torch.linalg.inv(basis)
+    # Fractional coordinate a is x @ inv[:, a]; its gradient has norm 1/h_a, h_a the lattice-plane spacing.
+    heights = 1.0 / inv.norm(dim=1)
+    ratio = cutoff / heights * (1.0 + IMAGE_SLACK)
+    n_images = torch.where(pbc, torch.ceil(ratio), torch.zeros_like(ratio)).long()
+
+    pos64 = positions.to(torch.float64)
+    frac = torch.einsum("ni,nij->nj", pos64, inv[batch])
+    image = torch.where(pbc[batch], torch.floor(frac), torch.zeros_like(frac))
+    wrapped = pos64 - torch.einsum("ni,nij->nj", image, basis[batch])
+    return Geometry(
+        positions=positions,
+        cell=cell,
+        pbc=pbc,
+        batch=batch,
+        ptr=ptr,
+        counts=ptr[1:] - ptr[:-1],
+        cutoff=cutoff,
+        basis=basis,
+        heights=heights,
+        n_images=n_images,
+        wrapped=wrapped,
+        frac=frac - image,
+        image=image.long(),
+    )
+
+
+def finish(geo: Geometry, raw: RawPairs, method: str) -> NeighborList:
+    """Move wrapped-frame shifts to the caller's frame, sort by (i, j, S) and build ``row_ptr``."""
+    i, j, s = raw.i, raw.j, raw.shifts
+    if not raw.is_sorted and i.numel() > 0:
+        # Lexicographic (i, j, S') by two stable sorts; for a fixed (i, j) the order of S' is the order of
+        # S, which differs from it by the constant k_i - k_j.
+        span = s.abs().max() * 2 + 1
+        lo = s + span // 2
+        code = (lo[:, 0] * span + lo[:, 1]) * span + lo[:, 2]
+        order = torch.sort(code, stable=True).indices
+        order = order[torch.sort(i[order] * geo.num_atoms + j[order], stable=True).indices]
+        i, j, s = i[order], j[order], s[order]
+    shifts = s + geo.image[i] - geo.image[j]
+    cell = geo.cell.to(geo.positions.dtype)
+    shift_vectors = torch.einsum("ea,eab->eb", shifts.to(cell.dtype), cell[geo.batch[i]])
+    row_ptr = torch.zeros(geo.num_atoms + 1, dtype=torch.long, device=i.device)
+    row_ptr[1:] = torch.cumsum(torch.bincount(i, minlength=geo.num_atoms), 0)
+    return NeighborList(
+        edge_index=torch.stack([i, j]),
+        shifts=shifts,
+        shift_vectors=shift_vectors,
+        row_ptr=row_ptr,
+        method=method,
+    )
+
+
+def empty_pairs(device: torch.device) -> RawPairs:
+    z = torch.zeros(0, dtype=torch.long, device=device)
+    return RawPairs(i=z, j=z, shifts=torch.zeros(0, 3, dtype=torch.long, device=device), is_sorted=True)
+
+
+def _full_rank_basis(cell: torch.Tensor, pbc: torch.Tensor) -> torch.Tensor:
+    """Replace every non-periodic row of ``cell [B,3,3]`` by a unit vector orthogonal to the periodic rows.
+
+    The complement of the periodic span is the eigenspace of eigenvalue 1 of ``I - P^+ P`` (``P``: the cell
+    with non-periodic rows zeroed); ``eigh`` sorts eigenvalues ascending, so it is the last ``3 - n_periodic``
+    eigenvectors, handed out to the non-periodic rows in order. Orthogonality keeps the plane spacings of the
+    periodic vectors equal to their in-plane (2D/1D) values, so no images are wasted.
+    """
+    periodic = cell * pbc[..., None]
+    eye = torch.eye(3, dtype=cell.dtype, device=cell.device)
+    complement = eye - torch.linalg.pinv(periodic) @ periodic
+    _, vecs = torch.linalg.eigh(complement)
+    missing = (~pbc).sum(dim=1, keepdim=True)
+    column = 3 - missing + torch.cumsum((~pbc).long(), dim=1) - 1
+    fill = torch.gather(vecs.transpose(1, 2), 1, column.clamp(0, 2)[..., None].expand(-1, -1, 3))
+    return torch.where(pbc[..., None], cell, fill)
+
+
+def _check(positions, cell, pbc, batch, ptr, cutoff) -> float:
+    def fail(msg: str) -> None:
+        raise ValueError(f"neighbor_list: {msg}")
+
+    try:
+        cutoff = float(cutoff)
+    except (TypeError, ValueError):
+        fail(f"cutoff must be a number, got {cutoff!r}")
+    if not (math.isfinite(cutoff) and cutoff > 0):
+        fail(f"cutoff must be a positive finite distance in Å, got {cutoff}")
+    tensors = {"positions": positions, "cell": cell, "pbc": pbc, "batch": batch, "ptr": ptr}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if positions.dtype not in (torch.float32, torch.float64):
+        fail(f"positions must be float32 or float64, got {positions.dtype}")
+    if positions.dim() != 2 or positions.shape[1] != 3:
+        fail(f"positions must be [N, 3], got {tuple(positions.shape)}")
+    n = positions.shape[0]
+    if cell.dim() != 3 or cell.shape[1:] != (3, 3):
+        fail(f"cell must be [B, 3, 3], got {tuple(cell.shape)}")
+    b = cell.shape[0]
+    if b == 0:
+        fail("need at least one structure (cell is [0, 3, 3])")
+    if not cell.is_floating_point():
+        fail(f"cell must be floating point, got {cell.dtype}")
+    if tuple(pbc.shape) != (b, 3):
+        fail(f"pbc must be [{b}, 3] to match cell [{b}, 3, 3], got {tuple(pbc.shape)}")
+    if tuple(batch.shape) != (n,):
+        fail(f"batch must be [{n}] to match positions [{n}, 3], got {tuple(batch.shape)}")
+    if tuple(ptr.shape) != (b + 1,):
+        fail(f"ptr must be [{b + 1}] to match cell [{b}, 3, 3], got {tuple(ptr.shape)}")
+    for name in ("batch", "ptr"):
+        if tensors[name].is_floating_point() or tensors[name].dtype == torch.bool:
+            fail(f"{name} must be an integer tensor, got {tensors[name].dtype}")
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        fail(f"all inputs must be on one device, got {devices}")
+    first, last = ptr[[0, -1]].tolist()
+    if first != 0 or last != n:
+        fail(f"ptr must run from 0 to N={n}, got ptr[0]={first}, ptr[-1]={last}")
+    return cutoff

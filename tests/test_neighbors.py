@@ -1,0 +1,288 @@
+"""Neighbour lists vs ``ase.neighborlist.neighbor_list('ijS')``: exact pair sets, batching, edge cases."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.neighborlist import neighbor_list as ase_neighbor_list
+
+from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.neighbors import BACKENDS, NeighborList, neighbor_list, neighbor_list_batch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+METHODS = ["brute", "cell_list"]
+DTYPES = [torch.float64, torch.float32]
+# Distance agreement with ASE (Å): positions are rounded to the dtype first, so only the arithmetic differs.
+DIST_ATOL = {torch.float64: 1e-10, torch.float32: 2e-5}
+KINDS = ["molecule", "tiny", "triclinic", "slab", "wire", "mixed"]
+CUTOFF = 5.0
+
+
+def random_structure(rng: np.random.Generator, kind: str) -> Atoms:
+    """A random structure of ``kind``; periodic ones have a skewed lower-triangular cell and fractional
+    coordinates partly outside [0, 1) (unwrapped positions)."""
+    if kind == "molecule":
+        n = int(rng.integers(1, 13))
+        return Atoms(numbers=rng.integers(1, 10, n), positions=rng.uniform(-4.0, 4.0, (n, 3)))
+    lo, hi, n_max = (1.5, 3.0, 4) if kind == "tiny" else (3.0, 8.0, 14)
+    diag = rng.uniform(lo, hi, 3)
+    cell = np.diag(diag) + np.tril(rng.uniform(-0.6, 0.6, (3, 3)) * diag[None, :], k=-1)
+    n = int(rng.integers(1, n_max + 1))
+    frac = rng.uniform(0.0, 1.0, (n, 3))
+    outside = rng.random(n) < 0.3
+    frac[outside] += rng.integers(-3, 4, (int(outside.sum()), 3))
+    pbc = {
+        "tiny": [True, True, True],
+        "triclinic": [True, True, True],
+        "slab": [True, True, False],
+        "wire": [False, False, True],
+        "mixed": list(rng.random(3) < 0.5),
+    }[kind]
+    pbc = np.array(pbc)
+    positions = frac @ cell
+    if rng.random() < 0.6:
+        cell[~pbc] = 0.0  # ASE allows zero non-periodic vectors; the backends must cope
+    return Atoms(numbers=rng.integers(1, 10, n), positions=positions, cell=cell, pbc=pbc)
+
+
+@functools.cache
+def structures() -> tuple[Atoms, ...]:
+    rng = np.random.default_rng(20240611)
+    return tuple(random_structure(rng, KINDS[k % len(KINDS)]) for k in range(60))
+
+
+def ase_pairs(atoms: Atoms, cutoff: float) -> tuple[list[tuple], np.ndarray]:
+    i, j, s, d = ase_neighbor_list("ijSd", atoms, cutoff)
+    order = np.lexsort((s[:, 2], s[:, 1], s[:, 0], j, i))
+    tuples = [
+        (int(a), int(b), tuple(int(x) for x in c))
+        for a, b, c in zip(i[order], j[order], s[order], strict=True)
+    ]
+    return tuples, d[order]
+
+
+@functools.cache
+def reference(dtype: torch.dtype, cutoff: float) -> tuple:
+    """ASE pairs of every test structure, computed from positions/cell already rounded to ``dtype``."""
+    batch = AtomsBatch.from_atoms(structures(), dtype=dtype)
+    return tuple(ase_pairs(atoms, cutoff) for atoms in batch.to_atoms())
+
+
+def our_pairs(nl: NeighborList, lo: int = 0, hi: int | None = None) -> list[tuple]:
+    """Edges whose receiver lies in [lo, hi), with indices relative to ``lo``, as (i, j, S) tuples."""
+    i, j = nl.edge_index.cpu().tolist()
+    shifts = nl.shifts.cpu().tolist()
+    hi = len(nl.row_ptr) - 1 if hi is None else hi
+    return [(a - lo, b - lo, tuple(s)) for a, b, s in zip(i, j, shifts, strict=True) if lo <= a < hi]
+
+
+def check_contract(nl: NeighborList, batch: AtomsBatch) -> None:
+    n, e = batch.num_atoms, nl.num_edges
+    assert nl.edge_index.shape == (2, e) and nl.edge_index.dtype == torch.long
+    assert nl.shifts.shape == (e, 3) and nl.shifts.dtype == torch.long
+    assert nl.shift_vectors.shape == (e, 3) and nl.shift_vectors.dtype == batch.dtype
+    assert nl.row_ptr.shape == (n + 1,) and nl.row_ptr.dtype == torch.long
+    for t in (nl.edge_index, nl.shifts, nl.shift_vectors, nl.row_ptr):
+        assert t.device == batch.device
+    i = nl.edge_index[0]
+    assert torch.equal(nl.row_ptr[1:] - nl.row_ptr[:-1], torch.bincount(i, minlength=n))
+    assert int(nl.row_ptr[0]) == 0 and int(nl.row_ptr[-1]) == e
+    assert bool((i[1:] >= i[:-1]).all()), "edges must be sorted by receiver"
+    # Edges never cross structures, and shift_vectors = S @ cell of the receiver's structure.
+    assert torch.equal(batch.batch[i], batch.batch[nl.edge_index[1]])
+    expected = torch.einsum("ea,eab->eb", nl.shifts.to(batch.dtype), batch.cell[batch.batch[i]])
+    torch.testing.assert_close(nl.shift_vectors, expected)
+
+
+# ------------------------------------------------------------------------------------------------ vs ASE
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method", METHODS)
+def test_matches_ase(device, dtype, method):
+    """60 random structures (molecules, tiny cells, triclinic, slabs, wires, mixed pbc) in one batch."""
+    batch = AtomsBatch.from_atoms(structures(), dtype=dtype, device=device)
+    nl = neighbor_list_batch(batch, CUTOFF, method)
+    assert nl.method == method
+    check_contract(nl, batch)
+    dist = nl.distances(batch.positions).cpu().double().numpy()
+    ptr = batch.ptr.tolist()
+    start = nl.row_ptr[ptr].tolist()
+    for k, (ref, ref_d) in enumerate(reference(dtype, CUTOFF)):
+        got = our_pairs(nl, ptr[k], ptr[k + 1])
+        assert got == ref, f"structure {k} ({KINDS[k % len(KINDS)]}): {len(got)} pairs vs ASE {len(ref)}"
+        np.testing.assert_allclose(dist[start[k] : start[k + 1]], ref_d, rtol=0, atol=DIST_ATOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("cutoff", [1.3, 3.7])
+def test_matches_ase_other_cutoffs(device, method, cutoff):
+    batch = AtomsBatch.from_atoms(structures(), device=device)
+    nl = neighbor_list_batch(batch, cutoff, method)
+    ptr = batch.ptr.tolist()
+    for k, (ref, _) in enumerate(reference(torch.float64, cutoff)):
+        assert our_pairs(nl, ptr[k], ptr[k + 1]) == ref, f"structure {k}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", METHODS)
+def test_far_unwrapped_positions(device, method):
+    """Positions many cells away from the origin cell still give ASE's S (relative to the given positions)."""
+    rng = np.random.default_rng(7)
+    cell = np.array([[3.1, 0.0, 0.0], [1.2, 2.9, 0.0], [-0.8, 0.7, 3.3]])
+    frac = rng.uniform(0, 1, (6, 3)) + rng.integers(-40, 40, (6, 3))
+    atoms = Atoms("H6", positions=frac @ cell, cell=cell, pbc=[True, False, True])
+    batch = AtomsBatch.from_atoms(atoms, device=device)
+    nl = neighbor_list_batch(batch, 4.0, method)
+    assert our_pairs(nl) == ase_pairs(atoms, 4.0)[0]
+    assert nl.shifts[:, 1].abs().sum() == 0, "no shifts along a non-periodic vector"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", METHODS)
+def test_larger_systems(device, method):
+    """Grids of many bins per axis (cell list) and large chunks: a 13 Å triclinic cell of 160 atoms, a slab
+    with vacuum, and a sparse 300-atom molecule, batched."""
+    rng = np.random.default_rng(11)
+    cell = np.array([[13.0, 0.0, 0.0], [3.5, 12.0, 0.0], [-2.0, 4.0, 12.5]])
+    bulk = Atoms("H160", positions=rng.uniform(-0.2, 1.2, (160, 3)) @ cell, cell=cell, pbc=True)
+    slab_cell = np.array([[11.0, 0.0, 0.0], [-4.0, 10.0, 0.0], [0.0, 0.0, 0.0]])
+    slab_pos = rng.uniform(0, 1, (120, 3)) @ np.array([[11.0, 0, 0], [-4.0, 10.0, 0], [0, 0, 8.0]])
+    slab = Atoms("H120", positions=slab_pos, cell=slab_cell, pbc=[True, True, False])
+    molecule = Atoms("H300", positions=rng.uniform(-15, 15, (300, 3)))
+    picks = [bulk, slab, molecule]
+    batch = AtomsBatch.from_atoms(picks, device=device)
+    nl = neighbor_list_batch(batch, CUTOFF, method)
+    check_contract(nl, batch)
+    ptr = batch.ptr.tolist()
+    for k, atoms in enumerate(picks):
+        assert our_pairs(nl, ptr[k], ptr[k + 1]) == ase_pairs(atoms, CUTOFF)[0], f"structure {k}"
+
+
+# ------------------------------------------------------------------------------------------------ batching
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_equals_single_and_backends_agree(device):
+    picks = [structures()[k] for k in (0, 1, 2, 3, 4, 5, 7, 8, 13)]
+    batch = AtomsBatch.from_atoms(picks, device=device)
+    full = {m: neighbor_list_batch(batch, CUTOFF, m) for m in METHODS}
+    # Both backends return identical tensors, order included.
+    for name in ("edge_index", "shifts", "shift_vectors", "row_ptr"):
+        assert torch.equal(getattr(full["brute"], name), getattr(full["cell_list"], name)), name
+    ptr = batch.ptr.tolist()
+    for k, atoms in enumerate(picks):
+        single = neighbor_list_batch(AtomsBatch.from_atoms(atoms, device=device), CUTOFF, "cell_list")
+        lo, hi = full["brute"].row_ptr[[ptr[k], ptr[k + 1]]].tolist()
+        assert torch.equal(full["brute"].edge_index[:, lo:hi], single.edge_index + ptr[k])
+        assert torch.equal(full["brute"].shifts[lo:hi], single.shifts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", METHODS)
+def test_small_chunks_give_same_list(device, method):
+    batch = AtomsBatch.from_atoms(structures()[:12], device=device)
+    ref = neighbor_list_batch(batch, CUTOFF, method)
+    chunked = neighbor_list_batch(batch, CUTOFF, method, max_candidates=97)
+    assert torch.equal(ref.edge_index, chunked.edge_index)
+    assert torch.equal(ref.shifts, chunked.shifts)
+
+
+# ------------------------------------------------------------------------------------------------ edge cases
+def _empty_cases() -> list[Atoms]:
+    return [
+        Atoms("H", positions=[[0.3, 0.1, -0.2]]),  # a single-atom molecule
+        Atoms("H2", positions=[[0, 0, 0], [0, 0, 6.0]]),  # farther apart than the cutoff
+        Atoms("H2", positions=[[0, 0, 0], [0, 0, 5.0]]),  # exactly at the cutoff: strict <
+        Atoms("H", positions=[[1, 1, 1]], cell=[[0, 0, 0], [0, 0, 0], [0, 0, 7.0]], pbc=[False, False, True]),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method", METHODS)
+def test_no_neighbours(device, dtype, method):
+    for atoms in [*_empty_cases(), _empty_cases()]:
+        batch = AtomsBatch.from_atoms(atoms, dtype=dtype, device=device)
+        nl = neighbor_list_batch(batch, 5.0, method)
+        assert nl.num_edges == 0
+        check_contract(nl, batch)
+        assert not nl.row_ptr.any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", METHODS)
+def test_self_images_and_coincident_atoms(device, method):
+    # One atom in a 2 Å cubic cell: its 80 own images within 5 Å (0 < |S|^2 <= 6; i == j, S != 0), never the
+    # S == 0 self pair.
+    atoms = Atoms("H", positions=[[0.5, 0.5, 0.5]], cell=np.eye(3) * 2.0, pbc=True)
+    nl = neighbor_list_batch(AtomsBatch.from_atoms(atoms, device=device), 5.0, method)
+    assert our_pairs(nl) == ase_pairs(atoms, 5.0)[0]
+    assert nl.num_edges == 80 and bool(nl.shifts.abs().sum(dim=1).gt(0).all())
+    # Two distinct atoms at one position are not paired (0 < |r|; ASE would give a zero-length edge).
+    twin = Atoms("H3", positions=[[0, 0, 0], [0, 0, 0], [1, 0, 0]])
+    nl = neighbor_list_batch(AtomsBatch.from_atoms(twin, device=device), 2.0, method)
+    zero = (0, 0, 0)
+    assert sorted(our_pairs(nl)) == [(0, 2, zero), (1, 2, zero), (2, 0, zero), (2, 1, zero)]
+
+
+@pytest.mark.parametrize("method", ["auto", *METHODS])
+def test_no_grad_and_auto(method):
+    batch = AtomsBatch.from_atoms(structures()[:6])
+    positions = batch.positions.clone().requires_grad_(True)
+    cell = batch.cell.clone().requires_grad_(True)
+    nl = neighbor_list(positions, cell, batch.pbc, batch.batch, batch.ptr, CUTOFF, method)
+    assert not nl.shift_vectors.requires_grad
+    assert nl.method in BACKENDS
+    with torch.no_grad():
+        again = neighbor_list(positions, cell, batch.pbc, batch.batch, batch.ptr, CUTOFF, method)
+    assert torch.equal(nl.edge_index, again.edge_index)
+
+
+def test_auto_rule():
+    small = AtomsBatch.from_atoms([Atoms("H3", positions=np.eye(3))] * 4)
+    assert neighbor_list_batch(small, CUTOFF).method == "brute"
+    rng = np.random.default_rng(3)
+    big = AtomsBatch.from_atoms(Atoms("H400", positions=rng.uniform(0, 16, (400, 3))))
+    assert neighbor_list_batch(big, CUTOFF).method == "cell_list"
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def test_bad_inputs():
+    b = AtomsBatch.from_atoms(structures()[:3])
+    args = (b.positions, b.cell, b.pbc, b.batch, b.ptr)
+    for cutoff in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="cutoff"):
+            neighbor_list(*args, cutoff)
+    bad = {
+        0: b.positions[:, :2],
+        1: b.cell[:, :2],
+        2: b.pbc[:-1],
+        3: b.batch[:-1],
+        4: b.ptr[:-1],
+    }
+    for slot, replacement in bad.items():
+        wrong = list(args)
+        wrong[slot] = replacement
+        with pytest.raises(ValueError, match="must be"):
+            neighbor_list(*wrong, CUTOFF)
+    with pytest.raises(ValueError, match="ptr must run"):
+        neighbor_list(*args[:4], b.ptr - 1, CUTOFF)
+    with pytest.raises(ValueError, match="unknown method"):
+        neighbor_list(*args, CUTOFF, method="octree")
+    with pytest.raises(ValueError, match="float32 or float64"):
+        neighbor_list(b.positions.half(), *args[1:], CUTOFF)
+    flat = torch.zeros(1, 3, 3, dtype=torch.float64)
+    flat[0, 0, 0] = 3.0  # periodic along all three vectors but only one is non-zero
+    one = torch.zeros(1, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="degenerate"):
+        neighbor_list(
+            one,
+            flat,
+            torch.ones(1, 3, dtype=torch.bool),
+            torch.zeros(1, dtype=torch.long),
+            torch.tensor([0, 1]),
+            CUTOFF,
+        )
