@@ -4,16 +4,25 @@ Convention (the same as ``ase.neighborlist.neighbor_list('ijS')``): ``edge_index
 ``edge_index[1]`` the neighbour/sender j, and ``vec = pos[j] − pos[i] + shift_vector``. At ``vec = 0`` (two
 coincident atoms) the distance is 0, the unit vector is 0 and every gradient is finite: no NaN.
 
-This file holds the torch reference; :func:`edge_features` and :func:`edge_basis` (edge features fused with the
-radial basis × cutoff) dispatch to Triton when the backend says so.
+This file holds the torch reference and the Triton kernels; :func:`edge_features` and :func:`edge_basis`
+(edge features fused with the radial basis × cutoff) dispatch to Triton (``torch.ops.mlff_distiller.edge_*``)
+when the backend says so.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._backend import resolve_backend
-from .rbf_cutoff import _check_args, rbf_cutoff_reference
+from ._triton_utils import HAS_TRITON, LIB, check_launchable, edge_block, num_warps, tl, triton, widest_chunk
+from .rbf_cutoff import _check_args, _check_float, _rbf_constexprs, rbf_cutoff_reference
+
+if HAS_TRITON:
+    from torch.library import triton_op, wrap_triton
+
+    from .rbf_cutoff import _rbf_rows
 
 __all__ = ["edge_basis", "edge_basis_reference", "edge_features", "edge_features_reference"]
 
@@ -74,9 +83,709 @@ def edge_basis(
     return edge_basis_reference(positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope)
 
 
-def _edge_features_triton(positions, edge_index, shift_vectors):  # replaced by the Triton path (issue 3)
-    raise RuntimeError("the Triton edge_features kernel is not built yet; use MLFF_DISTILLER_KERNELS=torch")
+# ------------------------------------------------------------------------------------------------------------
+# Triton path. Three kernels serve both ops (flags STORE_VEC / WITH_RBF): forward (gather, norm, optional
+# fused rbf tile), backward (per-edge gradient of vec, written as the shift gradient and scattered to the
+# positions with atomics), and the backward of the backward (gathers only). The ops wrap them as
+# torch.library.triton_ops:
+#   edge_features -> edge_features_bwd -> edge_features_bwd_bwd
+#   edge_basis -> edge_basis_bwd -> edge_basis_bwd_bwd
+# The backward ops take the forward's outputs (dist, unit) rather than vec, so the fused op never materialises
+# vec. Outside torch.compile the dispatchers use plain autograd.Functions over the same host functions
+# (cheaper per call).
+# ------------------------------------------------------------------------------------------------------------
+
+# Placeholder rbf constants for the kernels' rbf arguments when WITH_RBF is off.
+_NO_RBF = dict(N_RBF=1, BASIS=0, ENVELOPE=0, INV_RC=1.0, RC=1.0, PI_RC=1.0, NORM=1.0, GAMMA=1.0, MU_STEP=0.0)
+
+if HAS_TRITON:
+    _TINY2_C = tl.constexpr(_TINY2)
+
+    @triton.jit
+    def _load3(ptr, idx, mask):
+        base = ptr + idx * 3
+        return (
+            tl.load(base, mask=mask, other=0.0),
+            tl.load(base + 1, mask=mask, other=0.0),
+            tl.load(base + 2, mask=mask, other=0.0),
+        )
+
+    @triton.jit
+    def _store3(ptr, idx, x, y, z, mask):
+        base = ptr + idx * 3
+        tl.store(base, x, mask=mask)
+        tl.store(base + 1, y, mask=mask)
+        tl.store(base + 2, z, mask=mask)
+
+    @triton.jit
+    def _edge_fwd_kernel(
+        pos_ptr,
+        ei_ptr,
+        shift_ptr,
+        vec_ptr,
+        dist_ptr,
+        unit_ptr,
+        rbf_ptr,
+        E,
+        ei_stride,
+        BLOCK_E: tl.constexpr,
+        STORE_VEC: tl.constexpr,
+        WITH_RBF: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BASIS: tl.constexpr,
+        ENVELOPE: tl.constexpr,
+        IS_FP64: tl.constexpr,
+        INV_RC: tl.constexpr,
+        RC: tl.constexpr,
+        PI_RC: tl.constexpr,
+        NORM: tl.constexpr,
+        GAMMA: tl.constexpr,
+        MU_STEP: tl.constexpr,
+    ):
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        m = rows < E
+        i = tl.load(ei_ptr + rows, mask=m, other=0).to(tl.int64)
+        j = tl.load(ei_ptr + ei_stride + rows, mask=m, other=0).to(tl.int64)
+        pix, piy, piz = _load3(pos_ptr, i, m)
+        pjx, pjy, pjz = _load3(pos_ptr, j, m)
+        sx, sy, sz = _load3(shift_ptr, rows, m)
+        vx = (pjx - pix) + sx
+        vy = (pjy - piy) + sy
+        vz = (pjz - piz) + sz
+        d2 = vx * vx + vy * vy + vz * vz
+        nonzero = d2 > _TINY2_C
+        dist = tl.where(nonzero, tl.sqrt(tl.where(nonzero, d2, 1.0)), 0.0)
+        inv = 1.0 / tl.where(nonzero, dist, 1.0)
+        if STORE_VEC:
+            _store3(vec_ptr, rows, vx, vy, vz, m)
+        tl.store(dist_ptr + rows, dist, mask=m)
+        _store3(unit_ptr, rows, vx * inv, vy * inv, vz * inv, m)
+        if WITH_RBF:
+            _rbf_rows(
+                rows,
+                m,
+                dist,
+                dist,
+                rbf_ptr,
+                rbf_ptr,
+                0,
+                N_RBF,
+                BASIS,
+                ENVELOPE,
+                IS_FP64,
+                INV_RC,
+                RC,
+                PI_RC,
+                NORM,
+                GAMMA,
+                MU_STEP,
+            )
+
+    # VJP. With u = vec/d (d > 0) and G = g_dist + Σ_k g_rbf[k] R_k'(d) (fused op), the gradient wrt vec is
+    #   g_v = g_vec + G u + (g_unit - (g_unit·u) u) / d;   for a zero-length edge (d = 0): g_vec + g_unit,
+    # as in the reference (dist's where() passes no gradient, unit = vec / 1). Then g_shift = g_v, and
+    # g_pos[j] += g_v, g_pos[i] -= g_v (atomics: many edges share an atom).
+    @triton.jit
+    def _edge_bwd_kernel(
+        gvec_ptr,
+        gdist_ptr,
+        gunit_ptr,
+        grbf_ptr,
+        dist_ptr,
+        unit_ptr,
+        ei_ptr,
+        gpos_ptr,
+        gshift_ptr,
+        E,
+        ei_stride,
+        BLOCK_E: tl.constexpr,
+        HAS_VEC: tl.constexpr,
+        WITH_RBF: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BASIS: tl.constexpr,
+        ENVELOPE: tl.constexpr,
+        IS_FP64: tl.constexpr,
+        INV_RC: tl.constexpr,
+        RC: tl.constexpr,
+        PI_RC: tl.constexpr,
+        NORM: tl.constexpr,
+        GAMMA: tl.constexpr,
+        MU_STEP: tl.constexpr,
+    ):
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        m = rows < E
+        d = tl.load(dist_ptr + rows, mask=m, other=1.0)
+        ux, uy, uz = _load3(unit_ptr, rows, m)
+        gx, gy, gz = _load3(gunit_ptr, rows, m)
+        big_g = tl.load(gdist_ptr + rows, mask=m, other=0.0)
+        if WITH_RBF:
+            g_rbf, _ = _rbf_rows(
+                rows,
+                m,
+                d,
+                d,
+                grbf_ptr,
+                grbf_ptr,
+                1,
+                N_RBF,
+                BASIS,
+                ENVELOPE,
+                IS_FP64,
+                INV_RC,
+                RC,
+                PI_RC,
+                NORM,
+                GAMMA,
+                MU_STEP,
+            )
+            big_g += g_rbf
+        nonzero = d > 0.0
+        inv = 1.0 / tl.where(nonzero, d, 1.0)
+        gu = gx * ux + gy * uy + gz * uz
+        vx = tl.where(nonzero, big_g * ux + (gx - gu * ux) * inv, gx)
+        vy = tl.where(nonzero, big_g * uy + (gy - gu * uy) * inv, gy)
+        vz = tl.where(nonzero, big_g * uz + (gz - gu * uz) * inv, gz)
+        if HAS_VEC:
+            ax, ay, az = _load3(gvec_ptr, rows, m)
+            vx += ax
+            vy += ay
+            vz += az
+        _store3(gshift_ptr, rows, vx, vy, vz, m)
+        i3 = tl.load(ei_ptr + rows, mask=m, other=0).to(tl.int64) * 3
+        j3 = tl.load(ei_ptr + ei_stride + rows, mask=m, other=0).to(tl.int64) * 3
+        tl.atomic_add(gpos_ptr + j3, vx, mask=m, sem="relaxed")
+        tl.atomic_add(gpos_ptr + j3 + 1, vy, mask=m, sem="relaxed")
+        tl.atomic_add(gpos_ptr + j3 + 2, vz, mask=m, sem="relaxed")
+        tl.atomic_add(gpos_ptr + i3, -vx, mask=m, sem="relaxed")
+        tl.atomic_add(gpos_ptr + i3 + 1, -vy, mask=m, sem="relaxed")
+        tl.atomic_add(gpos_ptr + i3 + 2, -vz, mask=m, sem="relaxed")
+
+    # VJP of the backward, as a function of (g_vec, g_dist, g_unit, g_rbf, d, u) with d and u independent
+    # inputs (autograd chains their gradients into the forward op). Given ∂L/∂g_pos and ∂L/∂g_shift, the
+    # gradient wrt g_v is w = ∂L/∂g_shift[e] + ∂L/∂g_pos[j] - ∂L/∂g_pos[i] (gathers, no atomics). For d > 0,
+    # with G as in the backward and H = Σ_k g_rbf[k] R_k''(d):
+    #   ∂/∂g_vec = w      ∂/∂g_dist = w·u      ∂/∂g_rbf[k] = (w·u) R_k'(d)      ∂/∂g_unit = (w - (w·u) u) / d
+    #   ∂/∂u = G w - ((w·u) g_unit + (g_unit·u) w) / d      ∂/∂d = (w·u) H - (w·g_unit - (g_unit·u)(w·u)) / d²
+    # and for d = 0 (g_v = g_vec + g_unit): ∂/∂g_vec = ∂/∂g_unit = w, all others 0.
+    @triton.jit
+    def _edge_bwd_bwd_kernel(
+        ggpos_ptr,
+        ggshift_ptr,
+        gdist_ptr,
+        gunit_ptr,
+        grbf_ptr,
+        dist_ptr,
+        unit_ptr,
+        ei_ptr,
+        o_gvec_ptr,
+        o_gdist_ptr,
+        o_gunit_ptr,
+        o_grbf_ptr,
+        o_dist_ptr,
+        o_unit_ptr,
+        E,
+        ei_stride,
+        BLOCK_E: tl.constexpr,
+        HAS_VEC: tl.constexpr,
+        WITH_RBF: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BASIS: tl.constexpr,
+        ENVELOPE: tl.constexpr,
+        IS_FP64: tl.constexpr,
+        INV_RC: tl.constexpr,
+        RC: tl.constexpr,
+        PI_RC: tl.constexpr,
+        NORM: tl.constexpr,
+        GAMMA: tl.constexpr,
+        MU_STEP: tl.constexpr,
+    ):
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        m = rows < E
+        i = tl.load(ei_ptr + rows, mask=m, other=0).to(tl.int64)
+        j = tl.load(ei_ptr + ei_stride + rows, mask=m, other=0).to(tl.int64)
+        wx, wy, wz = _load3(ggshift_ptr, rows, m)
+        ax, ay, az = _load3(ggpos_ptr, j, m)
+        bx, by, bz = _load3(ggpos_ptr, i, m)
+        wx += ax - bx
+        wy += ay - by
+        wz += az - bz
+        d = tl.load(dist_ptr + rows, mask=m, other=1.0)
+        ux, uy, uz = _load3(unit_ptr, rows, m)
+        gx, gy, gz = _load3(gunit_ptr, rows, m)
+        big_g = tl.load(gdist_ptr + rows, mask=m, other=0.0)
+        nonzero = d > 0.0
+        inv = 1.0 / tl.where(nonzero, d, 1.0)
+        wu = wx * ux + wy * uy + wz * uz
+        gu = gx * ux + gy * uy + gz * uz
+        wg = wx * gx + wy * gy + wz * gz
+        s = tl.where(nonzero, wu, 0.0)
+        big_h = tl.zeros_like(d)
+        if WITH_RBF:
+            g_rbf, big_h = _rbf_rows(
+                rows,
+                m,
+                d,
+                s,
+                grbf_ptr,
+                o_grbf_ptr,
+                3,
+                N_RBF,
+                BASIS,
+                ENVELOPE,
+                IS_FP64,
+                INV_RC,
+                RC,
+                PI_RC,
+                NORM,
+                GAMMA,
+                MU_STEP,
+            )
+            big_g += g_rbf
+        if HAS_VEC:
+            _store3(o_gvec_ptr, rows, wx, wy, wz, m)
+        tl.store(o_gdist_ptr + rows, s, mask=m)
+        _store3(
+            o_gunit_ptr,
+            rows,
+            tl.where(nonzero, (wx - wu * ux) * inv, wx),
+            tl.where(nonzero, (wy - wu * uy) * inv, wy),
+            tl.where(nonzero, (wz - wu * uz) * inv, wz),
+            m,
+        )
+        _store3(
+            o_unit_ptr,
+            rows,
+            tl.where(nonzero, big_g * wx - (wu * gx + gu * wx) * inv, 0.0),
+            tl.where(nonzero, big_g * wy - (wu * gy + gu * wy) * inv, 0.0),
+            tl.where(nonzero, big_g * wz - (wu * gz + gu * wz) * inv, 0.0),
+            m,
+        )
+        tl.store(o_dist_ptr + rows, tl.where(nonzero, wu * big_h - (wg - gu * wu) * inv * inv, 0.0), mask=m)
+
+    # -- host functions: allocate, choose blocks, launch -----------------------------------------------------
+    # ``launch`` is torch.library.wrap_triton inside the triton_ops and the bare kernel on the eager path.
+
+    def _consts(dtype: torch.dtype, rbf: tuple | None) -> dict:
+        if rbf is None:
+            return dict(_NO_RBF, IS_FP64=dtype == torch.float64, WITH_RBF=False)
+        return dict(_rbf_constexprs(*rbf, dtype), WITH_RBF=True)
+
+    def _launch_edges(
+        launch, kernel, ref: Tensor, edge_index: Tensor, consts: dict, elems: int, *args, **flags
+    ):
+        """Launch an edge kernel over ``edge_index.shape[1]`` edges (``ref`` fixes device and dtype);
+        ``elems`` is the per-program rbf tile budget for float32."""
+        n_edges = edge_index.shape[1]
+        cols = widest_chunk(consts["N_RBF"]) if consts["WITH_RBF"] else 4
+        block = edge_block(ref.device, cols, elems // ref.element_size() * 4)
+        check_launchable(kernel, ref)
+        launch(kernel)[(triton.cdiv(n_edges, block),)](
+            *args, n_edges, edge_index.stride(0), BLOCK_E=block, num_warps=num_warps(), **consts, **flags
+        )
+
+    def _prepare(
+        positions: Tensor, edge_index: Tensor, shift_vectors: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        _check_float(positions, shift_vectors)
+        if shift_vectors.dtype != positions.dtype:
+            raise TypeError(
+                f"shift_vectors ({shift_vectors.dtype}) and positions ({positions.dtype}) must share a dtype"
+            )
+        return positions.contiguous(), edge_index.contiguous(), shift_vectors.contiguous()
+
+    def _edge_forward(
+        positions: Tensor, edge_index: Tensor, shift_vectors: Tensor, rbf: tuple | None, launch
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        positions, edge_index, shift_vectors = _prepare(positions, edge_index, shift_vectors)
+        e, kw = edge_index.shape[1], dict(dtype=positions.dtype, device=positions.device)
+        vec = torch.empty((e if rbf is None else 0, 3), **kw)
+        dist = torch.empty((e,), **kw)
+        unit = torch.empty((e, 3), **kw)
+        out_rbf = torch.empty((e, 0 if rbf is None else rbf[0]), **kw)
+        if e > 0:
+            consts = _consts(positions.dtype, rbf)
+            _launch_edges(
+                launch,
+                _edge_fwd_kernel,
+                positions,
+                edge_index,
+                consts,
+                2048,
+                positions,
+                edge_index,
+                shift_vectors,
+                vec,
+                dist,
+                unit,
+                out_rbf,
+                STORE_VEC=rbf is None,
+            )
+        return vec, dist, unit, out_rbf
+
+    def _edge_backward(
+        grad_vec: Tensor | None,
+        grad_dist: Tensor,
+        grad_unit: Tensor,
+        grad_rbf: Tensor | None,
+        dist: Tensor,
+        unit: Tensor,
+        edge_index: Tensor,
+        n_atoms: int,
+        rbf: tuple | None,
+        launch,
+    ) -> tuple[Tensor, Tensor]:
+        dt = dist.dtype
+        dist, unit, edge_index = dist.contiguous(), unit.contiguous(), edge_index.contiguous()
+        grad_dist, grad_unit = grad_dist.to(dt).contiguous(), grad_unit.to(dt).contiguous()
+        grad_vec = grad_unit if grad_vec is None else grad_vec.to(dt).contiguous()
+        grad_rbf = grad_dist if grad_rbf is None else grad_rbf.to(dt).contiguous()
+        grad_pos = torch.zeros((n_atoms, 3), dtype=dt, device=dist.device)
+        grad_shift = torch.empty_like(unit)
+        if edge_index.shape[1] > 0:
+            consts = _consts(dt, rbf)
+            _launch_edges(
+                launch,
+                _edge_bwd_kernel,
+                dist,
+                edge_index,
+                consts,
+                2048,
+                grad_vec,
+                grad_dist,
+                grad_unit,
+                grad_rbf,
+                dist,
+                unit,
+                edge_index,
+                grad_pos,
+                grad_shift,
+                HAS_VEC=rbf is None,
+            )
+        return grad_pos, grad_shift
+
+    def _edge_backward_backward(
+        gg_pos: Tensor,
+        gg_shift: Tensor,
+        grad_dist: Tensor,
+        grad_unit: Tensor,
+        grad_rbf: Tensor | None,
+        dist: Tensor,
+        unit: Tensor,
+        edge_index: Tensor,
+        rbf: tuple | None,
+        launch,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        dt = dist.dtype
+        dist, unit, edge_index = dist.contiguous(), unit.contiguous(), edge_index.contiguous()
+        gg_pos, gg_shift = gg_pos.to(dt).contiguous(), gg_shift.to(dt).contiguous()
+        grad_dist, grad_unit = grad_dist.to(dt).contiguous(), grad_unit.to(dt).contiguous()
+        grad_rbf = grad_dist if grad_rbf is None else grad_rbf.to(dt).contiguous()
+        o_gvec = torch.empty_like(unit) if rbf is None else unit.new_empty((0, 3))
+        o_gdist, o_gunit = torch.empty_like(dist), torch.empty_like(unit)
+        o_grbf = dist.new_empty((0, 0)) if rbf is None else torch.empty_like(grad_rbf)
+        o_dist, o_unit = torch.empty_like(dist), torch.empty_like(unit)
+        if edge_index.shape[1] > 0:
+            consts = _consts(dt, rbf)
+            _launch_edges(
+                launch,
+                _edge_bwd_bwd_kernel,
+                dist,
+                edge_index,
+                consts,
+                1024,
+                gg_pos,
+                gg_shift,
+                grad_dist,
+                grad_unit,
+                grad_rbf,
+                dist,
+                unit,
+                edge_index,
+                o_gvec,
+                o_gdist,
+                o_gunit,
+                o_grbf,
+                o_dist,
+                o_unit,
+                HAS_VEC=rbf is None,
+            )
+        return o_gvec, o_gdist, o_gunit, o_grbf, o_dist, o_unit
+
+    def _bare(kernel):
+        return kernel
+
+    # -- torch.library ops (what torch.compile sees) ---------------------------------------------------------
+
+    @triton_op(f"{LIB}::edge_features", mutates_args=())
+    def _edge_features_op(
+        positions: Tensor, edge_index: Tensor, shift_vectors: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``vec [E,3]``, ``dist [E]``, ``unit [E,3]`` from positions, edge_index and shift vectors."""
+        vec, dist, unit, _ = _edge_forward(positions, edge_index, shift_vectors, None, wrap_triton)
+        return vec, dist, unit
+
+    @triton_op(f"{LIB}::edge_features_bwd", mutates_args=())
+    def _edge_features_bwd_op(
+        grad_vec: Tensor,
+        grad_dist: Tensor,
+        grad_unit: Tensor,
+        dist: Tensor,
+        unit: Tensor,
+        edge_index: Tensor,
+        n_atoms: int,
+    ) -> tuple[Tensor, Tensor]:
+        """Gradients wrt ``positions [N,3]`` and ``shift_vectors [E,3]``."""
+        return _edge_backward(
+            grad_vec, grad_dist, grad_unit, None, dist, unit, edge_index, n_atoms, None, wrap_triton
+        )
+
+    @triton_op(f"{LIB}::edge_features_bwd_bwd", mutates_args=())
+    def _edge_features_bwd_bwd_op(
+        grad_grad_pos: Tensor,
+        grad_grad_shift: Tensor,
+        grad_dist: Tensor,
+        grad_unit: Tensor,
+        dist: Tensor,
+        unit: Tensor,
+        edge_index: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Gradients of ``edge_features_bwd`` wrt grad_vec, grad_dist, grad_unit, dist, unit."""
+        o_gvec, o_gdist, o_gunit, _, o_dist, o_unit = _edge_backward_backward(
+            grad_grad_pos,
+            grad_grad_shift,
+            grad_dist,
+            grad_unit,
+            None,
+            dist,
+            unit,
+            edge_index,
+            None,
+            wrap_triton,
+        )
+        return o_gvec, o_gdist, o_gunit, o_dist, o_unit
+
+    @triton_op(f"{LIB}::edge_basis", mutates_args=())
+    def _edge_basis_op(
+        positions: Tensor,
+        edge_index: Tensor,
+        shift_vectors: Tensor,
+        n_rbf: int,
+        cutoff: float,
+        basis: str,
+        envelope: str,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``dist [E]``, ``unit [E,3]``, ``rbf [E,n_rbf]`` in one pass."""
+        rbf_args = (n_rbf, cutoff, basis, envelope)
+        _, dist, unit, rbf = _edge_forward(positions, edge_index, shift_vectors, rbf_args, wrap_triton)
+        return dist, unit, rbf
+
+    @triton_op(f"{LIB}::edge_basis_bwd", mutates_args=())
+    def _edge_basis_bwd_op(
+        grad_dist: Tensor,
+        grad_unit: Tensor,
+        grad_rbf: Tensor,
+        dist: Tensor,
+        unit: Tensor,
+        edge_index: Tensor,
+        n_atoms: int,
+        n_rbf: int,
+        cutoff: float,
+        basis: str,
+        envelope: str,
+    ) -> tuple[Tensor, Tensor]:
+        """Gradients wrt ``positions [N,3]`` and ``shift_vectors [E,3]``."""
+        rbf = (n_rbf, cutoff, basis, envelope)
+        return _edge_backward(
+            None, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf, wrap_triton
+        )
+
+    @triton_op(f"{LIB}::edge_basis_bwd_bwd", mutates_args=())
+    def _edge_basis_bwd_bwd_op(
+        grad_grad_pos: Tensor,
+        grad_grad_shift: Tensor,
+        grad_dist: Tensor,
+        grad_unit: Tensor,
+        grad_rbf: Tensor,
+        dist: Tensor,
+        unit: Tensor,
+        edge_index: Tensor,
+        n_rbf: int,
+        cutoff: float,
+        basis: str,
+        envelope: str,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Gradients of ``edge_basis_bwd`` wrt grad_dist, grad_unit, grad_rbf, dist, unit."""
+        rbf = (n_rbf, cutoff, basis, envelope)
+        _, o_gdist, o_gunit, o_grbf, o_dist, o_unit = _edge_backward_backward(
+            grad_grad_pos,
+            grad_grad_shift,
+            grad_dist,
+            grad_unit,
+            grad_rbf,
+            dist,
+            unit,
+            edge_index,
+            rbf,
+            wrap_triton,
+        )
+        return o_gdist, o_gunit, o_grbf, o_dist, o_unit
+
+    # -- autograd of the ops ---------------------------------------------------------------------------------
+
+    def _ef_setup_context(ctx, inputs, output):
+        positions, edge_index, _ = inputs
+        _, dist, unit = output
+        ctx.n_atoms = positions.shape[0]
+        ctx.save_for_backward(dist, unit, edge_index)
+
+    def _ef_backward(ctx, grad_vec, grad_dist, grad_unit):
+        dist, unit, edge_index = ctx.saved_tensors
+        grad_pos, grad_shift = torch.ops.mlff_distiller.edge_features_bwd(
+            grad_vec, grad_dist, grad_unit, dist, unit, edge_index, ctx.n_atoms
+        )
+        return grad_pos, None, grad_shift
+
+    def _ef_bwd_setup_context(ctx, inputs, output):
+        _, grad_dist, grad_unit, dist, unit, edge_index, _ = inputs
+        ctx.save_for_backward(grad_dist, grad_unit, dist, unit, edge_index)
+
+    def _ef_bwd_backward(ctx, grad_grad_pos, grad_grad_shift):
+        grad_dist, grad_unit, dist, unit, edge_index = ctx.saved_tensors
+        grads = torch.ops.mlff_distiller.edge_features_bwd_bwd(
+            grad_grad_pos, grad_grad_shift, grad_dist, grad_unit, dist, unit, edge_index
+        )
+        return (*grads, None, None)
+
+    def _eb_setup_context(ctx, inputs, output):
+        positions, edge_index, _, *ctx.rbf_args = inputs
+        dist, unit, _ = output
+        ctx.n_atoms = positions.shape[0]
+        ctx.save_for_backward(dist, unit, edge_index)
+
+    def _eb_backward(ctx, grad_dist, grad_unit, grad_rbf):
+        dist, unit, edge_index = ctx.saved_tensors
+        grad_pos, grad_shift = torch.ops.mlff_distiller.edge_basis_bwd(
+            grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, ctx.n_atoms, *ctx.rbf_args
+        )
+        return grad_pos, None, grad_shift, None, None, None, None
+
+    def _eb_bwd_setup_context(ctx, inputs, output):
+        grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, _, *ctx.rbf_args = inputs
+        ctx.save_for_backward(grad_dist, grad_unit, grad_rbf, dist, unit, edge_index)
+
+    def _eb_bwd_backward(ctx, grad_grad_pos, grad_grad_shift):
+        grad_dist, grad_unit, grad_rbf, dist, unit, edge_index = ctx.saved_tensors
+        grads = torch.ops.mlff_distiller.edge_basis_bwd_bwd(
+            grad_grad_pos,
+            grad_grad_shift,
+            grad_dist,
+            grad_unit,
+            grad_rbf,
+            dist,
+            unit,
+            edge_index,
+            *ctx.rbf_args,
+        )
+        return (*grads, None, None, None, None, None, None)
+
+    _edge_features_op.register_autograd(_ef_backward, setup_context=_ef_setup_context)
+    _edge_features_bwd_op.register_autograd(_ef_bwd_backward, setup_context=_ef_bwd_setup_context)
+    _edge_basis_op.register_autograd(_eb_backward, setup_context=_eb_setup_context)
+    _edge_basis_bwd_op.register_autograd(_eb_bwd_backward, setup_context=_eb_bwd_setup_context)
+
+    # -- eager path: the same host functions under plain autograd.Functions (no torch.library dispatch cost) -
+
+    class _EdgeFeatures(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, positions, edge_index, shift_vectors):
+            vec, dist, unit, _ = _edge_forward(positions, edge_index, shift_vectors, None, _bare)
+            ctx.n_atoms = positions.shape[0]
+            ctx.save_for_backward(dist, unit, edge_index)
+            return vec, dist, unit
+
+        @staticmethod
+        def backward(ctx, grad_vec, grad_dist, grad_unit):
+            dist, unit, edge_index = ctx.saved_tensors
+            grad_pos, grad_shift = _EdgeBwd.apply(
+                grad_vec, grad_dist, grad_unit, None, dist, unit, edge_index, ctx.n_atoms, None
+            )
+            return grad_pos, None, grad_shift
+
+    class _EdgeBasis(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope):
+            ctx.rbf = (n_rbf, cutoff, basis, envelope)
+            _, dist, unit, rbf = _edge_forward(positions, edge_index, shift_vectors, ctx.rbf, _bare)
+            ctx.n_atoms = positions.shape[0]
+            ctx.save_for_backward(dist, unit, edge_index)
+            return dist, unit, rbf
+
+        @staticmethod
+        def backward(ctx, grad_dist, grad_unit, grad_rbf):
+            dist, unit, edge_index = ctx.saved_tensors
+            grad_pos, grad_shift = _EdgeBwd.apply(
+                None, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, ctx.n_atoms, ctx.rbf
+            )
+            return grad_pos, None, grad_shift, None, None, None, None
+
+    class _EdgeBwd(torch.autograd.Function):
+        """Backward of both ops (``grad_vec`` is None for edge_basis, ``grad_rbf`` and ``rbf`` None for
+        edge_features); its own backward is the double-backward kernel."""
+
+        @staticmethod
+        def forward(ctx, grad_vec, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf):
+            ctx.rbf = rbf
+            ctx.save_for_backward(grad_dist, grad_unit, grad_rbf, dist, unit, edge_index)
+            return _edge_backward(
+                grad_vec, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf, _bare
+            )
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, grad_grad_pos, grad_grad_shift):
+            grad_dist, grad_unit, grad_rbf, dist, unit, edge_index = ctx.saved_tensors
+            o_gvec, o_gdist, o_gunit, o_grbf, o_dist, o_unit = _edge_backward_backward(
+                grad_grad_pos,
+                grad_grad_shift,
+                grad_dist,
+                grad_unit,
+                grad_rbf,
+                dist,
+                unit,
+                edge_index,
+                ctx.rbf,
+                _bare,
+            )
+            if ctx.rbf is None:
+                return o_gvec, o_gdist, o_gunit, None, o_dist, o_unit, None, None, None
+            return None, o_gdist, o_gunit, o_grbf, o_dist, o_unit, None, None, None
 
 
-def _edge_basis_triton(positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope):
-    raise RuntimeError("the Triton edge_basis kernel is not built yet; use MLFF_DISTILLER_KERNELS=torch")
+def _need_triton() -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("the Triton edge kernels need triton installed; use MLFF_DISTILLER_KERNELS=torch")
+
+
+def _edge_features_triton(
+    positions: torch.Tensor, edge_index: torch.Tensor, shift_vectors: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _need_triton()
+    if torch.compiler.is_compiling():
+        return torch.ops.mlff_distiller.edge_features(positions, edge_index, shift_vectors)
+    return _EdgeFeatures.apply(positions, edge_index, shift_vectors)
+
+
+def _edge_basis_triton(
+    positions: torch.Tensor,
+    edge_index: torch.Tensor,
+    shift_vectors: torch.Tensor,
+    n_rbf: int,
+    cutoff: float,
+    basis: str,
+    envelope: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _need_triton()
+    args = (positions, edge_index, shift_vectors, int(n_rbf), float(cutoff), basis, envelope)
+    if torch.compiler.is_compiling():
+        return torch.ops.mlff_distiller.edge_basis(*args)
+    return _EdgeBasis.apply(*args)

@@ -1,0 +1,169 @@
+"""A small benchmark harness: timing with warm-up and quantiles, the run's environment in every row, the
+device's copy bandwidth as the yardstick, results appended as JSON lines and rewritten as a markdown table.
+
+Timing uses ``triton.testing.do_bench`` on CUDA (CUDA events, L2 flushed between repetitions, warm-up first);
+on other devices a plain wall-clock loop (only for smoke runs: CPU numbers mean nothing for GPU kernels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+__all__ = ["BenchRow", "Environment", "Timing", "copy_bandwidth", "environment", "time_fn", "write_results"]
+
+QUANTILES = (0.5, 0.2, 0.8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Per-call time of a function, µs: median and the 20 % / 80 % quantiles."""
+
+    median_us: float
+    p20_us: float
+    p80_us: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """What produced a number: written into every row."""
+
+    device: str
+    torch: str
+    triton: str
+    commit: str
+    host: str
+    copy_gbps: (
+        float  # device-to-device copy bandwidth measured in the same run (bytes read + written per second)
+    )
+
+
+@dataclasses.dataclass
+class BenchRow:
+    """One measurement. ``bytes`` is the minimal traffic (inputs read once, outputs written once)."""
+
+    bench: str
+    variant: str
+    impl: str  # triton | eager | compile
+    mode: str  # fwd | fwd+bwd | ...
+    n_edges: int
+    dtype: str
+    median_us: float
+    p20_us: float
+    p80_us: float
+    bytes: int
+    gbps: float
+    frac_copy_bw: float
+    vs_eager: float | None = None  # eager time / this time (> 1: faster than eager)
+    vs_compile: float | None = None  # compiled-reference time / this time
+    note: str = ""
+    env: Environment | None = None
+    timestamp: str = dataclasses.field(
+        default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    )
+
+
+def _git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parent
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment(device: torch.device, copy_gbps: float) -> Environment:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    return Environment(
+        device=name,
+        torch=torch.__version__,
+        triton=triton_version,
+        commit=_git_commit(),
+        host=platform.node(),
+        copy_gbps=copy_gbps,
+    )
+
+
+def time_fn(
+    fn: Callable[[], object], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100
+) -> Timing:
+    """Median and quantiles of one call of ``fn``; it runs once untimed first (compilation, autotuning)."""
+    fn()
+    if device.type == "cuda":
+        import triton.testing
+
+        torch.cuda.synchronize()
+        q = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=list(QUANTILES))
+        return Timing(*(1e3 * float(x) for x in q))
+    times = []
+    deadline = time.perf_counter() + rep_ms / 1e3
+    while len(times) < 3 or time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    t = torch.tensor(times, dtype=torch.float64)
+    return Timing(*(float(torch.quantile(t, q)) for q in QUANTILES))
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth, GB/s, counting the bytes read plus the bytes written."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    t = time_fn(lambda: dst.copy_(src), device)
+    return 2 * nbytes / (t.median_us * 1e-6) / 1e9
+
+
+def _fmt(x, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def write_results(rows: Iterable[BenchRow], out_dir: Path, name: str) -> tuple[Path, Path]:
+    """Append ``rows`` to ``<out_dir>/<name>.jsonl`` and write this run's table to ``<out_dir>/<name>.md``."""
+    rows = list(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jsonl, md = out_dir / f"{name}.jsonl", out_dir / f"{name}.md"
+    with jsonl.open("a") as f:
+        for r in rows:
+            f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+    env = rows[0].env if rows else None
+    lines = [f"# {name}", ""]
+    if env is not None:
+        lines += [
+            f"{env.device} · torch {env.torch} · triton {env.triton} · commit {env.commit} · "
+            f"copy bandwidth {env.copy_gbps:.0f} GB/s · {rows[0].timestamp}",
+            "",
+        ]
+    lines += [
+        "| bench | variant | mode | edges | dtype | impl | median µs | p20-p80 µs | GB/s | % copy BW "
+        "| vs eager | vs compile |",
+        "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.bench} | {r.variant} | {r.mode} | {r.n_edges:.0e} | {r.dtype} "
+            f"| {r.impl}{' ' + r.note if r.note else ''} "
+            f"| {r.median_us:.1f} | {r.p20_us:.1f}-{r.p80_us:.1f} | {r.gbps:.0f} "
+            f"| {100 * r.frac_copy_bw:.0f} "
+            f"| {_fmt(r.vs_eager, '.2f')} | {_fmt(r.vs_compile, '.2f')} |"
+        )
+    md.write_text("\n".join(lines) + "\n")
+    return jsonl, md
