@@ -9,6 +9,8 @@ failing.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,3 +63,19 @@ def poison():
         del block
 
     return _poison
+
+
+def pytest_configure(config):
+    """Let ``from conftest import ...`` in test modules elsewhere keep working.
+
+    Under pytest's default (prepend) import mode this file is imported as the module ``conftest`` as well, and
+    then shadows tests/conftest.py in ``sys.modules``; expose the root conftest's public names from here too.
+    """
+    root = Path(__file__).resolve().parent.parent / "conftest.py"
+    here = sys.modules[__name__]
+    for plugin in config.pluginmanager.get_plugins():
+        if getattr(plugin, "__file__", None) and Path(plugin.__file__).resolve() == root:
+            for name, value in vars(plugin).items():
+                hook_or_fixture = name.startswith("pytest") or "fixture" in type(value).__name__.lower()
+                if not (name.startswith("_") or hook_or_fixture or hasattr(here, name)):
+                    setattr(here, name, value)
