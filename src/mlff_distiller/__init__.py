@@ -1,0 +1,27 @@
+"""mlff-distiller: distil slow teacher force fields into fast PaiNN-class students.
+
+Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :class:`ForceEngine`,
+:class:`StudentCalculator`, :class:`AtomsBatch`. Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
+"""
+
+from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.calculator import StudentCalculator
+from mlff_distiller.checkpoint import builtin_models, load_model
+from mlff_distiller.engine import ForceEngine
+from mlff_distiller.model import ModelConfig, StudentModel
+from mlff_distiller.predict import predict_forces
+
+__version__ = "0.1.0"
+
+
+__all__ = [
+    "AtomsBatch",
+    "ForceEngine",
+    "ModelConfig",
+    "StudentCalculator",
+    "StudentModel",
+    "__version__",
+    "builtin_models",
+    "load_model",
+    "predict_forces",
+]

@@ -1,0 +1,5 @@
+"""The student model."""
+
+from .painn import ModelConfig, StudentModel
+
+__all__ = ["ModelConfig", "StudentModel"]

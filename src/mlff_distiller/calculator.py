@@ -1,0 +1,64 @@
+"""``StudentCalculator``: the student as an ASE calculator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
+
+from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.checkpoint import load_model
+from mlff_distiller.engine import ForceEngine
+from mlff_distiller.model import StudentModel
+
+__all__ = ["StudentCalculator"]
+
+
+class StudentCalculator(Calculator):
+    """ASE calculator for a distilled student.
+
+    Args:
+        model: a :class:`StudentModel` or a checkpoint path (``"builtin:<name>"`` included).
+        device: default CUDA when available.
+        precision: ``"fp64"``, ``"fp32"`` or ``"tf32"``; MD energy conservation wants ``"fp64"``.
+        neighbor_method: neighbour-list backend.
+
+    Properties: ``energy``, ``free_energy`` (eV), ``forces`` (eV/Å), ``energies`` (per atom, eV) and, for fully
+    periodic structures, ``stress`` (eV/Å³, Voigt, ASE sign).
+    """
+
+    implemented_properties = ["energy", "free_energy", "forces", "stress", "energies"]
+
+    def __init__(
+        self,
+        model: StudentModel | str | Path,
+        *,
+        device: torch.device | str | None = None,
+        precision: str = "fp32",
+        neighbor_method: str = "auto",
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(model, StudentModel):
+            model = load_model(model)
+        self.engine = ForceEngine(model, device=device, precision=precision, neighbor_method=neighbor_method)
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
+        super().calculate(atoms, properties, system_changes)
+        want_stress = "stress" in properties
+        if want_stress and not self.atoms.pbc.all():
+            raise PropertyNotImplementedError(
+                f"stress needs a fully periodic structure; this one has pbc={self.atoms.pbc.tolist()}"
+            )
+        batch = AtomsBatch.from_atoms(self.atoms, dtype=self.engine.dtype)
+        out = self.engine.compute(batch, forces=True, stress=want_stress)
+        energy = float(out["energy"][0])
+        self.results = {
+            "energy": energy,
+            "free_energy": energy,
+            "forces": out["forces"].detach().double().cpu().numpy(),
+            "energies": out["atomic_energies"].detach().double().cpu().numpy(),
+        }
+        if want_stress:
+            self.results["stress"] = out["stress"][0].detach().double().cpu().numpy()

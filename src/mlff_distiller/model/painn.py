@@ -1,0 +1,202 @@
+"""``StudentModel``: a PaiNN-class equivariant message-passing potential (Schütt et al., ICML 2021).
+
+Scalar features s ``[N, F]`` and vector features v ``[N, 3, F]`` are refined by ``layers`` rounds of message and
+update blocks. The hot ops (edge geometry fused with radial basis × cutoff, message aggregation) come from
+``mlff_distiller.kernels`` and dispatch to Triton or the torch reference; this file never branches on the backend.
+Energy = Σ_i (scale[z_i] · ε_i + shift[z_i]) in eV.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mlff_distiller import kernels
+
+__all__ = ["ModelConfig", "StudentModel"]
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Hyper-parameters of :class:`StudentModel` (everything a checkpoint needs to rebuild it)."""
+
+    species: list[int] = field(default_factory=lambda: [1, 6, 7, 8])
+    hidden: int = 128
+    layers: int = 3
+    n_rbf: int = 20
+    cutoff: float = 5.0  # Å
+    basis: str = "bessel"
+    envelope: str = "cosine"
+
+    def __post_init__(self) -> None:
+        self.species = sorted({int(z) for z in self.species})
+        if not self.species or self.species[0] < 1 or self.species[-1] > 118:
+            raise ValueError(f"species must be atomic numbers in 1..118, got {self.species}")
+        for name in ("hidden", "layers", "n_rbf"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.cutoff > 0:
+            raise ValueError(f"cutoff must be > 0 Å, got {self.cutoff}")
+        if self.basis not in kernels.BASES:
+            raise ValueError(f"unknown basis {self.basis!r}; choose one of {kernels.BASES}")
+        if self.envelope not in kernels.ENVELOPES:
+            raise ValueError(f"unknown envelope {self.envelope!r}; choose one of {kernels.ENVELOPES}")
+
+
+def _mlp(n_in: int, n_hidden: int, n_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(n_in, n_hidden), nn.SiLU(), nn.Linear(n_hidden, n_out))
+
+
+class PaiNNInteraction(nn.Module):
+    """Message block: Δs_i = Σ_j a_ij, Δv_i = Σ_j b_ij v_j + c_ij u_ij, with (a, b, c) = φ(s_j) ⊙ W(r_ij)."""
+
+    def __init__(self, hidden: int, n_rbf: int) -> None:
+        super().__init__()
+        self.phi = _mlp(hidden, hidden, 3 * hidden)
+        # No bias: the filter is a linear map of basis × cutoff, so every message is exactly 0 at the cutoff.
+        self.filter = nn.Linear(n_rbf, 3 * hidden, bias=False)
+
+    def forward(self, s, v, rbf, unit, edge_index):
+        ds, dv = kernels.message_passing(self.phi(s), v, rbf, self.filter.weight, unit, edge_index)
+        return s + ds, v + dv
+
+
+class PaiNNUpdate(nn.Module):
+    """Update block: mixes scalar and vector channels atom-wise (rotation-equivariant)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.U = nn.Linear(hidden, hidden, bias=False)
+        self.V = nn.Linear(hidden, hidden, bias=False)
+        self.mix = _mlp(2 * hidden, hidden, 3 * hidden)
+
+    def forward(self, s, v):
+        uv, vv = self.U(v), self.V(v)
+        # +eps keeps sqrt differentiable at v = 0 (the first layer starts from zero vectors).
+        vnorm = torch.sqrt((vv * vv).sum(dim=1) + 1e-8)
+        a_vv, a_sv, a_ss = torch.split(self.mix(torch.cat([s, vnorm], dim=-1)), self.hidden, dim=-1)
+        return s + a_ss + a_sv * (uv * vv).sum(dim=1), v + a_vv.unsqueeze(1) * uv
+
+
+class StudentModel(nn.Module):
+    """PaiNN-class student. Defaults (hidden 128, 3 layers, 20 Bessel functions, 5 Å) give ≈0.58M parameters.
+
+    ``forward`` takes an already-built graph and returns ``{"energy": [B] eV, "atomic_energies": [N] eV}``.
+    Use :class:`mlff_distiller.ForceEngine` (or ``predict_forces`` / ``StudentCalculator``) for forces and stress.
+    """
+
+    def __init__(self, config: ModelConfig | None = None, **kwargs) -> None:
+        super().__init__()
+        if config is None:
+            config = ModelConfig(**kwargs)
+        elif kwargs:
+            raise TypeError("pass either a ModelConfig or keyword arguments, not both")
+        self.config = config
+        f = config.hidden
+        species = torch.tensor(config.species, dtype=torch.long)
+        z_to_index = torch.full((119,), -1, dtype=torch.long)
+        z_to_index[species] = torch.arange(len(species))
+        self.register_buffer("species", species, persistent=False)
+        self.register_buffer("z_to_index", z_to_index, persistent=False)
+        self.embedding = nn.Embedding(len(species), f)
+        self.interactions = nn.ModuleList(PaiNNInteraction(f, config.n_rbf) for _ in range(config.layers))
+        self.updates = nn.ModuleList(PaiNNUpdate(f) for _ in range(config.layers))
+        self.readout = _mlp(f, f // 2 if f > 1 else 1, 1)
+        # Per-species energy scale and shift (eV), fitted from data by the trainer.
+        self.register_buffer("atomic_scale", torch.ones(len(species)))
+        self.register_buffer("atomic_shift", torch.zeros(len(species)))
+
+    # ------------------------------------------------------------------------------------------ properties
+    @property
+    def cutoff(self) -> float:
+        return float(self.config.cutoff)
+
+    @property
+    def species_list(self) -> list[int]:
+        return list(self.config.species)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"species={c.species}, hidden={c.hidden}, layers={c.layers}, n_rbf={c.n_rbf}, cutoff={c.cutoff}, "
+            f"basis={c.basis}, envelope={c.envelope}, kernels={kernels.get_backend()}"
+        )
+
+    def kernel_backend(self) -> str:
+        """The backend the hot ops will use for this model's device (``triton`` or ``torch``)."""
+        return kernels.resolve_backend(self.atomic_scale.device)
+
+    def check_species(self, numbers: torch.Tensor) -> None:
+        """Raise ``ValueError`` naming any atomic number this model was not trained on."""
+        z = torch.as_tensor(numbers).detach().cpu()
+        known = torch.zeros(119, dtype=torch.bool)
+        known[self.species.cpu()] = True
+        bad = z[~known[z.clamp(0, 118)] | (z < 0) | (z > 118)]
+        if bad.numel():
+            from ase.data import chemical_symbols
+
+            names = sorted({chemical_symbols[int(x)] if 0 < int(x) < 119 else str(int(x)) for x in bad})
+            raise ValueError(f"unknown element(s) {names} for this model; it knows {self._species_symbols()}")
+
+    def _species_symbols(self) -> list[str]:
+        from ase.data import chemical_symbols
+
+        return [chemical_symbols[z] for z in self.config.species]
+
+    def set_energy_reference(self, shift: Sequence[float] | torch.Tensor, scale: Sequence[float] | torch.Tensor):
+        """Set per-species energy shift (eV) and scale, ordered like ``config.species``."""
+        shift = torch.as_tensor(shift, dtype=self.atomic_shift.dtype, device=self.atomic_shift.device)
+        scale = torch.as_tensor(scale, dtype=self.atomic_scale.dtype, device=self.atomic_scale.device)
+        if shift.shape != self.atomic_shift.shape or scale.shape != self.atomic_scale.shape:
+            raise ValueError(f"shift and scale must have {len(self.config.species)} entries (one per species)")
+        self.atomic_shift.copy_(shift)
+        self.atomic_scale.copy_(scale)
+
+    # ------------------------------------------------------------------------------------------ forward
+    def forward(
+        self,
+        numbers: torch.Tensor,
+        positions: torch.Tensor,
+        edge_index: torch.Tensor,
+        shift_vectors: torch.Tensor,
+        batch: torch.Tensor,
+        num_structures: int,
+    ) -> dict[str, torch.Tensor]:
+        """Energies of a batch.
+
+        Args:
+            numbers: ``[N]`` atomic numbers (all must be in ``config.species``; see :meth:`check_species`).
+            positions: ``[N, 3]`` Å.
+            edge_index: ``[2, E]`` receiver i, sender j.
+            shift_vectors: ``[E, 3]`` Å, so that r_ij = pos[j] − pos[i] + shift.
+            batch: ``[N]`` structure index of each atom.
+            num_structures: B.
+        Returns:
+            ``{"energy": [B], "atomic_energies": [N]}`` in eV.
+        """
+        c = self.config
+        idx = self.z_to_index[numbers]
+        _, unit, rbf = kernels.edge_basis(positions, edge_index, shift_vectors, c.n_rbf, c.cutoff, c.basis, c.envelope)
+        s = self.embedding(idx)
+        v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
+        for interaction, update in zip(self.interactions, self.updates, strict=True):
+            s, v = interaction(s, v, rbf, unit, edge_index)
+            s, v = update(s, v)
+        atomic = self.readout(s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
+        energy = torch.zeros(num_structures, dtype=atomic.dtype, device=atomic.device).index_add(0, batch, atomic)
+        return {"energy": energy, "atomic_energies": atomic}
+
+    # ------------------------------------------------------------------------------------------ persistence
+    def save(self, path: str | Path, metadata: dict | None = None) -> None:
+        """Write a checkpoint (config, weights, species, cutoff, format version); load with ``load_model``."""
+        from mlff_distiller.checkpoint import save_checkpoint
+
+        save_checkpoint(self, path, metadata=metadata)
+
+    def config_dict(self) -> dict:
+        return asdict(self.config)

@@ -1,0 +1,48 @@
+"""``predict_forces``: the batched, one-call prediction API."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from mlff_distiller.checkpoint import load_model
+from mlff_distiller.engine import ForceEngine
+from mlff_distiller.model import StudentModel
+
+__all__ = ["predict_forces"]
+
+
+def predict_forces(
+    model: StudentModel | str | Path,
+    structures: Sequence,
+    *,
+    device: torch.device | str | None = None,
+    batch_size: int | None = None,
+    precision: str = "fp32",
+    stress: bool = False,
+) -> list[dict]:
+    """Energies and forces for many structures.
+
+    Args:
+        model: a :class:`StudentModel` or a checkpoint path (``"builtin:<name>"`` included).
+        structures: ``ase.Atoms`` objects (or a single one).
+        device: default CUDA when available.
+        batch_size: structures per batch; None batches by an atom budget.
+        precision: ``"fp64"``, ``"fp32"`` or ``"tf32"``.
+        stress: also return the stress of fully periodic structures.
+    Returns:
+        One dict per structure, in input order: ``energy`` (float, eV), ``forces`` (ndarray [n, 3], eV/Å),
+        ``energies`` (ndarray [n], per-atom eV) and, when ``stress`` and periodic, ``stress`` (ndarray [6],
+        eV/Å³, Voigt xx yy zz yz xz xy, ASE sign).
+    """
+    if hasattr(structures, "get_positions"):
+        structures = [structures]
+    structures = list(structures)
+    if not structures:
+        return []
+    if not isinstance(model, StudentModel):
+        model = load_model(model)
+    engine = ForceEngine(model, device=device, precision=precision)
+    return engine.predict(structures, batch_size=batch_size, stress=stress)

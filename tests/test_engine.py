@@ -1,0 +1,119 @@
+"""ForceEngine and predict_forces: API contract, one autograd.grad per batch, chunking, bad input."""
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.build import molecule
+from helpers import random_molecule, silicon_cell
+
+from mlff_distiller import AtomsBatch, ForceEngine, predict_forces
+
+
+def test_exactly_one_autograd_grad_per_batch(model, monkeypatch):
+    calls = []
+    real = torch.autograd.grad
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", counting)
+    engine = ForceEngine(model, device="cpu", precision="fp64")
+    batch = AtomsBatch.from_atoms([molecule("H2O"), silicon_cell(), molecule("CH4")])
+    out = engine.compute(batch, forces=True, stress=True)
+    assert len(calls) == 1
+    assert out["forces"].shape == (batch.num_atoms, 3) and out["stress"].shape == (3, 6)
+    assert out["stress_valid"].tolist() == [False, True, False]
+
+
+def test_inference_keeps_no_parameter_graph(model):
+    engine = ForceEngine(model, device="cpu", precision="fp32")
+    out = engine.compute(AtomsBatch.from_atoms(molecule("C6H6")))
+    assert not out["energy"].requires_grad and not out["forces"].requires_grad
+    assert all(p.grad is None for p in engine.model.parameters())
+    assert all(p.requires_grad for p in model.parameters())  # the user's model is left as it was
+
+
+def test_predict_contract(model, device):
+    mols = [molecule("H2O"), silicon_cell(), molecule("NH3")]
+    res = predict_forces(model, mols, device=device, stress=True)
+    assert len(res) == 3
+    for atoms, row in zip(mols, res, strict=True):
+        assert isinstance(row["energy"], float)
+        assert isinstance(row["forces"], np.ndarray) and row["forces"].shape == (len(atoms), 3)
+        assert np.isfinite(row["forces"]).all()
+    assert "stress" not in res[0] and "stress" not in res[2]
+    assert res[1]["stress"].shape == (6,)
+    assert predict_forces(model, [], device=device) == []
+    assert "stress" not in predict_forces(model, mols[:1], device=device)[0]
+
+
+def test_chunking_keeps_order_and_values(model):
+    rng = np.random.default_rng(11)
+    mols = [random_molecule(int(n), rng) for n in rng.integers(1, 20, size=25)]
+    whole = predict_forces(model, mols, precision="fp64", batch_size=100)
+    by3 = predict_forces(model, mols, precision="fp64", batch_size=3)
+    budget = ForceEngine(model, device="cpu", precision="fp64").predict(mols, atom_budget=17)
+    for a, b, c in zip(whole, by3, budget, strict=True):
+        assert a["energy"] == pytest.approx(b["energy"], abs=1e-10) == pytest.approx(c["energy"], abs=1e-10)
+        np.testing.assert_allclose(a["forces"], c["forces"], atol=1e-10)
+
+
+def test_fp32_close_to_fp64(model, device):
+    mols = [molecule("C6H6"), silicon_cell()]
+    r64 = predict_forces(model, mols, precision="fp64", device=device)
+    r32 = predict_forces(model, mols, precision="fp32", device=device)
+    for a, b in zip(r64, r32, strict=True):
+        assert abs(a["energy"] - b["energy"]) < 1e-4 * max(1, abs(a["energy"]))
+        np.testing.assert_allclose(b["forces"], a["forces"], atol=1e-4)
+
+
+def test_unknown_element_is_a_value_error(model):
+    with pytest.raises(ValueError, match=r"unknown element.*'Au'"):
+        predict_forces(model, [Atoms("Au2", positions=[[0, 0, 0], [2.5, 0, 0]])])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_positions_are_a_value_error(model, bad):
+    atoms = molecule("H2O")
+    atoms.positions[1, 2] = bad
+    with pytest.raises(ValueError, match="non-finite position for atom 1"):
+        predict_forces(model, [atoms])
+
+
+def test_zero_volume_cell_is_a_value_error(model):
+    atoms = Atoms("Si2", positions=[[0, 0, 0], [1.3, 1.3, 1.3]], cell=[[5, 0, 0], [0, 5, 0], [5, 5, 0]], pbc=True)
+    with pytest.raises(ValueError, match="zero-volume cell"):
+        predict_forces(model, [atoms])
+    slab = Atoms("Si2", positions=[[0, 0, 0], [1.3, 1.3, 1.3]], cell=[[5, 0, 0], [0, 5, 0], [0, 0, 0]],
+                 pbc=[True, True, False])
+    assert np.isfinite(predict_forces(model, [slab])[0]["forces"]).all()  # a slab's zero c-vector is fine
+
+
+def test_mismatched_shapes_are_a_value_error():
+    with pytest.raises(ValueError, match="positions must be"):
+        AtomsBatch(numbers=torch.tensor([1, 1]), positions=torch.zeros(3, 3), cell=torch.zeros(1, 3, 3),
+                   pbc=torch.zeros(1, 3, dtype=torch.bool), batch=torch.zeros(2, dtype=torch.long),
+                   ptr=torch.tensor([0, 2]))
+
+
+def test_bad_arguments(model):
+    with pytest.raises(ValueError, match="unknown precision"):
+        predict_forces(model, [molecule("H2O")], precision="fp8")
+    with pytest.raises(ValueError, match="batch_size"):
+        predict_forces(model, [molecule("H2O")], batch_size=0)
+    with pytest.raises(ValueError, match="not an ase.Atoms"):
+        predict_forces(model, [np.zeros((3, 3))])
+
+
+def test_atoms_batch_roundtrip():
+    mols = [molecule("H2O"), silicon_cell(), molecule("CH4")]
+    batch = AtomsBatch.from_atoms(mols)
+    assert batch.ptr.tolist() == [0, 3, 5, 10] and batch.batch.tolist() == [0] * 3 + [1] * 2 + [2] * 5
+    back = batch.to(dtype=torch.float32).to_atoms()
+    for a, b in zip(mols, back, strict=True):
+        assert (a.numbers == b.numbers).all() and (a.pbc == b.pbc).all()
+        np.testing.assert_allclose(a.positions, b.positions, atol=1e-5)
+        np.testing.assert_allclose(a.cell.array, b.cell.array, atol=1e-5)
+    assert [t.shape[0] for t in batch.split(batch.positions)] == [3, 2, 5]
