@@ -21,8 +21,15 @@ class StudentCalculator(Calculator):
     Args:
         model: a :class:`StudentModel` or a checkpoint path (``"builtin:<name>"`` included).
         device: default CUDA when available.
-        precision: ``"fp64"``, ``"fp32"`` or ``"tf32"``; MD energy conservation wants ``"fp64"``.
+        precision: ``"fp64"``, ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"``; MD energy conservation wants
+            ``"fp64"``.
         neighbor_method: neighbour-list backend.
+        mode: ``"auto"`` (default: CUDA-graph replay on CUDA, eager elsewhere), ``"eager"``, ``"compile"`` or
+            ``"cudagraph"`` (see :class:`~mlff_distiller.engine.ForceEngine`). MD keeps the atom count fixed, so
+            every step after the first few replays the same captured graph (a new one only when the edge count
+            leaves its bucket).
+        compile_mode: ``torch.compile`` mode for ``"compile"`` (or compiled code inside ``"cudagraph"``).
+        cache_dir: persistent compile cache directory (a second process starts fast).
 
     Properties: ``energy``, ``free_energy`` (eV), ``forces`` (eV/Å), ``energies`` (per atom, eV) and, for fully
     periodic structures, ``stress`` (eV/Å³, Voigt, ASE sign).
@@ -37,12 +44,23 @@ class StudentCalculator(Calculator):
         device: torch.device | str | None = None,
         precision: str = "fp32",
         neighbor_method: str = "auto",
+        mode: str = "auto",
+        compile_mode: str | None = None,
+        cache_dir: str | Path | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         if not isinstance(model, StudentModel):
             model = load_model(model)
-        self.engine = ForceEngine(model, device=device, precision=precision, neighbor_method=neighbor_method)
+        self.engine = ForceEngine(
+            model,
+            device=device,
+            precision=precision,
+            neighbor_method=neighbor_method,
+            mode=mode,
+            compile_mode=compile_mode,
+            cache_dir=cache_dir,
+        )
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
@@ -52,13 +70,14 @@ class StudentCalculator(Calculator):
                 f"stress needs a fully periodic structure; this one has pbc={self.atoms.pbc.tolist()}"
             )
         batch = AtomsBatch.from_atoms(self.atoms, dtype=self.engine.dtype)
-        out = self.engine.compute(batch, forces=True, stress=want_stress)
+        # to_host: one device-to-host copy of all outputs on the padded path.
+        out = self.engine.compute(batch, forces=True, stress=want_stress, to_host=True)
         energy = float(out["energy"][0])
         self.results = {
             "energy": energy,
             "free_energy": energy,
-            "forces": out["forces"].detach().double().cpu().numpy(),
-            "energies": out["atomic_energies"].detach().double().cpu().numpy(),
+            "forces": out["forces"].double().numpy(),
+            "energies": out["atomic_energies"].double().numpy(),
         }
         if want_stress:
-            self.results["stress"] = out["stress"][0].detach().double().cpu().numpy()
+            self.results["stress"] = out["stress"][0].double().numpy()

@@ -3,36 +3,144 @@
 Stress uses the strain trick: positions and cell are deformed by a symmetric strain ε (zero-valued, but part of
 the graph), and σ = (1/V) ∂E/∂ε: ASE's sign convention (pressure = −trace(σ)/3, as ``ase.Atoms.get_stress``
 reports). Voigt order: xx, yy, zz, yz, xz, xy.
+
+Modes (``mode=``):
+
+* ``"eager"`` (default): neighbour list → model → one ``autograd.grad``, on the batch's own shapes.
+* ``"cudagraph"``: the batch graph is padded into a static-shape bucket (:mod:`mlff_distiller.buckets`) and the
+  whole step (forward + the single ``autograd.grad``) is captured once per bucket as a CUDA graph and replayed
+  (:mod:`mlff_distiller.cudagraph`); with ``compile_mode`` set, the captured step runs ``torch.compile``d code.
+* ``"compile"``: padded buckets through ``torch.compile(dynamic=False, mode=compile_mode)``, where
+  ``compile_mode`` is ``"default"``, ``"reduce-overhead"`` (torch's own CUDA graphs) or ``"max-autotune"``.
+* ``"auto"``: ``"cudagraph"`` on CUDA, ``"eager"`` elsewhere.
+
+The neighbour list always runs outside any graph (its size changes); its output is padded into the bucket.
+Padded modes serve energy + forces; a call that asks for stress (or no forces), or a batch beyond the largest
+bucket, runs the eager path. On a CPU, ``"cudagraph"`` and ``"compile"`` (unless ``compile_backend`` is given)
+warn and run the padded eager path, so CPU-only machines never break.
+
+Precisions (``precision=``): ``fp64``, ``fp32`` (strict IEEE matmuls), ``tf32`` (TF32 tensor-core matmuls,
+sm80+), ``bf16`` (sm80+) and ``fp16``. The last two run the atom-wise MLP matmuls with 16-bit inputs and
+weights (cast once; cuBLAS accumulates in float32) and return float32, while positions, shift vectors, edge
+geometry, the radial filter, message aggregation, residual feature streams, energies and the force
+accumulation stay in float32. (Not ``torch.autocast``: it would hand the message-passing kernel mixed dtypes
+and re-cast every weight on every call.) An unsupported precision warns and falls back to ``fp32``. ``TOLERANCES`` documents the accepted
+deviation from fp64 (the tests enforce it; the benchmark writes the measured error table).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Sequence
+import os
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 import torch
 
 from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded
+from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
 from mlff_distiller.model import StudentModel
 from mlff_distiller.neighbors import neighbor_list
 
-__all__ = ["PRECISIONS", "ForceEngine", "default_device"]
+__all__ = [
+    "COMPILE_MODES",
+    "MODES",
+    "PRECISIONS",
+    "TOLERANCES",
+    "ForceEngine",
+    "configure_compile_cache",
+    "default_device",
+]
 
 # Model/positions dtype and whether float32 matmuls may use TF32 tensor cores.
 PRECISIONS: dict[str, tuple[torch.dtype, bool]] = {
     "fp64": (torch.float64, False),
     "fp32": (torch.float32, False),
     "tf32": (torch.float32, True),
+    "bf16": (torch.float32, False),
+    "fp16": (torch.float32, False),
 }
-# Atoms per chunk when predict() is given no batch_size: keeps the reference path's [E, 3F] tensors in memory.
+# Precisions whose MLP matmuls run in a 16-bit type (everything else stays float32).
+AUTOCAST: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Accepted deviation from fp64 per precision: (energy, forces) relative to max(1, |E|) and max(1, max|F|),
+# i.e. |ΔE| ≤ tol_E·max(1 eV, |E|) and max|ΔF| ≤ tol_F·max(1 eV/Å, max|F|). fp32 is bounded by float32 rounding
+# over ~10² accumulations; tf32 keeps 10 mantissa bits in matmul inputs, fp16 10 and bf16 7 (with float32
+# accumulation), hence the looser bounds.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "fp64": (1e-12, 1e-10),
+    "fp32": (1e-5, 1e-4),
+    "tf32": (5e-3, 3e-2),
+    "bf16": (3e-2, 1.5e-1),
+    "fp16": (5e-3, 3e-2),
+}
+MODES = ("eager", "compile", "cudagraph", "auto")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+# Atoms per chunk when predict() is given no batch_size and no memory budget: keeps the reference path's
+# [E, 3F] tensors in memory.
 DEFAULT_ATOM_BUDGET = {"cuda": 8192, "cpu": 2048}
+# Fraction of the free device memory predict() may plan to use when no memory_budget is given.
+DEFAULT_MEMORY_FRACTION = 0.5
+# Neighbours per atom assumed before a batch's neighbour list is known (organic molecules, 5 Å: 10-40).
+EDGES_PER_ATOM_GUESS = 40
+# Separate torch.compile specialisations allowed (one per bucket); torch's default of 8 would silently send
+# later buckets back to eager.
+COMPILE_RECOMPILE_LIMIT = 64
 _VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 
 
 def default_device() -> torch.device:
     """CUDA when available, else CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def configure_compile_cache(cache_dir: str | Path) -> Path:
+    """Persist ``torch.compile`` and Triton artifacts under ``cache_dir`` so a second process starts fast.
+
+    Sets ``TORCHINDUCTOR_CACHE_DIR`` (Inductor's FX-graph and AOTAutograd caches) and ``TRITON_CACHE_DIR``
+    (compiled kernels, including this package's own Triton ops) unless already set, and switches the FX-graph
+    and AOTAutograd caches on. Call it before the first compilation of the process (``ForceEngine(cache_dir=)``
+    does). Returns the directory.
+    """
+    path = Path(cache_dir).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))
+    try:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fx_graph_cache = True
+        import torch._functorch.config as functorch_config
+
+        if hasattr(functorch_config, "enable_autograd_cache"):
+            functorch_config.enable_autograd_cache = True
+    except ImportError:  # pragma: no cover - inductor is part of every supported torch
+        pass
+    return path
+
+
+def _resolve_precision(precision: str, device: torch.device) -> str:
+    """The precision that can run on ``device``: warns and falls back to fp32 when it cannot."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {sorted(PRECISIONS)}")
+    why = None
+    if device.type == "cuda" and precision in ("bf16", "tf32"):
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:
+            why = f"{precision} needs compute capability 8.0+ (sm80), this GPU is sm{major}{minor}"
+    elif precision in AUTOCAST:
+        try:
+            one = torch.ones(1, 2, dtype=AUTOCAST[precision], device=device)
+            torch.nn.functional.linear(one, torch.ones(2, 2, dtype=one.dtype, device=device))
+        except (RuntimeError, NotImplementedError, TypeError):
+            why = f"{precision} matmuls are not supported on {device} by this build of torch"
+    if why is None:
+        return precision
+    warnings.warn(f"{why}; falling back to fp32", RuntimeWarning, stacklevel=3)
+    return "fp32"
 
 
 @contextlib.contextmanager
@@ -59,14 +167,60 @@ def _frozen(model: torch.nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+class _ReducedLinear(torch.nn.Module):
+    """An ``nn.Linear`` whose matmul runs with 16-bit inputs and weights (float32 accumulation in cuBLAS);
+    it takes and returns the surrounding float dtype, so feature streams stay float32."""
+
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("weight", linear.weight.detach().to(dtype))
+        bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+
+def _reduced_precision_copy(model: StudentModel, dtype: torch.dtype) -> StudentModel:
+    """A copy of ``model`` whose MLP/mixing ``nn.Linear`` layers run in ``dtype``. The radial filters (used
+    through their ``.weight`` by the message-passing kernel) stay in the model's dtype."""
+    model = copy.deepcopy(model)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) and name != "filter":
+                setattr(parent, name, _ReducedLinear(child, dtype))
+    return model
+
+
+def _raise_recompile_limit() -> None:
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), COMPILE_RECOMPILE_LIMIT))
+            break
+
+
 class ForceEngine:
     """Energy, forces and stress for batches of structures with a :class:`StudentModel`.
 
     Args:
-        model: the student (it is copied only if it must change device or dtype).
+        model: the student (it is copied only if it must change device or dtype; padded modes keep their own
+            frozen copy, so later edits of ``model`` do not reach captured graphs).
         device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when available).
-        precision: ``"fp64"``, ``"fp32"`` (strict IEEE float32 matmuls) or ``"tf32"``.
+        precision: ``"fp64"``, ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"`` (see the module docstring).
         neighbor_method: neighbour-list backend (``"auto"``, ``"brute"``, ``"cell_list"``).
+        mode: ``"eager"``, ``"compile"``, ``"cudagraph"`` or ``"auto"`` (see the module docstring).
+        compile_mode: for ``"compile"``: ``"default"`` (when None), ``"reduce-overhead"`` or ``"max-autotune"``;
+            for ``"cudagraph"``: None captures eager kernels, ``"default"``/``"max-autotune"`` captures compiled
+            code (Inductor's own CUDA graphs are switched off inside ours).
+        compile_backend: ``torch.compile`` backend (default ``"inductor"``); giving one also enables
+            ``"compile"`` on a CPU (e.g. ``"aot_eager"`` in tests).
+        buckets: the :class:`BucketLadder` of padded modes (default ``BucketLadder()``).
+        pad: pad eager runs into buckets too (default: only the padded modes pad).
+        memory_budget: bytes :meth:`predict` may plan for one batch (default on CUDA: half the free memory at
+            first use; on other devices an atom budget of 2048).
+        cache_dir: persistent compile cache directory (see :func:`configure_compile_cache`).
     """
 
     def __init__(
@@ -76,36 +230,144 @@ class ForceEngine:
         device: torch.device | str | None = None,
         precision: str = "fp32",
         neighbor_method: str = "auto",
+        mode: str = "eager",
+        compile_mode: str | None = None,
+        compile_backend: str | None = None,
+        buckets: BucketLadder | None = None,
+        pad: bool | None = None,
+        memory_budget: int | None = None,
+        cache_dir: str | Path | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}; choose one of {sorted(PRECISIONS)}")
         if not isinstance(model, StudentModel):
             raise ValueError(f"ForceEngine needs a StudentModel, got {type(model).__name__}")
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+        if compile_mode is not None and compile_mode not in COMPILE_MODES:
+            raise ValueError(f"unknown compile_mode {compile_mode!r}; choose one of {COMPILE_MODES}")
+        if buckets is not None and not isinstance(buckets, BucketLadder):
+            raise ValueError(f"buckets must be a BucketLadder, got {type(buckets).__name__}")
+        if memory_budget is not None and int(memory_budget) < 1:
+            raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
         self.device = torch.device(device) if device is not None else default_device()
-        self.precision = precision
-        self.dtype, self.allow_tf32 = PRECISIONS[precision]
+        self.requested_precision = precision
+        self.precision = _resolve_precision(precision, self.device)
+        self.dtype, self.allow_tf32 = PRECISIONS[self.precision]
+        self.autocast_dtype = AUTOCAST.get(self.precision)
         self.neighbor_method = neighbor_method
         p = next(model.parameters())
         if p.device != self.device or p.dtype != self.dtype:
             model = copy.deepcopy(model).to(device=self.device, dtype=self.dtype)
+        if self.autocast_dtype is not None:
+            model = _reduced_precision_copy(model, self.autocast_dtype)
         self.model = model.eval()
+        self.cache_dir = configure_compile_cache(cache_dir) if cache_dir is not None else None
+
+        self.requested_mode = mode
+        self.mode = self._resolve_mode(mode, compile_mode, compile_backend)
+        self.compile_mode = compile_mode
+        self.compile_backend = compile_backend or "inductor"
+        self.pad = (self.mode != "eager") if pad is None else bool(pad)
+        if self.mode != "eager" and not self.pad:
+            raise ValueError(
+                f"mode {self.mode!r} needs static shapes: pad=False is only valid for mode='eager'"
+            )
+        self.buckets = buckets or BucketLadder()
+        self.memory_budget = None if memory_budget is None else int(memory_budget)
+        self.oom_splits = 0  # batches split after an out-of-memory error (see predict)
+        self._atom_budget_cap: int | None = None  # lowered after an OOM so later batches start smaller
+        self._bytes_scale = 1.0  # measured / analytic memory, from probe_memory()
+        self._graphs: dict[Bucket, PaddedGraph] = {}
+        self._runners: dict[Bucket, GraphRunner] = {}
+        self._topology: tuple | None = None
+        self._topology_token = 0
+        self._graph_tokens: dict[Bucket, int] = {}
+        self._fast_model: StudentModel | None = None
+        self._forward_impl = None
+        if self.pad:
+            # A private frozen copy: no parameter graph, no per-call requires_grad toggling, and captured
+            # graphs keep pointing at weights nobody else mutates.
+            self._fast_model = copy.deepcopy(self.model).eval()
+            for q in self._fast_model.parameters():
+                q.requires_grad_(False)
+            self._forward_impl = self._padded_forward
+            if self.mode == "compile" or (self.mode == "cudagraph" and compile_mode is not None):
+                self._forward_impl = self._make_compiled()
+
+    # ------------------------------------------------------------------------------------------ setup
+    def _resolve_mode(self, mode: str, compile_mode: str | None, compile_backend: str | None) -> str:
+        on_cuda = self.device.type == "cuda"
+        if mode == "auto":
+            return "cudagraph" if cuda_graphs_available(self.device) else "eager"
+        if mode == "cudagraph":
+            if compile_mode == "reduce-overhead":
+                raise ValueError(
+                    "mode='cudagraph' captures its own graph: use compile_mode 'default' or "
+                    "'max-autotune' (or mode='compile' with 'reduce-overhead')"
+                )
+            if not cuda_graphs_available(self.device):
+                warnings.warn(
+                    f"CUDA graphs need a CUDA device (engine on {self.device}); running the padded "
+                    "eager path instead",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return "padded-eager"
+        if mode == "compile" and not on_cuda and compile_backend is None:
+            warnings.warn(
+                f"mode='compile' targets CUDA (engine on {self.device}); running the padded eager path "
+                "instead (pass compile_backend=... to compile on this device anyway)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return "padded-eager"
+        return mode
+
+    def _make_compiled(self):
+        _raise_recompile_limit()
+        cm = self.compile_mode or "default"
+        if self.mode == "cudagraph" and cm == "max-autotune":
+            cm = "max-autotune-no-cudagraphs"  # our own graph captures it; Inductor's must stay off
+        kwargs = dict(dynamic=False, backend=self.compile_backend)
+        if self.compile_backend == "inductor":
+            kwargs["mode"] = cm
+        return torch.compile(self._padded_forward, **kwargs)
 
     @property
     def cutoff(self) -> float:
         return self.model.cutoff
 
-    def compute(self, batch: AtomsBatch, *, forces: bool = True, stress: bool = False) -> dict[str, torch.Tensor]:
-        """Run one batch. Returns tensors on the engine's device:
+    # ------------------------------------------------------------------------------------------ eager path
+    def compute(
+        self, batch: AtomsBatch, *, forces: bool = True, stress: bool = False, to_host: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Run one batch. Returns tensors on the engine's device (on the CPU with ``to_host``, in one copy
+        on the padded path):
 
         ``energy [B]`` eV, ``atomic_energies [N]`` eV, ``forces [N, 3]`` eV/Å (if ``forces``), and
         ``stress [B, 6]`` eV/Å³ Voigt (if ``stress``; meaningful only for fully periodic structures, whose
         mask is ``stress_valid [B]``). Forces and stress come from a single ``autograd.grad`` call.
         """
         self.model.check_species(batch.numbers)
+        if self.pad and forces and not stress:
+            out = self._compute_padded(batch, to_host)
+            if out is not None:
+                return out
+        out = self._compute_eager(batch, forces=forces, stress=stress)
+        return {k: v.cpu() for k, v in out.items()} if to_host else out
+
+    def _compute_eager(self, batch: AtomsBatch, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
         batch = batch.to(self.device, self.dtype)
         with torch.no_grad():
             nl = neighbor_list(
-                batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, self.cutoff, self.neighbor_method
+                batch.positions,
+                batch.cell,
+                batch.pbc,
+                batch.batch,
+                batch.ptr,
+                self.cutoff,
+                self.neighbor_method,
             )
         need_grad = forces or stress
         with _matmul_precision(self.allow_tf32), _frozen(self.model), torch.set_grad_enabled(need_grad):
@@ -118,12 +380,15 @@ class ForceEngine:
                 cell = batch.cell + torch.bmm(batch.cell, sym)
                 edge_struct = batch.batch[nl.edge_index[0]]
                 shift_vectors = torch.einsum("ei,eij->ej", nl.shifts.to(self.dtype), cell[edge_struct])
-            out = self.model(batch.numbers, pos, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
-            result = {"energy": out["energy"].detach(), "atomic_energies": out["atomic_energies"].detach()}
+            out = self.model(
+                batch.numbers, pos, nl.edge_index, shift_vectors, batch.batch, batch.num_structures
+            )
+            energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
+            result = {"energy": energy.detach(), "atomic_energies": atomic.detach()}
             if not need_grad:
                 return result
             inputs = [positions] + ([strain] if stress else [])
-            grads = torch.autograd.grad(out["energy"].sum(), inputs, allow_unused=True)
+            grads = torch.autograd.grad(energy.sum(), inputs, allow_unused=True)
         grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
         if forces:
             result["forces"] = -grads[0]
@@ -135,6 +400,226 @@ class ForceEngine:
             result["stress_valid"] = valid
         return result
 
+    # ------------------------------------------------------------------------------------------ padded path
+    def _padded_forward(self, numbers, positions, edge_index, shift_vectors, batch, mask):
+        """Energies of a padded bucket and the masked total that the forces differentiate."""
+        out = self._fast_model(numbers, positions, edge_index, shift_vectors, batch, numbers.shape[0])
+        energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
+        return energy, atomic, (energy * mask).sum()
+
+    def _step(self, numbers, positions, edge_index, shift_vectors, batch, mask) -> torch.Tensor:
+        """The whole padded step: ``[A + A + 3A]`` packed (energy, atomic energies, forces), one tensor so
+        that a host copy is one transfer."""
+        with torch.enable_grad(), _matmul_precision(self.allow_tf32):
+            pos = positions.detach().requires_grad_(True)
+            energy, atomic, total = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, mask)
+            (grad,) = torch.autograd.grad(total, pos)
+        return torch.cat([energy.detach(), atomic.detach(), grad.reshape(-1).neg()])
+
+    def _device_topology(self, batch: AtomsBatch) -> tuple[AtomsBatch, bool]:
+        """Move ``batch`` to the device; numbers/batch/ptr/cell/pbc are reused from the previous call when
+        unchanged (MD), which also lets the static buffers skip rewriting them. Returns (batch, same)."""
+        if batch.device == self.device:
+            self._topology = None
+            self._topology_token += 1
+            return batch.to(dtype=self.dtype), False
+        key = (batch.numbers, batch.ptr, batch.cell, batch.pbc)
+        cached = self._topology
+        same = cached is not None and all(
+            a.shape == b.shape and torch.equal(a, b) for a, b in zip(key, cached[0], strict=True)
+        )
+        if not same:
+            dev = batch.to(self.device, self.dtype)
+            self._topology = (tuple(t.clone() for t in key), dev)
+            self._topology_token += 1
+        dev = self._topology[1]
+        positions = batch.positions.to(self.device, self.dtype)
+        return AtomsBatch(
+            numbers=dev.numbers, positions=positions, cell=dev.cell, pbc=dev.pbc, batch=dev.batch, ptr=dev.ptr
+        ), same
+
+    def _graph(self, bucket: Bucket) -> PaddedGraph:
+        g = self._graphs.get(bucket)
+        if g is None:
+            g = PaddedGraph.empty(
+                bucket,
+                dtype=self.dtype,
+                device=self.device,
+                cutoff=self.cutoff,
+                pad_z=self.model.species_list[0],
+            )
+            self._graphs[bucket] = g
+        return g
+
+    def _run(self, bucket: Bucket, graph: PaddedGraph) -> torch.Tensor:
+        """One padded step on the current content of ``graph``; the packed output (static in graph mode)."""
+        if self.mode == "cudagraph":
+            runner = self._runners.get(bucket)
+            if runner is None:
+                try:
+                    runner = GraphRunner(self._step, graph)
+                except torch.OutOfMemoryError:
+                    self._runners.pop(bucket, None)
+                    raise
+                self._runners[bucket] = runner
+            return runner.replay()
+        if self.mode == "compile" and self.compile_mode == "reduce-overhead":
+            # Tell torch's CUDA-graph trees a new step begins (the previous outputs were copied already).
+            torch.compiler.cudagraph_mark_step_begin()
+        return self._step(*graph.inputs())
+
+    def _compute_padded(self, batch: AtomsBatch, to_host: bool) -> dict[str, torch.Tensor] | None:
+        dev, same = self._device_topology(batch)
+        with torch.no_grad():
+            nl = neighbor_list(
+                dev.positions, dev.cell, dev.pbc, dev.batch, dev.ptr, self.cutoff, self.neighbor_method
+            )
+        n, b, e = dev.num_atoms, dev.num_structures, nl.num_edges
+        bucket = self.buckets.select(n, e)
+        if bucket is None:
+            return None  # beyond the largest bucket: eager fallback
+        graph = self._graph(bucket)
+        same = same and self._graph_tokens.get(bucket) == self._topology_token
+        fill_padded(
+            graph,
+            dev.numbers,
+            dev.positions,
+            dev.batch,
+            b,
+            nl.edge_index,
+            nl.shift_vectors.to(self.dtype),
+            same_topology=same,
+        )
+        self._graph_tokens[bucket] = self._topology_token
+        packed = self._run(bucket, graph)
+        if to_host:
+            packed = packed.cpu()
+        elif self.mode == "cudagraph" or self.compile_mode == "reduce-overhead":
+            packed = packed.clone()  # the static output is overwritten by the next replay
+        a = bucket.atoms
+        return {
+            "energy": packed[:b],
+            "atomic_energies": packed[a : a + n],
+            "forces": packed[2 * a :].view(a, 3)[:n],
+        }
+
+    # ------------------------------------------------------------------------------------------ warm-up
+    def warmup(
+        self,
+        buckets: Iterable[Bucket | tuple[int, int]] | None = None,
+        structures: Iterable | None = None,
+    ) -> dict[Bucket, float]:
+        """Compile / capture chosen buckets now rather than on first use.
+
+        Args:
+            buckets: :class:`Bucket` s or ``(n_atoms, n_edges)`` sizes (the ladder bucket holding them).
+            structures: ``ase.Atoms`` or sequences of them; each is one batch whose bucket is warmed (in eager
+                mode they are simply run once, which compiles this package's Triton kernels).
+        Returns:
+            Seconds spent per bucket (wall clock, synchronised).
+        """
+        todo: list[Bucket] = []
+        for item in buckets or ():
+            if isinstance(item, Bucket):
+                todo.append(item)
+                continue
+            n, e = (int(x) for x in item)
+            bucket = self.buckets.select(n, e)
+            if bucket is None:
+                raise ValueError(f"warmup: no bucket holds {n} atoms and {e} edges (ladder {self.buckets})")
+            todo.append(bucket)
+        if todo and not self.pad:
+            raise ValueError(
+                "warmup(buckets=...) needs a padded mode (mode='cudagraph'/'compile' or pad=True)"
+            )
+        times: dict[Bucket, float] = {}
+        for s in structures or ():
+            batch = AtomsBatch.from_atoms(s, dtype=self.dtype)
+            t0 = time.perf_counter()
+            self.compute(batch)
+            self._sync()
+            if self.pad:
+                with torch.no_grad():
+                    dev = batch.to(self.device, self.dtype)
+                    nl = neighbor_list(
+                        dev.positions,
+                        dev.cell,
+                        dev.pbc,
+                        dev.batch,
+                        dev.ptr,
+                        self.cutoff,
+                        self.neighbor_method,
+                    )
+                bucket = self.buckets.select(dev.num_atoms, nl.num_edges)
+                if bucket is not None:
+                    times[bucket] = time.perf_counter() - t0
+        for bucket in todo:
+            if bucket in times:
+                continue
+            t0 = time.perf_counter()
+            self._run(bucket, self._graph(bucket))
+            self._sync()
+            times[bucket] = time.perf_counter() - t0
+        return times
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @property
+    def captured_buckets(self) -> list[Bucket]:
+        """Buckets with a captured CUDA graph."""
+        return sorted(self._runners)
+
+    # ------------------------------------------------------------------------------------------ batching
+    def estimate_bytes(self, n_atoms: int, n_edges: int) -> int:
+        """Peak device memory (bytes) of one energy + forces step, from the model's shapes (scaled by
+        :meth:`probe_memory` when it ran). Per edge: the reference message step keeps ~ten ``[E, F]`` float
+        tensors per layer for the backward; per atom ~twenty ``[N, F]``."""
+        c = self.model.config
+        item = torch.finfo(self.dtype).bits // 8
+        per_edge = (10 * c.hidden * c.layers + 4 * c.n_rbf + 16) * item + 16
+        per_atom = (20 * c.hidden * c.layers + 16) * item + 16
+        return int(self._bytes_scale * (per_atom * n_atoms + per_edge * n_edges))
+
+    def probe_memory(self, structures: Sequence) -> float:
+        """Measure the peak memory of one batch of ``structures`` on CUDA and rescale :meth:`estimate_bytes`
+        to it. Returns the measured / estimated ratio (1.0 off CUDA, where nothing is measured)."""
+        if self.device.type != "cuda":
+            return 1.0
+        batch = AtomsBatch.from_atoms(list(structures), dtype=self.dtype)
+        dev = batch.to(self.device, self.dtype)
+        with torch.no_grad():
+            nl = neighbor_list(
+                dev.positions, dev.cell, dev.pbc, dev.batch, dev.ptr, self.cutoff, self.neighbor_method
+            )
+        self._sync()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        self._compute_eager(batch, forces=True, stress=False)
+        self._sync()
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        old = self._bytes_scale
+        self._bytes_scale = 1.0
+        est = self.estimate_bytes(batch.num_atoms, nl.num_edges)
+        self._bytes_scale = max(peak / max(est, 1), 0.05) if peak > 0 else old
+        return self._bytes_scale
+
+    def atom_budget(self) -> int:
+        """Atoms per batch that :meth:`predict` plans for: from ``memory_budget`` (or, on CUDA, half the free
+        memory) and :meth:`estimate_bytes` with ``EDGES_PER_ATOM_GUESS`` neighbours; lowered after an OOM."""
+        budget = self.memory_budget
+        if budget is None and self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(DEFAULT_MEMORY_FRACTION * free)
+        if budget is None:
+            atoms = DEFAULT_ATOM_BUDGET.get(self.device.type, DEFAULT_ATOM_BUDGET["cpu"])
+        else:
+            atoms = max(1, budget // max(1, self.estimate_bytes(1, EDGES_PER_ATOM_GUESS)))
+        if self._atom_budget_cap is not None:
+            atoms = min(atoms, self._atom_budget_cap)
+        return atoms
+
     def predict(
         self,
         structures: Sequence,
@@ -145,22 +630,40 @@ class ForceEngine:
     ) -> list[dict]:
         """Energies, forces (and stress for periodic structures) as one dict per structure, in input order.
 
-        ``batch_size`` is a number of structures per batch; when None, batches are filled up to an atom budget.
+        ``batch_size`` is a number of structures per batch; when None, batches are filled up to an atom budget
+        (``atom_budget``, else :meth:`atom_budget`). A batch that runs out of device memory is split in halves
+        and retried (``oom_splits`` counts it), and later batches start no larger than the half that fit.
         """
         structures = list(structures)
         results: list[dict] = []
-        for chunk in _chunks(structures, batch_size, atom_budget or DEFAULT_ATOM_BUDGET[self.device.type]):
-            batch = AtomsBatch.from_atoms(chunk, dtype=self.dtype)
-            out = self.compute(batch, forces=True, stress=stress)
-            energy = out["energy"].double().cpu().numpy()
-            forces = [f.double().cpu().numpy() for f in batch.split(out["forces"])]
-            atomic = [e.double().cpu().numpy() for e in batch.split(out["atomic_energies"])]
-            for b in range(len(chunk)):
-                row = {"energy": float(energy[b]), "forces": forces[b], "energies": atomic[b]}
-                if stress and bool(out["stress_valid"][b]):
-                    row["stress"] = out["stress"][b].double().cpu().numpy()
-                results.append(row)
+        for chunk in _chunks(structures, batch_size, atom_budget or self.atom_budget()):
+            results.extend(self._predict_chunk(chunk, stress))
         return results
+
+    def _predict_chunk(self, chunk: list, stress: bool) -> list[dict]:
+        try:
+            batch = AtomsBatch.from_atoms(chunk, dtype=self.dtype)
+            out = self.compute(batch, forces=True, stress=stress, to_host=True)
+        except torch.OutOfMemoryError:
+            if len(chunk) == 1:
+                raise
+            self.oom_splits += 1
+            n_atoms = sum(len(s) for s in chunk)
+            self._atom_budget_cap = max(1, min(self._atom_budget_cap or n_atoms, n_atoms // 2))
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            half = len(chunk) // 2
+            return self._predict_chunk(chunk[:half], stress) + self._predict_chunk(chunk[half:], stress)
+        energy = out["energy"].double().numpy()
+        forces = [f.double().numpy() for f in batch.split(out["forces"])]
+        atomic = [e.double().numpy() for e in batch.split(out["atomic_energies"])]
+        rows = []
+        for b in range(len(chunk)):
+            row = {"energy": float(energy[b]), "forces": forces[b], "energies": atomic[b]}
+            if stress and bool(out["stress_valid"][b]):
+                row["stress"] = out["stress"][b].double().numpy()
+            rows.append(row)
+        return rows
 
 
 def _chunks(structures: list, batch_size: int | None, atom_budget: int) -> Iterator[list]:
@@ -170,6 +673,8 @@ def _chunks(structures: list, batch_size: int | None, atom_budget: int) -> Itera
         for k in range(0, len(structures), int(batch_size)):
             yield structures[k : k + int(batch_size)]
         return
+    if int(atom_budget) < 1:
+        raise ValueError(f"atom_budget must be >= 1, got {atom_budget}")
     chunk: list = []
     atoms = 0
     for s in structures:

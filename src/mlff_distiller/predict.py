@@ -22,6 +22,9 @@ def predict_forces(
     batch_size: int | None = None,
     precision: str = "fp32",
     stress: bool = False,
+    mode: str = "eager",
+    compile_mode: str | None = None,
+    memory_budget: int | None = None,
 ) -> list[dict]:
     """Energies and forces for many structures.
 
@@ -30,8 +33,14 @@ def predict_forces(
         structures: ``ase.Atoms`` objects (or a single one).
         device: default CUDA when available.
         batch_size: structures per batch; None batches by an atom budget.
-        precision: ``"fp64"``, ``"fp32"`` or ``"tf32"``.
+        precision: ``"fp64"``, ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"``.
         stress: also return the stress of fully periodic structures.
+        mode: ``"eager"`` (default), ``"compile"``, ``"cudagraph"`` or ``"auto"`` (see
+            :class:`~mlff_distiller.engine.ForceEngine`; padded modes pay a capture/compile per new bucket, which
+            pays off over many batches).
+        compile_mode: ``torch.compile`` mode for ``"compile"``.
+        memory_budget: bytes one batch may use (default: half the free device memory on CUDA); a batch that
+            still runs out of memory is split and retried.
     Returns:
         One dict per structure, in input order: ``energy`` (float, eV), ``forces`` (ndarray [n, 3], eV/Å),
         ``energies`` (ndarray [n], per-atom eV) and, when ``stress`` and periodic, ``stress`` (ndarray [6],
@@ -44,5 +53,12 @@ def predict_forces(
         return []
     if not isinstance(model, StudentModel):
         model = load_model(model)
-    engine = ForceEngine(model, device=device, precision=precision)
+    engine = ForceEngine(
+        model,
+        device=device,
+        precision=precision,
+        mode=mode,
+        compile_mode=compile_mode,
+        memory_budget=memory_budget,
+    )
     return engine.predict(structures, batch_size=batch_size, stress=stress)

@@ -1,0 +1,244 @@
+"""Static-shape buckets: pad a batch graph to the next capacity of atoms and edges on a geometric ladder.
+
+CUDA graphs and ``torch.compile(dynamic=False)`` need fixed tensor shapes; molecules do not have them. A
+:class:`BucketLadder` lists capacities ``A`` (atoms) and ``C`` (edges) growing geometrically, so a few shapes
+serve every batch and the padding costs at most ``growth - 1`` of the work. :func:`fill_padded` writes a
+batch graph into a :class:`PaddedGraph` of a :class:`Bucket` whose padding is *exactly* inert:
+
+* at least one padding atom always exists (``A >= N + 1``); padding atoms carry the model's first species,
+  sit at the origin and belong to one dummy structure, index ``A - 1`` (there are at most ``A - 1`` real
+  structures, so it never collides with a real one). ``mask [A]`` is 1 for the real structures only, and the
+  engine differentiates ``sum(mask * energy)``, so the dummy structure's energy never reaches a force;
+* padding edges join a padding atom to itself with a shift vector longer than the cutoff: the radial basis ×
+  cutoff envelope is exactly 0 there (and so is its derivative), the filter has no bias, so every padding
+  message is exactly 0, and padding edges never touch a real atom anyway. They are spread over the padding
+  atoms in ascending receiver order, so the edge list stays sorted by receiver (the neighbour-list contract)
+  and scatter atomics do not all hit one row.
+
+Real atoms, edges and structures keep their indices, so real outputs are the first ``N`` / ``B`` rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Bucket", "BucketLadder", "PaddedGraph", "fill_padded", "pad_graph"]
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    """A static shape: ``atoms`` capacity ``A`` (also the structure capacity) and ``edges`` capacity ``C``."""
+
+    atoms: int
+    edges: int
+
+    def __post_init__(self) -> None:
+        if self.atoms < 2:
+            raise ValueError(f"Bucket.atoms must be >= 2 (one real + one padding atom), got {self.atoms}")
+        if self.edges < 1:
+            raise ValueError(f"Bucket.edges must be >= 1, got {self.edges}")
+
+    @property
+    def structures(self) -> int:
+        """Structure capacity: ``A`` (at most ``A - 1`` real ones plus the dummy structure ``A - 1``)."""
+        return self.atoms
+
+    def fits(self, n_atoms: int, n_edges: int) -> bool:
+        return n_atoms + 1 <= self.atoms and n_edges <= self.edges
+
+
+def _geometric(lo: int, hi: int, growth: float, align: int) -> tuple[int, ...]:
+    caps, c = [], float(lo)
+    while True:
+        v = int(math.ceil(c / align) * align)
+        if not caps or v > caps[-1]:
+            caps.append(v)
+        if v >= hi:
+            return tuple(caps)
+        c = max(c * growth, v + 1)
+
+
+@dataclass(frozen=True)
+class BucketLadder:
+    """Geometric capacities for atoms and edges.
+
+    Args:
+        min_atoms, max_atoms: smallest and largest atom capacity (the largest is rounded up to the ladder).
+        min_edges, max_edges: the same for edges.
+        growth: ratio between neighbouring capacities (> 1); padding wastes at most ``growth - 1`` of the work.
+        align: capacities are multiples of this (GPU-friendly tile sizes).
+
+    A batch with more than ``max_atoms - 1`` atoms or ``max_edges`` edges has no bucket (:meth:`select`
+    returns ``None``) and the engine runs it eagerly, unpadded.
+    """
+
+    min_atoms: int = 16
+    max_atoms: int = 65536
+    min_edges: int = 64
+    max_edges: int = 2**21
+    growth: float = 1.5
+    align: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.growth > 1.0:
+            raise ValueError(f"BucketLadder.growth must be > 1, got {self.growth}")
+        if self.align < 1:
+            raise ValueError(f"BucketLadder.align must be >= 1, got {self.align}")
+        if not 2 <= self.min_atoms <= self.max_atoms:
+            raise ValueError(
+                f"BucketLadder needs 2 <= min_atoms <= max_atoms, got {self.min_atoms}, {self.max_atoms}"
+            )
+        if not 1 <= self.min_edges <= self.max_edges:
+            raise ValueError(
+                f"BucketLadder needs 1 <= min_edges <= max_edges, got {self.min_edges}, {self.max_edges}"
+            )
+
+    @property
+    def atom_capacities(self) -> tuple[int, ...]:
+        return _geometric(self.min_atoms, self.max_atoms, self.growth, self.align)
+
+    @property
+    def edge_capacities(self) -> tuple[int, ...]:
+        return _geometric(self.min_edges, self.max_edges, self.growth, self.align)
+
+    def select(self, n_atoms: int, n_edges: int) -> Bucket | None:
+        """The smallest bucket holding ``n_atoms`` real atoms (plus one padding atom) and ``n_edges`` edges,
+        or ``None`` when the batch is beyond the largest one."""
+        if n_atoms < 0 or n_edges < 0:
+            raise ValueError(f"negative sizes: n_atoms={n_atoms}, n_edges={n_edges}")
+        a = next((c for c in self.atom_capacities if c >= n_atoms + 1), None)
+        e = next((c for c in self.edge_capacities if c >= max(n_edges, 1)), None)
+        return None if a is None or e is None else Bucket(a, e)
+
+
+@dataclass
+class PaddedGraph:
+    """Model inputs of one bucket (preallocated, reused across calls; CUDA graphs read them in place).
+
+    Attributes:
+        numbers: ``[A]`` int64 atomic numbers (padding: the model's first species).
+        positions: ``[A, 3]`` Å (padding atoms at the origin).
+        batch: ``[A]`` int64 structure of each atom (padding atoms: ``A - 1``).
+        mask: ``[A]`` 1 for real structures, 0 otherwise (positions' dtype).
+        edge_index: ``[2, C]`` int64 receiver, sender (padding edges: a padding atom to itself).
+        shift_vectors: ``[C, 3]`` Å (padding edges: longer than the cutoff).
+        n_atoms, n_edges, n_structures: the real sizes of the current content.
+    """
+
+    bucket: Bucket
+    numbers: torch.Tensor
+    positions: torch.Tensor
+    batch: torch.Tensor
+    mask: torch.Tensor
+    edge_index: torch.Tensor
+    shift_vectors: torch.Tensor
+    n_atoms: int = 0
+    n_edges: int = 0
+    n_structures: int = 0
+    pad_z: int = 1
+    far: float = 1.0
+
+    @classmethod
+    def empty(
+        cls, bucket: Bucket, *, dtype: torch.dtype, device: torch.device | str, cutoff: float, pad_z: int
+    ) -> PaddedGraph:
+        """All-padding content (zero real atoms): a valid input, used to warm up and capture a bucket."""
+        a, c = bucket.atoms, bucket.edges
+        g = cls(
+            bucket=bucket,
+            numbers=torch.full((a,), int(pad_z), dtype=torch.long, device=device),
+            positions=torch.zeros((a, 3), dtype=dtype, device=device),
+            batch=torch.full((a,), a - 1, dtype=torch.long, device=device),
+            mask=torch.zeros((a,), dtype=dtype, device=device),
+            edge_index=torch.zeros((2, c), dtype=torch.long, device=device),
+            shift_vectors=torch.zeros((c, 3), dtype=dtype, device=device),
+            pad_z=int(pad_z),
+            # Twice the cutoff (+1 Å): far outside it in any float precision.
+            far=2.0 * float(cutoff) + 1.0,
+        )
+        g._arange = torch.arange(c, dtype=torch.long, device=device)
+        g._fill_edge_tail(0, 0)
+        return g
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """``(numbers, positions, edge_index, shift_vectors, batch, mask)``."""
+        return self.numbers, self.positions, self.edge_index, self.shift_vectors, self.batch, self.mask
+
+    def _fill_edge_tail(self, n_atoms: int, n_edges: int) -> None:
+        a, c = self.bucket.atoms, self.bucket.edges
+        n_pad_e = c - n_edges
+        if n_pad_e <= 0:
+            return
+        # Ascending receivers N .. A-1, evenly spread: sorted by receiver, few atomics per row.
+        recv = n_atoms + torch.div(self._arange[:n_pad_e] * (a - n_atoms), n_pad_e, rounding_mode="floor")
+        self.edge_index[:, n_edges:].copy_(recv.expand(2, -1))
+        tail = self.shift_vectors[n_edges:]
+        tail.zero_()
+        tail[:, 0].fill_(self.far)
+
+
+def fill_padded(
+    dst: PaddedGraph,
+    numbers: torch.Tensor,
+    positions: torch.Tensor,
+    batch: torch.Tensor,
+    num_structures: int,
+    edge_index: torch.Tensor,
+    shift_vectors: torch.Tensor,
+    *,
+    same_topology: bool = False,
+) -> PaddedGraph:
+    """Write a batch graph (``numbers [N]``, ``positions [N,3]`` Å, ``batch [N]``, ``edge_index [2,E]``,
+    ``shift_vectors [E,3]`` Å) into ``dst`` in place; see the module docstring for the padding.
+
+    ``same_topology=True`` promises that numbers, batch and the structure count equal those of the previous
+    fill (as in MD), which skips rewriting them.
+    """
+    n, e = int(numbers.shape[0]), int(edge_index.shape[1])
+    if not dst.bucket.fits(n, e):
+        raise ValueError(f"a graph of {n} atoms and {e} edges does not fit bucket {dst.bucket}")
+    if tuple(positions.shape) != (n, 3) or tuple(batch.shape) != (n,) or tuple(shift_vectors.shape) != (e, 3):
+        raise ValueError(
+            "fill_padded: positions [N,3], batch [N] and shift_vectors [E,3] must match numbers/edges"
+        )
+    if not 0 <= num_structures <= n:
+        raise ValueError(f"fill_padded: num_structures must be in 0..{n}, got {num_structures}")
+    dst.positions[:n].copy_(positions)
+    if n != dst.n_atoms:
+        dst.positions[n:].zero_()
+    if not (same_topology and n == dst.n_atoms and num_structures == dst.n_structures):
+        dst.numbers[:n].copy_(numbers)
+        dst.numbers[n:].fill_(dst.pad_z)
+        dst.batch[:n].copy_(batch)
+        dst.batch[n:].fill_(dst.bucket.atoms - 1)
+        dst.mask.zero_()
+        dst.mask[:num_structures].fill_(1)
+    if e:
+        dst.edge_index[:, :e].copy_(edge_index)
+        dst.shift_vectors[:e].copy_(shift_vectors)
+    if e != dst.n_edges or n != dst.n_atoms:
+        dst._fill_edge_tail(n, e)
+    dst.n_atoms, dst.n_edges, dst.n_structures = n, e, int(num_structures)
+    return dst
+
+
+def pad_graph(
+    bucket: Bucket,
+    numbers: torch.Tensor,
+    positions: torch.Tensor,
+    batch: torch.Tensor,
+    num_structures: int,
+    edge_index: torch.Tensor,
+    shift_vectors: torch.Tensor,
+    *,
+    cutoff: float,
+    pad_z: int,
+) -> PaddedGraph:
+    """A freshly allocated :class:`PaddedGraph` holding the given graph (see :func:`fill_padded`)."""
+    dst = PaddedGraph.empty(
+        bucket, dtype=positions.dtype, device=positions.device, cutoff=cutoff, pad_z=pad_z
+    )
+    return fill_padded(dst, numbers, positions, batch, num_structures, edge_index, shift_vectors)

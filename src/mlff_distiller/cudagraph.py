@@ -1,0 +1,59 @@
+"""CUDA-graph capture of a whole energy + forces step (forward and the single ``autograd.grad``) per bucket.
+
+A :class:`GraphRunner` owns one bucket's static inputs (a :class:`~mlff_distiller.buckets.PaddedGraph`), one
+captured ``torch.cuda.CUDAGraph`` with its own memory pool, and the static outputs the graph writes. Each call
+copies the new inputs into the static buffers (outside the graph: the neighbour list changes size) and replays:
+one launch for ~all kernels of the forward and backward. Outputs are overwritten by the next replay; callers
+copy what they keep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from mlff_distiller.buckets import PaddedGraph
+
+__all__ = ["GraphRunner", "cuda_graphs_available"]
+
+# Eager runs on a side stream before capture: lazy initialisation (cuBLAS handles, autograd streams, Triton
+# JIT, torch.compile) must not happen during capture.
+WARMUP_RUNS = 2
+
+
+def cuda_graphs_available(device: torch.device | str) -> bool:
+    """Whether CUDA graphs can be captured on ``device``."""
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+class GraphRunner:
+    """One captured graph for one bucket.
+
+    Args:
+        fn: ``fn(*graph.inputs()) -> tuple[Tensor, ...]``: the step to capture (static shapes, no host sync).
+        graph: the bucket's static input buffers (filled with valid content, e.g. all padding).
+    """
+
+    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], graph: PaddedGraph) -> None:
+        device = graph.positions.device
+        if not cuda_graphs_available(device):
+            raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
+        self.graph_inputs = graph
+        self.fn = fn
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                fn(*graph.inputs())
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        self.cuda_graph = torch.cuda.CUDAGraph()
+        # pool=None: a private memory pool for this bucket's graph.
+        with torch.cuda.graph(self.cuda_graph):
+            self.outputs = fn(*graph.inputs())
+
+    def replay(self) -> tuple[torch.Tensor, ...]:
+        """Run the captured step on the current content of the static inputs; returns the static outputs."""
+        self.cuda_graph.replay()
+        return self.outputs
