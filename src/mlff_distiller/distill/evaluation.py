@@ -1,0 +1,227 @@
+"""Evaluation of a student against its teacher.
+
+* :func:`error_metrics`: energy MAE/RMSE (meV/atom) and force MAE/RMSE (meV/Å) on held-out labelled frames,
+  predicted through :class:`mlff_distiller.ForceEngine` (the inference path users run).
+* :func:`parity_plot`, :func:`learning_curve_plot`: PNG figures.
+* :func:`md_step_timing`: seconds per ASE MD step, student and teacher, on the same structure in the same run.
+* :func:`nve_drift`: total-energy drift of a velocity-Verlet run with the student.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from ase import Atoms, units
+from ase.calculators.calculator import Calculator
+from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
+from ase.md.verlet import VelocityVerlet
+
+from mlff_distiller.calculator import StudentCalculator
+from mlff_distiller.engine import ForceEngine
+from mlff_distiller.model import StudentModel
+
+__all__ = [
+    "error_metrics",
+    "learning_curve_plot",
+    "md_step_timing",
+    "nve_drift",
+    "parity_plot",
+    "predict_frames",
+]
+
+
+def predict_frames(
+    model: StudentModel,
+    frames: Sequence[Atoms],
+    *,
+    device: torch.device | str | None = None,
+    precision: str = "fp64",
+    batch_size: int | None = None,
+) -> list[dict]:
+    """Student predictions (``energy`` eV, ``forces`` eV/Å) for each frame, through ``ForceEngine``."""
+    engine = ForceEngine(model, device=device, precision=precision)
+    return engine.predict(list(frames), batch_size=batch_size)
+
+
+def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
+    """Errors of ``predictions`` against the teacher labels on ``frames`` (their calculators' results).
+
+    Returns ``energy_mae_mev_atom``, ``energy_rmse_mev_atom``, ``force_mae_mev_a``, ``force_rmse_mev_a``,
+    ``frames``, ``atoms`` and the raw arrays ``_energy`` ``[F, 2]`` (teacher, student; eV/atom) and
+    ``_forces`` ``[3N, 2]`` (eV/Å) for plotting.
+    """
+    frames = list(frames)
+    if len(frames) != len(predictions):
+        raise ValueError(f"{len(frames)} frames but {len(predictions)} predictions")
+    if not frames:
+        raise ValueError("no frames to evaluate")
+    e_ref, e_pred, f_ref, f_pred = [], [], [], []
+    for k, (a, p) in enumerate(zip(frames, predictions, strict=True)):
+        if a.calc is None or "energy" not in a.calc.results or "forces" not in a.calc.results:
+            raise ValueError(f"frame {k} has no teacher energy and forces")
+        n = len(a)
+        e_ref.append(float(a.calc.results["energy"]) / n)
+        e_pred.append(float(p["energy"]) / n)
+        f_ref.append(np.asarray(a.calc.results["forces"]).reshape(-1))
+        f_pred.append(np.asarray(p["forces"]).reshape(-1))
+    energy = np.stack([np.array(e_ref), np.array(e_pred)], axis=1)
+    forces = np.stack([np.concatenate(f_ref), np.concatenate(f_pred)], axis=1)
+    de, df = energy[:, 1] - energy[:, 0], forces[:, 1] - forces[:, 0]
+    if not (np.isfinite(de).all() and np.isfinite(df).all()):
+        raise ValueError("non-finite student predictions")
+    return {
+        "energy_mae_mev_atom": 1000 * float(np.abs(de).mean()),
+        "energy_rmse_mev_atom": 1000 * float(np.sqrt((de**2).mean())),
+        "force_mae_mev_a": 1000 * float(np.abs(df).mean()),
+        "force_rmse_mev_a": 1000 * float(np.sqrt((df**2).mean())),
+        "frames": len(frames),
+        "atoms": int(sum(len(a) for a in frames)),
+        "_energy": energy,
+        "_forces": forces,
+    }
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def parity_plot(metrics: dict, path: str | Path, title: str = "student vs teacher") -> Path:
+    """Energy (eV/atom) and force (eV/Å) parity plots from :func:`error_metrics` output, as a PNG."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
+    for ax, key, unit, mae, scale in (
+        (axes[0], "_energy", "eV/atom", metrics["energy_mae_mev_atom"], "meV/atom"),
+        (axes[1], "_forces", "eV/Å", metrics["force_mae_mev_a"], "meV/Å"),
+    ):
+        data = metrics[key]
+        ax.scatter(data[:, 0], data[:, 1], s=3, alpha=0.4)
+        lo, hi = float(data.min()), float(data.max())
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set_xlabel(f"teacher ({unit})")
+        ax.set_ylabel(f"student ({unit})")
+        ax.set_title(f"{'energy' if key == '_energy' else 'forces'}: MAE {mae:.2f} {scale}")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def learning_curve_plot(history: Sequence[dict], path: str | Path) -> Path:
+    """Validation force MAE (meV/Å) and energy MAE (meV/atom) against training step, log scale, as a PNG."""
+    if not history:
+        raise ValueError("empty training history")
+    plt = _pyplot()
+    steps = [h["step"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(steps, [h["val_force_mae_mev_a"] for h in history], label="val force MAE (meV/Å)")
+    ax.plot(steps, [h["val_energy_mae_mev_atom"] for h in history], label="val energy MAE (meV/atom)")
+    ax.set_yscale("log")
+    ax.set_xlabel("optimiser step")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _init_velocities(atoms: Atoms, temperature: float, seed: int) -> None:
+    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature, rng=np.random.default_rng(seed))
+    if not atoms.pbc.any():
+        Stationary(atoms)
+        ZeroRotation(atoms)
+
+
+def md_step_timing(
+    atoms: Atoms,
+    student: Calculator,
+    teacher: Calculator,
+    *,
+    steps: int = 50,
+    warmup: int = 5,
+    timestep_fs: float = 0.5,
+    temperature: float = 300.0,
+) -> dict:
+    """Mean seconds per velocity-Verlet step of the student and the teacher on copies of ``atoms``.
+
+    Returns ``student_s_per_step``, ``teacher_s_per_step``, ``speedup`` (teacher / student) and ``atoms``.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    out = {"atoms": len(atoms), "steps": steps}
+    for name, calc in (("student", student), ("teacher", teacher)):
+        work = atoms.copy()
+        work.calc = calc
+        _init_velocities(work, temperature, seed=0)
+        dyn = VelocityVerlet(work, timestep=timestep_fs * units.fs)
+        dyn.run(warmup)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dyn.run(steps)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        out[f"{name}_s_per_step"] = (time.perf_counter() - t0) / steps
+    out["speedup"] = out["teacher_s_per_step"] / out["student_s_per_step"]
+    return out
+
+
+def nve_drift(
+    atoms: Atoms,
+    model: StudentModel | StudentCalculator,
+    *,
+    steps: int = 2000,
+    timestep_fs: float = 0.25,
+    temperature: float = 300.0,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+) -> dict:
+    """Velocity-Verlet NVE run with the student in float64; total-energy drift.
+
+    Returns ``drift_mev_atom_per_ps`` (slope of a linear fit of E_total per atom), ``max_abs_dev_mev_atom``
+    (largest deviation from the initial total energy), ``simulated_ps`` and ``steps``. Raises
+    ``FloatingPointError`` if the run blows up to a non-finite energy.
+    """
+    calc = (
+        model
+        if isinstance(model, StudentCalculator)
+        else StudentCalculator(model, device=device, precision="fp64")
+    )
+    work = atoms.copy()
+    work.calc = calc
+    _init_velocities(work, temperature, seed)
+    dyn = VelocityVerlet(work, timestep=timestep_fs * units.fs)
+    n = len(work)
+    energies, times = [], []
+
+    def record() -> None:
+        energies.append(work.get_total_energy() / n)
+        times.append(dyn.get_time() / (1000 * units.fs))
+
+    dyn.attach(record, interval=max(1, steps // 200))
+    record()
+    dyn.run(steps)
+    e = np.array(energies)
+    t = np.array(times)
+    if not np.isfinite(e).all():
+        raise FloatingPointError("the student's NVE run produced a non-finite total energy (unstable model)")
+    return {
+        "drift_mev_atom_per_ps": 1000 * float(np.polyfit(t, e, 1)[0]),
+        "max_abs_dev_mev_atom": 1000 * float(np.abs(e - e[0]).max()),
+        "simulated_ps": steps * timestep_fs / 1000,
+        "steps": steps,
+    }

@@ -1,0 +1,249 @@
+"""Labelling to disk, incrementally and resumably.
+
+An output directory holds:
+
+* ``frames.db``: an ASE database (SQLite), the indexed and authoritative copy. Each frame is one row written
+  in its own transaction, with key-value pairs ``task`` (the task key), ``frame`` (index within the task),
+  ``kind`` and ``temperature`` (K), teacher ``energy`` (eV) and ``forces`` (eV/Å), and, when labelled, the
+  Hessian-vector-product arrays ``hvp_dir``/``hvp`` in the row's data.
+* ``frames.extxyz``: the same frames as extended XYZ, appended and flushed after every frame.
+* ``label_config.json``: the sampling config and teacher, checked on resume.
+* ``progress.json``: the keys of completed tasks (written atomically after each task).
+
+Why a restart after SIGKILL loses and duplicates nothing: tasks are deterministic (:mod:`.sampling`), a frame
+is committed to the database atomically and identified by ``(task, frame)``. On restart, completed tasks are
+skipped, an interrupted task is re-run from its start and its frames already in the database are skipped,
+and ``frames.extxyz`` is rebuilt from the database first (a kill may have cut it mid-frame).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import ase.io
+import numpy as np
+from ase import Atoms
+from ase.calculators.calculator import Calculator
+from ase.calculators.singlepoint import SinglePointCalculator
+
+from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, make_tasks, run_task
+from mlff_distiller.distill.teachers import get_teacher, teacher_name
+
+__all__ = ["FrameStore", "LabelReport", "label", "read_frames"]
+
+DB_NAME = "frames.db"
+XYZ_NAME = "frames.extxyz"
+CONFIG_NAME = "label_config.json"
+PROGRESS_NAME = "progress.json"
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class FrameStore:
+    """The labelled frames of one output directory (see the module docstring)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        from ase.db import connect
+
+        self.dir = Path(directory)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise ValueError(f"label output {self.dir} exists and is not a directory")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.db_path = self.dir / DB_NAME
+        self.xyz_path = self.dir / XYZ_NAME
+        self.db = connect(self.db_path, type="db", append=True)
+
+    def __len__(self) -> int:
+        return self.db.count()
+
+    def keys(self) -> set[tuple[str, int]]:
+        """``(task, frame)`` of every stored frame."""
+        return {(row.task, int(row.frame)) for row in self.db.select(columns=["key_value_pairs"])}
+
+    def frames(self) -> list[Atoms]:
+        """All frames in insertion order, with teacher results and ``info`` task/frame/kind/temperature."""
+        return _db_frames(self.db)
+
+    def write(self, atoms: Atoms, *, task: str, frame: int, kind: str, temperature: float) -> None:
+        """Commit one frame to the database, then append it to the extxyz file."""
+        data = {k: np.asarray(atoms.arrays[k]) for k in ("hvp_dir", "hvp") if k in atoms.arrays}
+        self.db.write(
+            atoms, task=task, frame=int(frame), kind=kind, temperature=float(temperature), data=data
+        )
+        self._append_xyz(atoms, task, frame, kind, temperature)
+
+    def _append_xyz(self, atoms: Atoms, task: str, frame: int, kind: str, temperature: float) -> None:
+        out = atoms.copy()
+        out.calc = atoms.calc
+        out.info.update(task=task, frame=int(frame), kind=kind, temperature=float(temperature))
+        with open(self.xyz_path, "a") as fh:
+            ase.io.write(fh, out, format="extxyz")
+            fh.flush()
+
+    def rebuild_xyz(self) -> None:
+        """Rewrite ``frames.extxyz`` from the database (atomically)."""
+        tmp = self.xyz_path.with_name(self.xyz_path.name + ".tmp")
+        with open(tmp, "w") as fh:
+            for atoms in self.frames():
+                ase.io.write(fh, atoms, format="extxyz")
+        os.replace(tmp, self.xyz_path)
+
+
+def _db_frames(db) -> list[Atoms]:
+    out = []
+    for row in db.select(sort="id"):
+        atoms = row.toatoms()
+        if row.get("energy") is None or row.get("forces") is None:
+            raise ValueError(f"database row {row.id} has no energy and forces labels")
+        atoms.calc = SinglePointCalculator(atoms, energy=float(row.energy), forces=np.array(row.forces))
+        for k, v in row.key_value_pairs.items():
+            atoms.info[k] = v
+        for k, v in (row.data or {}).items():
+            atoms.arrays[k] = np.asarray(v)
+        out.append(atoms)
+    return out
+
+
+@dataclass
+class LabelReport:
+    """What a labelling call did: frames written now, frames in the store, duplicates dropped, seconds."""
+
+    written: int
+    total: int
+    duplicates: int
+    tasks_run: int
+    tasks_skipped: int
+    seconds: float
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is optional: fall back to one line per task on stderr
+        return None
+    return tqdm(total=total, desc=desc, unit="task", file=sys.stderr)
+
+
+def label(
+    seeds: Sequence[Atoms],
+    teacher: str | Calculator,
+    out_dir: str | Path,
+    config: SamplingConfig | None = None,
+    *,
+    student: Calculator | None = None,
+    on_policy_round: int | None = None,
+    progress: bool = True,
+    teacher_options: dict | None = None,
+) -> LabelReport:
+    """Sample and label frames from ``seeds`` with ``teacher`` into ``out_dir``, resuming an earlier run.
+
+    Args:
+        seeds: starting structures (``ase.Atoms``).
+        teacher: a preset name (``gfn2-xtb``, ``sevennet-0``, ``emt``) or an ASE Calculator.
+        out_dir: output directory (created); an earlier run with the same config is resumed.
+        config: sampling settings.
+        student: the student calculator, needed for on-policy rounds.
+        on_policy_round: label student-driven trajectories of this round instead of teacher MD and rattles.
+        progress: show a progress bar (tqdm when installed).
+        teacher_options: keyword arguments for a preset teacher's constructor.
+    Raises:
+        ValueError when ``out_dir`` holds a run with a different config or teacher.
+    """
+    config = config or SamplingConfig()
+    seeds = list(seeds)
+    for k, s in enumerate(seeds):
+        if not isinstance(s, Atoms) or len(s) == 0:
+            raise ValueError(f"seed {k} must be a non-empty ase.Atoms")
+    store = FrameStore(out_dir)
+    fingerprint = {
+        "teacher": teacher_name(teacher),
+        "teacher_options": teacher_options or {},
+        "sampling": asdict(config),
+        "seeds": [
+            {"numbers": s.numbers.tolist(), "positions": np.round(s.positions, 6).tolist()} for s in seeds
+        ],
+    }
+    cfg_path = store.dir / CONFIG_NAME
+    if cfg_path.exists():
+        old = json.loads(cfg_path.read_text())
+        if old != json.loads(json.dumps(fingerprint)):
+            changed = sorted(k for k in fingerprint if old.get(k) != json.loads(json.dumps(fingerprint[k])))
+            raise ValueError(
+                f"{store.dir} holds a labelling run with a different {changed}; use a new output directory"
+            )
+    else:
+        _atomic_write_text(cfg_path, json.dumps(fingerprint))
+    teacher_calc = get_teacher(teacher, **(teacher_options or {}))
+
+    progress_path = store.dir / PROGRESS_NAME
+    done = set(json.loads(progress_path.read_text())["done"]) if progress_path.exists() else set()
+    existing = store.keys()
+    if existing:
+        store.rebuild_xyz()
+    elif store.xyz_path.exists():
+        store.xyz_path.unlink()  # a kill before the first commit may leave a partial frame behind
+    dedup = Deduplicator(config.dedup_rms)
+    for atoms in store.frames() if config.dedup_rms > 0 else []:
+        dedup.add(atoms)
+
+    tasks = make_tasks(seeds, config, on_policy_round=on_policy_round)
+    t0 = time.perf_counter()
+    written = duplicates = run = skipped = 0
+    bar = _progress(len(tasks), "label", progress)
+    for task in tasks:
+        if task.key in done:
+            skipped += 1
+        else:
+            run += 1
+            for k, frame in run_task(task, seeds[task.seed_index], teacher_calc, config, student=student):
+                if (task.key, k) in existing:
+                    continue
+                if dedup.is_duplicate(frame):
+                    duplicates += 1
+                    continue
+                store.write(frame, task=task.key, frame=k, kind=task.kind, temperature=task.temperature)
+                dedup.add(frame)
+                existing.add((task.key, k))
+                written += 1
+            done.add(task.key)
+            _atomic_write_text(progress_path, json.dumps({"done": sorted(done)}))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(frames=len(existing))
+        elif progress:
+            print(f"label: task {task.key} done, {len(existing)} frames", file=sys.stderr)
+    if bar is not None:
+        bar.close()
+    return LabelReport(written, len(existing), duplicates, run, skipped, time.perf_counter() - t0)
+
+
+def read_frames(path: str | Path) -> list[Atoms]:
+    """Labelled frames from a label directory, an ASE ``.db`` or a file ASE reads with energies and forces."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no labelled data at {path}")
+    if path.is_dir():
+        if not (path / DB_NAME).exists():
+            raise ValueError(f"{path} is a directory without {DB_NAME}; is it a label output directory?")
+        return FrameStore(path).frames()
+    if path.suffix == ".db":
+        from ase.db import connect
+
+        return _db_frames(connect(path, type="db"))
+    frames = ase.io.read(path, index=":")
+    for k, atoms in enumerate(frames):
+        if atoms.calc is None or "energy" not in atoms.calc.results or "forces" not in atoms.calc.results:
+            raise ValueError(f"{path}: frame {k} has no energy and forces labels")
+    return frames

@@ -1,0 +1,260 @@
+"""Sampling: where the teacher is asked for labels.
+
+A labelling run is a deterministic list of :class:`Task` s; each task yields numbered frames:
+
+* ``md``: a Langevin trajectory driven by the teacher at one temperature, started from a seed structure with
+  Maxwell–Boltzmann velocities; every ``sample_every`` steps the current geometry and the teacher's energy and
+  forces (already computed by the integrator) become one frame.
+* ``rattle``: the seed with Gaussian displacements (σ = ``rattle_std`` Å), labelled by the teacher.
+* ``onpolicy``: a Langevin trajectory driven by the *student*; the teacher relabels the visited geometries, so
+  the student learns where it actually goes wrong.
+
+Every task owns a random generator seeded from ``(config.seed, task key)``, so re-running a task reproduces
+the same frames bit for bit: that is what makes labelling resumable (see :mod:`.labelling`).
+
+Near-duplicate frames are dropped with :class:`Deduplicator`: two frames of the same atoms (same atomic
+numbers in the same order) are duplicates when the RMS difference of their interatomic-distance matrices is
+below ``dedup_rms`` Å (rotation-, translation-invariant; cheap for molecules).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from ase import Atoms, units
+from ase.calculators.calculator import Calculator
+from ase.calculators.singlepoint import SinglePointCalculator
+from ase.constraints import FixCom
+from ase.md.langevin import Langevin
+from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
+
+__all__ = ["Deduplicator", "SamplingConfig", "Task", "make_tasks", "run_task"]
+
+# A frame whose closest pair is nearer than this (Å) is unphysical (a collapsed on-policy trajectory).
+MIN_PAIR_DISTANCE = 0.5
+
+
+@dataclass(kw_only=True)
+class SamplingConfig:
+    """How frames are sampled.
+
+    Attributes:
+        temperatures: Langevin temperatures, K.
+        md_steps: integration steps per trajectory.
+        sample_every: steps between two recorded frames.
+        timestep_fs: integration time step, fs.
+        friction_per_fs: Langevin friction, 1/fs.
+        replicas: independent trajectories per (seed, temperature).
+        rattle_per_seed: rattled copies of each seed structure.
+        rattle_std: Gaussian displacement σ of a rattle, Å.
+        dedup_rms: near-duplicate threshold, Å (RMS difference of distance matrices; 0 keeps everything).
+        max_force: frames with any teacher force component above this (eV/Å) are dropped and end their
+            trajectory (the system has left the region worth learning).
+        hvp: also label a Hessian-vector product per frame by central finite differences of teacher forces.
+        hvp_eps: finite-difference step along the unit direction, Å.
+        seed: base random seed.
+    """
+
+    temperatures: list[float] = field(default_factory=lambda: [300.0, 600.0])
+    md_steps: int = 200
+    sample_every: int = 10
+    timestep_fs: float = 0.5
+    friction_per_fs: float = 0.01
+    replicas: int = 1
+    rattle_per_seed: int = 0
+    rattle_std: float = 0.05
+    dedup_rms: float = 0.0
+    max_force: float = 50.0
+    hvp: bool = False
+    hvp_eps: float = 0.005
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.temperatures = [float(t) for t in self.temperatures]
+        if any(not t > 0 for t in self.temperatures):
+            raise ValueError(f"temperatures must be > 0 K, got {self.temperatures}")
+        for name in ("md_steps", "replicas", "rattle_per_seed"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if int(self.sample_every) < 1:
+            raise ValueError(f"sample_every must be >= 1, got {self.sample_every}")
+        for name in ("timestep_fs", "friction_per_fs", "rattle_std", "max_force", "hvp_eps"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if float(self.dedup_rms) < 0:
+            raise ValueError(f"dedup_rms must be >= 0 Å, got {self.dedup_rms}")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of labelling work; ``key`` is unique and stable across runs."""
+
+    key: str
+    kind: str  # "md" | "rattle" | "onpolicy"
+    seed_index: int
+    temperature: float = 0.0
+    replica: int = 0
+
+
+def make_tasks(
+    seeds: Sequence[Atoms], config: SamplingConfig, *, on_policy_round: int | None = None
+) -> list[Task]:
+    """The ordered task list for ``seeds``. With ``on_policy_round`` the MD tasks are student-driven."""
+    if not seeds:
+        raise ValueError("sampling needs at least one seed structure")
+    tasks: list[Task] = []
+    for s in range(len(seeds)):
+        for t in config.temperatures:
+            for r in range(int(config.replicas)):
+                if int(config.md_steps) < int(config.sample_every):
+                    continue
+                if on_policy_round is None:
+                    tasks.append(Task(f"md/s{s:04d}/T{t:g}/r{r}", "md", s, t, r))
+                else:
+                    tasks.append(Task(f"onpolicy{on_policy_round}/s{s:04d}/T{t:g}/r{r}", "onpolicy", s, t, r))
+        if on_policy_round is None:
+            for r in range(int(config.rattle_per_seed)):
+                tasks.append(Task(f"rattle/s{s:04d}/r{r}", "rattle", s, 0.0, r))
+    return tasks
+
+
+def task_rng(config: SamplingConfig, key: str) -> np.random.Generator:
+    """A generator that depends only on the base seed and the task key (stable across processes)."""
+    digest = hashlib.sha256(f"{int(config.seed)}:{key}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def _labelled(atoms: Atoms, energy: float, forces: np.ndarray) -> Atoms:
+    out = Atoms(numbers=atoms.numbers, positions=atoms.positions, cell=atoms.cell, pbc=atoms.pbc)
+    out.calc = SinglePointCalculator(out, energy=float(energy), forces=np.array(forces, dtype=np.float64))
+    return out
+
+
+def _teacher_label(atoms: Atoms, teacher: Calculator) -> tuple[float, np.ndarray]:
+    work = Atoms(numbers=atoms.numbers, positions=atoms.positions, cell=atoms.cell, pbc=atoms.pbc)
+    work.calc = teacher
+    return float(work.get_potential_energy()), np.array(work.get_forces(), dtype=np.float64)
+
+
+def _physical(atoms: Atoms, forces: np.ndarray, energy: float, config: SamplingConfig) -> bool:
+    if not (np.isfinite(energy) and np.isfinite(forces).all()):
+        return False
+    if np.abs(forces).max() > config.max_force:
+        return False
+    if len(atoms) > 1 and not atoms.pbc.any():
+        d = atoms.get_all_distances()
+        if d[np.triu_indices(len(atoms), 1)].min() < MIN_PAIR_DISTANCE:
+            return False
+    return True
+
+
+def _add_hvp(frame: Atoms, teacher: Calculator, config: SamplingConfig, rng: np.random.Generator) -> None:
+    """Attach a teacher Hessian-vector product: H·v ≈ −(F(x + εv) − F(x − εv)) / 2ε, v a unit [N,3] vector."""
+    v = rng.standard_normal(frame.positions.shape)
+    v /= np.linalg.norm(v)
+    eps = float(config.hvp_eps)
+    forces = []
+    for sign in (1.0, -1.0):
+        moved = frame.copy()
+        moved.positions = frame.positions + sign * eps * v
+        forces.append(_teacher_label(moved, teacher)[1])
+    frame.arrays["hvp_dir"] = v
+    frame.arrays["hvp"] = -(forces[0] - forces[1]) / (2 * eps)
+
+
+def run_task(
+    task: Task,
+    seed: Atoms,
+    teacher: Calculator,
+    config: SamplingConfig,
+    *,
+    student: Calculator | None = None,
+) -> Iterator[tuple[int, Atoms]]:
+    """Yield ``(frame_index, labelled_atoms)`` for one task, deterministically.
+
+    The atoms carry teacher ``energy`` (eV) and ``forces`` (eV/Å) on a ``SinglePointCalculator`` and, with
+    ``config.hvp``, arrays ``hvp_dir`` (unit direction) and ``hvp`` (eV/Å², H·v).
+    """
+    rng = task_rng(config, task.key)
+    hvp_rng = task_rng(config, task.key + "/hvp")
+    if task.kind == "rattle":
+        atoms = seed.copy()
+        atoms.positions = seed.positions + rng.normal(0.0, float(config.rattle_std), seed.positions.shape)
+        energy, forces = _teacher_label(atoms, teacher)
+        if _physical(atoms, forces, energy, config):
+            frame = _labelled(atoms, energy, forces)
+            if config.hvp:
+                _add_hvp(frame, teacher, config, hvp_rng)
+            yield 0, frame
+        return
+    if task.kind not in ("md", "onpolicy"):
+        raise ValueError(f"unknown task kind {task.kind!r}")
+    if task.kind == "onpolicy" and student is None:
+        raise ValueError(f"task {task.key} is on-policy and needs a student calculator")
+    atoms = Atoms(numbers=seed.numbers, positions=seed.positions, cell=seed.cell, pbc=seed.pbc)
+    atoms.calc = teacher if task.kind == "md" else student
+    if not atoms.pbc.any():
+        # Langevin's fixcm flag is deprecated (ASE >= 3.28); a FixCom constraint keeps a molecule in place.
+        atoms.set_constraint(FixCom())
+    MaxwellBoltzmannDistribution(atoms, temperature_K=task.temperature, rng=rng)
+    if not atoms.pbc.any():
+        Stationary(atoms)
+        ZeroRotation(atoms)
+    dyn = Langevin(
+        atoms,
+        timestep=float(config.timestep_fs) * units.fs,
+        temperature_K=task.temperature,
+        friction=float(config.friction_per_fs) / units.fs,
+        rng=rng,
+        fixcm=False,
+    )
+    n_frames = int(config.md_steps) // int(config.sample_every)
+    for k in range(n_frames):
+        dyn.run(int(config.sample_every))
+        if task.kind == "md":
+            # The integrator has just evaluated the teacher at these positions: reuse its results.
+            energy = float(atoms.get_potential_energy())
+            forces = np.array(atoms.get_forces(apply_constraint=False), dtype=np.float64)
+        else:
+            energy, forces = _teacher_label(atoms, teacher)
+        if not _physical(atoms, forces, energy, config):
+            return
+        frame = _labelled(atoms, energy, forces)
+        if config.hvp:
+            _add_hvp(frame, teacher, config, hvp_rng)
+        yield k, frame
+
+
+class Deduplicator:
+    """Remembers kept frames and reports near-duplicates (same atom order, RMS distance-matrix difference)."""
+
+    def __init__(self, threshold: float) -> None:
+        if float(threshold) < 0:
+            raise ValueError(f"dedup threshold must be >= 0 Å, got {threshold}")
+        self.threshold = float(threshold)
+        self._kept: dict[tuple, list[np.ndarray]] = {}
+
+    @staticmethod
+    def _descriptor(atoms: Atoms) -> tuple[tuple, np.ndarray]:
+        n = len(atoms)
+        d = atoms.get_all_distances(mic=bool(atoms.pbc.any()))
+        return tuple(atoms.numbers.tolist()), d[np.triu_indices(n, 1)]
+
+    def is_duplicate(self, atoms: Atoms) -> bool:
+        if self.threshold == 0 or len(atoms) < 2:
+            return False
+        key, desc = self._descriptor(atoms)
+        kept = self._kept.get(key)
+        if not kept:
+            return False
+        rms = np.sqrt(((np.stack(kept) - desc) ** 2).mean(axis=1))
+        return bool(rms.min() < self.threshold)
+
+    def add(self, atoms: Atoms) -> None:
+        if self.threshold == 0 or len(atoms) < 2:
+            return
+        key, desc = self._descriptor(atoms)
+        self._kept.setdefault(key, []).append(desc)
