@@ -324,7 +324,8 @@ def test_compile_fullgraph(variant):
     out_e = fwd(pos, shifts)
     grads_out = [torch.randn_like(o) for o in out]
     g = torch.autograd.grad(out, (pos, shifts), grads_out)
-    g_e = torch.autograd.grad(out_e, (pos, shifts), grads_out)
+    # Kept: dist and unit of the eager forward feed the double-backward check below.
+    g_e = torch.autograd.grad(out_e, (pos, shifts), grads_out, retain_graph=True)
     for a, b in zip(out + g, out_e + g_e, strict=True):
         torch.testing.assert_close(a, b)
 
@@ -338,7 +339,9 @@ def test_compile_fullgraph(variant):
     gc = torch.compile(bwd, fullgraph=True)(*go)
     ge = bwd(*go)
     w = [torch.randn_like(x) for x in ge]
-    dc = torch.autograd.grad(gc, (pos, shifts, *go), w, allow_unused=True, materialize_grads=True)
+    dc = torch.autograd.grad(
+        gc, (pos, shifts, *go), w, allow_unused=True, materialize_grads=True, retain_graph=True
+    )
     de = torch.autograd.grad(ge, (pos, shifts, *go), w, allow_unused=True, materialize_grads=True)
     for a, b in zip(gc + dc, ge + de, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)  # atomics: summation order differs run to run
