@@ -36,6 +36,7 @@ class LabelJob:
     student: str | None = None
     on_policy_round: int | None = None
     progress: bool = True
+    workers: int = 1
 
 
 @dataclass(kw_only=True)
@@ -213,6 +214,20 @@ def run_label(job: LabelJob) -> dict:
         from mlff_distiller.calculator import StudentCalculator
 
         student = StudentCalculator(job.student, precision="fp64")
+    if job.workers > 1:
+        if student is not None:
+            raise ValueError("on-policy labelling runs in one process; use workers: 1")
+        from mlff_distiller.distill.labelling import label_parallel
+
+        report = label_parallel(
+            load_seeds(job.seeds),
+            job.teacher,
+            job.out,
+            job.sampling,
+            workers=job.workers,
+            teacher_options=job.teacher_options,
+        )
+        return dataclasses.asdict(report)
     report = label(
         load_seeds(job.seeds),
         job.teacher,

@@ -18,7 +18,7 @@ from mlff_distiller.distill.evaluation import (
     parity_plot,
     predict_frames,
 )
-from mlff_distiller.distill.labelling import FrameStore, LabelReport, label, read_frames
+from mlff_distiller.distill.labelling import FrameStore, LabelReport, label, label_parallel, read_frames
 from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, Task, make_tasks, run_task
 from mlff_distiller.distill.seeds import g2_chno, load_seeds
 from mlff_distiller.distill.teachers import TEACHERS, MissingExtraError, get_teacher
@@ -43,6 +43,7 @@ __all__ = [
     "g2_chno",
     "get_teacher",
     "label",
+    "label_parallel",
     "learning_curve_plot",
     "load_seeds",
     "load_yaml",

@@ -35,7 +35,7 @@ from ase.calculators.singlepoint import SinglePointCalculator
 from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, make_tasks, run_task
 from mlff_distiller.distill.teachers import get_teacher, teacher_name
 
-__all__ = ["FrameStore", "LabelReport", "label", "read_frames"]
+__all__ = ["FrameStore", "LabelReport", "label", "label_parallel", "read_frames"]
 
 DB_NAME = "frames.db"
 XYZ_NAME = "frames.extxyz"
@@ -146,6 +146,7 @@ def label(
     on_policy_round: int | None = None,
     progress: bool = True,
     teacher_options: dict | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> LabelReport:
     """Sample and label frames from ``seeds`` with ``teacher`` into ``out_dir``, resuming an earlier run.
 
@@ -158,6 +159,7 @@ def label(
         on_policy_round: label student-driven trajectories of this round instead of teacher MD and rattles.
         progress: show a progress bar (tqdm when installed).
         teacher_options: keyword arguments for a preset teacher's constructor.
+        shard: ``(k, n)`` to run only the tasks of seeds with ``index % n == k`` (see :func:`label_parallel`).
     Raises:
         ValueError when ``out_dir`` holds a run with a different config or teacher.
     """
@@ -166,8 +168,11 @@ def label(
     for k, s in enumerate(seeds):
         if not isinstance(s, Atoms) or len(s) == 0:
             raise ValueError(f"seed {k} must be a non-empty ase.Atoms")
+    if shard is not None and not (int(shard[1]) >= 1 and 0 <= int(shard[0]) < int(shard[1])):
+        raise ValueError(f"shard must be (k, n) with 0 <= k < n, got {shard}")
     store = FrameStore(out_dir)
     fingerprint = {
+        "shard": list(shard) if shard is not None else None,
         "teacher": teacher_name(teacher),
         "teacher_options": teacher_options or {},
         "sampling": asdict(config),
@@ -199,6 +204,8 @@ def label(
         dedup.add(atoms)
 
     tasks = make_tasks(seeds, config, on_policy_round=on_policy_round)
+    if shard is not None:
+        tasks = [t for t in tasks if t.seed_index % int(shard[1]) == int(shard[0])]
     t0 = time.perf_counter()
     written = duplicates = run = skipped = 0
     bar = _progress(len(tasks), "label", progress)
@@ -229,15 +236,76 @@ def label(
     return LabelReport(written, len(existing), duplicates, run, skipped, time.perf_counter() - t0)
 
 
+def _label_worker(kwargs: dict) -> LabelReport:
+    # One OpenMP thread per worker process: the workers are the parallelism (set before tblite loads).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    return label(**kwargs)
+
+
+def label_parallel(
+    seeds: Sequence[Atoms],
+    teacher: str,
+    out_dir: str | Path,
+    config: SamplingConfig | None = None,
+    *,
+    workers: int = 2,
+    teacher_options: dict | None = None,
+) -> LabelReport:
+    """:func:`label` split over ``workers`` processes by seed (shard k takes seeds ``k, k + n, ...``).
+
+    Shard k writes ``out_dir/shard-KK-of-NN`` (each resumable on its own); the frames equal those of one
+    unsharded run because task keys and random streams use the global seed index and duplicates are only
+    ever found among frames of the same atoms. :func:`read_frames` on ``out_dir`` reads all shards.
+    """
+    import multiprocessing
+
+    if not isinstance(teacher, str):
+        raise ValueError(
+            "label_parallel needs a preset teacher name (a Calculator cannot be sent to workers)"
+        )
+    n = int(workers)
+    if n < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    out = Path(out_dir)
+    jobs = [
+        dict(
+            seeds=list(seeds),
+            teacher=teacher,
+            out_dir=out / f"shard-{k:02d}-of-{n:02d}",
+            config=config,
+            progress=False,
+            teacher_options=teacher_options,
+            shard=(k, n),
+        )
+        for k in range(n)
+    ]
+    t0 = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(n) as pool:
+        reports = pool.map(_label_worker, jobs)
+    return LabelReport(
+        written=sum(r.written for r in reports),
+        total=sum(r.total for r in reports),
+        duplicates=sum(r.duplicates for r in reports),
+        tasks_run=sum(r.tasks_run for r in reports),
+        tasks_skipped=sum(r.tasks_skipped for r in reports),
+        seconds=time.perf_counter() - t0,
+    )
+
+
 def read_frames(path: str | Path) -> list[Atoms]:
     """Labelled frames from a label directory, an ASE ``.db`` or a file ASE reads with energies and forces."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no labelled data at {path}")
     if path.is_dir():
-        if not (path / DB_NAME).exists():
-            raise ValueError(f"{path} is a directory without {DB_NAME}; is it a label output directory?")
-        return FrameStore(path).frames()
+        if (path / DB_NAME).exists():
+            return FrameStore(path).frames()
+        shards = sorted(p for p in path.glob("shard-*-of-*") if (p / DB_NAME).exists())
+        if not shards:
+            raise ValueError(
+                f"{path} is a directory without {DB_NAME} or shards; is it a label output directory?"
+            )
+        return [atoms for shard in shards for atoms in FrameStore(shard).frames()]
     if path.suffix == ".db":
         from ase.db import connect
 

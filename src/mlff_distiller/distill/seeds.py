@@ -16,9 +16,9 @@ CHNO = frozenset({1, 6, 7, 8})
 def g2_chno(*, closed_shell: bool = True, min_atoms: int = 2) -> list[Atoms]:
     """Molecules of ASE's g2 collection made only of H, C, N, O (sorted by name, so the order is stable).
 
-    ``closed_shell`` keeps molecules with an even electron count: GFN2-xTB treats an open-shell molecule with
-    fractional occupations, a different potential-energy surface that a spin-unaware student should not mix
-    in.
+    ``closed_shell`` keeps singlets (even electron count, no initial magnetic moment in g2; drops radicals
+    and the triplets O2, NH, CH2): GFN2-xTB would treat them with fractional occupations, a different
+    potential-energy surface that a spin-unaware student should not mix in.
     """
     from ase.collections import g2
 
@@ -28,7 +28,7 @@ def g2_chno(*, closed_shell: bool = True, min_atoms: int = 2) -> list[Atoms]:
         z = atoms.numbers
         if len(atoms) < min_atoms or not set(z.tolist()) <= CHNO:
             continue
-        if closed_shell and int(z.sum()) % 2:
+        if closed_shell and (int(z.sum()) % 2 or abs(atoms.get_initial_magnetic_moments().sum()) > 1e-6):
             continue
         atoms = Atoms(numbers=z, positions=atoms.positions)
         atoms.info["name"] = name

@@ -54,7 +54,8 @@ class TrainConfig:
         max_steps: optimiser steps (0 = no limit). time_limit_s: wall-clock limit, s (0 = none).
         energy_weight, force_weight, hvp_weight: loss weights (see module docstring).
         hvp_eps: finite-difference step of the student's H·v, Å (use the labels' step).
-        scheduler: ``"cosine"`` (linear warm-up, cosine to ``min_lr_ratio``·lr), ``"plateau"`` or ``"none"``.
+        scheduler: ``"cosine"`` (linear warm-up, cosine to ``min_lr_ratio``·lr over the steps, or over
+            ``time_limit_s`` when that ends first), ``"plateau"`` or ``"none"``.
         warmup_steps: warm-up length. plateau_factor, plateau_patience: reduce-on-plateau settings.
         ema_decay: EMA decay per step (0 disables EMA).
         grad_clip: max global gradient norm (0 disables).
@@ -229,12 +230,15 @@ class _EMA:
             s.copy_(tmp)
 
 
-def _lr_factor(cfg: TrainConfig, step: int, total: int) -> float:
+def _lr_factor(cfg: TrainConfig, step: int, total: int, elapsed: float) -> float:
     if cfg.scheduler != "cosine":
         return 1.0
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    if cfg.time_limit_s > 0:
+        # With a wall-clock budget the cosine also follows elapsed time, so it has decayed when time runs out.
+        progress = max(progress, min(1.0, elapsed / cfg.time_limit_s))
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
@@ -358,7 +362,8 @@ def train(
             idx = epoch_order[position : position + cfg.batch_size]
             position += len(idx)
             for g in opt.param_groups:
-                g["lr"] = cfg.lr * _lr_factor(cfg, step, total) if plateau is None else g["lr"]
+                elapsed = elapsed_before + time.perf_counter() - t0
+                g["lr"] = cfg.lr * _lr_factor(cfg, step, total, elapsed) if plateau is None else g["lr"]
             loss, parts = _loss(model, train_set.batch(idx), cfg)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
