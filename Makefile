@@ -1,0 +1,25 @@
+# One entry point for the common jobs. `make demo` and `make test` each do their own set-up on a fresh machine.
+PY ?= python3
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint bench gpu-check
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	$(PY) examples/demo.py
+
+test:
+	bash scripts/setup.sh test
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 $(PYTEST_ARGS)
+
+lint:
+	$(PY) -m ruff check src kernels tests benchmarks examples
+
+bench:
+	$(PY) benchmarks/bench_kernels.py
+
+# Run on the GPU machine (device tool): CUDA-parametrised tests + gpu-marked tests + a short kernel benchmark.
+gpu-check:
+	bash scripts/gpu_check.sh
