@@ -1,0 +1,507 @@
+"""ForceEngine on the GPU: every mode against the eager torch-reference student, in one run.
+
+Sections (``--sections``, each merged into ``<out>/<name>.json``, the markdown is rebuilt from all of them):
+
+* ``latency``: single-molecule energy + forces for H2, H2O, CH4 and benzene in every mode; ``e2e`` is
+  ``engine.compute`` from a host ``AtomsBatch`` to host results (neighbour list, padding, step, one copy back),
+  ``step`` the energy + forces step alone on a prebuilt graph (a graph replay in the padded modes);
+* ``md``: ``StudentCalculator`` wall time per ASE velocity-Verlet step on benzene;
+* ``sweep``: batches of 1 … 4096 of ASE's g2 molecules, µs per structure and structures/s;
+* ``errors``: energy and force error of each precision against fp64;
+* ``startup``: a fresh process from loading the model to its first result, cold (empty cache directory) and
+  warm (the same directory again), not counting ``import torch``.
+
+Run: ``python benchmarks/bench_engine.py [--sections latency,md,sweep,errors,startup] [--budget-s 420]``.
+The reference is the same model with ``MLFF_DISTILLER_KERNELS=torch`` kernels in eager mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import environment, time_fn  # noqa: E402
+
+from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, StudentModel, kernels  # noqa: E402
+from mlff_distiller.neighbors import neighbor_list  # noqa: E402
+
+LATENCY_MOLECULES = ("H2", "H2O", "CH4", "C6H6")
+SWEEP_SIZES = (1, 4, 8, 16, 32, 64, 256, 1024, 4096)
+# (label, ForceEngine kwargs, kernel backend)
+REFERENCE = ("reference (torch kernels, eager)", dict(mode="eager"), "torch")
+LATENCY_VARIANTS = [
+    REFERENCE,
+    ("eager (triton)", dict(mode="eager"), "auto"),
+    ("cudagraph", dict(mode="cudagraph"), "auto"),
+    ("cudagraph+compile", dict(mode="cudagraph", compile_mode="default"), "auto"),
+    ("compile default", dict(mode="compile", compile_mode="default"), "auto"),
+    ("compile reduce-overhead", dict(mode="compile", compile_mode="reduce-overhead"), "auto"),
+    ("compile max-autotune", dict(mode="compile", compile_mode="max-autotune"), "auto"),
+]
+SWEEP_VARIANTS = [
+    (REFERENCE[0], dict(mode="eager", precision="fp32"), "torch"),
+    ("eager fp32", dict(mode="eager", precision="fp32"), "auto"),
+    ("cudagraph fp32", dict(mode="cudagraph", precision="fp32"), "auto"),
+    ("cudagraph tf32", dict(mode="cudagraph", precision="tf32"), "auto"),
+    ("cudagraph bf16", dict(mode="cudagraph", precision="bf16"), "auto"),
+    ("cudagraph+compile fp32", dict(mode="cudagraph", compile_mode="default", precision="fp32"), "auto"),
+    ("cudagraph+compile tf32", dict(mode="cudagraph", compile_mode="default", precision="tf32"), "auto"),
+]
+
+
+def make_student(seed: int = 0) -> StudentModel:
+    """The default student (hidden 128, 3 layers, 20 Bessel functions, 5 Å) over every element of g2, with
+    random weights: timing and precision errors do not depend on training."""
+    from ase.collections import g2
+
+    torch.manual_seed(seed)
+    species = sorted({int(z) for a in g2 for z in a.numbers})
+    model = StudentModel(species=species)
+    n = len(species)
+    model.set_energy_reference(shift=-torch.linspace(1.0, 5.0, n), scale=torch.full((n,), 0.5))
+    return model
+
+
+def g2_batch(count: int) -> list:
+    from ase.collections import g2
+
+    mols = list(g2)
+    return [mols[k % len(mols)] for k in range(count)]
+
+
+class Clock:
+    """The run's time budget: sections and variants check it and are skipped (and reported) when spent."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.t0, self.budget = time.perf_counter(), budget_s
+
+    def left(self) -> float:
+        return self.budget - (time.perf_counter() - self.t0)
+
+
+def _engine(model, backend: str, **kw) -> tuple[ForceEngine, str]:
+    with kernels.use_backend(backend):
+        return ForceEngine(model, device="cuda", **kw), backend
+
+
+def _step_fn(engine: ForceEngine, batch: AtomsBatch, backend: str):
+    """The energy + forces step alone: a replay (padded modes) or model + grad on a prebuilt graph."""
+    dev = batch.to("cuda", engine.dtype)
+    with torch.no_grad():
+        nl = neighbor_list(dev.positions, dev.cell, dev.pbc, dev.batch, dev.ptr, engine.cutoff)
+    if engine.pad:
+        bucket = engine.buckets.select(dev.num_atoms, nl.num_edges)
+        graph = engine._graph(bucket)
+        from mlff_distiller.buckets import fill_padded
+
+        fill_padded(
+            graph,
+            dev.numbers,
+            dev.positions,
+            dev.batch,
+            dev.num_structures,
+            nl.edge_index,
+            nl.shift_vectors.to(engine.dtype),
+        )
+
+        def run():
+            with kernels.use_backend(backend):
+                return engine._run(bucket, graph)
+
+        return run
+    model = engine.model
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+    def run():
+        with kernels.use_backend(backend), torch.enable_grad():
+            pos = dev.positions.detach().requires_grad_(True)
+            out = model(dev.numbers, pos, nl.edge_index, nl.shift_vectors, dev.batch, dev.num_structures)
+            return torch.autograd.grad(out["energy"].sum(), pos)
+
+    return run
+
+
+def _e2e_fn(engine: ForceEngine, batch: AtomsBatch, backend: str):
+    def run():
+        with kernels.use_backend(backend):
+            return engine.compute(batch, to_host=True)
+
+    return run
+
+
+def _timed_first_call(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------------ sections
+def bench_latency(model, clock: Clock, rows: list) -> None:
+    from ase.build import molecule
+
+    for label, kw, backend in LATENCY_VARIANTS:
+        if "compile" in label:
+            torch._dynamo.reset()
+        for name in LATENCY_MOLECULES:
+            if label == "compile max-autotune" and name != "C6H6":
+                continue  # autotuning costs minutes per bucket: benzene only
+            if clock.left() < (90 if "compile" in label else 10):
+                rows.append(dict(section="latency", variant=label, molecule=name, skipped="time budget"))
+                continue
+            engine, _ = _engine(model, backend, precision="fp32", **kw)
+            batch = AtomsBatch.from_atoms(molecule(name), dtype=engine.dtype)
+            first = _timed_first_call(_e2e_fn(engine, batch, backend))
+            e2e = time_fn(_e2e_fn(engine, batch, backend), engine.device)
+            step = time_fn(_step_fn(engine, batch, backend), engine.device)
+            rows.append(
+                dict(
+                    section="latency",
+                    variant=label,
+                    molecule=name,
+                    atoms=batch.num_atoms,
+                    e2e_us=e2e.median_us,
+                    e2e_p20_us=e2e.p20_us,
+                    e2e_p80_us=e2e.p80_us,
+                    step_us=step.median_us,
+                    step_p20_us=step.p20_us,
+                    step_p80_us=step.p80_us,
+                    first_call_s=first,
+                )
+            )
+            print(rows[-1], flush=True)
+
+
+def bench_md(model, clock: Clock, rows: list, steps: int = 300) -> None:
+    from ase.build import molecule
+    from ase.md.verlet import VelocityVerlet
+
+    variants = [
+        (REFERENCE[0], dict(mode="eager"), "torch"),
+        ("eager (triton)", dict(mode="eager"), "auto"),
+        ("auto = cudagraph", dict(mode="auto"), "auto"),
+        ("cudagraph+compile", dict(mode="cudagraph", compile_mode="default"), "auto"),
+    ]
+    for label, kw, backend in variants:
+        if clock.left() < 30:
+            rows.append(dict(section="md", variant=label, skipped="time budget"))
+            continue
+        with kernels.use_backend(backend):
+            atoms = molecule("C6H6")
+            atoms.calc = StudentCalculator(model, device="cuda", precision="fp32", **kw)
+            dyn = VelocityVerlet(atoms, timestep=0.5)
+            dyn.run(20)  # capture / compile / warm-up
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dyn.run(steps)
+            per_step = (time.perf_counter() - t0) / steps
+        rows.append(
+            dict(
+                section="md",
+                variant=label,
+                molecule="C6H6",
+                step_us=1e6 * per_step,
+                graphs=len(atoms.calc.engine.captured_buckets),
+            )
+        )
+        print(rows[-1], flush=True)
+
+
+def bench_sweep(model, clock: Clock, rows: list, sizes=SWEEP_SIZES) -> None:
+    batches = {b: AtomsBatch.from_atoms(g2_batch(b)) for b in sizes}
+    for label, kw, backend in SWEEP_VARIANTS:
+        if "compile" in label:
+            torch._dynamo.reset()
+        engine, _ = _engine(model, backend, **kw)
+        for b in sizes:
+            need = 60 if "compile" in label else 8
+            if clock.left() < need:
+                rows.append(dict(section="sweep", variant=label, batch=b, skipped="time budget"))
+                continue
+            batch = batches[b].to(dtype=engine.dtype)
+            try:
+                first = _timed_first_call(_e2e_fn(engine, batch, backend))
+                step = time_fn(_step_fn(engine, batch, backend), engine.device)
+                e2e = time_fn(_e2e_fn(engine, batch, backend), engine.device)
+            except torch.OutOfMemoryError as exc:
+                rows.append(dict(section="sweep", variant=label, batch=b, skipped=f"OOM: {exc}"[:200]))
+                torch.cuda.empty_cache()
+                continue
+            rows.append(
+                dict(
+                    section="sweep",
+                    variant=label,
+                    batch=b,
+                    atoms=batch.num_atoms,
+                    step_us_per_structure=step.median_us / b,
+                    e2e_us_per_structure=e2e.median_us / b,
+                    structures_per_s=b / (e2e.median_us * 1e-6),
+                    step_us=step.median_us,
+                    e2e_us=e2e.median_us,
+                    first_call_s=first,
+                )
+            )
+            print(rows[-1], flush=True)
+        del engine
+        torch.cuda.empty_cache()
+
+
+def bench_errors(model, clock: Clock, rows: list) -> None:
+    batch = AtomsBatch.from_atoms(g2_batch(324))
+    ref = ForceEngine(model, device="cuda", precision="fp64").compute(batch)
+    e_ref, f_ref = ref["energy"].cpu(), ref["forces"].cpu()
+    counts = batch.counts.double()
+    for precision in ("fp32", "tf32", "bf16", "fp16"):
+        for mode in ("eager", "cudagraph"):
+            out = ForceEngine(model, device="cuda", precision=precision, mode=mode).compute(
+                batch, to_host=True
+            )
+            de = (out["energy"].double() - e_ref).abs()
+            df = out["forces"].double() - f_ref
+            rows.append(
+                dict(
+                    section="errors",
+                    precision=precision,
+                    mode=mode,
+                    energy_max_abs_eV=float(de.max()),
+                    energy_mae_per_atom_eV=float((de / counts).mean()),
+                    energy_max_rel=float((de / e_ref.abs().clamp_min(1.0)).max()),
+                    force_max_abs_eVA=float(df.abs().max()),
+                    force_rmse_eVA=float(df.pow(2).mean().sqrt()),
+                    force_scale_eVA=float(f_ref.abs().max()),
+                )
+            )
+            print(rows[-1], flush=True)
+
+
+def bench_startup(model, clock: Clock, rows: list) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "student.pt"
+        model.save(ckpt)
+        for label, args in (
+            ("cudagraph", ["--mode", "cudagraph"]),
+            ("cudagraph+compile", ["--mode", "cudagraph", "--compile-mode", "default"]),
+            ("compile default", ["--mode", "compile", "--compile-mode", "default"]),
+        ):
+            cache = Path(tmp) / label.replace(" ", "_").replace("+", "_")
+            for phase in ("cold", "warm"):
+                if clock.left() < 60:
+                    rows.append(dict(section="startup", variant=label, phase=phase, skipped="time budget"))
+                    continue
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child-startup",
+                    str(ckpt),
+                    "--cache-dir",
+                    str(cache),
+                    *args,
+                ]
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, clock.left() - 20))
+                line = [x for x in res.stdout.splitlines() if x.startswith("{")]
+                row = dict(section="startup", variant=label, phase=phase)
+                row.update(json.loads(line[-1]) if line else dict(skipped=res.stderr[-300:]))
+                rows.append(row)
+                print(row, flush=True)
+
+
+def child_startup(args) -> None:
+    """Child process: seconds from loading the checkpoint to the first benzene result on the fast path."""
+    from ase.build import molecule
+
+    from mlff_distiller import load_model
+
+    torch.cuda.init()
+    t0 = time.perf_counter()
+    model = load_model(args.child_startup)
+    engine = ForceEngine(
+        model, device="cuda", mode=args.mode, compile_mode=args.compile_mode, cache_dir=args.cache_dir
+    )
+    engine.compute(AtomsBatch.from_atoms(molecule("C6H6")), to_host=True)
+    t1 = time.perf_counter()
+    engine.compute(AtomsBatch.from_atoms(molecule("C6H6")), to_host=True)
+    t2 = time.perf_counter()
+    print(json.dumps(dict(first_result_s=t1 - t0, second_call_ms=1e3 * (t2 - t1))))
+
+
+# ------------------------------------------------------------------------------------------------ report
+def _fmt(x, spec=".1f"):
+    return "—" if x is None else format(x, spec)
+
+
+def write_report(data: dict, md_path: Path) -> None:
+    env, rows = data.get("env", {}), data["rows"]
+    lines = [
+        "# ForceEngine on the GPU (issue 5)",
+        "",
+        f"{env.get('device')} · torch {env.get('torch')} · triton {env.get('triton')} · commit {env.get('commit')}"
+        f" · Python {env.get('python')} · {data.get('timestamp')}",
+        "",
+        "Model: default student (hidden 128, 3 layers, 20 Bessel, 5 Å cutoff, 14 g2 species, random weights).",
+        "Reference = the same model with torch-reference kernels in eager mode, measured in the same run.",
+        "Times: median of `triton.testing.do_bench` (CUDA events) unless noted. `e2e` = `engine.compute` from a "
+        "host batch to host results (GPU neighbour list + padding + step + one copy back); `step` = the energy + "
+        "forces step alone (a graph replay in the padded modes).",
+        "",
+    ]
+    lat = [r for r in rows if r["section"] == "latency"]
+    if lat:
+        ref = {r["molecule"]: r for r in lat if r["variant"] == REFERENCE[0] and "e2e_us" in r}
+        lines += [
+            "## Single-molecule latency, fp32 (µs)",
+            "",
+            "| variant | molecule | atoms | e2e µs | step µs | e2e vs reference | first call s |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in lat:
+            if "skipped" in r:
+                lines.append(f"| {r['variant']} | {r['molecule']} | | skipped: {r['skipped']} | | | |")
+                continue
+            base = ref.get(r["molecule"])
+            ratio = base["e2e_us"] / r["e2e_us"] if base else None
+            lines.append(
+                f"| {r['variant']} | {r['molecule']} | {r['atoms']} | {r['e2e_us']:.1f} | "
+                f"{r['step_us']:.1f} | {_fmt(ratio, '.2f')}× | {r['first_call_s']:.2f} |"
+            )
+        lines.append("")
+    md = [r for r in rows if r["section"] == "md"]
+    if md:
+        lines += [
+            "## ASE MD step through StudentCalculator (benzene, velocity Verlet, fp32, wall clock)",
+            "",
+            "| variant | µs / step | captured graphs |",
+            "|---|---:|---:|",
+        ]
+        for r in md:
+            lines.append(
+                f"| {r['variant']} | {_fmt(r.get('step_us'))} | {r.get('graphs', r.get('skipped', ''))} |"
+            )
+        lines.append("")
+    sw = [r for r in rows if r["section"] == "sweep"]
+    if sw:
+        lines += [
+            "## Batch sweep over ASE g2 molecules (µs per structure)",
+            "",
+            "| variant | batch | atoms | step µs/structure | e2e µs/structure | structures/s (e2e) | "
+            "first call s |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in sw:
+            if "skipped" in r:
+                lines.append(f"| {r['variant']} | {r['batch']} | | skipped: {r['skipped']} | | | |")
+                continue
+            lines.append(
+                f"| {r['variant']} | {r['batch']} | {r['atoms']} | {r['step_us_per_structure']:.3f} | "
+                f"{r['e2e_us_per_structure']:.3f} | {r['structures_per_s']:.3g} | "
+                f"{r['first_call_s']:.2f} |"
+            )
+        lines.append("")
+    er = [r for r in rows if r["section"] == "errors"]
+    if er:
+        lines += [
+            "## Error vs fp64 (324 g2 molecules)",
+            "",
+            "| precision | mode | max abs ΔE eV | max rel ΔE | MAE ΔE/atom eV | max abs ΔF eV/Å | RMSE ΔF eV/Å "
+            "| max abs F eV/Å |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in er:
+            lines.append(
+                f"| {r['precision']} | {r['mode']} | {r['energy_max_abs_eV']:.2e} | "
+                f"{r['energy_max_rel']:.2e} | {r['energy_mae_per_atom_eV']:.2e} | "
+                f"{r['force_max_abs_eVA']:.2e} | {r['force_rmse_eVA']:.2e} | {r['force_scale_eVA']:.2f} |"
+            )
+        lines.append("")
+    st = [r for r in rows if r["section"] == "startup"]
+    if st:
+        lines += [
+            "## Start-up: a fresh process, load model → first benzene result (s, excl. `import torch`)",
+            "",
+            "| variant | cache | first result s | second call ms |",
+            "|---|---|---:|---:|",
+        ]
+        for r in st:
+            lines.append(
+                f"| {r['variant']} | {r['phase']} | {_fmt(r.get('first_result_s'), '.2f')} | "
+                f"{_fmt(r.get('second_call_ms'), '.2f')} {r.get('skipped', '')} |"
+            )
+        lines.append("")
+    notes = data.get("notes")
+    if notes:
+        lines += ["## Notes", "", notes, ""]
+    md_path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sections", default="latency,md,sweep,errors,startup")
+    ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--name", default="engine_h100")
+    ap.add_argument("--sizes", default=",".join(map(str, SWEEP_SIZES)))
+    ap.add_argument("--variants", default="", help="comma list: only variants whose label contains one")
+    ap.add_argument("--child-startup", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--mode", default="cudagraph")
+    ap.add_argument("--compile-mode", default=None)
+    args = ap.parse_args()
+    if args.child_startup:
+        child_startup(args)
+        return
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_engine.py needs a CUDA device")
+    if args.variants:
+        keep = [v.strip() for v in args.variants.split(",")]
+        for table in (LATENCY_VARIANTS, SWEEP_VARIANTS):
+            table[:] = [
+                v for v in table if v is REFERENCE or v[0] == REFERENCE[0] or any(k in v[0] for k in keep)
+            ]
+    clock = Clock(args.budget_s)
+    model = make_student()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{args.name}.json", out / f"{args.name}.md"
+    data = json.loads(json_path.read_text()) if json_path.exists() else {"rows": []}
+    env = environment(torch.device("cuda"), copy_gbps=0.0)
+    data["env"] = dict(
+        device=env.device,
+        torch=env.torch,
+        triton=env.triton,
+        commit=env.commit,
+        python=sys.version.split()[0],
+    )
+    data["timestamp"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    runners = dict(
+        latency=bench_latency,
+        md=bench_md,
+        errors=bench_errors,
+        startup=bench_startup,
+        sweep=lambda m, c, r: bench_sweep(m, c, r, tuple(int(x) for x in args.sizes.split(","))),
+    )
+    for section in sections:
+        rows: list = []
+        try:
+            runners[section](model, clock, rows)
+        finally:
+            data["rows"] = [r for r in data["rows"] if r["section"] != section] + rows
+            json_path.write_text(json.dumps(data, indent=1))
+            write_report(data, md_path)
+    print(md_path.read_text())
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(16, os.cpu_count() or 1)))
+    main()

@@ -1,0 +1,143 @@
+"""Static-shape buckets: the ladder, and padding that is exactly inert (padded == unpadded)."""
+
+import numpy as np
+import pytest
+import torch
+from ase.build import molecule
+from conftest import make_model
+from helpers import random_molecule, silicon_cell, triclinic_cu
+
+from mlff_distiller import AtomsBatch, ForceEngine
+from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded, pad_graph
+from mlff_distiller.neighbors import neighbor_list_batch
+
+
+def test_ladder_is_geometric_and_select_is_the_smallest_fit():
+    ladder = BucketLadder(min_atoms=16, max_atoms=5000, min_edges=64, max_edges=100_000, growth=1.5, align=8)
+    for caps, hi in ((ladder.atom_capacities, 5000), (ladder.edge_capacities, 100_000)):
+        assert all(c % 8 == 0 for c in caps) and caps[-1] >= hi
+        ratios = [b / a for a, b in zip(caps, caps[1:], strict=False)]
+        assert all(1.0 < r <= 1.5 + 8 / a for r, a in zip(ratios, caps, strict=False))
+    for n, e in [(0, 0), (1, 0), (15, 64), (16, 65), (23, 1000), (4998, 99_000)]:
+        b = ladder.select(n, e)
+        assert b.fits(n, e) and b.atoms >= n + 1  # always at least one padding atom
+        smaller_a = [c for c in ladder.atom_capacities if c < b.atoms]
+        smaller_e = [c for c in ladder.edge_capacities if c < b.edges]
+        assert not smaller_a or smaller_a[-1] < n + 1
+        assert not smaller_e or smaller_e[-1] < max(e, 1)
+    last_a = ladder.atom_capacities[-1]
+    assert ladder.select(last_a - 1, 10) is not None and ladder.select(last_a, 10) is None
+    assert ladder.select(10, ladder.edge_capacities[-1] + 1) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(growth=1.0), "growth"),
+        (dict(align=0), "align"),
+        (dict(min_atoms=1), "min_atoms"),
+        (dict(min_edges=10, max_edges=5), "min_edges"),
+    ],
+)
+def test_bad_ladder_is_a_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BucketLadder(**kwargs)
+
+
+def test_bad_bucket_and_overfull_graph_are_value_errors():
+    with pytest.raises(ValueError, match="atoms"):
+        Bucket(1, 10)
+    with pytest.raises(ValueError, match="negative"):
+        BucketLadder().select(-1, 0)
+    batch = AtomsBatch.from_atoms(molecule("C6H6"))
+    nl = neighbor_list_batch(batch, 4.0)
+    g = PaddedGraph.empty(Bucket(12, 1000), dtype=torch.float64, device="cpu", cutoff=4.0, pad_z=1)
+    with pytest.raises(ValueError, match="does not fit"):  # 12 atoms need a 13th, padding slot
+        fill_padded(g, batch.numbers, batch.positions, batch.batch, 1, nl.edge_index, nl.shift_vectors)
+
+
+def _padded(batch, bucket, cutoff=4.0):
+    nl = neighbor_list_batch(batch, cutoff)
+    return nl, pad_graph(
+        bucket,
+        batch.numbers,
+        batch.positions,
+        batch.batch,
+        batch.num_structures,
+        nl.edge_index,
+        nl.shift_vectors,
+        cutoff=cutoff,
+        pad_z=1,
+    )
+
+
+def test_padding_layout_is_inert_and_sorted():
+    batch = AtomsBatch.from_atoms([molecule("H2O"), molecule("CH4")])
+    nl, g = _padded(batch, Bucket(16, 200))
+    n, e = batch.num_atoms, nl.num_edges
+    assert g.numbers[n:].eq(1).all() and g.batch[n:].eq(15).all()
+    assert g.mask.tolist() == [1.0, 1.0] + [0.0] * 14
+    pad_e = g.edge_index[:, e:]
+    assert pad_e[0].eq(pad_e[1]).all() and (pad_e >= n).all()  # padding atoms to themselves only
+    assert (torch.diff(g.edge_index[0]) >= 0).all()  # still sorted by receiver
+    assert len(set(pad_e[0].tolist())) == 16 - n  # spread over every padding atom
+    vec = g.positions[g.edge_index[1, e:]] - g.positions[g.edge_index[0, e:]] + g.shift_vectors[e:]
+    assert (vec.norm(dim=1) > 4.0).all()  # beyond the cutoff: exactly zero messages
+
+
+def test_reused_buffers_forget_previous_content():
+    """Filling a big graph, then a small one, into the same buffers equals a fresh pad of the small one."""
+    big = AtomsBatch.from_atoms([molecule("C6H6"), molecule("CH4")])
+    small = AtomsBatch.from_atoms([molecule("H2O")])
+    bucket = Bucket(24, 400)
+    _, g = _padded(big, bucket)
+    nl = neighbor_list_batch(small, 4.0)
+    fill_padded(g, small.numbers, small.positions, small.batch, 1, nl.edge_index, nl.shift_vectors)
+    _, fresh = _padded(small, bucket)
+    for a, b in zip(g.inputs(), fresh.inputs(), strict=True):
+        assert torch.equal(a[: len(b)], b) or torch.equal(a, b)
+    assert torch.equal(g.edge_index, fresh.edge_index) and torch.equal(g.mask, fresh.mask)
+
+
+def _structures():
+    rng = np.random.default_rng(3)
+    return [
+        [molecule("C6H6")],
+        [molecule("H2O"), silicon_cell(), molecule("CH4"), triclinic_cu()],
+        [random_molecule(int(n), rng) for n in rng.integers(1, 12, size=9)],
+    ]
+
+
+@pytest.mark.parametrize("precision, rtol", [("fp64", 1e-12), ("fp32", 1e-6)])
+@pytest.mark.parametrize("case", range(3))
+def test_padded_equals_unpadded(precision, rtol, case):
+    model = make_model()
+    batch = AtomsBatch.from_atoms(_structures()[case])
+    ref = ForceEngine(model, device="cpu", precision=precision).compute(batch)
+    engine = ForceEngine(model, device="cpu", precision=precision, pad=True)
+    out = engine.compute(batch)
+    assert engine._graphs, "the padded path must have run"
+    for key in ("energy", "atomic_energies", "forces"):
+        scale = ref[key].abs().max().clamp_min(1e-3)
+        assert ((out[key] - ref[key]).abs().max() / scale) <= rtol, key
+
+
+def test_padding_content_does_not_leak():
+    """Moving the padding atoms and changing their species leaves every real output bit-identical."""
+    model = make_model()
+    engine = ForceEngine(model, device="cpu", precision="fp32", pad=True)
+    batch = AtomsBatch.from_atoms([molecule("C6H6"), molecule("H2O")])
+    nl = neighbor_list_batch(batch, model.cutoff)
+    bucket = engine.buckets.select(batch.num_atoms, nl.num_edges)
+    g = engine._graph(bucket)
+    fill_padded(
+        g, batch.numbers, batch.positions.float(), batch.batch, 2, nl.edge_index, nl.shift_vectors.float()
+    )
+    a = engine._step(*g.inputs()).clone()
+    n = batch.num_atoms
+    g.positions[n:] = torch.randn_like(g.positions[n:])
+    g.numbers[n:] = 8
+    b = engine._step(*g.inputs())
+    A = bucket.atoms
+    assert torch.equal(a[:2], b[:2]) and torch.equal(a[A : A + n], b[A : A + n])
+    assert torch.equal(a[2 * A : 2 * A + 3 * n], b[2 * A : 2 * A + 3 * n])

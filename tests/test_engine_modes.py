@@ -1,0 +1,327 @@
+"""ForceEngine modes: eager / padded / torch.compile / CUDA graphs, precisions, OOM splitting, warm-up, cache.
+
+CPU tests use the padded eager path and ``torch.compile(backend="aot_eager")`` (no C++ toolchain needed);
+``@pytest.mark.gpu`` tests run the CUDA-graph and Inductor paths against the eager reference.
+"""
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from ase.build import molecule
+from ase.md.verlet import VelocityVerlet
+from conftest import make_model
+from helpers import random_molecule, silicon_cell
+
+from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, predict_forces
+from mlff_distiller.buckets import BucketLadder
+from mlff_distiller.engine import TOLERANCES, configure_compile_cache
+
+gpu = pytest.mark.gpu
+
+
+def _mols(n=12, seed=5, lo=1, hi=14):
+    rng = np.random.default_rng(seed)
+    return [random_molecule(int(k), rng) for k in rng.integers(lo, hi, size=n)]
+
+
+def _close(out, ref, precision, n_structures):
+    """The documented tolerance: |ΔE| ≤ tol_E·max(1, |E|), max|ΔF| ≤ tol_F·max(1, max|F|)."""
+    tol_e, tol_f = TOLERANCES[precision]
+    e, e_ref = out["energy"].double().cpu(), ref["energy"].double().cpu()
+    f, f_ref = out["forces"].double().cpu(), ref["forces"].double().cpu()
+    assert e.shape == (n_structures,) and torch.isfinite(e).all() and torch.isfinite(f).all()
+    assert ((e - e_ref).abs() <= tol_e * e_ref.abs().clamp_min(1.0)).all(), (
+        precision,
+        (e - e_ref).abs().max(),
+    )
+    assert (f - f_ref).abs().max() <= tol_f * max(1.0, float(f_ref.abs().max())), precision
+
+
+# ------------------------------------------------------------------------------------------------ CPU
+
+
+def test_bad_mode_arguments(model):
+    with pytest.raises(ValueError, match="unknown mode"):
+        ForceEngine(model, device="cpu", mode="fast")
+    with pytest.raises(ValueError, match="unknown compile_mode"):
+        ForceEngine(model, device="cpu", mode="compile", compile_mode="turbo")
+    with pytest.raises(ValueError, match="pad=False"):
+        ForceEngine(model, device="cpu", mode="compile", compile_backend="aot_eager", pad=False)
+    with pytest.raises(ValueError, match="BucketLadder"):
+        ForceEngine(model, device="cpu", buckets=(16, 64))
+    with pytest.raises(ValueError, match="memory_budget"):
+        ForceEngine(model, device="cpu", memory_budget=0)
+    with pytest.raises(ValueError, match="unknown precision"):
+        ForceEngine(model, device="cpu", precision="int8")
+
+
+def test_gpu_modes_fall_back_on_cpu_with_a_warning(model):
+    for mode in ("cudagraph", "compile"):
+        with pytest.warns(RuntimeWarning, match="padded eager path"):
+            engine = ForceEngine(model, device="cpu", mode=mode)
+        assert engine.mode == "padded-eager" and engine.pad
+    assert ForceEngine(model, device="cpu", mode="auto").mode == "eager"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StudentCalculator(model, device="cpu")  # the calculator's default "auto" is silent on a CPU
+
+
+@pytest.fixture(scope="module")
+def precision_case():
+    model = make_model(seed=1)
+    batch = AtomsBatch.from_atoms([molecule("C6H6"), molecule("CH3CH2OH"), molecule("H2O")])
+    return model, batch, ForceEngine(model, device="cpu", precision="fp64").compute(batch)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
+def test_precisions_within_documented_tolerance_cpu(precision, precision_case):
+    model, batch, ref = precision_case
+    for pad in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter(
+                "ignore"
+            )  # a CPU without 16-bit matmuls falls back to fp32 (also within tol)
+            engine = ForceEngine(model, device="cpu", precision=precision, pad=pad)
+        out = engine.compute(batch)
+        assert out["forces"].dtype == torch.float32  # forces and energies stay float32
+        _close(out, ref, precision, 3)
+
+
+def test_reduced_precision_leaves_the_users_model_alone(model):
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ForceEngine(model, device="cpu", precision="bf16").compute(AtomsBatch.from_atoms(molecule("H2O")))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(isinstance(m, torch.nn.Linear) for m in model.modules() if "Linear" in type(m).__name__)
+
+
+def test_compile_no_recompilation_per_batch_cpu(model):
+    """One Dynamo compilation per bucket; batches that land in a warmed bucket never recompile."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    ladder = BucketLadder(min_atoms=16, max_atoms=64, min_edges=128, max_edges=4096, growth=2.0)
+    engine = ForceEngine(model, device="cpu", mode="compile", compile_backend="aot_eager", buckets=ladder)
+    eager = ForceEngine(model, device="cpu")
+    mols = _mols(8, seed=2, lo=3, hi=9)
+    batches = [AtomsBatch.from_atoms([m]) for m in mols]
+    engine.warmup(structures=[mols[0]])
+    warmed = set(engine._graphs)
+    graphs_after_warmup = counters["stats"]["unique_graphs"]
+    assert graphs_after_warmup == len(warmed) >= 1
+    for batch in batches:
+        out = engine.compute(batch)
+        _close(out, eager.compute(batch), "fp32", 1)
+    new_buckets = set(engine._graphs) - warmed
+    assert counters["stats"]["unique_graphs"] == graphs_after_warmup + len(new_buckets)
+    assert len(new_buckets) <= 1  # 3-8 atoms, < 128 edges: one or two buckets in all
+
+
+def test_stress_and_oversized_batches_use_the_eager_path(model):
+    ladder = BucketLadder(min_atoms=8, max_atoms=16, min_edges=16, max_edges=64, growth=2.0)
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, buckets=ladder)
+    ref = ForceEngine(model, device="cpu", precision="fp64")
+    big = AtomsBatch.from_atoms([molecule("C6H6"), molecule("C6H6")])  # 24 atoms: beyond the ladder
+    _close(engine.compute(big), ref.compute(big), "fp64", 2)
+    assert not engine._graphs
+    cell = AtomsBatch.from_atoms(silicon_cell())
+    out = engine.compute(cell, stress=True)
+    np.testing.assert_allclose(out["stress"], ref.compute(cell, stress=True)["stress"], atol=1e-12)
+
+
+def test_oom_splits_and_keeps_order(model, monkeypatch):
+    """An injected out-of-memory error for any batch above 20 atoms: batches are halved until they fit,
+    nothing is lost and the order is the input order."""
+    mols = _mols(17, seed=7)
+    ref = predict_forces(model, mols, precision="fp64", batch_size=1)
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
+    real = ForceEngine.compute
+    sizes = []
+
+    def flaky(self, batch, **kw):
+        sizes.append(batch.num_atoms)
+        if batch.num_atoms > 20:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(ForceEngine, "compute", flaky)
+    out = engine.predict(mols, atom_budget=10_000)
+    assert len(out) == len(mols) and engine.oom_splits >= 2
+    assert max(sizes) > 20 and engine.atom_budget() <= max(sizes) // 2
+    for a, b, atoms in zip(ref, out, mols, strict=True):
+        assert b["forces"].shape == (len(atoms), 3)
+        assert a["energy"] == pytest.approx(b["energy"], abs=1e-10)
+        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
+    with pytest.raises(torch.OutOfMemoryError):  # one structure that does not fit cannot be split
+        engine.predict([mols[0] + mols[1] + mols[2] + mols[3]], atom_budget=10_000)
+
+
+def test_memory_budget_batches_small(model):
+    mols = _mols(8, seed=9)
+    engine = ForceEngine(model, device="cpu", precision="fp64", memory_budget=1)
+    assert engine.atom_budget() == 1
+    seen = []
+    real = engine.compute
+    engine.compute = lambda batch, **kw: seen.append(batch.num_structures) or real(batch, **kw)
+    out = engine.predict(mols)
+    assert seen == [1] * 8
+    ref = predict_forces(model, mols, precision="fp64")
+    for a, b in zip(ref, out, strict=True):
+        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
+    big = ForceEngine(model, device="cpu", memory_budget=10**12)
+    assert big.atom_budget() > 10**5 and big.estimate_bytes(10, 100) > big.estimate_bytes(10, 10) > 0
+
+
+def test_warmup(model):
+    engine = ForceEngine(model, device="cpu", pad=True)
+    times = engine.warmup(buckets=[(5, 20), (40, 900)], structures=[[molecule("C6H6"), molecule("C6H6")]])
+    assert len(times) == 3 and all(t > 0 for t in times.values())
+    assert set(times) == set(engine._graphs)
+    with pytest.raises(ValueError, match="no bucket"):
+        engine.warmup(buckets=[(10**7, 1)])
+    with pytest.raises(ValueError, match="padded mode"):
+        ForceEngine(model, device="cpu").warmup(buckets=[(5, 20)])
+
+
+def test_configure_compile_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    path = configure_compile_cache(tmp_path / "cache")
+    assert path.is_dir()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(str(path))
+    assert os.environ["TRITON_CACHE_DIR"].startswith(str(path))
+
+
+def test_calculator_md_reuses_topology_and_matches_eager(model):
+    """MD through the padded path (same atoms every step) equals the eager calculator step by step."""
+    atoms = molecule("C6H6")
+    atoms.rattle(0.05, seed=1)
+    with pytest.warns(RuntimeWarning):
+        calc = StudentCalculator(model, device="cpu", precision="fp64", mode="cudagraph")
+    ref = StudentCalculator(model, device="cpu", precision="fp64", mode="eager")
+    atoms.calc = calc
+    dyn = VelocityVerlet(atoms, timestep=1.0)
+    for _ in range(4):
+        dyn.run(1)
+        f = atoms.get_forces()
+        check = atoms.copy()
+        check.calc = ref
+        np.testing.assert_allclose(f, check.get_forces(), atol=1e-10)
+        assert atoms.get_potential_energy() == pytest.approx(check.get_potential_energy(), abs=1e-10)
+    assert len(calc.engine._graphs) <= 2
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+
+def _gpu_batches():
+    return [
+        [molecule("H2")],
+        [molecule("C6H6")],
+        [molecule("H2O"), molecule("CH4"), molecule("C6H6")],
+        _mols(40, seed=11, lo=2, hi=20),
+        [silicon_cell()],
+    ]
+
+
+@gpu
+@pytest.mark.parametrize("compile_mode", [None, "default"])
+def test_cuda_graph_equals_eager(model, compile_mode):
+    eager = ForceEngine(model, device="cuda", precision="fp32")
+    engine = ForceEngine(model, device="cuda", precision="fp32", mode="cudagraph", compile_mode=compile_mode)
+    cases = _gpu_batches() if compile_mode is None else _gpu_batches()[:3]  # compiling costs ~10 s a bucket
+    for _ in range(2):  # the second round replays the captured graphs
+        for mols in cases:
+            batch = AtomsBatch.from_atoms(mols)
+            out, ref = engine.compute(batch), eager.compute(batch)
+            for key in ("energy", "atomic_energies", "forces"):
+                scale = ref[key].abs().max().clamp_min(1e-3)
+                assert (out[key] - ref[key]).abs().max() / scale <= 1e-5, key
+    assert engine.captured_buckets and len(engine.captured_buckets) == len(engine._graphs)
+
+
+@gpu
+def test_cuda_graph_outputs_survive_the_next_replay(model):
+    engine = ForceEngine(model, device="cuda", mode="cudagraph")
+    a = engine.compute(AtomsBatch.from_atoms(molecule("C6H6")))
+    keep = a["forces"].clone()
+    moved = molecule("C6H6")
+    moved.rattle(0.1, seed=3)
+    b = engine.compute(AtomsBatch.from_atoms(moved))
+    assert torch.equal(a["forces"], keep) and not torch.equal(a["forces"], b["forces"])
+
+
+@gpu
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
+def test_precisions_within_documented_tolerance_gpu(precision):
+    model = make_model(seed=1)
+    batch = AtomsBatch.from_atoms(_mols(30, seed=4, lo=3, hi=20) + [silicon_cell()])
+    ref = ForceEngine(model, device="cuda", precision="fp64").compute(batch)
+    for mode in ("eager", "cudagraph"):
+        out = ForceEngine(model, device="cuda", precision=precision, mode=mode).compute(batch)
+        _close(out, ref, precision, batch.num_structures)
+
+
+@gpu
+@pytest.mark.parametrize("compile_mode", ["default", "reduce-overhead"])
+def test_compile_no_recompilation_gpu(model, compile_mode):
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    engine = ForceEngine(model, device="cuda", mode="compile", compile_mode=compile_mode)
+    eager = ForceEngine(model, device="cuda")
+    mols = _mols(10, seed=2, lo=8, hi=12)
+    engine.warmup(structures=[mols[0]])
+    warmed, n0 = set(engine._graphs), counters["stats"]["unique_graphs"]
+    for m in mols:
+        batch = AtomsBatch.from_atoms([m])
+        _close(engine.compute(batch), eager.compute(batch), "fp32", 1)
+    assert counters["stats"]["unique_graphs"] == n0 + len(set(engine._graphs) - warmed)
+    assert len(engine._graphs) <= 2
+
+
+@gpu
+def test_calculator_md_on_cuda_replays_graphs(model):
+    atoms = molecule("C6H6")
+    atoms.calc = StudentCalculator(model, device="cuda")
+    assert atoms.calc.engine.mode == "cudagraph"
+    ref = StudentCalculator(model, device="cuda", mode="eager")
+    dyn = VelocityVerlet(atoms, timestep=0.5)
+    for _ in range(5):
+        dyn.run(2)
+        check = atoms.copy()
+        check.calc = ref
+        np.testing.assert_allclose(atoms.get_forces(), check.get_forces(), atol=1e-5)
+    assert 1 <= len(atoms.calc.engine.captured_buckets) <= 2
+    assert atoms.calc.engine._topology is not None  # numbers/batch stay on the device between steps
+
+
+@gpu
+def test_oom_split_with_cuda_graphs(model, monkeypatch):
+    mols = _mols(20, seed=3)
+    ref = predict_forces(model, mols, device="cuda", batch_size=1)
+    engine = ForceEngine(model, device="cuda", mode="cudagraph")
+    real = ForceEngine._compute_padded
+
+    def flaky(self, batch, to_host):
+        if batch.num_atoms > 30:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(self, batch, to_host)
+
+    monkeypatch.setattr(ForceEngine, "_compute_padded", flaky)
+    out = engine.predict(mols)
+    assert engine.oom_splits >= 1 and len(out) == len(mols)
+    for a, b in zip(ref, out, strict=True):
+        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-5)
+
+
+@gpu
+def test_probe_memory_gpu(model):
+    engine = ForceEngine(model, device="cuda")
+    ratio = engine.probe_memory(_mols(50, seed=1))
+    assert 0.05 <= ratio < 50
+    assert engine.atom_budget() >= 1
