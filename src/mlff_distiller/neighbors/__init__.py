@@ -9,7 +9,7 @@ Contract::
     nl.shifts         # [E, 3] int64 integer image shifts S
     nl.shift_vectors  # [E, 3] S @ cell[batch[i]] in Å, dtype/device of positions
     nl.row_ptr        # [N + 1] int64 CSR offsets: edges of receiver i are row_ptr[i]:row_ptr[i + 1]
-    nl.method         # the backend that ran ("brute" or "cell_list")
+    nl.method         # the backend that ran ("brute", "cell_list" or "vesin")
 
 Semantics are those of ``ase.neighborlist.neighbor_list("ijS", atoms, cutoff)``: the edge vector is
 ``positions[j] - positions[i] + S @ cell`` (Å) with the positions *as given* (they may lie outside the cell;
@@ -17,7 +17,8 @@ they are wrapped internally and ``S`` is reported relative to the original posit
 and a pair is kept iff ``0 < |vector| < cutoff`` (strict). So ``i == j`` with ``S != 0`` is a valid pair
 and the self pair never is; unlike ASE, two distinct atoms at the very same position are not paired (a
 zero-length edge has no direction). The list is full (both i->j and j->i) and sorted by (i, j, S)
-lexicographically. Both backends return identical tensors.
+lexicographically. All backends return the same pairs in the same order (``shift_vectors`` equal to rounding:
+the Triton cell list computes ``S @ cell`` in its own kernel).
 
 Inputs: ``positions [N, 3]`` float32/float64 (Å); ``cell [B, 3, 3]`` lattice vectors as rows (Å; all zero for
 a molecule; the non-periodic vectors of a slab or wire may be zero); ``pbc [B, 3]`` bool; ``batch [N]`` int64
@@ -31,43 +32,95 @@ Output lives on the input device; the only host syncs are allocation sizes and i
 runs under ``torch.no_grad``: nothing is differentiable; to differentiate through a (strained) cell,
 recompute ``shifts @ cell`` yourself.
 
-Backends (``BACKENDS`` maps name -> supported devices):
+Backends (``BACKENDS`` maps name -> supported devices; :func:`available_backends` lists the usable ones):
 
 * ``brute``: O(sum_b n_b^2 M_b) with ``M_b = prod_a (2 ceil(cutoff / h_a) + 1)`` images (``h_a`` the
   lattice-plane spacing of periodic vector ``a``), all structures in one vectorised pass, chunked.
-* ``cell_list``: O(N) per structure: ghost images near periodic faces, Cartesian bins >= cutoff, a 27-bin
-  search; batched over structures.
+* ``cell_list``: O(N), batched over structures, two implementations chosen by ``cell_list_impl`` (argument,
+  else ``$MLFF_DISTILLER_CELL_LIST``, else ``auto``): ``triton`` (:mod:`.cell_list_triton`: fused count/fill
+  kernels over fractional bins, receiver-sorted CSR written by a row-sort kernel, two host syncs; the default
+  on CUDA) and ``torch`` (:mod:`.cell_list`: ghost images, Cartesian bins, torch ops; the default on CPU).
+  ``triton`` on CPU tensors works only under ``TRITON_INTERPRET=1`` (tests). ``max_candidates`` bounds the
+  torch implementation's chunks; the Triton one never materialises candidates.
+* ``vesin``: vesin-torch (optional dependency; CPU and CUDA), one call per structure, converted to this
+  contract (:mod:`.vesin_backend`). Asking for it without vesin-torch installed is a ``ValueError``.
 * ``auto``: ``brute`` when every structure satisfies ``n_b * M_b <= AUTO_BRUTE_MAX[device type]`` (each
-  atom meets at most that many candidates, so brute stays O(N): batches of molecules and small cells), else
-  ``cell_list``. The limit is 128 on CPU (measured crossover, 1-2 threads: both cost ~100 ns per candidate,
-  and a cell-list atom meets 27 bins' worth, a few hundred, plus ghost/sort overhead) and 1024 on CUDA (an
-  estimate: brute needs fewer kernel launches and host syncs, which dominate small GPU calls; not measured).
+  atom meets at most that many candidates, so brute stays O(N): batches of molecules and small cells); else
+  ``vesin`` for a single structure of at least ``AUTO_VESIN_MIN_ATOMS[device type]`` atoms when vesin-torch
+  is installed (where one large system per call is its strength); else ``cell_list``. ``AUTO_BRUTE_MAX`` is
+  128 on CPU (measured crossover, 1-2 threads) and 1024 on CUDA (estimate: brute needs fewer launches);
+  ``AUTO_VESIN_MIN_ATOMS`` comes from benchmarks/results/neighbors_h100.md and bench runs on CPU.
+
+Verlet skin: :class:`VerletNeighborList` (:mod:`.verlet`) builds with ``cutoff + skin`` and reuses the list
+until some atom has moved more than ``skin / 2`` (or the cell, pbc, atoms or species changed).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from mlff_distiller.neighbors._common import Geometry, NeighborList, finish, prepare
+from mlff_distiller.neighbors._common import Geometry, NeighborList, RawPairs, finish, prepare
 from mlff_distiller.neighbors.brute import DEFAULT_MAX_CANDIDATES, brute_force
 from mlff_distiller.neighbors.cell_list import cell_list
+from mlff_distiller.neighbors.cell_list_triton import HAS_TRITON, cell_list_triton, triton_runnable
+from mlff_distiller.neighbors.verlet import VerletNeighborList
+from mlff_distiller.neighbors.vesin_backend import vesin_available, vesin_pairs
 
 __all__ = [
     "AUTO_BRUTE_MAX",
+    "AUTO_VESIN_MIN_ATOMS",
     "BACKENDS",
+    "CELL_LIST_IMPLS",
     "NeighborList",
+    "VerletNeighborList",
+    "available_backends",
     "choose_method",
     "neighbor_list",
     "neighbor_list_batch",
+    "resolve_cell_list_impl",
 ]
 
-BACKENDS: dict[str, tuple[str, ...]] = {"brute": ("cpu", "cuda"), "cell_list": ("cpu", "cuda")}
+BACKENDS: dict[str, tuple[str, ...]] = {
+    "brute": ("cpu", "cuda"),
+    "cell_list": ("cpu", "cuda"),
+    "vesin": ("cpu", "cuda"),
+}
+CELL_LIST_IMPLS = ("auto", "triton", "torch")
+_CELL_LIST_ENV = "MLFF_DISTILLER_CELL_LIST"
 
 # Candidates per atom (n_b * M_b) up to which ``auto`` takes ``brute``, per device type. A cell-list atom
 # checks 27 bins of >= cutoff^3 each (hundreds of candidates) plus sort/ghost overhead; see the docstring.
 AUTO_BRUTE_MAX: dict[str, int] = {"cpu": 128, "cuda": 1024}
+# Atoms of a single structure from which ``auto`` takes vesin (when installed), per device type.
+AUTO_VESIN_MIN_ATOMS: dict[str, int] = {"cpu": 1000, "cuda": 20_000}
 
-_RUNNERS = {"brute": brute_force, "cell_list": cell_list}
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """Backends usable on ``device`` in this environment (optional dependencies installed)."""
+    kind = torch.device(device).type
+    return [m for m, devices in BACKENDS.items() if kind in devices and (m != "vesin" or vesin_available())]
+
+
+def resolve_cell_list_impl(impl: str | None, device: torch.device) -> str:
+    """``"triton"`` or ``"torch"``: the argument, else ``$MLFF_DISTILLER_CELL_LIST``, else ``auto`` (Triton on
+    CUDA when it imports, torch elsewhere). Raises ``ValueError`` for an unknown name or an unusable choice."""
+    name = impl if impl is not None else (os.environ.get(_CELL_LIST_ENV) or "auto")
+    name = name.strip().lower()
+    if name not in CELL_LIST_IMPLS:
+        raise ValueError(
+            f"neighbor_list: unknown cell_list_impl {name!r}; choose one of {CELL_LIST_IMPLS} "
+            f"(argument or ${_CELL_LIST_ENV})"
+        )
+    if name == "auto":
+        return "triton" if device.type == "cuda" and HAS_TRITON else "torch"
+    if name == "triton" and not triton_runnable(device):
+        raise ValueError(
+            f"neighbor_list: cell_list_impl='triton' cannot run on {device}: it needs CUDA with Triton, or CPU "
+            "tensors under the Triton interpreter (TRITON_INTERPRET=1 before triton is first imported)"
+        )
+    return name
 
 
 @torch.no_grad()
@@ -81,6 +134,7 @@ def neighbor_list(
     method: str = "auto",
     *,
     max_candidates: int = DEFAULT_MAX_CANDIDATES,
+    cell_list_impl: str | None = None,
 ) -> NeighborList:
     """Full neighbour list of a batch of structures within ``cutoff`` (Å); see the module docstring.
 
@@ -91,8 +145,11 @@ def neighbor_list(
         batch: ``[N]`` int64 structure index of each atom.
         ptr: ``[B + 1]`` int64 atom offsets of the structures.
         cutoff: radius, Å (> 0); pairs with ``0 < |r| < cutoff`` are kept.
-        method: ``"auto"``, ``"brute"`` or ``"cell_list"``.
-        max_candidates: candidate pairs examined per chunk, bounds transient memory (~120 bytes each).
+        method: ``"auto"``, ``"brute"``, ``"cell_list"`` or ``"vesin"``.
+        max_candidates: candidate pairs examined per chunk by ``brute`` and the torch cell list, bounds
+            transient memory (~120 bytes each).
+        cell_list_impl: ``"auto"``, ``"triton"`` or ``"torch"`` for ``cell_list`` (default: the environment
+            variable ``MLFF_DISTILLER_CELL_LIST``, else ``auto``).
 
     Returns:
         :class:`NeighborList` on the device of ``positions``.
@@ -103,6 +160,8 @@ def neighbor_list(
         )
     if int(max_candidates) < 1:
         raise ValueError(f"neighbor_list: max_candidates must be >= 1, got {max_candidates}")
+    if method == "vesin" and not vesin_available():
+        vesin_pairs(None)  # raises the ValueError that explains the missing optional dependency
     geo = prepare(positions, cell, pbc, batch, ptr, cutoff)
     if method == "auto":
         method = choose_method(geo)
@@ -110,7 +169,15 @@ def neighbor_list(
         raise ValueError(
             f"neighbor_list: backend {method!r} supports {BACKENDS[method]}, not {positions.device}"
         )
-    return finish(geo, _RUNNERS[method](geo, int(max_candidates)), method)
+    if method == "cell_list":
+        impl = resolve_cell_list_impl(cell_list_impl, positions.device)
+        if impl == "triton":
+            nl = cell_list_triton(geo)
+            if nl is not None:
+                return nl
+        return finish(geo, cell_list(geo, int(max_candidates)), method)
+    raw: RawPairs = (brute_force if method == "brute" else vesin_pairs)(geo, int(max_candidates))
+    return finish(geo, raw, method)
 
 
 def neighbor_list_batch(atoms_batch, cutoff: float, method: str = "auto", **kwargs) -> NeighborList:
@@ -120,7 +187,14 @@ def neighbor_list_batch(atoms_batch, cutoff: float, method: str = "auto", **kwar
 
 
 def choose_method(geo: Geometry) -> str:
-    """The ``auto`` rule: ``brute`` iff ``max_b n_b * prod_a (2 n_a + 1) <= AUTO_BRUTE_MAX[device type]``."""
-    limit = AUTO_BRUTE_MAX.get(geo.positions.device.type, AUTO_BRUTE_MAX["cpu"])
+    """The ``auto`` rule (module docstring): ``brute`` for few candidates per atom, ``vesin`` for one large
+    structure when installed, else ``cell_list``."""
+    kind = geo.positions.device.type
+    limit = AUTO_BRUTE_MAX.get(kind, AUTO_BRUTE_MAX["cpu"])
     per_atom = geo.counts * (2 * geo.n_images + 1).prod(dim=1)
-    return "brute" if int(per_atom.max()) <= limit else "cell_list"
+    if int(per_atom.max()) <= limit:
+        return "brute"
+    vesin_min = AUTO_VESIN_MIN_ATOMS.get(kind)
+    if vesin_min is not None and geo.cell.shape[0] == 1 and geo.num_atoms >= vesin_min and vesin_available():
+        return "vesin"
+    return "cell_list"

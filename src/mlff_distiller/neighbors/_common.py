@@ -114,16 +114,28 @@ def prepare(
     batch, ptr = batch.long(), ptr.long()
     cell64 = cell.to(torch.float64)
 
+    # Closed-form 3x3 algebra (cross products) instead of torch.linalg: batched pinv/eigh/inv on CUDA go
+    # through cuSOLVER with its own launches and error-checking host syncs, which dominated small GPU calls.
     basis = _full_rank_basis(cell64, pbc)
-    volume = torch.linalg.det(basis).abs()
+    b0, b1, b2 = basis.unbind(dim=1)
+    cof = torch.stack([torch.linalg.cross(b1, b2), torch.linalg.cross(b2, b0), torch.linalg.cross(b0, b1)], 1)
+    det = (b0 * cof[:, 0]).sum(dim=1)
+    volume = det.abs()
     bad = pbc.any(dim=1) & (volume < MIN_VOLUME)
-    if bool(bad.any()):
-        k = int(torch.nonzero(bad)[0, 0])
+    # The only host sync of input validation: ptr's ends and the first degenerate cell, read together.
+    first, last, n_bad, k = torch.stack([ptr[0], ptr[-1], bad.sum(), bad.long().argmax()]).tolist()
+    if first != 0 or last != positions.shape[0]:
+        raise ValueError(
+            f"neighbor_list: ptr must run from 0 to N={positions.shape[0]}, got ptr[0]={first}, ptr[-1]={last}"
+        )
+    if n_bad:
         raise ValueError(
             f"neighbor_list: structure {k} has a degenerate cell: its periodic vectors span "
             f"{float(volume[k]):.3g} with pbc={pbc[k].tolist()}"
         )
-    inv = torch.linalg.inv(basis)
+    # inverse = adjugate / det: column a of inv is cof[a] / det, the dual vector of basis row a.
+    safe_det = torch.where(volume >= MIN_VOLUME, det, torch.ones_like(det))
+    inv = cof.transpose(1, 2) / safe_det[:, None, None]
     # Fractional coordinate a is x @ inv[:, a]; its gradient has norm 1/h_a, h_a the lattice-plane spacing.
     heights = 1.0 / inv.norm(dim=1)
     ratio = cutoff / heights * (1.0 + IMAGE_SLACK)
@@ -184,19 +196,37 @@ def empty_pairs(device: torch.device) -> RawPairs:
 def _full_rank_basis(cell: torch.Tensor, pbc: torch.Tensor) -> torch.Tensor:
     """Replace every non-periodic row of ``cell [B,3,3]`` by a unit vector orthogonal to the periodic rows.
 
-    The complement of the periodic span is the eigenspace of eigenvalue 1 of ``I - P^+ P`` (``P``: the cell
-    with non-periodic rows zeroed); ``eigh`` sorts eigenvalues ascending, so it is the last ``3 - n_periodic``
-    eigenvectors, handed out to the non-periodic rows in order. Orthogonality keeps the plane spacings of the
-    periodic vectors equal to their in-plane (2D/1D) values, so no images are wasted.
+    Closed form per number of periodic rows ``p``: 3 keeps the cell; 2 adds the unit normal of the two periodic
+    rows; 1 adds two unit vectors orthogonal to the periodic row ``v`` (``u = v x e``, ``e`` the Cartesian axis
+    least aligned with ``v``, then ``v x u``), in that order; 0 uses the identity. Orthogonality keeps the plane
+    spacings of the periodic vectors equal to their in-plane (2D/1D) values, so no images are wasted, and makes
+    the periodic fractional coordinates independent of which complement is chosen. A zero or parallel periodic
+    row gives a zero complement, hence a zero volume, which :func:`prepare` reports as degenerate.
     """
     periodic = cell * pbc[..., None]
+    r0, r1, r2 = periodic.unbind(dim=1)
+    cross = torch.linalg.cross
+    # With exactly two periodic rows the third is zero, so only their cross product survives this sum.
+    normal = _unit(cross(r0, r1) + cross(r1, r2) + cross(r2, r0))
+    v = r0 + r1 + r2  # the periodic row when there is exactly one
     eye = torch.eye(3, dtype=cell.dtype, device=cell.device)
-    complement = eye - torch.linalg.pinv(periodic) @ periodic
-    _, vecs = torch.linalg.eigh(complement)
-    missing = (~pbc).sum(dim=1, keepdim=True)
-    column = 3 - missing + torch.cumsum((~pbc).long(), dim=1) - 1
-    fill = torch.gather(vecs.transpose(1, 2), 1, column.clamp(0, 2)[..., None].expand(-1, -1, 3))
+    e = eye[v.abs().argmin(dim=1)]
+    u = _unit(cross(v, e))
+    w = _unit(cross(v, u))
+    n_periodic = pbc.sum(dim=1)
+    first = torch.where((n_periodic == 2)[:, None], normal, u)
+    second = torch.where((n_periodic == 2)[:, None], normal, w)
+    # Rank of each non-periodic row among the non-periodic rows: 0 -> first complement, 1 -> second.
+    rank = torch.cumsum((~pbc).long(), dim=1) - 1
+    fill = torch.where((rank == 0)[..., None], first[:, None], second[:, None])
+    fill = torch.where((n_periodic == 0)[:, None, None], eye.expand_as(cell), fill)
     return torch.where(pbc[..., None], cell, fill)
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    """Rows of ``v`` normalised; zero rows stay zero (never NaN)."""
+    norm = v.norm(dim=-1, keepdim=True)
+    return v / norm.clamp_min(1e-300)
 
 
 def _check(positions, cell, pbc, batch, ptr, cutoff) -> float:
@@ -237,7 +267,4 @@ def _check(positions, cell, pbc, batch, ptr, cutoff) -> float:
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) > 1:
         fail(f"all inputs must be on one device, got {devices}")
-    first, last = ptr[[0, -1]].tolist()
-    if first != 0 or last != n:
-        fail(f"ptr must run from 0 to N={n}, got ptr[0]={first}, ptr[-1]={last}")
     return cutoff

@@ -1,0 +1,210 @@
+"""Verlet skin: build the list with ``cutoff + skin``, reuse it until some atom has moved more than ``skin / 2``.
+
+Why it is exact: if no atom moved more than ``skin / 2`` since the build, a pair now closer than ``cutoff``
+was closer than ``cutoff + skin`` at the build, so it is in the padded list. The shifts ``S`` of the padded
+list stay valid as long as the cell is unchanged and the positions move continuously (an atom wrapped back
+into the cell by the caller jumps by a lattice vector, which trips the displacement test and rebuilds).
+
+What a call returns (decided here, documented for the engine/calculator): by default (``filter=True``) the
+padded list filtered to ``0 < |r| < cutoff`` with distances re-evaluated in float64 from the current
+positions: the same pairs, in the same (i, j, S) order, with the same ``shifts``/``shift_vectors`` and CSR
+``row_ptr`` as a fresh :func:`~mlff_distiller.neighbors.neighbor_list` at ``cutoff`` (up to pairs within
+~1e-12 Å of the cutoff, where float64 rounding of two different formulas may disagree). Filtering costs one
+pass over the padded edges and one host sync. With ``filter=False`` the padded list itself is returned
+(pairs up to ``cutoff + skin``, no filtering work): correct for a model whose radial functions vanish at and
+beyond ``cutoff`` (the student's cosine cutoff does), and cheaper, but the model then processes ~(1 +
+skin/cutoff)^3 times more edges.
+
+Rebuild triggers (all checked together with one host sync): first call; ``skin`` changed; a different
+number of atoms/structures, device or dtype; any change in ``cell``, ``pbc``, ``batch``, ``ptr`` or
+``numbers`` (when given); any atom displaced by more than ``skin / 2`` (Å) from its position at the last
+build. A changed cell always rebuilds (no strain-aware reuse for NPT).
+
+Usage (engine / StudentCalculator)::
+
+    nl_cache = VerletNeighborList(cutoff=model.cutoff, skin=1.0)       # once, per calculator
+    nl = nl_cache(positions, cell, pbc, batch, ptr, numbers=numbers)   # every step; a NeighborList
+    nl_cache.n_builds, nl_cache.n_calls                                # statistics
+    nl_cache.skin = 0.5                                                # settable; forces a rebuild
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mlff_distiller.neighbors._common import NeighborList
+
+__all__ = ["VerletNeighborList"]
+
+
+class VerletNeighborList:
+    """A neighbour list reused across MD steps with a Verlet skin.
+
+    Args:
+        cutoff: interaction cutoff, Å (> 0); the returned lists hold pairs with ``0 < |r| < cutoff``.
+        skin: extra radius, Å (>= 0); the list is built at ``cutoff + skin`` and rebuilt once some atom moved
+            more than ``skin / 2``. ``0`` rebuilds whenever any atom moved at all.
+        method: backend for the builds (``"auto"``, ``"brute"``, ``"cell_list"``, ``"vesin"``).
+        filter: return the list filtered to ``cutoff`` (default) or the padded ``cutoff + skin`` list.
+        **neighbor_kwargs: passed to :func:`~mlff_distiller.neighbors.neighbor_list` (``cell_list_impl``,
+            ``max_candidates``).
+
+    Attributes:
+        n_builds: lists built so far. ``n_calls``: calls so far. ``last``: the padded list of the last build.
+    """
+
+    def __init__(
+        self,
+        cutoff: float,
+        skin: float = 1.0,
+        method: str = "auto",
+        *,
+        filter: bool = True,
+        **neighbor_kwargs,
+    ) -> None:
+        cutoff = _distance("cutoff", cutoff)
+        if cutoff <= 0:
+            raise ValueError(f"VerletNeighborList: cutoff must be > 0 Å, got {cutoff}")
+        self._cutoff = cutoff
+        self.skin = skin
+        self.method = method
+        self.filter = bool(filter)
+        self.neighbor_kwargs = neighbor_kwargs
+        self.n_builds = 0
+        self.n_calls = 0
+        self.last: NeighborList | None = None
+
+    # -------------------------------------------------------------------------------------------- settings
+    @property
+    def cutoff(self) -> float:
+        """Interaction cutoff, Å (fixed at construction)."""
+        return self._cutoff
+
+    @property
+    def skin(self) -> float:
+        """Verlet skin, Å. Setting it invalidates the cached list (the next call rebuilds)."""
+        return self._skin
+
+    @skin.setter
+    def skin(self, value: float) -> None:
+        value = _distance("skin", value)
+        if value < 0:
+            raise ValueError(f"VerletNeighborList: skin must be >= 0 Å, got {value}")
+        self._skin = value
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the cached list; the next call rebuilds."""
+        self._ref: dict[str, torch.Tensor] | None = None
+        self.last = None
+
+    def __repr__(self) -> str:
+        return (
+            f"VerletNeighborList(cutoff={self.cutoff}, skin={self.skin}, method={self.method!r}, "
+            f"filter={self.filter}, n_builds={self.n_builds}, n_calls={self.n_calls})"
+        )
+
+    # -------------------------------------------------------------------------------------------- calls
+    def __call__(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        pbc: torch.Tensor,
+        batch: torch.Tensor,
+        ptr: torch.Tensor,
+        numbers: torch.Tensor | None = None,
+    ) -> NeighborList:
+        """The neighbour list of the current positions (arguments as in
+        :func:`~mlff_distiller.neighbors.neighbor_list`; ``numbers [N]`` optional, a change rebuilds)."""
+        self.n_calls += 1
+        with torch.no_grad():
+            if self.needs_rebuild(positions, cell, pbc, batch, ptr, numbers):
+                self._build(positions, cell, pbc, batch, ptr, numbers)
+            if not self.filter:
+                return self.last
+            return self._filtered(positions)
+
+    def update_batch(self, atoms_batch) -> NeighborList:
+        """:meth:`__call__` of an :class:`~mlff_distiller.batch.AtomsBatch` (its numbers included)."""
+        b = atoms_batch
+        return self(b.positions, b.cell, b.pbc, b.batch, b.ptr, b.numbers)
+
+    @torch.no_grad()
+    def needs_rebuild(self, positions, cell, pbc, batch, ptr, numbers=None) -> bool:
+        """Whether the next call would rebuild (see the module docstring for the triggers)."""
+        ref = self._ref
+        if ref is None:
+            return True
+        current = {"positions": positions, "cell": cell, "pbc": pbc, "batch": batch, "ptr": ptr}
+        if numbers is not None:
+            current["numbers"] = numbers
+        if current.keys() != ref.keys() - {"shift64"}:
+            return True
+        for name, t in current.items():
+            old = ref[name]
+            if not isinstance(t, torch.Tensor) or t.shape != old.shape or t.device != old.device:
+                return True
+            if t.dtype != old.dtype:
+                return True
+        changed = [(current[n] != ref[n]).any() for n in current if n != "positions"]
+        moved = (positions.to(torch.float64) - ref["positions"].to(torch.float64)).square().sum(dim=1)
+        limit = (0.5 * self.skin) ** 2
+        moved_far = (moved > limit).any() if moved.numel() else torch.zeros((), dtype=torch.bool)
+        # One host sync for all triggers together.
+        return bool(torch.stack([*changed, moved_far]).any())
+
+    def _build(self, positions, cell, pbc, batch, ptr, numbers) -> None:
+        from mlff_distiller.neighbors import neighbor_list
+
+        nl = neighbor_list(
+            positions, cell, pbc, batch, ptr, self.cutoff + self.skin, self.method, **self.neighbor_kwargs
+        )
+        ref = {
+            "positions": positions.detach().clone(),
+            "cell": cell.detach().clone(),
+            "pbc": pbc.clone(),
+            "batch": batch.clone(),
+            "ptr": ptr.clone(),
+        }
+        if numbers is not None:
+            ref["numbers"] = numbers.clone()
+        # float64 shift vectors of the padded list for the cutoff test (the returned ones keep the caller's
+        # dtype): the fresh list decides in float64 too.
+        i = nl.edge_index[0]
+        ref["shift64"] = torch.einsum(
+            "ea,eab->eb", nl.shifts.to(torch.float64), cell.detach().to(torch.float64)[batch[i]]
+        )
+        self._ref = ref
+        self.last = nl
+        self.n_builds += 1
+
+    def _filtered(self, positions: torch.Tensor) -> NeighborList:
+        nl, ref = self.last, self._ref
+        i, j = nl.edge_index
+        pos = positions.detach().to(torch.float64)
+        d2 = (pos.index_select(0, j) - pos.index_select(0, i) + ref["shift64"]).square().sum(dim=1)
+        keep = (d2 > 0) & (d2 < self.cutoff**2)
+        kept = torch.nonzero(keep).squeeze(1)
+        # Rows stay contiguous and ordered under filtering; the new offsets are the running kept-counts at
+        # the old offsets.
+        running = torch.zeros(keep.shape[0] + 1, dtype=torch.int64, device=keep.device)
+        torch.cumsum(keep, 0, dtype=torch.int64, out=running[1:])
+        return NeighborList(
+            edge_index=nl.edge_index.index_select(1, kept),
+            shifts=nl.shifts.index_select(0, kept),
+            shift_vectors=nl.shift_vectors.index_select(0, kept),
+            row_ptr=running[nl.row_ptr],
+            method=nl.method,
+        )
+
+
+def _distance(name: str, value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"VerletNeighborList: {name} must be a number (Å), got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"VerletNeighborList: {name} must be finite, got {value}")
+    return value
