@@ -5,14 +5,33 @@ For edge e = (i ← j) with radial basis r_e ``[R]`` (already × cutoff) and uni
     φ_e      = x_j ⊙ W_e  = (a_e, b_e, c_e)               three ``[F]`` blocks
     Δs_i     = Σ_e a_e                                      ``[N, F]``
     Δv_i     = Σ_e b_e ⊙ v_j + c_e ⊗ u_e                   ``[N, 3, F]``
-The torch reference materialises ``[E, 3F]``; a fused kernel (issue 7) builds W_e on the fly per receiver.
+The torch reference materialises ``[E, 3F]`` (and autograd keeps it for the backward). The Triton path never
+does: one program per (receiving atom, feature chunk) walks that atom's edges (CSR offsets ``row_ptr`` over the
+receiver-sorted edge list), gathers the sender features, builds its chunk of W_e from ``rbf_e`` on the fly and
+reduces into registers, so the forward needs no atomics and keeps nothing per edge for the backward. The
+backward is fused as well (three kernels, see the comment before them); the second derivative is a composite of
+the same two fused ops (exact, see ``_double_backward``), so force training never materialises ``[E, 3F]`` either.
+
+This file holds the torch reference (the CPU path, the test oracle and the specification), the explicit VJP in
+torch (:func:`message_passing_backward_reference`, the spec of the backward kernels) and the Triton path
+(``torch.ops.mlff_distiller.message_passing`` / ``message_passing_bwd``), selected by :func:`message_passing`.
 """
 
 from __future__ import annotations
 
-import torch
+import dataclasses
+import weakref
 
-__all__ = ["message_passing", "message_passing_reference"]
+import torch
+from torch import Tensor
+
+from ._backend import resolve_backend
+from ._triton_utils import HAS_TRITON, LIB, check_launchable, num_warps, tl, triton
+
+if HAS_TRITON:
+    from torch.library import triton_op, wrap_triton
+
+__all__ = ["message_passing", "message_passing_backward_reference", "message_passing_reference"]
 
 
 def message_passing_reference(
@@ -35,6 +54,78 @@ def message_passing_reference(
     return ds, dv
 
 
+def message_passing_backward_reference(
+    grad_s: torch.Tensor,
+    grad_v: torch.Tensor,
+    x: torch.Tensor,
+    v: torch.Tensor,
+    rbf: torch.Tensor,
+    filter_weight: torch.Tensor,
+    unit: torch.Tensor,
+    edge_index: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The VJP of :func:`message_passing_reference`, written out in torch (the spec of the backward kernels).
+
+    With g_s = ``grad_s [N,F]``, g_v = ``grad_v [N,3,F]`` and, per edge e = (i ← j),
+    β_e = Σ_k g_v[i,k] ⊙ v_j[k] and γ_e = Σ_k g_v[i,k] u_e[k] (both ``[F]``):
+        ∂x_j  += (g_s[i] ⊙ W_a,  β_e ⊙ W_b,  γ_e ⊙ W_c)            (a scatter over senders)
+        ∂v_j  += (x_b,j ⊙ W_b) ⊗ g_v[i]                               (a scatter over senders)
+        G_e    = (g_s[i] ⊙ x_a,j,  β_e ⊙ x_b,j,  γ_e ⊙ x_c,j)        ``[3F]``, the gradient wrt W_e
+        ∂rbf_e = filter_weightᵀ G_e,   ∂filter_weight = Σ_e G_e ⊗ rbf_e,   ∂u_e[k] = Σ_f c_e ⊙ g_v[i,k]
+    Returns ``(grad_x [N,3F], grad_v [N,3,F], grad_rbf [E,R], grad_filter_weight [3F,R], grad_unit [E,3])``.
+    """
+    n, f = v.shape[0], v.shape[2]
+    i, j = edge_index[0], edge_index[1]
+    w_a, w_b, w_c = torch.split(rbf @ filter_weight.t(), f, dim=-1)
+    x_a, x_b, x_c = torch.split(x.index_select(0, j), f, dim=-1)
+    gs_i, gv_i = grad_s.index_select(0, i), grad_v.index_select(0, i)
+    beta = (gv_i * v.index_select(0, j)).sum(1)
+    gamma = (gv_i * unit.unsqueeze(-1)).sum(1)
+    g_w = torch.cat([gs_i * x_a, beta * x_b, gamma * x_c], dim=-1)
+    g_x = torch.zeros_like(x).index_add(0, j, torch.cat([gs_i * w_a, beta * w_b, gamma * w_c], dim=-1))
+    g_v = torch.zeros_like(v).index_add(0, j, (x_b * w_b).unsqueeze(1) * gv_i)
+    g_unit = ((x_c * w_c).unsqueeze(1) * gv_i).sum(-1)
+    return g_x, g_v, g_w @ filter_weight, g_w.t() @ rbf, g_unit
+
+
+def _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr) -> None:
+    """Shapes, dtypes and devices (host-side only: no device sync)."""
+    if v.dim() != 3 or v.shape[1] != 3:
+        raise ValueError(f"v must be [N, 3, F], got shape {tuple(v.shape)}")
+    n, f = v.shape[0], v.shape[2]
+    if x.shape != (n, 3 * f):
+        raise ValueError(
+            f"x must be [N, 3F] = [{n}, {3 * f}] to match v {tuple(v.shape)}, got {tuple(x.shape)}"
+        )
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_index must be [2, E], got shape {tuple(edge_index.shape)}")
+    if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
+        raise ValueError(f"edge_index must be an integer tensor, got {edge_index.dtype}")
+    e = edge_index.shape[1]
+    if rbf.dim() != 2 or rbf.shape[0] != e:
+        raise ValueError(f"rbf must be [E, R] with E = {e}, got shape {tuple(rbf.shape)}")
+    if filter_weight.shape != (3 * f, rbf.shape[1]):
+        raise ValueError(
+            f"filter_weight must be [3F, R] = [{3 * f}, {rbf.shape[1]}], got {tuple(filter_weight.shape)}"
+        )
+    if unit.shape != (e, 3):
+        raise ValueError(f"unit must be [E, 3] with E = {e}, got shape {tuple(unit.shape)}")
+    tensors = {"x": x, "v": v, "rbf": rbf, "filter_weight": filter_weight, "unit": unit}
+    if len({t.dtype for t in tensors.values()}) != 1:
+        raise ValueError(
+            f"x, v, rbf, filter_weight and unit must share one dtype, got { {k: t.dtype for k, t in tensors.items()} }"
+        )
+    devices = {t.device for t in (*tensors.values(), edge_index)}
+    if row_ptr is not None:
+        devices.add(row_ptr.device)
+        if row_ptr.shape != (n + 1,) or row_ptr.dtype.is_floating_point:
+            raise ValueError(
+                f"row_ptr must be an integer [N + 1] = [{n + 1}] tensor, got {tuple(row_ptr.shape)} {row_ptr.dtype}"
+            )
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(str(d) for d in devices)}")
+
+
 def message_passing(
     x: torch.Tensor,
     v: torch.Tensor,
@@ -42,6 +133,696 @@ def message_passing(
     filter_weight: torch.Tensor,
     unit: torch.Tensor,
     edge_index: torch.Tensor,
+    row_ptr: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PaiNN message aggregation (see module docstring); the fused Triton kernel is issue 7."""
+    """PaiNN message aggregation (see the module docstring); differentiable twice.
+
+    Args:
+        x: ``[N, 3F]`` sender features (the φ(s) of the interaction block).
+        v: ``[N, 3, F]`` vector features.
+        rbf: ``[E, R]`` radial basis × cutoff of each edge.
+        filter_weight: ``[3F, R]`` the bias-free radial filter.
+        unit: ``[E, 3]`` unit vectors of the edges (receiver → sender direction, dimensionless).
+        edge_index: ``[2, E]`` row 0 receiver i, row 1 sender j.
+        row_ptr: optional ``[N + 1]`` CSR offsets of the receivers (edges of atom i are
+            ``row_ptr[i]:row_ptr[i+1]``), as :class:`~mlff_distiller.neighbors.NeighborList` provides; when given,
+            the edges must be sorted by receiver and it is trusted as is (no check, no device sync).
+    Returns:
+        ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output).
+
+    The Triton path wants the edges sorted by receiver (our neighbour lists are). Without ``row_ptr`` it builds
+    the offsets itself and checks the order (once per ``edge_index`` tensor: the result is cached while that
+    tensor lives and is not modified in place; one device sync); edges that are not sorted are sorted here (a
+    stable argsort, and a gather of ``rbf``/``unit`` per call): correct, but slower. Sender indices outside
+    ``[0, N)`` raise ``ValueError`` on that path. The torch reference ignores ``row_ptr``.
+    """
+    _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
+    if resolve_backend(x.device) == "triton":
+        return _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
     return message_passing_reference(x, v, rbf, filter_weight, unit, edge_index)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Graph bookkeeping: receiver CSR (row_ptr, and a sorting permutation when the edges are not receiver-sorted) and
+# the transposed CSR over senders (perm, col_ptr) that the backward needs. All model layers share one
+# edge_index, so both are cached per edge_index tensor (weak reference + version counter: a freed or modified
+# tensor never hits a stale entry); under torch.compile nothing is cached.
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Graph:
+    ref: weakref.ref | None
+    version: int
+    n_atoms: int
+    row_ptr: Tensor | None = None
+    edge_index: Tensor | None = None  # receiver-sorted (the input itself when already sorted)
+    order: Tensor | None = None  # sorting permutation, None when the input was sorted
+    perm: Tensor | None = None  # edges sorted by sender: edge ids
+    col_ptr: Tensor | None = None  # [N + 1] CSR offsets over perm
+
+
+_CACHE: list[_Graph] = []
+_CACHE_SIZE = 4
+
+
+def _graph(edge_index: Tensor, n_atoms: int) -> _Graph:
+    if torch.compiler.is_compiling():
+        return _Graph(None, 0, n_atoms)
+    version = edge_index._version
+    for g in _CACHE:
+        if g.ref() is edge_index and g.version == version and g.n_atoms == n_atoms:
+            return g
+    _CACHE[:] = [g for g in _CACHE if g.ref() is not None][-(_CACHE_SIZE - 1) :]
+    g = _Graph(weakref.ref(edge_index), version, n_atoms)
+    _CACHE.append(g)
+    return g
+
+
+def _offsets(sorted_keys: Tensor, n_atoms: int) -> Tensor:
+    """CSR offsets ``[N + 1]`` (int64) of a sorted key vector: first position of each key 0..N."""
+    bounds = torch.arange(n_atoms + 1, device=sorted_keys.device, dtype=sorted_keys.dtype)
+    return torch.searchsorted(sorted_keys, bounds).to(torch.int64)
+
+
+def _receiver_csr(edge_index: Tensor, n_atoms: int) -> _Graph:
+    g = _graph(edge_index, n_atoms)
+    if g.row_ptr is not None:
+        return g
+    recv, send = edge_index[0], edge_index[1]
+    if edge_index.shape[1] == 0:
+        g.row_ptr, g.edge_index = (
+            torch.zeros(n_atoms + 1, dtype=torch.int64, device=edge_index.device),
+            edge_index,
+        )
+        return g
+    # One sync for the range check and the order check together.
+    lo, hi, unsorted = torch.stack(
+        [edge_index.min(), edge_index.max(), (recv[1:] < recv[:-1]).any().to(edge_index.dtype)]
+    ).tolist()
+    if lo < 0 or hi >= n_atoms:
+        raise ValueError(
+            f"edge_index holds atom indices in [{lo}, {hi}], outside [0, {n_atoms}) (N = {n_atoms})"
+        )
+    if unsorted:
+        g.order = torch.argsort(recv, stable=True)
+        g.edge_index = torch.stack([recv[g.order], send[g.order]])
+    else:
+        g.edge_index = edge_index
+    g.row_ptr = _offsets(g.edge_index[0].contiguous(), n_atoms)
+    return g
+
+
+def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
+    """Edges sorted by sender (stable, so each sender's edges keep receiver order) and their offsets."""
+    g = _graph(edge_index, n_atoms)
+    if g.perm is None:
+        send = edge_index[1]
+        g.perm = torch.argsort(send, stable=True)
+        g.col_ptr = _offsets(send[g.perm].contiguous(), n_atoms)
+    return g.perm, g.col_ptr
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Triton path. Layers: jit kernels; host functions (allocate, choose blocks, launch); torch.library triton_ops
+# with their autograd (what torch.compile sees); the eager autograd.Functions over the same host functions.
+#
+# The filter W_e (a [3F] vector per edge) is a [BLOCK_E, R_PAD] × [R_PAD, BLOCK_F] tl.dot per edge tile and
+# feature chunk, with the chunk of filter_weightᵀ held in registers for the whole program. tl.dot runs with
+# input_precision "ieee" (full float32 / float64 accuracy; TF32 would cost ~1e-3 relative, too much for forces).
+# ------------------------------------------------------------------------------------------------------------
+
+# Launch configuration. GPU: edges per tile, feature chunk, warps; CPU (interpreter): large tiles, since each
+# program costs Python overhead there. Tuned on an H100 (benchmarks/bench_message_passing.py --tune).
+_CONFIG = {"block_e": 16, "block_f": 32, "num_warps": 4, "bwd_block_e": 32}
+_DOT_PRECISION = "ieee"
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _filter_t(w_ptr, BLK: tl.constexpr, f, fm, r, rm, N_FEAT: tl.constexpr, N_RBF: tl.constexpr):
+        """``[R_PAD, BLOCK_F]`` tile of filter_weightᵀ for block BLK (a/b/c) and features ``f``; zero padding."""
+        offs = (BLK * N_FEAT + f[None, :]).to(tl.int64) * N_RBF + r[:, None]
+        return tl.load(w_ptr + offs, mask=rm[:, None] & fm[None, :], other=0.0)
+
+    @triton.jit
+    def _mp_fwd_kernel(
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        rowptr_ptr,
+        ds_ptr,
+        dv_ptr,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        i = tl.program_id(0).to(tl.int64)
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm = f < N_FEAT
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        wa = _filter_t(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF)
+        wb = _filter_t(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
+        wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
+        dt = x_ptr.dtype.element_ty
+        acc_s = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_0 = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_1 = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_2 = tl.zeros((BLOCK_F,), dtype=dt)
+        lo = tl.load(rowptr_ptr + i)
+        hi = tl.load(rowptr_ptr + i + 1)
+        for start in range(lo, hi, BLOCK_E):
+            e = start + tl.arange(0, BLOCK_E)
+            em = e < hi
+            j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
+            rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
+            m2 = em[:, None] & fm[None, :]
+            xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            # Masked edges have rb = 0 and x = 0, so they add exact zeros.
+            a = tl.load(xrow, mask=m2, other=0.0) * tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            ux = tl.load(unit_ptr + e * 3, mask=em, other=0.0)
+            uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
+            uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
+            acc_s += tl.sum(a, axis=0)
+            acc_0 += tl.sum(b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None], axis=0)
+            acc_1 += tl.sum(b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None], axis=0)
+            acc_2 += tl.sum(b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None], axis=0)
+        tl.store(ds_ptr + i * N_FEAT + f, acc_s, mask=fm)
+        out = dv_ptr + i * (3 * N_FEAT) + f
+        tl.store(out, acc_0, mask=fm)
+        tl.store(out + N_FEAT, acc_1, mask=fm)
+        tl.store(out + 2 * N_FEAT, acc_2, mask=fm)
+
+    # Backward (the VJP; see message_passing_backward_reference): with β_e = Σ_k g_v[i,k] v_j[k] and
+    # γ_e = Σ_k g_v[i,k] u_e[k],
+    #   ∂x_j = Σ_{e: sender j} (g_s[i] ⊙ W_a,e,  β_e ⊙ W_b,e,  γ_e ⊙ W_c,e),   ∂v_j[k] = x_b,j ⊙ T_k,
+    #   with T_k = Σ_{e: sender j} W_b,e ⊙ g_v[i,k], so that also Σ_e β_e ⊙ W_b,e = Σ_k v_j[k] ⊙ T_k;
+    #   G_e = (g_s[i] ⊙ x_a,j, β_e ⊙ x_b,j, γ_e ⊙ x_c,j):  ∂rbf_e = filter_weightᵀ G_e,  ∂u_e[k] = Σ_f c_e g_v[i,k],
+    #   ∂filter_weight = Σ_e G_e ⊗ rbf_e.
+    # Three kernels, none with atomics:
+    #   * _mp_bwd_sender_kernel: ∂x, ∂v are sums over the edges of each *sender*: one program per (sender, feature
+    #     chunk) walks the transposed CSR (edges sorted by sender: an argsort per graph, cached across layers)
+    #     and reduces in registers, the mirror image of the forward. Atomics instead would put 6F scattered
+    #     atomic adds per edge on the hottest output (and make it non-deterministic).
+    #   * _mp_bwd_edge_kernel: ∂rbf_e and ∂u_e reduce over all 3F features of one edge: one program per tile of
+    #     edges loops over the feature chunks and writes each edge's row once.
+    #   * _mp_bwd_filter_kernel: ∂filter_weight reduces over all edges: each program sums a contiguous range of
+    #     edges for one feature chunk into a [BLOCK_F, R_PAD] register tile (a tl.dot with K = edges) and
+    #     writes one partial; the host sums the few hundred partials (deterministic, no contention).
+
+    @triton.jit
+    def _mp_bwd_sender_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        perm_ptr,
+        colptr_ptr,
+        gx_ptr,
+        gvout_ptr,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        j = tl.program_id(0).to(tl.int64)
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm = f < N_FEAT
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        wa = _filter_t(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF)
+        wb = _filter_t(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
+        wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
+        dt = x_ptr.dtype.element_ty
+        acc_a = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_c = tl.zeros((BLOCK_F,), dtype=dt)
+        t_0 = tl.zeros((BLOCK_F,), dtype=dt)
+        t_1 = tl.zeros((BLOCK_F,), dtype=dt)
+        t_2 = tl.zeros((BLOCK_F,), dtype=dt)
+        lo = tl.load(colptr_ptr + j)
+        hi = tl.load(colptr_ptr + j + 1)
+        for start in range(lo, hi, BLOCK_E):
+            p = start + tl.arange(0, BLOCK_E)
+            pm = p < hi
+            e = tl.load(perm_ptr + p, mask=pm, other=0).to(tl.int64)
+            i = tl.load(ei_ptr + e, mask=pm, other=0).to(tl.int64)
+            rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=pm[:, None] & rm[None, :], other=0.0)
+            m2 = pm[:, None] & fm[None, :]
+            grow = gv_ptr + i[:, None] * (3 * N_FEAT) + f[None, :]
+            g0 = tl.load(grow, mask=m2, other=0.0)
+            g1 = tl.load(grow + N_FEAT, mask=m2, other=0.0)
+            g2 = tl.load(grow + 2 * N_FEAT, mask=m2, other=0.0)
+            ux = tl.load(unit_ptr + e * 3, mask=pm, other=0.0)
+            uy = tl.load(unit_ptr + e * 3 + 1, mask=pm, other=0.0)
+            uz = tl.load(unit_ptr + e * 3 + 2, mask=pm, other=0.0)
+            gsi = tl.load(gs_ptr + i[:, None] * N_FEAT + f[None, :], mask=m2, other=0.0)
+            w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            acc_a += tl.sum(gsi * w_a, axis=0)
+            acc_c += tl.sum((g0 * ux[:, None] + g1 * uy[:, None] + g2 * uz[:, None]) * w_c, axis=0)
+            t_0 += tl.sum(w_b * g0, axis=0)
+            t_1 += tl.sum(w_b * g1, axis=0)
+            t_2 += tl.sum(w_b * g2, axis=0)
+        row = j * (3 * N_FEAT) + f
+        v0 = tl.load(v_ptr + row, mask=fm, other=0.0)
+        v1 = tl.load(v_ptr + row + N_FEAT, mask=fm, other=0.0)
+        v2 = tl.load(v_ptr + row + 2 * N_FEAT, mask=fm, other=0.0)
+        xb = tl.load(x_ptr + row + N_FEAT, mask=fm, other=0.0)
+        tl.store(gx_ptr + row, acc_a, mask=fm)
+        tl.store(gx_ptr + row + N_FEAT, v0 * t_0 + v1 * t_1 + v2 * t_2, mask=fm)
+        tl.store(gx_ptr + row + 2 * N_FEAT, acc_c, mask=fm)
+        tl.store(gvout_ptr + row, xb * t_0, mask=fm)
+        tl.store(gvout_ptr + row + N_FEAT, xb * t_1, mask=fm)
+        tl.store(gvout_ptr + row + 2 * N_FEAT, xb * t_2, mask=fm)
+
+    @triton.jit
+    def _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT: tl.constexpr):
+        """Per-edge gradient wrt W_e for a feature chunk, G = (g_s[i] x_a, β x_b, γ x_c), and g_v[i] (3 tiles)."""
+        grow = gv_ptr + i[:, None] * (3 * N_FEAT) + f[None, :]
+        g0 = tl.load(grow, mask=m2, other=0.0)
+        g1 = tl.load(grow + N_FEAT, mask=m2, other=0.0)
+        g2 = tl.load(grow + 2 * N_FEAT, mask=m2, other=0.0)
+        xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+        vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+        beta = (
+            g0 * tl.load(vrow, mask=m2, other=0.0)
+            + g1 * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
+            + g2 * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
+        )
+        gamma = g0 * ux[:, None] + g1 * uy[:, None] + g2 * uz[:, None]
+        gsi = tl.load(gs_ptr + i[:, None] * N_FEAT + f[None, :], mask=m2, other=0.0)
+        xc = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0)
+        G_a = gsi * tl.load(xrow, mask=m2, other=0.0)
+        G_b = beta * tl.load(xrow + N_FEAT, mask=m2, other=0.0)
+        G_c = gamma * xc
+        return G_a, G_b, G_c, xc, g0, g1, g2
+
+    @triton.jit
+    def _mp_bwd_edge_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        grbf_ptr,
+        gunit_ptr,
+        E,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        em = e < E
+        i = tl.load(ei_ptr + e, mask=em, other=0).to(tl.int64)
+        j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
+        ux = tl.load(unit_ptr + e * 3, mask=em, other=0.0)
+        uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
+        uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
+        dt = x_ptr.dtype.element_ty
+        g_rbf = tl.zeros((BLOCK_E, R_PAD), dtype=dt)
+        gu_0 = tl.zeros((BLOCK_E,), dtype=dt)
+        gu_1 = tl.zeros((BLOCK_E,), dtype=dt)
+        gu_2 = tl.zeros((BLOCK_E,), dtype=dt)
+        for f0 in tl.static_range(0, N_FEAT, BLOCK_F):
+            f = f0 + tl.arange(0, BLOCK_F)
+            fm = f < N_FEAT
+            m2 = em[:, None] & fm[None, :]
+            wa = _filter_t(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF)
+            wb = _filter_t(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
+            wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
+            G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(
+                gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT
+            )
+            g_rbf += tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
+            g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
+            g_rbf += tl.dot(G_c, tl.trans(wc), input_precision=DOT_PRECISION)
+            c = xc * tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            gu_0 += tl.sum(c * g0, axis=1)
+            gu_1 += tl.sum(c * g1, axis=1)
+            gu_2 += tl.sum(c * g2, axis=1)
+        tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])
+        tl.store(gunit_ptr + e * 3, gu_0, mask=em)
+        tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)
+        tl.store(gunit_ptr + e * 3 + 2, gu_2, mask=em)
+
+    @triton.jit
+    def _mp_bwd_filter_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        unit_ptr,
+        ei_ptr,
+        part_ptr,
+        E,
+        ei_stride,
+        EDGES_PER_PROG,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        p = tl.program_id(0).to(tl.int64)
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm = f < N_FEAT
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        dt = x_ptr.dtype.element_ty
+        acc_a = tl.zeros((BLOCK_F, R_PAD), dtype=dt)
+        acc_b = tl.zeros((BLOCK_F, R_PAD), dtype=dt)
+        acc_c = tl.zeros((BLOCK_F, R_PAD), dtype=dt)
+        lo = p * EDGES_PER_PROG
+        hi = tl.minimum(lo + EDGES_PER_PROG, E)
+        for start in range(lo, hi, BLOCK_E):
+            e = start + tl.arange(0, BLOCK_E)
+            em = e < hi
+            i = tl.load(ei_ptr + e, mask=em, other=0).to(tl.int64)
+            j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
+            rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
+            ux = tl.load(unit_ptr + e * 3, mask=em, other=0.0)
+            uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
+            uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
+            m2 = em[:, None] & fm[None, :]
+            G_a, G_b, G_c, _, _, _, _ = _edge_grads_w(
+                gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT
+            )
+            acc_a += tl.dot(tl.trans(G_a), rb, input_precision=DOT_PRECISION)
+            acc_b += tl.dot(tl.trans(G_b), rb, input_precision=DOT_PRECISION)
+            acc_c += tl.dot(tl.trans(G_c), rb, input_precision=DOT_PRECISION)
+        offs = p * (3 * N_FEAT * N_RBF) + f[:, None] * N_RBF + r[None, :]
+        m = fm[:, None] & rm[None, :]
+        tl.store(part_ptr + offs, acc_a, mask=m)
+        tl.store(part_ptr + offs + N_FEAT * N_RBF, acc_b, mask=m)
+        tl.store(part_ptr + offs + 2 * N_FEAT * N_RBF, acc_c, mask=m)
+
+    # -- host functions: allocate, choose blocks, launch -----------------------------------------------------
+    # ``launch`` is torch.library.wrap_triton inside the triton_ops and the bare kernel on the eager path.
+
+    def _blocks(ref: Tensor, n_feat: int, n_rbf: int, block_e: int | None = None) -> dict:
+        if ref.device.type == "cuda":
+            be, bf = block_e or _CONFIG["block_e"], _CONFIG["block_f"]
+        else:  # interpreter: whole feature rows and long edge tiles
+            be, bf = 64, 128
+        return dict(
+            N_FEAT=int(n_feat),
+            N_RBF=int(n_rbf),
+            BLOCK_E=max(16, be),
+            BLOCK_F=max(16, min(bf, _pow2(n_feat))),
+            R_PAD=max(16, _pow2(n_rbf)),
+            DOT_PRECISION=_DOT_PRECISION,
+        )
+
+    def _prep(*tensors: Tensor) -> list[Tensor]:
+        return [t.contiguous() for t in tensors]
+
+    def _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, launch) -> tuple[Tensor, Tensor]:
+        x, v, rbf, w, unit, edge_index, row_ptr = _prep(x, v, rbf, w, unit, edge_index, row_ptr)
+        n, f = v.shape[0], v.shape[2]
+        ds = torch.empty((n, f), dtype=x.dtype, device=x.device)
+        dv = torch.empty((n, 3, f), dtype=x.dtype, device=x.device)
+        if n == 0 or f == 0:
+            return ds, dv
+        c = _blocks(x, f, rbf.shape[1])
+        check_launchable(_mp_fwd_kernel, x)
+        grid = (n, triton.cdiv(f, c["BLOCK_F"]))
+        launch(_mp_fwd_kernel)[grid](
+            x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, edge_index.stride(0),
+            num_warps=_CONFIG["num_warps"] if x.is_cuda else num_warps(), **c,
+        )  # fmt: skip
+        return ds, dv
+
+    def _mp_backward(
+        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The five gradients (x, v, rbf, filter_weight, unit); ``need`` = (x/v, rbf/unit, filter_weight): the
+        groups not needed come back as expanded zeros (no kernel, no memory)."""
+        dt = x.dtype
+        grad_s, grad_v = grad_s.to(dt), grad_v.to(dt)
+        grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
+        n, f = v.shape[0], v.shape[2]
+        e, n_rbf = rbf.shape
+        zero = x.new_zeros(())
+        g_x, g_v = zero.expand(x.shape), zero.expand(v.shape)
+        g_rbf, g_unit, g_w = zero.expand(rbf.shape), zero.expand(unit.shape), zero.expand(w.shape)
+        warps = _CONFIG["num_warps"] if x.is_cuda else num_warps()
+        if need[0]:
+            g_x, g_v = torch.empty_like(x), torch.empty_like(v)
+            if n > 0 and f > 0:
+                c = _blocks(x, f, n_rbf)
+                check_launchable(_mp_bwd_sender_kernel, x)
+                launch(_mp_bwd_sender_kernel)[(n, triton.cdiv(f, c["BLOCK_F"]))](
+                    grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm.contiguous(), col_ptr.contiguous(),
+                    g_x, g_v, num_warps=warps, **c,
+                )  # fmt: skip
+        if need[1] and e > 0:
+            g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
+            if f == 0:
+                g_rbf.zero_(), g_unit.zero_()
+            else:
+                c = _blocks(x, f, n_rbf, _CONFIG["bwd_block_e"])
+                check_launchable(_mp_bwd_edge_kernel, x)
+                launch(_mp_bwd_edge_kernel)[(triton.cdiv(e, c["BLOCK_E"]),)](
+                    grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, e, edge_index.stride(0),
+                    num_warps=warps, **c,
+                )  # fmt: skip
+        if need[2]:
+            g_w = torch.zeros_like(w)
+            if e > 0 and f > 0:
+                c = _blocks(x, f, n_rbf, _CONFIG["bwd_block_e"])
+                n_fb = triton.cdiv(f, c["BLOCK_F"])
+                # About four programs per SM in all, each a contiguous range of whole edge tiles.
+                target = (
+                    4 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
+                )
+                per_prog = c["BLOCK_E"] * max(
+                    1, triton.cdiv(triton.cdiv(e, max(1, target // n_fb)), c["BLOCK_E"])
+                )
+                n_prog = triton.cdiv(e, per_prog)
+                part = torch.empty((n_prog, 3 * f, n_rbf), dtype=dt, device=x.device)
+                check_launchable(_mp_bwd_filter_kernel, x)
+                launch(_mp_bwd_filter_kernel)[(n_prog, n_fb)](
+                    grad_s, grad_v, x, v, rbf, unit, edge_index, part, e, edge_index.stride(0), per_prog,
+                    num_warps=warps, **c,
+                )  # fmt: skip
+                g_w = part.sum(0)
+        return g_x, g_v, g_rbf, g_w, g_unit
+
+    def _bare(kernel):
+        return kernel
+
+    # -- second derivative: a composite of the two fused ops -------------------------------------------------
+    # The forward M(x, v, rbf, W, u) is multilinear: linear in x, in rbf and in W in every term; v appears only
+    # in the b-term (Δv) and u only in the c-term (Δv); Δs (the a-term) has neither. The backward
+    # B = ⟨(g_s, g_v), M⟩' is linear in (g_s, g_v), so for upstream gradients gg = (gg_x, gg_v, gg_rbf, gg_W,
+    # gg_u) of B's five outputs:
+    #   ∂/∂(g_s, g_v) = the JVP of M along gg = M(gg_x, v, ·) + M(·, rbf→gg_rbf) + M(·, W→gg_W)
+    #                   + Δv of M(x, gg_v, rbf, W, gg_u)   (v and u enter linearly and in separate terms)
+    #   ∂/∂θ          = Σ_{θ' ≠ θ} the θ-part of B with θ' replaced by gg_θ' (the mixed second derivatives of a
+    #                   multilinear map), where the (v, u) pair shares no term: the call with v→gg_v, u→gg_u
+    #                   contributes only to x, rbf, W, and g_s = 0 there, since Δs depends on neither.
+    # So four forward and four backward calls of the fused kernels: exact, nothing of size [E, 3F], and itself
+    # differentiable (the ops' own autograd), which gradgradcheck verifies.
+
+    def _double_backward(fwd, bwd, gg, grad_s, grad_v, x, v, rbf, w, unit):
+        gg_x, gg_v, gg_rbf, gg_w, gg_u = gg
+        ds1, dv1 = fwd(gg_x, v, rbf, w, unit)
+        ds2, dv2 = fwd(x, v, gg_rbf, w, unit)
+        ds3, dv3 = fwd(x, v, rbf, gg_w, unit)
+        _, dv4 = fwd(x, gg_v, rbf, w, gg_u)
+        out_s = ds1 + ds2 + ds3
+        out_v = dv1 + dv2 + dv3 + dv4
+        _, bv1, brbf1, bw1, bu1 = bwd(grad_s, grad_v, gg_x, v, rbf, w, unit)
+        bx2, bv2, _, bw2, bu2 = bwd(grad_s, grad_v, x, v, gg_rbf, w, unit)
+        bx3, bv3, brbf3, _, bu3 = bwd(grad_s, grad_v, x, v, rbf, gg_w, unit)
+        bx4, _, brbf4, bw4, _ = bwd(torch.zeros_like(grad_s), grad_v, x, gg_v, rbf, w, gg_u)
+        return (
+            out_s,
+            out_v,
+            bx2 + bx3 + bx4,
+            bv1 + bv2 + bv3,
+            brbf1 + brbf3 + brbf4,
+            bw1 + bw2 + bw4,
+            bu1 + bu2 + bu3,
+        )
+
+    # -- torch.library ops (what torch.compile sees) ---------------------------------------------------------
+
+    @triton_op(f"{LIB}::message_passing", mutates_args=())
+    def _mp_op(
+        x: Tensor,
+        v: Tensor,
+        rbf: Tensor,
+        filter_weight: Tensor,
+        unit: Tensor,
+        edge_index: Tensor,
+        row_ptr: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """``ds [N,F]``, ``dv [N,3,F]``; edges sorted by receiver with CSR offsets ``row_ptr [N+1]``."""
+        return _mp_forward(x, v, rbf, filter_weight, unit, edge_index, row_ptr, wrap_triton)
+
+    @triton_op(f"{LIB}::message_passing_bwd", mutates_args=())
+    def _mp_bwd_op(
+        grad_s: Tensor,
+        grad_v: Tensor,
+        x: Tensor,
+        v: Tensor,
+        rbf: Tensor,
+        filter_weight: Tensor,
+        unit: Tensor,
+        edge_index: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Gradients wrt x, v, rbf, filter_weight, unit (builds the sender CSR itself: an argsort)."""
+        n = v.shape[0]
+        send = edge_index[1]
+        perm = torch.argsort(send, stable=True)
+        col_ptr = _offsets(send[perm].contiguous(), n)
+        outs = _mp_backward(
+            grad_s,
+            grad_v,
+            x,
+            v,
+            rbf,
+            filter_weight,
+            unit,
+            edge_index,
+            perm,
+            col_ptr,
+            (True, True, True),
+            wrap_triton,
+        )
+        return tuple(o.contiguous() for o in outs)
+
+    def _op_fwd(edge_index, row_ptr):
+        return lambda x, v, rbf, w, unit: torch.ops.mlff_distiller.message_passing(
+            x, v, rbf, w, unit, edge_index, row_ptr
+        )
+
+    def _op_bwd(edge_index):
+        return lambda gs, gv, x, v, rbf, w, unit: torch.ops.mlff_distiller.message_passing_bwd(
+            gs, gv, x, v, rbf, w, unit, edge_index
+        )
+
+    def _mp_setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def _mp_backward_op(ctx, grad_s, grad_v):
+        x, v, rbf, w, unit, edge_index, _ = ctx.saved_tensors
+        grads = torch.ops.mlff_distiller.message_passing_bwd(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
+        return (*grads, None, None)
+
+    def _mp_bwd_setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def _mp_bwd_backward_op(ctx, *gg):
+        grad_s, grad_v, x, v, rbf, w, unit, edge_index = ctx.saved_tensors
+        n = v.shape[0]
+        row_ptr = _offsets(edge_index[0].contiguous(), n)  # the op's edges are receiver-sorted
+        out = _double_backward(
+            _op_fwd(edge_index, row_ptr), _op_bwd(edge_index), gg, grad_s, grad_v, x, v, rbf, w, unit
+        )
+        return (*out, None)
+
+    _mp_op.register_autograd(_mp_backward_op, setup_context=_mp_setup_context)
+    _mp_bwd_op.register_autograd(_mp_bwd_backward_op, setup_context=_mp_bwd_setup_context)
+
+    # -- eager path: the same host functions under plain autograd.Functions ----------------------------------
+
+    class _MessagePassing(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, v, rbf, w, unit, edge_index, row_ptr):
+            ctx.save_for_backward(x, v, rbf, w, unit, edge_index, row_ptr)
+            return _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare)
+
+        @staticmethod
+        def backward(ctx, grad_s, grad_v):
+            x, v, rbf, w, unit, edge_index, row_ptr = ctx.saved_tensors
+            nx, nv, nrbf, nw, nu = ctx.needs_input_grad[:5]
+            need = (nx or nv, nrbf or nu, nw)
+            grads = _MessagePassingBwd.apply(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need)
+            return (
+                *(g if ok else None for g, ok in zip(grads, (nx, nv, nrbf, nw, nu), strict=True)),
+                None,
+                None,
+            )
+
+    class _MessagePassingBwd(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need):
+            ctx.save_for_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr)
+            perm, col_ptr = _sender_csr(edge_index, v.shape[0])
+            return _mp_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare)
+
+        @staticmethod
+        def backward(ctx, *gg):
+            grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr = ctx.saved_tensors
+            zero = x.new_zeros(())
+            gg = [
+                zero.expand(t.shape) if g is None else g
+                for g, t in zip(gg, (x, v, rbf, w, unit), strict=True)
+            ]
+
+            def fwd(*args):
+                return _MessagePassing.apply(*args, edge_index, row_ptr)
+
+            def bwd(*args):
+                return _MessagePassingBwd.apply(*args, edge_index, row_ptr, (True, True, True))
+
+            return (*_double_backward(fwd, bwd, gg, grad_s, grad_v, x, v, rbf, w, unit), None, None, None)
+
+
+def _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr):
+    if not HAS_TRITON:
+        raise RuntimeError(
+            "the Triton message-passing kernels need triton installed; use MLFF_DISTILLER_KERNELS=torch"
+        )
+    from .rbf_cutoff import _check_float
+
+    _check_float(x)
+    n = v.shape[0]
+    if row_ptr is not None:
+        row_ptr = row_ptr.to(torch.int64)
+    else:
+        g = _receiver_csr(edge_index, n)
+        row_ptr, sorted_index = g.row_ptr, g.edge_index
+        if g.order is not None:
+            rbf, unit = rbf.index_select(0, g.order), unit.index_select(0, g.order)
+        edge_index = sorted_index
+    if torch.compiler.is_compiling():
+        return torch.ops.mlff_distiller.message_passing(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
+    return _MessagePassing.apply(x, v, rbf, filter_weight, unit, edge_index, row_ptr)

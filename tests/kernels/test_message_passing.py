@@ -1,0 +1,288 @@
+"""Triton message_passing (fused PaiNN message step): forward, fused backward, composite double backward.
+
+Tolerances. The oracle is the torch reference (forward) and its explicit VJP
+(``message_passing_backward_reference``), both evaluated in float64 on the same inputs (float32 inputs too).
+Every output entry is a sum of many products; the bound follows the condition of that sum, not the entry alone:
+    |out - ref| <= tol · (|ref| + S),   S = the same sum evaluated with absolute values of every factor,
+with tol = 1e-12 (float64) and 2e-6 (float32; ~16 ulp of the summed magnitude). Double backward: normwise,
+|g - g_ref| <= tol · max|g_ref| (tol as above). The whole StudentModel, triton vs torch in float64: energy,
+forces and the parameter gradients of a force loss agree to 1e-10 relative (normwise).
+
+The graphs are random, with receivers sorted (as our neighbour lists give them) unless a test says otherwise.
+CPU runs use the Triton interpreter and small sizes; the large cases are CUDA-only.
+"""
+
+import importlib
+
+import pytest
+import torch
+from mlff_distiller.kernels import message_passing, message_passing_reference, use_backend
+
+mp_module = importlib.import_module("mlff_distiller.kernels.message_passing")
+message_passing_backward_reference = mp_module.message_passing_backward_reference
+
+TOL = {torch.float32: 2e-6, torch.float64: 1e-12}
+OPS = torch.ops.mlff_distiller
+
+
+def _graph(n_atoms, n_edges, n_feat, n_rbf, dtype, device, seed=0, sort=True, isolated=0):
+    """x, v, rbf, filter_weight, unit, edge_index; the last ``isolated`` atoms have no edges at all."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+
+    x, v = rand(n_atoms, 3 * n_feat), rand(n_atoms, 3, n_feat)
+    rbf, w = rand(n_edges, n_rbf), rand(3 * n_feat, n_rbf) / n_rbf**0.5
+    unit = torch.nn.functional.normalize(rand(n_edges, 3), dim=-1)
+    active = max(1, n_atoms - isolated)
+    ei = torch.randint(0, active, (2, n_edges), generator=gen).to(device)
+    if sort:
+        ei = ei[:, torch.argsort(ei[0], stable=True)]
+    return x, v, rbf, w, unit, ei
+
+
+def _triton(*args, **kw):
+    with use_backend("triton"):
+        return message_passing(*args, **kw)
+
+
+def _abs_scales(x, v, rbf, w, unit, ei, gs=None, gv=None):
+    """S for the forward outputs (and, given upstream gradients, for the five gradients): the reference run on
+    the absolute values of every input."""
+    a = [t.detach().double().abs() for t in (x, v, rbf, w, unit)]
+    fwd = message_passing_reference(*a, ei)
+    if gs is None:
+        return fwd
+    return fwd, message_passing_backward_reference(gs.double().abs(), gv.double().abs(), *a, ei)
+
+
+def _check(actual, expected, scale, tol, what):
+    actual = actual.double()
+    assert actual.shape == expected.shape, what
+    assert torch.isfinite(actual).all(), f"{what}: non-finite values"
+    err = (actual - expected).abs()
+    bound = tol * (expected.abs() + scale)
+    worst = (err - bound).max().item() if err.numel() else -1.0
+    assert worst <= 0, f"{what}: max error {err.max().item():.3e} exceeds the bound"
+
+
+def _compare(args, dtype, row_ptr=None):
+    """Forward and all five first gradients of the Triton op vs the float64 reference."""
+    tol = TOL[dtype]
+    x, v, rbf, w, unit, ei = args
+    ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
+    ds, dv = _triton(*ins, ei, row_ptr=row_ptr)
+    ref64 = [t.detach().double() for t in (x, v, rbf, w, unit)]
+    r_s, r_v = message_passing_reference(*ref64, ei)
+    gs, gv = torch.randn_like(ds), torch.randn_like(dv)
+    (s_s, s_v), s_grads = _abs_scales(x, v, rbf, w, unit, ei, gs, gv)
+    _check(ds, r_s, s_s, tol, "ds")
+    _check(dv, r_v, s_v, tol, "dv")
+    grads = torch.autograd.grad((ds, dv), ins, (gs, gv))
+    ref_grads = message_passing_backward_reference(gs.double(), gv.double(), *ref64, ei)
+    for name, g, r, s in zip(
+        ("x", "v", "rbf", "filter_weight", "unit"), grads, ref_grads, s_grads, strict=True
+    ):
+        _check(g, r, s, tol, f"grad {name}")
+    return ds, dv, grads
+
+
+# (N, E, F, R): empty graph, one edge, a prime number of edges, F not a power of two, F larger than one block.
+SHAPES = [(3, 0, 8, 4), (2, 1, 8, 4), (5, 13, 7, 5), (9, 41, 20, 6), (6, 37, 40, 20)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"N{n}-E{e}-F{f}-R{r}" for n, e, f, r in SHAPES])
+def test_matches_reference(triton_device, dtype, shape):
+    n, e, f, r = shape
+    _compare(_graph(n, e, f, r, dtype, triton_device, seed=e), dtype)
+
+
+def test_isolated_atoms_and_no_edges(triton_device, poison):
+    """Atoms that receive or send nothing get exact zeros (poisoned allocator: a missed store shows as NaN)."""
+    args = _graph(12, 30, 8, 4, torch.float64, triton_device, isolated=5)
+    poison(12 * 3 * 8 * 4, torch.float64, triton_device)
+    ds, dv, grads = _compare(args, torch.float64)
+    assert torch.equal(ds[-5:], torch.zeros_like(ds[-5:])) and torch.equal(dv[-5:], torch.zeros_like(dv[-5:]))
+    assert torch.equal(grads[0][-5:], torch.zeros_like(grads[0][-5:]))
+    assert torch.equal(grads[1][-5:], torch.zeros_like(grads[1][-5:]))
+
+
+def test_hubs(triton_device):
+    """One receiver with 1,200 neighbours and one sender with 1,100 (the transposed CSR), many tiles each."""
+    n, f, r = 40, 6, 4
+    gen = torch.Generator().manual_seed(3)
+    recv = torch.cat([torch.zeros(1200, dtype=torch.long), torch.randint(1, n, (1100,), generator=gen)])
+    send = torch.cat([torch.randint(1, n, (1200,), generator=gen), torch.ones(1100, dtype=torch.long)])
+    order = torch.argsort(recv, stable=True)
+    ei = torch.stack([recv[order], send[order]]).to(triton_device)
+    x, v, rbf, w, unit, _ = _graph(n, ei.shape[1], f, r, torch.float64, triton_device, seed=4)
+    _compare((x, v, rbf, w, unit, ei), torch.float64)
+
+
+def test_unsorted_edges_and_row_ptr(triton_device):
+    """Shuffled edges are sorted internally (same results, gradients back in the caller's order); an explicit
+    row_ptr (as NeighborList provides) gives the same as the one built from edge_index."""
+    x, v, rbf, w, unit, ei = _graph(10, 60, 8, 4, torch.float64, triton_device, seed=5)
+    row_ptr = torch.searchsorted(ei[0], torch.arange(11, device=triton_device))
+    perm = torch.randperm(60, generator=torch.Generator().manual_seed(0)).to(triton_device)
+    sorted_out = _compare((x, v, rbf, w, unit, ei), torch.float64)
+    _compare((x, v, rbf[perm], w, unit[perm], ei[:, perm]), torch.float64)
+    with_ptr = _triton(x, v, rbf, w, unit, ei, row_ptr=row_ptr.to(torch.int32))
+    for a, b in zip(with_ptr, sorted_out[:2], strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_bad_inputs_are_value_errors(triton_device):
+    x, v, rbf, w, unit, ei = _graph(5, 10, 4, 3, torch.float64, triton_device)
+    bad = [
+        ((x[:, :-1], v, rbf, w, unit, ei), "x must be"),
+        ((x, v[:, :2], rbf, w, unit, ei), "v must be"),
+        ((x, v, rbf[:-1], w, unit, ei), "rbf must be"),
+        ((x, v, rbf, w[:, :-1], unit, ei), "filter_weight must be"),
+        ((x, v, rbf, w, unit[:, :2], ei), "unit must be"),
+        ((x, v, rbf, w, unit, ei.double()), "integer"),
+        ((x, v, rbf.float(), w, unit, ei), "one dtype"),
+    ]
+    for args, match in bad:
+        for backend in ("torch", "triton"):
+            with use_backend(backend), pytest.raises(ValueError, match=match):
+                message_passing(*args)
+    out_of_range = ei.clone()
+    out_of_range[1, 3] = 5
+    with pytest.raises(ValueError, match="outside"):
+        _triton(x, v, rbf, w, unit, out_of_range)
+    with pytest.raises(ValueError, match="row_ptr"):
+        _triton(x, v, rbf, w, unit, ei, row_ptr=torch.zeros(3, dtype=torch.long, device=triton_device))
+
+
+def test_gradcheck_gradgradcheck(triton_device):
+    """float64, small: first and second derivatives of the fused op (second: the composite of fused ops)."""
+    x, v, rbf, w, unit, ei = _graph(4, 9, 3, 2, torch.float64, triton_device, seed=7)
+    ins = [t.clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
+
+    def fn(*a):
+        return _triton(*a, ei)
+
+    kw = dict(fast_mode=True, check_undefined_grad=False)
+    assert torch.autograd.gradcheck(fn, ins, **kw)
+    assert torch.autograd.gradgradcheck(fn, ins, **kw)
+
+
+def test_double_backward_matches_reference(triton_device):
+    """Force-training style: first gradients with create_graph, a loss on all of them, second gradients."""
+    args = _graph(7, 31, 12, 5, torch.float64, triton_device, seed=8)
+    ei = args[-1]
+    gen = torch.Generator().manual_seed(1)
+
+    def second(fn):
+        ins = [t.detach().clone().requires_grad_(True) for t in args[:-1]]
+        ds, dv = fn(*ins, ei)
+        gs = torch.randn(ds.shape, generator=gen, dtype=ds.dtype).to(ds.device).requires_grad_(True)
+        gv = torch.randn(dv.shape, generator=gen, dtype=dv.dtype).to(dv.device).requires_grad_(True)
+        grads = torch.autograd.grad((ds, dv), ins, (gs, gv), create_graph=True)
+        weights = [torch.randn(g.shape, generator=gen, dtype=g.dtype).to(g.device) for g in grads]
+        loss = sum((g * wt).sum() for g, wt in zip(grads, weights, strict=True))
+        return torch.autograd.grad(loss, [*ins, gs, gv])
+
+    gen.manual_seed(1)
+    got = second(_triton)
+    gen.manual_seed(1)
+    ref = second(message_passing_reference)
+    for g, r in zip(got, ref, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-12 * r.abs().max().item(), rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The whole model: backend triton vs torch
+
+
+def _water_like(n_mol, device, seed=0):
+    """Random water-ish cluster (O-H 0.96 Å), no periodicity; edges within 4 Å, sorted by receiver."""
+    gen = torch.Generator().manual_seed(seed)
+    box = (n_mol * 30.0) ** (1 / 3)
+    o = torch.rand(n_mol, 3, generator=gen, dtype=torch.float64) * box
+    h1 = o + 0.96 * torch.nn.functional.normalize(
+        torch.randn(n_mol, 3, generator=gen, dtype=torch.float64), dim=-1
+    )
+    h2 = o + 0.96 * torch.nn.functional.normalize(
+        torch.randn(n_mol, 3, generator=gen, dtype=torch.float64), dim=-1
+    )
+    pos = torch.cat([o, h1, h2]).to(device)
+    numbers = torch.tensor([8] * n_mol + [1] * 2 * n_mol, device=device)
+    d = torch.cdist(pos, pos)
+    i, j = torch.nonzero((d < 4.0) & (d > 0), as_tuple=True)  # row-major: sorted by receiver
+    return numbers, pos, torch.stack([i, j])
+
+
+def test_student_model_triton_vs_torch(triton_device):
+    """StudentModel in float64 (edge_basis + message passing on the kernels): energy, forces and the parameter
+    gradients of a force loss (the double backward), triton vs torch, within 1e-10 relative."""
+    from mlff_distiller import StudentModel
+
+    torch.manual_seed(0)
+    n_mol = 4 if triton_device.type == "cpu" else 200
+    model = StudentModel(species=[1, 8], hidden=16, layers=2, n_rbf=6, cutoff=4.0).double().to(triton_device)
+    numbers, pos, ei = _water_like(n_mol, triton_device)
+    shifts = torch.zeros(ei.shape[1], 3, dtype=torch.float64, device=triton_device)
+    batch = torch.zeros(len(numbers), dtype=torch.long, device=triton_device)
+    target = torch.randn(len(numbers), 3, dtype=torch.float64, device=triton_device)
+
+    def run(backend):
+        model.zero_grad()
+        p = pos.clone().requires_grad_(True)
+        with use_backend(backend):
+            energy = model(numbers, p, ei, shifts, batch, 1)["energy"]
+            forces = -torch.autograd.grad(energy.sum(), p, create_graph=True)[0]
+            ((forces - target) ** 2).sum().backward()
+        return [energy.detach(), forces.detach()] + [
+            torch.zeros_like(q) if q.grad is None else q.grad.clone() for q in model.parameters()
+        ]
+
+    got, ref = run("triton"), run("torch")
+    assert len(got) == len(ref)
+    for k, (g, r) in enumerate(zip(got, ref, strict=True)):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, r, atol=1e-10 * r.abs().max().item(), rtol=0, msg=f"output {k}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU only: large graphs, torch.compile and the op registrations
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_large_water_like_graph(dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    n, per_atom = 3000, 55
+    x, v, rbf, w, unit, _ = _graph(n, n * per_atom, 128, 20, dtype, torch.device("cuda"), seed=11)
+    recv = torch.arange(n, device="cuda").repeat_interleave(per_atom)
+    send = (recv + torch.randint(-200, 201, recv.shape, device="cuda")) % n  # local senders, as in a real box
+    _compare((x, v, rbf, w, unit, torch.stack([recv, send])), dtype)
+
+
+@pytest.mark.gpu
+def test_compile_and_opcheck():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch._dynamo.reset()
+    x, v, rbf, w, unit, ei = _graph(50, 400, 32, 8, torch.float32, torch.device("cuda"), seed=12)
+    row_ptr = torch.searchsorted(ei[0], torch.arange(51, device="cuda"))
+    ins = [t.clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
+
+    def fn(*a):
+        return message_passing(*a, ei, row_ptr=row_ptr)
+
+    with use_backend("triton"):
+        out_c = torch.compile(fn, fullgraph=True)(*ins)
+        out_e = fn(*ins)
+    go = [torch.randn_like(o) for o in out_e]
+    g_c = torch.autograd.grad(out_c, ins, go)
+    g_e = torch.autograd.grad(out_e, ins, go)
+    for a, b in zip((*out_c, *g_c), (*out_e, *g_e), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.library.opcheck(OPS.message_passing.default, (*ins, ei, row_ptr))
+    gs, gv = (o.detach().requires_grad_(True) for o in go)
+    torch.library.opcheck(OPS.message_passing_bwd.default, (gs, gv, *ins, ei))
