@@ -11,10 +11,19 @@ from ase import Atoms
 from ase.neighborlist import neighbor_list as ase_neighbor_list
 
 from mlff_distiller.batch import AtomsBatch
-from mlff_distiller.neighbors import BACKENDS, NeighborList, neighbor_list, neighbor_list_batch
+from mlff_distiller.neighbors import (
+    BACKENDS,
+    NeighborList,
+    VerletNeighborList,
+    available_backends,
+    neighbor_list,
+    neighbor_list_batch,
+)
+from mlff_distiller.neighbors import vesin_backend
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-METHODS = ["brute", "cell_list"]
+# vesin is optional: its tests run where vesin-torch is installed (here and on the GPU machine via .whl).
+METHODS = ["brute", "cell_list"] + (["vesin"] if vesin_backend.vesin_available() else [])
 DTYPES = [torch.float64, torch.float32]
 # Distance agreement with ASE (Å): positions are rounded to the dtype first, so only the arithmetic differs.
 DIST_ATOL = {torch.float64: 1e-10, torch.float32: 2e-5}
@@ -169,9 +178,12 @@ def test_batched_equals_single_and_backends_agree(device):
     picks = [structures()[k] for k in (0, 1, 2, 3, 4, 5, 7, 8, 13)]
     batch = AtomsBatch.from_atoms(picks, device=device)
     full = {m: neighbor_list_batch(batch, CUTOFF, m) for m in METHODS}
-    # Both backends return identical tensors, order included.
-    for name in ("edge_index", "shifts", "shift_vectors", "row_ptr"):
-        assert torch.equal(getattr(full["brute"], name), getattr(full["cell_list"], name)), name
+    # All backends return identical tensors, order included (shift vectors to rounding: the Triton cell
+    # list computes S @ cell in its own kernel).
+    for m in METHODS[1:]:
+        for name in ("edge_index", "shifts", "row_ptr"):
+            assert torch.equal(getattr(full["brute"], name), getattr(full[m], name)), (m, name)
+        torch.testing.assert_close(full["brute"].shift_vectors, full[m].shift_vectors, rtol=0, atol=1e-12)
     ptr = batch.ptr.tolist()
     for k, atoms in enumerate(picks):
         single = neighbor_list_batch(AtomsBatch.from_atoms(atoms, device=device), CUTOFF, "cell_list")
@@ -181,7 +193,7 @@ def test_batched_equals_single_and_backends_agree(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ["brute", "cell_list"])
 def test_small_chunks_give_same_list(device, method):
     batch = AtomsBatch.from_atoms(structures()[:12], device=device)
     ref = neighbor_list_batch(batch, CUTOFF, method)
@@ -286,3 +298,183 @@ def test_bad_inputs():
             torch.tensor([0, 1]),
             CUTOFF,
         )
+
+
+# ------------------------------------------------------------------------------------------------ Triton cell list
+def _triton_ok(device: str) -> bool:
+    from mlff_distiller.neighbors.cell_list_triton import triton_runnable
+
+    return triton_runnable(torch.device(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_cell_list_matches_ase(device, dtype):
+    """The fused-kernel cell list vs ASE: every kind of structure on CUDA; on CPU (Triton interpreter, slow)
+    the first 12 (two of each kind)."""
+    if not _triton_ok(device):
+        pytest.skip("Triton cannot run here")
+    picks = structures() if device == "cuda" else structures()[:12]
+    batch = AtomsBatch.from_atoms(picks, dtype=dtype, device=device)
+    nl = neighbor_list_batch(batch, CUTOFF, "cell_list", cell_list_impl="triton")
+    check_contract(nl, batch)
+    ptr = batch.ptr.tolist()
+    dist = nl.distances(batch.positions).cpu().double().numpy()
+    start = nl.row_ptr[ptr].tolist()
+    for k, (ref, ref_d) in enumerate(reference(dtype, CUTOFF)[: len(picks)]):
+        assert our_pairs(nl, ptr[k], ptr[k + 1]) == ref, f"structure {k} ({KINDS[k % len(KINDS)]})"
+        np.testing.assert_allclose(dist[start[k] : start[k + 1]], ref_d, rtol=0, atol=DIST_ATOL[dtype])
+    torch_nl = neighbor_list_batch(batch, CUTOFF, "cell_list", cell_list_impl="torch")
+    assert torch.equal(nl.edge_index, torch_nl.edge_index) and torch.equal(nl.shifts, torch_nl.shifts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_cell_list_dense_and_hub(device):
+    """A dense periodic box (many bins, several atoms per bin, rows of ~100 pairs) plus a hub: one atom at the
+    centre of a 1,100-atom cluster (> 1,000 neighbours, the long-row fallback on CUDA)."""
+    if not _triton_ok(device):
+        pytest.skip("Triton cannot run here")
+    rng = np.random.default_rng(5)
+    if device == "cpu":
+        box = Atoms("H60", positions=rng.uniform(0, 9.0, (60, 3)), cell=np.eye(3) * 9.0, pbc=True)
+        picks = [box]
+    else:
+        cell = np.array([[22.0, 0, 0], [3.0, 21.0, 0], [-2.0, 1.5, 20.0]])
+        box = Atoms("H2000", positions=rng.uniform(-0.1, 1.1, (2000, 3)) @ cell, cell=cell, pbc=True)
+        hub = Atoms("H1101", positions=np.vstack([[0.0, 0.0, 0.0], rng.normal(0, 1.2, (1100, 3))]))
+        picks = [box, hub]
+    batch = AtomsBatch.from_atoms(picks, device=device)
+    nl = neighbor_list_batch(batch, CUTOFF, "cell_list", cell_list_impl="triton")
+    check_contract(nl, batch)
+    ptr = batch.ptr.tolist()
+    for k, atoms in enumerate(picks):
+        assert our_pairs(nl, ptr[k], ptr[k + 1]) == ase_pairs(atoms, CUTOFF)[0], f"structure {k}"
+
+
+def test_cell_list_impl_errors(monkeypatch):
+    b = AtomsBatch.from_atoms(structures()[:2])
+    with pytest.raises(ValueError, match="unknown cell_list_impl"):
+        neighbor_list_batch(b, CUTOFF, "cell_list", cell_list_impl="cuda-magic")
+    monkeypatch.setenv("MLFF_DISTILLER_CELL_LIST", "nope")
+    with pytest.raises(ValueError, match="unknown cell_list_impl"):
+        neighbor_list_batch(b, CUTOFF, "cell_list")
+
+
+# ------------------------------------------------------------------------------------------------ vesin
+def test_vesin_missing_is_a_clear_error_and_auto_skips_it(monkeypatch):
+    monkeypatch.setattr(vesin_backend, "_vesin_class", lambda: None)
+    b = AtomsBatch.from_atoms(Atoms("H400", positions=np.random.default_rng(3).uniform(0, 16, (400, 3))))
+    with pytest.raises(ValueError, match="vesin-torch"):
+        neighbor_list_batch(b, CUTOFF, "vesin")
+    assert "vesin" not in available_backends("cpu")
+    from mlff_distiller import neighbors
+
+    monkeypatch.setitem(neighbors.AUTO_VESIN_MIN_ATOMS, "cpu", 1)
+    assert neighbor_list_batch(b, CUTOFF).method == "cell_list"
+
+
+@pytest.mark.skipif(not vesin_backend.vesin_available(), reason="vesin-torch not installed")
+def test_auto_takes_vesin_for_one_large_structure(monkeypatch):
+    from mlff_distiller import neighbors
+
+    rng = np.random.default_rng(3)
+    one = AtomsBatch.from_atoms(Atoms("H400", positions=rng.uniform(0, 16, (400, 3))))
+    monkeypatch.setitem(neighbors.AUTO_VESIN_MIN_ATOMS, "cpu", 300)
+    assert neighbor_list_batch(one, CUTOFF).method == "vesin"
+    two = AtomsBatch.from_atoms([Atoms("H400", positions=rng.uniform(0, 16, (400, 3)))] * 2)
+    assert neighbor_list_batch(two, CUTOFF).method == "cell_list", "many structures: our batched list"
+
+
+# ------------------------------------------------------------------------------------------------ Verlet skin
+def _pair_forces(nl: NeighborList, positions: torch.Tensor, cutoff: float) -> torch.Tensor:
+    """Forces (eV/Å) of a smooth pair potential ``sum (1 - r/rc)^3 / r`` over the list's edges."""
+    pos = positions.detach().clone().requires_grad_(True)
+    r = nl.distances(pos)
+    energy = ((1 - r / cutoff) ** 3 / r).sum()
+    return -torch.autograd.grad(energy, pos)[0]
+
+
+def test_verlet_skin_md_matches_fresh_list():
+    """1,000 steps of EMT copper MD (32 atoms, 7.2 Å cell: narrower than 2 x cutoff) at ~1,000 K: every step
+    the skin list equals a fresh list (pairs, shifts, CSR) and gives the same pair-potential forces."""
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+    from ase.md.verlet import VelocityVerlet
+    from ase.units import fs
+
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.05, seed=3)
+    MaxwellBoltzmannDistribution(atoms, temperature_K=2000, rng=np.random.default_rng(4))
+    atoms.calc = EMT()
+    cutoff = 4.0
+    skin_nl = VerletNeighborList(cutoff, skin=0.4)
+    dyn = VelocityVerlet(atoms, timestep=5 * fs)
+    checked = []
+
+    def check():
+        batch = AtomsBatch.from_atoms(atoms)
+        got = skin_nl.update_batch(batch)
+        fresh = neighbor_list_batch(batch, cutoff)
+        assert torch.equal(got.edge_index, fresh.edge_index), f"step {len(checked)}"
+        assert torch.equal(got.shifts, fresh.shifts) and torch.equal(got.row_ptr, fresh.row_ptr)
+        torch.testing.assert_close(got.shift_vectors, fresh.shift_vectors, rtol=0, atol=1e-12)
+        if len(checked) % 25 == 0:
+            torch.testing.assert_close(
+                _pair_forces(got, batch.positions, cutoff), _pair_forces(fresh, batch.positions, cutoff)
+            )
+        checked.append(got.num_edges)
+
+    dyn.attach(check, interval=1)
+    dyn.run(1000)
+    assert len(checked) == 1001 and skin_nl.n_calls == 1001
+    # Atoms drift by ~0.03 Å per step here: a 0.2 Å half-skin lasts a few steps, far fewer builds than steps.
+    assert 10 <= skin_nl.n_builds <= 500, skin_nl
+    assert min(checked) > 0
+
+
+def test_verlet_rebuild_triggers_and_padded_mode():
+    rng = np.random.default_rng(8)
+    cell = np.eye(3) * 7.0
+    atoms = Atoms("H20", positions=rng.uniform(0, 7, (20, 3)), cell=cell, pbc=True)
+    b = AtomsBatch.from_atoms(atoms)
+    vl = VerletNeighborList(3.0, skin=1.0)
+    vl(b.positions, b.cell, b.pbc, b.batch, b.ptr)
+    vl(b.positions.clone(), b.cell, b.pbc, b.batch, b.ptr)
+    assert vl.n_builds == 1
+    moved = b.positions.clone()
+    moved[0, 0] += 0.45  # < skin / 2: reuse
+    vl(moved, b.cell, b.pbc, b.batch, b.ptr)
+    assert vl.n_builds == 1
+    moved[0, 0] += 0.1  # now 0.55 > skin / 2 from the build
+    vl(moved, b.cell, b.pbc, b.batch, b.ptr)
+    assert vl.n_builds == 2
+    vl(moved, b.cell * 1.01, b.pbc, b.batch, b.ptr)  # changed cell
+    assert vl.n_builds == 3
+    vl(moved, b.cell * 1.01, b.pbc, b.batch, b.ptr, numbers=b.numbers)  # numbers now tracked
+    assert vl.n_builds == 4
+    vl.skin = 0.5  # a new skin rebuilds
+    vl(moved, b.cell * 1.01, b.pbc, b.batch, b.ptr, numbers=b.numbers)
+    assert vl.n_builds == 5
+    zero = VerletNeighborList(3.0, skin=0.0)
+    for k in range(3):
+        zero(b.positions + 1e-6 * k, b.cell, b.pbc, b.batch, b.ptr)
+    assert zero.n_builds == 3, "skin 0 rebuilds whenever anything moved"
+    padded = VerletNeighborList(3.0, skin=1.0, filter=False).update_batch(b)
+    exact = neighbor_list_batch(b, 3.0)
+    assert set(our_pairs(exact)) < set(our_pairs(padded)), "padded list is a strict superset here"
+    assert float(padded.distances(b.positions).max()) < 4.0
+
+
+def test_verlet_bad_input():
+    for kwargs, match in [
+        ({"cutoff": 0.0}, "cutoff"),
+        ({"cutoff": float("nan")}, "cutoff"),
+        ({"cutoff": 3.0, "skin": -0.1}, "skin"),
+        ({"cutoff": 3.0, "skin": "wide"}, "skin"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            VerletNeighborList(**kwargs)
+    vl = VerletNeighborList(3.0)
+    with pytest.raises(ValueError, match="skin"):
+        vl.skin = float("inf")
