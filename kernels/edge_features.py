@@ -11,13 +11,26 @@ when the backend says so.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, LIB, check_launchable, edge_block, num_warps, tl, triton, widest_chunk
-from .rbf_cutoff import _check_args, _check_float, _rbf_constexprs, rbf_cutoff_reference
+from ._triton_utils import (
+    _TUNING,
+    HAS_TRITON,
+    LIB,
+    bound_launch,
+    check_launchable,
+    edge_block,
+    num_warps,
+    tl,
+    triton,
+    widest_chunk,
+)
+from .rbf_cutoff import _check_args, _check_float, _rbf_constexprs_cached, rbf_cutoff_reference
 
 if HAS_TRITON:
     from torch.library import triton_op, wrap_triton
@@ -39,7 +52,9 @@ def edge_features_reference(
     d2 = (vec * vec).sum(-1)
     nonzero = d2 > _TINY2
     # Double where keeps sqrt'(0) = inf out of the graph.
-    dist = torch.where(nonzero, torch.sqrt(torch.where(nonzero, d2, torch.ones_like(d2))), torch.zeros_like(d2))
+    dist = torch.where(
+        nonzero, torch.sqrt(torch.where(nonzero, d2, torch.ones_like(d2))), torch.zeros_like(d2)
+    )
     unit = vec / torch.where(nonzero, dist, torch.ones_like(dist)).unsqueeze(-1)
     return vec, dist, unit
 
@@ -94,6 +109,12 @@ def edge_basis(
 # vec. Outside torch.compile the dispatchers use plain autograd.Functions over the same host functions
 # (cheaper per call).
 # ------------------------------------------------------------------------------------------------------------
+
+# Implementation switches for A/B profiling (benchmarks/profile_kernels.py); the defaults are what ships.
+# ``segmented_receivers``: the backward sums each run of equal receivers in a block before its atomic add (on
+# CUDA). The interpreter runs a custom scan element by element in Python (seconds per block) and its atomics
+# never contend, so CPU tensors use the per-edge atomics unless ``segmented_receivers_cpu`` (tests) is set.
+_OPTIONS = {"segmented_receivers": True, "segmented_receivers_cpu": False}
 
 # Placeholder rbf constants for the kernels' rbf arguments when WITH_RBF is off.
 _NO_RBF = dict(N_RBF=1, BASIS=0, ENVELOPE=0, INV_RC=1.0, RC=1.0, PI_RC=1.0, NORM=1.0, GAMMA=1.0, MU_STEP=0.0)
@@ -181,6 +202,12 @@ if HAS_TRITON:
                 MU_STEP,
             )
 
+    @triton.jit
+    def _segmented_add(fa, xa, ya, za, fb, xb, yb, zb):
+        # Segmented sum, b following a: a run restarts where b's start flag is set.
+        keep = fb == 0
+        return fa | fb, tl.where(keep, xa + xb, xb), tl.where(keep, ya + yb, yb), tl.where(keep, za + zb, zb)
+
     # VJP. With u = vec/d (d > 0) and G = g_dist + Σ_k g_rbf[k] R_k'(d) (fused op), the gradient wrt vec is
     #   g_v = g_vec + G u + (g_unit - (g_unit·u) u) / d;   for a zero-length edge (d = 0): g_vec + g_unit,
     # as in the reference (dist's where() passes no gradient, unit = vec / 1). Then g_shift = g_v, and
@@ -200,6 +227,7 @@ if HAS_TRITON:
         ei_stride,
         BLOCK_E: tl.constexpr,
         HAS_VEC: tl.constexpr,
+        SEG_I: tl.constexpr,
         WITH_RBF: tl.constexpr,
         N_RBF: tl.constexpr,
         BASIS: tl.constexpr,
@@ -251,14 +279,31 @@ if HAS_TRITON:
             vy += ay
             vz += az
         _store3(gshift_ptr, rows, vx, vy, vz, m)
-        i3 = tl.load(ei_ptr + rows, mask=m, other=0).to(tl.int64) * 3
+        i = tl.load(ei_ptr + rows, mask=m, other=0)
         j3 = tl.load(ei_ptr + ei_stride + rows, mask=m, other=0).to(tl.int64) * 3
         tl.atomic_add(gpos_ptr + j3, vx, mask=m, sem="relaxed")
         tl.atomic_add(gpos_ptr + j3 + 1, vy, mask=m, sem="relaxed")
         tl.atomic_add(gpos_ptr + j3 + 2, vz, mask=m, sem="relaxed")
-        tl.atomic_add(gpos_ptr + i3, -vx, mask=m, sem="relaxed")
-        tl.atomic_add(gpos_ptr + i3 + 1, -vy, mask=m, sem="relaxed")
-        tl.atomic_add(gpos_ptr + i3 + 2, -vz, mask=m, sem="relaxed")
+        if SEG_I:
+            # Receivers come sorted from the neighbour lists, so the edges of one atom i sit next to each
+            # other: sum each run of equal i inside the block with a segmented scan and issue one atomic
+            # per run (at its last edge) instead of one per edge, all of which would hit the same address.
+            # Correct for any order; unsorted receivers only make the runs shorter.
+            lane = tl.arange(0, BLOCK_E)
+            i_prev = tl.load(ei_ptr + rows - 1, mask=m & (lane > 0), other=-1)
+            i_next = tl.load(ei_ptr + rows + 1, mask=(rows + 1 < E) & (lane < BLOCK_E - 1), other=-1)
+            start = ((lane == 0) | (i != i_prev)).to(tl.int32)
+            _, sx, sy, sz = tl.associative_scan((start, vx, vy, vz), 0, _segmented_add)
+            last = m & (i != i_next)
+            i3 = i.to(tl.int64) * 3
+            tl.atomic_add(gpos_ptr + i3, -sx, mask=last, sem="relaxed")
+            tl.atomic_add(gpos_ptr + i3 + 1, -sy, mask=last, sem="relaxed")
+            tl.atomic_add(gpos_ptr + i3 + 2, -sz, mask=last, sem="relaxed")
+        else:
+            i3 = i.to(tl.int64) * 3
+            tl.atomic_add(gpos_ptr + i3, -vx, mask=m, sem="relaxed")
+            tl.atomic_add(gpos_ptr + i3 + 1, -vy, mask=m, sem="relaxed")
+            tl.atomic_add(gpos_ptr + i3 + 2, -vz, mask=m, sem="relaxed")
 
     # VJP of the backward, as a function of (g_vec, g_dist, g_unit, g_rbf, d, u) with d and u independent
     # inputs (autograd chains their gradients into the forward op). Given ∂L/∂g_pos and ∂L/∂g_shift, the
@@ -365,23 +410,63 @@ if HAS_TRITON:
     # -- host functions: allocate, choose blocks, launch -----------------------------------------------------
     # ``launch`` is torch.library.wrap_triton inside the triton_ops and the bare kernel on the eager path.
 
-    def _consts(dtype: torch.dtype, rbf: tuple | None) -> dict:
+    @functools.lru_cache(maxsize=256)
+    def _edge_plan(
+        rbf: tuple | None,
+        is_fp64: bool,
+        is_cuda: bool,
+        elems: int,
+        has_vec: str | None,
+        seg_i: bool,
+        tune: tuple,
+    ) -> tuple[dict, tuple]:
+        """The constexprs of one edge-kernel configuration (BLOCK_E and the flags included) and a hashable
+        key standing for them, built once. ``elems``: per-program rbf tile budget (float32); ``has_vec``: the
+        name of the kernel's vec flag (STORE_VEC / HAS_VEC), set when ``rbf`` is None; ``seg_i``: the
+        backward's segmented receiver reduction (None for kernels without it); ``tune``: the knobs the block
+        depends on."""
         if rbf is None:
-            return dict(_NO_RBF, IS_FP64=dtype == torch.float64, WITH_RBF=False)
-        return dict(_rbf_constexprs(*rbf, dtype), WITH_RBF=True)
+            consts = dict(_NO_RBF, IS_FP64=is_fp64, WITH_RBF=False)
+        else:
+            consts = dict(_rbf_constexprs_cached(*rbf, is_fp64), WITH_RBF=True)
+        consts[has_vec] = rbf is None
+        if seg_i is not None:
+            consts["SEG_I"] = seg_i
+        cols = widest_chunk(consts["N_RBF"]) if rbf is not None else 4
+        device = torch.device("cuda" if is_cuda else "cpu")
+        consts["BLOCK_E"] = edge_block(device, cols, elems // (8 if is_fp64 else 4) * 4)
+        return consts, (rbf, is_fp64, has_vec, seg_i, consts["BLOCK_E"])
 
     def _launch_edges(
-        launch, kernel, ref: Tensor, edge_index: Tensor, consts: dict, elems: int, *args, **flags
-    ):
-        """Launch an edge kernel over ``edge_index.shape[1]`` edges (``ref`` fixes device and dtype);
-        ``elems`` is the per-program rbf tile budget for float32."""
-        n_edges = edge_index.shape[1]
-        cols = widest_chunk(consts["N_RBF"]) if consts["WITH_RBF"] else 4
-        block = edge_block(ref.device, cols, elems // ref.element_size() * 4)
-        check_launchable(kernel, ref)
-        launch(kernel)[(triton.cdiv(n_edges, block),)](
-            *args, n_edges, edge_index.stride(0), BLOCK_E=block, num_warps=num_warps(), **consts, **flags
+        launch,
+        kernel,
+        ref: Tensor,
+        edge_index: Tensor,
+        rbf: tuple | None,
+        elems: int,
+        flag: str,
+        seg_i,
+        *args,
+    ) -> None:
+        """Launch an edge kernel over ``edge_index.shape[1]`` edges (``ref`` fixes device and dtype)."""
+        consts, key = _edge_plan(
+            rbf,
+            ref.dtype == torch.float64,
+            ref.is_cuda,
+            elems,
+            flag,
+            seg_i,
+            (_TUNING["block_scale"], _TUNING["num_warps"]),
         )
+        n_edges = edge_index.shape[1]
+        block = consts["BLOCK_E"]
+        grid = (n_edges + block - 1) // block
+        if not ref.is_cuda:
+            check_launchable(kernel, ref)
+        if launch is _bare:
+            bound_launch(kernel, grid, (*args, n_edges, edge_index.stride(0)), consts, key, num_warps())
+        else:
+            launch(kernel)[(grid,)](*args, n_edges, edge_index.stride(0), num_warps=num_warps(), **consts)
 
     def _prepare(
         positions: Tensor, edge_index: Tensor, shift_vectors: Tensor
@@ -403,14 +488,15 @@ if HAS_TRITON:
         unit = torch.empty((e, 3), **kw)
         out_rbf = torch.empty((e, 0 if rbf is None else rbf[0]), **kw)
         if e > 0:
-            consts = _consts(positions.dtype, rbf)
             _launch_edges(
                 launch,
                 _edge_fwd_kernel,
                 positions,
                 edge_index,
-                consts,
+                rbf,
                 2048,
+                "STORE_VEC",
+                None,
                 positions,
                 edge_index,
                 shift_vectors,
@@ -418,7 +504,6 @@ if HAS_TRITON:
                 dist,
                 unit,
                 out_rbf,
-                STORE_VEC=rbf is None,
             )
         return vec, dist, unit, out_rbf
 
@@ -442,14 +527,15 @@ if HAS_TRITON:
         grad_pos = torch.zeros((n_atoms, 3), dtype=dt, device=dist.device)
         grad_shift = torch.empty_like(unit)
         if edge_index.shape[1] > 0:
-            consts = _consts(dt, rbf)
             _launch_edges(
                 launch,
                 _edge_bwd_kernel,
                 dist,
                 edge_index,
-                consts,
+                rbf,
                 2048,
+                "HAS_VEC",
+                _OPTIONS["segmented_receivers" if dist.is_cuda else "segmented_receivers_cpu"],
                 grad_vec,
                 grad_dist,
                 grad_unit,
@@ -459,7 +545,6 @@ if HAS_TRITON:
                 edge_index,
                 grad_pos,
                 grad_shift,
-                HAS_VEC=rbf is None,
             )
         return grad_pos, grad_shift
 
@@ -485,14 +570,15 @@ if HAS_TRITON:
         o_grbf = dist.new_empty((0, 0)) if rbf is None else torch.empty_like(grad_rbf)
         o_dist, o_unit = torch.empty_like(dist), torch.empty_like(unit)
         if edge_index.shape[1] > 0:
-            consts = _consts(dt, rbf)
             _launch_edges(
                 launch,
                 _edge_bwd_bwd_kernel,
                 dist,
                 edge_index,
-                consts,
+                rbf,
                 1024,
+                "HAS_VEC",
+                None,
                 gg_pos,
                 gg_shift,
                 grad_dist,
@@ -507,7 +593,6 @@ if HAS_TRITON:
                 o_grbf,
                 o_dist,
                 o_unit,
-                HAS_VEC=rbf is None,
             )
         return o_gvec, o_gdist, o_gunit, o_grbf, o_dist, o_unit
 
@@ -706,7 +791,7 @@ if HAS_TRITON:
         @staticmethod
         def backward(ctx, grad_vec, grad_dist, grad_unit):
             dist, unit, edge_index = ctx.saved_tensors
-            grad_pos, grad_shift = _EdgeBwd.apply(
+            grad_pos, grad_shift = _edge_bwd_dispatch(
                 grad_vec, grad_dist, grad_unit, None, dist, unit, edge_index, ctx.n_atoms, None
             )
             return grad_pos, None, grad_shift
@@ -723,10 +808,17 @@ if HAS_TRITON:
         @staticmethod
         def backward(ctx, grad_dist, grad_unit, grad_rbf):
             dist, unit, edge_index = ctx.saved_tensors
-            grad_pos, grad_shift = _EdgeBwd.apply(
+            grad_pos, grad_shift = _edge_bwd_dispatch(
                 None, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, ctx.n_atoms, ctx.rbf
             )
             return grad_pos, None, grad_shift, None, None, None, None
+
+    def _edge_bwd_dispatch(*args):
+        """The backward of both eager Functions: differentiable (``_EdgeBwd``) when autograd records it
+        (create_graph), else the bare host function, which skips a second Function's bookkeeping."""
+        if torch.is_grad_enabled():
+            return _EdgeBwd.apply(*args)
+        return _edge_backward(*args, _bare)
 
     class _EdgeBwd(torch.autograd.Function):
         """Backward of both ops (``grad_vec`` is None for edge_basis, ``grad_rbf`` and ``rbf`` None for

@@ -22,7 +22,18 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, LIB, check_launchable, edge_block, num_warps, tl, triton, widest_chunk
+from ._triton_utils import (
+    _TUNING,
+    HAS_TRITON,
+    LIB,
+    bound_launch,
+    check_launchable,
+    edge_block,
+    num_warps,
+    tl,
+    triton,
+    widest_chunk,
+)
 
 if HAS_TRITON:
     from torch.library import triton_op, wrap_triton
@@ -83,7 +94,9 @@ def rbf_cutoff_reference(
 ) -> torch.Tensor:
     """Torch reference of :func:`rbf_cutoff`: ``[E]`` distances (Å) → ``[E, n_rbf]``."""
     _check_args(n_rbf, cutoff, basis, envelope)
-    return basis_reference(dist, n_rbf, cutoff, basis) * envelope_reference(dist, cutoff, envelope).unsqueeze(-1)
+    return basis_reference(dist, n_rbf, cutoff, basis) * envelope_reference(dist, cutoff, envelope).unsqueeze(
+        -1
+    )
 
 
 def rbf_cutoff(
@@ -592,22 +605,58 @@ if HAS_TRITON:
     # ``launch`` is torch.library.wrap_triton inside the triton_ops (so torch.compile sees the kernels) and
     # the bare kernel on the eager path (no higher-order-op dispatch per launch).
 
-    def _launch_rows(launch, kernel, ref: Tensor, consts: dict, elems: int, *args) -> None:
-        """Launch a row kernel over ``ref.shape[0]`` edges; ``elems``: per-program tile budget (float32)."""
-        n_rows = ref.shape[0]
-        block = edge_block(ref.device, widest_chunk(consts["N_RBF"]), elems // ref.element_size() * 4)
-        check_launchable(kernel, ref)
-        launch(kernel)[(triton.cdiv(n_rows, block),)](
-            *args, n_rows, BLOCK_E=block, num_warps=num_warps(), **consts
+    @functools.lru_cache(maxsize=256)
+    def _rbf_plan(
+        n_rbf: int,
+        cutoff: float,
+        basis: str,
+        envelope: str,
+        is_fp64: bool,
+        is_cuda: bool,
+        elems: int,
+        tune: tuple,
+    ) -> tuple[dict, tuple]:
+        """Everything a launch needs that depends only on the configuration, built once: the constexprs
+        (BLOCK_E included) and a hashable key standing for them. ``elems``: per-program tile budget (float32);
+        ``tune``: the tuning knobs the block size depends on, so a sweep never sees a stale plan."""
+        consts = dict(_rbf_constexprs_cached(n_rbf, cutoff, basis, envelope, is_fp64))
+        device = torch.device("cuda" if is_cuda else "cpu")
+        consts["BLOCK_E"] = edge_block(device, widest_chunk(n_rbf), elems // (8 if is_fp64 else 4) * 4)
+        return consts, (n_rbf, cutoff, basis, envelope, is_fp64, consts["BLOCK_E"])
+
+    def _plan_for(ref: Tensor, rbf_args: tuple, elems: int) -> tuple[dict, tuple]:
+        n_rbf, cutoff, basis, envelope = rbf_args
+        return _rbf_plan(
+            int(n_rbf),
+            float(cutoff),
+            basis,
+            envelope,
+            ref.dtype == torch.float64,
+            ref.is_cuda,
+            elems,
+            (_TUNING["block_scale"], _TUNING["num_warps"]),
         )
+
+    def _launch_rows(launch, kernel, ref: Tensor, plan: tuple[dict, tuple], *args) -> None:
+        """Launch a row kernel over ``ref.shape[0]`` edges with the constexprs of ``plan``."""
+        consts, key = plan
+        n_rows = ref.shape[0]
+        block = consts["BLOCK_E"]
+        grid = (n_rows + block - 1) // block
+        if not ref.is_cuda:
+            check_launchable(kernel, ref)
+        if launch is _bare:
+            bound_launch(kernel, grid, (*args, n_rows), consts, key, num_warps())
+        else:
+            launch(kernel)[(grid,)](*args, n_rows, num_warps=num_warps(), **consts)
 
     def _rbf_fwd(dist: Tensor, n_rbf: int, cutoff: float, basis: str, envelope: str, launch) -> Tensor:
         _check_float(dist)
         dist = dist.contiguous()
         out = torch.empty((dist.shape[0], n_rbf), dtype=dist.dtype, device=dist.device)
         if dist.shape[0] > 0:
-            consts = _rbf_constexprs(n_rbf, cutoff, basis, envelope, dist.dtype)
-            _launch_rows(launch, _rbf_cutoff_fwd_kernel, dist, consts, 2048, dist, out)
+            plan = _plan_for(dist, (n_rbf, cutoff, basis, envelope), 2048)
+            _launch_rows(launch, _rbf_cutoff_fwd_kernel, dist, plan, dist, out)
         return out
 
     def _rbf_bwd(
@@ -616,8 +665,8 @@ if HAS_TRITON:
         grad_rbf, dist = grad_rbf.to(dist.dtype).contiguous(), dist.contiguous()
         grad_dist = torch.empty_like(dist)
         if dist.shape[0] > 0:
-            consts = _rbf_constexprs(n_rbf, cutoff, basis, envelope, dist.dtype)
-            _launch_rows(launch, _rbf_cutoff_bwd_kernel, dist, consts, 2048, grad_rbf, dist, grad_dist)
+            plan = _plan_for(dist, (n_rbf, cutoff, basis, envelope), 2048)
+            _launch_rows(launch, _rbf_cutoff_bwd_kernel, dist, plan, grad_rbf, dist, grad_dist)
         return grad_dist
 
     def _rbf_bwd_bwd(
@@ -635,18 +684,9 @@ if HAS_TRITON:
         out_grad_rbf = torch.empty_like(grad_rbf)
         out_dist = torch.empty_like(dist)
         if dist.shape[0] > 0:
-            consts = _rbf_constexprs(n_rbf, cutoff, basis, envelope, dist.dtype)
+            plan = _plan_for(dist, (n_rbf, cutoff, basis, envelope), 1024)
             _launch_rows(
-                launch,
-                _rbf_cutoff_bwd_bwd_kernel,
-                dist,
-                consts,
-                1024,
-                gg,
-                grad_rbf,
-                dist,
-                out_grad_rbf,
-                out_dist,
+                launch, _rbf_cutoff_bwd_bwd_kernel, dist, plan, gg, grad_rbf, dist, out_grad_rbf, out_dist
             )
         return out_grad_rbf, out_dist
 
@@ -716,7 +756,11 @@ if HAS_TRITON:
         @staticmethod
         def backward(ctx, grad_rbf):
             (dist,) = ctx.saved_tensors
-            return _RbfCutoffBwd.apply(grad_rbf, dist, *ctx.rbf_args), None, None, None, None
+            if torch.is_grad_enabled():  # create_graph: the backward must itself be differentiable
+                grad_dist = _RbfCutoffBwd.apply(grad_rbf, dist, *ctx.rbf_args)
+            else:  # a plain backward: skip the second Function's bookkeeping (µs that matter at small E)
+                grad_dist = _rbf_bwd(grad_rbf, dist, *ctx.rbf_args, _bare)
+            return grad_dist, None, None, None, None
 
     class _RbfCutoffBwd(torch.autograd.Function):
         @staticmethod

@@ -20,6 +20,7 @@ import sys
 import pytest
 import torch
 from mlff_distiller.kernels import BASES, ENVELOPES, rbf_cutoff, rbf_cutoff_reference, use_backend
+from mlff_distiller.kernels._triton_utils import _BOUND, _arg_spec, bound_launch_status, tuning
 from mlff_distiller.kernels.rbf_cutoff import basis_reference
 
 CUTOFF = 5.0
@@ -189,6 +190,40 @@ def test_empty_and_noncontiguous(triton_device, path):
     d = base[::3]
     assert not d.is_contiguous()
     _assert_close(_rbf_triton(d, path=path), rbf_cutoff_reference(d, N_RBF, CUTOFF), 1e-12)
+
+
+def test_bound_launch_matches_plain_launch(triton_device):
+    """Launches bound once per specialization (CUDA) give bitwise the results of ``kernel[grid](...)``, also
+    for arguments Triton specializes differently: E % 16 == 0 or not, E == 1, a view off 16-byte alignment.
+    On CUDA the bound path must actually be in use; elsewhere it falls back to the plain launch."""
+    base = _distances(4099, torch.float32, triton_device)
+    for d in [base[:4096], base[:4097], base[1:4097], base[:1], base[1:2], base[:4096]]:
+        results = []
+        for bound in (True, False):
+            with tuning(bound_launch=bound):
+                for _ in range(2):  # the second call of a specialization takes the bound path
+                    x = d.detach().requires_grad_(True)
+                    out = _rbf_triton(x, basis="gaussian", envelope="polynomial")
+                    (g,) = torch.autograd.grad(out, x, torch.ones_like(out))
+            results.append((out, g))
+        (out, g), (out_plain, g_plain) = results
+        assert torch.equal(out, out_plain) and torch.equal(g, g_plain)
+        _assert_close(out, rbf_cutoff_reference(d.double(), N_RBF, CUTOFF, "gaussian", "polynomial"), 1e-5)
+    if triton_device.type == "cuda":
+        ok, why = bound_launch_status()
+        assert ok, why
+        assert len(_BOUND) >= 6  # fwd and bwd of at least three specializations
+
+
+def test_bound_launch_key_is_finer_than_triton():
+    """The specialization key separates what Triton specializes on: tensor dtype and 16-byte alignment, ints
+    equal to 1, divisible by 16, and beyond 32 bits."""
+    t = torch.zeros(8)
+    specs = [_arg_spec(x) for x in (t, t[1:], t.double(), 1, 16, 17, 2**31, 2**31 + 1)]
+    assert len(set(specs)) == len(specs)
+    assert _arg_spec(32) == _arg_spec(16) and _arg_spec(t[4:]) == _arg_spec(t)
+    with pytest.raises(TypeError, match="tensor and int"):
+        _arg_spec(1.5)
 
 
 def test_op_registration(triton_device):
