@@ -66,7 +66,9 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None) ->
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, OSError) as exc:
-        raise ValueError(f"{path} is not a readable mlff-distiller checkpoint (corrupt or not a checkpoint): {exc}")
+        raise ValueError(
+            f"{path} is not a readable mlff-distiller checkpoint (corrupt or not a checkpoint): {exc}"
+        ) from exc
     if not isinstance(payload, dict):
         raise ValueError(f"{path} is not an mlff-distiller checkpoint (top level is {type(payload).__name__})")
     missing = [k for k in _REQUIRED if k not in payload]
