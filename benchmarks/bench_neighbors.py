@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (closures are timed inside the loop iteration that defines them)
 """Neighbour-list benchmark (GPU): brute force, our cell list (Triton and torch) and vesin-torch, on water boxes.
 
 Cases (5 Å cutoff, ~1 g/cm³ water, random molecule centres and orientations): single periodic boxes of 3,000,
@@ -18,10 +19,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import copy_bandwidth, environment, time_fn  # noqa: E402
+from harness import copy_bandwidth, environment, time_fn
 
-from mlff_distiller.neighbors import neighbor_list  # noqa: E402
-from mlff_distiller.neighbors.vesin_backend import _vesin_class, vesin_available  # noqa: E402
+from mlff_distiller.neighbors import neighbor_list
+from mlff_distiller.neighbors.vesin_backend import _vesin_class, vesin_available
 
 CUTOFF = 5.0
 WATER_PER_A3 = 0.03343  # molecules / Å³ at 1 g/cm³
@@ -97,7 +98,7 @@ def main() -> None:
             method = kw.pop("method")
             got = neighbor_list(*args_nl, method, **kw)
             assert torch.equal(got.edge_index, ref.edge_index), f"{case}: {name} differs from cell_list"
-            slow = name.startswith("vesin") and n_struct > 1 or name == "brute" and total > 20_000
+            slow = (name.startswith("vesin") and n_struct > 1) or (name == "brute" and total > 20_000)
             run(case, name, lambda m=method, k=kw: neighbor_list(*args_nl, m, **k), total, n_struct, pairs,
                 **(dict(warmup_ms=1, rep_ms=1) if slow else {}))
         if vesin_available():

@@ -18,8 +18,8 @@ from mlff_distiller.neighbors import (
     available_backends,
     neighbor_list,
     neighbor_list_batch,
+    vesin_backend,
 )
-from mlff_distiller.neighbors import vesin_backend
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # vesin is optional: its tests run where vesin-torch is installed (here and on the GPU machine via .whl).
