@@ -74,7 +74,7 @@ def message_passing_backward_reference(
         ∂rbf_e = filter_weightᵀ G_e,   ∂filter_weight = Σ_e G_e ⊗ rbf_e,   ∂u_e[k] = Σ_f c_e ⊙ g_v[i,k]
     Returns ``(grad_x [N,3F], grad_v [N,3,F], grad_rbf [E,R], grad_filter_weight [3F,R], grad_unit [E,3])``.
     """
-    n, f = v.shape[0], v.shape[2]
+    f = v.shape[2]
     i, j = edge_index[0], edge_index[1]
     w_a, w_b, w_c = torch.split(rbf @ filter_weight.t(), f, dim=-1)
     x_a, x_b, x_c = torch.split(x.index_select(0, j), f, dim=-1)
@@ -94,9 +94,7 @@ def _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr) -> None:
         raise ValueError(f"v must be [N, 3, F], got shape {tuple(v.shape)}")
     n, f = v.shape[0], v.shape[2]
     if x.shape != (n, 3 * f):
-        raise ValueError(
-            f"x must be [N, 3F] = [{n}, {3 * f}] to match v {tuple(v.shape)}, got {tuple(x.shape)}"
-        )
+        raise ValueError(f"x must be [N, 3F] = [{n}, {3 * f}] to match v {tuple(v.shape)}, got {tuple(x.shape)}")
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
         raise ValueError(f"edge_index must be [2, E], got shape {tuple(edge_index.shape)}")
     if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
@@ -105,9 +103,7 @@ def _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr) -> None:
     if rbf.dim() != 2 or rbf.shape[0] != e:
         raise ValueError(f"rbf must be [E, R] with E = {e}, got shape {tuple(rbf.shape)}")
     if filter_weight.shape != (3 * f, rbf.shape[1]):
-        raise ValueError(
-            f"filter_weight must be [3F, R] = [{3 * f}, {rbf.shape[1]}], got {tuple(filter_weight.shape)}"
-        )
+        raise ValueError(f"filter_weight must be [3F, R] = [{3 * f}, {rbf.shape[1]}], got {tuple(filter_weight.shape)}")
     if unit.shape != (e, 3):
         raise ValueError(f"unit must be [E, 3] with E = {e}, got shape {tuple(unit.shape)}")
     tensors = {"x": x, "v": v, "rbf": rbf, "filter_weight": filter_weight, "unit": unit}
@@ -221,9 +217,7 @@ def _receiver_csr(edge_index: Tensor, n_atoms: int) -> _Graph:
         [edge_index.min(), edge_index.max(), (recv[1:] < recv[:-1]).any().to(edge_index.dtype)]
     ).tolist()
     if lo < 0 or hi >= n_atoms:
-        raise ValueError(
-            f"edge_index holds atom indices in [{lo}, {hi}], outside [0, {n_atoms}) (N = {n_atoms})"
-        )
+        raise ValueError(f"edge_index holds atom indices in [{lo}, {hi}], outside [0, {n_atoms}) (N = {n_atoms})")
     if unsorted:
         g.order = torch.argsort(recv, stable=True)
         g.edge_index = torch.stack([recv[g.order], send[g.order]])
@@ -253,8 +247,9 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 # ------------------------------------------------------------------------------------------------------------
 
 # Launch configuration. GPU: edges per tile, feature chunk, warps; CPU (interpreter): large tiles, since each
-# program costs Python overhead there. Tuned on an H100 (benchmarks/bench_message_passing.py --tune).
-_CONFIG = {"block_e": 16, "block_f": 32, "num_warps": 4, "bwd_block_e": 32}
+# program costs Python overhead there. Tuned on an H100 (benchmarks/bench_message_passing.py --tune, 24,000-atom
+# water, F = 128: 16 x 128 x 4 warps was the fastest fwd+bwd of 12 configurations, 1.4x the first guess 16 x 32).
+_CONFIG = {"block_e": 16, "block_f": 128, "num_warps": 4, "bwd_block_e": 32}
 _DOT_PRECISION = "ieee"
 
 
@@ -483,9 +478,7 @@ if HAS_TRITON:
             wa = _filter_t(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF)
             wb = _filter_t(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
             wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
-            G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(
-                gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT
-            )
+            G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT)
             g_rbf += tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
             g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
             g_rbf += tl.dot(G_c, tl.trans(wc), input_precision=DOT_PRECISION)
@@ -539,9 +532,7 @@ if HAS_TRITON:
             uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
             uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
             m2 = em[:, None] & fm[None, :]
-            G_a, G_b, G_c, _, _, _, _ = _edge_grads_w(
-                gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT
-            )
+            G_a, G_b, G_c, _, _, _, _ = _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT)
             acc_a += tl.dot(tl.trans(G_a), rb, input_precision=DOT_PRECISION)
             acc_b += tl.dot(tl.trans(G_b), rb, input_precision=DOT_PRECISION)
             acc_c += tl.dot(tl.trans(G_c), rb, input_precision=DOT_PRECISION)
@@ -627,12 +618,8 @@ if HAS_TRITON:
                 c = _blocks(x, f, n_rbf, _CONFIG["bwd_block_e"])
                 n_fb = triton.cdiv(f, c["BLOCK_F"])
                 # About four programs per SM in all, each a contiguous range of whole edge tiles.
-                target = (
-                    4 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-                )
-                per_prog = c["BLOCK_E"] * max(
-                    1, triton.cdiv(triton.cdiv(e, max(1, target // n_fb)), c["BLOCK_E"])
-                )
+                target = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
+                per_prog = c["BLOCK_E"] * max(1, triton.cdiv(triton.cdiv(e, max(1, target // n_fb)), c["BLOCK_E"]))
                 n_prog = triton.cdiv(e, per_prog)
                 part = torch.empty((n_prog, 3 * f, n_rbf), dtype=dt, device=x.device)
                 check_launchable(_mp_bwd_filter_kernel, x)
@@ -792,10 +779,7 @@ if HAS_TRITON:
         def backward(ctx, *gg):
             grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr = ctx.saved_tensors
             zero = x.new_zeros(())
-            gg = [
-                zero.expand(t.shape) if g is None else g
-                for g, t in zip(gg, (x, v, rbf, w, unit), strict=True)
-            ]
+            gg = [zero.expand(t.shape) if g is None else g for g, t in zip(gg, (x, v, rbf, w, unit), strict=True)]
 
             def fwd(*args):
                 return _MessagePassing.apply(*args, edge_index, row_ptr)
@@ -808,9 +792,7 @@ if HAS_TRITON:
 
 def _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr):
     if not HAS_TRITON:
-        raise RuntimeError(
-            "the Triton message-passing kernels need triton installed; use MLFF_DISTILLER_KERNELS=torch"
-        )
+        raise RuntimeError("the Triton message-passing kernels need triton installed; use MLFF_DISTILLER_KERNELS=torch")
     from .rbf_cutoff import _check_float
 
     _check_float(x)
