@@ -111,9 +111,7 @@ class FrameDataset:
         self.forces = torch.from_numpy(np.concatenate(forces))
         has_hvp = all("hvp" in a.arrays and "hvp_dir" in a.arrays for a in frames)
         self.hvp = torch.from_numpy(np.concatenate([a.arrays["hvp"] for a in frames])) if has_hvp else None
-        self.hvp_dir = (
-            torch.from_numpy(np.concatenate([a.arrays["hvp_dir"] for a in frames])) if has_hvp else None
-        )
+        self.hvp_dir = torch.from_numpy(np.concatenate([a.arrays["hvp_dir"] for a in frames])) if has_hvp else None
         self._build_graphs(neighbor_method)
         self._to(self.device, dtype)
 

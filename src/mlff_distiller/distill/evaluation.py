@@ -196,11 +196,7 @@ def nve_drift(
     (largest deviation from the initial total energy), ``simulated_ps`` and ``steps``. Raises
     ``FloatingPointError`` if the run blows up to a non-finite energy.
     """
-    calc = (
-        model
-        if isinstance(model, StudentCalculator)
-        else StudentCalculator(model, device=device, precision="fp64")
-    )
+    calc = model if isinstance(model, StudentCalculator) else StudentCalculator(model, device=device, precision="fp64")
     work = atoms.copy()
     work.calc = calc
     _init_velocities(work, temperature, seed)

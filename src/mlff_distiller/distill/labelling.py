@@ -77,9 +77,7 @@ class FrameStore:
     def write(self, atoms: Atoms, *, task: str, frame: int, kind: str, temperature: float) -> None:
         """Commit one frame to the database, then append it to the extxyz file."""
         data = {k: np.asarray(atoms.arrays[k]) for k in ("hvp_dir", "hvp") if k in atoms.arrays}
-        self.db.write(
-            atoms, task=task, frame=int(frame), kind=kind, temperature=float(temperature), data=data
-        )
+        self.db.write(atoms, task=task, frame=int(frame), kind=kind, temperature=float(temperature), data=data)
         self._append_xyz(atoms, task, frame, kind, temperature)
 
     def _append_xyz(self, atoms: Atoms, task: str, frame: int, kind: str, temperature: float) -> None:
@@ -176,9 +174,7 @@ def label(
         "teacher": teacher_name(teacher),
         "teacher_options": teacher_options or {},
         "sampling": asdict(config),
-        "seeds": [
-            {"numbers": s.numbers.tolist(), "positions": np.round(s.positions, 6).tolist()} for s in seeds
-        ],
+        "seeds": [{"numbers": s.numbers.tolist(), "positions": np.round(s.positions, 6).tolist()} for s in seeds],
     }
     cfg_path = store.dir / CONFIG_NAME
     if cfg_path.exists():
@@ -195,7 +191,10 @@ def label(
     progress_path = store.dir / PROGRESS_NAME
     done = set(json.loads(progress_path.read_text())["done"]) if progress_path.exists() else set()
     existing = store.keys()
-    if existing:
+    if any(task not in done for task, _ in existing):
+        # An interrupted task: the kill may have cut the extxyz mid-frame or before a committed frame.
+        store.rebuild_xyz()
+    elif existing and not store.xyz_path.exists():
         store.rebuild_xyz()
     elif store.xyz_path.exists():
         store.xyz_path.unlink()  # a kill before the first commit may leave a partial frame behind
@@ -237,8 +236,6 @@ def label(
 
 
 def _label_worker(kwargs: dict) -> LabelReport:
-    # One OpenMP thread per worker process: the workers are the parallelism (set before tblite loads).
-    os.environ["OMP_NUM_THREADS"] = "1"
     return label(**kwargs)
 
 
@@ -260,9 +257,7 @@ def label_parallel(
     import multiprocessing
 
     if not isinstance(teacher, str):
-        raise ValueError(
-            "label_parallel needs a preset teacher name (a Calculator cannot be sent to workers)"
-        )
+        raise ValueError("label_parallel needs a preset teacher name (a Calculator cannot be sent to workers)")
     n = int(workers)
     if n < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -280,8 +275,19 @@ def label_parallel(
         for k in range(n)
     ]
     t0 = time.perf_counter()
-    with multiprocessing.get_context("spawn").Pool(n) as pool:
-        reports = pool.map(_label_worker, jobs)
+    # Spawned workers inherit the environment: one OpenMP/BLAS thread each, read when their runtimes load.
+    limits = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {k: os.environ.get(k) for k in limits}
+    os.environ.update(dict.fromkeys(limits, "1"))
+    try:
+        with multiprocessing.get_context("spawn").Pool(n) as pool:
+            reports = pool.map(_label_worker, jobs)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return LabelReport(
         written=sum(r.written for r in reports),
         total=sum(r.total for r in reports),
@@ -302,9 +308,7 @@ def read_frames(path: str | Path) -> list[Atoms]:
             return FrameStore(path).frames()
         shards = sorted(p for p in path.glob("shard-*-of-*") if (p / DB_NAME).exists())
         if not shards:
-            raise ValueError(
-                f"{path} is a directory without {DB_NAME} or shards; is it a label output directory?"
-            )
+            raise ValueError(f"{path} is a directory without {DB_NAME} or shards; is it a label output directory?")
         return [atoms for shard in shards for atoms in FrameStore(shard).frames()]
     if path.suffix == ".db":
         from ase.db import connect

@@ -99,9 +99,7 @@ class Task:
     replica: int = 0
 
 
-def make_tasks(
-    seeds: Sequence[Atoms], config: SamplingConfig, *, on_policy_round: int | None = None
-) -> list[Task]:
+def make_tasks(seeds: Sequence[Atoms], config: SamplingConfig, *, on_policy_round: int | None = None) -> list[Task]:
     """The ordered task list for ``seeds``. With ``on_policy_round`` the MD tasks are student-driven."""
     if not seeds:
         raise ValueError("sampling needs at least one seed structure")

@@ -174,9 +174,7 @@ def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[
     parts = {"energy": float(e_loss), "forces": float(f_loss)}
     if cfg.hvp_weight > 0:
         if batch.hvp is None:
-            raise ValueError(
-                "hvp_weight > 0 needs frames labelled with Hessian-vector products (sampling hvp: true)"
-            )
+            raise ValueError("hvp_weight > 0 needs frames labelled with Hessian-vector products (sampling hvp: true)")
         h_loss = ((_student_hvp(model, batch, cfg.hvp_eps) - batch.hvp) ** 2).mean()
         loss = loss + cfg.hvp_weight * h_loss
         parts["hvp"] = float(h_loss)
@@ -326,11 +324,7 @@ def train(
     ema = _EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
     gen = torch.Generator().manual_seed(cfg.seed)
     steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)
-    total = (
-        steps_per_epoch * cfg.epochs
-        if cfg.max_steps == 0
-        else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
-    )
+    total = steps_per_epoch * cfg.epochs if cfg.max_steps == 0 else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
     eval_every = cfg.eval_every or steps_per_epoch
     step, epoch, bad, elapsed_before = 0, 0, 0, 0.0
     best: dict = {"force_mae_mev_a": math.inf}
@@ -462,9 +456,7 @@ def train(
         final = model
     final = final.to(device=device, dtype=dtype).eval()
     log(f"stopped ({stopped}) after {step} steps, {seconds:.1f} s; best val {best}")
-    return TrainResult(
-        model=final, best_val=best, history=history, steps=step, seconds=seconds, stopped=stopped
-    )
+    return TrainResult(model=final, best_val=best, history=history, steps=step, seconds=seconds, stopped=stopped)
 
 
 def _as_dataset(frames, cutoff: float, device, dtype, what: str) -> FrameDataset | None:
@@ -472,9 +464,7 @@ def _as_dataset(frames, cutoff: float, device, dtype, what: str) -> FrameDataset
         return None
     if isinstance(frames, FrameDataset):
         if abs(frames.cutoff - cutoff) > 1e-9:
-            raise ValueError(
-                f"{what} dataset was built with cutoff {frames.cutoff} Å, the student uses {cutoff} Å"
-            )
+            raise ValueError(f"{what} dataset was built with cutoff {frames.cutoff} Å, the student uses {cutoff} Å")
         return frames
     frames = list(frames)
     if not frames:
