@@ -155,9 +155,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (frames.db + frames.extxyz); an earlier run there resumes")
     p.add_argument("--student", help="student checkpoint for an on-policy round")
     p.add_argument("--on-policy-round", dest="on_policy_round", type=int, help="label student-driven MD")
-    p.add_argument(
-        "--no-progress", dest="progress", action="store_const", const=False, help="no progress bar"
-    )
+    p.add_argument("--workers", type=int, help="processes, split by seed structure (default 1)")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
 
     p = sub.add_parser("train", help="train a student on labelled frames")
     _add_common(p)
@@ -296,9 +295,7 @@ def run_evaluate(job: EvaluateJob) -> dict:
         from mlff_distiller.distill.teachers import get_teacher
 
         student = StudentCalculator(model, device=job.device, precision="fp32")
-        result["timing"] = md_step_timing(
-            frames[0], student, get_teacher(job.teacher), steps=job.timing_steps
-        )
+        result["timing"] = md_step_timing(frames[0], student, get_teacher(job.teacher), steps=job.timing_steps)
     if job.nve_steps > 0:
         result["nve"] = nve_drift(
             frames[0],
@@ -333,9 +330,7 @@ def run_predict(job: PredictJob) -> dict:
 
     frames = _read_structures(job.input)
     t0 = time.perf_counter()
-    preds = predict_forces(
-        job.model, frames, device=job.device, batch_size=job.batch_size, precision=job.precision
-    )
+    preds = predict_forces(job.model, frames, device=job.device, batch_size=job.batch_size, precision=job.precision)
     seconds = time.perf_counter() - t0
     out = []
     for atoms, p in zip(frames, preds, strict=True):
