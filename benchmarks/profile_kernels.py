@@ -5,8 +5,8 @@ The kernels' time is flat below ~1e6 edges, i.e. a fixed cost per call. This scr
 * ``host``: host µs per call — N calls back to back without synchronising, divided by N (the GPU keeps up,
   so this is the Python/launch path) — and ``synced`` µs per call (each call followed by a synchronise:
   host + launch latency + kernel). Measured for the building blocks (an allocation, a no-op
-  autograd.Function, ``kernel[grid](...)`` vs the bound launch) and for each op's forward and
-  forward+backward, with the bound launch on and off, next to the eager torch reference.
+  autograd.Function, ``kernel[grid](...)``) and for each op's forward and forward+backward, next to the
+  eager torch reference.
 * ``kernels``: device time of every CUDA kernel of one forward+backward at 1e6 edges (torch.profiler), with
   the backward's receiver reduction segmented and as plain atomics.
 * ``bench``: the benchmark's own measure (``triton.testing.do_bench`` medians, L2 flushed) for each variant.
@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels import CUTOFF, N_RBF, make_case, mode_fn
 from harness import copy_bandwidth, environment, time_fn
 from mlff_distiller.kernels import set_backend
-from mlff_distiller.kernels._triton_utils import bound_launch, bound_launch_status, tuning
 
 rbf_mod = importlib.import_module("mlff_distiller.kernels.rbf_cutoff")
 edge_mod = importlib.import_module("mlff_distiller.kernels.edge_features")
@@ -115,11 +114,10 @@ def building_blocks(device) -> list[dict]:
         "apply + autograd.grad (no-op)": lambda: torch.autograd.grad(Noop.apply(x), x, go),
     }
     plan = rbf_mod._plan_for(d, (N_RBF, CUTOFF, "bessel", "cosine"), 2048)
-    consts, key = plan
+    consts, _ = plan
     grid = (e + consts["BLOCK_E"] - 1) // consts["BLOCK_E"]
     kern = rbf_mod._rbf_cutoff_fwd_kernel
     pieces["rbf fwd kernel[grid](...)"] = lambda: kern[(grid,)](d, out, e, num_warps=4, **consts)
-    pieces["rbf fwd bound_launch"] = lambda: bound_launch(kern, grid, (d, out, e), consts, key, 4)
     pieces["rbf plan lookup"] = lambda: rbf_mod._plan_for(d, (N_RBF, CUTOFF, "bessel", "cosine"), 2048)
     for name, fn in pieces.items():
         h, s = host_time(fn)
@@ -129,17 +127,16 @@ def building_blocks(device) -> list[dict]:
 
 
 def op_host_times(device) -> list[dict]:
-    """Host and synced µs per call of each op (fwd, fwd+bwd), bound launch on/off, vs the eager reference."""
+    """Host and synced µs per call of each op (fwd, fwd+bwd) vs the eager reference."""
     rows = []
     for n_edges in (10**4 // SCALE["edges"], 10**6 // SCALE["edges"]):
         for bench, variant in BENCHES:
             case = make_case(bench, variant, n_edges, torch.float32, device)
             for mode in ("fwd", "fwd+bwd"):
-                for impl, bound in (("triton", True), ("triton", False), ("eager", True)):
-                    with tuning(bound_launch=bound):
-                        closure, _ = mode_fn(case, case.fns[impl], mode)
-                        h, s = host_time(closure, n=150)
-                    label = impl if impl == "eager" else f"triton bound={bound}"
+                for impl in ("triton", "eager"):
+                    closure, _ = mode_fn(case, case.fns[impl], mode)
+                    h, s = host_time(closure, n=150)
+                    label = impl
                     rows.append(
                         {
                             "section": "ops",
@@ -210,15 +207,15 @@ def bench_times(device, env, rep_ms: float) -> list[dict]:
         for bench, variant in BENCHES:
             case = make_case(bench, variant, n_edges, torch.float32, device)
             for mode in ("fwd", "fwd+bwd"):
-                choices = [("eager", True, True), ("triton", True, True), ("triton", False, True)]
+                choices = [("eager", True), ("triton", True)]
                 if bench != "rbf_cutoff" and mode == "fwd+bwd":
-                    choices.append(("triton", True, False))
+                    choices.append(("triton", False))
                 times = {}
-                for impl, bound, seg in choices:
-                    with tuning(bound_launch=bound), segmented(seg):
+                for impl, seg in choices:
+                    with segmented(seg):
                         closure, nbytes = mode_fn(case, case.fns[impl], mode)
                         t = time_fn(closure, device, rep_ms=rep_ms)
-                    label = impl if impl == "eager" else f"triton bound={bound} seg={seg}"
+                    label = impl if impl == "eager" else f"triton seg={seg}"
                     times[label] = t.median_us
                     gbps = nbytes / (t.median_us * 1e-6) / 1e9
                     rows.append(
@@ -247,7 +244,7 @@ def bench_times(device, env, rep_ms: float) -> list[dict]:
 
 
 def python_profile(device) -> str:
-    """cProfile of 300 edge_features fwd+bwd calls at 1e4 edges (bound launch on): where host time goes."""
+    """cProfile of 300 edge_features fwd+bwd calls at 1e4 edges: where the host time goes."""
     case = make_case("edge_features", "-", 10**4 // SCALE["edges"], torch.float32, device)
     closure, _ = mode_fn(case, case.fns["triton"], "fwd+bwd")
     for _ in range(20):
@@ -287,7 +284,7 @@ def main(argv=None) -> int:
     copy_bytes = (1 << 30) if device.type == "cuda" else (1 << 22)
     env = environment(device, copy_bandwidth(device, nbytes=copy_bytes))
     print(f"{env.device} · torch {env.torch} · triton {env.triton} · commit {env.commit}")
-    print(f"copy bandwidth {env.copy_gbps:.0f} GB/s; bound launch status before: {bound_launch_status()}")
+    print(f"copy bandwidth {env.copy_gbps:.0f} GB/s")
     rows, text = [], ""
     sections = {
         "blocks": building_blocks,
@@ -306,7 +303,6 @@ def main(argv=None) -> int:
                 print(text)
         except Exception as exc:  # keep the other sections' numbers when one fails
             print(f"  section {name} failed: {exc!r}", flush=True)
-    print(f"bound launch status after: {bound_launch_status()}")
     args.out.mkdir(parents=True, exist_ok=True)
     tag = env.device.replace(" ", "_").lower()
     out = args.out / f"profile_kernels_{tag}.json"
@@ -314,7 +310,6 @@ def main(argv=None) -> int:
         json.dumps(
             {
                 "env": {k: getattr(env, k) for k in ("device", "torch", "triton", "commit", "copy_gbps")},
-                "bound_launch": bound_launch_status(),
                 "rows": rows,
                 "cprofile": text,
             },

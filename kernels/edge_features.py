@@ -22,7 +22,6 @@ from ._triton_utils import (
     _TUNING,
     HAS_TRITON,
     LIB,
-    bound_launch,
     check_launchable,
     edge_block,
     num_warps,
@@ -52,9 +51,7 @@ def edge_features_reference(
     d2 = (vec * vec).sum(-1)
     nonzero = d2 > _TINY2
     # Double where keeps sqrt'(0) = inf out of the graph.
-    dist = torch.where(
-        nonzero, torch.sqrt(torch.where(nonzero, d2, torch.ones_like(d2))), torch.zeros_like(d2)
-    )
+    dist = torch.where(nonzero, torch.sqrt(torch.where(nonzero, d2, torch.ones_like(d2))), torch.zeros_like(d2))
     unit = vec / torch.where(nonzero, dist, torch.ones_like(dist)).unsqueeze(-1)
     return vec, dist, unit
 
@@ -449,7 +446,7 @@ if HAS_TRITON:
         *args,
     ) -> None:
         """Launch an edge kernel over ``edge_index.shape[1]`` edges (``ref`` fixes device and dtype)."""
-        consts, key = _edge_plan(
+        consts, _ = _edge_plan(
             rbf,
             ref.dtype == torch.float64,
             ref.is_cuda,
@@ -463,14 +460,9 @@ if HAS_TRITON:
         grid = (n_edges + block - 1) // block
         if not ref.is_cuda:
             check_launchable(kernel, ref)
-        if launch is _bare:
-            bound_launch(kernel, grid, (*args, n_edges, edge_index.stride(0)), consts, key, num_warps())
-        else:
-            launch(kernel)[(grid,)](*args, n_edges, edge_index.stride(0), num_warps=num_warps(), **consts)
+        launch(kernel)[(grid,)](*args, n_edges, edge_index.stride(0), num_warps=num_warps(), **consts)
 
-    def _prepare(
-        positions: Tensor, edge_index: Tensor, shift_vectors: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def _prepare(positions: Tensor, edge_index: Tensor, shift_vectors: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         _check_float(positions, shift_vectors)
         if shift_vectors.dtype != positions.dtype:
             raise TypeError(
@@ -620,9 +612,7 @@ if HAS_TRITON:
         n_atoms: int,
     ) -> tuple[Tensor, Tensor]:
         """Gradients wrt ``positions [N,3]`` and ``shift_vectors [E,3]``."""
-        return _edge_backward(
-            grad_vec, grad_dist, grad_unit, None, dist, unit, edge_index, n_atoms, None, wrap_triton
-        )
+        return _edge_backward(grad_vec, grad_dist, grad_unit, None, dist, unit, edge_index, n_atoms, None, wrap_triton)
 
     @triton_op(f"{LIB}::edge_features_bwd_bwd", mutates_args=())
     def _edge_features_bwd_bwd_op(
@@ -680,9 +670,7 @@ if HAS_TRITON:
     ) -> tuple[Tensor, Tensor]:
         """Gradients wrt ``positions [N,3]`` and ``shift_vectors [E,3]``."""
         rbf = (n_rbf, cutoff, basis, envelope)
-        return _edge_backward(
-            None, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf, wrap_triton
-        )
+        return _edge_backward(None, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf, wrap_triton)
 
     @triton_op(f"{LIB}::edge_basis_bwd_bwd", mutates_args=())
     def _edge_basis_bwd_bwd_op(
@@ -828,9 +816,7 @@ if HAS_TRITON:
         def forward(ctx, grad_vec, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf):
             ctx.rbf = rbf
             ctx.save_for_backward(grad_dist, grad_unit, grad_rbf, dist, unit, edge_index)
-            return _edge_backward(
-                grad_vec, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf, _bare
-            )
+            return _edge_backward(grad_vec, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf, _bare)
 
         @staticmethod
         @once_differentiable

@@ -26,7 +26,6 @@ from ._triton_utils import (
     _TUNING,
     HAS_TRITON,
     LIB,
-    bound_launch,
     check_launchable,
     edge_block,
     num_warps,
@@ -94,9 +93,7 @@ def rbf_cutoff_reference(
 ) -> torch.Tensor:
     """Torch reference of :func:`rbf_cutoff`: ``[E]`` distances (Å) → ``[E, n_rbf]``."""
     _check_args(n_rbf, cutoff, basis, envelope)
-    return basis_reference(dist, n_rbf, cutoff, basis) * envelope_reference(dist, cutoff, envelope).unsqueeze(
-        -1
-    )
+    return basis_reference(dist, n_rbf, cutoff, basis) * envelope_reference(dist, cutoff, envelope).unsqueeze(-1)
 
 
 def rbf_cutoff(
@@ -192,9 +189,7 @@ if HAS_TRITON:
         if IS_FP64:
             ps = _c64(_S9) + r2 * _c64(_S10)
             ps = _c64(_S5) + r2 * (_c64(_S6) + r2 * (_c64(_S7) + r2 * (_c64(_S8) + r2 * ps)))
-            ps = _c64(_S0) + r2 * (
-                _c64(_S1) + r2 * (_c64(_S2) + r2 * (_c64(_S3) + r2 * (_c64(_S4) + r2 * ps)))
-            )
+            ps = _c64(_S0) + r2 * (_c64(_S1) + r2 * (_c64(_S2) + r2 * (_c64(_S3) + r2 * (_c64(_S4) + r2 * ps))))
         else:
             ps = _S0 + r2 * (_S1 + r2 * (_S2 + r2 * (_S3 + r2 * (_S4 + r2 * (_S5 + r2 * _S6)))))
         s = r * ps
@@ -205,9 +200,7 @@ if HAS_TRITON:
                 pc = _c64(_C4) + r2 * (_c64(_C5) + r2 * (_c64(_C6) + r2 * (_c64(_C7) + r2 * pc)))
                 c = _C0 + r2 * (_c64(_C1) + r2 * (_c64(_C2) + r2 * (_c64(_C3) + r2 * pc)))
             else:
-                c = _C0 + r2 * (
-                    _C1 + r2 * (_C2 + r2 * (_C3 + r2 * (_C4 + r2 * (_C5 + r2 * (_C6 + r2 * _C7)))))
-                )
+                c = _C0 + r2 * (_C1 + r2 * (_C2 + r2 * (_C3 + r2 * (_C4 + r2 * (_C5 + r2 * (_C6 + r2 * _C7))))))
         return s, c
 
     @triton.jit
@@ -296,17 +289,13 @@ if HAS_TRITON:
             b2 = b
             if ORDER >= 1:
                 small = d < _SMALL_D
-                inv_d = 1.0 / tl.where(
-                    small, 1.0, d
-                )  # the direct formulas are not used below _SMALL: keep them finite
+                inv_d = 1.0 / tl.where(small, 1.0, d)  # the direct formulas are not used below _SMALL: keep them finite
                 a = kf * _cst(PI_RC, IS_FP64)
                 x = a * d
                 x2 = x * x
                 if IS_FP64:
                     use_series = (x < 0.1) | small
-                    t1 = _c64(_T1_0) + x2 * (
-                        _c64(_T1_1) + x2 * (_c64(_T1_2) + x2 * (_c64(_T1_3) + x2 * _c64(_T1_4)))
-                    )
+                    t1 = _c64(_T1_0) + x2 * (_c64(_T1_1) + x2 * (_c64(_T1_2) + x2 * (_c64(_T1_3) + x2 * _c64(_T1_4))))
                 else:
                     use_series = (x < 0.5) | small
                     t1 = _T1_0 + x2 * (_T1_1 + x2 * (_T1_2 + x2 * (_T1_3 + x2 * _T1_4)))
@@ -315,9 +304,7 @@ if HAS_TRITON:
                 b1 = tl.where(use_series, na3 * d * t1, norm * (a * c - s * inv_d) * inv_d)
             if ORDER >= 2:
                 if IS_FP64:
-                    t2 = _c64(_T2_0) + x2 * (
-                        _c64(_T2_1) + x2 * (_c64(_T2_2) + x2 * (_c64(_T2_3) + x2 * _c64(_T2_4)))
-                    )
+                    t2 = _c64(_T2_0) + x2 * (_c64(_T2_1) + x2 * (_c64(_T2_2) + x2 * (_c64(_T2_3) + x2 * _c64(_T2_4))))
                 else:
                     t2 = _T2_0 + x2 * (_T2_1 + x2 * (_T2_2 + x2 * (_T2_3 + x2 * _T2_4)))
                 t2 = tl.where(small, -1.0 / 3.0, t2)
@@ -373,9 +360,7 @@ if HAS_TRITON:
         offs = rows[:, None] * N_RBF + cols[None, :]
         mask = rmask[:, None]
         kf = (cols + 1).to(d.dtype)[None, :]
-        b, b1, b2 = _basis(
-            d[:, None], kf, MODE if MODE < 2 else 2, BASIS, IS_FP64, INV_RC, PI_RC, NORM, GAMMA, MU_STEP
-        )
+        b, b1, b2 = _basis(d[:, None], kf, MODE if MODE < 2 else 2, BASIS, IS_FP64, INV_RC, PI_RC, NORM, GAMMA, MU_STEP)
         f = f[:, None]
         if MODE == 0:
             tl.store(out_ptr + offs, b * f, mask=mask)
@@ -639,16 +624,13 @@ if HAS_TRITON:
 
     def _launch_rows(launch, kernel, ref: Tensor, plan: tuple[dict, tuple], *args) -> None:
         """Launch a row kernel over ``ref.shape[0]`` edges with the constexprs of ``plan``."""
-        consts, key = plan
+        consts, _ = plan
         n_rows = ref.shape[0]
         block = consts["BLOCK_E"]
         grid = (n_rows + block - 1) // block
         if not ref.is_cuda:
             check_launchable(kernel, ref)
-        if launch is _bare:
-            bound_launch(kernel, grid, (*args, n_rows), consts, key, num_warps())
-        else:
-            launch(kernel)[(grid,)](*args, n_rows, num_warps=num_warps(), **consts)
+        launch(kernel)[(grid,)](*args, n_rows, num_warps=num_warps(), **consts)
 
     def _rbf_fwd(dist: Tensor, n_rbf: int, cutoff: float, basis: str, envelope: str, launch) -> Tensor:
         _check_float(dist)
@@ -685,9 +667,7 @@ if HAS_TRITON:
         out_dist = torch.empty_like(dist)
         if dist.shape[0] > 0:
             plan = _plan_for(dist, (n_rbf, cutoff, basis, envelope), 1024)
-            _launch_rows(
-                launch, _rbf_cutoff_bwd_bwd_kernel, dist, plan, gg, grad_rbf, dist, out_grad_rbf, out_dist
-            )
+            _launch_rows(launch, _rbf_cutoff_bwd_bwd_kernel, dist, plan, gg, grad_rbf, dist, out_grad_rbf, out_dist)
         return out_grad_rbf, out_dist
 
     def _bare(kernel):
@@ -734,9 +714,7 @@ if HAS_TRITON:
 
     def _rbf_bwd_backward(ctx, grad_grad_dist):
         grad_rbf, dist = ctx.saved_tensors
-        g_grad_rbf, g_dist = torch.ops.mlff_distiller.rbf_cutoff_bwd_bwd(
-            grad_grad_dist, grad_rbf, dist, *ctx.rbf_args
-        )
+        g_grad_rbf, g_dist = torch.ops.mlff_distiller.rbf_cutoff_bwd_bwd(grad_grad_dist, grad_rbf, dist, *ctx.rbf_args)
         return g_grad_rbf, g_dist, None, None, None, None
 
     _rbf_cutoff_op.register_autograd(_rbf_backward, setup_context=_rbf_setup_context)
@@ -777,14 +755,10 @@ if HAS_TRITON:
             return g_grad_rbf, g_dist, None, None, None, None
 
 
-def _rbf_cutoff_triton(
-    dist: torch.Tensor, n_rbf: int, cutoff: float, basis: str, envelope: str
-) -> torch.Tensor:
+def _rbf_cutoff_triton(dist: torch.Tensor, n_rbf: int, cutoff: float, basis: str, envelope: str) -> torch.Tensor:
     """The Triton path: the torch.library op under torch.compile, the lighter autograd.Function otherwise."""
     if not HAS_TRITON:
-        raise RuntimeError(
-            "the Triton rbf_cutoff path needs triton installed; use MLFF_DISTILLER_KERNELS=torch"
-        )
+        raise RuntimeError("the Triton rbf_cutoff path needs triton installed; use MLFF_DISTILLER_KERNELS=torch")
     if torch.compiler.is_compiling():
         return torch.ops.mlff_distiller.rbf_cutoff(dist, int(n_rbf), float(cutoff), basis, envelope)
     return _RbfCutoff.apply(dist, int(n_rbf), float(cutoff), basis, envelope)

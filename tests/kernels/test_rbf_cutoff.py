@@ -20,7 +20,6 @@ import sys
 import pytest
 import torch
 from mlff_distiller.kernels import BASES, ENVELOPES, rbf_cutoff, rbf_cutoff_reference, use_backend
-from mlff_distiller.kernels._triton_utils import _BOUND, _arg_spec, bound_launch_status, tuning
 from mlff_distiller.kernels.rbf_cutoff import basis_reference
 
 CUTOFF = 5.0
@@ -35,9 +34,7 @@ def _special(dtype, device):
     # d = 0, inside the reference's Taylor branch (d < 1e-4), near / at / beyond the cutoff. Between 1e-4 and
     # ~1e-3 the float64 reference's own gradient is only good to ~1e-11 absolute (its formula cancels), so the
     # random draws start at 1e-3; gradcheck covers that range against finite differences.
-    return torch.tensor(
-        [0.0, 3e-5, 0.5, CUTOFF - 1e-3, CUTOFF, CUTOFF + 0.3, 1.0], dtype=dtype, device=device
-    )
+    return torch.tensor([0.0, 3e-5, 0.5, CUTOFF - 1e-3, CUTOFF, CUTOFF + 0.3, 1.0], dtype=dtype, device=device)
 
 
 def _distances(n, dtype, device, low=1e-3, special=True):
@@ -61,9 +58,7 @@ def _assert_grad_close(actual, expected, scale, tol):
     err = (actual - expected).abs()
     bound = tol * (expected.abs() + scale)
     over = err > bound
-    assert not over.any(), (
-        f"{int(over.sum())} gradient entries beyond the bound; worst error {(err - bound).max():.3g}"
-    )
+    assert not over.any(), f"{int(over.sum())} gradient entries beyond the bound; worst error {(err - bound).max():.3g}"
 
 
 def _grad_scale(d, grad_out, basis, envelope, n_rbf=N_RBF):
@@ -99,9 +94,7 @@ def _rbf_triton(d, n_rbf=N_RBF, basis="bessel", envelope="cosine", path="dispatc
 @pytest.mark.parametrize("path", PATHS)
 def test_matches_reference(triton_device, path, n_edges, dtype, basis, envelope, poison):
     if path == "op" and n_edges > 1000:
-        pytest.skip(
-            "the op path shares every kernel and host function with the dispatcher path; sizes <= 1000"
-        )
+        pytest.skip("the op path shares every kernel and host function with the dispatcher path; sizes <= 1000")
     d = _distances(n_edges, dtype, triton_device).requires_grad_(True)
     poison(n_edges * N_RBF, dtype, triton_device)
     out = _rbf_triton(d, N_RBF, basis, envelope, path)
@@ -153,9 +146,7 @@ def test_column_chunking(triton_device, n_rbf, basis):
     (g_ref,) = torch.autograd.grad(ref, d, go, create_graph=True)
     _assert_close(g, g_ref, 1e-12, normwise=True)
     gg = torch.randn_like(g)
-    _assert_close(
-        torch.autograd.grad(g, go, gg)[0], torch.autograd.grad(g_ref, go, gg)[0], 1e-12, normwise=True
-    )
+    _assert_close(torch.autograd.grad(g, go, gg)[0], torch.autograd.grad(g_ref, go, gg)[0], 1e-12, normwise=True)
 
 
 @pytest.mark.parametrize("envelope", ENVELOPES)
@@ -164,9 +155,7 @@ def test_column_chunking(triton_device, n_rbf, basis):
 def test_gradcheck_and_gradgradcheck(triton_device, path, basis, envelope):
     # Small d (0, inside and just above the Taylor branch), mid-range, near and beyond the cutoff; exactly d =
     # rc is left out because f'' jumps there, so finite differences of the first derivative straddle a kink.
-    d = torch.tensor(
-        [0.0, 3e-5, 2e-3, 0.3, 1.7, 4.98, 4.9999, 5.3], dtype=torch.float64, device=triton_device
-    )
+    d = torch.tensor([0.0, 3e-5, 2e-3, 0.3, 1.7, 4.98, 4.9999, 5.3], dtype=torch.float64, device=triton_device)
     d.requires_grad_(True)
 
     def fn(x):
@@ -190,40 +179,6 @@ def test_empty_and_noncontiguous(triton_device, path):
     d = base[::3]
     assert not d.is_contiguous()
     _assert_close(_rbf_triton(d, path=path), rbf_cutoff_reference(d, N_RBF, CUTOFF), 1e-12)
-
-
-def test_bound_launch_matches_plain_launch(triton_device):
-    """Launches bound once per specialization (CUDA) give bitwise the results of ``kernel[grid](...)``, also
-    for arguments Triton specializes differently: E % 16 == 0 or not, E == 1, a view off 16-byte alignment.
-    On CUDA the bound path must actually be in use; elsewhere it falls back to the plain launch."""
-    base = _distances(4099, torch.float32, triton_device)
-    for d in [base[:4096], base[:4097], base[1:4097], base[:1], base[1:2], base[:4096]]:
-        results = []
-        for bound in (True, False):
-            with tuning(bound_launch=bound):
-                for _ in range(2):  # the second call of a specialization takes the bound path
-                    x = d.detach().requires_grad_(True)
-                    out = _rbf_triton(x, basis="gaussian", envelope="polynomial")
-                    (g,) = torch.autograd.grad(out, x, torch.ones_like(out))
-            results.append((out, g))
-        (out, g), (out_plain, g_plain) = results
-        assert torch.equal(out, out_plain) and torch.equal(g, g_plain)
-        _assert_close(out, rbf_cutoff_reference(d.double(), N_RBF, CUTOFF, "gaussian", "polynomial"), 1e-5)
-    if triton_device.type == "cuda":
-        ok, why = bound_launch_status()
-        assert ok, why
-        assert len(_BOUND) >= 6  # fwd and bwd of at least three specializations
-
-
-def test_bound_launch_key_is_finer_than_triton():
-    """The specialization key separates what Triton specializes on: tensor dtype and 16-byte alignment, ints
-    equal to 1, divisible by 16, and beyond 32 bits."""
-    t = torch.zeros(8)
-    specs = [_arg_spec(x) for x in (t, t[1:], t.double(), 1, 16, 17, 2**31, 2**31 + 1)]
-    assert len(set(specs)) == len(specs)
-    assert _arg_spec(32) == _arg_spec(16) and _arg_spec(t[4:]) == _arg_spec(t)
-    with pytest.raises(TypeError, match="tensor and int"):
-        _arg_spec(1.5)
 
 
 def test_op_registration(triton_device):
