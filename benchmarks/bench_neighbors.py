@@ -90,8 +90,10 @@ def main() -> None:
         total = inp["positions"].shape[0]
         impls = [("cell_list (triton)", dict(method="cell_list", cell_list_impl="triton"))] * (device.type == "cuda")
         if total <= 30_000:
-            impls += [("cell_list (torch)", dict(method="cell_list", cell_list_impl="torch")),
-                      ("brute", dict(method="brute"))]
+            impls += [
+                ("cell_list (torch)", dict(method="cell_list", cell_list_impl="torch")),
+                ("brute", dict(method="brute")),
+            ]
         if vesin_available():
             impls += [("vesin (our contract)", dict(method="vesin"))]
         for name, kw in impls:
@@ -99,8 +101,15 @@ def main() -> None:
             got = neighbor_list(*args_nl, method, **kw)
             assert torch.equal(got.edge_index, ref.edge_index), f"{case}: {name} differs from cell_list"
             slow = (name.startswith("vesin") and n_struct > 1) or (name == "brute" and total > 20_000)
-            run(case, name, lambda m=method, k=kw: neighbor_list(*args_nl, m, **k), total, n_struct, pairs,
-                **(dict(warmup_ms=1, rep_ms=1) if slow else {}))
+            run(
+                case,
+                name,
+                lambda m=method, k=kw: neighbor_list(*args_nl, m, **k),
+                total,
+                n_struct,
+                pairs,
+                **(dict(warmup_ms=1, rep_ms=1) if slow else {}),
+            )
         if vesin_available():
             calc = _vesin_class()(cutoff=CUTOFF, full_list=True)
             ptr = inp["ptr"].tolist()
@@ -108,10 +117,17 @@ def main() -> None:
 
             def vesin_raw():
                 for b in range(n_struct):
-                    calc.compute(pos64[ptr[b]:ptr[b + 1]], cell64[b], True, "ijS", copy=False)
+                    calc.compute(pos64[ptr[b] : ptr[b + 1]], cell64[b], True, "ijS", copy=False)
 
-            run(case, "vesin raw (1 call/box)", vesin_raw, total, n_struct, pairs,
-                **(dict(warmup_ms=1, rep_ms=1) if n_struct > 1 else {}))
+            run(
+                case,
+                "vesin raw (1 call/box)",
+                vesin_raw,
+                total,
+                n_struct,
+                pairs,
+                **(dict(warmup_ms=1, rep_ms=1) if n_struct > 1 else {}),
+            )
 
     # Where the time goes for the 24,000-atom box (launch count, top kernels).
     profile = ""
@@ -120,8 +136,9 @@ def main() -> None:
         a = (inp["positions"], inp["cell"], inp["pbc"], inp["batch"], inp["ptr"], CUTOFF)
         neighbor_list(*a, "cell_list")
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as prof:
             neighbor_list(*a, "cell_list")
             torch.cuda.synchronize()
         profile = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
@@ -131,20 +148,25 @@ def main() -> None:
     for case, impl, *_rest, t in rows:
         by_case.setdefault(case, {})[impl] = t.median_us
     lines = [
-        "# Neighbour lists on the GPU (issue 7)", "",
+        "# Neighbour lists on the GPU (issue 7)",
+        "",
         f"{env.device} · torch {env.torch} · triton {env.triton} · commit {env.commit} · "
-        f"copy bandwidth {env.copy_gbps:.0f} GB/s", "",
+        f"copy bandwidth {env.copy_gbps:.0f} GB/s",
+        "",
         "5 Å cutoff, float32 positions (geometry in float64), water at ~1 g/cm³. Times are medians of "
         "`triton.testing.do_bench` (harness.time_fn) and include the full output contract (receiver-sorted "
-        "CSR, (i, j, S) order, shifts, shift vectors) except `vesin raw` (vesin's unsorted i, j, S only).", "",
+        "CSR, (i, j, S) order, shifts, shift vectors) except `vesin raw` (vesin's unsorted i, j, S only).",
+        "",
         "| case | impl | atoms | structures | pairs | median ms | p20-p80 ms | vesin raw / this |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for case, impl, n_atoms, n_struct, pairs, t in rows:
         v = by_case[case].get("vesin raw (1 call/box)")
         ratio = f"{v / t.median_us:.1f}" if v else "—"
-        lines.append(f"| {case} | {impl} | {n_atoms} | {n_struct} | {pairs} | {t.median_us / 1e3:.3f} "
-                     f"| {t.p20_us / 1e3:.3f}-{t.p80_us / 1e3:.3f} | {ratio} |")
+        lines.append(
+            f"| {case} | {impl} | {n_atoms} | {n_struct} | {pairs} | {t.median_us / 1e3:.3f} "
+            f"| {t.p20_us / 1e3:.3f}-{t.p80_us / 1e3:.3f} | {ratio} |"
+        )
     if profile:
         lines += ["", "Profile of one Triton cell-list call, 24,000 atoms:", "", "```", profile, "```"]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -67,10 +67,7 @@ def structures() -> tuple[Atoms, ...]:
 def ase_pairs(atoms: Atoms, cutoff: float) -> tuple[list[tuple], np.ndarray]:
     i, j, s, d = ase_neighbor_list("ijSd", atoms, cutoff)
     order = np.lexsort((s[:, 2], s[:, 1], s[:, 0], j, i))
-    tuples = [
-        (int(a), int(b), tuple(int(x) for x in c))
-        for a, b, c in zip(i[order], j[order], s[order], strict=True)
-    ]
+    tuples = [(int(a), int(b), tuple(int(x) for x in c)) for a, b, c in zip(i[order], j[order], s[order], strict=True)]
     return tuples, d[order]
 
 

@@ -155,9 +155,7 @@ def neighbor_list(
         :class:`NeighborList` on the device of ``positions``.
     """
     if method != "auto" and method not in BACKENDS:
-        raise ValueError(
-            f"neighbor_list: unknown method {method!r}; choose 'auto' or one of {sorted(BACKENDS)}"
-        )
+        raise ValueError(f"neighbor_list: unknown method {method!r}; choose 'auto' or one of {sorted(BACKENDS)}")
     if int(max_candidates) < 1:
         raise ValueError(f"neighbor_list: max_candidates must be >= 1, got {max_candidates}")
     if method == "vesin" and not vesin_available():
@@ -166,9 +164,7 @@ def neighbor_list(
     if method == "auto":
         method = choose_method(geo)
     if positions.device.type not in BACKENDS[method]:
-        raise ValueError(
-            f"neighbor_list: backend {method!r} supports {BACKENDS[method]}, not {positions.device}"
-        )
+        raise ValueError(f"neighbor_list: backend {method!r} supports {BACKENDS[method]}, not {positions.device}")
     if method == "cell_list":
         impl = resolve_cell_list_impl(cell_list_impl, positions.device)
         if impl == "triton":

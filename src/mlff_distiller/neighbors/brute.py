@@ -81,11 +81,7 @@ def brute_force(geo: Geometry, max_candidates: int = DEFAULT_MAX_CANDIDATES) -> 
         j = pair - i * n + atom0
         i += atom0
         del local, pair, m, n, atom0, b
-        vec = (
-            wrapped_t.index_select(1, j)
-            - wrapped_t.index_select(1, i)
-            + image_vectors_t.index_select(1, image)
-        )
+        vec = wrapped_t.index_select(1, j) - wrapped_t.index_select(1, i) + image_vectors_t.index_select(1, image)
         dist_sq = vec.square().sum(dim=0)
         # 0 < |r| drops the self pair (i == j, S' == 0), which is exactly zero, and coincident atoms.
         keep = (dist_sq > 0) & (dist_sq < cutoff_sq)

@@ -121,9 +121,7 @@ def _ghosts(geo: Geometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rest = local // w[:, 2]
     shift = torch.stack([rest // w[:, 1], rest % w[:, 1], d2], dim=1) + lo[atom]
     del local, rest, d2, w
-    position = geo.wrapped[atom] + torch.einsum(
-        "pa,pab->pb", shift.to(torch.float64), geo.basis[geo.batch[atom]]
-    )
+    position = geo.wrapped[atom] + torch.einsum("pa,pab->pb", shift.to(torch.float64), geo.basis[geo.batch[atom]])
     return atom, shift, position
 
 

@@ -329,9 +329,7 @@ def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> Neighbo
     row_ptr = torch.zeros(n + 1, dtype=torch.int64, device=device)
     torch.cumsum(count, 0, dtype=torch.int64, out=row_ptr[1:])
     # The one sync that sizes the output; the shift range check rides along with it.
-    n_edges, longest, max_reach = torch.stack(
-        [row_ptr[-1], count.max().long(), (reach // nb + 1).max()]
-    ).tolist()
+    n_edges, longest, max_reach = torch.stack([row_ptr[-1], count.max().long(), (reach // nb + 1).max()]).tolist()
     if max_reach >= _SHIFT_BIAS:
         # Shifts would overflow the 10-bit fields of the pair keys (a cell ~500x thinner than the cutoff):
         # the caller falls back to the torch cell list, which has no such limit.
