@@ -1,6 +1,6 @@
 """Make the built-in student ``builtin:chno-gfn2`` (GFN2-xTB distilled into a PaiNN student), reproducibly.
 
-    python examples/make_builtin_student.py --workers 16 --install
+    python examples/make_builtin_student.py --workers 16 --deadline 440 --install
 
 1. labels training frames (``configs/chno_gfn2_label.yaml``) and held-out frames from separate trajectories
    (``configs/chno_gfn2_test.yaml``) with GFN2-xTB (tblite), in parallel over molecules;
@@ -37,6 +37,12 @@ def main() -> None:
     ap.add_argument("--results", default="runs/chno_gfn2/results", help="checkpoint, metrics, plots")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="labelling processes")
     ap.add_argument("--time-limit", type=float, default=None, help="training wall clock, s (default: config)")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="whole-run wall clock, s: training gets what labelling left, minus 100 s for evaluation",
+    )
     ap.add_argument("--install", action="store_true", help="copy the checkpoint into the package data")
     ap.add_argument("--quick", action="store_true", help="tiny end-to-end check")
     args = ap.parse_args()
@@ -58,6 +64,7 @@ def main() -> None:
     from mlff_distiller.distill.config import from_dict, load_yaml
     from mlff_distiller.distill.teachers import get_teacher
 
+    t_start = time.perf_counter()
     work, results = Path(args.work), Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     label_train = from_dict(LabelJob, load_yaml(ROOT / "configs/chno_gfn2_label.yaml"))
@@ -97,14 +104,18 @@ def main() -> None:
 
     t = time.perf_counter()
     for name, job in (("train", label_train), ("test", label_test)):
-        report = label_parallel(
-            seeds, job.teacher, work / f"{name}_labels", job.sampling, workers=args.workers
-        )
+        report = label_parallel(seeds, job.teacher, work / f"{name}_labels", job.sampling, workers=args.workers)
         summary[f"label_{name}"] = {"frames": report.total, "duplicates": report.duplicates}
         print(f"labelled {name}: {report}", flush=True)
     summary["label_seconds"] = time.perf_counter() - t
     save_summary()
 
+    if args.deadline is not None:
+        left = args.deadline - (time.perf_counter() - t_start) - 100.0
+        if left < 30:
+            raise SystemExit(f"deadline {args.deadline} s leaves {left:.0f} s for training; aborting")
+        train_job.train.time_limit_s = min(train_job.train.time_limit_s or left, left)
+        summary["train_time_limit_s"] = train_job.train.time_limit_s
     frames = read_frames(work / "train_labels")
     test = read_frames(work / "test_labels")
     train_frames, val_frames = split_frames(frames, train_job.val_fraction, seed=train_job.split_seed)
@@ -130,7 +141,7 @@ def main() -> None:
     meta = {
         "teacher": "gfn2-xtb",
         "description": "PaiNN student of GFN2-xTB on closed-shell CHNO molecules of ASE g2, 300-800 K",
-        "recipe": "python examples/make_builtin_student.py --workers 16 --install",
+        "recipe": "python examples/make_builtin_student.py --workers 16 --deadline 440 --install",
         "val": result.best_val,
         "train_frames": len(train_frames),
         "train_seconds": result.seconds,
@@ -159,9 +170,7 @@ def main() -> None:
     def test_errors(precision: str) -> dict:
         m = error_metrics(test, predict_frames(model, test, device=device, precision=precision))
         if precision == "fp32":
-            parity_plot(
-                m, results / "parity.png", title="builtin:chno-gfn2 vs GFN2-xTB, held-out trajectories"
-            )
+            parity_plot(m, results / "parity.png", title="builtin:chno-gfn2 vs GFN2-xTB, held-out trajectories")
         return {k: v for k, v in m.items() if not k.startswith("_")}
 
     from ase.build import molecule
@@ -178,7 +187,7 @@ def main() -> None:
     phase("test_fp32", lambda: test_errors("fp32"))
     phase("test_fp64", lambda: test_errors("fp64"))
     phase("md_step_timing_ethanol", timing)
-    phase("nve_ethanol", lambda: nve_drift(ethanol, model, steps=200 if args.quick else 4000, device=device))
+    phase("nve_ethanol", lambda: nve_drift(ethanol, model, steps=200 if args.quick else 2000, device=device))
     test_m = summary["test_fp32"]
     if "error" not in test_m:
         meta.update(

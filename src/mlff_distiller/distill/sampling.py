@@ -200,7 +200,10 @@ def run_task(
     MaxwellBoltzmannDistribution(atoms, temperature_K=task.temperature, rng=rng)
     if not atoms.pbc.any():
         Stationary(atoms)
-        ZeroRotation(atoms)
+        # ZeroRotation divides by principal moments, one of which is 0 for a linear molecule (it then
+        # selects 0 for that axis; the division only warns).
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ZeroRotation(atoms)
     dyn = Langevin(
         atoms,
         timestep=float(config.timestep_fs) * units.fs,

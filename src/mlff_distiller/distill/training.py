@@ -61,6 +61,7 @@ class TrainConfig:
         grad_clip: max global gradient norm (0 disables).
         eval_every: steps between validations (0 = once per epoch).
         patience: validations without improvement before stopping (0 disables early stopping).
+        min_delta: a validation force MAE must beat the best by more than this (meV/Å) to count as better.
         val_batch_size: frames per validation batch.
         device: ``"cuda"``, ``"cpu"`` or ``"auto"``. dtype: ``"float32"`` or ``"float64"``.
         seed: random seed (weights init and shuffling).
@@ -86,6 +87,7 @@ class TrainConfig:
     grad_clip: float = 10.0
     eval_every: int = 0
     patience: int = 20
+    min_delta: float = 0.0
     val_batch_size: int = 64
     device: str = "auto"
     dtype: str = "float32"
@@ -103,6 +105,7 @@ class TrainConfig:
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         for name in (
+            "min_delta",
             "weight_decay",
             "energy_weight",
             "force_weight",
@@ -171,13 +174,13 @@ def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[
     e_loss = (((energy - batch.energy) / n) ** 2).mean()
     f_loss = ((forces - batch.forces) ** 2).mean()
     loss = cfg.energy_weight * e_loss + cfg.force_weight * f_loss
-    parts = {"energy": float(e_loss), "forces": float(f_loss)}
+    parts = {"energy": float(e_loss.detach()), "forces": float(f_loss.detach())}
     if cfg.hvp_weight > 0:
         if batch.hvp is None:
             raise ValueError("hvp_weight > 0 needs frames labelled with Hessian-vector products (sampling hvp: true)")
         h_loss = ((_student_hvp(model, batch, cfg.hvp_eps) - batch.hvp) ** 2).mean()
         loss = loss + cfg.hvp_weight * h_loss
-        parts["hvp"] = float(h_loss)
+        parts["hvp"] = float(h_loss.detach())
     return loss, parts
 
 
@@ -382,12 +385,12 @@ def train(
                     "epoch": epoch + (position / len(epoch_order)),
                     "seconds": elapsed,
                     "lr": opt.param_groups[0]["lr"],
-                    "train_loss": float(loss),
+                    "train_loss": float(loss.detach()),
                     **{f"train_{k}_mse": v for k, v in parts.items()},
                     **{f"val_{k}": v for k, v in metrics.items()},
                 }
                 history.append(row)
-                improved = metrics["force_mae_mev_a"] < best["force_mae_mev_a"]
+                improved = metrics["force_mae_mev_a"] < best["force_mae_mev_a"] - cfg.min_delta
                 if improved:
                     best, bad = {**metrics, "step": step, "seconds": elapsed}, 0
                     best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,0 +1,99 @@
+"""``mlff-distill`` smoke tests: every subcommand, --help, configs and bad input."""
+
+import json
+
+import ase.io
+import numpy as np
+import pytest
+import yaml
+from ase.build import molecule
+
+from mlff_distiller.cli import TrainJob, main
+from mlff_distiller.distill import read_frames
+from mlff_distiller.distill.config import from_dict
+
+
+@pytest.mark.parametrize("command", ["label", "train", "evaluate", "predict", "md"])
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    assert f"mlff-distill {command}" in capsys.readouterr().out
+
+
+def test_all_subcommands(tmp_path, capsys):
+    lab = tmp_path / "lab"
+    cfg = tmp_path / "label.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "teacher": "emt",
+                "seeds": "molecule:H2O,CH4",
+                "out": str(lab),
+                "progress": False,
+                "sampling": {"temperatures": [300], "md_steps": 40, "sample_every": 4, "rattle_per_seed": 2},
+            }
+        )
+    )
+    assert main(["label", "--config", str(cfg)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["total"] == len(read_frames(lab)) == 2 * 10 + 4
+
+    run = tmp_path / "run"
+    args = ["train", "--data", str(lab), "--out", str(run), "--export", str(tmp_path / "student.pt")]
+    for s in ("train.max_steps=4", "train.model.hidden=8", "train.model.layers=1", "train.device=cpu"):
+        args += ["--set", s]
+    assert main([*args, "--set", "train.eval_every=2", "--set", "val_fraction=0.3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 4 and (tmp_path / "student.pt").exists()
+
+    ev = tmp_path / "ev"
+    args = ["evaluate", "--model", str(run / "best.pt"), "--data", str(lab), "--out", str(ev), "--device", "cpu"]
+    assert main([*args, "--history", str(run / "history.json"), "--nve-steps", "5"]) == 0
+    metrics = json.loads((ev / "metrics.json").read_text())
+    assert metrics["frames"] == report["total"] and "nve" in metrics
+    assert (ev / "parity.png").exists() and (ev / "learning_curve.png").exists()
+    capsys.readouterr()
+
+    structures = tmp_path / "in.xyz"
+    ase.io.write(structures, [molecule("H2O"), molecule("CH4")])
+    pred = tmp_path / "pred.extxyz"
+    assert main(["predict", "--model", str(run / "best.pt"), "--input", str(structures), "--output", str(pred)]) == 0
+    got = ase.io.read(pred, index=":")
+    assert len(got) == 2 and got[1].get_forces().shape == (5, 3) and np.isfinite(got[1].get_forces()).all()
+
+    traj = tmp_path / "md.extxyz"
+    args = ["md", "--model", str(run / "best.pt"), "--input", str(structures), "--output", str(traj)]
+    assert main([*args, "--steps", "10", "--interval", "5", "--device", "cpu"]) == 0
+    assert len(ase.io.read(traj, index=":")) == 2
+
+
+def test_bad_input_is_a_clear_error(tmp_path, capsys):
+    assert main(["predict", "--model", "x.pt", "--input", str(tmp_path / "nope.xyz")]) == 2
+    assert "input file not found" in capsys.readouterr().err
+    assert main(["train", "--set", "train.bogus=1"]) == 2
+    assert "unknown key(s) ['bogus']" in capsys.readouterr().err
+    assert main(["train", "--set", "train.lr=-1"]) == 2
+    assert "lr must be > 0" in capsys.readouterr().err
+    assert main(["label", "--teacher", "emt", "--seeds", "molecule:NotAMolecule", "--out", str(tmp_path)]) == 2
+    assert "unknown molecule" in capsys.readouterr().err
+    assert main(["train", "--data", str(tmp_path / "missing")]) == 2
+    assert "no labelled data" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("[1, 2]")
+    assert main(["label", "--config", str(bad)]) == 2
+    assert "mapping" in capsys.readouterr().err
+    assert main(["md", "--model", "x", "--input", str(bad), "--set", "ensemble=npt"]) == 2
+    assert "ensemble" in capsys.readouterr().err
+
+
+def test_yaml_configs_in_repo_are_valid():
+    from pathlib import Path
+
+    from mlff_distiller.cli import LabelJob
+    from mlff_distiller.distill.config import load_yaml
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    assert from_dict(TrainJob, load_yaml(root / "chno_gfn2_train.yaml")).train.model.hidden == 128
+    for name in ("chno_gfn2_label.yaml", "chno_gfn2_test.yaml"):
+        assert from_dict(LabelJob, load_yaml(root / name)).teacher == "gfn2-xtb"

@@ -1,0 +1,209 @@
+"""Teachers, sampling, labelling to disk and its SIGKILL-safe resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import ase.io
+import numpy as np
+import pytest
+from ase.build import molecule
+from ase.calculators.emt import EMT
+from conftest import emt_seeds, small_sampling
+
+from mlff_distiller.distill import (
+    Deduplicator,
+    FrameStore,
+    MissingExtraError,
+    SamplingConfig,
+    get_teacher,
+    label,
+    make_tasks,
+    read_frames,
+    run_task,
+)
+
+
+def test_get_teacher_presets_and_errors():
+    assert isinstance(get_teacher("emt"), EMT)
+    calc = EMT()
+    assert get_teacher(calc) is calc
+    with pytest.raises(ValueError, match="unknown teacher 'dft'"):
+        get_teacher("dft")
+    with pytest.raises(ValueError, match="ASE Calculator"):
+        get_teacher(42)
+
+
+def test_missing_extra_names_the_pip_extra():
+    try:
+        import sevenn  # noqa: F401
+    except ImportError:
+        with pytest.raises(MissingExtraError, match=r"mlff-distiller\[sevennet\]"):
+            get_teacher("sevennet-0")
+    else:
+        pytest.skip("sevenn is installed")
+
+
+def test_gfn2_teacher_labels_water():
+    pytest.importorskip("tblite")
+    atoms = molecule("H2O")
+    atoms.calc = get_teacher("gfn2-xtb")
+    f = atoms.get_forces()
+    assert f.shape == (3, 3) and np.isfinite(f).all()
+    assert abs(f.sum(0)).max() < 1e-6  # no net force on an isolated molecule
+
+
+def test_sampling_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="temperatures"):
+        SamplingConfig(temperatures=[300, -5])
+    with pytest.raises(ValueError, match="sample_every"):
+        SamplingConfig(sample_every=0)
+    with pytest.raises(ValueError, match="dedup_rms"):
+        SamplingConfig(dedup_rms=-1)
+
+
+def test_tasks_are_deterministic_and_labelled():
+    cfg = small_sampling(md_steps=20, hvp=True)
+    seeds = emt_seeds()
+    tasks = make_tasks(seeds, cfg)
+    assert len(tasks) == len(seeds) * (2 + 4)  # two temperatures + four rattles per seed
+    assert len({t.key for t in tasks}) == len(tasks)
+    task = tasks[1]
+    a = list(run_task(task, seeds[task.seed_index], EMT(), cfg))
+    b = list(run_task(task, seeds[task.seed_index], EMT(), cfg))
+    assert [k for k, _ in a] == list(range(5))
+    for (_, x), (_, y) in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x.positions, y.positions)
+        np.testing.assert_array_equal(x.get_forces(), y.get_forces())
+    # The teacher label equals a fresh teacher evaluation of the frame.
+    frame = a[-1][1]
+    fresh = frame.copy()
+    fresh.calc = EMT()
+    np.testing.assert_allclose(frame.get_forces(), fresh.get_forces(), atol=1e-12)
+    np.testing.assert_allclose(frame.get_potential_energy(), fresh.get_potential_energy(), atol=1e-12)
+    # H·v by central differences agrees with a smaller step (the O(ε²) error is small).
+    v, hv = frame.arrays["hvp_dir"], frame.arrays["hvp"]
+    assert abs(np.linalg.norm(v) - 1) < 1e-12
+    eps = 1e-3
+    plus, minus = frame.copy(), frame.copy()
+    plus.positions += eps * v
+    minus.positions -= eps * v
+    plus.calc, minus.calc = EMT(), EMT()
+    np.testing.assert_allclose(hv, -(plus.get_forces() - minus.get_forces()) / (2 * eps), atol=2e-3 * np.abs(hv).max())
+
+
+def test_deduplicator_drops_near_copies_only():
+    a = molecule("CH4")
+    d = Deduplicator(0.01)
+    assert not d.is_duplicate(a)
+    d.add(a)
+    moved = a.copy()
+    moved.rotate(40, "z")
+    moved.translate([1.0, 2.0, 3.0])
+    assert d.is_duplicate(moved)  # same geometry, rotated and translated
+    other = a.copy()
+    other.rattle(0.1, seed=3)
+    assert not d.is_duplicate(other)
+    with pytest.raises(ValueError):
+        Deduplicator(-1)
+
+
+def test_label_writes_db_and_extxyz_and_resumes_as_noop(tmp_path):
+    cfg = small_sampling(md_steps=20, dedup_rms=0.0)
+    report = label(emt_seeds()[:2], "emt", tmp_path, cfg, progress=False)
+    assert report.written == report.total == 2 * (2 * 5 + 4)
+    db_frames = read_frames(tmp_path)
+    xyz_frames = ase.io.read(tmp_path / "frames.extxyz", index=":")
+    assert len(db_frames) == len(xyz_frames) == report.total
+    for a, b in zip(db_frames, xyz_frames, strict=True):
+        np.testing.assert_allclose(a.positions, b.positions, atol=1e-7)
+        np.testing.assert_allclose(a.get_forces(), b.get_forces(), atol=1e-7)
+        assert a.info["task"] == b.info["task"]
+    again = label(emt_seeds()[:2], "emt", tmp_path, cfg, progress=False)
+    assert again.written == 0 and again.tasks_run == 0 and again.total == report.total
+    with pytest.raises(ValueError, match="different"):
+        label(emt_seeds()[:2], "emt", tmp_path, small_sampling(md_steps=40), progress=False)
+
+
+def test_label_rejects_bad_seeds(tmp_path):
+    with pytest.raises(ValueError, match="at least one seed"):
+        label([], "emt", tmp_path / "a", progress=False)
+    with pytest.raises(ValueError, match="seed 0"):
+        label(["H2O"], "emt", tmp_path / "b", progress=False)
+
+
+def test_read_frames_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_frames(tmp_path / "missing")
+    with pytest.raises(ValueError, match="label output"):
+        read_frames(tmp_path)
+    bare = tmp_path / "bare.xyz"
+    ase.io.write(bare, molecule("H2O"))
+    with pytest.raises(ValueError, match="no energy and forces"):
+        read_frames(bare)
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from ase.build import molecule
+    from ase.calculators.emt import EMT
+    from mlff_distiller.distill import SamplingConfig, label
+
+    class SlowEMT(EMT):
+        # Slow enough that the parent can kill the run in the middle of a task.
+        def calculate(self, *args, **kwargs):
+            time.sleep(0.002)
+            super().calculate(*args, **kwargs)
+
+    seeds = [molecule("H2O"), molecule("CH4"), molecule("NH3")]
+    cfg = SamplingConfig(temperatures=[300, 500], md_steps=120, sample_every=4, rattle_per_seed=3, dedup_rms=0.02)
+    label(seeds, SlowEMT(), sys.argv[1], cfg, progress=False)
+    """
+)
+
+
+def _run_child(script, out, env):
+    return subprocess.Popen([sys.executable, str(script), str(out)], env=env)
+
+
+def test_sigkill_resume_loses_and_duplicates_nothing(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    assert _run_child(script, ref, env).wait(timeout=120) == 0
+    expected = [(a.info["task"], a.info["frame"], a.positions.copy()) for a in read_frames(ref)]
+    assert len(expected) > 60
+
+    kills = 0
+    for target in (15, 70):  # kill twice: early in the run, then again after the first resume
+        proc = _run_child(script, killed, env)
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            if (killed / "frames.db").exists() and len(FrameStore(killed)) >= target:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+                break
+            time.sleep(0.02)
+        proc.wait(timeout=30)
+    assert kills >= 1
+    partial = len(FrameStore(killed))
+    assert 0 < partial < len(expected)
+    assert _run_child(script, killed, env).wait(timeout=120) == 0
+
+    got = read_frames(killed)
+    keys = [(a.info["task"], a.info["frame"]) for a in got]
+    assert len(keys) == len(set(keys)), "duplicated frames after resume"
+    assert sorted(keys) == sorted((t, f) for t, f, _ in expected), "lost or extra frames after resume"
+    ref_pos = {(t, f): p for t, f, p in expected}
+    for a in got:
+        np.testing.assert_array_equal(a.positions, ref_pos[(a.info["task"], a.info["frame"])])
+    xyz = ase.io.read(killed / "frames.extxyz", index=":")
+    assert sorted((a.info["task"], int(a.info["frame"])) for a in xyz) == sorted(keys)
+    progress = json.loads((killed / "progress.json").read_text())
+    assert len(progress["done"]) == 3 * (2 + 3)
