@@ -26,14 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import environment, time_fn  # noqa: E402
+from harness import environment, time_fn
 
-from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, StudentModel, kernels  # noqa: E402
-from mlff_distiller.neighbors import neighbor_list  # noqa: E402
+from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, StudentModel, kernels
+from mlff_distiller.neighbors import neighbor_list
 
 LATENCY_MOLECULES = ("H2", "H2O", "CH4", "C6H6")
 SWEEP_SIZES = (1, 4, 8, 16, 32, 64, 256, 1024, 4096)

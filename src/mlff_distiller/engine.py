@@ -24,7 +24,8 @@ sm80+), ``bf16`` (sm80+) and ``fp16``. The last two run the atom-wise MLP matmul
 weights (cast once; cuBLAS accumulates in float32) and return float32, while positions, shift vectors, edge
 geometry, the radial filter, message aggregation, residual feature streams, energies and the force
 accumulation stay in float32. (Not ``torch.autocast``: it would hand the message-passing kernel mixed dtypes
-and re-cast every weight on every call.) An unsupported precision warns and falls back to ``fp32``. ``TOLERANCES`` documents the accepted
+and re-cast every weight on every call.) An unsupported precision warns and falls back to ``fp32``.
+``TOLERANCES`` documents the accepted
 deviation from fp64 (the tests enforce it; the benchmark writes the measured error table).
 """
 
