@@ -18,7 +18,18 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BenchRow", "Environment", "Timing", "copy_bandwidth", "environment", "time_fn", "write_results"]
+__all__ = [
+    "BenchRow",
+    "Environment",
+    "Timing",
+    "copy_bandwidth",
+    "device_slug",
+    "environment",
+    "peak_memory_bytes",
+    "sync",
+    "time_fn",
+    "write_results",
+]
 
 QUANTILES = (0.5, 0.2, 0.8)
 
@@ -167,3 +178,41 @@ def write_results(rows: Iterable[BenchRow], out_dir: Path, name: str) -> tuple[P
         )
     md.write_text("\n".join(lines) + "\n")
     return jsonl, md
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Additions for run_all.py and the bench_*.py files built on it.
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for the device's queued work (a no-op off CUDA), so wall-clock intervals measure finished work."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_slug(device: torch.device | str) -> str:
+    """A short file-name tag for the device: ``h100``, ``h200``, ``a100``... for NVIDIA GPUs, ``cpu`` else."""
+    import re
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device)
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name)
+    tag = m.group(1) if m else name
+    return re.sub(r"[^a-z0-9]+", "-", tag.lower()).strip("-") or "gpu"
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str) -> int | None:
+    """Peak device memory (bytes) allocated during one call of ``fn`` above what was allocated before it
+    (CUDA caching-allocator statistics); None off CUDA, where it is not measured."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - base)

@@ -1,0 +1,152 @@
+"""Fast CPU checks of the benchmark suite's pieces (benchmarks/run_all.py, peers.py, bench_breakdown.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.build import molecule
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import bench_breakdown  # noqa: E402
+import peers  # noqa: E402
+import run_all  # noqa: E402
+
+from mlff_distiller import AtomsBatch, ForceEngine, kernels  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _schnet_energy_with_cdist_edges(model, atoms: Atoms) -> torch.Tensor:
+    """SchNet energy with edges from an all-pairs distance matrix (no periodic images): an independent graph."""
+    pos = torch.tensor(atoms.positions, dtype=torch.float32)
+    d = torch.cdist(pos.double(), pos.double())
+    i, j = torch.nonzero((d < model.cutoff) & (d > 0), as_tuple=True)
+    model.interaction_graph.edges = (torch.stack([i, j]), torch.zeros(len(i), 3))
+    z = torch.tensor(atoms.numbers)
+    return model(z, pos, torch.zeros(len(atoms), dtype=torch.long)).reshape(-1)
+
+
+def test_schnet_peer_matches_size_and_independent_edges():
+    target = peers.count_params(peers.make_student())
+    impl = peers.SchNetImpl("schnet", target, 5.0, "cpu")
+    assert impl.available, impl.why_unavailable
+    assert abs(impl.params - target) / target < 0.02
+    atoms = molecule("C6H6")
+    ours = impl.energy_forces(AtomsBatch.from_atoms(atoms), forces=True)
+    ref = _schnet_energy_with_cdist_edges(impl.model, atoms)
+    torch.testing.assert_close(ours["energy"], ref, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(ours["forces"]).all() and ours["forces"].abs().max() > 0
+    # Forces are -dE/dr: a finite difference along one coordinate agrees.
+    h = 1e-2
+    plus, minus = atoms.copy(), atoms.copy()
+    plus.positions[0, 0] += h
+    minus.positions[0, 0] -= h
+    e_p = impl.energy_forces(AtomsBatch.from_atoms(plus), forces=False)["energy"]
+    e_m = impl.energy_forces(AtomsBatch.from_atoms(minus), forces=False)["energy"]
+    fd = -(e_p - e_m) / (2 * h)
+    assert abs(float(fd) - float(ours["forces"][0, 0])) < 2e-2 * max(1.0, abs(float(fd)))
+
+
+def test_schnet_peer_uses_periodic_images():
+    """A periodic box and its 2x1x1 supercell: the supercell's energy is twice the box's (extensive), which only
+    holds when edges across the boundary (our shift vectors) reach SchNet."""
+    from systems import water_box
+
+    box = water_box(24, seed=3)
+    impl = peers.SchNetImpl("schnet", 50_000, 5.0, "cpu")
+    e1 = impl.energy_forces(AtomsBatch.from_atoms(box), forces=False)["energy"]
+    e2 = impl.energy_forces(AtomsBatch.from_atoms(box.repeat((2, 1, 1))), forces=False)["energy"]
+    torch.testing.assert_close(e2, 2 * e1, rtol=1e-4, atol=1e-4)
+    # Without periodicity the same atoms give a different (surface) energy, so the check above has teeth.
+    open_box = box.copy()
+    open_box.pbc = False
+    e_open = impl.energy_forces(AtomsBatch.from_atoms(open_box), forces=False)["energy"]
+    assert abs(float(e_open - e1)) > 1e-3
+
+
+def test_breakdown_instrumentation_keeps_the_math_and_is_undone():
+    model = peers.make_student().float()
+    atoms = molecule("H2O")
+    batch = AtomsBatch.from_atoms(atoms, dtype=torch.float32)
+    before = (kernels.edge_basis, kernels.message_passing)
+    clock = bench_breakdown._StageClock(torch.device("cpu"), timed=True)
+    with kernels.use_backend("torch"):
+        energy, forces = bench_breakdown.instrumented_step(model, batch, clock)
+        ref = ForceEngine(model, device="cpu", precision="fp32").compute(batch)
+    assert (kernels.edge_basis, kernels.message_passing) == before
+    torch.testing.assert_close(energy, ref["energy"], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(forces, ref["forces"], rtol=1e-5, atol=1e-6)
+    expected = {
+        "neighbour list",
+        "edge features",
+        "basis",
+        "embedding",
+        "message φ MLP",
+        "message aggregation",
+        "update",
+        "readout",
+        "backward",
+    }
+    assert expected <= set(clock.times)
+    assert all(t >= 0 for t in clock.times.values())
+
+
+def test_breakdown_and_launch_count_on_cpu(tmp_path):
+    r = bench_breakdown.breakdown(peers.make_student(), [molecule("CH4")], torch.device("cpu"), "torch", reps=1)
+    assert r["step_us_instrumented"] > 0
+    # The stages plus "other" make up the step (stages never nest, so they cannot exceed it).
+    assert sum(r["stages_frac"].values()) == pytest.approx(1.0, abs=0.02)
+    trace = tmp_path / "t.json.gz"
+    counts = bench_breakdown.profile_step(peers.make_student(), [molecule("CH4")], torch.device("cpu"), "torch", trace)
+    assert counts["torch_ops_per_step"] > 10
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    assert any(e.get("name") == "message aggregation" for e in events)
+
+
+def test_annotate_ratios():
+    rows = [
+        {"section": "latency", "system": "X", "task": "t", "batch": 1, "kind": "ours", "us": 10.0},
+        {"section": "latency", "system": "X", "task": "t", "batch": 1, "kind": "ours", "us": 20.0},
+        {"section": "latency", "system": "X", "task": "t", "batch": 1, "kind": "reference", "us": 40.0},
+        {"section": "latency", "system": "X", "task": "t", "batch": 1, "kind": "peer", "us": 5.0},
+        {"section": "latency", "system": "Y", "task": "t", "batch": 1, "kind": "peer", "us": 5.0},
+    ]
+    run_all.annotate(rows)
+    assert [r.get("x_ours") for r in rows] == [1.0, 2.0, 4.0, 0.5, None]
+    assert rows[0]["vs_reference"] == 4.0 and rows[3]["vs_reference"] == 8.0
+
+
+def test_run_all_quick_end_to_end(tmp_path):
+    """A reduced CPU run: latency and sweep with ours, the reference and SchNet; files and ratios present."""
+    rc = run_all.main([
+        "--device", "cpu", "--quick", "--out", str(tmp_path), "--name", "smoke", "--budget-s", "600",
+        "--sections", "latency,sweep", "--impls", "ours,ref,schnet", "--molecules", "H2O",
+        "--sweep-sizes", "1,3",
+    ])  # fmt: skip
+    assert rc == 0
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    timed = [r for r in data["rows"] if "us" in r]
+    assert {r["section"] for r in timed} == {"latency", "sweep"}
+    assert all(np.isfinite(r["us"]) and r["us"] > 0 for r in timed)
+    assert all("x_ours" in r for r in timed)
+    md = (tmp_path / "smoke.md").read_text()
+    assert "PyG SchNet" in md and "ours ×" in md and "Seeds' numbers" in md  # noqa: RUF001
+    assert (tmp_path / "smoke-sweep.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--sections", "nope"], ["--impls", "ours,bogus"], ["--sweep-sizes", "1,x", "--sections", "sweep"]],
+)
+def test_run_all_rejects_bad_arguments(argv, tmp_path):
+    with pytest.raises(ValueError):
+        run_all.main(["--device", "cpu", "--out", str(tmp_path), "--budget-s", "5", *argv])
