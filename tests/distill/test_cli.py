@@ -65,7 +65,7 @@ def test_all_subcommands(tmp_path, capsys):
     traj = tmp_path / "md.extxyz"
     args = ["md", "--model", str(run / "best.pt"), "--input", str(structures), "--output", str(traj)]
     assert main([*args, "--steps", "10", "--interval", "5", "--device", "cpu"]) == 0
-    assert len(ase.io.read(traj, index=":")) == 2
+    assert len(ase.io.read(traj, index=":")) == 3  # steps 0, 5 and 10
 
 
 def test_bad_input_is_a_clear_error(tmp_path, capsys):
