@@ -81,9 +81,7 @@ def _compare(args, dtype, row_ptr=None):
     _check(dv, r_v, s_v, tol, "dv")
     grads = torch.autograd.grad((ds, dv), ins, (gs, gv))
     ref_grads = message_passing_backward_reference(gs.double(), gv.double(), *ref64, ei)
-    for name, g, r, s in zip(
-        ("x", "v", "rbf", "filter_weight", "unit"), grads, ref_grads, s_grads, strict=True
-    ):
+    for name, g, r, s in zip(("x", "v", "rbf", "filter_weight", "unit"), grads, ref_grads, s_grads, strict=True):
         _check(g, r, s, tol, f"grad {name}")
     return ds, dv, grads
 
@@ -203,12 +201,8 @@ def _water_like(n_mol, device, seed=0):
     gen = torch.Generator().manual_seed(seed)
     box = (n_mol * 30.0) ** (1 / 3)
     o = torch.rand(n_mol, 3, generator=gen, dtype=torch.float64) * box
-    h1 = o + 0.96 * torch.nn.functional.normalize(
-        torch.randn(n_mol, 3, generator=gen, dtype=torch.float64), dim=-1
-    )
-    h2 = o + 0.96 * torch.nn.functional.normalize(
-        torch.randn(n_mol, 3, generator=gen, dtype=torch.float64), dim=-1
-    )
+    h1 = o + 0.96 * torch.nn.functional.normalize(torch.randn(n_mol, 3, generator=gen, dtype=torch.float64), dim=-1)
+    h2 = o + 0.96 * torch.nn.functional.normalize(torch.randn(n_mol, 3, generator=gen, dtype=torch.float64), dim=-1)
     pos = torch.cat([o, h1, h2]).to(device)
     numbers = torch.tensor([8] * n_mol + [1] * 2 * n_mol, device=device)
     d = torch.cdist(pos, pos)
