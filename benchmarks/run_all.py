@@ -10,9 +10,10 @@ written after each one, so a run cut short still leaves its finished sections):
   time and error vs fp64;
 * ``breakdown`` (d) per-stage time of an eager step, kernels and launches per step, a chrome trace;
 * ``scaling``  (e) water boxes from 12 to 100,000 atoms: time, µs/atom, peak memory;
+* ``compile``  (c, continued) ``torch.compile`` default / reduce-overhead and CUDA graphs over compiled code
+  (benzene): late, because each compilation costs tens of seconds;
 * ``startup``  (f) fresh processes, load → first result, cold (empty compile cache) and warm;
-* ``compile``  (c, continued) ``torch.compile`` default / reduce-overhead / max-autotune and CUDA graphs over
-  compiled code: last, because each compilation costs tens of seconds.
+* ``autotune`` (c, continued) ``torch.compile`` max-autotune: last, its autotuning costs minutes.
 
 Every time is host data → host results (neighbour list, transfers and one backward included), median of
 ``harness.time_fn`` (``triton.testing.do_bench`` on CUDA, wall clock on CPU). Rows: ``ours`` (ForceEngine),
@@ -32,9 +33,7 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -45,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_breakdown import breakdown, count_launches, profile_step  # noqa: E402
+from bench_startup import run_startup  # noqa: E402
 from harness import device_slug, environment, peak_memory_bytes, sync, time_fn  # noqa: E402
 from peers import (  # noqa: E402
     CalculatorImpl,
@@ -58,7 +58,7 @@ from peers import (  # noqa: E402
 )
 from systems import g2_chno, water_box  # noqa: E402
 
-SECTIONS = ("latency", "sweep", "matrix", "breakdown", "scaling", "startup", "compile")
+SECTIONS = ("latency", "sweep", "matrix", "breakdown", "scaling", "compile", "startup", "autotune")
 MOLECULES = ("H2", "H2O", "CH4", "C6H6")
 IMPL_KEYS = ("ours", "ours_eager", "ours_calc", "ref", "schnet", "sevennet")
 SWEEP = (1, 4, 8, 16, 32, 64, 256, 1024, 4096)
@@ -306,7 +306,8 @@ class Suite:
                 if "us" in res:
                     res["us_per_structure"] = res["us"] / b
                     res.update(self._errors(impl, structures, refs[name]))
-                self.row("matrix", impl, system=name, batch=b, task="energy+forces", **res)
+                atoms = sum(len(a) for a in structures)
+                self.row("matrix", impl, system=name, atoms=atoms, batch=b, task="energy+forces", **res)
             del impl
             _free(self.device)
 
@@ -370,17 +371,10 @@ class Suite:
             )
         self._matrix_rows(configs, systems)
 
-    def compile(self) -> None:
-        """torch.compile modes (and CUDA graphs over compiled code) on benzene; errors vs fp64."""
+    def _compile_variants(self, variants) -> None:
         from ase.build import molecule
 
         m, d = self.model, self.device
-        variants = [
-            ("compile default", dict(mode="compile", compile_mode="default"), 60),
-            ("compile reduce-overhead", dict(mode="compile", compile_mode="reduce-overhead"), 60),
-            ("cudagraph + compile default", dict(mode="cudagraph", compile_mode="default"), 60),
-            ("compile max-autotune", dict(mode="compile", compile_mode="max-autotune"), 150),
-        ]
         if not self.cuda:
             for label, _, _ in variants:
                 self.rows.append(
@@ -393,14 +387,29 @@ class Suite:
                 )
             return
         systems = [("C6H6", [molecule("C6H6")])]
-        configs = []
         for label, kw, need in variants:
             if self.clock.left() < need:
                 self.skip("matrix", label, f"time budget (needs ~{need} s)", system="C6H6")
                 continue
             torch._dynamo.reset()
-            configs.append((label, "ours", lambda label=label, kw=kw: OursImpl(label, "ours", m, d, **kw)))
-            self._matrix_rows(configs[-1:], systems)
+            self._matrix_rows(
+                [(label, "ours", lambda label=label, kw=kw: OursImpl(label, "ours", m, d, **kw))], systems
+            )
+            self.save(plots=False)  # a compilation is long: keep what is done if the run is cut short
+
+    def compile(self) -> None:
+        """torch.compile modes (and CUDA graphs over compiled code) on benzene, with errors vs fp64."""
+        self._compile_variants(
+            [
+                ("compile default", dict(mode="compile", compile_mode="default"), 60),
+                ("compile reduce-overhead", dict(mode="compile", compile_mode="reduce-overhead"), 60),
+                ("cudagraph + compile default", dict(mode="cudagraph", compile_mode="default"), 60),
+            ]
+        )
+
+    def autotune(self) -> None:
+        """``max-autotune`` last: its autotuning costs minutes."""
+        self._compile_variants([("compile max-autotune", dict(mode="compile", compile_mode="max-autotune"), 150)])
 
     # ----------------------------------------------------------------------------------------- (d) breakdown
     def breakdown(self) -> None:
@@ -478,64 +487,11 @@ class Suite:
 
     # ------------------------------------------------------------------------------------------- (f) startup
     def startup(self) -> None:
-        variants = [("eager", ["--mode", "eager"])]
-        if self.cuda:
-            variants += [
-                ("auto (CUDA graphs)", ["--mode", "auto"]),
-                ("cudagraph + compile default", ["--mode", "cudagraph", "--compile-mode", "default"]),
-            ]
-        with tempfile.TemporaryDirectory() as tmp:
-            ckpt = Path(tmp) / "student.pt"
-            self.model.save(ckpt)
-            jobs = [(label, phase, args) for label, args in variants for phase in ("cold", "warm")]
-            if self.keys("sevennet") and self.impl("sevennet").available:
-                jobs.append(("SevenNet-0 (ASE calculator)", "cold", ["--peer", "sevennet"]))
-            for label, phase, extra in jobs:
-                need = 90 if "compile" in label else 25
-                if self.clock.left() < need:
-                    self.skip("startup", label, "time budget", phase=phase)
-                    continue
-                cache = Path(tmp) / label.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "")
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--child-startup",
-                    str(ckpt),
-                    "--cache-dir",
-                    str(cache),
-                    "--device",
-                    str(self.device),
-                    *extra,
-                ]
-                env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-                try:
-                    t0 = time.perf_counter()
-                    res = subprocess.run(
-                        cmd, capture_output=True, text=True, env=env, timeout=max(20, self.clock.left() - 10)
-                    )
-                    wall = time.perf_counter() - t0
-                    lines = [x for x in res.stdout.splitlines() if x.startswith("{")]
-                    r = (
-                        json.loads(lines[-1])
-                        if lines
-                        else {"error": (res.stderr.strip().splitlines() or ["?"])[-1][:200]}
-                    )
-                    r["process_wall_s"] = wall
-                except subprocess.TimeoutExpired:
-                    r = {"error": "timed out"}
-                self.rows.append(
-                    {
-                        "section": "startup",
-                        "impl": label,
-                        "kind": "peer" if "SevenNet" in label else "ours",
-                        "phase": phase,
-                        **r,
-                    }
-                )
-                print(json.dumps(self.rows[-1]), flush=True)
+        sevennet = bool(self.keys("sevennet")) and self.impl("sevennet").available
+        self.rows.extend(run_startup(self.model, str(self.device), self.clock.left, sevennet=sevennet))
 
     # ------------------------------------------------------------------------------------------------ output
-    def save(self) -> None:
+    def save(self, plots: bool = True) -> None:
         env = environment(self.device, float("nan"))
         data = {
             "name": self.name,
@@ -564,6 +520,8 @@ class Suite:
         (self.out / f"{self.name}.json").write_text(json.dumps(data, indent=1, default=str))
         write_markdown(data, self.out / f"{self.name}.md")
         (self.out / f"{self.name}.json").write_text(json.dumps(data, indent=1, default=str))
+        if not plots:
+            return
         try:
             write_plots(data, self.out, self.name)
         except Exception as exc:  # plots are a convenience; the tables are the result
@@ -695,7 +653,7 @@ def _seed_lines(data: dict) -> list[str]:
                 r["section"] == section
                 and impl_has in r.get("impl", "")
                 and value in r
-                and (system is None or r.get("system") == system)
+                and (system is None or str(r.get("system", "")).startswith(system))
                 and r.get("task", task) == task
                 and (batch is None or r.get("batch") == batch)
             ):
@@ -705,8 +663,9 @@ def _seed_lines(data: dict) -> list[str]:
     def ms(x):
         return _f(None if x is None else x / 1e3, ".3f")
 
-    fp16 = find("matrix", "cudagraph fp16", value="us_per_structure", system=None)
-    fp32 = find("matrix", "cudagraph fp32", value="us_per_structure", system=None)
+    mode = "cudagraph" if any("cudagraph fp32" in r.get("impl", "") and "us" in r for r in rows) else "eager"
+    fp16 = find("matrix", f"{mode} fp16", value="us_per_structure", system="g2")
+    fp32 = find("matrix", f"{mode} fp32", value="us_per_structure", system="g2")
     b16 = find("sweep", "auto", "g2 x16", value="us_per_structure")
     bd = [r for r in rows if r["section"] == "breakdown" and r.get("system") == "C6H6" and "torch" in r["impl"]]
     back = bd[0]["stages_frac"].get("backward") if bd else None
@@ -724,7 +683,7 @@ def _seed_lines(data: dict) -> list[str]:
         f"{_f(find('sweep', 'auto', 'g2 x1024', value='us_per_structure'), '.2f')} |",
         f"| batch 16, ms/structure (the seeds' goal) | {SEEDS['batch 16 target ms/structure']} | {ms(b16)} |",
         f"| fp16 speed-up over fp32 | {SEEDS['fp16 speed-up']} | "
-        f"{_f(None if not (fp16 and fp32) else fp32 / fp16, '.2f')} (CUDA graphs, first matrix system) |",
+        f"{_f(None if not (fp16 and fp32) else fp32 / fp16, '.2f')} ({mode}, g2 batch of the matrix) |",
         f"| backward share of the step | {SEEDS['autograd backward share of the step']} | "
         f"{_f(None if back is None else 100 * back, '.0f')} % (reference kernels, benzene) |",
     ]
@@ -924,61 +883,6 @@ def write_plots(data: dict, out: Path, name: str) -> list[Path]:
     return written
 
 
-# ----------------------------------------------------------------------------------------------- children
-def child_startup(args) -> None:
-    """A fresh process: import, load the checkpoint, build, first benzene E+F, then a second call."""
-    t0 = time.perf_counter()
-    import torch as _torch  # noqa: F401 - timed on its own
-
-    t1 = time.perf_counter()
-    from ase.build import molecule
-
-    atoms = molecule("C6H6")
-    if args.peer == "sevennet":
-        import warnings as w
-
-        w.simplefilter("ignore")
-        from sevenn.calculator import SevenNetCalculator
-
-        t2 = time.perf_counter()
-        calc = SevenNetCalculator("7net-0", device=args.device)
-        atoms.calc = calc
-        atoms.get_forces()
-        sync(args.device)
-        t3 = time.perf_counter()
-        atoms.rattle(1e-3)
-        atoms.get_forces()
-        sync(args.device)
-        t4 = time.perf_counter()
-    else:
-        from mlff_distiller import AtomsBatch, ForceEngine, load_model
-
-        t2 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            engine = ForceEngine(
-                load_model(args.child_startup),
-                device=args.device,
-                mode=args.mode,
-                compile_mode=args.compile_mode,
-                cache_dir=args.cache_dir,
-            )
-            engine.compute(AtomsBatch.from_atoms(atoms), to_host=True)
-            t3 = time.perf_counter()
-            engine.compute(AtomsBatch.from_atoms(atoms), to_host=True)
-            t4 = time.perf_counter()
-    print(
-        json.dumps(
-            {
-                "import_torch_s": t1 - t0,
-                "import_package_s": t2 - t1,
-                "first_result_s": t3 - t2,
-                "second_call_ms": 1e3 * (t4 - t3),
-            }
-        )
-    )
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -991,15 +895,7 @@ def main(argv=None) -> int:
     p.add_argument("--molecules", default=",".join(MOLECULES), help="latency molecules (ASE names)")
     p.add_argument("--sweep-sizes", default=None, help="batch sizes (default 1..4096; --quick 1,4,16,64)")
     p.add_argument("--scaling-sizes", default=None, help="water-box atom counts (default 12..100000)")
-    p.add_argument("--child-startup", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--mode", default="auto", help=argparse.SUPPRESS)
-    p.add_argument("--compile-mode", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--peer", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.child_startup:
-        child_startup(args)
-        return 0
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     bad = [s for s in sections if s not in SECTIONS]
     if bad:

@@ -150,3 +150,17 @@ def test_run_all_quick_end_to_end(tmp_path):
 def test_run_all_rejects_bad_arguments(argv, tmp_path):
     with pytest.raises(ValueError):
         run_all.main(["--device", "cpu", "--out", str(tmp_path), "--budget-s", "5", *argv])
+
+
+def test_startup_children_time_each_phase():
+    import bench_startup
+
+    rows = bench_startup.run_startup(
+        peers.make_student(), "cpu", lambda: 100.0, variants=[("eager", ["--mode", "eager"])]
+    )
+    assert [(r["impl"], r["phase"]) for r in rows] == [("eager", "cold"), ("eager", "warm")]
+    for r in rows:
+        assert "error" not in r, r
+        assert r["import_torch_s"] > 0 and r["import_package_s"] > 0 and r["first_result_s"] > 0
+    skipped = bench_startup.run_startup(peers.make_student(), "cpu", lambda: 0.0)
+    assert skipped and all("skipped" in r for r in skipped)

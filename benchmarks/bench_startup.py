@@ -1,0 +1,167 @@
+"""Cold vs warm start: fresh processes from ``import torch`` to the first benzene energy + forces.
+
+The parent runs one child process per (variant, phase). "cold" is a new, empty compile/Triton cache directory
+(``ForceEngine(cache_dir=...)``: Inductor and Triton caches), "warm" a second process on the same directory.
+The child imports nothing heavy before its clock starts, so ``import torch`` and ``import mlff_distiller`` (or
+``sevenn``) are timed separately from model load → first result.
+
+    python benchmarks/bench_startup.py [--device cuda] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["DEFAULT_VARIANTS", "run_startup"]
+
+# (label, child arguments); eager and auto share the cold cost on CUDA (the Triton JIT of our kernels).
+DEFAULT_VARIANTS = {
+    "cuda": [
+        ("auto (CUDA graphs)", ["--mode", "auto"]),
+        ("cudagraph + compile default", ["--mode", "cudagraph", "--compile-mode", "default"]),
+    ],
+    "cpu": [("eager", ["--mode", "eager"])],
+}
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def child(args) -> dict:
+    """Time one fresh start; returns seconds for each phase and the second call in ms."""
+    t0 = time.perf_counter()
+    import torch  # noqa: F401 - timed on its own
+
+    t1 = time.perf_counter()
+    from ase.build import molecule
+
+    atoms = molecule("C6H6")
+    if args.peer == "sevennet":
+        import warnings
+
+        warnings.simplefilter("ignore")
+        from sevenn.calculator import SevenNetCalculator
+
+        t2 = time.perf_counter()
+        atoms.calc = SevenNetCalculator("7net-0", device=args.device)
+        atoms.get_forces()
+        _sync(args.device)
+        t3 = time.perf_counter()
+        atoms.rattle(1e-3)
+        atoms.get_forces()
+        _sync(args.device)
+        t4 = time.perf_counter()
+    else:
+        import warnings
+
+        from mlff_distiller import AtomsBatch, ForceEngine, load_model
+
+        t2 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine = ForceEngine(
+                load_model(args.checkpoint),
+                device=args.device,
+                mode=args.mode,
+                compile_mode=args.compile_mode,
+                cache_dir=args.cache_dir,
+            )
+            engine.compute(AtomsBatch.from_atoms(atoms), to_host=True)
+            t3 = time.perf_counter()
+            engine.compute(AtomsBatch.from_atoms(atoms), to_host=True)
+            t4 = time.perf_counter()
+    return {
+        "import_torch_s": t1 - t0,
+        "import_package_s": t2 - t1,
+        "first_result_s": t3 - t2,
+        "second_call_ms": 1e3 * (t4 - t3),
+    }
+
+
+def run_startup(model, device: str, time_left, variants=None, sevennet: bool = False) -> list[dict]:
+    """Run the cold/warm children for ``model`` (saved to a temporary checkpoint) on ``device``.
+
+    ``time_left()`` gives the seconds the caller still has; a child that would not fit is reported as skipped.
+    Returns one row per child: ``impl``, ``phase`` and :func:`child`'s fields (or ``skipped`` / ``error``)."""
+    import torch
+
+    kind = torch.device(device).type
+    variants = DEFAULT_VARIANTS.get(kind, DEFAULT_VARIANTS["cpu"]) if variants is None else variants
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "student.pt"
+        model.save(ckpt)
+        jobs = [(label, phase, extra) for label, extra in variants for phase in ("cold", "warm")]
+        if sevennet:
+            jobs.append(("SevenNet-0 (ASE calculator)", "cold", ["--peer", "sevennet"]))
+        # The children choose their own cache directories: the parent's must not leak into them.
+        env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+        for label, phase, extra in jobs:
+            row = {"section": "startup", "impl": label, "kind": "peer" if "SevenNet" in label else "ours"}
+            row["phase"] = phase
+            need = 90 if "compile" in label else 25
+            if time_left() < need:
+                rows.append({**row, "skipped": "time budget"})
+                continue
+            cache = Path(tmp) / "".join(c if c.isalnum() else "_" for c in label)
+            cmd = [sys.executable, __file__, "--child", str(ckpt), "--cache-dir", str(cache), "--device", device]
+            t0 = time.perf_counter()
+            try:
+                res = subprocess.run(
+                    [*cmd, *extra], capture_output=True, text=True, env=env, timeout=max(20, time_left() - 10)
+                )
+                lines = [x for x in res.stdout.splitlines() if x.startswith("{")]
+                if lines:
+                    row.update(json.loads(lines[-1]))
+                else:
+                    row["error"] = (res.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            except subprocess.TimeoutExpired:
+                row["error"] = "timed out"
+            row["process_wall_s"] = time.perf_counter() - t0
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="auto", help=argparse.SUPPRESS)
+    p.add_argument("--compile-mode", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--peer", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        args.checkpoint = args.child
+        print(json.dumps(child(args)), flush=True)
+        return 0
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from harness import environment
+    from peers import make_student
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rows = run_startup(make_student(), device, lambda: 600.0)
+    env = environment(torch.device(device), float("nan"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = "cpu" if device == "cpu" else "gpu"
+    (args.out / f"bench_startup_{tag}.json").write_text(json.dumps({"env": env.__dict__, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
