@@ -36,6 +36,7 @@ __all__ = [
     "OursImpl",
     "SchNetImpl",
     "SevenNetImpl",
+    "StepImpl",
     "TracedImpl",
     "count_params",
     "make_student",
@@ -73,6 +74,7 @@ class Impl:
     params: int = 0
     why_unavailable: str | None = None  # None: usable
     note: str = ""
+    scope = "e2e"  # e2e: host data to host results; step: the compute step alone (StepImpl)
 
     @property
     def available(self) -> bool:
@@ -116,6 +118,54 @@ class OursImpl(Impl):
         def run():
             with self.context():
                 return engine.compute(batch, forces=forces, to_host=True)
+
+        return run
+
+
+class StepImpl(OursImpl):
+    """The energy + forces step alone, on a graph prepared once: a replay of the captured step in the padded
+    modes, the model + one ``autograd.grad`` in eager mode. No neighbour list, padding or transfers: the
+    floor that the end-to-end rows approach. Uses the engine's bucket internals (as bench_engine.py does) and
+    reports itself unavailable where this build lacks them."""
+
+    scope = "step"
+
+    def __init__(self, label, kind, model, device, backend="auto", **engine_kwargs):
+        super().__init__(label, kind, model, device, backend, **engine_kwargs)
+        if self.available and self.engine.pad:
+            missing = [a for a in ("_graph", "_run", "buckets") if not hasattr(self.engine, a)]
+            if missing:
+                self.why_unavailable = f"n/a (not available in this build: ForceEngine lacks {missing})"
+
+    def prepare(self, structures, forces):
+        if not forces:
+            raise ValueError("step-only rows measure energy + forces")
+        engine = self.engine
+        dev = AtomsBatch.from_atoms(list(structures), dtype=engine.dtype).to(engine.device)
+        with self.context(), torch.no_grad():
+            nl = neighbor_list(dev.positions, dev.cell, dev.pbc, dev.batch, dev.ptr, engine.cutoff)
+        bucket = engine.buckets.select(dev.num_atoms, nl.num_edges) if engine.pad else None
+        if bucket is not None:
+            from mlff_distiller.buckets import fill_padded
+
+            graph = engine._graph(bucket)
+            shifts = nl.shift_vectors.to(engine.dtype)
+            fill_padded(graph, dev.numbers, dev.positions, dev.batch, dev.num_structures, nl.edge_index, shifts)
+
+            def run():
+                with self.context():
+                    return engine._run(bucket, graph)
+
+            return run
+        model = engine.model
+        for p in model.parameters():
+            p.requires_grad_(False)
+
+        def run():
+            with self.context(), torch.enable_grad():
+                pos = dev.positions.detach().requires_grad_(True)
+                out = model(dev.numbers, pos, nl.edge_index, nl.shift_vectors, dev.batch, dev.num_structures)
+                return torch.autograd.grad(out["energy"].sum(), pos)
 
         return run
 

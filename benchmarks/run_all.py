@@ -51,6 +51,7 @@ from peers import (  # noqa: E402
     OursImpl,
     SchNetImpl,
     SevenNetImpl,
+    StepImpl,
     TracedImpl,
     count_params,
     make_student,
@@ -60,7 +61,7 @@ from systems import g2_chno, water_box  # noqa: E402
 
 SECTIONS = ("latency", "sweep", "matrix", "breakdown", "scaling", "compile", "startup", "autotune")
 MOLECULES = ("H2", "H2O", "CH4", "C6H6")
-IMPL_KEYS = ("ours", "ours_eager", "ours_calc", "ref", "schnet", "sevennet")
+IMPL_KEYS = ("ours", "ours_eager", "ours_calc", "ref", "schnet", "sevennet", "ours_step", "ref_step")
 SWEEP = (1, 4, 8, 16, 32, 64, 256, 1024, 4096)
 SWEEP_QUICK = (1, 4, 16, 64)
 SCALING = (12, 96, 384, 1536, 6144, 24576, 100_000)
@@ -187,6 +188,11 @@ class Suite:
                     backend="torch",
                     mode="eager",
                 )
+            elif key == "ours_step":
+                label = "ours auto: step only (captured replay)" if self.cuda else "ours: step only (model + grad)"
+                impl = StepImpl(label, "ours", m, d, mode="auto")
+            elif key == "ref_step":
+                impl = StepImpl("reference: step only (model + grad)", "reference", m, d, backend="torch", mode="eager")
             elif key == "schnet":
                 impl = SchNetImpl("PyG SchNet (matched size, our edges)", count_params(m), m.cutoff, d)
             elif key == "sevennet":
@@ -199,7 +205,7 @@ class Suite:
         return impl
 
     def row(self, section: str, impl, **fields) -> dict:
-        r = {"section": section, "impl": impl.label, "kind": impl.kind, **fields}
+        r = {"section": section, "impl": impl.label, "kind": impl.kind, "scope": impl.scope, **fields}
         if impl.note and "note" not in r:
             r["note"] = impl.note
         self.rows.append(r)
@@ -213,13 +219,15 @@ class Suite:
     def latency(self) -> None:
         from ase.build import molecule
 
-        keys = self.keys("ours", "ours_eager", "ours_calc", "ref", "schnet", "sevennet")
+        keys = self.keys("ours", "ours_eager", "ours_calc", "ref", "schnet", "sevennet", "ours_step", "ref_step")
         for name in self.args.molecules.split(","):
             atoms = molecule(name)
             for task, forces in (("energy", False), ("energy+forces", True)):
                 for key in keys:
                     impl = self.impl(key)
                     base = dict(system=name, atoms=len(atoms), task=task, batch=1)
+                    if key in ("ours_step", "ref_step") and not forces:
+                        continue
                     if key == "sevennet" and not forces:
                         self.row("latency", impl, **base, na="the ASE calculator always computes E, F and stress")
                         continue
@@ -235,7 +243,7 @@ class Suite:
     # --------------------------------------------------------------------------------------------- (b) sweep
     def sweep(self) -> None:
         sizes = _sizes(self.args.sweep_sizes, SWEEP_QUICK if self.quick else SWEEP)
-        keys = self.keys("ours", "ours_eager", "ref", "schnet", "sevennet")
+        keys = self.keys("ours", "ours_eager", "ref", "schnet", "sevennet", "ours_step", "ref_step")
         last: dict[str, tuple[int, float]] = {}
         for b in sizes:
             structures = g2_chno(b, seed=1)
@@ -562,12 +570,14 @@ def _peer_key(row: dict) -> str | None:
 
 
 def annotate(rows: list[dict]) -> None:
-    """Add ``x_ours`` (this time / our best time in the same section, system, task and batch: > 1 means ours is
-    faster) and ``vs_reference`` (the plain-PyTorch reference's time / this time) to every timed row."""
+    """Add ``x_ours`` (this time / our best time in the same section, system, task, batch and scope: > 1 means
+    ours is faster) and ``vs_reference`` (the plain-PyTorch reference's time / this time) to every timed row.
+    Scope ``e2e`` rows (host data to host results) and ``step`` rows (the compute step alone) never mix."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if "us" in r:
-            groups.setdefault((r["section"], r.get("system"), r.get("task"), r.get("batch")), []).append(r)
+            key = (r["section"], r.get("system"), r.get("task"), r.get("batch"), r.get("scope", "e2e"))
+            groups.setdefault(key, []).append(r)
     for grp in groups.values():
         ours = [r["us"] for r in grp if r.get("kind") == "ours"]
         ref = [r["us"] for r in grp if r.get("kind") == "reference"]
@@ -591,7 +601,7 @@ def _status(r: dict) -> str:
 
 def _pivot(rows, section, value="us", scale=1.0, unit="µs") -> list[str]:
     """One line per (system, task): our best time and each peer's, with our ratio to each."""
-    sel = [r for r in rows if r["section"] == section and r.get("system")]
+    sel = [r for r in rows if r["section"] == section and r.get("system") and r.get("scope", "e2e") == "e2e"]
     keys = list(dict.fromkeys((r["system"], r.get("task"), r.get("atoms")) for r in sel))
     head = f"| system | atoms | task | ours, best {unit} | ours: which |"
     sep = "|---|---:|---|---:|---|"
@@ -617,6 +627,27 @@ def _pivot(rows, section, value="us", scale=1.0, unit="µs") -> list[str]:
                 line += " — | — |"
         lines.append(line)
     return lines
+
+
+def _step_pivot(rows, section, value="us", unit="µs") -> list[str]:
+    """The compute step alone (no neighbour list, padding or transfers): ours vs the reference."""
+    sel = [r for r in rows if r["section"] == section and r.get("scope") == "step" and value in r]
+    if not sel:
+        return []
+    lines = [
+        f"Compute step alone (prepared graph; no neighbour list, padding or transfers), {unit}:",
+        "",
+        f"| system | atoms | ours step {unit} | reference step {unit} | ours × |",  # noqa: RUF001
+        "|---|---:|---:|---:|---:|",
+    ]
+    for system in dict.fromkeys(r["system"] for r in sel):
+        ours = [r[value] for r in sel if r["system"] == system and r["kind"] == "ours"]
+        ref = [r[value] for r in sel if r["system"] == system and r["kind"] == "reference"]
+        atoms = next(r.get("atoms", "") for r in sel if r["system"] == system)
+        o, f = (min(ours) if ours else None), (min(ref) if ref else None)
+        ratio = f / o if (o and f) else None
+        lines.append(f"| {system} | {atoms} | {_f(o, '.4g')} | {_f(f, '.4g')} | {_f(ratio, '.2f')} |")
+    return [*lines, ""]
 
 
 def _detail(rows, section, extra_cols=()) -> list[str]:
@@ -717,11 +748,13 @@ def write_markdown(data: dict, path: Path) -> None:
         )
     lines += ["", "## Seeds' numbers beside ours", "", *_seed_lines(data), ""]
     if any(r["section"] == "latency" for r in rows):
-        lines += ["## (a) Single-molecule latency", "", *_pivot(rows, "latency"), "", "All rows:", ""]
+        lines += ["## (a) Single-molecule latency", "", *_pivot(rows, "latency"), ""]
+        lines += [*_step_pivot(rows, "latency"), "All rows:", ""]
         lines += [*_detail(rows, "latency"), ""]
     if any(r["section"] == "sweep" for r in rows):
         lines += ["## (b) Batch sweep over g2 molecules (energy + forces), µs per structure", ""]
         lines += _pivot(rows, "sweep", value="us_per_structure", unit="µs/structure")
+        lines += ["", *_step_pivot(rows, "sweep", value="us_per_structure", unit="µs/structure")]
         lines += ["", f"Plot: `{data['name']}-sweep.png`. All rows:", ""]
         lines += [*_detail(rows, "sweep", extra_cols=(("structures/s", "structures_per_s", ".3g"),)), ""]
     if any(r["section"] == "matrix" for r in rows):
