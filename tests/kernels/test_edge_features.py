@@ -87,14 +87,8 @@ def _grad_scales(variant, pos, ei, shifts, grads_out):
         terms = terms + deriv(bas)(dist).abs() + bas(dist).abs() / CUTOFF
         s = g_dist.abs() + (g_rbf.abs() * terms).sum(-1)
     nonzero = dist > 0
-    s = s + torch.where(
-        nonzero, 2 * g_unit.norm(dim=-1) / torch.where(nonzero, dist, 1.0), g_unit.norm(dim=-1)
-    )
-    per_atom = (
-        torch.zeros(pos.shape[0], dtype=s.dtype, device=s.device)
-        .index_add(0, ei[0], s)
-        .index_add(0, ei[1], s)
-    )
+    s = s + torch.where(nonzero, 2 * g_unit.norm(dim=-1) / torch.where(nonzero, dist, 1.0), g_unit.norm(dim=-1))
+    per_atom = torch.zeros(pos.shape[0], dtype=s.dtype, device=s.device).index_add(0, ei[0], s).index_add(0, ei[1], s)
     return per_atom[:, None], s[:, None]
 
 
@@ -105,9 +99,7 @@ def _assert_grad_close(actual, expected, scale, tol):
     err = (actual - expected).abs()
     bound = tol * (expected.abs() + scale)
     over = err > bound
-    assert not over.any(), (
-        f"{int(over.sum())} gradient entries beyond the bound; worst error {(err - bound).max():.3g}"
-    )
+    assert not over.any(), f"{int(over.sum())} gradient entries beyond the bound; worst error {(err - bound).max():.3g}"
 
 
 def _run(variant, pos, ei, shifts, n_rbf=N_RBF, path="dispatch"):
@@ -131,9 +123,7 @@ def _reference(variant, pos, ei, shifts, n_rbf=N_RBF):
 
 def _check_against_reference(variant, pos, ei, shifts, tol, poison, path):
     if path == "op" and ei.shape[1] > 1000:
-        pytest.skip(
-            "the op path shares every kernel and host function with the dispatcher path; sizes <= 1000"
-        )
+        pytest.skip("the op path shares every kernel and host function with the dispatcher path; sizes <= 1000")
     pos.requires_grad_(True)
     shifts.requires_grad_(True)
     poison(ei.shape[1] * N_RBF, pos.dtype, pos.device)
@@ -230,9 +220,7 @@ def test_zero_length_edges(triton_device, path, dtype, variant):
     out = _run(variant, pos, ei, shifts, path=path)
     ref = _reference(variant, pos, ei, shifts)
     dist, unit = (out[1], out[2]) if variant is None else (out[0], out[1])
-    assert torch.equal(dist[:3], torch.zeros_like(dist[:3])) and torch.equal(
-        unit[:3], torch.zeros_like(unit[:3])
-    )
+    assert torch.equal(dist[:3], torch.zeros_like(dist[:3])) and torch.equal(unit[:3], torch.zeros_like(unit[:3]))
     for o, r in zip(out, ref, strict=True):
         _assert_close(o, r.double(), TOL[dtype])
     grads_out = [torch.randn_like(o) for o in out]
@@ -296,9 +284,7 @@ def test_layouts_and_empty(triton_device, path, variant):
     out = _run(variant, pos, empty_ei, empty_sh, path=path)
     for o, r in zip(out, _reference(variant, pos, empty_ei, empty_sh), strict=True):
         assert o.shape == r.shape
-    g_pos, g_sh = torch.autograd.grad(
-        out, (pos, empty_sh), [torch.ones_like(o) for o in out], create_graph=True
-    )
+    g_pos, g_sh = torch.autograd.grad(out, (pos, empty_sh), [torch.ones_like(o) for o in out], create_graph=True)
     assert torch.equal(g_pos, torch.zeros_like(pos)) and g_sh.shape == (0, 3)
 
 
@@ -361,9 +347,7 @@ def test_compile_fullgraph(variant):
     gc = torch.compile(bwd, fullgraph=True)(*go)
     ge = bwd(*go)
     w = [torch.randn_like(x) for x in ge]
-    dc = torch.autograd.grad(
-        gc, (pos, shifts, *go), w, allow_unused=True, materialize_grads=True, retain_graph=True
-    )
+    dc = torch.autograd.grad(gc, (pos, shifts, *go), w, allow_unused=True, materialize_grads=True, retain_graph=True)
     de = torch.autograd.grad(ge, (pos, shifts, *go), w, allow_unused=True, materialize_grads=True)
     for a, b in zip(gc + dc, ge + de, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)  # atomics: summation order differs run to run
