@@ -68,3 +68,23 @@ def test_langevin_and_optimisers_run(model):
         f0 = np.abs(a.get_forces()).max()
         opt(a, logfile=None).run(fmax=0.05, steps=300)
         assert np.abs(a.get_forces()).max() < min(0.05, f0) + 1e-12
+
+
+def test_verlet_skin_md_matches_fresh_list(model):
+    """MD with the skin list (the calculator's default) gives the same forces as a fresh list every step."""
+    from ase.md.verlet import VelocityVerlet
+
+    atoms = silicon_cell(rattle=0.05)
+    atoms.calc = StudentCalculator(model, device="cpu", precision="fp64", skin=0.5)
+    MaxwellBoltzmannDistribution(atoms, temperature_K=1500, rng=np.random.default_rng(3))
+    fresh = StudentCalculator(model, device="cpu", precision="fp64", skin=None)
+    dyn = VelocityVerlet(atoms, 2.0 * units.fs)
+    for _ in range(15):
+        dyn.run(4)
+        probe = atoms.copy()
+        probe.calc = fresh
+        np.testing.assert_allclose(atoms.get_forces(), probe.get_forces(), rtol=0, atol=1e-12)
+        assert atoms.get_potential_energy() == pytest.approx(probe.get_potential_energy(), abs=1e-12)
+    verlet = atoms.calc.engine.verlet
+    assert verlet is not None and fresh.engine.verlet is None
+    assert 1 <= verlet.n_builds < verlet.n_calls

@@ -28,6 +28,9 @@ class StudentCalculator(Calculator):
             ``"cudagraph"`` (see :class:`~mlff_distiller.engine.ForceEngine`). MD keeps the atom count fixed, so
             every step after the first few replays the same captured graph (a new one only when the edge count
             leaves its bucket).
+        skin: Verlet skin in Å for the neighbour list across MD steps (rebuilt only when an atom moved more
+            than skin/2, or the cell or atoms changed; exact); ``None`` builds a fresh list every step.
+            ``calc.engine.verlet.n_builds`` counts the builds.
         compile_mode: ``torch.compile`` mode for ``"compile"`` (or compiled code inside ``"cudagraph"``).
         cache_dir: persistent compile cache directory (a second process starts fast).
 
@@ -47,6 +50,7 @@ class StudentCalculator(Calculator):
         mode: str = "auto",
         compile_mode: str | None = None,
         cache_dir: str | Path | None = None,
+        skin: float | None = 1.0,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -60,6 +64,7 @@ class StudentCalculator(Calculator):
             mode=mode,
             compile_mode=compile_mode,
             cache_dir=cache_dir,
+            neighbor_skin=skin,
         )
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:

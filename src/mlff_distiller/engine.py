@@ -45,7 +45,7 @@ from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
 from mlff_distiller.model import StudentModel
-from mlff_distiller.neighbors import neighbor_list
+from mlff_distiller.neighbors import VerletNeighborList, neighbor_list
 
 __all__ = [
     "COMPILE_MODES",
@@ -236,6 +236,9 @@ class ForceEngine:
         device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when available).
         precision: ``"fp64"``, ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"`` (see the module docstring).
         neighbor_method: neighbour-list backend (``"auto"``, ``"brute"``, ``"cell_list"``).
+        neighbor_skin: Verlet skin, Å (None: a fresh list every call). The list is built at cutoff + skin and
+            reused until an atom moved more than skin/2 or the cell, atoms or species changed; results are the
+            same as with a fresh list (see :class:`~mlff_distiller.neighbors.VerletNeighborList`).
         mode: ``"eager"``, ``"compile"``, ``"cudagraph"`` or ``"auto"`` (see the module docstring).
         compile_mode: for ``"compile"``: ``"default"`` (when None), ``"reduce-overhead"`` or ``"max-autotune"``;
             for ``"cudagraph"``: None captures eager kernels, ``"default"``/``"max-autotune"`` captures compiled
@@ -263,6 +266,7 @@ class ForceEngine:
         pad: bool | None = None,
         memory_budget: int | None = None,
         cache_dir: str | Path | None = None,
+        neighbor_skin: float | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}; choose one of {sorted(PRECISIONS)}")
@@ -282,6 +286,13 @@ class ForceEngine:
         self.dtype, self.allow_tf32 = PRECISIONS[self.precision]
         self.autocast_dtype = AUTOCAST.get(self.precision)
         self.neighbor_method = neighbor_method
+        # A Verlet-skin list (exact: rebuilt when an atom moved > skin/2 or the system changed) for callers that
+        # evaluate the same system step after step (MD through StudentCalculator).
+        self.verlet = (
+            None
+            if neighbor_skin is None
+            else VerletNeighborList(cutoff=model.cutoff, skin=float(neighbor_skin), method=neighbor_method)
+        )
         p = next(model.parameters())
         if p.device != self.device or p.dtype != self.dtype:
             model = copy.deepcopy(model).to(device=self.device, dtype=self.dtype)
@@ -387,18 +398,16 @@ class ForceEngine:
         out = self._compute_eager(batch, forces=forces, stress=stress)
         return {k: v.cpu() for k, v in out.items()} if to_host else out
 
+    def _neighbors(self, b: AtomsBatch):
+        """Neighbour list of a batch already on the engine's device (through the Verlet cache when enabled)."""
+        if self.verlet is not None:
+            return self.verlet(b.positions, b.cell, b.pbc, b.batch, b.ptr, numbers=b.numbers)
+        return neighbor_list(b.positions, b.cell, b.pbc, b.batch, b.ptr, self.cutoff, self.neighbor_method)
+
     def _compute_eager(self, batch: AtomsBatch, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
         batch = batch.to(self.device, self.dtype)
         with torch.no_grad():
-            nl = neighbor_list(
-                batch.positions,
-                batch.cell,
-                batch.pbc,
-                batch.batch,
-                batch.ptr,
-                self.cutoff,
-                self.neighbor_method,
-            )
+            nl = self._neighbors(batch)
         need_grad = forces or stress
         with _matmul_precision(self.allow_tf32), _frozen(self.model), torch.set_grad_enabled(need_grad):
             positions = batch.positions.detach().requires_grad_(need_grad)
@@ -506,9 +515,7 @@ class ForceEngine:
     def _compute_padded(self, batch: AtomsBatch, to_host: bool) -> dict[str, torch.Tensor] | None:
         dev, same = self._device_topology(batch)
         with torch.no_grad():
-            nl = neighbor_list(
-                dev.positions, dev.cell, dev.pbc, dev.batch, dev.ptr, self.cutoff, self.neighbor_method
-            )
+            nl = self._neighbors(dev)
         n, b, e = dev.num_atoms, dev.num_structures, nl.num_edges
         bucket = self.buckets.select(n, e)
         if bucket is None:
@@ -576,15 +583,7 @@ class ForceEngine:
             if self.pad:
                 with torch.no_grad():
                     dev = batch.to(self.device, self.dtype)
-                    nl = neighbor_list(
-                        dev.positions,
-                        dev.cell,
-                        dev.pbc,
-                        dev.batch,
-                        dev.ptr,
-                        self.cutoff,
-                        self.neighbor_method,
-                    )
+                    nl = self._neighbors(dev)
                 bucket = self.buckets.select(dev.num_atoms, nl.num_edges)
                 if bucket is not None:
                     times[bucket] = time.perf_counter() - t0
@@ -625,9 +624,7 @@ class ForceEngine:
         batch = AtomsBatch.from_atoms(list(structures), dtype=self.dtype)
         dev = batch.to(self.device, self.dtype)
         with torch.no_grad():
-            nl = neighbor_list(
-                dev.positions, dev.cell, dev.pbc, dev.batch, dev.ptr, self.cutoff, self.neighbor_method
-            )
+            nl = self._neighbors(dev)
         self._sync()
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
