@@ -19,10 +19,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import environment, time_fn
+from mlff_distiller.kernels import use_backend
 from systems import g2_chno, water_box
 
 from mlff_distiller import AtomsBatch, ForceEngine, StudentModel
-from mlff_distiller.kernels import use_backend
 from mlff_distiller.neighbors import neighbor_list
 
 

@@ -13,5 +13,5 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/tmp/i
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 OUTDIR=${OUT:-/tmp/out}; mkdir -p "$OUTDIR"
-python3 -m pytest -q -p no:cacheprovider -x --timeout=900 "$@" 2>&1 | tee "$OUTDIR/pytest_gpu.log"
+python3 -m pytest -q -p no:cacheprovider --timeout=600 "$@" 2>&1 | tee "$OUTDIR/pytest_gpu.log"
 exit "${PIPESTATUS[0]}"
