@@ -536,6 +536,11 @@ class Suite:
             print(f"plots failed: {_err(exc)}", file=sys.stderr)
 
     def run(self, sections) -> None:
+        # CPU timings depend on what else runs on the machine: record the load around the run.
+        if hasattr(os, "getloadavg"):
+            self.extra["loadavg_1min_start"] = os.getloadavg()[0]
+            self.extra["cpu_count"] = os.cpu_count()
+            self.extra["torch_threads"] = torch.get_num_threads()
         for s in sections:
             t0 = time.perf_counter()
             try:
@@ -544,6 +549,8 @@ class Suite:
                 self.rows.append({"section": s, "impl": "section", "error": _err(exc)})
                 print(f"section {s} failed: {_err(exc)}", file=sys.stderr, flush=True)
             self.extra.setdefault("section_s", {})[s] = time.perf_counter() - t0
+            if hasattr(os, "getloadavg"):
+                self.extra.setdefault("loadavg_1min_after", {})[s] = os.getloadavg()[0]
             self.save()
             print(
                 f"## {s} done in {time.perf_counter() - t0:.1f} s; {self.clock.left():.0f} s of budget left", flush=True
@@ -736,6 +743,17 @@ def write_markdown(data: dict, path: Path) -> None:
         "**× ours** = that implementation's time / our best time for the same work (> 1: ours is faster). "  # noqa: RUF001
         "Student weights are random (seeded): timings and precision errors do not depend on training.",
         "",
+        *(
+            [
+                f"CPU run: {data['extra'].get('cpu_count')} cores, {data['extra'].get('torch_threads')} torch threads, "
+                f"1-min load average {data['extra'].get('loadavg_1min_start', float('nan')):.1f} at the start "
+                "(per-section loads at the end of this file): where other processes share the cores, compare rows "
+                "within one table, not across runs.",
+                "",
+            ]
+            if env["device"] in ("cpu", "x86_64", "") or "cpu" in data["name"]
+            else []
+        ),
         "## Implementations",
         "",
         "| key | implementation | parameters | available | note |",
