@@ -50,6 +50,7 @@ from bench_startup import run_startup  # noqa: E402
 from harness import device_slug, environment, peak_memory_bytes, sync, time_fn  # noqa: E402
 from peers import (  # noqa: E402
     CalculatorImpl,
+    Impl,
     OursImpl,
     SchNetImpl,
     SevenNetImpl,
@@ -183,6 +184,17 @@ class Suite:
         """Implementations are built on first use (SevenNet's load and CUDA-graph captures cost seconds)."""
         if key in self.impls:
             return self.impls[key]
+        try:
+            impl = self._build(key)
+        except ValueError:
+            raise
+        except Exception as exc:  # an implementation that cannot even be built is a row saying why
+            impl = Impl(label=key, kind="peer" if key in ("schnet", "sevennet") else "ours", device=self.device)
+            impl.why_unavailable = f"could not be built: {_err(exc)}"
+        self.impls[key] = impl
+        return impl
+
+    def _build(self, key: str):
         m, d = self.model, self.device
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -215,7 +227,6 @@ class Suite:
                     self.extra["sevennet_load_s"] = impl.load_s
             else:
                 raise ValueError(f"unknown implementation {key!r}")
-        self.impls[key] = impl
         return impl
 
     def row(self, section: str, impl, **fields) -> dict:
@@ -307,7 +318,13 @@ class Suite:
         return {"energy": out["energy"].double().reshape(-1), "forces": out["forces"].double()}
 
     def _matrix_rows(self, configs, systems) -> None:
-        refs = {name: self._fp64_reference(s) for name, s in systems}
+        refs = {}
+        for name, structures in systems:
+            try:
+                refs[name] = self._fp64_reference(structures)
+            except Exception as exc:  # the timings stand without the error columns
+                refs[name] = None
+                self.extra.setdefault("fp64_reference_errors", {})[name] = _err(exc)
         for label, kind, make in configs:
             if self.clock.left() < 10:
                 self.skip("matrix", label, "time budget")
@@ -327,7 +344,8 @@ class Suite:
                 res = measure(impl, structures, True, self.device)
                 if "us" in res:
                     res["us_per_structure"] = res["us"] / b
-                    res.update(self._errors(impl, structures, refs[name]))
+                    if refs[name] is not None:
+                        res.update(self._errors(impl, structures, refs[name]))
                 atoms = sum(len(a) for a in structures)
                 self.row("matrix", impl, system=name, atoms=atoms, batch=b, task="energy+forces", **res)
             del impl
