@@ -7,7 +7,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from mlff_distiller import StudentModel  # noqa: E402
+from helpers import make_model  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -24,17 +24,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(params=DEVICES)
 def device(request):
     return torch.device(request.param)
-
-
-def make_model(seed: int = 0, **kw) -> StudentModel:
-    """A small random student with non-trivial energy scale, for physics tests."""
-    torch.manual_seed(seed)
-    cfg = dict(species=[1, 6, 7, 8, 14, 29], hidden=32, layers=2, n_rbf=8, cutoff=4.0)
-    cfg.update(kw)
-    model = StudentModel(**cfg)
-    n = len(model.config.species)
-    model.set_energy_reference(shift=-torch.arange(1, n + 1, dtype=torch.float32), scale=torch.full((n,), 0.5))
-    return model
 
 
 @pytest.fixture

@@ -1,8 +1,11 @@
 """Structures shared by the tests."""
 
 import numpy as np
+import torch
 from ase import Atoms
 from ase.build import bulk, molecule
+
+from mlff_distiller import StudentModel
 
 
 def random_molecule(n: int, rng: np.random.Generator, species=(1, 6, 7, 8), spacing: float = 1.2) -> Atoms:
@@ -34,3 +37,14 @@ def triclinic_cu(seed: int = 2) -> Atoms:
 
 def benzene() -> Atoms:
     return molecule("C6H6")
+
+
+def make_model(seed: int = 0, **kw) -> StudentModel:
+    """A small random student with non-trivial energy scale, for physics tests."""
+    torch.manual_seed(seed)
+    cfg = dict(species=[1, 6, 7, 8, 14, 29], hidden=32, layers=2, n_rbf=8, cutoff=4.0)
+    cfg.update(kw)
+    model = StudentModel(**cfg)
+    n = len(model.config.species)
+    model.set_energy_reference(shift=-torch.arange(1, n + 1, dtype=torch.float32), scale=torch.full((n,), 0.5))
+    return model

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from ase.build import molecule
-from conftest import make_model
+from helpers import make_model
 from helpers import random_molecule, silicon_cell, triclinic_cu
 
 from mlff_distiller import AtomsBatch, ForceEngine

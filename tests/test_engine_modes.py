@@ -12,7 +12,7 @@ import pytest
 import torch
 from ase.build import molecule
 from ase.md.verlet import VelocityVerlet
-from conftest import make_model
+from helpers import make_model
 from helpers import random_molecule, silicon_cell
 
 from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, predict_forces

@@ -64,7 +64,7 @@ def test_far_apart_molecules_are_additive(model, device):
 
 @pytest.mark.parametrize("envelope", ["cosine", "polynomial"])
 def test_energy_continuous_across_cutoff(device, envelope):
-    from conftest import make_model
+    from helpers import make_model
 
     model = make_model(envelope=envelope)
     rc = model.cutoff

@@ -1,19 +1,10 @@
 """Shared data for the distillation tests: small EMT-labelled sets (EMT is fast and always installed)."""
 
 import pytest
-from ase.build import molecule
 
-from mlff_distiller.distill import SamplingConfig, label, read_frames
+from distill_helpers import emt_seeds, small_sampling
 
-
-def emt_seeds():
-    return [molecule("H2O"), molecule("CH4"), molecule("NH3")]
-
-
-def small_sampling(**kw) -> SamplingConfig:
-    opts = dict(temperatures=[300.0, 500.0], md_steps=80, sample_every=4, timestep_fs=0.5, rattle_per_seed=4)
-    opts.update(kw)
-    return SamplingConfig(**opts)
+from mlff_distiller.distill import label, read_frames
 
 
 @pytest.fixture(scope="session")

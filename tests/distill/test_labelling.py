@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from ase.build import molecule
 from ase.calculators.emt import EMT
-from conftest import emt_seeds, small_sampling
+from distill_helpers import emt_seeds, small_sampling
 
 from mlff_distiller.distill import (
     Deduplicator,

@@ -138,7 +138,7 @@ def test_hvp_loss_needs_hvp_labels(emt_frames):
 
 
 def test_training_with_hvp_loss_runs(tmp_path):
-    from conftest import emt_seeds, small_sampling
+    from distill_helpers import emt_seeds, small_sampling
 
     from mlff_distiller.distill import label
 
