@@ -100,7 +100,9 @@ def main(argv=None) -> int:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        f = lambda k, spec=".1f": format(r[k], spec) if k in r else "—"  # noqa: E731
+        def f(k, spec=".1f", r=r):
+            return format(r[k], spec) if k in r else "—"
+
         lines.append(
             f"| {r['system']} | {r['atoms']} | {r['edges']} | {f('torch_model_us')} | {f('triton_model_us')} "
             f"| {f('speedup_model', '.2f')} | {f('torch_engine_us')} | {f('triton_engine_us')} "

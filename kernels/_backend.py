@@ -57,7 +57,7 @@ def use_backend(name: str) -> Iterator[None]:
 @functools.cache
 def _triton_importable() -> bool:
     try:
-        import triton  # noqa: F401
+        import triton
         import triton.language  # noqa: F401
     except Exception:
         return False

@@ -1,11 +1,12 @@
 """Static-shape buckets: the ladder, and padding that is exactly inert (padded == unpadded)."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 from ase.build import molecule
-from helpers import make_model
-from helpers import random_molecule, silicon_cell, triclinic_cu
+from helpers import make_model, random_molecule, silicon_cell, triclinic_cu
 
 from mlff_distiller import AtomsBatch, ForceEngine
 from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded, pad_graph
@@ -16,7 +17,7 @@ def test_ladder_is_geometric_and_select_is_the_smallest_fit():
     ladder = BucketLadder(min_atoms=16, max_atoms=5000, min_edges=64, max_edges=100_000, growth=1.5, align=8)
     for caps, hi in ((ladder.atom_capacities, 5000), (ladder.edge_capacities, 100_000)):
         assert all(c % 8 == 0 for c in caps) and caps[-1] >= hi
-        ratios = [b / a for a, b in zip(caps, caps[1:], strict=False)]
+        ratios = [b / a for a, b in itertools.pairwise(caps)]
         assert all(1.0 < r <= 1.5 + 8 / a for r, a in zip(ratios, caps, strict=False))
     for n, e in [(0, 0), (1, 0), (15, 64), (16, 65), (23, 1000), (4998, 99_000)]:
         b = ladder.select(n, e)

@@ -103,7 +103,7 @@ def test_bad_arguments(model):
         predict_forces(model, [molecule("H2O")], precision="fp8")
     with pytest.raises(ValueError, match="batch_size"):
         predict_forces(model, [molecule("H2O")], batch_size=0)
-    with pytest.raises(ValueError, match="not an ase.Atoms"):
+    with pytest.raises(ValueError, match=r"not an ase\.Atoms"):
         predict_forces(model, [np.zeros((3, 3))])
 
 

@@ -12,8 +12,7 @@ import pytest
 import torch
 from ase.build import molecule
 from ase.md.verlet import VelocityVerlet
-from helpers import make_model
-from helpers import random_molecule, silicon_cell
+from helpers import make_model, random_molecule, silicon_cell
 
 from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, predict_forces
 from mlff_distiller.buckets import BucketLadder
@@ -258,7 +257,7 @@ def test_cuda_graph_outputs_survive_the_next_replay(model):
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
 def test_precisions_within_documented_tolerance_gpu(precision):
     model = make_model(seed=1)
-    batch = AtomsBatch.from_atoms(_mols(30, seed=4, lo=3, hi=20) + [silicon_cell()])
+    batch = AtomsBatch.from_atoms([*_mols(30, seed=4, lo=3, hi=20), silicon_cell()])
     ref = ForceEngine(model, device="cuda", precision="fp64").compute(batch)
     for mode in ("eager", "cudagraph"):
         out = ForceEngine(model, device="cuda", precision=precision, mode=mode).compute(batch)

@@ -20,7 +20,8 @@ def test_editable_install_imports_kernels():
 @pytest.mark.slow
 def test_wheel_contains_kernels_and_data(tmp_path):
     pytest.importorskip("setuptools")
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)]
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
+    cmd.append(str(ROOT))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 and "No module named" in proc.stderr:
         pytest.skip(f"cannot build a wheel here: {proc.stderr.strip()[-200:]}")

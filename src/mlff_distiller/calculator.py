@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
@@ -38,7 +39,7 @@ class StudentCalculator(Calculator):
     periodic structures, ``stress`` (eV/Å³, Voigt, ASE sign).
     """
 
-    implemented_properties = ["energy", "free_energy", "forces", "stress", "energies"]
+    implemented_properties: ClassVar[list[str]] = ["energy", "free_energy", "forces", "stress", "energies"]
 
     def __init__(
         self,

@@ -1,7 +1,6 @@
 """Shared data for the distillation tests: small EMT-labelled sets (EMT is fast and always installed)."""
 
 import pytest
-
 from distill_helpers import emt_seeds, small_sampling
 
 from mlff_distiller.distill import label, read_frames
