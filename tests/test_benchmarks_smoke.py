@@ -139,7 +139,7 @@ def test_run_all_quick_end_to_end(tmp_path):
     assert all(np.isfinite(r["us"]) and r["us"] > 0 for r in timed)
     assert all("x_ours" in r for r in timed)
     md = (tmp_path / "smoke.md").read_text()
-    assert "PyG SchNet" in md and "ours ×" in md and "Seeds' numbers" in md  # noqa: RUF001
+    assert "PyG SchNet" in md and "ours ×" in md and "Seeds' numbers" in md
     assert (tmp_path / "smoke-sweep.png").stat().st_size > 1000
 
 
@@ -164,3 +164,21 @@ def test_startup_children_time_each_phase():
         assert r["import_torch_s"] > 0 and r["import_package_s"] > 0 and r["first_result_s"] > 0
     skipped = bench_startup.run_startup(peers.make_student(), "cpu", lambda: 0.0)
     assert skipped and all("skipped" in r for r in skipped)
+
+
+def test_step_only_rows_on_the_padded_path():
+    """StepImpl drives the engine's bucket internals (the GPU replay path); on a CPU the padded modes run the
+    padded eager step, so the same code is exercised here: its energy equals the eager engine's."""
+    import warnings
+
+    model = peers.make_student()
+    atoms = [molecule("C6H6"), molecule("H2O")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "CUDA graphs need a CUDA device": expected on CPU
+        step = peers.StepImpl("step", "ours", model, "cpu", mode="cudagraph")
+    assert step.available and step.engine.pad
+    packed = step.prepare(atoms, True)()
+    ref = ForceEngine(model, device="cpu").compute(AtomsBatch.from_atoms(atoms, dtype=torch.float32))
+    torch.testing.assert_close(packed[:2], ref["energy"], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="energy \\+ forces"):
+        step.prepare(atoms, False)
