@@ -650,7 +650,7 @@ def _pivot(rows, section, value="us", scale=1.0, unit="µs") -> list[str]:
     head = f"| system | atoms | task | ours, best {unit} | ours: which |"
     sep = "|---|---:|---|---:|---|"
     for _, name in PEER_COLUMNS:
-        head += f" {name} {unit} | ours × |"  # noqa: RUF001
+        head += f" {name} {unit} | ours × |"
         sep += "---:|---:|"
     lines = [head, sep]
     for system, task, atoms in keys:
@@ -664,7 +664,7 @@ def _pivot(rows, section, value="us", scale=1.0, unit="µs") -> list[str]:
             timed = [r for r in peer if value in r]
             if timed and best:
                 v = min(r[value] for r in timed)
-                line += f" {v * scale:.3g} | **{v / best[value]:.2f}×** |"  # noqa: RUF001
+                line += f" {v * scale:.3g} | **{v / best[value]:.2f}×** |"
             elif peer:
                 line += f" {_status(peer[0])[:60]} | — |"
             else:
@@ -681,7 +681,7 @@ def _step_pivot(rows, section, value="us", unit="µs") -> list[str]:
     lines = [
         f"Compute step alone (prepared graph; no neighbour list, padding or transfers), {unit}:",
         "",
-        f"| system | atoms | ours step {unit} | reference step {unit} | ours × |",  # noqa: RUF001
+        f"| system | atoms | ours step {unit} | reference step {unit} | ours × |",
         "|---|---:|---:|---:|---:|",
     ]
     for system in dict.fromkeys(r["system"] for r in sel):
@@ -696,8 +696,8 @@ def _step_pivot(rows, section, value="us", unit="µs") -> list[str]:
 
 def _detail(rows, section, extra_cols=()) -> list[str]:
     sel = [r for r in rows if r["section"] == section]
-    head = "| implementation | system | atoms | task | median µs | p20–p80 µs | µs/structure | first call s "  # noqa: RUF001
-    head += "| peak MB | × ours | vs reference |" + "".join(f" {c} |" for c, _, _ in extra_cols)  # noqa: RUF001
+    head = "| implementation | system | atoms | task | median µs | p20–p80 µs | µs/structure | first call s "
+    head += "| peak MB | × ours | vs reference |" + "".join(f" {c} |" for c, _, _ in extra_cols)
     lines = [head, "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(extra_cols)]
     for r in sel:
         if "us" not in r:
@@ -710,7 +710,7 @@ def _detail(rows, section, extra_cols=()) -> list[str]:
         note = f" ({r['note']})" if r.get("note") else ""
         line = (
             f"| {r['impl']}{note} | {r.get('system', '')} | {r.get('atoms', '')} | {r.get('task', '')} | "
-            f"{r['us']:.1f} | {r['p20_us']:.1f}–{r['p80_us']:.1f} | {per:.3g} | {r['first_call_s']:.2f} | "  # noqa: RUF001
+            f"{r['us']:.1f} | {r['p20_us']:.1f}–{r['p80_us']:.1f} | {per:.3g} | {r['first_call_s']:.2f} | "
             f"{_f(r.get('peak_mem_mb'), '.1f')} | {_f(r.get('x_ours'), '.2f')} | {_f(r.get('vs_reference'), '.2f')} |"
         )
         for _, k, spec in extra_cols:
@@ -777,7 +777,7 @@ def write_markdown(data: dict, path: Path) -> None:
         "",
         "Produced by `python benchmarks/run_all.py` in one run. Times: host data → host results (neighbour list, "
         "transfers, one backward), medians of `triton.testing.do_bench` on CUDA or a wall-clock loop on CPU. "
-        "**× ours** = that implementation's time / our best time for the same work (> 1: ours is faster). "  # noqa: RUF001
+        "**× ours** = that implementation's time / our best time for the same work (> 1: ours is faster). "
         f"Student: {data.get('student', '?')} (PaiNN, hidden 128, 3 layers, 20 Bessel functions, 5 Å cutoff).",
         "",
         *(

@@ -36,6 +36,7 @@ def _schnet_energy_with_cdist_edges(model, atoms: Atoms) -> torch.Tensor:
 
 
 def test_schnet_peer_matches_size_and_independent_edges():
+    pytest.importorskip("torch_geometric.nn.models", reason="PyG SchNet peer needs torch_geometric")
     target = peers.count_params(peers.make_student())
     impl = peers.SchNetImpl("schnet", target, 5.0, "cpu")
     assert impl.available, impl.why_unavailable
@@ -59,6 +60,7 @@ def test_schnet_peer_matches_size_and_independent_edges():
 def test_schnet_peer_uses_periodic_images():
     """A periodic box and its 2x1x1 supercell: the supercell's energy is twice the box's (extensive), which only
     holds when edges across the boundary (our shift vectors) reach SchNet."""
+    pytest.importorskip("torch_geometric.nn.models", reason="PyG SchNet peer needs torch_geometric")
     from systems import water_box
 
     box = water_box(24, seed=3)
