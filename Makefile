@@ -18,7 +18,7 @@ lint:
 	$(PY) -m ruff check src kernels tests benchmarks examples
 
 bench:
-	$(PY) benchmarks/bench_kernels.py
+	$(PY) benchmarks/run_all.py
 
 # Run on the GPU machine (device tool): CUDA-parametrised tests + gpu-marked tests + a short kernel benchmark.
 gpu-check:
