@@ -19,8 +19,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import mlff_distiller.kernels.message_passing as mp
+import importlib
+
 from bench_message_passing import water_like_graph
+
+# the package re-exports a function of the same name: take the module itself
+mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 
 
 def graph_time_us(fn, reps: int = 20) -> float:

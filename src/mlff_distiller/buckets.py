@@ -75,7 +75,9 @@ class BucketLadder:
     returns ``None``) and the engine runs it eagerly, unpadded.
     """
 
-    min_atoms: int = 16
+    # 64, not 16: cuBLAS picks pathological fp32 kernels for 16-row GEMMs on the H100 (~53 µs instead of
+    # ~5 µs for the 128-wide layers; benchmarks/results/tiny_gemm_h100.md), while 48-128 rows all run in 5-10 µs.
+    min_atoms: int = 64
     max_atoms: int = 65536
     min_edges: int = 64
     max_edges: int = 2**21

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import torch
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
@@ -68,6 +69,23 @@ class StudentCalculator(Calculator):
             neighbor_skin=skin,
         )
 
+    def check_state(self, atoms, tol: float = 1e-15) -> list[str]:
+        """ASE's check, with an exact-equality shortcut first: ASE's own compares six arrays with
+        ``np.allclose`` on every property request (~0.1 ms per call, several calls per MD step); identical
+        arrays mean "no change" under its test too, anything else falls through to it."""
+        old = self.atoms
+        if old is not None and len(old) == len(atoms):
+            same = (
+                np.array_equal(old.positions, atoms.positions)
+                and np.array_equal(old.numbers, atoms.numbers)
+                and np.array_equal(old.cell.array, atoms.cell.array)
+                and np.array_equal(old.pbc, atoms.pbc)
+                and all(_same_array(old, atoms, name) for name in ("initial_charges", "initial_magmoms"))
+            )
+            if same:
+                return []
+        return super().check_state(atoms, tol)
+
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
         want_stress = "stress" in properties
@@ -87,3 +105,10 @@ class StudentCalculator(Calculator):
         }
         if want_stress:
             self.results["stress"] = out["stress"][0].double().numpy()
+
+
+def _same_array(a, b, name: str) -> bool:
+    x, y = a.arrays.get(name), b.arrays.get(name)
+    if x is None or y is None:
+        return x is None and y is None
+    return np.array_equal(x, y)

@@ -307,9 +307,7 @@ class ForceEngine:
         self.compile_backend = compile_backend or "inductor"
         self.pad = (self.mode != "eager") if pad is None else bool(pad)
         if self.mode != "eager" and not self.pad:
-            raise ValueError(
-                f"mode {self.mode!r} needs static shapes: pad=False is only valid for mode='eager'"
-            )
+            raise ValueError(f"mode {self.mode!r} needs static shapes: pad=False is only valid for mode='eager'")
         self.buckets = buckets or BucketLadder()
         self.memory_budget = None if memory_budget is None else int(memory_budget)
         self.oom_splits = 0  # batches split after an out-of-memory error (see predict)
@@ -318,6 +316,9 @@ class ForceEngine:
         self._graphs: dict[Bucket, PaddedGraph] = {}
         self._runners: dict[Bucket, GraphRunner] = {}
         self._topology: tuple | None = None
+        self._checked_numbers: torch.Tensor | None = None
+        # Padded Verlet path: (bucket, graph, verlet build count) of the list now in the static buffers.
+        self._verlet_fill: tuple | None = None
         self._topology_token = 0
         self._graph_tokens: dict[Bucket, int] = {}
         self._fast_model: StudentModel | None = None
@@ -349,8 +350,7 @@ class ForceEngine:
                 )
             if not cuda_graphs_available(self.device):
                 warnings.warn(
-                    f"CUDA graphs need a CUDA device (engine on {self.device}); running the padded "
-                    "eager path instead",
+                    f"CUDA graphs need a CUDA device (engine on {self.device}); running the padded eager path instead",
                     RuntimeWarning,
                     stacklevel=3,
                 )
@@ -390,13 +390,25 @@ class ForceEngine:
         ``stress [B, 6]`` eV/Å³ Voigt (if ``stress``; meaningful only for fully periodic structures, whose
         mask is ``stress_valid [B]``). Forces and stress come from a single ``autograd.grad`` call.
         """
-        self.model.check_species(batch.numbers)
+        self._check_species(batch.numbers)
         if self.pad and forces and not stress:
-            out = self._compute_padded(batch, to_host)
+            if self.verlet is not None:
+                out = self._compute_padded_verlet(batch, to_host)
+            else:
+                out = self._compute_padded(batch, to_host)
             if out is not None:
                 return out
         out = self._compute_eager(batch, forces=forces, stress=stress)
         return {k: v.cpu() for k, v in out.items()} if to_host else out
+
+    def _check_species(self, numbers: torch.Tensor) -> None:
+        """``model.check_species``, skipped when the numbers equal the last ones checked (MD: every step)."""
+        last = self._checked_numbers
+        if last is not None and last.shape == numbers.shape and last.device == numbers.device:
+            if torch.equal(last, numbers):
+                return
+        self.model.check_species(numbers)
+        self._checked_numbers = numbers.detach().clone()
 
     def _neighbors(self, b: AtomsBatch):
         """Neighbour list of a batch already on the engine's device (through the Verlet cache when enabled)."""
@@ -419,9 +431,7 @@ class ForceEngine:
                 cell = batch.cell + torch.bmm(batch.cell, sym)
                 edge_struct = batch.batch[nl.edge_index[0]]
                 shift_vectors = torch.einsum("ei,eij->ej", nl.shifts.to(self.dtype), cell[edge_struct])
-            out = self.model(
-                batch.numbers, pos, nl.edge_index, shift_vectors, batch.batch, batch.num_structures
-            )
+            out = self.model(batch.numbers, pos, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
             energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
             result = {"energy": energy.detach(), "atomic_energies": atomic.detach()}
             if not need_grad:
@@ -533,11 +543,54 @@ class ForceEngine:
             same_topology=same,
         )
         self._graph_tokens[bucket] = self._topology_token
+        self._verlet_fill = None  # the static buffers no longer hold the Verlet path's list
         packed = self._run(bucket, graph)
         if to_host:
             packed = packed.cpu()
         elif self.mode == "cudagraph" or self.compile_mode == "reduce-overhead":
             packed = packed.clone()  # the static output is overwritten by the next replay
+        a = bucket.atoms
+        return {
+            "energy": packed[:b],
+            "atomic_energies": packed[a : a + n],
+            "forces": packed[2 * a :].view(a, 3)[:n],
+        }
+
+    def _compute_padded_verlet(self, batch: AtomsBatch, to_host: bool) -> dict[str, torch.Tensor] | None:
+        """The padded path with a Verlet-skin list (MD through :class:`StudentCalculator`).
+
+        The displacement test runs on the caller's tensors (host data in MD: no device sync per step). The
+        unfiltered ``cutoff + skin`` list goes into the bucket's static buffers only when it was rebuilt: its
+        pairs beyond the cutoff contribute exactly zero, like padding edges (the radial basis × envelope and
+        its derivative vanish there and the filter has no bias). Between rebuilds a step is one copy of the
+        positions into the static buffer, the replay, and one copy of the packed outputs.
+        """
+        v = self.verlet
+        rebuilt = v.needs_rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers)
+        if rebuilt:
+            v.rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers, device=self.device)
+        v.n_calls += 1
+        nl = v.last
+        n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
+        fill = self._verlet_fill
+        if rebuilt or fill is None or fill[2] != v.n_builds:
+            bucket = self.buckets.select(n, e)
+            if bucket is None:
+                self._verlet_fill = None
+                return None  # beyond the largest bucket: eager fallback
+            graph = self._graph(bucket)
+            dev = batch.to(self.device, self.dtype)
+            fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
+            self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
+            self._verlet_fill = fill = (bucket, graph, v.n_builds)
+        else:
+            bucket, graph = fill[0], fill[1]
+            graph.positions[:n].copy_(batch.positions.to(self.dtype), non_blocking=True)
+        packed = self._run(bucket, graph)
+        if to_host:
+            packed = packed.cpu()
+        elif self.mode == "cudagraph" or self.compile_mode == "reduce-overhead":
+            packed = packed.clone()
         a = bucket.atoms
         return {
             "energy": packed[:b],
@@ -571,9 +624,7 @@ class ForceEngine:
                 raise ValueError(f"warmup: no bucket holds {n} atoms and {e} edges (ladder {self.buckets})")
             todo.append(bucket)
         if todo and not self.pad:
-            raise ValueError(
-                "warmup(buckets=...) needs a padded mode (mode='cudagraph'/'compile' or pad=True)"
-            )
+            raise ValueError("warmup(buckets=...) needs a padded mode (mode='cudagraph'/'compile' or pad=True)")
         times: dict[Bucket, float] = {}
         for s in structures or ():
             batch = AtomsBatch.from_atoms(s, dtype=self.dtype)

@@ -155,12 +155,24 @@ class VerletNeighborList:
         # One host sync for all triggers together.
         return bool(torch.stack([*changed, moved_far]).any())
 
-    def _build(self, positions, cell, pbc, batch, ptr, numbers) -> None:
+    @torch.no_grad()
+    def rebuild(self, positions, cell, pbc, batch, ptr, numbers=None, *, device=None) -> NeighborList:
+        """Build the padded (``cutoff + skin``) list now and return it (``last``).
+
+        ``device``: build there instead of on the arguments' device (e.g. host data, GPU build); the reference
+        positions of the displacement test stay with the arguments, so :meth:`needs_rebuild` on host tensors
+        never synchronises with the GPU.
+        """
+        self._build(positions, cell, pbc, batch, ptr, numbers, device=device)
+        return self.last
+
+    def _build(self, positions, cell, pbc, batch, ptr, numbers, device=None) -> None:
         from mlff_distiller.neighbors import neighbor_list
 
-        nl = neighbor_list(
-            positions, cell, pbc, batch, ptr, self.cutoff + self.skin, self.method, **self.neighbor_kwargs
-        )
+        args = (positions, cell, pbc, batch, ptr)
+        if device is not None and torch.device(device) != positions.device:
+            args = tuple(t.to(device) for t in args)
+        nl = neighbor_list(*args, self.cutoff + self.skin, self.method, **self.neighbor_kwargs)
         ref = {
             "positions": positions.detach().clone(),
             "cell": cell.detach().clone(),
@@ -173,9 +185,8 @@ class VerletNeighborList:
         # float64 shift vectors of the padded list for the cutoff test (the returned ones keep the caller's
         # dtype): the fresh list decides in float64 too.
         i = nl.edge_index[0]
-        ref["shift64"] = torch.einsum(
-            "ea,eab->eb", nl.shifts.to(torch.float64), cell.detach().to(torch.float64)[batch[i]]
-        )
+        cell64, batch_b = args[1].detach().to(torch.float64), args[3]
+        ref["shift64"] = torch.einsum("ea,eab->eb", nl.shifts.to(torch.float64), cell64[batch_b[i]])
         self._ref = ref
         self.last = nl
         self.n_builds += 1

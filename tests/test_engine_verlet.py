@@ -1,0 +1,131 @@
+"""The padded Verlet path of ForceEngine (MD through StudentCalculator): the unfiltered skin list sits in the
+static buffers between rebuilds, the displacement test runs on host data, and results equal a fresh list."""
+
+import numpy as np
+import pytest
+import torch
+from ase import units
+from ase.build import molecule
+from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+from ase.md.verlet import VelocityVerlet
+from conftest import DEVICES
+from helpers import silicon_cell
+
+from mlff_distiller import ForceEngine
+from mlff_distiller.batch import AtomsBatch
+
+
+def _engines(model, device, skin):
+    fast = ForceEngine(model, device=device, precision="fp64", mode="eager", pad=True, neighbor_skin=skin)
+    ref = ForceEngine(model, device=device, precision="fp64", mode="eager")
+    return fast, ref
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("system", ["benzene", "silicon"])
+def test_padded_verlet_md_matches_fresh_list(model, device, system):
+    atoms = molecule("C6H6") if system == "benzene" else silicon_cell(rattle=0.05)
+    MaxwellBoltzmannDistribution(atoms, temperature_K=1200, rng=np.random.default_rng(5))
+    fast, ref = _engines(model, device, skin=0.4)
+    positions_seen = []
+
+    class Calc:  # the smallest ASE-like driver: host positions in, forces out
+        def step(self):
+            batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+            got = fast.compute(batch, to_host=True)
+            want = ref.compute(batch, to_host=True)
+            np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
+            assert float(got["energy"][0]) == pytest.approx(float(want["energy"][0]), abs=1e-10)
+            positions_seen.append(atoms.positions.copy())
+            return got["forces"].numpy()
+
+    c = Calc()
+    dt = 2.0 * units.fs
+    forces = c.step()
+    masses = atoms.get_masses()[:, None]
+    for _ in range(40):  # velocity Verlet by hand: positions change every step, the list is reused
+        atoms.set_momenta(atoms.get_momenta() + 0.5 * dt * forces)
+        atoms.set_positions(atoms.positions + dt * atoms.get_momenta() / masses)
+        forces = c.step()
+        atoms.set_momenta(atoms.get_momenta() + 0.5 * dt * forces)
+    v = fast.verlet
+    assert v.n_calls == 41
+    assert 1 <= v.n_builds < v.n_calls, v
+    # the static buffers hold the unfiltered skin list: more edges than the fresh list at the cutoff
+    bucket, graph, builds = fast._verlet_fill
+    assert builds == v.n_builds and graph.n_edges == v.last.num_edges
+    fresh = ref._neighbors(AtomsBatch.from_atoms(atoms, device=device, dtype=torch.float64))
+    assert graph.n_edges >= fresh.num_edges
+    # the displacement test ran on the host copies (no device tensors in the reference state)
+    assert v._ref["positions"].device.type == "cpu"
+    assert np.ptp(np.array(positions_seen), axis=0).max() > 0.2  # the atoms did move
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_padded_verlet_rebuilds_on_new_structure_and_bucket_change(model, device):
+    fast, ref = _engines(model, device, skin=0.5)
+    for atoms in [molecule("CH4"), molecule("C6H6"), silicon_cell(), molecule("C6H6")]:
+        batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+        got = fast.compute(batch, to_host=True)
+        want = ref.compute(batch, to_host=True)
+        np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
+        np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-10)
+    assert fast.verlet.n_builds == 4  # every change of structure rebuilt
+    # a stretched molecule grows past its edge bucket: rebuild into a larger bucket, still exact
+    atoms = molecule("C6H6")
+    first = fast.compute(AtomsBatch.from_atoms(atoms, dtype=torch.float64), to_host=True)
+    small_bucket = fast._verlet_fill[0]
+    big = atoms.copy()
+    for k in (1, 2):  # a stack of three benzenes 3.5 Å apart: more atoms and many more edges
+        layer = atoms.copy()
+        layer.translate((0.0, 0.0, 3.5 * k))
+        big += layer
+    got = fast.compute(AtomsBatch.from_atoms(big, dtype=torch.float64), to_host=True)
+    want = ref.compute(AtomsBatch.from_atoms(big, dtype=torch.float64), to_host=True)
+    np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
+    assert fast._verlet_fill[0] != small_bucket
+    assert np.isfinite(first["forces"].numpy()).all()
+
+
+def test_padded_verlet_and_plain_padded_path_share_buffers_safely(model):
+    """predict() through a Verlet engine and a plain padded engine agree; switching systems never reuses a stale
+    edge list from the static buffers."""
+    fast, ref = _engines(model, "cpu", skin=1.0)
+    a, b = molecule("CH3CH2OH"), molecule("CH3CH2OH")
+    b.rattle(0.3, seed=4)
+    for atoms in [a, b, a, b]:
+        batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+        got = fast.compute(batch, to_host=True)["forces"].numpy()
+        want = ref.compute(batch, to_host=True)["forces"].numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-10)
+
+
+def test_calculator_check_state_shortcut_still_sees_every_change(model):
+    from mlff_distiller import StudentCalculator
+
+    atoms = molecule("H2O")
+    calc = StudentCalculator(model, device="cpu", precision="fp64")
+    atoms.calc = calc
+    calls = []
+    original = calc.calculate
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    calc.calculate = counting
+    f0 = atoms.get_forces().copy()
+    atoms.get_potential_energy()
+    atoms.get_forces()
+    assert len(calls) == 1, "identical atoms: no recalculation"
+    atoms.positions[0, 0] += 1e-9
+    f1 = atoms.get_forces()
+    assert len(calls) == 2 and not np.array_equal(f0, f1)
+    atoms.set_initial_charges([0.1, 0.0, 0.0])
+    atoms.get_forces()
+    assert len(calls) == 3, "a changed per-atom array is a change (ASE's rule)"
+    atoms.set_cell([10.0, 10.0, 10.0])
+    atoms.get_forces()
+    assert len(calls) == 4
+    atoms.get_forces()
+    assert len(calls) == 4
