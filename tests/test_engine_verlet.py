@@ -7,7 +7,6 @@ import torch
 from ase import units
 from ase.build import molecule
 from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
-from ase.md.verlet import VelocityVerlet
 from conftest import DEVICES
 from helpers import silicon_cell
 
@@ -52,7 +51,7 @@ def test_padded_verlet_md_matches_fresh_list(model, device, system):
     assert v.n_calls == 41
     assert 1 <= v.n_builds < v.n_calls, v
     # the static buffers hold the unfiltered skin list: more edges than the fresh list at the cutoff
-    bucket, graph, builds = fast._verlet_fill
+    _bucket, graph, builds = fast._verlet_fill
     assert builds == v.n_builds and graph.n_edges == v.last.num_edges
     fresh = ref._neighbors(AtomsBatch.from_atoms(atoms, device=device, dtype=torch.float64))
     assert graph.n_edges >= fresh.num_edges
@@ -129,3 +128,21 @@ def test_calculator_check_state_shortcut_still_sees_every_change(model):
     assert len(calls) == 4
     atoms.get_forces()
     assert len(calls) == 4
+
+
+@pytest.mark.gpu
+def test_host_built_molecular_list_equals_device_list_on_cuda(model):
+    """Molecules given on the host: the engine builds the list on the host and copies the edges; same results
+    as the device-built list (the batch given on the device)."""
+    from helpers import random_molecule
+
+    rng = np.random.default_rng(8)
+    mols = [random_molecule(int(n), rng) for n in rng.integers(2, 25, 50)]
+    host = AtomsBatch.from_atoms(mols, dtype=torch.float64)
+    for mode in ("eager", "cudagraph"):
+        eng = ForceEngine(model, device="cuda", precision="fp64", mode=mode)
+        assert eng._host_molecular_neighbors(host) is not None
+        got = eng.compute(host, to_host=True)
+        want = eng.compute(host.to("cuda"), to_host=True)
+        np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
+        np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-10)

@@ -252,10 +252,36 @@ def test_no_grad_and_auto(method):
 
 def test_auto_rule():
     small = AtomsBatch.from_atoms([Atoms("H3", positions=np.eye(3))] * 4)
-    assert neighbor_list_batch(small, CUTOFF).method == "brute"
+    assert neighbor_list_batch(small, CUTOFF).method == "molecular"  # CPU, no periodic direction
+    assert neighbor_list_batch(small.to("cpu", torch.float32), CUTOFF, "brute").method == "brute"
     rng = np.random.default_rng(3)
-    big = AtomsBatch.from_atoms(Atoms("H400", positions=rng.uniform(0, 16, (400, 3))))
+    big = AtomsBatch.from_atoms(Atoms("H400", positions=rng.uniform(0, 16, (400, 3)), cell=[16] * 3, pbc=True))
     assert neighbor_list_batch(big, CUTOFF).method == "cell_list"
+    cube = Atoms("H3", positions=np.eye(3), cell=[8.0] * 3, pbc=[True, False, False])
+    assert neighbor_list_batch(AtomsBatch.from_atoms([cube] * 4), CUTOFF).method == "brute"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_molecular_path_equals_brute_force(dtype):
+    """The host all-pairs path gives exactly the pairs, order and CSR of the brute-force backend: random
+    molecules of 1..40 atoms, a coincident pair, and distances straddling the cutoff."""
+    rng = np.random.default_rng(11)
+    mols = [Atoms(numbers=[1] * n, positions=rng.uniform(0, 7, (n, 3))) for n in rng.integers(1, 40, 30)]
+    twin = Atoms("H3", positions=[[0, 0, 0], [0, 0, 0], [0, 0, CUTOFF - 1e-9]])
+    edge = Atoms("H2", positions=[[0, 0, 0], [0, 0, CUTOFF]])  # exactly at the cutoff: not a pair
+    batch = AtomsBatch.from_atoms([*mols, twin, edge], dtype=dtype)
+    got = neighbor_list_batch(batch, CUTOFF)
+    want = neighbor_list_batch(batch, CUTOFF, "brute")
+    assert got.method == "molecular"
+    assert torch.equal(got.edge_index, want.edge_index)
+    assert torch.equal(got.row_ptr, want.row_ptr)
+    assert torch.equal(got.shifts, want.shifts)
+    assert got.shift_vectors.dtype == dtype and not got.shift_vectors.any()
+    assert got.num_edges > 1000
+    with pytest.raises(ValueError, match="NaN"):
+        bad = batch.positions.clone()
+        bad[3, 1] = float("nan")
+        neighbor_list(bad, batch.cell, batch.pbc, batch.batch, batch.ptr, CUTOFF)
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -360,7 +386,8 @@ def test_cell_list_impl_errors(monkeypatch):
 # ------------------------------------------------------------------------------------------------ vesin
 def test_vesin_missing_is_a_clear_error_and_auto_skips_it(monkeypatch):
     monkeypatch.setattr(vesin_backend, "_vesin_class", lambda: None)
-    b = AtomsBatch.from_atoms(Atoms("H400", positions=np.random.default_rng(3).uniform(0, 16, (400, 3))))
+    box = dict(cell=[16.0] * 3, pbc=True)  # periodic: the host all-pairs path does not apply
+    b = AtomsBatch.from_atoms(Atoms("H400", positions=np.random.default_rng(3).uniform(0, 16, (400, 3)), **box))
     with pytest.raises(ValueError, match="vesin-torch"):
         neighbor_list_batch(b, CUTOFF, "vesin")
     assert "vesin" not in available_backends("cpu")
@@ -375,10 +402,11 @@ def test_auto_takes_vesin_for_one_large_structure(monkeypatch):
     from mlff_distiller import neighbors
 
     rng = np.random.default_rng(3)
-    one = AtomsBatch.from_atoms(Atoms("H400", positions=rng.uniform(0, 16, (400, 3))))
+    box = dict(cell=[16.0] * 3, pbc=True)  # periodic: the host all-pairs path does not apply
+    one = AtomsBatch.from_atoms(Atoms("H400", positions=rng.uniform(0, 16, (400, 3)), **box))
     monkeypatch.setitem(neighbors.AUTO_VESIN_MIN_ATOMS, "cpu", 300)
     assert neighbor_list_batch(one, CUTOFF).method == "vesin"
-    two = AtomsBatch.from_atoms([Atoms("H400", positions=rng.uniform(0, 16, (400, 3)))] * 2)
+    two = AtomsBatch.from_atoms([Atoms("H400", positions=rng.uniform(0, 16, (400, 3)), **box)] * 2)
     assert neighbor_list_batch(two, CUTOFF).method == "cell_list", "many structures: our batched list"
 
 

@@ -45,7 +45,8 @@ from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
 from mlff_distiller.model import StudentModel
-from mlff_distiller.neighbors import VerletNeighborList, neighbor_list
+from mlff_distiller.neighbors import NeighborList, VerletNeighborList, neighbor_list
+from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs
 
 __all__ = [
     "COMPILE_MODES",
@@ -416,10 +417,29 @@ class ForceEngine:
             return self.verlet(b.positions, b.cell, b.pbc, b.batch, b.ptr, numbers=b.numbers)
         return neighbor_list(b.positions, b.cell, b.pbc, b.batch, b.ptr, self.cutoff, self.neighbor_method)
 
+    def _host_molecular_neighbors(self, batch: AtomsBatch) -> NeighborList | None:
+        """Molecules given on the host for an engine on another device: the list is built on the host by the
+        all-pairs NumPy path (:mod:`mlff_distiller.neighbors.molecular`) and its edges copied over once, instead
+        of ~100 small device operations with several device→host syncs. ``None`` when that does not apply."""
+        if self.verlet is not None or self.neighbor_method != "auto" or batch.device.type != "cpu":
+            return None
+        if self.device.type == "cpu" or not molecular_applicable(batch.positions, batch.pbc, batch.ptr):
+            return None
+        nl = molecular_pairs(batch.positions, batch.ptr, self.cutoff)
+        e = nl.num_edges
+        return NeighborList(
+            edge_index=nl.edge_index.to(self.device, non_blocking=True),
+            shifts=torch.zeros((e, 3), dtype=torch.int64, device=self.device),
+            shift_vectors=torch.zeros((e, 3), dtype=self.dtype, device=self.device),
+            row_ptr=nl.row_ptr.to(self.device, non_blocking=True),
+            method=nl.method,
+        )
+
     def _compute_eager(self, batch: AtomsBatch, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
+        host_nl = self._host_molecular_neighbors(batch)
         batch = batch.to(self.device, self.dtype)
         with torch.no_grad():
-            nl = self._neighbors(batch)
+            nl = host_nl if host_nl is not None else self._neighbors(batch)
         need_grad = forces or stress
         with _matmul_precision(self.allow_tf32), _frozen(self.model), torch.set_grad_enabled(need_grad):
             positions = batch.positions.detach().requires_grad_(need_grad)
@@ -523,9 +543,10 @@ class ForceEngine:
         return self._step(*graph.inputs())
 
     def _compute_padded(self, batch: AtomsBatch, to_host: bool) -> dict[str, torch.Tensor] | None:
+        host_nl = self._host_molecular_neighbors(batch)
         dev, same = self._device_topology(batch)
         with torch.no_grad():
-            nl = self._neighbors(dev)
+            nl = host_nl if host_nl is not None else self._neighbors(dev)
         n, b, e = dev.num_atoms, dev.num_structures, nl.num_edges
         bucket = self.buckets.select(n, e)
         if bucket is None:
@@ -568,7 +589,10 @@ class ForceEngine:
         v = self.verlet
         rebuilt = v.needs_rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers)
         if rebuilt:
-            v.rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers, device=self.device)
+            # Molecules on the host: build there (all-pairs NumPy path); the edges reach the device in the fill.
+            host = molecular_applicable(batch.positions, batch.pbc, batch.ptr)
+            device = None if host else self.device
+            v.rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers, device=device)
         v.n_calls += 1
         nl = v.last
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges

@@ -44,6 +44,9 @@ Backends (``BACKENDS`` maps name -> supported devices; :func:`available_backends
   torch implementation's chunks; the Triton one never materialises candidates.
 * ``vesin``: vesin-torch (optional dependency; CPU and CUDA), one call per structure, converted to this
   contract (:mod:`.vesin_backend`). Asking for it without vesin-torch installed is a ``ValueError``.
+* ``molecular`` (not selectable by name): :mod:`.molecular`, all pairs per structure in NumPy; ``auto`` takes it
+  first for CPU tensors of structures with no periodic direction (at most ``MOLECULAR_MAX_PAIRS`` candidate
+  pairs): same pairs, same order, a fraction of the fixed cost.
 * ``auto``: ``brute`` when every structure satisfies ``n_b * M_b <= AUTO_BRUTE_MAX[device type]`` (each
   atom meets at most that many candidates, so brute stays O(N): batches of molecules and small cells); else
   ``vesin`` for a single structure of at least ``AUTO_VESIN_MIN_ATOMS[device type]`` atoms when vesin-torch
@@ -65,6 +68,7 @@ from mlff_distiller.neighbors._common import Geometry, NeighborList, RawPairs, f
 from mlff_distiller.neighbors.brute import DEFAULT_MAX_CANDIDATES, brute_force
 from mlff_distiller.neighbors.cell_list import cell_list
 from mlff_distiller.neighbors.cell_list_triton import HAS_TRITON, cell_list_triton, triton_runnable
+from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs
 from mlff_distiller.neighbors.verlet import VerletNeighborList
 from mlff_distiller.neighbors.vesin_backend import vesin_available, vesin_pairs
 
@@ -160,6 +164,12 @@ def neighbor_list(
         raise ValueError(f"neighbor_list: max_candidates must be >= 1, got {max_candidates}")
     if method == "vesin" and not vesin_available():
         vesin_pairs(None)  # raises the ValueError that explains the missing optional dependency
+    if method == "auto" and molecular_applicable(positions, pbc, ptr):
+        if not float(cutoff) > 0:
+            raise ValueError(f"neighbor_list: cutoff must be > 0 Å, got {cutoff}")
+        if batch.shape != positions.shape[:1] or ptr.dim() != 1 or int(ptr[-1]) != positions.shape[0]:
+            raise ValueError("neighbor_list: batch must be [N] and ptr [B + 1] ending at N")
+        return molecular_pairs(positions, ptr, cutoff)
     geo = prepare(positions, cell, pbc, batch, ptr, cutoff)
     if method == "auto":
         method = choose_method(geo)

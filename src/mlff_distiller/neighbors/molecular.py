@@ -1,0 +1,66 @@
+"""All-pairs neighbour list of non-periodic structures on the host, in a handful of NumPy operations.
+
+Why not the general backends: for molecules given on the host (one ASE ``Atoms`` or a batch of small ones),
+the brute-force/cell-list code costs ~100 torch operations of fixed overhead per call (geometry set-up, image
+tables, CSR), i.e. milliseconds for a benzene; on a GPU each of those is a launch and several are
+device→host syncs. Without periodic images the list is just the pairs of each structure closer than the cutoff:
+the Σ n_b² candidate pairs are enumerated at once, so the cost is tens of µs for a molecule and about a
+millisecond for a thousand small ones. ``neighbor_list(method="auto")`` takes this path for CPU tensors of
+structures without any periodic direction and at most :data:`MOLECULAR_MAX_PAIRS` candidate pairs; the engine
+uses it to build the list on the host before one copy of the edges to the GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mlff_distiller.neighbors._common import NeighborList
+
+__all__ = ["MOLECULAR_MAX_PAIRS", "molecular_applicable", "molecular_pairs"]
+
+# Candidate pairs (Σ n_b²) up to which the host all-pairs path is used (~100 MB of transient index arrays).
+MOLECULAR_MAX_PAIRS = 4_000_000
+
+
+def molecular_applicable(positions: torch.Tensor, pbc: torch.Tensor, ptr: torch.Tensor) -> bool:
+    """Whether :func:`molecular_pairs` serves this batch: CPU tensors, no periodic direction anywhere, and at
+    most :data:`MOLECULAR_MAX_PAIRS` candidate pairs."""
+    if positions.device.type != "cpu" or pbc.device.type != "cpu" or bool(pbc.any()):
+        return False
+    counts = ptr[1:] - ptr[:-1]
+    return int((counts * counts).sum()) <= MOLECULAR_MAX_PAIRS
+
+
+@torch.no_grad()
+def molecular_pairs(positions: torch.Tensor, ptr: torch.Tensor, cutoff: float) -> NeighborList:
+    """Pairs ``(i, j)`` of the same structure with ``0 < |r_j - r_i| < cutoff`` (Å, decided in float64), sorted
+    by receiver ``i`` and then sender ``j``; zero shifts. Positions ``[N, 3]`` and ``ptr [B + 1]`` on the CPU."""
+    if positions.dim() != 2 or positions.shape[1] != 3:
+        raise ValueError(f"molecular_pairs: positions must be [N, 3], got {tuple(positions.shape)}")
+    pos = positions.detach().numpy().astype(np.float64, copy=False)
+    if not np.isfinite(pos).all():
+        raise ValueError("molecular_pairs: positions contain NaN or inf")
+    p = ptr.numpy().astype(np.int64, copy=False)
+    counts = np.diff(p)
+    n_pairs = counts * counts
+    owner = np.repeat(np.arange(counts.shape[0]), n_pairs)
+    local = np.arange(int(n_pairs.sum()), dtype=np.int64) - np.repeat(np.cumsum(n_pairs) - n_pairs, n_pairs)
+    width = counts[owner]
+    i = p[owner] + local // width
+    j = p[owner] + local % width
+    d = pos[j] - pos[i]
+    r2 = np.einsum("ij,ij->i", d, d)
+    keep = (r2 > 0.0) & (r2 < float(cutoff) ** 2)
+    i, j = i[keep], j[keep]
+    n = pos.shape[0]
+    row_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(i, minlength=n), out=row_ptr[1:])
+    e = i.shape[0]
+    return NeighborList(
+        edge_index=torch.from_numpy(np.stack([i, j])),
+        shifts=torch.zeros((e, 3), dtype=torch.int64),
+        shift_vectors=torch.zeros((e, 3), dtype=positions.dtype),
+        row_ptr=torch.from_numpy(row_ptr),
+        method="molecular",
+    )
