@@ -207,3 +207,28 @@ def test_sigkill_resume_loses_and_duplicates_nothing(tmp_path):
     assert sorted((a.info["task"], int(a.info["frame"])) for a in xyz) == sorted(keys)
     progress = json.loads((killed / "progress.json").read_text())
     assert len(progress["done"]) == 3 * (2 + 3)
+
+
+def test_store_survives_a_kill_during_database_initialisation(tmp_path):
+    """ASE commits each CREATE TABLE on its own: a SIGKILL before the version row leaves a file ASE cannot open.
+    The store initialises new databases atomically and replaces such a frame-less leftover; frames are kept."""
+    import sqlite3
+
+    from mlff_distiller.distill.labelling import DB_NAME, FrameStore
+
+    out = tmp_path / "labels"
+    out.mkdir()
+    con = sqlite3.connect(out / DB_NAME)  # the state a kill mid-initialisation leaves behind
+    con.execute("CREATE TABLE systems (id INTEGER PRIMARY KEY AUTOINCREMENT, unique_id TEXT UNIQUE)")
+    con.execute("CREATE TABLE information (name TEXT, value TEXT)")
+    con.commit()
+    con.close()
+    store = FrameStore(out)
+    assert len(store) == 0
+    atoms = molecule("H2O")
+    atoms.calc = EMT()
+    atoms.get_forces()
+    store.write(atoms, task="t", frame=0, kind="md", temperature=300.0)
+    again = FrameStore(out)  # a healthy database with a frame is opened as is
+    assert len(again) == 1 and again.keys() == {("t", 0)}
+    assert not (out / (DB_NAME + ".init")).exists()

@@ -61,7 +61,7 @@ class FrameStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db_path = self.dir / DB_NAME
         self.xyz_path = self.dir / XYZ_NAME
-        self.db = connect(self.db_path, type="db", append=True)
+        self.db = connect(_ready_db(self.db_path), type="db", append=True)
 
     def __len__(self) -> int:
         return self.db.count()
@@ -95,6 +95,42 @@ class FrameStore:
             for atoms in self.frames():
                 ase.io.write(fh, atoms, format="extxyz")
         os.replace(tmp, self.xyz_path)
+
+
+def _ready_db(path: Path) -> Path:
+    """An initialised ASE database at ``path``, made crash-safe.
+
+    ASE creates its tables lazily and, through Python's sqlite3, each ``CREATE TABLE`` commits on its own
+    before the version row is written: a SIGKILL in between leaves a file that ASE can no longer open
+    (``TypeError`` reading the version). So a new database is initialised under a temporary name and moved into
+    place atomically, and a file left by such an interrupted initialisation (tables, no version, no rows: it
+    holds no frames) is replaced. A file with frames is never touched.
+    """
+    import sqlite3
+
+    from ase.db import connect
+
+    if path.exists():
+        con = sqlite3.connect(path)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if "systems" not in tables:
+                return path  # empty file: ASE initialises it in one go on first use
+            version = None
+            if "information" in tables:
+                version = con.execute("SELECT value FROM information WHERE name='version'").fetchone()
+            if version is not None:
+                return path
+            if con.execute("SELECT COUNT(*) FROM systems").fetchone()[0]:
+                raise ValueError(f"{path}: an ASE database with frames but no version record; inspect it by hand")
+        finally:
+            con.close()
+        path.unlink()  # an interrupted initialisation: no frames in it
+    tmp = path.with_name(path.name + ".init")
+    tmp.unlink(missing_ok=True)
+    connect(tmp, type="db").count()  # the first use creates the tables and the version row
+    os.replace(tmp, path)
+    return path
 
 
 def _db_frames(db) -> list[Atoms]:
