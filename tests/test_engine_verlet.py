@@ -146,3 +146,49 @@ def test_host_built_molecular_list_equals_device_list_on_cuda(model):
         want = eng.compute(host.to("cuda"), to_host=True)
         np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
         np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-10)
+
+
+def test_verlet_same_object_shortcut_still_sees_in_place_changes():
+    from mlff_distiller.neighbors import VerletNeighborList
+
+    b = AtomsBatch.from_atoms(silicon_cell(), dtype=torch.float64)
+    vl = VerletNeighborList(3.0, skin=1.0)
+    vl.update_batch(b)
+    vl.update_batch(b)
+    assert vl.n_builds == 1
+    b.cell[0, 0, 0] += 0.5  # same tensor object, modified in place: must rebuild
+    vl.update_batch(b)
+    assert vl.n_builds == 2
+    b.numbers[0] = 6  # likewise for the species
+    vl.update_batch(b)
+    assert vl.n_builds == 3
+    other = AtomsBatch.from_atoms(silicon_cell(), dtype=torch.float64)  # new objects, equal content but the cell
+    vl.update_batch(other)
+    assert vl.n_builds == 4
+
+
+def test_calculator_reuses_its_batch_in_md_and_still_validates(model):
+    from mlff_distiller import StudentCalculator
+
+    atoms = molecule("CH3CH2OH")
+    calc = StudentCalculator(model, device="cpu", precision="fp64")
+    fresh = StudentCalculator(model, device="cpu", precision="fp64", skin=None)
+    atoms.calc = calc
+    atoms.get_forces()
+    first = calc._last_batch
+    for k in range(3):
+        atoms.positions[k % len(atoms)] += 0.01
+        f = atoms.get_forces()
+        assert calc._last_batch.numbers is first.numbers  # reused: only the positions are new
+        probe = atoms.copy()
+        probe.calc = fresh
+        np.testing.assert_allclose(f, probe.get_forces(), rtol=0, atol=1e-12)
+    atoms.numbers[0] = 7  # a change beyond positions rebuilds the batch (and the neighbour list)
+    f = atoms.get_forces()
+    assert calc._last_batch.numbers is not first.numbers and int(calc._last_batch.numbers[0]) == 7
+    probe = atoms.copy()
+    probe.calc = fresh
+    np.testing.assert_allclose(f, probe.get_forces(), rtol=0, atol=1e-12)
+    atoms.positions[1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"finite|NaN|nan"):
+        atoms.get_forces()
