@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU work queued for a device session, one part per device call (each fits a 10-minute call):
+#
+#   bash scripts/gpu_session.sh verify    # CUDA tests of the engine/MD/neighbour/kernel changes + step profile
+#   bash scripts/gpu_session.sh engine    # bench_engine (latency, MD step, batch sweep) + message-passing tuning
+#   bash scripts/gpu_session.sh large     # benchmarks/bench_large.py (issue 7)
+#   bash scripts/gpu_session.sh distill   # ethanol from GFN2-xTB in 60 s of training (issue 6)
+#   bash scripts/gpu_session.sh builtin   # retrain the shipped builtin:chno-gfn2 (issue 6)
+#   bash scripts/gpu_session.sh sevennet  # 192-atom water from SevenNet-0 (issue 6; needs .whl7)
+#
+# Run from the repository root on the device machine with the wheel folders carried (.whl: ase, tblite, vesin,
+# vesin-torch; .whl7: sevenn, braceexpand, matscipy; see README "GPU check"). Everything a part writes lands in
+# /tmp/gpu_<part> and is packed into $OUT/<part>.tgz (the device returns at most 8 files), also when a step
+# fails or runs out of its time box; the last lines printed are the part's summary.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+part=${1:?usage: gpu_session.sh verify|engine|large|distill|builtin|sevennet}
+wheels=()
+for d in .whl .whl7; do
+  [ -d "$d" ] && wheels+=("$d"/*.whl)
+done
+if [ ${#wheels[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "${wheels[@]}" || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/tmp/install.log 2>&1 \
+  || { cat /tmp/install.log; exit 1; }
+res=/tmp/gpu_$part
+mkdir -p "$res"
+pack() { tar czf "${OUT:-/tmp}/$part.tgz" -C "$res" . ; }
+trap pack EXIT
+python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)" \
+  | tee "$res/device.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$res/device.txt"
+
+case "$part" in
+  verify)
+    timeout 330 python3 -m pytest -q -p no:cacheprovider --timeout=300 -k "cuda or gpu" \
+      tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_calculator.py tests/test_neighbors.py \
+      tests/test_physics.py tests/kernels 2>&1 | tee "$res/pytest_gpu.log" | tail -15
+    timeout 150 python3 benchmarks/profile_step.py --out "$res" >"$res/profile.log" 2>&1
+    grep -E "=====|device kernels" "$res/profile.log"
+    ;;
+  engine)
+    timeout 330 python3 benchmarks/bench_engine.py --sections latency,md,sweep --budget-s 300 --out "$res" \
+      --name engine_h100 >"$res/bench_engine.log" 2>&1
+    timeout 200 python3 benchmarks/tune_small.py --skip gemm --out "$res" >"$res/tune.log" 2>&1
+    tail -25 "$res/bench_engine.log"; tail -12 "$res/tune.log"
+    ;;
+  large)
+    timeout 500 python3 benchmarks/bench_large.py --out "$res" --budget-s 420 2>&1 | tee "$res/bench_large.log" \
+      | tail -40
+    ;;
+  distill)
+    timeout 520 python3 examples/distill_ethanol.py --workers 16 --results "$res/ethanol" --work /tmp/ethanol \
+      2>&1 | tee "$res/distill_ethanol.log" | tail -40
+    ;;
+  builtin)
+    timeout 540 python3 examples/make_builtin_student.py --workers 16 --deadline 480 --work /tmp/chno \
+      --results "$res/chno_gfn2" 2>&1 | tee "$res/builtin.log" | tail -40
+    ;;
+  sevennet)
+    timeout 520 python3 examples/distill_water_sevennet.py --results "$res/water" --work /tmp/water \
+      2>&1 | tee "$res/water.log" | tail -40
+    ;;
+  *)
+    echo "unknown part $part"; exit 2 ;;
+esac
