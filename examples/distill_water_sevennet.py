@@ -415,7 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     mae = summary["test_fp32"].get("force_mae_mev_a")
     speedup = summary["md_step_timing"].get("speedup")
     summary["targets"] = {
-        "force_mae": {"target_mev_a": FORCE_MAE_TARGET, "measured": mae, "met": mae is not None and mae <= FORCE_MAE_TARGET},
+        "force_mae": {
+            "target_mev_a": FORCE_MAE_TARGET,
+            "measured": mae,
+            "met": mae is not None and mae <= FORCE_MAE_TARGET,
+        },
         "speedup": {
             "target": SPEEDUP_TARGET,
             "measured": speedup,

@@ -1,0 +1,95 @@
+"""examples/distill_water_sevennet.py (the issue-6 water target): the sampling plan and a quick end-to-end run."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from mlff_distiller import load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def example():
+    spec = importlib.util.spec_from_file_location("distill_water_sevennet", ROOT / "examples/distill_water_sevennet.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BUDGET = {"safety": 0.85, "test_share": 0.2, "max_md_steps": 4000}
+
+
+def test_plan_fits_the_labelling_budget(example):
+    plan = example.make_plan(0.1, 168.0, 4, 1, 10, BUDGET)
+    assert plan["md_steps_train"] % 10 == 0 and plan["md_steps_test"] % 10 == 0
+    # 0.85 × 168 s / 0.1 s = 1428 teacher steps: 80 % over 4 trajectories, 20 % to the held-out one.
+    assert plan["md_steps_train"] == 280 and plan["md_steps_test"] == 280
+    assert plan["teacher_steps_planned"] * 0.1 <= 0.85 * 168.0
+    assert plan["expected_frames_train"] == 4 * 28 and plan["expected_frames_test"] == 28
+
+
+def test_plan_clamps_to_two_frames_and_to_the_cap(example):
+    slow = example.make_plan(10.0, 30.0, 4, 1, 10, BUDGET)  # 2.5 steps affordable: still two frames each
+    assert slow["md_steps_train"] == 20 and slow["md_steps_test"] == 20
+    fast = example.make_plan(1e-4, 168.0, 4, 1, 10, BUDGET)
+    assert fast["md_steps_train"] == 4000 and fast["md_steps_test"] == 4000
+
+
+def _check_run(work: Path, teacher: str) -> dict:
+    results = work / "results"
+    metrics = json.loads((results / "metrics.json").read_text())
+    assert metrics["teacher"] == teacher and metrics["quick"] is True
+    assert metrics["system"]["atoms"] == 24 and metrics["system"]["molecules"] == 8
+    assert 0.9 < metrics["system"]["density_g_cm3"] < 1.1
+    plan = metrics["plan"]
+    assert plan["teacher_step_s"] > 0 and plan["md_steps_train"] % plan["sample_every"] == 0
+    frames = metrics["frames"]
+    assert frames["train"] >= 1 and frames["val"] >= 1 and frames["test"] >= 2
+    assert frames["train"] + frames["val"] == metrics["label_train"]["frames"]
+    test = metrics["test_fp32"]
+    assert "error" not in test, test
+    assert test["frames"] == frames["test"] and test["atoms"] == 24 * frames["test"]
+    assert math.isfinite(test["force_mae_mev_a"]) and test["force_mae_mev_a"] > 0
+    timing = metrics["md_step_timing"]
+    assert "error" not in timing, timing
+    assert timing["atoms"] == 24 and timing["student_s_per_step"] > 0 and timing["teacher_s_per_step"] > 0
+    assert timing["speedup"] == pytest.approx(timing["teacher_s_per_step"] / timing["student_s_per_step"])
+    assert "error" not in metrics["nve"], metrics["nve"]
+    targets = metrics["targets"]
+    assert targets["force_mae"]["measured"] == test["force_mae_mev_a"]
+    assert targets["force_mae"]["met"] == (test["force_mae_mev_a"] <= 20.0)
+    assert targets["speedup"]["met"] == (timing["speedup"] >= 100.0)
+    for name in ("summary.md", "parity.png", "learning_curve.png", "test_frames.extxyz"):
+        assert (results / name).stat().st_size > 0, name
+    assert "held-out force MAE" in (results / "summary.md").read_text()
+    model = load_model(results / "water-sevennet.pt")
+    assert model.species_list == [1, 8]
+    assert model.metadata["teacher"] == teacher
+    assert model.metadata["test_force_mae_mev_a"] == pytest.approx(test["force_mae_mev_a"])
+    return metrics
+
+
+def test_quick_run_with_emt_then_resume(example, tmp_path):
+    work = tmp_path / "water"
+    assert example.main(["--quick", "--teacher", "emt", "--work", str(work), "--time-limit", "4"]) == 0
+    first = _check_run(work, "emt")
+    assert first["label_train"]["tasks_run"] == 2 and first["label_test"]["tasks_run"] == 1
+    # A second run resumes: same plan, every labelling task already done, the same frames.
+    assert example.main(["--quick", "--teacher", "emt", "--work", str(work), "--time-limit", "2"]) == 0
+    second = _check_run(work, "emt")
+    assert second["label_train"]["tasks_run"] == 0 and second["label_test"]["tasks_run"] == 0
+    assert second["frames"] == first["frames"]
+    assert second["plan"]["md_steps_train"] == first["plan"]["md_steps_train"]
+
+
+@pytest.mark.slow
+def test_quick_run_with_sevennet(example, tmp_path):
+    pytest.importorskip("sevenn.calculator")
+    work = tmp_path / "water"
+    assert example.main(["--quick", "--work", str(work), "--device", "cpu", "--time-limit", "4"]) == 0
+    metrics = _check_run(work, "sevennet-0")
+    assert metrics["sevenn"] is not None and metrics["teacher_device"] == "cpu"
