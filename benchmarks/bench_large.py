@@ -11,9 +11,9 @@ skipped in the output, never silently dropped):
    step alone (model + one ``autograd.grad`` on a prepared graph: peers.StepImpl) for the reference, ours eager
    and ours in the best mode (captured CUDA-graph replay, only where a padded bucket holds the box), plus ours
    including the neighbour list (``engine.compute`` on a device-resident batch). Median time, µs/atom/step,
-   peak GPU memory (``torch.cuda.max_memory_allocated`` after a reset, over one call, with the graph, the
-   inputs and the weights resident: an absolute figure), reference / ours ratio. An out-of-memory error is a
-   row ("OOM at N atoms"), never a crash.
+   peak GPU memory (``torch.cuda.max_memory_allocated`` over one call after a reset, minus what was allocated
+   before the row built its inputs: batch, neighbour list, the step's transients), reference / ours ratio.
+   An out-of-memory error is a row ("OOM at N atoms"), never a crash.
 3. **Neighbour lists** (5 Å, float32 positions): brute force, our cell list (torch and Triton) and vesin-torch
    (if it imports) on one large box (24,000 atoms) and on 1,024 periodic boxes of 24 atoms (6.2 Å cells):
    ours in ONE batched call, vesin once per box (its raw i, j, S, and through our contract). Ours includes the
@@ -769,8 +769,9 @@ class Bench:
             "## Energy + forces (one water box)",
             "",
             "Step = model + one `autograd.grad` on a prepared graph (peers.StepImpl; best mode: captured replay of "
-            "the padded step). Peak = `torch.cuda.max_memory_allocated` over one call after a reset, absolute "
-            "(graph, inputs and weights included). `incl. NL` = `engine.compute` on a device-resident batch.",
+            "the padded step). Peak = `torch.cuda.max_memory_allocated` over one call after a reset, minus "
+            "what was allocated before the row built its inputs: the batch, its neighbour list and the step's "
+            "transients (weights, ~2 MB, excluded). `incl. NL` = `engine.compute` on a device-resident batch.",
             "",
             "| atoms | edges | impl | step ms | p20-p80 ms | µs/atom/step | peak GB | ref / this | incl. NL ms "
             "| timing | note |",
