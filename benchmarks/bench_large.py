@@ -18,8 +18,9 @@ skipped in the output, never silently dropped):
    (if it imports) on one large box (24,000 atoms) and on 1,024 periodic boxes of 24 atoms (6.2 Å cells):
    ours in ONE batched call, vesin once per box (its raw i, j, S, and through our contract). Ours includes the
    receiver-sorted CSR output. Pair counts (and for our backends the edge lists) are checked to agree.
-4. **Largest box that fits**: ours (ForceEngine eager, default neighbour list, NL + energy + forces) on growing
-   boxes until an out-of-memory error, the per-call cap (``--grow-cap-s``) or the budget stops it.
+4. **Largest box that fits**: ours (ForceEngine eager, our cell list unless ``--grow-nl``; neighbour list +
+   energy + forces) on growing boxes until an out-of-memory error, the per-call cap (``--grow-cap-s``) or the
+   budget stops it.
 5. **Targets** (issue 7, H100 fp32) as pass/fail rows.
 
 Timing: ``harness.time_fn`` (``triton.testing.do_bench``: CUDA events, warm-up, median) for calls under
@@ -55,7 +56,7 @@ from harness import environment, time_fn
 from peers import OursImpl, StepImpl, make_student
 from systems import water_box
 
-from mlff_distiller import AtomsBatch, kernels
+from mlff_distiller import AtomsBatch, ForceEngine, kernels
 from mlff_distiller.engine import TOLERANCES
 from mlff_distiller.neighbors import neighbor_list
 from mlff_distiller.neighbors.cell_list_triton import triton_runnable
@@ -405,7 +406,7 @@ class Bench:
             try:
                 d = AtomsBatch.from_atoms(atoms, dtype=torch.float32).to(self.device)
                 nl = neighbor_list(d.positions, d.cell, d.pbc, d.batch, d.ptr, CUTOFF)
-                n_edges = nl.num_edges
+                n_edges, nl_method = nl.num_edges, nl.method
                 del d, nl
             except Exception as exc:
                 free(self.device)
@@ -425,6 +426,7 @@ class Bench:
                     self.skip(f"energy+forces {key}, {len(atoms)} atoms", "time budget")
                     continue
                 rows[key] = self._step_row(key, atoms, n_edges)
+                rows[key]["nl_method"] = nl_method
                 self.ef.append(rows[key])
                 print(json.dumps({k: v for k, v in rows[key].items() if k != "key"}, default=str), flush=True)
             ref_us = rows.get("ref", {}).get("step_us")
@@ -435,8 +437,10 @@ class Bench:
                 r = self._e2e_row(atoms)
                 self.ef.append(r)
                 print(json.dumps(r, default=str), flush=True)
-                if "e2e_us" in r and "ours" in rows:
+                if "ours" in rows and "e2e_us" in r:
                     rows["ours"]["e2e_us"] = r["e2e_us"]
+                elif "ours" in rows and "error" in r:
+                    rows["ours"]["e2e_error"] = f"incl. NL: {r['error']}"
 
     # ------------------------------------------------------------------------------------ 3. neighbour lists
     def _nl_case(self, case: str, structures: list) -> None:
@@ -552,7 +556,10 @@ class Bench:
     # ---------------------------------------------------------------------------------- 4. largest box fits
     def largest(self) -> None:
         sizes = self.args.grow_sizes or (GROW_SIZES_QUICK if self.args.quick else GROW_SIZES)
-        engine, backend = self.impl("ours").engine, self.args.ours_backend
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine = ForceEngine(self.model, device=self.device, mode="eager", neighbor_method=self.args.grow_nl)
+        backend = self.args.ours_backend
         last: tuple[int, float] | None = None
         for n in sizes:
             row = dict(atoms=n)
@@ -577,7 +584,7 @@ class Bench:
                 dev = AtomsBatch.from_atoms(atoms, dtype=engine.dtype).to(self.device)
                 row["build_s"] = time.perf_counter() - t_build
                 with torch.no_grad():
-                    nl = neighbor_list(dev.positions, dev.cell, dev.pbc, dev.batch, dev.ptr, CUTOFF)
+                    nl = neighbor_list(dev.positions, dev.cell, dev.pbc, dev.batch, dev.ptr, CUTOFF, self.args.grow_nl)
                 row.update(edges=nl.num_edges, nl_method=nl.method)
                 del nl
                 free(self.device)
@@ -781,13 +788,16 @@ class Bench:
             if r.get("key") == "ours_nl":
                 continue
             note = r.get("error") or r.get("skipped") or ("" if r.get("finite_nonzero", True) else "NON-FINITE/ZERO")
+            note = "; ".join(x for x in (note, r.get("e2e_error", "")) if x)
             timing = f"{r['how']}" + (f", {r['calls']} calls" if r.get("calls", -1) > 0 else "") if "how" in r else "—"
             L.append(
                 f"| {r['atoms']} | {r.get('edges', '—')} | {r['impl']} | "
                 f"{_f(r.get('step_us', None) and r['step_us'] / 1e3, '.3f')} | "
                 + (f"{r['p20_us'] / 1e3:.3f}-{r['p80_us'] / 1e3:.3f}" if "p20_us" in r else "—")
                 + f" | {_f(r.get('us_per_atom'), '.3f')} | {_f(_gb(r.get('peak_bytes')), '.2f')} | "
-                f"{_f(r.get('ref_over_this'), '.2f')} | {_f(r.get('e2e_us', None) and r['e2e_us'] / 1e3, '.3f')} "
+                f"{_f(r.get('ref_over_this'), '.2f')} | {_f(r.get('e2e_us', None) and r['e2e_us'] / 1e3, '.3f')}"
+                + (f" ({r['nl_method']})" if "e2e_us" in r else "")
+                + " "
                 f"| {timing} | {note} |"
             )
         L += [
@@ -815,7 +825,8 @@ class Bench:
             )
         L += [
             "",
-            "## Largest box that fits (ours: ForceEngine eager, neighbour list + energy + forces)",
+            "## Largest box that fits (ours: ForceEngine eager, neighbour list "
+            f"`{self.args.grow_nl}` + energy + forces)",
             "",
             "| atoms | edges | NL method | ms/step | µs/atom/step | peak GB | status |",
             "|---:|---:|---|---:|---:|---:|---|",
@@ -852,6 +863,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="energy+forces box sizes (atoms)")
     ap.add_argument("--grow-sizes", type=int, nargs="+", default=None, help="largest-box ladder (atoms)")
+    ap.add_argument(
+        "--grow-nl",
+        default="cell_list",
+        choices=("auto", "cell_list", "vesin", "brute"),
+        help="neighbour list of the largest-box ladder (default: ours, the cell list; auto = the engine's default)",
+    )
     ap.add_argument("--grow-cap-s", type=float, default=20.0, help="stop growing past this time per call, s")
     ap.add_argument("--check-atoms", type=int, default=None, help="box of the correctness check (192; quick 48)")
     ap.add_argument("--nl-atoms", type=int, default=None, help="the single large neighbour-list box (atoms)")

@@ -91,6 +91,7 @@ def test_quick_run_energy_forces_rows(quick_run):
             assert f"| {n} | {r['edges']} | {r['impl']} | {r['step_us'] / 1e3:.3f} |" in md
         assert "runs eager on cpu" in by_key["best"]["skipped"]
         assert by_key["ours_nl"]["e2e_us"] > 0 and by_key["ours"]["e2e_us"] == by_key["ours_nl"]["e2e_us"]
+        assert f"| {by_key['ours']['e2e_us'] / 1e3:.3f} ({by_key['ours']['nl_method']}) |" in md
 
 
 def test_quick_run_neighbour_list_rows(quick_run):
@@ -128,6 +129,7 @@ def test_quick_run_largest_rows(quick_run):
     grow = data["largest"]
     assert [g["atoms"] for g in grow] == [48, 96, 192]
     assert all(g["status"] == "ran" and g["finite_nonzero"] and g["edges"] > 0 for g in grow)
+    assert all(g["nl_method"] == "cell_list" for g in grow)
     fit = data["targets"][-1]
     assert fit["value"].startswith("192 atoms") and fit["result"] == "FAIL"
 
