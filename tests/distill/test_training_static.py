@@ -1,0 +1,185 @@
+"""The padded static-shape training step (``train_step="static"``) and its CUDA-graph capture (``"cudagraph"``)
+against the plain step: same batches, same math, same weights."""
+
+import numpy as np
+import pytest
+import torch
+from ase.build import molecule
+from ase.calculators.singlepoint import SinglePointCalculator
+
+from mlff_distiller import StudentModel, kernels
+from mlff_distiller.distill import FrameDataset, TrainConfig, split_frames, student_forward, train
+from mlff_distiller.distill.training import _csr_view, _StaticBatcher, _StaticData
+
+
+def _cfg(mode, **kw):
+    opts = dict(
+        model=dict(hidden=16, layers=2, n_rbf=8, cutoff=4.0),
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=5,
+        eval_every=5,
+        ema_decay=0.9,
+        grad_clip=1.0,  # small enough to clip: the clipping path is compared too
+        device="cpu",
+        dtype="float64",
+        patience=0,
+        max_steps=15,
+        train_step=mode,
+    )
+    opts.update(kw)
+    return TrainConfig(**opts)
+
+
+def _assert_same_run(a, b, atol=1e-10):
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], atol=atol, rtol=atol, msg=k)
+    assert [h["step"] for h in a.history] == [h["step"] for h in b.history]
+    for ha, hb in zip(a.history, b.history, strict=True):
+        for key in ("train_loss", "train_energy_mse", "train_forces_mse", "val_force_mae_mev_a", "lr"):
+            assert ha[key] == pytest.approx(hb[key], rel=1e-8, abs=1e-12), key
+
+
+def test_static_step_equals_plain_step(emt_frames):
+    train_f, val_f = split_frames(emt_frames, 0.2)
+    quiet = dict(log=lambda m: None)
+    plain = train(train_f, val_f, _cfg("plain"), **quiet)
+    static = train(train_f, val_f, _cfg("static"), **quiet)
+    assert (plain.train_step, static.train_step) == ("plain", "static")
+    _assert_same_run(plain, static)
+    # Learning rate held by a plateau scheduler and no EMA: the other branches of the step.
+    kw = dict(scheduler="plateau", plateau_patience=0, ema_decay=0.0, max_steps=10, eval_every=2, lr=0.05)
+    plain = train(train_f, val_f, _cfg("plain", **kw), **quiet)
+    static = train(train_f, val_f, _cfg("static", **kw), **quiet)
+    assert plain.history[-1]["lr"] < 0.05  # the plateau scheduler did reduce it
+    _assert_same_run(plain, static)
+
+
+def test_static_step_with_hvp_equals_plain(tmp_path):
+    from distill_helpers import emt_seeds, small_sampling
+
+    from mlff_distiller.distill import label, read_frames
+
+    label(emt_seeds()[:1], "emt", tmp_path / "h", small_sampling(md_steps=16, hvp=True), progress=False)
+    frames = read_frames(tmp_path / "h")
+    kw = dict(hvp_weight=0.1, max_steps=6, eval_every=3)
+    plain = train(frames, frames, _cfg("plain", **kw), log=lambda m: None)
+    static = train(frames, frames, _cfg("static", **kw), log=lambda m: None)
+    assert "train_hvp_mse" in static.history[-1]
+    _assert_same_run(plain, static)
+
+
+def test_static_resume_continues_exactly(emt_frames, tmp_path):
+    import shutil
+
+    from mlff_distiller import load_model
+
+    train_f, val_f = split_frames(emt_frames, 0.2)
+    quiet = dict(log=lambda m: None)
+    kw = dict(scheduler="none", eval_every=5)
+    full = train(train_f, val_f, _cfg("static", max_steps=15, **kw), tmp_path / "full", **quiet)
+    train(train_f, val_f, _cfg("plain", max_steps=10, **kw), tmp_path / "part", **quiet)  # saved by the plain step
+    shutil.copytree(tmp_path / "part", tmp_path / "part_plain")
+    resumed = train(train_f, val_f, _cfg("static", max_steps=15, **kw), tmp_path / "part", resume=True, **quiet)
+    train(train_f, val_f, _cfg("plain", max_steps=15, **kw), tmp_path / "part_plain", resume=True, **quiet)
+    assert resumed.steps == 15 and resumed.train_step == "static"
+    a = load_model(tmp_path / "full" / "last.pt").state_dict()
+    b = load_model(tmp_path / "part" / "last.pt").state_dict()
+    c = load_model(tmp_path / "part_plain" / "last.pt").state_dict()
+    for k in a:
+        # As for the plain step (test_training.py): a resumed run matches an uninterrupted one to ~1e-7.
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+        torch.testing.assert_close(b[k], c[k], atol=1e-12, rtol=1e-12, msg=k)
+    assert full.history[-1]["val_force_mae_mev_a"] == pytest.approx(
+        resumed.history[-1]["val_force_mae_mev_a"], rel=1e-4
+    )
+
+
+def _frames_of_sizes():
+    """Labelled frames of different sizes (2..9 atoms); energies and forces are arbitrary but fixed."""
+    rng = np.random.default_rng(0)
+    frames = []
+    for name in ("H2", "H2O", "CH4", "NH3", "CH3OH", "C2H6", "HCN", "CH3CH2OH"):
+        a = molecule(name)
+        a.positions += rng.normal(0, 0.05, a.positions.shape)
+        a.calc = SinglePointCalculator(a, energy=float(rng.normal()), forces=rng.normal(size=(len(a), 3)))
+        frames.append(a)
+    return frames
+
+
+def test_padded_batch_is_inert_and_receiver_sorted():
+    torch.manual_seed(0)
+    model = StudentModel(species=[1, 6, 7, 8], hidden=16, layers=2, n_rbf=8, cutoff=3.0).double()
+    ds = FrameDataset(_frames_of_sizes(), model.cutoff, dtype=torch.float64)
+    data = _StaticData(ds, model.species_list[0], model.cutoff)
+    batcher = _StaticBatcher(data, batch_size=5, growth=1.25)
+    idx = [6, 1, 7]
+    bucket, row = batcher.plan(idx)
+    a, c, s = bucket.atoms, bucket.edges, batcher.structures
+    atom_src, batch, recv, send, edge_src, frame_src = np.split(row, np.cumsum([a, a, c, c, c]))
+    ref = ds.batch(idx)
+    n, e = ref.atoms.num_atoms, ref.edge_index.shape[1]
+    assert bucket.atoms > n and bucket.edges >= e and c > e  # real padding in both
+    assert (np.diff(recv) >= 0).all()  # the kernels' CSR contract
+    assert (recv[e:] == send[e:]).all() and (recv[e:] >= n).all() and (recv[e:] < a).all()
+    assert (atom_src[n:] == data.n_atoms).all() and (batch[n:] == s - 1).all()
+    assert (edge_src[e:] == data.n_edges).all() and (frame_src[len(idx) :] == data.n_frames).all()
+    np.testing.assert_array_equal(np.stack([recv[:e], send[:e]]), ref.edge_index.numpy())
+
+    # The padded graph through the CSR view gives the unpadded energies and forces, and the padding
+    # contributes exactly nothing to the parameters' gradient.
+    src, b_t, e_src, f_src = (torch.from_numpy(x) for x in (atom_src, batch, edge_src, frame_src))
+    edges = torch.from_numpy(np.stack([recv, send]))
+    view = _csr_view(model, {"row_ptr": torch.searchsorted(edges[0].contiguous(), torch.arange(a + 1))})
+    pos = data.positions[src].requires_grad_(True)
+    energy = view(data.numbers[src], pos, edges, data.shift_vectors[e_src], b_t, s)["energy"]
+    mask = (f_src < data.n_frames).double()
+    (grad,) = torch.autograd.grad((energy * mask).sum(), pos, create_graph=True)
+    e_ref, f_ref = student_forward(model, ref, create_graph=True)
+    torch.testing.assert_close(energy[: len(idx)], e_ref, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(-grad[:n], f_ref, atol=1e-12, rtol=1e-12)
+    assert (grad[n:] == 0).all()
+    g_pad = torch.autograd.grad(grad.square().sum() + (energy * mask).sum(), list(model.parameters()))
+    g_ref = torch.autograd.grad(f_ref.square().sum() + e_ref.sum(), list(model.parameters()))
+    for x, y in zip(g_pad, g_ref, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-10, rtol=1e-10)
+
+
+def test_train_step_and_kernels_options():
+    with pytest.raises(ValueError, match="train_step"):
+        TrainConfig(train_step="graph")
+    with pytest.raises(ValueError, match="kernels"):
+        TrainConfig(kernels="cuda")
+    with pytest.raises(ValueError, match="bucket_growth"):
+        TrainConfig(bucket_growth=1.0)
+    assert TrainConfig(device="cpu").resolved_train_step() == "plain"
+    with pytest.raises(ValueError, match="CUDA"):
+        TrainConfig(device="cpu", train_step="cudagraph").resolved_train_step()
+
+
+def test_kernels_option_applies_during_training_only(emt_frames):
+    train_f, val_f = split_frames(emt_frames, 0.2)
+    seen = []
+    before = kernels.get_backend()
+    train(
+        train_f, val_f, _cfg("static", kernels="torch", max_steps=2), log=lambda m: seen.append(kernels.get_backend())
+    )
+    assert seen and set(seen) == {"torch"}
+    assert kernels.get_backend() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_cudagraph_step_equals_eager_static_step(emt_frames, backend):
+    train_f, val_f = split_frames(emt_frames, 0.2)
+    kw = dict(device="cuda", kernels=backend, max_steps=12, eval_every=4)
+    logs = []
+    graph = train(train_f, val_f, _cfg("cudagraph", **kw), log=logs.append)
+    eager = train(train_f, val_f, _cfg("static", **kw), log=lambda m: None)
+    plain = train(train_f, val_f, _cfg("plain", **kw), log=lambda m: None)
+    assert graph.train_step == "cudagraph" and graph.captures >= 1, logs
+    assert not any("failed" in m for m in logs), logs
+    # Scatter atomics make float64 sums order-dependent at the 1e-16 level; nothing larger may differ.
+    _assert_same_run(graph, eager, atol=1e-8)
+    _assert_same_run(graph, plain, atol=1e-8)
