@@ -23,9 +23,10 @@ skipped in the output, never silently dropped):
    budget stops it.
 5. **Targets** (issue 7, H100 fp32) as pass/fail rows.
 
-Timing: ``harness.time_fn`` (``triton.testing.do_bench``: CUDA events, warm-up, median) for calls under
-50 ms; longer calls are timed with CUDA events over a few calls after a warm-up call (median), and a call that
-alone exceeds ``--slow-budget-s`` is reported from its single (cold) run. Inputs are real water boxes
+Timing (after one untimed cold call and one warm call): ``harness.time_fn`` (``triton.testing.do_bench``: CUDA
+events, warm-up, median) for calls under 50 ms; longer calls with CUDA events over as many calls as fit in
+``--slow-budget-s`` (median); a warm call longer than that is reported alone, a cold call longer than
+``--max-single-s`` as it is. Inputs are real water boxes
 (``systems.water_box``; a vectorised builder of the same recipe above 24,000 atoms, where the per-molecule
 loop would take minutes). Writes ``<out>/bench_large.md`` and ``<out>/bench_large.json`` and prints the table.
 
@@ -144,28 +145,44 @@ def allocated(device: torch.device) -> int:
     return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0
 
 
-def measure(
-    fn: Callable[[], object], device: torch.device, slow_budget_s: float, rep_ms: float = 100, base: int = 0
-) -> Timed:
-    """Time ``fn`` (see the module docstring). The first call is untimed by do_bench (compilation, autotuning,
-    captures) and gives the peak memory: ``torch.cuda.max_memory_allocated`` over that call after a reset,
-    minus ``base`` (what was allocated before the caller built this measurement's inputs); its result is kept
-    for sanity checks."""
+def _wall(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
     _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     result = fn()
     _sync(device)
-    cold = time.perf_counter() - t0
+    return time.perf_counter() - t0, result
+
+
+def measure(
+    fn: Callable[[], object],
+    device: torch.device,
+    slow_budget_s: float,
+    rep_ms: float = 100,
+    base: int = 0,
+    max_single_s: float = 20.0,
+) -> Timed:
+    """Time ``fn`` (see the module docstring).
+
+    The first (cold) call pays for compilation, autotuning and captures; it gives the peak memory
+    (``torch.cuda.max_memory_allocated`` over that call after a reset, minus ``base``: what was allocated before
+    the caller built this measurement's inputs) and its result is kept for sanity checks. Only a cold call longer
+    than ``max_single_s`` is reported as it is. Otherwise a second (warm) call decides the method: under 50 ms
+    ``harness.time_fn`` (do_bench), over ``slow_budget_s`` that warm call alone, else CUDA events over as many
+    calls as fit in ``slow_budget_s`` (at most 10), median."""
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    cold, result = _wall(fn, device)
     peak = int(torch.cuda.max_memory_allocated(device)) - base if device.type == "cuda" else None
-    if cold < FAST_CALL_S:
+    if cold > max_single_s:
+        return Timed(cold * 1e6, cold * 1e6, cold * 1e6, 1, cold * 1e6, peak, "cold only", result)
+    warm, _ = _wall(fn, device)
+    if warm < FAST_CALL_S:
         t = time_fn(fn, device, rep_ms=rep_ms)
         return Timed(t.median_us, t.p20_us, t.p80_us, -1, cold * 1e6, peak, "do_bench", result)
-    if cold > slow_budget_s:
-        return Timed(cold * 1e6, cold * 1e6, cold * 1e6, 1, cold * 1e6, peak, "cold only", result)
-    fn()  # warm
-    n = max(1, min(MAX_SLOW_CALLS, int(slow_budget_s / cold) - 1))
+    if warm > slow_budget_s:
+        return Timed(warm * 1e6, warm * 1e6, warm * 1e6, 1, cold * 1e6, peak, "1 warm call", result)
+    n = max(1, min(MAX_SLOW_CALLS, int(slow_budget_s / warm)))
     times = []
     for _ in range(n):
         if device.type == "cuda":
@@ -350,7 +367,7 @@ class Bench:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 run = impl.prepare([atoms], True)
-                t = measure(run, self.device, self.slow_budget(), self.args.rep_ms, base)
+                t = measure(run, self.device, self.slow_budget(), self.args.rep_ms, base, self.args.max_single_s)
             res = t.result[0] if isinstance(t.result, tuple) else t.result
             sane = bool(torch.isfinite(res).all()) and float(res.abs().max()) > 0
             row.update(
@@ -387,7 +404,7 @@ class Bench:
                 with kernels.use_backend(backend):
                     return engine.compute(dev, forces=True)["forces"]
 
-            t = measure(run, self.device, self.slow_budget(), self.args.rep_ms, base)
+            t = measure(run, self.device, self.slow_budget(), self.args.rep_ms, base, self.args.max_single_s)
             row.update(e2e_us=t.median_us, calls=t.calls, how=t.how, peak_bytes=t.peak_bytes)
         except Exception as exc:
             row.update(oom=True, error=f"OOM at {len(atoms)} atoms") if is_oom(exc) else row.update(error=_err(exc))
@@ -473,7 +490,11 @@ class Bench:
                 continue
             try:
                 t = measure(
-                    lambda kw=kw: neighbor_list(*args_nl, **kw), self.device, self.slow_budget(), self.args.rep_ms
+                    lambda kw=kw: neighbor_list(*args_nl, **kw),
+                    self.device,
+                    self.slow_budget(),
+                    self.args.rep_ms,
+                    max_single_s=self.args.max_single_s,
                 )
                 nl = t.result
                 row.update(
@@ -513,7 +534,7 @@ class Bench:
                 )
 
             try:
-                t = measure(vesin_raw, self.device, self.slow_budget(), self.args.rep_ms)
+                t = measure(vesin_raw, self.device, self.slow_budget(), self.args.rep_ms, 0, self.args.max_single_s)
                 row.update(
                     pairs=int(t.result),
                     median_us=t.median_us,
@@ -594,7 +615,7 @@ class Bench:
                         return engine.compute(dev, forces=True)["forces"]
 
                 cap = min(self.slow_budget(), 2.5 * self.args.grow_cap_s)
-                t = measure(run, self.device, cap, self.args.rep_ms, base)
+                t = measure(run, self.device, cap, self.args.rep_ms, base, self.args.max_single_s)
                 sane = bool(torch.isfinite(t.result).all()) and float(t.result.abs().max()) > 0
                 row.update(
                     ms=t.median_us / 1e3,
@@ -870,6 +891,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="neighbour list of the largest-box ladder (default: ours, the cell list; auto = the engine's default)",
     )
     ap.add_argument("--grow-cap-s", type=float, default=20.0, help="stop growing past this time per call, s")
+    ap.add_argument(
+        "--max-single-s",
+        type=float,
+        default=None,
+        help="a first call longer than this is reported as it is, without a warm call (20 s; quick 2 s)",
+    )
     ap.add_argument("--check-atoms", type=int, default=None, help="box of the correctness check (192; quick 48)")
     ap.add_argument("--nl-atoms", type=int, default=None, help="the single large neighbour-list box (atoms)")
     ap.add_argument("--n-small", type=int, default=None, help="number of 24-atom boxes in the batched case")
@@ -890,6 +917,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.check_atoms is None:
         args.check_atoms = 48 if args.quick else 192
+    if args.max_single_s is None:
+        args.max_single_s = 2.0 if args.quick else 20.0
     if args.slow_budget_s is None:
         args.slow_budget_s = 0.3 if args.quick else 3.0
     args.rep_ms = 20.0 if args.quick else 100.0
