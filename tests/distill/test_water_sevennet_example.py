@@ -24,18 +24,22 @@ BUDGET = {"safety": 0.85, "test_share": 0.2, "max_md_steps": 4000}
 
 
 def test_plan_fits_the_labelling_budget(example):
-    plan = example.make_plan(0.1, 168.0, 4, 1, 10, BUDGET)
-    assert plan["md_steps_train"] % 10 == 0 and plan["md_steps_test"] % 10 == 0
-    # 0.85 × 168 s / 0.1 s = 1428 teacher steps: 80 % over 4 trajectories, 20 % to the held-out one.
+    # 0.1 s per step on both boxes, 168 s: 0.85 × 168 / 0.1 = 1428 teacher steps, 80 % over 4 training
+    # trajectories (285 -> 280, a multiple of sample_every) and 20 % to the held-out one.
+    plan = example.make_plan(0.1, 0.1, 168.0, 4, 1, 10, BUDGET)
     assert plan["md_steps_train"] == 280 and plan["md_steps_test"] == 280
-    assert plan["teacher_steps_planned"] * 0.1 <= 0.85 * 168.0
+    assert plan["label_seconds_expected"] == pytest.approx(5 * 280 * 0.1)
+    assert plan["label_seconds_expected"] <= 0.85 * 168.0
     assert plan["expected_frames_train"] == 4 * 28 and plan["expected_frames_test"] == 28
+    # A slower training box gets proportionally fewer steps; the held-out share is unchanged.
+    slower = example.make_plan(0.2, 0.1, 168.0, 4, 1, 10, BUDGET)
+    assert slower["md_steps_train"] == 140 and slower["md_steps_test"] == 280
 
 
 def test_plan_clamps_to_two_frames_and_to_the_cap(example):
-    slow = example.make_plan(10.0, 30.0, 4, 1, 10, BUDGET)  # 2.5 steps affordable: still two frames each
+    slow = example.make_plan(10.0, 10.0, 30.0, 4, 1, 10, BUDGET)  # 2.5 steps affordable: still two frames each
     assert slow["md_steps_train"] == 20 and slow["md_steps_test"] == 20
-    fast = example.make_plan(1e-4, 168.0, 4, 1, 10, BUDGET)
+    fast = example.make_plan(1e-4, 1e-4, 168.0, 4, 1, 10, BUDGET)
     assert fast["md_steps_train"] == 4000 and fast["md_steps_test"] == 4000
 
 
@@ -46,10 +50,12 @@ def _check_run(work: Path, teacher: str) -> dict:
     assert metrics["system"]["atoms"] == 24 and metrics["system"]["molecules"] == 8
     assert 0.9 < metrics["system"]["density_g_cm3"] < 1.1
     plan = metrics["plan"]
-    assert plan["teacher_step_s"] > 0 and plan["md_steps_train"] % plan["sample_every"] == 0
+    assert plan["teacher_step_s_train_box"] > 0 and plan["teacher_step_s_test_box"] > 0
+    assert plan["md_steps_train"] % plan["sample_every"] == 0 and plan["md_steps_test"] % plan["sample_every"] == 0
     frames = metrics["frames"]
     assert frames["train"] >= 1 and frames["val"] >= 1 and frames["test"] >= 2
     assert frames["train"] + frames["val"] == metrics["label_train"]["frames"]
+    assert metrics["sampling"]["train_atoms"] == 48 and metrics["sampling"]["test_atoms"] == 24
     test = metrics["test_fp32"]
     assert "error" not in test, test
     assert test["frames"] == frames["test"] and test["atoms"] == 24 * frames["test"]
@@ -63,8 +69,11 @@ def _check_run(work: Path, teacher: str) -> dict:
     assert targets["force_mae"]["measured"] == test["force_mae_mev_a"]
     assert targets["force_mae"]["met"] == (test["force_mae_mev_a"] <= 20.0)
     assert targets["speedup"]["met"] == (timing["speedup"] >= 100.0)
-    for name in ("summary.md", "parity.png", "learning_curve.png", "test_frames.extxyz"):
+    for name in ("summary.md", "parity.png", "test_frames.extxyz"):
         assert (results / name).stat().st_size > 0, name
+    # Quick mode validates every 2 steps; a loaded machine may get fewer steps than that in the time limit.
+    if metrics["training"]["steps"] >= 2:
+        assert (results / "learning_curve.png").stat().st_size > 0
     assert "held-out force MAE" in (results / "summary.md").read_text()
     model = load_model(results / "water-sevennet.pt")
     assert model.species_list == [1, 8]
@@ -75,7 +84,7 @@ def _check_run(work: Path, teacher: str) -> dict:
 
 def test_quick_run_with_emt_then_resume(example, tmp_path):
     work = tmp_path / "water"
-    assert example.main(["--quick", "--teacher", "emt", "--work", str(work), "--time-limit", "4"]) == 0
+    assert example.main(["--quick", "--teacher", "emt", "--work", str(work)]) == 0
     first = _check_run(work, "emt")
     assert first["label_train"]["tasks_run"] == 2 and first["label_test"]["tasks_run"] == 1
     # A second run resumes: same plan, every labelling task already done, the same frames.
@@ -90,6 +99,6 @@ def test_quick_run_with_emt_then_resume(example, tmp_path):
 def test_quick_run_with_sevennet(example, tmp_path):
     pytest.importorskip("sevenn.calculator")
     work = tmp_path / "water"
-    assert example.main(["--quick", "--work", str(work), "--device", "cpu", "--time-limit", "4"]) == 0
+    assert example.main(["--quick", "--work", str(work), "--device", "cpu"]) == 0
     metrics = _check_run(work, "sevennet-0")
     assert metrics["sevenn"] is not None and metrics["teacher_device"] == "cpu"
