@@ -47,6 +47,7 @@ def test_static_step_equals_plain_step(emt_frames):
     plain = train(train_f, val_f, _cfg("plain"), **quiet)
     static = train(train_f, val_f, _cfg("static"), **quiet)
     assert (plain.train_step, static.train_step) == ("plain", "static")
+    assert 0 < static.steady_step_seconds < static.seconds and 0 < plain.steady_step_seconds < plain.seconds
     _assert_same_run(plain, static)
     # Learning rate held by a plateau scheduler and no EMA: the other branches of the step.
     kw = dict(scheduler="plateau", plateau_patience=0, ema_decay=0.0, max_steps=10, eval_every=2, lr=0.05)

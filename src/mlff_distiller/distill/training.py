@@ -193,6 +193,8 @@ class TrainResult:
     train_step: str = "plain"  # the step implementation that ran
     captures: int = 0  # CUDA graphs captured (one per padded capacity)
     capture_seconds: float = 0.0  # wall clock of the eager warm-up steps and captures (part of ``seconds``)
+    steady_step_seconds: float = math.nan  # mean wall clock per step after the last warm-up/capture, validations
+    # excluded (nan when no step ran after it)
 
 
 def student_forward(
@@ -330,6 +332,8 @@ class _PlainStep:
     def __init__(self, model: StudentModel, data: FrameDataset, cfg: TrainConfig, opt, ema: _EMA | None) -> None:
         self.model, self.data, self.cfg, self.opt, self.ema = model, data, cfg, opt, ema
         self._last: tuple[float, dict] = (math.nan, {})
+        self.ready: tuple[float, int] | None = None  # (time, steps done) when the steady phase began
+        self._steps = 0
 
     def step(self, idx: Sequence[int], step: int, lr: float | None) -> None:
         if lr is not None:
@@ -346,6 +350,9 @@ class _PlainStep:
         if self.ema is not None:
             self.ema.update(self.model, step + 1)
         self._last = (float(loss.detach()), parts)
+        self._steps += 1
+        if self._steps == 1:  # the first step pays one-off costs (Triton JIT, cuBLAS handles)
+            self.ready = (time.perf_counter(), step + 1)
 
     def last(self) -> tuple[float, dict]:
         return self._last
@@ -480,6 +487,7 @@ class _Capacity:
     bucket: Bucket
     flat: torch.Tensor
     bounds: torch.Tensor
+    steps: int = 0
     warm: int = 0
     graph: object = None  # torch.cuda.CUDAGraph, or False after a failed capture
     out: torch.Tensor | None = None
@@ -528,6 +536,7 @@ class _StaticStep:
         self._events = [torch.cuda.Event() for _ in range(_RING)] if self._pinned else []
         self._used = [False] * _RING
         self._k = 0
+        self.ready: tuple[float, int] | None = None
 
     # -------------------------------------------------------------------------------------- host side
     def _set_lr(self, lr: float | None) -> None:
@@ -590,7 +599,12 @@ class _StaticStep:
         bucket, row = self.batcher.plan(idx)
         cap = self._capacity(bucket)
         self._upload(cap, row)
+        state = (cap.steps, cap.warm, cap.graph)
         self._last_out = self._run(cap)
+        cap.steps += 1
+        if state[0] == 0 or (cap.warm, cap.graph) != state[1:]:
+            # The first step of a capacity, a warm-up or a capture (one-off costs): restart the steady clock.
+            self.ready = (time.perf_counter(), step + 1)
 
     def _run(self, cap: _Capacity) -> torch.Tensor:
         if self.mode != "cudagraph" or cap.graph is False:
@@ -825,6 +839,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         else _StaticStep(model, train_set, cfg, opt, ema, mode, log)
     )
     best_state: dict | None = None
+    eval_spans: list[tuple[float, float]] = []
     t0 = time.perf_counter()
     stopped = "epochs"
     epoch_order: list[int] | None = state.get("epoch_order") if state else None
@@ -842,6 +857,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
             step += 1
             last_epoch_step = position >= len(epoch_order)
             if step % eval_every == 0 or (last_epoch_step and cfg.eval_every == 0):
+                t_eval = time.perf_counter()
                 train_loss, parts = stepper.last()  # syncs; raises on a non-finite loss
                 if ema is not None:
                     ema.swap(model)
@@ -898,6 +914,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
                         },
                         state_path,
                     )
+                eval_spans.append((t_eval, time.perf_counter()))
                 if cfg.patience and bad >= cfg.patience:
                     stopped = "early_stopping"
                     break
@@ -911,6 +928,12 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
             epoch += 1
             epoch_order = None
     stepper.finish()
+    t_end = time.perf_counter()
+    steady = math.nan
+    if stepper.ready is not None and step > stepper.ready[1]:
+        t_ready, step_ready = stepper.ready
+        in_evals = sum(b - max(a, t_ready) for a, b in eval_spans if b > t_ready)
+        steady = (t_end - t_ready - in_evals) / (step - step_ready)
     if step > 0 and not history:
         stepper.last()  # a non-finite loss must not pass silently when no validation ran
     seconds = elapsed_before + time.perf_counter() - t0
@@ -928,7 +951,10 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
             ema.swap(model)
         final = model
     final = final.to(device=device, dtype=dtype).eval()
-    log(f"stopped ({stopped}) after {step} steps ({mode} step), {seconds:.1f} s; best val {best}")
+    log(
+        f"stopped ({stopped}) after {step} steps ({mode} step, {1000 * steady:.2f} ms/step steady), "
+        f"{seconds:.1f} s; best val {best}"
+    )
     return TrainResult(
         model=final,
         best_val=best,
@@ -939,6 +965,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         train_step=mode,
         captures=stepper.captures,
         capture_seconds=stepper.capture_seconds,
+        steady_step_seconds=steady,
     )
 
 
