@@ -37,6 +37,7 @@ loop would take minutes). Writes ``<out>/bench_large.md`` and ``<out>/bench_larg
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -123,9 +124,14 @@ def _sync(device: torch.device) -> None:
 
 
 def free(device: torch.device) -> None:
+    """Drop garbage and return cached blocks to the device (never raises: after a sticky CUDA error the results
+    so far must still be written)."""
     gc.collect()
     if device.type == "cuda":
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError as exc:
+            print(f"empty_cache failed: {_err(exc)}", flush=True)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -529,7 +535,7 @@ class Bench:
 
             def vesin_raw():
                 return sum(
-                    calc.compute(pos64[ptr[b] : ptr[b + 1]], cell64[b], True, "ij", copy=False)[0].shape[0]
+                    calc.compute(pos64[ptr[b] : ptr[b + 1]], cell64[b], True, "ijS", copy=False)[0].shape[0]
                     for b in range(n_struct)
                 )
 
@@ -665,7 +671,7 @@ class Bench:
             dict(
                 target=f"ours == reference ({self.correctness.get('atoms', self.args.check_atoms)} atoms, fp32)",
                 value=", ".join(
-                    f"{r['impl']}: |ΔE| {_f(r.get('dE_eV'), '.1e')} eV, |ΔF| {_f(r.get('dF_eVA'), '.1e')} eV/Å"
+                    f"{r['impl']}: ΔE {_f(r.get('dE_eV'), '.1e')} eV, ΔF {_f(r.get('dF_eVA'), '.1e')} eV/Å"
                     for r in self.correctness.get("rows", [])
                 )
                 or "—",
@@ -730,16 +736,20 @@ class Bench:
     def write(self) -> tuple[Path, Path]:
         out_dir = Path(self.args.out)
         out_dir.mkdir(parents=True, exist_ok=True)
-        env = environment(self.device, float("nan"))
+        try:
+            env = dataclasses.asdict(environment(self.device, float("nan")))
+        except Exception as exc:  # a broken CUDA context must not cost the results
+            env = dict(device=str(self.device), torch=torch.__version__, triton="?", commit="?", error=_err(exc))
         env_d = {
-            **dataclasses.asdict(env),
+            **env,
             "python": platform.python_version(),
             "quick": self.args.quick,
             "budget_s": self.args.budget_s,
             "elapsed_s": round(self.clock.elapsed(), 1),
         }
         if self.device.type == "cuda":
-            env_d["gpu_memory_gb"] = torch.cuda.get_device_properties(self.device).total_memory / 1e9
+            with contextlib.suppress(Exception):
+                env_d["gpu_memory_gb"] = torch.cuda.get_device_properties(self.device).total_memory / 1e9
         targets = self.targets()
         data = dict(
             env=env_d,
@@ -784,7 +794,7 @@ class Bench:
                 f"|ΔE| ≤ {c['tol_rel_energy']:g}·max(1, |E|), max |ΔF| ≤ {c['tol_rel_forces']:g}·max(1, max |F|). "
                 f"Kernel backend of ours here: {c['kernel_backend_ours']}.",
                 "",
-                "| impl | runs as | max |ΔE| eV | max |ΔF| eV/Å | pass |",
+                "| impl | runs as | max abs ΔE eV | max abs ΔF eV/Å | pass |",
                 "|---|---|---:|---:|---|",
             ]
             for r in c["rows"]:

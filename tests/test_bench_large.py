@@ -64,6 +64,15 @@ def test_quick_run_writes_md_and_json(quick_run):
     assert [t["target"] for t in data["targets"]] == TARGET_NAMES
     for t in data["targets"]:
         assert f"| {t['target']} | {t['value']} | {t['goal']} | {t['result']} |" in md
+    # Every markdown table row has as many cells as its table's header (no stray '|' in a value).
+    width = None
+    for line in md.splitlines():
+        if not line.startswith("|"):
+            width = None
+        elif width is None:
+            width = line.count("|")
+        else:
+            assert line.count("|") == width, line
 
 
 def test_quick_run_correctness_precedes_and_passes(quick_run):
