@@ -68,7 +68,7 @@ def test_quick_run(example, tmp_path):
     pytest.importorskip("tblite")
     results = tmp_path / "results"
     rc = example.main(
-        ["--quick", "--workers", "2", "--work", str(tmp_path / "work"), "--results", str(results), "--deadline", "90"]
+        ["--quick", "--workers", "2", "--work", str(tmp_path / "work"), "--results", str(results), "--fp64-test"]
     )
     assert rc == 0
     m = json.loads((results / "metrics.json").read_text())
