@@ -24,7 +24,7 @@ def _cfg(mode, **kw):
         device="cpu",
         dtype="float64",
         patience=0,
-        max_steps=15,
+        max_steps=10,
         train_step=mode,
     )
     opts.update(kw)
@@ -79,12 +79,12 @@ def test_static_resume_continues_exactly(emt_frames, tmp_path):
     train_f, val_f = split_frames(emt_frames, 0.2)
     quiet = dict(log=lambda m: None)
     kw = dict(scheduler="none", eval_every=5)
-    full = train(train_f, val_f, _cfg("static", max_steps=15, **kw), tmp_path / "full", **quiet)
-    train(train_f, val_f, _cfg("plain", max_steps=10, **kw), tmp_path / "part", **quiet)  # saved by the plain step
+    full = train(train_f, val_f, _cfg("static", max_steps=10, **kw), tmp_path / "full", **quiet)
+    train(train_f, val_f, _cfg("plain", max_steps=5, **kw), tmp_path / "part", **quiet)  # saved by the plain step
     shutil.copytree(tmp_path / "part", tmp_path / "part_plain")
-    resumed = train(train_f, val_f, _cfg("static", max_steps=15, **kw), tmp_path / "part", resume=True, **quiet)
-    train(train_f, val_f, _cfg("plain", max_steps=15, **kw), tmp_path / "part_plain", resume=True, **quiet)
-    assert resumed.steps == 15 and resumed.train_step == "static"
+    resumed = train(train_f, val_f, _cfg("static", max_steps=10, **kw), tmp_path / "part", resume=True, **quiet)
+    train(train_f, val_f, _cfg("plain", max_steps=10, **kw), tmp_path / "part_plain", resume=True, **quiet)
+    assert resumed.steps == 10 and resumed.train_step == "static"
     a = load_model(tmp_path / "full" / "last.pt").state_dict()
     b = load_model(tmp_path / "part" / "last.pt").state_dict()
     c = load_model(tmp_path / "part_plain" / "last.pt").state_dict()
@@ -184,3 +184,100 @@ def test_cudagraph_step_equals_eager_static_step(emt_frames, backend):
     # Scatter atomics make float64 sums order-dependent at the 1e-16 level; nothing larger may differ.
     _assert_same_run(graph, eager, atol=1e-8)
     _assert_same_run(graph, plain, atol=1e-8)
+
+
+class _FakeCapture:
+    """CPU stand-ins for the torch.cuda calls of the CUDA-graph path: a 'capture' runs the step body eagerly
+    (a real capture only records it), so the fake graph's first replay does nothing and later replays re-run
+    the body into the captured output, like a real replay. ``fail=True`` makes every capture raise."""
+
+    def __init__(self, monkeypatch, fail=False):
+        import contextlib
+
+        from mlff_distiller.distill import training
+
+        self.capturing = None
+        self.captures = 0
+        orig_body = training._StaticStep._body
+        fake = self
+
+        class Graph:
+            def __init__(self):
+                self.fn, self.replays = None, 0
+
+            def replay(self):
+                self.replays += 1
+                if self.replays > 1:
+                    self.fn()
+
+        @contextlib.contextmanager
+        def graph(g):
+            if fail:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            fake.capturing, fake.captures = g, fake.captures + 1
+            try:
+                yield
+            finally:
+                fake.capturing = None
+
+        def body(step, cap):
+            out = orig_body(step, cap)
+            if fake.capturing is not None:
+                fake.capturing.fn = lambda: out.copy_(orig_body(step, cap))
+            return out
+
+        class Stream:
+            def __init__(self, device=None):
+                pass
+
+            def wait_stream(self, other):
+                pass
+
+        monkeypatch.setattr(training._StaticStep, "_body", body)
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", graph)
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+
+def _run_steps(frames, mode, steps=10, batch_size=20):
+    from mlff_distiller.distill.training import _EMA, _initial_model, _StaticStep
+
+    cfg = _cfg(mode, batch_size=batch_size, grad_clip=1.0)
+    ds = FrameDataset(frames, cfg.model.cutoff, dtype=torch.float64)
+    model = _initial_model(cfg, ds).double()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)  # not capturable: AdamW refuses that on the CPU
+    ema = _EMA(model, 0.9)
+    logs = []
+    stepper = _StaticStep(model, ds, cfg, opt, ema, mode, logs.append)
+    order = np.random.default_rng(0).permutation(len(ds))
+    losses = []
+    for k in range(steps):
+        # Batches of two sizes -> two padded capacities, each warmed up and captured on its own.
+        idx = order[(k * batch_size) % len(ds) :][: batch_size if k % 3 else 2]
+        stepper.step(idx.tolist(), k, cfg.lr * (1 - 0.05 * k))
+        losses.append(stepper.last()[0])
+    return model, ema, losses, stepper, logs
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_cudagraph_state_machine_on_cpu(emt_frames, monkeypatch, fail):
+    """Warm-up steps, capture, replays and the eager fallback after a failed capture, with the CUDA calls faked:
+    every step must run exactly once, in order (same weights, EMA and losses as the eager static step)."""
+    frames = emt_frames[:40]
+    ref_model, ref_ema, ref_losses, _, _ = _run_steps(frames, "static")
+    fake = _FakeCapture(monkeypatch, fail=fail)
+    model, ema, losses, stepper, logs = _run_steps(frames, "cudagraph")
+    assert len(stepper.capacities) == 2
+    if fail:
+        assert stepper.captures == 0 and sum("failed" in m for m in logs) == 2
+        assert all(cap.graph is False for cap in stepper.capacities.values())
+    else:
+        assert stepper.captures == fake.captures == 2 and not any("failed" in m for m in logs)
+    assert losses == pytest.approx(ref_losses, rel=1e-12)
+    for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    for a, b in zip(ema.shadow, ref_ema.shadow, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
