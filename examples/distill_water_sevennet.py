@@ -168,7 +168,8 @@ def write_summary_md(summary: dict, path: Path) -> None:
         f"(held-out box). Labelling took {get('label_seconds', fmt='{:.0f}')} s.",
         "",
         f"Training: {get('training', 'steps')} steps in {get('training', 'seconds', fmt='{:.0f}')} s "
-        f"(stopped: {get('training', 'stopped')}; limit {get('train_time_limit_s', fmt='{:.0f}')} s); "
+        f"(stopped: {get('training', 'stopped')}; limit {get('train_time_limit_s', fmt='{:.0f}')} s; "
+        f"{get('training', 'train_step')} step, {get('training', 'steady_step_seconds')} s/step steady); "
         f"student {summary['student_config']}.",
         "",
         f"Whole run: {get('seconds_total', fmt='{:.0f}')} s of a {summary['deadline_s']:.0f} s deadline.",
@@ -391,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": result.seconds,
         "stopped": result.stopped,
         "best_val": result.best_val,
+        # Step implementation and steady step time (TrainResult fields of the padded/CUDA-graph training).
+        **{k: getattr(result, k) for k in ("train_step", "captures", "steady_step_seconds") if hasattr(result, k)},
     }
     if result.history:  # empty when the time ran out before the first validation
         learning_curve_plot(result.history, results / "learning_curve.png")
