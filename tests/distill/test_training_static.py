@@ -281,3 +281,11 @@ def test_cudagraph_state_machine_on_cpu(emt_frames, monkeypatch, fail):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
     for a, b in zip(ema.shadow, ref_ema.shadow, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["plain", "static"])
+def test_time_limit_validates_the_last_step(emt_frames, mode):
+    train_f, val_f = split_frames(emt_frames, 0.2)
+    res = train(train_f, val_f, _cfg(mode, time_limit_s=1e-3, max_steps=0, eval_every=1000), log=lambda m: None)
+    assert res.stopped == "time_limit" and res.steps >= 1
+    assert [h["step"] for h in res.history] == [res.steps] and res.best_val["step"] == res.steps

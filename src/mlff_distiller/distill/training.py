@@ -17,7 +17,8 @@ Before training, per-species reference energies are fitted by least squares (``m
 shift μ_z, scale = RMS teacher force component), then AdamW with linear warm-up and cosine decay (or
 reduce-on-plateau), gradient clipping, and an exponential moving average (EMA) of the weights, which is what
 is validated, checkpointed and returned. Training stops early after ``patience`` validations without a better
-validation force MAE. ``out_dir/train_state.pt`` (written atomically) lets a killed run resume.
+validation force MAE; a run stopped by its wall-clock limit validates its last step too.
+``out_dir/train_state.pt`` (written atomically) lets a killed run resume.
 
 Two implementations of one optimiser step (``TrainConfig.train_step``), with the same math:
 
@@ -856,7 +857,9 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
             stepper.step(idx, step, lr)
             step += 1
             last_epoch_step = position >= len(epoch_order)
-            if step % eval_every == 0 or (last_epoch_step and cfg.eval_every == 0):
+            # The wall clock has run out: validate this last step too, so its weights can be the result.
+            time_up = bool(cfg.time_limit_s) and elapsed_before + time.perf_counter() - t0 >= cfg.time_limit_s
+            if step % eval_every == 0 or (last_epoch_step and cfg.eval_every == 0) or time_up:
                 t_eval = time.perf_counter()
                 train_loss, parts = stepper.last()  # syncs; raises on a non-finite loss
                 if ema is not None:
@@ -921,7 +924,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
             if cfg.max_steps and step >= cfg.max_steps:
                 stopped = "max_steps"
                 break
-            if cfg.time_limit_s and elapsed_before + time.perf_counter() - t0 >= cfg.time_limit_s:
+            if time_up:
                 stopped = "time_limit"
                 break
         if position >= len(epoch_order):
