@@ -1,5 +1,6 @@
 """Data-parallel training pieces on the CPU with two gloo processes (the CUDA/NCCL run needs 2 GPUs)."""
 
+import json
 import os
 import socket
 
@@ -115,3 +116,54 @@ def test_two_process_ddp_force_training_gradients_equal_one_process(tmp_path):
     model.zero_grad()
     _loss(model, shards[0]).backward()
     assert not all(torch.allclose(p.grad, w) for p, w in zip(model.parameters(), want, strict=True))
+
+
+_CHILD = """
+import json, os, sys
+import torch
+from mlff_distiller.distill import TrainConfig, read_frames, split_frames, train
+
+labels, out = sys.argv[1], sys.argv[2]
+torch.set_num_threads(1)
+train_f, val_f = split_frames(read_frames(labels), 0.2)
+cfg = TrainConfig(
+    model=dict(hidden=16, layers=2, n_rbf=8, cutoff=4.0), batch_size=8, lr=3e-3, warmup_steps=2, eval_every=6,
+    ema_decay=0.9, device="cpu", dtype="float64", patience=0, max_steps=12, train_step="plain",
+)
+res = train(train_f, val_f, cfg, os.path.join(out, "run"))
+rank = os.environ["RANK"]
+torch.save({k: v.detach().cpu() for k, v in res.model.state_dict().items()}, os.path.join(out, f"final{rank}.pt"))
+with open(os.path.join(out, f"result{rank}.json"), "w") as f:
+    json.dump({"steps": res.steps, "rows": len(res.history), "loss": [h["train_loss"] for h in res.history]}, f)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_torchrun_two_processes_train_in_step(emt_labels, tmp_path):
+    """`torchrun --nproc_per_node 2` of train(): both ranks run the same number of steps, end with identical
+    weights, validate on the same schedule, and only rank 0 writes the run directory."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run(
+        [*cmd, str(script), str(emt_labels), str(tmp_path)], env=env, capture_output=True, text=True, timeout=540
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = [json.loads((tmp_path / f"result{r}.json").read_text()) for r in range(2)]
+    assert results[0]["steps"] == results[1]["steps"] == 12
+    assert results[0]["rows"] == results[1]["rows"] == 2
+    assert results[0]["loss"] == results[1]["loss"], "rank-averaged training loss reported on every rank"
+    w0, w1 = (torch.load(tmp_path / f"final{r}.pt") for r in range(2))
+    for k in w0:
+        torch.testing.assert_close(w0[k], w1[k], rtol=0, atol=0)
+    run = tmp_path / "run"
+    assert (run / "best.pt").exists() and (run / "history.json").exists() and (run / "train_state.pt").exists()
+    assert len(json.loads((run / "history.json").read_text())) == 2
+    assert "stopped (max_steps)" in proc.stderr  # rank 0 logs
+    assert proc.stderr.count("stopped (max_steps)") == 1, "ranks other than 0 are silent"

@@ -55,6 +55,14 @@ class DistInfo:
         dist.broadcast(t, src=0)
         return bool(t.item())
 
+    def broadcast_object(self, obj):
+        """Rank 0's (picklable) ``obj`` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def mean(self, value: float, device: torch.device) -> float:
         """The mean of ``value`` over ranks."""
         if not self.enabled:

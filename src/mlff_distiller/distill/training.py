@@ -230,7 +230,8 @@ def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[
     if cfg.hvp_weight > 0:
         if batch.hvp is None:
             raise ValueError("hvp_weight > 0 needs frames labelled with Hessian-vector products (sampling hvp: true)")
-        h_loss = ((_student_hvp(model, batch, cfg.hvp_eps) - batch.hvp) ** 2).mean()
+        bare = getattr(model, "module", model)  # DDP: the wrapped forward runs once per step
+        h_loss = ((_student_hvp(bare, batch, cfg.hvp_eps) - batch.hvp) ** 2).mean()
         loss = loss + cfg.hvp_weight * h_loss
         parts["hvp"] = float(h_loss.detach())
     return loss, parts
@@ -330,8 +331,11 @@ class _PlainStep:
     captures = 0
     capture_seconds = 0.0
 
-    def __init__(self, model: StudentModel, data: FrameDataset, cfg: TrainConfig, opt, ema: _EMA | None) -> None:
+    def __init__(
+        self, model: StudentModel, data: FrameDataset, cfg: TrainConfig, opt, ema: _EMA | None, forward=None
+    ) -> None:
         self.model, self.data, self.cfg, self.opt, self.ema = model, data, cfg, opt, ema
+        self.forward = forward if forward is not None else model  # a DistributedDataParallel wrapper in torchrun
         self._last: tuple[float, dict] = (math.nan, {})
         self.ready: tuple[float, int] | None = None  # (time, steps done) when the steady phase began
         self._steps = 0
@@ -340,7 +344,7 @@ class _PlainStep:
         if lr is not None:
             for g in self.opt.param_groups:
                 g["lr"] = lr
-        loss, parts = _loss(self.model, self.data.batch(idx), self.cfg)
+        loss, parts = _loss(self.forward, self.data.batch(idx), self.cfg)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite training loss at step {step} ({parts}); lower lr or check the labels")
         self.opt.zero_grad(set_to_none=True)
@@ -777,11 +781,23 @@ def train(
 
 
 def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, metadata, log) -> TrainResult:
+    from mlff_distiller.distill import distributed
+
+    owns_group = not torch.distributed.is_available() or not torch.distributed.is_initialized()
+    info = distributed.dist_info()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     device, dtype = cfg.resolved_device(), _DTYPES[cfg.dtype]
+    if info.enabled:  # launched by torchrun: one process per GPU (or gloo processes on a CPU)
+        info, device = distributed.setup(cfg.device)
+        if not info.is_main:
+            log = _silent
     mode = cfg.resolved_train_step(device)
+    if info.enabled and mode != "plain":
+        log(f"{info.world_size} processes (DistributedDataParallel): train_step {mode!r} -> 'plain'")
+        mode = "plain"
     out = Path(out_dir) if out_dir is not None else None
     state_path = out / "train_state.pt" if out is not None else None
+    write = out is not None and info.is_main  # only rank 0 writes checkpoints, history and state
     if resume and (state_path is None or not state_path.exists()):
         raise ValueError(f"resume=True but there is no training state at {state_path}")
     cutoff = model.cutoff if model is not None else cfg.model.cutoff
@@ -835,7 +851,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         return {**(metadata or {}), "val": metrics, "step": step, "train_config": _plain(cfg)}
 
     stepper = (
-        _PlainStep(model, train_set, cfg, opt, ema)
+        _PlainStep(model, train_set, cfg, opt, ema, info.wrap(model, device, find_unused=cfg.energy_weight == 0))
         if mode == "plain"
         else _StaticStep(model, train_set, cfg, opt, ema, mode, log)
     )
@@ -852,19 +868,25 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         while position < len(epoch_order):
             idx = epoch_order[position : position + cfg.batch_size]
             position += len(idx)
+            last_epoch_step = position >= len(epoch_order)
+            if len(idx) < info.world_size:  # too few frames to give every rank one: skipped by all ranks
+                continue
             elapsed = elapsed_before + time.perf_counter() - t0
             lr = cfg.lr * _lr_factor(cfg, step, total, elapsed) if plateau is None else None
-            stepper.step(idx, step, lr)
+            # every rank draws the same epoch order and trains on its share of the global batch
+            stepper.step(distributed.shard(idx, info), step, lr)
             step += 1
-            last_epoch_step = position >= len(epoch_order)
             # The wall clock has run out: validate this last step too, so its weights can be the result.
             time_up = bool(cfg.time_limit_s) and elapsed_before + time.perf_counter() - t0 >= cfg.time_limit_s
+            time_up = info.broadcast_flag(time_up, device)  # rank 0's clock decides for all
             if step % eval_every == 0 or (last_epoch_step and cfg.eval_every == 0) or time_up:
                 t_eval = time.perf_counter()
                 train_loss, parts = stepper.last()  # syncs; raises on a non-finite loss
+                train_loss = info.mean(train_loss, device)
                 if ema is not None:
                     ema.swap(model)
                 metrics = evaluate_dataset(model, val_set, cfg.val_batch_size)
+                metrics = info.broadcast_object(metrics)  # rank 0's numbers drive every decision below
                 elapsed = elapsed_before + time.perf_counter() - t0
                 row = {
                     "step": step,
@@ -880,11 +902,11 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
                 if improved:
                     best, bad = {**metrics, "step": step, "seconds": elapsed}, 0
                     best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                    if out is not None:
+                    if write:
                         model.save(out / "best.pt", metadata=checkpoint_meta(metrics))
                 else:
                     bad += 1
-                if out is not None:
+                if write:
                     model.save(out / "last.pt", metadata=checkpoint_meta(metrics))
                 if ema is not None:
                     ema.swap(model)
@@ -895,7 +917,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
                     f"loss {row['train_loss']:.4g} val E {metrics['energy_mae_mev_atom']:.2f} meV/atom "
                     f"F {metrics['force_mae_mev_a']:.2f} meV/Å" + (" *" if improved else "")
                 )
-                if out is not None:
+                if write:
                     (out / "history.json").write_text(json.dumps(history, indent=1))
                     _atomic_torch_save(
                         {
@@ -958,6 +980,8 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         f"stopped ({stopped}) after {step} steps ({mode} step, {1000 * steady:.2f} ms/step steady), "
         f"{seconds:.1f} s; best val {best}"
     )
+    if info.enabled and owns_group:
+        distributed.teardown(info)
     return TrainResult(
         model=final,
         best_val=best,
@@ -970,6 +994,10 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         capture_seconds=stepper.capture_seconds,
         steady_step_seconds=steady,
     )
+
+
+def _silent(msg: str) -> None:
+    """The log of ranks other than 0 in a torchrun job."""
 
 
 def _as_dataset(frames, cutoff: float, device, dtype, what: str) -> FrameDataset | None:
