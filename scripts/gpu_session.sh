@@ -7,6 +7,7 @@
 #   bash scripts/gpu_session.sh distill   # ethanol from GFN2-xTB in 60 s of training (issue 6)
 #   bash scripts/gpu_session.sh builtin   # retrain the shipped builtin:chno-gfn2 (issue 6)
 #   bash scripts/gpu_session.sh sevennet  # 192-atom water from SevenNet-0 (issue 6; needs .whl7)
+#   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Run from the repository root on the device machine with the wheel folders carried (.whl: ase, tblite, vesin,
 # vesin-torch; .whl7: sevenn, braceexpand, matscipy; see README "GPU check"). Everything a part writes lands in
@@ -14,7 +15,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-part=${1:?usage: gpu_session.sh verify|engine|large|distill|builtin|sevennet}
+part=${1:?usage: gpu_session.sh verify|engine|large|distill|builtin|sevennet|ddp}
 wheels=()
 for d in .whl .whl7; do
   [ -d "$d" ] && wheels+=("$d"/*.whl)
@@ -49,20 +50,26 @@ case "$part" in
     tail -25 "$res/bench_engine.log"; tail -12 "$res/tune.log"
     ;;
   large)
-    timeout 500 python3 benchmarks/bench_large.py --out "$res" --budget-s 420 2>&1 | tee "$res/bench_large.log" \
-      | tail -40
+    timeout 500 python3 benchmarks/bench_large.py --out "$res" --budget-s 400 2>&1 | tee "$res/bench_large.log" \
+      | tail -60
     ;;
   distill)
-    timeout 520 python3 examples/distill_ethanol.py --workers 16 --results "$res/ethanol" --work /tmp/ethanol \
-      2>&1 | tee "$res/distill_ethanol.log" | tail -40
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/distill/test_training_static.py 2>&1 \
+      | tee "$res/gpu_train_tests.log" | tail -5
+    timeout 330 python3 examples/distill_ethanol.py --workers 16 --deadline 270 --work /tmp/eth \
+      --results "$res/ethanol" 2>&1 | tee "$res/distill_ethanol.log" | tail -40
     ;;
   builtin)
-    timeout 540 python3 examples/make_builtin_student.py --workers 16 --deadline 480 --work /tmp/chno \
+    timeout 540 python3 examples/make_builtin_student.py --workers 16 --deadline 330 --work /tmp/chno \
       --results "$res/chno_gfn2" 2>&1 | tee "$res/builtin.log" | tail -40
     ;;
   sevennet)
-    timeout 520 python3 examples/distill_water_sevennet.py --results "$res/water" --work /tmp/water \
+    timeout 520 python3 examples/distill_water_sevennet.py --deadline 420 --results "$res/water" --work /tmp/water \
       2>&1 | tee "$res/water.log" | tail -40
+    ;;
+  ddp)
+    timeout 540 python3 benchmarks/bench_ddp.py --gpus 2 --steps 300 --out "$res" 2>&1 | tee "$res/bench_ddp.log" \
+      | tail -20
     ;;
   *)
     echo "unknown part $part"; exit 2 ;;
