@@ -192,3 +192,30 @@ def test_calculator_reuses_its_batch_in_md_and_still_validates(model):
     atoms.positions[1, 2] = np.nan
     with pytest.raises(ValueError, match=r"finite|NaN|nan"):
         atoms.get_forces()
+
+
+def test_verlet_md_beyond_the_largest_bucket_reuses_the_list_in_the_eager_fallback(model):
+    """A system no bucket holds runs eagerly; the skin list built by the padded path's check is the one the
+    eager path uses (no second, device-side rebuild per step), filtered to the cutoff, and results stay exact."""
+    from mlff_distiller.buckets import BucketLadder
+
+    ladder = BucketLadder(min_atoms=4, max_atoms=8, min_edges=16, max_edges=64, growth=2.0)
+    fast = ForceEngine(model, device="cpu", precision="fp64", mode="eager", pad=True, neighbor_skin=0.5, buckets=ladder)
+    ref = ForceEngine(model, device="cpu", precision="fp64", mode="eager")
+    atoms = molecule("C6H6")
+    rng = np.random.default_rng(2)
+    for _ in range(12):
+        atoms.positions += rng.normal(scale=0.01, size=atoms.positions.shape)
+        batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+        got = fast.compute(batch, to_host=True)
+        want = ref.compute(batch, to_host=True)
+        np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
+        assert fast.last_bucket is None and fast._verlet_fill is None
+    assert fast.verlet.n_builds <= 3, fast.verlet  # ~0.03 Å per step against a 0.25 Å half-skin
+
+
+def test_warmup_reports_the_bucket_each_structure_ran_in(model):
+    eng = ForceEngine(model, device="cpu", precision="fp64", mode="eager", pad=True, neighbor_skin=0.5)
+    times = eng.warmup(structures=[molecule("CH4"), molecule("C6H6")])
+    assert len(times) >= 1 and all(t >= 0 for t in times.values())
+    assert eng.last_bucket in times

@@ -318,6 +318,7 @@ class ForceEngine:
         self._runners: dict[Bucket, GraphRunner] = {}
         self._topology: tuple | None = None
         self._checked_numbers: torch.Tensor | None = None
+        self.last_bucket: Bucket | None = None  # the bucket of the latest padded call
         # Padded Verlet path: (bucket, graph, verlet build count) of the list now in the static buffers.
         self._verlet_fill: tuple | None = None
         self._topology_token = 0
@@ -412,10 +413,37 @@ class ForceEngine:
         self._checked_numbers = numbers.detach().clone()
 
     def _neighbors(self, b: AtomsBatch):
-        """Neighbour list of a batch already on the engine's device (through the Verlet cache when enabled)."""
-        if self.verlet is not None:
-            return self.verlet(b.positions, b.cell, b.pbc, b.batch, b.ptr, numbers=b.numbers)
+        """A fresh neighbour list of a batch already on the engine's device."""
         return neighbor_list(b.positions, b.cell, b.pbc, b.batch, b.ptr, self.cutoff, self.neighbor_method)
+
+    def _verlet_list(self, batch: AtomsBatch, *, filtered: bool) -> tuple[NeighborList, bool]:
+        """The Verlet-skin list of ``batch`` as the caller gave it (host data in MD, so the displacement test
+        needs no device sync) and whether it was rebuilt. Molecules on the host are built there (all-pairs NumPy
+        path), everything else on the engine's device. ``filtered``: cut to the cutoff (eager path: fewer edges);
+        else the ``cutoff + skin`` list itself, whose extra pairs contribute exactly zero."""
+        v = self.verlet
+        rebuilt = v.needs_rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers)
+        if rebuilt:
+            host = molecular_applicable(batch.positions, batch.pbc, batch.ptr)
+            device = None if host else self.device
+            v.rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers, device=device)
+        v.n_calls += 1
+        nl = v.last
+        if filtered:
+            nl = v.filtered(batch.positions.to(nl.edge_index.device))
+        return nl, rebuilt
+
+    def _nl_to_device(self, nl: NeighborList) -> NeighborList:
+        if nl.edge_index.device == self.device and nl.shift_vectors.dtype == self.dtype:
+            return nl
+        dev = self.device
+        return NeighborList(
+            edge_index=nl.edge_index.to(dev, non_blocking=True),
+            shifts=nl.shifts.to(dev, non_blocking=True),
+            shift_vectors=nl.shift_vectors.to(dev, self.dtype, non_blocking=True),
+            row_ptr=nl.row_ptr.to(dev, non_blocking=True),
+            method=nl.method,
+        )
 
     def _host_molecular_neighbors(self, batch: AtomsBatch) -> NeighborList | None:
         """Molecules given on the host for an engine on another device: the list is built on the host by the
@@ -425,21 +453,17 @@ class ForceEngine:
             return None
         if self.device.type == "cpu" or not molecular_applicable(batch.positions, batch.pbc, batch.ptr):
             return None
-        nl = molecular_pairs(batch.positions, batch.ptr, self.cutoff)
-        e = nl.num_edges
-        return NeighborList(
-            edge_index=nl.edge_index.to(self.device, non_blocking=True),
-            shifts=torch.zeros((e, 3), dtype=torch.int64, device=self.device),
-            shift_vectors=torch.zeros((e, 3), dtype=self.dtype, device=self.device),
-            row_ptr=nl.row_ptr.to(self.device, non_blocking=True),
-            method=nl.method,
-        )
+        return self._nl_to_device(molecular_pairs(batch.positions, batch.ptr, self.cutoff))
 
     def _compute_eager(self, batch: AtomsBatch, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
-        host_nl = self._host_molecular_neighbors(batch)
+        with torch.no_grad():
+            if self.verlet is not None:
+                given_nl = self._nl_to_device(self._verlet_list(batch, filtered=True)[0])
+            else:
+                given_nl = self._host_molecular_neighbors(batch)
         batch = batch.to(self.device, self.dtype)
         with torch.no_grad():
-            nl = host_nl if host_nl is not None else self._neighbors(batch)
+            nl = given_nl if given_nl is not None else self._neighbors(batch)
         need_grad = forces or stress
         with _matmul_precision(self.allow_tf32), _frozen(self.model), torch.set_grad_enabled(need_grad):
             positions = batch.positions.detach().requires_grad_(need_grad)
@@ -565,6 +589,11 @@ class ForceEngine:
         )
         self._graph_tokens[bucket] = self._topology_token
         self._verlet_fill = None  # the static buffers no longer hold the Verlet path's list
+        return self._run_padded(bucket, graph, n, b, to_host)
+
+    def _run_padded(self, bucket: Bucket, graph: PaddedGraph, n: int, b: int, to_host: bool) -> dict:
+        """Run a filled bucket and unpack the real rows of the packed output."""
+        self.last_bucket = bucket
         packed = self._run(bucket, graph)
         if to_host:
             packed = packed.cpu()
@@ -587,14 +616,7 @@ class ForceEngine:
         positions into the static buffer, the replay, and one copy of the packed outputs.
         """
         v = self.verlet
-        rebuilt = v.needs_rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers)
-        if rebuilt:
-            # Molecules on the host: build there (all-pairs NumPy path); the edges reach the device in the fill.
-            host = molecular_applicable(batch.positions, batch.pbc, batch.ptr)
-            device = None if host else self.device
-            v.rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers, device=device)
-        v.n_calls += 1
-        nl = v.last
+        nl, rebuilt = self._verlet_list(batch, filtered=False)
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
         fill = self._verlet_fill
         if rebuilt or fill is None or fill[2] != v.n_builds:
@@ -610,17 +632,7 @@ class ForceEngine:
         else:
             bucket, graph = fill[0], fill[1]
             graph.positions[:n].copy_(batch.positions.to(self.dtype), non_blocking=True)
-        packed = self._run(bucket, graph)
-        if to_host:
-            packed = packed.cpu()
-        elif self.mode == "cudagraph" or self.compile_mode == "reduce-overhead":
-            packed = packed.clone()
-        a = bucket.atoms
-        return {
-            "energy": packed[:b],
-            "atomic_energies": packed[a : a + n],
-            "forces": packed[2 * a :].view(a, 3)[:n],
-        }
+        return self._run_padded(bucket, graph, n, b, to_host)
 
     # ------------------------------------------------------------------------------------------ warm-up
     def warmup(
@@ -653,15 +665,11 @@ class ForceEngine:
         for s in structures or ():
             batch = AtomsBatch.from_atoms(s, dtype=self.dtype)
             t0 = time.perf_counter()
+            self.last_bucket = None
             self.compute(batch)
             self._sync()
-            if self.pad:
-                with torch.no_grad():
-                    dev = batch.to(self.device, self.dtype)
-                    nl = self._neighbors(dev)
-                bucket = self.buckets.select(dev.num_atoms, nl.num_edges)
-                if bucket is not None:
-                    times[bucket] = time.perf_counter() - t0
+            if self.last_bucket is not None:  # the bucket the call ran in (None: eager)
+                times[self.last_bucket] = time.perf_counter() - t0
         for bucket in todo:
             if bucket in times:
                 continue

@@ -125,7 +125,7 @@ class VerletNeighborList:
                 self._build(positions, cell, pbc, batch, ptr, numbers)
             if not self.filter:
                 return self.last
-            return self._filtered(positions)
+            return self.filtered(positions)
 
     def update_batch(self, atoms_batch) -> NeighborList:
         """:meth:`__call__` of an :class:`~mlff_distiller.batch.AtomsBatch` (its numbers included)."""
@@ -201,7 +201,8 @@ class VerletNeighborList:
         self.last = nl
         self.n_builds += 1
 
-    def _filtered(self, positions: torch.Tensor) -> NeighborList:
+    def filtered(self, positions: torch.Tensor) -> NeighborList:
+        """The last built list cut down to ``0 < |r| < cutoff`` at ``positions`` (on the list's device)."""
         nl, ref = self.last, self._ref
         i, j = nl.edge_index
         pos = positions.detach().to(torch.float64)
