@@ -7,11 +7,12 @@ import torch
 from ase import units
 from ase.build import molecule
 from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
-from conftest import DEVICES
 from helpers import silicon_cell
 
 from mlff_distiller import ForceEngine
 from mlff_distiller.batch import AtomsBatch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _engines(model, device, skin):

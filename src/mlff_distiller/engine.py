@@ -45,6 +45,7 @@ from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
 from mlff_distiller.model import StudentModel
+from mlff_distiller.model.painn import CSRInteraction
 from mlff_distiller.neighbors import NeighborList, VerletNeighborList, neighbor_list
 from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs
 
@@ -194,31 +195,6 @@ def _reduced_precision_copy(model: StudentModel, dtype: torch.dtype) -> StudentM
     return model
 
 
-class _CSRInteraction(torch.nn.Module):
-    """A PaiNN message block that hands the message-passing kernel its receiver CSR offsets (``row_ptr``).
-
-    Padded modes need it: without ``row_ptr`` the fused kernel checks the edge order with a device→host sync
-    (illegal inside CUDA-graph capture) and caches the CSR per ``edge_index`` tensor, which a captured graph
-    would bake in while the static buffer's content changes every replay. Here ``row_ptr`` is computed on the
-    device from the receiver-sorted padded edges (no sync), and the engine passes a fresh copy of the edge
-    list each step so no cached CSR is reused. Same math as ``PaiNNInteraction.forward``.
-    """
-
-    def __init__(self, inner: torch.nn.Module, csr: dict) -> None:
-        super().__init__()
-        self.inner = inner
-        self.csr = csr  # {"row_ptr": [N + 1]} set by ForceEngine._padded_forward for the current step
-
-    def forward(self, s, v, rbf, unit, edge_index):
-        from mlff_distiller import kernels
-
-        x = self.inner.phi(s)
-        ds, dv = kernels.message_passing(
-            x, v, rbf, self.inner.filter.weight, unit, edge_index, row_ptr=self.csr["row_ptr"]
-        )
-        return s + ds, v + dv
-
-
 def _raise_recompile_limit() -> None:
     import torch._dynamo.config as dynamo_config
 
@@ -334,7 +310,7 @@ class ForceEngine:
             self._csr: dict = {"row_ptr": None}
             inter = self._fast_model.interactions
             for k in range(len(inter)):
-                inter[k] = _CSRInteraction(inter[k], self._csr)
+                inter[k] = CSRInteraction(inter[k], self._csr)
             self._forward_impl = self._padded_forward
             if self.mode == "compile" or (self.mode == "cudagraph" and compile_mode is not None):
                 self._forward_impl = self._make_compiled()
@@ -497,7 +473,7 @@ class ForceEngine:
     def _padded_forward(self, numbers, positions, edge_index, shift_vectors, batch, mask):
         """Energies of a padded bucket and the masked total that the forces differentiate."""
         # Padded edges are sorted by receiver: CSR offsets on the device, no sync; a fresh edge tensor per step
-        # so the kernel's per-tensor CSR cache never serves a previous replay's content (see _CSRInteraction).
+        # so the kernel's per-tensor CSR cache never serves a previous replay's content (see CSRInteraction).
         edge_index = edge_index.clone()
         bounds = torch.arange(numbers.shape[0] + 1, device=edge_index.device, dtype=edge_index.dtype)
         self._csr["row_ptr"] = torch.searchsorted(edge_index[0].contiguous(), bounds)

@@ -60,6 +60,7 @@ from mlff_distiller import kernels
 from mlff_distiller.buckets import Bucket, BucketLadder
 from mlff_distiller.distill.dataset import FrameDataset, LabelledBatch, fit_energy_reference
 from mlff_distiller.model import ModelConfig, StudentModel
+from mlff_distiller.model.painn import CSRInteraction
 
 __all__ = ["TrainConfig", "TrainResult", "evaluate_dataset", "student_forward", "train"]
 
@@ -366,29 +367,11 @@ class _PlainStep:
         pass
 
 
-class _CSRInteraction(nn.Module):
-    """``PaiNNInteraction.forward`` with the receiver CSR offsets handed to the message-passing kernel.
-
-    Without ``row_ptr`` the Triton path checks the edge order with a device sync and caches the CSR per edge
-    tensor; a static step computes ``row_ptr`` on the device instead (its edges are receiver-sorted).
-    """
-
-    def __init__(self, inner: nn.Module, csr: dict) -> None:
-        super().__init__()
-        self.inner = inner
-        self.csr = csr
-
-    def forward(self, s, v, rbf, unit, edge_index):
-        w = self.inner.filter.weight
-        ds, dv = kernels.message_passing(self.inner.phi(s), v, rbf, w, unit, edge_index, row_ptr=self.csr["row_ptr"])
-        return s + ds, v + dv
-
-
 def _csr_view(model: StudentModel, csr: dict) -> StudentModel:
     """A shallow view of ``model`` (the same parameter tensors) whose message blocks take ``csr["row_ptr"]``."""
     view = copy.copy(model)
     view._modules = dict(model._modules)
-    view.interactions = nn.ModuleList(_CSRInteraction(m, csr) for m in model.interactions)
+    view.interactions = nn.ModuleList(CSRInteraction(m, csr) for m in model.interactions)
     return view
 
 

@@ -65,6 +65,28 @@ class PaiNNInteraction(nn.Module):
         return s + ds, v + dv
 
 
+class CSRInteraction(nn.Module):
+    """A :class:`PaiNNInteraction` that hands the message-passing kernel its receiver CSR offsets.
+
+    Static-shape callers (the engine's padded modes, the trainer's static/CUDA-graph steps) need it: without
+    ``row_ptr`` the fused Triton kernel checks the edge order with a device→host sync (illegal inside CUDA-graph
+    capture) and caches the CSR per ``edge_index`` tensor, which a captured graph would bake in while the static
+    buffer's content changes every replay. The caller computes ``row_ptr`` on the device from its
+    receiver-sorted edges and stores it in the shared ``csr`` dict (``{"row_ptr": [N + 1]}``) before each
+    forward. Same math and parameters as the wrapped block.
+    """
+
+    def __init__(self, inner: PaiNNInteraction, csr: dict) -> None:
+        super().__init__()
+        self.inner = inner
+        self.csr = csr
+
+    def forward(self, s, v, rbf, unit, edge_index):
+        w = self.inner.filter.weight
+        ds, dv = kernels.message_passing(self.inner.phi(s), v, rbf, w, unit, edge_index, row_ptr=self.csr["row_ptr"])
+        return s + ds, v + dv
+
+
 class PaiNNUpdate(nn.Module):
     """Update block: mixes scalar and vector channels atom-wise (rotation-equivariant)."""
 
