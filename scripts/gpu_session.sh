@@ -9,13 +9,17 @@
 #   bash scripts/gpu_session.sh sevennet  # 192-atom water from SevenNet-0 (issue 6; needs .whl7)
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
+# Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
+# The distillation parts work in runs/<name>/ (git-ignored): labels made beforehand on a CPU machine (the
+# same example, interrupted after its labelling step) can be carried there and are resumed, not relabelled.
 # Run from the repository root on the device machine with the wheel folders carried (.whl: ase, tblite, vesin,
 # vesin-torch; .whl7: sevenn, braceexpand, matscipy; see README "GPU check"). Everything a part writes lands in
 # /tmp/gpu_<part> and is packed into $OUT/<part>.tgz (the device returns at most 8 files), also when a step
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-part=${1:?usage: gpu_session.sh verify|engine|large|distill|builtin|sevennet|ddp}
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|large|distill|builtin|sevennet|ddp)"; exit 2; }
+parts=("$@")
 wheels=()
 for d in .whl .whl7; do
   [ -d "$d" ] && wheels+=("$d"/*.whl)
@@ -27,44 +31,50 @@ if [ ${#wheels[@]} -gt 0 ]; then
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/tmp/install.log 2>&1 \
   || { cat /tmp/install.log; exit 1; }
+pack() { for p in "${parts[@]}"; do [ -d "/tmp/gpu_$p" ] && tar czf "${OUT:-/tmp}/$p.tgz" -C "/tmp/gpu_$p" . ; done; }
+trap pack EXIT
+# Time boxes: by default each part gets its full single-call box; a call with several parts passes
+# SCALE=<fraction> to shrink every box (e.g. SCALE=0.5 for two parts in one 10-minute call).
+SCALE=${SCALE:-1}
+box() { python3 -c "print(int($1 * $SCALE))"; }
+for part in "${parts[@]}"; do
 res=/tmp/gpu_$part
 mkdir -p "$res"
-pack() { tar czf "${OUT:-/tmp}/$part.tgz" -C "$res" . ; }
-trap pack EXIT
 python3 -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)" \
   | tee "$res/device.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$res/device.txt"
+echo "===== part $part (scale $SCALE)"
 
 case "$part" in
   verify)
-    timeout 330 python3 -m pytest -q -p no:cacheprovider --timeout=300 -k "cuda or gpu" \
+    timeout $(box 330) python3 -m pytest -q -p no:cacheprovider --timeout=300 -k "cuda or gpu" \
       tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_calculator.py tests/test_neighbors.py \
       tests/test_physics.py tests/kernels 2>&1 | tee "$res/pytest_gpu.log" | tail -15
-    timeout 150 python3 benchmarks/profile_step.py --out "$res" >"$res/profile.log" 2>&1
+    timeout $(box 150) python3 benchmarks/profile_step.py --out "$res" >"$res/profile.log" 2>&1
     grep -E "=====|device kernels" "$res/profile.log"
     ;;
   engine)
-    timeout 330 python3 benchmarks/bench_engine.py --sections latency,md,sweep --budget-s 300 --out "$res" \
+    timeout $(box 330) python3 benchmarks/bench_engine.py --sections latency,md,sweep --budget-s $(box 300) --out "$res" \
       --name engine_h100 >"$res/bench_engine.log" 2>&1
-    timeout 200 python3 benchmarks/tune_small.py --skip gemm --out "$res" >"$res/tune.log" 2>&1
+    timeout $(box 200) python3 benchmarks/tune_small.py --skip gemm --out "$res" >"$res/tune.log" 2>&1
     tail -25 "$res/bench_engine.log"; tail -12 "$res/tune.log"
     ;;
   large)
-    timeout 500 python3 benchmarks/bench_large.py --out "$res" --budget-s 400 2>&1 | tee "$res/bench_large.log" \
+    timeout $(box 500) python3 benchmarks/bench_large.py --out "$res" --budget-s $(box 400) 2>&1 | tee "$res/bench_large.log" \
       | tail -60
     ;;
   distill)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/distill/test_training_static.py 2>&1 \
+    timeout $(box 200) python3 -m pytest -q -p no:cacheprovider -m gpu tests/distill/test_training_static.py 2>&1 \
       | tee "$res/gpu_train_tests.log" | tail -5
-    timeout 330 python3 examples/distill_ethanol.py --workers 16 --deadline 270 --work /tmp/eth \
+    timeout $(box 330) python3 examples/distill_ethanol.py --workers 16 --deadline $(box 270) --work runs/ethanol_gfn2 \
       --results "$res/ethanol" 2>&1 | tee "$res/distill_ethanol.log" | tail -40
     ;;
   builtin)
-    timeout 540 python3 examples/make_builtin_student.py --workers 16 --deadline 330 --work /tmp/chno \
+    timeout $(box 540) python3 examples/make_builtin_student.py --workers 16 --deadline $(box 330) --work runs/chno_gfn2 \
       --results "$res/chno_gfn2" 2>&1 | tee "$res/builtin.log" | tail -40
     ;;
   sevennet)
-    timeout 520 python3 examples/distill_water_sevennet.py --deadline 420 --results "$res/water" --work /tmp/water \
+    timeout $(box 520) python3 examples/distill_water_sevennet.py --deadline $(box 420) --results "$res/water" --work runs/water_sevennet \
       2>&1 | tee "$res/water.log" | tail -40
     ;;
   ddp)
@@ -74,3 +84,4 @@ case "$part" in
   *)
     echo "unknown part $part"; exit 2 ;;
 esac
+done
