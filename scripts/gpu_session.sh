@@ -70,7 +70,7 @@ case "$part" in
       --results "$res/ethanol" 2>&1 | tee "$res/distill_ethanol.log" | tail -40
     ;;
   builtin)
-    timeout $(box 540) python3 examples/make_builtin_student.py --workers 16 --deadline $(box 330) --work runs/chno_gfn2 \
+    timeout $(box 540) python3 examples/make_builtin_student.py --workers 8 --deadline $(box 330) --work runs/chno_gfn2 \
       --results "$res/chno_gfn2" 2>&1 | tee "$res/builtin.log" | tail -40
     ;;
   sevennet)

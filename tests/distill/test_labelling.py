@@ -22,6 +22,7 @@ from mlff_distiller.distill import (
     SamplingConfig,
     get_teacher,
     label,
+    label_parallel,
     make_tasks,
     read_frames,
     run_task,
@@ -232,3 +233,23 @@ def test_store_survives_a_kill_during_database_initialisation(tmp_path):
     again = FrameStore(out)  # a healthy database with a frame is opened as is
     assert len(again) == 1 and again.keys() == {("t", 0)}
     assert not (out / (DB_NAME + ".init")).exists()
+
+
+def test_label_parallel_equals_one_process_and_resumes_with_the_same_worker_count(tmp_path):
+    """Shards together hold exactly the frames of one unsharded run; a rerun labels nothing; resuming with
+    another worker count is refused (its shards would duplicate every task)."""
+    cfg = small_sampling(md_steps=12, rattle_per_seed=1)
+    one = label(emt_seeds(), "emt", tmp_path / "one", cfg, progress=False)
+    two = label_parallel(emt_seeds(), "emt", tmp_path / "two", cfg, workers=2)
+    assert two.written == two.total == one.total > 0
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["shard-00-of-02", "shard-01-of-02"]
+
+    def key(a):
+        return (a.info["task"], round(float(a.get_potential_energy()), 8))
+
+    a, b = read_frames(tmp_path / "one"), read_frames(tmp_path / "two")
+    assert sorted(map(key, a)) == sorted(map(key, b))
+    again = label_parallel(emt_seeds(), "emt", tmp_path / "two", cfg, workers=2)
+    assert again.written == 0 and again.tasks_run == 0 and again.total == one.total
+    with pytest.raises(ValueError, match="sharded over 2 workers; resume with workers=2"):
+        label_parallel(emt_seeds(), "emt", tmp_path / "two", cfg, workers=3)

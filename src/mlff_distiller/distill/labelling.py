@@ -298,6 +298,14 @@ def label_parallel(
     if n < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     out = Path(out_dir)
+    # Shards of another worker count would be read together with these (read_frames reads every shard) and
+    # hold the same tasks: duplicated frames. Resuming needs the count the labels were started with.
+    other = sorted({p.name.rsplit("-of-", 1)[1] for p in out.glob("shard-*-of-*")} - {f"{n:02d}"})
+    if other:
+        raise ValueError(
+            f"{out} already holds labels sharded over {int(other[0])} workers; resume with workers={int(other[0])} "
+            f"(not {n}) or use another out_dir"
+        )
     jobs = [
         dict(
             seeds=list(seeds),
