@@ -24,7 +24,7 @@ from mlff_distiller.distill import (
     student_forward,
     train,
 )
-from mlff_distiller.distill.training import _student_hvp
+from mlff_distiller.distill.objective import _student_hvp
 
 # The stated bar of the end-to-end test: held-out force MAE below 15 % of the mean |teacher force component|
 # (EMT forces here average ~1 eV/Å) and at most a fifth of the untrained student's error.

@@ -9,7 +9,8 @@ from ase.calculators.singlepoint import SinglePointCalculator
 
 from mlff_distiller import StudentModel, kernels
 from mlff_distiller.distill import FrameDataset, TrainConfig, split_frames, student_forward, train
-from mlff_distiller.distill.training import _csr_view, _StaticBatcher, _StaticData
+from mlff_distiller.distill.static_batch import _StaticBatcher, _StaticData
+from mlff_distiller.distill.train_steps import _csr_view
 
 
 def _cfg(mode, **kw):
@@ -194,11 +195,11 @@ class _FakeCapture:
     def __init__(self, monkeypatch, fail=False):
         import contextlib
 
-        from mlff_distiller.distill import training
+        from mlff_distiller.distill import train_steps
 
         self.capturing = None
         self.captures = 0
-        orig_body = training._StaticStep._body
+        orig_body = train_steps._StaticStep._body
         fake = self
 
         class Graph:
@@ -233,7 +234,7 @@ class _FakeCapture:
             def wait_stream(self, other):
                 pass
 
-        monkeypatch.setattr(training._StaticStep, "_body", body)
+        monkeypatch.setattr(train_steps._StaticStep, "_body", body)
         monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
         monkeypatch.setattr(torch.cuda, "graph", graph)
         monkeypatch.setattr(torch.cuda, "Stream", Stream)
@@ -243,7 +244,9 @@ class _FakeCapture:
 
 
 def _run_steps(frames, mode, steps=10, batch_size=20):
-    from mlff_distiller.distill.training import _EMA, _initial_model, _StaticStep
+    from mlff_distiller.distill.optim import _EMA
+    from mlff_distiller.distill.train_steps import _StaticStep
+    from mlff_distiller.distill.training import _initial_model
 
     cfg = _cfg(mode, batch_size=batch_size, grad_clip=1.0)
     ds = FrameDataset(frames, cfg.model.cutoff, dtype=torch.float64)

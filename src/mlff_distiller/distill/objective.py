@@ -1,0 +1,110 @@
+"""What the student is trained and judged on: its forward with the parameters' graph kept, the force-matching
+loss, and its errors on a labelled dataset.
+
+Loss per batch (units eV², so the weights are dimensionless)::
+
+    L = w_E · mean_b ((E_b − E_b^T) / n_b)² + w_F · mean_{i,α} (F_iα − F_iα^T)² + w_H · mean (Hv − Hv^T)² · Å²
+
+Forces are ``−∂E/∂x`` from ``torch.autograd.grad(..., create_graph=True)``, so the loss differentiates through
+them (double backward of the model's ops; on the GPU that is the Triton kernels' backward-of-backward). The
+optional Hessian term matches the student's H·v, taken by the same central finite difference the teacher
+labels used, H·v ≈ −(F(x + εv) − F(x − εv)) / 2ε: two extra force evaluations and only second derivatives,
+rather than a third-order autograd through the kernels.
+
+The forward here mirrors :meth:`mlff_distiller.ForceEngine.compute` (same graph, same model call) but keeps
+the parameters' graph; the engine freezes them for inference. The padded static step
+(:mod:`mlff_distiller.distill.train_steps`) computes the same loss with masks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from mlff_distiller.distill.dataset import FrameDataset, LabelledBatch
+from mlff_distiller.model import StudentModel
+
+if TYPE_CHECKING:
+    from mlff_distiller.distill.training import TrainConfig
+
+__all__ = ["evaluate_dataset", "student_forward"]
+
+_NO_HVP_LABELS = "hvp_weight > 0 needs frames labelled with Hessian-vector products (sampling hvp: true)"
+
+
+def student_forward(
+    model: StudentModel, batch: LabelledBatch, *, create_graph: bool, positions: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Energies ``[B]`` (eV) and forces ``[N, 3]`` (eV/Å) with the parameters' graph kept.
+
+    ``create_graph=True`` keeps the graph of the forces themselves, so a loss on them can be back-propagated.
+    ``positions`` replaces the batch's positions (for finite differences).
+    """
+    a = batch.atoms
+    pos = (a.positions if positions is None else positions).detach().requires_grad_(True)
+    out = model(a.numbers, pos, batch.edge_index, batch.shift_vectors(), a.batch, a.num_structures)
+    (grad,) = torch.autograd.grad(out["energy"].sum(), pos, create_graph=create_graph)
+    return out["energy"], -grad
+
+
+def _central_hvp(
+    forces_at: Callable[[torch.Tensor], torch.Tensor], positions: torch.Tensor, v: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """H·v ≈ −(F(x + εv) − F(x − εv)) / 2ε (eV/Å² times the units of ``v``), ``forces_at(x)`` the forces
+    (eV/Å) at positions ``x`` (Å), ``eps`` in Å. The plain loss and the static step share it."""
+    f_plus = forces_at(positions + eps * v)
+    f_minus = forces_at(positions - eps * v)
+    return -(f_plus - f_minus) / (2 * eps)
+
+
+def _student_hvp(model: StudentModel, batch: LabelledBatch, eps: float) -> torch.Tensor:
+    """The student's H·v ``[N, 3]`` along ``batch.hvp_dir`` by :func:`_central_hvp` (forces keep their graph)."""
+
+    def forces_at(positions: torch.Tensor) -> torch.Tensor:
+        return student_forward(model, batch, create_graph=True, positions=positions)[1]
+
+    return _central_hvp(forces_at, batch.atoms.positions, batch.hvp_dir, eps)
+
+
+def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[torch.Tensor, dict]:
+    """The loss of the module docstring on one (unpadded) batch and its parts as floats (a host sync)."""
+    energy, forces = student_forward(model, batch, create_graph=True)
+    n = batch.atoms.counts.to(energy.dtype)
+    e_loss = (((energy - batch.energy) / n) ** 2).mean()
+    f_loss = ((forces - batch.forces) ** 2).mean()
+    loss = cfg.energy_weight * e_loss + cfg.force_weight * f_loss
+    parts = {"energy": float(e_loss.detach()), "forces": float(f_loss.detach())}
+    if cfg.hvp_weight > 0:
+        if batch.hvp is None:
+            raise ValueError(_NO_HVP_LABELS)
+        bare = getattr(model, "module", model)  # DDP: the wrapped forward runs once per step
+        h_loss = ((_student_hvp(bare, batch, cfg.hvp_eps) - batch.hvp) ** 2).mean()
+        loss = loss + cfg.hvp_weight * h_loss
+        parts["hvp"] = float(h_loss.detach())
+    return loss, parts
+
+
+def evaluate_dataset(model: StudentModel, dataset: FrameDataset, batch_size: int = 64) -> dict:
+    """Errors of ``model`` on ``dataset``: energy MAE/RMSE (meV/atom), force MAE/RMSE (meV/Å)."""
+    was_training = model.training
+    model.eval()
+    e_err, f_err, counts = [], [], []
+    for batch in dataset.batches(batch_size):
+        energy, forces = student_forward(model, batch, create_graph=False)
+        n = batch.atoms.counts
+        e_err.append(((energy.detach() - batch.energy) / n).double().cpu())
+        f_err.append((forces.detach() - batch.forces).double().cpu().reshape(-1))
+        counts.append(n.cpu())
+    model.train(was_training)
+    e = torch.cat(e_err)
+    f = torch.cat(f_err)
+    return {
+        "energy_mae_mev_atom": 1000 * float(e.abs().mean()),
+        "energy_rmse_mev_atom": 1000 * float(e.pow(2).mean().sqrt()),
+        "force_mae_mev_a": 1000 * float(f.abs().mean()),
+        "force_rmse_mev_a": 1000 * float(f.pow(2).mean().sqrt()),
+        "frames": len(dataset),
+        "atoms": int(torch.cat(counts).sum()),
+    }
