@@ -193,8 +193,9 @@ def tune(device, rep_ms) -> list[str]:
 
 
 def probe_tf32x3(device, rep_ms) -> list[str]:
-    """What the filter tl.dot in TF32x3 (three TF32 MMAs) would give at 24,000 atoms: time and the error of ds,
-    dv against the float64 reference, normwise relative, next to the shipped IEEE float32 dot."""
+    """What the filter tl.dot in TF32x3 (three TF32 MMAs) in every kernel would give at 24,000 atoms: time and the
+    error of ds, dv against the float64 reference, normwise relative, next to the shipped IEEE float32 dot
+    (benchmarks/tune_small.py --sections kernels times each kernel under each precision)."""
     inputs = water_like_graph(24000, device)
     ref = message_passing_reference(*(t.double() for t in inputs[:-1]), inputs[-1])
     lines = ["", "## Filter dot precision (24,000 atoms; not the shipped default unless ieee)", ""]
@@ -202,20 +203,18 @@ def probe_tf32x3(device, rep_ms) -> list[str]:
         "| tl.dot input_precision | fwd µs | fwd+bwd µs | max rel. error ds, dv (vs float64) |",
         "|---|---:|---:|---:|",
     ]
-    old = mp_module._DOT_PRECISION
     for prec in ("ieee", "tf32x3"):
-        mp_module._DOT_PRECISION = prec
         try:
-            fn = _impl("triton")
-            t_f = time_fn(closure(fn, inputs, "fwd"), device, rep_ms=rep_ms).median_us
-            t_b = time_fn(closure(fn, inputs, "fwd+bwd"), device, rep_ms=rep_ms).median_us
-            with torch.no_grad():
-                out = fn(*inputs)
+            with mp_module._configured(**{f"dot_{k}": prec for k in mp_module._KERNELS}):
+                fn = _impl("triton")
+                t_f = time_fn(closure(fn, inputs, "fwd"), device, rep_ms=rep_ms).median_us
+                t_b = time_fn(closure(fn, inputs, "fwd+bwd"), device, rep_ms=rep_ms).median_us
+                with torch.no_grad():
+                    out = fn(*inputs)
             err = max(((o.double() - r).abs().max() / r.abs().max()).item() for o, r in zip(out, ref, strict=True))
             lines.append(f"| {prec} | {t_f:.1f} | {t_b:.1f} | {err:.2e} |")
         except Exception as exc:
             lines.append(f"| {prec} | failed: {type(exc).__name__} | | |")
-    mp_module._DOT_PRECISION = old
     return lines
 
 

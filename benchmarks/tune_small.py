@@ -2,9 +2,22 @@
 """GPU probes behind the engine/kernel tuning (issues 5 and 7): tiny-GEMM kernel choice and the fused
 message-passing launch configuration and filter-dot precision, on the graph sizes the engine actually runs.
 
-    python benchmarks/tune_small.py --out DIR
+    python benchmarks/tune_small.py --out DIR                     # sections gemm, kernels, variants
+    python benchmarks/tune_small.py --skip gemm --out DIR         # kernels, variants (~2 min on an H100)
+    python benchmarks/tune_small.py --sections mp --out DIR       # the older whole-op config x precision sweep
 
-Every time is the median per call of a CUDA graph replaying the op 20 times (what a captured step pays).
+Sections:
+  gemm      tiny GEMMs: cuBLAS vs cuBLASLt at the engine's row counts.
+  mp        the whole fused op (fwd, fwd+bwd) under launch configurations x one global dot precision.
+  kernels   each message-passing kernel alone (fwd, bwd_sender, bwd_edge, bwd_filter) under each tl.dot
+            precision (ieee, tf32x3, tf32), shipped tiles, with its outputs' error vs float64.
+  variants  the "block" forward and sender-backward kernels (BLOCK_A atoms per program, one-hot tl.dot segment
+            sum) over block sizes x precision, next to the "atom" kernels; then a summary of the fastest accurate
+            choice per kernel and the _CONFIG it implies.
+The kernels and variants sections run on a 24,000-atom water box (1.3M edges) and on 1,024 small g2 molecules
+(~60k edges) and stop adding rows once --budget-s seconds have passed (the rows left out are listed).
+
+Every time is the median per call of a CUDA graph replaying the op several times (what a captured step pays).
 """
 
 from __future__ import annotations
@@ -12,7 +25,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -22,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import importlib
 
 from bench_message_passing import water_like_graph
+from systems import g2_chno
 
 # the package re-exports a function of the same name: take the module itself
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
@@ -94,7 +110,6 @@ def mp_probe(lines: list[str], records: list) -> None:
         "| rel err vs fp64 |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    old_cfg, old_prec = dict(mp._CONFIG), mp._DOT_PRECISION
     for name, inputs in graphs.items():
         x, v, rbf, w, unit, ei = inputs
         n = x.shape[0]
@@ -112,19 +127,19 @@ def mp_probe(lines: list[str], records: list) -> None:
             (32, 128, 8, 64),
         ]
         for prec, (be, bf, nw, bbe) in itertools.product(("ieee", "tf32x3", "tf32"), configs):
-            mp._CONFIG.update(block_e=be, block_f=bf, num_warps=nw, bwd_block_e=bbe)
-            mp._DOT_PRECISION = prec
+            every_dot = {f"dot_{k}": prec for k in mp._KERNELS}
             try:
-                with torch.no_grad():
-                    out = mp.message_passing(x, v, rbf, w, unit, ei, row_ptr=row_ptr)
-                err = max(((o.double() - r).norm() / r.norm()).item() for o, r in zip(out, ref, strict=True))
-                t_f = graph_time_us(lambda: mp.message_passing(x, v, rbf, w, unit, ei, row_ptr=row_ptr), reps=5)
+                with mp._configured(block_e=be, block_f=bf, num_warps=nw, bwd_block_e=bbe, **every_dot):
+                    with torch.no_grad():
+                        out = mp.message_passing(x, v, rbf, w, unit, ei, row_ptr=row_ptr)
+                    err = max(((o.double() - r).norm() / r.norm()).item() for o, r in zip(out, ref, strict=True))
+                    t_f = graph_time_us(lambda: mp.message_passing(x, v, rbf, w, unit, ei, row_ptr=row_ptr), reps=5)
 
-                def fb():
-                    ds, dv = mp.message_passing(xg, vg, rg, w, ug, ei, row_ptr=row_ptr)
-                    return torch.autograd.grad((ds, dv), (xg, vg, rg, ug), (gs, gv))
+                    def fb():
+                        ds, dv = mp.message_passing(xg, vg, rg, w, ug, ei, row_ptr=row_ptr)
+                        return torch.autograd.grad((ds, dv), (xg, vg, rg, ug), (gs, gv))
 
-                t_b = graph_time_us(fb, reps=5)
+                    t_b = graph_time_us(fb, reps=5)
             except Exception as exc:
                 lines.append(
                     f"| {name} | {ei.shape[1]} | {prec} | {be} | {bf} | {nw} | {bbe} "
@@ -136,16 +151,282 @@ def mp_probe(lines: list[str], records: list) -> None:
                 f"| {name} | {ei.shape[1]} | {prec} | {be} | {bf} | {nw} | {bbe} | {t_f:.1f} | {t_b:.1f} | {err:.1e} |"
             )
             print(lines[-1], flush=True)
-    mp._CONFIG.clear()
-    mp._CONFIG.update(old_cfg)
-    mp._DOT_PRECISION = old_prec
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Per-kernel probes (sections "kernels" and "variants"): each kernel launched alone through the module's host
+# functions, so its time is its own (plus the allocation of its outputs), and its outputs checked against the
+# float64 reference (the forward, or the explicit VJP for the backward kernels).
+
+CUTOFF = 5.0  # Å, as the water graph
+N_FEAT, N_RBF = 128, 20
+ACCURATE = 1e-6  # max |out - ref| / max |ref| at or below which a row counts as float32-accurate
+# The outputs each kernel writes: positions in (ds, dv) for fwd, in the five VJP outputs for the others.
+OUTPUTS = {"fwd": (0, 1), "bwd_sender": (0, 1), "bwd_edge": (2, 4), "bwd_filter": (3,)}
+NEED = {"bwd_sender": (True, False, False), "bwd_edge": (False, True, False), "bwd_filter": (False, False, True)}
+# Block-variant tiles swept (block_a, block_e, block_f, warps), most promising first (the budget may cut the tail).
+BLOCK_CONFIGS = [
+    (32, 32, 64, 4),
+    (16, 32, 64, 4),
+    (32, 64, 64, 8),
+    (64, 32, 64, 8),
+    (32, 32, 128, 8),
+    (16, 64, 32, 4),
+]
+
+
+def g2_graph(count: int, dev: str, seed: int = 0):
+    """Inputs of the message step for ``count`` g2 molecules in one batch: all pairs within 5 Å of each molecule
+    (no periodicity), receiver-sorted, rbf and features as :func:`water_like_graph` makes them."""
+    recv, send, vecs, offset = [], [], [], 0
+    for atoms in g2_chno(count, seed=seed):
+        pos = torch.as_tensor(atoms.positions, dtype=torch.float64)
+        d = pos[None, :, :] - pos[:, None, :]  # pos[j] - pos[i]
+        r2 = (d * d).sum(-1)
+        i, j = torch.nonzero((r2 < CUTOFF**2) & (r2 > 0), as_tuple=True)  # row-major: sorted by receiver
+        recv.append(i + offset)
+        send.append(j + offset)
+        vecs.append(d[i, j])
+        offset += len(atoms)
+    ei = torch.stack([torch.cat(recv), torch.cat(send)])
+    vec = torch.cat(vecs)
+    dist = vec.norm(dim=-1)
+    k = torch.arange(1, N_RBF + 1, dtype=torch.float64) * math.pi / CUTOFF
+    env = 0.5 * (torch.cos(math.pi * dist / CUTOFF) + 1)
+    rbf = math.sqrt(2 / CUTOFF) * torch.sin(k * dist[:, None]) / dist[:, None] * env[:, None]
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(offset, 3 * N_FEAT, generator=gen)
+    v = torch.randn(offset, 3, N_FEAT, generator=gen)
+    w = torch.randn(3 * N_FEAT, N_RBF, generator=gen) / math.sqrt(N_RBF)
+    return [t.to(dev) for t in (x, v, rbf.float(), w, (vec / dist[:, None]).float(), ei)]
+
+
+class Deadline:
+    """Wall-clock budget of the per-kernel sections: rows past it are listed as not run."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+        self.skipped: list[str] = []
+
+    def over(self, what: str) -> bool:
+        if time.monotonic() < self.end:
+            return False
+        self.skipped.append(what)
+        return True
+
+
+def _chunked_reference(inputs, gs, gv, chunk: int = 1 << 18):
+    """Float64 forward and VJP, accumulated over edge chunks (both are sums over edges; the [E, 3F] temporaries
+    of a 1.3M-edge graph in float64 would take tens of GB at once)."""
+    x, v, rbf, w, unit, ei = inputs
+    x, v, rbf, w, unit, gs, gv = (t.double() for t in (x, v, rbf, w, unit, gs, gv))
+    ds, dv = torch.zeros_like(gs), torch.zeros_like(gv)
+    g_x, g_v, g_w = torch.zeros_like(x), torch.zeros_like(v), torch.zeros_like(w)
+    g_rbf, g_unit = [], []
+    for lo in range(0, ei.shape[1], chunk):
+        sl = slice(lo, lo + chunk)
+        s_, v_ = mp.message_passing_reference(x, v, rbf[sl], w, unit[sl], ei[:, sl])
+        ds += s_
+        dv += v_
+        gx, gvv, grbf, gw, gu = mp.message_passing_backward_reference(gs, gv, x, v, rbf[sl], w, unit[sl], ei[:, sl])
+        g_x += gx
+        g_v += gvv
+        g_w += gw
+        g_rbf.append(grbf)
+        g_unit.append(gu)
+    return (ds, dv), (g_x, g_v, torch.cat(g_rbf), g_w, torch.cat(g_unit))
+
+
+class KernelBench:
+    """One graph's inputs, its CSRs, upstream gradients and float64 references; times one kernel at a time."""
+
+    def __init__(self, name: str, inputs):
+        self.name = name
+        self.inputs = inputs
+        x, ei = inputs[0], inputs[-1]
+        n = x.shape[0]
+        self.edges = ei.shape[1]
+        self.row_ptr = torch.searchsorted(ei[0].contiguous(), torch.arange(n + 1, device=ei.device))
+        self.perm, self.col_ptr = mp._sender_csr(ei, n)
+        gen = torch.Generator(device=x.device).manual_seed(1)
+        self.gs = torch.randn(n, N_FEAT, generator=gen, device=x.device)
+        self.gv = torch.randn(n, 3, N_FEAT, generator=gen, device=x.device)
+        self.ref_fwd, self.ref_bwd = _chunked_reference(inputs, self.gs, self.gv)
+        # A 6 ms kernel replayed 20 times per graph would spend seconds per row.
+        self.reps = 5 if self.edges > 200_000 else 20
+
+    def call(self, kernel: str):
+        x, v, rbf, w, unit, ei = self.inputs
+        if kernel == "fwd":
+            return lambda: mp._mp_forward(x, v, rbf, w, unit, ei, self.row_ptr, mp._bare)
+        args = (self.gs, self.gv, x, v, rbf, w, unit, ei, self.perm, self.col_ptr, NEED[kernel], mp._bare)
+        return lambda: mp._mp_backward(*args)
+
+    def run(self, kernel: str, config: dict) -> tuple[float, float]:
+        """(µs per call, max |out - ref| / max |ref| over the kernel's outputs) under ``config``."""
+        with mp._configured(**config):
+            fn = self.call(kernel)
+            out = fn()
+            ref = self.ref_fwd if kernel == "fwd" else self.ref_bwd
+            err = max(
+                ((out[k].double() - ref[k]).abs().max() / ref[k].abs().max().clamp_min(1e-300)).item()
+                for k in OUTPUTS[kernel]
+            )
+            return graph_time_us(fn, reps=self.reps), err
+
+
+def _kernel_graphs():
+    """The graphs of the per-kernel sections, built one at a time (the water box first: issue 7's target)."""
+    yield KernelBench("water 24000", water_like_graph(24000, torch.device("cuda")))
+    yield KernelBench("g2 x1024", g2_graph(1024, "cuda"))
+
+
+def _row(records, lines, rec: dict, base: float | None) -> None:
+    records.append(rec)
+    flag = "" if rec["err"] <= ACCURATE else " ⚠ inaccurate"
+    vs = f"{base / rec['us']:.2f}x" if base else ""
+    tiles = rec.get("tiles", "shipped")
+    lines.append(
+        f"| {rec['graph']} | {rec['edges']} | {rec['kernel']} | {rec['variant']} | {tiles} | {rec['prec']} "
+        f"| {rec['us']:.1f} | {vs} | {rec['err']:.1e}{flag} |"
+    )
+    print(lines[-1], flush=True)
+
+
+TABLE_HEAD = [
+    "| graph | edges | kernel | variant | tiles a x e x f / warps | dot | µs | speed-up vs shipped | max rel err |",
+    "|---|---:|---|---|---|---|---:|---:|---:|",
+]
+
+
+KERNELS_HEAD = [
+    "",
+    "## Message-passing kernels one by one: dot precision (µs per call in a CUDA graph)",
+    "",
+    "Each kernel alone with the shipped tiles; the error is max |out − ref| / max |ref| over the kernel's",
+    f"outputs vs float64 (⚠ above {ACCURATE:g}). Speed-up is vs the same kernel in ieee (the shipped default).",
+    "",
+    *TABLE_HEAD,
+]
+VARIANTS_HEAD = [
+    "",
+    "## Block variants of fwd and bwd_sender: tiles x dot precision (µs per call in a CUDA graph)",
+    "",
+    "BLOCK_A consecutive atoms per program, edge tiles of BLOCK_E, feature chunk BLOCK_F, one-hot tl.dot segment",
+    "sum; speed-up vs the shipped atom kernel in ieee (timed here too).",
+    "",
+    *TABLE_HEAD,
+]
+
+
+def _failed(b: KernelBench, kernel: str, variant: str, tiles: str, prec: str, exc: Exception) -> str:
+    """A configuration that does not compile or launch (registers, shared memory): a row saying so."""
+    why = f"{type(exc).__name__} {str(exc)[:60]}".replace("|", "/").replace("\n", " ")
+    return f"| {b.name} | {b.edges} | {kernel} | {variant} | {tiles} | {prec} | failed: {why} | | |"
+
+
+def kernel_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
+    """Section "kernels", one graph: every kernel (atom variant, shipped tiles) under each dot precision."""
+    for kernel in mp._KERNELS:
+        base = None
+        for prec in mp._PRECISIONS:
+            if deadline.over(f"{b.name} {kernel} {prec}"):
+                continue
+            cfg = {f"dot_{kernel}": prec}
+            if kernel in ("fwd", "bwd_sender"):
+                cfg[f"{kernel}_variant"] = "atom"
+            try:
+                us, err = b.run(kernel, cfg)
+            except Exception as exc:
+                lines.append(_failed(b, kernel, "atom", "shipped", prec, exc))
+                continue
+            base = base or (us if prec == "ieee" else None)
+            rec = dict(section="kernels", graph=b.name, edges=b.edges, kernel=kernel, variant="atom", prec=prec)
+            _row(records, lines, dict(rec, us=us, err=err, config=cfg), base)
+
+
+def variant_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
+    """Section "variants", one graph: the block forward / sender-backward kernels over tiles x precision."""
+    for kernel in ("fwd", "bwd_sender"):
+        if deadline.over(f"{b.name} {kernel} atom ieee"):
+            continue
+        base, _ = b.run(kernel, {f"{kernel}_variant": "atom", f"dot_{kernel}": "ieee"})
+        for (ba, be, bf, nw), prec in itertools.product(BLOCK_CONFIGS, ("tf32x3", "ieee")):
+            tiles = f"{ba} x {be} x {bf} / {nw}"
+            if deadline.over(f"{b.name} {kernel} block {tiles} {prec}"):
+                continue
+            cfg = {
+                f"{kernel}_variant": "block",
+                f"{kernel}_block_a": ba,
+                f"{kernel}_block_e": be,
+                f"{kernel}_block_f": bf,
+                f"{kernel}_warps": nw,
+                f"dot_{kernel}": prec,
+            }
+            try:
+                us, err = b.run(kernel, cfg)
+            except Exception as exc:
+                lines.append(_failed(b, kernel, "block", tiles, prec, exc))
+                continue
+            rec = dict(section="variants", graph=b.name, edges=b.edges, kernel=kernel, variant="block", prec=prec)
+            _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), base)
+
+
+def summary(lines: list[str], records: list, deadline: Deadline) -> None:
+    """Fastest accurate row per graph and kernel, the shipped time, and the _CONFIG the water winners imply."""
+    rows = [r for r in records if r.get("section") in ("kernels", "variants")]
+    if not rows:
+        return
+    lines += ["", "## Summary: fastest float32-accurate choice per kernel (µs)", ""]
+    lines += [
+        "| graph | kernel | shipped (atom, ieee) | fastest accurate | variant | tiles | dot | speed-up |",
+        "|---|---|---:|---:|---|---|---|---:|",
+    ]
+    best_cfg: dict = {}
+    for graph in dict.fromkeys(r["graph"] for r in rows):
+        totals = {"shipped": 0.0, "best": 0.0}
+        for kernel in mp._KERNELS:
+            mine = [r for r in rows if r["graph"] == graph and r["kernel"] == kernel]
+            shipped = [r["us"] for r in mine if r["variant"] == "atom" and r["prec"] == "ieee"]
+            good = sorted((r for r in mine if r["err"] <= ACCURATE), key=lambda r: r["us"])
+            if not shipped or not good:
+                continue
+            best = good[0]
+            totals["shipped"] += shipped[0]
+            totals["best"] += best["us"]
+            lines.append(
+                f"| {graph} | {kernel} | {shipped[0]:.1f} | {best['us']:.1f} | {best['variant']} "
+                f"| {best.get('tiles', 'shipped')} | {best['prec']} | {shipped[0] / best['us']:.2f}x |"
+            )
+            if graph.startswith("water"):
+                best_cfg.update(best["config"])
+        if totals["best"]:
+            lines.append(
+                f"| {graph} | **all four** | {totals['shipped']:.1f} | {totals['best']:.1f} | | | "
+                f"| {totals['shipped'] / totals['best']:.2f}x |"
+            )
+    if best_cfg:
+        lines += ["", "_CONFIG keys of the fastest accurate choices on water 24000 (mp._CONFIG.update(...)):", ""]
+        lines += ["```", json.dumps(best_cfg, indent=1), "```"]
+    if deadline.skipped:
+        lines += ["", f"Not run (time budget): {len(deadline.skipped)} rows: " + "; ".join(deadline.skipped)]
+
+
+SECTIONS = ("gemm", "mp", "kernels", "variants")
+DEFAULT_SECTIONS = "gemm,kernels,variants"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--skip", default="", help="comma list: gemm,mp")
+    ap.add_argument("--sections", default=DEFAULT_SECTIONS, help=f"comma list of {','.join(SECTIONS)}")
+    ap.add_argument("--skip", default="", help="comma list of sections to leave out")
+    ap.add_argument("--budget-s", type=float, default=120.0, help="wall-clock budget of kernels+variants, s")
     args = ap.parse_args()
+    chosen = [s for s in args.sections.split(",") if s and s not in args.skip.split(",")]
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        sys.exit(f"unknown sections {sorted(unknown)}; known: {SECTIONS}")
     import triton
 
     lines = [
@@ -153,17 +434,30 @@ def main() -> None:
         "",
     ]
     records: list = []
-    if "gemm" not in args.skip:
+    if "gemm" in chosen:
         gemm_probe(lines)
         print("\n".join(lines), flush=True)
-    if "mp" not in args.skip:
+    if "mp" in chosen:
         mp_probe(lines, records)
+    if "kernels" in chosen or "variants" in chosen:
+        # Graph-major (all water rows before any g2 row), so that the budget cuts the less important rows.
+        deadline = Deadline(args.budget_s)
+        k_lines, v_lines = list(KERNELS_HEAD), list(VARIANTS_HEAD)
+        for bench in _kernel_graphs():
+            if "kernels" in chosen:
+                kernel_probe(k_lines, records, bench, deadline)
+            if "variants" in chosen:
+                variant_probe(v_lines, records, bench, deadline)
+            del bench
+            torch.cuda.empty_cache()
+        lines += (k_lines if "kernels" in chosen else []) + (v_lines if "variants" in chosen else [])
+        summary(lines, records, deadline)
     text = "\n".join(lines)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "tune_small.md").write_text(text + "\n")
         (Path(args.out) / "tune_small.json").write_text(json.dumps(records, indent=1))
-    print(text[-6000:])
+    print(text[-8000:])
 
 
 if __name__ == "__main__":

@@ -5,12 +5,14 @@ For edge e = (i ← j) with radial basis r_e ``[R]`` (already × cutoff) and uni
     φ_e      = x_j ⊙ W_e  = (a_e, b_e, c_e)               three ``[F]`` blocks
     Δs_i     = Σ_e a_e                                      ``[N, F]``
     Δv_i     = Σ_e b_e ⊙ v_j + c_e ⊗ u_e                   ``[N, 3, F]``
-The torch reference materialises ``[E, 3F]`` (and autograd keeps it for the backward). The Triton path never
-does: one program per (receiving atom, feature chunk) walks that atom's edges (CSR offsets ``row_ptr`` over the
+The torch reference materialises ``[E, 3F]`` (and autograd keeps it for the backward). The Triton path never does:
+one program per (receiving atom, feature chunk) walks that atom's edges (CSR offsets ``row_ptr`` over the
 receiver-sorted edge list), gathers the sender features, builds its chunk of W_e from ``rbf_e`` on the fly and
-reduces into registers, so the forward needs no atomics and keeps nothing per edge for the backward. The
-backward is fused as well (three kernels, see the comment before them); the second derivative is a composite of
-the same two fused ops (exact, see ``_double_backward``), so force training never materialises ``[E, 3F]`` either.
+reduces into registers, so the forward needs no atomics and keeps nothing per edge for the backward (a "block"
+variant of the forward and of the sender backward, chosen by the launch configuration ``_CONFIG``, gives each
+program BLOCK_A consecutive atoms and sums their edges with a one-hot tl.dot instead). The backward is fused as
+well (three kernels, see the comment before them); the second derivative is a composite of the same two fused ops
+(exact, see ``_double_backward``), so force training never materialises ``[E, 3F]`` either.
 
 This file holds the torch reference (the CPU path, the test oracle and the specification), the explicit VJP in
 torch (:func:`message_passing_backward_reference`, the spec of the backward kernels) and the Triton path
@@ -19,8 +21,10 @@ torch (:func:`message_passing_backward_reference`, the spec of the backward kern
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -242,15 +246,64 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 # with their autograd (what torch.compile sees); the eager autograd.Functions over the same host functions.
 #
 # The filter W_e (a [3F] vector per edge) is a [BLOCK_E, R_PAD] × [R_PAD, BLOCK_F] tl.dot per edge tile and
-# feature chunk, with the chunk of filter_weightᵀ held in registers for the whole program. tl.dot runs with
-# input_precision "ieee" (full float32 / float64 accuracy; TF32 would cost ~1e-3 relative, too much for forces).
+# feature chunk, with the chunk of filter_weightᵀ held in registers for the whole program. The input_precision of
+# those dots is chosen per kernel (``_CONFIG["dot_<kernel>"]``): "ieee" is full float32 accuracy on CUDA cores;
+# "tf32x3" (three TF32 MMAs, hi/lo split) measured the same error vs float64 on the H100 forward (1.9e-7 max
+# relative) at 2.6x the speed; "tf32" costs ~1e-3 relative, too much for forces (there only to be measured).
+# Float64 always runs "ieee" (TF32 does not apply) and so does the CPU interpreter.
 # ------------------------------------------------------------------------------------------------------------
 
-# Launch configuration. GPU: edges per tile, feature chunk, warps; CPU (interpreter): large tiles, since each
-# program costs Python overhead there. Tuned on an H100 (benchmarks/bench_message_passing.py --tune, 24,000-atom
-# water, F = 128: 16 x 128 x 4 warps was the fastest fwd+bwd of 12 configurations, 1.4x the first guess 16 x 32).
-_CONFIG = {"block_e": 16, "block_f": 128, "num_warps": 4, "bwd_block_e": 32}
-_DOT_PRECISION = "ieee"
+# Launch configuration (GPU only; the interpreter uses fixed large tiles, since each program costs Python overhead
+# there). Keys:
+#   block_e, block_f, num_warps: the one-program-per-atom ("atom") forward and sender-backward kernels; tuned on an
+#     H100 (benchmarks/bench_message_passing.py --tune, 24,000-atom water, F = 128: 16 x 128 x 4 warps was the
+#     fastest fwd+bwd of 12 configurations, 1.4x the first guess 16 x 32). bwd_block_e: edge and filter kernels.
+#   fwd_variant, bwd_sender_variant: "atom" (one program per atom and feature chunk) or "block" (BLOCK_A
+#     consecutive atoms per program and a one-hot tl.dot segment sum, see _mp_fwd_block_kernel); the "block"
+#     kernels take their tiles from <kernel>_block_a / _block_e / _block_f / _warps.
+#   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
+# benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
+_CONFIG = {
+    "block_e": 16,
+    "block_f": 128,
+    "num_warps": 4,
+    "bwd_block_e": 32,
+    "fwd_variant": "atom",
+    "fwd_block_a": 32,
+    "fwd_block_e": 32,
+    "fwd_block_f": 64,
+    "fwd_warps": 4,
+    "bwd_sender_variant": "atom",
+    "bwd_sender_block_a": 32,
+    "bwd_sender_block_e": 32,
+    "bwd_sender_block_f": 64,
+    "bwd_sender_warps": 4,
+    "dot_fwd": "ieee",
+    "dot_bwd_sender": "ieee",
+    "dot_bwd_edge": "ieee",
+    "dot_bwd_filter": "ieee",
+}
+_KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
+_VARIANTS = ("atom", "block")
+_PRECISIONS = ("ieee", "tf32x3", "tf32")
+# Under the interpreter: block kernels take 16 atoms x 32 edges (so that tiles straddle atoms even in small test
+# graphs), the others whole feature rows and 64-edge tiles.
+_CPU_TILES = {"block_a": 16, "block_e_block": 32, "block_e": 64, "block_f": 128}
+
+
+@contextlib.contextmanager
+def _configured(**changes) -> Iterator[None]:
+    """Temporarily change keys of ``_CONFIG`` (benchmarks and tests); unknown keys raise ``KeyError``."""
+    unknown = set(changes) - set(_CONFIG)
+    if unknown:
+        raise KeyError(f"unknown launch configuration keys {sorted(unknown)}; known: {sorted(_CONFIG)}")
+    old = dict(_CONFIG)
+    _CONFIG.update(changes)
+    try:
+        yield
+    finally:
+        _CONFIG.clear()
+        _CONFIG.update(old)
 
 
 def _pow2(n: int) -> int:
@@ -323,6 +376,83 @@ if HAS_TRITON:
         tl.store(out, acc_0, mask=fm)
         tl.store(out + N_FEAT, acc_1, mask=fm)
         tl.store(out + 2 * N_FEAT, acc_2, mask=fm)
+
+    # "block" forward: one program per (BLOCK_A consecutive receivers, feature chunk). Their edges are one contiguous
+    # range of the receiver-sorted list (row_ptr[a0] .. row_ptr[a0 + BLOCK_A]), walked in BLOCK_E tiles that may
+    # straddle receivers; each tile's messages [BLOCK_E, BLOCK_F] are summed into the BLOCK_A receivers by a
+    # one-hot [BLOCK_A, BLOCK_E] tl.dot (a segment sum on the tensor cores, no atomics). The one-hot factor is
+    # exact, so the sum carries only the dot's rounding of the messages (none in "ieee", ~fp32 in "tf32x3").
+    # Against one program per atom it loads the filter chunk once per BLOCK_A atoms instead of once per atom and
+    # runs MMAs of BLOCK_E >= 32 rows instead of one atom's ~55 edges padded to 16-row tiles.
+
+    @triton.jit(do_not_specialize=["n_atoms"])  # no recompile per atom count class
+    def _mp_fwd_block_kernel(
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        rowptr_ptr,
+        ds_ptr,
+        dv_ptr,
+        n_atoms,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_A: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        a0 = tl.program_id(0).to(tl.int64) * BLOCK_A
+        atoms = a0 + tl.arange(0, BLOCK_A)
+        am = atoms < n_atoms
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm = f < N_FEAT
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        wa = _filter_t(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF)
+        wb = _filter_t(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
+        wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
+        dt = x_ptr.dtype.element_ty
+        acc_s = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        acc_0 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        acc_1 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        acc_2 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        lo = tl.load(rowptr_ptr + a0)
+        hi = tl.load(rowptr_ptr + tl.minimum(a0 + BLOCK_A, n_atoms))
+        for start in range(lo, hi, BLOCK_E):
+            e = start + tl.arange(0, BLOCK_E)
+            em = e < hi
+            i = tl.load(ei_ptr + e, mask=em, other=0).to(tl.int64)
+            j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
+            # onehot[k, t] = 1 where edge t of the tile goes to atom a0 + k (masked edges match no atom).
+            onehot = ((i[None, :] == atoms[:, None]) & em[None, :]).to(dt)
+            rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
+            m2 = em[:, None] & fm[None, :]
+            xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            a = tl.load(xrow, mask=m2, other=0.0) * tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            acc_s += tl.dot(onehot, a, input_precision=DOT_PRECISION)
+            b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            ux = tl.load(unit_ptr + e * 3, mask=em, other=0.0)
+            uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
+            uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
+            m_0 = b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None]
+            acc_0 += tl.dot(onehot, m_0, input_precision=DOT_PRECISION)
+            m_1 = b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None]
+            acc_1 += tl.dot(onehot, m_1, input_precision=DOT_PRECISION)
+            m_2 = b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None]
+            acc_2 += tl.dot(onehot, m_2, input_precision=DOT_PRECISION)
+        om = am[:, None] & fm[None, :]
+        tl.store(ds_ptr + atoms[:, None] * N_FEAT + f[None, :], acc_s, mask=om)
+        out = dv_ptr + atoms[:, None] * (3 * N_FEAT) + f[None, :]
+        tl.store(out, acc_0, mask=om)
+        tl.store(out + N_FEAT, acc_1, mask=om)
+        tl.store(out + 2 * N_FEAT, acc_2, mask=om)
 
     # Backward (the VJP; see message_passing_backward_reference): with β_e = Σ_k g_v[i,k] v_j[k] and
     # γ_e = Σ_k g_v[i,k] u_e[k],
@@ -412,6 +542,90 @@ if HAS_TRITON:
         tl.store(gvout_ptr + row, xb * t_0, mask=fm)
         tl.store(gvout_ptr + row + N_FEAT, xb * t_1, mask=fm)
         tl.store(gvout_ptr + row + 2 * N_FEAT, xb * t_2, mask=fm)
+
+    # "block" sender backward: the mirror of _mp_fwd_block_kernel over the transposed CSR (BLOCK_A consecutive
+    # senders, their edges contiguous in perm), the five per-sender sums as one-hot tl.dots.
+
+    @triton.jit(do_not_specialize=["n_atoms"])  # no recompile per atom count class
+    def _mp_bwd_sender_block_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        perm_ptr,
+        colptr_ptr,
+        gx_ptr,
+        gvout_ptr,
+        n_atoms,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_A: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        a0 = tl.program_id(0).to(tl.int64) * BLOCK_A
+        atoms = a0 + tl.arange(0, BLOCK_A)
+        am = atoms < n_atoms
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm = f < N_FEAT
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        wa = _filter_t(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF)
+        wb = _filter_t(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
+        wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
+        dt = x_ptr.dtype.element_ty
+        acc_a = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        acc_c = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        t_0 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        t_1 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        t_2 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        lo = tl.load(colptr_ptr + a0)
+        hi = tl.load(colptr_ptr + tl.minimum(a0 + BLOCK_A, n_atoms))
+        for start in range(lo, hi, BLOCK_E):
+            p = start + tl.arange(0, BLOCK_E)
+            pm = p < hi
+            e = tl.load(perm_ptr + p, mask=pm, other=0).to(tl.int64)
+            i = tl.load(ei_ptr + e, mask=pm, other=0).to(tl.int64)
+            j = tl.load(ei_ptr + ei_stride + e, mask=pm, other=0).to(tl.int64)
+            onehot = ((j[None, :] == atoms[:, None]) & pm[None, :]).to(dt)
+            rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=pm[:, None] & rm[None, :], other=0.0)
+            m2 = pm[:, None] & fm[None, :]
+            grow = gv_ptr + i[:, None] * (3 * N_FEAT) + f[None, :]
+            g0 = tl.load(grow, mask=m2, other=0.0)
+            g1 = tl.load(grow + N_FEAT, mask=m2, other=0.0)
+            g2 = tl.load(grow + 2 * N_FEAT, mask=m2, other=0.0)
+            ux = tl.load(unit_ptr + e * 3, mask=pm, other=0.0)
+            uy = tl.load(unit_ptr + e * 3 + 1, mask=pm, other=0.0)
+            uz = tl.load(unit_ptr + e * 3 + 2, mask=pm, other=0.0)
+            gsi = tl.load(gs_ptr + i[:, None] * N_FEAT + f[None, :], mask=m2, other=0.0)
+            w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            acc_a += tl.dot(onehot, gsi * w_a, input_precision=DOT_PRECISION)
+            w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            gamma = g0 * ux[:, None] + g1 * uy[:, None] + g2 * uz[:, None]
+            acc_c += tl.dot(onehot, gamma * w_c, input_precision=DOT_PRECISION)
+            w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            t_0 += tl.dot(onehot, w_b * g0, input_precision=DOT_PRECISION)
+            t_1 += tl.dot(onehot, w_b * g1, input_precision=DOT_PRECISION)
+            t_2 += tl.dot(onehot, w_b * g2, input_precision=DOT_PRECISION)
+        om = am[:, None] & fm[None, :]
+        row = atoms[:, None] * (3 * N_FEAT) + f[None, :]
+        v0 = tl.load(v_ptr + row, mask=om, other=0.0)
+        v1 = tl.load(v_ptr + row + N_FEAT, mask=om, other=0.0)
+        v2 = tl.load(v_ptr + row + 2 * N_FEAT, mask=om, other=0.0)
+        xb = tl.load(x_ptr + row + N_FEAT, mask=om, other=0.0)
+        tl.store(gx_ptr + row, acc_a, mask=om)
+        tl.store(gx_ptr + row + N_FEAT, v0 * t_0 + v1 * t_1 + v2 * t_2, mask=om)
+        tl.store(gx_ptr + row + 2 * N_FEAT, acc_c, mask=om)
+        tl.store(gvout_ptr + row, xb * t_0, mask=om)
+        tl.store(gvout_ptr + row + N_FEAT, xb * t_1, mask=om)
+        tl.store(gvout_ptr + row + 2 * N_FEAT, xb * t_2, mask=om)
 
     @triton.jit
     def _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT: tl.constexpr):
@@ -545,22 +759,42 @@ if HAS_TRITON:
     # -- host functions: allocate, choose blocks, launch -----------------------------------------------------
     # ``launch`` is torch.library.wrap_triton inside the triton_ops and the bare kernel on the eager path.
 
-    def _blocks(ref: Tensor, n_feat: int, n_rbf: int, block_e: int | None = None) -> dict:
-        if ref.device.type == "cuda":
-            be, bf = block_e or _CONFIG["block_e"], _CONFIG["block_f"]
-            if ref.dtype == torch.float64:
-                # Float64 tiles of 16 x 128 failed on the H100 (F = 128); 16 x 32 passed the same tests.
-                bf = min(bf, 32)
-        else:  # interpreter: whole feature rows and long edge tiles
-            be, bf = 64, 128
-        return dict(
+    def _launch_config(ref: Tensor, kernel: str, n_feat: int, n_rbf: int) -> tuple[dict, int, bool]:
+        """Constexprs, warps and whether the "block" variant runs, for ``kernel`` in ``_KERNELS`` on ``ref``'s
+        device and dtype."""
+        return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf)
+
+    def _launch_config_for(device_type: str, dtype, kernel: str, n_feat: int, n_rbf: int) -> tuple[dict, int, bool]:
+        cuda = device_type == "cuda"
+        variant = _CONFIG.get(f"{kernel}_variant", "atom")  # the edge and filter kernels have one variant
+        prec = _CONFIG[f"dot_{kernel}"]
+        if variant not in _VARIANTS or prec not in _PRECISIONS:
+            raise ValueError(f"{kernel}: variant {variant!r} (one of {_VARIANTS}), precision {prec!r} ({_PRECISIONS})")
+        blocked = variant == "block"
+        block_a = 0
+        if not cuda:  # interpreter: few, large programs
+            be = _CPU_TILES["block_e_block" if blocked else "block_e"]
+            block_a, bf, warps = _CPU_TILES["block_a"], _CPU_TILES["block_f"], num_warps()
+        elif blocked:
+            block_a, be = _CONFIG[f"{kernel}_block_a"], _CONFIG[f"{kernel}_block_e"]
+            bf, warps = _CONFIG[f"{kernel}_block_f"], _CONFIG[f"{kernel}_warps"]
+        else:
+            be = _CONFIG["bwd_block_e"] if kernel in ("bwd_edge", "bwd_filter") else _CONFIG["block_e"]
+            bf, warps = _CONFIG["block_f"], _CONFIG["num_warps"]
+        if cuda and dtype == torch.float64:
+            # Float64 tiles of 16 x 128 failed on the H100 (F = 128); 16 x 32 passed the same tests.
+            bf = min(bf, 32)
+        c = dict(
             N_FEAT=int(n_feat),
             N_RBF=int(n_rbf),
             BLOCK_E=max(16, be),
             BLOCK_F=max(16, min(bf, _pow2(n_feat))),
             R_PAD=max(16, _pow2(n_rbf)),
-            DOT_PRECISION=_DOT_PRECISION,
+            DOT_PRECISION=prec if cuda and dtype == torch.float32 else "ieee",
         )
+        if blocked:
+            c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
+        return c, warps, blocked
 
     def _prep(*tensors: Tensor) -> list[Tensor]:
         return [t.contiguous() for t in tensors]
@@ -572,13 +806,18 @@ if HAS_TRITON:
         dv = torch.empty((n, 3, f), dtype=x.dtype, device=x.device)
         if n == 0 or f == 0:
             return ds, dv
-        c = _blocks(x, f, rbf.shape[1])
-        check_launchable(_mp_fwd_kernel, x)
-        grid = (n, triton.cdiv(f, c["BLOCK_F"]))
-        launch(_mp_fwd_kernel)[grid](
-            x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, edge_index.stride(0),
-            num_warps=_CONFIG["num_warps"] if x.is_cuda else num_warps(), **c,
-        )  # fmt: skip
+        c, warps, blocked = _launch_config(x, "fwd", f, rbf.shape[1])
+        n_fb = triton.cdiv(f, c["BLOCK_F"])
+        if blocked:
+            check_launchable(_mp_fwd_block_kernel, x)
+            launch(_mp_fwd_block_kernel)[(triton.cdiv(n, c["BLOCK_A"]), n_fb)](
+                x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0), num_warps=warps, **c,
+            )  # fmt: skip
+        else:
+            check_launchable(_mp_fwd_kernel, x)
+            launch(_mp_fwd_kernel)[(n, n_fb)](
+                x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, edge_index.stride(0), num_warps=warps, **c,
+            )  # fmt: skip
         return ds, dv
 
     def _mp_backward(
@@ -594,22 +833,30 @@ if HAS_TRITON:
         zero = x.new_zeros(())
         g_x, g_v = zero.expand(x.shape), zero.expand(v.shape)
         g_rbf, g_unit, g_w = zero.expand(rbf.shape), zero.expand(unit.shape), zero.expand(w.shape)
-        warps = _CONFIG["num_warps"] if x.is_cuda else num_warps()
         if need[0]:
             g_x, g_v = torch.empty_like(x), torch.empty_like(v)
             if n > 0 and f > 0:
-                c = _blocks(x, f, n_rbf)
-                check_launchable(_mp_bwd_sender_kernel, x)
-                launch(_mp_bwd_sender_kernel)[(n, triton.cdiv(f, c["BLOCK_F"]))](
-                    grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm.contiguous(), col_ptr.contiguous(),
-                    g_x, g_v, num_warps=warps, **c,
-                )  # fmt: skip
+                c, warps, blocked = _launch_config(x, "bwd_sender", f, n_rbf)
+                n_fb = triton.cdiv(f, c["BLOCK_F"])
+                perm, col_ptr = perm.contiguous(), col_ptr.contiguous()
+                if blocked:
+                    check_launchable(_mp_bwd_sender_block_kernel, x)
+                    launch(_mp_bwd_sender_block_kernel)[(triton.cdiv(n, c["BLOCK_A"]), n_fb)](
+                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, n,
+                        edge_index.stride(0), num_warps=warps, **c,
+                    )  # fmt: skip
+                else:
+                    check_launchable(_mp_bwd_sender_kernel, x)
+                    launch(_mp_bwd_sender_kernel)[(n, n_fb)](
+                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
+                        num_warps=warps, **c,
+                    )  # fmt: skip
         if need[1] and e > 0:
             g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
             if f == 0:
                 g_rbf.zero_(), g_unit.zero_()
             else:
-                c = _blocks(x, f, n_rbf, _CONFIG["bwd_block_e"])
+                c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf)
                 check_launchable(_mp_bwd_edge_kernel, x)
                 launch(_mp_bwd_edge_kernel)[(triton.cdiv(e, c["BLOCK_E"]),)](
                     grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, e, edge_index.stride(0),
@@ -618,7 +865,7 @@ if HAS_TRITON:
         if need[2]:
             g_w = torch.zeros_like(w)
             if e > 0 and f > 0:
-                c = _blocks(x, f, n_rbf, _CONFIG["bwd_block_e"])
+                c, warps, _ = _launch_config(x, "bwd_filter", f, n_rbf)
                 n_fb = triton.cdiv(f, c["BLOCK_F"])
                 # About four programs per SM in all, each a contiguous range of whole edge tiles.
                 target = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4

@@ -9,7 +9,9 @@ with tol = 1e-12 (float64) and 2e-6 (float32; ~16 ulp of the summed magnitude). 
 forces and the parameter gradients of a force loss agree to 1e-10 relative (normwise).
 
 The graphs are random, with receivers sorted (as our neighbour lists give them) unless a test says otherwise.
-CPU runs use the Triton interpreter and small sizes; the large cases are CUDA-only.
+CPU runs use the Triton interpreter and small sizes; the large cases are CUDA-only. The correctness tests run
+under both kernel variants of the forward and the sender backward (``variant``: "atom", one program per atom;
+"block", BLOCK_A atoms per program with a one-hot tl.dot segment sum).
 """
 
 import importlib
@@ -40,6 +42,13 @@ def _graph(n_atoms, n_edges, n_feat, n_rbf, dtype, device, seed=0, sort=True, is
     if sort:
         ei = ei[:, torch.argsort(ei[0], stable=True)]
     return x, v, rbf, w, unit, ei
+
+
+@pytest.fixture(params=["atom", "block"])
+def variant(request):
+    """Run the forward and the sender backward with this kernel variant (the launch configuration)."""
+    with mp_module._configured(fwd_variant=request.param, bwd_sender_variant=request.param):
+        yield request.param
 
 
 def _triton(*args, **kw):
@@ -92,12 +101,12 @@ SHAPES = [(3, 0, 8, 4), (2, 1, 8, 4), (5, 13, 7, 5), (9, 41, 20, 6), (6, 37, 40,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"N{n}-E{e}-F{f}-R{r}" for n, e, f, r in SHAPES])
-def test_matches_reference(triton_device, dtype, shape):
+def test_matches_reference(triton_device, variant, dtype, shape):
     n, e, f, r = shape
     _compare(_graph(n, e, f, r, dtype, triton_device, seed=e), dtype)
 
 
-def test_isolated_atoms_and_no_edges(triton_device, poison):
+def test_isolated_atoms_and_no_edges(triton_device, variant, poison):
     """Atoms that receive or send nothing get exact zeros (poisoned allocator: a missed store shows as NaN)."""
     args = _graph(12, 30, 8, 4, torch.float64, triton_device, isolated=5)
     poison(12 * 3 * 8 * 4, torch.float64, triton_device)
@@ -107,7 +116,7 @@ def test_isolated_atoms_and_no_edges(triton_device, poison):
     assert torch.equal(grads[1][-5:], torch.zeros_like(grads[1][-5:]))
 
 
-def test_hubs(triton_device):
+def test_hubs(triton_device, variant):
     """One receiver with 1,200 neighbours and one sender with 1,100 (the transposed CSR), many tiles each."""
     n, f, r = 40, 6, 4
     gen = torch.Generator().manual_seed(3)
@@ -119,7 +128,47 @@ def test_hubs(triton_device):
     _compare((x, v, rbf, w, unit, ei), torch.float64)
 
 
-def test_unsorted_edges_and_row_ptr(triton_device):
+def test_block_boundaries(triton_device, variant):
+    """Atoms without edges inside and at the edges of the 16-atom blocks, a prime atom count (a partial last
+    block), one receiver and one sender whose edges run over two blocks of tiles, F not a power of two."""
+    n, f, r = 37, 20, 6
+    gen = torch.Generator().manual_seed(9)
+    empty = torch.tensor([0, 15, 16, 17, 31, 36])
+    live = torch.tensor([k for k in range(n) if k not in set(empty.tolist())])
+    recv = torch.cat([live[torch.randint(0, len(live), (150,), generator=gen)], torch.full((70,), 14)])
+    send = torch.cat([live[torch.randint(0, len(live), (150,), generator=gen)], torch.full((70,), 18)])
+    order = torch.argsort(recv, stable=True)
+    ei = torch.stack([recv[order], send[order]]).to(triton_device)
+    x, v, rbf, w, unit, _ = _graph(n, ei.shape[1], f, r, torch.float32, triton_device, seed=10)
+    ds, dv, grads = _compare((x, v, rbf, w, unit, ei), torch.float32)
+    idx = empty.to(triton_device)
+    assert torch.equal(ds[idx], torch.zeros_like(ds[idx])) and torch.equal(dv[idx], torch.zeros_like(dv[idx]))
+    assert torch.equal(grads[0][idx], torch.zeros_like(grads[0][idx]))
+
+
+def test_launch_configuration():
+    """Variant and dot precision come from the launch configuration, per kernel; float64 and the interpreter
+    always get "ieee"; unknown keys and values are errors."""
+    cfg = mp_module._launch_config_for
+    prec = {f"dot_{k}": p for k, p in zip(mp_module._KERNELS, ("tf32x3", "tf32", "ieee", "tf32x3"), strict=True)}
+    with mp_module._configured(fwd_variant="block", fwd_block_a=64, **prec):
+        for kernel, p in zip(mp_module._KERNELS, ("tf32x3", "tf32", "ieee", "tf32x3"), strict=True):
+            assert cfg("cuda", torch.float32, kernel, 128, 20)[0]["DOT_PRECISION"] == p
+            assert cfg("cuda", torch.float64, kernel, 128, 20)[0]["DOT_PRECISION"] == "ieee"
+            assert cfg("cpu", torch.float32, kernel, 128, 20)[0]["DOT_PRECISION"] == "ieee"
+        c, _, blocked = cfg("cuda", torch.float32, "fwd", 128, 20)
+        assert blocked and c["BLOCK_A"] == 64
+        assert not cfg("cuda", torch.float32, "bwd_sender", 128, 20)[2]
+        assert cfg("cuda", torch.float64, "fwd", 128, 20)[0]["BLOCK_F"] == 32
+    assert mp_module._CONFIG["fwd_variant"] == "atom" and mp_module._CONFIG["dot_fwd"] == "ieee"
+    with pytest.raises(KeyError, match="unknown"), mp_module._configured(dot_everything="ieee"):
+        pass
+    for bad in (dict(fwd_variant="warp"), dict(dot_bwd_edge="tf32x6")):
+        with mp_module._configured(**bad), pytest.raises(ValueError, match="variant"):
+            cfg("cuda", torch.float32, "fwd" if "fwd_variant" in bad else "bwd_edge", 128, 20)
+
+
+def test_unsorted_edges_and_row_ptr(triton_device, variant):
     """Shuffled edges are sorted internally (same results, gradients back in the caller's order); an explicit
     row_ptr (as NeighborList provides) gives the same as the one built from edge_index."""
     x, v, rbf, w, unit, ei = _graph(10, 60, 8, 4, torch.float64, triton_device, seed=5)
@@ -155,7 +204,7 @@ def test_bad_inputs_are_value_errors(triton_device):
         _triton(x, v, rbf, w, unit, ei, row_ptr=torch.zeros(3, dtype=torch.long, device=triton_device))
 
 
-def test_gradcheck_gradgradcheck(triton_device):
+def test_gradcheck_gradgradcheck(triton_device, variant):
     """float64, small: first and second derivatives of the fused op (second: the composite of fused ops)."""
     x, v, rbf, w, unit, ei = _graph(4, 9, 3, 2, torch.float64, triton_device, seed=7)
     ins = [t.clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
@@ -168,7 +217,7 @@ def test_gradcheck_gradgradcheck(triton_device):
     assert torch.autograd.gradgradcheck(fn, ins, **kw)
 
 
-def test_double_backward_matches_reference(triton_device):
+def test_double_backward_matches_reference(triton_device, variant):
     """Force-training style: first gradients with create_graph, a loss on all of them, second gradients."""
     args = _graph(7, 31, 12, 5, torch.float64, triton_device, seed=8)
     ei = args[-1]
@@ -247,7 +296,7 @@ def test_student_model_triton_vs_torch(triton_device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_large_water_like_graph(dtype):
+def test_large_water_like_graph(dtype, variant):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     n, per_atom = 3000, 55
@@ -258,7 +307,7 @@ def test_large_water_like_graph(dtype):
 
 
 @pytest.mark.gpu
-def test_compile_and_opcheck():
+def test_compile_and_opcheck(variant):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     torch._dynamo.reset()
