@@ -1,0 +1,93 @@
+"""GPU diagnostic: where does the CUDA-graph training step part from the eager static step?
+
+    python scripts/diag_graph_train.py
+
+Trains the tiny EMT set-up of tests/distill/test_training_static.py for n = 1..8 and 12 steps in the modes
+cudagraph, static and plain (float64, CUDA) and prints the largest weight difference per parameter, with EMA and
+clipping on and off, so a one-step offset (a lost or doubled step), a frozen learning rate or EMA weight, or
+mere rounding noise can be told apart.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distill"))
+
+from ase.build import molecule
+from ase.calculators.emt import EMT
+from ase.calculators.singlepoint import SinglePointCalculator
+
+from mlff_distiller.distill import TrainConfig, split_frames, train
+
+DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"
+
+
+def frames():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = []
+    for name in ("H2O", "CH4", "NH3") * 8:
+        a = molecule(name)
+        a.positions += rng.normal(0, 0.05, a.positions.shape)
+        a.calc = EMT()
+        e, f = a.get_potential_energy(), a.get_forces()
+        a.calc = SinglePointCalculator(a, energy=e, forces=f)
+        out.append(a)
+    return out
+
+
+def cfg(mode, **kw):
+    opts = dict(
+        model=dict(hidden=16, layers=2, n_rbf=8, cutoff=4.0),
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=5,
+        eval_every=1000,
+        ema_decay=0.9,
+        grad_clip=1.0,
+        device=DEVICE,
+        dtype="float64",
+        patience=0,
+        train_step=mode,
+    )
+    opts.update(kw)
+    return TrainConfig(**opts)
+
+
+def maxdiff(a, b):
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    worst = max(sa, key=lambda k: float((sa[k] - sb[k]).abs().max()))
+    return float((sa[worst] - sb[worst]).abs().max()), worst
+
+
+def main():
+    tr, va = split_frames(frames(), 0.2)
+    cases = (
+        ("ema+clip", "torch", {}),
+        ("ema+clip", "triton", {}),
+        ("no ema/clip", "torch", dict(ema_decay=0.0, grad_clip=0.0)),
+    )
+    for label, kernels, extra in cases:
+        if True:
+            for n in (1, 2, 3, 4, 6, 12):
+                kw = dict(max_steps=n, kernels=kernels, **extra)
+                logs = []
+                g = train(tr, va, cfg("cudagraph" if DEVICE == "cuda" else "static", **kw), log=logs.append)
+                s = train(tr, va, cfg("static", **kw), log=lambda m: None)
+                p = train(tr, va, cfg("plain", **kw), log=lambda m: None)
+                s2 = train(tr, va, cfg("static", **kw), log=lambda m: None) if n == 12 else s
+                gs, gsk = maxdiff(g, s)
+                print(
+                    f"{label:16s} {kernels:6s} n={n:2d} captures={g.captures} graph-static {gs:.2e} ({gsk}) "
+                    f"static-plain {maxdiff(s, p)[0]:.2e} static-static {maxdiff(s, s2)[0]:.2e}",
+                    flush=True,
+                )
+                if n == 12 and any("failed" in m for m in logs):
+                    print("   ", [m for m in logs if "fail" in m])
+
+
+if __name__ == "__main__":
+    main()
