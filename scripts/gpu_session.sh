@@ -7,6 +7,8 @@
 #   bash scripts/gpu_session.sh distill   # ethanol from GFN2-xTB in 60 s of training (issue 6)
 #   bash scripts/gpu_session.sh builtin   # retrain the shipped builtin:chno-gfn2 (issue 6)
 #   bash scripts/gpu_session.sh sevennet  # 192-atom water from SevenNet-0 (issue 6; needs .whl7)
+#   bash scripts/gpu_session.sh tune      # message-passing kernels: each kernel x dot precision, the block variant
+#   bash scripts/gpu_session.sh diag      # cudagraph training step vs eager static step, per step count
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -70,12 +72,22 @@ case "$part" in
       --results "$res/ethanol" 2>&1 | tee "$res/distill_ethanol.log" | tail -40
     ;;
   builtin)
-    timeout $(box 540) python3 examples/make_builtin_student.py --workers 8 --deadline $(box 330) --work runs/chno_gfn2 \
+    # --workers must be the count the labels were started with (label_parallel refuses another): the carried
+    # runs/chno_gfn2 labels were made on a 2-core CPU with 2 workers.
+    timeout $(box 540) python3 examples/make_builtin_student.py --workers 2 --deadline $(box 330) --work runs/chno_gfn2 \
       --results "$res/chno_gfn2" 2>&1 | tee "$res/builtin.log" | tail -40
     ;;
   sevennet)
     timeout $(box 520) python3 examples/distill_water_sevennet.py --deadline $(box 420) --results "$res/water" --work runs/water_sevennet \
       2>&1 | tee "$res/water.log" | tail -40
+    ;;
+  tune)
+    timeout $(box 200) python3 benchmarks/tune_small.py --sections kernels,variants --budget-s $(box 150) \
+      --out "$res" >"$res/tune.log" 2>&1
+    tail -40 "$res/tune.log"
+    ;;
+  diag)
+    timeout $(box 150) python3 scripts/diag_graph_train.py 2>&1 | grep -v Warning | tee "$res/diag.log" | tail -25
     ;;
   ddp)
     timeout 540 python3 benchmarks/bench_ddp.py --gpus 2 --steps 300 --out "$res" 2>&1 | tee "$res/bench_ddp.log" \
