@@ -96,4 +96,5 @@ case "$part" in
   *)
     echo "unknown part $part"; exit 2 ;;
 esac
+pack  # after each part too: a call cut off later still returns the parts that finished
 done
