@@ -162,17 +162,27 @@ CUTOFF = 5.0  # Å, as the water graph
 N_FEAT, N_RBF = 128, 20
 ACCURATE = 1e-6  # max |out - ref| / max |ref| at or below which a row counts as float32-accurate
 # The outputs each kernel writes: positions in (ds, dv) for fwd, in the five VJP outputs for the others.
-OUTPUTS = {"fwd": (0, 1), "bwd_sender": (0, 1), "bwd_edge": (2, 4), "bwd_filter": (3,)}
-NEED = {"bwd_sender": (True, False, False), "bwd_edge": (False, True, False), "bwd_filter": (False, False, True)}
-# Block-variant tiles swept (block_a, block_e, block_f, warps), most promising first (the budget may cut the tail).
+# "bwd_sender+edge" is the inference backward (∂x, ∂v, ∂rbf, ∂u): the sender and edge kernels, or the fused one.
+OUTPUTS = {"fwd": (0, 1), "bwd_sender": (0, 1), "bwd_edge": (2, 4), "bwd_filter": (3,), "bwd_sender+edge": (0, 1, 2, 4)}
+NEED = {
+    "bwd_sender": (True, False, False),
+    "bwd_edge": (False, True, False),
+    "bwd_filter": (False, False, True),
+    "bwd_sender+edge": (True, True, False),
+}
+# Block-variant tiles swept (block_a, block_e, block_f, warps), most promising first (the budget may cut the tail);
+# all in tf32x3, the first IEEE_CONFIGS also in ieee (the one-hot sums then run on the CUDA cores).
 BLOCK_CONFIGS = [
-    (32, 32, 64, 4),
     (16, 32, 64, 4),
+    (32, 32, 64, 8),
+    (32, 32, 64, 4),
     (32, 64, 64, 8),
     (64, 32, 64, 8),
-    (32, 32, 128, 8),
-    (16, 64, 32, 4),
+    (16, 32, 128, 8),
 ]
+# Fused sender+edge backward (whole feature rows): (block_a, block_e, warps).
+FUSED_CONFIGS = [(16, 16, 8), (16, 32, 8), (32, 16, 8), (16, 16, 4)]
+IEEE_CONFIGS = 2
 
 
 def g2_graph(count: int, dev: str, seed: int = 0):
@@ -345,31 +355,45 @@ def kernel_probe(lines: list[str], records: list, b: KernelBench, deadline: Dead
             _row(records, lines, dict(rec, us=us, err=err, config=cfg), base)
 
 
-def variant_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
-    """Section "variants", one graph: the block forward / sender-backward kernels over tiles x precision."""
+def _sweep(b: KernelBench) -> list[tuple[str, str, str, dict]]:
+    """(kernel, tiles, precision, _CONFIG changes) of the variants section, in the order they run."""
+    out = []
     for kernel in ("fwd", "bwd_sender"):
-        if deadline.over(f"{b.name} {kernel} atom ieee"):
+        out.append((kernel, "shipped", "ieee", {f"{kernel}_variant": "atom", f"dot_{kernel}": "ieee"}))
+        for k, (ba, be, bf, nw) in enumerate(BLOCK_CONFIGS):
+            for prec in ("tf32x3", "ieee") if k < IEEE_CONFIGS else ("tf32x3",):
+                tiles = f"{ba} x {be} x {bf} / {nw}"
+                cfg = {f"{kernel}_{key}": val for key, val in zip(("block_a", "block_e", "block_f", "warps"),
+                                                                  (ba, be, bf, nw), strict=True)}  # fmt: skip
+                out.append((kernel, tiles, prec, {f"{kernel}_variant": "block", f"dot_{kernel}": prec, **cfg}))
+    kernel = "bwd_sender+edge"
+    out.append((kernel, "shipped", "ieee", {"bwd_sender_variant": "atom", "dot_bwd_sender": "ieee"}))
+    for k, (ba, be, nw) in enumerate(FUSED_CONFIGS):
+        for prec in ("tf32x3", "ieee") if k < IEEE_CONFIGS else ("tf32x3",):
+            cfg = dict(bwd_sender_block_a=ba, bwd_sender_block_e=be, bwd_sender_warps=nw)
+            out.append((kernel, f"{ba} x {be} x F / {nw}", prec,
+                        {"bwd_sender_variant": "fused", "dot_bwd_sender": prec, **cfg}))  # fmt: skip
+    # The ieee rows last: if the budget cuts the sweep, it cuts those (the one-hot sums on CUDA cores).
+    return sorted(out, key=lambda row: row[2] == "ieee" and row[1] != "shipped")
+
+
+def variant_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
+    """Section "variants", one graph: the block forward / sender-backward kernels and the fused sender+edge
+    backward over tiles x precision, each kernel group after its shipped (atom, ieee) baseline."""
+    base: dict = {}
+    for kernel, tiles, prec, cfg in _sweep(b):
+        variant = cfg.get(f"{kernel}_variant", cfg.get("bwd_sender_variant"))
+        if deadline.over(f"{b.name} {kernel} {variant} {tiles} {prec}"):
             continue
-        base, _ = b.run(kernel, {f"{kernel}_variant": "atom", f"dot_{kernel}": "ieee"})
-        for (ba, be, bf, nw), prec in itertools.product(BLOCK_CONFIGS, ("tf32x3", "ieee")):
-            tiles = f"{ba} x {be} x {bf} / {nw}"
-            if deadline.over(f"{b.name} {kernel} block {tiles} {prec}"):
-                continue
-            cfg = {
-                f"{kernel}_variant": "block",
-                f"{kernel}_block_a": ba,
-                f"{kernel}_block_e": be,
-                f"{kernel}_block_f": bf,
-                f"{kernel}_warps": nw,
-                f"dot_{kernel}": prec,
-            }
-            try:
-                us, err = b.run(kernel, cfg)
-            except Exception as exc:
-                lines.append(_failed(b, kernel, "block", tiles, prec, exc))
-                continue
-            rec = dict(section="variants", graph=b.name, edges=b.edges, kernel=kernel, variant="block", prec=prec)
-            _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), base)
+        try:
+            us, err = b.run(kernel, cfg)
+        except Exception as exc:
+            lines.append(_failed(b, kernel, variant, tiles, prec, exc))
+            continue
+        if tiles == "shipped":
+            base[kernel] = us
+        rec = dict(section="variants", graph=b.name, edges=b.edges, kernel=kernel, variant=variant, prec=prec)
+        _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), base.get(kernel))
 
 
 def summary(lines: list[str], records: list, deadline: Deadline) -> None:
@@ -384,29 +408,39 @@ def summary(lines: list[str], records: list, deadline: Deadline) -> None:
     ]
     best_cfg: dict = {}
     for graph in dict.fromkeys(r["graph"] for r in rows):
-        totals = {"shipped": 0.0, "best": 0.0}
-        for kernel in mp._KERNELS:
+        shipped, best = {}, {}
+        for kernel in (*mp._KERNELS, "bwd_sender+edge"):
             mine = [r for r in rows if r["graph"] == graph and r["kernel"] == kernel]
-            shipped = [r["us"] for r in mine if r["variant"] == "atom" and r["prec"] == "ieee"]
+            base = [r["us"] for r in mine if r["variant"] == "atom" and r["prec"] == "ieee"]
             good = sorted((r for r in mine if r["err"] <= ACCURATE), key=lambda r: r["us"])
-            if not shipped or not good:
+            if not base or not good:
                 continue
-            best = good[0]
-            totals["shipped"] += shipped[0]
-            totals["best"] += best["us"]
+            shipped[kernel], best[kernel] = base[0], good[0]
+            b = good[0]
             lines.append(
-                f"| {graph} | {kernel} | {shipped[0]:.1f} | {best['us']:.1f} | {best['variant']} "
-                f"| {best.get('tiles', 'shipped')} | {best['prec']} | {shipped[0] / best['us']:.2f}x |"
+                f"| {graph} | {kernel} | {base[0]:.1f} | {b['us']:.1f} | {b['variant']} "
+                f"| {b.get('tiles', 'shipped')} | {b['prec']} | {base[0] / b['us']:.2f}x |"
             )
-            if graph.startswith("water"):
-                best_cfg.update(best["config"])
-        if totals["best"]:
-            lines.append(
-                f"| {graph} | **all four** | {totals['shipped']:.1f} | {totals['best']:.1f} | | | "
-                f"| {totals['shipped'] / totals['best']:.2f}x |"
-            )
+        # Inference backward: the better of (sender + edge kernels) and the fused kernel.
+        pair = [best[k] for k in ("bwd_sender", "bwd_edge") if k in best]
+        if "bwd_sender+edge" in best and (len(pair) < 2 or best["bwd_sender+edge"]["us"] < sum(r["us"] for r in pair)):
+            pair = [best["bwd_sender+edge"]]
+        chosen = [best[k] for k in ("fwd",) if k in best] + pair + [best[k] for k in ("bwd_filter",) if k in best]
+        if all(k in shipped for k in mp._KERNELS):
+            t_ship = sum(shipped[k] for k in mp._KERNELS)
+            t_best = sum(r["us"] for r in chosen)
+            lines.append(f"| {graph} | **fwd + bwd (all four)** | {t_ship:.1f} | {t_best:.1f} | | | "
+                         f"| {t_ship / t_best:.2f}x |")  # fmt: skip
+            infer = [r for r in chosen if r["kernel"] != "bwd_filter"]
+            t_ship_i = t_ship - shipped["bwd_filter"]
+            t_best_i = sum(r["us"] for r in infer)
+            lines.append(f"| {graph} | **energy + forces (no bwd_filter)** | {t_ship_i:.1f} | {t_best_i:.1f} | | | "
+                         f"| {t_ship_i / t_best_i:.2f}x |")  # fmt: skip
+        if graph.startswith("water") and not best_cfg:
+            for r in chosen:
+                best_cfg.update(r["config"])
     if best_cfg:
-        lines += ["", "_CONFIG keys of the fastest accurate choices on water 24000 (mp._CONFIG.update(...)):", ""]
+        lines += ["", "_CONFIG keys of those choices on the water graph (mp._CONFIG.update(...)):", ""]
         lines += ["```", json.dumps(best_cfg, indent=1), "```"]
     if deadline.skipped:
         lines += ["", f"Not run (time budget): {len(deadline.skipped)} rows: " + "; ".join(deadline.skipped)]

@@ -260,7 +260,9 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     fastest fwd+bwd of 12 configurations, 1.4x the first guess 16 x 32). bwd_block_e: edge and filter kernels.
 #   fwd_variant, bwd_sender_variant: "atom" (one program per atom and feature chunk) or "block" (BLOCK_A
 #     consecutive atoms per program and a one-hot tl.dot segment sum, see _mp_fwd_block_kernel); the "block"
-#     kernels take their tiles from <kernel>_block_a / _block_e / _block_f / _warps.
+#     kernels take their tiles from <kernel>_block_a / _block_e / _block_f / _warps. bwd_sender_variant "fused"
+#     (float32, F <= 128 on the GPU; else "block"): whole feature rows per program, and the edge kernel's ∂rbf, ∂u
+#     computed in the same pass (_mp_bwd_fused_kernel; _block_f unused).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
 # benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
 _CONFIG = {
@@ -284,7 +286,7 @@ _CONFIG = {
     "dot_bwd_filter": "ieee",
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
-_VARIANTS = ("atom", "block")
+_VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("atom", "block", "fused")}
 _PRECISIONS = ("ieee", "tf32x3", "tf32")
 # Under the interpreter: block kernels take 16 atoms x 32 edges (so that tiles straddle atoms even in small test
 # graphs), the others whole feature rows and 64-edge tiles.
@@ -705,6 +707,115 @@ if HAS_TRITON:
         tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)
         tl.store(gunit_ptr + e * 3 + 2, gu_2, mask=em)
 
+    # "fused" sender backward: the block sender kernel with the whole feature row in one program (BLOCK_F >= F),
+    # which then also has every term of ∂rbf_e and ∂u_e (sums over all features of one edge) and writes them: the
+    # edge kernel's pass over the edges (gathers of g_s[i], g_v[i], x_j, v_j per edge) is saved. Each edge belongs
+    # to exactly one sender block, so each ∂rbf / ∂u row is written once, without atomics.
+
+    @triton.jit(do_not_specialize=["n_atoms"])
+    def _mp_bwd_fused_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        perm_ptr,
+        colptr_ptr,
+        gx_ptr,
+        gvout_ptr,
+        grbf_ptr,
+        gunit_ptr,
+        n_atoms,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_A: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        a0 = tl.program_id(0).to(tl.int64) * BLOCK_A
+        atoms = a0 + tl.arange(0, BLOCK_A)
+        am = atoms < n_atoms
+        f = tl.arange(0, BLOCK_F)
+        fm = f < N_FEAT
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        wa = _filter_t(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF)
+        wb = _filter_t(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
+        wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
+        dt = x_ptr.dtype.element_ty
+        acc_a = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        acc_c = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        t_0 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        t_1 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        t_2 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        lo = tl.load(colptr_ptr + a0)
+        hi = tl.load(colptr_ptr + tl.minimum(a0 + BLOCK_A, n_atoms))
+        for start in range(lo, hi, BLOCK_E):
+            p = start + tl.arange(0, BLOCK_E)
+            pm = p < hi
+            e = tl.load(perm_ptr + p, mask=pm, other=0).to(tl.int64)
+            i = tl.load(ei_ptr + e, mask=pm, other=0).to(tl.int64)
+            j = tl.load(ei_ptr + ei_stride + e, mask=pm, other=0).to(tl.int64)
+            onehot = ((j[None, :] == atoms[:, None]) & pm[None, :]).to(dt)
+            rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=pm[:, None] & rm[None, :], other=0.0)
+            m2 = pm[:, None] & fm[None, :]
+            grow = gv_ptr + i[:, None] * (3 * N_FEAT) + f[None, :]
+            g0 = tl.load(grow, mask=m2, other=0.0)
+            g1 = tl.load(grow + N_FEAT, mask=m2, other=0.0)
+            g2 = tl.load(grow + 2 * N_FEAT, mask=m2, other=0.0)
+            ux = tl.load(unit_ptr + e * 3, mask=pm, other=0.0)
+            uy = tl.load(unit_ptr + e * 3 + 1, mask=pm, other=0.0)
+            uz = tl.load(unit_ptr + e * 3 + 2, mask=pm, other=0.0)
+            gsi = tl.load(gs_ptr + i[:, None] * N_FEAT + f[None, :], mask=m2, other=0.0)
+            xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            # ∂x_a, and the a-block of ∂rbf (G_a = g_s[i] x_a,j)
+            w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            acc_a += tl.dot(onehot, gsi * w_a, input_precision=DOT_PRECISION)
+            G_a = gsi * tl.load(xrow, mask=m2, other=0.0)
+            g_rbf = tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
+            # ∂x_c, ∂u and the c-block of ∂rbf (γ_e = Σ_k g_v[i,k] u_e[k], G_c = γ x_c,j)
+            gamma = g0 * ux[:, None] + g1 * uy[:, None] + g2 * uz[:, None]
+            w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            acc_c += tl.dot(onehot, gamma * w_c, input_precision=DOT_PRECISION)
+            xc = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0)
+            g_rbf += tl.dot(gamma * xc, tl.trans(wc), input_precision=DOT_PRECISION)
+            c = xc * w_c
+            tl.store(gunit_ptr + e * 3, tl.sum(c * g0, axis=1), mask=pm)
+            tl.store(gunit_ptr + e * 3 + 1, tl.sum(c * g1, axis=1), mask=pm)
+            tl.store(gunit_ptr + e * 3 + 2, tl.sum(c * g2, axis=1), mask=pm)
+            # T_k (∂x_b, ∂v) and the b-block of ∂rbf (β_e = Σ_k g_v[i,k] v_j[k], G_b = β x_b,j)
+            w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            t_0 += tl.dot(onehot, w_b * g0, input_precision=DOT_PRECISION)
+            t_1 += tl.dot(onehot, w_b * g1, input_precision=DOT_PRECISION)
+            t_2 += tl.dot(onehot, w_b * g2, input_precision=DOT_PRECISION)
+            beta = (
+                g0 * tl.load(vrow, mask=m2, other=0.0)
+                + g1 * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
+                + g2 * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
+            )
+            G_b = beta * tl.load(xrow + N_FEAT, mask=m2, other=0.0)
+            g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
+            tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=pm[:, None] & rm[None, :])
+        om = am[:, None] & fm[None, :]
+        row = atoms[:, None] * (3 * N_FEAT) + f[None, :]
+        v0 = tl.load(v_ptr + row, mask=om, other=0.0)
+        v1 = tl.load(v_ptr + row + N_FEAT, mask=om, other=0.0)
+        v2 = tl.load(v_ptr + row + 2 * N_FEAT, mask=om, other=0.0)
+        xb = tl.load(x_ptr + row + N_FEAT, mask=om, other=0.0)
+        tl.store(gx_ptr + row, acc_a, mask=om)
+        tl.store(gx_ptr + row + N_FEAT, v0 * t_0 + v1 * t_1 + v2 * t_2, mask=om)
+        tl.store(gx_ptr + row + 2 * N_FEAT, acc_c, mask=om)
+        tl.store(gvout_ptr + row, xb * t_0, mask=om)
+        tl.store(gvout_ptr + row + N_FEAT, xb * t_1, mask=om)
+        tl.store(gvout_ptr + row + 2 * N_FEAT, xb * t_2, mask=om)
+
     @triton.jit
     def _mp_bwd_filter_kernel(
         gs_ptr,
@@ -759,18 +870,25 @@ if HAS_TRITON:
     # -- host functions: allocate, choose blocks, launch -----------------------------------------------------
     # ``launch`` is torch.library.wrap_triton inside the triton_ops and the bare kernel on the eager path.
 
-    def _launch_config(ref: Tensor, kernel: str, n_feat: int, n_rbf: int) -> tuple[dict, int, bool]:
-        """Constexprs, warps and whether the "block" variant runs, for ``kernel`` in ``_KERNELS`` on ``ref``'s
-        device and dtype."""
-        return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf)
+    def _launch_config(ref: Tensor, kernel: str, n_feat: int, n_rbf: int, fuse: bool = False) -> tuple[dict, int, str]:
+        """Constexprs, warps and the variant that runs ("atom", "block", "fused"), for ``kernel`` in ``_KERNELS`` on
+        ``ref``'s device and dtype; ``fuse``: the caller wants ∂rbf/∂u as well (the fused sender kernel applies)."""
+        return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, fuse)
 
-    def _launch_config_for(device_type: str, dtype, kernel: str, n_feat: int, n_rbf: int) -> tuple[dict, int, bool]:
+    def _launch_config_for(
+        device_type: str, dtype, kernel: str, n_feat: int, n_rbf: int, fuse: bool = False
+    ) -> tuple[dict, int, str]:
         cuda = device_type == "cuda"
         variant = _CONFIG.get(f"{kernel}_variant", "atom")  # the edge and filter kernels have one variant
         prec = _CONFIG[f"dot_{kernel}"]
-        if variant not in _VARIANTS or prec not in _PRECISIONS:
-            raise ValueError(f"{kernel}: variant {variant!r} (one of {_VARIANTS}), precision {prec!r} ({_PRECISIONS})")
-        blocked = variant == "block"
+        variants = _VARIANTS.get(kernel, ("atom",))
+        if variant not in variants or prec not in _PRECISIONS:
+            raise ValueError(f"{kernel}: variant {variant!r} (one of {variants}), precision {prec!r} ({_PRECISIONS})")
+        # The fused kernel holds whole feature rows: float32 up to F = 128 on the GPU (float64 rows of 128 did not
+        # fit even for the atom kernel); otherwise, or when ∂rbf/∂u are not wanted, the block kernel runs.
+        if variant == "fused" and not (fuse and (not cuda or (dtype == torch.float32 and _pow2(n_feat) <= 128))):
+            variant = "block"
+        blocked = variant != "atom"
         block_a = 0
         if not cuda:  # interpreter: few, large programs
             be = _CPU_TILES["block_e_block" if blocked else "block_e"]
@@ -781,7 +899,9 @@ if HAS_TRITON:
         else:
             be = _CONFIG["bwd_block_e"] if kernel in ("bwd_edge", "bwd_filter") else _CONFIG["block_e"]
             bf, warps = _CONFIG["block_f"], _CONFIG["num_warps"]
-        if cuda and dtype == torch.float64:
+        if variant == "fused":
+            bf = _pow2(n_feat)  # one chunk: the per-edge sums over all features stay in the program
+        elif cuda and dtype == torch.float64:
             # Float64 tiles of 16 x 128 failed on the H100 (F = 128); 16 x 32 passed the same tests.
             bf = min(bf, 32)
         c = dict(
@@ -794,7 +914,7 @@ if HAS_TRITON:
         )
         if blocked:
             c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
-        return c, warps, blocked
+        return c, warps, variant
 
     def _prep(*tensors: Tensor) -> list[Tensor]:
         return [t.contiguous() for t in tensors]
@@ -806,9 +926,9 @@ if HAS_TRITON:
         dv = torch.empty((n, 3, f), dtype=x.dtype, device=x.device)
         if n == 0 or f == 0:
             return ds, dv
-        c, warps, blocked = _launch_config(x, "fwd", f, rbf.shape[1])
+        c, warps, variant = _launch_config(x, "fwd", f, rbf.shape[1])
         n_fb = triton.cdiv(f, c["BLOCK_F"])
-        if blocked:
+        if variant == "block":
             check_launchable(_mp_fwd_block_kernel, x)
             launch(_mp_fwd_block_kernel)[(triton.cdiv(n, c["BLOCK_A"]), n_fb)](
                 x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0), num_warps=warps, **c,
@@ -833,25 +953,34 @@ if HAS_TRITON:
         zero = x.new_zeros(())
         g_x, g_v = zero.expand(x.shape), zero.expand(v.shape)
         g_rbf, g_unit, g_w = zero.expand(rbf.shape), zero.expand(unit.shape), zero.expand(w.shape)
+        edge_done = False
         if need[0]:
             g_x, g_v = torch.empty_like(x), torch.empty_like(v)
             if n > 0 and f > 0:
-                c, warps, blocked = _launch_config(x, "bwd_sender", f, n_rbf)
-                n_fb = triton.cdiv(f, c["BLOCK_F"])
+                c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, fuse=bool(need[1]) and e > 0)
+                grid = (triton.cdiv(n, c.get("BLOCK_A", 1)), triton.cdiv(f, c["BLOCK_F"]))
                 perm, col_ptr = perm.contiguous(), col_ptr.contiguous()
-                if blocked:
+                if variant == "fused":
+                    g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
+                    check_launchable(_mp_bwd_fused_kernel, x)
+                    launch(_mp_bwd_fused_kernel)[grid](
+                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, g_rbf, g_unit,
+                        n, edge_index.stride(0), num_warps=warps, **c,
+                    )  # fmt: skip
+                    edge_done = True
+                elif variant == "block":
                     check_launchable(_mp_bwd_sender_block_kernel, x)
-                    launch(_mp_bwd_sender_block_kernel)[(triton.cdiv(n, c["BLOCK_A"]), n_fb)](
+                    launch(_mp_bwd_sender_block_kernel)[grid](
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, n,
                         edge_index.stride(0), num_warps=warps, **c,
                     )  # fmt: skip
                 else:
                     check_launchable(_mp_bwd_sender_kernel, x)
-                    launch(_mp_bwd_sender_kernel)[(n, n_fb)](
+                    launch(_mp_bwd_sender_kernel)[grid](
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
                         num_warps=warps, **c,
                     )  # fmt: skip
-        if need[1] and e > 0:
+        if need[1] and e > 0 and not edge_done:
             g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
             if f == 0:
                 g_rbf.zero_(), g_unit.zero_()

@@ -10,8 +10,9 @@ forces and the parameter gradients of a force loss agree to 1e-10 relative (norm
 
 The graphs are random, with receivers sorted (as our neighbour lists give them) unless a test says otherwise.
 CPU runs use the Triton interpreter and small sizes; the large cases are CUDA-only. The correctness tests run
-under both kernel variants of the forward and the sender backward (``variant``: "atom", one program per atom;
-"block", BLOCK_A atoms per program with a one-hot tl.dot segment sum).
+under every kernel variant of the forward and the sender backward (``variant``: "atom", one program per atom;
+"block", BLOCK_A atoms per program with a one-hot tl.dot segment sum; "fused", the block forward and a sender
+backward that also writes the edge gradients).
 """
 
 import importlib
@@ -44,10 +45,12 @@ def _graph(n_atoms, n_edges, n_feat, n_rbf, dtype, device, seed=0, sort=True, is
     return x, v, rbf, w, unit, ei
 
 
-@pytest.fixture(params=["atom", "block"])
+@pytest.fixture(params=["atom", "block", "fused"])
 def variant(request):
-    """Run the forward and the sender backward with this kernel variant (the launch configuration)."""
-    with mp_module._configured(fwd_variant=request.param, bwd_sender_variant=request.param):
+    """Run the forward and the sender backward with this kernel variant (the launch configuration); "fused" is
+    the block forward with the fused sender+edge backward."""
+    fwd = "block" if request.param == "fused" else request.param
+    with mp_module._configured(fwd_variant=fwd, bwd_sender_variant=request.param):
         yield request.param
 
 
@@ -156,16 +159,49 @@ def test_launch_configuration():
             assert cfg("cuda", torch.float32, kernel, 128, 20)[0]["DOT_PRECISION"] == p
             assert cfg("cuda", torch.float64, kernel, 128, 20)[0]["DOT_PRECISION"] == "ieee"
             assert cfg("cpu", torch.float32, kernel, 128, 20)[0]["DOT_PRECISION"] == "ieee"
-        c, _, blocked = cfg("cuda", torch.float32, "fwd", 128, 20)
-        assert blocked and c["BLOCK_A"] == 64
-        assert not cfg("cuda", torch.float32, "bwd_sender", 128, 20)[2]
+        c, _, which = cfg("cuda", torch.float32, "fwd", 128, 20)
+        assert which == "block" and c["BLOCK_A"] == 64
+        assert cfg("cuda", torch.float32, "bwd_sender", 128, 20)[2] == "atom"
         assert cfg("cuda", torch.float64, "fwd", 128, 20)[0]["BLOCK_F"] == 32
+    with mp_module._configured(bwd_sender_variant="fused", bwd_sender_block_f=32):
+        c, _, which = cfg("cuda", torch.float32, "bwd_sender", 128, 20, True)
+        assert which == "fused" and c["BLOCK_F"] == 128  # whole rows
+        assert cfg("cuda", torch.float32, "bwd_sender", 128, 20, False)[2] == "block"  # no ∂rbf/∂u wanted
+        assert cfg("cuda", torch.float64, "bwd_sender", 128, 20, True)[2] == "block"
+        assert cfg("cuda", torch.float32, "bwd_sender", 256, 20, True)[2] == "block"
+        assert cfg("cpu", torch.float64, "bwd_sender", 40, 20, True)[2] == "fused"
     assert mp_module._CONFIG["fwd_variant"] == "atom" and mp_module._CONFIG["dot_fwd"] == "ieee"
     with pytest.raises(KeyError, match="unknown"), mp_module._configured(dot_everything="ieee"):
         pass
     for bad in (dict(fwd_variant="warp"), dict(dot_bwd_edge="tf32x6")):
         with mp_module._configured(**bad), pytest.raises(ValueError, match="variant"):
             cfg("cuda", torch.float32, "fwd" if "fwd_variant" in bad else "bwd_edge", 128, 20)
+
+
+def test_fused_backward_replaces_edge_kernel(triton_device, monkeypatch):
+    """With the fused sender backward, ∂rbf and ∂u come from it (the edge kernel never runs); with only ∂rbf/∂u
+    wanted the edge kernel runs, with only ∂x/∂v the block sender kernel."""
+    args = _graph(20, 90, 12, 5, torch.float32, triton_device, seed=13)
+    with mp_module._configured(bwd_sender_variant="fused"):
+
+        def refuse(*a, **k):
+            raise AssertionError("the edge kernel ran")
+
+        real = mp_module._mp_bwd_edge_kernel
+        monkeypatch.setattr(mp_module, "_mp_bwd_edge_kernel", refuse)
+        _compare(args, torch.float32)
+        monkeypatch.setattr(mp_module, "_mp_bwd_edge_kernel", real)
+        x, v, rbf, w, unit, ei = args
+        for wrt in ((rbf, unit), (x, v)):
+            ins = [t.detach().clone().requires_grad_(any(t is u for u in wrt)) for t in (x, v, rbf, w, unit)]
+            ds, dv = _triton(*ins, ei)
+            got = torch.autograd.grad((ds.sum() + dv.sum()), [t for t in ins if t.requires_grad])
+            ref = message_passing_backward_reference(
+                torch.ones_like(ds).double(), torch.ones_like(dv).double(), *(t.double() for t in args[:-1]), ei
+            )
+            want = [ref[k] for k, t in zip((0, 1, 2, 4), (x, v, rbf, unit), strict=True) if any(t is u for u in wrt)]
+            for g, r in zip(got, want, strict=True):
+                torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-5)
 
 
 def test_unsorted_edges_and_row_ptr(triton_device, variant):
@@ -204,6 +240,7 @@ def test_bad_inputs_are_value_errors(triton_device):
         _triton(x, v, rbf, w, unit, ei, row_ptr=torch.zeros(3, dtype=torch.long, device=triton_device))
 
 
+@pytest.mark.parametrize("variant", ["atom", "fused"], indirect=True)  # "fused" runs the block forward too
 def test_gradcheck_gradgradcheck(triton_device, variant):
     """float64, small: first and second derivatives of the fused op (second: the composite of fused ops)."""
     x, v, rbf, w, unit, ei = _graph(4, 9, 3, 2, torch.float64, triton_device, seed=7)
