@@ -176,7 +176,9 @@ def tune(device, rep_ms) -> list[str]:
     results = []
     for be, bf, nw in itertools.product((16, 32), (32, 64, 128), (4, 8)):
         bbe = 2 * be
-        mp_module._CONFIG.update(block_e=be, block_f=bf, num_warps=nw, bwd_block_e=bbe)
+        mp_module._CONFIG.update(block_e=be, block_f=bf, num_warps=nw)
+        for k in ("bwd_edge", "bwd_filter"):  # one set of tiles for all kernels, as when this sweep was written
+            mp_module._CONFIG.update({f"{k}_block_e": bbe, f"{k}_block_f": bf, f"{k}_warps": nw})
         try:
             t_f = time_fn(closure(fn, inputs, "fwd"), device, rep_ms=rep_ms).median_us
             t_b = time_fn(closure(fn, inputs, "fwd+bwd"), device, rep_ms=rep_ms).median_us

@@ -12,10 +12,12 @@ Sections:
   kernels   each message-passing kernel alone (fwd, bwd_sender, bwd_edge, bwd_filter) under each tl.dot
             precision (ieee, tf32x3, tf32), shipped tiles, with its outputs' error vs float64.
   variants  the "block" forward and sender-backward kernels (BLOCK_A atoms per program, one-hot tl.dot segment
-            sum) over block sizes x precision, next to the "atom" kernels; then a summary of the fastest accurate
-            choice per kernel and the _CONFIG it implies.
-The kernels and variants sections run on a 24,000-atom water box (1.3M edges) and on 1,024 small g2 molecules
-(~60k edges) and stop adding rows once --budget-s seconds have passed (the rows left out are listed).
+            sum), the "fused" sender+edge backward, and the edge / filter kernels' own tiles, over tiles x
+            precision, next to the shipped kernels; then a summary of the fastest float32-accurate choice per
+            kernel, the fwd+bwd and energy+forces totals, and the _CONFIG that choice implies.
+The kernels and variants sections run on a 24,000-atom water box (1.3M edges; full sweep) and on 1,024 small g2
+molecules (~51k edges; short sweep), water first, and stop adding rows once --budget-s seconds have passed since
+they started (the rows left out are listed at the end).
 
 Every time is the median per call of a CUDA graph replaying the op several times (what a captured step pays).
 """
@@ -129,7 +131,10 @@ def mp_probe(lines: list[str], records: list) -> None:
         for prec, (be, bf, nw, bbe) in itertools.product(("ieee", "tf32x3", "tf32"), configs):
             every_dot = {f"dot_{k}": prec for k in mp._KERNELS}
             try:
-                with mp._configured(block_e=be, block_f=bf, num_warps=nw, bwd_block_e=bbe, **every_dot):
+                tiles = dict(block_e=be, block_f=bf, num_warps=nw)
+                for k in ("bwd_edge", "bwd_filter"):  # one set of tiles for all kernels, as this sweep was written
+                    tiles.update({f"{k}_block_e": bbe, f"{k}_block_f": bf, f"{k}_warps": nw})
+                with mp._configured(**tiles, **every_dot):
                     with torch.no_grad():
                         out = mp.message_passing(x, v, rbf, w, unit, ei, row_ptr=row_ptr)
                     err = max(((o.double() - r).norm() / r.norm()).item() for o, r in zip(out, ref, strict=True))
@@ -173,15 +178,19 @@ NEED = {
 # Block-variant tiles swept (block_a, block_e, block_f, warps), most promising first (the budget may cut the tail);
 # all in tf32x3, the first IEEE_CONFIGS also in ieee (the one-hot sums then run on the CUDA cores).
 BLOCK_CONFIGS = [
-    (16, 32, 64, 4),
     (32, 32, 64, 8),
-    (32, 32, 64, 4),
+    (16, 32, 64, 8),
+    (16, 32, 64, 4),
     (32, 64, 64, 8),
     (64, 32, 64, 8),
     (16, 32, 128, 8),
 ]
 # Fused sender+edge backward (whole feature rows): (block_a, block_e, warps).
 FUSED_CONFIGS = [(16, 16, 8), (16, 32, 8), (32, 16, 8), (16, 16, 4)]
+# Edge and filter kernels: (<kernel>_block_e, _block_f, _warps), in tf32x3 (shipped: 32 x 128 / 4).
+EDGE_CONFIGS = [(32, 64, 4), (32, 32, 4), (16, 64, 4), (64, 32, 8)]
+# The second graph (g2) runs this many of each list's configurations, tf32x3 only.
+SHORT_SWEEP = 2
 IEEE_CONFIGS = 2
 
 
@@ -320,10 +329,13 @@ KERNELS_HEAD = [
 ]
 VARIANTS_HEAD = [
     "",
-    "## Block variants of fwd and bwd_sender: tiles x dot precision (µs per call in a CUDA graph)",
+    "## Kernel variants and tiles x dot precision (µs per call in a CUDA graph)",
     "",
-    "BLOCK_A consecutive atoms per program, edge tiles of BLOCK_E, feature chunk BLOCK_F, one-hot tl.dot segment",
-    "sum; speed-up vs the shipped atom kernel in ieee (timed here too).",
+    'fwd / bwd_sender "block": BLOCK_A consecutive atoms per program (tiles a x e x f / warps), edge tiles of',
+    "BLOCK_E, feature chunk BLOCK_F, one-hot tl.dot segment sum. bwd_sender+edge: the inference backward (∂x, ∂v,",
+    '∂rbf, ∂u), shipped = the atom sender kernel then the edge kernel, "fused" = one kernel, whole feature rows (F).',
+    "bwd_edge / bwd_filter: their own tiles (- x <kernel>_block_e x _block_f / _warps). Speed-up vs the shipped",
+    "kernel(s) in ieee. Rows in tf32x3 first, ieee rows of the block/fused kernels last (the budget cuts the tail).",
     "",
     *TABLE_HEAD,
 ]
@@ -355,24 +367,34 @@ def kernel_probe(lines: list[str], records: list, b: KernelBench, deadline: Dead
             _row(records, lines, dict(rec, us=us, err=err, config=cfg), base)
 
 
-def _sweep(b: KernelBench) -> list[tuple[str, str, str, dict]]:
-    """(kernel, tiles, precision, _CONFIG changes) of the variants section, in the order they run."""
+def _sweep(full: bool) -> list[tuple[str, str, str, dict]]:
+    """(kernel, tiles, precision, _CONFIG changes) of the variants section, in the order they run; ``full``: every
+    configuration, else the first SHORT_SWEEP of each list in tf32x3."""
+    n_ieee = IEEE_CONFIGS if full else 0
+
+    def head(configs):
+        return configs if full else configs[:SHORT_SWEEP]
+
     out = []
     for kernel in ("fwd", "bwd_sender"):
         out.append((kernel, "shipped", "ieee", {f"{kernel}_variant": "atom", f"dot_{kernel}": "ieee"}))
-        for k, (ba, be, bf, nw) in enumerate(BLOCK_CONFIGS):
-            for prec in ("tf32x3", "ieee") if k < IEEE_CONFIGS else ("tf32x3",):
+        for k, (ba, be, bf, nw) in enumerate(head(BLOCK_CONFIGS)):
+            for prec in ("tf32x3", "ieee") if k < n_ieee else ("tf32x3",):
                 tiles = f"{ba} x {be} x {bf} / {nw}"
                 cfg = {f"{kernel}_{key}": val for key, val in zip(("block_a", "block_e", "block_f", "warps"),
                                                                   (ba, be, bf, nw), strict=True)}  # fmt: skip
                 out.append((kernel, tiles, prec, {f"{kernel}_variant": "block", f"dot_{kernel}": prec, **cfg}))
     kernel = "bwd_sender+edge"
     out.append((kernel, "shipped", "ieee", {"bwd_sender_variant": "atom", "dot_bwd_sender": "ieee"}))
-    for k, (ba, be, nw) in enumerate(FUSED_CONFIGS):
-        for prec in ("tf32x3", "ieee") if k < IEEE_CONFIGS else ("tf32x3",):
+    for k, (ba, be, nw) in enumerate(head(FUSED_CONFIGS)):
+        for prec in ("tf32x3", "ieee") if k < n_ieee else ("tf32x3",):
             cfg = dict(bwd_sender_block_a=ba, bwd_sender_block_e=be, bwd_sender_warps=nw)
             out.append((kernel, f"{ba} x {be} x F / {nw}", prec,
                         {"bwd_sender_variant": "fused", "dot_bwd_sender": prec, **cfg}))  # fmt: skip
+    for kernel in ("bwd_edge", "bwd_filter"):
+        for be, bf, nw in head(EDGE_CONFIGS):
+            cfg = {f"{kernel}_block_e": be, f"{kernel}_block_f": bf, f"{kernel}_warps": nw}
+            out.append((kernel, f"- x {be} x {bf} / {nw}", "tf32x3", {f"dot_{kernel}": "tf32x3", **cfg}))
     # The ieee rows last: if the budget cuts the sweep, it cuts those (the one-hot sums on CUDA cores).
     return sorted(out, key=lambda row: row[2] == "ieee" and row[1] != "shipped")
 
@@ -380,9 +402,11 @@ def _sweep(b: KernelBench) -> list[tuple[str, str, str, dict]]:
 def variant_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
     """Section "variants", one graph: the block forward / sender-backward kernels and the fused sender+edge
     backward over tiles x precision, each kernel group after its shipped (atom, ieee) baseline."""
-    base: dict = {}
-    for kernel, tiles, prec, cfg in _sweep(b):
-        variant = cfg.get(f"{kernel}_variant", cfg.get("bwd_sender_variant"))
+    # Speed-ups vs the shipped kernel in ieee: from the kernels section when it ran, else timed here first.
+    base = {r["kernel"]: r["us"] for r in records if r.get("section") == "kernels" and r["graph"] == b.name
+            and r["prec"] == "ieee"}  # fmt: skip
+    for kernel, tiles, prec, cfg in _sweep(full=b.name.startswith("water")):
+        variant = cfg.get(f"{kernel}_variant", cfg.get("bwd_sender_variant", "atom"))
         if deadline.over(f"{b.name} {kernel} {variant} {tiles} {prec}"):
             continue
         try:

@@ -257,19 +257,20 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 # there). Keys:
 #   block_e, block_f, num_warps: the one-program-per-atom ("atom") forward and sender-backward kernels; tuned on an
 #     H100 (benchmarks/bench_message_passing.py --tune, 24,000-atom water, F = 128: 16 x 128 x 4 warps was the
-#     fastest fwd+bwd of 12 configurations, 1.4x the first guess 16 x 32). bwd_block_e: edge and filter kernels.
+#     fastest fwd+bwd of 12 configurations, 1.4x the first guess 16 x 32, when all kernels shared these tiles).
 #   fwd_variant, bwd_sender_variant: "atom" (one program per atom and feature chunk) or "block" (BLOCK_A
-#     consecutive atoms per program and a one-hot tl.dot segment sum, see _mp_fwd_block_kernel); the "block"
-#     kernels take their tiles from <kernel>_block_a / _block_e / _block_f / _warps. bwd_sender_variant "fused"
-#     (float32, F <= 128 on the GPU; else "block"): whole feature rows per program, and the edge kernel's ∂rbf, ∂u
-#     computed in the same pass (_mp_bwd_fused_kernel; _block_f unused).
+#     consecutive atoms per program and a one-hot tl.dot segment sum, see _mp_fwd_block_kernel). bwd_sender_variant
+#     "fused" (float32, F <= 128 on the GPU; else "block"): whole feature rows per program, and the edge kernel's
+#     ∂rbf, ∂u computed in the same pass (_mp_bwd_fused_kernel; its _block_f is unused).
+#   <kernel>_block_a / _block_e / _block_f / _warps: the tiles of the block / fused variants of fwd and bwd_sender,
+#     and of the edge and filter kernels (bwd_edge_*, bwd_filter_*: 32 x 128 / 4 warps, the shared tiles of the
+#     tuning above; their own keys, so that e.g. a tf32x3 dot can take smaller tiles there).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
 # benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
 _CONFIG = {
     "block_e": 16,
     "block_f": 128,
     "num_warps": 4,
-    "bwd_block_e": 32,
     "fwd_variant": "atom",
     "fwd_block_a": 32,
     "fwd_block_e": 32,
@@ -280,6 +281,12 @@ _CONFIG = {
     "bwd_sender_block_e": 32,
     "bwd_sender_block_f": 64,
     "bwd_sender_warps": 4,
+    "bwd_edge_block_e": 32,
+    "bwd_edge_block_f": 128,
+    "bwd_edge_warps": 4,
+    "bwd_filter_block_e": 32,
+    "bwd_filter_block_f": 128,
+    "bwd_filter_warps": 4,
     "dot_fwd": "ieee",
     "dot_bwd_sender": "ieee",
     "dot_bwd_edge": "ieee",
@@ -893,12 +900,11 @@ if HAS_TRITON:
         if not cuda:  # interpreter: few, large programs
             be = _CPU_TILES["block_e_block" if blocked else "block_e"]
             block_a, bf, warps = _CPU_TILES["block_a"], _CPU_TILES["block_f"], num_warps()
-        elif blocked:
-            block_a, be = _CONFIG[f"{kernel}_block_a"], _CONFIG[f"{kernel}_block_e"]
+        elif blocked or kernel in ("bwd_edge", "bwd_filter"):
+            block_a, be = _CONFIG.get(f"{kernel}_block_a", 0), _CONFIG[f"{kernel}_block_e"]
             bf, warps = _CONFIG[f"{kernel}_block_f"], _CONFIG[f"{kernel}_warps"]
         else:
-            be = _CONFIG["bwd_block_e"] if kernel in ("bwd_edge", "bwd_filter") else _CONFIG["block_e"]
-            bf, warps = _CONFIG["block_f"], _CONFIG["num_warps"]
+            be, bf, warps = _CONFIG["block_e"], _CONFIG["block_f"], _CONFIG["num_warps"]
         if variant == "fused":
             bf = _pow2(n_feat)  # one chunk: the per-edge sums over all features stay in the program
         elif cuda and dtype == torch.float64:
