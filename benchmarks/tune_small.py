@@ -165,7 +165,11 @@ def mp_probe(lines: list[str], records: list) -> None:
 
 CUTOFF = 5.0  # Å, as the water graph
 N_FEAT, N_RBF = 128, 20
-ACCURATE = 1e-6  # max |out - ref| / max |ref| at or below which a row counts as float32-accurate
+# A row counts as float32-accurate when max |out - ref| / max |ref| is at most ACCURATE or ACCURATE_VS_IEEE times
+# the shipped (ieee) kernel's own error on that graph (long float32 sums, e.g. ∂filter_weight over 1.3M edges, may
+# sit above 1e-6 even in ieee).
+ACCURATE = 1e-6
+ACCURATE_VS_IEEE = 2.0
 # The outputs each kernel writes: positions in (ds, dv) for fwd, in the five VJP outputs for the others.
 # "bwd_sender+edge" is the inference backward (∂x, ∂v, ∂rbf, ∂u): the sender and edge kernels, or the fused one.
 OUTPUTS = {"fwd": (0, 1), "bwd_sender": (0, 1), "bwd_edge": (2, 4), "bwd_filter": (3,), "bwd_sender+edge": (0, 1, 2, 4)}
@@ -273,6 +277,7 @@ class KernelBench:
         self.ref_fwd, self.ref_bwd = _chunked_reference(inputs, self.gs, self.gv)
         # A 6 ms kernel replayed 20 times per graph would spend seconds per row.
         self.reps = 5 if self.edges > 200_000 else 20
+        self.shipped: dict[str, tuple[float, float]] = {}  # kernel -> (µs, error) of the shipped ieee kernel
 
     def call(self, kernel: str):
         x, v, rbf, w, unit, ei = self.inputs
@@ -300,9 +305,11 @@ def _kernel_graphs():
     yield KernelBench("g2 x1024", g2_graph(1024, "cuda"))
 
 
-def _row(records, lines, rec: dict, base: float | None) -> None:
+def _row(records, lines, rec: dict, base: float | None, ieee_err: float | None) -> None:
+    """Record and print one timed row; ``base``/``ieee_err``: the shipped ieee kernel's time and error."""
+    rec["ok"] = rec["err"] <= max(ACCURATE, ACCURATE_VS_IEEE * (ieee_err if ieee_err is not None else rec["err"]))
     records.append(rec)
-    flag = "" if rec["err"] <= ACCURATE else " ⚠ inaccurate"
+    flag = "" if rec["ok"] else " ⚠ inaccurate"
     vs = f"{base / rec['us']:.2f}x" if base else ""
     tiles = rec.get("tiles", "shipped")
     lines.append(
@@ -323,7 +330,8 @@ KERNELS_HEAD = [
     "## Message-passing kernels one by one: dot precision (µs per call in a CUDA graph)",
     "",
     "Each kernel alone with the shipped tiles; the error is max |out − ref| / max |ref| over the kernel's",
-    f"outputs vs float64 (⚠ above {ACCURATE:g}). Speed-up is vs the same kernel in ieee (the shipped default).",
+    f"outputs vs float64 (⚠: above {ACCURATE:g} and above {ACCURATE_VS_IEEE:g}x the shipped ieee kernel's error).",
+    "Speed-up is vs the same kernel in ieee (the shipped default).",
     "",
     *TABLE_HEAD,
 ]
@@ -350,7 +358,6 @@ def _failed(b: KernelBench, kernel: str, variant: str, tiles: str, prec: str, ex
 def kernel_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
     """Section "kernels", one graph: every kernel (atom variant, shipped tiles) under each dot precision."""
     for kernel in mp._KERNELS:
-        base = None
         for prec in mp._PRECISIONS:
             if deadline.over(f"{b.name} {kernel} {prec}"):
                 continue
@@ -362,9 +369,11 @@ def kernel_probe(lines: list[str], records: list, b: KernelBench, deadline: Dead
             except Exception as exc:
                 lines.append(_failed(b, kernel, "atom", "shipped", prec, exc))
                 continue
-            base = base or (us if prec == "ieee" else None)
+            if prec == "ieee":
+                b.shipped[kernel] = (us, err)
+            ref = b.shipped.get(kernel, (None, None))
             rec = dict(section="kernels", graph=b.name, edges=b.edges, kernel=kernel, variant="atom", prec=prec)
-            _row(records, lines, dict(rec, us=us, err=err, config=cfg), base)
+            _row(records, lines, dict(rec, us=us, err=err, config=cfg), *ref)
 
 
 def _sweep(full: bool) -> list[tuple[str, str, str, dict]]:
@@ -392,6 +401,7 @@ def _sweep(full: bool) -> list[tuple[str, str, str, dict]]:
             out.append((kernel, f"{ba} x {be} x F / {nw}", prec,
                         {"bwd_sender_variant": "fused", "dot_bwd_sender": prec, **cfg}))  # fmt: skip
     for kernel in ("bwd_edge", "bwd_filter"):
+        out.append((kernel, "shipped", "ieee", {f"dot_{kernel}": "ieee"}))
         for be, bf, nw in head(EDGE_CONFIGS):
             cfg = {f"{kernel}_block_e": be, f"{kernel}_block_f": bf, f"{kernel}_warps": nw}
             out.append((kernel, f"- x {be} x {bf} / {nw}", "tf32x3", {f"dot_{kernel}": "tf32x3", **cfg}))
@@ -402,11 +412,11 @@ def _sweep(full: bool) -> list[tuple[str, str, str, dict]]:
 def variant_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
     """Section "variants", one graph: the block forward / sender-backward kernels and the fused sender+edge
     backward over tiles x precision, each kernel group after its shipped (atom, ieee) baseline."""
-    # Speed-ups vs the shipped kernel in ieee: from the kernels section when it ran, else timed here first.
-    base = {r["kernel"]: r["us"] for r in records if r.get("section") == "kernels" and r["graph"] == b.name
-            and r["prec"] == "ieee"}  # fmt: skip
+    # Speed-ups and accuracy vs the shipped kernel in ieee: from the kernels section when it ran, else timed here.
     for kernel, tiles, prec, cfg in _sweep(full=b.name.startswith("water")):
         variant = cfg.get(f"{kernel}_variant", cfg.get("bwd_sender_variant", "atom"))
+        if tiles == "shipped" and kernel in b.shipped:
+            continue
         if deadline.over(f"{b.name} {kernel} {variant} {tiles} {prec}"):
             continue
         try:
@@ -415,9 +425,9 @@ def variant_probe(lines: list[str], records: list, b: KernelBench, deadline: Dea
             lines.append(_failed(b, kernel, variant, tiles, prec, exc))
             continue
         if tiles == "shipped":
-            base[kernel] = us
+            b.shipped[kernel] = (us, err)
         rec = dict(section="variants", graph=b.name, edges=b.edges, kernel=kernel, variant=variant, prec=prec)
-        _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), base.get(kernel))
+        _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), *b.shipped.get(kernel, (None, None)))
 
 
 def summary(lines: list[str], records: list, deadline: Deadline) -> None:
@@ -436,7 +446,7 @@ def summary(lines: list[str], records: list, deadline: Deadline) -> None:
         for kernel in (*mp._KERNELS, "bwd_sender+edge"):
             mine = [r for r in rows if r["graph"] == graph and r["kernel"] == kernel]
             base = [r["us"] for r in mine if r["variant"] == "atom" and r["prec"] == "ieee"]
-            good = sorted((r for r in mine if r["err"] <= ACCURATE), key=lambda r: r["us"])
+            good = sorted((r for r in mine if r["ok"]), key=lambda r: r["us"])
             if not base or not good:
                 continue
             shipped[kernel], best[kernel] = base[0], good[0]

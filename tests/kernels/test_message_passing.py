@@ -149,6 +149,16 @@ def test_block_boundaries(triton_device, variant):
     assert torch.equal(grads[0][idx], torch.zeros_like(grads[0][idx]))
 
 
+def test_feature_chunks_and_small_tiles(triton_device, variant, monkeypatch):
+    """Several feature chunks per row (F = 40 in chunks of 16: the last one masked) and blocks of 32 atoms over
+    16-edge tiles, as on the GPU (the interpreter otherwise takes whole rows); CUDA runs its own tiles."""
+    monkeypatch.setitem(mp_module._CPU_TILES, "block_a", 32)
+    monkeypatch.setitem(mp_module._CPU_TILES, "block_e_block", 16)
+    monkeypatch.setitem(mp_module._CPU_TILES, "block_e", 16)
+    monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)
+    _compare(_graph(45, 160, 40, 7, torch.float64, triton_device, seed=14, isolated=4), torch.float64)
+
+
 def test_launch_configuration():
     """Variant and dot precision come from the launch configuration, per kernel; float64 and the interpreter
     always get "ieee"; unknown keys and values are errors."""
@@ -170,6 +180,10 @@ def test_launch_configuration():
         assert cfg("cuda", torch.float64, "bwd_sender", 128, 20, True)[2] == "block"
         assert cfg("cuda", torch.float32, "bwd_sender", 256, 20, True)[2] == "block"
         assert cfg("cpu", torch.float64, "bwd_sender", 40, 20, True)[2] == "fused"
+    with mp_module._configured(bwd_edge_block_e=64, bwd_edge_block_f=32, bwd_edge_warps=8):
+        c, warps, _ = cfg("cuda", torch.float32, "bwd_edge", 128, 20)
+        assert (c["BLOCK_E"], c["BLOCK_F"], warps) == (64, 32, 8)
+        assert cfg("cuda", torch.float32, "bwd_filter", 128, 20)[0]["BLOCK_F"] == 128  # its own keys
     assert mp_module._CONFIG["fwd_variant"] == "atom" and mp_module._CONFIG["dot_fwd"] == "ieee"
     with pytest.raises(KeyError, match="unknown"), mp_module._configured(dot_everything="ieee"):
         pass
