@@ -267,12 +267,16 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     tuning above; their own keys, so that e.g. a tf32x3 dot can take smaller tiles there).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
 # benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
+# Shipped: the fastest float32-accurate choice per kernel of the H100 sweep on 24,000-atom water
+# (benchmarks/results/tune_mp_h100.md, 2026-11-23): block forward 16 x 32 x 64 / 4 warps with tf32x3 (6.04 ->
+# 1.55 ms), atom sender backward with tf32x3 (6.79 -> 1.98 ms), both at the ieee kernels' error vs float64
+# (~3e-7); the edge and filter kernels stay ieee (tf32x3 did not make them faster there).
 _CONFIG = {
     "block_e": 16,
     "block_f": 128,
     "num_warps": 4,
-    "fwd_variant": "atom",
-    "fwd_block_a": 32,
+    "fwd_variant": "block",
+    "fwd_block_a": 16,
     "fwd_block_e": 32,
     "fwd_block_f": 64,
     "fwd_warps": 4,
@@ -287,8 +291,8 @@ _CONFIG = {
     "bwd_filter_block_e": 32,
     "bwd_filter_block_f": 128,
     "bwd_filter_warps": 4,
-    "dot_fwd": "ieee",
-    "dot_bwd_sender": "ieee",
+    "dot_fwd": "tf32x3",
+    "dot_bwd_sender": "tf32x3",
     "dot_bwd_edge": "ieee",
     "dot_bwd_filter": "ieee",
 }

@@ -184,7 +184,8 @@ def test_launch_configuration():
         c, warps, _ = cfg("cuda", torch.float32, "bwd_edge", 128, 20)
         assert (c["BLOCK_E"], c["BLOCK_F"], warps) == (64, 32, 8)
         assert cfg("cuda", torch.float32, "bwd_filter", 128, 20)[0]["BLOCK_F"] == 128  # its own keys
-    assert mp_module._CONFIG["fwd_variant"] == "atom" and mp_module._CONFIG["dot_fwd"] == "ieee"
+    # shipped defaults: the H100 sweep's fastest float32-accurate choices (benchmarks/results/tune_mp_h100.md)
+    assert mp_module._CONFIG["fwd_variant"] == "block" and mp_module._CONFIG["dot_fwd"] == "tf32x3"
     with pytest.raises(KeyError, match="unknown"), mp_module._configured(dot_everything="ieee"):
         pass
     for bad in (dict(fwd_variant="warp"), dict(dot_bwd_edge="tf32x6")):
