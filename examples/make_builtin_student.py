@@ -141,7 +141,7 @@ def main() -> None:
     meta = {
         "teacher": "gfn2-xtb",
         "description": "PaiNN student of GFN2-xTB on closed-shell CHNO molecules of ASE g2, 300-800 K",
-        "recipe": "python examples/make_builtin_student.py --workers 16 --deadline 440 --install",
+        "recipe": "python " + " ".join(["examples/make_builtin_student.py", *sys.argv[1:]]),
         "val": result.best_val,
         "train_frames": len(train_frames),
         "train_seconds": result.seconds,

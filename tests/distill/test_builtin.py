@@ -31,5 +31,13 @@ def test_builtin_chno_gfn2_agrees_with_gfn2_on_rattled_molecules():
         ref = a.copy()
         ref.calc = tblite_ase.TBLite(method="GFN2-xTB", verbosity=0)
         errors.append(np.abs(p["forces"] - ref.get_forces()).ravel())
-    # Held-out MAE of this student is ~41 meV/Å (benchmarks/results/builtin_chno_gfn2.md); allow margin.
-    assert np.concatenate(errors).mean() < 0.1
+    # Held-out MAE of this student is 18.8 meV/Å (benchmarks/results/builtin_chno_gfn2.md). On these three
+    # rattled molecules it measures 43 meV/Å (pyridine 72: a uniform 0.05 Å rattle of a ring is off the
+    # sampled distribution); 60 catches a broken or swapped checkpoint (the previous one gave 64 here).
+    err = np.concatenate(errors).mean()
+    assert err < 0.060, f"builtin student force MAE {1e3 * err:.1f} meV/Å vs GFN2-xTB"
+    # Energies too, absolute (no per-molecule offset allowed): the issue's ≤ 5 meV/atom; measured ≤ 1 here.
+    for a, p in zip(structures, preds, strict=True):
+        ref = a.copy()
+        ref.calc = tblite_ase.TBLite(method="GFN2-xTB", verbosity=0)
+        assert abs(p["energy"] - ref.get_potential_energy()) / len(a) < 0.005, a.get_chemical_formula()
