@@ -35,7 +35,7 @@ def _cfg(mode, **kw):
 def _assert_same_run(a, b, atol=1e-10):
     sa, sb = a.model.state_dict(), b.model.state_dict()
     for k in sa:
-        torch.testing.assert_close(sa[k], sb[k], atol=atol, rtol=atol, msg=k)
+        torch.testing.assert_close(sa[k], sb[k], atol=atol, rtol=atol, msg=lambda m, k=k: f"{k}: {m}")
     assert [h["step"] for h in a.history] == [h["step"] for h in b.history]
     for ha, hb in zip(a.history, b.history, strict=True):
         for key in ("train_loss", "train_energy_mse", "train_forces_mse", "val_force_mae_mev_a", "lr"):
