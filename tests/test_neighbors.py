@@ -408,6 +408,13 @@ def test_auto_takes_vesin_for_one_large_structure(monkeypatch):
     assert neighbor_list_batch(one, CUTOFF).method == "vesin"
     two = AtomsBatch.from_atoms([Atoms("H400", positions=rng.uniform(0, 16, (400, 3)), **box)] * 2)
     assert neighbor_list_batch(two, CUTOFF).method == "cell_list", "many structures: our batched list"
+    # On CUDA auto keeps our Triton cell list even for one large structure (measured faster than vesin once its
+    # pairs are converted to the receiver-sorted contract, benchmarks/results/large_h100.md).
+    assert "cuda" not in neighbors.AUTO_VESIN_MIN_ATOMS
+    if torch.cuda.is_available() and neighbors.vesin_available():
+        big = one.to("cuda")
+        monkeypatch.setitem(neighbors.AUTO_VESIN_MIN_ATOMS, "cpu", 1)
+        assert neighbor_list_batch(big, CUTOFF).method == "cell_list"
 
 
 # ------------------------------------------------------------------------------------------------ Verlet skin

@@ -52,7 +52,7 @@ Backends (``BACKENDS`` maps name -> supported devices; :func:`available_backends
   ``vesin`` for a single structure of at least ``AUTO_VESIN_MIN_ATOMS[device type]`` atoms when vesin-torch
   is installed (where one large system per call is its strength); else ``cell_list``. ``AUTO_BRUTE_MAX`` is
   128 on CPU (measured crossover, 1-2 threads) and 1024 on CUDA (estimate: brute needs fewer launches);
-  ``AUTO_VESIN_MIN_ATOMS`` comes from benchmarks/results/neighbors_h100.md and bench runs on CPU.
+  ``AUTO_VESIN_MIN_ATOMS`` comes from bench runs on CPU (on CUDA auto never picks vesin: see its comment).
 
 Verlet skin: :class:`VerletNeighborList` (:mod:`.verlet`) builds with ``cutoff + skin`` and reuses the list
 until some atom has moved more than ``skin / 2`` (or the cell, pbc, atoms or species changed).
@@ -97,8 +97,11 @@ _CELL_LIST_ENV = "MLFF_DISTILLER_CELL_LIST"
 # Candidates per atom (n_b * M_b) up to which ``auto`` takes ``brute``, per device type. A cell-list atom
 # checks 27 bins of >= cutoff^3 each (hundreds of candidates) plus sort/ghost overhead; see the docstring.
 AUTO_BRUTE_MAX: dict[str, int] = {"cpu": 128, "cuda": 1024}
-# Atoms of a single structure from which ``auto`` takes vesin (when installed), per device type.
-AUTO_VESIN_MIN_ATOMS: dict[str, int] = {"cpu": 1000, "cuda": 20_000}
+# Atoms of a single structure from which ``auto`` takes vesin (when installed), per device type. None on CUDA:
+# on an H100 (benchmarks/results/large_h100.md) one 24,000-atom water box took 2.66 ms with our Triton cell list
+# and 6.09 ms with vesin-torch converted to this contract (its raw list is 0.76 ms; the receiver sort and the
+# float64 re-filter cost the rest), so auto keeps our cell list there.
+AUTO_VESIN_MIN_ATOMS: dict[str, int] = {"cpu": 1000}
 
 
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
