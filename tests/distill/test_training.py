@@ -208,6 +208,9 @@ def test_label_train_evaluate_end_to_end(emt_frames, emt_test_labels, tmp_path):
 
     timing = md_step_timing(test[0], StudentCalculator(model, device="cpu"), EMT(), steps=3, warmup=1)
     assert timing["student_s_per_step"] > 0 and timing["teacher_s_per_step"] > 0
+    for who in ("student", "teacher"):  # medians of per-step times, with the mean and the worst step beside them
+        assert 0 < timing[f"{who}_s_per_step"] <= timing[f"{who}_max_s_per_step"]
+        assert timing[f"{who}_mean_s_per_step"] <= timing[f"{who}_max_s_per_step"]
     drift = nve_drift(test[0], model, steps=40, device="cpu")
     assert np.isfinite(drift["drift_mev_atom_per_ps"]) and drift["max_abs_dev_mev_atom"] < 50
 
