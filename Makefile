@@ -15,7 +15,8 @@ test:
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 $(PYTEST_ARGS)
 
 lint:
-	$(PY) -m ruff check src kernels tests benchmarks examples
+	$(PY) -m ruff check src kernels tests benchmarks examples scripts
+	$(PY) -m ruff format --check src kernels tests benchmarks examples scripts
 
 bench:
 	$(PY) benchmarks/run_all.py

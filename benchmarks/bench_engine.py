@@ -266,9 +266,7 @@ def bench_errors(model, clock: Clock, rows: list) -> None:
     counts = batch.counts.double()
     for precision in ("fp32", "tf32", "bf16", "fp16"):
         for mode in ("eager", "cudagraph"):
-            out = ForceEngine(model, device="cuda", precision=precision, mode=mode).compute(
-                batch, to_host=True
-            )
+            out = ForceEngine(model, device="cuda", precision=precision, mode=mode).compute(batch, to_host=True)
             de = (out["energy"].double() - e_ref).abs()
             df = out["forces"].double() - f_ref
             rows.append(
@@ -326,9 +324,7 @@ def child_startup(args) -> None:
     torch.cuda.init()
     t0 = time.perf_counter()
     model = load_model(args.child_startup)
-    engine = ForceEngine(
-        model, device="cuda", mode=args.mode, compile_mode=args.compile_mode, cache_dir=args.cache_dir
-    )
+    engine = ForceEngine(model, device="cuda", mode=args.mode, compile_mode=args.compile_mode, cache_dir=args.cache_dir)
     engine.compute(AtomsBatch.from_atoms(molecule("C6H6")), to_host=True)
     t1 = time.perf_counter()
     engine.compute(AtomsBatch.from_atoms(molecule("C6H6")), to_host=True)
@@ -385,17 +381,14 @@ def write_report(data: dict, md_path: Path) -> None:
             "|---|---:|---:|",
         ]
         for r in md:
-            lines.append(
-                f"| {r['variant']} | {_fmt(r.get('step_us'))} | {r.get('graphs', r.get('skipped', ''))} |"
-            )
+            lines.append(f"| {r['variant']} | {_fmt(r.get('step_us'))} | {r.get('graphs', r.get('skipped', ''))} |")
         lines.append("")
     sw = [r for r in rows if r["section"] == "sweep"]
     if sw:
         lines += [
             "## Batch sweep over ASE g2 molecules (µs per structure)",
             "",
-            "| variant | batch | atoms | step µs/structure | e2e µs/structure | structures/s (e2e) | "
-            "first call s |",
+            "| variant | batch | atoms | step µs/structure | e2e µs/structure | structures/s (e2e) | first call s |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for r in sw:
@@ -465,9 +458,7 @@ def main() -> None:
     if args.variants:
         keep = [v.strip() for v in args.variants.split(",")]
         for table in (LATENCY_VARIANTS, SWEEP_VARIANTS):
-            table[:] = [
-                v for v in table if v is REFERENCE or v[0] == REFERENCE[0] or any(k in v[0] for k in keep)
-            ]
+            table[:] = [v for v in table if v is REFERENCE or v[0] == REFERENCE[0] or any(k in v[0] for k in keep)]
     clock = Clock(args.budget_s)
     model = make_student()
     out = Path(args.out)

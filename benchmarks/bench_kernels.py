@@ -133,9 +133,7 @@ def _as_tuple(x):
 
 def mode_fn(case: Case, fn: Callable, mode: str) -> tuple[Callable[[], object], int]:
     """The timed closure of ``mode`` and its minimal traffic in bytes."""
-    inputs = {
-        k: (v.detach().requires_grad_(k in case.wrt) if mode != "fwd" else v) for k, v in case.inputs.items()
-    }
+    inputs = {k: (v.detach().requires_grad_(k in case.wrt) if mode != "fwd" else v) for k, v in case.inputs.items()}
     wrt = [inputs[k] for k in case.wrt]
     if mode == "fwd":
         return (lambda: fn(**inputs)), case.fwd_bytes
@@ -181,8 +179,7 @@ def run_case(case: Case, modes, env: Environment, device, args, compile_cache: d
         for impl, (t, nbytes) in timings.items():
             gbps = nbytes / (t.median_us * 1e-6) / 1e9
             vs = {
-                ref: timings[ref][0].median_us / t.median_us if ref in timings else None
-                for ref in ("eager", "compile")
+                ref: timings[ref][0].median_us / t.median_us if ref in timings else None for ref in ("eager", "compile")
             }
             row = BenchRow(
                 bench=case.bench,
@@ -253,22 +250,14 @@ def tune(env: Environment, device, dtype, args) -> list[BenchRow]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--quick", action="store_true", help="1e4 and 1e6 edges, one variant per kernel, short timing"
-    )
-    p.add_argument(
-        "--out", type=Path, default=Path(__file__).resolve().parent / "results", help="results directory"
-    )
-    p.add_argument(
-        "--name", default="bench_kernels", help="results file stem: <out>/<name>.jsonl and <out>/<name>.md"
-    )
+    p.add_argument("--quick", action="store_true", help="1e4 and 1e6 edges, one variant per kernel, short timing")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results", help="results directory")
+    p.add_argument("--name", default="bench_kernels", help="results file stem: <out>/<name>.jsonl and <out>/<name>.md")
     p.add_argument("--sizes", type=float, nargs="+", help="edge counts (default 1e4 1e5 1e6 1e7)")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--double", action="store_true", help="also time the force-training double backward")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd reference")
-    p.add_argument(
-        "--static-compile", action="store_true", help="compile the reference per size (dynamic=False)"
-    )
+    p.add_argument("--static-compile", action="store_true", help="compile the reference per size (dynamic=False)")
     p.add_argument("--tune", action="store_true", help="also sweep tile size x warps at 1e6 edges")
     p.add_argument("--rep-ms", type=float, default=None, help="timing budget per measurement (ms)")
     p.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)  # exercise the script on CPU
@@ -313,9 +302,7 @@ def main(argv=None) -> int:
             if device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info()
                 if n_edges * N_RBF * torch.finfo(dtype).bits // 8 * 12 > free:
-                    print(
-                        f"  skipping {bench} at {n_edges:.0e} edges: not enough GPU memory for the references"
-                    )
+                    print(f"  skipping {bench} at {n_edges:.0e} edges: not enough GPU memory for the references")
                     continue
             case = make_case(bench, variant, n_edges, dtype, device)
             rows += run_case(case, modes, env, device, args, compile_cache)
@@ -338,8 +325,7 @@ def _summary(rows: list[BenchRow]) -> None:
         if r.mode == "fwd":  # the fused ops are the target; edge_features (gathers only) for comparison
             ok = r.frac_copy_bw >= 0.6
             print(
-                f"  {'PASS' if ok else 'MISS'} {r.bench} {r.variant} fwd: "
-                f"{100 * r.frac_copy_bw:.0f}% of copy bandwidth"
+                f"  {'PASS' if ok else 'MISS'} {r.bench} {r.variant} fwd: {100 * r.frac_copy_bw:.0f}% of copy bandwidth"
             )
         if r.mode == "fwd+bwd":
             ok = (r.vs_eager or 0) >= 3 and (r.vs_compile is None or r.vs_compile > 1)

@@ -100,6 +100,7 @@ def main(argv=None) -> int:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+
         def f(k, spec=".1f", r=r):
             return format(r[k], spec) if k in r else "—"
 

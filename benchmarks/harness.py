@@ -52,9 +52,7 @@ class Environment:
     triton: str
     commit: str
     host: str
-    copy_gbps: (
-        float  # device-to-device copy bandwidth measured in the same run (bytes read + written per second)
-    )
+    copy_gbps: float  # device-to-device copy bandwidth measured in the same run (bytes read + written per second)
 
 
 @dataclasses.dataclass
@@ -77,9 +75,7 @@ class BenchRow:
     vs_compile: float | None = None  # compiled-reference time / this time
     note: str = ""
     env: Environment | None = None
-    timestamp: str = dataclasses.field(
-        default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    )
+    timestamp: str = dataclasses.field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
 
 
 def _git_commit() -> str:
@@ -114,9 +110,7 @@ def environment(device: torch.device, copy_gbps: float) -> Environment:
     )
 
 
-def time_fn(
-    fn: Callable[[], object], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100
-) -> Timing:
+def time_fn(fn: Callable[[], object], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100) -> Timing:
     """Median and quantiles of one call of ``fn``; it runs once untimed first (compilation, autotuning)."""
     fn()
     if device.type == "cuda":

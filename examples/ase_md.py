@@ -1,6 +1,6 @@
 """Molecular dynamics with the student as an ASE calculator (NVE with VelocityVerlet, then Langevin NVT).
 
-    python examples/ase_md.py [checkpoint]       # default: the built-in student, else a fresh one
+python examples/ase_md.py [checkpoint]       # default: the built-in student, else a fresh one
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Energies and forces of many structures in one call: ``predict_forces``.
 
-    python examples/batched_predict.py [checkpoint]
+python examples/batched_predict.py [checkpoint]
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ def main() -> None:
     t0 = time.perf_counter()
     results = predict_forces(model, structures)  # batched by an atom budget, results in input order
     dt = time.perf_counter() - t0
-    print(f"{len(results)} molecules in {dt:.2f} s; first: E = {results[0]['energy']:.4f} eV, "
-          f"|F|max = {np.abs(results[0]['forces']).max():.3f} eV/Å")
+    print(
+        f"{len(results)} molecules in {dt:.2f} s; first: E = {results[0]['energy']:.4f} eV, "
+        f"|F|max = {np.abs(results[0]['forces']).max():.3f} eV/Å"
+    )
     if 14 in model.species_list:
         si = bulk("Si", "diamond", a=5.43) * (2, 2, 2)
         r = predict_forces(model, [si], stress=True)[0]

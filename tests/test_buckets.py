@@ -131,9 +131,7 @@ def test_padding_content_does_not_leak():
     nl = neighbor_list_batch(batch, model.cutoff)
     bucket = engine.buckets.select(batch.num_atoms, nl.num_edges)
     g = engine._graph(bucket)
-    fill_padded(
-        g, batch.numbers, batch.positions.float(), batch.batch, 2, nl.edge_index, nl.shift_vectors.float()
-    )
+    fill_padded(g, batch.numbers, batch.positions.float(), batch.batch, 2, nl.edge_index, nl.shift_vectors.float())
     a = engine._step(*g.inputs()).clone()
     n = batch.num_atoms
     g.positions[n:] = torch.randn_like(g.positions[n:])

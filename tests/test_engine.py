@@ -86,16 +86,22 @@ def test_zero_volume_cell_is_a_value_error(model):
     atoms = Atoms("Si2", positions=[[0, 0, 0], [1.3, 1.3, 1.3]], cell=[[5, 0, 0], [0, 5, 0], [5, 5, 0]], pbc=True)
     with pytest.raises(ValueError, match="zero-volume cell"):
         predict_forces(model, [atoms])
-    slab = Atoms("Si2", positions=[[0, 0, 0], [1.3, 1.3, 1.3]], cell=[[5, 0, 0], [0, 5, 0], [0, 0, 0]],
-                 pbc=[True, True, False])
+    slab = Atoms(
+        "Si2", positions=[[0, 0, 0], [1.3, 1.3, 1.3]], cell=[[5, 0, 0], [0, 5, 0], [0, 0, 0]], pbc=[True, True, False]
+    )
     assert np.isfinite(predict_forces(model, [slab])[0]["forces"]).all()  # a slab's zero c-vector is fine
 
 
 def test_mismatched_shapes_are_a_value_error():
     with pytest.raises(ValueError, match="positions must be"):
-        AtomsBatch(numbers=torch.tensor([1, 1]), positions=torch.zeros(3, 3), cell=torch.zeros(1, 3, 3),
-                   pbc=torch.zeros(1, 3, dtype=torch.bool), batch=torch.zeros(2, dtype=torch.long),
-                   ptr=torch.tensor([0, 2]))
+        AtomsBatch(
+            numbers=torch.tensor([1, 1]),
+            positions=torch.zeros(3, 3),
+            cell=torch.zeros(1, 3, 3),
+            pbc=torch.zeros(1, 3, dtype=torch.bool),
+            batch=torch.zeros(2, dtype=torch.long),
+            ptr=torch.tensor([0, 2]),
+        )
 
 
 def test_bad_arguments(model):

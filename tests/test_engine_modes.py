@@ -80,9 +80,7 @@ def test_precisions_within_documented_tolerance_cpu(precision, precision_case):
     model, batch, ref = precision_case
     for pad in (False, True):
         with warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore"
-            )  # a CPU without 16-bit matmuls falls back to fp32 (also within tol)
+            warnings.simplefilter("ignore")  # a CPU without 16-bit matmuls falls back to fp32 (also within tol)
             engine = ForceEngine(model, device="cpu", precision=precision, pad=pad)
         out = engine.compute(batch)
         assert out["forces"].dtype == torch.float32  # forces and energies stay float32

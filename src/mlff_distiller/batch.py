@@ -165,6 +165,4 @@ def _validate_structure(k: int, z: np.ndarray, pos: np.ndarray, cell: np.ndarray
         periodic = cell[pbc]
         vol = float(np.sqrt(max(np.linalg.det(periodic @ periodic.T), 0.0)))
         if vol < MIN_VOLUME:
-            raise ValueError(
-                f"{where}: zero-volume cell (periodic vectors span {vol:.3g}) with pbc={pbc.tolist()}"
-            )
+            raise ValueError(f"{where}: zero-volume cell (periodic vectors span {vol:.3g}) with pbc={pbc.tolist()}")

@@ -90,13 +90,9 @@ class BucketLadder:
         if self.align < 1:
             raise ValueError(f"BucketLadder.align must be >= 1, got {self.align}")
         if not 2 <= self.min_atoms <= self.max_atoms:
-            raise ValueError(
-                f"BucketLadder needs 2 <= min_atoms <= max_atoms, got {self.min_atoms}, {self.max_atoms}"
-            )
+            raise ValueError(f"BucketLadder needs 2 <= min_atoms <= max_atoms, got {self.min_atoms}, {self.max_atoms}")
         if not 1 <= self.min_edges <= self.max_edges:
-            raise ValueError(
-                f"BucketLadder needs 1 <= min_edges <= max_edges, got {self.min_edges}, {self.max_edges}"
-            )
+            raise ValueError(f"BucketLadder needs 1 <= min_edges <= max_edges, got {self.min_edges}, {self.max_edges}")
 
     @property
     def atom_capacities(self) -> tuple[int, ...]:
@@ -203,9 +199,7 @@ def fill_padded(
     if not dst.bucket.fits(n, e):
         raise ValueError(f"a graph of {n} atoms and {e} edges does not fit bucket {dst.bucket}")
     if tuple(positions.shape) != (n, 3) or tuple(batch.shape) != (n,) or tuple(shift_vectors.shape) != (e, 3):
-        raise ValueError(
-            "fill_padded: positions [N,3], batch [N] and shift_vectors [E,3] must match numbers/edges"
-        )
+        raise ValueError("fill_padded: positions [N,3], batch [N] and shift_vectors [E,3] must match numbers/edges")
     if not 0 <= num_structures <= n:
         raise ValueError(f"fill_padded: num_structures must be in 0..{n}, got {num_structures}")
     dst.positions[:n].copy_(positions)
@@ -240,7 +234,5 @@ def pad_graph(
     pad_z: int,
 ) -> PaddedGraph:
     """A freshly allocated :class:`PaddedGraph` holding the given graph (see :func:`fill_padded`)."""
-    dst = PaddedGraph.empty(
-        bucket, dtype=positions.dtype, device=positions.device, cutoff=cutoff, pad_z=pad_z
-    )
+    dst = PaddedGraph.empty(bucket, dtype=positions.dtype, device=positions.device, cutoff=cutoff, pad_z=pad_z)
     return fill_padded(dst, numbers, positions, batch, num_structures, edge_index, shift_vectors)
