@@ -49,9 +49,12 @@ echo "===== part $part (scale $SCALE)"
 
 case "$part" in
   verify)
-    timeout $(box 330) python3 -m pytest -q -p no:cacheprovider --timeout=300 -k "cuda or gpu" \
+    # -v: each test's name and outcome as it finishes, so a run cut by the time box still names its failures.
+    timeout $(box 330) python3 -m pytest -v -p no:cacheprovider --timeout=300 --tb=short -k "cuda or gpu" \
       tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_calculator.py tests/test_neighbors.py \
-      tests/test_physics.py tests/kernels 2>&1 | tee "$res/pytest_gpu.log" | tail -15
+      tests/test_physics.py tests/kernels >"$res/pytest_gpu.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_gpu.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu.log" | head -20
+    tail -3 "$res/pytest_gpu.log"
     timeout $(box 150) python3 benchmarks/profile_step.py --out "$res" >"$res/profile.log" 2>&1
     grep -E "=====|device kernels" "$res/profile.log"
     ;;
