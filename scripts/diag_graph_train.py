@@ -2,9 +2,10 @@
 
     python scripts/diag_graph_train.py
 
-Trains the tiny EMT set-up of tests/distill/test_training_static.py for n = 1..8 and 12 steps in the modes
-cudagraph, static and plain (float64, CUDA) and prints the largest weight difference per parameter, with EMA and
-clipping on and off, so a one-step offset (a lost or doubled step), a frozen learning rate or EMA weight, or
+Trains the tiny set-up of tests/distill/test_training_static.py (its ``_cfg``, on EMT-labelled H2O/CH4/NH3)
+for n = 1, 2, 3, 4, 6 and 12 steps in the modes cudagraph, static and plain (float64, CUDA) and prints the
+largest weight difference and the parameter it is in, with EMA and clipping on and off, so a one-step
+offset (a lost or doubled step), a frozen learning rate or EMA weight, or
 mere rounding noise can be told apart.
 """
 
@@ -18,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distill"
 from ase.build import molecule
 from ase.calculators.emt import EMT
 from ase.calculators.singlepoint import SinglePointCalculator
+from test_training_static import _cfg  # the set-up under diagnosis (tests/distill is on sys.path above)
 
-from mlff_distiller.distill import TrainConfig, split_frames, train
+from mlff_distiller.distill import split_frames, train
 
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"
 
@@ -40,21 +42,8 @@ def frames():
 
 
 def cfg(mode, **kw):
-    opts = dict(
-        model=dict(hidden=16, layers=2, n_rbf=8, cutoff=4.0),
-        batch_size=8,
-        lr=3e-3,
-        warmup_steps=5,
-        eval_every=1000,
-        ema_decay=0.9,
-        grad_clip=1.0,
-        device=DEVICE,
-        dtype="float64",
-        patience=0,
-        train_step=mode,
-    )
-    opts.update(kw)
-    return TrainConfig(**opts)
+    """The configuration of the test this script diagnoses, on ``DEVICE``, without validation in between."""
+    return _cfg(mode, **{"device": DEVICE, "eval_every": 1000, **kw})
 
 
 def maxdiff(a, b):
