@@ -6,6 +6,7 @@ import pytest
 import torch
 from ase.build import molecule
 from ase.calculators.singlepoint import SinglePointCalculator
+from torch import nn
 
 from mlff_distiller import StudentModel, kernels
 from mlff_distiller.distill import FrameDataset, TrainConfig, split_frames, student_forward, train
@@ -292,3 +293,37 @@ def test_time_limit_validates_the_last_step(emt_frames, mode):
     res = train(train_f, val_f, _cfg(mode, time_limit_s=1e-3, max_steps=0, eval_every=1000), log=lambda m: None)
     assert res.stopped == "time_limit" and res.steps >= 1
     assert [h["step"] for h in res.history] == [res.steps] and res.best_val["step"] == res.steps
+
+
+@pytest.mark.gpu
+def test_capturable_adamw_matches_plain_adamw_in_float64():
+    """The CUDA-graph step's AdamW (capturable, bias corrections computed on the device) gives the plain
+    AdamW's float64 numbers; with torch's own float32 step counts it parts from them after one step."""
+    import copy
+    from types import SimpleNamespace
+
+    from mlff_distiller.distill.optim import _optimizer
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to(dev, torch.float64)
+    cfg = SimpleNamespace(lr=1e-3, weight_decay=0.01)
+    x = torch.randn(32, 8, dtype=torch.float64, device=dev)
+
+    def run(torch_state: bool) -> float:
+        a, b = copy.deepcopy(net), copy.deepcopy(net)
+        oa = _optimizer(a, cfg, "cudagraph", dev, torch.float64)
+        if torch_state:
+            oa.state.clear()  # torch creates it at the first step, with float32 step counts
+        ob = _optimizer(b, cfg, "static", dev, torch.float64)
+        for _ in range(5):
+            for mod, o in ((a, oa), (b, ob)):
+                o.zero_grad()
+                mod(x).square().sum().backward()
+                o.step()
+        return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+    assert run(torch_state=False) < 1e-14
+    assert run(torch_state=True) > 1e-12  # the difference the float64 step counts remove
