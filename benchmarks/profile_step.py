@@ -3,9 +3,12 @@
 
 Prints, for benzene and a batch of g2 molecules: the CUDA-graph replay time, the kernels of one padded step
 (names, counts, device time) from ``torch.profiler``, and cProfile tables of the host side of
-``ForceEngine.compute`` and of an ASE MD step through ``StudentCalculator``.
+``ForceEngine.compute`` and of an ASE MD step through ``StudentCalculator``; and for a 192-atom periodic water box
+with the water student's architecture (hidden 128, 3 layers, 20 RBF, 5 Å: ``configs/water_sevennet_train.yaml``),
+the distribution of ``StudentCalculator`` step times in a thermal random walk (median, mean, max, neighbour-list
+rebuilds, graph captures) and a host profile of those steps.
 
-    python benchmarks/profile_step.py --out DIR
+    python benchmarks/profile_step.py --out DIR [--sections small,water]
 """
 
 from __future__ import annotations
@@ -54,10 +57,57 @@ def _host_profile(fn, reps: int, rows: int = 35) -> str:
     return s.getvalue()
 
 
+def _water_steps(n_steps: int = 400) -> list[str]:
+    """StudentCalculator step times on a 192-atom water box (the SevenNet-0 example's system and student
+    architecture, random weights) while the atoms random-walk by ~0.01 Å per step (about an MD step's motion
+    at 300 K and 0.5 fs for H), in each calculator mode."""
+    import time
+
+    import numpy as np
+    from systems import water_box
+
+    from mlff_distiller import StudentModel
+
+    out = []
+    torch.manual_seed(0)
+    model = StudentModel(species=[1, 8], hidden=128, layers=3, n_rbf=20, cutoff=5.0)
+    for mode in ("auto", "eager"):
+        atoms = water_box(192, seed=0)
+        calc = StudentCalculator(model, device="cuda", mode=mode)
+        atoms.calc = calc
+        rng = np.random.default_rng(0)
+        times = []
+        for _ in range(n_steps + 20):
+            atoms.positions = atoms.positions + rng.normal(0, 0.01, atoms.positions.shape)
+            t0 = time.perf_counter()
+            f = atoms.get_forces()
+            times.append(time.perf_counter() - t0)
+        assert np.isfinite(f).all()
+        t = np.array(times[20:]) * 1e3
+        eng = calc.engine
+        builds = getattr(getattr(eng, "verlet", None), "n_builds", None)
+        out.append(
+            f"\n===== water 192 atoms, StudentCalculator(mode={mode!r}), {n_steps} steps: median {np.median(t):.3f} ms, "
+            f"mean {t.mean():.3f} ms, p90 {np.percentile(t, 90):.3f} ms, max {t.max():.3f} ms; "
+            f"list builds {builds}, graphs {len(getattr(eng, '_runners', {}))}"
+        )
+        out.append("slowest steps (ms, index): " + ", ".join(f"{t[i]:.2f}@{i}" for i in np.argsort(t)[-8:][::-1]))
+        out.append(f"--- host profile of 200 more steps (mode={mode!r})")
+
+        def one():
+            atoms.positions = atoms.positions + rng.normal(0, 0.01, atoms.positions.shape)
+            atoms.get_forces()
+
+        out.append(_host_profile(one, 200))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=None)
+    p.add_argument("--sections", default="small,water")
     args = p.parse_args()
+    sections = set(args.sections.split(","))
     import triton
     from ase import units
     from ase.build import molecule
@@ -65,7 +115,8 @@ def main() -> None:
 
     model = load_model("builtin:chno-gfn2")
     report = [f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}"]
-    for name, structs in [("benzene", [molecule("C6H6")]), ("g2x1024", g2_chno(1024))]:
+    systems = [("benzene", [molecule("C6H6")]), ("g2x1024", g2_chno(1024))] if "small" in sections else []
+    for name, structs in systems:
         eng = ForceEngine(model, device="cuda", mode="cudagraph")
         batch = AtomsBatch.from_atoms(structs)
         eng.compute(batch, to_host=True)
@@ -83,12 +134,15 @@ def main() -> None:
         report.append(_kernel_table(lambda: eng._step(*graph.inputs())))
         report.append("--- host profile of engine.compute (to_host), 200 calls")
         report.append(_host_profile(lambda: eng.compute(batch, to_host=True), 200))
-    atoms = molecule("C6H6")
-    atoms.calc = StudentCalculator(model, device="cuda")
-    dyn = VelocityVerlet(atoms, 0.5 * units.fs)
-    dyn.run(20)
-    report.append("\n===== ASE MD step (benzene, StudentCalculator defaults), host profile of 200 steps")
-    report.append(_host_profile(lambda: dyn.run(1), 200))
+    if "small" in sections:
+        atoms = molecule("C6H6")
+        atoms.calc = StudentCalculator(model, device="cuda")
+        dyn = VelocityVerlet(atoms, 0.5 * units.fs)
+        dyn.run(20)
+        report.append("\n===== ASE MD step (benzene, StudentCalculator defaults), host profile of 200 steps")
+        report.append(_host_profile(lambda: dyn.run(1), 200))
+    if "water" in sections:
+        report.extend(_water_steps())
     text = "\n".join(report)
     print(text)
     if args.out:

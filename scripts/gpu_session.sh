@@ -9,6 +9,8 @@
 #   bash scripts/gpu_session.sh sevennet  # 192-atom water from SevenNet-0 (issue 6; needs .whl7)
 #   bash scripts/gpu_session.sh tune      # message-passing kernels: each kernel x dot precision, the block variant
 #   bash scripts/gpu_session.sh diag      # cudagraph training step vs eager static step, per step count
+#   CHECK="tests/a.py::t -k x" bash scripts/gpu_session.sh check   # chosen tests, full tracebacks
+#   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps)
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -88,6 +90,17 @@ case "$part" in
     timeout $(box 200) python3 benchmarks/tune_small.py --sections kernels,variants --budget-s $(box 150) \
       --out "$res" >"$res/tune.log" 2>&1
     tail -40 "$res/tune.log"
+    ;;
+  check)
+    timeout $(box 300) python3 -m pytest -v -p no:cacheprovider --timeout=240 --tb=long ${CHECK:-tests -m gpu} \
+      >"$res/pytest_check.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_check.log"; grep -E " (FAILED|ERROR)" "$res/pytest_check.log" | head -20
+    tail -3 "$res/pytest_check.log"
+    ;;
+  profile)
+    timeout $(box 300) python3 benchmarks/profile_step.py --out "$res" --sections ${PROFILE:-small,water} \
+      >"$res/profile.log" 2>&1
+    grep -E "=====|device kernels|slowest" "$res/profile.log"
     ;;
   diag)
     timeout $(box 150) python3 scripts/diag_graph_train.py 2>&1 | grep -v Warning | tee "$res/diag.log" | tail -25
