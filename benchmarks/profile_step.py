@@ -57,6 +57,20 @@ def _host_profile(fn, reps: int, rows: int = 35) -> str:
     return s.getvalue()
 
 
+def _compiled_variants() -> dict[str, int]:
+    """Compiled variants per Triton kernel of this package (a step that grows one paid a JIT compile)."""
+    from triton.runtime.jit import JITFunction
+
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        if not (name.startswith("mlff_distiller") or name.startswith("kernels")):
+            continue
+        for attr, fn in vars(mod).items():
+            if isinstance(fn, JITFunction):
+                out[f"{name.rsplit('.', 1)[-1]}.{attr}"] = sum(len(v[0]) for v in fn.device_caches.values())
+    return out
+
+
 def _water_steps(n_steps: int = 400) -> list[str]:
     """StudentCalculator step times on a 192-atom water box (the SevenNet-0 example's system and student
     architecture, random weights) while the atoms random-walk by ~0.01 Å per step (about an MD step's motion
@@ -76,22 +90,37 @@ def _water_steps(n_steps: int = 400) -> list[str]:
         calc = StudentCalculator(model, device="cuda", mode=mode)
         atoms.calc = calc
         rng = np.random.default_rng(0)
-        times = []
-        for _ in range(n_steps + 20):
+        times, events = [], []
+        for k in range(n_steps + 20):
             atoms.positions = atoms.positions + rng.normal(0, 0.01, atoms.positions.shape)
+            before = (_compiled_variants(), getattr(calc.engine.verlet, "n_builds", 0), len(calc.engine._runners))
             t0 = time.perf_counter()
             f = atoms.get_forces()
             times.append(time.perf_counter() - t0)
+            if k >= 20 and times[-1] > 0.02:  # what happened in a slow step: list builds, graphs, JIT compiles
+                after = _compiled_variants()
+                grown = {n: c for n, c in after.items() if c > before[0].get(n, 0)}
+                events.append(
+                    f"step {k - 20}: {times[-1] * 1e3:.1f} ms, list builds {before[1]}->"
+                    f"{getattr(calc.engine.verlet, 'n_builds', 0)}, graphs {before[2]}->{len(calc.engine._runners)}, "
+                    f"new JIT variants {grown}"
+                )
         assert np.isfinite(f).all()
         t = np.array(times[20:]) * 1e3
         eng = calc.engine
         builds = getattr(getattr(eng, "verlet", None), "n_builds", None)
         out.append(
-            f"\n===== water 192 atoms, StudentCalculator(mode={mode!r}), {n_steps} steps: median {np.median(t):.3f} ms, "
+            f"\n===== water 192 atoms, StudentCalculator(mode={mode!r}), {n_steps} steps: "
+            f"median {np.median(t):.3f} ms, "
             f"mean {t.mean():.3f} ms, p90 {np.percentile(t, 90):.3f} ms, max {t.max():.3f} ms; "
             f"list builds {builds}, graphs {len(getattr(eng, '_runners', {}))}"
         )
         out.append("slowest steps (ms, index): " + ", ".join(f"{t[i]:.2f}@{i}" for i in np.argsort(t)[-8:][::-1]))
+        out.extend(events[:12])
+        if mode == "auto" and eng._runners:
+            runner = next(iter(eng._runners.values()))
+            out.append(f"--- kernels of one graph replay (bucket {next(iter(eng._runners))})")
+            out.append(_kernel_table(runner.replay, rows=30))
         out.append(f"--- host profile of 200 more steps (mode={mode!r})")
 
         def one():
