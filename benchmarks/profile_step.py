@@ -8,7 +8,11 @@ with the water student's architecture (hidden 128, 3 layers, 20 RBF, 5 Å: ``con
 the distribution of ``StudentCalculator`` step times in a thermal random walk (median, mean, max, neighbour-list
 rebuilds, graph captures) and a host profile of those steps.
 
-    python benchmarks/profile_step.py --out DIR [--sections small,water]
+    python benchmarks/profile_step.py --out DIR [--sections small,water,variants]
+
+``variants``: the CUDA-graph replay of benzene, the 192-atom water box, 1,024 g2 molecules and a 3,000-atom water
+box with the message-passing forward and sender backward forced to the "block" or the "atom" variant (the
+``block_min_atoms`` rule of ``kernels/message_passing.py``).
 """
 
 from __future__ import annotations
@@ -131,6 +135,46 @@ def _water_steps(n_steps: int = 400) -> list[str]:
     return out
 
 
+def _variant_replays() -> list[str]:
+    import importlib
+
+    import triton
+    from systems import water_box
+
+    from mlff_distiller import StudentModel
+
+    mp = importlib.import_module("mlff_distiller.kernels.message_passing")  # the module (the package exports the op)
+    torch.manual_seed(0)
+    water_model = StudentModel(species=[1, 8], hidden=128, layers=3, n_rbf=20, cutoff=5.0)
+    builtin = load_model("builtin:chno-gfn2")
+    from ase.build import molecule
+
+    cases = [
+        ("benzene (builtin)", builtin, [molecule("C6H6")]),
+        ("water 192 (water student)", water_model, [water_box(192, seed=0)]),
+        ("g2 x1024 (builtin)", builtin, g2_chno(1024)),
+        ("water 3000 (water student)", water_model, [water_box(3000, seed=0)]),
+    ]
+    out = ["\n===== message-passing variant per graph size: CUDA-graph replay, median µs (triton.testing.do_bench)"]
+    out.append("| case | atoms | edges (bucket) | all block | all atom | shipped rule | block / atom |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|")
+    for name, model, structs in cases:
+        batch = AtomsBatch.from_atoms(structs)
+        row = {}
+        for label, min_atoms in (("block", 0), ("atom", 1 << 40), ("rule", mp._CONFIG["block_min_atoms"])):
+            with mp._configured(block_min_atoms=min_atoms, fwd_variant="block"):
+                eng = ForceEngine(model, device="cuda", mode="cudagraph")
+                eng.compute(batch, to_host=True)
+                eng.compute(batch, to_host=True)
+                bucket, runner = next(iter(eng._runners.items()))
+                row[label] = triton.testing.do_bench(runner.replay, warmup=25, rep=200, return_mode="median") * 1e3
+        out.append(
+            f"| {name} | {batch.num_atoms} | {bucket.edges} | {row['block']:.1f} | {row['atom']:.1f} | "
+            f"{row['rule']:.1f} | {row['block'] / row['atom']:.2f} |"
+        )
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=None)
@@ -172,6 +216,8 @@ def main() -> None:
         report.append(_host_profile(lambda: dyn.run(1), 200))
     if "water" in sections:
         report.extend(_water_steps())
+    if "variants" in sections:
+        report.extend(_variant_replays())
     text = "\n".join(report)
     print(text)
     if args.out:

@@ -266,6 +266,10 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     and of the edge and filter kernels (bwd_edge_*, bwd_filter_*: 32 x 128 / 4 warps, the shared tiles of the
 #     tuning above; their own keys, so that e.g. a tf32x3 dot can take smaller tiles there).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
+#   block_min_atoms: graphs with fewer atoms run the "atom" variant whatever fwd_variant / bwd_sender_variant say
+#     (GPU only). A block program covers BLOCK_A atoms, so a small graph gets too few programs to fill the GPU:
+#     on the H100 the block forward took 168 us per layer for 216 atoms (28 programs) inside a 1.37 ms replay
+#     of a 192-atom water box (benchmarks/results/profile_step_h100_run3.txt), vs 1.55 ms for 24,000 atoms.
 # benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
 # Shipped: the fastest float32-accurate choice per kernel of the H100 sweep on 24,000-atom water
 # (benchmarks/results/tune_mp_h100.md, 2026-11-23): block forward 16 x 32 x 64 / 4 warps with tf32x3 (6.04 ->
@@ -295,6 +299,7 @@ _CONFIG = {
     "dot_bwd_sender": "tf32x3",
     "dot_bwd_edge": "ieee",
     "dot_bwd_filter": "ieee",
+    "block_min_atoms": 4096,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("atom", "block", "fused")}
@@ -888,16 +893,21 @@ if HAS_TRITON:
     # -- host functions: allocate, choose blocks, launch -----------------------------------------------------
     # ``launch`` is torch.library.wrap_triton inside the triton_ops and the bare kernel on the eager path.
 
-    def _launch_config(ref: Tensor, kernel: str, n_feat: int, n_rbf: int, fuse: bool = False) -> tuple[dict, int, str]:
+    def _launch_config(
+        ref: Tensor, kernel: str, n_feat: int, n_rbf: int, fuse: bool = False, n_atoms: int | None = None
+    ) -> tuple[dict, int, str]:
         """Constexprs, warps and the variant that runs ("atom", "block", "fused"), for ``kernel`` in ``_KERNELS`` on
-        ``ref``'s device and dtype; ``fuse``: the caller wants ∂rbf/∂u as well (the fused sender kernel applies)."""
-        return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, fuse)
+        ``ref``'s device and dtype; ``fuse``: the caller wants ∂rbf/∂u as well (the fused sender kernel applies);
+        ``n_atoms``: the graph's atoms (below ``block_min_atoms`` the atom variant runs on the GPU)."""
+        return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, fuse, n_atoms)
 
     def _launch_config_for(
-        device_type: str, dtype, kernel: str, n_feat: int, n_rbf: int, fuse: bool = False
+        device_type: str, dtype, kernel: str, n_feat: int, n_rbf: int, fuse: bool = False, n_atoms: int | None = None
     ) -> tuple[dict, int, str]:
         cuda = device_type == "cuda"
         variant = _CONFIG.get(f"{kernel}_variant", "atom")  # the edge and filter kernels have one variant
+        if cuda and n_atoms is not None and int(n_atoms) < _CONFIG["block_min_atoms"] and variant != "atom":
+            variant = "atom"
         prec = _CONFIG[f"dot_{kernel}"]
         variants = _VARIANTS.get(kernel, ("atom",))
         if variant not in variants or prec not in _PRECISIONS:
@@ -943,7 +953,7 @@ if HAS_TRITON:
         dv = torch.empty((n, 3, f), dtype=x.dtype, device=x.device)
         if n == 0 or f == 0:
             return ds, dv
-        c, warps, variant = _launch_config(x, "fwd", f, rbf.shape[1])
+        c, warps, variant = _launch_config(x, "fwd", f, rbf.shape[1], n_atoms=n)
         n_fb = triton.cdiv(f, c["BLOCK_F"])
         if variant == "block":
             check_launchable(_mp_fwd_block_kernel, x)
@@ -974,7 +984,7 @@ if HAS_TRITON:
         if need[0]:
             g_x, g_v = torch.empty_like(x), torch.empty_like(v)
             if n > 0 and f > 0:
-                c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, fuse=bool(need[1]) and e > 0)
+                c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, fuse=bool(need[1]) and e > 0, n_atoms=n)
                 grid = (triton.cdiv(n, c.get("BLOCK_A", 1)), triton.cdiv(f, c["BLOCK_F"]))
                 perm, col_ptr = perm.contiguous(), col_ptr.contiguous()
                 if variant == "fused":

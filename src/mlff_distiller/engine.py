@@ -258,6 +258,10 @@ class ForceEngine:
         if memory_budget is not None and int(memory_budget) < 1:
             raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
         self.device = torch.device(device) if device is not None else default_device()
+        if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
+            # "cuda" → "cuda:<current>": tensors always carry an index, and every same-device test below compares
+            # devices (an unindexed engine device made a batch already on the GPU look foreign).
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.requested_precision = precision
         self.precision = _resolve_precision(precision, self.device)
         self.dtype, self.allow_tf32 = PRECISIONS[self.precision]
@@ -500,7 +504,8 @@ class ForceEngine:
         key = (batch.numbers, batch.ptr, batch.cell, batch.pbc)
         cached = self._topology
         same = cached is not None and all(
-            a.shape == b.shape and torch.equal(a, b) for a, b in zip(key, cached[0], strict=True)
+            a.device == b.device and a.shape == b.shape and torch.equal(a, b)
+            for a, b in zip(key, cached[0], strict=True)
         )
         if not same:
             dev = batch.to(self.device, self.dtype)

@@ -50,7 +50,8 @@ def variant(request):
     """Run the forward and the sender backward with this kernel variant (the launch configuration); "fused" is
     the block forward with the fused sender+edge backward."""
     fwd = "block" if request.param == "fused" else request.param
-    with mp_module._configured(fwd_variant=fwd, bwd_sender_variant=request.param):
+    # block_min_atoms=0: the test graphs are small, and the variant asked for must be the one that runs on CUDA.
+    with mp_module._configured(fwd_variant=fwd, bwd_sender_variant=request.param, block_min_atoms=0):
         yield request.param
 
 
@@ -180,6 +181,12 @@ def test_launch_configuration():
         assert cfg("cuda", torch.float64, "bwd_sender", 128, 20, True)[2] == "block"
         assert cfg("cuda", torch.float32, "bwd_sender", 256, 20, True)[2] == "block"
         assert cfg("cpu", torch.float64, "bwd_sender", 40, 20, True)[2] == "fused"
+    # Small graphs run the atom variants on the GPU (too few block programs), large ones the configured one.
+    with mp_module._configured(fwd_variant="block", bwd_sender_variant="block", block_min_atoms=4096):
+        for kernel in ("fwd", "bwd_sender"):
+            assert cfg("cuda", torch.float32, kernel, 128, 20, n_atoms=216)[2] == "atom"
+            assert cfg("cuda", torch.float32, kernel, 128, 20, n_atoms=24000)[2] == "block"
+            assert cfg("cpu", torch.float32, kernel, 128, 20, n_atoms=216)[2] == "block"  # the interpreter: as asked
     with mp_module._configured(bwd_edge_block_e=64, bwd_edge_block_f=32, bwd_edge_warps=8):
         c, warps, _ = cfg("cuda", torch.float32, "bwd_edge", 128, 20)
         assert (c["BLOCK_E"], c["BLOCK_F"], warps) == (64, 32, 8)
@@ -197,7 +204,7 @@ def test_fused_backward_replaces_edge_kernel(triton_device, monkeypatch):
     """With the fused sender backward, ∂rbf and ∂u come from it (the edge kernel never runs); with only ∂rbf/∂u
     wanted the edge kernel runs, with only ∂x/∂v the block sender kernel."""
     args = _graph(20, 90, 12, 5, torch.float32, triton_device, seed=13)
-    with mp_module._configured(bwd_sender_variant="fused"):
+    with mp_module._configured(bwd_sender_variant="fused", block_min_atoms=0):
 
         def refuse(*a, **k):
             raise AssertionError("the edge kernel ran")

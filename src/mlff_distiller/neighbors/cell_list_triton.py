@@ -197,7 +197,9 @@ if HAS_TRITON:
         if not FILL:
             tl.store(count_ptr + i, count.to(tl.int32))
 
-    @triton.jit
+    # n_edges changes with every list: unspecialised, or each new value's divisibility by 16 JIT-compiles a
+    # variant (0.7 s inside one MD step on the H100, benchmarks/results/profile_step_h100_run3.txt).
+    @triton.jit(do_not_specialize=["n_edges"])
     def _rows_kernel(
         key_ptr,  # [E] int64 pair keys, grouped by receiver
         row_ptr_ptr,  # [N + 1] int64
@@ -348,7 +350,7 @@ def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> Neighbo
     edge_index = torch.empty(2, n_edges, dtype=torch.int64, device=device)
     shifts = torch.empty(n_edges, 3, dtype=torch.int64, device=device)
     shift_vectors = torch.empty(n_edges, 3, dtype=out_dtype, device=device)
-    block_r = max(16, triton.next_power_of_2(longest))
+    block_r = _row_block(longest)
     _rows_kernel[grid](
         keys, row_ptr, geo.image.contiguous(), geo.batch, geo.cell.to(out_dtype).reshape(-1, 9).contiguous(),
         edge_index, shifts, shift_vectors, n_edges,
@@ -357,6 +359,16 @@ def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> Neighbo
     return NeighborList(
         edge_index=edge_index, shifts=shifts, shift_vectors=shift_vectors, row_ptr=row_ptr, method="cell_list"
     )
+
+
+def _row_block(longest: int) -> int:
+    """Register tile of ``_rows_kernel`` for rows of up to ``longest`` pairs: a coarse ladder (64, 256, 1024,
+    2048), so that the longest row of an MD list drifting across a power of two does not compile a new kernel
+    variant mid-run (each is a JIT compile of ~0.3 s)."""
+    for block in (64, 256, 1024):
+        if longest <= block:
+            return block
+    return max(MAX_ROW_SORT, 1 << (int(longest) - 1).bit_length())
 
 
 def _decode_keys(keys: torch.Tensor, row_ptr: torch.Tensor, count: torch.Tensor) -> RawPairs:
