@@ -9,7 +9,8 @@
 #   bash scripts/gpu_session.sh sevennet  # 192-atom water from SevenNet-0 (issue 6; needs .whl7)
 #   bash scripts/gpu_session.sh tune      # message-passing kernels: each kernel x dot precision, the block variant
 #   bash scripts/gpu_session.sh diag      # cudagraph training step vs eager static step, per step count
-#   CHECK="tests/a.py::t -k x" bash scripts/gpu_session.sh check   # chosen tests, full tracebacks
+#   CHECK="tests/a.py tests/b.py::t" CHECK_K="cuda" bash scripts/gpu_session.sh check   # chosen tests, tracebacks
+#   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps)
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
@@ -92,7 +93,7 @@ case "$part" in
     tail -40 "$res/tune.log"
     ;;
   check)
-    timeout $(box 300) python3 -m pytest -v -p no:cacheprovider --timeout=240 --tb=long ${CHECK:-tests -m gpu} \
+    timeout $(box 300) python3 -m pytest -v -p no:cacheprovider --timeout=240 --tb=long ${CHECK:-tests -m gpu} ${CHECK_K:+-k "$CHECK_K"} \
       >"$res/pytest_check.log" 2>&1
     grep -cE " PASSED" "$res/pytest_check.log"; grep -E " (FAILED|ERROR)" "$res/pytest_check.log" | head -20
     tail -3 "$res/pytest_check.log"
@@ -101,6 +102,9 @@ case "$part" in
     timeout $(box 300) python3 benchmarks/profile_step.py --out "$res" --sections ${PROFILE:-small,water} \
       >"$res/profile.log" 2>&1
     grep -E "=====|device kernels|slowest" "$res/profile.log"
+    ;;
+  mdspeed)
+    timeout $(box 240) python3 benchmarks/bench_md_speed.py --out "$res/md_speed" 2>&1 | tee "$res/md_speed.log" | tail -12
     ;;
   diag)
     timeout $(box 150) python3 scripts/diag_graph_train.py 2>&1 | grep -v Warning | tee "$res/diag.log" | tail -25
