@@ -260,8 +260,8 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     fastest fwd+bwd of 12 configurations, 1.4x the first guess 16 x 32, when all kernels shared these tiles).
 #   fwd_variant, bwd_sender_variant: "atom" (one program per atom and feature chunk) or "block" (BLOCK_A
 #     consecutive atoms per program and a one-hot tl.dot segment sum, see _mp_fwd_block_kernel). bwd_sender_variant
-#     "fused" (float32, F <= 128 on the GPU; else "block"): whole feature rows per program, and the edge kernel's
-#     ∂rbf, ∂u computed in the same pass (_mp_bwd_fused_kernel; its _block_f is unused).
+#     "fused" (float32, F <= fused_max_feat on the GPU; else "block"): whole feature rows per program, and the edge
+#     kernel's ∂rbf, ∂u computed in the same pass (_mp_bwd_fused_kernel; its _block_f is unused).
 #   <kernel>_block_a / _block_e / _block_f / _warps: the tiles of the block / fused variants of fwd and bwd_sender,
 #     and of the edge and filter kernels (bwd_edge_*, bwd_filter_*: 32 x 128 / 4 warps, the shared tiles of the
 #     tuning above; their own keys, so that e.g. a tf32x3 dot can take smaller tiles there).
@@ -300,6 +300,7 @@ _CONFIG = {
     "dot_bwd_edge": "ieee",
     "dot_bwd_filter": "ieee",
     "block_min_atoms": 4096,
+    "fused_max_feat": 64,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("atom", "block", "fused")}
@@ -912,9 +913,13 @@ if HAS_TRITON:
         variants = _VARIANTS.get(kernel, ("atom",))
         if variant not in variants or prec not in _PRECISIONS:
             raise ValueError(f"{kernel}: variant {variant!r} (one of {variants}), precision {prec!r} ({_PRECISIONS})")
-        # The fused kernel holds whole feature rows: float32 up to F = 128 on the GPU (float64 rows of 128 did not
+        # The fused kernel holds whole feature rows: float32 up to F = fused_max_feat on the GPU (rows of 128 ran
+        # out of shared memory on the H100 at every tile tried, 250-320 KB wanted, benchmarks/results/
+        # tune_mp_h100_run2.md; float64 rows of 128 did not
         # fit even for the atom kernel); otherwise, or when ∂rbf/∂u are not wanted, the block kernel runs.
-        if variant == "fused" and not (fuse and (not cuda or (dtype == torch.float32 and _pow2(n_feat) <= 128))):
+        if variant == "fused" and not (
+            fuse and (not cuda or (dtype == torch.float32 and _pow2(n_feat) <= _CONFIG["fused_max_feat"]))
+        ):
             variant = "block"
         blocked = variant != "atom"
         block_a = 0

@@ -175,8 +175,10 @@ def test_launch_configuration():
         assert cfg("cuda", torch.float32, "bwd_sender", 128, 20)[2] == "atom"
         assert cfg("cuda", torch.float64, "fwd", 128, 20)[0]["BLOCK_F"] == 32
     with mp_module._configured(bwd_sender_variant="fused", bwd_sender_block_f=32):
-        c, _, which = cfg("cuda", torch.float32, "bwd_sender", 128, 20, True)
-        assert which == "fused" and c["BLOCK_F"] == 128  # whole rows
+        c, _, which = cfg("cuda", torch.float32, "bwd_sender", 64, 20, True)
+        assert which == "fused" and c["BLOCK_F"] == 64  # whole rows
+        # F = 128 rows did not fit in the H100's shared memory: the block kernel runs
+        assert cfg("cuda", torch.float32, "bwd_sender", 128, 20, True)[2] == "block"
         assert cfg("cuda", torch.float32, "bwd_sender", 128, 20, False)[2] == "block"  # no ∂rbf/∂u wanted
         assert cfg("cuda", torch.float64, "bwd_sender", 128, 20, True)[2] == "block"
         assert cfg("cuda", torch.float32, "bwd_sender", 256, 20, True)[2] == "block"
