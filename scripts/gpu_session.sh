@@ -10,6 +10,7 @@
 #   bash scripts/gpu_session.sh tune      # message-passing kernels: each kernel x dot precision, the block variant
 #   bash scripts/gpu_session.sh diag      # cudagraph training step vs eager static step, per step count
 #   CHECK="tests/a.py tests/b.py::t" CHECK_K="cuda" bash scripts/gpu_session.sh check   # chosen tests, tracebacks
+#   bash scripts/gpu_session.sh enginelat # bench_engine latency + MD sections only (reference, eager, cudagraph)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps)
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
@@ -102,6 +103,11 @@ case "$part" in
     timeout $(box 300) python3 benchmarks/profile_step.py --out "$res" --sections ${PROFILE:-small,water} \
       >"$res/profile.log" 2>&1
     grep -E "=====|device kernels|slowest" "$res/profile.log"
+    ;;
+  enginelat)
+    timeout $(box 240) python3 benchmarks/bench_engine.py --sections latency,md --budget-s $(box 200) --out "$res" \
+      --name engine_h100_run2 --variants "reference,eager,cudagraph" >"$res/bench_engine.log" 2>&1
+    tail -40 "$res/bench_engine.log"
     ;;
   mdspeed)
     timeout $(box 240) python3 benchmarks/bench_md_speed.py --out "$res/md_speed" 2>&1 | tee "$res/md_speed.log" | tail -12
