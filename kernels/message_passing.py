@@ -270,6 +270,9 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     (GPU only). A block program covers BLOCK_A atoms, so a small graph gets too few programs to fill the GPU:
 #     on the H100 the block forward took 168 us per layer for 216 atoms (28 programs) inside a 1.37 ms replay
 #     of a 192-atom water box (benchmarks/results/profile_step_h100_run3.txt), vs 1.55 ms for 24,000 atoms.
+#     Whole replays, all block / all atom (benchmarks/results/profile_variants_h100.txt): benzene 716 / 674 us,
+#     192-atom water 1422 / 1058, 3,000-atom water 5775 / 5999, 6,850 atoms of g2 molecules 3613 / 4121: the
+#     crossover lies between 192 and 3,000 atoms; 1024 is the threshold (not measured closer).
 # benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
 # Shipped: the fastest float32-accurate choice per kernel of the H100 sweep on 24,000-atom water
 # (benchmarks/results/tune_mp_h100.md, 2026-11-23): block forward 16 x 32 x 64 / 4 warps with tf32x3 (6.04 ->
@@ -299,7 +302,7 @@ _CONFIG = {
     "dot_bwd_sender": "tf32x3",
     "dot_bwd_edge": "ieee",
     "dot_bwd_filter": "ieee",
-    "block_min_atoms": 4096,
+    "block_min_atoms": 1024,
     "fused_max_feat": 64,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
