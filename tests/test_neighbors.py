@@ -521,3 +521,51 @@ def test_triton_row_block_ladder_is_coarse():
     assert {_row_block(n) for n in range(65, 257)} == {256}
     assert _row_block(1000) == 1024 and _row_block(MAX_ROW_SORT) == MAX_ROW_SORT
     assert all(_row_block(n) >= n for n in (1, 63, 64, 65, 255, 257, 1025, 2048, 3000, 5000))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", METHODS)
+def test_pairs_within_rounding_of_the_cutoff_match_brute(device, method):
+    """Distances exactly at the cutoff and one float64 ulp either side of it, directly and through periodic images:
+    every backend keeps exactly brute's pairs (vesin's own distances are re-checked near the cutoff)."""
+    c = 5.0
+    inside, outside = np.nextafter(c, 0.0), np.nextafter(c, 10.0)
+    atoms = Atoms(
+        "H4",
+        positions=[[0, 0, 0], [c, 0, 0], [0, inside, 0], [0, 0, outside]],
+        cell=np.eye(3) * 2 * c,
+        pbc=True,
+    )
+    batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64, device=device)
+    got = neighbor_list_batch(batch, c, method)
+    want = neighbor_list_batch(batch, c, "brute")
+    assert our_pairs(got) == our_pairs(want)
+    assert (0, 2, (0, 0, 0)) in our_pairs(want) and (0, 1, (0, 0, 0)) not in our_pairs(want)
+
+
+@pytest.mark.skipif(not vesin_backend.vesin_available(), reason="vesin-torch not installed")
+@pytest.mark.parametrize("rel", [1e-12, -1e-12])
+def test_vesin_distances_off_by_rounding_still_give_brute_pairs(monkeypatch, rel):
+    """vesin's distances decide pairs only away from the cutoff: distances it rounds differently from this package
+    (simulated: scaled by 1 ± 1e-12) must not move a pair across the cutoff."""
+    cls = vesin_backend._vesin_class()
+
+    class Rounded:
+        def __init__(self, **kw):
+            self.inner = cls(**kw)
+
+        def compute(self, *args, **kw):
+            i, j, s, d = self.inner.compute(*args, **kw)
+            return i, j, s, d * (1 + rel)
+
+    c = 5.0
+    atoms = Atoms(
+        "H4",
+        positions=[[0, 0, 0], [c, 0, 0], [0, np.nextafter(c, 0.0), 0], [0, 0, np.nextafter(c, 10.0)]],
+        cell=np.eye(3) * 2 * c,
+        pbc=True,
+    )
+    batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+    want = our_pairs(neighbor_list_batch(batch, c, "brute"))
+    monkeypatch.setattr(vesin_backend, "_vesin_class", lambda: Rounded)
+    assert our_pairs(neighbor_list_batch(batch, c, "vesin")) == want
