@@ -569,3 +569,22 @@ def test_vesin_distances_off_by_rounding_still_give_brute_pairs(monkeypatch, rel
     want = our_pairs(neighbor_list_batch(batch, c, "brute"))
     monkeypatch.setattr(vesin_backend, "_vesin_class", lambda: Rounded)
     assert our_pairs(neighbor_list_batch(batch, c, "vesin")) == want
+
+
+def test_verlet_host_displacement_test_agrees_with_torch_path():
+    """The NumPy displacement test (host data, only positions new) decides as the torch one does (forced by
+    passing an equal but new cell tensor), for displacements on both sides of skin / 2."""
+    rng = np.random.default_rng(11)
+    atoms = Atoms("H30", positions=rng.uniform(0, 8, (30, 3)), cell=np.eye(3) * 8.0, pbc=True)
+    for dtype in (torch.float32, torch.float64):
+        b = AtomsBatch.from_atoms(atoms, dtype=dtype)
+        vl = VerletNeighborList(3.0, skin=0.8)
+        vl.update_batch(b)
+        vl.update_batch(b)  # the cell, pbc, batch, ptr, numbers objects are now "seen"
+        for step in range(40):
+            moved = b.positions.clone()
+            moved[step % 30] += torch.tensor(rng.normal(0, 0.25, 3), dtype=dtype)
+            fast = vl.needs_rebuild(moved, b.cell, b.pbc, b.batch, b.ptr, b.numbers)
+            slow = vl.needs_rebuild(moved, b.cell.clone(), b.pbc, b.batch, b.ptr, b.numbers)
+            far = float((moved.double() - b.positions.double()).square().sum(1).max()) > 0.4**2
+            assert fast == slow == far
