@@ -101,7 +101,8 @@ AUTO_BRUTE_MAX: dict[str, int] = {"cpu": 128, "cuda": 1024}
 # on an H100 (benchmarks/results/large_h100.md) one 24,000-atom water box took 2.66 ms with our Triton cell list
 # and 6.09 ms with vesin-torch converted to this contract (its raw list is 0.76 ms; the receiver sort and the
 # float64 re-filter cost the rest), so auto keeps our cell list there. That conversion has since been made cheaper
-# (one packed-key sort, vesin's own distances away from the cutoff: 1159 -> 727 ms on one CPU thread); the GPU
+# (one packed-key sort, vesin's own distances away from the cutoff: 833 -> 507 ms on one CPU thread,
+# benchmarks/results/neighbors_cpu_vesin_contract.md); the GPU
 # comparison has not been re-measured, so the rule stands.
 AUTO_VESIN_MIN_ATOMS: dict[str, int] = {"cpu": 1000}
 
