@@ -15,6 +15,7 @@ import time
 import numpy as np
 import torch
 from ase.build import molecule
+from ase.constraints import FixCom
 from ase.md.langevin import Langevin
 from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from ase.units import fs
@@ -48,7 +49,8 @@ def main() -> None:
     atoms = molecule("CH3CH2OH")
     atoms.calc = StudentCalculator(model, device=device)
     MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
-    dyn = Langevin(atoms, 0.5 * fs, temperature_K=300, friction=0.01, rng=np.random.default_rng(1))
+    atoms.set_constraint(FixCom())  # keeps the molecule in place (Langevin's fixcm flag is deprecated in ASE)
+    dyn = Langevin(atoms, 0.5 * fs, temperature_K=300, friction=0.01, fixcm=False, rng=np.random.default_rng(1))
     dyn.run(10)  # warm-up
     t0 = time.perf_counter()
     dyn.run(200)
