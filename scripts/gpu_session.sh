@@ -24,7 +24,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|large|distill|builtin|sevennet|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|builtin|sevennet|mdspeed|tune|diag|check|profile|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
