@@ -588,3 +588,27 @@ def test_verlet_host_displacement_test_agrees_with_torch_path():
             slow = vl.needs_rebuild(moved, b.cell.clone(), b.pbc, b.batch, b.ptr, b.numbers)
             far = float((moved.double() - b.positions.double()).square().sum(1).max()) > 0.4**2
             assert fast == slow == far
+
+
+def test_finish_packed_sort_equals_two_stable_sorts(monkeypatch):
+    """The contract's (i, j, S) order is the same from the packed-key sort and from the two-stable-sort fallback
+    (taken when the packed key would overflow int64), on shuffled raw pairs with several images per pair."""
+    from mlff_distiller.neighbors import _common
+
+    rng = np.random.default_rng(5)
+    atoms = Atoms("H40", positions=rng.uniform(0, 5, (40, 3)), cell=np.eye(3) * 5.0, pbc=True)
+    b = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+    geo = _common.prepare(b.positions, b.cell, b.pbc, b.batch, b.ptr, 6.0)  # cutoff > cell: many images
+    ref = neighbor_list_batch(b, 6.0, "brute")
+    wrapped_s = ref.shifts - geo.image[ref.edge_index[0]] + geo.image[ref.edge_index[1]]
+    perm = torch.from_numpy(rng.permutation(ref.num_edges))
+    raw = _common.RawPairs(
+        i=ref.edge_index[0][perm], j=ref.edge_index[1][perm], shifts=wrapped_s[perm], is_sorted=False
+    )
+    packed = _common.finish(geo, raw, "test")
+    monkeypatch.setattr(_common, "PACKED_KEY_LIMIT", 0)
+    stable = _common.finish(geo, raw, "test")
+    for nl in (packed, stable):
+        assert torch.equal(nl.edge_index, ref.edge_index) and torch.equal(nl.shifts, ref.shifts)
+        assert torch.equal(nl.row_ptr, ref.row_ptr)
+        torch.testing.assert_close(nl.shift_vectors, ref.shift_vectors, rtol=0, atol=1e-12)

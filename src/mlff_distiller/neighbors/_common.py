@@ -162,6 +162,10 @@ def prepare(
     )
 
 
+# Largest packed (i, j, S') sort key (exclusive) that finish() uses; beyond it, two stable sorts (same order).
+PACKED_KEY_LIMIT = 2**62
+
+
 def finish(geo: Geometry, raw: RawPairs, method: str) -> NeighborList:
     """Move wrapped-frame shifts to the caller's frame, sort by (i, j, S) and build ``row_ptr``."""
     i, j, s = raw.i, raw.j, raw.shifts
@@ -173,7 +177,7 @@ def finish(geo: Geometry, raw: RawPairs, method: str) -> NeighborList:
         span = int(s.abs().max()) * 2 + 1
         lo = s + span // 2
         code = (lo[:, 0] * span + lo[:, 1]) * span + lo[:, 2]
-        if n * n * span**3 < 2**62:
+        if n * n * span**3 < PACKED_KEY_LIMIT:
             order = torch.sort((i * n + j) * span**3 + code).indices
         else:
             order = torch.sort(code, stable=True).indices
