@@ -571,9 +571,10 @@ def test_vesin_distances_off_by_rounding_still_give_brute_pairs(monkeypatch, rel
     assert our_pairs(neighbor_list_batch(batch, c, "vesin")) == want
 
 
-def test_verlet_host_displacement_test_agrees_with_torch_path():
-    """The NumPy displacement test (host data, only positions new) decides as the torch one does (forced by
-    passing an equal but new cell tensor), for displacements on both sides of skin / 2."""
+def test_verlet_seen_object_shortcut_decides_as_full_compare():
+    """An MD step that passes the same cell/pbc/batch/ptr/numbers objects (the shortcut: only positions are
+    compared) decides as one that passes an equal but new cell tensor (every input compared), and both follow the
+    skin / 2 rule, for displacements on both sides of it, in float32 and float64."""
     rng = np.random.default_rng(11)
     atoms = Atoms("H30", positions=rng.uniform(0, 8, (30, 3)), cell=np.eye(3) * 8.0, pbc=True)
     for dtype in (torch.float32, torch.float64):

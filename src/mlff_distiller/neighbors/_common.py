@@ -173,7 +173,8 @@ def finish(geo: Geometry, raw: RawPairs, method: str) -> NeighborList:
     if not raw.is_sorted and i.numel() > 0:
         # Lexicographic (i, j, S'); for a fixed (i, j) the order of S' is the order of S, which differs from it
         # by the constant k_i - k_j. (i, j, S') are unique, so one sort of a packed int64 key gives the order
-        # when it fits (it halves the cost of two stable sorts and their gathers); else two stable sorts.
+        # when it fits (it halves the cost of two stable sorts and their gathers; reading the span is one host
+        # sync, which the unsorted backends already pay); else two stable sorts.
         span = int(s.abs().max()) * 2 + 1
         lo = s + span // 2
         code = (lo[:, 0] * span + lo[:, 1]) * span + lo[:, 2]

@@ -32,14 +32,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from mlff_distiller.neighbors._common import NeighborList
 
 __all__ = ["VerletNeighborList"]
-
-_NUMPY_FLOATS = (torch.float32, torch.float64)
 
 
 class VerletNeighborList:
@@ -101,7 +98,6 @@ class VerletNeighborList:
     def reset(self) -> None:
         """Forget the cached list; the next call rebuilds."""
         self._ref: dict[str, torch.Tensor] | None = None
-        self._ref_np = None  # float64 NumPy copy of the reference positions (host displacement test)
         self._seen: dict[str, tuple[torch.Tensor, int]] = {}
         self.last = None
 
@@ -142,8 +138,6 @@ class VerletNeighborList:
         ref = self._ref
         if ref is None:
             return True
-        if self._host_step(positions, (cell, pbc, batch, ptr, numbers)):
-            return self._moved_far_host(positions)
         current = {"positions": positions, "cell": cell, "pbc": pbc, "batch": batch, "ptr": ptr}
         if numbers is not None:
             current["numbers"] = numbers
@@ -159,38 +153,15 @@ class VerletNeighborList:
         # a caller that passes the same numbers/cell/pbc/batch/ptr every MD step pays for positions only.
         seen = self._seen
         unseen = [n for n in current if n != "positions" and not _same_object(seen.get(n), current[n])]
-        limit = (0.5 * self.skin) ** 2
         changed = [(current[n] != ref[n]).any() for n in unseen]
         moved = (positions.to(torch.float64) - ref["positions"].to(torch.float64)).square().sum(dim=1)
+        limit = (0.5 * self.skin) ** 2
         moved_far = (moved > limit).any() if moved.numel() else torch.zeros((), dtype=torch.bool)
         # One host sync for all triggers together.
         rebuild = bool(torch.stack([*changed, moved_far]).any())
         if not rebuild:
             seen.update({n: (current[n], current[n]._version) for n in unseen})
         return rebuild
-
-    def _host_step(self, positions, others) -> bool:
-        """Whether this call is an MD step on host data: only the positions are new (every other tensor is the
-        very object seen unchanged before), on the CPU, in a NumPy float type, shaped as at the build."""
-        ref, seen = self._ref, self._seen
-        old = ref["positions"]
-        if positions.device.type != "cpu" or positions.dtype not in _NUMPY_FLOATS or positions.dtype != old.dtype:
-            return False
-        if positions.shape != old.shape or old.device.type != "cpu" or not positions.numel():
-            return False
-        if (others[-1] is None) != ("numbers" not in ref):
-            return False
-        names = ("cell", "pbc", "batch", "ptr", "numbers")
-        return all(_same_object(seen.get(n), t) for n, t in zip(names, others, strict=True) if t is not None)
-
-    def _moved_far_host(self, positions) -> bool:
-        """The displacement test in NumPy: for a few hundred atoms ~5x cheaper than the same torch ops, and it
-        runs once per MD step."""
-        ref64 = self._ref_np
-        if ref64 is None:
-            ref64 = self._ref_np = self._ref["positions"].detach().to(torch.float64).numpy()
-        d = positions.detach().numpy().astype(np.float64, copy=False) - ref64
-        return bool((np.einsum("ij,ij->i", d, d) > (0.5 * self.skin) ** 2).any())
 
     @torch.no_grad()
     def rebuild(self, positions, cell, pbc, batch, ptr, numbers=None, *, device=None) -> NeighborList:
@@ -227,7 +198,6 @@ class VerletNeighborList:
         cell64, batch_b = args[1].detach().to(torch.float64), args[3]
         ref["shift64"] = torch.einsum("ea,eab->eb", nl.shifts.to(torch.float64), cell64[batch_b[i]])
         self._ref = ref
-        self._ref_np = None
         self.last = nl
         self.n_builds += 1
 
