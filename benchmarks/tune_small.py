@@ -15,6 +15,7 @@ Sections:
             sum), the "fused" sender+edge backward, and the edge / filter kernels' own tiles, over tiles x
             precision, next to the shipped kernels; then a summary of the fastest float32-accurate choice per
             kernel, the fwd+bwd and energy+forces totals, and the _CONFIG that choice implies.
+  edgetiles the edge and filter kernels in ieee (their shipped precision) over a grid of tiles (not default).
 The kernels and variants sections run on a 24,000-atom water box (1.3M edges; full sweep) and on 1,024 small g2
 molecules (~51k edges; short sweep), water first, and stop adding rows once --budget-s seconds have passed since
 they started (the rows left out are listed at the end).
@@ -193,6 +194,11 @@ BLOCK_CONFIGS = [
 FUSED_CONFIGS = [(16, 16, 8), (16, 32, 8), (32, 16, 8), (16, 16, 4)]
 # Edge and filter kernels: (<kernel>_block_e, _block_f, _warps), in tf32x3 (shipped: 32 x 128 / 4).
 EDGE_CONFIGS = [(32, 64, 4), (32, 32, 4), (16, 64, 4), (64, 32, 8)]
+# Section "edgetiles": the edge and filter kernels in ieee (their shipped precision) over a grid of tiles
+# (block_e, block_f, warps); the variants section swept their tiles only in tf32x3, which spills registers.
+EDGE_TILE_GRID = [(be, bf, nw) for be in (16, 32, 64) for bf in (32, 64, 128) for nw in (2, 4, 8)]
+# ... and a few smaller tiles in tf32x3 (tensor cores; at the shipped 32 x 128 / 4 it spilled: 27x slower).
+EDGE_TILE_TF32X3 = [(16, 32, 4), (32, 32, 4), (32, 64, 4), (64, 32, 4), (64, 64, 8), (16, 64, 2)]
 # The second graph (g2) runs this many of each list's configurations, tf32x3 only.
 SHORT_SWEEP = 2
 IEEE_CONFIGS = 2
@@ -409,6 +415,40 @@ def _sweep(full: bool) -> list[tuple[str, str, str, dict]]:
     return sorted(out, key=lambda row: row[2] == "ieee" and row[1] != "shipped")
 
 
+EDGE_TILES_HEAD = [
+    "## Edge and filter kernels: tiles in ieee (µs per call in a CUDA graph)",
+    "",
+    "Tiles: - x <kernel>_block_e x _block_f / _warps; speed-up vs the shipped tiles (32 x 128 / 4), ieee.",
+    "",
+    "| graph | edges | kernel | variant | tiles a x e x f / warps | dot | µs | speed-up vs shipped | max rel err |",
+    "|---|---:|---|---|---|---|---:|---:|---:|",
+]
+
+
+def edge_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
+    """Section "edgetiles", one graph: bwd_edge and bwd_filter over EDGE_TILE_GRID in ieee and EDGE_TILE_TF32X3."""
+    for kernel in ("bwd_edge", "bwd_filter"):
+        rows = [("shipped", {f"dot_{kernel}": "ieee"})]
+        grid = [(t, "ieee") for t in EDGE_TILE_GRID] + [(t, "tf32x3") for t in EDGE_TILE_TF32X3]
+        for (be, bf, nw), prec in grid:
+            cfg = {f"dot_{kernel}": prec, f"{kernel}_block_e": be, f"{kernel}_block_f": bf, f"{kernel}_warps": nw}
+            rows.append((f"- x {be} x {bf} / {nw}", cfg))
+        for tiles, cfg in rows:
+            prec = cfg[f"dot_{kernel}"]
+            if deadline.over(f"{b.name} {kernel} {tiles} {prec}"):
+                continue
+            try:
+                us, err = b.run(kernel, cfg)
+            except Exception as exc:
+                lines.append(_failed(b, kernel, "atom", tiles, prec, exc))
+                continue
+            if tiles == "shipped":
+                b.shipped[kernel] = (us, err)
+            rec = dict(section="edgetiles", graph=b.name, edges=b.edges, kernel=kernel, variant="atom", prec=prec)
+            base = b.shipped.get(kernel, (None, None))
+            _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), *base)
+
+
 def variant_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
     """Section "variants", one graph: the block forward / sender-backward kernels and the fused sender+edge
     backward over tiles x precision, each kernel group after its shipped (atom, ieee) baseline."""
@@ -480,7 +520,7 @@ def summary(lines: list[str], records: list, deadline: Deadline) -> None:
         lines += ["", f"Not run (time budget): {len(deadline.skipped)} rows: " + "; ".join(deadline.skipped)]
 
 
-SECTIONS = ("gemm", "mp", "kernels", "variants")
+SECTIONS = ("gemm", "mp", "kernels", "variants", "edgetiles")
 DEFAULT_SECTIONS = "gemm,kernels,variants"
 
 
@@ -507,6 +547,14 @@ def main() -> None:
         print("\n".join(lines), flush=True)
     if "mp" in chosen:
         mp_probe(lines, records)
+    if "edgetiles" in chosen:
+        deadline = Deadline(args.budget_s)
+        e_lines = list(EDGE_TILES_HEAD)
+        for bench in _kernel_graphs():
+            edge_tile_probe(e_lines, records, bench, deadline)
+            del bench
+            torch.cuda.empty_cache()
+        lines += e_lines + ([f"Not run (budget): {', '.join(deadline.skipped)}"] if deadline.skipped else [])
     if "kernels" in chosen or "variants" in chosen:
         # Graph-major (all water rows before any g2 row), so that the budget cuts the less important rows.
         deadline = Deadline(args.budget_s)

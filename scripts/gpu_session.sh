@@ -13,6 +13,8 @@
 #   bash scripts/gpu_session.sh enginelat # bench_engine latency + MD sections only (reference, eager, cudagraph)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps)
+#   bash scripts/gpu_session.sh nlprof    # benchmarks/profile_neighbors.py: wall vs device kernels of one list call
+#   bash scripts/gpu_session.sh edgetune  # tune_small.py edgetiles: edge/filter backward kernels over tiles
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -24,7 +26,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|builtin|sevennet|mdspeed|tune|diag|check|profile|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|builtin|sevennet|mdspeed|tune|diag|check|profile|nlprof|edgetune|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -103,6 +105,15 @@ case "$part" in
     timeout $(box 300) python3 benchmarks/profile_step.py --out "$res" --sections ${PROFILE:-small,water} \
       >"$res/profile.log" 2>&1
     grep -E "=====|device kernels|slowest" "$res/profile.log"
+    ;;
+  nlprof)
+    timeout $(box 150) python3 benchmarks/profile_neighbors.py --out "$res" >"$res/profile_neighbors.log" 2>&1
+    tail -60 "$res/profile_neighbors.log"
+    ;;
+  edgetune)
+    timeout $(box 300) python3 benchmarks/tune_small.py --sections edgetiles --budget-s $(box 240) --out "$res" \
+      >"$res/tune.log" 2>&1
+    grep -E "shipped|Not run" "$res/tune.log" | head; sort -t'|' -k8 -n "$res/tune.log" | grep -E "^\| (water|g2)" | head -30
     ;;
   enginelat)
     timeout $(box 240) python3 benchmarks/bench_engine.py --sections latency,md --budget-s $(box 200) --out "$res" \
