@@ -5,6 +5,7 @@
 #   bash scripts/gpu_session.sh engine    # bench_engine (latency, MD step, batch sweep) + message-passing tuning
 #   bash scripts/gpu_session.sh large     # benchmarks/bench_large.py (issue 7)
 #   bash scripts/gpu_session.sh distill   # ethanol from GFN2-xTB in 60 s of training (issue 6)
+#   bash scripts/gpu_session.sh ethlong   # ethanol from GFN2-xTB, 420 s of training (the <= 3 meV/Å target)
 #   bash scripts/gpu_session.sh builtin   # retrain the shipped builtin:chno-gfn2 (issue 6)
 #   bash scripts/gpu_session.sh sevennet  # 192-atom water from SevenNet-0 (issue 6; needs .whl7)
 #   bash scripts/gpu_session.sh tune      # message-passing kernels: each kernel x dot precision, the block variant
@@ -26,7 +27,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|builtin|sevennet|mdspeed|tune|diag|check|profile|nlprof|edgetune|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|nlprof|edgetune|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -79,6 +80,11 @@ case "$part" in
       | tee "$res/gpu_train_tests.log" | tail -5
     timeout $(box 330) python3 examples/distill_ethanol.py --workers 16 --deadline $(box 270) --work runs/ethanol_gfn2 \
       --results "$res/ethanol" 2>&1 | tee "$res/distill_ethanol.log" | tail -40
+    ;;
+  ethlong)
+    timeout $(box 580) python3 examples/distill_ethanol.py --workers 16 --kernels torch --time-limit $(box 420) \
+      --deadline $(box 560) --md-ps 100 --work runs/ethanol_gfn2 --results "$res/ethanol_long" 2>&1 \
+      | tee "$res/distill_ethanol_long.log" | tail -40
     ;;
   builtin)
     # --workers must be the count the labels were started with (label_parallel refuses another): the carried
