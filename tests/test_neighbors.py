@@ -518,7 +518,8 @@ def test_triton_row_block_ladder_is_coarse():
     from mlff_distiller.neighbors.cell_list_triton import MAX_ROW_SORT, _row_block
 
     assert {_row_block(n) for n in range(1, 65)} == {64}
-    assert {_row_block(n) for n in range(65, 257)} == {256}
+    assert {_row_block(n) for n in range(65, 129)} == {128}
+    assert {_row_block(n) for n in range(129, 257)} == {256}
     assert _row_block(1000) == 1024 and _row_block(MAX_ROW_SORT) == MAX_ROW_SORT
     assert all(_row_block(n) >= n for n in (1, 63, 64, 65, 255, 257, 1025, 2048, 3000, 5000))
 

@@ -64,10 +64,15 @@ import os
 
 import torch
 
-from mlff_distiller.neighbors._common import Geometry, NeighborList, RawPairs, finish, prepare
+from mlff_distiller.neighbors._common import Geometry, NeighborList, RawPairs, finish, host_cells, prepare
 from mlff_distiller.neighbors.brute import DEFAULT_MAX_CANDIDATES, brute_force
 from mlff_distiller.neighbors.cell_list import cell_list
-from mlff_distiller.neighbors.cell_list_triton import HAS_TRITON, cell_list_triton, triton_runnable
+from mlff_distiller.neighbors.cell_list_triton import (
+    HAS_TRITON,
+    cell_list_triton,
+    cell_list_triton_periodic,
+    triton_runnable,
+)
 from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs
 from mlff_distiller.neighbors.verlet import VerletNeighborList
 from mlff_distiller.neighbors.vesin_backend import vesin_available, vesin_pairs
@@ -176,18 +181,24 @@ def neighbor_list(
         if batch.shape != positions.shape[:1] or ptr.dim() != 1 or int(ptr[-1]) != positions.shape[0]:
             raise ValueError("neighbor_list: batch must be [N] and ptr [B + 1] ending at N")
         return molecular_pairs(positions, ptr, cutoff)
-    geo = prepare(positions, cell, pbc, batch, ptr, cutoff)
+    # Validation and the per-structure geometry on the host (a few tiny copies instead of ~30 launches).
+    host = host_cells(positions, cell, pbc, batch, ptr, cutoff)
     if method == "auto":
-        method = choose_method(geo)
+        method = _choose(host.counts, host.n_images, positions.device.type, positions.shape[0], vesin_available)
     if positions.device.type not in BACKENDS[method]:
         raise ValueError(f"neighbor_list: backend {method!r} supports {BACKENDS[method]}, not {positions.device}")
     if method == "cell_list":
         impl = resolve_cell_list_impl(cell_list_impl, positions.device)
         if impl == "triton":
-            nl = cell_list_triton(geo)
+            if host.all_periodic:
+                nl = cell_list_triton_periodic(positions, cell, batch, host)
+            else:
+                nl = cell_list_triton(prepare(positions, cell, pbc, batch, ptr, cutoff, host=host))
             if nl is not None:
                 return nl
+        geo = prepare(positions, cell, pbc, batch, ptr, cutoff, host=host)
         return finish(geo, cell_list(geo, int(max_candidates)), method)
+    geo = prepare(positions, cell, pbc, batch, ptr, cutoff, host=host)
     raw: RawPairs = (brute_force if method == "brute" else vesin_pairs)(geo, int(max_candidates))
     return finish(geo, raw, method)
 
@@ -201,12 +212,16 @@ def neighbor_list_batch(atoms_batch, cutoff: float, method: str = "auto", **kwar
 def choose_method(geo: Geometry) -> str:
     """The ``auto`` rule (module docstring): ``brute`` for few candidates per atom, ``vesin`` for one large
     structure when installed, else ``cell_list``."""
-    kind = geo.positions.device.type
+    return _choose(geo.counts, geo.n_images, geo.positions.device.type, geo.num_atoms, vesin_available)
+
+
+def _choose(counts: torch.Tensor, n_images: torch.Tensor, kind: str, n_atoms: int, has_vesin) -> str:
+    """:func:`choose_method` from atoms per structure and images per axis (host or device tensors)."""
     limit = AUTO_BRUTE_MAX.get(kind, AUTO_BRUTE_MAX["cpu"])
-    per_atom = geo.counts * (2 * geo.n_images + 1).prod(dim=1)
+    per_atom = counts * (2 * n_images + 1).prod(dim=1)
     if int(per_atom.max()) <= limit:
         return "brute"
     vesin_min = AUTO_VESIN_MIN_ATOMS.get(kind)
-    if vesin_min is not None and geo.cell.shape[0] == 1 and geo.num_atoms >= vesin_min and vesin_available():
+    if vesin_min is not None and counts.shape[0] == 1 and n_atoms >= vesin_min and has_vesin():
         return "vesin"
     return "cell_list"

@@ -15,7 +15,17 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Geometry", "NeighborList", "RawPairs", "finish", "prepare"]
+__all__ = [
+    "Geometry",
+    "HostCells",
+    "NeighborList",
+    "RawPairs",
+    "cell_geometry",
+    "finish",
+    "host_cells",
+    "prepare",
+    "validate_cells",
+]
 
 # Periodic lattice vectors spanning less than this (Å, Å² or Å³) make a degenerate cell (as in batch.py).
 MIN_VOLUME = 1e-6
@@ -100,6 +110,60 @@ class RawPairs:
     is_sorted: bool
 
 
+@dataclass(frozen=True)
+class HostCells:
+    """The per-structure part of the geometry, validated and computed on the host (float64, CPU tensors).
+
+    Small ``[B, ...]`` tensors: computing them with torch ops on the GPU cost ~30 kernel launches per call, more
+    than the copies of ``cell``, ``pbc`` and ``ptr`` to the host that replace them. ``basis``, ``inv``, ``heights``
+    and ``n_images`` as in :class:`Geometry` and :func:`cell_geometry`; ``counts`` atoms per structure."""
+
+    cutoff: float
+    pbc: torch.Tensor
+    ptr: torch.Tensor
+    counts: torch.Tensor
+    basis: torch.Tensor
+    inv: torch.Tensor
+    heights: torch.Tensor
+    n_images: torch.Tensor
+
+    @property
+    def all_periodic(self) -> bool:
+        return bool(self.pbc.all())
+
+
+def host_cells(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    pbc: torch.Tensor,
+    batch: torch.Tensor,
+    ptr: torch.Tensor,
+    cutoff: float,
+) -> HostCells:
+    """Validate the inputs (``ValueError`` on bad input) and compute :class:`HostCells` on the host."""
+    cutoff = _check(positions, cell, pbc, batch, ptr, cutoff)
+    cpu = torch.device("cpu")
+    pbc_h = pbc.to(cpu, torch.bool)
+    ptr_h = ptr.to(cpu, torch.long)
+    cell64 = cell.detach().to(cpu, torch.float64)
+    if not bool(torch.isfinite(cell64).all()):
+        raise ValueError("neighbor_list: non-finite cell (NaN or inf)")
+    basis, inv, heights, n_images, volume = cell_geometry(cell64, pbc_h, cutoff)
+    bad = pbc_h.any(dim=1) & (volume < MIN_VOLUME)
+    n_bad = int(bad.sum())
+    validate_cells(positions.shape[0], int(ptr_h[0]), int(ptr_h[-1]), n_bad, int(bad.long().argmax()), volume, pbc_h)
+    return HostCells(
+        cutoff=cutoff,
+        pbc=pbc_h,
+        ptr=ptr_h,
+        counts=ptr_h[1:] - ptr_h[:-1],
+        basis=basis,
+        inv=inv,
+        heights=heights,
+        n_images=n_images,
+    )
+
+
 def prepare(
     positions: torch.Tensor,
     cell: torch.Tensor,
@@ -107,39 +171,23 @@ def prepare(
     batch: torch.Tensor,
     ptr: torch.Tensor,
     cutoff: float,
+    host: HostCells | None = None,
 ) -> Geometry:
-    """Validate the inputs and compute the shared cell geometry. Raises ``ValueError`` on bad input."""
-    cutoff = _check(positions, cell, pbc, batch, ptr, cutoff)
+    """Validate the inputs and compute the shared cell geometry. Raises ``ValueError`` on bad input.
+
+    ``host``: the :func:`host_cells` of these inputs when the caller has it already (they are not re-validated)."""
+    if host is None:
+        host = host_cells(positions, cell, pbc, batch, ptr, cutoff)
+    device = positions.device
+    n_struct = host.pbc.shape[0]
+    # One host-to-device copy of the per-structure tables; basis, inv and heights are views of it.
+    packed = torch.cat(
+        [host.basis.reshape(n_struct, 9), host.inv.reshape(n_struct, 9), host.heights, host.n_images.double()], 1
+    ).to(device)
+    basis = packed[:, :9].reshape(n_struct, 3, 3)
+    inv = packed[:, 9:18].reshape(n_struct, 3, 3)
     pbc = pbc.to(dtype=torch.bool)
     batch, ptr = batch.long(), ptr.long()
-    cell64 = cell.to(torch.float64)
-
-    # Closed-form 3x3 algebra (cross products) instead of torch.linalg: batched pinv/eigh/inv on CUDA go
-    # through cuSOLVER with its own launches and error-checking host syncs, which dominated small GPU calls.
-    basis = _full_rank_basis(cell64, pbc)
-    b0, b1, b2 = basis.unbind(dim=1)
-    cof = torch.stack([torch.linalg.cross(b1, b2), torch.linalg.cross(b2, b0), torch.linalg.cross(b0, b1)], 1)
-    det = (b0 * cof[:, 0]).sum(dim=1)
-    volume = det.abs()
-    bad = pbc.any(dim=1) & (volume < MIN_VOLUME)
-    # The only host sync of input validation: ptr's ends and the first degenerate cell, read together.
-    first, last, n_bad, k = torch.stack([ptr[0], ptr[-1], bad.sum(), bad.long().argmax()]).tolist()
-    if first != 0 or last != positions.shape[0]:
-        raise ValueError(
-            f"neighbor_list: ptr must run from 0 to N={positions.shape[0]}, got ptr[0]={first}, ptr[-1]={last}"
-        )
-    if n_bad:
-        raise ValueError(
-            f"neighbor_list: structure {k} has a degenerate cell: its periodic vectors span "
-            f"{float(volume[k]):.3g} with pbc={pbc[k].tolist()}"
-        )
-    # inverse = adjugate / det: column a of inv is cof[a] / det, the dual vector of basis row a.
-    safe_det = torch.where(volume >= MIN_VOLUME, det, torch.ones_like(det))
-    inv = cof.transpose(1, 2) / safe_det[:, None, None]
-    # Fractional coordinate a is x @ inv[:, a]; its gradient has norm 1/h_a, h_a the lattice-plane spacing.
-    heights = 1.0 / inv.norm(dim=1)
-    ratio = cutoff / heights * (1.0 + IMAGE_SLACK)
-    n_images = torch.where(pbc, torch.ceil(ratio), torch.zeros_like(ratio)).long()
 
     pos64 = positions.to(torch.float64)
     frac = torch.einsum("ni,nij->nj", pos64, inv[batch])
@@ -152,14 +200,49 @@ def prepare(
         batch=batch,
         ptr=ptr,
         counts=ptr[1:] - ptr[:-1],
-        cutoff=cutoff,
+        cutoff=host.cutoff,
         basis=basis,
-        heights=heights,
-        n_images=n_images,
+        heights=packed[:, 18:21],
+        n_images=packed[:, 21:24].long(),
         wrapped=wrapped,
         frac=frac - image,
         image=image.long(),
     )
+
+
+def cell_geometry(
+    cell64: torch.Tensor, pbc: torch.Tensor, cutoff: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-structure geometry of float64 cells ``[B,3,3]`` (any device): the full-rank ``basis``, its inverse
+    ``inv`` (fractional coordinate a of x is ``x @ inv[:, a]``), the lattice-plane spacings ``heights [B,3]``,
+    the periodic images needed per side ``n_images [B,3]`` int64 and the spanned ``volume [B]``."""
+    # Closed-form 3x3 algebra (cross products) instead of torch.linalg: batched pinv/eigh/inv on CUDA go
+    # through cuSOLVER with its own launches and error-checking host syncs, which dominated small GPU calls.
+    basis = _full_rank_basis(cell64, pbc)
+    b0, b1, b2 = basis.unbind(dim=1)
+    cof = torch.stack([torch.linalg.cross(b1, b2), torch.linalg.cross(b2, b0), torch.linalg.cross(b0, b1)], 1)
+    det = (b0 * cof[:, 0]).sum(dim=1)
+    volume = det.abs()
+    # inverse = adjugate / det: column a of inv is cof[a] / det, the dual vector of basis row a.
+    safe_det = torch.where(volume >= MIN_VOLUME, det, torch.ones_like(det))
+    inv = cof.transpose(1, 2) / safe_det[:, None, None]
+    # Fractional coordinate a is x @ inv[:, a]; its gradient has norm 1/h_a, h_a the lattice-plane spacing.
+    heights = 1.0 / inv.norm(dim=1)
+    ratio = cutoff / heights * (1.0 + IMAGE_SLACK)
+    n_images = torch.where(pbc, torch.ceil(ratio), torch.zeros_like(ratio)).long()
+    return basis, inv, heights, n_images, volume
+
+
+def validate_cells(n_atoms: int, first: int, last: int, n_bad: int, k: int, volume, pbc) -> None:
+    """The ``ValueError`` for ``ptr`` not running from 0 to ``n_atoms`` or a degenerate periodic cell (the
+    ``n_bad`` of them, the first at ``k``), from values already on the host."""
+    if first != 0 or last != n_atoms:
+        raise ValueError(f"neighbor_list: ptr must run from 0 to N={n_atoms}, got ptr[0]={first}, ptr[-1]={last}")
+    if n_bad:
+        raise ValueError(
+            f"neighbor_list: structure {k} has a degenerate cell: its periodic vectors span "
+            f"{float(volume[k]):.3g} with pbc={pbc[k].tolist()}"
+        )
 
 
 # Largest packed (i, j, S') sort key (exclusive) that finish() uses; beyond it, two stable sorts (same order).

@@ -31,9 +31,19 @@ cell list. Exactness is that of the torch backends: float64 geometry, the same s
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from mlff_distiller.neighbors._common import IMAGE_SLACK, Geometry, NeighborList, RawPairs, finish
+from mlff_distiller.neighbors._common import (
+    IMAGE_SLACK,
+    Geometry,
+    HostCells,
+    NeighborList,
+    RawPairs,
+    finish,
+    prepare,
+)
 
 try:
     import triton
@@ -42,7 +52,7 @@ except ImportError:  # the torch cell list must not depend on Triton
     triton = None
     tl = None
 
-__all__ = ["HAS_TRITON", "MAX_ROW_SORT", "TILES", "cell_list_triton", "triton_runnable"]
+__all__ = ["HAS_TRITON", "MAX_ROW_SORT", "TILES", "cell_list_triton", "cell_list_triton_periodic", "triton_runnable"]
 
 HAS_TRITON = triton is not None
 # Bits per shift component in a pair key: wrapped-frame shifts must satisfy |S'_a| < 2^(bits-1).
@@ -81,11 +91,10 @@ if HAS_TRITON:
         pz_ptr,
         sbin_ptr,  # [N, 3] int64 bin coordinates, sorted order
         sstruct_ptr,  # [N] int64 structure, sorted order
-        nb_ptr,  # [B, 3] int64 bins per axis
-        reach_ptr,  # [B, 3] int64 stencil half-width per axis
-        periodic_ptr,  # [B, 3] int64 0/1
-        offset_ptr,  # [B] int64 first bin of each structure in cell_start
-        basis_ptr,  # [B, 9] float64 lattice rows (Å)
+        itab_ptr,  # [B, 10] int64 per structure: bins per axis (3), stencil half-width (3), periodic 0/1 (3),
+        # first bin in cell_start (1)
+        basis_ptr,  # [B, basis_stride] float64: lattice rows (Å) in the first 9
+        basis_stride,
         cell_start_ptr,  # [n_bins + 1] int64
         cutoff_sq,
         count_ptr,  # [N] int32 out (count pass)
@@ -105,25 +114,27 @@ if HAS_TRITON:
         cx = tl.load(sbin_ptr + 3 * p)
         cy = tl.load(sbin_ptr + 3 * p + 1)
         cz = tl.load(sbin_ptr + 3 * p + 2)
-        nbx = tl.load(nb_ptr + 3 * b)
-        nby = tl.load(nb_ptr + 3 * b + 1)
-        nbz = tl.load(nb_ptr + 3 * b + 2)
-        rx = tl.load(reach_ptr + 3 * b)
-        ry = tl.load(reach_ptr + 3 * b + 1)
-        rz = tl.load(reach_ptr + 3 * b + 2)
-        perx = tl.load(periodic_ptr + 3 * b)
-        pery = tl.load(periodic_ptr + 3 * b + 1)
-        perz = tl.load(periodic_ptr + 3 * b + 2)
-        off = tl.load(offset_ptr + b)
-        a00 = tl.load(basis_ptr + 9 * b)
-        a01 = tl.load(basis_ptr + 9 * b + 1)
-        a02 = tl.load(basis_ptr + 9 * b + 2)
-        a10 = tl.load(basis_ptr + 9 * b + 3)
-        a11 = tl.load(basis_ptr + 9 * b + 4)
-        a12 = tl.load(basis_ptr + 9 * b + 5)
-        a20 = tl.load(basis_ptr + 9 * b + 6)
-        a21 = tl.load(basis_ptr + 9 * b + 7)
-        a22 = tl.load(basis_ptr + 9 * b + 8)
+        it = itab_ptr + 10 * b
+        nbx = tl.load(it)
+        nby = tl.load(it + 1)
+        nbz = tl.load(it + 2)
+        rx = tl.load(it + 3)
+        ry = tl.load(it + 4)
+        rz = tl.load(it + 5)
+        perx = tl.load(it + 6)
+        pery = tl.load(it + 7)
+        perz = tl.load(it + 8)
+        off = tl.load(it + 9)
+        bs = basis_ptr + basis_stride * b
+        a00 = tl.load(bs)
+        a01 = tl.load(bs + 1)
+        a02 = tl.load(bs + 2)
+        a10 = tl.load(bs + 3)
+        a11 = tl.load(bs + 4)
+        a12 = tl.load(bs + 5)
+        a20 = tl.load(bs + 6)
+        a21 = tl.load(bs + 7)
+        a22 = tl.load(bs + 8)
         wx = 2 * rx + 1
         wy = 2 * ry + 1
         wz = 2 * rz + 1
@@ -254,15 +265,118 @@ if HAS_TRITON:
         tl.store(sv_ptr + 3 * e + 1, fx * c01 + fy * c11 + fz * c21, mask=m)
         tl.store(sv_ptr + 3 * e + 2, fx * c02 + fy * c12 + fz * c22, mask=m)
 
+    # Periodic fast path, step 1 (one program per BLOCK atoms): fractional coordinates, wrapping image, wrapped
+    # position, bin and bin key of each atom, from the per-structure tables (all three axes periodic).
+    @triton.jit
+    def _atoms_kernel(
+        pos_ptr,  # [N, 3] positions (Å), float32 or float64
+        batch_ptr,  # [N] int64
+        ftab_ptr,  # [B, 18] float64: basis rows (9), inverse (9; frac_a = sum_c x_c inv[c, a])
+        itab_ptr,  # [B, 10] int64: see _pairs_kernel
+        wrapped_ptr,  # [N, 3] float64 out
+        frac_ptr,  # [N, 3] float64 out, wrapped fractional coordinates
+        image_ptr,  # [N, 3] int64 out
+        bins_ptr,  # [N, 3] int64 out
+        key_ptr,  # [N] int64 out
+        n_atoms,
+        BLOCK: tl.constexpr,
+    ):
+        a = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = a < n_atoms
+        b = tl.load(batch_ptr + a, mask=m, other=0)
+        x = tl.load(pos_ptr + 3 * a, mask=m, other=0.0).to(tl.float64)
+        y = tl.load(pos_ptr + 3 * a + 1, mask=m, other=0.0).to(tl.float64)
+        z = tl.load(pos_ptr + 3 * a + 2, mask=m, other=0.0).to(tl.float64)
+        ft = ftab_ptr + 18 * b
+        it = itab_ptr + 10 * b
+        fx = x * tl.load(ft + 9, mask=m, other=0.0) + y * tl.load(ft + 12, mask=m, other=0.0)
+        fx = fx + z * tl.load(ft + 15, mask=m, other=0.0)
+        fy = x * tl.load(ft + 10, mask=m, other=0.0) + y * tl.load(ft + 13, mask=m, other=0.0)
+        fy = fy + z * tl.load(ft + 16, mask=m, other=0.0)
+        fz = x * tl.load(ft + 11, mask=m, other=0.0) + y * tl.load(ft + 14, mask=m, other=0.0)
+        fz = fz + z * tl.load(ft + 17, mask=m, other=0.0)
+        kx = tl.floor(fx)
+        ky = tl.floor(fy)
+        kz = tl.floor(fz)
+        wx = x - (kx * tl.load(ft, mask=m, other=0.0) + ky * tl.load(ft + 3, mask=m, other=0.0))
+        wx = wx - kz * tl.load(ft + 6, mask=m, other=0.0)
+        wy = y - (kx * tl.load(ft + 1, mask=m, other=0.0) + ky * tl.load(ft + 4, mask=m, other=0.0))
+        wy = wy - kz * tl.load(ft + 7, mask=m, other=0.0)
+        wz = z - (kx * tl.load(ft + 2, mask=m, other=0.0) + ky * tl.load(ft + 5, mask=m, other=0.0))
+        wz = wz - kz * tl.load(ft + 8, mask=m, other=0.0)
+        fx = fx - kx
+        fy = fy - ky
+        fz = fz - kz
+        # A NaN coordinate (reported by the caller's finiteness check) goes to bin 0 rather than an undefined one.
+        fx = tl.where(fx == fx, fx, 0.0)
+        fy = tl.where(fy == fy, fy, 0.0)
+        fz = tl.where(fz == fz, fz, 0.0)
+        nbx = tl.load(it, mask=m, other=1)
+        nby = tl.load(it + 1, mask=m, other=1)
+        nbz = tl.load(it + 2, mask=m, other=1)
+        # Clamped: a wrapped coordinate may round to 1.0, and a non-finite one must not index out of the table.
+        bx = tl.minimum(tl.maximum(tl.floor(fx * nbx.to(tl.float64)), 0.0), (nbx - 1).to(tl.float64)).to(tl.int64)
+        by = tl.minimum(tl.maximum(tl.floor(fy * nby.to(tl.float64)), 0.0), (nby - 1).to(tl.float64)).to(tl.int64)
+        bz = tl.minimum(tl.maximum(tl.floor(fz * nbz.to(tl.float64)), 0.0), (nbz - 1).to(tl.float64)).to(tl.int64)
+        tl.store(wrapped_ptr + 3 * a, wx, mask=m)
+        tl.store(wrapped_ptr + 3 * a + 1, wy, mask=m)
+        tl.store(wrapped_ptr + 3 * a + 2, wz, mask=m)
+        tl.store(frac_ptr + 3 * a, fx, mask=m)
+        tl.store(frac_ptr + 3 * a + 1, fy, mask=m)
+        tl.store(frac_ptr + 3 * a + 2, fz, mask=m)
+        tl.store(image_ptr + 3 * a, kx.to(tl.int64), mask=m)
+        tl.store(image_ptr + 3 * a + 1, ky.to(tl.int64), mask=m)
+        tl.store(image_ptr + 3 * a + 2, kz.to(tl.int64), mask=m)
+        tl.store(bins_ptr + 3 * a, bx, mask=m)
+        tl.store(bins_ptr + 3 * a + 1, by, mask=m)
+        tl.store(bins_ptr + 3 * a + 2, bz, mask=m)
+        tl.store(key_ptr + a, tl.load(it + 9, mask=m, other=0) + (bx * nby + by) * nbz + bz, mask=m)
+
+    # Periodic fast path, step 2: the per-atom arrays the pairs kernel reads, in bin order (one gather).
+    @triton.jit
+    def _gather_kernel(
+        order_ptr,  # [N] int64 atom at each sorted slot
+        wrapped_ptr,  # [N, 3] float64
+        bins_ptr,  # [N, 3] int64
+        batch_ptr,  # [N] int64
+        spos_ptr,  # [3, N] float64 out
+        sbin_ptr,  # [N, 3] int64 out
+        sstruct_ptr,  # [N] int64 out
+        n_atoms,
+        BLOCK: tl.constexpr,
+    ):
+        p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = p < n_atoms
+        a = tl.load(order_ptr + p, mask=m, other=0)
+        for c in tl.static_range(3):
+            tl.store(spos_ptr + c * n_atoms + p, tl.load(wrapped_ptr + 3 * a + c, mask=m), mask=m)
+            tl.store(sbin_ptr + 3 * p + c, tl.load(bins_ptr + 3 * a + c, mask=m), mask=m)
+        tl.store(sstruct_ptr + p, tl.load(batch_ptr + a, mask=m), mask=m)
+
 else:  # pragma: no cover - exercised only without Triton
-    _pairs_kernel = _rows_kernel = None
+    _pairs_kernel = _rows_kernel = _atoms_kernel = _gather_kernel = None
+
+# Atoms per program of _atoms_kernel and _gather_kernel.
+BLOCK_ATOMS = 256
+
+
+def _grid(extent: torch.Tensor, heights: torch.Tensor, pbc: torch.Tensor, counts: torch.Tensor, edge: float):
+    """Bins per axis ``nb`` (float64, whole numbers) and stencil half-widths ``reach`` (int64), ``[B, 3]``, for
+    structures spanning ``extent`` (Å along non-periodic axes; the plane spacing along periodic ones)."""
+    nb = torch.floor(extent / edge).clamp(1, MAX_BINS_PER_AXIS)
+    # Cap bins per structure (coarser bins are still exact) so the table size is known without a sync.
+    cap = BINS_PER_ATOM * counts.clamp_min(1).to(torch.float64)
+    factor = (cap / nb.prod(dim=1)).clamp(max=1.0).pow(1.0 / 3.0)
+    nb = torch.floor(nb * factor[:, None]).clamp_min(1)
+    reach = torch.where(pbc, torch.ceil(edge * nb / heights), torch.ones_like(nb)).long()
+    return nb, reach
 
 
 def _bins(geo: Geometry):
     """Per-structure bin grid and per-atom bin keys (see the module docstring, step 1); torch ops, no sync.
 
-    Returns ``nb [B,3]``, ``reach [B,3]``, ``offset [B]`` (int64), ``bins [N,3]`` int64, ``key [N]`` int64 and
-    the host-side bound on the total number of bins.
+    Returns the int64 table ``itab [B, 10]`` of :func:`_pairs_kernel`, ``bins [N,3]`` int64, ``key [N]`` int64
+    and the host-side bound on the total number of bins.
     """
     n_struct = geo.cell.shape[0]
     edge = geo.cutoff * (1.0 + IMAGE_SLACK)
@@ -276,15 +390,10 @@ def _bins(geo: Geometry):
     lo = torch.where(empty, torch.zeros_like(lo), lo)
     hi = torch.where(empty, torch.zeros_like(hi), hi)
     extent = torch.where(pbc, geo.heights, hi - lo)
-    nb = torch.floor(extent / edge).clamp(1, MAX_BINS_PER_AXIS)
-    # Cap bins per structure (coarser bins are still exact) so the table size is known without a sync.
-    cap = BINS_PER_ATOM * geo.counts.clamp_min(1).to(torch.float64)
-    factor = (cap / nb.prod(dim=1)).clamp(max=1.0).pow(1.0 / 3.0)
-    nb = torch.floor(nb * factor[:, None]).clamp_min(1)
+    nb, reach = _grid(extent, geo.heights, pbc, geo.counts, edge)
     width = torch.maximum(extent / nb, torch.full_like(extent, edge))  # Å along non-periodic axes
     origin = torch.where(pbc, torch.zeros_like(lo), lo)
     scale = torch.where(pbc, nb, 1.0 / width)
-    reach = torch.where(pbc, torch.ceil(edge * nb / geo.heights), torch.ones_like(nb)).long()
     nb = nb.long()
     bins = torch.floor((frac - origin[batch]) * scale[batch]).long()
     bins = torch.minimum(bins.clamp_min(0), nb[batch] - 1)
@@ -293,7 +402,8 @@ def _bins(geo: Geometry):
     grid = nb[batch]
     key = offset[batch] + (bins[:, 0] * grid[:, 1] + bins[:, 1]) * grid[:, 2] + bins[:, 2]
     bound = BINS_PER_ATOM * (geo.num_atoms + n_struct)
-    return nb, reach, offset, bins, key, bound
+    itab = torch.cat([nb, reach, pbc.long(), offset[:, None]], dim=1).contiguous()
+    return itab, bins, key, bound
 
 
 def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> NeighborList | None:
@@ -301,24 +411,87 @@ def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> Neighbo
     ``None`` when some shift exceeds the key's range (then use the torch cell list)."""
     device = geo.positions.device
     n = geo.num_atoms
-    out_dtype = geo.positions.dtype
     if n == 0:
-        return _empty(n, device, out_dtype)
-    if not triton_runnable(device):
-        raise ValueError(
-            f"neighbor_list: the Triton cell list cannot run on {device}: it needs CUDA with Triton, or CPU "
-            "tensors under the Triton interpreter (TRITON_INTERPRET=1 set before triton is imported)"
-        )
-    nb, reach, offset, bins, key, bound = _bins(geo)
+        return _empty(n, device, geo.positions.dtype)
+    _check_runnable(device)
+    itab, bins, key, bound = _bins(geo)
     sorted_key, order = torch.sort(key, stable=True)
     cell_start = torch.searchsorted(sorted_key, torch.arange(bound + 1, device=device))
     spos = geo.wrapped[order].T.contiguous()
     sbin = bins[order].contiguous()
     sstruct = geo.batch[order].contiguous()
-    periodic = geo.pbc.long().contiguous()
     basis = geo.basis.reshape(-1, 9).contiguous()
-    common = (order, spos[0], spos[1], spos[2], sbin, sstruct, nb, reach, periodic, offset, basis, cell_start)
-    cutoff_sq = float(geo.cutoff) ** 2
+    tables = (itab, basis, 9, cell_start)
+    return _pairs_and_rows(
+        lambda: geo, order, spos, sbin, sstruct, tables, geo.image, geo.batch, geo.cell, geo.cutoff,
+        geo.positions.dtype, max_row_sort, check_reach=True,
+    )  # fmt: skip
+
+
+def cell_list_triton_periodic(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    batch: torch.Tensor,
+    host: HostCells,
+    max_row_sort: int = MAX_ROW_SORT,
+) -> NeighborList | None:
+    """The Triton cell list of a batch whose structures are periodic along all three axes (``host.all_periodic``;
+    inputs already validated by :func:`._common.host_cells`): the bin grid comes from the host tables, and one
+    kernel wraps and bins the atoms, so a call costs about 15 launches instead of about 100. ``None`` when some
+    shift exceeds the key's range (then use the torch cell list)."""
+    device = positions.device
+    n = positions.shape[0]
+    if n == 0:
+        return _empty(n, device, positions.dtype)
+    _check_runnable(device)
+    edge = host.cutoff * (1.0 + IMAGE_SLACK)
+    nb, reach = _grid(host.heights, host.heights, host.pbc, host.counts, edge)
+    nb = nb.long()
+    if int((reach // nb + 1).max()) >= _SHIFT_BIAS:
+        return None  # shifts would overflow the 10-bit fields of the pair keys (see cell_list_triton)
+    per = nb.prod(dim=1)
+    offset = torch.cumsum(per, 0) - per
+    n_bins = int(per.sum())
+    n_struct = nb.shape[0]
+    itab = torch.cat([nb, reach, host.pbc.long(), offset[:, None]], dim=1).to(device)
+    ftab = torch.cat([host.basis.reshape(n_struct, 9), host.inv.reshape(n_struct, 9)], dim=1).to(device)
+    batch = batch.long().contiguous()
+    f64 = dict(dtype=torch.float64, device=device)
+    i64 = dict(dtype=torch.int64, device=device)
+    wrapped, frac = torch.empty(n, 3, **f64), torch.empty(n, 3, **f64)
+    image, bins, key = torch.empty(n, 3, **i64), torch.empty(n, 3, **i64), torch.empty(n, **i64)
+    grid = (triton.cdiv(n, BLOCK_ATOMS),)
+    _atoms_kernel[grid](
+        positions.contiguous(), batch, ftab, itab, wrapped, frac, image, bins, key, n, BLOCK=BLOCK_ATOMS
+    )
+    sorted_key, order = torch.sort(key, stable=True)
+    cell_start = torch.searchsorted(sorted_key, torch.arange(n_bins + 1, device=device))
+    spos, sbin, sstruct = torch.empty(3, n, **f64), torch.empty(n, 3, **i64), torch.empty(n, **i64)
+    _gather_kernel[grid](order, wrapped, bins, batch, spos, sbin, sstruct, n, BLOCK=BLOCK_ATOMS)
+
+    def geometry() -> Geometry:
+        """The full Geometry (for the long-row fallback): the wrapping of this call, which the keys refer to."""
+        geo = prepare(positions, cell, host.pbc.to(device), batch, host.ptr.to(device), host.cutoff, host=host)
+        return dataclasses.replace(geo, wrapped=wrapped, frac=frac, image=image)
+
+    tables = (itab, ftab, 18, cell_start)
+    return _pairs_and_rows(
+        geometry, order, spos, sbin, sstruct, tables, image, batch, cell, host.cutoff, positions.dtype,
+        max_row_sort, check_reach=False,
+    )  # fmt: skip
+
+
+def _pairs_and_rows(
+    geometry, order, spos, sbin, sstruct, tables, image, batch, cell, cutoff, out_dtype, max_row_sort, check_reach
+) -> NeighborList | None:
+    """Steps 2 and 3 of the module docstring over atoms in bin order: count, size (the one sync), fill, then the
+    row sort. ``geometry()`` gives the Geometry of this call when the long-row fallback needs one;
+    ``check_reach``: also check on the device that shifts fit the pair keys (else ``None``)."""
+    itab, basis, basis_stride, cell_start = tables
+    device = order.device
+    n = order.shape[0]
+    common = (order, spos[0], spos[1], spos[2], sbin, sstruct, itab, basis, basis_stride, cell_start)
+    cutoff_sq = float(cutoff) ** 2
     block_s, block_k = TILES.get(device.type, TILES["cuda"])
 
     count = torch.empty(n, dtype=torch.int32, device=device)
@@ -331,8 +504,13 @@ def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> Neighbo
     row_ptr = torch.zeros(n + 1, dtype=torch.int64, device=device)
     torch.cumsum(count, 0, dtype=torch.int64, out=row_ptr[1:])
     # The one sync that sizes the output; the shift range check rides along with it.
-    n_edges, longest, max_reach = torch.stack([row_ptr[-1], count.max().long(), (reach // nb + 1).max()]).tolist()
-    if max_reach >= _SHIFT_BIAS:
+    sizes = [row_ptr[-1], count.max().long(), (~torch.isfinite(spos).all()).long()]
+    if check_reach:
+        sizes.append((itab[:, 3:6] // itab[:, 0:3] + 1).max())
+    n_edges, longest, non_finite, *max_reach = torch.stack(sizes).tolist()
+    if non_finite:
+        raise ValueError("neighbor_list: non-finite positions (NaN or inf)")
+    if max_reach and max_reach[0] >= _SHIFT_BIAS:
         # Shifts would overflow the 10-bit fields of the pair keys (a cell ~500x thinner than the cutoff):
         # the caller falls back to the torch cell list, which has no such limit.
         return None
@@ -346,13 +524,13 @@ def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> Neighbo
 
     # Under the CPU interpreter tl.sort is a Python-level bitonic network (seconds per row): sort with torch.
     if longest > max_row_sort or device.type != "cuda":
-        return finish(geo, _decode_keys(keys, row_ptr, count), "cell_list")
+        return finish(geometry(), _decode_keys(keys, row_ptr, count), "cell_list")
     edge_index = torch.empty(2, n_edges, dtype=torch.int64, device=device)
     shifts = torch.empty(n_edges, 3, dtype=torch.int64, device=device)
     shift_vectors = torch.empty(n_edges, 3, dtype=out_dtype, device=device)
     block_r = _row_block(longest)
     _rows_kernel[grid](
-        keys, row_ptr, geo.image.contiguous(), geo.batch, geo.cell.to(out_dtype).reshape(-1, 9).contiguous(),
+        keys, row_ptr, image.contiguous(), batch, cell.to(out_dtype).reshape(-1, 9).contiguous(),
         edge_index, shifts, shift_vectors, n_edges,
         SHIFT_BITS=_SHIFT_BITS, BLOCK_R=block_r, num_warps=4 if block_r <= 256 else 8,
     )  # fmt: skip
@@ -361,11 +539,21 @@ def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> Neighbo
     )
 
 
+def _check_runnable(device: torch.device) -> None:
+    if not triton_runnable(device):
+        raise ValueError(
+            f"neighbor_list: the Triton cell list cannot run on {device}: it needs CUDA with Triton, or CPU "
+            "tensors under the Triton interpreter (TRITON_INTERPRET=1 set before triton is imported)"
+        )
+
+
 def _row_block(longest: int) -> int:
-    """Register tile of ``_rows_kernel`` for rows of up to ``longest`` pairs: a coarse ladder (64, 256, 1024,
+    """Register tile of ``_rows_kernel`` for rows of up to ``longest`` pairs: a coarse ladder (64, 128, 256, 1024,
     2048), so that the longest row of an MD list drifting across a power of two does not compile a new kernel
-    variant mid-run (each is a JIT compile of ~0.3 s)."""
-    for block in (64, 256, 1024):
+    variant mid-run (each is a JIT compile of ~0.3 s). 128 is on it for liquids at 5 Å (~50 pairs per atom,
+    longest rows 70-100): their rows sorted in 256-wide tiles took 165 µs for a 24,000-atom water box
+    (benchmarks/results/profile_neighbors_h100.txt)."""
+    for block in (64, 128, 256, 1024):
         if longest <= block:
             return block
     return max(MAX_ROW_SORT, 1 << (int(longest) - 1).bit_length())

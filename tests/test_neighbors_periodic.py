@@ -1,0 +1,119 @@
+"""The periodic fast path of the Triton cell list (host tables + one wrapping/binning kernel) and the host-side
+validation that every backend now shares (``_common.host_cells``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from test_neighbors import CUTOFF, DIST_ATOL, DTYPES, ase_pairs, check_contract, our_pairs, structures
+
+from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.neighbors import _choose, choose_method, neighbor_list, neighbor_list_batch
+from mlff_distiller.neighbors._common import host_cells, prepare
+from mlff_distiller.neighbors.cell_list_triton import cell_list_triton, cell_list_triton_periodic, triton_runnable
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def periodic_structures(device: str) -> list[Atoms]:
+    """Fully periodic test structures: tiny cells (narrower than the cutoff: many images of the same bin), skewed
+    triclinic ones, unwrapped positions; fewer on CPU, where the kernels run in the Triton interpreter."""
+    picks = [a for a in structures() if a.pbc.all()]
+    return picks if device == "cuda" else picks[:6]
+
+
+def _skip_without_triton(device: str) -> None:
+    if not triton_runnable(torch.device(device)):
+        pytest.skip("Triton cannot run here")
+
+
+def _both_paths(batch, cutoff: float = CUTOFF, **kw):
+    args = (batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, cutoff)
+    host = host_cells(*args)
+    assert host.all_periodic
+    fast = cell_list_triton_periodic(batch.positions, batch.cell, batch.batch, host, **kw)
+    general = cell_list_triton(prepare(*args, host=host), **kw)
+    return fast, general
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_periodic_fast_path_matches_ase_and_the_general_path(device, dtype):
+    """Every fully periodic structure: ASE's pairs and distances, and exactly the general Triton path's list."""
+    _skip_without_triton(device)
+    picks = periodic_structures(device)
+    assert len(picks) >= 6
+    batch = AtomsBatch.from_atoms(picks, dtype=dtype, device=device)
+    fast, general = _both_paths(batch)
+    check_contract(fast, batch)
+    ptr = batch.ptr.tolist()
+    start = fast.row_ptr[ptr].tolist()
+    dist = fast.distances(batch.positions).cpu().double().numpy()
+    for k, atoms in enumerate(AtomsBatch.from_atoms(picks, dtype=dtype).to_atoms()):
+        ref, ref_d = ase_pairs(atoms, CUTOFF)
+        assert our_pairs(fast, ptr[k], ptr[k + 1]) == ref, f"structure {k}"
+        np.testing.assert_allclose(dist[start[k] : start[k + 1]], ref_d, rtol=0, atol=DIST_ATOL[dtype])
+    for name in ("edge_index", "shifts", "row_ptr"):
+        assert torch.equal(getattr(fast, name), getattr(general, name)), name
+    torch.testing.assert_close(fast.shift_vectors, general.shift_vectors, rtol=0, atol=1e-12)
+    # neighbor_list() takes the fast path for this batch and returns the same list.
+    via_api = neighbor_list_batch(batch, CUTOFF, "cell_list", cell_list_impl="triton")
+    assert torch.equal(via_api.edge_index, fast.edge_index) and torch.equal(via_api.shifts, fast.shifts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_periodic_fast_path_long_rows_and_empty_structures(device):
+    """Rows longer than max_row_sort take the torch-sort fallback with this call's own wrapping (the same list);
+    an empty structure and a structure with no pairs are fine."""
+    _skip_without_triton(device)
+    rng = np.random.default_rng(3)
+    box = Atoms("H40", positions=rng.uniform(-3, 12, (40, 3)), cell=np.eye(3) * 8.5, pbc=True)
+    lonely = Atoms("H", positions=[[1.0, 1.0, 1.0]], cell=np.eye(3) * 12.0, pbc=True)
+    # AtomsBatch refuses empty structures; neighbor_list's tensors allow them (ptr [0, 40, 40, 41]).
+    parts = AtomsBatch.from_atoms([box, lonely], dtype=torch.float64, device=device)
+    batch = SimpleNamespace(
+        positions=parts.positions,
+        cell=torch.stack([parts.cell[0], torch.eye(3, dtype=torch.float64, device=device) * 7.0, parts.cell[1]]),
+        pbc=torch.ones(3, 3, dtype=torch.bool, device=device),
+        batch=torch.tensor([0] * 40 + [2], device=device),
+        ptr=torch.tensor([0, 40, 40, 41], device=device),
+    )
+    default, _ = _both_paths(batch)
+    short, general = _both_paths(batch, max_row_sort=4)
+    for nl in (short, general):
+        assert torch.equal(nl.edge_index, default.edge_index) and torch.equal(nl.shifts, default.shifts)
+    assert our_pairs(default, 0, 40) == ase_pairs(box, CUTOFF)[0]
+    assert int(default.row_ptr[-1]) == int(default.row_ptr[40]), "the lonely atom has no neighbour"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_finite_inputs_are_clear_errors(device):
+    atoms = Atoms("H2", positions=[[0, 0, 0], [1.0, 0, 0]], cell=np.eye(3) * 6.0, pbc=True)
+    b = AtomsBatch.from_atoms(atoms, dtype=torch.float64, device=device)
+    cell = b.cell.clone()
+    cell[0, 1, 1] = float("nan")
+    with pytest.raises(ValueError, match="non-finite cell"):
+        neighbor_list(b.positions, cell, b.pbc, b.batch, b.ptr, CUTOFF, "brute")
+    if not triton_runnable(torch.device(device)):
+        return
+    for bad in (float("nan"), float("inf")):
+        pos = b.positions.clone()
+        pos[1, 0] = bad
+        with pytest.raises(ValueError, match="non-finite positions"):
+            neighbor_list(pos, b.cell, b.pbc, b.batch, b.ptr, CUTOFF, "cell_list", cell_list_impl="triton")
+
+
+def test_auto_rule_from_host_tables_equals_the_device_rule():
+    """``auto`` now decides from the host tables; the documented rule on a Geometry gives the same answers."""
+    for k in range(0, 60, 5):
+        b = AtomsBatch.from_atoms(structures()[k : k + 5])
+        args = (b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF)
+        host = host_cells(*args)
+        assert (
+            _choose(host.counts, host.n_images, "cpu", b.num_atoms, lambda: False) == choose_method(prepare(*args))
+            or choose_method(prepare(*args)) == "vesin"
+        )
