@@ -45,24 +45,32 @@ def wall_ms(fn, reps: int) -> tuple[float, float, float]:
     return statistics.median(times), times[len(times) // 5], times[(4 * len(times)) // 5]
 
 
-def kernel_table(fn, reps: int = 5, top: int = 12) -> tuple[float, list[tuple[str, float, int]]]:
-    """Device µs per call summed over all kernels, and the ``top`` kernels (name, µs per call, launches per
-    call), from torch.profiler over ``reps`` calls."""
+def kernel_table(fn, reps: int = 5, top: int = 12):
+    """Device µs per call summed over all kernels, the ``top`` kernels (name, µs per call, launches per call) and
+    the ``top`` host-side ops by self CPU time (name, µs per call, calls per call), from torch.profiler over
+    ``reps`` calls (the profiler's own overhead inflates the host times)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    rows = {}
+    rows, host = {}, {}
     for evt in prof.events():
+        name = evt.name[:70]
         if evt.device_type == torch.autograd.DeviceType.CUDA:
-            name = evt.name[:70]
             us, n = rows.get(name, (0.0, 0))
             rows[name] = (us + evt.device_time, n + 1)
+        else:
+            us, n = host.get(name, (0.0, 0))
+            host[name] = (us + evt.self_cpu_time_total, n + 1)
     total = sum(us for us, _ in rows.values()) / reps
-    ranked = sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]
-    return total, [(name, us / reps, n // reps) for name, (us, n) in ranked]
+
+    def ranked(table):
+        best = sorted(table.items(), key=lambda kv: -kv[1][0])[:top]
+        return [(name, us / reps, n // reps) for name, (us, n) in best]
+
+    return total, ranked(rows), ranked(host)
 
 
 def main() -> None:
@@ -98,8 +106,8 @@ def main() -> None:
             for _ in range(3):
                 fn()
             med, p20, p80 = wall_ms(fn, args.reps)
-            device_us, top = kernel_table(fn)
-            rec = dict(case=case, impl=name, wall_ms=med, p20=p20, p80=p80, device_us=device_us, top=top)
+            device_us, top, host_top = kernel_table(fn)
+            rec = dict(case=case, impl=name, wall_ms=med, p20=p20, p80=p80, device_us=device_us, top=top, host=host_top)
             records.append(rec)
             lines += [
                 f"## {case}: {name}",
@@ -110,8 +118,12 @@ def main() -> None:
                 "|---|---:|---:|",
                 *[f"| `{k}` | {us:.1f} | {n} |" for k, us, n in top],
                 "",
+                "| host op (self CPU, under the profiler) | µs per call | calls |",
+                "|---|---:|---:|",
+                *[f"| `{k}` | {us:.1f} | {n} |" for k, us, n in host_top],
+                "",
             ]
-            print("\n".join(lines[-(len(top) + 5) :]), flush=True)
+            print("\n".join(lines[-(len(top) + len(host_top) + 8) :]), flush=True)
     (out / "profile_neighbors.txt").write_text("\n".join(lines) + "\n")
     (out / "profile_neighbors.json").write_text(json.dumps(records, indent=1))
 
