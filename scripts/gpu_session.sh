@@ -15,6 +15,7 @@
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps)
 #   bash scripts/gpu_session.sh nlprof    # benchmarks/profile_neighbors.py: wall vs device kernels of one list call
+#   bash scripts/gpu_session.sh nlcheck   # CUDA tests of the neighbour lists + profile_neighbors + bench_large nl
 #   bash scripts/gpu_session.sh edgetune  # tune_small.py edgetiles: edge/filter backward kernels over tiles
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
@@ -27,7 +28,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|nlprof|edgetune|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|nlprof|nlcheck|edgetune|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -115,6 +116,18 @@ case "$part" in
   nlprof)
     timeout $(box 150) python3 benchmarks/profile_neighbors.py --out "$res" >"$res/profile_neighbors.log" 2>&1
     tail -60 "$res/profile_neighbors.log"
+    ;;
+  nlcheck)
+    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 --tb=short -k "cuda or gpu" \
+      tests/test_neighbors.py tests/test_neighbors_periodic.py tests/test_engine_verlet.py tests/test_calculator.py \
+      >"$res/pytest_nl.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_nl.log"; grep -E " (FAILED|ERROR)" "$res/pytest_nl.log" | head -20
+    tail -3 "$res/pytest_nl.log"
+    timeout $(box 120) python3 benchmarks/profile_neighbors.py --out "$res" >"$res/profile_neighbors.log" 2>&1
+    grep -E "^## |wall median" "$res/profile_neighbors.log"
+    timeout $(box 200) python3 benchmarks/bench_large.py --sections check,nl --budget-s $(box 170) --out "$res" \
+      >"$res/bench_large.log" 2>&1
+    grep -E "NL |ours == ref" "$res/bench_large.log" | head -12
     ;;
   edgetune)
     timeout $(box 300) python3 benchmarks/tune_small.py --sections edgetiles --budget-s $(box 240) --out "$res" \
