@@ -103,12 +103,9 @@ _CELL_LIST_ENV = "MLFF_DISTILLER_CELL_LIST"
 # checks 27 bins of >= cutoff^3 each (hundreds of candidates) plus sort/ghost overhead; see the docstring.
 AUTO_BRUTE_MAX: dict[str, int] = {"cpu": 128, "cuda": 1024}
 # Atoms of a single structure from which ``auto`` takes vesin (when installed), per device type. None on CUDA:
-# on an H100 (benchmarks/results/large_h100.md) one 24,000-atom water box took 2.66 ms with our Triton cell list
-# and 6.09 ms with vesin-torch converted to this contract (its raw list is 0.76 ms; the receiver sort and the
-# float64 re-filter cost the rest), so auto keeps our cell list there. That conversion has since been made cheaper
-# (one packed-key sort, vesin's own distances away from the cutoff: 833 -> 507 ms on one CPU thread,
-# benchmarks/results/neighbors_cpu_vesin_contract.md); the GPU
-# comparison has not been re-measured, so the rule stands.
+# on an H100 one 24,000-atom water box takes 1.83 ms with our Triton cell list and 4.9 ms with vesin-torch converted
+# to this contract (its raw, unsorted list is 0.82 ms; the receiver sort and the re-check cost the rest;
+# benchmarks/results/neighbors_h100_run2/), so auto keeps our cell list there.
 AUTO_VESIN_MIN_ATOMS: dict[str, int] = {"cpu": 1000}
 
 
