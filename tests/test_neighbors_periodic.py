@@ -117,3 +117,34 @@ def test_auto_rule_from_host_tables_equals_the_device_rule():
             _choose(host.counts, host.n_images, "cpu", b.num_atoms, lambda: False) == choose_method(prepare(*args))
             or choose_method(prepare(*args)) == "vesin"
         )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_pass_scratch_rows_and_their_overflow(device):
+    """The periodic path counts and stores rows in one pass into scratch rows sized from the mean density; a
+    cluster in a large periodic box outgrows them, and the fill pass redoes those rows (same list as ASE)."""
+    _skip_without_triton(device)
+    from mlff_distiller.neighbors.cell_list_triton import _scratch_cap
+
+    rng = np.random.default_rng(11)
+    cluster = Atoms("H50", positions=rng.uniform(10.0, 13.0, (50, 3)), cell=np.eye(3) * 30.0, pbc=True)
+    liquid = Atoms("H40", positions=rng.uniform(0.0, 7.4, (40, 3)), cell=np.eye(3) * 7.4, pbc=True)
+    for atoms, overflow in ((cluster, True), (liquid, False)):
+        batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64, device=device)
+        host = host_cells(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, CUTOFF)
+        cap = _scratch_cap(host, batch.num_atoms)
+        fast, general = _both_paths(batch)
+        longest = int((fast.row_ptr[1:] - fast.row_ptr[:-1]).max())
+        assert cap > 0 and (longest > cap) == overflow, (cap, longest)
+        assert our_pairs(fast) == ase_pairs(atoms, CUTOFF)[0]
+        assert torch.equal(fast.edge_index, general.edge_index) and torch.equal(fast.shifts, general.shifts)
+
+
+def test_scratch_cap_rule():
+    from mlff_distiller.neighbors.cell_list_triton import SCRATCH_MAX_KEYS, _scratch_cap
+
+    water = Atoms("H192", positions=np.zeros((192, 3)), cell=np.eye(3) * 12.42, pbc=True)  # ~0.1 atoms/Å³
+    b = AtomsBatch.from_atoms(water)
+    host = host_cells(b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF)
+    assert _scratch_cap(host, 192) == 128  # 2 x 52 + 16 -> 128
+    assert _scratch_cap(host, SCRATCH_MAX_KEYS // 64) == 0  # too many keys in all: two passes

@@ -117,7 +117,8 @@ class HostCells:
 
     Small ``[B, ...]`` tensors: computing them with torch ops on the GPU cost ~30 kernel launches per call, more
     than the copies of ``cell``, ``pbc`` and ``ptr`` to the host that replace them. ``basis``, ``inv``, ``heights``
-    and ``n_images`` as in :class:`Geometry` and :func:`cell_geometry`; ``counts`` atoms per structure."""
+    and ``n_images`` as in :class:`Geometry` and :func:`cell_geometry`; ``volume`` spanned by the full-rank basis
+    (Å³ for fully periodic cells); ``counts`` atoms per structure."""
 
     cutoff: float
     pbc: torch.Tensor
@@ -127,6 +128,7 @@ class HostCells:
     inv: torch.Tensor
     heights: torch.Tensor
     n_images: torch.Tensor
+    volume: torch.Tensor
 
     @property
     def all_periodic(self) -> bool:
@@ -162,6 +164,7 @@ def host_cells(
         inv=inv,
         heights=heights,
         n_images=n_images,
+        volume=volume,
     )
 
 

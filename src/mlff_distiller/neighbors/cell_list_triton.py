@@ -61,6 +61,9 @@ _SHIFT_BITS = 10
 _SHIFT_BIAS = 1 << (_SHIFT_BITS - 1)
 # Longest row sorted in registers by _rows_kernel; longer rows (hubs) fall back to the torch sort.
 MAX_ROW_SORT = 2048
+# One-pass candidate search (periodic batches): longest scratch row, and scratch keys in all (8 bytes each).
+SCRATCH_MAX_ROW = 1024
+SCRATCH_MAX_KEYS = 1 << 25
 # Bins per structure at most this many per atom (and at least this many): bounds the dense bin table.
 BINS_PER_ATOM = 8
 MAX_BINS_PER_AXIS = 1 << 12
@@ -84,7 +87,7 @@ def triton_runnable(device: torch.device) -> bool:
 
 if HAS_TRITON:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["cap"])
     def _pairs_kernel(
         order_ptr,  # [N] int64: atom at each sorted slot
         px_ptr,  # [N] float64 wrapped positions (Å) in sorted order, one array per component
@@ -98,10 +101,11 @@ if HAS_TRITON:
         basis_stride,
         cell_start_ptr,  # [n_bins + 1] int64
         cutoff_sq,
-        count_ptr,  # [N] int32 out (count pass)
+        count_ptr,  # [N] int32 out (count and scratch passes)
         row_ptr_ptr,  # [N + 1] int64 in (fill pass)
         key_ptr,  # [E] int64 out (fill pass)
-        FILL: tl.constexpr,
+        cap,  # scratch pass: keys of receiver i go to key_ptr[i * cap ...], at most cap of them
+        FILL: tl.constexpr,  # 0: count; 1: fill at row_ptr[i]; 2: count and fill scratch rows of cap keys
         SHIFT_BITS: tl.constexpr,
         BLOCK_S: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -149,8 +153,10 @@ if HAS_TRITON:
         k_lane = tl.arange(0, BLOCK_K)
         count = tl.zeros((), dtype=tl.int64)
         base = 0
-        if FILL:
+        if FILL == 1:
             base = tl.load(row_ptr_ptr + i)
+        if FILL == 2:
+            base = i * cap
         for s0 in range(0, n_stencil, BLOCK_S):
             s = s0 + s_lane
             s_ok = s < n_stencil
@@ -198,20 +204,23 @@ if HAS_TRITON:
                 # 0 < |r| drops the receiver's own copy (exactly zero) and coincident atoms.
                 keep = m & (d2 > 0.0) & (d2 < cutoff_sq)
                 keep_i = keep.to(tl.int64)
-                if FILL:
+                if FILL != 0:
                     j = tl.load(order_ptr + idx, mask=keep, other=0)
                     key = (j << (3 * SHIFT_BITS)) | code[:, None]
                     per_row = tl.sum(keep_i, axis=1)
                     row_off = tl.cumsum(per_row, axis=0) - per_row
                     rank = row_off[:, None] + tl.cumsum(keep_i, axis=1) - 1
-                    tl.store(key_ptr + (base + count + rank), key, mask=keep)
+                    store = keep
+                    if FILL == 2:  # a row longer than cap is counted but not stored (the caller redoes it)
+                        store = keep & (count + rank < cap)
+                    tl.store(key_ptr + (base + count + rank), key, mask=store)
                 count += tl.sum(tl.sum(keep_i, axis=1), axis=0)
-        if not FILL:
+        if FILL != 1:
             tl.store(count_ptr + i, count.to(tl.int32))
 
     # n_edges changes with every list: unspecialised, or each new value's divisibility by 16 JIT-compiles a
     # variant (0.7 s inside one MD step on the H100, benchmarks/results/profile_step_h100_run3.txt).
-    @triton.jit(do_not_specialize=["n_edges"])
+    @triton.jit(do_not_specialize=["n_edges", "src_stride"])
     def _rows_kernel(
         key_ptr,  # [E] int64 pair keys, grouped by receiver
         row_ptr_ptr,  # [N + 1] int64
@@ -222,6 +231,7 @@ if HAS_TRITON:
         shifts_ptr,  # [E, 3] int64 out
         sv_ptr,  # [E, 3] out
         n_edges,
+        src_stride,  # > 0: receiver i's keys are at key_ptr[i * src_stride ...] (scratch rows); else at row_ptr[i]
         SHIFT_BITS: tl.constexpr,
         BLOCK_R: tl.constexpr,
     ):
@@ -230,7 +240,10 @@ if HAS_TRITON:
         n = tl.load(row_ptr_ptr + i + 1) - start
         o = tl.arange(0, BLOCK_R)
         m = o < n
-        key = tl.load(key_ptr + start + o, mask=m, other=0x7FFFFFFFFFFFFFFF)
+        src = start
+        if src_stride > 0:
+            src = i * src_stride
+        key = tl.load(key_ptr + src + o, mask=m, other=0x7FFFFFFFFFFFFFFF)
         # Keys order as (j, S'_x, S'_y, S'_z); for a fixed (i, j) S' and S differ by a constant.
         key = tl.sort(key)
         mask10 = (1 << SHIFT_BITS) - 1
@@ -483,16 +496,32 @@ def cell_list_triton_periodic(
     tables = (itab, ftab, 18, cell_start)
     return _pairs_and_rows(
         geometry, order, spos, sbin, sstruct, tables, image, batch, cell, host.cutoff, positions.dtype,
-        max_row_sort, check_reach=False,
+        max_row_sort, check_reach=False, cap=_scratch_cap(host, n),
     )  # fmt: skip
 
 
+def _scratch_cap(host: HostCells, n_atoms: int) -> int:
+    """Scratch-row capacity for the one-pass candidate search of a periodic batch, or 0 (two passes): twice the
+    pairs per atom that a uniform density predicts (plus 16), as a power of two, when that stays within
+    SCRATCH_MAX_ROW keys per row and SCRATCH_MAX_KEYS in all. Clusters in vacuum exceed it; their rows are
+    then redone by the fill pass (correct, one pass more)."""
+    density = host.counts.numpy() / np.maximum(host.volume.numpy(), 1e-300)
+    expected = float(density.max()) * 4.0 / 3.0 * np.pi * host.cutoff**3
+    cap = 1 << max(0, int(np.ceil(2.0 * expected + 16.0)) - 1).bit_length()
+    if cap > SCRATCH_MAX_ROW or n_atoms * cap > SCRATCH_MAX_KEYS:
+        return 0
+    return cap
+
+
 def _pairs_and_rows(
-    geometry, order, spos, sbin, sstruct, tables, image, batch, cell, cutoff, out_dtype, max_row_sort, check_reach
-) -> NeighborList | None:
+    geometry, order, spos, sbin, sstruct, tables, image, batch, cell, cutoff, out_dtype, max_row_sort, check_reach,
+    cap=0,
+) -> NeighborList | None:  # fmt: skip
     """Steps 2 and 3 of the module docstring over atoms in bin order: count, size (the one sync), fill, then the
     row sort. ``geometry()`` gives the Geometry of this call when the long-row fallback needs one;
-    ``check_reach``: also check on the device that shifts fit the pair keys (else ``None``)."""
+    ``check_reach``: also check on the device that shifts fit the pair keys (else ``None``); ``cap`` > 0: one
+    candidate pass that counts and stores each row into a scratch row of ``cap`` keys (the row sort reads them
+    there), with the fill pass only when some row is longer."""
     itab, basis, basis_stride, cell_start = tables
     device = order.device
     n = order.shape[0]
@@ -503,10 +532,10 @@ def _pairs_and_rows(
     count = torch.empty(n, dtype=torch.int32, device=device)
     dummy64 = torch.empty(1, dtype=torch.int64, device=device)
     grid = (n,)
-    _pairs_kernel[grid](
-        *common, cutoff_sq, count, dummy64, dummy64,
-        FILL=False, SHIFT_BITS=_SHIFT_BITS, BLOCK_S=block_s, BLOCK_K=block_k, num_warps=4,
-    )  # fmt: skip
+    consts = dict(SHIFT_BITS=_SHIFT_BITS, BLOCK_S=block_s, BLOCK_K=block_k, num_warps=4)
+    # One pass when the rows fit scratch rows of `cap` keys (counted and stored together); else count, then fill.
+    scratch = torch.empty(n * cap if cap else 1, dtype=torch.int64, device=device)
+    _pairs_kernel[grid](*common, cutoff_sq, count, dummy64, scratch, cap, FILL=2 if cap else 0, **consts)
     row_ptr = torch.zeros(n + 1, dtype=torch.int64, device=device)
     torch.cumsum(count, 0, dtype=torch.int64, out=row_ptr[1:])
     # The one sync that sizes the output; the shift range check rides along with it.
@@ -522,14 +551,16 @@ def _pairs_and_rows(
         return None
     if n_edges == 0:
         return _empty(n, device, out_dtype)
-    keys = torch.empty(n_edges, dtype=torch.int64, device=device)
-    _pairs_kernel[grid](
-        *common, cutoff_sq, count, row_ptr, keys,
-        FILL=True, SHIFT_BITS=_SHIFT_BITS, BLOCK_S=block_s, BLOCK_K=block_k, num_warps=4,
-    )  # fmt: skip
+    if cap and longest <= cap:
+        keys, src_stride = scratch, cap
+    else:  # no scratch, or some row outgrew it: the fill pass writes every row at row_ptr[i]
+        keys, src_stride = torch.empty(n_edges, dtype=torch.int64, device=device), 0
+        _pairs_kernel[grid](*common, cutoff_sq, count, row_ptr, keys, 0, FILL=1, **consts)
 
     # Under the CPU interpreter tl.sort is a Python-level bitonic network (seconds per row): sort with torch.
     if longest > max_row_sort or device.type != "cuda":
+        if src_stride:  # the scratch rows, compacted in receiver order
+            keys = keys.view(n, cap)[torch.arange(cap, device=device) < count[:, None]]
         return finish(geometry(), _decode_keys(keys, row_ptr, count), "cell_list")
     edge_index = torch.empty(2, n_edges, dtype=torch.int64, device=device)
     shifts = torch.empty(n_edges, 3, dtype=torch.int64, device=device)
@@ -537,7 +568,7 @@ def _pairs_and_rows(
     block_r = _row_block(longest)
     _rows_kernel[grid](
         keys, row_ptr, image.contiguous(), batch, cell.to(out_dtype).reshape(-1, 9).contiguous(),
-        edge_index, shifts, shift_vectors, n_edges,
+        edge_index, shifts, shift_vectors, n_edges, src_stride,
         SHIFT_BITS=_SHIFT_BITS, BLOCK_R=block_r, num_warps=4 if block_r <= 256 else 8,
     )  # fmt: skip
     return NeighborList(
