@@ -32,7 +32,8 @@ in bin order (two launches instead of ~45 torch ops), and step 2 is one pass: ``
 stores each row into a scratch row of ``cap`` keys sized from the mean density (:func:`_scratch_cap`), which
 ``_rows_kernel`` reads in place; only rows that outgrow it are redone by the fill pass. Measured on an H100
 (benchmarks/results/neighbors_h100_run2/): a 24,000-atom water box 3.72 -> 1.56-2.06 ms, 1,024 boxes of 24
-atoms 3.84 -> 1.70-2.26 ms; the kernels take 0.47 ms of either, the rest is host time.
+atoms 3.84 -> 1.70-2.26 ms; the kernels take 0.47 ms of either, the rest is host time (the host geometry's
+small copies of cell, pbc and ptr are syncs too).
 
 On CPU the same kernels run under ``TRITON_INTERPRET=1`` (tests); the production CPU path stays the torch
 cell list. Exactness is that of the torch backends: float64 geometry, the same strict cutoff test.
