@@ -15,6 +15,7 @@ from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.neighbors import _choose, choose_method, neighbor_list, neighbor_list_batch
 from mlff_distiller.neighbors._common import host_cells, prepare
 from mlff_distiller.neighbors.cell_list_triton import cell_list_triton, cell_list_triton_periodic, triton_runnable
+from mlff_distiller.neighbors.vesin_backend import vesin_available
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -108,15 +109,14 @@ def test_non_finite_inputs_are_clear_errors(device):
 
 
 def test_auto_rule_from_host_tables_equals_the_device_rule():
-    """``auto`` now decides from the host tables; the documented rule on a Geometry gives the same answers."""
+    """``auto`` now decides from the host tables: they hold the Geometry's atom and image counts, and the rule on
+    them gives the documented rule's answer on the Geometry."""
     for k in range(0, 60, 5):
         b = AtomsBatch.from_atoms(structures()[k : k + 5])
         args = (b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF)
-        host = host_cells(*args)
-        assert (
-            _choose(host.counts, host.n_images, "cpu", b.num_atoms, lambda: False) == choose_method(prepare(*args))
-            or choose_method(prepare(*args)) == "vesin"
-        )
+        host, geo = host_cells(*args), prepare(*args)
+        assert torch.equal(host.counts, geo.counts) and torch.equal(host.n_images, geo.n_images)
+        assert _choose(host.counts, host.n_images, "cpu", b.num_atoms, vesin_available) == choose_method(geo)
 
 
 @pytest.mark.parametrize("device", DEVICES)

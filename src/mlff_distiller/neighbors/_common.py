@@ -25,7 +25,6 @@ __all__ = [
     "finish",
     "host_cells",
     "prepare",
-    "validate_cells",
 ]
 
 # Periodic lattice vectors spanning less than this (Å, Å² or Å³) make a degenerate cell (as in batch.py).
@@ -153,8 +152,15 @@ def host_cells(
         raise ValueError("neighbor_list: non-finite cell (NaN or inf)")
     basis, inv, heights, n_images, volume = cell_geometry(cell64, pbc_h, cutoff)
     bad = pbc_h.any(dim=1) & (volume < MIN_VOLUME)
-    n_bad = int(bad.sum())
-    validate_cells(positions.shape[0], int(ptr_h[0]), int(ptr_h[-1]), n_bad, int(bad.long().argmax()), volume, pbc_h)
+    n, first, last = positions.shape[0], int(ptr_h[0]), int(ptr_h[-1])
+    if first != 0 or last != n:
+        raise ValueError(f"neighbor_list: ptr must run from 0 to N={n}, got ptr[0]={first}, ptr[-1]={last}")
+    if bool(bad.any()):
+        k = int(bad.long().argmax())
+        raise ValueError(
+            f"neighbor_list: structure {k} has a degenerate cell: its periodic vectors span "
+            f"{float(volume[k]):.3g} with pbc={pbc_h[k].tolist()}"
+        )
     return HostCells(
         cutoff=cutoff,
         pbc=pbc_h,
@@ -247,18 +253,6 @@ def cell_geometry(
 def _cross(u: np.ndarray, v: np.ndarray) -> list[np.ndarray]:
     """Cross product of vectors given as three ``[B]`` component arrays."""
     return [u[1] * v[2] - u[2] * v[1], u[2] * v[0] - u[0] * v[2], u[0] * v[1] - u[1] * v[0]]
-
-
-def validate_cells(n_atoms: int, first: int, last: int, n_bad: int, k: int, volume, pbc) -> None:
-    """The ``ValueError`` for ``ptr`` not running from 0 to ``n_atoms`` or a degenerate periodic cell (the
-    ``n_bad`` of them, the first at ``k``), from values already on the host."""
-    if first != 0 or last != n_atoms:
-        raise ValueError(f"neighbor_list: ptr must run from 0 to N={n_atoms}, got ptr[0]={first}, ptr[-1]={last}")
-    if n_bad:
-        raise ValueError(
-            f"neighbor_list: structure {k} has a degenerate cell: its periodic vectors span "
-            f"{float(volume[k]):.3g} with pbc={pbc[k].tolist()}"
-        )
 
 
 # Largest packed (i, j, S') sort key (exclusive) that finish() uses; beyond it, two stable sorts (same order).
