@@ -8,11 +8,22 @@ with the water student's architecture (hidden 128, 3 layers, 20 RBF, 5 Å: ``con
 the distribution of ``StudentCalculator`` step times in a thermal random walk (median, mean, max, neighbour-list
 rebuilds, graph captures) and a host profile of those steps.
 
-    python benchmarks/profile_step.py --out DIR [--sections small,water,variants]
+    python benchmarks/profile_step.py --out DIR [--sections small,water,variants,large]
 
 ``variants``: the CUDA-graph replay of benzene, the 192-atom water box, 1,024 g2 molecules and a 3,000-atom water
 box with the message-passing forward and sender backward forced to the "block" or the "atom" variant (the
 ``block_min_atoms`` rule of ``kernels/message_passing.py``).
+
+``large``: where the energy + forces step of a large periodic water box goes (issue 7; ~32 ms at 24,000 atoms on
+an H100). For the 3,000- and 24,000-atom boxes of ``bench_large.py`` (``systems.water_box``, ~1 g/cm³; the default
+student of ``peers.make_student``: hidden 128, 3 layers, float32, seeded random weights) and for its two step rows,
+"ours eager" and "ours best (ForceEngine mode auto)" (``peers.StepImpl``: neighbour list built once, then model +
+one ``autograd.grad``, or the captured replay of the padded step): the wall median of the step
+(``triton.testing.do_bench``), the peak memory of the row, the kernel table of one step (names, counts, device
+time) and a summary by kernel group (lines starting ``group``): each ``_mp_*`` message-passing kernel on its own,
+GEMMs (cuBLAS / CUTLASS), torch elementwise / reduce / index kernels, other torch kernels, memcpy / memset, other
+Triton kernels; device µs per step, per launch and % of the summed device time. Without CUDA it prints one line
+and returns.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import re
 import sys
 from pathlib import Path
 
@@ -34,7 +46,8 @@ from mlff_distiller import ForceEngine, StudentCalculator, load_model
 from mlff_distiller.batch import AtomsBatch
 
 
-def _kernel_table(fn, reps: int = 5, rows: int = 40) -> str:
+def _kernel_table(fn, reps: int = 5, rows: int = 40, groups: bool = False) -> str:
+    """Kernels of ``fn`` (``reps`` calls after one untimed call); ``groups``: also ``_kernel_groups`` of them."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -46,7 +59,63 @@ def _kernel_table(fn, reps: int = 5, rows: int = 40) -> str:
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     total_us = sum(e.device_time for e in events) / reps
     head = f"device kernels per call: {len(events) / reps:.0f}, summed device time per call: {total_us:.1f} µs\n"
-    return head + prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70)
+    if groups:
+        table += "\n" + _kernel_groups([(e.name, e.device_time) for e in events], reps)
+    return head + table
+
+
+def _kernel_group(name: str) -> str:
+    """The group of one device kernel name (``_kernel_groups``); torch kernels by their function's name, not by
+    the template arguments (a functor's name may say "index" or "reduce")."""
+    if name.startswith("_mp_"):
+        return name
+    low = name.lower()
+    if "memcpy" in low or "memset" in low:
+        return "memcpy / memset"
+    head = low.removeprefix("void ").replace("(anonymous namespace)", "anon").split("<")[0].split("(")[0]
+    if any(k in head for k in ("gemm", "xmma", "cutlass", "gemv", "splitkreduce")):
+        return "GEMM (cuBLAS / CUTLASS)"
+    if head.startswith(("at::", "at_cuda_detail::", "cub::")):
+        if any(k in head for k in ("index", "scatter", "gather")):
+            return "torch index / scatter / gather"
+        if "reduce" in head:
+            return "torch reduce"
+        if "elementwise" in head:
+            return "torch elementwise"
+        return "torch other (sort, cat, search, ...)"
+    if re.fullmatch(r"[A-Za-z_]\w*", name):
+        return "Triton (other)"
+    return "other"
+
+
+def _kernel_groups(kernels: list[tuple[str, float]], reps: int, top: int = 3) -> str:
+    """Summary of device kernels by ``_kernel_group``: ``kernels`` = (name, device µs) of every launch in ``reps``
+    calls. One line per group (``group ...``): launches and device µs per call, µs per launch, % of the summed
+    device time; under a group of several names, its ``top`` names by time."""
+    per: dict[str, dict[str, list[float]]] = {}
+    for name, us in kernels:
+        per.setdefault(_kernel_group(name), {}).setdefault(name, []).append(us)
+    total = sum(us for _, us in kernels) or 1.0
+    width = max((len(g) for g in per), default=10)
+    lines = [
+        f"--- kernel groups: device time per call ({total / reps:.1f} µs summed), launches per call, "
+        "µs per launch, % of the summed device time"
+    ]
+    by_time = sorted(per.items(), key=lambda kv: -sum(sum(v) for v in kv[1].values()))
+    for group, names in by_time:
+        us = sum(sum(v) for v in names.values())
+        n = sum(len(v) for v in names.values())
+        lines.append(
+            f"group {group:<{width}} {us / reps:10.1f} µs/call {n / reps:7.1f} launches {us / n:9.2f} µs/launch "
+            f"{100 * us / total:5.1f} %" + (f"  ({len(names)} names)" if len(names) > 1 else "")
+        )
+        if len(names) > 1:
+            for name, v in sorted(names.items(), key=lambda kv: -sum(kv[1]))[:top]:
+                short = name.removeprefix("void ")
+                short = short if len(short) <= 90 else short[:87] + "..."
+                lines.append(f"      {sum(v) / reps:10.1f} µs/call {len(v) / reps:7.1f} launches  {short}")
+    return "\n".join(lines)
 
 
 def _host_profile(fn, reps: int, rows: int = 35) -> str:
@@ -175,6 +244,66 @@ def _variant_replays() -> list[str]:
     return out
 
 
+def _large_steps(sizes: tuple[int, ...] = (3000, 24000)) -> list[str]:
+    """The energy + forces step of ``bench_large.py`` (its "ours eager" and "ours best" rows) on large water boxes:
+    wall median, peak memory, kernel table and kernel groups of one step."""
+    if not torch.cuda.is_available():
+        return ["large: skipped (no CUDA device; the section profiles the GPU energy + forces step)"]
+    import gc
+    import warnings
+
+    import triton
+    from peers import StepImpl, make_student
+    from systems import water_box
+
+    from mlff_distiller.neighbors import neighbor_list
+
+    model = make_student()  # bench_large.py's student: the default StudentModel, seed 0, float32
+    out = []
+    rows = (("ours eager", "eager"), ("ours best (ForceEngine mode auto)", "auto"))
+    for n in sizes:
+        atoms = water_box(n, seed=0)
+        d = AtomsBatch.from_atoms([atoms], dtype=torch.float32).to("cuda")
+        with torch.no_grad():
+            n_edges = neighbor_list(d.positions, d.cell, d.pbc, d.batch, d.ptr, model.cutoff).num_edges
+        del d
+        for label, mode in rows:
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                impl = StepImpl(label, "ours", model, "cuda", backend="auto", mode=mode)
+            head = f"\n===== water {len(atoms)} atoms, {n_edges} edges, {label}"
+            if not impl.available:
+                out.append(f"{head}: unavailable ({impl.why_unavailable})")
+                continue
+            eng = impl.engine
+            bucket = eng.buckets.select(len(atoms), n_edges) if eng.pad else None
+            if mode != "eager" and bucket is None:
+                why = f"runs {eng.mode}" if not eng.pad else "no padded bucket holds the box"
+                out.append(f"{head}: skipped ({why}: it would run eager, = ours eager)")
+                impl = eng = None
+                continue
+            run = impl.prepare([atoms], True)  # the neighbour list, built once (and the padded graph filled)
+            run()  # cold: Triton compiles, autotuning, the graph capture
+            run()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() / 1e9  # before do_bench adds its 256 MB cache-flush buffer
+            t_ms = triton.testing.do_bench(run, warmup=100, rep=500, return_mode="median")
+            runs = f"runs {eng.mode}" + (f", {bucket}" if bucket is not None else "")
+            out.append(
+                f"{head} ({runs}): wall median {t_ms:.3f} ms (do_bench), peak allocated {peak:.2f} GB "
+                "(inputs, neighbour list, first two calls)"
+            )
+            out.append("--- kernels of one step (3 calls profiled)")
+            out.append(_kernel_table(run, reps=3, rows=45, groups=True))
+            run = impl = eng = None  # the 24,000-atom step's engine, graph and buffers go before the next row
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=None)
@@ -186,8 +315,9 @@ def main() -> None:
     from ase.build import molecule
     from ase.md.verlet import VelocityVerlet
 
-    model = load_model("builtin:chno-gfn2")
-    report = [f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}"]
+    model = load_model("builtin:chno-gfn2") if "small" in sections else None
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+    report = [f"{device} torch {torch.__version__} triton {triton.__version__}"]
     systems = [("benzene", [molecule("C6H6")]), ("g2x1024", g2_chno(1024))] if "small" in sections else []
     for name, structs in systems:
         eng = ForceEngine(model, device="cuda", mode="cudagraph")
@@ -218,6 +348,8 @@ def main() -> None:
         report.extend(_water_steps())
     if "variants" in sections:
         report.extend(_variant_replays())
+    if "large" in sections:
+        report.extend(_large_steps())
     text = "\n".join(report)
     print(text)
     if args.out:

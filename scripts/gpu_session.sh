@@ -13,7 +13,8 @@
 #   CHECK="tests/a.py tests/b.py::t" CHECK_K="cuda" bash scripts/gpu_session.sh check   # chosen tests, tracebacks
 #   bash scripts/gpu_session.sh enginelat # bench_engine latency + MD sections only (reference, eager, cudagraph)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
-#   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps)
+#   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
+#                                         #   PROFILE=large: kernel groups of the 3k/24k water energy+forces step)
 #   bash scripts/gpu_session.sh nlprof    # benchmarks/profile_neighbors.py: wall vs device kernels of one list call
 #   bash scripts/gpu_session.sh nlcheck   # CUDA tests of the neighbour lists + profile_neighbors + bench_large nl
 #   bash scripts/gpu_session.sh edgetune  # tune_small.py edgetiles: edge/filter backward kernels over tiles
@@ -111,7 +112,7 @@ case "$part" in
   profile)
     timeout $(box 300) python3 benchmarks/profile_step.py --out "$res" --sections ${PROFILE:-small,water} \
       >"$res/profile.log" 2>&1
-    grep -E "=====|device kernels|slowest" "$res/profile.log"
+    grep -E "=====|device kernels|slowest|^group |^large:" "$res/profile.log"
     ;;
   nlprof)
     timeout $(box 150) python3 benchmarks/profile_neighbors.py --out "$res" >"$res/profile_neighbors.log" 2>&1
