@@ -231,12 +231,20 @@ def _receiver_csr(edge_index: Tensor, n_atoms: int) -> _Graph:
     return g
 
 
+def _sender_order(send: Tensor, n_atoms: int) -> Tensor:
+    """Stable argsort of the senders (each sender's edges keep receiver order). On int32 keys when the atom
+    indices fit: a CUDA radix sort then makes 4 passes instead of 8 (in a CUDA-graph replay of a 192-atom water
+    box the int64 sort was 8 kernels, 44 µs of ~1 ms, benchmarks/results/profile_step_h100_run4.txt)."""
+    key = send.to(torch.int32) if n_atoms < 2**31 else send
+    return torch.argsort(key, stable=True)
+
+
 def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
     """Edges sorted by sender (stable, so each sender's edges keep receiver order) and their offsets."""
     g = _graph(edge_index, n_atoms)
     if g.perm is None:
         send = edge_index[1]
-        g.perm = torch.argsort(send, stable=True)
+        g.perm = _sender_order(send, n_atoms)
         g.col_ptr = _offsets(send[g.perm].contiguous(), n_atoms)
     return g.perm, g.col_ptr
 
@@ -347,6 +355,14 @@ if HAS_TRITON:
         wb = _filter_t(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
         wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
         return wa, wb, wc
+
+    @triton.jit
+    def _filter_rows(w_ptr, BLK: tl.constexpr, f, fm, r, rm, N_FEAT: tl.constexpr, N_RBF: tl.constexpr):
+        """``[BLOCK_F, R_PAD]`` tile of filter_weight itself (rows ``BLK * F + f``): the right-hand side of the
+        ∂rbf dots ``G @ W`` loaded in that orientation, not as ``tl.trans`` of a ``_filter_t`` tile (a layout
+        change in registers, which made the tensor-core dots of the edge kernel spill)."""
+        offs = (BLK * N_FEAT + f[:, None]).to(tl.int64) * N_RBF + r[None, :]
+        return tl.load(w_ptr + offs, mask=fm[:, None] & rm[None, :], other=0.0)
 
     @triton.jit
     def _chunk_setup(w_ptr, f, N_FEAT: tl.constexpr, N_RBF: tl.constexpr, R_PAD: tl.constexpr):
@@ -755,11 +771,11 @@ if HAS_TRITON:
             f = f0 + tl.arange(0, BLOCK_F)
             fm = f < N_FEAT
             m2 = em[:, None] & fm[None, :]
-            wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
             G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT)
-            g_rbf += tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
-            g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
-            g_rbf += tl.dot(G_c, tl.trans(wc), input_precision=DOT_PRECISION)
+            g_rbf += tl.dot(G_a, _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+            g_rbf += tl.dot(G_b, _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+            g_rbf += tl.dot(G_c, _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+            wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
             c = xc * tl.dot(rb, wc, input_precision=DOT_PRECISION)
             gu_0 += tl.sum(c * g0, axis=1)
             gu_1 += tl.sum(c * g1, axis=1)
@@ -1111,7 +1127,7 @@ if HAS_TRITON:
         """Gradients wrt x, v, rbf, filter_weight, unit (builds the sender CSR itself: an argsort)."""
         n = v.shape[0]
         send = edge_index[1]
-        perm = torch.argsort(send, stable=True)
+        perm = _sender_order(send, n)
         col_ptr = _offsets(send[perm].contiguous(), n)
         outs = _mp_backward(
             grad_s,

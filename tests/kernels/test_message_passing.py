@@ -367,6 +367,24 @@ def test_large_water_like_graph(dtype, variant):
     _compare((x, v, rbf, w, unit, torch.stack([recv, send])), dtype)
 
 
+# (block_e, block_f, warps) x dot precision of the edge backward: the tensor-core (tf32x3) tilings that
+# benchmarks/tune_small.py sweeps, and the former ieee default.
+EDGE_TILES = [(64, 32, 4, "tf32x3"), (128, 32, 8, "tf32x3"), (32, 128, 4, "tf32x3"), (32, 128, 4, "ieee")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", EDGE_TILES, ids=[f"{e}x{f}w{w}-{p}" for e, f, w, p in EDGE_TILES])
+def test_edge_kernel_tiles_float32(tiles):
+    """The edge backward (∂rbf, ∂u) at each tiling x dot precision stays within the float32 bound of the float64
+    reference on a 3,000-atom graph with F = 128, R = 20 (several feature chunks, a masked radial pad)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    be, bf, warps, prec = tiles
+    cfg = dict(bwd_edge_block_e=be, bwd_edge_block_f=bf, bwd_edge_warps=warps, dot_bwd_edge=prec)
+    with mp_module._configured(**cfg):
+        _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=21), torch.float32)
+
+
 @pytest.mark.gpu
 def test_compile_and_opcheck(variant):
     if not torch.cuda.is_available():
