@@ -271,8 +271,8 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     "fused" (float32, F <= fused_max_feat on the GPU; else "block"): whole feature rows per program, and the edge
 #     kernel's ∂rbf, ∂u computed in the same pass (_mp_bwd_fused_kernel; its _block_f is unused).
 #   <kernel>_block_a / _block_e / _block_f / _warps: the tiles of the block / fused variants of fwd and bwd_sender,
-#     and of the edge and filter kernels (bwd_edge_*, bwd_filter_*: 32 x 128 / 4 warps, the shared tiles of the
-#     tuning above; their own keys, so that e.g. a tf32x3 dot can take smaller tiles there).
+#     and of the edge and filter kernels (their own keys: bwd_filter_* 32 x 128 / 4 warps, the shared tiles of
+#     the tuning above; bwd_edge_* 64 x 32 / 4 warps in tf32x3, see below).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
 #   block_min_atoms: graphs with fewer atoms run the "atom" variant whatever fwd_variant / bwd_sender_variant say
 #     (GPU only). A block program covers BLOCK_A atoms, so a small graph gets too few programs to fill the GPU:
@@ -285,7 +285,10 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 # Shipped: the fastest float32-accurate choice per kernel of the H100 sweep on 24,000-atom water
 # (benchmarks/results/tune_mp_h100.md, 2026-11-23): block forward 16 x 32 x 64 / 4 warps with tf32x3 (6.04 ->
 # 1.55 ms), atom sender backward with tf32x3 (6.79 -> 1.98 ms), both at the ieee kernels' error vs float64
-# (~3e-7); the edge and filter kernels stay ieee (tf32x3 did not make them faster there).
+# (~3e-7); the filter kernel stays ieee (tf32x3 did not make it faster there). The edge kernel: tf32x3 at
+# 64 edges x 32 features / 4 warps, with its ∂rbf dots on untransposed filter tiles (stop 14,
+# benchmarks/results/tune_edge_tiles_h100_run2.md): 2.6 ms at 24,000 atoms (ieee 32 x 128: 3.5 ms), 32 µs for a
+# 192-atom water box, error vs float64 2.9e-7 (ieee 8.5e-7). Its ieee path keeps the tl.trans tiles.
 _CONFIG = {
     "block_e": 16,
     "block_f": 128,
@@ -300,15 +303,15 @@ _CONFIG = {
     "bwd_sender_block_e": 32,
     "bwd_sender_block_f": 64,
     "bwd_sender_warps": 4,
-    "bwd_edge_block_e": 32,
-    "bwd_edge_block_f": 128,
+    "bwd_edge_block_e": 64,
+    "bwd_edge_block_f": 32,
     "bwd_edge_warps": 4,
     "bwd_filter_block_e": 32,
     "bwd_filter_block_f": 128,
     "bwd_filter_warps": 4,
     "dot_fwd": "tf32x3",
     "dot_bwd_sender": "tf32x3",
-    "dot_bwd_edge": "ieee",
+    "dot_bwd_edge": "tf32x3",
     "dot_bwd_filter": "ieee",
     "block_min_atoms": 1024,
     "fused_max_feat": 64,
@@ -772,10 +775,20 @@ if HAS_TRITON:
             fm = f < N_FEAT
             m2 = em[:, None] & fm[None, :]
             G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT)
-            g_rbf += tl.dot(G_a, _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
-            g_rbf += tl.dot(G_b, _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
-            g_rbf += tl.dot(G_c, _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
-            wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
+            # The ∂rbf dots G @ W take W in the orientation that measured fastest for the dot's unit
+            # (benchmarks/results/tune_edge_tiles_h100_run2.md): the CUDA-core ieee dot with tl.trans of the
+            # [R_PAD, BLOCK_F] tiles (3.5 ms at 24,000 atoms; untransposed loads: 56 ms, spilled), the tensor-core
+            # dots with [BLOCK_F, R_PAD] tiles loaded as such (tf32x3 64 x 32 / 4 warps: 2.6 ms).
+            if DOT_PRECISION == "ieee":
+                wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
+                g_rbf += tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
+                g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
+                g_rbf += tl.dot(G_c, tl.trans(wc), input_precision=DOT_PRECISION)
+            else:
+                g_rbf += tl.dot(G_a, _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+                g_rbf += tl.dot(G_b, _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+                g_rbf += tl.dot(G_c, _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+                wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
             c = xc * tl.dot(rb, wc, input_precision=DOT_PRECISION)
             gu_0 += tl.sum(c * g0, axis=1)
             gu_1 += tl.sum(c * g1, axis=1)
@@ -953,8 +966,8 @@ if HAS_TRITON:
         if variant == "fused":
             bf = _pow2(n_feat)  # one chunk: the per-edge sums over all features stay in the program
         elif cuda and dtype == torch.float64:
-            # Float64 tiles of 16 x 128 failed on the H100 (F = 128); 16 x 32 passed the same tests.
-            bf = min(bf, 32)
+            # Float64 tiles of 16 x 128 failed on the H100 (F = 128); 16 x 32 and 32 x 32 passed the same tests.
+            bf, be = min(bf, 32), min(be, 32)
         c = dict(
             N_FEAT=int(n_feat),
             N_RBF=int(n_rbf),

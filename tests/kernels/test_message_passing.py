@@ -195,6 +195,11 @@ def test_launch_configuration():
         assert cfg("cuda", torch.float32, "bwd_filter", 128, 20)[0]["BLOCK_F"] == 128  # its own keys
     # shipped defaults: the H100 sweep's fastest float32-accurate choices (benchmarks/results/tune_mp_h100.md)
     assert mp_module._CONFIG["fwd_variant"] == "block" and mp_module._CONFIG["dot_fwd"] == "tf32x3"
+    # the edge kernel: tf32x3 on 64 x 32 tiles (tune_edge_tiles_h100_run2.md); float64 keeps tiles of <= 32 x 32
+    c, warps, _ = cfg("cuda", torch.float32, "bwd_edge", 128, 20)
+    assert (c["BLOCK_E"], c["BLOCK_F"], warps, c["DOT_PRECISION"]) == (64, 32, 4, "tf32x3")
+    c, _, _ = cfg("cuda", torch.float64, "bwd_edge", 128, 20)
+    assert (c["BLOCK_E"], c["BLOCK_F"], c["DOT_PRECISION"]) == (32, 32, "ieee")
     with pytest.raises(KeyError, match="unknown"), mp_module._configured(dot_everything="ieee"):
         pass
     for bad in (dict(fwd_variant="warp"), dict(dot_bwd_edge="tf32x6")):
