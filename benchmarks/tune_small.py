@@ -17,6 +17,8 @@ Sections:
             kernel, the fwd+bwd and energy+forces totals, and the _CONFIG that choice implies.
   edgetiles the edge backward kernel over tiles in tf32x3, then a few ieee tilings, on 24,000- and 192-atom
             water and 1,024 g2 molecules (not default).
+  sendertiles the atom variants of the forward (small graphs) and the sender backward over tiles, same graphs
+            (not default).
 The kernels and variants sections run on a 24,000-atom water box (1.3M edges; full sweep) and on 1,024 small g2
 molecules (~51k edges; short sweep), water first, and stop adding rows once --budget-s seconds have passed since
 they started (the rows left out are listed at the end).
@@ -460,6 +462,46 @@ def edge_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: D
             _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), *base)
 
 
+# Section "sendertiles": the "atom" variants of the forward and the sender backward share the keys block_e,
+# block_f, num_warps (one program per atom and feature chunk). The sender backward runs this variant at every
+# size; the forward only below block_min_atoms (the MD case). Tiles (block_e, block_f, warps), in tf32x3 (their
+# shipped precision), the shipped 16 x 128 / 4 first.
+ATOM_TILES = [(16, 64, 4), (32, 64, 4), (32, 32, 4), (64, 32, 4), (16, 32, 4), (32, 128, 8), (64, 64, 8), (16, 64, 2)]
+ATOM_TILES_HEAD = [
+    "## Atom-variant forward and sender backward: tiles (µs per call in a CUDA graph)",
+    "",
+    "Tiles: - x block_e x block_f / num_warps (shared by both kernels' atom variant), tf32x3; speed-up vs shipped.",
+    "",
+    *TABLE_HEAD,
+]
+
+
+def atom_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
+    """Section "sendertiles", one graph: bwd_sender (and, below block_min_atoms, fwd) in the atom variant over
+    ATOM_TILES."""
+    n_atoms = b.inputs[0].shape[0]
+    kernels = ("bwd_sender", "fwd") if n_atoms < mp._CONFIG["block_min_atoms"] else ("bwd_sender",)
+    for kernel in kernels:
+        pin = {f"{kernel}_variant": "atom"}
+        rows = [("shipped", pin)] + [
+            (f"- x {be} x {bf} / {nw}", dict(pin, block_e=be, block_f=bf, num_warps=nw)) for be, bf, nw in ATOM_TILES
+        ]
+        for tiles, cfg in rows:
+            prec = mp._CONFIG[f"dot_{kernel}"]
+            if deadline.over(f"{b.name} {kernel} {tiles}"):
+                continue
+            try:
+                us, err = b.run(kernel, cfg)
+            except Exception as exc:
+                lines.append(_failed(b, kernel, "atom", tiles, prec, exc))
+                continue
+            if tiles == "shipped":
+                b.shipped[kernel] = (us, err)
+            rec = dict(section="sendertiles", graph=b.name, edges=b.edges, kernel=kernel, variant="atom", prec=prec)
+            base = b.shipped.get(kernel, (None, None))
+            _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), *base)
+
+
 def variant_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
     """Section "variants", one graph: the block forward / sender-backward kernels and the fused sender+edge
     backward over tiles x precision, each kernel group after its shipped (atom, ieee) baseline."""
@@ -531,7 +573,7 @@ def summary(lines: list[str], records: list, deadline: Deadline) -> None:
         lines += ["", f"Not run (time budget): {len(deadline.skipped)} rows: " + "; ".join(deadline.skipped)]
 
 
-SECTIONS = ("gemm", "mp", "kernels", "variants", "edgetiles")
+SECTIONS = ("gemm", "mp", "kernels", "variants", "edgetiles", "sendertiles")
 DEFAULT_SECTIONS = "gemm,kernels,variants"
 
 
@@ -566,6 +608,14 @@ def main() -> None:
             del bench
             torch.cuda.empty_cache()
         lines += e_lines + ([f"Not run (budget): {', '.join(deadline.skipped)}"] if deadline.skipped else [])
+    if "sendertiles" in chosen:
+        deadline = Deadline(args.budget_s)
+        a_lines = list(ATOM_TILES_HEAD)
+        for bench in _kernel_graphs(small_water=True):
+            atom_tile_probe(a_lines, records, bench, deadline)
+            del bench
+            torch.cuda.empty_cache()
+        lines += a_lines + ([f"Not run (budget): {', '.join(deadline.skipped)}"] if deadline.skipped else [])
     if "kernels" in chosen or "variants" in chosen:
         # Graph-major (all water rows before any g2 row), so that the budget cuts the less important rows.
         deadline = Deadline(args.budget_s)

@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_session.sh verify    # CUDA tests of the engine/MD/neighbour/kernel changes + step profile
 #   bash scripts/gpu_session.sh engine    # bench_engine (latency, MD step, batch sweep) + message-passing tuning
-#   bash scripts/gpu_session.sh large     # benchmarks/bench_large.py (issue 7)
+#   bash scripts/gpu_session.sh large     # benchmarks/bench_large.py (issue 7; LARGE_ARGS="--sections check,ef")
 #   bash scripts/gpu_session.sh distill   # ethanol from GFN2-xTB in 60 s of training (issue 6)
 #   bash scripts/gpu_session.sh ethlong   # ethanol from GFN2-xTB, 420 s of training (the <= 3 meV/Å target)
 #   bash scripts/gpu_session.sh builtin   # retrain the shipped builtin:chno-gfn2 (issue 6)
@@ -17,7 +17,8 @@
 #                                         #   PROFILE=large: kernel groups of the 3k/24k water energy+forces step)
 #   bash scripts/gpu_session.sh nlprof    # benchmarks/profile_neighbors.py: wall vs device kernels of one list call
 #   bash scripts/gpu_session.sh nlcheck   # CUDA tests of the neighbour lists + profile_neighbors + bench_large nl
-#   bash scripts/gpu_session.sh edgetune  # tune_small.py edgetiles: edge/filter backward kernels over tiles
+#   bash scripts/gpu_session.sh edgetune  # tune_small.py edgetiles: the edge backward over tiles (TUNE_SECTIONS=
+#                                         #   sendertiles: the atom-variant forward / sender backward)
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -74,7 +75,7 @@ case "$part" in
     tail -25 "$res/bench_engine.log"; tail -12 "$res/tune.log"
     ;;
   large)
-    timeout $(box 500) python3 benchmarks/bench_large.py --out "$res" --budget-s $(box 400) 2>&1 | tee "$res/bench_large.log" \
+    timeout $(box 500) python3 benchmarks/bench_large.py --out "$res" --budget-s $(box 400) ${LARGE_ARGS:-} 2>&1 | tee "$res/bench_large.log" \
       | tail -60
     ;;
   distill)
@@ -131,7 +132,7 @@ case "$part" in
     grep -E "NL |ours == ref" "$res/bench_large.log" | head -12
     ;;
   edgetune)
-    timeout $(box 300) python3 benchmarks/tune_small.py --sections edgetiles --budget-s $(box 240) --out "$res" \
+    timeout $(box 300) python3 benchmarks/tune_small.py --sections ${TUNE_SECTIONS:-edgetiles} --budget-s $(box 240) --out "$res" \
       >"$res/tune.log" 2>&1
     grep -E "shipped|Not run" "$res/tune.log" | head; sort -t'|' -k8 -n "$res/tune.log" | grep -E "^\| (water|g2)" | head -30
     ;;
