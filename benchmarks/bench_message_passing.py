@@ -177,6 +177,7 @@ def tune(device, rep_ms) -> list[str]:
     for be, bf, nw in itertools.product((16, 32), (32, 64, 128), (4, 8)):
         bbe = 2 * be
         mp_module._CONFIG.update(block_e=be, block_f=bf, num_warps=nw)
+        mp_module._CONFIG.update(fwd_atom_block_e=be, fwd_atom_block_f=bf, fwd_atom_warps=nw)
         for k in ("bwd_edge", "bwd_filter"):  # one set of tiles for all kernels, as when this sweep was written
             mp_module._CONFIG.update({f"{k}_block_e": bbe, f"{k}_block_f": bf, f"{k}_warps": nw})
         try:

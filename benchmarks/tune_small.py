@@ -136,6 +136,7 @@ def mp_probe(lines: list[str], records: list) -> None:
             every_dot = {f"dot_{k}": prec for k in mp._KERNELS}
             try:
                 tiles = dict(block_e=be, block_f=bf, num_warps=nw)
+                tiles.update(fwd_atom_block_e=be, fwd_atom_block_f=bf, fwd_atom_warps=nw)
                 for k in ("bwd_edge", "bwd_filter"):  # one set of tiles for all kernels, as this sweep was written
                     tiles.update({f"{k}_block_e": bbe, f"{k}_block_f": bf, f"{k}_warps": nw})
                 with mp._configured(**tiles, **every_dot):
@@ -462,15 +463,19 @@ def edge_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: D
             _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), *base)
 
 
-# Section "sendertiles": the "atom" variants of the forward and the sender backward share the keys block_e,
-# block_f, num_warps (one program per atom and feature chunk). The sender backward runs this variant at every
-# size; the forward only below block_min_atoms (the MD case). Tiles (block_e, block_f, warps), in tf32x3 (their
-# shipped precision), the shipped 16 x 128 / 4 first.
-ATOM_TILES = [(16, 64, 4), (32, 64, 4), (32, 32, 4), (64, 32, 4), (16, 32, 4), (32, 128, 8), (64, 64, 8), (16, 64, 2)]
+# Section "sendertiles": the "atom" variants (one program per atom and feature chunk) of the sender backward
+# (keys block_e, block_f, num_warps; every graph size) and of the forward (fwd_atom_*; below block_min_atoms,
+# the MD case). Tiles (block_e, block_f, warps), in tf32x3 (their shipped precision), the shipped ones first.
+ATOM_TILES = [
+    (16, 128, 4), (16, 64, 4), (32, 64, 4), (32, 32, 4), (64, 32, 4), (16, 32, 4), (32, 128, 8), (64, 64, 8),
+    (16, 64, 2),
+]  # fmt: skip
+TILE_KEYS = ("block_e", "block_f", "num_warps")
 ATOM_TILES_HEAD = [
     "## Atom-variant forward and sender backward: tiles (µs per call in a CUDA graph)",
     "",
-    "Tiles: - x block_e x block_f / num_warps (shared by both kernels' atom variant), tf32x3; speed-up vs shipped.",
+    "Tiles: - x block_e x block_f / num_warps (the sender backward) or fwd_atom_* (the forward), tf32x3;",
+    "speed-up vs the shipped tiles of the commit that ran.",
     "",
     *TABLE_HEAD,
 ]
@@ -483,8 +488,10 @@ def atom_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: D
     kernels = ("bwd_sender", "fwd") if n_atoms < mp._CONFIG["block_min_atoms"] else ("bwd_sender",)
     for kernel in kernels:
         pin = {f"{kernel}_variant": "atom"}
+        keys = ("fwd_atom_block_e", "fwd_atom_block_f", "fwd_atom_warps") if kernel == "fwd" else TILE_KEYS
         rows = [("shipped", pin)] + [
-            (f"- x {be} x {bf} / {nw}", dict(pin, block_e=be, block_f=bf, num_warps=nw)) for be, bf, nw in ATOM_TILES
+            (f"- x {be} x {bf} / {nw}", dict(pin, **dict(zip(keys, (be, bf, nw), strict=True))))
+            for be, bf, nw in ATOM_TILES
         ]
         for tiles, cfg in rows:
             prec = mp._CONFIG[f"dot_{kernel}"]

@@ -263,9 +263,13 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 
 # Launch configuration (GPU only; the interpreter uses fixed large tiles, since each program costs Python overhead
 # there). Keys:
-#   block_e, block_f, num_warps: the one-program-per-atom ("atom") forward and sender-backward kernels; tuned on an
-#     H100 (benchmarks/bench_message_passing.py --tune, 24,000-atom water, F = 128: 16 x 128 x 4 warps was the
-#     fastest fwd+bwd of 12 configurations, 1.4x the first guess 16 x 32, when all kernels shared these tiles).
+#   block_e, block_f, num_warps: the one-program-per-atom ("atom") sender-backward kernel (every graph size);
+#     fwd_atom_block_e / _block_f / _warps: the atom forward (graphs below block_min_atoms). First tuned together
+#     (benchmarks/bench_message_passing.py --tune, 24,000-atom water, F = 128: 16 x 128 x 4 warps, the fastest
+#     fwd+bwd of 12 configurations when all kernels shared these tiles); re-tuned per kernel at stop 14
+#     (tune_small.py sendertiles, benchmarks/results/tune_atom_tiles_h100.md): the sender backward 16 x 64 / 4
+#     (1.06x at 24,000 atoms, 1.26x for 192-atom water, 1.02x for 1,024 g2 molecules), the small-graph forward
+#     64 x 32 / 4 (1.32x for 192-atom water).
 #   fwd_variant, bwd_sender_variant: "atom" (one program per atom and feature chunk) or "block" (BLOCK_A
 #     consecutive atoms per program and a one-hot tl.dot segment sum, see _mp_fwd_block_kernel). bwd_sender_variant
 #     "fused" (float32, F <= fused_max_feat on the GPU; else "block"): whole feature rows per program, and the edge
@@ -291,8 +295,11 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 # 192-atom water box, error vs float64 2.9e-7 (ieee 8.5e-7). Its ieee path keeps the tl.trans tiles.
 _CONFIG = {
     "block_e": 16,
-    "block_f": 128,
+    "block_f": 64,
     "num_warps": 4,
+    "fwd_atom_block_e": 64,
+    "fwd_atom_block_f": 32,
+    "fwd_atom_warps": 4,
     "fwd_variant": "block",
     "fwd_block_a": 16,
     "fwd_block_e": 32,
@@ -961,6 +968,8 @@ if HAS_TRITON:
         elif blocked or kernel in ("bwd_edge", "bwd_filter"):
             block_a, be = _CONFIG.get(f"{kernel}_block_a", 0), _CONFIG[f"{kernel}_block_e"]
             bf, warps = _CONFIG[f"{kernel}_block_f"], _CONFIG[f"{kernel}_warps"]
+        elif kernel == "fwd":
+            be, bf, warps = _CONFIG["fwd_atom_block_e"], _CONFIG["fwd_atom_block_f"], _CONFIG["fwd_atom_warps"]
         else:
             be, bf, warps = _CONFIG["block_e"], _CONFIG["block_f"], _CONFIG["num_warps"]
         if variant == "fused":
