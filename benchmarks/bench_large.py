@@ -270,7 +270,8 @@ class Bench:
 
     def impl(self, key: str):
         """Step implementations: ``ref`` (torch kernels, eager), ``ours`` (auto kernels, eager), ``best`` (auto
-        kernels, mode auto)."""
+        kernels, mode auto: what a user gets by default), ``graph`` (mode cudagraph: a replay at every size a
+        bucket holds, also where auto runs eager)."""
         if key not in self.impls:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -291,6 +292,15 @@ class Bench:
                         self.device,
                         backend=self.args.ours_backend,
                         mode="eager",
+                    )
+                elif key == "graph":
+                    impl = StepImpl(
+                        "ours CUDA graph (ForceEngine mode cudagraph)",
+                        "ours",
+                        self.model,
+                        self.device,
+                        backend=self.args.ours_backend,
+                        mode="cudagraph",
                     )
                 else:
                     impl = StepImpl(
@@ -361,12 +371,15 @@ class Bench:
         row = dict(atoms=len(atoms), edges=n_edges, impl=impl.label, key=key)
         if not impl.available:
             return {**row, "skipped": impl.why_unavailable}
-        if key == "best":
+        if key in ("best", "graph"):
             eng = impl.engine
             if not eng.pad:
-                return {**row, "skipped": f"mode auto runs {eng.mode} on {self.device.type} (= ours eager)"}
+                return {
+                    **row,
+                    "skipped": f"mode {eng.requested_mode} runs {eng.mode} on {self.device.type} (= ours eager)",
+                }
             if eng.buckets.select(len(atoms), n_edges) is None:
-                return {**row, "skipped": "no padded bucket holds this box (it would run eager, = ours eager)"}
+                return {**row, "skipped": "no padded bucket holds this box (it runs eager, = ours eager)"}
         run = t = None
         base = allocated(self.device)
         try:
@@ -391,8 +404,8 @@ class Bench:
             row.update(oom=True, error=f"OOM at {len(atoms)} atoms") if is_oom(exc) else row.update(error=_err(exc))
         finally:
             run = t = None
-            if key == "best":  # a new engine per size: its captured graphs and static buffers go with it
-                self.impls.pop("best", None)
+            if key in ("best", "graph"):  # a new engine per size: its captured graphs and static buffers go with it
+                self.impls.pop(key, None)
             free(self.device)
         return row
 
@@ -444,7 +457,7 @@ class Bench:
                 continue
             free(self.device)
             rows = {}
-            for key in ("ours", "best", "ref"):
+            for key in ("ours", "best", "graph", "ref"):
                 if self.clock.left() < 10:
                     self.skip(f"energy+forces {key}, {len(atoms)} atoms", "time budget")
                     continue

@@ -16,7 +16,7 @@ from helpers import make_model, random_molecule, silicon_cell
 
 from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, predict_forces
 from mlff_distiller.buckets import BucketLadder
-from mlff_distiller.engine import TOLERANCES, configure_compile_cache
+from mlff_distiller.engine import AUTO_MAX_EDGES, TOLERANCES, configure_compile_cache
 
 gpu = pytest.mark.gpu
 
@@ -324,3 +324,19 @@ def test_probe_memory_gpu(model):
     ratio = engine.probe_memory(_mols(50, seed=1))
     assert 0.05 <= ratio < 50
     assert engine.atom_budget() >= 1
+
+
+def test_auto_mode_ladder_stops_at_auto_max_edges():
+    """Mode "auto" pads only batches of up to ~AUTO_MAX_EDGES edges (larger ones run eager, where padding would
+    cost more than the replay saves); an explicit padded mode keeps the full default ladder; a ladder the caller
+    gives is used as is."""
+    model = make_model()
+    auto = ForceEngine(model, device="cpu", mode="auto")
+    assert auto.buckets.select(100, AUTO_MAX_EDGES) is not None
+    assert auto.buckets.select(100, 2 * AUTO_MAX_EDGES) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # cudagraph on a CPU: padded eager, with a warning
+        graph = ForceEngine(model, device="cpu", mode="cudagraph")
+    assert graph.buckets.select(100, 2 * AUTO_MAX_EDGES) is not None
+    mine = BucketLadder(max_edges=1024)
+    assert ForceEngine(model, device="cpu", mode="auto", buckets=mine).buckets is mine

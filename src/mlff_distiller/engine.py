@@ -12,7 +12,10 @@ Modes (``mode=``):
   (:mod:`mlff_distiller.cudagraph`); with ``compile_mode`` set, the captured step runs ``torch.compile``d code.
 * ``"compile"``: padded buckets through ``torch.compile(dynamic=False, mode=compile_mode)``, where
   ``compile_mode`` is ``"default"``, ``"reduce-overhead"`` (torch's own CUDA graphs) or ``"max-autotune"``.
-* ``"auto"``: ``"cudagraph"`` on CUDA, ``"eager"`` elsewhere.
+* ``"auto"``: ``"cudagraph"`` on CUDA, ``"eager"`` elsewhere. Its default ladder stops at ``AUTO_MAX_EDGES``
+  edges: larger batches run eager, where a replay saves only launch overhead while padding to the next bucket
+  costs up to half the work (H100, 3,000-atom water, 163k edges: replay 4.15 ms vs eager 7.79 ms; 24,000 atoms,
+  1.31M edges: replay 28.6 ms vs eager 24.5 ms; benchmarks/results/large_h100_run4.md).
 
 The neighbour list always runs outside any graph (its size changes); its output is padded into the bucket.
 Padded modes serve energy + forces; a call that asks for stress (or no forces), or a batch beyond the largest
@@ -58,6 +61,7 @@ from mlff_distiller.precision import (
 )
 
 __all__ = [
+    "AUTO_MAX_EDGES",
     "COMPILE_MODES",
     "MODES",
     "PRECISIONS",
@@ -68,6 +72,9 @@ __all__ = [
 ]
 
 MODES = ("eager", "compile", "cudagraph", "auto")
+# Largest edge count that mode "auto" pads into a CUDA-graph bucket (see the module docstring): between the
+# measured 163k edges (replay 1.9x faster than eager) and 1.31M (eager 1.17x faster).
+AUTO_MAX_EDGES = 2**19
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # Atoms per chunk when predict() is given no batch_size and no memory budget: keeps the reference path's
 # [E, 3F] tensors in memory.
@@ -152,7 +159,8 @@ class ForceEngine:
             code (Inductor's own CUDA graphs are switched off inside ours).
         compile_backend: ``torch.compile`` backend (default ``"inductor"``); giving one also enables
             ``"compile"`` on a CPU (e.g. ``"aot_eager"`` in tests).
-        buckets: the :class:`BucketLadder` of padded modes (default ``BucketLadder()``).
+        buckets: the :class:`BucketLadder` of padded modes (default ``BucketLadder()``; for ``mode="auto"``
+            one that stops at ``AUTO_MAX_EDGES`` edges).
         pad: pad eager runs into buckets too (default: only the padded modes pad).
         memory_budget: bytes :meth:`predict` may plan for one batch (default on CUDA: half the free memory at
             first use; on other devices an atom budget of 2048).
@@ -219,7 +227,7 @@ class ForceEngine:
         self.pad = (self.mode != "eager") if pad is None else bool(pad)
         if self.mode != "eager" and not self.pad:
             raise ValueError(f"mode {self.mode!r} needs static shapes: pad=False is only valid for mode='eager'")
-        self.buckets = buckets or BucketLadder()
+        self.buckets = buckets or (BucketLadder(max_edges=AUTO_MAX_EDGES) if mode == "auto" else BucketLadder())
         self.memory_budget = None if memory_budget is None else int(memory_budget)
         self.oom_splits = 0  # batches split after an out-of-memory error (see predict)
         self._atom_budget_cap: int | None = None  # lowered after an OOM so later batches start smaller
