@@ -471,6 +471,8 @@ ATOM_TILES = [
     (16, 64, 2),
 ]  # fmt: skip
 TILE_KEYS = ("block_e", "block_f", "num_warps")
+# ... and the sender backward's "block" variant (block_a, block_e, block_f, warps) on the same graphs.
+SENDER_BLOCK_TILES = [(16, 32, 64, 4), (16, 32, 64, 8), (32, 32, 64, 8), (16, 16, 64, 4)]
 ATOM_TILES_HEAD = [
     "## Atom-variant forward and sender backward: tiles (µs per call in a CUDA graph)",
     "",
@@ -493,6 +495,11 @@ def atom_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: D
             (f"- x {be} x {bf} / {nw}", dict(pin, **dict(zip(keys, (be, bf, nw), strict=True))))
             for be, bf, nw in ATOM_TILES
         ]
+        if kernel == "bwd_sender":  # the block variant beside it (low-degree graphs: W tiles shared by atoms)
+            for ba, be, bf, nw in SENDER_BLOCK_TILES:
+                cfg = dict(bwd_sender_variant="block", block_min_atoms=0, bwd_sender_block_a=ba)
+                cfg.update(bwd_sender_block_e=be, bwd_sender_block_f=bf, bwd_sender_warps=nw)
+                rows.append((f"block {ba} x {be} x {bf} / {nw}", cfg))
         for tiles, cfg in rows:
             prec = mp._CONFIG[f"dot_{kernel}"]
             if deadline.over(f"{b.name} {kernel} {tiles}"):
@@ -500,11 +507,12 @@ def atom_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: D
             try:
                 us, err = b.run(kernel, cfg)
             except Exception as exc:
-                lines.append(_failed(b, kernel, "atom", tiles, prec, exc))
+                lines.append(_failed(b, kernel, cfg[f"{kernel}_variant"], tiles, prec, exc))
                 continue
             if tiles == "shipped":
                 b.shipped[kernel] = (us, err)
-            rec = dict(section="sendertiles", graph=b.name, edges=b.edges, kernel=kernel, variant="atom", prec=prec)
+            variant = cfg[f"{kernel}_variant"]
+            rec = dict(section="sendertiles", graph=b.name, edges=b.edges, kernel=kernel, variant=variant, prec=prec)
             base = b.shipped.get(kernel, (None, None))
             _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), *base)
 
