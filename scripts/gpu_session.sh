@@ -137,7 +137,7 @@ case "$part" in
     grep -E "shipped|Not run" "$res/tune.log" | head; sort -t'|' -k8 -n "$res/tune.log" | grep -E "^\| (water|g2)" | head -30
     ;;
   enginelat)
-    timeout $(box 240) python3 benchmarks/bench_engine.py --sections latency,md --budget-s $(box 200) --out "$res" \
+    timeout $(box 240) python3 benchmarks/bench_engine.py --sections ${ENGINE_SECTIONS:-latency,md} --budget-s $(box 200) --out "$res" \
       --name engine_h100_run2 --variants "reference,eager,cudagraph" >"$res/bench_engine.log" 2>&1
     tail -40 "$res/bench_engine.log"
     ;;
