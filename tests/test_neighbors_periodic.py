@@ -148,3 +148,33 @@ def test_scratch_cap_rule():
     host = host_cells(b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF)
     assert _scratch_cap(host, 192) == 128  # 2 x 52 + 16 -> 128
     assert _scratch_cap(host, SCRATCH_MAX_KEYS // 64) == 0  # too many keys in all: two passes
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_host_cells_cache_follows_the_cell_tensors(device):
+    """Repeated calls on the same cell / pbc / ptr tensors reuse one HostCells (no copies, no NumPy geometry);
+    an in-place change of the cell, or other tensors, make a new one, and the list follows the new cell exactly
+    (vs ASE)."""
+    _skip_without_triton(device)
+    atoms = periodic_structures(device)[1]
+    batch = AtomsBatch.from_atoms([atoms], dtype=torch.float64, device=device)
+    args = (batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, CUTOFF)
+    first = host_cells(*args)
+    assert host_cells(*args) is first  # same tensors, unmodified: cached
+    nl_before = neighbor_list(*args, method="cell_list", cell_list_impl="triton")
+    other = AtomsBatch.from_atoms([atoms], dtype=torch.float64, device=device)
+    fresh = host_cells(other.positions, other.cell, other.pbc, other.batch, other.ptr, CUTOFF)
+    assert fresh is not first  # equal values, other tensors: not served from the cache
+    torch.testing.assert_close(fresh.basis, first.basis)
+    # Stretch the cell in place (positions scaled with it): a new HostCells, and the list of the new geometry.
+    batch.cell.mul_(1.07)
+    batch.positions.mul_(1.07)
+    second = host_cells(*args)
+    assert second is not first
+    torch.testing.assert_close(second.basis, first.basis * 1.07)
+    nl_after = neighbor_list(*args, method="cell_list", cell_list_impl="triton")
+    stretched = atoms.copy()
+    stretched.set_cell(atoms.cell * 1.07, scale_atoms=True)
+    ref, _ = ase_pairs(stretched, CUTOFF)
+    assert our_pairs(nl_after, 0, len(atoms)) == ref
+    assert nl_after.num_edges < nl_before.num_edges  # the stretched box has fewer pairs within the cutoff

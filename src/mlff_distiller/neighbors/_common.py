@@ -11,7 +11,8 @@ rounding of ``|r|`` near the cutoff would otherwise add or drop pairs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -128,10 +129,41 @@ class HostCells:
     heights: torch.Tensor
     n_images: torch.Tensor
     volume: torch.Tensor
+    # Per-call-site memo of what backends derive from these cells (e.g. the periodic Triton path's bin tables
+    # on the device), kept with the cached HostCells of repeated calls.
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def all_periodic(self) -> bool:
         return bool(self.pbc.all())
+
+
+# Repeated calls on the same cell / pbc / ptr tensors (MD steps, the engine's device-resident topology,
+# benchmarks) reuse their HostCells: no device-to-host copies (each one a sync that stalls the host behind the
+# GPU) and no per-structure NumPy geometry. Keyed on the tensors' identity and in-place version counters (a
+# copy_ or any in-place op bumps them; views share their base's counter), plus cutoff, atom count and device.
+# Not seen: writes through raw pointers by custom kernels (none of ours touch cell, pbc or ptr).
+_HOST_CACHE: list[tuple[tuple, HostCells]] = []
+_HOST_CACHE_SIZE = 8
+
+
+def _host_key(positions, cell, pbc, ptr, cutoff) -> tuple:
+    return (
+        positions.shape[0],
+        positions.device,
+        float(cutoff),
+        *((weakref.ref(t), t._version) for t in (cell, pbc, ptr)),
+    )
+
+
+def _same_key(a: tuple, b: tuple) -> bool:
+    if a[:3] != b[:3]:
+        return False
+    for (ra, va), (rb, vb) in zip(a[3:], b[3:], strict=True):
+        t = ra()
+        if t is None or t is not rb() or va != vb:
+            return False
+    return True
 
 
 def host_cells(
@@ -142,12 +174,25 @@ def host_cells(
     ptr: torch.Tensor,
     cutoff: float,
 ) -> HostCells:
-    """Validate the inputs (``ValueError`` on bad input) and compute :class:`HostCells` on the host."""
+    """Validate the inputs (``ValueError`` on bad input) and compute :class:`HostCells` on the host; a repeated
+    call on the same (unmodified) cell, pbc and ptr tensors returns the cached result (see ``_HOST_CACHE``)."""
     cutoff = _check(positions, cell, pbc, batch, ptr, cutoff)
+    key = _host_key(positions, cell, pbc, ptr, cutoff)
+    for k, cached in _HOST_CACHE:
+        if _same_key(k, key):
+            return cached
+    host = _host_cells(positions, cell, pbc, ptr, cutoff)
+    _HOST_CACHE[:] = [e for e in _HOST_CACHE if all(r() is not None for r, _ in e[0][3:])][-(_HOST_CACHE_SIZE - 1) :]
+    _HOST_CACHE.append((key, host))
+    return host
+
+
+def _host_cells(positions, cell, pbc, ptr, cutoff: float) -> HostCells:
     cpu = torch.device("cpu")
-    pbc_h = pbc.to(cpu, torch.bool)
-    ptr_h = ptr.to(cpu, torch.long)
-    cell64 = cell.detach().to(cpu, torch.float64)
+    # Copies even of CPU tensors: a cached HostCells must not alias the caller's memory.
+    pbc_h = pbc.to(cpu, torch.bool, copy=True)
+    ptr_h = ptr.to(cpu, torch.long, copy=True)
+    cell64 = cell.detach().to(cpu, torch.float64, copy=True)
     if not bool(torch.isfinite(cell64).all()):
         raise ValueError("neighbor_list: non-finite cell (NaN or inf)")
     basis, inv, heights, n_images, volume = cell_geometry(cell64, pbc_h, cutoff)

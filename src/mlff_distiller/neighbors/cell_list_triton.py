@@ -468,22 +468,15 @@ def cell_list_triton_periodic(
     if n == 0:
         return _empty(n, device, positions.dtype)
     _check_runnable(device)
-    edge = host.cutoff * (1.0 + IMAGE_SLACK)
-    # _grid's rule in NumPy (host arrays: torch's CPU ops cost ~10x more per call at B = 1,024).
-    heights = host.heights.numpy()
-    nb = np.clip(np.floor(heights / edge), 1, MAX_BINS_PER_AXIS)
-    factor = np.minimum(BINS_PER_ATOM * np.maximum(host.counts.numpy(), 1) / nb.prod(axis=1), 1.0) ** (1.0 / 3.0)
-    nb = np.maximum(np.floor(nb * factor[:, None]), 1)
-    reach = np.ceil(edge * nb / heights).astype(np.int64)
-    nb = nb.astype(np.int64)
-    if int((reach // nb + 1).max()) >= _SHIFT_BIAS:
+    # The bin tables depend on the cells only: made once per cached HostCells (repeated calls on the same cell
+    # tensors skip the NumPy grid and two host-to-device copies).
+    memo = ("triton_periodic", device)
+    if memo not in host.derived:
+        host.derived[memo] = _periodic_tables(host, n, device)
+    tables = host.derived[memo]
+    if tables is None:
         return None  # shifts would overflow the 10-bit fields of the pair keys (see cell_list_triton)
-    per = nb.prod(axis=1)
-    n_bins = int(per.sum())
-    n_struct = nb.shape[0]
-    itab = np.concatenate([nb, reach, np.ones_like(nb), (np.cumsum(per) - per)[:, None]], axis=1)
-    itab = torch.from_numpy(itab).to(device)
-    ftab = torch.cat([host.basis.reshape(n_struct, 9), host.inv.reshape(n_struct, 9)], dim=1).to(device)
+    itab, ftab, n_bins, cap = tables
     batch = batch.long().contiguous()
     f64 = dict(dtype=torch.float64, device=device)
     i64 = dict(dtype=torch.int64, device=device)
@@ -503,11 +496,30 @@ def cell_list_triton_periodic(
         geo = prepare(positions, cell, host.pbc.to(device), batch, host.ptr.to(device), host.cutoff, host=host)
         return dataclasses.replace(geo, wrapped=wrapped, frac=frac, image=image)
 
-    tables = (itab, ftab, 18, cell_start)
     return _pairs_and_rows(
-        geometry, order, spos, sbin, sstruct, tables, image, batch, cell, host.cutoff, positions.dtype,
-        max_row_sort, check_reach=False, cap=_scratch_cap(host, n),
+        geometry, order, spos, sbin, sstruct, (itab, ftab, 18, cell_start), image, batch, cell, host.cutoff,
+        positions.dtype, max_row_sort, check_reach=False, cap=cap,
     )  # fmt: skip
+
+
+def _periodic_tables(host: HostCells, n: int, device: torch.device):
+    """``(itab, ftab, n_bins, cap)`` of :func:`cell_list_triton_periodic` on ``device``, or ``None`` when some
+    shift would overflow the pair keys."""
+    edge = host.cutoff * (1.0 + IMAGE_SLACK)
+    # _grid's rule in NumPy (host arrays: torch's CPU ops cost ~10x more per call at B = 1,024).
+    heights = host.heights.numpy()
+    nb = np.clip(np.floor(heights / edge), 1, MAX_BINS_PER_AXIS)
+    factor = np.minimum(BINS_PER_ATOM * np.maximum(host.counts.numpy(), 1) / nb.prod(axis=1), 1.0) ** (1.0 / 3.0)
+    nb = np.maximum(np.floor(nb * factor[:, None]), 1)
+    reach = np.ceil(edge * nb / heights).astype(np.int64)
+    nb = nb.astype(np.int64)
+    if int((reach // nb + 1).max()) >= _SHIFT_BIAS:
+        return None
+    per = nb.prod(axis=1)
+    n_struct = nb.shape[0]
+    itab = np.concatenate([nb, reach, np.ones_like(nb), (np.cumsum(per) - per)[:, None]], axis=1)
+    ftab = torch.cat([host.basis.reshape(n_struct, 9), host.inv.reshape(n_struct, 9)], dim=1)
+    return torch.from_numpy(itab).to(device), ftab.to(device), int(per.sum()), _scratch_cap(host, n)
 
 
 def _scratch_cap(host: HostCells, n_atoms: int) -> int:
