@@ -615,22 +615,17 @@ def main() -> None:
         print("\n".join(lines), flush=True)
     if "mp" in chosen:
         mp_probe(lines, records)
-    if "edgetiles" in chosen:
+    tile_sections = {"edgetiles": (EDGE_TILES_HEAD, edge_tile_probe), "sendertiles": (ATOM_TILES_HEAD, atom_tile_probe)}
+    for section, (head, probe) in tile_sections.items():
+        if section not in chosen:
+            continue
         deadline = Deadline(args.budget_s)
-        e_lines = list(EDGE_TILES_HEAD)
+        t_lines = list(head)
         for bench in _kernel_graphs(small_water=True):
-            edge_tile_probe(e_lines, records, bench, deadline)
+            probe(t_lines, records, bench, deadline)
             del bench
             torch.cuda.empty_cache()
-        lines += e_lines + ([f"Not run (budget): {', '.join(deadline.skipped)}"] if deadline.skipped else [])
-    if "sendertiles" in chosen:
-        deadline = Deadline(args.budget_s)
-        a_lines = list(ATOM_TILES_HEAD)
-        for bench in _kernel_graphs(small_water=True):
-            atom_tile_probe(a_lines, records, bench, deadline)
-            del bench
-            torch.cuda.empty_cache()
-        lines += a_lines + ([f"Not run (budget): {', '.join(deadline.skipped)}"] if deadline.skipped else [])
+        lines += t_lines + ([f"Not run (budget): {', '.join(deadline.skipped)}"] if deadline.skipped else [])
     if "kernels" in chosen or "variants" in chosen:
         # Graph-major (all water rows before any g2 row), so that the budget cuts the less important rows.
         deadline = Deadline(args.budget_s)
