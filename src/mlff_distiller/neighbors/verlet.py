@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from mlff_distiller.neighbors._common import NeighborList
@@ -143,16 +144,26 @@ class VerletNeighborList:
             current["numbers"] = numbers
         if current.keys() != ref.keys() - {"shift64"}:
             return True
-        for name, t in current.items():
-            old = ref[name]
-            if not isinstance(t, torch.Tensor) or t.shape != old.shape or t.device != old.device:
-                return True
-            if t.dtype != old.dtype:
-                return True
         # Tensors seen unchanged before (the very same object, not modified in place since) need no compare:
         # a caller that passes the same numbers/cell/pbc/batch/ptr every MD step pays for positions only.
         seen = self._seen
         unseen = [n for n in current if n != "positions" and not _same_object(seen.get(n), current[n])]
+        for name in ("positions", *unseen):
+            t, old = current[name], ref[name]
+            if not isinstance(t, torch.Tensor) or t.shape != old.shape or t.device != old.device:
+                return True
+            if t.dtype != old.dtype:
+                return True
+        if positions.device.type == "cpu":
+            # Host data (MD through the calculator): NumPy on the same memory, ~10x fewer µs than torch's CPU ops
+            # on a few hundred atoms (136 -> ~15 µs per call for 192 atoms on the 2-core development CPU).
+            rebuild = any(not torch.equal(current[n], ref[n]) for n in unseen)
+            if not rebuild and positions.shape[0]:
+                d = positions.detach().numpy().astype(np.float64) - ref["positions"].numpy()
+                rebuild = bool((d * d).sum(axis=1).max() > (0.5 * self.skin) ** 2)
+            if not rebuild:
+                seen.update({n: (current[n], current[n]._version) for n in unseen})
+            return rebuild
         changed = [(current[n] != ref[n]).any() for n in unseen]
         moved = (positions.to(torch.float64) - ref["positions"].to(torch.float64)).square().sum(dim=1)
         limit = (0.5 * self.skin) ** 2
