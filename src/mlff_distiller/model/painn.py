@@ -88,7 +88,12 @@ class CSRInteraction(nn.Module):
 
 
 class PaiNNUpdate(nn.Module):
-    """Update block: mixes scalar and vector channels atom-wise (rotation-equivariant)."""
+    """Update block: mixes scalar and vector channels atom-wise (rotation-equivariant).
+
+    When no parameter requires grad (inference) and the kernel backend is Triton, ``forward`` runs the fused
+    kernels of :func:`mlff_distiller.kernels.painn_update` (same math, gradients wrt s and v only, first order);
+    otherwise the torch code below (training, torch.compile, the torch backend).
+    """
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
@@ -98,6 +103,17 @@ class PaiNNUpdate(nn.Module):
         self.mix = _mlp(2 * hidden, hidden, 3 * hidden)
 
     def forward(self, s, v):
+        params = (
+            self.U.weight,
+            self.V.weight,
+            self.mix[0].weight,
+            self.mix[0].bias,
+            self.mix[2].weight,
+            self.mix[2].bias,
+        )
+        if kernels.painn_update_fusable(s, v, *params):
+            # Inference with frozen weights on the Triton backend: the fused kernels (first derivative only).
+            return kernels.painn_update(s, v, *params)
         uv, vv = self.U(v), self.V(v)
         # +eps keeps sqrt differentiable at v = 0 (the first layer starts from zero vectors).
         vnorm = torch.sqrt((vv * vv).sum(dim=1) + 1e-8)

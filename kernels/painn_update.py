@@ -1,0 +1,322 @@
+"""PaiNN update block: atom-wise mixing of scalar and vector channels, fused for inference.
+
+With s ``[N,F]``, v ``[N,3,F]`` and k = x, y, z:
+    uv_k, vv_k   = U v_k, V v_k                          (bias-free linear maps on the feature axis)
+    ‖vv‖         = sqrt(Σ_k vv_k² + 1e-8)                (+1e-8 keeps it differentiable at v = 0, the first layer)
+    (a_vv, a_sv, a_ss) = W2 SiLU(W1 [s | ‖vv‖] + b1) + b2    three ``[N,F]`` blocks
+    s_out        = s + a_ss + a_sv ⊙ Σ_k uv_k ⊙ vv_k
+    v_out_k      = v_k + a_vv ⊙ uv_k
+Run as plain torch this is ~17 kernels forward and ~25 backward per layer, nearly all of them small elementwise
+ops and reductions over k. The fused path keeps the four GEMMs on cuBLAS (``torch.mm``/``addmm``; U and V as one
+GEMM over the ``[3N, F]`` view of v) and does everything around them in two Triton kernels each way.
+
+It is for inference only: its backward gives the gradients wrt s and v (forces need nothing else), not wrt the
+weights, and it is first-order: differentiating it twice raises. :func:`painn_update_fusable` states when it may run;
+:func:`painn_update` dispatches on it. The torch reference :func:`painn_update_reference` is the specification,
+the test oracle and what the model runs otherwise (training, torch.compile, the torch backend).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.nn import functional as nnf
+
+from ._backend import resolve_backend
+from ._triton_utils import _TUNING, HAS_TRITON, check_launchable, num_warps, tl, triton
+
+__all__ = ["painn_update", "painn_update_fusable", "painn_update_reference"]
+
+# Added to Σ_k vv_k² under the square root (the model's constant; changing it changes the model).
+_EPS = 1e-8
+_DTYPES = (torch.float32, torch.float64)
+
+
+def painn_update_reference(
+    s: Tensor, v: Tensor, u_w: Tensor, v_w: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Torch reference of the update block: ``s [N,F]``, ``v [N,3,F]`` → ``s_out [N,F]``, ``v_out [N,3,F]``.
+
+    ``u_w``, ``v_w`` ``[F,F]`` (U, V), ``w1 [F,2F]``, ``b1 [F]``, ``w2 [3F,F]``, ``b2 [3F]`` (the mixing MLP), as
+    stored by ``nn.Linear``. Numerically the same ops as ``PaiNNUpdate``'s torch path.
+    """
+    f = s.shape[-1]
+    uv, vv = nnf.linear(v, u_w), nnf.linear(v, v_w)
+    vnorm = torch.sqrt((vv * vv).sum(dim=1) + _EPS)
+    mixed = nnf.linear(nnf.silu(nnf.linear(torch.cat([s, vnorm], dim=-1), w1, b1)), w2, b2)
+    a_vv, a_sv, a_ss = torch.split(mixed, f, dim=-1)
+    return s + a_ss + a_sv * (uv * vv).sum(dim=1), v + a_vv.unsqueeze(1) * uv
+
+
+def painn_update_fusable(s: Tensor, v: Tensor, *params: Tensor) -> bool:
+    """Whether the fused inference path may run for these inputs and the block's parameters.
+
+    All of: the kernel backend resolves to ``triton`` for the device, no parameter requires grad (the inference
+    engine freezes its model; training needs weight gradients and the double backward of the torch path), not
+    inside torch.compile (which fuses the torch path itself), and s, v and the parameters share one device and one
+    dtype, float32 or float64. Host-side checks only (no device sync), so safe inside CUDA-graph capture.
+    """
+    if torch.compiler.is_compiling() or s.dtype not in _DTYPES or v.dtype != s.dtype or v.device != s.device:
+        return False
+    if any(p.requires_grad or p.dtype != s.dtype or p.device != s.device for p in params):
+        return False
+    return resolve_backend(s.device) == "triton"
+
+
+def painn_update(
+    s: Tensor, v: Tensor, u_w: Tensor, v_w: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The update block (see the module docstring): fused Triton path when :func:`painn_update_fusable` says so,
+    else the torch reference. Returns ``s_out [N,F]``, ``v_out [N,3,F]``."""
+    _check_inputs(s, v, u_w, v_w, w1, b1, w2, b2)
+    if painn_update_fusable(s, v, u_w, v_w, w1, b1, w2, b2):
+        if not HAS_TRITON:  # pragma: no cover - resolve_backend never says "triton" then
+            raise RuntimeError("the fused update block needs triton installed; use MLFF_DISTILLER_KERNELS=torch")
+        return _PaiNNUpdateFused.apply(s, v, u_w, v_w, w1, b1, w2, b2)
+    return painn_update_reference(s, v, u_w, v_w, w1, b1, w2, b2)
+
+
+def _check_inputs(s, v, u_w, v_w, w1, b1, w2, b2) -> None:
+    """Shapes only (host-side)."""
+    if s.dim() != 2 or v.dim() != 3 or v.shape != (s.shape[0], 3, s.shape[1]):
+        raise ValueError(f"s must be [N, F] and v [N, 3, F], got {tuple(s.shape)} and {tuple(v.shape)}")
+    f = s.shape[1]
+    want = {"u_w": (f, f), "v_w": (f, f), "w1": (f, 2 * f), "b1": (f,), "w2": (3 * f, f), "b2": (3 * f,)}
+    for (name, shape), t in zip(want.items(), (u_w, v_w, w1, b1, w2, b2), strict=True):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must be {list(shape)} for F = {f}, got {list(t.shape)}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Triton path. Buffers (row-major):
+#   uvvv [3N, 2F]  row 3i+k = [uv_k | vv_k] of atom i (one GEMM: v.view(3N, F) @ [U; V]ᵀ)
+#   x    [N, 2F]   [s | ‖vv‖], the MLP input (written by the norm kernel: no torch.cat)
+#   pre  [N, F]    W1 x + b1;   mix [N, 3F] = [a_vv | a_sv | a_ss] = W2 SiLU(pre) + b2
+# Forward: cat(U, V) · mm · norm kernel · addmm · silu · addmm · out kernel (7 launches).
+# Backward: out-bwd kernel · mm · silu_backward · mm · norm-bwd kernel · addmm_ (6 launches).
+# Each kernel program owns a [BLOCK_N atoms, BLOCK_F features] tile; F need not be a power of two (masks).
+# ------------------------------------------------------------------------------------------------------------
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _tile(n_atoms, N_FEAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        m = (i < n_atoms)[:, None] & (f < N_FEAT)[None, :]
+        return i[:, None], f[None, :], m
+
+    @triton.jit
+    def _painn_update_norm_kernel(
+        s_ptr, uvvv_ptr, x_ptr, n_atoms, N_FEAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr
+    ):
+        i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
+        vv = uvvv_ptr + i * (6 * N_FEAT) + N_FEAT + f
+        vv0 = tl.load(vv, mask=m, other=0.0)
+        vv1 = tl.load(vv + 2 * N_FEAT, mask=m, other=0.0)
+        vv2 = tl.load(vv + 4 * N_FEAT, mask=m, other=0.0)
+        # The constant at the tensors' dtype: a bare float literal would be rounded to float32 first.
+        eps = tl.full([BLOCK_N, BLOCK_F], 1e-8, vv0.dtype)
+        sq = vv0 * vv0 + vv1 * vv1 + vv2 * vv2 + eps
+        if vv0.dtype == tl.float32:
+            norm = tl.sqrt_rn(sq)  # tl.sqrt is the approximate one in float32
+        else:
+            norm = tl.sqrt(sq)
+        x = x_ptr + i * (2 * N_FEAT) + f
+        tl.store(x, tl.load(s_ptr + i * N_FEAT + f, mask=m, other=0.0), mask=m)
+        tl.store(x + N_FEAT, norm, mask=m)
+
+    @triton.jit
+    def _painn_update_out_kernel(
+        s_ptr,
+        v_ptr,
+        uvvv_ptr,
+        mix_ptr,
+        s_out_ptr,
+        v_out_ptr,
+        n_atoms,
+        N_FEAT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+    ):
+        i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
+        uv = uvvv_ptr + i * (6 * N_FEAT) + f
+        uv0 = tl.load(uv, mask=m, other=0.0)
+        vv0 = tl.load(uv + N_FEAT, mask=m, other=0.0)
+        uv1 = tl.load(uv + 2 * N_FEAT, mask=m, other=0.0)
+        vv1 = tl.load(uv + 3 * N_FEAT, mask=m, other=0.0)
+        uv2 = tl.load(uv + 4 * N_FEAT, mask=m, other=0.0)
+        vv2 = tl.load(uv + 5 * N_FEAT, mask=m, other=0.0)
+        mix = mix_ptr + i * (3 * N_FEAT) + f
+        a_vv = tl.load(mix, mask=m, other=0.0)
+        a_sv = tl.load(mix + N_FEAT, mask=m, other=0.0)
+        a_ss = tl.load(mix + 2 * N_FEAT, mask=m, other=0.0)
+        sf = i * N_FEAT + f
+        s = tl.load(s_ptr + sf, mask=m, other=0.0)
+        tl.store(s_out_ptr + sf, s + a_ss + a_sv * (uv0 * vv0 + uv1 * vv1 + uv2 * vv2), mask=m)
+        vf = i * (3 * N_FEAT) + f
+        tl.store(v_out_ptr + vf, tl.load(v_ptr + vf, mask=m, other=0.0) + a_vv * uv0, mask=m)
+        tl.store(v_out_ptr + vf + N_FEAT, tl.load(v_ptr + vf + N_FEAT, mask=m, other=0.0) + a_vv * uv1, mask=m)
+        tl.store(v_out_ptr + vf + 2 * N_FEAT, tl.load(v_ptr + vf + 2 * N_FEAT, mask=m, other=0.0) + a_vv * uv2, mask=m)
+
+    # VJP of the out kernel, given g_s = ∂L/∂s_out and g_v = ∂L/∂v_out (g_s also flows to s unchanged, added in
+    # the norm backward):
+    #   ∂a_vv = Σ_k g_v_k ⊙ uv_k      ∂a_sv = g_s ⊙ Σ_k uv_k ⊙ vv_k      ∂a_ss = g_s
+    #   ∂uv_k = g_v_k ⊙ a_vv + g_s ⊙ a_sv ⊙ vv_k      ∂vv_k = g_s ⊙ a_sv ⊙ uv_k   (the norm backward adds its term)
+    @triton.jit
+    def _painn_update_out_bwd_kernel(
+        gs_ptr,
+        gv_ptr,
+        uvvv_ptr,
+        mix_ptr,
+        g_mix_ptr,
+        g_uvvv_ptr,
+        n_atoms,
+        N_FEAT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+    ):
+        i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
+        uv = uvvv_ptr + i * (6 * N_FEAT) + f
+        uv0 = tl.load(uv, mask=m, other=0.0)
+        vv0 = tl.load(uv + N_FEAT, mask=m, other=0.0)
+        uv1 = tl.load(uv + 2 * N_FEAT, mask=m, other=0.0)
+        vv1 = tl.load(uv + 3 * N_FEAT, mask=m, other=0.0)
+        uv2 = tl.load(uv + 4 * N_FEAT, mask=m, other=0.0)
+        vv2 = tl.load(uv + 5 * N_FEAT, mask=m, other=0.0)
+        mix = mix_ptr + i * (3 * N_FEAT) + f
+        a_vv = tl.load(mix, mask=m, other=0.0)
+        a_sv = tl.load(mix + N_FEAT, mask=m, other=0.0)
+        gs = tl.load(gs_ptr + i * N_FEAT + f, mask=m, other=0.0)
+        gv = gv_ptr + i * (3 * N_FEAT) + f
+        gv0 = tl.load(gv, mask=m, other=0.0)
+        gv1 = tl.load(gv + N_FEAT, mask=m, other=0.0)
+        gv2 = tl.load(gv + 2 * N_FEAT, mask=m, other=0.0)
+        g_mix = g_mix_ptr + i * (3 * N_FEAT) + f
+        tl.store(g_mix, gv0 * uv0 + gv1 * uv1 + gv2 * uv2, mask=m)
+        tl.store(g_mix + N_FEAT, gs * (uv0 * vv0 + uv1 * vv1 + uv2 * vv2), mask=m)
+        tl.store(g_mix + 2 * N_FEAT, gs, mask=m)
+        c = gs * a_sv
+        g_uv = g_uvvv_ptr + i * (6 * N_FEAT) + f
+        tl.store(g_uv, gv0 * a_vv + c * vv0, mask=m)
+        tl.store(g_uv + N_FEAT, c * uv0, mask=m)
+        tl.store(g_uv + 2 * N_FEAT, gv1 * a_vv + c * vv1, mask=m)
+        tl.store(g_uv + 3 * N_FEAT, c * uv1, mask=m)
+        tl.store(g_uv + 4 * N_FEAT, gv2 * a_vv + c * vv2, mask=m)
+        tl.store(g_uv + 5 * N_FEAT, c * uv2, mask=m)
+
+    # VJP of the norm kernel, given g_x = ∂L/∂[s | ‖vv‖] (= ∂pre @ W1):
+    #   ∂s = g_s_out + g_x[:, :F]      ∂vv_k += g_x[:, F:] ⊙ vv_k / ‖vv‖   (‖vv‖ ≥ 1e-4: no division by zero)
+    # It also copies g_v_out into the buffer that the last GEMM then accumulates into in place (addmm_), which
+    # saves that GEMM's own copy of its C operand (one launch less).
+    @triton.jit
+    def _painn_update_norm_bwd_kernel(
+        gs_out_ptr,
+        gv_out_ptr,
+        g_x_ptr,
+        uvvv_ptr,
+        x_ptr,
+        g_s_ptr,
+        g_v_ptr,
+        g_uvvv_ptr,
+        n_atoms,
+        N_FEAT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+    ):
+        i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
+        sf = i * N_FEAT + f
+        g_x = g_x_ptr + i * (2 * N_FEAT) + f
+        g_s = tl.load(gs_out_ptr + sf, mask=m, other=0.0) + tl.load(g_x, mask=m, other=0.0)
+        tl.store(g_s_ptr + sf, g_s, mask=m)
+        norm = tl.load(x_ptr + i * (2 * N_FEAT) + N_FEAT + f, mask=m, other=1.0)
+        r = tl.load(g_x + N_FEAT, mask=m, other=0.0) / norm
+        vf = i * (6 * N_FEAT) + N_FEAT + f
+        gvf = i * (3 * N_FEAT) + f
+        for k in tl.static_range(3):
+            vv = tl.load(uvvv_ptr + vf + 2 * k * N_FEAT, mask=m, other=0.0)
+            g = g_uvvv_ptr + vf + 2 * k * N_FEAT
+            tl.store(g, tl.load(g, mask=m, other=0.0) + r * vv, mask=m)
+            tl.store(g_v_ptr + gvf + k * N_FEAT, tl.load(gv_out_ptr + gvf + k * N_FEAT, mask=m, other=0.0), mask=m)
+
+    def _launch(kernel, t: Tensor, n: int, f: int, *args) -> None:
+        """One program per ``[BLOCK_N, BLOCK_F]`` tile of atoms × features; nothing to do when N = 0."""
+        if n == 0 or f == 0:
+            return
+        check_launchable(kernel, t)
+        block_f = triton.next_power_of_2(f)
+        if t.is_cuda:
+            # ~13 live [BLOCK_N, BLOCK_F] values in the backward kernel: about 1024 (fp32) / 512 (fp64) elements
+            # per tile keeps them in registers at 4 warps.
+            block_f = min(block_f, 64)
+            elems = int((1024 if t.dtype == torch.float32 else 512) * _TUNING["block_scale"])
+        else:
+            elems = 65536  # the interpreter pays per program: few large tiles
+        rows = max(1, min(elems // block_f, triton.next_power_of_2(n)))
+        block_n = 1 << (rows.bit_length() - 1)
+        grid = (triton.cdiv(n, block_n), triton.cdiv(f, block_f))
+        kernel[grid](*args, n, N_FEAT=f, BLOCK_N=block_n, BLOCK_F=block_f, num_warps=num_warps())
+
+    def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2):
+        """``s_out``, ``v_out`` and what the backward keeps: ``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``."""
+        n, f = s.shape
+        s, v = s.contiguous(), v.contiguous()
+        w_uv = torch.cat([u_w, v_w])  # [2F, F]
+        uvvv = torch.mm(v.view(3 * n, f), w_uv.t())
+        x = s.new_empty((n, 2 * f))
+        _launch(_painn_update_norm_kernel, s, n, f, s, uvvv, x)
+        pre = torch.addmm(b1, x, w1.t())
+        mix = torch.addmm(b2, nnf.silu(pre), w2.t())
+        s_out, v_out = torch.empty_like(s), torch.empty_like(v)
+        _launch(_painn_update_out_kernel, s, n, f, s, v, uvvv, mix, s_out, v_out)
+        return s_out, v_out, (x, pre, uvvv, mix, w_uv)
+
+    def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2):
+        """Gradients wrt ``s [N,F]`` and ``v [N,3,F]``."""
+        n, f = pre.shape
+        grad_s, grad_v = grad_s.to(pre.dtype).contiguous(), grad_v.to(pre.dtype).contiguous()
+        g_mix, g_uvvv = mix.new_empty((n, 3 * f)), uvvv.new_empty((3 * n, 2 * f))
+        _launch(_painn_update_out_bwd_kernel, pre, n, f, grad_s, grad_v, uvvv, mix, g_mix, g_uvvv)
+        g_pre = torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre)
+        g_x = torch.mm(g_pre, w1)  # [N, 2F]
+        g_s, g_v = torch.empty_like(grad_s), torch.empty_like(grad_v)
+        _launch(_painn_update_norm_bwd_kernel, pre, n, f, grad_s, grad_v, g_x, uvvv, x, g_s, g_v, g_uvvv)
+        g_v.view(3 * n, f).addmm_(g_uvvv, w_uv)  # g_v holds g_v_out: += [∂uv | ∂vv] @ [U; V]
+        return g_s, g_v
+
+    class _PaiNNUpdateFused(torch.autograd.Function):
+        """Inference-only: gradients wrt s and v; the weights must not require grad; first-order only."""
+
+        @staticmethod
+        def forward(ctx, s, v, u_w, v_w, w1, b1, w2, b2):
+            if any(ctx.needs_input_grad[2:]):
+                raise RuntimeError("the fused PaiNN update is inference-only: its weights must not require grad")
+            s_out, v_out, saved = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2)
+            ctx.save_for_backward(s, v, *saved, w1, w2)
+            return s_out, v_out
+
+        @staticmethod
+        def backward(ctx, grad_s, grad_v):
+            s, v, *saved = ctx.saved_tensors
+            with torch.no_grad():
+                g_s, g_v = _fused_backward(grad_s, grad_v, *saved)
+            if torch.is_grad_enabled():
+                # create_graph=True. Not @once_differentiable: its error node hangs on detached copies of the
+                # outputs, which torch.autograd.grad(..., inputs=positions) never visits, so a second derivative
+                # would silently lose this block's terms. This guard hangs on s, v and the upstream gradients.
+                g_s, g_v = _FirstOrderOnly.apply(g_s, g_v, grad_s, grad_v, s, v)
+            return g_s, g_v, None, None, None, None, None, None
+
+    class _FirstOrderOnly(torch.autograd.Function):
+        """Passes the block's input gradients through; differentiating them raises."""
+
+        @staticmethod
+        def forward(ctx, g_s, g_v, *depends_on):
+            return g_s, g_v
+
+        @staticmethod
+        def backward(ctx, *_):
+            raise RuntimeError(
+                "the fused PaiNN update (inference path: frozen weights, Triton backend) is differentiable once "
+                "only; for second derivatives let a parameter require grad or use MLFF_DISTILLER_KERNELS=torch"
+            )

@@ -1,0 +1,259 @@
+"""Fused PaiNN update block (inference): forward and first derivative vs the torch reference, the dispatch rules.
+
+Tolerances. The oracle is the torch reference evaluated in float64 on the same inputs (float32 inputs too), its
+gradients by autograd. Normwise, |x - x_ref| <= tol · |x_ref| with tol = 1e-12 (float64) and 1e-5 (float32), for
+the outputs and for the gradients wrt s and v under random upstream gradients. The whole StudentModel (frozen,
+float64), triton vs torch: energies and forces agree to 1e-10 relative (normwise).
+"""
+
+import importlib
+
+import pytest
+import torch
+from mlff_distiller.kernels import painn_update, painn_update_fusable, painn_update_reference, use_backend
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mlff_distiller import StudentModel
+from mlff_distiller.model.painn import PaiNNUpdate
+
+pu_module = importlib.import_module("mlff_distiller.kernels.painn_update")
+
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+def _inputs(n, f, dtype, device, seed=0, zero_v=False):
+    """s [N,F], v [N,3,F] (requiring grad) and the six weights of the block (not requiring grad)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
+
+    s = rand(n, f).requires_grad_(True)
+    v = (torch.zeros(n, 3, f, dtype=dtype, device=device) if zero_v else rand(n, 3, f)).requires_grad_(True)
+    weights = [
+        rand(f, f, scale=f**-0.5),
+        rand(f, f, scale=f**-0.5),
+        rand(f, 2 * f, scale=(2 * f) ** -0.5),
+        rand(f),
+        rand(3 * f, f, scale=f**-0.5),
+        rand(3 * f),
+    ]
+    return s, v, weights
+
+
+def _close(actual, expected, tol, what):
+    assert actual.shape == expected.shape, what
+    assert torch.isfinite(actual).all(), f"{what}: non-finite values"
+    err = (actual.double() - expected).norm().item()
+    assert err <= tol * expected.norm().item(), f"{what}: normwise error {err:.3e} vs |ref| {expected.norm():.3e}"
+
+
+def _fused_block(f, dtype, device, seed=0):
+    torch.manual_seed(seed)
+    return PaiNNUpdate(f).to(device=device, dtype=dtype).requires_grad_(False)
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the calls of the fused autograd Function."""
+    calls = []
+    apply = pu_module._PaiNNUpdateFused.apply
+
+    def spy(*args):
+        calls.append(1)
+        return apply(*args)
+
+    monkeypatch.setattr(pu_module._PaiNNUpdateFused, "apply", spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("f", [8, 20, 128])
+@pytest.mark.parametrize("n", [0, 1, 7, 33])
+@pytest.mark.parametrize("zero_v", [False, True], ids=["v", "v0"])
+def test_matches_reference(triton_device, poison, fused_calls, dtype, f, n, zero_v):
+    s, v, weights = _inputs(n, f, dtype, triton_device, seed=n + f, zero_v=zero_v)
+    poison(8 * n * f, dtype, triton_device)
+    with use_backend("triton"):
+        s_out, v_out = painn_update(s, v, *weights)
+    assert len(fused_calls) == 1
+    gen = torch.Generator().manual_seed(1)
+    g_s = torch.randn(n, f, generator=gen, dtype=torch.float64).to(triton_device)
+    g_v = torch.randn(n, 3, f, generator=gen, dtype=torch.float64).to(triton_device)
+    grads = torch.autograd.grad((s_out, v_out), (s, v), (g_s.to(dtype), g_v.to(dtype)))
+
+    s64, v64 = (t.detach().double().requires_grad_(True) for t in (s, v))
+    s_ref, v_ref = painn_update_reference(s64, v64, *(w.double() for w in weights))
+    grads_ref = torch.autograd.grad((s_ref, v_ref), (s64, v64), (g_s, g_v))
+    assert s_out.dtype == v_out.dtype == dtype
+    for name, got, ref in zip(
+        ("s_out", "v_out", "grad_s", "grad_v"), (s_out, v_out, *grads), (s_ref, v_ref, *grads_ref), strict=True
+    ):
+        _close(got, ref.detach(), TOL[dtype], name)
+
+
+def test_torch_path_unchanged(triton_device):
+    """With trainable weights the block runs today's torch code: bit for bit the reference."""
+    blk = PaiNNUpdate(20).to(triton_device).double()
+    s, v, _ = _inputs(7, 20, torch.float64, triton_device)
+    params = (blk.U.weight, blk.V.weight, blk.mix[0].weight, blk.mix[0].bias, blk.mix[2].weight, blk.mix[2].bias)
+    with use_backend("triton"):
+        out = blk(s, v)
+    ref = painn_update_reference(s, v, *params)
+    assert all(torch.equal(a, b) for a, b in zip(out, ref, strict=True))
+
+
+def test_dispatch_rules(triton_device, fused_calls, monkeypatch):
+    f = 8
+    blk = _fused_block(f, torch.float64, triton_device)
+    s, v, _ = _inputs(5, f, torch.float64, triton_device)
+    with use_backend("triton"):
+        blk(s, v)
+        assert len(fused_calls) == 1, "frozen parameters + triton backend: the fused path"
+        blk.mix[2].bias.requires_grad_(True)
+        blk(s, v)
+        assert len(fused_calls) == 1, "a parameter requires grad: the torch path"
+        blk.mix[2].bias.requires_grad_(False)
+        assert not painn_update_fusable(s.half(), v.half(), *blk.parameters()), "float16: the torch path"
+        assert not painn_update_fusable(s.float(), v.float(), *blk.parameters()), "dtypes differ: the torch path"
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        assert not painn_update_fusable(s, v, *blk.parameters()), "under torch.compile: the torch path"
+        monkeypatch.undo()
+    with use_backend("torch"):
+        blk(s, v)
+    assert len(fused_calls) == 1, "torch backend: the torch path"
+
+
+def test_weights_requiring_grad_are_rejected(triton_device):
+    s, v, weights = _inputs(3, 8, torch.float64, triton_device)
+    weights[0].requires_grad_(True)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        pu_module._PaiNNUpdateFused.apply(s, v, *weights)
+
+
+def test_double_backward_raises(triton_device, fused_calls):
+    """Differentiating the fused backward raises, also through torch.autograd.grad(..., inputs), which never
+    visits the error node of @once_differentiable (that would silently drop this block's second-order terms)."""
+    blk = _fused_block(8, torch.float64, triton_device)
+    s, v, _ = _inputs(4, 8, torch.float64, triton_device)
+    with use_backend("triton"):
+        s_out, v_out = blk(s, v)
+    assert len(fused_calls) == 1
+    g_s, g_v = torch.autograd.grad((s_out.sum() + (v_out**2).sum()), (s, v), create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad(g_s.sum() + g_v.sum(), (s, v))
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        (g_s.sum() + g_v.sum()).backward()
+
+
+class _CountOps(TorchDispatchMode):
+    """The aten ops that compute (no views, no allocations; set_/copy_ are the interpreter's argument
+    plumbing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        view = any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+        if not view and not name.startswith(("empty", "new_empty", "set_", "copy_")):
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_launch_counts(triton_device, monkeypatch):
+    """Per layer: 5 aten ops + 2 Triton kernels forward, 4 + 2 backward (the torch path: 17 and ~23)."""
+    launches = []
+    launch = pu_module._launch
+    monkeypatch.setattr(pu_module, "_launch", lambda kernel, *a: launches.append(kernel) or launch(kernel, *a))
+    blk = _fused_block(8, torch.float32, triton_device)
+    s, v, _ = _inputs(5, 8, torch.float32, triton_device)
+    go = (torch.ones_like(s), torch.ones_like(v))
+    with use_backend("triton"), _CountOps() as fwd:
+        out = blk(s, v)
+    with _CountOps() as bwd:
+        torch.autograd.grad(out, (s, v), go)
+    assert fwd.ops == ["cat", "mm", "addmm", "silu", "addmm"]
+    assert bwd.ops == ["mm", "silu_backward", "mm", "addmm_"]
+    assert len(launches) == 4
+
+
+def _molecules(n_mol, device):
+    """A few water-like molecules in a box: numbers, positions [N,3] (float64), edges within 4 Å (sorted)."""
+    gen = torch.Generator().manual_seed(3)
+    o = torch.rand(n_mol, 3, generator=gen, dtype=torch.float64) * 6.0
+    h1 = o + 0.96 * torch.nn.functional.normalize(torch.randn(n_mol, 3, generator=gen, dtype=torch.float64), dim=-1)
+    h2 = o + 0.96 * torch.nn.functional.normalize(torch.randn(n_mol, 3, generator=gen, dtype=torch.float64), dim=-1)
+    pos = torch.cat([o, h1, h2]).to(device)
+    numbers = torch.tensor([8] * n_mol + [1] * 2 * n_mol, device=device)
+    d = torch.cdist(pos, pos)
+    i, j = torch.nonzero((d < 4.0) & (d > 0), as_tuple=True)
+    return numbers, pos, torch.stack([i, j])
+
+
+def test_student_model_triton_vs_torch(triton_device, fused_calls):
+    """A frozen float64 StudentModel (F = 20, not a power of two): energies and forces, triton vs torch."""
+    torch.manual_seed(0)
+    model = StudentModel(species=[1, 8], hidden=20, layers=2, n_rbf=6, cutoff=4.0).double().to(triton_device)
+    model.requires_grad_(False)
+    numbers, pos, ei = _molecules(4, triton_device)
+    shifts = torch.zeros(ei.shape[1], 3, dtype=torch.float64, device=triton_device)
+    batch = torch.zeros(len(numbers), dtype=torch.long, device=triton_device)
+
+    def run(backend):
+        p = pos.clone().requires_grad_(True)
+        with use_backend(backend):
+            energy = model(numbers, p, ei, shifts, batch, 1)["energy"]
+            forces = -torch.autograd.grad(energy.sum(), p)[0]
+        return energy.detach(), forces
+
+    (e_t, f_t), calls = run("triton"), len(fused_calls)
+    e_r, f_r = run("torch")
+    assert calls == 2 and len(fused_calls) == 2, "the fused path ran once per layer on triton, never on torch"
+    _close(e_t, e_r, 1e-10, "energy")
+    _close(f_t, f_r, 1e-10, "forces")
+    # A second derivative wrt the positions (other paths reach them too) raises instead of missing terms.
+    p = pos.clone().requires_grad_(True)
+    with use_backend("triton"):
+        energy = model(numbers, p, ei, shifts, batch, 1)["energy"]
+        forces = torch.autograd.grad(energy.sum(), p, create_graph=True)[0]
+        with pytest.raises(RuntimeError, match="differentiable once"):
+            torch.autograd.grad((forces**2).sum(), p)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_replays():
+    """The fused forward + backward captured in a CUDA graph replays to the eager result on new inputs (fp32)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    blk = _fused_block(128, torch.float32, dev)
+    s_buf, v_buf, _ = _inputs(300, 128, torch.float32, dev, seed=1)
+    s_buf, v_buf = s_buf.detach(), v_buf.detach()
+    g_s, g_v = torch.randn_like(s_buf), torch.randn_like(v_buf)
+
+    def step():
+        # Fresh leaves from the static buffers, as the engine does with its positions.
+        s, v = s_buf.detach().requires_grad_(True), v_buf.detach().requires_grad_(True)
+        s_out, v_out = blk(s, v)
+        return (s_out, v_out, *torch.autograd.grad((s_out, v_out), (s, v), (g_s, g_v)))
+
+    with use_backend("triton"):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        s2, v2, _ = _inputs(300, 128, torch.float32, dev, seed=2)
+        with torch.no_grad():
+            s_buf.copy_(s2), v_buf.copy_(v2)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step()
+    for got, ref in zip(captured, eager, strict=True):
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
