@@ -121,8 +121,12 @@ class StudentCalculator(Calculator):
 
 
 def _close(a, b, tol: float) -> bool:
-    """ASE's ``equal(a, b, atol=tol)``, with an exact-equality shortcut."""
+    """ASE's ``equal(a, b, atol=tol)``, with exact-equality shortcuts: identical bytes (1.5 µs for 192 x 3
+    positions on the development CPU, vs 6.3 µs for ``np.array_equal``; ASE asks several times per MD step),
+    then equal values (e.g. other dtypes)."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return False
+    if a.dtype == b.dtype and a.dtype != object and a.tobytes() == b.tobytes():
+        return True
     return bool(np.array_equal(a, b) or np.allclose(a, b, rtol=0, atol=tol))
