@@ -278,6 +278,11 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     and of the edge and filter kernels (their own keys: bwd_filter_* 32 x 128 / 4 warps, the shared tiles of
 #     the tuning above; bwd_edge_* 64 x 32 / 4 warps in tf32x3, see below).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
+#   bwd_sender_variant "auto" (shipped): "block" on GPU graphs of at least block_min_atoms atoms with at most
+#     sender_block_max_degree edges per atom, else "atom". Few edges per atom leave the atom variant reloading
+#     the filter tiles for every atom: 1,024 g2 molecules (~7.5 edges per atom) ran the block sender backward
+#     (16 x 16 x 64 / 4 warps) 1.74x faster, water (~54 per atom) 1.17x slower at 24,000 atoms
+#     (benchmarks/results/tune_atom_tiles_h100_run2.md). 16 lies between; not measured closer.
 #   block_min_atoms: graphs with fewer atoms run the "atom" variant whatever fwd_variant / bwd_sender_variant say
 #     (GPU only). A block program covers BLOCK_A atoms, so a small graph gets too few programs to fill the GPU:
 #     on the H100 the block forward took 168 us per layer for 216 atoms (28 programs) inside a 1.37 ms replay
@@ -305,11 +310,12 @@ _CONFIG = {
     "fwd_block_e": 32,
     "fwd_block_f": 64,
     "fwd_warps": 4,
-    "bwd_sender_variant": "atom",
-    "bwd_sender_block_a": 32,
-    "bwd_sender_block_e": 32,
+    "bwd_sender_variant": "auto",
+    "bwd_sender_block_a": 16,
+    "bwd_sender_block_e": 16,
     "bwd_sender_block_f": 64,
     "bwd_sender_warps": 4,
+    "sender_block_max_degree": 16,
     "bwd_edge_block_e": 64,
     "bwd_edge_block_f": 32,
     "bwd_edge_warps": 4,
@@ -324,7 +330,7 @@ _CONFIG = {
     "fused_max_feat": 64,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
-_VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("atom", "block", "fused")}
+_VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block", "fused")}
 _PRECISIONS = ("ieee", "tf32x3", "tf32")
 # Under the interpreter: block kernels take 16 atoms x 32 edges (so that tiles straddle atoms even in small test
 # graphs), the others whole feature rows and 64-edge tiles.
@@ -934,18 +940,37 @@ if HAS_TRITON:
     # ``launch`` is torch.library.wrap_triton inside the triton_ops and the bare kernel on the eager path.
 
     def _launch_config(
-        ref: Tensor, kernel: str, n_feat: int, n_rbf: int, fuse: bool = False, n_atoms: int | None = None
+        ref: Tensor,
+        kernel: str,
+        n_feat: int,
+        n_rbf: int,
+        fuse: bool = False,
+        n_atoms: int | None = None,
+        n_edges: int | None = None,
     ) -> tuple[dict, int, str]:
         """Constexprs, warps and the variant that runs ("atom", "block", "fused"), for ``kernel`` in ``_KERNELS`` on
         ``ref``'s device and dtype; ``fuse``: the caller wants ∂rbf/∂u as well (the fused sender kernel applies);
-        ``n_atoms``: the graph's atoms (below ``block_min_atoms`` the atom variant runs on the GPU)."""
-        return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, fuse, n_atoms)
+        ``n_atoms``: the graph's atoms (below ``block_min_atoms`` the atom variant runs on the GPU); ``n_edges``:
+        its edges (the "auto" sender variant looks at edges per atom)."""
+        return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, fuse, n_atoms, n_edges)
 
     def _launch_config_for(
-        device_type: str, dtype, kernel: str, n_feat: int, n_rbf: int, fuse: bool = False, n_atoms: int | None = None
+        device_type: str,
+        dtype,
+        kernel: str,
+        n_feat: int,
+        n_rbf: int,
+        fuse: bool = False,
+        n_atoms: int | None = None,
+        n_edges: int | None = None,
     ) -> tuple[dict, int, str]:
         cuda = device_type == "cuda"
         variant = _CONFIG.get(f"{kernel}_variant", "atom")  # the edge and filter kernels have one variant
+        if variant == "auto":
+            sparse = n_atoms is not None and n_edges is not None
+            sparse = sparse and int(n_edges) <= _CONFIG["sender_block_max_degree"] * int(n_atoms)
+            big = n_atoms is not None and int(n_atoms) >= _CONFIG["block_min_atoms"]
+            variant = "block" if cuda and sparse and big else "atom"
         if cuda and n_atoms is not None and int(n_atoms) < _CONFIG["block_min_atoms"] and variant != "atom":
             variant = "atom"
         prec = _CONFIG[f"dot_{kernel}"]
@@ -1030,7 +1055,9 @@ if HAS_TRITON:
         if need[0]:
             g_x, g_v = torch.empty_like(x), torch.empty_like(v)
             if n > 0 and f > 0:
-                c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, fuse=bool(need[1]) and e > 0, n_atoms=n)
+                c, warps, variant = _launch_config(
+                    x, "bwd_sender", f, n_rbf, fuse=bool(need[1]) and e > 0, n_atoms=n, n_edges=e
+                )
                 grid = (triton.cdiv(n, c.get("BLOCK_A", 1)), triton.cdiv(f, c["BLOCK_F"]))
                 perm, col_ptr = perm.contiguous(), col_ptr.contiguous()
                 if variant == "fused":

@@ -195,6 +195,16 @@ def test_launch_configuration():
         assert cfg("cuda", torch.float32, "bwd_filter", 128, 20)[0]["BLOCK_F"] == 128  # its own keys
     # shipped defaults: the H100 sweep's fastest float32-accurate choices (benchmarks/results/tune_mp_h100.md)
     assert mp_module._CONFIG["fwd_variant"] == "block" and mp_module._CONFIG["dot_fwd"] == "tf32x3"
+    # the sender backward's "auto" variant: block for large graphs with few edges per atom, atom otherwise
+    assert mp_module._CONFIG["bwd_sender_variant"] == "auto"
+    sender = [
+        cfg("cuda", torch.float32, "bwd_sender", 128, 20, n_atoms=a, n_edges=e)[2]
+        for a, e in ((6850, 51444), (24000, 1305160), (216, 1000), (6850, None))
+    ]
+    assert sender == ["block", "atom", "atom", "atom"]
+    assert cfg("cpu", torch.float32, "bwd_sender", 128, 20, n_atoms=6850, n_edges=51444)[2] == "atom"
+    with mp_module._configured(bwd_sender_variant="atom"):  # an explicit variant is kept
+        assert cfg("cuda", torch.float32, "bwd_sender", 128, 20, n_atoms=6850, n_edges=51444)[2] == "atom"
     # the edge kernel: tf32x3 on 64 x 32 tiles (tune_edge_tiles_h100_run2.md); float64 keeps tiles of <= 32 x 32
     c, warps, _ = cfg("cuda", torch.float32, "bwd_edge", 128, 20)
     assert (c["BLOCK_E"], c["BLOCK_F"], warps, c["DOT_PRECISION"]) == (64, 32, 4, "tf32x3")
