@@ -401,6 +401,23 @@ def test_edge_kernel_tiles_float32(tiles):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("per_atom", [6, 40])
+def test_auto_sender_variant_on_cuda(per_atom):
+    """The shipped configuration ("auto" sender backward: block for large graphs with few edges per atom, atom
+    otherwise) against the float32 bound of the reference, on 2,000-atom graphs on both sides of the rule."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    n = 2000
+    x, v, rbf, w, unit, _ = _graph(n, n * per_atom, 128, 20, torch.float32, torch.device("cuda"), seed=23)
+    recv = torch.arange(n, device="cuda").repeat_interleave(per_atom)
+    send = (recv + torch.randint(-100, 101, recv.shape, device="cuda")) % n
+    expected = "block" if per_atom <= mp_module._CONFIG["sender_block_max_degree"] else "atom"
+    got = mp_module._launch_config(x, "bwd_sender", 128, 20, fuse=True, n_atoms=n, n_edges=n * per_atom)[2]
+    assert got == expected
+    _compare((x, v, rbf, w, unit, torch.stack([recv, send])), torch.float32)
+
+
+@pytest.mark.gpu
 def test_compile_and_opcheck(variant):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
