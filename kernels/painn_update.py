@@ -127,6 +127,19 @@ if HAS_TRITON:
         tl.store(x + N_FEAT, norm, mask=m)
 
     @triton.jit
+    def _load_uvvv(uvvv_ptr, i, f, m, N_FEAT: tl.constexpr):
+        """The six ``[BLOCK_N, BLOCK_F]`` tiles uv_k, vv_k (k = 0, 1, 2) of rows ``i`` of the ``[N, 3, 2F]`` GEMM
+        output (per row: uv_0, vv_0, uv_1, vv_1, uv_2, vv_2, F apart)."""
+        uv = uvvv_ptr + i * (6 * N_FEAT) + f
+        uv0 = tl.load(uv, mask=m, other=0.0)
+        vv0 = tl.load(uv + N_FEAT, mask=m, other=0.0)
+        uv1 = tl.load(uv + 2 * N_FEAT, mask=m, other=0.0)
+        vv1 = tl.load(uv + 3 * N_FEAT, mask=m, other=0.0)
+        uv2 = tl.load(uv + 4 * N_FEAT, mask=m, other=0.0)
+        vv2 = tl.load(uv + 5 * N_FEAT, mask=m, other=0.0)
+        return uv0, vv0, uv1, vv1, uv2, vv2
+
+    @triton.jit
     def _painn_update_out_kernel(
         s_ptr,
         v_ptr,
@@ -140,13 +153,7 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
     ):
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
-        uv = uvvv_ptr + i * (6 * N_FEAT) + f
-        uv0 = tl.load(uv, mask=m, other=0.0)
-        vv0 = tl.load(uv + N_FEAT, mask=m, other=0.0)
-        uv1 = tl.load(uv + 2 * N_FEAT, mask=m, other=0.0)
-        vv1 = tl.load(uv + 3 * N_FEAT, mask=m, other=0.0)
-        uv2 = tl.load(uv + 4 * N_FEAT, mask=m, other=0.0)
-        vv2 = tl.load(uv + 5 * N_FEAT, mask=m, other=0.0)
+        uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
         mix = mix_ptr + i * (3 * N_FEAT) + f
         a_vv = tl.load(mix, mask=m, other=0.0)
         a_sv = tl.load(mix + N_FEAT, mask=m, other=0.0)
@@ -177,13 +184,7 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
     ):
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
-        uv = uvvv_ptr + i * (6 * N_FEAT) + f
-        uv0 = tl.load(uv, mask=m, other=0.0)
-        vv0 = tl.load(uv + N_FEAT, mask=m, other=0.0)
-        uv1 = tl.load(uv + 2 * N_FEAT, mask=m, other=0.0)
-        vv1 = tl.load(uv + 3 * N_FEAT, mask=m, other=0.0)
-        uv2 = tl.load(uv + 4 * N_FEAT, mask=m, other=0.0)
-        vv2 = tl.load(uv + 5 * N_FEAT, mask=m, other=0.0)
+        uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
         mix = mix_ptr + i * (3 * N_FEAT) + f
         a_vv = tl.load(mix, mask=m, other=0.0)
         a_sv = tl.load(mix + N_FEAT, mask=m, other=0.0)
