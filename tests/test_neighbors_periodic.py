@@ -101,11 +101,19 @@ def test_non_finite_inputs_are_clear_errors(device):
         neighbor_list(b.positions, cell, b.pbc, b.batch, b.ptr, CUTOFF, "brute")
     if not triton_runnable(torch.device(device)):
         return
-    for bad in (float("nan"), float("inf")):
+    for bad in (float("nan"), float("inf"), float("-inf")):
         pos = b.positions.clone()
         pos[1, 0] = bad
         with pytest.raises(ValueError, match="non-finite positions"):
             neighbor_list(pos, b.cell, b.pbc, b.batch, b.ptr, CUTOFF, "cell_list", cell_list_impl="triton")
+    # The periodic path flags it in its binning kernel (256 atoms per program): also from the second program.
+    rng = np.random.default_rng(3)
+    many = Atoms("H300", positions=rng.random((300, 3)) * 14.0, cell=np.eye(3) * 14.0, pbc=True)
+    bm = AtomsBatch.from_atoms(many, dtype=torch.float32, device=device)
+    pos = bm.positions.clone()
+    pos[280, 2] = float("nan")
+    with pytest.raises(ValueError, match="non-finite positions"):
+        neighbor_list(pos, bm.cell, bm.pbc, bm.batch, bm.ptr, CUTOFF, "cell_list", cell_list_impl="triton")
 
 
 def test_auto_rule_from_host_tables_equals_the_device_rule():

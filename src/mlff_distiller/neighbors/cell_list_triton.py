@@ -302,6 +302,7 @@ if HAS_TRITON:
         image_ptr,  # [N, 3] int64 out
         bins_ptr,  # [N, 3] int64 out
         key_ptr,  # [N] int32 (or int64 beyond 2^31 bins) out
+        flag_ptr,  # [1] int64, zero on entry: set to 1 when some coordinate is NaN or inf
         n_atoms,
         BLOCK: tl.constexpr,
     ):
@@ -311,6 +312,10 @@ if HAS_TRITON:
         x = tl.load(pos_ptr + 3 * a, mask=m, other=0.0).to(tl.float64)
         y = tl.load(pos_ptr + 3 * a + 1, mask=m, other=0.0).to(tl.float64)
         z = tl.load(pos_ptr + 3 * a + 2, mask=m, other=0.0).to(tl.float64)
+        # x - x is 0 for finite x and NaN for NaN or inf: one atomic per program, only when it saw one.
+        bad = tl.max(((x - x != 0.0) | (y - y != 0.0) | (z - z != 0.0)).to(tl.int64), axis=0)
+        if bad > 0:
+            tl.atomic_max(flag_ptr, bad)
         ft = ftab_ptr + 18 * b
         it = itab_ptr + 10 * b
         fx = x * tl.load(ft + 9, mask=m, other=0.0) + y * tl.load(ft + 12, mask=m, other=0.0)
@@ -488,8 +493,9 @@ def cell_list_triton_periodic(
     image, bins = torch.empty(n, 3, **i64), torch.empty(n, 3, **i64)
     key = torch.empty(n, dtype=key_dtype, device=device)
     grid = (triton.cdiv(n, BLOCK_ATOMS),)
+    flag = torch.zeros(1, **i64)
     _atoms_kernel[grid](
-        positions.contiguous(), batch, ftab, itab, wrapped, frac, image, bins, key, n, BLOCK=BLOCK_ATOMS
+        positions.contiguous(), batch, ftab, itab, wrapped, frac, image, bins, key, flag, n, BLOCK=BLOCK_ATOMS
     )
     sorted_key, order = torch.sort(key, stable=True)
     cell_start = torch.searchsorted(sorted_key, torch.arange(n_bins + 1, dtype=key_dtype, device=device))
@@ -503,7 +509,7 @@ def cell_list_triton_periodic(
 
     return _pairs_and_rows(
         geometry, order, spos, sbin, sstruct, (itab, ftab, 18, cell_start), image, batch, cell, host.cutoff,
-        positions.dtype, max_row_sort, check_reach=False, cap=cap,
+        positions.dtype, max_row_sort, check_reach=False, cap=cap, non_finite=flag[0],
     )  # fmt: skip
 
 
@@ -542,13 +548,14 @@ def _scratch_cap(host: HostCells, n_atoms: int) -> int:
 
 def _pairs_and_rows(
     geometry, order, spos, sbin, sstruct, tables, image, batch, cell, cutoff, out_dtype, max_row_sort, check_reach,
-    cap=0,
+    cap=0, non_finite=None,
 ) -> NeighborList | None:  # fmt: skip
     """Steps 2 and 3 of the module docstring over atoms in bin order: count, size (the one sync), fill, then the
     row sort. ``geometry()`` gives the Geometry of this call when the long-row fallback needs one;
     ``check_reach``: also check on the device that shifts fit the pair keys (else ``None``); ``cap`` > 0: one
     candidate pass that counts and stores each row into a scratch row of ``cap`` keys (the row sort reads them
-    there), with the fill pass only when some row is longer."""
+    there), with the fill pass only when some row is longer; ``non_finite``: a 0-d int64 device flag that the
+    caller's kernel set for NaN/inf positions (else checked here on ``spos``)."""
     itab, basis, basis_stride, cell_start = tables
     device = order.device
     n = order.shape[0]
@@ -566,7 +573,9 @@ def _pairs_and_rows(
     row_ptr = torch.zeros(n + 1, dtype=torch.int64, device=device)
     torch.cumsum(count, 0, dtype=torch.int64, out=row_ptr[1:])
     # The one sync that sizes the output; the shift range check rides along with it.
-    sizes = [row_ptr[-1], count.max().long(), (~torch.isfinite(spos).all()).long()]
+    if non_finite is None:  # else the caller's kernel has set it (int64 0-d, device)
+        non_finite = (~torch.isfinite(spos).all()).long()
+    sizes = [row_ptr[-1], count.max().long(), non_finite]
     if check_reach:
         sizes.append((itab[:, 3:6] // itab[:, 0:3] + 1).max())
     n_edges, longest, non_finite, *max_reach = torch.stack(sizes).tolist()
