@@ -220,3 +220,25 @@ def test_warmup_reports_the_bucket_each_structure_ran_in(model):
     times = eng.warmup(structures=[molecule("CH4"), molecule("C6H6")])
     assert len(times) >= 1 and all(t >= 0 for t in times.values())
     assert eng.last_bucket in times
+
+
+def test_calculator_close_matches_ase_equal():
+    """``_close`` (check_state's comparison, with the identical-bytes shortcut) gives ASE's ``equal(a, b, atol)``
+    answer on the cases that matter: identical, below and above the tolerance, -0.0 vs 0.0, other dtypes with
+    equal values, other shapes."""
+    from ase.calculators.calculator import equal
+
+    from mlff_distiller.calculator import _close
+
+    a = np.random.default_rng(0).random((5, 3))
+    cases = [
+        (a, a.copy()),
+        (a, a + 1e-17),
+        (a, a + 1e-9),
+        (np.zeros(3), -np.zeros(3)),
+        (np.arange(3), np.arange(3.0)),
+        (np.ones((2, 3)), np.ones((3, 2))),
+        (np.array([True, False, True]), np.array([True, False, True])),
+    ]
+    for x, y in cases:
+        assert _close(x, y, 1e-15) == bool(equal(x, y, atol=1e-15)), (x, y)
