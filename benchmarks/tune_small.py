@@ -447,20 +447,27 @@ def edge_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: D
         for (be, bf, nw), prec in grid:
             cfg = {f"dot_{kernel}": prec, f"{kernel}_block_e": be, f"{kernel}_block_f": bf, f"{kernel}_warps": nw}
             rows.append((f"- x {be} x {bf} / {nw}", cfg))
-        for tiles, cfg in rows:
-            prec = cfg.get(f"dot_{kernel}", mp._CONFIG[f"dot_{kernel}"])
-            if deadline.over(f"{b.name} {kernel} {tiles} {prec}"):
-                continue
-            try:
-                us, err = b.run(kernel, cfg)
-            except Exception as exc:
-                lines.append(_failed(b, kernel, "atom", tiles, prec, exc))
-                continue
-            if tiles == "shipped":
-                b.shipped[kernel] = (us, err)
-            rec = dict(section="edgetiles", graph=b.name, edges=b.edges, kernel=kernel, variant="atom", prec=prec)
-            base = b.shipped.get(kernel, (None, None))
-            _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), *base)
+        _time_rows(lines, records, b, deadline, "edgetiles", kernel, rows)
+
+
+def _time_rows(lines, records, b: KernelBench, deadline: Deadline, section: str, kernel: str, rows) -> None:
+    """Time ``kernel`` on ``b`` under each ``(tiles, config)`` of ``rows`` (the "shipped" row first: the base of
+    the speed-ups), until the deadline; a configuration that fails is a row saying so."""
+    for tiles, cfg in rows:
+        prec = cfg.get(f"dot_{kernel}", mp._CONFIG[f"dot_{kernel}"])
+        variant = cfg.get(f"{kernel}_variant", "atom")
+        if deadline.over(f"{b.name} {kernel} {variant} {tiles} {prec}"):
+            continue
+        try:
+            us, err = b.run(kernel, cfg)
+        except Exception as exc:
+            lines.append(_failed(b, kernel, variant, tiles, prec, exc))
+            continue
+        if tiles == "shipped":
+            b.shipped[kernel] = (us, err)
+        rec = dict(section=section, graph=b.name, edges=b.edges, kernel=kernel, variant=variant, prec=prec)
+        base = b.shipped.get(kernel, (None, None))
+        _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), *base)
 
 
 # Section "sendertiles": the "atom" variants (one program per atom and feature chunk) of the sender backward
@@ -485,7 +492,8 @@ ATOM_TILES_HEAD = [
 
 def atom_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
     """Section "sendertiles", one graph: bwd_sender (and, below block_min_atoms, fwd) in the atom variant over
-    ATOM_TILES."""
+    ATOM_TILES, and the block sender backward over SENDER_BLOCK_TILES. The "shipped" row is the atom variant at
+    the shipped tiles (the speed-ups' base), whatever variant "auto" would pick for the graph."""
     n_atoms = b.inputs[0].shape[0]
     kernels = ("bwd_sender", "fwd") if n_atoms < mp._CONFIG["block_min_atoms"] else ("bwd_sender",)
     for kernel in kernels:
@@ -500,21 +508,7 @@ def atom_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: D
                 cfg = dict(bwd_sender_variant="block", block_min_atoms=0, bwd_sender_block_a=ba)
                 cfg.update(bwd_sender_block_e=be, bwd_sender_block_f=bf, bwd_sender_warps=nw)
                 rows.append((f"block {ba} x {be} x {bf} / {nw}", cfg))
-        for tiles, cfg in rows:
-            prec = mp._CONFIG[f"dot_{kernel}"]
-            if deadline.over(f"{b.name} {kernel} {tiles}"):
-                continue
-            try:
-                us, err = b.run(kernel, cfg)
-            except Exception as exc:
-                lines.append(_failed(b, kernel, cfg[f"{kernel}_variant"], tiles, prec, exc))
-                continue
-            if tiles == "shipped":
-                b.shipped[kernel] = (us, err)
-            variant = cfg[f"{kernel}_variant"]
-            rec = dict(section="sendertiles", graph=b.name, edges=b.edges, kernel=kernel, variant=variant, prec=prec)
-            base = b.shipped.get(kernel, (None, None))
-            _row(records, lines, dict(rec, tiles=tiles, us=us, err=err, config=cfg), *base)
+        _time_rows(lines, records, b, deadline, "sendertiles", kernel, rows)
 
 
 def variant_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
