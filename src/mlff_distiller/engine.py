@@ -73,7 +73,8 @@ __all__ = [
 
 MODES = ("eager", "compile", "cudagraph", "auto")
 # Largest edge count that mode "auto" pads into a CUDA-graph bucket (see the module docstring): between the
-# measured 163k edges (replay 1.9x faster than eager) and 1.31M (eager 1.17x faster).
+# measured 323k edges (6,000 water atoms: replay 6.73 vs eager 7.54 ms) and 651k (12,000 atoms: replay 13.0 vs
+# eager 11.5 ms; benchmarks/results/large_h100_run7.md).
 AUTO_MAX_EDGES = 2**19
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # Atoms per chunk when predict() is given no batch_size and no memory budget: keeps the reference path's
