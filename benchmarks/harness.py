@@ -28,6 +28,7 @@ __all__ = [
     "peak_memory_bytes",
     "sync",
     "time_fn",
+    "time_graph",
     "write_results",
 ]
 
@@ -127,6 +128,36 @@ def time_fn(fn: Callable[[], object], device: torch.device, warmup_ms: float = 2
         times.append((time.perf_counter() - t0) * 1e6)
     t = torch.tensor(times, dtype=torch.float64)
     return Timing(*(float(torch.quantile(t, q)) for q in QUANTILES))
+
+
+def time_graph(fn: Callable[[], object], device: torch.device, rep_ms: float = 100) -> Timing | None:
+    """Device time of one call of ``fn``: ``fn`` captured once as a CUDA graph and its replays timed like
+    :func:`time_fn` (L2 flushed between repetitions). A replay costs ~10 µs of host time whatever ``fn`` does,
+    so this measures the GPU work alone, not the Python and autograd host path of each call, which
+    :func:`time_fn` includes whenever it exceeds the GPU time. None off CUDA, or when ``fn`` cannot be captured
+    (a host sync inside it)."""
+    if device.type != "cuda":
+        return None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture (allocator, autotuning, lazy init)
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # any capture failure means "not capturable", reported as such
+        print(f"  (not capturable as a CUDA graph: {type(exc).__name__}: {str(exc)[:120]})", flush=True)
+        torch.cuda.synchronize()
+        return None
+    try:
+        return time_fn(graph.replay, device, rep_ms=rep_ms)
+    finally:
+        del graph
+        torch.cuda.empty_cache()
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:

@@ -475,10 +475,16 @@ if HAS_TRITON:
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         positions, edge_index, shift_vectors = _prepare(positions, edge_index, shift_vectors)
         e, kw = edge_index.shape[1], dict(dtype=positions.dtype, device=positions.device)
-        vec = torch.empty((e if rbf is None else 0, 3), **kw)
         dist = torch.empty((e,), **kw)
         unit = torch.empty((e, 3), **kw)
-        out_rbf = torch.empty((e, 0 if rbf is None else rbf[0]), **kw)
+        # The output the op does not return: on the eager path not allocated, ``dist`` stands in for its pointer
+        # (the kernel's STORE_VEC / WITH_RBF flag keeps it untouched; one allocation fewer per call); under
+        # torch.compile an empty tensor, so that no tensor is passed twice to a wrapped kernel.
+        vec = torch.empty((e, 3), **kw) if rbf is None else None
+        out_rbf = torch.empty((e, rbf[0]), **kw) if rbf is not None else None
+        if launch is not _bare:
+            vec = torch.empty((0, 3), **kw) if vec is None else vec
+            out_rbf = torch.empty((e, 0), **kw) if out_rbf is None else out_rbf
         if e > 0:
             _launch_edges(
                 launch,
@@ -492,10 +498,10 @@ if HAS_TRITON:
                 positions,
                 edge_index,
                 shift_vectors,
-                vec,
+                dist if vec is None else vec,
                 dist,
                 unit,
-                out_rbf,
+                dist if out_rbf is None else out_rbf,
             )
         return vec, dist, unit, out_rbf
 
@@ -850,7 +856,10 @@ def _edge_features_triton(
     _need_triton()
     if torch.compiler.is_compiling():
         return torch.ops.mlff_distiller.edge_features(positions, edge_index, shift_vectors)
-    return _EdgeFeatures.apply(positions, edge_index, shift_vectors)
+    if torch.is_grad_enabled() and (positions.requires_grad or shift_vectors.requires_grad):
+        return _EdgeFeatures.apply(positions, edge_index, shift_vectors)
+    # Nothing to differentiate: the host function alone (no autograd.Function bookkeeping).
+    return _edge_forward(positions, edge_index, shift_vectors, None, _bare)[:3]
 
 
 def _edge_basis_triton(
@@ -866,4 +875,6 @@ def _edge_basis_triton(
     args = (positions, edge_index, shift_vectors, int(n_rbf), float(cutoff), basis, envelope)
     if torch.compiler.is_compiling():
         return torch.ops.mlff_distiller.edge_basis(*args)
-    return _EdgeBasis.apply(*args)
+    if torch.is_grad_enabled() and (positions.requires_grad or shift_vectors.requires_grad):
+        return _EdgeBasis.apply(*args)
+    return _edge_forward(positions, edge_index, shift_vectors, args[3:], _bare)[1:]

@@ -761,4 +761,7 @@ def _rbf_cutoff_triton(dist: torch.Tensor, n_rbf: int, cutoff: float, basis: str
         raise RuntimeError("the Triton rbf_cutoff path needs triton installed; use MLFF_DISTILLER_KERNELS=torch")
     if torch.compiler.is_compiling():
         return torch.ops.mlff_distiller.rbf_cutoff(dist, int(n_rbf), float(cutoff), basis, envelope)
-    return _RbfCutoff.apply(dist, int(n_rbf), float(cutoff), basis, envelope)
+    if torch.is_grad_enabled() and dist.requires_grad:
+        return _RbfCutoff.apply(dist, int(n_rbf), float(cutoff), basis, envelope)
+    # Nothing to differentiate: the host function alone (no autograd.Function bookkeeping).
+    return _rbf_fwd(dist, int(n_rbf), float(cutoff), basis, envelope, _bare)

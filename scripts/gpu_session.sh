@@ -15,6 +15,7 @@
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
 #                                         #   PROFILE=large: kernel groups of the 3k/24k water energy+forces step)
+#   bash scripts/gpu_session.sh kernels   # issue 3: CUDA tests of the edge/rbf kernels + bench_kernels (KERNELS_ARGS)
 #   bash scripts/gpu_session.sh nlprof    # benchmarks/profile_neighbors.py: wall vs device kernels of one list call
 #   bash scripts/gpu_session.sh nlcheck   # CUDA tests of the neighbour lists + profile_neighbors + bench_large nl
 #   bash scripts/gpu_session.sh edgetune  # tune_small.py edgetiles: the edge backward over tiles (TUNE_SECTIONS=
@@ -30,7 +31,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|nlprof|nlcheck|edgetune|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|nlprof|nlcheck|edgetune|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -114,6 +115,18 @@ case "$part" in
     timeout $(box 300) python3 benchmarks/profile_step.py --out "$res" --sections ${PROFILE:-small,water} \
       >"$res/profile.log" 2>&1
     grep -E "=====|device kernels|slowest|^group |^large:" "$res/profile.log"
+    ;;
+  kernels)
+    # Issue 3: CUDA tests of the edge/rbf kernels and the backend rule, then bench_kernels (per call and as
+    # graph replays; KERNELS_ARGS="--sizes 1e6 --tune" etc.).
+    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 --tb=short -k "cuda or gpu" \
+      tests/kernels/test_edge_features.py tests/kernels/test_rbf_cutoff.py tests/kernels/test_backend.py \
+      >"$res/pytest_kernels.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_kernels.log"; grep -E " (FAILED|ERROR)" "$res/pytest_kernels.log" | head -20
+    tail -2 "$res/pytest_kernels.log"
+    timeout $(box 380) python3 benchmarks/bench_kernels.py --out "$res" --name bench_kernels_h100 ${KERNELS_ARGS:-} \
+      >"$res/bench_kernels.log" 2>&1
+    grep -E "copy bandwidth|not capturable|PASS|MISS|tune" "$res/bench_kernels.log" | head -80
     ;;
   nlprof)
     timeout $(box 150) python3 benchmarks/profile_neighbors.py --out "$res" >"$res/profile_neighbors.log" 2>&1

@@ -382,3 +382,27 @@ def test_compile_force_style_double_backward():
     (de,) = torch.autograd.grad(fe.square().sum(), pos)
     torch.testing.assert_close(fc, fe)
     torch.testing.assert_close(dc, de)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n_edges", [0, 7, 1000])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("how", ["no_grad", "inputs_without_grad"])
+def test_forward_without_autograd(triton_device, variant, n_edges, dtype, how, poison):
+    """Inference (nothing requires grad, or grad mode off) takes the host function without an autograd.Function:
+    same outputs as the reference, nothing attached to a graph, and each output its own tensor."""
+    pos, ei, shifts = _graph(n_edges, dtype, triton_device)
+    if how == "no_grad":
+        pos.requires_grad_(True)
+    poison(n_edges * N_RBF, dtype, triton_device)
+    with torch.no_grad() if how == "no_grad" else torch.enable_grad():
+        out = _run(variant, pos, ei, shifts)
+    ref = _reference(variant, pos.detach().double(), ei, shifts.double())
+    assert len(out) == 3
+    for o, r in zip(out, ref, strict=True):
+        assert o.shape == r.shape and o.dtype == dtype and o.device == pos.device
+        assert not o.requires_grad and o.grad_fn is None and o.is_contiguous()
+        _assert_close(o, r, TOL[dtype])
+    if n_edges:
+        ptrs = {o.data_ptr() for o in out}
+        assert len(ptrs) == 3, "outputs must not share storage"

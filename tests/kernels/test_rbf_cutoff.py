@@ -286,3 +286,19 @@ def test_compile_force_style_double_backward():
     (de,) = torch.autograd.grad(fe.square().sum(), d)
     torch.testing.assert_close(fc, fe)
     torch.testing.assert_close(dc, de)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n_edges", [0, 7, 1000])
+@pytest.mark.parametrize("how", ["no_grad", "input_without_grad"])
+def test_forward_without_autograd(triton_device, n_edges, dtype, how, poison):
+    """Inference takes the host function without an autograd.Function: the reference's values, no graph."""
+    d = _distances(n_edges, dtype, triton_device)
+    if how == "no_grad":
+        d.requires_grad_(True)
+    poison(n_edges * N_RBF, dtype, triton_device)
+    with torch.no_grad() if how == "no_grad" else torch.enable_grad():
+        out = _rbf_triton(d, N_RBF, "bessel", "cosine", "dispatch")
+    assert out.shape == (n_edges, N_RBF) and out.dtype == dtype
+    assert not out.requires_grad and out.grad_fn is None
+    _assert_close(out, rbf_cutoff_reference(d.detach().double(), N_RBF, CUTOFF, "bessel", "cosine"), TOL[dtype])

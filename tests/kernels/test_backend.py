@@ -1,0 +1,59 @@
+"""The kernel backend rule (``MLFF_DISTILLER_KERNELS`` / ``set_backend`` / ``use_backend``) and its memo: every
+kernel call resolves the backend, so the answers are cached per (request, device type, TRITON_INTERPRET); a
+change of any of them must give a fresh answer, and errors must not be cached."""
+
+import pytest
+import torch
+from mlff_distiller.kernels import _backend
+from mlff_distiller.kernels._backend import get_backend, resolve_backend, set_backend, use_backend
+
+
+@pytest.fixture(autouse=True)
+def _restore_override():
+    old = _backend._override
+    yield
+    _backend._override = old
+
+
+def test_env_variable_and_python_override(monkeypatch):
+    set_backend(None)
+    monkeypatch.setenv("MLFF_DISTILLER_KERNELS", "torch")
+    assert get_backend() == "torch" and resolve_backend("cpu") == "torch"
+    monkeypatch.setenv("MLFF_DISTILLER_KERNELS", "auto")
+    assert resolve_backend(torch.device("cpu")) == "torch"  # auto: torch for CPU tensors
+    with use_backend("torch"):
+        assert resolve_backend("cpu") == "torch"
+    set_backend("TORCH ")
+    assert get_backend() == "torch"
+
+
+def test_unknown_backend_is_a_clear_error(monkeypatch):
+    set_backend(None)
+    monkeypatch.setenv("MLFF_DISTILLER_KERNELS", "cuda-magic")
+    with pytest.raises(ValueError, match="unknown kernel backend 'cuda-magic'"):
+        resolve_backend("cpu")
+    with pytest.raises(ValueError, match="unknown kernel backend"):
+        set_backend("fast")
+
+
+def test_triton_where_it_cannot_run_is_an_error_every_time(monkeypatch):
+    """CPU tensors without the interpreter cannot run Triton: a clear error, on every call (not cached), and the
+    answer follows TRITON_INTERPRET when it changes."""
+    pytest.importorskip("triton")
+    set_backend("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="cannot run here.*TRITON_INTERPRET=1"):
+            resolve_backend("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve_backend("cpu") == "triton"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="cannot run here"):
+        resolve_backend(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_auto_picks_triton_for_cuda_tensors(monkeypatch):
+    set_backend(None)
+    monkeypatch.setenv("MLFF_DISTILLER_KERNELS", "auto")
+    assert resolve_backend("cuda") == "triton" and resolve_backend("cpu") == "torch"
