@@ -43,7 +43,7 @@ def test_triton_where_it_cannot_run_is_an_error_every_time(monkeypatch):
     set_backend("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     for _ in range(2):
-        with pytest.raises(RuntimeError, match="cannot run here.*TRITON_INTERPRET=1"):
+        with pytest.raises(RuntimeError, match=r"cannot run here.*TRITON_INTERPRET=1"):
             resolve_backend("cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert resolve_backend("cpu") == "triton"
