@@ -515,7 +515,8 @@ def test_verlet_bad_input():
 def test_triton_row_block_ladder_is_coarse():
     """The rows kernel's tile comes from a short ladder (an MD list's longest row drifting by a few pairs must
     not JIT-compile a new variant), and always holds the row."""
-    from mlff_distiller.neighbors.cell_list_triton import MAX_ROW_SORT, _row_block
+    from mlff_distiller.neighbors._triton_host import MAX_ROW_SORT
+    from mlff_distiller.neighbors._triton_host import row_block as _row_block
 
     assert {_row_block(n) for n in range(1, 65)} == {64}
     assert {_row_block(n) for n in range(65, 129)} == {128}

@@ -3,6 +3,7 @@ validation that every backend now shares (``_common.host_cells``)."""
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
@@ -132,7 +133,7 @@ def test_one_pass_scratch_rows_and_their_overflow(device):
     """The periodic path counts and stores rows in one pass into scratch rows sized from the mean density; a
     cluster in a large periodic box outgrows them, and the fill pass redoes those rows (same list as ASE)."""
     _skip_without_triton(device)
-    from mlff_distiller.neighbors.cell_list_triton import _scratch_cap
+    from mlff_distiller.neighbors._triton_host import scratch_cap as _scratch_cap
 
     rng = np.random.default_rng(11)
     cluster = Atoms("H50", positions=rng.uniform(10.0, 13.0, (50, 3)), cell=np.eye(3) * 30.0, pbc=True)
@@ -149,7 +150,8 @@ def test_one_pass_scratch_rows_and_their_overflow(device):
 
 
 def test_scratch_cap_rule():
-    from mlff_distiller.neighbors.cell_list_triton import SCRATCH_MAX_KEYS, _scratch_cap
+    from mlff_distiller.neighbors._triton_host import SCRATCH_MAX_KEYS
+    from mlff_distiller.neighbors._triton_host import scratch_cap as _scratch_cap
 
     water = Atoms("H192", positions=np.zeros((192, 3)), cell=np.eye(3) * 12.42, pbc=True)  # ~0.1 atoms/Å³
     b = AtomsBatch.from_atoms(water)
@@ -186,3 +188,143 @@ def test_host_cells_cache_follows_the_cell_tensors(device):
     ref, _ = ase_pairs(stretched, CUTOFF)
     assert our_pairs(nl_after, 0, len(atoms)) == ref
     assert nl_after.num_edges < nl_before.num_edges  # the stretched box has fewer pairs within the cutoff
+
+
+# ------------------------------------------------------------------------------------------------ speculative rows
+# On CUDA the periodic path queues the row sort before its one sync, into outputs for n * cap pairs, and returns
+# exact prefixes of them (cell_list_triton's module docstring). The CPU tests force it with speculate=True; the
+# interpreter's tl.sort costs ~0.5 s per atom, so they use few atoms. The reference is the same call with
+# speculate=False (row sort after the sync; on CPU the torch sort of finish()).
+
+
+def _boxes(rng: np.random.Generator, count: int, atoms: int, side: float) -> list[Atoms]:
+    """Skewed periodic boxes (``side`` Å, narrower than 2 x the cutoff when side < 10) with unwrapped atoms."""
+    out = []
+    for _ in range(count):
+        cell = np.diag(rng.uniform(0.9, 1.1, 3) * side) + np.tril(rng.uniform(-0.3, 0.3, (3, 3)) * side, k=-1)
+        frac = rng.uniform(-0.5, 1.5, (atoms, 3))
+        out.append(Atoms(numbers=np.ones(atoms, dtype=int), positions=frac @ cell, cell=cell, pbc=True))
+    return out
+
+
+def _speculative_and_plain(batch, cutoff: float = CUTOFF, **kw):
+    args = (batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, cutoff)
+    host = host_cells(*args)
+    spec = cell_list_triton_periodic(batch.positions, batch.cell, batch.batch, host, speculate=True, **kw)
+    plain = cell_list_triton_periodic(batch.positions, batch.cell, batch.batch, host, speculate=False, **kw)
+    return spec, plain, host
+
+
+def _same_exact_contiguous(nl, ref) -> None:
+    e = ref.num_edges
+    assert nl.edge_index.shape == (2, e) and nl.shifts.shape == (e, 3) and nl.shift_vectors.shape == (e, 3)
+    for name in ("edge_index", "shifts", "row_ptr", "shift_vectors"):
+        assert getattr(nl, name).is_contiguous(), name
+    for name in ("edge_index", "shifts", "row_ptr"):
+        assert torch.equal(getattr(nl, name), getattr(ref, name)), name
+    torch.testing.assert_close(nl.shift_vectors, ref.shift_vectors, rtol=0, atol=1e-12)
+
+
+def _vs_ase(nl, batch, picks) -> None:
+    ptr = batch.ptr.tolist()
+    for k, atoms in enumerate(AtomsBatch.from_atoms(picks, dtype=batch.dtype).to_atoms()):
+        assert our_pairs(nl, ptr[k], ptr[k + 1]) == ase_pairs(atoms, CUTOFF)[0], f"structure {k}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_speculative_rows_many_small_triclinic_boxes(device):
+    """Boxes narrower than 2 x cutoff (one bin visited through several images), skewed, many per batch: the
+    speculative list is ASE's, and exactly the sync path's, with contiguous exactly sized tensors."""
+    _skip_without_triton(device)
+    rng = np.random.default_rng(21)
+    picks = _boxes(rng, 5, 3, 5.0) + _boxes(rng, 1, 2, 3.5) if device == "cpu" else _boxes(rng, 200, 7, 6.0)
+    batch = AtomsBatch.from_atoms(picks, dtype=torch.float64, device=device)
+    spec, plain, _ = _speculative_and_plain(batch)
+    check_contract(spec, batch)
+    _same_exact_contiguous(spec, plain)
+    _vs_ase(spec, batch, picks)
+    # The speculation held: the list is carved from the capacity buffers (row_ptr shares their allocation).
+    assert spec.edge_index.untyped_storage().data_ptr() == spec.row_ptr.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_speculative_rows_fall_back_when_a_row_outgrows_cap(device):
+    """A cluster in a large periodic box has rows longer than the scratch rows: the speculative output is
+    dropped and the fill pass redoes it (same list as ASE). With isolated atoms alongside, the total still fits
+    the capacity (the kernel wrote garbage rows in bounds); alone, it does not (the kernel wrote nothing)."""
+    _skip_without_triton(device)
+    from mlff_distiller.neighbors._triton_host import scratch_cap
+
+    rng = np.random.default_rng(8)
+    cluster = Atoms("H34", positions=rng.uniform(10.0, 12.5, (34, 3)), cell=np.eye(3) * 40.0, pbc=True)
+    lonely = Atoms("H12", positions=np.indices((3, 2, 2)).reshape(3, -1).T * 12.0 + 1.0, cell=np.eye(3) * 36.0)
+    lonely.pbc = True
+    cases = [[cluster, lonely]] if device == "cpu" else [[cluster, lonely], [cluster]]
+    for picks in cases:
+        batch = AtomsBatch.from_atoms(picks, dtype=torch.float64, device=device)
+        spec, plain, host = _speculative_and_plain(batch)
+        cap = scratch_cap(host, batch.num_atoms)
+        rows = spec.row_ptr[1:] - spec.row_ptr[:-1]
+        assert cap == 32 and int(rows.max()) == 33, (cap, int(rows.max()))
+        assert (spec.num_edges <= batch.num_atoms * cap) == (len(picks) == 2)
+        _same_exact_contiguous(spec, plain)
+        _vs_ase(spec, batch, picks)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_speculative_rows_empty_lists_and_non_finite(device):
+    """No pairs at all (with an empty structure in the batch) gives the empty list; NaN or inf positions raise
+    the same ValueError as the sync path."""
+    _skip_without_triton(device)
+    pos = torch.tensor([[1.0, 1.0, 1.0], [9.0, 9.0, 9.0], [1.0, 14.0, 1.0]], dtype=torch.float64, device=device)
+    cell = torch.eye(3, dtype=torch.float64, device=device).expand(2, 3, 3) * 20.0
+    batch = SimpleNamespace(
+        positions=pos,
+        cell=cell.contiguous(),
+        pbc=torch.ones(2, 3, dtype=torch.bool, device=device),
+        batch=torch.tensor([1, 1, 1], device=device),
+        ptr=torch.tensor([0, 0, 3], device=device),
+    )
+    spec, plain, _ = _speculative_and_plain(batch)
+    assert spec.num_edges == 0 and torch.equal(spec.row_ptr, plain.row_ptr)
+    assert spec.edge_index.shape == (2, 0) and spec.shift_vectors.dtype == torch.float64
+    for bad in (float("nan"), float("inf")):
+        batch.positions = pos.clone()
+        batch.positions[2, 1] = bad
+        for speculate in (True, False):
+            host = host_cells(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, CUTOFF)
+            with pytest.raises(ValueError, match="non-finite positions"):
+                cell_list_triton_periodic(batch.positions, batch.cell, batch.batch, host, speculate=speculate)
+
+
+@pytest.mark.gpu
+def test_speculative_rows_cuda_water_sized_box_is_the_default_path():
+    """A 24,000-atom box at water's atom density (issue 7's case) on CUDA: neighbor_list() takes the speculative
+    path by default, and it gives exactly the sync path's list and the torch cell list's pairs, float32 too."""
+    rng = np.random.default_rng(4)
+    side = (24000 / 0.1) ** (1.0 / 3.0)
+    box = Atoms("H24000", positions=rng.uniform(0.0, side, (24000, 3)), cell=np.eye(3) * side, pbc=True)
+    for dtype in DTYPES:
+        batch = AtomsBatch.from_atoms(box, dtype=dtype, device="cuda")
+        spec, plain, _ = _speculative_and_plain(batch)
+        _same_exact_contiguous(spec, plain)
+        assert spec.edge_index.untyped_storage().data_ptr() == spec.row_ptr.untyped_storage().data_ptr()
+        via_api = neighbor_list_batch(batch, CUTOFF, "cell_list", cell_list_impl="triton")
+        assert torch.equal(via_api.edge_index, spec.edge_index) and torch.equal(via_api.shifts, spec.shifts)
+        torch_nl = neighbor_list_batch(batch, CUTOFF, "cell_list", cell_list_impl="torch")
+        assert torch.equal(torch_nl.edge_index, spec.edge_index) and torch.equal(torch_nl.shifts, spec.shifts)
+
+
+def test_carve_gives_aligned_disjoint_contiguous_views():
+    from mlff_distiller.neighbors._triton_host import carve
+
+    parts = dict(a=((5, 3), torch.float64), b=((7,), torch.int32), c=((3, 4), torch.int64), d=((1,), torch.float32))
+    views = carve(torch.device("cpu"), **parts)
+    spans = []
+    for name, (shape, dtype) in parts.items():
+        t = views[name]
+        assert t.shape == shape and t.dtype == dtype and t.is_contiguous(), name
+        assert t.data_ptr() % 16 == 0, name
+        spans.append((t.data_ptr(), t.data_ptr() + t.nbytes))
+    spans.sort()
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))

@@ -23,17 +23,26 @@ kernel launch plus a few host syncs for chunking. Here candidates never touch me
 3. ``_rows_kernel`` (one program per receiver): ``tl.sort`` of the row's keys gives the (j, S) order of the
    contract; it decodes ``j`` and ``S'``, moves ``S'`` to the caller's frame (``S = S' + k_i - k_j``) and
    writes ``edge_index``, ``shifts`` and ``shift_vectors`` directly. Rows longer than ``MAX_ROW_SORT`` (hubs)
-   go through the torch sort of :func:`._common.finish` instead.
+   go through the torch sort of :func:`._common.finish` instead. Host-side helpers (tables, capacities, buffer
+   carving) live in :mod:`._triton_host`.
 
 Fully periodic batches (the common case: liquids, crystals, many small boxes) take
 :func:`cell_list_triton_periodic`: the bin tables of step 1 come from the host geometry
-(:func:`._common.host_cells`), ``_atoms_kernel`` wraps and bins the atoms and ``_gather_kernel`` lays them out
-in bin order (two launches instead of ~45 torch ops), and step 2 is one pass: ``_pairs_kernel`` counts and
-stores each row into a scratch row of ``cap`` keys sized from the mean density (:func:`_scratch_cap`), which
-``_rows_kernel`` reads in place; only rows that outgrow it are redone by the fill pass. Measured on an H100
-(benchmarks/results/neighbors_h100_run2/): a 24,000-atom water box 3.72 -> 1.56-2.06 ms, 1,024 boxes of 24
-atoms 3.84 -> 1.70-2.26 ms; the kernels take 0.47 ms of either, the rest is host time (the host geometry's
-small copies of cell, pbc and ptr are syncs too).
+(:func:`._common.host_cells`, memoised per cell tensor), ``_atoms_kernel`` wraps and bins the atoms and
+``_gather_kernel`` lays them out in bin order (two launches instead of ~45 torch ops), and step 2 is one pass:
+``_pairs_kernel`` counts and stores each row into a scratch row of ``cap`` keys sized from the mean density
+(:func:`._triton_host.scratch_cap`), which ``_rows_kernel`` reads in place. On CUDA the row sort is speculative:
+``n * cap`` bounds the list when no row outgrows ``cap``, so outputs of that capacity are carved before the sync,
+``_rows_kernel`` is queued right after the ``row_ptr`` cumsum (reading ``n_edges = row_ptr[n]`` from device
+memory: receivers at ``[e]``, senders at ``[n_edges + e]``, so ``[:2 * n_edges].view(2, n_edges)`` is the
+contiguous ``edge_index``), and the one sync reads a 3-word header: the non-finite flag (``_atoms_kernel``), the
+longest row that outgrew ``cap`` (``_pairs_kernel``, atomics only for such rows) and ``n_edges`` (copied by
+``_rows_kernel``). The host then only slices; when some row did outgrow ``cap`` (clusters in vacuum) the
+speculative output is dropped and the fill pass and row sort run as in the general path. The price is memory:
+the returned tensors are prefixes of buffers for ``n * cap`` pairs (~2.5x a liquid's list, at most
+``SPECULATE_MAX_PAIRS``). Buffers come from two allocations (:func:`._triton_host.carve`), not one each.
+Measured on an H100 before speculation (benchmarks/results/neighbors_h100_run4_profile.txt): a 24,000-atom
+water box 0.80 ms, of which kernels 0.43 ms; the rest is host time that the sync left exposed.
 
 On CPU the same kernels run under ``TRITON_INTERPRET=1`` (tests); the production CPU path stays the torch
 cell list. Exactness is that of the torch backends: float64 geometry, the same strict cutoff test.
@@ -43,18 +52,21 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import torch
 
-from mlff_distiller.neighbors._common import (
-    IMAGE_SLACK,
-    Geometry,
-    HostCells,
-    NeighborList,
-    RawPairs,
-    finish,
-    prepare,
+from mlff_distiller.neighbors._common import Geometry, HostCells, NeighborList, finish, prepare
+from mlff_distiller.neighbors._triton_host import (
+    MAX_ROW_SORT,
+    SHIFT_BIAS,
+    SHIFT_BITS,
+    SPECULATE_MAX_PAIRS,
+    bin_atoms,
+    carve,
+    decode_keys,
+    periodic_tables,
+    row_block,
 )
+from mlff_distiller.neighbors._triton_host import empty_list as _empty
 
 try:
     import triton
@@ -66,17 +78,6 @@ except ImportError:  # the torch cell list must not depend on Triton
 __all__ = ["HAS_TRITON", "MAX_ROW_SORT", "TILES", "cell_list_triton", "cell_list_triton_periodic", "triton_runnable"]
 
 HAS_TRITON = triton is not None
-# Bits per shift component in a pair key: wrapped-frame shifts must satisfy |S'_a| < 2^(bits-1).
-_SHIFT_BITS = 10
-_SHIFT_BIAS = 1 << (_SHIFT_BITS - 1)
-# Longest row sorted in registers by _rows_kernel; longer rows (hubs) fall back to the torch sort.
-MAX_ROW_SORT = 2048
-# One-pass candidate search (periodic batches): longest scratch row, and scratch keys in all (8 bytes each).
-SCRATCH_MAX_ROW = 1024
-SCRATCH_MAX_KEYS = 1 << 25
-# Bins per structure at most this many per atom (and at least this many): bounds the dense bin table.
-BINS_PER_ATOM = 8
-MAX_BINS_PER_AXIS = 1 << 12
 # Candidate tile (stencil bins, atoms per bin) per device type. On CUDA 32 covers the 27-bin stencil of an
 # ordinary cell in one step. The CPU interpreter pays per operation, not per element: wide tiles, few steps.
 TILES = {"cuda": (32, 16), "cpu": (512, 32)}
@@ -115,6 +116,7 @@ if HAS_TRITON:
         row_ptr_ptr,  # [N + 1] int64 in (fill pass)
         key_ptr,  # [E] int64 out (fill pass)
         cap,  # scratch pass: keys of receiver i go to key_ptr[i * cap ...], at most cap of them
+        hdr_ptr,  # [3] int64 header (scratch pass): a row longer than cap atomically maxes its length into [1]
         FILL: tl.constexpr,  # 0: count; 1: fill at row_ptr[i]; 2: count and fill scratch rows of cap keys
         SHIFT_BITS: tl.constexpr,
         BLOCK_S: tl.constexpr,
@@ -227,32 +229,43 @@ if HAS_TRITON:
                 count += tl.sum(tl.sum(keep_i, axis=1), axis=0)
         if FILL != 1:
             tl.store(count_ptr + i, count.to(tl.int32))
+        if FILL == 2:
+            if count > cap:  # rare (clusters in vacuum): no atomics at all in the common case
+                tl.atomic_max(hdr_ptr + 1, count)
 
-    # n_edges changes with every list: unspecialised, or each new value's divisibility by 16 JIT-compiles a
-    # variant (0.7 s inside one MD step on the H100, benchmarks/results/profile_step_h100_run3.txt).
-    @triton.jit(do_not_specialize=["n_edges", "src_stride"])
+    # The list length changes with every call: unspecialised, or each new value's divisibility by 16 JIT-compiles
+    # a variant (0.7 s inside one MD step on the H100, benchmarks/results/profile_step_h100_run3.txt).
+    @triton.jit(do_not_specialize=["n_atoms", "src_stride", "capacity"])
     def _rows_kernel(
         key_ptr,  # [E] int64 pair keys, grouped by receiver
-        row_ptr_ptr,  # [N + 1] int64
+        row_ptr_ptr,  # [N + 1] int64; n_edges = row_ptr[N] is read here, so the launch needs no sync
         image_ptr,  # [N, 3] int64 wrapping images k
         batch_ptr,  # [N] int64
         cell_ptr,  # [B, 9] caller's cell (Å), dtype of the output shift vectors
-        ei_ptr,  # [2, E] int64 out
-        shifts_ptr,  # [E, 3] int64 out
-        sv_ptr,  # [E, 3] out
-        n_edges,
-        src_stride,  # > 0: receiver i's keys are at key_ptr[i * src_stride ...] (scratch rows); else at row_ptr[i]
+        ei_ptr,  # [2 * capacity] int64 out: receivers at [e], senders at [n_edges + e] (a [2, E] prefix)
+        shifts_ptr,  # [3 * capacity] int64 out ([E, 3] prefix)
+        sv_ptr,  # [3 * capacity] out ([E, 3] prefix)
+        hdr_ptr,  # [3] int64 header: program 0 copies n_edges into [2], next to the flags the host reads
+        n_atoms,
+        src_stride,  # > 0: receiver i's keys are at key_ptr[i * src_stride ...], at most src_stride of them
+        # (scratch rows); else at row_ptr[i]
+        capacity,  # pairs the outputs hold: nothing is written when n_edges exceeds it (the caller redoes it)
         SHIFT_BITS: tl.constexpr,
         BLOCK_R: tl.constexpr,
     ):
         i = tl.program_id(0).to(tl.int64)
+        n_edges = tl.load(row_ptr_ptr + n_atoms)
+        if i == 0:
+            tl.store(hdr_ptr + 2, n_edges)
         start = tl.load(row_ptr_ptr + i)
         n = tl.load(row_ptr_ptr + i + 1) - start
-        o = tl.arange(0, BLOCK_R)
-        m = o < n
         src = start
         if src_stride > 0:
             src = i * src_stride
+            n = tl.minimum(n, src_stride)  # a row that outgrew its scratch row: garbage, discarded by the caller
+        n = tl.where(n_edges <= capacity, n, 0)
+        o = tl.arange(0, BLOCK_R)
+        m = o < n
         key = tl.load(key_ptr + src + o, mask=m, other=0x7FFFFFFFFFFFFFFF)
         # Keys order as (j, S'_x, S'_y, S'_z); for a fixed (i, j) S' and S differ by a constant.
         key = tl.sort(key)
@@ -302,7 +315,7 @@ if HAS_TRITON:
         image_ptr,  # [N, 3] int64 out
         bins_ptr,  # [N, 3] int64 out
         key_ptr,  # [N] int32 (or int64 beyond 2^31 bins) out
-        flag_ptr,  # [1] int64, zero on entry: set to 1 when some coordinate is NaN or inf
+        flag_ptr,  # [3] int64 header, [0] zero on entry: set to 1 when some coordinate is NaN or inf
         n_atoms,
         BLOCK: tl.constexpr,
     ):
@@ -390,52 +403,6 @@ else:  # pragma: no cover - exercised only without Triton
 BLOCK_ATOMS = 256
 
 
-def _grid(extent: torch.Tensor, heights: torch.Tensor, pbc: torch.Tensor, counts: torch.Tensor, edge: float):
-    """Bins per axis ``nb`` (float64, whole numbers) and stencil half-widths ``reach`` (int64), ``[B, 3]``, for
-    structures spanning ``extent`` (Å along non-periodic axes; the plane spacing along periodic ones)."""
-    nb = torch.floor(extent / edge).clamp(1, MAX_BINS_PER_AXIS)
-    # Cap bins per structure (coarser bins are still exact) so the table size is known without a sync.
-    cap = BINS_PER_ATOM * counts.clamp_min(1).to(torch.float64)
-    factor = (cap / nb.prod(dim=1)).clamp(max=1.0).pow(1.0 / 3.0)
-    nb = torch.floor(nb * factor[:, None]).clamp_min(1)
-    reach = torch.where(pbc, torch.ceil(edge * nb / heights), torch.ones_like(nb)).long()
-    return nb, reach
-
-
-def _bins(geo: Geometry):
-    """Per-structure bin grid and per-atom bin keys (see the module docstring, step 1); torch ops, no sync.
-
-    Returns the int64 table ``itab [B, 10]`` of :func:`_pairs_kernel`, ``bins [N,3]`` int64, ``key [N]`` int64
-    and the host-side bound on the total number of bins.
-    """
-    n_struct = geo.cell.shape[0]
-    edge = geo.cutoff * (1.0 + IMAGE_SLACK)
-    pbc, frac, batch = geo.pbc, geo.frac, geo.batch
-    # Extent of the atoms along the non-periodic (orthonormal, Å) directions; periodic ones span [0, 1).
-    idx = batch[:, None].expand(-1, 3)
-    inf = torch.full((n_struct, 3), float("inf"), dtype=torch.float64, device=frac.device)
-    lo = inf.scatter_reduce(0, idx, frac, reduce="amin")
-    hi = (-inf).scatter_reduce(0, idx, frac, reduce="amax")
-    empty = (geo.counts == 0)[:, None]
-    lo = torch.where(empty, torch.zeros_like(lo), lo)
-    hi = torch.where(empty, torch.zeros_like(hi), hi)
-    extent = torch.where(pbc, geo.heights, hi - lo)
-    nb, reach = _grid(extent, geo.heights, pbc, geo.counts, edge)
-    width = torch.maximum(extent / nb, torch.full_like(extent, edge))  # Å along non-periodic axes
-    origin = torch.where(pbc, torch.zeros_like(lo), lo)
-    scale = torch.where(pbc, nb, 1.0 / width)
-    nb = nb.long()
-    bins = torch.floor((frac - origin[batch]) * scale[batch]).long()
-    bins = torch.minimum(bins.clamp_min(0), nb[batch] - 1)
-    per = nb.prod(dim=1)
-    offset = torch.cumsum(per, 0) - per
-    grid = nb[batch]
-    key = offset[batch] + (bins[:, 0] * grid[:, 1] + bins[:, 1]) * grid[:, 2] + bins[:, 2]
-    bound = BINS_PER_ATOM * (geo.num_atoms + n_struct)
-    itab = torch.cat([nb, reach, pbc.long(), offset[:, None]], dim=1).contiguous()
-    return itab, bins, key, bound
-
-
 def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> NeighborList | None:
     """The full :class:`NeighborList` of ``geo`` from the Triton kernels (see the module docstring), or
     ``None`` when some shift exceeds the key's range (then use the torch cell list)."""
@@ -444,17 +411,20 @@ def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> Neighbo
     if n == 0:
         return _empty(n, device, geo.positions.dtype)
     _check_runnable(device)
-    itab, bins, key, bound = _bins(geo)
+    itab, bins, key, bound = bin_atoms(geo)
     sorted_key, order = torch.sort(key, stable=True)
     cell_start = torch.searchsorted(sorted_key, torch.arange(bound + 1, device=device))
     spos = geo.wrapped[order].T.contiguous()
     sbin = bins[order].contiguous()
     sstruct = geo.batch[order].contiguous()
     basis = geo.basis.reshape(-1, 9).contiguous()
-    tables = (itab, basis, 9, cell_start)
+    head = torch.zeros(n + 5, dtype=torch.int64, device=device)
+    head[0] = ~torch.isfinite(spos).all()  # the non-finite flag, which the periodic path's binning kernel sets
+    bufs = dict(head=head, count=torch.empty(n, dtype=torch.int32, device=device))
+    cell9 = geo.cell.to(geo.positions.dtype).reshape(-1, 9).contiguous()
     return _pairs_and_rows(
-        lambda: geo, order, spos, sbin, sstruct, tables, geo.image, geo.batch, geo.cell, geo.cutoff,
-        geo.positions.dtype, max_row_sort, check_reach=True,
+        lambda: geo, order, spos, sbin, sstruct, (itab, basis, 9, cell_start), geo.image, geo.batch, cell9,
+        geo.cutoff, max_row_sort, bufs, check_reach=True,
     )  # fmt: skip
 
 
@@ -464,43 +434,56 @@ def cell_list_triton_periodic(
     batch: torch.Tensor,
     host: HostCells,
     max_row_sort: int = MAX_ROW_SORT,
+    speculate: bool | None = None,
 ) -> NeighborList | None:
     """The Triton cell list of a batch whose structures are periodic along all three axes (``host.all_periodic``;
     inputs already validated by :func:`._common.host_cells`): the bin grid comes from the host tables, and one
-    kernel wraps and bins the atoms, so a call costs about 15 launches instead of about 100. ``None`` when some
+    kernel wraps and bins the atoms, so a call costs about 12 launches instead of about 100. ``speculate``: queue
+    the row sort before the sync, into outputs of the scratch capacity (default: on CUDA; on CPU the
+    interpreter's ``tl.sort`` is slow, and the rows are sorted with torch after the sync). ``None`` when some
     shift exceeds the key's range (then use the torch cell list)."""
     device = positions.device
     n = positions.shape[0]
     if n == 0:
         return _empty(n, device, positions.dtype)
     _check_runnable(device)
-    # The bin tables depend on the cells only: made once per cached HostCells (repeated calls on the same cell
-    # tensors skip the NumPy grid and two host-to-device copies).
-    memo = ("triton_periodic", device)
+    # The tables depend on the cells only: made once per cached HostCells (repeated calls on the same cell
+    # tensors skip the NumPy grid and the host-to-device copies).
+    memo = ("triton_periodic", device, positions.dtype)
     if memo not in host.derived:
-        host.derived[memo] = _periodic_tables(host, n, device)
+        tables = periodic_tables(host, n, device)
+        host.derived[memo] = tables and (*tables, cell.to(positions.dtype).reshape(-1, 9).contiguous())
     tables = host.derived[memo]
     if tables is None:
         return None  # shifts would overflow the 10-bit fields of the pair keys (see cell_list_triton)
-    itab, ftab, n_bins, cap = tables
+    itab, ftab, bin_ids, cap, cell9 = tables
+    if speculate is None:
+        speculate = device.type == "cuda"
+    spec = speculate and 0 < cap <= max_row_sort and n * cap <= SPECULATE_MAX_PAIRS
     batch = batch.long().contiguous()
-    f64 = dict(dtype=torch.float64, device=device)
-    i64 = dict(dtype=torch.int64, device=device)
-    wrapped, frac = torch.empty(n, 3, **f64), torch.empty(n, 3, **f64)
-    # Bin keys as int32 when they fit: the radix sort then makes 4 passes instead of 8 (49 µs of a 0.47 ms call
-    # for a 24,000-atom box in int64, benchmarks/results/neighbors_h100_run3_profile.txt).
-    key_dtype = torch.int32 if n_bins < 2**31 else torch.int64
-    image, bins = torch.empty(n, 3, **i64), torch.empty(n, 3, **i64)
-    key = torch.empty(n, dtype=key_dtype, device=device)
+    f64, i64 = torch.float64, torch.int64
+    # Two allocations: this call's working arrays, and what the list returns (plus the header the sync reads).
+    ws = carve(
+        device, wrapped=((n, 3), f64), frac=((n, 3), f64), image=((n, 3), i64), bins=((n, 3), i64),
+        key=((n,), bin_ids.dtype), spos=((3, n), f64), sbin=((n, 3), i64), sstruct=((n,), i64),
+        count=((n,), torch.int32), scratch=((max(n * cap, 1),), i64),
+    )  # fmt: skip
+    c = n * cap if spec else 0
+    out = dict(head=((n + 5,), i64))
+    if spec:
+        out.update(ei=((2 * c,), i64), sh=((3 * c,), i64), sv=((3 * c,), positions.dtype))
+    out = carve(device, **out)
+    out["head"][:5].zero_()  # the header (flags) and row_ptr[0]
     grid = (triton.cdiv(n, BLOCK_ATOMS),)
-    flag = torch.zeros(1, **i64)
+    wrapped, frac, image = ws["wrapped"], ws["frac"], ws["image"]
     _atoms_kernel[grid](
-        positions.contiguous(), batch, ftab, itab, wrapped, frac, image, bins, key, flag, n, BLOCK=BLOCK_ATOMS
-    )
-    sorted_key, order = torch.sort(key, stable=True)
-    cell_start = torch.searchsorted(sorted_key, torch.arange(n_bins + 1, dtype=key_dtype, device=device))
-    spos, sbin, sstruct = torch.empty(3, n, **f64), torch.empty(n, 3, **i64), torch.empty(n, **i64)
-    _gather_kernel[grid](order, wrapped, bins, batch, spos, sbin, sstruct, n, BLOCK=BLOCK_ATOMS)
+        positions.contiguous(), batch, ftab, itab, wrapped, frac, image, ws["bins"], ws["key"], out["head"], n,
+        BLOCK=BLOCK_ATOMS,
+    )  # fmt: skip
+    sorted_key, order = torch.sort(ws["key"], stable=True)
+    cell_start = torch.searchsorted(sorted_key, bin_ids)
+    spos, sbin, sstruct = ws["spos"], ws["sbin"], ws["sstruct"]
+    _gather_kernel[grid](order, wrapped, ws["bins"], batch, spos, sbin, sstruct, n, BLOCK=BLOCK_ATOMS)
 
     def geometry() -> Geometry:
         """The full Geometry (for the long-row fallback): the wrapping of this call, which the keys refer to."""
@@ -508,105 +491,86 @@ def cell_list_triton_periodic(
         return dataclasses.replace(geo, wrapped=wrapped, frac=frac, image=image)
 
     return _pairs_and_rows(
-        geometry, order, spos, sbin, sstruct, (itab, ftab, 18, cell_start), image, batch, cell, host.cutoff,
-        positions.dtype, max_row_sort, check_reach=False, cap=cap, non_finite=flag[0],
+        geometry, order, spos, sbin, sstruct, (itab, ftab, 18, cell_start), image, batch, cell9, host.cutoff,
+        max_row_sort, {**ws, **out}, check_reach=False, cap=cap, spec=spec,
     )  # fmt: skip
 
 
-def _periodic_tables(host: HostCells, n: int, device: torch.device):
-    """``(itab, ftab, n_bins, cap)`` of :func:`cell_list_triton_periodic` on ``device``, or ``None`` when some
-    shift would overflow the pair keys."""
-    edge = host.cutoff * (1.0 + IMAGE_SLACK)
-    # _grid's rule in NumPy (host arrays: torch's CPU ops cost ~10x more per call at B = 1,024).
-    heights = host.heights.numpy()
-    nb = np.clip(np.floor(heights / edge), 1, MAX_BINS_PER_AXIS)
-    factor = np.minimum(BINS_PER_ATOM * np.maximum(host.counts.numpy(), 1) / nb.prod(axis=1), 1.0) ** (1.0 / 3.0)
-    nb = np.maximum(np.floor(nb * factor[:, None]), 1)
-    reach = np.ceil(edge * nb / heights).astype(np.int64)
-    nb = nb.astype(np.int64)
-    if int((reach // nb + 1).max()) >= _SHIFT_BIAS:
-        return None
-    per = nb.prod(axis=1)
-    n_struct = nb.shape[0]
-    itab = np.concatenate([nb, reach, np.ones_like(nb), (np.cumsum(per) - per)[:, None]], axis=1)
-    ftab = torch.cat([host.basis.reshape(n_struct, 9), host.inv.reshape(n_struct, 9)], dim=1)
-    return torch.from_numpy(itab).to(device), ftab.to(device), int(per.sum()), _scratch_cap(host, n)
-
-
-def _scratch_cap(host: HostCells, n_atoms: int) -> int:
-    """Scratch-row capacity for the one-pass candidate search of a periodic batch, or 0 (two passes): twice the
-    pairs per atom that a uniform density predicts (plus 16), as a power of two, when that stays within
-    SCRATCH_MAX_ROW keys per row and SCRATCH_MAX_KEYS in all. Clusters in vacuum exceed it; their rows are
-    then redone by the fill pass (correct, one pass more)."""
-    density = host.counts.numpy() / np.maximum(host.volume.numpy(), 1e-300)
-    expected = float(density.max()) * 4.0 / 3.0 * np.pi * host.cutoff**3
-    cap = 1 << max(0, int(np.ceil(2.0 * expected + 16.0)) - 1).bit_length()
-    if cap > SCRATCH_MAX_ROW or n_atoms * cap > SCRATCH_MAX_KEYS:
-        return 0
-    return cap
-
-
 def _pairs_and_rows(
-    geometry, order, spos, sbin, sstruct, tables, image, batch, cell, cutoff, out_dtype, max_row_sort, check_reach,
-    cap=0, non_finite=None,
+    geometry, order, spos, sbin, sstruct, tables, image, batch, cell9, cutoff, max_row_sort, bufs, check_reach,
+    cap=0, spec=False,
 ) -> NeighborList | None:  # fmt: skip
     """Steps 2 and 3 of the module docstring over atoms in bin order: count, size (the one sync), fill, then the
-    row sort. ``geometry()`` gives the Geometry of this call when the long-row fallback needs one;
-    ``check_reach``: also check on the device that shifts fit the pair keys (else ``None``); ``cap`` > 0: one
-    candidate pass that counts and stores each row into a scratch row of ``cap`` keys (the row sort reads them
-    there), with the fill pass only when some row is longer; ``non_finite``: a 0-d int64 device flag that the
-    caller's kernel set for NaN/inf positions (else checked here on ``spos``)."""
+    row sort. ``geometry()`` gives the Geometry of this call when the long-row fallback needs one; ``cell9``:
+    ``[B, 9]`` cells in the output dtype; ``bufs``: ``head`` ``[N + 5]`` int64 (the header ``[0:3]``: non-finite
+    flag, set by the caller; longest row that outgrew ``cap``; ``n_edges``; ``row_ptr`` at ``[4:]``; ``[0:5]``
+    zero), ``count`` ``[N]`` int32, with ``cap``: ``scratch`` ``[N * cap]`` int64, with ``spec``: the outputs
+    ``ei``, ``sh``, ``sv`` for ``N * cap`` pairs. ``check_reach``: also check on the device that shifts fit the
+    pair keys (else ``None``). ``cap`` > 0: one candidate pass that counts and stores each row into a scratch
+    row of ``cap`` keys (the row sort reads them there), with the fill pass only when some row is longer.
+    ``spec``: the row sort runs before the sync, on the speculation that no row is longer than ``cap``."""
     itab, basis, basis_stride, cell_start = tables
     device = order.device
     n = order.shape[0]
+    head, count = bufs["head"], bufs["count"]
+    hdr, row_ptr = head[:3], head[4:]
+    scratch = bufs.get("scratch", head)  # unused by the count-only pass
     common = (order, spos[0], spos[1], spos[2], sbin, sstruct, itab, basis, basis_stride, cell_start)
     cutoff_sq = float(cutoff) ** 2
     block_s, block_k = TILES.get(device.type, TILES["cuda"])
-
-    count = torch.empty(n, dtype=torch.int32, device=device)
-    dummy64 = torch.empty(1, dtype=torch.int64, device=device)
     grid = (n,)
-    consts = dict(SHIFT_BITS=_SHIFT_BITS, BLOCK_S=block_s, BLOCK_K=block_k, num_warps=4)
+    consts = dict(SHIFT_BITS=SHIFT_BITS, BLOCK_S=block_s, BLOCK_K=block_k, num_warps=4)
     # One pass when the rows fit scratch rows of `cap` keys (counted and stored together); else count, then fill.
-    scratch = torch.empty(n * cap if cap else 1, dtype=torch.int64, device=device)
-    _pairs_kernel[grid](*common, cutoff_sq, count, dummy64, scratch, cap, FILL=2 if cap else 0, **consts)
-    row_ptr = torch.zeros(n + 1, dtype=torch.int64, device=device)
+    _pairs_kernel[grid](*common, cutoff_sq, count, row_ptr, scratch, cap, hdr, FILL=2 if cap else 0, **consts)
     torch.cumsum(count, 0, dtype=torch.int64, out=row_ptr[1:])
-    # The one sync that sizes the output; the shift range check rides along with it.
-    if non_finite is None:  # else the caller's kernel has set it (int64 0-d, device)
-        non_finite = (~torch.isfinite(spos).all()).long()
-    sizes = [row_ptr[-1], count.max().long(), non_finite]
-    if check_reach:
-        sizes.append((itab[:, 3:6] // itab[:, 0:3] + 1).max())
-    n_edges, longest, non_finite, *max_reach = torch.stack(sizes).tolist()
+
+    def rows(keys, src_stride, ei, sh, sv, capacity, block_r):
+        _rows_kernel[grid](
+            keys, row_ptr, image, batch, cell9, ei, sh, sv, hdr, n, src_stride, capacity,
+            SHIFT_BITS=SHIFT_BITS, BLOCK_R=block_r, num_warps=4 if block_r <= 256 else 8,
+        )  # fmt: skip
+
+    # The one sync that sizes the output. Speculative: every kernel is already queued (the GPU is not left idle
+    # while the host allocates and launches the row sort), and the header holds all the host needs.
+    if spec:
+        rows(scratch, cap, bufs["ei"], bufs["sh"], bufs["sv"], n * cap, row_block(cap))
+        non_finite, longest, n_edges = hdr.tolist()  # longest: 0 unless some row outgrew cap
+    else:
+        sizes = [row_ptr[-1], count.max().long(), hdr[0]]
+        if check_reach:
+            sizes.append((itab[:, 3:6] // itab[:, 0:3] + 1).max())
+        n_edges, longest, non_finite, *max_reach = torch.stack(sizes).tolist()
+        if max_reach and max_reach[0] >= SHIFT_BIAS:
+            # Shifts would overflow the 10-bit fields of the pair keys (a cell ~500x thinner than the cutoff):
+            # the caller falls back to the torch cell list, which has no such limit.
+            return None
     if non_finite:
         raise ValueError("neighbor_list: non-finite positions (NaN or inf)")
-    if max_reach and max_reach[0] >= _SHIFT_BIAS:
-        # Shifts would overflow the 10-bit fields of the pair keys (a cell ~500x thinner than the cutoff):
-        # the caller falls back to the torch cell list, which has no such limit.
-        return None
     if n_edges == 0:
-        return _empty(n, device, out_dtype)
+        return _empty(n, device, cell9.dtype)
+    if spec:
+        if not longest:  # the speculation held: the outputs are exact prefixes of the capacity buffers
+            e = n_edges
+            return NeighborList(
+                edge_index=bufs["ei"][: 2 * e].view(2, e), shifts=bufs["sh"][: 3 * e].view(e, 3),
+                shift_vectors=bufs["sv"][: 3 * e].view(e, 3), row_ptr=row_ptr, method="cell_list",
+            )  # fmt: skip
+        row_ptr = row_ptr.clone()  # some row outgrew cap: redo below, and let the speculative buffers go
     if cap and longest <= cap:
         keys, src_stride = scratch, cap
     else:  # no scratch, or some row outgrew it: the fill pass writes every row at row_ptr[i]
         keys, src_stride = torch.empty(n_edges, dtype=torch.int64, device=device), 0
-        _pairs_kernel[grid](*common, cutoff_sq, count, row_ptr, keys, 0, FILL=1, **consts)
+        _pairs_kernel[grid](*common, cutoff_sq, count, row_ptr, keys, 0, hdr, FILL=1, **consts)
 
     # Under the CPU interpreter tl.sort is a Python-level bitonic network (seconds per row): sort with torch.
     if longest > max_row_sort or device.type != "cuda":
         if src_stride:  # the scratch rows, compacted in receiver order
             keys = keys.view(n, cap)[torch.arange(cap, device=device) < count[:, None]]
-        return finish(geometry(), _decode_keys(keys, row_ptr, count), "cell_list")
+        return finish(geometry(), decode_keys(keys, row_ptr, count), "cell_list")
     edge_index = torch.empty(2, n_edges, dtype=torch.int64, device=device)
     shifts = torch.empty(n_edges, 3, dtype=torch.int64, device=device)
-    shift_vectors = torch.empty(n_edges, 3, dtype=out_dtype, device=device)
-    block_r = _row_block(longest)
-    _rows_kernel[grid](
-        keys, row_ptr, image.contiguous(), batch, cell.to(out_dtype).reshape(-1, 9).contiguous(),
-        edge_index, shifts, shift_vectors, n_edges, src_stride,
-        SHIFT_BITS=_SHIFT_BITS, BLOCK_R=block_r, num_warps=4 if block_r <= 256 else 8,
-    )  # fmt: skip
+    shift_vectors = torch.empty(n_edges, 3, dtype=cell9.dtype, device=device)
+    rows(keys, src_stride, edge_index, shifts, shift_vectors, n_edges, row_block(longest))
     return NeighborList(
         edge_index=edge_index, shifts=shifts, shift_vectors=shift_vectors, row_ptr=row_ptr, method="cell_list"
     )
@@ -618,36 +582,3 @@ def _check_runnable(device: torch.device) -> None:
             f"neighbor_list: the Triton cell list cannot run on {device}: it needs CUDA with Triton, or CPU "
             "tensors under the Triton interpreter (TRITON_INTERPRET=1 set before triton is imported)"
         )
-
-
-def _row_block(longest: int) -> int:
-    """Register tile of ``_rows_kernel`` for rows of up to ``longest`` pairs: a coarse ladder (64, 128, 256, 1024,
-    2048), so that the longest row of an MD list drifting across a power of two does not compile a new kernel
-    variant mid-run (each is a JIT compile of ~0.3 s). 128 is on it for liquids at 5 Å (~50 pairs per atom,
-    longest rows 70-100): their rows sorted in 256-wide tiles took 165 µs for a 24,000-atom water box
-    (benchmarks/results/profile_neighbors_h100.txt)."""
-    for block in (64, 128, 256, 1024):
-        if longest <= block:
-            return block
-    return max(MAX_ROW_SORT, 1 << (int(longest) - 1).bit_length())
-
-
-def _decode_keys(keys: torch.Tensor, row_ptr: torch.Tensor, count: torch.Tensor) -> RawPairs:
-    """Unsorted wrapped-frame pairs from the pair keys (fallback for rows too long to sort in registers)."""
-    n = count.shape[0]
-    i = torch.repeat_interleave(torch.arange(n, device=keys.device), count.long(), output_size=keys.shape[0])
-    j = keys >> (3 * _SHIFT_BITS)
-    mask = (1 << _SHIFT_BITS) - 1
-    s = torch.stack([(keys >> (2 * _SHIFT_BITS)) & mask, (keys >> _SHIFT_BITS) & mask, keys & mask], dim=1)
-    return RawPairs(i=i, j=j, shifts=s - _SHIFT_BIAS, is_sorted=False)
-
-
-def _empty(n: int, device: torch.device, dtype: torch.dtype) -> NeighborList:
-    z = torch.zeros(0, dtype=torch.int64, device=device)
-    return NeighborList(
-        edge_index=z.reshape(2, 0),
-        shifts=z.reshape(0, 3),
-        shift_vectors=torch.zeros(0, 3, dtype=dtype, device=device),
-        row_ptr=torch.zeros(n + 1, dtype=torch.int64, device=device),
-        method="cell_list",
-    )
