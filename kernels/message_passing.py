@@ -92,7 +92,7 @@ def message_passing_backward_reference(
     return g_x, g_v, g_w @ filter_weight, g_w.t() @ rbf, g_unit
 
 
-def _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr) -> None:
+def _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr=None) -> None:
     """Shapes, dtypes and devices (host-side only: no device sync)."""
     if v.dim() != 3 or v.shape[1] != 3:
         raise ValueError(f"v must be [N, 3, F], got shape {tuple(v.shape)}")
@@ -122,6 +122,20 @@ def _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr) -> None:
             raise ValueError(
                 f"row_ptr must be an integer [N + 1] = [{n + 1}] tensor, got {tuple(row_ptr.shape)} {row_ptr.dtype}"
             )
+    if sender_csr is not None:
+        if not isinstance(sender_csr, (tuple, list)) or len(sender_csr) != 2:
+            raise ValueError("sender_csr must be a pair (perm [E], col_ptr [N + 1])")
+        perm, col_ptr = sender_csr
+        devices.update((perm.device, col_ptr.device))
+        if perm.shape != (e,) or perm.dtype.is_floating_point or perm.dtype == torch.bool:
+            raise ValueError(
+                f"sender_csr perm must be an integer [E] = [{e}] tensor, got {tuple(perm.shape)} {perm.dtype}"
+            )
+        if col_ptr.shape != (n + 1,) or col_ptr.dtype.is_floating_point or col_ptr.dtype == torch.bool:
+            raise ValueError(
+                f"sender_csr col_ptr must be an integer [N + 1] = [{n + 1}] tensor, got {tuple(col_ptr.shape)} "
+                f"{col_ptr.dtype}"
+            )
     if len(devices) != 1:
         raise ValueError(f"all inputs must be on one device, got {sorted(str(d) for d in devices)}")
 
@@ -134,6 +148,7 @@ def message_passing(
     unit: torch.Tensor,
     edge_index: torch.Tensor,
     row_ptr: torch.Tensor | None = None,
+    sender_csr: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PaiNN message aggregation (see the module docstring); differentiable twice.
 
@@ -147,6 +162,14 @@ def message_passing(
         row_ptr: optional ``[N + 1]`` CSR offsets of the receivers (edges of atom i are
             ``row_ptr[i]:row_ptr[i+1]``), as :class:`~mlff_distiller.neighbors.NeighborList` provides; when given,
             the edges must be sorted by receiver and it is trusted as is (no check, no device sync).
+        sender_csr: optional ``(perm [E], col_ptr [N + 1])``, the transposed CSR the backward walks: ``perm`` the
+            edge ids in a stable order by sender (so each sender's edges keep receiver order), ``col_ptr`` the
+            offsets of each sender's run in ``perm``. Trusted as given, like ``row_ptr`` (static-shape callers
+            compute it once per edge list, outside their captured graphs; see
+            :class:`~mlff_distiller.buckets.PaddedGraph`); when absent the backward builds it (a stable argsort,
+            cached per ``edge_index`` tensor). Used only by the eager Triton path for edges given in receiver
+            order: under ``torch.compile`` the backward op builds its own, and edges this function has to sort
+            ignore it.
     Returns:
         ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output).
 
@@ -156,9 +179,9 @@ def message_passing(
     stable argsort, and a gather of ``rbf``/``unit`` per call): correct, but slower. Sender indices outside
     ``[0, N)`` raise ``ValueError`` on that path. The torch reference ignores ``row_ptr``.
     """
-    _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
+    _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr)
     if resolve_backend(x.device) == "triton":
-        return _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
+        return _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr)
     return message_passing_reference(x, v, rbf, filter_weight, unit, edge_index)
 
 
@@ -1231,45 +1254,52 @@ if HAS_TRITON:
 
     class _MessagePassing(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, v, rbf, w, unit, edge_index, row_ptr):
-            ctx.save_for_backward(x, v, rbf, w, unit, edge_index, row_ptr)
+        def forward(ctx, x, v, rbf, w, unit, edge_index, row_ptr, perm=None, col_ptr=None):
+            # perm / col_ptr: the caller's sender CSR (None: the backward builds it, see _sender_csr).
+            ctx.save_for_backward(x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             return _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare)
 
         @staticmethod
         def backward(ctx, grad_s, grad_v):
-            x, v, rbf, w, unit, edge_index, row_ptr = ctx.saved_tensors
+            x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr = ctx.saved_tensors
             nx, nv, nrbf, nw, nu = ctx.needs_input_grad[:5]
             need = (nx or nv, nrbf or nu, nw)
-            grads = _MessagePassingBwd.apply(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need)
+            grads = _MessagePassingBwd.apply(
+                grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr
+            )
             return (
                 *(g if ok else None for g, ok in zip(grads, (nx, nv, nrbf, nw, nu), strict=True)),
+                None,
+                None,
                 None,
                 None,
             )
 
     class _MessagePassingBwd(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need):
-            ctx.save_for_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr)
-            perm, col_ptr = _sender_csr(edge_index, v.shape[0])
+        def forward(ctx, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm=None, col_ptr=None):
+            ctx.save_for_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
+            if perm is None or col_ptr is None:
+                perm, col_ptr = _sender_csr(edge_index, v.shape[0])
             return _mp_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare)
 
         @staticmethod
         def backward(ctx, *gg):
-            grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr = ctx.saved_tensors
+            grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr = ctx.saved_tensors
             zero = x.new_zeros(())
             gg = [zero.expand(t.shape) if g is None else g for g, t in zip(gg, (x, v, rbf, w, unit), strict=True)]
 
             def fwd(*args):
-                return _MessagePassing.apply(*args, edge_index, row_ptr)
+                return _MessagePassing.apply(*args, edge_index, row_ptr, perm, col_ptr)
 
             def bwd(*args):
-                return _MessagePassingBwd.apply(*args, edge_index, row_ptr, (True, True, True))
+                return _MessagePassingBwd.apply(*args, edge_index, row_ptr, (True, True, True), perm, col_ptr)
 
-            return (*_double_backward(fwd, bwd, gg, grad_s, grad_v, x, v, rbf, w, unit), None, None, None)
+            grads = _double_backward(fwd, bwd, gg, grad_s, grad_v, x, v, rbf, w, unit)
+            return (*grads, None, None, None, None, None)
 
 
-def _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr):
+def _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr=None):
     if not HAS_TRITON:
         raise RuntimeError("the Triton message-passing kernels need triton installed; use MLFF_DISTILLER_KERNELS=torch")
     from .rbf_cutoff import _check_float
@@ -1283,7 +1313,9 @@ def _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
         row_ptr, sorted_index = g.row_ptr, g.edge_index
         if g.order is not None:
             rbf, unit = rbf.index_select(0, g.order), unit.index_select(0, g.order)
+            sender_csr = None  # it described the caller's edge order, not the sorted one
         edge_index = sorted_index
     if torch.compiler.is_compiling():
         return torch.ops.mlff_distiller.message_passing(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
-    return _MessagePassing.apply(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
+    perm, col_ptr = (None, None) if sender_csr is None else sender_csr
+    return _MessagePassing.apply(x, v, rbf, filter_weight, unit, edge_index, row_ptr, perm, col_ptr)

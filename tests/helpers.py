@@ -48,3 +48,16 @@ def make_model(seed: int = 0, **kw) -> StudentModel:
     n = len(model.config.species)
     model.set_energy_reference(shift=-torch.arange(1, n + 1, dtype=torch.float32), scale=torch.full((n,), 0.5))
     return model
+
+
+def assert_bucket_csr(graph) -> None:
+    """A PaddedGraph's static CSR buffers describe its current edge list exactly (recomputed here on the host by
+    a different route: counts and a NumPy stable argsort). A stale CSR would give wrong forces silently."""
+    ei = graph.edge_index.cpu().numpy()
+    a = graph.bucket.atoms
+    recv_ptr = np.concatenate([[0], np.cumsum(np.bincount(ei[0], minlength=a))])
+    send_ptr = np.concatenate([[0], np.cumsum(np.bincount(ei[1], minlength=a))])
+    assert (np.diff(ei[0]) >= 0).all(), "padded edges must stay sorted by receiver"
+    np.testing.assert_array_equal(graph.row_ptr.cpu().numpy(), recv_ptr)
+    np.testing.assert_array_equal(graph.sender_perm.cpu().numpy(), np.argsort(ei[1], kind="stable"))
+    np.testing.assert_array_equal(graph.sender_ptr.cpu().numpy(), send_ptr)

@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 import torch
 from ase.build import molecule
-from helpers import make_model, random_molecule, silicon_cell, triclinic_cu
+from helpers import assert_bucket_csr, make_model, random_molecule, silicon_cell, triclinic_cu
+from mlff_distiller.kernels import use_backend
 
 from mlff_distiller import AtomsBatch, ForceEngine
 from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded, pad_graph
 from mlff_distiller.neighbors import neighbor_list_batch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def test_ladder_is_geometric_and_select_is_the_smallest_fit():
@@ -140,3 +143,72 @@ def test_padding_content_does_not_leak():
     A = bucket.atoms
     assert torch.equal(a[:2], b[:2]) and torch.equal(a[A : A + n], b[A : A + n])
     assert torch.equal(a[2 * A : 2 * A + 3 * n], b[2 * A : 2 * A + 3 * n])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fill_padded_keeps_the_csr_in_step_with_the_edges(device):
+    """row_ptr / sender_perm / sender_ptr follow every fill: an empty bucket, a graph, a smaller and a larger one
+    in the same buffers, the same graph again with the same_topology shortcut, and a fresh pad."""
+    bucket = Bucket(24, 400)
+    g = PaddedGraph.empty(bucket, dtype=torch.float64, device=device, cutoff=4.0, pad_z=1)
+    assert_bucket_csr(g)
+    storage = [t.data_ptr() for t in (g.row_ptr, g.sender_perm, g.sender_ptr)]
+    rng = np.random.default_rng(7)
+    graphs = [[molecule("C6H6")], [molecule("H2O")], [random_molecule(9, rng), molecule("CH4")], [molecule("H2O")]]
+    for k, structs in enumerate(graphs):
+        batch = AtomsBatch.from_atoms(structs, dtype=torch.float64, device=device)
+        nl = neighbor_list_batch(batch, 4.0)
+        fill_padded(
+            g, batch.numbers, batch.positions, batch.batch, batch.num_structures, nl.edge_index, nl.shift_vectors,
+            same_topology=k == 3,
+        )  # fmt: skip
+        assert_bucket_csr(g)
+        _, fresh = _padded(batch.to("cpu"), bucket)
+        for a, b in zip(g.inputs(), fresh.inputs(), strict=True):
+            assert torch.equal(a.cpu(), b)
+    # in place: a captured graph keeps reading the same buffers
+    assert storage == [t.data_ptr() for t in (g.row_ptr, g.sender_perm, g.sender_ptr)]
+
+
+def _tiny_model():
+    return make_model(hidden=8, layers=2, n_rbf=4)
+
+
+def _edge_set(graph):
+    n = graph.n_edges
+    return {tuple(e) for e in graph.edge_index[:, :n].t().tolist()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_padded_equals_unpadded_when_the_edges_change_within_a_bucket(device):
+    """Same atoms, a different edge list, the same bucket: the kernels (Triton; on the CPU its interpreter) walk
+    the bucket's static CSR, which must be the new list's, else the forces are silently wrong. On CUDA the
+    padded step is a CUDA-graph replay."""
+    model = _tiny_model()
+    mode = "cudagraph" if device == "cuda" else "eager"
+    engine = ForceEngine(model, device=device, precision="fp64", mode=mode, pad=True)
+    ref = ForceEngine(model, device=device, precision="fp64")
+    a = molecule("CH3CH2OH")
+    b = a.copy()
+    b.positions[:, 0] *= 1.2  # stretched: 66 pairs within the cutoff instead of 70, same atoms and bucket
+    seen = []
+    with use_backend("triton"):
+        for atoms in [a, b, a]:
+            batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+            got = engine.compute(batch, to_host=True)
+            with use_backend("torch"):
+                want = ref.compute(batch, to_host=True)
+            np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
+            np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-10)
+            graph = engine._graphs[engine.last_bucket]
+            assert_bucket_csr(graph)
+            seen.append((engine.last_bucket, _edge_set(graph)))
+        assert seen[0][0] == seen[1][0] == seen[2][0], "the test needs one bucket for both edge lists"
+        assert seen[0][1] != seen[1][1] and seen[0][1] == seen[2][1]
+        # the comparison above is sensitive to the CSR: a stale one changes the forces
+        graph = engine._graphs[engine.last_bucket]
+        good = engine._step(*graph.inputs()).clone()
+        graph.sender_perm.copy_(graph.sender_perm.flip(0))
+        assert not torch.allclose(engine._step(*graph.inputs()), good, rtol=0, atol=1e-6)
+        graph.refresh_csr()
+        torch.testing.assert_close(engine._step(*graph.inputs()), good, rtol=0, atol=0)

@@ -4,10 +4,11 @@ static buffers between rebuilds, the displacement test runs on host data, and re
 import numpy as np
 import pytest
 import torch
-from ase import units
+from ase import Atoms, units
 from ase.build import molecule
 from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
-from helpers import silicon_cell
+from helpers import assert_bucket_csr, make_model, silicon_cell
+from mlff_distiller.kernels import use_backend
 
 from mlff_distiller import ForceEngine
 from mlff_distiller.batch import AtomsBatch
@@ -242,3 +243,37 @@ def test_calculator_close_matches_ase_equal():
     ]
     for x, y in cases:
         assert _close(x, y, 1e-15) == bool(equal(x, y, atol=1e-15)), (x, y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_padded_verlet_csr_follows_every_rebuild(device):
+    """MD across several Verlet rebuilds whose edge lists differ but stay in one bucket, on the Triton kernels
+    (the CPU runs its interpreter; on CUDA the padded step is a CUDA-graph replay): every step equals a fresh
+    list, so the bucket's static CSR (receiver offsets, sender order) was rewritten with each new list."""
+    model = make_model(hidden=8, layers=2, n_rbf=4)
+    mode = "cudagraph" if device == "cuda" else "eager"
+    fast = ForceEngine(model, device=device, precision="fp64", mode=mode, pad=True, neighbor_skin=0.5)
+    ref = ForceEngine(model, device=device, precision="fp64")
+    # Ethanol jiggling in place and an H atom approaching it 0.15 Å per step: a rebuild every other step, and
+    # the H gains neighbours (72 -> 74 -> 76 edges of the 4.5 Å skin list, all in an 80-edge bucket).
+    atoms = molecule("CH3CH2OH")
+    atoms += Atoms("H", positions=[[atoms.positions[:, 0].max() + 4.8, 0.0, 0.0]])
+    rng = np.random.default_rng(11)
+    lists = []
+    with use_backend("triton"):
+        for _ in range(10):
+            atoms.positions[-1, 0] -= 0.15
+            atoms.positions[:-1] += rng.normal(0.0, 0.01, (len(atoms) - 1, 3))
+            batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+            got = fast.compute(batch, to_host=True)
+            with use_backend("torch"):
+                want = ref.compute(batch, to_host=True)
+            np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-9)
+            np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-9)
+            bucket, graph, builds = fast._verlet_fill
+            assert_bucket_csr(graph)
+            if not lists or lists[-1][0] != builds:
+                lists.append((builds, bucket, graph.n_edges))
+    assert len(lists) >= 4 and fast.verlet.n_builds < fast.verlet.n_calls  # rebuilds, and reuse between them
+    assert len({bucket for _, bucket, _ in lists}) == 1
+    assert len({e for _, _, e in lists}) >= 3, lists  # the edge list changed within the bucket

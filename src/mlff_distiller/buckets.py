@@ -16,6 +16,13 @@ batch graph into a :class:`PaddedGraph` of a :class:`Bucket` whose padding is *e
   and scatter atomics do not all hit one row.
 
 Real atoms, edges and structures keep their indices, so real outputs are the first ``N`` / ``B`` rows.
+
+A :class:`PaddedGraph` also holds the graph bookkeeping of its edge list: the receiver CSR ``row_ptr`` and the
+sender CSR ``sender_perm`` / ``sender_ptr`` that the message-passing backward walks. :func:`fill_padded` recomputes
+them whenever it writes the edges (outside any captured graph), so a CUDA-graph replay reads them instead of
+sorting the senders and searching the offsets again each step, although in MD the edges change only on a
+Verlet rebuild. Whoever writes ``edge_index`` must go through :func:`fill_padded` (or call
+:meth:`PaddedGraph.refresh_csr`): the CSR is trusted by the kernels, and a stale one gives wrong forces silently.
 """
 
 from __future__ import annotations
@@ -127,6 +134,9 @@ class PaddedGraph:
         mask: ``[A]`` 1 for real structures, 0 otherwise (positions' dtype).
         edge_index: ``[2, C]`` int64 receiver, sender (padding edges: a padding atom to itself).
         shift_vectors: ``[C, 3]`` Å (padding edges: longer than the cutoff).
+        row_ptr: ``[A + 1]`` int64 receiver CSR offsets of ``edge_index`` (atom i's edges start at ``row_ptr[i]``).
+        sender_perm: ``[C]`` int64 edge ids in a stable order by sender.
+        sender_ptr: ``[A + 1]`` int64 offsets of each sender's run in ``sender_perm``.
         n_atoms, n_edges, n_structures: the real sizes of the current content.
     """
 
@@ -137,6 +147,9 @@ class PaddedGraph:
     mask: torch.Tensor
     edge_index: torch.Tensor
     shift_vectors: torch.Tensor
+    row_ptr: torch.Tensor | None = None
+    sender_perm: torch.Tensor | None = None
+    sender_ptr: torch.Tensor | None = None
     n_atoms: int = 0
     n_edges: int = 0
     n_structures: int = 0
@@ -157,17 +170,45 @@ class PaddedGraph:
             mask=torch.zeros((a,), dtype=dtype, device=device),
             edge_index=torch.zeros((2, c), dtype=torch.long, device=device),
             shift_vectors=torch.zeros((c, 3), dtype=dtype, device=device),
+            row_ptr=torch.zeros((a + 1,), dtype=torch.long, device=device),
+            sender_perm=torch.zeros((c,), dtype=torch.long, device=device),
+            sender_ptr=torch.zeros((a + 1,), dtype=torch.long, device=device),
             pad_z=int(pad_z),
             # Twice the cutoff (+1 Å): far outside it in any float precision.
             far=2.0 * float(cutoff) + 1.0,
         )
         g._arange = torch.arange(c, dtype=torch.long, device=device)
+        # Search keys 0..A for the offsets: int64 for the receivers, int32 for the int32 sender keys.
+        g._bounds = torch.arange(a + 1, dtype=torch.long, device=device)
+        g._bounds32 = g._bounds.to(torch.int32)
         g._fill_edge_tail(0, 0)
+        g.refresh_csr()
         return g
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
-        """``(numbers, positions, edge_index, shift_vectors, batch, mask)``."""
-        return self.numbers, self.positions, self.edge_index, self.shift_vectors, self.batch, self.mask
+        """``(numbers, positions, edge_index, shift_vectors, batch, mask, row_ptr, sender_perm, sender_ptr)``."""
+        return (
+            self.numbers,
+            self.positions,
+            self.edge_index,
+            self.shift_vectors,
+            self.batch,
+            self.mask,
+            self.row_ptr,
+            self.sender_perm,
+            self.sender_ptr,
+        )
+
+    def refresh_csr(self) -> None:
+        """Recompute ``row_ptr``, ``sender_perm`` and ``sender_ptr`` from ``edge_index`` in place (the buffers
+        keep their storage, so captured graphs read the new content). Device work only, no sync: a searchsorted
+        for the receivers (the edges are receiver-sorted), a stable sort of the senders on int32 keys (half the
+        radix passes of int64; any stable sort gives the same permutation) and a searchsorted over it."""
+        recv, send = self.edge_index[0], self.edge_index[1]
+        torch.searchsorted(recv, self._bounds, out=self.row_ptr)
+        keys, order = torch.sort(send.to(torch.int32), stable=True)
+        self.sender_perm.copy_(order)
+        torch.searchsorted(keys, self._bounds32, out=self.sender_ptr)
 
     def _fill_edge_tail(self, n_atoms: int, n_edges: int) -> None:
         a, c = self.bucket.atoms, self.bucket.edges
@@ -197,7 +238,8 @@ def fill_padded(
     ``shift_vectors [E,3]`` Å) into ``dst`` in place; see the module docstring for the padding.
 
     ``same_topology=True`` promises that numbers, batch and the structure count equal those of the previous
-    fill (as in MD), which skips rewriting them.
+    fill (as in MD), which skips rewriting them. The edges and their CSR (``row_ptr``, ``sender_perm``,
+    ``sender_ptr``) are rewritten on every call.
     """
     n, e = int(numbers.shape[0]), int(edge_index.shape[1])
     if not dst.bucket.fits(n, e):
@@ -221,6 +263,8 @@ def fill_padded(
         dst.shift_vectors[:e].copy_(shift_vectors)
     if e != dst.n_edges or n != dst.n_atoms:
         dst._fill_edge_tail(n, e)
+    # The edges were (re)written: the bookkeeping follows, every time (a stale CSR means wrong forces).
+    dst.refresh_csr()
     dst.n_atoms, dst.n_edges, dst.n_structures = n, e, int(num_structures)
     return dst
 

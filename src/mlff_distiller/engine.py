@@ -250,7 +250,7 @@ class ForceEngine:
             self._fast_model = copy.deepcopy(self.model).eval()
             for q in self._fast_model.parameters():
                 q.requires_grad_(False)
-            self._csr: dict = {"row_ptr": None}
+            self._csr: dict = {"row_ptr": None, "sender": None}
             inter = self._fast_model.interactions
             for k in range(len(inter)):
                 inter[k] = CSRInteraction(inter[k], self._csr)
@@ -413,23 +413,28 @@ class ForceEngine:
         return result
 
     # ------------------------------------------------------------------------------------------ padded path
-    def _padded_forward(self, numbers, positions, edge_index, shift_vectors, batch, mask):
-        """Energies of a padded bucket and the masked total that the forces differentiate."""
-        # Padded edges are sorted by receiver: CSR offsets on the device, no sync; a fresh edge tensor per step
-        # so the kernel's per-tensor CSR cache never serves a previous replay's content (see CSRInteraction).
-        edge_index = edge_index.clone()
-        bounds = torch.arange(numbers.shape[0] + 1, device=edge_index.device, dtype=edge_index.dtype)
-        self._csr["row_ptr"] = torch.searchsorted(edge_index[0].contiguous(), bounds)
+    def _padded_forward(
+        self, numbers, positions, edge_index, shift_vectors, batch, mask, row_ptr, sender_perm, sender_ptr
+    ):
+        """Energies of a padded bucket and the masked total that the forces differentiate.
+
+        ``row_ptr``, ``sender_perm`` and ``sender_ptr`` are the bucket's static CSR buffers, computed by
+        ``fill_padded`` whenever it wrote the edges (outside any captured graph): the message-passing kernels
+        take them as given, so the step itself sorts and searches nothing, and never consults the kernels'
+        per-tensor CSR cache (which a captured graph would bake in while the buffers' content changes)."""
+        self._csr["row_ptr"] = row_ptr
+        self._csr["sender"] = (sender_perm, sender_ptr)
         out = self._fast_model(numbers, positions, edge_index, shift_vectors, batch, numbers.shape[0])
         energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
         return energy, atomic, (energy * mask).sum()
 
-    def _step(self, numbers, positions, edge_index, shift_vectors, batch, mask) -> torch.Tensor:
-        """The whole padded step: ``[A + A + 3A]`` packed (energy, atomic energies, forces), one tensor so
-        that a host copy is one transfer."""
+    def _step(self, numbers, positions, edge_index, shift_vectors, batch, mask, *csr) -> torch.Tensor:
+        """The whole padded step on ``PaddedGraph.inputs()`` (``csr``: its ``row_ptr, sender_perm,
+        sender_ptr``): ``[A + A + 3A]`` packed (energy, atomic energies, forces), one tensor so that a host copy
+        is one transfer."""
         with torch.enable_grad(), _matmul_precision(self.allow_tf32):
             pos = positions.detach().requires_grad_(True)
-            energy, atomic, total = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, mask)
+            energy, atomic, total = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, mask, *csr)
             (grad,) = torch.autograd.grad(total, pos)
         return torch.cat([energy.detach(), atomic.detach(), grad.reshape(-1).neg()])
 

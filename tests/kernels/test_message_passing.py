@@ -256,6 +256,49 @@ def test_unsorted_edges_and_row_ptr(triton_device, variant):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+def _sender_csr(ei, n):
+    """The sender CSR as PaddedGraph.refresh_csr builds it: stable sort of the senders, offsets of each run."""
+    keys, perm = torch.sort(ei[1], stable=True)
+    return perm, torch.searchsorted(keys, torch.arange(n + 1, device=ei.device))
+
+
+def test_precomputed_sender_csr_is_used_as_given(triton_device):
+    """A sender CSR given to message_passing (as the engine's padded buckets do) gives bit-identical outputs,
+    first and second derivatives to the one the backward builds itself; it is trusted, not recomputed (a wrong
+    one changes the sender gradients), and edges message_passing has to sort ignore it."""
+    x, v, rbf, w, unit, ei = _graph(10, 60, 8, 4, torch.float64, triton_device, seed=5)
+    row_ptr = torch.searchsorted(ei[0], torch.arange(11, device=triton_device))
+    csr = _sender_csr(ei, 10)
+
+    def grads(sender_csr, edges=ei, r=rbf, u=unit, ptr=row_ptr):
+        ins = [t.detach().clone().requires_grad_(True) for t in (x, v, r, w, u)]
+        ds, dv = _triton(*ins, edges, row_ptr=ptr, sender_csr=sender_csr)
+        gen = torch.Generator().manual_seed(2)
+        gs = torch.randn(ds.shape, generator=gen, dtype=ds.dtype).to(ds.device)
+        gv = torch.randn(dv.shape, generator=gen, dtype=dv.dtype).to(dv.device)
+        first = torch.autograd.grad((ds, dv), ins, (gs, gv), create_graph=True)
+        second = torch.autograd.grad(sum((g * g).sum() for g in first), ins)
+        return [ds, dv, *first, *second]
+
+    built, given = grads(None), grads(csr)
+    for a, b in zip(built, given, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    stale = (csr[0].flip(0), csr[1])  # the wrong order: the sender sums gather other edges
+    wrong = grads(stale)
+    assert not torch.equal(wrong[2], built[2])  # grad x comes from the sender kernel
+    # unsorted edges are sorted inside, where the caller's sender CSR no longer applies: it is ignored
+    perm = torch.randperm(60, generator=torch.Generator().manual_seed(0)).to(triton_device)
+    shuffled = grads(stale, edges=ei[:, perm], r=rbf[perm], u=unit[perm], ptr=None)
+    for a, b in zip(shuffled[:4], built[:4], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="sender_csr perm"):
+        _triton(x, v, rbf, w, unit, ei, row_ptr=row_ptr, sender_csr=(csr[0][:-1], csr[1]))
+    with pytest.raises(ValueError, match="sender_csr col_ptr"):
+        _triton(x, v, rbf, w, unit, ei, row_ptr=row_ptr, sender_csr=(csr[0], csr[1][:-1]))
+    with pytest.raises(ValueError, match="pair"):
+        _triton(x, v, rbf, w, unit, ei, row_ptr=row_ptr, sender_csr=csr[0])
+
+
 def test_bad_inputs_are_value_errors(triton_device):
     x, v, rbf, w, unit, ei = _graph(5, 10, 4, 3, torch.float64, triton_device)
     bad = [

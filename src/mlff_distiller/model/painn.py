@@ -73,7 +73,10 @@ class CSRInteraction(nn.Module):
     capture) and caches the CSR per ``edge_index`` tensor, which a captured graph would bake in while the static
     buffer's content changes every replay. The caller computes ``row_ptr`` on the device from its
     receiver-sorted edges and stores it in the shared ``csr`` dict (``{"row_ptr": [N + 1]}``) before each
-    forward. Same math and parameters as the wrapped block.
+    forward. It may add ``"sender": (perm [E], col_ptr [N + 1])``, the sender CSR of the same edges (see
+    :func:`mlff_distiller.kernels.message_passing`), so that the backward does not sort the senders either: the
+    engine's padded buckets compute both once per edge list, outside the captured step. Both are trusted as
+    given. Same math and parameters as the wrapped block.
     """
 
     def __init__(self, inner: PaiNNInteraction, csr: dict) -> None:
@@ -83,7 +86,10 @@ class CSRInteraction(nn.Module):
 
     def forward(self, s, v, rbf, unit, edge_index):
         w = self.inner.filter.weight
-        ds, dv = kernels.message_passing(self.inner.phi(s), v, rbf, w, unit, edge_index, row_ptr=self.csr["row_ptr"])
+        csr = self.csr
+        ds, dv = kernels.message_passing(
+            self.inner.phi(s), v, rbf, w, unit, edge_index, row_ptr=csr["row_ptr"], sender_csr=csr.get("sender")
+        )
         return s + ds, v + dv
 
 
