@@ -462,6 +462,14 @@ if HAS_TRITON:
             check_launchable(kernel, ref)
         launch(kernel)[(grid,)](*args, n_edges, edge_index.stride(0), num_warps=num_warps(), **consts)
 
+    def _row_elems(rbf: tuple | None) -> int:
+        """Per-program tile budget (float32 elements) of the forward and backward kernels. Without the basis
+        (edge_features) 512, i.e. 128 edges per program: swept at 1e6 edges on an H100 (graph replays,
+        benchmarks/results/bench_kernels_h100_stop15a.md, tune rows), forward 41.1 -> 28.8 µs (46 -> 65 % of
+        copy bandwidth), forward + backward 106.7 -> 87.0 µs. With the basis the former 2048 stays the best
+        measured (forward 59.8 µs, forward + backward 135.6 µs; 133.5 at half the tile and 2 warps)."""
+        return 512 if rbf is None else 2048
+
     def _prepare(positions: Tensor, edge_index: Tensor, shift_vectors: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         _check_float(positions, shift_vectors)
         if shift_vectors.dtype != positions.dtype:
@@ -492,7 +500,7 @@ if HAS_TRITON:
                 positions,
                 edge_index,
                 rbf,
-                2048,
+                _row_elems(rbf),
                 "STORE_VEC",
                 None,
                 positions,
@@ -531,7 +539,7 @@ if HAS_TRITON:
                 dist,
                 edge_index,
                 rbf,
-                2048,
+                _row_elems(rbf),
                 "HAS_VEC",
                 _OPTIONS["segmented_receivers" if dist.is_cuda else "segmented_receivers_cpu"],
                 grad_vec,

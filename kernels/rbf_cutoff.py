@@ -632,12 +632,18 @@ if HAS_TRITON:
             check_launchable(kernel, ref)
         launch(kernel)[(grid,)](*args, n_rows, num_warps=num_warps(), **consts)
 
+    # Per-program tile budget (float32 elements) of the forward and backward kernels: 512 = 32 edges x 16
+    # columns over 4 warps. Swept at 1e6 edges on an H100 (graph replays, benchmarks/results/
+    # bench_kernels_h100_stop15a.md, tune rows at block_scale 0.25-4 around the former 2048): forward 48.4 ->
+    # 34.7 µs (58 -> 81 % of copy bandwidth), forward + backward 97.6 -> 91.8 µs.
+    _ROW_ELEMS = 512
+
     def _rbf_fwd(dist: Tensor, n_rbf: int, cutoff: float, basis: str, envelope: str, launch) -> Tensor:
         _check_float(dist)
         dist = dist.contiguous()
         out = torch.empty((dist.shape[0], n_rbf), dtype=dist.dtype, device=dist.device)
         if dist.shape[0] > 0:
-            plan = _plan_for(dist, (n_rbf, cutoff, basis, envelope), 2048)
+            plan = _plan_for(dist, (n_rbf, cutoff, basis, envelope), _ROW_ELEMS)
             _launch_rows(launch, _rbf_cutoff_fwd_kernel, dist, plan, dist, out)
         return out
 
@@ -647,7 +653,7 @@ if HAS_TRITON:
         grad_rbf, dist = grad_rbf.to(dist.dtype).contiguous(), dist.contiguous()
         grad_dist = torch.empty_like(dist)
         if dist.shape[0] > 0:
-            plan = _plan_for(dist, (n_rbf, cutoff, basis, envelope), 2048)
+            plan = _plan_for(dist, (n_rbf, cutoff, basis, envelope), _ROW_ELEMS)
             _launch_rows(launch, _rbf_cutoff_bwd_kernel, dist, plan, grad_rbf, dist, grad_dist)
         return grad_dist
 
