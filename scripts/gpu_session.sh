@@ -126,7 +126,12 @@ case "$part" in
     tail -2 "$res/pytest_kernels.log"
     timeout $(box 380) python3 benchmarks/bench_kernels.py --out "$res" --name bench_kernels_h100 ${KERNELS_ARGS:-} \
       >"$res/bench_kernels.log" 2>&1
-    grep -E "copy bandwidth|not capturable|PASS|MISS|tune" "$res/bench_kernels.log" | head -80
+    grep -E "copy bandwidth|not capturable|PASS|MISS" "$res/bench_kernels.log" | head -60
+    if [ -n "${KERNELS_PROFILE:-}" ]; then  # host time per call: building blocks, each op, a cProfile
+      timeout $(box 150) python3 benchmarks/profile_kernels.py --sections blocks ops cprofile --out "$res" \
+        >"$res/profile_kernels.log" 2>&1
+      tail -5 "$res/profile_kernels.log"
+    fi
     ;;
   nlprof)
     timeout $(box 150) python3 benchmarks/profile_neighbors.py --out "$res" >"$res/profile_neighbors.log" 2>&1
