@@ -16,6 +16,7 @@
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
 #                                         #   PROFILE=large: kernel groups of the 3k/24k water energy+forces step)
 #   bash scripts/gpu_session.sh kernels   # issue 3: CUDA tests of the edge/rbf kernels + bench_kernels (KERNELS_ARGS)
+#   bash scripts/gpu_session.sh probe     # benchmarks/probe_locality.py: E+F with atoms as built vs Morton-sorted
 #   bash scripts/gpu_session.sh nlprof    # benchmarks/profile_neighbors.py: wall vs device kernels of one list call
 #   bash scripts/gpu_session.sh nlcheck   # CUDA tests of the neighbour lists + profile_neighbors + bench_large nl
 #   bash scripts/gpu_session.sh edgetune  # tune_small.py edgetiles: the edge backward over tiles (TUNE_SECTIONS=
@@ -31,7 +32,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|nlprof|nlcheck|edgetune|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -132,6 +133,12 @@ case "$part" in
         >"$res/profile_kernels.log" 2>&1
       tail -5 "$res/profile_kernels.log"
     fi
+    ;;
+  probe)
+    # Issue 7: does atom order matter? The E+F step on water boxes as built (random molecule order) and Morton-sorted.
+    timeout $(box 300) python3 benchmarks/probe_locality.py --sizes ${PROBE_SIZES:-3000 24000} --out "$res" \
+      >"$res/probe_locality.log" 2>&1
+    tail -8 "$res/probe_locality.log"
     ;;
   nlprof)
     timeout $(box 150) python3 benchmarks/profile_neighbors.py --out "$res" >"$res/profile_neighbors.log" 2>&1
