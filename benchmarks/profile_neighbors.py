@@ -73,6 +73,19 @@ def kernel_table(fn, reps: int = 5, top: int = 12):
     return total, ranked(rows), ranked(host)
 
 
+def memory_mib(fn) -> tuple[float, float]:
+    """GPU memory of one call, MiB: the peak above what was allocated before it, and what its result holds (the
+    speculative Triton path returns prefixes of capacity buffers, so this is more than the list's own bytes)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    peak, held = torch.cuda.max_memory_allocated() - before, torch.cuda.memory_allocated() - before
+    del result
+    return peak / 2**20, held / 2**20
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".", help="folder for profile_neighbors.txt and .json")
@@ -107,12 +120,15 @@ def main() -> None:
                 fn()
             med, p20, p80 = wall_ms(fn, args.reps)
             device_us, top, host_top = kernel_table(fn)
+            peak_mib, held_mib = memory_mib(fn)
             rec = dict(case=case, impl=name, wall_ms=med, p20=p20, p80=p80, device_us=device_us, top=top, host=host_top)
+            rec.update(peak_mib=peak_mib, held_mib=held_mib)
             records.append(rec)
             lines += [
                 f"## {case}: {name}",
                 f"wall median {med:.3f} ms (p20-p80 {p20:.3f}-{p80:.3f}); device kernels {device_us / 1e3:.3f} ms "
-                f"per call; host not hidden {med - device_us / 1e3:.3f} ms",
+                f"per call; host not hidden {med - device_us / 1e3:.3f} ms; GPU memory: peak {peak_mib:.1f} MiB "
+                f"during a call, {held_mib:.1f} MiB held by its result",
                 "",
                 "| kernel | µs per call | launches |",
                 "|---|---:|---:|",

@@ -74,10 +74,8 @@ def bin_atoms(geo: Geometry):
 
 
 def periodic_tables(host: HostCells, n: int, device: torch.device):
-    """``(itab, ftab, bin_ids, cap)`` of :func:`.cell_list_triton.cell_list_triton_periodic` on ``device``, or
-    ``None`` when some shift would overflow the pair keys. ``bin_ids`` (``searchsorted``'s queries ``0..n_bins``)
-    is int32 when the bin keys fit, so the radix sort of the keys makes 4 passes instead of 8 (49 µs of a
-    0.47 ms call for a 24,000-atom box in int64, benchmarks/results/neighbors_h100_run3_profile.txt)."""
+    """``(itab, ftab, n_bins, cap)`` of :func:`.cell_list_triton.cell_list_triton_periodic` on ``device``, or
+    ``None`` when some shift would overflow the pair keys."""
     edge = host.cutoff * (1.0 + IMAGE_SLACK)
     # bin_grid's rule in NumPy (host arrays: torch's CPU ops cost ~10x more per call at B = 1,024).
     heights = host.heights.numpy()
@@ -92,9 +90,7 @@ def periodic_tables(host: HostCells, n: int, device: torch.device):
     n_struct = nb.shape[0]
     itab = np.concatenate([nb, reach, np.ones_like(nb), (np.cumsum(per) - per)[:, None]], axis=1)
     ftab = torch.cat([host.basis.reshape(n_struct, 9), host.inv.reshape(n_struct, 9)], dim=1)
-    n_bins = int(per.sum())
-    bin_ids = torch.arange(n_bins + 1, dtype=torch.int32 if n_bins < 2**31 else torch.int64, device=device)
-    return torch.from_numpy(itab).to(device), ftab.to(device), bin_ids, scratch_cap(host, n)
+    return torch.from_numpy(itab).to(device), ftab.to(device), int(per.sum()), scratch_cap(host, n)
 
 
 def scratch_cap(host: HostCells, n_atoms: int) -> int:

@@ -28,8 +28,9 @@ kernel launch plus a few host syncs for chunking. Here candidates never touch me
 
 Fully periodic batches (the common case: liquids, crystals, many small boxes) take
 :func:`cell_list_triton_periodic`: the bin tables of step 1 come from the host geometry
-(:func:`._common.host_cells`, memoised per cell tensor), ``_atoms_kernel`` wraps and bins the atoms and
-``_gather_kernel`` lays them out in bin order (two launches instead of ~45 torch ops), and step 2 is one pass:
+(:func:`._common.host_cells`, memoised per cell tensor), ``_atoms_kernel`` wraps and bins the atoms and counts
+them per bin (``cell_start`` is the cumsum of the counts), ``_gather_kernel`` lays them out in bin order (three
+launches instead of ~45 torch ops and a radix sort), and step 2 is one pass:
 ``_pairs_kernel`` counts and stores each row into a scratch row of ``cap`` keys sized from the mean density
 (:func:`._triton_host.scratch_cap`), which ``_rows_kernel`` reads in place. On CUDA the row sort is speculative:
 ``n * cap`` bounds the list when no row outgrows ``cap``, so outputs of that capacity are carved before the sync,
@@ -112,7 +113,7 @@ if HAS_TRITON:
         basis_stride,
         cell_start_ptr,  # [n_bins + 1] int64
         cutoff_sq,
-        count_ptr,  # [N] int32 out (count and scratch passes)
+        count_ptr,  # [N] int64 out (count and scratch passes)
         row_ptr_ptr,  # [N + 1] int64 in (fill pass)
         key_ptr,  # [E] int64 out (fill pass)
         cap,  # scratch pass: keys of receiver i go to key_ptr[i * cap ...], at most cap of them
@@ -228,7 +229,7 @@ if HAS_TRITON:
                     tl.store(key_ptr + (base + count + rank), key, mask=store)
                 count += tl.sum(tl.sum(keep_i, axis=1), axis=0)
         if FILL != 1:
-            tl.store(count_ptr + i, count.to(tl.int32))
+            tl.store(count_ptr + i, count)
         if FILL == 2:
             if count > cap:  # rare (clusters in vacuum): no atomics at all in the common case
                 tl.atomic_max(hdr_ptr + 1, count)
@@ -314,7 +315,9 @@ if HAS_TRITON:
         frac_ptr,  # [N, 3] float64 out, wrapped fractional coordinates
         image_ptr,  # [N, 3] int64 out
         bins_ptr,  # [N, 3] int64 out
-        key_ptr,  # [N] int32 (or int64 beyond 2^31 bins) out
+        key_ptr,  # [N] int64 out: bin key (index into cell_start)
+        rank_ptr,  # [N] int64 out: rank of the atom among the atoms of its bin
+        cnt_ptr,  # [n_bins + 1] int64, zero on entry: the atoms of bin k are counted at [k + 1]
         flag_ptr,  # [3] int64 header, [0] zero on entry: set to 1 when some coordinate is NaN or inf
         n_atoms,
         BLOCK: tl.constexpr,
@@ -373,24 +376,35 @@ if HAS_TRITON:
         tl.store(bins_ptr + 3 * a + 1, by, mask=m)
         tl.store(bins_ptr + 3 * a + 2, bz, mask=m)
         key = tl.load(it + 9, mask=m, other=0) + (bx * nby + by) * nbz + bz
-        tl.store(key_ptr + a, key.to(key_ptr.dtype.element_ty), mask=m)
+        tl.store(key_ptr + a, key, mask=m)
+        # Counting sort by bin, instead of torch.sort and searchsorted (6 kernels, 35 µs, and their host time in
+        # benchmarks/results/neighbors_h100_run4_profile.txt): ranks within a bin come in the order of the
+        # atomics, which is arbitrary and harmless, since every row is sorted by (j, S) after the candidate search.
+        rank = tl.atomic_add(cnt_ptr + key + 1, tl.full((BLOCK,), 1, tl.int64), mask=m)
+        tl.store(rank_ptr + a, rank, mask=m)
 
-    # Periodic fast path, step 2: the per-atom arrays the pairs kernel reads, in bin order (one gather).
+    # Periodic fast path, step 2: the per-atom arrays the pairs kernel reads, in bin order (one scatter to the
+    # slot cell_start[key] + rank of each atom).
     @triton.jit
     def _gather_kernel(
-        order_ptr,  # [N] int64 atom at each sorted slot
+        key_ptr,  # [N] int64 bin key of each atom
+        rank_ptr,  # [N] int64 rank within its bin
+        cell_start_ptr,  # [n_bins + 1] int64
         wrapped_ptr,  # [N, 3] float64
         bins_ptr,  # [N, 3] int64
         batch_ptr,  # [N] int64
+        order_ptr,  # [N] int64 out: atom at each sorted slot
         spos_ptr,  # [3, N] float64 out
         sbin_ptr,  # [N, 3] int64 out
         sstruct_ptr,  # [N] int64 out
         n_atoms,
         BLOCK: tl.constexpr,
     ):
-        p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        m = p < n_atoms
-        a = tl.load(order_ptr + p, mask=m, other=0)
+        a = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = a < n_atoms
+        p = tl.load(cell_start_ptr + tl.load(key_ptr + a, mask=m, other=0), mask=m, other=0)
+        p = p + tl.load(rank_ptr + a, mask=m, other=0)
+        tl.store(order_ptr + p, a, mask=m)
         for c in tl.static_range(3):
             tl.store(spos_ptr + c * n_atoms + p, tl.load(wrapped_ptr + 3 * a + c, mask=m), mask=m)
             tl.store(sbin_ptr + 3 * p + c, tl.load(bins_ptr + 3 * a + c, mask=m), mask=m)
@@ -420,7 +434,7 @@ def cell_list_triton(geo: Geometry, max_row_sort: int = MAX_ROW_SORT) -> Neighbo
     basis = geo.basis.reshape(-1, 9).contiguous()
     head = torch.zeros(n + 5, dtype=torch.int64, device=device)
     head[0] = ~torch.isfinite(spos).all()  # the non-finite flag, which the periodic path's binning kernel sets
-    bufs = dict(head=head, count=torch.empty(n, dtype=torch.int32, device=device))
+    bufs = dict(hdr=head[:3], row_ptr=head[4:], count=torch.empty(n, dtype=torch.int64, device=device))
     cell9 = geo.cell.to(geo.positions.dtype).reshape(-1, 9).contiguous()
     return _pairs_and_rows(
         lambda: geo, order, spos, sbin, sstruct, (itab, basis, 9, cell_start), geo.image, geo.batch, cell9,
@@ -456,34 +470,42 @@ def cell_list_triton_periodic(
     tables = host.derived[memo]
     if tables is None:
         return None  # shifts would overflow the 10-bit fields of the pair keys (see cell_list_triton)
-    itab, ftab, bin_ids, cap, cell9 = tables
+    itab, ftab, n_bins, cap, cell9 = tables
     if speculate is None:
         speculate = device.type == "cuda"
     spec = speculate and 0 < cap <= max_row_sort and n * cap <= SPECULATE_MAX_PAIRS
     batch = batch.long().contiguous()
     f64, i64 = torch.float64, torch.int64
-    # Two allocations: this call's working arrays, and what the list returns (plus the header the sync reads).
+    # Two allocations: this call's working arrays, and what the list returns. `head` holds the bin counts, the
+    # header that the sync reads and row_ptr, in that order, so that one memset zeroes all that needs it.
     ws = carve(
         device, wrapped=((n, 3), f64), frac=((n, 3), f64), image=((n, 3), i64), bins=((n, 3), i64),
-        key=((n,), bin_ids.dtype), spos=((3, n), f64), sbin=((n, 3), i64), sstruct=((n,), i64),
-        count=((n,), torch.int32), scratch=((max(n * cap, 1),), i64),
+        key=((n,), i64), rank=((n,), i64), cell_start=((n_bins + 1,), i64), order=((n,), i64),
+        spos=((3, n), f64), sbin=((n, 3), i64), sstruct=((n,), i64), count=((n,), i64),
+        scratch=((max(n * cap, 1),), i64),
     )  # fmt: skip
-    c = n * cap if spec else 0
-    out = dict(head=((n + 5,), i64))
+    # The header and row_ptr start on 16-byte boundaries: Triton specialises pointer arguments on that, and a
+    # number of bins that changes with the cell (NPT) must not compile new kernel variants.
+    h0 = (n_bins + 2) // 2 * 2
+    out = dict(head=((h0 + 4 + n + 1,), i64))
     if spec:
+        c = n * cap
         out.update(ei=((2 * c,), i64), sh=((3 * c,), i64), sv=((3 * c,), positions.dtype))
     out = carve(device, **out)
-    out["head"][:5].zero_()  # the header (flags) and row_ptr[0]
+    head = out["head"]
+    head[: h0 + 5].zero_()
+    cnt, hdr, row_ptr = head[: n_bins + 1], head[h0 : h0 + 3], head[h0 + 4 :]
     grid = (triton.cdiv(n, BLOCK_ATOMS),)
-    wrapped, frac, image = ws["wrapped"], ws["frac"], ws["image"]
+    wrapped, frac, image, key, rank = ws["wrapped"], ws["frac"], ws["image"], ws["key"], ws["rank"]
     _atoms_kernel[grid](
-        positions.contiguous(), batch, ftab, itab, wrapped, frac, image, ws["bins"], ws["key"], out["head"], n,
+        positions.contiguous(), batch, ftab, itab, wrapped, frac, image, ws["bins"], key, rank, cnt, hdr, n,
         BLOCK=BLOCK_ATOMS,
     )  # fmt: skip
-    sorted_key, order = torch.sort(ws["key"], stable=True)
-    cell_start = torch.searchsorted(sorted_key, bin_ids)
-    spos, sbin, sstruct = ws["spos"], ws["sbin"], ws["sstruct"]
-    _gather_kernel[grid](order, wrapped, ws["bins"], batch, spos, sbin, sstruct, n, BLOCK=BLOCK_ATOMS)
+    cell_start = torch.cumsum(cnt, 0, out=ws["cell_start"])
+    order, spos, sbin, sstruct = ws["order"], ws["spos"], ws["sbin"], ws["sstruct"]
+    _gather_kernel[grid](
+        key, rank, cell_start, wrapped, ws["bins"], batch, order, spos, sbin, sstruct, n, BLOCK=BLOCK_ATOMS
+    )
 
     def geometry() -> Geometry:
         """The full Geometry (for the long-row fallback): the wrapping of this call, which the keys refer to."""
@@ -492,7 +514,8 @@ def cell_list_triton_periodic(
 
     return _pairs_and_rows(
         geometry, order, spos, sbin, sstruct, (itab, ftab, 18, cell_start), image, batch, cell9, host.cutoff,
-        max_row_sort, {**ws, **out}, check_reach=False, cap=cap, spec=spec,
+        max_row_sort, dict(out, hdr=hdr, row_ptr=row_ptr, count=ws["count"], scratch=ws["scratch"]),
+        check_reach=False, cap=cap, spec=spec,
     )  # fmt: skip
 
 
@@ -502,19 +525,18 @@ def _pairs_and_rows(
 ) -> NeighborList | None:  # fmt: skip
     """Steps 2 and 3 of the module docstring over atoms in bin order: count, size (the one sync), fill, then the
     row sort. ``geometry()`` gives the Geometry of this call when the long-row fallback needs one; ``cell9``:
-    ``[B, 9]`` cells in the output dtype; ``bufs``: ``head`` ``[N + 5]`` int64 (the header ``[0:3]``: non-finite
-    flag, set by the caller; longest row that outgrew ``cap``; ``n_edges``; ``row_ptr`` at ``[4:]``; ``[0:5]``
-    zero), ``count`` ``[N]`` int32, with ``cap``: ``scratch`` ``[N * cap]`` int64, with ``spec``: the outputs
-    ``ei``, ``sh``, ``sv`` for ``N * cap`` pairs. ``check_reach``: also check on the device that shifts fit the
+    ``[B, 9]`` cells in the output dtype; ``bufs``: ``hdr`` ``[3]`` int64 (non-finite flag, set by the caller;
+    longest row that outgrew ``cap``; ``n_edges``), zero on entry; ``row_ptr`` ``[N + 1]`` int64, ``[0]`` zero;
+    ``count`` ``[N]`` int64; with ``cap``: ``scratch`` ``[N * cap]`` int64; with ``spec``: the outputs ``ei``,
+    ``sh``, ``sv`` for ``N * cap`` pairs. ``check_reach``: also check on the device that shifts fit the
     pair keys (else ``None``). ``cap`` > 0: one candidate pass that counts and stores each row into a scratch
     row of ``cap`` keys (the row sort reads them there), with the fill pass only when some row is longer.
     ``spec``: the row sort runs before the sync, on the speculation that no row is longer than ``cap``."""
     itab, basis, basis_stride, cell_start = tables
     device = order.device
     n = order.shape[0]
-    head, count = bufs["head"], bufs["count"]
-    hdr, row_ptr = head[:3], head[4:]
-    scratch = bufs.get("scratch", head)  # unused by the count-only pass
+    hdr, row_ptr, count = bufs["hdr"], bufs["row_ptr"], bufs["count"]
+    scratch = bufs.get("scratch", count)  # unused by the count-only pass
     common = (order, spos[0], spos[1], spos[2], sbin, sstruct, itab, basis, basis_stride, cell_start)
     cutoff_sq = float(cutoff) ** 2
     block_s, block_k = TILES.get(device.type, TILES["cuda"])
@@ -522,7 +544,7 @@ def _pairs_and_rows(
     consts = dict(SHIFT_BITS=SHIFT_BITS, BLOCK_S=block_s, BLOCK_K=block_k, num_warps=4)
     # One pass when the rows fit scratch rows of `cap` keys (counted and stored together); else count, then fill.
     _pairs_kernel[grid](*common, cutoff_sq, count, row_ptr, scratch, cap, hdr, FILL=2 if cap else 0, **consts)
-    torch.cumsum(count, 0, dtype=torch.int64, out=row_ptr[1:])
+    torch.cumsum(count, 0, out=row_ptr[1:])
 
     def rows(keys, src_stride, ei, sh, sv, capacity, block_r):
         _rows_kernel[grid](
@@ -536,7 +558,7 @@ def _pairs_and_rows(
         rows(scratch, cap, bufs["ei"], bufs["sh"], bufs["sv"], n * cap, row_block(cap))
         non_finite, longest, n_edges = hdr.tolist()  # longest: 0 unless some row outgrew cap
     else:
-        sizes = [row_ptr[-1], count.max().long(), hdr[0]]
+        sizes = [row_ptr[-1], count.max(), hdr[0]]
         if check_reach:
             sizes.append((itab[:, 3:6] // itab[:, 0:3] + 1).max())
         n_edges, longest, non_finite, *max_reach = torch.stack(sizes).tolist()
