@@ -4,7 +4,8 @@
 
 Cases (issue 7's neighbour-list targets): one 24,000-atom water box and 1,024 periodic 24-atom water boxes in
 one batched call, 5 Å. For each backend that runs here (our Triton cell list; vesin-torch converted to our
-contract, and vesin's raw list, when installed): the median wall time of a full call (host to host, synchronised),
+contract, and vesin's raw list, when installed; ours with CUDA-graph replay, "fresh" and "clone" outputs, and
+without, for an A/B): the median wall time of a full call (host to host, synchronised),
 the sum of its device kernel times from ``torch.profiler`` and the kernels that take the most device time. Wall
 minus device is host time (Python, launches, syncs) not hidden behind kernels.
 """
@@ -13,6 +14,7 @@ minus device is host time (Python, launches, syncs) not hidden behind kernels.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -30,6 +32,26 @@ from mlff_distiller.neighbors import neighbor_list
 from mlff_distiller.neighbors.vesin_backend import _vesin_class, vesin_available
 
 CUTOFF = 5.0
+
+
+# The periodic Triton path with and without CUDA-graph replay (cell_list_triton, "CUDA graphs"), A/B: "graph
+# fresh" (row sort launched after the replay into new capacity outputs) is the default; "graph clone" (row sort in
+# the graph, exact copies after the sync); "no graph" is the plain speculative path.
+TRITON_VARIANTS = {"graph fresh": (True, "fresh"), "graph clone": (True, "clone"), "no graph": (False, "fresh")}
+
+
+def triton_call(args_nl, graphs: bool, mode: str):
+    """A call of our Triton cell list with the module's graph switch and output mode set for it."""
+    clt = importlib.import_module("mlff_distiller.neighbors.cell_list_triton")  # the package exports a function
+
+    def call():
+        clt.CUDA_GRAPHS, clt.GRAPH_OUTPUTS = graphs, mode
+        try:
+            return neighbor_list(*args_nl, method="cell_list", cell_list_impl="triton")
+        finally:
+            clt.CUDA_GRAPHS, clt.GRAPH_OUTPUTS = True, "fresh"
+
+    return call
 
 
 def wall_ms(fn, reps: int) -> tuple[float, float, float]:
@@ -109,7 +131,10 @@ def main() -> None:
     for case, structures in cases.items():
         b = AtomsBatch.from_atoms(structures).to(dev)
         args_nl = (b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF)
-        impls = {"triton cell list": lambda: neighbor_list(*args_nl, method="cell_list", cell_list_impl="triton")}
+        impls = {
+            f"triton cell list, {label}": triton_call(args_nl, graphs, mode)
+            for label, (graphs, mode) in TRITON_VARIANTS.items()
+        }
         if vesin_available() and len(structures) == 1:
             impls["vesin, our contract"] = lambda: neighbor_list(*args_nl, method="vesin")
             calc = _vesin_class()(cutoff=CUTOFF, full_list=True)
@@ -140,6 +165,11 @@ def main() -> None:
                 "",
             ]
             print("\n".join(lines[-(len(top) + len(host_top) + 8) :]), flush=True)
+    lines += ["## Summary: wall median / device kernels (ms)", "", "| case | impl | wall | p20 | device |",
+              "|---|---|---:|---:|---:|"]  # fmt: skip
+    lines += [f"| {r['case']} | {r['impl']} | {r['wall_ms']:.3f} | {r['p20']:.3f} | {r['device_us'] / 1e3:.3f} |"
+              for r in records]  # fmt: skip
+    print("\n".join(lines[-len(records) - 4 :]), flush=True)
     (out / "profile_neighbors.txt").write_text("\n".join(lines) + "\n")
     (out / "profile_neighbors.json").write_text(json.dumps(records, indent=1))
 

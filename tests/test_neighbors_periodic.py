@@ -3,6 +3,7 @@ validation that every backend now shares (``_common.host_cells``)."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from types import SimpleNamespace
 
@@ -18,6 +19,8 @@ from mlff_distiller.neighbors._common import host_cells, prepare
 from mlff_distiller.neighbors.cell_list_triton import cell_list_triton, cell_list_triton_periodic, triton_runnable
 from mlff_distiller.neighbors.vesin_backend import vesin_available
 
+# The module (the package exports a function of the same name).
+clt = importlib.import_module("mlff_distiller.neighbors.cell_list_triton")
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -328,3 +331,198 @@ def test_carve_gives_aligned_disjoint_contiguous_views():
         spans.append((t.data_ptr(), t.data_ptr() + t.nbytes))
     spans.sort()
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+
+
+# CUDA graphs of the periodic path (cell_list_triton, "CUDA graphs"): from the second call on the same cells and
+# atom count, everything before the sync is a graph replay. The reference is the same call with graphs=False.
+
+
+def _graph_storages(host) -> set[int]:
+    ptrs = set()
+    for entry in host.derived.values():
+        if isinstance(entry, clt._Replay):
+            q = entry.q
+            for t in (entry.pos, entry.batch, q.image, q.wrapped, *q.common, *q.bufs.values()):
+                if torch.is_tensor(t):
+                    ptrs.add(t.untyped_storage().data_ptr())
+    return ptrs
+
+
+def _graph_and_plain(pos, cell, pbc, batch, ptr):
+    host = host_cells(pos, cell, pbc, batch, ptr, CUTOFF)
+    nl = cell_list_triton_periodic(pos, cell, batch, host, graphs=True)
+    ref = cell_list_triton_periodic(pos, cell, batch, host, graphs=False)
+    return nl, ref, host
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fresh", "clone"])
+def test_graph_replay_follows_moving_atoms_exactly(monkeypatch, mode):
+    """A liquid-dense box and a batch of 200 small skewed boxes, atoms displaced between calls (in place and as new
+    tensors): every graph replay gives exactly the plain path's list, and lists returned earlier stay intact (no
+    view of graph-owned memory)."""
+    monkeypatch.setattr(clt, "GRAPH_OUTPUTS", mode)
+    rng = np.random.default_rng(5)
+    side = (3000 / 0.1) ** (1.0 / 3.0)
+    liquid = [Atoms("H3000", positions=rng.uniform(0.0, side, (3000, 3)), cell=np.eye(3) * side, pbc=True)]
+    for picks in (liquid, _boxes(rng, 200, 7, 6.0)):
+        for dtype in DTYPES:
+            b = AtomsBatch.from_atoms(picks, dtype=dtype, device="cuda")
+            pos = b.positions.clone()
+            kept = []
+            for step in range(5):
+                nl, ref, host = _graph_and_plain(pos, b.cell, b.pbc, b.batch, b.ptr)
+                _same_exact_contiguous(nl, ref)
+                replayed = step >= 1
+                key = clt.graph_key(pos, host.derived[("triton_periodic", pos.device, dtype)][3], mode)
+                assert isinstance(host.derived[key], clt._Replay) == replayed, step
+                if replayed:
+                    graph_mem = _graph_storages(host)
+                    for t in (nl.edge_index, nl.shifts, nl.shift_vectors, nl.row_ptr):
+                        assert t.untyped_storage().data_ptr() not in graph_mem
+                kept.append((nl, [t.clone() for t in (ref.edge_index, ref.shifts, ref.shift_vectors, ref.row_ptr)]))
+                noise = torch.as_tensor(rng.normal(0.0, 0.3, tuple(pos.shape)), dtype=dtype, device="cuda")
+                if step % 2:
+                    pos.add_(noise)
+                else:
+                    pos = pos + noise
+            for nl, (ei, sh, sv, rp) in kept:
+                assert torch.equal(nl.edge_index, ei) and torch.equal(nl.shifts, sh) and torch.equal(nl.row_ptr, rp)
+                assert torch.equal(nl.shift_vectors, sv)
+
+
+@pytest.mark.gpu
+def test_graph_replay_never_reuses_a_graph_across_keys():
+    """Interleaved calls on two cells with the same atom count, another atom count, a cell modified in place and a
+    new batch vector: each uses its own graph (through neighbor_list's HostCells cache) and stays exact."""
+    rng = np.random.default_rng(9)
+
+    def box(n, side):
+        atoms = Atoms(f"H{n}", positions=rng.uniform(0.0, side, (n, 3)), cell=np.eye(3) * side, pbc=True)
+        return AtomsBatch.from_atoms([atoms], dtype=torch.float64, device="cuda")
+
+    boxes = [box(1500, 24.0), box(1500, 25.0), box(1505, 24.0)]
+    for _ in range(3):
+        for b in boxes:
+            nl = neighbor_list_batch(b, CUTOFF, "cell_list", cell_list_impl="triton")
+            host = host_cells(b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF)
+            _same_exact_contiguous(nl, cell_list_triton_periodic(b.positions, b.cell, b.batch, host, graphs=False))
+    b = boxes[0]
+    b.cell.mul_(1.02)  # new version: new HostCells, so no stale graph (its tables belong to the old cell)
+    b.batch = b.batch.clone()
+    for _ in range(3):
+        nl = neighbor_list_batch(b, CUTOFF, "cell_list", cell_list_impl="triton")
+        torch_nl = neighbor_list_batch(b, CUTOFF, "cell_list", cell_list_impl="torch")
+        assert torch.equal(nl.edge_index, torch_nl.edge_index) and torch.equal(nl.shifts, torch_nl.shifts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fresh", "clone"])
+def test_graph_replay_overflow_fallback_and_non_finite(monkeypatch, mode):
+    """Replays whose rows outgrow cap (atoms moved into a cluster) take the fill pass, exactly as the plain path
+    does; NaN positions raise the same ValueError; the graph still serves the calls after them."""
+    monkeypatch.setattr(clt, "GRAPH_OUTPUTS", mode)
+    rng = np.random.default_rng(8)
+    cluster = Atoms("H34", positions=rng.uniform(10.0, 12.5, (34, 3)), cell=np.eye(3) * 40.0, pbc=True)
+    lonely = Atoms("H12", positions=np.indices((3, 2, 2)).reshape(3, -1).T * 12.0 + 1.0, cell=np.eye(3) * 36.0)
+    lonely.pbc = True
+    b = AtomsBatch.from_atoms([cluster, lonely], dtype=torch.float64, device="cuda")
+    clustered = b.positions.clone()
+    spread = clustered.clone()
+    spread[:34] = torch.as_tensor(np.indices((4, 3, 3)).reshape(3, -1).T[:34] * 9.5 + 1.0, device="cuda")
+    nan = spread.clone()
+    nan[40, 1] = float("nan")
+    for pos in (spread, spread, clustered, spread, nan, clustered, spread):
+        host = host_cells(pos, b.cell, b.pbc, b.batch, b.ptr, CUTOFF)
+        if pos is nan:
+            for graphs in (True, False):
+                with pytest.raises(ValueError, match="non-finite positions"):
+                    cell_list_triton_periodic(pos, b.cell, b.batch, host, graphs=graphs)
+            continue
+        nl, ref, host = _graph_and_plain(pos, b.cell, b.pbc, b.batch, b.ptr)
+        _same_exact_contiguous(nl, ref)
+        rows = nl.row_ptr[1:] - nl.row_ptr[:-1]
+        assert (int(rows.max()) > 32) == (pos is clustered)
+    assert any(isinstance(e, clt._Replay) for e in host.derived.values())
+
+
+def test_graph_memo_is_cuda_only_and_switchable(device):
+    """Off CUDA (the interpreter) the graph path is never entered, whatever the flag; the flag defaults to on
+    unless MLFF_DISTILLER_NL_GRAPHS=0."""
+    import os
+
+    _skip_without_triton(device)
+    assert clt.CUDA_GRAPHS == (os.environ.get("MLFF_DISTILLER_NL_GRAPHS", "1") != "0")
+    if device.type == "cuda":
+        pytest.skip("the CUDA behaviour is tested by the gpu tests")
+    rng = np.random.default_rng(3)
+    b = AtomsBatch.from_atoms(_boxes(rng, 2, 3, 5.0), dtype=torch.float64, device=device)
+    host = host_cells(b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF)
+    lists = [cell_list_triton_periodic(b.positions, b.cell, b.batch, host, graphs=True) for _ in range(2)]
+    assert not any(isinstance(k, tuple) and k[0] == "triton_periodic_graph" for k in host.derived)
+    _same_exact_contiguous(lists[1], cell_list_triton_periodic(b.positions, b.cell, b.batch, host, graphs=False))
+
+
+def test_graph_keys_and_memory_budget(monkeypatch):
+    """Graph keys separate atom count, dtype, cap and output mode; beyond GRAPH_MAX_BYTES the oldest graphs are
+    dropped (their cells use the plain path from then on), the newest always stays, dead cells are forgotten."""
+    pos = torch.zeros(4, 3, dtype=torch.float64)
+    keys = {
+        clt.graph_key(pos, 32, "fresh"),
+        clt.graph_key(pos.float(), 32, "fresh"),
+        clt.graph_key(torch.zeros(5, 3, dtype=torch.float64), 32, "fresh"),
+        clt.graph_key(pos, 64, "fresh"),
+        clt.graph_key(pos, 32, "clone"),
+    }
+    assert len(keys) == 5
+    monkeypatch.setattr(clt, "_GRAPHS", [])
+    monkeypatch.setattr(clt, "GRAPH_MAX_BYTES", 250)
+    hosts = []
+    for k in range(4):
+        cell = torch.eye(3, dtype=torch.float64)[None] * (10.0 + k)
+        h = host_cells(pos, cell, torch.ones(1, 3, dtype=torch.bool), torch.zeros(4, dtype=torch.long),
+                       torch.tensor([0, 4]), CUTOFF)  # fmt: skip
+        hosts.append(h)
+    key = clt.graph_key(pos, 32, "fresh")
+    entries = [SimpleNamespace(nbytes=100) for _ in hosts]
+    for h, e in zip(hosts[:3], entries, strict=False):
+        h.derived[key] = e
+        clt._remember(h, key, e)
+    assert hosts[0].derived[key] == clt._OFF and hosts[1].derived[key] is entries[1]
+    assert [n for _, n in clt.live_graphs()] == [100, 100]
+    big = SimpleNamespace(nbytes=1000)
+    hosts[3].derived[key] = big
+    clt._remember(hosts[3], key, big)
+    assert clt.live_graphs() == [(key, 1000)]
+    assert hosts[1].derived[key] == clt._OFF and hosts[2].derived[key] == clt._OFF
+
+
+@pytest.mark.parametrize("mode", ["fresh", "clone"])
+def test_graph_path_logic_with_a_stand_in_graph(monkeypatch, mode):
+    """The replay path's host logic on the CPU interpreter, with a stand-in for torch.cuda's graph whose capture
+    runs the kernels once and whose replay does nothing (so only unchanged positions are valid): the first call is
+    left to the plain path, the second captures, later ones replay; each list is exactly the plain path's, and
+    the memo and budget registry hold one graph per mode."""
+    import contextlib
+
+    _skip_without_triton("cpu")
+
+    class StandIn:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", StandIn)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(clt, "GRAPH_OUTPUTS", mode)
+    monkeypatch.setattr(clt, "_GRAPHS", [])
+    b = AtomsBatch.from_atoms(_boxes(np.random.default_rng(21), 2, 3, 5.0), dtype=torch.float64, device="cpu")
+    host = host_cells(b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF)
+    ref = cell_list_triton_periodic(b.positions, b.cell, b.batch, host, speculate=False)
+    tables = host.derived[("triton_periodic", b.positions.device, b.positions.dtype)]
+    assert clt._replay_periodic(b.positions, b.cell, b.batch, host, tables, 2048) is clt._NOT_REPLAYED
+    for _ in range(2):
+        nl = clt._replay_periodic(b.positions, b.cell, b.batch, host, tables, 2048)
+        _same_exact_contiguous(nl, ref)
+        assert nl.edge_index.untyped_storage().data_ptr() not in _graph_storages(host)
+    assert [k for k, _ in clt.live_graphs()] == [clt.graph_key(b.positions, tables[3], mode)]
