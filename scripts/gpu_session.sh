@@ -128,6 +128,10 @@ case "$part" in
     timeout $(box 380) python3 benchmarks/bench_kernels.py --out "$res" --name bench_kernels_h100 ${KERNELS_ARGS:-} \
       >"$res/bench_kernels.log" 2>&1
     grep -E "copy bandwidth|not capturable|PASS|MISS" "$res/bench_kernels.log" | head -60
+    if [ -n "${KERNELS_MODEL:-}" ]; then  # the whole model, backend triton vs torch (benzene, g2 x1024, water 3000)
+      timeout $(box 150) python3 benchmarks/bench_model.py --out "$res" >"$res/bench_model.log" 2>&1
+      tail -4 "$res/bench_model.log"
+    fi
     if [ -n "${KERNELS_PROFILE:-}" ]; then  # host time per call: building blocks, each op, a cProfile
       timeout $(box 150) python3 benchmarks/profile_kernels.py --sections blocks ops cprofile --out "$res" \
         >"$res/profile_kernels.log" 2>&1
