@@ -14,6 +14,15 @@ rebuilds, graph captures) and a host profile of those steps.
 box with the message-passing forward and sender backward forced to the "block" or the "atom" variant (the
 ``block_min_atoms`` rule of ``kernels/message_passing.py``).
 
+``host`` (any device; runs on a CPU): the host cost of one ASE MD step through ``StudentCalculator`` without the
+model work. The 192-atom water box runs velocity Verlet (0.5 fs, 300 K) through the calculator's MD path (mode
+"cudagraph": on a CPU the padded eager path, the same host code; Verlet skin 1 Å) with the engine's padded step
+replaced by a stub that returns a zero output buffer, so what is timed is ASE, the calculator, the Verlet
+displacement test, the copies into the bucket and the unpacking: median / p20 / p80 µs per step over 2,000 steps
+(list rebuilds included in the mean only), then a cProfile table (internal time) of 500 more steps.
+
+    python benchmarks/profile_step.py --sections host
+
 ``large``: where the energy + forces step of a large periodic water box goes (issue 7; ~32 ms at 24,000 atoms on
 an H100). For the 3,000- and 24,000-atom boxes of ``bench_large.py`` (``systems.water_box``, ~1 g/cm³; the default
 student of ``peers.make_student``: hidden 128, 3 layers, float32, seeded random weights) and for its two step rows,
@@ -204,6 +213,62 @@ def _water_steps(n_steps: int = 400) -> list[str]:
     return out
 
 
+def _host_md_steps(n_atoms: int = 192, steps: int = 2000) -> list[str]:
+    """Host µs per ASE MD step without the model work (see the module docstring, ``host``)."""
+    import time
+    import warnings
+
+    import numpy as np
+    from ase import units
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+    from ase.md.verlet import VelocityVerlet
+    from systems import water_box
+
+    from mlff_distiller import StudentModel
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = StudentModel(species=[1, 8], hidden=128, layers=3, n_rbf=20, cutoff=5.0)
+    atoms = water_box(n_atoms, seed=0)
+    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # mode "cudagraph" on a CPU: the padded eager path, with a warning
+        calc = StudentCalculator(model, device=device, mode="cudagraph")
+    eng = calc.engine
+    outputs: dict = {}
+
+    def no_model(bucket, graph):  # the padded step's packed output buffer, never computed
+        out = outputs.get(bucket)
+        if out is None:
+            out = outputs[bucket] = torch.zeros(5 * bucket.atoms, dtype=eng.dtype, device=eng.device)
+        return out
+
+    eng._run = no_model
+    atoms.calc = calc
+    dyn = VelocityVerlet(atoms, timestep=0.5 * units.fs)
+    dyn.run(50)
+    stamps: list[float] = []
+    dyn.attach(lambda: stamps.append(time.perf_counter()), interval=1)
+    builds0 = eng.verlet.n_builds
+    dyn.run(steps)
+    t = np.diff(stamps) * 1e6
+    out = [
+        f"\n===== host cost of an MD step without the model, {n_atoms}-atom water: median {np.median(t):.1f} µs, "
+        f"p20 {np.percentile(t, 20):.1f}, p80 {np.percentile(t, 80):.1f} (mean {t.mean():.1f} µs; list builds "
+        f"{eng.verlet.n_builds - builds0}); StudentCalculator engine mode {eng.mode!r} on {device}, velocity "
+        f"Verlet 0.5 fs, {steps} steps",
+        "--- host profile of 500 more steps (internal time)",
+    ]
+    pr = cProfile.Profile()
+    pr.enable()
+    dyn.run(500)
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+    out.append(buf.getvalue())
+    return out
+
+
 def _variant_replays() -> list[str]:
     import importlib
 
@@ -318,6 +383,8 @@ def main() -> None:
     model = load_model("builtin:chno-gfn2") if "small" in sections else None
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
     report = [f"{device} torch {torch.__version__} triton {triton.__version__}"]
+    if "host" in sections:
+        report.extend(_host_md_steps())
     systems = [("benzene", [molecule("C6H6")]), ("g2x1024", g2_chno(1024))] if "small" in sections else []
     for name, structs in systems:
         eng = ForceEngine(model, device="cuda", mode="cudagraph")

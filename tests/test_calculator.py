@@ -88,3 +88,105 @@ def test_verlet_skin_md_matches_fresh_list(model):
     verlet = atoms.calc.engine.verlet
     assert verlet is not None and fresh.engine.verlet is None
     assert 1 <= verlet.n_builds < verlet.n_calls
+
+
+def _same_as_a_copy(stored, atoms, ref=None):
+    """``stored`` equals ``ref`` (default ``atoms.copy()``) in everything a copy carries, and shares no memory
+    with ``atoms``."""
+    ref = atoms.copy() if ref is None else ref
+    assert stored is not atoms and type(stored) is type(ref)
+    assert stored.arrays.keys() == ref.arrays.keys()
+    for k, a in ref.arrays.items():
+        b = stored.arrays[k]
+        assert b.dtype == a.dtype and np.array_equal(b, a), k
+        assert not np.shares_memory(b, atoms.arrays[k]), k
+    np.testing.assert_array_equal(stored.cell.array, ref.cell.array)
+    np.testing.assert_array_equal(stored.pbc, ref.pbc)
+    np.testing.assert_array_equal(stored.get_celldisp(), ref.get_celldisp())
+    assert stored.info == ref.info and stored.info is not atoms.info
+    assert len(stored.constraints) == len(ref.constraints)
+
+
+def test_calculator_atoms_stay_a_private_copy_in_md(model):
+    """In MD the calculator refreshes its stored copy in place instead of ASE's ``atoms.copy()``: after every
+    step ``calc.atoms`` is what a copy would be, changes of the caller's atoms are still seen (and trigger a
+    calculation), and get_atoms / reset / other changes behave as with ASE's own path."""
+    atoms = molecule("CH3CH2OH")
+    atoms.info["tag"] = 1
+    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(1))
+    calc = StudentCalculator(model, device="cpu", precision="fp64", skin=0.5)
+    atoms.calc = calc
+    calls = []
+    original = calc.calculate
+
+    def counting(atoms_arg, *args, **kwargs):
+        calls.append(atoms_arg.copy())  # what ASE's Calculator.calculate would store
+        original(atoms_arg, *args, **kwargs)
+        _same_as_a_copy(calc.atoms, atoms_arg, calls[-1])
+
+    calc.calculate = counting
+    dyn = VelocityVerlet(atoms, timestep=0.5 * units.fs)
+    dyn.run(1)
+    stored = calc.atoms
+    snapshot = calc.get_atoms()
+    for _ in range(4):
+        dyn.run(1)  # the momenta change after the calculation: the stored copy keeps those it was given
+        assert not np.array_equal(calc.atoms.get_momenta(), atoms.get_momenta())
+        np.testing.assert_array_equal(calc.atoms.get_momenta(), calls[-1].get_momenta())
+    assert calc.atoms is stored, "positions-only steps refresh the same private copy"
+    assert not np.array_equal(snapshot.positions, atoms.positions), "get_atoms() copies stay as they were"
+    n = len(calls)
+    atoms.get_forces()
+    assert len(calls) == n and calc.check_state(atoms) == []
+    # the caller's atoms are not the stored copy: editing them is a change, seen by check_state
+    atoms.positions[0, 0] += 1e-9
+    assert calc.check_state(atoms) == ["positions"]
+    atoms.get_forces()
+    assert len(calls) == n + 1 and calc.atoms is stored
+    _same_as_a_copy(calc.atoms, atoms)
+    atoms.info["tag"] = 2  # info is not a system change; the next calculation's copy carries the new one
+    atoms.positions[1, 1] += 1e-3
+    atoms.get_forces()
+    assert calc.atoms.info == {"tag": 2}
+    # other changes take ASE's own path: a fresh copy
+    atoms.set_initial_charges(np.full(len(atoms), 0.1))
+    atoms.get_forces()
+    assert calc.atoms is not stored
+    _same_as_a_copy(calc.atoms, atoms)
+    # reset: nothing stored, the next request recalculates and stores a fresh copy
+    calc.reset()
+    assert calc.atoms is None
+    n = len(calls)
+    f = atoms.get_forces()
+    assert len(calls) == n + 1 and calc.atoms is not None
+    _same_as_a_copy(calc.atoms, atoms)
+    check = atoms.copy()
+    check.calc = StudentCalculator(model, device="cpu", precision="fp64", skin=None)
+    np.testing.assert_allclose(f, check.get_forces(), atol=1e-10)
+
+
+def test_calculator_atoms_with_constraints_or_new_arrays_take_the_ase_path(model):
+    from ase.constraints import FixAtoms
+
+    atoms = molecule("H2O")
+    atoms.set_constraint(FixAtoms(indices=[0]))
+    calc = StudentCalculator(model, device="cpu", precision="fp64")
+    atoms.calc = calc
+    atoms.get_forces()
+    first = calc.atoms
+    atoms.positions[1, 0] += 0.01
+    atoms.get_forces()
+    assert calc.atoms is not first and len(calc.atoms.constraints) == 1
+    _same_as_a_copy(calc.atoms, atoms)
+    atoms.set_constraint()
+    atoms.positions[1, 0] += 0.01
+    atoms.get_forces()
+    second = calc.atoms
+    atoms.set_momenta(np.ones((3, 3)))  # a new array: a copy carries it
+    atoms.positions[1, 0] += 0.01
+    atoms.get_forces()
+    assert calc.atoms is not second and "momenta" in calc.atoms.arrays
+    _same_as_a_copy(calc.atoms, atoms)
+    atoms.positions[1, 0] += 0.01
+    atoms.get_forces()
+    _same_as_a_copy(calc.atoms, atoms)

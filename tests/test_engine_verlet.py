@@ -14,6 +14,8 @@ from mlff_distiller import ForceEngine
 from mlff_distiller.batch import AtomsBatch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# CPU, and CUDA as a gpu-marked case (reported as skipped without a GPU): the padded step there is a CUDA-graph replay.
+CSR_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def _engines(model, device, skin):
@@ -53,7 +55,7 @@ def test_padded_verlet_md_matches_fresh_list(model, device, system):
     assert v.n_calls == 41
     assert 1 <= v.n_builds < v.n_calls, v
     # the static buffers hold the unfiltered skin list: more edges than the fresh list at the cutoff
-    _bucket, graph, builds = fast._verlet_fill
+    _bucket, graph, builds = fast._verlet_fill[:3]
     assert builds == v.n_builds and graph.n_edges == v.last.num_edges
     fresh = ref._neighbors(AtomsBatch.from_atoms(atoms, device=device, dtype=torch.float64))
     assert graph.n_edges >= fresh.num_edges
@@ -240,12 +242,38 @@ def test_calculator_close_matches_ase_equal():
         (np.arange(3), np.arange(3.0)),
         (np.ones((2, 3)), np.ones((3, 2))),
         (np.array([True, False, True]), np.array([True, False, True])),
+        (np.array([True, False, True]), np.array([True, True, True])),
+        (a, a - 1e-9),
+        (np.array([1.0, np.inf]), np.array([1.0, np.inf])),
+        (np.array([1.0, np.inf]), np.array([1.0 + 1e-9, np.inf])),
+        (np.array([1.0, np.inf]), np.array([1.0, -np.inf])),
+        (np.array([1.0, np.inf]), np.array([1.0, 5.0])),
+        (np.array([1.0, np.nan]), np.array([1.0, np.nan])),
+        (np.array([2.0, np.nan]), np.array([1.0, np.nan])),
+        (np.array([1e308, -1e308]), np.array([-1e308, 1e308])),
+        (np.zeros((0, 3)), np.zeros((0, 3))),
+        (np.float32([1.0, 2.0]), np.float32([1.0, 2.0 + 1e-6])),
     ]
     for x, y in cases:
         assert _close(x, y, 1e-15) == bool(equal(x, y, atol=1e-15)), (x, y)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+def _approaching_h():
+    """Ethanol jiggling in place and an H atom approaching it 0.15 Å per step (``walk()``): with a 0.5 Å skin, a
+    rebuild every other step, and the H gains neighbours (72 -> 74 -> 76 edges of the 4.5 Å skin list at a
+    4 Å cutoff, all in one 80-edge bucket)."""
+    atoms = molecule("CH3CH2OH")
+    atoms += Atoms("H", positions=[[atoms.positions[:, 0].max() + 4.8, 0.0, 0.0]])
+    rng = np.random.default_rng(11)
+
+    def walk():
+        atoms.positions[-1, 0] -= 0.15
+        atoms.positions[:-1] += rng.normal(0.0, 0.01, (len(atoms) - 1, 3))
+
+    return atoms, walk
+
+
+@pytest.mark.parametrize("device", CSR_DEVICES)
 def test_padded_verlet_csr_follows_every_rebuild(device):
     """MD across several Verlet rebuilds whose edge lists differ but stay in one bucket, on the Triton kernels
     (the CPU runs its interpreter; on CUDA the padded step is a CUDA-graph replay): every step equals a fresh
@@ -254,26 +282,49 @@ def test_padded_verlet_csr_follows_every_rebuild(device):
     mode = "cudagraph" if device == "cuda" else "eager"
     fast = ForceEngine(model, device=device, precision="fp64", mode=mode, pad=True, neighbor_skin=0.5)
     ref = ForceEngine(model, device=device, precision="fp64")
-    # Ethanol jiggling in place and an H atom approaching it 0.15 Å per step: a rebuild every other step, and
-    # the H gains neighbours (72 -> 74 -> 76 edges of the 4.5 Å skin list, all in an 80-edge bucket).
-    atoms = molecule("CH3CH2OH")
-    atoms += Atoms("H", positions=[[atoms.positions[:, 0].max() + 4.8, 0.0, 0.0]])
-    rng = np.random.default_rng(11)
+    atoms, walk = _approaching_h()
     lists = []
     with use_backend("triton"):
         for _ in range(10):
-            atoms.positions[-1, 0] -= 0.15
-            atoms.positions[:-1] += rng.normal(0.0, 0.01, (len(atoms) - 1, 3))
+            walk()
             batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
             got = fast.compute(batch, to_host=True)
             with use_backend("torch"):
                 want = ref.compute(batch, to_host=True)
             np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-9)
             np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-9)
-            bucket, graph, builds = fast._verlet_fill
+            bucket, graph, builds = fast._verlet_fill[:3]
             assert_bucket_csr(graph)
             if not lists or lists[-1][0] != builds:
                 lists.append((builds, bucket, graph.n_edges))
     assert len(lists) >= 4 and fast.verlet.n_builds < fast.verlet.n_calls  # rebuilds, and reuse between them
     assert len({bucket for _, bucket, _ in lists}) == 1
     assert len({e for _, _, e in lists}) >= 3, lists  # the edge list changed within the bucket
+
+
+@pytest.mark.gpu
+def test_calculator_replays_follow_every_rebuild_on_cuda():
+    """The default MD path (StudentCalculator, mode "auto": a CUDA-graph replay of the Verlet bucket) across
+    rebuilds that change the edge list within the captured bucket equals a fresh list every step: the replay
+    reads the static CSR that each rebuild rewrote."""
+    from mlff_distiller import StudentCalculator
+
+    model = make_model()
+    calc = StudentCalculator(model, device="cuda", precision="fp64", skin=0.5)
+    ref = StudentCalculator(model, device="cuda", precision="fp64", mode="eager", skin=None)
+    eng = calc.engine
+    assert eng.mode == "cudagraph"
+    atoms, walk = _approaching_h()
+    atoms.calc = calc
+    edges = set()
+    for _ in range(10):
+        walk()
+        forces, energy = atoms.get_forces(), atoms.get_potential_energy()
+        check = atoms.copy()
+        check.calc = ref
+        np.testing.assert_allclose(forces, check.get_forces(), rtol=0, atol=1e-9)
+        assert energy == pytest.approx(check.get_potential_energy(), abs=1e-9)
+        edges.add(eng._verlet_fill[1].n_edges)
+        assert_bucket_csr(eng._verlet_fill[1])
+    assert len(eng.captured_buckets) == 1 and len(edges) >= 3
+    assert 4 <= eng.verlet.n_builds < eng.verlet.n_calls

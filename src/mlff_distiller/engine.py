@@ -237,6 +237,7 @@ class ForceEngine:
         self._runners: dict[Bucket, GraphRunner] = {}
         self._topology: tuple | None = None
         self._checked_numbers: torch.Tensor | None = None
+        self._checked_source: tuple | None = None  # (tensor, version) of the numbers last checked
         self.last_bucket: Bucket | None = None  # the bucket of the latest padded call
         # Padded Verlet path: (bucket, graph, verlet build count) of the list now in the static buffers.
         self._verlet_fill: tuple | None = None
@@ -323,13 +324,19 @@ class ForceEngine:
         return {k: v.cpu() for k, v in out.items()} if to_host else out
 
     def _check_species(self, numbers: torch.Tensor) -> None:
-        """``model.check_species``, skipped when the numbers equal the last ones checked (MD: every step)."""
+        """``model.check_species``, skipped when the numbers equal the last ones checked (MD: every step); the
+        very same tensor, not modified in place since (the calculator's MD batches), skips the compare too."""
+        src = self._checked_source
+        if src is not None and src[0] is numbers and src[1] == numbers._version:
+            return
         last = self._checked_numbers
         if last is not None and last.shape == numbers.shape and last.device == numbers.device:
             if torch.equal(last, numbers):
+                self._checked_source = (numbers, numbers._version)
                 return
         self.model.check_species(numbers)
         self._checked_numbers = numbers.detach().clone()
+        self._checked_source = (numbers, numbers._version)
 
     def _neighbors(self, b: AtomsBatch):
         """A fresh neighbour list of a batch already on the engine's device."""
@@ -553,10 +560,11 @@ class ForceEngine:
             dev = batch.to(self.device, self.dtype)
             fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
             self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
-            self._verlet_fill = fill = (bucket, graph, v.n_builds)
+            # (bucket, graph, build count, the real atoms' rows of the static positions)
+            self._verlet_fill = fill = (bucket, graph, v.n_builds, graph.positions[:n])
         else:
             bucket, graph = fill[0], fill[1]
-            graph.positions[:n].copy_(batch.positions.to(self.dtype), non_blocking=True)
+            fill[3].copy_(batch.positions.to(self.dtype), non_blocking=True)
         return self._run_padded(bucket, graph, n, b, to_host)
 
     # ------------------------------------------------------------------------------------------ warm-up
