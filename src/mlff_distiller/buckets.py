@@ -181,6 +181,8 @@ class PaddedGraph:
         # Search keys 0..A for the offsets: int64 for the receivers, int32 for the int32 sender keys.
         g._bounds = torch.arange(a + 1, dtype=torch.long, device=device)
         g._bounds32 = g._bounds.to(torch.int32)
+        g._send32 = torch.empty((c,), dtype=torch.int32, device=device)  # sort keys and sorted keys
+        g._keys32 = torch.empty((c,), dtype=torch.int32, device=device)
         g._fill_edge_tail(0, 0)
         g.refresh_csr()
         return g
@@ -204,11 +206,10 @@ class PaddedGraph:
         keep their storage, so captured graphs read the new content). Device work only, no sync: a searchsorted
         for the receivers (the edges are receiver-sorted), a stable sort of the senders on int32 keys (half the
         radix passes of int64; any stable sort gives the same permutation) and a searchsorted over it."""
-        recv, send = self.edge_index[0], self.edge_index[1]
-        torch.searchsorted(recv, self._bounds, out=self.row_ptr)
-        keys, order = torch.sort(send.to(torch.int32), stable=True)
-        self.sender_perm.copy_(order)
-        torch.searchsorted(keys, self._bounds32, out=self.sender_ptr)
+        torch.searchsorted(self.edge_index[0], self._bounds, out=self.row_ptr)
+        self._send32.copy_(self.edge_index[1])
+        torch.sort(self._send32, stable=True, out=(self._keys32, self.sender_perm))
+        torch.searchsorted(self._keys32, self._bounds32, out=self.sender_ptr)
 
     def _fill_edge_tail(self, n_atoms: int, n_edges: int) -> None:
         a, c = self.bucket.atoms, self.bucket.edges
