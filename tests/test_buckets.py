@@ -214,3 +214,29 @@ def test_padded_equals_unpadded_when_the_edges_change_within_a_bucket(device):
         assert not torch.allclose(engine._step(*graph.inputs()), good, rtol=0, atol=1e-6)
         graph.refresh_csr()
         torch.testing.assert_close(engine._step(*graph.inputs()), good, rtol=0, atol=0)
+
+
+def test_padded_step_does_no_graph_bookkeeping():
+    """The padded step (what a CUDA graph captures) reads the bucket's CSR: on the Triton kernels it sorts,
+    searches and clones nothing, and never asks the kernels' own CSR builders."""
+    import importlib
+
+    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+    engine = ForceEngine(_tiny_model(), device="cpu", precision="fp64", pad=True)
+    batch = AtomsBatch.from_atoms(molecule("CH3CH2OH"), dtype=torch.float64)
+    with use_backend("triton"):
+        engine.compute(batch)
+        graph = engine._graphs[engine.last_bucket]
+
+        def forbidden(*args, **kwargs):
+            raise AssertionError("the padded step built a CSR itself")
+
+        saved = mp._receiver_csr, mp._sender_csr
+        mp._receiver_csr = mp._sender_csr = forbidden
+        try:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                engine._step(*graph.inputs())
+        finally:
+            mp._receiver_csr, mp._sender_csr = saved
+    ops = {e.name for e in prof.events()}
+    assert not ops & {"aten::sort", "aten::argsort", "aten::searchsorted", "aten::clone"}, sorted(ops)
