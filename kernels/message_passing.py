@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import weakref
 from collections.abc import Iterator
 
@@ -313,6 +314,11 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     Whole replays, all block / all atom (benchmarks/results/profile_variants_h100.txt): benzene 716 / 674 us,
 #     192-atom water 1422 / 1058, 3,000-atom water 5775 / 5999, 6,850 atoms of g2 molecules 3613 / 4121: the
 #     crossover lies between 192 and 3,000 atoms; 1024 is the threshold (not measured closer).
+#   bwd_edge_split: feature slices of the edge kernel ("auto" or an int): "auto" gives small graphs 2, 4, ... programs
+#     per edge tile (each sums F / split features into partial ∂rbf / ∂u rows that the host adds) until the grid
+#     has edge_split_programs_per_sm programs per SM; a 24,000-atom box keeps one slice. In a 192-atom water MD
+#     replay the unsplit kernel ran 265 programs for ~17,000 edges at 57 µs per layer, benzene 3 programs at
+#     24 µs (benchmarks/results/profile_step_h100_run6.txt).
 # benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
 # Shipped: the fastest float32-accurate choice per kernel of the H100 sweep on 24,000-atom water
 # (benchmarks/results/tune_mp_h100.md, 2026-11-23): block forward 16 x 32 x 64 / 4 warps with tf32x3 (6.04 ->
@@ -342,6 +348,8 @@ _CONFIG = {
     "bwd_edge_block_e": 64,
     "bwd_edge_block_f": 32,
     "bwd_edge_warps": 4,
+    "bwd_edge_split": "auto",
+    "edge_split_programs_per_sm": 4,
     "bwd_filter_block_e": 32,
     "bwd_filter_block_f": 128,
     "bwd_filter_warps": 4,
@@ -373,6 +381,11 @@ def _configured(**changes) -> Iterator[None]:
     finally:
         _CONFIG.clear()
         _CONFIG.update(old)
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _pow2(n: int) -> int:
@@ -793,9 +806,13 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        SPLIT: tl.constexpr,
     ):
+        # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
+        # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials.
         e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         em = e < E
+        part = tl.program_id(1).to(tl.int64)
         i, j = _edge_ends(ei_ptr, ei_stride, e, em)
         r = tl.arange(0, R_PAD)
         rm = r < N_RBF
@@ -806,8 +823,10 @@ if HAS_TRITON:
         gu_0 = tl.zeros((BLOCK_E,), dtype=dt)
         gu_1 = tl.zeros((BLOCK_E,), dtype=dt)
         gu_2 = tl.zeros((BLOCK_E,), dtype=dt)
-        for f0 in tl.static_range(0, N_FEAT, BLOCK_F):
-            f = f0 + tl.arange(0, BLOCK_F)
+        grbf_ptr += part * E * N_RBF
+        gunit_ptr += part * E * 3
+        for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
+            f = part * (N_FEAT // SPLIT) + k0 + tl.arange(0, BLOCK_F)
             fm = f < N_FEAT
             m2 = em[:, None] & fm[None, :]
             G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT)
@@ -962,6 +981,24 @@ if HAS_TRITON:
     # -- host functions: allocate, choose blocks, launch -----------------------------------------------------
     # ``launch`` is torch.library.wrap_triton inside the triton_ops and the bare kernel on the eager path.
 
+    def _edge_split(ref: Tensor, tiles: int, n_feat: int, block_f: int) -> int:
+        """Feature slices of the edge kernel (``bwd_edge_split``): "auto" splits the feature loop over 2, 4, ...
+        programs per edge tile (a power of two dividing the feature chunks) while the grid has fewer than
+        ``edge_split_programs_per_sm`` programs per SM, so that small graphs (a molecule, a 192-atom box in MD)
+        spread over the GPU instead of walking all features in a few programs; large graphs keep one slice."""
+        want = _CONFIG["bwd_edge_split"]
+        chunks = max(1, n_feat // block_f) if n_feat % block_f == 0 else 1
+        if want != "auto":
+            split = int(want)
+            return split if split >= 1 and chunks % split == 0 else 1
+        if not ref.is_cuda:
+            return 1
+        target = _CONFIG["edge_split_programs_per_sm"] * _sm_count(ref.device)
+        split = 1
+        while chunks % (2 * split) == 0 and tiles * split < target:
+            split *= 2
+        return split
+
     def _launch_config(
         ref: Tensor,
         kernel: str,
@@ -1104,16 +1141,23 @@ if HAS_TRITON:
                         num_warps=warps, **c,
                     )  # fmt: skip
         if need[1] and e > 0 and not edge_done:
-            g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
             if f == 0:
-                g_rbf.zero_(), g_unit.zero_()
+                g_rbf, g_unit = torch.zeros_like(rbf), torch.zeros_like(unit)
             else:
                 c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf)
+                tiles = triton.cdiv(e, c["BLOCK_E"])
+                split = _edge_split(x, tiles, f, c["BLOCK_F"])
+                # split > 1: partial rows per feature slice, summed here (deterministic, no atomics)
+                lead = (split,) if split > 1 else ()
+                g_rbf = torch.empty((*lead, *rbf.shape), dtype=rbf.dtype, device=x.device)
+                g_unit = torch.empty((*lead, *unit.shape), dtype=unit.dtype, device=x.device)
                 check_launchable(_mp_bwd_edge_kernel, x)
-                launch(_mp_bwd_edge_kernel)[(triton.cdiv(e, c["BLOCK_E"]),)](
+                launch(_mp_bwd_edge_kernel)[(tiles, split)](
                     grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, e, edge_index.stride(0),
-                    num_warps=warps, **c,
+                    num_warps=warps, SPLIT=split, **c,
                 )  # fmt: skip
+                if split > 1:
+                    g_rbf, g_unit = g_rbf.sum(0), g_unit.sum(0)
         if need[2]:
             g_w = torch.zeros_like(w)
             if e > 0 and f > 0:

@@ -443,6 +443,37 @@ def test_edge_kernel_tiles_float32(tiles):
         _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=21), torch.float32)
 
 
+@pytest.mark.parametrize("split", [1, 2, 4, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_edge_kernel_feature_split(triton_device, split, dtype, monkeypatch):
+    """The edge backward with its feature loop split over 1, 2 or 4 programs per edge tile (partial ∂rbf / ∂u rows
+    summed on the host) matches the reference; a split that does not divide the feature chunks (3) runs one slice."""
+    if triton_device.type == "cpu":
+        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
+    args = _graph(40, 300, 64, 20, dtype, triton_device, seed=31)
+    with mp_module._configured(bwd_edge_split=split, bwd_sender_variant="atom"):
+        c, _, _ = mp_module._launch_config(args[0], "bwd_edge", 64, 20)
+        chunks = 64 // c["BLOCK_F"]
+        used = mp_module._edge_split(args[0], 300 // c["BLOCK_E"] + 1, 64, c["BLOCK_F"])
+        assert used == (split if chunks % split == 0 else 1)
+        _compare(args, dtype)
+
+
+@pytest.mark.gpu
+def test_edge_split_auto_rule_on_cuda():
+    """ "auto": small graphs (few edge tiles) split the feature loop up to the feature chunks, large ones do not."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x = torch.zeros(1, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert mp_module._edge_split(x, 3, 128, 32) == 4  # benzene: 3 edge tiles
+    assert mp_module._edge_split(x, 20 * sms, 128, 32) == 1  # 24,000-atom water: ~20,000 tiles
+    assert mp_module._edge_split(x, 3 * sms, 128, 32) == 2
+    assert mp_module._edge_split(x, 3, 96, 32) == 1  # 3 chunks: no power-of-two slice divides them
+    with mp_module._configured(bwd_edge_split=1):
+        assert mp_module._edge_split(x, 3, 128, 32) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("per_atom", [6, 40])
 def test_auto_sender_variant_on_cuda(per_atom):
