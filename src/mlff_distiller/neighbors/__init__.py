@@ -40,7 +40,8 @@ Backends (``BACKENDS`` maps name -> supported devices; :func:`available_backends
   else ``$MLFF_DISTILLER_CELL_LIST``, else ``auto``): ``triton`` (:mod:`.cell_list_triton`: fused count/fill
   kernels over fractional bins, receiver-sorted CSR written by a row-sort kernel, one host sync; fully
   periodic batches replay their kernels as a CUDA graph from the second call on the same cells and atom count,
-  ``MLFF_DISTILLER_NL_GRAPHS=0`` switches that off; the default on CUDA) and ``torch`` (:mod:`.cell_list`: ghost images, Cartesian bins, torch ops; the default on CPU).
+  ``MLFF_DISTILLER_NL_GRAPHS=0`` switches that off; the default on CUDA) and ``torch`` (:mod:`.cell_list`:
+  ghost images, Cartesian bins, torch ops; the default on CPU).
   ``triton`` on CPU tensors works only under ``TRITON_INTERPRET=1`` (tests). ``max_candidates`` bounds the
   torch implementation's chunks; the Triton one never materialises candidates.
 * ``vesin``: vesin-torch (optional dependency; CPU and CUDA), one call per structure, converted to this
