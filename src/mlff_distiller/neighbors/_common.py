@@ -26,6 +26,7 @@ __all__ = [
     "finish",
     "host_cells",
     "prepare",
+    "structure_bounds",
 ]
 
 # Periodic lattice vectors spanning less than this (Å, Å² or Å³) make a degenerate cell (as in batch.py).
@@ -337,6 +338,19 @@ def finish(geo: Geometry, raw: RawPairs, method: str) -> NeighborList:
         row_ptr=row_ptr,
         method=method,
     )
+
+
+def structure_bounds(
+    values: torch.Tensor, struct: torch.Tensor, counts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-structure minimum and maximum ``lo, hi [B, 3]`` (float64) of ``values [N, 3]`` (float64) whose rows
+    belong to structures ``struct [N]``; zeros for structures without atoms (``counts [B]`` of 0)."""
+    idx = struct[:, None].expand(-1, 3)
+    inf = torch.full((counts.shape[0], 3), float("inf"), dtype=torch.float64, device=values.device)
+    lo = inf.scatter_reduce(0, idx, values, reduce="amin")
+    hi = (-inf).scatter_reduce(0, idx, values, reduce="amax")
+    empty = (counts == 0)[:, None]
+    return torch.where(empty, torch.zeros_like(lo), lo), torch.where(empty, torch.zeros_like(hi), hi)
 
 
 def empty_pairs(device: torch.device) -> RawPairs:

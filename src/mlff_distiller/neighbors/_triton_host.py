@@ -8,7 +8,14 @@ import math
 import numpy as np
 import torch
 
-from mlff_distiller.neighbors._common import IMAGE_SLACK, Geometry, HostCells, NeighborList, RawPairs
+from mlff_distiller.neighbors._common import (
+    IMAGE_SLACK,
+    Geometry,
+    HostCells,
+    NeighborList,
+    RawPairs,
+    structure_bounds,
+)
 
 # Bits per shift component in a pair key: wrapped-frame shifts must satisfy |S'_a| < 2^(bits-1).
 SHIFT_BITS = 10
@@ -49,13 +56,7 @@ def bin_atoms(geo: Geometry):
     edge = geo.cutoff * (1.0 + IMAGE_SLACK)
     pbc, frac, batch = geo.pbc, geo.frac, geo.batch
     # Extent of the atoms along the non-periodic (orthonormal, Å) directions; periodic ones span [0, 1).
-    idx = batch[:, None].expand(-1, 3)
-    inf = torch.full((n_struct, 3), float("inf"), dtype=torch.float64, device=frac.device)
-    lo = inf.scatter_reduce(0, idx, frac, reduce="amin")
-    hi = (-inf).scatter_reduce(0, idx, frac, reduce="amax")
-    empty = (geo.counts == 0)[:, None]
-    lo = torch.where(empty, torch.zeros_like(lo), lo)
-    hi = torch.where(empty, torch.zeros_like(hi), hi)
+    lo, hi = structure_bounds(frac, batch, geo.counts)
     extent = torch.where(pbc, geo.heights, hi - lo)
     nb, reach = bin_grid(extent, geo.heights, pbc, geo.counts, edge)
     width = torch.maximum(extent / nb, torch.full_like(extent, edge))  # Å along non-periodic axes

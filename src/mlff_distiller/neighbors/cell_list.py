@@ -19,7 +19,7 @@ import itertools
 
 import torch
 
-from mlff_distiller.neighbors._common import IMAGE_SLACK, Geometry, RawPairs, empty_pairs
+from mlff_distiller.neighbors._common import IMAGE_SLACK, Geometry, RawPairs, empty_pairs, structure_bounds
 
 __all__ = ["DEFAULT_MAX_CANDIDATES", "cell_list"]
 
@@ -128,14 +128,7 @@ def _ghosts(geo: Geometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def _bin_grid(geo: Geometry, pos: torch.Tensor, struct: torch.Tensor):
     """Per-structure bounding box ``lo [B,3]`` (Å), bin edge ``size [B,3]`` (Å, >= cutoff), ``n_bins [B,3]``
     and key ``offsets [B]`` of each structure's first bin."""
-    n_struct = geo.cell.shape[0]
-    idx = struct[:, None].expand(-1, 3)
-    inf = torch.full((n_struct, 3), float("inf"), dtype=torch.float64, device=pos.device)
-    lo = inf.scatter_reduce(0, idx, pos, reduce="amin")
-    hi = (-inf).scatter_reduce(0, idx, pos, reduce="amax")
-    empty = (geo.counts == 0)[:, None]
-    lo = torch.where(empty, torch.zeros_like(lo), lo)
-    hi = torch.where(empty, torch.zeros_like(hi), hi)
+    lo, hi = structure_bounds(pos, struct, geo.counts)
     extent = hi - lo
     # Bins strictly wider than the cutoff (by the slack) so rounding in the bin index can never put a point
     # within the cutoff two bins away.
