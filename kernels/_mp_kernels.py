@@ -1,0 +1,608 @@
+"""The Triton kernels of :mod:`.message_passing` (jit kernels and their jit helpers only).
+
+The host side, which chooses tiles and variants, allocates and launches these kernels, the torch.library ops and
+the autograd Functions, stays in :mod:`.message_passing` together with the torch reference and the long comment
+on the launch configuration. The formulas and the layout of every kernel are described there (the forward, the
+three backward kernels and the second derivative). This file holds only ``@triton.jit`` code, so an edit here never
+touches the host path and vice versa.
+"""
+
+from __future__ import annotations
+
+from ._triton_utils import HAS_TRITON, tl, triton
+
+__all__ = [
+    "_mp_bwd_edge_kernel",
+    "_mp_bwd_filter_kernel",
+    "_mp_bwd_fused_kernel",
+    "_mp_bwd_sender_block_kernel",
+    "_mp_bwd_sender_kernel",
+    "_mp_fwd_block_kernel",
+    "_mp_fwd_kernel",
+]
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _filter_t(w_ptr, BLK: tl.constexpr, f, fm, r, rm, N_FEAT: tl.constexpr, N_RBF: tl.constexpr):
+        """``[R_PAD, BLOCK_F]`` tile of filter_weightᵀ for block BLK (a/b/c) and features ``f``; zero padding."""
+        offs = (BLK * N_FEAT + f[None, :]).to(tl.int64) * N_RBF + r[:, None]
+        return tl.load(w_ptr + offs, mask=rm[:, None] & fm[None, :], other=0.0)
+
+    @triton.jit
+    def _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT: tl.constexpr, N_RBF: tl.constexpr):
+        """The a, b and c tiles of filter_weightᵀ (``_filter_t``) for features ``f``."""
+        wa = _filter_t(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF)
+        wb = _filter_t(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
+        wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
+        return wa, wb, wc
+
+    @triton.jit
+    def _filter_rows(w_ptr, BLK: tl.constexpr, f, fm, r, rm, N_FEAT: tl.constexpr, N_RBF: tl.constexpr):
+        """``[BLOCK_F, R_PAD]`` tile of filter_weight itself (rows ``BLK * F + f``): the right-hand side of the
+        ∂rbf dots ``G @ W`` loaded in that orientation, not as ``tl.trans`` of a ``_filter_t`` tile (a layout
+        change in registers, which made the tensor-core dots of the edge kernel spill)."""
+        offs = (BLK * N_FEAT + f[:, None]).to(tl.int64) * N_RBF + r[None, :]
+        return tl.load(w_ptr + offs, mask=fm[:, None] & rm[None, :], other=0.0)
+
+    @triton.jit
+    def _chunk_setup(w_ptr, f, N_FEAT: tl.constexpr, N_RBF: tl.constexpr, R_PAD: tl.constexpr):
+        """Feature mask, radial range and mask, and the filter tiles a program holds for its feature chunk ``f``."""
+        fm = f < N_FEAT
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
+        return fm, r, rm, wa, wb, wc
+
+    @triton.jit
+    def _atom_block(n_atoms, BLOCK_A: tl.constexpr):
+        """First atom, atom ids and mask of this program's BLOCK_A consecutive atoms (program axis 0)."""
+        a0 = tl.program_id(0).to(tl.int64) * BLOCK_A
+        atoms = a0 + tl.arange(0, BLOCK_A)
+        am = atoms < n_atoms
+        return a0, atoms, am
+
+    @triton.jit
+    def _block_edge_range(csr_ptr, a0, n_atoms, BLOCK_A: tl.constexpr):
+        """CSR range ``lo .. hi`` of the edges of atoms ``a0 .. a0 + BLOCK_A`` (contiguous in the sorted list)."""
+        lo = tl.load(csr_ptr + a0)
+        hi = tl.load(csr_ptr + tl.minimum(a0 + BLOCK_A, n_atoms))
+        return lo, hi
+
+    @triton.jit
+    def _zeros5(x_ptr, BLOCK_A: tl.constexpr, BLOCK_F: tl.constexpr):
+        """Five ``[BLOCK_A, BLOCK_F]`` accumulators in x's dtype (the block sender backward's sums)."""
+        dt = x_ptr.dtype.element_ty
+        z0 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        z1 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        z2 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        z3 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        z4 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        return z0, z1, z2, z3, z4
+
+    @triton.jit
+    def _perm_tile(perm_ptr, start, hi, BLOCK_E: tl.constexpr):
+        """Edge ids ``e`` and mask of the tile of the sender-sorted edge list ``perm`` at ``start .. hi``."""
+        p = start + tl.arange(0, BLOCK_E)
+        pm = p < hi
+        e = tl.load(perm_ptr + p, mask=pm, other=0).to(tl.int64)
+        return e, pm
+
+    @triton.jit
+    def _edge_ends(ei_ptr, ei_stride, e, em):
+        """Receivers i (row 0) and senders j (row 1) of edges ``e``."""
+        i = tl.load(ei_ptr + e, mask=em, other=0).to(tl.int64)
+        j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
+        return i, j
+
+    @triton.jit
+    def _onehot(atoms, idx, em, x_ptr):
+        """``[BLOCK_A, BLOCK_E]`` one-hot: 1 where edge t's atom ``idx[t]`` is ``atoms[k]`` (masked edges: none)."""
+        return ((idx[None, :] == atoms[:, None]) & em[None, :]).to(x_ptr.dtype.element_ty)
+
+    @triton.jit
+    def _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF: tl.constexpr):
+        """``[BLOCK_E, R_PAD]`` rows of rbf for edges ``e``; zero for masked edges and padding."""
+        return tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
+
+    @triton.jit
+    def _unit3(unit_ptr, e, em):
+        """The x, y, z components of the unit vectors of edges ``e`` (zero for masked edges)."""
+        ux = tl.load(unit_ptr + e * 3, mask=em, other=0.0)
+        uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
+        uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
+        return ux, uy, uz
+
+    @triton.jit
+    def _rows3(ptr, idx, m2, f, N_FEAT: tl.constexpr):
+        """The three ``[BLOCK_E, BLOCK_F]`` blocks (k = 0, 1, 2) of rows ``idx`` of a ``[N, 3F]`` tensor."""
+        row = ptr + idx[:, None] * (3 * N_FEAT) + f[None, :]
+        r0 = tl.load(row, mask=m2, other=0.0)
+        r1 = tl.load(row + N_FEAT, mask=m2, other=0.0)
+        r2 = tl.load(row + 2 * N_FEAT, mask=m2, other=0.0)
+        return r0, r1, r2
+
+    @triton.jit
+    def _sender_tile_loads(
+        gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT: tl.constexpr, N_RBF: tl.constexpr
+    ):
+        """What a sender-backward tile of edges ``e`` (receivers ``i``) reads besides x_j, v_j: rbf rows, the edge
+        mask over features, g_v[i] (three blocks), the unit vectors and g_s[i]."""
+        rb = _rbf_tile(rbf_ptr, e, pm, r, rm, N_RBF)
+        m2 = pm[:, None] & fm[None, :]
+        g0, g1, g2 = _rows3(gv_ptr, i, m2, f, N_FEAT)
+        ux, uy, uz = _unit3(unit_ptr, e, pm)
+        gsi = tl.load(gs_ptr + i[:, None] * N_FEAT + f[None, :], mask=m2, other=0.0)
+        return rb, m2, g0, g1, g2, ux, uy, uz, gsi
+
+    @triton.jit
+    def _gamma(g0, g1, g2, ux, uy, uz):
+        """γ_e = Σ_k g_v[i,k] u_e[k] over a tile (``[BLOCK_E, BLOCK_F]``)."""
+        return g0 * ux[:, None] + g1 * uy[:, None] + g2 * uz[:, None]
+
+    @triton.jit
+    def _store3(out, t0, t1, t2, mask, N_FEAT: tl.constexpr):
+        """Stores the three blocks (k = 0, 1, 2, F apart) of a ``[.., 3F]`` row at ``out``."""
+        tl.store(out, t0, mask=mask)
+        tl.store(out + N_FEAT, t1, mask=mask)
+        tl.store(out + 2 * N_FEAT, t2, mask=mask)
+
+    @triton.jit
+    def _store_sender_grads(
+        x_ptr, v_ptr, gx_ptr, gvout_ptr, row, mask, acc_a, acc_c, t_0, t_1, t_2, N_FEAT: tl.constexpr
+    ):
+        """Writes the sender backward's ∂x_j = (acc_a, Σ_k v_j[k] ⊙ T_k, acc_c) and ∂v_j[k] = x_b,j ⊙ T_k at ``row``
+        (offsets of sender rows of ``[N, 3F]``, 1-D for one sender or 2-D for a block)."""
+        v0 = tl.load(v_ptr + row, mask=mask, other=0.0)
+        v1 = tl.load(v_ptr + row + N_FEAT, mask=mask, other=0.0)
+        v2 = tl.load(v_ptr + row + 2 * N_FEAT, mask=mask, other=0.0)
+        xb = tl.load(x_ptr + row + N_FEAT, mask=mask, other=0.0)
+        tl.store(gx_ptr + row, acc_a, mask=mask)
+        tl.store(gx_ptr + row + N_FEAT, v0 * t_0 + v1 * t_1 + v2 * t_2, mask=mask)
+        tl.store(gx_ptr + row + 2 * N_FEAT, acc_c, mask=mask)
+        tl.store(gvout_ptr + row, xb * t_0, mask=mask)
+        tl.store(gvout_ptr + row + N_FEAT, xb * t_1, mask=mask)
+        tl.store(gvout_ptr + row + 2 * N_FEAT, xb * t_2, mask=mask)
+
+    @triton.jit
+    def _mp_fwd_kernel(
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        rowptr_ptr,
+        ds_ptr,
+        dv_ptr,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        i = tl.program_id(0).to(tl.int64)
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
+        dt = x_ptr.dtype.element_ty
+        acc_s = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_0 = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_1 = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_2 = tl.zeros((BLOCK_F,), dtype=dt)
+        lo = tl.load(rowptr_ptr + i)
+        hi = tl.load(rowptr_ptr + i + 1)
+        for start in range(lo, hi, BLOCK_E):
+            e = start + tl.arange(0, BLOCK_E)
+            em = e < hi
+            j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
+            rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
+            m2 = em[:, None] & fm[None, :]
+            xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            # Masked edges have rb = 0 and x = 0, so they add exact zeros.
+            a = tl.load(xrow, mask=m2, other=0.0) * tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            ux, uy, uz = _unit3(unit_ptr, e, em)
+            acc_s += tl.sum(a, axis=0)
+            acc_0 += tl.sum(b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None], axis=0)
+            acc_1 += tl.sum(b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None], axis=0)
+            acc_2 += tl.sum(b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None], axis=0)
+        tl.store(ds_ptr + i * N_FEAT + f, acc_s, mask=fm)
+        out = dv_ptr + i * (3 * N_FEAT) + f
+        _store3(out, acc_0, acc_1, acc_2, fm, N_FEAT)
+
+    # "block" forward: one program per (BLOCK_A consecutive receivers, feature chunk). Their edges are one contiguous
+    # range of the receiver-sorted list (row_ptr[a0] .. row_ptr[a0 + BLOCK_A]), walked in BLOCK_E tiles that may
+    # straddle receivers; each tile's messages [BLOCK_E, BLOCK_F] are summed into the BLOCK_A receivers by a
+    # one-hot [BLOCK_A, BLOCK_E] tl.dot (a segment sum on the tensor cores, no atomics). The one-hot factor is
+    # exact, so the sum carries only the dot's rounding of the messages (none in "ieee", ~fp32 in "tf32x3").
+    # Against one program per atom it loads the filter chunk once per BLOCK_A atoms instead of once per atom and
+    # runs MMAs of BLOCK_E >= 32 rows instead of one atom's ~55 edges padded to 16-row tiles.
+
+    @triton.jit(do_not_specialize=["n_atoms"])  # no recompile per atom count class
+    def _mp_fwd_block_kernel(
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        rowptr_ptr,
+        ds_ptr,
+        dv_ptr,
+        n_atoms,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_A: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
+        dt = x_ptr.dtype.element_ty
+        acc_s = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        acc_0 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        acc_1 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        acc_2 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
+        lo, hi = _block_edge_range(rowptr_ptr, a0, n_atoms, BLOCK_A)
+        for start in range(lo, hi, BLOCK_E):
+            e = start + tl.arange(0, BLOCK_E)
+            em = e < hi
+            i, j = _edge_ends(ei_ptr, ei_stride, e, em)
+            # onehot[k, t] = 1 where edge t of the tile goes to atom a0 + k (masked edges match no atom).
+            onehot = _onehot(atoms, i, em, x_ptr)
+            rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
+            m2 = em[:, None] & fm[None, :]
+            xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            a = tl.load(xrow, mask=m2, other=0.0) * tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            acc_s += tl.dot(onehot, a, input_precision=DOT_PRECISION)
+            b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            ux, uy, uz = _unit3(unit_ptr, e, em)
+            m_0 = b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None]
+            acc_0 += tl.dot(onehot, m_0, input_precision=DOT_PRECISION)
+            m_1 = b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None]
+            acc_1 += tl.dot(onehot, m_1, input_precision=DOT_PRECISION)
+            m_2 = b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None]
+            acc_2 += tl.dot(onehot, m_2, input_precision=DOT_PRECISION)
+        om = am[:, None] & fm[None, :]
+        tl.store(ds_ptr + atoms[:, None] * N_FEAT + f[None, :], acc_s, mask=om)
+        out = dv_ptr + atoms[:, None] * (3 * N_FEAT) + f[None, :]
+        _store3(out, acc_0, acc_1, acc_2, om, N_FEAT)
+
+    # Backward (the VJP; see message_passing_backward_reference): with β_e = Σ_k g_v[i,k] v_j[k] and
+    # γ_e = Σ_k g_v[i,k] u_e[k],
+    #   ∂x_j = Σ_{e: sender j} (g_s[i] ⊙ W_a,e,  β_e ⊙ W_b,e,  γ_e ⊙ W_c,e),   ∂v_j[k] = x_b,j ⊙ T_k,
+    #   with T_k = Σ_{e: sender j} W_b,e ⊙ g_v[i,k], so that also Σ_e β_e ⊙ W_b,e = Σ_k v_j[k] ⊙ T_k;
+    #   G_e = (g_s[i] ⊙ x_a,j, β_e ⊙ x_b,j, γ_e ⊙ x_c,j):  ∂rbf_e = filter_weightᵀ G_e,  ∂u_e[k] = Σ_f c_e g_v[i,k],
+    #   ∂filter_weight = Σ_e G_e ⊗ rbf_e.
+    # Three kernels, none with atomics:
+    #   * _mp_bwd_sender_kernel: ∂x, ∂v are sums over the edges of each *sender*: one program per (sender, feature
+    #     chunk) walks the transposed CSR (edges sorted by sender: an argsort per graph, cached across layers)
+    #     and reduces in registers, the mirror image of the forward. Atomics instead would put 6F scattered
+    #     atomic adds per edge on the hottest output (and make it non-deterministic).
+    #   * _mp_bwd_edge_kernel: ∂rbf_e and ∂u_e reduce over all 3F features of one edge: one program per tile of
+    #     edges loops over the feature chunks and writes each edge's row once.
+    #   * _mp_bwd_filter_kernel: ∂filter_weight reduces over all edges: each program sums a contiguous range of
+    #     edges for one feature chunk into a [BLOCK_F, R_PAD] register tile (a tl.dot with K = edges) and
+    #     writes one partial; the host sums the few hundred partials (deterministic, no contention).
+
+    @triton.jit
+    def _mp_bwd_sender_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        perm_ptr,
+        colptr_ptr,
+        gx_ptr,
+        gvout_ptr,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        j = tl.program_id(0).to(tl.int64)
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
+        dt = x_ptr.dtype.element_ty
+        acc_a = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_c = tl.zeros((BLOCK_F,), dtype=dt)
+        t_0 = tl.zeros((BLOCK_F,), dtype=dt)
+        t_1 = tl.zeros((BLOCK_F,), dtype=dt)
+        t_2 = tl.zeros((BLOCK_F,), dtype=dt)
+        lo = tl.load(colptr_ptr + j)
+        hi = tl.load(colptr_ptr + j + 1)
+        for start in range(lo, hi, BLOCK_E):
+            e, pm = _perm_tile(perm_ptr, start, hi, BLOCK_E)
+            i = tl.load(ei_ptr + e, mask=pm, other=0).to(tl.int64)
+            rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
+                gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
+            )
+            w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            acc_a += tl.sum(gsi * w_a, axis=0)
+            acc_c += tl.sum(_gamma(g0, g1, g2, ux, uy, uz) * w_c, axis=0)
+            t_0 += tl.sum(w_b * g0, axis=0)
+            t_1 += tl.sum(w_b * g1, axis=0)
+            t_2 += tl.sum(w_b * g2, axis=0)
+        row = j * (3 * N_FEAT) + f
+        _store_sender_grads(x_ptr, v_ptr, gx_ptr, gvout_ptr, row, fm, acc_a, acc_c, t_0, t_1, t_2, N_FEAT)
+
+    # "block" sender backward: the mirror of _mp_fwd_block_kernel over the transposed CSR (BLOCK_A consecutive
+    # senders, their edges contiguous in perm), the five per-sender sums as one-hot tl.dots.
+
+    @triton.jit(do_not_specialize=["n_atoms"])  # no recompile per atom count class
+    def _mp_bwd_sender_block_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        perm_ptr,
+        colptr_ptr,
+        gx_ptr,
+        gvout_ptr,
+        n_atoms,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_A: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
+        acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_A, BLOCK_F)
+        lo, hi = _block_edge_range(colptr_ptr, a0, n_atoms, BLOCK_A)
+        for start in range(lo, hi, BLOCK_E):
+            e, pm = _perm_tile(perm_ptr, start, hi, BLOCK_E)
+            i, j = _edge_ends(ei_ptr, ei_stride, e, pm)
+            onehot = _onehot(atoms, j, pm, x_ptr)
+            rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
+                gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
+            )
+            w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            acc_a += tl.dot(onehot, gsi * w_a, input_precision=DOT_PRECISION)
+            w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            gamma = _gamma(g0, g1, g2, ux, uy, uz)
+            acc_c += tl.dot(onehot, gamma * w_c, input_precision=DOT_PRECISION)
+            w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            t_0 += tl.dot(onehot, w_b * g0, input_precision=DOT_PRECISION)
+            t_1 += tl.dot(onehot, w_b * g1, input_precision=DOT_PRECISION)
+            t_2 += tl.dot(onehot, w_b * g2, input_precision=DOT_PRECISION)
+        om = am[:, None] & fm[None, :]
+        row = atoms[:, None] * (3 * N_FEAT) + f[None, :]
+        _store_sender_grads(x_ptr, v_ptr, gx_ptr, gvout_ptr, row, om, acc_a, acc_c, t_0, t_1, t_2, N_FEAT)
+
+    @triton.jit
+    def _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT: tl.constexpr):
+        """Per-edge gradient wrt W_e for a feature chunk, G = (g_s[i] x_a, β x_b, γ x_c), and g_v[i] (3 tiles)."""
+        g0, g1, g2 = _rows3(gv_ptr, i, m2, f, N_FEAT)
+        xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+        vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+        beta = (
+            g0 * tl.load(vrow, mask=m2, other=0.0)
+            + g1 * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
+            + g2 * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
+        )
+        gamma = _gamma(g0, g1, g2, ux, uy, uz)
+        gsi = tl.load(gs_ptr + i[:, None] * N_FEAT + f[None, :], mask=m2, other=0.0)
+        xc = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0)
+        G_a = gsi * tl.load(xrow, mask=m2, other=0.0)
+        G_b = beta * tl.load(xrow + N_FEAT, mask=m2, other=0.0)
+        G_c = gamma * xc
+        return G_a, G_b, G_c, xc, g0, g1, g2
+
+    @triton.jit
+    def _mp_bwd_edge_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        grbf_ptr,
+        gunit_ptr,
+        E,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        SPLIT: tl.constexpr,
+    ):
+        # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
+        # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials.
+        e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        em = e < E
+        part = tl.program_id(1).to(tl.int64)
+        i, j = _edge_ends(ei_ptr, ei_stride, e, em)
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
+        ux, uy, uz = _unit3(unit_ptr, e, em)
+        dt = x_ptr.dtype.element_ty
+        g_rbf = tl.zeros((BLOCK_E, R_PAD), dtype=dt)
+        gu_0 = tl.zeros((BLOCK_E,), dtype=dt)
+        gu_1 = tl.zeros((BLOCK_E,), dtype=dt)
+        gu_2 = tl.zeros((BLOCK_E,), dtype=dt)
+        grbf_ptr += part * E * N_RBF
+        gunit_ptr += part * E * 3
+        for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
+            f = part * (N_FEAT // SPLIT) + k0 + tl.arange(0, BLOCK_F)
+            fm = f < N_FEAT
+            m2 = em[:, None] & fm[None, :]
+            G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT)
+            # The ∂rbf dots G @ W take W in the orientation that measured fastest for the dot's unit
+            # (benchmarks/results/tune_edge_tiles_h100_run2.md): the CUDA-core ieee dot with tl.trans of the
+            # [R_PAD, BLOCK_F] tiles (3.5 ms at 24,000 atoms; untransposed loads: 56 ms, spilled), the tensor-core
+            # dots with [BLOCK_F, R_PAD] tiles loaded as such (tf32x3 64 x 32 / 4 warps: 2.6 ms).
+            if DOT_PRECISION == "ieee":
+                wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
+                g_rbf += tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
+                g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
+                g_rbf += tl.dot(G_c, tl.trans(wc), input_precision=DOT_PRECISION)
+            else:
+                g_rbf += tl.dot(G_a, _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+                g_rbf += tl.dot(G_b, _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+                g_rbf += tl.dot(G_c, _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+                wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
+            c = xc * tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            gu_0 += tl.sum(c * g0, axis=1)
+            gu_1 += tl.sum(c * g1, axis=1)
+            gu_2 += tl.sum(c * g2, axis=1)
+        tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])
+        tl.store(gunit_ptr + e * 3, gu_0, mask=em)
+        tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)
+        tl.store(gunit_ptr + e * 3 + 2, gu_2, mask=em)
+
+    # "fused" sender backward: the block sender kernel with the whole feature row in one program (BLOCK_F >= F),
+    # which then also has every term of ∂rbf_e and ∂u_e (sums over all features of one edge) and writes them: the
+    # edge kernel's pass over the edges (gathers of g_s[i], g_v[i], x_j, v_j per edge) is saved. Each edge belongs
+    # to exactly one sender block, so each ∂rbf / ∂u row is written once, without atomics.
+
+    @triton.jit(do_not_specialize=["n_atoms"])
+    def _mp_bwd_fused_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        perm_ptr,
+        colptr_ptr,
+        gx_ptr,
+        gvout_ptr,
+        grbf_ptr,
+        gunit_ptr,
+        n_atoms,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_A: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
+        f = tl.arange(0, BLOCK_F)
+        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
+        acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_A, BLOCK_F)
+        lo, hi = _block_edge_range(colptr_ptr, a0, n_atoms, BLOCK_A)
+        for start in range(lo, hi, BLOCK_E):
+            e, pm = _perm_tile(perm_ptr, start, hi, BLOCK_E)
+            i, j = _edge_ends(ei_ptr, ei_stride, e, pm)
+            onehot = _onehot(atoms, j, pm, x_ptr)
+            rb, m2, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
+                gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
+            )
+            xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            # ∂x_a, and the a-block of ∂rbf (G_a = g_s[i] x_a,j)
+            w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            acc_a += tl.dot(onehot, gsi * w_a, input_precision=DOT_PRECISION)
+            G_a = gsi * tl.load(xrow, mask=m2, other=0.0)
+            g_rbf = tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
+            # ∂x_c, ∂u and the c-block of ∂rbf (γ_e = Σ_k g_v[i,k] u_e[k], G_c = γ x_c,j)
+            gamma = _gamma(g0, g1, g2, ux, uy, uz)
+            w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            acc_c += tl.dot(onehot, gamma * w_c, input_precision=DOT_PRECISION)
+            xc = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0)
+            g_rbf += tl.dot(gamma * xc, tl.trans(wc), input_precision=DOT_PRECISION)
+            c = xc * w_c
+            tl.store(gunit_ptr + e * 3, tl.sum(c * g0, axis=1), mask=pm)
+            tl.store(gunit_ptr + e * 3 + 1, tl.sum(c * g1, axis=1), mask=pm)
+            tl.store(gunit_ptr + e * 3 + 2, tl.sum(c * g2, axis=1), mask=pm)
+            # T_k (∂x_b, ∂v) and the b-block of ∂rbf (β_e = Σ_k g_v[i,k] v_j[k], G_b = β x_b,j)
+            w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            t_0 += tl.dot(onehot, w_b * g0, input_precision=DOT_PRECISION)
+            t_1 += tl.dot(onehot, w_b * g1, input_precision=DOT_PRECISION)
+            t_2 += tl.dot(onehot, w_b * g2, input_precision=DOT_PRECISION)
+            beta = (
+                g0 * tl.load(vrow, mask=m2, other=0.0)
+                + g1 * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
+                + g2 * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
+            )
+            G_b = beta * tl.load(xrow + N_FEAT, mask=m2, other=0.0)
+            g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
+            tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=pm[:, None] & rm[None, :])
+        om = am[:, None] & fm[None, :]
+        row = atoms[:, None] * (3 * N_FEAT) + f[None, :]
+        _store_sender_grads(x_ptr, v_ptr, gx_ptr, gvout_ptr, row, om, acc_a, acc_c, t_0, t_1, t_2, N_FEAT)
+
+    @triton.jit
+    def _mp_bwd_filter_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        unit_ptr,
+        ei_ptr,
+        part_ptr,
+        E,
+        ei_stride,
+        EDGES_PER_PROG,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        p = tl.program_id(0).to(tl.int64)
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm = f < N_FEAT
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        dt = x_ptr.dtype.element_ty
+        acc_a = tl.zeros((BLOCK_F, R_PAD), dtype=dt)
+        acc_b = tl.zeros((BLOCK_F, R_PAD), dtype=dt)
+        acc_c = tl.zeros((BLOCK_F, R_PAD), dtype=dt)
+        lo = p * EDGES_PER_PROG
+        hi = tl.minimum(lo + EDGES_PER_PROG, E)
+        for start in range(lo, hi, BLOCK_E):
+            e = start + tl.arange(0, BLOCK_E)
+            em = e < hi
+            i, j = _edge_ends(ei_ptr, ei_stride, e, em)
+            rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
+            ux, uy, uz = _unit3(unit_ptr, e, em)
+            m2 = em[:, None] & fm[None, :]
+            G_a, G_b, G_c, _, _, _, _ = _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT)
+            acc_a += tl.dot(tl.trans(G_a), rb, input_precision=DOT_PRECISION)
+            acc_b += tl.dot(tl.trans(G_b), rb, input_precision=DOT_PRECISION)
+            acc_c += tl.dot(tl.trans(G_c), rb, input_precision=DOT_PRECISION)
+        offs = p * (3 * N_FEAT * N_RBF) + f[:, None] * N_RBF + r[None, :]
+        m = fm[:, None] & rm[None, :]
+        tl.store(part_ptr + offs, acc_a, mask=m)
+        tl.store(part_ptr + offs + N_FEAT * N_RBF, acc_b, mask=m)
+        tl.store(part_ptr + offs + 2 * N_FEAT * N_RBF, acc_c, mask=m)
