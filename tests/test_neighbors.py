@@ -593,6 +593,54 @@ def test_verlet_seen_object_shortcut_decides_as_full_compare():
             assert fast == slow == far
 
 
+def test_verlet_host_fast_path_decides_as_the_reference_formula(monkeypatch):
+    """Host positions with the very same cell/pbc/batch/ptr/numbers objects take the NumPy fast path (the generic
+    compare never runs) and decide exactly as ``(d * d).sum(axis=1).max() > (skin / 2)^2`` in float64, also for
+    displacements within rounding of skin / 2; anything else (an in-place edit of the cell, another positions
+    dtype, numbers dropped) goes the generic way and rebuilds."""
+    rng = np.random.default_rng(12)
+    atoms = Atoms("H30", positions=rng.uniform(0, 8, (30, 3)), cell=np.eye(3) * 8.0, pbc=True)
+    half = 0.4
+    for dtype in (torch.float32, torch.float64):
+        for with_numbers in (True, False):
+            b = AtomsBatch.from_atoms(atoms, dtype=dtype)
+            numbers = b.numbers if with_numbers else None
+            vl = VerletNeighborList(3.0, skin=2 * half)
+            vl(b.positions, b.cell, b.pbc, b.batch, b.ptr, numbers)
+            built = b.positions.clone()
+            generic = []
+            slow = vl._needs_rebuild
+            monkeypatch.setattr(vl, "_needs_rebuild", lambda *a, _slow=slow, _g=generic: _g.append(1) or _slow(*a))
+            answers = set()
+            for step in range(300):
+                moved = built.clone()
+                u = rng.normal(size=3)
+                r = half * (1 + rng.choice([-1.0, 1.0]) * 10 ** rng.uniform(-17, -3))
+                moved[step % 30] += torch.tensor(u / np.linalg.norm(u) * r, dtype=dtype)
+                if step % 3 == 0:
+                    moved.requires_grad_(True)
+                d = moved.detach().numpy().astype(np.float64) - built.numpy()
+                want = bool((d * d).sum(axis=1).max() > half**2)
+                got = vl.needs_rebuild(moved, b.cell, b.pbc, b.batch, b.ptr, numbers)
+                assert got is want, (dtype, step)
+                answers.add(got)
+            assert answers == {True, False}
+            assert not generic, "the fast path decided every call"
+            other = torch.float64 if dtype == torch.float32 else torch.float32
+            assert vl.needs_rebuild(built.to(other), b.cell, b.pbc, b.batch, b.ptr, numbers)
+            if with_numbers:
+                assert vl.needs_rebuild(built, b.cell, b.pbc, b.batch, b.ptr)  # numbers no longer given
+            assert not vl.needs_rebuild(built, b.cell, b.pbc, b.batch, b.ptr, numbers)
+            n_generic = len(generic)
+            b.cell.mul_(1.0)  # an in-place op bumps the version: compared again (equal: no rebuild)
+            assert not vl.needs_rebuild(built, b.cell, b.pbc, b.batch, b.ptr, numbers)
+            assert len(generic) == n_generic + 1
+            assert not vl.needs_rebuild(built, b.cell, b.pbc, b.batch, b.ptr, numbers)  # seen again: fast
+            assert len(generic) == n_generic + 1
+            b.cell[0, 0, 0] += 0.01  # an in-place change of the cell rebuilds
+            assert vl.needs_rebuild(built, b.cell, b.pbc, b.batch, b.ptr, numbers)
+
+
 def test_finish_packed_sort_equals_two_stable_sorts(monkeypatch):
     """The contract's (i, j, S) order is the same from the packed-key sort and from the two-stable-sort fallback
     (taken when the packed key would overflow int64), on shuffled raw pairs with several images per pair."""
