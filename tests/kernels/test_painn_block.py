@@ -72,12 +72,21 @@ def fused_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture(params=[0, 16], ids=["rows", "chunks16"])
+def chunked(request, monkeypatch):
+    """Under the interpreter: whole feature rows in one chunk, or 16-feature chunks (the GPU's chunk loops)."""
+    monkeypatch.setitem(pb_module._CONFIG, "interp_chunk", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("head", ["phi", "readout"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("f", [8, 20, 128])
 @pytest.mark.parametrize("n", [0, 1, 7, 33])
 @pytest.mark.parametrize("inputs", ["s,v", "no s,v"])
-def test_matches_reference(triton_device, poison, fused_calls, head, dtype, f, n, inputs):
+def test_matches_reference(triton_device, poison, fused_calls, chunked, head, dtype, f, n, inputs):
+    if triton_device.type == "cuda" and chunked:
+        pytest.skip("interp_chunk applies to the interpreter only")
     with_sv = inputs == "s,v"
     s, ds, v, dv, update, hp = _inputs(n, f, head, dtype, triton_device, seed=n + f, with_s=with_sv, with_v=with_sv)
     if triton_device.type == "cuda" and dtype == torch.float64:
