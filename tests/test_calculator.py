@@ -190,3 +190,109 @@ def test_calculator_atoms_with_constraints_or_new_arrays_take_the_ase_path(model
     atoms.positions[1, 0] += 0.01
     atoms.get_forces()
     _same_as_a_copy(calc.atoms, atoms)
+
+
+def test_check_state_matches_ase_compare_atoms(model):
+    """check_state gives ASE's compare_atoms answer (the same changes; cell and pbc first, then the arrays sorted,
+    where ASE's order follows a set) for each kind of change, also after
+    its NaN memo has seen the NaN-free contents: equal arrays holding a NaN are still a change (NaN is never
+    close to itself), in the positions and in the cell."""
+    from ase.calculators.calculator import compare_atoms
+
+    atoms = silicon_cell(rattle=0.05)
+    calc = StudentCalculator(model, device="cpu", precision="fp64")
+    atoms.calc = calc
+    atoms.get_forces()
+    stored = calc.atoms
+
+    def same_as_ase(other, ignored=()):
+        want = compare_atoms(calc.atoms, other, tol=1e-15, excluded_properties=set(ignored))
+        got = calc.check_state(other)
+        head = [p for p in ("cell", "pbc") if p in want]
+        assert got == head + sorted(set(want) - set(head)) and len(got) == len(want)
+        return got
+
+    assert same_as_ase(atoms.copy()) == []
+    assert same_as_ase(atoms.copy()) == []  # the memo knows these contents now
+    edits = {
+        "positions": lambda a: a.positions.__setitem__((0, 0), a.positions[0, 0] + 1e-9),
+        "tiny": lambda a: a.positions.__setitem__((0, 0), a.positions[0, 0] + 1e-16 * abs(a.positions[0, 0])),
+        "cell": lambda a: a.set_cell(a.cell.array * 1.001),
+        "pbc": lambda a: a.set_pbc([True, True, False]),
+        "numbers": lambda a: a.set_atomic_numbers([1] * len(a)),
+        "charges": lambda a: a.set_initial_charges(np.full(len(a), 0.1)),
+        "momenta": lambda a: a.set_momenta(np.ones((len(a), 3))),
+    }
+    answers = {}
+    for name, edit in edits.items():
+        other = atoms.copy()
+        edit(other)
+        answers[name] = same_as_ase(other)
+    assert answers["positions"] == ["positions"] and answers["cell"] == ["cell"] and answers["pbc"] == ["pbc"]
+    assert answers["numbers"] == ["numbers"] and answers["charges"] == ["initial_charges"]
+    assert answers["tiny"] == [] and answers["momenta"] == []
+    both = atoms.copy()
+    both.set_cell(both.cell.array * 1.001)
+    both.set_atomic_numbers([1] * len(both))
+    both.positions[1, 2] += 1e-6
+    assert same_as_ase(both) == ["cell", "numbers", "positions"]
+    calc.ignored_changes = {"positions", "cell"}
+    assert same_as_ase(both, calc.ignored_changes) == ["numbers"]
+    calc.ignored_changes = set()
+    # NaN in both (equal bytes): a change, as in ASE, though the memo holds the NaN-free contents of both names
+    for name in ("positions", "cell"):
+        nan = atoms.copy()
+        own = calc.atoms = stored.copy()
+        if name == "positions":
+            nan.positions[1, 1] = own.positions[1, 1] = np.nan
+        else:
+            nan.cell.array[1, 1] = own.cell.array[1, 1] = np.nan
+        assert same_as_ase(nan) == [name]
+        assert same_as_ase(nan) == [name]
+    calc.atoms = stored
+    assert same_as_ase(atoms.copy()) == []
+
+
+def test_md_batch_positions_cast_and_checked_like_a_fresh_batch(model):
+    """The MD batch (previous batch, new positions) holds what AtomsBatch.from_atoms would: the positions cast to
+    the engine's dtype (float32: round to nearest), the same other tensors; non-finite positions fail as in a
+    fresh batch, finite ones whose sum overflows do not."""
+    import torch
+
+    from mlff_distiller.batch import AtomsBatch
+
+    for precision, dtype in (("fp32", torch.float32), ("fp64", torch.float64)):
+        atoms = molecule("CH3CH2OH")
+        calc = StudentCalculator(model, device="cpu", precision=precision)
+        atoms.calc = calc
+        atoms.get_forces()
+        first = calc._last_batch
+        rng = np.random.default_rng(3)
+        atoms.positions = atoms.positions + rng.normal(0, 0.1, atoms.positions.shape) / 3.0
+        atoms.get_forces()
+        batch = calc._last_batch
+        fresh = AtomsBatch.from_atoms(atoms, dtype=dtype)
+        assert batch is not first and batch.numbers is first.numbers and batch.cell is first.cell
+        assert batch.positions.dtype == dtype and torch.equal(batch.positions, fresh.positions)
+        calc.atoms.positions[0, 0] = 1e308  # finite; the sum overflows
+        calc.atoms.positions[1, 0] = 1e308
+        assert calc._batch(["positions"]).positions[0, 0].item() == float(torch.tensor(1e308, dtype=dtype))
+        for bad in (np.nan, np.inf):
+            calc.atoms.positions[2, 1] = bad
+            with pytest.raises(ValueError, match="non-finite position"):
+                calc._batch(["positions"])
+            calc.atoms.positions[2, 1] = 0.0
+
+
+def test_md_steps_make_a_new_calculator_directory(model, tmp_path):
+    """Positions-only steps create the calculator's directory as ASE's Calculator.calculate does, also one set
+    after the first steps."""
+    atoms = molecule("H2O")
+    calc = StudentCalculator(model, device="cpu", precision="fp64", directory=str(tmp_path / "a"))
+    atoms.calc = calc
+    dyn = VelocityVerlet(atoms, timestep=0.5 * units.fs)
+    dyn.run(2)
+    assert (tmp_path / "a").is_dir()
+    calc.directory = str(tmp_path / "b")
+    dyn.run(1)
+    assert (tmp_path / "b").is_dir()
