@@ -95,7 +95,9 @@ def main(argv=None) -> None:
                     got = [t.detach() for t in painn_block(s, ds, v, dv, upd, "phi", head)] + list(run())
                     err = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, ref_out, strict=True))
                     t = time_graph(run, device)
-                    lines.append(f"| {n} | block {cfg} | {t.median_us:.1f} | {t_ref.median_us / t.median_us:.2f} | {err:.1e} |")
+                    lines.append(
+                        f"| {n} | block {cfg} | {t.median_us:.1f} | {t_ref.median_us / t.median_us:.2f} | {err:.1e} |"
+                    )
                 except Exception as exc:  # a config that does not compile is a result too
                     lines.append(f"| {n} | block {cfg} | failed: {type(exc).__name__}: {str(exc)[:80]} | | |")
                 finally:
