@@ -256,6 +256,10 @@ def test_calculator_close_matches_ase_equal():
     ]
     for x, y in cases:
         assert _close(x, y, 1e-15) == bool(equal(x, y, atol=1e-15)), (x, y)
+    memo = {}  # check_state's NaN memo, shared by every case under one name: the same answers, twice over
+    for _ in range(2):
+        for x, y in cases:
+            assert _close(x, y, 1e-15, memo, "k") == bool(equal(x, y, atol=1e-15)), (x, y)
 
 
 def _approaching_h():
@@ -328,3 +332,39 @@ def test_calculator_replays_follow_every_rebuild_on_cuda():
         assert_bucket_csr(eng._verlet_fill[1])
     assert len(eng.captured_buckets) == 1 and len(edges) >= 3
     assert 4 <= eng.verlet.n_builds < eng.verlet.n_calls
+
+
+def test_compute_as_numpy_equals_the_host_tensors(model):
+    """``compute(as_numpy=True)`` returns the ``to_host`` tensors' values as NumPy arrays (bit for bit) on the
+    padded Verlet path, the plain padded path and the eager path (stress); the calculator's results are those."""
+    from mlff_distiller import StudentCalculator
+
+    atoms = silicon_cell(rattle=0.1)
+    for precision in ("fp32", "fp64"):
+        engines = [
+            ForceEngine(model, device="cpu", precision=precision, mode="eager", pad=True, neighbor_skin=0.5),
+            ForceEngine(model, device="cpu", precision=precision, mode="eager", pad=True),
+            ForceEngine(model, device="cpu", precision=precision, mode="eager"),
+        ]
+        for eng in engines:
+            for step in range(3):
+                atoms.positions[step % len(atoms)] += 0.01
+                batch = AtomsBatch.from_atoms(atoms, dtype=eng.dtype)
+                for stress in (False, True):
+                    want = eng.compute(batch, stress=stress, to_host=True)
+                    got = eng.compute(batch, stress=stress, as_numpy=True)
+                    assert got.keys() == want.keys()
+                    for k, v in want.items():
+                        assert isinstance(got[k], np.ndarray) and got[k].dtype == v.numpy().dtype, k
+                        np.testing.assert_array_equal(got[k], v.numpy(), err_msg=k)
+            assert eng.verlet is None or eng.verlet.n_calls > 0
+        calc = StudentCalculator(model, device="cpu", precision=precision)
+        atoms.calc = calc
+        ref = calc.engine.compute(AtomsBatch.from_atoms(atoms, dtype=calc.engine.dtype), to_host=True)
+        forces, energy = atoms.get_forces(), atoms.get_potential_energy()
+        assert forces.dtype == np.float64 and energy == float(ref["energy"][0])
+        np.testing.assert_array_equal(forces, ref["forces"].numpy().astype(np.float64))
+        np.testing.assert_array_equal(atoms.get_potential_energies(), ref["atomic_energies"].numpy())
+        stress = atoms.get_stress(voigt=True)
+        want = calc.engine.compute(AtomsBatch.from_atoms(atoms, dtype=calc.engine.dtype), stress=True, to_host=True)
+        np.testing.assert_array_equal(stress, want["stress"][0].double().numpy())
