@@ -7,7 +7,8 @@ backward of one ``autograd.grad`` wrt Δs and Δv, captured as a CUDA graph (dev
 
 * ``unfused``: what the model ran before, s + Δs, v + Δv, the fused update block (painn_update: Triton + cuBLAS)
   and the next layer's φ MLP in torch;
-* ``block BN/W/NC``: painn_block with BLOCK_N atoms per program, W warps and NC-feature GEMM chunks.
+* ``block BN/W/NC[/DOT]``: painn_block with BLOCK_N atoms per program, W warps, NC-feature GEMM chunks (and the
+  tl.dot input precision, default the shipped one).
 
 Each row checks its outputs and gradients against the unfused path first (max relative error, normwise).
 Writes ``tune_painn_block_<gpu>.md``.
@@ -25,7 +26,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import device_slug, environment, time_graph
-
 from mlff_distiller.kernels import painn_block, painn_update, use_backend
 
 pb = importlib.import_module("mlff_distiller.kernels.painn_block")
@@ -53,6 +53,40 @@ def _unfused(s, ds, v, dv, upd, head):
     return s_o, v_o, x
 
 
+def _grad_step(fn, ds, dv, ups):
+    def run():
+        return torch.autograd.grad(fn(), (ds, dv), ups)
+
+    return run
+
+
+def _sweep(n: int, f: int, configs: list[str], device) -> list[str]:
+    lines = []
+    s, ds, v, dv, upd, head, ups = _inputs(n, f, device)
+    unf = _grad_step(lambda: _unfused(s, ds, v, dv, upd, head), ds, dv, ups)
+    ref_out = [t.detach() for t in _unfused(s, ds, v, dv, upd, head)] + list(unf())
+    t_ref = time_graph(unf, device)
+    lines.append(f"| {n} | unfused (painn_update + torch φ) | {t_ref.median_us:.1f} | 1.00 | — |")
+    print(lines[-1], flush=True)
+    for cfg in configs:
+        bn, w, nc, *dot = cfg.split("/")
+        old = dict(pb._CONFIG)
+        pb._CONFIG.update(block_n=int(bn), num_warps=int(w), chunk=int(nc), dot=dot[0] if dot else old["dot"])
+        try:
+            run = _grad_step(lambda: painn_block(s, ds, v, dv, upd, "phi", head), ds, dv, ups)
+            got = [t.detach() for t in painn_block(s, ds, v, dv, upd, "phi", head)] + list(run())
+            err = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, ref_out, strict=True))
+            t = time_graph(run, device)
+            lines.append(f"| {n} | block {cfg} | {t.median_us:.1f} | {t_ref.median_us / t.median_us:.2f} | {err:.1e} |")
+        except Exception as exc:  # a config that does not compile is a result too
+            lines.append(f"| {n} | block {cfg} | failed: {type(exc).__name__}: {str(exc)[:80]} | | |")
+        finally:
+            pb._CONFIG.clear()
+            pb._CONFIG.update(old)
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
@@ -72,38 +106,7 @@ def main(argv=None) -> None:
     ]
     with use_backend("triton"):
         for n in args.sizes:
-            s, ds, v, dv, upd, head, ups = _inputs(n, args.features, device)
-
-            def step(fn):
-                def run():
-                    outs = fn()
-                    return torch.autograd.grad(outs, (ds, dv), ups)
-
-                return run
-
-            unf = step(lambda: _unfused(s, ds, v, dv, upd, head))
-            ref_out = [t.detach() for t in _unfused(s, ds, v, dv, upd, head)] + list(unf())
-            t_ref = time_graph(unf, device)
-            lines.append(f"| {n} | unfused (painn_update + torch φ) | {t_ref.median_us:.1f} | 1.00 | — |")
-            print(lines[-1], flush=True)
-            for cfg in args.configs:
-                bn, w, nc = (int(x) for x in cfg.split("/"))
-                old = dict(pb._CONFIG)
-                pb._CONFIG.update(block_n=bn, num_warps=w, chunk=nc)
-                try:
-                    run = step(lambda: painn_block(s, ds, v, dv, upd, "phi", head))
-                    got = [t.detach() for t in painn_block(s, ds, v, dv, upd, "phi", head)] + list(run())
-                    err = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, ref_out, strict=True))
-                    t = time_graph(run, device)
-                    lines.append(
-                        f"| {n} | block {cfg} | {t.median_us:.1f} | {t_ref.median_us / t.median_us:.2f} | {err:.1e} |"
-                    )
-                except Exception as exc:  # a config that does not compile is a result too
-                    lines.append(f"| {n} | block {cfg} | failed: {type(exc).__name__}: {str(exc)[:80]} | | |")
-                finally:
-                    pb._CONFIG.clear()
-                    pb._CONFIG.update(old)
-                print(lines[-1], flush=True)
+            lines += _sweep(n, args.features, args.configs, device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"tune_painn_block_{device_slug(device)}.md"
