@@ -193,6 +193,23 @@ def test_host_cells_cache_follows_the_cell_tensors(device):
     assert nl_after.num_edges < nl_before.num_edges  # the stretched box has fewer pairs within the cutoff
 
 
+def test_host_cells_all_periodic_is_computed_once():
+    """``HostCells.all_periodic``: every structure periodic along all three axes, computed at the first use and
+    then kept with the (cached) HostCells: no tensor op per list build."""
+    rng = np.random.default_rng(4)
+    for pbc, want in (([True] * 3, True), ([True, True, False], False), ([False] * 3, False)):
+        atoms = Atoms("H8", positions=rng.uniform(0, 6, (8, 3)), cell=np.eye(3) * 6.0, pbc=pbc)
+        b = AtomsBatch.from_atoms([atoms, atoms.copy()])
+        host = host_cells(b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF)
+        assert host.all_periodic is want
+        host.pbc.logical_not_()  # (never done by the package: the HostCells' own copy) the cached answer stays
+        assert host.all_periodic is want
+        assert host_cells(b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF).all_periodic is want
+    mixed = [Atoms("H", cell=np.eye(3) * 6.0, pbc=True), Atoms("H", cell=np.eye(3) * 6.0, pbc=[True, False, True])]
+    b = AtomsBatch.from_atoms(mixed)
+    assert host_cells(b.positions, b.cell, b.pbc, b.batch, b.ptr, CUTOFF).all_periodic is False
+
+
 # ------------------------------------------------------------------------------------------------ speculative rows
 # On CUDA the periodic path queues the row sort before its one sync, into outputs for n * cap pairs, and returns
 # exact prefixes of them (cell_list_triton's module docstring). The CPU tests force it with speculate=True; the

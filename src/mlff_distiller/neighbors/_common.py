@@ -10,6 +10,7 @@ rounding of ``|r|`` near the cutoff would otherwise add or drop pairs.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -134,8 +135,10 @@ class HostCells:
     # on the device), kept with the cached HostCells of repeated calls.
     derived: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    @functools.cached_property
     def all_periodic(self) -> bool:
+        """Every structure periodic along all three axes. Computed once per HostCells (``pbc`` is its own host
+        copy, never modified): a cached HostCells serves every list build of an MD run (~4.6 µs a build)."""
         return bool(self.pbc.all())
 
 
