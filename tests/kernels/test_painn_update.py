@@ -13,7 +13,7 @@ import torch
 from mlff_distiller.kernels import painn_update, painn_update_fusable, painn_update_reference, use_backend
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mlff_distiller import StudentModel, kernels
+from mlff_distiller import StudentModel
 from mlff_distiller.model.painn import PaiNNUpdate
 
 pu_module = importlib.import_module("mlff_distiller.kernels.painn_update")
@@ -192,11 +192,8 @@ def _molecules(n_mol, device):
     return numbers, pos, torch.stack([i, j])
 
 
-def test_student_model_triton_vs_torch(triton_device, fused_calls, monkeypatch):
-    """A frozen float64 StudentModel (F = 20, not a power of two): energies and forces, triton vs torch, with the
-    fused atom-wise block (kernels/painn_block.py, which supersedes this one where it applies) switched off, as on
-    the GPU in float64 or for F > 128."""
-    monkeypatch.setattr(kernels, "painn_block_fusable", lambda *a: False)
+def test_student_model_triton_vs_torch(triton_device, fused_calls):
+    """A frozen float64 StudentModel (F = 20, not a power of two): energies and forces, triton vs torch."""
     torch.manual_seed(0)
     model = StudentModel(species=[1, 8], hidden=20, layers=2, n_rbf=6, cutoff=4.0).double().to(triton_device)
     model.requires_grad_(False)

@@ -61,12 +61,8 @@ class PaiNNInteraction(nn.Module):
         self.filter = nn.Linear(n_rbf, 3 * hidden, bias=False)
 
     def forward(self, s, v, rbf, unit, edge_index):
-        ds, dv = self.messages(self.phi(s), v, rbf, unit, edge_index)
+        ds, dv = kernels.message_passing(self.phi(s), v, rbf, self.filter.weight, unit, edge_index)
         return s + ds, v + dv
-
-    def messages(self, x, v, rbf, unit, edge_index):
-        """(Δs, Δv) from x = φ(s) (the fused inference path computes φ itself)."""
-        return kernels.message_passing(x, v, rbf, self.filter.weight, unit, edge_index)
 
 
 class CSRInteraction(nn.Module):
@@ -88,20 +84,13 @@ class CSRInteraction(nn.Module):
         self.inner = inner
         self.csr = csr
 
-    @property
-    def phi(self) -> nn.Sequential:
-        return self.inner.phi
-
     def forward(self, s, v, rbf, unit, edge_index):
-        ds, dv = self.messages(self.inner.phi(s), v, rbf, unit, edge_index)
-        return s + ds, v + dv
-
-    def messages(self, x, v, rbf, unit, edge_index):
-        csr = self.csr
         w = self.inner.filter.weight
-        return kernels.message_passing(
-            x, v, rbf, w, unit, edge_index, row_ptr=csr["row_ptr"], sender_csr=csr.get("sender")
+        csr = self.csr
+        ds, dv = kernels.message_passing(
+            self.inner.phi(s), v, rbf, w, unit, edge_index, row_ptr=csr["row_ptr"], sender_csr=csr.get("sender")
         )
+        return s + ds, v + dv
 
 
 class PaiNNUpdate(nn.Module):
@@ -119,9 +108,8 @@ class PaiNNUpdate(nn.Module):
         self.V = nn.Linear(hidden, hidden, bias=False)
         self.mix = _mlp(2 * hidden, hidden, 3 * hidden)
 
-    def params(self) -> tuple[torch.Tensor, ...]:
-        """(U, V, W1, b1, W2, b2), the order of :func:`mlff_distiller.kernels.painn_update`."""
-        return (
+    def forward(self, s, v):
+        params = (
             self.U.weight,
             self.V.weight,
             self.mix[0].weight,
@@ -129,9 +117,6 @@ class PaiNNUpdate(nn.Module):
             self.mix[2].weight,
             self.mix[2].bias,
         )
-
-    def forward(self, s, v):
-        params = self.params()
         if kernels.painn_update_fusable(s, v, *params):
             # Inference with frozen weights on the Triton backend: the fused kernels (first derivative only).
             return kernels.painn_update(s, v, *params)
@@ -243,44 +228,12 @@ class StudentModel(nn.Module):
         _, unit, rbf = kernels.edge_basis(positions, edge_index, shift_vectors, c.n_rbf, c.cutoff, c.basis, c.envelope)
         s = self.embedding(idx)
         v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
-        if kernels.painn_block_fusable(s, *self._block_params()):
-            atomic = self._atomwise_fused(s, v, rbf, unit, edge_index) * self.atomic_scale[idx]
-            atomic = atomic + self.atomic_shift[idx]
-            energy = torch.zeros(num_structures, dtype=atomic.dtype, device=atomic.device).index_add(0, batch, atomic)
-            return {"energy": energy, "atomic_energies": atomic}
         for interaction, update in zip(self.interactions, self.updates, strict=True):
             s, v = interaction(s, v, rbf, unit, edge_index)
             s, v = update(s, v)
         atomic = self.readout(s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
         energy = torch.zeros(num_structures, dtype=atomic.dtype, device=atomic.device).index_add(0, batch, atomic)
         return {"energy": energy, "atomic_energies": atomic}
-
-    def _block_params(self) -> list[torch.Tensor]:
-        """Every parameter the fused atom-wise blocks read (the embedding's and filters' need not be frozen: the
-        embedding has no path to the positions, the filters go through message passing's own backward)."""
-        out = [p for upd in self.updates for p in upd.params()]
-        out += [m.weight for inter in self.interactions for m in (inter.phi[0], inter.phi[2])]
-        out += [m.bias for inter in self.interactions for m in (inter.phi[0], inter.phi[2])]
-        return [*out, self.readout[0].weight, self.readout[0].bias, self.readout[2].weight, self.readout[2].bias]
-
-    def _atomwise_fused(self, s, v0, rbf, unit, edge_index) -> torch.Tensor:
-        """Inference path (frozen weights, Triton backend; :func:`mlff_distiller.kernels.painn_block_fusable`):
-        the same layers as :meth:`forward`, with each layer's residual, update block and the next φ (or the
-        readout) as one fused kernel each way. Returns the readout per atom, before scale and shift."""
-        x = self.interactions[0].phi(s)  # s = embedding: no path to the positions, no backward through this
-        v = None
-        last = len(self.interactions) - 1
-        for k, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
-            ds, dv = interaction.messages(x, v0 if v is None else v, rbf, unit, edge_index)
-            if k < last:
-                phi = self.interactions[k + 1].phi
-                head = (phi[0].weight, phi[0].bias, phi[2].weight, phi[2].bias)
-                s, v, x = kernels.painn_block(s, ds, v, dv, update.params(), "phi", head)
-            else:
-                r = self.readout
-                head = (r[0].weight, r[0].bias, r[2].weight, r[2].bias)
-                (e,) = kernels.painn_block(s, ds, v, dv, update.params(), "readout", head)
-        return e
 
     # ------------------------------------------------------------------------------------------ persistence
     def save(self, path: str | Path, metadata: dict | None = None) -> None:
