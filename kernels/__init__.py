@@ -5,6 +5,7 @@ Select the backend with ``MLFF_DISTILLER_KERNELS=auto|triton|torch`` or :func:`s
 
 from ._backend import BACKENDS, get_backend, resolve_backend, set_backend, triton_available, use_backend
 from .edge_features import edge_basis, edge_basis_reference, edge_features, edge_features_reference
+from .linear import gemm, gemm_fusable, mlp, mlp_reference
 from .message_passing import message_passing, message_passing_reference
 from .painn_update import painn_update, painn_update_fusable, painn_update_reference
 from .rbf_cutoff import BASES, ENVELOPES, rbf_cutoff, rbf_cutoff_reference
@@ -17,9 +18,13 @@ __all__ = [
     "edge_basis_reference",
     "edge_features",
     "edge_features_reference",
+    "gemm",
+    "gemm_fusable",
     "get_backend",
     "message_passing",
     "message_passing_reference",
+    "mlp",
+    "mlp_reference",
     "painn_update",
     "painn_update_fusable",
     "painn_update_reference",

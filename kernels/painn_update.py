@@ -24,6 +24,7 @@ from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
 from ._triton_utils import _TUNING, HAS_TRITON, check_launchable, num_warps, tl, triton
+from .linear import gemm, gemm_fusable
 
 __all__ = ["painn_update", "painn_update_fusable", "painn_update_reference"]
 
@@ -92,8 +93,10 @@ def _check_inputs(s, v, u_w, v_w, w1, b1, w2, b2) -> None:
 #   uvvv [3N, 2F]  row 3i+k = [uv_k | vv_k] of atom i (one GEMM: v.view(3N, F) @ [U; V]ᵀ)
 #   x    [N, 2F]   [s | ‖vv‖], the MLP input (written by the norm kernel: no torch.cat)
 #   pre  [N, F]    W1 x + b1;   mix [N, 3F] = [a_vv | a_sv | a_ss] = W2 SiLU(pre) + b2
-# Forward: cat(U, V) · mm · norm kernel · addmm · silu · addmm · out kernel (7 launches).
-# Backward: out-bwd kernel · mm · silu_backward · mm · norm-bwd kernel · addmm_ (6 launches).
+# Forward: cat(U, V) · mm · norm kernel · addmm · silu · addmm · out kernel (7 launches); with the Triton GEMMs of
+# linear.py (float32 on the GPU; SiLU in the epilogue) 6.
+# Backward: out-bwd kernel · mm · silu_backward · mm · norm-bwd kernel · addmm_ (6 launches); with the Triton GEMMs
+# (SiLU' in the prologue) 5.
 # Each kernel program owns a [BLOCK_N atoms, BLOCK_F features] tile; F need not be a power of two (masks).
 # ------------------------------------------------------------------------------------------------------------
 
@@ -263,26 +266,39 @@ if HAS_TRITON:
         n, f = s.shape
         s, v = s.contiguous(), v.contiguous()
         w_uv = torch.cat([u_w, v_w])  # [2F, F]
-        uvvv = torch.mm(v.view(3 * n, f), w_uv.t())
         x = s.new_empty((n, 2 * f))
-        _launch(_painn_update_norm_kernel, s, n, f, s, uvvv, x)
-        pre = torch.addmm(b1, x, w1.t())
-        mix = torch.addmm(b2, nnf.silu(pre), w2.t())
+        if gemm_fusable(s, u_w, v_w, w1, b1, w2, b2):  # Triton GEMMs: bias + SiLU in the epilogue (linear.py)
+            uvvv = gemm(v.view(3 * n, f), w_uv)[0]
+            _launch(_painn_update_norm_kernel, s, n, f, s, uvvv, x)
+            h, pre = gemm(x, w1, b1, act="silu")
+            mix = gemm(h, w2, b2)[0]
+        else:
+            uvvv = torch.mm(v.view(3 * n, f), w_uv.t())
+            _launch(_painn_update_norm_kernel, s, n, f, s, uvvv, x)
+            pre = torch.addmm(b1, x, w1.t())
+            mix = torch.addmm(b2, nnf.silu(pre), w2.t())
         s_out, v_out = torch.empty_like(s), torch.empty_like(v)
         _launch(_painn_update_out_kernel, s, n, f, s, v, uvvv, mix, s_out, v_out)
         return s_out, v_out, (x, pre, uvvv, mix, w_uv)
 
-    def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2):
+    def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2, triton_gemm=False):
         """Gradients wrt ``s [N,F]`` and ``v [N,3,F]``."""
         n, f = pre.shape
         grad_s, grad_v = grad_s.to(pre.dtype).contiguous(), grad_v.to(pre.dtype).contiguous()
         g_mix, g_uvvv = mix.new_empty((n, 3 * f)), uvvv.new_empty((3 * n, 2 * f))
         _launch(_painn_update_out_bwd_kernel, pre, n, f, grad_s, grad_v, uvvv, mix, g_mix, g_uvvv)
-        g_pre = torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre)
-        g_x = torch.mm(g_pre, w1)  # [N, 2F]
+        # As decided in the forward (the backward may run outside the backend context); SiLU' in a GEMM prologue.
+        if triton_gemm:
+            g_x = gemm(gemm(g_mix, w2, transpose_w=False)[0], w1, transpose_w=False, prologue_silu_of=pre)[0]
+        else:
+            g_x = torch.mm(torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre), w1)  # [N, 2F]
         g_s, g_v = torch.empty_like(grad_s), torch.empty_like(grad_v)
         _launch(_painn_update_norm_bwd_kernel, pre, n, f, grad_s, grad_v, g_x, uvvv, x, g_s, g_v, g_uvvv)
-        g_v.view(3 * n, f).addmm_(g_uvvv, w_uv)  # g_v holds g_v_out: += [∂uv | ∂vv] @ [U; V]
+        # g_v holds g_v_out: += [∂uv | ∂vv] @ [U; V]
+        if triton_gemm:
+            gemm(g_uvvv, w_uv, transpose_w=False, out=g_v.view(3 * n, f), accumulate=True)
+        else:
+            g_v.view(3 * n, f).addmm_(g_uvvv, w_uv)
         return g_s, g_v
 
     class _PaiNNUpdateFused(torch.autograd.Function):
@@ -294,13 +310,14 @@ if HAS_TRITON:
                 raise RuntimeError("the fused PaiNN update is inference-only: its weights must not require grad")
             s_out, v_out, saved = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2)
             ctx.save_for_backward(s, v, *saved, w1, w2)
+            ctx.triton_gemm = gemm_fusable(s, u_w, v_w, w1, b1, w2, b2)
             return s_out, v_out
 
         @staticmethod
         def backward(ctx, grad_s, grad_v):
             s, v, *saved = ctx.saved_tensors
             with torch.no_grad():
-                g_s, g_v = _fused_backward(grad_s, grad_v, *saved)
+                g_s, g_v = _fused_backward(grad_s, grad_v, *saved, triton_gemm=ctx.triton_gemm)
             if torch.is_grad_enabled():
                 # create_graph=True. Not @once_differentiable: its error node hangs on detached copies of the
                 # outputs, which torch.autograd.grad(..., inputs=positions) never visits, so a second derivative

@@ -163,10 +163,28 @@ class _CountOps(TorchDispatchMode):
 
 
 def test_launch_counts(triton_device, monkeypatch):
-    """Per layer: 5 aten ops + 2 Triton kernels forward, 4 + 2 backward (the torch path: 17 and ~23)."""
-    launches = []
-    launch = pu_module._launch
+    """Per layer: cat + 3 Triton GEMMs + 2 Triton kernels forward, 3 GEMMs + 2 kernels backward (the torch path:
+    17 and ~23 launches)."""
+    launches, gemms = [], []
+    launch, real_gemm = pu_module._launch, pu_module.gemm
     monkeypatch.setattr(pu_module, "_launch", lambda kernel, *a: launches.append(kernel) or launch(kernel, *a))
+    monkeypatch.setattr(pu_module, "gemm", lambda *a, **k: gemms.append(1) or real_gemm(*a, **k))
+    blk = _fused_block(8, torch.float32, triton_device)
+    s, v, _ = _inputs(5, 8, torch.float32, triton_device)
+    go = (torch.ones_like(s), torch.ones_like(v))
+    with use_backend("triton"), _CountOps() as fwd:
+        out = blk(s, v)
+    n_fwd = len(gemms)
+    with _CountOps() as bwd:
+        torch.autograd.grad(out, (s, v), go)
+    assert fwd.ops == ["cat"] and n_fwd == 3
+    assert bwd.ops == [] and len(gemms) == 6
+    assert len(launches) == 4
+
+
+def test_launch_counts_without_triton_gemms(triton_device, monkeypatch):
+    """Where the Triton GEMMs do not apply (float64 on the GPU), cuBLAS: 5 aten ops forward, 4 backward."""
+    monkeypatch.setattr(pu_module, "gemm_fusable", lambda *a: False)
     blk = _fused_block(8, torch.float32, triton_device)
     s, v, _ = _inputs(5, 8, torch.float32, triton_device)
     go = (torch.ones_like(s), torch.ones_like(v))
@@ -176,7 +194,6 @@ def test_launch_counts(triton_device, monkeypatch):
         torch.autograd.grad(out, (s, v), go)
     assert fwd.ops == ["cat", "mm", "addmm", "silu", "addmm"]
     assert bwd.ops == ["mm", "silu_backward", "mm", "addmm_"]
-    assert len(launches) == 4
 
 
 def _molecules(n_mol, device):

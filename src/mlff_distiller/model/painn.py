@@ -51,6 +51,12 @@ def _mlp(n_in: int, n_hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, n_hidden), nn.SiLU(), nn.Linear(n_hidden, n_out))
 
 
+def _mlp_call(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """An :func:`_mlp` applied to x: :func:`mlff_distiller.kernels.mlp` (Triton GEMMs for frozen weights on the
+    Triton backend, the same torch ops otherwise)."""
+    return kernels.mlp(x, mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias)
+
+
 class PaiNNInteraction(nn.Module):
     """Message block: Δs_i = Σ_j a_ij, Δv_i = Σ_j b_ij v_j + c_ij u_ij, with (a, b, c) = φ(s_j) ⊙ W(r_ij)."""
 
@@ -61,7 +67,7 @@ class PaiNNInteraction(nn.Module):
         self.filter = nn.Linear(n_rbf, 3 * hidden, bias=False)
 
     def forward(self, s, v, rbf, unit, edge_index):
-        ds, dv = kernels.message_passing(self.phi(s), v, rbf, self.filter.weight, unit, edge_index)
+        ds, dv = kernels.message_passing(_mlp_call(self.phi, s), v, rbf, self.filter.weight, unit, edge_index)
         return s + ds, v + dv
 
 
@@ -88,7 +94,14 @@ class CSRInteraction(nn.Module):
         w = self.inner.filter.weight
         csr = self.csr
         ds, dv = kernels.message_passing(
-            self.inner.phi(s), v, rbf, w, unit, edge_index, row_ptr=csr["row_ptr"], sender_csr=csr.get("sender")
+            _mlp_call(self.inner.phi, s),
+            v,
+            rbf,
+            w,
+            unit,
+            edge_index,
+            row_ptr=csr["row_ptr"],
+            sender_csr=csr.get("sender"),
         )
         return s + ds, v + dv
 
@@ -231,7 +244,7 @@ class StudentModel(nn.Module):
         for interaction, update in zip(self.interactions, self.updates, strict=True):
             s, v = interaction(s, v, rbf, unit, edge_index)
             s, v = update(s, v)
-        atomic = self.readout(s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
+        atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
         energy = torch.zeros(num_structures, dtype=atomic.dtype, device=atomic.device).index_add(0, batch, atomic)
         return {"energy": energy, "atomic_energies": atomic}
 
