@@ -25,8 +25,18 @@ from ._triton_utils import HAS_TRITON, check_launchable, tl, triton
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference"]
 
 # Launch: rows at or below small_rows use 16 x 32 output tiles (many programs for few rows), larger ones 64 x 64;
-# K is walked in block_k steps.
-_CONFIG = {"small_rows": 2048, "small": (16, 32, 4), "large": (64, 64, 4), "block_k": 64, "dot": "tf32x3"}
+# K is walked in block_k steps. untransposed_max_rows: above it the backward forms (B = W as stored, [K, N]) run
+# on cuBLAS: on the H100 ours took 0.56-0.84x cuBLAS's time there at 6,944 and 21,749 rows, 1.16-1.71x at 600
+# rows and 0.86-1.27x at 1,393 (benchmarks/results/bench_gemm_h100.md); the forward forms were 1.13-5.3x faster
+# at every size measured (64-21,749 rows), so they always run here.
+_CONFIG = {
+    "small_rows": 2048,
+    "small": (16, 32, 4),
+    "large": (64, 64, 4),
+    "block_k": 64,
+    "dot": "tf32x3",
+    "untransposed_max_rows": 1024,
+}
 _EPI = {"none": 0, "silu": 1}
 
 
@@ -98,6 +108,8 @@ def gemm(
         if not accumulate:
             out.zero_()
         return out, pre
+    if not transpose_w and m > _CONFIG["untransposed_max_rows"]:
+        return _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate), None
     if not HAS_TRITON:  # pragma: no cover - gemm_fusable never says yes then
         raise RuntimeError("gemm needs triton installed")
     check_launchable(_gemm_kernel, a)
@@ -105,7 +117,9 @@ def gemm(
     if a.is_cuda:
         bm, bn, warps = _CONFIG["small"] if m <= _CONFIG["small_rows"] else _CONFIG["large"]
         bk = min(_CONFIG["block_k"], max(16, triton.next_power_of_2(k)))
-        dot = _CONFIG["dot"] if a.dtype == torch.float32 else "ieee"
+        # The engine's "tf32" precision allows TF32 matmuls: one TF32 pass, like cuBLAS there; else tf32x3.
+        tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+        dot = "tf32" if tf32 else (_CONFIG["dot"] if a.dtype == torch.float32 else "ieee")
     else:  # the interpreter pays per program: few large tiles
         bm = max(16, min(128, triton.next_power_of_2(m)))
         bn = max(16, min(128, triton.next_power_of_2(n)))
@@ -119,6 +133,20 @@ def gemm(
         BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps,
     )  # fmt: skip
     return out, pre
+
+
+def _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate) -> Tensor:
+    """:func:`gemm` in torch ops (cuBLAS), for the shapes where cuBLAS is faster; only without ``act``."""
+    if act != "none":
+        raise ValueError("the cuBLAS fallback of gemm has no fused activation")
+    if prologue_silu_of is not None:
+        a = torch.ops.aten.silu_backward(a, prologue_silu_of)
+    b = w.t() if transpose_w else w
+    if accumulate:
+        return out.addmm_(a, b) if bias is None else out.add_(torch.addmm(bias, a, b))
+    if bias is None:
+        return torch.mm(a, b, out=out)
+    return torch.addmm(bias, a, b, out=out)
 
 
 if HAS_TRITON:

@@ -44,8 +44,17 @@ def test_gemm_forward(triton_device, poison, dtype, m, k, n, act):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("m, k, n", [(1, 16, 8), (33, 384, 128), (200, 128, 256)])
-def test_gemm_backward_forms(triton_device, dtype, m, k, n):
-    """B = W untransposed, SiLU' folded into the A operand, and accumulation into the output."""
+@pytest.mark.parametrize("blas", [False, True], ids=["triton", "cublas-fallback"])
+def test_gemm_backward_forms(triton_device, monkeypatch, dtype, m, k, n, blas):
+    """B = W untransposed, SiLU' folded into the A operand, and accumulation into the output; also through the
+    torch fallback that takes these forms above untransposed_max_rows."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    monkeypatch.setitem(lin._CONFIG, "untransposed_max_rows", 0 if blas else 10**9)
+    calls = []
+    real = lin._torch_gemm
+    monkeypatch.setattr(lin, "_torch_gemm", lambda *a: calls.append(1) or real(*a))
     gen = torch.Generator().manual_seed(m * k + n)
     g = _rand(m, k, gen=gen, dtype=dtype, device=triton_device)
     p = _rand(m, k, gen=gen, dtype=dtype, device=triton_device, scale=2.0)
@@ -59,6 +68,7 @@ def test_gemm_backward_forms(triton_device, dtype, m, k, n):
     _close(out, want, TOL[dtype], "accumulated prologue GEMM")
     plain, _ = gemm(g, w, transpose_w=False)
     _close(plain, g.double() @ w.double(), TOL[dtype], "plain GEMM with W as [K, N]")
+    assert len(calls) == (2 if blas else 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -79,8 +89,8 @@ def test_mlp_matches_reference(triton_device, dtype, n, f, h, o):
     y_ref = mlp_reference(x64, *(w.double() for w in ws))
     _close(y, y_ref.detach(), TOL[dtype], "MLP output")
     if n:
-        up = torch.randn(y_ref.shape, generator=gen, dtype=torch.float64)
-        (g,) = torch.autograd.grad(y, x, up.to(device=triton_device, dtype=dtype))
+        up = torch.randn(y_ref.shape, generator=gen, dtype=torch.float64).to(triton_device)
+        (g,) = torch.autograd.grad(y, x, up.to(dtype))
         (g_ref,) = torch.autograd.grad(y_ref, x64, up)
         _close(g, g_ref, TOL[dtype], "MLP gradient wrt x")
 
@@ -105,13 +115,16 @@ def test_mlp_dispatch_rules(triton_device, monkeypatch):
     real = lin.gemm
     monkeypatch.setattr(lin, "gemm", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     gen = torch.Generator().manual_seed(2)
-    x = _rand(5, 8, gen=gen, dtype=torch.float64, device=triton_device)
-    ws = [_rand(*s, gen=gen, dtype=torch.float64, device=triton_device) for s in ((8, 8), (8,), (3, 8), (3,))]
+    dtype = torch.float32
+    x = _rand(5, 8, gen=gen, dtype=dtype, device=triton_device)
+    ws = [_rand(*s, gen=gen, dtype=dtype, device=triton_device) for s in ((8, 8), (8,), (3, 8), (3,))]
     with use_backend("torch"):
         mlp(x, *ws)
     with use_backend("triton"):
         mlp(x, ws[0].clone().requires_grad_(True), *ws[1:])
-        assert not gemm_fusable(x, ws[0].float(), *ws[1:])
+        assert not gemm_fusable(x, ws[0].double(), *ws[1:])
+        if triton_device.type == "cuda":
+            assert not gemm_fusable(x.double(), *(w.double() for w in ws))  # float64 on the GPU: cuBLAS
     assert not calls
     with use_backend("triton"):
         mlp(x, *ws)

@@ -53,8 +53,12 @@ def _mlp(n_in: int, n_hidden: int, n_out: int) -> nn.Sequential:
 
 def _mlp_call(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     """An :func:`_mlp` applied to x: :func:`mlff_distiller.kernels.mlp` (Triton GEMMs for frozen weights on the
-    Triton backend, the same torch ops otherwise)."""
-    return kernels.mlp(x, mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias)
+    Triton backend, the same torch ops otherwise). Layers that are not plain ``nn.Linear`` (the 16-bit copies of
+    :mod:`mlff_distiller.precision`) run as modules."""
+    first, last = mlp[0], mlp[2]
+    if type(first) is not nn.Linear or type(last) is not nn.Linear:
+        return mlp(x)
+    return kernels.mlp(x, first.weight, first.bias, last.weight, last.bias)
 
 
 class PaiNNInteraction(nn.Module):
