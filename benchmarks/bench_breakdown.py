@@ -105,6 +105,16 @@ def _instrument(model: torch.nn.Module, clock: _StageClock):
         with clock.stage("message aggregation"):
             return orig_mp(*args, **kwargs)
 
+    # The model runs its MLPs through kernels.mlp with the weights (not the nn.Sequential, whose hooks below
+    # then stay silent): the stage is found from the first layer's weight.
+    orig_mlp = kernels.mlp
+    mlp_stage = {id(getattr(inter, "inner", inter).phi[0].weight): "message φ MLP" for inter in model.interactions}
+    mlp_stage[id(model.readout[0].weight)] = "readout"
+
+    def mlp(x, w1, *rest):
+        with clock.stage(mlp_stage.get(id(w1), "other MLP")):
+            return orig_mlp(x, w1, *rest)
+
     hooks = []
 
     def mark(module, name):
@@ -117,11 +127,11 @@ def _instrument(model: torch.nn.Module, clock: _StageClock):
     for upd in model.updates:
         mark(upd, "update")
     mark(model.readout, "readout")
-    kernels.edge_basis, kernels.message_passing = edge_basis, message_passing
+    kernels.edge_basis, kernels.message_passing, kernels.mlp = edge_basis, message_passing, mlp
     try:
         yield
     finally:
-        kernels.edge_basis, kernels.message_passing = orig_basis, orig_mp
+        kernels.edge_basis, kernels.message_passing, kernels.mlp = orig_basis, orig_mp, orig_mlp
         for h in hooks:
             h.remove()
 
