@@ -20,7 +20,7 @@ from torch.nn import functional as nnf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import device_slug, environment, time_fn
+from harness import device_slug, environment, graph_time_per_call_us
 from mlff_distiller.kernels import gemm
 
 # (form, K, N) of the 128-feature student: φ / mixing / U,V / readout layers and their backward GEMMs.
@@ -34,22 +34,6 @@ SHAPES = [
     ("silu'(p)*g@W", 128, 256),
     ("+= g@W", 256, 128),
 ]
-
-
-def _graph_time(fn, device, reps: int = 20) -> float:
-    """µs per call: ``fn`` captured ``reps`` times in one CUDA graph, replays timed, divided by ``reps``."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    t = time_fn(g.replay, device)
-    return t.median_us / reps
 
 
 def _case(form: str, m: int, k: int, n: int, device):
@@ -107,7 +91,7 @@ def main(argv=None) -> None:
             ours, ref = _case(form, m, k, n, device)
             a, r = ours().clone(), ref().clone()
             err = ((a - r).norm() / r.norm()).item()
-            t_ours, t_ref = _graph_time(ours, device), _graph_time(ref, device)
+            t_ours, t_ref = graph_time_per_call_us(ours), graph_time_per_call_us(ref)
             lines.append(
                 f"| {m} | {form} | {k} → {n} | {t_ours:.2f} | {t_ref:.2f} | {t_ref / t_ours:.2f} | {err:.1e} |"
             )

@@ -160,6 +160,25 @@ def time_graph(fn: Callable[[], object], device: torch.device, rep_ms: float = 1
         torch.cuda.empty_cache()
 
 
+def graph_time_per_call_us(fn: Callable[[], object], reps: int = 20) -> float:
+    """Device µs per call of ``fn``: ``reps`` calls captured in one CUDA graph (after a warm-up on a side stream),
+    the replay's median (``triton.testing.do_bench``) divided by ``reps``. For ops of a few µs, where one call per
+    graph would measure the launch."""
+    import triton.testing
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return triton.testing.do_bench(graph.replay, warmup=20, rep=150, return_mode="median") * 1e3 / reps
+
+
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth, GB/s, counting the bytes read plus the bytes written."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import importlib
 
 from bench_message_passing import water_like_graph
+from harness import graph_time_per_call_us
 from systems import g2_chno
 
 # the package re-exports a function of the same name: take the module itself
@@ -50,19 +51,7 @@ mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 
 
 def graph_time_us(fn, reps: int = 20) -> float:
-    import triton
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    return triton.testing.do_bench(g.replay, warmup=20, rep=150, return_mode="median") * 1e3 / reps
+    return graph_time_per_call_us(fn, reps)
 
 
 def gemm_probe(lines: list[str]) -> None:
