@@ -21,6 +21,7 @@ except ImportError:  # the torch path must not depend on Triton
 __all__ = [
     "HAS_TRITON",
     "LIB",
+    "FirstOrderOnly",
     "check_launchable",
     "edge_block",
     "num_warps",
@@ -94,3 +95,25 @@ def edge_block(device: torch.device, n_cols: int, elems: int) -> int:
         elems = max(elems, 131072)
     rows = max(16, min(4096, elems // max(1, n_cols)))
     return 1 << (rows.bit_length() - 1)
+
+
+class FirstOrderOnly(torch.autograd.Function):
+    """Guard of the inference-only fused ops (frozen weights, first derivative only) under ``create_graph=True``:
+    ``FirstOrderOnly.apply(what, n, *grads_then_depends_on)`` passes the first ``n`` tensors through (one tensor
+    for n = 1, else a tuple) and raises, naming ``what``, if they are differentiated. Not @once_differentiable: its
+    error node hangs on detached copies of the outputs, which ``torch.autograd.grad(..., inputs=positions)`` never
+    visits, so a second derivative would silently lose the op's terms; this guard hangs on everything passed in
+    (the op's inputs and its upstream gradients)."""
+
+    @staticmethod
+    def forward(ctx, what: str, n: int, *tensors):
+        ctx.what = what
+        out = tuple(t.view_as(t) for t in tensors[:n])
+        return out[0] if n == 1 else out
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(
+            f"{ctx.what} (inference path: frozen weights, Triton backend) is differentiable once only; for second "
+            "derivatives let a parameter require grad or use MLFF_DISTILLER_KERNELS=torch"
+        )

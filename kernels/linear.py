@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, check_launchable, tl, triton
+from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, tl, triton
 
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference"]
 
@@ -208,20 +208,6 @@ if HAS_TRITON:
             with torch.no_grad():
                 g_h, _ = gemm(g.contiguous(), w2, transpose_w=False)
                 g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre)
-            if torch.is_grad_enabled():  # create_graph=True: the guard raises on a second derivative
-                g_x = _FirstOrderOnly.apply(g_x, x, g)
+            if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
+                g_x = FirstOrderOnly.apply("the Triton MLP", 1, g_x, x, g)
             return g_x, None, None, None, None
-
-    class _FirstOrderOnly(torch.autograd.Function):
-        """Passes a gradient through; differentiating it raises (see painn_update._FirstOrderOnly)."""
-
-        @staticmethod
-        def forward(ctx, g, *depends_on):
-            return g.view_as(g)
-
-        @staticmethod
-        def backward(ctx, *_):
-            raise RuntimeError(
-                "the Triton MLP (inference path: frozen weights, Triton backend) is differentiable once only; for "
-                "second derivatives let a parameter require grad or use MLFF_DISTILLER_KERNELS=torch"
-            )

@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
-from ._triton_utils import _TUNING, HAS_TRITON, check_launchable, num_warps, tl, triton
+from ._triton_utils import _TUNING, HAS_TRITON, FirstOrderOnly, check_launchable, num_warps, tl, triton
 from .linear import gemm, gemm_fusable
 
 __all__ = ["painn_update", "painn_update_fusable", "painn_update_reference"]
@@ -262,12 +262,14 @@ if HAS_TRITON:
         kernel[grid](*args, n, N_FEAT=f, BLOCK_N=block_n, BLOCK_F=block_f, num_warps=num_warps())
 
     def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2):
-        """``s_out``, ``v_out`` and what the backward keeps: ``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``."""
+        """``s_out``, ``v_out``, what the backward keeps (``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``) and whether
+        the GEMMs ran on Triton (the backward does the same)."""
         n, f = s.shape
         s, v = s.contiguous(), v.contiguous()
         w_uv = torch.cat([u_w, v_w])  # [2F, F]
         x = s.new_empty((n, 2 * f))
-        if gemm_fusable(s, u_w, v_w, w1, b1, w2, b2):  # Triton GEMMs: bias + SiLU in the epilogue (linear.py)
+        triton_gemm = gemm_fusable(s, u_w, v_w, w1, b1, w2, b2)
+        if triton_gemm:  # Triton GEMMs: bias + SiLU in the epilogue (linear.py)
             uvvv = gemm(v.view(3 * n, f), w_uv)[0]
             _launch(_painn_update_norm_kernel, s, n, f, s, uvvv, x)
             h, pre = gemm(x, w1, b1, act="silu")
@@ -279,7 +281,7 @@ if HAS_TRITON:
             mix = torch.addmm(b2, nnf.silu(pre), w2.t())
         s_out, v_out = torch.empty_like(s), torch.empty_like(v)
         _launch(_painn_update_out_kernel, s, n, f, s, v, uvvv, mix, s_out, v_out)
-        return s_out, v_out, (x, pre, uvvv, mix, w_uv)
+        return s_out, v_out, (x, pre, uvvv, mix, w_uv), triton_gemm
 
     def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2, triton_gemm=False):
         """Gradients wrt ``s [N,F]`` and ``v [N,3,F]``."""
@@ -308,9 +310,8 @@ if HAS_TRITON:
         def forward(ctx, s, v, u_w, v_w, w1, b1, w2, b2):
             if any(ctx.needs_input_grad[2:]):
                 raise RuntimeError("the fused PaiNN update is inference-only: its weights must not require grad")
-            s_out, v_out, saved = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2)
+            s_out, v_out, saved, ctx.triton_gemm = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2)
             ctx.save_for_backward(s, v, *saved, w1, w2)
-            ctx.triton_gemm = gemm_fusable(s, u_w, v_w, w1, b1, w2, b2)
             return s_out, v_out
 
         @staticmethod
@@ -318,23 +319,6 @@ if HAS_TRITON:
             s, v, *saved = ctx.saved_tensors
             with torch.no_grad():
                 g_s, g_v = _fused_backward(grad_s, grad_v, *saved, triton_gemm=ctx.triton_gemm)
-            if torch.is_grad_enabled():
-                # create_graph=True. Not @once_differentiable: its error node hangs on detached copies of the
-                # outputs, which torch.autograd.grad(..., inputs=positions) never visits, so a second derivative
-                # would silently lose this block's terms. This guard hangs on s, v and the upstream gradients.
-                g_s, g_v = _FirstOrderOnly.apply(g_s, g_v, grad_s, grad_v, s, v)
+            if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
+                g_s, g_v = FirstOrderOnly.apply("the fused PaiNN update", 2, g_s, g_v, grad_s, grad_v, s, v)
             return g_s, g_v, None, None, None, None, None, None
-
-    class _FirstOrderOnly(torch.autograd.Function):
-        """Passes the block's input gradients through; differentiating them raises."""
-
-        @staticmethod
-        def forward(ctx, g_s, g_v, *depends_on):
-            return g_s, g_v
-
-        @staticmethod
-        def backward(ctx, *_):
-            raise RuntimeError(
-                "the fused PaiNN update (inference path: frozen weights, Triton backend) is differentiable once "
-                "only; for second derivatives let a parameter require grad or use MLFF_DISTILLER_KERNELS=torch"
-            )
