@@ -4,6 +4,7 @@ Select the backend with ``MLFF_DISTILLER_KERNELS=auto|triton|torch`` or :func:`s
 """
 
 from ._backend import BACKENDS, get_backend, resolve_backend, set_backend, triton_available, use_backend
+from .edge_compact import edge_compact, edge_compact_reference
 from .edge_features import edge_basis, edge_basis_reference, edge_features, edge_features_reference
 from .linear import gemm, gemm_fusable, mlp, mlp_reference
 from .message_passing import message_passing, message_passing_reference
@@ -16,6 +17,8 @@ __all__ = [
     "ENVELOPES",
     "edge_basis",
     "edge_basis_reference",
+    "edge_compact",
+    "edge_compact_reference",
     "edge_features",
     "edge_features_reference",
     "gemm",

@@ -416,44 +416,16 @@ if HAS_TRITON:
         return G_a, G_b, G_c, xc, g0, g1, g2
 
     @triton.jit
-    def _mp_bwd_edge_kernel(
-        gs_ptr,
-        gv_ptr,
-        x_ptr,
-        v_ptr,
-        rbf_ptr,
-        w_ptr,
-        unit_ptr,
-        ei_ptr,
-        grbf_ptr,
-        gunit_ptr,
-        E,
-        ei_stride,
-        N_FEAT: tl.constexpr,
-        N_RBF: tl.constexpr,
-        BLOCK_E: tl.constexpr,
-        BLOCK_F: tl.constexpr,
-        R_PAD: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
+    def _edge_tile_grads(
+        gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
+        g_rbf, gu_0, gu_1, gu_2,
+        N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
         SPLIT: tl.constexpr,
-    ):
-        # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
-        # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials.
-        e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
-        em = e < E
-        part = tl.program_id(1).to(tl.int64)
+    ):  # fmt: skip
+        """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice."""
         i, j = _edge_ends(ei_ptr, ei_stride, e, em)
-        r = tl.arange(0, R_PAD)
-        rm = r < N_RBF
         rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
         ux, uy, uz = _unit3(unit_ptr, e, em)
-        dt = x_ptr.dtype.element_ty
-        g_rbf = tl.zeros((BLOCK_E, R_PAD), dtype=dt)
-        gu_0 = tl.zeros((BLOCK_E,), dtype=dt)
-        gu_1 = tl.zeros((BLOCK_E,), dtype=dt)
-        gu_2 = tl.zeros((BLOCK_E,), dtype=dt)
-        grbf_ptr += part * E * N_RBF
-        gunit_ptr += part * E * 3
         for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
             f = part * (N_FEAT // SPLIT) + k0 + tl.arange(0, BLOCK_F)
             fm = f < N_FEAT
@@ -477,6 +449,59 @@ if HAS_TRITON:
             gu_0 += tl.sum(c * g0, axis=1)
             gu_1 += tl.sum(c * g1, axis=1)
             gu_2 += tl.sum(c * g2, axis=1)
+        return g_rbf, gu_0, gu_1, gu_2
+
+    @triton.jit
+    def _mp_bwd_edge_kernel(
+        gs_ptr,
+        gv_ptr,
+        x_ptr,
+        v_ptr,
+        rbf_ptr,
+        w_ptr,
+        unit_ptr,
+        ei_ptr,
+        grbf_ptr,
+        gunit_ptr,
+        live_ptr,
+        E,
+        ei_stride,
+        N_FEAT: tl.constexpr,
+        N_RBF: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        R_PAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        SPLIT: tl.constexpr,
+        LIVE: tl.constexpr,
+    ):
+        # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
+        # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials.
+        # LIVE: only edges before *live_ptr (row_ptr[N]: the edges some receiver owns) are computed; the rows of
+        # the others (inert padding past the CSR) are written as zeros, and a tile with none live skips the work.
+        e0 = tl.program_id(0).to(tl.int64) * BLOCK_E
+        e = e0 + tl.arange(0, BLOCK_E)
+        if LIVE:
+            n_live = tl.minimum(tl.load(live_ptr), E)
+        else:
+            n_live = E
+        em = e < n_live
+        part = tl.program_id(1).to(tl.int64)
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        dt = x_ptr.dtype.element_ty
+        g_rbf = tl.zeros((BLOCK_E, R_PAD), dtype=dt)
+        gu_0 = tl.zeros((BLOCK_E,), dtype=dt)
+        gu_1 = tl.zeros((BLOCK_E,), dtype=dt)
+        gu_2 = tl.zeros((BLOCK_E,), dtype=dt)
+        grbf_ptr += part * E * N_RBF
+        gunit_ptr += part * E * 3
+        if e0 < n_live:
+            g_rbf, gu_0, gu_1, gu_2 = _edge_tile_grads(
+                gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
+                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT,
+            )  # fmt: skip
+        em = e < E
         tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])
         tl.store(gunit_ptr + e * 3, gu_0, mask=em)
         tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)

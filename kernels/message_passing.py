@@ -524,10 +524,12 @@ if HAS_TRITON:
         return ds, dv
 
     def _mp_backward(
-        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch
+        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The five gradients (x, v, rbf, filter_weight, unit); ``need`` = (x/v, rbf/unit, filter_weight): the
-        groups not needed come back as expanded zeros (no kernel, no memory)."""
+        groups not needed come back as expanded zeros (no kernel, no memory). ``row_ptr``: the receiver CSR, when
+        known; the edge kernel then computes only the edges before ``row_ptr[N]`` (those past it belong to no
+        receiver: inert padding, whose ∂rbf / ∂u rows are written as zeros)."""
         dt = x.dtype
         grad_s, grad_v = grad_s.to(dt), grad_v.to(dt)
         grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
@@ -576,10 +578,11 @@ if HAS_TRITON:
                 lead = (split,) if split > 1 else ()
                 g_rbf = torch.empty((*lead, *rbf.shape), dtype=rbf.dtype, device=x.device)
                 g_unit = torch.empty((*lead, *unit.shape), dtype=unit.dtype, device=x.device)
+                live = row_ptr is not None
                 check_launchable(_mp_bwd_edge_kernel, x)
                 launch(_mp_bwd_edge_kernel)[(tiles, split)](
-                    grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, e, edge_index.stride(0),
-                    num_warps=warps, SPLIT=split, **c,
+                    grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, row_ptr[n:] if live else g_unit,
+                    e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, **c,
                 )  # fmt: skip
                 if split > 1:
                     g_rbf, g_unit = g_rbf.sum(0), g_unit.sum(0)
@@ -750,7 +753,9 @@ if HAS_TRITON:
             ctx.save_for_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             if perm is None or col_ptr is None:
                 perm, col_ptr = _sender_csr(edge_index, v.shape[0])
-            return _mp_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare)
+            return _mp_backward(
+                grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare, row_ptr.contiguous()
+            )
 
         @staticmethod
         def backward(ctx, *gg):

@@ -368,3 +368,38 @@ def test_compute_as_numpy_equals_the_host_tensors(model):
         stress = atoms.get_stress(voigt=True)
         want = calc.engine.compute(AtomsBatch.from_atoms(atoms, dtype=calc.engine.dtype), stress=True, to_host=True)
         np.testing.assert_array_equal(stress, want["stress"][0].double().numpy())
+
+
+@pytest.mark.parametrize("device", CSR_DEVICES)
+@pytest.mark.parametrize("min_edges", [0, 10**9])
+def test_in_step_edge_compaction_equals_the_full_skin_list(device, min_edges, monkeypatch):
+    """With a Verlet skin the padded step drops the pairs beyond the cutoff before the message passing
+    (kernels.edge_compact): the kernels then see exactly the fresh list's pairs, and energies and forces equal
+    those of the same step on the whole cutoff + skin list (compact_edges=False). Buckets with fewer than
+    COMPACT_MIN_EDGES edge slots skip it."""
+    from mlff_distiller import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "COMPACT_MIN_EDGES", min_edges)
+    model = make_model(hidden=8, layers=2, n_rbf=4)
+    mode = "cudagraph" if device == "cuda" else "eager"
+    kw = dict(device=device, precision="fp64", mode=mode, pad=True, neighbor_skin=1.0)
+    on, off = ForceEngine(model, **kw), ForceEngine(model, compact_edges=False, **kw)
+    ref = ForceEngine(model, device=device, precision="fp64")
+    assert on.compact_edges and not off.compact_edges
+    assert not ForceEngine(model, device=device, precision="fp64", mode=mode, pad=True).compact_edges
+    atoms = silicon_cell(rattle=0.05)
+    rng = np.random.default_rng(3)
+    with use_backend("triton"):
+        for _ in range(4):
+            atoms.positions += rng.normal(0.0, 0.03, atoms.positions.shape)
+            batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+            got, want = on.compute(batch, to_host=True), off.compute(batch, to_host=True)
+            np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-12)
+            np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-11)
+            fresh = ref._neighbors(AtomsBatch.from_atoms(atoms, device=device, dtype=torch.float64))
+            graph = on._verlet_fill[1]
+            # the kernels' CSR ends at the pairs within the cutoff; the skin list in the buffers has many more
+            live = fresh.num_edges if min_edges == 0 else graph.n_edges
+            assert int(on._csr["row_ptr"][-1]) == int(on._csr["sender"][1][-1]) == live
+            assert graph.n_edges > 1.3 * fresh.num_edges
+    assert 1 <= on.verlet.n_builds < on.verlet.n_calls

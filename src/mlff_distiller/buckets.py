@@ -32,7 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Bucket", "BucketLadder", "PaddedGraph", "fill_padded", "pad_graph"]
+__all__ = ["Bucket", "BucketLadder", "PaddedGraph", "far_shift", "fill_padded", "pad_graph"]
+
+
+def far_shift(cutoff: float) -> float:
+    """Length (Å) of the padding edges' shift vector: twice the cutoff + 1 Å, far outside it in any precision."""
+    return 2.0 * float(cutoff) + 1.0
 
 
 @dataclass(frozen=True, order=True)
@@ -134,9 +139,10 @@ class PaddedGraph:
         mask: ``[A]`` 1 for real structures, 0 otherwise (positions' dtype).
         edge_index: ``[2, C]`` int64 receiver, sender (padding edges: a padding atom to itself).
         shift_vectors: ``[C, 3]`` Å (padding edges: longer than the cutoff).
-        row_ptr: ``[A + 1]`` int64 receiver CSR offsets of ``edge_index`` (atom i's edges start at ``row_ptr[i]``).
+        row_ptr: ``[A + 1]`` int64 receiver CSR offsets of ``edge_index`` (atom i's edges start at ``row_ptr[i]``);
+            the padding edges belong to no row (``row_ptr[A] = n_edges``).
         sender_perm: ``[C]`` int64 edge ids in a stable order by sender.
-        sender_ptr: ``[A + 1]`` int64 offsets of each sender's run in ``sender_perm``.
+        sender_ptr: ``[A + 1]`` int64 offsets of each sender's run in ``sender_perm`` (also ending at ``n_edges``).
         n_atoms, n_edges, n_structures: the real sizes of the current content.
     """
 
@@ -174,8 +180,7 @@ class PaddedGraph:
             sender_perm=torch.zeros((c,), dtype=torch.long, device=device),
             sender_ptr=torch.zeros((a + 1,), dtype=torch.long, device=device),
             pad_z=int(pad_z),
-            # Twice the cutoff (+1 Å): far outside it in any float precision.
-            far=2.0 * float(cutoff) + 1.0,
+            far=far_shift(cutoff),
         )
         g._arange = torch.arange(c, dtype=torch.long, device=device)
         # Search keys 0..A for the offsets: int64 for the receivers, int32 for the int32 sender keys.
@@ -205,11 +210,17 @@ class PaddedGraph:
         """Recompute ``row_ptr``, ``sender_perm`` and ``sender_ptr`` from ``edge_index`` in place (the buffers
         keep their storage, so captured graphs read the new content). Device work only, no sync: a searchsorted
         for the receivers (the edges are receiver-sorted), a stable sort of the senders on int32 keys (half the
-        radix passes of int64; any stable sort gives the same permutation) and a searchsorted over it."""
+        radix passes of int64; any stable sort gives the same permutation) and a searchsorted over it.
+
+        Both offset arrays stop at the ``n_edges`` real edges: the padding edges (the last ``C - n_edges`` slots,
+        also last in the sender order, since their senders are the padding atoms) belong to no CSR row, so the
+        message-passing kernels never visit them (they are inert anyway)."""
         torch.searchsorted(self.edge_index[0], self._bounds, out=self.row_ptr)
         self._send32.copy_(self.edge_index[1])
         torch.sort(self._send32, stable=True, out=(self._keys32, self.sender_perm))
         torch.searchsorted(self._keys32, self._bounds32, out=self.sender_ptr)
+        self.row_ptr.clamp_(max=self.n_edges)
+        self.sender_ptr.clamp_(max=self.n_edges)
 
     def _fill_edge_tail(self, n_atoms: int, n_edges: int) -> None:
         a, c = self.bucket.atoms, self.bucket.edges
@@ -264,9 +275,9 @@ def fill_padded(
         dst.shift_vectors[:e].copy_(shift_vectors)
     if e != dst.n_edges or n != dst.n_atoms:
         dst._fill_edge_tail(n, e)
+    dst.n_atoms, dst.n_edges, dst.n_structures = n, e, int(num_structures)
     # The edges were (re)written: the bookkeeping follows, every time (a stale CSR means wrong forces).
     dst.refresh_csr()
-    dst.n_atoms, dst.n_edges, dst.n_structures = n, e, int(num_structures)
     return dst
 
 

@@ -44,8 +44,9 @@ from pathlib import Path
 
 import torch
 
+from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
-from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded
+from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, far_shift, fill_padded
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model.painn import CSRInteraction
@@ -142,6 +143,11 @@ def _raise_recompile_limit() -> None:
             break
 
 
+# Padded buckets with fewer edge slots skip the in-step edge compaction (compact_edges): its three launches cost
+# more than a molecule's few pairs beyond the cutoff (a guess: not measured closer).
+COMPACT_MIN_EDGES = 1024
+
+
 class ForceEngine:
     """Energy, forces and stress for batches of structures with a :class:`StudentModel`.
 
@@ -166,6 +172,10 @@ class ForceEngine:
         memory_budget: bytes :meth:`predict` may plan for one batch (default on CUDA: half the free memory at
             first use; on other devices an atom budget of 2048).
         cache_dir: persistent compile cache directory (see :func:`configure_compile_cache`).
+        compact_edges: padded modes: drop the pairs beyond the cutoff inside each step
+            (:func:`mlff_distiller.kernels.edge_compact`, three small kernels), so that the message passing walks
+            only the pairs within it. Default: on with a Verlet skin (its list holds the pairs out to
+            cutoff + skin, ~70 % more at 5 Å + 1 Å) unless the step is compiled; same results either way.
     """
 
     def __init__(
@@ -183,6 +193,7 @@ class ForceEngine:
         memory_budget: int | None = None,
         cache_dir: str | Path | None = None,
         neighbor_skin: float | None = None,
+        compact_edges: bool | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}; choose one of {sorted(PRECISIONS)}")
@@ -245,6 +256,7 @@ class ForceEngine:
         self._graph_tokens: dict[Bucket, int] = {}
         self._fast_model: StudentModel | None = None
         self._forward_impl = None
+        self.compact_edges = False
         if self.pad:
             # A private frozen copy: no parameter graph, no per-call requires_grad toggling, and captured
             # graphs keep pointing at weights nobody else mutates.
@@ -256,7 +268,11 @@ class ForceEngine:
             for k in range(len(inter)):
                 inter[k] = CSRInteraction(inter[k], self._csr)
             self._forward_impl = self._padded_forward
-            if self.mode == "compile" or (self.mode == "cudagraph" and compile_mode is not None):
+            compiled = self.mode == "compile" or (self.mode == "cudagraph" and compile_mode is not None)
+            # Decided before compiling: the compiled step traces this flag.
+            self.compact_edges = (self.verlet is not None and not compiled) if compact_edges is None else compact_edges
+            self._far = far_shift(self.cutoff)
+            if compiled:
                 self._forward_impl = self._make_compiled()
 
     # ------------------------------------------------------------------------------------------ setup
@@ -444,6 +460,12 @@ class ForceEngine:
         ``fill_padded`` whenever it wrote the edges (outside any captured graph): the message-passing kernels
         take them as given, so the step itself sorts and searches nothing, and never consults the kernels'
         per-tensor CSR cache (which a captured graph would bake in while the buffers' content changes)."""
+        if self.compact_edges and edge_index.shape[1] >= COMPACT_MIN_EDGES:
+            # In-step drop of the pairs beyond the cutoff (a Verlet-skin list holds ~70 % more): the kernels then
+            # walk only the pairs within it (exact: the dropped ones contribute exactly zero).
+            edge_index, shift_vectors, row_ptr, sender_perm, sender_ptr = kernels.edge_compact(
+                positions, edge_index, shift_vectors, row_ptr, sender_perm, sender_ptr, self.cutoff, self._far
+            )
         self._csr["row_ptr"] = row_ptr
         self._csr["sender"] = (sender_perm, sender_ptr)
         out = self._fast_model(numbers, positions, edge_index, shift_vectors, batch, numbers.shape[0])
@@ -546,7 +568,13 @@ class ForceEngine:
         self.last_bucket = bucket
         packed = self._run(bucket, graph)
         if to_host:
-            packed = packed.cpu()
+            if packed.is_cuda:  # one DMA into page-locked memory, then wait for it (as .cpu() would)
+                host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+                host.copy_(packed.detach(), non_blocking=True)
+                torch.cuda.current_stream(packed.device).synchronize()
+                packed = host
+            else:
+                packed = packed.cpu()
         elif self.mode == "cudagraph" or self.compile_mode == "reduce-overhead":
             packed = packed.clone()  # the static output is overwritten by the next replay
         a = bucket.atoms
@@ -588,7 +616,13 @@ class ForceEngine:
         else:
             bucket, graph = fill[0], fill[1]
             positions = batch.positions
-            if positions.dtype != self.dtype:
+            if positions.device.type == "cpu" and graph.positions.is_cuda:
+                # Through page-locked memory: an asynchronous DMA instead of the driver's staged copy of a
+                # pageable source. The caching host allocator recycles the block only after that copy finished.
+                staged = torch.empty(positions.shape, dtype=self.dtype, pin_memory=True)
+                staged.copy_(positions)
+                positions = staged
+            elif positions.dtype != self.dtype:
                 positions = positions.to(self.dtype)
             fill[3].copy_(positions, non_blocking=True)
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy)
