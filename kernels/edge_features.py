@@ -236,13 +236,17 @@ if HAS_TRITON:
         NORM: tl.constexpr,
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
+        HAS_GDIST: tl.constexpr = True,
     ):
         rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         m = rows < E
         d = tl.load(dist_ptr + rows, mask=m, other=1.0)
         ux, uy, uz = _load3(unit_ptr, rows, m)
         gx, gy, gz = _load3(gunit_ptr, rows, m)
-        big_g = tl.load(gdist_ptr + rows, mask=m, other=0.0)
+        if HAS_GDIST:
+            big_g = tl.load(gdist_ptr + rows, mask=m, other=0.0)
+        else:  # dist unused (edge_basis in the model): exact zeros, as the zero-filled gradient had
+            big_g = tl.zeros([BLOCK_E], d.dtype)
         if WITH_RBF:
             g_rbf, _ = _rbf_rows(
                 rows,
@@ -444,8 +448,10 @@ if HAS_TRITON:
         flag: str,
         seg_i,
         *args,
+        **switches,
     ) -> None:
-        """Launch an edge kernel over ``edge_index.shape[1]`` edges (``ref`` fixes device and dtype)."""
+        """Launch an edge kernel over ``edge_index.shape[1]`` edges (``ref`` fixes device and dtype); ``switches``:
+        constexprs beyond the plan's."""
         consts, _ = _edge_plan(
             rbf,
             ref.dtype == torch.float64,
@@ -460,7 +466,7 @@ if HAS_TRITON:
         grid = (n_edges + block - 1) // block
         if not ref.is_cuda:
             check_launchable(kernel, ref)
-        launch(kernel)[(grid,)](*args, n_edges, edge_index.stride(0), num_warps=num_warps(), **consts)
+        launch(kernel)[(grid,)](*args, n_edges, edge_index.stride(0), num_warps=num_warps(), **consts, **switches)
 
     def _row_elems(rbf: tuple | None) -> int:
         """Per-program tile budget (float32 elements) of the forward and backward kernels. Without the basis
@@ -515,7 +521,7 @@ if HAS_TRITON:
 
     def _edge_backward(
         grad_vec: Tensor | None,
-        grad_dist: Tensor,
+        grad_dist: Tensor | None,
         grad_unit: Tensor,
         grad_rbf: Tensor | None,
         dist: Tensor,
@@ -525,9 +531,12 @@ if HAS_TRITON:
         rbf: tuple | None,
         launch,
     ) -> tuple[Tensor, Tensor]:
+        """``grad_pos [N,3]``, ``grad_shift [E,3]``; ``grad_dist`` None stands for zeros (no fill, no read)."""
         dt = dist.dtype
         dist, unit, edge_index = dist.contiguous(), unit.contiguous(), edge_index.contiguous()
-        grad_dist, grad_unit = grad_dist.to(dt).contiguous(), grad_unit.to(dt).contiguous()
+        has_gdist = grad_dist is not None
+        grad_unit = grad_unit.to(dt).contiguous()
+        grad_dist = grad_dist.to(dt).contiguous() if has_gdist else dist
         grad_vec = grad_unit if grad_vec is None else grad_vec.to(dt).contiguous()
         grad_rbf = grad_dist if grad_rbf is None else grad_rbf.to(dt).contiguous()
         grad_pos = torch.zeros((n_atoms, 3), dtype=dt, device=dist.device)
@@ -551,6 +560,7 @@ if HAS_TRITON:
                 edge_index,
                 grad_pos,
                 grad_shift,
+                **({} if has_gdist else {"HAS_GDIST": False}),
             )
         return grad_pos, grad_shift
 
@@ -801,6 +811,8 @@ if HAS_TRITON:
     class _EdgeBasis(torch.autograd.Function):
         @staticmethod
         def forward(ctx, positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope):
+            # The model uses unit and rbf, never dist: its gradient comes as None instead of a zero fill.
+            ctx.set_materialize_grads(False)
             ctx.rbf = (n_rbf, cutoff, basis, envelope)
             _, dist, unit, rbf = _edge_forward(positions, edge_index, shift_vectors, ctx.rbf, _bare)
             ctx.n_atoms = positions.shape[0]
@@ -810,6 +822,14 @@ if HAS_TRITON:
         @staticmethod
         def backward(ctx, grad_dist, grad_unit, grad_rbf):
             dist, unit, edge_index = ctx.saved_tensors
+            if grad_unit is None and grad_rbf is None and grad_dist is None:
+                return None, None, None, None, None, None, None
+            if grad_unit is None:
+                grad_unit = torch.zeros_like(unit)
+            if grad_rbf is None:
+                grad_rbf = dist.new_zeros((dist.shape[0], ctx.rbf[0]))
+            if grad_dist is None and torch.is_grad_enabled():  # the double-backward Function wants all three
+                grad_dist = torch.zeros_like(dist)
             grad_pos, grad_shift = _edge_bwd_dispatch(
                 None, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, ctx.n_atoms, ctx.rbf
             )

@@ -38,6 +38,7 @@ _CONFIG = {
     "untransposed_max_rows": 1024,
 }
 _EPI = {"none": 0, "silu": 1}
+_PRO_SILU, _PRO_ADD = 1, 2  # the A-operand prologues of _gemm_kernel (0: none)
 
 
 def mlp_reference(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
@@ -88,16 +89,25 @@ def gemm(
     act: str = "none",
     transpose_w: bool = True,
     prologue_silu_of: Tensor | None = None,
+    prologue_add: Tensor | None = None,
     out: Tensor | None = None,
     accumulate: bool = False,
+    addend: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``C = act(A' B + bias)`` with ``B = Wᵀ`` (``transpose_w``, W an ``nn.Linear`` weight ``[N, K]``) or ``W``
-    (``[K, N]``), and ``A' = A ⊙ SiLU'(P)`` when ``prologue_silu_of = P`` (the backward of a SiLU), else ``A``.
-    ``act`` "silu" also returns the pre-activation. ``accumulate`` adds into ``out``. Returns ``(C, pre)``."""
+    (``[K, N]``), and ``A' = A ⊙ SiLU'(P)`` when ``prologue_silu_of = P`` (the backward of a SiLU), ``A' = A + Q``
+    when ``prologue_add = Q`` (a residual sum that then need not be stored: the same rounded sum as ``A + Q``), else
+    ``A``. ``act`` "silu" also returns the pre-activation. ``accumulate`` adds into ``out``; ``addend = D``
+    (``[M, N]``, no ``act``) adds D instead, so that ``out`` need not hold it (a gradient sum autograd would
+    otherwise add in a kernel of its own). Returns ``(C, pre)``."""
     m, k = a.shape
     n = w.shape[0] if transpose_w else w.shape[1]
     if (w.shape[1] if transpose_w else w.shape[0]) != k:
         raise ValueError(f"gemm: A is [{m}, {k}] but W is {list(w.shape)} (transpose_w={transpose_w})")
+    if prologue_silu_of is not None and prologue_add is not None:
+        raise ValueError("gemm: one prologue at a time (prologue_silu_of or prologue_add)")
+    if addend is not None and (accumulate or act != "none" or tuple(addend.shape) != (m, n)):
+        raise ValueError(f"gemm: addend must be [{m}, {n}], without accumulate or act")
     a, w = a.contiguous(), w.contiguous()
     if out is None:
         if accumulate:
@@ -105,11 +115,18 @@ def gemm(
         out = a.new_empty((m, n))
     pre = a.new_empty((m, n)) if act == "silu" else None
     if m == 0 or n == 0:
-        if not accumulate:
+        if addend is not None:
+            out.copy_(addend)
+        elif not accumulate:
             out.zero_()
         return out, pre
     if not transpose_w and m > _CONFIG["untransposed_max_rows"]:
-        return _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate), None
+        if prologue_add is not None:
+            a = a + prologue_add
+        out = _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate)
+        if addend is not None:  # after the product (as the Triton epilogue adds), not as addmm's beta·C
+            out.add_(addend)
+        return out, None
     if not HAS_TRITON:  # pragma: no cover - gemm_fusable never says yes then
         raise RuntimeError("gemm needs triton installed")
     check_launchable(_gemm_kernel, a)
@@ -124,12 +141,19 @@ def gemm(
         bm = max(16, min(128, triton.next_power_of_2(m)))
         bn = max(16, min(128, triton.next_power_of_2(n)))
         bk, warps, dot = max(16, min(128, triton.next_power_of_2(k))), 4, "ieee"
-    aux = prologue_silu_of.contiguous() if prologue_silu_of is not None else a
+    aux = prologue_silu_of if prologue_silu_of is not None else prologue_add
+    aux = aux.contiguous() if aux is not None else a
+    pro = _PRO_SILU if prologue_silu_of is not None else (_PRO_ADD if prologue_add is not None else 0)
+    if addend is not None:
+        addend = addend.contiguous()
+    elif accumulate:
+        addend = out
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     _gemm_kernel[grid](
-        a, w, bias if bias is not None else a, aux, out, pre if pre is not None else out, m, n, k,
-        stride_bk, stride_bn, out.stride(0),
-        HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=prologue_silu_of is not None, ACC=bool(accumulate),
+        a, w, bias if bias is not None else a, aux, out, pre if pre is not None else out,
+        addend if addend is not None else out, m, n, k,
+        stride_bk, stride_bn, out.stride(0), addend.stride(0) if addend is not None else 0,
+        HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None,
         BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps,
     )  # fmt: skip
     return out, pre
@@ -157,11 +181,12 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["m"])
     def _gemm_kernel(
-        a_ptr, b_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, m, n, k, stride_bk, stride_bn, stride_cm,
+        a_ptr, b_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, m, n, k, stride_bk, stride_bn, stride_cm, stride_dm,
         HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
     ):  # fmt: skip
-        """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux); B is addressed by strides."""
+        """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux); B is addressed by strides;
+        ACC adds D (rows stride_dm apart; C itself when accumulating) after the bias and the activation."""
         rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         rm = rows[:, None] < m
@@ -171,10 +196,12 @@ if HAS_TRITON:
             kk = k0 + tl.arange(0, BK)
             am = rm & (kk[None, :] < k)
             a = tl.load(a_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
-            if PRO:  # A ⊙ SiLU'(aux): the backward of a SiLU folded into the load
+            if PRO == 1:  # A ⊙ SiLU'(aux): the backward of a SiLU folded into the load
                 p = tl.load(aux_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
                 sg = _sigmoid(p)
                 a = a * (sg * (1.0 + p * (1.0 - sg)))
+            elif PRO == 2:  # A + aux: a residual sum folded into the load
+                a = a + tl.load(aux_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
             b = tl.load(
                 b_ptr + kk[:, None] * stride_bk + cols[None, :] * stride_bn, mask=(kk[:, None] < k) & cm, other=0.0
             )
@@ -187,7 +214,7 @@ if HAS_TRITON:
             tl.store(pre_ptr + rows[:, None] * n + cols[None, :], acc, mask=cmask)
             acc = acc * _sigmoid(acc)
         if ACC:
-            acc += tl.load(cptr, mask=cmask, other=0.0)
+            acc += tl.load(d_ptr + rows[:, None] * stride_dm + cols[None, :], mask=cmask, other=0.0)
         tl.store(cptr, acc, mask=cmask)
 
     class _MLP(torch.autograd.Function):

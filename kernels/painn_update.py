@@ -14,9 +14,16 @@ It is for inference only: its backward gives the gradients wrt s and v (forces n
 weights, and it is first-order: differentiating it twice raises. :func:`painn_update_fusable` states when it may run;
 :func:`painn_update` dispatches on it. The torch reference :func:`painn_update_reference` is the specification,
 the test oracle and what the model runs otherwise (training, torch.compile, the torch backend).
+
+The block's input may be given as a residual sum, ``s + ds`` and ``v + dv`` (the message block's output): the
+fused path then adds inside its kernels (the norm kernel, the U/V GEMM's prologue, the out kernel) the same
+rounded sums that two torch adds would have stored, so those two launches go, and its backward hands the same
+gradient to both terms.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import Tensor
@@ -34,13 +41,28 @@ _DTYPES = (torch.float32, torch.float64)
 
 
 def painn_update_reference(
-    s: Tensor, v: Tensor, u_w: Tensor, v_w: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor
+    s: Tensor,
+    v: Tensor,
+    u_w: Tensor,
+    v_w: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    *,
+    ds: Tensor | None = None,
+    dv: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Torch reference of the update block: ``s [N,F]``, ``v [N,3,F]`` → ``s_out [N,F]``, ``v_out [N,3,F]``.
 
     ``u_w``, ``v_w`` ``[F,F]`` (U, V), ``w1 [F,2F]``, ``b1 [F]``, ``w2 [3F,F]``, ``b2 [3F]`` (the mixing MLP), as
-    stored by ``nn.Linear``. Numerically the same ops as ``PaiNNUpdate``'s torch path.
+    stored by ``nn.Linear``. Numerically the same ops as ``PaiNNUpdate``'s torch path. With ``ds`` / ``dv`` the
+    block's input is ``s + ds`` / ``v + dv``.
     """
+    if ds is not None:
+        s = s + ds
+    if dv is not None:
+        v = v + dv
     f = s.shape[-1]
     uv, vv = nnf.linear(v, u_w), nnf.linear(v, v_w)
     vnorm = torch.sqrt((vv * vv).sum(dim=1) + _EPS)
@@ -56,25 +78,43 @@ def painn_update_fusable(s: Tensor, v: Tensor, *params: Tensor) -> bool:
     engine freezes its model; training needs weight gradients and the double backward of the torch path), not
     inside torch.compile (which fuses the torch path itself), and s, v and the parameters share one device and one
     dtype, float32 or float64. Host-side checks only (no device sync), so safe inside CUDA-graph capture.
+    ``params`` may end with the residual terms ``ds`` / ``dv`` (they too may require grad).
     """
     if torch.compiler.is_compiling() or s.dtype not in _DTYPES or v.dtype != s.dtype or v.device != s.device:
         return False
-    if any(p.requires_grad or p.dtype != s.dtype or p.device != s.device for p in params):
+    if any(p.requires_grad or p.dtype != s.dtype or p.device != s.device for p in params[:6]):
+        return False
+    if any(d.dtype != s.dtype or d.device != s.device for d in params[6:]):
         return False
     return resolve_backend(s.device) == "triton"
 
 
 def painn_update(
-    s: Tensor, v: Tensor, u_w: Tensor, v_w: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor
+    s: Tensor,
+    v: Tensor,
+    u_w: Tensor,
+    v_w: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    *,
+    ds: Tensor | None = None,
+    dv: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The update block (see the module docstring): fused Triton path when :func:`painn_update_fusable` says so,
-    else the torch reference. Returns ``s_out [N,F]``, ``v_out [N,3,F]``."""
+    """The update block (see the module docstring) of ``s [N,F]`` (plus ``ds [N,F]`` when given) and ``v [N,3,F]``
+    (plus ``dv [N,3,F]``): fused Triton path when :func:`painn_update_fusable` says so, else the torch reference.
+    Returns ``s_out [N,F]``, ``v_out [N,3,F]``."""
     _check_inputs(s, v, u_w, v_w, w1, b1, w2, b2)
-    if painn_update_fusable(s, v, u_w, v_w, w1, b1, w2, b2):
+    for name, d, ref in (("ds", ds, s), ("dv", dv, v)):
+        if d is not None and d.shape != ref.shape:
+            raise ValueError(f"{name} must have the shape of its term, {list(ref.shape)}, got {list(d.shape)}")
+    deltas = [d for d in (ds, dv) if d is not None]
+    if painn_update_fusable(s, v, u_w, v_w, w1, b1, w2, b2, *deltas):
         if not HAS_TRITON:  # pragma: no cover - resolve_backend never says "triton" then
             raise RuntimeError("the fused update block needs triton installed; use MLFF_DISTILLER_KERNELS=torch")
-        return _PaiNNUpdateFused.apply(s, v, u_w, v_w, w1, b1, w2, b2)
-    return painn_update_reference(s, v, u_w, v_w, w1, b1, w2, b2)
+        return _PaiNNUpdateFused.apply(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv)
+    return painn_update_reference(s, v, u_w, v_w, w1, b1, w2, b2, ds=ds, dv=dv)
 
 
 def _check_inputs(s, v, u_w, v_w, w1, b1, w2, b2) -> None:
@@ -88,13 +128,38 @@ def _check_inputs(s, v, u_w, v_w, w1, b1, w2, b2) -> None:
             raise ValueError(f"{name} must be {list(shape)} for F = {f}, got {list(t.shape)}")
 
 
+# [U; V] of frozen weights by (id(U), id(V)): (weak refs to U and V, their versions, the stacked copy). Concatenating
+# them anew cost a launch per layer per step; the versions make an in-place weight edit rebuild it, the weak refs
+# drop the entry with the weights (and keep a reused id from matching).
+_UV_CACHE: dict[tuple[int, int], tuple] = {}
+
+
+def _stacked_uv(u_w: Tensor, v_w: Tensor) -> Tensor:
+    """``torch.cat([u_w, v_w])`` ``[2F, F]``, cached while neither weight changes (see ``_UV_CACHE``)."""
+    try:
+        versions = (u_w._version, v_w._version)
+    except RuntimeError:  # inference tensors have no version counter: no caching
+        return torch.cat([u_w, v_w])
+    key = (id(u_w), id(v_w))
+    hit = _UV_CACHE.get(key)
+    if hit is not None and hit[0]() is u_w and hit[1]() is v_w and hit[2] == versions:
+        return hit[3]
+    w_uv = torch.cat([u_w, v_w])
+
+    def drop(_, key=key):
+        _UV_CACHE.pop(key, None)
+
+    _UV_CACHE[key] = (weakref.ref(u_w, drop), weakref.ref(v_w, drop), versions, w_uv)
+    return w_uv
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Triton path. Buffers (row-major):
 #   uvvv [3N, 2F]  row 3i+k = [uv_k | vv_k] of atom i (one GEMM: v.view(3N, F) @ [U; V]ᵀ)
 #   x    [N, 2F]   [s | ‖vv‖], the MLP input (written by the norm kernel: no torch.cat)
 #   pre  [N, F]    W1 x + b1;   mix [N, 3F] = [a_vv | a_sv | a_ss] = W2 SiLU(pre) + b2
-# Forward: cat(U, V) · mm · norm kernel · addmm · silu · addmm · out kernel (7 launches); with the Triton GEMMs of
-# linear.py (float32 on the GPU; SiLU in the epilogue) 6.
+# Forward: mm · norm kernel · addmm · silu · addmm · out kernel (6 launches; [U; V] is concatenated once per weight
+# version); with the Triton GEMMs of linear.py (float32 on the GPU; SiLU in the epilogue) 5.
 # Backward: out-bwd kernel · mm · silu_backward · mm · norm-bwd kernel · addmm_ (6 launches); with the Triton GEMMs
 # (SiLU' in the prologue) 5.
 # Each kernel program owns a [BLOCK_N atoms, BLOCK_F features] tile; F need not be a power of two (masks).
@@ -111,7 +176,15 @@ if HAS_TRITON:
 
     @triton.jit
     def _painn_update_norm_kernel(
-        s_ptr, uvvv_ptr, x_ptr, n_atoms, N_FEAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr
+        s_ptr,
+        ds_ptr,
+        uvvv_ptr,
+        x_ptr,
+        n_atoms,
+        N_FEAT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_F: tl.constexpr,
+        HAS_DS: tl.constexpr,
     ):
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         vv = uvvv_ptr + i * (6 * N_FEAT) + N_FEAT + f
@@ -126,8 +199,16 @@ if HAS_TRITON:
         else:
             norm = tl.sqrt(sq)
         x = x_ptr + i * (2 * N_FEAT) + f
-        tl.store(x, tl.load(s_ptr + i * N_FEAT + f, mask=m, other=0.0), mask=m)
+        tl.store(x, _load_sum(s_ptr, ds_ptr, i * N_FEAT + f, m, HAS_DS), mask=m)
         tl.store(x + N_FEAT, norm, mask=m)
+
+    @triton.jit
+    def _load_sum(a_ptr, d_ptr, offs, m, HAS_D: tl.constexpr):
+        """``a + d`` at ``offs`` (the residual sum of the block's input, rounded once like a torch add), or ``a``."""
+        a = tl.load(a_ptr + offs, mask=m, other=0.0)
+        if HAS_D:
+            a = a + tl.load(d_ptr + offs, mask=m, other=0.0)
+        return a
 
     @triton.jit
     def _load_uvvv(uvvv_ptr, i, f, m, N_FEAT: tl.constexpr):
@@ -145,7 +226,9 @@ if HAS_TRITON:
     @triton.jit
     def _painn_update_out_kernel(
         s_ptr,
+        ds_ptr,
         v_ptr,
+        dv_ptr,
         uvvv_ptr,
         mix_ptr,
         s_out_ptr,
@@ -154,6 +237,8 @@ if HAS_TRITON:
         N_FEAT: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_F: tl.constexpr,
+        HAS_DS: tl.constexpr,
+        HAS_DV: tl.constexpr,
     ):
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
@@ -162,15 +247,15 @@ if HAS_TRITON:
         a_sv = tl.load(mix + N_FEAT, mask=m, other=0.0)
         a_ss = tl.load(mix + 2 * N_FEAT, mask=m, other=0.0)
         sf = i * N_FEAT + f
-        s = tl.load(s_ptr + sf, mask=m, other=0.0)
+        s = _load_sum(s_ptr, ds_ptr, sf, m, HAS_DS)
         tl.store(s_out_ptr + sf, s + a_ss + a_sv * (uv0 * vv0 + uv1 * vv1 + uv2 * vv2), mask=m)
         vf = i * (3 * N_FEAT) + f
-        tl.store(v_out_ptr + vf, tl.load(v_ptr + vf, mask=m, other=0.0) + a_vv * uv0, mask=m)
-        tl.store(v_out_ptr + vf + N_FEAT, tl.load(v_ptr + vf + N_FEAT, mask=m, other=0.0) + a_vv * uv1, mask=m)
-        tl.store(v_out_ptr + vf + 2 * N_FEAT, tl.load(v_ptr + vf + 2 * N_FEAT, mask=m, other=0.0) + a_vv * uv2, mask=m)
+        tl.store(v_out_ptr + vf, _load_sum(v_ptr, dv_ptr, vf, m, HAS_DV) + a_vv * uv0, mask=m)
+        tl.store(v_out_ptr + vf + N_FEAT, _load_sum(v_ptr, dv_ptr, vf + N_FEAT, m, HAS_DV) + a_vv * uv1, mask=m)
+        tl.store(v_out_ptr + vf + 2 * N_FEAT, _load_sum(v_ptr, dv_ptr, vf + 2 * N_FEAT, m, HAS_DV) + a_vv * uv2, mask=m)
 
     # VJP of the out kernel, given g_s = ∂L/∂s_out and g_v = ∂L/∂v_out (g_s also flows to s unchanged, added in
-    # the norm backward):
+    # the norm backward; without HAS_GV, g_v is 0: v_out was not used, and autograd passes None, not zeros):
     #   ∂a_vv = Σ_k g_v_k ⊙ uv_k      ∂a_sv = g_s ⊙ Σ_k uv_k ⊙ vv_k      ∂a_ss = g_s
     #   ∂uv_k = g_v_k ⊙ a_vv + g_s ⊙ a_sv ⊙ vv_k      ∂vv_k = g_s ⊙ a_sv ⊙ uv_k   (the norm backward adds its term)
     @triton.jit
@@ -185,34 +270,41 @@ if HAS_TRITON:
         N_FEAT: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_F: tl.constexpr,
+        HAS_GV: tl.constexpr,
     ):
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
         mix = mix_ptr + i * (3 * N_FEAT) + f
-        a_vv = tl.load(mix, mask=m, other=0.0)
         a_sv = tl.load(mix + N_FEAT, mask=m, other=0.0)
         gs = tl.load(gs_ptr + i * N_FEAT + f, mask=m, other=0.0)
-        gv = gv_ptr + i * (3 * N_FEAT) + f
-        gv0 = tl.load(gv, mask=m, other=0.0)
-        gv1 = tl.load(gv + N_FEAT, mask=m, other=0.0)
-        gv2 = tl.load(gv + 2 * N_FEAT, mask=m, other=0.0)
         g_mix = g_mix_ptr + i * (3 * N_FEAT) + f
-        tl.store(g_mix, gv0 * uv0 + gv1 * uv1 + gv2 * uv2, mask=m)
         tl.store(g_mix + N_FEAT, gs * (uv0 * vv0 + uv1 * vv1 + uv2 * vv2), mask=m)
         tl.store(g_mix + 2 * N_FEAT, gs, mask=m)
         c = gs * a_sv
         g_uv = g_uvvv_ptr + i * (6 * N_FEAT) + f
-        tl.store(g_uv, gv0 * a_vv + c * vv0, mask=m)
+        if HAS_GV:
+            a_vv = tl.load(mix, mask=m, other=0.0)
+            gv = gv_ptr + i * (3 * N_FEAT) + f
+            gv0 = tl.load(gv, mask=m, other=0.0)
+            gv1 = tl.load(gv + N_FEAT, mask=m, other=0.0)
+            gv2 = tl.load(gv + 2 * N_FEAT, mask=m, other=0.0)
+            tl.store(g_mix, gv0 * uv0 + gv1 * uv1 + gv2 * uv2, mask=m)
+            tl.store(g_uv, gv0 * a_vv + c * vv0, mask=m)
+            tl.store(g_uv + 2 * N_FEAT, gv1 * a_vv + c * vv1, mask=m)
+            tl.store(g_uv + 4 * N_FEAT, gv2 * a_vv + c * vv2, mask=m)
+        else:  # the terms of g_v are exact zeros: (±0) + c·vv_k = c·vv_k
+            tl.store(g_mix, tl.zeros([BLOCK_N, BLOCK_F], a_sv.dtype), mask=m)
+            tl.store(g_uv, c * vv0, mask=m)
+            tl.store(g_uv + 2 * N_FEAT, c * vv1, mask=m)
+            tl.store(g_uv + 4 * N_FEAT, c * vv2, mask=m)
         tl.store(g_uv + N_FEAT, c * uv0, mask=m)
-        tl.store(g_uv + 2 * N_FEAT, gv1 * a_vv + c * vv1, mask=m)
         tl.store(g_uv + 3 * N_FEAT, c * uv1, mask=m)
-        tl.store(g_uv + 4 * N_FEAT, gv2 * a_vv + c * vv2, mask=m)
         tl.store(g_uv + 5 * N_FEAT, c * uv2, mask=m)
 
     # VJP of the norm kernel, given g_x = ∂L/∂[s | ‖vv‖] (= ∂pre @ W1):
     #   ∂s = g_s_out + g_x[:, :F]      ∂vv_k += g_x[:, F:] ⊙ vv_k / ‖vv‖   (‖vv‖ ≥ 1e-4: no division by zero)
     # It also copies g_v_out into the buffer that the last GEMM then accumulates into in place (addmm_), which
-    # saves that GEMM's own copy of its C operand (one launch less).
+    # saves that GEMM's own copy of its C operand (one launch less); without HAS_GV (g_v_out = 0) the GEMM writes.
     @triton.jit
     def _painn_update_norm_bwd_kernel(
         gs_out_ptr,
@@ -227,6 +319,7 @@ if HAS_TRITON:
         N_FEAT: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_F: tl.constexpr,
+        HAS_GV: tl.constexpr,
     ):
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         sf = i * N_FEAT + f
@@ -241,10 +334,12 @@ if HAS_TRITON:
             vv = tl.load(uvvv_ptr + vf + 2 * k * N_FEAT, mask=m, other=0.0)
             g = g_uvvv_ptr + vf + 2 * k * N_FEAT
             tl.store(g, tl.load(g, mask=m, other=0.0) + r * vv, mask=m)
-            tl.store(g_v_ptr + gvf + k * N_FEAT, tl.load(gv_out_ptr + gvf + k * N_FEAT, mask=m, other=0.0), mask=m)
+            if HAS_GV:
+                tl.store(g_v_ptr + gvf + k * N_FEAT, tl.load(gv_out_ptr + gvf + k * N_FEAT, mask=m, other=0.0), mask=m)
 
-    def _launch(kernel, t: Tensor, n: int, f: int, *args) -> None:
-        """One program per ``[BLOCK_N, BLOCK_F]`` tile of atoms × features; nothing to do when N = 0."""
+    def _launch(kernel, t: Tensor, n: int, f: int, *args, **flags) -> None:
+        """One program per ``[BLOCK_N, BLOCK_F]`` tile of atoms × features (``flags``: the kernel's constexpr
+        switches); nothing to do when N = 0."""
         if n == 0 or f == 0:
             return
         check_launchable(kernel, t)
@@ -259,66 +354,103 @@ if HAS_TRITON:
         rows = max(1, min(elems // block_f, triton.next_power_of_2(n)))
         block_n = 1 << (rows.bit_length() - 1)
         grid = (triton.cdiv(n, block_n), triton.cdiv(f, block_f))
-        kernel[grid](*args, n, N_FEAT=f, BLOCK_N=block_n, BLOCK_F=block_f, num_warps=num_warps())
+        kernel[grid](*args, n, N_FEAT=f, BLOCK_N=block_n, BLOCK_F=block_f, num_warps=num_warps(), **flags)
 
-    def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2):
+    def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None):
         """``s_out``, ``v_out``, what the backward keeps (``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``) and whether
-        the GEMMs ran on Triton (the backward does the same)."""
+        the GEMMs ran on Triton (the backward does the same). The input is ``s + ds``, ``v + dv`` where given."""
         n, f = s.shape
         s, v = s.contiguous(), v.contiguous()
-        w_uv = torch.cat([u_w, v_w])  # [2F, F]
+        ds = ds.contiguous() if ds is not None else None
+        w_uv = _stacked_uv(u_w, v_w)  # [2F, F]
         x = s.new_empty((n, 2 * f))
         triton_gemm = gemm_fusable(s, u_w, v_w, w1, b1, w2, b2)
-        if triton_gemm:  # Triton GEMMs: bias + SiLU in the epilogue (linear.py)
-            uvvv = gemm(v.view(3 * n, f), w_uv)[0]
-            _launch(_painn_update_norm_kernel, s, n, f, s, uvvv, x)
+        if triton_gemm:  # Triton GEMMs: bias + SiLU in the epilogue, v + dv in the prologue (linear.py)
+            dv = dv.contiguous() if dv is not None else None
+            uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv.view(3 * n, f) if dv is not None else None)[0]
+            _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
             h, pre = gemm(x, w1, b1, act="silu")
             mix = gemm(h, w2, b2)[0]
         else:
+            if dv is not None:  # cuBLAS has no prologue: the sum is stored once
+                v, dv = v + dv, None
             uvvv = torch.mm(v.view(3 * n, f), w_uv.t())
-            _launch(_painn_update_norm_kernel, s, n, f, s, uvvv, x)
+            _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
             pre = torch.addmm(b1, x, w1.t())
             mix = torch.addmm(b2, nnf.silu(pre), w2.t())
         s_out, v_out = torch.empty_like(s), torch.empty_like(v)
-        _launch(_painn_update_out_kernel, s, n, f, s, v, uvvv, mix, s_out, v_out)
+        _launch(
+            _painn_update_out_kernel,
+            s,
+            n,
+            f,
+            s,
+            _or(ds, s),
+            v,
+            _or(dv, v),
+            uvvv,
+            mix,
+            s_out,
+            v_out,
+            HAS_DS=ds is not None,
+            HAS_DV=dv is not None,
+        )
         return s_out, v_out, (x, pre, uvvv, mix, w_uv), triton_gemm
 
+    def _or(t: Tensor | None, dummy: Tensor) -> Tensor:
+        """A kernel's optional pointer argument (unread when its switch is off)."""
+        return dummy if t is None else t
+
     def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2, triton_gemm=False):
-        """Gradients wrt ``s [N,F]`` and ``v [N,3,F]``."""
+        """Gradients wrt ``s [N,F]`` and ``v [N,3,F]``; ``grad_v`` None means zero (v_out unused)."""
         n, f = pre.shape
-        grad_s, grad_v = grad_s.to(pre.dtype).contiguous(), grad_v.to(pre.dtype).contiguous()
+        if grad_s is None:  # s_out unused (rare: the model always uses it)
+            grad_s = pre.new_zeros((n, f))
+        grad_s = grad_s.to(pre.dtype).contiguous()
+        has_gv = grad_v is not None
+        grad_v = grad_v.to(pre.dtype).contiguous() if has_gv else None
         g_mix, g_uvvv = mix.new_empty((n, 3 * f)), uvvv.new_empty((3 * n, 2 * f))
-        _launch(_painn_update_out_bwd_kernel, pre, n, f, grad_s, grad_v, uvvv, mix, g_mix, g_uvvv)
+        gv_arg = _or(grad_v, grad_s)
+        _launch(_painn_update_out_bwd_kernel, pre, n, f, grad_s, gv_arg, uvvv, mix, g_mix, g_uvvv, HAS_GV=has_gv)
         # As decided in the forward (the backward may run outside the backend context); SiLU' in a GEMM prologue.
         if triton_gemm:
             g_x = gemm(gemm(g_mix, w2, transpose_w=False)[0], w1, transpose_w=False, prologue_silu_of=pre)[0]
         else:
             g_x = torch.mm(torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre), w1)  # [N, 2F]
-        g_s, g_v = torch.empty_like(grad_s), torch.empty_like(grad_v)
-        _launch(_painn_update_norm_bwd_kernel, pre, n, f, grad_s, grad_v, g_x, uvvv, x, g_s, g_v, g_uvvv)
-        # g_v holds g_v_out: += [∂uv | ∂vv] @ [U; V]
+        g_s, g_v = torch.empty_like(grad_s), pre.new_empty((n, 3, f))
+        _launch(_painn_update_norm_bwd_kernel, pre, n, f, grad_s, gv_arg, g_x, uvvv, x, g_s, g_v, g_uvvv, HAS_GV=has_gv)
+        # g_v holds g_v_out (when there is one): += [∂uv | ∂vv] @ [U; V]
         if triton_gemm:
-            gemm(g_uvvv, w_uv, transpose_w=False, out=g_v.view(3 * n, f), accumulate=True)
-        else:
+            gemm(g_uvvv, w_uv, transpose_w=False, out=g_v.view(3 * n, f), accumulate=has_gv)
+        elif has_gv:
             g_v.view(3 * n, f).addmm_(g_uvvv, w_uv)
+        else:
+            torch.mm(g_uvvv, w_uv, out=g_v.view(3 * n, f))
         return g_s, g_v
 
     class _PaiNNUpdateFused(torch.autograd.Function):
-        """Inference-only: gradients wrt s and v; the weights must not require grad; first-order only."""
+        """Inference-only: gradients wrt s and v (and the same ones wrt the residual terms ds, dv, when given);
+        the weights must not require grad; first-order only."""
 
         @staticmethod
-        def forward(ctx, s, v, u_w, v_w, w1, b1, w2, b2):
-            if any(ctx.needs_input_grad[2:]):
+        def forward(ctx, s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None):
+            if any(ctx.needs_input_grad[2:8]):
                 raise RuntimeError("the fused PaiNN update is inference-only: its weights must not require grad")
-            s_out, v_out, saved, ctx.triton_gemm = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2)
-            ctx.save_for_backward(s, v, *saved, w1, w2)
+            # A v_out nobody uses (the last layer's) gets None, not a zero-filled gradient (one fill less).
+            ctx.set_materialize_grads(False)
+            s_out, v_out, saved, ctx.triton_gemm = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv)
+            ctx.has_ds, ctx.has_dv = ds is not None, dv is not None
+            ctx.save_for_backward(s, v, ds, dv, *saved, w1, w2)
             return s_out, v_out
 
         @staticmethod
         def backward(ctx, grad_s, grad_v):
-            s, v, *saved = ctx.saved_tensors
+            s, v, ds, dv, *saved = ctx.saved_tensors
             with torch.no_grad():
                 g_s, g_v = _fused_backward(grad_s, grad_v, *saved, triton_gemm=ctx.triton_gemm)
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
-                g_s, g_v = FirstOrderOnly.apply("the fused PaiNN update", 2, g_s, g_v, grad_s, grad_v, s, v)
-            return g_s, g_v, None, None, None, None, None, None
+                depends = [t for t in (grad_s, grad_v, s, v, ds, dv) if t is not None]
+                g_s, g_v = FirstOrderOnly.apply("the fused PaiNN update", 2, g_s, g_v, *depends)
+            g_ds = g_s if ctx.has_ds else None
+            g_dv = g_v if ctx.has_dv else None
+            return g_s, g_v, None, None, None, None, None, None, g_ds, g_dv

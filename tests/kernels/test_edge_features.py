@@ -25,6 +25,7 @@ from mlff_distiller.kernels import (
     use_backend,
 )
 from mlff_distiller.kernels.rbf_cutoff import basis_reference
+from torch.utils._python_dispatch import TorchDispatchMode
 
 CUTOFF = 5.0
 N_RBF = 20
@@ -406,3 +407,37 @@ def test_forward_without_autograd(triton_device, variant, n_edges, dtype, how, p
     if n_edges:
         ptrs = {o.data_ptr() for o in out}
         assert len(ptrs) == 3, "outputs must not share storage"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("used", ["unit+rbf", "rbf", "unit"])
+def test_edge_basis_unused_outputs_need_no_zero_gradient(triton_device, dtype, used):
+    """The model never uses edge_basis's dist: its gradient arrives as None, and the backward reads no zero-filled
+    buffer for it (the only fill left is grad_pos, which the kernel's atomics accumulate into). Bit for bit the
+    gradient with an explicit zero for every unused output."""
+    torch.manual_seed(4)
+    pos, ei, shifts = _graph(200, dtype, triton_device)
+    pos.requires_grad_(True)
+    with use_backend("triton"):
+        dist, unit, rbf = edge_basis(pos, ei, shifts, N_RBF, CUTOFF, "bessel", "cosine")
+    g_unit, g_rbf = torch.randn_like(unit), torch.randn_like(rbf)
+    outs, grads = {"unit": (unit, g_unit), "rbf": (rbf, g_rbf)}, {}
+    picked = [outs[k] for k in used.split("+")]
+    fills = []
+
+    class _Fills(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("zeros", "zeros_like", "new_zeros", "zero_", "fill_"):
+                fills.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with _Fills():
+        (grads["none"],) = torch.autograd.grad([o for o, _ in picked], pos, [g for _, g in picked], retain_graph=True)
+    want_go = [torch.zeros_like(dist), g_unit if "unit" in used else torch.zeros_like(unit)]
+    want_go.append(g_rbf if "rbf" in used else torch.zeros_like(rbf))
+    (want,) = torch.autograd.grad((dist, unit, rbf), pos, want_go)
+    assert torch.equal(grads["none"], want)
+    assert (
+        fills.count("zeros") + fills.count("new_zeros") + fills.count("zeros_like")
+        == (1 if used != "unit+rbf" else 0) + 1
+    )

@@ -72,6 +72,37 @@ def test_gemm_backward_forms(triton_device, monkeypatch, dtype, m, k, n, blas):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("m, k, n", [(0, 8, 16), (1, 16, 8), (33, 128, 256), (200, 128, 128)])
+@pytest.mark.parametrize("blas", [False, True], ids=["triton", "cublas-fallback"])
+def test_gemm_residual_prologue_and_addend(triton_device, monkeypatch, dtype, m, k, n, blas):
+    """``prologue_add=Q`` multiplies A + Q (the same rounded sum as a torch add: bit for bit the GEMM of the
+    stored sum) and ``addend=D`` adds D in the epilogue (bit for bit the GEMM's output + D); also through the
+    torch fallback of the untransposed form."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    monkeypatch.setitem(lin._CONFIG, "untransposed_max_rows", 0 if blas else 10**9)
+    gen = torch.Generator().manual_seed(m + k + n)
+    a, q = (_rand(m, k, gen=gen, dtype=dtype, device=triton_device) for _ in range(2))
+    w = _rand(n, k, gen=gen, dtype=dtype, device=triton_device, scale=k**-0.5)
+    b = _rand(n, gen=gen, dtype=dtype, device=triton_device)
+    d = _rand(m, n, gen=gen, dtype=dtype, device=triton_device)
+    got, _ = gemm(a, w, b, prologue_add=q)
+    assert torch.equal(got, gemm(a + q, w, b)[0])
+    _close(got, nnf.linear(a.double() + q.double(), w.double(), b.double()), TOL[dtype], "A + Q GEMM")
+    wt = w.t().contiguous()  # [K, N]: the backward form (the fallback's)
+    for tw, ww in ((True, w), (False, wt)):
+        got, _ = gemm(a, ww, transpose_w=tw, addend=d)
+        assert torch.equal(got, gemm(a, ww, transpose_w=tw)[0] + d)
+        got, _ = gemm(a, ww, transpose_w=tw, prologue_add=q, addend=d)
+        assert torch.equal(got, gemm(a + q, ww, transpose_w=tw)[0] + d)
+    with pytest.raises(ValueError, match="one prologue"):
+        gemm(a, w, prologue_add=q, prologue_silu_of=q)
+    with pytest.raises(ValueError, match="addend"):
+        gemm(a, w, addend=d, act="silu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n, f, h, o", [(0, 16, 16, 48), (7, 20, 20, 60), (65, 128, 64, 1)])
 def test_mlp_matches_reference(triton_device, dtype, n, f, h, o):
     gen = torch.Generator().manual_seed(n + f + o)

@@ -163,37 +163,108 @@ class _CountOps(TorchDispatchMode):
 
 
 def test_launch_counts(triton_device, monkeypatch):
-    """Per layer: cat + 3 Triton GEMMs + 2 Triton kernels forward, 3 GEMMs + 2 kernels backward (the torch path:
-    17 and ~23 launches)."""
+    """Per layer: 3 Triton GEMMs + 2 Triton kernels forward ([U; V] concatenated on the first call only), 3 GEMMs
+    + 2 kernels backward (the torch path: 17 and ~23 launches)."""
     launches, gemms = [], []
     launch, real_gemm = pu_module._launch, pu_module.gemm
-    monkeypatch.setattr(pu_module, "_launch", lambda kernel, *a: launches.append(kernel) or launch(kernel, *a))
+    monkeypatch.setattr(
+        pu_module, "_launch", lambda kernel, *a, **k: launches.append(kernel) or launch(kernel, *a, **k)
+    )
     monkeypatch.setattr(pu_module, "gemm", lambda *a, **k: gemms.append(1) or real_gemm(*a, **k))
     blk = _fused_block(8, torch.float32, triton_device)
     s, v, _ = _inputs(5, 8, torch.float32, triton_device)
     go = (torch.ones_like(s), torch.ones_like(v))
+    with use_backend("triton"), _CountOps() as first:
+        blk(s, v)
     with use_backend("triton"), _CountOps() as fwd:
         out = blk(s, v)
     n_fwd = len(gemms)
     with _CountOps() as bwd:
         torch.autograd.grad(out, (s, v), go)
-    assert fwd.ops == ["cat"] and n_fwd == 3
-    assert bwd.ops == [] and len(gemms) == 6
-    assert len(launches) == 4
+    assert first.ops == ["cat"] and fwd.ops == [] and n_fwd == 6
+    assert bwd.ops == [] and len(gemms) == 9
+    assert len(launches) == 6
 
 
 def test_launch_counts_without_triton_gemms(triton_device, monkeypatch):
-    """Where the Triton GEMMs do not apply (float64 on the GPU), cuBLAS: 5 aten ops forward, 4 backward."""
+    """Where the Triton GEMMs do not apply (float64 on the GPU), cuBLAS: 4 aten ops forward, 4 backward."""
     monkeypatch.setattr(pu_module, "gemm_fusable", lambda *a: False)
     blk = _fused_block(8, torch.float32, triton_device)
     s, v, _ = _inputs(5, 8, torch.float32, triton_device)
     go = (torch.ones_like(s), torch.ones_like(v))
+    with use_backend("triton"):
+        blk(s, v)
     with use_backend("triton"), _CountOps() as fwd:
         out = blk(s, v)
     with _CountOps() as bwd:
         torch.autograd.grad(out, (s, v), go)
-    assert fwd.ops == ["cat", "mm", "addmm", "silu", "addmm"]
+    assert fwd.ops == ["mm", "addmm", "silu", "addmm"]
     assert bwd.ops == ["mm", "silu_backward", "mm", "addmm_"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("triton_gemm", [True, False], ids=["triton-gemm", "cublas"])
+@pytest.mark.parametrize("n, f", [(0, 8), (7, 20), (33, 128)])
+def test_residual_terms_fused(triton_device, monkeypatch, fused_calls, dtype, triton_gemm, n, f):
+    """update(s, v, ds=, dv=) is update(s + ds, v + dv) bit for bit (the sums are rounded once, as two torch
+    adds would), with no add kernel on the Triton GEMMs; the gradients wrt ds and dv are those wrt s and v."""
+    if not triton_gemm:
+        monkeypatch.setattr(pu_module, "gemm_fusable", lambda *a: False)
+    s, v, weights = _inputs(n, f, dtype, triton_device, seed=n + 3)
+    ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=n + 4)
+    gen = torch.Generator().manual_seed(5)
+    go = (torch.randn(n, f, generator=gen, dtype=dtype), torch.randn(n, 3, f, generator=gen, dtype=dtype))
+    go = tuple(g.to(triton_device) for g in go)
+    with use_backend("triton"):
+        painn_update(s, v, *weights, ds=ds, dv=dv)  # warm the [U; V] cache
+        with _CountOps() as fwd:
+            out = painn_update(s, v, *weights, ds=ds, dv=dv)
+        grads = torch.autograd.grad(out, (s, v, ds, dv), go)
+        s1, v1 = (s + ds).detach().requires_grad_(True), (v + dv).detach().requires_grad_(True)
+        ref = painn_update(s1, v1, *weights)
+        ref_grads = torch.autograd.grad(ref, (s1, v1), go)
+    assert len(fused_calls) == 3
+    if n > 0:  # (with no rows the GEMMs only zero their outputs) cuBLAS has no prologue: v + dv is stored
+        assert fwd.ops == ([] if triton_gemm else ["add", "mm", "addmm", "silu", "addmm"])
+    for a, b in zip(out, ref, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(grads, (*ref_grads, *ref_grads), strict=True):
+        assert torch.equal(a, b)
+    with use_backend("torch"):  # and the torch reference agrees
+        want = painn_update_reference(s, v, *weights, ds=ds, dv=dv)
+    for a, b in zip(out, want, strict=True):
+        _close(a, b.double(), TOL[dtype], "residual form vs reference")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_unused_v_out_needs_no_zero_gradient(triton_device, dtype):
+    """When v_out is not used (the last layer), autograd passes None for its gradient (no zero-filled buffer):
+    the same gradients as with an explicit zero upstream gradient, and no fill op."""
+    blk = _fused_block(20, dtype, triton_device)
+    s, v, _ = _inputs(9, 20, dtype, triton_device, seed=2)
+    g_s = torch.randn(9, 20, generator=torch.Generator().manual_seed(2), dtype=dtype).to(triton_device)
+    with use_backend("triton"):
+        s_out, v_out = blk(s, v)
+        with _CountOps() as bwd:
+            got = torch.autograd.grad(s_out, (s, v), g_s, retain_graph=True)
+        want = torch.autograd.grad((s_out, v_out), (s, v), (g_s, torch.zeros_like(v_out)))
+    assert not any(op in ("zeros", "zero_", "fill_", "new_zeros", "zeros_like") for op in bwd.ops), bwd.ops
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_stacked_weights_follow_in_place_edits(triton_device):
+    """[U; V] is cached per weight version: an in-place edit of U or V is never served stale."""
+    blk = _fused_block(8, torch.float64, triton_device)
+    s, v, _ = _inputs(4, 8, torch.float64, triton_device)
+    params = (blk.U.weight, blk.V.weight, blk.mix[0].weight, blk.mix[0].bias, blk.mix[2].weight, blk.mix[2].bias)
+    with use_backend("triton"):
+        for edit in (lambda: None, lambda: blk.U.weight.mul_(0.5), lambda: blk.V.weight.add_(0.25)):
+            edit()
+            got = blk(s, v)
+            want = painn_update_reference(s, v, *params)
+            for a, b in zip(got, want, strict=True):
+                _close(a, b, TOL[torch.float64], "after an in-place weight edit")
 
 
 def _molecules(n_mol, device):

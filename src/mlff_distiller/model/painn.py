@@ -71,8 +71,13 @@ class PaiNNInteraction(nn.Module):
         self.filter = nn.Linear(n_rbf, 3 * hidden, bias=False)
 
     def forward(self, s, v, rbf, unit, edge_index):
-        ds, dv = kernels.message_passing(_mlp_call(self.phi, s), v, rbf, self.filter.weight, unit, edge_index)
+        ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
+
+    def messages(self, s, v, rbf, unit, edge_index):
+        """``(Δs [N,F], Δv [N,3,F])``: ``forward`` without its residual sums (the model hands them to the update
+        block, whose fused path adds them inside its own kernels)."""
+        return kernels.message_passing(_mlp_call(self.phi, s), v, rbf, self.filter.weight, unit, edge_index)
 
 
 class CSRInteraction(nn.Module):
@@ -95,9 +100,14 @@ class CSRInteraction(nn.Module):
         self.csr = csr
 
     def forward(self, s, v, rbf, unit, edge_index):
+        ds, dv = self.messages(s, v, rbf, unit, edge_index)
+        return s + ds, v + dv
+
+    def messages(self, s, v, rbf, unit, edge_index):
+        """``(Δs, Δv)`` (see :meth:`PaiNNInteraction.messages`)."""
         w = self.inner.filter.weight
         csr = self.csr
-        ds, dv = kernels.message_passing(
+        return kernels.message_passing(
             _mlp_call(self.inner.phi, s),
             v,
             rbf,
@@ -107,7 +117,6 @@ class CSRInteraction(nn.Module):
             row_ptr=csr["row_ptr"],
             sender_csr=csr.get("sender"),
         )
-        return s + ds, v + dv
 
 
 class PaiNNUpdate(nn.Module):
@@ -115,7 +124,8 @@ class PaiNNUpdate(nn.Module):
 
     When no parameter requires grad (inference) and the kernel backend is Triton, ``forward`` runs the fused
     kernels of :func:`mlff_distiller.kernels.painn_update` (same math, gradients wrt s and v only, first order);
-    otherwise the torch code below (training, torch.compile, the torch backend).
+    otherwise the torch code below (training, torch.compile, the torch backend). ``forward(s, v, ds, dv)`` updates
+    ``s + ds``, ``v + dv`` (the message block's residual sums, which the fused path adds in its kernels).
     """
 
     def __init__(self, hidden: int) -> None:
@@ -125,7 +135,7 @@ class PaiNNUpdate(nn.Module):
         self.V = nn.Linear(hidden, hidden, bias=False)
         self.mix = _mlp(2 * hidden, hidden, 3 * hidden)
 
-    def forward(self, s, v):
+    def forward(self, s, v, ds=None, dv=None):
         params = (
             self.U.weight,
             self.V.weight,
@@ -134,9 +144,13 @@ class PaiNNUpdate(nn.Module):
             self.mix[2].weight,
             self.mix[2].bias,
         )
-        if kernels.painn_update_fusable(s, v, *params):
+        if kernels.painn_update_fusable(s, v, *params, *(d for d in (ds, dv) if d is not None)):
             # Inference with frozen weights on the Triton backend: the fused kernels (first derivative only).
-            return kernels.painn_update(s, v, *params)
+            return kernels.painn_update(s, v, *params, ds=ds, dv=dv)
+        if ds is not None:
+            s = s + ds
+        if dv is not None:
+            v = v + dv
         uv, vv = self.U(v), self.V(v)
         # +eps keeps sqrt differentiable at v = 0 (the first layer starts from zero vectors).
         vnorm = torch.sqrt((vv * vv).sum(dim=1) + 1e-8)
@@ -246,10 +260,14 @@ class StudentModel(nn.Module):
         s = self.embedding(idx)
         v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
         for interaction, update in zip(self.interactions, self.updates, strict=True):
-            s, v = interaction(s, v, rbf, unit, edge_index)
-            s, v = update(s, v)
+            messages = getattr(interaction, "messages", None)
+            if messages is None or not isinstance(update, PaiNNUpdate):  # a replaced block: its own residuals
+                s, v = update(*interaction(s, v, rbf, unit, edge_index))
+            else:  # s + ds, v + dv inside the update (no separate add kernels on the fused path)
+                s, v = update(s, v, *messages(s, v, rbf, unit, edge_index))
         atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
-        energy = torch.zeros(num_structures, dtype=atomic.dtype, device=atomic.device).index_add(0, batch, atomic)
+        # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
+        energy = atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
         return {"energy": energy, "atomic_energies": atomic}
 
     # ------------------------------------------------------------------------------------------ persistence
