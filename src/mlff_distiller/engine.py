@@ -611,17 +611,19 @@ class ForceEngine:
             dev = batch.to(self.device, self.dtype)
             fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
             self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
-            # (bucket, graph, build count, the real atoms' rows of the static positions)
-            self._verlet_fill = fill = (bucket, graph, v.n_builds, graph.positions[:n])
+            # (bucket, graph, build count, the real atoms' rows of the static positions, their page-locked host
+            # staging buffer on CUDA)
+            staging = torch.empty((n, 3), dtype=self.dtype, pin_memory=True) if graph.positions.is_cuda else None
+            self._verlet_fill = fill = (bucket, graph, v.n_builds, graph.positions[:n], staging)
         else:
             bucket, graph = fill[0], fill[1]
             positions = batch.positions
-            if positions.device.type == "cpu" and graph.positions.is_cuda:
-                # Through page-locked memory: an asynchronous DMA instead of the driver's staged copy of a
-                # pageable source. The caching host allocator recycles the block only after that copy finished.
-                staged = torch.empty(positions.shape, dtype=self.dtype, pin_memory=True)
-                staged.copy_(positions)
-                positions = staged
+            staging = fill[4]
+            if staging is not None and to_host and positions.device.type == "cpu":
+                # Through page-locked memory: an asynchronous DMA instead of the driver's staged copy of a pageable
+                # source. Reusing the buffer is safe: this call waits for the device (to_host) before it returns.
+                staging.copy_(positions)
+                positions = staging
             elif positions.dtype != self.dtype:
                 positions = positions.to(self.dtype)
             fill[3].copy_(positions, non_blocking=True)
