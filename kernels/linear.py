@@ -9,8 +9,11 @@ per GEMM tiles the output over many small programs (16 x 32 tiles for small M), 
 the backward fuses SiLU' into the loading of its input (the prologue) and may accumulate into its output.
 
 :func:`gemm` is the kernel's host function (no autograd); :func:`mlp` is a two-layer MLP ``W2 SiLU(W1 x + b1) + b2``
-with a first-order backward for frozen weights (gradients wrt x only), what the model's φ and readout run on the
-inference path (:func:`gemm_fusable`). The torch references are ``F.linear`` / ``nn.Sequential``.
+with a first-order backward for frozen weights (gradients wrt x only), what the model's φ runs on the inference
+path (:func:`gemm_fusable`); :func:`readout` is that MLP with one output, the per-species energy scale and shift and
+the per-structure sum in its last GEMM's epilogue (its backward gathers them in the first GEMM's prologue), which
+saves the five small torch kernels (two gathers, mul, add, index_add) forward and two backward. The torch
+references are ``F.linear`` / ``nn.Sequential`` / :func:`readout_reference`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch.nn import functional as nnf
 from ._backend import resolve_backend
 from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, tl, triton
 
-__all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference"]
+__all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_reference"]
 
 # Launch: rows at or below small_rows use 16 x 32 output tiles (many programs for few rows), larger ones 64 x 64;
 # K is walked in block_k steps. untransposed_max_rows: above it the backward forms (B = W as stored, [K, N]) run
@@ -38,7 +41,7 @@ _CONFIG = {
     "untransposed_max_rows": 1024,
 }
 _EPI = {"none": 0, "silu": 1}
-_PRO_SILU, _PRO_ADD = 1, 2  # the A-operand prologues of _gemm_kernel (0: none)
+_PRO_SILU, _PRO_ADD, _PRO_GATHER = 1, 2, 3  # the A-operand prologues of _gemm_kernel (0: none)
 
 
 def mlp_reference(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
@@ -58,8 +61,14 @@ def gemm_fusable(x: Tensor, *params: Tensor) -> bool:
     return resolve_backend(x.device) == "triton"
 
 
-def mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
-    """Two-layer SiLU MLP on ``x [..., K]``: Triton GEMMs when :func:`gemm_fusable`, else the torch reference."""
+def mlp(
+    x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, residual: bool = False
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Two-layer SiLU MLP on ``x [..., K]``: Triton GEMMs when :func:`gemm_fusable`, else the torch reference.
+
+    ``residual``: also return ``x`` itself, for a caller that uses x again besides the MLP (a residual sum). On the
+    Triton path that second output is an alias of x whose gradient the MLP's backward adds in its last GEMM's
+    epilogue, instead of autograd adding the two gradients of x in a kernel of its own (the same sum)."""
     if (
         x.shape[-1] != w1.shape[1]
         or w2.shape[1] != w1.shape[0]
@@ -71,18 +80,77 @@ def mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
             f"W2 {list(w2.shape)}, b2 {list(b2.shape)}"
         )
     if not gemm_fusable(x, w1, b1, w2, b2):
-        return mlp_reference(x, w1, b1, w2, b2)
+        out = mlp_reference(x, w1, b1, w2, b2)
+        return (out, x) if residual else out
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if not torch.is_grad_enabled() or not x.requires_grad:
         out = gemm(gemm(x2, w1, b1, act="silu")[0], w2, b2)[0]
-    else:
-        out = _MLP.apply(x2, w1, b1, w2, b2)
-    return out.reshape(*lead, w2.shape[0])
+        return (out.reshape(*lead, w2.shape[0]), x) if residual else out.reshape(*lead, w2.shape[0])
+    if not residual:
+        return _MLP.apply(x2, w1, b1, w2, b2, False).reshape(*lead, w2.shape[0])
+    out, alias = _MLP.apply(x2, w1, b1, w2, b2, True)
+    return out.reshape(*lead, w2.shape[0]), alias.view(x.shape)
+
+
+def readout_reference(
+    x: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    species: Tensor,
+    batch: Tensor,
+    num_structures: int,
+) -> tuple[Tensor, Tensor]:
+    """Per-structure and per-atom energies (eV): ``ε_i = MLP(x_i) · scale[species_i] + shift[species_i]`` and
+    ``E_b = Σ_{i: batch_i = b} ε_i``, with ``MLP = W2 SiLU(W1 x + b1) + b2`` of one output. Returns ``E [B]``,
+    ``ε [N]``."""
+    atomic = mlp_reference(x, w1, b1, w2, b2).squeeze(-1) * scale[species] + shift[species]
+    # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
+    return atomic.new_zeros(num_structures).index_add_(0, batch, atomic), atomic
+
+
+def readout(
+    x: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    species: Tensor,
+    batch: Tensor,
+    num_structures: int,
+) -> tuple[Tensor, Tensor]:
+    """:func:`readout_reference` (``x [N, K]``, ``species`` and ``batch`` ``[N]`` indices into ``scale``/``shift``
+    and the B structures): two Triton GEMMs with the scale, shift and sum fused when :func:`gemm_fusable` (frozen
+    weights; gradient wrt x only, first order), else the torch reference. Returns ``E [B]``, ``ε [N]`` (eV)."""
+    if x.dim() != 2 or w2.shape[0] != 1 or species.shape != x.shape[:1] or batch.shape != x.shape[:1]:
+        raise ValueError(
+            f"readout: x must be [N, K] with species and batch [N], W2 one output row; got x {list(x.shape)}, "
+            f"species {list(species.shape)}, batch {list(batch.shape)}, W2 {list(w2.shape)}"
+        )
+    if not gemm_fusable(x, w1, b1, w2, b2, scale, shift):
+        return readout_reference(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures)
+    if not torch.is_grad_enabled() or not x.requires_grad:
+        return _readout_forward(x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures)[:2]
+    return _Readout.apply(x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures)
+
+
+def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures):
+    """``E [B]``, ``ε [N]`` and the pre-activation of the hidden layer (for the backward)."""
+    h, pre = gemm(x, w1, b1, act="silu")
+    energy = x.new_zeros((num_structures, 1))
+    species, batch = species.contiguous(), batch.contiguous()
+    atomic, _ = gemm(h, w2, b2, row_affine=(species, scale, shift), segment_sum=(batch, energy))
+    return energy.view(num_structures), atomic.view(-1), pre
 
 
 def gemm(
-    a: Tensor,
+    a: Tensor | None,
     w: Tensor,
     bias: Tensor | None = None,
     *,
@@ -93,14 +161,29 @@ def gemm(
     out: Tensor | None = None,
     accumulate: bool = False,
     addend: Tensor | None = None,
+    prologue_gather: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+    row_affine: tuple[Tensor, Tensor, Tensor] | None = None,
+    segment_sum: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``C = act(A' B + bias)`` with ``B = Wᵀ`` (``transpose_w``, W an ``nn.Linear`` weight ``[N, K]``) or ``W``
     (``[K, N]``), and ``A' = A ⊙ SiLU'(P)`` when ``prologue_silu_of = P`` (the backward of a SiLU), ``A' = A + Q``
     when ``prologue_add = Q`` (a residual sum that then need not be stored: the same rounded sum as ``A + Q``), else
     ``A``. ``act`` "silu" also returns the pre-activation. ``accumulate`` adds into ``out``; ``addend = D``
     (``[M, N]``, no ``act``) adds D instead, so that ``out`` need not hold it (a gradient sum autograd would
-    otherwise add in a kernel of its own). Returns ``(C, pre)``."""
-    m, k = a.shape
+    otherwise add in a kernel of its own). Returns ``(C, pre)``.
+
+    Per-row gathers (the per-species affine map and per-structure sum of a readout, and their backward):
+    ``prologue_gather = (G [S, K], seg [M], scale [T], idx [M])``: ``A' = (A + G[seg]) ⊙ scale[idx]`` (row-wise; A
+    may be None: ``A' = G[seg] ⊙ scale[idx]``). ``row_affine = (idx [M], scale [T], shift [T])``: after the bias,
+    ``C = C ⊙ scale[idx] + shift[idx]`` (row-wise; rounded as the two torch ops would, no fused multiply-add).
+    ``segment_sum = (seg [M], E [S, N])``: also adds the rows of C into ``E[seg]`` (atomics: the caller zeroes E).
+    """
+    if a is None:
+        if prologue_gather is None:
+            raise ValueError("gemm: A may be None only with prologue_gather")
+        m, k = prologue_gather[1].shape[0], prologue_gather[0].shape[1]
+    else:
+        m, k = a.shape
     n = w.shape[0] if transpose_w else w.shape[1]
     if (w.shape[1] if transpose_w else w.shape[0]) != k:
         raise ValueError(f"gemm: A is [{m}, {k}] but W is {list(w.shape)} (transpose_w={transpose_w})")
@@ -108,12 +191,18 @@ def gemm(
         raise ValueError("gemm: one prologue at a time (prologue_silu_of or prologue_add)")
     if addend is not None and (accumulate or act != "none" or tuple(addend.shape) != (m, n)):
         raise ValueError(f"gemm: addend must be [{m}, {n}], without accumulate or act")
-    a, w = a.contiguous(), w.contiguous()
+    if prologue_gather is not None and (prologue_silu_of is not None or prologue_add is not None):
+        raise ValueError("gemm: one prologue at a time")
+    if (row_affine is not None or segment_sum is not None) and (act != "none" or accumulate or addend is not None):
+        raise ValueError("gemm: row_affine and segment_sum take no act, accumulate or addend")
+    w = w.contiguous()
+    a = a.contiguous() if a is not None else None
+    ref = w if a is None else a
     if out is None:
         if accumulate:
             raise ValueError("gemm: accumulate needs out")
-        out = a.new_empty((m, n))
-    pre = a.new_empty((m, n)) if act == "silu" else None
+        out = ref.new_empty((m, n))
+    pre = ref.new_empty((m, n)) if act == "silu" else None
     if m == 0 or n == 0:
         if addend is not None:
             out.copy_(addend)
@@ -123,40 +212,69 @@ def gemm(
     if not transpose_w and m > _CONFIG["untransposed_max_rows"]:
         if prologue_add is not None:
             a = a + prologue_add
+        if prologue_gather is not None:
+            src, seg, scale, idx = prologue_gather
+            g = src.index_select(0, seg)
+            a = (g if a is None else a + g) * scale.index_select(0, idx)[:, None]
         out = _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate)
         if addend is not None:  # after the product (as the Triton epilogue adds), not as addmm's beta·C
             out.add_(addend)
+        if row_affine is not None:
+            idx, scale, shift = row_affine
+            out.mul_(scale.index_select(0, idx)[:, None]).add_(shift.index_select(0, idx)[:, None])
+        if segment_sum is not None:
+            segment_sum[1].index_add_(0, segment_sum[0], out)
         return out, None
     if not HAS_TRITON:  # pragma: no cover - gemm_fusable never says yes then
         raise RuntimeError("gemm needs triton installed")
-    check_launchable(_gemm_kernel, a)
+    check_launchable(_gemm_kernel, ref)
     stride_bk, stride_bn = (1, k) if transpose_w else (n, 1)
-    if a.is_cuda:
+    if ref.is_cuda:
         bm, bn, warps = _CONFIG["small"] if m <= _CONFIG["small_rows"] else _CONFIG["large"]
         bk = min(_CONFIG["block_k"], max(16, triton.next_power_of_2(k)))
         # The engine's "tf32" precision allows TF32 matmuls: one TF32 pass, like cuBLAS there; else tf32x3.
-        tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-        dot = "tf32" if tf32 else (_CONFIG["dot"] if a.dtype == torch.float32 else "ieee")
+        tf32 = ref.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+        dot = "tf32" if tf32 else (_CONFIG["dot"] if ref.dtype == torch.float32 else "ieee")
     else:  # the interpreter pays per program: few large tiles
         bm = max(16, min(128, triton.next_power_of_2(m)))
         bn = max(16, min(128, triton.next_power_of_2(n)))
         bk, warps, dot = max(16, min(128, triton.next_power_of_2(k))), 4, "ieee"
     aux = prologue_silu_of if prologue_silu_of is not None else prologue_add
-    aux = aux.contiguous() if aux is not None else a
     pro = _PRO_SILU if prologue_silu_of is not None else (_PRO_ADD if prologue_add is not None else 0)
+    # Row gathers: (idx, scale) of the prologue or of the epilogue's affine map, seg of either, shift, E.
+    idx = scale = shift = seg = seg_out = None
+    if prologue_gather is not None:
+        aux, seg, scale, idx = prologue_gather
+        pro = _PRO_GATHER
+    if row_affine is not None:
+        idx, scale, shift = row_affine
+    if segment_sum is not None:
+        seg, seg_out = segment_sum
+        if seg_out.shape[1:] != (n,) or not seg_out.is_contiguous():
+            raise ValueError(f"gemm: segment_sum's output must be a contiguous [S, {n}]")
+    aux = aux.contiguous() if aux is not None else ref
     if addend is not None:
         addend = addend.contiguous()
     elif accumulate:
         addend = out
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    # The affine epilogue (x·scale + shift) must round like torch's mul then add: no contraction into an FMA.
+    fusion = {"enable_fp_fusion": False} if row_affine is not None and ref.is_cuda else {}
     _gemm_kernel[grid](
-        a, w, bias if bias is not None else a, aux, out, pre if pre is not None else out,
-        addend if addend is not None else out, m, n, k,
+        a if a is not None else ref, w, bias if bias is not None else ref, aux, out, pre if pre is not None else out,
+        addend if addend is not None else out, _or(idx, ref), _or(scale, ref), _or(shift, ref), _or(seg, ref),
+        _or(seg_out, out), m, n, k,
         stride_bk, stride_bn, out.stride(0), addend.stride(0) if addend is not None else 0,
-        HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None,
-        BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps,
+        HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, HAS_A=a is not None,
+        AFFINE=row_affine is not None, SEGSUM=segment_sum is not None,
+        BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps, **fusion,
     )  # fmt: skip
     return out, pre
+
+
+def _or(t: Tensor | None, dummy: Tensor) -> Tensor:
+    """A kernel's optional pointer argument (unread when its switch is off)."""
+    return dummy if t is None else t
 
 
 def _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate) -> Tensor:
@@ -181,22 +299,38 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["m"])
     def _gemm_kernel(
-        a_ptr, b_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, m, n, k, stride_bk, stride_bn, stride_cm, stride_dm,
-        HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr,
+        a_ptr, b_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, idx_ptr, scale_ptr, shift_ptr, seg_ptr, e_ptr,
+        m, n, k, stride_bk, stride_bn, stride_cm, stride_dm,
+        HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, HAS_A: tl.constexpr,
+        AFFINE: tl.constexpr, SEGSUM: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
     ):  # fmt: skip
-        """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux); B is addressed by strides;
-        ACC adds D (rows stride_dm apart; C itself when accumulating) after the bias and the activation."""
+        """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux: [*, k] rows seg[i] for the
+        gather); B is addressed by strides; ACC adds D (rows stride_dm apart; C itself when accumulating) after the
+        bias and the activation; AFFINE maps row i to C·scale[idx[i]] + shift[idx[i]]; SEGSUM adds it into
+        E[seg[i]]."""
         rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         rm = rows[:, None] < m
         cm = cols[None, :] < n
-        acc = tl.zeros((BM, BN), dtype=tl.float32 if a_ptr.dtype.element_ty == tl.float32 else tl.float64)
+        acc = tl.zeros((BM, BN), dtype=tl.float32 if b_ptr.dtype.element_ty == tl.float32 else tl.float64)
+        if PRO == 3 or AFFINE:
+            idx = tl.load(idx_ptr + rows, mask=rows < m, other=0)
+            sc = tl.load(scale_ptr + idx, mask=rows < m, other=0.0)
+        if PRO == 3 or SEGSUM:
+            seg = tl.load(seg_ptr + rows, mask=rows < m, other=0)
         for k0 in range(0, k, BK):
             kk = k0 + tl.arange(0, BK)
             am = rm & (kk[None, :] < k)
-            a = tl.load(a_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
-            if PRO == 1:  # A ⊙ SiLU'(aux): the backward of a SiLU folded into the load
+            if HAS_A:
+                a = tl.load(a_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
+            if PRO == 3:  # (A + aux[seg]) ⊙ scale[idx] row-wise: a readout's backward (its gathers) in the load
+                g = tl.load(aux_ptr + seg[:, None] * k + kk[None, :], mask=am, other=0.0)
+                if HAS_A:
+                    a = (a + g) * sc[:, None]
+                else:
+                    a = g * sc[:, None]
+            elif PRO == 1:  # A ⊙ SiLU'(aux): the backward of a SiLU folded into the load
                 p = tl.load(aux_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
                 sg = _sigmoid(p)
                 a = a * (sg * (1.0 + p * (1.0 - sg)))
@@ -215,26 +349,67 @@ if HAS_TRITON:
             acc = acc * _sigmoid(acc)
         if ACC:
             acc += tl.load(d_ptr + rows[:, None] * stride_dm + cols[None, :], mask=cmask, other=0.0)
+        if AFFINE:
+            acc = acc * sc[:, None] + tl.load(shift_ptr + idx, mask=rows < m, other=0.0)[:, None]
+        if SEGSUM:
+            tl.atomic_add(e_ptr + seg[:, None] * n + cols[None, :], acc, mask=cmask, sem="relaxed")
         tl.store(cptr, acc, mask=cmask)
 
     class _MLP(torch.autograd.Function):
-        """``W2 SiLU(W1 x + b1) + b2`` for frozen weights: gradient wrt x only, first order (2 kernels each way)."""
+        """``W2 SiLU(W1 x + b1) + b2`` for frozen weights: gradient wrt x only, first order (2 kernels each way).
+        With ``residual`` it also returns an alias of x, whose gradient the backward adds to its own (epilogue)."""
 
         @staticmethod
-        def forward(ctx, x, w1, b1, w2, b2):
-            if any(ctx.needs_input_grad[1:]):
+        def forward(ctx, x, w1, b1, w2, b2, residual):
+            if any(ctx.needs_input_grad[1:5]):
                 raise RuntimeError("the Triton MLP is inference-only: its weights must not require grad")
+            ctx.set_materialize_grads(False)  # an unused output's gradient comes as None: nothing to add or fill
             h, pre = gemm(x, w1, b1, act="silu")
             out, _ = gemm(h, w2, b2)
             ctx.save_for_backward(x, pre, w1, w2)
-            return out
+            return (out, x.view_as(x)) if residual else out
 
         @staticmethod
-        def backward(ctx, g):
+        def backward(ctx, g, g_alias=None):
             x, pre, w1, w2 = ctx.saved_tensors
+            if g is None:
+                return g_alias, None, None, None, None, None
             with torch.no_grad():
                 g_h, _ = gemm(g.contiguous(), w2, transpose_w=False)
+                g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, addend=g_alias)
+            if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
+                depends = (x, g) if g_alias is None else (x, g, g_alias)
+                g_x = FirstOrderOnly.apply("the Triton MLP", 1, g_x, *depends)
+            return g_x, None, None, None, None, None
+
+    class _Readout(torch.autograd.Function):
+        """:func:`readout` for frozen weights: gradient wrt x only, first order (2 GEMMs each way). Backward:
+        ∂ε_i = g_ε_i + g_E[batch_i] (what autograd would sum), ∂MLP_i = ∂ε_i · scale[species_i], both gathered in
+        the first GEMM's prologue; SiLU' in the second's."""
+
+        @staticmethod
+        def forward(ctx, x, w1, b1, w2, b2, scale, shift, species, batch, num_structures):
+            if any(ctx.needs_input_grad[1:7]):
+                raise RuntimeError("the Triton readout is inference-only: its weights must not require grad")
+            ctx.set_materialize_grads(False)  # the engine differentiates E only: ε's gradient comes as None
+            energy, atomic, pre = _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures)
+            ctx.save_for_backward(x, pre, w1, w2, scale, species, batch)
+            return energy, atomic
+
+        @staticmethod
+        def backward(ctx, g_energy, g_atomic):
+            x, pre, w1, w2, scale, species, batch = ctx.saved_tensors
+            if g_energy is None and g_atomic is None:
+                return (None,) * 10
+            with torch.no_grad():
+                if g_energy is None:  # (rare) only ε is differentiated: no sum to gather
+                    g_e, seg = x.new_zeros((1, 1)), torch.zeros_like(batch)
+                else:
+                    g_e, seg = g_energy.to(x.dtype).contiguous().view(-1, 1), batch
+                a = g_atomic.to(x.dtype).contiguous().view(-1, 1) if g_atomic is not None else None
+                g_h, _ = gemm(a, w2, transpose_w=False, prologue_gather=(g_e, seg, scale, species))
                 g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre)
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
-                g_x = FirstOrderOnly.apply("the Triton MLP", 1, g_x, x, g)
-            return g_x, None, None, None, None
+                depends = [t for t in (x, g_energy, g_atomic) if t is not None]
+                g_x = FirstOrderOnly.apply("the Triton readout", 1, g_x, *depends)
+            return g_x, None, None, None, None, None, None, None, None, None

@@ -8,7 +8,9 @@ Tolerances: the oracle is torch in float64 on the same inputs. Normwise relative
 import pytest
 import torch
 from mlff_distiller.kernels import gemm, gemm_fusable, mlp, mlp_reference, use_backend
+from mlff_distiller.kernels.linear import readout, readout_reference
 from torch.nn import functional as nnf
+from torch.utils._python_dispatch import TorchDispatchMode
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
@@ -124,6 +126,111 @@ def test_mlp_matches_reference(triton_device, dtype, n, f, h, o):
         (g,) = torch.autograd.grad(y, x, up.to(dtype))
         (g_ref,) = torch.autograd.grad(y_ref, x64, up)
         _close(g, g_ref, TOL[dtype], "MLP gradient wrt x")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [0, 1, 33])
+def test_mlp_residual_alias(triton_device, dtype, n):
+    """mlp(x, ..., residual=True) returns (MLP(x), x'): x' equals x, and the gradient wrt x of a loss using both is
+    bit for bit what autograd gives when x is used twice (its two gradients summed), here added in the MLP's
+    last backward GEMM."""
+    gen = torch.Generator().manual_seed(n + 7)
+    x = _rand(n, 20, gen=gen, dtype=dtype, device=triton_device).requires_grad_(True)
+    ws = [_rand(*s, gen=gen, dtype=dtype, device=triton_device, scale=0.3) for s in ((24, 20), (24,), (60, 24), (60,))]
+    up_y = _rand(n, 60, gen=gen, dtype=dtype, device=triton_device)
+    up_x = _rand(n, 20, gen=gen, dtype=dtype, device=triton_device)
+    with use_backend("triton"):
+        y, alias = mlp(x, *ws, residual=True)
+        (got,) = torch.autograd.grad((y, alias), x, (up_y, up_x))
+        y2 = mlp(x, *ws)
+        (want,) = torch.autograd.grad((y2, x.view_as(x)), x, (up_y, up_x))
+        (only_alias,) = torch.autograd.grad(mlp(x, *ws, residual=True)[1], x, up_x)
+    assert torch.equal(alias, x) and torch.equal(y, y2)
+    assert torch.equal(got, want)
+    assert torch.equal(only_alias, up_x)
+    with use_backend("torch"):
+        y_t, alias_t = mlp(x, *ws, residual=True)
+    assert alias_t is x
+    _close(y_t, y.double(), TOL[dtype], "residual MLP, torch vs triton")
+
+
+def _readout_inputs(n, b, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = _rand(n, 16, gen=gen, dtype=dtype, device=device).requires_grad_(True)
+    ws = [_rand(*s, gen=gen, dtype=dtype, device=device, scale=0.3) for s in ((8, 16), (8,), (1, 8), (1,))]
+    scale, shift = (_rand(3, gen=gen, dtype=dtype, device=device) for _ in range(2))
+    species = torch.randint(0, 3, (n,), generator=gen).to(device)
+    batch = torch.sort(torch.randint(0, b, (n,), generator=gen)).values.to(device)
+    return x, ws, scale, shift, species, batch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, b", [(0, 1), (1, 1), (7, 3), (150, 4)])
+@pytest.mark.parametrize("grads", ["energy", "atomic", "both"])
+def test_readout_matches_reference(triton_device, monkeypatch, dtype, n, b, grads):
+    """The fused readout (scale, shift and the per-structure sum in the GEMM epilogue, their backward in the
+    prologue) is bit for bit the Triton MLP + torch ops it replaces, under the interpreter (on the GPU the sums'
+    atomics run in another order, as index_add's did); two GEMM launches each way and no other op but E's zeros;
+    the torch reference within the MLP tolerance."""
+    x, ws, scale, shift, species, batch = _readout_inputs(n, b, dtype, triton_device, seed=n + b)
+    gen = torch.Generator().manual_seed(3)
+    g_e = _rand(b, gen=gen, dtype=dtype, device=triton_device)
+    g_a = _rand(n, gen=gen, dtype=dtype, device=triton_device)
+    pick = {"energy": (0,), "atomic": (1,), "both": (0, 1)}[grads]
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    gemms, real = [], lin.gemm
+    monkeypatch.setattr(lin, "gemm", lambda *a, **k: gemms.append(1) or real(*a, **k))
+
+    def unfused(*args):
+        """What the model ran before: the Triton MLP, then the torch ops."""
+        atomic = mlp(*args[:5]).squeeze(-1) * scale[species] + shift[species]
+        return atomic.new_zeros(b).index_add_(0, batch, atomic), atomic
+
+    def run(backend, fn=readout):
+        with use_backend(backend), _Ops() as ops:
+            out = fn(x, *ws, scale, shift, species, batch, b)
+            (g,) = torch.autograd.grad([out[i] for i in pick], x, [(g_e, g_a)[i] for i in pick])
+        return out, g, ops.names
+
+    (e, a), g, ops = run("triton")
+    assert len(gemms) == 4
+    _, g_r, _ = run("torch")
+    if triton_device.type == "cpu":
+        (e_u, a_u), g_u, _ = run("triton", unfused)
+        assert torch.equal(e, e_u) and torch.equal(a, a_u) and torch.equal(g, g_u)
+    if n and grads != "atomic":  # (only ε differentiated: a zero gather source, a rare path)
+        assert ops == ["new_zeros"], ops  # E's zeros for the atomics; no gather, mul, add, index_add
+    x64 = x.detach().double()
+    e64, a64 = readout_reference(x64, *(w.double() for w in ws), scale.double(), shift.double(), species, batch, b)
+    _close(e, e64, TOL[dtype], "energy")
+    _close(a, a64, TOL[dtype], "atomic energies")
+    _close(g, g_r.double(), TOL[dtype], "gradient wrt x")
+
+
+class _Ops(TorchDispatchMode):
+    """Names of the aten ops that compute (not views or allocations; set_/copy_ are the interpreter's plumbing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        view = any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+        if not view and not name.startswith(("empty", "new_empty", "set_", "copy_", "detach")):
+            self.names.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_readout_first_order_only(triton_device):
+    x, ws, scale, shift, species, batch = _readout_inputs(9, 2, torch.float64, triton_device)
+    with use_backend("triton"):
+        energy, _ = readout(x, *ws, scale, shift, species, batch, 2)
+    (g,) = torch.autograd.grad(energy.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad(g.sum(), x)
 
 
 def test_mlp_first_order_only(triton_device):

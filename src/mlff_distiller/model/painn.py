@@ -51,14 +51,16 @@ def _mlp(n_in: int, n_hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, n_hidden), nn.SiLU(), nn.Linear(n_hidden, n_out))
 
 
-def _mlp_call(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+def _mlp_call(mlp: nn.Sequential, x: torch.Tensor, residual: bool = False):
     """An :func:`_mlp` applied to x: :func:`mlff_distiller.kernels.mlp` (Triton GEMMs for frozen weights on the
     Triton backend, the same torch ops otherwise). Layers that are not plain ``nn.Linear`` (the 16-bit copies of
-    :mod:`mlff_distiller.precision`) run as modules."""
+    :mod:`mlff_distiller.precision`) run as modules. ``residual``: returns ``(mlp(x), x')`` with x' standing for x
+    in a residual sum (see ``kernels.mlp``)."""
     first, last = mlp[0], mlp[2]
     if type(first) is not nn.Linear or type(last) is not nn.Linear:
-        return mlp(x)
-    return kernels.mlp(x, first.weight, first.bias, last.weight, last.bias)
+        return (mlp(x), x) if residual else mlp(x)
+    # residual positionally: wrappers of kernels.mlp (benchmarks/bench_breakdown.py) pass *args through.
+    return kernels.mlp(x, first.weight, first.bias, last.weight, last.bias, residual)
 
 
 class PaiNNInteraction(nn.Module):
@@ -71,13 +73,15 @@ class PaiNNInteraction(nn.Module):
         self.filter = nn.Linear(n_rbf, 3 * hidden, bias=False)
 
     def forward(self, s, v, rbf, unit, edge_index):
-        ds, dv = self.messages(s, v, rbf, unit, edge_index)
+        s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
     def messages(self, s, v, rbf, unit, edge_index):
-        """``(Δs [N,F], Δv [N,3,F])``: ``forward`` without its residual sums (the model hands them to the update
-        block, whose fused path adds them inside its own kernels)."""
-        return kernels.message_passing(_mlp_call(self.phi, s), v, rbf, self.filter.weight, unit, edge_index)
+        """``(s', Δs [N,F], Δv [N,3,F])``: ``forward`` without its residual sums (the model hands them to the update
+        block, whose fused path adds them inside its own kernels). s' is s for the residual sum: on the Triton MLP
+        an alias whose gradient φ's backward adds to its own (one add kernel less)."""
+        phi, s = _mlp_call(self.phi, s, residual=True)
+        return (s, *kernels.message_passing(phi, v, rbf, self.filter.weight, unit, edge_index))
 
 
 class CSRInteraction(nn.Module):
@@ -100,15 +104,16 @@ class CSRInteraction(nn.Module):
         self.csr = csr
 
     def forward(self, s, v, rbf, unit, edge_index):
-        ds, dv = self.messages(s, v, rbf, unit, edge_index)
+        s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
     def messages(self, s, v, rbf, unit, edge_index):
-        """``(Δs, Δv)`` (see :meth:`PaiNNInteraction.messages`)."""
+        """``(s', Δs, Δv)`` (see :meth:`PaiNNInteraction.messages`)."""
         w = self.inner.filter.weight
         csr = self.csr
-        return kernels.message_passing(
-            _mlp_call(self.inner.phi, s),
+        phi, s = _mlp_call(self.inner.phi, s, residual=True)
+        return s, *kernels.message_passing(
+            phi,
             v,
             rbf,
             w,
@@ -264,10 +269,19 @@ class StudentModel(nn.Module):
             if messages is None or not isinstance(update, PaiNNUpdate):  # a replaced block: its own residuals
                 s, v = update(*interaction(s, v, rbf, unit, edge_index))
             else:  # s + ds, v + dv inside the update (no separate add kernels on the fused path)
-                s, v = update(s, v, *messages(s, v, rbf, unit, edge_index))
-        atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
-        # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
-        energy = atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
+                s, ds, dv = messages(s, v, rbf, unit, edge_index)
+                s, v = update(s, v, ds, dv)
+        first, last = self.readout[0], self.readout[2]
+        if type(first) is nn.Linear and type(last) is nn.Linear:
+            # MLP, per-species scale and shift and the per-structure sum: on the Triton path in two GEMMs.
+            energy, atomic = kernels.linear.readout(
+                s, first.weight, first.bias, last.weight, last.bias, self.atomic_scale, self.atomic_shift, idx,
+                batch, num_structures,
+            )  # fmt: skip
+        else:  # the 16-bit copies of mlff_distiller.precision
+            atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
+            # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
+            energy = atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
         return {"energy": energy, "atomic_energies": atomic}
 
     # ------------------------------------------------------------------------------------------ persistence
