@@ -254,17 +254,36 @@ def test_unused_v_out_needs_no_zero_gradient(triton_device, dtype):
 
 
 def test_stacked_weights_follow_in_place_edits(triton_device):
-    """[U; V] is cached per weight version: an in-place edit of U or V is never served stale."""
+    """[U; V] is cached per weight version and data: an in-place edit of U or V (refreshed in place, at the same
+    address, for graphs that captured it) or a dtype round trip of the module (same parameters, same versions,
+    new data) is never served stale."""
     blk = _fused_block(8, torch.float64, triton_device)
     s, v, _ = _inputs(4, 8, torch.float64, triton_device)
-    params = (blk.U.weight, blk.V.weight, blk.mix[0].weight, blk.mix[0].bias, blk.mix[2].weight, blk.mix[2].bias)
-    with use_backend("triton"):
-        for edit in (lambda: None, lambda: blk.U.weight.mul_(0.5), lambda: blk.V.weight.add_(0.25)):
+
+    def params():
+        return blk.U.weight, blk.V.weight, blk.mix[0].weight, blk.mix[0].bias, blk.mix[2].weight, blk.mix[2].bias
+
+    edits = (
+        lambda: None,
+        lambda: blk.U.weight.mul_(0.5),
+        lambda: blk.V.weight.add_(0.25),
+        lambda: blk.float(),
+        lambda: blk.double(),
+        lambda: torch.nn.init.normal_(blk.U.weight),
+    )
+    addresses = []
+    with use_backend("triton"), torch.no_grad():
+        for k, edit in enumerate(edits):
             edit()
-            got = blk(s, v)
-            want = painn_update_reference(s, v, *params)
+            x, y = s.to(blk.U.weight.dtype), v.to(blk.U.weight.dtype)
+            got = blk(x, y)
+            want = painn_update_reference(x, y, *params())
             for a, b in zip(got, want, strict=True):
-                _close(a, b, TOL[torch.float64], "after an in-place weight edit")
+                _close(a, b.double(), TOL[a.dtype], f"after edit {k}")
+            stacked = pu_module._stacked_uv(blk.U.weight, blk.V.weight)
+            assert torch.equal(stacked, torch.cat([blk.U.weight, blk.V.weight]))
+            addresses.append(stacked.data_ptr())
+    assert addresses[0] == addresses[1] == addresses[2], "an in-place edit is refreshed where it was"
 
 
 def _molecules(n_mol, device):
