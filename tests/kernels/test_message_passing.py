@@ -461,13 +461,16 @@ def test_edge_kernel_feature_split(triton_device, split, dtype, monkeypatch):
 
 @pytest.mark.gpu
 def test_edge_split_auto_rule_on_cuda():
-    """ "auto": small graphs (few edge tiles) split the feature loop up to the feature chunks, large ones do not."""
+    """ "auto": small graphs (few edge tiles) split the feature loop up to the feature chunks, large ones in two
+    (edge_split_min)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     x = torch.zeros(1, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert mp_module._edge_split(x, 3, 128, 32) == 4  # benzene: 3 edge tiles
-    assert mp_module._edge_split(x, 20 * sms, 128, 32) == 1  # 24,000-atom water: ~20,000 tiles
+    assert mp_module._edge_split(x, 20 * sms, 128, 32) == 2  # 24,000-atom water: ~20,000 tiles, the least split
+    with mp_module._configured(edge_split_min=1):
+        assert mp_module._edge_split(x, 20 * sms, 128, 32) == 1
     assert mp_module._edge_split(x, 3 * sms, 128, 32) == 2
     assert mp_module._edge_split(x, 3, 96, 32) == 1  # 3 chunks: no power-of-two slice divides them
     with mp_module._configured(bwd_edge_split=1):
