@@ -19,6 +19,7 @@ __all__ = [
     "_mp_bwd_sender_kernel",
     "_mp_fwd_block_kernel",
     "_mp_fwd_kernel",
+    "_mp_sum_split_kernel",
 ]
 
 if HAS_TRITON:
@@ -506,6 +507,32 @@ if HAS_TRITON:
         tl.store(gunit_ptr + e * 3, gu_0, mask=em)
         tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)
         tl.store(gunit_ptr + e * 3 + 2, gu_2, mask=em)
+
+    @triton.jit
+    def _mp_sum_split_kernel(
+        prbf_ptr, punit_ptr, grbf_ptr, gunit_ptr, E,
+        N_RBF: tl.constexpr, R_PAD: tl.constexpr, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
+    ):  # fmt: skip
+        """∂rbf and ∂u of the split edge kernel: its SPLIT partial rows (``[SPLIT, E, N_RBF]``, ``[SPLIT, E, 3]``)
+        summed in slice order, both outputs in one launch."""
+        e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        em = e < E
+        r = tl.arange(0, R_PAD)
+        m2 = em[:, None] & (r < N_RBF)[None, :]
+        rows = e[:, None] * N_RBF + r[None, :]
+        acc = tl.load(prbf_ptr + rows, mask=m2, other=0.0)
+        u0 = tl.load(punit_ptr + e * 3, mask=em, other=0.0)
+        u1 = tl.load(punit_ptr + e * 3 + 1, mask=em, other=0.0)
+        u2 = tl.load(punit_ptr + e * 3 + 2, mask=em, other=0.0)
+        for k in tl.static_range(1, SPLIT):
+            acc += tl.load(prbf_ptr + k * E * N_RBF + rows, mask=m2, other=0.0)
+            u0 += tl.load(punit_ptr + k * E * 3 + e * 3, mask=em, other=0.0)
+            u1 += tl.load(punit_ptr + k * E * 3 + e * 3 + 1, mask=em, other=0.0)
+            u2 += tl.load(punit_ptr + k * E * 3 + e * 3 + 2, mask=em, other=0.0)
+        tl.store(grbf_ptr + rows, acc, mask=m2)
+        tl.store(gunit_ptr + e * 3, u0, mask=em)
+        tl.store(gunit_ptr + e * 3 + 1, u1, mask=em)
+        tl.store(gunit_ptr + e * 3 + 2, u2, mask=em)
 
     # "fused" sender backward: the block sender kernel with the whole feature row in one program (BLOCK_F >= F),
     # which then also has every term of ∂rbf_e and ∂u_e (sums over all features of one edge) and writes them: the

@@ -406,6 +406,7 @@ if HAS_TRITON:
         _mp_bwd_sender_kernel,
         _mp_fwd_block_kernel,
         _mp_fwd_kernel,
+        _mp_sum_split_kernel,
     )
 
     # -- host functions: allocate, choose blocks, launch -----------------------------------------------------
@@ -589,8 +590,12 @@ if HAS_TRITON:
                     grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, row_ptr[n:] if live else g_unit,
                     e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, **c,
                 )  # fmt: skip
-                if split > 1:
-                    g_rbf, g_unit = g_rbf.sum(0), g_unit.sum(0)
+                if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
+                    part_rbf, part_unit = g_rbf, g_unit
+                    g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
+                    launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
+                        part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=split, BLOCK_E=128,
+                    )  # fmt: skip
         if need[2]:
             g_w = torch.zeros_like(w)
             if e > 0 and f > 0:
