@@ -403,3 +403,19 @@ def test_in_step_edge_compaction_equals_the_full_skin_list(device, min_edges, mo
             assert int(on._csr["row_ptr"][-1]) == int(on._csr["sender"][1][-1]) == live
             assert graph.n_edges > 1.3 * fresh.num_edges
     assert 1 <= on.verlet.n_builds < on.verlet.n_calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("as_numpy", [True, False])
+def test_host_results_are_not_overwritten_by_the_next_call_on_cuda(model, as_numpy):
+    """The padded path copies its outputs through one page-locked buffer per bucket: the results handed out are
+    the caller's own (a later call, which reuses the buffer, leaves them unchanged)."""
+    eng = ForceEngine(model, device="cuda", precision="fp64", mode="cudagraph", neighbor_skin=0.5)
+    atoms = molecule("C6H6")
+    first = eng.compute(AtomsBatch.from_atoms(atoms, dtype=torch.float64), to_host=True, as_numpy=as_numpy)
+    kept = {k: np.array(v, copy=True) for k, v in first.items()}
+    atoms.positions += 0.05
+    second = eng.compute(AtomsBatch.from_atoms(atoms, dtype=torch.float64), to_host=True, as_numpy=as_numpy)
+    assert not np.allclose(np.asarray(second["forces"]), kept["forces"])
+    for k, v in first.items():
+        np.testing.assert_array_equal(np.asarray(v), kept[k])
