@@ -272,13 +272,12 @@ class StudentModel(nn.Module):
                 s, ds, dv = messages(s, v, rbf, unit, edge_index)
                 s, v = update(s, v, ds, dv)
         first, last = self.readout[0], self.readout[2]
-        if type(first) is nn.Linear and type(last) is nn.Linear:
-            # MLP, per-species scale and shift and the per-structure sum: on the Triton path in two GEMMs.
-            energy, atomic = kernels.linear.readout(
-                s, first.weight, first.bias, last.weight, last.bias, self.atomic_scale, self.atomic_shift, idx,
-                batch, num_structures,
-            )  # fmt: skip
-        else:  # the 16-bit copies of mlff_distiller.precision
+        params = (first.weight, first.bias, last.weight, last.bias, self.atomic_scale, self.atomic_shift)
+        if type(first) is nn.Linear and type(last) is nn.Linear and kernels.gemm_fusable(s, *params):
+            # Frozen weights on the Triton GEMMs: MLP, per-species scale and shift and the per-structure sum in two
+            # GEMMs (no gather, mul, add, index_add kernels; nor their backward's gather and mul).
+            energy, atomic = kernels.linear.readout(s, *params, idx, batch, num_structures)
+        else:  # the same ops, through kernels.mlp (training, the torch backend, the 16-bit copies of precision)
             atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
             # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
             energy = atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
