@@ -183,7 +183,9 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        HAS_V: tl.constexpr = True,
     ):
+        # HAS_V False: the caller promised v = 0 (the first layer), so the b-terms (x_b W_b v_j) are skipped.
         i = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
@@ -204,13 +206,18 @@ if HAS_TRITON:
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             # Masked edges have rb = 0 and x = 0, so they add exact zeros.
             a = tl.load(xrow, mask=m2, other=0.0) * tl.dot(rb, wa, input_precision=DOT_PRECISION)
-            b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wb, input_precision=DOT_PRECISION)
             c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wc, input_precision=DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
             acc_s += tl.sum(a, axis=0)
-            acc_0 += tl.sum(b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None], axis=0)
-            acc_1 += tl.sum(b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None], axis=0)
-            acc_2 += tl.sum(b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None], axis=0)
+            if HAS_V:
+                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wb, input_precision=DOT_PRECISION)
+                acc_0 += tl.sum(b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None], axis=0)
+                acc_1 += tl.sum(b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None], axis=0)
+                acc_2 += tl.sum(b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None], axis=0)
+            else:
+                acc_0 += tl.sum(c * ux[:, None], axis=0)
+                acc_1 += tl.sum(c * uy[:, None], axis=0)
+                acc_2 += tl.sum(c * uz[:, None], axis=0)
         tl.store(ds_ptr + i * N_FEAT + f, acc_s, mask=fm)
         out = dv_ptr + i * (3 * N_FEAT) + f
         _store3(out, acc_0, acc_1, acc_2, fm, N_FEAT)
@@ -243,6 +250,7 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        HAS_V: tl.constexpr = True,
     ):
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -265,14 +273,18 @@ if HAS_TRITON:
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             a = tl.load(xrow, mask=m2, other=0.0) * tl.dot(rb, wa, input_precision=DOT_PRECISION)
             acc_s += tl.dot(onehot, a, input_precision=DOT_PRECISION)
-            b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wb, input_precision=DOT_PRECISION)
             c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wc, input_precision=DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
-            m_0 = b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None]
+            m_0 = c * ux[:, None]
+            m_1 = c * uy[:, None]
+            m_2 = c * uz[:, None]
+            if HAS_V:
+                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wb, input_precision=DOT_PRECISION)
+                m_0 += b * tl.load(vrow, mask=m2, other=0.0)
+                m_1 += b * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
+                m_2 += b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
             acc_0 += tl.dot(onehot, m_0, input_precision=DOT_PRECISION)
-            m_1 = b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None]
             acc_1 += tl.dot(onehot, m_1, input_precision=DOT_PRECISION)
-            m_2 = b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None]
             acc_2 += tl.dot(onehot, m_2, input_precision=DOT_PRECISION)
         om = am[:, None] & fm[None, :]
         tl.store(ds_ptr + atoms[:, None] * N_FEAT + f[None, :], acc_s, mask=om)
@@ -398,22 +410,28 @@ if HAS_TRITON:
         _store_sender_grads(x_ptr, v_ptr, gx_ptr, gvout_ptr, row, om, acc_a, acc_c, t_0, t_1, t_2, N_FEAT)
 
     @triton.jit
-    def _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT: tl.constexpr):
-        """Per-edge gradient wrt W_e for a feature chunk, G = (g_s[i] x_a, β x_b, γ x_c), and g_v[i] (3 tiles)."""
+    def _edge_grads_w(
+        gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT: tl.constexpr, HAS_V: tl.constexpr = True
+    ):
+        """Per-edge gradient wrt W_e for a feature chunk, G = (g_s[i] x_a, β x_b, γ x_c), and g_v[i] (3 tiles).
+        HAS_V False (v = 0): β = 0, and G_b comes back as zeros without loading v_j or x_b."""
         g0, g1, g2 = _rows3(gv_ptr, i, m2, f, N_FEAT)
         xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-        vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-        beta = (
-            g0 * tl.load(vrow, mask=m2, other=0.0)
-            + g1 * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
-            + g2 * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
-        )
         gamma = _gamma(g0, g1, g2, ux, uy, uz)
         gsi = tl.load(gs_ptr + i[:, None] * N_FEAT + f[None, :], mask=m2, other=0.0)
         xc = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0)
         G_a = gsi * tl.load(xrow, mask=m2, other=0.0)
-        G_b = beta * tl.load(xrow + N_FEAT, mask=m2, other=0.0)
         G_c = gamma * xc
+        if HAS_V:
+            vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
+            beta = (
+                g0 * tl.load(vrow, mask=m2, other=0.0)
+                + g1 * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
+                + g2 * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
+            )
+            G_b = beta * tl.load(xrow + N_FEAT, mask=m2, other=0.0)
+        else:
+            G_b = tl.zeros_like(G_a)
         return G_a, G_b, G_c, xc, g0, g1, g2
 
     @triton.jit
@@ -421,7 +439,7 @@ if HAS_TRITON:
         gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        SPLIT: tl.constexpr,
+        SPLIT: tl.constexpr, HAS_V: tl.constexpr,
     ):  # fmt: skip
         """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice."""
         i, j = _edge_ends(ei_ptr, ei_stride, e, em)
@@ -431,7 +449,9 @@ if HAS_TRITON:
             f = part * (N_FEAT // SPLIT) + k0 + tl.arange(0, BLOCK_F)
             fm = f < N_FEAT
             m2 = em[:, None] & fm[None, :]
-            G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT)
+            G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(
+                gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT, HAS_V
+            )
             # The ∂rbf dots G @ W take W in the orientation that measured fastest for the dot's unit
             # (benchmarks/results/tune_edge_tiles_h100_run2.md): the CUDA-core ieee dot with tl.trans of the
             # [R_PAD, BLOCK_F] tiles (3.5 ms at 24,000 atoms; untransposed loads: 56 ms, spilled), the tensor-core
@@ -439,11 +459,14 @@ if HAS_TRITON:
             if DOT_PRECISION == "ieee":
                 wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
                 g_rbf += tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
-                g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
+                if HAS_V:
+                    g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
                 g_rbf += tl.dot(G_c, tl.trans(wc), input_precision=DOT_PRECISION)
             else:
                 g_rbf += tl.dot(G_a, _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
-                g_rbf += tl.dot(G_b, _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+                if HAS_V:
+                    w_b = _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
+                    g_rbf += tl.dot(G_b, w_b, input_precision=DOT_PRECISION)
                 g_rbf += tl.dot(G_c, _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
                 wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
             c = xc * tl.dot(rb, wc, input_precision=DOT_PRECISION)
@@ -475,6 +498,7 @@ if HAS_TRITON:
         DOT_PRECISION: tl.constexpr,
         SPLIT: tl.constexpr,
         LIVE: tl.constexpr,
+        HAS_V: tl.constexpr = True,
     ):
         # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
         # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials.
@@ -500,7 +524,7 @@ if HAS_TRITON:
         if e0 < n_live:
             g_rbf, gu_0, gu_1, gu_2 = _edge_tile_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
-                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT,
+                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
             )  # fmt: skip
         em = e < E
         tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])

@@ -150,6 +150,7 @@ def message_passing(
     edge_index: torch.Tensor,
     row_ptr: torch.Tensor | None = None,
     sender_csr: tuple[torch.Tensor, torch.Tensor] | None = None,
+    v_zero: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PaiNN message aggregation (see the module docstring); differentiable twice.
 
@@ -171,6 +172,9 @@ def message_passing(
             cached per ``edge_index`` tensor). Used only by the eager Triton path for edges given in receiver
             order: under ``torch.compile`` the backward op builds its own, and edges this function has to sort
             ignore it.
+        v_zero: the caller promises that ``v`` is all zeros (a PaiNN model's first layer): the Triton forward and
+            edge backward then skip the terms that carry v (the same result, exactly: they add zeros). The
+            promise is not checked (that would take a device sync); ``v`` must still be given.
     Returns:
         ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output).
 
@@ -182,7 +186,7 @@ def message_passing(
     """
     _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr)
     if resolve_backend(x.device) == "triton":
-        return _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr)
+        return _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr, v_zero)
     return message_passing_reference(x, v, rbf, filter_weight, unit, edge_index)
 
 
@@ -508,7 +512,7 @@ if HAS_TRITON:
     def _prep(*tensors: Tensor) -> list[Tensor]:
         return [t.contiguous() for t in tensors]
 
-    def _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, launch) -> tuple[Tensor, Tensor]:
+    def _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, launch, has_v=True) -> tuple[Tensor, Tensor]:
         x, v, rbf, w, unit, edge_index, row_ptr = _prep(x, v, rbf, w, unit, edge_index, row_ptr)
         n, f = v.shape[0], v.shape[2]
         ds = torch.empty((n, f), dtype=x.dtype, device=x.device)
@@ -520,22 +524,25 @@ if HAS_TRITON:
         if variant == "block":
             check_launchable(_mp_fwd_block_kernel, x)
             launch(_mp_fwd_block_kernel)[(triton.cdiv(n, c["BLOCK_A"]), n_fb)](
-                x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0), num_warps=warps, **c,
+                x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0), num_warps=warps,
+                HAS_V=has_v, **c,
             )  # fmt: skip
         else:
             check_launchable(_mp_fwd_kernel, x)
             launch(_mp_fwd_kernel)[(n, n_fb)](
-                x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, edge_index.stride(0), num_warps=warps, **c,
+                x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, edge_index.stride(0), num_warps=warps,
+                HAS_V=has_v, **c,
             )  # fmt: skip
         return ds, dv
 
     def _mp_backward(
-        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None
+        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None, has_v=True
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The five gradients (x, v, rbf, filter_weight, unit); ``need`` = (x/v, rbf/unit, filter_weight): the
         groups not needed come back as expanded zeros (no kernel, no memory). ``row_ptr``: the receiver CSR, when
         known; the edge kernel then computes only the edges before ``row_ptr[N]`` (those past it belong to no
-        receiver: inert padding, whose ∂rbf / ∂u rows are written as zeros)."""
+        receiver: inert padding, whose ∂rbf / ∂u rows are written as zeros). ``has_v`` False: v is all zeros (the
+        edge kernel skips its terms)."""
         dt = x.dtype
         grad_s, grad_v = grad_s.to(dt), grad_v.to(dt)
         grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
@@ -588,7 +595,7 @@ if HAS_TRITON:
                 check_launchable(_mp_bwd_edge_kernel, x)
                 launch(_mp_bwd_edge_kernel)[(tiles, split)](
                     grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, row_ptr[n:] if live else g_unit,
-                    e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, **c,
+                    e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, HAS_V=has_v, **c,
                 )  # fmt: skip
                 if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
                     part_rbf, part_unit = g_rbf, g_unit
@@ -736,10 +743,12 @@ if HAS_TRITON:
 
     class _MessagePassing(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, v, rbf, w, unit, edge_index, row_ptr, perm=None, col_ptr=None):
-            # perm / col_ptr: the caller's sender CSR (None: the backward builds it, see _sender_csr).
+        def forward(ctx, x, v, rbf, w, unit, edge_index, row_ptr, perm=None, col_ptr=None, v_zero=False):
+            # perm / col_ptr: the caller's sender CSR (None: the backward builds it, see _sender_csr); v_zero: see
+            # message_passing.
             ctx.save_for_backward(x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
-            return _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare)
+            ctx.v_zero = v_zero
+            return _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare, not v_zero)
 
         @staticmethod
         def backward(ctx, grad_s, grad_v):
@@ -747,10 +756,11 @@ if HAS_TRITON:
             nx, nv, nrbf, nw, nu = ctx.needs_input_grad[:5]
             need = (nx or nv, nrbf or nu, nw)
             grads = _MessagePassingBwd.apply(
-                grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr
+                grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr, ctx.v_zero
             )
             return (
                 *(g if ok else None for g, ok in zip(grads, (nx, nv, nrbf, nw, nu), strict=True)),
+                None,
                 None,
                 None,
                 None,
@@ -759,13 +769,16 @@ if HAS_TRITON:
 
     class _MessagePassingBwd(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm=None, col_ptr=None):
+        def forward(
+            ctx, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm=None, col_ptr=None, v_zero=False
+        ):
             ctx.save_for_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             if perm is None or col_ptr is None:
                 perm, col_ptr = _sender_csr(edge_index, v.shape[0])
             return _mp_backward(
-                grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare, row_ptr.contiguous()
-            )
+                grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare, row_ptr.contiguous(),
+                not v_zero,
+            )  # fmt: skip
 
         @staticmethod
         def backward(ctx, *gg):
@@ -780,10 +793,10 @@ if HAS_TRITON:
                 return _MessagePassingBwd.apply(*args, edge_index, row_ptr, (True, True, True), perm, col_ptr)
 
             grads = _double_backward(fwd, bwd, gg, grad_s, grad_v, x, v, rbf, w, unit)
-            return (*grads, None, None, None, None, None)
+            return (*grads, None, None, None, None, None, None)
 
 
-def _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr=None):
+def _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr=None, v_zero=False):
     if not HAS_TRITON:
         raise RuntimeError("the Triton message-passing kernels need triton installed; use MLFF_DISTILLER_KERNELS=torch")
     from .rbf_cutoff import _check_float
@@ -802,4 +815,4 @@ def _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr,
     if torch.compiler.is_compiling():
         return torch.ops.mlff_distiller.message_passing(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
     perm, col_ptr = (None, None) if sender_csr is None else sender_csr
-    return _MessagePassing.apply(x, v, rbf, filter_weight, unit, edge_index, row_ptr, perm, col_ptr)
+    return _MessagePassing.apply(x, v, rbf, filter_weight, unit, edge_index, row_ptr, perm, col_ptr, bool(v_zero))

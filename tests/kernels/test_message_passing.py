@@ -517,3 +517,26 @@ def test_compile_and_opcheck(variant):
     torch.library.opcheck(OPS.message_passing.default, (*ins, ei, row_ptr))
     gs, gv = (o.detach().requires_grad_(True) for o in go)
     torch.library.opcheck(OPS.message_passing_bwd.default, (gs, gv, *ins, ei))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_v_zero_promise_gives_the_same_results(triton_device, variant, dtype):
+    """``v_zero=True`` (the first layer, v = 0): the forward and edge backward skip the v terms and give exactly
+    what the full kernels give on the zero tensor: forward, the five first gradients and a second derivative
+    (training's force loss differentiates the backward again)."""
+    x, _, rbf, w, unit, ei = _graph(11, 90, 40, 6, dtype, triton_device, seed=41)
+    v = torch.zeros((11, 3, 40), dtype=dtype, device=triton_device)
+    outs = []
+    for promise in (False, True):
+        ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
+        ds, dv = _triton(*ins, ei, v_zero=promise)
+        gs = torch.linspace(-1, 1, ds.numel(), dtype=dtype, device=triton_device).view_as(ds)
+        gv = torch.linspace(1, -2, dv.numel(), dtype=dtype, device=triton_device).view_as(dv)
+        grads = torch.autograd.grad((ds, dv), ins, (gs, gv), create_graph=True)
+        (second,) = torch.autograd.grad(grads[2].square().sum() + grads[4].sum(), ins[0])
+        outs.append([ds, dv, *grads, second])
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    ref = message_passing_reference(*(t.double() for t in (x, v, rbf, w, unit)), ei)
+    scale = ref[1].abs().max().item()
+    torch.testing.assert_close(outs[1][1].double(), ref[1], rtol=TOL[dtype], atol=TOL[dtype] * scale)
