@@ -414,7 +414,7 @@ def test_forward_without_autograd(triton_device, variant, n_edges, dtype, how, p
 def test_edge_basis_unused_outputs_need_no_zero_gradient(triton_device, dtype, used):
     """The model never uses edge_basis's dist: its gradient arrives as None, and the backward reads no zero-filled
     buffer for it (the only fill left is grad_pos, which the kernel's atomics accumulate into). Bit for bit the
-    gradient with an explicit zero for every unused output."""
+    gradient with an explicit zero for every unused output (on the CPU; the GPU's atomics add in any order)."""
     torch.manual_seed(4)
     pos, ei, shifts = _graph(200, dtype, triton_device)
     pos.requires_grad_(True)
@@ -436,7 +436,10 @@ def test_edge_basis_unused_outputs_need_no_zero_gradient(triton_device, dtype, u
     want_go = [torch.zeros_like(dist), g_unit if "unit" in used else torch.zeros_like(unit)]
     want_go.append(g_rbf if "rbf" in used else torch.zeros_like(rbf))
     (want,) = torch.autograd.grad((dist, unit, rbf), pos, want_go)
-    assert torch.equal(grads["none"], want)
+    if triton_device.type == "cpu":
+        assert torch.equal(grads["none"], want)
+    else:  # the forces' atomics add in a different order each run
+        _assert_close(grads["none"], want.double(), TOL[dtype], normwise=True)
     assert (
         fills.count("zeros") + fills.count("new_zeros") + fills.count("zeros_like")
         == (1 if used != "unit+rbf" else 0) + 1

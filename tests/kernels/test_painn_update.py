@@ -212,6 +212,8 @@ def test_residual_terms_fused(triton_device, monkeypatch, fused_calls, dtype, tr
         monkeypatch.setattr(pu_module, "gemm_fusable", lambda *a: False)
     s, v, weights = _inputs(n, f, dtype, triton_device, seed=n + 3)
     ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=n + 4)
+    with use_backend("triton"):
+        triton_gemm = pu_module.gemm_fusable(s, *weights)  # (not float64 on the GPU: cuBLAS there)
     gen = torch.Generator().manual_seed(5)
     go = (torch.randn(n, f, generator=gen, dtype=dtype), torch.randn(n, 3, f, generator=gen, dtype=dtype))
     go = tuple(g.to(triton_device) for g in go)
