@@ -419,3 +419,26 @@ def test_host_results_are_not_overwritten_by_the_next_call_on_cuda(model, as_num
     assert not np.allclose(np.asarray(second["forces"]), kept["forces"])
     for k, v in first.items():
         np.testing.assert_array_equal(np.asarray(v), kept[k])
+
+
+def test_md_bucket_is_kept_while_the_list_fits_and_chosen_with_headroom(model):
+    """On the MD path a rebuilt list stays in the bucket it ran in while it fits (no flip-flop between two
+    captured shapes), and a new bucket leaves VERLET_EDGE_HEADROOM spare edge slots; results stay exact."""
+    from mlff_distiller import engine as engine_module
+
+    fast, ref = _engines(model, "cpu", skin=0.5)
+    atoms = molecule("CH3CH2OH")
+    p0 = atoms.positions.copy()
+    center = p0.mean(axis=0)
+    buckets = []
+    for scale in (1.0, 1.6, 1.0):  # stretched: far fewer pairs within the cutoff + skin
+        atoms.positions = center + (p0 - center) * scale
+        batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+        got, want = fast.compute(batch, to_host=True), ref.compute(batch, to_host=True)
+        np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
+        bucket, graph = fast._verlet_fill[:2]
+        buckets.append((bucket, graph.n_edges))
+    (b0, e0), (b1, e1), (b2, _) = buckets
+    assert e1 < e0 and fast.buckets.select(len(atoms), e1) != b0, "the stretched list must fit a smaller bucket"
+    assert b0 == b1 == b2  # kept
+    assert b0 == fast.buckets.select(len(atoms), int(np.ceil(e0 * engine_module.VERLET_EDGE_HEADROOM)))

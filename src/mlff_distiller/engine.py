@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import time
 import warnings
@@ -146,6 +147,8 @@ def _raise_recompile_limit() -> None:
 # Padded buckets with fewer edge slots skip the in-step edge compaction (compact_edges): its three launches cost
 # more than a molecule's few pairs beyond the cutoff (a guess: not measured closer).
 COMPACT_MIN_EDGES = 1024
+# Spare edge slots of a new bucket on the MD (Verlet) path, as a factor of the list's edges.
+VERLET_EDGE_HEADROOM = 1.1
 
 
 class ForceEngine:
@@ -615,7 +618,14 @@ class ForceEngine:
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
         fill = self._verlet_fill
         if rebuilt or fill is None or fill[2] != v.n_builds:
-            bucket = self.buckets.select(n, e)
+            # MD keeps its bucket while the new list fits (no flip-flop between two captured shapes), and a new one
+            # is chosen with VERLET_EDGE_HEADROOM spare edges: the list's length drifts over a trajectory, and each
+            # new bucket costs a capture (~2 s once), while spare edge slots cost almost nothing (no CSR row holds
+            # them: the message-passing kernels skip them).
+            same_atoms = fill is not None and fill[3].shape[0] == n
+            bucket = fill[0] if same_atoms and fill[0].fits(n, e) else None
+            if bucket is None:
+                bucket = self.buckets.select(n, math.ceil(e * VERLET_EDGE_HEADROOM)) or self.buckets.select(n, e)
             if bucket is None:
                 self._verlet_fill = None
                 return None  # beyond the largest bucket: eager fallback
