@@ -76,12 +76,13 @@ class PaiNNInteraction(nn.Module):
         s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
-    def messages(self, s, v, rbf, unit, edge_index):
+    def messages(self, s, v, rbf, unit, edge_index, v_zero=False):
         """``(s', Δs [N,F], Δv [N,3,F])``: ``forward`` without its residual sums (the model hands them to the update
         block, whose fused path adds them inside its own kernels). s' is s for the residual sum: on the Triton MLP
-        an alias whose gradient φ's backward adds to its own (one add kernel less)."""
+        an alias whose gradient φ's backward adds to its own (one add kernel less). ``v_zero``: v is all zeros
+        (the first layer; see :func:`mlff_distiller.kernels.message_passing`)."""
         phi, s = _mlp_call(self.phi, s, residual=True)
-        return (s, *kernels.message_passing(phi, v, rbf, self.filter.weight, unit, edge_index))
+        return (s, *kernels.message_passing(phi, v, rbf, self.filter.weight, unit, edge_index, v_zero=v_zero))
 
 
 class CSRInteraction(nn.Module):
@@ -107,7 +108,7 @@ class CSRInteraction(nn.Module):
         s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
-    def messages(self, s, v, rbf, unit, edge_index):
+    def messages(self, s, v, rbf, unit, edge_index, v_zero=False):
         """``(s', Δs, Δv)`` (see :meth:`PaiNNInteraction.messages`)."""
         w = self.inner.filter.weight
         csr = self.csr
@@ -121,6 +122,7 @@ class CSRInteraction(nn.Module):
             edge_index,
             row_ptr=csr["row_ptr"],
             sender_csr=csr.get("sender"),
+            v_zero=v_zero,
         )
 
 
@@ -264,12 +266,13 @@ class StudentModel(nn.Module):
         _, unit, rbf = kernels.edge_basis(positions, edge_index, shift_vectors, c.n_rbf, c.cutoff, c.basis, c.envelope)
         s = self.embedding(idx)
         v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
-        for interaction, update in zip(self.interactions, self.updates, strict=True):
+        for layer, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
             messages = getattr(interaction, "messages", None)
             if messages is None or not isinstance(update, PaiNNUpdate):  # a replaced block: its own residuals
                 s, v = update(*interaction(s, v, rbf, unit, edge_index))
             else:  # s + ds, v + dv inside the update (no separate add kernels on the fused path)
-                s, ds, dv = messages(s, v, rbf, unit, edge_index)
+                # v_zero: the first layer's v is the zeros above (its message terms are skipped, not added).
+                s, ds, dv = messages(s, v, rbf, unit, edge_index, v_zero=layer == 0)
                 s, v = update(s, v, ds, dv)
         first, last = self.readout[0], self.readout[2]
         params = (first.weight, first.bias, last.weight, last.bias, self.atomic_scale, self.atomic_shift)
