@@ -183,7 +183,7 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
-        HAS_V: tl.constexpr = True,
+        HAS_V: tl.constexpr,
     ):
         # HAS_V False: the caller promised v = 0 (the first layer), so the b-terms (x_b W_b v_j) are skipped.
         i = tl.program_id(0).to(tl.int64)
@@ -250,7 +250,7 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
-        HAS_V: tl.constexpr = True,
+        HAS_V: tl.constexpr,
     ):
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -498,7 +498,7 @@ if HAS_TRITON:
         DOT_PRECISION: tl.constexpr,
         SPLIT: tl.constexpr,
         LIVE: tl.constexpr,
-        HAS_V: tl.constexpr = True,
+        HAS_V: tl.constexpr,
     ):
         # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
         # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials.

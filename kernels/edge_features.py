@@ -236,7 +236,7 @@ if HAS_TRITON:
         NORM: tl.constexpr,
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
-        HAS_GDIST: tl.constexpr = True,
+        HAS_GDIST: tl.constexpr,
     ):
         rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         m = rows < E
@@ -560,7 +560,7 @@ if HAS_TRITON:
                 edge_index,
                 grad_pos,
                 grad_shift,
-                **({} if has_gdist else {"HAS_GDIST": False}),
+                HAS_GDIST=has_gdist,  # always given: wrap_triton (the compiled op) passes no defaults
             )
         return grad_pos, grad_shift
 
