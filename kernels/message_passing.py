@@ -509,6 +509,18 @@ if HAS_TRITON:
             c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
         return c, warps, variant
 
+    _ZERO_SCALARS: dict = {}
+
+    def _zero_scalar(ref: Tensor) -> Tensor:
+        """A zero scalar of ``ref``'s device and dtype, made once (a fresh one under fake tensors / tracing)."""
+        if torch.compiler.is_compiling() or isinstance(ref, torch._subclasses.FakeTensor):
+            return ref.new_zeros(())
+        key = (ref.device, ref.dtype)
+        zero = _ZERO_SCALARS.get(key)
+        if zero is None:
+            zero = _ZERO_SCALARS[key] = torch.zeros((), dtype=ref.dtype, device=ref.device)
+        return zero
+
     def _prep(*tensors: Tensor) -> list[Tensor]:
         return [t.contiguous() for t in tensors]
 
@@ -548,7 +560,8 @@ if HAS_TRITON:
         grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
         n, f = v.shape[0], v.shape[2]
         e, n_rbf = rbf.shape
-        zero = x.new_zeros(())
+        # Placeholders of the groups not needed: expanded views of one cached zero (no fill kernel per call).
+        zero = _zero_scalar(x)
         g_x, g_v = zero.expand(x.shape), zero.expand(v.shape)
         g_rbf, g_unit, g_w = zero.expand(rbf.shape), zero.expand(unit.shape), zero.expand(w.shape)
         edge_done = False

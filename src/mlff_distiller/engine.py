@@ -276,7 +276,6 @@ class ForceEngine:
             # Decided before compiling: the compiled step traces this flag.
             self.compact_edges = (self.verlet is not None and not compiled) if compact_edges is None else compact_edges
             self._far = far_shift(self.cutoff)
-            self._minus_one = torch.full((), -1.0, dtype=self.dtype, device=self.device)
             if compiled:
                 self._forward_impl = self._make_compiled()
 
@@ -459,7 +458,7 @@ class ForceEngine:
     def _padded_forward(
         self, numbers, positions, edge_index, shift_vectors, batch, mask, row_ptr, sender_perm, sender_ptr
     ):
-        """Energies of a padded bucket and the masked total that the forces differentiate.
+        """Energies of a padded bucket (``[A]`` per structure slot, ``[A]`` per atom).
 
         ``row_ptr``, ``sender_perm`` and ``sender_ptr`` are the bucket's static CSR buffers, computed by
         ``fill_padded`` whenever it wrote the edges (outside any captured graph): the message-passing kernels
@@ -474,8 +473,7 @@ class ForceEngine:
         self._csr["row_ptr"] = row_ptr
         self._csr["sender"] = (sender_perm, sender_ptr)
         out = self._fast_model(numbers, positions, edge_index, shift_vectors, batch, numbers.shape[0])
-        energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
-        return energy, atomic, (energy * mask).sum()
+        return out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
 
     def _step(self, numbers, positions, edge_index, shift_vectors, batch, mask, *csr) -> torch.Tensor:
         """The whole padded step on ``PaddedGraph.inputs()`` (``csr``: its ``row_ptr, sender_perm,
@@ -483,10 +481,11 @@ class ForceEngine:
         is one transfer."""
         with torch.enable_grad(), _matmul_precision(self.allow_tf32):
             pos = positions.detach().requires_grad_(True)
-            energy, atomic, total = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, mask, *csr)
-            # Seeded with -1: the gradient comes out as the forces (exactly, the sign flips through every linear
-            # step of the backward), without a negation kernel.
-            (forces,) = torch.autograd.grad(total, pos, grad_outputs=self._minus_one)
+            energy, atomic = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, mask, *csr)
+            # The gradient of -Σ_b mask_b E_b as one vector-Jacobian product seeded with -mask: the forces directly
+            # (the sign flips exactly through every linear step of the backward) and the dummy structure's energy
+            # never reaches them; one negation kernel instead of a product, a sum and the product's backward.
+            (forces,) = torch.autograd.grad(energy, pos, grad_outputs=mask.neg())
         return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1)])
 
     def _device_topology(self, batch: AtomsBatch) -> tuple[AtomsBatch, bool]:
