@@ -512,8 +512,9 @@ if HAS_TRITON:
     _ZERO_SCALARS: dict = {}
 
     def _zero_scalar(ref: Tensor) -> Tensor:
-        """A zero scalar of ``ref``'s device and dtype, made once (a fresh one under fake tensors / tracing)."""
-        if torch.compiler.is_compiling() or isinstance(ref, torch._subclasses.FakeTensor):
+        """A zero scalar of ``ref``'s device and dtype, made once (a fresh one for tensor subclasses: the fake and
+        functional tensors of torch.compile's tracing must not meet a real one)."""
+        if torch.compiler.is_compiling() or type(ref) is not torch.Tensor:  # fake / functional tensors: tracing
             return ref.new_zeros(())
         key = (ref.device, ref.dtype)
         zero = _ZERO_SCALARS.get(key)
