@@ -48,7 +48,15 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--atoms", type=int, default=192)
     p.add_argument("--name", default="probe_edge_split_h100")
+    p.add_argument("--configs", default="", help="block_e x block_f x warps : split, comma-separated (e.g. 64x32x4:4)")
     args = p.parse_args()
+    configs = CONFIGS
+    if args.configs:
+        configs = [(64, 32, 4, "auto")]
+        for item in args.configs.split(","):
+            tiles, split = item.split(":")
+            be, bf, nw = (int(t) for t in tiles.split("x"))
+            configs.append((be, bf, nw, split if split == "auto" else int(split)))
     dev = torch.device("cuda")
     x, v, rbf, w, unit, ei = water_like_graph(args.atoms, dev)
     n, e = v.shape[0], ei.shape[1]
@@ -74,7 +82,7 @@ def main() -> None:
         "|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     ref = None
-    for be, bf, nw, split in CONFIGS:
+    for be, bf, nw, split in configs:
         cfg = dict(bwd_edge_block_e=be, bwd_edge_block_f=bf, bwd_edge_warps=nw, bwd_edge_split=split)
         try:
             with mp._configured(**cfg):
