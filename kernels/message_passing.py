@@ -326,7 +326,9 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #   edge_split_min: the least split of "auto" (when the feature chunks allow it): 2, since a 3,000-atom water box
 #     (163,000 pairs, 2,450 tiles, "enough" programs without a split) ran its edge backward in 349 µs with two
 #     slices against 515 µs with one (benchmarks/results/probe_edge_split_3000_h100.md); the 192-atom box keeps
-#     its four (31 µs, the fastest of 13 tilings in probe_edge_split_h100.md).
+#     its four (31 µs, the fastest of 13 tilings in probe_edge_split_h100.md). At 24,000 atoms two slices gave
+#     2.85 ms per layer against 4.74 ms unsplit and 3.13 ms with four (probe_edge_split_24000*_h100.md); 64 x 32
+#     tiles stayed the fastest of the tilings tried at 3,000 and 24,000 atoms.
 # benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
 # Shipped: the fastest float32-accurate choice per kernel of the H100 sweep on 24,000-atom water
 # (benchmarks/results/tune_mp_h100.md, 2026-11-23): block forward 16 x 32 x 64 / 4 warps with tf32x3 (6.04 ->
