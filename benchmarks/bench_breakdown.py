@@ -115,6 +115,14 @@ def _instrument(model: torch.nn.Module, clock: _StageClock):
         with clock.stage(mlp_stage.get(id(w1), "other MLP")):
             return orig_mlp(x, w1, *rest)
 
+    # Where the readout's Triton GEMMs run (frozen weights, Triton backend) the model calls kernels.linear.readout
+    # (scale, shift and energy sum fused) instead of kernels.mlp.
+    orig_readout = kernels.linear.readout
+
+    def readout(*args, **kwargs):
+        with clock.stage("readout"):
+            return orig_readout(*args, **kwargs)
+
     hooks = []
 
     def mark(module, name):
@@ -128,10 +136,12 @@ def _instrument(model: torch.nn.Module, clock: _StageClock):
         mark(upd, "update")
     mark(model.readout, "readout")
     kernels.edge_basis, kernels.message_passing, kernels.mlp = edge_basis, message_passing, mlp
+    kernels.linear.readout = readout
     try:
         yield
     finally:
         kernels.edge_basis, kernels.message_passing, kernels.mlp = orig_basis, orig_mp, orig_mlp
+        kernels.linear.readout = orig_readout
         for h in hooks:
             h.remove()
 

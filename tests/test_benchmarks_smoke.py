@@ -102,6 +102,33 @@ def test_breakdown_instrumentation_keeps_the_math_and_is_undone():
     assert all(t >= 0 for t in clock.times.values())
 
 
+def test_breakdown_labels_the_fused_readout():
+    """Frozen weights on the Triton backend (the interpreter here): the model's readout runs as
+    kernels.linear.readout, which the breakdown times as the "readout" stage and restores afterwards."""
+    if not kernels.triton_available("cpu"):
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
+    model = peers.make_student().float()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    batch = AtomsBatch.from_atoms(molecule("H2O"), dtype=torch.float32)
+    before = kernels.linear.readout
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return before(*args, **kwargs)
+
+    kernels.linear.readout = spy
+    try:
+        clock = bench_breakdown._StageClock(torch.device("cpu"), timed=True)
+        with kernels.use_backend("triton"):
+            bench_breakdown.instrumented_step(model, batch, clock)
+        assert kernels.linear.readout is spy  # restored
+    finally:
+        kernels.linear.readout = before
+    assert calls and "readout" in clock.times
+
+
 def test_breakdown_and_launch_count_on_cpu(tmp_path):
     r = bench_breakdown.breakdown(peers.make_student(), [molecule("CH4")], torch.device("cpu"), "torch", reps=1)
     assert r["step_us_instrumented"] > 0
