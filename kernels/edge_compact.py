@@ -159,7 +159,8 @@ if HAS_TRITON:
         BLOCK: tl.constexpr,
     ):  # fmt: skip
         """Flags of tile t in receiver order (keep[0, e]) and in sender order (keep[1, p] = flag of perm[p]), and
-        their counts cnt[0, t], cnt[1, t]."""
+        their counts cnt[0, t], cnt[1, t]. The sender-order flags recompute the distances of perm[p] rather than
+        gather keep[0]: the other tiles' flags are not written yet, and a gather pass would cost a launch more."""
         t = tl.program_id(0)
         e = t.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = e < C

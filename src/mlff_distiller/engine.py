@@ -458,7 +458,8 @@ class ForceEngine:
     def _padded_forward(
         self, numbers, positions, edge_index, shift_vectors, batch, mask, row_ptr, sender_perm, sender_ptr
     ):
-        """Energies of a padded bucket (``[A]`` per structure slot, ``[A]`` per atom).
+        """Energies of a padded bucket (``[A]`` per structure slot, ``[A]`` per atom). ``mask`` is unused here (the
+        step seeds the gradient with it); it stays in the signature, which follows ``PaddedGraph.inputs()``.
 
         ``row_ptr``, ``sender_perm`` and ``sender_ptr`` are the bucket's static CSR buffers, computed by
         ``fill_padded`` whenever it wrote the edges (outside any captured graph): the message-passing kernels
