@@ -309,37 +309,6 @@ if HAS_TRITON:
     #     writes one partial; the host sums the few hundred partials (deterministic, no contention).
 
     @triton.jit
-    def _sender_tile_edge_grads(
-        prbf_ptr, punit_ptr, w_ptr, e, pm, r, rm, f, fm, gsi, g0, g1, g2, gamma, w_c, wa, wb, wc,
-        xa, xb, xc, v0, v1, v2,
-        N_FEAT: tl.constexpr, N_RBF: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ):  # fmt: skip
-        """The edge backward folded into a sender-backward tile (EDGE_GRADS): the partial ∂rbf_e and ∂u_e rows of
-        edges ``e`` over this program's feature chunk, stored at ``prbf_ptr`` / ``punit_ptr`` (the slice of this
-        chunk; the host sums the slices). ``xa, xb, xc`` (x_j's three blocks) and ``v0, v1, v2`` (v_j) are the
-        sender rows: ``[1, BLOCK_F]`` in the atom kernel (one sender), ``[BLOCK_E, BLOCK_F]`` in the block kernel.
-        The tile's g_s[i], g_v[i], γ_e and W_c,e are the sender kernel's own, so the only extra reads are
-        the filter rows (cached) and, in the block kernel, the sender rows."""
-        beta = g0 * v0 + g1 * v1 + g2 * v2
-        G_a = gsi * xa
-        G_b = beta * xb
-        G_c = gamma * xc
-        # The ∂rbf dots G @ W in the orientation the edge kernel measured fastest per dot unit (_edge_tile_grads).
-        if DOT_PRECISION == "ieee":
-            g_rbf = tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
-            g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
-            g_rbf += tl.dot(G_c, tl.trans(wc), input_precision=DOT_PRECISION)
-        else:
-            g_rbf = tl.dot(G_a, _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
-            g_rbf += tl.dot(G_b, _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
-            g_rbf += tl.dot(G_c, _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
-        c = xc * w_c
-        tl.store(prbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=pm[:, None] & rm[None, :])
-        tl.store(punit_ptr + e * 3, tl.sum(c * g0, axis=1), mask=pm)
-        tl.store(punit_ptr + e * 3 + 1, tl.sum(c * g1, axis=1), mask=pm)
-        tl.store(punit_ptr + e * 3 + 2, tl.sum(c * g2, axis=1), mask=pm)
-
-    @triton.jit
     def _mp_bwd_sender_kernel(
         gs_ptr,
         gv_ptr,
@@ -353,20 +322,13 @@ if HAS_TRITON:
         colptr_ptr,
         gx_ptr,
         gvout_ptr,
-        prbf_ptr,
-        punit_ptr,
-        E,
         N_FEAT: tl.constexpr,
         N_RBF: tl.constexpr,
         BLOCK_E: tl.constexpr,
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
-        EDGE_GRADS: tl.constexpr,
     ):
-        # EDGE_GRADS: also the edge backward's partial ∂rbf / ∂u rows over this feature chunk (slice
-        # program_id(1) of [n_chunks, E, N_RBF] / [n_chunks, E, 3] at prbf_ptr / punit_ptr; see
-        # _sender_tile_edge_grads). Dummy pointers otherwise.
         j = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
@@ -378,17 +340,6 @@ if HAS_TRITON:
         t_2 = tl.zeros((BLOCK_F,), dtype=dt)
         lo = tl.load(colptr_ptr + j)
         hi = tl.load(colptr_ptr + j + 1)
-        row = j * (3 * N_FEAT) + f
-        if EDGE_GRADS:  # the sender's own rows, [1, BLOCK_F] each
-            part = tl.program_id(1).to(tl.int64)
-            prbf_ptr += part * E * N_RBF
-            punit_ptr += part * E * 3
-            xa = tl.load(x_ptr + row, mask=fm, other=0.0)[None, :]
-            xb = tl.load(x_ptr + row + N_FEAT, mask=fm, other=0.0)[None, :]
-            xc = tl.load(x_ptr + row + 2 * N_FEAT, mask=fm, other=0.0)[None, :]
-            v0 = tl.load(v_ptr + row, mask=fm, other=0.0)[None, :]
-            v1 = tl.load(v_ptr + row + N_FEAT, mask=fm, other=0.0)[None, :]
-            v2 = tl.load(v_ptr + row + 2 * N_FEAT, mask=fm, other=0.0)[None, :]
         for start in range(lo, hi, BLOCK_E):
             e, pm = _perm_tile(perm_ptr, start, hi, BLOCK_E)
             i = tl.load(ei_ptr + e, mask=pm, other=0).to(tl.int64)
@@ -398,17 +349,12 @@ if HAS_TRITON:
             w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
             w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
             w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
-            gamma = _gamma(g0, g1, g2, ux, uy, uz)
             acc_a += tl.sum(gsi * w_a, axis=0)
-            acc_c += tl.sum(gamma * w_c, axis=0)
+            acc_c += tl.sum(_gamma(g0, g1, g2, ux, uy, uz) * w_c, axis=0)
             t_0 += tl.sum(w_b * g0, axis=0)
             t_1 += tl.sum(w_b * g1, axis=0)
             t_2 += tl.sum(w_b * g2, axis=0)
-            if EDGE_GRADS:
-                _sender_tile_edge_grads(
-                    prbf_ptr, punit_ptr, w_ptr, e, pm, r, rm, f, fm, gsi, g0, g1, g2, gamma, w_c, wa, wb, wc,
-                    xa, xb, xc, v0, v1, v2, N_FEAT, N_RBF, DOT_PRECISION,
-                )  # fmt: skip
+        row = j * (3 * N_FEAT) + f
         _store_sender_grads(x_ptr, v_ptr, gx_ptr, gvout_ptr, row, fm, acc_a, acc_c, t_0, t_1, t_2, N_FEAT)
 
     # "block" sender backward: the mirror of _mp_fwd_block_kernel over the transposed CSR (BLOCK_A consecutive
@@ -428,9 +374,6 @@ if HAS_TRITON:
         colptr_ptr,
         gx_ptr,
         gvout_ptr,
-        prbf_ptr,
-        punit_ptr,
-        E,
         n_atoms,
         ei_stride,
         N_FEAT: tl.constexpr,
@@ -440,23 +383,17 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
-        EDGE_GRADS: tl.constexpr,
     ):
-        # EDGE_GRADS: as in _mp_bwd_sender_kernel (the sender rows are per-edge tiles here).
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
         acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_A, BLOCK_F)
         lo, hi = _block_edge_range(colptr_ptr, a0, n_atoms, BLOCK_A)
-        if EDGE_GRADS:
-            part = tl.program_id(1).to(tl.int64)
-            prbf_ptr += part * E * N_RBF
-            punit_ptr += part * E * 3
         for start in range(lo, hi, BLOCK_E):
             e, pm = _perm_tile(perm_ptr, start, hi, BLOCK_E)
             i, j = _edge_ends(ei_ptr, ei_stride, e, pm)
             onehot = _onehot(atoms, j, pm, x_ptr)
-            rb, m2, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
+            rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
             w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
@@ -468,13 +405,6 @@ if HAS_TRITON:
             t_0 += tl.dot(onehot, w_b * g0, input_precision=DOT_PRECISION)
             t_1 += tl.dot(onehot, w_b * g1, input_precision=DOT_PRECISION)
             t_2 += tl.dot(onehot, w_b * g2, input_precision=DOT_PRECISION)
-            if EDGE_GRADS:
-                xa, xb, xc = _rows3(x_ptr, j, m2, f, N_FEAT)
-                v0, v1, v2 = _rows3(v_ptr, j, m2, f, N_FEAT)
-                _sender_tile_edge_grads(
-                    prbf_ptr, punit_ptr, w_ptr, e, pm, r, rm, f, fm, gsi, g0, g1, g2, gamma, w_c, wa, wb, wc,
-                    xa, xb, xc, v0, v1, v2, N_FEAT, N_RBF, DOT_PRECISION,
-                )  # fmt: skip
         om = am[:, None] & fm[None, :]
         row = atoms[:, None] * (3 * N_FEAT) + f[None, :]
         _store_sender_grads(x_ptr, v_ptr, gx_ptr, gvout_ptr, row, om, acc_a, acc_c, t_0, t_1, t_2, N_FEAT)
@@ -604,18 +534,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _mp_sum_split_kernel(
-        prbf_ptr, punit_ptr, grbf_ptr, gunit_ptr, live_ptr, E,
-        N_RBF: tl.constexpr, R_PAD: tl.constexpr, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr, LIVE: tl.constexpr,
+        prbf_ptr, punit_ptr, grbf_ptr, gunit_ptr, E,
+        N_RBF: tl.constexpr, R_PAD: tl.constexpr, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
     ):  # fmt: skip
-        """∂rbf and ∂u of the split edge kernel (or of the sender kernel with EDGE_GRADS): the SPLIT partial rows
-        (``[SPLIT, E, N_RBF]``, ``[SPLIT, E, 3]``) summed in slice order, both outputs in one launch. LIVE: rows
-        at or past *live_ptr (row_ptr[N]: edges no CSR row holds, whose partial rows nobody wrote) are zeros."""
+        """∂rbf and ∂u of the split edge kernel: its SPLIT partial rows (``[SPLIT, E, N_RBF]``, ``[SPLIT, E, 3]``)
+        summed in slice order, both outputs in one launch."""
         e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
-        em_out = e < E
-        if LIVE:
-            em = e < tl.minimum(tl.load(live_ptr), E)
-        else:
-            em = em_out
+        em = e < E
         r = tl.arange(0, R_PAD)
         m2 = em[:, None] & (r < N_RBF)[None, :]
         rows = e[:, None] * N_RBF + r[None, :]
@@ -628,11 +553,10 @@ if HAS_TRITON:
             u0 += tl.load(punit_ptr + k * E * 3 + e * 3, mask=em, other=0.0)
             u1 += tl.load(punit_ptr + k * E * 3 + e * 3 + 1, mask=em, other=0.0)
             u2 += tl.load(punit_ptr + k * E * 3 + e * 3 + 2, mask=em, other=0.0)
-        m_out = em_out[:, None] & (r < N_RBF)[None, :]
-        tl.store(grbf_ptr + rows, acc, mask=m_out)
-        tl.store(gunit_ptr + e * 3, u0, mask=em_out)
-        tl.store(gunit_ptr + e * 3 + 1, u1, mask=em_out)
-        tl.store(gunit_ptr + e * 3 + 2, u2, mask=em_out)
+        tl.store(grbf_ptr + rows, acc, mask=m2)
+        tl.store(gunit_ptr + e * 3, u0, mask=em)
+        tl.store(gunit_ptr + e * 3 + 1, u1, mask=em)
+        tl.store(gunit_ptr + e * 3 + 2, u2, mask=em)
 
     # "fused" sender backward: the block sender kernel with the whole feature row in one program (BLOCK_F >= F),
     # which then also has every term of ∂rbf_e and ∂u_e (sums over all features of one edge) and writes them: the

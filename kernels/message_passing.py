@@ -370,8 +370,6 @@ _CONFIG = {
     "dot_bwd_filter": "ieee",
     "block_min_atoms": 1024,
     "fused_max_feat": 64,
-    "bwd_edge_fuse": "auto",
-    "edge_fuse_min_edges": 0,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block", "fused")}
@@ -586,30 +584,18 @@ if HAS_TRITON:
                         n, edge_index.stride(0), num_warps=warps, **c,
                     )  # fmt: skip
                     edge_done = True
+                elif variant == "block":
+                    check_launchable(_mp_bwd_sender_block_kernel, x)
+                    launch(_mp_bwd_sender_block_kernel)[grid](
+                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, n,
+                        edge_index.stride(0), num_warps=warps, **c,
+                    )  # fmt: skip
                 else:
-                    # bwd_edge_fuse: the sender kernel also writes the edge backward's partial ∂rbf / ∂u rows, one
-                    # slice per feature chunk, which one launch sums (and zeroes past row_ptr[N], rows no sender's
-                    # CSR run holds): the edge kernel's pass over the edges is saved.
-                    fuse_edge = bool(need[1]) and e > 0 and _fuse_edge(x, e)
-                    part_rbf = part_unit = g_x  # (dummies without EDGE_GRADS)
-                    if fuse_edge:
-                        part_rbf = torch.empty((grid[1], e, n_rbf), dtype=rbf.dtype, device=x.device)
-                        part_unit = torch.empty((grid[1], e, 3), dtype=unit.dtype, device=x.device)
-                    if variant == "block":
-                        check_launchable(_mp_bwd_sender_block_kernel, x)
-                        launch(_mp_bwd_sender_block_kernel)[grid](
-                            grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, part_rbf,
-                            part_unit, e, n, edge_index.stride(0), num_warps=warps, EDGE_GRADS=fuse_edge, **c,
-                        )  # fmt: skip
-                    else:
-                        check_launchable(_mp_bwd_sender_kernel, x)
-                        launch(_mp_bwd_sender_kernel)[grid](
-                            grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, part_rbf,
-                            part_unit, e, num_warps=warps, EDGE_GRADS=fuse_edge, **c,
-                        )  # fmt: skip
-                    if fuse_edge:
-                        g_rbf, g_unit = _sum_split(part_rbf, part_unit, rbf, unit, row_ptr, n, c["R_PAD"], launch)
-                        edge_done = True
+                    check_launchable(_mp_bwd_sender_kernel, x)
+                    launch(_mp_bwd_sender_kernel)[grid](
+                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
+                        num_warps=warps, **c,
+                    )  # fmt: skip
         if need[1] and e > 0 and not edge_done:
             if f == 0:
                 g_rbf, g_unit = torch.zeros_like(rbf), torch.zeros_like(unit)
@@ -628,8 +614,11 @@ if HAS_TRITON:
                     e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, HAS_V=has_v, **c,
                 )  # fmt: skip
                 if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
-                    # (the edge kernel wrote every row, zeros past row_ptr[N] included: no LIVE mask needed here)
-                    g_rbf, g_unit = _sum_split(g_rbf, g_unit, rbf, unit, None, n, c["R_PAD"], launch)
+                    part_rbf, part_unit = g_rbf, g_unit
+                    g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
+                    launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
+                        part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=split, BLOCK_E=128,
+                    )  # fmt: skip
         if need[2]:
             g_w = torch.zeros_like(w)
             if e > 0 and f > 0:
@@ -647,26 +636,6 @@ if HAS_TRITON:
                 )  # fmt: skip
                 g_w = part.sum(0)
         return g_x, g_v, g_rbf, g_w, g_unit
-
-    def _sum_split(part_rbf, part_unit, rbf, unit, row_ptr, n, r_pad, launch) -> tuple[Tensor, Tensor]:
-        """∂rbf, ∂u from partial rows ``[S, E, R]``, ``[S, E, 3]`` (one launch); with ``row_ptr``, rows at or past
-        ``row_ptr[N]`` come out as zeros whatever their partials hold."""
-        e, n_rbf = rbf.shape
-        g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
-        live = row_ptr is not None
-        launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
-            part_rbf, part_unit, g_rbf, g_unit, row_ptr[n:] if live else g_unit, e,
-            N_RBF=n_rbf, R_PAD=r_pad, SPLIT=part_rbf.shape[0], BLOCK_E=128, LIVE=live,
-        )  # fmt: skip
-        return g_rbf, g_unit
-
-    def _fuse_edge(ref: Tensor, n_edges: int) -> bool:
-        """Whether the sender kernel computes the edge gradients too (``bwd_edge_fuse``: True, False, or "auto":
-        on graphs of at least ``edge_fuse_min_edges`` edges, and always under the interpreter)."""
-        want = _CONFIG["bwd_edge_fuse"]
-        if want == "auto":
-            return not ref.is_cuda or int(n_edges) >= _CONFIG["edge_fuse_min_edges"]
-        return bool(want)
 
     def _bare(kernel):
         return kernel

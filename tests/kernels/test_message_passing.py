@@ -11,8 +11,8 @@ forces and the parameter gradients of a force loss agree to 1e-10 relative (norm
 The graphs are random, with receivers sorted (as our neighbour lists give them) unless a test says otherwise.
 CPU runs use the Triton interpreter and small sizes; the large cases are CUDA-only. The correctness tests run
 under every kernel variant of the forward and the sender backward (``variant``: "atom", one program per atom;
-"block", BLOCK_A atoms per program with a one-hot tl.dot segment sum; both with the edge gradients folded into
-the sender backward; "unfused", the atom kernels with the separate edge kernel).
+"block", BLOCK_A atoms per program with a one-hot tl.dot segment sum; "fused", the block forward and a sender
+backward that also writes the edge gradients).
 """
 
 import importlib
@@ -45,18 +45,13 @@ def _graph(n_atoms, n_edges, n_feat, n_rbf, dtype, device, seed=0, sort=True, is
     return x, v, rbf, w, unit, ei
 
 
-@pytest.fixture(params=["atom", "block", "unfused"])
+@pytest.fixture(params=["atom", "block", "fused"])
 def variant(request):
-    """Run the forward and the sender backward with this kernel variant (the launch configuration). "atom" and
-    "block" fold the edge gradients into the sender kernel (bwd_edge_fuse, shipped); "unfused" is the atom sender
-    kernel followed by the edge kernel; "fused" (asked for by some tests) is the block forward with the whole-row
-    fused sender+edge backward."""
-    fwd = "block" if request.param == "fused" else "atom" if request.param == "unfused" else request.param
-    sender = "atom" if request.param == "unfused" else request.param
+    """Run the forward and the sender backward with this kernel variant (the launch configuration); "fused" is
+    the block forward with the fused sender+edge backward."""
+    fwd = "block" if request.param == "fused" else request.param
     # block_min_atoms=0: the test graphs are small, and the variant asked for must be the one that runs on CUDA.
-    with mp_module._configured(
-        fwd_variant=fwd, bwd_sender_variant=sender, block_min_atoms=0, bwd_edge_fuse=request.param != "unfused"
-    ):
+    with mp_module._configured(fwd_variant=fwd, bwd_sender_variant=request.param, block_min_atoms=0):
         yield request.param
 
 
@@ -443,7 +438,7 @@ def test_edge_kernel_tiles_float32(tiles):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     be, bf, warps, prec = tiles
-    cfg = dict(bwd_edge_block_e=be, bwd_edge_block_f=bf, bwd_edge_warps=warps, dot_bwd_edge=prec, bwd_edge_fuse=False)
+    cfg = dict(bwd_edge_block_e=be, bwd_edge_block_f=bf, bwd_edge_warps=warps, dot_bwd_edge=prec)
     with mp_module._configured(**cfg):
         _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=21), torch.float32)
 
@@ -456,7 +451,7 @@ def test_edge_kernel_feature_split(triton_device, split, dtype, monkeypatch):
     if triton_device.type == "cpu":
         monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
     args = _graph(40, 300, 64, 20, dtype, triton_device, seed=31)
-    with mp_module._configured(bwd_edge_split=split, bwd_sender_variant="atom", bwd_edge_fuse=False):
+    with mp_module._configured(bwd_edge_split=split, bwd_sender_variant="atom"):
         c, _, _ = mp_module._launch_config(args[0], "bwd_edge", 64, 20)
         chunks = 64 // c["BLOCK_F"]
         used = mp_module._edge_split(args[0], 300 // c["BLOCK_E"] + 1, 64, c["BLOCK_F"])
@@ -545,62 +540,3 @@ def test_v_zero_promise_gives_the_same_results(triton_device, variant, dtype):
     ref = message_passing_reference(*(t.double() for t in (x, v, rbf, w, unit)), ei)
     scale = ref[1].abs().max().item()
     torch.testing.assert_close(outs[1][1].double(), ref[1], rtol=TOL[dtype], atol=TOL[dtype] * scale)
-
-
-@pytest.mark.parametrize("sender", ["atom", "block"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_edge_grads_in_sender_kernel(triton_device, sender, dtype, monkeypatch):
-    """bwd_edge_fuse: the sender kernel writes each edge's partial ∂rbf / ∂u over its feature chunk (4 chunks of
-    F = 64 here) and one launch sums them; the edge kernel never runs, and all five gradients match the reference."""
-    if triton_device.type == "cpu":
-        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)
-        monkeypatch.setitem(mp_module._CPU_TILES, "block_e_block", 16)
-
-    def refuse(*a, **k):
-        raise AssertionError("the edge kernel ran")
-
-    monkeypatch.setattr(mp_module, "_mp_bwd_edge_kernel", refuse)
-    args = _graph(40, 300, 64, 20, dtype, triton_device, seed=33, isolated=3)
-    with mp_module._configured(bwd_sender_variant=sender, block_min_atoms=0, bwd_edge_fuse=True):
-        c, _, which = mp_module._launch_config(args[0], "bwd_sender", 64, 20, True, 40, 300)
-        assert which == sender and 64 // c["BLOCK_F"] >= 2  # several partial slices
-        _compare(args, dtype)
-
-
-@pytest.mark.parametrize("fuse", [True, False])
-def test_edges_past_the_csr_get_zero_gradients(triton_device, fuse):
-    """Edges at or past row_ptr[N] (a padded bucket's inert tail: in neither CSR) get ∂rbf = ∂u = 0 exactly, even
-    where the fused path's partial rows for them were never written; the live edges match the reference."""
-    n, live, tail, f, r = 20, 90, 14, 32, 6
-    x, v, rbf, w, unit, ei = _graph(n, live + tail, f, r, torch.float64, triton_device, seed=41)
-    ei = torch.cat([ei[:, :live], torch.arange(tail, device=triton_device).repeat(2, 1) % n], 1)
-    row_ptr = torch.searchsorted(ei[0, :live].contiguous(), torch.arange(n + 1, device=triton_device))
-    order = torch.argsort(ei[1, :live], stable=True)
-    perm = torch.cat([order, torch.arange(live, live + tail, device=triton_device)])
-    col_ptr = torch.searchsorted(ei[1, :live][order].contiguous(), torch.arange(n + 1, device=triton_device))
-    ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
-    with mp_module._configured(bwd_edge_fuse=fuse):
-        ds, dv = _triton(*ins, ei, row_ptr=row_ptr, sender_csr=(perm, col_ptr))
-        gs, gv = torch.randn_like(ds), torch.randn_like(dv)
-        g = torch.autograd.grad((ds, dv), ins, (gs, gv))
-    ref = message_passing_backward_reference(gs, gv, x, v, rbf[:live], w, unit[:live], ei[:, :live])
-    for k in (2, 4):  # rbf, unit
-        assert torch.equal(g[k][live:], torch.zeros_like(g[k][live:]))
-        torch.testing.assert_close(g[k][:live], ref[k], rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(g[0], ref[0], rtol=1e-10, atol=1e-12)
-
-
-def test_split_sum_zeroes_rows_past_the_csr(triton_device):
-    """The partial-row sum writes zeros at and past row_ptr[N] whatever those partial rows hold (NaN here)."""
-    e, r, n = 300, 20, 7
-    part_rbf = torch.randn(3, e, r, dtype=torch.float64, device=triton_device)
-    part_unit = torch.randn(3, e, 3, dtype=torch.float64, device=triton_device)
-    part_rbf[:, 250:], part_unit[:, 250:] = float("nan"), float("nan")
-    row_ptr = torch.tensor([0, 10, 20, 40, 80, 160, 200, 250], device=triton_device)
-    rbf, unit = torch.empty(e, r, dtype=torch.float64, device=triton_device), torch.empty(e, 3, device=triton_device)
-    unit = unit.double()
-    g_rbf, g_unit = mp_module._sum_split(part_rbf, part_unit, rbf, unit, row_ptr, n, 32, mp_module._bare)
-    torch.testing.assert_close(g_rbf[:250], part_rbf[:, :250].sum(0), rtol=1e-14, atol=1e-14)
-    torch.testing.assert_close(g_unit[:250], part_unit[:, :250].sum(0), rtol=1e-14, atol=1e-14)
-    assert torch.equal(g_rbf[250:], torch.zeros_like(g_rbf[250:]))
-    assert torch.equal(g_unit[250:], torch.zeros_like(g_unit[250:]))
