@@ -21,6 +21,7 @@
 #   bash scripts/gpu_session.sh nlcheck   # CUDA tests of the neighbour lists + profile_neighbors + bench_large nl
 #   bash scripts/gpu_session.sh edgetune  # tune_small.py edgetiles: the edge backward over tiles (TUNE_SECTIONS=
 #                                         #   sendertiles: the atom-variant forward / sender backward)
+#   bash scripts/gpu_session.sh pdl       # probe_pdl.py: programmatic dependent launch in a graph of small kernels
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -32,7 +33,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -164,6 +165,11 @@ case "$part" in
     timeout $(box 300) python3 benchmarks/tune_small.py --sections ${TUNE_SECTIONS:-edgetiles} --budget-s $(box 240) --out "$res" \
       >"$res/tune.log" 2>&1
     grep -E "shipped|Not run" "$res/tune.log" | head; sort -t'|' -k8 -n "$res/tune.log" | grep -E "^\| (water|g2)" | head -30
+    ;;
+  pdl)
+    # Programmatic dependent launch: a CUDA graph of small dependent kernels with and without it (probe_pdl.py).
+    timeout $(box 150) python3 benchmarks/probe_pdl.py --out "$res" >"$res/probe_pdl.log" 2>&1
+    grep -E "^\| " "$res/probe_pdl.log" | tail -30; tail -3 "$res/probe_pdl.log"
     ;;
   enginelat)
     timeout $(box 240) python3 benchmarks/bench_engine.py --sections ${ENGINE_SECTIONS:-latency,md} --budget-s $(box 200) --out "$res" \
