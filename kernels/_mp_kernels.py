@@ -9,7 +9,7 @@ touches the host path and vice versa.
 
 from __future__ import annotations
 
-from ._triton_utils import HAS_TRITON, tl, triton
+from ._triton_utils import HAS_TRITON, pdl_prologue, tl, triton
 
 __all__ = [
     "_mp_bwd_edge_kernel",
@@ -184,7 +184,9 @@ if HAS_TRITON:
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         HAS_V: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         # HAS_V False: the caller promised v = 0 (the first layer), so the b-terms (x_b W_b v_j) are skipped.
         i = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -251,7 +253,9 @@ if HAS_TRITON:
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         HAS_V: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
@@ -328,7 +332,9 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         j = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
@@ -383,7 +389,9 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
@@ -499,7 +507,9 @@ if HAS_TRITON:
         SPLIT: tl.constexpr,
         LIVE: tl.constexpr,
         HAS_V: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
         # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials.
         # LIVE: only edges before *live_ptr (row_ptr[N]: the edges some receiver owns) are computed; the rows of
@@ -536,9 +546,11 @@ if HAS_TRITON:
     def _mp_sum_split_kernel(
         prbf_ptr, punit_ptr, grbf_ptr, gunit_ptr, E,
         N_RBF: tl.constexpr, R_PAD: tl.constexpr, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         """∂rbf and ∂u of the split edge kernel: its SPLIT partial rows (``[SPLIT, E, N_RBF]``, ``[SPLIT, E, 3]``)
         summed in slice order, both outputs in one launch."""
+        pdl_prologue(PDL)
         e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         em = e < E
         r = tl.arange(0, R_PAD)
@@ -588,7 +600,9 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
@@ -654,7 +668,9 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         p = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm = f < N_FEAT

@@ -7,6 +7,8 @@ kernel files skip their ``@triton.jit`` definitions, so the torch references kee
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 from collections.abc import Iterator
 
 import torch
@@ -25,6 +27,9 @@ __all__ = [
     "check_launchable",
     "edge_block",
     "num_warps",
+    "pdl_args",
+    "pdl_enabled",
+    "pdl_prologue",
     "tl",
     "triton",
     "tuning",
@@ -95,6 +100,59 @@ def edge_block(device: torch.device, n_cols: int, elems: int) -> int:
         elems = max(elems, 131072)
     rows = max(16, min(4096, elems // max(1, n_cols)))
     return 1 << (rows.bit_length() - 1)
+
+
+# Programmatic dependent launch (PDL, sm90+). Each of our kernels is launched with ``launch_pdl`` and starts with
+# ``pdl_prologue``: it waits for the previous grid in the stream to finish and flush its memory (griddepcontrol.wait,
+# before any load or store, so every read-after-write and write-after-read order of the plain launch holds, also
+# transitively) and then lets the next grid launch at once (griddepcontrol.launch_dependents). The next kernel's
+# launch and its programs' start then overlap this kernel's work instead of following it. That launches our
+# programs only after the previous grid's last programs have started, so a multi-wave kernel is not crowded by its
+# waiting successor. A kernel not launched as a dependent (after a torch or cuBLAS kernel, a copy, or on the first
+# launch) passes the wait at once. In a CUDA graph of small dependent kernels on an H100 this took 1.75 -> 1.10 µs per
+# kernel (benchmarks/results/probe_pdl_h100.md). Off under torch.compile (the traced ops get PDL=False), on the CPU
+# interpreter and on GPUs before sm90; MLFF_DISTILLER_PDL=0 turns it off everywhere.
+_PDL = {"on": os.environ.get("MLFF_DISTILLER_PDL", "1").strip() != "0"}
+
+
+@contextlib.contextmanager
+def pdl_enabled(on: bool) -> Iterator[None]:
+    """Temporarily turn programmatic dependent launch on or off (benchmarks and tests)."""
+    old = _PDL["on"]
+    _PDL["on"] = bool(on)
+    try:
+        yield
+    finally:
+        _PDL["on"] = old
+
+
+@functools.lru_cache(maxsize=16)
+def _sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_args(ref: torch.Tensor) -> dict:
+    """Launch arguments of a kernel with a ``PDL`` constexpr whose work is on ``ref``'s device: ``PDL`` and, when
+    on, Triton's ``launch_pdl``. Off for fake or functional tensors (torch.compile's tracing: wrap_triton takes no
+    launch options) and while compiling."""
+    on = (
+        _PDL["on"]
+        and ref.is_cuda
+        and type(ref) is torch.Tensor
+        and not torch.compiler.is_compiling()
+        and _sm90(ref.device.index if ref.device.index is not None else torch.cuda.current_device())
+    )
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def pdl_prologue(PDL: tl.constexpr):
+        """First statement of every kernel: with PDL, wait for the previous grid, then release the next one."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
 
 
 class FirstOrderOnly(torch.autograd.Function):

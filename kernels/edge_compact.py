@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, check_launchable, tl, triton
+from ._triton_utils import HAS_TRITON, check_launchable, pdl_args, pdl_prologue, tl, triton
 
 __all__ = ["edge_compact", "edge_compact_reference"]
 
@@ -157,10 +157,12 @@ if HAS_TRITON:
     def _keep_kernel(
         pos_ptr, ei_ptr, shift_ptr, perm_ptr, live_ptr, keep_ptr, cnt_ptr, C, ei_stride, T, cut2,
         BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         """Flags of tile t in receiver order (keep[0, e]) and in sender order (keep[1, p] = flag of perm[p]), and
         their counts cnt[0, t], cnt[1, t]. The sender-order flags recompute the distances of perm[p] rather than
         gather keep[0]: the other tiles' flags are not written yet, and a gather pass would cost a launch more."""
+        pdl_prologue(PDL)
         t = tl.program_id(0)
         e = t.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = e < C
@@ -189,10 +191,12 @@ if HAS_TRITON:
     def _compact_kernel(
         ei_ptr, shift_ptr, keep_ptr, cnt_ptr, out_ei_ptr, out_shift_ptr, pre_ptr, C, ei_stride, T, A, far,
         BLOCK: tl.constexpr, T_PAD: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         """Tile t: writes the kept edges at their new ids, the padding self-pairs at the new ids >= total that fall
         in this tile's range, and the exclusive prefix sums pre[0, :] (receiver order), pre[1, :] (sender order);
         pre[., C] = total."""
+        pdl_prologue(PDL)
         t = tl.program_id(0)
         e = t.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = e < C
@@ -221,9 +225,11 @@ if HAS_TRITON:
     def _remap_kernel(
         perm_ptr, keep_ptr, pre_ptr, rowptr_ptr, sptr_ptr, out_perm_ptr, out_rowptr_ptr, out_sptr_ptr, C, A1,
         BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         """The sender permutation in new edge ids (kept entries in order, the padding tail to itself) and both CSR
         offset arrays, offset -> number kept before it."""
+        pdl_prologue(PDL)
         p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = p < C
         kept = m & (tl.load(keep_ptr + C + p, mask=m, other=0) != 0)
@@ -261,15 +267,16 @@ def _edge_compact_triton(positions, edge_index, shift_vectors, row_ptr, sender_p
     out_perm = torch.empty((c,), dtype=torch.int64, device=dev)
     out_rowptr = torch.empty((a + 1,), dtype=torch.int64, device=dev)
     out_sptr = torch.empty((a + 1,), dtype=torch.int64, device=dev)
+    pdl = pdl_args(positions)
     _keep_kernel[(n_tiles,)](
         positions, edge_index, shift_vectors, sender_perm, row_ptr[a:], keep, cnt, c, edge_index.stride(0), n_tiles,
-        cut * cut, BLOCK=block,
+        cut * cut, BLOCK=block, **pdl,
     )  # fmt: skip
     _compact_kernel[(n_tiles,)](
         edge_index, shift_vectors, keep, cnt, out_ei, out_shift, pre, c, edge_index.stride(0), n_tiles, a,
-        float(far), BLOCK=block, T_PAD=t_pad,
+        float(far), BLOCK=block, T_PAD=t_pad, **pdl,
     )  # fmt: skip
     _remap_kernel[(max(n_tiles, triton.cdiv(a + 1, block)),)](
-        sender_perm, keep, pre, row_ptr, sender_ptr, out_perm, out_rowptr, out_sptr, c, a + 1, BLOCK=block,
+        sender_perm, keep, pre, row_ptr, sender_ptr, out_perm, out_rowptr, out_sptr, c, a + 1, BLOCK=block, **pdl,
     )  # fmt: skip
     return out_ei, out_shift, out_rowptr, out_perm, out_sptr

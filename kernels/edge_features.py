@@ -25,6 +25,8 @@ from ._triton_utils import (
     check_launchable,
     edge_block,
     num_warps,
+    pdl_args,
+    pdl_prologue,
     tl,
     triton,
     widest_chunk,
@@ -159,7 +161,9 @@ if HAS_TRITON:
         NORM: tl.constexpr,
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         m = rows < E
         i = tl.load(ei_ptr + rows, mask=m, other=0).to(tl.int64)
@@ -237,7 +241,9 @@ if HAS_TRITON:
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
         HAS_GDIST: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         m = rows < E
         d = tl.load(dist_ptr + rows, mask=m, other=1.0)
@@ -344,7 +350,9 @@ if HAS_TRITON:
         NORM: tl.constexpr,
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         m = rows < E
         i = tl.load(ei_ptr + rows, mask=m, other=0).to(tl.int64)
@@ -466,7 +474,9 @@ if HAS_TRITON:
         grid = (n_edges + block - 1) // block
         if not ref.is_cuda:
             check_launchable(kernel, ref)
-        launch(kernel)[(grid,)](*args, n_edges, edge_index.stride(0), num_warps=num_warps(), **consts, **switches)
+        launch(kernel)[(grid,)](
+            *args, n_edges, edge_index.stride(0), num_warps=num_warps(), **consts, **switches, **pdl_args(ref)
+        )
 
     def _row_elems(rbf: tuple | None) -> int:
         """Per-program tile budget (float32 elements) of the forward and backward kernels. Without the basis

@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, tl, triton
+from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, pdl_args, pdl_prologue, tl, triton
 
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_reference"]
 
@@ -267,7 +267,7 @@ def gemm(
         stride_bk, stride_bn, out.stride(0), addend.stride(0) if addend is not None else 0,
         HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, HAS_A=a is not None,
         AFFINE=row_affine is not None, SEGSUM=segment_sum is not None,
-        BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps, **fusion,
+        BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps, **fusion, **pdl_args(ref),
     )  # fmt: skip
     return out, pre
 
@@ -304,11 +304,13 @@ if HAS_TRITON:
         HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, HAS_A: tl.constexpr,
         AFFINE: tl.constexpr, SEGSUM: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux: [*, k] rows seg[i] for the
         gather); B is addressed by strides; ACC adds D (rows stride_dm apart; C itself when accumulating) after the
         bias and the activation; AFFINE maps row i to C·scale[idx[i]] + shift[idx[i]]; SEGSUM adds it into
         E[seg[i]]."""
+        pdl_prologue(PDL)
         rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         rm = rows[:, None] < m

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, LIB, check_launchable, num_warps, triton
+from ._triton_utils import HAS_TRITON, LIB, check_launchable, num_warps, pdl_args, triton
 
 if HAS_TRITON:
     from torch.library import triton_op, wrap_triton
@@ -540,13 +540,13 @@ if HAS_TRITON:
             check_launchable(_mp_fwd_block_kernel, x)
             launch(_mp_fwd_block_kernel)[(triton.cdiv(n, c["BLOCK_A"]), n_fb)](
                 x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0), num_warps=warps,
-                HAS_V=has_v, **c,
+                HAS_V=has_v, **c, **pdl_args(x),
             )  # fmt: skip
         else:
             check_launchable(_mp_fwd_kernel, x)
             launch(_mp_fwd_kernel)[(n, n_fb)](
                 x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, edge_index.stride(0), num_warps=warps,
-                HAS_V=has_v, **c,
+                HAS_V=has_v, **c, **pdl_args(x),
             )  # fmt: skip
         return ds, dv
 
@@ -581,20 +581,20 @@ if HAS_TRITON:
                     check_launchable(_mp_bwd_fused_kernel, x)
                     launch(_mp_bwd_fused_kernel)[grid](
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, g_rbf, g_unit,
-                        n, edge_index.stride(0), num_warps=warps, **c,
+                        n, edge_index.stride(0), num_warps=warps, **c, **pdl_args(x),
                     )  # fmt: skip
                     edge_done = True
                 elif variant == "block":
                     check_launchable(_mp_bwd_sender_block_kernel, x)
                     launch(_mp_bwd_sender_block_kernel)[grid](
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, n,
-                        edge_index.stride(0), num_warps=warps, **c,
+                        edge_index.stride(0), num_warps=warps, **c, **pdl_args(x),
                     )  # fmt: skip
                 else:
                     check_launchable(_mp_bwd_sender_kernel, x)
                     launch(_mp_bwd_sender_kernel)[grid](
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
-                        num_warps=warps, **c,
+                        num_warps=warps, **c, **pdl_args(x),
                     )  # fmt: skip
         if need[1] and e > 0 and not edge_done:
             if f == 0:
@@ -611,13 +611,14 @@ if HAS_TRITON:
                 check_launchable(_mp_bwd_edge_kernel, x)
                 launch(_mp_bwd_edge_kernel)[(tiles, split)](
                     grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, row_ptr[n:] if live else g_unit,
-                    e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, HAS_V=has_v, **c,
+                    e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, HAS_V=has_v, **c, **pdl_args(x),
                 )  # fmt: skip
                 if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
                     part_rbf, part_unit = g_rbf, g_unit
                     g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
                     launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
                         part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=split, BLOCK_E=128,
+                        **pdl_args(x),
                     )  # fmt: skip
         if need[2]:
             g_w = torch.zeros_like(w)
@@ -632,7 +633,7 @@ if HAS_TRITON:
                 check_launchable(_mp_bwd_filter_kernel, x)
                 launch(_mp_bwd_filter_kernel)[(n_prog, n_fb)](
                     grad_s, grad_v, x, v, rbf, unit, edge_index, part, e, edge_index.stride(0), per_prog,
-                    num_warps=warps, **c,
+                    num_warps=warps, **c, **pdl_args(x),
                 )  # fmt: skip
                 g_w = part.sum(0)
         return g_x, g_v, g_rbf, g_w, g_unit

@@ -30,7 +30,17 @@ from torch import Tensor
 from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
-from ._triton_utils import _TUNING, HAS_TRITON, FirstOrderOnly, check_launchable, num_warps, tl, triton
+from ._triton_utils import (
+    _TUNING,
+    HAS_TRITON,
+    FirstOrderOnly,
+    check_launchable,
+    num_warps,
+    pdl_args,
+    pdl_prologue,
+    tl,
+    triton,
+)
 from .linear import gemm, gemm_fusable
 
 __all__ = ["painn_update", "painn_update_fusable", "painn_update_reference"]
@@ -200,7 +210,9 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_F: tl.constexpr,
         HAS_DS: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         vv = uvvv_ptr + i * (6 * N_FEAT) + N_FEAT + f
         vv0 = tl.load(vv, mask=m, other=0.0)
@@ -254,7 +266,9 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         HAS_DS: tl.constexpr,
         HAS_DV: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
         mix = mix_ptr + i * (3 * N_FEAT) + f
@@ -286,7 +300,9 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_F: tl.constexpr,
         HAS_GV: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
         mix = mix_ptr + i * (3 * N_FEAT) + f
@@ -335,7 +351,9 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_F: tl.constexpr,
         HAS_GV: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         sf = i * N_FEAT + f
         g_x = g_x_ptr + i * (2 * N_FEAT) + f
@@ -369,7 +387,9 @@ if HAS_TRITON:
         rows = max(1, min(elems // block_f, triton.next_power_of_2(n)))
         block_n = 1 << (rows.bit_length() - 1)
         grid = (triton.cdiv(n, block_n), triton.cdiv(f, block_f))
-        kernel[grid](*args, n, N_FEAT=f, BLOCK_N=block_n, BLOCK_F=block_f, num_warps=num_warps(), **flags)
+        kernel[grid](
+            *args, n, N_FEAT=f, BLOCK_N=block_n, BLOCK_F=block_f, num_warps=num_warps(), **flags, **pdl_args(t)
+        )
 
     def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None):
         """``s_out``, ``v_out``, what the backward keeps (``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``) and whether

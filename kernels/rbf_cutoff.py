@@ -29,6 +29,8 @@ from ._triton_utils import (
     check_launchable,
     edge_block,
     num_warps,
+    pdl_args,
+    pdl_prologue,
     tl,
     triton,
     widest_chunk,
@@ -471,7 +473,9 @@ if HAS_TRITON:
         NORM: tl.constexpr,
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         rmask = rows < E
         d = tl.load(d_ptr + rows, mask=rmask, other=1.0)
@@ -513,7 +517,9 @@ if HAS_TRITON:
         NORM: tl.constexpr,
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         rmask = rows < E
         d = tl.load(d_ptr + rows, mask=rmask, other=1.0)
@@ -560,7 +566,9 @@ if HAS_TRITON:
         NORM: tl.constexpr,
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl_prologue(PDL)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         rmask = rows < E
         d = tl.load(d_ptr + rows, mask=rmask, other=1.0)
@@ -630,7 +638,7 @@ if HAS_TRITON:
         grid = (n_rows + block - 1) // block
         if not ref.is_cuda:
             check_launchable(kernel, ref)
-        launch(kernel)[(grid,)](*args, n_rows, num_warps=num_warps(), **consts)
+        launch(kernel)[(grid,)](*args, n_rows, num_warps=num_warps(), **consts, **pdl_args(ref))
 
     # Per-program tile budget (float32 elements) of the forward and backward kernels: 512 = 32 edges x 16
     # columns over 4 warps. Swept at 1e6 edges on an H100 (graph replays, benchmarks/results/

@@ -22,6 +22,7 @@
 #   bash scripts/gpu_session.sh edgetune  # tune_small.py edgetiles: the edge backward over tiles (TUNE_SECTIONS=
 #                                         #   sendertiles: the atom-variant forward / sender backward)
 #   bash scripts/gpu_session.sh pdl       # probe_pdl.py: programmatic dependent launch in a graph of small kernels
+#   bash scripts/gpu_session.sh pdlbench  # bench_pdl.py: the E+F step with programmatic dependent launch off / on
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -33,7 +34,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -170,6 +171,11 @@ case "$part" in
     # Programmatic dependent launch: a CUDA graph of small dependent kernels with and without it (probe_pdl.py).
     timeout $(box 150) python3 benchmarks/probe_pdl.py --out "$res" >"$res/probe_pdl.log" 2>&1
     grep -E "^\| " "$res/probe_pdl.log" | tail -30; tail -3 "$res/probe_pdl.log"
+    ;;
+  pdlbench)
+    # The energy + forces step with programmatic dependent launch off and on (bench_pdl.py).
+    timeout $(box 300) python3 benchmarks/bench_pdl.py --out "$res" ${PDL_ARGS:-} >"$res/bench_pdl.log" 2>&1
+    grep -E "^\| " "$res/bench_pdl.log" | tail -16; tail -3 "$res/bench_pdl.log"
     ;;
   enginelat)
     timeout $(box 240) python3 benchmarks/bench_engine.py --sections ${ENGINE_SECTIONS:-latency,md} --budget-s $(box 200) --out "$res" \
