@@ -7,10 +7,11 @@ in the order off, on, off, on (the better of each pair's two rounds is not taken
 * ``benzene``: the captured step of one benzene (ForceEngine mode cudagraph), replay only;
 * ``water192``: the captured step of a 192-atom water box, replay only (the MD-sized graph);
 * ``g2x1024``, ``g2x4096``: the captured step of a batch of ASE g2 molecules, per structure;
-* ``water3000``: the eager step of a 3,000-atom water box;
-* ``md``: one ASE velocity-Verlet step of benzene through StudentCalculator (wall clock, 300 steps);
+* ``water3000``: the captured step of a 3,000-atom water box;
+* ``md``: one ASE velocity-Verlet step of benzene through StudentCalculator (wall clock, 1,000 steps);
 
-and checks that energies and forces with PDL on equal those with PDL off bitwise (same kernels, same order).
+and compares the forces with PDL on and off (max |ΔF|) beside two runs with it off (the forces' scatter uses
+atomics, so runs differ by a few ulp whatever the launch mode).
 
     python benchmarks/bench_pdl.py --out benchmarks/results [--name bench_pdl_h100]
 """
@@ -42,7 +43,7 @@ def cases():
         ("water192", [water_box_fast(192)], "cudagraph", 1),
         ("g2x1024", g2_batch(1024), "cudagraph", 1024),
         ("g2x4096", g2_batch(4096), "cudagraph", 4096),
-        ("water3000", [water_box_fast(3000)], "eager", 1),
+        ("water3000", [water_box_fast(3000)], "cudagraph", 1),
     ]
 
 
@@ -58,7 +59,7 @@ def step_row(model, name, atoms, mode, per, on: bool) -> tuple[dict, dict]:
     return row, res
 
 
-def md_row(model, on: bool, steps: int = 300) -> dict:
+def md_row(model, on: bool, steps: int = 1000) -> dict:
     from ase.build import molecule
     from ase.md.verlet import VelocityVerlet
 
@@ -88,27 +89,31 @@ def main() -> None:
         "Default student (hidden 128, 3 layers, 20 Bessel, 5 Å, random weights), fp32. µs per structure: the step",
         "alone (`_step_fn` of bench_engine: a replay in mode cudagraph, model + grad on a prebuilt graph in eager),",
         "median (p20) of do_bench; the MD row is the wall clock of one ASE velocity-Verlet step of benzene. Rounds run",
-        "off, on, off, on; `off/on`: the round's off time over its on time. `same`: energies and forces with PDL on",
-        "equal those with it off bitwise.",
+        "off, on, off, on; `off/on`: the round's off time over its on time. `|ΔF| on-off`: max |ΔF| (eV/Å) between",
+        "the round's on and off results; `|ΔF| off-off`: the same between this round's and the first round's off",
+        "results (run-to-run noise of the atomic scatter).",
         "",
-        "| case | mode | atoms | round | off µs (p20) | on µs (p20) | off/on | same |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| case | mode | atoms | round | off µs (p20) | on µs (p20) | off/on | |ΔF| on-off | |ΔF| off-off |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, atoms, mode, per in cases():
+        first = None
         for rnd in range(args.rounds):
             off, r_off = step_row(model, name, atoms, mode, per, False)
             on, r_on = step_row(model, name, atoms, mode, per, True)
-            same = all(torch.equal(r_off[k], r_on[k]) for k in r_off)
+            first = r_off if first is None else first
+            d_on = (r_on["forces"] - r_off["forces"]).abs().max().item()
+            d_off = (r_off["forces"] - first["forces"]).abs().max().item()
             lines.append(
                 f"| {name} | {mode} | {off['atoms']} | {rnd + 1} | {off['us']:.3f} ({off['p20']:.3f}) | "
-                f"{on['us']:.3f} ({on['p20']:.3f}) | {off['us'] / on['us']:.3f} | {same} |"
+                f"{on['us']:.3f} ({on['p20']:.3f}) | {off['us'] / on['us']:.3f} | {d_on:.1e} | {d_off:.1e} |"
             )
             print(lines[-1], flush=True)
-    for rnd in range(args.rounds):
+    for rnd in range(args.rounds + 1):
         off, on = md_row(model, False), md_row(model, True)
         lines.append(
             f"| {off['case']} | auto | 12 | {rnd + 1} | {off['us']:.1f} | {on['us']:.1f} | "
-            f"{off['us'] / on['us']:.3f} | — |"
+            f"{off['us'] / on['us']:.3f} | — | — |"
         )
         print(lines[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,9 @@
 Every Triton kernel of the step takes a ``PDL`` constexpr and starts with ``pdl_prologue`` (wait for the previous
 grid, then release the next); ``pdl_args`` decides per launch. Off on the CPU interpreter, under torch.compile's
 tracing and with ``MLFF_DISTILLER_PDL=0``; on for CUDA tensors on sm90+. On the GPU the energy + forces step with
-PDL on must equal the step with it off bitwise (the same kernels in the same order; only launch timing changes).
+PDL on must agree with the step with it off as closely as two runs with it off agree with each other (the forces'
+scatter to the atoms uses atomics, so run-to-run differences of a few ulp are normal; a kernel that read its
+input before the previous grid had written it would differ by far more).
 """
 
 import os
@@ -84,15 +86,20 @@ def test_step_with_pdl_equals_without(mode):
     box = water.repeat((4, 4, 4))  # 192 atoms, periodic
     box.positions += torch.rand(len(box), 3, dtype=torch.float64).numpy() * 0.3
     box.pbc = True
-    cases = [[molecule("C6H6")], [g2[k % len(g2)] for k in range(64)], [box]]
+    cases = [[molecule("C6H6")], [list(g2)[k % len(g2)] for k in range(64)], [box]]
     for atoms in cases:
         res = []
-        for on in (False, True):
+        for on in (False, False, True):
             with pdl_enabled(on):
                 engine = ForceEngine(model, device="cuda", precision="fp32", mode=mode)
                 batch = AtomsBatch.from_atoms(atoms, dtype=engine.dtype)
                 engine.compute(batch)
                 res.append(engine.compute(batch, to_host=True))
-        off, on = res
-        assert torch.isfinite(off["forces"]).all()
-        assert torch.equal(off["energy"], on["energy"]) and torch.equal(off["forces"], on["forces"])
+        off, off2, on = res
+        assert torch.isfinite(off["forces"]).all() and torch.isfinite(on["forces"]).all()
+        for key in ("energy", "forces"):
+            noise = (off2[key] - off[key]).abs().max().item()
+            scale = off[key].abs().max().item()
+            diff = (on[key] - off[key]).abs().max().item()
+            msg = f"{key}: PDL on vs off {diff:.3e}, off vs off {noise:.3e}"
+            assert diff <= 4 * noise + 1e-6 * max(1.0, scale), msg
