@@ -49,8 +49,6 @@ def main() -> None:
     p.add_argument("--atoms", type=int, default=192)
     p.add_argument("--name", default="probe_edge_split_h100")
     p.add_argument("--configs", default="", help="block_e x block_f x warps : split, comma-separated (e.g. 64x32x4:4)")
-    p.add_argument("--orders", default="receiver", help="edge orders of the tiles, comma-separated (receiver,sender)")
-    p.add_argument("--shuffle", action="store_true", help="number the atoms in random order (not spatially sorted)")
     args = p.parse_args()
     configs = CONFIGS
     if args.configs:
@@ -62,11 +60,6 @@ def main() -> None:
     dev = torch.device("cuda")
     x, v, rbf, w, unit, ei = water_like_graph(args.atoms, dev)
     n, e = v.shape[0], ei.shape[1]
-    if args.shuffle:  # atoms in random order (as bench_large's boxes: molecules at shuffled lattice sites)
-        sigma = torch.randperm(n, generator=torch.Generator().manual_seed(2)).to(dev)
-        ei = sigma[ei]
-        order = torch.argsort(ei[0], stable=True)
-        ei, rbf, unit = ei[:, order].contiguous(), rbf[order].contiguous(), unit[order].contiguous()
     g = mp._receiver_csr(ei, n)
     row_ptr = g.row_ptr
     perm, col_ptr = mp._sender_csr(ei, n)
@@ -81,18 +74,16 @@ def main() -> None:
         f"# Edge backward: tiles x feature split ({torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"triton {triton.__version__})",
         "",
-        f"Water-like graph, {n} atoms ({'random' if args.shuffle else 'spatially sorted'} atom order), {e} pairs "
-        f"(5 Å), F = {v.shape[2]}, R = {rbf.shape[1]}, float32, tf32x3 dots.",
+        f"Water-like graph, {n} atoms, {e} pairs (5 Å), F = {v.shape[2]}, R = {rbf.shape[1]}, float32, tf32x3 dots.",
         "µs per call, 20 calls in one CUDA graph, median replay. `edge`: ∂rbf, ∂u only (the edge kernel and its",
         "partial sums); `bwd`: the whole inference backward of one layer (sender kernel + edge kernel).",
         "",
-        "| order | block_e | block_f | warps | split | programs | edge µs | bwd µs | max rel diff vs shipped |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| block_e | block_f | warps | split | programs | edge µs | bwd µs | max rel diff vs shipped |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     ref = None
-    for order, (be, bf, nw, split) in ((o, c) for o in args.orders.split(",") for c in configs):
+    for be, bf, nw, split in configs:
         cfg = dict(bwd_edge_block_e=be, bwd_edge_block_f=bf, bwd_edge_warps=nw, bwd_edge_split=split)
-        cfg["bwd_edge_order"] = order
         try:
             with mp._configured(**cfg):
                 out = run((False, True, False))
@@ -102,16 +93,13 @@ def main() -> None:
                 t_edge = graph_time_per_call_us(lambda: run((False, True, False)))
                 t_bwd = graph_time_per_call_us(lambda: run((True, True, False)))
         except Exception as exc:  # a tiling that does not compile is a row saying so
-            err = f"failed: {type(exc).__name__} {str(exc)[:80]}"
-            lines.append(f"| {order} | {be} | {bf} | {nw} | {split} | | {err} | | |")
+            lines.append(f"| {be} | {bf} | {nw} | {split} | | failed: {type(exc).__name__} {str(exc)[:80]} | | |")
             continue
         got = torch.cat([out[2].flatten(), out[4].flatten()])
         if ref is None:
             ref = got
         diff = ((got - ref).abs().max() / ref.abs().max()).item()
-        lines.append(
-            f"| {order} | {be} | {bf} | {nw} | {split} ({s}) | {tiles * s} | {t_edge:.1f} | {t_bwd:.1f} | {diff:.1e} |"
-        )
+        lines.append(f"| {be} | {bf} | {nw} | {split} ({s}) | {tiles * s} | {t_edge:.1f} | {t_bwd:.1f} | {diff:.1e} |")
         print(lines[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")

@@ -496,7 +496,6 @@ if HAS_TRITON:
         grbf_ptr,
         gunit_ptr,
         live_ptr,
-        perm_ptr,
         E,
         ei_stride,
         N_FEAT: tl.constexpr,
@@ -508,7 +507,6 @@ if HAS_TRITON:
         SPLIT: tl.constexpr,
         LIVE: tl.constexpr,
         HAS_V: tl.constexpr,
-        SENDER_ORDER: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -516,21 +514,13 @@ if HAS_TRITON:
         # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials.
         # LIVE: only edges before *live_ptr (row_ptr[N]: the edges some receiver owns) are computed; the rows of
         # the others (inert padding past the CSR) are written as zeros, and a tile with none live skips the work.
-        # SENDER_ORDER: tile t covers positions t·BLOCK_E.. of the sender-sorted list perm (edges e = perm[p]), so
-        # a tile's x_j, v_j rows are one or two senders' (cache hits) and its g_s[i], g_v[i] rows the scattered
-        # ones: 4F gathered floats per edge instead of 6F. The live edges are perm[:n_live] (a padded graph's
-        # inert edges sort last by sender as well); each row is still written exactly once (perm is a permutation).
         e0 = tl.program_id(0).to(tl.int64) * BLOCK_E
-        p = e0 + tl.arange(0, BLOCK_E)
+        e = e0 + tl.arange(0, BLOCK_E)
         if LIVE:
             n_live = tl.minimum(tl.load(live_ptr), E)
         else:
             n_live = E
-        if SENDER_ORDER:
-            e = tl.load(perm_ptr + p, mask=p < E, other=0).to(tl.int64)
-        else:
-            e = p
-        em = p < n_live
+        em = e < n_live
         part = tl.program_id(1).to(tl.int64)
         r = tl.arange(0, R_PAD)
         rm = r < N_RBF
@@ -546,7 +536,7 @@ if HAS_TRITON:
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
                 g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
             )  # fmt: skip
-        em = p < E
+        em = e < E
         tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])
         tl.store(gunit_ptr + e * 3, gu_0, mask=em)
         tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)

@@ -329,9 +329,6 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     its four (31 µs, the fastest of 13 tilings in probe_edge_split_h100.md). At 24,000 atoms two slices gave
 #     2.85 ms per layer against 4.74 ms unsplit and 3.13 ms with four (probe_edge_split_24000*_h100.md); 64 x 32
 #     tiles stayed the fastest of the tilings tried at 3,000 and 24,000 atoms.
-#   bwd_edge_order: "receiver" (edge tiles over the receiver-sorted list: x_j, v_j gathered per edge) or "sender"
-#     (tiles over the sender-sorted permutation: g_s[i], g_v[i] gathered instead, 4F floats per edge against 6F;
-#     the ∂rbf / ∂u rows are stored at their edge ids); see _mp_bwd_edge_kernel.
 # benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
 # Shipped: the fastest float32-accurate choice per kernel of the H100 sweep on 24,000-atom water
 # (benchmarks/results/tune_mp_h100.md, 2026-11-23): block forward 16 x 32 x 64 / 4 warps with tf32x3 (6.04 ->
@@ -373,7 +370,6 @@ _CONFIG = {
     "dot_bwd_filter": "ieee",
     "block_min_atoms": 1024,
     "fused_max_feat": 64,
-    "bwd_edge_order": "receiver",
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block", "fused")}
@@ -613,11 +609,9 @@ if HAS_TRITON:
                 g_unit = torch.empty((*lead, *unit.shape), dtype=unit.dtype, device=x.device)
                 live = row_ptr is not None
                 check_launchable(_mp_bwd_edge_kernel, x)
-                sender_order = _CONFIG["bwd_edge_order"] == "sender" and perm is not None
                 launch(_mp_bwd_edge_kernel)[(tiles, split)](
                     grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, row_ptr[n:] if live else g_unit,
-                    perm.contiguous() if sender_order else g_unit, e, edge_index.stride(0), num_warps=warps,
-                    SPLIT=split, LIVE=live, HAS_V=has_v, SENDER_ORDER=sender_order, **c, **pdl_args(x),
+                    e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, HAS_V=has_v, **c, **pdl_args(x),
                 )  # fmt: skip
                 if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
                     part_rbf, part_unit = g_rbf, g_unit
