@@ -540,3 +540,25 @@ def test_v_zero_promise_gives_the_same_results(triton_device, variant, dtype):
     ref = message_passing_reference(*(t.double() for t in (x, v, rbf, w, unit)), ei)
     scale = ref[1].abs().max().item()
     torch.testing.assert_close(outs[1][1].double(), ref[1], rtol=TOL[dtype], atol=TOL[dtype] * scale)
+
+
+def test_edges_past_the_csr_get_zero_gradients(triton_device, poison):
+    """Edges at or past row_ptr[N] (a padded bucket's inert tail: in neither CSR, last in the sender order too) get
+    ∂rbf = ∂u = 0 exactly; the live edges and ∂x match the reference of the live edges alone."""
+    n, live, tail, f, r = 20, 90, 14, 32, 6
+    x, v, rbf, w, unit, ei = _graph(n, live + tail, f, r, torch.float64, triton_device, seed=41)
+    ei = torch.cat([ei[:, :live], torch.arange(tail, device=triton_device).repeat(2, 1) % n], 1)
+    row_ptr = torch.searchsorted(ei[0, :live].contiguous(), torch.arange(n + 1, device=triton_device))
+    order_live = torch.argsort(ei[1, :live], stable=True)
+    perm = torch.cat([order_live, torch.arange(live, live + tail, device=triton_device)])
+    col_ptr = torch.searchsorted(ei[1, :live][order_live].contiguous(), torch.arange(n + 1, device=triton_device))
+    ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
+    poison(4 * (live + tail) * r, torch.float64, triton_device)
+    ds, dv = _triton(*ins, ei, row_ptr=row_ptr, sender_csr=(perm, col_ptr))
+    gs, gv = torch.randn_like(ds), torch.randn_like(dv)
+    g = torch.autograd.grad((ds, dv), ins, (gs, gv))
+    ref = message_passing_backward_reference(gs, gv, x, v, rbf[:live], w, unit[:live], ei[:, :live])
+    for k in (2, 4):  # rbf, unit
+        assert torch.equal(g[k][live:], torch.zeros_like(g[k][live:]))
+        torch.testing.assert_close(g[k][:live], ref[k], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(g[0], ref[0], rtol=1e-10, atol=1e-12)
