@@ -154,6 +154,9 @@ if HAS_TRITON:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
 
+else:  # the kernel files import it by name; without Triton they define no kernel that calls it
+    pdl_prologue = None
+
 
 class FirstOrderOnly(torch.autograd.Function):
     """Guard of the inference-only fused ops (frozen weights, first derivative only) under ``create_graph=True``:
