@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -53,6 +54,7 @@ from mlff_distiller.model import StudentModel
 from mlff_distiller.model.painn import CSRInteraction
 from mlff_distiller.neighbors import NeighborList, VerletNeighborList, neighbor_list
 from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs
+from mlff_distiller.ordering import spatial_order
 from mlff_distiller.precision import (
     AUTOCAST,
     PRECISIONS,
@@ -79,6 +81,10 @@ MODES = ("eager", "compile", "cudagraph", "auto")
 # eager 11.5 ms; benchmarks/results/large_h100_run7.md).
 AUTO_MAX_EDGES = 2**19
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+# Eager batches of at least this many atoms are sorted along a Morton curve before their neighbour list is built
+# (mlff_distiller.ordering): the 24,000-atom water step ran 1.12x faster Morton-sorted, 3,000 atoms gained nothing
+# (benchmarks/results/probe_locality_h100/). Between the two; not measured closer.
+SPATIAL_SORT_MIN_ATOMS = 10_000
 # Atoms per chunk when predict() is given no batch_size and no memory budget: keeps the reference path's
 # [E, 3F] tensors in memory.
 DEFAULT_ATOM_BUDGET = {"cuda": 8192, "cpu": 2048}
@@ -179,6 +185,11 @@ class ForceEngine:
             (:func:`mlff_distiller.kernels.edge_compact`, three small kernels), so that the message passing walks
             only the pairs within it. Default: on with a Verlet skin (its list holds the pairs out to
             cutoff + skin, ~70 % more at 5 Å + 1 Å) unless the step is compiled; same results either way.
+        spatial_sort_min_atoms: eager batches of at least this many atoms (default ``SPATIAL_SORT_MIN_ATOMS``) run
+            with each structure's atoms sorted along a Morton curve (neighbours close in memory: fewer cache
+            misses in the message passing); per-atom results come back in the caller's order, the same results
+            up to the order of floating-point sums. None: never. Not applied with a Verlet skin (its list keeps the
+            caller's order across steps).
     """
 
     def __init__(
@@ -197,6 +208,7 @@ class ForceEngine:
         cache_dir: str | Path | None = None,
         neighbor_skin: float | None = None,
         compact_edges: bool | None = None,
+        spatial_sort_min_atoms: int | None = SPATIAL_SORT_MIN_ATOMS,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}; choose one of {sorted(PRECISIONS)}")
@@ -210,6 +222,11 @@ class ForceEngine:
             raise ValueError(f"buckets must be a BucketLadder, got {type(buckets).__name__}")
         if memory_budget is not None and int(memory_budget) < 1:
             raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
+        if spatial_sort_min_atoms is not None and (
+            isinstance(spatial_sort_min_atoms, bool) or int(spatial_sort_min_atoms) < 1
+        ):
+            raise ValueError(f"spatial_sort_min_atoms must be None or an atom count >= 1, got {spatial_sort_min_atoms}")
+        self.spatial_sort_min_atoms = None if spatial_sort_min_atoms is None else int(spatial_sort_min_atoms)
         self.device = torch.device(device) if device is not None else default_device()
         if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
             # "cuda" → "cuda:<current>": tensors always carry an index, and every same-device test below compares
@@ -423,6 +440,9 @@ class ForceEngine:
             else:
                 given_nl = self._host_molecular_neighbors(batch)
         batch = batch.to(self.device, self.dtype)
+        inv = None
+        if given_nl is None:
+            batch, inv = self._spatial_order(batch)
         with torch.no_grad():
             nl = given_nl if given_nl is not None else self._neighbors(batch)
         need_grad = forces or stress
@@ -438,14 +458,14 @@ class ForceEngine:
                 shift_vectors = torch.einsum("ei,eij->ej", nl.shifts.to(self.dtype), cell[edge_struct])
             out = self.model(batch.numbers, pos, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
             energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
-            result = {"energy": energy.detach(), "atomic_energies": atomic.detach()}
+            result = {"energy": energy.detach(), "atomic_energies": _unsort(atomic.detach(), inv)}
             if not need_grad:
                 return result
             inputs = [positions] + ([strain] if stress else [])
             grads = torch.autograd.grad(energy.sum(), inputs, allow_unused=True)
         grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
         if forces:
-            result["forces"] = -grads[0]
+            result["forces"] = -_unsort(grads[0], inv)
         if stress:
             volume = torch.linalg.det(batch.cell).abs()
             valid = batch.pbc.all(dim=1) & (volume > 0)
@@ -453,6 +473,20 @@ class ForceEngine:
             result["stress"] = torch.stack([sigma[:, a, b] for a, b in _VOIGT], dim=1)
             result["stress_valid"] = valid
         return result
+
+    def _spatial_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
+        """``batch`` (on the engine's device) with each structure's atoms in Morton order and the inverse
+        permutation (caller's index -> sorted index) when it holds at least ``spatial_sort_min_atoms`` atoms; else
+        ``(batch, None)``. Bins of half the cutoff."""
+        m = self.spatial_sort_min_atoms
+        if m is None or batch.num_atoms < m:
+            return batch, None
+        perm = spatial_order(batch.positions, batch.batch, batch.num_structures, 0.5 * self.cutoff)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel(), device=perm.device)
+        return dataclasses.replace(
+            batch, numbers=batch.numbers[perm], positions=batch.positions[perm], batch=batch.batch[perm]
+        ), inv
 
     # ------------------------------------------------------------------------------------------ padded path
     def _padded_forward(
@@ -796,6 +830,11 @@ class ForceEngine:
                 row["stress"] = out["stress"][b].double().numpy()
             rows.append(row)
         return rows
+
+
+def _unsort(per_atom: torch.Tensor, inv: torch.Tensor | None) -> torch.Tensor:
+    """Rows of a per-atom result computed in spatial order, back in the caller's order."""
+    return per_atom if inv is None else per_atom.index_select(0, inv)
 
 
 def _chunks(structures: list, batch_size: int | None, atom_budget: int) -> Iterator[list]:
