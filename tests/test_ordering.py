@@ -78,6 +78,8 @@ def test_engine_sorted_equals_unsorted(backend, device):
     interpreter.)"""
     from mlff_distiller import kernels
 
+    if backend == "triton" and device.type == "cpu" and torch.cuda.is_available():
+        pytest.skip("Triton on CPU tensors needs the interpreter, which a CUDA machine's test run does not use")
     model = make_model(seed=3).double()
     atoms = [shuffled_water(27, seed=4), molecule("CH4"), shuffled_water(8, seed=5)]
     batch = AtomsBatch.from_atoms(atoms)
