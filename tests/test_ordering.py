@@ -104,3 +104,30 @@ def test_default_threshold_leaves_small_batches_alone():
     b = AtomsBatch.from_atoms(shuffled_water(8))
     assert engine._spatial_order(b)[1] is None
     assert engine.spatial_sort_min_atoms == 10_000
+
+
+@pytest.mark.parametrize("mode", ["eager", "cudagraph"])
+def test_verlet_md_sorted_equals_unsorted(device, mode):
+    """An MD-like sequence through Verlet-skin engines (as StudentCalculator builds them): with the spatial order
+    (made from the first frame and kept) the forces equal those without, step after step, and the list is reused
+    between rebuilds (one fixed order; the padded path, which would test it in the caller's order, is skipped)."""
+    if mode == "cudagraph" and device.type == "cpu":
+        pytest.skip("CUDA graphs need CUDA")
+    model = make_model(seed=5).double()
+    atoms = shuffled_water(27, seed=6)
+    rng = np.random.default_rng(0)
+    engines = [
+        ForceEngine(model, device=device, precision="fp64", mode=mode, neighbor_skin=1.0, spatial_sort_min_atoms=t)
+        for t in (None, 1)
+    ]
+    pos = atoms.positions.copy()
+    for _ in range(8):
+        pos += rng.normal(scale=0.06, size=pos.shape)
+        atoms.positions = pos
+        b = AtomsBatch.from_atoms(atoms)
+        ref, got = (e.compute(b, to_host=True) for e in engines)
+        torch.testing.assert_close(got["forces"], ref["forces"], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(got["energy"], ref["energy"], rtol=1e-10, atol=1e-10)
+    sorted_engine = engines[1]
+    assert sorted_engine._verlet_perm is not None
+    assert 1 <= sorted_engine.verlet.n_builds < 8

@@ -188,8 +188,8 @@ class ForceEngine:
         spatial_sort_min_atoms: eager batches of at least this many atoms (default ``SPATIAL_SORT_MIN_ATOMS``) run
             with each structure's atoms sorted along a Morton curve (neighbours close in memory: fewer cache
             misses in the message passing); per-atom results come back in the caller's order, the same results
-            up to the order of floating-point sums. None: never. Not applied with a Verlet skin (its list keeps the
-            caller's order across steps).
+            up to the order of floating-point sums. None: never. With a Verlet skin (MD) the order is made from
+            the first frame and kept for the system.
     """
 
     def __init__(
@@ -270,6 +270,7 @@ class ForceEngine:
         self._topology: tuple | None = None
         self._checked_numbers: torch.Tensor | None = None
         self._checked_source: tuple | None = None  # (tensor, version) of the numbers last checked
+        self._verlet_perm: tuple | None = None  # (numbers, perm, inverse) of the Verlet path's spatial order
         self.last_bucket: Bucket | None = None  # the bucket of the latest padded call
         # Padded Verlet path: (bucket, graph, verlet build count) of the list now in the static buffers.
         self._verlet_fill: tuple | None = None
@@ -363,7 +364,10 @@ class ForceEngine:
         self._check_species(batch.numbers)
         if self.pad and forces and not stress:
             if self.verlet is not None:
-                out = self._compute_padded_verlet(batch, to_host, as_numpy)
+                # A system the eager path sorts spatially runs there every step: its Verlet list must see one atom
+                # order (the padded Verlet path would test and rebuild it in the caller's order).
+                sorts = self.spatial_sort_min_atoms is not None and batch.num_atoms >= self.spatial_sort_min_atoms
+                out = None if sorts else self._compute_padded_verlet(batch, to_host, as_numpy)
             else:
                 out = self._compute_padded(batch, to_host)
                 if out is not None and as_numpy:
@@ -434,13 +438,14 @@ class ForceEngine:
         return self._nl_to_device(molecular_pairs(batch.positions, batch.ptr, self.cutoff))
 
     def _compute_eager(self, batch: AtomsBatch, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
+        inv = None
         with torch.no_grad():
             if self.verlet is not None:
+                batch, inv = self._verlet_order(batch)
                 given_nl = self._nl_to_device(self._verlet_list(batch, filtered=True)[0])
             else:
                 given_nl = self._host_molecular_neighbors(batch)
         batch = batch.to(self.device, self.dtype)
-        inv = None
         if given_nl is None:
             batch, inv = self._spatial_order(batch)
         with torch.no_grad():
@@ -475,18 +480,29 @@ class ForceEngine:
         return result
 
     def _spatial_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
-        """``batch`` (on the engine's device) with each structure's atoms in Morton order and the inverse
-        permutation (caller's index -> sorted index) when it holds at least ``spatial_sort_min_atoms`` atoms; else
+        """``batch`` with each structure's atoms in Morton order and the inverse permutation (caller's index ->
+        sorted index, on the engine's device) when it holds at least ``spatial_sort_min_atoms`` atoms; else
         ``(batch, None)``. Bins of half the cutoff."""
         m = self.spatial_sort_min_atoms
         if m is None or batch.num_atoms < m:
             return batch, None
         perm = spatial_order(batch.positions, batch.batch, batch.num_structures, 0.5 * self.cutoff)
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(perm.numel(), device=perm.device)
-        return dataclasses.replace(
-            batch, numbers=batch.numbers[perm], positions=batch.positions[perm], batch=batch.batch[perm]
-        ), inv
+        return _permuted(batch, perm), _inverse(perm).to(self.device)
+
+    def _verlet_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
+        """:meth:`_spatial_order` for the Verlet path (MD): one permutation per system, made from the first
+        frame and kept while the atomic numbers stay the same, so that the Verlet list, its reference positions
+        and the displacement test all see the atoms in one fixed order (atoms that diffuse away from their
+        first-frame neighbours only cost locality, never correctness). A new system gets a new permutation, and its
+        changed numbers make the Verlet list rebuild."""
+        m = self.spatial_sort_min_atoms
+        if m is None or batch.num_atoms < m:
+            return batch, None
+        cached = self._verlet_perm
+        if cached is None or cached[0].shape != batch.numbers.shape or not torch.equal(cached[0], batch.numbers):
+            perm = spatial_order(batch.positions, batch.batch, batch.num_structures, 0.5 * self.cutoff)
+            cached = self._verlet_perm = (batch.numbers.clone(), perm, _inverse(perm).to(self.device))
+        return _permuted(batch, cached[1]), cached[2]
 
     # ------------------------------------------------------------------------------------------ padded path
     def _padded_forward(
@@ -830,6 +846,19 @@ class ForceEngine:
                 row["stress"] = out["stress"][b].double().numpy()
             rows.append(row)
         return rows
+
+
+def _inverse(perm: torch.Tensor) -> torch.Tensor:
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    return inv
+
+
+def _permuted(batch: AtomsBatch, perm: torch.Tensor) -> AtomsBatch:
+    """``batch`` with its atoms in the order ``perm`` (new -> old; structures stay contiguous)."""
+    return dataclasses.replace(
+        batch, numbers=batch.numbers[perm], positions=batch.positions[perm], batch=batch.batch[perm]
+    )
 
 
 def _unsort(per_atom: torch.Tensor, inv: torch.Tensor | None) -> torch.Tensor:
