@@ -173,8 +173,9 @@ def message_passing(
             order: under ``torch.compile`` the backward op builds its own, and edges this function has to sort
             ignore it.
         v_zero: the caller promises that ``v`` is all zeros (a PaiNN model's first layer): the Triton forward and
-            edge backward then skip the terms that carry v (the same result, exactly: they add zeros). The
-            promise is not checked (that would take a device sync); ``v`` must still be given.
+            edge backward then skip the terms that carry v (the same result: they add zeros; bitwise under the
+            interpreter, to rounding on the GPU, where the two compiled variants may order their sums
+            differently). The promise is not checked (that would take a device sync); ``v`` must still be given.
     Returns:
         ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output).
 

@@ -521,9 +521,12 @@ def test_compile_and_opcheck(variant):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_v_zero_promise_gives_the_same_results(triton_device, variant, dtype):
-    """``v_zero=True`` (the first layer, v = 0): the forward and edge backward skip the v terms and give exactly
-    what the full kernels give on the zero tensor: forward, the five first gradients and a second derivative
-    (training's force loss differentiates the backward again)."""
+    """``v_zero=True`` (the first layer, v = 0): the forward and edge backward skip the v terms and give what the
+    full kernels give on the zero tensor: forward, the five first gradients and a second derivative (training's
+    force loss differentiates the backward again). Bitwise under the interpreter; compiled for the GPU, the two
+    kernel variants may order or contract their sums differently (measured on an H100: up to 9.5e-7 absolute in
+    float32, 1.8e-15 in float64, the same with and without programmatic dependent launch), so there the bound is
+    the float tolerance of the rest of this file."""
     x, _, rbf, w, unit, ei = _graph(11, 90, 40, 6, dtype, triton_device, seed=41)
     v = torch.zeros((11, 3, 40), dtype=dtype, device=triton_device)
     outs = []
@@ -536,7 +539,10 @@ def test_v_zero_promise_gives_the_same_results(triton_device, variant, dtype):
         (second,) = torch.autograd.grad(grads[2].square().sum() + grads[4].sum(), ins[0])
         outs.append([ds, dv, *grads, second])
     for a, b in zip(*outs, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        if triton_device.type == "cpu":
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        else:
+            torch.testing.assert_close(a, b, rtol=TOL[dtype], atol=TOL[dtype] * b.abs().max().item())
     ref = message_passing_reference(*(t.double() for t in (x, v, rbf, w, unit)), ei)
     scale = ref[1].abs().max().item()
     torch.testing.assert_close(outs[1][1].double(), ref[1], rtol=TOL[dtype], atol=TOL[dtype] * scale)
