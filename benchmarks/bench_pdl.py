@@ -29,7 +29,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import _step_fn, g2_batch, make_student
 from bench_large import water_box_fast
-from harness import time_fn
+from harness import time_fn, write_lines
 from mlff_distiller.kernels._triton_utils import pdl_enabled
 
 from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, kernels
@@ -116,9 +116,7 @@ def main() -> None:
             f"{off['us'] / on['us']:.3f} | — | — |"
         )
         print(lines[-1], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_lines(lines, args.out, args.name)
 
 
 if __name__ == "__main__":

@@ -191,6 +191,15 @@ def _fmt(x, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
+def write_lines(lines: list[str], out_dir: Path, name: str) -> Path:
+    """A probe's markdown report: ``lines`` written to ``out_dir/<name>.md`` (made if missing) and printed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.md"
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return path
+
+
 def write_results(rows: Iterable[BenchRow], out_dir: Path, name: str) -> tuple[Path, Path]:
     """Append ``rows`` to ``<out_dir>/<name>.jsonl`` and write this run's table to ``<out_dir>/<name>.md``."""
     rows = list(rows)

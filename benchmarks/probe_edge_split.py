@@ -21,7 +21,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_message_passing import water_like_graph
-from harness import graph_time_per_call_us
+from harness import graph_time_per_call_us, write_lines
 
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 
@@ -101,9 +101,7 @@ def main() -> None:
         diff = ((got - ref).abs().max() / ref.abs().max()).item()
         lines.append(f"| {be} | {bf} | {nw} | {split} ({s}) | {tiles * s} | {t_edge:.1f} | {t_bwd:.1f} | {diff:.1e} |")
         print(lines[-1], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_lines(lines, args.out, args.name)
 
 
 if __name__ == "__main__":

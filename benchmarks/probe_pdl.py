@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import write_lines
 
 
 @triton.jit
@@ -121,9 +122,7 @@ def main() -> None:
                 same = torch.equal(out, base)
                 lines.append(f"| {n} | {label} | {name} | {t:.1f} | {t / (k + 1):.2f} | {t_plain / t:.2f}x | {same} |")
                 print(lines[-1], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_lines(lines, args.out, args.name)
 
 
 if __name__ == "__main__":
