@@ -20,7 +20,7 @@ from torch.nn import functional as nnf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import device_slug, environment, graph_time_per_call_us
+from harness import device_slug, environment, graph_time_per_call_us, write_lines
 from mlff_distiller.kernels import gemm
 
 # (form, K, N) of the 128-feature student: φ / mixing / U,V / readout layers and their backward GEMMs.
@@ -70,12 +70,64 @@ def _case(form: str, m: int, k: int, n: int, device):
     raise ValueError(form)
 
 
+def sweep_tiles(args, device) -> None:
+    """The large-M tile sweep (``--tiles``): ours per tile beside cuBLAS, every form, rows above ``small_rows``."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    env = environment(device, 0.0)
+    tiles = []
+    for item in args.tiles.split(","):
+        parts = item.split(":")
+        bm, bn, warps = (int(t) for t in parts[0].split("x"))
+        tiles.append((bm, bn, warps, int(parts[1]), int(parts[2]) if len(parts) > 2 else None))
+    lines = [
+        "# Triton GEMM tiles for large M (kernels/linear.py `_CONFIG['large']`, `block_k`, stages) vs cuBLAS, float32",
+        "",
+        f"{env.device} · torch {env.torch} · triton {env.triton} · commit {env.commit}. µs per call: a CUDA graph "
+        "of 20 calls, median replay / 20. The backward forms (B = W as stored) run on the Triton GEMM here at every "
+        "size. `stages`: num_stages of the launch (default: Triton's).",
+        "",
+        "| rows M | form | K → N | BM x BN / warps | BK | stages | ours µs | cuBLAS µs | cuBLAS / ours | max rel. err |",
+        "|---:|---|---|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for m in args.rows:
+        for form, k, n in SHAPES:
+            ours, ref = _case(form, m, k, n, device)
+            r = ref().clone()
+            t_ref = graph_time_per_call_us(ref)
+            for bm, bn, warps, bk, stages in tiles:
+                old = dict(lin._CONFIG)
+                lin._CONFIG.update(large=(bm, bn, warps), block_k=bk, untransposed_max_rows=10**9, stages=stages)
+                try:
+                    a = ours().clone()
+                    err = ((a - r).norm() / r.norm()).item()
+                    t = graph_time_per_call_us(ours)
+                    row = f"{t:.2f} | {t_ref:.2f} | {t_ref / t:.2f} | {err:.1e}"
+                except Exception as exc:  # a tile that does not compile (shared memory) is a row saying so
+                    row = f"failed: {type(exc).__name__} | {t_ref:.2f} | | "
+                finally:
+                    lin._CONFIG.clear()
+                    lin._CONFIG.update(old)
+                lines.append(f"| {m} | {form} | {k} → {n} | {bm} x {bn} / {warps} | {bk} | {stages} | {row} |")
+                print(lines[-1], flush=True)
+    write_lines(lines, Path(args.out), f"bench_gemm_tiles_{device_slug(device)}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--rows", type=int, nargs="+", default=[64, 200, 600, 1393, 6944, 21749])
+    ap.add_argument(
+        "--tiles",
+        default="",
+        help="sweep the large-M tiles instead: BMxBNxWARPS:BK[:STAGES], comma-separated (e.g. 128x64x4:32:3); the "
+        "backward forms run on the Triton GEMM at every size here",
+    )
     args = ap.parse_args(argv)
     device = torch.device("cuda")
+    if args.tiles:
+        return sweep_tiles(args, device)
     env = environment(device, 0.0)
     lines = [
         "# Triton GEMMs (kernels/linear.py) vs cuBLAS on the student's layer shapes, float32",

@@ -39,6 +39,7 @@ _CONFIG = {
     "block_k": 64,
     "dot": "tf32x3",
     "untransposed_max_rows": 1024,
+    "stages": None,  # num_stages of the launch on the GPU (None: Triton's default)
 }
 _EPI = {"none": 0, "silu": 1}
 _PRO_SILU, _PRO_ADD, _PRO_GATHER = 1, 2, 3  # the A-operand prologues of _gemm_kernel (0: none)
@@ -260,6 +261,8 @@ def gemm(
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     # The affine epilogue (x·scale + shift) must round like torch's mul then add: no contraction into an FMA.
     fusion = {"enable_fp_fusion": False} if row_affine is not None and ref.is_cuda else {}
+    if ref.is_cuda and _CONFIG["stages"] is not None:
+        fusion["num_stages"] = _CONFIG["stages"]
     _gemm_kernel[grid](
         a if a is not None else ref, w, bias if bias is not None else ref, aux, out, pre if pre is not None else out,
         addend if addend is not None else out, _or(idx, ref), _or(scale, ref), _or(shift, ref), _or(seg, ref),
