@@ -88,7 +88,7 @@ def sweep_tiles(args, device) -> None:
         "of 20 calls, median replay / 20. The backward forms (B = W as stored) run on the Triton GEMM here at every "
         "size. `stages`: num_stages of the launch (default: Triton's).",
         "",
-        "| rows M | form | K → N | BM x BN / warps | BK | stages | ours µs | cuBLAS µs | cuBLAS / ours | max rel. err |",
+        "| rows M | form | K → N | BM x BN / warps | BK | stages | ours µs | cuBLAS µs | cuBLAS/ours | rel. err |",
         "|---:|---|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for m in args.rows:
