@@ -98,7 +98,7 @@ def sweep_tiles(args, device) -> None:
             t_ref = graph_time_per_call_us(ref)
             for bm, bn, warps, bk, stages in tiles:
                 old = dict(lin._CONFIG)
-                lin._CONFIG.update(large=(bm, bn, warps), block_k=bk, untransposed_max_rows=10**9, stages=stages)
+                lin._CONFIG.update(large=(bm, bn, warps), large_block_k=bk, untransposed_max_rows=10**9, stages=stages)
                 try:
                     a = ours().clone()
                     err = ((a - r).norm() / r.norm()).item()

@@ -27,16 +27,21 @@ from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, pdl_arg
 
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_reference"]
 
-# Launch: rows at or below small_rows use 16 x 32 output tiles (many programs for few rows), larger ones 64 x 64;
-# K is walked in block_k steps. untransposed_max_rows: above it the backward forms (B = W as stored, [K, N]) run
-# on cuBLAS: on the H100 ours took 0.56-0.84x cuBLAS's time there at 6,944 and 21,749 rows, 1.16-1.71x at 600
-# rows and 0.86-1.27x at 1,393 (benchmarks/results/bench_gemm_h100.md); the forward forms were 1.13-5.3x faster
-# at every size measured (64-21,749 rows), so they always run here.
+# Launch: rows at or below small_rows use 16 x 32 output tiles (many programs for few rows) and walk K in block_k
+# steps; larger ones 128 x 64 tiles over 8 warps with BK = large_block_k: the fastest forward tile of seven at
+# 6,944 and 21,749 rows (benchmarks/results/bench_gemm_tiles_h100.md: 128 -> 384 at 21,749 rows 48.1 -> 40.3 µs,
+# 256 -> 128 with SiLU 36.3 -> 30.5 µs; cuBLAS 57.2 / 51.7), where 64 x 64 / 4 warps / BK 64 ran before.
+# untransposed_max_rows: above it the backward forms (B = W as stored, [K, N]) run on cuBLAS. On the H100 cuBLAS
+# was 1.2-1.8x faster there with the former tile at 6,944 and 21,749 rows (benchmarks/results/bench_gemm_h100.md),
+# within 0.96-1.08x of ours with the new one (bench_gemm_tiles_h100.md): no gain to move them; at 600 rows ours
+# were 1.16-1.71x faster, at 1,393 0.86-1.27x. The forward forms were 1.13-5.3x faster than cuBLAS at every size
+# measured (64-21,749 rows), so they always run here.
 _CONFIG = {
     "small_rows": 2048,
     "small": (16, 32, 4),
-    "large": (64, 64, 4),
+    "large": (128, 64, 8),
     "block_k": 64,
+    "large_block_k": 32,
     "dot": "tf32x3",
     "untransposed_max_rows": 1024,
     "stages": None,  # num_stages of the launch on the GPU (None: Triton's default)
@@ -231,8 +236,9 @@ def gemm(
     check_launchable(_gemm_kernel, ref)
     stride_bk, stride_bn = (1, k) if transpose_w else (n, 1)
     if ref.is_cuda:
-        bm, bn, warps = _CONFIG["small"] if m <= _CONFIG["small_rows"] else _CONFIG["large"]
-        bk = min(_CONFIG["block_k"], max(16, triton.next_power_of_2(k)))
+        small = m <= _CONFIG["small_rows"]
+        bm, bn, warps = _CONFIG["small"] if small else _CONFIG["large"]
+        bk = min(_CONFIG["block_k" if small else "large_block_k"], max(16, triton.next_power_of_2(k)))
         # The engine's "tf32" precision allows TF32 matmuls: one TF32 pass, like cuBLAS there; else tf32x3.
         tf32 = ref.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
         dot = "tf32" if tf32 else (_CONFIG["dot"] if ref.dtype == torch.float32 else "ieee")
