@@ -191,7 +191,9 @@ def test_sigkill_resume_loses_and_duplicates_nothing(tmp_path):
                 kills += 1
                 break
             time.sleep(0.02)
-        proc.wait(timeout=30)
+        # Unkilled (a slow machine did not reach the target in time), the child runs to its end: give it as long
+        # as the reference run (a 30 s wait here timed out once in a full-suite run on the 2-core dev machine).
+        proc.wait(timeout=120)
     assert kills >= 1
     partial = len(FrameStore(killed))
     assert 0 < partial < len(expected)
