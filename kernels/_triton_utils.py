@@ -112,7 +112,12 @@ def edge_block(device: torch.device, n_cols: int, elems: int) -> int:
 # launch) passes the wait at once. In a CUDA graph of small dependent kernels on an H100 this took 1.75 -> 1.10 µs per
 # kernel (benchmarks/results/probe_pdl_h100.md). Off under torch.compile (the traced ops get PDL=False), on the CPU
 # interpreter and on GPUs before sm90; MLFF_DISTILLER_PDL=0 turns it off everywhere.
-_PDL = {"on": os.environ.get("MLFF_DISTILLER_PDL", "1").strip() != "0"}
+def _pdl_from_env(value: str | None) -> bool:
+    """``MLFF_DISTILLER_PDL``: unset or anything but "0" (spaces ignored) means on."""
+    return (value if value is not None else "1").strip() != "0"
+
+
+_PDL = {"on": _pdl_from_env(os.environ.get("MLFF_DISTILLER_PDL"))}
 
 
 @contextlib.contextmanager
