@@ -133,3 +133,37 @@ def test_verlet_md_sorted_equals_unsorted(device, mode):
     sorted_engine = engines[1]
     assert sorted_engine._verlet_perm is not None
     assert 1 <= sorted_engine.verlet.n_builds < 8
+
+
+def test_verlet_order_follows_a_new_partition_with_the_same_numbers():
+    """Two batches with the same atomic numbers in the same order but structures split differently (waters of 27 +
+    8 molecules, then 8 + 27): the Verlet path's kept permutation must not be reused across them (it would mix
+    structures); forces equal the unsorted engine's for both, and the second call makes a new permutation."""
+    model = make_model(seed=7).double()
+    first = [shuffled_water(27, seed=8), shuffled_water(8, seed=9)]
+    second = [shuffled_water(8, seed=10), shuffled_water(27, seed=11)]
+    engines = [
+        ForceEngine(model, device="cpu", precision="fp64", neighbor_skin=1.0, spatial_sort_min_atoms=t)
+        for t in (None, 1)
+    ]
+    perms = []
+    for atoms in (first, second):
+        b = AtomsBatch.from_atoms(atoms)
+        ref, got = (e.compute(b, to_host=True) for e in engines)
+        torch.testing.assert_close(got["forces"], ref["forces"], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(got["energy"], ref["energy"], rtol=1e-10, atol=1e-10)
+        perms.append(engines[1]._verlet_perm["perm"])
+    assert not torch.equal(perms[0], perms[1])
+
+
+def test_verlet_order_hands_over_the_same_sorted_tensors_each_step():
+    """Between frames of one system only the positions are gathered: the sorted numbers and structure indices are
+    the very same tensors (the Verlet list's same-object shortcut), and the positions follow the kept order."""
+    engine = ForceEngine(make_model(), device="cpu", neighbor_skin=1.0, spatial_sort_min_atoms=1)
+    atoms = shuffled_water(27, seed=12)
+    b1 = AtomsBatch.from_atoms(atoms)
+    atoms.positions += 0.01
+    b2 = AtomsBatch.from_atoms(atoms)
+    (s1, inv1), (s2, inv2) = engine._verlet_order(b1), engine._verlet_order(b2)
+    assert s1.numbers is s2.numbers and s1.batch is s2.batch and inv1 is inv2
+    torch.testing.assert_close(s2.positions[inv2], b2.positions, rtol=0, atol=0)

@@ -270,7 +270,7 @@ class ForceEngine:
         self._topology: tuple | None = None
         self._checked_numbers: torch.Tensor | None = None
         self._checked_source: tuple | None = None  # (tensor, version) of the numbers last checked
-        self._verlet_perm: tuple | None = None  # (numbers, perm, inverse) of the Verlet path's spatial order
+        self._verlet_perm: dict | None = None  # the Verlet path's spatial order (see _verlet_order)
         self.last_bucket: Bucket | None = None  # the bucket of the latest padded call
         # Padded Verlet path: (bucket, graph, verlet build count) of the list now in the static buffers.
         self._verlet_fill: tuple | None = None
@@ -491,18 +491,30 @@ class ForceEngine:
 
     def _verlet_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
         """:meth:`_spatial_order` for the Verlet path (MD): one permutation per system, made from the first
-        frame and kept while the atomic numbers stay the same, so that the Verlet list, its reference positions
-        and the displacement test all see the atoms in one fixed order (atoms that diffuse away from their
-        first-frame neighbours only cost locality, never correctness). A new system gets a new permutation, and its
-        changed numbers make the Verlet list rebuild."""
+        frame and kept while the atomic numbers and the structure of each atom stay the same, so that the Verlet
+        list, its reference positions and the displacement test all see the atoms in one fixed order (atoms that
+        diffuse away from their first-frame neighbours only cost locality, never correctness). The sorted numbers
+        and structure indices are made once and handed over as the same tensors every step (the Verlet list's
+        same-object shortcut); only the positions are gathered per step. A new system gets a new permutation, and
+        its changed numbers or structures make the Verlet list rebuild."""
         m = self.spatial_sort_min_atoms
         if m is None or batch.num_atoms < m:
             return batch, None
-        cached = self._verlet_perm
-        if cached is None or cached[0].shape != batch.numbers.shape or not torch.equal(cached[0], batch.numbers):
+        c = self._verlet_perm
+        if c is None or not (_equal(c["numbers"], batch.numbers) and _equal(c["batch"], batch.batch)):
             perm = spatial_order(batch.positions, batch.batch, batch.num_structures, 0.5 * self.cutoff)
-            cached = self._verlet_perm = (batch.numbers.clone(), perm, _inverse(perm).to(self.device))
-        return _permuted(batch, cached[1]), cached[2]
+            c = self._verlet_perm = {
+                "numbers": batch.numbers.clone(),
+                "batch": batch.batch.clone(),
+                "perm": perm,
+                "inv": _inverse(perm).to(self.device),
+                "sorted": _permuted(batch, perm),
+            }
+        out = object.__new__(AtomsBatch)  # the sorted batch of the first frame with this frame's positions
+        out.__dict__.update(c["sorted"].__dict__)
+        out.positions = batch.positions[c["perm"]]
+        out.cell, out.pbc, out.ptr = batch.cell, batch.pbc, batch.ptr
+        return out, c["inv"]
 
     # ------------------------------------------------------------------------------------------ padded path
     def _padded_forward(
@@ -859,6 +871,10 @@ def _permuted(batch: AtomsBatch, perm: torch.Tensor) -> AtomsBatch:
     return dataclasses.replace(
         batch, numbers=batch.numbers[perm], positions=batch.positions[perm], batch=batch.batch[perm]
     )
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.device == b.device and bool(torch.equal(a, b))
 
 
 def _unsort(per_atom: torch.Tensor, inv: torch.Tensor | None) -> torch.Tensor:
