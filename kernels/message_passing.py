@@ -307,6 +307,7 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     and of the edge and filter kernels (their own keys: bwd_filter_* 32 x 128 / 4 warps, the shared tiles of
 #     the tuning above; bwd_edge_* 64 x 32 / 4 warps in tf32x3, see below).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
+#   <kernel>_stages: num_stages of the kernel's GPU launch (None: Triton's default), for benchmarks/probe_ncu.py.
 #   bwd_sender_variant "auto" (shipped): "block" on GPU graphs of at least block_min_atoms atoms with at most
 #     sender_block_max_degree edges per atom, else "atom". Few edges per atom leave the atom variant reloading
 #     the filter tiles for every atom: 1,024 g2 molecules (~7.5 edges per atom) ran the block sender backward
@@ -371,6 +372,10 @@ _CONFIG = {
     "dot_bwd_filter": "ieee",
     "block_min_atoms": 1024,
     "fused_max_feat": 64,
+    "fwd_stages": None,
+    "bwd_sender_stages": None,
+    "bwd_edge_stages": None,
+    "bwd_filter_stages": None,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block", "fused")}
@@ -510,6 +515,9 @@ if HAS_TRITON:
         )
         if blocked:
             c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
+        stages = _CONFIG[f"{kernel}_stages"]
+        if cuda and stages is not None:
+            c["num_stages"] = int(stages)  # a launch option, passed with the constexprs
         return c, warps, variant
 
     _ZERO_SCALARS: dict = {}

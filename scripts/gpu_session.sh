@@ -23,6 +23,8 @@
 #                                         #   sendertiles: the atom-variant forward / sender backward)
 #   bash scripts/gpu_session.sh pdl       # probe_pdl.py: programmatic dependent launch in a graph of small kernels
 #   bash scripts/gpu_session.sh pdlbench  # bench_pdl.py: the E+F step with programmatic dependent launch off / on
+#   bash scripts/gpu_session.sh ncu       # probe_ncu.py: num_stages / GEMM-tile sweep of the step, then Nsight Compute
+#                                         #   counters of one 24,000-atom water and one 4,096 g2-molecule step
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -34,7 +36,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -166,6 +168,25 @@ case "$part" in
     timeout $(box 300) python3 benchmarks/tune_small.py --sections ${TUNE_SECTIONS:-edgetiles} --budget-s $(box 240) --out "$res" \
       >"$res/tune.log" 2>&1
     grep -E "shipped|Not run" "$res/tune.log" | head; sort -t'|' -k8 -n "$res/tune.log" | grep -E "^\| (water|g2)" | head -30
+    ;;
+  ncu)
+    # probe_ncu.py: launch-option sweep of the step (num_stages, the GEMM tile), then Nsight Compute counters of
+    # one step of the 24,000-atom water box and of 4,096 g2 molecules (NCU_SYSTEMS). NCU_SWEEP=0 skips the sweep.
+    if [ "${NCU_SWEEP:-1}" = 1 ]; then
+      timeout $(box 260) python3 benchmarks/probe_ncu.py --mode sweep --systems ${SWEEP_SYSTEMS:-water3000,water24000,g2x4096} \
+        --budget-s $(box 200) --out "$res" >"$res/sweep.log" 2>&1
+      grep -E "^\| " "$res/sweep.log" | tail -40
+    fi
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    secs=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+          --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis)
+    for s in ${NCU_SYSTEMS:-water24000 g2x4096}; do
+      timeout $(box 150) "$NCU" --clock-control none --nvtx --nvtx-include "measure_$s/" -c ${NCU_COUNT:-45} \
+        -k "regex:${NCU_KERNELS:-_mp_|_gemm_kernel|_edge_bwd|_painn}" "${secs[@]}" \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+        --log-file "$res/ncu_$s.txt" python3 benchmarks/probe_ncu.py --mode ncu --systems "$s" >"$res/ncu_run_$s.log" 2>&1
+      echo "ncu $s rc $?"; tail -3 "$res/ncu_run_$s.log"; grep -c "Section: GPU Speed Of Light" "$res/ncu_$s.txt"
+    done
     ;;
   pdl)
     # Programmatic dependent launch: a CUDA graph of small dependent kernels with and without it (probe_pdl.py).
