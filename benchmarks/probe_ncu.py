@@ -2,12 +2,13 @@
 
 Two modes, both GPU only:
 
-* ``--mode sweep``: the step alone (``peers.StepImpl``: eager for the water boxes, a CUDA-graph replay for the g2
-  batch, the modes a user gets) timed with ``triton.testing.do_bench`` under launch options of the
-  message-passing kernels (``num_stages`` per kernel) and of the Triton GEMM (its large-M tile), each against the
-  shipped configuration measured in the same run. Writes ``probe_ncu_sweep.md``.
-* ``--mode ncu``: one step per system inside an NVTX range ``measure_<system>``, for Nsight Compute to profile
-  (``scripts/gpu_session.sh ncu`` runs it under ``ncu --nvtx --nvtx-include measure_<system>/``).
+* ``--mode sweep``: the step alone (``peers.StepImpl``, a CUDA-graph replay unless ``--step-mode eager``) timed
+  with ``triton.testing.do_bench`` under launch options (``--variants``: message-passing tiles and ``num_stages``,
+  the Triton GEMM's large-M tile), each against the shipped configuration measured in the same run. Writes
+  ``probe_ncu_sweep.md``.
+* ``--mode ncu``: one step per system between ``cudaProfilerStart`` and ``cudaProfilerStop`` (and in an NVTX
+  range ``measure_<system>``), for Nsight Compute to profile (``scripts/gpu_session.sh ncu`` runs it under
+  ``ncu --profile-from-start off``).
 
 Systems: ``water3000``, ``water24000`` (bench_large's boxes) and ``g2x4096`` (4,096 ASE g2 molecules).
 """
@@ -55,19 +56,39 @@ def gemm_config(**changes):
         linear._CONFIG.update(old)
 
 
-def variants():
-    """(label, context factory) pairs: the shipped configuration first."""
-    out = [("shipped", contextlib.nullcontext)]
-    out.append(("GEMM large tile 128x64/8 warps, BK 32", lambda: gemm_config(large=(128, 64, 8), large_block_k=32)))
-    for kernel in ("fwd", "bwd_sender", "bwd_edge"):
-        for stages in (1, 2, 4):
-            ctx = lambda k=kernel, s=stages: mp._configured(**{f"{k}_stages": s})  # noqa: E731
-            out.append((f"{kernel} num_stages={stages}", ctx))
+DEFAULT_VARIANTS = "gemm:large=128x64x8,large_block_k=32;" + ";".join(
+    f"mp:{k}_stages={s}" for k in ("fwd", "bwd_sender", "bwd_edge") for s in (1, 2, 4)
+)
+
+
+def _value(text: str):
+    if "x" in text and all(p.isdigit() for p in text.split("x")):
+        return tuple(int(p) for p in text.split("x"))
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def variants(spec: str = DEFAULT_VARIANTS):
+    """(label, context factory) pairs from ``spec``: ``;``-separated ``mp:key=value,key=value`` (message-passing
+    launch keys, ``_configured``) or ``gemm:key=value`` (the Triton GEMM's ``_CONFIG``; ``AxBxC`` is a tuple)."""
+    out = []
+    for item in filter(None, (v.strip() for v in spec.split(";"))):
+        where, _, body = item.partition(":")
+        changes = {k: _value(v) for k, v in (kv.split("=") for kv in body.split(","))}
+        if where == "mp":
+            unknown = set(changes) - set(mp._CONFIG)
+            ctx = lambda c=changes: mp._configured(**c)  # noqa: E731
+        elif where == "gemm":
+            unknown = set(changes) - set(linear._CONFIG)
+            ctx = lambda c=changes: gemm_config(**c)  # noqa: E731
+        else:
+            raise ValueError(f"variant {item!r}: want mp:... or gemm:...")
+        if unknown:
+            raise ValueError(f"variant {item!r}: unknown keys {sorted(unknown)}")
+        out.append((item, ctx))
     return out
 
 
-def step(name: str, atoms, model, device):
-    mode = "cudagraph" if name.startswith("g2") else "eager"
+def step(name: str, atoms, model, device, mode: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         impl = StepImpl(f"ours {mode}", "ours", model, device, mode=mode)
@@ -84,7 +105,7 @@ def sweep(args, device) -> list[str]:
         "",
         f"{torch.cuda.get_device_name(device)} · torch {torch.__version__} · triton {triton.__version__}",
         "",
-        "Step alone (eager for water, CUDA-graph replay for g2), median of triton.testing.do_bench (ms). Each "
+        f"Step alone ({args.step_mode}), median of triton.testing.do_bench (ms). Each "
         "variant is timed right after a fresh shipped run of the same system; ratio = shipped / variant (> 1: the "
         "variant is faster).",
         "",
@@ -95,16 +116,16 @@ def sweep(args, device) -> list[str]:
     for name in args.systems:
         atoms, model = structures(name)
         model = model.to(device)
-        base_run = step(name, atoms, model, device)
+        base_run = step(name, atoms, model, device, args.step_mode)
         base_run()
-        for label, ctx in variants()[1:]:
+        for label, ctx in variants(args.variants):
             if time.perf_counter() > t_end:
                 lines.append(f"| {name} | {label} | skipped: budget | | |")
                 continue
             try:
                 t_base = triton.testing.do_bench(base_run, warmup=50, rep=300, return_mode="median")
                 with ctx():
-                    run = step(name, atoms, model, device) if name.startswith("g2") else base_run
+                    run = step(name, atoms, model, device, args.step_mode) if args.step_mode != "eager" else base_run
                     run()
                     t_var = triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
                 lines.append(f"| {name} | {label} | {t_base:.3f} | {t_var:.3f} | {t_base / t_var:.3f} |")
@@ -119,14 +140,18 @@ def sweep(args, device) -> list[str]:
 def ncu(args, device) -> None:
     for name in args.systems:
         atoms, model = structures(name)
-        run = step(name, atoms, model.to(device), device)
+        run = step(name, atoms, model.to(device), device, args.step_mode)
         for _ in range(3):
             run()
         torch.cuda.synchronize()
+        # Profiled between cudaProfilerStart/Stop (ncu --profile-from-start off): NVTX ranges are per thread, and
+        # the backward's kernels are launched from autograd's device thread.
+        torch.cuda.profiler.start()
         torch.cuda.nvtx.range_push(f"measure_{name}")
         run()
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
+        torch.cuda.profiler.stop()
         print(f"measured {name}", flush=True)
 
 
@@ -135,6 +160,8 @@ def main(argv=None) -> int:
     p.add_argument("--mode", choices=("sweep", "ncu"), default="sweep")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--budget-s", type=float, default=200.0)
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help="see variants()")
+    p.add_argument("--step-mode", default="cudagraph", choices=("cudagraph", "eager"))
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
@@ -149,7 +176,7 @@ def main(argv=None) -> int:
         ncu(args, device)
         return 0
     lines = sweep(args, device)
-    path = write_lines(lines, args.out, "probe_ncu_sweep.md")
+    path = write_lines(lines, args.out, "probe_ncu_sweep")
     print(f"wrote {path}")
     return 0
 

@@ -173,18 +173,19 @@ case "$part" in
     # probe_ncu.py: launch-option sweep of the step (num_stages, the GEMM tile), then Nsight Compute counters of
     # one step of the 24,000-atom water box and of 4,096 g2 molecules (NCU_SYSTEMS). NCU_SWEEP=0 skips the sweep.
     if [ "${NCU_SWEEP:-1}" = 1 ]; then
-      timeout $(box 260) python3 benchmarks/probe_ncu.py --mode sweep --systems ${SWEEP_SYSTEMS:-water3000,water24000,g2x4096} \
-        --budget-s $(box 200) --out "$res" >"$res/sweep.log" 2>&1
+      timeout $(box ${SWEEP_BOX:-260}) python3 benchmarks/probe_ncu.py --mode sweep \
+        --systems ${SWEEP_SYSTEMS:-water3000,water24000,g2x4096} ${SWEEP_VARIANTS:+--variants "$SWEEP_VARIANTS"} \
+        --budget-s $(box $(( ${SWEEP_BOX:-260} - 60 ))) --out "$res" >"$res/sweep.log" 2>&1
       grep -E "^\| " "$res/sweep.log" | tail -40
     fi
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     secs=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
           --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis)
     for s in ${NCU_SYSTEMS:-water24000 g2x4096}; do
-      timeout $(box 150) "$NCU" --clock-control none --nvtx --nvtx-include "measure_$s/" -c ${NCU_COUNT:-45} \
+      timeout $(box ${NCU_BOX:-150}) "$NCU" --clock-control none --profile-from-start off -c ${NCU_COUNT:-45} \
         -k "regex:${NCU_KERNELS:-_mp_|_gemm_kernel|_edge_bwd|_painn}" "${secs[@]}" \
         --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-        --log-file "$res/ncu_$s.txt" python3 benchmarks/probe_ncu.py --mode ncu --systems "$s" >"$res/ncu_run_$s.log" 2>&1
+        --log-file "$res/ncu_$s.txt" python3 benchmarks/probe_ncu.py --mode ncu --step-mode eager --systems "$s" >"$res/ncu_run_$s.log" 2>&1
       echo "ncu $s rc $?"; tail -3 "$res/ncu_run_$s.log"; grep -c "Section: GPU Speed Of Light" "$res/ncu_$s.txt"
     done
     ;;
