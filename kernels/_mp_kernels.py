@@ -102,6 +102,20 @@ if HAS_TRITON:
         return ((idx[None, :] == atoms[:, None]) & em[None, :]).to(x_ptr.dtype.element_ty)
 
     @triton.jit
+    def _seg_acc(acc, onehot, m, DOT_PRECISION: tl.constexpr, SEG_SPLIT: tl.constexpr):
+        """``acc + onehot @ m``: the one-hot segment sum of messages ``m`` into a block's atoms. SEG_SPLIT (float32
+        "tf32x3" kernels on CUDA): the one-hot factor is exact in TF32, so two TF32 MMAs of m's high and low parts
+        (m = hi + lo, hi rounded to TF32) carry what tf32x3's three do, the third (the one-hot's low part) being 0."""
+        if SEG_SPLIT:
+            hi = tl.inline_asm_elementwise(
+                "cvt.rna.tf32.f32 $0, $1;", "=r,r", [m], dtype=tl.float32, is_pure=True, pack=1
+            )
+            acc = tl.dot(onehot, hi, acc, input_precision="tf32")
+            return tl.dot(onehot, m - hi, acc, input_precision="tf32")
+        else:
+            return acc + tl.dot(onehot, m, input_precision=DOT_PRECISION)
+
+    @triton.jit
     def _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF: tl.constexpr):
         """``[BLOCK_E, R_PAD]`` rows of rbf for edges ``e``; zero for masked edges and padding."""
         return tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
@@ -253,6 +267,7 @@ if HAS_TRITON:
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         HAS_V: tl.constexpr,
+        SEG_SPLIT: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -276,7 +291,7 @@ if HAS_TRITON:
             xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             a = tl.load(xrow, mask=m2, other=0.0) * tl.dot(rb, wa, input_precision=DOT_PRECISION)
-            acc_s += tl.dot(onehot, a, input_precision=DOT_PRECISION)
+            acc_s = _seg_acc(acc_s, onehot, a, DOT_PRECISION, SEG_SPLIT)
             c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wc, input_precision=DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
             m_0 = c * ux[:, None]
@@ -287,9 +302,9 @@ if HAS_TRITON:
                 m_0 += b * tl.load(vrow, mask=m2, other=0.0)
                 m_1 += b * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
                 m_2 += b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
-            acc_0 += tl.dot(onehot, m_0, input_precision=DOT_PRECISION)
-            acc_1 += tl.dot(onehot, m_1, input_precision=DOT_PRECISION)
-            acc_2 += tl.dot(onehot, m_2, input_precision=DOT_PRECISION)
+            acc_0 = _seg_acc(acc_0, onehot, m_0, DOT_PRECISION, SEG_SPLIT)
+            acc_1 = _seg_acc(acc_1, onehot, m_1, DOT_PRECISION, SEG_SPLIT)
+            acc_2 = _seg_acc(acc_2, onehot, m_2, DOT_PRECISION, SEG_SPLIT)
         om = am[:, None] & fm[None, :]
         tl.store(ds_ptr + atoms[:, None] * N_FEAT + f[None, :], acc_s, mask=om)
         out = dv_ptr + atoms[:, None] * (3 * N_FEAT) + f[None, :]
@@ -389,6 +404,7 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        SEG_SPLIT: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -405,14 +421,14 @@ if HAS_TRITON:
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
             w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
-            acc_a += tl.dot(onehot, gsi * w_a, input_precision=DOT_PRECISION)
+            acc_a = _seg_acc(acc_a, onehot, gsi * w_a, DOT_PRECISION, SEG_SPLIT)
             w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
             gamma = _gamma(g0, g1, g2, ux, uy, uz)
-            acc_c += tl.dot(onehot, gamma * w_c, input_precision=DOT_PRECISION)
+            acc_c = _seg_acc(acc_c, onehot, gamma * w_c, DOT_PRECISION, SEG_SPLIT)
             w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
-            t_0 += tl.dot(onehot, w_b * g0, input_precision=DOT_PRECISION)
-            t_1 += tl.dot(onehot, w_b * g1, input_precision=DOT_PRECISION)
-            t_2 += tl.dot(onehot, w_b * g2, input_precision=DOT_PRECISION)
+            t_0 = _seg_acc(t_0, onehot, w_b * g0, DOT_PRECISION, SEG_SPLIT)
+            t_1 = _seg_acc(t_1, onehot, w_b * g1, DOT_PRECISION, SEG_SPLIT)
+            t_2 = _seg_acc(t_2, onehot, w_b * g2, DOT_PRECISION, SEG_SPLIT)
         om = am[:, None] & fm[None, :]
         row = atoms[:, None] * (3 * N_FEAT) + f[None, :]
         _store_sender_grads(x_ptr, v_ptr, gx_ptr, gvout_ptr, row, om, acc_a, acc_c, t_0, t_1, t_2, N_FEAT)
@@ -443,44 +459,66 @@ if HAS_TRITON:
         return G_a, G_b, G_c, xc, g0, g1, g2
 
     @triton.jit
-    def _edge_tile_grads(
-        gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
+    def _edge_chunk_grads(
+        gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
         SPLIT: tl.constexpr, HAS_V: tl.constexpr,
     ):  # fmt: skip
-        """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice."""
+        """The edge tile's ∂rbf and ∂u terms of the features ``part * F / SPLIT + k0 + [0, BLOCK_F)``."""
+        f = part * (N_FEAT // SPLIT) + k0 + tl.arange(0, BLOCK_F)
+        fm = f < N_FEAT
+        m2 = em[:, None] & fm[None, :]
+        G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(
+            gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT, HAS_V
+        )
+        # The ∂rbf dots G @ W take W in the orientation that measured fastest for the dot's unit
+        # (benchmarks/results/tune_edge_tiles_h100_run2.md): the CUDA-core ieee dot with tl.trans of the
+        # [R_PAD, BLOCK_F] tiles (3.5 ms at 24,000 atoms; untransposed loads: 56 ms, spilled), the tensor-core
+        # dots with [BLOCK_F, R_PAD] tiles loaded as such (tf32x3 64 x 32 / 4 warps: 2.6 ms).
+        if DOT_PRECISION == "ieee":
+            wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
+            g_rbf += tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
+            if HAS_V:
+                g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
+            g_rbf += tl.dot(G_c, tl.trans(wc), input_precision=DOT_PRECISION)
+        else:
+            g_rbf += tl.dot(G_a, _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+            if HAS_V:
+                w_b = _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
+                g_rbf += tl.dot(G_b, w_b, input_precision=DOT_PRECISION)
+            g_rbf += tl.dot(G_c, _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+            wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
+        c = xc * tl.dot(rb, wc, input_precision=DOT_PRECISION)
+        gu_0 += tl.sum(c * g0, axis=1)
+        gu_1 += tl.sum(c * g1, axis=1)
+        gu_2 += tl.sum(c * g2, axis=1)
+        return g_rbf, gu_0, gu_1, gu_2
+
+    @triton.jit
+    def _edge_tile_grads(
+        gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
+        g_rbf, gu_0, gu_1, gu_2,
+        N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        SPLIT: tl.constexpr, HAS_V: tl.constexpr, CHUNK_LOOP: tl.constexpr,
+    ):  # fmt: skip
+        """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice.
+        CHUNK_LOOP: the feature chunks as a loop (1) or unrolled (0, ``tl.static_range``)."""
         i, j = _edge_ends(ei_ptr, ei_stride, e, em)
         rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
         ux, uy, uz = _unit3(unit_ptr, e, em)
-        for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
-            f = part * (N_FEAT // SPLIT) + k0 + tl.arange(0, BLOCK_F)
-            fm = f < N_FEAT
-            m2 = em[:, None] & fm[None, :]
-            G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(
-                gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT, HAS_V
-            )
-            # The ∂rbf dots G @ W take W in the orientation that measured fastest for the dot's unit
-            # (benchmarks/results/tune_edge_tiles_h100_run2.md): the CUDA-core ieee dot with tl.trans of the
-            # [R_PAD, BLOCK_F] tiles (3.5 ms at 24,000 atoms; untransposed loads: 56 ms, spilled), the tensor-core
-            # dots with [BLOCK_F, R_PAD] tiles loaded as such (tf32x3 64 x 32 / 4 warps: 2.6 ms).
-            if DOT_PRECISION == "ieee":
-                wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
-                g_rbf += tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
-                if HAS_V:
-                    g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
-                g_rbf += tl.dot(G_c, tl.trans(wc), input_precision=DOT_PRECISION)
-            else:
-                g_rbf += tl.dot(G_a, _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
-                if HAS_V:
-                    w_b = _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
-                    g_rbf += tl.dot(G_b, w_b, input_precision=DOT_PRECISION)
-                g_rbf += tl.dot(G_c, _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
-                wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
-            c = xc * tl.dot(rb, wc, input_precision=DOT_PRECISION)
-            gu_0 += tl.sum(c * g0, axis=1)
-            gu_1 += tl.sum(c * g1, axis=1)
-            gu_2 += tl.sum(c * g2, axis=1)
+        if CHUNK_LOOP:
+            for k0 in range(0, N_FEAT // SPLIT, BLOCK_F):
+                g_rbf, gu_0, gu_1, gu_2 = _edge_chunk_grads(
+                    gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
+                    g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
+                )  # fmt: skip
+        else:
+            for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
+                g_rbf, gu_0, gu_1, gu_2 = _edge_chunk_grads(
+                    gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
+                    g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
+                )  # fmt: skip
         return g_rbf, gu_0, gu_1, gu_2
 
     @triton.jit
@@ -507,6 +545,7 @@ if HAS_TRITON:
         SPLIT: tl.constexpr,
         LIVE: tl.constexpr,
         HAS_V: tl.constexpr,
+        CHUNK_LOOP: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -534,7 +573,7 @@ if HAS_TRITON:
         if e0 < n_live:
             g_rbf, gu_0, gu_1, gu_2 = _edge_tile_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
-                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
+                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, CHUNK_LOOP,
             )  # fmt: skip
         em = e < E
         tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])
@@ -600,6 +639,7 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        SEG_SPLIT: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -619,13 +659,13 @@ if HAS_TRITON:
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             # ∂x_a, and the a-block of ∂rbf (G_a = g_s[i] x_a,j)
             w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
-            acc_a += tl.dot(onehot, gsi * w_a, input_precision=DOT_PRECISION)
+            acc_a = _seg_acc(acc_a, onehot, gsi * w_a, DOT_PRECISION, SEG_SPLIT)
             G_a = gsi * tl.load(xrow, mask=m2, other=0.0)
             g_rbf = tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
             # ∂x_c, ∂u and the c-block of ∂rbf (γ_e = Σ_k g_v[i,k] u_e[k], G_c = γ x_c,j)
             gamma = _gamma(g0, g1, g2, ux, uy, uz)
             w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
-            acc_c += tl.dot(onehot, gamma * w_c, input_precision=DOT_PRECISION)
+            acc_c = _seg_acc(acc_c, onehot, gamma * w_c, DOT_PRECISION, SEG_SPLIT)
             xc = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0)
             g_rbf += tl.dot(gamma * xc, tl.trans(wc), input_precision=DOT_PRECISION)
             c = xc * w_c
@@ -634,9 +674,9 @@ if HAS_TRITON:
             tl.store(gunit_ptr + e * 3 + 2, tl.sum(c * g2, axis=1), mask=pm)
             # T_k (∂x_b, ∂v) and the b-block of ∂rbf (β_e = Σ_k g_v[i,k] v_j[k], G_b = β x_b,j)
             w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
-            t_0 += tl.dot(onehot, w_b * g0, input_precision=DOT_PRECISION)
-            t_1 += tl.dot(onehot, w_b * g1, input_precision=DOT_PRECISION)
-            t_2 += tl.dot(onehot, w_b * g2, input_precision=DOT_PRECISION)
+            t_0 = _seg_acc(t_0, onehot, w_b * g0, DOT_PRECISION, SEG_SPLIT)
+            t_1 = _seg_acc(t_1, onehot, w_b * g1, DOT_PRECISION, SEG_SPLIT)
+            t_2 = _seg_acc(t_2, onehot, w_b * g2, DOT_PRECISION, SEG_SPLIT)
             beta = (
                 g0 * tl.load(vrow, mask=m2, other=0.0)
                 + g1 * tl.load(vrow + N_FEAT, mask=m2, other=0.0)

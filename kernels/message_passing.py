@@ -307,6 +307,9 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     and of the edge and filter kernels (their own keys: bwd_filter_* 32 x 128 / 4 warps, the shared tiles of
 #     the tuning above; bwd_edge_* 64 x 32 / 4 warps in tf32x3, see below).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
+#   seg_split: the block kernels' one-hot segment sums in tf32x3 as two TF32 MMAs of the messages' high and low
+#     parts (the one-hot factor is exact in TF32, so tf32x3's third MMA adds zeros); see _seg_acc.
+#   edge_chunk_loop: the edge kernel walks its feature chunks in a loop (1) instead of unrolled (0).
 #   <kernel>_stages: num_stages of the kernel's GPU launch (None: Triton's default), for benchmarks/probe_ncu.py.
 #   bwd_sender_variant "auto" (shipped): "block" on GPU graphs of at least block_min_atoms atoms with at most
 #     sender_block_max_degree edges per atom, else "atom". Few edges per atom leave the atom variant reloading
@@ -372,6 +375,8 @@ _CONFIG = {
     "dot_bwd_filter": "ieee",
     "block_min_atoms": 1024,
     "fused_max_feat": 64,
+    "seg_split": False,
+    "edge_chunk_loop": 0,
     "fwd_stages": None,
     "bwd_sender_stages": None,
     "bwd_edge_stages": None,
@@ -515,6 +520,9 @@ if HAS_TRITON:
         )
         if blocked:
             c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
+            c["SEG_SPLIT"] = bool(_CONFIG["seg_split"]) and c["DOT_PRECISION"] == "tf32x3"
+        if kernel == "bwd_edge":
+            c["CHUNK_LOOP"] = int(_CONFIG["edge_chunk_loop"])
         stages = _CONFIG[f"{kernel}_stages"]
         if cuda and stages is not None:
             c["num_stages"] = int(stages)  # a launch option, passed with the constexprs

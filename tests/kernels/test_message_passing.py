@@ -459,6 +459,34 @@ def test_edge_kernel_feature_split(triton_device, split, dtype, monkeypatch):
         _compare(args, dtype)
 
 
+@pytest.mark.parametrize("split", [1, 2])
+def test_edge_kernel_chunk_loop(triton_device, split, monkeypatch):
+    """The edge backward walking its feature chunks in a loop (edge_chunk_loop=1) instead of unrolled matches the
+    reference, with one and two feature slices."""
+    if triton_device.type == "cpu":
+        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
+    args = _graph(40, 300, 64, 20, torch.float32, triton_device, seed=33)
+    with mp_module._configured(edge_chunk_loop=1, bwd_edge_split=split, bwd_sender_variant="atom"):
+        assert mp_module._launch_config(args[0], "bwd_edge", 64, 20)[0]["CHUNK_LOOP"] == 1
+        _compare(args, torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sender", ["block", "fused"])
+def test_seg_split_block_kernels_float32(sender):
+    """The block kernels' one-hot segment sums as two TF32 MMAs (seg_split) stay within the float32 bound of the
+    float64 reference on a 3,000-atom graph with F = 128 (the fused kernel at F = 64, where it runs)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    f = 64 if sender == "fused" else 128
+    args = _graph(3000, 3000 * 40, f, 20, torch.float32, torch.device("cuda"), seed=23)
+    cfg = dict(seg_split=True, fwd_variant="block", bwd_sender_variant=sender, block_min_atoms=0)
+    with mp_module._configured(**cfg):
+        c, _, variant = mp_module._launch_config(args[0], "bwd_sender", f, 20, fuse=True, n_atoms=3000)
+        assert variant == sender and c["SEG_SPLIT"]
+        _compare(args, torch.float32)
+
+
 @pytest.mark.gpu
 def test_edge_split_auto_rule_on_cuda():
     """ "auto": small graphs (few edge tiles) split the feature loop up to the feature chunks, large ones in two
