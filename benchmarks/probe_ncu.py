@@ -10,6 +10,8 @@ Two modes, both GPU only:
   range ``measure_<system>``), for Nsight Compute to profile (``scripts/gpu_session.sh ncu`` runs it under
   ``ncu --profile-from-start off``).
 
+* ``--mode summary REPORT...``: a table of Nsight Compute's text reports (``ncu --log-file``), one row per kernel.
+
 Systems: ``water3000``, ``water24000`` (bench_large's boxes) and ``g2x4096`` (4,096 ASE g2 molecules).
 """
 
@@ -155,9 +157,56 @@ def ncu(args, device) -> None:
         print(f"measured {name}", flush=True)
 
 
+_NCU_KEYS = {
+    "Duration": "µs",
+    "Registers Per Thread": "regs",
+    "Theoretical Occupancy": "theor. occ. %",
+    "Achieved Occupancy": "occ. %",
+    "Issue Slots Busy": "issue %",
+    "Eligible Warps Per Scheduler": "eligible warps",
+    "L1/TEX Cache Throughput": "L1 %",
+    "L2 Cache Throughput": "L2 %",
+    "DRAM Throughput": "DRAM %",
+    "Dynamic Shared Memory Per Block": "smem KB",
+}
+
+
+def ncu_summary(paths: list[Path]) -> list[str]:
+    """One table row per profiled kernel of Nsight Compute's text reports (``--log-file``): time, registers,
+    occupancy, issue-slot use, eligible warps, cache and DRAM throughput, and the three largest stall reasons
+    (cycles per issued instruction)."""
+    import re
+
+    lines = [
+        "| report | kernel | grid | " + " | ".join(_NCU_KEYS.values()) + " | top stalls (cycles / issue) |",
+        "|---|---|---|" + "---:|" * len(_NCU_KEYS) + "---|",
+    ]
+    for path in paths:
+        blocks = re.split(r"\n  (?=[_a-zA-Z]\w* \(\d+, \d+, \d+\)x\()", path.read_text())
+        for block in blocks[1:]:
+            head = block.split("\n")[0]
+            name, grid = head.split(" (")[0], "(" + head.split(" (")[1].split(")")[0] + ")"
+            vals = []
+            for key in _NCU_KEYS:
+                m = re.search(r"\n\s+" + re.escape(key) + r"\s+(?:\S+\s+)?([\d.,]+)\n", block)
+                unit = re.search(r"\n\s+" + re.escape(key) + r"\s+(\S+)\s+[\d.,]+\n", block)
+                v = m.group(1).replace(",", "") if m else ""
+                if key == "Duration" and unit and unit.group(1) == "ms" and v:
+                    v = f"{float(v) * 1e3:.1f}"
+                vals.append(v)
+            stalls = {
+                m.group(1): float(m.group(2))
+                for m in re.finditer(r"issue_stalled_(\w+)_per_issue_active\.ratio\s+inst\s+([\d.]+)", block)
+            }
+            top = ", ".join(f"{k} {v:.2f}" for k, v in sorted(stalls.items(), key=lambda kv: -kv[1])[:3])
+            lines.append(f"| {path.name} | {name} | {grid} | " + " | ".join(vals) + f" | {top} |")
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=("sweep", "ncu"), default="sweep")
+    p.add_argument("--mode", choices=("sweep", "ncu", "summary"), default="sweep")
+    p.add_argument("reports", nargs="*", type=Path, help="--mode summary: Nsight Compute text reports")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--budget-s", type=float, default=200.0)
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help="see variants()")
@@ -168,6 +217,9 @@ def main(argv=None) -> int:
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown:
         p.error(f"unknown systems {sorted(unknown)}; known: {SYSTEMS}")
+    if args.mode == "summary":
+        print("\n".join(ncu_summary(args.reports)))
+        return 0
     if not torch.cuda.is_available():
         print("probe_ncu.py needs a CUDA GPU", file=sys.stderr)
         return 2

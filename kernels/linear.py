@@ -28,10 +28,13 @@ from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, pdl_arg
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_reference"]
 
 # Launch: rows at or below small_rows use 16 x 32 output tiles (many programs for few rows) and walk K in block_k
-# steps; larger ones 64 x 64 tiles over 4 warps with BK = large_block_k. A sweep at 6,944 and 21,749 rows
+# steps; larger ones 64 x 64 tiles over 4 warps with BK = large_block_k = 32. A sweep at 6,944 and 21,749 rows
 # (benchmarks/results/bench_gemm_tiles_h100.md) found 128 x 64 over 8 warps with BK 32 faster for every forward
-# form (128 -> 384 at 21,749 rows 48.1 -> 40.3 µs, 256 -> 128 with SiLU 36.3 -> 30.5 µs); it is not shipped yet:
-# the whole step and the GPU tests have not run with it (stop 18 ran out of device time).
+# form alone (128 -> 384 at 21,749 rows 48.1 -> 40.3 µs); in the whole step (benchmarks/probe_ncu.py,
+# results/probe_ncu_sweep_h100_run2.md) BK 32 on the 64 x 64 tile did best: 1.035x for 4,096 g2 molecules,
+# 1.01x at 3,000 and 24,000 atoms of water, against 1.00-1.02x for the 128 x 64 tile. Nsight Compute
+# (results/ncu_summary_h100.md) showed why: with K = 128 and BK 64 the three pipeline stages took 131 KB of shared
+# memory, one 4-warp program per SM.
 # untransposed_max_rows: above it the backward forms (B = W as stored, [K, N]) run on cuBLAS. On the H100 cuBLAS
 # was 1.2-1.8x faster there at 6,944 and 21,749 rows (benchmarks/results/bench_gemm_h100.md), within 0.96-1.08x
 # of the 128 x 64 / 8-warp tile (bench_gemm_tiles_h100.md); at 600 rows ours were 1.16-1.71x faster, at 1,393
@@ -42,7 +45,7 @@ _CONFIG = {
     "small": (16, 32, 4),
     "large": (64, 64, 4),
     "block_k": 64,
-    "large_block_k": 64,
+    "large_block_k": 32,
     "dot": "tf32x3",
     "untransposed_max_rows": 1024,
     "stages": None,  # num_stages of the launch on the GPU (None: Triton's default)

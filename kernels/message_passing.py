@@ -308,8 +308,11 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     the tuning above; bwd_edge_* 64 x 32 / 4 warps in tf32x3, see below).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
 #   seg_split: the block kernels' one-hot segment sums in tf32x3 as two TF32 MMAs of the messages' high and low
-#     parts (the one-hot factor is exact in TF32, so tf32x3's third MMA adds zeros); see _seg_acc.
-#   edge_chunk_loop: the edge kernel walks its feature chunks in a loop (1) instead of unrolled (0).
+#     parts (the one-hot factor is exact in TF32, so tf32x3's third MMA adds zeros); see _seg_acc. Shipped on:
+#     the whole step 1.03x at 3,000 and 24,000 atoms, 1.02x for 4,096 g2 molecules (H100,
+#     benchmarks/results/probe_ncu_sweep_h100_run3.md), float32 tests vs float64 pass on CUDA.
+#   edge_chunk_loop: the edge kernel walks its feature chunks in a loop (1) instead of unrolled (0): 0.88-0.95x
+#     in the same sweep (off).
 #   <kernel>_stages: num_stages of the kernel's GPU launch (None: Triton's default), for benchmarks/probe_ncu.py.
 #   bwd_sender_variant "auto" (shipped): "block" on GPU graphs of at least block_min_atoms atoms with at most
 #     sender_block_max_degree edges per atom, else "atom". Few edges per atom leave the atom variant reloading
@@ -375,7 +378,7 @@ _CONFIG = {
     "dot_bwd_filter": "ieee",
     "block_min_atoms": 1024,
     "fused_max_feat": 64,
-    "seg_split": False,
+    "seg_split": True,
     "edge_chunk_loop": 0,
     "fwd_stages": None,
     "bwd_sender_stages": None,

@@ -27,7 +27,9 @@ def _close(actual, expected, tol, what):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("m, k, n", [(0, 8, 16), (1, 20, 384), (17, 128, 128), (200, 256, 128), (3000, 128, 64)])
+@pytest.mark.parametrize(
+    "m, k, n", [(0, 8, 16), (1, 20, 384), (17, 128, 128), (200, 256, 128), (3000, 128, 64), (2500, 384, 96)]
+)
 @pytest.mark.parametrize("act", ["none", "silu"])
 def test_gemm_forward(triton_device, poison, dtype, m, k, n, act):
     gen = torch.Generator().manual_seed(m + k + n)

@@ -195,6 +195,13 @@ def test_launch_configuration():
         assert cfg("cuda", torch.float32, "bwd_filter", 128, 20)[0]["BLOCK_F"] == 128  # its own keys
     # shipped defaults: the H100 sweep's fastest float32-accurate choices (benchmarks/results/tune_mp_h100.md)
     assert mp_module._CONFIG["fwd_variant"] == "block" and mp_module._CONFIG["dot_fwd"] == "tf32x3"
+    # the two-MMA segment sum (probe_ncu_sweep_h100_run3.md) only where the block kernels run tf32x3
+    with mp_module._configured(fwd_variant="block", block_min_atoms=0):
+        assert cfg("cuda", torch.float32, "fwd", 128, 20)[0]["SEG_SPLIT"] is True
+        assert cfg("cuda", torch.float64, "fwd", 128, 20)[0]["SEG_SPLIT"] is False
+        assert cfg("cpu", torch.float32, "fwd", 128, 20)[0]["SEG_SPLIT"] is False
+        with mp_module._configured(dot_fwd="ieee"):
+            assert cfg("cuda", torch.float32, "fwd", 128, 20)[0]["SEG_SPLIT"] is False
     # the sender backward's "auto" variant: block for large graphs with few edges per atom, atom otherwise
     assert mp_module._CONFIG["bwd_sender_variant"] == "auto"
     sender = [
