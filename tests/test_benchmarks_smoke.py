@@ -211,3 +211,24 @@ def test_step_only_rows_on_the_padded_path():
     torch.testing.assert_close(packed[:2], ref["energy"], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="energy \\+ forces"):
         step.prepare(atoms, False)
+
+
+def test_bench_host_checks_and_writes(tmp_path):
+    """bench_host.py runs its host phases on the CPU (each shipped path checked equal to its reference first)."""
+    import bench_host
+
+    assert bench_host.main(["--sizes", "3", "40", "--reps", "1", "--out", str(tmp_path), "--name", "h"]) == 0
+    text = (tmp_path / "h.md").read_text()
+    for phase in ("from_atoms", "molecular list", "result rows"):
+        assert text.count(f"| {phase}") == 2
+    mols = bench_host.g2_batch(40)
+    got, want = bench_host.rows_shipped, bench_host.rows_reference
+    batch = AtomsBatch.from_atoms(mols)
+    out = {
+        "energy": torch.randn(40),
+        "forces": torch.randn(batch.num_atoms, 3),
+        "atomic_energies": torch.randn(len(batch.numbers)),
+    }
+    for a, b in zip(got(batch, out), want(batch, out), strict=True):
+        assert a["energy"] == b["energy"] and np.array_equal(a["forces"], b["forces"])
+        assert np.array_equal(a["energies"], b["energies"])

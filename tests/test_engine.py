@@ -113,6 +113,47 @@ def test_bad_arguments(model):
         predict_forces(model, [np.zeros((3, 3))])
 
 
+def test_batched_validation_names_the_first_bad_structure():
+    """from_atoms checks the whole batch at once, yet reports the first structure that fails any check with the
+    message a one-by-one check gives it."""
+    good = molecule("H2O")
+    nan_pos = molecule("CH4")
+    nan_pos.positions[2, 0] = np.nan
+    bad_z = Atoms("H2", positions=[[0, 0, 0], [0.7, 0, 0]])
+    bad_z.numbers[1] = 0
+    flat = Atoms("Si2", positions=[[0, 0, 0], [1.3, 1.3, 1.3]], cell=[[5, 0, 0], [0, 5, 0], [5, 5, 0]], pbc=True)
+    wire = Atoms("Si2", positions=[[0, 0, 0], [1.3, 1.3, 1.3]], cell=[[5, 0, 0], [0, 0, 0], [0, 0, 0]], pbc=[0, 1, 0])
+    nan_cell = silicon_cell()
+    nan_cell.cell[0, 0] = np.inf
+    cases = [
+        (nan_pos, r"structure 2: non-finite position for atom 2"),
+        (bad_z, r"structure 2: atomic numbers must be in 1\.\.118, got \[0, 1\]"),
+        (flat, r"structure 2: zero-volume cell"),
+        (wire, r"structure 2: zero-volume cell"),  # its one periodic vector has zero length
+        (nan_cell, r"structure 2: non-finite cell"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=message):
+            AtomsBatch.from_atoms([good, silicon_cell(), bad, nan_pos, flat])
+    with pytest.raises(ValueError, match="structure 1 has no atoms"):
+        AtomsBatch.from_atoms([good, Atoms(), nan_pos])
+
+
+def test_from_atoms_reads_subclasses_through_their_getters_and_copies():
+    """A subclass of Atoms is read through its (possibly overridden) getters; the batch owns its memory."""
+
+    class Shifted(Atoms):
+        def get_positions(self, wrap=False, **kw):
+            return super().get_positions(wrap, **kw) + 1.0
+
+    mol = molecule("H2O")
+    shifted = Shifted(numbers=mol.numbers, positions=mol.positions)
+    batch = AtomsBatch.from_atoms([mol, shifted])
+    np.testing.assert_allclose(batch.positions[3:].numpy(), mol.positions + 1.0)
+    mol.positions[0] = 99.0
+    assert float(batch.positions[0, 0]) != 99.0
+
+
 def test_atoms_batch_roundtrip():
     mols = [molecule("H2O"), silicon_cell(), molecule("CH4")]
     batch = AtomsBatch.from_atoms(mols)

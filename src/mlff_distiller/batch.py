@@ -62,7 +62,12 @@ class AtomsBatch:
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float64,
     ) -> AtomsBatch:
-        """Build a batch from one ``ase.Atoms`` or a sequence of them, validating every input."""
+        """Build a batch from one ``ase.Atoms`` or a sequence of them, validating every input.
+
+        The checks run over the whole batch at once (finite positions and cells, atomic numbers, non-degenerate
+        periodic cells); the first structure that fails any of them is then checked alone, which raises the
+        same error, naming it, as checking structure by structure would (~2 µs per small molecule instead of
+        ~12 µs: batched prediction over many molecules built its batches slower than the GPU ran them)."""
         if hasattr(structures, "get_positions"):
             structures = [structures]
         structures = list(structures)
@@ -70,26 +75,28 @@ class AtomsBatch:
             raise ValueError("AtomsBatch.from_atoms needs at least one structure")
         numbers, positions, cells, pbcs, counts = [], [], [], [], []
         for k, atoms in enumerate(structures):
-            if not hasattr(atoms, "get_positions"):
-                raise ValueError(f"structure {k} is not an ase.Atoms (got {type(atoms).__name__})")
-            pos = np.asarray(atoms.get_positions(), dtype=np.float64)
-            z = np.asarray(atoms.get_atomic_numbers(), dtype=np.int64)
-            cell = np.asarray(atoms.get_cell().array, dtype=np.float64)
-            pbc = np.asarray(atoms.get_pbc(), dtype=bool)
-            _validate_structure(k, z, pos, cell, pbc)
+            z, pos, cell, pbc = _arrays_of(k, atoms)
+            if pos.ndim != 2 or pos.shape[1] != 3 or pos.shape[0] != z.shape[0] or len(z) == 0:
+                _validate_structure(k, z, pos, cell, pbc)  # raises: shape or no atoms
             numbers.append(z)
             positions.append(pos)
             cells.append(cell)
             pbcs.append(pbc)
             counts.append(len(z))
+        z_all, pos_all = np.concatenate(numbers), np.concatenate(positions)
+        cell_all, pbc_all = np.stack(cells), np.stack(pbcs)
+        bad = _invalid_structures(z_all, pos_all, cell_all, pbc_all, np.asarray(counts))
+        if bad is not None:
+            _validate_structure(bad, numbers[bad], positions[bad], cells[bad], pbcs[bad])
+            raise AssertionError(f"structure {bad} failed a batched check but not its own")  # pragma: no cover
         counts_t = torch.tensor(counts, dtype=torch.long)
         ptr = torch.zeros(len(counts) + 1, dtype=torch.long)
         ptr[1:] = torch.cumsum(counts_t, 0)
         out = cls(
-            numbers=torch.from_numpy(np.concatenate(numbers)),
-            positions=torch.from_numpy(np.concatenate(positions)).to(dtype),
-            cell=torch.from_numpy(np.stack(cells)).to(dtype),
-            pbc=torch.from_numpy(np.stack(pbcs)),
+            numbers=torch.from_numpy(z_all),
+            positions=torch.from_numpy(pos_all).to(dtype),
+            cell=torch.from_numpy(cell_all).to(dtype),
+            pbc=torch.from_numpy(pbc_all),
             batch=torch.repeat_interleave(torch.arange(len(counts)), counts_t),
             ptr=ptr,
         )
@@ -144,6 +151,54 @@ class AtomsBatch:
             s = slice(ptr[b], ptr[b + 1])
             out.append(Atoms(numbers=numbers[s], positions=positions[s], cell=cells[b], pbc=pbcs[b]))
         return out
+
+
+def _arrays_of(k: int, atoms) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Atomic numbers (int64), positions (float64), cell (float64) and pbc (bool) of structure ``k``. A plain
+    ``ase.Atoms`` is read from its arrays (no copies where the dtypes already match; ``from_atoms`` copies once
+    when it concatenates); anything else through its getters."""
+    if not hasattr(atoms, "get_positions"):
+        raise ValueError(f"structure {k} is not an ase.Atoms (got {type(atoms).__name__})")
+    arrays = atoms.__dict__.get("arrays") if type(atoms).__name__ == "Atoms" else None
+    if type(arrays) is dict and "positions" in arrays and "numbers" in arrays and _is_plain_atoms(atoms):
+        pos = np.asarray(arrays["positions"], dtype=np.float64)
+        z = np.asarray(arrays["numbers"], dtype=np.int64)
+        cell = np.asarray(atoms.cell.array, dtype=np.float64)
+        pbc = np.asarray(atoms.pbc, dtype=bool)
+    else:
+        pos = np.asarray(atoms.get_positions(), dtype=np.float64)
+        z = np.asarray(atoms.get_atomic_numbers(), dtype=np.int64)
+        cell = np.asarray(atoms.get_cell().array, dtype=np.float64)
+        pbc = np.asarray(atoms.get_pbc(), dtype=bool)
+    return z, pos, cell, pbc
+
+
+def _is_plain_atoms(atoms) -> bool:
+    """``atoms`` is exactly ``ase.Atoms`` (a subclass may override the getters)."""
+    from ase import Atoms
+
+    return type(atoms) is Atoms
+
+
+def _invalid_structures(
+    z: np.ndarray, pos: np.ndarray, cell: np.ndarray, pbc: np.ndarray, counts: np.ndarray
+) -> int | None:
+    """The first structure that :func:`_validate_structure` would reject for its positions, atomic numbers or
+    cell (shapes and empty structures are checked before), from checks over the whole batch; None if none."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    bad_atom = ~np.isfinite(pos).all(axis=1) | (z < 1) | (z > 118)
+    bad = np.logical_or.reduceat(bad_atom, starts) if bad_atom.any() else np.zeros(len(counts), dtype=bool)
+    bad |= ~np.isfinite(cell).reshape(len(counts), 9).all(axis=1)
+    periodic = np.flatnonzero(pbc.any(axis=1) & ~bad)
+    if periodic.size:
+        full = periodic[pbc[periodic].all(axis=1)]
+        if full.size:  # three periodic vectors: the volume is |det(cell)|
+            vol = np.sqrt(np.maximum(np.linalg.det(cell[full] @ cell[full].transpose(0, 2, 1)), 0.0))
+            bad[full[vol < MIN_VOLUME]] = True
+        for k in periodic[~pbc[periodic].all(axis=1)]:  # slabs and wires, one by one
+            vectors = cell[k][pbc[k]]
+            bad[k] = float(np.sqrt(max(np.linalg.det(vectors @ vectors.T), 0.0))) < MIN_VOLUME
+    return int(np.argmax(bad)) if bad.any() else None
 
 
 def _validate_structure(k: int, z: np.ndarray, pos: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> None:

@@ -44,6 +44,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from mlff_distiller import kernels
@@ -848,15 +849,18 @@ class ForceEngine:
                 torch.cuda.empty_cache()
             half = len(chunk) // 2
             return self._predict_chunk(chunk[:half], stress) + self._predict_chunk(chunk[half:], stress)
-        energy = out["energy"].double().numpy()
-        forces = [f.double().numpy() for f in batch.split(out["forces"])]
-        atomic = [e.double().numpy() for e in batch.split(out["atomic_energies"])]
-        rows = []
-        for b in range(len(chunk)):
-            row = {"energy": float(energy[b]), "forces": forces[b], "energies": atomic[b]}
-            if stress and bool(out["stress_valid"][b]):
-                row["stress"] = out["stress"][b].double().numpy()
-            rows.append(row)
+        # One conversion per output, then NumPy views per structure (torch.split + .numpy() per structure cost
+        # ~7 µs a structure, 28 ms for 4,096 small molecules, more than their GPU step).
+        bounds = batch.ptr[1:-1].numpy()
+        energy = out["energy"].double().numpy().tolist()
+        forces = np.split(out["forces"].double().numpy(), bounds)
+        atomic = np.split(out["atomic_energies"].double().numpy(), bounds)
+        rows = [{"energy": e, "forces": f, "energies": a} for e, f, a in zip(energy, forces, atomic, strict=True)]
+        if stress:
+            valid = out["stress_valid"].numpy()
+            voigt = out["stress"].double().numpy()
+            for b in np.flatnonzero(valid):
+                rows[b]["stress"] = voigt[b]
         return rows
 
 
