@@ -181,11 +181,35 @@ def gpu_rows(sizes: list[int], reps: int) -> list[str]:
     return lines
 
 
+def profile_predict(n: int, mode: str) -> list[str]:
+    """cProfile of one ``engine.predict`` over ``n`` g2 molecules on CUDA (after a warm-up call), top 30 by
+    internal time: where the host time of the end-to-end rows goes."""
+    import cProfile
+    import io
+    import pstats
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = ForceEngine(make_student(), device="cuda", mode=mode)
+    mols = g2_batch(n)
+    engine.predict(mols, batch_size=n)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    engine.predict(mols, batch_size=n)
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    return ["", f"## cProfile of one engine.predict, {n} g2 molecules, mode {mode}", "", "```", buf.getvalue(), "```"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[16, 256, 1024, 4096])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--gpu", action="store_true", help="also engine.predict end to end on CUDA")
+    ap.add_argument("--profile", type=int, default=0, help="with --gpu: cProfile one predict of this many molecules")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
@@ -211,6 +235,8 @@ def main(argv=None) -> int:
             print("--gpu needs CUDA", file=sys.stderr)
             return 2
         lines += gpu_rows(args.sizes, max(3, args.reps // 3))
+        if args.profile:
+            lines += profile_predict(args.profile, "cudagraph")
     name = args.name or f"bench_host_{'cuda' if args.gpu else 'cpu'}"
     print(f"wrote {write_lines(lines, args.out, name)}")
     return 0

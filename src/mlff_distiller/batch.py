@@ -175,9 +175,15 @@ def _arrays_of(k: int, atoms) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
 def _is_plain_atoms(atoms) -> bool:
     """``atoms`` is exactly ``ase.Atoms`` (a subclass may override the getters)."""
-    from ase import Atoms
+    global _ASE_ATOMS
+    if _ASE_ATOMS is None:
+        from ase import Atoms
 
-    return type(atoms) is Atoms
+        _ASE_ATOMS = Atoms
+    return type(atoms) is _ASE_ATOMS
+
+
+_ASE_ATOMS = None  # ase.Atoms, imported on first use (ase stays an import-time-optional dependency here)
 
 
 def _invalid_structures(
