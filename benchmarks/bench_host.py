@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import itertools
+
 from bench_engine import g2_batch, make_student
 from harness import write_lines
 
@@ -102,10 +104,11 @@ def rows_reference(batch: AtomsBatch, out: dict) -> list[dict]:
 
 def rows_shipped(batch: AtomsBatch, out: dict) -> list[dict]:
     """What ``ForceEngine._predict_chunk`` does with a batch's outputs (no stress)."""
-    bounds = batch.ptr[1:-1].numpy()
+    ptr = batch.ptr.tolist()
     energy = out["energy"].double().numpy().tolist()
-    forces = np.split(out["forces"].double().numpy(), bounds)
-    atomic = np.split(out["atomic_energies"].double().numpy(), bounds)
+    f64, e64 = out["forces"].double().numpy(), out["atomic_energies"].double().numpy()
+    forces = [f64[a:b] for a, b in itertools.pairwise(ptr)]
+    atomic = [e64[a:b] for a, b in itertools.pairwise(ptr)]
     return [{"energy": e, "forces": f, "energies": a} for e, f, a in zip(energy, forces, atomic, strict=True)]
 
 

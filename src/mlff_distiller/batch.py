@@ -66,25 +66,22 @@ class AtomsBatch:
 
         The checks run over the whole batch at once (finite positions and cells, atomic numbers, non-degenerate
         periodic cells); the first structure that fails any of them is then checked alone, which raises the
-        same error, naming it, as checking structure by structure would (~2 µs per small molecule instead of
+        same error, naming it, as checking structure by structure would (~1 µs per small molecule instead of
         ~12 µs: batched prediction over many molecules built its batches slower than the GPU ran them)."""
         if hasattr(structures, "get_positions"):
             structures = [structures]
         structures = list(structures)
         if not structures:
             raise ValueError("AtomsBatch.from_atoms needs at least one structure")
-        numbers, positions, cells, pbcs, counts = [], [], [], [], []
-        for k, atoms in enumerate(structures):
-            z, pos, cell, pbc = _arrays_of(k, atoms)
-            if pos.ndim != 2 or pos.shape[1] != 3 or pos.shape[0] != z.shape[0] or len(z) == 0:
-                _validate_structure(k, z, pos, cell, pbc)  # raises: shape or no atoms
-            numbers.append(z)
-            positions.append(pos)
-            cells.append(cell)
-            pbcs.append(pbc)
-            counts.append(len(z))
-        z_all, pos_all = np.concatenate(numbers), np.concatenate(positions)
-        cell_all, pbc_all = np.stack(cells), np.stack(pbcs)
+        fields = _plain_fields(structures)
+        if fields is None:
+            fields = _fields_one_by_one(structures)
+        numbers, positions, cells, pbcs, counts = fields
+        z_all = np.concatenate(numbers).astype(np.int64, copy=False)
+        pos_all = np.concatenate(positions).astype(np.float64, copy=False)
+        # One concatenate, not np.stack (which expands every [3, 3] array first: ~2.5 ms for 4,096 structures).
+        cell_all = np.concatenate(cells).astype(np.float64, copy=False).reshape(len(cells), 3, 3)
+        pbc_all = np.concatenate(pbcs).astype(bool, copy=False).reshape(len(pbcs), 3)
         bad = _invalid_structures(z_all, pos_all, cell_all, pbc_all, np.asarray(counts))
         if bad is not None:
             _validate_structure(bad, numbers[bad], positions[bad], cells[bad], pbcs[bad])
@@ -151,6 +148,41 @@ class AtomsBatch:
             s = slice(ptr[b], ptr[b + 1])
             out.append(Atoms(numbers=numbers[s], positions=positions[s], cell=cells[b], pbc=pbcs[b]))
         return out
+
+
+def _plain_fields(structures: list) -> tuple | None:
+    """numbers, positions, cells, pbcs and atom counts of a list of plain ``ase.Atoms`` read in a few list
+    comprehensions (ASE keeps positions [n, 3] and numbers [n]; the shapes are checked below all the same);
+    None when some structure is not a plain Atoms, is empty or has mismatched arrays: the one-by-one path then
+    reads it and raises the error that names it."""
+    if not all(map(_is_plain_atoms, structures)):
+        return None
+    arrays = [a.arrays for a in structures]
+    try:
+        numbers = [d["numbers"] for d in arrays]
+        positions = [d["positions"] for d in arrays]
+    except KeyError:
+        return None
+    counts = [len(z) for z in numbers]
+    if 0 in counts or counts != [len(p) for p in positions] or any(p.ndim != 2 or p.shape[1] != 3 for p in positions):
+        return None
+    return numbers, positions, [a.cell.array for a in structures], [a.pbc for a in structures], counts
+
+
+def _fields_one_by_one(structures: list) -> tuple:
+    """:func:`_plain_fields` for any structures, through :func:`_arrays_of`; raises on a shape error or an
+    empty structure, naming it."""
+    numbers, positions, cells, pbcs, counts = [], [], [], [], []
+    for k, atoms in enumerate(structures):
+        z, pos, cell, pbc = _arrays_of(k, atoms)
+        if pos.ndim != 2 or pos.shape[1] != 3 or pos.shape[0] != z.shape[0] or len(z) == 0:
+            _validate_structure(k, z, pos, cell, pbc)  # raises: shape or no atoms
+        numbers.append(z)
+        positions.append(pos)
+        cells.append(cell)
+        pbcs.append(pbc)
+        counts.append(len(z))
+    return numbers, positions, cells, pbcs, counts
 
 
 def _arrays_of(k: int, atoms) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
