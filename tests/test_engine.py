@@ -164,3 +164,12 @@ def test_atoms_batch_roundtrip():
         np.testing.assert_allclose(a.positions, b.positions, atol=1e-5)
         np.testing.assert_allclose(a.cell.array, b.cell.array, atol=1e-5)
     assert [t.shape[0] for t in batch.split(batch.positions)] == [3, 2, 5]
+
+
+def test_predict_with_a_batch_size_skips_the_atom_budget(model, monkeypatch):
+    """With batch_size given, predict sizes batches by it alone and never asks for the memory-based atom budget
+    (a device query on CUDA)."""
+    engine = ForceEngine(model, device="cpu")
+    monkeypatch.setattr(engine, "atom_budget", lambda: pytest.fail("atom_budget asked for"))
+    out = engine.predict([molecule("H2O"), molecule("CH4"), molecule("NH3")], batch_size=2)
+    assert [len(r["forces"]) for r in out] == [3, 5, 4]

@@ -840,7 +840,9 @@ class ForceEngine:
         """
         structures = list(structures)
         results: list[dict] = []
-        for chunk in _chunks(structures, batch_size, atom_budget or self.atom_budget()):
+        if batch_size is None and not atom_budget:
+            atom_budget = self.atom_budget()  # a device query on CUDA: only when batches are sized by atoms
+        for chunk in _chunks(structures, batch_size, atom_budget or 1):
             results.extend(self._predict_chunk(chunk, stress))
         return results
 
