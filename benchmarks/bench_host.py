@@ -26,13 +26,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import itertools
 
 from bench_engine import g2_batch, make_student
 from harness import write_lines
 
 from mlff_distiller import AtomsBatch, ForceEngine
 from mlff_distiller.batch import _validate_structure
+from mlff_distiller.engine import result_rows
 from mlff_distiller.neighbors.molecular import molecular_pairs
 
 
@@ -102,16 +102,6 @@ def rows_reference(batch: AtomsBatch, out: dict) -> list[dict]:
     return [{"energy": float(energy[b]), "forces": forces[b], "energies": atomic[b]} for b in range(len(forces))]
 
 
-def rows_shipped(batch: AtomsBatch, out: dict) -> list[dict]:
-    """What ``ForceEngine._predict_chunk`` does with a batch's outputs (no stress)."""
-    ptr = batch.ptr.tolist()
-    energy = out["energy"].double().numpy().tolist()
-    f64, e64 = out["forces"].double().numpy(), out["atomic_energies"].double().numpy()
-    forces = [f64[a:b] for a, b in itertools.pairwise(ptr)]
-    atomic = [e64[a:b] for a, b in itertools.pairwise(ptr)]
-    return [{"energy": e, "forces": f, "energies": a} for e, f, a in zip(energy, forces, atomic, strict=True)]
-
-
 # ------------------------------------------------------------------------------------------------ the runs
 def host_rows(sizes: list[int], reps: int) -> list[str]:
     lines = [
@@ -142,7 +132,7 @@ def host_rows(sizes: list[int], reps: int) -> list[str]:
                 lambda x=pos, q=p: molecular_reference(x, q, 5.0),
                 lambda b=batch: molecular_pairs(b.positions, b.ptr, 5.0),
             ),
-            ("result rows", lambda b=batch, o=out: rows_reference(b, o), lambda b=batch, o=out: rows_shipped(b, o)),
+            ("result rows", lambda b=batch, o=out: rows_reference(b, o), lambda b=batch, o=out: result_rows(b, o)),
         ]
         for name, ref_fn, fn in phases:
             t_ref, t_new = median_ms(ref_fn, reps), median_ms(fn, reps)

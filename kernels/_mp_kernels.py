@@ -500,25 +500,19 @@ if HAS_TRITON:
         gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        SPLIT: tl.constexpr, HAS_V: tl.constexpr, CHUNK_LOOP: tl.constexpr,
+        SPLIT: tl.constexpr, HAS_V: tl.constexpr,
     ):  # fmt: skip
-        """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice.
-        CHUNK_LOOP: the feature chunks as a loop (1) or unrolled (0, ``tl.static_range``)."""
+        """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice."""
         i, j = _edge_ends(ei_ptr, ei_stride, e, em)
         rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
         ux, uy, uz = _unit3(unit_ptr, e, em)
-        if CHUNK_LOOP:
-            for k0 in range(0, N_FEAT // SPLIT, BLOCK_F):
-                g_rbf, gu_0, gu_1, gu_2 = _edge_chunk_grads(
-                    gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
-                    g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
-                )  # fmt: skip
-        else:
-            for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
-                g_rbf, gu_0, gu_1, gu_2 = _edge_chunk_grads(
-                    gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
-                    g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
-                )  # fmt: skip
+        # Unrolled: the same chunks walked in a loop measured 0.88-0.95x on the whole step
+        # (benchmarks/results/probe_ncu_sweep_h100_run3.md).
+        for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
+            g_rbf, gu_0, gu_1, gu_2 = _edge_chunk_grads(
+                gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
+                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
+            )  # fmt: skip
         return g_rbf, gu_0, gu_1, gu_2
 
     @triton.jit
@@ -545,7 +539,6 @@ if HAS_TRITON:
         SPLIT: tl.constexpr,
         LIVE: tl.constexpr,
         HAS_V: tl.constexpr,
-        CHUNK_LOOP: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -573,7 +566,7 @@ if HAS_TRITON:
         if e0 < n_live:
             g_rbf, gu_0, gu_1, gu_2 = _edge_tile_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
-                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, CHUNK_LOOP,
+                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
             )  # fmt: skip
         em = e < E
         tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])

@@ -311,8 +311,6 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     parts (the one-hot factor is exact in TF32, so tf32x3's third MMA adds zeros); see _seg_acc. Shipped on:
 #     the whole step 1.03x at 3,000 and 24,000 atoms, 1.02x for 4,096 g2 molecules (H100,
 #     benchmarks/results/probe_ncu_sweep_h100_run3.md), float32 tests vs float64 pass on CUDA.
-#   edge_chunk_loop: the edge kernel walks its feature chunks in a loop (1) instead of unrolled (0): 0.88-0.95x
-#     in the same sweep (off).
 #   <kernel>_stages: num_stages of the kernel's GPU launch (None: Triton's default), for benchmarks/probe_ncu.py.
 #   bwd_sender_variant "auto" (shipped): "block" on GPU graphs of at least block_min_atoms atoms with at most
 #     sender_block_max_degree edges per atom, else "atom". Few edges per atom leave the atom variant reloading
@@ -379,7 +377,6 @@ _CONFIG = {
     "block_min_atoms": 1024,
     "fused_max_feat": 64,
     "seg_split": True,
-    "edge_chunk_loop": 0,
     "fwd_stages": None,
     "bwd_sender_stages": None,
     "bwd_edge_stages": None,
@@ -524,8 +521,6 @@ if HAS_TRITON:
         if blocked:
             c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
             c["SEG_SPLIT"] = bool(_CONFIG["seg_split"]) and c["DOT_PRECISION"] == "tf32x3"
-        if kernel == "bwd_edge":
-            c["CHUNK_LOOP"] = int(_CONFIG["edge_chunk_loop"])
         stages = _CONFIG[f"{kernel}_stages"]
         if cuda and stages is not None:
             c["num_stages"] = int(stages)  # a launch option, passed with the constexprs

@@ -222,7 +222,7 @@ def test_bench_host_checks_and_writes(tmp_path):
     for phase in ("from_atoms", "molecular list", "result rows"):
         assert text.count(f"| {phase}") == 2
     mols = bench_host.g2_batch(40)
-    got, want = bench_host.rows_shipped, bench_host.rows_reference
+    got, want = bench_host.result_rows, bench_host.rows_reference
     batch = AtomsBatch.from_atoms(mols)
     out = {
         "energy": torch.randn(40),

@@ -186,22 +186,14 @@ def _fields_one_by_one(structures: list) -> tuple:
 
 
 def _arrays_of(k: int, atoms) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Atomic numbers (int64), positions (float64), cell (float64) and pbc (bool) of structure ``k``. A plain
-    ``ase.Atoms`` is read from its arrays (no copies where the dtypes already match; ``from_atoms`` copies once
-    when it concatenates); anything else through its getters."""
+    """Atomic numbers (int64), positions (float64), cell (float64) and pbc (bool) of structure ``k`` through its
+    getters (the path of subclasses, mixed lists and bad input; plain Atoms lists take :func:`_plain_fields`)."""
     if not hasattr(atoms, "get_positions"):
         raise ValueError(f"structure {k} is not an ase.Atoms (got {type(atoms).__name__})")
-    arrays = atoms.__dict__.get("arrays") if type(atoms).__name__ == "Atoms" else None
-    if type(arrays) is dict and "positions" in arrays and "numbers" in arrays and _is_plain_atoms(atoms):
-        pos = np.asarray(arrays["positions"], dtype=np.float64)
-        z = np.asarray(arrays["numbers"], dtype=np.int64)
-        cell = np.asarray(atoms.cell.array, dtype=np.float64)
-        pbc = np.asarray(atoms.pbc, dtype=bool)
-    else:
-        pos = np.asarray(atoms.get_positions(), dtype=np.float64)
-        z = np.asarray(atoms.get_atomic_numbers(), dtype=np.int64)
-        cell = np.asarray(atoms.get_cell().array, dtype=np.float64)
-        pbc = np.asarray(atoms.get_pbc(), dtype=bool)
+    pos = np.asarray(atoms.get_positions(), dtype=np.float64)
+    z = np.asarray(atoms.get_atomic_numbers(), dtype=np.int64)
+    cell = np.asarray(atoms.get_cell().array, dtype=np.float64)
+    pbc = np.asarray(atoms.get_pbc(), dtype=bool)
     return z, pos, cell, pbc
 
 

@@ -466,18 +466,6 @@ def test_edge_kernel_feature_split(triton_device, split, dtype, monkeypatch):
         _compare(args, dtype)
 
 
-@pytest.mark.parametrize("split", [1, 2])
-def test_edge_kernel_chunk_loop(triton_device, split, monkeypatch):
-    """The edge backward walking its feature chunks in a loop (edge_chunk_loop=1) instead of unrolled matches the
-    reference, with one and two feature slices."""
-    if triton_device.type == "cpu":
-        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
-    args = _graph(40, 300, 64, 20, torch.float32, triton_device, seed=33)
-    with mp_module._configured(edge_chunk_loop=1, bwd_edge_split=split, bwd_sender_variant="atom"):
-        assert mp_module._launch_config(args[0], "bwd_edge", 64, 20)[0]["CHUNK_LOOP"] == 1
-        _compare(args, torch.float32)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("sender", ["block", "fused"])
 def test_seg_split_block_kernels_float32(sender):
