@@ -12,7 +12,8 @@ Two modes, both GPU only:
 
 * ``--mode summary REPORT...``: a table of Nsight Compute's text reports (``ncu --log-file``), one row per kernel.
 
-Systems: ``water3000``, ``water24000`` (bench_large's boxes) and ``g2x4096`` (4,096 ASE g2 molecules).
+Systems: ``water<N>`` (bench_large's boxes, e.g. ``water192``, ``water3000``, ``water24000``), ``g2x<N>`` (N ASE g2
+molecules) and ``benzene`` (one, with the g2 student).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ SYSTEMS = ("water3000", "water24000", "g2x4096")
 
 
 def structures(name: str):
+    if name == "benzene":
+        from ase.build import molecule
+
+        return [molecule("C6H6")], make_g2_student()
     if name.startswith("water"):
         return [box(int(name[5:]))], make_student()
     return g2_batch(int(name.split("x")[1])), make_g2_student()
@@ -213,9 +218,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
-    unknown = {s for s in args.systems if s not in SYSTEMS and not re.fullmatch(r"(water|g2x)\d+", s)}
+    unknown = {s for s in args.systems if s not in SYSTEMS and not re.fullmatch(r"(water|g2x)\d+|benzene", s)}
     if unknown:
-        p.error(f"unknown systems {sorted(unknown)}; known: {SYSTEMS}, or waterN / g2xN")
+        p.error(f"unknown systems {sorted(unknown)}; known: {SYSTEMS}, waterN / g2xN, or benzene")
     if args.mode == "summary":
         print("\n".join(ncu_summary(args.reports)))
         return 0

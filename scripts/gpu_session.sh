@@ -12,6 +12,7 @@
 #   bash scripts/gpu_session.sh diag      # cudagraph training step vs eager static step, per step count
 #   CHECK="tests/a.py tests/b.py::t" CHECK_K="cuda" bash scripts/gpu_session.sh check   # chosen tests, tracebacks
 #   bash scripts/gpu_session.sh enginelat # bench_engine latency + MD sections only (reference, eager, cudagraph)
+#   bash scripts/gpu_session.sh mdprobe   # one benzene MD step piece by piece (probe_md_step.py)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
 #                                         #   PROFILE=large: kernel groups of the 3k/24k water energy+forces step)
@@ -36,7 +37,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -203,6 +204,11 @@ case "$part" in
     timeout $(box 240) python3 benchmarks/bench_engine.py --sections ${ENGINE_SECTIONS:-latency,md} --budget-s $(box 200) --out "$res" \
       --name engine_h100_run2 --variants "reference,eager,cudagraph" >"$res/bench_engine.log" 2>&1
     tail -40 "$res/bench_engine.log"
+    ;;
+  mdprobe)
+    # One benzene MD step piece by piece on the GPU host (probe_md_step.py): ASE, host work, launch, copies.
+    timeout $(box 200) python3 benchmarks/probe_md_step.py --out "$res" >"$res/probe_md_step.log" 2>&1
+    grep -E "^\| |max" "$res/probe_md_step.log" | tail -14; tail -3 "$res/probe_md_step.log"
     ;;
   mdspeed)
     timeout $(box 240) python3 benchmarks/bench_md_speed.py --out "$res/md_speed" 2>&1 | tee "$res/md_speed.log" | tail -12

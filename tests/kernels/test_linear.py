@@ -282,3 +282,40 @@ def test_bad_input():
         gemm(x, torch.randn(3, 5))
     with pytest.raises(ValueError, match="accumulate needs out"):
         gemm(x, torch.randn(3, 8), accumulate=True)
+
+
+@pytest.mark.parametrize("accs", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("m, k, n", [(1, 20, 48), (33, 128, 384), (70, 384, 128), (16, 40, 8)])
+def test_gemm_split_accumulators(triton_device, monkeypatch, dtype, m, k, n, accs):
+    """``small_accs``: the K blocks summed in 2 or 4 independent accumulators (shorter MMA chains for small M) give
+    every form of the kernel (epilogue SiLU, SiLU' and residual prologues, accumulate, the readout's gathers) to
+    the same tolerance, also when K is not a multiple of the blocks (masked blocks past K add zero)."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    monkeypatch.setitem(lin._CONFIG, "small_accs", accs)
+    monkeypatch.setitem(lin._CONFIG, "untransposed_max_rows", 10**9)
+    gen = torch.Generator().manual_seed(accs * m + k + n)
+    a, p = (_rand(m, k, gen=gen, dtype=dtype, device=triton_device) for _ in range(2))
+    w = _rand(n, k, gen=gen, dtype=dtype, device=triton_device, scale=k**-0.5)
+    b = _rand(n, gen=gen, dtype=dtype, device=triton_device)
+    c, pre = gemm(a, w, b, act="silu")
+    want_pre = nnf.linear(a.double(), w.double(), b.double())
+    _close(pre, want_pre, TOL[dtype], "pre-activation")
+    _close(c, nnf.silu(want_pre), TOL[dtype], "SiLU output")
+    got, _ = gemm(a, w, b, prologue_add=p)
+    _close(got, nnf.linear(a.double() + p.double(), w.double(), b.double()), TOL[dtype], "A + Q GEMM")
+    out = _rand(m, n, gen=gen, dtype=dtype, device=triton_device)
+    before = out.clone()
+    gemm(a, w.t().contiguous(), transpose_w=False, prologue_silu_of=p, out=out, accumulate=True)
+    sg = torch.sigmoid(p.double())
+    want = before.double() + (a.double() * sg * (1 + p.double() * (1 - sg))) @ w.double().t()
+    _close(out, want, TOL[dtype], "accumulated SiLU' prologue GEMM")
+    seg = torch.arange(m, device=triton_device) % 3
+    scale = _rand(5, gen=gen, dtype=dtype, device=triton_device)
+    idx = (torch.arange(m, device=triton_device) * 7) % 5
+    g_rows = _rand(3, k, gen=gen, dtype=dtype, device=triton_device)
+    got, _ = gemm(a, w, prologue_gather=(g_rows, seg, scale, idx))
+    want = (a.double() + g_rows.double()[seg]) * scale.double()[idx][:, None]
+    _close(got, want @ w.double().t(), TOL[dtype], "gathered prologue GEMM")

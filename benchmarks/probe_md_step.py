@@ -1,0 +1,188 @@
+"""Where one ASE MD step of a small molecule goes on the GPU host (issue 5's "≤ 0.20 ms per MD step" target).
+
+Times, in one run on one benzene (the shipped student ``builtin:chno-gfn2``, fp32, ``StudentCalculator`` mode
+"auto" = the captured step with a Verlet-skin list), median µs over many repetitions:
+
+* ``ase floor``: velocity Verlet with a calculator that only hands back stored forces (ASE's own work per step);
+* ``md``: velocity Verlet through ``StudentCalculator`` (wall clock per step);
+* ``md, no model``: the same with the engine's padded step replaced by its static output buffer, unchanged (host
+  work, both copies and the Verlet test: everything but the GPU step);
+* ``replay + sync``: the captured step alone, ``replay()`` then ``torch.cuda.synchronize()``;
+* ``launch``: how long ``replay()`` takes to return (the CPU cost of the graph launch);
+* ``engine device path``: what the engine does per MD step around the replay: positions into the page-locked
+  staging buffer, one host-to-device copy into the static positions, the replay, one blocking device-to-host
+  copy of the packed output into page-locked memory;
+* ``copies in the graph``: the same three transfers with both copies captured in one graph with the step (the
+  page-locked buffers' addresses are fixed), so a step is a host write, one launch, one stream sync and a read;
+  checked to give the same forces as the engine path.
+
+    python benchmarks/probe_md_step.py --out benchmarks/results [--name probe_md_step_h100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import write_lines
+
+from mlff_distiller import StudentCalculator, load_model
+from mlff_distiller.cudagraph import GraphRunner
+
+
+def _median_us(fn, reps: int, warmup: int = 50) -> tuple[float, float]:
+    for _ in range(warmup):
+        fn()
+    t = np.empty(reps)
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t[i] = time.perf_counter() - t0
+    t *= 1e6
+    return float(np.median(t)), float(np.percentile(t, 20))
+
+
+def _md_us(atoms, calc, steps: int) -> tuple[float, float]:
+    from ase import units
+    from ase.md.verlet import VelocityVerlet
+
+    atoms.calc = calc
+    dyn = VelocityVerlet(atoms, timestep=0.5 * units.fs)
+    dyn.run(100)
+    stamps: list[float] = []
+    dyn.attach(lambda: stamps.append(time.perf_counter()), interval=1)
+    dyn.run(steps)
+    t = np.diff(stamps) * 1e6
+    return float(np.median(t)), float(np.percentile(t, 20))
+
+
+def _benzene():
+    from ase.build import molecule
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+    atoms = molecule("C6H6")
+    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+    return atoms
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--name", default="probe_md_step_h100")
+    p.add_argument("--steps", type=int, default=2000)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("probe_md_step: needs CUDA")
+        return
+    import triton
+    from ase.calculators.calculator import Calculator, all_changes
+
+    model = load_model("builtin:chno-gfn2")
+    rows: list[tuple[str, float, float]] = []
+
+    class Stored(Calculator):
+        implemented_properties = ("energy", "forces")
+
+        def __init__(self, forces):
+            super().__init__()
+            self.forces = forces
+
+        def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+            super().calculate(atoms, properties, system_changes)
+            self.results = {"energy": 0.0, "forces": self.forces.copy()}
+
+    atoms = _benzene()
+    forces = np.zeros((len(atoms), 3))
+    rows.append(("ase floor (stored forces, ASE's Calculator)", *_md_us(atoms, Stored(forces), args.steps)))
+
+    atoms = _benzene()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        calc = StudentCalculator(model, device="cuda")
+    rows.append(("md (StudentCalculator, mode auto)", *_md_us(atoms, calc, args.steps)))
+    eng = calc.engine
+    bucket, graph, _, static_pos, staging = eng._verlet_fill
+    runner = eng._runners[bucket]
+    n = len(atoms)
+
+    real_run = eng._run
+    eng._run = lambda b, g: runner.outputs  # the static output, not recomputed
+    rows.append(("md, no model (host work, copies, Verlet test)", *_md_us(atoms, calc, args.steps)))
+    eng._run = real_run
+
+    def replay_sync():
+        runner.replay()
+        torch.cuda.synchronize()
+
+    rows.append(("replay + sync", *_median_us(replay_sync, args.steps)))
+    launch = np.empty(args.steps)
+    for i in range(args.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        runner.replay()
+        launch[i] = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    rows.append(("launch (replay() returns)", float(np.median(launch) * 1e6), float(np.percentile(launch, 20) * 1e6)))
+
+    pos = atoms.positions.astype(np.float32)
+    host_out = eng._host_out[bucket]
+
+    def engine_path():
+        staging.copy_(torch.from_numpy(pos))
+        static_pos.copy_(staging, non_blocking=True)
+        packed = runner.replay()
+        host_out.copy_(packed)
+        return host_out.numpy()[2 * bucket.atoms :].reshape(-1, 3)[:n].copy()
+
+    rows.append(("engine device path (H2D, replay, blocking D2H)", *_median_us(engine_path, args.steps)))
+    want = engine_path()
+
+    pin_in = torch.empty((n, 3), dtype=torch.float32, pin_memory=True)
+    pin_out = torch.empty_like(host_out, pin_memory=True)
+
+    def step_with_copies(*inputs):
+        inputs[1][:n].copy_(pin_in, non_blocking=True)
+        out = eng._step(*inputs)
+        pin_out.copy_(out, non_blocking=True)
+        return out
+
+    pin_in.copy_(torch.from_numpy(pos))
+    with torch.no_grad():
+        whole = GraphRunner(step_with_copies, graph)
+    pin_in_np, pin_out_np = pin_in.numpy(), pin_out.numpy()
+    stream = torch.cuda.current_stream()
+
+    def in_graph():
+        np.copyto(pin_in_np, pos)
+        whole.replay()
+        stream.synchronize()
+        return pin_out_np[2 * bucket.atoms :].reshape(-1, 3)[:n].copy()
+
+    rows.append(("copies in the graph (host write, launch, stream sync, read)", *_median_us(in_graph, args.steps)))
+    got = in_graph()
+    diff = float(np.abs(got - want).max())
+
+    lines = [
+        "# probe_md_step.py: one benzene MD step on the GPU host, piece by piece",
+        "",
+        f"{torch.cuda.get_device_name()} · torch {torch.__version__} · triton {triton.__version__} · bucket "
+        f"{bucket} · {args.steps} repetitions each",
+        "",
+        "| what | median µs | p20 µs |",
+        "|---|---:|---:|",
+        *(f"| {name} | {med:.1f} | {p20:.1f} |" for name, med, p20 in rows),
+        "",
+        f"copies in the graph vs the engine path: max |ΔF| = {diff:.3e} eV/Å",
+    ]
+    write_lines(lines, args.out, args.name)
+
+
+if __name__ == "__main__":
+    main()
