@@ -45,7 +45,6 @@ _CONFIG = {
     "small": (16, 32, 4),
     "large": (64, 64, 4),
     "block_k": 64,
-    "small_accs": 1,  # independent accumulators along K (1, 2 or 4) for small M (_gemm_kernel's ACCS)
     "large_block_k": 32,
     "dot": "tf32x3",
     "untransposed_max_rows": 1024,
@@ -244,15 +243,13 @@ def gemm(
         small = m <= _CONFIG["small_rows"]
         bm, bn, warps = _CONFIG["small"] if small else _CONFIG["large"]
         bk = min(_CONFIG["block_k" if small else "large_block_k"], max(16, triton.next_power_of_2(k)))
-        accs = _CONFIG["small_accs"] if small else 1
         # The engine's "tf32" precision allows TF32 matmuls: one TF32 pass, like cuBLAS there; else tf32x3.
         tf32 = ref.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
         dot = "tf32" if tf32 else (_CONFIG["dot"] if ref.dtype == torch.float32 else "ieee")
     else:  # the interpreter pays per program: few large tiles
         bm = max(16, min(128, triton.next_power_of_2(m)))
         bn = max(16, min(128, triton.next_power_of_2(n)))
-        accs = _CONFIG["small_accs"]
-        bk, warps, dot = max(16, min(128, triton.next_power_of_2(k)) // accs), 4, "ieee"
+        bk, warps, dot = max(16, min(128, triton.next_power_of_2(k))), 4, "ieee"
     aux = prologue_silu_of if prologue_silu_of is not None else prologue_add
     pro = _PRO_SILU if prologue_silu_of is not None else (_PRO_ADD if prologue_add is not None else 0)
     # Row gathers: (idx, scale) of the prologue or of the epilogue's affine map, seg of either, shift, E.
@@ -283,7 +280,7 @@ def gemm(
         stride_bk, stride_bn, out.stride(0), addend.stride(0) if addend is not None else 0,
         HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, HAS_A=a is not None,
         AFFINE=row_affine is not None, SEGSUM=segment_sum is not None,
-        BM=bm, BN=bn, BK=bk, DOT=dot, ACCS=accs, num_warps=warps, **fusion, **pdl_args(ref),
+        BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps, **fusion, **pdl_args(ref),
     )  # fmt: skip
     return out, pre
 
@@ -313,36 +310,13 @@ if HAS_TRITON:
     def _sigmoid(x):
         return 1.0 / (1.0 + tl.exp(-x))
 
-    @triton.jit
-    def _gemm_kstep(acc, k0, a_ptr, b_ptr, aux_ptr, rows, cols, rm, cm, sc, seg, k, stride_bk, stride_bn,
-                    PRO: tl.constexpr, HAS_A: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr):  # fmt: skip
-        """``acc + A'[:, k0:k0+BK] B[k0:k0+BK, :]`` of one tile (A' with its prologue; zero past k)."""
-        kk = k0 + tl.arange(0, BK)
-        am = rm & (kk[None, :] < k)
-        if HAS_A:
-            a = tl.load(a_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
-        if PRO == 3:  # (A + aux[seg]) ⊙ scale[idx] row-wise: a readout's backward (its gathers) in the load
-            g = tl.load(aux_ptr + seg[:, None] * k + kk[None, :], mask=am, other=0.0)
-            if HAS_A:
-                a = (a + g) * sc[:, None]
-            else:
-                a = g * sc[:, None]
-        elif PRO == 1:  # A ⊙ SiLU'(aux): the backward of a SiLU folded into the load
-            p = tl.load(aux_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
-            sg = _sigmoid(p)
-            a = a * (sg * (1.0 + p * (1.0 - sg)))
-        elif PRO == 2:  # A + aux: a residual sum folded into the load
-            a = a + tl.load(aux_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
-        b = tl.load(b_ptr + kk[:, None] * stride_bk + cols[None, :] * stride_bn, mask=(kk[:, None] < k) & cm, other=0.0)
-        return tl.dot(a, b, acc, input_precision=DOT)
-
     @triton.jit(do_not_specialize=["m"])
     def _gemm_kernel(
         a_ptr, b_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, idx_ptr, scale_ptr, shift_ptr, seg_ptr, e_ptr,
         m, n, k, stride_bk, stride_bn, stride_cm, stride_dm,
         HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, HAS_A: tl.constexpr,
         AFFINE: tl.constexpr, SEGSUM: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, ACCS: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
         """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux: [*, k] rows seg[i] for the
@@ -358,34 +332,29 @@ if HAS_TRITON:
         if PRO == 3 or AFFINE:
             idx = tl.load(idx_ptr + rows, mask=rows < m, other=0)
             sc = tl.load(scale_ptr + idx, mask=rows < m, other=0.0)
-        else:
-            sc = rows  # unused (the K step's PRO 3 only)
         if PRO == 3 or SEGSUM:
             seg = tl.load(seg_ptr + rows, mask=rows < m, other=0)
-        else:
-            seg = rows  # unused
-        # ACCS independent accumulators over consecutive K blocks: a tile's MMAs form ACCS dependency chains of
-        # K / (BK · ACCS) blocks each instead of one of K / BK (few programs, few rows: the chain is the latency).
-        if ACCS >= 2:
-            acc2 = tl.zeros_like(acc)
-        if ACCS >= 4:
-            acc3 = tl.zeros_like(acc)
-            acc4 = tl.zeros_like(acc)
-        for k0 in range(0, k, BK * ACCS):
-            acc = _gemm_kstep(acc, k0, a_ptr, b_ptr, aux_ptr, rows, cols, rm, cm, sc, seg, k, stride_bk, stride_bn,
-                              PRO, HAS_A, BK, DOT)  # fmt: skip
-            if ACCS >= 2:
-                acc2 = _gemm_kstep(acc2, k0 + BK, a_ptr, b_ptr, aux_ptr, rows, cols, rm, cm, sc, seg, k, stride_bk,
-                                   stride_bn, PRO, HAS_A, BK, DOT)  # fmt: skip
-            if ACCS >= 4:
-                acc3 = _gemm_kstep(acc3, k0 + 2 * BK, a_ptr, b_ptr, aux_ptr, rows, cols, rm, cm, sc, seg, k,
-                                   stride_bk, stride_bn, PRO, HAS_A, BK, DOT)  # fmt: skip
-                acc4 = _gemm_kstep(acc4, k0 + 3 * BK, a_ptr, b_ptr, aux_ptr, rows, cols, rm, cm, sc, seg, k,
-                                   stride_bk, stride_bn, PRO, HAS_A, BK, DOT)  # fmt: skip
-        if ACCS >= 4:
-            acc = (acc + acc3) + (acc2 + acc4)
-        elif ACCS >= 2:
-            acc = acc + acc2
+        for k0 in range(0, k, BK):
+            kk = k0 + tl.arange(0, BK)
+            am = rm & (kk[None, :] < k)
+            if HAS_A:
+                a = tl.load(a_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
+            if PRO == 3:  # (A + aux[seg]) ⊙ scale[idx] row-wise: a readout's backward (its gathers) in the load
+                g = tl.load(aux_ptr + seg[:, None] * k + kk[None, :], mask=am, other=0.0)
+                if HAS_A:
+                    a = (a + g) * sc[:, None]
+                else:
+                    a = g * sc[:, None]
+            elif PRO == 1:  # A ⊙ SiLU'(aux): the backward of a SiLU folded into the load
+                p = tl.load(aux_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
+                sg = _sigmoid(p)
+                a = a * (sg * (1.0 + p * (1.0 - sg)))
+            elif PRO == 2:  # A + aux: a residual sum folded into the load
+                a = a + tl.load(aux_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
+            b = tl.load(
+                b_ptr + kk[:, None] * stride_bk + cols[None, :] * stride_bn, mask=(kk[:, None] < k) & cm, other=0.0
+            )
+            acc += tl.dot(a, b, input_precision=DOT)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0)[None, :]
         cmask = rm & cm
