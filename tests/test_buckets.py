@@ -10,7 +10,7 @@ from helpers import assert_bucket_csr, make_model, random_molecule, silicon_cell
 from mlff_distiller.kernels import use_backend
 
 from mlff_distiller import AtomsBatch, ForceEngine
-from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded, pad_graph
+from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded, fill_padded_host, pad_graph
 from mlff_distiller.neighbors import neighbor_list_batch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -170,6 +170,55 @@ def test_fill_padded_keeps_the_csr_in_step_with_the_edges(device):
             assert torch.equal(a.cpu(), b)
     # in place: a captured graph keeps reading the same buffers
     assert storage == [t.data_ptr() for t in (g.row_ptr, g.sender_perm, g.sender_ptr)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("device", CSR_DEVICES)
+def test_host_fill_equals_device_fill(device, dtype):
+    """fill_padded_host (the whole content made on the host, sender CSR and padding included, sent in two
+    transfers) leaves every buffer equal to fill_padded with zero shifts: graphs of several sizes one after the
+    other in the same buffers (so stale padding would show), interleaved with device fills, a lone atom (no
+    edges), a graph that fills the bucket's atoms, and the buffers stay in place."""
+    from mlff_distiller.neighbors.molecular import molecular_pairs
+
+    bucket = Bucket(24, 400)
+    g = PaddedGraph.empty(bucket, dtype=dtype, device=device, cutoff=4.0, pad_z=1)
+    ref = PaddedGraph.empty(bucket, dtype=dtype, device=device, cutoff=4.0, pad_z=1)
+    storage = [t.data_ptr() for t in g.inputs()]
+    rng = np.random.default_rng(11)
+    graphs = [
+        [molecule("C6H6")],
+        [molecule("H2O")],
+        [random_molecule(9, rng), molecule("CH4")],
+        [random_molecule(1, rng)],
+        [random_molecule(23, rng, spacing=1.6)],
+        [molecule("H2O"), random_molecule(5, rng), molecule("CH4")],
+    ]
+    for k, structs in enumerate(graphs):
+        batch = AtomsBatch.from_atoms(structs, dtype=dtype)
+        nl = molecular_pairs(batch.positions, batch.ptr, 4.0)
+        args = (batch.numbers, batch.positions, batch.batch, batch.num_structures)
+        if k == 2:  # a device fill in between: the host fill must not rely on the mirrors' last content
+            dev = [t.to(device) for t in (batch.numbers, batch.positions, batch.batch)]
+            fill_padded(g, *dev, batch.num_structures, nl.edge_index.to(device), nl.shift_vectors.to(device))
+        else:
+            fill_padded_host(g, *(t.numpy() for t in args[:3]), args[3], nl.edge_index.numpy(), nl.row_ptr.numpy())
+        dev = [t.to(device) for t in (batch.numbers, batch.positions, batch.batch)]
+        fill_padded(ref, *dev, batch.num_structures, nl.edge_index.to(device), nl.shift_vectors.to(device))
+        assert (g.n_atoms, g.n_edges, g.n_structures) == (ref.n_atoms, ref.n_edges, ref.n_structures)
+        for name, a, b in zip(_INPUT_NAMES, g.inputs(), ref.inputs(), strict=True):
+            assert torch.equal(a, b), f"graph {k}: {name} differs"
+        assert_bucket_csr(g)
+    assert storage == [t.data_ptr() for t in g.inputs()]
+    with pytest.raises(ValueError, match="does not fit"):
+        big = AtomsBatch.from_atoms([random_molecule(24, rng)], dtype=dtype)
+        nl = molecular_pairs(big.positions, big.ptr, 4.0)
+        fill_padded_host(g, big.numbers.numpy(), big.positions.numpy(), big.batch.numpy(), 1, nl.edge_index.numpy(),
+                         nl.row_ptr.numpy())  # fmt: skip
+
+
+_INPUT_NAMES = ("numbers", "positions", "edge_index", "shift_vectors", "batch", "mask", "row_ptr", "sender_perm",
+                "sender_ptr")  # fmt: skip
 
 
 def _tiny_model():

@@ -152,6 +152,31 @@ def test_host_built_molecular_list_equals_device_list_on_cuda(model):
         np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-10)
 
 
+@pytest.mark.gpu
+def test_host_filled_buckets_equal_the_device_path_on_cuda(model, monkeypatch):
+    """Small molecular batches given on the host go into their bucket through fill_padded_host (one transfer per
+    buffer); results equal the device fill's (batch given on the device), call after call in the same engine and
+    buckets, alternating with device-side batches, single molecules and batches."""
+    import mlff_distiller.engine as engine_mod
+    from helpers import random_molecule
+
+    used = []
+    real = engine_mod.fill_padded_host
+    monkeypatch.setattr(engine_mod, "fill_padded_host", lambda *a: used.append(1) or real(*a))
+    rng = np.random.default_rng(21)
+    eng = ForceEngine(model, device="cuda", precision="fp64", mode="cudagraph")
+    calls = [[molecule("C6H6")], [molecule("H2O")], [random_molecule(int(n), rng) for n in rng.integers(2, 20, 30)]]
+    calls += [[random_molecule(int(rng.integers(1, 12)), rng)] for _ in range(6)] + [[molecule("C6H6")]]
+    for k, mols in enumerate(calls):
+        host = AtomsBatch.from_atoms(mols, dtype=torch.float64)
+        before = len(used)
+        got = eng.compute(host, to_host=True)
+        assert len(used) == before + 1, f"call {k}: the host fill was not used"
+        want = eng.compute(host.to("cuda"), to_host=True)
+        for key in ("energy", "forces", "atomic_energies"):
+            np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=0, atol=1e-10, err_msg=f"{k} {key}")
+
+
 def test_verlet_same_object_shortcut_still_sees_in_place_changes():
     from mlff_distiller.neighbors import VerletNeighborList
 

@@ -50,7 +50,15 @@ import torch
 
 from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
-from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, far_shift, fill_padded
+from mlff_distiller.buckets import (
+    HOST_FILL_MAX_EDGES,
+    Bucket,
+    BucketLadder,
+    PaddedGraph,
+    far_shift,
+    fill_padded,
+    fill_padded_host,
+)
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model.painn import CSRInteraction
@@ -437,15 +445,17 @@ class ForceEngine:
             method=nl.method,
         )
 
-    def _host_molecular_neighbors(self, batch: AtomsBatch) -> NeighborList | None:
+    def _host_molecular_neighbors(self, batch: AtomsBatch, to_device: bool = True) -> NeighborList | None:
         """Molecules given on the host for an engine on another device: the list is built on the host by the
         all-pairs NumPy path (:mod:`mlff_distiller.neighbors.molecular`) and its edges copied over once, instead
-        of ~100 small device operations with several device→host syncs. ``None`` when that does not apply."""
+        of ~100 small device operations with several device→host syncs (``to_device=False``: the host list
+        itself). ``None`` when that does not apply."""
         if self.verlet is not None or self.neighbor_method != "auto" or batch.device.type != "cpu":
             return None
         if self.device.type == "cpu" or not molecular_applicable(batch.positions, batch.pbc, batch.ptr):
             return None
-        return self._nl_to_device(molecular_pairs(batch.positions, batch.ptr, self.cutoff))
+        nl = molecular_pairs(batch.positions, batch.ptr, self.cutoff)
+        return self._nl_to_device(nl) if to_device else nl
 
     def _compute_eager(self, batch: AtomsBatch, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
         inv = None
@@ -615,7 +625,28 @@ class ForceEngine:
         return self._step(*graph.inputs())
 
     def _compute_padded(self, batch: AtomsBatch, to_host: bool) -> dict[str, torch.Tensor] | None:
-        host_nl = self._host_molecular_neighbors(batch)
+        host_nl = self._host_molecular_neighbors(batch, to_device=False)
+        if host_nl is not None:
+            bucket = self.buckets.select(batch.num_atoms, host_nl.num_edges)
+            if bucket is None:
+                return None  # beyond the largest bucket: eager fallback
+            if bucket.edges <= HOST_FILL_MAX_EDGES:
+                # Small molecular graphs: the whole padded content is made on the host and sent in two transfers
+                # (fill_padded_host), instead of the device topology, the list's copies and ~30 device operations.
+                graph = self._graph(bucket)
+                fill_padded_host(
+                    graph,
+                    batch.numbers.numpy(),
+                    batch.positions.detach().numpy(),
+                    batch.batch.numpy(),
+                    batch.num_structures,
+                    host_nl.edge_index.numpy(),
+                    host_nl.row_ptr.numpy(),
+                )
+                self._graph_tokens[bucket] = -1  # the device path must rewrite everything in this bucket
+                self._verlet_fill = None
+                return self._run_padded(bucket, graph, batch.num_atoms, batch.num_structures, to_host)
+            host_nl = self._nl_to_device(host_nl)
         dev, same = self._device_topology(batch)
         with torch.no_grad():
             nl = host_nl if host_nl is not None else self._neighbors(dev)
