@@ -157,8 +157,9 @@ def test_host_filled_buckets_equal_the_device_path_on_cuda(model, monkeypatch):
     """Small molecular batches given on the host go into their bucket through fill_padded_host (one transfer per
     buffer); results equal the device fill's (batch given on the device), call after call in the same engine and
     buckets, alternating with device-side batches, single molecules and batches."""
-    import mlff_distiller.engine as engine_mod
     from helpers import random_molecule
+
+    import mlff_distiller.engine as engine_mod
 
     used = []
     real = engine_mod.fill_padded_host
