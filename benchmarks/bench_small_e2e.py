@@ -4,7 +4,8 @@
 ``AtomsBatch`` es on the host as ``predict_forces`` and ``StudentCalculator`` (single points) feed it: the
 neighbour list, the padded bucket's fill, the replay and the copy back, per call. Beside it, the captured step
 alone (replay + sync) of the same bucket, so the difference is the host path. Also ``engine.predict`` (what
-``predict_forces`` runs) on single molecules: ``ase.Atoms`` in, dicts out. Median and p20 of wall-clock calls (each waits for its results).
+``predict_forces`` runs) on single molecules: ``ase.Atoms`` in, dicts out. Median and p20 of wall-clock calls
+(each waits for its results).
 
     python benchmarks/bench_small_e2e.py --out benchmarks/results [--name small_e2e_h100]
 """
@@ -42,6 +43,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--name", default="small_e2e_h100")
     p.add_argument("--reps", type=int, default=300)
+    p.add_argument("--profile", action="store_true", help="also a cProfile table of the host side (one benzene)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench_small_e2e: needs CUDA")
@@ -67,8 +69,9 @@ def main() -> None:
 
         step = _wall(replay, args.reps)[0] if runner is not None else float("nan")
         per = len(structs)
+        host = e2e - step
         rows.append(
-            f"| {name} | {batch.num_atoms} | {e2e:.1f} | {e2e20:.1f} | {step:.1f} | {e2e - step:.1f} | {e2e / per:.2f} |"
+            f"| {name} | {batch.num_atoms} | {e2e:.1f} | {e2e20:.1f} | {step:.1f} | {host:.1f} | {e2e / per:.2f} |"
         )
     pf = []
     for name in ("H2O", "C6H6"):
@@ -79,7 +82,8 @@ def main() -> None:
     lines = [
         "# bench_small_e2e.py: small molecules end to end through ForceEngine (cudagraph, fp32)",
         "",
-        f"{torch.cuda.get_device_name()} · torch {torch.__version__} · triton {triton.__version__} · {args.reps} calls each",
+        f"{torch.cuda.get_device_name()} · torch {torch.__version__} · triton {triton.__version__} · "
+        f"{args.reps} calls each",
         "",
         "| case | atoms | e2e µs (median) | e2e p20 | replay + sync µs | host path µs | e2e µs / structure |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -89,6 +93,21 @@ def main() -> None:
         "|---|---:|---:|",
         *pf,
     ]
+    if args.profile:
+        import cProfile
+        import io
+        import pstats
+
+        batch = AtomsBatch.from_atoms([molecule("C6H6")], dtype=engine.dtype)
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(args.reps):
+            engine.compute(batch, to_host=True)
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+        what = f"cProfile of {args.reps} calls of engine.compute (one benzene, to_host), by internal time:"
+        lines += ["", what, "```", buf.getvalue(), "```"]
     write_lines(lines, args.out, args.name)
 
 
