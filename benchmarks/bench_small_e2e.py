@@ -14,28 +14,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import g2_batch, make_student
-from harness import write_lines
+from harness import wall_us, write_lines
 
 from mlff_distiller import AtomsBatch, ForceEngine
-
-
-def _wall(fn, reps: int, warmup: int = 20) -> tuple[float, float]:
-    for _ in range(warmup):
-        fn()
-    t = np.empty(reps)
-    for i in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        t[i] = time.perf_counter() - t0
-    return float(np.median(t) * 1e6), float(np.percentile(t, 20) * 1e6)
 
 
 def main() -> None:
@@ -59,7 +46,7 @@ def main() -> None:
     for name, structs in cases:
         batch = AtomsBatch.from_atoms(structs, dtype=engine.dtype)
         engine.compute(batch, to_host=True)  # capture
-        e2e, e2e20 = _wall(lambda b=batch: engine.compute(b, to_host=True), args.reps)
+        e2e, e2e20 = wall_us(lambda b=batch: engine.compute(b, to_host=True), args.reps)
         bucket = engine.last_bucket
         runner = engine._runners.get(bucket)
 
@@ -67,7 +54,7 @@ def main() -> None:
             r.replay()
             torch.cuda.synchronize()
 
-        step = _wall(replay, args.reps)[0] if runner is not None else float("nan")
+        step = wall_us(replay, args.reps)[0] if runner is not None else float("nan")
         per = len(structs)
         host = e2e - step
         rows.append(
@@ -77,7 +64,7 @@ def main() -> None:
     for name in ("H2O", "C6H6"):
         atoms = [molecule(name)]
         engine.predict(atoms)
-        t = _wall(lambda a=atoms: engine.predict(a), args.reps)
+        t = wall_us(lambda a=atoms: engine.predict(a), args.reps)
         pf.append(f"| engine.predict, one {name} (ase.Atoms in, dict out) | {t[0]:.1f} | {t[1]:.1f} |")
     lines = [
         "# bench_small_e2e.py: small molecules end to end through ForceEngine (cudagraph, fp32)",

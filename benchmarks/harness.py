@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -128,6 +129,20 @@ def time_fn(fn: Callable[[], object], device: torch.device, warmup_ms: float = 2
         times.append((time.perf_counter() - t0) * 1e6)
     t = torch.tensor(times, dtype=torch.float64)
     return Timing(*(float(torch.quantile(t, q)) for q in QUANTILES))
+
+
+def wall_us(fn: Callable[[], object], reps: int, warmup: int = 20) -> tuple[float, float]:
+    """Median and 20th percentile (µs) of ``reps`` wall-clock calls of ``fn`` after ``warmup`` untimed ones: for
+    host-bound calls that wait for their own results (end-to-end latency, MD steps), where device events would
+    miss the host's share."""
+    for _ in range(warmup):
+        fn()
+    t = np.empty(reps)
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t[i] = time.perf_counter() - t0
+    return float(np.median(t) * 1e6), float(np.percentile(t, 20) * 1e6)
 
 
 def time_graph(fn: Callable[[], object], device: torch.device, rep_ms: float = 100) -> Timing | None:

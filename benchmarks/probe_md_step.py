@@ -32,22 +32,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import write_lines
+from harness import wall_us, write_lines
 
 from mlff_distiller import StudentCalculator, load_model
 from mlff_distiller.cudagraph import GraphRunner
-
-
-def _median_us(fn, reps: int, warmup: int = 50) -> tuple[float, float]:
-    for _ in range(warmup):
-        fn()
-    t = np.empty(reps)
-    for i in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        t[i] = time.perf_counter() - t0
-    t *= 1e6
-    return float(np.median(t)), float(np.percentile(t, 20))
 
 
 def _md_us(atoms, calc, steps: int) -> tuple[float, float]:
@@ -123,7 +111,7 @@ def main() -> None:
         runner.replay()
         torch.cuda.synchronize()
 
-    rows.append(("replay + sync", *_median_us(replay_sync, args.steps)))
+    rows.append(("replay + sync", *wall_us(replay_sync, args.steps)))
     launch = np.empty(args.steps)
     for i in range(args.steps):
         torch.cuda.synchronize()
@@ -143,7 +131,7 @@ def main() -> None:
         host_out.copy_(packed)
         return host_out.numpy()[2 * bucket.atoms :].reshape(-1, 3)[:n].copy()
 
-    rows.append(("engine device path (H2D, replay, blocking D2H)", *_median_us(engine_path, args.steps)))
+    rows.append(("engine device path (H2D, replay, blocking D2H)", *wall_us(engine_path, args.steps)))
     want = engine_path()
 
     pin_in = torch.empty((n, 3), dtype=torch.float32, pin_memory=True)
@@ -167,7 +155,7 @@ def main() -> None:
         stream.synchronize()
         return pin_out_np[2 * bucket.atoms :].reshape(-1, 3)[:n].copy()
 
-    rows.append(("copies in the graph (host write, launch, stream sync, read)", *_median_us(in_graph, args.steps)))
+    rows.append(("copies in the graph (host write, launch, stream sync, read)", *wall_us(in_graph, args.steps)))
     got = in_graph()
     diff = float(np.abs(got - want).max())
 
