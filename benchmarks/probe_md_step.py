@@ -4,7 +4,8 @@ Times, in one run on one benzene (the shipped student ``builtin:chno-gfn2``, fp3
 "auto" = the captured step with a Verlet-skin list), median µs over many repetitions:
 
 * ``ase floor``: velocity Verlet with a calculator that only hands back stored forces (ASE's own work per step);
-* ``md``: velocity Verlet through ``StudentCalculator`` (wall clock per step);
+* ``md``: velocity Verlet through ``StudentCalculator`` (wall clock per step); then with the speculative launch
+  (``ForceEngine.speculative_verlet``: the step launched before the displacement test) off and on, twice;
 * ``md, no model``: the same with the engine's padded step replaced by a zero output buffer (host work, both copies
   and the Verlet test: everything but the GPU step; with zero forces the atoms fly ballistically and the list is
   rebuilt only every few dozen steps, which the median leaves out);
@@ -15,7 +16,8 @@ Times, in one run on one benzene (the shipped student ``builtin:chno-gfn2``, fp3
   copy of the packed output into page-locked memory;
 * ``copies in the graph``: the same three transfers with both copies captured in one graph with the step (the
   page-locked buffers' addresses are fixed), so a step is a host write, one launch, one stream sync and a read;
-  checked to give the same forces as the engine path.
+  checked to give the same forces as the engine path;
+* a 192-atom water box random-walking ~0.01 Å per call, ``get_forces`` with the speculative launch off and on.
 
     python benchmarks/probe_md_step.py --out benchmarks/results [--name probe_md_step_h100]
 """
@@ -50,6 +52,36 @@ def _md_us(atoms, calc, steps: int) -> tuple[float, float]:
     dyn.run(steps)
     t = np.diff(stamps) * 1e6
     return float(np.median(t)), float(np.percentile(t, 20))
+
+
+def _water_walk(steps: int) -> list[tuple[str, float, float]]:
+    """``StudentCalculator.get_forces`` on a 192-atom water box whose atoms random-walk ~0.01 Å per call (an MD
+    step's motion; the water student's architecture with random weights, which real MD would not survive), with
+    the speculative launch off and on, alternating."""
+    from systems import water_box
+
+    from mlff_distiller import StudentModel
+
+    torch.manual_seed(0)
+    model = StudentModel(species=[1, 8], hidden=128, layers=3, n_rbf=20, cutoff=5.0)
+    atoms = water_box(192, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        calc = StudentCalculator(model, device="cuda")
+    atoms.calc = calc
+    rng = np.random.default_rng(0)
+
+    def one():
+        atoms.positions = atoms.positions + rng.normal(0, 0.01, atoms.positions.shape)
+        atoms.get_forces()
+
+    rows = []
+    for rnd in (1, 2):
+        for spec in (False, True):
+            calc.engine.speculative_verlet = spec
+            label = f"192-atom water random walk, get_forces, speculative {'on' if spec else 'off'} (round {rnd})"
+            rows.append((label, *wall_us(one, steps)))
+    return rows
 
 
 def _benzene():
@@ -97,6 +129,12 @@ def main() -> None:
         calc = StudentCalculator(model, device="cuda")
     rows.append(("md (StudentCalculator, mode auto)", *_md_us(atoms, calc, args.steps)))
     eng = calc.engine
+    for rnd in (1, 2):  # the speculative launch (the step before the displacement test) off and on, alternating
+        for spec in (False, True):
+            eng.speculative_verlet = spec
+            label = f"md, speculative launch {'on' if spec else 'off'} (round {rnd})"
+            rows.append((label, *_md_us(atoms, calc, args.steps)))
+    eng.speculative_verlet = None
     bucket, graph, _, static_pos, staging = eng._verlet_fill
     runner = eng._runners[bucket]
     n = len(atoms)
@@ -159,6 +197,7 @@ def main() -> None:
     got = in_graph()
     diff = float(np.abs(got - want).max())
 
+    rows += _water_walk(args.steps)
     lines = [
         "# probe_md_step.py: one benzene MD step on the GPU host, piece by piece",
         "",

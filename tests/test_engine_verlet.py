@@ -24,12 +24,17 @@ def _engines(model, device, skin):
     return fast, ref
 
 
+@pytest.mark.parametrize("speculative", [None, True], ids=["default", "speculative"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("system", ["benzene", "silicon"])
-def test_padded_verlet_md_matches_fresh_list(model, device, system):
+def test_padded_verlet_md_matches_fresh_list(model, device, system, speculative):
+    """MD with the Verlet-skin list in the padded path equals a fresh list every step. ``speculative``: every step
+    after the first launches on the current list before the displacement test (the default on CUDA, forced here
+    on the CPU too); a step whose test asks for a rebuild discards that result, so the forces still match."""
     atoms = molecule("C6H6") if system == "benzene" else silicon_cell(rattle=0.05)
     MaxwellBoltzmannDistribution(atoms, temperature_K=1200, rng=np.random.default_rng(5))
     fast, ref = _engines(model, device, skin=0.4)
+    fast.speculative_verlet = speculative
     positions_seen = []
 
     class Calc:  # the smallest ASE-like driver: host positions in, forces out
@@ -54,6 +59,11 @@ def test_padded_verlet_md_matches_fresh_list(model, device, system):
     v = fast.verlet
     assert v.n_calls == 41
     assert 1 <= v.n_builds < v.n_calls, v
+    speculated = speculative or (speculative is None and device == "cuda")
+    # every rebuild after the first fill threw a speculative step away; no other step did
+    assert fast.n_discarded == (v.n_builds - 1 if speculated else 0)
+    if speculated:
+        assert v.n_builds >= 2, "the trajectory must rebuild at least once to test the discarded launch"
     # the static buffers hold the unfiltered skin list: more edges than the fresh list at the cutoff
     _bucket, graph, builds = fast._verlet_fill[:3]
     assert builds == v.n_builds and graph.n_edges == v.last.num_edges
@@ -64,16 +74,23 @@ def test_padded_verlet_md_matches_fresh_list(model, device, system):
     assert np.ptp(np.array(positions_seen), axis=0).max() > 0.2  # the atoms did move
 
 
+@pytest.mark.parametrize("speculative", [None, True], ids=["default", "speculative"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_padded_verlet_rebuilds_on_new_structure_and_bucket_change(model, device):
+def test_padded_verlet_rebuilds_on_new_structure_and_bucket_change(model, device, speculative):
+    from helpers import random_molecule
+
     fast, ref = _engines(model, device, skin=0.5)
-    for atoms in [molecule("CH4"), molecule("C6H6"), silicon_cell(), molecule("C6H6")]:
+    fast.speculative_verlet = speculative
+    other12 = random_molecule(12, np.random.default_rng(3))  # as many atoms as benzene: a speculative launch, discarded
+    for atoms in [molecule("CH4"), molecule("C6H6"), other12, silicon_cell(), molecule("C6H6")]:
         batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
         got = fast.compute(batch, to_host=True)
         want = ref.compute(batch, to_host=True)
         np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
         np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-10)
-    assert fast.verlet.n_builds == 4  # every change of structure rebuilt
+    assert fast.verlet.n_builds == 5  # every change of structure rebuilt
+    if speculative or (speculative is None and device == "cuda"):
+        assert fast.n_discarded == 1  # benzene -> the other 12-atom molecule
     # a stretched molecule grows past its edge bucket: rebuild into a larger bucket, still exact
     atoms = molecule("C6H6")
     first = fast.compute(AtomsBatch.from_atoms(atoms, dtype=torch.float64), to_host=True)

@@ -284,6 +284,11 @@ class ForceEngine:
         self.last_bucket: Bucket | None = None  # the bucket of the latest padded call
         # Padded Verlet path: (bucket, graph, verlet build count) of the list now in the static buffers.
         self._verlet_fill: tuple | None = None
+        # Padded Verlet path: launch the step on the current list before the displacement test, which then runs on
+        # the host while the device computes (a rebuild discards that result and runs again). None: on CUDA only,
+        # where the launch is asynchronous; True/False force it (tests run it on the CPU).
+        self.speculative_verlet: bool | None = None
+        self.n_discarded = 0  # speculative steps thrown away because the list was rebuilt
         self._topology_token = 0
         self._graph_tokens: dict[Bucket, int] = {}
         self._fast_model: StudentModel | None = None
@@ -671,12 +676,19 @@ class ForceEngine:
         return self._run_padded(bucket, graph, n, b, to_host)
 
     def _run_padded(
-        self, bucket: Bucket, graph: PaddedGraph, n: int, b: int, to_host: bool, as_numpy: bool = False
+        self,
+        bucket: Bucket,
+        graph: PaddedGraph,
+        n: int,
+        b: int,
+        to_host: bool,
+        as_numpy: bool = False,
+        packed: torch.Tensor | None = None,
     ) -> dict:
-        """Run a filled bucket and unpack the real rows of the packed output (``as_numpy``: of its host copy as
-        NumPy views; needs ``to_host``)."""
+        """Run a filled bucket (``packed``: its output, already launched) and unpack the real rows of the packed
+        output (``as_numpy``: of its host copy as NumPy views; needs ``to_host``)."""
         self.last_bucket = bucket
-        packed = self._run(bucket, graph)
+        packed = self._run(bucket, graph) if packed is None else packed
         if to_host:
             if packed.is_cuda:
                 # One DMA into this bucket's page-locked buffer (a blocking copy: it waits for the step), then the
@@ -717,10 +729,25 @@ class ForceEngine:
         positions into the static buffer, the replay, and one copy of the packed outputs.
         """
         v = self.verlet
+        fill = self._verlet_fill
+        packed = None
+        if fill is not None and fill[2] == v.n_builds and fill[3].shape[0] == batch.num_atoms:
+            speculate = self.speculative_verlet
+            if speculate is None:
+                speculate = fill[1].positions.is_cuda
+            if speculate:
+                # The usual MD step: the list in the buffers is still the current one. Its step is launched now and
+                # the displacement test below runs while the device computes; if the test asks for a rebuild (or
+                # the batch is another system), this result is discarded and the rebuilt step follows it in stream
+                # order. The launch reads only in-range atoms (same atom count), so a stale list is harmless.
+                self._write_positions(fill, batch.positions, to_host)
+                packed = self._run(fill[0], fill[1])
         nl, rebuilt = self._verlet_list(batch, filtered=False)
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
-        fill = self._verlet_fill
         if rebuilt or fill is None or fill[2] != v.n_builds:
+            if packed is not None:
+                self.n_discarded += 1
+                packed = None
             # MD keeps its bucket while the new list fits (no flip-flop between two captured shapes), and a new one
             # is chosen with VERLET_EDGE_HEADROOM spare edges: the list's length drifts over a trajectory, and each
             # new bucket costs a capture (~2 s once), while spare edge slots cost almost nothing (no CSR row holds
@@ -742,17 +769,21 @@ class ForceEngine:
             self._verlet_fill = fill = (bucket, graph, v.n_builds, graph.positions[:n], staging)
         else:
             bucket, graph = fill[0], fill[1]
-            positions = batch.positions
-            staging = fill[4]
-            if staging is not None and to_host and positions.device.type == "cpu":
-                # Through page-locked memory: an asynchronous DMA instead of the driver's staged copy of a pageable
-                # source. Reusing the buffer is safe: this call waits for the device (to_host) before it returns.
-                staging.copy_(positions)
-                positions = staging
-            elif positions.dtype != self.dtype:
-                positions = positions.to(self.dtype)
-            fill[3].copy_(positions, non_blocking=True)
-        return self._run_padded(bucket, graph, n, b, to_host, as_numpy)
+            if packed is None:
+                self._write_positions(fill, batch.positions, to_host)
+        return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
+
+    def _write_positions(self, fill: tuple, positions: torch.Tensor, to_host: bool) -> None:
+        """Copy the caller's positions into the static positions of the Verlet path's bucket (``fill``)."""
+        staging = fill[4]
+        if staging is not None and to_host and positions.device.type == "cpu":
+            # Through page-locked memory: an asynchronous DMA instead of the driver's staged copy of a pageable
+            # source. Reusing the buffer is safe: this call waits for the device (to_host) before it returns.
+            staging.copy_(positions)
+            positions = staging
+        elif positions.dtype != self.dtype:
+            positions = positions.to(self.dtype)
+        fill[3].copy_(positions, non_blocking=True)
 
     # ------------------------------------------------------------------------------------------ warm-up
     def warmup(
