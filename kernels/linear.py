@@ -49,6 +49,7 @@ _CONFIG = {
     "dot": "tf32x3",
     "untransposed_max_rows": 1024,
     "stages": None,  # num_stages of the launch on the GPU (None: Triton's default)
+    "large_maxnreg": None,  # register cap per thread of the large-M launches (None: the compiler's choice)
 }
 _EPI = {"none": 0, "silu": 1}
 _PRO_SILU, _PRO_ADD, _PRO_GATHER = 1, 2, 3  # the A-operand prologues of _gemm_kernel (0: none)
@@ -273,6 +274,8 @@ def gemm(
     fusion = {"enable_fp_fusion": False} if row_affine is not None and ref.is_cuda else {}
     if ref.is_cuda and _CONFIG["stages"] is not None:
         fusion["num_stages"] = _CONFIG["stages"]
+    if ref.is_cuda and not small and _CONFIG["large_maxnreg"] is not None:
+        fusion["maxnreg"] = _CONFIG["large_maxnreg"]
     _gemm_kernel[grid](
         a if a is not None else ref, w, bias if bias is not None else ref, aux, out, pre if pre is not None else out,
         addend if addend is not None else out, _or(idx, ref), _or(scale, ref), _or(shift, ref), _or(seg, ref),

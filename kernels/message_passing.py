@@ -312,6 +312,8 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     the whole step 1.03x at 3,000 and 24,000 atoms, 1.02x for 4,096 g2 molecules (H100,
 #     benchmarks/results/probe_ncu_sweep_h100_run3.md), float32 tests vs float64 pass on CUDA.
 #   <kernel>_stages: num_stages of the kernel's GPU launch (None: Triton's default), for benchmarks/probe_ncu.py.
+#   <kernel>_maxnreg: the launch's register cap per thread (None: the compiler's choice, 255 for the heavy kernels,
+#     which leaves 2 programs of 4 warps per SM), for the same sweeps.
 #   bwd_sender_variant "auto" (shipped): "block" on GPU graphs of at least block_min_atoms atoms with at most
 #     sender_block_max_degree edges per atom, else "atom". Few edges per atom leave the atom variant reloading
 #     the filter tiles for every atom: 1,024 g2 molecules (~7.5 edges per atom) ran the block sender backward
@@ -381,6 +383,10 @@ _CONFIG = {
     "bwd_sender_stages": None,
     "bwd_edge_stages": None,
     "bwd_filter_stages": None,
+    "fwd_maxnreg": None,
+    "bwd_sender_maxnreg": None,
+    "bwd_edge_maxnreg": None,
+    "bwd_filter_maxnreg": None,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block", "fused")}
@@ -524,6 +530,9 @@ if HAS_TRITON:
         stages = _CONFIG[f"{kernel}_stages"]
         if cuda and stages is not None:
             c["num_stages"] = int(stages)  # a launch option, passed with the constexprs
+        maxnreg = _CONFIG[f"{kernel}_maxnreg"]
+        if cuda and maxnreg is not None:
+            c["maxnreg"] = int(maxnreg)  # registers per thread at most (more programs per SM, maybe spills)
         return c, warps, variant
 
     _ZERO_SCALARS: dict = {}
