@@ -312,8 +312,9 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     the whole step 1.03x at 3,000 and 24,000 atoms, 1.02x for 4,096 g2 molecules (H100,
 #     benchmarks/results/probe_ncu_sweep_h100_run3.md), float32 tests vs float64 pass on CUDA.
 #   <kernel>_stages: num_stages of the kernel's GPU launch (None: Triton's default), for benchmarks/probe_ncu.py.
-#   <kernel>_maxnreg: the launch's register cap per thread (None: the compiler's choice, 255 for the heavy kernels,
-#     which leaves 2 programs of 4 warps per SM), for the same sweeps.
+#   <kernel>_maxnreg: the launch's register cap per thread (None or 0: the compiler's choice, 255 for the heavy
+#     kernels, which leaves 2 programs of 4 warps per SM), for the same sweeps; bwd_sender_atom_maxnreg: the cap of
+#     the atom-variant sender backward when bwd_sender_maxnreg is None.
 #   bwd_sender_variant "auto" (shipped): "block" on GPU graphs of at least block_min_atoms atoms with at most
 #     sender_block_max_degree edges per atom, else "atom". Few edges per atom leave the atom variant reloading
 #     the filter tiles for every atom: 1,024 g2 molecules (~7.5 edges per atom) ran the block sender backward
@@ -387,6 +388,10 @@ _CONFIG = {
     "bwd_sender_maxnreg": None,
     "bwd_edge_maxnreg": None,
     "bwd_filter_maxnreg": None,
+    # The atom-variant sender backward (large-degree graphs) capped at 128 registers (168 uncapped: 3 programs of 4
+    # warps per SM, 4 when capped): 1.032x on the 24,000-atom water step, 1.015x at 3,000 atoms; the block variant
+    # (g2 batches) was 0.973x capped, so it stays uncapped (benchmarks/results/probe_ncu_sweep_h100_run7.md).
+    "bwd_sender_atom_maxnreg": 128,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block", "fused")}
@@ -531,7 +536,9 @@ if HAS_TRITON:
         if cuda and stages is not None:
             c["num_stages"] = int(stages)  # a launch option, passed with the constexprs
         maxnreg = _CONFIG[f"{kernel}_maxnreg"]
-        if cuda and maxnreg is not None:
+        if maxnreg is None and kernel == "bwd_sender" and variant == "atom":
+            maxnreg = _CONFIG["bwd_sender_atom_maxnreg"]
+        if cuda and maxnreg:  # None or 0: uncapped
             c["maxnreg"] = int(maxnreg)  # registers per thread at most (more programs per SM, maybe spills)
         return c, warps, variant
 
