@@ -388,10 +388,13 @@ _CONFIG = {
     "bwd_sender_maxnreg": None,
     "bwd_edge_maxnreg": None,
     "bwd_filter_maxnreg": None,
-    # The atom-variant sender backward (large-degree graphs) capped at 128 registers (168 uncapped: 3 programs of 4
-    # warps per SM, 4 when capped): 1.032x on the 24,000-atom water step, 1.015x at 3,000 atoms; the block variant
-    # (g2 batches) was 0.973x capped, so it stays uncapped (benchmarks/results/probe_ncu_sweep_h100_run7.md).
+    # The atom-variant sender backward capped at 128 registers on graphs of bwd_sender_cap_min_atoms atoms or more
+    # (168 uncapped: 3 programs of 4 warps per SM, 4 when capped). The whole step, capped vs uncapped in the same
+    # run: 1.032x at 24,000 atoms of water, 1.01-1.03x at 3,000, 0.98-0.99x on the 192-atom box, 1.00x benzene;
+    # the block variant (g2 batches) was 0.973x, so it stays uncapped (benchmarks/results/
+    # probe_ncu_sweep_h100_run7.md, run8.md).
     "bwd_sender_atom_maxnreg": 128,
+    "bwd_sender_cap_min_atoms": 1000,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block", "fused")}
@@ -536,7 +539,8 @@ if HAS_TRITON:
         if cuda and stages is not None:
             c["num_stages"] = int(stages)  # a launch option, passed with the constexprs
         maxnreg = _CONFIG[f"{kernel}_maxnreg"]
-        if maxnreg is None and kernel == "bwd_sender" and variant == "atom":
+        big = n_atoms is not None and int(n_atoms) >= _CONFIG["bwd_sender_cap_min_atoms"]
+        if maxnreg is None and kernel == "bwd_sender" and variant == "atom" and big:
             maxnreg = _CONFIG["bwd_sender_atom_maxnreg"]
         if cuda and maxnreg:  # None or 0: uncapped
             c["maxnreg"] = int(maxnreg)  # registers per thread at most (more programs per SM, maybe spills)
