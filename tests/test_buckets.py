@@ -210,6 +210,10 @@ def test_host_fill_equals_device_fill(device, dtype):
             assert torch.equal(a, b), f"graph {k}: {name} differs"
         assert_bucket_csr(g)
     assert storage == [t.data_ptr() for t in g.inputs()]
+    # every field starts 128 bytes into its flat buffer's alignment, as a fresh allocation would (the kernels
+    # specialise their loads on it)
+    bases = {torch.long: g._ints.data_ptr(), g._floats.dtype: g._floats.data_ptr()}
+    assert all((t.data_ptr() - bases[t.dtype]) % 128 == 0 for t in g.inputs())
     with pytest.raises(ValueError, match="does not fit"):
         big = AtomsBatch.from_atoms([random_molecule(24, rng)], dtype=dtype)
         nl = molecular_pairs(big.positions, big.ptr, 4.0)

@@ -147,25 +147,47 @@ class BucketLadder:
         return None if ia == len(atoms) or ie == len(edges) else Bucket(atoms[ia], edges[ie])
 
 
+_SEGMENT_ALIGN = 32  # elements: every field of the flat buffers starts 128-byte aligned (int32 keys 128 B too)
+
+
+def _offsets(sizes) -> list[int]:
+    """Start of each segment (and the total) with every start rounded up to ``_SEGMENT_ALIGN`` elements, so a
+    field's pointer is as aligned as a fresh allocation's (the kernels' loads are specialised on alignment)."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(at)
+        at = -(-(at + n) // _SEGMENT_ALIGN) * _SEGMENT_ALIGN
+    return [*out, at]
+
+
+def _int_layout(a: int, c: int) -> list[int]:
+    return _offsets([a, a, 2 * c, a + 1, c, a + 1])
+
+
+def _float_layout(a: int, c: int) -> list[int]:
+    return _offsets([3 * a, 3 * c, a])
+
+
 def _int_views(ints, a: int, c: int) -> dict:
     """The int64 fields of a bucket's graph as views of one flat buffer (or array), in this order."""
-    o = np.cumsum([0, a, a, 2 * c, a + 1, c, a + 1])
+    o = _int_layout(a, c)
     return {
-        "numbers": ints[o[0] : o[1]],
-        "batch": ints[o[1] : o[2]],
-        "edge_index": ints[o[2] : o[3]].reshape(2, c),
-        "row_ptr": ints[o[3] : o[4]],
-        "sender_perm": ints[o[4] : o[5]],
-        "sender_ptr": ints[o[5] : o[6]],
+        "numbers": ints[o[0] : o[0] + a],
+        "batch": ints[o[1] : o[1] + a],
+        "edge_index": ints[o[2] : o[2] + 2 * c].reshape(2, c),
+        "row_ptr": ints[o[3] : o[3] + a + 1],
+        "sender_perm": ints[o[4] : o[4] + c],
+        "sender_ptr": ints[o[5] : o[5] + a + 1],
     }
 
 
 def _float_views(floats, a: int, c: int) -> dict:
     """The floating-point fields of a bucket's graph as views of one flat buffer (or array), in this order."""
+    o = _float_layout(a, c)
     return {
-        "positions": floats[: 3 * a].reshape(a, 3),
-        "shift_vectors": floats[3 * a : 3 * a + 3 * c].reshape(c, 3),
-        "mask": floats[3 * a + 3 * c :],
+        "positions": floats[o[0] : o[0] + 3 * a].reshape(a, 3),
+        "shift_vectors": floats[o[1] : o[1] + 3 * c].reshape(c, 3),
+        "mask": floats[o[2] : o[2] + a],
     }
 
 
@@ -210,15 +232,14 @@ class PaddedGraph:
         """All-padding content (zero real atoms): a valid input, used to warm up and capture a bucket."""
         a, c = bucket.atoms, bucket.edges
         # Two flat buffers, one per dtype, that the fields view: fill_padded_host writes each in one transfer.
-        ints = torch.empty((4 * a + 3 * c + 2,), dtype=torch.long, device=device)
-        floats = torch.empty((4 * a + 3 * c,), dtype=dtype, device=device)
+        ints = torch.empty((_int_layout(a, c)[-1],), dtype=torch.long, device=device)
+        floats = torch.empty((_float_layout(a, c)[-1],), dtype=dtype, device=device)
         iv = _int_views(ints, a, c)
         fv = _float_views(floats, a, c)
+        ints.zero_()  # the gaps between the fields included (never read)
+        floats.zero_()
         iv["numbers"].fill_(int(pad_z))
         iv["batch"].fill_(a - 1)
-        for k in ("edge_index", "row_ptr", "sender_perm", "sender_ptr"):
-            iv[k].zero_()
-        floats.zero_()
         g = cls(bucket=bucket, **iv, **fv, pad_z=int(pad_z), far=far_shift(cutoff))
         g._ints, g._floats = ints, floats
         g._host = None  # fill_padded_host's page-locked mirrors of the two buffers and its copy event
@@ -351,8 +372,8 @@ def fill_padded_host(
     host = dst._host
     if host is None:
         pin = dst._ints.is_cuda
-        h_ints = torch.empty(dst._ints.shape, dtype=torch.long, pin_memory=pin)
-        h_floats = torch.empty(dst._floats.shape, dtype=dst._floats.dtype, pin_memory=pin)
+        h_ints = torch.zeros(dst._ints.shape, dtype=torch.long, pin_memory=pin)
+        h_floats = torch.zeros(dst._floats.shape, dtype=dst._floats.dtype, pin_memory=pin)
         event = torch.cuda.Event() if pin else None
         host = dst._host = (h_ints, h_floats, event)
     h_ints, h_floats, event = host
