@@ -147,7 +147,7 @@ class BucketLadder:
         return None if ia == len(atoms) or ie == len(edges) else Bucket(atoms[ia], edges[ie])
 
 
-_SEGMENT_ALIGN = 32  # elements: every field of the flat buffers starts 128-byte aligned (int32 keys 128 B too)
+_SEGMENT_ALIGN = 32  # elements: every field of the flat buffers starts 128 (int64) or 64-128 bytes aligned
 
 
 def _offsets(sizes) -> list[int]:
