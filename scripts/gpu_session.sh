@@ -68,7 +68,7 @@ case "$part" in
   verify)
     # -v: each test's name and outcome as it finishes, so a run cut by the time box still names its failures.
     timeout $(box 330) python3 -m pytest -v -p no:cacheprovider --timeout=300 --tb=short -k "cuda or gpu" \
-      tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_calculator.py tests/test_neighbors.py \
+      tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_calculator.py tests/test_neighbors.py tests/test_buckets.py \
       tests/test_physics.py tests/kernels >"$res/pytest_gpu.log" 2>&1
     grep -cE " PASSED" "$res/pytest_gpu.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu.log" | head -20
     tail -3 "$res/pytest_gpu.log"
