@@ -180,7 +180,7 @@ def test_host_filled_buckets_equal_the_device_path_on_cuda(model, monkeypatch):
 
     used = []
     real = engine_mod.fill_padded_host
-    monkeypatch.setattr(engine_mod, "fill_padded_host", lambda *a: used.append(1) or real(*a))
+    monkeypatch.setattr(engine_mod, "fill_padded_host", lambda *a, **k: used.append(1) or real(*a, **k))
     rng = np.random.default_rng(21)
     eng = ForceEngine(model, device="cuda", precision="fp64", mode="cudagraph")
     calls = [[molecule("C6H6")], [molecule("H2O")], [random_molecule(int(n), rng) for n in rng.integers(2, 20, 30)]]
@@ -193,6 +193,13 @@ def test_host_filled_buckets_equal_the_device_path_on_cuda(model, monkeypatch):
         want = eng.compute(host.to("cuda"), to_host=True)
         for key in ("energy", "forces", "atomic_energies"):
             np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=0, atol=1e-10, err_msg=f"{k} {key}")
+    # Results left on the device, calls back to back: each fill waits for the previous one's transfers out of the
+    # page-locked mirrors (the event those calls record) before it rewrites them.
+    batches = [AtomsBatch.from_atoms(m, dtype=torch.float64) for m in calls[3:8]]
+    on_device = [eng.compute(b) for b in batches]
+    for k, (b, out) in enumerate(zip(batches, on_device, strict=True)):
+        want = eng.compute(b.to("cuda"), to_host=True)
+        np.testing.assert_allclose(out["forces"].cpu().numpy(), want["forces"].numpy(), rtol=0, atol=1e-10, err_msg=k)
 
 
 def test_verlet_same_object_shortcut_still_sees_in_place_changes():

@@ -350,6 +350,8 @@ def fill_padded_host(
     num_structures: int,
     edge_index: np.ndarray,
     row_ptr: np.ndarray,
+    *,
+    record: bool = True,
 ) -> PaddedGraph:
     """:func:`fill_padded` for a graph given on the host with zero shifts (molecules: the all-pairs list of
     :mod:`mlff_distiller.neighbors.molecular`, sorted by receiver, and its receiver offsets ``row_ptr [N + 1]``).
@@ -358,7 +360,12 @@ def fill_padded_host(
     two flat buffers with NumPy and sent in two transfers: for a benzene that replaces ~30 small device
     operations and six transfers of the device path (each a launch of host time on a GPU). The result equals
     :func:`fill_padded` with zero shift vectors, buffer for buffer (the stable sort by sender gives the same
-    permutation as the device's). For buckets of at most :data:`HOST_FILL_MAX_EDGES` edge slots."""
+    permutation as the device's). For buckets of at most :data:`HOST_FILL_MAX_EDGES` edge slots.
+
+    The next fill waits for these transfers before it rewrites the mirrors (a CUDA event recorded after them).
+    ``record=False`` skips that event (``torch.cuda.current_stream()`` and a record, a few µs of host time) for a
+    caller that waits for the device anyway before the next fill, e.g. by copying the step's results to the host
+    in the same stream."""
     n, e = int(numbers.shape[0]), int(edge_index.shape[1])
     a, c = dst.bucket.atoms, dst.bucket.edges
     if not dst.bucket.fits(n, e):
@@ -407,7 +414,7 @@ def fill_padded_host(
     fv["mask"][:num_structures] = 1.0
     dst._ints.copy_(h_ints, non_blocking=True)
     dst._floats.copy_(h_floats, non_blocking=True)
-    if event is not None:
+    if event is not None and record:
         event.record()
     dst.n_atoms, dst.n_edges, dst.n_structures = n, e, int(num_structures)
     return dst

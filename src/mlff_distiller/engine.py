@@ -647,6 +647,7 @@ class ForceEngine:
                     batch.num_structures,
                     host_nl.edge_index.numpy(),
                     host_nl.row_ptr.numpy(),
+                    record=not to_host,  # to_host: this call waits for the device before it returns
                 )
                 self._graph_tokens[bucket] = -1  # the device path must rewrite everything in this bucket
                 self._verlet_fill = None
