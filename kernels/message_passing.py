@@ -539,9 +539,9 @@ if HAS_TRITON:
         if cuda and stages is not None:
             c["num_stages"] = int(stages)  # a launch option, passed with the constexprs
         maxnreg = _CONFIG[f"{kernel}_maxnreg"]
-        big = n_atoms is not None and int(n_atoms) >= _CONFIG["bwd_sender_cap_min_atoms"]
-        if maxnreg is None and kernel == "bwd_sender" and variant == "atom" and big:
-            maxnreg = _CONFIG["bwd_sender_atom_maxnreg"]
+        if maxnreg is None and kernel == "bwd_sender" and variant == "atom" and n_atoms is not None:
+            if int(n_atoms) >= _CONFIG["bwd_sender_cap_min_atoms"]:
+                maxnreg = _CONFIG["bwd_sender_atom_maxnreg"]
         if cuda and maxnreg:  # None or 0: uncapped
             c["maxnreg"] = int(maxnreg)  # registers per thread at most (more programs per SM, maybe spills)
         return c, warps, variant

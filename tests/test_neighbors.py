@@ -278,6 +278,11 @@ def test_molecular_path_equals_brute_force(dtype):
     assert torch.equal(got.shifts, want.shifts)
     assert got.shift_vectors.dtype == dtype and not got.shift_vectors.any()
     assert got.num_edges > 1000
+    for atoms in [*mols[:5], twin, edge]:  # one structure at a time: the broadcast path of a single structure
+        one = AtomsBatch.from_atoms(atoms, dtype=dtype)
+        got1, want1 = neighbor_list_batch(one, CUTOFF), neighbor_list_batch(one, CUTOFF, "brute")
+        assert got1.method == "molecular"
+        assert torch.equal(got1.edge_index, want1.edge_index) and torch.equal(got1.row_ptr, want1.row_ptr)
     with pytest.raises(ValueError, match="NaN"):
         bad = batch.positions.clone()
         bad[3, 1] = float("nan")

@@ -60,18 +60,7 @@ def molecular_pairs(positions: torch.Tensor, ptr: torch.Tensor, cutoff: float) -
     d -= np.take(pos, i, axis=0)
     r2 = np.einsum("ij,ij->i", d, d)
     keep = (r2 > 0.0) & (r2 < float(cutoff) ** 2)
-    i, j = i[keep].astype(np.int64), j[keep].astype(np.int64)
-    n = pos.shape[0]
-    row_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(i, minlength=n), out=row_ptr[1:])
-    e = i.shape[0]
-    return NeighborList(
-        edge_index=torch.from_numpy(np.stack([i, j])),
-        shifts=torch.zeros((e, 3), dtype=torch.int64),
-        shift_vectors=torch.zeros((e, 3), dtype=positions.dtype),
-        row_ptr=torch.from_numpy(row_ptr),
-        method="molecular",
-    )
+    return _pair_list(i[keep].astype(np.int64), j[keep].astype(np.int64), pos.shape[0], positions.dtype)
 
 
 def _one_structure(pos: np.ndarray, cutoff: float, dtype: torch.dtype) -> NeighborList:
@@ -81,13 +70,17 @@ def _one_structure(pos: np.ndarray, cutoff: float, dtype: torch.dtype) -> Neighb
     n = pos.shape[0]
     d = (pos[None, :, :] - pos[:, None, :]).reshape(n * n, 3)  # row i * n + j: r_j - r_i
     r2 = np.einsum("ij,ij->i", d, d)
-    keep = ((r2 > 0.0) & (r2 < cutoff**2)).reshape(n, n)
-    i, j = np.nonzero(keep)  # row-major: by receiver, then sender
+    i, j = np.nonzero(((r2 > 0.0) & (r2 < cutoff**2)).reshape(n, n))  # row-major: by receiver, then sender
+    return _pair_list(i.astype(np.int64, copy=False), j.astype(np.int64, copy=False), n, dtype)
+
+
+def _pair_list(i: np.ndarray, j: np.ndarray, n: int, dtype: torch.dtype) -> NeighborList:
+    """The receiver-sorted pairs ``(i, j)`` of ``n`` atoms as a :class:`NeighborList` with zero shifts."""
     row_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.count_nonzero(keep, axis=1), out=row_ptr[1:])
+    np.cumsum(np.bincount(i, minlength=n), out=row_ptr[1:])
     e = i.shape[0]
     return NeighborList(
-        edge_index=torch.from_numpy(np.stack([i, j]).astype(np.int64, copy=False)),
+        edge_index=torch.from_numpy(np.stack([i, j])),
         shifts=torch.zeros((e, 3), dtype=torch.int64),
         shift_vectors=torch.zeros((e, 3), dtype=dtype),
         row_ptr=torch.from_numpy(row_ptr),
