@@ -10,7 +10,9 @@ For batches of ASE g2 molecules (the issue-5 sweep's structures) this times, on 
   ``.numpy()``;
 
 and, on a GPU, ``engine.predict`` end to end (ASE structures in, one dict per structure out) in eager and CUDA-graph
-mode, with the GPU step alone beside it. Medians of repeated runs; writes ``bench_host_<device>.md``.
+mode, with the GPU step alone beside it, and (``--pipeline N``) N molecules in several batches through the
+sequential and the pipelined loop of :mod:`mlff_distiller.batching`, timed alternately. Medians of repeated
+runs; writes ``bench_host_<device>.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from harness import write_lines
 
 from mlff_distiller import AtomsBatch, ForceEngine
 from mlff_distiller.batch import _validate_structure
-from mlff_distiller.engine import result_rows
+from mlff_distiller.batching import result_rows
 from mlff_distiller.neighbors.molecular import molecular_pairs
 
 
@@ -174,6 +176,67 @@ def gpu_rows(sizes: list[int], reps: int) -> list[str]:
     return lines
 
 
+def ab_ms(fa, fb, reps: int) -> tuple[float, float]:
+    """Medians (ms) of ``fa`` and ``fb`` timed alternately (which goes first alternates too), after one warm-up
+    call of each: both see the same host and device state."""
+    fa(), fb()
+    ta, tb = [], []
+    for r in range(reps):
+        for fn, out in ((fa, ta), (fb, tb)) if r % 2 == 0 else ((fb, tb), (fa, ta)):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return statistics.median(ta) * 1e3, statistics.median(tb) * 1e3
+
+
+def pipeline_rows(n: int, batch_sizes: list[int | None], reps: int) -> list[str]:
+    """``engine.predict`` over ``n`` g2 molecules in several batches, sequential (``pipeline=False``) against
+    pipelined (the default on CUDA), timed alternately in one process; the rows are checked equal first."""
+    lines = [
+        "",
+        f"## engine.predict over {n} g2 molecules in batches: sequential vs pipelined (same run, alternating)",
+        "",
+        "`batch`: structures per batch (`budget`: batches filled to the engine's atom budget, the default). "
+        "Wall clock per predict call, median; `max |ΔF|`: pipelined vs sequential rows.",
+        "",
+        "| mode | batch | batches | sequential ms | pipelined ms | sequential µs / structure | "
+        "pipelined µs / structure | speed-up | max abs ΔF eV/Å |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    model = make_student()
+    mols = g2_batch(n)
+    for mode in ("eager", "cudagraph"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine = ForceEngine(model, device="cuda", mode=mode)
+        for bs in batch_sizes:
+
+            def run(pipeline, bs=bs, engine=engine):
+                out = engine.predict(mols, batch_size=bs, pipeline=pipeline)
+                torch.cuda.synchronize()
+                return out
+
+            seq, pipe = run(False), run(True)
+            diff = max(float(np.abs(a["forces"] - b["forces"]).max()) for a, b in zip(seq, pipe, strict=True))
+            assert len(seq) == len(pipe) == n and diff <= 1e-4, diff
+            budget = engine.atom_budget()
+            n_batches = -(-n // bs) if bs else sum(1 for _ in _budget_chunks(mols, budget))
+            t_seq, t_pipe = ab_ms(lambda r=run: r(False), lambda r=run: r(True), reps)
+            label = str(bs) if bs else f"budget ({budget} atoms)"
+            lines.append(
+                f"| {mode} | {label} | {n_batches} | {t_seq:.2f} | {t_pipe:.2f} | {t_seq * 1e3 / n:.2f} | "
+                f"{t_pipe * 1e3 / n:.2f} | {t_seq / t_pipe:.2f}x | {diff:.1e} |"
+            )
+            print(lines[-1], flush=True)
+    return lines
+
+
+def _budget_chunks(mols, budget):
+    from mlff_distiller.batching import chunks
+
+    return chunks(mols, None, budget)
+
+
 def profile_predict(n: int, mode: str) -> list[str]:
     """cProfile of one ``engine.predict`` over ``n`` g2 molecules on CUDA (after a warm-up call), top 30 by
     internal time: where the host time of the end-to-end rows goes."""
@@ -202,6 +265,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[16, 256, 1024, 4096])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--gpu", action="store_true", help="also engine.predict end to end on CUDA")
+    ap.add_argument("--pipeline", type=int, default=0, help="with --gpu: N molecules, sequential vs pipelined")
+    ap.add_argument("--pipeline-batches", type=int, nargs="+", default=[512, 2048, 0], help="0: the atom budget")
     ap.add_argument("--profile", type=int, default=0, help="with --gpu: cProfile one predict of this many molecules")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default=None)
@@ -227,7 +292,10 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("--gpu needs CUDA", file=sys.stderr)
             return 2
-        lines += gpu_rows(args.sizes, max(3, args.reps // 3))
+        if args.sizes:
+            lines += gpu_rows(args.sizes, max(3, args.reps // 3))
+        if args.pipeline:
+            lines += pipeline_rows(args.pipeline, [b or None for b in args.pipeline_batches], max(3, args.reps // 2))
         if args.profile:
             lines += profile_predict(args.profile, "cudagraph")
     name = args.name or f"bench_host_{'cuda' if args.gpu else 'cpu'}"

@@ -156,6 +156,58 @@ def test_oom_splits_and_keeps_order(model, monkeypatch):
         engine.predict([mols[0] + mols[1] + mols[2] + mols[3]], atom_budget=10_000)
 
 
+def _rows_equal(got, want, atoms_list):
+    """Two predict() results: the same rows, bit for bit, in input order."""
+    assert len(got) == len(want) == len(atoms_list)
+    for a, b, atoms in zip(want, got, atoms_list, strict=True):
+        assert b["forces"].shape == (len(atoms), 3) and b.keys() == a.keys()
+        assert a["energy"] == b["energy"]
+        np.testing.assert_array_equal(a["forces"], b["forces"])
+        np.testing.assert_array_equal(a["energies"], b["energies"])
+        if "stress" in a:
+            np.testing.assert_array_equal(a["stress"], b["stress"])
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_pipelined_predict_equals_the_sequential_loop(model, pad):
+    """The host/device pipeline (forced on here; on CUDA it is the default) gives the sequential loop's rows, in
+    input order, over several batches of different sizes, periodic ones with stress included."""
+    mols = _mols(11, seed=21)
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=pad)
+    for kw in ({"batch_size": 3}, {"atom_budget": 25}, {"batch_size": 100}):
+        want = engine.predict(mols, pipeline=False, **kw)
+        _rows_equal(engine.predict(mols, pipeline=True, **kw), want, mols)
+    cells = [silicon_cell(), mols[0], silicon_cell()]
+    cells[2].rattle(0.05, seed=3)
+    want = engine.predict(cells, batch_size=2, stress=True, pipeline=False)
+    assert "stress" in want[0] and "stress" not in want[1]
+    _rows_equal(engine.predict(cells, batch_size=2, stress=True, pipeline=True), want, cells)
+
+
+def test_pipelined_oom_keeps_the_batch_in_flight(model, monkeypatch):
+    """An out-of-memory error while another batch is in flight: that batch's rows are kept, the failing one is
+    split, nothing is lost or duplicated and the order is the input order."""
+    mols = _mols(17, seed=7)
+    engine = ForceEngine(model, device="cpu", precision="fp64")
+    want = engine.predict(mols, batch_size=1, pipeline=False)
+    real = ForceEngine.compute
+    calls = []
+
+    def flaky(self, batch, **kw):
+        calls.append(batch.num_structures)
+        if len(calls) == 2:  # the second batch, launched while the first is in flight
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(ForceEngine, "compute", flaky)
+    got = engine.predict(mols, batch_size=6, pipeline=True)
+    assert engine.oom_splits == 1 and calls[:3] == [6, 6, 3]
+    for a, b in zip(want, got, strict=True):
+        assert a["energy"] == pytest.approx(b["energy"], abs=1e-10)
+        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
+    assert len(got) == len(mols)
+
+
 def test_memory_budget_batches_small(model):
     mols = _mols(8, seed=9)
     engine = ForceEngine(model, device="cpu", precision="fp64", memory_budget=1)
@@ -297,6 +349,19 @@ def test_calculator_md_on_cuda_replays_graphs(model):
     eng = atoms.calc.engine
     assert eng._verlet_fill is not None  # the skin list stays in the static buffers between steps
     assert 1 <= eng.verlet.n_builds < eng.verlet.n_calls
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["eager", "cudagraph"])
+def test_pipelined_predict_on_cuda(model, mode):
+    """On CUDA the pipeline is the default: its rows (copied back asynchronously through page-locked memory while
+    the next batch is launched) equal the sequential loop's, over batches large enough that the copy of one
+    overlaps the next step, and small ones that take the host-filled buckets."""
+    engine = ForceEngine(model, device="cuda", mode=mode)
+    for mols, bs in ((_mols(300, seed=31), 64), (_mols(40, seed=32), 3)):
+        want = engine.predict(mols, batch_size=bs, pipeline=False)
+        got = engine.predict(mols, batch_size=bs)
+        _rows_equal(got, want, mols)
 
 
 @gpu

@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import itertools
 import math
 import os
 import time
@@ -45,11 +44,11 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.batching import predict_structures
 from mlff_distiller.buckets import (
     HOST_FILL_MAX_EDGES,
     Bucket,
@@ -894,54 +893,19 @@ class ForceEngine:
         batch_size: int | None = None,
         stress: bool = False,
         atom_budget: int | None = None,
+        pipeline: bool | None = None,
     ) -> list[dict]:
         """Energies, forces (and stress for periodic structures) as one dict per structure, in input order.
 
         ``batch_size`` is a number of structures per batch; when None, batches are filled up to an atom budget
         (``atom_budget``, else :meth:`atom_budget`). A batch that runs out of device memory is split in halves
         and retried (``oom_splits`` counts it), and later batches start no larger than the half that fit.
+        ``pipeline`` (default: on for CUDA): the next batch is read and launched on the host while the device
+        computes the current one (:mod:`mlff_distiller.batching`); the same results either way.
         """
-        structures = list(structures)
-        results: list[dict] = []
-        if batch_size is None and not atom_budget:
-            atom_budget = self.atom_budget()  # a device query on CUDA: only when batches are sized by atoms
-        for chunk in _chunks(structures, batch_size, atom_budget or 1):
-            results.extend(self._predict_chunk(chunk, stress))
-        return results
-
-    def _predict_chunk(self, chunk: list, stress: bool) -> list[dict]:
-        try:
-            batch = AtomsBatch.from_atoms(chunk, dtype=self.dtype)
-            out = self.compute(batch, forces=True, stress=stress, to_host=True)
-        except torch.OutOfMemoryError:
-            if len(chunk) == 1:
-                raise
-            self.oom_splits += 1
-            n_atoms = sum(len(s) for s in chunk)
-            self._atom_budget_cap = max(1, min(self._atom_budget_cap or n_atoms, n_atoms // 2))
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            half = len(chunk) // 2
-            return self._predict_chunk(chunk[:half], stress) + self._predict_chunk(chunk[half:], stress)
-        return result_rows(batch, out, stress)
-
-
-def result_rows(batch: AtomsBatch, out: dict[str, torch.Tensor], stress: bool = False) -> list[dict]:
-    """One dict per structure of ``batch`` from the host outputs ``out`` of :meth:`ForceEngine.compute`: ``energy``
-    (float), ``forces`` and ``energies`` (float64 arrays) and, where asked and valid, ``stress``. One conversion per
-    output, then NumPy slices per structure (torch.split + .numpy() per structure cost ~7 µs a structure, 28 ms for
-    4,096 small molecules, more than their GPU step; np.split ~2.5 µs)."""
-    ptr = batch.ptr.tolist()
-    energy = out["energy"].double().numpy().tolist()
-    f64, e64 = out["forces"].double().numpy(), out["atomic_energies"].double().numpy()
-    forces = [f64[a:b] for a, b in itertools.pairwise(ptr)]
-    atomic = [e64[a:b] for a, b in itertools.pairwise(ptr)]
-    rows = [{"energy": e, "forces": f, "energies": a} for e, f, a in zip(energy, forces, atomic, strict=True)]
-    if stress:
-        voigt = out["stress"].double().numpy()
-        for b in np.flatnonzero(out["stress_valid"].numpy()):
-            rows[b]["stress"] = voigt[b]
-    return rows
+        return predict_structures(
+            self, structures, batch_size=batch_size, stress=stress, atom_budget=atom_budget, pipeline=pipeline
+        )
 
 
 def _inverse(perm: torch.Tensor) -> torch.Tensor:
@@ -964,25 +928,3 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _unsort(per_atom: torch.Tensor, inv: torch.Tensor | None) -> torch.Tensor:
     """Rows of a per-atom result computed in spatial order, back in the caller's order."""
     return per_atom if inv is None else per_atom.index_select(0, inv)
-
-
-def _chunks(structures: list, batch_size: int | None, atom_budget: int) -> Iterator[list]:
-    if batch_size is not None:
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        for k in range(0, len(structures), int(batch_size)):
-            yield structures[k : k + int(batch_size)]
-        return
-    if int(atom_budget) < 1:
-        raise ValueError(f"atom_budget must be >= 1, got {atom_budget}")
-    chunk: list = []
-    atoms = 0
-    for s in structures:
-        n = len(s)
-        if chunk and atoms + n > atom_budget:
-            yield chunk
-            chunk, atoms = [], 0
-        chunk.append(s)
-        atoms += n
-    if chunk:
-        yield chunk

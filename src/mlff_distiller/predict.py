@@ -25,6 +25,7 @@ def predict_forces(
     mode: str = "eager",
     compile_mode: str | None = None,
     memory_budget: int | None = None,
+    pipeline: bool | None = None,
 ) -> list[dict]:
     """Energies and forces for many structures.
 
@@ -41,6 +42,8 @@ def predict_forces(
         compile_mode: ``torch.compile`` mode for ``"compile"``.
         memory_budget: bytes one batch may use (default: half the free device memory on CUDA); a batch that
             still runs out of memory is split and retried.
+        pipeline: read and launch the next batch on the host while the device computes the current one
+            (default: on for CUDA; :mod:`mlff_distiller.batching`). The same results either way.
     Returns:
         One dict per structure, in input order: ``energy`` (float, eV), ``forces`` (ndarray [n, 3], eV/Å),
         ``energies`` (ndarray [n], per-atom eV) and, when ``stress`` and periodic, ``stress`` (ndarray [6],
@@ -61,4 +64,4 @@ def predict_forces(
         compile_mode=compile_mode,
         memory_budget=memory_budget,
     )
-    return engine.predict(structures, batch_size=batch_size, stress=stress)
+    return engine.predict(structures, batch_size=batch_size, stress=stress, pipeline=pipeline)

@@ -1,0 +1,158 @@
+"""Many structures through one :class:`~mlff_distiller.engine.ForceEngine`: batches, the host/device pipeline,
+out-of-memory splits and the per-structure result rows (:meth:`ForceEngine.predict` and ``predict_forces``).
+
+The host work of a batch (reading the ``ase.Atoms``, the molecular neighbour list, the result rows) costs
+~5 µs per small molecule on the GPU machine's host, several times the device step (~1.3 µs per g2 molecule on an
+H100, benchmarks/results/bench_host_h100_final.md). With ``pipeline`` on, batch k+1 is read and launched while
+the device still computes batch k, whose outputs come back through page-locked memory by an asynchronous copy;
+batch k's rows are made once its copy has landed. The results are those of the sequential loop, in input order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from mlff_distiller.batch import AtomsBatch
+
+if TYPE_CHECKING:
+    from mlff_distiller.engine import ForceEngine
+
+__all__ = ["chunks", "predict_structures", "result_rows"]
+
+
+def predict_structures(
+    engine: ForceEngine,
+    structures: Sequence,
+    *,
+    batch_size: int | None = None,
+    stress: bool = False,
+    atom_budget: int | None = None,
+    pipeline: bool | None = None,
+) -> list[dict]:
+    """The loop of :meth:`ForceEngine.predict` (see there); ``pipeline`` None: on for a CUDA engine."""
+    structures = list(structures)
+    if batch_size is None and not atom_budget:
+        atom_budget = engine.atom_budget()  # a device query on CUDA: only when batches are sized by atoms
+    if pipeline is None:
+        pipeline = engine.device.type == "cuda"
+    results: list[dict] = []
+    pending: _Launched | None = None
+    for chunk in chunks(structures, batch_size, atom_budget or 1):
+        if not pipeline:
+            results.extend(_predict_chunk(engine, chunk, stress))
+            continue
+        try:
+            launched = _launch(engine, chunk, stress)
+        except torch.OutOfMemoryError as err:
+            # The batch in flight is finished first (its memory freed, its rows kept), then this one is split.
+            if pending is not None:
+                results.extend(pending.rows())
+                pending = None
+            results.extend(_split_after_oom(engine, chunk, stress, err))
+            continue
+        if pending is not None:
+            results.extend(pending.rows())  # the device already computes ``launched`` meanwhile
+        pending = launched
+    if pending is not None:
+        results.extend(pending.rows())
+    return results
+
+
+class _Launched:
+    """A batch whose step is queued on the device and whose outputs are on their way to page-locked host memory."""
+
+    def __init__(self, batch: AtomsBatch, out: dict[str, torch.Tensor], stress: bool) -> None:
+        self.batch, self.stress = batch, stress
+        self.event: torch.cuda.Event | None = None
+        if any(t.is_cuda for t in out.values()):
+            host = {}
+            for k, t in out.items():
+                h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                h.copy_(t.detach(), non_blocking=True)
+                host[k] = h
+            self.event = torch.cuda.Event()
+            self.event.record()
+            self.out = host
+        else:
+            self.out = {k: t.detach().cpu() for k, t in out.items()}
+
+    def rows(self) -> list[dict]:
+        if self.event is not None:
+            self.event.synchronize()
+        return result_rows(self.batch, self.out, self.stress)
+
+
+def _launch(engine: ForceEngine, chunk: list, stress: bool) -> _Launched:
+    batch = AtomsBatch.from_atoms(chunk, dtype=engine.dtype)
+    return _Launched(batch, engine.compute(batch, forces=True, stress=stress), stress)
+
+
+def _predict_chunk(engine: ForceEngine, chunk: list, stress: bool) -> list[dict]:
+    """One batch, start to finish (the sequential loop, and the halves of a batch split after an OOM)."""
+    try:
+        batch = AtomsBatch.from_atoms(chunk, dtype=engine.dtype)
+        out = engine.compute(batch, forces=True, stress=stress, to_host=True)
+    except torch.OutOfMemoryError as err:
+        return _split_after_oom(engine, chunk, stress, err)
+    return result_rows(batch, out, stress)
+
+
+def _split_after_oom(engine: ForceEngine, chunk: list, stress: bool, err: torch.OutOfMemoryError) -> list[dict]:
+    """``chunk`` ran out of device memory (``err``): later batches start no larger than half of it, and it runs as
+    two halves (each split again if needed). One structure that does not fit raises ``err``."""
+    if len(chunk) == 1:
+        raise err
+    engine.oom_splits += 1
+    n_atoms = sum(len(s) for s in chunk)
+    engine._atom_budget_cap = max(1, min(engine._atom_budget_cap or n_atoms, n_atoms // 2))
+    if engine.device.type == "cuda":
+        torch.cuda.empty_cache()
+    half = len(chunk) // 2
+    return _predict_chunk(engine, chunk[:half], stress) + _predict_chunk(engine, chunk[half:], stress)
+
+
+def result_rows(batch: AtomsBatch, out: dict[str, torch.Tensor], stress: bool = False) -> list[dict]:
+    """One dict per structure of ``batch`` from the host outputs ``out`` of :meth:`ForceEngine.compute`: ``energy``
+    (float), ``forces`` and ``energies`` (float64 arrays) and, where asked and valid, ``stress``. One conversion per
+    output, then NumPy slices per structure (torch.split + .numpy() per structure cost ~7 µs a structure, 28 ms for
+    4,096 small molecules, more than their GPU step; np.split ~2.5 µs)."""
+    ptr = batch.ptr.tolist()
+    energy = out["energy"].double().numpy().tolist()
+    f64, e64 = out["forces"].double().numpy(), out["atomic_energies"].double().numpy()
+    forces = [f64[a:b] for a, b in itertools.pairwise(ptr)]
+    atomic = [e64[a:b] for a, b in itertools.pairwise(ptr)]
+    rows = [{"energy": e, "forces": f, "energies": a} for e, f, a in zip(energy, forces, atomic, strict=True)]
+    if stress:
+        voigt = out["stress"].double().numpy()
+        for b in np.flatnonzero(out["stress_valid"].numpy()):
+            rows[b]["stress"] = voigt[b]
+    return rows
+
+
+def chunks(structures: list, batch_size: int | None, atom_budget: int) -> Iterator[list]:
+    """``structures`` in batches of ``batch_size`` structures, or (``batch_size`` None) filled up to
+    ``atom_budget`` atoms (a structure larger than the budget is a batch of its own)."""
+    if batch_size is not None:
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        for k in range(0, len(structures), int(batch_size)):
+            yield structures[k : k + int(batch_size)]
+        return
+    if int(atom_budget) < 1:
+        raise ValueError(f"atom_budget must be >= 1, got {atom_budget}")
+    chunk: list = []
+    atoms = 0
+    for s in structures:
+        n = len(s)
+        if chunk and atoms + n > atom_budget:
+            yield chunk
+            chunk, atoms = [], 0
+        chunk.append(s)
+        atoms += n
+    if chunk:
+        yield chunk
