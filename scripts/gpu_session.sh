@@ -26,6 +26,8 @@
 #   bash scripts/gpu_session.sh pdlbench  # bench_pdl.py: the E+F step with programmatic dependent launch off / on
 #   bash scripts/gpu_session.sh ncu       # probe_ncu.py: num_stages / GEMM-tile sweep of the step, then Nsight Compute
 #                                         #   counters of one 24,000-atom water and one 4,096 g2-molecule step
+#   bash scripts/gpu_session.sh hostpipe  # bench_host.py --gpu: host phases, predict, sequential vs pipelined predict
+#   bash scripts/gpu_session.sh studentsize # probe_student_size.py: the speed targets' rows per student width/depth
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -37,7 +39,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -209,6 +211,15 @@ case "$part" in
     # One benzene MD step piece by piece on the GPU host (probe_md_step.py): ASE, host work, launch, copies.
     timeout $(box 200) python3 benchmarks/probe_md_step.py --out "$res" >"$res/probe_md_step.log" 2>&1
     grep -E "^\| |max" "$res/probe_md_step.log" | tail -14; tail -3 "$res/probe_md_step.log"
+    ;;
+  hostpipe)
+    timeout $(box 300) python3 benchmarks/bench_host.py --gpu --sizes 1024 4096 --reps 9 --pipeline ${PIPE_N:-16384} \
+      --out "$res" --name bench_host_h100 >"$res/bench_host.log" 2>&1
+    grep -E "^\| " "$res/bench_host.log" | tail -16; tail -3 "$res/bench_host.log"
+    ;;
+  studentsize)
+    timeout $(box 420) python3 benchmarks/probe_student_size.py --out "$res" ${SIZE_ARGS:-} >"$res/probe_size.log" 2>&1
+    grep -E "^\| " "$res/probe_size.log" | tail -8; tail -3 "$res/probe_size.log"
     ;;
   mdspeed)
     timeout $(box 240) python3 benchmarks/bench_md_speed.py --out "$res/md_speed" 2>&1 | tee "$res/md_speed.log" | tail -12
