@@ -156,16 +156,16 @@ def test_oom_splits_and_keeps_order(model, monkeypatch):
         engine.predict([mols[0] + mols[1] + mols[2] + mols[3]], atom_budget=10_000)
 
 
-def _rows_equal(got, want, atoms_list):
-    """Two predict() results: the same rows, bit for bit, in input order."""
+def _rows_equal(got, want, atoms_list, rtol=0.0):
+    """Two predict() results: the same rows in input order, bit for bit (``rtol`` 0: the CPU, deterministic) or
+    within ``rtol`` (CUDA: its float32 sums of atomics vary from run to run in the last bits)."""
     assert len(got) == len(want) == len(atoms_list)
     for a, b, atoms in zip(want, got, atoms_list, strict=True):
         assert b["forces"].shape == (len(atoms), 3) and b.keys() == a.keys()
-        assert a["energy"] == b["energy"]
-        np.testing.assert_array_equal(a["forces"], b["forces"])
-        np.testing.assert_array_equal(a["energies"], b["energies"])
-        if "stress" in a:
-            np.testing.assert_array_equal(a["stress"], b["stress"])
+        assert a["energy"] == pytest.approx(b["energy"], rel=rtol, abs=0.0)
+        for key in ("forces", "energies", "stress"):
+            if key in a:
+                np.testing.assert_allclose(b[key], a[key], rtol=rtol, atol=rtol * 1e-2)
 
 
 @pytest.mark.parametrize("pad", [False, True])
@@ -356,12 +356,13 @@ def test_calculator_md_on_cuda_replays_graphs(model):
 def test_pipelined_predict_on_cuda(model, mode):
     """On CUDA the pipeline is the default: its rows (copied back asynchronously through page-locked memory while
     the next batch is launched) equal the sequential loop's, over batches large enough that the copy of one
-    overlaps the next step, and small ones that take the host-filled buckets."""
+    overlaps the next step, and small ones that take the host-filled buckets (rows equal to float32 rounding: the
+    device's atomic sums differ in the last bits between any two runs)."""
     engine = ForceEngine(model, device="cuda", mode=mode)
     for mols, bs in ((_mols(300, seed=31), 64), (_mols(40, seed=32), 3)):
         want = engine.predict(mols, batch_size=bs, pipeline=False)
         got = engine.predict(mols, batch_size=bs)
-        _rows_equal(got, want, mols)
+        _rows_equal(got, want, mols, rtol=1e-5)
 
 
 @gpu

@@ -38,7 +38,10 @@ def predict_forces(
         stress: also return the stress of fully periodic structures.
         mode: ``"eager"`` (default), ``"compile"``, ``"cudagraph"`` or ``"auto"`` (see
             :class:`~mlff_distiller.engine.ForceEngine`; padded modes pay a capture/compile per new bucket, which
-            pays off over many batches).
+            pays off over many batches). Eager costs ~14 ms of host time per batch on the GPU machine, so with a
+            small ``batch_size`` ``"auto"`` is 2-3x faster (16,384 g2 molecules in batches of 512: 32.0 vs 9.9 µs
+            per structure; batches filled to the default atom budget: 6.5 vs 6.3; H100,
+            benchmarks/results/bench_host_h100_pipeline.md).
         compile_mode: ``torch.compile`` mode for ``"compile"``.
         memory_budget: bytes one batch may use (default: half the free device memory on CUDA); a batch that
             still runs out of memory is split and retried.
