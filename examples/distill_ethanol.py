@@ -238,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md-check", type=int, default=50, help="steps between stability checks")
     ap.add_argument("--timing-steps", type=int, default=300, help="ASE MD steps timed for student and teacher")
     ap.add_argument("--batch-size", type=int, default=None, help="training batch (default: the config's)")
+    ap.add_argument("--hidden", type=int, default=None, help="student width (default: the config's, 128)")
+    ap.add_argument("--layers", type=int, default=None, help="student interaction layers (default: the config's, 3)")
     ap.add_argument("--fp64-test", action="store_true", help="also evaluate the test set in float64")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: tiny data, seconds of training")
     args = ap.parse_args(argv)
@@ -270,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg.time_limit_s = args.time_limit
     if args.batch_size is not None:
         cfg.batch_size = args.batch_size
+    if args.hidden is not None:
+        cfg.model.hidden = args.hidden
+    if args.layers is not None:
+        cfg.model.layers = args.layers
     n_train = args.train_frames
     if args.quick:
         seeds_train, seeds_held = seeds_train[:2], seeds_held[:2]

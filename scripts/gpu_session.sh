@@ -28,6 +28,8 @@
 #                                         #   counters of one 24,000-atom water and one 4,096 g2-molecule step
 #   bash scripts/gpu_session.sh hostpipe  # bench_host.py --gpu: host phases, predict, sequential vs pipelined predict
 #   bash scripts/gpu_session.sh studentsize # probe_student_size.py: the speed targets' rows per student width/depth
+#   bash scripts/gpu_session.sh ethsize   # ethanol from GFN2-xTB per student size (ETH_SIZES="128x3 64x3 64x2"), same
+#                                         #   labels and training time each (ETH_TRAIN_S, default 75 s)
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -39,7 +41,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -216,6 +218,14 @@ case "$part" in
     timeout $(box 300) python3 benchmarks/bench_host.py --gpu --sizes 1024 4096 --reps 9 --pipeline ${PIPE_N:-16384} \
       --out "$res" --name bench_host_h100 >"$res/bench_host.log" 2>&1
     grep -E "^\| " "$res/bench_host.log" | tail -16; tail -3 "$res/bench_host.log"
+    ;;
+  ethsize)
+    for hl in ${ETH_SIZES:-128x3 64x3 64x2}; do
+      timeout $(box 190) python3 examples/distill_ethanol.py --workers 16 --kernels torch --time-limit ${ETH_TRAIN_S:-75} \
+        --deadline $(box 170) --md-ps 2 --timing-steps 100 --hidden ${hl%x*} --layers ${hl#*x} --work runs/ethanol_gfn2 \
+        --results "$res/ethanol_$hl" >"$res/ethanol_$hl.log" 2>&1
+      echo "== $hl"; grep -E "^\| test|best validation|Training:" "$res/ethanol_$hl/summary.md" | head -4
+    done
     ;;
   studentsize)
     timeout $(box 420) python3 benchmarks/probe_student_size.py --out "$res" ${SIZE_ARGS:-} >"$res/probe_size.log" 2>&1
