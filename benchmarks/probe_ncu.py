@@ -43,14 +43,27 @@ mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 SYSTEMS = ("water3000", "water24000", "g2x4096")
 
 
-def structures(name: str):
+def structures(name: str, hidden: int | None = None, layers: int | None = None):
+    """The system's structures and its student; ``hidden`` / ``layers`` change the student's width / depth (the
+    same species, basis and cutoff, seeded random weights)."""
     if name == "benzene":
         from ase.build import molecule
 
-        return [molecule("C6H6")], make_g2_student()
-    if name.startswith("water"):
-        return [box(int(name[5:]))], make_student()
-    return g2_batch(int(name.split("x")[1])), make_g2_student()
+        atoms, model = [molecule("C6H6")], make_g2_student()
+    elif name.startswith("water"):
+        atoms, model = [box(int(name[5:]))], make_student()
+    else:
+        atoms, model = g2_batch(int(name.split("x")[1])), make_g2_student()
+    if hidden or layers:
+        c = model.config
+        model = make_student(
+            species=list(c.species),
+            hidden=hidden or c.hidden,
+            layers=layers or c.layers,
+            n_rbf=c.n_rbf,
+            cutoff=c.cutoff,
+        )
+    return atoms, model
 
 
 @contextlib.contextmanager
@@ -113,6 +126,7 @@ def sweep(args, device) -> list[str]:
         "",
         f"{torch.cuda.get_device_name(device)} · torch {torch.__version__} · triton {triton.__version__}",
         "",
+        f"Student: width {args.hidden or 'as shipped'}, layers {args.layers or 'as shipped'}. "
         f"Step alone ({args.step_mode}), median of triton.testing.do_bench (ms). Each "
         "variant is timed right after a fresh shipped run of the same system; ratio = shipped / variant (> 1: the "
         "variant is faster).",
@@ -122,7 +136,7 @@ def sweep(args, device) -> list[str]:
     ]
     t_end = time.perf_counter() + args.budget_s
     for name in args.systems:
-        atoms, model = structures(name)
+        atoms, model = structures(name, args.hidden, args.layers)
         model = model.to(device)
         base_run = step(name, atoms, model, device, args.step_mode)
         base_run()
@@ -147,7 +161,7 @@ def sweep(args, device) -> list[str]:
 
 def ncu(args, device) -> None:
     for name in args.systems:
-        atoms, model = structures(name)
+        atoms, model = structures(name, args.hidden, args.layers)
         run = step(name, atoms, model.to(device), device, args.step_mode)
         for _ in range(3):
             run()
@@ -215,6 +229,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=200.0)
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help="see variants()")
     p.add_argument("--step-mode", default="cudagraph", choices=("cudagraph", "eager"))
+    p.add_argument("--hidden", type=int, default=None, help="student width (default: the system's student, 128)")
+    p.add_argument("--layers", type=int, default=None, help="student depth (default: 3)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]

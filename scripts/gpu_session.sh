@@ -180,7 +180,7 @@ case "$part" in
     if [ "${NCU_SWEEP:-1}" = 1 ]; then
       timeout $(box ${SWEEP_BOX:-260}) python3 benchmarks/probe_ncu.py --mode sweep \
         --systems ${SWEEP_SYSTEMS:-water3000,water24000,g2x4096} ${SWEEP_VARIANTS:+--variants "$SWEEP_VARIANTS"} \
-        --budget-s $(box $(( ${SWEEP_BOX:-260} - 60 ))) --out "$res" >"$res/sweep.log" 2>&1
+        --budget-s $(box $(( ${SWEEP_BOX:-260} - 60 ))) --out "$res" ${SWEEP_ARGS:-} >"$res/sweep.log" 2>&1
       grep -E "^\| " "$res/sweep.log" | tail -40
     fi
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
