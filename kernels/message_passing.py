@@ -332,12 +332,15 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     has edge_split_programs_per_sm programs per SM; a 24,000-atom box keeps one slice. In a 192-atom water MD
 #     replay the unsplit kernel ran 265 programs for ~17,000 edges at 57 µs per layer, benzene 3 programs at
 #     24 µs (benchmarks/results/profile_step_h100_run6.txt).
-#   edge_split_min: the least split of "auto" (when the feature chunks allow it): 2, since a 3,000-atom water box
-#     (163,000 pairs, 2,450 tiles, "enough" programs without a split) ran its edge backward in 349 µs with two
-#     slices against 515 µs with one (benchmarks/results/probe_edge_split_3000_h100.md); the 192-atom box keeps
-#     its four (31 µs, the fastest of 13 tilings in probe_edge_split_h100.md). At 24,000 atoms two slices gave
-#     2.85 ms per layer against 4.74 ms unsplit and 3.13 ms with four (probe_edge_split_24000*_h100.md); 64 x 32
-#     tiles stayed the fastest of the tilings tried at 3,000 and 24,000 atoms.
+#   edge_split_feat: the least split of "auto" is F / edge_split_feat slices (when the feature chunks allow it),
+#     slices of 64 features. F = 128, 2 slices: a 3,000-atom water box (163,000 pairs, 2,450 tiles, "enough"
+#     programs without a split) ran its edge backward in 349 µs with two slices against 515 µs with one
+#     (benchmarks/results/probe_edge_split_3000_h100.md); the 192-atom box keeps its four (31 µs, the fastest of
+#     13 tilings in probe_edge_split_h100.md). At 24,000 atoms two slices gave 2.85 ms per layer against 4.74 ms
+#     unsplit and 3.13 ms with four (probe_edge_split_24000*_h100.md); 64 x 32 tiles stayed the fastest of the
+#     tilings tried at 3,000 and 24,000 atoms. F = 64, 1 slice: the whole step of a 64-wide student 1.063x faster
+#     unsplit than in two slices at 3,000 atoms, 1.077x at 24,000, 1.026x for 4,096 g2 molecules
+#     (benchmarks/results/probe_ncu_sweep_h100_f64.md). Wider students (F / 64 slices) are not measured.
 # benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
 # Shipped: the fastest float32-accurate choice per kernel of the H100 sweep on 24,000-atom water
 # (benchmarks/results/tune_mp_h100.md, 2026-11-23): block forward 16 x 32 x 64 / 4 warps with tf32x3 (6.04 ->
@@ -369,7 +372,7 @@ _CONFIG = {
     "bwd_edge_warps": 4,
     "bwd_edge_split": "auto",
     "edge_split_programs_per_sm": 4,
-    "edge_split_min": 2,
+    "edge_split_feat": 64,
     "bwd_filter_block_e": 32,
     "bwd_filter_block_f": 128,
     "bwd_filter_warps": 4,
@@ -445,9 +448,9 @@ if HAS_TRITON:
 
     def _edge_split(ref: Tensor, tiles: int, n_feat: int, block_f: int) -> int:
         """Feature slices of the edge kernel (``bwd_edge_split``): "auto" splits the feature loop over
-        ``edge_split_min`` programs per edge tile, then 2x more (a power of two dividing the feature chunks) while
-        the grid has fewer than ``edge_split_programs_per_sm`` programs per SM, so that small graphs (a molecule,
-        a 192-atom box in MD) spread over the GPU instead of walking all features in a few programs."""
+        ``n_feat / edge_split_feat`` programs per edge tile, then 2x more (powers of two dividing the feature
+        chunks) while the grid has fewer than ``edge_split_programs_per_sm`` programs per SM, so that small graphs (a
+        molecule, a 192-atom box in MD) spread over the GPU instead of walking all features in a few programs."""
         want = _CONFIG["bwd_edge_split"]
         chunks = max(1, n_feat // block_f) if n_feat % block_f == 0 else 1
         if want != "auto":
@@ -456,7 +459,8 @@ if HAS_TRITON:
         if not ref.is_cuda:
             return 1
         target = _CONFIG["edge_split_programs_per_sm"] * _sm_count(ref.device)
-        split = _CONFIG["edge_split_min"] if chunks % _CONFIG["edge_split_min"] == 0 else 1
+        least = max(1, n_feat // _CONFIG["edge_split_feat"])
+        split = least if least & (least - 1) == 0 and chunks % least == 0 else 1
         while chunks % (2 * split) == 0 and tiles * split < target:
             split *= 2
         return split

@@ -484,16 +484,18 @@ def test_seg_split_block_kernels_float32(sender):
 
 @pytest.mark.gpu
 def test_edge_split_auto_rule_on_cuda():
-    """ "auto": small graphs (few edge tiles) split the feature loop up to the feature chunks, large ones in two
-    (edge_split_min)."""
+    """ "auto": small graphs (few edge tiles) split the feature loop up to the feature chunks, large ones in slices
+    of 64 features (edge_split_feat): two for F = 128, none for F = 64."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     x = torch.zeros(1, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert mp_module._edge_split(x, 3, 128, 32) == 4  # benzene: 3 edge tiles
     assert mp_module._edge_split(x, 20 * sms, 128, 32) == 2  # 24,000-atom water: ~20,000 tiles, the least split
-    with mp_module._configured(edge_split_min=1):
+    with mp_module._configured(edge_split_feat=128):
         assert mp_module._edge_split(x, 20 * sms, 128, 32) == 1
+    assert mp_module._edge_split(x, 20 * sms, 64, 32) == 1  # a 64-wide student: one slice on large graphs
+    assert mp_module._edge_split(x, 3, 64, 32) == 2  # and two for a molecule
     assert mp_module._edge_split(x, 3 * sms, 128, 32) == 2
     assert mp_module._edge_split(x, 3, 96, 32) == 1  # 3 chunks: no power-of-two slice divides them
     with mp_module._configured(bwd_edge_split=1):
