@@ -12,7 +12,7 @@ Sections:
   kernels   each message-passing kernel alone (fwd, bwd_sender, bwd_edge, bwd_filter) under each tl.dot
             precision (ieee, tf32x3, tf32), shipped tiles, with its outputs' error vs float64.
   variants  the "block" forward and sender-backward kernels (BLOCK_A atoms per program, one-hot tl.dot segment
-            sum), the "fused" sender+edge backward, and the edge / filter kernels' own tiles, over tiles x
+            sum) and the edge / filter kernels' own tiles, over tiles x
             precision, next to the shipped kernels; then a summary of the fastest float32-accurate choice per
             kernel, the fwd+bwd and energy+forces totals, and the _CONFIG that choice implies.
   edgetiles the edge backward kernel over tiles in tf32x3, then a few ieee tilings, on 24,000- and 192-atom
@@ -165,7 +165,7 @@ N_FEAT, N_RBF = 128, 20
 ACCURATE = 1e-6
 ACCURATE_VS_IEEE = 2.0
 # The outputs each kernel writes: positions in (ds, dv) for fwd, in the five VJP outputs for the others.
-# "bwd_sender+edge" is the inference backward (∂x, ∂v, ∂rbf, ∂u): the sender and edge kernels, or the fused one.
+# "bwd_sender+edge" is the inference backward (∂x, ∂v, ∂rbf, ∂u): the sender and edge kernels.
 OUTPUTS = {"fwd": (0, 1), "bwd_sender": (0, 1), "bwd_edge": (2, 4), "bwd_filter": (3,), "bwd_sender+edge": (0, 1, 2, 4)}
 NEED = {
     "bwd_sender": (True, False, False),
@@ -183,8 +183,6 @@ BLOCK_CONFIGS = [
     (64, 32, 64, 8),
     (16, 32, 128, 8),
 ]
-# Fused sender+edge backward (whole feature rows): (block_a, block_e, warps).
-FUSED_CONFIGS = [(16, 16, 8), (16, 32, 8), (32, 16, 8), (16, 16, 4)]
 # Edge and filter kernels: (<kernel>_block_e, _block_f, _warps), in tf32x3 (shipped: 32 x 128 / 4).
 EDGE_CONFIGS = [(32, 64, 4), (32, 32, 4), (16, 64, 4), (64, 32, 8)]
 # Section "edgetiles": tiles (block_e, block_f, warps) of the edge kernel.
@@ -349,9 +347,9 @@ VARIANTS_HEAD = [
     "",
     'fwd / bwd_sender "block": BLOCK_A consecutive atoms per program (tiles a x e x f / warps), edge tiles of',
     "BLOCK_E, feature chunk BLOCK_F, one-hot tl.dot segment sum. bwd_sender+edge: the inference backward (∂x, ∂v,",
-    '∂rbf, ∂u), shipped = the atom sender kernel then the edge kernel, "fused" = one kernel, whole feature rows (F).',
+    '∂rbf, ∂u): the atom sender kernel then the edge kernel (a one-kernel "fused" variant was removed at stop 21).',
     "bwd_edge / bwd_filter: their own tiles (- x <kernel>_block_e x _block_f / _warps). Speed-up vs the shipped",
-    "kernel(s) in ieee. Rows in tf32x3 first, ieee rows of the block/fused kernels last (the budget cuts the tail).",
+    "kernel(s) in ieee. Rows in tf32x3 first, ieee rows of the block kernels last (the budget cuts the tail).",
     "",
     *TABLE_HEAD,
 ]
@@ -403,11 +401,6 @@ def _sweep(full: bool) -> list[tuple[str, str, str, dict]]:
                 out.append((kernel, tiles, prec, {f"{kernel}_variant": "block", f"dot_{kernel}": prec, **cfg}))
     kernel = "bwd_sender+edge"
     out.append((kernel, "shipped", "ieee", {"bwd_sender_variant": "atom", "dot_bwd_sender": "ieee"}))
-    for k, (ba, be, nw) in enumerate(head(FUSED_CONFIGS)):
-        for prec in ("tf32x3", "ieee") if k < n_ieee else ("tf32x3",):
-            cfg = dict(bwd_sender_block_a=ba, bwd_sender_block_e=be, bwd_sender_warps=nw)
-            out.append((kernel, f"{ba} x {be} x F / {nw}", prec,
-                        {"bwd_sender_variant": "fused", "dot_bwd_sender": prec, **cfg}))  # fmt: skip
     for kernel in ("bwd_edge", "bwd_filter"):
         out.append((kernel, "shipped", "ieee", {f"dot_{kernel}": "ieee"}))
         for be, bf, nw in head(EDGE_CONFIGS):
@@ -501,8 +494,8 @@ def atom_tile_probe(lines: list[str], records: list, b: KernelBench, deadline: D
 
 
 def variant_probe(lines: list[str], records: list, b: KernelBench, deadline: Deadline) -> None:
-    """Section "variants", one graph: the block forward / sender-backward kernels and the fused sender+edge
-    backward over tiles x precision, each kernel group after its shipped (atom, ieee) baseline."""
+    """Section "variants", one graph: the block forward / sender-backward kernels and the edge / filter kernels
+    over tiles x precision, each kernel group after its shipped (atom, ieee) baseline."""
     # Speed-ups and accuracy vs the shipped kernel in ieee: from the kernels section when it ran, else timed here.
     for kernel, tiles, prec, cfg in _sweep(full=b.name.startswith("water")):
         variant = cfg.get(f"{kernel}_variant", cfg.get("bwd_sender_variant", "atom"))
@@ -546,7 +539,7 @@ def summary(lines: list[str], records: list, deadline: Deadline) -> None:
                 f"| {graph} | {kernel} | {base[0]:.1f} | {b['us']:.1f} | {b['variant']} "
                 f"| {b.get('tiles', 'shipped')} | {b['prec']} | {base[0] / b['us']:.2f}x |"
             )
-        # Inference backward: the better of (sender + edge kernels) and the fused kernel.
+        # Inference backward: the sender + edge kernels (or the timed pair, when it was faster).
         pair = [best[k] for k in ("bwd_sender", "bwd_edge") if k in best]
         if "bwd_sender+edge" in best and (len(pair) < 2 or best["bwd_sender+edge"]["us"] < sum(r["us"] for r in pair)):
             pair = [best["bwd_sender+edge"]]

@@ -14,7 +14,6 @@ from ._triton_utils import HAS_TRITON, pdl_prologue, tl, triton
 __all__ = [
     "_mp_bwd_edge_kernel",
     "_mp_bwd_filter_kernel",
-    "_mp_bwd_fused_kernel",
     "_mp_bwd_sender_block_kernel",
     "_mp_bwd_sender_kernel",
     "_mp_fwd_block_kernel",
@@ -601,86 +600,6 @@ if HAS_TRITON:
         tl.store(gunit_ptr + e * 3, u0, mask=em)
         tl.store(gunit_ptr + e * 3 + 1, u1, mask=em)
         tl.store(gunit_ptr + e * 3 + 2, u2, mask=em)
-
-    # "fused" sender backward: the block sender kernel with the whole feature row in one program (BLOCK_F >= F),
-    # which then also has every term of ∂rbf_e and ∂u_e (sums over all features of one edge) and writes them: the
-    # edge kernel's pass over the edges (gathers of g_s[i], g_v[i], x_j, v_j per edge) is saved. Each edge belongs
-    # to exactly one sender block, so each ∂rbf / ∂u row is written once, without atomics.
-
-    @triton.jit(do_not_specialize=["n_atoms"])
-    def _mp_bwd_fused_kernel(
-        gs_ptr,
-        gv_ptr,
-        x_ptr,
-        v_ptr,
-        rbf_ptr,
-        w_ptr,
-        unit_ptr,
-        ei_ptr,
-        perm_ptr,
-        colptr_ptr,
-        gx_ptr,
-        gvout_ptr,
-        grbf_ptr,
-        gunit_ptr,
-        n_atoms,
-        ei_stride,
-        N_FEAT: tl.constexpr,
-        N_RBF: tl.constexpr,
-        BLOCK_A: tl.constexpr,
-        BLOCK_E: tl.constexpr,
-        BLOCK_F: tl.constexpr,
-        R_PAD: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
-        SEG_SPLIT: tl.constexpr,
-        PDL: tl.constexpr,
-    ):
-        pdl_prologue(PDL)
-        a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
-        f = tl.arange(0, BLOCK_F)
-        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
-        acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_A, BLOCK_F)
-        lo, hi = _block_edge_range(colptr_ptr, a0, n_atoms, BLOCK_A)
-        for start in range(lo, hi, BLOCK_E):
-            e, pm = _perm_tile(perm_ptr, start, hi, BLOCK_E)
-            i, j = _edge_ends(ei_ptr, ei_stride, e, pm)
-            onehot = _onehot(atoms, j, pm, x_ptr)
-            rb, m2, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
-                gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
-            )
-            xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-            vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-            # ∂x_a, and the a-block of ∂rbf (G_a = g_s[i] x_a,j)
-            w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
-            acc_a = _seg_acc(acc_a, onehot, gsi * w_a, DOT_PRECISION, SEG_SPLIT)
-            G_a = gsi * tl.load(xrow, mask=m2, other=0.0)
-            g_rbf = tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
-            # ∂x_c, ∂u and the c-block of ∂rbf (γ_e = Σ_k g_v[i,k] u_e[k], G_c = γ x_c,j)
-            gamma = _gamma(g0, g1, g2, ux, uy, uz)
-            w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
-            acc_c = _seg_acc(acc_c, onehot, gamma * w_c, DOT_PRECISION, SEG_SPLIT)
-            xc = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0)
-            g_rbf += tl.dot(gamma * xc, tl.trans(wc), input_precision=DOT_PRECISION)
-            c = xc * w_c
-            tl.store(gunit_ptr + e * 3, tl.sum(c * g0, axis=1), mask=pm)
-            tl.store(gunit_ptr + e * 3 + 1, tl.sum(c * g1, axis=1), mask=pm)
-            tl.store(gunit_ptr + e * 3 + 2, tl.sum(c * g2, axis=1), mask=pm)
-            # T_k (∂x_b, ∂v) and the b-block of ∂rbf (β_e = Σ_k g_v[i,k] v_j[k], G_b = β x_b,j)
-            w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
-            t_0 = _seg_acc(t_0, onehot, w_b * g0, DOT_PRECISION, SEG_SPLIT)
-            t_1 = _seg_acc(t_1, onehot, w_b * g1, DOT_PRECISION, SEG_SPLIT)
-            t_2 = _seg_acc(t_2, onehot, w_b * g2, DOT_PRECISION, SEG_SPLIT)
-            beta = (
-                g0 * tl.load(vrow, mask=m2, other=0.0)
-                + g1 * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
-                + g2 * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
-            )
-            G_b = beta * tl.load(xrow + N_FEAT, mask=m2, other=0.0)
-            g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
-            tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=pm[:, None] & rm[None, :])
-        om = am[:, None] & fm[None, :]
-        row = atoms[:, None] * (3 * N_FEAT) + f[None, :]
-        _store_sender_grads(x_ptr, v_ptr, gx_ptr, gvout_ptr, row, om, acc_a, acc_c, t_0, t_1, t_2, N_FEAT)
 
     @triton.jit
     def _mp_bwd_filter_kernel(

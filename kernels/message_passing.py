@@ -300,10 +300,12 @@ def _sender_csr(edge_index: Tensor, n_atoms: int) -> tuple[Tensor, Tensor]:
 #     (1.06x at 24,000 atoms, 1.26x for 192-atom water, 1.02x for 1,024 g2 molecules), the small-graph forward
 #     64 x 32 / 4 (1.32x for 192-atom water).
 #   fwd_variant, bwd_sender_variant: "atom" (one program per atom and feature chunk) or "block" (BLOCK_A
-#     consecutive atoms per program and a one-hot tl.dot segment sum, see _mp_fwd_block_kernel). bwd_sender_variant
-#     "fused" (float32, F <= fused_max_feat on the GPU; else "block"): whole feature rows per program, and the edge
-#     kernel's ∂rbf, ∂u computed in the same pass (_mp_bwd_fused_kernel; its _block_f is unused).
-#   <kernel>_block_a / _block_e / _block_f / _warps: the tiles of the block / fused variants of fwd and bwd_sender,
+#     consecutive atoms per program and a one-hot tl.dot segment sum, see _mp_fwd_block_kernel). A third sender
+#     variant, "fused" (whole feature rows per program, the edge kernel's ∂rbf and ∂u computed in the same pass),
+#     was removed at stop 21: rows of 128 features did not fit the H100's shared memory at any tile tried
+#     (benchmarks/results/tune_mp_h100_run2.md), and for a 64-wide student, where it ran, the whole step was
+#     0.62-0.83x as fast as with the shipped kernels (benchmarks/results/probe_ncu_sweep_h100_f64.md).
+#   <kernel>_block_a / _block_e / _block_f / _warps: the tiles of the block variants of fwd and bwd_sender,
 #     and of the edge and filter kernels (their own keys: bwd_filter_* 32 x 128 / 4 warps, the shared tiles of
 #     the tuning above; bwd_edge_* 64 x 32 / 4 warps in tf32x3, see below).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
@@ -381,7 +383,6 @@ _CONFIG = {
     "dot_bwd_edge": "tf32x3",
     "dot_bwd_filter": "ieee",
     "block_min_atoms": 1024,
-    "fused_max_feat": 64,
     "seg_split": True,
     "fwd_stages": None,
     "bwd_sender_stages": None,
@@ -400,7 +401,7 @@ _CONFIG = {
     "bwd_sender_cap_min_atoms": 1000,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
-_VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block", "fused")}
+_VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}
 _PRECISIONS = ("ieee", "tf32x3", "tf32")
 # Under the interpreter: block kernels take 16 atoms x 32 edges (so that tiles straddle atoms even in small test
 # graphs), the others whole feature rows and 64-edge tiles.
@@ -435,7 +436,6 @@ if HAS_TRITON:
     from ._mp_kernels import (
         _mp_bwd_edge_kernel,
         _mp_bwd_filter_kernel,
-        _mp_bwd_fused_kernel,
         _mp_bwd_sender_block_kernel,
         _mp_bwd_sender_kernel,
         _mp_fwd_block_kernel,
@@ -470,15 +470,13 @@ if HAS_TRITON:
         kernel: str,
         n_feat: int,
         n_rbf: int,
-        fuse: bool = False,
         n_atoms: int | None = None,
         n_edges: int | None = None,
     ) -> tuple[dict, int, str]:
-        """Constexprs, warps and the variant that runs ("atom", "block", "fused"), for ``kernel`` in ``_KERNELS`` on
-        ``ref``'s device and dtype; ``fuse``: the caller wants ∂rbf/∂u as well (the fused sender kernel applies);
-        ``n_atoms``: the graph's atoms (below ``block_min_atoms`` the atom variant runs on the GPU); ``n_edges``:
-        its edges (the "auto" sender variant looks at edges per atom)."""
-        return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, fuse, n_atoms, n_edges)
+        """Constexprs, warps and the variant that runs ("atom" or "block"), for ``kernel`` in ``_KERNELS`` on
+        ``ref``'s device and dtype; ``n_atoms``: the graph's atoms (below ``block_min_atoms`` the atom variant runs
+        on the GPU); ``n_edges``: its edges (the "auto" sender variant looks at edges per atom)."""
+        return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, n_atoms, n_edges)
 
     def _launch_config_for(
         device_type: str,
@@ -486,7 +484,6 @@ if HAS_TRITON:
         kernel: str,
         n_feat: int,
         n_rbf: int,
-        fuse: bool = False,
         n_atoms: int | None = None,
         n_edges: int | None = None,
     ) -> tuple[dict, int, str]:
@@ -503,14 +500,6 @@ if HAS_TRITON:
         variants = _VARIANTS.get(kernel, ("atom",))
         if variant not in variants or prec not in _PRECISIONS:
             raise ValueError(f"{kernel}: variant {variant!r} (one of {variants}), precision {prec!r} ({_PRECISIONS})")
-        # The fused kernel holds whole feature rows: float32 up to F = fused_max_feat on the GPU (rows of 128 ran
-        # out of shared memory on the H100 at every tile tried, 250-320 KB wanted, benchmarks/results/
-        # tune_mp_h100_run2.md; float64 rows of 128 did not
-        # fit even for the atom kernel); otherwise, or when ∂rbf/∂u are not wanted, the block kernel runs.
-        if variant == "fused" and not (
-            fuse and (not cuda or (dtype == torch.float32 and _pow2(n_feat) <= _CONFIG["fused_max_feat"]))
-        ):
-            variant = "block"
         blocked = variant != "atom"
         block_a = 0
         if not cuda:  # interpreter: few, large programs
@@ -523,9 +512,7 @@ if HAS_TRITON:
             be, bf, warps = _CONFIG["fwd_atom_block_e"], _CONFIG["fwd_atom_block_f"], _CONFIG["fwd_atom_warps"]
         else:
             be, bf, warps = _CONFIG["block_e"], _CONFIG["block_f"], _CONFIG["num_warps"]
-        if variant == "fused":
-            bf = _pow2(n_feat)  # one chunk: the per-edge sums over all features stay in the program
-        elif cuda and dtype == torch.float64:
+        if cuda and dtype == torch.float64:
             # Float64 tiles of 16 x 128 failed on the H100 (F = 128); 16 x 32 and 32 x 32 passed the same tests.
             bf, be = min(bf, 32), min(be, 32)
         c = dict(
@@ -606,24 +593,13 @@ if HAS_TRITON:
         zero = _zero_scalar(x)
         g_x, g_v = zero.expand(x.shape), zero.expand(v.shape)
         g_rbf, g_unit, g_w = zero.expand(rbf.shape), zero.expand(unit.shape), zero.expand(w.shape)
-        edge_done = False
         if need[0]:
             g_x, g_v = torch.empty_like(x), torch.empty_like(v)
             if n > 0 and f > 0:
-                c, warps, variant = _launch_config(
-                    x, "bwd_sender", f, n_rbf, fuse=bool(need[1]) and e > 0, n_atoms=n, n_edges=e
-                )
+                c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, n_atoms=n, n_edges=e)
                 grid = (triton.cdiv(n, c.get("BLOCK_A", 1)), triton.cdiv(f, c["BLOCK_F"]))
                 perm, col_ptr = perm.contiguous(), col_ptr.contiguous()
-                if variant == "fused":
-                    g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
-                    check_launchable(_mp_bwd_fused_kernel, x)
-                    launch(_mp_bwd_fused_kernel)[grid](
-                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, g_rbf, g_unit,
-                        n, edge_index.stride(0), num_warps=warps, **c, **pdl_args(x),
-                    )  # fmt: skip
-                    edge_done = True
-                elif variant == "block":
+                if variant == "block":
                     check_launchable(_mp_bwd_sender_block_kernel, x)
                     launch(_mp_bwd_sender_block_kernel)[grid](
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, n,
@@ -635,7 +611,7 @@ if HAS_TRITON:
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
                         num_warps=warps, **c, **pdl_args(x),
                     )  # fmt: skip
-        if need[1] and e > 0 and not edge_done:
+        if need[1] and e > 0:
             if f == 0:
                 g_rbf, g_unit = torch.zeros_like(rbf), torch.zeros_like(unit)
             else:

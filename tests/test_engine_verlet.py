@@ -176,7 +176,7 @@ def test_host_filled_buckets_equal_the_device_path_on_cuda(model, monkeypatch):
     buckets, alternating with device-side batches, single molecules and batches."""
     from helpers import random_molecule
 
-    import mlff_distiller.engine as engine_mod
+    import mlff_distiller.engine_padded as engine_mod
 
     used = []
     real = engine_mod.fill_padded_host
@@ -427,9 +427,9 @@ def test_in_step_edge_compaction_equals_the_full_skin_list(device, min_edges, mo
     (kernels.edge_compact): the kernels then see exactly the fresh list's pairs, and energies and forces equal
     those of the same step on the whole cutoff + skin list (compact_edges=False). Buckets with fewer than
     COMPACT_MIN_EDGES edge slots skip it."""
-    from mlff_distiller import engine as engine_module
+    from mlff_distiller import engine_padded
 
-    monkeypatch.setattr(engine_module, "COMPACT_MIN_EDGES", min_edges)
+    monkeypatch.setattr(engine_padded, "COMPACT_MIN_EDGES", min_edges)
     model = make_model(hidden=8, layers=2, n_rbf=4)
     mode = "cudagraph" if device == "cuda" else "eager"
     kw = dict(device=device, precision="fp64", mode=mode, pad=True, neighbor_skin=1.0)
@@ -474,7 +474,7 @@ def test_host_results_are_not_overwritten_by_the_next_call_on_cuda(model, as_num
 def test_md_bucket_is_kept_while_the_list_fits_and_chosen_with_headroom(model):
     """On the MD path a rebuilt list stays in the bucket it ran in while it fits (no flip-flop between two
     captured shapes), and a new bucket leaves VERLET_EDGE_HEADROOM spare edge slots; results stay exact."""
-    from mlff_distiller import engine as engine_module
+    from mlff_distiller import engine_padded
 
     fast, ref = _engines(model, "cpu", skin=0.5)
     atoms = molecule("CH3CH2OH")
@@ -491,4 +491,4 @@ def test_md_bucket_is_kept_while_the_list_fits_and_chosen_with_headroom(model):
     (b0, e0), (b1, e1), (b2, _) = buckets
     assert e1 < e0 and fast.buckets.select(len(atoms), e1) != b0, "the stretched list must fit a smaller bucket"
     assert b0 == b1 == b2  # kept
-    assert b0 == fast.buckets.select(len(atoms), int(np.ceil(e0 * engine_module.VERLET_EDGE_HEADROOM)))
+    assert b0 == fast.buckets.select(len(atoms), int(np.ceil(e0 * engine_padded.VERLET_EDGE_HEADROOM)))

@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import math
 import os
 import time
 import warnings
@@ -46,19 +45,16 @@ from pathlib import Path
 
 import torch
 
-from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import predict_structures
 from mlff_distiller.buckets import (
-    HOST_FILL_MAX_EDGES,
     Bucket,
     BucketLadder,
     PaddedGraph,
     far_shift,
-    fill_padded,
-    fill_padded_host,
 )
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
+from mlff_distiller.engine_padded import PaddedPaths
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model.painn import CSRInteraction
 from mlff_distiller.neighbors import NeighborList, VerletNeighborList, neighbor_list
@@ -159,14 +155,7 @@ def _raise_recompile_limit() -> None:
             break
 
 
-# Padded buckets with fewer edge slots skip the in-step edge compaction (compact_edges): its three launches cost
-# more than a molecule's few pairs beyond the cutoff (a guess: not measured closer).
-COMPACT_MIN_EDGES = 1024
-# Spare edge slots of a new bucket on the MD (Verlet) path, as a factor of the list's edges.
-VERLET_EDGE_HEADROOM = 1.1
-
-
-class ForceEngine:
+class ForceEngine(PaddedPaths):
     """Energy, forces and stress for batches of structures with a :class:`StudentModel`.
 
     Args:
@@ -539,251 +528,6 @@ class ForceEngine:
         out.positions = batch.positions[c["perm"]]
         out.cell, out.pbc, out.ptr = batch.cell, batch.pbc, batch.ptr
         return out, c["inv"]
-
-    # ------------------------------------------------------------------------------------------ padded path
-    def _padded_forward(
-        self, numbers, positions, edge_index, shift_vectors, batch, mask, row_ptr, sender_perm, sender_ptr
-    ):
-        """Energies of a padded bucket (``[A]`` per structure slot, ``[A]`` per atom). ``mask`` is unused here (the
-        step seeds the gradient with it); it stays in the signature, which follows ``PaddedGraph.inputs()``.
-
-        ``row_ptr``, ``sender_perm`` and ``sender_ptr`` are the bucket's static CSR buffers, computed by
-        ``fill_padded`` whenever it wrote the edges (outside any captured graph): the message-passing kernels
-        take them as given, so the step itself sorts and searches nothing, and never consults the kernels'
-        per-tensor CSR cache (which a captured graph would bake in while the buffers' content changes)."""
-        if self.compact_edges and edge_index.shape[1] >= COMPACT_MIN_EDGES:
-            # In-step drop of the pairs beyond the cutoff (a Verlet-skin list holds ~70 % more): the kernels then
-            # walk only the pairs within it (exact: the dropped ones contribute exactly zero).
-            edge_index, shift_vectors, row_ptr, sender_perm, sender_ptr = kernels.edge_compact(
-                positions, edge_index, shift_vectors, row_ptr, sender_perm, sender_ptr, self.cutoff, self._far
-            )
-        self._csr["row_ptr"] = row_ptr
-        self._csr["sender"] = (sender_perm, sender_ptr)
-        out = self._fast_model(numbers, positions, edge_index, shift_vectors, batch, numbers.shape[0])
-        return out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
-
-    def _step(self, numbers, positions, edge_index, shift_vectors, batch, mask, *csr) -> torch.Tensor:
-        """The whole padded step on ``PaddedGraph.inputs()`` (``csr``: its ``row_ptr, sender_perm,
-        sender_ptr``): ``[A + A + 3A]`` packed (energy, atomic energies, forces), one tensor so that a host copy
-        is one transfer."""
-        with torch.enable_grad(), _matmul_precision(self.allow_tf32):
-            pos = positions.detach().requires_grad_(True)
-            energy, atomic = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, mask, *csr)
-            # The gradient of -Σ_b mask_b E_b as one vector-Jacobian product seeded with -mask: the forces directly
-            # (the sign flips exactly through every linear step of the backward) and the dummy structure's energy
-            # never reaches them; one negation kernel instead of a product, a sum and the product's backward.
-            (forces,) = torch.autograd.grad(energy, pos, grad_outputs=mask.neg())
-        return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1)])
-
-    def _device_topology(self, batch: AtomsBatch) -> tuple[AtomsBatch, bool]:
-        """Move ``batch`` to the device; numbers/batch/ptr/cell/pbc are reused from the previous call when
-        unchanged (MD), which also lets the static buffers skip rewriting them. Returns (batch, same)."""
-        if batch.device == self.device:
-            self._topology = None
-            self._topology_token += 1
-            return batch.to(dtype=self.dtype), False
-        key = (batch.numbers, batch.ptr, batch.cell, batch.pbc)
-        cached = self._topology
-        same = cached is not None and all(
-            a.device == b.device and a.shape == b.shape and torch.equal(a, b)
-            for a, b in zip(key, cached[0], strict=True)
-        )
-        if not same:
-            dev = batch.to(self.device, self.dtype)
-            self._topology = (tuple(t.clone() for t in key), dev)
-            self._topology_token += 1
-        dev = self._topology[1]
-        positions = batch.positions.to(self.device, self.dtype)
-        return AtomsBatch(
-            numbers=dev.numbers, positions=positions, cell=dev.cell, pbc=dev.pbc, batch=dev.batch, ptr=dev.ptr
-        ), same
-
-    def _graph(self, bucket: Bucket) -> PaddedGraph:
-        g = self._graphs.get(bucket)
-        if g is None:
-            g = PaddedGraph.empty(
-                bucket,
-                dtype=self.dtype,
-                device=self.device,
-                cutoff=self.cutoff,
-                pad_z=self.model.species_list[0],
-            )
-            self._graphs[bucket] = g
-        return g
-
-    def _run(self, bucket: Bucket, graph: PaddedGraph) -> torch.Tensor:
-        """One padded step on the current content of ``graph``; the packed output (static in graph mode)."""
-        if self.mode == "cudagraph":
-            runner = self._runners.get(bucket)
-            if runner is None:
-                try:
-                    runner = GraphRunner(self._step, graph)
-                except torch.OutOfMemoryError:
-                    self._runners.pop(bucket, None)
-                    raise
-                self._runners[bucket] = runner
-            return runner.replay()
-        if self.mode == "compile" and self.compile_mode == "reduce-overhead":
-            # Tell torch's CUDA-graph trees a new step begins (the previous outputs were copied already).
-            torch.compiler.cudagraph_mark_step_begin()
-        return self._step(*graph.inputs())
-
-    def _compute_padded(self, batch: AtomsBatch, to_host: bool) -> dict[str, torch.Tensor] | None:
-        host_nl = self._host_molecular_neighbors(batch, to_device=False)
-        if host_nl is not None:
-            bucket = self.buckets.select(batch.num_atoms, host_nl.num_edges)
-            if bucket is None:
-                return None  # beyond the largest bucket: eager fallback
-            if bucket.edges <= HOST_FILL_MAX_EDGES:
-                # Small molecular graphs: the whole padded content is made on the host and sent in two transfers
-                # (fill_padded_host), instead of the device topology, the list's copies and ~30 device operations.
-                graph = self._graph(bucket)
-                fill_padded_host(
-                    graph,
-                    batch.numbers.numpy(),
-                    batch.positions.detach().numpy(),
-                    batch.batch.numpy(),
-                    batch.num_structures,
-                    host_nl.edge_index.numpy(),
-                    host_nl.row_ptr.numpy(),
-                    record=not to_host,  # to_host: this call waits for the device before it returns
-                )
-                self._graph_tokens[bucket] = -1  # the device path must rewrite everything in this bucket
-                self._verlet_fill = None
-                return self._run_padded(bucket, graph, batch.num_atoms, batch.num_structures, to_host)
-            host_nl = self._nl_to_device(host_nl)
-        dev, same = self._device_topology(batch)
-        with torch.no_grad():
-            nl = host_nl if host_nl is not None else self._neighbors(dev)
-        n, b, e = dev.num_atoms, dev.num_structures, nl.num_edges
-        bucket = self.buckets.select(n, e)
-        if bucket is None:
-            return None  # beyond the largest bucket: eager fallback
-        graph = self._graph(bucket)
-        same = same and self._graph_tokens.get(bucket) == self._topology_token
-        fill_padded(
-            graph,
-            dev.numbers,
-            dev.positions,
-            dev.batch,
-            b,
-            nl.edge_index,
-            nl.shift_vectors.to(self.dtype),
-            same_topology=same,
-        )
-        self._graph_tokens[bucket] = self._topology_token
-        self._verlet_fill = None  # the static buffers no longer hold the Verlet path's list
-        return self._run_padded(bucket, graph, n, b, to_host)
-
-    def _run_padded(
-        self,
-        bucket: Bucket,
-        graph: PaddedGraph,
-        n: int,
-        b: int,
-        to_host: bool,
-        as_numpy: bool = False,
-        packed: torch.Tensor | None = None,
-    ) -> dict:
-        """Run a filled bucket (``packed``: its output, already launched) and unpack the real rows of the packed
-        output (``as_numpy``: of its host copy as NumPy views; needs ``to_host``)."""
-        self.last_bucket = bucket
-        packed = self._run(bucket, graph) if packed is None else packed
-        if to_host:
-            if packed.is_cuda:
-                # One DMA into this bucket's page-locked buffer (a blocking copy: it waits for the step), then the
-                # caller's own copy of it (a few KB): no page-locked allocation and no pageable staging per call.
-                host = self._host_out.get(bucket)
-                if host is None or host.shape != packed.shape or host.dtype != packed.dtype:
-                    host = self._host_out[bucket] = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-                host.copy_(packed.detach())
-                if as_numpy:
-                    host_np = host.numpy().copy()
-                    a = bucket.atoms
-                    forces = host_np[2 * a :].reshape(a, 3)[:n]
-                    return {"energy": host_np[:b], "atomic_energies": host_np[a : a + n], "forces": forces}
-                packed = host.clone()
-            else:
-                packed = packed.cpu()
-        elif self.mode == "cudagraph" or self.compile_mode == "reduce-overhead":
-            packed = packed.clone()  # the static output is overwritten by the next replay
-        a = bucket.atoms
-        if as_numpy:
-            host = packed.detach().numpy() if packed.requires_grad else packed.numpy()
-            return {"energy": host[:b], "atomic_energies": host[a : a + n], "forces": host[2 * a :].reshape(a, 3)[:n]}
-        return {
-            "energy": packed[:b],
-            "atomic_energies": packed[a : a + n],
-            "forces": packed[2 * a :].view(a, 3)[:n],
-        }
-
-    def _compute_padded_verlet(
-        self, batch: AtomsBatch, to_host: bool, as_numpy: bool = False
-    ) -> dict[str, torch.Tensor] | None:
-        """The padded path with a Verlet-skin list (MD through :class:`StudentCalculator`).
-
-        The displacement test runs on the caller's tensors (host data in MD: no device sync per step). The
-        unfiltered ``cutoff + skin`` list goes into the bucket's static buffers only when it was rebuilt: its
-        pairs beyond the cutoff contribute exactly zero, like padding edges (the radial basis × envelope and
-        its derivative vanish there and the filter has no bias). Between rebuilds a step is one copy of the
-        positions into the static buffer, the replay, and one copy of the packed outputs.
-        """
-        v = self.verlet
-        fill = self._verlet_fill
-        packed = None
-        if fill is not None and fill[2] == v.n_builds and fill[3].shape[0] == batch.num_atoms:
-            speculate = self.speculative_verlet
-            if speculate is None:
-                speculate = fill[1].positions.is_cuda
-            if speculate:
-                # The usual MD step: the list in the buffers is still the current one. Its step is launched now and
-                # the displacement test below runs while the device computes; if the test asks for a rebuild (or
-                # the batch is another system), this result is discarded and the rebuilt step follows it in stream
-                # order. The launch reads only in-range atoms (same atom count), so a stale list is harmless.
-                self._write_positions(fill, batch.positions, to_host)
-                packed = self._run(fill[0], fill[1])
-        nl, rebuilt = self._verlet_list(batch, filtered=False)
-        n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
-        if rebuilt or fill is None or fill[2] != v.n_builds:
-            if packed is not None:
-                self.n_discarded += 1
-                packed = None
-            # MD keeps its bucket while the new list fits (no flip-flop between two captured shapes), and a new one
-            # is chosen with VERLET_EDGE_HEADROOM spare edges: the list's length drifts over a trajectory, and each
-            # new bucket costs a capture (~2 s once), while spare edge slots cost almost nothing (no CSR row holds
-            # them: the message-passing kernels skip them).
-            same_atoms = fill is not None and fill[3].shape[0] == n
-            bucket = fill[0] if same_atoms and fill[0].fits(n, e) else None
-            if bucket is None:
-                bucket = self.buckets.select(n, math.ceil(e * VERLET_EDGE_HEADROOM)) or self.buckets.select(n, e)
-            if bucket is None:
-                self._verlet_fill = None
-                return None  # beyond the largest bucket: eager fallback
-            graph = self._graph(bucket)
-            dev = batch.to(self.device, self.dtype)
-            fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
-            self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
-            # (bucket, graph, build count, the real atoms' rows of the static positions, their page-locked host
-            # staging buffer on CUDA)
-            staging = torch.empty((n, 3), dtype=self.dtype, pin_memory=True) if graph.positions.is_cuda else None
-            self._verlet_fill = fill = (bucket, graph, v.n_builds, graph.positions[:n], staging)
-        else:
-            bucket, graph = fill[0], fill[1]
-            if packed is None:
-                self._write_positions(fill, batch.positions, to_host)
-        return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
-
-    def _write_positions(self, fill: tuple, positions: torch.Tensor, to_host: bool) -> None:
-        """Copy the caller's positions into the static positions of the Verlet path's bucket (``fill``)."""
-        staging = fill[4]
-        if staging is not None and to_host and positions.device.type == "cpu":
-            # Through page-locked memory: an asynchronous DMA instead of the driver's staged copy of a pageable
-            # source. Reusing the buffer is safe: this call waits for the device (to_host) before it returns.
-            staging.copy_(positions)
-            positions = staging
-        elif positions.dtype != self.dtype:
-            positions = positions.to(self.dtype)
-        fill[3].copy_(positions, non_blocking=True)
 
     # ------------------------------------------------------------------------------------------ warm-up
     def warmup(

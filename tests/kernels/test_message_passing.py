@@ -11,8 +11,7 @@ forces and the parameter gradients of a force loss agree to 1e-10 relative (norm
 The graphs are random, with receivers sorted (as our neighbour lists give them) unless a test says otherwise.
 CPU runs use the Triton interpreter and small sizes; the large cases are CUDA-only. The correctness tests run
 under every kernel variant of the forward and the sender backward (``variant``: "atom", one program per atom;
-"block", BLOCK_A atoms per program with a one-hot tl.dot segment sum; "fused", the block forward and a sender
-backward that also writes the edge gradients).
+"block", BLOCK_A atoms per program with a one-hot tl.dot segment sum).
 """
 
 import importlib
@@ -45,13 +44,11 @@ def _graph(n_atoms, n_edges, n_feat, n_rbf, dtype, device, seed=0, sort=True, is
     return x, v, rbf, w, unit, ei
 
 
-@pytest.fixture(params=["atom", "block", "fused"])
+@pytest.fixture(params=["atom", "block"])
 def variant(request):
-    """Run the forward and the sender backward with this kernel variant (the launch configuration); "fused" is
-    the block forward with the fused sender+edge backward."""
-    fwd = "block" if request.param == "fused" else request.param
+    """Run the forward and the sender backward with this kernel variant (the launch configuration)."""
     # block_min_atoms=0: the test graphs are small, and the variant asked for must be the one that runs on CUDA.
-    with mp_module._configured(fwd_variant=fwd, bwd_sender_variant=request.param, block_min_atoms=0):
+    with mp_module._configured(fwd_variant=request.param, bwd_sender_variant=request.param, block_min_atoms=0):
         yield request.param
 
 
@@ -174,15 +171,8 @@ def test_launch_configuration():
         assert which == "block" and c["BLOCK_A"] == 64
         assert cfg("cuda", torch.float32, "bwd_sender", 128, 20)[2] == "atom"
         assert cfg("cuda", torch.float64, "fwd", 128, 20)[0]["BLOCK_F"] == 32
-    with mp_module._configured(bwd_sender_variant="fused", bwd_sender_block_f=32):
-        c, _, which = cfg("cuda", torch.float32, "bwd_sender", 64, 20, True)
-        assert which == "fused" and c["BLOCK_F"] == 64  # whole rows
-        # F = 128 rows did not fit in the H100's shared memory: the block kernel runs
-        assert cfg("cuda", torch.float32, "bwd_sender", 128, 20, True)[2] == "block"
-        assert cfg("cuda", torch.float32, "bwd_sender", 128, 20, False)[2] == "block"  # no ∂rbf/∂u wanted
-        assert cfg("cuda", torch.float64, "bwd_sender", 128, 20, True)[2] == "block"
-        assert cfg("cuda", torch.float32, "bwd_sender", 256, 20, True)[2] == "block"
-        assert cfg("cpu", torch.float64, "bwd_sender", 40, 20, True)[2] == "fused"
+    with mp_module._configured(bwd_sender_variant="fused"), pytest.raises(ValueError, match="variant"):
+        cfg("cuda", torch.float32, "bwd_sender", 64, 20)  # removed at stop 21 (slower where it ran)
     # Small graphs run the atom variants on the GPU (too few block programs), large ones the configured one.
     with mp_module._configured(fwd_variant="block", bwd_sender_variant="block", block_min_atoms=4096):
         for kernel in ("fwd", "bwd_sender"):
@@ -224,30 +214,21 @@ def test_launch_configuration():
             cfg("cuda", torch.float32, "fwd" if "fwd_variant" in bad else "bwd_edge", 128, 20)
 
 
-def test_fused_backward_replaces_edge_kernel(triton_device, monkeypatch):
-    """With the fused sender backward, ∂rbf and ∂u come from it (the edge kernel never runs); with only ∂rbf/∂u
-    wanted the edge kernel runs, with only ∂x/∂v the block sender kernel."""
+def test_partial_gradients(triton_device, variant):
+    """Only ∂rbf/∂u wanted (the edge kernel alone) or only ∂x/∂v (the sender kernel alone): each matches the
+    reference."""
     args = _graph(20, 90, 12, 5, torch.float32, triton_device, seed=13)
-    with mp_module._configured(bwd_sender_variant="fused", block_min_atoms=0):
-
-        def refuse(*a, **k):
-            raise AssertionError("the edge kernel ran")
-
-        real = mp_module._mp_bwd_edge_kernel
-        monkeypatch.setattr(mp_module, "_mp_bwd_edge_kernel", refuse)
-        _compare(args, torch.float32)
-        monkeypatch.setattr(mp_module, "_mp_bwd_edge_kernel", real)
-        x, v, rbf, w, unit, ei = args
-        for wrt in ((rbf, unit), (x, v)):
-            ins = [t.detach().clone().requires_grad_(any(t is u for u in wrt)) for t in (x, v, rbf, w, unit)]
-            ds, dv = _triton(*ins, ei)
-            got = torch.autograd.grad((ds.sum() + dv.sum()), [t for t in ins if t.requires_grad])
-            ref = message_passing_backward_reference(
-                torch.ones_like(ds).double(), torch.ones_like(dv).double(), *(t.double() for t in args[:-1]), ei
-            )
-            want = [ref[k] for k, t in zip((0, 1, 2, 4), (x, v, rbf, unit), strict=True) if any(t is u for u in wrt)]
-            for g, r in zip(got, want, strict=True):
-                torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-5)
+    x, v, rbf, w, unit, ei = args
+    for wrt in ((rbf, unit), (x, v)):
+        ins = [t.detach().clone().requires_grad_(any(t is u for u in wrt)) for t in (x, v, rbf, w, unit)]
+        ds, dv = _triton(*ins, ei)
+        got = torch.autograd.grad((ds.sum() + dv.sum()), [t for t in ins if t.requires_grad])
+        ref = message_passing_backward_reference(
+            torch.ones_like(ds).double(), torch.ones_like(dv).double(), *(t.double() for t in args[:-1]), ei
+        )
+        want = [ref[k] for k, t in zip((0, 1, 2, 4), (x, v, rbf, unit), strict=True) if any(t is u for u in wrt)]
+        for g, r in zip(got, want, strict=True):
+            torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-5)
 
 
 def test_unsorted_edges_and_row_ptr(triton_device, variant):
@@ -329,7 +310,7 @@ def test_bad_inputs_are_value_errors(triton_device):
         _triton(x, v, rbf, w, unit, ei, row_ptr=torch.zeros(3, dtype=torch.long, device=triton_device))
 
 
-@pytest.mark.parametrize("variant", ["atom", "fused"], indirect=True)  # "fused" runs the block forward too
+@pytest.mark.parametrize("variant", ["atom", "block"], indirect=True)
 def test_gradcheck_gradgradcheck(triton_device, variant):
     """float64, small: first and second derivatives of the fused op (second: the composite of fused ops)."""
     x, v, rbf, w, unit, ei = _graph(4, 9, 3, 2, torch.float64, triton_device, seed=7)
@@ -467,18 +448,17 @@ def test_edge_kernel_feature_split(triton_device, split, dtype, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sender", ["block", "fused"])
-def test_seg_split_block_kernels_float32(sender):
+@pytest.mark.parametrize("f", [128, 64])
+def test_seg_split_block_kernels_float32(f):
     """The block kernels' one-hot segment sums as two TF32 MMAs (seg_split) stay within the float32 bound of the
-    float64 reference on a 3,000-atom graph with F = 128 (the fused kernel at F = 64, where it runs)."""
+    float64 reference on a 3,000-atom graph with F = 128 and F = 64 (one feature chunk, one edge-kernel slice)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    f = 64 if sender == "fused" else 128
     args = _graph(3000, 3000 * 40, f, 20, torch.float32, torch.device("cuda"), seed=23)
-    cfg = dict(seg_split=True, fwd_variant="block", bwd_sender_variant=sender, block_min_atoms=0)
+    cfg = dict(seg_split=True, fwd_variant="block", bwd_sender_variant="block", block_min_atoms=0)
     with mp_module._configured(**cfg):
-        c, _, variant = mp_module._launch_config(args[0], "bwd_sender", f, 20, fuse=True, n_atoms=3000)
-        assert variant == sender and c["SEG_SPLIT"]
+        c, _, variant = mp_module._launch_config(args[0], "bwd_sender", f, 20, n_atoms=3000)
+        assert variant == "block" and c["SEG_SPLIT"]
         _compare(args, torch.float32)
 
 
@@ -514,7 +494,7 @@ def test_auto_sender_variant_on_cuda(per_atom):
     recv = torch.arange(n, device="cuda").repeat_interleave(per_atom)
     send = (recv + torch.randint(-100, 101, recv.shape, device="cuda")) % n
     expected = "block" if per_atom <= mp_module._CONFIG["sender_block_max_degree"] else "atom"
-    got = mp_module._launch_config(x, "bwd_sender", 128, 20, fuse=True, n_atoms=n, n_edges=n * per_atom)[2]
+    got = mp_module._launch_config(x, "bwd_sender", 128, 20, n_atoms=n, n_edges=n * per_atom)[2]
     assert got == expected
     _compare((x, v, rbf, w, unit, torch.stack([recv, send])), torch.float32)
 
