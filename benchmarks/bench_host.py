@@ -267,6 +267,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", action="store_true", help="also engine.predict end to end on CUDA")
     ap.add_argument("--pipeline", type=int, default=0, help="with --gpu: N molecules, sequential vs pipelined")
     ap.add_argument("--pipeline-batches", type=int, nargs="+", default=[512, 2048, 0], help="0: the atom budget")
+    ap.add_argument("--profile-modes", nargs="+", default=["cudagraph"], help="engine modes --profile runs")
     ap.add_argument("--profile", type=int, default=0, help="with --gpu: cProfile one predict of this many molecules")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default=None)
@@ -297,7 +298,8 @@ def main(argv=None) -> int:
         if args.pipeline:
             lines += pipeline_rows(args.pipeline, [b or None for b in args.pipeline_batches], max(3, args.reps // 2))
         if args.profile:
-            lines += profile_predict(args.profile, "cudagraph")
+            for mode in args.profile_modes:
+                lines += profile_predict(args.profile, mode)
     name = args.name or f"bench_host_{'cuda' if args.gpu else 'cpu'}"
     print(f"wrote {write_lines(lines, args.out, name)}")
     return 0
