@@ -49,6 +49,45 @@ def test_predict_contract(model, device):
     assert "stress" not in predict_forces(model, mols[:1], device=device)[0]
 
 
+def _spy_engines(monkeypatch) -> list:
+    """The ForceEngines that predict_forces makes, recorded."""
+    import mlff_distiller.predict as predict_module
+
+    made = []
+
+    class Spy(ForceEngine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(predict_module, "ForceEngine", Spy)
+    return made
+
+
+def test_predict_forces_defaults_to_mode_auto(model, monkeypatch):
+    """predict_forces runs mode "auto" unless told otherwise: eager on a CPU (as before), captured buckets on CUDA
+    (2-3x faster with small batches, bench_host_h100_pipeline.md)."""
+    made = _spy_engines(monkeypatch)
+    predict_forces(model, [molecule("H2O")], device="cpu")
+    predict_forces(model, [molecule("H2O")], device="cpu", mode="eager")
+    assert [(e.requested_mode, e.mode) for e in made] == [("auto", "eager"), ("eager", "eager")]
+
+
+@pytest.mark.gpu
+def test_predict_forces_default_captures_on_cuda(model, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    rng = np.random.default_rng(12)
+    mols = [random_molecule(int(n), rng) for n in rng.integers(1, 20, size=12)]
+    made = _spy_engines(monkeypatch)
+    auto = predict_forces(model, mols, device="cuda", batch_size=4)
+    eager = predict_forces(model, mols, device="cuda", batch_size=4, mode="eager")
+    assert made[0].mode == "cudagraph" and made[0].captured_buckets and not made[1].captured_buckets
+    for a, b in zip(auto, eager, strict=True):
+        assert a["energy"] == pytest.approx(b["energy"], rel=1e-5, abs=1e-5)
+        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-4)
+
+
 def test_chunking_keeps_order_and_values(model):
     rng = np.random.default_rng(11)
     mols = [random_molecule(int(n), rng) for n in rng.integers(1, 20, size=25)]

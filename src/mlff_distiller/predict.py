@@ -22,7 +22,7 @@ def predict_forces(
     batch_size: int | None = None,
     precision: str = "fp32",
     stress: bool = False,
-    mode: str = "eager",
+    mode: str = "auto",
     compile_mode: str | None = None,
     memory_budget: int | None = None,
     pipeline: bool | None = None,
@@ -36,11 +36,12 @@ def predict_forces(
         batch_size: structures per batch; None batches by an atom budget.
         precision: ``"fp64"``, ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"``.
         stress: also return the stress of fully periodic structures.
-        mode: ``"eager"`` (default), ``"compile"``, ``"cudagraph"`` or ``"auto"`` (see
-            :class:`~mlff_distiller.engine.ForceEngine`; padded modes pay a capture/compile per new bucket, which
-            pays off over many batches). Eager costs ~14 ms of host time per batch on the GPU machine, so with a
-            small ``batch_size`` ``"auto"`` is 2-3x faster (16,384 g2 molecules in batches of 512: 32.0 vs 9.9 µs
-            per structure; batches filled to the default atom budget: 6.5 vs 6.3; H100,
+        mode: ``"auto"`` (default: captured CUDA graphs of padded buckets on CUDA, eager elsewhere and for
+            graphs beyond ``AUTO_MAX_EDGES``), ``"eager"``, ``"compile"`` or ``"cudagraph"`` (see
+            :class:`~mlff_distiller.engine.ForceEngine`). A new bucket costs one capture (tens of ms once the
+            kernels are compiled), while an eager step costs ~14 ms of host time per batch on the GPU machine, so
+            "auto" is 2-3x faster with small batches (16,384 g2 molecules in batches of 512: 9.9 vs 32.0 µs per
+            structure) and about even with batches filled to the default atom budget (6.3 vs 6.5; H100,
             benchmarks/results/bench_host_h100_pipeline.md).
         compile_mode: ``torch.compile`` mode for ``"compile"``.
         memory_budget: bytes one batch may use (default: half the free device memory on CUDA); a batch that
