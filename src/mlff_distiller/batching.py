@@ -69,14 +69,15 @@ class _Launched:
     def __init__(self, batch: AtomsBatch, out: dict[str, torch.Tensor], stress: bool) -> None:
         self.batch, self.stress = batch, stress
         self.event: torch.cuda.Event | None = None
-        if any(t.is_cuda for t in out.values()):
+        device = next((t.device for t in out.values() if t.is_cuda), None)
+        if device is not None:
             host = {}
             for k, t in out.items():
                 h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                 h.copy_(t.detach(), non_blocking=True)
                 host[k] = h
             self.event = torch.cuda.Event()
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(device))  # the stream the copies went to, on the engine's GPU
             self.out = host
         else:
             self.out = {k: t.detach().cpu() for k, t in out.items()}
