@@ -61,7 +61,10 @@ class FrameStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db_path = self.dir / DB_NAME
         self.xyz_path = self.dir / XYZ_NAME
-        self.db = connect(_ready_db(self.db_path), type="db", append=True)
+        # No ASE lock file: ASE takes it as an O_EXCL file around each write and waits for it forever, so a run
+        # killed inside a write left ``frames.db.lock`` behind and its resume hung. SQLite's own locks are enough
+        # (one writer per directory; the OS drops them with the process) and each write is one transaction.
+        self.db = connect(_ready_db(self.db_path), type="db", append=True, use_lock_file=False)
 
     def __len__(self) -> int:
         return self.db.count()
@@ -128,7 +131,7 @@ def _ready_db(path: Path) -> Path:
         path.unlink()  # an interrupted initialisation: no frames in it
     tmp = path.with_name(path.name + ".init")
     tmp.unlink(missing_ok=True)
-    connect(tmp, type="db").count()  # the first use creates the tables and the version row
+    connect(tmp, type="db", use_lock_file=False).count()  # the first use creates the tables and the version row
     os.replace(tmp, path)
     return path
 
