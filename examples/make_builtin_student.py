@@ -7,8 +7,10 @@
 2. trains with ``configs/chno_gfn2_train.yaml`` (on CUDA when available);
 3. evaluates on the held-out frames (energy/force MAE and RMSE, parity plot, learning curve), times an ASE
    MD step of the student against GFN2-xTB on ethanol, and runs an NVE drift check;
-4. writes ``<results>/chno-gfn2.pt`` with the measured metrics in its metadata and ``<results>/metrics.json``;
-   ``--install`` also copies the checkpoint to ``src/mlff_distiller/data/chno-gfn2.pt``.
+4. writes ``<results>/<name>.pt`` (``--name``, default ``chno-gfn2``) with the measured metrics in its metadata
+   and ``<results>/metrics.json``; ``--install`` also copies it to ``src/mlff_distiller/data/<name>.pt``.
+
+``--hidden``/``--layers`` change the student's size (``builtin:chno-gfn2-small`` is ``--hidden 64 --layers 3``).
 
 The shipped checkpoint was made with this script on one H100
 (see ``benchmarks/results/builtin_chno_gfn2.md``).
@@ -44,6 +46,9 @@ def main() -> None:
         help="whole-run wall clock, s: training gets what labelling left, minus 100 s for evaluation",
     )
     ap.add_argument("--install", action="store_true", help="copy the checkpoint into the package data")
+    ap.add_argument("--name", default="chno-gfn2", help="builtin name: writes <name>.pt (builtin:<name>)")
+    ap.add_argument("--hidden", type=int, default=None, help="student width (default: the training config's)")
+    ap.add_argument("--layers", type=int, default=None, help="interaction layers (default: the config's)")
     ap.add_argument("--quick", action="store_true", help="tiny end-to-end check")
     args = ap.parse_args()
 
@@ -85,12 +90,20 @@ def main() -> None:
         train_job.train.batch_size = 8
     if args.time_limit is not None:
         train_job.train.time_limit_s = args.time_limit
+    if args.hidden is not None:
+        train_job.train.model.hidden = args.hidden
+    if args.layers is not None:
+        train_job.train.model.layers = args.layers
+    ckpt_name = f"{args.name}.pt"
+    model_cfg = train_job.train.model
     summary: dict = {
         "teacher": "gfn2-xtb (tblite)",
         "seeds": f"{len(seeds)} closed-shell CHNO molecules of ase.collections.g2",
         "host": platform.node(),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "name": args.name,
+        "model": {"hidden": model_cfg.hidden, "layers": model_cfg.layers, "n_rbf": model_cfg.n_rbf},
     }
     try:
         import triton
@@ -140,7 +153,10 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     meta = {
         "teacher": "gfn2-xtb",
-        "description": "PaiNN student of GFN2-xTB on closed-shell CHNO molecules of ASE g2, 300-800 K",
+        "description": (
+            f"PaiNN student ({train_job.train.model.hidden} features x {train_job.train.model.layers} layers) of "
+            "GFN2-xTB on closed-shell CHNO molecules of ASE g2, 300-800 K"
+        ),
         "recipe": "python " + " ".join(["examples/make_builtin_student.py", *sys.argv[1:]]),
         "val": result.best_val,
         "train_frames": len(train_frames),
@@ -149,13 +165,13 @@ def main() -> None:
     }
 
     def save_model() -> None:
-        model.save(results / "chno-gfn2.pt", metadata=meta)
-        summary["checkpoint_bytes"] = (results / "chno-gfn2.pt").stat().st_size
+        model.save(results / ckpt_name, metadata=meta)
+        summary["checkpoint_bytes"] = (results / ckpt_name).stat().st_size
         save_summary()
         if args.install:
-            target = ROOT / "src/mlff_distiller/data/chno-gfn2.pt"
+            target = ROOT / "src/mlff_distiller/data" / ckpt_name
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(results / "chno-gfn2.pt", target)
+            shutil.copyfile(results / ckpt_name, target)
 
     save_model()  # before evaluation, so a failure there cannot lose the trained student
 
@@ -170,7 +186,7 @@ def main() -> None:
     def test_errors(precision: str) -> dict:
         m = error_metrics(test, predict_frames(model, test, device=device, precision=precision))
         if precision == "fp32":
-            parity_plot(m, results / "parity.png", title="builtin:chno-gfn2 vs GFN2-xTB, held-out trajectories")
+            parity_plot(m, results / "parity.png", title=f"builtin:{args.name} vs GFN2-xTB, held-out trajectories")
         return {k: v for k, v in m.items() if not k.startswith("_")}
 
     from ase.build import molecule
