@@ -58,14 +58,19 @@ SWEEP_VARIANTS = [
 ]
 
 
-def make_student(seed: int = 0) -> StudentModel:
+def _picks(key: str, label: str) -> bool:
+    """--variants: ``=label`` picks that variant only, any other key every variant whose label contains it."""
+    return label == key[1:] if key.startswith("=") else key in label
+
+
+def make_student(seed: int = 0, hidden: int = 128, layers: int = 3) -> StudentModel:
     """The default student (hidden 128, 3 layers, 20 Bessel functions, 5 Å) over every element of g2, with
     random weights: timing and precision errors do not depend on training."""
     from ase.collections import g2
 
     torch.manual_seed(seed)
     species = sorted({int(z) for a in g2 for z in a.numbers})
-    model = StudentModel(species=species)
+    model = StudentModel(species=species, hidden=hidden, layers=layers)
     n = len(species)
     model.set_energy_reference(shift=-torch.linspace(1.0, 5.0, n), scale=torch.full((n,), 0.5))
     return model
@@ -345,7 +350,8 @@ def write_report(data: dict, md_path: Path) -> None:
         f"{env.get('device')} · torch {env.get('torch')} · triton {env.get('triton')} · commit {env.get('commit')}"
         f" · Python {env.get('python')} · {data.get('timestamp')}",
         "",
-        "Model: default student (hidden 128, 3 layers, 20 Bessel, 5 Å cutoff, 14 g2 species, random weights).",
+        f"Model: student of {data.get('model', '128 x 3')} (features x layers; the default is 128 x 3), 20 Bessel, "
+        "5 Å cutoff, 14 g2 species, random weights.",
         "Reference = the same model with torch-reference kernels in eager mode, measured in the same run.",
         "Times: median of `triton.testing.do_bench` (CUDA events) unless noted. `e2e` = `engine.compute` from a "
         "host batch to host results (GPU neighbour list + padding + step + one copy back); `step` = the energy + "
@@ -444,10 +450,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--name", default="engine_h100")
     ap.add_argument("--sizes", default=",".join(map(str, SWEEP_SIZES)))
-    ap.add_argument("--variants", default="", help="comma list: only variants whose label contains one")
+    ap.add_argument(
+        "--variants", default="", help="comma list: only variants whose label contains one (=label: that one only)"
+    )
     ap.add_argument("--child-startup", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--mode", default="cudagraph")
+    ap.add_argument("--hidden", type=int, default=128, help="student width (builtin:chno-gfn2-small is 64)")
+    ap.add_argument("--layers", type=int, default=3, help="student interaction layers")
     ap.add_argument("--compile-mode", default=None)
     args = ap.parse_args()
     if args.child_startup:
@@ -458,9 +468,11 @@ def main() -> None:
     if args.variants:
         keep = [v.strip() for v in args.variants.split(",")]
         for table in (LATENCY_VARIANTS, SWEEP_VARIANTS):
-            table[:] = [v for v in table if v is REFERENCE or v[0] == REFERENCE[0] or any(k in v[0] for k in keep)]
+            table[:] = [
+                v for v in table if v is REFERENCE or v[0] == REFERENCE[0] or any(_picks(k, v[0]) for k in keep)
+            ]
     clock = Clock(args.budget_s)
-    model = make_student()
+    model = make_student(hidden=args.hidden, layers=args.layers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"{args.name}.json", out / f"{args.name}.md"
@@ -474,6 +486,7 @@ def main() -> None:
         python=sys.version.split()[0],
     )
     data["timestamp"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    data["model"] = f"{args.hidden} x {args.layers}"
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     runners = dict(
         latency=bench_latency,

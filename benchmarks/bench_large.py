@@ -251,7 +251,7 @@ class Bench:
         self.args = args
         self.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.clock = Clock(args.budget_s)
-        self.model = make_student()
+        self.model = make_student(hidden=args.hidden, layers=args.layers)
         self.correctness: dict = {}
         self.ef: list[dict] = []
         self.nl: list[dict] = []
@@ -789,7 +789,8 @@ class Bench:
             f"{env['device']} · torch {env['torch']} · triton {env['triton']} · commit {env['commit']} · "
             f"{env['elapsed_s']} s of a {env['budget_s']:.0f} s budget{quick}",
             "",
-            f"Student: default PaiNN ({sum(p.numel() for p in self.model.parameters()):,} parameters, 5 Å), "
+            f"Student: PaiNN {self.model.config.hidden} features x {self.model.config.layers} layers "
+            f"({sum(p.numel() for p in self.model.parameters()):,} parameters, 5 Å; the shipped default is 128 x 3), "
             "float32, seeded random weights. Water boxes at ~1 g/cm³.",
             "",
             "## Targets",
@@ -937,6 +938,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="kernel backend of ours (auto: Triton on CUDA; triton on CPU needs TRITON_INTERPRET=1)",
     )
     ap.add_argument("--sections", default="check,ef,nl,grow", help="comma list of check, ef, nl, grow")
+    ap.add_argument("--hidden", type=int, default=128, help="student width (builtin:chno-gfn2-small is 64)")
+    ap.add_argument("--layers", type=int, default=3, help="student interaction layers")
     args = ap.parse_args(argv)
     if args.check_atoms is None:
         args.check_atoms = 48 if args.quick else 192

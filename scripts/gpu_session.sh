@@ -13,6 +13,7 @@
 #   bash scripts/gpu_session.sh diag      # cudagraph training step vs eager static step, per step count
 #   CHECK="tests/a.py tests/b.py::t" CHECK_K="cuda" bash scripts/gpu_session.sh check   # chosen tests, tracebacks
 #   bash scripts/gpu_session.sh enginelat # bench_engine latency + MD sections only (reference, eager, cudagraph)
+#   bash scripts/gpu_session.sh small     # bench_large (water E+F) + bench_engine for a 64 x 3 student (small builtin)
 #   bash scripts/gpu_session.sh mdprobe   # one benzene MD step piece by piece (probe_md_step.py)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
@@ -42,7 +43,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -228,6 +229,17 @@ print(json.dumps(out, indent=1))
     timeout $(box 240) python3 benchmarks/bench_engine.py --sections ${ENGINE_SECTIONS:-latency,md} --budget-s $(box 200) --out "$res" \
       --name engine_h100_run2 --variants "reference,eager,cudagraph" >"$res/bench_engine.log" 2>&1
     tail -40 "$res/bench_engine.log"
+    ;;
+  small)
+    # The speed targets' benchmarks for a student of builtin:chno-gfn2-small's size (64 x 3; SMALL_HIDDEN/SMALL_LAYERS),
+    # the torch reference of the same size beside ours in each run: water E+F (bench_large) and the engine (bench_engine).
+    timeout $(box 200) python3 benchmarks/bench_large.py --out "$res/large" --budget-s $(box 170) --sections check,ef \
+      --sizes 192 3000 24000 --hidden ${SMALL_HIDDEN:-64} --layers ${SMALL_LAYERS:-3} >"$res/bench_large.log" 2>&1
+    grep -E "^\| " "$res/large/bench_large.md" | head -30
+    timeout $(box 300) python3 benchmarks/bench_engine.py --sections latency,md,sweep --budget-s $(box 270) --out "$res" \
+      --name engine_small_h100 --sizes 1,64,1024,4096 --hidden ${SMALL_HIDDEN:-64} --layers ${SMALL_LAYERS:-3} \
+      --variants "eager,=cudagraph,cudagraph fp32,cudagraph tf32" >"$res/bench_engine.log" 2>&1
+    tail -45 "$res/engine_small_h100.md"
     ;;
   mdprobe)
     # One benzene MD step piece by piece on the GPU host (probe_md_step.py): ASE, host work, launch, copies.

@@ -268,3 +268,16 @@ def test_water_box_fast_keeps_the_recipe():
     d -= fast.cell[0, 0] * np.round(d / fast.cell[0, 0])
     r = np.linalg.norm(d, axis=-1) + np.eye(len(o)) * 99
     assert r.min() > 2.0
+
+
+def test_student_size_options_reach_the_model_and_the_report(tmp_path):
+    """--hidden/--layers benchmark another student size (builtin:chno-gfn2-small is 64 x 3); the report says which."""
+    data = bench_large.main(
+        ["--quick", "--out", str(tmp_path), "--sections", "check,ef", "--sizes", "24", "--hidden", "32", "--layers", "2"]
+    )
+    from mlff_distiller import StudentModel
+
+    expected = sum(p.numel() for p in StudentModel(species=[1, 6, 7, 8], hidden=32, layers=2).parameters())
+    md = (tmp_path / "bench_large.md").read_text()
+    assert f"PaiNN 32 features x 2 layers ({expected:,} parameters" in md
+    assert data["correctness"] and all(r.get("step_us", 1) > 0 for r in data["energy_forces"])
