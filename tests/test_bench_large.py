@@ -272,9 +272,8 @@ def test_water_box_fast_keeps_the_recipe():
 
 def test_student_size_options_reach_the_model_and_the_report(tmp_path):
     """--hidden/--layers benchmark another student size (builtin:chno-gfn2-small is 64 x 3); the report says which."""
-    data = bench_large.main(
-        ["--quick", "--out", str(tmp_path), "--sections", "check,ef", "--sizes", "24", "--hidden", "32", "--layers", "2"]
-    )
+    size = ["--hidden", "32", "--layers", "2"]
+    data = bench_large.main(["--quick", "--out", str(tmp_path), "--sections", "check,ef", "--sizes", "24", *size])
     from mlff_distiller import StudentModel
 
     expected = sum(p.numel() for p in StudentModel(species=[1, 6, 7, 8], hidden=32, layers=2).parameters())

@@ -198,6 +198,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=int, help="steps between written frames")
     p.add_argument("--device")
     p.add_argument("--precision", help="fp64 | fp32 | tf32")
+
+    sub.add_parser("models", help="the built-in students (builtin:NAME): size, elements and measured accuracy")
     return parser
 
 
@@ -395,6 +397,31 @@ def run_md(job: MDJob) -> dict:
     return {"steps": job.steps, "seconds": seconds, "s_per_step": seconds / job.steps, "output": job.output}
 
 
+def run_models() -> list[dict]:
+    """One entry per built-in student: what ``load_model("builtin:<name>")`` gives, from its checkpoint."""
+    from mlff_distiller.checkpoint import builtin_models, load_model
+
+    out = []
+    for name in builtin_models():
+        model = load_model(f"builtin:{name}")
+        meta = model.metadata
+        out.append(
+            {
+                "model": f"builtin:{name}",
+                "hidden": model.config.hidden,
+                "layers": model.config.layers,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "elements": model.species_list,
+                "cutoff": model.cutoff,
+                "teacher": meta.get("teacher"),
+                "test_force_mae_mev_a": meta.get("test_force_mae_mev_a"),
+                "test_energy_mae_mev_atom": meta.get("test_energy_mae_mev_atom"),
+                "description": meta.get("description"),
+            }
+        )
+    return out
+
+
 RUNNERS = {
     "label": run_label,
     "train": run_train,
@@ -409,8 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
-        job = build_job(args.command, args)
-        result = RUNNERS[args.command](job)
+        if args.command == "models":
+            result = run_models()
+        else:
+            job = build_job(args.command, args)
+            result = RUNNERS[args.command](job)
     except (ValueError, FileNotFoundError) as exc:
         print(f"mlff-distill {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from mlff_distiller.distill import read_frames
 from mlff_distiller.distill.config import from_dict
 
 
-@pytest.mark.parametrize("command", ["label", "train", "evaluate", "predict", "md"])
+@pytest.mark.parametrize("command", ["label", "train", "evaluate", "predict", "md", "models"])
 def test_help(command, capsys):
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])
@@ -97,3 +97,14 @@ def test_yaml_configs_in_repo_are_valid():
     assert from_dict(TrainJob, load_yaml(root / "chno_gfn2_train.yaml")).train.model.hidden == 128
     for name in ("chno_gfn2_label.yaml", "chno_gfn2_test.yaml"):
         assert from_dict(LabelJob, load_yaml(root / name)).teacher == "gfn2-xtb"
+
+
+def test_models_lists_the_builtin_students(capsys):
+    assert main(["models"]) == 0
+    rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {"builtin:chno-gfn2", "builtin:chno-gfn2-small"} <= set(rows)
+    small, default = rows["builtin:chno-gfn2-small"], rows["builtin:chno-gfn2"]
+    assert (small["hidden"], small["layers"], default["hidden"], default["layers"]) == (64, 3, 128, 3)
+    assert small["parameters"] < default["parameters"] / 3
+    assert small["elements"] == [1, 6, 7, 8] and small["teacher"] == "gfn2-xtb"
+    assert 0 < small["test_force_mae_mev_a"] < 40 and 0 < default["test_force_mae_mev_a"] < 40
