@@ -117,16 +117,108 @@ def test_compile_no_recompilation_per_batch_cpu(model):
     assert len(new_buckets) <= 1  # 3-8 atoms, < 128 edges: one or two buckets in all
 
 
-def test_stress_and_oversized_batches_use_the_eager_path(model):
+def test_oversized_batches_use_the_eager_path_with_stress_too(model):
     ladder = BucketLadder(min_atoms=8, max_atoms=16, min_edges=16, max_edges=64, growth=2.0)
     engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, buckets=ladder)
     ref = ForceEngine(model, device="cpu", precision="fp64")
     big = AtomsBatch.from_atoms([molecule("C6H6"), molecule("C6H6")])  # 24 atoms: beyond the ladder
     _close(engine.compute(big), ref.compute(big), "fp64", 2)
+    big_cells = AtomsBatch.from_atoms([silicon_cell().repeat((2, 2, 2))] * 3)  # 48 atoms: beyond it
+    out = engine.compute(big_cells, stress=True)
+    np.testing.assert_allclose(out["stress"], ref.compute(big_cells, stress=True)["stress"], atol=1e-12)
     assert not engine._graphs
-    cell = AtomsBatch.from_atoms(silicon_cell())
-    out = engine.compute(cell, stress=True)
-    np.testing.assert_allclose(out["stress"], ref.compute(cell, stress=True)["stress"], atol=1e-12)
+
+
+def _stress_batches():
+    """Periodic cells (cubic, triclinic, a rattled supercell) mixed with molecules, which get no valid stress."""
+    from helpers import triclinic_cu
+
+    rattled = silicon_cell().repeat((2, 1, 1))
+    rattled.rattle(0.05, seed=4)
+    return [
+        [silicon_cell()],
+        [triclinic_cu(), rattled],
+        [molecule("H2O"), silicon_cell(), molecule("CH4"), triclinic_cu()],
+    ]
+
+
+def test_padded_stress_equals_eager(model):
+    """Stress in the padded modes: one step with the strain derivative per bucket (its own captured graph on
+    CUDA), no eager fallback; energies, forces, stress and its validity mask equal the eager path's in fp64."""
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
+    ref = ForceEngine(model, device="cpu", precision="fp64")
+    for _ in range(2):  # the second round reuses the buckets
+        for mols in _stress_batches():
+            batch = AtomsBatch.from_atoms(mols)
+            out, want = engine.compute(batch, stress=True), ref.compute(batch, stress=True)
+            assert engine.last_bucket is not None and engine.last_bucket in engine._graphs
+            assert torch.equal(out["stress_valid"], want["stress_valid"])
+            assert out["stress_valid"].sum() == sum(m.pbc.all() for m in mols) > 0
+            for key in ("energy", "atomic_energies", "forces", "stress"):
+                np.testing.assert_allclose(out[key].numpy(), want[key].numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
+            assert out["stress"][out["stress_valid"]].abs().max() > 1e-4  # not vacuous
+            # The same engine serves energy + forces from the other step of the same bucket.
+            _close(engine.compute(batch), want, "fp64", batch.num_structures)
+            np.testing.assert_allclose(engine.compute(batch, stress=True, as_numpy=True)["stress"], want["stress"])
+
+
+def test_padded_stress_matches_strain_finite_differences(model):
+    """The padded stress step's σ against central differences of the padded energies under a symmetric strain."""
+    from helpers import triclinic_cu
+
+    atoms = triclinic_cu().repeat((2, 1, 1))
+    atoms.rattle(0.03, seed=2)
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
+    sigma = engine.compute(AtomsBatch.from_atoms(atoms), stress=True)["stress"][0].numpy()
+    h, fd = 1e-5, []
+    for a, b in ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1)):
+        e = []
+        for sign in (1.0, -1.0):
+            eps = np.zeros((3, 3))
+            eps[a, b] += 0.5 * sign * h
+            eps[b, a] += 0.5 * sign * h
+            x = atoms.copy()
+            x.set_cell(atoms.cell.array @ (np.eye(3) + eps), scale_atoms=True)
+            e.append(float(engine.compute(AtomsBatch.from_atoms(x))["energy"][0]))
+        fd.append((e[0] - e[1]) / (2 * h) / atoms.get_volume())
+    assert np.abs(sigma).max() > 1e-4
+    np.testing.assert_allclose(sigma, fd, atol=1e-8)
+
+
+def test_warmup_with_stress_runs_the_stress_step(model):
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
+    calls = {"stress": 0, "plain": 0}
+    step, step_stress = engine._step, engine._step_stress
+    engine._step = lambda *a: calls.__setitem__("plain", calls["plain"] + 1) or step(*a)
+    engine._step_stress = lambda *a: calls.__setitem__("stress", calls["stress"] + 1) or step_stress(*a)
+    times = engine.warmup(structures=[[silicon_cell()]], stress=True)
+    assert len(times) == 1 and calls == {"stress": 1, "plain": 0}
+    engine.warmup(buckets=list(times))
+    assert calls == {"stress": 1, "plain": 1}
+
+
+def test_calculator_stress_runs_padded(model):
+    """ASE asking for stress (NPT, cell relaxations) goes through the padded step, not the eager path."""
+    from ase.md.nptberendsen import NPTBerendsen
+
+    atoms = silicon_cell().repeat((2, 2, 2))
+    atoms.rattle(0.02, seed=1)
+    atoms.calc = StudentCalculator(model, device="cpu", precision="fp64", mode="cudagraph")
+    check = StudentCalculator(model, device="cpu", precision="fp64", mode="eager")
+    engine = atoms.calc.engine
+    calls = []
+    step = engine._step_stress
+    engine._step_stress = lambda *args: calls.append(1) or step(*args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # cudagraph on a CPU: the padded eager path, with a warning
+        dyn = NPTBerendsen(atoms, timestep=1.0, temperature_K=300, pressure_au=0.0, compressibility_au=1e-6)
+        for _ in range(3):
+            dyn.run(2)
+            ref = atoms.copy()
+            ref.calc = check
+            np.testing.assert_allclose(atoms.get_stress(), ref.get_stress(), rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(atoms.get_forces(), ref.get_forces(), rtol=1e-9, atol=1e-12)
+    assert len(calls) >= 6  # every stress request of the 6 steps ran the padded stress step
 
 
 def test_oom_splits_and_keeps_order(model, monkeypatch):
@@ -406,3 +498,31 @@ def test_auto_mode_ladder_stops_at_auto_max_edges():
     assert graph.buckets.select(100, 2 * AUTO_MAX_EDGES) is not None
     mine = BucketLadder(max_edges=1024)
     assert ForceEngine(model, device="cpu", mode="auto", buckets=mine).buckets is mine
+
+
+@gpu
+def test_cuda_graph_stress_equals_eager(model):
+    """The captured stress step (its own graph per bucket) against the eager path on CUDA, twice (replays)."""
+    eager = ForceEngine(model, device="cuda", precision="fp32")
+    engine = ForceEngine(model, device="cuda", precision="fp32", mode="cudagraph")
+    for _ in range(2):
+        for mols in _stress_batches():
+            batch = AtomsBatch.from_atoms(mols)
+            out, ref = engine.compute(batch, stress=True), eager.compute(batch, stress=True)
+            assert torch.equal(out["stress_valid"].cpu(), ref["stress_valid"].cpu())
+            for key in ("energy", "forces", "stress"):
+                scale = ref[key].abs().max().clamp_min(1e-3)
+                assert (out[key] - ref[key]).abs().max() / scale <= 1e-5, key
+    assert engine._stress_runners and set(engine._stress_runners) <= set(engine._graphs)
+    captured = len(engine._stress_runners)
+    engine.compute(AtomsBatch.from_atoms(_stress_batches()[0]), stress=True)
+    assert len(engine._stress_runners) == captured  # a replay, not a new capture
+
+
+@gpu
+def test_warmup_captures_the_stress_steps(model):
+    engine = ForceEngine(model, device="cuda", mode="cudagraph")
+    times = engine.warmup(structures=[[silicon_cell()]], stress=True)
+    assert list(times) == list(engine._stress_runners) and not engine._runners
+    engine.warmup(buckets=[next(iter(times))])
+    assert list(engine._runners) == list(times)  # the energy + forces step of the same bucket

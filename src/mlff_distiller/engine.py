@@ -18,7 +18,9 @@ Modes (``mode=``):
   1.31M edges: replay 28.6 ms vs eager 24.5 ms; benchmarks/results/large_h100_run4.md).
 
 The neighbour list always runs outside any graph (its size changes); its output is padded into the bucket.
-Padded modes serve energy + forces; a call that asks for stress (or no forces), or a batch beyond the largest
+Padded modes serve energy + forces, and stress too: a call with ``stress=True`` runs a second step per bucket
+that also differentiates a per-structure strain (its own captured graph; NPT and cell relaxations in ASE replay
+it every step, with a fresh list since the cell changes). A call without forces, or a batch beyond the largest
 bucket, runs the eager path. On a CPU, ``"cudagraph"`` and ``"compile"`` (unless ``compile_backend`` is given)
 warn and run the padded eager path, so CPU-only machines never break.
 
@@ -54,7 +56,7 @@ from mlff_distiller.buckets import (
     far_shift,
 )
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
-from mlff_distiller.engine_padded import PaddedPaths
+from mlff_distiller.engine_padded import PaddedPaths, stress_from_strain_gradient
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model.painn import CSRInteraction
 from mlff_distiller.neighbors import NeighborList, VerletNeighborList, neighbor_list
@@ -100,7 +102,6 @@ EDGES_PER_ATOM_GUESS = 40
 # Separate torch.compile specialisations allowed (one per bucket); torch's default of 8 would silently send
 # later buckets back to eager.
 COMPILE_RECOMPILE_LIMIT = 64
-_VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 
 
 def default_device() -> torch.device:
@@ -264,6 +265,7 @@ class ForceEngine(PaddedPaths):
         self._bytes_scale = 1.0  # measured / analytic memory, from probe_memory()
         self._graphs: dict[Bucket, PaddedGraph] = {}
         self._runners: dict[Bucket, GraphRunner] = {}
+        self._stress_runners: dict[Bucket, GraphRunner] = {}  # the steps with the strain derivative
         self._host_out: dict[Bucket, torch.Tensor] = {}  # page-locked host copies of the packed outputs
         self._topology: tuple | None = None
         self._checked_numbers: torch.Tensor | None = None
@@ -365,7 +367,13 @@ class ForceEngine(PaddedPaths):
         """
         to_host = to_host or as_numpy
         self._check_species(batch.numbers)
-        if self.pad and forces and not stress:
+        if self.pad and forces and stress:
+            # Stress (NPT, periodic batches): the padded step with the strain derivative, a fresh list per call (an
+            # NPT step changes the cell, which rebuilds a Verlet list anyway).
+            out = self._compute_padded(batch, to_host, stress=True)
+            if out is not None:
+                return {k: v.numpy() for k, v in out.items()} if as_numpy else out
+        elif self.pad and forces:
             if self.verlet is not None:
                 # A system the eager path sorts spatially runs there every step: its Verlet list must see one atom
                 # order (the padded Verlet path would test and rebuild it in the caller's order).
@@ -485,11 +493,7 @@ class ForceEngine(PaddedPaths):
         if forces:
             result["forces"] = -_unsort(grads[0], inv)
         if stress:
-            volume = torch.linalg.det(batch.cell).abs()
-            valid = batch.pbc.all(dim=1) & (volume > 0)
-            sigma = grads[1] / torch.where(valid, volume, torch.ones_like(volume))[:, None, None]
-            result["stress"] = torch.stack([sigma[:, a, b] for a, b in _VOIGT], dim=1)
-            result["stress_valid"] = valid
+            result.update(stress_from_strain_gradient(grads[1], batch.cell, batch.pbc))
         return result
 
     def _spatial_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
@@ -534,6 +538,8 @@ class ForceEngine(PaddedPaths):
         self,
         buckets: Iterable[Bucket | tuple[int, int]] | None = None,
         structures: Iterable | None = None,
+        *,
+        stress: bool = False,
     ) -> dict[Bucket, float]:
         """Compile / capture chosen buckets now rather than on first use.
 
@@ -541,6 +547,8 @@ class ForceEngine(PaddedPaths):
             buckets: :class:`Bucket` s or ``(n_atoms, n_edges)`` sizes (the ladder bucket holding them).
             structures: ``ase.Atoms`` or sequences of them; each is one batch whose bucket is warmed (in eager
                 mode they are simply run once, which compiles this package's Triton kernels).
+            stress: warm the steps with the strain derivative (what ``compute(..., stress=True)`` runs: NPT,
+                cell relaxations) instead of the energy + forces steps.
         Returns:
             Seconds spent per bucket (wall clock, synchronised).
         """
@@ -561,7 +569,7 @@ class ForceEngine(PaddedPaths):
             batch = AtomsBatch.from_atoms(s, dtype=self.dtype)
             t0 = time.perf_counter()
             self.last_bucket = None
-            self.compute(batch)
+            self.compute(batch, stress=stress)
             self._sync()
             if self.last_bucket is not None:  # the bucket the call ran in (None: eager)
                 times[self.last_bucket] = time.perf_counter() - t0
@@ -569,7 +577,7 @@ class ForceEngine(PaddedPaths):
             if bucket in times:
                 continue
             t0 = time.perf_counter()
-            self._run(bucket, self._graph(bucket))
+            self._run(bucket, self._graph(bucket), stress)
             self._sync()
             times[bucket] = time.perf_counter() - t0
         return times

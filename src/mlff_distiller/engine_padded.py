@@ -66,6 +66,25 @@ class PaddedPaths:
             (forces,) = torch.autograd.grad(energy, pos, grad_outputs=mask.neg())
         return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1)])
 
+    def _step_stress(self, numbers, positions, edge_index, shift_vectors, batch, mask, *csr) -> torch.Tensor:
+        """:meth:`_step` with the strain derivative too: ``[A + A + 3A + 9A]`` packed (energy, atomic energies,
+        forces, then ``-dE/dε`` per structure slot as ``[A, 3, 3]``), from the same single vector-Jacobian product.
+
+        A symmetric strain ε_b of each structure slot moves the positions and the shift vectors alike,
+        ``r -> r (1 + ε_b)``: every edge vector ``r_j - r_i + s`` of structure b is strained, as in the eager path
+        (which strains the cell instead: ``s = n · cell``, the same vectors). Padding atoms and edges sit in the
+        dummy slot, whose seed is zero."""
+        with torch.enable_grad(), _matmul_precision(self.allow_tf32):
+            pos = positions.detach().requires_grad_(True)
+            strain = torch.zeros((numbers.shape[0], 3, 3), dtype=pos.dtype, device=pos.device, requires_grad=True)
+            sym = 0.5 * (strain + strain.transpose(1, 2))
+            strained = pos + torch.bmm(pos.unsqueeze(1), sym[batch]).squeeze(1)
+            edge_sym = sym[batch[edge_index[0]]]
+            shifts = shift_vectors + torch.bmm(shift_vectors.unsqueeze(1), edge_sym).squeeze(1)
+            energy, atomic = self._forward_impl(numbers, strained, edge_index, shifts, batch, mask, *csr)
+            forces, virial = torch.autograd.grad(energy, (pos, strain), grad_outputs=mask.neg())
+        return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1), virial.reshape(-1)])
+
     def _device_topology(self, batch: AtomsBatch) -> tuple[AtomsBatch, bool]:
         """Move ``batch`` to the device; numbers/batch/ptr/cell/pbc are reused from the previous call when
         unchanged (MD), which also lets the static buffers skip rewriting them. Returns (batch, same)."""
@@ -102,24 +121,27 @@ class PaddedPaths:
             self._graphs[bucket] = g
         return g
 
-    def _run(self, bucket: Bucket, graph: PaddedGraph) -> torch.Tensor:
-        """One padded step on the current content of ``graph``; the packed output (static in graph mode)."""
+    def _run(self, bucket: Bucket, graph: PaddedGraph, stress: bool = False) -> torch.Tensor:
+        """One padded step on the current content of ``graph``; the packed output (static in graph mode).
+        ``stress``: the step with the strain derivative (:meth:`_step_stress`; its own graph per bucket)."""
+        step = self._step_stress if stress else self._step
         if self.mode == "cudagraph":
-            runner = self._runners.get(bucket)
+            runners = self._stress_runners if stress else self._runners
+            runner = runners.get(bucket)
             if runner is None:
                 try:
-                    runner = GraphRunner(self._step, graph)
+                    runner = GraphRunner(step, graph)
                 except torch.OutOfMemoryError:
-                    self._runners.pop(bucket, None)
+                    runners.pop(bucket, None)
                     raise
-                self._runners[bucket] = runner
+                runners[bucket] = runner
             return runner.replay()
         if self.mode == "compile" and self.compile_mode == "reduce-overhead":
             # Tell torch's CUDA-graph trees a new step begins (the previous outputs were copied already).
             torch.compiler.cudagraph_mark_step_begin()
-        return self._step(*graph.inputs())
+        return step(*graph.inputs())
 
-    def _compute_padded(self, batch: AtomsBatch, to_host: bool) -> dict[str, torch.Tensor] | None:
+    def _compute_padded(self, batch: AtomsBatch, to_host: bool, stress: bool = False) -> dict[str, torch.Tensor] | None:
         host_nl = self._host_molecular_neighbors(batch, to_device=False)
         if host_nl is not None:
             bucket = self.buckets.select(batch.num_atoms, host_nl.num_edges)
@@ -141,7 +163,8 @@ class PaddedPaths:
                 )
                 self._graph_tokens[bucket] = -1  # the device path must rewrite everything in this bucket
                 self._verlet_fill = None
-                return self._run_padded(bucket, graph, batch.num_atoms, batch.num_structures, to_host)
+                out = self._run_padded(bucket, graph, batch.num_atoms, batch.num_structures, to_host, stress=stress)
+                return _with_stress(out, batch) if stress else out
             host_nl = self._nl_to_device(host_nl)
         dev, same = self._device_topology(batch)
         with torch.no_grad():
@@ -164,7 +187,8 @@ class PaddedPaths:
         )
         self._graph_tokens[bucket] = self._topology_token
         self._verlet_fill = None  # the static buffers no longer hold the Verlet path's list
-        return self._run_padded(bucket, graph, n, b, to_host)
+        out = self._run_padded(bucket, graph, n, b, to_host, stress=stress)
+        return _with_stress(out, batch) if stress else out
 
     def _run_padded(
         self,
@@ -175,23 +199,26 @@ class PaddedPaths:
         to_host: bool,
         as_numpy: bool = False,
         packed: torch.Tensor | None = None,
+        stress: bool = False,
     ) -> dict:
         """Run a filled bucket (``packed``: its output, already launched) and unpack the real rows of the packed
-        output (``as_numpy``: of its host copy as NumPy views; needs ``to_host``)."""
+        output (``as_numpy``: of its host copy as NumPy views; needs ``to_host``). ``stress``: the stress step,
+        whose ``-dE/dε`` rows come back as ``virial`` ``[b, 3, 3]`` (not with ``as_numpy``)."""
         self.last_bucket = bucket
-        packed = self._run(bucket, graph) if packed is None else packed
+        packed = self._run(bucket, graph, stress) if packed is None else packed
         if to_host:
             if packed.is_cuda:
                 # One DMA into this bucket's page-locked buffer (a blocking copy: it waits for the step), then the
                 # caller's own copy of it (a few KB): no page-locked allocation and no pageable staging per call.
-                host = self._host_out.get(bucket)
+                host = self._host_out.get((bucket, stress))
                 if host is None or host.shape != packed.shape or host.dtype != packed.dtype:
-                    host = self._host_out[bucket] = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+                    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+                    self._host_out[(bucket, stress)] = host
                 host.copy_(packed.detach())
                 if as_numpy:
                     host_np = host.numpy().copy()
                     a = bucket.atoms
-                    forces = host_np[2 * a :].reshape(a, 3)[:n]
+                    forces = host_np[2 * a : 5 * a].reshape(a, 3)[:n]
                     return {"energy": host_np[:b], "atomic_energies": host_np[a : a + n], "forces": forces}
                 packed = host.clone()
             else:
@@ -201,12 +228,16 @@ class PaddedPaths:
         a = bucket.atoms
         if as_numpy:
             host = packed.detach().numpy() if packed.requires_grad else packed.numpy()
-            return {"energy": host[:b], "atomic_energies": host[a : a + n], "forces": host[2 * a :].reshape(a, 3)[:n]}
-        return {
+            forces = host[2 * a : 5 * a].reshape(a, 3)[:n]
+            return {"energy": host[:b], "atomic_energies": host[a : a + n], "forces": forces}
+        out = {
             "energy": packed[:b],
             "atomic_energies": packed[a : a + n],
-            "forces": packed[2 * a :].view(a, 3)[:n],
+            "forces": packed[2 * a : 5 * a].view(a, 3)[:n],
         }
+        if stress:
+            out["virial"] = packed[5 * a :].view(a, 3, 3)[:b]
+        return out
 
     def _compute_padded_verlet(
         self, batch: AtomsBatch, to_host: bool, as_numpy: bool = False
@@ -275,3 +306,22 @@ class PaddedPaths:
         elif positions.dtype != self.dtype:
             positions = positions.to(self.dtype)
         fill[3].copy_(positions, non_blocking=True)
+
+
+_VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
+
+
+def stress_from_strain_gradient(de_deps: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> dict:
+    """``stress`` ``[B, 6]`` (eV/Å³, Voigt, ASE sign: σ = (dE/dε) / V) and ``stress_valid`` ``[B]`` (fully periodic
+    cells of nonzero volume) from the strain derivative ``de_deps`` ``[B, 3, 3]``; the eager and padded paths'."""
+    cell = cell.to(de_deps.device, de_deps.dtype)
+    volume = torch.linalg.det(cell).abs()
+    valid = pbc.to(de_deps.device).all(dim=1) & (volume > 0)
+    sigma = de_deps / torch.where(valid, volume, torch.ones_like(volume))[:, None, None]
+    return {"stress": torch.stack([sigma[:, i, j] for i, j in _VOIGT], dim=1), "stress_valid": valid}
+
+
+def _with_stress(out: dict, batch: AtomsBatch) -> dict:
+    """The padded stress step's ``virial`` (``-dE/dε``) turned into ``stress`` and ``stress_valid``."""
+    out.update(stress_from_strain_gradient(-out.pop("virial"), batch.cell, batch.pbc))
+    return out
