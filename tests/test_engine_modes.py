@@ -162,6 +162,22 @@ def test_padded_stress_equals_eager(model):
             np.testing.assert_allclose(engine.compute(batch, stress=True, as_numpy=True)["stress"], want["stress"])
 
 
+def test_padded_stress_with_edge_compaction(model):
+    """A bucket big enough for the in-step edge compaction (which takes no gradient through the shift vectors):
+    the stress step must still see the strain of every kept pair."""
+    from mlff_distiller.engine_padded import COMPACT_MIN_EDGES
+
+    atoms = silicon_cell().repeat((2, 2, 2))
+    atoms.rattle(0.05, seed=6)
+    batch = AtomsBatch.from_atoms([atoms] * 4)
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, compact_edges=True)
+    out = engine.compute(batch, stress=True)
+    assert engine.last_bucket.edges >= COMPACT_MIN_EDGES  # the compaction's branch was live
+    want = ForceEngine(model, device="cpu", precision="fp64").compute(batch, stress=True)
+    np.testing.assert_allclose(out["stress"].numpy(), want["stress"].numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["forces"].numpy(), want["forces"].numpy(), rtol=1e-10, atol=1e-12)
+
+
 def test_padded_stress_matches_strain_finite_differences(model):
     """The padded stress step's σ against central differences of the padded energies under a symmetric strain."""
     from helpers import triclinic_cu

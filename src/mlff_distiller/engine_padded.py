@@ -42,7 +42,9 @@ class PaddedPaths:
         ``fill_padded`` whenever it wrote the edges (outside any captured graph): the message-passing kernels
         take them as given, so the step itself sorts and searches nothing, and never consults the kernels'
         per-tensor CSR cache (which a captured graph would bake in while the buffers' content changes)."""
-        if self.compact_edges and edge_index.shape[1] >= COMPACT_MIN_EDGES:
+        # Not in the stress step (``shift_vectors`` carries the strain): the compaction takes no gradient through
+        # the shifts, and that step's list is built at the cutoff anyway (nothing but padding to drop).
+        if self.compact_edges and edge_index.shape[1] >= COMPACT_MIN_EDGES and not shift_vectors.requires_grad:
             # In-step drop of the pairs beyond the cutoff (a Verlet-skin list holds ~70 % more): the kernels then
             # walk only the pairs within it (exact: the dropped ones contribute exactly zero).
             edge_index, shift_vectors, row_ptr, sender_perm, sender_ptr = kernels.edge_compact(
