@@ -17,6 +17,7 @@ from helpers import make_model, random_molecule, silicon_cell
 from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, predict_forces
 from mlff_distiller.buckets import BucketLadder
 from mlff_distiller.engine import AUTO_MAX_EDGES, TOLERANCES, configure_compile_cache
+from mlff_distiller.testing import finite_difference_stress
 
 gpu = pytest.mark.gpu
 
@@ -186,17 +187,7 @@ def test_padded_stress_matches_strain_finite_differences(model):
     atoms.rattle(0.03, seed=2)
     engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
     sigma = engine.compute(AtomsBatch.from_atoms(atoms), stress=True)["stress"][0].numpy()
-    h, fd = 1e-5, []
-    for a, b in ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1)):
-        e = []
-        for sign in (1.0, -1.0):
-            eps = np.zeros((3, 3))
-            eps[a, b] += 0.5 * sign * h
-            eps[b, a] += 0.5 * sign * h
-            x = atoms.copy()
-            x.set_cell(atoms.cell.array @ (np.eye(3) + eps), scale_atoms=True)
-            e.append(float(engine.compute(AtomsBatch.from_atoms(x))["energy"][0]))
-        fd.append((e[0] - e[1]) / (2 * h) / atoms.get_volume())
+    fd = finite_difference_stress(atoms, lambda frames: engine.compute(AtomsBatch.from_atoms(frames))["energy"])
     assert np.abs(sigma).max() > 1e-4
     np.testing.assert_allclose(sigma, fd, atol=1e-8)
 

@@ -12,6 +12,7 @@ from mlff_distiller.predict import predict_forces
 __all__ = [
     "energy_and_forces",
     "finite_difference_forces_error",
+    "finite_difference_stress",
     "finite_difference_stress_error",
     "random_rotation",
     "symmetry_errors",
@@ -41,9 +42,9 @@ def finite_difference_forces_error(model, atoms, *, h: float = 1e-4, device=None
     return float(np.abs(fd - ref[list(idx)].reshape(-1)).max())
 
 
-def finite_difference_stress_error(model, atoms, *, h: float = 1e-5, device=None) -> float:
-    """Max |σ_autograd − σ_fd| (eV/Å³), σ_ab = (1/V) ∂E/∂ε_ab by central differences of a symmetric strain."""
-    ref = energy_and_forces(model, atoms, device=device, stress=True)["stress"]
+def finite_difference_stress(atoms, energies, *, h: float = 1e-5) -> np.ndarray:
+    """σ (Voigt, eV/Å³) by central differences of a symmetric strain: ``energies(list of Atoms) -> energies``
+    is called once on the 12 strained copies (any energy source: a model, an engine, a teacher)."""
     voigt = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
     strained = []
     for a, b in voigt:
@@ -54,9 +55,18 @@ def finite_difference_stress_error(model, atoms, *, h: float = 1e-5, device=None
             x = atoms.copy()
             x.set_cell(atoms.cell.array @ (np.eye(3) + eps), scale_atoms=True)
             strained.append(x)
-    energies = [r["energy"] for r in predict_forces(model, strained, precision="fp64", device=device)]
-    fd = (np.array(energies[0::2]) - np.array(energies[1::2])) / (2 * h) / atoms.get_volume()
-    return float(np.abs(fd - ref).max())
+    e = np.asarray(energies(strained), dtype=np.float64)
+    return (e[0::2] - e[1::2]) / (2 * h) / atoms.get_volume()
+
+
+def finite_difference_stress_error(model, atoms, *, h: float = 1e-5, device=None) -> float:
+    """Max |σ_autograd − σ_fd| (eV/Å³), σ_ab = (1/V) ∂E/∂ε_ab by central differences of a symmetric strain."""
+    ref = energy_and_forces(model, atoms, device=device, stress=True)["stress"]
+
+    def energies(frames):
+        return [r["energy"] for r in predict_forces(model, frames, precision="fp64", device=device)]
+
+    return float(np.abs(finite_difference_stress(atoms, energies, h=h) - ref).max())
 
 
 def random_rotation(rng: np.random.Generator) -> np.ndarray:
