@@ -14,6 +14,7 @@
 #   CHECK="tests/a.py tests/b.py::t" CHECK_K="cuda" bash scripts/gpu_session.sh check   # chosen tests, tracebacks
 #   bash scripts/gpu_session.sh enginelat # bench_engine latency + MD sections only (reference, eager, cudagraph)
 #   bash scripts/gpu_session.sh small     # bench_large (water E+F) + bench_engine for a 64 x 3 student (small builtin)
+#   bash scripts/gpu_session.sh stress    # CUDA tests of the padded stress step + bench_stress.py (128 x 3 and 64 x 3)
 #   bash scripts/gpu_session.sh mdprobe   # one benzene MD step piece by piece (probe_md_step.py)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
@@ -43,7 +44,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -240,6 +241,17 @@ print(json.dumps(out, indent=1))
       --name engine_small_h100 --sizes 1,64,1024,4096 --hidden ${SMALL_HIDDEN:-64} --layers ${SMALL_LAYERS:-3} \
       --variants "eager,=cudagraph,cudagraph fp32,cudagraph tf32" >"$res/bench_engine.log" 2>&1
     tail -45 "$res/engine_small_h100.md"
+    ;;
+  stress)
+    # Stress in the padded modes (stop 22, CPU-tested only so far): its CUDA tests, then bench_stress.py (padded
+    # stress step vs the eager path, NPTBerendsen through the calculator) for the shipped and the small student size.
+    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 tests/test_engine_modes.py tests/test_physics.py \
+      -k "stress or warmup" >"$res/pytest_stress.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_stress.log"; grep -E " (FAILED|ERROR)" "$res/pytest_stress.log" | head; tail -2 "$res/pytest_stress.log"
+    timeout $(box 170) python3 benchmarks/bench_stress.py --out "$res" --name stress_h100 >"$res/bench_stress.log" 2>&1
+    timeout $(box 170) python3 benchmarks/bench_stress.py --out "$res" --name stress_small_h100 --hidden 64 \
+      >"$res/bench_stress_small.log" 2>&1
+    grep -E "^\| " "$res/stress_h100.md" "$res/stress_small_h100.md" | head -30; tail -3 "$res/bench_stress.log"
     ;;
   mdprobe)
     # One benzene MD step piece by piece on the GPU host (probe_md_step.py): ASE, host work, launch, copies.

@@ -232,3 +232,19 @@ def test_bench_host_checks_and_writes(tmp_path):
     for a, b in zip(got(batch, out), want(batch, out), strict=True):
         assert a["energy"] == b["energy"] and np.array_equal(a["forces"], b["forces"])
         assert np.array_equal(a["energies"], b["energies"])
+
+
+def test_bench_stress_quick_writes_checked_rows(tmp_path):
+    """bench_stress.py --quick (CPU): every variant checked against the reference before timing, the padded
+    variants ran padded, the report and JSON written, the NPT rows finite."""
+    import bench_stress
+
+    data = bench_stress.main(["--quick", "--out", str(tmp_path), "--reps", "2", "--npt-steps", "2"])
+    rows = data["compute"]
+    assert [r["variant"] for r in rows] == [v[0] for v in bench_stress.VARIANTS]
+    assert all(r["max_rel_dev"] <= 1e-4 and r["median_us"] > 0 for r in rows)
+    assert [r["padded"] for r in rows] == [False, False, True, True]
+    assert len(data["npt"]) == 2 and all(r["finite"] for r in data["npt"])
+    md = (tmp_path / "bench_stress.md").read_text()
+    assert "| 24 | ours cudagraph, stress step | yes |" in md
+    assert json.loads((tmp_path / "bench_stress.json").read_text())["model"] == "128 x 3"
