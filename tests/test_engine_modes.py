@@ -228,6 +228,42 @@ def test_calculator_stress_runs_padded(model):
     assert len(calls) >= 6  # every stress request of the 6 steps ran the padded stress step
 
 
+def test_calculator_returns_stress_with_forces_once_asked(model):
+    """After the first stress request, a periodic system's forces come with its stress (one step for both): ASE's
+    NPTBerendsen asks for both of the same positions in separate calls, and finds the stress cached."""
+    from ase.md.nptberendsen import NPTBerendsen
+
+    atoms = silicon_cell().repeat((2, 2, 2))
+    atoms.rattle(0.02, seed=1)
+    atoms.calc = StudentCalculator(model, device="cpu", precision="fp64")
+    engine = atoms.calc.engine
+    calls = []
+    compute = engine.compute
+    engine.compute = lambda batch, **kw: calls.append(kw.get("stress", False)) or compute(batch, **kw)
+    atoms.get_forces()
+    assert calls == [False]  # nothing asked for stress yet
+    dyn = NPTBerendsen(atoms, timestep=1.0, temperature_K=300, pressure_au=0.0, compressibility_au=1e-6)
+    dyn.run(1)
+    calls.clear()
+    dyn.run(5)
+    assert len(calls) == 10 and all(calls)  # 2 calls per step (was 3), each with the stress
+    fresh = atoms.copy()
+    fresh.calc = StudentCalculator(model, device="cpu", precision="fp64", mode="eager")
+    np.testing.assert_allclose(atoms.get_stress(), fresh.get_stress(), rtol=1e-9, atol=1e-12)
+    assert len(calls) == 10  # the stress of the current positions was already there
+    # NVT after that: the stress stops coming with the forces after STRESS_WINDOW calculations.
+    from mlff_distiller.calculator import STRESS_WINDOW
+
+    calls.clear()
+    VelocityVerlet(atoms, timestep=1.0).run(STRESS_WINDOW + 3)
+    assert calls == [True] * STRESS_WINDOW + [False] * 3
+    molecule_atoms = molecule("H2O")
+    molecule_atoms.calc = atoms.calc
+    atoms.get_stress()
+    molecule_atoms.get_forces()  # not periodic: no stress computed, no error
+    assert calls[-1] is False
+
+
 def test_oom_splits_and_keeps_order(model, monkeypatch):
     """An injected out-of-memory error for any batch above 20 atoms: batches are halved until they fit,
     nothing is lost and the order is the input order."""
