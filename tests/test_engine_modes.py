@@ -163,6 +163,19 @@ def test_padded_stress_equals_eager(model):
             np.testing.assert_allclose(engine.compute(batch, stress=True, as_numpy=True)["stress"], want["stress"])
 
 
+def test_compiled_stress_step_equals_eager(model):
+    """mode="compile" (aot_eager on the CPU) with stress: the compiled forward under strained inputs, fp64."""
+    engine = ForceEngine(model, device="cpu", precision="fp64", mode="compile", compile_backend="aot_eager")
+    ref = ForceEngine(model, device="cpu", precision="fp64")
+    for mols in _stress_batches()[:2]:
+        batch = AtomsBatch.from_atoms(mols)
+        out, want = engine.compute(batch, stress=True), ref.compute(batch, stress=True)
+        assert engine.last_bucket is not None
+        for key in ("energy", "forces", "stress"):
+            np.testing.assert_allclose(out[key].numpy(), want[key].numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
+        _close(engine.compute(batch), want, "fp64", batch.num_structures)  # E+F of the same compiled bucket
+
+
 def test_padded_stress_with_edge_compaction(model):
     """A bucket big enough for the in-step edge compaction (which takes no gradient through the shift vectors):
     the stress step must still see the strain of every kept pair."""
