@@ -100,6 +100,12 @@ class MDJob:
     device: str | None = None
     precision: str = "fp64"
     seed: int = 0
+    # npt (ASE's NPTBerendsen, isotropic; a fully periodic input): target pressure, the material's isothermal
+    # compressibility (default: water at 300 K) and the thermostat / barostat time constants.
+    pressure_bar: float = 1.01325
+    compressibility_per_bar: float = 4.57e-5
+    taut_fs: float = 100.0
+    taup_fs: float = 1000.0
 
 
 JOBS = {"label": LabelJob, "train": TrainJob, "evaluate": EvaluateJob, "predict": PredictJob, "md": MDJob}
@@ -191,7 +197,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="checkpoint path or builtin:NAME")
     p.add_argument("--input", help="starting structure (first frame of the file)")
     p.add_argument("--output", help="trajectory extxyz")
-    p.add_argument("--ensemble", help="langevin | nve")
+    p.add_argument("--ensemble", help="langevin | nve | npt (Berendsen; periodic input)")
+    p.add_argument("--pressure-bar", dest="pressure_bar", type=float, help="npt: target pressure, bar")
+    p.add_argument(
+        "--compressibility-per-bar", dest="compressibility_per_bar", type=float, help="npt: 1/bar (water: 4.57e-5)"
+    )
+    p.add_argument("--taut-fs", dest="taut_fs", type=float, help="npt: thermostat time constant, fs")
+    p.add_argument("--taup-fs", dest="taup_fs", type=float, help="npt: barostat time constant, fs")
     p.add_argument("--steps", type=int)
     p.add_argument("--timestep-fs", dest="timestep_fs", type=float)
     p.add_argument("--temperature", type=float, help="K")
@@ -354,8 +366,8 @@ def run_md(job: MDJob) -> dict:
 
     from mlff_distiller.calculator import StudentCalculator
 
-    if job.ensemble not in ("langevin", "nve"):
-        raise ValueError(f"ensemble must be 'langevin' or 'nve', got {job.ensemble!r}")
+    if job.ensemble not in ("langevin", "nve", "npt"):
+        raise ValueError(f"ensemble must be 'langevin', 'nve' or 'npt', got {job.ensemble!r}")
     if job.steps < 1 or job.interval < 1:
         raise ValueError("steps and interval must be >= 1")
     atoms = _read_structures(job.input)[0]
@@ -363,7 +375,25 @@ def run_md(job: MDJob) -> dict:
     rng = np.random.default_rng(job.seed)
     MaxwellBoltzmannDistribution(atoms, temperature_K=job.temperature, rng=rng)
     dt = job.timestep_fs * units.fs
-    if job.ensemble == "nve":
+    if job.ensemble == "npt":
+        from ase.md.nptberendsen import NPTBerendsen
+
+        if not atoms.pbc.all():
+            raise ValueError(f"ensemble 'npt' needs a fully periodic input; {job.input} has pbc={atoms.pbc.tolist()}")
+        if job.compressibility_per_bar <= 0 or job.taut_fs <= 0 or job.taup_fs <= 0:
+            raise ValueError("npt: compressibility_per_bar, taut_fs and taup_fs must be > 0")
+        # The student's stress runs in the padded step (one CUDA graph per bucket on a GPU), and the calculator
+        # returns it with the forces while it is being asked for.
+        dyn = NPTBerendsen(
+            atoms,
+            timestep=dt,
+            temperature_K=job.temperature,
+            pressure_au=job.pressure_bar * units.bar,
+            compressibility_au=job.compressibility_per_bar / units.bar,
+            taut=job.taut_fs * units.fs,
+            taup=job.taup_fs * units.fs,
+        )
+    elif job.ensemble == "nve":
         dyn = VelocityVerlet(atoms, timestep=dt)
     else:
         if not atoms.pbc.any():
@@ -386,6 +416,8 @@ def run_md(job: MDJob) -> dict:
         frame.calc = atoms.calc
         frame.info["time_fs"] = dyn.get_time() / units.fs
         frame.info["total_energy"] = float(atoms.get_total_energy())
+        if job.ensemble == "npt":
+            frame.info["volume"] = float(atoms.get_volume())
         ase.io.write(job.output, frame, format="extxyz", append=True)
 
     dyn.attach(write, interval=job.interval)

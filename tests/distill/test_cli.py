@@ -1,10 +1,12 @@
 """``mlff-distill`` smoke tests: every subcommand, --help, configs and bad input."""
 
 import json
+from pathlib import Path
 
 import ase.io
 import numpy as np
 import pytest
+import torch
 import yaml
 from ase.build import molecule
 
@@ -83,7 +85,7 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
     bad.write_text("[1, 2]")
     assert main(["label", "--config", str(bad)]) == 2
     assert "mapping" in capsys.readouterr().err
-    assert main(["md", "--model", "x", "--input", str(bad), "--set", "ensemble=npt"]) == 2
+    assert main(["md", "--model", "x", "--input", str(bad), "--set", "ensemble=nvt"]) == 2
     assert "ensemble" in capsys.readouterr().err
 
 
@@ -108,3 +110,34 @@ def test_models_lists_the_builtin_students(capsys):
     assert small["parameters"] < default["parameters"] / 3
     assert small["elements"] == [1, 6, 7, 8] and small["teacher"] == "gfn2-xtb"
     assert 0 < small["test_force_mae_mev_a"] < 40 and 0 < default["test_force_mae_mev_a"] < 40
+
+
+def test_md_npt_changes_the_volume_and_refuses_molecules(tmp_path, capsys):
+    """``md --ensemble npt``: Berendsen NPT on a periodic box with the student's stress; a molecule is refused."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from systems import water_box
+
+    from mlff_distiller import StudentModel
+
+    torch.manual_seed(0)
+    model = tmp_path / "m.pt"
+    StudentModel(species=[1, 8], hidden=16, layers=1).save(model)
+    box = water_box(24, seed=3)
+    start = tmp_path / "box.extxyz"
+    ase.io.write(start, box)
+    traj = tmp_path / "npt.extxyz"
+    args = ["md", "--model", str(model), "--input", str(start), "--output", str(traj), "--device", "cpu"]
+    args += ["--ensemble", "npt", "--steps", "20", "--interval", "10", "--pressure-bar", "5000"]
+    assert main(args) == 0
+    frames = ase.io.read(traj, index=":")
+    volumes = [f.info["volume"] for f in frames]
+    assert len(frames) == 3 and volumes[0] == pytest.approx(box.get_volume())
+    assert volumes[-1] != pytest.approx(volumes[0], rel=1e-6)  # the barostat moved the cell
+    assert all(np.isfinite(f.get_forces()).all() for f in frames)
+    capsys.readouterr()
+    mol = tmp_path / "mol.xyz"
+    ase.io.write(mol, molecule("H2O"))
+    assert main(["md", "--model", str(model), "--input", str(mol), "--ensemble", "npt", "--device", "cpu"]) == 2
+    assert "fully periodic" in capsys.readouterr().err
