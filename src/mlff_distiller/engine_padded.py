@@ -190,7 +190,8 @@ class PaddedPaths:
         self._graph_tokens[bucket] = self._topology_token
         self._verlet_fill = None  # the static buffers no longer hold the Verlet path's list
         out = self._run_padded(bucket, graph, n, b, to_host, stress=stress)
-        return _with_stress(out, batch) if stress else out
+        # The cell from the side the outputs are on: no host-to-device copy that would wait for the step.
+        return _with_stress(out, batch if to_host else dev) if stress else out
 
     def _run_padded(
         self,
