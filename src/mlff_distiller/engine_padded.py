@@ -80,8 +80,10 @@ class PaddedPaths:
             pos = positions.detach().requires_grad_(True)
             strain = torch.zeros((numbers.shape[0], 3, 3), dtype=pos.dtype, device=pos.device, requires_grad=True)
             sym = 0.5 * (strain + strain.transpose(1, 2))
-            strained = pos + torch.bmm(pos.unsqueeze(1), sym[batch]).squeeze(1)
-            edge_sym = sym[batch[edge_index[0]]]
+            # index_select, not advanced indexing: its backward is one index_add (atomics) instead of indexing's
+            # sorting index_put, fewer kernels in the captured graph.
+            strained = pos + torch.bmm(pos.unsqueeze(1), sym.index_select(0, batch)).squeeze(1)
+            edge_sym = sym.index_select(0, batch.index_select(0, edge_index[0]))
             shifts = shift_vectors + torch.bmm(shift_vectors.unsqueeze(1), edge_sym).squeeze(1)
             energy, atomic = self._forward_impl(numbers, strained, edge_index, shifts, batch, mask, *csr)
             forces, virial = torch.autograd.grad(energy, (pos, strain), grad_outputs=mask.neg())
