@@ -266,7 +266,8 @@ class ForceEngine(PaddedPaths):
         self._graphs: dict[Bucket, PaddedGraph] = {}
         self._runners: dict[Bucket, GraphRunner] = {}
         self._stress_runners: dict[Bucket, GraphRunner] = {}  # the steps with the strain derivative
-        self._host_out: dict[Bucket, torch.Tensor] = {}  # page-locked host copies of the packed outputs
+        # Page-locked host copies of the packed outputs, per (bucket, stress step).
+        self._host_out: dict[tuple[Bucket, bool], torch.Tensor] = {}
         self._topology: tuple | None = None
         self._checked_numbers: torch.Tensor | None = None
         self._checked_source: tuple | None = None  # (tensor, version) of the numbers last checked
