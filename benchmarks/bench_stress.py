@@ -79,7 +79,6 @@ def bench_compute(model, sizes, device, reps: int) -> list[dict]:
             rows.append(
                 dict(
                     atoms=n,
-                    edges=None,
                     variant=label,
                     stress=stress,
                     median_us=median,
