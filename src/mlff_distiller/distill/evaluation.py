@@ -42,9 +42,23 @@ def predict_frames(
     precision: str = "fp64",
     batch_size: int | None = None,
 ) -> list[dict]:
-    """Student predictions (``energy`` eV, ``forces`` eV/Å) for each frame, through ``ForceEngine``."""
+    """Student predictions (``energy`` eV, ``forces`` eV/Å) for each frame, through ``ForceEngine``; ``stress``
+    (Voigt, eV/Å³) too for the fully periodic frames when any frame carries a teacher stress."""
+    frames = list(frames)
     engine = ForceEngine(model, device=device, precision=precision)
-    return engine.predict(list(frames), batch_size=batch_size)
+    return engine.predict(frames, batch_size=batch_size, stress=any(_teacher_stress(a) is not None for a in frames))
+
+
+def _teacher_stress(atoms: Atoms) -> np.ndarray | None:
+    """The frame's teacher stress as Voigt ``[6]`` (eV/Å³), if it has one and is fully periodic."""
+    results = atoms.calc.results if atoms.calc is not None else {}
+    if "stress" not in results or not atoms.pbc.all():
+        return None
+    stress = np.asarray(results["stress"], dtype=np.float64).reshape(-1)
+    if stress.shape == (9,):  # a full 3 x 3 tensor
+        m = stress.reshape(3, 3)
+        stress = np.array([m[0, 0], m[1, 1], m[2, 2], m[1, 2], m[0, 2], m[0, 1]])
+    return stress if stress.shape == (6,) else None
 
 
 def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
@@ -52,14 +66,16 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
 
     Returns ``energy_mae_mev_atom``, ``energy_rmse_mev_atom``, ``force_mae_mev_a``, ``force_rmse_mev_a``,
     ``frames``, ``atoms`` and the raw arrays ``_energy`` ``[F, 2]`` (teacher, student; eV/atom) and
-    ``_forces`` ``[3N, 2]`` (eV/Å) for plotting.
+    ``_forces`` ``[3N, 2]`` (eV/Å) for plotting. Where periodic frames carry a teacher stress and the predictions
+    a student stress (:func:`predict_frames` asks for it then), also ``stress_mae_mev_a3``, ``stress_rmse_mev_a3``
+    (meV/Å³, over the Voigt components), ``stress_mae_gpa`` and ``stress_frames``.
     """
     frames = list(frames)
     if len(frames) != len(predictions):
         raise ValueError(f"{len(frames)} frames but {len(predictions)} predictions")
     if not frames:
         raise ValueError("no frames to evaluate")
-    e_ref, e_pred, f_ref, f_pred = [], [], [], []
+    e_ref, e_pred, f_ref, f_pred, s_ref, s_pred = [], [], [], [], [], []
     for k, (a, p) in enumerate(zip(frames, predictions, strict=True)):
         if a.calc is None or "energy" not in a.calc.results or "forces" not in a.calc.results:
             raise ValueError(f"frame {k} has no teacher energy and forces")
@@ -68,12 +84,16 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
         e_pred.append(float(p["energy"]) / n)
         f_ref.append(np.asarray(a.calc.results["forces"]).reshape(-1))
         f_pred.append(np.asarray(p["forces"]).reshape(-1))
+        teacher = _teacher_stress(a)
+        if teacher is not None and "stress" in p:
+            s_ref.append(teacher)
+            s_pred.append(np.asarray(p["stress"], dtype=np.float64).reshape(6))
     energy = np.stack([np.array(e_ref), np.array(e_pred)], axis=1)
     forces = np.stack([np.concatenate(f_ref), np.concatenate(f_pred)], axis=1)
     de, df = energy[:, 1] - energy[:, 0], forces[:, 1] - forces[:, 0]
     if not (np.isfinite(de).all() and np.isfinite(df).all()):
         raise ValueError("non-finite student predictions")
-    return {
+    out = {
         "energy_mae_mev_atom": 1000 * float(np.abs(de).mean()),
         "energy_rmse_mev_atom": 1000 * float(np.sqrt((de**2).mean())),
         "force_mae_mev_a": 1000 * float(np.abs(df).mean()),
@@ -83,6 +103,17 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
         "_energy": energy,
         "_forces": forces,
     }
+    if s_ref:
+        ds = np.stack(s_pred) - np.stack(s_ref)
+        if not np.isfinite(ds).all():
+            raise ValueError("non-finite student stress")
+        out.update(
+            stress_mae_mev_a3=1000 * float(np.abs(ds).mean()),
+            stress_rmse_mev_a3=1000 * float(np.sqrt((ds**2).mean())),
+            stress_mae_gpa=float(np.abs(ds).mean() / units.GPa),
+            stress_frames=len(s_ref),
+        )
+    return out
 
 
 def _pyplot():
