@@ -54,3 +54,29 @@ def test_no_stress_keys_without_teacher_stress():
     preds = predict_frames(model, frames, device="cpu")
     assert all("stress" not in p for p in preds)
     assert "stress_mae_mev_a3" not in error_metrics(frames, preds)
+
+
+def test_labelling_records_the_teachers_stress_for_periodic_frames(tmp_path):
+    """A teacher that computes stress with the forces (EMT here; SevenNet, tblite too): periodic frames keep it
+    through the database and the extxyz, with no extra teacher call; molecules get none."""
+    import ase.io
+
+    from mlff_distiller.distill import SamplingConfig, label, read_frames
+
+    cell = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 1, 1))
+    cfg = SamplingConfig(temperatures=[300], md_steps=8, sample_every=4, rattle_per_seed=2, dedup_rms=0.0)
+    report = label([cell, molecule("CH4")], "emt", tmp_path / "lab", cfg, progress=False)
+    frames = read_frames(tmp_path / "lab")
+    assert report.total == len(frames) > 4
+    periodic = [a for a in frames if a.pbc.all()]
+    assert periodic and all("stress" not in a.calc.results for a in frames if not a.pbc.any())
+    for a in periodic:
+        check = a.copy()
+        check.calc = EMT()
+        np.testing.assert_allclose(a.calc.results["stress"], check.get_stress(), atol=1e-10)
+    xyz = [a for a in ase.io.read(tmp_path / "lab" / "frames.extxyz", index=":") if a.pbc.all()]
+    assert len(xyz) == len(periodic) and all(a.calc is not None and "stress" in a.calc.results for a in xyz)
+    torch.manual_seed(0)
+    model = StudentModel(species=[1, 6, 29], hidden=16, layers=1).double()
+    m = error_metrics(frames, predict_frames(model, frames, device="cpu"))
+    assert m["stress_frames"] == len(periodic)

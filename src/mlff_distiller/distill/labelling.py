@@ -142,7 +142,10 @@ def _db_frames(db) -> list[Atoms]:
         atoms = row.toatoms()
         if row.get("energy") is None or row.get("forces") is None:
             raise ValueError(f"database row {row.id} has no energy and forces labels")
-        atoms.calc = SinglePointCalculator(atoms, energy=float(row.energy), forces=np.array(row.forces))
+        results = {"energy": float(row.energy), "forces": np.array(row.forces)}
+        if row.get("stress") is not None:
+            results["stress"] = np.array(row.stress, dtype=np.float64)
+        atoms.calc = SinglePointCalculator(atoms, **results)
         for k, v in row.key_value_pairs.items():
             atoms.info[k] = v
         for k, v in (row.data or {}).items():

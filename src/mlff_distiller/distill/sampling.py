@@ -125,16 +125,34 @@ def task_rng(config: SamplingConfig, key: str) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
-def _labelled(atoms: Atoms, energy: float, forces: np.ndarray) -> Atoms:
+def _labelled(atoms: Atoms, energy: float, forces: np.ndarray, stress: np.ndarray | None = None) -> Atoms:
     out = Atoms(numbers=atoms.numbers, positions=atoms.positions, cell=atoms.cell, pbc=atoms.pbc)
-    out.calc = SinglePointCalculator(out, energy=float(energy), forces=np.array(forces, dtype=np.float64))
+    results = {"energy": float(energy), "forces": np.array(forces, dtype=np.float64)}
+    if stress is not None:
+        results["stress"] = stress
+    out.calc = SinglePointCalculator(out, **results)
     return out
 
 
-def _teacher_label(atoms: Atoms, teacher: Calculator) -> tuple[float, np.ndarray]:
+def _computed_stress(atoms: Atoms, calc: Calculator) -> np.ndarray | None:
+    """The stress (Voigt, eV/Å³) the teacher's last calculation of ``atoms`` produced along with the forces, for
+    a fully periodic frame; None otherwise. Never a calculation of its own: a teacher that computes stress only
+    on request (rarely: SevenNet, GFN2-xTB through tblite and EMT return it with the forces) leaves it out."""
+    results = getattr(calc, "results", None) or {}
+    if not atoms.pbc.all() or results.get("stress") is None:
+        return None
+    stress = np.asarray(results["stress"], dtype=np.float64).reshape(-1)
+    if stress.shape == (9,):
+        m = stress.reshape(3, 3)
+        stress = np.array([m[0, 0], m[1, 1], m[2, 2], m[1, 2], m[0, 2], m[0, 1]])
+    return stress if stress.shape == (6,) and np.isfinite(stress).all() else None
+
+
+def _teacher_label(atoms: Atoms, teacher: Calculator) -> tuple[float, np.ndarray, np.ndarray | None]:
     work = Atoms(numbers=atoms.numbers, positions=atoms.positions, cell=atoms.cell, pbc=atoms.pbc)
     work.calc = teacher
-    return float(work.get_potential_energy()), np.array(work.get_forces(), dtype=np.float64)
+    energy, forces = float(work.get_potential_energy()), np.array(work.get_forces(), dtype=np.float64)
+    return energy, forces, _computed_stress(work, teacher)
 
 
 def _physical(atoms: Atoms, forces: np.ndarray, energy: float, config: SamplingConfig) -> bool:
@@ -173,17 +191,18 @@ def run_task(
 ) -> Iterator[tuple[int, Atoms]]:
     """Yield ``(frame_index, labelled_atoms)`` for one task, deterministically.
 
-    The atoms carry teacher ``energy`` (eV) and ``forces`` (eV/Å) on a ``SinglePointCalculator`` and, with
-    ``config.hvp``, arrays ``hvp_dir`` (unit direction) and ``hvp`` (eV/Å², H·v).
+    The atoms carry teacher ``energy`` (eV) and ``forces`` (eV/Å) on a ``SinglePointCalculator``, ``stress``
+    (Voigt, eV/Å³) too for periodic frames whose teacher computed it with the forces, and, with ``config.hvp``,
+    arrays ``hvp_dir`` (unit direction) and ``hvp`` (eV/Å², H·v).
     """
     rng = task_rng(config, task.key)
     hvp_rng = task_rng(config, task.key + "/hvp")
     if task.kind == "rattle":
         atoms = seed.copy()
         atoms.positions = seed.positions + rng.normal(0.0, float(config.rattle_std), seed.positions.shape)
-        energy, forces = _teacher_label(atoms, teacher)
+        energy, forces, stress = _teacher_label(atoms, teacher)
         if _physical(atoms, forces, energy, config):
-            frame = _labelled(atoms, energy, forces)
+            frame = _labelled(atoms, energy, forces, stress)
             if config.hvp:
                 _add_hvp(frame, teacher, config, hvp_rng)
             yield 0, frame
@@ -219,11 +238,12 @@ def run_task(
             # The integrator has just evaluated the teacher at these positions: reuse its results.
             energy = float(atoms.get_potential_energy())
             forces = np.array(atoms.get_forces(apply_constraint=False), dtype=np.float64)
+            stress = _computed_stress(atoms, teacher)
         else:
-            energy, forces = _teacher_label(atoms, teacher)
+            energy, forces, stress = _teacher_label(atoms, teacher)
         if not _physical(atoms, forces, energy, config):
             return
-        frame = _labelled(atoms, energy, forces)
+        frame = _labelled(atoms, energy, forces, stress)
         if config.hvp:
             _add_hvp(frame, teacher, config, hvp_rng)
         yield k, frame
