@@ -35,6 +35,8 @@ class LabelledBatch:
         forces: ``[N, 3]`` teacher forces, eV/Å.
         hvp_dir: ``[N, 3]`` unit direction of each frame's Hessian-vector product, or None.
         hvp: ``[N, 3]`` teacher H·v, eV/Å², or None.
+        stress: ``[B, 6]`` teacher stress (Voigt, eV/Å³; zeros where a frame has none), or None when the dataset
+            holds no stress labels. stress_mask: ``[B]`` bool, the frames with a stress label.
     """
 
     atoms: AtomsBatch
@@ -44,6 +46,8 @@ class LabelledBatch:
     forces: torch.Tensor
     hvp_dir: torch.Tensor | None = None
     hvp: torch.Tensor | None = None
+    stress: torch.Tensor | None = None
+    stress_mask: torch.Tensor | None = None
 
     @property
     def num_structures(self) -> int:
@@ -54,6 +58,27 @@ class LabelledBatch:
         a = self.atoms
         cell = a.cell[a.batch[self.edge_index[0]]]
         return torch.einsum("ei,eij->ej", self.shifts.to(cell.dtype), cell)
+
+
+def voigt_stress(value) -> np.ndarray | None:
+    """A stress given as Voigt ``[6]`` or a 3 x 3 tensor, as finite Voigt ``[6]`` float64 (xx yy zz yz xz xy);
+    None for anything else. Labelling, datasets and evaluation read teacher stresses through it."""
+    stress = np.asarray(value, dtype=np.float64).reshape(-1)
+    if stress.shape == (9,):
+        m = stress.reshape(3, 3)
+        stress = np.array([m[0, 0], m[1, 1], m[2, 2], m[1, 2], m[0, 2], m[0, 1]])
+    return stress if stress.shape == (6,) and np.isfinite(stress).all() else None
+
+
+def _stress_label(atoms: Atoms, k: int) -> np.ndarray | None:
+    """A fully periodic frame's teacher stress as Voigt ``[6]`` (eV/Å³), or None (no stress, or not periodic)."""
+    value = atoms.calc.results.get("stress")
+    if value is None or not atoms.pbc.all():
+        return None
+    stress = voigt_stress(value)
+    if stress is None:
+        raise ValueError(f"frame {k}: stress must be 6 (Voigt) or 3 x 3 finite values, got {value!r}")
+    return stress
 
 
 def _segment_arange(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -70,7 +95,8 @@ class FrameDataset:
 
     Args:
         frames: ``ase.Atoms`` with teacher ``energy`` (eV) and ``forces`` (eV/Å) on their calculator; optional
-            arrays ``hvp_dir``/``hvp`` (used only if every frame has them).
+            arrays ``hvp_dir``/``hvp`` (used only if every frame has them) and, for fully periodic frames, an
+            optional ``stress`` result (Voigt or 3 x 3, eV/Å³).
         cutoff: graph cutoff, Å (the student's).
         device, dtype: where and in which float dtype the tensors live.
         neighbor_method: neighbour-list backend.
@@ -88,7 +114,7 @@ class FrameDataset:
         frames = list(frames)
         if not frames:
             raise ValueError("FrameDataset needs at least one labelled frame")
-        energies, forces = [], []
+        energies, forces, stresses = [], [], []
         for k, a in enumerate(frames):
             calc = a.calc
             if calc is None or "energy" not in calc.results or "forces" not in calc.results:
@@ -101,6 +127,7 @@ class FrameDataset:
                 raise ValueError(f"frame {k}: non-finite teacher energy or forces")
             energies.append(e)
             forces.append(f)
+            stresses.append(_stress_label(a, k))
         self.frames_info = [dict(a.info) for a in frames]
         self.device, self.dtype, self.cutoff = torch.device(device), dtype, float(cutoff)
         full = AtomsBatch.from_atoms(frames, dtype=torch.float64)
@@ -112,6 +139,12 @@ class FrameDataset:
         has_hvp = all("hvp" in a.arrays and "hvp_dir" in a.arrays for a in frames)
         self.hvp = torch.from_numpy(np.concatenate([a.arrays["hvp"] for a in frames])) if has_hvp else None
         self.hvp_dir = torch.from_numpy(np.concatenate([a.arrays["hvp_dir"] for a in frames])) if has_hvp else None
+        self.stress_mask = torch.tensor([x is not None for x in stresses], dtype=torch.bool)
+        self.stress = (
+            torch.tensor(np.stack([np.zeros(6) if x is None else x for x in stresses]), dtype=torch.float64)
+            if bool(self.stress_mask.any())
+            else None
+        )
         self._build_graphs(neighbor_method)
         self._to(self.device, dtype)
 
@@ -144,9 +177,9 @@ class FrameDataset:
         self.edge_ptr[1:] = torch.cumsum(counts_t, 0)
 
     def _to(self, device: torch.device, dtype: torch.dtype) -> None:
-        for name in ("numbers", "atom_ptr", "pbc", "edges_local", "edge_shifts", "edge_ptr"):
+        for name in ("numbers", "atom_ptr", "pbc", "edges_local", "edge_shifts", "edge_ptr", "stress_mask"):
             setattr(self, name, getattr(self, name).to(device))
-        for name in ("positions", "cell", "energy", "forces", "hvp", "hvp_dir"):
+        for name in ("positions", "cell", "energy", "forces", "hvp", "hvp_dir", "stress"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.to(device=device, dtype=dtype))
@@ -163,6 +196,11 @@ class FrameDataset:
     @property
     def has_hvp(self) -> bool:
         return self.hvp is not None
+
+    @property
+    def has_stress(self) -> bool:
+        """Whether any frame has a teacher stress."""
+        return self.stress is not None
 
     def species(self) -> list[int]:
         return sorted(set(self.numbers.cpu().tolist()))
@@ -205,6 +243,8 @@ class FrameDataset:
             forces=self.forces[atom_idx],
             hvp_dir=None if self.hvp_dir is None else self.hvp_dir[atom_idx],
             hvp=None if self.hvp is None else self.hvp[atom_idx],
+            stress=None if self.stress is None else self.stress[idx],
+            stress_mask=None if self.stress is None else self.stress_mask[idx],
         )
 
     def batches(

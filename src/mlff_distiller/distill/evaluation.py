@@ -21,6 +21,7 @@ from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
 from ase.md.verlet import VelocityVerlet
 
 from mlff_distiller.calculator import StudentCalculator
+from mlff_distiller.distill.dataset import voigt_stress
 from mlff_distiller.engine import ForceEngine
 from mlff_distiller.model import StudentModel
 
@@ -52,13 +53,9 @@ def predict_frames(
 def _teacher_stress(atoms: Atoms) -> np.ndarray | None:
     """The frame's teacher stress as Voigt ``[6]`` (eV/Å³), if it has one and is fully periodic."""
     results = atoms.calc.results if atoms.calc is not None else {}
-    if "stress" not in results or not atoms.pbc.all():
+    if results.get("stress") is None or not atoms.pbc.all():
         return None
-    stress = np.asarray(results["stress"], dtype=np.float64).reshape(-1)
-    if stress.shape == (9,):  # a full 3 x 3 tensor
-        m = stress.reshape(3, 3)
-        stress = np.array([m[0, 0], m[1, 1], m[2, 2], m[1, 2], m[0, 2], m[0, 1]])
-    return stress if stress.shape == (6,) else None
+    return voigt_stress(results["stress"])
 
 
 def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:

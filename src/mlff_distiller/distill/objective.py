@@ -4,6 +4,11 @@ loss, and its errors on a labelled dataset.
 Loss per batch (units eV², so the weights are dimensionless)::
 
     L = w_E · mean_b ((E_b − E_b^T) / n_b)² + w_F · mean_{i,α} (F_iα − F_iα^T)² + w_H · mean (Hv − Hv^T)² · Å²
+        + w_S · mean_{b with a stress label, v} ((σ_bv − σ_bv^T) · V_b / n_b)²
+
+The stress term compares virials per atom (eV), so its weight is dimensionless like the others; the student's σ
+is (1/V) ∂E/∂ε from the same ``autograd.grad`` call as its forces (a zero strain applied to the positions and the
+cell), only on the plain step.
 
 Forces are ``−∂E/∂x`` from ``torch.autograd.grad(..., create_graph=True)``, so the loss differentiates through
 them (double backward of the model's ops; on the GPU that is the Triton kernels' backward-of-backward). The
@@ -29,9 +34,11 @@ from mlff_distiller.model import StudentModel
 if TYPE_CHECKING:
     from mlff_distiller.distill.training import TrainConfig
 
-__all__ = ["evaluate_dataset", "student_forward"]
+__all__ = ["evaluate_dataset", "student_forward", "student_forward_stress"]
 
 _NO_HVP_LABELS = "hvp_weight > 0 needs frames labelled with Hessian-vector products (sampling hvp: true)"
+_NO_STRESS_LABELS = "stress_weight > 0 needs periodic frames labelled with a teacher stress"
+_VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 
 
 def student_forward(
@@ -47,6 +54,34 @@ def student_forward(
     out = model(a.numbers, pos, batch.edge_index, batch.shift_vectors(), a.batch, a.num_structures)
     (grad,) = torch.autograd.grad(out["energy"].sum(), pos, create_graph=create_graph)
     return out["energy"], -grad
+
+
+def student_forward_stress(
+    model: StudentModel, batch: LabelledBatch, *, create_graph: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Energies ``[B]``, forces ``[N, 3]`` and stress ``[B, 6]`` (Voigt, eV/Å³, ASE sign; meaningful for the
+    fully periodic frames) from one ``autograd.grad`` over the positions and a zero symmetric strain per frame."""
+    a = batch.atoms
+    pos = a.positions.detach().requires_grad_(True)
+    strain = torch.zeros_like(a.cell).requires_grad_(True)
+    sym = 0.5 * (strain + strain.transpose(1, 2))
+    strained = pos + torch.bmm(pos.unsqueeze(1), sym.index_select(0, a.batch)).squeeze(1)
+    cell = a.cell + torch.bmm(a.cell, sym)
+    shift_vectors = torch.einsum("ei,eij->ej", batch.shifts.to(cell.dtype), cell[a.batch[batch.edge_index[0]]])
+    out = model(a.numbers, strained, batch.edge_index, shift_vectors, a.batch, a.num_structures)
+    grad_pos, grad_strain = torch.autograd.grad(out["energy"].sum(), (pos, strain), create_graph=create_graph)
+    volume = torch.linalg.det(a.cell).abs()
+    sigma = grad_strain / torch.where(volume > 0, volume, torch.ones_like(volume))[:, None, None]
+    return out["energy"], -grad_pos, torch.stack([sigma[:, i, j] for i, j in _VOIGT], dim=1)
+
+
+def _stress_loss(stress: torch.Tensor, batch: LabelledBatch) -> torch.Tensor:
+    """Mean over the labelled frames and the 6 components of ((σ − σ^T) V / n)², eV²; 0 without labelled frames."""
+    a = batch.atoms
+    scale = torch.linalg.det(a.cell).abs() / a.counts.to(stress.dtype)
+    mask = batch.stress_mask.to(stress.dtype)
+    sq = (((stress - batch.stress) * scale[:, None]) ** 2).mean(dim=1)
+    return (sq * mask).sum() / mask.sum().clamp_min(1.0)
 
 
 def _central_hvp(
@@ -70,12 +105,21 @@ def _student_hvp(model: StudentModel, batch: LabelledBatch, eps: float) -> torch
 
 def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[torch.Tensor, dict]:
     """The loss of the module docstring on one (unpadded) batch and its parts as floats (a host sync)."""
-    energy, forces = student_forward(model, batch, create_graph=True)
+    if cfg.stress_weight > 0:
+        if batch.stress is None:
+            raise ValueError(_NO_STRESS_LABELS)
+        energy, forces, stress = student_forward_stress(model, batch, create_graph=True)
+    else:
+        energy, forces = student_forward(model, batch, create_graph=True)
     n = batch.atoms.counts.to(energy.dtype)
     e_loss = (((energy - batch.energy) / n) ** 2).mean()
     f_loss = ((forces - batch.forces) ** 2).mean()
     loss = cfg.energy_weight * e_loss + cfg.force_weight * f_loss
     parts = {"energy": float(e_loss.detach()), "forces": float(f_loss.detach())}
+    if cfg.stress_weight > 0:
+        s_loss = _stress_loss(stress, batch)
+        loss = loss + cfg.stress_weight * s_loss
+        parts["stress"] = float(s_loss.detach())
     if cfg.hvp_weight > 0:
         if batch.hvp is None:
             raise ValueError(_NO_HVP_LABELS)
@@ -87,12 +131,17 @@ def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[
 
 
 def evaluate_dataset(model: StudentModel, dataset: FrameDataset, batch_size: int = 64) -> dict:
-    """Errors of ``model`` on ``dataset``: energy MAE/RMSE (meV/atom), force MAE/RMSE (meV/Å)."""
+    """Errors of ``model`` on ``dataset``: energy MAE/RMSE (meV/atom), force MAE/RMSE (meV/Å); with stress
+    labels also ``stress_mae_mev_a3`` over the labelled frames' Voigt components."""
     was_training = model.training
     model.eval()
-    e_err, f_err, counts = [], [], []
+    e_err, f_err, s_err, counts = [], [], [], []
     for batch in dataset.batches(batch_size):
-        energy, forces = student_forward(model, batch, create_graph=False)
+        if dataset.has_stress:
+            energy, forces, stress = student_forward_stress(model, batch, create_graph=False)
+            s_err.append((stress.detach() - batch.stress)[batch.stress_mask].double().cpu().reshape(-1))
+        else:
+            energy, forces = student_forward(model, batch, create_graph=False)
         n = batch.atoms.counts
         e_err.append(((energy.detach() - batch.energy) / n).double().cpu())
         f_err.append((forces.detach() - batch.forces).double().cpu().reshape(-1))
@@ -100,7 +149,10 @@ def evaluate_dataset(model: StudentModel, dataset: FrameDataset, batch_size: int
     model.train(was_training)
     e = torch.cat(e_err)
     f = torch.cat(f_err)
-    return {
+    extra = {}
+    if s_err and torch.cat(s_err).numel():
+        extra["stress_mae_mev_a3"] = 1000 * float(torch.cat(s_err).abs().mean())
+    return extra | {
         "energy_mae_mev_atom": 1000 * float(e.abs().mean()),
         "energy_rmse_mev_atom": 1000 * float(e.pow(2).mean().sqrt()),
         "force_mae_mev_a": 1000 * float(f.abs().mean()),

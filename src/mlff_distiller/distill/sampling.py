@@ -31,6 +31,8 @@ from ase.constraints import FixCom
 from ase.md.langevin import Langevin
 from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
 
+from mlff_distiller.distill.dataset import voigt_stress
+
 __all__ = ["Deduplicator", "SamplingConfig", "Task", "make_tasks", "run_task"]
 
 # A frame whose closest pair is nearer than this (Å) is unphysical (a collapsed on-policy trajectory).
@@ -141,11 +143,7 @@ def _computed_stress(atoms: Atoms, calc: Calculator) -> np.ndarray | None:
     results = getattr(calc, "results", None) or {}
     if not atoms.pbc.all() or results.get("stress") is None:
         return None
-    stress = np.asarray(results["stress"], dtype=np.float64).reshape(-1)
-    if stress.shape == (9,):
-        m = stress.reshape(3, 3)
-        stress = np.array([m[0, 0], m[1, 1], m[2, 2], m[1, 2], m[0, 2], m[0, 1]])
-    return stress if stress.shape == (6,) and np.isfinite(stress).all() else None
+    return voigt_stress(results["stress"])
 
 
 def _teacher_label(atoms: Atoms, teacher: Calculator) -> tuple[float, np.ndarray, np.ndarray | None]:

@@ -62,7 +62,9 @@ class TrainConfig:
         lr: peak AdamW learning rate. weight_decay: AdamW weight decay.
         epochs: passes over the training set (upper bound; ``max_steps``/``time_limit_s`` may stop earlier).
         max_steps: optimiser steps (0 = no limit). time_limit_s: wall-clock limit, s (0 = none).
-        energy_weight, force_weight, hvp_weight: loss weights (see :mod:`mlff_distiller.distill.objective`).
+        energy_weight, force_weight, hvp_weight, stress_weight: loss weights (see
+            :mod:`mlff_distiller.distill.objective`). ``stress_weight > 0`` needs periodic frames with a teacher
+            stress and runs the plain step (``train_step`` auto; the padded static steps do not fit stress).
         hvp_eps: finite-difference step of the student's H·v, Å (use the labels' step).
         scheduler: ``"cosine"`` (linear warm-up, cosine to ``min_lr_ratio``·lr over the steps, or over
             ``time_limit_s`` when that ends first), ``"plateau"`` or ``"none"``.
@@ -92,6 +94,7 @@ class TrainConfig:
     energy_weight: float = 1.0
     force_weight: float = 10.0
     hvp_weight: float = 0.0
+    stress_weight: float = 0.0
     hvp_eps: float = 0.005
     scheduler: str = "cosine"
     warmup_steps: int = 100
@@ -128,13 +131,14 @@ class TrainConfig:
             "energy_weight",
             "force_weight",
             "hvp_weight",
+            "stress_weight",
             "grad_clip",
             "time_limit_s",
         ):
             if float(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.energy_weight == 0 and self.force_weight == 0 and self.hvp_weight == 0:
-            raise ValueError("at least one of energy_weight, force_weight, hvp_weight must be > 0")
+        if self.energy_weight == 0 and self.force_weight == 0 and self.hvp_weight == 0 and self.stress_weight == 0:
+            raise ValueError("at least one of energy_weight, force_weight, hvp_weight, stress_weight must be > 0")
         if not 0 <= self.ema_decay < 1:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.scheduler not in ("cosine", "plateau", "none"):
@@ -160,6 +164,10 @@ class TrainConfig:
     def resolved_train_step(self, device: torch.device | None = None) -> str:
         """The step implementation that runs on ``device`` (default: :meth:`resolved_device`)."""
         device = torch.device(device) if device is not None else self.resolved_device()
+        if self.stress_weight > 0:
+            if self.train_step not in ("auto", "plain"):
+                raise ValueError(f"stress_weight > 0 runs the plain step only; train_step is {self.train_step!r}")
+            return "plain"
         if self.train_step == "auto":
             return "cudagraph" if device.type == "cuda" and torch.cuda.is_available() else "plain"
         if self.train_step == "cudagraph" and device.type != "cuda":
