@@ -95,3 +95,32 @@ def test_stress_weight_needs_labels_and_the_plain_step():
         TrainConfig(stress_weight=1.0, train_step="static").resolved_train_step(torch.device("cpu"))
     with pytest.raises(ValueError, match="stress_weight must be >= 0"):
         TrainConfig(stress_weight=-1.0)
+
+
+def test_rattle_strain_labels_strained_cells_and_old_runs_still_resume(tmp_path):
+    import json
+
+    from mlff_distiller.distill import SamplingConfig, label, read_frames
+
+    cell = bulk("Cu", "fcc", a=3.6, cubic=True)
+    seeds = [cell, molecule("CH4")]
+    plain = SamplingConfig(temperatures=[300], md_steps=4, sample_every=4, rattle_per_seed=4, dedup_rms=0.0)
+    label(seeds, "emt", tmp_path / "plain", plain, progress=False)
+    recorded = json.loads((tmp_path / "plain" / "label_config.json").read_text())["sampling"]
+    assert "rattle_strain" not in recorded  # the default is left out: directories from before the option resume
+    again = label(seeds, "emt", tmp_path / "plain", plain, progress=False)
+    assert again.written == 0 and again.tasks_skipped > 0
+
+    strained = SamplingConfig(**{**plain.__dict__, "rattle_strain": 0.02})
+    label(seeds, "emt", tmp_path / "strained", strained, progress=False)
+    frames = read_frames(tmp_path / "strained")
+    rattled_cells = [a for a in frames if a.info["kind"] == "rattle" and a.pbc.all()]
+    volumes = np.array([a.get_volume() for a in rattled_cells])
+    assert len(rattled_cells) == 4 and np.abs(volumes / cell.get_volume() - 1).max() > 1e-3
+    assert all("stress" in a.calc.results for a in rattled_cells)
+    rattled_molecules = [a for a in frames if a.info["kind"] == "rattle" and not a.pbc.any()]
+    assert rattled_molecules and all(np.allclose(a.cell.array, 0) for a in rattled_molecules)
+    with pytest.raises(ValueError, match="sampling"):  # another strain is another run
+        label(seeds, "emt", tmp_path / "strained", SamplingConfig(**{**plain.__dict__, "rattle_strain": 0.03}))
+    with pytest.raises(ValueError, match="rattle_strain"):
+        SamplingConfig(rattle_strain=-0.1)

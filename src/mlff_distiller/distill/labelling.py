@@ -215,7 +215,7 @@ def label(
         "shard": list(shard) if shard is not None else None,
         "teacher": teacher_name(teacher),
         "teacher_options": teacher_options or {},
-        "sampling": asdict(config),
+        "sampling": _sampling_fingerprint(config),
         "seeds": [{"numbers": s.numbers.tolist(), "positions": np.round(s.positions, 6).tolist()} for s in seeds],
     }
     cfg_path = store.dir / CONFIG_NAME
@@ -275,6 +275,15 @@ def label(
     if bar is not None:
         bar.close()
     return LabelReport(written, len(existing), duplicates, run, skipped, time.perf_counter() - t0)
+
+
+def _sampling_fingerprint(config: SamplingConfig) -> dict:
+    """The sampling settings a run is recorded under; options added later are left out at their default value, so
+    a directory labelled before they existed still resumes (their default reproduces its frames)."""
+    out = asdict(config)
+    if out.get("rattle_strain") == 0.0:
+        del out["rattle_strain"]
+    return out
 
 
 def _label_worker(kwargs: dict) -> LabelReport:

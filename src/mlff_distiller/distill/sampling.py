@@ -52,6 +52,9 @@ class SamplingConfig:
         replicas: independent trajectories per (seed, temperature).
         rattle_per_seed: rattled copies of each seed structure.
         rattle_std: Gaussian displacement σ of a rattle, Å.
+        rattle_strain: σ of a random symmetric strain applied to the cell (atoms scaled with it) before a rattle
+            of a fully periodic seed; 0 keeps the seed's cell. Strained cells give the stress labels that an NPT
+            student needs (``stress_weight``); fixed-cell MD samples them little.
         dedup_rms: near-duplicate threshold, Å (RMS difference of distance matrices; 0 keeps everything).
         max_force: frames with any teacher force component above this (eV/Å) are dropped and end their
             trajectory (the system has left the region worth learning).
@@ -68,6 +71,7 @@ class SamplingConfig:
     replicas: int = 1
     rattle_per_seed: int = 0
     rattle_std: float = 0.05
+    rattle_strain: float = 0.0
     dedup_rms: float = 0.0
     max_force: float = 50.0
     hvp: bool = False
@@ -88,6 +92,8 @@ class SamplingConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if float(self.dedup_rms) < 0:
             raise ValueError(f"dedup_rms must be >= 0 Å, got {self.dedup_rms}")
+        if not 0 <= float(self.rattle_strain) < 0.5:
+            raise ValueError(f"rattle_strain must be in [0, 0.5), got {self.rattle_strain}")
 
 
 @dataclass(frozen=True)
@@ -197,7 +203,11 @@ def run_task(
     hvp_rng = task_rng(config, task.key + "/hvp")
     if task.kind == "rattle":
         atoms = seed.copy()
-        atoms.positions = seed.positions + rng.normal(0.0, float(config.rattle_std), seed.positions.shape)
+        if config.rattle_strain > 0 and seed.pbc.all():
+            # Drawn before the displacements, and only when asked: rattles without strain keep their old frames.
+            eps = rng.normal(0.0, float(config.rattle_strain), (3, 3))
+            atoms.set_cell(seed.cell.array @ (np.eye(3) + 0.5 * (eps + eps.T)), scale_atoms=True)
+        atoms.positions = atoms.positions + rng.normal(0.0, float(config.rattle_std), seed.positions.shape)
         energy, forces, stress = _teacher_label(atoms, teacher)
         if _physical(atoms, forces, energy, config):
             frame = _labelled(atoms, energy, forces, stress)
