@@ -56,7 +56,7 @@ from mlff_distiller.buckets import (
     far_shift,
 )
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
-from mlff_distiller.engine_padded import PaddedPaths, stress_from_strain_gradient
+from mlff_distiller.engine_padded import PaddedPaths, strained_inputs, stress_from_strain_gradient
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model.painn import CSRInteraction
 from mlff_distiller.neighbors import NeighborList, VerletNeighborList, neighbor_list
@@ -477,12 +477,8 @@ class ForceEngine(PaddedPaths):
             positions = batch.positions.detach().requires_grad_(need_grad)
             pos, shift_vectors, strain = positions, nl.shift_vectors, None
             if stress:
-                strain = torch.zeros_like(batch.cell).requires_grad_(True)
-                sym = 0.5 * (strain + strain.transpose(1, 2))
-                pos = positions + torch.einsum("ni,nij->nj", positions, sym[batch.batch])
-                cell = batch.cell + torch.bmm(batch.cell, sym)
-                edge_struct = batch.batch[nl.edge_index[0]]
-                shift_vectors = torch.einsum("ei,eij->ej", nl.shifts.to(self.dtype), cell[edge_struct])
+                strained = strained_inputs(positions, batch.cell, batch.batch, nl.edge_index, nl.shifts)
+                strain, pos, shift_vectors = strained
             out = self.model(batch.numbers, pos, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
             energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
             result = {"energy": energy.detach(), "atomic_energies": _unsort(atomic.detach(), inv)}

@@ -316,6 +316,22 @@ class PaddedPaths:
 _VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 
 
+def strained_inputs(
+    positions: torch.Tensor, cell: torch.Tensor, batch: torch.Tensor, edge_index: torch.Tensor, shifts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(strain, positions', shift_vectors')`` of the strain trick: a zero symmetric strain ε ``[B, 3, 3]``
+    (requires grad) deforms the positions and each structure's cell, and the shift vectors follow from the integer
+    ``shifts`` ``[E, 3]`` and the deformed cell; the gradient of the energy over ``strain`` is dE/dε. The eager
+    path and training use it (the padded step has shift vectors, not integer shifts: it strains those)."""
+    strain = torch.zeros_like(cell).requires_grad_(True)
+    sym = 0.5 * (strain + strain.transpose(1, 2))
+    strained = positions + torch.bmm(positions.unsqueeze(1), sym.index_select(0, batch)).squeeze(1)
+    deformed = cell + torch.bmm(cell, sym)
+    edge_cell = deformed.index_select(0, batch.index_select(0, edge_index[0]))
+    shift_vectors = torch.bmm(shifts.to(cell.dtype).unsqueeze(1), edge_cell).squeeze(1)
+    return strain, strained, shift_vectors
+
+
 def stress_from_strain_gradient(de_deps: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> dict:
     """``stress`` ``[B, 6]`` (eV/Å³, Voigt, ASE sign: σ = (dE/dε) / V) and ``stress_valid`` ``[B]`` (fully periodic
     cells of nonzero volume) from the strain derivative ``de_deps`` ``[B, 3, 3]``; the eager and padded paths'."""

@@ -70,13 +70,20 @@ def voigt_stress(value) -> np.ndarray | None:
     return stress if stress.shape == (6,) and np.isfinite(stress).all() else None
 
 
+def periodic_stress(atoms: Atoms, results: dict | None = None) -> np.ndarray | None:
+    """The stress in ``results`` (default: the frame's calculator results) as Voigt ``[6]``, for a fully periodic
+    frame; None when there is none, the frame is not periodic or the value is not a finite 6 / 3 x 3 stress."""
+    if results is None:
+        results = atoms.calc.results if atoms.calc is not None else {}
+    value = results.get("stress")
+    return None if value is None or not atoms.pbc.all() else voigt_stress(value)
+
+
 def _stress_label(atoms: Atoms, k: int) -> np.ndarray | None:
-    """A fully periodic frame's teacher stress as Voigt ``[6]`` (eV/Å³), or None (no stress, or not periodic)."""
+    """:func:`periodic_stress`, refusing a malformed stress rather than dropping it (training data)."""
+    stress = periodic_stress(atoms)
     value = atoms.calc.results.get("stress")
-    if value is None or not atoms.pbc.all():
-        return None
-    stress = voigt_stress(value)
-    if stress is None:
+    if stress is None and value is not None and atoms.pbc.all():
         raise ValueError(f"frame {k}: stress must be 6 (Voigt) or 3 x 3 finite values, got {value!r}")
     return stress
 

@@ -21,7 +21,7 @@ from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
 from ase.md.verlet import VelocityVerlet
 
 from mlff_distiller.calculator import StudentCalculator
-from mlff_distiller.distill.dataset import voigt_stress
+from mlff_distiller.distill.dataset import periodic_stress
 from mlff_distiller.engine import ForceEngine
 from mlff_distiller.model import StudentModel
 
@@ -47,15 +47,7 @@ def predict_frames(
     (Voigt, eV/Å³) too for the fully periodic frames when any frame carries a teacher stress."""
     frames = list(frames)
     engine = ForceEngine(model, device=device, precision=precision)
-    return engine.predict(frames, batch_size=batch_size, stress=any(_teacher_stress(a) is not None for a in frames))
-
-
-def _teacher_stress(atoms: Atoms) -> np.ndarray | None:
-    """The frame's teacher stress as Voigt ``[6]`` (eV/Å³), if it has one and is fully periodic."""
-    results = atoms.calc.results if atoms.calc is not None else {}
-    if results.get("stress") is None or not atoms.pbc.all():
-        return None
-    return voigt_stress(results["stress"])
+    return engine.predict(frames, batch_size=batch_size, stress=any(periodic_stress(a) is not None for a in frames))
 
 
 def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
@@ -81,7 +73,7 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
         e_pred.append(float(p["energy"]) / n)
         f_ref.append(np.asarray(a.calc.results["forces"]).reshape(-1))
         f_pred.append(np.asarray(p["forces"]).reshape(-1))
-        teacher = _teacher_stress(a)
+        teacher = periodic_stress(a)
         if teacher is not None and "stress" in p:
             s_ref.append(teacher)
             s_pred.append(np.asarray(p["stress"], dtype=np.float64).reshape(6))

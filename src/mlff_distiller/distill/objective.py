@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mlff_distiller.distill.dataset import FrameDataset, LabelledBatch
+from mlff_distiller.engine_padded import strained_inputs, stress_from_strain_gradient
 from mlff_distiller.model import StudentModel
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ __all__ = ["evaluate_dataset", "student_forward", "student_forward_stress"]
 
 _NO_HVP_LABELS = "hvp_weight > 0 needs frames labelled with Hessian-vector products (sampling hvp: true)"
 _NO_STRESS_LABELS = "stress_weight > 0 needs periodic frames labelled with a teacher stress"
-_VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 
 
 def student_forward(
@@ -63,16 +63,10 @@ def student_forward_stress(
     fully periodic frames) from one ``autograd.grad`` over the positions and a zero symmetric strain per frame."""
     a = batch.atoms
     pos = a.positions.detach().requires_grad_(True)
-    strain = torch.zeros_like(a.cell).requires_grad_(True)
-    sym = 0.5 * (strain + strain.transpose(1, 2))
-    strained = pos + torch.bmm(pos.unsqueeze(1), sym.index_select(0, a.batch)).squeeze(1)
-    cell = a.cell + torch.bmm(a.cell, sym)
-    shift_vectors = torch.einsum("ei,eij->ej", batch.shifts.to(cell.dtype), cell[a.batch[batch.edge_index[0]]])
+    strain, strained, shift_vectors = strained_inputs(pos, a.cell, a.batch, batch.edge_index, batch.shifts)
     out = model(a.numbers, strained, batch.edge_index, shift_vectors, a.batch, a.num_structures)
     grad_pos, grad_strain = torch.autograd.grad(out["energy"].sum(), (pos, strain), create_graph=create_graph)
-    volume = torch.linalg.det(a.cell).abs()
-    sigma = grad_strain / torch.where(volume > 0, volume, torch.ones_like(volume))[:, None, None]
-    return out["energy"], -grad_pos, torch.stack([sigma[:, i, j] for i, j in _VOIGT], dim=1)
+    return out["energy"], -grad_pos, stress_from_strain_gradient(grad_strain, a.cell, a.pbc)["stress"]
 
 
 def _stress_loss(stress: torch.Tensor, batch: LabelledBatch) -> torch.Tensor:

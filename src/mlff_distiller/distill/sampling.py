@@ -31,7 +31,7 @@ from ase.constraints import FixCom
 from ase.md.langevin import Langevin
 from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
 
-from mlff_distiller.distill.dataset import voigt_stress
+from mlff_distiller.distill.dataset import periodic_stress
 
 __all__ = ["Deduplicator", "SamplingConfig", "Task", "make_tasks", "run_task"]
 
@@ -146,10 +146,7 @@ def _computed_stress(atoms: Atoms, calc: Calculator) -> np.ndarray | None:
     """The stress (Voigt, eV/Å³) the teacher's last calculation of ``atoms`` produced along with the forces, for
     a fully periodic frame; None otherwise. Never a calculation of its own: a teacher that computes stress only
     on request (rarely: SevenNet, GFN2-xTB through tblite and EMT return it with the forces) leaves it out."""
-    results = getattr(calc, "results", None) or {}
-    if not atoms.pbc.all() or results.get("stress") is None:
-        return None
-    return voigt_stress(results["stress"])
+    return periodic_stress(atoms, getattr(calc, "results", None) or {})
 
 
 def _teacher_label(atoms: Atoms, teacher: Calculator) -> tuple[float, np.ndarray, np.ndarray | None]:
