@@ -6,6 +6,7 @@ from ase import Atoms
 from ase.build import bulk, molecule
 
 from mlff_distiller import StudentModel
+from mlff_distiller.engine import TOLERANCES
 
 
 def random_molecule(n: int, rng: np.random.Generator, species=(1, 6, 7, 8), spacing: float = 1.2) -> Atoms:
@@ -62,3 +63,16 @@ def assert_bucket_csr(graph) -> None:
     np.testing.assert_array_equal(graph.row_ptr.cpu().numpy(), np.minimum(recv_ptr, graph.n_edges))
     np.testing.assert_array_equal(graph.sender_perm.cpu().numpy(), np.argsort(ei[1], kind="stable"))
     np.testing.assert_array_equal(graph.sender_ptr.cpu().numpy(), np.minimum(send_ptr, graph.n_edges))
+
+
+def assert_close_to(out, ref, precision, n_structures):
+    """The documented tolerance: |ΔE| ≤ tol_E·max(1, |E|), max|ΔF| ≤ tol_F·max(1, max|F|)."""
+    tol_e, tol_f = TOLERANCES[precision]
+    e, e_ref = out["energy"].double().cpu(), ref["energy"].double().cpu()
+    f, f_ref = out["forces"].double().cpu(), ref["forces"].double().cpu()
+    assert e.shape == (n_structures,) and torch.isfinite(e).all() and torch.isfinite(f).all()
+    assert ((e - e_ref).abs() <= tol_e * e_ref.abs().clamp_min(1.0)).all(), (
+        precision,
+        (e - e_ref).abs().max(),
+    )
+    assert (f - f_ref).abs().max() <= tol_f * max(1.0, float(f_ref.abs().max())), precision

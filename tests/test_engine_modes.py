@@ -12,12 +12,11 @@ import pytest
 import torch
 from ase.build import molecule
 from ase.md.verlet import VelocityVerlet
-from helpers import make_model, random_molecule, silicon_cell
+from helpers import assert_close_to, make_model, random_molecule, silicon_cell
 
 from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, predict_forces
 from mlff_distiller.buckets import BucketLadder
-from mlff_distiller.engine import AUTO_MAX_EDGES, TOLERANCES, configure_compile_cache
-from mlff_distiller.testing import finite_difference_stress
+from mlff_distiller.engine import AUTO_MAX_EDGES, configure_compile_cache
 
 gpu = pytest.mark.gpu
 
@@ -25,19 +24,6 @@ gpu = pytest.mark.gpu
 def _mols(n=12, seed=5, lo=1, hi=14):
     rng = np.random.default_rng(seed)
     return [random_molecule(int(k), rng) for k in rng.integers(lo, hi, size=n)]
-
-
-def _close(out, ref, precision, n_structures):
-    """The documented tolerance: |ΔE| ≤ tol_E·max(1, |E|), max|ΔF| ≤ tol_F·max(1, max|F|)."""
-    tol_e, tol_f = TOLERANCES[precision]
-    e, e_ref = out["energy"].double().cpu(), ref["energy"].double().cpu()
-    f, f_ref = out["forces"].double().cpu(), ref["forces"].double().cpu()
-    assert e.shape == (n_structures,) and torch.isfinite(e).all() and torch.isfinite(f).all()
-    assert ((e - e_ref).abs() <= tol_e * e_ref.abs().clamp_min(1.0)).all(), (
-        precision,
-        (e - e_ref).abs().max(),
-    )
-    assert (f - f_ref).abs().max() <= tol_f * max(1.0, float(f_ref.abs().max())), precision
 
 
 # ------------------------------------------------------------------------------------------------ CPU
@@ -85,7 +71,7 @@ def test_precisions_within_documented_tolerance_cpu(precision, precision_case):
             engine = ForceEngine(model, device="cpu", precision=precision, pad=pad)
         out = engine.compute(batch)
         assert out["forces"].dtype == torch.float32  # forces and energies stay float32
-        _close(out, ref, precision, 3)
+        assert_close_to(out, ref, precision, 3)
 
 
 def test_reduced_precision_leaves_the_users_model_alone(model):
@@ -112,194 +98,10 @@ def test_compile_no_recompilation_per_batch_cpu(model):
     assert graphs_after_warmup == len(warmed) >= 1
     for batch in batches:
         out = engine.compute(batch)
-        _close(out, eager.compute(batch), "fp32", 1)
+        assert_close_to(out, eager.compute(batch), "fp32", 1)
     new_buckets = set(engine._graphs) - warmed
     assert counters["stats"]["unique_graphs"] == graphs_after_warmup + len(new_buckets)
     assert len(new_buckets) <= 1  # 3-8 atoms, < 128 edges: one or two buckets in all
-
-
-def test_oversized_batches_use_the_eager_path_with_stress_too(model):
-    ladder = BucketLadder(min_atoms=8, max_atoms=16, min_edges=16, max_edges=64, growth=2.0)
-    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, buckets=ladder)
-    ref = ForceEngine(model, device="cpu", precision="fp64")
-    big = AtomsBatch.from_atoms([molecule("C6H6"), molecule("C6H6")])  # 24 atoms: beyond the ladder
-    _close(engine.compute(big), ref.compute(big), "fp64", 2)
-    big_cells = AtomsBatch.from_atoms([silicon_cell().repeat((2, 2, 2))] * 3)  # 48 atoms: beyond it
-    out = engine.compute(big_cells, stress=True)
-    np.testing.assert_allclose(out["stress"], ref.compute(big_cells, stress=True)["stress"], atol=1e-12)
-    assert not engine._graphs
-
-
-def _stress_batches():
-    """Periodic cells (cubic, triclinic, a rattled supercell) mixed with molecules, which get no valid stress."""
-    from helpers import triclinic_cu
-
-    rattled = silicon_cell().repeat((2, 1, 1))
-    rattled.rattle(0.05, seed=4)
-    return [
-        [silicon_cell()],
-        [triclinic_cu(), rattled],
-        [molecule("H2O"), silicon_cell(), molecule("CH4"), triclinic_cu()],
-    ]
-
-
-def test_padded_stress_equals_eager(model):
-    """Stress in the padded modes: one step with the strain derivative per bucket (its own captured graph on
-    CUDA), no eager fallback; energies, forces, stress and its validity mask equal the eager path's in fp64."""
-    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
-    ref = ForceEngine(model, device="cpu", precision="fp64")
-    for _ in range(2):  # the second round reuses the buckets
-        for mols in _stress_batches():
-            batch = AtomsBatch.from_atoms(mols)
-            out, want = engine.compute(batch, stress=True), ref.compute(batch, stress=True)
-            assert engine.last_bucket is not None and engine.last_bucket in engine._graphs
-            assert torch.equal(out["stress_valid"], want["stress_valid"])
-            assert out["stress_valid"].sum() == sum(m.pbc.all() for m in mols) > 0
-            for key in ("energy", "atomic_energies", "forces", "stress"):
-                np.testing.assert_allclose(out[key].numpy(), want[key].numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
-            assert out["stress"][out["stress_valid"]].abs().max() > 1e-4  # not vacuous
-            # The same engine serves energy + forces from the other step of the same bucket.
-            _close(engine.compute(batch), want, "fp64", batch.num_structures)
-            np.testing.assert_allclose(engine.compute(batch, stress=True, as_numpy=True)["stress"], want["stress"])
-
-
-def test_compiled_stress_step_equals_eager(model):
-    """mode="compile" (aot_eager on the CPU) with stress: the compiled forward under strained inputs, fp64."""
-    engine = ForceEngine(model, device="cpu", precision="fp64", mode="compile", compile_backend="aot_eager")
-    ref = ForceEngine(model, device="cpu", precision="fp64")
-    for mols in _stress_batches()[:2]:
-        batch = AtomsBatch.from_atoms(mols)
-        out, want = engine.compute(batch, stress=True), ref.compute(batch, stress=True)
-        assert engine.last_bucket is not None
-        for key in ("energy", "forces", "stress"):
-            np.testing.assert_allclose(out[key].numpy(), want[key].numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
-        _close(engine.compute(batch), want, "fp64", batch.num_structures)  # E+F of the same compiled bucket
-
-
-def test_predict_forces_stress_padded_and_pipelined_equals_eager(model):
-    """``predict_forces(stress=True)`` through the padded step and the pipelined loop: the same rows as eager
-    (stress only for the periodic structures), in input order."""
-    structures = [m for mols in _stress_batches() for m in mols]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # cudagraph on a CPU: the padded eager path
-        got = predict_forces(
-            model,
-            structures,
-            device="cpu",
-            precision="fp64",
-            stress=True,
-            mode="cudagraph",
-            batch_size=3,
-            pipeline=True,
-        )
-    want = predict_forces(model, structures, device="cpu", precision="fp64", stress=True, mode="eager", batch_size=3)
-    for atoms, g, w in zip(structures, got, want, strict=True):
-        assert ("stress" in g) == ("stress" in w) == bool(atoms.pbc.all())
-        assert g["energy"] == pytest.approx(w["energy"], abs=1e-10)
-        np.testing.assert_allclose(g["forces"], w["forces"], atol=1e-10)
-        if "stress" in g:
-            np.testing.assert_allclose(g["stress"], w["stress"], atol=1e-12)
-
-
-def test_padded_stress_with_edge_compaction(model):
-    """A bucket big enough for the in-step edge compaction (which takes no gradient through the shift vectors):
-    the stress step must still see the strain of every kept pair."""
-    from mlff_distiller.engine_padded import COMPACT_MIN_EDGES
-
-    atoms = silicon_cell().repeat((2, 2, 2))
-    atoms.rattle(0.05, seed=6)
-    batch = AtomsBatch.from_atoms([atoms] * 4)
-    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, compact_edges=True)
-    out = engine.compute(batch, stress=True)
-    assert engine.last_bucket.edges >= COMPACT_MIN_EDGES  # the compaction's branch was live
-    want = ForceEngine(model, device="cpu", precision="fp64").compute(batch, stress=True)
-    np.testing.assert_allclose(out["stress"].numpy(), want["stress"].numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(out["forces"].numpy(), want["forces"].numpy(), rtol=1e-10, atol=1e-12)
-
-
-def test_padded_stress_matches_strain_finite_differences(model):
-    """The padded stress step's σ against central differences of the padded energies under a symmetric strain."""
-    from helpers import triclinic_cu
-
-    atoms = triclinic_cu().repeat((2, 1, 1))
-    atoms.rattle(0.03, seed=2)
-    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
-    sigma = engine.compute(AtomsBatch.from_atoms(atoms), stress=True)["stress"][0].numpy()
-    fd = finite_difference_stress(atoms, lambda frames: engine.compute(AtomsBatch.from_atoms(frames))["energy"])
-    assert np.abs(sigma).max() > 1e-4
-    np.testing.assert_allclose(sigma, fd, atol=1e-8)
-
-
-def test_warmup_with_stress_runs_the_stress_step(model):
-    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
-    calls = {"stress": 0, "plain": 0}
-    step, step_stress = engine._step, engine._step_stress
-    engine._step = lambda *a: calls.__setitem__("plain", calls["plain"] + 1) or step(*a)
-    engine._step_stress = lambda *a: calls.__setitem__("stress", calls["stress"] + 1) or step_stress(*a)
-    times = engine.warmup(structures=[[silicon_cell()]], stress=True)
-    assert len(times) == 1 and calls == {"stress": 1, "plain": 0}
-    engine.warmup(buckets=list(times))
-    assert calls == {"stress": 1, "plain": 1}
-
-
-def test_calculator_stress_runs_padded(model):
-    """ASE asking for stress (NPT, cell relaxations) goes through the padded step, not the eager path."""
-    from ase.md.nptberendsen import NPTBerendsen
-
-    atoms = silicon_cell().repeat((2, 2, 2))
-    atoms.rattle(0.02, seed=1)
-    atoms.calc = StudentCalculator(model, device="cpu", precision="fp64", mode="cudagraph")
-    check = StudentCalculator(model, device="cpu", precision="fp64", mode="eager")
-    engine = atoms.calc.engine
-    calls = []
-    step = engine._step_stress
-    engine._step_stress = lambda *args: calls.append(1) or step(*args)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # cudagraph on a CPU: the padded eager path, with a warning
-        dyn = NPTBerendsen(atoms, timestep=1.0, temperature_K=300, pressure_au=0.0, compressibility_au=1e-6)
-        for _ in range(3):
-            dyn.run(2)
-            ref = atoms.copy()
-            ref.calc = check
-            np.testing.assert_allclose(atoms.get_stress(), ref.get_stress(), rtol=1e-9, atol=1e-12)
-            np.testing.assert_allclose(atoms.get_forces(), ref.get_forces(), rtol=1e-9, atol=1e-12)
-    assert len(calls) >= 6  # every stress request of the 6 steps ran the padded stress step
-
-
-def test_calculator_returns_stress_with_forces_once_asked(model):
-    """After the first stress request, a periodic system's forces come with its stress (one step for both): ASE's
-    NPTBerendsen asks for both of the same positions in separate calls, and finds the stress cached."""
-    from ase.md.nptberendsen import NPTBerendsen
-
-    atoms = silicon_cell().repeat((2, 2, 2))
-    atoms.rattle(0.02, seed=1)
-    atoms.calc = StudentCalculator(model, device="cpu", precision="fp64")
-    engine = atoms.calc.engine
-    calls = []
-    compute = engine.compute
-    engine.compute = lambda batch, **kw: calls.append(kw.get("stress", False)) or compute(batch, **kw)
-    atoms.get_forces()
-    assert calls == [False]  # nothing asked for stress yet
-    dyn = NPTBerendsen(atoms, timestep=1.0, temperature_K=300, pressure_au=0.0, compressibility_au=1e-6)
-    dyn.run(1)
-    calls.clear()
-    dyn.run(5)
-    assert len(calls) == 10 and all(calls)  # 2 calls per step (was 3), each with the stress
-    fresh = atoms.copy()
-    fresh.calc = StudentCalculator(model, device="cpu", precision="fp64", mode="eager")
-    np.testing.assert_allclose(atoms.get_stress(), fresh.get_stress(), rtol=1e-9, atol=1e-12)
-    assert len(calls) == 10  # the stress of the current positions was already there
-    # NVT after that: the stress stops coming with the forces after STRESS_WINDOW calculations.
-    from mlff_distiller.calculator import STRESS_WINDOW
-
-    calls.clear()
-    VelocityVerlet(atoms, timestep=1.0).run(STRESS_WINDOW + 3)
-    assert calls == [True] * STRESS_WINDOW + [False] * 3
-    molecule_atoms = molecule("H2O")
-    molecule_atoms.calc = atoms.calc
-    atoms.get_stress()
-    molecule_atoms.get_forces()  # not periodic: no stress computed, no error
-    assert calls[-1] is False
 
 
 def test_oom_splits_and_keeps_order(model, monkeypatch):
@@ -484,7 +286,7 @@ def test_precisions_within_documented_tolerance_gpu(precision):
     ref = ForceEngine(model, device="cuda", precision="fp64").compute(batch)
     for mode in ("eager", "cudagraph"):
         out = ForceEngine(model, device="cuda", precision=precision, mode=mode).compute(batch)
-        _close(out, ref, precision, batch.num_structures)
+        assert_close_to(out, ref, precision, batch.num_structures)
 
 
 @gpu
@@ -501,7 +303,7 @@ def test_compile_no_recompilation_gpu(model, compile_mode):
     warmed, n0 = set(engine._graphs), counters["stats"]["unique_graphs"]
     for m in mols:
         batch = AtomsBatch.from_atoms([m])
-        _close(engine.compute(batch), eager.compute(batch), "fp32", 1)
+        assert_close_to(engine.compute(batch), eager.compute(batch), "fp32", 1)
     assert counters["stats"]["unique_graphs"] == n0 + len(set(engine._graphs) - warmed)
     assert len(engine._graphs) <= 2
 
@@ -579,31 +381,3 @@ def test_auto_mode_ladder_stops_at_auto_max_edges():
     assert graph.buckets.select(100, 2 * AUTO_MAX_EDGES) is not None
     mine = BucketLadder(max_edges=1024)
     assert ForceEngine(model, device="cpu", mode="auto", buckets=mine).buckets is mine
-
-
-@gpu
-def test_cuda_graph_stress_equals_eager(model):
-    """The captured stress step (its own graph per bucket) against the eager path on CUDA, twice (replays)."""
-    eager = ForceEngine(model, device="cuda", precision="fp32")
-    engine = ForceEngine(model, device="cuda", precision="fp32", mode="cudagraph")
-    for _ in range(2):
-        for mols in _stress_batches():
-            batch = AtomsBatch.from_atoms(mols)
-            out, ref = engine.compute(batch, stress=True), eager.compute(batch, stress=True)
-            assert torch.equal(out["stress_valid"].cpu(), ref["stress_valid"].cpu())
-            for key in ("energy", "forces", "stress"):
-                scale = ref[key].abs().max().clamp_min(1e-3)
-                assert (out[key] - ref[key]).abs().max() / scale <= 1e-5, key
-    assert engine._stress_runners and set(engine._stress_runners) <= set(engine._graphs)
-    captured = len(engine._stress_runners)
-    engine.compute(AtomsBatch.from_atoms(_stress_batches()[0]), stress=True)
-    assert len(engine._stress_runners) == captured  # a replay, not a new capture
-
-
-@gpu
-def test_warmup_captures_the_stress_steps(model):
-    engine = ForceEngine(model, device="cuda", mode="cudagraph")
-    times = engine.warmup(structures=[[silicon_cell()]], stress=True)
-    assert list(times) == list(engine._stress_runners) and not engine._runners
-    engine.warmup(buckets=[next(iter(times))])
-    assert list(engine._runners) == list(times)  # the energy + forces step of the same bucket

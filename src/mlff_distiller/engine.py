@@ -56,7 +56,7 @@ from mlff_distiller.buckets import (
     far_shift,
 )
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
-from mlff_distiller.engine_padded import PaddedPaths, strained_inputs, stress_from_strain_gradient
+from mlff_distiller.engine_padded import PaddedPaths, edge_virial, stress_from_strain_gradient
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model.painn import CSRInteraction
 from mlff_distiller.neighbors import NeighborList, VerletNeighborList, neighbor_list
@@ -475,22 +475,23 @@ class ForceEngine(PaddedPaths):
         need_grad = forces or stress
         with _matmul_precision(self.allow_tf32), _frozen(self.model), torch.set_grad_enabled(need_grad):
             positions = batch.positions.detach().requires_grad_(need_grad)
-            pos, shift_vectors, strain = positions, nl.shift_vectors, None
-            if stress:
-                strained = strained_inputs(positions, batch.cell, batch.batch, nl.edge_index, nl.shifts)
-                strain, pos, shift_vectors = strained
-            out = self.model(batch.numbers, pos, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
+            # Stress: the gradient over the shift vectors is the one over every pair vector (see edge_virial).
+            shift_vectors = nl.shift_vectors.detach().requires_grad_(stress)
+            out = self.model(batch.numbers, positions, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
             energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
             result = {"energy": energy.detach(), "atomic_energies": _unsort(atomic.detach(), inv)}
             if not need_grad:
                 return result
-            inputs = [positions] + ([strain] if stress else [])
+            inputs = [positions] + ([shift_vectors] if stress else [])
             grads = torch.autograd.grad(energy.sum(), inputs, allow_unused=True)
         grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
         if forces:
             result["forces"] = -_unsort(grads[0], inv)
         if stress:
-            result.update(stress_from_strain_gradient(grads[1], batch.cell, batch.pbc))
+            de_deps = edge_virial(
+                batch.positions, nl.shift_vectors, grads[1], nl.edge_index, batch.batch, batch.num_structures
+            )
+            result.update(stress_from_strain_gradient(de_deps, batch.cell, batch.pbc))
         return result
 
     def _spatial_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:

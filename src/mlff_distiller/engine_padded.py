@@ -72,21 +72,15 @@ class PaddedPaths:
         """:meth:`_step` with the strain derivative too: ``[A + A + 3A + 9A]`` packed (energy, atomic energies,
         forces, then ``-dE/dε`` per structure slot as ``[A, 3, 3]``), from the same single vector-Jacobian product.
 
-        A symmetric strain ε_b of each structure slot moves the positions and the shift vectors alike,
-        ``r -> r (1 + ε_b)``: every edge vector ``r_j - r_i + s`` of structure b is strained, as in the eager path
-        (which strains the cell instead: ``s = n · cell``, the same vectors). Padding atoms and edges sit in the
-        dummy slot, whose seed is zero."""
+        The vector-Jacobian product also returns ``-dE/ds`` for the shift vectors, which is ``-dE/dr_ij`` for every
+        pair (``r_ij = pos[j] - pos[i] + s``), and :func:`edge_virial` sums ``r_ij ⊗ -dE/dr_ij`` per structure.
+        Padding atoms and edges sit in the dummy slot, whose seed is zero, so their gradients are zero."""
         with torch.enable_grad(), _matmul_precision(self.allow_tf32):
             pos = positions.detach().requires_grad_(True)
-            strain = torch.zeros((numbers.shape[0], 3, 3), dtype=pos.dtype, device=pos.device, requires_grad=True)
-            sym = 0.5 * (strain + strain.transpose(1, 2))
-            # index_select, not advanced indexing: its backward is one index_add (atomics) instead of indexing's
-            # sorting index_put, fewer kernels in the captured graph.
-            strained = pos + torch.bmm(pos.unsqueeze(1), sym.index_select(0, batch)).squeeze(1)
-            edge_sym = sym.index_select(0, batch.index_select(0, edge_index[0]))
-            shifts = shift_vectors + torch.bmm(shift_vectors.unsqueeze(1), edge_sym).squeeze(1)
-            energy, atomic = self._forward_impl(numbers, strained, edge_index, shifts, batch, mask, *csr)
-            forces, virial = torch.autograd.grad(energy, (pos, strain), grad_outputs=mask.neg())
+            shifts = shift_vectors.detach().requires_grad_(True)
+            energy, atomic = self._forward_impl(numbers, pos, edge_index, shifts, batch, mask, *csr)
+            forces, pair_grad = torch.autograd.grad(energy, (pos, shifts), grad_outputs=mask.neg())
+        virial = edge_virial(positions, shift_vectors, pair_grad, edge_index, batch, numbers.shape[0])
         return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1), virial.reshape(-1)])
 
     def _device_topology(self, batch: AtomsBatch) -> tuple[AtomsBatch, bool]:
@@ -316,25 +310,35 @@ class PaddedPaths:
 _VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 
 
-def strained_inputs(
-    positions: torch.Tensor, cell: torch.Tensor, batch: torch.Tensor, edge_index: torch.Tensor, shifts: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(strain, positions', shift_vectors')`` of the strain trick: a zero symmetric strain ε ``[B, 3, 3]``
-    (requires grad) deforms the positions and each structure's cell, and the shift vectors follow from the integer
-    ``shifts`` ``[E, 3]`` and the deformed cell; the gradient of the energy over ``strain`` is dE/dε. The eager
-    path and training use it (the padded step has shift vectors, not integer shifts: it strains those)."""
-    strain = torch.zeros_like(cell).requires_grad_(True)
-    sym = 0.5 * (strain + strain.transpose(1, 2))
-    strained = positions + torch.bmm(positions.unsqueeze(1), sym.index_select(0, batch)).squeeze(1)
-    deformed = cell + torch.bmm(cell, sym)
-    edge_cell = deformed.index_select(0, batch.index_select(0, edge_index[0]))
-    shift_vectors = torch.bmm(shifts.to(cell.dtype).unsqueeze(1), edge_cell).squeeze(1)
-    return strain, strained, shift_vectors
+def edge_virial(
+    positions: torch.Tensor,
+    shift_vectors: torch.Tensor,
+    pair_grad: torch.Tensor,
+    edge_index: torch.Tensor,
+    batch: torch.Tensor,
+    num_structures: int,
+) -> torch.Tensor:
+    """The strain derivative ``[B, 3, 3]`` of each structure from the gradient over its pairs: for a symmetric
+    strain ε that deforms positions and cell alike (``r -> r (1 + ε)``, so every ``r_ij -> r_ij (1 + ε)``),
+    ``dE/dε = sym(Σ_ij r_ij ⊗ dE/dr_ij)`` with ``r_ij = pos[j] - pos[i] + s``. ``pair_grad`` ``[E, 3]`` is the
+    gradient over the shift vectors, which equals the one over ``r_ij``; pass ``-dE/ds`` to get ``-dE/dε``.
+
+    This replaces straining the inputs (a zero strain leaf moved through ``bmm`` per atom and per pair): the same
+    numbers from the pairs' gradient, which the force backward computes anyway, with no ``[E, 3, 3]`` batched
+    products. It is translation invariant term by term (pair vectors, not positions), and differentiable
+    (training takes ``create_graph``). The pair terms are summed onto their receiving atom first, then per
+    structure: two ``index_add`` with few writers per address instead of every pair of a structure on its 9."""
+    r = positions.index_select(0, edge_index[1]) - positions.index_select(0, edge_index[0]) + shift_vectors
+    outer = (r.unsqueeze(2) * pair_grad.unsqueeze(1)).reshape(-1, 9)
+    per_atom = outer.new_zeros((positions.shape[0], 9)).index_add_(0, edge_index[0], outer)
+    w = outer.new_zeros((num_structures, 9)).index_add_(0, batch, per_atom).view(num_structures, 3, 3)
+    return 0.5 * (w + w.transpose(1, 2))
 
 
 def stress_from_strain_gradient(de_deps: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> dict:
     """``stress`` ``[B, 6]`` (eV/Å³, Voigt, ASE sign: σ = (dE/dε) / V) and ``stress_valid`` ``[B]`` (fully periodic
-    cells of nonzero volume) from the strain derivative ``de_deps`` ``[B, 3, 3]``; the eager and padded paths'."""
+    cells of nonzero volume) from the strain derivative ``de_deps`` ``[B, 3, 3]`` (:func:`edge_virial`); the eager
+    and padded paths' and training's."""
     cell = cell.to(de_deps.device, de_deps.dtype)
     volume = torch.linalg.det(cell).abs()
     valid = pbc.to(de_deps.device).all(dim=1) & (volume > 0)

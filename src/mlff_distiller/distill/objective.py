@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mlff_distiller.distill.dataset import FrameDataset, LabelledBatch
-from mlff_distiller.engine_padded import strained_inputs, stress_from_strain_gradient
+from mlff_distiller.engine_padded import edge_virial, stress_from_strain_gradient
 from mlff_distiller.model import StudentModel
 
 if TYPE_CHECKING:
@@ -60,13 +60,15 @@ def student_forward_stress(
     model: StudentModel, batch: LabelledBatch, *, create_graph: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Energies ``[B]``, forces ``[N, 3]`` and stress ``[B, 6]`` (Voigt, eV/Å³, ASE sign; meaningful for the
-    fully periodic frames) from one ``autograd.grad`` over the positions and a zero symmetric strain per frame."""
+    fully periodic frames) from one ``autograd.grad`` over the positions and the shift vectors (the pairs' gradient,
+    summed into the strain derivative by ``edge_virial``)."""
     a = batch.atoms
     pos = a.positions.detach().requires_grad_(True)
-    strain, strained, shift_vectors = strained_inputs(pos, a.cell, a.batch, batch.edge_index, batch.shifts)
-    out = model(a.numbers, strained, batch.edge_index, shift_vectors, a.batch, a.num_structures)
-    grad_pos, grad_strain = torch.autograd.grad(out["energy"].sum(), (pos, strain), create_graph=create_graph)
-    return out["energy"], -grad_pos, stress_from_strain_gradient(grad_strain, a.cell, a.pbc)["stress"]
+    shift_vectors = batch.shift_vectors().detach().requires_grad_(True)
+    out = model(a.numbers, pos, batch.edge_index, shift_vectors, a.batch, a.num_structures)
+    grad_pos, grad_pairs = torch.autograd.grad(out["energy"].sum(), (pos, shift_vectors), create_graph=create_graph)
+    de_deps = edge_virial(pos, shift_vectors, grad_pairs, batch.edge_index, a.batch, a.num_structures)
+    return out["energy"], -grad_pos, stress_from_strain_gradient(de_deps, a.cell, a.pbc)["stress"]
 
 
 def _stress_loss(stress: torch.Tensor, batch: LabelledBatch) -> torch.Tensor:
