@@ -20,6 +20,12 @@ same box and GPU. The whole run is time-boxed by ``--deadline`` (seconds):
 5. writes ``<results>/water-sevennet.pt``, ``metrics.json``, ``summary.md`` (both rewritten after every
    phase), ``parity.png``, ``learning_curve.png`` and ``test_frames.extxyz``.
 
+``--stress`` distils an NPT student: after the MD labels, strained rattles of training frames (a random
+symmetric cell strain, ``stress.strain`` of the label config) are labelled with the teacher's stress, the student
+trains with ``stress_weight``, and the evaluation adds the held-out stress and pressure errors, the pressure
+against density of teacher and student on the same scaled frames (``pressure_curve``: zero-pressure density and
+bulk modulus) and Berendsen NPT runs of both from the same start (``npt_run``), with their step times.
+
 ``--quick`` is a CPU smoke test (24- and 48-atom boxes, a few frames, seconds of training); ``--teacher emt``
 swaps in ASE's EMT so it runs without ``sevenn`` (the numbers are then meaningless, the pipeline the same).
 """
@@ -156,6 +162,26 @@ def write_summary_md(summary: dict, path: Path) -> None:
         f"{get('md_step_timing', 'student_s_per_step')} | |",
         f"| speed-up (teacher / student) | {get('md_step_timing', 'speedup')} | ≥ {SPEEDUP_TARGET:g}{met('speedup')} |",
         f"| NVE drift, student fp64 (meV/atom/ps) | {get('nve', 'drift_mev_atom_per_ps')} | |",
+    ]
+    if summary.get("stress_mode"):
+        lines += [
+            f"| held-out stress MAE (meV/Å³; GPa) | {get('test_fp32', 'stress_mae_mev_a3')}; "
+            f"{get('test_fp32', 'stress_mae_gpa')} | |",
+            f"| held-out pressure MAE (GPa) | {get('test_fp32', 'pressure_mae_gpa')} | |",
+            f"| zero-pressure density, teacher / student (g/cm³) | "
+            f"{get('eos', 'teacher', 'zero_pressure_density_g_cm3', fmt='{:.4f}')} / "
+            f"{get('eos', 'student', 'zero_pressure_density_g_cm3', fmt='{:.4f}')} | |",
+            f"| bulk modulus, teacher / student (GPa) | {get('eos', 'teacher', 'bulk_modulus_gpa')} / "
+            f"{get('eos', 'student', 'bulk_modulus_gpa')} | |",
+            f"| NPT ({get('npt', 'teacher', 'steps')} steps) mean density of the second half, teacher / student "
+            f"(g/cm³) | {get('npt', 'teacher', 'mean_density_second_half', fmt='{:.4f}')} / "
+            f"{get('npt', 'student_same_steps', 'mean_density_second_half', fmt='{:.4f}')} | |",
+            f"| NPT s / step, teacher / student; speed-up | {get('npt', 'teacher', 's_per_step')} / "
+            f"{get('npt', 'student_same_steps', 's_per_step')}; {get('npt', 'npt_speedup')} | |",
+            f"| student NPT, {get('npt', 'student', 'steps')} steps: final density (g/cm³) | "
+            f"{get('npt', 'student', 'final_density', fmt='{:.4f}')} | |",
+        ]
+    lines += [
         "",
         f"Data: {get('frames', 'train')} training + {get('frames', 'val')} validation frames "
         f"({get('sampling', 'train_atoms')}-atom boxes {get('sampling', 'train_boxes')}, "
@@ -189,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label-config", default=str(ROOT / "configs/water_sevennet_label.yaml"))
     ap.add_argument("--train-config", default=str(ROOT / "configs/water_sevennet_train.yaml"))
     ap.add_argument("--quick", action="store_true", help="tiny CPU end-to-end check (24/48-atom boxes, seconds)")
+    ap.add_argument("--stress", action="store_true", help="an NPT student: strained frames, stress_weight, NPT checks")
     args = ap.parse_args(argv)
 
     from ase import io as ase_io
@@ -202,9 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         label,
         learning_curve_plot,
         md_step_timing,
+        npt_run,
         nve_drift,
         parity_plot,
         predict_frames,
+        pressure_curve,
         read_frames,
         split_frames,
         train,
@@ -220,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     train_job = from_dict(TrainJob, load_yaml(args.train_config))
     tcfg = train_job.train
     budget = dict(lcfg["budget"])
+    stress_cfg = dict(lcfg.get("stress") or {}) if args.stress else {}
+    budget.update(stress_cfg.get("budget") or {})
+    if args.stress:
+        tcfg.stress_weight = float(stress_cfg.get("stress_weight", 20.0))
     teacher_preset = (args.teacher or lcfg.get("teacher", "sevennet-0")).strip().lower()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     density = float(lcfg["system"].get("density", 1.0))
@@ -254,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         "commit": _git_commit(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "student_config": {k: getattr(tcfg.model, k) for k in ("species", "hidden", "layers", "n_rbf", "cutoff")},
-        "train_config": {k: getattr(tcfg, k) for k in ("batch_size", "lr", "force_weight", "ema_decay")},
+        "train_config": {
+            k: getattr(tcfg, k) for k in ("batch_size", "lr", "force_weight", "stress_weight", "ema_decay")
+        },
+        "stress_mode": stress_cfg or None,
     }
     try:
         import triton
@@ -357,9 +393,43 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(f"labelled {name}: {report}", flush=True)
         save_summary()
+    if args.stress:
+        # Strained rattles of training frames: the liquid at other densities, each with the teacher's stress.
+        md_frames = read_frames(work / "train_labels")
+        seconds = float(budget.get("safety", 0.85)) * float(budget.get("strain", 0.06)) * deadline
+        n_seeds = int(max(2, min(len(md_frames), seconds / max(train_step_s, 1e-6))))
+        picks = np.linspace(0, len(md_frames) - 1, n_seeds).round().astype(int)
+        seeds = []
+        for k in picks:
+            seed_atoms = md_frames[int(k)].copy()
+            seed_atoms.calc = None
+            seeds.append(seed_atoms)
+        cfg = from_dict(
+            SamplingConfig,
+            {
+                "temperatures": [float(train_spec["temperatures"][0])],
+                "md_steps": 0,
+                "rattle_per_seed": 1,
+                "rattle_std": float(stress_cfg.get("rattle_std", 0.02)),
+                "rattle_strain": float(stress_cfg.get("strain", 0.02)),
+                "max_force": float(sampling_base.get("max_force", 50.0)),
+                "seed": 7,
+            },
+        )
+        report = label(seeds, teacher, work / "strain_labels", cfg, progress=False)
+        summary["label_strain"] = {"seeds": n_seeds, "frames": report.total, "seconds": report.seconds}
+        print(f"labelled strained frames: {report}", flush=True)
     summary["label_seconds"] = time.perf_counter() - t
 
     frames = read_frames(work / "train_labels")
+    if args.stress:
+        strained = read_frames(work / "strain_labels")
+        frames = frames + strained
+        summary["stress_labels"] = {
+            "frames_with_stress": sum("stress" in (a.calc.results if a.calc else {}) for a in frames),
+            "frames": len(frames),
+            "strained_frames": len(strained),
+        }
     test = read_frames(work / "test_labels")
     if not frames or not test:
         raise SystemExit(f"no frames labelled (train {len(frames)}, test {len(test)}): see the teacher's output")
@@ -479,6 +549,36 @@ def main(argv: list[str] | None = None) -> int:
     if speedup is not None:
         meta.update(md_step_speedup_vs_teacher=speedup, md_step_atoms=summary["md_step_timing"]["atoms"])
         model.save(ckpt, metadata=meta)
+    if args.stress:
+        student_calc = StudentCalculator(model, device=device)
+        npt_kw = {k: float(v) for k, v in (stress_cfg.get("npt") or {}).items() if k != "student_steps"}
+        ratios = stress_cfg.get("volume_ratios", [0.92, 0.96, 1.0, 1.04, 1.08])
+        npt_steps = 20 if args.quick else int((stress_cfg.get("npt") or {}).get("student_steps", 2000))
+
+        def eos() -> dict:
+            picked = test[-min(len(test), 4) :]
+            return pressure_curve(picked, {"teacher": teacher, "student": student_calc}, volume_ratios=ratios)
+
+        def npt() -> dict:
+            out = {"student": npt_run(liquid, student_calc, steps=npt_steps, **npt_kw)}
+            left = deadline - elapsed() - 10
+            per_step = 2.5 * float(summary["md_step_timing"].get("teacher_s_per_step") or 0.1)
+            steps = int(min(out["student"]["steps"], left / per_step)) // 10 * 10
+            if steps >= 20:
+                out["teacher"] = npt_run(liquid, teacher, steps=steps, **npt_kw)
+                # The student over the teacher's steps, for the same window (same start and velocities).
+                same = npt_run(liquid, student_calc, steps=steps, **npt_kw)
+                out["student_same_steps"] = same
+                out["density_difference_second_half"] = (
+                    same["mean_density_second_half"] - out["teacher"]["mean_density_second_half"]
+                )
+                out["npt_speedup"] = out["teacher"]["s_per_step"] / same["s_per_step"]
+            else:
+                out["teacher"] = {"skipped": f"{left:.0f} s left of the deadline"}
+            return out
+
+        phase("eos", eos)
+        phase("npt", npt)
     phase("nve", nve)
     print((results / "summary.md").read_text(), flush=True)
     return 0

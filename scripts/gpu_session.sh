@@ -9,6 +9,7 @@
 #   bash scripts/gpu_session.sh builtin   # retrain the shipped builtin:chno-gfn2 (issue 6)
 #   bash scripts/gpu_session.sh builtinsmall # builtin:chno-gfn2-small (64 x 3): carried labels, 121 s training
 #   bash scripts/gpu_session.sh sevennet  # 192-atom water from SevenNet-0 (issue 6; needs .whl7)
+#   bash scripts/gpu_session.sh sevennpt  # an NPT water student from SevenNet-0 (--stress; needs .whl7), ~9.5 min
 #   bash scripts/gpu_session.sh tune      # message-passing kernels: each kernel x dot precision, the block variant
 #   bash scripts/gpu_session.sh diag      # cudagraph training step vs eager static step, per step count
 #   CHECK="tests/a.py tests/b.py::t" CHECK_K="cuda" bash scripts/gpu_session.sh check   # chosen tests, tracebacks
@@ -44,7 +45,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|sevennet|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 for d in .whl .whl7; do
@@ -131,6 +132,12 @@ print(json.dumps(out, indent=1))
   sevennet)
     timeout $(box 520) python3 examples/distill_water_sevennet.py --deadline $(box 420) --results "$res/water" --work runs/water_sevennet \
       2>&1 | tee "$res/water.log" | tail -40
+    ;;
+  sevennpt)
+    # An NPT water student from SevenNet-0 (--stress: strained frames with the teacher's stress, stress_weight,
+    # held-out stress/pressure errors, both equations of state, Berendsen NPT of teacher and student).
+    timeout $(box 560) python3 examples/distill_water_sevennet.py --stress --deadline $(box 530) --results "$res/water_npt" \
+      --work runs/water_sevennet_npt 2>&1 | tee "$res/water_npt.log" | tail -32
     ;;
   tune)
     timeout $(box 200) python3 benchmarks/tune_small.py --sections kernels,variants --budget-s $(box 150) \

@@ -1,5 +1,7 @@
 """Stress errors in the evaluation, where the teacher labels carry a stress (periodic frames)."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -80,3 +82,60 @@ def test_labelling_records_the_teachers_stress_for_periodic_frames(tmp_path):
     model = StudentModel(species=[1, 6, 29], hidden=16, layers=1).double()
     m = error_metrics(frames, predict_frames(model, frames, device="cpu"))
     assert m["stress_frames"] == len(periodic)
+
+
+def test_pressure_curve_finds_emt_coppers_equilibrium_and_bulk_modulus():
+    """EMT copper: pressure falls with volume, the zero-pressure density is EMT's own equilibrium (where its
+    stress vanishes, found by bisection on the lattice constant) and the bulk modulus is copper's (EMT: ~134 GPa,
+    experiment 140)."""
+    from ase.units import GPa
+
+    from mlff_distiller.distill import pressure_curve
+
+    def pressure(a):
+        atoms = bulk("Cu", "fcc", a=a, cubic=True)
+        atoms.calc = EMT()
+        return -atoms.get_stress()[:3].mean() / GPa
+
+    lo, hi = 3.4, 3.8
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if pressure(mid) > 0 else (lo, mid)
+    a0 = 0.5 * (lo + hi)
+    rho0 = 4 * 63.546 * 1.66053904 / a0**3
+    frames = [bulk("Cu", "fcc", a=a0 * 1.01, cubic=True).repeat((2, 2, 2))]
+    curve = pressure_curve(frames, {"emt": EMT(), "emt2": EMT()}, volume_ratios=(0.97, 0.99, 1.01, 1.03))
+    p = curve["emt"]["pressure_gpa"]
+    assert all(x > y for x, y in itertools.pairwise(p))  # compressed: higher pressure
+    assert curve["emt"]["zero_pressure_density_g_cm3"] == pytest.approx(rho0, rel=2e-3)
+    assert curve["emt"]["extrapolated"] is False
+    assert 110 < curve["emt"]["bulk_modulus_gpa"] < 160
+    assert curve["emt2"] == curve["emt"]
+    with pytest.raises(ValueError, match="fully periodic"):
+        pressure_curve([molecule("CH4")], {"emt": EMT()})
+
+
+def test_pressure_error_in_the_metrics():
+    torch.manual_seed(0)
+    model = StudentModel(species=[1, 6, 29], hidden=16, layers=1).double()
+    frames = _frames()[:3]
+    preds = predict_frames(model, frames, device="cpu")
+    m = error_metrics(frames, preds)
+    dp = [np.mean(p["stress"][:3]) - np.mean(f.calc.results["stress"][:3]) for f, p in zip(frames, preds, strict=True)]
+    assert m["pressure_mae_gpa"] == pytest.approx(np.abs(dp).mean() * 160.21766, rel=1e-5)
+    assert m["pressure_mae_gpa"] > 0
+
+
+def test_npt_run_relaxes_towards_the_zero_pressure_density():
+    """EMT copper started 3 % expanded: the Berendsen barostat compresses it, the trace is finite and recorded
+    every 5 steps, and a second run with the same seed repeats it (same start for a teacher and a student)."""
+    from mlff_distiller.distill import npt_run
+
+    atoms = bulk("Cu", "fcc", a=3.6 * 1.03, cubic=True).repeat((2, 2, 2))
+    kw = dict(steps=40, timestep_fs=2.0, compressibility_per_bar=1e-5, taup_fs=100.0, record_every=5)
+    out = npt_run(atoms, EMT(), **kw)
+    assert len(out["density_g_cm3"]) == 9 and out["s_per_step"] > 0
+    assert out["final_density"] > out["density_g_cm3"][0] * 1.01
+    assert npt_run(atoms, EMT(), **kw)["density_g_cm3"] == out["density_g_cm3"]
+    with pytest.raises(ValueError, match="fully periodic"):
+        npt_run(molecule("CH4"), EMT(), steps=2)

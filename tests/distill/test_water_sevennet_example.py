@@ -54,7 +54,8 @@ def _check_run(work: Path, teacher: str) -> dict:
     assert plan["md_steps_train"] % plan["sample_every"] == 0 and plan["md_steps_test"] % plan["sample_every"] == 0
     frames = metrics["frames"]
     assert frames["train"] >= 1 and frames["val"] >= 1 and frames["test"] >= 2
-    assert frames["train"] + frames["val"] == metrics["label_train"]["frames"]
+    strained = metrics.get("label_strain", {}).get("frames", 0)  # --stress: strained frames join the MD ones
+    assert frames["train"] + frames["val"] == metrics["label_train"]["frames"] + strained
     assert metrics["sampling"]["train_atoms"] == 48 and metrics["sampling"]["test_atoms"] == 24
     test = metrics["test_fp32"]
     assert "error" not in test, test
@@ -93,6 +94,31 @@ def test_quick_run_with_emt_then_resume(example, tmp_path):
     assert second["label_train"]["tasks_run"] == 0 and second["label_test"]["tasks_run"] == 0
     assert second["frames"] == first["frames"]
     assert second["plan"]["md_steps_train"] == first["plan"]["md_steps_train"]
+
+
+def test_quick_stress_run_with_emt(example, tmp_path):
+    """--stress: strained frames labelled with the teacher's stress join the MD frames, training fits the stress
+    (plain step), and the evaluation adds stress and pressure errors, both equations of state and NPT runs."""
+    work = tmp_path / "water"
+    assert example.main(["--quick", "--teacher", "emt", "--stress", "--work", str(work)]) == 0
+    metrics = _check_run(work, "emt")
+    labels = metrics["stress_labels"]
+    assert labels["strained_frames"] == metrics["label_strain"]["frames"] >= 2
+    assert labels["frames_with_stress"] == labels["frames"]
+    assert metrics["train_config"]["stress_weight"] == 20.0 and metrics["training"]["train_step"] == "plain"
+    assert (
+        metrics["test_fp32"]["stress_frames"] == metrics["frames"]["test"]
+        and metrics["test_fp32"]["pressure_mae_gpa"] > 0
+    )
+    eos = metrics["eos"]
+    assert len(eos["density_g_cm3"]) == 5
+    for who in ("teacher", "student"):
+        assert len(eos[who]["pressure_gpa"]) == 5
+    npt = metrics["npt"]
+    assert npt["student"]["steps"] == 20 and len(npt["teacher"]["density_g_cm3"]) == 3
+    assert npt["npt_speedup"] > 0
+    text = (work / "results" / "summary.md").read_text()
+    assert "held-out pressure MAE" in text and "zero-pressure density" in text
 
 
 @pytest.mark.slow

@@ -14,9 +14,11 @@ from mlff_distiller.distill.evaluation import (
     error_metrics,
     learning_curve_plot,
     md_step_timing,
+    npt_run,
     nve_drift,
     parity_plot,
     predict_frames,
+    pressure_curve,
 )
 from mlff_distiller.distill.labelling import FrameStore, LabelReport, label, label_parallel, read_frames
 from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, Task, make_tasks, run_task
@@ -49,9 +51,11 @@ __all__ = [
     "load_yaml",
     "make_tasks",
     "md_step_timing",
+    "npt_run",
     "nve_drift",
     "parity_plot",
     "predict_frames",
+    "pressure_curve",
     "read_frames",
     "run_task",
     "split_frames",

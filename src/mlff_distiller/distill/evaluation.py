@@ -5,6 +5,9 @@
 * :func:`parity_plot`, :func:`learning_curve_plot`: PNG figures.
 * :func:`md_step_timing`: seconds per ASE MD step, student and teacher, on the same structure in the same run.
 * :func:`nve_drift`: total-energy drift of a velocity-Verlet run with the student.
+* :func:`npt_run`: an isotropic Berendsen NPT run with any calculator: density trace and seconds per step.
+* :func:`pressure_curve`: pressure against density of isotropically scaled frames for several calculators (the
+  equation of state an NPT run follows; its zero-pressure density and bulk modulus).
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ __all__ = [
     "error_metrics",
     "learning_curve_plot",
     "md_step_timing",
+    "npt_run",
     "nve_drift",
     "parity_plot",
     "predict_frames",
+    "pressure_curve",
 ]
 
 
@@ -57,7 +62,8 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
     ``frames``, ``atoms`` and the raw arrays ``_energy`` ``[F, 2]`` (teacher, student; eV/atom) and
     ``_forces`` ``[3N, 2]`` (eV/Å) for plotting. Where periodic frames carry a teacher stress and the predictions
     a student stress (:func:`predict_frames` asks for it then), also ``stress_mae_mev_a3``, ``stress_rmse_mev_a3``
-    (meV/Å³, over the Voigt components), ``stress_mae_gpa`` and ``stress_frames``.
+    (meV/Å³, over the Voigt components), ``stress_mae_gpa``, ``pressure_mae_gpa`` (P = -tr σ / 3) and
+    ``stress_frames``.
     """
     frames = list(frames)
     if len(frames) != len(predictions):
@@ -96,7 +102,10 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
         ds = np.stack(s_pred) - np.stack(s_ref)
         if not np.isfinite(ds).all():
             raise ValueError("non-finite student stress")
+        # Pressure, P = -tr(σ)/3 (what a barostat follows), GPa.
+        dp = -ds[:, :3].mean(axis=1)
         out.update(
+            pressure_mae_gpa=float(np.abs(dp).mean() / units.GPa),
             stress_mae_mev_a3=1000 * float(np.abs(ds).mean()),
             stress_rmse_mev_a3=1000 * float(np.sqrt((ds**2).mean())),
             stress_mae_gpa=float(np.abs(ds).mean() / units.GPa),
@@ -253,3 +262,126 @@ def nve_drift(
         "simulated_ps": steps * timestep_fs / 1000,
         "steps": steps,
     }
+
+
+def npt_run(
+    atoms: Atoms,
+    calc: Calculator,
+    *,
+    steps: int,
+    timestep_fs: float = 0.5,
+    temperature: float = 300.0,
+    pressure_bar: float = 1.0,
+    compressibility_per_bar: float = 4.57e-5,
+    taut_fs: float = 100.0,
+    taup_fs: float = 500.0,
+    record_every: int = 10,
+    seed: int = 0,
+) -> dict:
+    """ASE's isotropic ``NPTBerendsen`` on a copy of a fully periodic ``atoms`` with ``calc`` (the same start and
+    velocities for every calculator given the same ``seed``), so a student and its teacher can be run side by side.
+
+    Returns ``density_g_cm3`` (every ``record_every`` steps, the start included), ``mean_density_second_half``,
+    ``final_density``, ``s_per_step`` (median of the per-step wall clock), ``mean_s_per_step``, ``steps`` and
+    ``simulated_ps``. Raises ``FloatingPointError`` when the run reaches a non-finite energy or volume.
+    """
+    from ase.md.nptberendsen import NPTBerendsen
+
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if not atoms.pbc.all():
+        raise ValueError("npt_run needs a fully periodic structure")
+    work = atoms.copy()
+    work.calc = calc
+    _init_velocities(work, temperature, seed)
+    dyn = NPTBerendsen(
+        work,
+        timestep=timestep_fs * units.fs,
+        temperature_K=temperature,
+        pressure_au=pressure_bar * units.bar,
+        compressibility_au=compressibility_per_bar / units.bar,
+        taut=taut_fs * units.fs,
+        taup=taup_fs * units.fs,
+    )
+    mass = float(work.get_masses().sum()) * units._amu * 1e27  # g/cm³ per Å³
+    # Keyed by step: ASE versions differ on whether observers also run before the first step.
+    density = {0: mass / work.get_volume()}
+    stamps = {0: time.perf_counter()}
+    dyn.attach(lambda: stamps.__setitem__(dyn.nsteps, time.perf_counter()), interval=1)
+    dyn.attach(lambda: density.__setitem__(dyn.nsteps, mass / work.get_volume()), interval=record_every)
+    dyn.run(steps)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    density = [density[k] for k in sorted(density)]
+    if not (np.isfinite(density).all() and np.isfinite(work.get_potential_energy())):
+        raise FloatingPointError("the NPT run produced a non-finite volume or energy")
+    per_step = np.diff([stamps[k] for k in sorted(stamps)])
+    half = np.asarray(density[len(density) // 2 :])
+    return {
+        "density_g_cm3": [float(x) for x in density],
+        "mean_density_second_half": float(half.mean()),
+        "final_density": float(density[-1]),
+        "s_per_step": float(np.median(per_step)),
+        "mean_s_per_step": float(per_step.mean()),
+        "steps": steps,
+        "simulated_ps": steps * timestep_fs / 1000,
+    }
+
+
+def pressure_curve(
+    frames: Sequence[Atoms],
+    calculators: dict[str, Calculator],
+    volume_ratios: Sequence[float] = (0.94, 0.97, 1.0, 1.03, 1.06),
+) -> dict:
+    """Pressure against density for each calculator on the same isotropically scaled copies of ``frames``.
+
+    Each fully periodic frame is scaled (cell and atoms) to ``volume_ratios`` of its volume. Every calculator
+    gives each copy's stress; the pressure ``P = -tr(σ)/3`` is averaged over the frames at each ratio.
+    Returns ``volume_ratios``, ``density_g_cm3`` (mean over the frames, per ratio) and per calculator name:
+
+    * ``pressure_gpa``: the mean pressure per ratio;
+    * ``zero_pressure_density_g_cm3``: where the least-squares line P(ρ) crosses zero (None when P does not rise
+      with ρ); ``extrapolated`` is True when that density lies outside the sampled ones;
+    * ``bulk_modulus_gpa``: ρ dP/dρ of that line at the mean density.
+
+    With a teacher and a student among ``calculators`` this compares the equations of state that an NPT run
+    of each follows, at a few single points per ratio instead of a long barostatted trajectory.
+    """
+    frames = [a for a in frames if a.pbc.all()]
+    if not frames:
+        raise ValueError("pressure_curve needs fully periodic frames")
+    ratios = [float(r) for r in volume_ratios]
+    if len(ratios) < 2 or any(not r > 0 for r in ratios):
+        raise ValueError(f"volume_ratios must be >= 2 positive numbers, got {volume_ratios}")
+    amu_per_a3_to_g_cm3 = units._amu * 1e27  # 1 amu/Å³ in g/cm³ (ASE's amu in kg)
+    scaled = []
+    for r in ratios:
+        copies = []
+        for a in frames:
+            b = a.copy()
+            b.calc = None
+            b.set_cell(a.cell[:] * r ** (1.0 / 3.0), scale_atoms=True)
+            copies.append(b)
+        scaled.append(copies)
+    density = [float(np.mean([b.get_masses().sum() / b.get_volume() for b in c])) * amu_per_a3_to_g_cm3 for c in scaled]
+    out: dict = {"volume_ratios": ratios, "density_g_cm3": density, "frames": len(frames)}
+    for name, calc in calculators.items():
+        pressure = []
+        for copies in scaled:
+            values = []
+            for b in copies:
+                b.calc = calc
+                values.append(-float(np.mean(b.get_stress(voigt=True)[:3])) / units.GPa)
+                b.calc = None
+            pressure.append(float(np.mean(values)))
+        if not np.isfinite(pressure).all():
+            raise ValueError(f"non-finite pressure from {name!r}")
+        slope, intercept = np.polyfit(density, pressure, 1)
+        rho0 = -intercept / slope if slope > 0 else None
+        out[name] = {
+            "pressure_gpa": pressure,
+            "zero_pressure_density_g_cm3": None if rho0 is None else float(rho0),
+            "extrapolated": None if rho0 is None else not min(density) <= rho0 <= max(density),
+            "bulk_modulus_gpa": float(slope * np.mean(density)),
+        }
+    return out
