@@ -252,8 +252,8 @@ print(json.dumps(out, indent=1))
   stress)
     # Stress in the padded modes (stop 22, CPU-tested only so far): its CUDA tests, then bench_stress.py (padded
     # stress step vs the eager path, NPTBerendsen through the calculator) for the shipped and the small student size.
-    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 tests/test_engine_modes.py tests/test_physics.py \
-      -k "stress or warmup" >"$res/pytest_stress.log" 2>&1
+    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 tests/test_engine_stress.py tests/test_physics.py tests/test_engine_modes.py \
+      -k "stress or warmup or virial" >"$res/pytest_stress.log" 2>&1
     grep -cE " PASSED" "$res/pytest_stress.log"; grep -E " (FAILED|ERROR)" "$res/pytest_stress.log" | head; tail -2 "$res/pytest_stress.log"
     timeout $(box 170) python3 benchmarks/bench_stress.py --out "$res" --name stress_h100 >"$res/bench_stress.log" 2>&1
     timeout $(box 170) python3 benchmarks/bench_stress.py --out "$res" --name stress_small_h100 --hidden 64 \
