@@ -48,8 +48,12 @@ export PYTHONUNBUFFERED=1
 [ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
-for d in .whl .whl7; do
-  [ -d "$d" ] && wheels+=("$d"/*.whl)
+declare -A seen=()
+for d in .whl .whl7; do  # a wheel in both folders (.whl7 may carry ase alone, to stay within the carry limit): once
+  [ -d "$d" ] || continue
+  for w in "$d"/*.whl; do
+    b=$(basename "$w"); [ -n "${seen[$b]:-}" ] && continue; seen[$b]=1; wheels+=("$w")
+  done
 done
 if [ ${#wheels[@]} -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
