@@ -610,7 +610,7 @@ def test_verlet_host_fast_path_decides_as_the_reference_formula(monkeypatch):
         for with_numbers in (True, False):
             b = AtomsBatch.from_atoms(atoms, dtype=dtype)
             numbers = b.numbers if with_numbers else None
-            vl = VerletNeighborList(3.0, skin=2 * half)
+            vl = VerletNeighborList(3.0, skin=2 * half, strain_reuse=False)  # a changed cell rebuilds
             vl(b.positions, b.cell, b.pbc, b.batch, b.ptr, numbers)
             built = b.positions.clone()
             generic = []

@@ -368,17 +368,20 @@ class ForceEngine(PaddedPaths):
         """
         to_host = to_host or as_numpy
         self._check_species(batch.numbers)
+        # A system the eager path sorts spatially runs there every step: its Verlet list must see one atom order
+        # (the padded Verlet path would test and rebuild it in the caller's order).
+        sorts = self.spatial_sort_min_atoms is not None and batch.num_atoms >= self.spatial_sort_min_atoms
         if self.pad and forces and stress:
-            # Stress (NPT, periodic batches): the padded step with the strain derivative, a fresh list per call (an
-            # NPT step changes the cell, which rebuilds a Verlet list anyway).
-            out = self._compute_padded(batch, to_host, stress=True)
+            # Stress (NPT, cell relaxations, periodic batches): the padded step with the strain derivative. In MD
+            # the Verlet list is kept across small cell changes (strain-aware test), else a fresh list per call.
+            if self.verlet is not None and not sorts:
+                out = self._compute_padded_verlet(batch, to_host, stress=True)
+            else:
+                out = self._compute_padded(batch, to_host, stress=True)
             if out is not None:
                 return {k: v.numpy() for k, v in out.items()} if as_numpy else out
         elif self.pad and forces:
             if self.verlet is not None:
-                # A system the eager path sorts spatially runs there every step: its Verlet list must see one atom
-                # order (the padded Verlet path would test and rebuild it in the caller's order).
-                sorts = self.spatial_sort_min_atoms is not None and batch.num_atoms >= self.spatial_sort_min_atoms
                 out = None if sorts else self._compute_padded_verlet(batch, to_host, as_numpy)
             else:
                 out = self._compute_padded(batch, to_host)

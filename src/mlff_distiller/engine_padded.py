@@ -239,7 +239,7 @@ class PaddedPaths:
         return out
 
     def _compute_padded_verlet(
-        self, batch: AtomsBatch, to_host: bool, as_numpy: bool = False
+        self, batch: AtomsBatch, to_host: bool, as_numpy: bool = False, stress: bool = False
     ) -> dict[str, torch.Tensor] | None:
         """The padded path with a Verlet-skin list (MD through :class:`StudentCalculator`).
 
@@ -247,12 +247,14 @@ class PaddedPaths:
         unfiltered ``cutoff + skin`` list goes into the bucket's static buffers only when it was rebuilt: its
         pairs beyond the cutoff contribute exactly zero, like padding edges (the radial basis × envelope and
         its derivative vanish there and the filter has no bias). Between rebuilds a step is one copy of the
-        positions into the static buffer, the replay, and one copy of the packed outputs.
+        positions into the static buffer, the replay, and one copy of the packed outputs; after a cell change
+        that kept the list (NPT: the list's strain-aware test), also one copy of its new shift vectors.
+        ``stress``: the stress step (tensors out; ``as_numpy`` is for the energy + forces step).
         """
         v = self.verlet
         fill = self._verlet_fill
         packed = None
-        if fill is not None and fill[2] == v.n_builds and fill[3].shape[0] == batch.num_atoms:
+        if fill is not None and fill[2] == v.n_builds and fill[3].shape[0] == batch.num_atoms and not stress:
             speculate = self.speculative_verlet
             if speculate is None:
                 speculate = fill[1].positions.is_cuda
@@ -265,6 +267,9 @@ class PaddedPaths:
                 packed = self._run(fill[0], fill[1])
         nl, rebuilt = self._verlet_list(batch, filtered=False)
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
+        if packed is not None and fill[5] != v.cell_updates:
+            self.n_discarded += 1  # launched with the shift vectors of the previous cell
+            packed = None
         if rebuilt or fill is None or fill[2] != v.n_builds:
             if packed is not None:
                 self.n_discarded += 1
@@ -285,13 +290,19 @@ class PaddedPaths:
             fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
             self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
             # (bucket, graph, build count, the real atoms' rows of the static positions, their page-locked host
-            # staging buffer on CUDA)
+            # staging buffer on CUDA, the list's cell updates)
             staging = torch.empty((n, 3), dtype=self.dtype, pin_memory=True) if graph.positions.is_cuda else None
-            self._verlet_fill = fill = (bucket, graph, v.n_builds, graph.positions[:n], staging)
+            self._verlet_fill = fill = (bucket, graph, v.n_builds, graph.positions[:n], staging, v.cell_updates)
         else:
             bucket, graph = fill[0], fill[1]
+            if fill[5] != v.cell_updates:  # the list was kept under a new cell: its shift vectors changed
+                graph.shift_vectors[:e].copy_(nl.shift_vectors, non_blocking=True)
+                self._verlet_fill = fill = (*fill[:5], v.cell_updates)
             if packed is None:
                 self._write_positions(fill, batch.positions, to_host)
+        if stress:
+            out = self._run_padded(bucket, graph, n, b, to_host, stress=True)
+            return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
 
     def _write_positions(self, fill: tuple, positions: torch.Tensor, to_host: bool) -> None:

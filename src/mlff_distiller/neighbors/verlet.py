@@ -16,9 +16,19 @@ beyond ``cutoff`` (the student's cosine cutoff does), and cheaper, but the model
 skin/cutoff)^3 times more edges.
 
 Rebuild triggers (all checked together with one host sync): first call; ``skin`` changed; a different
-number of atoms/structures, device or dtype; any change in ``cell``, ``pbc``, ``batch``, ``ptr`` or
-``numbers`` (when given); any atom displaced by more than ``skin / 2`` (Å) from its position at the last
-build. A changed cell always rebuilds (no strain-aware reuse for NPT).
+number of atoms/structures, device or dtype; any change in ``pbc``, ``batch``, ``ptr`` or ``numbers`` (when
+given); any atom displaced by more than ``skin / 2`` (Å) from its position at the last build.
+
+**A changed cell** (NPT, cell relaxations) rebuilds unless the list can be kept under the strain (host data,
+every structure fully periodic, ``strain_reuse``). The pair vectors are ``d = (s_j - s_i + S) h`` with
+fractional positions ``s`` and cell ``h`` (rows the cell vectors). From the build (``d0``, ``h0``) to now
+(``h1``), ``d1 = d0 (1 + ε) + u_j - u_i``, with the strain ``ε = h0⁻¹ (h1 - h0)`` and ``u = (s1 - s0) h1`` the
+fractional displacement in today's cell. So ``|d1| >= |d0| (1 - ‖ε‖₂) - 2 max|u|``. A pair missing from the list
+(``|d0| >= cutoff + skin``) stays beyond the cutoff as long as ``2 max|u| + (cutoff + skin) ‖ε‖₂ <= skin``, per
+structure. That is the test. It reduces to the ``skin / 2`` test when the cell has not changed. When the list is
+kept, its shift vectors are recomputed from the integer shifts and the new cell (``cell_updates`` counts that);
+:meth:`needs_rebuild` does that update when it keeps the list. This is the same skin budget that LAMMPS'
+neighbour check shares between atom and box displacements.
 
 Usage (engine / StudentCalculator)::
 
@@ -31,6 +41,7 @@ Usage (engine / StudentCalculator)::
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -49,11 +60,14 @@ class VerletNeighborList:
             more than ``skin / 2``. ``0`` rebuilds whenever any atom moved at all.
         method: backend for the builds (``"auto"``, ``"brute"``, ``"cell_list"``, ``"vesin"``).
         filter: return the list filtered to ``cutoff`` (default) or the padded ``cutoff + skin`` list.
+        strain_reuse: keep the list across cell changes within the skin (see the module docstring); ``False``
+            rebuilds on any cell change.
         **neighbor_kwargs: passed to :func:`~mlff_distiller.neighbors.neighbor_list` (``cell_list_impl``,
             ``max_candidates``).
 
     Attributes:
-        n_builds: lists built so far. ``n_calls``: calls so far. ``last``: the padded list of the last build.
+        n_builds: lists built so far. ``n_calls``: calls so far. ``last``: the padded list of the last build (its
+            shift vectors those of the current cell). ``cell_updates``: times the kept list took a new cell.
     """
 
     def __init__(
@@ -63,6 +77,7 @@ class VerletNeighborList:
         method: str = "auto",
         *,
         filter: bool = True,
+        strain_reuse: bool = True,
         **neighbor_kwargs,
     ) -> None:
         cutoff = _distance("cutoff", cutoff)
@@ -72,7 +87,9 @@ class VerletNeighborList:
         self.skin = skin
         self.method = method
         self.filter = bool(filter)
+        self.strain_reuse = bool(strain_reuse)
         self.neighbor_kwargs = neighbor_kwargs
+        self.cell_updates = 0
         self.n_builds = 0
         self.n_calls = 0
         self.last: NeighborList | None = None
@@ -101,6 +118,8 @@ class VerletNeighborList:
         self._ref: dict[str, torch.Tensor] | None = None
         self._seen: dict[str, tuple[torch.Tensor, int]] = {}
         self._host: _HostDisplacement | None = None
+        self._strain: _StrainTest | None = None
+        self._applied_cell: np.ndarray | None = None
         self.last = None
 
     def __repr__(self) -> str:
@@ -176,7 +195,22 @@ class VerletNeighborList:
         if positions.device.type == "cpu":
             # Host data (MD through the calculator): NumPy on the same memory, ~10x fewer µs than torch's CPU ops
             # on a few hundred atoms.
-            rebuild = any(not torch.equal(current[n], ref[n]) for n in unseen)
+            changed = [n for n in unseen if not torch.equal(current[n], ref[n])]
+            if changed == ["cell"] and self.strain_reuse and ref["cell"].device.type == "cpu":
+                # Only the cell: keep the list if the strain and the displacements fit in the skin together.
+                strain = self._strain or _StrainTest.of(ref, self.cutoff + self.skin)
+                self._strain = strain
+                if strain is None or not strain.fits(positions, cell, self.skin):
+                    return True
+                self._apply_cell(cell)
+                # Not remembered as seen: the next call tests its cell against the build's again (the fast
+                # path's plain displacement test is valid only for the build's cell).
+                seen.update({n: (current[n], current[n]._version) for n in unseen if n != "cell"})
+                seen.pop("cell", None)
+                if self._host is not None:
+                    self._host.remember(seen, "numbers" in current)
+                return False
+            rebuild = bool(changed)
             if not rebuild:
                 host = self._host
                 if host is not None:
@@ -185,6 +219,8 @@ class VerletNeighborList:
                     d = positions.detach().numpy().astype(np.float64) - ref["positions"].numpy()
                     rebuild = bool((d * d).sum(axis=1).max() > (0.5 * self.skin) ** 2)
             if not rebuild:
+                if self._applied_cell is not None:
+                    self._apply_cell(cell)  # back to the build's cell
                 seen.update({n: (current[n], current[n]._version) for n in unseen})
                 if self._host is not None:
                     self._host.remember(seen, "numbers" in current)
@@ -233,10 +269,30 @@ class VerletNeighborList:
         # dtype): the fresh list decides in float64 too.
         i = nl.edge_index[0]
         cell64, batch_b = args[1].detach().to(torch.float64), args[3]
-        ref["shift64"] = torch.einsum("ea,eab->eb", nl.shifts.to(torch.float64), cell64[batch_b[i]])
+        self._edge_structure = batch_b[i]
+        ref["shift64"] = torch.einsum("ea,eab->eb", nl.shifts.to(torch.float64), cell64[self._edge_structure])
         self._ref = ref
+        self._strain = None
+        self._applied_cell = None  # the cell of the current shift vectors when it is not the build's (NPT)
         self.last = nl
         self.n_builds += 1
+
+    def _apply_cell(self, cell: torch.Tensor) -> None:
+        """The kept list's shift vectors for ``cell`` (from its integer shifts), unless they already are."""
+        values = cell.detach().numpy().astype(np.float64)
+        applied = self._applied_cell
+        if applied is not None and np.array_equal(applied, values):
+            return
+        build_cell = self._ref["cell"]
+        if applied is None and torch.equal(cell, build_cell):
+            return
+        nl = self.last
+        cell64 = torch.from_numpy(values).to(nl.shifts.device)
+        shift64 = torch.einsum("ea,eab->eb", nl.shifts.to(torch.float64), cell64[self._edge_structure])
+        self._ref["shift64"] = shift64
+        self.last = replace(nl, shift_vectors=shift64.to(nl.shift_vectors.dtype))
+        self._applied_cell = None if torch.equal(cell, build_cell) else values
+        self.cell_updates += 1
 
     def filtered(self, positions: torch.Tensor) -> NeighborList:
         """The last built list cut down to ``0 < |r| < cutoff`` at ``positions`` (on the list's device)."""
@@ -319,6 +375,54 @@ class _HostDisplacement:
             np.add(x, y, out=s)
             np.add(s, z, out=s)
         return bool(np.maximum.reduce(s) > half_skin**2)
+
+
+class _StrainTest:
+    """The strain-aware reuse test on host data (float64 NumPy): per structure, ``2 max|u| + reach ‖ε‖₂ <= skin``
+    with ``ε = h0⁻¹ (h1 - h0)`` and ``u = (s1 - s0) h1`` (see the module docstring; ``reach = cutoff + skin``)."""
+
+    __slots__ = ("batch", "cell0", "frac0", "inv0", "reach", "single")
+
+    @classmethod
+    def of(cls, ref: dict, reach: float) -> _StrainTest | None:
+        """``None`` (rebuild on any cell change) unless every structure is fully periodic with a regular cell."""
+        pbc = ref["pbc"]
+        if pbc.device.type != "cpu" or not bool(pbc.all()) or ref["positions"].device.type != "cpu":
+            return None
+        cell0 = ref["cell"].numpy().astype(np.float64)
+        try:
+            inv0 = np.linalg.inv(cell0)
+        except np.linalg.LinAlgError:
+            return None
+        return cls(ref, cell0, inv0, reach)
+
+    def __init__(self, ref: dict, cell0: np.ndarray, inv0: np.ndarray, reach: float) -> None:
+        self.cell0, self.inv0, self.reach = cell0, inv0, reach
+        self.batch = ref["batch"].numpy()
+        self.single = cell0.shape[0] == 1
+        self.frac0 = self._frac(ref["positions"].numpy().astype(np.float64), inv0)
+
+    def _frac(self, positions: np.ndarray, inv: np.ndarray) -> np.ndarray:
+        if self.single:
+            return positions @ inv[0]
+        return np.einsum("ni,nij->nj", positions, inv[self.batch])
+
+    def fits(self, positions: torch.Tensor, cell: torch.Tensor, skin: float) -> bool:
+        cell1 = cell.detach().numpy().astype(np.float64)
+        if cell1.shape != self.cell0.shape or not np.isfinite(cell1).all():
+            return False
+        try:
+            inv1 = np.linalg.inv(cell1)
+        except np.linalg.LinAlgError:
+            return False
+        eps = np.linalg.norm(self.inv0 @ (cell1 - self.cell0), ord=2, axis=(1, 2))  # [B]
+        frac = self._frac(positions.detach().numpy().astype(np.float64), inv1) - self.frac0
+        u = frac @ cell1[0] if self.single else np.einsum("ni,nij->nj", frac, cell1[self.batch])
+        u2 = (u * u).sum(axis=1)
+        worst = np.zeros(eps.shape[0])
+        if u2.size:
+            np.maximum.at(worst, self.batch, u2)
+        return bool(np.all(2.0 * np.sqrt(worst) + self.reach * eps <= skin))
 
 
 def _same_object(entry: tuple[torch.Tensor, int] | None, t: torch.Tensor) -> bool:
