@@ -297,3 +297,57 @@ def test_edge_virial_is_differentiable_for_training(model):
     fd = (values[0] - values[1]) / (2 * h)
     assert abs(float(grad[k])) > 1e-6
     assert float(grad[k]) == pytest.approx(float(fd), rel=1e-6, abs=1e-10)
+
+
+def test_npt_keeps_the_verlet_list_and_equals_fresh_lists(model):
+    """NPT through the calculator's padded path: the Verlet list is kept across the barostat's cell changes (its
+    shift vectors follow the cell) and every step's stress and forces equal those of a fresh list, fp64."""
+    from ase import units
+    from ase.md.nptberendsen import NPTBerendsen
+
+    atoms = silicon_cell().repeat((2, 2, 2))
+    atoms.rattle(0.02, seed=3)
+    atoms.calc = StudentCalculator(model, device="cpu", precision="fp64", mode="cudagraph")
+    check = StudentCalculator(model, device="cpu", precision="fp64", mode="eager", skin=None)
+    engine = atoms.calc.engine
+    volumes = [atoms.get_volume()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # cudagraph on a CPU: the padded eager path
+        dyn = NPTBerendsen(
+            atoms,
+            timestep=2.0 * units.fs,
+            temperature_K=300,
+            pressure_au=0.0,
+            compressibility_au=0.1 / units.GPa,
+            taup=20 * units.fs,
+        )
+        for _ in range(8):
+            dyn.run(2)
+            volumes.append(atoms.get_volume())
+            ref = atoms.copy()
+            ref.calc = check
+            np.testing.assert_allclose(atoms.get_stress(), ref.get_stress(), rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(atoms.get_forces(), ref.get_forces(), rtol=1e-9, atol=1e-12)
+    assert abs(volumes[-1] / volumes[0] - 1) > 2e-3, volumes  # the barostat did move the cell
+    v = engine.verlet
+    assert v.cell_updates >= 8 and v.n_builds < 4, (v.n_builds, v.cell_updates)
+    assert engine._verlet_fill is not None  # the stress steps ran on the Verlet path's bucket
+
+
+def test_cell_changes_without_stress_discard_the_speculative_step(model):
+    """Forces only, the cell changing between calls (a cell filter asking for forces, or MD after a barostat
+    step): the speculative launch of the Verlet path used the previous cell's shift vectors, so it is discarded
+    and the step rerun with the kept list's new ones; the forces equal a fresh list's, fp64."""
+    rng = np.random.default_rng(2)
+    atoms = silicon_cell().repeat((2, 2, 1))
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=1.0)
+    engine.speculative_verlet = True
+    ref = ForceEngine(model, device="cpu", precision="fp64")
+    for step in range(6):
+        e = rng.normal(0, 0.003, (3, 3))
+        atoms.set_cell(atoms.cell[:] @ (np.eye(3) + 0.5 * (e + e.T)), scale_atoms=True)
+        batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+        out, want = engine.compute(batch, to_host=True), ref.compute(batch)
+        np.testing.assert_allclose(out["forces"].numpy(), want["forces"].numpy(), rtol=1e-9, atol=1e-12, err_msg=step)
+    assert engine.verlet.n_builds == 1 and engine.verlet.cell_updates == 5  # the first call built the list
+    assert engine.n_discarded == 5  # every launch after the first had the previous cell's shift vectors

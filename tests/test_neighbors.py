@@ -486,12 +486,14 @@ def test_verlet_rebuild_triggers_and_padded_mode():
     moved[0, 0] += 0.1  # now 0.55 > skin / 2 from the build
     vl(moved, b.cell, b.pbc, b.batch, b.ptr)
     assert vl.n_builds == 2
-    vl(moved, b.cell * 1.01, b.pbc, b.batch, b.ptr)  # changed cell
+    vl(moved, b.cell * 1.01, b.pbc, b.batch, b.ptr)  # a cell 1 % larger: kept under the strain test
+    assert vl.n_builds == 2 and vl.cell_updates == 1
+    vl(moved, b.cell * 1.2, b.pbc, b.batch, b.ptr)  # 20 %: (3 + 1) x 0.2 Å > skin, rebuilt
     assert vl.n_builds == 3
-    vl(moved, b.cell * 1.01, b.pbc, b.batch, b.ptr, numbers=b.numbers)  # numbers now tracked
+    vl(moved, b.cell * 1.2, b.pbc, b.batch, b.ptr, numbers=b.numbers)  # numbers now tracked
     assert vl.n_builds == 4
     vl.skin = 0.5  # a new skin rebuilds
-    vl(moved, b.cell * 1.01, b.pbc, b.batch, b.ptr, numbers=b.numbers)
+    vl(moved, b.cell * 1.2, b.pbc, b.batch, b.ptr, numbers=b.numbers)
     assert vl.n_builds == 5
     zero = VerletNeighborList(3.0, skin=0.0)
     for k in range(3):

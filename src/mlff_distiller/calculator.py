@@ -43,7 +43,8 @@ class StudentCalculator(Calculator):
             every step after the first few replays the same captured graph (a new one only when the edge count
             leaves its bucket).
         skin: Verlet skin in Å for the neighbour list across MD steps (rebuilt only when an atom moved more
-            than skin/2, or the cell or atoms changed; exact); ``None`` builds a fresh list every step.
+            than skin/2, or the atoms changed, or a cell change no longer fits in the skin: NPT keeps the list across
+            small cell changes; exact); ``None`` builds a fresh list every step.
             ``calc.engine.verlet.n_builds`` counts the builds.
         compile_mode: ``torch.compile`` mode for ``"compile"`` (or compiled code inside ``"cudagraph"``).
         cache_dir: persistent compile cache directory (a second process starts fast).
