@@ -7,8 +7,11 @@ For water boxes (~1 g/cm³, default 192 and 3,000 atoms) and one student size (`
   results): the torch reference (torch kernels, eager), ours eager (the path every stress call took before stop
   22), ours ``mode="cudagraph"`` (the padded stress step, replayed), and ours ``mode="cudagraph"`` without stress
   (energy + forces only), so the price of the strain derivative is visible;
-* one ASE ``NPTBerendsen`` step through ``StudentCalculator`` (default ``mode="auto"``) against the same
-  calculator in ``mode="eager"``.
+* one ASE ``NPTBerendsen`` step (300 K, water's compressibility, 0.5 fs) through ``StudentCalculator``: default
+  ``mode="auto"`` (the padded stress step; its Verlet list kept across the barostat's cell changes), the same
+  with ``skin=None`` (a fresh list every call: the stop-22 path), ``mode="eager"``, and with ``--teacher`` the
+  teacher (e.g. ``sevennet-0``) on the same box, for the NPT speed-up. ``--student PATH`` times a trained student
+  (e.g. ``results/water_sevennet_npt_h100/water-sevennet-npt.pt``) instead of seeded random weights.
 
 Correctness first: each variant's energy, forces and stress are checked against the reference in the same run
 (fp32 tolerance relative to the largest value) before anything is timed. Writes ``<out>/<name>.md`` and ``.json``.
@@ -92,21 +95,62 @@ def bench_compute(model, sizes, device, reps: int) -> list[dict]:
     return rows
 
 
-def bench_npt(model, n: int, device, steps: int) -> list[dict]:
+def bench_npt(model, n: int, device, steps: int, teacher: str | None = None, teacher_steps: int = 20) -> list[dict]:
+    from ase import units
     from ase.md.nptberendsen import NPTBerendsen
 
+    calcs = [
+        ("StudentCalculator, mode auto", lambda: StudentCalculator(model, device=device), steps),
+        (
+            "StudentCalculator, mode auto, skin None (a fresh list per call)",
+            lambda: StudentCalculator(model, device=device, skin=None),
+            steps,
+        ),
+        ("StudentCalculator, mode eager", lambda: StudentCalculator(model, device=device, mode="eager"), steps),
+    ]
+    if teacher:
+        from mlff_distiller.distill import get_teacher
+
+        options = {"device": str(device)} if teacher == "sevennet-0" else {}
+        calcs.append((f"teacher {teacher}", lambda: get_teacher(teacher, **options), teacher_steps))
     rows = []
-    for label, mode in (("StudentCalculator, mode auto", "auto"), ("StudentCalculator, mode eager", "eager")):
+    for label, make, k in calcs:
         atoms = water_box(n, seed=2)
-        atoms.calc = StudentCalculator(model, device=device, mode=mode)
-        dyn = NPTBerendsen(atoms, timestep=0.5, temperature_K=300, pressure_au=0.0, compressibility_au=4.6e-5)
+        atoms.calc = make()
+        dyn = NPTBerendsen(
+            atoms,
+            timestep=0.5 * units.fs,
+            temperature_K=300,
+            pressure_au=1.0 * units.bar,
+            compressibility_au=4.57e-5 / units.bar,
+            taut=100 * units.fs,
+            taup=200 * units.fs,
+        )
         dyn.run(3)  # capture, first lists
-        t0 = time.perf_counter()
-        dyn.run(steps)
-        per_step = (time.perf_counter() - t0) / steps * 1e6
+        v0 = atoms.get_volume()
+        stamps = []
+        dyn.attach(lambda st=stamps: st.append(time.perf_counter()), interval=1)
+        dyn.run(k)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        per = np.diff(stamps) * 1e6
         ok = bool(np.isfinite(atoms.get_stress()).all() and np.isfinite(atoms.get_forces()).all())
-        rows.append(dict(atoms=n, variant=label, us_per_step=per_step, steps=steps, finite=ok))
-        print(f"{n:>6} atoms  NPTBerendsen step, {label:<32} {per_step:>10.1f} µs")
+        engine = getattr(atoms.calc, "engine", None)
+        v = getattr(engine, "verlet", None)
+        rows.append(
+            dict(
+                atoms=n,
+                variant=label,
+                us_per_step=float(np.median(per)),
+                mean_us_per_step=float(per.mean()),
+                steps=k,
+                finite=ok,
+                volume_change=atoms.get_volume() / v0 - 1,
+                list_builds=None if v is None else v.n_builds,
+                cell_updates=None if v is None else v.cell_updates,
+            )
+        )
+        print(f"{n:>6} atoms  NPTBerendsen step, {label:<40} {rows[-1]['us_per_step']:>10.1f} µs")
     return rows
 
 
@@ -120,6 +164,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--reps", type=int, default=None, help="timed calls per variant")
     ap.add_argument("--hidden", type=int, default=128, help="student width (builtin:chno-gfn2-small is 64)")
     ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--student", default=None, help="a trained student checkpoint (default: seeded random weights)")
+    ap.add_argument("--teacher", default=None, help="also time the teacher's NPT step (e.g. sevennet-0, emt)")
+    ap.add_argument("--teacher-steps", type=int, default=20)
+    ap.add_argument("--skip-compute", action="store_true", help="the NPT section only")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run)")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     args = ap.parse_args(argv)
@@ -128,20 +176,27 @@ def main(argv: list[str] | None = None) -> dict:
     npt_atoms = args.npt_atoms if args.npt_atoms is not None else (24 if args.quick else 192)
     npt_steps = args.npt_steps or (3 if args.quick else 50)
     reps = args.reps or (3 if args.quick else 30)
-    model = make_student(hidden=args.hidden, layers=args.layers)
+    if args.student:
+        from mlff_distiller import load_model
+
+        model = load_model(args.student)
+        args.hidden, args.layers = model.config.hidden, model.config.layers
+    else:
+        model = make_student(hidden=args.hidden, layers=args.layers)
     env = environment(device, copy_gbps=0.0)
     data = {
         "env": {"device": env.device, "torch": env.torch, "triton": env.triton, "commit": env.commit},
-        "model": f"{args.hidden} x {args.layers}",
-        "compute": bench_compute(model, sizes, device, reps),
-        "npt": bench_npt(model, npt_atoms, device, npt_steps) if npt_atoms else [],
+        "model": f"{args.hidden} x {args.layers}" + (f" ({args.student})" if args.student else ""),
+        "compute": [] if args.skip_compute else bench_compute(model, sizes, device, reps),
+        "npt": bench_npt(model, npt_atoms, device, npt_steps, args.teacher, args.teacher_steps) if npt_atoms else [],
     }
     lines = [
         "# Stress in the padded modes (bench_stress.py)",
         "",
         f"{env.device} · torch {env.torch} · triton {env.triton} · commit {env.commit}",
         "",
-        f"Student {data['model']} (features x layers), fp32, seeded random weights; water boxes at ~1 g/cm³. Every "
+        f"Student {data['model']} (features x layers), fp32, "
+        f"{'trained weights' if args.student else 'seeded random weights'}; water boxes at ~1 g/cm³. Every "
         "variant was checked against the reference (energy, forces and stress within 1e-4 of the largest value) "
         "before it was timed. Wall clock per `engine.compute(batch, stress=..., to_host=True)`, median.",
         "",
@@ -156,10 +211,26 @@ def main(argv: list[str] | None = None) -> dict:
             f"{r['max_rel_dev']:.1e} |"
         )
     if data["npt"]:
-        lines += ["", "## One ASE NPTBerendsen step through StudentCalculator (wall clock, mean)", ""]
-        lines += ["| atoms | calculator | µs / step | steps | finite |", "|---:|---|---:|---:|---|"]
+        lines += [
+            "",
+            "## One ASE NPTBerendsen step (300 K, 1 bar, water's compressibility, τ_P 200 fs, 0.5 fs; wall clock)",
+            "",
+        ]
+        lines += [
+            "| atoms | calculator | median µs / step | mean | steps | volume change | list builds | cell updates | "
+            "finite |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for r in data["npt"]:
-            lines.append(f"| {r['atoms']} | {r['variant']} | {r['us_per_step']:.1f} | {r['steps']} | {r['finite']} |")
+            lines.append(
+                f"| {r['atoms']} | {r['variant']} | {r['us_per_step']:.1f} | {r['mean_us_per_step']:.1f} | "
+                f"{r['steps']} | {r['volume_change']:.2e} | {r['list_builds']} | {r['cell_updates']} | {r['finite']} |"
+            )
+        teacher_rows = [r for r in data["npt"] if r["variant"].startswith("teacher")]
+        if teacher_rows:
+            t = teacher_rows[0]["us_per_step"]
+            auto = data["npt"][0]["us_per_step"]
+            lines += ["", f"NPT speed-up, teacher / student (mode auto): {t / auto:.1f}x"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1, default=str))

@@ -16,6 +16,8 @@
 #   bash scripts/gpu_session.sh enginelat # bench_engine latency + MD sections only (reference, eager, cudagraph)
 #   bash scripts/gpu_session.sh small     # bench_large (water E+F) + bench_engine for a 64 x 3 student (small builtin)
 #   bash scripts/gpu_session.sh stress    # CUDA tests of the padded stress step + bench_stress.py (128 x 3 and 64 x 3)
+#   bash scripts/gpu_session.sh npt       # NPT: CUDA tests of the kept Verlet list, bench_stress, the water NPT student
+#                                         #   vs SevenNet-0 per NPT step (needs .whl7)
 #   bash scripts/gpu_session.sh mdprobe   # one benzene MD step piece by piece (probe_md_step.py)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
@@ -45,7 +47,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 declare -A seen=()
@@ -263,6 +265,19 @@ print(json.dumps(out, indent=1))
     timeout $(box 170) python3 benchmarks/bench_stress.py --out "$res" --name stress_small_h100 --hidden 64 \
       >"$res/bench_stress_small.log" 2>&1
     grep -E "^\| " "$res/stress_h100.md" "$res/stress_small_h100.md" | head -30; tail -3 "$res/bench_stress.log"
+    ;;
+  npt)
+    # NPT with the Verlet list kept across cell changes: CUDA tests, bench_stress (random 128 x 3, all sections),
+    # then the NPT step of the trained water NPT student against SevenNet-0 (needs .whl7).
+    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 tests/test_engine_stress.py tests/test_verlet_strain.py \
+      tests/test_engine_verlet.py -k "cuda or gpu or npt or strain" >"$res/pytest_npt.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_npt.log"; grep -E " (FAILED|ERROR)" "$res/pytest_npt.log" | head; tail -2 "$res/pytest_npt.log"
+    timeout $(box 170) python3 benchmarks/bench_stress.py --out "$res" --name stress_npt_h100 >"$res/bench_stress.log" 2>&1
+    grep -E "^\| |speed-up" "$res/stress_npt_h100.md" | tail -8
+    timeout $(box 150) python3 benchmarks/bench_stress.py --out "$res" --name npt_water_student_h100 --skip-compute \
+      --student benchmarks/results/water_sevennet_npt_h100/water-sevennet-npt.pt --teacher sevennet-0 --npt-steps 300 \
+      --teacher-steps 40 >"$res/bench_npt_student.log" 2>&1
+    grep -E "^\| |speed-up" "$res/npt_water_student_h100.md" | tail -8; tail -3 "$res/bench_npt_student.log"
     ;;
   mdprobe)
     # One benzene MD step piece by piece on the GPU host (probe_md_step.py): ASE, host work, launch, copies.

@@ -239,12 +239,31 @@ def test_bench_stress_quick_writes_checked_rows(tmp_path):
     variants ran padded, the report and JSON written, the NPT rows finite."""
     import bench_stress
 
-    data = bench_stress.main(["--quick", "--out", str(tmp_path), "--reps", "2", "--npt-steps", "2"])
+    data = bench_stress.main(
+        [
+            "--quick",
+            "--out",
+            str(tmp_path),
+            "--reps",
+            "2",
+            "--npt-steps",
+            "4",
+            "--teacher",
+            "emt",
+            "--teacher-steps",
+            "2",
+        ]
+    )
     rows = data["compute"]
     assert [r["variant"] for r in rows] == [v[0] for v in bench_stress.VARIANTS]
     assert all(r["max_rel_dev"] <= 1e-4 and r["median_us"] > 0 for r in rows)
     assert [r["padded"] for r in rows] == [False, False, True, True]
-    assert len(data["npt"]) == 2 and all(r["finite"] for r in data["npt"])
+    assert len(data["npt"]) == 4 and all(r["finite"] for r in data["npt"])
+    auto, fresh = data["npt"][:2]
+    assert auto["cell_updates"] > 0 and auto["list_builds"] == 1  # the list kept across the barostat's cells
+    assert fresh["list_builds"] is None and abs(auto["volume_change"]) > 0
+    assert data["npt"][3]["variant"] == "teacher emt"
+    assert "NPT speed-up, teacher / student" in (tmp_path / "bench_stress.md").read_text()
     md = (tmp_path / "bench_stress.md").read_text()
     assert "| 24 | ours cudagraph, stress step | yes |" in md
     assert json.loads((tmp_path / "bench_stress.json").read_text())["model"] == "128 x 3"

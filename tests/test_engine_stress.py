@@ -351,3 +351,34 @@ def test_cell_changes_without_stress_discard_the_speculative_step(model):
         np.testing.assert_allclose(out["forces"].numpy(), want["forces"].numpy(), rtol=1e-9, atol=1e-12, err_msg=step)
     assert engine.verlet.n_builds == 1 and engine.verlet.cell_updates == 5  # the first call built the list
     assert engine.n_discarded == 5  # every launch after the first had the previous cell's shift vectors
+
+
+@gpu
+def test_npt_on_cuda_keeps_the_list_and_equals_fresh_lists(model):
+    """The NPT path on CUDA (captured stress step, the kept list's shift vectors copied in on cell changes)
+    against the eager fresh-list calculator, fp32."""
+    from ase import units
+    from ase.md.nptberendsen import NPTBerendsen
+
+    atoms = silicon_cell().repeat((2, 2, 2))
+    atoms.rattle(0.02, seed=3)
+    atoms.calc = StudentCalculator(model, device="cuda", mode="cudagraph")
+    check = StudentCalculator(model, device="cuda", mode="eager", skin=None)
+    dyn = NPTBerendsen(
+        atoms,
+        timestep=2.0 * units.fs,
+        temperature_K=300,
+        pressure_au=0.0,
+        compressibility_au=0.1 / units.GPa,
+        taup=20 * units.fs,
+    )
+    v0 = atoms.get_volume()
+    for _ in range(6):
+        dyn.run(3)
+        ref = atoms.copy()
+        ref.calc = check
+        for got, want in ((atoms.get_stress(), ref.get_stress()), (atoms.get_forces(), ref.get_forces())):
+            assert np.abs(got - want).max() <= 1e-4 * max(np.abs(want).max(), 1e-3)
+    v = atoms.calc.engine.verlet
+    assert abs(atoms.get_volume() / v0 - 1) > 2e-3 and v.cell_updates >= 6 and v.n_builds < 4
+    assert atoms.calc.engine._stress_runners  # captured
