@@ -73,28 +73,85 @@ def test_stress_weight_fits_the_stress():
             dtype="float64",
             seed=3,
         )
-        assert cfg.resolved_train_step() == "plain"
         res = train(frames, frames[:6], cfg, None)
         data = FrameDataset(frames, 4.0, dtype=torch.float64)
         results[w] = evaluate_dataset(res.model.double(), data)["stress_mae_mev_a3"]
     assert results[10.0] < 0.5 * results[0.0], results
 
 
-def test_stress_weight_needs_labels_and_the_plain_step():
+def test_stress_weight_needs_labels():
     frames = [f for f in _frames(3) if not f.pbc.all()] * 4  # molecules only: no stress labels
-    cfg = TrainConfig(
-        model={"hidden": 8, "layers": 1, "n_rbf": 4, "cutoff": 4.0},
-        max_steps=2,
-        stress_weight=1.0,
-        device="cpu",
-        batch_size=2,
-    )
-    with pytest.raises(ValueError, match="labelled with a teacher stress"):
-        train(frames, frames[:2], cfg, None)
-    with pytest.raises(ValueError, match="plain step"):
-        TrainConfig(stress_weight=1.0, train_step="static").resolved_train_step(torch.device("cpu"))
+    for step in ("plain", "static"):
+        cfg = TrainConfig(
+            model={"hidden": 8, "layers": 1, "n_rbf": 4, "cutoff": 4.0},
+            max_steps=2,
+            stress_weight=1.0,
+            device="cpu",
+            batch_size=2,
+            train_step=step,
+        )
+        with pytest.raises(ValueError, match="labelled with a teacher stress"):
+            train(frames, frames[:2], cfg, None)
+    assert TrainConfig(stress_weight=1.0, train_step="auto").resolved_train_step(torch.device("cpu")) == "plain"
     with pytest.raises(ValueError, match="stress_weight must be >= 0"):
         TrainConfig(stress_weight=-1.0)
+
+
+def _stress_cfg(step, **kw):
+    opts = dict(
+        model={"hidden": 16, "layers": 2, "n_rbf": 8, "cutoff": 4.0},
+        batch_size=4,
+        lr=3e-3,
+        max_steps=10,
+        warmup_steps=3,
+        eval_every=5,
+        patience=0,
+        ema_decay=0.9,
+        grad_clip=1.0,
+        energy_weight=1.0,
+        force_weight=1.0,
+        stress_weight=10.0,
+        device="cpu",
+        dtype="float64",
+        seed=3,
+        train_step=step,
+    )
+    opts.update(kw)
+    return TrainConfig(**opts)
+
+
+def _assert_same_run(a, b, atol):
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], atol=atol, rtol=atol, msg=lambda m, k=k: f"{k}: {m}")
+    for ha, hb in zip(a.history, b.history, strict=True):
+        for key in ("train_loss", "train_stress_mse", "val_stress_mae_mev_a3", "val_force_mae_mev_a"):
+            assert ha[key] == pytest.approx(hb[key], rel=1e-8, abs=1e-12), key
+
+
+def test_static_step_with_stress_equals_plain():
+    """The padded static step fits the stress with the same math as the plain step (cells of several sizes and a
+    molecule without a stress label in the batches): the same weights and loss parts after the same steps."""
+    frames = _frames()
+    quiet = dict(log=lambda m: None)
+    plain = train(frames, frames[:6], _stress_cfg("plain"), **quiet)
+    static = train(frames, frames[:6], _stress_cfg("static"), **quiet)
+    assert (plain.train_step, static.train_step) == ("plain", "static")
+    assert static.history[-1]["train_stress_mse"] > 0
+    _assert_same_run(plain, static, atol=1e-10)
+
+
+@pytest.mark.gpu
+def test_cudagraph_step_with_stress_equals_plain():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    frames = _frames()
+    logs = []
+    graph = train(frames, frames[:6], _stress_cfg("cudagraph", device="cuda", max_steps=12), log=logs.append)
+    plain = train(frames, frames[:6], _stress_cfg("plain", device="cuda", max_steps=12), log=lambda m: None)
+    assert graph.train_step == "cudagraph" and graph.captures >= 1, logs
+    assert not any("failed" in m for m in logs), logs
+    _assert_same_run(graph, plain, atol=1e-8)
 
 
 def test_rattle_strain_labels_strained_cells_and_old_runs_still_resume(tmp_path):

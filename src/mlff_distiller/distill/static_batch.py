@@ -45,6 +45,13 @@ class _StaticData:
         self.energy = ext(ds.energy, 0.0)
         self.counts = ext(ds.num_atoms.to(ds.dtype), 1.0)
         self.hvp_dir, self.hvp = ext(ds.hvp_dir, 0.0), ext(ds.hvp, 0.0)
+        # Stress labels as the loss compares them: σ V / n (virial per atom, eV) and the labelled-frame mask.
+        if ds.stress is not None:
+            scale = (torch.linalg.det(ds.cell).abs() / ds.num_atoms.to(ds.dtype))[:, None]
+            self.virial = ext(ds.stress.to(dev, ds.dtype) * scale, 0.0)
+            self.stress_mask = ext(ds.stress_mask.to(dev, ds.dtype), 0.0)
+        else:
+            self.virial = self.stress_mask = None
         edge_counts = ds.edge_ptr[1:] - ds.edge_ptr[:-1]
         edge_frame = torch.repeat_interleave(torch.arange(self.n_frames, device=dev), edge_counts)
         sv = torch.einsum("ei,eij->ej", ds.edge_shifts.to(ds.dtype), ds.cell[edge_frame])

@@ -36,9 +36,10 @@ from torch import nn
 
 from mlff_distiller.buckets import Bucket
 from mlff_distiller.distill.dataset import FrameDataset
-from mlff_distiller.distill.objective import _NO_HVP_LABELS, _central_hvp, _loss
+from mlff_distiller.distill.objective import _NO_HVP_LABELS, _NO_STRESS_LABELS, _central_hvp, _loss
 from mlff_distiller.distill.optim import _EMA
 from mlff_distiller.distill.static_batch import _StaticBatcher, _StaticData
+from mlff_distiller.engine_padded import _VOIGT, edge_virial
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model.painn import CSRInteraction
 
@@ -134,6 +135,8 @@ class _StaticStep:
         self.device, self.dtype = data.device, data.dtype
         if cfg.hvp_weight > 0 and not data.has_hvp:
             raise ValueError(_NO_HVP_LABELS)
+        if cfg.stress_weight > 0 and not data.has_stress:
+            raise ValueError(_NO_STRESS_LABELS)
         self.data = _StaticData(data, model.species_list[0], model.cutoff)
         self.batcher = _StaticBatcher(self.data, cfg.batch_size, cfg.bucket_growth)
         self.csr: dict = {"row_ptr": None}
@@ -272,21 +275,38 @@ class _StaticStep:
         amask = (atom_src < d.n_atoms).to(self.dtype)
         smask = (frame_src < d.n_frames).to(self.dtype)
 
-        def energy_forces(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        stress = cfg.stress_weight > 0
+        virial = None
+
+        def energy_forces(pos: torch.Tensor, with_virial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+            nonlocal virial
             pos = pos.detach().requires_grad_(True)
-            energy = self.view(numbers, pos, edge_index, shift_vectors, batch, s)["energy"]
-            (grad,) = torch.autograd.grad((energy * smask).sum(), pos, create_graph=True)
-            return energy, -grad
+            shifts = shift_vectors.detach().requires_grad_(with_virial)
+            energy = self.view(numbers, pos, edge_index, shifts, batch, s)["energy"]
+            inputs = (pos, shifts) if with_virial else (pos,)
+            grads = torch.autograd.grad((energy * smask).sum(), inputs, create_graph=True)
+            if with_virial:  # dE/dε per structure slot from the pairs' gradient (as the plain step)
+                virial = edge_virial(pos, shifts, grads[1], edge_index, batch, s)
+            return energy, -grads[0]
 
         with torch.enable_grad():
             positions = d.positions[atom_src]
-            energy, forces = energy_forces(positions)
+            energy, forces = energy_forces(positions, with_virial=stress)
             e_err = (energy - d.energy[frame_src]) / d.counts[frame_src]
             e_loss = (e_err.square() * smask).sum() / smask.sum()
             n3 = 3 * amask.sum()
             f_loss = ((forces - d.forces[atom_src]).square().sum(1) * amask).sum() / n3
             loss = cfg.energy_weight * e_loss + cfg.force_weight * f_loss
             parts = [e_loss, f_loss]
+            if stress:
+                # ((σ - σ_t) V / n)² over the 6 components, mean over the labelled frames (objective._stress_loss):
+                # σ V = dE/dε, so the student side is the strain derivative per atom.
+                pred = torch.stack([virial[:, i, j] for i, j in _VOIGT], dim=1) / d.counts[frame_src][:, None]
+                w = d.stress_mask[frame_src] * smask
+                sq = (pred - d.virial[frame_src]).square().mean(dim=1)
+                s_loss = (sq * w).sum() / w.sum().clamp_min(1.0)
+                loss = loss + cfg.stress_weight * s_loss
+                parts.append(s_loss)
             if cfg.hvp_weight > 0:
                 hv = _central_hvp(lambda x: energy_forces(x)[1], positions, d.hvp_dir[atom_src], cfg.hvp_eps)
                 h_loss = ((hv - d.hvp[atom_src]).square().sum(1) * amask).sum() / n3
@@ -309,7 +329,8 @@ class _StaticStep:
         if self._last_out is None:
             return math.nan, {}
         values = self._last_out.tolist()
-        names = ["energy", "forces"] + (["hvp"] if self.cfg.hvp_weight > 0 else [])
+        names = ["energy", "forces"] + (["stress"] if self.cfg.stress_weight > 0 else [])
+        names += ["hvp"] if self.cfg.hvp_weight > 0 else []
         parts = dict(zip(names, values[1:], strict=True))
         if bool(self.bad) or not math.isfinite(values[0]):
             raise FloatingPointError(f"non-finite training loss ({parts}); lower lr or check the labels")

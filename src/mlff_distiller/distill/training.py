@@ -64,7 +64,7 @@ class TrainConfig:
         max_steps: optimiser steps (0 = no limit). time_limit_s: wall-clock limit, s (0 = none).
         energy_weight, force_weight, hvp_weight, stress_weight: loss weights (see
             :mod:`mlff_distiller.distill.objective`). ``stress_weight > 0`` needs periodic frames with a teacher
-            stress and runs the plain step (``train_step`` auto; the padded static steps do not fit stress).
+            stress; every step implementation fits it.
         hvp_eps: finite-difference step of the student's H·v, Å (use the labels' step).
         scheduler: ``"cosine"`` (linear warm-up, cosine to ``min_lr_ratio``·lr over the steps, or over
             ``time_limit_s`` when that ends first), ``"plateau"`` or ``"none"``.
@@ -164,10 +164,6 @@ class TrainConfig:
     def resolved_train_step(self, device: torch.device | None = None) -> str:
         """The step implementation that runs on ``device`` (default: :meth:`resolved_device`)."""
         device = torch.device(device) if device is not None else self.resolved_device()
-        if self.stress_weight > 0:
-            if self.train_step not in ("auto", "plain"):
-                raise ValueError(f"stress_weight > 0 runs the plain step only; train_step is {self.train_step!r}")
-            return "plain"
         if self.train_step == "auto":
             return "cudagraph" if device.type == "cuda" and torch.cuda.is_available() else "plain"
         if self.train_step == "cudagraph" and device.type != "cuda":
