@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> str:
     if device.type == "cuda":
         torch.cuda.synchronize()
     per_step = (time.perf_counter() - t0) / args.steps
+    n_calls, n_stress = len(calls), sum(calls)
     profiler = cProfile.Profile()
     profiler.enable()
     dyn.run(args.steps)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> str:
         f"# profile_npt.py: {env.device} · torch {env.torch} · triton {env.triton} · commit {env.commit}",
         f"student: {args.student or 'seeded random 128 x 3'}; {args.atoms}-atom water box; {args.steps} steps",
         f"wall per NPT step (unprofiled): {1e3 * per_step:.3f} ms; engine calls per step: "
-        f"{len(calls) / args.steps:.2f} (with stress: {sum(calls) / args.steps:.2f})",
+        f"{n_calls / args.steps:.2f} (with stress: {n_stress / args.steps:.2f})",
         f"list builds {v.n_builds if v else None}, cell updates {v.cell_updates if v else None}",
         "",
     ]
