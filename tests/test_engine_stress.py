@@ -104,17 +104,21 @@ def test_predict_forces_stress_padded_and_pipelined_equals_eager(model):
             np.testing.assert_allclose(g["stress"], w["stress"], atol=1e-12)
 
 
-def test_padded_stress_with_edge_compaction(model):
+def test_padded_stress_with_edge_compaction(model, monkeypatch):
     """A bucket big enough for the in-step edge compaction (which takes no gradient through the shift vectors):
-    the stress step must still see the strain of every kept pair."""
+    the stress step compacts first, then takes the pairs' gradient over the kept pairs."""
+    from mlff_distiller import kernels
     from mlff_distiller.engine_padded import COMPACT_MIN_EDGES
 
     atoms = silicon_cell().repeat((2, 2, 2))
     atoms.rattle(0.05, seed=6)
     batch = AtomsBatch.from_atoms([atoms] * 4)
     engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, compact_edges=True)
+    calls = []
+    compact = kernels.edge_compact
+    monkeypatch.setattr(kernels, "edge_compact", lambda *a: calls.append(1) or compact(*a))
     out = engine.compute(batch, stress=True)
-    assert engine.last_bucket.edges >= COMPACT_MIN_EDGES  # the compaction's branch was live
+    assert engine.last_bucket.edges >= COMPACT_MIN_EDGES and calls == [1]  # the compaction ran, once
     want = ForceEngine(model, device="cpu", precision="fp64").compute(batch, stress=True)
     np.testing.assert_allclose(out["stress"].numpy(), want["stress"].numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(out["forces"].numpy(), want["forces"].numpy(), rtol=1e-10, atol=1e-12)
@@ -305,7 +309,9 @@ def test_npt_keeps_the_verlet_list_and_equals_fresh_lists(model):
     from ase import units
     from ase.md.nptberendsen import NPTBerendsen
 
-    atoms = silicon_cell().repeat((2, 2, 2))
+    from mlff_distiller.engine_padded import COMPACT_MIN_EDGES
+
+    atoms = silicon_cell().repeat((4, 4, 4))  # big enough for the in-step compaction of the skin list
     atoms.rattle(0.02, seed=3)
     atoms.calc = StudentCalculator(model, device="cpu", precision="fp64", mode="cudagraph")
     check = StudentCalculator(model, device="cpu", precision="fp64", mode="eager", skin=None)
@@ -332,6 +338,7 @@ def test_npt_keeps_the_verlet_list_and_equals_fresh_lists(model):
     v = engine.verlet
     assert v.cell_updates >= 8 and v.n_builds < 4, (v.n_builds, v.cell_updates)
     assert engine._verlet_fill is not None  # the stress steps ran on the Verlet path's bucket
+    assert engine.last_bucket.edges >= COMPACT_MIN_EDGES  # so the skin list's far pairs were compacted away
 
 
 def test_cell_changes_without_stress_discard_the_speculative_step(model):
@@ -360,7 +367,7 @@ def test_npt_on_cuda_keeps_the_list_and_equals_fresh_lists(model):
     from ase import units
     from ase.md.nptberendsen import NPTBerendsen
 
-    atoms = silicon_cell().repeat((2, 2, 2))
+    atoms = silicon_cell().repeat((4, 4, 4))  # the skin list compacted in the step
     atoms.rattle(0.02, seed=3)
     atoms.calc = StudentCalculator(model, device="cuda", mode="cudagraph")
     check = StudentCalculator(model, device="cuda", mode="eager", skin=None)
@@ -382,3 +389,28 @@ def test_npt_on_cuda_keeps_the_list_and_equals_fresh_lists(model):
     v = atoms.calc.engine.verlet
     assert abs(atoms.get_volume() / v0 - 1) > 2e-3 and v.cell_updates >= 6 and v.n_builds < 4
     assert atoms.calc.engine._stress_runners  # captured
+
+
+def test_calculator_cell_change_reuses_its_batch_and_still_validates(model):
+    """A barostat step changes cell and positions: the calculator swaps the new cell into its previous batch
+    (no full from_atoms) after the same checks; a non-finite or zero-volume cell is still a clear ValueError."""
+    atoms = silicon_cell().repeat((2, 1, 1))
+    atoms.calc = StudentCalculator(model, device="cpu", precision="fp64")
+    atoms.get_forces()
+    first = atoms.calc._last_batch
+    atoms.set_cell(atoms.cell[:] * 1.01, scale_atoms=True)
+    forces, stress = atoms.get_forces(), atoms.get_stress()
+    assert atoms.calc._last_batch.numbers is first.numbers  # the batch was reused, with the new cell
+    np.testing.assert_allclose(atoms.calc._last_batch.cell[0].numpy(), atoms.cell[:])
+    fresh = atoms.copy()
+    fresh.calc = StudentCalculator(model, device="cpu", precision="fp64", skin=None)
+    np.testing.assert_allclose(forces, fresh.get_forces(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(stress, fresh.get_stress(), rtol=1e-9, atol=1e-12)
+    bad = atoms.cell[:].copy()
+    bad[0, 0] = np.nan
+    atoms.set_cell(bad)
+    with pytest.raises(ValueError, match="non-finite cell"):
+        atoms.get_forces()
+    atoms.set_cell(np.diag([5.0, 5.0, 0.0]))
+    with pytest.raises(ValueError, match="zero-volume cell"):
+        atoms.get_forces()

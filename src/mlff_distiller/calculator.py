@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
-from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.batch import MIN_VOLUME, AtomsBatch
 from mlff_distiller.checkpoint import load_model
 from mlff_distiller.engine import ForceEngine
 from mlff_distiller.model import StudentModel
@@ -132,7 +132,16 @@ class StudentCalculator(Calculator):
         one with a new positions tensor of the same shape: every other field was validated when it was built,
         so ``AtomsBatch.__post_init__`` need not run again (``dataclasses.replace`` would: ~15 µs a step)."""
         last = self._last_batch
-        if last is not None and set(system_changes) <= {"positions"}:
+        changes = set(system_changes)
+        cell = None
+        if last is not None and changes == {"positions", "cell"} and last.num_structures == 1 and self.atoms.pbc.all():
+            # NPT (the barostat scales cell and positions): a new cell, checked as from_atoms checks a fully
+            # periodic one (finite, volume >= MIN_VOLUME); anything else goes the full way below.
+            values = np.asarray(self.atoms.cell.array, dtype=np.float64)
+            if np.isfinite(values).all() and abs(float(np.linalg.det(values))) >= MIN_VOLUME:
+                cell = torch.from_numpy(values.reshape(1, 3, 3)).to(self.engine.dtype)
+                changes = {"positions"}
+        if last is not None and changes <= {"positions"}:
             pos = np.asarray(self.atoms.positions, dtype=np.float64)
             # A finite sum means finite entries (a NaN or inf entry makes it NaN or inf); an overflowing sum of
             # finite entries goes the full way. ~1.3 µs less than np.isfinite(pos).all() for 192 atoms.
@@ -147,6 +156,8 @@ class StudentCalculator(Calculator):
                     batch.positions = torch.from_numpy(pos).to(dtype)
                 else:
                     batch.positions = torch.from_numpy(pos.astype(np_dtype, copy=False))
+                if cell is not None:
+                    batch.cell = cell
                 self._last_batch = batch
                 return batch
         self._last_batch = AtomsBatch.from_atoms(self.atoms, dtype=self.engine.dtype)  # validates everything

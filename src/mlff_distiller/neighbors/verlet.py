@@ -270,6 +270,7 @@ class VerletNeighborList:
         i = nl.edge_index[0]
         cell64, batch_b = args[1].detach().to(torch.float64), args[3]
         self._edge_structure = batch_b[i]
+        self._shifts64 = nl.shifts.to(torch.float64)
         ref["shift64"] = torch.einsum("ea,eab->eb", nl.shifts.to(torch.float64), cell64[self._edge_structure])
         self._ref = ref
         self._strain = None
@@ -288,7 +289,10 @@ class VerletNeighborList:
             return
         nl = self.last
         cell64 = torch.from_numpy(values).to(nl.shifts.device)
-        shift64 = torch.einsum("ea,eab->eb", nl.shifts.to(torch.float64), cell64[self._edge_structure])
+        if values.shape[0] == 1:  # one structure: one [E, 3] x [3, 3] product
+            shift64 = self._shifts64 @ cell64[0]
+        else:
+            shift64 = torch.einsum("ea,eab->eb", self._shifts64, cell64[self._edge_structure])
         self._ref["shift64"] = shift64
         self.last = replace(nl, shift_vectors=shift64.to(nl.shift_vectors.dtype))
         self._applied_cell = None if torch.equal(cell, build_cell) else values
