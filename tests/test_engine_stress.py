@@ -303,9 +303,12 @@ def test_edge_virial_is_differentiable_for_training(model):
     assert float(grad[k]) == pytest.approx(float(fd), rel=1e-6, abs=1e-10)
 
 
-def test_npt_keeps_the_verlet_list_and_equals_fresh_lists(model):
+@pytest.mark.parametrize("speculate", [False, True])
+def test_npt_keeps_the_verlet_list_and_equals_fresh_lists(model, speculate):
     """NPT through the calculator's padded path: the Verlet list is kept across the barostat's cell changes (its
-    shift vectors follow the cell) and every step's stress and forces equal those of a fresh list, fp64."""
+    shift vectors follow the cell) and every step's stress and forces equal those of a fresh list, fp64. With the
+    speculative launch (on by default on CUDA), the second calculation of each step (same cell) is launched before
+    the list test; the first (a new cell) is not."""
     from ase import units
     from ase.md.nptberendsen import NPTBerendsen
 
@@ -316,6 +319,7 @@ def test_npt_keeps_the_verlet_list_and_equals_fresh_lists(model):
     atoms.calc = StudentCalculator(model, device="cpu", precision="fp64", mode="cudagraph")
     check = StudentCalculator(model, device="cpu", precision="fp64", mode="eager", skin=None)
     engine = atoms.calc.engine
+    engine.speculative_verlet = speculate
     volumes = [atoms.get_volume()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # cudagraph on a CPU: the padded eager path
@@ -339,6 +343,13 @@ def test_npt_keeps_the_verlet_list_and_equals_fresh_lists(model):
     assert v.cell_updates >= 8 and v.n_builds < 4, (v.n_builds, v.cell_updates)
     assert engine._verlet_fill is not None  # the stress steps ran on the Verlet path's bucket
     assert engine.last_bucket.edges >= COMPACT_MIN_EDGES  # so the skin list's far pairs were compacted away
+    if speculate:  # one launch per step (16 steps, the checks' calls on other atoms objects aside)
+        assert 14 <= engine.n_speculated <= 17 and engine.n_discarded <= v.n_builds, (
+            engine.n_speculated,
+            engine.n_discarded,
+        )
+    else:
+        assert engine.n_speculated == 0
 
 
 def test_cell_changes_without_stress_discard_the_speculative_step(model):

@@ -279,7 +279,9 @@ class ForceEngine(PaddedPaths):
         # the host while the device computes (a rebuild discards that result and runs again). None: on CUDA only,
         # where the launch is asynchronous; True/False force it (tests run it on the CPU).
         self.speculative_verlet: bool | None = None
-        self.n_discarded = 0  # speculative steps thrown away because the list was rebuilt
+        self.n_speculated = 0  # steps launched before the displacement test
+        self.n_discarded = 0  # speculative steps thrown away because the list was rebuilt (or took a new cell)
+        self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call
         self._topology_token = 0
         self._graph_tokens: dict[Bucket, int] = {}
         self._fast_model: StudentModel | None = None

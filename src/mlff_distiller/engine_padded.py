@@ -256,12 +256,21 @@ class PaddedPaths:
         its derivative vanish there and the filter has no bias). Between rebuilds a step is one copy of the
         positions into the static buffer, the replay, and one copy of the packed outputs; after a cell change
         that kept the list (NPT: the list's strain-aware test), also one copy of its new shift vectors.
-        ``stress``: the stress step (tensors out; ``as_numpy`` is for the energy + forces step).
+        ``stress``: the stress step (tensors out; ``as_numpy`` is for the energy + forces step). A stress call
+        speculates only when its cell is the very tensor of the previous call (NPT's second calculation of a
+        step, after the positions moved; its first follows a cell change, and would be discarded).
         """
         v = self.verlet
         fill = self._verlet_fill
         packed = None
-        if fill is not None and fill[2] == v.n_builds and fill[3].shape[0] == batch.num_atoms and not stress:
+        same_cell = batch.cell is self._spec_cell
+        self._spec_cell = batch.cell
+        if (
+            fill is not None
+            and fill[2] == v.n_builds
+            and fill[3].shape[0] == batch.num_atoms
+            and (not stress or same_cell)
+        ):
             speculate = self.speculative_verlet
             if speculate is None:
                 speculate = fill[1].positions.is_cuda
@@ -271,7 +280,8 @@ class PaddedPaths:
                 # the batch is another system), this result is discarded and the rebuilt step follows it in stream
                 # order. The launch reads only in-range atoms (same atom count), so a stale list is harmless.
                 self._write_positions(fill, batch.positions, to_host)
-                packed = self._run(fill[0], fill[1])
+                packed = self._run(fill[0], fill[1], stress)
+                self.n_speculated += 1
         nl, rebuilt = self._verlet_list(batch, filtered=False)
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
         if packed is not None and fill[5] != v.cell_updates:
@@ -308,7 +318,7 @@ class PaddedPaths:
             if packed is None:
                 self._write_positions(fill, batch.positions, to_host)
         if stress:
-            out = self._run_padded(bucket, graph, n, b, to_host, stress=True)
+            out = self._run_padded(bucket, graph, n, b, to_host, packed=packed, stress=True)
             return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
 
