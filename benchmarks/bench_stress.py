@@ -95,12 +95,19 @@ def bench_compute(model, sizes, device, reps: int) -> list[dict]:
     return rows
 
 
+def _no_speculation(model, device) -> StudentCalculator:
+    calc = StudentCalculator(model, device=device)
+    calc.engine.speculative_verlet = False
+    return calc
+
+
 def bench_npt(model, n: int, device, steps: int, teacher: str | None = None, teacher_steps: int = 20) -> list[dict]:
     from ase import units
     from ase.md.nptberendsen import NPTBerendsen
 
     calcs = [
         ("StudentCalculator, mode auto", lambda: StudentCalculator(model, device=device), steps),
+        ("StudentCalculator, mode auto, no speculative launch", lambda: _no_speculation(model, device), steps),
         (
             "StudentCalculator, mode auto, skin None (a fresh list per call)",
             lambda: StudentCalculator(model, device=device, skin=None),
