@@ -102,8 +102,7 @@ def _no_speculation(model, device) -> StudentCalculator:
 
 
 def bench_npt(model, n: int, device, steps: int, teacher: str | None = None, teacher_steps: int = 20) -> list[dict]:
-    from ase import units
-    from ase.md.nptberendsen import NPTBerendsen
+    from mlff_distiller.distill import npt_berendsen
 
     calcs = [
         ("StudentCalculator, mode auto", lambda: StudentCalculator(model, device=device), steps),
@@ -124,15 +123,7 @@ def bench_npt(model, n: int, device, steps: int, teacher: str | None = None, tea
     for label, make, k in calcs:
         atoms = water_box(n, seed=2)
         atoms.calc = make()
-        dyn = NPTBerendsen(
-            atoms,
-            timestep=0.5 * units.fs,
-            temperature_K=300,
-            pressure_au=1.0 * units.bar,
-            compressibility_au=4.57e-5 / units.bar,
-            taut=100 * units.fs,
-            taup=200 * units.fs,
-        )
+        dyn = npt_berendsen(atoms, taup_fs=200.0)
         dyn.run(3)  # capture, first lists
         v0 = atoms.get_volume()
         stamps = []

@@ -24,21 +24,12 @@ from mlff_distiller import StudentCalculator, load_model
 
 
 def run(model, device, speculate: bool, steps: int) -> tuple[float, float, int, int]:
-    from ase import units
-    from ase.md.nptberendsen import NPTBerendsen
+    from mlff_distiller.distill import npt_berendsen
 
     atoms = water_box(192, seed=2)
     atoms.calc = StudentCalculator(model, device=device)
     atoms.calc.engine.speculative_verlet = speculate
-    dyn = NPTBerendsen(
-        atoms,
-        timestep=0.5 * units.fs,
-        temperature_K=300,
-        pressure_au=1.0 * units.bar,
-        compressibility_au=4.57e-5 / units.bar,
-        taut=100 * units.fs,
-        taup=200 * units.fs,
-    )
+    dyn = npt_berendsen(atoms, taup_fs=200.0)
     dyn.run(3)
     stamps: list[float] = []
     dyn.attach(lambda: stamps.append(time.perf_counter()), interval=1)

@@ -30,8 +30,7 @@ from mlff_distiller import StudentCalculator, load_model
 
 
 def main(argv: list[str] | None = None) -> str:
-    from ase import units
-    from ase.md.nptberendsen import NPTBerendsen
+    from mlff_distiller.distill import npt_berendsen
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--student", default=None, help="checkpoint (default: seeded random 128 x 3)")
@@ -45,15 +44,7 @@ def main(argv: list[str] | None = None) -> str:
     model = load_model(args.student) if args.student else make_student()
     atoms = water_box(args.atoms, seed=2)
     atoms.calc = StudentCalculator(model, device=device)
-    dyn = NPTBerendsen(
-        atoms,
-        timestep=0.5 * units.fs,
-        temperature_K=300,
-        pressure_au=1.0 * units.bar,
-        compressibility_au=4.57e-5 / units.bar,
-        taut=100 * units.fs,
-        taup=200 * units.fs,
-    )
+    dyn = npt_berendsen(atoms, taup_fs=200.0)
     dyn.run(10)
     engine = atoms.calc.engine
     calls = []

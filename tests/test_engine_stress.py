@@ -309,9 +309,6 @@ def test_npt_keeps_the_verlet_list_and_equals_fresh_lists(model, speculate):
     shift vectors follow the cell) and every step's stress and forces equal those of a fresh list, fp64. With the
     speculative launch (on by default on CUDA), the second calculation of each step (same cell) is launched before
     the list test; the first (a new cell) is not."""
-    from ase import units
-    from ase.md.nptberendsen import NPTBerendsen
-
     from mlff_distiller.engine_padded import COMPACT_MIN_EDGES
 
     atoms = silicon_cell().repeat((4, 4, 4))  # big enough for the in-step compaction of the skin list
@@ -323,14 +320,7 @@ def test_npt_keeps_the_verlet_list_and_equals_fresh_lists(model, speculate):
     volumes = [atoms.get_volume()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # cudagraph on a CPU: the padded eager path
-        dyn = NPTBerendsen(
-            atoms,
-            timestep=2.0 * units.fs,
-            temperature_K=300,
-            pressure_au=0.0,
-            compressibility_au=0.1 / units.GPa,
-            taup=20 * units.fs,
-        )
+        dyn = _fast_barostat(atoms)
         for _ in range(8):
             dyn.run(2)
             volumes.append(atoms.get_volume())
@@ -375,21 +365,11 @@ def test_cell_changes_without_stress_discard_the_speculative_step(model):
 def test_npt_on_cuda_keeps_the_list_and_equals_fresh_lists(model):
     """The NPT path on CUDA (captured stress step, the kept list's shift vectors copied in on cell changes)
     against the eager fresh-list calculator, fp32."""
-    from ase import units
-    from ase.md.nptberendsen import NPTBerendsen
-
     atoms = silicon_cell().repeat((4, 4, 4))  # the skin list compacted in the step
     atoms.rattle(0.02, seed=3)
     atoms.calc = StudentCalculator(model, device="cuda", mode="cudagraph")
     check = StudentCalculator(model, device="cuda", mode="eager", skin=None)
-    dyn = NPTBerendsen(
-        atoms,
-        timestep=2.0 * units.fs,
-        temperature_K=300,
-        pressure_au=0.0,
-        compressibility_au=0.1 / units.GPa,
-        taup=20 * units.fs,
-    )
+    dyn = _fast_barostat(atoms)
     v0 = atoms.get_volume()
     for _ in range(6):
         dyn.run(3)
@@ -425,3 +405,10 @@ def test_calculator_cell_change_reuses_its_batch_and_still_validates(model):
     atoms.set_cell(np.diag([5.0, 5.0, 0.0]))
     with pytest.raises(ValueError, match="zero-volume cell"):
         atoms.get_forces()
+
+
+def _fast_barostat(atoms):
+    """Berendsen NPT that moves a small cell visibly within a few steps (0.1 / GPa, τ_P 20 fs, 2 fs steps)."""
+    from mlff_distiller.distill import npt_berendsen
+
+    return npt_berendsen(atoms, timestep_fs=2.0, pressure_bar=0.0, compressibility_per_bar=1e-5, taup_fs=20.0)

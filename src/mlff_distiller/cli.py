@@ -376,22 +376,22 @@ def run_md(job: MDJob) -> dict:
     MaxwellBoltzmannDistribution(atoms, temperature_K=job.temperature, rng=rng)
     dt = job.timestep_fs * units.fs
     if job.ensemble == "npt":
-        from ase.md.nptberendsen import NPTBerendsen
+        from mlff_distiller.distill.evaluation import npt_berendsen
 
         if not atoms.pbc.all():
             raise ValueError(f"ensemble 'npt' needs a fully periodic input; {job.input} has pbc={atoms.pbc.tolist()}")
         if job.compressibility_per_bar <= 0 or job.taut_fs <= 0 or job.taup_fs <= 0:
             raise ValueError("npt: compressibility_per_bar, taut_fs and taup_fs must be > 0")
-        # The student's stress runs in the padded step (one CUDA graph per bucket on a GPU), and the calculator
-        # returns it with the forces while it is being asked for.
-        dyn = NPTBerendsen(
+        # The student's stress runs in the padded step (one CUDA graph per bucket on a GPU), the calculator returns
+        # it with the forces while it is being asked for, and the Verlet list is kept across small cell changes.
+        dyn = npt_berendsen(
             atoms,
-            timestep=dt,
-            temperature_K=job.temperature,
-            pressure_au=job.pressure_bar * units.bar,
-            compressibility_au=job.compressibility_per_bar / units.bar,
-            taut=job.taut_fs * units.fs,
-            taup=job.taup_fs * units.fs,
+            timestep_fs=job.timestep_fs,
+            temperature=job.temperature,
+            pressure_bar=job.pressure_bar,
+            compressibility_per_bar=job.compressibility_per_bar,
+            taut_fs=job.taut_fs,
+            taup_fs=job.taup_fs,
         )
     elif job.ensemble == "nve":
         dyn = VelocityVerlet(atoms, timestep=dt)

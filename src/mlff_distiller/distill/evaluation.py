@@ -32,6 +32,7 @@ __all__ = [
     "error_metrics",
     "learning_curve_plot",
     "md_step_timing",
+    "npt_berendsen",
     "npt_run",
     "nve_drift",
     "parity_plot",
@@ -264,6 +265,31 @@ def nve_drift(
     }
 
 
+def npt_berendsen(
+    atoms: Atoms,
+    *,
+    timestep_fs: float = 0.5,
+    temperature: float = 300.0,
+    pressure_bar: float = 1.0,
+    compressibility_per_bar: float = 4.57e-5,
+    taut_fs: float = 100.0,
+    taup_fs: float = 500.0,
+):
+    """ASE's isotropic ``NPTBerendsen`` on ``atoms`` in lab units (fs, K, bar, 1/bar; the defaults are liquid water
+    at 300 K and 1 bar): the one place that converts them, for :func:`npt_run`, the CLI and the benchmarks."""
+    from ase.md.nptberendsen import NPTBerendsen
+
+    return NPTBerendsen(
+        atoms,
+        timestep=timestep_fs * units.fs,
+        temperature_K=temperature,
+        pressure_au=pressure_bar * units.bar,
+        compressibility_au=compressibility_per_bar / units.bar,
+        taut=taut_fs * units.fs,
+        taup=taup_fs * units.fs,
+    )
+
+
 def npt_run(
     atoms: Atoms,
     calc: Calculator,
@@ -285,8 +311,6 @@ def npt_run(
     ``final_density``, ``s_per_step`` (median of the per-step wall clock), ``mean_s_per_step``, ``steps`` and
     ``simulated_ps``. Raises ``FloatingPointError`` when the run reaches a non-finite energy or volume.
     """
-    from ase.md.nptberendsen import NPTBerendsen
-
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not atoms.pbc.all():
@@ -294,14 +318,14 @@ def npt_run(
     work = atoms.copy()
     work.calc = calc
     _init_velocities(work, temperature, seed)
-    dyn = NPTBerendsen(
+    dyn = npt_berendsen(
         work,
-        timestep=timestep_fs * units.fs,
-        temperature_K=temperature,
-        pressure_au=pressure_bar * units.bar,
-        compressibility_au=compressibility_per_bar / units.bar,
-        taut=taut_fs * units.fs,
-        taup=taup_fs * units.fs,
+        timestep_fs=timestep_fs,
+        temperature=temperature,
+        pressure_bar=pressure_bar,
+        compressibility_per_bar=compressibility_per_bar,
+        taut_fs=taut_fs,
+        taup_fs=taup_fs,
     )
     mass = float(work.get_masses().sum()) * units._amu * 1e27  # g/cm³ per Å³
     # Keyed by step: ASE versions differ on whether observers also run before the first step.
