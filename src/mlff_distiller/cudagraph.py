@@ -9,6 +9,7 @@ copy what they keep.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -20,6 +21,9 @@ __all__ = ["GraphRunner", "cuda_graphs_available"]
 # Eager runs on a side stream before capture: lazy initialisation (cuBLAS handles, autograd streams, Triton
 # JIT, torch.compile) must not happen during capture.
 WARMUP_RUNS = 2
+# ``torch.cuda.graph``'s capture_error_mode for the step graphs: "global" (torch's default) lets an unsafe CUDA call
+# from any thread invalidate the capture; "thread_local" only this thread's (the neighbour-list graphs use it).
+CAPTURE_MODE = os.environ.get("MLFF_DISTILLER_CAPTURE_MODE", "global")
 
 
 def cuda_graphs_available(device: torch.device | str) -> bool:
@@ -50,7 +54,7 @@ class GraphRunner:
         torch.cuda.synchronize(device)
         self.cuda_graph = torch.cuda.CUDAGraph()
         # pool=None: a private memory pool for this bucket's graph.
-        with torch.cuda.graph(self.cuda_graph):
+        with torch.cuda.graph(self.cuda_graph, capture_error_mode=CAPTURE_MODE):
             self.outputs = fn(*graph.inputs())
 
     def replay(self) -> tuple[torch.Tensor, ...]:
