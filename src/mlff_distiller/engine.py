@@ -166,8 +166,9 @@ class ForceEngine(PaddedPaths):
         precision: ``"fp64"``, ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"`` (see the module docstring).
         neighbor_method: neighbour-list backend (``"auto"``, ``"brute"``, ``"cell_list"``).
         neighbor_skin: Verlet skin, Å (None: a fresh list every call). The list is built at cutoff + skin and
-            reused until an atom moved more than skin/2 or the cell, atoms or species changed; results are the
-            same as with a fresh list (see :class:`~mlff_distiller.neighbors.VerletNeighborList`).
+            reused until an atom moved more than skin/2, the atoms or species changed, or a cell change (NPT, cell
+            filters) no longer fits in the skin with the displacements; results are the same as with a fresh list
+            (see :class:`~mlff_distiller.neighbors.VerletNeighborList`).
         mode: ``"eager"``, ``"compile"``, ``"cudagraph"`` or ``"auto"`` (see the module docstring).
         compile_mode: for ``"compile"``: ``"default"`` (when None), ``"reduce-overhead"`` or ``"max-autotune"``;
             for ``"cudagraph"``: None captures eager kernels, ``"default"``/``"max-autotune"`` captures compiled
