@@ -173,6 +173,12 @@ def write_summary_md(summary: dict, path: Path) -> None:
             f"{get('eos', 'student', 'zero_pressure_density_g_cm3', fmt='{:.4f}')} | |",
             f"| bulk modulus, teacher / student (GPa) | {get('eos', 'teacher', 'bulk_modulus_gpa')} / "
             f"{get('eos', 'student', 'bulk_modulus_gpa')} | |",
+            f"| rigid molecules: zero-pressure density, teacher / student (g/cm³) | "
+            f"{get('eos_rigid', 'teacher', 'zero_pressure_density_g_cm3', fmt='{:.4f}')} / "
+            f"{get('eos_rigid', 'student', 'zero_pressure_density_g_cm3', fmt='{:.4f}')} | |",
+            f"| rigid molecules: bulk modulus, teacher / student (GPa) | "
+            f"{get('eos_rigid', 'teacher', 'bulk_modulus_gpa')} / "
+            f"{get('eos_rigid', 'student', 'bulk_modulus_gpa')} | |",
             f"| NPT ({get('npt', 'teacher', 'steps')} steps) mean density of the second half, teacher / student "
             f"(g/cm³) | {get('npt', 'teacher', 'mean_density_second_half', fmt='{:.4f}')} / "
             f"{get('npt', 'student_same_steps', 'mean_density_second_half', fmt='{:.4f}')} | |",
@@ -577,7 +583,13 @@ def main(argv: list[str] | None = None) -> int:
                 out["teacher"] = {"skipped": f"{left:.0f} s left of the deadline"}
             return out
 
+        def eos_rigid() -> dict:
+            picked = test[-min(len(test), 4) :]
+            calcs = {"teacher": teacher, "student": student_calc}
+            return pressure_curve(picked, calcs, volume_ratios=ratios, molecules=True)
+
         phase("eos", eos)
+        phase("eos_rigid", eos_rigid)
         phase("npt", npt)
     phase("nve", nve)
     print((results / "summary.md").read_text(), flush=True)

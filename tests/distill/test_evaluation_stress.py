@@ -139,3 +139,63 @@ def test_npt_run_relaxes_towards_the_zero_pressure_density():
     assert npt_run(atoms, EMT(), **kw)["density_g_cm3"] == out["density_g_cm3"]
     with pytest.raises(ValueError, match="fully periodic"):
         npt_run(molecule("CH4"), EMT(), steps=2)
+
+
+def _water_box():
+    """Eight water molecules in a 9 Å cube, one of them split across the cell boundary (wrapped)."""
+    from ase import Atoms
+
+    rng = np.random.default_rng(4)
+    h2o = molecule("H2O")
+    atoms = Atoms(cell=np.eye(3) * 9.0, pbc=True)
+    for k, corner in enumerate(np.indices((2, 2, 2)).reshape(3, -1).T):
+        m = h2o.copy()
+        m.rotate(rng.uniform(0, 360), rng.normal(size=3), center="COM")
+        m.translate(corner * 4.5 + 2.25 - m.get_center_of_mass())
+        if k == 0:  # O just inside the cell, one H just outside it: wrapped back to the far side
+            m = h2o.copy()
+            m.positions = [[0.3, 2.25, 2.25], [-0.46, 2.84, 2.25], [1.06, 2.84, 2.25]]
+        atoms += m
+    atoms.wrap()
+    return atoms
+
+
+def test_rigid_molecule_scaling_keeps_bonds_and_scales_the_centres():
+    """pressure_curve(molecules=True) scales a molecular liquid rigidly: every intramolecular distance (the
+    wrapped molecule's too, by its bonded image) stays as it was, and the centres of mass scale with the cell;
+    the default scaling stretches the bonds. Both give finite pressure curves that differ."""
+    from ase.calculators.lj import LennardJones
+    from ase.geometry import find_mic
+
+    from mlff_distiller.distill import pressure_curve
+    from mlff_distiller.distill.evaluation import _scaled_copy, _whole_molecules
+
+    atoms = _water_box()
+    apart = atoms.get_all_distances(mic=True)[np.repeat(np.arange(8), 3)[:, None] != np.repeat(np.arange(8), 3)]
+    assert apart.min() > 1.8  # between molecules: beyond bonding range (O-O 1.58 Å), also after a 3 % compression
+    labels, whole = _whole_molecules(atoms)
+    assert labels.max() == 7 and np.bincount(labels).tolist() == [3] * 8
+    assert np.abs(whole - atoms.positions).max() > 1.0  # the split molecule was made whole
+
+    def bonds(a):
+        lab, w = _whole_molecules(a)
+        return np.array([np.linalg.norm(w[i] - w[j]) for i in range(len(a)) for j in range(i) if lab[i] == lab[j]])
+
+    def centres(a):
+        lab, w = _whole_molecules(a)
+        m = a.get_masses()
+        return np.array([(m[lab == k, None] * w[lab == k]).sum(0) / m[lab == k].sum() for k in range(8)])
+
+    for f in (0.97, 1.04):
+        rigid, affine = _scaled_copy(atoms, f, True), _scaled_copy(atoms, f, False)
+        np.testing.assert_allclose(bonds(rigid), bonds(atoms), atol=1e-12)
+        assert np.abs(bonds(affine) - f * bonds(atoms)).max() < 1e-12  # the default stretches the bonds
+        _, d0 = find_mic(centres(atoms)[1:] - centres(atoms)[0], atoms.cell)  # lengths: half-cell ties have two signs
+        _, d1 = find_mic(centres(rigid)[1:] - centres(rigid)[0], rigid.cell)
+        np.testing.assert_allclose(d1, f * d0, atol=1e-10)
+    calc = LennardJones(sigma=2.8, epsilon=0.01, rc=3.2, smooth=True)
+    rigid = pressure_curve([atoms], {"lj": calc}, volume_ratios=(0.95, 1.0, 1.05), molecules=True)
+    affine = pressure_curve([atoms], {"lj": calc}, volume_ratios=(0.95, 1.0, 1.05))
+    assert rigid["molecules"] is True and np.isfinite(rigid["lj"]["pressure_gpa"]).all()
+    assert rigid["lj"]["pressure_gpa"][1] == pytest.approx(affine["lj"]["pressure_gpa"][1])  # ratio 1: same frame
+    assert rigid["lj"]["pressure_gpa"][0] != pytest.approx(affine["lj"]["pressure_gpa"][0], rel=1e-3)

@@ -117,8 +117,10 @@ def test_quick_stress_run_with_emt(example, tmp_path):
     npt = metrics["npt"]
     assert npt["student"]["steps"] == 20 and len(npt["teacher"]["density_g_cm3"]) == 3
     assert npt["npt_speedup"] > 0
+    rigid = metrics["eos_rigid"]
+    assert rigid["molecules"] is True and len(rigid["student"]["pressure_gpa"]) == 5
     text = (work / "results" / "summary.md").read_text()
-    assert "held-out pressure MAE" in text and "zero-pressure density" in text
+    assert "held-out pressure MAE" in text and "zero-pressure density" in text and "rigid molecules" in text
 
 
 @pytest.mark.slow

@@ -356,10 +356,15 @@ def pressure_curve(
     frames: Sequence[Atoms],
     calculators: dict[str, Calculator],
     volume_ratios: Sequence[float] = (0.94, 0.97, 1.0, 1.03, 1.06),
+    *,
+    molecules: bool = False,
 ) -> dict:
     """Pressure against density for each calculator on the same isotropically scaled copies of ``frames``.
 
-    Each fully periodic frame is scaled (cell and atoms) to ``volume_ratios`` of its volume. Every calculator
+    Each fully periodic frame is scaled (cell and atoms) to ``volume_ratios`` of its volume. ``molecules=True``
+    scales a molecular liquid as a barostat's equilibrium sees it: each molecule (atoms bonded within 1.2x their
+    covalent radii) is made whole across the cell and moved rigidly with its centre of mass, so bond lengths stay
+    as they are; the default scales every atom, bonds included (the stress response of a solid). Every calculator
     gives each copy's stress; the pressure ``P = -tr(σ)/3`` is averaged over the frames at each ratio.
     Returns ``volume_ratios``, ``density_g_cm3`` (mean over the frames, per ratio) and per calculator name:
 
@@ -382,13 +387,10 @@ def pressure_curve(
     for r in ratios:
         copies = []
         for a in frames:
-            b = a.copy()
-            b.calc = None
-            b.set_cell(a.cell[:] * r ** (1.0 / 3.0), scale_atoms=True)
-            copies.append(b)
+            copies.append(_scaled_copy(a, r ** (1.0 / 3.0), molecules))
         scaled.append(copies)
     density = [float(np.mean([b.get_masses().sum() / b.get_volume() for b in c])) * amu_per_a3_to_g_cm3 for c in scaled]
-    out: dict = {"volume_ratios": ratios, "density_g_cm3": density, "frames": len(frames)}
+    out: dict = {"volume_ratios": ratios, "density_g_cm3": density, "frames": len(frames), "molecules": molecules}
     for name, calc in calculators.items():
         pressure = []
         for copies in scaled:
@@ -409,3 +411,50 @@ def pressure_curve(
             "bulk_modulus_gpa": float(slope * np.mean(density)),
         }
     return out
+
+
+def _scaled_copy(atoms: Atoms, f: float, molecules: bool) -> Atoms:
+    """A copy of ``atoms`` (no calculator) with the cell scaled by ``f``: every atom with it, or (``molecules``)
+    each whole molecule moved rigidly with its centre of mass."""
+    b = atoms.copy()
+    b.calc = None
+    if not molecules:
+        b.set_cell(atoms.cell[:] * f, scale_atoms=True)
+        return b
+    labels, whole = _whole_molecules(b)
+    masses = b.get_masses()
+    centres = np.zeros((labels.max() + 1, 3))
+    np.add.at(centres, labels, masses[:, None] * whole)
+    centres /= np.bincount(labels, weights=masses)[:, None]
+    b.set_cell(atoms.cell[:] * f, scale_atoms=False)
+    b.positions = whole + (f - 1.0) * centres[labels]
+    return b
+
+
+def _whole_molecules(atoms: Atoms, mult: float = 1.2) -> tuple[np.ndarray, np.ndarray]:
+    """Molecule label of each atom (bonded: within ``mult`` times the sum of covalent radii, ASE's natural
+    cutoffs) and positions with every molecule made whole: each atom placed at the image bonded to the atom it
+    was reached from (breadth-first from each molecule's first atom)."""
+    from ase.neighborlist import NeighborList, natural_cutoffs
+
+    nl = NeighborList(natural_cutoffs(atoms, mult=mult), self_interaction=False, bothways=True, skin=0.0)
+    nl.update(atoms)
+    pos, cell = atoms.positions, atoms.cell.array
+    labels = np.full(len(atoms), -1, dtype=np.int64)
+    whole = pos.copy()
+    count = 0
+    for start in range(len(atoms)):
+        if labels[start] >= 0:
+            continue
+        labels[start] = count
+        stack = [start]
+        while stack:
+            i = stack.pop()
+            idx, offsets = nl.get_neighbors(i)
+            for j, o in zip(idx, offsets, strict=True):
+                if labels[j] < 0:
+                    labels[j] = count
+                    whole[j] = whole[i] + (pos[j] + o @ cell - pos[i])
+                    stack.append(j)
+        count += 1
+    return labels, whole
