@@ -418,6 +418,8 @@ def run_md(job: MDJob) -> dict:
         frame.info["total_energy"] = float(atoms.get_total_energy())
         if job.ensemble == "npt":
             frame.info["volume"] = float(atoms.get_volume())
+            frame.info["density_g_cm3"] = _density(atoms)
+            frame.info["pressure_gpa"] = -float(np.mean(atoms.get_stress()[:3])) / units.GPa  # virial part
         ase.io.write(job.output, frame, format="extxyz", append=True)
 
     dyn.attach(write, interval=job.interval)
@@ -426,7 +428,20 @@ def run_md(job: MDJob) -> dict:
     seconds = time.perf_counter() - t0
     if not np.isfinite(atoms.get_total_energy()):
         raise FloatingPointError("MD blew up: non-finite total energy")
-    return {"steps": job.steps, "seconds": seconds, "s_per_step": seconds / job.steps, "output": job.output}
+    out = {"steps": job.steps, "seconds": seconds, "s_per_step": seconds / job.steps, "output": job.output}
+    if job.ensemble == "npt":
+        out["final_density_g_cm3"] = _density(atoms)
+    verlet = getattr(getattr(atoms.calc, "engine", None), "verlet", None)
+    if verlet is not None:  # how often the neighbour list was rebuilt (NPT: kept across small cell changes)
+        out["list_builds"] = verlet.n_builds
+    return out
+
+
+def _density(atoms) -> float:
+    """g/cm³ of a periodic ``atoms`` (ASE's amu in kg: 1 amu/Å³ = 1.66054 g/cm³)."""
+    from ase import units
+
+    return float(atoms.get_masses().sum() / atoms.get_volume() * units._amu * 1e27)
 
 
 def run_models() -> list[dict]:

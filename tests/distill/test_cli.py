@@ -136,6 +136,12 @@ def test_md_npt_changes_the_volume_and_refuses_molecules(tmp_path, capsys):
     assert len(frames) == 3 and volumes[0] == pytest.approx(box.get_volume())
     assert volumes[-1] != pytest.approx(volumes[0], rel=1e-6)  # the barostat moved the cell
     assert all(np.isfinite(f.get_forces()).all() for f in frames)
+    mass = box.get_masses().sum() * 1.66053904
+    for f in frames:
+        assert f.info["density_g_cm3"] == pytest.approx(mass / f.info["volume"], rel=1e-6)
+        assert np.isfinite(f.info["pressure_gpa"])
+    out = capsys.readouterr().out
+    assert "final_density_g_cm3" in out and "list_builds" in out
     capsys.readouterr()
     mol = tmp_path / "mol.xyz"
     ase.io.write(mol, molecule("H2O"))
