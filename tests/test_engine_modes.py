@@ -381,3 +381,42 @@ def test_auto_mode_ladder_stops_at_auto_max_edges():
     assert graph.buckets.select(100, 2 * AUTO_MAX_EDGES) is not None
     mine = BucketLadder(max_edges=1024)
     assert ForceEngine(model, device="cpu", mode="auto", buckets=mine).buckets is mine
+
+
+@pytest.mark.parametrize("fails", [1, 2])
+def test_an_invalidated_capture_is_retried_then_left_eager(model, monkeypatch, fails):
+    """A capture that CUDA invalidates (seen once, intermittently, on the H100) is tried again; a second failure
+    leaves that bucket's step eager with a warning instead of ending the run. Results equal the eager path's; any
+    other error is raised. (A CPU stand-in for GraphRunner: the capture logic is what is tested.)"""
+    from mlff_distiller import engine_padded
+
+    class Flaky:
+        left = fails
+
+        def __init__(self, fn, graph):
+            if Flaky.left > 0:
+                Flaky.left -= 1
+                raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+            self.fn, self.graph = fn, graph
+
+        def replay(self):
+            return self.fn(*self.graph.inputs())
+
+    monkeypatch.setattr(engine_padded, "GraphRunner", Flaky)
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
+    engine.mode = "cudagraph"  # the captured path's bookkeeping, on the CPU
+    batch = AtomsBatch.from_atoms(_mols(4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = engine.compute(batch)
+    assert_close_to(out, ForceEngine(model, device="cpu", precision="fp64").compute(batch), "fp64", 4)
+    assert engine.capture_failures == fails
+    runner = engine._runners[engine.last_bucket]
+    eager = isinstance(runner, engine_padded._EagerRunner)
+    assert eager == (fails == 2) and any("runs eagerly" in str(w.message) for w in caught) == eager
+    monkeypatch.setattr(engine_padded, "GraphRunner", lambda fn, graph: (_ for _ in ()).throw(RuntimeError("other")))
+    fresh = ForceEngine(model, device="cpu", precision="fp64", pad=True)
+    fresh.mode = "cudagraph"
+    with pytest.raises(RuntimeError, match="other"):  # not a capture failure: raised as it is
+        fresh.compute(batch)
+    assert fresh.capture_failures == 0

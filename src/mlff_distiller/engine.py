@@ -280,6 +280,7 @@ class ForceEngine(PaddedPaths):
         # the host while the device computes (a rebuild discards that result and runs again). None: on CUDA only,
         # where the launch is asynchronous; True/False force it (tests run it on the CPU).
         self.speculative_verlet: bool | None = None
+        self.capture_failures = 0  # CUDA-graph captures that CUDA invalidated (retried; see PaddedPaths._capture)
         self.n_speculated = 0  # steps launched before the displacement test
         self.n_discarded = 0  # speculative steps thrown away because the list was rebuilt (or took a new cell)
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call

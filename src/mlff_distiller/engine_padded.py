@@ -11,6 +11,7 @@ output buffers, the Verlet fill) and the engine's list and topology helpers.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -134,17 +135,37 @@ class PaddedPaths:
             runners = self._stress_runners if stress else self._runners
             runner = runners.get(bucket)
             if runner is None:
-                try:
-                    runner = GraphRunner(step, graph)
-                except torch.OutOfMemoryError:
-                    runners.pop(bucket, None)
-                    raise
-                runners[bucket] = runner
+                runner = runners[bucket] = self._capture(step, graph, bucket, runners)
             return runner.replay()
         if self.mode == "compile" and self.compile_mode == "reduce-overhead":
             # Tell torch's CUDA-graph trees a new step begins (the previous outputs were copied already).
             torch.compiler.cudagraph_mark_step_begin()
         return step(*graph.inputs())
+
+    def _capture(self, step, graph: PaddedGraph, bucket: Bucket, runners: dict) -> GraphRunner | _EagerRunner:
+        """The bucket's captured step. A capture that CUDA invalidates is tried once more; a second failure leaves
+        the bucket's step eager (the same results, launch-bound), with a warning, instead of ending the caller's
+        run. One intermittent invalidation was seen on the H100 (``results/gpu_test_runs.md``, stop 23). An
+        out-of-memory error is raised as it is: the batch splitting handles it."""
+        failure = None
+        for _ in range(CAPTURE_ATTEMPTS):
+            try:
+                return GraphRunner(step, graph)
+            except torch.OutOfMemoryError:
+                runners.pop(bucket, None)
+                raise
+            except RuntimeError as exc:  # torch.AcceleratorError is one
+                if "capture" not in str(exc).lower():
+                    raise
+                failure = exc
+                self.capture_failures += 1
+        warnings.warn(
+            f"CUDA graph capture of the step of {bucket} failed {CAPTURE_ATTEMPTS} times ({failure}); "
+            "this bucket's step runs eagerly",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return _EagerRunner(step, graph)
 
     def _compute_padded(self, batch: AtomsBatch, to_host: bool, stress: bool = False) -> dict[str, torch.Tensor] | None:
         host_nl = self._host_molecular_neighbors(batch, to_device=False)
@@ -336,6 +357,18 @@ class PaddedPaths:
 
 
 _VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
+# Captures of one bucket's step before it is left eager (see PaddedPaths._capture).
+CAPTURE_ATTEMPTS = 2
+
+
+class _EagerRunner:
+    """A bucket whose capture kept failing: ``replay`` runs its step eagerly on the static inputs."""
+
+    def __init__(self, step, graph: PaddedGraph) -> None:
+        self.step, self.graph = step, graph
+
+    def replay(self) -> torch.Tensor:
+        return self.step(*self.graph.inputs())
 
 
 def edge_virial(
