@@ -376,7 +376,7 @@ def run_md(job: MDJob) -> dict:
     MaxwellBoltzmannDistribution(atoms, temperature_K=job.temperature, rng=rng)
     dt = job.timestep_fs * units.fs
     if job.ensemble == "npt":
-        from mlff_distiller.distill.evaluation import npt_berendsen
+        from mlff_distiller.distill.evaluation import density_g_cm3, npt_berendsen
 
         if not atoms.pbc.all():
             raise ValueError(f"ensemble 'npt' needs a fully periodic input; {job.input} has pbc={atoms.pbc.tolist()}")
@@ -418,7 +418,7 @@ def run_md(job: MDJob) -> dict:
         frame.info["total_energy"] = float(atoms.get_total_energy())
         if job.ensemble == "npt":
             frame.info["volume"] = float(atoms.get_volume())
-            frame.info["density_g_cm3"] = _density(atoms)
+            frame.info["density_g_cm3"] = density_g_cm3(atoms)
             frame.info["pressure_gpa"] = -float(np.mean(atoms.get_stress()[:3])) / units.GPa  # virial part
         ase.io.write(job.output, frame, format="extxyz", append=True)
 
@@ -430,18 +430,11 @@ def run_md(job: MDJob) -> dict:
         raise FloatingPointError("MD blew up: non-finite total energy")
     out = {"steps": job.steps, "seconds": seconds, "s_per_step": seconds / job.steps, "output": job.output}
     if job.ensemble == "npt":
-        out["final_density_g_cm3"] = _density(atoms)
+        out["final_density_g_cm3"] = density_g_cm3(atoms)
     verlet = getattr(getattr(atoms.calc, "engine", None), "verlet", None)
     if verlet is not None:  # how often the neighbour list was rebuilt (NPT: kept across small cell changes)
         out["list_builds"] = verlet.n_builds
     return out
-
-
-def _density(atoms) -> float:
-    """g/cm³ of a periodic ``atoms`` (ASE's amu in kg: 1 amu/Å³ = 1.66054 g/cm³)."""
-    from ase import units
-
-    return float(atoms.get_masses().sum() / atoms.get_volume() * units._amu * 1e27)
 
 
 def run_models() -> list[dict]:

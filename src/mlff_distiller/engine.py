@@ -19,10 +19,10 @@ Modes (``mode=``):
 
 The neighbour list always runs outside any graph (its size changes); its output is padded into the bucket.
 Padded modes serve energy + forces, and stress too: a call with ``stress=True`` runs a second step per bucket
-that also differentiates a per-structure strain (its own captured graph; NPT and cell relaxations in ASE replay
-it every step, with a fresh list since the cell changes). A call without forces, or a batch beyond the largest
-bucket, runs the eager path. On a CPU, ``"cudagraph"`` and ``"compile"`` (unless ``compile_backend`` is given)
-warn and run the padded eager path, so CPU-only machines never break.
+that also returns the strain derivative (its own captured graph; NPT and cell relaxations in ASE replay it every
+step, and with a Verlet skin the list is kept across small cell changes). A call without forces, or a batch beyond
+the largest bucket, runs the eager path. On a CPU, ``"cudagraph"`` and ``"compile"`` (unless ``compile_backend``
+is given) warn and run the padded eager path, so CPU-only machines never break.
 
 Precisions (``precision=``): ``fp64``, ``fp32`` (strict IEEE matmuls), ``tf32`` (TF32 tensor-core matmuls,
 sm80+), ``bf16`` (sm80+) and ``fp16``. The last two run the atom-wise MLP matmuls with 16-bit inputs and

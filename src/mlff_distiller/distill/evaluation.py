@@ -265,6 +265,11 @@ def nve_drift(
     }
 
 
+def density_g_cm3(atoms: Atoms) -> float:
+    """Mass density of a periodic ``atoms``, g/cm³ (ASE's amu is in kg: 1 amu/Å³ = 1.66054 g/cm³)."""
+    return float(atoms.get_masses().sum() / atoms.get_volume() * units._amu * 1e27)
+
+
 def npt_berendsen(
     atoms: Atoms,
     *,
@@ -327,12 +332,11 @@ def npt_run(
         taut_fs=taut_fs,
         taup_fs=taup_fs,
     )
-    mass = float(work.get_masses().sum()) * units._amu * 1e27  # g/cm³ per Å³
     # Keyed by step: ASE versions differ on whether observers also run before the first step.
-    density = {0: mass / work.get_volume()}
+    density = {0: density_g_cm3(work)}
     stamps = {0: time.perf_counter()}
     dyn.attach(lambda: stamps.__setitem__(dyn.nsteps, time.perf_counter()), interval=1)
-    dyn.attach(lambda: density.__setitem__(dyn.nsteps, mass / work.get_volume()), interval=record_every)
+    dyn.attach(lambda: density.__setitem__(dyn.nsteps, density_g_cm3(work)), interval=record_every)
     dyn.run(steps)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -382,14 +386,13 @@ def pressure_curve(
     ratios = [float(r) for r in volume_ratios]
     if len(ratios) < 2 or any(not r > 0 for r in ratios):
         raise ValueError(f"volume_ratios must be >= 2 positive numbers, got {volume_ratios}")
-    amu_per_a3_to_g_cm3 = units._amu * 1e27  # 1 amu/Å³ in g/cm³ (ASE's amu in kg)
     scaled = []
     for r in ratios:
         copies = []
         for a in frames:
             copies.append(_scaled_copy(a, r ** (1.0 / 3.0), molecules))
         scaled.append(copies)
-    density = [float(np.mean([b.get_masses().sum() / b.get_volume() for b in c])) * amu_per_a3_to_g_cm3 for c in scaled]
+    density = [float(np.mean([density_g_cm3(b) for b in c])) for c in scaled]
     out: dict = {"volume_ratios": ratios, "density_g_cm3": density, "frames": len(frames), "molecules": molecules}
     for name, calc in calculators.items():
         pressure = []
