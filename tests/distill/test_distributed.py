@@ -3,6 +3,8 @@
 import json
 import os
 import socket
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,50 +121,109 @@ def test_two_process_ddp_force_training_gradients_equal_one_process(tmp_path):
 
 
 _CHILD = """
-import json, os, sys
+import faulthandler, json, os, sys
 import torch
 from mlff_distiller.distill import TrainConfig, read_frames, split_frames, train
 
 labels, out = sys.argv[1], sys.argv[2]
+rank = os.environ["RANK"]
 torch.set_num_threads(1)
+stacks = open(os.path.join(out, f"stacks{rank}.txt"), "w")
+faulthandler.dump_traceback_later(float(os.environ["CHILD_STACKS_AFTER_S"]), file=stacks)  # a hang leaves its stacks
 train_f, val_f = split_frames(read_frames(labels), 0.2)
 cfg = TrainConfig(
     model=dict(hidden=16, layers=2, n_rbf=8, cutoff=4.0), batch_size=8, lr=3e-3, warmup_steps=2, eval_every=6,
     ema_decay=0.9, device="cpu", dtype="float64", patience=0, max_steps=12, train_step="plain",
 )
 res = train(train_f, val_f, cfg, os.path.join(out, "run"))
-rank = os.environ["RANK"]
 torch.save({k: v.detach().cpu() for k, v in res.model.state_dict().items()}, os.path.join(out, f"final{rank}.pt"))
 with open(os.path.join(out, f"result{rank}.json"), "w") as f:
     json.dump({"steps": res.steps, "rows": len(res.history), "loss": [h["train_loss"] for h in res.history]}, f)
+faulthandler.cancel_dump_traceback_later()
 """
+
+
+def _torchrun(script, args, out_dir, timeout: float):
+    """``torchrun --standalone --nproc_per_node 2 script args``; ``None`` if it hangs past ``timeout`` (then the
+    launcher and its workers are killed, not left running, and each rank's stack dump,
+    written by faulthandler after ``timeout / 2``, is in ``out_dir/stacks<rank>.txt``)."""
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CHILD_STACKS_AFTER_S": str(timeout / 2)}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    proc = subprocess.Popen(
+        [*cmd, *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *_descendants(proc.pid)]:  # the workers run in sessions of their own
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.communicate()
+        return None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``)."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parent.items() if p in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+def _stacks(out_dir) -> str:
+    return "\n".join(f"{p.name}:\n{p.read_text()[-4000:]}" for p in sorted(out_dir.glob("stacks*.txt")))
 
 
 @pytest.mark.timeout(600)
 def test_torchrun_two_processes_train_in_step(emt_labels, tmp_path):
     """`torchrun --nproc_per_node 2` of train(): both ranks run the same number of steps, end with identical
     weights, validate on the same schedule, and only rank 0 writes the run directory."""
-    import subprocess
-    import sys
-
+    # One CI run (stop 23) hung after rank 0 had logged the end of training, i.e. in the process group's teardown
+    # or at exit, and never here in about 20 runs. A hang past 240 s is killed and the job is run once more in a
+    # fresh directory; the hung attempt's stack dumps are reported as a warning. Two hangs fail the test.
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(script), str(emt_labels), str(tmp_path)], env=env, capture_output=True, text=True, timeout=540
-    )
+    proc = None
+    for attempt in range(2):
+        out = tmp_path / f"attempt{attempt}"
+        out.mkdir()
+        proc = _torchrun(script, [emt_labels, out], out, timeout=240)
+        if proc is not None:
+            break
+        stacks = _stacks(out)
+        assert attempt == 0, f"torchrun hung twice; stacks of the second attempt:\n{stacks}"
+        warnings.warn(f"torchrun hung (killed after 240 s), running it again; stacks:\n{stacks}", stacklevel=1)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = [json.loads((tmp_path / f"result{r}.json").read_text()) for r in range(2)]
+    results = [json.loads((out / f"result{r}.json").read_text()) for r in range(2)]
     assert results[0]["steps"] == results[1]["steps"] == 12
     assert results[0]["rows"] == results[1]["rows"] == 2
     assert results[0]["loss"] == results[1]["loss"], "rank-averaged training loss reported on every rank"
-    w0, w1 = (torch.load(tmp_path / f"final{r}.pt") for r in range(2))
+    w0, w1 = (torch.load(out / f"final{r}.pt") for r in range(2))
     for k in w0:
         torch.testing.assert_close(w0[k], w1[k], rtol=0, atol=0)
-    run = tmp_path / "run"
+    run = out / "run"
     assert (run / "best.pt").exists() and (run / "history.json").exists() and (run / "train_state.pt").exists()
     assert len(json.loads((run / "history.json").read_text())) == 2
     assert "stopped (max_steps)" in proc.stderr  # rank 0 logs
