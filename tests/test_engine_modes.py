@@ -4,6 +4,7 @@ CPU tests use the padded eager path and ``torch.compile(backend="aot_eager")`` (
 ``@pytest.mark.gpu`` tests run the CUDA-graph and Inductor paths against the eager reference.
 """
 
+import gc
 import os
 import warnings
 
@@ -360,6 +361,46 @@ def test_oom_split_with_cuda_graphs(model, monkeypatch):
 
 
 @gpu
+@pytest.mark.parametrize("fails", [1, 2])
+def test_capture_invalidated_by_cuda_is_retried_on_cuda(model, monkeypatch, fails):
+    """A real invalidated capture on the GPU: the step makes an unsafe call (a device synchronisation) inside its
+    first ``fails`` captures. CUDA refuses it; the engine captures again (fails = 1: a graph that replays) or leaves
+    the bucket eager with a warning (fails = 2). Results equal the eager engine's; the device stays usable."""
+    from mlff_distiller import cudagraph, engine_padded
+
+    left, gc_during_capture = [fails], []
+
+    class Invalidating(cudagraph.GraphRunner):
+        def __init__(self, fn, graph):
+            def step(*args):
+                out = fn(*args)
+                if torch.cuda.is_current_stream_capturing():
+                    gc_during_capture.append(gc.isenabled())
+                if torch.cuda.is_current_stream_capturing() and left[0] > 0:
+                    left[0] -= 1
+                    torch.cuda.synchronize()  # not allowed while the stream captures
+                return out
+
+            super().__init__(step, graph)
+
+    monkeypatch.setattr(engine_padded, "GraphRunner", Invalidating)
+    mols = _mols(6, seed=4)
+    batch = AtomsBatch.from_atoms(mols)
+    want = ForceEngine(model, device="cuda", mode="eager").compute(batch)
+    engine = ForceEngine(model, device="cuda", mode="cudagraph")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # the second call replays (or runs the eager step again)
+            got = engine.compute(batch)
+            assert_close_to(got, want, "fp32", len(mols))
+    assert engine.capture_failures == fails and left[0] == 0
+    assert gc_during_capture and not any(gc_during_capture) and gc.isenabled()  # no collection while capturing
+    runner = engine._runners[engine.last_bucket]
+    assert isinstance(runner, engine_padded._EagerRunner) == (fails == 2)
+    assert any("runs eagerly" in str(w.message) for w in caught) == (fails == 2)
+
+
+@gpu
 def test_probe_memory_gpu(model):
     engine = ForceEngine(model, device="cuda")
     ratio = engine.probe_memory(_mols(50, seed=1))
@@ -381,6 +422,21 @@ def test_auto_mode_ladder_stops_at_auto_max_edges():
     assert graph.buckets.select(100, 2 * AUTO_MAX_EDGES) is not None
     mine = BucketLadder(max_edges=1024)
     assert ForceEngine(model, device="cpu", mode="auto", buckets=mine).buckets is mine
+
+
+def test_capture_failures_are_told_apart_from_other_errors():
+    """The messages CUDA gives for a refused or invalidated capture count as capture failures (retried); any other
+    error does not (raised as it is)."""
+    from mlff_distiller.cudagraph import is_capture_failure
+
+    for msg in (
+        "CUDA error: operation failed due to a previous error during capture",
+        "CUDA error: operation not permitted when stream is capturing",
+        "CUDA error: capture was invalidated (cudaErrorStreamCaptureInvalidated)",
+    ):
+        assert is_capture_failure(RuntimeError(msg)), msg
+    assert not is_capture_failure(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not is_capture_failure(ValueError("capture"))
 
 
 @pytest.mark.parametrize("fails", [1, 2])

@@ -9,14 +9,17 @@ copy what they keep.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 import torch
 
 from mlff_distiller.buckets import PaddedGraph
 
-__all__ = ["GraphRunner", "cuda_graphs_available"]
+__all__ = ["GraphRunner", "capturing", "cuda_graphs_available"]
 
 # Eager runs on a side stream before capture: lazy initialisation (cuBLAS handles, autograd streams, Triton
 # JIT, torch.compile) must not happen during capture.
@@ -24,6 +27,33 @@ WARMUP_RUNS = 2
 # ``torch.cuda.graph``'s capture_error_mode for the step graphs: "global" (torch's default) lets an unsafe CUDA call
 # from any thread invalidate the capture; "thread_local" only this thread's (the neighbour-list graphs use it).
 CAPTURE_MODE = os.environ.get("MLFF_DISTILLER_CAPTURE_MODE", "global")
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, mode: str = CAPTURE_MODE, **kwargs) -> Iterator[None]:
+    """``torch.cuda.graph(graph, capture_error_mode=mode, **kwargs)`` with Python's garbage collector off while the
+    stream captures. ``torch.cuda.graph`` collects once before it begins; a collection triggered by an allocation
+    during the capture could run finalisers that call CUDA (another engine's graph or stream destroyed), which
+    invalidates the capture. A failure names the Python threads alive then: in "global" mode any thread's unsafe
+    call ends the capture, and the thread is the first suspect."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode=mode, **kwargs):
+            yield
+    except RuntimeError as exc:
+        names = sorted(t.name for t in threading.enumerate())
+        exc.add_note(f"capture mode {mode!r}; Python threads alive: {', '.join(names)}")
+        raise
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def is_capture_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is CUDA refusing or invalidating a stream capture (cudaErrorStreamCapture*: "... during
+    capture", "operation not permitted when stream is capturing", ...), not an error of the captured work."""
+    return isinstance(exc, RuntimeError) and "captur" in str(exc).lower()
 
 
 def cuda_graphs_available(device: torch.device | str) -> bool:
@@ -54,7 +84,7 @@ class GraphRunner:
         torch.cuda.synchronize(device)
         self.cuda_graph = torch.cuda.CUDAGraph()
         # pool=None: a private memory pool for this bucket's graph.
-        with torch.cuda.graph(self.cuda_graph, capture_error_mode=CAPTURE_MODE):
+        with capturing(self.cuda_graph):
             self.outputs = fn(*graph.inputs())
 
     def replay(self) -> tuple[torch.Tensor, ...]:

@@ -19,7 +19,7 @@ import torch
 from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, Bucket, PaddedGraph, fill_padded, fill_padded_host
-from mlff_distiller.cudagraph import GraphRunner
+from mlff_distiller.cudagraph import GraphRunner, is_capture_failure
 from mlff_distiller.precision import _matmul_precision
 
 __all__ = ["COMPACT_MIN_EDGES", "VERLET_EDGE_HEADROOM", "PaddedPaths"]
@@ -155,7 +155,7 @@ class PaddedPaths:
                 runners.pop(bucket, None)
                 raise
             except RuntimeError as exc:  # torch.AcceleratorError is one
-                if "capture" not in str(exc).lower():
+                if not is_capture_failure(exc):
                     raise
                 failure = exc
                 self.capture_failures += 1

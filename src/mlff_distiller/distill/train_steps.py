@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from mlff_distiller.buckets import Bucket
+from mlff_distiller.cudagraph import capturing
 from mlff_distiller.distill.dataset import FrameDataset
 from mlff_distiller.distill.objective import _NO_HVP_LABELS, _NO_STRESS_LABELS, _central_hvp, _loss
 from mlff_distiller.distill.optim import _EMA
@@ -244,7 +245,7 @@ class _StaticStep:
             t0 = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph):
+                with capturing(graph, mode="global"):
                     cap.out = self._body(cap)
             except Exception as exc:  # any capture failure: run this capacity eagerly
                 torch.cuda.synchronize(self.device)

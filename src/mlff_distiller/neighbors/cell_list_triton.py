@@ -61,6 +61,7 @@ import weakref
 
 import torch
 
+from mlff_distiller.cudagraph import capturing
 from mlff_distiller.neighbors._common import Geometry, HostCells, NeighborList, finish, prepare
 from mlff_distiller.neighbors._triton_host import (
     MAX_ROW_SORT,
@@ -770,7 +771,7 @@ def _capture(positions, batch, host: HostCells, tables, key: tuple, mode: str) -
     sbatch.copy_(batch)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.no_grad(), torch.cuda.device(device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.no_grad(), torch.cuda.device(device), capturing(graph, mode="thread_local"):
             q = _queue_periodic(pos, sbatch, tables, host.cutoff, spec=True, rows=mode == "clone")
     except Exception as exc:  # a torch or Triton version that cannot capture these launches: stay on the plain path
         host.derived[key] = _OFF
