@@ -145,8 +145,8 @@ faulthandler.cancel_dump_traceback_later()
 
 def _torchrun(script, args, out_dir, timeout: float):
     """``torchrun --standalone --nproc_per_node 2 script args``; ``None`` if it hangs past ``timeout`` (then the
-    launcher and its workers are killed, not left running, and each rank's stack dump,
-    written by faulthandler after ``timeout / 2``, is in ``out_dir/stacks<rank>.txt``)."""
+    launcher and its workers are killed, not left running; the stack dumps faulthandler wrote after ``timeout / 2``
+    are in ``out_dir/stacks<rank>.txt`` and ``out_dir/stacks_launcher.txt``)."""
     import signal
     import subprocess
     import sys
@@ -154,7 +154,12 @@ def _torchrun(script, args, out_dir, timeout: float):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CHILD_STACKS_AFTER_S": str(timeout / 2)}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(name, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    launcher = (  # torchrun itself, with a stack dump of the launcher too
+        "import faulthandler, sys; from torch.distributed.run import main; "
+        f"faulthandler.dump_traceback_later({timeout / 2}, file=open({str(out_dir / 'stacks_launcher.txt')!r}, 'w')); "
+        "main(sys.argv[1:]); faulthandler.cancel_dump_traceback_later()"
+    )
+    cmd = [sys.executable, "-c", launcher, "--standalone", "--nproc_per_node", "2", str(script)]
     proc = subprocess.Popen(
         [*cmd, *map(str, args)],
         env=env,
