@@ -86,10 +86,11 @@ def _water_walk(steps: int) -> list[tuple[str, float, float]]:
 
 def _benzene():
     from ase.build import molecule
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+    from mlff_distiller.ase_compat import maxwell_boltzmann
 
     atoms = molecule("C6H6")
-    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(0))
     return atoms
 
 

@@ -221,17 +221,17 @@ def _host_md_steps(n_atoms: int = 192, steps: int = 2000) -> list[str]:
 
     import numpy as np
     from ase import units
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
     from ase.md.verlet import VelocityVerlet
     from systems import water_box
 
     from mlff_distiller import StudentModel
+    from mlff_distiller.ase_compat import maxwell_boltzmann
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     model = StudentModel(species=[1, 8], hidden=128, layers=3, n_rbf=20, cutoff=5.0)
     atoms = water_box(n_atoms, seed=0)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # mode "cudagraph" on a CPU: the padded eager path, with a warning
         calc = StudentCalculator(model, device=device, mode="cudagraph")

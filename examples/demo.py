@@ -17,10 +17,10 @@ import torch
 from ase.build import molecule
 from ase.constraints import FixCom
 from ase.md.langevin import Langevin
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from ase.units import fs
 
 from mlff_distiller import StudentCalculator, StudentModel, builtin_models, load_model, predict_forces
+from mlff_distiller.ase_compat import maxwell_boltzmann
 
 MOLECULES = ["CH4", "H2O", "CH3CH2OH", "C6H6", "CH3COOH", "HCOOH"]
 
@@ -48,7 +48,7 @@ def main() -> None:
     # 1. MD: 200 steps of Langevin dynamics on ethanol at 300 K.
     atoms = molecule("CH3CH2OH")
     atoms.calc = StudentCalculator(model, device=device)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(0))
     atoms.set_constraint(FixCom())  # keeps the molecule in place (Langevin's fixcm flag is deprecated in ASE)
     dyn = Langevin(atoms, 0.5 * fs, temperature_K=300, friction=0.01, fixcm=False, rng=np.random.default_rng(1))
     dyn.run(10)  # warm-up

@@ -176,15 +176,16 @@ def stability_run(
     from ase.build import molecule
     from ase.constraints import FixCom
     from ase.md.langevin import Langevin
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
+    from ase.md.velocitydistribution import Stationary, ZeroRotation
 
+    from mlff_distiller.ase_compat import maxwell_boltzmann
     from mlff_distiller.calculator import StudentCalculator
 
     atoms = molecule("CH3CH2OH")
     atoms.calc = StudentCalculator(model, device=device, precision="fp32")
     atoms.set_constraint(FixCom())
     rng = np.random.default_rng(seed)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature, rng=rng)
+    maxwell_boltzmann(atoms, temperature, rng=rng)
     Stationary(atoms)
     ZeroRotation(atoms)
     dyn = Langevin(

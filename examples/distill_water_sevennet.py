@@ -69,12 +69,13 @@ def teacher_md_step_seconds(box, teacher, *, warmup: int, steps: int, temperatur
     """Wall-clock seconds per Langevin step of the teacher on a copy of ``box`` (what labelling pays)."""
     from ase import units
     from ase.md.langevin import Langevin
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+    from mlff_distiller.ase_compat import maxwell_boltzmann
 
     work = box.copy()
     work.calc = teacher
     rng = np.random.default_rng(0)
-    MaxwellBoltzmannDistribution(work, temperature_K=temperature, rng=rng)
+    maxwell_boltzmann(work, temperature, rng=rng)
     dyn = Langevin(work, timestep=0.5 * units.fs, temperature_K=temperature, friction=0.01 / units.fs, rng=rng)
     dyn.run(warmup)
     _sync()

@@ -6,12 +6,12 @@ from ase import units
 from ase.build import molecule
 from ase.calculators.calculator import PropertyNotImplementedError
 from ase.md.langevin import Langevin
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from ase.md.verlet import VelocityVerlet
 from ase.optimize import BFGS, FIRE
 from helpers import silicon_cell
 
 from mlff_distiller import StudentCalculator, predict_forces
+from mlff_distiller.ase_compat import maxwell_boltzmann
 
 
 def test_properties_match_predict(model):
@@ -45,7 +45,7 @@ def test_accepts_checkpoint_path(tmp_path, model):
 def test_nve_conserves_energy(model):
     atoms = molecule("CH3CH2OH")
     atoms.calc = StudentCalculator(model, device="cpu", precision="fp64")
-    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(0))
     e0 = atoms.get_total_energy()
     energies = []
     dyn = VelocityVerlet(atoms, timestep=0.5 * units.fs)
@@ -76,7 +76,7 @@ def test_verlet_skin_md_matches_fresh_list(model):
 
     atoms = silicon_cell(rattle=0.05)
     atoms.calc = StudentCalculator(model, device="cpu", precision="fp64", skin=0.5)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=1500, rng=np.random.default_rng(3))
+    maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(3))
     fresh = StudentCalculator(model, device="cpu", precision="fp64", skin=None)
     dyn = VelocityVerlet(atoms, 2.0 * units.fs)
     for _ in range(15):
@@ -113,7 +113,7 @@ def test_calculator_atoms_stay_a_private_copy_in_md(model):
     calculation), and get_atoms / reset / other changes behave as with ASE's own path."""
     atoms = molecule("CH3CH2OH")
     atoms.info["tag"] = 1
-    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(1))
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(1))
     calc = StudentCalculator(model, device="cpu", precision="fp64", skin=0.5)
     atoms.calc = calc
     calls = []
@@ -322,3 +322,37 @@ def test_cell_relaxation_padded_stress_equals_eager(model):
     (n_pad, v_pad, e_pad), (n_eager, v_eager, e_eager) = results
     assert n_pad == n_eager > 5
     assert v_pad == pytest.approx(v_eager, rel=1e-9) and e_pad == pytest.approx(e_eager, abs=1e-9)
+
+
+def test_maxwell_boltzmann_draws_like_ase_and_does_not_warn():
+    """``ase_compat.maxwell_boltzmann`` gives the momenta of ASE's own draw for the same seed, without the
+    deprecation warning ASE 3.29 gives for ``MaxwellBoltzmannDistribution``."""
+    import warnings
+
+    from ase.md import velocitydistribution
+
+    from mlff_distiller.ase_compat import maxwell_boltzmann
+
+    a, b = molecule("C6H6"), molecule("C6H6")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        maxwell_boltzmann(a, 450.0, rng=np.random.default_rng(7))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        velocitydistribution.MaxwellBoltzmannDistribution(b, temperature_K=450.0, rng=np.random.default_rng(7))
+    assert np.abs(a.get_momenta()).max() > 0
+    np.testing.assert_array_equal(a.get_momenta(), b.get_momenta())
+
+
+def test_maxwell_boltzmann_before_ase_3_29(monkeypatch):
+    """Without ``thermalize_momenta`` (ASE < 3.29) the helper calls ``MaxwellBoltzmannDistribution``."""
+    from ase.md import velocitydistribution
+
+    from mlff_distiller.ase_compat import maxwell_boltzmann
+
+    calls = []
+    monkeypatch.delattr(velocitydistribution, "thermalize_momenta")
+    monkeypatch.setattr(velocitydistribution, "MaxwellBoltzmannDistribution", lambda *a, **k: calls.append((a, k)))
+    atoms, rng = molecule("H2O"), np.random.default_rng(1)
+    maxwell_boltzmann(atoms, 300.0, rng=rng)
+    assert calls == [((atoms,), {"temperature_K": 300.0, "rng": rng})]

@@ -6,11 +6,11 @@ import pytest
 import torch
 from ase import Atoms, units
 from ase.build import molecule
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from helpers import assert_bucket_csr, make_model, silicon_cell
 from mlff_distiller.kernels import use_backend
 
 from mlff_distiller import ForceEngine
+from mlff_distiller.ase_compat import maxwell_boltzmann
 from mlff_distiller.batch import AtomsBatch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -32,7 +32,7 @@ def test_padded_verlet_md_matches_fresh_list(model, device, system, speculative)
     after the first launches on the current list before the displacement test (the default on CUDA, forced here
     on the CPU too); a step whose test asks for a rebuild discards that result, so the forces still match."""
     atoms = molecule("C6H6") if system == "benzene" else silicon_cell(rattle=0.05)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=1200, rng=np.random.default_rng(5))
+    maxwell_boltzmann(atoms, 1200, rng=np.random.default_rng(5))
     fast, ref = _engines(model, device, skin=0.4)
     fast.speculative_verlet = speculative
     positions_seen = []

@@ -436,13 +436,14 @@ def test_verlet_skin_md_matches_fresh_list():
     the skin list equals a fresh list (pairs, shifts, CSR) and gives the same pair-potential forces."""
     from ase.build import bulk
     from ase.calculators.emt import EMT
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
     from ase.md.verlet import VelocityVerlet
     from ase.units import fs
 
+    from mlff_distiller.ase_compat import maxwell_boltzmann
+
     atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
     atoms.rattle(0.05, seed=3)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=2000, rng=np.random.default_rng(4))
+    maxwell_boltzmann(atoms, 2000, rng=np.random.default_rng(4))
     atoms.calc = EMT()
     cutoff = 4.0
     skin_nl = VerletNeighborList(cutoff, skin=0.4)

@@ -361,9 +361,9 @@ def run_md(job: MDJob) -> dict:
     import numpy as np
     from ase import units
     from ase.md.langevin import Langevin
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
     from ase.md.verlet import VelocityVerlet
 
+    from mlff_distiller.ase_compat import maxwell_boltzmann
     from mlff_distiller.calculator import StudentCalculator
 
     if job.ensemble not in ("langevin", "nve", "npt"):
@@ -373,7 +373,7 @@ def run_md(job: MDJob) -> dict:
     atoms = _read_structures(job.input)[0]
     atoms.calc = StudentCalculator(job.model, device=job.device, precision=job.precision)
     rng = np.random.default_rng(job.seed)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=job.temperature, rng=rng)
+    maxwell_boltzmann(atoms, job.temperature, rng=rng)
     dt = job.timestep_fs * units.fs
     if job.ensemble == "npt":
         from mlff_distiller.distill.evaluation import density_g_cm3, npt_berendsen

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from ase import Atoms, units
 from ase.calculators.calculator import Calculator
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
+from ase.md.velocitydistribution import Stationary, ZeroRotation
 from ase.md.verlet import VelocityVerlet
 
+from mlff_distiller.ase_compat import maxwell_boltzmann
 from mlff_distiller.calculator import StudentCalculator
 from mlff_distiller.distill.dataset import periodic_stress
 from mlff_distiller.engine import ForceEngine
@@ -170,7 +171,7 @@ def learning_curve_plot(history: Sequence[dict], path: str | Path) -> Path:
 
 
 def _init_velocities(atoms: Atoms, temperature: float, seed: int) -> None:
-    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature, rng=np.random.default_rng(seed))
+    maxwell_boltzmann(atoms, temperature, rng=np.random.default_rng(seed))
     if not atoms.pbc.any():
         Stationary(atoms)
         ZeroRotation(atoms)

@@ -29,8 +29,9 @@ from ase.calculators.calculator import Calculator
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.constraints import FixCom
 from ase.md.langevin import Langevin
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
+from ase.md.velocitydistribution import Stationary, ZeroRotation
 
+from mlff_distiller.ase_compat import maxwell_boltzmann
 from mlff_distiller.distill.dataset import periodic_stress
 
 __all__ = ["Deduplicator", "SamplingConfig", "Task", "make_tasks", "run_task"]
@@ -221,7 +222,7 @@ def run_task(
     if not atoms.pbc.any():
         # Langevin's fixcm flag is deprecated (ASE >= 3.28); a FixCom constraint keeps a molecule in place.
         atoms.set_constraint(FixCom())
-    MaxwellBoltzmannDistribution(atoms, temperature_K=task.temperature, rng=rng)
+    maxwell_boltzmann(atoms, task.temperature, rng=rng)
     if not atoms.pbc.any():
         Stationary(atoms)
         # ZeroRotation divides by principal moments, one of which is 0 for a linear molecule (it then
