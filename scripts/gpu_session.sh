@@ -18,6 +18,8 @@
 #   bash scripts/gpu_session.sh stress    # CUDA tests of the padded stress step + bench_stress.py (128 x 3 and 64 x 3)
 #   bash scripts/gpu_session.sh npt       # NPT: CUDA tests of the kept Verlet list, bench_stress, the water NPT student
 #                                         #   vs SevenNet-0 per NPT step (needs .whl7)
+#   bash scripts/gpu_session.sh capture   # CUDA tests of every capture site + stop 23's seven-file sequence with one
+#                                         #   capture attempt, repeated (the intermittent invalidation)
 #   bash scripts/gpu_session.sh mdprobe   # one benzene MD step piece by piece (probe_md_step.py)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
@@ -47,7 +49,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 declare -A seen=()
@@ -278,6 +280,29 @@ print(json.dumps(out, indent=1))
       --student benchmarks/results/water_sevennet_npt_h100/water-sevennet-npt.pt --teacher sevennet-0 --npt-steps 300 \
       --teacher-steps 40 >"$res/bench_npt_student.log" 2>&1
     grep -E "^\| |speed-up" "$res/npt_water_student_h100.md" | tail -8; tail -3 "$res/bench_npt_student.log"
+    ;;
+  capture)
+    # Stop 24 (no device time that stop): the capture changes (garbage collector off during every capture, the
+    # retry on a real invalidated capture) and the hunt for stop 23's intermittent stress-step invalidation.
+    # 1. CUDA tests of the capture sites: engine steps (incl. the real-invalidation retry test), the stress steps,
+    #    the periodic cell list's graphs, the captured training step.
+    timeout $(box 260) python3 -m pytest -v -p no:cacheprovider --timeout=200 tests/test_engine_modes.py \
+      tests/test_engine_stress.py tests/test_neighbors_periodic.py tests/distill/test_training_static.py \
+      tests/distill/test_stress_training.py -k "cuda or gpu" >"$res/pytest_capture.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_capture.log"; grep -E " (FAILED|ERROR)" "$res/pytest_capture.log" | head; tail -2 "$res/pytest_capture.log"
+    # 2. The seven-file sequence in which stop 23 saw the invalidation, with one capture attempt (no retry: an
+    #    invalidation fails its test and names the live Python threads), repeated while the box lasts.
+    seven="tests/test_engine_modes.py tests/test_calculator.py tests/test_engine.py tests/test_engine_verlet.py \
+      tests/test_engine_stress.py tests/test_physics.py tests/test_buckets.py"
+    end=$(( $(date +%s) + $(box 320) ))
+    k=0
+    while [ $(( end - $(date +%s) )) -gt 170 ]; do
+      k=$((k + 1))
+      timeout 200 python3 -c "import sys, pytest, mlff_distiller.engine_padded as e; e.CAPTURE_ATTEMPTS = 1; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '-k', 'cuda or gpu', *sys.argv[1:]]))" \
+        $seven >"$res/pytest_seven_$k.log" 2>&1
+      echo "seven-file run $k: $(tail -1 "$res/pytest_seven_$k.log")"; grep -E "^FAILED|threads alive" "$res/pytest_seven_$k.log" | head -5
+    done
     ;;
   mdprobe)
     # One benzene MD step piece by piece on the GPU host (probe_md_step.py): ASE, host work, launch, copies.

@@ -213,7 +213,8 @@ class _FakeCapture:
                     self.fn()
 
         @contextlib.contextmanager
-        def graph(g):
+        def graph(g, capture_error_mode="global"):
+            assert capture_error_mode in ("global", "thread_local")
             if fail:
                 raise RuntimeError("operation not permitted when stream is capturing")
             fake.capturing, fake.captures = g, fake.captures + 1
