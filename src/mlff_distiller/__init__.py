@@ -1,10 +1,12 @@
 """mlff-distiller: distil slow teacher force fields into fast PaiNN-class students.
 
 Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :class:`ForceEngine`,
-:class:`StudentCalculator`, :class:`AtomsBatch`. Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
+:class:`StudentCalculator`, :class:`AtomsBatch`; :class:`NonFiniteOutputError` (a NaN or inf output, never
+returned). Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
 """
 
 from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.calculator import StudentCalculator
 from mlff_distiller.checkpoint import builtin_models, load_model
 from mlff_distiller.engine import ForceEngine
@@ -18,6 +20,7 @@ __all__ = [
     "AtomsBatch",
     "ForceEngine",
     "ModelConfig",
+    "NonFiniteOutputError",
     "StudentCalculator",
     "StudentModel",
     "__version__",

@@ -1,6 +1,11 @@
 """Many structures through one :class:`~mlff_distiller.engine.ForceEngine`: batches, the host/device pipeline,
 out-of-memory splits and the per-structure result rows (:meth:`ForceEngine.predict` and ``predict_forces``).
 
+A structure whose energy, forces or stress come out non-finite (NaN or inf, e.g. a float32 overflow in a
+structure far outside anything the model describes: atoms on top of each other, thousands of neighbours) is never
+returned as a number: every other structure is still computed, then :class:`NonFiniteOutputError` names the bad
+ones and carries all results (``None`` at the bad indices).
+
 The host work of a batch (reading the ``ase.Atoms``, the molecular neighbour list, the result rows) costs
 ~5 µs per small molecule on the GPU machine's host, several times the device step (~1.3 µs per g2 molecule on an
 H100, benchmarks/results/bench_host_h100_final.md). With ``pipeline`` on, batch k+1 is read and launched while
@@ -11,6 +16,7 @@ batch k's rows are made once its copy has landed. The results are those of the s
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -22,7 +28,41 @@ from mlff_distiller.batch import AtomsBatch
 if TYPE_CHECKING:
     from mlff_distiller.engine import ForceEngine
 
-__all__ = ["chunks", "predict_structures", "result_rows"]
+__all__ = ["NonFiniteOutputError", "chunks", "nonfinite_message", "predict_structures", "result_rows"]
+
+
+class NonFiniteOutputError(ValueError):
+    """The student gave a non-finite energy, force or stress for some structures.
+
+    Attributes:
+        indices: the input positions of those structures.
+        results: one entry per input structure: its result dict, or ``None`` for the structures in ``indices``
+            (nothing else that was computed is lost).
+    """
+
+    def __init__(self, message: str, indices: list[int], results: list[dict | None]) -> None:
+        super().__init__(message)
+        self.indices, self.results = indices, results
+
+
+def nonfinite_message(atoms, cutoff: float, where: str = "structure") -> str:
+    """Why a structure's outputs may have overflowed: its closest atom pair and its largest number of neighbours
+    within ``cutoff`` (periodic images included), from ASE's neighbour list."""
+    from ase.neighborlist import neighbor_list
+
+    msg = f"{where}: the student's energy, forces or stress are not finite (NaN or inf)"
+    try:
+        i, d = neighbor_list("id", atoms, float(cutoff), self_interaction=False)
+    except Exception:
+        return msg
+    if len(d) == 0:
+        return msg
+    most = int(np.bincount(i, minlength=len(atoms)).max())
+    return (
+        f"{msg}; its closest atom pair is {float(d.min()):.3g} Å apart and one atom has {most} neighbours within "
+        f"{float(cutoff):g} Å (a structure far outside the training data overflows float32; if these numbers are "
+        "ordinary, check the model's weights)"
+    )
 
 
 def predict_structures(
@@ -60,6 +100,15 @@ def predict_structures(
         pending = launched
     if pending is not None:
         results.extend(pending.rows())
+    bad = [k for k, row in enumerate(results) if row is None]
+    if bad:
+        listed = ", ".join(map(str, bad[:10])) + (f" ... ({len(bad)} in all)" if len(bad) > 10 else "")
+        first = nonfinite_message(structures[bad[0]], engine.cutoff, f"structure {bad[0]}")
+        raise NonFiniteOutputError(
+            f"non-finite outputs for structure(s) {listed}; the other results are in this error's `results`. {first}",
+            bad,
+            results,
+        )
     return results
 
 
@@ -117,21 +166,37 @@ def _split_after_oom(engine: ForceEngine, chunk: list, stress: bool, err: torch.
     return _predict_chunk(engine, chunk[:half], stress) + _predict_chunk(engine, chunk[half:], stress)
 
 
-def result_rows(batch: AtomsBatch, out: dict[str, torch.Tensor], stress: bool = False) -> list[dict]:
+def result_rows(batch: AtomsBatch, out: dict[str, torch.Tensor], stress: bool = False) -> list[dict | None]:
     """One dict per structure of ``batch`` from the host outputs ``out`` of :meth:`ForceEngine.compute`: ``energy``
-    (float), ``forces`` and ``energies`` (float64 arrays) and, where asked and valid, ``stress``. One conversion per
-    output, then NumPy slices per structure (torch.split + .numpy() per structure cost ~7 µs a structure, 28 ms for
-    4,096 small molecules, more than their GPU step; np.split ~2.5 µs)."""
+    (float), ``forces`` and ``energies`` (float64 arrays) and, where asked and valid, ``stress``; ``None`` for a
+    structure with a non-finite output. One conversion per output, then NumPy slices per structure (torch.split +
+    .numpy() per structure cost ~7 µs a structure, 28 ms for 4,096 small molecules, more than their GPU step;
+    np.split ~2.5 µs)."""
     ptr = batch.ptr.tolist()
-    energy = out["energy"].double().numpy().tolist()
+    e_all = out["energy"].double().numpy()
+    energy = e_all.tolist()
     f64, e64 = out["forces"].double().numpy(), out["atomic_energies"].double().numpy()
     forces = [f64[a:b] for a, b in itertools.pairwise(ptr)]
     atomic = [e64[a:b] for a, b in itertools.pairwise(ptr)]
     rows = [{"energy": e, "forces": f, "energies": a} for e, f, a in zip(energy, forces, atomic, strict=True)]
+    voigt = valid = None
     if stress:
-        voigt = out["stress"].double().numpy()
-        for b in np.flatnonzero(out["stress_valid"].numpy()):
+        voigt, valid = out["stress"].double().numpy(), np.flatnonzero(out["stress_valid"].numpy())
+        for b in valid:
             rows[b]["stress"] = voigt[b]
+    # One sum per output decides for the whole batch (a NaN or inf anywhere makes it non-finite; finite values
+    # large enough to overflow the sum send it to the exact per-structure test, which then finds nothing).
+    with np.errstate(over="ignore", invalid="ignore"):
+        sums = [e_all.sum(), f64.sum()] + ([voigt[valid].sum()] if voigt is not None else [])
+    if not all(math.isfinite(x) for x in sums):
+        bad = ~np.isfinite(e_all)
+        atom_bad = ~np.isfinite(f64).all(axis=1)
+        if atom_bad.any():
+            bad[batch.batch.numpy()[atom_bad]] = True
+        if voigt is not None:
+            bad[valid] |= ~np.isfinite(voigt[valid]).all(axis=1)
+        for b in np.flatnonzero(bad):
+            rows[b] = None
     return rows
 
 

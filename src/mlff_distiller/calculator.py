@@ -12,6 +12,7 @@ import torch
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
 from mlff_distiller.batch import MIN_VOLUME, AtomsBatch
+from mlff_distiller.batching import NonFiniteOutputError, nonfinite_message
 from mlff_distiller.checkpoint import load_model
 from mlff_distiller.engine import ForceEngine
 from mlff_distiller.model import StudentModel
@@ -217,6 +218,10 @@ class StudentCalculator(Calculator):
         # as_numpy: one device-to-host copy of all outputs on the padded path, unpacked as NumPy views.
         out = self.engine.compute(batch, forces=True, stress=want_stress, as_numpy=True)
         energy = float(out["energy"][0])
+        if not _all_finite(energy, out["forces"], out["stress"][0] if want_stress else None):
+            # never NaN or inf to ASE: e.g. a float32 overflow in a structure far outside the training data
+            message = nonfinite_message(self.atoms, self.engine.cutoff, "StudentCalculator")
+            raise NonFiniteOutputError(message, [0], [None])
         self.results = {
             "energy": energy,
             "free_energy": energy,
@@ -225,6 +230,17 @@ class StudentCalculator(Calculator):
         }
         if want_stress:
             self.results["stress"] = out["stress"][0].astype(np.float64, copy=False)
+
+
+def _all_finite(energy: float, forces: np.ndarray, stress: np.ndarray | None) -> bool:
+    """No NaN or inf among the outputs: one sum (~1 µs for 192 atoms), the exact test only if the sum is not
+    finite (it may overflow on large finite values)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = energy + float(forces.sum()) + (float(stress.sum()) if stress is not None else 0.0)
+    if math.isfinite(total):
+        return True
+    finite_stress = stress is None or bool(np.isfinite(stress).all())
+    return math.isfinite(energy) and bool(np.isfinite(forces).all()) and finite_stress
 
 
 def _array(x):

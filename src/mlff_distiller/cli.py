@@ -340,19 +340,28 @@ def run_predict(job: PredictJob) -> dict:
     import ase.io
     from ase.calculators.singlepoint import SinglePointCalculator
 
+    from mlff_distiller.batching import NonFiniteOutputError
     from mlff_distiller.predict import predict_forces
 
     frames = _read_structures(job.input)
     t0 = time.perf_counter()
-    preds = predict_forces(job.model, frames, device=job.device, batch_size=job.batch_size, precision=job.precision)
+    failure = None
+    try:
+        preds = predict_forces(job.model, frames, device=job.device, batch_size=job.batch_size, precision=job.precision)
+    except NonFiniteOutputError as err:  # the finite results are still written, then the error is reported
+        failure, preds = err, err.results
     seconds = time.perf_counter() - t0
     out = []
     for atoms, p in zip(frames, preds, strict=True):
+        if p is None:
+            continue
         a = atoms.copy()
         a.calc = SinglePointCalculator(a, energy=p["energy"], forces=p["forces"], energies=p["energies"])
         out.append(a)
     Path(job.output).parent.mkdir(parents=True, exist_ok=True)
     ase.io.write(job.output, out, format="extxyz")
+    if failure is not None:
+        raise ValueError(f"{failure}\n{job.output} holds the other {len(out)} of {len(frames)} structures") from None
     return {"structures": len(out), "seconds": seconds, "output": job.output}
 
 

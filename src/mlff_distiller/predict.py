@@ -52,6 +52,11 @@ def predict_forces(
         One dict per structure, in input order: ``energy`` (float, eV), ``forces`` (ndarray [n, 3], eV/Å),
         ``energies`` (ndarray [n], per-atom eV) and, when ``stress`` and periodic, ``stress`` (ndarray [6],
         eV/Å³, Voigt xx yy zz yz xz xy, ASE sign).
+    Raises:
+        ValueError: bad input (unknown element, non-finite positions, zero-volume cell, ...), before any compute.
+        NonFiniteOutputError: (a ``ValueError``) some structures gave a NaN or inf output, e.g. a float32 overflow
+            far outside the training data; every other structure was computed and is in the error's ``results``
+            (``None`` at its ``indices``).
     """
     if hasattr(structures, "get_positions"):
         structures = [structures]
