@@ -233,10 +233,11 @@ class StudentCalculator(Calculator):
 
 
 def _all_finite(energy: float, forces: np.ndarray, stress: np.ndarray | None) -> bool:
-    """No NaN or inf among the outputs: one sum (~1 µs for 192 atoms), the exact test only if the sum is not
-    finite (it may overflow on large finite values)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = energy + float(forces.sum()) + (float(stress.sum()) if stress is not None else 0.0)
+    """No NaN or inf among the outputs: one float64 sum (~1.3 µs for benzene on the development CPU), the exact
+    test only if the sum is not finite (large finite float64 values can overflow it)."""
+    total = energy + float(forces.sum(dtype=np.float64))
+    if stress is not None:
+        total += float(stress.sum(dtype=np.float64))
     if math.isfinite(total):
         return True
     finite_stress = stress is None or bool(np.isfinite(stress).all())
