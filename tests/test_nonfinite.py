@@ -128,3 +128,13 @@ def test_cli_predict_writes_the_finite_structures_and_fails(model, monkeypatch, 
     written = ase.io.read(out, index=":")
     assert [len(a) for a in written] == [len(s) for k, s in enumerate(structures) if k not in (1, 4)]
     assert all(np.isfinite(a.get_forces()).all() for a in written)
+
+
+def test_the_diagnosis_of_an_absurd_density_skips_the_neighbour_list():
+    """A 0.02 Å cell would ask ASE for ~1e8 pairs per atom: the message gives the density instead."""
+    from mlff_distiller.batching import nonfinite_message
+
+    dense = Atoms("H2", positions=[[0, 0, 0], [0.01, 0, 0]], cell=[0.02] * 3, pbc=True)
+    assert "atoms/Å³" in nonfinite_message(dense, 5.0)
+    tiny = Atoms("H2", positions=[[0, 0, 0], [0.7, 0, 0]], cell=[0.5] * 3, pbc=True)
+    assert "closest atom pair is 0.2 Å apart" in nonfinite_message(tiny, 5.0)

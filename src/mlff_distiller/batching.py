@@ -51,6 +51,12 @@ def nonfinite_message(atoms, cutoff: float, where: str = "structure") -> str:
     from ase.neighborlist import neighbor_list
 
     msg = f"{where}: the student's energy, forces or stress are not finite (NaN or inf)"
+    if atoms.pbc.any():
+        volume = abs(float(np.linalg.det(atoms.cell.array))) if atoms.pbc.all() else 0.0
+        if volume > 0:
+            pairs = len(atoms) ** 2 * (4 / 3) * math.pi * float(cutoff) ** 3 / volume
+            if pairs > 5e7:  # ASE's list would take minutes and gigabytes: the density says enough
+                return f"{msg}; it has {len(atoms) / volume:.3g} atoms/Å³, ~{pairs / len(atoms):.3g} neighbours each"
     try:
         i, d = neighbor_list("id", atoms, float(cutoff), self_interaction=False)
     except Exception:
