@@ -1,8 +1,9 @@
 """``ForceEngine``: energies of a batch, then forces (and stress) from one ``torch.autograd.grad`` call.
 
-Stress uses the strain trick: positions and cell are deformed by a symmetric strain ε (zero-valued, but part of
-the graph), and σ = (1/V) ∂E/∂ε: ASE's sign convention (pressure = −trace(σ)/3, as ``ase.Atoms.get_stress``
-reports). Voigt order: xx, yy, zz, yz, xz, xy.
+Stress is σ = (1/V) ∂E/∂ε for a homogeneous strain ε, taken from the same ``autograd.grad`` call: it also
+differentiates with respect to the shift vectors, which gives the gradient over every pair vector r_ij, and
+∂E/∂ε = Σ r_ij ⊗ ∂E/∂r_ij per structure (``engine_padded.edge_virial``). ASE's sign convention (pressure =
+−trace(σ)/3, as ``ase.Atoms.get_stress`` reports); Voigt order xx, yy, zz, yz, xz, xy.
 
 Modes (``mode=``):
 
