@@ -395,6 +395,7 @@ def test_capture_invalidated_by_cuda_is_retried_on_cuda(model, monkeypatch, fail
             assert_close_to(got, want, "fp32", len(mols))
     assert engine.capture_failures == fails and left[0] == 0
     assert gc_during_capture and not any(gc_during_capture) and gc.isenabled()  # no collection while capturing
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()  # the failed captures gave the stream back
     runner = engine._runners[engine.last_bucket]
     assert isinstance(runner, engine_padded._EagerRunner) == (fails == 2)
     assert any("runs eagerly" in str(w.message) for w in caught) == (fails == 2)

@@ -31,17 +31,26 @@ CAPTURE_MODE = os.environ.get("MLFF_DISTILLER_CAPTURE_MODE", "global")
 
 @contextlib.contextmanager
 def capturing(graph: torch.cuda.CUDAGraph, mode: str = CAPTURE_MODE, **kwargs) -> Iterator[None]:
-    """``torch.cuda.graph(graph, capture_error_mode=mode, **kwargs)`` with Python's garbage collector off while the
-    stream captures. ``torch.cuda.graph`` collects once before it begins; a collection triggered by an allocation
-    during the capture could run finalisers that call CUDA (another engine's graph or stream destroyed), which
-    invalidates the capture. A failure names the Python threads alive then: in "global" mode any thread's unsafe
-    call ends the capture, and the thread is the first suspect."""
+    """``torch.cuda.graph(graph, capture_error_mode=mode, **kwargs)``, made safe to retry.
+
+    * Python's garbage collector is off while the stream captures. ``torch.cuda.graph`` no longer collects before
+      it begins (only with ``torch.compiler.config.force_cudagraph_gc``, torch 2.13), so a collection triggered
+      by an allocation inside the capture could finalise unreachable objects of earlier work (another engine's
+      graphs, streams, events, page-locked buffers) whose CUDA calls invalidate the capture.
+    * On a failed capture the caller's stream is current again: ``torch.cuda.graph.__exit__`` restores it only
+      after a successful ``capture_end``.
+    * A failure names the Python threads alive at the time: in "global" mode any thread's unsafe call ends the
+      capture, and such a thread is the first suspect.
+    """
     enabled = gc.isenabled()
+    stream = torch.cuda.current_stream() if torch.cuda.is_available() else None  # None: stand-ins in CPU tests
     gc.disable()
     try:
         with torch.cuda.graph(graph, capture_error_mode=mode, **kwargs):
             yield
     except RuntimeError as exc:
+        if stream is not None:
+            torch.cuda.set_stream(stream)
         names = sorted(t.name for t in threading.enumerate())
         exc.add_note(f"capture mode {mode!r}; Python threads alive: {', '.join(names)}")
         raise
