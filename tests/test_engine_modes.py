@@ -402,6 +402,49 @@ def test_capture_invalidated_by_cuda_is_retried_on_cuda(model, monkeypatch, fail
 
 
 @gpu
+def test_a_collection_inside_a_capture_cannot_destroy_an_old_graph(model, monkeypatch):
+    """Since torch 2.9 ``torch.cuda.graph`` no longer collects garbage before it captures (pytorch#158193), and an
+    automatic collection during a capture that finalises an unreachable CUDA graph invalidates the capture
+    (pytorch#161037; NVIDIA TransformerEngine#2092). Here the step, while it is being captured, drops a cycle that
+    holds a captured graph and then allocates enough Python objects to trigger collections: the engine's
+    captures keep the collector off, so nothing is retried and the result equals eager."""
+    from mlff_distiller import cudagraph, engine_padded
+
+    class Cycle:
+        def __init__(self, obj):
+            self.obj, self.me = obj, self
+
+    def old_graph():
+        g, x = torch.cuda.CUDAGraph(), torch.zeros(1, device="cuda")
+        with torch.cuda.graph(g):
+            x.add_(1)
+        return g
+
+    class Littering(cudagraph.GraphRunner):
+        def __init__(self, fn, graph):
+            def step(*args):
+                out = fn(*args)
+                if torch.cuda.is_current_stream_capturing():
+                    if held:
+                        Cycle(held.pop())  # the graph's only reference, in an unreachable cycle: GC frees it
+                    junk = [[] for _ in range(20_000)]  # well past gen-0's threshold: collections if enabled
+                    del junk
+                return out
+
+            super().__init__(step, graph)
+
+    held = [old_graph()]
+    monkeypatch.setattr(engine_padded, "GraphRunner", Littering)
+    batch = AtomsBatch.from_atoms(_mols(5, seed=8))
+    engine = ForceEngine(model, device="cuda", mode="cudagraph")
+    got = engine.compute(batch)
+    assert engine.capture_failures == 0
+    assert_close_to(got, ForceEngine(model, device="cuda", mode="eager").compute(batch), "fp32", 5)
+    assert not held
+    gc.collect()  # the old graph goes now, outside any capture
+
+
+@gpu
 def test_probe_memory_gpu(model):
     engine = ForceEngine(model, device="cuda")
     ratio = engine.probe_memory(_mols(50, seed=1))
