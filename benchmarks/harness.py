@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mlff_distiller.cudagraph import capturing
+
 __all__ = [
     "BenchRow",
     "Environment",
@@ -162,7 +164,7 @@ def time_graph(fn: Callable[[], object], device: torch.device, rep_ms: float = 1
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with capturing(graph):  # the collector off while capturing (see mlff_distiller.cudagraph)
             fn()
     except Exception as exc:  # any capture failure means "not capturable", reported as such
         print(f"  (not capturable as a CUDA graph: {type(exc).__name__}: {str(exc)[:120]})", flush=True)
@@ -188,7 +190,7 @@ def graph_time_per_call_us(fn: Callable[[], object], reps: int = 20) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capturing(graph):
         for _ in range(reps):
             fn()
     return triton.testing.do_bench(graph.replay, warmup=20, rep=150, return_mode="median") * 1e3 / reps
