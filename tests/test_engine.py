@@ -143,6 +143,34 @@ def test_mismatched_shapes_are_a_value_error():
         )
 
 
+def test_a_bad_device_is_a_value_error(model, monkeypatch):
+    """Unknown, unsupported or unavailable devices are a ValueError that says what to use, from every entry point
+    (engine, predict_forces, calculator, training config), not a torch error at the first tensor."""
+    from mlff_distiller import StudentCalculator
+    from mlff_distiller.distill import TrainConfig
+    from mlff_distiller.engine import default_device, resolve_device
+
+    assert resolve_device(None) == resolve_device("auto") == default_device()
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        resolve_device("gpu0")
+    with pytest.raises(ValueError, match="runs on 'cpu' or 'cuda'"):
+        ForceEngine(model, device="meta")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for make in (
+        lambda: ForceEngine(model, device="cuda"),
+        lambda: predict_forces(model, [molecule("H2O")], device="cuda:0"),
+        lambda: StudentCalculator(model, device="cuda"),
+        lambda: TrainConfig(device="cuda").resolved_device(),
+    ):
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            make()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"'cuda:3' requested but only 1 CUDA device\(s\)"):
+        resolve_device("cuda:3")
+
+
 def test_bad_arguments(model):
     with pytest.raises(ValueError, match="unknown precision"):
         predict_forces(model, [molecule("H2O")], precision="fp8")

@@ -110,6 +110,31 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """The device to run on: ``None`` or ``"auto"`` → :func:`default_device`; else ``"cpu"``, ``"cuda"`` or
+    ``"cuda:<index>"``, checked here so that a wrong one is a ``ValueError`` that says what is available, not an
+    error from deep inside torch at the first tensor."""
+    if device is None or device == "auto":
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}; use 'cpu', 'cuda' or 'cuda:<index>'") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: mlff-distiller runs on 'cpu' or 'cuda'")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else "no CUDA device visible"
+            raise ValueError(
+                f"device {str(device)!r} requested but CUDA is not available (torch {torch.__version__}: {build}); "
+                "use device='cpu', or leave device unset to take CUDA when there is one"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"device {str(device)!r} requested but only {count} CUDA device(s) are visible")
+    return dev
+
+
 def configure_compile_cache(cache_dir: str | Path) -> Path:
     """Persist ``torch.compile`` and Triton artifacts under ``cache_dir`` so a second process starts fast.
 
@@ -228,7 +253,7 @@ class ForceEngine(PaddedPaths):
         ):
             raise ValueError(f"spatial_sort_min_atoms must be None or an atom count >= 1, got {spatial_sort_min_atoms}")
         self.spatial_sort_min_atoms = None if spatial_sort_min_atoms is None else int(spatial_sort_min_atoms)
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = resolve_device(device)
         if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
             # "cuda" → "cuda:<current>": tensors always carry an index, and every same-device test below compares
             # devices (an unindexed engine device made a batch already on the GPU look foreign).

@@ -157,9 +157,9 @@ class TrainConfig:
             raise ValueError(f"bucket_growth must be > 1, got {self.bucket_growth}")
 
     def resolved_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        from mlff_distiller.engine import resolve_device
+
+        return resolve_device(self.device)
 
     def resolved_train_step(self, device: torch.device | None = None) -> str:
         """The step implementation that runs on ``device`` (default: :meth:`resolved_device`)."""
