@@ -483,6 +483,42 @@ def test_capture_failures_are_told_apart_from_other_errors():
     assert not is_capture_failure(ValueError("capture"))
 
 
+def test_capturing_keeps_the_collector_off_and_restores_it(monkeypatch):
+    """``cudagraph.capturing`` with a stand-in ``torch.cuda.graph``: the collector is off inside, back on after
+    (also after a failure, which carries the capture mode and the live threads as a note), and left off if the
+    caller had it off."""
+    import contextlib
+
+    from mlff_distiller.cudagraph import capturing
+
+    seen = []
+
+    @contextlib.contextmanager
+    def graph(g, capture_error_mode="global"):
+        seen.append(capture_error_mode)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gc.isenabled()
+    with capturing(object(), mode="thread_local"):
+        assert not gc.isenabled()
+    assert gc.isenabled() and seen == ["thread_local"]
+    with pytest.raises(RuntimeError, match="stream is capturing") as info:
+        with capturing(object()):
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    assert gc.isenabled() and any(
+        "Python threads alive: " in note and "MainThread" in note for note in info.value.__notes__
+    )
+    gc.disable()
+    try:
+        with capturing(object()):
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("fails", [1, 2])
 def test_an_invalidated_capture_is_retried_then_left_eager(model, monkeypatch, fails):
     """A capture that CUDA invalidates (seen once, intermittently, on the H100) is tried again; a second failure
