@@ -147,8 +147,8 @@ def test_a_bad_device_is_a_value_error(model, monkeypatch):
     """Unknown, unsupported or unavailable devices are a ValueError that says what to use, from every entry point
     (engine, predict_forces, calculator, training config), not a torch error at the first tensor."""
     from mlff_distiller import StudentCalculator
+    from mlff_distiller.devices import default_device, resolve_device
     from mlff_distiller.distill import TrainConfig
-    from mlff_distiller.engine import default_device, resolve_device
 
     assert resolve_device(None) == resolve_device("auto") == default_device()
     assert resolve_device("cpu") == torch.device("cpu")

@@ -57,6 +57,7 @@ from mlff_distiller.buckets import (
     far_shift,
 )
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
+from mlff_distiller.devices import default_device, resolve_device
 from mlff_distiller.engine_padded import PaddedPaths, edge_virial, stress_from_strain_gradient
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model.painn import CSRInteraction
@@ -103,36 +104,6 @@ EDGES_PER_ATOM_GUESS = 40
 # Separate torch.compile specialisations allowed (one per bucket); torch's default of 8 would silently send
 # later buckets back to eager.
 COMPILE_RECOMPILE_LIMIT = 64
-
-
-def default_device() -> torch.device:
-    """CUDA when available, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_device(device: torch.device | str | None) -> torch.device:
-    """The device to run on: ``None`` or ``"auto"`` → :func:`default_device`; else ``"cpu"``, ``"cuda"`` or
-    ``"cuda:<index>"``, checked here so that a wrong one is a ``ValueError`` that says what is available, not an
-    error from deep inside torch at the first tensor."""
-    if device is None or device == "auto":
-        return default_device()
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {device!r}; use 'cpu', 'cuda' or 'cuda:<index>'") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: mlff-distiller runs on 'cpu' or 'cuda'")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            build = "a CPU-only build" if torch.version.cuda is None else "no CUDA device visible"
-            raise ValueError(
-                f"device {str(device)!r} requested but CUDA is not available (torch {torch.__version__}: {build}); "
-                "use device='cpu', or leave device unset to take CUDA when there is one"
-            )
-        count = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= count:
-            raise ValueError(f"device {str(device)!r} requested but only {count} CUDA device(s) are visible")
-    return dev
 
 
 def configure_compile_cache(cache_dir: str | Path) -> Path:

@@ -157,7 +157,7 @@ class TrainConfig:
             raise ValueError(f"bucket_growth must be > 1, got {self.bucket_growth}")
 
     def resolved_device(self) -> torch.device:
-        from mlff_distiller.engine import resolve_device
+        from mlff_distiller.devices import resolve_device
 
         return resolve_device(self.device)
 
