@@ -119,6 +119,21 @@ def test_dist_info_and_shard(monkeypatch):
         dist_info()
 
 
+def test_setup_checks_the_device_like_the_engine(monkeypatch):
+    """One process, no torchrun: ``setup`` returns the requested device, and an unavailable or unknown one is the
+    engine's ValueError (before, a non-CUDA name such as "mps" silently became the CPU)."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    info, device = setup("cpu")
+    assert not info.enabled and device == torch.device("cpu")
+    with pytest.raises(ValueError, match="runs on 'cpu' or 'cuda'"):
+        setup("mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert setup("auto")[1] == torch.device("cpu")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        setup("cuda")
+
+
 @pytest.mark.timeout(600)
 def test_two_process_ddp_force_training_gradients_equal_one_process(tmp_path):
     """DDP over 2 gloo processes with an energy + force loss (double backward) gives the gradient of the whole batch:

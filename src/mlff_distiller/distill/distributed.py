@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mlff_distiller.devices import resolve_device
+
 __all__ = ["DistInfo", "dist_info", "setup", "shard", "teardown"]
 
 
@@ -114,11 +116,8 @@ def setup(device: str | torch.device = "auto") -> tuple[DistInfo, torch.device]:
     takes GPU ``LOCAL_RANK``; asking for more ranks than GPUs is an error.
     """
     info = dist_info()
-    want = str(device)
-    use_cuda = torch.cuda.is_available() if want == "auto" else want.startswith("cuda")
-    if use_cuda:
-        if not torch.cuda.is_available():
-            raise ValueError("training device 'cuda' requested but CUDA is not available")
+    dev = resolve_device(device)  # a ValueError for an unknown or unavailable device
+    if dev.type == "cuda":
         if info.enabled:
             if info.local_rank >= torch.cuda.device_count():
                 raise ValueError(
@@ -126,12 +125,8 @@ def setup(device: str | torch.device = "auto") -> tuple[DistInfo, torch.device]:
                     "start at most one process per GPU"
                 )
             dev = torch.device("cuda", info.local_rank)
-        else:
-            dev = torch.device(want) if want.startswith("cuda") else torch.device("cuda")
         if dev.index is not None:
             torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
     if info.enabled and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     return info, dev
