@@ -78,6 +78,7 @@ def test_predict_stress_nan_is_caught(model, monkeypatch):
     assert info.value.results[0]["stress"].shape == (6,) and info.value.results[2] is not None
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
 def test_large_finite_outputs_are_not_flagged():
     """Finite values whose sum overflows send a batch to the exact test, which flags nothing."""
     batch = AtomsBatch.from_atoms([molecule("H2O"), molecule("CH4")], dtype=torch.float64)
