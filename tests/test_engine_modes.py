@@ -384,6 +384,7 @@ def test_capture_invalidated_by_cuda_is_retried_on_cuda(model, monkeypatch, fail
             super().__init__(step, graph)
 
     monkeypatch.setattr(engine_padded, "GraphRunner", Invalidating)
+    monkeypatch.setattr(engine_padded, "CAPTURE_ATTEMPTS", 2)  # the default, whatever a session script set
     mols = _mols(6, seed=4)
     batch = AtomsBatch.from_atoms(mols)
     want = ForceEngine(model, device="cuda", mode="eager").compute(batch)
