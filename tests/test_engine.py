@@ -35,6 +35,27 @@ def test_inference_keeps_no_parameter_graph(model):
     assert all(p.requires_grad for p in model.parameters())  # the user's model is left as it was
 
 
+def test_shared_model_is_frozen_during_the_call_and_restored(model):
+    """The eager path runs the caller's own model when device and dtype match: its parameters require no grad
+    inside the call (no parameter graph), and each keeps its own flag afterwards, a frozen one included."""
+    dtype = next(model.parameters()).dtype
+    frozen = next(model.parameters())
+    frozen.requires_grad_(False)
+    try:
+        engine = ForceEngine(model, device="cpu", precision="fp64" if dtype == torch.float64 else "fp32")
+        assert engine.model is model  # shared, not copied
+        seen = []
+        hook = model.register_forward_pre_hook(lambda mod, args: seen.append([p.requires_grad for p in mod.parameters()]))
+        try:
+            engine.compute(AtomsBatch.from_atoms(molecule("H2O")))
+        finally:
+            hook.remove()
+        assert seen and not any(seen[0])
+        assert [p.requires_grad for p in model.parameters()] == [p is not frozen for p in model.parameters()]
+    finally:
+        frozen.requires_grad_(True)
+
+
 def test_predict_contract(model, device):
     mols = [molecule("H2O"), silicon_cell(), molecule("NH3")]
     res = predict_forces(model, mols, device=device, stress=True)

@@ -132,16 +132,19 @@ def configure_compile_cache(cache_dir: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def _frozen(model: torch.nn.Module) -> Iterator[None]:
-    """Parameters stop requiring grad, so inference keeps no graph for them; restored afterwards."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in flags:
+def _frozen(params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """The parameters that require grad stop requiring it, so inference keeps no graph for them; restored
+    afterwards. ``params`` is the engine's list of its model's parameters, made once: walking ``parameters()``
+    cost ~0.2 ms of each eager call on a CPU (ethanol MD step: 4.0 ms). A parameter the caller put on the
+    model later is not in it; it keeps requiring grad, which costs a little graph and changes no result."""
+    toggled = [p for p in params if p.requires_grad]
+    for p in toggled:
         p.requires_grad_(False)
     try:
         yield
     finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
+        for p in toggled:
+            p.requires_grad_(True)
 
 
 def _raise_recompile_limit() -> None:
@@ -247,6 +250,7 @@ class ForceEngine(PaddedPaths):
         if self.autocast_dtype is not None:
             model = _reduced_precision_copy(model, self.autocast_dtype)
         self.model = model.eval()
+        self._params = list(self.model.parameters())  # for _frozen
         self.cache_dir = configure_compile_cache(cache_dir) if cache_dir is not None else None
 
         self.requested_mode = mode
@@ -477,7 +481,7 @@ class ForceEngine(PaddedPaths):
         with torch.no_grad():
             nl = given_nl if given_nl is not None else self._neighbors(batch)
         need_grad = forces or stress
-        with _matmul_precision(self.allow_tf32), _frozen(self.model), torch.set_grad_enabled(need_grad):
+        with _matmul_precision(self.allow_tf32), _frozen(self._params), torch.set_grad_enabled(need_grad):
             positions = batch.positions.detach().requires_grad_(need_grad)
             # Stress: the gradient over the shift vectors is the one over every pair vector (see edge_virial).
             shift_vectors = nl.shift_vectors.detach().requires_grad_(stress)
