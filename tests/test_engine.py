@@ -45,7 +45,7 @@ def test_shared_model_is_frozen_during_the_call_and_restored(model):
         engine = ForceEngine(model, device="cpu", precision="fp64" if dtype == torch.float64 else "fp32")
         assert engine.model is model  # shared, not copied
         seen = []
-        hook = model.register_forward_pre_hook(lambda mod, args: seen.append([p.requires_grad for p in mod.parameters()]))
+        hook = model.register_forward_pre_hook(lambda mod, _: seen.append([p.requires_grad for p in mod.parameters()]))
         try:
             engine.compute(AtomsBatch.from_atoms(molecule("H2O")))
         finally:
