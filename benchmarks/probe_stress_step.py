@@ -135,7 +135,7 @@ def probe(n: int, model, reps: int, prof_calls: int, device: torch.device) -> li
         for k in keys:
             pa, pb = a.get(k, 0.0) / prof_calls, b.get(k, 0.0) / prof_calls
             lines.append(f"| `{k[:90]}` | {pa:.1f} | {pb:.1f} | {pb - pa:+.1f} |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> None:
