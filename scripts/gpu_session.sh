@@ -20,6 +20,7 @@
 #                                         #   vs SevenNet-0 per NPT step (needs .whl7)
 #   bash scripts/gpu_session.sh capture   # CUDA tests of every capture site + stop 23's seven-file sequence with one
 #                                         #   capture attempt, repeated (the intermittent invalidation)
+#   bash scripts/gpu_session.sh stressprobe # probe_stress_step.py (stress call vs E+F call) + probe_student_size (128x3, 64x3)
 #   bash scripts/gpu_session.sh mdprobe   # one benzene MD step piece by piece (probe_md_step.py)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
@@ -49,7 +50,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 declare -A seen=()
@@ -303,6 +304,15 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
         $seven >"$res/pytest_seven_$k.log" 2>&1
       echo "seven-file run $k: $(tail -1 "$res/pytest_seven_$k.log")"; grep -E "^FAILED|threads alive" "$res/pytest_seven_$k.log" | head -5
     done
+    ;;
+  stressprobe)
+    # Stop 25: why a padded stress call costs more than an energy + forces call of the same box (probe_stress_step.py),
+    # then the speed targets' rows for the shipped sizes at the current code (probe_student_size.py, 128 x 3 and 64 x 3).
+    timeout $(box 200) python3 benchmarks/probe_stress_step.py --out "$res" >"$res/probe_stress_step.log" 2>&1
+    grep -vE "USDT" "$res/probe_stress_step.log" | tail -70
+    timeout $(box 330) python3 benchmarks/probe_student_size.py --configs ${SIZE_CONFIGS:-128x3,64x3} --out "$res" \
+      --name probe_student_size_h100_run3 >"$res/probe_size.log" 2>&1
+    grep -E "^\| " "$res/probe_size.log" | tail -6; tail -3 "$res/probe_size.log"
     ;;
   mdprobe)
     # One benzene MD step piece by piece on the GPU host (probe_md_step.py): ASE, host work, launch, copies.
