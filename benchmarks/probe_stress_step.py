@@ -84,6 +84,42 @@ def _profile(fn, calls: int) -> tuple[Counter, Counter, Counter]:
     return dev_us, launches, host_us
 
 
+def _phases(engine, fn, calls: int) -> dict[str, float]:
+    """Host µs per call spent inside each phase of the padded call (perf_counter around the engine's own methods
+    and the bucket fill, no synchronisation added): a phase that grows absorbs a wait for the device."""
+    from mlff_distiller import engine_padded
+
+    spent: Counter = Counter()
+
+    def timed(name, f):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - t0
+
+        return wrapper
+
+    saved_engine = {m: getattr(engine, m) for m in ("_device_topology", "_neighbors", "_run", "_run_padded")}
+    saved_module = {m: getattr(engine_padded, m) for m in ("fill_padded", "_with_stress")}
+    for m, f in saved_engine.items():
+        setattr(engine, m, timed(m, f))
+    for m, f in saved_module.items():
+        setattr(engine_padded, m, timed(m, f))
+    try:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        spent["whole call"] = time.perf_counter() - t0
+    finally:
+        for m in saved_engine:
+            delattr(engine, m)  # back to the class's methods
+        for m, f in saved_module.items():
+            setattr(engine_padded, m, f)
+    return {k: 1e6 * v / calls for k, v in spent.items()}
+
+
 def probe(n: int, model, reps: int, prof_calls: int, device: torch.device) -> list[str]:
     batch = AtomsBatch.from_atoms([water_box(n, seed=2)])
     with warnings.catch_warnings():
@@ -107,7 +143,7 @@ def probe(n: int, model, reps: int, prof_calls: int, device: torch.device) -> li
         "| call | wall ms (median) | replay alone ms | device µs / call (profiler) | kernels / call |",
         "|---|---:|---:|---:|---:|",
     ]
-    profiles = {}
+    profiles, phases = {}, {}
     for stress in (False, True):
 
         def call(stress=stress):
@@ -116,12 +152,23 @@ def probe(n: int, model, reps: int, prof_calls: int, device: torch.device) -> li
         wall = _wall_ms(call, reps)
         runners = engine._stress_runners if stress else engine._runners
         replay = _replay_ms(runners[bucket], reps) if bucket in runners else float("nan")
+        phases[stress] = _phases(engine, call, reps)
         dev_us, launches, host_us = _profile(call, prof_calls)
         profiles[stress] = (dev_us, launches, host_us)
         lines.append(
             f"| {'stress' if stress else 'energy + forces'} | {wall:.3f} | {replay:.3f} | "
             f"{sum(dev_us.values()) / prof_calls:.1f} | {sum(launches.values()) / prof_calls:.1f} |"
         )
+    lines += [
+        "",
+        "Host µs per call inside each phase (nested: `_run_padded` holds `_run` and the copy to the host):",
+        "",
+        "| phase | plain µs | stress µs | difference |",
+        "|---|---:|---:|---:|",
+    ]
+    for k in sorted(set(phases[False]) | set(phases[True])):
+        pa, pb = phases[False].get(k, 0.0), phases[True].get(k, 0.0)
+        lines.append(f"| `{k}` | {pa:.1f} | {pb:.1f} | {pb - pa:+.1f} |")
     for title, idx, unit in (("device kernels", 0, "µs"), ("host-side operations (self CPU)", 2, "µs")):
         a, b = profiles[False][idx], profiles[True][idx]
         keys = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, 0.0) - a.get(k, 0.0)))[:12]
