@@ -84,40 +84,85 @@ def _profile(fn, calls: int) -> tuple[Counter, Counter, Counter]:
     return dev_us, launches, host_us
 
 
+class _PhaseTimer:
+    """Host µs spent inside chosen methods and module functions (perf_counter around each call, no
+    synchronisation added): a phase that grows absorbs a wait for the device. Nested phases overlap."""
+
+    def __init__(self, targets: list[tuple[object, str]]) -> None:
+        self.spent: Counter = Counter()
+        self.targets = targets
+        self.saved: list[tuple[object, str, object, bool]] = []
+
+    def __enter__(self) -> _PhaseTimer:
+        for obj, name in self.targets:
+            f = getattr(obj, name)
+            own = name in getattr(obj, "__dict__", {})
+
+            def wrapper(*a, _f=f, _name=name, **k):
+                t0 = time.perf_counter()
+                try:
+                    return _f(*a, **k)
+                finally:
+                    self.spent[_name] += time.perf_counter() - t0
+
+            self.saved.append((obj, name, f, own))
+            setattr(obj, name, wrapper)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for obj, name, f, own in reversed(self.saved):
+            if own or isinstance(obj, type(sys)):
+                setattr(obj, name, f)
+            else:
+                delattr(obj, name)  # back to the class's method
+        self.saved.clear()
+
+    def per(self, calls: int) -> dict[str, float]:
+        return {k: 1e6 * v / calls for k, v in self.spent.items()}
+
+
 def _phases(engine, fn, calls: int) -> dict[str, float]:
-    """Host µs per call spent inside each phase of the padded call (perf_counter around the engine's own methods
-    and the bucket fill, no synchronisation added): a phase that grows absorbs a wait for the device."""
+    """Host µs per call inside each phase of the padded call."""
     from mlff_distiller import engine_padded
 
-    spent: Counter = Counter()
-
-    def timed(name, f):
-        def wrapper(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return f(*a, **k)
-            finally:
-                spent[name] += time.perf_counter() - t0
-
-        return wrapper
-
-    saved_engine = {m: getattr(engine, m) for m in ("_device_topology", "_neighbors", "_run", "_run_padded")}
-    saved_module = {m: getattr(engine_padded, m) for m in ("fill_padded", "_with_stress")}
-    for m, f in saved_engine.items():
-        setattr(engine, m, timed(m, f))
-    for m, f in saved_module.items():
-        setattr(engine_padded, m, timed(m, f))
-    try:
+    targets = [(engine, m) for m in ("_device_topology", "_neighbors", "_run", "_run_padded")]
+    targets += [(engine_padded, "fill_padded"), (engine_padded, "_with_stress")]
+    with _PhaseTimer(targets) as timer:
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        spent["whole call"] = time.perf_counter() - t0
-    finally:
-        for m in saved_engine:
-            delattr(engine, m)  # back to the class's methods
-        for m, f in saved_module.items():
-            setattr(engine_padded, m, f)
-    return {k: 1e6 * v / calls for k, v in spent.items()}
+        timer.spent["whole call"] = time.perf_counter() - t0
+    return timer.per(calls)
+
+
+def npt_phases(model, n: int, steps: int, device: torch.device) -> list[str]:
+    """Where one ASE NPTBerendsen step goes on the host (the default calculator: padded stress step, Verlet list
+    kept across cell changes), µs per step; "ASE and the rest" is the step minus the calculator's calculate."""
+    from mlff_distiller import StudentCalculator, engine_padded
+    from mlff_distiller.distill import npt_berendsen
+
+    atoms = water_box(n, seed=2)
+    atoms.calc = calc = StudentCalculator(model, device=device)
+    dyn = npt_berendsen(atoms, taup_fs=200.0)
+    dyn.run(20)
+    engine = calc.engine
+    targets = [(calc, "calculate"), (calc, "_batch"), (engine, "compute"), (engine, "_run_padded")]
+    targets += [(engine.verlet, "needs_rebuild"), (engine.verlet, "_apply_cell"), (engine_padded, "_with_stress")]
+    with _PhaseTimer(targets) as timer:
+        t0 = time.perf_counter()
+        dyn.run(steps)
+        whole = time.perf_counter() - t0
+    per = timer.per(steps)
+    per["whole step"] = 1e6 * whole / steps
+    per["ASE and the rest (step minus calculate)"] = per["whole step"] - per.get("calculate", 0.0)
+    lines = [
+        f"## One NPTBerendsen step, {n} water atoms ({steps} steps; µs per step, 2 calculations per step)",
+        "",
+        "| phase | µs per step |",
+        "|---|---:|",
+    ]
+    lines += [f"| `{k}` | {v:.1f} |" for k, v in sorted(per.items(), key=lambda kv: -kv[1])]
+    return [*lines, ""]
 
 
 def probe(n: int, model, reps: int, prof_calls: int, device: torch.device) -> list[str]:
@@ -192,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--prof", type=int, default=20)
+    ap.add_argument("--npt-steps", type=int, default=300, help="NPTBerendsen steps of the phase table (0: none)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--name", default="probe_stress_step_h100")
     args = ap.parse_args(argv)
@@ -209,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for n in args.sizes:
         lines += probe(n, model, args.reps, args.prof, device)
+    if args.npt_steps:
+        lines += npt_phases(model, 192, args.npt_steps, device)
     write_lines(lines, args.out, args.name)
 
 
