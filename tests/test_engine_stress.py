@@ -439,3 +439,34 @@ def test_cell_relaxation_through_the_padded_path_equals_eager(model):
     assert n1 == n2 and n1 > 3
     assert v1 == pytest.approx(v2, rel=1e-8) and e1 == pytest.approx(e2, rel=1e-10, abs=1e-10)
     assert max(s1, s2) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_stress_conversion_paths_agree(dtype):
+    """``stress_from_strain_gradient`` has three paths: one structure on the host (Python floats: MD and NPT
+    through the calculator), several on the host (NumPy), and torch (devices, training). Same numbers and the same
+    validity for triclinic cells, a cell that is not fully periodic, and a cell of zero volume."""
+    from mlff_distiller.engine_padded import stress_from_strain_gradient
+
+    rng = np.random.default_rng(7)
+    cells = [np.diag([5.0, 6.0, 7.0]) + rng.normal(0, 0.8, (3, 3)) for _ in range(3)]
+    cells.append(np.array([[4.0, 0.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 3.0]]))  # zero volume
+    pbcs = [[True] * 3, [True] * 3, [True, True, False], [True] * 3]
+    for cell, pbc in zip(cells, pbcs, strict=True):
+        de = torch.tensor(rng.normal(size=(1, 3, 3)), dtype=dtype)
+        c, p = torch.tensor(cell[None]), torch.tensor([pbc])
+        one = stress_from_strain_gradient(de, c, p)  # the single-structure host path
+        two = stress_from_strain_gradient(de.repeat(2, 1, 1), c.repeat(2, 1, 1), p.repeat(2, 1))  # NumPy
+        ref = stress_from_strain_gradient(de.clone().requires_grad_(True), c, p)  # torch
+        valid = bool(pbc == [True] * 3) and abs(np.linalg.det(cell)) > 0
+        assert (
+            one["stress_valid"].tolist() == [valid] == ref["stress_valid"].tolist() == two["stress_valid"][:1].tolist()
+        )
+        assert one["stress"].dtype == dtype and one["stress"].shape == (1, 6)
+        tol = 1e-6 if dtype == torch.float32 else 1e-12
+        torch.testing.assert_close(one["stress"], ref["stress"].detach(), rtol=tol, atol=tol)
+        torch.testing.assert_close(one["stress"], two["stress"][:1], rtol=tol, atol=tol)
+        if valid:
+            sigma = de[0].double().numpy() / abs(np.linalg.det(cell))
+            want = [sigma[0, 0], sigma[1, 1], sigma[2, 2], sigma[1, 2], sigma[0, 2], sigma[0, 1]]
+            np.testing.assert_allclose(one["stress"][0].double().numpy(), want, rtol=tol)
