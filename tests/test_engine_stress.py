@@ -470,3 +470,31 @@ def test_stress_conversion_paths_agree(dtype):
             sigma = de[0].double().numpy() / abs(np.linalg.det(cell))
             want = [sigma[0, 0], sigma[1, 1], sigma[2, 2], sigma[1, 2], sigma[0, 2], sigma[0, 1]]
             np.testing.assert_allclose(one["stress"][0].double().numpy(), want, rtol=tol)
+
+
+def test_padded_verlet_makes_kept_shift_vectors_on_the_device(model, monkeypatch):
+    """Cell changes within the skin on the padded Verlet path (NPT), for one structure and for two: the kept
+    list's shift vectors are made from its integer shifts and the caller's cell on the engine's device, never on
+    the host (no ``_make_shift_vectors``), and forces and stress equal a fresh list's, fp64."""
+    from helpers import triclinic_cu
+
+    from mlff_distiller.neighbors.verlet import VerletNeighborList
+
+    made = []
+    original = VerletNeighborList._make_shift_vectors
+    monkeypatch.setattr(VerletNeighborList, "_make_shift_vectors", lambda self: made.append(1) or original(self))
+    rng = np.random.default_rng(8)
+    ref = ForceEngine(model, device="cpu", precision="fp64")
+    for systems in ([silicon_cell().repeat((2, 2, 1))], [silicon_cell().repeat((2, 2, 1)), triclinic_cu().repeat(2)]):
+        engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=1.0)
+        for step in range(5):
+            for atoms in systems:
+                e = rng.normal(0, 0.002, (3, 3))
+                atoms.set_cell(atoms.cell[:] @ (np.eye(3) + 0.5 * (e + e.T)), scale_atoms=True)
+            batch = AtomsBatch.from_atoms(systems, dtype=torch.float64)
+            out, want = engine.compute(batch, stress=True, to_host=True), ref.compute(batch, stress=True)
+            for key in ("forces", "stress"):
+                np.testing.assert_allclose(out[key].numpy(), want[key].numpy(), rtol=1e-9, atol=1e-12, err_msg=step)
+        v = engine.verlet
+        assert v.n_builds == 1 and v.cell_updates == 4 and engine._verlet_fill is not None, (v.n_builds, len(systems))
+    assert not made

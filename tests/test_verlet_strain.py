@@ -114,3 +114,54 @@ def test_back_to_the_build_cell_restores_its_shift_vectors():
     back = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
     torch.testing.assert_close(vl.update_batch(back).shift_vectors, first, rtol=0, atol=1e-14)
     assert vl.n_builds == 1 and vl.cell_updates == 2
+
+
+def test_one_structure_strain_test_agrees_with_the_batched_form():
+    """``_StrainTest`` decides one structure (MD and NPT through the calculator) with Python-float 3 x 3 algebra
+    and ``u = x1 - s0 h1``; the batched form (inverse and SVD from NumPy) must take the same decision, here on
+    random strains and displacements scattered around the rebuild bound, and reject singular or non-finite cells."""
+    from mlff_distiller.neighbors.verlet import _StrainTest
+
+    atoms = _systems()[0]
+    b0 = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+    ref = {"positions": b0.positions, "cell": b0.cell, "pbc": b0.pbc, "batch": b0.batch}
+    one = _StrainTest.of(ref, 3.8)
+    batched = _StrainTest.of(ref, 3.8)
+    batched.single = False  # the [B]-wide form on the same data
+    rng = np.random.default_rng(11)
+    decisions = []
+    for _ in range(400):
+        strained = _strained(atoms, rng, 10 ** rng.uniform(-2.5, -0.7), 10 ** rng.uniform(-2, -0.7))
+        b = AtomsBatch.from_atoms(strained, dtype=torch.float64)
+        got = one.fits(b.positions, b.cell, 0.8)
+        assert got == batched.fits(b.positions, b.cell, 0.8)
+        decisions.append(got)
+    assert 0.2 < np.mean(decisions) < 0.8  # both outcomes were tested
+    flat = b0.cell.clone()
+    flat[0, 2] = flat[0, 0] + flat[0, 1]  # coplanar cell vectors
+    nan = b0.cell.clone()
+    nan[0, 1, 1] = float("nan")
+    for bad in (flat, nan):
+        assert not one.fits(b0.positions, bad, 0.8) and not batched.fits(b0.positions, bad, 0.8)
+
+
+def test_a_kept_list_makes_its_shift_vectors_when_read():
+    """A kept list under a new cell records the cell (``pending_cell``); ``topology`` leaves it pending, ``last``
+    and ``filtered`` make the shift vectors from the integer shifts and ``shift_basis``, once."""
+    rng = np.random.default_rng(4)
+    atoms = _systems()[0]
+    vl = VerletNeighborList(3.0, skin=0.8, filter=False)
+    vl.update_batch(AtomsBatch.from_atoms(atoms, dtype=torch.float64))
+    b1 = AtomsBatch.from_atoms(_strained(atoms, rng, 0.002, 0.0), dtype=torch.float64)
+    assert not vl.needs_rebuild(b1.positions, b1.cell, b1.pbc, b1.batch, b1.ptr, b1.numbers)
+    assert vl.cell_updates == 1 and vl.pending_cell is not None
+    stale = vl.topology.shift_vectors.clone()
+    assert vl.pending_cell is not None  # topology did not make them
+    shifts, structure = vl.shift_basis()
+    want = torch.einsum("ea,eab->eb", shifts, b1.cell.to(torch.float64)[structure])
+    assert not torch.allclose(stale, want)
+    torch.testing.assert_close(vl.last.shift_vectors, want, rtol=0, atol=1e-14)
+    assert vl.pending_cell is None and vl.last is vl.last  # made once
+    got = vl.filtered(b1.positions)
+    fresh = neighbor_list_batch(b1, 3.0, "brute")
+    assert _pairs(got) == _pairs(fresh)

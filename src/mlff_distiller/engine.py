@@ -418,11 +418,15 @@ class ForceEngine(PaddedPaths):
         """A fresh neighbour list of a batch already on the engine's device."""
         return neighbor_list(b.positions, b.cell, b.pbc, b.batch, b.ptr, self.cutoff, self.neighbor_method)
 
-    def _verlet_list(self, batch: AtomsBatch, *, filtered: bool) -> tuple[NeighborList, bool]:
+    def _verlet_list(
+        self, batch: AtomsBatch, *, filtered: bool, shift_vectors: bool = True
+    ) -> tuple[NeighborList, bool]:
         """The Verlet-skin list of ``batch`` as the caller gave it (host data in MD, so the displacement test
         needs no device sync) and whether it was rebuilt. Molecules on the host are built there (all-pairs NumPy
         path), everything else on the engine's device. ``filtered``: cut to the cutoff (eager path: fewer edges);
-        else the ``cutoff + skin`` list itself, whose extra pairs contribute exactly zero."""
+        else the ``cutoff + skin`` list itself, whose extra pairs contribute exactly zero. ``shift_vectors=False``
+        (unfiltered only): the list's ``topology``, whose shift vectors the caller makes for a kept list under a
+        new cell (``pending_cell``)."""
         v = self.verlet
         rebuilt = v.needs_rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers)
         if rebuilt:
@@ -430,7 +434,7 @@ class ForceEngine(PaddedPaths):
             device = None if host else self.device
             v.rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers, device=device)
         v.n_calls += 1
-        nl = v.last
+        nl = v.last if shift_vectors or filtered else v.topology
         if filtered:
             nl = v.filtered(batch.positions.to(nl.edge_index.device))
         return nl, rebuilt

@@ -303,7 +303,8 @@ class PaddedPaths:
                 self._write_positions(fill, batch.positions, to_host)
                 packed = self._run(fill[0], fill[1], stress)
                 self.n_speculated += 1
-        nl, rebuilt = self._verlet_list(batch, filtered=False)
+        # The list's topology: a kept list's shift vectors under a new cell are made below, on the device.
+        nl, rebuilt = self._verlet_list(batch, filtered=False, shift_vectors=False)
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
         if packed is not None and fill[5] != v.cell_updates:
             self.n_discarded += 1  # launched with the shift vectors of the previous cell
@@ -325,17 +326,29 @@ class PaddedPaths:
                 return None  # beyond the largest bucket: eager fallback
             graph = self._graph(bucket)
             dev = batch.to(self.device, self.dtype)
+            nl = v.last  # with the current cell's shift vectors (made now if a cell is pending)
             fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
             self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
+            shifts, structure = v.shift_basis()
             # (bucket, graph, build count, the real atoms' rows of the static positions, their page-locked host
-            # staging buffer on CUDA, the list's cell updates)
+            # staging buffer on CUDA, the list's cell updates, the integer shifts and each pair's structure on the
+            # device for the shift vectors of later cells)
             staging = torch.empty((n, 3), dtype=self.dtype, pin_memory=True) if graph.positions.is_cuda else None
-            self._verlet_fill = fill = (bucket, graph, v.n_builds, graph.positions[:n], staging, v.cell_updates)
+            self._verlet_fill = fill = (
+                bucket,
+                graph,
+                v.n_builds,
+                graph.positions[:n],
+                staging,
+                v.cell_updates,
+                shifts.to(self.device, self.dtype),
+                structure.to(self.device) if b > 1 else None,
+            )
         else:
             bucket, graph = fill[0], fill[1]
             if fill[5] != v.cell_updates:  # the list was kept under a new cell: its shift vectors changed
-                graph.shift_vectors[:e].copy_(nl.shift_vectors, non_blocking=True)
-                self._verlet_fill = fill = (*fill[:5], v.cell_updates)
+                _cell_shift_vectors(fill[6], fill[7], batch.cell, graph.shift_vectors[:e])
+                self._verlet_fill = fill = (*fill[:5], v.cell_updates, *fill[6:])
             if packed is None:
                 self._write_positions(fill, batch.positions, to_host)
         if stress:
@@ -354,6 +367,16 @@ class PaddedPaths:
         elif positions.dtype != self.dtype:
             positions = positions.to(self.dtype)
         fill[3].copy_(positions, non_blocking=True)
+
+
+def _cell_shift_vectors(shifts: torch.Tensor, structure: torch.Tensor | None, cell: torch.Tensor, out: torch.Tensor):
+    """``out[e] = shifts[e] @ cell[structure[e]]`` on the device of ``out`` (``structure`` None: one structure):
+    a kept Verlet list's shift vectors under a new cell (NPT), from the caller's cell (a few bytes to copy), instead
+    of ``[E, 3]`` made on the host and copied over. Products and sums, not a matmul, so that a global TF32 setting
+    never rounds them."""
+    cell = cell.to(out.device, out.dtype, non_blocking=True)
+    rows = cell[0].unsqueeze(0) if structure is None else cell.index_select(0, structure)
+    torch.sum(shifts.unsqueeze(2) * rows, dim=1, out=out)
 
 
 _VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
