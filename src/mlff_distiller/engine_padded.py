@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -29,6 +30,21 @@ __all__ = ["COMPACT_MIN_EDGES", "VERLET_EDGE_HEADROOM", "PaddedPaths"]
 COMPACT_MIN_EDGES = 1024
 # Spare edge slots of a new bucket on the MD (Verlet) path, as a factor of the list's edges.
 VERLET_EDGE_HEADROOM = 1.1
+
+
+class _VerletFill(NamedTuple):
+    """What the padded Verlet path keeps about the list now in a bucket's static buffers."""
+
+    bucket: Bucket
+    graph: PaddedGraph
+    builds: int  # the list's build count when it was written
+    positions: torch.Tensor  # the real atoms' rows of the static positions
+    staging: torch.Tensor | None  # their page-locked host staging buffer (CUDA)
+    cell_updates: int  # the list's cell updates when its shift vectors were written
+    shifts: torch.Tensor  # [E, 3] integer shifts (engine dtype) on the device, for later cells' shift vectors
+    structure: torch.Tensor | None  # [E] each pair's structure (None: one structure)
+    cell: torch.Tensor  # [B, 3, 3] the cell on the device
+    cell_staging: torch.Tensor | None  # its page-locked host staging buffer (CUDA)
 
 
 class PaddedPaths:
@@ -288,28 +304,28 @@ class PaddedPaths:
         self._spec_cell = batch.cell
         if (
             fill is not None
-            and fill[2] == v.n_builds
-            and fill[3].shape[0] == batch.num_atoms
+            and fill.builds == v.n_builds
+            and fill.positions.shape[0] == batch.num_atoms
             and (not stress or same_cell)
         ):
             speculate = self.speculative_verlet
             if speculate is None:
-                speculate = fill[1].positions.is_cuda
+                speculate = fill.graph.positions.is_cuda
             if speculate:
                 # The usual MD step: the list in the buffers is still the current one. Its step is launched now and
                 # the displacement test below runs while the device computes; if the test asks for a rebuild (or
                 # the batch is another system), this result is discarded and the rebuilt step follows it in stream
                 # order. The launch reads only in-range atoms (same atom count), so a stale list is harmless.
                 self._write_positions(fill, batch.positions, to_host)
-                packed = self._run(fill[0], fill[1], stress)
+                packed = self._run(fill.bucket, fill.graph, stress)
                 self.n_speculated += 1
         # The list's topology: a kept list's shift vectors under a new cell are made below, on the device.
         nl, rebuilt = self._verlet_list(batch, filtered=False, shift_vectors=False)
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
-        if packed is not None and fill[5] != v.cell_updates:
+        if packed is not None and fill.cell_updates != v.cell_updates:
             self.n_discarded += 1  # launched with the shift vectors of the previous cell
             packed = None
-        if rebuilt or fill is None or fill[2] != v.n_builds:
+        if rebuilt or fill is None or fill.builds != v.n_builds:
             if packed is not None:
                 self.n_discarded += 1
                 packed = None
@@ -317,8 +333,8 @@ class PaddedPaths:
             # is chosen with VERLET_EDGE_HEADROOM spare edges: the list's length drifts over a trajectory, and each
             # new bucket costs a capture (~2 s once), while spare edge slots cost almost nothing (no CSR row holds
             # them: the message-passing kernels skip them).
-            same_atoms = fill is not None and fill[3].shape[0] == n
-            bucket = fill[0] if same_atoms and fill[0].fits(n, e) else None
+            same_atoms = fill is not None and fill.positions.shape[0] == n
+            bucket = fill.bucket if same_atoms and fill.bucket.fits(n, e) else None
             if bucket is None:
                 bucket = self.buckets.select(n, math.ceil(e * VERLET_EDGE_HEADROOM)) or self.buckets.select(n, e)
             if bucket is None:
@@ -330,25 +346,24 @@ class PaddedPaths:
             fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
             self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
             shifts, structure = v.shift_basis()
-            # (bucket, graph, build count, the real atoms' rows of the static positions, their page-locked host
-            # staging buffer on CUDA, the list's cell updates, the integer shifts and each pair's structure on the
-            # device for the shift vectors of later cells)
-            staging = torch.empty((n, 3), dtype=self.dtype, pin_memory=True) if graph.positions.is_cuda else None
-            self._verlet_fill = fill = (
-                bucket,
-                graph,
-                v.n_builds,
-                graph.positions[:n],
-                staging,
-                v.cell_updates,
-                shifts.to(self.device, self.dtype),
-                structure.to(self.device) if b > 1 else None,
+            pinned = graph.positions.is_cuda
+            self._verlet_fill = fill = _VerletFill(
+                bucket=bucket,
+                graph=graph,
+                builds=v.n_builds,
+                positions=graph.positions[:n],
+                staging=torch.empty((n, 3), dtype=self.dtype, pin_memory=True) if pinned else None,
+                cell_updates=v.cell_updates,
+                shifts=shifts.to(self.device, self.dtype),
+                structure=structure.to(self.device) if b > 1 else None,
+                cell=torch.empty((b, 3, 3), dtype=self.dtype, device=self.device),
+                cell_staging=torch.empty((b, 3, 3), dtype=self.dtype, pin_memory=True) if pinned else None,
             )
         else:
-            bucket, graph = fill[0], fill[1]
-            if fill[5] != v.cell_updates:  # the list was kept under a new cell: its shift vectors changed
-                _cell_shift_vectors(fill[6], fill[7], batch.cell, graph.shift_vectors[:e])
-                self._verlet_fill = fill = (*fill[:5], v.cell_updates, *fill[6:])
+            bucket, graph = fill.bucket, fill.graph
+            if fill.cell_updates != v.cell_updates:  # the list was kept under a new cell: its shift vectors changed
+                self._write_shift_vectors(fill, batch.cell, to_host, graph.shift_vectors[:e])
+                self._verlet_fill = fill = fill._replace(cell_updates=v.cell_updates)
             if packed is None:
                 self._write_positions(fill, batch.positions, to_host)
         if stress:
@@ -356,9 +371,23 @@ class PaddedPaths:
             return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
 
-    def _write_positions(self, fill: tuple, positions: torch.Tensor, to_host: bool) -> None:
+    def _write_shift_vectors(self, fill: _VerletFill, cell: torch.Tensor, to_host: bool, out: torch.Tensor) -> None:
+        """A kept Verlet list's shift vectors under the caller's new ``cell`` (NPT), made on the device in ``out``
+        (the bucket's static rows): ``shifts[e] @ cell[structure[e]]``, from the integer shifts kept on the device
+        since the build, instead of ``[E, 3]`` made on the host and copied over. The cell goes through page-locked
+        memory, as the positions do (a pageable copy cost ~60 µs per call on the H100 host). Products and sums,
+        not a matmul, so a global TF32 setting never rounds them."""
+        if fill.cell_staging is not None and to_host and cell.device.type == "cpu":
+            fill.cell_staging.copy_(cell)  # safe to reuse: this call waits for the device before it returns
+            fill.cell.copy_(fill.cell_staging, non_blocking=True)
+        else:
+            fill.cell.copy_(cell, non_blocking=True)
+        rows = fill.cell[0].unsqueeze(0) if fill.structure is None else fill.cell.index_select(0, fill.structure)
+        torch.sum(fill.shifts.unsqueeze(2) * rows, dim=1, out=out)
+
+    def _write_positions(self, fill: _VerletFill, positions: torch.Tensor, to_host: bool) -> None:
         """Copy the caller's positions into the static positions of the Verlet path's bucket (``fill``)."""
-        staging = fill[4]
+        staging = fill.staging
         if staging is not None and to_host and positions.device.type == "cpu":
             # Through page-locked memory: an asynchronous DMA instead of the driver's staged copy of a pageable
             # source. Reusing the buffer is safe: this call waits for the device (to_host) before it returns.
@@ -366,17 +395,7 @@ class PaddedPaths:
             positions = staging
         elif positions.dtype != self.dtype:
             positions = positions.to(self.dtype)
-        fill[3].copy_(positions, non_blocking=True)
-
-
-def _cell_shift_vectors(shifts: torch.Tensor, structure: torch.Tensor | None, cell: torch.Tensor, out: torch.Tensor):
-    """``out[e] = shifts[e] @ cell[structure[e]]`` on the device of ``out`` (``structure`` None: one structure):
-    a kept Verlet list's shift vectors under a new cell (NPT), from the caller's cell (a few bytes to copy), instead
-    of ``[E, 3]`` made on the host and copied over. Products and sums, not a matmul, so that a global TF32 setting
-    never rounds them."""
-    cell = cell.to(out.device, out.dtype, non_blocking=True)
-    rows = cell[0].unsqueeze(0) if structure is None else cell.index_select(0, structure)
-    torch.sum(shifts.unsqueeze(2) * rows, dim=1, out=out)
+        fill.positions.copy_(positions, non_blocking=True)
 
 
 _VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
