@@ -498,3 +498,37 @@ def test_padded_verlet_makes_kept_shift_vectors_on_the_device(model, monkeypatch
         v = engine.verlet
         assert v.n_builds == 1 and v.cell_updates == 4 and engine._verlet_fill is not None, (v.n_builds, len(systems))
     assert not made
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("structures", [1, 2])
+def test_write_shift_vectors(model, staged, structures):
+    """``_write_shift_vectors`` (the padded Verlet path under a new cell): ``shifts[e] @ cell[structure[e]]`` in the
+    engine dtype, through the cell's staging buffer (page-locked on CUDA; a plain one here) or straight, for one
+    structure and for several, equal to the float64 product."""
+    from mlff_distiller.engine_padded import _VerletFill
+
+    rng = np.random.default_rng(3)
+    e = 50
+    engine = ForceEngine(model, device="cpu", precision="fp32", pad=True, neighbor_skin=1.0)
+    shifts = torch.tensor(rng.integers(-2, 3, (e, 3)), dtype=torch.float32)
+    structure = torch.tensor(rng.integers(0, structures, e)) if structures > 1 else None
+    fill = _VerletFill(
+        bucket=None,
+        graph=None,
+        builds=1,
+        positions=torch.zeros(4, 3),
+        staging=None,
+        cell_updates=0,
+        shifts=shifts,
+        structure=structure,
+        cell=torch.empty(structures, 3, 3),
+        cell_staging=torch.empty(structures, 3, 3) if staged else None,
+    )
+    cell = torch.tensor(np.diag([5.0, 6.0, 7.0]) + rng.normal(0, 0.5, (structures, 3, 3)))  # float64, as batches
+    out = torch.full((e + 3, 3), 7.0)
+    engine._write_shift_vectors(fill, cell, True, out[:e])
+    rows = cell[0].expand(e, 3, 3) if structure is None else cell[structure]
+    want = torch.einsum("ea,eab->eb", shifts.double(), rows)
+    torch.testing.assert_close(out[:e].double(), want, rtol=1e-6, atol=1e-5)
+    assert (out[e:] == 7.0).all()  # the rows beyond the list are left alone
