@@ -375,8 +375,8 @@ class PaddedPaths:
         """A kept Verlet list's shift vectors under the caller's new ``cell`` (NPT), made on the device in ``out``
         (the bucket's static rows): ``shifts[e] @ cell[structure[e]]``, from the integer shifts kept on the device
         since the build, instead of ``[E, 3]`` made on the host and copied over. The cell goes through page-locked
-        memory, as the positions do (a pageable copy cost ~60 µs per call on the H100 host). Products and sums,
-        not a matmul, so a global TF32 setting never rounds them."""
+        memory, as the positions do (with a pageable copy this took ~60 µs of host time per call on the H100 host,
+        results/npt_host_ab_h100.md). Products and sums, not a matmul, so a global TF32 setting never rounds them."""
         if fill.cell_staging is not None and to_host and cell.device.type == "cpu":
             fill.cell_staging.copy_(cell)  # safe to reuse: this call waits for the device before it returns
             fill.cell.copy_(fill.cell_staging, non_blocking=True)
@@ -444,8 +444,9 @@ def stress_from_strain_gradient(de_deps: torch.Tensor, cell: torch.Tensor, pbc: 
     and padded paths' and training's."""
     host = de_deps.device.type == "cpu" and cell.device.type == "cpu" and pbc.device.type == "cpu"
     if host and not de_deps.requires_grad and de_deps.shape[0] == 1:
-        # One structure on the host: MD and NPT through the calculator, twice per NPT step. Python floats, ~10x
-        # fewer µs than the NumPy path below on the H100 host (125-145 µs per call there, LAPACK's det included).
+        # One structure on the host (MD and NPT through the calculator, twice per NPT step): nine numbers in Python
+        # floats, no NumPy or LAPACK call (13 vs 22 µs in isolation on the development CPU; on the H100 host both
+        # took ~100-170 µs per call just after waiting for the device, results/probe_stress_step_h100_run3.md).
         (a, b, c), (d, e, f), (g, h, i) = cell[0].tolist()
         volume = abs(a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g))
         ok = volume > 0 and all(pbc[0].tolist())
