@@ -267,3 +267,25 @@ def test_bench_stress_quick_writes_checked_rows(tmp_path):
     md = (tmp_path / "bench_stress.md").read_text()
     assert "| 24 | ours cudagraph, stress step | yes |" in md
     assert json.loads((tmp_path / "bench_stress.json").read_text())["model"] == "128 x 3"
+
+
+def test_probe_stress_step_on_cpu_restores_what_it_times(tmp_path):
+    """probe_stress_step.py end to end on a CPU (the padded steps run eagerly there): both calls checked against
+    each other, the phase tables written, and every method and module function it timed put back afterwards."""
+    import probe_stress_step
+
+    from mlff_distiller import ForceEngine, engine_padded
+
+    before = (engine_padded.fill_padded, engine_padded._with_stress)
+    probe_stress_step.main(
+        ["--sizes", "48", "--hidden", "8", "--layers", "1", "--reps", "2", "--prof", "1", "--npt-steps", "2"]
+        + ["--out", str(tmp_path), "--name", "probe"]
+    )
+    text = (tmp_path / "probe.md").read_text()
+    assert "| energy + forces |" in text and "| stress |" in text and "`whole call`" in text
+    assert "One NPTBerendsen step" in text and "`needs_rebuild`" in text
+    assert (engine_padded.fill_padded, engine_padded._with_stress) == before
+    engine = ForceEngine(probe_stress_step.make_student(hidden=8, layers=1), device="cpu")
+    with probe_stress_step._PhaseTimer([(engine, "_run"), (engine_padded, "_with_stress")]) as timer:
+        assert "_run" in vars(engine)
+    assert "_run" not in vars(engine) and engine_padded._with_stress is before[1] and not timer.saved
