@@ -277,10 +277,8 @@ def test_probe_stress_step_on_cpu_restores_what_it_times(tmp_path):
     from mlff_distiller import ForceEngine, engine_padded
 
     before = (engine_padded.fill_padded, engine_padded._with_stress)
-    probe_stress_step.main(
-        ["--sizes", "48", "--hidden", "8", "--layers", "1", "--reps", "2", "--prof", "1", "--npt-steps", "2"]
-        + ["--out", str(tmp_path), "--name", "probe"]
-    )
+    argv = ["--sizes", "48", "--hidden", "8", "--layers", "1", "--reps", "2", "--prof", "1", "--npt-steps", "2"]
+    probe_stress_step.main([*argv, "--out", str(tmp_path), "--name", "probe"])
     text = (tmp_path / "probe.md").read_text()
     assert "| energy + forces |" in text and "| stress |" in text and "`whole call`" in text
     assert "One NPTBerendsen step" in text and "`needs_rebuild`" in text
