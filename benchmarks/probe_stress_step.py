@@ -235,7 +235,7 @@ def probe(n: int, model, reps: int, prof_calls: int, device: torch.device) -> li
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[192, 3000])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[192, 3000], help="water boxes (none: the NPT table only)")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--reps", type=int, default=200)

@@ -21,6 +21,7 @@
 #   bash scripts/gpu_session.sh capture   # CUDA tests of every capture site + stop 23's seven-file sequence with one
 #                                         #   capture attempt, repeated (the intermittent invalidation)
 #   bash scripts/gpu_session.sh stressprobe # probe_stress_step.py (stress call vs E+F call) + probe_student_size (128x3, 64x3)
+#   bash scripts/gpu_session.sh nptab     # the NPT host path: old package (scripts/ab_package.sh prepare) vs the tree, A/B
 #   bash scripts/gpu_session.sh mdprobe   # one benzene MD step piece by piece (probe_md_step.py)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
@@ -50,7 +51,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|nptab|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 declare -A seen=()
@@ -313,6 +314,17 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     timeout $(box 330) python3 benchmarks/probe_student_size.py --configs ${SIZE_CONFIGS:-128x3,64x3} --out "$res" \
       --name probe_student_size_h100_run3 >"$res/probe_size.log" 2>&1
     grep -E "^\| " "$res/probe_size.log" | tail -6; tail -3 "$res/probe_size.log"
+    ;;
+  nptab)
+    # The NPT host path, old package against the tree (stop 25's method, results/npt_host_ab_h100.md): first, here,
+    # `bash scripts/ab_package.sh prepare <old commit>`; carry .ab and .whl. The CUDA NPT tests of the tree, then
+    # AB_PAIRS (default 4) pairs of fresh processes, each timing the phases of 600 NPTBerendsen steps.
+    timeout $(box 150) python3 -m pytest -q -p no:cacheprovider -k "cuda or gpu or npt or strain" tests/test_engine_stress.py \
+      tests/test_verlet_strain.py tests/test_engine_verlet.py >"$res/pytest_npt.log" 2>&1
+    tail -1 "$res/pytest_npt.log"; grep -E "^FAILED" "$res/pytest_npt.log" | head
+    timeout $(box 420) bash scripts/ab_package.sh run ${AB_PAIRS:-4} "$res/ab" -- bash -c \
+      'python3 benchmarks/probe_stress_step.py --sizes --npt-steps 600 --out "$0" --name "npt_${AB_RUN}_${AB_SIDE}"' "$res/ab"
+    grep -H "whole step" "$res"/ab/npt_*.md
     ;;
   mdprobe)
     # One benzene MD step piece by piece on the GPU host (probe_md_step.py): ASE, host work, launch, copies.
