@@ -287,3 +287,16 @@ def test_probe_stress_step_on_cpu_restores_what_it_times(tmp_path):
     with probe_stress_step._PhaseTimer([(engine, "_run"), (engine_padded, "_with_stress")]) as timer:
         assert "_run" in vars(engine)
     assert "_run" not in vars(engine) and engine_padded._with_stress is before[1] and not timer.saved
+
+
+def test_probe_cpu_md_students_only(tmp_path):
+    """probe_cpu_md.py without the teacher: both shipped students step ethanol and a water cluster on the CPU, and
+    the table is written."""
+    import probe_cpu_md
+
+    cluster = probe_cpu_md.water_cluster(4)
+    assert len(cluster) == 12 and cluster.get_all_distances()[np.triu_indices(12, 1)].min() > 0.7
+    argv = ["--sizes", "2", "--steps", "1", "--warmup", "1", "--no-teacher", "--threads", "1"]
+    lines = probe_cpu_md.main([*argv, "--out", str(tmp_path), "--name", "cpu"])
+    text = (tmp_path / "cpu.md").read_text()
+    assert "| ethanol | 9 |" in text and "| (H2O)2 | 6 |" in text and lines[-1].startswith("| (H2O)2")
