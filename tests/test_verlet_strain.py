@@ -165,3 +165,21 @@ def test_a_kept_list_makes_its_shift_vectors_when_read():
     got = vl.filtered(b1.positions)
     fresh = neighbor_list_batch(b1, 3.0, "brute")
     assert _pairs(got) == _pairs(fresh)
+
+
+def test_closed_form_3x3_norm_and_determinant():
+    """The one-structure strain test's 3 x 3 algebra against LAPACK: the spectral norm (the strain's reach in the
+    skin budget: too small would miss pairs) and the determinant, on random, isotropic, diagonal, rank-one, zero,
+    tiny and large matrices."""
+    from mlff_distiller.neighbors.verlet import _det3, _spectral_norm3
+
+    rng = np.random.default_rng(0)
+    cases = [rng.normal(size=(3, 3)) * 10.0 ** rng.uniform(-7, 2) for _ in range(3000)]
+    cases += [np.eye(3) * s for s in (1e-9, -3e-4, 0.02, 1.0)]
+    cases += [np.diag(rng.normal(size=3)) for _ in range(50)]
+    cases += [np.outer(rng.normal(size=3), rng.normal(size=3)) for _ in range(50)]
+    cases += [np.zeros((3, 3)), np.diag([1.0, 1.0, 1.0 + 1e-12])]
+    for m in cases:
+        want = np.linalg.norm(m, 2)
+        assert abs(_spectral_norm3(m.tolist()) - want) <= 1e-12 * want + 1e-300, m
+        assert abs(_det3(m.tolist()) - np.linalg.det(m)) <= 1e-12 * max(np.abs(m).max() ** 3, 1e-300), m
