@@ -443,8 +443,8 @@ def test_cell_relaxation_through_the_padded_path_equals_eager(model):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_stress_conversion_paths_agree(dtype):
-    """``stress_from_strain_gradient`` has three paths: one structure on the host (Python floats: MD and NPT
-    through the calculator), several on the host (NumPy), and torch (devices, training). Same numbers and the same
+    """``stress_from_strain_gradient`` has two paths: host results without a gradient (NumPy: MD and NPT through
+    the calculator, every call; one structure and several) and torch (devices, training). Same numbers and the same
     validity for triclinic cells, a cell that is not fully periodic, and a cell of zero volume."""
     from mlff_distiller.engine_padded import stress_from_strain_gradient
 
@@ -455,7 +455,7 @@ def test_stress_conversion_paths_agree(dtype):
     for cell, pbc in zip(cells, pbcs, strict=True):
         de = torch.tensor(rng.normal(size=(1, 3, 3)), dtype=dtype)
         c, p = torch.tensor(cell[None]), torch.tensor([pbc])
-        one = stress_from_strain_gradient(de, c, p)  # the single-structure host path
+        one = stress_from_strain_gradient(de, c, p)  # one structure on the host
         two = stress_from_strain_gradient(de.repeat(2, 1, 1), c.repeat(2, 1, 1), p.repeat(2, 1))  # NumPy
         ref = stress_from_strain_gradient(de.clone().requires_grad_(True), c, p)  # torch
         valid = bool(pbc == [True] * 3) and abs(np.linalg.det(cell)) > 0

@@ -443,16 +443,6 @@ def stress_from_strain_gradient(de_deps: torch.Tensor, cell: torch.Tensor, pbc: 
     cells of nonzero volume) from the strain derivative ``de_deps`` ``[B, 3, 3]`` (:func:`edge_virial`); the eager
     and padded paths' and training's."""
     host = de_deps.device.type == "cpu" and cell.device.type == "cpu" and pbc.device.type == "cpu"
-    if host and not de_deps.requires_grad and de_deps.shape[0] == 1:
-        # One structure on the host (MD and NPT through the calculator, twice per NPT step): nine numbers in Python
-        # floats, no NumPy or LAPACK call (13 vs 22 µs in isolation on the development CPU; on the H100 host both
-        # took ~100-170 µs per call just after waiting for the device, results/probe_stress_step_h100_run3.md).
-        (a, b, c), (d, e, f), (g, h, i) = cell[0].tolist()
-        volume = abs(a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g))
-        ok = volume > 0 and all(pbc[0].tolist())
-        m, scale = de_deps[0].tolist(), 1.0 / volume if ok else 1.0
-        voigt = [m[r][col] * scale for r, col in _VOIGT]
-        return {"stress": torch.tensor([voigt], dtype=de_deps.dtype), "stress_valid": torch.tensor([ok])}
     if host and not de_deps.requires_grad:  # (training differentiates through the torch path below)
         # The host results of the padded path (NPT through the calculator, every step): NumPy, ~5x fewer µs
         # than torch's CPU ops on [B, 3, 3].
