@@ -465,8 +465,8 @@ class _StrainTest:
 
     def _fits_one(self, positions: torch.Tensor, cell1: np.ndarray, skin: float) -> bool:
         """:meth:`fits` for one structure (MD and NPT through the calculator, every call): the 3 x 3 algebra in
-        Python floats and ``u = x1 - s0 h1`` (= ``(s1 - s0) h1``, no inverse of ``h1``): no LAPACK call, ~4x
-        fewer µs than the batched form on the development CPU."""
+        Python floats and ``u = x1 - s0 h1`` (= ``(s1 - s0) h1``, no inverse of ``h1``): no LAPACK call, ~2x
+        fewer µs than the batched form on the development CPU (31 vs 63 µs, 192 atoms)."""
         h1 = cell1.tolist()
         if _det3(h1) == 0.0:
             return False  # a singular cell: rebuild (the list's own checks then name the problem)
