@@ -31,6 +31,7 @@ __all__ = [
     "pdl_enabled",
     "pdl_prologue",
     "tl",
+    "triton_op",
     "triton",
     "tuning",
     "widest_chunk",
@@ -129,6 +130,71 @@ def pdl_enabled(on: bool) -> Iterator[None]:
         yield
     finally:
         _PDL["on"] = old
+
+
+class _KernelsOfOp(list):
+    """The Triton kernels inside one custom op's function, found on first use instead of when the op is defined.
+
+    ``torch.library.triton_op`` walks the op function's source, and the source of every function it calls, to list
+    the kernels inside (``torch._library.triton.get_inner_triton_kernels``). The only reader of that list is the
+    AOTAutograd cache of ``torch.compile``: it puts the kernels' source into its cache keys. The walk imports
+    ``torch._dynamo`` and ``torch._inductor`` and parses our kernel files: ~1.3 s of the package's 1.6 s import on
+    the development CPU, for every process, whether it compiles anything or not. Registered as this list, the walk
+    runs the first time anything reads it, so the cache keys are the same and a process that never compiles skips
+    it."""
+
+    def __init__(self, find, fn) -> None:
+        super().__init__()
+        self._find, self._fn = find, fn
+
+    def _found(self) -> _KernelsOfOp:
+        if self._find is not None:
+            find, self._find = self._find, None
+            super().extend(find(self._fn))
+        return self
+
+    def __iter__(self):
+        return super(_KernelsOfOp, self._found()).__iter__()
+
+    def __len__(self) -> int:
+        return super(_KernelsOfOp, self._found()).__len__()
+
+    def __getitem__(self, i):
+        return super(_KernelsOfOp, self._found()).__getitem__(i)
+
+    def __contains__(self, item) -> bool:
+        return super(_KernelsOfOp, self._found()).__contains__(item)
+
+    def __eq__(self, other) -> bool:
+        return list(self._found()) == other
+
+    __hash__ = None
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __repr__(self) -> str:
+        return f"_KernelsOfOp({list(self._found())!r})"
+
+
+def triton_op(name: str, *, mutates_args):
+    """``torch.library.triton_op`` (same arguments, same op) whose kernel list is found lazily (:class:`_KernelsOfOp`).
+    On a torch whose ``torch._library.triton`` lacks the function or table this relies on, it is the plain
+    ``torch.library.triton_op``."""
+    import torch._library.triton as lib_triton
+
+    find = getattr(lib_triton, "get_inner_triton_kernels", None)
+    if find is None or not isinstance(getattr(lib_triton, "triton_ops_to_kernels", None), dict):
+        return torch.library.triton_op(name, mutates_args=mutates_args)
+
+    def register(fn):
+        lib_triton.get_inner_triton_kernels = lambda f: _KernelsOfOp(find, f)
+        try:
+            return torch.library.triton_op(name, mutates_args=mutates_args)(fn)
+        finally:
+            lib_triton.get_inner_triton_kernels = find
+
+    return register
 
 
 @functools.lru_cache(maxsize=16)

@@ -34,7 +34,9 @@ from ._triton_utils import (
 from .rbf_cutoff import _check_args, _check_float, _rbf_constexprs_cached, rbf_cutoff_reference
 
 if HAS_TRITON:
-    from torch.library import triton_op, wrap_triton
+    from torch.library import wrap_triton
+
+    from ._triton_utils import triton_op
 
     from .rbf_cutoff import _rbf_rows
 

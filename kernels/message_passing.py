@@ -34,7 +34,9 @@ from ._backend import resolve_backend
 from ._triton_utils import HAS_TRITON, LIB, check_launchable, num_warps, pdl_args, triton
 
 if HAS_TRITON:
-    from torch.library import triton_op, wrap_triton
+    from torch.library import wrap_triton
+
+    from ._triton_utils import triton_op
 
 __all__ = ["message_passing", "message_passing_backward_reference", "message_passing_reference"]
 

@@ -37,7 +37,9 @@ from ._triton_utils import (
 )
 
 if HAS_TRITON:
-    from torch.library import triton_op, wrap_triton
+    from torch.library import wrap_triton
+
+    from ._triton_utils import triton_op
 
 __all__ = ["BASES", "ENVELOPES", "rbf_cutoff", "rbf_cutoff_reference"]
 

@@ -7,6 +7,7 @@ CPU tests use the padded eager path and ``torch.compile(backend="aot_eager")`` (
 import gc
 import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from helpers import assert_close_to, make_model, random_molecule, silicon_cell
 
 from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, predict_forces
 from mlff_distiller.buckets import BucketLadder
-from mlff_distiller.engine import AUTO_MAX_EDGES, configure_compile_cache
+from mlff_distiller.engine import AUTO_MAX_EDGES, configure_compile_cache, kernels_source_digest
 
 gpu = pytest.mark.gpu
 
@@ -218,6 +219,24 @@ def test_configure_compile_cache(tmp_path, monkeypatch):
     assert path.is_dir()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(str(path))
     assert os.environ["TRITON_CACHE_DIR"].startswith(str(path))
+    # Inductor's directory is keyed by our kernels' source (a changed kernel must not load old compiled code).
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith(f"kernels-{kernels_source_digest()[:16]}")
+
+
+def test_kernels_source_digest_follows_every_kernel_file(tmp_path):
+    import mlff_distiller.kernels as kernels
+
+    src = sorted(Path(kernels.__file__).parent.glob("*.py"))
+    assert {"message_passing.py", "_mp_kernels.py", "_triton_utils.py"} <= {f.name for f in src}
+    copies = []
+    for f in src:
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+        copies.append(tmp_path / f.name)
+    assert kernels_source_digest(copies) == kernels_source_digest()
+    with open(tmp_path / "_mp_kernels.py", "a") as fh:
+        fh.write("\n# a changed kernel file\n")
+    assert kernels_source_digest(copies) != kernels_source_digest()
+    assert kernels_source_digest(reversed(copies)) == kernels_source_digest(copies)  # order of the files: none
 
 
 def test_calculator_md_reuses_topology_and_matches_eager(model):

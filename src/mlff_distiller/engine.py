@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import os
 import time
 import warnings
@@ -48,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import predict_structures
 from mlff_distiller.buckets import (
@@ -82,6 +84,7 @@ __all__ = [
     "ForceEngine",
     "configure_compile_cache",
     "default_device",
+    "kernels_source_digest",
 ]
 
 MODES = ("eager", "compile", "cudagraph", "auto")
@@ -116,7 +119,12 @@ def configure_compile_cache(cache_dir: str | Path) -> Path:
     """
     path = Path(cache_dir).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path / "inductor"))
+    # One Inductor directory per version of our Triton kernels' source: the AOTAutograd cache keys a compiled graph
+    # by what torch.compile traced, and our custom ops hide their kernels from it (torch's source walk finds none of
+    # them: _triton_utils._KernelsOfOp), so a changed kernel under an unchanged op would otherwise load the old
+    # compiled code. Triton's own cache is keyed by kernel source already.
+    inductor = path / "inductor" / f"kernels-{kernels_source_digest()[:16]}"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor))
     os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))
     try:
         import torch._inductor.config as inductor_config
@@ -129,6 +137,17 @@ def configure_compile_cache(cache_dir: str | Path) -> Path:
     except ImportError:  # pragma: no cover - inductor is part of every supported torch
         pass
     return path
+
+
+def kernels_source_digest(files: Iterable[Path] | None = None) -> str:
+    """SHA-256 (hex) over the source of our Triton kernel modules (``mlff_distiller.kernels``, every ``*.py``;
+    ``files`` to hash others), in name order: the compile cache's directory key (:func:`configure_compile_cache`)."""
+    if files is None:
+        files = Path(kernels.__file__).parent.glob("*.py")
+    h = hashlib.sha256()
+    for f in sorted(Path(f) for f in files):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 @contextlib.contextmanager
