@@ -31,8 +31,8 @@ __all__ = [
     "pdl_enabled",
     "pdl_prologue",
     "tl",
-    "triton_op",
     "triton",
+    "triton_op",
     "tuning",
     "widest_chunk",
 ]

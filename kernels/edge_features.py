@@ -37,7 +37,6 @@ if HAS_TRITON:
     from torch.library import wrap_triton
 
     from ._triton_utils import triton_op
-
     from .rbf_cutoff import _rbf_rows
 
 __all__ = ["edge_basis", "edge_basis_reference", "edge_features", "edge_features_reference"]
