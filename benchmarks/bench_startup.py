@@ -5,7 +5,12 @@ The parent runs one child process per (variant, phase). "cold" is a new, empty c
 The child imports nothing heavy before its clock starts, so ``import torch`` and ``import mlff_distiller`` (or
 ``sevenn``) are timed separately from model load → first result.
 
-    python benchmarks/bench_startup.py [--device cuda] [--out benchmarks/results]
+    python benchmarks/bench_startup.py [--device cuda] [--out benchmarks/results] [--variants auto] [--name NAME]
+        [--profile]
+
+``--variants`` picks the variants by their first word (``auto``, ``cudagraph``; default all of the device's);
+``--profile`` has each child of ours write a cProfile table of its load → first result phase (the 30 largest
+cumulative entries) next to the JSON, as ``<name>_profile_<variant>_<phase>.txt``.
 """
 
 from __future__ import annotations
@@ -68,6 +73,12 @@ def child(args) -> dict:
         from mlff_distiller import AtomsBatch, ForceEngine, load_model
 
         t2 = time.perf_counter()
+        prof = None
+        if args.profile_out:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             engine = ForceEngine(
@@ -79,6 +90,14 @@ def child(args) -> dict:
             )
             engine.compute(AtomsBatch.from_atoms(atoms), to_host=True)
             t3 = time.perf_counter()
+            if prof is not None:
+                import io
+                import pstats
+
+                prof.disable()
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(30)
+                Path(args.profile_out).write_text(text.getvalue())
             engine.compute(AtomsBatch.from_atoms(atoms), to_host=True)
             t4 = time.perf_counter()
     return {
@@ -89,11 +108,14 @@ def child(args) -> dict:
     }
 
 
-def run_startup(model, device: str, time_left, variants=None, sevennet: bool = False) -> list[dict]:
+def run_startup(
+    model, device: str, time_left, variants=None, sevennet: bool = False, profile_prefix: Path | None = None
+) -> list[dict]:
     """Run the cold/warm children for ``model`` (saved to a temporary checkpoint) on ``device``.
 
     ``time_left()`` gives the seconds the caller still has; a child that would not fit is reported as skipped.
-    Returns one row per child: ``impl``, ``phase`` and :func:`child`'s fields (or ``skipped`` / ``error``)."""
+    Returns one row per child: ``impl``, ``phase`` and :func:`child`'s fields (or ``skipped`` / ``error``).
+    ``profile_prefix``: our children write their load → first result profile to ``<prefix>_<variant>_<phase>.txt``."""
     import torch
 
     kind = torch.device(device).type
@@ -116,6 +138,8 @@ def run_startup(model, device: str, time_left, variants=None, sevennet: bool = F
                 continue
             cache = Path(tmp) / "".join(c if c.isalnum() else "_" for c in label)
             cmd = [sys.executable, __file__, "--child", str(ckpt), "--cache-dir", str(cache), "--device", device]
+            if profile_prefix is not None and row["kind"] == "ours":
+                cmd += ["--profile-out", f"{profile_prefix}_{label.split()[0]}_{phase}.txt"]
             t0 = time.perf_counter()
             try:
                 res = subprocess.run(
@@ -143,6 +167,10 @@ def main(argv=None) -> int:
     p.add_argument("--mode", default="auto", help=argparse.SUPPRESS)
     p.add_argument("--compile-mode", default=None, help=argparse.SUPPRESS)
     p.add_argument("--peer", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--profile-out", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--variants", default=None, help="comma-separated first words of the variants to run")
+    p.add_argument("--name", default=None, help="output file stem (default bench_startup_<cpu|gpu>)")
+    p.add_argument("--profile", action="store_true", help="profile each of our children's load -> first result")
     args = p.parse_args(argv)
     if args.child:
         args.checkpoint = args.child
@@ -155,11 +183,27 @@ def main(argv=None) -> int:
     from peers import make_student
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    rows = run_startup(make_student(), device, lambda: 600.0)
-    env = environment(torch.device(device), float("nan"))
+    kind = torch.device(device).type
+    variants = DEFAULT_VARIANTS.get(kind, DEFAULT_VARIANTS["cpu"])
+    if args.variants:
+        wanted = {w.strip() for w in args.variants.split(",") if w.strip()}
+        unknown = wanted - {label.split()[0] for label, _ in variants}
+        if unknown:
+            p.error(
+                f"unknown variants {sorted(unknown)} for {kind}; choose from {[lb.split()[0] for lb, _ in variants]}"
+            )
+        variants = [(label, extra) for label, extra in variants if label.split()[0] in wanted]
+    name = args.name or f"bench_startup_{'cpu' if device == 'cpu' else 'gpu'}"
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = "cpu" if device == "cpu" else "gpu"
-    (args.out / f"bench_startup_{tag}.json").write_text(json.dumps({"env": env.__dict__, "rows": rows}, indent=1))
+    rows = run_startup(
+        make_student(),
+        device,
+        lambda: 600.0,
+        variants=variants,
+        profile_prefix=(args.out / f"{name}_profile") if args.profile else None,
+    )
+    env = environment(torch.device(device), float("nan"))
+    (args.out / f"{name}.json").write_text(json.dumps({"env": env.__dict__, "rows": rows}, indent=1))
     return 0
 
 

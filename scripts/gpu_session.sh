@@ -22,6 +22,7 @@
 #                                         #   capture attempt, repeated (the intermittent invalidation)
 #   bash scripts/gpu_session.sh stressprobe # probe_stress_step.py (stress call vs E+F call) + probe_student_size (128x3, 64x3)
 #   bash scripts/gpu_session.sh nptab     # the NPT host path: old package (scripts/ab_package.sh prepare) vs the tree, A/B
+#   bash scripts/gpu_session.sh startup   # import and start-up: old package (ab_package.sh prepare) vs the tree, A/B
 #   bash scripts/gpu_session.sh mdprobe   # one benzene MD step piece by piece (probe_md_step.py)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
@@ -51,7 +52,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|nptab|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|nptab|startup|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 declare -A seen=()
@@ -325,6 +326,19 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     timeout $(box 420) bash scripts/ab_package.sh run ${AB_PAIRS:-4} "$res/ab" -- bash -c \
       'python3 benchmarks/probe_stress_step.py --sizes --npt-steps 600 --out "$0" --name "npt_${AB_RUN}_${AB_SIDE}"' "$res/ab"
     grep -H "whole step" "$res"/ab/npt_*.md
+    ;;
+  startup)
+    # Import and start-up: first, here, `bash scripts/ab_package.sh prepare <old commit>`; carry .ab and .whl. The
+    # GPU tests of the engine modes (compile, the cache directory, captures) and of the lazily registered Triton ops,
+    # then AB_PAIRS (default 3) pairs of fresh bench_startup.py runs (auto, cold and warm, load -> first result
+    # profiled), old package against the tree, then the compile variant of the tree once (its cache, cold and warm).
+    timeout $(box 240) python3 -m pytest -q -p no:cacheprovider --timeout=200 tests/kernels/test_triton_utils.py \
+      tests/test_engine_modes.py >"$res/pytest_startup.log" 2>&1
+    tail -1 "$res/pytest_startup.log"; grep -E "^FAILED" "$res/pytest_startup.log" | head
+    timeout $(box 240) bash scripts/ab_package.sh run ${AB_PAIRS:-3} "$res/ab" -- bash -c \
+      'python3 benchmarks/bench_startup.py --device cuda --variants auto --profile --out "$0" --name "startup_${AB_RUN}_${AB_SIDE}"' "$res/ab"
+    timeout $(box 110) python3 benchmarks/bench_startup.py --device cuda --variants cudagraph --profile --out "$res" \
+      --name startup_compile | cut -c1-400
     ;;
   mdprobe)
     # One benzene MD step piece by piece on the GPU host (probe_md_step.py): ASE, host work, launch, copies.

@@ -6,6 +6,8 @@ CPU tests use the padded eager path and ``torch.compile(backend="aot_eager")`` (
 
 import gc
 import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -221,6 +223,22 @@ def test_configure_compile_cache(tmp_path, monkeypatch):
     assert os.environ["TRITON_CACHE_DIR"].startswith(str(path))
     # Inductor's directory is keyed by our kernels' source (a changed kernel must not load old compiled code).
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith(f"kernels-{kernels_source_digest()[:16]}")
+
+
+def test_configure_compile_cache_in_a_fresh_process_imports_no_inductor(tmp_path):
+    """A process that sets the cache up but never compiles pays no Inductor import; one that compiles later still
+    gets the FX-graph and AOTAutograd caches switched on."""
+    code = (
+        "import sys, torch; from mlff_distiller.engine import configure_compile_cache; "
+        f"configure_compile_cache({str(tmp_path / 'c')!r}); "
+        "print('inductor' if 'torch._inductor' in sys.modules else 'no inductor'); "
+        "import torch._inductor.config as ic, torch._functorch.config as fc; "
+        "print(ic.fx_graph_cache, fc.enable_autograd_cache)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
+    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")  # switched on all the same
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
+    assert out.stdout.split("\n")[-3:-1] == ["no inductor", "True True"], out.stdout + out.stderr
 
 
 def test_kernels_source_digest_follows_every_kernel_file(tmp_path):
