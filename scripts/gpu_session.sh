@@ -329,16 +329,30 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     ;;
   startup)
     # Import and start-up: first, here, `bash scripts/ab_package.sh prepare <old commit>`; carry .ab and .whl. The
-    # GPU tests of the engine modes (compile, the cache directory, captures) and of the lazily registered Triton ops,
-    # then AB_PAIRS (default 3) pairs of fresh bench_startup.py runs (auto, cold and warm, load -> first result
-    # profiled), old package against the tree, then the compile variant of the tree once (its cache, cold and warm).
-    timeout $(box 240) python3 -m pytest -q -p no:cacheprovider --timeout=200 tests/kernels/test_triton_utils.py \
-      tests/test_engine_modes.py >"$res/pytest_startup.log" 2>&1
-    tail -1 "$res/pytest_startup.log"; grep -E "^FAILED" "$res/pytest_startup.log" | head
+    # GPU tests of the engine modes (compile, the cache directory, captures) and of the lazily registered Triton ops
+    # (STARTUP_TESTS=0 skips them), then AB_PAIRS (default 3) pairs of fresh bench_startup.py runs (auto, cold and
+    # warm, load -> first result profiled), old package against the tree, then the compile variant (its cache, cold
+    # and warm) of each side once. STARTUP_PYC=1 first byte-compiles torch, sympy, triton and the wheels: the
+    # device's Python environment ships no .pyc files, so every fresh process there compiles the source of each
+    # module it imports (2.6 of 4.6 s of one first result in stop 26's first run), which a pip-installed
+    # environment does once, at install.
+    if [ "${STARTUP_PYC:-0}" = 1 ]; then
+      dirs=$(python3 -c "import os, sympy, torch, triton; print(' '.join(os.path.dirname(m.__file__) for m in (torch, sympy, triton)))")
+      t0=$SECONDS; timeout $(box 150) python3 -m compileall -q -j 0 $dirs /tmp/site >/dev/null 2>"$res/compileall.log"
+      echo "compileall: exit $?, $((SECONDS - t0)) s" | tee -a "$res/compileall.log"
+    fi
+    if [ "${STARTUP_TESTS:-1}" = 1 ]; then
+      timeout $(box 240) python3 -m pytest -q -p no:cacheprovider --timeout=200 tests/kernels/test_triton_utils.py \
+        tests/test_engine_modes.py >"$res/pytest_startup.log" 2>&1
+      tail -1 "$res/pytest_startup.log"; grep -E "^FAILED" "$res/pytest_startup.log" | head
+    fi
     timeout $(box 240) bash scripts/ab_package.sh run ${AB_PAIRS:-3} "$res/ab" -- bash -c \
       'python3 benchmarks/bench_startup.py --device cuda --variants auto --profile --out "$0" --name "startup_${AB_RUN}_${AB_SIDE}"' "$res/ab"
-    timeout $(box 110) python3 benchmarks/bench_startup.py --device cuda --variants cudagraph --profile --out "$res" \
-      --name startup_compile | cut -c1-400
+    for side in old new; do
+      pp=$PYTHONPATH; [ $side = old ] && pp=$PWD/.ab/old:$PYTHONPATH
+      PYTHONPATH=$pp timeout $(box 110) python3 benchmarks/bench_startup.py --device cuda --variants cudagraph --profile \
+        --out "$res" --name startup_compile_$side | cut -c1-400
+    done
     ;;
   mdprobe)
     # One benzene MD step piece by piece on the GPU host (probe_md_step.py): ASE, host work, launch, copies.
