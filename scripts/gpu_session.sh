@@ -332,7 +332,7 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     # GPU tests of the engine modes (compile, the cache directory, captures) and of the lazily registered Triton ops
     # (STARTUP_TESTS=0 skips them), then AB_PAIRS (default 3) pairs of fresh bench_startup.py runs (auto, cold and
     # warm, load -> first result profiled), old package against the tree, then the compile variant (its cache, cold
-    # and warm) of each side once. STARTUP_PYC=1 first byte-compiles torch, sympy, triton and the wheels: the
+    # and warm) of each side once (STARTUP_COMPILE=0 skips it). STARTUP_PYC=1 first byte-compiles torch, sympy, triton and the wheels: the
     # device's Python environment ships no .pyc files, so every fresh process there compiles the source of each
     # module it imports (2.6 of 4.6 s of one first result in stop 26's first run), which a pip-installed
     # environment does once, at install.
@@ -348,7 +348,7 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     fi
     timeout $(box 240) bash scripts/ab_package.sh run ${AB_PAIRS:-3} "$res/ab" -- bash -c \
       'python3 benchmarks/bench_startup.py --device cuda --variants auto --profile --out "$0" --name "startup_${AB_RUN}_${AB_SIDE}"' "$res/ab"
-    for side in old new; do
+    for side in $([ "${STARTUP_COMPILE:-1}" = 1 ] && echo old new); do
       pp=$PYTHONPATH; [ $side = old ] && pp=$PWD/.ab/old:$PYTHONPATH
       PYTHONPATH=$pp timeout $(box 110) python3 benchmarks/bench_startup.py --device cuda --variants cudagraph --profile \
         --out "$res" --name startup_compile_$side | cut -c1-400
