@@ -189,9 +189,12 @@ def test_calculator_returns_stress_with_forces_once_asked(model):
     assert calls == [False]  # nothing asked for stress yet
     dyn = NPTBerendsen(atoms, timestep=1.0, temperature_K=300, pressure_au=0.0, compressibility_au=1e-6)
     dyn.run(1)
+    assert calls[1:] == [True] * 3  # the stress asked, then with both calculations of the first step
     calls.clear()
     dyn.run(5)
-    assert len(calls) == 10 and all(calls)  # 2 calls per step (was 3), each with the stress
+    # 2 calculations per step (was 3). The first one's stress (after the cell scaling) went unread in the first
+    # step, so from then on only the second one, whose positions the next step asks the stress of, computes it.
+    assert calls == [False, True] * 5
     fresh = atoms.copy()
     fresh.calc = StudentCalculator(model, device="cpu", precision="fp64", mode="eager")
     np.testing.assert_allclose(atoms.get_stress(), fresh.get_stress(), rtol=1e-9, atol=1e-12)
@@ -344,8 +347,10 @@ def test_npt_keeps_the_verlet_list_and_equals_fresh_lists(model, speculate):
 
 def test_cell_changes_without_stress_discard_the_speculative_step(model):
     """Forces only, the cell changing between calls (a cell filter asking for forces, or MD after a barostat
-    step): the speculative launch of the Verlet path used the previous cell's shift vectors, so it is discarded
-    and the step rerun with the kept list's new ones; the forces equal a fresh list's, fp64."""
+    step): a speculative launch of the Verlet path would use the previous cell's shift vectors. A new cell tensor
+    on the host with other values is not speculated on; one changed in place (the same tensor) is, and that
+    launch is discarded and the step rerun with the kept list's new shift vectors. The forces equal a fresh
+    list's, fp64."""
     rng = np.random.default_rng(2)
     atoms = silicon_cell().repeat((2, 2, 1))
     engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=1.0)
@@ -358,7 +363,21 @@ def test_cell_changes_without_stress_discard_the_speculative_step(model):
         out, want = engine.compute(batch, to_host=True), ref.compute(batch)
         np.testing.assert_allclose(out["forces"].numpy(), want["forces"].numpy(), rtol=1e-9, atol=1e-12, err_msg=step)
     assert engine.verlet.n_builds == 1 and engine.verlet.cell_updates == 5  # the first call built the list
-    assert engine.n_discarded == 5  # every launch after the first had the previous cell's shift vectors
+    assert engine.n_speculated == 0 and engine.n_discarded == 0  # every cell was new
+    # The same cell values in a new tensor: speculated on, and kept.
+    out = engine.compute(AtomsBatch.from_atoms(atoms, dtype=torch.float64), to_host=True)
+    assert engine.n_speculated == 1 and engine.n_discarded == 0
+    # A cell changed in place (the same tensor): speculated on, then discarded by the list's test.
+    batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+    engine.compute(batch, to_host=True)
+    for step in range(3):
+        e = rng.normal(0, 0.003, (3, 3))
+        atoms.set_cell(atoms.cell[:] @ (np.eye(3) + 0.5 * (e + e.T)), scale_atoms=True)
+        batch.cell.copy_(torch.from_numpy(atoms.cell[:][None]))
+        batch.positions.copy_(torch.from_numpy(atoms.positions))
+        out, want = engine.compute(batch, to_host=True), ref.compute(batch)
+        np.testing.assert_allclose(out["forces"].numpy(), want["forces"].numpy(), rtol=1e-9, atol=1e-12, err_msg=step)
+    assert engine.n_speculated == 5 and engine.n_discarded == 3
 
 
 @gpu
@@ -412,6 +431,61 @@ def _fast_barostat(atoms):
     from mlff_distiller.distill import npt_berendsen
 
     return npt_berendsen(atoms, timestep_fs=2.0, pressure_bar=0.0, compressibility_per_bar=1e-5, taup_fs=20.0)
+
+
+def test_unread_stress_after_cell_changes_is_left_out_until_wanted(model, monkeypatch):
+    """The calculator learns which unrequested stresses get read. NPTBerendsen never reads the one computed right
+    after its cell scaling: left out from the second step on, and the trajectory equals that of a calculator that
+    computes every stress (fp64, bit for bit). A program that reads the stress after a cell change: a request
+    that finds it left out computes it (one calculation more) and turns the rule off again."""
+    from ase.filters import FrechetCellFilter
+    from ase.md.nptberendsen import NPTBerendsen
+    from ase.optimize import BFGS
+
+    runs = []
+    for learn in (True, False):
+        atoms = silicon_cell().repeat((2, 2, 2))
+        atoms.rattle(0.02, seed=3)
+        atoms.set_momenta(np.random.default_rng(0).normal(0, 0.3, (len(atoms), 3)))
+        atoms.calc = calc = StudentCalculator(model, device="cpu", precision="fp64")
+        if not learn:  # the rule never switches on: every calculation in the window computes the stress
+            never = property(lambda self: False, lambda self, value: None)
+            monkeypatch.setattr(StudentCalculator, "_skip_after_cell_change", never, raising=False)
+        calls = []
+        compute = calc.engine.compute
+        calc.engine.compute = lambda batch, _c=compute, _l=calls, **kw: (
+            _l.append(kw.get("stress", False)) or _c(batch, **kw)
+        )
+        NPTBerendsen(atoms, timestep=1.0, temperature_K=300, pressure_au=0.0, compressibility_au=1e-4).run(6)
+        runs.append((atoms, calls))
+    monkeypatch.undo()
+    (a1, calls1), (a2, calls2) = runs
+    np.testing.assert_array_equal(a1.get_positions(), a2.get_positions())
+    np.testing.assert_array_equal(a1.cell[:], a2.cell[:])
+    # The run's first forces, the first step's stress request, then 2 calculations per step.
+    assert calls1 == [False, True, True, True] + [False, True] * 5
+    assert calls2 == [False] + [True] * 13  # 8 stress steps against 13
+
+    # After a cell change, forces then stress (the order a program of its own might ask in): the stress was left
+    # out, so the request computes it (one calculation more) and turns the rule off; the next cell change brings
+    # the stress with the forces again.
+    calc = a1.calc
+    assert calc._skip_after_cell_change is True
+    calls1.clear()
+    for _ in range(2):
+        a1.set_cell(a1.cell[:] * 1.001, scale_atoms=True)
+        forces = a1.get_forces()
+        stress = a1.get_stress()
+    assert calls1 == [False, True, True] and calc._skip_after_cell_change is False
+    fresh = a1.copy()
+    fresh.calc = StudentCalculator(model, device="cpu", precision="fp64", mode="eager")
+    np.testing.assert_allclose(forces, fresh.get_forces(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(stress, fresh.get_stress(), rtol=1e-9, atol=1e-12)
+    # A cell relaxation (FrechetCellFilter asks for the stress first): one calculation per step, with its stress.
+    calls1.clear()
+    opt = BFGS(FrechetCellFilter(a1), logfile=None)
+    opt.run(fmax=1e-12, steps=4)
+    assert calls1 == [True] * opt.nsteps
 
 
 def test_cell_relaxation_through_the_padded_path_equals_eager(model):

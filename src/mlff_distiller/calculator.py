@@ -53,7 +53,9 @@ class StudentCalculator(Calculator):
     Properties: ``energy``, ``free_energy`` (eV), ``forces`` (eV/Å), ``energies`` (per atom, eV) and, for fully
     periodic structures, ``stress`` (eV/Å³, Voigt, ASE sign). Stress runs the engine's padded stress step (a CUDA
     graph on a GPU); for ``STRESS_WINDOW`` calculations after a stress request, a periodic system's forces come
-    with its stress, so NPT dynamics find the stress of the current positions already computed.
+    with its stress, so NPT dynamics find the stress of the current positions already computed. Where such a
+    stress goes unread after a cell change (NPTBerendsen's first calculation of a step), the next ones after a
+    cell change leave it out, until a stress request finds it missing.
     """
 
     implemented_properties: ClassVar[list[str]] = ["energy", "free_energy", "forces", "stress", "energies"]
@@ -97,6 +99,14 @@ class StudentCalculator(Calculator):
         # NPTBerendsen: 3 -> 2 engine calls per step); a single stress request in NVT stops costing after a few.
         self._calculations = 0
         self._stress_asked_at: int | None = None
+        # Which of those unrequested stresses get used. NPTBerendsen reads the stress of the positions after its
+        # position update, never that of its first calculation after the cell scaling; a cell filter (relaxation)
+        # reads the stress right after each cell change. So the first unrequested stress after a cell change that
+        # goes unread turns such stresses off (one padded stress step fewer per NPT step), and a stress request
+        # that then finds none turns them back on (that request costs one calculation more, once).
+        self._unrequested: tuple[bool, bool] | None = None  # the last calculation's: (after a cell change, read)
+        self._skip_after_cell_change = False
+        self._skipped = False  # the last calculation left its stress out under that rule
 
     def check_state(self, atoms, tol: float = 1e-15) -> list[str]:
         """ASE's ``compare_atoms`` rule (same result), cheaper: each array is first compared for exact
@@ -199,9 +209,13 @@ class StudentCalculator(Calculator):
         self._own_atoms = self.atoms
 
     def get_property(self, name, atoms=None, allow_calculation=True):
-        if name == "stress":
-            self._stress_asked_at = self._calculations
-        return super().get_property(name, atoms, allow_calculation)
+        if name != "stress":
+            return super().get_property(name, atoms, allow_calculation)
+        self._stress_asked_at = n = self._calculations
+        value = super().get_property(name, atoms, allow_calculation)
+        if self._calculations == n and self._unrequested is not None:  # answered by an unrequested stress
+            self._unrequested = (self._unrequested[0], True)
+        return value
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
         self._store_atoms(atoms, properties, system_changes)
@@ -212,8 +226,17 @@ class StudentCalculator(Calculator):
                 f"stress needs a fully periodic structure; this one has pbc={self.atoms.pbc.tolist()}"
             )
         self._calculations += 1
+        if want_stress and not system_changes and self._skipped:
+            self._skip_after_cell_change = False  # the stress left out was wanted after all (see __init__)
+        if self._unrequested is not None and self._unrequested[0] and not self._unrequested[1]:
+            self._skip_after_cell_change = True  # the last one, after a cell change, went unread
         asked = self._stress_asked_at
-        want_stress = want_stress or (periodic and asked is not None and self._calculations - asked <= STRESS_WINDOW)
+        unrequested = not want_stress and periodic and asked is not None and self._calculations - asked <= STRESS_WINDOW
+        cell_changed = "cell" in system_changes
+        self._skipped = unrequested and cell_changed and self._skip_after_cell_change
+        unrequested = unrequested and not self._skipped
+        self._unrequested = (cell_changed, False) if unrequested else None
+        want_stress = want_stress or unrequested
         batch = self._batch(system_changes)
         # as_numpy: one device-to-host copy of all outputs on the padded path, unpacked as NumPy views.
         out = self.engine.compute(batch, forces=True, stress=want_stress, as_numpy=True)

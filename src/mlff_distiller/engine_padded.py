@@ -295,18 +295,27 @@ class PaddedPaths:
         that kept the list (NPT: the list's strain-aware test), also one copy of its new shift vectors.
         ``stress``: the stress step (tensors out; ``as_numpy`` is for the energy + forces step). A stress call
         speculates only when its cell is the very tensor of the previous call (NPT's second calculation of a
-        step, after the positions moved; its first follows a cell change, and would be discarded).
+        step, after the positions moved; its first follows a cell change, and would be discarded). An energy +
+        forces call does not speculate on a cell known to be new: another tensor on the host whose values differ
+        (the calculator makes a new one on each cell change; NPT's first calculation of a step, which comes
+        without the stress since the calculator leaves out stresses that go unread).
         """
         v = self.verlet
         fill = self._verlet_fill
         packed = None
-        same_cell = batch.cell is self._spec_cell
-        self._spec_cell = batch.cell
+        prev, cell = self._spec_cell, batch.cell
+        same_cell = cell is prev
+        new_cell = not same_cell and (
+            prev is None
+            or prev.shape != cell.shape
+            or (prev.device.type == "cpu" and cell.device.type == "cpu" and not torch.equal(prev, cell))
+        )
+        self._spec_cell = cell
         if (
             fill is not None
             and fill.builds == v.n_builds
             and fill.positions.shape[0] == batch.num_atoms
-            and (not stress or same_cell)
+            and (same_cell if stress else not new_cell)
         ):
             speculate = self.speculative_verlet
             if speculate is None:
