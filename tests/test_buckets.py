@@ -82,7 +82,7 @@ def test_padding_layout_is_inert_and_sorted():
     nl, g = _padded(batch, Bucket(16, 200))
     n, e = batch.num_atoms, nl.num_edges
     assert g.numbers[n:].eq(1).all() and g.batch[n:].eq(15).all()
-    assert g.mask.tolist() == [1.0, 1.0] + [0.0] * 14
+    assert g.seed.tolist() == [-1.0, -1.0] + [0.0] * 14
     pad_e = g.edge_index[:, e:]
     assert pad_e[0].eq(pad_e[1]).all() and (pad_e >= n).all()  # padding atoms to themselves only
     assert (torch.diff(g.edge_index[0]) >= 0).all()  # still sorted by receiver
@@ -102,7 +102,7 @@ def test_reused_buffers_forget_previous_content():
     _, fresh = _padded(small, bucket)
     for a, b in zip(g.inputs(), fresh.inputs(), strict=True):
         assert torch.equal(a[: len(b)], b) or torch.equal(a, b)
-    assert torch.equal(g.edge_index, fresh.edge_index) and torch.equal(g.mask, fresh.mask)
+    assert torch.equal(g.edge_index, fresh.edge_index) and torch.equal(g.seed, fresh.seed)
 
 
 def _structures():
@@ -221,7 +221,7 @@ def test_host_fill_equals_device_fill(device, dtype):
                          nl.row_ptr.numpy())  # fmt: skip
 
 
-_INPUT_NAMES = ("numbers", "positions", "edge_index", "shift_vectors", "batch", "mask", "row_ptr", "sender_perm",
+_INPUT_NAMES = ("numbers", "positions", "edge_index", "shift_vectors", "batch", "seed", "row_ptr", "sender_perm",
                 "sender_ptr")  # fmt: skip
 
 

@@ -241,6 +241,32 @@ def test_configure_compile_cache_in_a_fresh_process_imports_no_inductor(tmp_path
     assert out.stdout.split("\n")[-3:-1] == ["no inductor", "True True"], out.stdout + out.stderr
 
 
+def test_seeded_scalar_is_the_vector_jacobian_product():
+    """``_Seeded``: autograd.grad of its scalar equals autograd.grad with ``grad_outputs=seed``, bit for bit."""
+    from mlff_distiller.engine_padded import _Seeded
+
+    x = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    energy = torch.stack([(x[:3] ** 2).sum(), x[3:].sin().sum(), x.prod()])
+    seed = torch.tensor([-1.0, -1.0, 0.0], dtype=torch.float64)
+    (want,) = torch.autograd.grad(energy, x, grad_outputs=seed, retain_graph=True)
+    (got,) = torch.autograd.grad(_Seeded.apply(energy, seed), x)
+    assert torch.equal(got, want)
+
+
+def test_a_padded_step_in_a_fresh_process_imports_no_sympy():
+    """The padded step's vector-Jacobian product goes without ``grad_outputs``, whose shape check imports sympy
+    (0.8-1.2 s of a first result on the H100 host)."""
+    code = (
+        "import sys, warnings, torch; from ase.build import molecule; "
+        "from mlff_distiller import AtomsBatch, ForceEngine, StudentModel; warnings.simplefilter('ignore'); "
+        "e = ForceEngine(StudentModel(species=[1, 6], hidden=16, layers=2, n_rbf=8), device='cpu', mode='cudagraph'); "
+        "e.compute(AtomsBatch.from_atoms(molecule('C6H6')), to_host=True); "
+        "print('sympy' in sys.modules, e.last_bucket is not None)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False True", out.stdout + out.stderr
+
+
 def test_kernels_source_digest_follows_every_kernel_file(tmp_path):
     import mlff_distiller.kernels as kernels
 

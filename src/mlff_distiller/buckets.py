@@ -7,8 +7,9 @@ batch graph into a :class:`PaddedGraph` of a :class:`Bucket` whose padding is *e
 
 * at least one padding atom always exists (``A >= N + 1``); padding atoms carry the model's first species,
   sit at the origin and belong to one dummy structure, index ``A - 1`` (there are at most ``A - 1`` real
-  structures, so it never collides with a real one). ``mask [A]`` is 1 for the real structures only, and the
-  engine differentiates ``sum(mask * energy)``, so the dummy structure's energy never reaches a force;
+  structures, so it never collides with a real one). ``seed [A]`` is -1 for the real structures only: the
+  engine's vector-Jacobian product seeds each structure's energy with it (forces = -∂/∂x Σ_b E_b over the real
+  ones), so the dummy structure's energy never reaches a force;
 * padding edges join a padding atom to itself with a shift vector longer than the cutoff: the radial basis ×
   cutoff envelope is exactly 0 there (and so is its derivative), the filter has no bias, so every padding
   message is exactly 0, and padding edges never touch a real atom anyway. They are spread over the padding
@@ -188,7 +189,7 @@ def _float_views(floats, a: int, c: int) -> dict:
     return {
         "positions": floats[o[0] : o[0] + 3 * a].reshape(a, 3),
         "shift_vectors": floats[o[1] : o[1] + 3 * c].reshape(c, 3),
-        "mask": floats[o[2] : o[2] + a],
+        "seed": floats[o[2] : o[2] + a],
     }
 
 
@@ -200,7 +201,7 @@ class PaddedGraph:
         numbers: ``[A]`` int64 atomic numbers (padding: the model's first species).
         positions: ``[A, 3]`` Å (padding atoms at the origin).
         batch: ``[A]`` int64 structure of each atom (padding atoms: ``A - 1``).
-        mask: ``[A]`` 1 for real structures, 0 otherwise (positions' dtype).
+        seed: ``[A]`` -1 for real structures, 0 otherwise (positions' dtype): the gradient seed of the energies.
         edge_index: ``[2, C]`` int64 receiver, sender (padding edges: a padding atom to itself).
         shift_vectors: ``[C, 3]`` Å (padding edges: longer than the cutoff).
         row_ptr: ``[A + 1]`` int64 receiver CSR offsets of ``edge_index`` (atom i's edges start at ``row_ptr[i]``);
@@ -214,7 +215,7 @@ class PaddedGraph:
     numbers: torch.Tensor
     positions: torch.Tensor
     batch: torch.Tensor
-    mask: torch.Tensor
+    seed: torch.Tensor
     edge_index: torch.Tensor
     shift_vectors: torch.Tensor
     row_ptr: torch.Tensor | None = None
@@ -255,14 +256,14 @@ class PaddedGraph:
         return g
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
-        """``(numbers, positions, edge_index, shift_vectors, batch, mask, row_ptr, sender_perm, sender_ptr)``."""
+        """``(numbers, positions, edge_index, shift_vectors, batch, seed, row_ptr, sender_perm, sender_ptr)``."""
         return (
             self.numbers,
             self.positions,
             self.edge_index,
             self.shift_vectors,
             self.batch,
-            self.mask,
+            self.seed,
             self.row_ptr,
             self.sender_perm,
             self.sender_ptr,
@@ -330,8 +331,8 @@ def fill_padded(
         dst.numbers[n:].fill_(dst.pad_z)
         dst.batch[:n].copy_(batch)
         dst.batch[n:].fill_(dst.bucket.atoms - 1)
-        dst.mask.zero_()
-        dst.mask[:num_structures].fill_(1)
+        dst.seed.zero_()
+        dst.seed[:num_structures].fill_(-1)
     if e:
         dst.edge_index[:, :e].copy_(edge_index)
         dst.shift_vectors[:e].copy_(shift_vectors)
@@ -411,8 +412,8 @@ def fill_padded_host(
     sv = fv["shift_vectors"]
     sv[:] = 0.0
     sv[e:, 0] = dst.far
-    fv["mask"][:] = 0.0
-    fv["mask"][:num_structures] = 1.0
+    fv["seed"][:] = 0.0
+    fv["seed"][:num_structures] = -1.0
     dst._ints.copy_(h_ints, non_blocking=True)
     dst._floats.copy_(h_floats, non_blocking=True)
     if event is not None and record:

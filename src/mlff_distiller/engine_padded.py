@@ -51,9 +51,9 @@ class PaddedPaths:
     """The padded paths of :class:`~mlff_distiller.engine.ForceEngine` (see the module docstring)."""
 
     def _padded_forward(
-        self, numbers, positions, edge_index, shift_vectors, batch, mask, row_ptr, sender_perm, sender_ptr
+        self, numbers, positions, edge_index, shift_vectors, batch, seed, row_ptr, sender_perm, sender_ptr
     ):
-        """Energies of a padded bucket (``[A]`` per structure slot, ``[A]`` per atom). ``mask`` is unused here (the
+        """Energies of a padded bucket (``[A]`` per structure slot, ``[A]`` per atom). ``seed`` is unused here (the
         step seeds the gradient with it); it stays in the signature, which follows ``PaddedGraph.inputs()``.
 
         ``row_ptr``, ``sender_perm`` and ``sender_ptr`` are the bucket's static CSR buffers, computed by
@@ -73,20 +73,20 @@ class PaddedPaths:
         out = self._fast_model(numbers, positions, edge_index, shift_vectors, batch, numbers.shape[0])
         return out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
 
-    def _step(self, numbers, positions, edge_index, shift_vectors, batch, mask, *csr) -> torch.Tensor:
+    def _step(self, numbers, positions, edge_index, shift_vectors, batch, seed, *csr) -> torch.Tensor:
         """The whole padded step on ``PaddedGraph.inputs()`` (``csr``: its ``row_ptr, sender_perm,
         sender_ptr``): ``[A + A + 3A]`` packed (energy, atomic energies, forces), one tensor so that a host copy
         is one transfer."""
         with torch.enable_grad(), _matmul_precision(self.allow_tf32):
             pos = positions.detach().requires_grad_(True)
-            energy, atomic = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, mask, *csr)
-            # The gradient of -Σ_b mask_b E_b as one vector-Jacobian product seeded with -mask: the forces directly
-            # (the sign flips exactly through every linear step of the backward) and the dummy structure's energy
-            # never reaches them; one negation kernel instead of a product, a sum and the product's backward.
-            (forces,) = torch.autograd.grad(energy, pos, grad_outputs=mask.neg())
+            energy, atomic = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, seed, *csr)
+            # The gradient of -Σ_b E_b over the real structures as one vector-Jacobian product seeded with the
+            # bucket's seed (-1 for them, 0 for the rest): the forces directly (the sign flips exactly through
+            # every linear step of the backward), and the dummy structure's energy never reaches them.
+            (forces,) = torch.autograd.grad(_Seeded.apply(energy, seed), pos)
         return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1)])
 
-    def _step_stress(self, numbers, positions, edge_index, shift_vectors, batch, mask, *csr) -> torch.Tensor:
+    def _step_stress(self, numbers, positions, edge_index, shift_vectors, batch, seed, *csr) -> torch.Tensor:
         """:meth:`_step` with the strain derivative too: ``[A + A + 3A + 9A]`` packed (energy, atomic energies,
         forces, then ``-dE/dε`` per structure slot as ``[A, 3, 3]``), from the same single vector-Jacobian product.
 
@@ -102,8 +102,8 @@ class PaddedPaths:
         with torch.enable_grad(), _matmul_precision(self.allow_tf32):
             pos = positions.detach().requires_grad_(True)
             shifts = shift_vectors.detach().requires_grad_(True)
-            energy, atomic = self._forward_impl(numbers, pos, edge_index, shifts, batch, mask, *csr)
-            forces, pair_grad = torch.autograd.grad(energy, (pos, shifts), grad_outputs=mask.neg())
+            energy, atomic = self._forward_impl(numbers, pos, edge_index, shifts, batch, seed, *csr)
+            forces, pair_grad = torch.autograd.grad(_Seeded.apply(energy, seed), (pos, shifts))
         virial = edge_virial(positions, shift_vectors, pair_grad, edge_index, batch, numbers.shape[0])
         return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1), virial.reshape(-1)])
 
@@ -410,6 +410,28 @@ class PaddedPaths:
 _VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 # Captures of one bucket's step before it is left eager (see PaddedPaths._capture).
 CAPTURE_ATTEMPTS = 2
+
+
+class _Seeded(torch.autograd.Function):
+    """``_Seeded.apply(energy, seed)``: a 0-dim output whose backward gives ``energy`` the gradient ``seed`` (the
+    bucket's static seed, -1 for real structures), so ``torch.autograd.grad(out, inputs)`` is the vector-Jacobian
+    product ``grad(energy, inputs, grad_outputs=seed)``.
+
+    Why not that call: ``torch.autograd.grad`` with ``grad_outputs`` checks the shapes through
+    ``torch.fx.experimental.symbolic_shapes``, whose first import (sympy) took 0.8-1.2 s of a process's first
+    result on the H100 host (results/startup_h100_ab.md). Without it, ``autograd.grad`` makes the scalar seed 1
+    (one fill kernel, in place of the negation the old seed ``-mask`` cost). The output's value is undefined and
+    never read; the backward ignores the incoming gradient, which is that 1."""
+
+    @staticmethod
+    def forward(ctx, energy: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(seed)
+        return energy.new_empty(())
+
+    @staticmethod
+    def backward(ctx, _one: torch.Tensor):
+        (seed,) = ctx.saved_tensors
+        return seed, None
 
 
 class _EagerRunner:
