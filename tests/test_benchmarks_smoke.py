@@ -191,6 +191,7 @@ def test_startup_children_time_each_phase():
     for r in rows:
         assert "error" not in r, r
         assert r["import_torch_s"] > 0 and r["import_package_s"] > 0 and r["first_result_s"] > 0
+        assert r["import_ase_build_s"] > 0 and r["steady_call_ms"] > 0
     skipped = bench_startup.run_startup(peers.make_student(), "cpu", lambda: 0.0)
     assert skipped and all("skipped" in r for r in skipped)
 
