@@ -120,10 +120,11 @@ def configure_compile_cache(cache_dir: str | Path) -> Path:
     """
     path = Path(cache_dir).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
-    # One Inductor directory per version of our Triton kernels' source: the AOTAutograd cache keys a compiled graph
-    # by what torch.compile traced, and our custom ops hide their kernels from it (torch's source walk finds none of
-    # them: _triton_utils._KernelsOfOp), so a changed kernel under an unchanged op would otherwise load the old
-    # compiled code. Triton's own cache is keyed by kernel source already.
+    # One Inductor directory per version of our Triton kernels' source. The AOTAutograd cache keys a compiled graph
+    # by what torch.compile traced, and our custom ops hide their kernels from it: torch's source walk finds none
+    # of them. Our ops now list their kernels themselves (_triton_utils._KernelsOfOp), where torch's registry has
+    # the table for it; this directory key also covers a torch without it. Triton's own cache is keyed by kernel
+    # source already.
     inductor = path / "inductor" / f"kernels-{kernels_source_digest()[:16]}"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor))
     os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))

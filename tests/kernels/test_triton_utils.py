@@ -2,6 +2,7 @@
 walk (which imported torch._dynamo and torch._inductor in every process: ~1.3 s of a 1.6 s package import on the
 development CPU), and the kernel list that walk makes is still there, found on first read."""
 
+import os
 import subprocess
 import sys
 
@@ -18,12 +19,15 @@ def test_kernels_of_op_are_found_once_on_first_read():
         calls.append(fn)
         return ["k1", "k2"]
 
-    lazy = _KernelsOfOp(find, len)
+    def op(x):  # its module globals (this test file's) hold no Triton kernel
+        return x
+
+    lazy = _KernelsOfOp(find, op)
     assert calls == []
-    assert list(lazy) == ["k1", "k2"] and calls == [len]
+    assert list(lazy) == ["k1", "k2"] and calls == [op]
     assert len(lazy) == 2 and lazy[1] == "k2" and "k1" in lazy and lazy == ["k1", "k2"] and bool(lazy)
-    assert calls == [len]  # found once
-    assert not _KernelsOfOp(lambda fn: [], len)
+    assert calls == [op]  # found once
+    assert not _KernelsOfOp(lambda fn: [], op)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
@@ -51,10 +55,11 @@ def test_triton_op_defers_the_source_walk(monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
-def test_the_package_kernels_are_those_torch_finds():
-    """Each op's lazy list equals what torch's own walk returns for the same function (today: none of our kernels,
-    which sit behind launch helpers the walk does not follow; configure_compile_cache keys its directory by their
-    source for that reason)."""
+def test_the_package_kernels_are_listed_for_the_compile_cache():
+    """Each op's lazy list holds what torch's own walk returns for the same function, then the op module's kernels,
+    which the walk misses (launched through helpers). In a process without the interpreter (where the kernels are
+    compiled ones) every op lists its module's kernels, and torch can take the source the AOTAutograd cache hashes
+    from each of them."""
     import mlff_distiller.kernels  # noqa: F401  (registers the ops)
     import torch._library.triton as lib_triton
 
@@ -62,7 +67,23 @@ def test_the_package_kernels_are_those_torch_finds():
     assert {"mlff_distiller::message_passing", "mlff_distiller::rbf_cutoff", "mlff_distiller::edge_basis"} <= set(ours)
     for kernels_of_op in ours.values():
         assert isinstance(kernels_of_op, _KernelsOfOp)
-        assert list(kernels_of_op) == list(lib_triton.get_inner_triton_kernels(kernels_of_op._fn))
+        walked = list(lib_triton.get_inner_triton_kernels(kernels_of_op._fn))
+        assert list(kernels_of_op)[: len(walked)] == walked
+
+    code = (
+        "import torch, mlff_distiller.kernels, torch._library.triton as t; "
+        "from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as src; "
+        "ops = {k: list(v) for k, v in t.triton_ops_to_kernels.items() if k.startswith('mlff_distiller::')}; "
+        "names = {k: sorted(getattr(x, '__name__', '') for x in v) for k, v in ops.items()}; "
+        "n = sum(len(src(x)) > 0 for v in ops.values() for x in v); "
+        "mp = '_mp_fwd_block_kernel' in names['mlff_distiller::message_passing']; "
+        "rbf = '_rbf_cutoff_fwd_kernel' in names['mlff_distiller::rbf_cutoff']; "
+        "print(min(len(v) for v in ops.values()), mp, rbf, n == sum(len(v) for v in ops.values()))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180, check=True)
+    fewest, mp, rbf, sources = out.stdout.split()[-4:]
+    assert int(fewest) >= 5 and (mp, rbf, sources) == ("True", "True", "True"), out.stdout + out.stderr
 
 
 def test_importing_the_package_imports_no_dynamo():
