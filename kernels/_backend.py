@@ -94,6 +94,15 @@ def resolve_backend(device: torch.device | str) -> str:
     return hit
 
 
+# torch.compile traces resolve_backend inside every kernel call. Through the memo, Dynamo guarded on the memo's
+# contents: a compile that found its key missing (the first in a fresh process) recompiled at the next call, once the
+# key was there (tests/test_engine_modes.py, the recompile counter, failed in a fresh process). Marked as a constant
+# result (the attribute torch.compiler.assume_constant_result sets; calling that would import Dynamo at our import),
+# the answer is baked into the graph with no guard on the memo. A compiled graph keeps the backend it was traced
+# with, as a compiled engine does anyway.
+resolve_backend._dynamo_marked_constant = True
+
+
 def _resolve(device: torch.device) -> str:
     requested = get_backend()
     if requested == "torch":
