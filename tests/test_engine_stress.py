@@ -574,12 +574,10 @@ def test_padded_verlet_makes_kept_shift_vectors_on_the_device(model, monkeypatch
     assert not made
 
 
-@pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("structures", [1, 2])
-def test_write_shift_vectors(model, staged, structures):
+def test_write_shift_vectors(model, structures):
     """``_write_shift_vectors`` (the padded Verlet path under a new cell): ``shifts[e] @ cell[structure[e]]`` in the
-    engine dtype, through the cell's staging buffer (page-locked on CUDA; a plain one here) or straight, for one
-    structure and for several, equal to the float64 product."""
+    engine dtype, for one structure and for several, equal to the float64 product."""
     from mlff_distiller.engine_padded import _VerletFill
 
     rng = np.random.default_rng(3)
@@ -597,11 +595,10 @@ def test_write_shift_vectors(model, staged, structures):
         shifts=shifts,
         structure=structure,
         cell=torch.empty(structures, 3, 3),
-        cell_staging=torch.empty(structures, 3, 3) if staged else None,
     )
     cell = torch.tensor(np.diag([5.0, 6.0, 7.0]) + rng.normal(0, 0.5, (structures, 3, 3)))  # float64, as batches
     out = torch.full((e + 3, 3), 7.0)
-    engine._write_shift_vectors(fill, cell, True, out[:e])
+    engine._write_shift_vectors(fill, cell, out[:e])
     rows = cell[0].expand(e, 3, 3) if structure is None else cell[structure]
     want = torch.einsum("ea,eab->eb", shifts.double(), rows)
     torch.testing.assert_close(out[:e].double(), want, rtol=1e-6, atol=1e-5)

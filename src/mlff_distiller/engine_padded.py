@@ -44,7 +44,6 @@ class _VerletFill(NamedTuple):
     shifts: torch.Tensor  # [E, 3] integer shifts (engine dtype) on the device, for later cells' shift vectors
     structure: torch.Tensor | None  # [E] each pair's structure (None: one structure)
     cell: torch.Tensor  # [B, 3, 3] the cell on the device
-    cell_staging: torch.Tensor | None  # its page-locked host staging buffer (CUDA)
 
 
 class PaddedPaths:
@@ -366,12 +365,11 @@ class PaddedPaths:
                 shifts=shifts.to(self.device, self.dtype),
                 structure=structure.to(self.device) if b > 1 else None,
                 cell=torch.empty((b, 3, 3), dtype=self.dtype, device=self.device),
-                cell_staging=torch.empty((b, 3, 3), dtype=self.dtype, pin_memory=True) if pinned else None,
             )
         else:
             bucket, graph = fill.bucket, fill.graph
             if fill.cell_updates != v.cell_updates:  # the list was kept under a new cell: its shift vectors changed
-                self._write_shift_vectors(fill, batch.cell, to_host, graph.shift_vectors[:e])
+                self._write_shift_vectors(fill, batch.cell, graph.shift_vectors[:e])
                 self._verlet_fill = fill = fill._replace(cell_updates=v.cell_updates)
             if packed is None:
                 self._write_positions(fill, batch.positions, to_host)
@@ -380,17 +378,14 @@ class PaddedPaths:
             return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
 
-    def _write_shift_vectors(self, fill: _VerletFill, cell: torch.Tensor, to_host: bool, out: torch.Tensor) -> None:
+    def _write_shift_vectors(self, fill: _VerletFill, cell: torch.Tensor, out: torch.Tensor) -> None:
         """A kept Verlet list's shift vectors under the caller's new ``cell`` (NPT), made on the device in ``out``
         (the bucket's static rows): ``shifts[e] @ cell[structure[e]]``, from the integer shifts kept on the device
-        since the build, instead of ``[E, 3]`` made on the host and copied over. The cell goes through page-locked
-        memory, as the positions do (with a pageable copy this took ~60 µs of host time per call on the H100 host,
-        results/npt_host_ab_h100.md). Products and sums, not a matmul, so a global TF32 setting never rounds them."""
-        if fill.cell_staging is not None and to_host and cell.device.type == "cpu":
-            fill.cell_staging.copy_(cell)  # safe to reuse: this call waits for the device before it returns
-            fill.cell.copy_(fill.cell_staging, non_blocking=True)
-        else:
-            fill.cell.copy_(cell, non_blocking=True)
+        since the build, instead of ``[E, 3]`` made on the host and copied over. Products and sums, not a matmul,
+        so a global TF32 setting never rounds them. (Sending the nine numbers through page-locked memory, as the
+        positions go, bought nothing on the H100 host: this call's cost is its launches,
+        results/npt_host_ab_h100_run2.md.)"""
+        fill.cell.copy_(cell, non_blocking=True)
         rows = fill.cell[0].unsqueeze(0) if fill.structure is None else fill.cell.index_select(0, fill.structure)
         torch.sum(fill.shifts.unsqueeze(2) * rows, dim=1, out=out)
 
