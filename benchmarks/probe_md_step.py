@@ -136,13 +136,14 @@ def main() -> None:
             label = f"md, speculative launch {'on' if spec else 'off'} (round {rnd})"
             rows.append((label, *_md_us(atoms, calc, args.steps)))
     eng.speculative_verlet = None
-    bucket, graph, _, static_pos, staging = eng._verlet_fill
+    fill = eng._verlet_fill
+    bucket, graph, static_pos, staging = fill.bucket, fill.graph, fill.positions, fill.staging
     runner = eng._runners[bucket]
     n = len(atoms)
 
     real_run = eng._run
     zeros = torch.zeros_like(runner.outputs)  # zero energies and forces: the atoms fly ballistically (rare rebuilds)
-    eng._run = lambda b, g: zeros
+    eng._run = lambda b, g, stress=False: zeros
     rows.append(("md, no model (host work, copies, Verlet test)", *_md_us(atoms, calc, args.steps)))
     eng._run = real_run
 
@@ -161,7 +162,7 @@ def main() -> None:
     rows.append(("launch (replay() returns)", float(np.median(launch) * 1e6), float(np.percentile(launch, 20) * 1e6)))
 
     pos = atoms.positions.astype(np.float32)
-    host_out = eng._host_out[bucket]
+    host_out = eng._host_out[(bucket, False)]
 
     def engine_path():
         staging.copy_(torch.from_numpy(pos))
