@@ -94,12 +94,12 @@ def _benzene():
     return atoms
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--name", default="probe_md_step_h100")
     p.add_argument("--steps", type=int, default=2000)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_md_step: needs CUDA")
         return

@@ -301,3 +301,17 @@ def test_probe_cpu_md_students_only(tmp_path):
     lines = probe_cpu_md.main([*argv, "--out", str(tmp_path), "--name", "cpu"])
     text = (tmp_path / "cpu.md").read_text()
     assert "| ethanol | 9 |" in text and "| (H2O)2 | 6 |" in text and lines[-1].startswith("| (H2O)2")
+
+
+@pytest.mark.gpu
+def test_probe_md_step_runs_on_cuda(tmp_path):
+    """probe_md_step.py end to end with a few repetitions (it reaches into the engine's Verlet-path buffers, so it
+    breaks when they change: stop 27 found it crashing on the GPU). Its in-graph copies must give the engine's
+    forces."""
+    import probe_md_step
+
+    probe_md_step.main(["--steps", "5", "--out", str(tmp_path), "--name", "probe"])
+    text = (tmp_path / "probe.md").read_text()
+    assert "| replay + sync |" in text and "| 192-atom water random walk" in text
+    diff = float(text.rsplit("max |ΔF| = ", 1)[1].split()[0])
+    assert diff < 1e-4
