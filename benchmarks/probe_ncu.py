@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import importlib
 import re
 import sys
@@ -36,9 +38,12 @@ from bench_large import box
 from harness import write_lines
 from peers import StepImpl, make_student
 
+from mlff_distiller.buckets import BucketLadder
+
 # The modules (the package re-exports functions under the same names).
 linear = importlib.import_module("mlff_distiller.kernels.linear")
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+engine_mod = importlib.import_module("mlff_distiller.engine")
 
 SYSTEMS = ("water3000", "water24000", "g2x4096")
 
@@ -82,15 +87,32 @@ DEFAULT_VARIANTS = "gemm:large=128x64x8,large_block_k=32;" + ";".join(
 )
 
 
+@contextlib.contextmanager
+def ladder_config(**changes):
+    """The engine's default bucket ladder with ``changes`` (``BucketLadder`` fields, e.g. ``growth``)."""
+    old = engine_mod.BucketLadder
+    engine_mod.BucketLadder = functools.partial(old, **changes)
+    try:
+        yield
+    finally:
+        engine_mod.BucketLadder = old
+
+
 def _value(text: str):
     if "x" in text and all(p.isdigit() for p in text.split("x")):
         return tuple(int(p) for p in text.split("x"))
-    return int(text) if text.lstrip("-").isdigit() else text
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def variants(spec: str = DEFAULT_VARIANTS):
     """(label, context factory) pairs from ``spec``: ``;``-separated ``mp:key=value,key=value`` (message-passing
-    launch keys, ``_configured``) or ``gemm:key=value`` (the Triton GEMM's ``_CONFIG``; ``AxBxC`` is a tuple)."""
+    launch keys, ``_configured``), ``gemm:key=value`` (the Triton GEMM's ``_CONFIG``; ``AxBxC`` is a tuple) or
+    ``ladder:key=value`` (the engine's default ``BucketLadder``, e.g. ``ladder:growth=1.125``)."""
     out = []
     for item in filter(None, (v.strip() for v in spec.split(";"))):
         where, _, body = item.partition(":")
@@ -101,8 +123,11 @@ def variants(spec: str = DEFAULT_VARIANTS):
         elif where == "gemm":
             unknown = set(changes) - set(linear._CONFIG)
             ctx = lambda c=changes: gemm_config(**c)  # noqa: E731
+        elif where == "ladder":
+            unknown = set(changes) - {f.name for f in dataclasses.fields(BucketLadder)}
+            ctx = lambda c=changes: ladder_config(**c)  # noqa: E731
         else:
-            raise ValueError(f"variant {item!r}: want mp:... or gemm:...")
+            raise ValueError(f"variant {item!r}: want mp:..., gemm:... or ladder:...")
         if unknown:
             raise ValueError(f"variant {item!r}: unknown keys {sorted(unknown)}")
         out.append((item, ctx))

@@ -81,8 +81,9 @@ class Bucket:
 
 
 @functools.lru_cache(maxsize=64)
-def _geometric(lo: int, hi: int, growth: float, align: int) -> tuple[int, ...]:
-    """The ladder's capacities (cached: a select was ~25 µs of host time per call computing them again)."""
+def _geometric(lo: int, hi: int, growth: float, align: int, fine_from: int, fine_growth: float) -> tuple[int, ...]:
+    """The ladder's capacities: steps of ``growth``, of ``fine_growth`` from ``fine_from`` on (cached: a select
+    was ~25 µs of host time per call computing them again)."""
     caps, c = [], float(lo)
     while True:
         v = int(math.ceil(c / align) * align)
@@ -90,7 +91,7 @@ def _geometric(lo: int, hi: int, growth: float, align: int) -> tuple[int, ...]:
             caps.append(v)
         if v >= hi:
             return tuple(caps)
-        c = max(c * growth, v + 1)
+        c = max(c * (fine_growth if v >= fine_from else growth), v + 1)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,8 @@ class BucketLadder:
         min_atoms, max_atoms: smallest and largest atom capacity (the largest is rounded up to the ladder).
         min_edges, max_edges: the same for edges.
         growth: ratio between neighbouring capacities (> 1); padding wastes at most ``growth - 1`` of the work.
+        fine_growth, fine_atoms, fine_edges: the ratio (> 1) from ``fine_atoms`` atoms and from ``fine_edges``
+            edges on: large buckets, whose steps take milliseconds, pad less (``fine_growth = growth``: one ratio).
         align: capacities are multiples of this (GPU-friendly tile sizes).
 
     A batch with more than ``max_atoms - 1`` atoms or ``max_edges`` edges has no bucket (:meth:`select`
@@ -118,11 +121,22 @@ class BucketLadder:
     # benchmarks/results/profile_step_h100_run5.txt); 1.25 gives 6,944. Mean padding ~11 % instead of ~20 %, at
     # about twice as many (lazily captured) buckets.
     growth: float = 1.25
+    # From 2,048 atoms / 65,536 edges on, steps of 1.0625 (H100, fp32, the shipped student, each against 1.25 in
+    # the same run, benchmarks/results/probe_ncu_sweep_h100_run12.md): 4,096 g2 molecules (21,749 atoms) ran in a
+    # 26,472-atom bucket, 5.38 -> 4.83 ms per step (1.115x); 3,000-atom water 1.033x; 192-atom water and 1,024 g2
+    # molecules, whose buckets already fit within 2 %, 1.00x. Small buckets keep 1.25: there a capture costs more
+    # than the padding (a new small molecule end to end is ~0.5 ms), and a run of different molecules would meet
+    # ~4x as many of them. A large bucket's step takes milliseconds, and batches of a budget have similar sizes.
+    fine_growth: float = 1.0625
+    fine_atoms: int = 2048
+    fine_edges: int = 65536
     align: int = 8
 
     def __post_init__(self) -> None:
         if not self.growth > 1.0:
             raise ValueError(f"BucketLadder.growth must be > 1, got {self.growth}")
+        if not self.fine_growth > 1.0:
+            raise ValueError(f"BucketLadder.fine_growth must be > 1, got {self.fine_growth}")
         if self.align < 1:
             raise ValueError(f"BucketLadder.align must be >= 1, got {self.align}")
         if not 2 <= self.min_atoms <= self.max_atoms:
@@ -132,11 +146,11 @@ class BucketLadder:
 
     @property
     def atom_capacities(self) -> tuple[int, ...]:
-        return _geometric(self.min_atoms, self.max_atoms, self.growth, self.align)
+        return _geometric(self.min_atoms, self.max_atoms, self.growth, self.align, self.fine_atoms, self.fine_growth)
 
     @property
     def edge_capacities(self) -> tuple[int, ...]:
-        return _geometric(self.min_edges, self.max_edges, self.growth, self.align)
+        return _geometric(self.min_edges, self.max_edges, self.growth, self.align, self.fine_edges, self.fine_growth)
 
     def select(self, n_atoms: int, n_edges: int) -> Bucket | None:
         """The smallest bucket holding ``n_atoms`` real atoms (plus one padding atom) and ``n_edges`` edges,

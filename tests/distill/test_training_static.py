@@ -111,6 +111,21 @@ def _frames_of_sizes():
     return frames
 
 
+def test_static_batcher_keeps_one_ratio_for_large_batches():
+    """Training's ladder steps by its bucket_growth throughout (each bucket is a captured training step kept for
+    the run), not by the engine's finer ratio for large buckets."""
+    from types import SimpleNamespace
+
+    sizes = np.full(40, 500)  # 10 frames of 500 atoms per batch: capacities well past 2,048 atoms
+    data = SimpleNamespace(
+        atom_ptr=np.concatenate([[0], np.cumsum(sizes)]), edge_ptr=np.concatenate([[0], np.cumsum(sizes * 40)])
+    )
+    batcher = _StaticBatcher(data, batch_size=10, growth=1.25)
+    for caps in (batcher.atom_caps, batcher.edge_caps):
+        ratios = caps[1:] / caps[:-1]
+        assert caps[-1] > 4096 and (ratios[:-1] > 1.2).all()  # the last step may be cut by the largest batch
+
+
 def test_padded_batch_is_inert_and_receiver_sorted():
     torch.manual_seed(0)
     model = StudentModel(species=[1, 6, 7, 8], hidden=16, layers=2, n_rbf=8, cutoff=3.0).double()

@@ -72,13 +72,15 @@ class _StaticBatcher:
         self.structures = int(batch_size) + 1
         counts = np.sort(data.atom_ptr[1:] - data.atom_ptr[:-1])[::-1]
         ecounts = np.sort(data.edge_ptr[1:] - data.edge_ptr[:-1])[::-1]
-        # The largest possible batch bounds the ladder, so every batch has a capacity.
+        # The largest possible batch bounds the ladder, so every batch has a capacity. One ratio throughout
+        # (fine_growth = growth): each bucket here is a captured training step, kept for the whole run.
         ladder = BucketLadder(
             min_atoms=64,
             max_atoms=max(64, int(counts[:batch_size].sum()) + 1),
             min_edges=64,
             max_edges=max(64, int(ecounts[:batch_size].sum())),
             growth=float(growth),
+            fine_growth=float(growth),
         )
         self.atom_caps = np.array(ladder.atom_capacities)
         self.edge_caps = np.array(ladder.edge_capacities)
