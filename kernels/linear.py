@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
+from ._frozen import derived
 from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, pdl_args, pdl_prologue, tl, triton
 
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_reference"]
@@ -35,11 +36,14 @@ __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_r
 # 1.01x at 3,000 and 24,000 atoms of water, against 1.00-1.02x for the 128 x 64 tile. Nsight Compute
 # (results/ncu_summary_h100.md) showed why: with K = 128 and BK 64 the three pipeline stages took 131 KB of shared
 # memory, one 4-warp program per SM.
-# untransposed_max_rows: above it the backward forms (B = W as stored, [K, N]) run on cuBLAS. On the H100 cuBLAS
-# was 1.2-1.8x faster there at 6,944 and 21,749 rows (benchmarks/results/bench_gemm_h100.md), within 0.96-1.08x
-# of the 128 x 64 / 8-warp tile (bench_gemm_tiles_h100.md); at 600 rows ours were 1.16-1.71x faster, at 1,393
-# 0.86-1.27x. The forward forms were 1.13-5.3x faster than cuBLAS at every size measured (64-21,749 rows), so they
-# always run here.
+# untransposed_max_rows: above it the backward forms (B = W as stored, [K, N], N-major) run as forward forms on W's
+# kept transpose (K-major B tiles: the layout the TF32 MMAs take; on the interpreter, torch's product). Loading W
+# N-major, our kernel was slower than cuBLAS's strict-fp32 kernels there (1.2-1.8x at 6,944 and 21,749 rows,
+# benchmarks/results/bench_gemm_h100.md), which ran them until stop 27; the forward forms were 1.13-5.3x faster
+# than cuBLAS at every size measured (64-21,749 rows). The kept transpose in the whole step, against cuBLAS
+# (results/probe_ncu_sweep_h100_run13.md): 1.068x for 4,096 g2 molecules, 1.057x for 1,024, 1.028x for 3,000
+# water atoms. Below the threshold the N-major loads stay: at every size there (benzene, 192 water atoms) the
+# transpose measured 0.95-0.99x.
 _CONFIG = {
     "small_rows": 2048,
     "small": (16, 32, 4),
@@ -220,7 +224,11 @@ def gemm(
         elif not accumulate:
             out.zero_()
         return out, pre
-    if not transpose_w and m > _CONFIG["untransposed_max_rows"]:
+    if not transpose_w and m > _CONFIG["untransposed_max_rows"] and w.is_cuda:
+        # B = W as stored is N-major. W's kept transpose (it is frozen here: _frozen.derived) makes the same product
+        # a transpose_w one, whose B tiles are K-major, as the tensor cores' TF32 MMAs take them.
+        w, transpose_w = derived("t", _contiguous_t, w), True
+    if not transpose_w and m > _CONFIG["untransposed_max_rows"]:  # the interpreter: torch's product
         if prologue_add is not None:
             a = a + prologue_add
         if prologue_gather is not None:
@@ -291,6 +299,10 @@ def gemm(
 def _or(t: Tensor | None, dummy: Tensor) -> Tensor:
     """A kernel's optional pointer argument (unread when its switch is off)."""
     return dummy if t is None else t
+
+
+def _contiguous_t(w: Tensor) -> Tensor:
+    return w.t().contiguous()
 
 
 def _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate) -> Tensor:

@@ -23,13 +23,12 @@ gradient to both terms.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import Tensor
 from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
+from ._frozen import derived
 from ._triton_utils import (
     _TUNING,
     HAS_TRITON,
@@ -138,44 +137,14 @@ def _check_inputs(s, v, u_w, v_w, w1, b1, w2, b2) -> None:
             raise ValueError(f"{name} must be {list(shape)} for F = {f}, got {list(t.shape)}")
 
 
-# [U; V] of frozen weights by (id(U), id(V)): (weak refs to U and V, detached aliases of their data, their versions,
-# the stacked copy). Concatenating them anew cost a launch per layer per step. A hit needs the same tensors, the
-# same data (``module.to()`` swaps a parameter's data and keeps its version; the aliases keep the old storage, so
-# new data can never sit at its address) and the same versions (an in-place edit). A changed weight of unchanged
-# shape, dtype and device is copied into the cached tensor in place, so its address stays valid for a CUDA graph
-# that captured it (the graph reads the new values once an eager call has refreshed it). The weak refs drop the
-# entry with the weights.
-_UV_CACHE: dict[tuple[int, int], tuple] = {}
-
-
 def _stacked_uv(u_w: Tensor, v_w: Tensor) -> Tensor:
-    """``torch.cat([u_w, v_w])`` ``[2F, F]``, cached while neither weight changes (see ``_UV_CACHE``)."""
-    try:
-        versions = (u_w._version, v_w._version)
-    except RuntimeError:  # inference tensors have no version counter: no caching
-        return torch.cat([u_w, v_w])
-    key = (id(u_w), id(v_w))
-    hit = _UV_CACHE.get(key)
-    if hit is not None and hit[0]() is u_w and hit[1]() is v_w:
-        same_data = hit[2].data_ptr() == u_w.data_ptr() and hit[3].data_ptr() == v_w.data_ptr()
-        w_uv = hit[5]
-        if same_data and hit[4] == versions:
-            return w_uv
-        n = u_w.shape[0]
-        same_layout = w_uv.shape == (2 * n, *u_w.shape[1:]) and v_w.shape == u_w.shape
-        if same_layout and w_uv.dtype == u_w.dtype == v_w.dtype and w_uv.device == u_w.device == v_w.device:
-            with torch.no_grad():
-                w_uv[:n].copy_(u_w)
-                w_uv[n:].copy_(v_w)
-            _UV_CACHE[key] = (*hit[:2], u_w.detach(), v_w.detach(), (u_w._version, v_w._version), w_uv)
-            return w_uv
-    w_uv = torch.cat([u_w, v_w])
+    """``torch.cat([u_w, v_w])`` ``[2F, F]``, made once while neither weight changes (concatenating them anew cost a
+    launch per layer per step; see :mod:`._frozen` for when the kept copy is refreshed)."""
+    return derived("uv", _cat2, u_w, v_w)
 
-    def drop(_, key=key):
-        _UV_CACHE.pop(key, None)
 
-    _UV_CACHE[key] = (weakref.ref(u_w, drop), weakref.ref(v_w, drop), u_w.detach(), v_w.detach(), versions, w_uv)
-    return w_uv
+def _cat2(u_w: Tensor, v_w: Tensor) -> Tensor:
+    return torch.cat([u_w, v_w])
 
 
 # ------------------------------------------------------------------------------------------------------------
