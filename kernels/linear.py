@@ -306,7 +306,8 @@ def _contiguous_t(w: Tensor) -> Tensor:
 
 
 def _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate) -> Tensor:
-    """:func:`gemm` in torch ops (cuBLAS), for the shapes where cuBLAS is faster; only without ``act``."""
+    """:func:`gemm` in torch ops, only without ``act``: the untransposed forms above ``untransposed_max_rows`` off
+    the GPU (the interpreter is slow on large tiles)."""
     if act != "none":
         raise ValueError("the cuBLAS fallback of gemm has no fused activation")
     if prologue_silu_of is not None:
