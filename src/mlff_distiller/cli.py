@@ -170,6 +170,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-data", dest="val_data", help="separate validation frames (else split from --data)")
     p.add_argument("--out", help="run directory (best.pt, last.pt, train_state.pt, history.json)")
     p.add_argument("--resume", action="store_const", const=True, help="continue from OUT/train_state.pt")
+    p.add_argument(
+        "--init-model",
+        dest="init_model",
+        help="fine-tune this student (checkpoint path or builtin:NAME) instead of training a new one; "
+        "--set train.refit_energy_reference=true for labels with another energy zero",
+    )
     p.add_argument("--export", help="also copy the best student here")
 
     p = sub.add_parser("evaluate", help="errors vs teacher labels; plots; optional timing and NVE drift")
@@ -269,6 +275,8 @@ def run_train(job: TrainJob) -> dict:
         train_frames, val_frames = split_frames(frames, job.val_fraction, seed=job.split_seed)
     init = load_model(job.init_model) if job.init_model else None
     meta = {"teacher": job.teacher, "data": str(job.data), "train_frames": len(train_frames)}
+    if job.init_model:
+        meta["init_model"] = str(job.init_model)
     result = train(train_frames, val_frames, job.train, job.out, model=init, resume=job.resume, metadata=meta)
     if job.export:
         Path(job.export).parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ import pytest
 import torch
 from ase.build import molecule
 from ase.calculators.singlepoint import SinglePointCalculator
+from distill_helpers import small_train_config
 
 from mlff_distiller import ForceEngine, StudentModel, load_model
 from mlff_distiller.batch import AtomsBatch
@@ -116,25 +117,10 @@ def test_train_config_validation():
         TrainConfig(ema_decay=1.0)
 
 
-def _small_cfg(**kw):
-    opts = dict(
-        model=dict(hidden=16, layers=2, n_rbf=8, cutoff=4.0),
-        batch_size=8,
-        lr=3e-3,
-        warmup_steps=5,
-        eval_every=10,
-        ema_decay=0.9,
-        device="cpu",
-        patience=0,
-    )
-    opts.update(kw)
-    return TrainConfig(**opts)
-
-
 def test_hvp_loss_needs_hvp_labels(emt_frames):
     train_f, val_f = split_frames(emt_frames, 0.2)
     with pytest.raises(ValueError, match="Hessian-vector"):
-        train(train_f, val_f, _small_cfg(hvp_weight=1.0, max_steps=2), log=lambda m: None)
+        train(train_f, val_f, small_train_config(hvp_weight=1.0, max_steps=2), log=lambda m: None)
 
 
 def test_training_with_hvp_loss_runs(tmp_path):
@@ -144,15 +130,17 @@ def test_training_with_hvp_loss_runs(tmp_path):
 
     label(emt_seeds()[:1], "emt", tmp_path / "h", small_sampling(md_steps=16, hvp=True), progress=False)
     frames = read_frames(tmp_path / "h")
-    res = train(frames, frames, _small_cfg(hvp_weight=0.1, max_steps=6, eval_every=3), log=lambda m: None)
+    res = train(frames, frames, small_train_config(hvp_weight=0.1, max_steps=6, eval_every=3), log=lambda m: None)
     assert "train_hvp_mse" in res.history[-1] and np.isfinite(res.history[-1]["train_hvp_mse"])
 
 
 def test_resume_continues_exactly(emt_frames, tmp_path):
     train_f, val_f = split_frames(emt_frames, 0.2)
-    cfg = _small_cfg(scheduler="none", max_steps=30)
+    cfg = small_train_config(scheduler="none", max_steps=30)
     full = train(train_f, val_f, cfg, tmp_path / "full", log=lambda m: None)
-    part = train(train_f, val_f, _small_cfg(scheduler="none", max_steps=20), tmp_path / "part", log=lambda m: None)
+    part = train(
+        train_f, val_f, small_train_config(scheduler="none", max_steps=20), tmp_path / "part", log=lambda m: None
+    )
     assert part.steps == 20
     resumed = train(train_f, val_f, cfg, tmp_path / "part", resume=True, log=lambda m: None)
     assert resumed.steps == 30
@@ -165,10 +153,29 @@ def test_resume_continues_exactly(emt_frames, tmp_path):
     assert full.history[-1]["step"] == 30
 
 
+def test_the_last_step_is_validated_and_saved(emt_frames, tmp_path):
+    """A run shorter than eval_every (max_steps, or its epochs) still validates and checkpoints its last step."""
+    train_f, val_f = split_frames(emt_frames, 0.2)
+    res = train(train_f, val_f, small_train_config(max_steps=3, eval_every=100), tmp_path / "a", log=lambda m: None)
+    assert res.stopped == "max_steps" and [row["step"] for row in res.history] == [3]
+    assert np.isfinite(res.best_val["force_mae_mev_a"]) and res.best_val["step"] == 3
+    assert (tmp_path / "a" / "best.pt").exists() and (tmp_path / "a" / "last.pt").exists()
+    per_epoch = -(-len(train_f) // 8)  # batch_size 8
+    res = train(train_f, val_f, small_train_config(epochs=1, eval_every=1000), tmp_path / "b", log=lambda m: None)
+    assert res.stopped == "epochs" and [row["step"] for row in res.history] == [per_epoch]
+    assert (tmp_path / "b" / "best.pt").exists()
+    # Early stopping does not claim a run that ended by its step budget.
+    res = train(train_f, val_f, small_train_config(lr=1e-9, max_steps=4, eval_every=2, patience=1, min_delta=1.0))
+    assert res.stopped == "max_steps" and res.steps == 4
+
+
 def test_early_stopping(emt_frames):
     train_f, val_f = split_frames(emt_frames, 0.2)
     res = train(
-        train_f, val_f, _small_cfg(lr=1e-9, patience=2, min_delta=1.0, eval_every=2, epochs=50), log=lambda m: None
+        train_f,
+        val_f,
+        small_train_config(lr=1e-9, patience=2, min_delta=1.0, eval_every=2, epochs=50),
+        log=lambda m: None,
     )
     assert res.stopped == "early_stopping" and res.steps == 6
 
@@ -176,7 +183,7 @@ def test_early_stopping(emt_frames):
 def test_label_train_evaluate_end_to_end(emt_frames, emt_test_labels, tmp_path):
     test = read_frames(emt_test_labels)
     train_f, val_f = split_frames(emt_frames, 0.2, seed=0)
-    cfg = _small_cfg(
+    cfg = small_train_config(
         model=dict(hidden=32, layers=2, n_rbf=12, cutoff=4.0),
         lr=5e-3,
         warmup_steps=20,

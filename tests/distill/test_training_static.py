@@ -6,6 +6,7 @@ import pytest
 import torch
 from ase.build import molecule
 from ase.calculators.singlepoint import SinglePointCalculator
+from distill_helpers import small_train_config
 from torch import nn
 
 from mlff_distiller import StudentModel, kernels
@@ -15,22 +16,9 @@ from mlff_distiller.distill.train_steps import _csr_view
 
 
 def _cfg(mode, **kw):
-    opts = dict(
-        model=dict(hidden=16, layers=2, n_rbf=8, cutoff=4.0),
-        batch_size=8,
-        lr=3e-3,
-        warmup_steps=5,
-        eval_every=5,
-        ema_decay=0.9,
-        grad_clip=1.0,  # small enough to clip: the clipping path is compared too
-        device="cpu",
-        dtype="float64",
-        patience=0,
-        max_steps=10,
-        train_step=mode,
-    )
-    opts.update(kw)
-    return TrainConfig(**opts)
+    # grad_clip 1.0 is small enough to clip: the clipping path is compared too.
+    opts = dict(eval_every=5, grad_clip=1.0, dtype="float64", max_steps=10, train_step=mode)
+    return small_train_config(**{**opts, **kw})
 
 
 def _assert_same_run(a, b, atol=1e-10):

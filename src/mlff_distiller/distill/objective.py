@@ -35,7 +35,7 @@ from mlff_distiller.model import StudentModel
 if TYPE_CHECKING:
     from mlff_distiller.distill.training import TrainConfig
 
-__all__ = ["evaluate_dataset", "student_forward", "student_forward_stress"]
+__all__ = ["energy_reference_correction", "evaluate_dataset", "student_forward", "student_forward_stress"]
 
 _NO_HVP_LABELS = "hvp_weight > 0 needs frames labelled with Hessian-vector products (sampling hvp: true)"
 _NO_STRESS_LABELS = "stress_weight > 0 needs periodic frames labelled with a teacher stress"
@@ -156,3 +156,23 @@ def evaluate_dataset(model: StudentModel, dataset: FrameDataset, batch_size: int
         "frames": len(dataset),
         "atoms": int(torch.cat(counts).sum()),
     }
+
+
+def energy_reference_correction(model: StudentModel, dataset: FrameDataset, batch_size: int = 64) -> torch.Tensor:
+    """Per-species change Δμ_z (eV, ordered like ``model.species_list``) of the student's energy shift that best
+    fits ``dataset``'s teacher energies: the least-squares solution of Σ_z n_z Δμ_z ≈ E_teacher − E_student over
+    the frames. Fine-tuning on labels from another teacher (another energy zero: DFT after GFN2-xTB, say) adds it
+    to the shift, so the student starts from its learned energy surface moved to the new zero instead of learning
+    the offset through its weights. Returns float64 on the CPU."""
+    was_training = model.training
+    model.eval()
+    energies = []
+    with torch.no_grad():
+        for batch in dataset.batches(batch_size):
+            a = batch.atoms
+            out = model(a.numbers, a.positions, batch.edge_index, batch.shift_vectors(), a.batch, a.num_structures)
+            energies.append(out["energy"].double().cpu())
+    model.train(was_training)
+    residual = dataset.energy.detach().double().cpu() - torch.cat(energies)
+    comp = torch.as_tensor(dataset.composition(model.species_list), dtype=torch.float64)
+    return torch.linalg.lstsq(comp, residual[:, None], driver="gelsd").solution[:, 0]

@@ -5,7 +5,8 @@ Before training, per-species reference energies are fitted by least squares (``m
 shift μ_z, scale = RMS teacher force component), then AdamW with linear warm-up and cosine decay (or
 reduce-on-plateau), gradient clipping, and an exponential moving average (EMA) of the weights, which is what
 is validated, checkpointed and returned. Training stops early after ``patience`` validations without a better
-validation force MAE; a run stopped by its wall-clock limit validates its last step too.
+validation force MAE; the last step of a run (its ``max_steps``, its last epoch or its wall-clock limit) is
+validated too, whatever ``eval_every`` says.
 ``out_dir/train_state.pt`` (written atomically) lets a killed run resume.
 
 The pieces, one job a module:
@@ -41,7 +42,7 @@ import torch
 
 from mlff_distiller import kernels
 from mlff_distiller.distill.dataset import FrameDataset, fit_energy_reference
-from mlff_distiller.distill.objective import evaluate_dataset, student_forward
+from mlff_distiller.distill.objective import energy_reference_correction, evaluate_dataset, student_forward
 from mlff_distiller.distill.optim import _EMA, _load_optimizer, _lr_factor, _optimizer, _optimizer_state, _plateau
 from mlff_distiller.distill.train_steps import _PlainStep, _StaticStep
 from mlff_distiller.model import ModelConfig, StudentModel
@@ -82,6 +83,10 @@ class TrainConfig:
         kernels: kernel backend for the run (``"auto"``, ``"triton"``, ``"torch"``; None keeps the process
             setting, i.e. ``MLFF_DISTILLER_KERNELS``).
         bucket_growth: ratio between neighbouring padded capacities of the static steps (> 1).
+        refit_energy_reference: when training starts from an existing student (fine-tuning: ``train(model=...)``,
+            the CLI's ``init_model``), first add to its per-species energy shift the least-squares correction to
+            the training energies (:func:`~mlff_distiller.distill.objective.energy_reference_correction`): for
+            labels from a teacher with another energy zero. False keeps the student's reference as it is.
     """
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(hidden=64, layers=3, n_rbf=16, cutoff=5.0))
@@ -113,6 +118,7 @@ class TrainConfig:
     train_step: str = "auto"
     kernels: str | None = None
     bucket_growth: float = 1.25
+    refit_energy_reference: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -155,6 +161,8 @@ class TrainConfig:
             raise ValueError(f"kernels must be one of {kernels.BACKENDS} or None, got {self.kernels!r}")
         if not float(self.bucket_growth) > 1:
             raise ValueError(f"bucket_growth must be > 1, got {self.bucket_growth}")
+        if not isinstance(self.refit_energy_reference, bool):
+            raise ValueError(f"refit_energy_reference must be true or false, got {self.refit_energy_reference!r}")
 
     def resolved_device(self) -> torch.device:
         from mlff_distiller.devices import resolve_device
@@ -207,7 +215,10 @@ def train(
         config: :class:`TrainConfig`.
         out_dir: where ``best.pt`` (the best EMA student, via ``model.save``), ``last.pt``, ``train_state.pt``
             and ``history.json`` go; None keeps everything in memory.
-        model: start from this student instead of a new one (fine-tuning; its energy reference is kept).
+        model: start from this student instead of a new one (fine-tuning): its architecture replaces
+            ``config.model``, its weights are the starting point and its energy reference is kept, or corrected
+            to the training energies with ``config.refit_energy_reference``. The data may hold only elements the
+            student knows. The caller's model is not modified.
         resume: continue from ``out_dir/train_state.pt``.
         metadata: extra checkpoint metadata (teacher name, data description...).
         log: a function receiving progress lines (default: stderr).
@@ -245,16 +256,32 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         raise ValueError("training needs validation frames (early stopping and checkpoints select on them)")
 
     state = torch.load(state_path, map_location="cpu", weights_only=False) if resume else None
+    fresh = False  # a new student (below) rather than the caller's
     if state is not None:
         model = StudentModel(ModelConfig(**state["model_config"]))
         model.load_state_dict(state["model"])
     elif model is None:
         model = _initial_model(cfg, train_set)
+        fresh = True
     else:
         model = copy.deepcopy(model)
     model = model.to(device=device, dtype=dtype).train()
-    model.check_species(train_set.numbers)
-    model.check_species(val_set.numbers)
+    finetune = state is None and not fresh  # the caller's student: fine-tuning
+    for data in (train_set, val_set):
+        try:
+            model.check_species(data.numbers)
+        except ValueError as exc:
+            if not finetune:
+                raise
+            raise ValueError(f"the starting student cannot be fine-tuned on these frames: {exc}") from None
+    if finetune:
+        c = model.config
+        log(f"fine-tuning a student of {c.hidden} features x {c.layers} layers (config.model is not used)")
+        if cfg.refit_energy_reference:
+            delta = energy_reference_correction(model, train_set, cfg.val_batch_size)
+            shift = model.atomic_shift.detach().double().cpu() + delta
+            model.set_energy_reference(shift, model.atomic_scale.detach().clone())
+            log(f"energy reference refitted: shift changed by {np.round(delta.numpy(), 4).tolist()} eV per species")
 
     opt = _optimizer(model, cfg, mode, device, dtype)
     plateau = _plateau(opt, cfg)
@@ -309,7 +336,10 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
             # The wall clock has run out: validate this last step too, so its weights can be the result.
             time_up = bool(cfg.time_limit_s) and elapsed_before + time.perf_counter() - t0 >= cfg.time_limit_s
             time_up = info.broadcast_flag(time_up, device)  # rank 0's clock decides for all
-            if step % eval_every == 0 or (last_epoch_step and cfg.eval_every == 0) or time_up:
+            # The run's last step (max_steps, or the last epoch's end) is validated too, whatever eval_every says:
+            # else a run shorter than eval_every would end with no best.pt, last.pt or validated result.
+            ending = bool(cfg.max_steps and step >= cfg.max_steps) or (last_epoch_step and epoch + 1 >= cfg.epochs)
+            if step % eval_every == 0 or (last_epoch_step and cfg.eval_every == 0) or time_up or ending:
                 t_eval = time.perf_counter()
                 train_loss, parts = stepper.last()  # syncs; raises on a non-finite loss
                 train_loss = info.mean(train_loss, device)
@@ -370,7 +400,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
                         state_path,
                     )
                 eval_spans.append((t_eval, time.perf_counter()))
-                if cfg.patience and bad >= cfg.patience:
+                if cfg.patience and bad >= cfg.patience and not ending:
                     stopped = "early_stopping"
                     break
             if cfg.max_steps and step >= cfg.max_steps:
