@@ -82,7 +82,8 @@ class BenchRow:
     timestamp: str = dataclasses.field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
+    """Short commit of this checkout, with ``-dirty`` when tracked files have changes; ``unknown`` outside git."""
     try:
         root = Path(__file__).resolve().parent
         out = subprocess.run(
@@ -108,7 +109,7 @@ def environment(device: torch.device, copy_gbps: float) -> Environment:
         device=name,
         torch=torch.__version__,
         triton=triton_version,
-        commit=_git_commit(),
+        commit=git_commit(),
         host=platform.node(),
         copy_gbps=copy_gbps,
     )

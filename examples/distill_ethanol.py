@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,20 +40,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mlff_distiller.distill.stability import StabilityMonitor
+from mlff_distiller.distill.stability import stability_run as _stability_run
+
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from harness import git_commit  # noqa: E402  (benchmarks/harness.py: commit, -dirty when changed)
+
 REFERENCE_FORCE_MAE = 5.4  # meV/Å: plain-PyTorch PaiNN, 8 min on an H200 (issue 6)
 TARGET_FORCE_MAE = 3.0  # meV/Å: the issue's accuracy target
 TARGET_TRAIN_SECONDS = 60.0
-MIN_PAIR_DISTANCE = 0.5  # Å
-BOND_FACTOR = 1.5  # a bond is broken beyond this × the sum of covalent radii
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
 
 
 def first_time_below(history: list[dict], threshold: float) -> dict | None:
@@ -90,132 +86,11 @@ def learning_curve_seconds_plot(history: list[dict], path: Path, title: str) -> 
     return path
 
 
-class StabilityMonitor:
-    """Checks of a molecular MD run: closest pair, bond graph, forces, energies (called every few steps)."""
-
-    def __init__(self, atoms, dyn) -> None:
-        from ase.data import covalent_radii
-
-        self.atoms, self.dyn = atoms, dyn
-        r = covalent_radii[atoms.numbers]
-        self.rsum = r[:, None] + r[None, :]
-        iu = np.triu_indices(len(atoms), 1)
-        self.iu = iu
-        d = atoms.get_all_distances()
-        self.bonded = (d < 1.2 * self.rsum)[iu]
-        self.rows: list[tuple[float, float, float, float, float]] = []  # t (ps), Epot, Ekin/atom T, max|F|, dmin
-        self.failure: str | None = None
-
-    def __call__(self) -> None:
-        from ase import units
-
-        a = self.atoms
-        d = a.get_all_distances()[self.iu]
-        rsum = self.rsum[self.iu]
-        forces = a.get_forces()
-        epot = a.get_potential_energy()
-        temp = a.get_kinetic_energy() / (1.5 * units.kB * len(a))
-        t_ps = self.dyn.get_time() / (1000 * units.fs)
-        fmax = float(np.linalg.norm(forces, axis=1).max())
-        self.rows.append((t_ps, float(epot), float(temp), fmax, float(d.min())))
-        if self.failure is not None:
-            return
-        if not (np.isfinite(epot) and np.isfinite(forces).all()):
-            self.failure = f"non-finite energy or forces at {t_ps:.3f} ps"
-        elif d.min() < MIN_PAIR_DISTANCE:
-            self.failure = f"atom pair at {d.min():.3f} Å < {MIN_PAIR_DISTANCE} Å at {t_ps:.3f} ps"
-        elif (d[self.bonded] > BOND_FACTOR * rsum[self.bonded]).any():
-            self.failure = f"a bond broke (> {BOND_FACTOR} × covalent radii) at {t_ps:.3f} ps"
-        elif (d[~self.bonded] < rsum[~self.bonded]).any():
-            self.failure = f"a new bond formed at {t_ps:.3f} ps"
-
-    def summary(self) -> dict:
-        arr = np.array(self.rows) if self.rows else np.zeros((0, 5))
-        out = {"stable": self.failure is None and len(self.rows) > 1, "failure": self.failure, "checks": len(self.rows)}
-        if len(arr):
-            out.update(
-                simulated_ps=float(arr[-1, 0]),
-                epot_mean_ev=float(arr[:, 1].mean()),
-                epot_std_ev=float(arr[:, 1].std()),
-                epot_min_ev=float(arr[:, 1].min()),
-                epot_max_ev=float(arr[:, 1].max()),
-                temperature_mean_k=float(arr[:, 2].mean()),
-                max_force_ev_a=float(arr[:, 3].max()),
-                min_pair_distance_a=float(arr[:, 4].min()),
-            )
-        return out
-
-    def plot(self, path: Path) -> Path | None:
-        if len(self.rows) < 2:
-            return None
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        arr = np.array(self.rows)
-        fig, axes = plt.subplots(3, 1, figsize=(6.4, 6.4), sharex=True)
-        for ax, col, label in ((axes[0], 1, "E_pot (eV)"), (axes[1], 2, "T (K)"), (axes[2], 4, "closest pair (Å)")):
-            ax.plot(arr[:, 0], arr[:, col], lw=0.6)
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3)
-        axes[2].axhline(MIN_PAIR_DISTANCE, color="r", ls=":", lw=0.8)
-        axes[2].set_xlabel("time (ps)")
-        fig.suptitle("student Langevin MD, ethanol")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
-
-
-def stability_run(
-    model, device: str, *, seconds: float, max_ps: float, temperature: float, timestep_fs: float, check: int, seed: int
-) -> tuple[dict, StabilityMonitor]:
-    """Langevin MD of ethanol with the student until ``max_ps`` or ``seconds`` of wall clock, whichever first."""
-    from ase import units
+def stability_run(model, device: str, **kw) -> tuple[dict, StabilityMonitor]:
+    """Langevin MD of ethanol with the student (:func:`mlff_distiller.distill.stability.stability_run`)."""
     from ase.build import molecule
-    from ase.constraints import FixCom
-    from ase.md.langevin import Langevin
-    from ase.md.velocitydistribution import Stationary, ZeroRotation
 
-    from mlff_distiller.ase_compat import maxwell_boltzmann
-    from mlff_distiller.calculator import StudentCalculator
-
-    atoms = molecule("CH3CH2OH")
-    atoms.calc = StudentCalculator(model, device=device, precision="fp32")
-    atoms.set_constraint(FixCom())
-    rng = np.random.default_rng(seed)
-    maxwell_boltzmann(atoms, temperature, rng=rng)
-    Stationary(atoms)
-    ZeroRotation(atoms)
-    dyn = Langevin(
-        atoms,
-        timestep=timestep_fs * units.fs,
-        temperature_K=temperature,
-        friction=0.01 / units.fs,
-        rng=rng,
-        fixcm=False,
-    )
-    mon = StabilityMonitor(atoms, dyn)
-    dyn.attach(mon, interval=check)
-    max_steps = round(max_ps * 1000 / timestep_fs)
-    t0 = time.perf_counter()
-    done, chunk = 0, check * 20
-    while done < max_steps and time.perf_counter() - t0 < seconds and mon.failure is None:
-        n = min(chunk, max_steps - done)
-        dyn.run(n)
-        done += n
-    wall = time.perf_counter() - t0
-    out = {
-        **mon.summary(),
-        "steps": done,
-        "timestep_fs": timestep_fs,
-        "temperature_k": temperature,
-        "wall_seconds": wall,
-        "s_per_step": wall / max(done, 1),
-        "target_ps": max_ps,
-    }
-    return out, mon
+    return _stability_run(model, molecule("CH3CH2OH"), device, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             "within_train_seconds": TARGET_TRAIN_SECONDS,
         },
         "teacher": "gfn2-xtb (tblite)",
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "host": platform.node(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -484,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             check=10 if args.quick else args.md_check,
             seed=0,
         )
-        mon.plot(results / "stability.png")
+        mon.plot(results / "stability.png", "student Langevin MD, ethanol")
         return out
 
     phase("stability_md", stability)

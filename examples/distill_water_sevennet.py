@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,18 +45,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from harness import git_commit  # noqa: E402  (benchmarks/harness.py: commit, -dirty when changed)
 from systems import water_box  # noqa: E402  (benchmarks/systems.py: the same boxes the benchmarks time)
 
 FORCE_MAE_TARGET = 20.0  # meV/Å
 SPEEDUP_TARGET = 100.0  # teacher / student seconds per ASE MD step
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
 
 
 def _sync() -> None:
@@ -291,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "student_config": {k: getattr(tcfg.model, k) for k in ("species", "hidden", "layers", "n_rbf", "cutoff")},
         "train_config": {

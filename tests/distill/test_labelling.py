@@ -11,6 +11,7 @@ import time
 import ase.io
 import numpy as np
 import pytest
+import torch
 from ase.build import molecule
 from ase.calculators.emt import EMT
 from distill_helpers import emt_seeds, small_sampling
@@ -56,6 +57,25 @@ def test_gfn2_teacher_labels_water():
     f = atoms.get_forces()
     assert f.shape == (3, 3) and np.isfinite(f).all()
     assert abs(f.sum(0)).max() < 1e-6  # no net force on an isolated molecule
+
+
+def test_gfn2_labelling_gives_back_the_torch_thread_count(tmp_path):
+    """The GFN2-xTB preset runs tblite on one OpenMP thread, which torch's CPU ops share: a training after the
+    labelling in the same process must not be left on one thread."""
+    pytest.importorskip("tblite")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        label(
+            [molecule("H2O")],
+            "gfn2-xtb",
+            tmp_path / "x",
+            small_sampling(temperatures=[300.0], md_steps=8),
+            progress=False,
+        )
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_sampling_config_rejects_bad_values():

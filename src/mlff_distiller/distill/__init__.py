@@ -24,6 +24,7 @@ from mlff_distiller.distill.evaluation import (
 from mlff_distiller.distill.labelling import FrameStore, LabelReport, label, label_parallel, read_frames
 from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, Task, make_tasks, run_task
 from mlff_distiller.distill.seeds import g2_chno, load_seeds
+from mlff_distiller.distill.stability import StabilityMonitor, stability_run
 from mlff_distiller.distill.teachers import TEACHERS, MissingExtraError, get_teacher
 from mlff_distiller.distill.training import TrainConfig, TrainResult, evaluate_dataset, student_forward, train
 
@@ -36,6 +37,7 @@ __all__ = [
     "LabelledBatch",
     "MissingExtraError",
     "SamplingConfig",
+    "StabilityMonitor",
     "Task",
     "TrainConfig",
     "TrainResult",
@@ -61,6 +63,7 @@ __all__ = [
     "read_frames",
     "run_task",
     "split_frames",
+    "stability_run",
     "student_forward",
     "to_dict",
     "train",

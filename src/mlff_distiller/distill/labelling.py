@@ -28,6 +28,7 @@ from pathlib import Path
 
 import ase.io
 import numpy as np
+import torch
 from ase import Atoms
 from ase.calculators.calculator import Calculator
 from ase.calculators.singlepoint import SinglePointCalculator
@@ -228,6 +229,18 @@ def label(
             )
     else:
         _atomic_write_text(cfg_path, json.dumps(fingerprint))
+    # The GFN2-xTB preset sets the process's OpenMP threads to one (see teachers._set_openmp_threads); torch's CPU
+    # ops share that runtime, so the caller's torch thread count is given back when labelling ends.
+    threads = torch.get_num_threads()
+    try:
+        return _label(seeds, teacher, store, config, student, on_policy_round, progress, teacher_options, shard)
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+def _label(seeds, teacher, store, config, student, on_policy_round, progress, teacher_options, shard) -> LabelReport:
+    """:func:`label` after its checks and the run's fingerprint."""
     teacher_calc = get_teacher(teacher, **(teacher_options or {}))
 
     progress_path = store.dir / PROGRESS_NAME
