@@ -303,6 +303,18 @@ def test_probe_cpu_md_students_only(tmp_path):
     assert "| ethanol | 9 |" in text and "| (H2O)2 | 6 |" in text and lines[-1].startswith("| (H2O)2")
 
 
+def test_probe_domain_quick(tmp_path):
+    """probe_domain.py --quick: one molecule inside the shipped students' training set, one outside, GFN2-xTB."""
+    pytest.importorskip("tblite")
+    import probe_domain
+
+    assert probe_domain.main(["--quick", "--out", str(tmp_path), "--name", "dom"]) == 0
+    rows = [
+        line for line in (tmp_path / "dom.md").read_text().splitlines() if line.startswith("| H2O") or "BDA" in line
+    ]
+    assert len(rows) == 2 and rows[0].endswith("| 0 / 6 |") and rows[1].endswith("| 6 / 6 |")
+
+
 @pytest.mark.gpu
 def test_probe_md_step_runs_on_cuda(tmp_path):
     """probe_md_step.py end to end with a few repetitions (it reaches into the engine's Verlet-path buffers, so it

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import yaml
 
+from mlff_distiller.committee import DEFAULT_COMMITTEE, DISAGREEMENT_THRESHOLD
 from mlff_distiller.distill.config import from_dict, load_yaml
 from mlff_distiller.distill.sampling import SamplingConfig
 from mlff_distiller.distill.training import TrainConfig
 
-__all__ = ["EvaluateJob", "LabelJob", "MDJob", "PredictJob", "TrainJob", "main"]
+__all__ = ["CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "TrainJob", "main"]
 
 
 @dataclass(kw_only=True)
@@ -108,7 +109,26 @@ class MDJob:
     taup_fs: float = 1000.0
 
 
-JOBS = {"label": LabelJob, "train": TrainJob, "evaluate": EvaluateJob, "predict": PredictJob, "md": MDJob}
+@dataclass(kw_only=True)
+class CheckJob:
+    """``check``: do two or more students agree on these structures? Flags those outside their training data."""
+
+    input: str = ""
+    models: list[str] = field(default_factory=lambda: list(DEFAULT_COMMITTEE))
+    threshold: float = DISAGREEMENT_THRESHOLD
+    output: str | None = None
+    device: str | None = None
+    precision: str = "fp32"
+
+
+JOBS = {
+    "label": LabelJob,
+    "train": TrainJob,
+    "evaluate": EvaluateJob,
+    "predict": PredictJob,
+    "md": MDJob,
+    "check": CheckJob,
+}
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -214,6 +234,23 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--timestep-fs", dest="timestep_fs", type=float)
     p.add_argument("--temperature", type=float, help="K")
     p.add_argument("--interval", type=int, help="steps between written frames")
+    p.add_argument("--device")
+    p.add_argument("--precision", help="fp64 | fp32 | tf32")
+
+    p = sub.add_parser(
+        "check", help="do the students agree on these structures? (flags structures outside their training data)"
+    )
+    _add_common(p)
+    p.add_argument("--input", help="structures file (any format ASE reads)")
+    p.add_argument(
+        "--models",
+        type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
+        help=f"two or more comma-separated students (default: {','.join(DEFAULT_COMMITTEE)})",
+    )
+    p.add_argument(
+        "--threshold", type=float, help=f"meV/Å of force disagreement that flags (default {DISAGREEMENT_THRESHOLD:g})"
+    )
+    p.add_argument("--output", help="also write every structure's numbers here (JSON)")
     p.add_argument("--device")
     p.add_argument("--precision", help="fp64 | fp32 | tf32")
 
@@ -454,6 +491,44 @@ def run_md(job: MDJob) -> dict:
     return out
 
 
+def run_check(job: CheckJob) -> dict:
+    import numpy as np
+
+    from mlff_distiller.committee import committee_disagreement
+
+    frames = _read_structures(job.input)
+    rows = committee_disagreement(
+        job.models, frames, device=job.device, precision=job.precision, threshold=job.threshold
+    )
+    flagged = [k for k, r in enumerate(rows) if r["flagged"]]
+    worst = max(range(len(rows)), key=lambda k: rows[k]["force_disagreement_mev_a"])
+    if job.output:
+        Path(job.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(job.output).write_text(json.dumps([{"index": k, **r} for k, r in enumerate(rows)], indent=1))
+    if flagged:
+        verdict = (
+            f"{len(flagged)} of {len(rows)} structures flagged: there the students' forces differ by more than "
+            f"{job.threshold:g} meV/Å, and their errors are likely as large. Label such structures with the teacher "
+            "and fine-tune (mlff-distill label, then mlff-distill train --init-model)."
+        )
+    else:
+        verdict = (
+            f"the students agree on all {len(rows)} structures (forces within {job.threshold:g} meV/Å): they look "
+            "like the training data (agreement does not prove accuracy)."
+        )
+    return {
+        "structures": len(rows),
+        "models": list(job.models),
+        "threshold_mev_a": job.threshold,
+        "flagged": len(flagged),
+        "flagged_indices": flagged[:1000],
+        "median_force_disagreement_mev_a": float(np.median([r["force_disagreement_mev_a"] for r in rows])),
+        "worst": {"index": worst, **rows[worst]},
+        "verdict": verdict,
+        "output": job.output,
+    }
+
+
 def run_models() -> list[dict]:
     """One entry per built-in student: what ``load_model("builtin:<name>")`` gives, from its checkpoint."""
     from mlff_distiller.checkpoint import builtin_models, load_model
@@ -480,6 +555,7 @@ def run_models() -> list[dict]:
 
 
 RUNNERS = {
+    "check": run_check,
     "label": run_label,
     "train": run_train,
     "evaluate": run_evaluate,

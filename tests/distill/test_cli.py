@@ -15,7 +15,7 @@ from mlff_distiller.distill import read_frames
 from mlff_distiller.distill.config import from_dict
 
 
-@pytest.mark.parametrize("command", ["label", "train", "evaluate", "predict", "md", "models"])
+@pytest.mark.parametrize("command", ["label", "train", "evaluate", "predict", "md", "check", "models"])
 def test_help(command, capsys):
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])

@@ -1,0 +1,83 @@
+"""Is a student trustworthy on these structures? The disagreement of two or more students as a warning light.
+
+A student is accurate near the structures it was distilled on and can be far off elsewhere, without saying so.
+Students trained on the same labels agree where the labels constrained them and drift apart where they did not,
+so their disagreement flags structures outside the training domain without a call to the teacher. Measured with
+the two shipped students (``builtin:chno-gfn2``, 128 x 3, and ``builtin:chno-gfn2-small``, 64 x 3: the same
+GFN2-xTB labels and recipe) on GFN2-xTB MD frames at 300-700 K (``benchmarks/probe_domain.py``,
+``benchmarks/results/domain_committee_cpu.md``): on six molecules of their training set their forces differed by
+4-22 meV/Å (mean absolute), close to the 128 x 3 student's error there (3-24), and no frame of 360 passed 50; on
+two molecules outside it, 1,4-benzenediamine and biphenyl, by 432 and 170 meV/Å, where its errors were 254 and 189,
+and every frame of 120 passed 50. ``DISAGREEMENT_THRESHOLD`` (50 meV/Å) lies between the two groups.
+
+:func:`committee_disagreement` gives the numbers per structure; ``mlff-distill check`` prints them with a verdict.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mlff_distiller.model import StudentModel
+
+__all__ = ["DEFAULT_COMMITTEE", "DISAGREEMENT_THRESHOLD", "committee_disagreement"]
+
+# The shipped students: the same labels and recipe, 128 and 64 features.
+DEFAULT_COMMITTEE = ("builtin:chno-gfn2", "builtin:chno-gfn2-small")
+# meV/Å: a structure whose students' forces differ by more than this (mean absolute) is flagged.
+DISAGREEMENT_THRESHOLD = 50.0
+
+
+def committee_disagreement(
+    models: Sequence[StudentModel | str | Path],
+    structures,
+    *,
+    device=None,
+    precision: str = "fp32",
+    threshold: float = DISAGREEMENT_THRESHOLD,
+) -> list[dict]:
+    """How far two or more students' predictions differ, per structure.
+
+    Args:
+        models: students (or checkpoint paths, ``"builtin:<name>"`` included) that know the structures' elements.
+        structures: ``ase.Atoms`` (or one).
+        device, precision: as in :func:`~mlff_distiller.predict_forces`.
+        threshold: force disagreement (meV/Å) above which a structure is ``flagged``.
+    Returns:
+        One dict per structure, in input order, each averaged over the pairs of students:
+        ``force_disagreement_mev_a`` (mean absolute difference of their force components),
+        ``max_force_disagreement_mev_a`` (the largest difference of one atom's force vectors, any pair: its norm),
+        ``energy_disagreement_mev_atom`` (absolute energy difference per atom), and ``flagged``.
+    """
+    from mlff_distiller.checkpoint import load_model
+    from mlff_distiller.predict import predict_forces
+
+    models = list(models)
+    if len(models) < 2:
+        raise ValueError(f"a committee needs at least two students, got {len(models)}")
+    if not float(threshold) > 0:
+        raise ValueError(f"threshold must be > 0 meV/Å, got {threshold}")
+    models = [m if isinstance(m, StudentModel) else load_model(m) for m in models]
+    runs = [predict_forces(m, structures, device=device, precision=precision) for m in models]
+    out = []
+    for per_model in zip(*runs, strict=True):
+        n = max(len(per_model[0]["forces"]), 1)
+        mae, peak, de = [], 0.0, []
+        for a, b in itertools.combinations(per_model, 2):
+            diff = a["forces"] - b["forces"]
+            mae.append(float(np.abs(diff).mean()) if diff.size else 0.0)
+            peak = max(peak, float(np.linalg.norm(diff, axis=-1).max()) if diff.size else 0.0)
+            de.append(abs(a["energy"] - b["energy"]) / n)
+        force = 1000 * float(np.mean(mae))
+        out.append(
+            {
+                "force_disagreement_mev_a": force,
+                "max_force_disagreement_mev_a": 1000 * peak,
+                "energy_disagreement_mev_atom": 1000 * float(np.mean(de)),
+                "flagged": force > float(threshold),
+            }
+        )
+    return out
