@@ -310,6 +310,13 @@ def run_train(job: TrainJob) -> dict:
         train_frames, val_frames = frames, read_frames(job.val_data)
     else:
         train_frames, val_frames = split_frames(frames, job.val_fraction, seed=job.split_seed)
+        if not val_frames:
+            groups = len({a.info.get("task", ("frame", k)) for k, a in enumerate(frames)})
+            raise ValueError(
+                f"no validation frames: the split keeps each trajectory on one side, and {job.data} holds "
+                f"{groups} trajector{'y' if groups == 1 else 'ies'} with val_fraction {job.val_fraction}; label more "
+                "(temperatures, replicas or rattles), raise val_fraction, or pass --val-data"
+            )
     init = load_model(job.init_model) if job.init_model else None
     meta = {"teacher": job.teacher, "data": str(job.data), "train_frames": len(train_frames)}
     if job.init_model:

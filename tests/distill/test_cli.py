@@ -70,6 +70,18 @@ def test_all_subcommands(tmp_path, capsys):
     assert len(ase.io.read(traj, index=":")) == 3  # steps 0, 5 and 10
 
 
+def test_train_without_validation_frames_says_why(tmp_path, capsys):
+    lab = tmp_path / "lab"
+    args = ["label", "--teacher", "emt", "--seeds", "molecule:H2O", "--out", str(lab), "--no-progress"]
+    for s in ("sampling.md_steps=20", "sampling.sample_every=5", "sampling.temperatures=[300]"):
+        args += ["--set", s]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["train", "--data", str(lab), "--out", str(tmp_path / "run"), "--set", "train.device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "no validation frames" in err and "holds 1 trajectory" in err and "--val-data" in err
+
+
 def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert main(["predict", "--model", "x.pt", "--input", str(tmp_path / "nope.xyz")]) == 2
     assert "input file not found" in capsys.readouterr().err
