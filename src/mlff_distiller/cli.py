@@ -36,6 +36,7 @@ class LabelJob:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     student: str | None = None
     on_policy_round: int | None = None
+    committee: str | None = None
     progress: bool = True
     workers: int = 1
 
@@ -181,6 +182,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (frames.db + frames.extxyz); an earlier run there resumes")
     p.add_argument("--student", help="student checkpoint for an on-policy round")
     p.add_argument("--on-policy-round", dest="on_policy_round", type=int, help="label student-driven MD")
+    p.add_argument(
+        "--committee",
+        help="a second student: with --set sampling.select_disagreement=50 the on-policy round labels only the "
+        "frames where the two students' forces differ by more than 50 meV/Å",
+    )
     p.add_argument("--workers", type=int, help="processes, split by seed structure (default 1)")
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
 
@@ -263,13 +269,19 @@ def run_label(job: LabelJob) -> dict:
     from mlff_distiller.distill.labelling import label
     from mlff_distiller.distill.seeds import load_seeds
 
-    student = None
+    student = committee = None
+    if job.committee is not None and job.on_policy_round is None:
+        raise ValueError("--committee selects the frames of an on-policy round: give --on-policy-round too")
     if job.on_policy_round is not None:
         if job.student is None:
             raise ValueError("an on-policy round (--on-policy-round) needs --student CHECKPOINT")
         from mlff_distiller.calculator import StudentCalculator
 
         student = StudentCalculator(job.student, precision="fp64")
+        if job.sampling.select_disagreement > 0 and job.committee is None:
+            raise ValueError("sampling.select_disagreement needs --committee CHECKPOINT (a second student)")
+        if job.committee is not None:
+            committee = StudentCalculator(job.committee, precision="fp64")
     if job.workers > 1:
         if student is not None:
             raise ValueError("on-policy labelling runs in one process; use workers: 1")
@@ -293,6 +305,7 @@ def run_label(job: LabelJob) -> dict:
         on_policy_round=job.on_policy_round,
         progress=job.progress,
         teacher_options=job.teacher_options,
+        committee=committee,
     )
     return dataclasses.asdict(report)
 

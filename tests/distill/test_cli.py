@@ -82,6 +82,15 @@ def test_train_without_validation_frames_says_why(tmp_path, capsys):
     assert "no validation frames" in err and "holds 1 trajectory" in err and "--val-data" in err
 
 
+def test_label_committee_needs_an_on_policy_round(tmp_path, capsys):
+    base = ["label", "--teacher", "emt", "--seeds", "molecule:H2O", "--out", str(tmp_path / "x"), "--no-progress"]
+    assert main([*base, "--committee", "builtin:chno-gfn2"]) == 2
+    assert "--committee selects the frames of an on-policy round" in capsys.readouterr().err
+    args = [*base, "--student", "builtin:chno-gfn2-small", "--on-policy-round", "1"]
+    assert main([*args, "--set", "sampling.select_disagreement=50"]) == 2
+    assert "needs --committee" in capsys.readouterr().err
+
+
 def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert main(["predict", "--model", "x.pt", "--input", str(tmp_path / "nope.xyz")]) == 2
     assert "input file not found" in capsys.readouterr().err

@@ -310,3 +310,38 @@ def test_label_parallel_equals_one_process_and_resumes_with_the_same_worker_coun
     assert again.written == 0 and again.tasks_run == 0 and again.total == one.total
     with pytest.raises(ValueError, match="sharded over 2 workers; resume with workers=2"):
         label_parallel(emt_seeds(), "emt", tmp_path / "two", cfg, workers=3)
+
+
+def test_on_policy_round_labels_only_where_the_committee_disagrees(tmp_path):
+    """Query by committee: the same student-driven trajectories, but the teacher labels only the frames where the
+    two shipped students' forces differ by more than select_disagreement (here: the molecule outside their
+    training set, not the one inside it)."""
+    from dataclasses import replace
+
+    from mlff_distiller import StudentCalculator, load_model
+
+    class CountingTeacher(StudentCalculator):  # a teacher whose calls are counted (any ASE calculator will do)
+        calls = 0
+
+        def calculate(self, *args, **kwargs):
+            type(self).calls += 1
+            super().calculate(*args, **kwargs)
+
+    small = StudentCalculator(load_model("builtin:chno-gfn2-small"), device="cpu", precision="fp64")
+    big = StudentCalculator(load_model("builtin:chno-gfn2"), device="cpu", precision="fp64")
+    teacher = CountingTeacher(load_model("builtin:chno-gfn2"), device="cpu", precision="fp64")
+    seeds = [molecule("CH3CH2OH"), molecule("BDA")]  # inside and outside the students' training set
+    cfg = small_sampling(temperatures=[300.0], md_steps=24, sample_every=4, rattle_per_seed=0)
+    kw = dict(student=small, on_policy_round=1, progress=False)
+    every = label(seeds, teacher, tmp_path / "all", cfg, **kw)
+    assert every.written == 12 and every.not_selected == 0 and CountingTeacher.calls == 12
+    CountingTeacher.calls = 0
+    chosen = label(seeds, teacher, tmp_path / "sel", replace(cfg, select_disagreement=50.0), committee=big, **kw)
+    assert chosen.written + chosen.not_selected == every.written  # the same visited frames, labelled or not
+    assert chosen.written == CountingTeacher.calls == 6 and chosen.not_selected == 6
+    frames = read_frames(tmp_path / "sel")
+    assert all(len(a) == 16 for a in frames)  # BDA's frames only
+    with pytest.raises(ValueError, match="committee"):
+        label(seeds, teacher, tmp_path / "x", replace(cfg, select_disagreement=50.0), **kw)
+    with pytest.raises(ValueError, match="select_disagreement"):
+        replace(cfg, select_disagreement=-1.0)

@@ -165,6 +165,7 @@ class LabelReport:
     tasks_run: int
     tasks_skipped: int
     seconds: float
+    not_selected: int = 0  # on-policy frames the committee agreed on, left unlabelled (select_disagreement)
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -188,6 +189,7 @@ def label(
     progress: bool = True,
     teacher_options: dict | None = None,
     shard: tuple[int, int] | None = None,
+    committee: Calculator | None = None,
 ) -> LabelReport:
     """Sample and label frames from ``seeds`` with ``teacher`` into ``out_dir``, resuming an earlier run.
 
@@ -197,6 +199,8 @@ def label(
         out_dir: output directory (created); an earlier run with the same config is resumed.
         config: sampling settings.
         student: the student calculator, needed for on-policy rounds.
+        committee: a second student calculator; with ``config.select_disagreement`` an on-policy round labels only
+            the frames where the two students' forces differ by more than that (query by committee).
         on_policy_round: label student-driven trajectories of this round instead of teacher MD and rattles.
         progress: show a progress bar (tqdm when installed).
         teacher_options: keyword arguments for a preset teacher's constructor.
@@ -233,13 +237,17 @@ def label(
     # ops share that runtime, so the caller's torch thread count is given back when labelling ends.
     threads = torch.get_num_threads()
     try:
-        return _label(seeds, teacher, store, config, student, on_policy_round, progress, teacher_options, shard)
+        return _label(
+            seeds, teacher, store, config, student, on_policy_round, progress, teacher_options, shard, committee
+        )
     finally:
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
 
 
-def _label(seeds, teacher, store, config, student, on_policy_round, progress, teacher_options, shard) -> LabelReport:
+def _label(
+    seeds, teacher, store, config, student, on_policy_round, progress, teacher_options, shard, committee
+) -> LabelReport:
     """:func:`label` after its checks and the run's fingerprint."""
     teacher_calc = get_teacher(teacher, **(teacher_options or {}))
 
@@ -262,13 +270,17 @@ def _label(seeds, teacher, store, config, student, on_policy_round, progress, te
         tasks = [t for t in tasks if t.seed_index % int(shard[1]) == int(shard[0])]
     t0 = time.perf_counter()
     written = duplicates = run = skipped = 0
+    stats: dict = {}
     bar = _progress(len(tasks), "label", progress)
     for task in tasks:
         if task.key in done:
             skipped += 1
         else:
             run += 1
-            for k, frame in run_task(task, seeds[task.seed_index], teacher_calc, config, student=student):
+            frames = run_task(
+                task, seeds[task.seed_index], teacher_calc, config, student=student, committee=committee, stats=stats
+            )
+            for k, frame in frames:
                 if (task.key, k) in existing:
                     continue
                 if dedup.is_duplicate(frame):
@@ -287,15 +299,17 @@ def _label(seeds, teacher, store, config, student, on_policy_round, progress, te
             print(f"label: task {task.key} done, {len(existing)} frames", file=sys.stderr)
     if bar is not None:
         bar.close()
-    return LabelReport(written, len(existing), duplicates, run, skipped, time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    return LabelReport(written, len(existing), duplicates, run, skipped, elapsed, stats.get("not_selected", 0))
 
 
 def _sampling_fingerprint(config: SamplingConfig) -> dict:
     """The sampling settings a run is recorded under; options added later are left out at their default value, so
     a directory labelled before they existed still resumes (their default reproduces its frames)."""
     out = asdict(config)
-    if out.get("rattle_strain") == 0.0:
-        del out["rattle_strain"]
+    for name in ("rattle_strain", "select_disagreement"):
+        if out.get(name) == 0.0:
+            del out[name]
     return out
 
 

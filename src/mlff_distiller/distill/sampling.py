@@ -62,6 +62,10 @@ class SamplingConfig:
         hvp: also label a Hessian-vector product per frame by central finite differences of teacher forces.
         hvp_eps: finite-difference step along the unit direction, Å.
         seed: base random seed.
+        select_disagreement: on-policy rounds with a committee student (``label(..., committee=...)``): label only
+            the visited frames where the driving student's and the committee's forces differ by more than this
+            (mean absolute, meV/Å; see :mod:`mlff_distiller.committee`), so the teacher is called where the
+            students are unsure. 0 labels every visited frame.
     """
 
     temperatures: list[float] = field(default_factory=lambda: [300.0, 600.0])
@@ -78,6 +82,7 @@ class SamplingConfig:
     hvp: bool = False
     hvp_eps: float = 0.005
     seed: int = 0
+    select_disagreement: float = 0.0
 
     def __post_init__(self) -> None:
         self.temperatures = [float(t) for t in self.temperatures]
@@ -95,6 +100,8 @@ class SamplingConfig:
             raise ValueError(f"dedup_rms must be >= 0 Å, got {self.dedup_rms}")
         if not 0 <= float(self.rattle_strain) < 0.5:
             raise ValueError(f"rattle_strain must be in [0, 0.5), got {self.rattle_strain}")
+        if float(self.select_disagreement) < 0:
+            raise ValueError(f"select_disagreement must be >= 0 meV/Å, got {self.select_disagreement}")
 
 
 @dataclass(frozen=True)
@@ -190,8 +197,14 @@ def run_task(
     config: SamplingConfig,
     *,
     student: Calculator | None = None,
+    committee: Calculator | None = None,
+    stats: dict | None = None,
 ) -> Iterator[tuple[int, Atoms]]:
     """Yield ``(frame_index, labelled_atoms)`` for one task, deterministically.
+
+    On-policy tasks with ``config.select_disagreement > 0`` skip, without a teacher call, the visited frames where
+    ``student`` and ``committee`` agree within it (counted in ``stats["not_selected"]``); the trajectory itself
+    does not change.
 
     The atoms carry teacher ``energy`` (eV) and ``forces`` (eV/Å) on a ``SinglePointCalculator``, ``stress``
     (Voigt, eV/Å³) too for periodic frames whose teacher computed it with the forces, and, with ``config.hvp``,
@@ -217,6 +230,9 @@ def run_task(
         raise ValueError(f"unknown task kind {task.kind!r}")
     if task.kind == "onpolicy" and student is None:
         raise ValueError(f"task {task.key} is on-policy and needs a student calculator")
+    select = task.kind == "onpolicy" and float(config.select_disagreement) > 0
+    if select and committee is None:
+        raise ValueError("select_disagreement needs a committee student (label(..., committee=...))")
     atoms = Atoms(numbers=seed.numbers, positions=seed.positions, cell=seed.cell, pbc=seed.pbc)
     atoms.calc = teacher if task.kind == "md" else student
     if not atoms.pbc.any():
@@ -246,6 +262,10 @@ def run_task(
             forces = np.array(atoms.get_forces(apply_constraint=False), dtype=np.float64)
             stress = _computed_stress(atoms, teacher)
         else:
+            if select and _disagreement(atoms, committee) <= float(config.select_disagreement):
+                if stats is not None:
+                    stats["not_selected"] = stats.get("not_selected", 0) + 1
+                continue
             energy, forces, stress = _teacher_label(atoms, teacher)
         if not _physical(atoms, forces, energy, config):
             return
@@ -253,6 +273,15 @@ def run_task(
         if config.hvp:
             _add_hvp(frame, teacher, config, hvp_rng)
         yield k, frame
+
+
+def _disagreement(atoms: Atoms, committee: Calculator) -> float:
+    """Mean absolute difference (meV/Å) of the driving student's forces at ``atoms`` (its calculator has just
+    computed them) and the committee student's."""
+    mine = np.asarray(atoms.get_forces(apply_constraint=False), dtype=np.float64)
+    other = atoms.copy()
+    other.calc = committee
+    return 1000 * float(np.abs(mine - np.asarray(other.get_forces(apply_constraint=False))).mean())
 
 
 class Deduplicator:
