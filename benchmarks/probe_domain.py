@@ -7,7 +7,8 @@ For molecules inside the shipped students' training set (g2 H/C/N/O molecules) a
 training labels'), then per molecule the force disagreement of ``builtin:chno-gfn2`` and ``builtin:chno-gfn2-small``
 (mean absolute difference of their force components, float64) beside the 128 x 3 student's force error against
 GFN2-xTB on the same frames, and whether ``committee_disagreement`` flags them. Needs tblite. Writes
-``<out>/domain_committee_cpu.md`` (``--name`` to change it). ``--quick``: few frames, one molecule each side.
+``<out>/domain_committee_cpu.md`` (``--name`` to change it). ``--all-g2``: every one of the 61 training molecules
+inside (the false-flag rate). ``--quick``: few frames, one molecule each side.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from mlff_distiller.committee import DEFAULT_COMMITTEE, DISAGREEMENT_THRESHOLD, 
 from mlff_distiller.distill import SamplingConfig, label, read_frames
 
 INSIDE = ["H2O", "C6H6", "CH3CH2OH", "CH3COOH", "CH3NO2", "CH3CONH2"]  # g2 molecules: in the training set
-OUTSIDE = ["BDA", "biphenyl"]  # ase.build.molecule extras, not in g2
+OUTSIDE = ["BDA", "biphenyl", "C7NH5"]  # ase.build.molecule extras, not in g2
 
 
 def measure(name: str, work: Path, md_steps: int) -> dict:
@@ -57,9 +58,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--name", default="domain_committee_cpu")
     p.add_argument("--md-steps", type=int, default=200)
+    p.add_argument("--all-g2", action="store_true", help="every g2 molecule of the training set inside (61)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     inside, outside = (INSIDE[:1], OUTSIDE[:1]) if args.quick else (INSIDE, OUTSIDE)
+    if args.all_g2:
+        from mlff_distiller.distill import g2_chno
+
+        inside = [a.info["name"] for a in g2_chno()]
     md_steps = 20 if args.quick else args.md_steps
     with tempfile.TemporaryDirectory() as tmp:
         rows = [
@@ -81,6 +87,14 @@ def main(argv=None) -> int:
         lines.append(
             f"| {r['molecule']} | {'inside' if where == 'in' else '**outside**'} | {r['atoms']} | {r['frames']} | "
             f"{r['disagreement']:.1f} | {r['error']:.1f} | {r['flagged']} / {r['frames']} |"
+        )
+    for where in ("in", "out"):
+        sel = [r for w, r in rows if w == where]
+        frames, flagged = sum(r["frames"] for r in sel), sum(r["flagged"] for r in sel)
+        dis = [r["disagreement"] for r in sel]
+        lines.append(
+            f"| **all {len(sel)} {'inside' if where == 'in' else 'outside'}** | | | {frames} | "
+            f"{min(dis):.1f}-{max(dis):.1f} | | {flagged} / {frames} |"
         )
     write_lines(lines, Path(args.out), args.name)
     return 0
