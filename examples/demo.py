@@ -4,8 +4,9 @@
 
 Loads ``builtin:chno-gfn2`` (a student distilled from GFN2-xTB, shipped inside the package). If this build has no
 built-in student, a freshly initialised one stands in (its energies are then meaningless, but every code path
-runs). It prints, for a few molecules: time per ASE MD step, batched-prediction throughput and, when ``tblite``
-is installed, the student's error against GFN2-xTB on the same frames.
+runs). It prints, for a few molecules: time per ASE MD step, batched-prediction throughput, whether the two shipped
+students agree on a molecule inside and one outside their training set, and, when ``tblite`` is installed, the
+student's error against GFN2-xTB on the same frames.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def main() -> None:
     atoms.calc = StudentCalculator(model, device=device)
     maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(0))
     atoms.set_constraint(FixCom())  # keeps the molecule in place (Langevin's fixcm flag is deprecated in ASE)
-    dyn = Langevin(atoms, 0.5 * fs, temperature_K=300, friction=0.01, fixcm=False, rng=np.random.default_rng(1))
+    dyn = Langevin(atoms, 0.5 * fs, temperature_K=300, friction=0.01 / fs, fixcm=False, rng=np.random.default_rng(1))
     dyn.run(10)  # warm-up
     t0 = time.perf_counter()
     dyn.run(200)
@@ -70,7 +71,18 @@ def main() -> None:
     dt = time.perf_counter() - t0
     print(f"predict_forces: {len(frames)} structures in {dt * 1e3:.1f} ms ({len(frames) / dt:,.0f} structures/s)")
 
-    # 3. Error vs the teacher on the first frames (GFN2-xTB through tblite, when installed).
+    # 3. Can the student be trusted on a molecule? The two shipped students learned the same labels: where their
+    #    forces disagree, they are outside what they learned (mlff-distill check; mlff_distiller.committee).
+    if {"chno-gfn2", "chno-gfn2-small"} <= set(builtin_models()):
+        from mlff_distiller.committee import DEFAULT_COMMITTEE, committee_disagreement
+
+        probes = {"ethanol (in the training set)": "CH3CH2OH", "1,4-benzenediamine (not in it)": "BDA"}
+        rows = committee_disagreement(DEFAULT_COMMITTEE, [molecule(m) for m in probes.values()], device=device)
+        for label, r in zip(probes, rows, strict=True):
+            verdict = "flagged: fine-tune before trusting it" if r["flagged"] else "the students agree"
+            print(f"check: {label}: students differ by {r['force_disagreement_mev_a']:.0f} meV/Å, {verdict}")
+
+    # 4. Error vs the teacher on the first frames (GFN2-xTB through tblite, when installed).
     teacher = _teacher()
     if teacher is None:
         print("tblite not installed: skipping the comparison with GFN2-xTB (pip install 'mlff-distiller[xtb]')")

@@ -22,4 +22,6 @@ def test_demo_runs_md_and_batched_prediction():
     assert "student: builtin:chno-gfn2" in out, out  # the embedded student, no download
     assert "MD: ethanol, 200 Langevin steps" in out, out
     assert "predict_forces: 256 structures" in out, out
+    assert "check: ethanol (in the training set): students differ by" in out and "the students agree" in out, out
+    assert "check: 1,4-benzenediamine (not in it)" in out and "flagged: fine-tune" in out, out
     assert "nan" not in out.lower(), out
