@@ -36,7 +36,7 @@ def main() -> None:
     drift = (atoms.get_total_energy() - e0) / len(atoms)
     print(f"NVE 200 x 0.5 fs: total-energy drift {drift * 1e3:.3f} meV/atom")
     atoms.set_constraint(FixCom())  # keeps the molecule in place (Langevin's fixcm flag is deprecated in ASE)
-    dyn = Langevin(atoms, 0.5 * fs, temperature_K=500, friction=0.02, fixcm=False, rng=np.random.default_rng(1))
+    dyn = Langevin(atoms, 0.5 * fs, temperature_K=500, friction=0.02 / fs, fixcm=False, rng=np.random.default_rng(1))
     dyn.attach(lambda: print(f"  T = {atoms.get_temperature():6.1f} K  E = {atoms.get_potential_energy():.4f} eV"), 50)
     dyn.run(200)
 

@@ -1,0 +1,36 @@
+"""The small examples of the README run end to end on the CPU (the demo has tests/test_demo.py)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(name: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nan" not in proc.stdout.lower(), proc.stdout
+    return proc.stdout
+
+
+def test_ase_md_example_conserves_energy_and_thermalises():
+    out = _run("ase_md.py")
+    drift = float(re.search(r"total-energy drift (-?[\d.]+) meV/atom", out).group(1))
+    assert abs(drift) < 1.0, out  # fp64 NVE, 200 steps of 0.5 fs
+    temps = [float(t) for t in re.findall(r"T =\s+([\d.]+) K", out)]
+    assert len(temps) == 5 and 350 < max(temps) < 800, out  # Langevin at 500 K heats the molecule towards it
+
+
+def test_batched_predict_example():
+    out = _run("batched_predict.py")
+    assert re.search(r"1000 molecules in [\d.]+ s; first: E = -?[\d.]+ eV", out), out
