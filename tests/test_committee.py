@@ -53,6 +53,13 @@ def m_forces(model, atoms):
     return predict_forces(model, [atoms], device="cpu", precision="fp64")[0]["forces"]
 
 
+def test_one_structure_or_a_generator(shipped):
+    one = committee_disagreement(shipped, molecule("H2O"), device="cpu")
+    gen = committee_disagreement(shipped, (molecule(m) for m in ("H2O", "CH4")), device="cpu")
+    assert len(one) == 1 and len(gen) == 2
+    assert gen[0]["force_disagreement_mev_a"] == pytest.approx(one[0]["force_disagreement_mev_a"], rel=1e-6)
+
+
 def test_bad_committees_are_clear_errors(shipped):
     with pytest.raises(ValueError, match="at least two students"):
         committee_disagreement(shipped[:1], [molecule("H2O")])

@@ -64,6 +64,9 @@ def committee_disagreement(
     if not float(threshold) > 0:
         raise ValueError(f"threshold must be > 0 meV/Å, got {threshold}")
     models = [m if isinstance(m, StudentModel) else load_model(m) for m in models]
+    from ase import Atoms
+
+    structures = [structures] if isinstance(structures, Atoms) else list(structures)  # each student reads them all
     runs = [predict_forces(m, structures, device=device, precision=precision) for m in models]
     out = []
     for per_model in zip(*runs, strict=True):
