@@ -54,8 +54,8 @@ def m_forces(model, atoms):
 
 
 def test_one_structure_or_a_generator(shipped):
-    one = committee_disagreement(shipped, molecule("H2O"), device="cpu")
-    gen = committee_disagreement(shipped, (molecule(m) for m in ("H2O", "CH4")), device="cpu")
+    one = committee_disagreement(shipped, molecule("H2O"), device="cpu", precision="fp64")
+    gen = committee_disagreement(shipped, (molecule(m) for m in ("H2O", "CH4")), device="cpu", precision="fp64")
     assert len(one) == 1 and len(gen) == 2
     assert gen[0]["force_disagreement_mev_a"] == pytest.approx(one[0]["force_disagreement_mev_a"], rel=1e-6)
 
