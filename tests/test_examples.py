@@ -1,4 +1,5 @@
-"""The small examples of the README run end to end on the CPU (the demo has tests/test_demo.py)."""
+"""The README's examples run end to end on the CPU: the main job (``make demo`` runs ``examples/demo.py``) and
+the small ones."""
 
 import os
 import re
@@ -14,13 +15,22 @@ def _run(name: str) -> str:
         [sys.executable, str(ROOT / "examples" / name)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         cwd=ROOT,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "nan" not in proc.stdout.lower(), proc.stdout
     return proc.stdout
+
+
+def test_demo_runs_md_and_batched_prediction():
+    out = _run("demo.py")
+    assert "student: builtin:chno-gfn2" in out, out  # the embedded student, no download
+    assert "MD: ethanol, 200 Langevin steps" in out, out
+    assert "predict_forces: 256 structures" in out, out
+    assert "check: ethanol (in the training set): students differ by" in out and "the students agree" in out, out
+    assert "check: 1,4-benzenediamine (not in it)" in out and "flagged: fine-tune" in out, out
 
 
 def test_ase_md_example_conserves_energy_and_thermalises():
