@@ -1,0 +1,334 @@
+"""What each ``mlff-distill`` subcommand does, given its job (:mod:`mlff_distiller.cli` parses the command line into
+the job dataclasses; ``RUNNERS`` maps a subcommand to its function here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlff_distiller.cli import CheckJob, EvaluateJob, LabelJob, MDJob, PredictJob, TrainJob
+
+__all__ = ["RUNNERS", "run_models"]
+
+
+def run_label(job: LabelJob) -> dict:
+    from mlff_distiller.distill.labelling import label
+    from mlff_distiller.distill.seeds import load_seeds
+
+    student = committee = None
+    if job.committee is not None and job.on_policy_round is None:
+        raise ValueError("--committee selects the frames of an on-policy round: give --on-policy-round too")
+    if job.on_policy_round is not None:
+        if job.student is None:
+            raise ValueError("an on-policy round (--on-policy-round) needs --student CHECKPOINT")
+        from mlff_distiller.calculator import StudentCalculator
+
+        student = StudentCalculator(job.student, precision="fp64")
+        if job.sampling.select_disagreement > 0 and job.committee is None:
+            raise ValueError("sampling.select_disagreement needs --committee CHECKPOINT (a second student)")
+        if job.committee is not None:
+            committee = StudentCalculator(job.committee, precision="fp64")
+    if job.workers > 1:
+        if student is not None:
+            raise ValueError("on-policy labelling runs in one process; use workers: 1")
+        from mlff_distiller.distill.labelling import label_parallel
+
+        report = label_parallel(
+            load_seeds(job.seeds),
+            job.teacher,
+            job.out,
+            job.sampling,
+            workers=job.workers,
+            teacher_options=job.teacher_options,
+        )
+        return dataclasses.asdict(report)
+    report = label(
+        load_seeds(job.seeds),
+        job.teacher,
+        job.out,
+        job.sampling,
+        student=student,
+        on_policy_round=job.on_policy_round,
+        progress=job.progress,
+        teacher_options=job.teacher_options,
+        committee=committee,
+    )
+    return dataclasses.asdict(report)
+
+
+def run_train(job: TrainJob) -> dict:
+    import shutil
+
+    from mlff_distiller.checkpoint import load_model
+    from mlff_distiller.distill.dataset import split_frames
+    from mlff_distiller.distill.labelling import read_frames
+    from mlff_distiller.distill.training import train
+
+    frames = read_frames(job.data)
+    if job.val_data:
+        train_frames, val_frames = frames, read_frames(job.val_data)
+    else:
+        train_frames, val_frames = split_frames(frames, job.val_fraction, seed=job.split_seed)
+        if not val_frames:
+            groups = len({a.info.get("task", ("frame", k)) for k, a in enumerate(frames)})
+            raise ValueError(
+                f"no validation frames: the split keeps each trajectory on one side, and {job.data} holds "
+                f"{groups} trajector{'y' if groups == 1 else 'ies'} with val_fraction {job.val_fraction}; label more "
+                "(temperatures, replicas or rattles), raise val_fraction, or pass --val-data"
+            )
+    init = load_model(job.init_model) if job.init_model else None
+    meta = {"teacher": job.teacher, "data": str(job.data), "train_frames": len(train_frames)}
+    if job.init_model:
+        meta["init_model"] = str(job.init_model)
+    result = train(train_frames, val_frames, job.train, job.out, model=init, resume=job.resume, metadata=meta)
+    if job.export:
+        Path(job.export).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(job.out) / "best.pt", job.export)
+    return {
+        "best_val": result.best_val,
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "stopped": result.stopped,
+    }
+
+
+def run_evaluate(job: EvaluateJob) -> dict:
+    from mlff_distiller.checkpoint import load_model
+    from mlff_distiller.distill.evaluation import (
+        error_metrics,
+        learning_curve_plot,
+        md_step_timing,
+        nve_drift,
+        parity_plot,
+        predict_frames,
+    )
+    from mlff_distiller.distill.labelling import read_frames
+
+    model = load_model(job.model)
+    frames = read_frames(job.data)
+    out = Path(job.out)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = error_metrics(frames, predict_frames(model, frames, device=job.device, precision=job.precision))
+    parity_plot(metrics, out / "parity.png", title=f"{job.model} on {job.data}")
+    result = {k: v for k, v in metrics.items() if not k.startswith("_")}
+    if job.history:
+        learning_curve_plot(json.loads(Path(job.history).read_text()), out / "learning_curve.png")
+    if job.timing_steps > 0:
+        if not job.teacher:
+            raise ValueError("timing needs --teacher")
+        from mlff_distiller.calculator import StudentCalculator
+        from mlff_distiller.distill.teachers import get_teacher
+
+        student = StudentCalculator(model, device=job.device, precision="fp32")
+        result["timing"] = md_step_timing(frames[0], student, get_teacher(job.teacher), steps=job.timing_steps)
+    if job.nve_steps > 0:
+        result["nve"] = nve_drift(
+            frames[0],
+            model,
+            steps=job.nve_steps,
+            timestep_fs=job.nve_timestep_fs,
+            temperature=job.nve_temperature,
+            device=job.device,
+        )
+    (out / "metrics.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _read_structures(path: str):
+    import ase.io
+
+    if not path:
+        raise ValueError("--input is required")
+    if not Path(path).exists():
+        raise ValueError(f"input file not found: {path}")
+    frames = ase.io.read(path, index=":")
+    if not frames:
+        raise ValueError(f"{path} holds no structures")
+    return frames
+
+
+def run_predict(job: PredictJob) -> dict:
+    import ase.io
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    from mlff_distiller.batching import NonFiniteOutputError
+    from mlff_distiller.predict import predict_forces
+
+    frames = _read_structures(job.input)
+    t0 = time.perf_counter()
+    failure = None
+    try:
+        preds = predict_forces(job.model, frames, device=job.device, batch_size=job.batch_size, precision=job.precision)
+    except NonFiniteOutputError as err:  # the finite results are still written, then the error is reported
+        failure, preds = err, err.results
+    seconds = time.perf_counter() - t0
+    out = []
+    for atoms, p in zip(frames, preds, strict=True):
+        if p is None:
+            continue
+        a = atoms.copy()
+        a.calc = SinglePointCalculator(a, energy=p["energy"], forces=p["forces"], energies=p["energies"])
+        out.append(a)
+    Path(job.output).parent.mkdir(parents=True, exist_ok=True)
+    ase.io.write(job.output, out, format="extxyz")
+    if failure is not None:
+        raise ValueError(f"{failure}\n{job.output} holds the other {len(out)} of {len(frames)} structures") from None
+    return {"structures": len(out), "seconds": seconds, "output": job.output}
+
+
+def run_md(job: MDJob) -> dict:
+    import ase.io
+    import numpy as np
+    from ase import units
+    from ase.md.langevin import Langevin
+    from ase.md.verlet import VelocityVerlet
+
+    from mlff_distiller.ase_compat import maxwell_boltzmann
+    from mlff_distiller.calculator import StudentCalculator
+
+    if job.ensemble not in ("langevin", "nve", "npt"):
+        raise ValueError(f"ensemble must be 'langevin', 'nve' or 'npt', got {job.ensemble!r}")
+    if job.steps < 1 or job.interval < 1:
+        raise ValueError("steps and interval must be >= 1")
+    atoms = _read_structures(job.input)[0]
+    atoms.calc = StudentCalculator(job.model, device=job.device, precision=job.precision)
+    rng = np.random.default_rng(job.seed)
+    maxwell_boltzmann(atoms, job.temperature, rng=rng)
+    dt = job.timestep_fs * units.fs
+    if job.ensemble == "npt":
+        from mlff_distiller.distill.evaluation import density_g_cm3, npt_berendsen
+
+        if not atoms.pbc.all():
+            raise ValueError(f"ensemble 'npt' needs a fully periodic input; {job.input} has pbc={atoms.pbc.tolist()}")
+        if job.compressibility_per_bar <= 0 or job.taut_fs <= 0 or job.taup_fs <= 0:
+            raise ValueError("npt: compressibility_per_bar, taut_fs and taup_fs must be > 0")
+        # The student's stress runs in the padded step (one CUDA graph per bucket on a GPU), the calculator returns
+        # it with the forces while it is being asked for, and the Verlet list is kept across small cell changes.
+        dyn = npt_berendsen(
+            atoms,
+            timestep_fs=job.timestep_fs,
+            temperature=job.temperature,
+            pressure_bar=job.pressure_bar,
+            compressibility_per_bar=job.compressibility_per_bar,
+            taut_fs=job.taut_fs,
+            taup_fs=job.taup_fs,
+        )
+    elif job.ensemble == "nve":
+        dyn = VelocityVerlet(atoms, timestep=dt)
+    else:
+        if not atoms.pbc.any():
+            from ase.constraints import FixCom
+
+            atoms.set_constraint(FixCom())  # replaces Langevin's deprecated fixcm flag for a molecule
+        dyn = Langevin(
+            atoms,
+            timestep=dt,
+            temperature_K=job.temperature,
+            friction=job.friction_per_fs / units.fs,
+            rng=rng,
+            fixcm=False,
+        )
+    Path(job.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(job.output).unlink(missing_ok=True)
+
+    def write() -> None:
+        frame = atoms.copy()
+        frame.calc = atoms.calc
+        frame.info["time_fs"] = dyn.get_time() / units.fs
+        frame.info["total_energy"] = float(atoms.get_total_energy())
+        if job.ensemble == "npt":
+            frame.info["volume"] = float(atoms.get_volume())
+            frame.info["density_g_cm3"] = density_g_cm3(atoms)
+            frame.info["pressure_gpa"] = -float(np.mean(atoms.get_stress()[:3])) / units.GPa  # virial part
+        ase.io.write(job.output, frame, format="extxyz", append=True)
+
+    dyn.attach(write, interval=job.interval)
+    t0 = time.perf_counter()
+    dyn.run(job.steps)
+    seconds = time.perf_counter() - t0
+    if not np.isfinite(atoms.get_total_energy()):
+        raise FloatingPointError("MD blew up: non-finite total energy")
+    out = {"steps": job.steps, "seconds": seconds, "s_per_step": seconds / job.steps, "output": job.output}
+    if job.ensemble == "npt":
+        out["final_density_g_cm3"] = density_g_cm3(atoms)
+    verlet = getattr(getattr(atoms.calc, "engine", None), "verlet", None)
+    if verlet is not None:  # how often the neighbour list was rebuilt (NPT: kept across small cell changes)
+        out["list_builds"] = verlet.n_builds
+    return out
+
+
+def run_check(job: CheckJob) -> dict:
+    import numpy as np
+
+    from mlff_distiller.committee import committee_disagreement
+
+    frames = _read_structures(job.input)
+    rows = committee_disagreement(
+        job.models, frames, device=job.device, precision=job.precision, threshold=job.threshold
+    )
+    flagged = [k for k, r in enumerate(rows) if r["flagged"]]
+    worst = max(range(len(rows)), key=lambda k: rows[k]["force_disagreement_mev_a"])
+    if job.output:
+        Path(job.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(job.output).write_text(json.dumps([{"index": k, **r} for k, r in enumerate(rows)], indent=1))
+    if flagged:
+        verdict = (
+            f"{len(flagged)} of {len(rows)} structures flagged: there the students' forces differ by more than "
+            f"{job.threshold:g} meV/Å, and their errors are likely as large. Label such structures with the teacher "
+            "and fine-tune (mlff-distill label, then mlff-distill train --init-model)."
+        )
+    else:
+        verdict = (
+            f"the students agree on all {len(rows)} structures (forces within {job.threshold:g} meV/Å): they look "
+            "like the training data (agreement does not prove accuracy)."
+        )
+    return {
+        "structures": len(rows),
+        "models": list(job.models),
+        "threshold_mev_a": job.threshold,
+        "flagged": len(flagged),
+        "flagged_indices": flagged[:1000],
+        "median_force_disagreement_mev_a": float(np.median([r["force_disagreement_mev_a"] for r in rows])),
+        "worst": {"index": worst, **rows[worst]},
+        "verdict": verdict,
+        "output": job.output,
+    }
+
+
+def run_models() -> list[dict]:
+    """One entry per built-in student: what ``load_model("builtin:<name>")`` gives, from its checkpoint."""
+    from mlff_distiller.checkpoint import builtin_models, load_model
+
+    out = []
+    for name in builtin_models():
+        model = load_model(f"builtin:{name}")
+        meta = model.metadata
+        out.append(
+            {
+                "model": f"builtin:{name}",
+                "hidden": model.config.hidden,
+                "layers": model.config.layers,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "elements": model.species_list,
+                "cutoff": model.cutoff,
+                "teacher": meta.get("teacher"),
+                "test_force_mae_mev_a": meta.get("test_force_mae_mev_a"),
+                "test_energy_mae_mev_atom": meta.get("test_energy_mae_mev_atom"),
+                "description": meta.get("description"),
+            }
+        )
+    return out
+
+
+RUNNERS = {
+    "check": run_check,
+    "label": run_label,
+    "train": run_train,
+    "evaluate": run_evaluate,
+    "predict": run_predict,
+    "md": run_md,
+}
