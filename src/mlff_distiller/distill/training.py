@@ -256,17 +256,15 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         raise ValueError("training needs validation frames (early stopping and checkpoints select on them)")
 
     state = torch.load(state_path, map_location="cpu", weights_only=False) if resume else None
-    fresh = False  # a new student (below) rather than the caller's
+    finetune = state is None and model is not None  # training starts from the caller's student
     if state is not None:
         model = StudentModel(ModelConfig(**state["model_config"]))
         model.load_state_dict(state["model"])
     elif model is None:
         model = _initial_model(cfg, train_set)
-        fresh = True
     else:
         model = copy.deepcopy(model)
     model = model.to(device=device, dtype=dtype).train()
-    finetune = state is None and not fresh  # the caller's student: fine-tuning
     for data in (train_set, val_set):
         try:
             model.check_species(data.numbers)
