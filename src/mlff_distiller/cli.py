@@ -1,4 +1,4 @@
-"""``mlff-distill``: label, train, evaluate, predict and run MD from the command line.
+"""``mlff-distill``: label, train, evaluate, predict, run MD and check (do the students agree?) from the command line.
 
 Every subcommand is described by a dataclass (``LabelJob``, ``TrainJob``, ...). Values come from, in
 rising priority: the dataclass defaults, a YAML file (``--config``), ``--set dotted.key=value`` overrides
