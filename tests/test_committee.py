@@ -85,3 +85,44 @@ def test_cli_check(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["flagged"] == 0
     assert main(["check", "--input", str(structures), "--models", DEFAULT_COMMITTEE[0]]) == 2
     assert "at least two students" in capsys.readouterr().err
+
+
+def test_committee_calculator_means_spread_and_warning(shipped):
+    import warnings
+
+    from ase.md.verlet import VelocityVerlet
+    from ase.units import fs
+
+    from mlff_distiller import StudentCalculator
+    from mlff_distiller.committee import CommitteeCalculator, OutOfDomainWarning
+
+    calc = CommitteeCalculator(shipped, device="cpu", precision="fp64")
+    ethanol = molecule("CH3CH2OH")
+    ethanol.calc = calc
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)  # inside the training set: no warning
+        energy, forces = ethanol.get_potential_energy(), ethanol.get_forces()
+    own = []
+    for model in shipped:
+        a = ethanol.copy()
+        a.calc = StudentCalculator(model, device="cpu", precision="fp64")
+        own.append((a.get_potential_energy(), a.get_forces()))
+    assert energy == pytest.approx((own[0][0] + own[1][0]) / 2, abs=1e-9)
+    np.testing.assert_allclose(forces, (own[0][1] + own[1][1]) / 2, atol=1e-9)
+    ref = committee_disagreement(shipped, [ethanol], device="cpu", precision="fp64")[0]
+    assert calc.results["force_disagreement"] == pytest.approx(ref["force_disagreement_mev_a"], rel=1e-6)
+    np.testing.assert_allclose(calc.results["forces_std"], np.abs(own[0][1] - own[1][1]) / 2, atol=1e-9)
+    assert calc.results["energy_std"] == pytest.approx(abs(own[0][0] - own[1][0]) / 2, abs=1e-9)
+    assert calc.flagged_calculations == 0
+
+    bda = molecule("BDA")
+    bda.calc = calc
+    with pytest.warns(OutOfDomainWarning, match="likely outside their training data"):
+        bda.get_forces()
+    assert calc.flagged_calculations == 1 and calc.results["force_disagreement"] > DISAGREEMENT_THRESHOLD
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)  # warns once, counts every time
+        VelocityVerlet(bda, 0.5 * fs).run(3)
+    assert calc.flagged_calculations >= 3 and np.isfinite(bda.get_forces()).all()
+    with pytest.raises(ValueError, match="at least two students"):
+        CommitteeCalculator(shipped[:1])

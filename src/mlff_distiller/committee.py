@@ -13,20 +13,31 @@ and every frame of 120 passed 50. Over all 61 molecules of the training set (``-
 frames of three molecules outside it (benzonitrile added: 127 meV/Å, error 178). ``DISAGREEMENT_THRESHOLD``
 (50 meV/Å) lies between the two groups.
 
-:func:`committee_disagreement` gives the numbers per structure; ``mlff-distill check`` prints them with a verdict.
+:func:`committee_disagreement` gives the numbers per structure; ``mlff-distill check`` prints them with a verdict;
+:class:`CommitteeCalculator` is the committee as one ASE calculator (mean energy and forces, their spread, and a
+warning when a calculation leaves the training domain), as MACE's calculator takes a list of models.
 """
 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from ase.calculators.calculator import all_changes
+from ase.calculators.mixing import AverageCalculator
 
 from mlff_distiller.model import StudentModel
 
-__all__ = ["DEFAULT_COMMITTEE", "DISAGREEMENT_THRESHOLD", "committee_disagreement"]
+__all__ = [
+    "DEFAULT_COMMITTEE",
+    "DISAGREEMENT_THRESHOLD",
+    "CommitteeCalculator",
+    "OutOfDomainWarning",
+    "committee_disagreement",
+]
 
 # The shipped students: the same labels and recipe, 128 and 64 features.
 DEFAULT_COMMITTEE = ("builtin:chno-gfn2", "builtin:chno-gfn2-small")
@@ -70,20 +81,89 @@ def committee_disagreement(
     runs = [predict_forces(m, structures, device=device, precision=precision) for m in models]
     out = []
     for per_model in zip(*runs, strict=True):
-        n = max(len(per_model[0]["forces"]), 1)
-        mae, peak, de = [], 0.0, []
-        for a, b in itertools.combinations(per_model, 2):
-            diff = a["forces"] - b["forces"]
-            mae.append(float(np.abs(diff).mean()) if diff.size else 0.0)
-            peak = max(peak, float(np.linalg.norm(diff, axis=-1).max()) if diff.size else 0.0)
-            de.append(abs(a["energy"] - b["energy"]) / n)
-        force = 1000 * float(np.mean(mae))
-        out.append(
-            {
-                "force_disagreement_mev_a": force,
-                "max_force_disagreement_mev_a": 1000 * peak,
-                "energy_disagreement_mev_atom": 1000 * float(np.mean(de)),
-                "flagged": force > float(threshold),
-            }
-        )
+        spread = _spread([r["forces"] for r in per_model], [r["energy"] for r in per_model])
+        out.append({**spread, "flagged": spread["force_disagreement_mev_a"] > float(threshold)})
     return out
+
+
+def _spread(forces: Sequence[np.ndarray], energies: Sequence[float]) -> dict:
+    """The committee's spread, averaged over the pairs of students: the mean absolute difference of their force
+    components and the largest difference of one atom's force vectors (meV/Å), the energy difference per atom
+    (meV)."""
+    n = max(len(forces[0]), 1)
+    mae, peak, de = [], 0.0, []
+    for (fa, ea), (fb, eb) in itertools.combinations(zip(forces, energies, strict=True), 2):
+        diff = np.asarray(fa) - np.asarray(fb)
+        mae.append(float(np.abs(diff).mean()) if diff.size else 0.0)
+        peak = max(peak, float(np.linalg.norm(diff, axis=-1).max()) if diff.size else 0.0)
+        de.append(abs(float(ea) - float(eb)) / n)
+    return {
+        "force_disagreement_mev_a": 1000 * float(np.mean(mae)),
+        "max_force_disagreement_mev_a": 1000 * peak,
+        "energy_disagreement_mev_atom": 1000 * float(np.mean(de)),
+    }
+
+
+class OutOfDomainWarning(UserWarning):
+    """A :class:`CommitteeCalculator`'s students disagree beyond its threshold: the structure is likely outside
+    their training data, and their forces are likely off by as much."""
+
+
+class CommitteeCalculator(AverageCalculator):
+    """Two or more students as one ASE calculator (ASE's :class:`~ase.calculators.mixing.AverageCalculator` of a
+    :class:`~mlff_distiller.StudentCalculator` each): energy, forces and per-atom energies are the students' means,
+    and every calculation also gives their spread.
+
+    Args:
+        models: students or checkpoint paths (default: the two shipped students).
+        threshold: force disagreement (meV/Å) above which a calculation counts in ``flagged_calculations`` and, the
+            first time, warns with :class:`OutOfDomainWarning`.
+        **calculator_kwargs: for each student's :class:`~mlff_distiller.StudentCalculator` (``device``,
+            ``precision``, ...).
+
+    Results besides the means: ``force_disagreement`` (meV/Å, as :func:`committee_disagreement`),
+    ``max_force_disagreement`` (meV/Å), ``energy_disagreement`` (meV per atom), ``forces_std`` (``[n, 3]`` eV/Å, over
+    the students), ``energy_std`` (eV), and ASE's ``energy_contributions`` / ``forces_contributions`` (each
+    student's own values). Each calculation runs every student: M times the cost of one.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[StudentModel | str | Path] = DEFAULT_COMMITTEE,
+        *,
+        threshold: float = DISAGREEMENT_THRESHOLD,
+        **calculator_kwargs,
+    ) -> None:
+        from mlff_distiller.calculator import StudentCalculator
+
+        models = list(models)
+        if len(models) < 2:
+            raise ValueError(f"a committee needs at least two students, got {len(models)}")
+        if not float(threshold) > 0:
+            raise ValueError(f"threshold must be > 0 meV/Å, got {threshold}")
+        super().__init__([StudentCalculator(m, **calculator_kwargs) for m in models])
+        self.threshold = float(threshold)
+        self.flagged_calculations = 0
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
+        # The spread needs every student's forces, whatever was asked.
+        super().calculate(atoms, sorted({*properties, "energy", "forces"}), system_changes)
+        forces = [np.asarray(f) for f in self.results["forces_contributions"]]  # each student's own
+        energies = [float(e) for e in self.results["energy_contributions"]]
+        spread = _spread(forces, energies)
+        self.results["force_disagreement"] = spread["force_disagreement_mev_a"]
+        self.results["max_force_disagreement"] = spread["max_force_disagreement_mev_a"]
+        self.results["energy_disagreement"] = spread["energy_disagreement_mev_atom"]
+        self.results["forces_std"] = np.std(np.stack(forces), axis=0)
+        self.results["energy_std"] = float(np.std(energies))
+        if spread["force_disagreement_mev_a"] > self.threshold:
+            self.flagged_calculations += 1
+            if self.flagged_calculations == 1:
+                warnings.warn(
+                    OutOfDomainWarning(
+                        f"the committee's students disagree by {spread['force_disagreement_mev_a']:.0f} meV/Å "
+                        f"(threshold {self.threshold:g}): this structure is likely outside their training data; "
+                        "CommitteeCalculator.flagged_calculations counts such calculations"
+                    ),
+                    stacklevel=2,
+                )
