@@ -276,12 +276,15 @@ def run_task(
 
 
 def _disagreement(atoms: Atoms, committee: Calculator) -> float:
-    """Mean absolute difference (meV/Å) of the driving student's forces at ``atoms`` (its calculator has just
-    computed them) and the committee student's."""
+    """The force disagreement (meV/Å, :mod:`mlff_distiller.committee`'s measure) of the driving student at ``atoms``
+    (its calculator has just computed them) and the committee student."""
+    from mlff_distiller.committee import _spread
+
     mine = np.asarray(atoms.get_forces(apply_constraint=False), dtype=np.float64)
     other = atoms.copy()
     other.calc = committee
-    return 1000 * float(np.abs(mine - np.asarray(other.get_forces(apply_constraint=False))).mean())
+    forces = [mine, np.asarray(other.get_forces(apply_constraint=False))]
+    return _spread(forces, [0.0, 0.0])["force_disagreement_mev_a"]
 
 
 class Deduplicator:
