@@ -146,6 +146,23 @@ def test_label_writes_db_and_extxyz_and_resumes_as_noop(tmp_path):
         assert a.info["task"] == b.info["task"]
     again = label(emt_seeds()[:2], "emt", tmp_path, cfg, progress=False)
     assert again.written == 0 and again.tasks_run == 0 and again.total == report.total
+
+
+def test_finished_run_resumes_without_building_the_teacher(tmp_path, monkeypatch):
+    """Labels carried to a machine without the teacher's package (the GPU host has no tblite) still resume."""
+    cfg = small_sampling(md_steps=20, dedup_rms=0.0)
+    report = label(emt_seeds()[:1], "emt", tmp_path, cfg, progress=False)
+    import mlff_distiller.distill.labelling as labelling
+
+    def unavailable(*args, **kwargs):
+        raise MissingExtraError("the teacher's package is not installed here")
+
+    monkeypatch.setattr(labelling, "get_teacher", unavailable)
+    again = label(emt_seeds()[:1], "emt", tmp_path, cfg, progress=False)
+    assert again.tasks_run == 0 and again.total == report.total
+    # A task left to run still needs the teacher, and says so.
+    with pytest.raises(MissingExtraError, match="not installed"):
+        label(emt_seeds()[:2], "emt", tmp_path / "more", cfg, progress=False)
     with pytest.raises(ValueError, match="different"):
         label(emt_seeds()[:2], "emt", tmp_path, small_sampling(md_steps=40), progress=False)
 

@@ -249,7 +249,9 @@ def _label(
     seeds, teacher, store, config, student, on_policy_round, progress, teacher_options, shard, committee
 ) -> LabelReport:
     """:func:`label` after its checks and the run's fingerprint."""
-    teacher_calc = get_teacher(teacher, **(teacher_options or {}))
+    # The teacher is built when the first task needs it: a finished run resumes (e.g. labels carried to a machine
+    # without the teacher's package, such as the GPU host without tblite) without constructing it.
+    teacher_calc = None
 
     progress_path = store.dir / PROGRESS_NAME
     done = set(json.loads(progress_path.read_text())["done"]) if progress_path.exists() else set()
@@ -277,6 +279,8 @@ def _label(
             skipped += 1
         else:
             run += 1
+            if teacher_calc is None:
+                teacher_calc = get_teacher(teacher, **(teacher_options or {}))
             frames = run_task(
                 task, seeds[task.seed_index], teacher_calc, config, student=student, committee=committee, stats=stats
             )
