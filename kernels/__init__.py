@@ -4,6 +4,7 @@ Select the backend with ``MLFF_DISTILLER_KERNELS=auto|triton|torch`` or :func:`s
 """
 
 from ._backend import BACKENDS, get_backend, resolve_backend, set_backend, triton_available, use_backend
+from ._compile_ahead import compile_ahead, dry_run_active, precompile
 from .edge_compact import edge_compact, edge_compact_reference
 from .edge_features import edge_basis, edge_basis_reference, edge_features, edge_features_reference
 from .linear import gemm, gemm_fusable, mlp, mlp_reference
@@ -15,6 +16,8 @@ __all__ = [
     "BACKENDS",
     "BASES",
     "ENVELOPES",
+    "compile_ahead",
+    "dry_run_active",
     "edge_basis",
     "edge_basis_reference",
     "edge_compact",
@@ -31,6 +34,7 @@ __all__ = [
     "painn_update",
     "painn_update_fusable",
     "painn_update_reference",
+    "precompile",
     "rbf_cutoff",
     "rbf_cutoff_reference",
     "resolve_backend",

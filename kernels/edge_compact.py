@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from ._backend import resolve_backend
+from ._compile_ahead import dry_run_active
 from ._triton_utils import HAS_TRITON, check_launchable, pdl_args, pdl_prologue, tl, triton
 
 __all__ = ["edge_compact", "edge_compact_reference"]
@@ -279,4 +280,7 @@ def _edge_compact_triton(positions, edge_index, shift_vectors, row_ptr, sender_p
     _remap_kernel[(max(n_tiles, triton.cdiv(a + 1, block)),)](
         sender_perm, keep, pre, row_ptr, sender_ptr, out_perm, out_rowptr, out_sptr, c, a + 1, BLOCK=block, **pdl,
     )  # fmt: skip
+    if dry_run_active():  # no kernel ran (kernels/_compile_ahead.py): valid indices for the torch ops that follow
+        for t in (out_ei, out_shift, out_rowptr, out_perm, out_sptr):
+            t.zero_()
     return out_ei, out_shift, out_rowptr, out_perm, out_sptr

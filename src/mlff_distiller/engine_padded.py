@@ -162,6 +162,12 @@ class PaddedPaths:
         the bucket's step eager (the same results, launch-bound), with a warning, instead of ending the caller's
         run. One intermittent invalidation was seen on the H100 (``results/gpu_test_runs.md``, stop 23). An
         out-of-memory error is raised as it is: the batch splitting handles it."""
+        if self.compile_mode is None:
+            # A cold process compiles the step's Triton kernels here, one after another (15-18 s for the first
+            # benzene result on the H100 host): a dry run first compiles them all in parallel
+            # (kernels/_compile_ahead.py; nothing when they are compiled already). Not over a torch.compile'd step,
+            # whose own kernels would run on the dry run's unwritten outputs.
+            kernels.precompile(step, *graph.inputs())
         failure = None
         for _ in range(CAPTURE_ATTEMPTS):
             try:
