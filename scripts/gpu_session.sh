@@ -23,6 +23,7 @@
 #   bash scripts/gpu_session.sh stressprobe # probe_stress_step.py (stress call vs E+F call) + probe_student_size (128x3, 64x3)
 #   bash scripts/gpu_session.sh nptab     # the NPT host path: old package (scripts/ab_package.sh prepare) vs the tree, A/B
 #   bash scripts/gpu_session.sh startup   # import and start-up: old package (ab_package.sh prepare) vs the tree, A/B
+#   bash scripts/gpu_session.sh ahead     # cold start with the compile-ahead dry run off / on (its GPU tests first)
 #   bash scripts/gpu_session.sh mdprobe   # one benzene MD step piece by piece (probe_md_step.py)
 #   bash scripts/gpu_session.sh mdspeed   # student vs SevenNet-0 per ASE MD step, 192-atom water (needs sevenn)
 #   bash scripts/gpu_session.sh profile   # benchmarks/profile_step.py (small molecules and water MD steps;
@@ -52,7 +53,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|nptab|startup|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|nptab|startup|ahead|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 declare -A seen=()
@@ -352,6 +353,20 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
       pp=$PYTHONPATH; [ $side = old ] && pp=$PWD/.ab/old:$PYTHONPATH
       PYTHONPATH=$pp timeout $(box 110) python3 benchmarks/bench_startup.py --device cuda --variants cudagraph --profile \
         --out "$res" --name startup_compile_$side | cut -c1-400
+    done
+    ;;
+  ahead)
+    # Cold start with the parallel compile-ahead dry run off / on (kernels/_compile_ahead.py): its GPU tests, then
+    # AHEAD_PAIRS (default 2) alternating pairs of bench_startup.py (auto: a cold and a warm process each).
+    timeout $(box 150) python3 -m pytest -v -s -p no:cacheprovider --timeout=140 tests/kernels/test_compile_ahead.py \
+      >"$res/pytest_ahead.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_ahead.log"; grep -E " (FAILED|ERROR)|cold first result" "$res/pytest_ahead.log"
+    tail -1 "$res/pytest_ahead.log"
+    for i in $(seq ${AHEAD_PAIRS:-2}); do
+      for a in 0 1; do
+        MLFF_DISTILLER_COMPILE_AHEAD=$a timeout $(box 100) python3 benchmarks/bench_startup.py --device cuda \
+          --variants auto --out "$res" --name "startup_ahead${a}_$i" 2>&1 | grep -E '^\{' | cut -c1-330
+      done
     done
     ;;
   mdprobe)
