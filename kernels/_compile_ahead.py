@@ -41,7 +41,7 @@ __all__ = ["compile_ahead", "compile_ahead_supported", "dry_run_active", "precom
 _DRY: ContextVar[bool] = ContextVar("mlff_distiller_dry_run", default=False)
 _OPEN = [0]  # dry runs open in the process: the launch wrapper's fast path when 0
 # What the last dry run did (for tests and diagnostics): kernels compiled, and the exception it swallowed.
-LAST: dict = {"compiled": 0, "error": None}
+LAST: dict = {"compiled": 0, "error": None, "submitted": 0, "failed": []}
 
 
 class _DryRun(torch.overrides.TorchFunctionMode):
@@ -137,6 +137,8 @@ def compile_ahead(workers: int | None = None) -> Iterator[bool]:
                 _DRY.reset(token)
                 token = None
                 futures = list(mode.future_kernels.values())
+                LAST["submitted"] = len(futures)
+                LAST["failed"] = [repr(f.exception())[:300] for f in mode.raw_futures if f.exception() is not None]
         # Leaving ``mode`` waited for every compile. The launchers (a host-compiler build each on Triton 3.6) next.
         compiled = [f.kernel for f in futures if f.kernel is not None]
         LAST["compiled"] = len(compiled)

@@ -2,6 +2,7 @@
 (a cold process compiled them one after another: 15-18 s to the first benzene result on the H100 host)."""
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -134,8 +135,9 @@ _CHILD = textwrap.dedent(
 
     compiles = []
     do_compile = JITFunction._do_compile
+    import threading
     def counting(self, *args, **kwargs):
-        compiles.append([self.fn.__name__, kernels.dry_run_active()])
+        compiles.append([self.fn.__name__, kernels.dry_run_active(), threading.current_thread().name])
         return do_compile(self, *args, **kwargs)
     JITFunction._do_compile = counting
 
@@ -163,8 +165,6 @@ _CHILD = textwrap.dedent(
 
 
 def _cold_child(tmp_path, ahead: bool) -> dict:
-    import json
-
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     env = dict(os.environ)
@@ -182,14 +182,15 @@ def test_a_cold_capture_compiles_in_the_dry_run_and_gives_the_eager_results(tmp_
     """A fresh process on an empty Triton cache: the captured benzene step's kernels are all compiled by the dry run
     (none later, in the capture), and its result equals the eager engine's."""
     on = _cold_child(tmp_path, ahead=True)
-    late = [name for name, dry in on["compiles"] if not dry]
+    print(json.dumps(on))
+    late = [(name, thread) for name, dry, thread in on["compiles"] if not dry]
     assert on["dry_run"]["error"] is None and on["dry_run"]["compiled"] >= 10, on
     assert late == [], f"compiled after the dry run: {late}; {on['dry_run']}"  # all in it: none in the capture
     e_fast, e_ref = on["energy"]
     assert abs(e_fast - e_ref) <= 1e-4 * max(1.0, abs(e_ref))
     assert on["force_err"] <= 1e-3 * max(1.0, on["force_max"])
     off = _cold_child(tmp_path, ahead=False)
-    assert not any(dry for _, dry in off["compiles"])
+    assert not any(dry for _, dry, _ in off["compiles"])
     # The same kernels, each compiled once either way.
-    assert sorted(n for n, _ in on["compiles"]) == sorted(n for n, _ in off["compiles"])
+    assert sorted(n for n, _, _ in on["compiles"]) == sorted(n for n, _, _ in off["compiles"])
     print(f"cold first result: {on['first_s']:.2f} s with the dry run, {off['first_s']:.2f} s without")
