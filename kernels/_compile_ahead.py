@@ -16,9 +16,9 @@ captured as CUDA graphs). The one Triton-made index array they use, the in-step 
 with zeros under a dry run (:func:`dry_run_active`).
 
 Only the dry run's own launches are affected, also those of the backward, which the autograd engine runs on its own
-thread per CUDA device. The launch wrapper knows them by a context variable (the opening thread) or by a no-op torch
-function mode (:class:`_DryRun`), which the autograd engine carries into its threads with the rest of the caller's
-thread-local state. A kernel launched meanwhile from another thread of the process runs.
+thread per CUDA device. The launch wrapper knows them by a mark in torch's thread-local state, which the autograd
+engine carries into its thread with the rest of the caller's. A kernel launched meanwhile from another thread of the
+process (or from another thread's backward) runs.
 
 Why not Triton's ``AsyncCompileMode`` alone: it overlaps compiles only for ``warmup`` calls, and a plain launch
 waits for its kernel at once. It also leaves the launchers to the first launch.
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextvars import ContextVar
 
 import torch
 
@@ -38,32 +38,29 @@ from ._triton_utils import HAS_TRITON
 
 __all__ = ["compile_ahead", "compile_ahead_supported", "dry_run_active", "precompile"]
 
-_DRY: ContextVar[bool] = ContextVar("mlff_distiller_dry_run", default=False)
-_OPEN = [0]  # dry runs open in the process: the launch wrapper's fast path when 0
-# What the last dry run did (for tests and diagnostics): kernels compiled, and the exception it swallowed.
+_OPEN = [0]  # dry runs open in the process (0 or 1): the launch wrapper's fast path when 0
+_LOCK = threading.Lock()
+# What the last dry run did (for tests and diagnostics): kernels submitted and compiled, failed compiles, and the
+# exception it swallowed.
 LAST: dict = {"compiled": 0, "error": None, "submitted": 0, "failed": []}
-
-
-class _DryRun(torch.overrides.TorchFunctionMode):
-    """A torch function mode that changes nothing: it marks the dry run's thread-local state, which the autograd
-    engine propagates into the thread that runs the backward."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        # The mode is off while its handler runs (a custom op's launches happen in there): the context variable
-        # marks them instead, also in the autograd engine's thread.
-        token = _DRY.set(True)
-        try:
-            return func(*args, **(kwargs or {}))
-        finally:
-            _DRY.reset(token)
+# The mark of a dry run: a Python object in torch's thread-local state (torch._C._stash_obj_in_tls), which the
+# autograd engine copies into the thread that runs the backward of the caller's graph (as torch does with the
+# caller's contextvars for its compiler's config). A context variable or a torch function mode would not reach
+# that thread: the first stays in the caller's thread, and the second is off while its handler runs, which is when
+# ``torch.autograd.grad`` hands the caller's state to the engine.
+_KEY = "mlff_distiller_dry_run"
+_MARK = object()
 
 
 def _marked() -> bool:
     try:
-        stack = torch.overrides._get_current_function_mode_stack()
-    except AttributeError:  # a torch without it: the opening thread's context variable alone
+        return bool(torch._C._is_key_in_tls(_KEY)) and torch._C._get_obj_in_tls(_KEY) is _MARK
+    except (AttributeError, RuntimeError):
         return False
-    return any(isinstance(m, _DryRun) for m in stack)
+
+
+def _set_mark(on: bool) -> None:
+    torch._C._stash_obj_in_tls(_KEY, _MARK if on else None)
 
 
 # Threads of the pool: ptxas, the LLVM passes and the launchers' host compiler run outside the GIL.
@@ -72,7 +69,7 @@ MAX_WORKERS = 16
 
 def dry_run_active() -> bool:
     """True inside :func:`compile_ahead` (in the code it runs, the backward included): Triton launches do not run."""
-    return _DRY.get() or (_OPEN[0] > 0 and _marked())
+    return _OPEN[0] > 0 and _marked()
 
 
 def compile_ahead_supported() -> bool:
@@ -87,7 +84,11 @@ def compile_ahead_supported() -> bool:
         from triton.runtime.jit import JITFunction
     except ImportError:
         return False
-    return hasattr(_async_compile, "AsyncCompileMode") and hasattr(JITFunction, "run")
+    return (
+        hasattr(_async_compile, "AsyncCompileMode")
+        and hasattr(JITFunction, "run")
+        and all(hasattr(torch._C, f) for f in ("_stash_obj_in_tls", "_get_obj_in_tls", "_is_key_in_tls"))
+    )
 
 
 @contextlib.contextmanager
@@ -95,16 +96,18 @@ def compile_ahead(workers: int | None = None) -> Iterator[bool]:
     """Run the block as a dry run that compiles its Triton kernels in parallel (see the module docstring).
 
     Yields True when the dry run is on; False (the block then runs normally, launches included) where it is not
-    supported, or inside another dry run or Triton async-compile block. Compile errors are not raised here: the
-    failed kernel is left uncompiled, and the real run compiles it again and raises.
+    supported, inside another dry run or Triton async-compile block, or while another thread's dry run is open.
+    Compile errors are not raised here: the failed kernel is left uncompiled, and the real run compiles it again and
+    raises.
     """
-    if _DRY.get() or not compile_ahead_supported():
+    if not compile_ahead_supported() or dry_run_active():
         yield False
         return
     from triton.runtime import _async_compile
     from triton.runtime.jit import JITFunction
 
-    if _async_compile.active_mode.get() is not None:
+    # One dry run at a time in the process: it swaps Triton's launch method for its wrapper while it is open.
+    if _async_compile.active_mode.get() is not None or not _LOCK.acquire(blocking=False):
         yield False
         return
     launch = JITFunction.run
@@ -123,19 +126,20 @@ def compile_ahead(workers: int | None = None) -> Iterator[bool]:
                 _async_compile.active_mode.reset(token)
         return launch(self, *args, grid=grid, warmup=True, **kwargs)
 
-    token = _DRY.set(True)
+    _set_mark(True)
     _OPEN[0] += 1
+    opened = True
     JITFunction.run = dry_or_launch
     futures: list = []
     try:
-        with mode, _DryRun():
+        with mode:
             try:
                 yield True
             finally:
                 JITFunction.run = launch
                 _OPEN[0] -= 1
-                _DRY.reset(token)
-                token = None
+                _set_mark(False)
+                opened = False
                 futures = list(mode.future_kernels.values())
                 LAST["submitted"] = len(futures)
                 LAST["failed"] = [repr(f.exception())[:300] for f in mode.raw_futures if f.exception() is not None]
@@ -146,10 +150,11 @@ def compile_ahead(workers: int | None = None) -> Iterator[bool]:
     finally:
         if JITFunction.run is dry_or_launch:
             JITFunction.run = launch
-        if token is not None:
+        if opened:
             _OPEN[0] -= 1
-            _DRY.reset(token)
+            _set_mark(False)
         pool.shutdown(wait=True)
+        _LOCK.release()
 
 
 def _build_launcher(kernel) -> None:
