@@ -49,6 +49,7 @@ LAST: dict = {"compiled": 0, "error": None, "submitted": 0, "failed": []}
 # that thread: the first stays in the caller's thread, and the second is off while its handler runs, which is when
 # ``torch.autograd.grad`` hands the caller's state to the engine.
 _KEY = "mlff_distiller_dry_run"
+_TLS_FUNCTIONS = ("_stash_obj_in_tls", "_get_obj_in_tls", "_is_key_in_tls", "_remove_obj_from_tls")
 _MARK = object()
 
 
@@ -60,7 +61,12 @@ def _marked() -> bool:
 
 
 def _set_mark(on: bool) -> None:
-    torch._C._stash_obj_in_tls(_KEY, _MARK if on else None)
+    if on:
+        torch._C._stash_obj_in_tls(_KEY, _MARK)
+    else:
+        # Erased, not overwritten: an object left in a thread's map is freed when the thread ends, and for the main
+        # thread that is after the interpreter is gone (a crash at exit; torch erases its own entries the same way).
+        torch._C._remove_obj_from_tls(_KEY)
 
 
 # Threads of the pool: ptxas, the LLVM passes and the launchers' host compiler run outside the GIL.
@@ -87,7 +93,7 @@ def compile_ahead_supported() -> bool:
     return (
         hasattr(_async_compile, "AsyncCompileMode")
         and hasattr(JITFunction, "run")
-        and all(hasattr(torch._C, f) for f in ("_stash_obj_in_tls", "_get_obj_in_tls", "_is_key_in_tls"))
+        and all(hasattr(torch._C, f) for f in _TLS_FUNCTIONS)
     )
 
 
