@@ -16,9 +16,9 @@ captured as CUDA graphs). The one Triton-made index array they use, the in-step 
 with zeros under a dry run (:func:`dry_run_active`).
 
 Only the dry run's own launches are affected, also those of the backward, which the autograd engine runs on its own
-thread per CUDA device. The launch wrapper knows them by a mark in torch's thread-local state, which the autograd
-engine carries into its thread with the rest of the caller's. A kernel launched meanwhile from another thread of the
-process (or from another thread's backward) runs.
+thread per CUDA device. The mark is the dry run's own CUDA stream: the block runs on it, the autograd engine runs
+each backward op on its forward op's stream, and nothing else in the process launches there. A kernel launched
+meanwhile from another thread (or another thread's backward) runs.
 
 Why not Triton's ``AsyncCompileMode`` alone: it overlaps compiles only for ``warmup`` calls, and a plain launch
 waits for its kernel at once. It also leaves the launchers to the first launch.
@@ -38,44 +38,36 @@ from ._triton_utils import HAS_TRITON
 
 __all__ = ["compile_ahead", "compile_ahead_supported", "dry_run_active", "precompile"]
 
-_OPEN = [0]  # dry runs open in the process (0 or 1): the launch wrapper's fast path when 0
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # one dry run at a time in the process
 # What the last dry run did (for tests and diagnostics): kernels submitted and compiled, failed compiles, and the
 # exception it swallowed.
 LAST: dict = {"compiled": 0, "error": None, "submitted": 0, "failed": []}
-# The mark of a dry run: a Python object in torch's thread-local state (torch._C._stash_obj_in_tls), which the
-# autograd engine copies into the thread that runs the backward of the caller's graph (as torch does with the
-# caller's contextvars for its compiler's config). A context variable or a torch function mode would not reach
-# that thread: the first stays in the caller's thread, and the second is off while its handler runs, which is when
-# ``torch.autograd.grad`` hands the caller's state to the engine.
-_KEY = "mlff_distiller_dry_run"
-_TLS_FUNCTIONS = ("_stash_obj_in_tls", "_get_obj_in_tls", "_is_key_in_tls", "_remove_obj_from_tls")
-_MARK = object()
+# The mark of a dry run: its own CUDA stream (the raw handle, as Triton's launch reads the current stream). The
+# autograd engine runs each backward op on the stream of its forward op, also in the thread it runs the backward on,
+# so the dry run's backward launches carry the mark too. Nothing else of the process launches on that stream. (A
+# context variable stays in the caller's thread; a torch function mode is off while its handler runs, which is when
+# ``torch.autograd.grad`` hands the caller's thread-local state to the engine; torch 2.11 cannot erase a
+# thread-local Python object, and one left behind crashes the process at exit.)
+_STREAM: list = [None]  # (device index, raw stream handle) while a dry run is open
 
 
 def _marked() -> bool:
-    try:
-        return bool(torch._C._is_key_in_tls(_KEY)) and torch._C._get_obj_in_tls(_KEY) is _MARK
-    except (AttributeError, RuntimeError):
+    open_ = _STREAM[0]
+    if open_ is None:
         return False
+    index, handle = open_
+    return torch.cuda.current_stream(index).cuda_stream == handle
 
 
-def _set_mark(on: bool) -> None:
-    if on:
-        torch._C._stash_obj_in_tls(_KEY, _MARK)
-    else:
-        # Erased, not overwritten: an object left in a thread's map is freed when the thread ends, and for the main
-        # thread that is after the interpreter is gone (a crash at exit; torch erases its own entries the same way).
-        torch._C._remove_obj_from_tls(_KEY)
-
-
+# A dry run that left more than this cached (for its stream only) gives the cache back.
+RELEASE_BYTES = 64 << 20
 # Threads of the pool: ptxas, the LLVM passes and the launchers' host compiler run outside the GIL.
 MAX_WORKERS = 16
 
 
 def dry_run_active() -> bool:
     """True inside :func:`compile_ahead` (in the code it runs, the backward included): Triton launches do not run."""
-    return _OPEN[0] > 0 and _marked()
+    return _marked()
 
 
 def compile_ahead_supported() -> bool:
@@ -90,16 +82,15 @@ def compile_ahead_supported() -> bool:
         from triton.runtime.jit import JITFunction
     except ImportError:
         return False
-    return (
-        hasattr(_async_compile, "AsyncCompileMode")
-        and hasattr(JITFunction, "run")
-        and all(hasattr(torch._C, f) for f in _TLS_FUNCTIONS)
-    )
+    return hasattr(_async_compile, "AsyncCompileMode") and hasattr(JITFunction, "run") and torch.cuda.is_available()
 
 
 @contextlib.contextmanager
-def compile_ahead(workers: int | None = None) -> Iterator[bool]:
+def compile_ahead(device: torch.device | str | int | None = None, workers: int | None = None) -> Iterator[bool]:
     """Run the block as a dry run that compiles its Triton kernels in parallel (see the module docstring).
+
+    The block runs on a new stream of ``device`` (a CUDA device; default the current one), after the work already
+    queued on the current stream; the current stream waits for it afterwards.
 
     Yields True when the dry run is on; False (the block then runs normally, launches included) where it is not
     supported, inside another dry run or Triton async-compile block, or while another thread's dry run is open.
@@ -114,6 +105,11 @@ def compile_ahead(workers: int | None = None) -> Iterator[bool]:
 
     # One dry run at a time in the process: it swaps Triton's launch method for its wrapper while it is open.
     if _async_compile.active_mode.get() is not None or not _LOCK.acquire(blocking=False):
+        yield False
+        return
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if dev.type != "cuda":
+        _LOCK.release()
         yield False
         return
     launch = JITFunction.run
@@ -132,20 +128,20 @@ def compile_ahead(workers: int | None = None) -> Iterator[bool]:
                 _async_compile.active_mode.reset(token)
         return launch(self, *args, grid=grid, warmup=True, **kwargs)
 
-    _set_mark(True)
-    _OPEN[0] += 1
-    opened = True
+    caller = torch.cuda.current_stream(dev)
+    reserved = torch.cuda.memory_reserved(dev)
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(caller)
+    _STREAM[0] = (dev.index if dev.index is not None else torch.cuda.current_device(), stream.cuda_stream)
     JITFunction.run = dry_or_launch
     futures: list = []
     try:
-        with mode:
+        with mode, torch.cuda.stream(stream):
             try:
                 yield True
             finally:
                 JITFunction.run = launch
-                _OPEN[0] -= 1
-                _set_mark(False)
-                opened = False
+                _STREAM[0] = None
                 futures = list(mode.future_kernels.values())
                 LAST["submitted"] = len(futures)
                 LAST["failed"] = [repr(f.exception())[:300] for f in mode.raw_futures if f.exception() is not None]
@@ -156,11 +152,14 @@ def compile_ahead(workers: int | None = None) -> Iterator[bool]:
     finally:
         if JITFunction.run is dry_or_launch:
             JITFunction.run = launch
-        if opened:
-            _OPEN[0] -= 1
-            _set_mark(False)
+        _STREAM[0] = None
+        caller.wait_stream(stream)
         pool.shutdown(wait=True)
         _LOCK.release()
+    # The dry run's memory is cached for its own stream, where nothing else allocates: give back a large amount.
+    if torch.cuda.memory_reserved(dev) - reserved > RELEASE_BYTES:
+        stream.synchronize()
+        torch.cuda.empty_cache()
 
 
 def _build_launcher(kernel) -> None:
@@ -181,7 +180,10 @@ def precompile(fn, *args, **kwargs) -> bool:
     engine before a bucket's first (captured) step, which is the part of a cold start that compiles.
     """
     LAST["compiled"], LAST["error"] = 0, None
-    with compile_ahead() as on:
+    cuda = [a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda]
+    if not cuda:
+        return False
+    with compile_ahead(cuda[0]) as on:
         if not on:
             return False
         try:

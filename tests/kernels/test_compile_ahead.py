@@ -35,24 +35,6 @@ def test_off_under_the_interpreter_and_by_the_switch(monkeypatch):
     assert not _compile_ahead.compile_ahead_supported()
 
 
-def test_the_mark_is_set_and_erased_in_the_thread_local_state():
-    """The dry run's mark is an entry of torch's thread-local Python objects (what the autograd engine carries into the
-    backward's thread); closing erases the entry, since one left behind crashes the process at exit."""
-    key = _compile_ahead._KEY
-    assert not _compile_ahead._marked()
-    _compile_ahead._set_mark(True)
-    try:
-        assert _compile_ahead._marked() and torch._C._is_key_in_tls(key)
-        seen = []
-        t = threading.Thread(target=lambda: seen.append(_compile_ahead._marked()))
-        t.start()
-        t.join()
-        assert seen == [False]  # another Python thread has its own state
-    finally:
-        _compile_ahead._set_mark(False)
-    assert not _compile_ahead._marked() and not torch._C._is_key_in_tls(key)
-
-
 def test_edge_compact_gives_valid_indices_under_a_dry_run(monkeypatch):
     """Under a dry run no compaction kernel runs; the outputs the torch ops after it index with are zeros, not
     whatever the allocator held (the stress step's virial indexes atoms with them)."""
