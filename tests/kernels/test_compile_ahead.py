@@ -191,6 +191,8 @@ def test_a_cold_capture_compiles_in_the_dry_run_and_gives_the_eager_results(tmp_
     assert on["force_err"] <= 1e-3 * max(1.0, on["force_max"])
     off = _cold_child(tmp_path, ahead=False)
     assert not any(dry for _, dry, _ in off["compiles"])
-    # The same kernels, each compiled once either way.
-    assert sorted(n for n, _, _ in on["compiles"]) == sorted(n for n, _, _ in off["compiles"])
+    # The same kernels, each compiled once either way (Triton 3.6 asks again for every launch of a kernel still
+    # compiling, which its async mode answers with the same compile).
+    assert on["dry_run"]["compiled"] == on["dry_run"]["submitted"] == len(off["compiles"])
+    assert sorted({n for n, _, _ in on["compiles"]}) == sorted({n for n, _, _ in off["compiles"]})
     print(f"cold first result: {on['first_s']:.2f} s with the dry run, {off['first_s']:.2f} s without")
