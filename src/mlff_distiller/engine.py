@@ -584,7 +584,8 @@ class ForceEngine(PaddedPaths):
             stress: warm the steps with the strain derivative (what ``compute(..., stress=True)`` runs: NPT,
                 cell relaxations) instead of the energy + forces steps.
         Returns:
-            Seconds spent per bucket (wall clock, synchronised).
+            Seconds spent per bucket (wall clock, synchronised; the dry run that compiles the Triton kernels of
+            several buckets at once is split evenly over them).
         """
         todo: list[Bucket] = []
         for item in buckets or ():
@@ -607,13 +608,27 @@ class ForceEngine(PaddedPaths):
             self._sync()
             if self.last_bucket is not None:  # the bucket the call ran in (None: eager)
                 times[self.last_bucket] = time.perf_counter() - t0
+        todo = [b for b in dict.fromkeys(todo) if b not in times]
+        captured = self._stress_runners if stress else self._runners
+        if sum(b not in captured for b in todo) > 1 and self.mode == "cudagraph" and self.compile_mode is None:
+            # One dry run over every bucket's step compiles all their Triton kernels on one thread pool (each
+            # capture below would otherwise compile its bucket's own in parallel, but the buckets one after another).
+            step = self._step_stress if stress else self._step
+            t0 = time.perf_counter()
+            with kernels.compile_ahead(self.device) as on:
+                for bucket in [b for b in todo if b not in captured] if on else ():
+                    try:
+                        step(*self._graph(bucket).inputs())
+                    except Exception:  # the capture below raises it, with real data
+                        break
+            shared = (time.perf_counter() - t0) / len(todo)
+        else:
+            shared = 0.0
         for bucket in todo:
-            if bucket in times:
-                continue
             t0 = time.perf_counter()
             self._run(bucket, self._graph(bucket), stress)
             self._sync()
-            times[bucket] = time.perf_counter() - t0
+            times[bucket] = time.perf_counter() - t0 + shared
         return times
 
     def _sync(self) -> None:
