@@ -42,6 +42,7 @@ _LOCK = threading.Lock()  # one dry run at a time in the process
 # What the last dry run did (for tests and diagnostics): kernels submitted and compiled, failed compiles, and the
 # exception it swallowed.
 LAST: dict = {"compiled": 0, "error": None, "submitted": 0, "failed": []}
+TOTAL: dict = {"dry_runs": 0, "compiled": 0}  # over the process
 # The mark of a dry run: its own CUDA stream (the raw handle, as Triton's launch reads the current stream). The
 # autograd engine runs each backward op on the stream of its forward op, also in the thread it runs the backward on,
 # so the dry run's backward launches carry the mark too. Nothing else of the process launches on that stream. (A
@@ -148,6 +149,8 @@ def compile_ahead(device: torch.device | str | int | None = None, workers: int |
         # Leaving ``mode`` waited for every compile. The launchers (a host-compiler build each on Triton 3.6) next.
         compiled = [f.kernel for f in futures if f.kernel is not None]
         LAST["compiled"] = len(compiled)
+        TOTAL["dry_runs"] += 1
+        TOTAL["compiled"] += len(compiled)
         list(pool.map(_build_launcher, compiled))
     finally:
         if JITFunction.run is dry_or_launch:
