@@ -137,7 +137,8 @@ _CHILD = textwrap.dedent(
     do_compile = JITFunction._do_compile
     import threading
     def counting(self, *args, **kwargs):
-        compiles.append([self.fn.__name__, kernels.dry_run_active(), threading.current_thread().name, self.fn.__module__])
+        thread = threading.current_thread().name
+        compiles.append([self.fn.__name__, kernels.dry_run_active(), thread, self.fn.__module__])
         return do_compile(self, *args, **kwargs)
     JITFunction._do_compile = counting
 
