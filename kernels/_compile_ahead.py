@@ -176,17 +176,21 @@ def _build_launcher(kernel) -> None:
         pass
 
 
-def precompile(fn, *args, **kwargs) -> bool:
+def precompile(fn, *args, device: torch.device | str | None = None, **kwargs) -> bool:
     """``fn(*args, **kwargs)`` once as a dry run (results discarded); True if it ran as one.
 
+    ``device``: the CUDA device it runs on (default: that of the first CUDA tensor among ``args``; none: no dry run).
     An exception inside the dry run is swallowed: the real run that follows raises it, with real data. Used by the
-    engine before a bucket's first (captured) step, which is the part of a cold start that compiles.
+    engine before a bucket's first (captured) step and before its first eager step, the parts of a cold start that
+    compile.
     """
     LAST["compiled"], LAST["error"] = 0, None
-    cuda = [a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda]
-    if not cuda:
+    if device is None:
+        cuda = [a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda]
+        device = cuda[0] if cuda else None
+    if device is None or torch.device(device).type != "cuda":
         return False
-    with compile_ahead(cuda[0]) as on:
+    with compile_ahead(device) as on:
         if not on:
             return False
         try:

@@ -291,6 +291,7 @@ class ForceEngine(PaddedPaths):
         self._bytes_scale = 1.0  # measured / analytic memory, from probe_memory()
         self._graphs: dict[Bucket, PaddedGraph] = {}
         self._runners: dict[Bucket, GraphRunner] = {}
+        self._eager_compiled_ahead: set[tuple[bool, bool]] = set()  # eager step kinds whose dry run has run
         self._stress_runners: dict[Bucket, GraphRunner] = {}  # the steps with the strain derivative
         # Page-locked host copies of the packed outputs, per (bucket, stress step).
         self._host_out: dict[tuple[Bucket, bool], torch.Tensor] = {}
@@ -509,18 +510,16 @@ class ForceEngine(PaddedPaths):
         with torch.no_grad():
             nl = given_nl if given_nl is not None else self._neighbors(batch)
         need_grad = forces or stress
-        with _matmul_precision(self.allow_tf32), _frozen(self._params), torch.set_grad_enabled(need_grad):
-            positions = batch.positions.detach().requires_grad_(need_grad)
-            # Stress: the gradient over the shift vectors is the one over every pair vector (see edge_virial).
-            shift_vectors = nl.shift_vectors.detach().requires_grad_(stress)
-            out = self.model(batch.numbers, positions, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
-            energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
-            result = {"energy": energy.detach(), "atomic_energies": _unsort(atomic.detach(), inv)}
-            if not need_grad:
-                return result
-            inputs = [positions] + ([shift_vectors] if stress else [])
-            grads = torch.autograd.grad(energy.sum(), inputs, allow_unused=True)
-        grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
+        kind = (need_grad, stress)
+        if self.device.type == "cuda" and kind not in self._eager_compiled_ahead:
+            # The first eager step of its kind compiles its Triton kernels in parallel first, in a dry run
+            # (kernels/_compile_ahead.py); later sizes that need other specialisations compile at first launch.
+            self._eager_compiled_ahead.add(kind)
+            kernels.precompile(self._eager_step, batch, nl, need_grad, stress, device=self.device)
+        energy, atomic, grads = self._eager_step(batch, nl, need_grad, stress)
+        result = {"energy": energy.detach(), "atomic_energies": _unsort(atomic.detach(), inv)}
+        if not need_grad:
+            return result
         if forces:
             result["forces"] = -_unsort(grads[0], inv)
         if stress:
@@ -529,6 +528,22 @@ class ForceEngine(PaddedPaths):
             )
             result.update(stress_from_strain_gradient(de_deps, batch.cell, batch.pbc))
         return result
+
+    def _eager_step(self, batch: AtomsBatch, nl, need_grad: bool, stress: bool):
+        """The model and one ``autograd.grad`` on a device batch and its list: energies, atomic energies and the
+        gradients over the positions (and the shift vectors with ``stress``; zeros where unused), or None."""
+        with _matmul_precision(self.allow_tf32), _frozen(self._params), torch.set_grad_enabled(need_grad):
+            positions = batch.positions.detach().requires_grad_(need_grad)
+            # Stress: the gradient over the shift vectors is the one over every pair vector (see edge_virial).
+            shift_vectors = nl.shift_vectors.detach().requires_grad_(stress)
+            out = self.model(batch.numbers, positions, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
+            energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
+            if not need_grad:
+                return energy, atomic, None
+            inputs = [positions] + ([shift_vectors] if stress else [])
+            grads = torch.autograd.grad(energy.sum(), inputs, allow_unused=True)
+        grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
+        return energy, atomic, grads
 
     def _spatial_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
         """``batch`` with each structure's atoms in Morton order and the inverse permutation (caller's index ->

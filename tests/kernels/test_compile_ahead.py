@@ -167,6 +167,25 @@ _CHILD = textwrap.dedent(
         ref = ForceEngine(model, device="cuda", mode="eager").compute(batch, forces=True)
         out = {"energy": [fast["energy"].item(), ref["energy"].item()], "forces": [fast["forces"], ref["forces"]]}
         out["captured"] = len(engine.captured_buckets)
+    elif sys.argv[1] == "eager":  # the eager path (batches beyond the largest bucket): forces and stress
+        sys.path.insert(0, "benchmarks")
+        from systems import water_box
+        atoms = water_box(3000, seed=4)
+        batch = AtomsBatch.from_atoms([atoms])
+        engine = ForceEngine(model, device="cuda", mode="eager")
+        t0 = time.perf_counter()
+        fast = engine.compute(batch, forces=True, stress=True)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        n_fast = len(compiles)
+        with kernels.use_backend("torch"):
+            ref = ForceEngine(model, device="cuda", mode="eager").compute(batch, forces=True, stress=True)
+        out = {
+            "energy": [fast["energy"].item(), ref["energy"].item()],
+            "forces": [fast["forces"], ref["forces"]],
+            "stress_err": (fast["stress"] - ref["stress"]).abs().max().item(),
+            "stress_max": ref["stress"].abs().max().item(),
+        }
     else:  # a periodic water box through the calculator: Verlet list, in-step compaction, the stress step
         sys.path.insert(0, "benchmarks")
         from systems import water_box
@@ -268,3 +287,22 @@ def test_warming_several_buckets_compiles_them_in_one_dry_run(tmp_path):
     assert on["force_err"] <= 1e-3 * max(1.0, on["force_max"])
     off = _cold_child(tmp_path, ahead=False, system="warmup")
     print(f"cold warm-up of 3 buckets: {on['first_s']:.2f} s with the dry run, {off['first_s']:.2f} s without")
+
+
+@needs_compiled_triton
+@pytest.mark.gpu
+def test_a_cold_eager_call_compiles_in_its_dry_run_and_matches_the_torch_path(tmp_path):
+    """The eager path (3,000 periodic atoms, forces and stress) from an empty cache: its step's kernels compile in
+    the dry run before it (the neighbour list's before that, one by one), and the results equal the torch path's."""
+    on = _cold_child(tmp_path, ahead=True, system="eager")
+    late = [(name, thread) for name, dry, thread, module in on["compiles"] if not dry and ".neighbors." not in module]
+    assert late == [], late
+    assert on["dry_run"]["error"] is None and on["dry_run"]["compiled"] >= 10, on["dry_run"]
+    e_fast, e_ref = on["energy"]
+    assert abs(e_fast - e_ref) <= 1e-4 * max(1.0, abs(e_ref))
+    assert on["force_err"] <= 1e-3 * max(1.0, on["force_max"])
+    assert on["stress_err"] <= 1e-3 * max(1e-3, on["stress_max"])
+    off = _cold_child(tmp_path, ahead=False, system="eager")
+    print(
+        f"cold eager first result, 3,000 atoms: {on['first_s']:.2f} s with the dry run, {off['first_s']:.2f} s without"
+    )
