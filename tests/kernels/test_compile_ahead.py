@@ -167,6 +167,32 @@ _CHILD = textwrap.dedent(
         ref = ForceEngine(model, device="cuda", mode="eager").compute(batch, forces=True)
         out = {"energy": [fast["energy"].item(), ref["energy"].item()], "forces": [fast["forces"], ref["forces"]]}
         out["captured"] = len(engine.captured_buckets)
+    elif sys.argv[1] == "train":  # a few CUDA-graph training steps of a small student on EMT labels
+        from ase.calculators.emt import EMT
+        from ase.calculators.singlepoint import SinglePointCalculator
+        from mlff_distiller.distill import TrainConfig, train
+        frames = []
+        for k in range(24):
+            a = molecule("CH3CH2OH")
+            a.rattle(0.08, seed=k)
+            a.calc = EMT()
+            e, f = a.get_potential_energy(), a.get_forces()
+            a.calc = SinglePointCalculator(a, energy=e, forces=f)
+            frames.append(a)
+        cfg = TrainConfig(
+            model=dict(hidden=32, layers=2, n_rbf=8, cutoff=4.0), batch_size=8, lr=3e-3, warmup_steps=2,
+            eval_every=3, max_steps=6, ema_decay=0.9, device="cuda", train_step="cudagraph", patience=0, seed=0,
+        )
+        t0 = time.perf_counter()
+        result = train(frames[:18], frames[18:], cfg, log=lambda m: None)
+        first = time.perf_counter() - t0
+        n_fast, dry_fast, total_fast = len(compiles), dict(_compile_ahead.LAST), dict(_compile_ahead.TOTAL)
+        out = {
+            "losses": [h["train_loss"] for h in result.history],
+            "capture_seconds": result.capture_seconds,
+            "energy": [0.0, 0.0],
+            "forces": [torch.zeros(1), torch.zeros(1)],
+        }
     elif sys.argv[1] == "eager":  # the eager path (batches beyond the largest bucket): forces and stress
         sys.path.insert(0, "benchmarks")
         from systems import water_box
@@ -306,3 +332,18 @@ def test_a_cold_eager_call_compiles_in_its_dry_run_and_matches_the_torch_path(tm
     print(
         f"cold eager first result, 3,000 atoms: {on['first_s']:.2f} s with the dry run, {off['first_s']:.2f} s without"
     )
+
+
+@needs_compiled_triton
+@pytest.mark.gpu
+def test_a_cold_cuda_graph_training_run_compiles_in_dry_runs_and_learns_the_same(tmp_path):
+    """The training step's first run of a capacity dry-runs its loss and backward (the optimiser step is left out:
+    it would apply the dry run's garbage gradients). The run's losses equal those of a run without it."""
+    on = _cold_child(tmp_path, ahead=True, system="train")
+    off = _cold_child(tmp_path, ahead=False, system="train")
+    assert on["total"]["compiled"] >= 10, on["total"]
+    assert len(on["losses"]) == len(off["losses"]) > 0
+    for a, b in zip(on["losses"], off["losses"], strict=True):
+        assert a == pytest.approx(b, rel=1e-4)
+    t_on, t_off = on["capture_seconds"], off["capture_seconds"]
+    print(f"cold training, warm-ups and captures: {t_on:.2f} s with the dry run, {t_off:.2f} s without")

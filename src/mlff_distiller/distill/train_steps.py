@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mlff_distiller import kernels
 from mlff_distiller.buckets import Bucket
 from mlff_distiller.cudagraph import capturing
 from mlff_distiller.distill.dataset import FrameDataset
@@ -227,6 +228,13 @@ class _StaticStep:
             self.ready = (time.perf_counter(), step + 1)
 
     def _run(self, cap: _Capacity) -> torch.Tensor:
+        if cap.steps == 0 and self.device.type == "cuda":
+            # A capacity's first step: its Triton kernels compile in parallel first, in a dry run of the loss and
+            # its backward (kernels/_compile_ahead.py; ~27 s of one-by-one compiles in a cold process otherwise).
+            t0 = time.perf_counter()
+            if kernels.precompile(self._dry_backward, cap, device=self.device):
+                self.opt.zero_grad(set_to_none=True)
+            self.capture_seconds += time.perf_counter() - t0
         if self.mode != "cudagraph" or cap.graph is False:
             return self._body(cap)
         if cap.graph is None and cap.warm < _WARMUP_STEPS:
@@ -263,6 +271,30 @@ class _StaticStep:
     # ------------------------------------------------------------------------------------ device side
     def _body(self, cap: _Capacity) -> torch.Tensor:
         """One optimiser step on the indices in ``cap.flat``; no host sync (capturable)."""
+        with torch.enable_grad():
+            loss, parts = self._batch_loss(cap)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        self.opt.step()
+        with torch.no_grad():
+            if self.ema is not None:
+                diff = torch._foreach_sub([p.detach() for p in self.params], self.ema.shadow)
+                torch._foreach_mul_(diff, self.ema_weight)
+                torch._foreach_add_(self.ema.shadow, diff)
+            self.bad |= ~torch.isfinite(loss.detach())
+            return torch.stack([loss.detach(), *(p.detach() for p in parts)])
+
+    def _dry_backward(self, cap: _Capacity) -> None:
+        """The loss and its backward, for :func:`kernels.precompile`: what of the step launches Triton kernels (the
+        optimiser and the EMA are torch ops). Leaves garbage gradients; the caller drops them."""
+        with torch.enable_grad():
+            loss, _ = self._batch_loss(cap)
+            loss.backward()
+
+    def _batch_loss(self, cap: _Capacity) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The batch's loss and its parts, with the graph for the backward (called under ``enable_grad``)."""
         cfg, d = self.cfg, self.data
         a, c, s = cap.bucket.atoms, cap.bucket.edges, self.batcher.structures
         f = cap.flat
@@ -313,18 +345,7 @@ class _StaticStep:
                 h_loss = ((hv - d.hvp[atom_src]).square().sum(1) * amask).sum() / n3
                 loss = loss + cfg.hvp_weight * h_loss
                 parts.append(h_loss)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
-        self.opt.step()
-        with torch.no_grad():
-            if self.ema is not None:
-                diff = torch._foreach_sub([p.detach() for p in self.params], self.ema.shadow)
-                torch._foreach_mul_(diff, self.ema_weight)
-                torch._foreach_add_(self.ema.shadow, diff)
-            self.bad |= ~torch.isfinite(loss.detach())
-            return torch.stack([loss.detach(), *(p.detach() for p in parts)])
+        return loss, parts
 
     def last(self) -> tuple[float, dict]:
         if self._last_out is None:
