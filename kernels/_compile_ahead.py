@@ -62,7 +62,7 @@ def _marked() -> bool:
 
 # A dry run that left more than this cached (for its stream only) gives the cache back.
 RELEASE_BYTES = 64 << 20
-# Threads of the pool: ptxas, the LLVM passes and the launchers' host compiler run outside the GIL.
+# Threads of the pool: ptxas and the launchers' host compiler are subprocesses, so their work overlaps.
 MAX_WORKERS = 16
 
 

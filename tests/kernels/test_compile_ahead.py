@@ -58,10 +58,27 @@ def test_edge_compact_gives_valid_indices_under_a_dry_run(monkeypatch):
         assert torch.count_nonzero(t) == 0
 
 
+def _keep_launch(n: int, c: int, block: int):
+    """A launch of one of the package's kernels (the compaction's keep flags) on fresh CUDA data, and its output,
+    filled with -7 so that a launch shows. Sizes no other test uses give a specialisation not compiled yet."""
+    from mlff_distiller.kernels.edge_compact import _keep_kernel
+
+    dev = torch.device("cuda")
+    pos = torch.randn(n, 3, device=dev)
+    ei = torch.randint(0, n, (2, c), device=dev)
+    keep = torch.full((2, c), -7, dtype=torch.int32, device=dev)
+    cnt = torch.full((2, 1), -7, dtype=torch.int32, device=dev)
+    args = (pos, ei, torch.zeros(c, 3, device=dev), torch.arange(c, device=dev), torch.tensor([c], device=dev))
+
+    def launch():
+        _keep_kernel[(1,)](*args, keep, cnt, c, ei.stride(0), 1, 4.0, BLOCK=block, PDL=False)
+
+    return launch, keep
+
+
 @needs_compiled_triton
 @pytest.mark.gpu
 def test_a_dry_run_launches_nothing_then_the_kernel_is_compiled():
-    from mlff_distiller.kernels.edge_compact import _keep_kernel  # any kernel of the package: a fresh signature
     from triton.runtime.jit import JITFunction
 
     compiles = []
@@ -73,21 +90,15 @@ def test_a_dry_run_launches_nothing_then_the_kernel_is_compiled():
 
     JITFunction._do_compile = counting
     try:
-        n, c = 7, 33  # sizes no other test uses: a specialisation not compiled in this process yet
-        dev = torch.device("cuda")
-        pos = torch.randn(n, 3, device=dev)
-        ei = torch.randint(0, n, (2, c), device=dev)
-        keep = torch.full((2, c), -7, dtype=torch.int32, device=dev)
-        cnt = torch.full((2, 1), -7, dtype=torch.int32, device=dev)
-        args = (pos, ei, torch.zeros(c, 3, device=dev), torch.arange(c, device=dev), torch.tensor([c], device=dev))
+        launch, keep = _keep_launch(7, 33, 64)
         with kernels.compile_ahead() as on:
             assert on and kernels.dry_run_active()
-            _keep_kernel[(1,)](*args, keep, cnt, c, ei.stride(0), 1, 4.0, BLOCK=64, PDL=False)
+            launch()
         torch.cuda.synchronize()
         assert not kernels.dry_run_active()
         assert (keep == -7).all()  # not launched
         assert compiles == [("_keep_kernel", True)]
-        _keep_kernel[(1,)](*args, keep, cnt, c, ei.stride(0), 1, 4.0, BLOCK=64, PDL=False)
+        launch()
         torch.cuda.synchronize()
         assert compiles == [("_keep_kernel", True)]  # compiled by the dry run: none now
         assert (keep != -7).any()  # launched
@@ -98,21 +109,13 @@ def test_a_dry_run_launches_nothing_then_the_kernel_is_compiled():
 @needs_compiled_triton
 @pytest.mark.gpu
 def test_other_threads_launch_during_a_dry_run():
-    """The dry run belongs to the context that opened it: a kernel launched from another thread meanwhile runs."""
-    from mlff_distiller.kernels.edge_compact import _keep_kernel
-
-    n, c = 6, 21
-    dev = torch.device("cuda")
-    pos = torch.randn(n, 3, device=dev)
-    ei = torch.randint(0, n, (2, c), device=dev)
-    keep = torch.full((2, c), -7, dtype=torch.int32, device=dev)
-    cnt = torch.full((2, 1), -7, dtype=torch.int32, device=dev)
-    args = (pos, ei, torch.zeros(c, 3, device=dev), torch.arange(c, device=dev), torch.tensor([c], device=dev))
+    """The dry run's mark is its own stream: a kernel launched from another thread meanwhile runs."""
+    launch, keep = _keep_launch(6, 21, 32)
     seen = []
 
     def other():
         seen.append(kernels.dry_run_active())
-        _keep_kernel[(1,)](*args, keep, cnt, c, ei.stride(0), 1, 4.0, BLOCK=32, PDL=False)
+        launch()
         torch.cuda.synchronize()
 
     with kernels.compile_ahead() as on:
