@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,7 +42,7 @@ __all__ = ["compile_ahead", "compile_ahead_supported", "dry_run_active", "precom
 _LOCK = threading.Lock()  # one dry run at a time in the process
 # What the last dry run did (for tests and diagnostics): kernels submitted and compiled, failed compiles, and the
 # exception it swallowed.
-LAST: dict = {"compiled": 0, "error": None, "submitted": 0, "failed": []}
+LAST: dict = {"compiled": 0, "error": None, "submitted": 0, "failed": [], "seconds": {}}
 TOTAL: dict = {"dry_runs": 0, "compiled": 0}  # over the process
 # The mark of a dry run: its own CUDA stream (the raw handle, as Triton's launch reads the current stream). The
 # autograd engine runs each backward op on the stream of its forward op, also in the thread it runs the backward on,
@@ -136,6 +137,7 @@ def compile_ahead(device: torch.device | str | int | None = None, workers: int |
     _STREAM[0] = (dev.index if dev.index is not None else torch.cuda.current_device(), stream.cuda_stream)
     JITFunction.run = dry_or_launch
     futures: list = []
+    t0 = time.perf_counter()
     try:
         with mode, torch.cuda.stream(stream):
             try:
@@ -143,15 +145,19 @@ def compile_ahead(device: torch.device | str | int | None = None, workers: int |
             finally:
                 JITFunction.run = launch
                 _STREAM[0] = None
+                t1 = time.perf_counter()
                 futures = list(mode.future_kernels.values())
                 LAST["submitted"] = len(futures)
                 LAST["failed"] = [repr(f.exception())[:300] for f in mode.raw_futures if f.exception() is not None]
         # Leaving ``mode`` waited for every compile. The launchers (a host-compiler build each on Triton 3.6) next.
+        t2 = time.perf_counter()
         compiled = [f.kernel for f in futures if f.kernel is not None]
         LAST["compiled"] = len(compiled)
         TOTAL["dry_runs"] += 1
         TOTAL["compiled"] += len(compiled)
         list(pool.map(_build_launcher, compiled))
+        # Where the time went: the block itself, then waiting for the compiles, then the launchers.
+        LAST["seconds"] = {"block": t1 - t0, "compiles": t2 - t1, "launchers": time.perf_counter() - t2}
     finally:
         if JITFunction.run is dry_or_launch:
             JITFunction.run = launch
@@ -184,7 +190,7 @@ def precompile(fn, *args, device: torch.device | str | None = None, **kwargs) ->
     engine before a bucket's first (captured) step and before its first eager step, the parts of a cold start that
     compile.
     """
-    LAST["compiled"], LAST["error"] = 0, None
+    LAST["compiled"], LAST["error"], LAST["seconds"] = 0, None, {}
     if device is None:
         cuda = [a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda]
         device = cuda[0] if cuda else None
