@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         "",
         "Fresh process, empty Triton cache: first benzene energy + forces of a CUDA-graph engine (load excluded).",
         "",
-        "| workers | first result s | dry run: block s | then the wait for compiles and launchers s | kernels compiled |",
+        "| workers | first result s | dry run: block s | then waiting for compiles + launchers s | kernels compiled |",
         "|---|---:|---:|---:|---:|",
     ]
     for row in rows:
