@@ -65,8 +65,8 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            for w in args.workers:
-                row = {"workers": w, "repeat": r, **run(w, Path(tmp) / f"cache_{w}_{r}")}
+            for i, w in enumerate(args.workers):  # a cache directory of its own for every row: all cold
+                row = {"workers": w, "repeat": r, **run(w, Path(tmp) / f"cache_{r}_{i}")}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
