@@ -87,7 +87,8 @@ echo "===== part $part (scale $SCALE)"
 case "$part" in
   verify)
     # -v: each test's name and outcome as it finishes, so a run cut by the time box still names its failures.
-    timeout $(box 330) python3 -m pytest -v -p no:cacheprovider --timeout=300 --tb=short -k "cuda or gpu" \
+    # -m "not slow": the compile-ahead file's cold-process tests (~3.5 min) have their own part, ahead.
+    timeout $(box 330) python3 -m pytest -v -p no:cacheprovider --timeout=300 --tb=short -k "cuda or gpu" -m "not slow" \
       tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_calculator.py tests/test_neighbors.py tests/test_buckets.py \
       tests/test_physics.py tests/kernels >"$res/pytest_gpu.log" 2>&1
     grep -cE " PASSED" "$res/pytest_gpu.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu.log" | head -20

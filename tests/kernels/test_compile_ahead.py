@@ -268,6 +268,7 @@ def _cold_child(tmp_path, ahead: bool, system: str = "benzene") -> dict:
 
 @needs_compiled_triton
 @pytest.mark.gpu
+@pytest.mark.slow  # fresh processes on empty caches, ~20-50 s each
 def test_a_cold_capture_compiles_in_the_dry_run_and_gives_the_eager_results(tmp_path):
     """A fresh process on an empty Triton cache: the captured benzene step's kernels are all compiled by the dry run
     (none later, in the capture), and its result equals the eager engine's."""
@@ -290,6 +291,7 @@ def test_a_cold_capture_compiles_in_the_dry_run_and_gives_the_eager_results(tmp_
 
 @needs_compiled_triton
 @pytest.mark.gpu
+@pytest.mark.slow  # fresh processes on empty caches, ~20-50 s each
 def test_a_cold_periodic_md_call_with_the_stress_gives_the_eager_results(tmp_path):
     """The riskier step: a periodic box through the calculator (a Verlet list, so the in-step edge compaction, whose
     output the stress step's virial indexes with) and the stress, from an empty Triton cache."""
@@ -306,6 +308,7 @@ def test_a_cold_periodic_md_call_with_the_stress_gives_the_eager_results(tmp_pat
 
 @needs_compiled_triton
 @pytest.mark.gpu
+@pytest.mark.slow  # fresh processes on empty caches, ~20-50 s each
 def test_warming_several_buckets_compiles_them_in_one_dry_run(tmp_path):
     on = _cold_child(tmp_path, ahead=True, system="warmup")
     late = [(name, thread) for name, dry, thread, _ in on["compiles"] if not dry]
@@ -320,6 +323,7 @@ def test_warming_several_buckets_compiles_them_in_one_dry_run(tmp_path):
 
 @needs_compiled_triton
 @pytest.mark.gpu
+@pytest.mark.slow  # fresh processes on empty caches, ~20-50 s each
 def test_a_cold_eager_call_compiles_in_its_dry_run_and_matches_the_torch_path(tmp_path):
     """The eager path (3,000 periodic atoms, forces and stress) from an empty cache: its step's kernels compile in
     the dry run before it (the neighbour list's before that, one by one), and the results equal the torch path's."""
@@ -339,6 +343,7 @@ def test_a_cold_eager_call_compiles_in_its_dry_run_and_matches_the_torch_path(tm
 
 @needs_compiled_triton
 @pytest.mark.gpu
+@pytest.mark.slow  # fresh processes on empty caches, ~20-50 s each
 def test_a_cold_cuda_graph_training_run_compiles_in_dry_runs_and_learns_the_same(tmp_path):
     """The training step's first run of a capacity dry-runs its loss and backward (the optimiser step is left out:
     it would apply the dry run's garbage gradients). The run's losses equal those of a run without it."""
