@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import ClassVar
 
@@ -14,6 +15,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from mlff_distiller.batch import MIN_VOLUME, AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError, all_finite, nonfinite_message
 from mlff_distiller.checkpoint import load_model
+from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
 from mlff_distiller.engine import ForceEngine
 from mlff_distiller.model import StudentModel
 
@@ -28,6 +30,9 @@ _ARRAY_CHANGES = tuple(sorted(set(all_changes) - {"cell", "pbc"}))
 # forces: NPTBerendsen's step makes two (forces after the cell scaling, forces after the position update) between
 # its stress requests.
 STRESS_WINDOW = 3
+# Calculations between two checks of the structure against the student's training envelope (the first is checked):
+# a CPU neighbour list, ~1 ms for a small molecule, ~0.1 s for 24,000 atoms.
+DOMAIN_CHECK_EVERY = 1000
 
 
 class StudentCalculator(Calculator):
@@ -49,6 +54,11 @@ class StudentCalculator(Calculator):
             ``calc.engine.verlet.n_builds`` counts the builds.
         compile_mode: ``torch.compile`` mode for ``"compile"`` (or compiled code inside ``"cudagraph"``).
         cache_dir: persistent compile cache directory (a second process starts fast).
+        check_domain: with a student that stores its training envelope (:mod:`mlff_distiller.domain`; trained by
+            this package since it records one), check the structure against it on the first calculation and every
+            ``check_domain``-th after (default ``DOMAIN_CHECK_EVERY``); a check that finds the structure outside,
+            after one that did not, warns with :class:`~mlff_distiller.domain.OutOfDomainWarning`.
+            ``calc.domain_findings`` holds the last check's findings. ``None``: no checks.
 
     Properties: ``energy``, ``free_energy`` (eV), ``forces`` (eV/Å), ``energies`` (per atom, eV) and, for fully
     periodic structures, ``stress`` (eV/Å³, Voigt, ASE sign). Stress runs the engine's padded stress step (a CUDA
@@ -71,11 +81,19 @@ class StudentCalculator(Calculator):
         compile_mode: str | None = None,
         cache_dir: str | Path | None = None,
         skin: float | None = 1.0,
+        check_domain: int | None = DOMAIN_CHECK_EVERY,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         if not isinstance(model, StudentModel):
             model = load_model(model)
+        if check_domain is not None and (isinstance(check_domain, bool) or int(check_domain) < 1):
+            raise ValueError(f"check_domain must be None or a number of calculations >= 1, got {check_domain!r}")
+        # The training envelope stored with the student (None for students without one, the shipped ones among them):
+        # checked on the first calculation and every check_domain-th after; the first finding warns.
+        self.domain = DomainEnvelope.of_model(model) if check_domain is not None else None
+        self._domain_every = int(check_domain) if check_domain is not None else 0
+        self.domain_findings: list[str] = []  # what the last check found outside the envelope
         self.engine = ForceEngine(
             model,
             device=device,
@@ -253,6 +271,21 @@ class StudentCalculator(Calculator):
         }
         if want_stress:
             self.results["stress"] = out["stress"][0].astype(np.float64, copy=False)
+        if self.domain is not None and (self._calculations - 1) % self._domain_every == 0:
+            self._check_domain()
+
+    def _check_domain(self) -> None:
+        found = self.domain.check(self.atoms)
+        warn = found and not self.domain_findings
+        self.domain_findings = found
+        if warn:
+            warnings.warn(
+                OutOfDomainWarning(
+                    "this structure lies outside the student's training data: " + "; ".join(found) + ". Its energy "
+                    "and forces are extrapolations; label such structures with the teacher and fine-tune."
+                ),
+                stacklevel=4,
+            )
 
 
 def _array(x):

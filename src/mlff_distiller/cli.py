@@ -110,7 +110,8 @@ class MDJob:
 
 @dataclass(kw_only=True)
 class CheckJob:
-    """``check``: do two or more students agree on these structures? Flags those outside their training data."""
+    """``check``: do two or more students agree on these structures? Flags those outside their training data. With
+    one student, the structures are checked against its stored training envelope (:mod:`mlff_distiller.domain`)."""
 
     input: str = ""
     models: list[str] = field(default_factory=lambda: list(DEFAULT_COMMITTEE))
@@ -249,7 +250,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--models",
         type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
-        help=f"two or more comma-separated students (default: {','.join(DEFAULT_COMMITTEE)})",
+        help=f"two or more comma-separated students (default: {','.join(DEFAULT_COMMITTEE)}); one student: check the "
+        "structures against the training envelope stored with it instead",
     )
     p.add_argument(
         "--threshold", type=float, help=f"meV/Å of force disagreement that flags (default {DISAGREEMENT_THRESHOLD:g})"

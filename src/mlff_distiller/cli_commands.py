@@ -267,6 +267,8 @@ def run_check(job: CheckJob) -> dict:
     from mlff_distiller.committee import committee_disagreement
 
     frames = _read_structures(job.input)
+    if len(job.models) == 1:
+        return _run_domain_check(job, frames)
     rows = committee_disagreement(
         job.models, frames, device=job.device, precision=job.precision, threshold=job.threshold
     )
@@ -294,6 +296,46 @@ def run_check(job: CheckJob) -> dict:
         "flagged_indices": flagged[:1000],
         "median_force_disagreement_mev_a": float(np.median([r["force_disagreement_mev_a"] for r in rows])),
         "worst": {"index": worst, **rows[worst]},
+        "verdict": verdict,
+        "output": job.output,
+    }
+
+
+def _run_domain_check(job: CheckJob, frames) -> dict:
+    """``check`` with one student: its stored training envelope (:mod:`mlff_distiller.domain`), not a committee."""
+    from mlff_distiller.checkpoint import load_model
+    from mlff_distiller.domain import DomainEnvelope
+
+    name = job.models[0]
+    envelope = DomainEnvelope.of_model(load_model(name))
+    if envelope is None:
+        raise ValueError(
+            f"{name} stores no training envelope (the shipped students, and students trained or fine-tuned from "
+            "one without it, have none); give two or more students for the committee check instead"
+        )
+    rows = [{"index": k, "outside": envelope.check(a)} for k, a in enumerate(frames)]
+    flagged = [r["index"] for r in rows if r["outside"]]
+    if job.output:
+        Path(job.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(job.output).write_text(json.dumps(rows, indent=1))
+    if flagged:
+        verdict = (
+            f"{len(flagged)} of {len(rows)} structures lie outside the training data's envelope (closer pairs or more "
+            "neighbours than any training frame): the student extrapolates there. Label such structures with the "
+            "teacher and fine-tune (mlff-distill label, then mlff-distill train --init-model)."
+        )
+    else:
+        verdict = (
+            f"all {len(rows)} structures lie inside the training data's envelope (pair distances and neighbour "
+            "counts); geometry alone does not prove they are like the data."
+        )
+    return {
+        "structures": len(rows),
+        "models": [name],
+        "envelope_frames": envelope.frames,
+        "flagged": len(flagged),
+        "flagged_indices": flagged[:1000],
+        "examples": [r for r in rows if r["outside"]][:5],
         "verdict": verdict,
         "output": job.output,
     }

@@ -29,6 +29,7 @@ import numpy as np
 from ase.calculators.calculator import all_changes
 from ase.calculators.mixing import AverageCalculator
 
+from mlff_distiller.domain import OutOfDomainWarning
 from mlff_distiller.model import StudentModel
 
 __all__ = [
@@ -102,11 +103,6 @@ def _spread(forces: Sequence[np.ndarray], energies: Sequence[float]) -> dict:
         "max_force_disagreement_mev_a": 1000 * peak,
         "energy_disagreement_mev_atom": 1000 * float(np.mean(de)),
     }
-
-
-class OutOfDomainWarning(UserWarning):
-    """A :class:`CommitteeCalculator`'s students disagree beyond its threshold: the structure is likely outside
-    their training data, and their forces are likely off by as much."""
 
 
 class CommitteeCalculator(AverageCalculator):

@@ -45,6 +45,7 @@ from mlff_distiller.distill.dataset import FrameDataset, fit_energy_reference
 from mlff_distiller.distill.objective import energy_reference_correction, evaluate_dataset, student_forward
 from mlff_distiller.distill.optim import _EMA, _load_optimizer, _lr_factor, _optimizer, _optimizer_state, _plateau
 from mlff_distiller.distill.train_steps import _PlainStep, _StaticStep
+from mlff_distiller.domain import DomainEnvelope
 from mlff_distiller.model import ModelConfig, StudentModel
 
 __all__ = ["TrainConfig", "TrainResult", "evaluate_dataset", "student_forward", "train"]
@@ -272,6 +273,12 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
             if not finetune:
                 raise
             raise ValueError(f"the starting student cannot be fine-tuned on these frames: {exc}") from None
+    # Where the training data lies (stored with the checkpoints: mlff_distiller.domain). Fine-tuning adds the new
+    # frames to the starting student's envelope; a starting student without one has an unknown domain, so none.
+    domain = DomainEnvelope.from_dataset(train_set)
+    if finetune:
+        base = DomainEnvelope.of_model(model)
+        domain = base.merged(domain) if base is not None and abs(base.cutoff - domain.cutoff) < 1e-9 else None
     if finetune:
         c = model.config
         log(f"fine-tuning a student of {c.hidden} features x {c.layers} layers (config.model is not used)")
@@ -303,7 +310,8 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         log(f"resumed at step {step} (epoch {epoch}, best val force MAE {best['force_mae_mev_a']:.2f} meV/Å)")
 
     def checkpoint_meta(metrics: dict) -> dict:
-        return {**(metadata or {}), "val": metrics, "step": step, "train_config": _plain(cfg)}
+        extra = {"domain": domain.to_dict()} if domain is not None else {}
+        return {**(metadata or {}), **extra, "val": metrics, "step": step, "train_config": _plain(cfg)}
 
     stepper = (
         _PlainStep(model, train_set, cfg, opt, ema, info.wrap(model, device, find_unused=cfg.energy_weight == 0))
@@ -434,6 +442,9 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
             ema.swap(model)
         final = model
     final = final.to(device=device, dtype=dtype).eval()
+    final.metadata = {k: v for k, v in dict(getattr(final, "metadata", None) or {}).items() if k != "domain"}
+    if domain is not None:
+        final.metadata["domain"] = domain.to_dict()
     log(
         f"stopped ({stopped}) after {step} steps ({mode} step, {1000 * steady:.2f} ms/step steady), "
         f"{seconds:.1f} s; best val {best}"

@@ -1,0 +1,175 @@
+"""The training data's envelope (shortest pair per element pair, most neighbours per element), stored by training and
+checked on new structures: no teacher, no second student."""
+
+import json
+
+import ase.io
+import numpy as np
+import pytest
+from ase import Atoms
+from ase.build import molecule
+from ase.calculators.emt import EMT
+from ase.calculators.singlepoint import SinglePointCalculator
+
+from mlff_distiller import load_model
+from mlff_distiller.cli import main
+from mlff_distiller.distill import FrameDataset, train
+from mlff_distiller.domain import DomainEnvelope
+
+
+def _md_like(name: str, n: int, rattle: float = 0.05, seed: int = 0) -> list[Atoms]:
+    out = []
+    for k in range(n):
+        a = molecule(name)
+        a.rattle(rattle, seed=seed + k)
+        out.append(a)
+    return out
+
+
+def _labelled(frames):
+    for a in frames:
+        a.calc = EMT()
+        e, f = a.get_potential_energy(), a.get_forces()
+        a.calc = SinglePointCalculator(a, energy=e, forces=f)
+    return frames
+
+
+def _same(a: DomainEnvelope, b: DomainEnvelope, tol: float = 1e-5) -> bool:
+    """Equal up to float32 rounding of the distances (training keeps its frames in float32)."""
+    return (
+        a.cutoff == b.cutoff
+        and a.frames == b.frames
+        and a.max_neighbors == b.max_neighbors
+        and set(a.min_distance) == set(b.min_distance)
+        and all(abs(a.min_distance[k] - b.min_distance[k]) <= tol for k in a.min_distance)
+    )
+
+
+def test_envelope_of_frames_matches_a_direct_count():
+    frames = _md_like("CH3CH2OH", 6) + _md_like("H2O", 3)
+    env = DomainEnvelope.from_frames(frames, cutoff=4.0)
+    want_d: dict = {}
+    want_n: dict = {}
+    for a in frames:
+        d = a.get_all_distances()
+        z = a.numbers
+        for i in range(len(a)):
+            near = [j for j in range(len(a)) if j != i and d[i, j] <= 4.0]
+            want_n[int(z[i])] = max(want_n.get(int(z[i]), 0), len(near))
+            for j in near:
+                key = tuple(sorted((int(z[i]), int(z[j]))))
+                want_d[key] = min(want_d.get(key, np.inf), d[i, j])
+    assert set(env.min_distance) == set(want_d) and env.max_neighbors == want_n and env.frames == 9
+    for key, value in want_d.items():
+        assert env.min_distance[key] == pytest.approx(value, abs=1e-9)
+    again = DomainEnvelope.from_dict(json.loads(json.dumps(env.to_dict())))
+    assert again == env
+
+
+def test_periodic_frames_count_images():
+    """A periodic cell: the pairs through the boundary count (a 2-atom cell of 1.5 Å has each atom's images)."""
+    cell = Atoms("H2", positions=[[0, 0, 0], [0.75, 0, 0]], cell=[1.5, 8.0, 8.0], pbc=True)
+    env = DomainEnvelope.from_frames([cell], cutoff=2.0)
+    assert env.min_distance[(1, 1)] == pytest.approx(0.75)
+    # Within 2 Å along x: images at 0.75, 1.5 (itself shifted), 2.25 > 2 ... per atom: +-0.75, +-1.5 -> 4
+    assert env.max_neighbors[1] == 4
+
+
+def test_check_names_what_is_outside():
+    frames = _md_like("CH3CH2OH", 8)
+    env = DomainEnvelope.from_frames(frames, cutoff=4.0)
+    inside = molecule("CH3CH2OH")
+    inside.rattle(0.03, seed=99)
+    assert env.check(inside) == []
+    squeezed = molecule("CH3CH2OH")
+    squeezed.positions *= 0.7  # every bond 30 % short
+    found = env.check(squeezed)
+    assert found and any("pair at" in f for f in found), found
+    new_pair = Atoms("N2", positions=[[0, 0, 0], [1.1, 0, 0]])  # N: never in the data
+    assert any("N-N pairs" in f and "none in the training data" in f for f in env.check(new_pair))
+    crowded = molecule("CH3CH2OH")
+    crowded.set_cell([3.0, 3.0, 3.0])
+    crowded.pbc = True  # a 3 Å periodic cell: images crowd every atom
+    assert any("neighbours within" in f for f in env.check(crowded, limit=20))
+
+
+def test_training_stores_the_envelope_and_fine_tuning_merges_it(tmp_path, capsys):
+    from distill_helpers import small_train_config
+
+    frames = _labelled(_md_like("CH3CH2OH", 24, rattle=0.08))
+    cfg = small_train_config(max_steps=4, eval_every=2)
+    result = train(frames[:18], frames[18:], cfg, tmp_path / "a", log=lambda m: None)
+    saved = load_model(tmp_path / "a" / "best.pt")
+    env = DomainEnvelope.of_model(saved)
+    assert _same(env, DomainEnvelope.from_frames(frames[:18], cfg.model.cutoff))
+    assert DomainEnvelope.of_model(result.model) == env
+    # A FrameDataset given instead of frames: the same envelope.
+    ds = FrameDataset(frames[:18], cfg.model.cutoff)
+    assert _same(DomainEnvelope.from_dataset(ds), env)
+    # Fine-tuning on water frames: the stored envelope covers both sets.
+    water = _labelled(_md_like("H2O", 12, rattle=0.08))
+    tuned = train(water[:9], water[9:], cfg, tmp_path / "b", model=saved, log=lambda m: None)
+    merged = DomainEnvelope.of_model(load_model(tmp_path / "b" / "best.pt"))
+    water_env = DomainEnvelope.from_frames(water[:9], cfg.model.cutoff)
+    for key in set(env.min_distance) | set(water_env.min_distance):
+        want = min(env.min_distance.get(key, np.inf), water_env.min_distance.get(key, np.inf))
+        assert merged.min_distance[key] == pytest.approx(want, abs=1e-5)
+    assert merged.frames == 18 + 9 and DomainEnvelope.of_model(tuned.model) == merged
+    # From a student without an envelope (the shipped ones), fine-tuning records none: its domain is unknown.
+    # mlff-distill check with this one student: the squeezed and the periodic-crowded structures are flagged.
+    structures = tmp_path / "in.xyz"
+    squeezed = molecule("CH3CH2OH")
+    squeezed.positions *= 0.7
+    ase.io.write(structures, [molecule("H2O"), squeezed, molecule("CH3CH2OH")])
+    report = tmp_path / "report.json"
+    argv = ["check", "--input", str(structures), "--models", str(tmp_path / "b" / "best.pt"), "--output", str(report)]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["flagged_indices"] == [1] and out["envelope_frames"] == 27 and "1 of 3" in out["verdict"]
+    assert [r["index"] for r in json.loads(report.read_text()) if r["outside"]] == [1]
+    saved.metadata.pop("domain")
+    blind = train(water[:9], water[9:], cfg, tmp_path / "c", model=saved, log=lambda m: None)
+    assert DomainEnvelope.of_model(load_model(tmp_path / "c" / "best.pt")) is None
+    assert DomainEnvelope.of_model(blind.model) is None
+
+
+def test_shipped_students_have_no_envelope():
+    assert DomainEnvelope.of_model(load_model("builtin:chno-gfn2")) is None
+
+
+def test_calculator_warns_when_a_structure_leaves_the_envelope(tmp_path):
+    """StudentCalculator checks the first calculation and every check_domain-th after; it warns when a check finds the
+    structure outside after one that did not, and keeps the findings in calc.domain_findings."""
+    import warnings
+
+    from distill_helpers import small_train_config
+
+    from mlff_distiller import StudentCalculator
+    from mlff_distiller.domain import OutOfDomainWarning
+
+    frames = _labelled(_md_like("CH3CH2OH", 16, rattle=0.08))
+    model = train(frames[:12], frames[12:], small_train_config(max_steps=2, eval_every=2), log=lambda m: None).model
+    atoms = molecule("CH3CH2OH")
+    atoms.calc = StudentCalculator(model, device="cpu", check_domain=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        atoms.get_forces()  # calculation 1: checked, inside
+    assert atoms.calc.domain_findings == []
+    atoms.positions *= 0.7
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        atoms.get_forces()  # calculation 2: not checked
+    with pytest.warns(OutOfDomainWarning, match="outside the student's training data: a .* pair at"):
+        atoms.positions *= 1.0001
+        atoms.get_forces()  # calculation 3: checked, outside
+    assert atoms.calc.domain_findings
+    # No checks at all, or a student without an envelope: never a warning.
+    for calc in (StudentCalculator(model, device="cpu", check_domain=None), StudentCalculator("builtin:chno-gfn2")):
+        squeezed = atoms.copy()
+        squeezed.calc = calc
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", OutOfDomainWarning)
+            squeezed.get_forces()
+        assert calc.domain_findings == []
+    with pytest.raises(ValueError, match="check_domain"):
+        StudentCalculator(model, device="cpu", check_domain=0)
