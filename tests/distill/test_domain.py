@@ -115,6 +115,11 @@ def test_training_stores_the_envelope_and_fine_tuning_merges_it(tmp_path, capsys
         want = min(env.min_distance.get(key, np.inf), water_env.min_distance.get(key, np.inf))
         assert merged.min_distance[key] == pytest.approx(want, abs=1e-5)
     assert merged.frames == 18 + 9 and DomainEnvelope.of_model(tuned.model) == merged
+    # A resumed fine-tuning run keeps the merged envelope its state recorded.
+    longer = small_train_config(max_steps=6, eval_every=2)
+    resumed = train(water[:9], water[9:], longer, tmp_path / "b", resume=True, log=lambda m: None)
+    assert resumed.steps == 6 and DomainEnvelope.of_model(resumed.model) == merged
+    assert DomainEnvelope.of_model(load_model(tmp_path / "b" / "last.pt")) == merged
     # From a student without an envelope (the shipped ones), fine-tuning records none: its domain is unknown.
     # mlff-distill check with this one student: the squeezed and the periodic-crowded structures are flagged.
     structures = tmp_path / "in.xyz"

@@ -274,11 +274,14 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
                 raise
             raise ValueError(f"the starting student cannot be fine-tuned on these frames: {exc}") from None
     # Where the training data lies (stored with the checkpoints: mlff_distiller.domain). Fine-tuning adds the new
-    # frames to the starting student's envelope; a starting student without one has an unknown domain, so none.
+    # frames to the starting student's envelope; a starting student without one has an unknown domain, so none. A
+    # resumed run takes the envelope its state recorded (a state written before envelopes: its frames').
     domain = DomainEnvelope.from_dataset(train_set)
     if finetune:
         base = DomainEnvelope.of_model(model)
         domain = base.merged(domain) if base is not None and abs(base.cutoff - domain.cutoff) < 1e-9 else None
+    elif state is not None and "domain" in state:
+        domain = DomainEnvelope.from_dict(state["domain"]) if state["domain"] is not None else None
     if finetune:
         c = model.config
         log(f"fine-tuning a student of {c.hidden} features x {c.layers} layers (config.model is not used)")
@@ -402,6 +405,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
                             "history": history,
                             "elapsed": elapsed,
                             "config": _plain(cfg),
+                            "domain": domain.to_dict() if domain is not None else None,
                         },
                         state_path,
                     )
