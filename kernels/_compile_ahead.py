@@ -122,7 +122,13 @@ def compile_ahead(device: torch.device | str | int | None = None, workers: int |
     launch, do_compile = JITFunction.run, JITFunction._do_compile
     n = int(workers) if workers is not None else min(MAX_WORKERS, os.cpu_count() or 1)
     pool = _CompileThenLaunch(max_workers=max(1, n), thread_name_prefix="mlff-compile")
-    mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
+    try:
+        mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
+    except Exception:  # a Triton whose async mode takes other arguments: no dry run (compiles at first launch)
+        pool.shutdown(wait=False)
+        _LOCK.release()
+        yield False
+        return
     pending: list = []  # (kernel cache, key, FutureKernel) put in place by do_compile_once
 
     def do_compile_once(self, key, *args, **kwargs):
@@ -166,12 +172,14 @@ def compile_ahead(device: torch.device | str | int | None = None, workers: int |
                 JITFunction.run, JITFunction._do_compile = launch, do_compile
                 _STREAM[0] = None
                 t1 = time.perf_counter()
-                futures = list(mode.future_kernels.values())
+                # Triton's bookkeeping read defensively: a renamed attribute costs the diagnostics, not the run.
+                futures = list(getattr(mode, "future_kernels", {}).values())
                 LAST["submitted"] = len(futures)
-                LAST["failed"] = [repr(f.exception())[:300] for f in mode.raw_futures if f.exception() is not None]
+                errors = [f.exception() for f in getattr(mode, "raw_futures", [])]
+                LAST["failed"] = [repr(e)[:300] for e in errors if e is not None]
         # Leaving ``mode`` waited for every compile, each followed by its launcher's build in the same worker.
         t2 = time.perf_counter()
-        compiled = [f.kernel for f in futures if f.kernel is not None]
+        compiled = [k for k in (getattr(f, "kernel", None) for f in futures) if k is not None]
         LAST["compiled"] = len(compiled)
         TOTAL["dry_runs"] += 1
         TOTAL["compiled"] += len(compiled)
@@ -223,9 +231,9 @@ def precompile(fn, *args, device: torch.device | str | None = None, **kwargs) ->
     """``fn(*args, **kwargs)`` once as a dry run (results discarded); True if it ran as one.
 
     ``device``: the CUDA device it runs on (default: that of the first CUDA tensor among ``args``; none: no dry run).
-    An exception inside the dry run is swallowed: the real run that follows raises it, with real data. Used by the
-    engine before a bucket's first (captured) step and before its first eager step, the parts of a cold start that
-    compile.
+    An exception inside the dry run (or from the dry run's own machinery) is swallowed: the real run that follows
+    raises it, with real data. Used by the engine before a bucket's first (captured) step, over the buckets of its
+    warm-up and before its first eager step, and by the training step: the parts of a cold start that compile.
     """
     LAST["compiled"], LAST["error"], LAST["seconds"] = 0, None, {}
     if device is None:
@@ -233,12 +241,12 @@ def precompile(fn, *args, device: torch.device | str | None = None, **kwargs) ->
         device = cuda[0] if cuda else None
     if device is None or torch.device(device).type != "cuda":
         return False
-    with compile_ahead(device) as on:
-        if not on:
-            return False
-        try:
+    try:
+        with compile_ahead(device) as on:
+            if not on:
+                return False
             fn(*args, **kwargs)
-        except Exception as exc:  # the real run reports it
-            LAST["error"] = repr(exc)
-            return False
+    except Exception as exc:  # the real run reports what it raises; a dry run must never end the caller's run
+        LAST["error"] = repr(exc)
+        return False
     return True

@@ -629,13 +629,9 @@ class ForceEngine(PaddedPaths):
             # One dry run over every bucket's step compiles all their Triton kernels on one thread pool (each
             # capture below would otherwise compile its bucket's own in parallel, but the buckets one after another).
             step = self._step_stress if stress else self._step
+            inputs = [self._graph(b).inputs() for b in todo if b not in captured]
             t0 = time.perf_counter()
-            with kernels.compile_ahead(self.device) as on:
-                for bucket in [b for b in todo if b not in captured] if on else ():
-                    try:
-                        step(*self._graph(bucket).inputs())
-                    except Exception:  # the capture below raises it, with real data
-                        break
+            kernels.precompile(lambda: [step(*x) for x in inputs], device=self.device)
             shared = (time.perf_counter() - t0) / len(todo)
         else:
             shared = 0.0
