@@ -88,9 +88,7 @@ class DomainEnvelope:
         vec = pos[j] - pos[i] + torch.einsum("ek,ekl->el", data.edge_shifts.cpu().double(), cell)
         d = torch.linalg.vector_norm(vec, dim=1).numpy()
         z = data.numbers.cpu().numpy()
-        i, j = i.numpy(), j.numpy()
-        pair_z = np.sort(np.stack([z[i], z[j]], axis=1), axis=1)
-        counts = np.bincount(i, minlength=len(z))
+        d, pair_z, counts, z = _pair_stats(d, i.numpy(), j.numpy(), z)
         return cls(float(data.cutoff), _min_per_pair(d, pair_z), _max_per_element(counts, z), n_frames)
 
     def merged(self, other: DomainEnvelope) -> DomainEnvelope:
@@ -181,9 +179,13 @@ def _pairs(frames: Iterable, cutoff: float):
     d = torch.linalg.vector_norm(vec, dim=1).numpy()
     z = batch.numbers.numpy()
     i, j = nl.edge_index.numpy()
+    return _pair_stats(d, i, j, z)
+
+
+def _pair_stats(d: np.ndarray, i: np.ndarray, j: np.ndarray, z: np.ndarray):
+    """Distances, their sorted element pairs ``[P, 2]``, each atom's neighbour count and the elements."""
     pair_z = np.sort(np.stack([z[i], z[j]], axis=1), axis=1)
-    counts = np.bincount(i, minlength=len(z))
-    return d, pair_z, counts, z
+    return d, pair_z, np.bincount(i, minlength=len(z)), z
 
 
 def _min_per_pair(d: np.ndarray, pair_z: np.ndarray) -> dict[tuple[int, int], float]:

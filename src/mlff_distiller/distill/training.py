@@ -279,7 +279,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
     domain = DomainEnvelope.from_dataset(train_set)
     if finetune:
         base = DomainEnvelope.of_model(model)
-        domain = base.merged(domain) if base is not None and abs(base.cutoff - domain.cutoff) < 1e-9 else None
+        domain = base.merged(domain) if base is not None else None  # same cutoff: fine-tuning keeps the model
     elif state is not None and "domain" in state:
         domain = DomainEnvelope.from_dict(state["domain"]) if state["domain"] is not None else None
     if finetune:
