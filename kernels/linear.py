@@ -24,6 +24,7 @@ from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
 from ._frozen import derived
+from ._precision import dot_mode
 from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, pdl_args, pdl_prologue, tl, triton
 
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_reference"]
@@ -56,6 +57,8 @@ _CONFIG = {
     "large_maxnreg": None,  # register cap per thread of the large-M launches (None: the compiler's choice)
 }
 _EPI = {"none": 0, "silu": 1}
+_DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
+_DOT16 = ("bf16", "fp16")
 _PRO_SILU, _PRO_ADD, _PRO_GATHER = 1, 2, 3  # the A-operand prologues of _gemm_kernel (0: none)
 
 
@@ -155,12 +158,12 @@ def readout(
     return _Readout.apply(x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures)
 
 
-def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures):
+def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot=None):
     """``E [B]``, ``ε [N]`` and the pre-activation of the hidden layer (for the backward)."""
-    h, pre = gemm(x, w1, b1, act="silu")
+    h, pre = gemm(x, w1, b1, act="silu", dot=dot)
     energy = x.new_zeros((num_structures, 1))
     species, batch = species.contiguous(), batch.contiguous()
-    atomic, _ = gemm(h, w2, b2, row_affine=(species, scale, shift), segment_sum=(batch, energy))
+    atomic, _ = gemm(h, w2, b2, row_affine=(species, scale, shift), segment_sum=(batch, energy), dot=dot)
     return energy.view(num_structures), atomic.view(-1), pre
 
 
@@ -179,6 +182,7 @@ def gemm(
     prologue_gather: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
     row_affine: tuple[Tensor, Tensor, Tensor] | None = None,
     segment_sum: tuple[Tensor, Tensor] | None = None,
+    dot: str | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``C = act(A' B + bias)`` with ``B = Wᵀ`` (``transpose_w``, W an ``nn.Linear`` weight ``[N, K]``) or ``W``
     (``[K, N]``), and ``A' = A ⊙ SiLU'(P)`` when ``prologue_silu_of = P`` (the backward of a SiLU), ``A' = A + Q``
@@ -192,7 +196,13 @@ def gemm(
     may be None: ``A' = G[seg] ⊙ scale[idx]``). ``row_affine = (idx [M], scale [T], shift [T])``: after the bias,
     ``C = C ⊙ scale[idx] + shift[idx]`` (row-wise; rounded as the two torch ops would, no fused multiply-add).
     ``segment_sum = (seg [M], E [S, N])``: also adds the rows of C into ``E[seg]`` (atomics: the caller zeroes E).
+
+    ``dot``: the tiles' product, one of ``_DOTS``: "tf32x3" (float32 accuracy), "tf32", "ieee", or "bf16" / "fp16"
+    (A' and B tiles rounded to that type in registers, float32 accumulation). None: :func:`._precision.dot_mode`,
+    the engine's precision ("ieee" on the interpreter unless a 16-bit type is set).
     """
+    if dot is not None and dot not in _DOTS:
+        raise ValueError(f"gemm: dot {dot!r} is not one of {_DOTS}")
     if a is None:
         if prologue_gather is None:
             raise ValueError("gemm: A may be None only with prologue_gather")
@@ -213,6 +223,10 @@ def gemm(
     w = w.contiguous()
     a = a.contiguous() if a is not None else None
     ref = w if a is None else a
+    # The engine's precision: tf32x3 (fp32), one TF32 pass (tf32, like cuBLAS there), 16-bit MMAs (bf16, fp16).
+    dot = dot or resolved_dot(ref)
+    if dot in _DOT16 and ref.dtype != torch.float32:
+        raise ValueError(f"gemm: dot {dot!r} takes float32 operands, got {ref.dtype}")
     if out is None:
         if accumulate:
             raise ValueError("gemm: accumulate needs out")
@@ -235,7 +249,7 @@ def gemm(
             src, seg, scale, idx = prologue_gather
             g = src.index_select(0, seg)
             a = (g if a is None else a + g) * scale.index_select(0, idx)[:, None]
-        out = _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate)
+        out = _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate, dot)
         if addend is not None:  # after the product (as the Triton epilogue adds), not as addmm's beta·C
             out.add_(addend)
         if row_affine is not None:
@@ -252,13 +266,12 @@ def gemm(
         small = m <= _CONFIG["small_rows"]
         bm, bn, warps = _CONFIG["small"] if small else _CONFIG["large"]
         bk = min(_CONFIG["block_k" if small else "large_block_k"], max(16, triton.next_power_of_2(k)))
-        # The engine's "tf32" precision allows TF32 matmuls: one TF32 pass, like cuBLAS there; else tf32x3.
-        tf32 = ref.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-        dot = "tf32" if tf32 else (_CONFIG["dot"] if ref.dtype == torch.float32 else "ieee")
+        kernel_dot = dot
     else:  # the interpreter pays per program: few large tiles
         bm = max(16, min(128, triton.next_power_of_2(m)))
         bn = max(16, min(128, triton.next_power_of_2(n)))
-        bk, warps, dot = max(16, min(128, triton.next_power_of_2(k))), 4, "ieee"
+        bk, warps = max(16, min(128, triton.next_power_of_2(k))), 4
+        kernel_dot = "bf16_rn" if dot == "bf16" else dot
     aux = prologue_silu_of if prologue_silu_of is not None else prologue_add
     pro = _PRO_SILU if prologue_silu_of is not None else (_PRO_ADD if prologue_add is not None else 0)
     # Row gathers: (idx, scale) of the prologue or of the epilogue's affine map, seg of either, shift, E.
@@ -291,9 +304,15 @@ def gemm(
         stride_bk, stride_bn, out.stride(0), addend.stride(0) if addend is not None else 0,
         HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, HAS_A=a is not None,
         AFFINE=row_affine is not None, SEGSUM=segment_sum is not None,
-        BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps, **fusion, **pdl_args(ref),
+        BM=bm, BN=bn, BK=bk, DOT=kernel_dot, num_warps=warps, **fusion, **pdl_args(ref),
     )  # fmt: skip
     return out, pre
+
+
+def resolved_dot(ref: Tensor) -> str:
+    """The ``dot`` that :func:`gemm` would take for ``ref`` now (for an autograd Function to keep for its
+    backward, which may run after the engine's precision block or on autograd's thread)."""
+    return dot_mode(ref, _CONFIG["dot"] if ref.is_cuda else "ieee", gemm=True)
 
 
 def _or(t: Tensor | None, dummy: Tensor) -> Tensor:
@@ -305,14 +324,17 @@ def _contiguous_t(w: Tensor) -> Tensor:
     return w.t().contiguous()
 
 
-def _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate) -> Tensor:
+def _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate, dot=None) -> Tensor:
     """:func:`gemm` in torch ops, only without ``act``: the untransposed forms above ``untransposed_max_rows`` off
-    the GPU (the interpreter is slow on large tiles)."""
+    the GPU (the interpreter is slow on large tiles). A 16-bit ``dot`` rounds the operands as the kernel does."""
     if act != "none":
         raise ValueError("the cuBLAS fallback of gemm has no fused activation")
     if prologue_silu_of is not None:
         a = torch.ops.aten.silu_backward(a, prologue_silu_of)
     b = w.t() if transpose_w else w
+    if dot in _DOT16:
+        low = torch.bfloat16 if dot == "bf16" else torch.float16
+        a, b = a.to(low).to(a.dtype), b.to(low).to(b.dtype)
     if accumulate:
         return out.addmm_(a, b) if bias is None else out.add_(torch.addmm(bias, a, b))
     if bias is None:
@@ -325,6 +347,14 @@ if HAS_TRITON:
     @triton.jit
     def _sigmoid(x):
         return 1.0 / (1.0 + tl.exp(-x))
+
+    @triton.jit
+    def _round_bf16(x):
+        """float32 ``x`` rounded to the nearest bfloat16 (ties to even), as float32: what ``.to(tl.bfloat16)`` does
+        on the GPU. A product of two such values is exact in float32."""
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
 
     @triton.jit(do_not_specialize=["m"])
     def _gemm_kernel(
@@ -370,7 +400,14 @@ if HAS_TRITON:
             b = tl.load(
                 b_ptr + kk[:, None] * stride_bk + cols[None, :] * stride_bn, mask=(kk[:, None] < k) & cm, other=0.0
             )
-            acc += tl.dot(a, b, input_precision=DOT)
+            if DOT == "bf16":  # 16-bit MMAs of the rounded tiles, float32 accumulation
+                acc += tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+            elif DOT == "bf16_rn":  # the interpreter, whose bfloat16 dot is wrong: the same products in float32
+                acc += tl.dot(_round_bf16(a), _round_bf16(b), input_precision="ieee")
+            elif DOT == "fp16":
+                acc += tl.dot(a.to(tl.float16), b.to(tl.float16))
+            else:
+                acc += tl.dot(a, b, input_precision=DOT)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0)[None, :]
         cmask = rm & cm
@@ -395,8 +432,9 @@ if HAS_TRITON:
             if any(ctx.needs_input_grad[1:5]):
                 raise RuntimeError("the Triton MLP is inference-only: its weights must not require grad")
             ctx.set_materialize_grads(False)  # an unused output's gradient comes as None: nothing to add or fill
-            h, pre = gemm(x, w1, b1, act="silu")
-            out, _ = gemm(h, w2, b2)
+            ctx.dot = dot = resolved_dot(x)  # the backward's GEMMs multiply as the forward's did
+            h, pre = gemm(x, w1, b1, act="silu", dot=dot)
+            out, _ = gemm(h, w2, b2, dot=dot)
             ctx.save_for_backward(x, pre, w1, w2)
             return (out, x.view_as(x)) if residual else out
 
@@ -406,8 +444,8 @@ if HAS_TRITON:
             if g is None:
                 return g_alias, None, None, None, None, None
             with torch.no_grad():
-                g_h, _ = gemm(g.contiguous(), w2, transpose_w=False)
-                g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, addend=g_alias)
+                g_h, _ = gemm(g.contiguous(), w2, transpose_w=False, dot=ctx.dot)
+                g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, addend=g_alias, dot=ctx.dot)
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
                 depends = (x, g) if g_alias is None else (x, g, g_alias)
                 g_x = FirstOrderOnly.apply("the Triton MLP", 1, g_x, *depends)
@@ -423,7 +461,8 @@ if HAS_TRITON:
             if any(ctx.needs_input_grad[1:7]):
                 raise RuntimeError("the Triton readout is inference-only: its weights must not require grad")
             ctx.set_materialize_grads(False)  # the engine differentiates E only: ε's gradient comes as None
-            energy, atomic, pre = _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures)
+            ctx.dot = dot = resolved_dot(x)
+            energy, atomic, pre = _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot)
             ctx.save_for_backward(x, pre, w1, w2, scale, species, batch)
             return energy, atomic
 
@@ -438,8 +477,8 @@ if HAS_TRITON:
                 else:
                     g_e, seg = g_energy.to(x.dtype).contiguous().view(-1, 1), batch
                 a = g_atomic.to(x.dtype).contiguous().view(-1, 1) if g_atomic is not None else None
-                g_h, _ = gemm(a, w2, transpose_w=False, prologue_gather=(g_e, seg, scale, species))
-                g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre)
+                g_h, _ = gemm(a, w2, transpose_w=False, prologue_gather=(g_e, seg, scale, species), dot=ctx.dot)
+                g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=ctx.dot)
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
                 depends = [t for t in (x, g_energy, g_atomic) if t is not None]
                 g_x = FirstOrderOnly.apply("the Triton readout", 1, g_x, *depends)

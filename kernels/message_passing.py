@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ._backend import resolve_backend
 from ._mp_csr import _offsets, _receiver_csr, _sender_csr, _sender_order  # tests replace the builders here
+from ._precision import float32_dot
 from ._triton_utils import HAS_TRITON, LIB, check_launchable, num_warps, pdl_args, triton
 
 if HAS_TRITON:
@@ -437,7 +438,7 @@ if HAS_TRITON:
             BLOCK_E=max(16, be),
             BLOCK_F=max(16, min(bf, _pow2(n_feat))),
             R_PAD=max(16, _pow2(n_rbf)),
-            DOT_PRECISION=prec if cuda and dtype == torch.float32 else "ieee",
+            DOT_PRECISION=_dot_precision(prec) if cuda and dtype == torch.float32 else "ieee",
         )
         if blocked:
             c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
@@ -452,6 +453,11 @@ if HAS_TRITON:
         if cuda and maxnreg:  # None or 0: uncapped
             c["maxnreg"] = int(maxnreg)  # registers per thread at most (more programs per SM, maybe spills)
         return c, warps, variant
+
+    def _dot_precision(prec: str) -> str:
+        """A kernel's configured dot on float32 CUDA tensors under the engine's precision: one TF32 pass in place of
+        tf32x3 when the engine runs tf32, bf16 or fp16 (:mod:`._precision`); "ieee" stays "ieee"."""
+        return float32_dot(prec) if prec == "tf32x3" else prec
 
     _ZERO_SCALARS: dict = {}
 

@@ -40,7 +40,7 @@ from ._triton_utils import (
     tl,
     triton,
 )
-from .linear import gemm, gemm_fusable
+from .linear import gemm, gemm_fusable, resolved_dot
 
 __all__ = ["painn_update", "painn_update_fusable", "painn_update_reference"]
 
@@ -361,20 +361,23 @@ if HAS_TRITON:
         )
 
     def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None):
-        """``s_out``, ``v_out``, what the backward keeps (``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``) and whether
-        the GEMMs ran on Triton (the backward does the same). The input is ``s + ds``, ``v + dv`` where given."""
+        """``s_out``, ``v_out``, what the backward keeps (``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``) and the dot
+        of the Triton GEMMs, None when they ran on cuBLAS (the backward does the same). The input is ``s + ds``,
+        ``v + dv`` where given."""
         n, f = s.shape
         s, v = s.contiguous(), v.contiguous()
         ds = ds.contiguous() if ds is not None else None
         w_uv = _stacked_uv(u_w, v_w)  # [2F, F]
         x = s.new_empty((n, 2 * f))
-        triton_gemm = gemm_fusable(s, u_w, v_w, w1, b1, w2, b2)
-        if triton_gemm:  # Triton GEMMs: bias + SiLU in the epilogue, v + dv in the prologue (linear.py)
+        # The Triton GEMMs' dot (the engine's precision; the backward keeps it), or None: cuBLAS.
+        dot = resolved_dot(s) if gemm_fusable(s, u_w, v_w, w1, b1, w2, b2) else None
+        if dot is not None:  # Triton GEMMs: bias + SiLU in the epilogue, v + dv in the prologue (linear.py)
             dv = dv.contiguous() if dv is not None else None
-            uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv.view(3 * n, f) if dv is not None else None)[0]
+            dv_add = dv.view(3 * n, f) if dv is not None else None
+            uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
             _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
-            h, pre = gemm(x, w1, b1, act="silu")
-            mix = gemm(h, w2, b2)[0]
+            h, pre = gemm(x, w1, b1, act="silu", dot=dot)
+            mix = gemm(h, w2, b2, dot=dot)[0]
         else:
             if dv is not None:  # cuBLAS has no prologue: the sum is stored once
                 v, dv = v + dv, None
@@ -399,13 +402,13 @@ if HAS_TRITON:
             HAS_DS=ds is not None,
             HAS_DV=dv is not None,
         )
-        return s_out, v_out, (x, pre, uvvv, mix, w_uv), triton_gemm
+        return s_out, v_out, (x, pre, uvvv, mix, w_uv), dot
 
     def _or(t: Tensor | None, dummy: Tensor) -> Tensor:
         """A kernel's optional pointer argument (unread when its switch is off)."""
         return dummy if t is None else t
 
-    def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2, triton_gemm=False):
+    def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2, dot=None):
         """Gradients wrt ``s [N,F]`` and ``v [N,3,F]``; ``grad_v`` None means zero (v_out unused)."""
         n, f = pre.shape
         if grad_s is None:  # s_out unused (rare: the model always uses it)
@@ -417,15 +420,16 @@ if HAS_TRITON:
         gv_arg = _or(grad_v, grad_s)
         _launch(_painn_update_out_bwd_kernel, pre, n, f, grad_s, gv_arg, uvvv, mix, g_mix, g_uvvv, HAS_GV=has_gv)
         # As decided in the forward (the backward may run outside the backend context); SiLU' in a GEMM prologue.
-        if triton_gemm:
-            g_x = gemm(gemm(g_mix, w2, transpose_w=False)[0], w1, transpose_w=False, prologue_silu_of=pre)[0]
+        if dot is not None:
+            g_h = gemm(g_mix, w2, transpose_w=False, dot=dot)[0]
+            g_x = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=dot)[0]
         else:
             g_x = torch.mm(torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre), w1)  # [N, 2F]
         g_s, g_v = torch.empty_like(grad_s), pre.new_empty((n, 3, f))
         _launch(_painn_update_norm_bwd_kernel, pre, n, f, grad_s, gv_arg, g_x, uvvv, x, g_s, g_v, g_uvvv, HAS_GV=has_gv)
         # g_v holds g_v_out (when there is one): += [∂uv | ∂vv] @ [U; V]
-        if triton_gemm:
-            gemm(g_uvvv, w_uv, transpose_w=False, out=g_v.view(3 * n, f), accumulate=has_gv)
+        if dot is not None:
+            gemm(g_uvvv, w_uv, transpose_w=False, out=g_v.view(3 * n, f), accumulate=has_gv, dot=dot)
         elif has_gv:
             g_v.view(3 * n, f).addmm_(g_uvvv, w_uv)
         else:
@@ -442,7 +446,7 @@ if HAS_TRITON:
                 raise RuntimeError("the fused PaiNN update is inference-only: its weights must not require grad")
             # A v_out nobody uses (the last layer's) gets None, not a zero-filled gradient (one fill less).
             ctx.set_materialize_grads(False)
-            s_out, v_out, saved, ctx.triton_gemm = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv)
+            s_out, v_out, saved, ctx.dot = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv)
             ctx.has_ds, ctx.has_dv = ds is not None, dv is not None
             ctx.save_for_backward(s, v, ds, dv, *saved, w1, w2)
             return s_out, v_out
@@ -451,7 +455,7 @@ if HAS_TRITON:
         def backward(ctx, grad_s, grad_v):
             s, v, ds, dv, *saved = ctx.saved_tensors
             with torch.no_grad():
-                g_s, g_v = _fused_backward(grad_s, grad_v, *saved, triton_gemm=ctx.triton_gemm)
+                g_s, g_v = _fused_backward(grad_s, grad_v, *saved, dot=ctx.dot)
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
                 depends = [t for t in (grad_s, grad_v, s, v, ds, dv) if t is not None]
                 g_s, g_v = FirstOrderOnly.apply("the fused PaiNN update", 2, g_s, g_v, *depends)

@@ -271,15 +271,22 @@ class ForceEngine(PaddedPaths):
         p = next(model.parameters())
         if p.device != self.device or p.dtype != self.dtype:
             model = copy.deepcopy(model).to(device=self.device, dtype=self.dtype)
-        if self.autocast_dtype is not None:
-            model = _reduced_precision_copy(model, self.autocast_dtype)
-        self.model = model.eval()
-        self._params = list(self.model.parameters())  # for _frozen
         self.cache_dir = configure_compile_cache(cache_dir) if cache_dir is not None else None
 
         self.requested_mode = mode
         self.mode = self._resolve_mode(mode, compile_mode, compile_backend)
         self.compile_mode = compile_mode
+        # bf16 / fp16: the Triton GEMMs multiply 16-bit roundings of their float32 tiles (kernels/_precision.py),
+        # keeping every fusion; where they do not run (the torch kernels, torch.compile'd steps) the model's MLP
+        # layers become 16-bit copies for cuBLAS instead.
+        self.kernel_matmul_dtype = None
+        if self.autocast_dtype is not None:
+            if self._triton_gemms():
+                self.kernel_matmul_dtype = self.autocast_dtype
+            else:
+                model = _reduced_precision_copy(model, self.autocast_dtype)
+        self.model = model.eval()
+        self._params = list(self.model.parameters())  # for _frozen
         self.compile_backend = compile_backend or "inductor"
         self.pad = (self.mode != "eager") if pad is None else bool(pad)
         if self.mode != "eager" and not self.pad:
@@ -334,6 +341,13 @@ class ForceEngine(PaddedPaths):
                 self._forward_impl = self._make_compiled()
 
     # ------------------------------------------------------------------------------------------ setup
+    def _triton_gemms(self) -> bool:
+        """Whether the model's atom-wise GEMMs run on the Triton kernels here: the Triton backend (on a CPU, the
+        interpreter), no torch.compile (which traces the torch ops instead), float32."""
+        compiled = self.mode == "compile" or self.compile_mode is not None
+        triton = kernels.resolve_backend(self.device) == "triton"
+        return triton and not compiled and self.dtype == torch.float32
+
     def _resolve_mode(self, mode: str, compile_mode: str | None, compile_backend: str | None) -> str:
         on_cuda = self.device.type == "cuda"
         if mode == "auto":
@@ -532,7 +546,8 @@ class ForceEngine(PaddedPaths):
     def _eager_step(self, batch: AtomsBatch, nl, need_grad: bool, stress: bool):
         """The model and one ``autograd.grad`` on a device batch and its list: energies, atomic energies and the
         gradients over the positions (and the shift vectors with ``stress``; zeros where unused), or None."""
-        with _matmul_precision(self.allow_tf32), _frozen(self._params), torch.set_grad_enabled(need_grad):
+        precision = _matmul_precision(self.allow_tf32, self.kernel_matmul_dtype)
+        with precision, _frozen(self._params), torch.set_grad_enabled(need_grad):
             positions = batch.positions.detach().requires_grad_(need_grad)
             # Stress: the gradient over the shift vectors is the one over every pair vector (see edge_virial).
             shift_vectors = nl.shift_vectors.detach().requires_grad_(stress)

@@ -76,7 +76,7 @@ class PaddedPaths:
         """The whole padded step on ``PaddedGraph.inputs()`` (``csr``: its ``row_ptr, sender_perm,
         sender_ptr``): ``[A + A + 3A]`` packed (energy, atomic energies, forces), one tensor so that a host copy
         is one transfer."""
-        with torch.enable_grad(), _matmul_precision(self.allow_tf32):
+        with torch.enable_grad(), _matmul_precision(self.allow_tf32, self.kernel_matmul_dtype):
             pos = positions.detach().requires_grad_(True)
             energy, atomic = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, seed, *csr)
             # The gradient of -Σ_b E_b over the real structures as one vector-Jacobian product seeded with the
@@ -98,7 +98,7 @@ class PaddedPaths:
             edge_index, shift_vectors, *csr = kernels.edge_compact(
                 positions, edge_index, shift_vectors, *csr, self.cutoff, self._far
             )
-        with torch.enable_grad(), _matmul_precision(self.allow_tf32):
+        with torch.enable_grad(), _matmul_precision(self.allow_tf32, self.kernel_matmul_dtype):
             pos = positions.detach().requires_grad_(True)
             shifts = shift_vectors.detach().requires_grad_(True)
             energy, atomic = self._forward_impl(numbers, pos, edge_index, shifts, batch, seed, *csr)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
+from mlff_distiller.kernels._precision import matmul_dtype as kernels_matmul_dtype
 from mlff_distiller.model import StudentModel
 
 __all__ = ["AUTOCAST", "PRECISIONS", "TOLERANCES"]
@@ -60,12 +61,14 @@ def _resolve_precision(precision: str, device: torch.device) -> str:
 
 
 @contextlib.contextmanager
-def _matmul_precision(allow_tf32: bool) -> Iterator[None]:
+def _matmul_precision(allow_tf32: bool, kernel_matmul_dtype: torch.dtype | None = None) -> Iterator[None]:
+    """TF32 on or off for torch's and our float32 dots, and the 16-bit type of the Triton GEMMs (None: float32)."""
     old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     torch.backends.cudnn.allow_tf32 = allow_tf32
     try:
-        yield
+        with kernels_matmul_dtype(kernel_matmul_dtype):
+            yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 

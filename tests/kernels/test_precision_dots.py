@@ -1,0 +1,152 @@
+"""The reduced-precision dots of the kernels (kernels/_precision.py) and the engine's bf16 / fp16 on them.
+
+The Triton GEMMs under a 16-bit type must multiply exactly the 16-bit roundings of their float32 operands with
+float32 accumulation (checked against torch on rounded operands); the autograd Functions must run their backward
+with the forward's choice; the engine's bf16 / fp16 keep the fused Triton path (no 16-bit copies of the model) and
+stay within the documented tolerance of fp64. On the CPU these run under the Triton interpreter, where bfloat16 is
+emulated by rounding in float32 (the interpreter's own bfloat16 dot is wrong).
+"""
+
+import pytest
+import torch
+from ase.build import molecule
+from helpers import assert_close_to, make_model
+
+from mlff_distiller import AtomsBatch, ForceEngine
+from mlff_distiller.kernels import gemm, mlp, painn_update, use_backend
+from mlff_distiller.kernels._precision import dot_mode, float32_dot, matmul_dtype, reduced_matmul_dtype
+from mlff_distiller.kernels.linear import readout
+from mlff_distiller.precision import _ReducedLinear
+
+LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _rounded(x: torch.Tensor, dot: str) -> torch.Tensor:
+    return x.to(LOW[dot]).float() if dot in LOW else x
+
+
+@pytest.fixture(autouse=True)
+def _tf32_off():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_dot_choice_follows_the_switches():
+    assert float32_dot() == "tf32x3" and float32_dot("ieee") == "ieee"
+    with matmul_dtype(torch.bfloat16):
+        assert reduced_matmul_dtype() is torch.bfloat16
+        assert float32_dot(gemm=True) == "bf16" and float32_dot() == "tf32" and float32_dot("ieee") == "ieee"
+        with matmul_dtype(torch.float16):
+            assert float32_dot(gemm=True) == "fp16"
+        assert float32_dot(gemm=True) == "bf16"  # restored on exit
+        # On the CPU (interpreter) only the GEMMs of float32 take it; float64 never does.
+        assert dot_mode(torch.zeros(1), gemm=True) == "bf16" and dot_mode(torch.zeros(1)) == "ieee"
+        assert dot_mode(torch.zeros(1, dtype=torch.float64), gemm=True) == "ieee"
+    assert reduced_matmul_dtype() is None and dot_mode(torch.zeros(1), gemm=True) == "ieee"
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert float32_dot() == "tf32" and float32_dot(gemm=True) == "tf32"
+    with pytest.raises(ValueError, match="16-bit"), matmul_dtype(torch.float32):
+        pass
+
+
+@pytest.mark.parametrize("dot", ["bf16", "fp16"])
+@pytest.mark.parametrize("rows", [37, 1500])  # 1,500 > untransposed_max_rows: the interpreter's torch product
+def test_gemm_16bit_is_the_product_of_rounded_operands(triton_device, dot, rows):
+    g = torch.Generator().manual_seed(rows)
+    a = torch.randn(rows, 64, generator=g).to(triton_device)
+    w = torch.randn(48, 64, generator=g).to(triton_device)
+    b = torch.randn(48, generator=g).to(triton_device)
+    exact = torch.nn.functional.linear(a.double(), w.double(), b.double())
+    ref = torch.nn.functional.linear(_rounded(a, dot).double(), _rounded(w, dot).double(), b.double())
+    out, _ = gemm(a, w, b, dot=dot)
+    assert (out.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    assert (out.double() - exact).abs().max() >= 1e-4 * exact.abs().max()  # it did round
+    # The backward form (B = W as stored), from the engine's switch instead of the argument.
+    gy = torch.randn(rows, 48, generator=g).to(triton_device)
+    with matmul_dtype(LOW[dot]):
+        gx, _ = gemm(gy, w, transpose_w=False)
+    ref = _rounded(gy, dot).double() @ _rounded(w, dot).double()
+    assert (gx.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_gemm_rejects_16bit_dots_on_float64(triton_device):
+    x = torch.randn(4, 8, dtype=torch.float64, device=triton_device)
+    with pytest.raises(ValueError, match="float32 operands"):
+        gemm(x, torch.randn(8, 8, dtype=torch.float64, device=triton_device), dot="bf16")
+    with pytest.raises(ValueError, match="not one of"):
+        gemm(x, torch.randn(8, 8, dtype=torch.float64, device=triton_device), dot="int8")
+
+
+def _grads_inside_and_outside(fn, *inputs):
+    """Gradients of fn(*inputs) with the backward inside and outside the bf16 block (forward always inside)."""
+    out = []
+    for inside in (True, False):
+        xs = [x.detach().clone().requires_grad_(True) for x in inputs]
+        with matmul_dtype(torch.bfloat16):
+            y = fn(*xs)
+            if inside:
+                grads = torch.autograd.grad(y, xs)
+        if not inside:
+            grads = torch.autograd.grad(y, xs)
+        out.append((y.detach(), grads))
+    return out
+
+
+def test_functions_keep_the_forwards_dot_for_their_backward(triton_device):
+    """The backward of the Triton MLP, readout and update multiply as their forward did, wherever they run."""
+    torch.manual_seed(0)
+    dev, n, f = triton_device, 40, 32
+    lin = [torch.randn(o, i, device=dev) / i**0.5 for o, i in ((f, f), (3 * f, f))]
+    b1, b2 = torch.randn(f, device=dev), torch.randn(3 * f, device=dev)
+    x, v = torch.randn(n, f, device=dev), torch.randn(n, 3, f, device=dev)
+    uw, vw = torch.randn(f, f, device=dev) / f**0.5, torch.randn(f, f, device=dev) / f**0.5
+    m1, m2 = torch.randn(f, 2 * f, device=dev) / (2 * f) ** 0.5, torch.randn(3 * f, f, device=dev) / f**0.5
+    r1, r2 = torch.randn(f // 2, f, device=dev) / f**0.5, torch.randn(1, f // 2, device=dev)
+    species, batch = torch.arange(n, device=dev) % 3, torch.arange(n, device=dev) // 10
+    scale, shift = torch.rand(3, device=dev) + 0.5, torch.randn(3, device=dev)
+    cases = {
+        "mlp": (lambda s: mlp(s, lin[0], b1, lin[1], b2).square().sum(), (x,)),
+        "readout": (
+            lambda s: readout(s, r1, b1[: f // 2], r2, b2[:1], scale, shift, species, batch, 4)[0].square().sum(),
+            (x,),
+        ),
+        "update": (
+            lambda s, vv: sum(t.square().sum() for t in painn_update(s, vv, uw, vw, m1, b1, m2, b2)),
+            (x, v),
+        ),
+    }
+    with use_backend("triton"):
+        for name, (fn, inputs) in cases.items():
+            (y_in, g_in), (y_out, g_out) = _grads_inside_and_outside(fn, *inputs)
+            assert torch.equal(y_in, y_out), name
+            for a, b in zip(g_in, g_out, strict=True):
+                assert torch.equal(a, b), name
+            # ... and bf16 did change the result against float32 (the switch reached the GEMMs).
+            xs = [t.detach().clone().requires_grad_(True) for t in inputs]
+            y32 = fn(*xs)
+            assert not torch.allclose(y32.detach(), y_in, rtol=1e-5, atol=0), name
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_engine_16bit_keeps_the_triton_path_cpu(precision):
+    """Under the interpreter the engine's bf16 / fp16 run the fused kernels with 16-bit GEMMs: no 16-bit copy of
+    the model, within the documented tolerance of fp64, and not the float32 result."""
+    model = make_model(seed=3)
+    batch = AtomsBatch.from_atoms([molecule("CH4"), molecule("H2O"), molecule("C2H6")])
+    ref = ForceEngine(model, device="cpu", precision="fp64").compute(batch)
+    with use_backend("triton"):
+        engine = ForceEngine(model, device="cpu", precision=precision)
+        assert engine.kernel_matmul_dtype is LOW[precision]
+        assert not any(isinstance(m, _ReducedLinear) for m in engine.model.modules())
+        out = engine.compute(batch)
+        fp32 = ForceEngine(model, device="cpu", precision="fp32").compute(batch)
+    assert_close_to(out, ref, precision, 3)
+    assert not torch.allclose(out["forces"], fp32["forces"], rtol=1e-5, atol=1e-6)
+    # The torch kernels have no 16-bit GEMMs: the engine falls back to the 16-bit copies of the MLP layers.
+    with use_backend("torch"):
+        engine = ForceEngine(model, device="cpu", precision=precision)
+        assert engine.kernel_matmul_dtype is None
+        assert any(isinstance(m, _ReducedLinear) for m in engine.model.modules())
+        assert_close_to(engine.compute(batch), ref, precision, 3)
