@@ -164,12 +164,23 @@ class StepImpl(OursImpl):
             p.requires_grad_(False)
 
         def run():
-            with self.context(), torch.enable_grad():
+            with self.context(), _engine_precision(engine), torch.enable_grad():
                 pos = dev.positions.detach().requires_grad_(True)
                 out = model(dev.numbers, pos, nl.edge_index, nl.shift_vectors, dev.batch, dev.num_structures)
                 return torch.autograd.grad(out["energy"].sum(), pos)
 
         return run
+
+
+def _engine_precision(engine):
+    """A fresh block of the engine's matmul precision (TF32, 16-bit GEMMs) for an eager step run outside
+    ``engine.compute``, as the engine's own eager step holds it (a build without it: no block)."""
+    try:
+        from mlff_distiller.precision import _matmul_precision
+
+        return _matmul_precision(engine.allow_tf32, getattr(engine, "kernel_matmul_dtype", None))
+    except (ImportError, AttributeError, TypeError):
+        return contextlib.nullcontext()
 
 
 class CalculatorImpl(Impl):

@@ -299,6 +299,9 @@ _CONFIG = {
     "dot_bwd_sender": "tf32x3",
     "dot_bwd_edge": "tf32x3",
     "dot_bwd_filter": "ieee",
+    # Under the engine's tf32 / bf16 / fp16 the tf32x3 dots above take one TF32 pass (kernels/_precision.py);
+    # False keeps them tf32x3 in every precision (benchmarks/probe_precision.py times and measures both).
+    "reduced_dots": True,
     "block_min_atoms": 1024,
     "seg_split": True,
     "fwd_stages": None,
@@ -457,7 +460,7 @@ if HAS_TRITON:
     def _dot_precision(prec: str) -> str:
         """A kernel's configured dot on float32 CUDA tensors under the engine's precision: one TF32 pass in place of
         tf32x3 when the engine runs tf32, bf16 or fp16 (:mod:`._precision`); "ieee" stays "ieee"."""
-        return float32_dot(prec) if prec == "tf32x3" else prec
+        return float32_dot(prec) if prec == "tf32x3" and _CONFIG["reduced_dots"] else prec
 
     _ZERO_SCALARS: dict = {}
 

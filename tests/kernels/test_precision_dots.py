@@ -7,15 +7,17 @@ stay within the documented tolerance of fp64. On the CPU these run under the Tri
 emulated by rounding in float32 (the interpreter's own bfloat16 dot is wrong).
 """
 
+import contextlib
+
 import pytest
 import torch
 from ase.build import molecule
 from helpers import assert_close_to, make_model
-
-from mlff_distiller import AtomsBatch, ForceEngine
 from mlff_distiller.kernels import gemm, mlp, painn_update, use_backend
 from mlff_distiller.kernels._precision import dot_mode, float32_dot, matmul_dtype, reduced_matmul_dtype
 from mlff_distiller.kernels.linear import readout
+
+from mlff_distiller import AtomsBatch, ForceEngine
 from mlff_distiller.precision import _ReducedLinear
 
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -130,23 +132,73 @@ def test_functions_keep_the_forwards_dot_for_their_backward(triton_device):
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_engine_16bit_keeps_the_triton_path_cpu(precision):
-    """Under the interpreter the engine's bf16 / fp16 run the fused kernels with 16-bit GEMMs: no 16-bit copy of
-    the model, within the documented tolerance of fp64, and not the float32 result."""
+def test_engine_16bit_keeps_the_triton_path(triton_device, precision):
+    """The engine's bf16 / fp16 run the fused kernels with 16-bit GEMMs (on the CPU under the interpreter; on the
+    GPU in the default mode, CUDA graphs): no 16-bit copy of the model, within the documented tolerance of fp64,
+    and not the float32 result."""
     model = make_model(seed=3)
     batch = AtomsBatch.from_atoms([molecule("CH4"), molecule("H2O"), molecule("C2H6")])
-    ref = ForceEngine(model, device="cpu", precision="fp64").compute(batch)
+    ref = ForceEngine(model, device=triton_device, precision="fp64").compute(batch)
     with use_backend("triton"):
-        engine = ForceEngine(model, device="cpu", precision=precision)
+        engine = ForceEngine(model, device=triton_device, precision=precision)
         assert engine.kernel_matmul_dtype is LOW[precision]
         assert not any(isinstance(m, _ReducedLinear) for m in engine.model.modules())
         out = engine.compute(batch)
-        fp32 = ForceEngine(model, device="cpu", precision="fp32").compute(batch)
+        fp32 = ForceEngine(model, device=triton_device, precision="fp32").compute(batch)
     assert_close_to(out, ref, precision, 3)
     assert not torch.allclose(out["forces"], fp32["forces"], rtol=1e-5, atol=1e-6)
     # The torch kernels have no 16-bit GEMMs: the engine falls back to the 16-bit copies of the MLP layers.
     with use_backend("torch"):
-        engine = ForceEngine(model, device="cpu", precision=precision)
+        engine = ForceEngine(model, device=triton_device, precision=precision)
         assert engine.kernel_matmul_dtype is None
         assert any(isinstance(m, _ReducedLinear) for m in engine.model.modules())
         assert_close_to(engine.compute(batch), ref, precision, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the interpreter runs every dot ieee)")
+@pytest.mark.parametrize("variant", ["atom", "block"])
+def test_message_passing_dots_under_reduced_precision_gpu(variant):
+    """Under TF32 or a 16-bit GEMM type the message passing runs one TF32 pass per dot (forward and both backward
+    kernels): a result apart from strict float32 by about TF32's rounding, and equal to it with reduced_dots off."""
+    from mlff_distiller.kernels import message_passing as mp
+    from mlff_distiller.kernels import message_passing_reference
+
+    gen = torch.Generator().manual_seed(7)
+    n, e, f, r = 300, 4000, 64, 20
+    x, v = torch.randn(n, 3 * f, generator=gen), torch.randn(n, 3, f, generator=gen)
+    rbf, w = torch.rand(e, r, generator=gen), torch.randn(3 * f, r, generator=gen) / r**0.5
+    unit = torch.nn.functional.normalize(torch.randn(e, 3, generator=gen), dim=-1)
+    ei = torch.randint(0, n, (2, e), generator=gen)
+    ei = ei[:, torch.argsort(ei[0], stable=True)]
+    inputs = [t.cuda() for t in (x, v, rbf, w, unit)]
+    exact = [o.double() for o in message_passing_reference(*[t.double() for t in inputs], ei.cuda())]
+
+    def run(switch):
+        xs = [t.clone().requires_grad_(True) for t in inputs[:2]] + [inputs[2], inputs[3], inputs[4]]
+        with use_backend("triton"), mp._configured(fwd_variant=variant, bwd_sender_variant=variant), switch:
+            out = mp.message_passing(*xs, ei.cuda())
+            grads = torch.autograd.grad(sum(o.square().sum() for o in out), xs[:2])
+        return [o.detach().double() for o in out], [g.double() for g in grads]
+
+    def rel(a, b):
+        return max(float((p - q).abs().max() / q.abs().max()) for p, q in zip(a, b, strict=True))
+
+    strict = run(contextlib.nullcontext())
+    assert rel(strict[0], exact) < 1e-5
+    for switch in (_tf32(), matmul_dtype(torch.bfloat16)):
+        out, grads = run(switch)
+        assert 1e-5 < rel(out, exact) < 1e-2 and 1e-5 < rel(grads, strict[1]) < 1e-2
+    with mp._configured(reduced_dots=False):
+        out, grads = run(_tf32())
+    assert rel(out, strict[0]) < 1e-6 and rel(grads, strict[1]) < 1e-6
+
+
+@contextlib.contextmanager
+def _tf32():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
