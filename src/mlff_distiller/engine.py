@@ -25,12 +25,15 @@ step, and with a Verlet skin the list is kept across small cell changes). A call
 the largest bucket, runs the eager path. On a CPU, ``"cudagraph"`` and ``"compile"`` (unless ``compile_backend``
 is given) warn and run the padded eager path, so CPU-only machines never break.
 
-Precisions (``precision=``): ``fp64``, ``fp32`` (strict IEEE matmuls), ``tf32`` (TF32 tensor-core matmuls,
-sm80+), ``bf16`` (sm80+) and ``fp16``. The last two run the atom-wise MLP matmuls with 16-bit inputs and
-weights (cast once; cuBLAS accumulates in float32) and return float32, while positions, shift vectors, edge
-geometry, the radial filter, message aggregation, residual feature streams, energies and the force
-accumulation stay in float32. (Not ``torch.autocast``: it would hand the message-passing kernel mixed dtypes
-and re-cast every weight on every call.) An unsupported precision warns and falls back to ``fp32``.
+Precisions (``precision=``): ``fp64``, ``fp32`` (float32 accuracy in every dot), ``tf32`` (TF32 tensor-core
+matmuls, sm80+), ``bf16`` (sm80+) and ``fp16``. The last two run the atom-wise MLP matmuls with 16-bit inputs and
+weights and float32 accumulation, and return float32, while positions, shift vectors, edge geometry, the radial
+filter, message aggregation, residual feature streams, energies and the force accumulation stay in float32. On the
+Triton kernels the GEMMs round their float32 tiles to 16 bits in registers (every fusion kept; see
+``kernels/_precision.py``) and the message-passing dots take one TF32 pass, as under ``tf32``; elsewhere (the torch
+kernels, torch.compile'd steps) the MLP layers become 16-bit copies for cuBLAS. (Not ``torch.autocast``: it would
+hand the message-passing kernel mixed dtypes and re-cast every weight on every call.) An unsupported precision
+warns and falls back to ``fp32``.
 ``TOLERANCES`` documents the accepted
 deviation from fp64 (the tests enforce it; the benchmark writes the measured error table).
 """

@@ -161,8 +161,11 @@ def test_engine_16bit_keeps_the_triton_path(triton_device, precision):
 def test_message_passing_dots_under_reduced_precision_gpu(variant):
     """Under TF32 or a 16-bit GEMM type the message passing runs one TF32 pass per dot (forward and both backward
     kernels): a result apart from strict float32 by about TF32's rounding, and equal to it with reduced_dots off."""
-    from mlff_distiller.kernels import message_passing as mp
+    import importlib
+
     from mlff_distiller.kernels import message_passing_reference
+
+    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 
     gen = torch.Generator().manual_seed(7)
     n, e, f, r = 300, 4000, 64, 20
