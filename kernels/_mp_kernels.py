@@ -9,7 +9,7 @@ touches the host path and vice versa.
 
 from __future__ import annotations
 
-from ._triton_utils import HAS_TRITON, pdl_prologue, tl, triton
+from ._triton_utils import HAS_TRITON, dot_rn, pdl_prologue, round_tf32, tl, triton
 
 __all__ = [
     "_mp_bwd_edge_kernel",
@@ -106,13 +106,11 @@ if HAS_TRITON:
         "tf32x3" kernels on CUDA): the one-hot factor is exact in TF32, so two TF32 MMAs of m's high and low parts
         (m = hi + lo, hi rounded to TF32) carry what tf32x3's three do, the third (the one-hot's low part) being 0."""
         if SEG_SPLIT:
-            hi = tl.inline_asm_elementwise(
-                "cvt.rna.tf32.f32 $0, $1;", "=r,r", [m], dtype=tl.float32, is_pure=True, pack=1
-            )
+            hi = round_tf32(m)
             acc = tl.dot(onehot, hi, acc, input_precision="tf32")
             return tl.dot(onehot, m - hi, acc, input_precision="tf32")
         else:
-            return acc + tl.dot(onehot, m, input_precision=DOT_PRECISION)
+            return acc + dot_rn(onehot, m, DOT_PRECISION)
 
     @triton.jit
     def _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF: tl.constexpr):
@@ -220,12 +218,12 @@ if HAS_TRITON:
             xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             # Masked edges have rb = 0 and x = 0, so they add exact zeros.
-            a = tl.load(xrow, mask=m2, other=0.0) * tl.dot(rb, wa, input_precision=DOT_PRECISION)
-            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            a = tl.load(xrow, mask=m2, other=0.0) * dot_rn(rb, wa, DOT_PRECISION)
+            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wc, DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
             acc_s += tl.sum(a, axis=0)
             if HAS_V:
-                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wb, input_precision=DOT_PRECISION)
+                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wb, DOT_PRECISION)
                 acc_0 += tl.sum(b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None], axis=0)
                 acc_1 += tl.sum(b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None], axis=0)
                 acc_2 += tl.sum(b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None], axis=0)
@@ -289,15 +287,15 @@ if HAS_TRITON:
             m2 = em[:, None] & fm[None, :]
             xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-            a = tl.load(xrow, mask=m2, other=0.0) * tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            a = tl.load(xrow, mask=m2, other=0.0) * dot_rn(rb, wa, DOT_PRECISION)
             acc_s = _seg_acc(acc_s, onehot, a, DOT_PRECISION, SEG_SPLIT)
-            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wc, DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
             m_0 = c * ux[:, None]
             m_1 = c * uy[:, None]
             m_2 = c * uz[:, None]
             if HAS_V:
-                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * tl.dot(rb, wb, input_precision=DOT_PRECISION)
+                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wb, DOT_PRECISION)
                 m_0 += b * tl.load(vrow, mask=m2, other=0.0)
                 m_1 += b * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
                 m_2 += b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
@@ -366,9 +364,9 @@ if HAS_TRITON:
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
-            w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
-            w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
-            w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            w_a = dot_rn(rb, wa, DOT_PRECISION)
+            w_b = dot_rn(rb, wb, DOT_PRECISION)
+            w_c = dot_rn(rb, wc, DOT_PRECISION)
             acc_a += tl.sum(gsi * w_a, axis=0)
             acc_c += tl.sum(_gamma(g0, g1, g2, ux, uy, uz) * w_c, axis=0)
             t_0 += tl.sum(w_b * g0, axis=0)
@@ -419,12 +417,12 @@ if HAS_TRITON:
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
-            w_a = tl.dot(rb, wa, input_precision=DOT_PRECISION)
+            w_a = dot_rn(rb, wa, DOT_PRECISION)
             acc_a = _seg_acc(acc_a, onehot, gsi * w_a, DOT_PRECISION, SEG_SPLIT)
-            w_c = tl.dot(rb, wc, input_precision=DOT_PRECISION)
+            w_c = dot_rn(rb, wc, DOT_PRECISION)
             gamma = _gamma(g0, g1, g2, ux, uy, uz)
             acc_c = _seg_acc(acc_c, onehot, gamma * w_c, DOT_PRECISION, SEG_SPLIT)
-            w_b = tl.dot(rb, wb, input_precision=DOT_PRECISION)
+            w_b = dot_rn(rb, wb, DOT_PRECISION)
             t_0 = _seg_acc(t_0, onehot, w_b * g0, DOT_PRECISION, SEG_SPLIT)
             t_1 = _seg_acc(t_1, onehot, w_b * g1, DOT_PRECISION, SEG_SPLIT)
             t_2 = _seg_acc(t_2, onehot, w_b * g2, DOT_PRECISION, SEG_SPLIT)
@@ -477,18 +475,18 @@ if HAS_TRITON:
         # dots with [BLOCK_F, R_PAD] tiles loaded as such (tf32x3 64 x 32 / 4 warps: 2.6 ms).
         if DOT_PRECISION == "ieee":
             wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
-            g_rbf += tl.dot(G_a, tl.trans(wa), input_precision=DOT_PRECISION)
+            g_rbf += dot_rn(G_a, tl.trans(wa), DOT_PRECISION)
             if HAS_V:
-                g_rbf += tl.dot(G_b, tl.trans(wb), input_precision=DOT_PRECISION)
-            g_rbf += tl.dot(G_c, tl.trans(wc), input_precision=DOT_PRECISION)
+                g_rbf += dot_rn(G_b, tl.trans(wb), DOT_PRECISION)
+            g_rbf += dot_rn(G_c, tl.trans(wc), DOT_PRECISION)
         else:
-            g_rbf += tl.dot(G_a, _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+            g_rbf += dot_rn(G_a, _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF), DOT_PRECISION)
             if HAS_V:
                 w_b = _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
-                g_rbf += tl.dot(G_b, w_b, input_precision=DOT_PRECISION)
-            g_rbf += tl.dot(G_c, _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), input_precision=DOT_PRECISION)
+                g_rbf += dot_rn(G_b, w_b, DOT_PRECISION)
+            g_rbf += dot_rn(G_c, _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), DOT_PRECISION)
             wc = _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
-        c = xc * tl.dot(rb, wc, input_precision=DOT_PRECISION)
+        c = xc * dot_rn(rb, wc, DOT_PRECISION)
         gu_0 += tl.sum(c * g0, axis=1)
         gu_1 += tl.sum(c * g1, axis=1)
         gu_2 += tl.sum(c * g2, axis=1)
@@ -642,9 +640,9 @@ if HAS_TRITON:
             ux, uy, uz = _unit3(unit_ptr, e, em)
             m2 = em[:, None] & fm[None, :]
             G_a, G_b, G_c, _, _, _, _ = _edge_grads_w(gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT)
-            acc_a += tl.dot(tl.trans(G_a), rb, input_precision=DOT_PRECISION)
-            acc_b += tl.dot(tl.trans(G_b), rb, input_precision=DOT_PRECISION)
-            acc_c += tl.dot(tl.trans(G_c), rb, input_precision=DOT_PRECISION)
+            acc_a += dot_rn(tl.trans(G_a), rb, DOT_PRECISION)
+            acc_b += dot_rn(tl.trans(G_b), rb, DOT_PRECISION)
+            acc_c += dot_rn(tl.trans(G_c), rb, DOT_PRECISION)
         offs = p * (3 * N_FEAT * N_RBF) + f[:, None] * N_RBF + r[None, :]
         m = fm[:, None] & rm[None, :]
         tl.store(part_ptr + offs, acc_a, mask=m)

@@ -25,11 +25,13 @@ __all__ = [
     "LIB",
     "FirstOrderOnly",
     "check_launchable",
+    "dot_rn",
     "edge_block",
     "num_warps",
     "pdl_args",
     "pdl_enabled",
     "pdl_prologue",
+    "round_tf32",
     "tl",
     "triton",
     "triton_op",
@@ -248,8 +250,25 @@ if HAS_TRITON:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
 
-else:  # the kernel files import it by name; without Triton they define no kernel that calls it
-    pdl_prologue = None
+    @triton.jit
+    def round_tf32(x):
+        """float32 ``x`` rounded to the nearest TF32 value (ties away from zero), as float32."""
+        return tl.inline_asm_elementwise(
+            "cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+
+    @triton.jit
+    def dot_rn(a, b, DOT: tl.constexpr):
+        """``tl.dot(a, b, input_precision=DOT)``, except that "tf32" rounds both operands to the nearest TF32 value
+        first: the TF32 MMA itself ignores their low 13 bits, i.e. truncates toward zero, and that bias adds up
+        over a sum (measured on the shipped student: 9.1 meV/atom energy error against 2.3 in fp16)."""
+        if DOT == "tf32":
+            return tl.dot(round_tf32(a), round_tf32(b), input_precision="tf32")
+        else:
+            return tl.dot(a, b, input_precision=DOT)
+
+else:  # the kernel files import them by name; without Triton they define no kernel that calls them
+    pdl_prologue = round_tf32 = dot_rn = None
 
 
 class FirstOrderOnly(torch.autograd.Function):

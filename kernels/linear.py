@@ -25,7 +25,16 @@ from torch.nn import functional as nnf
 from ._backend import resolve_backend
 from ._frozen import derived
 from ._precision import dot_mode
-from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, pdl_args, pdl_prologue, tl, triton
+from ._triton_utils import (
+    HAS_TRITON,
+    FirstOrderOnly,
+    check_launchable,
+    dot_rn,
+    pdl_args,
+    pdl_prologue,
+    tl,
+    triton,
+)
 
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_reference"]
 
@@ -406,8 +415,8 @@ if HAS_TRITON:
                 acc += tl.dot(_round_bf16(a), _round_bf16(b), input_precision="ieee")
             elif DOT == "fp16":
                 acc += tl.dot(a.to(tl.float16), b.to(tl.float16))
-            else:
-                acc += tl.dot(a, b, input_precision=DOT)
+            else:  # "tf32": both tiles rounded to nearest first (the MMA alone truncates them)
+                acc += dot_rn(a, b, DOT)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0)[None, :]
         cmask = rm & cm
