@@ -203,7 +203,8 @@ def message_passing(
 # feature chunk, with the chunk of filter_weightᵀ held in registers for the whole program. The input_precision of
 # those dots is chosen per kernel (``_CONFIG["dot_<kernel>"]``): "ieee" is full float32 accuracy on CUDA cores;
 # "tf32x3" (three TF32 MMAs, hi/lo split) measured the same error vs float64 on the H100 forward (1.9e-7 max
-# relative) at 2.6x the speed; "tf32" costs ~1e-3 relative, too much for forces (there only to be measured).
+# relative) at 2.6x the speed; "tf32" costs ~1e-3 relative, too much for float32 forces: it runs under the engine's
+# tf32 / bf16 / fp16 only (reduced_dots below), its operands rounded to nearest (_triton_utils.dot_rn).
 # Float64 always runs "ieee" (TF32 does not apply) and so does the CPU interpreter.
 # ------------------------------------------------------------------------------------------------------------
 
