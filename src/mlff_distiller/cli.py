@@ -82,6 +82,7 @@ class PredictJob:
     device: str | None = None
     precision: str = "fp32"
     batch_size: int | None = None
+    check_domain: bool = False
 
 
 @dataclass(kw_only=True)
@@ -220,8 +221,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", help="structures file (any format ASE reads)")
     p.add_argument("--output", help="output extxyz")
     p.add_argument("--device")
-    p.add_argument("--precision", help="fp64 | fp32 | tf32")
+    p.add_argument("--precision", help="fp64 | fp32 | tf32 | bf16 | fp16")
     p.add_argument("--batch-size", dest="batch_size", type=int)
+    p.add_argument(
+        "--check-domain",
+        dest="check_domain",
+        action="store_const",
+        const=True,
+        help="check each structure against the training envelope stored with the student; frames outside carry "
+        "'domain' in their info",
+    )
 
     p = sub.add_parser("md", help="molecular dynamics with the student, trajectory as extxyz")
     _add_common(p)
@@ -240,7 +249,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="K")
     p.add_argument("--interval", type=int, help="steps between written frames")
     p.add_argument("--device")
-    p.add_argument("--precision", help="fp64 | fp32 | tf32")
+    p.add_argument("--precision", help="fp64 | fp32 | tf32 | bf16 | fp16")
 
     p = sub.add_parser(
         "check", help="do the students agree on these structures? (flags structures outside their training data)"
@@ -258,7 +267,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--output", help="also write every structure's numbers here (JSON)")
     p.add_argument("--device")
-    p.add_argument("--precision", help="fp64 | fp32 | tf32")
+    p.add_argument("--precision", help="fp64 | fp32 | tf32 | bf16 | fp16")
 
     sub.add_parser("models", help="the built-in students (builtin:NAME): size, elements and measured accuracy")
     return parser

@@ -162,7 +162,14 @@ def run_predict(job: PredictJob) -> dict:
     t0 = time.perf_counter()
     failure = None
     try:
-        preds = predict_forces(job.model, frames, device=job.device, batch_size=job.batch_size, precision=job.precision)
+        preds = predict_forces(
+            job.model,
+            frames,
+            device=job.device,
+            batch_size=job.batch_size,
+            precision=job.precision,
+            check_domain=job.check_domain,
+        )
     except NonFiniteOutputError as err:  # the finite results are still written, then the error is reported
         failure, preds = err, err.results
     seconds = time.perf_counter() - t0
@@ -172,12 +179,17 @@ def run_predict(job: PredictJob) -> dict:
             continue
         a = atoms.copy()
         a.calc = SinglePointCalculator(a, energy=p["energy"], forces=p["forces"], energies=p["energies"])
+        if p.get("domain"):
+            a.info["domain"] = "; ".join(p["domain"])
         out.append(a)
     Path(job.output).parent.mkdir(parents=True, exist_ok=True)
     ase.io.write(job.output, out, format="extxyz")
     if failure is not None:
         raise ValueError(f"{failure}\n{job.output} holds the other {len(out)} of {len(frames)} structures") from None
-    return {"structures": len(out), "seconds": seconds, "output": job.output}
+    result = {"structures": len(out), "seconds": seconds, "output": job.output}
+    if job.check_domain:
+        result["outside_domain"] = sum(1 for p in preds if p is not None and p["domain"])
+    return result
 
 
 def run_md(job: MDJob) -> dict:

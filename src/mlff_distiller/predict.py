@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.checkpoint import load_model
+from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
 from mlff_distiller.engine import ForceEngine
 from mlff_distiller.model import StudentModel
 
@@ -26,6 +29,7 @@ def predict_forces(
     compile_mode: str | None = None,
     memory_budget: int | None = None,
     pipeline: bool | None = None,
+    check_domain: bool = False,
 ) -> list[dict]:
     """Energies and forces for many structures.
 
@@ -48,15 +52,23 @@ def predict_forces(
             still runs out of memory is split and retried.
         pipeline: read and launch the next batch on the host while the device computes the current one
             (default: on for CUDA; :mod:`mlff_distiller.batching`). The same results either way.
+        check_domain: also check each structure against the student's training envelope
+            (:class:`~mlff_distiller.domain.DomainEnvelope`, stored by training since stop 29: element pairs never
+            seen, pairs much shorter than the shortest seen, atoms with many more neighbours than seen). Each
+            result gets ``domain``, the list of findings (empty: inside), and one
+            :class:`~mlff_distiller.domain.OutOfDomainWarning` counts the structures outside. Geometry only, on
+            the host: a few ms per small molecule.
     Returns:
         One dict per structure, in input order: ``energy`` (float, eV), ``forces`` (ndarray [n, 3], eV/Å),
         ``energies`` (ndarray [n], per-atom eV) and, when ``stress`` and periodic, ``stress`` (ndarray [6],
-        eV/Å³, Voigt xx yy zz yz xz xy, ASE sign).
+        eV/Å³, Voigt xx yy zz yz xz xy, ASE sign); with ``check_domain``, ``domain``.
     Raises:
-        ValueError: bad input (unknown element, non-finite positions, zero-volume cell, ...), before any compute.
+        ValueError: bad input (unknown element, non-finite positions, zero-volume cell, ...), before any compute;
+            ``check_domain`` for a student that stores no envelope (the shipped ones among them).
         NonFiniteOutputError: (a ``ValueError``) some structures gave a NaN or inf output, e.g. a float32 overflow
             far outside the training data; every other structure was computed and is in the error's ``results``
-            (``None`` at its ``indices``).
+            (``None`` at its ``indices``). With ``check_domain`` the computed ones carry ``domain`` there too, and
+            the message names the failed structures that lie outside the envelope.
     """
     if hasattr(structures, "get_positions"):
         structures = [structures]
@@ -65,6 +77,14 @@ def predict_forces(
         return []
     if not isinstance(model, StudentModel):
         model = load_model(model)
+    envelope = None
+    if check_domain:
+        envelope = DomainEnvelope.of_model(model)
+        if envelope is None:
+            raise ValueError(
+                "check_domain: this student stores no training envelope (it was trained before envelopes were "
+                "recorded, as the shipped students were); train or fine-tune it with mlff-distill to record one"
+            )
     engine = ForceEngine(
         model,
         device=device,
@@ -73,4 +93,34 @@ def predict_forces(
         compile_mode=compile_mode,
         memory_budget=memory_budget,
     )
-    return engine.predict(structures, batch_size=batch_size, stress=stress, pipeline=pipeline)
+    if envelope is None:
+        return engine.predict(structures, batch_size=batch_size, stress=stress, pipeline=pipeline)
+    try:
+        results = engine.predict(structures, batch_size=batch_size, stress=stress, pipeline=pipeline)
+    except NonFiniteOutputError as exc:
+        findings = _check_domain(envelope, structures, exc.results)
+        outside = [i for i in exc.indices if findings[i]]
+        if outside:
+            exc.args = (f"{exc.args[0]}; outside the training envelope among them: structures {outside}",)
+        raise
+    _check_domain(envelope, structures, results)
+    return results
+
+
+def _check_domain(envelope: DomainEnvelope, structures: list, results: list[dict | None]) -> list[list[str]]:
+    """Each structure's findings, stored as ``domain`` in its result (where there is one); warns once when any
+    structure lies outside."""
+    findings = [envelope.check(atoms) for atoms in structures]
+    for result, found in zip(results, findings, strict=True):
+        if result is not None:
+            result["domain"] = found
+    outside = sum(1 for found in findings if found)
+    if outside:
+        first = next(found for found in findings if found)
+        warnings.warn(
+            f"{outside} of {len(structures)} structures lie outside the student's training envelope (each result's "
+            f"'domain' lists why), e.g. {first[0]}",
+            OutOfDomainWarning,
+            stacklevel=3,
+        )
+    return findings

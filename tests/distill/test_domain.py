@@ -178,3 +178,83 @@ def test_calculator_warns_when_a_structure_leaves_the_envelope(tmp_path):
         assert calc.domain_findings == []
     with pytest.raises(ValueError, match="check_domain"):
         StudentCalculator(model, device="cpu", check_domain=0)
+
+
+def _student_with_envelope(frames):
+    """A random student that stores the envelope of ``frames`` (as training would)."""
+    from helpers import make_model
+
+    model = make_model(seed=2)
+    model.metadata = {"domain": DomainEnvelope.from_frames(frames, cutoff=model.cutoff).to_dict()}  # as load_model
+    return model
+
+
+def test_predict_forces_checks_the_envelope_when_asked():
+    import warnings
+
+    from mlff_distiller import predict_forces
+    from mlff_distiller.domain import OutOfDomainWarning
+
+    model = _student_with_envelope(_md_like("CH3CH2OH", 8) + _md_like("H2O", 4))
+    inside = _md_like("CH3CH2OH", 2, seed=50) + _md_like("H2O", 1, seed=60)
+    squeezed = molecule("CH3CH2OH")
+    squeezed.positions *= 0.7
+    structures = [inside[0], squeezed, inside[1], molecule("NH3"), inside[2]]
+    with pytest.warns(OutOfDomainWarning, match=r"2 of 5 structures lie outside") as record:
+        out = predict_forces(model, structures, device="cpu", check_domain=True)
+    assert len(record) == 1
+    assert [bool(r["domain"]) for r in out] == [False, True, False, True, False]
+    assert any("pair at" in f for f in out[1]["domain"]) and any("H-N pairs" in f for f in out[3]["domain"])
+    # The same energies and forces as without the check, and no "domain" key then.
+    plain = predict_forces(model, structures, device="cpu")
+    for a, b in zip(out, plain, strict=True):
+        assert "domain" not in b and a["energy"] == b["energy"] and np.array_equal(a["forces"], b["forces"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        assert all(r["domain"] == [] for r in predict_forces(model, inside, device="cpu", check_domain=True))
+    with pytest.raises(ValueError, match="stores no training envelope"):
+        predict_forces("builtin:chno-gfn2", inside, device="cpu", check_domain=True)
+
+
+def test_predict_forces_names_failed_structures_outside_the_envelope(monkeypatch):
+    """A non-finite output keeps the partial results; with check_domain they carry their findings and the error
+    names the failed structures that lie outside."""
+    from mlff_distiller import ForceEngine, predict_forces
+    from mlff_distiller.batching import NonFiniteOutputError
+    from mlff_distiller.domain import OutOfDomainWarning
+
+    model = _student_with_envelope(_md_like("CH3CH2OH", 8))
+    squeezed = molecule("CH3CH2OH")
+    squeezed.positions *= 0.6
+    structures = [_md_like("CH3CH2OH", 1, seed=70)[0], squeezed, _md_like("CH3CH2OH", 1, seed=80)[0]]
+
+    def failing(self, structures, **kw):
+        raise NonFiniteOutputError("non-finite output for structures [1, 2]", [1, 2], [{"energy": 0.0}, None, None])
+
+    monkeypatch.setattr(ForceEngine, "predict", failing)
+    with pytest.raises(
+        NonFiniteOutputError, match=r"outside the training envelope among them: structures \[1\]"
+    ) as err:
+        with pytest.warns(OutOfDomainWarning):
+            predict_forces(model, structures, device="cpu", check_domain=True)
+    assert err.value.results[0]["domain"] == [] and err.value.results[1] is None
+
+
+def test_cli_predict_checks_the_envelope(tmp_path, capsys):
+    from mlff_distiller.domain import OutOfDomainWarning
+
+    frames = _md_like("CH3CH2OH", 8)
+    model = _student_with_envelope(frames)
+    ckpt = tmp_path / "student.pt"
+    model.save(ckpt, metadata=model.metadata)
+    squeezed = molecule("CH3CH2OH")
+    squeezed.positions *= 0.7
+    ase.io.write(tmp_path / "in.extxyz", [_md_like("CH3CH2OH", 1, seed=90)[0], squeezed])
+    args = ["predict", "--model", str(ckpt), "--input", str(tmp_path / "in.extxyz"), "--device", "cpu"]
+    with pytest.warns(OutOfDomainWarning):
+        assert main([*args, "--output", str(tmp_path / "out.extxyz"), "--check-domain"]) == 0
+    assert json.loads(capsys.readouterr().out)["outside_domain"] == 1
+    out = ase.io.read(tmp_path / "out.extxyz", ":")
+    assert "domain" not in out[0].info and "pair at" in out[1].info["domain"]
+    assert main([*args, "--output", str(tmp_path / "plain.extxyz")]) == 0  # without the flag: no check
+    assert "outside_domain" not in json.loads(capsys.readouterr().out)
