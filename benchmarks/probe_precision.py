@@ -21,16 +21,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import g2_batch, make_student
-from harness import time_fn, write_lines
+from harness import write_lines
 from mlff_distiller.kernels.message_passing import _configured
-from peers import StepImpl
+from probe_student_size import _step_us  # the step alone on a prepared graph (peers.StepImpl)
 from systems import water_box
 
 from mlff_distiller import AtomsBatch, ForceEngine, load_model
@@ -44,17 +43,6 @@ VARIANTS = (  # (precision, message passing reduced)
     ("fp16", False),
     ("fp16", True),
 )
-
-
-def _step_us(model, structures, **engine_kwargs) -> float:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        impl = StepImpl("probe", "ours", model, "cuda", **engine_kwargs)
-        run = impl.prepare(structures, forces=True)
-    t = time_fn(run, torch.device("cuda"), warmup_ms=25, rep_ms=300).median_us
-    del impl, run
-    torch.cuda.empty_cache()
-    return t
 
 
 def main() -> None:
