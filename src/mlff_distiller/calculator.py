@@ -89,7 +89,7 @@ class StudentCalculator(Calculator):
             model = load_model(model)
         if check_domain is not None and (isinstance(check_domain, bool) or int(check_domain) < 1):
             raise ValueError(f"check_domain must be None or a number of calculations >= 1, got {check_domain!r}")
-        # The training envelope stored with the student (None for students without one, the shipped ones among them):
+        # The training envelope stored with the student (None for students without one):
         # checked on the first calculation and every check_domain-th after; the first finding warns.
         self.domain = DomainEnvelope.of_model(model) if check_domain is not None else None
         self._domain_every = int(check_domain) if check_domain is not None else 0

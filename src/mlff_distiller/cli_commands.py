@@ -322,8 +322,8 @@ def _run_domain_check(job: CheckJob, frames) -> dict:
     envelope = DomainEnvelope.of_model(load_model(name))
     if envelope is None:
         raise ValueError(
-            f"{name} stores no training envelope (the shipped students, and students trained or fine-tuned from "
-            "one without it, have none); give two or more students for the committee check instead"
+            f"{name} stores no training envelope (students trained before envelopes were recorded, or fine-tuned "
+            "from one without it, have none); give two or more students for the committee check instead"
         )
     rows = [{"index": k, "outside": envelope.check(a)} for k, a in enumerate(frames)]
     flagged = [r["index"] for r in rows if r["outside"]]

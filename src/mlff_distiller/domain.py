@@ -162,7 +162,7 @@ class DomainEnvelope:
     @classmethod
     def of_model(cls, model) -> DomainEnvelope | None:
         """The envelope stored with ``model`` (``metadata["domain"]``), or None for a student trained before it
-        was recorded (the shipped students among them)."""
+        was recorded or fine-tuned from one without it."""
         data = (getattr(model, "metadata", None) or {}).get("domain")
         return None if data is None else cls.from_dict(data)
 

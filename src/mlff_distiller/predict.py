@@ -64,7 +64,7 @@ def predict_forces(
         eV/Å³, Voigt xx yy zz yz xz xy, ASE sign); with ``check_domain``, ``domain``.
     Raises:
         ValueError: bad input (unknown element, non-finite positions, zero-volume cell, ...), before any compute;
-            ``check_domain`` for a student that stores no envelope (the shipped ones among them).
+            ``check_domain`` for a student that stores no envelope (trained before envelopes were recorded).
         NonFiniteOutputError: (a ``ValueError``) some structures gave a NaN or inf output, e.g. a float32 overflow
             far outside the training data; every other structure was computed and is in the error's ``results``
             (``None`` at its ``indices``). With ``check_domain`` the computed ones carry ``domain`` there too, and

@@ -10,6 +10,7 @@ from ase import Atoms
 from ase.build import molecule
 from ase.calculators.emt import EMT
 from ase.calculators.singlepoint import SinglePointCalculator
+from helpers import make_model
 
 from mlff_distiller import load_model
 from mlff_distiller.cli import main
@@ -138,8 +139,27 @@ def test_training_stores_the_envelope_and_fine_tuning_merges_it(tmp_path, capsys
     assert DomainEnvelope.of_model(blind.model) is None
 
 
-def test_shipped_students_have_no_envelope():
-    assert DomainEnvelope.of_model(load_model("builtin:chno-gfn2")) is None
+@pytest.mark.parametrize("name", ["builtin:chno-gfn2", "builtin:chno-gfn2-small"])
+def test_shipped_students_carry_their_training_envelope(name):
+    """Recorded from a relabelling of their recipe (the same 13,179 training frames): the closed-shell CHNO g2
+    molecules lie inside, rattled too; squeezed ethanol, liquid water (three times the neighbours of any gas-phase
+    atom) and an element the students never saw lie outside."""
+    env = DomainEnvelope.of_model(load_model(name))
+    assert env is not None and env.frames == 13179 and env.cutoff == 5.0
+    assert set(env.max_neighbors) == {1, 6, 7, 8}
+    from mlff_distiller.distill import g2_chno
+
+    chno = g2_chno()  # the recipe's 61 closed-shell seeds
+    assert len(chno) == 61 and not any(env.check(m) for m in chno)
+    assert not any(env.check(m) for m in _md_like("CH3CH2OH", 3) + _md_like("C6H6", 3))
+    squeezed = molecule("CH3CH2OH")
+    squeezed.positions *= 0.7
+    water = molecule("H2O")
+    water.center(vacuum=1.0)
+    water.pbc = True
+    water = water.repeat((4, 4, 4))  # 192 atoms at ~1.2 g/cm³
+    assert env.check(squeezed) and any("neighbours" in f for f in env.check(water))
+    assert any("pairs within" in f for f in env.check(molecule("CH3Cl")))
 
 
 def test_calculator_warns_when_a_structure_leaves_the_envelope(tmp_path):
@@ -169,7 +189,8 @@ def test_calculator_warns_when_a_structure_leaves_the_envelope(tmp_path):
         atoms.get_forces()  # calculation 3: checked, outside
     assert atoms.calc.domain_findings
     # No checks at all, or a student without an envelope: never a warning.
-    for calc in (StudentCalculator(model, device="cpu", check_domain=None), StudentCalculator("builtin:chno-gfn2")):
+    bare = make_model(seed=4, species=[1, 6, 8])
+    for calc in (StudentCalculator(model, device="cpu", check_domain=None), StudentCalculator(bare, device="cpu")):
         squeezed = atoms.copy()
         squeezed.calc = calc
         with warnings.catch_warnings():
@@ -182,8 +203,6 @@ def test_calculator_warns_when_a_structure_leaves_the_envelope(tmp_path):
 
 def _student_with_envelope(frames):
     """A random student that stores the envelope of ``frames`` (as training would)."""
-    from helpers import make_model
-
     model = make_model(seed=2)
     model.metadata = {"domain": DomainEnvelope.from_frames(frames, cutoff=model.cutoff).to_dict()}  # as load_model
     return model
@@ -213,7 +232,7 @@ def test_predict_forces_checks_the_envelope_when_asked():
         warnings.simplefilter("error", OutOfDomainWarning)
         assert all(r["domain"] == [] for r in predict_forces(model, inside, device="cpu", check_domain=True))
     with pytest.raises(ValueError, match="stores no training envelope"):
-        predict_forces("builtin:chno-gfn2", inside, device="cpu", check_domain=True)
+        predict_forces(make_model(seed=4), inside, device="cpu", check_domain=True)
 
 
 def test_predict_forces_names_failed_structures_outside_the_envelope(monkeypatch):
