@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from ase import Atoms
 from ase.build import molecule
+from helpers import make_model
 
 from mlff_distiller import load_model
 from mlff_distiller.cli import main
@@ -83,8 +84,19 @@ def test_cli_check(tmp_path, capsys):
     args = ["check", "--input", str(structures), "--device", "cpu", "--threshold", "1e6"]
     assert main([*args, "--models", f"{DEFAULT_COMMITTEE[0]},{DEFAULT_COMMITTEE[0]}"]) == 0
     assert json.loads(capsys.readouterr().out)["flagged"] == 0
-    # One student: the check against its stored envelope, which the shipped students do not have.
-    assert main(["check", "--input", str(structures), "--models", DEFAULT_COMMITTEE[0]]) == 2
+    # One student: the check against its stored envelope. BDA's geometry lies inside the shipped student's (its
+    # pairs and neighbour counts look like the training molecules'), though the committee above flags it: the
+    # envelope is geometry only. A squeezed molecule lies outside.
+    squeezed = molecule("CH3CH2OH")
+    squeezed.positions *= 0.7
+    ase.io.write(structures, [molecule("H2O"), molecule("BDA"), molecule("CH3CH2OH"), squeezed])
+    assert main(["check", "--input", str(structures), "--models", DEFAULT_COMMITTEE[0], "--device", "cpu"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["envelope_frames"] == 13179 and out["flagged_indices"] == [3]
+    # A student without an envelope cannot be checked alone.
+    bare = tmp_path / "bare.pt"
+    make_model(seed=1, species=[1, 6, 7, 8]).save(bare)
+    assert main(["check", "--input", str(structures), "--models", str(bare)]) == 2
     assert "stores no training envelope" in capsys.readouterr().err
 
 
