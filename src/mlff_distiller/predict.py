@@ -98,19 +98,22 @@ def predict_forces(
     try:
         results = engine.predict(structures, batch_size=batch_size, stress=stress, pipeline=pipeline)
     except NonFiniteOutputError as exc:
-        findings = _check_domain(envelope, structures, exc.results)
+        findings = _check_domain(envelope, structures, exc.results, engine.device)
         outside = [i for i in exc.indices if findings[i]]
         if outside:
             exc.args = (f"{exc.args[0]}; outside the training envelope among them: structures {outside}",)
         raise
-    _check_domain(envelope, structures, results)
+    _check_domain(envelope, structures, results, engine.device)
     return results
 
 
-def _check_domain(envelope: DomainEnvelope, structures: list, results: list[dict | None]) -> list[list[str]]:
+def _check_domain(
+    envelope: DomainEnvelope, structures: list, results: list[dict | None], device: torch.device
+) -> list[list[str]]:
     """Each structure's findings, stored as ``domain`` in its result (where there is one); warns once when any
-    structure lies outside."""
-    findings = [envelope.check(atoms) for atoms in structures]
+    structure lies outside. Structures of 1,000 atoms or more are checked on the engine's GPU."""
+    gpu = device.type == "cuda"
+    findings = [envelope.check(a, device=device if gpu and len(a) >= 1000 else None) for a in structures]
     for result, found in zip(results, findings, strict=True):
         if result is not None:
             result["domain"] = found

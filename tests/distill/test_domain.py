@@ -6,6 +6,7 @@ import json
 import ase.io
 import numpy as np
 import pytest
+import torch
 from ase import Atoms
 from ase.build import molecule
 from ase.calculators.emt import EMT
@@ -154,10 +155,7 @@ def test_shipped_students_carry_their_training_envelope(name):
     assert not any(env.check(m) for m in _md_like("CH3CH2OH", 3) + _md_like("C6H6", 3))
     squeezed = molecule("CH3CH2OH")
     squeezed.positions *= 0.7
-    water = molecule("H2O")
-    water.center(vacuum=1.0)
-    water.pbc = True
-    water = water.repeat((4, 4, 4))  # 192 atoms at ~1.2 g/cm³
+    water = _water_box(4)  # 192 atoms at ~1 g/cm³
     assert env.check(squeezed) and any("neighbours" in f for f in env.check(water))
     assert any("pairs within" in f for f in env.check(molecule("CH3Cl")))
 
@@ -277,3 +275,33 @@ def test_cli_predict_checks_the_envelope(tmp_path, capsys):
     assert "domain" not in out[0].info and "pair at" in out[1].info["domain"]
     assert main([*args, "--output", str(tmp_path / "plain.extxyz")]) == 0  # without the flag: no check
     assert "outside_domain" not in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_check_on_the_gpu_equals_the_host_check():
+    """The envelope check with its neighbour list and reductions on the GPU (what the calculator and predict_forces
+    use from 1,000 atoms on) finds what the host check finds."""
+    from mlff_distiller.domain import _frame_stats
+
+    env = DomainEnvelope.of_model(load_model("builtin:chno-gfn2"))
+    squeezed = molecule("CH3CH2OH")
+    squeezed.positions *= 0.7
+    boxes = []
+    for n in (4, 10):  # 192 and 3,000 atoms of water at ~1 g/cm³, rattled
+        box = _water_box(n)
+        box.rattle(0.05, seed=n)
+        boxes.append(box)
+    for atoms in [molecule("C6H6"), squeezed, molecule("CH3Cl"), *boxes]:
+        assert env.check(atoms, device="cuda") == env.check(atoms), atoms.get_chemical_formula()
+    frames = _md_like("CH3CH2OH", 5) + boxes
+    on_gpu = DomainEnvelope(5.0, *_frame_stats(frames, 5.0, "cuda"), len(frames))
+    assert _same(on_gpu, DomainEnvelope.from_frames(frames, 5.0), tol=1e-12)
+
+
+def _water_box(n: int) -> Atoms:
+    water = molecule("H2O")
+    water.cell = [3.1, 3.1, 3.1]
+    water.center()
+    water.pbc = True
+    return water.repeat((n, n, n))
