@@ -43,9 +43,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
-import os
-import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -62,6 +59,7 @@ from mlff_distiller.buckets import (
     PaddedGraph,
     far_shift,
 )
+from mlff_distiller.compile_cache import configure_compile_cache, kernels_source_digest, raise_recompile_limit
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
 from mlff_distiller.devices import default_device, resolve_device
 from mlff_distiller.engine_padded import PaddedPaths, edge_virial, stress_from_strain_gradient
@@ -108,54 +106,6 @@ DEFAULT_ATOM_BUDGET = {"cuda": 8192, "cpu": 2048}
 DEFAULT_MEMORY_FRACTION = 0.5
 # Neighbours per atom assumed before a batch's neighbour list is known (organic molecules, 5 Å: 10-40).
 EDGES_PER_ATOM_GUESS = 40
-# Separate torch.compile specialisations allowed (one per bucket); torch's default of 8 would silently send
-# later buckets back to eager.
-COMPILE_RECOMPILE_LIMIT = 64
-
-
-def configure_compile_cache(cache_dir: str | Path) -> Path:
-    """Persist ``torch.compile`` and Triton artifacts under ``cache_dir`` so a second process starts fast.
-
-    Sets ``TORCHINDUCTOR_CACHE_DIR`` (Inductor's FX-graph and AOTAutograd caches) and ``TRITON_CACHE_DIR``
-    (compiled kernels, including this package's own Triton ops) unless already set, and switches the FX-graph
-    and AOTAutograd caches on. Call it before the first compilation of the process (``ForceEngine(cache_dir=)``
-    does). Returns the directory.
-    """
-    path = Path(cache_dir).expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    # One Inductor directory per version of our Triton kernels' source. The AOTAutograd cache keys a compiled graph
-    # by what torch.compile traced, and our custom ops hide their kernels from it: torch's source walk finds none
-    # of them. Our ops now list their kernels themselves (_triton_utils._KernelsOfOp), where torch's registry has
-    # the table for it; this directory key also covers a torch without it. Triton's own cache is keyed by kernel
-    # source already.
-    inductor = path / "inductor" / f"kernels-{kernels_source_digest()[:16]}"
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))
-    # The FX-graph and AOTAutograd caches on. Importing Inductor's config imports torch._dynamo and Inductor (~1.4 s
-    # on the development CPU), which a process that never compiles should not pay: before that import, the same
-    # switches are set through the environment variables those configs read when they are first imported.
-    switches = (
-        ("torch._inductor.config", "fx_graph_cache", "TORCHINDUCTOR_FX_GRAPH_CACHE"),
-        ("torch._functorch.config", "enable_autograd_cache", "TORCHINDUCTOR_AUTOGRAD_CACHE"),
-    )
-    for module, name, env in switches:
-        config = sys.modules.get(module)
-        if config is None:
-            os.environ[env] = "1"
-        elif hasattr(config, name):
-            setattr(config, name, True)
-    return path
-
-
-def kernels_source_digest(files: Iterable[Path] | None = None) -> str:
-    """SHA-256 (hex) over the source of our Triton kernel modules (``mlff_distiller.kernels``, every ``*.py``;
-    ``files`` to hash others), in name order: the compile cache's directory key (:func:`configure_compile_cache`)."""
-    if files is None:
-        files = Path(kernels.__file__).parent.glob("*.py")
-    h = hashlib.sha256()
-    for f in sorted(Path(f) for f in files):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
 
 
 @contextlib.contextmanager
@@ -172,15 +122,6 @@ def _frozen(params: list[torch.nn.Parameter]) -> Iterator[None]:
     finally:
         for p in toggled:
             p.requires_grad_(True)
-
-
-def _raise_recompile_limit() -> None:
-    import torch._dynamo.config as dynamo_config
-
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dynamo_config, name):
-            setattr(dynamo_config, name, max(getattr(dynamo_config, name), COMPILE_RECOMPILE_LIMIT))
-            break
 
 
 class ForceEngine(PaddedPaths):
@@ -379,7 +320,7 @@ class ForceEngine(PaddedPaths):
         return mode
 
     def _make_compiled(self):
-        _raise_recompile_limit()
+        raise_recompile_limit()
         cm = self.compile_mode or "default"
         if self.mode == "cudagraph" and cm == "max-autotune":
             cm = "max-autotune-no-cudagraphs"  # our own graph captures it; Inductor's must stay off
