@@ -254,3 +254,14 @@ def test_tf32_dots_round_to_nearest_gpu():
         gx64 = torch.autograd.grad(out64[0].sum() + out64[1].sum(), xs64[0])[0]
         bias = float(((gx.double() - gx64) / gx64.abs().clamp_min(1e-3)).mean())
         assert abs(bias) < 5e-5, (variant, "sender backward", bias)
+
+
+def test_engine_restores_the_switches_after_each_call(triton_device):
+    """The 16-bit type and the TF32 flag hold only inside the engine's calls: process-wide state, restored."""
+    model = make_model(seed=5)
+    batch = AtomsBatch.from_atoms([molecule("CH4")])
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with use_backend("triton"):
+        for precision in ("bf16", "fp16", "tf32"):
+            ForceEngine(model, device=triton_device, precision=precision, mode="eager").compute(batch)
+            assert reduced_matmul_dtype() is None and torch.backends.cuda.matmul.allow_tf32 is False, precision
