@@ -1,0 +1,259 @@
+"""Launch configuration of the message-passing kernels (:mod:`.message_passing`): tiles, warps, variants, dot
+precisions, register caps and the edge kernel's feature split, per kernel and graph size, with the measurements
+behind each choice. Host-side Python only; benchmarks and tests change it through :func:`_configured`."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from ._precision import float32_dot
+from ._triton_utils import num_warps
+
+# Launch configuration (GPU only; the interpreter uses fixed large tiles, since each program costs Python overhead
+# there). Keys:
+#   block_e, block_f, num_warps: the one-program-per-atom ("atom") sender-backward kernel (every graph size);
+#     fwd_atom_block_e / _block_f / _warps: the atom forward (graphs below block_min_atoms). First tuned together
+#     (benchmarks/bench_message_passing.py --tune, 24,000-atom water, F = 128: 16 x 128 x 4 warps, the fastest
+#     fwd+bwd of 12 configurations when all kernels shared these tiles); re-tuned per kernel at stop 14
+#     (tune_small.py sendertiles, benchmarks/results/tune_atom_tiles_h100.md): the sender backward 16 x 64 / 4
+#     (1.06x at 24,000 atoms, 1.26x for 192-atom water, 1.02x for 1,024 g2 molecules), the small-graph forward
+#     64 x 32 / 4 (1.32x for 192-atom water).
+#   fwd_variant, bwd_sender_variant: "atom" (one program per atom and feature chunk) or "block" (BLOCK_A
+#     consecutive atoms per program and a one-hot tl.dot segment sum, see _mp_fwd_block_kernel). A third sender
+#     variant, "fused" (whole feature rows per program, the edge kernel's ∂rbf and ∂u computed in the same pass),
+#     was removed at stop 21: rows of 128 features did not fit the H100's shared memory at any tile tried
+#     (benchmarks/results/tune_mp_h100_run2.md), and for a 64-wide student, where it ran, the whole step was
+#     0.62-0.83x as fast as with the shipped kernels (benchmarks/results/probe_ncu_sweep_h100_f64.md).
+#   <kernel>_block_a / _block_e / _block_f / _warps: the tiles of the block variants of fwd and bwd_sender,
+#     and of the edge and filter kernels (their own keys: bwd_filter_* 32 x 128 / 4 warps, the shared tiles of
+#     the tuning above; bwd_edge_* 64 x 32 / 4 warps in tf32x3, see below).
+#   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
+#   seg_split: the block kernels' one-hot segment sums in tf32x3 as two TF32 MMAs of the messages' high and low
+#     parts (the one-hot factor is exact in TF32, so tf32x3's third MMA adds zeros); see _seg_acc. Shipped on:
+#     the whole step 1.03x at 3,000 and 24,000 atoms, 1.02x for 4,096 g2 molecules (H100,
+#     benchmarks/results/probe_ncu_sweep_h100_run3.md), float32 tests vs float64 pass on CUDA.
+#   <kernel>_stages: num_stages of the kernel's GPU launch (None: Triton's default), for benchmarks/probe_ncu.py.
+#   <kernel>_maxnreg: the launch's register cap per thread (None or 0: the compiler's choice, 255 for the heavy
+#     kernels, which leaves 2 programs of 4 warps per SM), for the same sweeps; bwd_sender_atom_maxnreg: the cap of
+#     the atom-variant sender backward when bwd_sender_maxnreg is None.
+#   bwd_sender_variant "auto" (shipped): "block" on GPU graphs of at least block_min_atoms atoms with at most
+#     sender_block_max_degree edges per atom, else "atom". Few edges per atom leave the atom variant reloading
+#     the filter tiles for every atom: 1,024 g2 molecules (~7.5 edges per atom) ran the block sender backward
+#     (16 x 16 x 64 / 4 warps) 1.74x faster, water (~54 per atom) 1.17x slower at 24,000 atoms
+#     (benchmarks/results/tune_atom_tiles_h100_run2.md). 16 lies between; not measured closer.
+#   block_min_atoms: graphs with fewer atoms run the "atom" variant whatever fwd_variant / bwd_sender_variant say
+#     (GPU only). A block program covers BLOCK_A atoms, so a small graph gets too few programs to fill the GPU:
+#     on the H100 the block forward took 168 us per layer for 216 atoms (28 programs) inside a 1.37 ms replay
+#     of a 192-atom water box (benchmarks/results/profile_step_h100_run3.txt), vs 1.55 ms for 24,000 atoms.
+#     Whole replays, all block / all atom (benchmarks/results/profile_variants_h100.txt): benzene 716 / 674 us,
+#     192-atom water 1422 / 1058, 3,000-atom water 5775 / 5999, 6,850 atoms of g2 molecules 3613 / 4121: the
+#     crossover lies between 192 and 3,000 atoms; 1024 is the threshold (not measured closer).
+#   bwd_edge_split: feature slices of the edge kernel ("auto" or an int): "auto" gives small graphs 2, 4, ... programs
+#     per edge tile (each sums F / split features into partial ∂rbf / ∂u rows that the host adds) until the grid
+#     has edge_split_programs_per_sm programs per SM; a 24,000-atom box keeps one slice. In a 192-atom water MD
+#     replay the unsplit kernel ran 265 programs for ~17,000 edges at 57 µs per layer, benzene 3 programs at
+#     24 µs (benchmarks/results/profile_step_h100_run6.txt).
+#   edge_split_feat: the least split of "auto" is F / edge_split_feat slices (when the feature chunks allow it),
+#     slices of 64 features. F = 128, 2 slices: a 3,000-atom water box (163,000 pairs, 2,450 tiles, "enough"
+#     programs without a split) ran its edge backward in 349 µs with two slices against 515 µs with one
+#     (benchmarks/results/probe_edge_split_3000_h100.md); the 192-atom box keeps its four (31 µs, the fastest of
+#     13 tilings in probe_edge_split_h100.md). At 24,000 atoms two slices gave 2.85 ms per layer against 4.74 ms
+#     unsplit and 3.13 ms with four (probe_edge_split_24000*_h100.md); 64 x 32 tiles stayed the fastest of the
+#     tilings tried at 3,000 and 24,000 atoms. F = 64, 1 slice: the whole step of a 64-wide student 1.063x faster
+#     unsplit than in two slices at 3,000 atoms, 1.077x at 24,000, 1.026x for 4,096 g2 molecules
+#     (benchmarks/results/probe_ncu_sweep_h100_f64.md). Wider students (F / 64 slices) are not measured.
+# benchmarks/tune_small.py times every kernel under every choice; _configured() sets some keys temporarily.
+# Shipped: the fastest float32-accurate choice per kernel of the H100 sweep on 24,000-atom water
+# (benchmarks/results/tune_mp_h100.md, 2026-11-23): block forward 16 x 32 x 64 / 4 warps with tf32x3 (6.04 ->
+# 1.55 ms), atom sender backward with tf32x3 (6.79 -> 1.98 ms), both at the ieee kernels' error vs float64
+# (~3e-7); the filter kernel stays ieee (tf32x3 did not make it faster there). The edge kernel: tf32x3 at
+# 64 edges x 32 features / 4 warps, with its ∂rbf dots on untransposed filter tiles (stop 14,
+# benchmarks/results/tune_edge_tiles_h100_run2.md): 2.6 ms at 24,000 atoms (ieee 32 x 128: 3.5 ms), 32 µs for a
+# 192-atom water box, error vs float64 2.9e-7 (ieee 8.5e-7). Its ieee path keeps the tl.trans tiles.
+_CONFIG = {
+    "block_e": 16,
+    "block_f": 64,
+    "num_warps": 4,
+    "fwd_atom_block_e": 64,
+    "fwd_atom_block_f": 32,
+    "fwd_atom_warps": 4,
+    "fwd_variant": "block",
+    "fwd_block_a": 16,
+    "fwd_block_e": 32,
+    "fwd_block_f": 64,
+    "fwd_warps": 4,
+    "bwd_sender_variant": "auto",
+    "bwd_sender_block_a": 16,
+    "bwd_sender_block_e": 16,
+    "bwd_sender_block_f": 64,
+    "bwd_sender_warps": 4,
+    "sender_block_max_degree": 16,
+    "bwd_edge_block_e": 64,
+    "bwd_edge_block_f": 32,
+    "bwd_edge_warps": 4,
+    "bwd_edge_split": "auto",
+    "edge_split_programs_per_sm": 4,
+    "edge_split_feat": 64,
+    "bwd_filter_block_e": 32,
+    "bwd_filter_block_f": 128,
+    "bwd_filter_warps": 4,
+    "dot_fwd": "tf32x3",
+    "dot_bwd_sender": "tf32x3",
+    "dot_bwd_edge": "tf32x3",
+    "dot_bwd_filter": "ieee",
+    # Under the engine's tf32 / bf16 / fp16 the tf32x3 dots above take one TF32 pass (kernels/_precision.py);
+    # False keeps them tf32x3 in every precision (benchmarks/probe_precision.py times and measures both).
+    "reduced_dots": True,
+    "block_min_atoms": 1024,
+    "seg_split": True,
+    "fwd_stages": None,
+    "bwd_sender_stages": None,
+    "bwd_edge_stages": None,
+    "bwd_filter_stages": None,
+    "fwd_maxnreg": None,
+    "bwd_sender_maxnreg": None,
+    "bwd_edge_maxnreg": None,
+    "bwd_filter_maxnreg": None,
+    # The atom-variant sender backward capped at 128 registers on graphs of bwd_sender_cap_min_atoms atoms or more
+    # (168 uncapped: 3 programs of 4 warps per SM, 4 when capped). The whole step, capped vs uncapped in the same
+    # run: 1.032x at 24,000 atoms of water, 1.01-1.03x at 3,000, 0.98-0.99x on the 192-atom box, 1.00x benzene;
+    # the block variant (g2 batches) was 0.973x, so it stays uncapped (benchmarks/results/
+    # probe_ncu_sweep_h100_run7.md, run8.md).
+    "bwd_sender_atom_maxnreg": 128,
+    "bwd_sender_cap_min_atoms": 1000,
+}
+_KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
+_VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}
+_PRECISIONS = ("ieee", "tf32x3", "tf32")
+# Under the interpreter: block kernels take 16 atoms x 32 edges (so that tiles straddle atoms even in small test
+# graphs), the others whole feature rows and 64-edge tiles.
+_CPU_TILES = {"block_a": 16, "block_e_block": 32, "block_e": 64, "block_f": 128}
+
+
+@contextlib.contextmanager
+def _configured(**changes) -> Iterator[None]:
+    """Temporarily change keys of ``_CONFIG`` (benchmarks and tests); unknown keys raise ``KeyError``."""
+    unknown = set(changes) - set(_CONFIG)
+    if unknown:
+        raise KeyError(f"unknown launch configuration keys {sorted(unknown)}; known: {sorted(_CONFIG)}")
+    old = dict(_CONFIG)
+    _CONFIG.update(changes)
+    try:
+        yield
+    finally:
+        _CONFIG.clear()
+        _CONFIG.update(old)
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _edge_split(ref: Tensor, tiles: int, n_feat: int, block_f: int) -> int:
+    """Feature slices of the edge kernel (``bwd_edge_split``): "auto" splits the feature loop over
+    ``n_feat / edge_split_feat`` programs per edge tile, then 2x more (powers of two dividing the feature
+    chunks) while the grid has fewer than ``edge_split_programs_per_sm`` programs per SM, so that small graphs (a
+    molecule, a 192-atom box in MD) spread over the GPU instead of walking all features in a few programs."""
+    want = _CONFIG["bwd_edge_split"]
+    chunks = max(1, n_feat // block_f) if n_feat % block_f == 0 else 1
+    if want != "auto":
+        split = int(want)
+        return split if split >= 1 and chunks % split == 0 else 1
+    if not ref.is_cuda:
+        return 1
+    target = _CONFIG["edge_split_programs_per_sm"] * _sm_count(ref.device)
+    least = max(1, n_feat // _CONFIG["edge_split_feat"])
+    split = least if least & (least - 1) == 0 and chunks % least == 0 else 1
+    while chunks % (2 * split) == 0 and tiles * split < target:
+        split *= 2
+    return split
+
+
+def _launch_config(
+    ref: Tensor,
+    kernel: str,
+    n_feat: int,
+    n_rbf: int,
+    n_atoms: int | None = None,
+    n_edges: int | None = None,
+) -> tuple[dict, int, str]:
+    """Constexprs, warps and the variant that runs ("atom" or "block"), for ``kernel`` in ``_KERNELS`` on
+    ``ref``'s device and dtype; ``n_atoms``: the graph's atoms (below ``block_min_atoms`` the atom variant runs
+    on the GPU); ``n_edges``: its edges (the "auto" sender variant looks at edges per atom)."""
+    return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, n_atoms, n_edges)
+
+
+def _launch_config_for(
+    device_type: str,
+    dtype,
+    kernel: str,
+    n_feat: int,
+    n_rbf: int,
+    n_atoms: int | None = None,
+    n_edges: int | None = None,
+) -> tuple[dict, int, str]:
+    cuda = device_type == "cuda"
+    variant = _CONFIG.get(f"{kernel}_variant", "atom")  # the edge and filter kernels have one variant
+    if variant == "auto":
+        sparse = n_atoms is not None and n_edges is not None
+        sparse = sparse and int(n_edges) <= _CONFIG["sender_block_max_degree"] * int(n_atoms)
+        big = n_atoms is not None and int(n_atoms) >= _CONFIG["block_min_atoms"]
+        variant = "block" if cuda and sparse and big else "atom"
+    if cuda and n_atoms is not None and int(n_atoms) < _CONFIG["block_min_atoms"] and variant != "atom":
+        variant = "atom"
+    prec = _CONFIG[f"dot_{kernel}"]
+    variants = _VARIANTS.get(kernel, ("atom",))
+    if variant not in variants or prec not in _PRECISIONS:
+        raise ValueError(f"{kernel}: variant {variant!r} (one of {variants}), precision {prec!r} ({_PRECISIONS})")
+    blocked = variant != "atom"
+    block_a = 0
+    if not cuda:  # interpreter: few, large programs
+        be = _CPU_TILES["block_e_block" if blocked else "block_e"]
+        block_a, bf, warps = _CPU_TILES["block_a"], _CPU_TILES["block_f"], num_warps()
+    elif blocked or kernel in ("bwd_edge", "bwd_filter"):
+        block_a, be = _CONFIG.get(f"{kernel}_block_a", 0), _CONFIG[f"{kernel}_block_e"]
+        bf, warps = _CONFIG[f"{kernel}_block_f"], _CONFIG[f"{kernel}_warps"]
+    elif kernel == "fwd":
+        be, bf, warps = _CONFIG["fwd_atom_block_e"], _CONFIG["fwd_atom_block_f"], _CONFIG["fwd_atom_warps"]
+    else:
+        be, bf, warps = _CONFIG["block_e"], _CONFIG["block_f"], _CONFIG["num_warps"]
+    if cuda and dtype == torch.float64:
+        # Float64 tiles of 16 x 128 failed on the H100 (F = 128); 16 x 32 and 32 x 32 passed the same tests.
+        bf, be = min(bf, 32), min(be, 32)
+    c = dict(
+        N_FEAT=int(n_feat),
+        N_RBF=int(n_rbf),
+        BLOCK_E=max(16, be),
+        BLOCK_F=max(16, min(bf, _pow2(n_feat))),
+        R_PAD=max(16, _pow2(n_rbf)),
+        DOT_PRECISION=_dot_precision(prec) if cuda and dtype == torch.float32 else "ieee",
+    )
+    if blocked:
+        c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
+        c["SEG_SPLIT"] = bool(_CONFIG["seg_split"]) and c["DOT_PRECISION"] == "tf32x3"
+    stages = _CONFIG[f"{kernel}_stages"]
+    if cuda and stages is not None:
+        c["num_stages"] = int(stages)  # a launch option, passed with the constexprs
+    maxnreg = _CONFIG[f"{kernel}_maxnreg"]
+    if maxnreg is None and kernel == "bwd_sender" and variant == "atom" and n_atoms is not None:
+        if int(n_atoms) >= _CONFIG["bwd_sender_cap_min_atoms"]:
+            maxnreg = _CONFIG["bwd_sender_atom_maxnreg"]
+    if cuda and maxnreg:  # None or 0: uncapped
+        c["maxnreg"] = int(maxnreg)  # registers per thread at most (more programs per SM, maybe spills)
+    return c, warps, variant
+
+
+def _dot_precision(prec: str) -> str:
+    """A kernel's configured dot on float32 CUDA tensors under the engine's precision: one TF32 pass in place of
+    tf32x3 when the engine runs tf32, bf16 or fp16 (:mod:`._precision`); "ieee" stays "ieee"."""
+    return float32_dot(prec) if prec == "tf32x3" and _CONFIG["reduced_dots"] else prec
