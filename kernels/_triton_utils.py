@@ -261,7 +261,7 @@ if HAS_TRITON:
     def dot_rn(a, b, DOT: tl.constexpr):
         """``tl.dot(a, b, input_precision=DOT)``, except that "tf32" rounds both operands to the nearest TF32 value
         first: the TF32 MMA itself ignores their low 13 bits, i.e. truncates toward zero, and that bias adds up
-        over a sum (measured on the shipped student: 9.1 meV/atom energy error against 2.3 in fp16)."""
+        over a sum (on the shipped student, tf32's energy error went from 9.1 to 0.89 meV/atom with the rounding)."""
         if DOT == "tf32":
             return tl.dot(round_tf32(a), round_tf32(b), input_precision="tf32")
         else:
