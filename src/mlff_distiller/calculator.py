@@ -33,7 +33,6 @@ STRESS_WINDOW = 3
 # Calculations between two checks of the structure against the student's training envelope (the first is checked):
 # a CPU neighbour list, ~1 ms for a small molecule, ~0.1 s for 24,000 atoms.
 DOMAIN_CHECK_EVERY = 1000
-DOMAIN_DEVICE_MIN_ATOMS = 1000  # from this many atoms the envelope check runs on the engine's GPU
 
 
 class StudentCalculator(Calculator):
@@ -276,10 +275,8 @@ class StudentCalculator(Calculator):
             self._check_domain()
 
     def _check_domain(self) -> None:
-        # Large systems on the engine's GPU (its neighbour list: milliseconds, against ~1 s for 24,000 atoms on two
-        # CPU cores); small ones on the host, where a molecule takes well under a millisecond.
-        big = self.engine.device.type == "cuda" and len(self.atoms) >= DOMAIN_DEVICE_MIN_ATOMS
-        found = self.domain.check(self.atoms, device=self.engine.device if big else None)
+        device = self.domain.check_device(len(self.atoms), self.engine.device)  # large systems: the engine's GPU
+        found = self.domain.check(self.atoms, device=device)
         warn = found and not self.domain_findings
         self.domain_findings = found
         if warn:

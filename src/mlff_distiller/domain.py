@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["DISTANCE_TOLERANCE", "NEIGHBOR_TOLERANCE", "DomainEnvelope", "OutOfDomainWarning"]
+__all__ = ["DISTANCE_TOLERANCE", "GPU_CHECK_MIN_ATOMS", "NEIGHBOR_TOLERANCE", "DomainEnvelope", "OutOfDomainWarning"]
 
 # A pair is outside when it is shorter than this fraction of the shortest pair of its elements seen in training; an
 # atom is outside when it has more than this multiple of the most neighbours seen around its element. Thermal MD of
@@ -33,6 +33,9 @@ __all__ = ["DISTANCE_TOLERANCE", "NEIGHBOR_TOLERANCE", "DomainEnvelope", "OutOfD
 DISTANCE_TOLERANCE = 0.9
 NEIGHBOR_TOLERANCE = 1.25
 _CHUNK = 256  # frames per neighbour-list call
+# From this many atoms a caller's GPU checks faster than the host (water, H100 host: 3,000 atoms 4.5 vs 31 ms, 24,000
+# atoms 5.2 vs 192 ms; benchmarks/results/probe_domain_check_h100.md); below it the transfers and launches dominate.
+GPU_CHECK_MIN_ATOMS = 1000
 
 
 class OutOfDomainWarning(UserWarning):
@@ -133,6 +136,12 @@ class DomainEnvelope:
                     f"data's most: {seen_n})"
                 )
         return found[:limit]
+
+    @staticmethod
+    def check_device(n_atoms: int, device: torch.device) -> torch.device | None:
+        """Where to check a structure of ``n_atoms`` for a caller computing on ``device``: that GPU from
+        ``GPU_CHECK_MIN_ATOMS`` atoms on, else the host (None)."""
+        return device if device.type == "cuda" and n_atoms >= GPU_CHECK_MIN_ATOMS else None
 
     # ------------------------------------------------------------------------------------------ storage
     def to_dict(self) -> dict:

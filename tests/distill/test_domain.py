@@ -305,3 +305,12 @@ def _water_box(n: int) -> Atoms:
     water.center()
     water.pbc = True
     return water.repeat((n, n, n))
+
+
+def test_large_structures_are_checked_on_the_callers_gpu():
+    from mlff_distiller.domain import GPU_CHECK_MIN_ATOMS
+
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert DomainEnvelope.check_device(GPU_CHECK_MIN_ATOMS, gpu) == gpu
+    assert DomainEnvelope.check_device(GPU_CHECK_MIN_ATOMS - 1, gpu) is None
+    assert DomainEnvelope.check_device(10**6, cpu) is None
