@@ -74,7 +74,8 @@ class EvaluateJob:
 
 @dataclass(kw_only=True)
 class PredictJob:
-    """``predict``: energies and forces of every structure in ``input``, written as extxyz to ``output``."""
+    """``predict``: energies and forces of every structure in ``input``, written as extxyz to ``output`` chunk by
+    chunk; an interrupted run continues where it stopped (:mod:`mlff_distiller.predict_file`)."""
 
     model: str = "builtin:chno-gfn2"
     input: str = ""
@@ -83,6 +84,9 @@ class PredictJob:
     precision: str = "fp32"
     batch_size: int | None = None
     check_domain: bool = False
+    stress: bool = False
+    chunk: int = 10_000
+    restart: bool = False
 
 
 @dataclass(kw_only=True)
@@ -215,7 +219,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--nve-steps", dest="nve_steps", type=int, help="NVE steps for the drift check (0: none)")
     p.add_argument("--history", help="history.json of a training run, for a learning-curve PNG")
 
-    p = sub.add_parser("predict", help="energies/forces of a structures file, written as extxyz")
+    p = sub.add_parser(
+        "predict", help="energies/forces of a structures file, written as extxyz in chunks (an interrupted run resumes)"
+    )
     _add_common(p)
     p.add_argument("--model", help="checkpoint path or builtin:NAME")
     p.add_argument("--input", help="structures file (any format ASE reads)")
@@ -230,6 +236,18 @@ def make_parser() -> argparse.ArgumentParser:
         const=True,
         help="check each structure against the training envelope stored with the student; frames outside carry "
         "'domain' in their info",
+    )
+    p.add_argument(
+        "--stress", action="store_const", const=True, help="also the stress of fully periodic structures (eV/Å³)"
+    )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        help="structures read, computed and written at a time (default 10000); an interrupted run keeps every "
+        "finished chunk, and the same command continues after them",
+    )
+    p.add_argument(
+        "--restart", action="store_const", const=True, help="discard an unfinished run at OUTPUT instead of resuming it"
     )
 
     p = sub.add_parser("md", help="molecular dynamics with the student, trajectory as extxyz")
@@ -288,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"mlff-distill {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"mlff-distill {args.command}: interrupted", file=sys.stderr)
+        return 130
     print(json.dumps(result, indent=1, default=str))
     return 0
 

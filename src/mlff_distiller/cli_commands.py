@@ -152,44 +152,23 @@ def _read_structures(path: str):
 
 
 def run_predict(job: PredictJob) -> dict:
-    import ase.io
-    from ase.calculators.singlepoint import SinglePointCalculator
+    from mlff_distiller.predict_file import predict_file, stderr_log
 
-    from mlff_distiller.batching import NonFiniteOutputError
-    from mlff_distiller.predict import predict_forces
-
-    frames = _read_structures(job.input)
-    t0 = time.perf_counter()
-    failure = None
-    try:
-        preds = predict_forces(
-            job.model,
-            frames,
-            device=job.device,
-            batch_size=job.batch_size,
-            precision=job.precision,
-            check_domain=job.check_domain,
-        )
-    except NonFiniteOutputError as err:  # the finite results are still written, then the error is reported
-        failure, preds = err, err.results
-    seconds = time.perf_counter() - t0
-    out = []
-    for atoms, p in zip(frames, preds, strict=True):
-        if p is None:
-            continue
-        a = atoms.copy()
-        a.calc = SinglePointCalculator(a, energy=p["energy"], forces=p["forces"], energies=p["energies"])
-        if p.get("domain"):
-            a.info["domain"] = "; ".join(p["domain"])
-        out.append(a)
-    Path(job.output).parent.mkdir(parents=True, exist_ok=True)
-    ase.io.write(job.output, out, format="extxyz")
-    if failure is not None:
-        raise ValueError(f"{failure}\n{job.output} holds the other {len(out)} of {len(frames)} structures") from None
-    result = {"structures": len(out), "seconds": seconds, "output": job.output}
-    if job.check_domain:
-        result["outside_domain"] = sum(1 for p in preds if p is not None and p["domain"])
-    return result
+    if not job.input:
+        raise ValueError("--input is required")
+    return predict_file(
+        job.model,
+        job.input,
+        job.output,
+        chunk=job.chunk,
+        restart=job.restart,
+        device=job.device,
+        batch_size=job.batch_size,
+        precision=job.precision,
+        stress=job.stress,
+        check_domain=job.check_domain,
+        log=stderr_log,
+    )
 
 
 def run_md(job: MDJob) -> dict:

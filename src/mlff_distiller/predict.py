@@ -77,14 +77,7 @@ def predict_forces(
         return []
     if not isinstance(model, StudentModel):
         model = load_model(model)
-    envelope = None
-    if check_domain:
-        envelope = DomainEnvelope.of_model(model)
-        if envelope is None:
-            raise ValueError(
-                "check_domain: this student stores no training envelope (it was trained before envelopes were "
-                "recorded, as the shipped students were); train or fine-tune it with mlff-distill to record one"
-            )
+    envelope = required_envelope(model) if check_domain else None
     engine = ForceEngine(
         model,
         device=device,
@@ -93,6 +86,32 @@ def predict_forces(
         compile_mode=compile_mode,
         memory_budget=memory_budget,
     )
+    return run_predictions(engine, envelope, structures, batch_size=batch_size, stress=stress, pipeline=pipeline)
+
+
+def required_envelope(model: StudentModel) -> DomainEnvelope:
+    """The training envelope stored with ``model``, for ``check_domain``; a ``ValueError`` when it stores none."""
+    envelope = DomainEnvelope.of_model(model)
+    if envelope is None:
+        raise ValueError(
+            "check_domain: this student stores no training envelope (it was trained before envelopes were "
+            "recorded); train or fine-tune it with mlff-distill to record one"
+        )
+    return envelope
+
+
+def run_predictions(
+    engine: ForceEngine,
+    envelope: DomainEnvelope | None,
+    structures: list,
+    *,
+    batch_size: int | None = None,
+    stress: bool = False,
+    pipeline: bool | None = None,
+) -> list[dict]:
+    """``engine.predict`` of ``structures``, each result checked against ``envelope`` when one is given (the body
+    of :func:`predict_forces`, shared with :func:`~mlff_distiller.predict_file.predict_file`, which keeps one
+    engine for many calls)."""
     if envelope is None:
         return engine.predict(structures, batch_size=batch_size, stress=stress, pipeline=pipeline)
     try:

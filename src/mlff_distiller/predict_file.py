@@ -1,0 +1,313 @@
+"""``predict_file``: a structures file in, an extxyz file of energies and forces out, in chunks that survive an
+interrupted run (``mlff-distill predict``).
+
+Millions of structures do not fit a list of ``ase.Atoms`` and its results comfortably, and a run of that size
+should not lose its finished part to a Ctrl-C, a killed job or a lost node. So the input is read in chunks
+(``ase.io.iread``), each chunk runs through one :class:`~mlff_distiller.engine.ForceEngine` kept for the whole
+file (its captured buckets are reused), and its frames are appended to the output before the next chunk is read.
+
+After each chunk the output is flushed to disk, and ``<output>.progress.json`` records how many input structures
+are done and how many bytes of the output hold them. Started again with the same input, student and settings, the
+run truncates the output to those bytes (a chunk cut off mid-write is dropped), skips the finished structures and
+goes on; a run started over other settings is refused rather than mixed in. The progress file is removed when the
+whole input is done.
+
+Structures that cannot be computed do not stop the run: bad input (an element the student does not know,
+non-finite positions, a zero-volume cell) and non-finite outputs are left out of the output, every other structure
+is written, and a ``ValueError`` at the end names them by their input index with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.batching import NonFiniteOutputError
+from mlff_distiller.checkpoint import load_model
+from mlff_distiller.domain import DomainEnvelope
+from mlff_distiller.engine import ForceEngine
+from mlff_distiller.model import StudentModel
+from mlff_distiller.predict import required_envelope, run_predictions
+
+__all__ = ["CHUNK", "PROGRESS_SUFFIX", "predict_file"]
+
+CHUNK = 10_000  # structures per chunk: a few MB of results, and seconds of work per flush at ASE's extxyz speed
+PROGRESS_SUFFIX = ".progress.json"
+_FORMAT = 1
+_LISTED = 20  # skipped structures named in the final error
+
+
+def predict_file(
+    model: StudentModel | str | Path,
+    input: str | Path,
+    output: str | Path,
+    *,
+    chunk: int = CHUNK,
+    restart: bool = False,
+    device: torch.device | str | None = None,
+    batch_size: int | None = None,
+    precision: str = "fp32",
+    stress: bool = False,
+    mode: str = "auto",
+    check_domain: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Energies and forces (and stress, for periodic structures with ``stress``) of every structure in ``input``,
+    written to ``output`` as extxyz in input order, chunk by chunk; an unfinished run of the same job resumes.
+
+    Args:
+        model: a :class:`StudentModel`, a checkpoint path or ``"builtin:<name>"``.
+        input: any structures file ASE reads (read lazily where ASE can, else whole).
+        output: the extxyz file written; ``<output>.progress.json`` sits beside it while the run is unfinished.
+        chunk: structures read, computed and written at a time (the most that a cut-off run loses).
+        restart: discard an unfinished run's output and progress instead of resuming it.
+        device, batch_size, precision, stress, mode: as for :func:`~mlff_distiller.predict.predict_forces`.
+        check_domain: each written frame outside the student's training envelope carries ``info["domain"]``.
+        log: called with one line per finished chunk (the CLI prints it to stderr).
+    Returns:
+        ``structures`` (written), ``skipped`` (0 here: a run with skipped structures raises), ``seconds``,
+        ``resumed_from`` (input structures done before this call), ``output``; with ``check_domain``,
+        ``outside_domain``.
+    Raises:
+        ValueError: some structures were left out (bad input or a non-finite output): raised after every other
+            structure is written, naming them; an unfinished run of other settings at ``output``; ``chunk < 1``.
+        FileNotFoundError: no ``input``.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    input, output = Path(input), Path(output)
+    if not input.exists():
+        raise FileNotFoundError(f"input file not found: {input}")
+    if not isinstance(model, StudentModel):
+        model = load_model(model)
+    envelope = required_envelope(model) if check_domain else None
+    job = {
+        "format": _FORMAT,
+        "input": str(input.resolve()),
+        "input_size": input.stat().st_size,
+        "input_mtime_ns": input.stat().st_mtime_ns,
+        "model": model_fingerprint(model),
+        "precision": precision,
+        "stress": bool(stress),
+        "check_domain": bool(check_domain),
+    }
+    progress_path = output.with_name(output.name + PROGRESS_SUFFIX)
+    state = _resume_state(job, output, progress_path, restart)
+    resumed_from = state["done"]
+    engine = ForceEngine(model, device=device, precision=precision, mode=mode)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(output, "r+b" if state["bytes"] else "wb") as out:
+        out.truncate(state["bytes"])  # a chunk cut off mid-write after the last record is dropped here
+        out.seek(state["bytes"])
+        try:
+            for frames in _chunks(_read_from(input, state["done"]), chunk):
+                first = state["done"]
+                results, skipped = _predict_chunk(engine, envelope, frames, batch_size, stress)
+                _append(out, frames, results)
+                state["written"] += sum(r is not None for r in results)
+                state["outside_domain"] += sum(1 for r in results if r is not None and r.get("domain"))
+                state["skipped"].extend([first + k, why] for k, why in skipped)
+                state["done"] += len(frames)
+                state["bytes"] = out.tell()
+                _write_progress(progress_path, job, state)
+                if log is not None:
+                    rate = (state["done"] - resumed_from) / max(time.perf_counter() - t0, 1e-9)
+                    log(f"{state['done']} structures done ({rate:.0f}/s), {state['written']} written to {output}")
+        except KeyboardInterrupt:
+            if log is not None:
+                log(
+                    f"interrupted: {output} holds the first {state['done']} input structures; the same command "
+                    "continues from there"
+                )
+            raise
+    seconds = time.perf_counter() - t0
+    if state["skipped"]:
+        # Kept until the user has seen the error: a rerun resumes past the end, writes nothing and says it again.
+        _write_progress(progress_path, job, state)
+        raise ValueError(_skipped_message(state, output))
+    progress_path.unlink(missing_ok=True)
+    result = {
+        "structures": state["written"],
+        "skipped": 0,
+        "seconds": seconds,
+        "resumed_from": resumed_from,
+        "output": str(output),
+    }
+    if check_domain:
+        result["outside_domain"] = state["outside_domain"]
+    return result
+
+
+def model_fingerprint(model: StudentModel) -> str:
+    """SHA-256 of the student's configuration and parameters: the same weights give the same string."""
+    digest = hashlib.sha256(json.dumps(model.config_dict(), sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _resume_state(job: dict, output: Path, progress_path: Path, restart: bool) -> dict:
+    """Where this run starts: the recorded progress of an unfinished run of the same job, else from scratch."""
+    fresh = {"done": 0, "written": 0, "bytes": 0, "outside_domain": 0, "skipped": []}
+    if restart or not progress_path.exists():
+        progress_path.unlink(missing_ok=True)
+        return fresh
+    try:
+        record = json.loads(progress_path.read_text())
+        recorded_job, state = record["job"], record["state"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"{progress_path} is unreadable ({exc}); pass restart=True (--restart) to start over"
+        ) from None
+    changed = [k for k in job if recorded_job.get(k) != job[k]]
+    if changed:
+        what = ", ".join(f"{k}: was {recorded_job.get(k)!r}, now {job[k]!r}" for k in changed)
+        raise ValueError(
+            f"{output} holds an unfinished run of another job ({what}); rerun it unchanged to continue it, or pass "
+            "restart=True (--restart) to discard it"
+        )
+    if not output.exists() or output.stat().st_size < state["bytes"]:
+        raise ValueError(
+            f"{output} is shorter than its progress record ({state['bytes']} bytes); pass restart=True (--restart) "
+            "to start over"
+        )
+    return {**fresh, **state}
+
+
+def _read_from(path: Path, start: int) -> Iterator:
+    """The structures of ``path`` from index ``start`` on: lazily where ASE can iterate the format (extxyz and
+    trajectories skip the first ``start`` without parsing them), else the whole file read once."""
+    import ase.io
+
+    try:
+        frames = ase.io.iread(str(path), index=slice(start, None))
+        first = next(frames, None)
+    except Exception:  # formats ASE cannot iterate (POSCAR, ...): their parse errors come again from read()
+        yield from ase.io.read(str(path), index=":")[start:]
+        return
+    if first is None:
+        return
+    yield first
+    yield from frames
+
+
+def _chunks(frames: Iterator, size: int) -> Iterator[list]:
+    block = []
+    for atoms in frames:
+        block.append(atoms)
+        if len(block) == size:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def _predict_chunk(
+    engine: ForceEngine, envelope: DomainEnvelope | None, frames: list, batch_size: int | None, stress: bool
+) -> tuple[list[dict | None], list[tuple[int, str]]]:
+    """Results of one chunk (``None`` where left out) and the left-out structures' chunk indices with reasons."""
+    problems = {}
+    try:
+        rows = run_predictions(engine, envelope, frames, batch_size=batch_size, stress=stress)
+    except NonFiniteOutputError as exc:
+        rows = exc.results
+        problems = {k: "non-finite output (" + _reason_of(exc) + ")" for k in exc.indices}
+    except ValueError:
+        # A bad structure stops the whole call before compute: find every bad one, then run the others.
+        problems = {k: why for k, atoms in enumerate(frames) if (why := _input_problem(engine, atoms))}
+        if not problems:
+            raise
+        keep = [k for k in range(len(frames)) if k not in problems]
+        sub, sub_problems = _predict_chunk(engine, envelope, [frames[k] for k in keep], batch_size, stress)
+        rows = [None] * len(frames)
+        for j, k in enumerate(keep):
+            rows[k] = sub[j]
+        problems.update({keep[j]: why for j, why in sub_problems})
+    return rows, sorted(problems.items())
+
+
+def _reason_of(exc: NonFiniteOutputError) -> str:
+    text = str(exc)
+    return text.split(". ", 1)[-1].rstrip(".") if ". " in text else "see the student's range"
+
+
+def _input_problem(engine: ForceEngine, atoms) -> str | None:
+    """Why ``atoms`` cannot be computed (the ValueError of the input checks), else None."""
+    try:
+        batch = AtomsBatch.from_atoms([atoms])
+        engine.model.check_species(batch.numbers)
+    except ValueError as exc:
+        return str(exc).removeprefix("structure 0: ").removeprefix("structure 0 ")
+    return None
+
+
+def _append(out, frames: list, results: list[dict | None]) -> None:
+    """Frames with their results as extxyz at the end of ``out``, then flushed to disk."""
+    import ase.io
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    written = []
+    for atoms, r in zip(frames, results, strict=True):
+        if r is None:
+            continue
+        a = atoms.copy()
+        extra = {"stress": np.asarray(r["stress"])} if "stress" in r else {}
+        a.calc = SinglePointCalculator(a, energy=r["energy"], forces=r["forces"], energies=r["energies"], **extra)
+        if r.get("domain"):
+            a.info["domain"] = "; ".join(r["domain"])
+        written.append(a)
+    if written:
+        text = _TextSink(out)
+        ase.io.write(text, written, format="extxyz")
+    out.flush()
+    os.fsync(out.fileno())
+
+
+class _TextSink:
+    """A text view of the binary output file for ASE's extxyz writer (which writes str); the position in bytes
+    stays exact for the progress record."""
+
+    def __init__(self, raw) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(text.encode())
+        return len(text)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+def _write_progress(path: Path, job: dict, state: dict) -> None:
+    """The progress record, replaced atomically (a crash leaves the old or the new one, never a torn file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"job": job, "state": state}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _skipped_message(state: dict, output: Path) -> str:
+    skipped = state["skipped"]
+    listed = "; ".join(f"structure {k}: {why}" for k, why in skipped[:_LISTED])
+    more = f"; ... ({len(skipped)} in all)" if len(skipped) > _LISTED else ""
+    return (
+        f"{len(skipped)} of {state['done']} input structures were left out of {output}, which holds the other "
+        f"{state['written']} in input order: {listed}{more}"
+    )
+
+
+def stderr_log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,213 @@
+"""predict_file / ``mlff-distill predict``: chunked output equal to one predict_forces call, an interrupted run that
+resumes to the same file, and structures left out by name rather than stopping the run."""
+
+from __future__ import annotations
+
+import json
+
+import ase.io
+import numpy as np
+import pytest
+from ase import Atoms
+from ase.build import bulk, molecule
+
+import mlff_distiller.predict_file as pf
+from mlff_distiller import load_model, predict_forces
+from mlff_distiller.cli import main
+from mlff_distiller.predict_file import PROGRESS_SUFFIX, model_fingerprint, predict_file
+
+MODEL = "builtin:chno-gfn2"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(MODEL)
+
+
+def _frames(n: int = 11) -> list[Atoms]:
+    names = ["H2O", "CH4", "C6H6", "CH3CH2OH", "NH3", "HCN", "CH3OH"]
+    out = []
+    for k in range(n):
+        a = molecule(names[k % len(names)])
+        a.rattle(0.03, seed=k)
+        out.append(a)
+    return out
+
+
+def _write(path, frames) -> str:
+    ase.io.write(path, frames, format="extxyz")
+    return str(path)
+
+
+class _Interrupt:
+    """Wraps predict_file's run_predictions: raises KeyboardInterrupt at call ``at`` (1-based); counts calls."""
+
+    def __init__(self, at: int | None) -> None:
+        self.at, self.calls = at, 0
+        self.real = pf.run_predictions
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return self.real(*args, **kwargs)
+
+
+def test_chunked_output_equals_one_call(model, tmp_path):
+    frames = _frames(11)
+    src = _write(tmp_path / "in.extxyz", frames)
+    out = tmp_path / "out.extxyz"
+    result = predict_file(model, src, out, chunk=3, device="cpu")
+    assert result["structures"] == 11 and result["resumed_from"] == 0
+    assert not (tmp_path / ("out.extxyz" + PROGRESS_SUFFIX)).exists()
+    written = ase.io.read(out, ":")
+    expected = predict_forces(model, ase.io.read(src, ":"), device="cpu")  # the input as written to the file
+    assert [a.get_chemical_formula() for a in written] == [a.get_chemical_formula() for a in frames]
+    for a, ref, src_atoms in zip(written, expected, frames, strict=True):
+        assert a.get_potential_energy() == pytest.approx(ref["energy"], abs=1e-9)
+        np.testing.assert_allclose(a.get_forces(), ref["forces"], atol=1e-8)  # extxyz keeps 8 decimals
+        np.testing.assert_allclose(a.positions, src_atoms.positions, atol=1e-8)
+        assert "stress" not in a.calc.results
+
+
+def test_an_interrupted_run_resumes_to_the_same_file(model, tmp_path, monkeypatch):
+    frames = _frames(11)
+    src = _write(tmp_path / "in.extxyz", frames)
+    whole = tmp_path / "whole.extxyz"
+    predict_file(model, src, whole, chunk=3, device="cpu")
+
+    out = tmp_path / "out.extxyz"
+    progress = tmp_path / ("out.extxyz" + PROGRESS_SUFFIX)
+    stop = _Interrupt(at=3)
+    monkeypatch.setattr(pf, "run_predictions", stop)
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(model, src, out, chunk=3, device="cpu")
+    assert len(ase.io.read(out, ":")) == 6  # the two finished chunks are on disk
+    assert json.loads(progress.read_text())["state"]["done"] == 6
+
+    again = _Interrupt(at=None)
+    monkeypatch.setattr(pf, "run_predictions", again)
+    result = predict_file(model, src, out, chunk=3, device="cpu")
+    assert again.calls == 2  # only the chunks not yet done: structures 6-8 and 9-10
+    assert result["resumed_from"] == 6 and result["structures"] == 11
+    assert out.read_bytes() == whole.read_bytes()
+    assert not progress.exists()
+
+
+def test_a_chunk_cut_off_mid_write_is_dropped_on_resume(model, tmp_path, monkeypatch):
+    frames = _frames(7)
+    src = _write(tmp_path / "in.extxyz", frames)
+    whole = tmp_path / "whole.extxyz"
+    predict_file(model, src, whole, chunk=2, device="cpu")
+    out = tmp_path / "out.extxyz"
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=4))  # the last chunk: one structure
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(model, src, out, chunk=2, device="cpu")
+    with open(out, "a") as f:  # what a kill during a longer append leaves behind
+        f.write("5\nLattice=\"0 0 0\" Properties=species:S:1:pos:R:3 energy=-1.0\n" + "O 0.0 0.0 0.0\n" * 400)
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=None))
+    predict_file(model, src, out, chunk=2, device="cpu")
+    assert out.read_bytes() == whole.read_bytes()
+
+
+def test_resume_refuses_another_job_and_restart_discards_it(model, tmp_path, monkeypatch):
+    src = _write(tmp_path / "in.extxyz", _frames(5))
+    out = tmp_path / "out.extxyz"
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=2))
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(model, src, out, chunk=2, device="cpu")
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=None))
+    with pytest.raises(ValueError, match=r"unfinished run of another job \(precision: was 'fp32', now 'fp64'\)"):
+        predict_file(model, src, out, chunk=2, device="cpu", precision="fp64")
+    other = load_model("builtin:chno-gfn2-small")
+    with pytest.raises(ValueError, match="model: was"):
+        predict_file(other, src, out, chunk=2, device="cpu")
+    result = predict_file(model, src, out, chunk=2, device="cpu", precision="fp64", restart=True)
+    assert result["resumed_from"] == 0 and len(ase.io.read(out, ":")) == 5
+
+
+def test_a_changed_input_is_not_resumed(model, tmp_path, monkeypatch):
+    frames = _frames(5)
+    src = _write(tmp_path / "in.extxyz", frames)
+    out = tmp_path / "out.extxyz"
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=2))
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(model, src, out, chunk=2, device="cpu")
+    _write(tmp_path / "in.extxyz", frames[::-1])
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=None))
+    with pytest.raises(ValueError, match="input_"):
+        predict_file(model, src, out, chunk=2, device="cpu")
+
+
+def test_bad_and_failing_structures_are_left_out_and_named(model, tmp_path):
+    frames = _frames(9)
+    frames[4] = molecule("SiH4")  # an element the student does not know
+    # a 0.5 Å cell puts thousands of images within the cutoff: float32 overflows (a real non-finite output)
+    frames[7] = Atoms("H2", positions=[[0, 0, 0], [0.7, 0, 0]], cell=[0.5] * 3, pbc=True)
+    src = _write(tmp_path / "in.extxyz", frames)
+    out = tmp_path / "out.extxyz"
+    with pytest.raises(ValueError, match=r"2 of 9 input structures were left out") as err:
+        predict_file(model, src, out, chunk=4, device="cpu")
+    assert "structure 4: unknown element(s) ['Si']" in str(err.value)
+    assert "structure 7: non-finite output" in str(err.value)
+    written = ase.io.read(out, ":")
+    kept = [a for k, a in enumerate(ase.io.read(src, ":")) if k not in (4, 7)]
+    assert [a.get_chemical_formula() for a in written] == [a.get_chemical_formula() for a in kept]
+    expected = predict_forces(model, kept, device="cpu")
+    for a, ref in zip(written, expected, strict=True):
+        assert a.get_potential_energy() == pytest.approx(ref["energy"], abs=1e-9)
+    size = out.stat().st_size
+    with pytest.raises(ValueError, match="structure 4: unknown"):  # a rerun says it again and writes nothing
+        predict_file(model, src, out, chunk=4, device="cpu")
+    assert out.stat().st_size == size
+
+
+def test_stress_of_periodic_structures(model, tmp_path):
+    diamond = bulk("C", "diamond", a=3.6)
+    diamond.rattle(0.02, seed=1)
+    box = molecule("CH4")
+    box.cell, box.pbc = [7.0, 7.5, 8.0], True
+    box.center()
+    frames = [molecule("H2O"), diamond, box]
+    src = _write(tmp_path / "in.extxyz", frames)
+    out = tmp_path / "out.extxyz"
+    predict_file(model, src, out, chunk=2, device="cpu", stress=True, precision="fp64")
+    written = ase.io.read(out, ":")
+    expected = predict_forces(model, ase.io.read(src, ":"), device="cpu", stress=True, precision="fp64")
+    assert "stress" not in written[0].calc.results
+    for a, ref in zip(written[1:], expected[1:], strict=True):
+        np.testing.assert_allclose(a.get_stress(), ref["stress"], rtol=1e-9, atol=1e-12)
+
+
+def test_a_format_ase_cannot_iterate(model, tmp_path):
+    crystal = bulk("C", "diamond", a=3.6)
+    ase.io.write(tmp_path / "POSCAR", crystal, format="vasp")
+    out = tmp_path / "out.extxyz"
+    assert predict_file(model, tmp_path / "POSCAR", out, device="cpu")["structures"] == 1
+    ref = predict_forces(model, [crystal], device="cpu")[0]
+    assert ase.io.read(out).get_potential_energy() == pytest.approx(ref["energy"], abs=1e-9)
+
+
+def test_model_fingerprint_follows_the_weights(model):
+    other = load_model(MODEL)
+    assert model_fingerprint(other) == model_fingerprint(model)
+    with np.errstate(all="ignore"):
+        next(other.parameters()).data[0] += 1e-6
+    assert model_fingerprint(other) != model_fingerprint(model)
+
+
+def test_cli_predict_chunks_resumes_and_reports(tmp_path, monkeypatch, capsys):
+    frames = _frames(5)
+    src = _write(tmp_path / "in.extxyz", frames)
+    out = tmp_path / "out.extxyz"
+    args = ["predict", "--input", src, "--output", str(out), "--device", "cpu", "--chunk", "2"]
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=2))
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "holds the first 2 input structures" in err
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=None))
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["structures"] == 5 and summary["resumed_from"] == 2
+    assert len(ase.io.read(out, ":")) == 5
+    assert main([*args, "--chunk", "0"]) == 2
