@@ -1,6 +1,7 @@
 """mlff-distiller: distil slow teacher force fields into fast PaiNN-class students.
 
-Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :class:`ForceEngine`,
+Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :func:`predict_file` (a structures
+file to extxyz, resumable), :class:`ForceEngine`,
 :class:`StudentCalculator`, :class:`AtomsBatch`; :class:`NonFiniteOutputError` (a NaN or inf output, never
 returned). Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
 """
@@ -12,6 +13,7 @@ from mlff_distiller.checkpoint import builtin_models, load_model
 from mlff_distiller.engine import ForceEngine
 from mlff_distiller.model import ModelConfig, StudentModel
 from mlff_distiller.predict import predict_forces
+from mlff_distiller.predict_stream import predict_file
 
 __version__ = "0.1.0"
 
@@ -26,5 +28,6 @@ __all__ = [
     "__version__",
     "builtin_models",
     "load_model",
+    "predict_file",
     "predict_forces",
 ]

@@ -75,7 +75,7 @@ class EvaluateJob:
 @dataclass(kw_only=True)
 class PredictJob:
     """``predict``: energies and forces of every structure in ``input``, written as extxyz to ``output`` chunk by
-    chunk; an interrupted run continues where it stopped (:mod:`mlff_distiller.predict_file`)."""
+    chunk; an interrupted run continues where it stopped (:mod:`mlff_distiller.predict_stream`)."""
 
     model: str = "builtin:chno-gfn2"
     input: str = ""

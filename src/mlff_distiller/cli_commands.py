@@ -152,7 +152,7 @@ def _read_structures(path: str):
 
 
 def run_predict(job: PredictJob) -> dict:
-    from mlff_distiller.predict_file import predict_file, stderr_log
+    from mlff_distiller.predict_stream import predict_file, stderr_log
 
     if not job.input:
         raise ValueError("--input is required")

@@ -110,7 +110,7 @@ def run_predictions(
     pipeline: bool | None = None,
 ) -> list[dict]:
     """``engine.predict`` of ``structures``, each result checked against ``envelope`` when one is given (the body
-    of :func:`predict_forces`, shared with :func:`~mlff_distiller.predict_file.predict_file`, which keeps one
+    of :func:`predict_forces`, shared with :func:`~mlff_distiller.predict_stream.predict_file`, which keeps one
     engine for many calls)."""
     if envelope is None:
         return engine.predict(structures, batch_size=batch_size, stress=stress, pipeline=pipeline)

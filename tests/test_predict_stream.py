@@ -11,10 +11,10 @@ import pytest
 from ase import Atoms
 from ase.build import bulk, molecule
 
-import mlff_distiller.predict_file as pf
+import mlff_distiller.predict_stream as pf
 from mlff_distiller import load_model, predict_forces
 from mlff_distiller.cli import main
-from mlff_distiller.predict_file import PROGRESS_SUFFIX, model_fingerprint, predict_file
+from mlff_distiller.predict_stream import PROGRESS_SUFFIX, model_fingerprint, predict_file
 
 MODEL = "builtin:chno-gfn2"
 
