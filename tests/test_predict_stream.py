@@ -104,7 +104,7 @@ def test_a_chunk_cut_off_mid_write_is_dropped_on_resume(model, tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         predict_file(model, src, out, chunk=2, device="cpu")
     with open(out, "a") as f:  # what a kill during a longer append leaves behind
-        f.write("5\nLattice=\"0 0 0\" Properties=species:S:1:pos:R:3 energy=-1.0\n" + "O 0.0 0.0 0.0\n" * 400)
+        f.write('5\nLattice="0 0 0" Properties=species:S:1:pos:R:3 energy=-1.0\n' + "O 0.0 0.0 0.0\n" * 400)
     monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=None))
     predict_file(model, src, out, chunk=2, device="cpu")
     assert out.read_bytes() == whole.read_bytes()
