@@ -8,6 +8,7 @@ import json
 import ase.io
 import numpy as np
 import pytest
+import torch
 from ase import Atoms
 from ase.build import bulk, molecule
 
@@ -211,3 +212,23 @@ def test_cli_predict_chunks_resumes_and_reports(tmp_path, monkeypatch, capsys):
     assert summary["structures"] == 5 and summary["resumed_from"] == 2
     assert len(ase.io.read(out, ":")) == 5
     assert main([*args, "--chunk", "0"]) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_resume_on_the_gpu(model, tmp_path, monkeypatch):
+    """On CUDA (captured buckets, the pipelined predict): chunks resume to the bytes of an uninterrupted run, and
+    the results match predict_forces."""
+    frames = _frames(40)
+    src = _write(tmp_path / "in.extxyz", frames)
+    whole, out = tmp_path / "whole.extxyz", tmp_path / "out.extxyz"
+    predict_file(model, src, whole, chunk=16, device="cuda")
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=2))
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(model, src, out, chunk=16, device="cuda")
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=None))
+    assert predict_file(model, src, out, chunk=16, device="cuda")["resumed_from"] == 16
+    assert out.read_bytes() == whole.read_bytes()
+    expected = predict_forces(model, ase.io.read(src, ":"), device="cuda")
+    for a, ref in zip(ase.io.read(out, ":"), expected, strict=True):
+        np.testing.assert_allclose(a.get_forces(), ref["forces"], atol=1e-6)
