@@ -136,7 +136,7 @@ def main() -> None:
     ]
     sections = args.sections.split(",")
     if "reuse" in sections:
-        lines += reuse_rows(model, device, args.reps) + [""]
+        lines += [*reuse_rows(model, device, args.reps), ""]
     if "cli" in sections:
         lines += cli_rows(model, device, args.cli_structures)
     print(write_lines(lines, args.out, args.name))
