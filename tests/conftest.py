@@ -29,3 +29,13 @@ def device(request):
 @pytest.fixture
 def model():
     return make_model()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_predict_engines():
+    """Each test starts without the engines predict_forces keeps across calls (and frees them after)."""
+    from mlff_distiller.predict import clear_engine_cache
+
+    clear_engine_cache()
+    yield
+    clear_engine_cache()

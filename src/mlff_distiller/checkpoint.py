@@ -15,7 +15,7 @@ import torch
 
 from mlff_distiller.model import ModelConfig, StudentModel
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "builtin_models", "load_model", "save_checkpoint"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "builtin_models", "builtin_path", "load_model", "save_checkpoint"]
 
 FORMAT_NAME = "mlff-distiller-student"
 FORMAT_VERSION = 1
@@ -48,6 +48,11 @@ def builtin_models() -> list[str]:
     return sorted(p.stem for p in _BUILTIN_DIR.glob("*.pt"))
 
 
+def builtin_path(spec: str) -> Path:
+    """The file of a built-in student ``"builtin:<name>"`` (which may not exist)."""
+    return _BUILTIN_DIR / f"{spec.split(':', 1)[1]}.pt"
+
+
 def load_model(path: str | Path, *, device: torch.device | str | None = None) -> StudentModel:
     """Load a student from a checkpoint file or ``"builtin:<name>"``; the model is returned in eval mode.
 
@@ -55,10 +60,9 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None) ->
     format newer than this version of mlff-distiller understands.
     """
     if isinstance(path, str) and path.startswith("builtin:"):
-        name = path.split(":", 1)[1]
-        target = _BUILTIN_DIR / f"{name}.pt"
+        target = builtin_path(path)
         if not target.exists():
-            raise ValueError(f"no built-in model {name!r}; available: {builtin_models()}")
+            raise ValueError(f"no built-in model {path.split(':', 1)[1]!r}; available: {builtin_models()}")
         path = target
     path = Path(path)
     if not path.exists():
