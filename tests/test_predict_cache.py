@@ -151,3 +151,45 @@ def test_out_of_memory_beside_kept_engines_frees_them_and_retries(monkeypatch):
     )
     with pytest.raises(torch.OutOfMemoryError):  # nothing left to free: the error is the caller's
         predict_forces(model, _structures(), device="cpu")
+
+
+@pytest.mark.parametrize("mode", ["auto", "cudagraph"])
+@pytest.mark.parametrize("precision", ["fp32", "fp64"])
+def test_results_of_an_earlier_call_are_not_overwritten(mode, precision):
+    """A kept engine reuses its buffers: the rows it returned before must not be views of them."""
+    model = _student()
+    first_in, second_in = _structures(), [molecule("C6H6"), molecule("NH3")]
+    first = predict_forces(model, first_in, device="cpu", mode=mode, precision=precision)
+    kept = [(r["energy"], r["forces"].copy(), r["energies"].copy()) for r in first]
+    predict_forces(model, second_in, device="cpu", mode=mode, precision=precision)
+    for r, (e, f, ea) in zip(first, kept, strict=True):
+        assert r["energy"] == e
+        np.testing.assert_array_equal(r["forces"], f)
+        np.testing.assert_array_equal(r["energies"], ea)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("pipeline", [None, False])
+def test_kept_engine_on_the_gpu(built, pipeline):
+    """On CUDA (captured buckets, page-locked outputs): the second call reuses the engine and captures nothing
+    new, earlier rows stay intact, and an in-place edit of the student gives a new engine with its forces."""
+    model = _student().cuda()
+    a, b = _structures(), [molecule("C6H6"), molecule("NH3")]
+    first = predict_forces(model, a, pipeline=pipeline)
+    kept = _forces(first).copy()
+    predict_forces(model, b, pipeline=pipeline)
+    engine = next(iter(predict_module._engines.values()))[2]
+    graphs = {bucket: id(g) for bucket, g in engine._graphs.items()}
+    again = predict_forces(model, a, pipeline=pipeline)
+    assert built["n"] == 1
+    assert graphs and {bucket: id(g) for bucket, g in engine._graphs.items()} == graphs  # no new capture
+    np.testing.assert_array_equal(_forces(first), kept)
+    np.testing.assert_array_equal(_forces(again), kept)
+    with torch.no_grad():
+        next(model.parameters()).mul_(1.5)
+    edited = predict_forces(model, a, pipeline=pipeline)
+    assert built["n"] == 2
+    fresh = ForceEngine(model, device="cuda", mode="eager").predict(a)
+    np.testing.assert_allclose(_forces(edited), _forces(fresh), atol=1e-4)
+    assert not np.allclose(_forces(edited), kept, atol=1e-4)
