@@ -238,3 +238,24 @@ def test_resume_on_the_gpu(model, tmp_path, monkeypatch):
         assert a.get_potential_energy() == pytest.approx(b.get_potential_energy(), abs=1e-7)
         np.testing.assert_allclose(a.get_forces(), b.get_forces(), atol=2e-8)  # a last printed digit at most
         np.testing.assert_allclose(a.get_forces(), ref["forces"], atol=2e-8)
+
+
+def test_a_file_cut_short_keeps_the_chunks_before_it(model, tmp_path):
+    frames = _frames(7)
+    src = tmp_path / "in.extxyz"
+    _write(src, frames)
+    text = src.read_text()
+    src.write_text(text[: int(len(text) * 0.8)])  # the last frames cut off mid-line
+    out = tmp_path / "out.extxyz"
+    with pytest.raises(ValueError, match=r"in.extxyz: structure \d could not be read"):
+        predict_file(model, src, out, chunk=2, device="cpu")
+    written = ase.io.read(out, ":")
+    assert len(written) >= 2 and len(written) % 2 == 0  # whole chunks only
+    assert [a.get_chemical_formula() for a in written] == [a.get_chemical_formula() for a in frames[: len(written)]]
+
+
+def test_the_output_cannot_be_the_input(model, tmp_path):
+    src = _write(tmp_path / "in.extxyz", _frames(2))
+    with pytest.raises(ValueError, match="is the input file"):
+        predict_file(model, src, src, device="cpu")
+    assert len(ase.io.read(src, ":")) == 2

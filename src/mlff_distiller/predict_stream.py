@@ -87,6 +87,8 @@ def predict_file(
     input, output = Path(input), Path(output)
     if not input.exists():
         raise FileNotFoundError(f"input file not found: {input}")
+    if output.exists() and output.resolve() == input.resolve():
+        raise ValueError(f"output {output} is the input file; write the results to another file")
     if not isinstance(model, StudentModel):
         model = load_model(model)
     envelope = required_envelope(model) if check_domain else None
@@ -199,7 +201,16 @@ def _read_from(path: Path, start: int) -> Iterator:
     if first is None:
         return
     yield first
-    yield from frames
+    k = start + 1
+    while True:
+        try:
+            atoms = next(frames)
+        except StopIteration:
+            return
+        except Exception as exc:  # a file cut short or corrupt past its start: the chunks before stay written
+            raise ValueError(f"{path}: structure {k} could not be read ({type(exc).__name__}: {exc})") from exc
+        yield atoms
+        k += 1
 
 
 def _chunks(frames: Iterator, size: int) -> Iterator[list]:
