@@ -259,3 +259,29 @@ def test_the_output_cannot_be_the_input(model, tmp_path):
     with pytest.raises(ValueError, match="is the input file"):
         predict_file(model, src, src, device="cpu")
     assert len(ase.io.read(src, ":")) == 2
+
+
+def test_a_structure_too_large_for_the_device_is_left_out(model, tmp_path, monkeypatch):
+    """Out of device memory even alone (forced: any batch holding benzene's 12 atoms): the others are computed."""
+    from mlff_distiller import ForceEngine
+
+    real = ForceEngine.compute
+
+    def compute(self, batch, **kw):
+        if int(batch.ptr.diff().max()) >= 12:
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(ForceEngine, "compute", compute)
+    frames = _frames(9)
+    src = _write(tmp_path / "in.extxyz", frames)
+    out = tmp_path / "out.extxyz"
+    big = [k for k, a in enumerate(frames) if len(a) >= 12]
+    with pytest.raises(ValueError, match=rf"{len(big)} of 9 input structures were left out") as err:
+        predict_file(model, src, out, chunk=4, device="cpu")
+    for k in big:
+        assert f"structure {k}: does not fit in device memory (12 atoms)" in str(err.value)
+    written = ase.io.read(out, ":")
+    assert [a.get_chemical_formula() for a in written] == [
+        a.get_chemical_formula() for k, a in enumerate(frames) if k not in big
+    ]

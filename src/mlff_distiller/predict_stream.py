@@ -13,8 +13,9 @@ goes on; a run started over other settings is refused rather than mixed in. The 
 whole input is done.
 
 Structures that cannot be computed do not stop the run: bad input (an element the student does not know,
-non-finite positions, a zero-volume cell) and non-finite outputs are left out of the output, every other structure
-is written, and a ``ValueError`` at the end names them by their input index with the reason.
+non-finite positions, a zero-volume cell), non-finite outputs and a structure too large for the device's memory on
+its own are left out of the output, every other structure is written, and a ``ValueError`` at the end names them
+by their input index with the reason.
 """
 
 from __future__ import annotations
@@ -231,6 +232,17 @@ def _predict_chunk(
     problems = {}
     try:
         rows = run_predictions(engine, envelope, frames, batch_size=batch_size, stress=stress)
+    except torch.OutOfMemoryError:
+        # The engine splits a batch down to one structure before it gives up: some structure alone does not fit.
+        # Halve the chunk until it is found; the others are computed.
+        if engine.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if len(frames) == 1:
+            return [None], [(0, f"does not fit in device memory ({len(frames[0])} atoms)")]
+        half = len(frames) // 2
+        first_rows, first_problems = _predict_chunk(engine, envelope, frames[:half], batch_size, stress)
+        rest_rows, rest_problems = _predict_chunk(engine, envelope, frames[half:], batch_size, stress)
+        return first_rows + rest_rows, first_problems + [(half + k, why) for k, why in rest_problems]
     except NonFiniteOutputError as exc:
         rows = exc.results
         problems = {k: "non-finite output (" + _reason_of(exc) + ")" for k in exc.indices}
