@@ -4,6 +4,7 @@ resumes to the same file, and structures left out by name rather than stopping t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import ase.io
 import numpy as np
@@ -285,3 +286,87 @@ def test_a_structure_too_large_for_the_device_is_left_out(model, tmp_path, monke
     assert [a.get_chemical_formula() for a in written] == [
         a.get_chemical_formula() for k, a in enumerate(frames) if k not in big
     ]
+
+
+# ------------------------------------------------------------------------------------- worker processes
+
+
+def _mixed_frames() -> list[Atoms]:
+    frames = _frames(9)
+    frames[5] = molecule("SiH4")  # left out: unknown element
+    diamond = bulk("C", "diamond", a=3.6)
+    diamond.rattle(0.02, seed=3)
+    frames.insert(3, diamond)
+    squeezed = molecule("CH3CH2OH")
+    squeezed.positions *= 0.7  # outside the training envelope: info["domain"]
+    frames.append(squeezed)
+    return frames
+
+
+def test_worker_processes_write_the_same_file(model, tmp_path):
+    src = _write(tmp_path / "in.extxyz", _mixed_frames())
+    outs = {}
+    for workers in (0, 2):
+        out = tmp_path / f"out{workers}.extxyz"
+        with pytest.raises(ValueError, match=r"structure 6: unknown element") as err:
+            predict_file(model, src, out, chunk=3, device="cpu", stress=True, check_domain=True, workers=workers)
+        outs[workers] = (out.read_bytes(), str(err.value).replace(str(out), "OUT"))
+    assert outs[2] == outs[0]
+    written = ase.io.read(tmp_path / "out2.extxyz", ":")
+    assert len(written) == 10 and "stress" in written[3].calc.results and "domain" in written[-1].info
+
+
+def test_worker_processes_resume(model, tmp_path, monkeypatch):
+    """Interrupted while blocks are still being formatted: those already computed are written first."""
+    from mlff_distiller import _extxyz_parallel as par
+
+    src = _write(tmp_path / "in.extxyz", _frames(11))
+    whole = tmp_path / "whole.extxyz"
+    predict_file(model, src, whole, chunk=3, device="cpu", workers=0)
+    out = tmp_path / "out.extxyz"
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=3))
+    monkeypatch.setattr(par, "_FORMAT_DELAY_S", 0.5)  # the workers (forked after this) write slowly
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(model, src, out, chunk=3, device="cpu", workers=2)
+    monkeypatch.setattr(par, "_FORMAT_DELAY_S", 0.0)
+    done = json.loads((tmp_path / ("out.extxyz" + PROGRESS_SUFFIX)).read_text())["state"]["done"]
+    assert done == 6 and len(ase.io.read(out, ":")) == 6  # the two blocks computed before it are written
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=None))
+    assert predict_file(model, src, out, chunk=3, device="cpu", workers=2)["resumed_from"] == done
+    assert out.read_bytes() == whole.read_bytes()
+
+
+def test_worker_processes_and_a_file_cut_short(model, tmp_path):
+    frames = _frames(7)
+    src = tmp_path / "in.extxyz"
+    _write(src, frames)
+    text = src.read_text()
+    src.write_text(text[: int(len(text) * 0.8)])
+    out = tmp_path / "out.extxyz"
+    with pytest.raises(ValueError, match=r"in.extxyz: structures \d-\d could not be read"):
+        predict_file(model, src, out, chunk=2, device="cpu", workers=2)
+    written = ase.io.read(out, ":")
+    assert len(written) >= 2 and len(written) % 2 == 0
+    assert [a.get_chemical_formula() for a in written] == [a.get_chemical_formula() for a in frames[: len(written)]]
+
+
+def test_when_worker_processes_are_used(tmp_path, monkeypatch):
+    from mlff_distiller import _extxyz_parallel as par
+
+    src = Path(_write(tmp_path / "in.extxyz", _frames(4)))
+    assert par.auto_workers(src) == 0  # a small file
+    monkeypatch.setattr(par, "MIN_BYTES", 0)
+    monkeypatch.setattr(par.os, "cpu_count", lambda: 16)
+    assert par.auto_workers(src) == 12
+    monkeypatch.setattr(par.os, "cpu_count", lambda: 2)
+    assert par.auto_workers(src) == 0
+    monkeypatch.setattr(par.os, "cpu_count", lambda: 16)
+    ase.io.write(tmp_path / "POSCAR", bulk("C", "diamond", a=3.6), format="vasp")
+    assert par.auto_workers(tmp_path / "POSCAR") == 0
+    blocks = par.blocks_of(src, 1, 2)
+    assert [(b.first, b.count) for b in blocks] == [(1, 2), (3, 1)]
+    assert blocks[-1].end == src.stat().st_size
+    (tmp_path / "odd.xyz").write_text("two\ncomment\nH 0 0 0\n")
+    assert par.blocks_of(tmp_path / "odd.xyz", 0, 2) is None
+    with pytest.raises(ValueError, match="workers must be >= 0"):
+        predict_file(MODEL, src, tmp_path / "o.extxyz", device="cpu", workers=-1)

@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from mlff_distiller._extxyz_parallel import auto_workers, blocks_of, frames_text, is_extxyz, run_blocks
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.checkpoint import load_model
@@ -60,6 +60,7 @@ def predict_file(
     stress: bool = False,
     mode: str = "auto",
     check_domain: bool = False,
+    workers: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Energies and forces (and stress, for periodic structures with ``stress``) of every structure in ``input``,
@@ -73,6 +74,9 @@ def predict_file(
         restart: discard an unfinished run's output and progress instead of resuming it.
         device, batch_size, precision, stress, mode: as for :func:`~mlff_distiller.predict.predict_forces`.
         check_domain: each written frame outside the student's training envelope carries ``info["domain"]``.
+        workers: processes that read and write the extxyz text beside the one that predicts
+            (:mod:`mlff_distiller._extxyz_parallel`); the output is the same. None: up to 12 for extxyz inputs of
+            8 MB or more on hosts of 4 cores or more, else 0 (everything in this process).
         log: called with one line per finished chunk (the CLI prints it to stderr).
     Returns:
         ``structures`` (written), ``skipped`` (0 here: a run with skipped structures raises), ``seconds``,
@@ -107,25 +111,49 @@ def predict_file(
     state = _resume_state(job, output, progress_path, restart)
     resumed_from = state["done"]
     engine = ForceEngine(model, device=device, precision=precision, mode=mode)
+    if workers is None:
+        workers = auto_workers(input)
+    elif workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
+    blocks = blocks_of(input, state["done"], chunk) if workers > 0 and is_extxyz(input) else None
     output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+
+    def predict(frames: list) -> tuple[list, list]:
+        return _predict_chunk(engine, envelope, frames, batch_size, stress)
+
     with open(output, "r+b" if state["bytes"] else "wb") as out:
         out.truncate(state["bytes"])  # a chunk cut off mid-write after the last record is dropped here
         out.seek(state["bytes"])
+
+        def record(count: int, results: list, skipped: list, text: str) -> None:
+            """A finished chunk: its text on disk, then the progress record that counts it."""
+            out.write(text.encode())
+            out.flush()
+            os.fsync(out.fileno())
+            state["written"] += sum(r is not None for r in results)
+            state["outside_domain"] += sum(1 for r in results if r is not None and r.get("domain"))
+            state["skipped"].extend([state["done"] + k, why] for k, why in skipped)
+            state["done"] += count
+            state["bytes"] = out.tell()
+            _write_progress(progress_path, job, state)
+            if log is not None:
+                rate = (state["done"] - resumed_from) / max(time.perf_counter() - t0, 1e-9)
+                log(f"{state['done']} structures done ({rate:.0f}/s), {state['written']} written to {output}")
+
         try:
-            for frames in _chunks(_read_from(input, state["done"]), chunk):
-                first = state["done"]
-                results, skipped = _predict_chunk(engine, envelope, frames, batch_size, stress)
-                _append(out, frames, results)
-                state["written"] += sum(r is not None for r in results)
-                state["outside_domain"] += sum(1 for r in results if r is not None and r.get("domain"))
-                state["skipped"].extend([first + k, why] for k, why in skipped)
-                state["done"] += len(frames)
-                state["bytes"] = out.tell()
-                _write_progress(progress_path, job, state)
-                if log is not None:
-                    rate = (state["done"] - resumed_from) / max(time.perf_counter() - t0, 1e-9)
-                    log(f"{state['done']} structures done ({rate:.0f}/s), {state['written']} written to {output}")
+            if blocks is not None:
+                run_blocks(
+                    input,
+                    blocks,
+                    workers,
+                    predict,
+                    lambda block, results, skipped, text: record(block.count, results, skipped, text),
+                )
+            else:
+                for frames in _chunks(_read_from(input, state["done"]), chunk):
+                    results, skipped = predict(frames)
+                    record(len(frames), results, skipped, frames_text(frames, results))
         except KeyboardInterrupt:
             if log is not None:
                 log(
@@ -273,43 +301,6 @@ def _input_problem(engine: ForceEngine, atoms) -> str | None:
     except ValueError as exc:
         return str(exc).removeprefix("structure 0: ").removeprefix("structure 0 ")
     return None
-
-
-def _append(out, frames: list, results: list[dict | None]) -> None:
-    """Frames with their results as extxyz at the end of ``out``, then flushed to disk."""
-    import ase.io
-    from ase.calculators.singlepoint import SinglePointCalculator
-
-    written = []
-    for atoms, r in zip(frames, results, strict=True):
-        if r is None:
-            continue
-        a = atoms.copy()
-        extra = {"stress": np.asarray(r["stress"])} if "stress" in r else {}
-        a.calc = SinglePointCalculator(a, energy=r["energy"], forces=r["forces"], energies=r["energies"], **extra)
-        if r.get("domain"):
-            a.info["domain"] = "; ".join(r["domain"])
-        written.append(a)
-    if written:
-        text = _TextSink(out)
-        ase.io.write(text, written, format="extxyz")
-    out.flush()
-    os.fsync(out.fileno())
-
-
-class _TextSink:
-    """A text view of the binary output file for ASE's extxyz writer (which writes str); the position in bytes
-    stays exact for the progress record."""
-
-    def __init__(self, raw) -> None:
-        self.raw = raw
-
-    def write(self, text: str) -> int:
-        self.raw.write(text.encode())
-        return len(text)
-
-    def flush(self) -> None:
-        self.raw.flush()
 
 
 def _write_progress(path: Path, job: dict, state: dict) -> None:
