@@ -214,6 +214,9 @@ def test_cli_predict_chunks_resumes_and_reports(tmp_path, monkeypatch, capsys):
     assert summary["structures"] == 5 and summary["resumed_from"] == 2
     assert len(ase.io.read(out, ":")) == 5
     assert main([*args, "--chunk", "0"]) == 2
+    assert main([*args, "--workers", "-1"]) == 2
+    assert main([*args, "--workers", "2", "--output", str(tmp_path / "w.extxyz")]) == 0
+    assert (tmp_path / "w.extxyz").read_bytes() == out.read_bytes()
 
 
 @pytest.mark.gpu

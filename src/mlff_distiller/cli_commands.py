@@ -167,6 +167,7 @@ def run_predict(job: PredictJob) -> dict:
         precision=job.precision,
         stress=job.stress,
         check_domain=job.check_domain,
+        workers=job.workers,
         log=stderr_log,
     )
 
