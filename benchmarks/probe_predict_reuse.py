@@ -12,7 +12,8 @@ Section ``reuse``: per call, wall clock (median of ``--reps`` calls after two wa
 for one benzene, 64 and 1,024 CHNO g2 molecules (the shipped student, fp32, mode "auto").
 
 Section ``cli``: ``predict_file`` (``mlff-distill predict``) over ``--cli-structures`` rattled g2 molecules written
-as extxyz, and beside it, each timed alone: ASE reading the file, ``predict_forces`` on all structures in memory,
+as extxyz, in one process and with its default worker processes (which must write the same bytes), and beside
+it, each timed alone: ASE reading the file, ``predict_forces`` on all structures in memory,
 and ASE writing the results. Shows how much of the command is file input and output.
 """
 
@@ -33,6 +34,7 @@ from harness import environment, sync, write_lines
 from systems import g2_chno
 
 from mlff_distiller import ForceEngine, load_model, predict_forces
+from mlff_distiller._extxyz_parallel import auto_workers
 from mlff_distiller.predict_stream import predict_file
 
 
@@ -83,8 +85,14 @@ def cli_rows(model, device: torch.device, count: int) -> list[str]:
         src, out, alone = Path(tmp, "in.extxyz"), Path(tmp, "out.extxyz"), Path(tmp, "alone.extxyz")
         ase.io.write(src, structures, format="extxyz")
         t0 = time.perf_counter()
-        result = predict_file(model, src, out, device=device)
+        result = predict_file(model, src, out, device=device, workers=0)
         whole = time.perf_counter() - t0
+        workers = auto_workers(src)
+        par_out = Path(tmp, "parallel.extxyz")
+        t0 = time.perf_counter()
+        predict_file(model, src, par_out, device=device, workers=workers)
+        parallel = time.perf_counter() - t0
+        same = par_out.read_bytes() == out.read_bytes()
         t0 = time.perf_counter()
         frames = list(ase.io.iread(str(src)))
         read = time.perf_counter() - t0
@@ -105,7 +113,9 @@ def cli_rows(model, device: torch.device, count: int) -> list[str]:
         "",
         "| part | s | µs per structure |",
         "|---|---:|---:|",
-        f"| `predict_file` (the command's work), chunks of 10,000 | {whole:.2f} | {whole * us:.1f} |",
+        f"| `predict_file` (the command's work), chunks of 10,000, one process | {whole:.2f} | {whole * us:.1f} |",
+        f"| the same with {workers} worker processes reading and writing (same bytes: {same}) | {parallel:.2f} | "
+        f"{parallel * us:.1f} |",
         f"| ASE `iread` of the input alone | {read:.2f} | {read * us:.1f} |",
         f"| `predict_forces` on the structures in memory | {compute:.2f} | {compute * us:.1f} |",
         f"| results into `Atoms` + ASE `write` alone | {write:.2f} | {write * us:.1f} |",
