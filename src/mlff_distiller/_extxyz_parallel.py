@@ -17,9 +17,9 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
-import sys
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,12 +144,12 @@ def _parse(path: str, block: Block) -> tuple:
     return numbers, positions, cells, pbc, counts
 
 
-def _format(path: str, block: Block, payload: tuple) -> str:
+def _format(path: str, block: Block, payload: tuple, delay_s: float = 0.0) -> str:
     """Worker: the block's output text (its frames read again, with the results of ``payload``)."""
-    if _FORMAT_DELAY_S:
+    if delay_s:
         import time
 
-        time.sleep(_FORMAT_DELAY_S)
+        time.sleep(delay_s)
     return frames_text(_read_block(path, block), _unpack(payload))
 
 
@@ -212,9 +212,7 @@ def run_blocks(
     """For each block in order: parse it in a worker, ``predict(frames)`` here (results, skipped), format its
     output in a worker, then ``record(block, results, skipped, text)`` here. At most ``workers`` blocks wait
     parsed and at most ``workers`` wait formatted, so memory stays a few blocks whatever the file's size."""
-    # fork on Linux (as torch's DataLoader workers): no import of torch in each worker; they never touch CUDA.
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
-    pool = multiprocessing.get_context(method).Pool(workers, initializer=_ignore_interrupts)
+    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_ignore_interrupts)
     try:
         src = str(path)
         todo: Iterator[Block] = iter(blocks)
@@ -226,33 +224,45 @@ def run_blocks(
                 block = next(todo, None)
                 if block is None:
                     return
-                parsing.append((block, pool.apply_async(_parse, (src, block))))
+                parsing.append((block, pool.submit(_parse, src, block)))
 
         def drain(limit: int) -> None:
-            while formatting and (len(formatting) > limit or formatting[0][3].ready()):
+            while formatting and (len(formatting) > limit or formatting[0][3].done()):
                 block, results, skipped, pending = formatting.popleft()
-                record(block, results, skipped, pending.get())
+                record(block, results, skipped, pending.result())
 
         refill()
         try:
             while parsing:
                 block, pending = parsing.popleft()
-                frames = _atoms_of(pending.get())
+                frames = _atoms_of(pending.result())
                 refill()
                 results, skipped = predict(frames)
-                formatting.append((block, results, skipped, pool.apply_async(_format, (src, block, _pack(results)))))
+                pending = pool.submit(_format, src, block, _pack(results), _FORMAT_DELAY_S)
+                formatting.append((block, results, skipped, pending))
                 drain(workers)
         except BaseException:
             # A bad block, an error or a Ctrl-C here (the workers ignore it and finish their tasks): the blocks
             # already computed are written before it goes on, as the one-process path would have written them.
             while formatting:
                 block, results, skipped, pending = formatting.popleft()
-                pending.wait(_GRACE_S)
-                if not (pending.ready() and pending.successful()):
+                try:
+                    text = pending.result(timeout=_GRACE_S)
+                except BaseException:
                     break
-                record(block, results, skipped, pending.get())
+                record(block, results, skipped, text)
             raise
         drain(0)
     finally:
-        pool.terminate()
-        pool.join()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _context():
+    """Workers forked from a fresh server process where the OS allows (no CUDA context, no threads of the
+    calling process are copied into them; the server imports this module once, with torch, and every worker
+    shares it), else spawned. ``concurrent.futures`` reports a worker that dies instead of waiting for it."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+        return ctx
+    return multiprocessing.get_context("spawn")
