@@ -87,12 +87,14 @@ def cli_rows(model, device: torch.device, count: int) -> list[str]:
         t0 = time.perf_counter()
         result = predict_file(model, src, out, device=device, workers=0)
         whole = time.perf_counter() - t0
+        print(f"one process: {whole:.2f} s", flush=True)
         workers = auto_workers(src)
         par_out = Path(tmp, "parallel.extxyz")
         t0 = time.perf_counter()
         predict_file(model, src, par_out, device=device, workers=workers)
         parallel = time.perf_counter() - t0
         same = par_out.read_bytes() == out.read_bytes()
+        print(f"{workers} workers: {parallel:.2f} s, same bytes: {same}", flush=True)
         t0 = time.perf_counter()
         frames = list(ase.io.iread(str(src)))
         read = time.perf_counter() - t0
