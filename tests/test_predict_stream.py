@@ -3,6 +3,7 @@ resumes to the same file, and structures left out by name rather than stopping t
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -366,9 +367,14 @@ def test_when_worker_processes_are_used(tmp_path, monkeypatch):
     monkeypatch.setattr(par.os, "cpu_count", lambda: 16)
     ase.io.write(tmp_path / "POSCAR", bulk("C", "diamond", a=3.6), format="vasp")
     assert par.auto_workers(tmp_path / "POSCAR") == 0
-    blocks = par.blocks_of(src, 1, 2)
-    assert [(b.first, b.count) for b in blocks] == [(1, 2), (3, 1)]
-    assert blocks[-1].end == src.stat().st_size
+    chunks = par.blocks_of(src, 1, 2)
+    assert [[(b.first, b.count) for b in c] for c in chunks] == [[(1, 2)], [(3, 1)]]
+    assert chunks[-1][-1].end == src.stat().st_size
+    src7 = Path(_write(tmp_path / "in7.extxyz", _frames(7)))
+    chunks = par.blocks_of(src7, 0, 5, parts=2)  # chunks of 5 frames, each in two blocks
+    assert [[(b.first, b.count) for b in c] for c in chunks] == [[(0, 2), (2, 3)], [(5, 1), (6, 1)]]
+    assert all(a.end == b.start for c in chunks for a, b in itertools.pairwise(c))
+    assert chunks[0][-1].end == chunks[1][0].start and chunks[-1][-1].end == src7.stat().st_size
     (tmp_path / "odd.xyz").write_text("two\ncomment\nH 0 0 0\n")
     assert par.blocks_of(tmp_path / "odd.xyz", 0, 2) is None
     with pytest.raises(ValueError, match="workers must be >= 0"):

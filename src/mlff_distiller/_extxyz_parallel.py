@@ -15,6 +15,7 @@ line, one line per atom) take this path.
 from __future__ import annotations
 
 import io
+import itertools
 import multiprocessing
 import os
 from collections import deque
@@ -59,11 +60,12 @@ def is_extxyz(path: Path) -> bool:
         return False
 
 
-def blocks_of(path: Path, skip: int, size: int) -> list[Block] | None:
-    """The file's frames from index ``skip`` on in blocks of ``size`` frames; None when a count line is not a
-    number (not plain extxyz: the one-process path reads it). A frame cut short ends the last block: its parse
-    fails in a worker, after the blocks before it are written."""
-    blocks, first, start, count, index = [], skip, None, 0, 0
+def blocks_of(path: Path, skip: int, size: int, parts: int = 1) -> list[list[Block]] | None:
+    """The file's frames from index ``skip`` on in chunks of ``size`` frames, each cut into ``parts`` blocks of
+    nearly equal length (the workers' tasks); None when a count line is not a number (not plain extxyz: the
+    one-process path reads it). A frame cut short ends the last chunk: its parse fails in a worker, after the
+    chunks before it are written."""
+    chunks, starts, index = [], [], 0
     with open(path, "rb") as f:
         while True:
             offset = f.tell()
@@ -80,16 +82,21 @@ def blocks_of(path: Path, skip: int, size: int) -> list[Block] | None:
                 if not f.readline():
                     break
             if index >= skip:
-                if start is None:
-                    start = offset
-                count += 1
-                if count == size:
-                    blocks.append(Block(first, count, start, f.tell()))
-                    first, start, count = first + count, None, 0
+                starts.append(offset)
+                if len(starts) == size:
+                    chunks.append(_split(skip + len(chunks) * size, starts, f.tell(), parts))
+                    starts = []
             index += 1
-        if count:
-            blocks.append(Block(first, count, start, f.tell()))
-    return blocks
+        if starts:
+            chunks.append(_split(skip + len(chunks) * size, starts, f.tell(), parts))
+    return chunks
+
+
+def _split(first: int, starts: list[int], end: int, parts: int) -> list[Block]:
+    """Frames ``first ..`` starting at byte offsets ``starts`` (the last ending at ``end``) as ``parts`` blocks."""
+    bounds = np.linspace(0, len(starts), min(parts, len(starts)) + 1).round().astype(int).tolist()
+    offsets = [*starts, end]
+    return [Block(first + a, b - a, offsets[a], offsets[b]) for a, b in itertools.pairwise(bounds)]
 
 
 def frames_text(frames: list, results: list[dict | None]) -> str:
@@ -204,53 +211,56 @@ def _unpack(payload: tuple) -> list[dict | None]:
 
 def run_blocks(
     path: Path,
-    blocks: list[Block],
+    chunks: list[list[Block]],
     workers: int,
     predict: Callable[[list], tuple[list[dict | None], list]],
-    record: Callable[[Block, list[dict | None], list, str], None],
+    record: Callable[[int, list[dict | None], list, str], None],
 ) -> None:
-    """For each block in order: parse it in a worker, ``predict(frames)`` here (results, skipped), format its
-    output in a worker, then ``record(block, results, skipped, text)`` here. At most ``workers`` blocks wait
-    parsed and at most ``workers`` wait formatted, so memory stays a few blocks whatever the file's size."""
+    """For each chunk in order: its blocks parsed in workers, ``predict(frames)`` here (results, skipped), its
+    blocks formatted in workers, then ``record(count, results, skipped, text)`` here. Two chunks are parsed
+    ahead and at most two wait formatted, so memory stays a few chunks whatever the file's size."""
     pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_ignore_interrupts)
     try:
         src = str(path)
-        todo: Iterator[Block] = iter(blocks)
-        parsing: deque = deque()
-        formatting: deque = deque()
+        todo: Iterator[list[Block]] = iter(chunks)
+        parsing: deque = deque()  # (blocks, their parse futures)
+        formatting: deque = deque()  # (frames, results, skipped, format futures)
 
         def refill() -> None:
-            while len(parsing) < workers:
-                block = next(todo, None)
-                if block is None:
+            while len(parsing) < 2:
+                blocks = next(todo, None)
+                if blocks is None:
                     return
-                parsing.append((block, pool.submit(_parse, src, block)))
+                parsing.append((blocks, [pool.submit(_parse, src, b) for b in blocks]))
 
         def drain(limit: int) -> None:
-            while formatting and (len(formatting) > limit or formatting[0][3].done()):
-                block, results, skipped, pending = formatting.popleft()
-                record(block, results, skipped, pending.result())
+            while formatting and (len(formatting) > limit or all(f.done() for f in formatting[0][3])):
+                count, results, skipped, futures = formatting.popleft()
+                record(count, results, skipped, "".join(f.result() for f in futures))
 
         refill()
         try:
             while parsing:
-                block, pending = parsing.popleft()
-                frames = _atoms_of(pending.result())
+                blocks, futures = parsing.popleft()
+                frames = [atoms for f in futures for atoms in _atoms_of(f.result())]
                 refill()
                 results, skipped = predict(frames)
-                pending = pool.submit(_format, src, block, _pack(results), _FORMAT_DELAY_S)
-                formatting.append((block, results, skipped, pending))
-                drain(workers)
+                futures, k = [], 0
+                for b in blocks:
+                    futures.append(pool.submit(_format, src, b, _pack(results[k : k + b.count]), _FORMAT_DELAY_S))
+                    k += b.count
+                formatting.append((len(frames), results, skipped, futures))
+                drain(1)
         except BaseException:
-            # A bad block, an error or a Ctrl-C here (the workers ignore it and finish their tasks): the blocks
+            # A bad block, an error or a Ctrl-C here (the workers ignore it and finish their tasks): the chunks
             # already computed are written before it goes on, as the one-process path would have written them.
             while formatting:
-                block, results, skipped, pending = formatting.popleft()
+                count, results, skipped, futures = formatting.popleft()
                 try:
-                    text = pending.result(timeout=_GRACE_S)
+                    text = "".join(f.result(timeout=_GRACE_S) for f in futures)
                 except BaseException:
                     break
-                record(block, results, skipped, text)
+                record(count, results, skipped, text)
             raise
         drain(0)
     finally:

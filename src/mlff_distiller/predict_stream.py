@@ -115,7 +115,7 @@ def predict_file(
         workers = auto_workers(input)
     elif workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
-    blocks = blocks_of(input, state["done"], chunk) if workers > 0 and is_extxyz(input) else None
+    blocks = blocks_of(input, state["done"], chunk, workers) if workers > 0 and is_extxyz(input) else None
     output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
@@ -143,13 +143,7 @@ def predict_file(
 
         try:
             if blocks is not None:
-                run_blocks(
-                    input,
-                    blocks,
-                    workers,
-                    predict,
-                    lambda block, results, skipped, text: record(block.count, results, skipped, text),
-                )
+                run_blocks(input, blocks, workers, predict, record)
             else:
                 for frames in _chunks(_read_from(input, state["done"]), chunk):
                     results, skipped = predict(frames)
