@@ -14,8 +14,7 @@ for one benzene, 64 and 1,024 CHNO g2 molecules (the shipped student, fp32, mode
 Section ``cli``: ``predict_file`` (``mlff-distill predict``) over ``--cli-structures`` rattled g2 molecules written
 as extxyz, in one process and with its default worker processes (the same structures and results, up to float32
 rounding where the two runs' engines batch differently), and beside it, each timed alone: ASE reading the file,
-``predict_forces`` on all structures in memory,
-and ASE writing the results. Shows how much of the command is file input and output.
+``predict_forces`` on all structures in memory, and ASE writing the results. Shows how much of the command is file input and output.
 """
 
 from __future__ import annotations
@@ -97,8 +96,9 @@ def cli_rows(model, device: torch.device, count: int) -> list[str]:
         parallel = time.perf_counter() - t0
         a_frames, b_frames = ase.io.read(out, ":"), ase.io.read(par_out, ":")
         assert len(a_frames) == len(b_frames) == count
-        d_e = max(abs(a.get_potential_energy() - b.get_potential_energy()) for a, b in zip(a_frames, b_frames, strict=True))
-        d_f = max(float(np.abs(a.get_forces() - b.get_forces()).max()) for a, b in zip(a_frames, b_frames, strict=True))
+        pairs = list(zip(a_frames, b_frames, strict=True))
+        d_e = max(abs(a.get_potential_energy() - b.get_potential_energy()) for a, b in pairs)
+        d_f = max(float(np.abs(a.get_forces() - b.get_forces()).max()) for a, b in pairs)
         same = f"max |ΔE| {d_e:.1e} eV, |ΔF| {d_f:.1e} eV/Å"
         if out.read_bytes() == par_out.read_bytes():
             same = "the same bytes"
