@@ -14,7 +14,7 @@ for one benzene, 64 and 1,024 CHNO g2 molecules (the shipped student, fp32, mode
 Section ``cli``: ``predict_file`` (``mlff-distill predict``) over ``--cli-structures`` rattled g2 molecules written
 as extxyz, in one process and with its default worker processes (the same structures and results, up to float32
 rounding where the two runs' engines batch differently), and beside it, each timed alone: ASE reading the file,
-``predict_forces`` on all structures in memory, and ASE writing the results. Shows how much of the command is file input and output.
+``predict_forces`` on all structures in memory, and ASE writing the results: how much of the command is file I/O.
 """
 
 from __future__ import annotations
