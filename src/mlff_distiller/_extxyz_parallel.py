@@ -6,10 +6,12 @@ frame, so the frames of an input file split into blocks of whole frames that sep
 write at once. Here the main process only scans the file for where its frames start (the atom-count lines),
 builds ``ase.Atoms`` from the arrays a worker parsed, predicts, and writes the text a worker formatted, in input
 order. A formatting worker parses its block again to get each frame as ASE reads it (``info``, extra arrays),
-so the output is byte for byte what the one-process path writes.
+so for the same results the output is byte for byte what the one-process path writes. On the H100 host this took
+100,000 molecules from 53.9 to 14.7 s with 12 workers (``probe_predict_reuse_h100_run4.md``).
 
 ASE's own parser and writer do the work in both paths; only plain extxyz / xyz files (a count line, a comment
-line, one line per atom) take this path.
+line, one line per atom) take this path. The workers fork from a forkserver process, not from the caller, whose
+CUDA context and threads a fork would copy (a pool forked from the caller hung on the GPU host).
 """
 
 from __future__ import annotations
