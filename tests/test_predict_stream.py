@@ -329,7 +329,7 @@ def test_worker_processes_resume(model, tmp_path, monkeypatch):
     predict_file(model, src, whole, chunk=3, device="cpu", workers=0)
     out = tmp_path / "out.extxyz"
     monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=3))
-    monkeypatch.setattr(par, "_FORMAT_DELAY_S", 0.5)  # the workers (forked after this) write slowly
+    monkeypatch.setattr(par, "_FORMAT_DELAY_S", 0.5)  # the workers write slowly
     with pytest.raises(KeyboardInterrupt):
         predict_file(model, src, out, chunk=3, device="cpu", workers=2)
     monkeypatch.setattr(par, "_FORMAT_DELAY_S", 0.0)
@@ -379,3 +379,19 @@ def test_when_worker_processes_are_used(tmp_path, monkeypatch):
     assert par.blocks_of(tmp_path / "odd.xyz", 0, 2) is None
     with pytest.raises(ValueError, match="workers must be >= 0"):
         predict_file(MODEL, src, tmp_path / "o.extxyz", device="cpu", workers=-1)
+
+
+def test_workers_are_the_cli_default_not_the_api_default(tmp_path, monkeypatch):
+    """Worker processes re-import the caller's __main__ (forkserver), so a script opts in; the CLI (whose entry
+    point guards its __main__) takes the automatic choice."""
+    from mlff_distiller import _extxyz_parallel as par
+
+    used = []
+    monkeypatch.setattr(pf, "run_blocks", lambda path, chunks, workers, *a: used.append(workers) or None)
+    monkeypatch.setattr(par, "MIN_BYTES", 0)
+    monkeypatch.setattr(par.os, "cpu_count", lambda: 16)
+    src = _write(tmp_path / "in.extxyz", _frames(3))
+    predict_file(MODEL, src, tmp_path / "api.extxyz", device="cpu")
+    assert used == [] and len(ase.io.read(tmp_path / "api.extxyz", ":")) == 3
+    main(["predict", "--input", src, "--output", str(tmp_path / "cli.extxyz"), "--device", "cpu"])
+    assert used == [12]

@@ -42,7 +42,7 @@ def run_label(job: LabelJob) -> dict:
             job.teacher,
             job.out,
             job.sampling,
-            workers=job.workers,
+            workers=job.workers,  # None: the automatic choice (the CLI's entry point guards its __main__)
             teacher_options=job.teacher_options,
         )
         return dataclasses.asdict(report)
@@ -167,7 +167,7 @@ def run_predict(job: PredictJob) -> dict:
         precision=job.precision,
         stress=job.stress,
         check_domain=job.check_domain,
-        workers=job.workers,
+        workers=job.workers,  # None: the automatic choice (the CLI's entry point guards its __main__)
         log=stderr_log,
     )
 

@@ -62,7 +62,7 @@ def predict_file(
     stress: bool = False,
     mode: str = "auto",
     check_domain: bool = False,
-    workers: int | None = None,
+    workers: int | None = 0,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Energies and forces (and stress, for periodic structures with ``stress``) of every structure in ``input``,
@@ -77,8 +77,11 @@ def predict_file(
         device, batch_size, precision, stress, mode: as for :func:`~mlff_distiller.predict.predict_forces`.
         check_domain: each written frame outside the student's training envelope carries ``info["domain"]``.
         workers: processes that read and write the extxyz text beside the one that predicts
-            (:mod:`mlff_distiller._extxyz_parallel`); the output is the same. None: up to 12 for extxyz inputs of
-            8 MB or more on hosts of 4 cores or more, else 0 (everything in this process).
+            (:mod:`mlff_distiller._extxyz_parallel`); the output is the same. 0 (default): everything in this
+            process. None: up to 12 for extxyz inputs of 8 MB or more on hosts of 4 cores or more, else 0 (what
+            ``mlff-distill predict`` does). The workers start as :mod:`multiprocessing` "forkserver" processes, which
+            import the calling script's ``__main__`` again: a script that asks for workers must keep its top-level
+            code under ``if __name__ == "__main__":``.
         log: called with one line per finished chunk (the CLI prints it to stderr).
     Returns:
         ``structures`` (written), ``skipped`` (0 here: a run with skipped structures raises), ``seconds``,
