@@ -65,7 +65,7 @@ def main() -> None:
         a = molecule(MOLECULES[k % len(MOLECULES)])
         a.positions += rng.normal(scale=0.05, size=a.positions.shape)
         frames.append(a)
-    predict_forces(model, frames[:8], device=device)  # warm-up
+    predict_forces(model, frames, device=device)  # warm-up: compiles and captures; the engine is kept for the next call
     t0 = time.perf_counter()
     results = predict_forces(model, frames, device=device)
     dt = time.perf_counter() - t0
