@@ -305,7 +305,7 @@ def _run_domain_check(job: CheckJob, frames) -> dict:
             f"{name} stores no training envelope (students trained before envelopes were recorded, or fine-tuned "
             "from one without it, have none); give two or more students for the committee check instead"
         )
-    rows = [{"index": k, "outside": envelope.check(a)} for k, a in enumerate(frames)]
+    rows = [{"index": k, "outside": found} for k, found in enumerate(envelope.check_many(frames))]
     flagged = [r["index"] for r in rows if r["outside"]]
     if job.output:
         Path(job.output).parent.mkdir(parents=True, exist_ok=True)

@@ -217,7 +217,7 @@ def _check_domain(
 ) -> list[list[str]]:
     """Each structure's findings, stored as ``domain`` in its result (where there is one); warns once when any
     structure lies outside. Large structures are checked on the engine's GPU (``DomainEnvelope.check_device``)."""
-    findings = [envelope.check(a, device=envelope.check_device(len(a), device)) for a in structures]
+    findings = envelope.check_many(structures, device=device)
     for result, found in zip(results, findings, strict=True):
         if result is not None:
             result["domain"] = found

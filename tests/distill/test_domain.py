@@ -314,3 +314,48 @@ def test_large_structures_are_checked_on_the_callers_gpu():
     assert DomainEnvelope.check_device(GPU_CHECK_MIN_ATOMS, gpu) == gpu
     assert DomainEnvelope.check_device(GPU_CHECK_MIN_ATOMS - 1, gpu) is None
     assert DomainEnvelope.check_device(10**6, cpu) is None
+
+
+def _mixed_for_check() -> list[Atoms]:
+    """Inside, squeezed (a short pair), crowded (too many neighbours), an element pair never seen, a single atom,
+    periodic boxes, and rattled MD-like frames."""
+    out = _md_like("CH3CH2OH", 6) + _md_like("CH4", 3, seed=5)
+    squeezed = molecule("CH3CH2OH")
+    squeezed.positions *= 0.7
+    crowded = molecule("CH4")
+    crowded.positions *= 0.95
+    out += [squeezed, crowded, molecule("CH3Cl"), Atoms("H", positions=[[0, 0, 0]]), molecule("O2")]
+    box = _water_box(2)
+    box.rattle(0.1, seed=3)
+    out += [box, molecule("C6H6"), _md_like("CH3CH2OH", 1, rattle=0.3, seed=9)[0]]
+    cluster = Atoms()  # eight methanes 3.6 Å apart: only the neighbour counts are outside
+    for x in (0, 3.6):
+        for y in (0, 3.6):
+            for zz in (0, 3.6):
+                m = molecule("CH4")
+                m.positions += (x, y, zz)
+                cluster += m
+    return [*out, cluster]
+
+
+@pytest.mark.parametrize("tolerances", [{}, {"distance_tolerance": 0.99, "neighbor_tolerance": 1.0}])
+def test_check_many_finds_what_check_finds(tolerances, monkeypatch):
+    """The batched screen flags exactly the structures with findings, and their findings are check's own; also with
+    screens smaller than the input (several batches) and with other tolerances."""
+    from mlff_distiller import domain
+
+    env = DomainEnvelope.from_frames(_md_like("CH3CH2OH", 12) + _md_like("CH4", 4, seed=2), 5.0)
+    frames = _mixed_for_check()
+    expected = [env.check(a, **tolerances) for a in frames]
+    assert any(expected) and not all(expected)
+    assert env.check_many(frames, **tolerances) == expected
+    monkeypatch.setattr(domain, "_SCREEN", 4)
+    assert env.check_many(frames, **tolerances) == expected
+    assert env.check_many(frames, limit=1, **tolerances) == [f[:1] for f in expected]
+    assert env.check_many([]) == []
+
+
+def test_check_many_with_the_shipped_envelope():
+    env = DomainEnvelope.of_model(load_model("builtin:chno-gfn2"))
+    frames = _mixed_for_check()
+    assert env.check_many(frames, device=torch.device("cpu")) == [env.check(a) for a in frames]
