@@ -17,6 +17,7 @@ from ase.build import bulk, molecule
 import mlff_distiller.predict_stream as pf
 from mlff_distiller import load_model, predict_forces
 from mlff_distiller.cli import main
+from mlff_distiller.domain import OutOfDomainWarning
 from mlff_distiller.predict_stream import PROGRESS_SUFFIX, model_fingerprint, predict_file
 
 MODEL = "builtin:chno-gfn2"
@@ -312,7 +313,7 @@ def test_worker_processes_write_the_same_file(model, tmp_path):
     outs = {}
     for workers in (0, 2):
         out = tmp_path / f"out{workers}.extxyz"
-        with pytest.raises(ValueError, match=r"structure 6: unknown element") as err:
+        with pytest.raises(ValueError, match=r"structure 6: unknown element") as err, pytest.warns(OutOfDomainWarning):
             predict_file(model, src, out, chunk=3, device="cpu", stress=True, check_domain=True, workers=workers)
         outs[workers] = (out.read_bytes(), str(err.value).replace(str(out), "OUT"))
     assert outs[2] == outs[0]
@@ -395,3 +396,16 @@ def test_workers_are_the_cli_default_not_the_api_default(tmp_path, monkeypatch):
     assert used == [] and len(ase.io.read(tmp_path / "api.extxyz", ":")) == 3
     main(["predict", "--input", src, "--output", str(tmp_path / "cli.extxyz"), "--device", "cpu"])
     assert used == [12]
+
+
+def test_one_out_of_domain_warning_for_the_whole_file(model, tmp_path):
+    frames = _frames(6)
+    for k in (1, 4):  # one in each chunk
+        frames[k] = molecule("CH3CH2OH")
+        frames[k].positions *= 0.7
+    src = _write(tmp_path / "in.extxyz", frames)
+    with pytest.warns(OutOfDomainWarning) as record:
+        result = predict_file(model, src, tmp_path / "out.extxyz", chunk=3, device="cpu", check_domain=True)
+    outside = [w for w in record if issubclass(w.category, OutOfDomainWarning)]
+    assert len(outside) == 1 and "2 of 6 structures" in str(outside[0].message)
+    assert result["outside_domain"] == 2

@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from mlff_distiller._extxyz_parallel import auto_workers, blocks_of, frames_text
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.checkpoint import load_model
-from mlff_distiller.domain import DomainEnvelope
+from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
 from mlff_distiller.engine import ForceEngine
 from mlff_distiller.model import StudentModel
 from mlff_distiller.predict import required_envelope, run_predictions
@@ -125,7 +126,9 @@ def predict_file(
     t0 = time.perf_counter()
 
     def predict(frames: list) -> tuple[list, list]:
-        return _predict_chunk(engine, envelope, frames, batch_size, stress)
+        with warnings.catch_warnings():  # one warning for the whole file at the end, not one per chunk
+            warnings.simplefilter("ignore", OutOfDomainWarning)
+            return _predict_chunk(engine, envelope, frames, batch_size, stress)
 
     with open(output, "r+b" if state["bytes"] else "wb") as out:
         out.truncate(state["bytes"])  # a chunk cut off mid-write after the last record is dropped here
@@ -161,6 +164,13 @@ def predict_file(
                 )
             raise
     seconds = time.perf_counter() - t0
+    if state["outside_domain"]:
+        warnings.warn(
+            f"{state['outside_domain']} of {state['done']} structures lie outside the student's training envelope; "
+            f"their frames in {output} carry info['domain'] (why)",
+            OutOfDomainWarning,
+            stacklevel=2,
+        )
     if state["skipped"]:
         # Kept until the user has seen the error: a rerun resumes past the end, writes nothing and says it again.
         _write_progress(progress_path, job, state)
