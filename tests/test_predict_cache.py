@@ -193,3 +193,14 @@ def test_kept_engine_on_the_gpu(built, pipeline):
     fresh = ForceEngine(model, device="cuda", mode="eager").predict(a)
     np.testing.assert_allclose(_forces(edited), _forces(fresh), atol=1e-4)
     assert not np.allclose(_forces(edited), kept, atol=1e-4)
+
+
+def test_a_student_of_inference_tensors_is_not_kept(built):
+    """Inference tensors have no version counter: no engine is kept for them (and the engine's own error, as before,
+    says why such a student cannot give forces)."""
+    with torch.inference_mode():
+        model = _student()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="(?i)inference tensor"):
+            predict_forces(model, _structures(), device="cpu")
+    assert built["n"] == 2 and not predict_module._engines

@@ -122,9 +122,13 @@ def clear_engine_cache() -> None:
         _models.clear()
 
 
-def _state(model: StudentModel) -> tuple:
-    """What a kept engine must find unchanged: each parameter's and buffer's identity, storage and version."""
-    return tuple((id(t), t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
+def _state(model: StudentModel) -> tuple | None:
+    """What a kept engine must find unchanged: each parameter's and buffer's identity, storage and version (None
+    for inference tensors, which have no version counter: such a student is never kept)."""
+    try:
+        return tuple((id(t), t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
+    except RuntimeError:
+        return None
 
 
 def _engine_for(model: StudentModel, settings: dict) -> ForceEngine:
@@ -132,11 +136,13 @@ def _engine_for(model: StudentModel, settings: dict) -> ForceEngine:
     state = _state(model)
     with _lock:
         hit = _engines.get(key)
-        if hit is not None and hit[0]() is model and hit[1] == state:
+        if hit is not None and state is not None and hit[0]() is model and hit[1] == state:
             _engines.move_to_end(key)
             return hit[2]
         _engines.pop(key, None)
     engine = ForceEngine(model, **settings)
+    if state is None:
+        return engine
     with _lock:
         _engines[key] = (weakref.ref(model), state, engine)  # the reference: a new student at a dead one's id
         while len(_engines) > ENGINE_CACHE_SIZE:

@@ -95,6 +95,8 @@ def predict_file(
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if workers is not None and workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
     input, output = Path(input), Path(output)
     if not input.exists():
         raise FileNotFoundError(f"input file not found: {input}")
@@ -119,8 +121,6 @@ def predict_file(
     engine = ForceEngine(model, device=device, precision=precision, mode=mode)
     if workers is None:
         workers = auto_workers(input)
-    elif workers < 0:
-        raise ValueError(f"workers must be >= 0, got {workers}")
     blocks = blocks_of(input, state["done"], chunk, workers) if workers > 0 and is_extxyz(input) else None
     output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
