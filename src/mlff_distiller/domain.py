@@ -171,22 +171,16 @@ class DomainEnvelope:
     def _screen(self, structures: list, distance_tolerance: float, neighbor_tolerance: float) -> np.ndarray:
         """Which of ``structures`` have something outside the envelope (the tests of :meth:`check`, vectorised over
         every pair and atom of one batch on the host)."""
-        from mlff_distiller.batch import AtomsBatch
-        from mlff_distiller.neighbors import neighbor_list_batch
-
-        batch = AtomsBatch.from_atoms(structures, dtype=torch.float64)
-        nl = neighbor_list_batch(batch, float(self.cutoff))
-        i, j = nl.edge_index[0].long(), nl.edge_index[1].long()
-        z = batch.numbers.long()
+        batch, d, i, j = _pairs(structures, self.cutoff)
+        i, j, z = i.long(), j.long(), batch.numbers.long()
         shortest = torch.full((_Z * _Z,), torch.inf, dtype=torch.float64)  # seen in training; inf: never
-        for (za, zb), d in self.min_distance.items():
-            shortest[za * _Z + zb] = d
+        for (za, zb), seen_d in self.min_distance.items():
+            shortest[za * _Z + zb] = seen_d
         most = torch.full((_Z,), torch.inf, dtype=torch.float64)  # an element never seen: no neighbour finding
         for zz, n in self.max_neighbors.items():
             most[zz] = n
         outside = torch.zeros(len(structures), dtype=torch.bool)
         if i.numel():
-            d = torch.linalg.vector_norm(nl.vectors(batch.positions), dim=1)
             seen = shortest[torch.minimum(z[i], z[j]) * _Z + torch.maximum(z[i], z[j])]
             bad_pair = torch.isinf(seen) | (d < distance_tolerance * seen)
             outside[batch.batch[i[bad_pair]]] = True
@@ -233,6 +227,13 @@ class DomainEnvelope:
 def _frame_stats(frames: Iterable, cutoff: float, device: torch.device | str | None = None):
     """The shortest pair per element pair and the most neighbours per element of ``frames`` within ``cutoff``
     (float64 positions; the neighbour list and the reductions on ``device``, default the CPU)."""
+    batch, d, i, j = _pairs(frames, cutoff, device)
+    return _pair_stats(d, i, j, batch.numbers)
+
+
+def _pairs(frames: Iterable, cutoff: float, device: torch.device | str | None = None):
+    """``(batch, d, i, j)``: ``frames`` as one float64 batch on ``device`` (default the CPU) and its directed pairs
+    ``i -> j`` within ``cutoff`` at distances ``d``."""
     from mlff_distiller.batch import AtomsBatch
     from mlff_distiller.neighbors import neighbor_list_batch
 
@@ -241,7 +242,7 @@ def _frame_stats(frames: Iterable, cutoff: float, device: torch.device | str | N
         batch = batch.to(torch.device(device))
     nl = neighbor_list_batch(batch, float(cutoff))
     d = torch.linalg.vector_norm(nl.vectors(batch.positions), dim=1)
-    return _pair_stats(d, nl.edge_index[0], nl.edge_index[1], batch.numbers)
+    return batch, d, nl.edge_index[0], nl.edge_index[1]
 
 
 _Z = 128  # element numbers are below this
