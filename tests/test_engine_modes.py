@@ -627,3 +627,42 @@ def test_an_invalidated_capture_is_retried_then_left_eager(model, monkeypatch, f
     with pytest.raises(RuntimeError, match="other"):  # not a capture failure: raised as it is
         fresh.compute(batch)
     assert fresh.capture_failures == 0
+
+
+def test_oom_cap_lasts_until_memory_frees_up(model, monkeypatch):
+    """After an OOM the batches stay small while the memory found is what it was at the error, and grow back
+    when at least OOM_CAP_LIFT times as much is found later (a kept engine after a transient OOM)."""
+    from mlff_distiller import engine as engine_module
+
+    mols = _mols(12, seed=5)
+    engine = ForceEngine(model, device="cpu", precision="fp64", memory_budget=10**9)
+    uncapped = engine.atom_budget()
+    real = ForceEngine.compute
+    fail_above = [20]
+    sizes = []
+
+    def flaky(self, batch, **kw):
+        sizes.append(batch.num_atoms)
+        if batch.num_atoms > fail_above[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(ForceEngine, "compute", flaky)
+    engine.predict(mols)
+    capped = engine.atom_budget()
+    assert engine.oom_splits >= 1 and capped < uncapped and capped <= 20
+    # The same memory found: the cap stays, and the next call starts small (no new OOM).
+    fail_above[0] = 10**9
+    sizes.clear()
+    engine.predict(mols)
+    largest = max(len(m) for m in mols)  # a structure above the budget is a batch of its own
+    assert engine.atom_budget() == capped and max(sizes) <= max(capped, largest)
+    # A little more memory is not enough to lift it ...
+    engine.memory_budget = int(10**9 * (engine_module.OOM_CAP_LIFT - 0.5))
+    assert engine.atom_budget() == capped
+    # ... twice as much is: full-size batches again.
+    engine.memory_budget = 10**9 * engine_module.OOM_CAP_LIFT
+    assert engine.atom_budget() == engine._uncapped_atom_budget() > capped
+    sizes.clear()
+    engine.predict(mols)
+    assert max(sizes) == sum(len(m) for m in mols)

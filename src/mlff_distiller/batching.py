@@ -176,10 +176,7 @@ def _split_after_oom(engine: ForceEngine, chunk: list, stress: bool, err: torch.
     if len(chunk) == 1:
         raise err
     engine.oom_splits += 1
-    n_atoms = sum(len(s) for s in chunk)
-    engine._atom_budget_cap = max(1, min(engine._atom_budget_cap or n_atoms, n_atoms // 2))
-    if engine.device.type == "cuda":
-        torch.cuda.empty_cache()
+    engine._lower_atom_budget(sum(len(s) for s in chunk))
     half = len(chunk) // 2
     return _predict_chunk(engine, chunk[:half], stress) + _predict_chunk(engine, chunk[half:], stress)
 

@@ -106,6 +106,10 @@ DEFAULT_ATOM_BUDGET = {"cuda": 8192, "cpu": 2048}
 DEFAULT_MEMORY_FRACTION = 0.5
 # Neighbours per atom assumed before a batch's neighbour list is known (organic molecules, 5 Å: 10-40).
 EDGES_PER_ATOM_GUESS = 40
+# A batch cap lowered after an out-of-memory error is lifted when the atom budget found later is at least this
+# many times the one found at the error (twice: the memory once freed by a dropped kept engine, or another
+# process ending; not the noise of the caching allocator between calls).
+OOM_CAP_LIFT = 2
 
 
 @contextlib.contextmanager
@@ -239,6 +243,7 @@ class ForceEngine(PaddedPaths):
         self.memory_budget = None if memory_budget is None else int(memory_budget)
         self.oom_splits = 0  # batches split after an out-of-memory error (see predict)
         self._atom_budget_cap: int | None = None  # lowered after an OOM so later batches start smaller
+        self._atom_budget_at_oom = 0  # the uncapped atom budget found at that OOM (see atom_budget)
         self._bytes_scale = 1.0  # measured / analytic memory, from probe_memory()
         self._graphs: dict[Bucket, PaddedGraph] = {}
         self._runners: dict[Bucket, GraphRunner] = {}
@@ -644,7 +649,27 @@ class ForceEngine(PaddedPaths):
 
     def atom_budget(self) -> int:
         """Atoms per batch that :meth:`predict` plans for: from ``memory_budget`` (or, on CUDA, half the free
-        memory) and :meth:`estimate_bytes` with ``EDGES_PER_ATOM_GUESS`` neighbours; lowered after an OOM."""
+        memory) and :meth:`estimate_bytes` with ``EDGES_PER_ATOM_GUESS`` neighbours; lowered after an OOM.
+
+        The lowered cap lasts while the memory found stays where it was at the OOM. When a later call finds at
+        least ``OOM_CAP_LIFT`` times as much (another process or a dropped engine freed it, or a larger
+        ``memory_budget`` was set), the cap is lifted: an engine kept across calls (``predict_forces``) would
+        otherwise run small batches for the rest of the process after one transient OOM."""
+        atoms = self._uncapped_atom_budget()
+        cap = self._atom_budget_cap
+        if cap is not None and atoms >= OOM_CAP_LIFT * self._atom_budget_at_oom:
+            self._atom_budget_cap = cap = None
+        return atoms if cap is None else min(atoms, cap)
+
+    def _lower_atom_budget(self, n_atoms: int) -> None:
+        """A batch of ``n_atoms`` ran out of device memory: later batches start no larger than half of it (see
+        :meth:`atom_budget`), remembering the budget found now for when memory frees up."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._atom_budget_cap = max(1, min(self._atom_budget_cap or n_atoms, n_atoms // 2))
+        self._atom_budget_at_oom = self._uncapped_atom_budget()
+
+    def _uncapped_atom_budget(self) -> int:
         budget = self.memory_budget
         if budget is None and self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -653,8 +678,6 @@ class ForceEngine(PaddedPaths):
             atoms = DEFAULT_ATOM_BUDGET.get(self.device.type, DEFAULT_ATOM_BUDGET["cpu"])
         else:
             atoms = max(1, budget // max(1, self.estimate_bytes(1, EDGES_PER_ATOM_GUESS)))
-        if self._atom_budget_cap is not None:
-            atoms = min(atoms, self._atom_budget_cap)
         return atoms
 
     def predict(
