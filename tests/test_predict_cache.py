@@ -201,6 +201,6 @@ def test_a_student_of_inference_tensors_is_not_kept(built):
     with torch.inference_mode():
         model = _student()
     for _ in range(2):
-        with pytest.raises(RuntimeError, match="(?i)inference tensor"):
+        with pytest.raises(RuntimeError, match=r"(?i)inference tensor"):
             predict_forces(model, _structures(), device="cpu")
     assert built["n"] == 2 and not predict_module._engines
