@@ -12,9 +12,9 @@ Section ``reuse``: per call, wall clock (median of ``--reps`` calls after two wa
 for one benzene, 64 and 1,024 CHNO g2 molecules (the shipped student, fp32, mode "auto").
 
 Section ``cli``: ``predict_file`` (``mlff-distill predict``) over ``--cli-structures`` rattled g2 molecules written
-as extxyz, in one process and with its default worker processes (the same structures and results, up to float32
-rounding where the two runs' engines batch differently), and beside it, each timed alone: ASE reading the file,
-``predict_forces`` on all structures in memory, and ASE writing the results: how much of the command is file I/O.
+as extxyz, with ASE's extxyz reader and writer and with the fast codec (``mlff_distiller._extxyz_fast``), each in
+one process and with the default worker processes (all four outputs compared byte for byte), and beside them,
+each timed alone: reading the file, ``predict_forces`` on all structures in memory, writing the results.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -76,62 +75,79 @@ def reuse_rows(model, device: torch.device, reps: int) -> list[str]:
 
 
 def cli_rows(model, device: torch.device, count: int) -> list[str]:
+    """``predict_file`` four ways in one run: ASE's extxyz reader and writer (the fast codec switched off, as
+    before it) or the fast codec of ``mlff_distiller._extxyz_fast``, each in one process and with the automatic
+    worker processes; every output compared with the first (a fixed batch size, so that all four compute the same
+    batches and may write the same bytes); and the parts of the work, each alone."""
     import ase.io
-    from ase.calculators.singlepoint import SinglePointCalculator
+
+    from mlff_distiller import _extxyz_fast, _extxyz_parallel
+    from mlff_distiller._extxyz_parallel import frames_text
 
     structures = g2_chno(count, seed=3)
     for k, a in enumerate(structures):
         a.rattle(0.02, seed=k)
+    workers = 0
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        src, out, alone = Path(tmp, "in.extxyz"), Path(tmp, "out.extxyz"), Path(tmp, "alone.extxyz")
+        src = Path(tmp, "in.extxyz")
         ase.io.write(src, structures, format="extxyz")
-        t0 = time.perf_counter()
-        result = predict_file(model, src, out, device=device, workers=0)
-        whole = time.perf_counter() - t0
-        print(f"one process: {whole:.2f} s", flush=True)
         workers = auto_workers(src)
-        par_out = Path(tmp, "parallel.extxyz")
-        t0 = time.perf_counter()
-        predict_file(model, src, par_out, device=device, workers=workers)
-        parallel = time.perf_counter() - t0
-        a_frames, b_frames = ase.io.read(out, ":"), ase.io.read(par_out, ":")
-        assert len(a_frames) == len(b_frames) == count
-        pairs = list(zip(a_frames, b_frames, strict=True))
-        d_e = max(abs(a.get_potential_energy() - b.get_potential_energy()) for a, b in pairs)
-        d_f = max(float(np.abs(a.get_forces() - b.get_forces()).max()) for a, b in pairs)
-        same = f"max |ΔE| {d_e:.1e} eV, |ΔF| {d_f:.1e} eV/Å"
-        if out.read_bytes() == par_out.read_bytes():
-            same = "the same bytes"
-        print(f"{workers} workers: {parallel:.2f} s, {same}", flush=True)
+        reference = None
+        for codec in ("ASE", "fast"):
+            _extxyz_parallel.parse_frames = _extxyz_fast.parse_frames if codec == "fast" else (lambda text: None)
+            for n_workers in (0, workers):
+                out = Path(tmp, f"{codec}-{n_workers}.extxyz")
+                t0 = time.perf_counter()
+                predict_file(model, src, out, device=device, workers=n_workers, batch_size=4096)
+                seconds = time.perf_counter() - t0
+                data = out.read_bytes()
+                if reference is None:
+                    reference, same = data, "(the reference)"
+                else:
+                    same = "the same bytes" if data == reference else "DIFFERENT bytes"
+                out.unlink()
+                runs.append((codec, n_workers, seconds, same))
+                print(f"{codec} codec, {n_workers} workers: {seconds:.2f} s, {same}", flush=True)
+        _extxyz_parallel.parse_frames = _extxyz_fast.parse_frames
+        text = src.read_text()
         t0 = time.perf_counter()
         frames = list(ase.io.iread(str(src)))
-        read = time.perf_counter() - t0
+        ase_read = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        arrays = _extxyz_fast.parse_frames(text)
+        fast_read = time.perf_counter() - t0
+        assert arrays is not None and len(arrays[4]) == count
         t0 = time.perf_counter()
         preds = predict_forces(model, frames, device=device)
         compute = time.perf_counter() - t0
         t0 = time.perf_counter()
-        written = []
-        for a, p in zip(frames, preds, strict=True):
-            b = a.copy()
-            b.calc = SinglePointCalculator(b, energy=p["energy"], forces=p["forces"], energies=p["energies"])
-            written.append(b)
-        ase.io.write(alone, written, format="extxyz")
-        write = time.perf_counter() - t0
+        frames_text(frames, preds)
+        ase_write = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        _extxyz_fast.format_frames(arrays, preds)
+        fast_write = time.perf_counter() - t0
+        del text
     us = 1e6 / count
     lines = [
         f"## cli: {count:,} CHNO g2 molecules (mean {sum(len(a) for a in structures) / count:.1f} atoms), extxyz",
         "",
+        "`predict_file` (the command's work: chunks of 10,000 structures, batches of 4,096), each output against the "
+        "first:",
+        "",
+        "| extxyz reader and writer | worker processes | s | µs per structure | output |",
+        "|---|---:|---:|---:|---|",
+        *(f"| {c} | {w} | {t:.2f} | {t * us:.1f} | {same} |" for c, w, t, same in runs),
+        "",
+        "Each part alone, in one process:",
+        "",
         "| part | s | µs per structure |",
         "|---|---:|---:|",
-        f"| `predict_file` (the command's work), chunks of 10,000, one process | {whole:.2f} | {whole * us:.1f} |",
-        f"| the same with {workers} worker processes reading and writing (against one process: {same}) | "
-        f"{parallel:.2f} | "
-        f"{parallel * us:.1f} |",
-        f"| ASE `iread` of the input alone | {read:.2f} | {read * us:.1f} |",
+        f"| ASE `iread` of the input | {ase_read:.2f} | {ase_read * us:.1f} |",
+        f"| `parse_frames` (fast codec) of the input | {fast_read:.2f} | {fast_read * us:.1f} |",
         f"| `predict_forces` on the structures in memory | {compute:.2f} | {compute * us:.1f} |",
-        f"| results into `Atoms` + ASE `write` alone | {write:.2f} | {write * us:.1f} |",
-        "",
-        f"predict_file wrote {result['structures']:,} structures.",
+        f"| `frames_text` (results into `Atoms`, ASE's writer) | {ase_write:.2f} | {ase_write * us:.1f} |",
+        f"| `format_frames` (fast codec) | {fast_write:.2f} | {fast_write * us:.1f} |",
     ]
     print("\n".join(lines), flush=True)
     return lines

@@ -9,9 +9,12 @@ order. A formatting worker parses its block again to get each frame as ASE reads
 so for the same results the output is byte for byte what the one-process path writes. On the H100 host this took
 100,000 molecules from 53.9 to 14.7 s with 12 workers (``probe_predict_reuse_h100_run4.md``).
 
-ASE's own parser and writer do the work in both paths; only plain extxyz / xyz files (a count line, a comment
-line, one line per atom) take this path. The workers fork from a forkserver process, not from the caller, whose
-CUDA context and threads a fork would copy (a pool forked from the caller hung on the GPU host).
+Only plain extxyz / xyz files (a count line, a comment line, one line per atom) take this path, with or without
+workers (``workers=0`` runs the same blocks in this process). A block whose frames the fast codec of
+:mod:`mlff_distiller._extxyz_fast` takes (species, positions, cell, pbc, other real columns and calculator results)
+is read and written there, several times faster than by ASE and to the same arrays and bytes; any other block by
+ASE's own reader and writer. The workers fork from a forkserver process, not from the caller, whose CUDA context
+and threads a fork would copy (a pool forked from the caller hung on the GPU host).
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from mlff_distiller._extxyz_fast import format_frames, parse_frames
 
 __all__ = ["Block", "auto_workers", "blocks_of", "frames_text", "run_blocks"]
 
@@ -124,12 +129,24 @@ def frames_text(frames: list, results: list[dict | None]) -> str:
     return text.getvalue()
 
 
-def _read_block(path: str, block: Block) -> list:
-    import ase.io
-
+def _block_text(path: str, block: Block) -> str:
     with open(path, "rb") as f:
         f.seek(block.start)
-        text = f.read(block.end - block.start).decode()
+        return f.read(block.end - block.start).decode()
+
+
+def _fast_arrays(text: str, block: Block) -> tuple | None:
+    """The block's frames as :func:`~mlff_distiller._extxyz_fast.parse_frames` reads them, or None (ASE reads
+    them)."""
+    arrays = parse_frames(text)
+    return arrays if arrays is not None and len(arrays[4]) == block.count else None
+
+
+def _read_block(path: str, block: Block, text: str | None = None) -> list:
+    import ase.io
+
+    if text is None:
+        text = _block_text(path, block)
     try:
         frames = ase.io.read(io.StringIO(text), index=":", format="extxyz")
     except Exception as exc:
@@ -144,7 +161,11 @@ def _read_block(path: str, block: Block) -> list:
 
 def _parse(path: str, block: Block) -> tuple:
     """Worker: the block's structures as arrays (numbers, positions, cells, pbc, atom counts)."""
-    frames = _read_block(path, block)
+    text = _block_text(path, block)
+    arrays = _fast_arrays(text, block)
+    if arrays is not None:
+        return arrays[:5]
+    frames = _read_block(path, block, text)
     counts = np.array([len(a) for a in frames], dtype=np.int64)
     numbers = np.concatenate([a.numbers for a in frames])
     positions = np.concatenate([a.positions for a in frames])
@@ -159,7 +180,11 @@ def _format(path: str, block: Block, payload: tuple, delay_s: float = 0.0) -> st
         import time
 
         time.sleep(delay_s)
-    return frames_text(_read_block(path, block), _unpack(payload))
+    text = _block_text(path, block)
+    arrays = _fast_arrays(text, block)
+    if arrays is not None:
+        return format_frames(arrays, _unpack(payload))
+    return frames_text(_read_block(path, block, text), _unpack(payload))
 
 
 def _ignore_interrupts() -> None:
@@ -221,7 +246,11 @@ def run_blocks(
     """For each chunk in order: its blocks parsed in workers, ``predict(frames)`` here (results, skipped), its
     blocks formatted in workers, then ``record(count, results, skipped, text)`` here. Two chunks are parsed
     ahead and at most two wait formatted, so memory stays a few chunks whatever the file's size."""
-    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_ignore_interrupts)
+    pool = (
+        _InlinePool()
+        if workers == 0
+        else ProcessPoolExecutor(workers, mp_context=_context(), initializer=_ignore_interrupts)
+    )
     try:
         src = str(path)
         todo: Iterator[list[Block]] = iter(chunks)
@@ -267,6 +296,21 @@ def run_blocks(
         drain(0)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _InlinePool:
+    """The executor of ``workers=0``: each task runs in this process when it is submitted."""
+
+    def submit(self, fn: Callable, *args) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:  # raised where the result is asked for, as from a worker
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
 
 
 def _context():

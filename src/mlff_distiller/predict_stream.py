@@ -5,8 +5,9 @@ Millions of structures do not fit a list of ``ase.Atoms`` and its results comfor
 should not lose its finished part to a Ctrl-C, a killed job or a lost node. So the input is read in chunks
 (``ase.io.iread``), each chunk runs through one :class:`~mlff_distiller.engine.ForceEngine` kept for the whole
 file (its captured buckets are reused), and its frames are appended to the output before the next chunk is read.
-For large extxyz inputs, worker processes parse and format the text while this process predicts
-(:mod:`mlff_distiller._extxyz_parallel`: ASE's file I/O was 96 % of the command's time in one process).
+extxyz inputs are read and written in blocks of whole frames (:mod:`mlff_distiller._extxyz_parallel`), by a
+fast codec where it takes the frames (:mod:`mlff_distiller._extxyz_fast`; ASE's file I/O was 96 % of the command's
+time), and for large inputs in worker processes while this process predicts. Other formats go through ASE.
 
 After each chunk the output is flushed to disk, and ``<output>.progress.json`` records how many input structures
 are done and how many bytes of the output hold them. Started again with the same input, student and settings, the
@@ -121,7 +122,9 @@ def predict_file(
     engine = ForceEngine(model, device=device, precision=precision, mode=mode)
     if workers is None:
         workers = auto_workers(input)
-    blocks = blocks_of(input, state["done"], chunk, workers) if workers > 0 and is_extxyz(input) else None
+    # extxyz in blocks of whole frames (in this process with 0 workers), read and written by the fast codec of
+    # mlff_distiller._extxyz_fast where it takes the frames; other formats through ase.io.iread.
+    blocks = blocks_of(input, state["done"], chunk, max(workers, 1)) if is_extxyz(input) else None
     output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 

@@ -1,0 +1,218 @@
+"""A fast reader and writer for the plain extxyz frames that ``mlff-distill predict`` reads and writes.
+
+ASE's extxyz reader and writer are general and pure Python: on the development CPU they take ~110 µs to read and
+~210 µs to write one small molecule with its results, of which the key=value comment line alone costs 30-75 µs
+(``ase.io.extxyz.key_val_str_to_dict``). :func:`~mlff_distiller.predict_stream.predict_file` spends almost all of
+its time there (``benchmarks/results/probe_predict_reuse_h100.md``). This module reads and writes the one shape of
+frame such a run meets most, several times faster, and declines anything else, which ASE then reads and writes as
+before. No other library reads extxyz faster and writes what ASE writes (the output must stay what ASE gives).
+
+A frame is taken here when its comment line holds only
+
+* ``Lattice="<9 numbers>"``, ``pbc="<T|F> <T|F> <T|F>"`` (``pbc`` without ``Lattice`` only as ``"F F F"``),
+* ``Properties=species:S:1:pos:R:3`` followed by real columns of per-atom calculator results (``forces``,
+  ``energies``, ``charge``, ...), and
+* per-structure calculator results (``energy``, ``stress``, ``free_energy``, ...) given as numbers,
+
+every key at most once, values without escapes or braces, every element symbol known to ASE, every number one
+that Python's ``float`` reads, and every atom line with at least the declared columns. ASE's reader moves those
+calculator results into a calculator that the written frame does not keep, so a frame taken here has nothing
+beyond its species, positions, cell and periodicity. For such frames both functions here give exactly what
+``ase.io.read`` / ``frames_text`` (ASE's writer) give: the same floats (Python's ``float`` parses both) and the
+same bytes (ASE's column formats and ASE's own ``escape`` for strings); the tests compare them on random frames.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import numpy as np
+
+__all__ = ["format_frames", "parse_frames"]
+
+_PAIR = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_-]*)=(?:"([^"\\{}\[\]\']*)"|([^\s"\\{}\[\]\'=]+))')
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Columns ASE reads into something other than an array of the same name (numbers, constraints, charges given to
+# the Atoms constructor, which also puts them first among the arrays it writes back).
+_SPECIAL_COLUMNS = frozenset({"species", "pos", "Z", "move_mask", "initial_charges", "masses", "numbers", "positions"})
+
+
+@lru_cache(maxsize=1)
+def _ase_tables() -> tuple:
+    from ase.data import atomic_numbers, chemical_symbols
+    from ase.io.extxyz import REV_PROPERTY_NAME_MAP, escape, per_atom_properties, per_config_properties
+    from ase.stress import voigt_6_to_full_3x3_stress
+
+    return (
+        atomic_numbers,
+        chemical_symbols,
+        REV_PROPERTY_NAME_MAP,
+        frozenset(per_atom_properties),
+        frozenset(per_config_properties),
+        escape,
+        voigt_6_to_full_3x3_stress,
+    )
+
+
+def _floats(text: str, count: int | None = None) -> list[float] | None:
+    try:
+        values = [float(t) for t in text.split()]
+    except ValueError:
+        return None
+    return values if count is None or len(values) == count else None
+
+
+@lru_cache(maxsize=4096)
+def _header(comment: str) -> tuple | None:
+    """``(cell [3, 3] or None, pbc (3 bools), columns per atom line, kept)`` of a comment line this module takes,
+    else None; ``kept``: ``(name, number of columns, first token)`` of each other real column, which ASE keeps as
+    an array of the frame (``initial_magmoms``, ``momenta``, ...). Cached: comment lines without per-structure
+    values repeat through a file."""
+    _, _, rev_names, per_atom, per_config, _, _ = _ase_tables()
+    fields: dict[str, str] = {}
+    end = 0
+    for m in _PAIR.finditer(comment):
+        if m.start() != end or m.group(1) in fields:
+            return None
+        fields[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3)
+        end = m.end()
+    if comment[end:].strip():
+        return None
+    columns, kept, names = 4, [], set()
+    props = fields.pop("Properties", "species:S:1:pos:R:3").split(":")
+    if len(props) % 3 or props[:6] != ["species", "S", "1", "pos", "R", "3"]:
+        return None
+    for name, kind, ncols in zip(props[6::3], props[7::3], props[8::3], strict=True):
+        if kind != "R" or not ncols.isdigit() or int(ncols) < 1 or name in names or name in _SPECIAL_COLUMNS:
+            return None
+        names.add(name)
+        if rev_names.get(name, name) not in per_atom:
+            if name in rev_names or not _NAME.fullmatch(name):
+                return None
+            kept.append((name, int(ncols), columns))
+        columns += int(ncols)
+    lattice, pbc = fields.pop("Lattice", None), fields.pop("pbc", None)
+    for key, value in fields.items():  # what is left must be calculator results, which the output replaces
+        if key not in per_config or _floats(value) is None:
+            return None
+    flags = pbc.split() if pbc is not None else (["T"] * 3 if lattice is not None else ["F"] * 3)
+    if len(flags) != 3 or not set(flags) <= {"T", "F"}:
+        return None
+    if lattice is None:
+        return (None, (False, False, False), columns, tuple(kept)) if flags == ["F"] * 3 else None
+    cell = _floats(lattice, 9)
+    if cell is None:
+        return None
+    return np.array(cell, dtype=np.float64).reshape(3, 3), tuple(f == "T" for f in flags), columns, tuple(kept)
+
+
+@lru_cache(maxsize=512)
+def _number(symbol: str) -> int | None:
+    atomic_numbers = _ase_tables()[0]
+    return atomic_numbers.get(symbol.capitalize())  # ASE capitalises the species column as it reads it
+
+
+def parse_frames(text: str) -> tuple | None:
+    """The frames of ``text`` (whole extxyz frames) as ``(numbers [N], positions [N, 3], cells [B, 3, 3],
+    pbc [B, 3], counts [B], kept)``, the arrays ``ase.io.read`` would give, ``kept`` holding per frame the other
+    columns ASE keeps (``(name, values [n, k])`` pairs; empty for most frames); None when some frame is not one
+    this module takes (see the module's docstring), for ASE to read."""
+    lines = text.split("\n")
+    n_lines = len(lines)
+    counts, cells, pbcs, frames = [], [], [], []  # frames: (first atom line, atom count, columns, kept columns)
+    zero = np.zeros((3, 3))
+    k = 0
+    while k < n_lines:
+        line = lines[k]
+        if not line.strip():
+            if any(rest.strip() for rest in lines[k + 1 :]):
+                return None  # a blank line between frames: ASE decides
+            break
+        try:
+            n = int(line)
+        except ValueError:
+            return None
+        if n < 1 or k + 2 + n > n_lines:
+            return None
+        head = _header(lines[k + 1].strip())
+        if head is None:
+            return None
+        cell, pbc, columns, kept = head
+        counts.append(n)
+        cells.append(zero if cell is None else cell)
+        pbcs.append(pbc)
+        frames.append((k + 2, n, columns, kept))
+        k += 2 + n
+    if not counts:
+        return None
+    rows = [ln.split() for a, n, _, _ in frames for ln in lines[a : a + n]]
+    need = [c for _, n, c, _ in frames for _ in range(n)]
+    if any(len(r) < c for r, c in zip(rows, need, strict=True)):
+        return None
+    numbers = [_number(r[0]) for r in rows]
+    if None in numbers:
+        return None
+    try:
+        positions = [float(t) for r in rows for t in r[1:4]]
+        if max(need) > 4:  # the other columns: numbers, as ASE reads them (the output keeps or drops them)
+            extra = [[float(t) for t in r[4:c]] for r, c in zip(rows, need, strict=True)]
+    except ValueError:
+        return None
+    kept_values, row = [], 0
+    for _, n, _, kept in frames:
+        if kept:
+            block = np.array(extra[row : row + n], dtype=np.float64)
+            kept_values.append([(name, block[:, first - 4 : first - 4 + k]) for name, k, first in kept])
+        else:
+            kept_values.append([])
+        row += n
+    return (
+        np.array(numbers, dtype=np.int64),
+        np.array(positions, dtype=np.float64).reshape(-1, 3),
+        np.stack(cells).astype(np.float64),
+        np.array(pbcs, dtype=bool),
+        np.array(counts, dtype=np.int64),
+        kept_values,
+    )
+
+
+def format_frames(arrays: tuple, results: list[dict | None]) -> str:
+    """The text ``frames_text`` (ASE's writer) gives for the frames of ``arrays`` (from :func:`parse_frames`)
+    with ``results`` (``None``: the frame is left out): energy, forces, per-atom energies, stress and
+    ``info["domain"]`` as ASE writes them."""
+    _, symbols, _, _, _, escape, voigt_to_full = _ase_tables()
+    numbers, positions, cells, pbc, counts, kept = arrays
+    ends = np.cumsum(counts).tolist()
+    starts = [0, *ends[:-1]]
+    names = [symbols[z] for z in numbers.tolist()]
+    out = []
+    for b, r in enumerate(results):
+        if r is None:
+            continue
+        a, e = starts[b], ends[b]
+        head = [f"{e - a}\n"]
+        if cells[b].any():  # ASE writes the Lattice of a non-zero cell only
+            head.append('Lattice="' + " ".join(str(x) for x in cells[b].reshape(9)) + '" ')
+        columns = [positions[a:e]]
+        head.append("Properties=species:S:1:pos:R:3")
+        for name, values in kept[b]:
+            head.append(f":{name}:R:{values.shape[1]}")
+            columns.append(values)
+        head.append(":forces:R:3:energies:R:1")
+        columns += [np.asarray(r["forces"], dtype=np.float64), np.asarray(r["energies"], np.float64).reshape(-1, 1)]
+        if r.get("domain"):
+            head.append(" domain=" + escape("; ".join(r["domain"])))
+        head.append(f" energy={r['energy']}")
+        if "stress" in r:
+            full = voigt_to_full(np.asarray(r["stress"], dtype=np.float64)).reshape(9, order="F")
+            head.append(' stress="' + " ".join(f"{v}" for v in full) + '"')
+        head.append(' pbc="' + " ".join("T" if p else "F" for p in pbc[b].tolist()) + '"\n')
+        out.append("".join(head))
+        reals = np.concatenate(columns, axis=1)
+        values = np.empty((e - a, 1 + reals.shape[1]), dtype=object)
+        values[:, 0] = names[a:e]
+        values[:, 1:] = reals
+        line = "%-2s" + " %16.8f" * reals.shape[1] + "\n"  # ASE's formats: '%-2s' symbols, '%16.8f' reals
+        out.append((line * (e - a)) % tuple(values.ravel().tolist()))
+    return "".join(out)
