@@ -4,10 +4,11 @@ ASE's extxyz reader and writer are pure Python: on the H100 host, 100,000 small 
 28 s to write, against 1.4 s to predict (``benchmarks/results/probe_predict_reuse_h100.md``). Both work frame by
 frame, so the frames of an input file split into blocks of whole frames that separate processes can read and
 write at once. Here the main process only scans the file for where its frames start (the atom-count lines),
-builds ``ase.Atoms`` from the arrays a worker parsed, predicts, and writes the text a worker formatted, in input
-order. A formatting worker parses its block again to get each frame as ASE reads it (``info``, extra arrays),
-so for the same results the output is byte for byte what the one-process path writes. On the H100 host this took
-100,000 molecules from 53.9 to 14.7 s with 12 workers (``probe_predict_reuse_h100_run4.md``).
+predicts on the arrays a worker parsed (a :class:`~mlff_distiller.batch.FrameTable`: no ``ase.Atoms`` is built
+for a structure that computes), and writes the text a worker formatted, in input order. A block the fast codec
+declined is parsed again by its formatting worker, to get each frame as ASE reads it (``info``, extra arrays), so
+for the same results the output is byte for byte what the one-process path writes. On the H100 host the workers
+took 100,000 molecules from 53.9 to 14.7 s with ASE's reader and writer (``probe_predict_reuse_h100_run4.md``).
 
 Only plain extxyz / xyz files (a count line, a comment line, one line per atom) take this path, with or without
 workers (``workers=0`` runs the same blocks in this process). A block whose frames the fast codec of
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from mlff_distiller._extxyz_fast import format_frames, parse_frames
+from mlff_distiller.batch import FrameTable
 
 __all__ = ["Block", "auto_workers", "blocks_of", "frames_text", "run_blocks"]
 
@@ -159,32 +161,33 @@ def _read_block(path: str, block: Block, text: str | None = None) -> list:
     return frames
 
 
-def _parse(path: str, block: Block) -> tuple:
-    """Worker: the block's structures as arrays (numbers, positions, cells, pbc, atom counts)."""
+def _parse(path: str, block: Block) -> tuple[tuple, tuple | None]:
+    """Worker: the block's structures as arrays (numbers, positions, cells, pbc, atom counts), and everything
+    :func:`~mlff_distiller._extxyz_fast.format_frames` needs to write them (None: the fast codec declined the
+    block, and ASE reads it again to write it)."""
     text = _block_text(path, block)
     arrays = _fast_arrays(text, block)
     if arrays is not None:
-        return arrays[:5]
+        return arrays[:5], arrays
     frames = _read_block(path, block, text)
     counts = np.array([len(a) for a in frames], dtype=np.int64)
     numbers = np.concatenate([a.numbers for a in frames])
     positions = np.concatenate([a.positions for a in frames])
     cells = np.stack([a.cell.array for a in frames])
     pbc = np.stack([a.pbc for a in frames])
-    return numbers, positions, cells, pbc, counts
+    return (numbers, positions, cells, pbc, counts), None
 
 
-def _format(path: str, block: Block, payload: tuple, delay_s: float = 0.0) -> str:
-    """Worker: the block's output text (its frames read again, with the results of ``payload``)."""
+def _format(path: str, block: Block, payload: tuple, parsed: tuple | None, delay_s: float = 0.0) -> str:
+    """Worker: the block's output text, with the results of ``payload``: by the fast codec from the arrays it
+    read (``parsed``), else by ASE from its frames read again (``info`` and extra arrays included)."""
     if delay_s:
         import time
 
         time.sleep(delay_s)
-    text = _block_text(path, block)
-    arrays = _fast_arrays(text, block)
-    if arrays is not None:
-        return format_frames(arrays, _unpack(payload))
-    return frames_text(_read_block(path, block, text), _unpack(payload))
+    if parsed is not None:
+        return format_frames(parsed, _unpack(payload))
+    return frames_text(_read_block(path, block), _unpack(payload))
 
 
 def _ignore_interrupts() -> None:
@@ -192,18 +195,6 @@ def _ignore_interrupts() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _atoms_of(arrays: tuple) -> list:
-    from ase import Atoms
-
-    numbers, positions, cells, pbc, counts = arrays
-    ends = np.cumsum(counts)
-    starts = ends - counts
-    return [
-        Atoms(numbers=numbers[a:b], positions=positions[a:b], cell=cells[k], pbc=pbc[k])
-        for k, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True))
-    ]
 
 
 def _pack(results: list[dict | None]) -> tuple:
@@ -273,12 +264,14 @@ def run_blocks(
         try:
             while parsing:
                 blocks, futures = parsing.popleft()
-                frames = [atoms for f in futures for atoms in _atoms_of(f.result())]
+                parsed = [f.result() for f in futures]
+                frames = FrameTable.concat([FrameTable(*arrays) for arrays, _ in parsed])  # no Atoms built
                 refill()
                 results, skipped = predict(frames)
                 futures, k = [], 0
-                for b in blocks:
-                    futures.append(pool.submit(_format, src, b, _pack(results[k : k + b.count]), _FORMAT_DELAY_S))
+                for b, (_, codec) in zip(blocks, parsed, strict=True):
+                    payload = _pack(results[k : k + b.count])
+                    futures.append(pool.submit(_format, src, b, payload, codec, _FORMAT_DELAY_S))
                     k += b.count
                 formatting.append((len(frames), results, skipped, futures))
                 drain(1)

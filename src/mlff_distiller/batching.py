@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.batch import AtomsBatch, FrameTable
 
 if TYPE_CHECKING:
     from mlff_distiller.engine import ForceEngine
@@ -93,7 +93,8 @@ def predict_structures(
     pipeline: bool | None = None,
 ) -> list[dict]:
     """The loop of :meth:`ForceEngine.predict` (see there); ``pipeline`` None: on for a CUDA engine."""
-    structures = list(structures)
+    if not isinstance(structures, FrameTable):
+        structures = list(structures)
     if batch_size is None and not atom_budget:
         atom_budget = engine.atom_budget()  # a device query on CUDA: only when batches are sized by atoms
     if pipeline is None:
@@ -176,7 +177,7 @@ def _split_after_oom(engine: ForceEngine, chunk: list, stress: bool, err: torch.
     if len(chunk) == 1:
         raise err
     engine.oom_splits += 1
-    engine._lower_atom_budget(sum(len(s) for s in chunk))
+    engine._lower_atom_budget(sum(atom_counts(chunk)))
     half = len(chunk) // 2
     return _predict_chunk(engine, chunk[:half], stress) + _predict_chunk(engine, chunk[half:], stress)
 
@@ -211,9 +212,10 @@ def result_rows(batch: AtomsBatch, out: dict[str, torch.Tensor], stress: bool = 
     return rows
 
 
-def chunks(structures: list, batch_size: int | None, atom_budget: int) -> Iterator[list]:
+def chunks(structures: Sequence, batch_size: int | None, atom_budget: int) -> Iterator[Sequence]:
     """``structures`` in batches of ``batch_size`` structures, or (``batch_size`` None) filled up to
-    ``atom_budget`` atoms (a structure larger than the budget is a batch of its own)."""
+    ``atom_budget`` atoms (a structure larger than the budget is a batch of its own). Slices of the input: lists
+    of structures, or :class:`~mlff_distiller.batch.FrameTable` views."""
     if batch_size is not None:
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -222,14 +224,18 @@ def chunks(structures: list, batch_size: int | None, atom_budget: int) -> Iterat
         return
     if int(atom_budget) < 1:
         raise ValueError(f"atom_budget must be >= 1, got {atom_budget}")
-    chunk: list = []
-    atoms = 0
-    for s in structures:
-        n = len(s)
-        if chunk and atoms + n > atom_budget:
-            yield chunk
-            chunk, atoms = [], 0
-        chunk.append(s)
+    first, atoms = 0, 0
+    for k, n in enumerate(atom_counts(structures)):
+        if k > first and atoms + n > atom_budget:
+            yield structures[first:k]
+            first, atoms = k, 0
         atoms += n
-    if chunk:
-        yield chunk
+    if first < len(structures):
+        yield structures[first:]
+
+
+def atom_counts(structures: Sequence) -> list[int]:
+    """Atoms of each structure (a :class:`~mlff_distiller.batch.FrameTable` without building its ``Atoms``)."""
+    if isinstance(structures, FrameTable):
+        return structures.atom_counts()
+    return [len(s) for s in structures]

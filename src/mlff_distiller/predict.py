@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from mlff_distiller.batch import FrameTable
 from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.checkpoint import builtin_path, load_model
 from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
@@ -54,7 +55,8 @@ def predict_forces(
 
     Args:
         model: a :class:`StudentModel` or a checkpoint path (``"builtin:<name>"`` included).
-        structures: ``ase.Atoms`` objects (or a single one).
+        structures: ``ase.Atoms`` objects (or a single one), or a :class:`~mlff_distiller.batch.FrameTable` of many
+            structures held as arrays (no ``Atoms`` built for them).
         device: default CUDA when available.
         batch_size: structures per batch; None batches by an atom budget.
         precision: ``"fp64"``, ``"fp32"``, ``"tf32"``, ``"bf16"`` or ``"fp16"``.
@@ -92,8 +94,9 @@ def predict_forces(
     """
     if hasattr(structures, "get_positions"):
         structures = [structures]
-    structures = list(structures)
-    if not structures:
+    if not isinstance(structures, FrameTable):  # a FrameTable is cut into batches without an Atoms each
+        structures = list(structures)
+    if not len(structures):
         return []
     if not isinstance(model, StudentModel):
         model = _loaded(model)
