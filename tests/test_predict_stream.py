@@ -389,18 +389,20 @@ def test_workers_are_the_cli_default_not_the_api_default(tmp_path, monkeypatch):
 
     used, real = [], pf.run_blocks
 
-    def run_blocks(path, chunks, workers, *a):  # the one-process run for real; no worker processes here
+    def run_blocks(path, chunks, workers, *a, pool=None):  # the one-process run for real; no worker processes here
         used.append(workers)
         return real(path, chunks, workers, *a) if workers == 0 else None
 
+    started = []
     monkeypatch.setattr(pf, "run_blocks", run_blocks)
+    monkeypatch.setattr(pf, "start_pool", lambda workers: started.append(workers) or par._InlinePool())
     monkeypatch.setattr(par, "MIN_BYTES", 0)
     monkeypatch.setattr(par.os, "cpu_count", lambda: 16)
     src = _write(tmp_path / "in.extxyz", _frames(3))
     predict_file(MODEL, src, tmp_path / "api.extxyz", device="cpu")
     assert used == [0] and len(ase.io.read(tmp_path / "api.extxyz", ":")) == 3
     main(["predict", "--input", src, "--output", str(tmp_path / "cli.extxyz"), "--device", "cpu"])
-    assert used == [0, 12]
+    assert used == [0, 12] and started == [12]  # the CLI's workers started before the run, not the API's
 
 
 def test_one_out_of_domain_warning_for_the_whole_file(model, tmp_path):
@@ -414,3 +416,30 @@ def test_one_out_of_domain_warning_for_the_whole_file(model, tmp_path):
     outside = [w for w in record if issubclass(w.category, OutOfDomainWarning)]
     assert len(outside) == 1 and "2 of 6 structures" in str(outside[0].message)
     assert result["outside_domain"] == 2
+
+
+def test_started_workers_are_shut_down_when_the_run_fails_early(model, tmp_path, monkeypatch):
+    """The workers start before the student is loaded; a run refused after that (another job's unfinished output)
+    still shuts them down."""
+    from mlff_distiller import _extxyz_parallel as par
+
+    pools = []
+
+    class Pool(par._InlinePool):
+        def __init__(self) -> None:
+            self.shut = False
+            pools.append(self)
+
+        def shutdown(self, wait=True, cancel_futures=False) -> None:
+            self.shut = True
+
+    monkeypatch.setattr(pf, "start_pool", lambda workers: Pool())
+    src, out = _write(tmp_path / "in.extxyz", _frames(4)), tmp_path / "out.extxyz"
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=2))
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(model, src, out, chunk=2, device="cpu", workers=2)
+    assert len(pools) == 1 and pools[0].shut
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=None))
+    with pytest.raises(ValueError, match="another job"):
+        predict_file(model, src, out, chunk=2, device="cpu", precision="fp64", workers=2)
+    assert len(pools) == 2 and pools[1].shut

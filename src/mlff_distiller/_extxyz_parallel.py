@@ -26,7 +26,7 @@ import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,7 @@ import numpy as np
 from mlff_distiller._extxyz_fast import format_frames, parse_frames
 from mlff_distiller.batch import FrameTable
 
-__all__ = ["Block", "auto_workers", "blocks_of", "frames_text", "run_blocks"]
+__all__ = ["Block", "auto_workers", "blocks_of", "frames_text", "run_blocks", "start_pool"]
 
 MIN_BYTES = 8 << 20  # inputs below ~20,000 small molecules: the workers' start-up is not worth it
 _GRACE_S = 120.0  # how long an interrupted run waits for a block being formatted (a few seconds of work)
@@ -233,15 +233,15 @@ def run_blocks(
     workers: int,
     predict: Callable[[list], tuple[list[dict | None], list]],
     record: Callable[[int, list[dict | None], list, str], None],
+    pool: Executor | None = None,
 ) -> None:
     """For each chunk in order: its blocks parsed in workers, ``predict(frames)`` here (results, skipped), its
     blocks formatted in workers, then ``record(count, results, skipped, text)`` here. Two chunks are parsed
-    ahead and at most two wait formatted, so memory stays a few chunks whatever the file's size."""
-    pool = (
-        _InlinePool()
-        if workers == 0
-        else ProcessPoolExecutor(workers, mp_context=_context(), initializer=_ignore_interrupts)
-    )
+    ahead and at most two wait formatted, so memory stays a few chunks whatever the file's size. ``pool``: the
+    ``workers`` processes already started (:func:`start_pool`; shut down by the caller), else started here."""
+    own = pool is None
+    if own:
+        pool = start_pool(workers)
     try:
         src = str(path)
         todo: Iterator[list[Block]] = iter(chunks)
@@ -288,10 +288,22 @@ def run_blocks(
             raise
         drain(0)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        if own:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
-class _InlinePool:
+def start_pool(workers: int) -> Executor:
+    """``workers`` processes for :func:`run_blocks`, every one started now (a no-op task each), or the in-process
+    executor for 0."""
+    if workers == 0:
+        return _InlinePool()
+    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_ignore_interrupts)
+    for _ in range(workers):
+        pool.submit(int)
+    return pool
+
+
+class _InlinePool(Executor):
     """The executor of ``workers=0``: each task runs in this process when it is submitted."""
 
     def submit(self, fn: Callable, *args) -> Future:

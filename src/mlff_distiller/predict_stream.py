@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from mlff_distiller._extxyz_parallel import auto_workers, blocks_of, frames_text, is_extxyz, run_blocks
+from mlff_distiller._extxyz_parallel import auto_workers, blocks_of, frames_text, is_extxyz, run_blocks, start_pool
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.checkpoint import load_model
@@ -103,6 +103,54 @@ def predict_file(
         raise FileNotFoundError(f"input file not found: {input}")
     if output.exists() and output.resolve() == input.resolve():
         raise ValueError(f"output {output} is the input file; write the results to another file")
+    extxyz = is_extxyz(input)
+    if workers is None:
+        workers = auto_workers(input)
+    # The worker processes start now: their start (a forkserver importing this package, torch with it: ~2 s) runs
+    # while this process loads the student, builds its engine and scans the file, instead of before the first chunk.
+    pool = start_pool(workers) if extxyz and workers > 0 else None
+    try:
+        return _predict_file(
+            model,
+            input,
+            output,
+            pool,
+            extxyz,
+            workers,
+            chunk=chunk,
+            restart=restart,
+            device=device,
+            batch_size=batch_size,
+            precision=precision,
+            stress=stress,
+            mode=mode,
+            check_domain=check_domain,
+            log=log,
+        )
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _predict_file(
+    model,
+    input: Path,
+    output: Path,
+    pool,
+    extxyz: bool,
+    workers: int,
+    *,
+    chunk,
+    restart,
+    device,
+    batch_size,
+    precision,
+    stress,
+    mode,
+    check_domain,
+    log,
+) -> dict:
+    """:func:`predict_file` after its arguments are checked (``pool``: the started worker processes, or None)."""
     if not isinstance(model, StudentModel):
         model = load_model(model)
     envelope = required_envelope(model) if check_domain else None
@@ -120,11 +168,9 @@ def predict_file(
     state = _resume_state(job, output, progress_path, restart)
     resumed_from = state["done"]
     engine = ForceEngine(model, device=device, precision=precision, mode=mode)
-    if workers is None:
-        workers = auto_workers(input)
     # extxyz in blocks of whole frames (in this process with 0 workers), read and written by the fast codec of
     # mlff_distiller._extxyz_fast where it takes the frames; other formats through ase.io.iread.
-    blocks = blocks_of(input, state["done"], chunk, max(workers, 1)) if is_extxyz(input) else None
+    blocks = blocks_of(input, state["done"], chunk, max(workers, 1)) if extxyz else None
     output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
@@ -154,7 +200,7 @@ def predict_file(
 
         try:
             if blocks is not None:
-                run_blocks(input, blocks, workers, predict, record)
+                run_blocks(input, blocks, workers, predict, record, pool=pool)
             else:
                 for frames in _chunks(_read_from(input, state["done"]), chunk):
                     results, skipped = predict(frames)
