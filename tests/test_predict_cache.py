@@ -184,8 +184,10 @@ def test_kept_engine_on_the_gpu(built, pipeline):
     again = predict_forces(model, a, pipeline=pipeline)
     assert built["n"] == 1
     assert graphs and {bucket: id(g) for bucket, g in engine._graphs.items()} == graphs  # no new capture
-    np.testing.assert_array_equal(_forces(first), kept)
-    np.testing.assert_array_equal(_forces(again), kept)
+    np.testing.assert_array_equal(_forces(first), kept)  # bit for bit: the earlier rows are not overwritten
+    # The same structures computed again: equal up to the last bits that CUDA's float32 atomics leave to the order
+    # of the additions (bit equality here failed 1 run in 4 on the H100, 1e-10 eV/Å apart).
+    np.testing.assert_allclose(_forces(again), kept, rtol=1e-5, atol=1e-6)
     with torch.no_grad():
         next(model.parameters()).mul_(1.5)
     edited = predict_forces(model, a, pipeline=pipeline)
