@@ -123,15 +123,16 @@ def cli_rows(model, device: torch.device, count: int) -> list[str]:
             for n_workers in (0, workers):
                 out = Path(tmp, f"{codec}-{n_workers}.extxyz")
                 t0 = time.perf_counter()
-                predict_file(model, src, out, device=device, workers=n_workers, batch_size=4096)
+                done = predict_file(model, src, out, device=device, workers=n_workers, batch_size=4096)
                 seconds = time.perf_counter() - t0
+                parts = ", ".join(f"{k} {v:.2f}" for k, v in done["parts"].items())
                 data = out.read_text()
                 if reference is None:
                     reference, same = data, "(the reference)"
                 else:
                     same = _difference(reference, data)
                 out.unlink()
-                runs.append((codec, n_workers, seconds, same))
+                runs.append((codec, n_workers, seconds, same, parts))
                 print(f"{codec} codec, {n_workers} workers: {seconds:.2f} s, {same}", flush=True)
         _extxyz_parallel.parse_frames = _extxyz_fast.parse_frames
         text = src.read_text()
@@ -164,9 +165,9 @@ def cli_rows(model, device: torch.device, count: int) -> list[str]:
         "`predict_file` (the command's work: chunks of 10,000 structures, batches of 4,096), each output against the "
         "first:",
         "",
-        "| extxyz reader and writer | worker processes | s | µs per structure | output |",
-        "|---|---:|---:|---:|---|",
-        *(f"| {c} | {w} | {t:.2f} | {t * us:.1f} | {same} |" for c, w, t, same in runs),
+        "| extxyz reader and writer | worker processes | s | µs per structure | output | this process's s: parts |",
+        "|---|---:|---:|---:|---|---|",
+        *(f"| {c} | {w} | {t:.2f} | {t * us:.1f} | {same} | {parts} |" for c, w, t, same, parts in runs),
         "",
         "Each part alone, in one process:",
         "",

@@ -65,6 +65,12 @@ def test_chunked_output_equals_one_call(model, tmp_path):
     result = predict_file(model, src, out, chunk=3, device="cpu", precision="fp64")
     assert result["structures"] == 11 and result["resumed_from"] == 0
     assert not (tmp_path / ("out.extxyz" + PROGRESS_SUFFIX)).exists()
+    parts = result["parts"]  # where the time went: each part timed, together no more than the whole call
+    assert set(parts) == {"start", "read", "predict", "format", "write"} and min(parts.values()) > 0
+    assert sum(parts.values()) - parts["start"] <= result["seconds"] and parts["predict"] > parts["write"]
+    xyz = tmp_path / "in.pdb"  # the same through ase.io.iread (a format the blocks do not take): the same parts
+    ase.io.write(xyz, frames, format="proteindatabank")
+    assert set(predict_file(model, xyz, tmp_path / "pdb.extxyz", chunk=3, device="cpu")["parts"]) == set(parts)
     written = ase.io.read(out, ":")
     expected = predict_forces(model, ase.io.read(src, ":"), device="cpu", precision="fp64")  # the input as read
     assert [a.get_chemical_formula() for a in written] == [a.get_chemical_formula() for a in frames]
@@ -389,9 +395,9 @@ def test_workers_are_the_cli_default_not_the_api_default(tmp_path, monkeypatch):
 
     used, real = [], pf.run_blocks
 
-    def run_blocks(path, chunks, workers, *a, pool=None):  # the one-process run for real; no worker processes here
+    def run_blocks(path, chunks, workers, *a, **kw):  # the one-process run for real; no worker processes here
         used.append(workers)
-        return real(path, chunks, workers, *a) if workers == 0 else None
+        return real(path, chunks, workers, *a, **kw) if workers == 0 else None
 
     started = []
     monkeypatch.setattr(pf, "run_blocks", run_blocks)

@@ -24,6 +24,7 @@ import io
 import itertools
 import multiprocessing
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -35,7 +36,7 @@ import numpy as np
 from mlff_distiller._extxyz_fast import format_frames, parse_frames
 from mlff_distiller.batch import FrameTable
 
-__all__ = ["Block", "auto_workers", "blocks_of", "frames_text", "run_blocks", "start_pool"]
+__all__ = ["Block", "Clock", "auto_workers", "blocks_of", "frames_text", "run_blocks", "start_pool"]
 
 MIN_BYTES = 8 << 20  # inputs below ~20,000 small molecules: the workers' start-up is not worth it
 _GRACE_S = 120.0  # how long an interrupted run waits for a block being formatted (a few seconds of work)
@@ -182,8 +183,6 @@ def _format(path: str, block: Block, payload: tuple, parsed: tuple | None, delay
     """Worker: the block's output text, with the results of ``payload``: by the fast codec from the arrays it
     read (``parsed``), else by ASE from its frames read again (``info`` and extra arrays included)."""
     if delay_s:
-        import time
-
         time.sleep(delay_s)
     if parsed is not None:
         return format_frames(parsed, _unpack(payload))
@@ -234,11 +233,15 @@ def run_blocks(
     predict: Callable[[list], tuple[list[dict | None], list]],
     record: Callable[[int, list[dict | None], list, str], None],
     pool: Executor | None = None,
+    seconds: dict[str, float] | None = None,
 ) -> None:
     """For each chunk in order: its blocks parsed in workers, ``predict(frames)`` here (results, skipped), its
     blocks formatted in workers, then ``record(count, results, skipped, text)`` here. Two chunks are parsed
     ahead and at most two wait formatted, so memory stays a few chunks whatever the file's size. ``pool``: the
-    ``workers`` processes already started (:func:`start_pool`; shut down by the caller), else started here."""
+    ``workers`` processes already started (:func:`start_pool`; shut down by the caller), else started here.
+    ``seconds``: where this process's time went is added to its ``read``, ``predict``, ``format`` and ``write``
+    entries (with workers, ``read`` and ``format`` are mostly waits for them)."""
+    clock = Clock(seconds)
     own = pool is None
     if own:
         pool = start_pool(workers)
@@ -249,30 +252,37 @@ def run_blocks(
         formatting: deque = deque()  # (frames, results, skipped, format futures)
 
         def refill() -> None:
-            while len(parsing) < 2:
-                blocks = next(todo, None)
-                if blocks is None:
-                    return
-                parsing.append((blocks, [pool.submit(_parse, src, b) for b in blocks]))
+            with clock("read"):
+                while len(parsing) < 2:
+                    blocks = next(todo, None)
+                    if blocks is None:
+                        return
+                    parsing.append((blocks, [pool.submit(_parse, src, b) for b in blocks]))
 
         def drain(limit: int) -> None:
             while formatting and (len(formatting) > limit or all(f.done() for f in formatting[0][3])):
                 count, results, skipped, futures = formatting.popleft()
-                record(count, results, skipped, "".join(f.result() for f in futures))
+                with clock("format"):
+                    text = "".join(f.result() for f in futures)
+                with clock("write"):
+                    record(count, results, skipped, text)
 
         refill()
         try:
             while parsing:
                 blocks, futures = parsing.popleft()
-                parsed = [f.result() for f in futures]
-                frames = FrameTable.concat([FrameTable(*arrays) for arrays, _ in parsed])  # no Atoms built
+                with clock("read"):
+                    parsed = [f.result() for f in futures]
+                    frames = FrameTable.concat([FrameTable(*arrays) for arrays, _ in parsed])  # no Atoms built
                 refill()
-                results, skipped = predict(frames)
-                futures, k = [], 0
-                for b, (_, codec) in zip(blocks, parsed, strict=True):
-                    payload = _pack(results[k : k + b.count])
-                    futures.append(pool.submit(_format, src, b, payload, codec, _FORMAT_DELAY_S))
-                    k += b.count
+                with clock("predict"):
+                    results, skipped = predict(frames)
+                with clock("format"):
+                    futures, k = [], 0
+                    for b, (_, codec) in zip(blocks, parsed, strict=True):
+                        payload = _pack(results[k : k + b.count])
+                        futures.append(pool.submit(_format, src, b, payload, codec, _FORMAT_DELAY_S))
+                        k += b.count
                 formatting.append((len(frames), results, skipped, futures))
                 drain(1)
         except BaseException:
@@ -301,6 +311,27 @@ def start_pool(workers: int) -> Executor:
     for _ in range(workers):
         pool.submit(int)
     return pool
+
+
+class Clock:
+    """``with clock(part):`` adds the seconds the block takes to ``seconds[part]`` (nothing when ``seconds`` is
+    None)."""
+
+    def __init__(self, seconds: dict[str, float] | None) -> None:
+        self.seconds = seconds
+        self.part = ""
+        self.t0 = 0.0
+
+    def __call__(self, part: str) -> Clock:
+        self.part = part
+        return self
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        if self.seconds is not None:
+            self.seconds[self.part] = self.seconds.get(self.part, 0.0) + time.perf_counter() - self.t0
 
 
 class _InlinePool(Executor):

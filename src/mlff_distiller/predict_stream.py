@@ -34,7 +34,15 @@ from pathlib import Path
 
 import torch
 
-from mlff_distiller._extxyz_parallel import auto_workers, blocks_of, frames_text, is_extxyz, run_blocks, start_pool
+from mlff_distiller._extxyz_parallel import (
+    Clock,
+    auto_workers,
+    blocks_of,
+    frames_text,
+    is_extxyz,
+    run_blocks,
+    start_pool,
+)
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.checkpoint import load_model
@@ -86,9 +94,11 @@ def predict_file(
             code under ``if __name__ == "__main__":``.
         log: called with one line per finished chunk (the CLI prints it to stderr).
     Returns:
-        ``structures`` (written), ``skipped`` (0 here: a run with skipped structures raises), ``seconds``,
-        ``resumed_from`` (input structures done before this call), ``output``; with ``check_domain``,
-        ``outside_domain``.
+        ``structures`` (written), ``skipped`` (0 here: a run with skipped structures raises), ``seconds`` (from the
+        first chunk on), ``parts`` (seconds of this process: ``start`` before the first chunk, loading the student
+        and building its engine included, then ``read``, ``predict``, ``format`` and ``write``; with workers,
+        ``read`` and ``format`` are mostly waits for them), ``resumed_from`` (input structures done before this
+        call), ``output``; with ``check_domain``, ``outside_domain``.
     Raises:
         ValueError: some structures were left out (bad input or a non-finite output): raised after every other
             structure is written, naming them; an unfinished run of other settings at ``output``; ``chunk < 1``.
@@ -151,6 +161,7 @@ def _predict_file(
     log,
 ) -> dict:
     """:func:`predict_file` after its arguments are checked (``pool``: the started worker processes, or None)."""
+    t_start = time.perf_counter()
     if not isinstance(model, StudentModel):
         model = load_model(model)
     envelope = required_envelope(model) if check_domain else None
@@ -173,6 +184,8 @@ def _predict_file(
     blocks = blocks_of(input, state["done"], chunk, max(workers, 1)) if extxyz else None
     output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    parts = {"start": t0 - t_start, "read": 0.0, "predict": 0.0, "format": 0.0, "write": 0.0}
+    clock = Clock(parts)
 
     def predict(frames: list) -> tuple[list, list]:
         with warnings.catch_warnings():  # one warning for the whole file at the end, not one per chunk
@@ -200,11 +213,20 @@ def _predict_file(
 
         try:
             if blocks is not None:
-                run_blocks(input, blocks, workers, predict, record, pool=pool)
+                run_blocks(input, blocks, workers, predict, record, pool=pool, seconds=parts)
             else:
-                for frames in _chunks(_read_from(input, state["done"]), chunk):
-                    results, skipped = predict(frames)
-                    record(len(frames), results, skipped, frames_text(frames, results))
+                chunks = _chunks(_read_from(input, state["done"]), chunk)
+                while True:
+                    with clock("read"):
+                        frames = next(chunks, None)
+                    if frames is None:
+                        break
+                    with clock("predict"):
+                        results, skipped = predict(frames)
+                    with clock("format"):
+                        text = frames_text(frames, results)
+                    with clock("write"):
+                        record(len(frames), results, skipped, text)
         except KeyboardInterrupt:
             if log is not None:
                 log(
@@ -229,6 +251,7 @@ def _predict_file(
         "structures": state["written"],
         "skipped": 0,
         "seconds": seconds,
+        "parts": parts,
         "resumed_from": resumed_from,
         "output": str(output),
     }
