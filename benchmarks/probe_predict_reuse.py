@@ -97,7 +97,9 @@ def _difference(a: str, b: str) -> str:
     return f"max |ΔE| {d_e:.1e} eV, |ΔF| {d_f:.1e} eV/Å"
 
 
-def cli_rows(model, device: torch.device, count: int) -> list[str]:
+def cli_rows(
+    model, device: torch.device, count: int, codecs: tuple[str, ...] = ("ASE", "fast"), workers_list=None
+) -> list[str]:
     """``predict_file`` four ways in one run: ASE's extxyz reader and writer (the fast codec switched off, as
     before it) or the fast codec of ``mlff_distiller._extxyz_fast``, each in one process and with the automatic
     worker processes; every output compared with the first (a fixed batch size, so that all four compute the same
@@ -118,9 +120,9 @@ def cli_rows(model, device: torch.device, count: int) -> list[str]:
         ase.io.write(src, structures, format="extxyz")
         workers = auto_workers(src)
         reference = None
-        for codec in ("ASE", "fast"):
+        for codec in codecs:
             _extxyz_parallel.parse_frames = _extxyz_fast.parse_frames if codec == "fast" else (lambda text: None)
-            for n_workers in (0, workers):
+            for n_workers in workers_list or (0, workers):
                 out = Path(tmp, f"{codec}-{n_workers}.extxyz")
                 t0 = time.perf_counter()
                 done = predict_file(model, src, out, device=device, workers=n_workers, batch_size=4096)
@@ -193,6 +195,8 @@ def main() -> None:
     ap.add_argument("--sections", default="reuse,cli")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--cli-structures", type=int, default=100_000)
+    ap.add_argument("--cli-codecs", default="ASE,fast", help="extxyz readers and writers to time: ASE, fast")
+    ap.add_argument("--cli-workers", default="", help="worker counts to time (default: 0 and the automatic one)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -208,7 +212,8 @@ def main() -> None:
     if "reuse" in sections:
         lines += [*reuse_rows(model, device, args.reps), ""]
     if "cli" in sections:
-        lines += cli_rows(model, device, args.cli_structures)
+        workers_list = [int(w) for w in args.cli_workers.split(",") if w] or None
+        lines += cli_rows(model, device, args.cli_structures, tuple(args.cli_codecs.split(",")), workers_list)
     print(write_lines(lines, args.out, args.name))
 
 

@@ -449,3 +449,45 @@ def test_started_workers_are_shut_down_when_the_run_fails_early(model, tmp_path,
     with pytest.raises(ValueError, match="another job"):
         predict_file(model, src, out, chunk=2, device="cpu", precision="fp64", workers=2)
     assert len(pools) == 2 and pools[1].shut
+
+
+def test_blocks_are_read_here_until_the_workers_have_started(model, tmp_path, monkeypatch):
+    """While the workers start (~2 s: their forkserver imports torch), this process reads and writes the blocks
+    itself; the workers take over once ready. The same file as one process."""
+    from mlff_distiller import _extxyz_parallel as par
+
+    class Starting(par._InlinePool):
+        def __init__(self) -> None:
+            self.asked, self.submitted = 0, []
+
+        def ready(self) -> bool:
+            self.asked += 1
+            return self.asked > 3  # the first three tasks find it starting
+
+        def submit(self, fn, *args):
+            self.submitted.append(fn.__name__)
+            return super().submit(fn, *args)
+
+    pools = []
+    monkeypatch.setattr(pf, "start_pool", lambda workers: pools.append(Starting()) or pools[-1])
+    src = _write(tmp_path / "in.extxyz", _frames(10))
+    predict_file(model, src, tmp_path / "one.extxyz", chunk=2, device="cpu")
+    predict_file(model, src, tmp_path / "two.extxyz", chunk=2, device="cpu", workers=2)
+    (pool,) = pools
+    # 5 chunks of 2 blocks: 10 parse and 10 format tasks; the first three (parses) ran here, the rest in the pool
+    assert pool.asked == 20 and len(pool.submitted) == 17 and pool.submitted[0] == "_parse"
+    assert (tmp_path / "one.extxyz").read_bytes() == (tmp_path / "two.extxyz").read_bytes()
+
+
+def test_a_pool_that_fails_to_start_says_why(monkeypatch):
+    from mlff_distiller import _extxyz_parallel as par
+
+    def broken(*args, **kwargs):
+        raise OSError("no processes left (test)")
+
+    monkeypatch.setattr(par, "ProcessPoolExecutor", broken)
+    pool = par.start_pool(2)
+    with pytest.raises(OSError, match="no processes left"):
+        pool.submit(int)
+    assert pool.ready()
+    pool.shutdown()  # nothing started, nothing to stop

@@ -24,6 +24,7 @@ import io
 import itertools
 import multiprocessing
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -245,6 +246,13 @@ def run_blocks(
     own = pool is None
     if own:
         pool = start_pool(workers)
+    inline = _InlinePool()
+
+    def executor() -> Executor:
+        """The workers once they have started; until then this process reads and writes the blocks itself."""
+        ready = getattr(pool, "ready", None)
+        return pool if ready is None or ready() else inline
+
     try:
         src = str(path)
         todo: Iterator[list[Block]] = iter(chunks)
@@ -257,7 +265,7 @@ def run_blocks(
                     blocks = next(todo, None)
                     if blocks is None:
                         return
-                    parsing.append((blocks, [pool.submit(_parse, src, b) for b in blocks]))
+                    parsing.append((blocks, [executor().submit(_parse, src, b) for b in blocks]))
 
         def drain(limit: int) -> None:
             while formatting and (len(formatting) > limit or all(f.done() for f in formatting[0][3])):
@@ -281,7 +289,7 @@ def run_blocks(
                     futures, k = [], 0
                     for b, (_, codec) in zip(blocks, parsed, strict=True):
                         payload = _pack(results[k : k + b.count])
-                        futures.append(pool.submit(_format, src, b, payload, codec, _FORMAT_DELAY_S))
+                        futures.append(executor().submit(_format, src, b, payload, codec, _FORMAT_DELAY_S))
                         k += b.count
                 formatting.append((len(frames), results, skipped, futures))
                 drain(1)
@@ -303,14 +311,49 @@ def run_blocks(
 
 
 def start_pool(workers: int) -> Executor:
-    """``workers`` processes for :func:`run_blocks`, every one started now (a no-op task each), or the in-process
-    executor for 0."""
-    if workers == 0:
-        return _InlinePool()
-    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_ignore_interrupts)
-    for _ in range(workers):
-        pool.submit(int)
-    return pool
+    """``workers`` processes for :func:`run_blocks`, started from a thread of their own while the caller goes on
+    (:class:`_StartingPool`), or the in-process executor for 0."""
+    return _InlinePool() if workers == 0 else _StartingPool(workers)
+
+
+class _StartingPool(Executor):
+    """A process pool whose start runs in a thread: the first process started waits for the forkserver to import
+    this package (torch with it, ~2 s), which would otherwise hold up the caller, not run beside its own start-up
+    (loading the student, building its engine, scanning the file). Every worker is started (a no-op task each);
+    ``submit`` and ``shutdown`` wait for the start, and raise what it raised."""
+
+    def __init__(self, workers: int) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, args=(workers,), name="extxyz-pool-start", daemon=True)
+        self._thread.start()
+
+    def _start(self, workers: int) -> None:
+        try:
+            self._pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_ignore_interrupts)
+            for _ in range(workers):
+                self._pool.submit(int)
+        except BaseException as exc:  # raised again to the caller by submit / shutdown
+            self._error = exc
+
+    def ready(self) -> bool:
+        """The start has ended (``submit`` will not wait)."""
+        return not self._thread.is_alive()
+
+    def _started(self) -> ProcessPoolExecutor:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._pool is not None
+        return self._pool
+
+    def submit(self, fn: Callable, *args) -> Future:
+        return self._started().submit(fn, *args)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        self._thread.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 class Clock:
