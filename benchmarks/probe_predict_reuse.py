@@ -119,6 +119,9 @@ def cli_rows(
         src = Path(tmp, "in.extxyz")
         ase.io.write(src, structures, format="extxyz")
         workers = auto_workers(src)
+        # Warm the process first (CUDA context, kernels compiled or loaded from Triton's cache): otherwise the first
+        # variant timed pays them, which a second run of the command on the same machine does not.
+        predict_forces(model, structures[:256], device=device)
         reference = None
         for codec in codecs:
             _extxyz_parallel.parse_frames = _extxyz_fast.parse_frames if codec == "fast" else (lambda text: None)
