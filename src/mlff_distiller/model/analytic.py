@@ -1,0 +1,166 @@
+"""Energy and its gradients of a :class:`~mlff_distiller.model.StudentModel` with the backward written out: the
+CPU path of :class:`~mlff_distiller.engine.ForceEngine`.
+
+On a CPU the torch reference path is bound by the overhead of its small operations, forward and autograd's
+backward together ~1,400 ATen calls per step for ethanol (``benchmarks/results/cpu_md_student_vs_gfn2.md``: 4-7 ms
+per MD step whatever the molecule's size below ~20 atoms). Here the layers' backward is written out in torch as
+the chain rule of the forward (the same algebra as ``kernels.message_passing``'s backward kernels, whose torch spec
+is ``message_passing_backward_reference``): no graph is recorded, no tensor saved twice, and the first layer's
+zero vector features skip their terms in the backward too. The geometry (pair vectors → distances, unit vectors,
+radial basis × cutoff) stays on autograd over a few [E]-sized tensors, so that every basis, envelope and the
+reference's handling of coincident atoms are those of ``kernels.edge_basis_reference`` exactly.
+
+First derivatives only (forces and stress; training differentiates the forces again and stays on autograd).
+Checked against the autograd path in float64 and against finite differences (``tests/test_analytic.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mlff_distiller import kernels
+
+__all__ = ["energy_and_gradients", "hooked", "supports"]
+
+
+def supports(model: nn.Module) -> bool:
+    """The student is the plain architecture this module writes out: PaiNN message and update blocks and the
+    readout as built by :class:`~mlff_distiller.model.StudentModel`, every layer a plain ``nn.Linear`` (not the
+    16-bit copies of :mod:`mlff_distiller.precision`, not a replaced block)."""
+    from mlff_distiller.model.painn import PaiNNInteraction, PaiNNUpdate, StudentModel
+
+    if type(model) is not StudentModel:
+        return False
+    linears = [model.readout[0], model.readout[2]]
+    for inter, upd in zip(model.interactions, model.updates, strict=True):
+        if type(inter) is not PaiNNInteraction or type(upd) is not PaiNNUpdate:
+            return False
+        linears += [inter.phi[0], inter.phi[2], inter.filter, upd.U, upd.V, upd.mix[0], upd.mix[2]]
+    acts = [model.readout[1]] + [b for i in model.interactions for b in (i.phi[1],)]
+    acts += [u.mix[1] for u in model.updates]
+    return all(type(m) is nn.Linear for m in linears) and all(type(a) is nn.SiLU for a in acts)
+
+
+def hooked(model: nn.Module) -> bool:
+    """Some module of ``model`` has a forward hook (or a global one is set): whoever set it expects the forward to
+    run, so the step takes the model's own forward and autograd."""
+    from torch.nn.modules import module as module_globals
+
+    if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def _silu_grad(h: torch.Tensor, sig: torch.Tensor) -> torch.Tensor:
+    """d SiLU(h) / dh from h and sigmoid(h)."""
+    return sig * (1.0 + h * (1.0 - sig))
+
+
+@torch.no_grad()
+def energy_and_gradients(
+    model: nn.Module,
+    numbers: torch.Tensor,
+    positions: torch.Tensor,
+    edge_index: torch.Tensor,
+    shift_vectors: torch.Tensor,
+    batch: torch.Tensor,
+    num_structures: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(energy [B], atomic_energies [N], dE/dpositions [N, 3], dE/dshift_vectors [E, 3])`` of ``model`` (one that
+    :func:`supports`) on a graph, the arguments as for ``StudentModel.forward``. The gradient over the shift vectors
+    is the one over each pair vector r_ij = pos[j] - pos[i] + shift (the engine's stress, ``edge_virial``)."""
+    c = model.config
+    f = c.hidden
+    i, j = edge_index[0], edge_index[1]
+    idx = model.z_to_index[numbers]
+    n = positions.shape[0]
+    with torch.enable_grad():  # the geometry on autograd: [E]-sized, and exactly the reference's
+        vec = (positions.index_select(0, j) - positions.index_select(0, i) + shift_vectors).requires_grad_(True)
+        # The reference op of pair vectors given as "shift vectors" of atoms all at the origin: its own distances,
+        # unit vectors (coincident atoms included) and basis, differentiable in vec.
+        _, unit_g, rbf_g = kernels.edge_basis_reference(
+            torch.zeros_like(positions), torch.zeros_like(edge_index), vec, c.n_rbf, c.cutoff, c.basis, c.envelope
+        )
+    unit, rbf = unit_g.detach(), rbf_g.detach()
+    unit_k = unit.unsqueeze(-1)  # [E, 3, 1]
+
+    s = model.embedding.weight.index_select(0, idx)
+    v = None  # the first layer's vector features are zeros: their terms are skipped, forward and backward
+    saved = []
+    for inter, upd in zip(model.interactions, model.updates, strict=True):
+        w1, b1, w2, b2 = inter.phi[0].weight, inter.phi[0].bias, inter.phi[2].weight, inter.phi[2].bias
+        h1 = torch.addmm(b1, s, w1.t())
+        sg1 = torch.sigmoid(h1)
+        x = torch.addmm(b2, h1 * sg1, w2.t())  # φ(s) [N, 3F]
+        wf = rbf @ inter.filter.weight.t()  # W(r_ij) [E, 3F]
+        xj = x.index_select(0, j)
+        m = xj * wf
+        s_mid = s.index_add(0, i, m[:, :f])
+        dv_e = m[:, None, 2 * f :] * unit_k
+        vj = None
+        if v is not None:
+            vj = v.index_select(0, j)
+            dv_e = dv_e + m[:, None, f : 2 * f] * vj
+            v_mid = v.index_add(0, i, dv_e)
+        else:
+            v_mid = s.new_zeros((n, 3, f)).index_add_(0, i, dv_e)
+        uv, vv = v_mid @ upd.U.weight.t(), v_mid @ upd.V.weight.t()
+        vnorm = torch.sqrt((vv * vv).sum(1) + 1e-8)
+        m1, mb1, m2, mb2 = upd.mix[0].weight, upd.mix[0].bias, upd.mix[2].weight, upd.mix[2].bias
+        h2 = torch.addmm(mb1, torch.cat([s_mid, vnorm], 1), m1.t())
+        sg2 = torch.sigmoid(h2)
+        mix = torch.addmm(mb2, h2 * sg2, m2.t())
+        dot = (uv * vv).sum(1)
+        s = s_mid + mix[:, 2 * f :] + mix[:, f : 2 * f] * dot
+        v = v_mid + mix[:, None, :f] * uv
+        saved.append((inter, upd, h1, sg1, wf, xj, vj, uv, vv, vnorm, h2, sg2, mix, dot))
+
+    r1, rb1, r2, rb2 = model.readout[0].weight, model.readout[0].bias, model.readout[2].weight, model.readout[2].bias
+    h = torch.addmm(rb1, s, r1.t())
+    sg = torch.sigmoid(h)
+    scale = model.atomic_scale.index_select(0, idx)
+    atomic = torch.addmm(rb2, h * sg, r2.t()).squeeze(-1) * scale + model.atomic_shift.index_select(0, idx)
+    energy = atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
+
+    # Backward: g_s = dE/ds, g_v = dE/dv of the current layer's output, from the readout down.
+    g_s = ((scale.unsqueeze(1) * r2) * _silu_grad(h, sg)) @ r1
+    g_v = None
+    g_rbf = torch.zeros_like(rbf)
+    g_unit = torch.zeros_like(unit)
+    for inter, upd, h1, sg1, wf, xj, vj, uv, vv, vnorm, h2, sg2, mix, dot in reversed(saved):
+        a_vv, a_sv = mix[:, :f], mix[:, f : 2 * f]
+        # s = s_mid + a_ss + a_sv * dot;  v = v_mid + a_vv * uv;  dot = Σ_k uv vv
+        g_dot = g_s * a_sv
+        g_uv = g_dot.unsqueeze(1) * vv
+        g_vv = g_dot.unsqueeze(1) * uv
+        if g_v is not None:
+            g_avv = (g_v * uv).sum(1)
+            g_uv = g_uv + g_v * a_vv.unsqueeze(1)
+        else:
+            g_avv = torch.zeros_like(a_vv)
+        g_h2 = (torch.cat([g_avv, g_s * dot, g_s], 1) @ upd.mix[2].weight) * _silu_grad(h2, sg2)
+        g_in = g_h2 @ upd.mix[0].weight  # over [s_mid, vnorm]
+        g_smid = g_s + g_in[:, :f]
+        g_vv = g_vv + (g_in[:, f:] / vnorm).unsqueeze(1) * vv
+        g_vmid = g_uv @ upd.U.weight + g_vv @ upd.V.weight
+        if g_v is not None:
+            g_vmid = g_vmid + g_v
+        # Messages: s_mid = s + Σ_j a,  v_mid = v + Σ_j (b v_j + c u_ij),  (a, b, c) = φ(s)_j ⊙ W(r_ij)
+        gs_i, gv_i = g_smid.index_select(0, i), g_vmid.index_select(0, i)
+        gamma = (gv_i * unit_k).sum(1)
+        if vj is None:
+            g_m = torch.cat([gs_i, torch.zeros_like(gs_i), gamma], 1)
+            g_v = None
+        else:
+            beta = (gv_i * vj).sum(1)
+            g_m = torch.cat([gs_i, beta, gamma], 1)
+            g_v = g_vmid.index_add(0, j, (xj[:, f : 2 * f] * wf[:, f : 2 * f]).unsqueeze(1) * gv_i)
+        g_rbf += (g_m * xj) @ inter.filter.weight
+        g_unit += ((xj[:, 2 * f :] * wf[:, 2 * f :]).unsqueeze(1) * gv_i).sum(-1)
+        g_x = xj.new_zeros((n, 3 * f)).index_add_(0, j, g_m * wf)
+        g_s = g_smid + ((g_x @ inter.phi[2].weight) * _silu_grad(h1, sg1)) @ inter.phi[0].weight
+    with torch.enable_grad():
+        (g_vec,) = torch.autograd.grad([unit_g, rbf_g], [vec], [g_unit, g_rbf])
+    g_pos = torch.zeros_like(positions).index_add_(0, j, g_vec).index_add_(0, i, -g_vec)
+    return energy, atomic, g_pos, g_vec
