@@ -7,6 +7,8 @@ energy + forces from:
 
 * the shipped students (``builtin:chno-gfn2``, 128 x 3, and ``builtin:chno-gfn2-small``, 64 x 3) through
   ``StudentCalculator`` on the CPU (the eager path: the Triton kernels are GPU-only);
+* with ``--autograd``, the same students on autograd's backward (``ForceEngine(analytic=False)``), the CPU path
+  before :mod:`mlff_distiller.model.analytic`;
 * GFN2-xTB through tblite's ASE calculator (``tblite.ase.TBLite``), the teacher those students were distilled from.
 
 Wall clock per MD step, median over ``--steps`` steps after ``--warmup`` steps, all in one process with
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None) -> list[str]:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--teacher-steps", type=int, default=5)
     ap.add_argument("--no-teacher", action="store_true", help="students only (no tblite)")
+    ap.add_argument(
+        "--autograd", action="store_true", help="also each student on autograd's backward (ForceEngine(analytic=False))"
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--name", default="cpu_md_student_vs_gfn2")
     args = ap.parse_args(argv)
@@ -94,7 +99,10 @@ def main(argv: list[str] | None = None) -> list[str]:
         from tblite.ase import TBLite
 
         teacher = TBLite
-    cols = [*STUDENTS, *(["GFN2-xTB (tblite)"] if teacher else [])]
+    paths = [(name, True) for name in STUDENTS]  # the CPU's written-out backward (the default)
+    if args.autograd:
+        paths += [(name, False) for name in STUDENTS]
+    cols = [f"{n}{'' if a else ' (autograd)'}" for n, a in paths] + (["GFN2-xTB (tblite)"] if teacher else [])
     lines = [
         "# probe_cpu_md.py: one ASE MD step on a CPU, the students against their GFN2-xTB teacher",
         "",
@@ -107,8 +115,9 @@ def main(argv: list[str] | None = None) -> list[str]:
     ]
     for label, atoms in systems(args.sizes):
         row = []
-        for name in STUDENTS:
+        for name, written_out in paths:
             calc = StudentCalculator(models[name], device="cpu")
+            calc.engine.analytic = calc.engine.analytic and written_out
             probe = atoms.copy()
             probe.calc = calc
             if not np.isfinite(probe.get_forces()).all():
@@ -116,7 +125,7 @@ def main(argv: list[str] | None = None) -> list[str]:
             row.append(md_step_ms(atoms, calc, args.warmup, args.steps))
         if teacher:
             t = md_step_ms(atoms, teacher(method="GFN2-xTB", verbosity=0), 1, args.teacher_steps)
-            ratios = f"{t / row[0]:.2f}x | {t / row[1]:.2f}x"
+            ratios = f"{t / row[0]:.2f}x | {t / row[1]:.2f}x"  # the default path of each student
             row.append(t)
         else:
             ratios = "— | —"

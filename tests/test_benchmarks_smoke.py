@@ -297,10 +297,20 @@ def test_probe_cpu_md_students_only(tmp_path):
 
     cluster = probe_cpu_md.water_cluster(4)
     assert len(cluster) == 12 and cluster.get_all_distances()[np.triu_indices(12, 1)].min() > 0.7
-    argv = ["--sizes", "2", "--steps", "1", "--warmup", "1", "--no-teacher", "--threads", "1"]
+    argv = ["--sizes", "2", "--steps", "1", "--warmup", "1", "--no-teacher", "--threads", "1", "--autograd"]
     lines = probe_cpu_md.main([*argv, "--out", str(tmp_path), "--name", "cpu"])
     text = (tmp_path / "cpu.md").read_text()
     assert "| ethanol | 9 |" in text and "| (H2O)2 | 6 |" in text and lines[-1].startswith("| (H2O)2")
+    assert "builtin:chno-gfn2 (autograd) ms" in text and lines[-1].count("|") == 9  # 4 students' paths, 2 ratios
+
+
+def test_probe_cpu_analytic_compares_both_paths(tmp_path, monkeypatch):
+    import probe_cpu_analytic
+
+    monkeypatch.setattr(probe_cpu_analytic, "water_cluster", lambda n: probe_cpu_analytic.molecule("H2O"))
+    lines = probe_cpu_analytic.main(["--threads", "1", "--out", str(tmp_path), "--name", "ab"])
+    rows = [line for line in lines if line.startswith("| builtin")]
+    assert len(rows) == 6 and all(float(r.split("|")[-2]) < 1e-4 for r in rows)  # the two paths' forces agree
 
 
 def test_probe_domain_quick(tmp_path):
