@@ -104,3 +104,13 @@ def test_a_forward_hook_keeps_the_models_own_forward():
     assert seen and engine.n_analytic == 0
     engine.compute(AtomsBatch.from_atoms(_structures()[:2]))
     assert engine.n_analytic == 1
+
+
+def test_the_triton_backend_keeps_its_kernels():
+    """With the Triton backend forced (the interpreter runs it on CPU tensors in CI), the step stays on its kernels."""
+    from mlff_distiller.kernels import use_backend
+
+    engine = ForceEngine(make_model(seed=5, hidden=8, layers=1), device="cpu", precision="fp64")
+    with use_backend("triton"):
+        assert not engine._analytic_now()
+    assert engine._analytic_now()

@@ -508,7 +508,7 @@ class ForceEngine(PaddedPaths):
         """The model and one ``autograd.grad`` on a device batch and its list: energies, atomic energies and the
         gradients over the positions (and the shift vectors with ``stress``; zeros where unused), or None. On the
         CPU, the backward written out instead (``analytic``, :mod:`mlff_distiller.model.analytic`)."""
-        if need_grad and self.analytic and not analytic_path.hooked(self.model):
+        if need_grad and self._analytic_now():
             self.n_analytic += 1
             energy, atomic, g_pos, g_shift = analytic_path.energy_and_gradients(
                 self.model,
@@ -533,6 +533,17 @@ class ForceEngine(PaddedPaths):
             grads = torch.autograd.grad(energy.sum(), inputs, allow_unused=True)
         grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
         return energy, atomic, grads
+
+    def _analytic_now(self) -> bool:
+        """This call takes the written-out backward: the engine allows it (``analytic``), the hot ops run on the
+        torch kernels (the Triton backend, which the interpreter runs on CPU tensors, keeps its own kernels and
+        their 16-bit GEMMs) and no forward hook waits for the model's own forward."""
+        return (
+            self.analytic
+            and self.kernel_matmul_dtype is None
+            and kernels.resolve_backend(self.device) == "torch"
+            and not analytic_path.hooked(self.model)
+        )
 
     def _spatial_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
         """``batch`` with each structure's atoms in Morton order and the inverse permutation (caller's index ->
