@@ -241,8 +241,8 @@ class ForceEngine(PaddedPaths):
                 model = _reduced_precision_copy(model, self.autocast_dtype)
         self.model = model.eval()
         self._params = list(self.model.parameters())  # for _frozen
-        # The CPU's eager step: the backward written out (~1.5x fewer ms than autograd's on small molecules and
-        # 192-atom clusters, both overhead-bound there); GPUs keep their fused kernels and captured steps.
+        # The CPU's eager step: the backward written out, 1.10-1.39x faster than autograd's from ethanol to 384-atom
+        # water clusters (benchmarks/results/cpu_analytic_ab.md); GPUs keep their fused kernels and captured steps.
         if analytic is None:
             analytic = self.device.type == "cpu"
         self.analytic = bool(analytic) and analytic_path.supports(self.model)
