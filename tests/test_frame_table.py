@@ -8,8 +8,7 @@ import pytest
 import torch
 from helpers import random_molecule, silicon_cell
 
-from mlff_distiller import AtomsBatch, ForceEngine, predict_forces
-from mlff_distiller.batch import FrameTable
+from mlff_distiller import AtomsBatch, ForceEngine, FrameTable, predict_forces
 from mlff_distiller.batching import chunks
 
 

@@ -1,12 +1,12 @@
 """mlff-distiller: distil slow teacher force fields into fast PaiNN-class students.
 
 Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :func:`predict_file` (a structures
-file to extxyz, resumable), :class:`ForceEngine`,
-:class:`StudentCalculator`, :class:`AtomsBatch`; :class:`NonFiniteOutputError` (a NaN or inf output, never
-returned). Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
+file to extxyz, resumable), :class:`ForceEngine`, :class:`StudentCalculator`, :class:`AtomsBatch`,
+:class:`FrameTable` (many structures as arrays, predicted without an ``ase.Atoms`` each); :class:`NonFiniteOutputError`
+(a NaN or inf output, never returned). Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
 """
 
-from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.batch import AtomsBatch, FrameTable
 from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.calculator import StudentCalculator
 from mlff_distiller.checkpoint import builtin_models, load_model
@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AtomsBatch",
     "ForceEngine",
+    "FrameTable",
     "ModelConfig",
     "NonFiniteOutputError",
     "StudentCalculator",
