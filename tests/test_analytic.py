@@ -114,3 +114,17 @@ def test_the_triton_backend_keeps_its_kernels():
     with use_backend("triton"):
         assert not engine._analytic_now()
     assert engine._analytic_now()
+
+
+def test_a_block_replaced_after_the_engine_was_built():
+    """On the CPU the engine shares the caller's model: a block the caller replaces later is seen at the next call."""
+    model = make_model(seed=6)
+    engine = ForceEngine(model, device="cpu", precision="fp32")
+    assert engine.model is model and engine._analytic_now()
+    model.updates[1].mix[1] = torch.nn.Tanh()
+    assert not engine._analytic_now()
+    got = engine.compute(AtomsBatch.from_atoms(_structures()[:3]), to_host=True)
+    want = ForceEngine(model, device="cpu", analytic=False).compute(
+        AtomsBatch.from_atoms(_structures()[:3]), to_host=True
+    )
+    torch.testing.assert_close(got["forces"], want["forces"])

@@ -37,8 +37,7 @@ def supports(model: nn.Module) -> bool:
         if type(inter) is not PaiNNInteraction or type(upd) is not PaiNNUpdate:
             return False
         linears += [inter.phi[0], inter.phi[2], inter.filter, upd.U, upd.V, upd.mix[0], upd.mix[2]]
-    acts = [model.readout[1]] + [b for i in model.interactions for b in (i.phi[1],)]
-    acts += [u.mix[1] for u in model.updates]
+    acts = [model.readout[1], *(i.phi[1] for i in model.interactions), *(u.mix[1] for u in model.updates)]
     return all(type(m) is nn.Linear for m in linears) and all(type(a) is nn.SiLU for a in acts)
 
 
