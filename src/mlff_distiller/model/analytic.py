@@ -21,7 +21,7 @@ from torch import nn
 
 from mlff_distiller import kernels
 
-__all__ = ["energy_and_gradients", "hooked", "supports"]
+__all__ = ["Guard", "energy_and_gradients", "hooked", "supports"]
 
 
 def supports(model: nn.Module) -> bool:
@@ -41,14 +41,35 @@ def supports(model: nn.Module) -> bool:
     return all(type(m) is nn.Linear for m in linears) and all(type(a) is nn.SiLU for a in acts)
 
 
-def hooked(model: nn.Module) -> bool:
-    """Some module of ``model`` has a forward hook (or a global one is set): whoever set it expects the forward to
-    run, so the step takes the model's own forward and autograd."""
+def hooked(model: nn.Module, modules: list[nn.Module] | None = None) -> bool:
+    """Some module of ``model`` (or of ``modules``, its modules listed before) has a forward hook, or a global one is
+    set: whoever set it expects the forward to run, so the step takes the model's own forward and autograd."""
     from torch.nn.modules import module as module_globals
 
     if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    return any(m._forward_hooks or m._forward_pre_hooks for m in (model.modules() if modules is None else modules))
+
+
+class Guard:
+    """:func:`supports` and not :func:`hooked` for one model, checked again at each call in a few µs: every
+    parent-child link of the module tree found at the first check is tested for identity (a replaced block breaks
+    one, and the architecture is then checked again from the top), and the modules found then for hooks (a full
+    :func:`supports` and :func:`hooked` walk costs ~100 µs, 3 % of a small molecule's CPU step)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._scan()
+
+    def _scan(self) -> None:
+        self.links = [(p, name, c) for p in self.model.modules() for name, c in p._modules.items()]
+        self.modules = [self.model, *(c for _, _, c in self.links if c is not None)]
+        self.plain = supports(self.model)
+
+    def applicable(self) -> bool:
+        if any(p._modules.get(name) is not c for p, name, c in self.links):
+            self._scan()
+        return self.plain and not hooked(self.model, self.modules)
 
 
 def _silu_grad(h: torch.Tensor, sig: torch.Tensor) -> torch.Tensor:
