@@ -45,14 +45,13 @@ import copy
 import dataclasses
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
 
 from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
-from mlff_distiller.batching import predict_structures
 from mlff_distiller.buckets import (
     Bucket,
     BucketLadder,
@@ -62,6 +61,13 @@ from mlff_distiller.buckets import (
 from mlff_distiller.compile_cache import configure_compile_cache, kernels_source_digest, raise_recompile_limit
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
 from mlff_distiller.devices import default_device, resolve_device
+from mlff_distiller.engine_budget import (  # noqa: F401 - the budget constants stay importable from here
+    DEFAULT_ATOM_BUDGET,
+    DEFAULT_MEMORY_FRACTION,
+    EDGES_PER_ATOM_GUESS,
+    OOM_CAP_LIFT,
+    BudgetMixin,
+)
 from mlff_distiller.engine_padded import PaddedPaths, edge_virial, stress_from_strain_gradient
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model import analytic as analytic_path
@@ -100,17 +106,6 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # (mlff_distiller.ordering): the 24,000-atom water step ran 1.12x faster Morton-sorted, 3,000 atoms gained nothing
 # (benchmarks/results/probe_locality_h100/). Between the two; not measured closer.
 SPATIAL_SORT_MIN_ATOMS = 10_000
-# Atoms per chunk when predict() is given no batch_size and no memory budget: keeps the reference path's
-# [E, 3F] tensors in memory.
-DEFAULT_ATOM_BUDGET = {"cuda": 8192, "cpu": 2048}
-# Fraction of the free device memory predict() may plan to use when no memory_budget is given.
-DEFAULT_MEMORY_FRACTION = 0.5
-# Neighbours per atom assumed before a batch's neighbour list is known (organic molecules, 5 Å: 10-40).
-EDGES_PER_ATOM_GUESS = 40
-# A batch cap lowered after an out-of-memory error is lifted when the atom budget found later is at least this
-# many times the one found at the error (twice: the memory once freed by a dropped kept engine, or another
-# process ending; not the noise of the caching allocator between calls).
-OOM_CAP_LIFT = 2
 
 
 @contextlib.contextmanager
@@ -129,7 +124,7 @@ def _frozen(params: list[torch.nn.Parameter]) -> Iterator[None]:
             p.requires_grad_(True)
 
 
-class ForceEngine(PaddedPaths):
+class ForceEngine(PaddedPaths, BudgetMixin):
     """Energy, forces and stress for batches of structures with a :class:`StudentModel`.
 
     Args:
@@ -653,94 +648,6 @@ class ForceEngine(PaddedPaths):
     def captured_buckets(self) -> list[Bucket]:
         """Buckets with a captured CUDA graph."""
         return sorted(self._runners)
-
-    # ------------------------------------------------------------------------------------------ batching
-    def estimate_bytes(self, n_atoms: int, n_edges: int) -> int:
-        """Peak device memory (bytes) of one energy + forces step, from the model's shapes (scaled by
-        :meth:`probe_memory` when it ran). Per edge: the reference message step keeps ~ten ``[E, F]`` float
-        tensors per layer for the backward; per atom ~twenty ``[N, F]``."""
-        c = self.model.config
-        item = torch.finfo(self.dtype).bits // 8
-        per_edge = (10 * c.hidden * c.layers + 4 * c.n_rbf + 16) * item + 16
-        per_atom = (20 * c.hidden * c.layers + 16) * item + 16
-        return int(self._bytes_scale * (per_atom * n_atoms + per_edge * n_edges))
-
-    def probe_memory(self, structures: Sequence) -> float:
-        """Measure the peak memory of one batch of ``structures`` on CUDA and rescale :meth:`estimate_bytes`
-        to it. Returns the measured / estimated ratio (1.0 off CUDA, where nothing is measured)."""
-        if self.device.type != "cuda":
-            return 1.0
-        batch = AtomsBatch.from_atoms(list(structures), dtype=self.dtype)
-        dev = batch.to(self.device, self.dtype)
-        with torch.no_grad():
-            nl = self._neighbors(dev)
-        self._sync()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        self._compute_eager(batch, forces=True, stress=False)
-        self._sync()
-        peak = torch.cuda.max_memory_allocated(self.device) - base
-        old = self._bytes_scale
-        self._bytes_scale = 1.0
-        est = self.estimate_bytes(batch.num_atoms, nl.num_edges)
-        self._bytes_scale = max(peak / max(est, 1), 0.05) if peak > 0 else old
-        return self._bytes_scale
-
-    def atom_budget(self) -> int:
-        """Atoms per batch that :meth:`predict` plans for: from ``memory_budget`` (or, on CUDA, half the free
-        memory) and :meth:`estimate_bytes` with ``EDGES_PER_ATOM_GUESS`` neighbours; lowered after an OOM.
-
-        The lowered cap lasts while the memory found stays where it was at the OOM. When a later call finds at
-        least ``OOM_CAP_LIFT`` times as much (another process or a dropped engine freed it, or a larger
-        ``memory_budget`` was set), the cap is lifted: an engine kept across calls (``predict_forces``) would
-        otherwise run small batches for the rest of the process after one transient OOM."""
-        atoms = self._uncapped_atom_budget()
-        cap = self._atom_budget_cap
-        if cap is not None and atoms >= OOM_CAP_LIFT * self._atom_budget_at_oom:
-            self._atom_budget_cap = cap = None
-        return atoms if cap is None else min(atoms, cap)
-
-    def _lower_atom_budget(self, n_atoms: int) -> None:
-        """A batch of ``n_atoms`` ran out of device memory: later batches start no larger than half of it (see
-        :meth:`atom_budget`), remembering the budget found now for when memory frees up."""
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        self._atom_budget_cap = max(1, min(self._atom_budget_cap or n_atoms, n_atoms // 2))
-        self._atom_budget_at_oom = self._uncapped_atom_budget()
-
-    def _uncapped_atom_budget(self) -> int:
-        budget = self.memory_budget
-        if budget is None and self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(DEFAULT_MEMORY_FRACTION * free)
-        if budget is None:
-            atoms = DEFAULT_ATOM_BUDGET.get(self.device.type, DEFAULT_ATOM_BUDGET["cpu"])
-        else:
-            atoms = max(1, budget // max(1, self.estimate_bytes(1, EDGES_PER_ATOM_GUESS)))
-        return atoms
-
-    def predict(
-        self,
-        structures: Sequence,
-        *,
-        batch_size: int | None = None,
-        stress: bool = False,
-        atom_budget: int | None = None,
-        pipeline: bool | None = None,
-    ) -> list[dict]:
-        """Energies, forces (and stress for periodic structures) as one dict per structure, in input order.
-
-        ``batch_size`` is a number of structures per batch; when None, batches are filled up to an atom budget
-        (``atom_budget``, else :meth:`atom_budget`). A batch that runs out of device memory is split in halves
-        and retried (``oom_splits`` counts it), and later batches start no larger than the half that fit.
-        ``pipeline`` (default: on for CUDA): the next batch is read and launched on the host while the device
-        computes the current one (:mod:`mlff_distiller.batching`); the same results either way. A NaN or inf
-        output is never returned: :class:`~mlff_distiller.batching.NonFiniteOutputError` comes after all other
-        structures are done and carries their results. (:meth:`compute` returns the device tensors unchecked.)
-        """
-        return predict_structures(
-            self, structures, batch_size=batch_size, stress=stress, atom_budget=atom_budget, pipeline=pipeline
-        )
 
 
 def _inverse(perm: torch.Tensor) -> torch.Tensor:
