@@ -128,3 +128,14 @@ def test_a_block_replaced_after_the_engine_was_built():
         AtomsBatch.from_atoms(_structures()[:3]), to_host=True
     )
     torch.testing.assert_close(got["forces"], want["forces"])
+
+
+def test_structures_without_pairs():
+    """A lone atom and two atoms beyond the cutoff: no pairs at all in the batch, the autograd path's numbers."""
+    model = make_model(seed=7)
+    fast, ref = _engines(model, precision="fp64")
+    batch = AtomsBatch.from_atoms([Atoms("O", positions=[[0, 0, 0]]), Atoms("H2", positions=[[0, 0, 0], [0, 0, 9]])])
+    got, want = fast.compute(batch, to_host=True), ref.compute(batch, to_host=True)
+    assert fast.n_analytic == 1
+    torch.testing.assert_close(got["energy"], want["energy"], rtol=1e-12, atol=0)
+    assert not got["forces"].any() and torch.isfinite(got["forces"]).all()
