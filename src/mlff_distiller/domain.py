@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mlff_distiller.batch import FrameTable
+
 __all__ = ["DISTANCE_TOLERANCE", "GPU_CHECK_MIN_ATOMS", "NEIGHBOR_TOLERANCE", "DomainEnvelope", "OutOfDomainWarning"]
 
 # A pair is outside when it is shorter than this fraction of the shortest pair of its elements seen in training; an
@@ -151,24 +153,28 @@ class DomainEnvelope:
         ``GPU_CHECK_MIN_ATOMS`` atoms are screened together on the host, ``_SCREEN`` at a time (one batched
         neighbour list and a few vectorised comparisons instead of ~0.5 ms of calls per small molecule), and only
         those found outside are checked one by one for their sentences. Larger ones are checked one by one, on
-        ``device`` when it is a GPU (:meth:`check_device`)."""
-        structures = list(structures)
-        found: list[list[str]] = [[] for _ in structures]
+        ``device`` when it is a GPU (:meth:`check_device`). A :class:`~mlff_distiller.batch.FrameTable` is screened
+        from its arrays: only the structures checked one by one build their ``ase.Atoms``."""
+        table = isinstance(structures, FrameTable)
+        if not table:
+            structures = list(structures)
+        found: list[list[str]] = [[] for _ in range(len(structures))]
         tolerances = {"distance_tolerance": distance_tolerance, "neighbor_tolerance": neighbor_tolerance}
         small = []
-        for k, atoms in enumerate(structures):
-            if device is not None and self.check_device(len(atoms), device) is not None:
-                found[k] = self.check(atoms, limit=limit, device=device, **tolerances)
+        for k, n in enumerate(structures.atom_counts() if table else map(len, structures)):
+            if device is not None and self.check_device(n, device) is not None:
+                found[k] = self.check(structures[k], limit=limit, device=device, **tolerances)
             else:
                 small.append(k)
         for start in range(0, len(small), _SCREEN):
             ids = small[start : start + _SCREEN]
-            outside = self._screen([structures[k] for k in ids], distance_tolerance, neighbor_tolerance)
+            part = _take(structures, ids) if table else [structures[k] for k in ids]
+            outside = self._screen(part, distance_tolerance, neighbor_tolerance)
             for k in np.asarray(ids)[outside].tolist():
                 found[k] = self.check(structures[k], limit=limit, **tolerances)
         return found
 
-    def _screen(self, structures: list, distance_tolerance: float, neighbor_tolerance: float) -> np.ndarray:
+    def _screen(self, structures: Sequence, distance_tolerance: float, neighbor_tolerance: float) -> np.ndarray:
         """Which of ``structures`` have something outside the envelope (the tests of :meth:`check`, vectorised over
         every pair and atom of one batch on the host)."""
         batch, d, i, j = _pairs(structures, self.cutoff)
@@ -237,12 +243,23 @@ def _pairs(frames: Iterable, cutoff: float, device: torch.device | str | None = 
     from mlff_distiller.batch import AtomsBatch
     from mlff_distiller.neighbors import neighbor_list_batch
 
-    batch = AtomsBatch.from_atoms(list(frames), dtype=torch.float64)
+    frames = frames if isinstance(frames, FrameTable) else list(frames)  # a FrameTable: no Atoms built
+    batch = AtomsBatch.from_atoms(frames, dtype=torch.float64)
     if device is not None:
         batch = batch.to(torch.device(device))
     nl = neighbor_list_batch(batch, float(cutoff))
     d = torch.linalg.vector_norm(nl.vectors(batch.positions), dim=1)
     return batch, d, nl.edge_index[0], nl.edge_index[1]
+
+
+def _take(table: FrameTable, ids: list[int]) -> FrameTable:
+    """The structures ``ids`` (ascending) of ``table``, as a table of copies of its rows."""
+    keep = np.zeros(len(table), dtype=bool)
+    keep[ids] = True
+    rows = np.repeat(keep, table.counts)
+    return FrameTable(
+        table.numbers[rows], table.positions[rows], table.cells[keep], table.pbc[keep], table.counts[keep]
+    )
 
 
 _Z = 128  # element numbers are below this

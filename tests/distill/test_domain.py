@@ -13,7 +13,7 @@ from ase.calculators.emt import EMT
 from ase.calculators.singlepoint import SinglePointCalculator
 from helpers import make_model
 
-from mlff_distiller import load_model
+from mlff_distiller import FrameTable, load_model
 from mlff_distiller.cli import main
 from mlff_distiller.distill import FrameDataset, train
 from mlff_distiller.domain import DomainEnvelope
@@ -359,3 +359,65 @@ def test_check_many_with_the_shipped_envelope():
     env = DomainEnvelope.of_model(load_model("builtin:chno-gfn2"))
     frames = _mixed_for_check()
     assert env.check_many(frames, device=torch.device("cpu")) == [env.check(a) for a in frames]
+
+
+def _as_table(frames: list[Atoms]) -> FrameTable:
+    return FrameTable(
+        np.concatenate([a.numbers for a in frames]),
+        np.concatenate([a.positions for a in frames]),
+        np.stack([a.cell.array for a in frames]),
+        np.stack([a.pbc for a in frames]),
+        [len(a) for a in frames],
+    )
+
+
+def _larger_on_the_device(monkeypatch):
+    """Structures of 20 atoms or more take the per-structure device branch of check_many (here on the CPU)."""
+    monkeypatch.setattr(DomainEnvelope, "check_device", staticmethod(lambda n, device: device if n >= 20 else None))
+    return torch.device("cpu")
+
+
+@pytest.mark.parametrize("tolerances", [{}, {"distance_tolerance": 0.99, "neighbor_tolerance": 1.0}])
+def test_check_many_of_a_frame_table_is_that_of_its_atoms(tolerances, monkeypatch):
+    """A FrameTable of molecules and periodic boxes, inside and outside, gets the findings of the same list of
+    Atoms: in one screen, in several, with a limit, and with its larger structures checked one by one."""
+    from mlff_distiller import domain
+
+    env = DomainEnvelope.from_frames(_md_like("CH3CH2OH", 12) + _md_like("CH4", 4, seed=2), 5.0)
+    frames = _mixed_for_check()
+    table = _as_table(frames)
+    expected = env.check_many(frames, **tolerances)
+    assert any(expected) and not all(expected)
+    assert env.check_many(table, **tolerances) == expected
+    assert env.check_many(table, limit=1, **tolerances) == env.check_many(frames, limit=1, **tolerances)
+    monkeypatch.setattr(domain, "_SCREEN", 4)
+    assert env.check_many(table, **tolerances) == expected
+    device = _larger_on_the_device(monkeypatch)
+    assert env.check_many(table, device=device, **tolerances) == env.check_many(frames, device=device, **tolerances)
+    assert env.check_many(table[:0]) == []
+
+
+def test_check_many_of_a_frame_table_builds_atoms_only_for_structures_checked_alone(monkeypatch):
+    """Structures the batched screen finds inside build no ``ase.Atoms``: only those found outside, and those of the
+    per-structure (GPU) branch, are indexed."""
+    from mlff_distiller import domain
+
+    env = DomainEnvelope.from_frames(_md_like("CH3CH2OH", 12) + _md_like("CH4", 4, seed=2), 5.0)
+    frames = _mixed_for_check()
+    table = _as_table(frames)
+    outside = {k for k, found in enumerate(env.check_many(frames)) if found}
+    built: list[int] = []
+    getitem = FrameTable.__getitem__
+
+    def counting(self, k):
+        if not isinstance(k, slice):
+            built.append(k)
+        return getitem(self, k)
+
+    monkeypatch.setattr(FrameTable, "__getitem__", counting)
+    monkeypatch.setattr(domain, "_SCREEN", 4)
+    env.check_many(table)
+    assert sorted(built) == sorted(outside)
+    built.clear()
+    env.check_many(table, device=_larger_on_the_device(monkeypatch))
+    assert sorted(built) == sorted(outside | {k for k, a in enumerate(frames) if len(a) >= 20})
