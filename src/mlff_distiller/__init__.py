@@ -4,19 +4,33 @@ Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :
 file to extxyz, resumable), :class:`ForceEngine`, :class:`StudentCalculator`, :class:`AtomsBatch`,
 :class:`FrameTable` (many structures as arrays, predicted without an ``ase.Atoms`` each); :class:`NonFiniteOutputError`
 (a NaN or inf output, never returned). Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
+
+The names above, and the subpackages, are imported on first use (PEP 562), as SciPy and scikit-learn do:
+``import mlff_distiller`` itself imports neither torch nor ASE, so the command line's ``--help`` and the extxyz
+worker processes of ``predict_file`` start in a fraction of a second instead of ~2 s.
 """
 
-from mlff_distiller.batch import AtomsBatch, FrameTable
-from mlff_distiller.batching import NonFiniteOutputError
-from mlff_distiller.calculator import StudentCalculator
-from mlff_distiller.checkpoint import builtin_models, load_model
-from mlff_distiller.engine import ForceEngine
-from mlff_distiller.model import ModelConfig, StudentModel
-from mlff_distiller.predict import predict_forces
-from mlff_distiller.predict_stream import predict_file
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it
+_EXPORTS = {
+    "AtomsBatch": "mlff_distiller.batch",
+    "FrameTable": "mlff_distiller.frames",
+    "NonFiniteOutputError": "mlff_distiller.batching",
+    "StudentCalculator": "mlff_distiller.calculator",
+    "builtin_models": "mlff_distiller.checkpoint",
+    "load_model": "mlff_distiller.checkpoint",
+    "ForceEngine": "mlff_distiller.engine",
+    "ModelConfig": "mlff_distiller.model",
+    "StudentModel": "mlff_distiller.model",
+    "predict_forces": "mlff_distiller.predict",
+    "predict_file": "mlff_distiller.predict_stream",
+}
 
 __all__ = [
     "AtomsBatch",
@@ -32,3 +46,38 @@ __all__ = [
     "predict_file",
     "predict_forces",
 ]
+
+
+def __getattr__(name: str):
+    """A public name or a submodule (``mlff_distiller.engine`` without importing it first, as when the package
+    imported everything eagerly), imported now and kept."""
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("__"):
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":  # the submodule exists but something it imports does not
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
+    from mlff_distiller.batch import AtomsBatch
+    from mlff_distiller.batching import NonFiniteOutputError
+    from mlff_distiller.calculator import StudentCalculator
+    from mlff_distiller.checkpoint import builtin_models, load_model
+    from mlff_distiller.engine import ForceEngine
+    from mlff_distiller.frames import FrameTable
+    from mlff_distiller.model import ModelConfig, StudentModel
+    from mlff_distiller.predict import predict_forces
+    from mlff_distiller.predict_stream import predict_file

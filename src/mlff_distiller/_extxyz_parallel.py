@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from mlff_distiller._extxyz_fast import format_frames, parse_frames
-from mlff_distiller.batch import FrameTable
+from mlff_distiller.frames import FrameTable
 
 __all__ = ["Block", "Clock", "auto_workers", "blocks_of", "frames_text", "run_blocks", "start_pool"]
 

@@ -29,6 +29,9 @@ import numpy as np
 from ase.calculators.calculator import all_changes
 from ase.calculators.mixing import AverageCalculator
 
+# DEFAULT_COMMITTEE: the two shipped students; DISAGREEMENT_THRESHOLD: 50 meV/Å (in a module without imports, for
+# the command line's parser).
+from mlff_distiller._committee_defaults import DEFAULT_COMMITTEE, DISAGREEMENT_THRESHOLD
 from mlff_distiller.domain import OutOfDomainWarning
 from mlff_distiller.model import StudentModel
 
@@ -39,11 +42,6 @@ __all__ = [
     "OutOfDomainWarning",
     "committee_disagreement",
 ]
-
-# The shipped students: the same labels and recipe, 128 and 64 features.
-DEFAULT_COMMITTEE = ("builtin:chno-gfn2", "builtin:chno-gfn2-small")
-# meV/Å: a structure whose students' forces differ by more than this (mean absolute) is flagged.
-DISAGREEMENT_THRESHOLD = 50.0
 
 
 def committee_disagreement(

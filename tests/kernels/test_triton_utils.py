@@ -89,10 +89,11 @@ def test_the_package_kernels_are_listed_for_the_compile_cache():
 
 
 def test_importing_the_package_imports_no_dynamo():
-    """``import mlff_distiller`` adds neither torch._dynamo nor torch._inductor to what ``import torch`` loads."""
+    """The package and every public name (imported on first use) add neither torch._dynamo nor torch._inductor to
+    what ``import torch`` loads."""
     code = (
         "import sys, torch; before = {m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules}; "
-        "import mlff_distiller; "
+        "import mlff_distiller; [getattr(mlff_distiller, name) for name in mlff_distiller.__all__]; "
         "print(sorted({m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules} - before))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -1,0 +1,130 @@
+"""The job dataclasses of ``mlff-distill``'s subcommands (``LabelJob``, ``TrainJob``, ...), one per subcommand.
+
+:mod:`mlff_distiller.cli` parses the command line (without importing this module, so that ``--help`` does not wait
+for torch) and builds the job from the dataclass defaults, a YAML file, ``--set`` overrides and the explicit flags;
+:mod:`mlff_distiller.cli_commands` runs it. ``from mlff_distiller.cli import TrainJob`` keeps working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlff_distiller._committee_defaults import DEFAULT_COMMITTEE, DISAGREEMENT_THRESHOLD
+from mlff_distiller.distill.sampling import SamplingConfig
+from mlff_distiller.distill.training import TrainConfig
+
+__all__ = ["JOBS", "CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "TrainJob"]
+
+
+@dataclass(kw_only=True)
+class LabelJob:
+    """``label``: sample with the teacher and write labelled frames to ``out`` (resumable)."""
+
+    teacher: str = "gfn2-xtb"
+    teacher_options: dict = field(default_factory=dict)
+    seeds: str = "g2-chno"
+    out: str = "labels"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    student: str | None = None
+    on_policy_round: int | None = None
+    committee: str | None = None
+    progress: bool = True
+    workers: int = 1
+
+
+@dataclass(kw_only=True)
+class TrainJob:
+    """``train``: fit a student to labelled frames; writes ``out/best.pt`` and optionally ``export``."""
+
+    data: str = "labels"
+    val_data: str | None = None
+    val_fraction: float = 0.1
+    split_seed: int = 0
+    out: str = "runs/student"
+    teacher: str = "unknown"
+    resume: bool = False
+    init_model: str | None = None
+    export: str | None = None
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+@dataclass(kw_only=True)
+class EvaluateJob:
+    """``evaluate``: errors vs the teacher labels, parity plot, optional timing and NVE drift."""
+
+    model: str = "builtin:chno-gfn2"
+    data: str = "labels"
+    out: str = "eval"
+    device: str | None = None
+    precision: str = "fp64"
+    teacher: str | None = None
+    timing_steps: int = 0
+    nve_steps: int = 0
+    nve_timestep_fs: float = 0.25
+    nve_temperature: float = 300.0
+    history: str | None = None
+
+
+@dataclass(kw_only=True)
+class PredictJob:
+    """``predict``: energies and forces of every structure in ``input``, written as extxyz to ``output`` chunk by
+    chunk; an interrupted run continues where it stopped (:mod:`mlff_distiller.predict_stream`)."""
+
+    model: str = "builtin:chno-gfn2"
+    input: str = ""
+    output: str = "predictions.extxyz"
+    device: str | None = None
+    precision: str = "fp32"
+    batch_size: int | None = None
+    check_domain: bool = False
+    stress: bool = False
+    chunk: int = 10_000
+    restart: bool = False
+    workers: int | None = None
+
+
+@dataclass(kw_only=True)
+class MDJob:
+    """``md``: ASE molecular dynamics with the student; trajectory written as extxyz."""
+
+    model: str = "builtin:chno-gfn2"
+    input: str = ""
+    output: str = "md.extxyz"
+    ensemble: str = "langevin"
+    steps: int = 1000
+    timestep_fs: float = 0.5
+    temperature: float = 300.0
+    friction_per_fs: float = 0.01
+    interval: int = 10
+    device: str | None = None
+    precision: str = "fp64"
+    seed: int = 0
+    # npt (ASE's NPTBerendsen, isotropic; a fully periodic input): target pressure, the material's isothermal
+    # compressibility (default: water at 300 K) and the thermostat / barostat time constants.
+    pressure_bar: float = 1.01325
+    compressibility_per_bar: float = 4.57e-5
+    taut_fs: float = 100.0
+    taup_fs: float = 1000.0
+
+
+@dataclass(kw_only=True)
+class CheckJob:
+    """``check``: do two or more students agree on these structures? Flags those outside their training data. With
+    one student, the structures are checked against its stored training envelope (:mod:`mlff_distiller.domain`)."""
+
+    input: str = ""
+    models: list[str] = field(default_factory=lambda: list(DEFAULT_COMMITTEE))
+    threshold: float = DISAGREEMENT_THRESHOLD
+    output: str | None = None
+    device: str | None = None
+    precision: str = "fp32"
+
+
+JOBS = {
+    "label": LabelJob,
+    "train": TrainJob,
+    "evaluate": EvaluateJob,
+    "predict": PredictJob,
+    "md": MDJob,
+    "check": CheckJob,
+}
