@@ -12,8 +12,9 @@ worker processes of ``predict_file`` start in a fraction of a second instead of 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from mlff_distiller import _lazy
 
 __version__ = "0.1.0"
 
@@ -48,28 +49,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    """A public name or a submodule (``mlff_distiller.engine`` without importing it first, as when the package
-    imported everything eagerly), imported now and kept."""
-    module = _EXPORTS.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(module), name)
-    elif not name.startswith("__"):
-        try:
-            value = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"{__name__}.{name}":  # the submodule exists but something it imports does not
-                raise
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
+__getattr__, __dir__ = _lazy.attach(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
     from mlff_distiller.batch import AtomsBatch

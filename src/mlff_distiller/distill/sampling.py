@@ -27,9 +27,6 @@ import numpy as np
 from ase import Atoms, units
 from ase.calculators.calculator import Calculator
 from ase.calculators.singlepoint import SinglePointCalculator
-from ase.constraints import FixCom
-from ase.md.langevin import Langevin
-from ase.md.velocitydistribution import Stationary, ZeroRotation
 
 from mlff_distiller.ase_compat import maxwell_boltzmann
 from mlff_distiller.distill.dataset import periodic_stress
@@ -210,6 +207,12 @@ def run_task(
     (Voigt, eV/Å³) too for periodic frames whose teacher computed it with the forces, and, with ``config.hvp``,
     arrays ``hvp_dir`` (unit direction) and ``hvp`` (eV/Å², H·v).
     """
+    # ASE's MD and constraints here, not at the top: they import SciPy (~0.5 s), which the command line's parser
+    # and the prediction commands, importing SamplingConfig, do not need.
+    from ase.constraints import FixCom
+    from ase.md.langevin import Langevin
+    from ase.md.velocitydistribution import Stationary, ZeroRotation
+
     rng = task_rng(config, task.key)
     hvp_rng = task_rng(config, task.key + "/hvp")
     if task.kind == "rattle":
