@@ -102,9 +102,14 @@ def test_predict_forces_default_captures_on_cuda(model, monkeypatch):
     mols = [random_molecule(int(n), rng) for n in rng.integers(1, 20, size=12)]
     made = _spy_engines(monkeypatch)
     auto = predict_forces(model, mols, device="cuda", batch_size=4)
+    # capture_after=1: the buckets met once ran eagerly; the same call again (the engine kept) captures them.
+    again = predict_forces(model, mols, device="cuda", batch_size=4)
     eager = predict_forces(model, mols, device="cuda", batch_size=4, mode="eager")
-    assert made[0].mode == "cudagraph" and made[0].captured_buckets and not made[1].captured_buckets
-    for a, b in zip(auto, eager, strict=True):
+    assert [e.mode for e in made] == ["cudagraph", "eager"] and made[0].capture_after == 1
+    assert made[0].captured_buckets and not made[1].captured_buckets
+    for a, c, b in zip(auto, again, eager, strict=True):
+        assert c["energy"] == pytest.approx(b["energy"], rel=1e-5, abs=1e-5)
+        np.testing.assert_allclose(c["forces"], b["forces"], atol=1e-4)
         assert a["energy"] == pytest.approx(b["energy"], rel=1e-5, abs=1e-5)
         np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-4)
 

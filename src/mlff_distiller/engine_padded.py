@@ -21,6 +21,7 @@ from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, Bucket, PaddedGraph, fill_padded, fill_padded_host
 from mlff_distiller.cudagraph import GraphRunner, is_capture_failure
+from mlff_distiller.kernels import _compile_ahead
 from mlff_distiller.precision import _matmul_precision
 
 __all__ = ["COMPACT_MIN_EDGES", "VERLET_EDGE_HEADROOM", "PaddedPaths"]
@@ -142,14 +143,22 @@ class PaddedPaths:
             self._graphs[bucket] = g
         return g
 
-    def _run(self, bucket: Bucket, graph: PaddedGraph, stress: bool = False) -> torch.Tensor:
+    def _run(self, bucket: Bucket, graph: PaddedGraph, stress: bool = False, capture: bool = False) -> torch.Tensor:
         """One padded step on the current content of ``graph``; the packed output (static in graph mode).
-        ``stress``: the step with the strain derivative (:meth:`_step_stress`; its own graph per bucket)."""
+        ``stress``: the step with the strain derivative (:meth:`_step_stress`; its own graph per bucket).
+        ``capture``: capture a new bucket now, whatever ``capture_after`` says (``warmup``)."""
         step = self._step_stress if stress else self._step
         if self.mode == "cudagraph":
             runners = self._stress_runners if stress else self._runners
             runner = runners.get(bucket)
             if runner is None:
+                uses = self._eager_uses.get((bucket, stress), 0)
+                if uses < self.capture_after and not (capture or self._capture_now):
+                    # A bucket seen fewer than capture_after times runs eagerly: a capture costs ~25 steps of a
+                    # large bucket, and a stream of varied batches (predict) meets most of its buckets once.
+                    self._eager_uses[(bucket, stress)] = uses + 1
+                    self._compile_ahead(step, graph, stress)
+                    return step(*graph.inputs())
                 runner = runners[bucket] = self._capture(step, graph, bucket, runners)
             return runner.replay()
         if self.mode == "compile" and self.compile_mode == "reduce-overhead":
@@ -157,17 +166,26 @@ class PaddedPaths:
             torch.compiler.cudagraph_mark_step_begin()
         return step(*graph.inputs())
 
+    def _compile_ahead(self, step, graph: PaddedGraph, stress: bool) -> None:
+        """Before a bucket's first step: a cold process would compile the step's Triton kernels there, one after
+        another (15-18 s for the first benzene result on the H100 host), so a dry run first compiles them all in
+        parallel (kernels/_compile_ahead.py). Not over a torch.compile'd step, whose own kernels would run on the
+        dry run's unwritten outputs. A dry run costs a step's host work even when everything is compiled (~75 ms
+        for a bucket of 5,000 g2 molecules), so after ``IDLE_DRY_RUNS`` in a row of this step kind that found
+        nothing to compile, the engine stops: a later bucket that still needs a kernel compiles it in its step."""
+        if self.compile_mode is not None or self._idle_dry_runs[stress] >= IDLE_DRY_RUNS:
+            return
+        if kernels.precompile(step, *graph.inputs()):
+            last = _compile_ahead.LAST  # what this dry run handed to the compiler
+            idle = not (last.get("submitted") or last.get("compiled"))
+            self._idle_dry_runs[stress] = self._idle_dry_runs[stress] + 1 if idle else 0
+
     def _capture(self, step, graph: PaddedGraph, bucket: Bucket, runners: dict) -> GraphRunner | _EagerRunner:
         """The bucket's captured step. A capture that CUDA invalidates is tried once more; a second failure leaves
         the bucket's step eager (the same results, launch-bound), with a warning, instead of ending the caller's
         run. One intermittent invalidation was seen on the H100 (``results/gpu_test_runs.md``, stop 23). An
         out-of-memory error is raised as it is: the batch splitting handles it."""
-        if self.compile_mode is None:
-            # A cold process compiles the step's Triton kernels here, one after another (15-18 s for the first
-            # benzene result on the H100 host): a dry run first compiles them all in parallel
-            # (kernels/_compile_ahead.py; nothing when they are compiled already). Not over a torch.compile'd step,
-            # whose own kernels would run on the dry run's unwritten outputs.
-            kernels.precompile(step, *graph.inputs())
+        self._compile_ahead(step, graph, stress=runners is self._stress_runners)
         failure = None
         for _ in range(CAPTURE_ATTEMPTS):
             try:
@@ -411,6 +429,8 @@ class PaddedPaths:
 _VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 # Captures of one bucket's step before it is left eager (see PaddedPaths._capture).
 CAPTURE_ATTEMPTS = 2
+# Dry runs in a row (one step kind) that found nothing to compile, after which an engine runs no more of them.
+IDLE_DRY_RUNS = 2
 
 
 class _Seeded(torch.autograd.Function):

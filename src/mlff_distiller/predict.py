@@ -107,6 +107,9 @@ def predict_forces(
         "mode": mode,
         "compile_mode": compile_mode,
         "memory_budget": memory_budget,
+        # A call meets most of its large buckets once: their steps run eagerly, and those met again (the same
+        # structures again, the kept engine) are captured then (see ForceEngine's capture_after).
+        "capture_after": 1,
     }
     engine = _engine_for(model, settings)
     try:

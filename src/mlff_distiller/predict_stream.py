@@ -178,7 +178,8 @@ def _predict_file(
     progress_path = output.with_name(output.name + PROGRESS_SUFFIX)
     state = _resume_state(job, output, progress_path, restart)
     resumed_from = state["done"]
-    engine = ForceEngine(model, device=device, precision=precision, mode=mode)
+    # capture_after=1: chunks of varied structures meet most large buckets once, where a capture costs ~25 steps.
+    engine = ForceEngine(model, device=device, precision=precision, mode=mode, capture_after=1)
     # extxyz in blocks of whole frames (in this process with 0 workers), read and written by the fast codec of
     # mlff_distiller._extxyz_fast where it takes the frames; other formats through ase.io.iread.
     blocks = blocks_of(input, state["done"], chunk, max(workers, 1)) if extxyz else None
