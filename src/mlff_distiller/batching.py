@@ -213,9 +213,16 @@ def result_rows(batch: AtomsBatch, out: dict[str, torch.Tensor], stress: bool = 
 
 
 def chunks(structures: Sequence, batch_size: int | None, atom_budget: int) -> Iterator[Sequence]:
-    """``structures`` in batches of ``batch_size`` structures, or (``batch_size`` None) filled up to
-    ``atom_budget`` atoms (a structure larger than the budget is a batch of its own). Slices of the input: lists
-    of structures, or :class:`~mlff_distiller.batch.FrameTable` views."""
+    """``structures`` in batches of ``batch_size`` structures, or (``batch_size`` None) of at most ``atom_budget``
+    atoms (a structure larger than the budget is a batch of its own). Slices of the input: lists of structures, or
+    :class:`~mlff_distiller.batch.FrameTable` views.
+
+    Filled to the budget one after another, the batches would all be full but the last, whose size depends on the
+    data: every chunk of a long file (``predict_file``) would end in a batch of its own size, a new padded bucket
+    each time (20 buckets in 100,000 g2 molecules, each a capture or a first eager call). So the structures are cut
+    into batches of as equal atom counts as whole structures permit (where the running count is nearest to each
+    multiple of the mean, the fewest batches the budget allows; a piece that still exceeds it filled greedily),
+    unless that makes more batches than filling them one after another."""
     if batch_size is not None:
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -224,14 +231,45 @@ def chunks(structures: Sequence, batch_size: int | None, atom_budget: int) -> It
         return
     if int(atom_budget) < 1:
         raise ValueError(f"atom_budget must be >= 1, got {atom_budget}")
-    first, atoms = 0, 0
-    for k, n in enumerate(atom_counts(structures)):
-        if k > first and atoms + n > atom_budget:
-            yield structures[first:k]
+    counts = atom_counts(structures)
+    greedy = _filled(counts, 0, len(counts), int(atom_budget))
+    even = _even(counts, int(atom_budget))
+    for a, b in even if len(even) <= len(greedy) else greedy:
+        yield structures[a:b]
+
+
+def _filled(counts: Sequence[int], a: int, b: int, budget: int) -> list[tuple[int, int]]:
+    """Ranges of ``counts[a:b]`` filled to ``budget`` one after another."""
+    out, first, atoms = [], a, 0
+    for k in range(a, b):
+        n = int(counts[k])
+        if k > first and atoms + n > budget:
+            out.append((first, k))
             first, atoms = k, 0
         atoms += n
-    if first < len(structures):
-        yield structures[first:]
+    if first < b:
+        out.append((first, b))
+    return out
+
+
+def _even(counts: Sequence[int], budget: int) -> list[tuple[int, int]]:
+    """Ranges of ``counts`` of as equal sums as whole entries permit (see :func:`chunks`)."""
+    before = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64))])  # atoms before entry k
+    n, pieces = len(counts), max(1, -(-int(before[-1]) // budget))
+    cuts = [0]
+    for t in (np.arange(1, pieces) * (before[-1] / pieces)).tolist():
+        k = int(np.searchsorted(before, t))  # before[k - 1] < t <= before[k]
+        if 0 < k and t - before[k - 1] <= before[k] - t:
+            k -= 1
+        k = max(k, cuts[-1] + 1)
+        if k < n:
+            cuts.append(k)
+    if n > 0:
+        cuts.append(n)
+    out = []
+    for a, b in itertools.pairwise(cuts):
+        out += [(a, b)] if before[b] - before[a] <= budget or b - a == 1 else _filled(counts, a, b, budget)
+    return out
 
 
 def atom_counts(structures: Sequence) -> list[int]:
