@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from ase.build import molecule
-from helpers import random_molecule
+from helpers import random_molecule, silicon_cell
 from mlff_distiller.kernels import _compile_ahead
 
 from mlff_distiller import AtomsBatch, ForceEngine, kernels, predict_forces
@@ -168,3 +168,20 @@ def test_capture_after_on_cuda(model):
         for key in ("energy", "forces"):
             scale = ref[key].abs().max().clamp_min(1e-3)
             assert (out[key] - ref[key]).abs().max() / scale <= 1e-5, (call, key)
+
+
+def test_the_stress_step_counts_its_own_calls(model, fake_graphs):
+    """The step with the strain derivative has its own graphs: its first call of a bucket runs eagerly too, and the
+    energy + forces step of the same bucket keeps its own count."""
+    batch = AtomsBatch.from_atoms([silicon_cell()], dtype=torch.float64)
+    ref = ForceEngine(model, device="cpu", precision="fp64").compute(batch, stress=True)
+    engine = _engine(model, capture_after=1)
+    for call in range(3):
+        out = engine.compute(batch, stress=True)
+        assert (len(engine._stress_runners), len(engine._runners)) == ((0 if call == 0 else 1), 0), call
+        np.testing.assert_allclose(out["stress"].numpy(), ref["stress"].numpy(), atol=1e-10)
+        np.testing.assert_allclose(out["forces"].numpy(), ref["forces"].numpy(), atol=1e-10)
+    engine.compute(batch)
+    assert not engine._runners  # the energy + forces step of that bucket: its first call, eager
+    engine.compute(batch)
+    assert list(engine._runners) == list(engine._stress_runners)
