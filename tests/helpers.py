@@ -40,6 +40,12 @@ def benzene() -> Atoms:
     return molecule("C6H6")
 
 
+def random_molecules(n: int = 12, seed: int = 5, lo: int = 1, hi: int = 14) -> list[Atoms]:
+    """``n`` molecules of :func:`random_molecule`, of ``lo`` to ``hi - 1`` atoms each."""
+    rng = np.random.default_rng(seed)
+    return [random_molecule(int(k), rng) for k in rng.integers(lo, hi, size=n)]
+
+
 def make_model(seed: int = 0, **kw) -> StudentModel:
     """A small random student with non-trivial energy scale, for physics tests."""
     torch.manual_seed(seed)

@@ -4,7 +4,6 @@ CPU tests use the padded eager path and ``torch.compile(backend="aot_eager")`` (
 ``@pytest.mark.gpu`` tests run the CUDA-graph and Inductor paths against the eager reference.
 """
 
-import gc
 import os
 import subprocess
 import sys
@@ -16,18 +15,14 @@ import pytest
 import torch
 from ase.build import molecule
 from ase.md.verlet import VelocityVerlet
-from helpers import assert_close_to, make_model, random_molecule, silicon_cell
+from helpers import assert_close_to, make_model, silicon_cell
+from helpers import random_molecules as _mols
 
-from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, predict_forces
+from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator
 from mlff_distiller.buckets import BucketLadder
 from mlff_distiller.engine import AUTO_MAX_EDGES, configure_compile_cache, kernels_source_digest
 
 gpu = pytest.mark.gpu
-
-
-def _mols(n=12, seed=5, lo=1, hi=14):
-    rng = np.random.default_rng(seed)
-    return [random_molecule(int(k), rng) for k in rng.integers(lo, hi, size=n)]
 
 
 # ------------------------------------------------------------------------------------------------ CPU
@@ -111,33 +106,6 @@ def test_compile_no_recompilation_per_batch_cpu(model):
     assert len(new_buckets) <= 1  # 3-8 atoms, < 128 edges: one or two buckets in all
 
 
-def test_oom_splits_and_keeps_order(model, monkeypatch):
-    """An injected out-of-memory error for any batch above 20 atoms: batches are halved until they fit,
-    nothing is lost and the order is the input order."""
-    mols = _mols(17, seed=7)
-    ref = predict_forces(model, mols, precision="fp64", batch_size=1)
-    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
-    real = ForceEngine.compute
-    sizes = []
-
-    def flaky(self, batch, **kw):
-        sizes.append(batch.num_atoms)
-        if batch.num_atoms > 20:
-            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
-        return real(self, batch, **kw)
-
-    monkeypatch.setattr(ForceEngine, "compute", flaky)
-    out = engine.predict(mols, atom_budget=10_000)
-    assert len(out) == len(mols) and engine.oom_splits >= 2
-    assert max(sizes) > 20 and engine.atom_budget() <= max(sizes) // 2
-    for a, b, atoms in zip(ref, out, mols, strict=True):
-        assert b["forces"].shape == (len(atoms), 3)
-        assert a["energy"] == pytest.approx(b["energy"], abs=1e-10)
-        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
-    with pytest.raises(torch.OutOfMemoryError):  # one structure that does not fit cannot be split
-        engine.predict([mols[0] + mols[1] + mols[2] + mols[3]], atom_budget=10_000)
-
-
 def _rows_equal(got, want, atoms_list, rtol=0.0):
     """Two predict() results: the same rows in input order, bit for bit (``rtol`` 0: the CPU, deterministic) or
     within ``rtol`` (CUDA: its float32 sums of atomics vary from run to run in the last bits)."""
@@ -164,46 +132,6 @@ def test_pipelined_predict_equals_the_sequential_loop(model, pad):
     want = engine.predict(cells, batch_size=2, stress=True, pipeline=False)
     assert "stress" in want[0] and "stress" not in want[1]
     _rows_equal(engine.predict(cells, batch_size=2, stress=True, pipeline=True), want, cells)
-
-
-def test_pipelined_oom_keeps_the_batch_in_flight(model, monkeypatch):
-    """An out-of-memory error while another batch is in flight: that batch's rows are kept, the failing one is
-    split, nothing is lost or duplicated and the order is the input order."""
-    mols = _mols(17, seed=7)
-    engine = ForceEngine(model, device="cpu", precision="fp64")
-    want = engine.predict(mols, batch_size=1, pipeline=False)
-    real = ForceEngine.compute
-    calls = []
-
-    def flaky(self, batch, **kw):
-        calls.append(batch.num_structures)
-        if len(calls) == 2:  # the second batch, launched while the first is in flight
-            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
-        return real(self, batch, **kw)
-
-    monkeypatch.setattr(ForceEngine, "compute", flaky)
-    got = engine.predict(mols, batch_size=6, pipeline=True)
-    assert engine.oom_splits == 1 and calls[:3] == [6, 6, 3]
-    for a, b in zip(want, got, strict=True):
-        assert a["energy"] == pytest.approx(b["energy"], abs=1e-10)
-        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
-    assert len(got) == len(mols)
-
-
-def test_memory_budget_batches_small(model):
-    mols = _mols(8, seed=9)
-    engine = ForceEngine(model, device="cpu", precision="fp64", memory_budget=1)
-    assert engine.atom_budget() == 1
-    seen = []
-    real = engine.compute
-    engine.compute = lambda batch, **kw: seen.append(batch.num_structures) or real(batch, **kw)
-    out = engine.predict(mols)
-    assert seen == [1] * 8
-    ref = predict_forces(model, mols, precision="fp64")
-    for a, b in zip(ref, out, strict=True):
-        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
-    big = ForceEngine(model, device="cpu", memory_budget=10**12)
-    assert big.atom_budget() > 10**5 and big.estimate_bytes(10, 100) > big.estimate_bytes(10, 10) > 0
 
 
 def test_warmup(model):
@@ -411,118 +339,6 @@ def test_pipelined_predict_on_cuda(model, mode):
         _rows_equal(got, want, mols, rtol=1e-5)
 
 
-@gpu
-def test_oom_split_with_cuda_graphs(model, monkeypatch):
-    mols = _mols(20, seed=3)
-    ref = predict_forces(model, mols, device="cuda", batch_size=1)
-    engine = ForceEngine(model, device="cuda", mode="cudagraph")
-    real = ForceEngine._compute_padded
-
-    def flaky(self, batch, to_host):
-        if batch.num_atoms > 30:
-            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
-        return real(self, batch, to_host)
-
-    monkeypatch.setattr(ForceEngine, "_compute_padded", flaky)
-    out = engine.predict(mols)
-    assert engine.oom_splits >= 1 and len(out) == len(mols)
-    for a, b in zip(ref, out, strict=True):
-        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-5)
-
-
-@gpu
-@pytest.mark.parametrize("fails", [1, 2])
-def test_capture_invalidated_by_cuda_is_retried_on_cuda(model, monkeypatch, fails):
-    """A real invalidated capture on the GPU: the step makes an unsafe call (a device synchronisation) inside its
-    first ``fails`` captures. CUDA refuses it; the engine captures again (fails = 1: a graph that replays) or leaves
-    the bucket eager with a warning (fails = 2). Results equal the eager engine's; the device stays usable."""
-    from mlff_distiller import cudagraph, engine_padded
-
-    left, gc_during_capture = [fails], []
-
-    class Invalidating(cudagraph.GraphRunner):
-        def __init__(self, fn, graph):
-            def step(*args):
-                out = fn(*args)
-                if torch.cuda.is_current_stream_capturing():
-                    gc_during_capture.append(gc.isenabled())
-                if torch.cuda.is_current_stream_capturing() and left[0] > 0:
-                    left[0] -= 1
-                    torch.cuda.synchronize()  # not allowed while the stream captures
-                return out
-
-            super().__init__(step, graph)
-
-    monkeypatch.setattr(engine_padded, "GraphRunner", Invalidating)
-    monkeypatch.setattr(engine_padded, "CAPTURE_ATTEMPTS", 2)  # the default, whatever a session script set
-    mols = _mols(6, seed=4)
-    batch = AtomsBatch.from_atoms(mols)
-    want = ForceEngine(model, device="cuda", mode="eager").compute(batch)
-    engine = ForceEngine(model, device="cuda", mode="cudagraph")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):  # the second call replays (or runs the eager step again)
-            got = engine.compute(batch)
-            assert_close_to(got, want, "fp32", len(mols))
-    assert engine.capture_failures == fails and left[0] == 0
-    assert gc_during_capture and not any(gc_during_capture) and gc.isenabled()  # no collection while capturing
-    assert torch.cuda.current_stream() == torch.cuda.default_stream()  # the failed captures gave the stream back
-    runner = engine._runners[engine.last_bucket]
-    assert isinstance(runner, engine_padded._EagerRunner) == (fails == 2)
-    assert any("runs eagerly" in str(w.message) for w in caught) == (fails == 2)
-
-
-@gpu
-def test_a_collection_inside_a_capture_cannot_destroy_an_old_graph(model, monkeypatch):
-    """Since torch 2.9 ``torch.cuda.graph`` no longer collects garbage before it captures (pytorch#158193), and an
-    automatic collection during a capture that finalises an unreachable CUDA graph invalidates the capture
-    (pytorch#161037; NVIDIA TransformerEngine#2092). Here the step, while it is being captured, drops a cycle that
-    holds a captured graph and then allocates enough Python objects to trigger collections: the engine's
-    captures keep the collector off, so nothing is retried and the result equals eager."""
-    from mlff_distiller import cudagraph, engine_padded
-
-    class Cycle:
-        def __init__(self, obj):
-            self.obj, self.me = obj, self
-
-    def old_graph():
-        g, x = torch.cuda.CUDAGraph(), torch.zeros(1, device="cuda")
-        with torch.cuda.graph(g):
-            x.add_(1)
-        return g
-
-    class Littering(cudagraph.GraphRunner):
-        def __init__(self, fn, graph):
-            def step(*args):
-                out = fn(*args)
-                if torch.cuda.is_current_stream_capturing():
-                    if held:
-                        Cycle(held.pop())  # the graph's only reference, in an unreachable cycle: GC frees it
-                    junk = [[] for _ in range(20_000)]  # well past gen-0's threshold: collections if enabled
-                    del junk
-                return out
-
-            super().__init__(step, graph)
-
-    held = [old_graph()]
-    monkeypatch.setattr(engine_padded, "GraphRunner", Littering)
-    batch = AtomsBatch.from_atoms(_mols(5, seed=8))
-    engine = ForceEngine(model, device="cuda", mode="cudagraph")
-    got = engine.compute(batch)
-    assert engine.capture_failures == 0
-    assert_close_to(got, ForceEngine(model, device="cuda", mode="eager").compute(batch), "fp32", 5)
-    assert not held
-    gc.collect()  # the old graph goes now, outside any capture
-
-
-@gpu
-def test_probe_memory_gpu(model):
-    engine = ForceEngine(model, device="cuda")
-    ratio = engine.probe_memory(_mols(50, seed=1))
-    assert 0.05 <= ratio < 50
-    assert engine.atom_budget() >= 1
-
-
 def test_auto_mode_ladder_stops_at_auto_max_edges():
     """Mode "auto" pads only batches of up to ~AUTO_MAX_EDGES edges (larger ones run eager, where padding would
     cost more than the replay saves); an explicit padded mode keeps the full default ladder; a ladder the caller
@@ -537,132 +353,3 @@ def test_auto_mode_ladder_stops_at_auto_max_edges():
     assert graph.buckets.select(100, 2 * AUTO_MAX_EDGES) is not None
     mine = BucketLadder(max_edges=1024)
     assert ForceEngine(model, device="cpu", mode="auto", buckets=mine).buckets is mine
-
-
-def test_capture_failures_are_told_apart_from_other_errors():
-    """The messages CUDA gives for a refused or invalidated capture count as capture failures (retried); any other
-    error does not (raised as it is)."""
-    from mlff_distiller.cudagraph import is_capture_failure
-
-    for msg in (
-        "CUDA error: operation failed due to a previous error during capture",
-        "CUDA error: operation not permitted when stream is capturing",
-        "CUDA error: capture was invalidated (cudaErrorStreamCaptureInvalidated)",
-    ):
-        assert is_capture_failure(RuntimeError(msg)), msg
-    assert not is_capture_failure(RuntimeError("CUDA error: an illegal memory access was encountered"))
-    assert not is_capture_failure(ValueError("capture"))
-
-
-def test_capturing_keeps_the_collector_off_and_restores_it(monkeypatch):
-    """``cudagraph.capturing`` with a stand-in ``torch.cuda.graph``: the collector is off inside, back on after
-    (also after a failure, which carries the capture mode and the live threads as a note), and left off if the
-    caller had it off."""
-    import contextlib
-
-    from mlff_distiller.cudagraph import capturing
-
-    seen = []
-
-    @contextlib.contextmanager
-    def graph(g, capture_error_mode="global"):
-        seen.append(capture_error_mode)
-        yield
-
-    monkeypatch.setattr(torch.cuda, "graph", graph)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gc.isenabled()
-    with capturing(object(), mode="thread_local"):
-        assert not gc.isenabled()
-    assert gc.isenabled() and seen == ["thread_local"]
-    with pytest.raises(RuntimeError, match="stream is capturing") as info:
-        with capturing(object()):
-            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-    assert gc.isenabled() and any(
-        "Python threads alive: " in note and "MainThread" in note for note in info.value.__notes__
-    )
-    gc.disable()
-    try:
-        with capturing(object()):
-            pass
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-
-
-@pytest.mark.parametrize("fails", [1, 2])
-def test_an_invalidated_capture_is_retried_then_left_eager(model, monkeypatch, fails):
-    """A capture that CUDA invalidates (seen once, intermittently, on the H100) is tried again; a second failure
-    leaves that bucket's step eager with a warning instead of ending the run. Results equal the eager path's; any
-    other error is raised. (A CPU stand-in for GraphRunner: the capture logic is what is tested.)"""
-    from mlff_distiller import engine_padded
-
-    class Flaky:
-        left = fails
-
-        def __init__(self, fn, graph):
-            if Flaky.left > 0:
-                Flaky.left -= 1
-                raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
-            self.fn, self.graph = fn, graph
-
-        def replay(self):
-            return self.fn(*self.graph.inputs())
-
-    monkeypatch.setattr(engine_padded, "GraphRunner", Flaky)
-    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
-    engine.mode = "cudagraph"  # the captured path's bookkeeping, on the CPU
-    batch = AtomsBatch.from_atoms(_mols(4))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = engine.compute(batch)
-    assert_close_to(out, ForceEngine(model, device="cpu", precision="fp64").compute(batch), "fp64", 4)
-    assert engine.capture_failures == fails
-    runner = engine._runners[engine.last_bucket]
-    eager = isinstance(runner, engine_padded._EagerRunner)
-    assert eager == (fails == 2) and any("runs eagerly" in str(w.message) for w in caught) == eager
-    monkeypatch.setattr(engine_padded, "GraphRunner", lambda fn, graph: (_ for _ in ()).throw(RuntimeError("other")))
-    fresh = ForceEngine(model, device="cpu", precision="fp64", pad=True)
-    fresh.mode = "cudagraph"
-    with pytest.raises(RuntimeError, match="other"):  # not a capture failure: raised as it is
-        fresh.compute(batch)
-    assert fresh.capture_failures == 0
-
-
-def test_oom_cap_lasts_until_memory_frees_up(model, monkeypatch):
-    """After an OOM the batches stay small while the memory found is what it was at the error, and grow back
-    when at least OOM_CAP_LIFT times as much is found later (a kept engine after a transient OOM)."""
-    from mlff_distiller import engine as engine_module
-
-    mols = _mols(12, seed=5)
-    engine = ForceEngine(model, device="cpu", precision="fp64", memory_budget=10**9)
-    uncapped = engine.atom_budget()
-    real = ForceEngine.compute
-    fail_above = [20]
-    sizes = []
-
-    def flaky(self, batch, **kw):
-        sizes.append(batch.num_atoms)
-        if batch.num_atoms > fail_above[0]:
-            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
-        return real(self, batch, **kw)
-
-    monkeypatch.setattr(ForceEngine, "compute", flaky)
-    engine.predict(mols)
-    capped = engine.atom_budget()
-    assert engine.oom_splits >= 1 and capped < uncapped and capped <= 20
-    # The same memory found: the cap stays, and the next call starts small (no new OOM).
-    fail_above[0] = 10**9
-    sizes.clear()
-    engine.predict(mols)
-    largest = max(len(m) for m in mols)  # a structure above the budget is a batch of its own
-    assert engine.atom_budget() == capped and max(sizes) <= max(capped, largest)
-    # A little more memory is not enough to lift it ...
-    engine.memory_budget = int(10**9 * (engine_module.OOM_CAP_LIFT - 0.5))
-    assert engine.atom_budget() == capped
-    # ... twice as much is: full-size batches again.
-    engine.memory_budget = 10**9 * engine_module.OOM_CAP_LIFT
-    assert engine.atom_budget() == engine._uncapped_atom_budget() > capped
-    sizes.clear()
-    engine.predict(mols)
-    assert max(sizes) == sum(len(m) for m in mols)

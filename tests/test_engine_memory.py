@@ -1,0 +1,145 @@
+"""ForceEngine's memory: batches sized by an atom budget, out-of-memory errors split and retried (nothing lost, input
+order kept, pipelined or not, CUDA graphs or not), the budget's cap after an OOM and its lifting, and the memory
+probe. Split from ``test_engine_modes.py``."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import random_molecules as _mols
+
+from mlff_distiller import ForceEngine, predict_forces
+
+gpu = pytest.mark.gpu
+
+
+def test_oom_splits_and_keeps_order(model, monkeypatch):
+    """An injected out-of-memory error for any batch above 20 atoms: batches are halved until they fit,
+    nothing is lost and the order is the input order."""
+    mols = _mols(17, seed=7)
+    ref = predict_forces(model, mols, precision="fp64", batch_size=1)
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
+    real = ForceEngine.compute
+    sizes = []
+
+    def flaky(self, batch, **kw):
+        sizes.append(batch.num_atoms)
+        if batch.num_atoms > 20:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(ForceEngine, "compute", flaky)
+    out = engine.predict(mols, atom_budget=10_000)
+    assert len(out) == len(mols) and engine.oom_splits >= 2
+    assert max(sizes) > 20 and engine.atom_budget() <= max(sizes) // 2
+    for a, b, atoms in zip(ref, out, mols, strict=True):
+        assert b["forces"].shape == (len(atoms), 3)
+        assert a["energy"] == pytest.approx(b["energy"], abs=1e-10)
+        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
+    with pytest.raises(torch.OutOfMemoryError):  # one structure that does not fit cannot be split
+        engine.predict([mols[0] + mols[1] + mols[2] + mols[3]], atom_budget=10_000)
+
+
+def test_pipelined_oom_keeps_the_batch_in_flight(model, monkeypatch):
+    """An out-of-memory error while another batch is in flight: that batch's rows are kept, the failing one is
+    split, nothing is lost or duplicated and the order is the input order."""
+    mols = _mols(17, seed=7)
+    engine = ForceEngine(model, device="cpu", precision="fp64")
+    want = engine.predict(mols, batch_size=1, pipeline=False)
+    real = ForceEngine.compute
+    calls = []
+
+    def flaky(self, batch, **kw):
+        calls.append(batch.num_structures)
+        if len(calls) == 2:  # the second batch, launched while the first is in flight
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(ForceEngine, "compute", flaky)
+    got = engine.predict(mols, batch_size=6, pipeline=True)
+    assert engine.oom_splits == 1 and calls[:3] == [6, 6, 3]
+    for a, b in zip(want, got, strict=True):
+        assert a["energy"] == pytest.approx(b["energy"], abs=1e-10)
+        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
+    assert len(got) == len(mols)
+
+
+def test_memory_budget_batches_small(model):
+    mols = _mols(8, seed=9)
+    engine = ForceEngine(model, device="cpu", precision="fp64", memory_budget=1)
+    assert engine.atom_budget() == 1
+    seen = []
+    real = engine.compute
+    engine.compute = lambda batch, **kw: seen.append(batch.num_structures) or real(batch, **kw)
+    out = engine.predict(mols)
+    assert seen == [1] * 8
+    ref = predict_forces(model, mols, precision="fp64")
+    for a, b in zip(ref, out, strict=True):
+        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
+    big = ForceEngine(model, device="cpu", memory_budget=10**12)
+    assert big.atom_budget() > 10**5 and big.estimate_bytes(10, 100) > big.estimate_bytes(10, 10) > 0
+
+
+@gpu
+def test_oom_split_with_cuda_graphs(model, monkeypatch):
+    mols = _mols(20, seed=3)
+    ref = predict_forces(model, mols, device="cuda", batch_size=1)
+    engine = ForceEngine(model, device="cuda", mode="cudagraph")
+    real = ForceEngine._compute_padded
+
+    def flaky(self, batch, to_host):
+        if batch.num_atoms > 30:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(self, batch, to_host)
+
+    monkeypatch.setattr(ForceEngine, "_compute_padded", flaky)
+    out = engine.predict(mols)
+    assert engine.oom_splits >= 1 and len(out) == len(mols)
+    for a, b in zip(ref, out, strict=True):
+        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-5)
+
+
+@gpu
+def test_probe_memory_gpu(model):
+    engine = ForceEngine(model, device="cuda")
+    ratio = engine.probe_memory(_mols(50, seed=1))
+    assert 0.05 <= ratio < 50
+    assert engine.atom_budget() >= 1
+
+
+def test_oom_cap_lasts_until_memory_frees_up(model, monkeypatch):
+    """After an OOM the batches stay small while the memory found is what it was at the error, and grow back
+    when at least OOM_CAP_LIFT times as much is found later (a kept engine after a transient OOM)."""
+    from mlff_distiller import engine as engine_module
+
+    mols = _mols(12, seed=5)
+    engine = ForceEngine(model, device="cpu", precision="fp64", memory_budget=10**9)
+    uncapped = engine.atom_budget()
+    real = ForceEngine.compute
+    fail_above = [20]
+    sizes = []
+
+    def flaky(self, batch, **kw):
+        sizes.append(batch.num_atoms)
+        if batch.num_atoms > fail_above[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(ForceEngine, "compute", flaky)
+    engine.predict(mols)
+    capped = engine.atom_budget()
+    assert engine.oom_splits >= 1 and capped < uncapped and capped <= 20
+    # The same memory found: the cap stays, and the next call starts small (no new OOM).
+    fail_above[0] = 10**9
+    sizes.clear()
+    engine.predict(mols)
+    largest = max(len(m) for m in mols)  # a structure above the budget is a batch of its own
+    assert engine.atom_budget() == capped and max(sizes) <= max(capped, largest)
+    # A little more memory is not enough to lift it ...
+    engine.memory_budget = int(10**9 * (engine_module.OOM_CAP_LIFT - 0.5))
+    assert engine.atom_budget() == capped
+    # ... twice as much is: full-size batches again.
+    engine.memory_budget = 10**9 * engine_module.OOM_CAP_LIFT
+    assert engine.atom_budget() == engine._uncapped_atom_budget() > capped
+    sizes.clear()
+    engine.predict(mols)
+    assert max(sizes) == sum(len(m) for m in mols)
