@@ -89,7 +89,7 @@ case "$part" in
     # -v: each test's name and outcome as it finishes, so a run cut by the time box still names its failures.
     # -m "not slow": the compile-ahead file's cold-process tests (~3.5 min) have their own part, ahead.
     timeout $(box 330) python3 -m pytest -v -p no:cacheprovider --timeout=300 --tb=short -k "cuda or gpu" -m "not slow" \
-      tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_calculator.py tests/test_neighbors.py tests/test_buckets.py \
+      tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py tests/test_calculator.py tests/test_neighbors.py tests/test_buckets.py \
       tests/test_physics.py tests/kernels >"$res/pytest_gpu.log" 2>&1
     grep -cE " PASSED" "$res/pytest_gpu.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu.log" | head -20
     tail -3 "$res/pytest_gpu.log"
@@ -265,7 +265,7 @@ print(json.dumps(out, indent=1))
   stress)
     # Stress in the padded modes (stop 22, CPU-tested only so far): its CUDA tests, then bench_stress.py (padded
     # stress step vs the eager path, NPTBerendsen through the calculator) for the shipped and the small student size.
-    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 tests/test_engine_stress.py tests/test_physics.py tests/test_engine_modes.py \
+    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 tests/test_engine_stress.py tests/test_engine_npt.py tests/test_physics.py tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py \
       -k "stress or warmup or virial" >"$res/pytest_stress.log" 2>&1
     grep -cE " PASSED" "$res/pytest_stress.log"; grep -E " (FAILED|ERROR)" "$res/pytest_stress.log" | head; tail -2 "$res/pytest_stress.log"
     timeout $(box 170) python3 benchmarks/bench_stress.py --out "$res" --name stress_h100 >"$res/bench_stress.log" 2>&1
@@ -276,7 +276,7 @@ print(json.dumps(out, indent=1))
   npt)
     # NPT with the Verlet list kept across cell changes: CUDA tests, bench_stress (random 128 x 3, all sections),
     # then the NPT step of the trained water NPT student against SevenNet-0 (needs .whl7).
-    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 tests/test_engine_stress.py tests/test_verlet_strain.py \
+    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 tests/test_engine_stress.py tests/test_engine_npt.py tests/test_verlet_strain.py \
       tests/test_engine_verlet.py -k "cuda or gpu or npt or strain" >"$res/pytest_npt.log" 2>&1
     grep -cE " PASSED" "$res/pytest_npt.log"; grep -E " (FAILED|ERROR)" "$res/pytest_npt.log" | head; tail -2 "$res/pytest_npt.log"
     timeout $(box 170) python3 benchmarks/bench_stress.py --out "$res" --name stress_npt_h100 >"$res/bench_stress.log" 2>&1
@@ -291,14 +291,14 @@ print(json.dumps(out, indent=1))
     # retry on a real invalidated capture) and the hunt for stop 23's intermittent stress-step invalidation.
     # 1. CUDA tests of the capture sites: engine steps (incl. the real-invalidation retry test), the stress steps,
     #    the periodic cell list's graphs, the captured training step.
-    timeout $(box 260) python3 -m pytest -v -p no:cacheprovider --timeout=200 tests/test_engine_modes.py \
-      tests/test_engine_stress.py tests/test_neighbors_periodic.py tests/distill/test_training_static.py \
+    timeout $(box 260) python3 -m pytest -v -p no:cacheprovider --timeout=200 tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py \
+      tests/test_engine_stress.py tests/test_engine_npt.py tests/test_neighbors_periodic.py tests/distill/test_training_static.py \
       tests/distill/test_stress_training.py -k "cuda or gpu" >"$res/pytest_capture.log" 2>&1
     grep -cE " PASSED" "$res/pytest_capture.log"; grep -E " (FAILED|ERROR)" "$res/pytest_capture.log" | head; tail -2 "$res/pytest_capture.log"
     # 2. The seven-file sequence in which stop 23 saw the invalidation, with one capture attempt (no retry: an
     #    invalidation fails its test and names the live Python threads), repeated while the box lasts.
-    seven="tests/test_engine_modes.py tests/test_calculator.py tests/test_engine.py tests/test_engine_verlet.py \
-      tests/test_engine_stress.py tests/test_physics.py tests/test_buckets.py"
+    seven="tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py tests/test_calculator.py tests/test_engine.py tests/test_engine_verlet.py \
+      tests/test_engine_stress.py tests/test_engine_npt.py tests/test_physics.py tests/test_buckets.py"
     end=$(( $(date +%s) + $(box 320) ))
     k=0
     while [ $(( end - $(date +%s) )) -gt 170 ]; do
@@ -322,7 +322,7 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     # The NPT host path, old package against the tree (stop 25's method, results/npt_host_ab_h100.md): first, here,
     # `bash scripts/ab_package.sh prepare <old commit>`; carry .ab and .whl. The CUDA NPT tests of the tree, then
     # AB_PAIRS (default 4) pairs of fresh processes, each timing the phases of 600 NPTBerendsen steps.
-    timeout $(box 150) python3 -m pytest -q -p no:cacheprovider -k "cuda or gpu or npt or strain" tests/test_engine_stress.py \
+    timeout $(box 150) python3 -m pytest -q -p no:cacheprovider -k "cuda or gpu or npt or strain" tests/test_engine_stress.py tests/test_engine_npt.py \
       tests/test_verlet_strain.py tests/test_engine_verlet.py >"$res/pytest_npt.log" 2>&1
     tail -1 "$res/pytest_npt.log"; grep -E "^FAILED" "$res/pytest_npt.log" | head
     timeout $(box 420) bash scripts/ab_package.sh run ${AB_PAIRS:-4} "$res/ab" -- bash -c \
@@ -345,7 +345,7 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     fi
     if [ "${STARTUP_TESTS:-1}" = 1 ]; then
       timeout $(box 240) python3 -m pytest -q -p no:cacheprovider --timeout=200 tests/kernels/test_triton_utils.py \
-        tests/test_engine_modes.py >"$res/pytest_startup.log" 2>&1
+        tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py >"$res/pytest_startup.log" 2>&1
       tail -1 "$res/pytest_startup.log"; grep -E "^FAILED" "$res/pytest_startup.log" | head
     fi
     timeout $(box 240) bash scripts/ab_package.sh run ${AB_PAIRS:-3} "$res/ab" -- bash -c \
