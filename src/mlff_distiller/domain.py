@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mlff_distiller.batch import FrameTable
+from mlff_distiller.frames import FrameTable
 
 __all__ = ["DISTANCE_TOLERANCE", "GPU_CHECK_MIN_ATOMS", "NEIGHBOR_TOLERANCE", "DomainEnvelope", "OutOfDomainWarning"]
 
