@@ -166,7 +166,9 @@ def test_calculator_atoms_stay_a_private_copy_in_md(model):
 
 
 def test_calculator_atoms_with_constraints_or_new_arrays_take_the_ase_path(model):
-    from ase.constraints import FixAtoms
+    """Constraints ride along on the in-place refresh (deep copies, as atoms.copy() makes: a constraint changed or
+    replaced by the caller is seen at the next calculation); a new array takes ASE's own path."""
+    from ase.constraints import FixAtoms, FixCom
 
     atoms = molecule("H2O")
     atoms.set_constraint(FixAtoms(indices=[0]))
@@ -176,8 +178,19 @@ def test_calculator_atoms_with_constraints_or_new_arrays_take_the_ase_path(model
     first = calc.atoms
     atoms.positions[1, 0] += 0.01
     atoms.get_forces()
-    assert calc.atoms is not first and len(calc.atoms.constraints) == 1
+    assert calc.atoms is first and len(calc.atoms.constraints) == 1
+    assert calc.atoms.constraints[0] is not atoms.constraints[0]
     _same_as_a_copy(calc.atoms, atoms)
+    np.testing.assert_array_equal(calc.atoms.constraints[0].index, [0])
+    atoms.constraints[0].index[0] = 2  # changed in place by the caller: the next copy carries the change
+    atoms.positions[1, 0] += 0.01
+    atoms.get_forces()
+    np.testing.assert_array_equal(calc.atoms.constraints[0].index, [2])
+    atoms.set_constraint([FixCom(), FixAtoms(indices=[1])])
+    atoms.positions[1, 0] += 0.01
+    atoms.get_forces()
+    assert calc.atoms is first and [type(c) for c in calc.atoms.constraints] == [FixCom, FixAtoms]
+    assert calc.atoms.constraints[1].todict() == atoms.constraints[1].todict()
     atoms.set_constraint()
     atoms.positions[1, 0] += 0.01
     atoms.get_forces()

@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["format_frames", "parse_frames"]
+__all__ = ["format_frames", "format_md_frame", "parse_frames"]
 
 _PAIR = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_-]*)=(?:"([^"\\{}\[\]\']*)"|([^\s"\\{}\[\]\'=]+))')
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -216,3 +216,76 @@ def format_frames(arrays: tuple, results: list[dict | None]) -> str:
         line = "%-2s" + " %16.8f" * reals.shape[1] + "\n"  # ASE's formats: '%-2s' symbols, '%16.8f' reals
         out.append((line * (e - a)) % tuple(values.ravel().tolist()))
     return "".join(out)
+
+
+@lru_cache(maxsize=1)
+def _ase_constraint_types() -> tuple:
+    from ase import Atoms
+    from ase.constraints import FixAtoms, FixCartesian
+    from ase.io.extxyz import PROPERTY_NAME_MAP
+
+    return Atoms, (FixAtoms, FixCartesian), frozenset(PROPERTY_NAME_MAP) | frozenset(PROPERTY_NAME_MAP.values())
+
+
+def format_md_frame(atoms, results: dict, info: dict) -> str | None:
+    """The text ASE's extxyz writer gives for a copy of ``atoms`` with ``info`` added to its ``info`` and a
+    calculator holding ``results`` (``ase.io.write(f, frame, format="extxyz")``), for the frames an MD run
+    writes: species, positions and real per-atom columns (``momenta``), a cell or none, constraints ASE does not
+    write (``FixCom``), float ``info`` and the calculator's energy, free energy, stress, forces and per-atom
+    energies. ``None`` for anything else, which ASE then writes. ~10x cheaper than ASE's writer: one MD frame of
+    benzene took ~310 µs through ``ase.io.write`` on the development CPU."""
+    atoms_type, move_mask_constraints, renamed = _ase_constraint_types()
+    _, symbols, _, per_atom, per_config, _, voigt_to_full = _ase_tables()
+    if (
+        type(atoms) is not atoms_type
+        or atoms.info
+        or any(isinstance(c, move_mask_constraints) for c in atoms.constraints)
+    ):
+        return None
+    arrays = atoms.arrays
+    n = len(arrays["numbers"])
+    keys = list(arrays)
+    if keys[:2] != ["numbers", "positions"]:
+        return None
+    head = [f"{n}\n"]
+    cell = atoms.cell.array
+    if cell.any():  # ASE writes the Lattice of a non-zero cell only
+        head.append('Lattice="' + " ".join(str(x) for x in cell.reshape(9)) + '" ')
+    head.append("Properties=species:S:1:pos:R:3")
+    columns = [arrays["positions"]]
+    atom_results = [(k, v) for k, v in results.items() if k in per_atom]
+    for name, values in [(k, arrays[k]) for k in keys[2:]] + atom_results:
+        values = np.asarray(values)
+        if (
+            values.dtype.kind != "f"
+            or values.ndim not in (1, 2)
+            or values.shape[0] != n
+            or not _NAME.fullmatch(name)
+            or name in renamed
+            or name in _SPECIAL_COLUMNS
+            or (name in per_atom and name in arrays)  # ASE refuses a result that is already an array
+        ):
+            return None
+        values = values.reshape(n, -1)
+        head.append(f":{name}:R:{values.shape[1]}")
+        columns.append(values)
+    config = list(info.items()) + [(k, v) for k, v in results.items() if k in per_config]
+    if len({k for k, _ in config}) != len(config):
+        return None
+    for key, value in config:
+        if key == "stress" and np.shape(value) in ((6,), (3, 3)):
+            full = np.asarray(value, dtype=np.float64)
+            full = voigt_to_full(full) if full.shape == (6,) else full
+            text = '"' + " ".join(f"{v}" for v in full.reshape(9, order="F")) + '"'
+        elif isinstance(value, float) and _NAME.fullmatch(key) and key not in ("pbc", "Lattice", "Properties"):
+            text = f"{value}"
+        else:
+            return None
+        head.append(f" {key}={text}")
+    head.append(' pbc="' + " ".join("T" if p else "F" for p in atoms.pbc.tolist()) + '"\n')
+    reals = np.concatenate([np.asarray(c, dtype=np.float64) for c in columns], axis=1)
+    values = np.empty((n, 1 + reals.shape[1]), dtype=object)
+    values[:, 0] = [symbols[z] for z in arrays["numbers"].tolist()]
+    values[:, 1:] = reals
+    line = "%-2s" + " %16.8f" * reals.shape[1] + "\n"  # ASE's formats: '%-2s' symbols, '%16.8f' reals
+    return "".join(head) + (line * n) % tuple(values.ravel().tolist())

@@ -1,0 +1,167 @@
+"""The MD frames of ``mlff-distill md`` (``format_md_frame`` in ``mlff_distiller._extxyz_fast``): for the frames
+it takes, exactly the text of ASE's extxyz writer; everything else declined (``None``), which the command then
+writes through ASE; and the command's own output, frame for frame, the bytes ASE writes for the same run."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import ase.io
+import numpy as np
+import pytest
+from ase import Atoms
+from ase.build import bulk, molecule
+from ase.calculators.singlepoint import SinglePointCalculator
+from ase.constraints import FixAtoms, FixCartesian, FixCom
+
+from mlff_distiller._extxyz_fast import format_md_frame
+
+
+def _ase_text(atoms: Atoms, results: dict, info: dict) -> str:
+    """What ``mlff-distill md`` wrote before (and writes for declined frames): a copy with the info added, the
+    results in a calculator, through ``ase.io.write``."""
+    frame = atoms.copy()
+    frame.info.update(info)
+    frame.calc = SinglePointCalculator(frame)
+    frame.calc.results = dict(results)
+    buf = io.StringIO()
+    ase.io.write(buf, frame, format="extxyz")
+    return buf.getvalue()
+
+
+def _random_case(rng: np.random.Generator, k: int) -> tuple[Atoms, dict, dict]:
+    """Molecules and cells (triclinic, partly periodic), momenta in float64 or float32, other real columns, values
+    from 1e-9 to 1e5 in size, results with and without stress (Voigt or 3 x 3) and free energy."""
+    if k % 3 == 2:
+        a = bulk("Si", "diamond", a=5.43) * (1, 2, 1)
+        a.set_cell(a.cell.array + rng.normal(0, 0.4, (3, 3)), scale_atoms=True)
+        a.pbc = [True, bool(rng.random() < 0.7), True]
+    else:
+        a = molecule(["C6H6", "CH3CH2OH", "H2O", "NH3"][k % 4])
+        if k % 2:
+            a.set_constraint(FixCom())
+    scale = 10.0 ** rng.integers(-9, 6)
+    a.positions += rng.normal(size=a.positions.shape) * scale
+    momenta = rng.normal(size=(len(a), 3)) * scale
+    a.set_momenta(momenta.astype(np.float32) if k % 5 == 4 else momenta, apply_constraint=False)
+    if k % 4 == 3:
+        a.set_array("charges_guess", rng.normal(size=len(a)))  # a 1-column real array
+    n = len(a)
+    results = {"energy": float(rng.normal() * 10.0 ** rng.integers(-3, 5))}
+    if k % 2 == 0:
+        results["free_energy"] = results["energy"] - float(rng.random())
+    results["forces"] = rng.normal(size=(n, 3)) * 10.0 ** rng.integers(-6, 3)
+    results["energies"] = rng.normal(size=n)
+    if a.cell.any():
+        results["stress"] = rng.normal(size=6) * 1e-3 if k % 4 else rng.normal(size=(3, 3)) * 1e-2
+    info = {"time_fs": float(k * 0.5), "total_energy": float(rng.normal() * 1e3)}
+    if k % 3 == 2:
+        info["volume"] = float(a.get_volume())
+        info["pressure_gpa"] = float(rng.normal() * 10.0 ** rng.integers(-12, 1))
+    return a, results, info
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_md_frames_are_the_text_ase_writes(seed):
+    rng = np.random.default_rng(seed)
+    for k in range(24):
+        atoms, results, info = _random_case(rng, k)
+        text = format_md_frame(atoms, results, info)
+        assert text is not None, k
+        assert text == _ase_text(atoms, results, info), k
+
+
+def _declined():
+    base = molecule("H2O")
+    base.set_momenta(np.ones((3, 3)))
+    res = {"energy": -1.0, "forces": np.zeros((3, 3)), "energies": np.zeros(3)}
+    info = {"time_fs": 1.0}
+    cases = {}
+
+    def case(name, atoms=None, results=None, extra=None):
+        cases[name] = (
+            atoms if atoms is not None else base.copy(),
+            res if results is None else results,
+            info if extra is None else extra,
+        )
+
+    fixed = base.copy()
+    fixed.set_constraint(FixAtoms(indices=[0]))
+    case("FixAtoms (ASE writes a move_mask)", fixed)
+    cart = base.copy()
+    cart.set_constraint(FixCartesian(0, mask=[True, False, False]))
+    case("FixCartesian", cart)
+    tagged = base.copy()
+    tagged.set_tags([1, 2, 3])
+    case("an integer array", tagged)
+    kept = base.copy()
+    kept.info["config_type"] = "water"
+    case("info the input carried", kept)
+    case("a string in the info", extra={"note": "x"})
+    case("an integer in the info", extra={"step": 3})
+    case("an info key that is also a result", extra={"energy": 1.0})
+    case("a dipole result", results={**res, "dipole": np.zeros(3)})
+    case("forces that are not real numbers", results={**res, "forces": np.zeros((3, 3), dtype=int)})
+    own = base.copy()
+    own.set_array("forces", np.zeros((3, 3)))
+    case("an array with a result's name", own)
+    initial = base.copy()
+    initial.set_initial_charges([0.1, 0.2, 0.3])
+    case("initial charges", initial)
+    return cases
+
+
+DECLINED = _declined()
+
+
+@pytest.mark.parametrize("name", sorted(DECLINED))
+def test_md_frames_decline_what_ase_writes_otherwise(name):
+    atoms, results, info = DECLINED[name]
+    assert format_md_frame(atoms, results, info) is None
+
+
+def test_md_command_writes_what_ase_wrote(tmp_path, capsys):
+    """``mlff-distill md``, Langevin with ``FixCom`` on a molecule and NPT on a periodic box: every frame it wrote
+    is the text ASE writes for the frame read back (positions, momenta, results and info to the last digit
+    printed), one frame per interval, and the start-up is reported apart from the steps."""
+    import torch
+
+    from mlff_distiller import StudentModel
+    from mlff_distiller.cli import main
+
+    torch.manual_seed(0)
+    model = tmp_path / "m.pt"
+    StudentModel(species=[1, 6, 8], hidden=16, layers=1).save(model)
+    box = bulk("C", "diamond", a=3.57) * 2
+    for name, start, extra in (
+        ("mol", molecule("CH3CH2OH"), []),
+        ("box", box, ["--ensemble", "npt", "--pressure-bar", "1000"]),
+    ):
+        src = tmp_path / f"{name}.xyz"
+        ase.io.write(src, start)
+        out = tmp_path / f"{name}.extxyz"
+        args = ["md", "--model", str(model), "--input", str(src), "--output", str(out), "--device", "cpu"]
+        assert main([*args, "--steps", "12", "--interval", "4", "--precision", "fp64", *extra]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["startup_s"] > 0 and report["s_per_step"] > 0
+        text = out.read_text()
+        frames = ase.io.read(out, index=":")
+        assert [f.info["time_fs"] for f in frames] == [0.0, 2.0, 4.0, 6.0]  # 0.5 fs steps, a frame every 4
+        blocks, at = [], 0
+        lines = text.splitlines(keepends=True)
+        while at < len(lines):
+            n = int(lines[at])
+            blocks.append("".join(lines[at : at + n + 2]))
+            at += n + 2
+        assert len(blocks) == len(frames)
+        for frame, block in zip(frames, blocks, strict=True):
+            calc = frame.calc
+            info = {k: v for k, v in frame.info.items() if k not in calc.results}
+            frame.calc = None
+            assert _ase_text(frame, calc.results, info) == block
+        if name == "box":
+            assert "stress=" in blocks[-1] and "pressure_gpa=" in blocks[-1]
+        else:
+            assert "momenta:R:3" in blocks[0]
+            assert np.abs(frames[-1].get_center_of_mass() - start.get_center_of_mass()).max() < 1e-7  # FixCom
