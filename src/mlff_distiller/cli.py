@@ -215,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"mlff-distill {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if not type(exc).__module__.startswith("ase.io"):
+            raise  # a bug: its traceback
+        # ASE's readers: XYZError, UnknownFileTypeError (an empty file, an unknown extension), ...
+        print(f"mlff-distill {args.command}: error: cannot read the input: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"mlff-distill {args.command}: interrupted", file=sys.stderr)
         return 130

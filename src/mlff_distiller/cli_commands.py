@@ -145,7 +145,12 @@ def _read_structures(path: str):
         raise ValueError("--input is required")
     if not Path(path).exists():
         raise ValueError(f"input file not found: {path}")
-    frames = ase.io.read(path, index=":")
+    try:
+        frames = ase.io.read(path, index=":")
+    except Exception as exc:
+        if not (isinstance(exc, ValueError) or type(exc).__module__.startswith("ase.io")):
+            raise
+        raise ValueError(f"cannot read {path}: {exc}") from exc
     if not frames:
         raise ValueError(f"{path} holds no structures")
     return frames

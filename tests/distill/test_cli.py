@@ -108,6 +108,21 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert "mapping" in capsys.readouterr().err
     assert main(["md", "--model", "x", "--input", str(bad), "--set", "ensemble=nvt"]) == 2
     assert "ensemble" in capsys.readouterr().err
+    # files ASE cannot read: an error naming the cause, not ASE's traceback
+    garbage, empty = tmp_path / "garbage.xyz", tmp_path / "empty.xyz"
+    garbage.write_text("hello\nworld\n")
+    empty.write_text("")
+    out = ["--output", str(tmp_path / "o.extxyz"), "--device", "cpu"]
+    for args, says in (
+        (["md", "--model", "builtin:chno-gfn2", "--input", str(garbage), *out], f"cannot read {garbage}"),
+        (["check", "--input", str(garbage)], f"cannot read {garbage}"),
+        (["predict", "--model", "builtin:chno-gfn2", "--input", str(garbage), *out], "Expected xyz header"),
+        (["predict", "--model", "builtin:chno-gfn2", "--input", str(empty), *out], "Empty file"),
+        (["evaluate", "--model", "builtin:chno-gfn2", "--data", str(garbage), "--device", "cpu"], "cannot read"),
+    ):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert f"mlff-distill {args[0]}: error:" in err and says in err, (args, err)
 
 
 def test_yaml_configs_in_repo_are_valid():
