@@ -115,15 +115,26 @@ class DomainEnvelope:
     ) -> list[str]:
         """What ``atoms`` has outside the envelope, one sentence per finding (at most ``limit``); empty when inside.
 
-        Findings: a pair of elements never seen within the cutoff; a pair closer than ``distance_tolerance`` times
-        the shortest of its elements in the data; an atom with more than ``neighbor_tolerance`` times the most
-        neighbours seen around its element. ``device``: where the neighbour list and its reductions run (default
-        the CPU); on a GPU a 24,000-atom box takes milliseconds instead of a second, and only the few per-element
-        numbers come back."""
+        Findings: two atoms at exactly the same position (a duplicated atom: the student's energy then ignores the
+        pair, finite and wrong); a pair of elements never seen within the cutoff; a pair closer than
+        ``distance_tolerance`` times the shortest of its elements in the data; an atom with more than
+        ``neighbor_tolerance`` times the most neighbours seen around its element. ``device``: where the neighbour
+        list and its reductions run (default the CPU); on a GPU a 24,000-atom box takes milliseconds instead of a
+        second, and only the few per-element numbers come back."""
         from ase.data import chemical_symbols
 
-        shortest_seen, most_seen = _frame_stats([atoms], self.cutoff, device)
+        batch, d, i, j = _pairs([atoms], self.cutoff, device)
+        shortest_seen, most_seen = _pair_stats(d, i, j, batch.numbers)
         found: list[str] = []
+        twins = _coincident(batch)
+        if len(twins):
+            a, b = twins[0].tolist()
+            za, zb = batch.numbers[[a, b]].tolist()
+            more = f" ({len(twins)} such pairs)" if len(twins) > 1 else ""
+            found.append(
+                f"atoms {a} and {b} ({chemical_symbols[za]} and {chemical_symbols[zb]}) at the same position{more}: "
+                "no neighbour list pairs coincident atoms, so nothing in the student keeps them apart"
+            )
         for (za, zb), shortest in sorted(shortest_seen.items(), key=lambda kv: kv[1]):
             name = f"{chemical_symbols[za]}-{chemical_symbols[zb]}"
             seen = self.min_distance.get((za, zb))
@@ -192,6 +203,7 @@ class DomainEnvelope:
             outside[batch.batch[i[bad_pair]]] = True
         counts = torch.bincount(i, minlength=z.numel()).double()
         outside[batch.batch[counts > neighbor_tolerance * most[z]]] = True
+        outside[batch.batch[_coincident(batch)[:, 0]]] = True
         return outside.numpy()
 
     @staticmethod
@@ -250,6 +262,31 @@ def _pairs(frames: Iterable, cutoff: float, device: torch.device | str | None = 
     nl = neighbor_list_batch(batch, float(cutoff))
     d = torch.linalg.vector_norm(nl.vectors(batch.positions), dim=1)
     return batch, d, nl.edge_index[0], nl.edge_index[1]
+
+
+# Weights of the position key that _coincident sorts by (any irrational-looking numbers).
+_KEY_WEIGHTS = (0.7548776662466927, 0.5698402909980532, 0.3247179572447460)
+
+
+def _coincident(batch) -> torch.Tensor:
+    """``[P, 2]`` (CPU, int64, ``a < b``): atoms of one structure at exactly the same position, each with the next
+    one found there. No neighbour list pairs them (a zero-length edge has no direction; ``mlff_distiller.neighbors``),
+    so the student's energy ignores such a pair: a duplicated atom gives finite, wrong results. One key per atom
+    from its position, atoms ordered by (structure, key) with two stable sorts, and the neighbours in that order
+    with equal keys compared exactly; on the batch's device (one sync)."""
+    pos = batch.positions.to(torch.float64)
+    if pos.shape[0] < 2:
+        return torch.zeros((0, 2), dtype=torch.long)
+    w0, w1, w2 = _KEY_WEIGHTS
+    # Elementwise products and sums, not a matmul: equal rows always give equal keys.
+    key = pos[:, 0] * w0 + pos[:, 1] * w1 + pos[:, 2] * w2
+    order = torch.sort(key, stable=True).indices
+    order = order[torch.sort(batch.batch[order], stable=True).indices]  # by structure, then by key
+    ks, ss = key[order], batch.batch[order]
+    cand = torch.nonzero((ks[1:] == ks[:-1]) & (ss[1:] == ss[:-1])).squeeze(1)
+    a, b = order[cand], order[cand + 1]
+    same = (pos[a] == pos[b]).all(dim=1)
+    return torch.stack([torch.minimum(a, b), torch.maximum(a, b)], dim=1)[same].cpu()
 
 
 def _take(table: FrameTable, ids: list[int]) -> FrameTable:

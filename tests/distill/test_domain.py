@@ -13,7 +13,7 @@ from ase.calculators.emt import EMT
 from ase.calculators.singlepoint import SinglePointCalculator
 from helpers import make_model
 
-from mlff_distiller import FrameTable, load_model
+from mlff_distiller import AtomsBatch, FrameTable, load_model
 from mlff_distiller.cli import main
 from mlff_distiller.distill import FrameDataset, train
 from mlff_distiller.domain import DomainEnvelope
@@ -292,7 +292,7 @@ def test_check_on_the_gpu_equals_the_host_check():
         box = _water_box(n)
         box.rattle(0.05, seed=n)
         boxes.append(box)
-    for atoms in [molecule("C6H6"), squeezed, molecule("CH3Cl"), *boxes]:
+    for atoms in [molecule("C6H6"), squeezed, molecule("CH3Cl"), *boxes, *_duplicated()]:
         assert env.check(atoms, device="cuda") == env.check(atoms), atoms.get_chemical_formula()
     frames = _md_like("CH3CH2OH", 5) + boxes
     on_gpu = DomainEnvelope(5.0, *_frame_stats(frames, 5.0, "cuda"), len(frames))
@@ -335,7 +335,18 @@ def _mixed_for_check() -> list[Atoms]:
                 m = molecule("CH4")
                 m.positions += (x, y, zz)
                 cluster += m
-    return [*out, cluster]
+    return [*out, cluster, *_duplicated()]
+
+
+def _duplicated() -> list[Atoms]:
+    """A methane with one hydrogen listed twice, and a periodic water box with an oxygen listed twice (a duplicated
+    atom, e.g. a structure file that lists a boundary atom at both ends of the cell)."""
+    twin = molecule("CH4")
+    twin += twin[2]
+    box = _water_box(2)
+    box.rattle(0.05, seed=4)
+    box += box[9]
+    return [twin, box]
 
 
 @pytest.mark.parametrize("tolerances", [{}, {"distance_tolerance": 0.99, "neighbor_tolerance": 1.0}])
@@ -421,3 +432,37 @@ def test_check_many_of_a_frame_table_builds_atoms_only_for_structures_checked_al
     built.clear()
     env.check_many(table, device=_larger_on_the_device(monkeypatch))
     assert sorted(built) == sorted(outside | {k for k, a in enumerate(frames) if len(a) >= 20})
+
+
+def test_check_names_atoms_at_the_same_position():
+    """Two atoms of one structure at exactly the same position (which no neighbour list pairs, so the student's
+    energy ignores them): named by check, screened by check_many, warned about by the calculator; equal atoms of
+    different structures, or at -0.0 and 0.0, are told apart correctly."""
+    from mlff_distiller import StudentCalculator
+    from mlff_distiller.domain import _coincident
+
+    model = load_model("builtin:chno-gfn2")
+    env = DomainEnvelope.of_model(model)
+    rng = np.random.default_rng(0)
+    for trial in range(6):
+        a = molecule(["CH3CH2OH", "C6H6", "CH4"][trial % 3])
+        a.rattle(0.05, seed=trial)
+        k = int(rng.integers(len(a)))
+        at = int(rng.integers(len(a) + 1))
+        doubled = a[:at] + a[k : k + 1] + a[at:]  # atom k listed again at index `at`
+        first, second = sorted((k + (k >= at), at))
+        found = env.check(doubled)
+        names = f"({doubled[first].symbol} and {doubled[second].symbol})"
+        assert found[0].startswith(f"atoms {first} and {second} {names} at the same position"), found
+        assert env.check(a) == [] and env.check_many([a, doubled, a]) == [[], found, []]
+    triple = molecule("H2O") + molecule("H2O")[1:2] + molecule("H2O")[1:2]  # an H three times
+    assert env.check(triple)[0].startswith("atoms 1 and 3 (H and H) at the same position (2 such pairs)")
+    signed = Atoms("HH", positions=[[0.0, 1.0, 0.0], [-0.0, 1.0, 0.0]])
+    assert _coincident(AtomsBatch.from_atoms(signed)).tolist() == [[0, 1]]
+    copies = AtomsBatch.from_atoms([molecule("C6H6")] * 5)  # the same positions in five structures: no twins
+    assert _coincident(copies).shape == (0, 2)
+    doubled = molecule("CH4")
+    doubled += doubled[0]
+    doubled.calc = StudentCalculator(model, device="cpu")
+    with pytest.warns(UserWarning, match="atoms 0 and 5 .C and C. at the same position"):
+        doubled.get_potential_energy()
