@@ -40,12 +40,10 @@ deviation from fp64 (the tests enforce it; the benchmark writes the measured err
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import dataclasses
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -68,18 +66,16 @@ from mlff_distiller.engine_budget import (  # noqa: F401 - the budget constants 
     OOM_CAP_LIFT,
     BudgetMixin,
 )
-from mlff_distiller.engine_padded import PaddedPaths, edge_virial, stress_from_strain_gradient
+from mlff_distiller.engine_eager import EagerPaths
+from mlff_distiller.engine_padded import PaddedPaths
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model import analytic as analytic_path
 from mlff_distiller.model.painn import CSRInteraction
-from mlff_distiller.neighbors import NeighborList, VerletNeighborList, neighbor_list
-from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs
-from mlff_distiller.ordering import spatial_order
+from mlff_distiller.neighbors import VerletNeighborList
 from mlff_distiller.precision import (
     AUTOCAST,
     PRECISIONS,
     TOLERANCES,
-    _matmul_precision,
     _reduced_precision_copy,
     _resolve_precision,
 )
@@ -108,23 +104,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 SPATIAL_SORT_MIN_ATOMS = 10_000
 
 
-@contextlib.contextmanager
-def _frozen(params: list[torch.nn.Parameter]) -> Iterator[None]:
-    """The parameters that require grad stop requiring it, so inference keeps no graph for them; restored
-    afterwards. ``params`` is the engine's list of its model's parameters, made once: walking ``parameters()``
-    twice cost 61 µs of each eager call on the development CPU (now 12 µs). A parameter the caller put on the
-    model later is not in it; it keeps requiring grad, which costs a little graph and changes no result."""
-    toggled = [p for p in params if p.requires_grad]
-    for p in toggled:
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p in toggled:
-            p.requires_grad_(True)
-
-
-class ForceEngine(PaddedPaths, BudgetMixin):
+class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
     """Energy, forces and stress for batches of structures with a :class:`StudentModel`.
 
     Args:
@@ -422,176 +402,6 @@ class ForceEngine(PaddedPaths, BudgetMixin):
         self._checked_numbers = numbers.detach().clone()
         self._checked_source = (numbers, numbers._version)
 
-    def _neighbors(self, b: AtomsBatch):
-        """A fresh neighbour list of a batch already on the engine's device."""
-        return neighbor_list(b.positions, b.cell, b.pbc, b.batch, b.ptr, self.cutoff, self.neighbor_method)
-
-    def _verlet_list(
-        self, batch: AtomsBatch, *, filtered: bool, shift_vectors: bool = True
-    ) -> tuple[NeighborList, bool]:
-        """The Verlet-skin list of ``batch`` as the caller gave it (host data in MD, so the displacement test
-        needs no device sync) and whether it was rebuilt. Molecules on the host are built there (all-pairs NumPy
-        path), everything else on the engine's device. ``filtered``: cut to the cutoff (eager path: fewer edges);
-        else the ``cutoff + skin`` list itself, whose extra pairs contribute exactly zero. ``shift_vectors=False``
-        (unfiltered only): the list's ``topology``, whose shift vectors the caller makes for a kept list under a
-        new cell (``pending_cell``)."""
-        v = self.verlet
-        rebuilt = v.needs_rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers)
-        if rebuilt:
-            host = molecular_applicable(batch.positions, batch.pbc, batch.ptr)
-            device = None if host else self.device
-            v.rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers, device=device)
-        v.n_calls += 1
-        nl = v.last if shift_vectors or filtered else v.topology
-        if filtered:
-            nl = v.filtered(batch.positions.to(nl.edge_index.device))
-        return nl, rebuilt
-
-    def _nl_to_device(self, nl: NeighborList) -> NeighborList:
-        if nl.edge_index.device == self.device and nl.shift_vectors.dtype == self.dtype:
-            return nl
-        dev = self.device
-        if nl.method == "molecular":
-            # Zero shifts by construction: made on the device, not copied (5 MB for 4,096 g2 molecules).
-            e = nl.edge_index.shape[1]
-            shifts = torch.zeros((e, 3), dtype=nl.shifts.dtype, device=dev)
-            shift_vectors = torch.zeros((e, 3), dtype=self.dtype, device=dev)
-        else:
-            shifts = nl.shifts.to(dev, non_blocking=True)
-            shift_vectors = nl.shift_vectors.to(dev, self.dtype, non_blocking=True)
-        return NeighborList(
-            edge_index=nl.edge_index.to(dev, non_blocking=True),
-            shifts=shifts,
-            shift_vectors=shift_vectors,
-            row_ptr=nl.row_ptr.to(dev, non_blocking=True),
-            method=nl.method,
-        )
-
-    def _host_molecular_neighbors(self, batch: AtomsBatch, to_device: bool = True) -> NeighborList | None:
-        """Molecules given on the host for an engine on another device: the list is built on the host by the
-        all-pairs NumPy path (:mod:`mlff_distiller.neighbors.molecular`) and its edges copied over once, instead
-        of ~100 small device operations with several device→host syncs (``to_device=False``: the host list
-        itself). ``None`` when that does not apply."""
-        if self.verlet is not None or self.neighbor_method != "auto" or batch.device.type != "cpu":
-            return None
-        if self.device.type == "cpu" or not molecular_applicable(batch.positions, batch.pbc, batch.ptr):
-            return None
-        nl = molecular_pairs(batch.positions, batch.ptr, self.cutoff)
-        return self._nl_to_device(nl) if to_device else nl
-
-    def _compute_eager(self, batch: AtomsBatch, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
-        inv = None
-        with torch.no_grad():
-            if self.verlet is not None:
-                batch, inv = self._verlet_order(batch)
-                given_nl = self._nl_to_device(self._verlet_list(batch, filtered=True)[0])
-            else:
-                given_nl = self._host_molecular_neighbors(batch)
-        batch = batch.to(self.device, self.dtype)
-        if given_nl is None:
-            batch, inv = self._spatial_order(batch)
-        with torch.no_grad():
-            nl = given_nl if given_nl is not None else self._neighbors(batch)
-        need_grad = forces or stress
-        kind = (need_grad, stress)
-        if self.device.type == "cuda" and kind not in self._eager_compiled_ahead:
-            # The first eager step of its kind compiles its Triton kernels in parallel first, in a dry run
-            # (kernels/_compile_ahead.py); later sizes that need other specialisations compile at first launch.
-            self._eager_compiled_ahead.add(kind)
-            kernels.precompile(self._eager_step, batch, nl, need_grad, stress, device=self.device)
-        energy, atomic, grads = self._eager_step(batch, nl, need_grad, stress)
-        result = {"energy": energy.detach(), "atomic_energies": _unsort(atomic.detach(), inv)}
-        if not need_grad:
-            return result
-        if forces:
-            result["forces"] = -_unsort(grads[0], inv)
-        if stress:
-            de_deps = edge_virial(
-                batch.positions, nl.shift_vectors, grads[1], nl.edge_index, batch.batch, batch.num_structures
-            )
-            result.update(stress_from_strain_gradient(de_deps, batch.cell, batch.pbc))
-        return result
-
-    def _eager_step(self, batch: AtomsBatch, nl, need_grad: bool, stress: bool):
-        """The model and one ``autograd.grad`` on a device batch and its list: energies, atomic energies and the
-        gradients over the positions (and the shift vectors with ``stress``; zeros where unused), or None. On the
-        CPU, the backward written out instead (``analytic``, :mod:`mlff_distiller.model.analytic`)."""
-        if need_grad and self._analytic_now():
-            self.n_analytic += 1
-            energy, atomic, g_pos, g_shift = analytic_path.energy_and_gradients(
-                self.model,
-                batch.numbers,
-                batch.positions,
-                nl.edge_index,
-                nl.shift_vectors,
-                batch.batch,
-                batch.num_structures,
-            )
-            return energy.to(self.dtype), atomic.to(self.dtype), [g_pos] + ([g_shift] if stress else [])
-        precision = _matmul_precision(self.allow_tf32, self.kernel_matmul_dtype)
-        with precision, _frozen(self._params), torch.set_grad_enabled(need_grad):
-            positions = batch.positions.detach().requires_grad_(need_grad)
-            # Stress: the gradient over the shift vectors is the one over every pair vector (see edge_virial).
-            shift_vectors = nl.shift_vectors.detach().requires_grad_(stress)
-            out = self.model(batch.numbers, positions, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
-            energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
-            if not need_grad:
-                return energy, atomic, None
-            inputs = [positions] + ([shift_vectors] if stress else [])
-            grads = torch.autograd.grad(energy.sum(), inputs, allow_unused=True)
-        grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
-        return energy, atomic, grads
-
-    def _analytic_now(self) -> bool:
-        """This call takes the written-out backward: the engine allows it (``analytic``), the hot ops run on the
-        torch kernels (the Triton backend, which the interpreter runs on CPU tensors, keeps its own kernels and
-        their 16-bit GEMMs), the model is still the plain architecture (on the CPU the engine may share the
-        caller's model, whose blocks the caller can replace) and no forward hook waits for its own forward
-        (:class:`~mlff_distiller.model.analytic.Guard`)."""
-        return (
-            self.analytic
-            and self.kernel_matmul_dtype is None
-            and kernels.resolve_backend(self.device) == "torch"
-            and self._analytic_guard.applicable()
-        )
-
-    def _spatial_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
-        """``batch`` with each structure's atoms in Morton order and the inverse permutation (caller's index ->
-        sorted index, on the engine's device) when it holds at least ``spatial_sort_min_atoms`` atoms; else
-        ``(batch, None)``. Bins of half the cutoff."""
-        m = self.spatial_sort_min_atoms
-        if m is None or batch.num_atoms < m:
-            return batch, None
-        perm = spatial_order(batch.positions, batch.batch, batch.num_structures, 0.5 * self.cutoff)
-        return _permuted(batch, perm), _inverse(perm).to(self.device)
-
-    def _verlet_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
-        """:meth:`_spatial_order` for the Verlet path (MD): one permutation per system, made from the first
-        frame and kept while the atomic numbers and the structure of each atom stay the same, so that the Verlet
-        list, its reference positions and the displacement test all see the atoms in one fixed order (atoms that
-        diffuse away from their first-frame neighbours only cost locality, never correctness). The sorted numbers
-        and structure indices are made once and handed over as the same tensors every step (the Verlet list's
-        same-object shortcut); only the positions are gathered per step. A new system gets a new permutation, and
-        its changed numbers or structures make the Verlet list rebuild."""
-        m = self.spatial_sort_min_atoms
-        if m is None or batch.num_atoms < m:
-            return batch, None
-        c = self._verlet_perm
-        if c is None or not (_equal(c["numbers"], batch.numbers) and _equal(c["batch"], batch.batch)):
-            perm = spatial_order(batch.positions, batch.batch, batch.num_structures, 0.5 * self.cutoff)
-            c = self._verlet_perm = {
-                "numbers": batch.numbers.clone(),
-                "batch": batch.batch.clone(),
-                "perm": perm,
-                "inv": _inverse(perm).to(self.device),
-                "sorted": _permuted(batch, perm),
-            }
-        out = object.__new__(AtomsBatch)  # the sorted batch of the first frame with this frame's positions
-        out.__dict__.update(c["sorted"].__dict__)
-        out.positions = batch.positions[c["perm"]]
-        out.cell, out.pbc, out.ptr = batch.cell, batch.pbc, batch.ptr
-        return out, c["inv"]
-
     # ------------------------------------------------------------------------------------------ warm-up
     def warmup(
         self,
@@ -664,25 +474,3 @@ class ForceEngine(PaddedPaths, BudgetMixin):
     def captured_buckets(self) -> list[Bucket]:
         """Buckets with a captured CUDA graph."""
         return sorted(self._runners)
-
-
-def _inverse(perm: torch.Tensor) -> torch.Tensor:
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.numel(), device=perm.device)
-    return inv
-
-
-def _permuted(batch: AtomsBatch, perm: torch.Tensor) -> AtomsBatch:
-    """``batch`` with its atoms in the order ``perm`` (new -> old; structures stay contiguous)."""
-    return dataclasses.replace(
-        batch, numbers=batch.numbers[perm], positions=batch.positions[perm], batch=batch.batch[perm]
-    )
-
-
-def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.device == b.device and bool(torch.equal(a, b))
-
-
-def _unsort(per_atom: torch.Tensor, inv: torch.Tensor | None) -> torch.Tensor:
-    """Rows of a per-atom result computed in spatial order, back in the caller's order."""
-    return per_atom if inv is None else per_atom.index_select(0, inv)
