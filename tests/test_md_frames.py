@@ -165,3 +165,33 @@ def test_md_command_writes_what_ase_wrote(tmp_path, capsys):
         else:
             assert "momenta:R:3" in blocks[0]
             assert np.abs(frames[-1].get_center_of_mass() - start.get_center_of_mass()).max() < 1e-7  # FixCom
+
+
+def test_md_command_writes_ase_trajectories_for_a_traj_name(tmp_path, capsys):
+    """``--output x.traj``: ASE's binary trajectory (what ``ase.io.read`` and ``ase gui`` take by that name), the
+    same frames as the extxyz run of the same seed: positions, momenta, energies, forces, info and the ``FixCom``."""
+    import torch
+
+    from mlff_distiller import StudentModel
+    from mlff_distiller.cli import main
+
+    torch.manual_seed(0)
+    model = tmp_path / "m.pt"
+    StudentModel(species=[1, 6, 8], hidden=16, layers=1).save(model)
+    src = tmp_path / "mol.xyz"
+    ase.io.write(src, molecule("CH3CH2OH"))
+    runs = {}
+    for name in ("md.extxyz", "md.traj"):
+        args = ["md", "--model", str(model), "--input", str(src), "--output", str(tmp_path / name), "--device", "cpu"]
+        assert main([*args, "--steps", "9", "--interval", "3", "--precision", "fp64"]) == 0
+        capsys.readouterr()
+        runs[name] = ase.io.read(tmp_path / name, index=":")
+    text, binary = runs["md.extxyz"], runs["md.traj"]
+    assert len(binary) == len(text) == 4
+    assert isinstance(binary[0].constraints[0], FixCom)
+    for a, b in zip(text, binary, strict=True):
+        np.testing.assert_allclose(b.positions, a.positions, atol=5e-9)  # extxyz prints 8 decimals
+        np.testing.assert_allclose(b.get_momenta(), a.get_momenta(), atol=5e-9)
+        np.testing.assert_allclose(b.get_forces(apply_constraint=False), a.get_forces(), atol=5e-9)
+        assert b.get_potential_energy() == pytest.approx(a.get_potential_energy(), abs=1e-9)
+        assert b.info == pytest.approx(a.info)

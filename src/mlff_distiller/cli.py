@@ -163,7 +163,7 @@ def make_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--model", help="checkpoint path or builtin:NAME")
     p.add_argument("--input", help="starting structure (first frame of the file)")
-    p.add_argument("--output", help="trajectory extxyz")
+    p.add_argument("--output", help="trajectory: extxyz, or ASE's binary trajectory for a .traj name")
     p.add_argument("--ensemble", help="langevin | nve | npt (Berendsen; periodic input)")
     p.add_argument("--pressure-bar", dest="pressure_bar", type=float, help="npt: target pressure, bar")
     p.add_argument(
