@@ -195,3 +195,40 @@ def test_md_command_writes_ase_trajectories_for_a_traj_name(tmp_path, capsys):
         np.testing.assert_allclose(b.get_forces(apply_constraint=False), a.get_forces(), atol=5e-9)
         assert b.get_potential_energy() == pytest.approx(a.get_potential_energy(), abs=1e-9)
         assert b.info == pytest.approx(a.info)
+
+
+def test_md_command_continues_from_a_frame_it_wrote(tmp_path, capsys):
+    """``--input md.extxyz@-1 --velocities input``: the run goes on from the last frame written, positions and
+    momenta as written; velocity Verlet from there is the single longer run (to the 8 decimals extxyz keeps).
+    Bad selections are errors that name the problem."""
+    import torch
+
+    from mlff_distiller import StudentModel
+    from mlff_distiller.cli import main
+
+    torch.manual_seed(0)
+    model = tmp_path / "m.pt"
+    StudentModel(species=[1, 6, 8], hidden=16, layers=1).save(model)
+    src = tmp_path / "mol.xyz"
+    ase.io.write(src, molecule("CH3CH2OH"))
+    base = ["md", "--model", str(model), "--device", "cpu", "--precision", "fp64", "--ensemble", "nve"]
+
+    def run(inp, out, steps, *extra, says=""):
+        code = main([*base, "--input", str(inp), "--output", str(tmp_path / out), "--steps", str(steps), *extra])
+        assert says in capsys.readouterr().err
+        return code
+
+    assert run(src, "first.extxyz", 10, "--interval", "5") == 0
+    assert run(src, "whole.extxyz", 15, "--interval", "5") == 0
+    assert run(f"{tmp_path / 'first.extxyz'}@-1", "next.extxyz", 5, "--interval", "5", "--velocities", "input") == 0
+    first, whole, after = (
+        ase.io.read(tmp_path / n, index=":") for n in ("first.extxyz", "whole.extxyz", "next.extxyz")
+    )
+    np.testing.assert_array_equal(after[0].positions, first[-1].positions)
+    np.testing.assert_array_equal(after[0].get_momenta(), first[-1].get_momenta())
+    np.testing.assert_allclose(after[-1].positions, whole[-1].positions, atol=1e-6)
+    np.testing.assert_allclose(after[-1].get_momenta(), whole[-1].get_momenta(), atol=1e-6)
+    assert run(src, "x.extxyz", 2, "--velocities", "input", says="has no momenta") == 2  # a plain xyz frame
+    assert run(f"{tmp_path / 'first.extxyz'}@7", "x.extxyz", 2, says="first.extxyz has no frame 7") == 2  # 3 frames
+    assert run(src, "x.extxyz", 2, "--velocities", "random", says="velocities must be") == 2
+    assert run(f"{tmp_path / 'missing.extxyz'}@-1", "x.extxyz", 2, says="input file not found") == 2

@@ -159,11 +159,14 @@ def make_parser() -> argparse.ArgumentParser:
         "4+ cores; 0: none)",
     )
 
-    p = sub.add_parser("md", help="molecular dynamics with the student, trajectory as extxyz")
+    p = sub.add_parser("md", help="molecular dynamics with the student, trajectory as extxyz (or .traj)")
     _add_common(p)
     p.add_argument("--model", help="checkpoint path or builtin:NAME")
-    p.add_argument("--input", help="starting structure (first frame of the file)")
+    p.add_argument("--input", help="starting structure: the first frame of the file, or file@INDEX (file@-1: the last)")
     p.add_argument("--output", help="trajectory: extxyz, or ASE's binary trajectory for a .traj name")
+    p.add_argument(
+        "--velocities", help="maxwell (drawn at --temperature; the default) | input (the input frame's momenta)"
+    )
     p.add_argument("--ensemble", help="langevin | nve | npt (Berendsen; periodic input)")
     p.add_argument("--pressure-bar", dest="pressure_bar", type=float, help="npt: target pressure, bar")
     p.add_argument(

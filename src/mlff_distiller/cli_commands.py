@@ -139,14 +139,20 @@ def run_evaluate(job: EvaluateJob) -> dict:
 
 
 def _read_structures(path: str):
+    """The frames of ``path``; ``file@INDEX`` (ASE's syntax: ``@-1``, ``@0:10:2``) selects some of them."""
     import ase.io
+    from ase.io.formats import parse_filename
 
     if not path:
         raise ValueError("--input is required")
-    if not Path(path).exists():
-        raise ValueError(f"input file not found: {path}")
+    name, index = (path, None) if Path(path).exists() else parse_filename(path)
+    if not Path(name).exists():
+        raise ValueError(f"input file not found: {name}")
     try:
-        frames = ase.io.read(path, index=":")
+        frames = ase.io.read(name, index=":" if index is None else index)
+        frames = [frames] if hasattr(frames, "get_positions") else frames  # an integer index gives one frame
+    except (StopIteration, IndexError) as exc:  # ASE's answer to an index past the last frame
+        raise ValueError(f"{name} has no frame {index}") from exc
     except Exception as exc:
         if not (isinstance(exc, ValueError) or type(exc).__module__.startswith("ase.io")):
             raise
@@ -192,10 +198,15 @@ def run_md(job: MDJob) -> dict:
         raise ValueError(f"ensemble must be 'langevin', 'nve' or 'npt', got {job.ensemble!r}")
     if job.steps < 1 or job.interval < 1:
         raise ValueError("steps and interval must be >= 1")
+    if job.velocities not in ("maxwell", "input"):
+        raise ValueError(f"velocities must be 'maxwell' or 'input', got {job.velocities!r}")
     atoms = _read_structures(job.input)[0]
+    if job.velocities == "input" and not atoms.has("momenta"):
+        raise ValueError(f"velocities 'input': the input frame of {job.input} has no momenta")
     atoms.calc = StudentCalculator(job.model, device=job.device, precision=job.precision)
     rng = np.random.default_rng(job.seed)
-    maxwell_boltzmann(atoms, job.temperature, rng=rng)
+    if job.velocities == "maxwell":
+        maxwell_boltzmann(atoms, job.temperature, rng=rng)
     dt = job.timestep_fs * units.fs
     if job.ensemble == "npt":
         from mlff_distiller.distill.evaluation import density_g_cm3, npt_berendsen

@@ -99,6 +99,9 @@ class MDJob:
     device: str | None = None
     precision: str = "fp64"
     seed: int = 0
+    # "maxwell": momenta drawn at `temperature` (seeded); "input": the input frame's own momenta (continue a run
+    # from a frame it wrote, e.g. --input md.extxyz@-1).
+    velocities: str = "maxwell"
     # npt (ASE's NPTBerendsen, isotropic; a fully periodic input): target pressure, the material's isothermal
     # compressibility (default: water at 300 K) and the thermostat / barostat time constants.
     pressure_bar: float = 1.01325
