@@ -179,7 +179,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="K")
     p.add_argument("--interval", type=int, help="steps between written frames")
     p.add_argument("--device")
-    p.add_argument("--precision", help="fp64 | fp32 | tf32 | bf16 | fp16")
+    p.add_argument("--precision", help="fp32 (default) | fp64 | tf32 | bf16 | fp16")
 
     p = sub.add_parser(
         "check", help="do the students agree on these structures? (flags structures outside their training data)"

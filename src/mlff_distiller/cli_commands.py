@@ -292,6 +292,7 @@ def run_md(job: MDJob) -> dict:
         "seconds": seconds,
         "s_per_step": seconds / job.steps,
         "startup_s": startup,
+        "precision": atoms.calc.engine.precision,
         "output": job.output,
     }
     if job.ensemble == "npt":

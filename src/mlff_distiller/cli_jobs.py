@@ -97,7 +97,9 @@ class MDJob:
     friction_per_fs: float = 0.01
     interval: int = 10
     device: str | None = None
-    precision: str = "fp64"
+    # fp32, as the calculator and predict: fp64 made each step 1.8-2.6x slower on an H100 (benzene to 3,000 atoms)
+    # and kept the energy no better (benchmarks/results/probe_md_precision_h100.md).
+    precision: str = "fp32"
     seed: int = 0
     # "maxwell": momenta drawn at `temperature` (seeded); "input": the input frame's own momenta (continue a run
     # from a frame it wrote, e.g. --input md.extxyz@-1).
