@@ -362,3 +362,16 @@ def test_on_policy_round_labels_only_where_the_committee_disagrees(tmp_path):
         label(seeds, teacher, tmp_path / "x", replace(cfg, select_disagreement=50.0), **kw)
     with pytest.raises(ValueError, match="select_disagreement"):
         replace(cfg, select_disagreement=-1.0)
+
+
+def test_seed_specs():
+    """``molecule:`` lists (the prefix may repeat, spaces around names are dropped); unknown names and empty lists
+    are errors that name them."""
+    from mlff_distiller.distill.seeds import load_seeds
+
+    for spec in ("molecule:H2O,CH4", "molecule:H2O,molecule:CH4", "molecule: H2O , CH4"):
+        assert [a.info["name"] for a in load_seeds(spec)] == ["H2O", "CH4"], spec
+    with pytest.raises(ValueError, match="unknown molecule 'XY'"):
+        load_seeds("molecule:H2O,XY")
+    with pytest.raises(ValueError, match="no molecule names"):
+        load_seeds("molecule:")

@@ -48,6 +48,7 @@ def load_seeds(spec: str | Path) -> list[Atoms]:
 
         out = []
         for name in filter(None, spec.split(":", 1)[1].split(",")):
+            name = name.strip().removeprefix("molecule:")  # also "molecule:H2O,molecule:CH4"
             if name not in g2.names:
                 raise ValueError(f"unknown molecule {name!r} (ase.build.molecule / g2 names)")
             atoms = molecule(name)
