@@ -270,7 +270,7 @@ def run_md(job: MDJob) -> dict:
                 handle.flush()
                 return
             # ASE's writer costs ~0.3 ms a frame, as much as a GPU step of a small molecule; the same text from
-            # format_md_frame costs a tenth. Flushed frame by frame: an interrupted run keeps what it wrote.
+            # format_md_frame costs a fifth. Flushed frame by frame: an interrupted run keeps what it wrote.
             text = format_md_frame(atoms, atoms.calc.results, info)
             if text is None:  # anything format_md_frame does not write exactly as ASE would
                 frame = atoms.copy()
