@@ -245,4 +245,3 @@ def test_md_command_runs_in_fp32_unless_asked(tmp_path, capsys):
     args = ["md", "--input", str(src), "--output", str(tmp_path / "o.extxyz"), "--device", "cpu", "--steps", "2"]
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["precision"] == "fp32"
-
