@@ -233,6 +233,9 @@ def test_md_command_continues_from_a_frame_it_wrote(tmp_path, capsys):
     assert run(f"{tmp_path / 'first.extxyz'}@7", "x.extxyz", 2, says="first.extxyz has no frame 7") == 2  # 3 frames
     assert run(src, "x.extxyz", 2, "--velocities", "random", says="velocities must be") == 2
     assert run(f"{tmp_path / 'missing.extxyz'}@-1", "x.extxyz", 2, says="input file not found") == 2
+    kept = (tmp_path / "first.extxyz").read_bytes()  # continuing into the file it reads: refused, the file kept
+    assert run(f"{tmp_path / 'first.extxyz'}@-1", "first.extxyz", 2, "--velocities", "input", says="is the input") == 2
+    assert (tmp_path / "first.extxyz").read_bytes() == kept
 
 
 def test_md_command_runs_in_fp32_unless_asked(tmp_path, capsys):

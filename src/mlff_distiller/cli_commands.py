@@ -187,6 +187,7 @@ def run_md(job: MDJob) -> dict:
     import numpy as np
     from ase import units
     from ase.io.extxyz import write_extxyz
+    from ase.io.formats import parse_filename
     from ase.md.langevin import Langevin
     from ase.md.verlet import VelocityVerlet
 
@@ -201,6 +202,10 @@ def run_md(job: MDJob) -> dict:
     if job.velocities not in ("maxwell", "input"):
         raise ValueError(f"velocities must be 'maxwell' or 'input', got {job.velocities!r}")
     atoms = _read_structures(job.input)[0]
+    source = Path(job.input) if Path(job.input).exists() else Path(parse_filename(job.input)[0])
+    if Path(job.output).exists() and Path(job.output).resolve() == source.resolve():
+        # the trajectory file is rewritten from its first frame: the frames read from it would be lost
+        raise ValueError(f"output {job.output} is the input file; write the trajectory to another file")
     if job.velocities == "input" and not atoms.has("momenta"):
         raise ValueError(f"velocities 'input': the input frame of {job.input} has no momenta")
     atoms.calc = StudentCalculator(job.model, device=job.device, precision=job.precision)
