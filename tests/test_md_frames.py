@@ -232,6 +232,12 @@ def test_md_command_continues_from_a_frame_it_wrote(tmp_path, capsys):
     assert run(src, "x.extxyz", 2, "--velocities", "input", says="has no momenta") == 2  # a plain xyz frame
     assert run(f"{tmp_path / 'first.extxyz'}@7", "x.extxyz", 2, says="first.extxyz has no frame 7") == 2  # 3 frames
     assert run(src, "x.extxyz", 2, "--velocities", "random", says="velocities must be") == 2
+    # --seed: the same seed, the same Langevin run; another seed, another run
+    lv = ["--ensemble", "langevin", "--interval", "4", "--friction-per-fs", "0.02"]
+    for name, seed in (("s1.extxyz", "1"), ("s1b.extxyz", "1"), ("s2.extxyz", "2")):
+        main([*base[:-2], "--input", str(src), "--output", str(tmp_path / name), "--steps", "4", *lv, "--seed", seed])
+    s1, s1b, s2 = (ase.io.read(tmp_path / n, index=-1) for n in ("s1.extxyz", "s1b.extxyz", "s2.extxyz"))
+    assert np.array_equal(s1.positions, s1b.positions) and not np.array_equal(s1.positions, s2.positions)
     assert run(f"{tmp_path / 'missing.extxyz'}@-1", "x.extxyz", 2, says="input file not found") == 2
     kept = (tmp_path / "first.extxyz").read_bytes()  # continuing into the file it reads: refused, the file kept
     assert run(f"{tmp_path / 'first.extxyz'}@-1", "first.extxyz", 2, "--velocities", "input", says="is the input") == 2

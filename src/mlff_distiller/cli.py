@@ -177,6 +177,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int)
     p.add_argument("--timestep-fs", dest="timestep_fs", type=float)
     p.add_argument("--temperature", type=float, help="K")
+    p.add_argument("--friction-per-fs", dest="friction_per_fs", type=float, help="langevin: friction, 1/fs (0.01)")
+    p.add_argument("--seed", type=int, help="random seed of the initial velocities and the Langevin forces (0)")
     p.add_argument("--interval", type=int, help="steps between written frames")
     p.add_argument("--device")
     p.add_argument("--precision", help="fp32 (default) | fp64 | tf32 | bf16 | fp16")
