@@ -198,7 +198,7 @@ def test_md_command_writes_ase_trajectories_for_a_traj_name(tmp_path, capsys):
         assert b.info == pytest.approx(a.info)
 
 
-def test_md_command_continues_from_a_frame_it_wrote(tmp_path, capsys):
+def test_md_command_continues_from_a_frame_it_wrote(tmp_path, capsys, monkeypatch):
     """``--input md.extxyz@-1 --velocities input``: the run goes on from the last frame written, positions and
     momenta as written; velocity Verlet from there is the single longer run (to the 8 decimals extxyz keeps).
     Bad selections are errors that name the problem."""
@@ -221,7 +221,13 @@ def test_md_command_continues_from_a_frame_it_wrote(tmp_path, capsys):
 
     assert run(src, "first.extxyz", 10, "--interval", "5") == 0
     assert run(src, "whole.extxyz", 15, "--interval", "5") == 0
+    import mlff_distiller._extxyz_fast as fast
+
+    declined = []
+    real = fast.format_md_frame
+    monkeypatch.setattr(fast, "format_md_frame", lambda *a: declined.append(1) if (t := real(*a)) is None else t)
     assert run(f"{tmp_path / 'first.extxyz'}@-1", "next.extxyz", 5, "--interval", "5", "--velocities", "input") == 0
+    assert not declined  # the input's info from the earlier run is dropped: its frames take the fast writer
     first, whole, after = (
         ase.io.read(tmp_path / n, index=":") for n in ("first.extxyz", "whole.extxyz", "next.extxyz")
     )

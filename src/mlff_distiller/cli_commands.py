@@ -183,6 +183,10 @@ def run_predict(job: PredictJob) -> dict:
     )
 
 
+# The info an MD frame carries (run_md writes them).
+_MD_INFO = ("time_fs", "total_energy", "volume", "density_g_cm3", "pressure_gpa")
+
+
 def run_md(job: MDJob) -> dict:
     import numpy as np
     from ase import units
@@ -206,6 +210,8 @@ def run_md(job: MDJob) -> dict:
     if Path(job.output).exists() and Path(job.output).resolve() == source.resolve():
         # the trajectory file is rewritten from its first frame: the frames read from it would be lost
         raise ValueError(f"output {job.output} is the input file; write the trajectory to another file")
+    for key in _MD_INFO:  # what a frame of an earlier run says about that run; this run writes its own
+        atoms.info.pop(key, None)
     if job.velocities == "input" and not atoms.has("momenta"):
         raise ValueError(f"velocities 'input': the input frame of {job.input} has no momenta")
     atoms.calc = StudentCalculator(job.model, device=job.device, precision=job.precision)
