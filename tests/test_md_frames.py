@@ -235,6 +235,7 @@ def test_md_command_continues_from_a_frame_it_wrote(tmp_path, capsys, monkeypatc
     np.testing.assert_array_equal(after[0].get_momenta(), first[-1].get_momenta())
     np.testing.assert_allclose(after[-1].positions, whole[-1].positions, atol=1e-6)
     np.testing.assert_allclose(after[-1].get_momenta(), whole[-1].get_momenta(), atol=1e-6)
+    assert [f.info["time_fs"] for f in after] == [5.0, 7.5] == [f.info["time_fs"] for f in whole[2:]]  # its clock
     assert run(src, "x.extxyz", 2, "--velocities", "input", says="has no momenta") == 2  # a plain xyz frame
     assert run(f"{tmp_path / 'first.extxyz'}@7", "x.extxyz", 2, says="first.extxyz has no frame 7") == 2  # 3 frames
     assert run(src, "x.extxyz", 2, "--velocities", "random", says="velocities must be") == 2

@@ -210,6 +210,8 @@ def run_md(job: MDJob) -> dict:
     if Path(job.output).exists() and Path(job.output).resolve() == source.resolve():
         # the trajectory file is rewritten from its first frame: the frames read from it would be lost
         raise ValueError(f"output {job.output} is the input file; write the trajectory to another file")
+    # A run continued from a frame it wrote (its momenta kept) goes on with that frame's clock.
+    t_start = float(atoms.info.get("time_fs", 0.0)) if job.velocities == "input" else 0.0
     for key in _MD_INFO:  # what a frame of an earlier run says about that run; this run writes its own
         atoms.info.pop(key, None)
     if job.velocities == "input" and not atoms.has("momenta"):
@@ -268,7 +270,7 @@ def run_md(job: MDJob) -> dict:
             writer = TrajectoryWriter(handle, "w")
 
         def write() -> None:
-            info = {"time_fs": dyn.get_time() / units.fs, "total_energy": float(atoms.get_total_energy())}
+            info = {"time_fs": t_start + dyn.get_time() / units.fs, "total_energy": float(atoms.get_total_energy())}
             if job.ensemble == "npt":
                 info["volume"] = float(atoms.get_volume())
                 info["density_g_cm3"] = density_g_cm3(atoms)
