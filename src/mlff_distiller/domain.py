@@ -264,8 +264,10 @@ def _pairs(frames: Iterable, cutoff: float, device: torch.device | str | None = 
     return batch, d, nl.edge_index[0], nl.edge_index[1]
 
 
-# Weights of the position key that _coincident sorts by (any irrational-looking numbers).
+# Weights of the position key that _coincident sorts by (any irrational-looking numbers), and its grid of
+# fractional coordinates in periodic structures.
 _KEY_WEIGHTS = (0.7548776662466927, 0.5698402909980532, 0.3247179572447460)
+_GRID = float(2**30)
 
 
 def _coincident(batch) -> torch.Tensor:
@@ -273,10 +275,26 @@ def _coincident(batch) -> torch.Tensor:
     one found there. No neighbour list pairs them (a zero-length edge has no direction; ``mlff_distiller.neighbors``),
     so the student's energy ignores such a pair: a duplicated atom gives finite, wrong results. One key per atom
     from its position, atoms ordered by (structure, key) with two stable sorts, and the neighbours in that order
-    with equal keys compared exactly; on the batch's device (one sync)."""
+    with equal keys compared exactly; on the batch's device (one sync).
+
+    In a fully periodic structure the positions compared are the fractional coordinates wrapped into the cell, on
+    a grid of 2^-30 (~5e-9 Å in a 5 Å cell): an atom listed again one lattice vector away (a structure file that
+    gives a boundary atom at both fractional 0 and 1) sits at distance 0 from the other's image, which no list
+    pairs either. Other structures compare their positions as given."""
     pos = batch.positions.to(torch.float64)
     if pos.shape[0] < 2:
         return torch.zeros((0, 2), dtype=torch.long)
+    periodic = batch.pbc.all(dim=1)
+    if bool(periodic.any()):
+        cell = batch.cell.to(torch.float64)
+        inv = torch.linalg.inv(
+            torch.where(periodic[:, None, None], cell, torch.eye(3, dtype=cell.dtype, device=cell.device))
+        )
+        on = periodic[batch.batch]
+        frac = torch.einsum("ni,nij->nj", pos[on], inv[batch.batch[on]])
+        grid = torch.round((frac - torch.floor(frac)) * _GRID) % _GRID  # [0, 1) on the grid, 1.0 wrapped to 0
+        pos = pos.clone()
+        pos[on] = grid
     w0, w1, w2 = _KEY_WEIGHTS
     # Elementwise products and sums, not a matmul: equal rows always give equal keys.
     key = pos[:, 0] * w0 + pos[:, 1] * w1 + pos[:, 2] * w2

@@ -461,6 +461,18 @@ def test_check_names_atoms_at_the_same_position():
     assert _coincident(AtomsBatch.from_atoms(signed)).tolist() == [[0, 1]]
     copies = AtomsBatch.from_atoms([molecule("C6H6")] * 5)  # the same positions in five structures: no twins
     assert _coincident(copies).shape == (0, 2)
+    # Periodic: an atom listed again one lattice vector away (fractional 0 and 1) is at distance 0 from the
+    # other's image, which no neighbour list pairs either; in a cubic and in a triclinic cell, next to clean boxes.
+    box = _water_box(2)
+    box.rattle(0.05, seed=5)
+    cubic = box + Atoms("O", positions=[box.positions[3] + box.cell[0]])
+    skew = box.copy()
+    skew.set_cell(skew.cell.array + rng.normal(0, 0.3, (3, 3)), scale_atoms=True)
+    skew_twin = skew + Atoms("H", positions=[skew.positions[4] + skew.cell[1] - 2 * skew.cell[2]])
+    n = len(box)
+    got = _coincident(AtomsBatch.from_atoms([box, cubic, skew, skew_twin])).tolist()
+    assert got == [[n + 3, 2 * n], [3 * n + 1 + 4, 4 * n + 1]], got  # (box, cubic, skew, skew_twin) in a row
+    assert env.check(cubic)[0].startswith(f"atoms 3 and {n} (O and O) at the same position"), env.check(cubic)
     doubled = molecule("CH4")
     doubled += doubled[0]
     doubled.calc = StudentCalculator(model, device="cpu")
