@@ -138,14 +138,20 @@ def run_evaluate(job: EvaluateJob) -> dict:
     return result
 
 
+def _split_index(path: str) -> tuple[str, object]:
+    """``(file, index)`` of an input given as ``file`` or ``file@INDEX`` (ASE's syntax; index None: all frames)."""
+    from ase.io.formats import parse_filename
+
+    return (path, None) if Path(path).exists() else parse_filename(path)
+
+
 def _read_structures(path: str):
     """The frames of ``path``; ``file@INDEX`` (ASE's syntax: ``@-1``, ``@0:10:2``) selects some of them."""
     import ase.io
-    from ase.io.formats import parse_filename
 
     if not path:
         raise ValueError("--input is required")
-    name, index = (path, None) if Path(path).exists() else parse_filename(path)
+    name, index = _split_index(path)
     if not Path(name).exists():
         raise ValueError(f"input file not found: {name}")
     try:
@@ -191,7 +197,6 @@ def run_md(job: MDJob) -> dict:
     import numpy as np
     from ase import units
     from ase.io.extxyz import write_extxyz
-    from ase.io.formats import parse_filename
     from ase.md.langevin import Langevin
     from ase.md.verlet import VelocityVerlet
 
@@ -206,7 +211,7 @@ def run_md(job: MDJob) -> dict:
     if job.velocities not in ("maxwell", "input"):
         raise ValueError(f"velocities must be 'maxwell' or 'input', got {job.velocities!r}")
     atoms = _read_structures(job.input)[0]
-    source = Path(job.input) if Path(job.input).exists() else Path(parse_filename(job.input)[0])
+    source = Path(_split_index(job.input)[0])
     if Path(job.output).exists() and Path(job.output).resolve() == source.resolve():
         # the trajectory file is rewritten from its first frame: the frames read from it would be lost
         raise ValueError(f"output {job.output} is the input file; write the trajectory to another file")
