@@ -2,7 +2,8 @@
 
 Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :func:`predict_file` (a structures
 file to extxyz, resumable), :class:`ForceEngine`, :class:`StudentCalculator`, :class:`AtomsBatch`,
-:class:`FrameTable` (many structures as arrays, predicted without an ``ase.Atoms`` each); :class:`NonFiniteOutputError`
+:class:`FrameTable` (many structures as arrays, predicted without an ``ase.Atoms`` each); :class:`BatchedMD`
+(many MD trajectories, one engine call per step); :class:`NonFiniteOutputError`
 (a NaN or inf output, never returned). Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
 
 The names above, and the subpackages, are imported on first use (PEP 562), as SciPy and scikit-learn do:
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "AtomsBatch": "mlff_distiller.batch",
+    "BatchedMD": "mlff_distiller.batched_md",
     "FrameTable": "mlff_distiller.frames",
     "NonFiniteOutputError": "mlff_distiller.batching",
     "StudentCalculator": "mlff_distiller.calculator",
@@ -36,6 +38,7 @@ _EXPORTS = {
 
 __all__ = [
     "AtomsBatch",
+    "BatchedMD",
     "ForceEngine",
     "FrameTable",
     "ModelConfig",
@@ -54,6 +57,7 @@ __getattr__, __dir__ = _lazy.attach(__name__, _EXPORTS, __all__)
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
     from mlff_distiller.batch import AtomsBatch
+    from mlff_distiller.batched_md import BatchedMD
     from mlff_distiller.batching import NonFiniteOutputError
     from mlff_distiller.calculator import StudentCalculator
     from mlff_distiller.checkpoint import builtin_models, load_model

@@ -1,0 +1,341 @@
+"""Many independent MD trajectories advanced together: one engine call per step for all of them.
+
+One small molecule under ASE's integrator runs at the pace of one CUDA-graph replay plus ASE's host work per step
+(~0.3 ms for benzene on an H100), which leaves a GPU idle: the same replay holds a thousand molecules for a few
+times that. :class:`BatchedMD` keeps every trajectory's state on the device (positions and momenta in float64) and
+advances all of them with one :meth:`ForceEngine.compute <mlff_distiller.engine.ForceEngine.compute>` per step on a
+Verlet-skin list (the engine's padded path: a CUDA graph per bucket on a GPU). The replicas may be copies of one
+structure (independent samples of one molecule) or different structures of any sizes.
+
+Integrators (``ensemble``):
+
+* ``"nve"``: velocity Verlet, the same update as ASE's ``VelocityVerlet`` (``p += F dt/2; r += p/m dt; F(r);
+  p += F dt/2``);
+* ``"langevin"``: BAOAB (Leimkuhler & Matthews, Appl. Math. Res. Express 2013; OpenMM's
+  ``LangevinMiddleIntegrator``): half kick, half drift, the exact Ornstein-Uhlenbeck update of the momenta
+  ``p ← c p + sqrt((1 - c²) m kT) ξ`` with ``c = exp(-γ dt)``, half drift, forces, half kick. One force call per
+  step, and its configurational sampling is accurate to second order in ``dt``. Not ASE's ``Langevin`` scheme: the
+  two sample the same distribution, not the same paths.
+
+``fix_com`` (default: the molecules, as ``mlff-distill md`` puts ASE's ``FixCom`` on a molecule) removes each such
+structure's centre-of-mass momentum at the start and after each thermostat kick, and its temperature counts
+``3N - 3`` degrees of freedom (as ASE's ``get_temperature`` with ``FixCom``).
+
+Why not an ASE dynamics object per replica, or ASE's integrators on one ``Atoms`` holding all replicas: the first is
+one engine call per replica and step; the second makes the replicas one structure to the engine, with one neighbour
+list, one energy, and one temperature. TorchSim (Radical AI) takes the same batched approach for its models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.batching import NonFiniteOutputError
+from mlff_distiller.engine import ForceEngine
+from mlff_distiller.model import StudentModel
+
+__all__ = ["BatchedMD"]
+
+ENSEMBLES = ("langevin", "nve")
+
+
+class BatchedMD:
+    """Advance many independent trajectories together, one batched energy + forces call per step.
+
+    Args:
+        model: a :class:`~mlff_distiller.model.StudentModel`, a checkpoint path or ``"builtin:NAME"``.
+        structures: ``ase.Atoms`` (one replica each; sizes may differ). Not modified: :meth:`get_atoms` returns
+            the current states.
+        ensemble: ``"langevin"`` (BAOAB) or ``"nve"`` (velocity Verlet).
+        timestep_fs: time step, fs.
+        temperature_K: Langevin bath temperature, and the Maxwell-Boltzmann draw of ``velocities="maxwell"``.
+        friction_per_fs: Langevin friction γ, 1/fs.
+        velocities: ``"maxwell"`` (drawn at ``temperature_K`` per replica from ``seed``, as
+            :func:`~mlff_distiller.ase_compat.maxwell_boltzmann`, replica after replica) or ``"input"`` (each
+            structure's own momenta).
+        seed: seeds the velocity draw (NumPy) and the Langevin noise (a torch generator on the device).
+        fix_com: remove each structure's centre-of-mass momentum (see the module docstring). ``None``: the
+            non-periodic structures.
+        device, precision, mode: of the :class:`~mlff_distiller.engine.ForceEngine` (``precision`` is the model's
+            arithmetic; the trajectories' state is float64 either way).
+        skin: Verlet skin, Å (the list is rebuilt once any atom of any replica moved more than ``skin / 2``).
+
+    Attributes:
+        engine: the :class:`~mlff_distiller.engine.ForceEngine` (``engine.verlet.n_builds``: the list's builds).
+        nsteps: steps taken; ``time_fs``: the run's clock.
+    """
+
+    def __init__(
+        self,
+        model: StudentModel | str | Path,
+        structures: Sequence,
+        *,
+        ensemble: str = "langevin",
+        timestep_fs: float = 0.5,
+        temperature_K: float = 300.0,
+        friction_per_fs: float = 0.01,
+        velocities: str = "maxwell",
+        seed: int = 0,
+        fix_com: bool | Sequence[bool] | None = None,
+        device: torch.device | str | None = None,
+        precision: str = "fp32",
+        mode: str = "auto",
+        skin: float = 1.0,
+    ) -> None:
+        from ase import units
+
+        from mlff_distiller.checkpoint import load_model
+
+        if ensemble not in ENSEMBLES:
+            raise ValueError(f"ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
+        if velocities not in ("maxwell", "input"):
+            raise ValueError(f"velocities must be 'maxwell' or 'input', got {velocities!r}")
+        for name, value in (("timestep_fs", timestep_fs), ("temperature_K", temperature_K)):
+            if not math.isfinite(value) or value < 0 or (name == "timestep_fs" and value == 0):
+                raise ValueError(f"{name} must be a finite number > 0 (temperature: >= 0), got {value}")
+        if ensemble == "langevin" and (not math.isfinite(friction_per_fs) or friction_per_fs < 0):
+            raise ValueError(f"friction_per_fs must be a finite number >= 0, got {friction_per_fs}")
+        if skin is None or not skin >= 0:
+            raise ValueError(f"skin must be a number of Å >= 0, got {skin}")
+        if hasattr(structures, "get_positions"):
+            structures = [structures]
+        structures = list(structures)
+        if not structures:
+            raise ValueError("BatchedMD needs at least one structure")
+        if not isinstance(model, StudentModel):
+            model = load_model(model)
+        self.engine = ForceEngine(model, device=device, precision=precision, mode=mode, neighbor_skin=skin)
+        dev = self.engine.device
+        self.device = dev
+        self.ensemble = ensemble
+        self.timestep_fs = float(timestep_fs)
+        self.temperature_K = float(temperature_K)
+        self.friction_per_fs = float(friction_per_fs)
+        self.seed = int(seed)
+
+        # The batch the engine sees every step: its positions tensor is the trajectories' state (float64, updated
+        # in place); numbers, cell, pbc, batch and ptr stay the same objects (the Verlet test compares positions
+        # only).
+        self._batch = AtomsBatch.from_atoms(structures, device=dev, dtype=torch.float64)
+        self.engine._check_species(self._batch.numbers)  # an unknown element: a ValueError now, not at the first step
+        b, n = self._batch.num_structures, self._batch.num_atoms
+        counts = (self._batch.ptr[1:] - self._batch.ptr[:-1]).cpu().numpy()
+        self._counts = counts
+        masses = np.concatenate([a.get_masses() for a in structures]).astype(np.float64)
+        if not (np.isfinite(masses).all() and (masses > 0).all()):
+            raise ValueError("every atom needs a finite mass > 0 (atoms.get_masses())")
+        self._masses = torch.as_tensor(masses, device=dev).unsqueeze(1)  # [N, 1] amu
+        periodic = np.array([bool(np.any(a.pbc)) for a in structures])
+        if fix_com is None:
+            fix = ~periodic
+        elif isinstance(fix_com, bool | np.bool_):
+            fix = np.full(b, bool(fix_com))
+        else:
+            fix = np.asarray(list(fix_com), dtype=bool)
+            if fix.shape != (b,):
+                raise ValueError(f"fix_com: one flag per structure ({b}), got {fix.shape[0]}")
+        self.fix_com = fix
+        self._fix_atoms = torch.as_tensor(np.repeat(fix, counts), device=dev).unsqueeze(1)
+        self._any_fix = bool(fix.any())
+        total_mass = np.add.reduceat(masses, self._batch.ptr[:-1].cpu().numpy()) if n else np.zeros(b)
+        self._total_mass = torch.as_tensor(total_mass, device=dev).unsqueeze(1)  # [B, 1]
+        self.dof = 3 * counts - 3 * fix  # degrees of freedom per structure (ASE's count with FixCom)
+
+        if velocities == "input":
+            missing = [k for k, a in enumerate(structures) if not a.has("momenta")]
+            if missing:
+                raise ValueError(f"velocities 'input': structure(s) {missing[:10]} have no momenta")
+            momenta = np.concatenate([a.get_momenta() for a in structures])
+        else:
+            from mlff_distiller.ase_compat import maxwell_boltzmann
+
+            rng = np.random.default_rng(self.seed)
+            parts = []
+            for a in structures:  # replica after replica from one stream: one replica equals `mlff-distill md`'s draw
+                probe = a.copy()
+                probe.set_constraint()
+                maxwell_boltzmann(probe, self.temperature_K, rng=rng)
+                parts.append(probe.get_momenta())
+            momenta = np.concatenate(parts)
+        if not np.isfinite(momenta).all():
+            raise ValueError("non-finite momenta in the input structures")
+        self._momenta = torch.as_tensor(momenta, dtype=torch.float64, device=dev).contiguous()
+        if self._any_fix:
+            self._remove_com(self._momenta)
+
+        dt = self.timestep_fs * units.fs
+        self._dt = dt
+        self._kT = units.kB * self.temperature_K
+        c = math.exp(-self.friction_per_fs / units.fs * dt)
+        self._c = c
+        # sqrt((1 - c²) m kT) per atom: the Ornstein-Uhlenbeck kick's standard deviation
+        self._noise_scale = torch.sqrt((1.0 - c * c) * self._kT * self._masses)
+        self._generator = torch.Generator(device=dev)
+        self._generator.manual_seed(self.seed)
+        self._noise = torch.empty_like(self._momenta)
+        self._forces = torch.zeros_like(self._momenta)  # the student's forces (get_atoms reports them)
+        self._kick = self._forces if not self._any_fix else torch.zeros_like(self._momenta)  # what the kicks apply
+        self._energy = torch.zeros(b, dtype=torch.float64, device=dev)
+        self._energies = torch.zeros(n, dtype=torch.float64, device=dev)
+        self._templates = [a.copy() for a in structures]
+        for a in self._templates:
+            a.calc = None
+            a.set_constraint()
+            a.info = {}
+        self.nsteps = 0
+        self.time_fs = 0.0
+        self._has_forces = False
+
+    # ------------------------------------------------------------------------------------------------ state
+    @property
+    def n_replicas(self) -> int:
+        return self._batch.num_structures
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """``[N, 3]`` float64 positions of all replicas (Å, on the engine's device; the live state)."""
+        return self._batch.positions
+
+    @property
+    def momenta(self) -> torch.Tensor:
+        """``[N, 3]`` float64 momenta (ASE units; the live state)."""
+        return self._momenta
+
+    @property
+    def ptr(self) -> np.ndarray:
+        """``[B + 1]`` offsets: replica ``k``'s atoms are rows ``ptr[k]:ptr[k+1]``."""
+        return self._batch.ptr.cpu().numpy()
+
+    def _ensure_forces(self) -> None:
+        if not self._has_forces:
+            self._compute_forces()
+
+    def potential_energies(self) -> np.ndarray:
+        """Potential energy per replica, eV."""
+        self._ensure_forces()
+        return self._energy.cpu().numpy().copy()
+
+    def kinetic_energies(self) -> np.ndarray:
+        """Kinetic energy per replica, eV."""
+        per_atom = (self._momenta.square().sum(dim=1, keepdim=True) / self._masses).squeeze(1) * 0.5
+        ke = torch.zeros(self.n_replicas, dtype=torch.float64, device=self.device)
+        ke.index_add_(0, self._batch.batch, per_atom)
+        return ke.cpu().numpy()
+
+    def temperatures(self) -> np.ndarray:
+        """Kinetic temperature per replica, K (``2 KE / (dof k_B)``; 0 for a replica without degrees of freedom)."""
+        from ase import units
+
+        ke = self.kinetic_energies()
+        dof = np.maximum(self.dof, 1)
+        return np.where(self.dof > 0, 2.0 * ke / (dof * units.kB), 0.0)
+
+    def get_atoms(self, indices: Sequence[int] | None = None) -> list:
+        """The current state of the replicas (all, or ``indices``) as new ``ase.Atoms``: positions, momenta, and a
+        ``SinglePointCalculator`` with ``energy``, ``free_energy``, ``forces`` and ``energies`` (per atom)."""
+        from ase.calculators.singlepoint import SinglePointCalculator
+
+        out = []
+        for k, atoms, results in self._states(indices):
+            frame = atoms.copy()
+            frame.calc = SinglePointCalculator(frame, **results)
+            frame.info["replica"] = int(k)
+            out.append(frame)
+        return out
+
+    def _states(self, indices: Sequence[int] | None = None):
+        """``(index, template, results)`` per replica, the templates' positions and momenta set to the current state
+        (one host copy of everything; the templates are reused, :meth:`get_atoms` copies them)."""
+        self._ensure_forces()
+        pos = self._batch.positions.cpu().numpy()
+        mom = self._momenta.cpu().numpy()
+        forces = self._forces.cpu().numpy()
+        energies = self._energies.cpu().numpy()
+        energy = self._energy.cpu().numpy()
+        ptr = self.ptr
+        for k in indices if indices is not None else range(self.n_replicas):
+            lo, hi = ptr[k], ptr[k + 1]
+            atoms = self._templates[k]
+            atoms.arrays["positions"][:] = pos[lo:hi]
+            atoms.set_momenta(mom[lo:hi], apply_constraint=False)
+            e = float(energy[k])
+            results = {"energy": e, "free_energy": e, "forces": forces[lo:hi].copy()}
+            results["energies"] = energies[lo:hi].copy()
+            yield k, atoms, results
+
+    # ------------------------------------------------------------------------------------------------ steps
+    def _compute_forces(self) -> None:
+        out = self.engine.compute(self._batch)
+        self._forces.copy_(out["forces"])
+        if self._any_fix:  # the kicks leave a fixed structure's centre of mass at rest, up to float64 rounding
+            self._remove_com(self._forces, out=self._kick)
+        self._energy.copy_(out["energy"])
+        self._energies.copy_(out["atomic_energies"])
+        self._has_forces = True
+
+    def _remove_com(self, momenta: torch.Tensor, out: torch.Tensor | None = None) -> None:
+        """Subtract each fixed structure's total (mass-weighted share per atom) from ``momenta``, in place or into
+        ``out``: the centre-of-mass momentum, or of forces the net force (ASE's ``FixCom.adjust_forces``)."""
+        total = torch.zeros((self.n_replicas, 3), dtype=torch.float64, device=self.device)
+        total.index_add_(0, self._batch.batch, momenta)
+        share = (total / self._total_mass).index_select(0, self._batch.batch)
+        torch.sub(momenta, torch.where(self._fix_atoms, share * self._masses, 0.0), out=momenta if out is None else out)
+
+    def step(self) -> None:
+        """One step of every replica."""
+        self._ensure_forces()
+        dt, p, r, m = self._dt, self._momenta, self._batch.positions, self._masses
+        p.add_(self._kick, alpha=0.5 * dt)
+        if self.ensemble == "nve":
+            r.add_(p / m, alpha=dt)
+        else:
+            r.add_(p / m, alpha=0.5 * dt)
+            torch.randn(p.shape, generator=self._generator, dtype=p.dtype, device=p.device, out=self._noise)
+            p.mul_(self._c).addcmul_(self._noise, self._noise_scale)
+            if self._any_fix:
+                self._remove_com(p)
+            r.add_(p / m, alpha=0.5 * dt)
+        self._compute_forces()
+        p.add_(self._kick, alpha=0.5 * dt)
+        self.nsteps += 1
+        self.time_fs += self.timestep_fs
+
+    def run(self, steps: int, *, observer: Callable[[BatchedMD], None] | None = None, interval: int = 1) -> None:
+        """Take ``steps`` steps; ``observer(self)`` is called before the first (at ``nsteps == 0`` only) and after
+        every ``interval``-th step (as an observer attached to an ASE dynamics). Raises
+        :class:`~mlff_distiller.batching.NonFiniteOutputError` naming the replicas whose energy is no longer finite
+        (checked at every observation and at the end)."""
+        if steps < 0 or interval < 1:
+            raise ValueError("steps must be >= 0 and interval >= 1")
+        if observer is not None and self.nsteps == 0:
+            self._check_finite()
+            observer(self)
+        for i in range(1, steps + 1):
+            self.step()
+            if observer is not None and i % interval == 0:
+                self._check_finite()
+                observer(self)
+        self._check_finite()
+
+    def _check_finite(self) -> None:
+        self._ensure_forces()
+        bad_atoms = (~torch.isfinite(self._momenta).all(dim=1)).to(torch.float64)
+        per_structure = torch.zeros(self.n_replicas, dtype=torch.float64, device=self.device)
+        per_structure.index_add_(0, self._batch.batch, bad_atoms)
+        finite = torch.isfinite(self._energy) & (per_structure == 0)
+        if bool(finite.all()):
+            return
+        bad = torch.nonzero(~finite).flatten().cpu().tolist()
+        results = [None if k in set(bad) else dict(res) for k, _, res in self._states()]
+        raise NonFiniteOutputError(
+            f"MD blew up: replica(s) {bad[:20]} have a non-finite energy or momenta after {self.nsteps} steps "
+            "(the other replicas' states: get_atoms(), and this error's results)",
+            indices=bad,
+            results=results,
+        )

@@ -1,0 +1,172 @@
+"""BatchedMD: many trajectories in one engine call per step, against ASE's integrators one structure at a time."""
+
+import numpy as np
+import pytest
+import torch
+from ase import units
+from ase.build import molecule
+from ase.md.verlet import VelocityVerlet
+from helpers import make_model, silicon_cell
+
+from mlff_distiller import StudentCalculator, load_model
+from mlff_distiller.ase_compat import maxwell_boltzmann
+from mlff_distiller.batched_md import BatchedMD
+from mlff_distiller.batching import NonFiniteOutputError
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _ase_nve(model, atoms, momenta, steps, dt_fs, device="cpu"):
+    atoms = atoms.copy()
+    atoms.set_momenta(momenta)
+    atoms.calc = StudentCalculator(model, precision="fp64", device=device)
+    VelocityVerlet(atoms, timestep=dt_fs * units.fs).run(steps)
+    return atoms
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nve_equals_ase_velocity_verlet_structure_by_structure(device):
+    """Different molecules and a periodic crystal in one batch: each replica follows ASE's VelocityVerlet with the
+    calculator on that structure alone (float64), and the start is the calculator's Maxwell-Boltzmann draw."""
+    model = make_model(seed=3)
+    structures = [molecule("CH4"), silicon_cell(rattle=0.05), molecule("C6H6"), molecule("H2O")]
+    md = BatchedMD(model, structures, ensemble="nve", precision="fp64", seed=7, fix_com=False, device=device)
+    md.run(25)
+    assert md.nsteps == 25 and md.time_fs == pytest.approx(12.5)
+    rng = np.random.default_rng(7)
+    final = md.get_atoms()
+    for k, atoms in enumerate(structures):
+        start = atoms.copy()
+        maxwell_boltzmann(start, 300.0, rng=rng)
+        ref = _ase_nve(model, start, start.get_momenta(), 25, 0.5)
+        got = final[k]
+        assert got.info["replica"] == k
+        np.testing.assert_allclose(got.positions, ref.positions, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(got.get_momenta(), ref.get_momenta(), rtol=0, atol=1e-9)
+        assert got.get_potential_energy() == pytest.approx(ref.get_potential_energy(), abs=1e-9)
+        np.testing.assert_allclose(got.get_forces(), ref.get_forces(), rtol=0, atol=1e-9)
+    # The list was kept across steps (the skin) and the run was exact anyway (above).
+    assert md.engine.verlet.n_builds < 25
+
+
+def test_skin_list_gives_the_trajectory_of_a_fresh_list_every_step():
+    model = make_model(seed=4)
+    structures = [molecule("C6H6"), molecule("CH3CH2OH")]
+    runs = []
+    for skin in (1.0, 0.0):
+        md = BatchedMD(model, structures, ensemble="nve", precision="fp64", temperature_K=600, seed=2, skin=skin)
+        md.run(40)
+        runs.append((md.positions.cpu().numpy(), md.engine.verlet.n_builds))
+    np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=0, atol=1e-9)
+    assert runs[0][1] < 10 and runs[1][1] == 41
+
+
+def test_fix_com_removes_the_centre_of_mass_momentum_and_counts_3n_minus_3():
+    model = make_model(seed=5)
+    structures = [molecule("C6H6"), molecule("H2O"), silicon_cell()]
+    md = BatchedMD(model, structures, temperature_K=400, friction_per_fs=0.05, seed=1)
+    assert md.fix_com.tolist() == [True, True, False]  # the molecules, not the crystal
+    np.testing.assert_array_equal(md.dof, [3 * 12 - 3, 3 * 3 - 3, 3 * 2])
+    md.run(5)
+    ptr = md.ptr
+    p = md.momenta.cpu().numpy()
+    for k in (0, 1):
+        assert np.abs(p[ptr[k] : ptr[k + 1]].sum(axis=0)).max() < 1e-10
+    assert np.abs(p[ptr[2] : ptr[3]].sum(axis=0)).max() > 1e-3  # the crystal's is not removed
+    ke = md.kinetic_energies()
+    np.testing.assert_allclose(md.temperatures(), 2 * ke / (md.dof * units.kB))
+    # ASE's temperature of the same state with FixCom (3N - 3 degrees of freedom)
+    from ase.constraints import FixCom
+
+    a = md.get_atoms([0])[0]
+    a.set_constraint(FixCom())
+    assert a.get_temperature() == pytest.approx(md.temperatures()[0], rel=1e-12)
+
+
+def test_langevin_holds_the_bath_temperature():
+    """64 water molecules at 500 K with the shipped student: the mean kinetic temperature after equilibration is the
+    bath's (a noise of the wrong size, or a friction applied twice, misses by far more than the tolerance)."""
+    model = load_model("builtin:chno-gfn2")
+    md = BatchedMD(model, [molecule("H2O")] * 64, temperature_K=500.0, friction_per_fs=0.2, seed=11)
+    temps = []
+    md.run(240, observer=lambda m: temps.append(m.temperatures().mean()), interval=4)
+    mean = float(np.mean(temps[20:]))
+    assert 460.0 < mean < 540.0, mean
+    # replicas started alike but sampled apart
+    pos = md.positions.cpu().numpy().reshape(64, 3, 3)
+    assert np.abs(pos[0] - pos[1]).max() > 1e-3
+
+
+def test_observer_runs_at_the_start_and_every_interval():
+    md = BatchedMD(make_model(), [molecule("H2O")], seed=0)
+    seen = []
+    md.run(10, observer=lambda m: seen.append(m.nsteps), interval=4)
+    md.run(4, observer=lambda m: seen.append(m.nsteps), interval=2)
+    assert seen == [0, 4, 8, 12, 14]
+
+
+def test_get_atoms_results_are_the_calculators_on_those_positions():
+    model = make_model(seed=6)
+    md = BatchedMD(model, [molecule("CH3CH2OH"), molecule("CH4")], seed=4, precision="fp64")
+    md.run(6)
+    for atoms in md.get_atoms():
+        energy, forces = atoms.get_potential_energy(), atoms.get_forces()
+        energies = atoms.calc.results["energies"]
+        atoms.calc = StudentCalculator(model, precision="fp64", device="cpu")
+        assert energy == pytest.approx(atoms.get_potential_energy(), abs=1e-10)
+        np.testing.assert_allclose(forces, atoms.get_forces(), atol=1e-10)
+        np.testing.assert_allclose(energies, atoms.get_potential_energies(), atol=1e-10)
+
+
+def test_input_velocities_are_kept_and_inputs_are_not_modified():
+    atoms = molecule("CH4")
+    rng = np.random.default_rng(0)
+    maxwell_boltzmann(atoms, 300, rng=rng)
+    before = atoms.get_momenta().copy(), atoms.positions.copy()
+    md = BatchedMD(make_model(), [atoms], velocities="input", fix_com=False, ensemble="nve")
+    np.testing.assert_array_equal(md.momenta.cpu().numpy(), before[0])
+    md.run(3)
+    np.testing.assert_array_equal(atoms.get_momenta(), before[0])
+    np.testing.assert_array_equal(atoms.positions, before[1])
+
+
+def test_a_replica_that_blows_up_is_named_and_the_others_kept():
+    md = BatchedMD(make_model(), [molecule("H2O"), molecule("CH4"), molecule("H2O")], seed=0)
+    md.run(2)
+    ptr = md.ptr
+    md.momenta[ptr[1]] = float("nan")
+    with pytest.raises(NonFiniteOutputError, match=r"replica\(s\) \[1\]") as err:
+        md.run(1)
+    assert err.value.indices == [1]
+    assert err.value.results[1] is None
+    assert np.isfinite(err.value.results[0]["forces"]).all() and len(err.value.results[2]["forces"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"ensemble": "npt"}, "ensemble must be one of"),
+        ({"velocities": "zero"}, "velocities must be"),
+        ({"timestep_fs": 0.0}, "timestep_fs must be"),
+        ({"temperature_K": float("nan")}, "temperature_K must be"),
+        ({"friction_per_fs": -1.0}, "friction_per_fs must be"),
+        ({"skin": -0.5}, "skin must be"),
+        ({"fix_com": [True, False, True]}, "one flag per structure"),
+        ({"velocities": "input"}, "have no momenta"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BatchedMD(make_model(), [molecule("H2O"), molecule("CH4")], **kwargs)
+
+
+def test_bad_structures_are_named():
+    model = make_model()
+    with pytest.raises(ValueError, match="at least one structure"):
+        BatchedMD(model, [])
+    with pytest.raises(ValueError, match="element"):
+        BatchedMD(model, [molecule("H2O"), molecule("NaCl")])
+    bad = molecule("H2O")
+    bad.positions[1, 0] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        BatchedMD(model, [molecule("CH4"), bad])
