@@ -1,5 +1,7 @@
 """BatchedMD: many trajectories in one engine call per step, against ASE's integrators one structure at a time."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -170,3 +172,109 @@ def test_bad_structures_are_named():
     bad.positions[1, 0] = np.nan
     with pytest.raises(ValueError, match="non-finite"):
         BatchedMD(model, [molecule("CH4"), bad])
+
+
+def _cli(tmp_path):
+    import torch
+
+    from mlff_distiller import StudentModel
+    from mlff_distiller.cli import main
+
+    torch.manual_seed(0)
+    model = tmp_path / "m.pt"
+    StudentModel(species=[1, 6, 7, 8], hidden=16, layers=1).save(model)
+    return main, ["md", "--model", str(model), "--device", "cpu", "--precision", "fp64"]
+
+
+def test_md_command_runs_several_frames_and_replicas_in_one_batch(tmp_path, capsys):
+    """``--input file@: --replicas 2``: every replica of every frame, one batch; each written frame names its
+    trajectory, and is what ASE writes for it; the last frames are BatchedMD's state (the same draw)."""
+    import ase.io
+
+    from mlff_distiller import load_model
+    from mlff_distiller.cli_jobs import MDJob
+
+    main, base = _cli(tmp_path)
+    src = tmp_path / "three.xyz"
+    starts = [molecule("CH4"), molecule("CH3CH2OH"), molecule("NH3")]
+    ase.io.write(src, starts)
+    out = tmp_path / "md.extxyz"
+    args = [*base, "--input", f"{src}@:", "--replicas", "2", "--output", str(out), "--ensemble", "nve"]
+    assert main([*args, "--steps", "8", "--interval", "4", "--seed", "5"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["replicas"] == 6 and report["replica_steps_per_s"] > 0 and report["startup_s"] > 0
+    frames = ase.io.read(out, index=":")
+    assert len(frames) == 3 * 6
+    assert [f.info["replica"] for f in frames] == list(range(6)) * 3
+    assert [f.info["time_fs"] for f in frames] == [0.0] * 6 + [2.0] * 6 + [4.0] * 6
+    assert [len(f) for f in frames[:6]] == [5, 5, 9, 9, 4, 4]
+    # the two replicas of a frame start alike and move apart (their own velocities)
+    np.testing.assert_array_equal(frames[0].positions, frames[1].positions)
+    assert np.abs(frames[-6].positions - frames[-5].positions).max() > 1e-4
+    # NVE in fp64: each replica's total energy is kept
+    for k in range(6):
+        e = [f.info["total_energy"] for f in frames if f.info["replica"] == k]
+        assert max(e) - min(e) < 1e-3
+    md = BatchedMD(load_model(base[2]), [a for a in starts for _ in range(2)], ensemble="nve", precision="fp64", seed=5)
+    md.run(8)
+    for got, ref in zip(frames[-6:], md.get_atoms(), strict=True):
+        np.testing.assert_allclose(got.positions, ref.positions, atol=5e-9)
+        np.testing.assert_allclose(got.get_momenta(), ref.get_momenta(), atol=5e-9)
+        np.testing.assert_allclose(got.get_forces(), ref.get_forces(), atol=5e-9)
+    from test_md_frames import _ase_text
+
+    text = out.read_text().splitlines(keepends=True)
+    first = "".join(text[: len(starts[0]) + 2])
+    frame = frames[0]
+    calc, frame.calc = frame.calc, None
+    info = {k: v for k, v in frame.info.items() if k not in calc.results}
+    assert _ase_text(frame, calc.results, info) == first
+    assert MDJob().replicas == 1
+
+
+def test_md_command_batched_traj_and_continuation(tmp_path, capsys):
+    """A batched run into ``.traj``; continuing three trajectories from their last frames (``@-3:``, ``--velocities
+    input``) is the longer run, at the same times."""
+    import ase.io
+
+    main, base = _cli(tmp_path)
+    src = tmp_path / "start.xyz"
+    ase.io.write(src, molecule("CH3CH2OH"))
+    common = [*base, "--replicas", "3", "--ensemble", "nve", "--interval", "5"]
+
+    def run(inp, out, steps, *extra):
+        code = main([*common, "--input", str(inp), "--output", str(tmp_path / out), "--steps", str(steps), *extra])
+        capsys.readouterr()
+        assert code == 0
+        return ase.io.read(tmp_path / out, index=":")
+
+    first = run(src, "first.extxyz", 10)
+    whole = run(src, "whole.traj", 15)
+    assert len(first) == 9 and len(whole) == 12
+    after = run(f"{tmp_path / 'first.extxyz'}@-3:", "next.extxyz", 5, "--velocities", "input", "--replicas", "1")
+    assert [f.info["time_fs"] for f in after] == [5.0] * 3 + [7.5] * 3
+    for got, ref in zip(after[-3:], whole[-3:], strict=True):
+        np.testing.assert_allclose(got.positions, ref.positions, atol=1e-6)
+        np.testing.assert_allclose(got.get_momenta(), ref.get_momenta(), atol=1e-6)
+        assert got.info["replica"] == ref.info["replica"]
+
+
+def test_md_command_batched_refusals(tmp_path, capsys):
+    import ase.io
+
+    main, base = _cli(tmp_path)
+    src = tmp_path / "two.xyz"
+    ase.io.write(src, [molecule("CH4"), molecule("NH3")])
+    out = str(tmp_path / "o.extxyz")
+    for extra, says in (
+        (["--input", f"{src}@:", "--ensemble", "npt"], "npt' runs one structure"),
+        (["--input", str(src), "--replicas", "0"], "replicas must be >= 1"),
+        (["--input", f"{src}@:", "--velocities", "input"], "has no momenta"),
+    ):
+        assert main([*base, *extra, "--output", out, "--steps", "2"]) == 2
+        assert says in capsys.readouterr().err
+    # a file without an index: its first frame alone, as before (no replica named)
+    assert main([*base, "--input", str(src), "--output", out, "--steps", "2", "--interval", "1"]) == 0
+    capsys.readouterr()
+    frames = ase.io.read(out, index=":")
+    assert len(frames) == 3 and all(len(f) == 5 and "replica" not in f.info for f in frames)

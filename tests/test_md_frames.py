@@ -59,6 +59,8 @@ def _random_case(rng: np.random.Generator, k: int) -> tuple[Atoms, dict, dict]:
     if k % 3 == 2:
         info["volume"] = float(a.get_volume())
         info["pressure_gpa"] = float(rng.normal() * 10.0 ** rng.integers(-12, 1))
+    if k % 3 == 1:  # BatchedMD's frames name their replica
+        info["replica"] = int(rng.integers(-(10**12), 10**12)) if k % 2 else k
     return a, results, info
 
 
@@ -99,7 +101,8 @@ def _declined():
     kept.info["config_type"] = "water"
     case("info the input carried", kept)
     case("a string in the info", extra={"note": "x"})
-    case("an integer in the info", extra={"step": 3})
+    case("a bool in the info", extra={"done": True})
+    case("a NumPy integer in the info", extra={"step": np.int64(3)})
     case("an info key that is also a result", extra={"energy": 1.0})
     case("a dipole result", results={**res, "dipole": np.zeros(3)})
     case("forces that are not real numbers", results={**res, "forces": np.zeros((3, 3), dtype=int)})

@@ -242,16 +242,18 @@ class BatchedMD:
         from ase.calculators.singlepoint import SinglePointCalculator
 
         out = []
-        for k, atoms, results in self._states(indices):
+        for k, atoms, results in self.states(indices):
             frame = atoms.copy()
             frame.calc = SinglePointCalculator(frame, **results)
             frame.info["replica"] = int(k)
             out.append(frame)
         return out
 
-    def _states(self, indices: Sequence[int] | None = None):
-        """``(index, template, results)`` per replica, the templates' positions and momenta set to the current state
-        (one host copy of everything; the templates are reused, :meth:`get_atoms` copies them)."""
+    def states(self, indices: Sequence[int] | None = None):
+        """``(index, atoms, results)`` per replica (all, or ``indices``): ``atoms`` with the current positions and
+        momenta, ``results`` its ``energy``, ``free_energy``, ``forces`` and ``energies``. One host copy of the whole
+        state; the ``atoms`` objects are reused from call to call (``mlff-distill md`` writes them as they come):
+        :meth:`get_atoms` gives copies to keep."""
         self._ensure_forces()
         pos = self._batch.positions.cpu().numpy()
         mom = self._momenta.cpu().numpy()
@@ -332,7 +334,7 @@ class BatchedMD:
         if bool(finite.all()):
             return
         bad = torch.nonzero(~finite).flatten().cpu().tolist()
-        results = [None if k in set(bad) else dict(res) for k, _, res in self._states()]
+        results = [None if k in set(bad) else dict(res) for k, _, res in self.states()]
         raise NonFiniteOutputError(
             f"MD blew up: replica(s) {bad[:20]} have a non-finite energy or momenta after {self.nsteps} steps "
             "(the other replicas' states: get_atoms(), and this error's results)",

@@ -162,7 +162,17 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("md", help="molecular dynamics with the student, trajectory as extxyz (or .traj)")
     _add_common(p)
     p.add_argument("--model", help="checkpoint path or builtin:NAME")
-    p.add_argument("--input", help="starting structure: the first frame of the file, or file@INDEX (file@-1: the last)")
+    p.add_argument(
+        "--input",
+        help="starting structure: the first frame of the file, or file@INDEX (file@-1: the last); several frames "
+        "(file@0:100, file@:) run as independent trajectories in one batch",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        help="independent trajectories from each starting frame, run together in one batch (default 1); their "
+        "frames share the output, each naming its trajectory (info 'replica')",
+    )
     p.add_argument("--output", help="trajectory: extxyz, or ASE's binary trajectory for a .traj name")
     p.add_argument(
         "--velocities", help="maxwell (drawn at --temperature; the default) | input (the input frame's momenta)"

@@ -210,11 +210,18 @@ def run_md(job: MDJob) -> dict:
         raise ValueError("steps and interval must be >= 1")
     if job.velocities not in ("maxwell", "input"):
         raise ValueError(f"velocities must be 'maxwell' or 'input', got {job.velocities!r}")
-    atoms = _read_structures(job.input)[0]
-    source = Path(_split_index(job.input)[0])
-    if Path(job.output).exists() and Path(job.output).resolve() == source.resolve():
+    if job.replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {job.replicas}")
+    frames = _read_structures(job.input)
+    source, index = _split_index(job.input)
+    if Path(job.output).exists() and Path(job.output).resolve() == Path(source).resolve():
         # the trajectory file is rewritten from its first frame: the frames read from it would be lost
         raise ValueError(f"output {job.output} is the input file; write the trajectory to another file")
+    if index is None:
+        frames = frames[:1]  # a file without an index: its first frame, as before several frames could run
+    if len(frames) * job.replicas > 1:
+        return _run_md_batched(job, frames)
+    atoms = frames[0]
     # A run continued from a frame it wrote (its momenta kept) goes on with that frame's clock.
     t_start = float(atoms.info.get("time_fs", 0.0)) if job.velocities == "input" else 0.0
     for key in _MD_INFO:  # what a frame of an earlier run says about that run; this run writes its own
@@ -319,6 +326,90 @@ def run_md(job: MDJob) -> dict:
     if verlet is not None:  # how often the neighbour list was rebuilt (NPT: kept across small cell changes)
         out["list_builds"] = verlet.n_builds
     return out
+
+
+def _run_md_batched(job: MDJob, frames: list) -> dict:
+    """``md`` over several trajectories at once (:class:`~mlff_distiller.batched_md.BatchedMD`): every replica of
+    every frame in one engine call per step; each written frame names its trajectory (info ``replica``)."""
+    import numpy as np
+    from ase.io.extxyz import write_extxyz
+
+    from mlff_distiller._extxyz_fast import format_md_frame
+    from mlff_distiller.batched_md import BatchedMD
+
+    if job.ensemble == "npt":
+        raise ValueError("ensemble 'npt' runs one structure: several frames or --replicas need langevin or nve")
+    structures = []
+    t_start = []
+    for atoms in frames:
+        if job.velocities == "input" and not atoms.has("momenta"):
+            raise ValueError(f"velocities 'input': a frame of {job.input} has no momenta")
+        t = float(atoms.info.get("time_fs", 0.0)) if job.velocities == "input" else 0.0
+        for _ in range(job.replicas):
+            structures.append(atoms)
+            t_start.append(t)
+    t0 = time.perf_counter()
+    md = BatchedMD(
+        job.model,
+        structures,
+        ensemble=job.ensemble,
+        timestep_fs=job.timestep_fs,
+        temperature_K=job.temperature,
+        friction_per_fs=job.friction_per_fs,
+        velocities=job.velocities,
+        seed=job.seed,
+        device=job.device,
+        precision=job.precision,
+    )
+    md.potential_energies()  # the first forces: set-up, kernels and capture, timed apart from the steps
+    startup = time.perf_counter() - t0
+    Path(job.output).parent.mkdir(parents=True, exist_ok=True)
+    traj = Path(job.output).suffix == ".traj"
+    with open(job.output, "wb" if traj else "w") as handle:
+        if traj:
+            from ase.io.trajectory import TrajectoryWriter
+
+            writer = TrajectoryWriter(handle, "w")
+
+        def write(md: BatchedMD) -> None:
+            kinetic = md.kinetic_energies()
+            for k, atoms, results in md.states():
+                info = {
+                    "time_fs": t_start[k] + md.time_fs,
+                    "total_energy": results["energy"] + float(kinetic[k]),
+                    "replica": k,
+                }
+                text = None if traj else format_md_frame(atoms, results, info)
+                if text is not None:
+                    handle.write(text)
+                    continue
+                from ase.calculators.singlepoint import SinglePointCalculator
+
+                frame = atoms.copy()
+                frame.calc = SinglePointCalculator(frame, **results)
+                frame.info.update(info)
+                if traj:
+                    writer.write(frame)
+                else:
+                    write_extxyz(handle, frame)
+            handle.flush()  # an interrupted run keeps every frame written so far
+
+        t0 = time.perf_counter()
+        md.run(job.steps, observer=write, interval=job.interval)
+        seconds = time.perf_counter() - t0
+    temperatures = md.temperatures()
+    return {
+        "steps": job.steps,
+        "replicas": md.n_replicas,
+        "seconds": seconds,
+        "s_per_step": seconds / job.steps,
+        "replica_steps_per_s": md.n_replicas * job.steps / seconds,
+        "startup_s": startup,
+        "precision": md.engine.precision,
+        "output": job.output,
+        "list_builds": md.engine.verlet.n_builds,
+        "mean_temperature_K": float(np.mean(temperatures)),
+    }
 
 
 def run_check(job: CheckJob) -> dict:

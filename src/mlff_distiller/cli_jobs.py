@@ -104,6 +104,10 @@ class MDJob:
     # "maxwell": momenta drawn at `temperature` (seeded); "input": the input frame's own momenta (continue a run
     # from a frame it wrote, e.g. --input md.extxyz@-1).
     velocities: str = "maxwell"
+    # Copies of each starting frame, run as independent trajectories together (BatchedMD: one engine call per step
+    # for all of them). Several frames (--input file@0:10) also run together; each frame of the output names its
+    # trajectory (info "replica").
+    replicas: int = 1
     # npt (ASE's NPTBerendsen, isotropic; a fully periodic input): target pressure, the material's isothermal
     # compressibility (default: water at 300 K) and the thermostat / barostat time constants.
     pressure_bar: float = 1.01325
