@@ -42,6 +42,8 @@
 #   bash scripts/gpu_session.sh studentsize # probe_student_size.py: the speed targets' rows per student width/depth
 #   bash scripts/gpu_session.sh ethsize   # ethanol from GFN2-xTB per student size (ETH_SIZES="128x3 64x3 64x2"), same
 #                                         #   labels and training time each (ETH_TRAIN_S, default 75 s)
+#   bash scripts/gpu_session.sh batchedmd # BatchedMD: its CUDA tests, bench_batched_md.py, `mlff-distill md` on 976
+#                                         #   trajectories (the 61 g2 molecules x 16 replicas)
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -53,7 +55,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|nptab|startup|ahead|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|nptab|startup|ahead|batchedmd|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 declare -A seen=()
@@ -391,6 +393,22 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
   studentsize)
     timeout $(box 420) python3 benchmarks/probe_student_size.py --out "$res" ${SIZE_ARGS:-} >"$res/probe_size.log" 2>&1
     grep -E "^\| " "$res/probe_size.log" | tail -8; tail -3 "$res/probe_size.log"
+    ;;
+  batchedmd)
+    timeout $(box 150) python3 -m pytest -v -p no:cacheprovider --timeout=140 --tb=short tests/test_batched_md.py \
+      tests/test_md_frames.py >"$res/pytest_gpu.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_gpu.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu.log" | head -20
+    tail -2 "$res/pytest_gpu.log"
+    timeout $(box 300) python3 benchmarks/bench_batched_md.py --out "$res" --budget-s $(box 240) ${BMD_ARGS:-} \
+      >"$res/bench_batched_md.log" 2>&1
+    grep -E "^\| " "$res/bench_batched_md.log" | tail -24; tail -2 "$res/bench_batched_md.log"
+    python3 -c "from ase.collections import g2; import ase.io; ase.io.write('/tmp/g2.extxyz', [a for a in g2 if set(a.get_chemical_symbols()) <= set('HCNO')])"
+    for r in 1 16; do
+      timeout $(box 100) python3 -m mlff_distiller.cli md --input /tmp/g2.extxyz@: --replicas $r --steps 2000 --interval 500 \
+        --output "$res/g2_x$r.extxyz" >"$res/md_cli_x$r.json" 2>"$res/md_cli_x$r.err"
+      echo "md x$r: $(cat "$res/md_cli_x$r.json")"; tail -2 "$res/md_cli_x$r.err"
+      rm -f "$res/g2_x$r.extxyz"
+    done
     ;;
   mdspeed)
     timeout $(box 240) python3 benchmarks/bench_md_speed.py --out "$res/md_speed" 2>&1 | tee "$res/md_speed.log" | tail -12
