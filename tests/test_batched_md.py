@@ -63,10 +63,11 @@ def test_skin_list_gives_the_trajectory_of_a_fresh_list_every_step():
     assert runs[0][1] < 10 and runs[1][1] == 41
 
 
-def test_fix_com_removes_the_centre_of_mass_momentum_and_counts_3n_minus_3():
+@pytest.mark.parametrize("device", DEVICES)
+def test_fix_com_removes_the_centre_of_mass_momentum_and_counts_3n_minus_3(device):
     model = make_model(seed=5)
     structures = [molecule("C6H6"), molecule("H2O"), silicon_cell()]
-    md = BatchedMD(model, structures, temperature_K=400, friction_per_fs=0.05, seed=1)
+    md = BatchedMD(model, structures, temperature_K=400, friction_per_fs=0.05, seed=1, device=device)
     assert md.fix_com.tolist() == [True, True, False]  # the molecules, not the crystal
     np.testing.assert_array_equal(md.dof, [3 * 12 - 3, 3 * 3 - 3, 3 * 2])
     md.run(5)
@@ -85,11 +86,12 @@ def test_fix_com_removes_the_centre_of_mass_momentum_and_counts_3n_minus_3():
     assert a.get_temperature() == pytest.approx(md.temperatures()[0], rel=1e-12)
 
 
-def test_langevin_holds_the_bath_temperature():
+@pytest.mark.parametrize("device", DEVICES)
+def test_langevin_holds_the_bath_temperature(device):
     """64 water molecules at 500 K with the shipped student: the mean kinetic temperature after equilibration is the
     bath's (a noise of the wrong size, or a friction applied twice, misses by far more than the tolerance)."""
     model = load_model("builtin:chno-gfn2")
-    md = BatchedMD(model, [molecule("H2O")] * 64, temperature_K=500.0, friction_per_fs=0.2, seed=11)
+    md = BatchedMD(model, [molecule("H2O")] * 64, temperature_K=500.0, friction_per_fs=0.2, seed=11, device=device)
     temps = []
     md.run(240, observer=lambda m: temps.append(m.temperatures().mean()), interval=4)
     mean = float(np.mean(temps[20:]))
@@ -97,6 +99,24 @@ def test_langevin_holds_the_bath_temperature():
     # replicas started alike but sampled apart
     pos = md.positions.cpu().numpy().reshape(64, 3, 3)
     assert np.abs(pos[0] - pos[1]).max() > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ensemble", ["langevin", "nve"])
+def test_cuda_graph_integrator_equals_the_eager_one(ensemble):
+    """The integrator's two halves replayed as CUDA graphs give the eager kernels' trajectory (the same draws), and
+    the warm-up before their capture leaves the state as it was."""
+    model = make_model(seed=8)
+    structures = [molecule("C6H6"), molecule("CH3CH2OH"), silicon_cell()]
+    runs = []
+    for graphs in (True, False):
+        kw = {"seed": 3, "device": "cuda", "precision": "fp64", "cuda_graphs": graphs}
+        md = BatchedMD(model, structures, ensemble=ensemble, **kw)
+        md.run(30)
+        assert isinstance(getattr(md._captured[0], "__self__", None), torch.cuda.CUDAGraph) == graphs
+        runs.append((md.positions.cpu().numpy(), md.momenta.cpu().numpy()))
+    np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=0, atol=1e-12)
 
 
 def test_observer_runs_at_the_start_and_every_interval():
