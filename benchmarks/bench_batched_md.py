@@ -12,6 +12,7 @@ Rows, each Langevin at 300 K, 0.5 fs, fp32, the shipped student (``--model``):
   student's training set), all advanced together; ms per step (median of 50-step blocks after 100 warm-up steps,
   synchronised), µs per replica-step, and the list's builds per 1,000 steps.
 * ``reference``: the same BatchedMD on the plain-PyTorch reference kernels, eager (``--ref-sizes``).
+* ``integrator eager``: BatchedMD with ``cuda_graphs=False`` (``--eager-sizes``).
 * ``engine only``: the engine call of the BatchedMD step alone (same batch, no integration), to show the
   integrator's own cost.
 
@@ -113,6 +114,7 @@ def main() -> None:
     ap.add_argument("--model", default="builtin:chno-gfn2")
     ap.add_argument("--sizes", default="1,16,64,256,1024,4096")
     ap.add_argument("--ref-sizes", default="1,64,1024")
+    ap.add_argument("--eager-sizes", default="1,1024", help="g2 rows with the integrator launched kernel by kernel")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--budget-s", type=float, default=420.0, help="rows left once this many seconds have passed")
     args = ap.parse_args()
@@ -176,6 +178,14 @@ def main() -> None:
     for n in sizes:
         row("benzene", [molecule("C6H6")] * n, ase_ms["C6H6"])
         row("g2 mix", [pool[k % len(pool)] for k in range(n)], g2_ms)
+    lines += ["", "The same BatchedMD with its integrator's kernels launched one by one (`cuda_graphs=False`):", ""]
+    lines += [
+        "| system | replicas | atoms | ms per step (p20-p80) | µs per replica-step | x ASE loop | builds / 1k steps "
+        "| engine call ms | first step s | mean T K |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in [int(x) for x in args.eager_sizes.split(",") if x]:
+        row("g2 mix, integrator eager", [pool[k % len(pool)] for k in range(n)], g2_ms, cuda_graphs=False)
     lines += ["", "The plain-PyTorch reference kernels, eager, the same BatchedMD:", ""]
     lines += [
         "| system | replicas | atoms | ms per step (p20-p80) | µs per replica-step | x ASE loop | builds / 1k steps "
