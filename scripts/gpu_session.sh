@@ -402,13 +402,16 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     timeout $(box 300) python3 benchmarks/bench_batched_md.py --out "$res" --budget-s $(box 240) ${BMD_ARGS:-} \
       >"$res/bench_batched_md.log" 2>&1
     grep -E "^\| " "$res/bench_batched_md.log" | tail -24; tail -2 "$res/bench_batched_md.log"
-    python3 -c "from ase.collections import g2; import ase.io; ase.io.write('/tmp/g2.extxyz', [a for a in g2 if set(a.get_chemical_symbols()) <= set('HCNO')])"
+    python3 -c "from mlff_distiller.distill.seeds import g2_chno; import ase.io; ase.io.write('/tmp/g2.extxyz', g2_chno())"
     for r in 1 16; do
       timeout $(box 100) python3 -m mlff_distiller.cli md --input /tmp/g2.extxyz@: --replicas $r --steps 2000 --interval 500 \
         --output "$res/g2_x$r.extxyz" >"$res/md_cli_x$r.json" 2>"$res/md_cli_x$r.err"
       echo "md x$r: $(cat "$res/md_cli_x$r.json")"; tail -2 "$res/md_cli_x$r.err"
       rm -f "$res/g2_x$r.extxyz"
     done
+    # the teacher on this host's CPU (needs tblite carried in .whl)
+    timeout $(box 120) python3 benchmarks/bench_teacher_md.py --out "$res" >"$res/bench_teacher_md.log" 2>&1
+    grep -E "Mean|replica-steps" "$res/bench_teacher_md.log"; tail -2 "$res/bench_teacher_md.log"
     ;;
   mdspeed)
     timeout $(box 240) python3 benchmarks/bench_md_speed.py --out "$res/md_speed" 2>&1 | tee "$res/md_speed.log" | tail -12
