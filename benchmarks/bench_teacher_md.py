@@ -80,12 +80,12 @@ def main() -> None:
     pool = g2_chno()
     cores = os.cpu_count() or 1
     workers = args.workers or cores
-    import tblite
+    from importlib.metadata import version
 
     lines = [
         "# bench_teacher_md.py: GFN2-xTB MD on the CPU (the teacher of the shipped students)",
         "",
-        f"{_cpu_name()} · {cores} cores · tblite {getattr(tblite, '__version__', '?')} · Python "
+        f"{_cpu_name()} · {cores} cores · tblite {version('tblite')} · Python "
         f"{platform.python_version()} · host {platform.node()}",
         "",
         f"ASE's Langevin, 300 K, 0.5 fs, one OpenMP thread per process; {len(pool)} closed-shell CHNO molecules of g2.",
