@@ -289,6 +289,42 @@ def test_molecular_path_equals_brute_force(dtype):
         neighbor_list(bad, batch.cell, batch.pbc, batch.batch, batch.ptr, CUTOFF)
 
 
+DEVICE_KINDS = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("kind", DEVICE_KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_molecular_device_path_equals_the_host_path(kind, dtype):
+    """``molecular_pairs_device`` (molecules whose positions live on a GPU; any device here) gives the host path's
+    pairs, order, CSR and zero shifts: random molecules, single atoms (no candidates), a coincident pair and a pair
+    exactly at the cutoff; on CUDA, ``auto`` takes it."""
+    from mlff_distiller.neighbors.molecular import molecular_pairs, molecular_pairs_device
+
+    rng = np.random.default_rng(12)
+    mols = [Atoms(numbers=[1] * n, positions=rng.uniform(0, 7, (n, 3))) for n in rng.integers(1, 40, 30)]
+    twin = Atoms("H3", positions=[[0, 0, 0], [0, 0, 0], [0, 0, CUTOFF - 1e-9]])
+    edge = Atoms("H2", positions=[[0, 0, 0], [0, 0, CUTOFF]])
+    batch = AtomsBatch.from_atoms([*mols, twin, edge, Atoms("H")], dtype=dtype)
+    want = molecular_pairs(batch.positions, batch.ptr, CUTOFF)
+    dev = batch.to(kind)
+    got = molecular_pairs_device(dev.positions, dev.ptr, CUTOFF)
+    assert got.edge_index.device.type == kind and got.method == "molecular"
+    assert torch.equal(got.edge_index.cpu(), want.edge_index)
+    assert torch.equal(got.row_ptr.cpu(), want.row_ptr)
+    assert torch.equal(got.shifts.cpu(), want.shifts)
+    assert got.shift_vectors.dtype == dtype and not got.shift_vectors.any()
+    lone = AtomsBatch.from_atoms([Atoms("H"), Atoms("O")], dtype=dtype).to(kind)
+    none = molecular_pairs_device(lone.positions, lone.ptr, CUTOFF)
+    assert none.num_edges == 0 and none.row_ptr.tolist() == [0, 0, 0]
+    bad = dev.positions.clone()
+    bad[3, 1] = float("inf")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        molecular_pairs_device(bad, dev.ptr, CUTOFF)
+    if kind == "cuda":
+        auto = neighbor_list_batch(dev, CUTOFF)
+        assert auto.method == "molecular" and torch.equal(auto.edge_index.cpu(), want.edge_index)
+
+
 # ------------------------------------------------------------------------------------------------ errors
 def test_bad_inputs():
     b = AtomsBatch.from_atoms(structures()[:3])

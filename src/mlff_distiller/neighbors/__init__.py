@@ -48,7 +48,9 @@ Backends (``BACKENDS`` maps name -> supported devices; :func:`available_backends
   contract (:mod:`.vesin_backend`). Asking for it without vesin-torch installed is a ``ValueError``.
 * ``molecular`` (not selectable by name): :mod:`.molecular`, all pairs per structure in NumPy; ``auto`` takes it
   first for CPU tensors of structures with no periodic direction (at most ``MOLECULAR_MAX_PAIRS`` candidate
-  pairs): same pairs, same order, a fraction of the fixed cost.
+  pairs): same pairs, same order, a fraction of the fixed cost. For such structures on a GPU, the same
+  enumeration in torch on that device (``molecular_pairs_device``; three small host reads instead of the general
+  backends' ~8).
 * ``auto``: ``brute`` when every structure satisfies ``n_b * M_b <= AUTO_BRUTE_MAX[device type]`` (each
   atom meets at most that many candidates, so brute stays O(N): batches of molecules and small cells); else
   ``vesin`` for a single structure of at least ``AUTO_VESIN_MIN_ATOMS[device type]`` atoms when vesin-torch
@@ -75,7 +77,12 @@ from mlff_distiller.neighbors.cell_list_triton import (
     cell_list_triton_periodic,
     triton_runnable,
 )
-from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs
+from mlff_distiller.neighbors.molecular import (
+    molecular_applicable,
+    molecular_device_applicable,
+    molecular_pairs,
+    molecular_pairs_device,
+)
 from mlff_distiller.neighbors.verlet import VerletNeighborList
 from mlff_distiller.neighbors.vesin_backend import vesin_available, vesin_pairs
 
@@ -180,6 +187,12 @@ def neighbor_list(
         if batch.shape != positions.shape[:1] or ptr.dim() != 1 or int(ptr[-1]) != positions.shape[0]:
             raise ValueError("neighbor_list: batch must be [N] and ptr [B + 1] ending at N")
         return molecular_pairs(positions, ptr, cutoff)
+    if method == "auto" and molecular_device_applicable(positions, pbc, ptr):
+        if not float(cutoff) > 0:
+            raise ValueError(f"neighbor_list: cutoff must be > 0 Å, got {cutoff}")
+        if batch.shape != positions.shape[:1] or ptr.dim() != 1 or int(ptr[-1]) != positions.shape[0]:
+            raise ValueError("neighbor_list: batch must be [N] and ptr [B + 1] ending at N")
+        return molecular_pairs_device(positions, ptr, cutoff)
     # Validation and the per-structure geometry on the host (a few tiny copies instead of ~30 launches).
     host = host_cells(positions, cell, pbc, batch, ptr, cutoff)
     if method == "auto":
