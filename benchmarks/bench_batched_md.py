@@ -13,6 +13,8 @@ Rows, each Langevin at 300 K, 0.5 fs, fp32, the shipped student (``--model``):
   synchronised), µs per replica-step, and the list's builds per 1,000 steps.
 * ``reference``: the same BatchedMD on the plain-PyTorch reference kernels, eager (``--ref-sizes``).
 * ``integrator eager``: BatchedMD with ``cuda_graphs=False`` (``--eager-sizes``).
+* ``not speculative``: the engine's speculative launch off (``--nospec-sizes``): a step launched before the
+  displacement test is discarded when the list is rebuilt, and many replicas rebuild often.
 * ``engine only``: the engine call of the BatchedMD step alone (same batch, no integration), to show the
   integrator's own cost.
 
@@ -72,8 +74,10 @@ def batched_ms(model, structures, steps: int, device, **kw) -> dict:
     engine call alone."""
     from mlff_distiller.batched_md import BatchedMD
 
+    speculative = kw.pop("speculative", None)
     t0 = time.perf_counter()
     md = BatchedMD(model, structures, device=device, seed=0, **kw)
+    md.engine.speculative_verlet = speculative
     md.run(1)
     sync(device)
     startup = time.perf_counter() - t0
@@ -127,6 +131,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,16,64,256,1024,4096")
     ap.add_argument("--ref-sizes", default="1,64,1024")
     ap.add_argument("--eager-sizes", default="1,1024", help="g2 rows with the integrator launched kernel by kernel")
+    ap.add_argument("--nospec-sizes", default="64,1024,4096", help="g2 rows without the speculative launch")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--budget-s", type=float, default=420.0, help="rows left once this many seconds have passed")
     args = ap.parse_args()
@@ -200,6 +205,14 @@ def main() -> None:
     ]
     for n in [int(x) for x in args.eager_sizes.split(",") if x]:
         row("g2 mix, integrator eager", [pool[k % len(pool)] for k in range(n)], g2_ms, cuda_graphs=False)
+    lines += ["", "The same BatchedMD without the engine's speculative launch (`engine.speculative_verlet = False`):", ""]
+    lines += [
+        "| system | replicas | atoms | ms per step (p20-p80) | µs per replica-step | x ASE loop | builds / 1k steps "
+        "| engine call ms | with a rebuild ms | first step s | mean T K |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in [int(x) for x in args.nospec_sizes.split(",") if x]:
+        row("g2 mix, not speculative", [pool[k % len(pool)] for k in range(n)], g2_ms, speculative=False)
     lines += ["", "The plain-PyTorch reference kernels, eager, the same BatchedMD:", ""]
     lines += [
         "| system | replicas | atoms | ms per step (p20-p80) | µs per replica-step | x ASE loop | builds / 1k steps "

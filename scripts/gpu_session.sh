@@ -397,6 +397,12 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
   batchedmd)
     timeout $(box 150) python3 -m pytest -v -p no:cacheprovider --timeout=140 --tb=short tests/test_batched_md.py \
       tests/test_md_frames.py >"$res/pytest_gpu.log" 2>&1
+    timeout $(box 150) python3 -m pytest -v -p no:cacheprovider --timeout=140 --tb=short -k "cuda or gpu" \
+      tests/test_neighbors.py tests/test_engine_verlet.py tests/test_engine.py >"$res/pytest_gpu_nl.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_gpu_nl.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu_nl.log" | head -20
+    tail -1 "$res/pytest_gpu_nl.log"
+    timeout $(box 60) python3 benchmarks/probe_batched_rebuild.py --out "$res" >"$res/probe_rebuild.log" 2>&1
+    grep -E "^\| [0-9]" "$res/probe_rebuild.log"
     grep -cE " PASSED" "$res/pytest_gpu.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu.log" | head -20
     tail -2 "$res/pytest_gpu.log"
     timeout $(box 300) python3 benchmarks/bench_batched_md.py --out "$res" --budget-s $(box 240) ${BMD_ARGS:-} \
