@@ -205,7 +205,7 @@ def main() -> None:
     ]
     for n in [int(x) for x in args.eager_sizes.split(",") if x]:
         row("g2 mix, integrator eager", [pool[k % len(pool)] for k in range(n)], g2_ms, cuda_graphs=False)
-    lines += ["", "The same BatchedMD without the engine's speculative launch (`engine.speculative_verlet = False`):", ""]
+    lines += ["", "Without the engine's speculative launch (`engine.speculative_verlet = False`):", ""]
     lines += [
         "| system | replicas | atoms | ms per step (p20-p80) | µs per replica-step | x ASE loop | builds / 1k steps "
         "| engine call ms | with a rebuild ms | first step s | mean T K |",
