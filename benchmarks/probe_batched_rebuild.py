@@ -84,6 +84,16 @@ def main() -> None:
         atoms = b.num_atoms
         lines.append(f"| {n} | {atoms} | {kept:.3f} | {full:.3f} | {dev:.3f} | {hst:.3f} |")
         print(lines[-1], flush=True)
+        if n == 1:  # the device list alone, where its fixed cost shows
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            with profile(activities=acts) as prof:
+                for _ in range(3):
+                    neighbor_list(b.positions, b.cell, b.pbc, b.batch, b.ptr, cut)
+                sync(device)
+            table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+            lines += ["", "torch.profiler, 3 device lists of one molecule:", "", "```", table, "```", ""]
         if n == args.profile_size:
             from torch.profiler import ProfilerActivity, profile
 
