@@ -298,3 +298,19 @@ def test_md_command_batched_refusals(tmp_path, capsys):
     capsys.readouterr()
     frames = ase.io.read(out, index=":")
     assert len(frames) == 3 and all(len(f) == 5 and "replica" not in f.info for f in frames)
+
+
+@pytest.mark.gpu
+def test_positions_on_the_device_are_not_speculated_on():
+    """The engine launches a step before its displacement test only for positions given on the host (the calculator):
+    a test on device positions would wait for that step (BatchedMD keeps its state on the device)."""
+    model = make_model()
+    md = BatchedMD(model, [molecule("CH4")] * 4, device="cuda", seed=0)
+    md.run(10)
+    assert md.engine.n_speculated == 0
+    atoms = molecule("CH4")
+    atoms.calc = StudentCalculator(model, device="cuda")
+    for _ in range(6):
+        atoms.positions += 1e-3
+        atoms.get_forces()
+    assert atoms.calc.engine.n_speculated > 0

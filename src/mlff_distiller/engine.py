@@ -259,8 +259,11 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         # Padded Verlet path: (bucket, graph, verlet build count) of the list now in the static buffers.
         self._verlet_fill: tuple | None = None
         # Padded Verlet path: launch the step on the current list before the displacement test, which then runs on
-        # the host while the device computes (a rebuild discards that result and runs again). None: on CUDA only,
-        # where the launch is asynchronous; True/False force it (tests run it on the CPU).
+        # the host while the device computes (a rebuild discards that result and runs again). None: on CUDA, for
+        # positions given on the host; True/False force it (tests run it on the CPU). Positions on the device
+        # (BatchedMD) are not speculated on: their test is device work queued behind the launched step, so the
+        # host would wait for the whole step before it could queue anything else (64 g2 molecules: 0.85 against
+        # 0.69 ms a step, benchmarks/results/batched_md_h100_run4/).
         self.speculative_verlet: bool | None = None
         self.capture_failures = 0  # CUDA-graph captures that CUDA invalidated (retried; see PaddedPaths._capture)
         self.n_speculated = 0  # steps launched before the displacement test

@@ -341,8 +341,8 @@ class PaddedPaths:
             and (same_cell if stress else not new_cell)
         ):
             speculate = self.speculative_verlet
-            if speculate is None:
-                speculate = fill.graph.positions.is_cuda
+            if speculate is None:  # a host-side test overlaps the launched step; a device-side one would wait for it
+                speculate = fill.graph.positions.is_cuda and batch.positions.device.type == "cpu"
             if speculate:
                 # The usual MD step: the list in the buffers is still the current one. Its step is launched now and
                 # the displacement test below runs while the device computes; if the test asks for a rebuild (or
