@@ -10,9 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(name: str) -> str:
+def _run(name: str, *args: str) -> str:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / name)],
+        [sys.executable, str(ROOT / "examples" / name), *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -44,3 +44,15 @@ def test_ase_md_example_conserves_energy_and_thermalises():
 def test_batched_predict_example():
     out = _run("batched_predict.py")
     assert re.search(r"1000 molecules in [\d.]+ s; first: E = -?[\d.]+ eV", out), out
+
+
+def test_batched_md_example(tmp_path):
+    import ase.io
+
+    out_file = tmp_path / "runs.extxyz"
+    out = _run("batched_md.py", "--replicas", "1", "--steps", "40", "--output", str(out_file))
+    assert re.search(r"61 trajectories \(61 molecules x 1\), 40 Langevin steps on cpu: [\d.]+ s", out), out
+    temps = [float(t) for t in re.findall(r"mean T =\s+([\d.]+) K", out)]
+    assert len(temps) == 5 and all(100 < t < 600 for t in temps), out
+    frames = ase.io.read(out_file, index=":")
+    assert len(frames) == 5 * 61 and [f.info["replica"] for f in frames[:61]] == list(range(61))
