@@ -314,3 +314,46 @@ def test_positions_on_the_device_are_not_speculated_on():
         atoms.positions += 1e-3
         atoms.get_forces()
     assert atoms.calc.engine.n_speculated > 0
+
+
+def test_replicas_outside_the_training_data_are_named():
+    """The shipped student stores its training envelope: a squeezed water among ordinary molecules is named at the
+    start, by replica, as the calculator would warn for it alone; checks repeat every ``check_domain`` steps."""
+    from mlff_distiller.domain import OutOfDomainWarning
+
+    squeezed = molecule("H2O")
+    squeezed.positions[1] = squeezed.positions[0] + 0.45 * (squeezed.positions[1] - squeezed.positions[0])
+    structures = [molecule("CH3CH2OH"), squeezed, molecule("CH4")]
+    with pytest.warns(OutOfDomainWarning, match=r"replica\(s\) \[1\] lie outside .*H-O pair at 0.44"):
+        md = BatchedMD("builtin:chno-gfn2", structures, ensemble="nve", temperature_K=10.0, check_domain=4)
+        md.potential_energies()
+    assert list(md.domain_findings) == [1]
+    calls = []
+    real = md._check_domain
+    md._check_domain = lambda: (calls.append(md.nsteps), real())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)  # the same replica found again does not warn again
+        md.run(9)
+    assert calls == [4, 8]
+    quiet = BatchedMD("builtin:chno-gfn2", structures, ensemble="nve", check_domain=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        quiet.run(2)
+    assert quiet.domain is None and quiet.domain_findings == {}
+    with pytest.raises(ValueError, match="check_domain must be"):
+        BatchedMD(make_model(), structures, check_domain=0)
+
+
+def test_ase_constraints_other_than_fixcom_are_refused():
+    from ase.constraints import FixAtoms, FixCom
+
+    fixed = molecule("H2O")
+    fixed.set_constraint(FixAtoms(indices=[0]))
+    with pytest.raises(ValueError, match=r"structure 1 carries an ASE constraint \(FixAtoms\)"):
+        BatchedMD(make_model(), [molecule("CH4"), fixed])
+    crystal = silicon_cell()
+    crystal.set_constraint(FixCom())  # honoured: a periodic structure with FixCom gets its centre of mass fixed
+    md = BatchedMD(make_model(), [molecule("CH4"), crystal])
+    assert md.fix_com.tolist() == [True, True]

@@ -29,6 +29,7 @@ list, one energy, and one temperature. TorchSim (Radical AI) takes the same batc
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -37,7 +38,10 @@ import torch
 
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError
+from mlff_distiller.calculator import DOMAIN_CHECK_EVERY
+from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
 from mlff_distiller.engine import ForceEngine
+from mlff_distiller.frames import FrameTable
 from mlff_distiller.model import StudentModel
 
 __all__ = ["BatchedMD"]
@@ -61,16 +65,22 @@ class BatchedMD:
             structure's own momenta).
         seed: seeds the velocity draw (NumPy) and the Langevin noise (a torch generator on the device).
         fix_com: remove each structure's centre-of-mass momentum (see the module docstring). ``None``: the
-            non-periodic structures.
+            non-periodic structures and those carrying ASE's ``FixCom``. Any other ASE constraint is refused (a
+            ``ValueError``): BatchedMD would not apply it.
         device, precision, mode: of the :class:`~mlff_distiller.engine.ForceEngine` (``precision`` is the model's
             arithmetic; the trajectories' state is float64 either way).
         skin: Verlet skin, Å (the list is rebuilt once any atom of any replica moved more than ``skin / 2``).
         cuda_graphs: on a CUDA device, replay the integrator's two halves as CUDA graphs (``False``: launch their
             kernels one by one; the same arithmetic).
+        check_domain: with a student that stores its training envelope (:mod:`mlff_distiller.domain`), check every
+            replica against it at the start and every ``check_domain`` steps, as
+            :class:`~mlff_distiller.StudentCalculator` does; replicas found outside that were not before warn with
+            an :class:`~mlff_distiller.domain.OutOfDomainWarning` naming them. ``None``: no checks.
 
     Attributes:
         engine: the :class:`~mlff_distiller.engine.ForceEngine` (``engine.verlet.n_builds``: the list's builds).
         nsteps: steps taken; ``time_fs``: the run's clock.
+        domain_findings: ``{replica: findings}`` of the last domain check (the replicas outside the envelope).
     """
 
     def __init__(
@@ -90,6 +100,7 @@ class BatchedMD:
         mode: str = "auto",
         skin: float = 1.0,
         cuda_graphs: bool = True,
+        check_domain: int | None = DOMAIN_CHECK_EVERY,
     ) -> None:
         from ase import units
 
@@ -113,6 +124,8 @@ class BatchedMD:
             raise ValueError("BatchedMD needs at least one structure")
         if not isinstance(model, StudentModel):
             model = load_model(model)
+        if check_domain is not None and (isinstance(check_domain, bool) or int(check_domain) < 1):
+            raise ValueError(f"check_domain must be None or a number of steps >= 1, got {check_domain!r}")
         # Molecules stay in their order: each is contiguous already, and an eager engine would sort a batch of
         # 10,000 atoms or more spatially and run every step eagerly (4,096 g2 molecules took 12.6 ms a step so, the
         # engine call 9.9 ms, on an H100: benchmarks/results/batched_md_h100/).
@@ -146,8 +159,20 @@ class BatchedMD:
             raise ValueError("every atom needs a finite mass > 0 (atoms.get_masses())")
         self._masses = torch.as_tensor(masses, device=dev).unsqueeze(1)  # [N, 1] amu
         periodic = np.array([bool(np.any(a.pbc)) for a in structures])
+        # ASE constraints: FixCom is what fix_com does; any other would be dropped, so it is refused.
+        from ase.constraints import FixCom
+
+        has_fixcom = np.zeros(b, dtype=bool)
+        for k, a in enumerate(structures):
+            for c in a.constraints:
+                if not isinstance(c, FixCom):
+                    raise ValueError(
+                        f"structure {k} carries an ASE constraint ({type(c).__name__}) that BatchedMD does not apply; "
+                        "remove it, or run that structure alone under ASE's dynamics (StudentCalculator)"
+                    )
+                has_fixcom[k] = True
         if fix_com is None:
-            fix = ~periodic
+            fix = ~periodic | has_fixcom
         elif isinstance(fix_com, bool | np.bool_):
             fix = np.full(b, bool(fix_com))
         else:
@@ -207,6 +232,12 @@ class BatchedMD:
         self._has_forces = False
         self.cuda_graphs = cuda_graphs
         self._captured: tuple | None = None
+        self.domain = DomainEnvelope.of_model(model) if check_domain is not None else None
+        self._domain_every = int(check_domain) if check_domain is not None else 0
+        self.domain_findings: dict[int, list[str]] = {}
+        self._numbers_host = self._batch.numbers.cpu().numpy()
+        self._cells_host = self._batch.cell.cpu().numpy()
+        self._pbc_host = self._batch.pbc.cpu().numpy()
 
     # ------------------------------------------------------------------------------------------------ state
     @property
@@ -230,8 +261,31 @@ class BatchedMD:
 
     def _ensure_forces(self) -> None:
         if not self._has_forces:
+            if self.domain is not None:
+                self._check_domain()
             self._compute_forces()
             self._set_kick()
+
+    def _check_domain(self) -> None:
+        """Check every replica against the student's training envelope; warn naming those newly found outside."""
+        table = FrameTable(
+            self._numbers_host, self._batch.positions.cpu().numpy(), self._cells_host, self._pbc_host, self._counts
+        )
+        found = self.domain.check_many(table, device=self.device)
+        findings = {k: f for k, f in enumerate(found) if f}
+        new = sorted(set(findings) - set(self.domain_findings))
+        self.domain_findings = findings
+        if new:
+            more = f" and {len(new) - 10} more" if len(new) > 10 else ""
+            warnings.warn(
+                OutOfDomainWarning(
+                    f"replica(s) {new[:10]}{more} lie outside the student's training data (replica {new[0]}: "
+                    + "; ".join(findings[new[0]])
+                    + "). Their energies and forces are extrapolations; label such structures with the teacher "
+                    "and fine-tune."
+                ),
+                stacklevel=3,
+            )
 
     def potential_energies(self) -> np.ndarray:
         """Potential energy per replica, eV."""
@@ -369,6 +423,8 @@ class BatchedMD:
         after()
         self.nsteps += 1
         self.time_fs += self.timestep_fs
+        if self.domain is not None and self.nsteps % self._domain_every == 0:
+            self._check_domain()
 
     def run(self, steps: int, *, observer: Callable[[BatchedMD], None] | None = None, interval: int = 1) -> None:
         """Take ``steps`` steps; ``observer(self)`` is called before the first (at ``nsteps == 0`` only) and after
