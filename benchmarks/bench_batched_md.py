@@ -36,6 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import environment, sync, write_lines
 
+TABLE_HEAD = [
+    "| system | replicas | atoms | ms per step (p20-p80) | µs per replica-step | x ASE loop | builds / 1k steps "
+    "| engine call ms | with a rebuild ms | first step s | mean T K |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+]
+
 
 def g2_pool() -> list:
     """The 61 closed-shell CHNO molecules of ASE's g2 (the shipped students' training set; runs before stop 35's
@@ -173,9 +179,7 @@ def main() -> None:
     print(lines[-1], flush=True)
     lines += [
         "",
-        "| system | replicas | atoms | ms per step (p20-p80) | µs per replica-step | x ASE loop | builds / 1k steps "
-        "| engine call ms | with a rebuild ms | first step s | mean T K |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *TABLE_HEAD,
     ]
     skipped = []
 
@@ -198,27 +202,15 @@ def main() -> None:
         row("benzene", [molecule("C6H6")] * n, ase_ms["C6H6"])
         row("g2 mix", [pool[k % len(pool)] for k in range(n)], g2_ms)
     lines += ["", "The same BatchedMD with its integrator's kernels launched one by one (`cuda_graphs=False`):", ""]
-    lines += [
-        "| system | replicas | atoms | ms per step (p20-p80) | µs per replica-step | x ASE loop | builds / 1k steps "
-        "| engine call ms | with a rebuild ms | first step s | mean T K |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines += TABLE_HEAD
     for n in [int(x) for x in args.eager_sizes.split(",") if x]:
         row("g2 mix, integrator eager", [pool[k % len(pool)] for k in range(n)], g2_ms, cuda_graphs=False)
     lines += ["", "Without the engine's speculative launch (`engine.speculative_verlet = False`):", ""]
-    lines += [
-        "| system | replicas | atoms | ms per step (p20-p80) | µs per replica-step | x ASE loop | builds / 1k steps "
-        "| engine call ms | with a rebuild ms | first step s | mean T K |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines += TABLE_HEAD
     for n in [int(x) for x in args.nospec_sizes.split(",") if x]:
         row("g2 mix, not speculative", [pool[k % len(pool)] for k in range(n)], g2_ms, speculative=False)
     lines += ["", "The plain-PyTorch reference kernels, eager, the same BatchedMD:", ""]
-    lines += [
-        "| system | replicas | atoms | ms per step (p20-p80) | µs per replica-step | x ASE loop | builds / 1k steps "
-        "| engine call ms | with a rebuild ms | first step s | mean T K |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines += TABLE_HEAD
     previous = kernels.get_backend()
     kernels.set_backend("torch")
     try:

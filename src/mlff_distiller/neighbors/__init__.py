@@ -181,18 +181,15 @@ def neighbor_list(
         raise ValueError(f"neighbor_list: max_candidates must be >= 1, got {max_candidates}")
     if method == "vesin" and not vesin_available():
         vesin_pairs(None)  # raises the ValueError that explains the missing optional dependency
-    if method == "auto" and molecular_applicable(positions, pbc, ptr):
+    if method == "auto" and (
+        molecular_applicable(positions, pbc, ptr) or molecular_device_applicable(positions, pbc, ptr)
+    ):
         if not float(cutoff) > 0:
             raise ValueError(f"neighbor_list: cutoff must be > 0 Å, got {cutoff}")
         if batch.shape != positions.shape[:1] or ptr.dim() != 1 or int(ptr[-1]) != positions.shape[0]:
             raise ValueError("neighbor_list: batch must be [N] and ptr [B + 1] ending at N")
-        return molecular_pairs(positions, ptr, cutoff)
-    if method == "auto" and molecular_device_applicable(positions, pbc, ptr):
-        if not float(cutoff) > 0:
-            raise ValueError(f"neighbor_list: cutoff must be > 0 Å, got {cutoff}")
-        if batch.shape != positions.shape[:1] or ptr.dim() != 1 or int(ptr[-1]) != positions.shape[0]:
-            raise ValueError("neighbor_list: batch must be [N] and ptr [B + 1] ending at N")
-        return molecular_pairs_device(positions, ptr, cutoff)
+        pairs = molecular_pairs if positions.device.type == "cpu" else molecular_pairs_device
+        return pairs(positions, ptr, cutoff)
     # Validation and the per-structure geometry on the host (a few tiny copies instead of ~30 launches).
     host = host_cells(positions, cell, pbc, batch, ptr, cutoff)
     if method == "auto":
