@@ -101,6 +101,31 @@ def test_langevin_holds_the_bath_temperature(device):
     assert np.abs(pos[0] - pos[1]).max() > 1e-3
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_replica_holds_its_own_bath_temperature(device):
+    """Per-replica baths (tempering, annealing): 32 waters at 300 K beside 32 at 900 K each hold their own, and
+    ``set_temperature`` moves them between runs (on a GPU, through the captured integrator's buffer)."""
+    model = load_model("builtin:chno-gfn2")
+    temps = [300.0] * 32 + [900.0] * 32
+    md = BatchedMD(model, [molecule("H2O")] * 64, temperature_K=temps, friction_per_fs=0.2, seed=5, device=device)
+    np.testing.assert_array_equal(md.bath_temperatures, temps)
+    cold, hot = [], []
+
+    def watch(m):
+        t = m.temperatures()
+        cold.append(t[:32].mean())
+        hot.append(t[32:].mean())
+
+    md.run(240, observer=watch, interval=4)
+    assert hot[0] > 2 * cold[0]  # each replica's velocities drawn at its own temperature
+    assert 260 < np.mean(cold[20:]) < 340 and 780 < np.mean(hot[20:]) < 1020, (np.mean(cold[20:]), np.mean(hot[20:]))
+    md.set_temperature(600.0)
+    cold.clear(), hot.clear()
+    md.run(240, observer=watch, interval=4)
+    both = np.mean(cold[30:] + hot[30:])
+    assert 530 < both < 670, both
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("ensemble", ["langevin", "nve"])
 def test_cuda_graph_integrator_equals_the_eager_one(ensemble):
@@ -171,6 +196,8 @@ def test_a_replica_that_blows_up_is_named_and_the_others_kept():
         ({"velocities": "zero"}, "velocities must be"),
         ({"timestep_fs": 0.0}, "timestep_fs must be"),
         ({"temperature_K": float("nan")}, "temperature_K must be"),
+        ({"temperature_K": [300.0, -1.0]}, "temperature_K must be"),
+        ({"temperature_K": [300.0, 400.0, 500.0]}, r"one per replica \(2\)"),
         ({"friction_per_fs": -1.0}, "friction_per_fs must be"),
         ({"skin": -0.5}, "skin must be"),
         ({"fix_com": [True, False, True]}, "one flag per structure"),

@@ -58,7 +58,9 @@ class BatchedMD:
             the current states.
         ensemble: ``"langevin"`` (BAOAB) or ``"nve"`` (velocity Verlet).
         timestep_fs: time step, fs.
-        temperature_K: Langevin bath temperature, and the Maxwell-Boltzmann draw of ``velocities="maxwell"``.
+        temperature_K: Langevin bath temperature, and the Maxwell-Boltzmann draw of ``velocities="maxwell"``: one
+            for all replicas, or one per replica (tempering, annealing: :meth:`set_temperature` changes them between
+            runs).
         friction_per_fs: Langevin friction γ, 1/fs.
         velocities: ``"maxwell"`` (drawn at ``temperature_K`` per replica from ``seed``, as
             :func:`~mlff_distiller.ase_compat.maxwell_boltzmann`, replica after replica) or ``"input"`` (each
@@ -79,7 +81,7 @@ class BatchedMD:
 
     Attributes:
         engine: the :class:`~mlff_distiller.engine.ForceEngine` (``engine.verlet.n_builds``: the list's builds).
-        nsteps: steps taken; ``time_fs``: the run's clock.
+        nsteps: steps taken; ``time_fs``: the run's clock. ``bath_temperatures``: ``[B]`` K (Langevin).
         domain_findings: ``{replica: findings}`` of the last domain check (the replicas outside the envelope).
     """
 
@@ -90,7 +92,7 @@ class BatchedMD:
         *,
         ensemble: str = "langevin",
         timestep_fs: float = 0.5,
-        temperature_K: float = 300.0,
+        temperature_K: float | Sequence[float] = 300.0,
         friction_per_fs: float = 0.01,
         velocities: str = "maxwell",
         seed: int = 0,
@@ -110,9 +112,8 @@ class BatchedMD:
             raise ValueError(f"ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
         if velocities not in ("maxwell", "input"):
             raise ValueError(f"velocities must be 'maxwell' or 'input', got {velocities!r}")
-        for name, value in (("timestep_fs", timestep_fs), ("temperature_K", temperature_K)):
-            if not math.isfinite(value) or value < 0 or (name == "timestep_fs" and value == 0):
-                raise ValueError(f"{name} must be a finite number > 0 (temperature: >= 0), got {value}")
+        if not math.isfinite(timestep_fs) or timestep_fs <= 0:
+            raise ValueError(f"timestep_fs must be a finite number > 0, got {timestep_fs}")
         if ensemble == "langevin" and (not math.isfinite(friction_per_fs) or friction_per_fs < 0):
             raise ValueError(f"friction_per_fs must be a finite number >= 0, got {friction_per_fs}")
         if skin is None or not skin >= 0:
@@ -142,7 +143,6 @@ class BatchedMD:
         self.device = dev
         self.ensemble = ensemble
         self.timestep_fs = float(timestep_fs)
-        self.temperature_K = float(temperature_K)
         self.friction_per_fs = float(friction_per_fs)
         self.seed = int(seed)
 
@@ -185,6 +185,7 @@ class BatchedMD:
         total_mass = np.add.reduceat(masses, self._batch.ptr[:-1].cpu().numpy()) if n else np.zeros(b)
         self._total_mass = torch.as_tensor(total_mass, device=dev).unsqueeze(1)  # [B, 1]
         self.dof = 3 * counts - 3 * fix  # degrees of freedom per structure (ASE's count with FixCom)
+        temps = self._temperatures_of(temperature_K)
 
         if velocities == "input":
             missing = [k for k, a in enumerate(structures) if not a.has("momenta")]
@@ -196,10 +197,10 @@ class BatchedMD:
 
             rng = np.random.default_rng(self.seed)
             parts = []
-            for a in structures:  # replica after replica from one stream: one replica equals `mlff-distill md`'s draw
-                probe = a.copy()
+            for a, t in zip(structures, temps, strict=True):  # replica after replica from one stream: one replica
+                probe = a.copy()  # equals `mlff-distill md`'s draw
                 probe.set_constraint()
-                maxwell_boltzmann(probe, self.temperature_K, rng=rng)
+                maxwell_boltzmann(probe, float(t), rng=rng)
                 parts.append(probe.get_momenta())
             momenta = np.concatenate(parts)
         if not np.isfinite(momenta).all():
@@ -210,11 +211,11 @@ class BatchedMD:
 
         dt = self.timestep_fs * units.fs
         self._dt = dt
-        self._kT = units.kB * self.temperature_K
         c = math.exp(-self.friction_per_fs / units.fs * dt)
         self._c = c
-        # sqrt((1 - c²) m kT) per atom: the Ornstein-Uhlenbeck kick's standard deviation
-        self._noise_scale = torch.sqrt((1.0 - c * c) * self._kT * self._masses)
+        # sqrt((1 - c²) m kT) per atom: the Ornstein-Uhlenbeck kick's standard deviation (set_temperature)
+        self._noise_scale = torch.zeros_like(self._masses)
+        self.set_temperature(temps)
         self._generator = torch.Generator(device=dev)
         self._generator.manual_seed(self.seed)
         self._noise = torch.empty_like(self._momenta)
@@ -238,6 +239,29 @@ class BatchedMD:
         self._numbers_host = self._batch.numbers.cpu().numpy()
         self._cells_host = self._batch.cell.cpu().numpy()
         self._pbc_host = self._batch.pbc.cpu().numpy()
+
+    def _temperatures_of(self, temperature_K) -> np.ndarray:
+        b = self.n_replicas
+        temps = np.asarray(temperature_K, dtype=np.float64)
+        if temps.ndim == 0:
+            temps = np.full(b, float(temps))
+        if temps.shape != (b,):
+            raise ValueError(f"temperature_K: one value, or one per replica ({b}), got {temps.shape[0]}")
+        if not (np.isfinite(temps).all() and (temps >= 0).all()):
+            raise ValueError(
+                f"temperature_K must be finite numbers >= 0, got {temps[~(np.isfinite(temps) & (temps >= 0))][:5]}"
+            )
+        return temps
+
+    def set_temperature(self, temperature_K: float | Sequence[float]) -> None:
+        """The Langevin bath temperature from the next step on: one for all replicas or one per replica (K)."""
+        from ase import units
+
+        temps = self._temperatures_of(temperature_K)
+        self.bath_temperatures = temps
+        kt = torch.as_tensor(units.kB * np.repeat(temps, self._counts), device=self.device).unsqueeze(1)
+        # in place: the captured integrator reads this buffer
+        self._noise_scale.copy_(torch.sqrt((1.0 - self._c * self._c) * kt * self._masses))
 
     # ------------------------------------------------------------------------------------------------ state
     @property
