@@ -3,8 +3,8 @@
 Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :func:`predict_file` (a structures
 file to extxyz, resumable), :class:`ForceEngine`, :class:`StudentCalculator`, :class:`AtomsBatch`,
 :class:`FrameTable` (many structures as arrays, predicted without an ``ase.Atoms`` each); :class:`BatchedMD`
-(many MD trajectories, one engine call per step); :class:`NonFiniteOutputError`
-(a NaN or inf output, never returned). Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
+(many MD trajectories, one engine call per step); :func:`relax_batch` (many FIRE relaxations at once);
+:class:`NonFiniteOutputError` (a NaN or inf output, never returned). Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
 
 The names above, and the subpackages, are imported on first use (PEP 562), as SciPy and scikit-learn do:
 ``import mlff_distiller`` itself imports neither torch nor ASE, so the command line's ``--help`` (0.1 s instead of
@@ -34,6 +34,7 @@ _EXPORTS = {
     "StudentModel": "mlff_distiller.model",
     "predict_forces": "mlff_distiller.predict",
     "predict_file": "mlff_distiller.predict_stream",
+    "relax_batch": "mlff_distiller.batched_relax",
 }
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "load_model",
     "predict_file",
     "predict_forces",
+    "relax_batch",
 ]
 
 
@@ -58,6 +60,7 @@ __getattr__, __dir__ = _lazy.attach(__name__, _EXPORTS, __all__)
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
     from mlff_distiller.batch import AtomsBatch
     from mlff_distiller.batched_md import BatchedMD
+    from mlff_distiller.batched_relax import relax_batch
     from mlff_distiller.batching import NonFiniteOutputError
     from mlff_distiller.calculator import StudentCalculator
     from mlff_distiller.checkpoint import builtin_models, load_model

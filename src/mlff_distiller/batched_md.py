@@ -44,9 +44,26 @@ from mlff_distiller.engine import ForceEngine
 from mlff_distiller.frames import FrameTable
 from mlff_distiller.model import StudentModel
 
-__all__ = ["BatchedMD"]
+__all__ = ["BatchedMD", "batch_engine"]
 
 ENSEMBLES = ("langevin", "nve")
+
+
+def batch_engine(model: StudentModel, structures: Sequence, *, device, precision: str, mode: str, skin: float):
+    """The engine of a batch whose positions live on the device and move a little every call (BatchedMD,
+    :func:`~mlff_distiller.batched_relax.relax_batch`): a Verlet-skin list; molecules stay in their order (each is
+    contiguous already, and an eager engine would sort a batch of 10,000 atoms or more spatially and run every step
+    eagerly: 4,096 g2 molecules took 12.6 ms a step so, the engine call 9.9 ms, on an H100,
+    benchmarks/results/batched_md_h100/)."""
+    molecular = not any(bool(np.any(a.pbc)) for a in structures)
+    return ForceEngine(
+        model,
+        device=device,
+        precision=precision,
+        mode=mode,
+        neighbor_skin=skin,
+        **({"spatial_sort_min_atoms": None} if molecular else {}),
+    )
 
 
 class BatchedMD:
@@ -127,18 +144,7 @@ class BatchedMD:
             model = load_model(model)
         if check_domain is not None and (isinstance(check_domain, bool) or int(check_domain) < 1):
             raise ValueError(f"check_domain must be None or a number of steps >= 1, got {check_domain!r}")
-        # Molecules stay in their order: each is contiguous already, and an eager engine would sort a batch of
-        # 10,000 atoms or more spatially and run every step eagerly (4,096 g2 molecules took 12.6 ms a step so, the
-        # engine call 9.9 ms, on an H100: benchmarks/results/batched_md_h100/).
-        molecular = not any(bool(np.any(a.pbc)) for a in structures)
-        self.engine = ForceEngine(
-            model,
-            device=device,
-            precision=precision,
-            mode=mode,
-            neighbor_skin=skin,
-            **({"spatial_sort_min_atoms": None} if molecular else {}),
-        )
+        self.engine = batch_engine(model, structures, device=device, precision=precision, mode=mode, skin=skin)
         dev = self.engine.device
         self.device = dev
         self.ensemble = ensemble

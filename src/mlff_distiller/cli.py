@@ -21,12 +21,12 @@ import yaml
 
 from mlff_distiller._committee_defaults import DEFAULT_COMMITTEE, DISAGREEMENT_THRESHOLD
 
-__all__ = ["CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "TrainJob", "main"]
+__all__ = ["CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "RelaxJob", "TrainJob", "main"]
 
 if TYPE_CHECKING:
-    from mlff_distiller.cli_jobs import CheckJob, EvaluateJob, LabelJob, MDJob, PredictJob, TrainJob
+    from mlff_distiller.cli_jobs import CheckJob, EvaluateJob, LabelJob, MDJob, PredictJob, RelaxJob, TrainJob
 
-_JOB_NAMES = {"JOBS", "CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "TrainJob"}
+_JOB_NAMES = {"JOBS", "CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "RelaxJob", "TrainJob"}
 
 
 def __getattr__(name: str):
@@ -192,6 +192,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=int, help="steps between written frames")
     p.add_argument("--device")
     p.add_argument("--precision", help="fp32 (default) | fp64 | tf32 | bf16 | fp16")
+
+    p = sub.add_parser("relax", help="relax every structure of a file (FIRE, fixed cell), all in one batch")
+    _add_common(p)
+    p.add_argument("--model", help="checkpoint path or builtin:NAME")
+    p.add_argument("--input", help="structures file (any format ASE reads; file@INDEX selects frames)")
+    p.add_argument("--output", help="relaxed structures, extxyz (info relax_converged, relax_steps)")
+    p.add_argument("--fmax", type=float, help="converged below this largest atomic force, eV/Å (0.05)")
+    p.add_argument("--steps", type=int, help="at most this many FIRE steps per structure (1000)")
+    p.add_argument("--device")
+    p.add_argument("--precision", help="fp32 (default) | fp64 (for fmax below ~1e-3) | tf32 | bf16 | fp16")
 
     p = sub.add_parser(
         "check", help="do the students agree on these structures? (flags structures outside their training data)"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mlff_distiller.cli import CheckJob, EvaluateJob, LabelJob, MDJob, PredictJob, TrainJob
+    from mlff_distiller.cli import CheckJob, EvaluateJob, LabelJob, MDJob, PredictJob, RelaxJob, TrainJob
 
 __all__ = ["RUNNERS", "run_models"]
 
@@ -412,6 +412,29 @@ def _run_md_batched(job: MDJob, frames: list) -> dict:
     }
 
 
+def run_relax(job: RelaxJob) -> dict:
+    import ase.io
+
+    from mlff_distiller.batched_relax import relax_batch
+
+    frames = _read_structures(job.input)
+    if Path(job.output).exists() and Path(job.output).resolve() == Path(_split_index(job.input)[0]).resolve():
+        raise ValueError(f"output {job.output} is the input file; write the relaxed structures to another file")
+    t0 = time.perf_counter()
+    relaxed = relax_batch(job.model, frames, fmax=job.fmax, steps=job.steps, device=job.device, precision=job.precision)
+    seconds = time.perf_counter() - t0
+    Path(job.output).parent.mkdir(parents=True, exist_ok=True)
+    ase.io.write(job.output, relaxed, format="extxyz")
+    converged = sum(bool(a.info["relax_converged"]) for a in relaxed)
+    return {
+        "structures": len(relaxed),
+        "converged": converged,
+        "steps_max": max(int(a.info["relax_steps"]) for a in relaxed),
+        "seconds": seconds,
+        "output": job.output,
+    }
+
+
 def run_check(job: CheckJob) -> dict:
     import numpy as np
 
@@ -524,4 +547,5 @@ RUNNERS = {
     "evaluate": run_evaluate,
     "predict": run_predict,
     "md": run_md,
+    "relax": run_relax,
 }

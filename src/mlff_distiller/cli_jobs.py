@@ -13,7 +13,7 @@ from mlff_distiller._committee_defaults import DEFAULT_COMMITTEE, DISAGREEMENT_T
 from mlff_distiller.distill.sampling import SamplingConfig
 from mlff_distiller.distill.training import TrainConfig
 
-__all__ = ["JOBS", "CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "TrainJob"]
+__all__ = ["JOBS", "CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "RelaxJob", "TrainJob"]
 
 
 @dataclass(kw_only=True)
@@ -117,6 +117,20 @@ class MDJob:
 
 
 @dataclass(kw_only=True)
+class RelaxJob:
+    """``relax``: every structure of ``input`` relaxed (FIRE, fixed cell) in one batch, written as extxyz with its
+    convergence (:func:`~mlff_distiller.batched_relax.relax_batch`)."""
+
+    model: str = "builtin:chno-gfn2"
+    input: str = ""
+    output: str = "relaxed.extxyz"
+    fmax: float = 0.05
+    steps: int = 1000
+    device: str | None = None
+    precision: str = "fp32"
+
+
+@dataclass(kw_only=True)
 class CheckJob:
     """``check``: do two or more students agree on these structures? Flags those outside their training data. With
     one student, the structures are checked against its stored training envelope (:mod:`mlff_distiller.domain`)."""
@@ -135,5 +149,6 @@ JOBS = {
     "evaluate": EvaluateJob,
     "predict": PredictJob,
     "md": MDJob,
+    "relax": RelaxJob,
     "check": CheckJob,
 }

@@ -1,0 +1,125 @@
+"""relax_batch: many structures relaxed together, each on the path ASE's FIRE takes on it alone."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from ase.build import molecule
+from ase.optimize import FIRE
+from helpers import make_model, silicon_cell
+
+from mlff_distiller import StudentCalculator, load_model
+from mlff_distiller.batched_relax import relax_batch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _rattled(names, amount=0.1):
+    out = []
+    for k, name in enumerate(names):
+        a = molecule(name)
+        a.rattle(amount, seed=k)
+        out.append(a)
+    return out
+
+
+def _ase_fire(model, atoms, fmax, steps):
+    a = atoms.copy()
+    a.calc = StudentCalculator(model, precision="fp64", device="cpu")
+    opt = FIRE(a, logfile=None)
+    converged = opt.run(fmax=fmax, steps=steps)
+    return a, opt.nsteps, converged
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_structure_follows_ase_fire(device):
+    """Four rattled molecules of different sizes in one batch (the shipped student, float64): each ends where ASE's
+    FIRE with the calculator ends on it alone, after as many steps; the inputs are left as they were."""
+    model = load_model("builtin:chno-gfn2")
+    structures = _rattled(["C6H6", "CH3CH2OH", "H2O", "NH3"])
+    before = [a.positions.copy() for a in structures]
+    out = relax_batch(model, structures, fmax=0.01, steps=300, precision="fp64", device=device)
+    for a, got, start in zip(structures, out, before, strict=True):
+        np.testing.assert_array_equal(a.positions, start)
+        ref, nsteps, converged = _ase_fire(model, a, 0.01, 300)
+        assert got.info["relax_converged"] and converged
+        assert got.info["relax_steps"] == nsteps
+        np.testing.assert_allclose(got.positions, ref.positions, rtol=0, atol=1e-9)
+        assert got.get_potential_energy() == pytest.approx(ref.get_potential_energy(), abs=1e-9)
+        assert np.abs(got.get_forces()).max() < 0.01 * 1.0001
+        assert len(got.calc.results["energies"]) == len(a)
+
+
+def test_a_step_limit_stops_each_structure_where_ase_would():
+    """``steps=7``: nothing converges; every structure is where ASE's FIRE is after 7 steps. A crystal (fixed cell,
+    a random student) relaxes beside the molecules."""
+    model = make_model(seed=2)
+    structures = [*_rattled(["CH4", "C6H6"], 0.2), silicon_cell(rattle=0.15)]
+    out = relax_batch(model, structures, fmax=1e-4, steps=7, precision="fp64")
+    for a, got in zip(structures, out, strict=True):
+        ref, nsteps, converged = _ase_fire(model, a, 1e-4, 7)
+        assert not converged and not got.info["relax_converged"] and got.info["relax_steps"] == nsteps == 7
+        np.testing.assert_allclose(got.positions, ref.positions, rtol=0, atol=1e-9)
+        np.testing.assert_array_equal(got.cell, a.cell)
+
+
+def test_converged_structures_stay_put_while_others_go_on():
+    """A structure already relaxed takes no step, however long the others need."""
+    model = load_model("builtin:chno-gfn2")
+    done = relax_batch(model, [molecule("H2O")], fmax=0.005, steps=500, precision="fp64")[0]
+    done.calc = None
+    out = relax_batch(model, [done, *_rattled(["CH3CH2OH"], 0.15)], fmax=0.005, steps=500, precision="fp64")
+    assert out[0].info["relax_steps"] == 0 and out[0].info["relax_converged"]
+    np.testing.assert_array_equal(out[0].positions, done.positions)
+    assert out[1].info["relax_steps"] > 20 and out[1].info["relax_converged"]
+
+
+def test_bad_input_is_named():
+    from ase.constraints import FixAtoms
+
+    model = make_model()
+    fixed = molecule("H2O")
+    fixed.set_constraint(FixAtoms(indices=[0]))
+    with pytest.raises(ValueError, match=r"structure 1 carries ASE constraints \(FixAtoms\)"):
+        relax_batch(model, [molecule("CH4"), fixed])
+    for kwargs, match in (
+        ({"fmax": 0.0}, "fmax must be"),
+        ({"steps": -1}, "steps must be"),
+        ({"maxstep": float("nan")}, "maxstep must be"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            relax_batch(model, [molecule("CH4")], **kwargs)
+    with pytest.raises(ValueError, match="at least one structure"):
+        relax_batch(model, [])
+    with pytest.raises(ValueError, match="element"):
+        relax_batch(model, [molecule("NaCl")])
+
+
+def test_relax_command(tmp_path, capsys):
+    """``mlff-distill relax``: every frame of the input relaxed, written with its convergence and step count, the
+    same positions as relax_batch gives."""
+    import ase.io
+
+    from mlff_distiller import StudentModel
+    from mlff_distiller.cli import main
+
+    torch.manual_seed(0)
+    model = tmp_path / "m.pt"
+    StudentModel(species=[1, 6, 7, 8], hidden=16, layers=1).save(model)
+    src = tmp_path / "in.xyz"
+    structures = _rattled(["CH4", "NH3", "CH3CH2OH"], 0.1)
+    ase.io.write(src, structures)
+    out = tmp_path / "relaxed.extxyz"
+    base = ["relax", "--model", str(model), "--device", "cpu", "--precision", "fp64", "--input", str(src)]
+    assert main([*base, "--output", str(out), "--fmax", "0.02", "--steps", "200"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["structures"] == 3 and report["converged"] == 3 and report["output"] == str(out)
+    frames = ase.io.read(out, index=":")
+    want = relax_batch(str(model), ase.io.read(src, index=":"), fmax=0.02, steps=200, precision="fp64")
+    for got, ref in zip(frames, want, strict=True):
+        assert got.info["relax_converged"] and got.info["relax_steps"] == ref.info["relax_steps"]
+        np.testing.assert_allclose(got.positions, ref.positions, atol=5e-9)
+        np.testing.assert_allclose(got.get_forces(), ref.get_forces(), atol=5e-9)
+    assert main([*base, "--output", str(src)]) == 2
+    assert "is the input file" in capsys.readouterr().err
