@@ -4,7 +4,8 @@ Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :
 file to extxyz, resumable), :class:`ForceEngine`, :class:`StudentCalculator`, :class:`AtomsBatch`,
 :class:`FrameTable` (many structures as arrays, predicted without an ``ase.Atoms`` each); :class:`BatchedMD`
 (many MD trajectories, one engine call per step); :func:`relax_batch` (many FIRE relaxations at once);
-:class:`NonFiniteOutputError` (a NaN or inf output, never returned). Kernel backends: ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
+:class:`NonFiniteOutputError` (a NaN or inf output, never returned). Kernel backends:
+``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
 
 The names above, and the subpackages, are imported on first use (PEP 562), as SciPy and scikit-learn do:
 ``import mlff_distiller`` itself imports neither torch nor ASE, so the command line's ``--help`` (0.1 s instead of
