@@ -123,3 +123,40 @@ def test_relax_command(tmp_path, capsys):
         np.testing.assert_allclose(got.get_forces(), ref.get_forces(), atol=5e-9)
     assert main([*base, "--output", str(src)]) == 2
     assert "is the input file" in capsys.readouterr().err
+
+
+def test_a_structure_with_non_finite_forces_stops_and_is_named(monkeypatch):
+    """NaN forces for one structure (injected from the third call on) stop that structure only; the others relax
+    as they would alone, and the error names the bad one with the others' results."""
+    import mlff_distiller.batched_relax as br
+    from mlff_distiller.batching import NonFiniteOutputError
+
+    real = br.batch_engine
+
+    def engine_with_a_nan(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        compute, calls = engine.compute, []
+
+        def poisoned(batch, **kw):
+            out = dict(compute(batch, **kw))
+            calls.append(1)
+            if len(calls) >= 3:
+                lo, hi = batch.ptr[1].item(), batch.ptr[2].item()
+                forces = out["forces"].clone()
+                forces[lo:hi] = float("nan")
+                out["forces"] = forces
+            return out
+
+        engine.compute = poisoned
+        return engine
+
+    model = load_model("builtin:chno-gfn2")
+    structures = _rattled(["CH4", "H2O", "NH3"])
+    alone = relax_batch(model, [structures[0], structures[2]], fmax=0.02, steps=300, precision="fp64")
+    monkeypatch.setattr(br, "batch_engine", engine_with_a_nan)
+    with pytest.raises(NonFiniteOutputError, match=r"structure\(s\) \[1\]") as err:
+        relax_batch(model, structures, fmax=0.02, steps=300, precision="fp64")
+    assert err.value.indices == [1] and err.value.results[1] is None
+    for got, ref in zip([err.value.results[0], err.value.results[2]], alone, strict=True):
+        assert got.info["relax_converged"]
+        np.testing.assert_allclose(got.positions, ref.positions, rtol=0, atol=1e-9)

@@ -106,15 +106,21 @@ def relax_batch(
     converged = torch.zeros(b, dtype=torch.bool, device=dev)
     positions = batch.positions
     out = None
+    failed = torch.zeros(b, dtype=torch.bool, device=dev)
     for k in range(steps + 1):
         out = engine.compute(batch)
         forces = out["forces"].to(torch.float64)
+        # A structure whose forces are not finite stops where it is (its last finite positions) and is named at the
+        # end; its NaNs are zeroed here so that they cannot reach the other structures' arithmetic.
+        bad_atoms = ~torch.isfinite(forces).all(dim=1)
+        failed |= per_structure(bad_atoms.to(torch.float64)) > 0
+        forces = torch.where(bad_atoms.unsqueeze(1), 0.0, forces)
         f2 = (forces * forces).sum(dim=1)
         worst = torch.zeros(b, **f64).scatter_reduce_(0, owner, f2, reduce="amax", include_self=True)
-        converged |= worst < fmax * fmax  # a structure that converged stays done (ASE's run stops there)
-        if bool(converged.all()) or k == steps:
+        converged |= (worst < fmax * fmax) & ~failed  # a structure that converged stays done (ASE's run stops there)
+        if bool((converged | failed).all()) or k == steps:
             break
-        moving = ~converged
+        moving = ~(converged | failed)
         if k > 0:  # ASE's FIRE: the first step only accelerates from rest
             vf = per_structure((forces * vel).sum(dim=1))
             g2 = per_structure(f2)
@@ -146,6 +152,7 @@ def relax_batch(
     energy = out["energy"].detach().cpu().numpy().astype(np.float64)
     ptr = batch.ptr.cpu().numpy()
     done = converged.cpu().numpy()
+    bad = torch.nonzero(failed).flatten().cpu().tolist()
     counts = taken.cpu().numpy()
     relaxed = []
     for k, atoms in enumerate(structures):
@@ -160,13 +167,14 @@ def relax_batch(
         new.info["relax_converged"] = bool(done[k])
         new.info["relax_steps"] = int(counts[k])
         relaxed.append(new)
-    if not all(np.isfinite(a.calc.results["energy"]) for a in relaxed):
+    bad = sorted(set(bad) | {k for k, a in enumerate(relaxed) if not np.isfinite(a.calc.results["energy"])})
+    if bad:
         from mlff_distiller.batching import NonFiniteOutputError
 
-        bad = [k for k, a in enumerate(relaxed) if not np.isfinite(a.calc.results["energy"])]
         raise NonFiniteOutputError(
-            f"relax_batch: structure(s) {bad[:20]} reached a non-finite energy",
+            f"relax_batch: structure(s) {bad[:20]} reached non-finite forces or energy (each stopped there; the "
+            "others are relaxed, in this error's results)",
             indices=bad,
-            results=[None if k in set(bad) else a.calc.results for k, a in enumerate(relaxed)],
+            results=[None if k in set(bad) else relaxed[k] for k in range(len(relaxed))],
         )
     return relaxed
