@@ -187,6 +187,13 @@ def test_a_replica_that_blows_up_is_named_and_the_others_kept():
     assert err.value.indices == [1]
     assert err.value.results[1] is None
     assert np.isfinite(err.value.results[0]["forces"]).all() and len(err.value.results[2]["forces"]) == 3
+    # NaN positions meeting a list rebuild: the replica is named, not the neighbour list's ValueError
+    md = BatchedMD(make_model(), [molecule("H2O"), molecule("CH4")], seed=0)
+    md.run(1)
+    md.positions[md.ptr[1] + 2] = float("nan")
+    md.engine.verlet.reset()
+    with pytest.raises(NonFiniteOutputError, match=r"replica\(s\) \[1\] have a non-finite"):
+        md.run(1)
 
 
 @pytest.mark.parametrize(

@@ -449,7 +449,13 @@ class BatchedMD:
             p = self._momenta
             torch.randn(p.shape, generator=self._generator, dtype=p.dtype, device=p.device, out=self._noise)
         before()
-        self._compute_forces()
+        try:
+            self._compute_forces()
+        except ValueError:
+            # A replica that blew up earlier (NaN positions) stops a list rebuild with a ValueError of the
+            # neighbour list; name the replica instead, as an observation would.
+            self._check_finite()
+            raise
         after()
         self.nsteps += 1
         self.time_fs += self.timestep_fs
@@ -474,8 +480,10 @@ class BatchedMD:
         self._check_finite()
 
     def _check_finite(self) -> None:
-        self._ensure_forces()
-        bad_atoms = (~torch.isfinite(self._momenta).all(dim=1)).to(torch.float64)
+        if not self._has_forces:
+            self._ensure_forces()
+        state = torch.cat([self._momenta, self._batch.positions], dim=1)
+        bad_atoms = (~torch.isfinite(state).all(dim=1)).to(torch.float64)
         per_structure = torch.zeros(self.n_replicas, dtype=torch.float64, device=self.device)
         per_structure.index_add_(0, self._batch.batch, bad_atoms)
         finite = torch.isfinite(self._energy) & (per_structure == 0)
@@ -484,8 +492,8 @@ class BatchedMD:
         bad = torch.nonzero(~finite).flatten().cpu().tolist()
         results = [None if k in set(bad) else dict(res) for k, _, res in self.states()]
         raise NonFiniteOutputError(
-            f"MD blew up: replica(s) {bad[:20]} have a non-finite energy or momenta after {self.nsteps} steps "
-            "(the other replicas' states: get_atoms(), and this error's results)",
+            f"MD blew up: replica(s) {bad[:20]} have a non-finite energy, momenta or positions after {self.nsteps} "
+            "steps (the other replicas' states: get_atoms(), and this error's results)",
             indices=bad,
             results=results,
         )
