@@ -1,10 +1,10 @@
 """Many independent MD trajectories advanced together: one engine call per step for all of them.
 
 One small molecule under ASE's integrator runs at the pace of one CUDA-graph replay plus ASE's host work per step
-(~0.3 ms for benzene on an H100), which leaves a GPU idle: the same replay holds a thousand molecules for a few
-times that. :class:`BatchedMD` keeps every trajectory's state on the device (positions and momenta in float64) and
-advances all of them with one :meth:`ForceEngine.compute <mlff_distiller.engine.ForceEngine.compute>` per step on a
-Verlet-skin list (the engine's padded path: a CUDA graph per bucket on a GPU). The replicas may be copies of one
+(0.3-0.5 ms on an H100), which leaves a GPU idle: the same replay holds a thousand molecules for a few times that.
+:class:`BatchedMD` keeps every trajectory's state on the device (positions and momenta in float64) and advances all
+of them with one :meth:`ForceEngine.compute <mlff_distiller.engine.ForceEngine.compute>` per step on a Verlet-skin
+list (the engine's padded path: a CUDA graph per bucket on a GPU). The replicas may be copies of one
 structure (independent samples of one molecule) or different structures of any sizes.
 
 Integrators (``ensemble``):
