@@ -125,6 +125,32 @@ def test_relax_command(tmp_path, capsys):
     assert "is the input file" in capsys.readouterr().err
 
 
+def test_relax_command_writes_the_others_when_one_fails(tmp_path, capsys, monkeypatch):
+    """A structure whose forces stop being finite is left out and named (exit 2); the others are written."""
+    import ase.io
+
+    import mlff_distiller.batched_relax as br
+    from mlff_distiller.batching import NonFiniteOutputError
+    from mlff_distiller.cli import main
+
+    real = br.relax_batch
+
+    def one_fails(model, structures, **kw):
+        out = real(model, structures, **kw)
+        raise NonFiniteOutputError("relax_batch: structure(s) [1]", [1], [out[0], None, out[2]])
+
+    monkeypatch.setattr(br, "relax_batch", one_fails)
+    src = tmp_path / "in.xyz"
+    ase.io.write(src, _rattled(["CH4", "NH3", "H2O"], 0.05))
+    out = tmp_path / "relaxed.extxyz"
+    args = ["relax", "--model", "builtin:chno-gfn2", "--device", "cpu", "--input", str(src), "--output", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "1 structure(s) left out" in err and "input indices [1]" in err
+    frames = ase.io.read(out, index=":")
+    assert [f.get_chemical_formula() for f in frames] == ["CH4", "H2O"]
+
+
 def test_a_structure_with_non_finite_forces_stops_and_is_named(monkeypatch):
     """NaN forces for one structure (injected from the third call on) stop that structure only; the others relax
     as they would alone, and the error names the bad one with the others' results."""

@@ -420,11 +420,25 @@ def run_relax(job: RelaxJob) -> dict:
     frames = _read_structures(job.input)
     if Path(job.output).exists() and Path(job.output).resolve() == Path(_split_index(job.input)[0]).resolve():
         raise ValueError(f"output {job.output} is the input file; write the relaxed structures to another file")
+    from mlff_distiller.batching import NonFiniteOutputError
+
     t0 = time.perf_counter()
-    relaxed = relax_batch(job.model, frames, fmax=job.fmax, steps=job.steps, device=job.device, precision=job.precision)
+    left_out: list[int] = []
+    try:
+        relaxed = relax_batch(
+            job.model, frames, fmax=job.fmax, steps=job.steps, device=job.device, precision=job.precision
+        )
+    except NonFiniteOutputError as exc:  # the others are relaxed: written, and the bad ones named below
+        left_out = list(exc.indices)
+        relaxed = [a for a in exc.results if a is not None]
     seconds = time.perf_counter() - t0
     Path(job.output).parent.mkdir(parents=True, exist_ok=True)
     ase.io.write(job.output, relaxed, format="extxyz")
+    if left_out:
+        raise ValueError(
+            f"{len(left_out)} structure(s) left out of {job.output}, their forces no longer finite during the "
+            f"relaxation (input indices {left_out[:20]}); the other {len(relaxed)} are written"
+        )
     converged = sum(bool(a.info["relax_converged"]) for a in relaxed)
     return {
         "structures": len(relaxed),
