@@ -186,3 +186,22 @@ def test_a_structure_with_non_finite_forces_stops_and_is_named(monkeypatch):
     for got, ref in zip([err.value.results[0], err.value.results[2]], alone, strict=True):
         assert got.info["relax_converged"]
         np.testing.assert_allclose(got.positions, ref.positions, rtol=0, atol=1e-9)
+
+
+def test_structures_that_end_outside_the_training_data_are_named():
+    """The shipped student's envelope: a squeezed water left as it is (``steps=0``) ends outside and is named, in
+    a warning and in its info; a relaxed ethanol beside it is not; ``check_domain=False`` checks nothing."""
+    import warnings
+
+    from mlff_distiller.domain import OutOfDomainWarning
+
+    squeezed = molecule("H2O")
+    squeezed.positions[1] = squeezed.positions[0] + 0.45 * (squeezed.positions[1] - squeezed.positions[0])
+    structures = [molecule("CH3CH2OH"), squeezed]
+    with pytest.warns(OutOfDomainWarning, match=r"structure\(s\) \[1\] ended outside .*H-O pair at 0.44"):
+        out = relax_batch("builtin:chno-gfn2", structures, steps=0)
+    assert "domain" not in out[0].info and "H-O pair at 0.44" in out[1].info["domain"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        quiet = relax_batch("builtin:chno-gfn2", structures, steps=0, check_domain=False)
+    assert all("domain" not in a.info for a in quiet)

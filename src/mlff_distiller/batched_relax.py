@@ -43,6 +43,7 @@ def relax_batch(
     astart: float = 0.1,
     fa: float = 0.99,
     mode: str = "auto",
+    check_domain: bool = True,
 ) -> list:
     """Relax every structure's positions with FIRE until its largest atomic force is below ``fmax`` (eV/Å).
 
@@ -56,6 +57,10 @@ def relax_batch(
         dt, maxstep, dtmax, n_min, finc, fdec, astart, fa: ASE's FIRE parameters and defaults (``maxstep``: the
             largest move of a structure's whole displacement per step, Å; ``n_min``: ASE's ``Nmin``).
         device, precision, mode, skin: of the engine (:func:`~mlff_distiller.batched_md.batch_engine`).
+        check_domain: with a student that stores its training envelope (:mod:`mlff_distiller.domain`), check the
+            relaxed structures against it: a relaxation can end where the student never saw data (atoms pressed
+            together, where an untrained student may have no repulsion). Those get ``info["domain"]`` (the
+            findings) and an :class:`~mlff_distiller.domain.OutOfDomainWarning` names them.
 
     Returns:
         New ``ase.Atoms`` in input order, at their relaxed positions, each with a ``SinglePointCalculator``
@@ -167,6 +172,8 @@ def relax_batch(
         new.info["relax_converged"] = bool(done[k])
         new.info["relax_steps"] = int(counts[k])
         relaxed.append(new)
+    if check_domain:
+        _check_domain(model, relaxed, [k for k in range(len(relaxed)) if k not in set(bad)], dev)
     bad = sorted(set(bad) | {k for k, a in enumerate(relaxed) if not np.isfinite(a.calc.results["energy"])})
     if bad:
         from mlff_distiller.batching import NonFiniteOutputError
@@ -178,3 +185,30 @@ def relax_batch(
             results=[None if k in set(bad) else relaxed[k] for k in range(len(relaxed))],
         )
     return relaxed
+
+
+def _check_domain(model: StudentModel, relaxed: list, ids: list[int], device: torch.device) -> None:
+    """``info["domain"]`` and one warning for the relaxed structures (``ids``) outside the student's envelope."""
+    import warnings
+
+    from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
+
+    envelope = DomainEnvelope.of_model(model)
+    if envelope is None or not ids:
+        return
+    found = envelope.check_many([relaxed[k] for k in ids], device=device)
+    outside = []
+    for k, findings in zip(ids, found, strict=True):
+        if findings:
+            relaxed[k].info["domain"] = "; ".join(findings)
+            outside.append(k)
+    if outside:
+        more = f" and {len(outside) - 10} more" if len(outside) > 10 else ""
+        warnings.warn(
+            OutOfDomainWarning(
+                f"relax_batch: structure(s) {outside[:10]}{more} ended outside the student's training data "
+                f"(structure {outside[0]}: {relaxed[outside[0]].info['domain']}); their relaxed geometries are "
+                "extrapolations (info['domain'] names what lies outside)"
+            ),
+            stacklevel=3,
+        )
