@@ -11,6 +11,7 @@ from .linear import gemm, gemm_fusable, mlp, mlp_reference
 from .message_passing import message_passing, message_passing_reference
 from .painn_update import painn_update, painn_update_fusable, painn_update_reference
 from .rbf_cutoff import BASES, ENVELOPES, rbf_cutoff, rbf_cutoff_reference
+from .repulsion import pair_repulsion, pair_repulsion_reference, repulsion_table
 
 __all__ = [
     "BACKENDS",
@@ -34,9 +35,12 @@ __all__ = [
     "painn_update",
     "painn_update_fusable",
     "painn_update_reference",
+    "pair_repulsion",
+    "pair_repulsion_reference",
     "precompile",
     "rbf_cutoff",
     "rbf_cutoff_reference",
+    "repulsion_table",
     "resolve_backend",
     "set_backend",
     "triton_available",

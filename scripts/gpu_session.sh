@@ -44,6 +44,8 @@
 #                                         #   labels and training time each (ETH_TRAIN_S, default 75 s)
 #   bash scripts/gpu_session.sh batchedmd # BatchedMD: its CUDA tests, bench_batched_md.py, `mlff-distill md` on 976
 #                                         #   trajectories (the 61 g2 molecules x 16 replicas)
+#   bash scripts/gpu_session.sh repulsion # the ZBL wall: its CUDA tests (and of the paths it touches), bench_repulsion.py
+#                                         #   (its cost in the step), bench_batched_relax.py (1 to 4,096 structures)
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -55,7 +57,7 @@
 # fails or runs out of its time box; the last lines printed are the part's summary.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|nptab|startup|ahead|batchedmd|ddp)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_session.sh PART [PART...]  (verify|capture|engine|enginelat|large|distill|ethlong|builtin|builtinsmall|small|stress|npt|sevennet|sevennpt|mdspeed|tune|diag|check|profile|kernels|probe|nlprof|nlcheck|edgetune|pdl|pdlbench|ncu|mdprobe|hostpipe|studentsize|ethsize|stressprobe|nptab|startup|ahead|batchedmd|repulsion|ddp)"; exit 2; }
 parts=("$@")
 wheels=()
 declare -A seen=()
@@ -418,6 +420,17 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     # the teacher on this host's CPU (needs tblite carried in .whl)
     timeout $(box 120) python3 benchmarks/bench_teacher_md.py --out "$res" >"$res/bench_teacher_md.log" 2>&1
     grep -E "Mean|replica-steps" "$res/bench_teacher_md.log"; tail -2 "$res/bench_teacher_md.log"
+    ;;
+  repulsion)
+    timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=190 --tb=short -k "cuda or gpu or triton" \
+      tests/kernels/test_repulsion.py tests/test_model_repulsion.py tests/test_engine_modes.py tests/test_engine_capture.py \
+      tests/test_calculator.py tests/test_batched_md.py tests/test_batched_relax.py >"$res/pytest_gpu.log" 2>&1
+    grep -cE " PASSED" "$res/pytest_gpu.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu.log" | head -20
+    tail -1 "$res/pytest_gpu.log"
+    timeout $(box 240) python3 benchmarks/bench_repulsion.py --out "$res" >"$res/bench_repulsion.log" 2>&1
+    grep -E "^\| " "$res/bench_repulsion.log"; tail -2 "$res/bench_repulsion.log"
+    timeout $(box 150) python3 benchmarks/bench_batched_relax.py --out "$res" >"$res/bench_relax.log" 2>&1
+    grep -E "^\| |ASE's" "$res/bench_relax.log"; tail -2 "$res/bench_relax.log"
     ;;
   mdspeed)
     timeout $(box 240) python3 benchmarks/bench_md_speed.py --out "$res/md_speed" 2>&1 | tee "$res/md_speed.log" | tail -12

@@ -103,6 +103,23 @@ class DomainEnvelope:
             max_n[key] = max(value, max_n.get(key, 0))
         return DomainEnvelope(self.cutoff, min_d, max_n, self.frames + other.frames)
 
+    def repulsion_radii(self, species: Sequence[int], fraction: float = DISTANCE_TOLERANCE) -> dict:
+        """``{(Za, Zb): r_off}`` for a student of ``species``: where its ZBL wall
+        (:mod:`mlff_distiller.kernels.repulsion`) starts, ``fraction`` times the shortest pair of the two elements in
+        the data. With the default, the fraction below which :meth:`check` calls a pair outside: a structure inside
+        the envelope never feels the wall. A pair of elements never seen within the cutoff gets ``fraction`` times
+        0.7 times the sum of their covalent radii (ASE's table; the seen CHNO pairs sit at 0.71-1.0 times theirs)."""
+        from ase.data import covalent_radii
+
+        species = sorted({int(z) for z in species})
+        radii = {}
+        for a, za in enumerate(species):
+            for zb in species[a:]:
+                seen = self.min_distance.get((za, zb))
+                d = seen if seen is not None else 0.7 * float(covalent_radii[za] + covalent_radii[zb])
+                radii[(za, zb)] = fraction * d
+        return radii
+
     # ------------------------------------------------------------------------------------------ checking
     def check(
         self,

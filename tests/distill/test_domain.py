@@ -13,7 +13,7 @@ from ase.calculators.emt import EMT
 from ase.calculators.singlepoint import SinglePointCalculator
 from helpers import make_model
 
-from mlff_distiller import AtomsBatch, FrameTable, load_model
+from mlff_distiller import AtomsBatch, FrameTable, load_model, predict_forces
 from mlff_distiller.cli import main
 from mlff_distiller.distill import FrameDataset, train
 from mlff_distiller.domain import DomainEnvelope
@@ -478,3 +478,35 @@ def test_check_names_atoms_at_the_same_position():
     doubled.calc = StudentCalculator(model, device="cpu")
     with pytest.warns(UserWarning, match="atoms 0 and 5 .C and C. at the same position"):
         doubled.get_potential_energy()
+
+
+def test_training_puts_the_wall_below_the_data(tmp_path):
+    """Training sets the ZBL wall from the training frames' shortest pairs (0.9 x each), zero on every training
+    frame; fine-tuning recomputes it from the merged envelope; ``repulsion: false`` trains without one."""
+    from distill_helpers import small_train_config
+
+    frames = _labelled(_md_like("CH3CH2OH", 24, rattle=0.08))
+    cfg = small_train_config(max_steps=2, eval_every=2)
+    result = train(frames[:18], frames[18:], cfg, tmp_path / "a", log=lambda m: None)
+    saved = load_model(tmp_path / "a" / "best.pt")
+    env = DomainEnvelope.from_frames(frames[:18], cfg.model.cutoff)
+    want = env.repulsion_radii(saved.species_list)
+    got = {(za, zb): r for za, zb, r in saved.config.repulsion}
+    assert set(got) == set(want) and all(got[k] == pytest.approx(want[k], abs=1e-5) for k in want)
+    assert got[(1, 6)] == pytest.approx(0.9 * env.min_distance[(1, 6)], abs=1e-5)
+    assert result.model.config.repulsion == saved.config.repulsion
+    # Zero on the training frames: the same energies as the student without it.
+    bare = load_model(tmp_path / "a" / "best.pt")
+    bare.set_repulsion(None)
+    walled = [r["energy"] for r in predict_forces(saved, frames[:18], device="cpu", precision="fp64")]
+    assert walled == [r["energy"] for r in predict_forces(bare, frames[:18], device="cpu", precision="fp64")]
+    # Fine-tuning on frames with a shorter C-H: the radius follows the merged envelope.
+    short = _labelled(_md_like("CH4", 8, rattle=0.25, seed=3))
+    tuned = train(short[:6], short[6:], cfg, tmp_path / "b", model=saved, log=lambda m: None)
+    merged = DomainEnvelope.of_model(tuned.model)
+    assert merged.min_distance[(1, 6)] < env.min_distance[(1, 6)]
+    got = {(za, zb): r for za, zb, r in tuned.model.config.repulsion}
+    assert got[(1, 6)] == pytest.approx(0.9 * merged.min_distance[(1, 6)], abs=1e-5)
+    off = train(frames[:18], frames[18:], small_train_config(max_steps=2, repulsion=False), tmp_path / "c",
+                log=lambda m: None)  # fmt: skip
+    assert off.model.config.repulsion is None and load_model(tmp_path / "c" / "best.pt").repulsion_table is None

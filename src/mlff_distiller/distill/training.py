@@ -88,6 +88,12 @@ class TrainConfig:
             the CLI's ``init_model``), first add to its per-species energy shift the least-squares correction to
             the training energies (:func:`~mlff_distiller.distill.objective.energy_reference_correction`): for
             labels from a teacher with another energy zero. False keeps the student's reference as it is.
+        repulsion: put a ZBL pair repulsion under the student below the training data's shortest pairs
+            (:meth:`~mlff_distiller.domain.DomainEnvelope.repulsion_radii`: 0.9 times the shortest pair of each two
+            elements, where the envelope check calls a structure outside; :mod:`mlff_distiller.kernels.repulsion`).
+            It is exactly zero on every training frame and keeps a relaxation or a hot trajectory from pulling
+            atoms into one another where the student has seen no data. False: no repulsion (also removes one a
+            fine-tuned student had).
     """
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(hidden=64, layers=3, n_rbf=16, cutoff=5.0))
@@ -120,6 +126,7 @@ class TrainConfig:
     kernels: str | None = None
     bucket_growth: float = 1.25
     refit_energy_reference: bool = False
+    repulsion: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -164,6 +171,8 @@ class TrainConfig:
             raise ValueError(f"bucket_growth must be > 1, got {self.bucket_growth}")
         if not isinstance(self.refit_energy_reference, bool):
             raise ValueError(f"refit_energy_reference must be true or false, got {self.refit_energy_reference!r}")
+        if not isinstance(self.repulsion, bool):
+            raise ValueError(f"repulsion must be true or false, got {self.repulsion!r}")
 
     def resolved_device(self) -> torch.device:
         from mlff_distiller.devices import resolve_device
@@ -282,6 +291,10 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         domain = base.merged(domain) if base is not None else None  # same cutoff: fine-tuning keeps the model
     elif state is not None and "domain" in state:
         domain = DomainEnvelope.from_dict(state["domain"]) if state["domain"] is not None else None
+    if not cfg.repulsion:
+        model.set_repulsion(None)
+    elif domain is not None:  # zero on every training frame: the wall lies below the data's shortest pairs
+        model.set_repulsion(domain.repulsion_radii(model.species_list))
     if finetune:
         c = model.config
         log(f"fine-tuning a student of {c.hidden} features x {c.layers} layers (config.model is not used)")

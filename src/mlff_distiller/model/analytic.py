@@ -99,9 +99,14 @@ def energy_and_gradients(
         vec = (positions.index_select(0, j) - positions.index_select(0, i) + shift_vectors).requires_grad_(True)
         # The reference op of pair vectors given as "shift vectors" of atoms all at the origin: its own distances,
         # unit vectors (coincident atoms included) and basis, differentiable in vec.
-        _, unit_g, rbf_g = kernels.edge_basis_reference(
+        dist_g, unit_g, rbf_g = kernels.edge_basis_reference(
             torch.zeros_like(positions), torch.zeros_like(edge_index), vec, c.n_rbf, c.cutoff, c.basis, c.envelope
         )
+        table = model.repulsion_table
+        if table is not None:  # the ZBL wall (kernels.repulsion), also on autograd over [E]-sized tensors
+            rep_atomic, rep_energy = kernels.pair_repulsion_reference(
+                dist_g, edge_index, idx, table.to(dist_g.dtype), batch, num_structures
+            )
     unit, rbf = unit_g.detach(), rbf_g.detach()
     unit_k = unit.unsqueeze(-1)  # [E, 3, 1]
 
@@ -142,6 +147,8 @@ def energy_and_gradients(
     scale = model.atomic_scale.index_select(0, idx)
     atomic = torch.addmm(rb2, h * sg, r2.t()).squeeze(-1) * scale + model.atomic_shift.index_select(0, idx)
     energy = atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
+    if table is not None:
+        atomic, energy = atomic + rep_atomic.detach(), energy + rep_energy.detach()
 
     # Backward: g_s = dE/ds, g_v = dE/dv of the current layer's output, from the readout down.
     g_s = ((scale.unsqueeze(1) * r2) * _silu_grad(h, sg)) @ r1
@@ -181,6 +188,10 @@ def energy_and_gradients(
         g_x = xj.new_zeros((n, 3 * f)).index_add_(0, j, g_m * wf)
         g_s = g_smid + ((g_x @ inter.phi[2].weight) * _silu_grad(h1, sg1)) @ inter.phi[0].weight
     with torch.enable_grad():
-        (g_vec,) = torch.autograd.grad([unit_g, rbf_g], [vec], [g_unit, g_rbf])
+        outs, grads = [unit_g, rbf_g], [g_unit, g_rbf]
+        if table is not None:  # d(Σ_b E_b) / d rep_energy = 1
+            outs.append(rep_energy)
+            grads.append(torch.ones_like(rep_energy))
+        (g_vec,) = torch.autograd.grad(outs, [vec], grads)
     g_pos = torch.zeros_like(positions).index_add_(0, j, g_vec).index_add_(0, i, -g_vec)
     return energy, atomic, g_pos, g_vec

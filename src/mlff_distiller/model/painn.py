@@ -32,6 +32,9 @@ class ModelConfig:
     cutoff: float = 5.0  # Å
     basis: str = "bessel"
     envelope: str = "cosine"
+    # A ZBL pair repulsion below these radii (``kernels.repulsion``): ``[[Z_a, Z_b, r_off Å], ...]``, or None for
+    # none. Training sets it from the training data's shortest pairs (DomainEnvelope.repulsion_radii).
+    repulsion: list | None = None
 
     def __post_init__(self) -> None:
         self.species = sorted({int(z) for z in self.species})
@@ -46,6 +49,16 @@ class ModelConfig:
             raise ValueError(f"unknown basis {self.basis!r}; choose one of {kernels.BASES}")
         if self.envelope not in kernels.ENVELOPES:
             raise ValueError(f"unknown envelope {self.envelope!r}; choose one of {kernels.ENVELOPES}")
+        if self.repulsion is not None:
+            try:
+                rows = [(int(za), int(zb), float(r)) for za, zb, r in self.repulsion]
+            except (TypeError, ValueError):
+                raise ValueError(f"repulsion must be [[Z_a, Z_b, r_off], ...], got {self.repulsion!r}") from None
+            for za, zb, r in rows:
+                if not 0 <= r < self.cutoff:
+                    raise ValueError(f"repulsion radius of the pair ({za}, {zb}) must be in [0, cutoff), got {r} Å")
+            self.repulsion = sorted([min(za, zb), max(za, zb), r] for za, zb, r in rows)
+            kernels.repulsion_table(self.species, {(za, zb): r for za, zb, r in self.repulsion})  # checks species
 
 
 def _mlp(n_in: int, n_hidden: int, n_out: int) -> nn.Sequential:
@@ -193,6 +206,8 @@ class StudentModel(nn.Module):
         # Per-species energy scale and shift (eV), fitted from data by the trainer.
         self.register_buffer("atomic_scale", torch.ones(len(species)))
         self.register_buffer("atomic_shift", torch.zeros(len(species)))
+        self.register_buffer("repulsion_table", None, persistent=False)
+        self._build_repulsion()
 
     # ------------------------------------------------------------------------------------------ properties
     @property
@@ -207,7 +222,8 @@ class StudentModel(nn.Module):
         c = self.config
         return (
             f"species={c.species}, hidden={c.hidden}, layers={c.layers}, n_rbf={c.n_rbf}, cutoff={c.cutoff}, "
-            f"basis={c.basis}, envelope={c.envelope}, kernels={kernels.get_backend()}"
+            f"basis={c.basis}, envelope={c.envelope}, repulsion={'zbl' if c.repulsion else None}, "
+            f"kernels={kernels.get_backend()}"
         )
 
     def kernel_backend(self) -> str:
@@ -242,6 +258,30 @@ class StudentModel(nn.Module):
         self.atomic_shift.copy_(shift)
         self.atomic_scale.copy_(scale)
 
+    def set_repulsion(self, radii: dict[tuple[int, int], float] | None) -> None:
+        """Put a ZBL pair repulsion under the student below ``radii`` ``{(Z_a, Z_b): r_off Å}`` (see
+        :mod:`mlff_distiller.kernels.repulsion`; pairs left out get none), or remove it (None). Stored in the config,
+        hence in a saved checkpoint."""
+        rows = None if radii is None else [[za, zb, float(r)] for (za, zb), r in radii.items()]
+        self.config = ModelConfig(**{**asdict(self.config), "repulsion": rows})
+        self._build_repulsion()
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to(), .double(), .cuda(): the wall's table is made again from the config in the new dtype (a cast of the
+        # float32 table would keep its float32 rounding in a float64 model).
+        out = super()._apply(fn, *args, **kwargs)
+        self._build_repulsion()
+        return out
+
+    def _build_repulsion(self) -> None:
+        rows = self.config.repulsion
+        if not rows:
+            self.repulsion_table = None
+            return
+        ref = self.atomic_scale
+        table = kernels.repulsion_table(self.config.species, {(za, zb): r for za, zb, r in rows}, dtype=ref.dtype)
+        self.repulsion_table = table.to(ref.device)
+
     # ------------------------------------------------------------------------------------------ forward
     def forward(
         self,
@@ -266,7 +306,9 @@ class StudentModel(nn.Module):
         """
         c = self.config
         idx = self.z_to_index[numbers]
-        _, unit, rbf = kernels.edge_basis(positions, edge_index, shift_vectors, c.n_rbf, c.cutoff, c.basis, c.envelope)
+        dist, unit, rbf = kernels.edge_basis(
+            positions, edge_index, shift_vectors, c.n_rbf, c.cutoff, c.basis, c.envelope
+        )
         s = self.embedding(idx)
         v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
         for layer, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
@@ -287,6 +329,11 @@ class StudentModel(nn.Module):
             atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
             # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
             energy = atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
+        if self.repulsion_table is not None:  # the ZBL wall below the training data's shortest pairs
+            rep_atomic, rep_energy = kernels.pair_repulsion(
+                dist, edge_index, idx, self.repulsion_table, batch, num_structures
+            )
+            atomic, energy = atomic + rep_atomic, energy + rep_energy
         return {"energy": energy, "atomic_energies": atomic}
 
     # ------------------------------------------------------------------------------------------ persistence

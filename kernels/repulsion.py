@@ -1,0 +1,265 @@
+"""A short-range pair repulsion under the student: the ZBL universal screened-nuclear potential, switched off
+smoothly below a radius per element pair.
+
+A student learns its energy from training frames; at pair distances shorter than any it saw it can say anything,
+and a learned energy there is often attractive: a rattled singlet CH2 relaxed with ASE's FIRE pulled an H into
+the carbon (0.74 → 0.29 Å in three steps) until the forces were not finite (stop 35, ``relax_batch``). MACE and
+nequip add a ZBL pair term for the same reason. Here it is added below the training data only, so that a student
+inside its training envelope is unchanged: for a pair of elements (a, b) with radius ``r_off``,
+
+    E_ab(r) = k_e Z_a Z_b / r · φ(r / a_ab) · S(r),   a_ab = 0.8854 a_0 / (Z_a^0.23 + Z_b^0.23),
+    φ(x) = 0.18175 e^(-3.19980 x) + 0.50986 e^(-0.94229 x) + 0.28022 e^(-0.40290 x) + 0.02817 e^(-0.20162 x),
+    S(r) = 1 - t³ (10 - 15 t + 6 t²),   t = clamp((r - r_on) / (r_off - r_on), 0, 1),
+
+(Ziegler, Biersack and Littmark, 1985), so E, dE/dr and d²E/dr² are exactly 0 from ``r_off`` on, and the full ZBL
+below ``r_on``. Each directed edge ``i <- j`` adds half its pair's energy to the receiver ``i``.
+
+The op takes the distances of the model's edge geometry, so forces and stress follow through its backward. Layout
+of ``table`` (:func:`repulsion_table`): ``[S * S + 3, 4]``, rows ``(r_on, r_off, k_e Z_a Z_b, 1 / a_ab)`` indexed
+by ``S · idx_i + idx_j`` over the model's S species (``r_off = 0``: no repulsion for that pair), then the constants
+``(c_1..c_4)``, ``(d_1..d_4)`` and ``(R_MIN, 0, 0, 0)`` in the table's dtype: Triton would round literals in a
+kernel to float32, 1e-8 off in a float64 step.
+
+Triton (GPU, or CPU under the interpreter): the forward is one launch that evaluates the pairs and adds each
+edge's energy into the per-atom and per-structure outputs with atomics, only for edges inside ``r_off`` (in a
+student's own domain no edge is, and the atomics never fire). The backward is one launch writing dE/dr per edge.
+Its own backward (training differentiates the forces again) is the torch reference's, whose every op is
+differentiable. The torch reference is the CPU path, the ``torch`` backend's and ``torch.compile``'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from ._backend import resolve_backend
+from ._triton_utils import HAS_TRITON, check_launchable, tl, triton
+
+__all__ = ["K_E", "pair_repulsion", "pair_repulsion_reference", "repulsion_table", "zbl_energy"]
+
+K_E = 14.399645  # e² / (4π ε0), eV Å
+_A0 = 0.8854 * 0.529177  # 0.8854 × the Bohr radius, Å
+_C = (0.18175, 0.50986, 0.28022, 0.02817)
+_D = (3.19980, 0.94229, 0.40290, 0.20162)
+ON_FRACTION = 2.0 / 3.0  # r_on = ON_FRACTION · r_off
+# Distances are evaluated from this on (Å): coincident atoms get a large finite energy, never inf or NaN.
+R_MIN = 1e-4
+_BLOCK = 256
+
+
+def repulsion_table(species: list[int], radii: Mapping[tuple[int, int], float], dtype=torch.float32) -> Tensor:
+    """The op's ``[S * S + 3, 4]`` table for a model's ``species`` (sorted atomic numbers) and ``radii``
+    ``{(Z_a, Z_b): r_off}`` in Å (either order; pairs left out get no repulsion)."""
+    s = len(species)
+    table = torch.zeros((s * s + 3, 4), dtype=torch.float64)
+    table[s * s] = torch.tensor(_C, dtype=torch.float64)
+    table[s * s + 1] = torch.tensor(_D, dtype=torch.float64)
+    table[s * s + 2, 0] = R_MIN
+    for (za, zb), r_off in radii.items():
+        if za not in species or zb not in species:
+            raise ValueError(f"repulsion radius for the pair ({za}, {zb}): not among the model's species {species}")
+        if not (math.isfinite(r_off) and r_off >= 0):
+            raise ValueError(f"repulsion radius for the pair ({za}, {zb}) must be finite and >= 0 Å, got {r_off}")
+        if r_off == 0:
+            continue
+        a, b = species.index(za), species.index(zb)
+        row = (ON_FRACTION * r_off, r_off, K_E * za * zb, (za**0.23 + zb**0.23) / _A0)
+        table[a * s + b] = torch.tensor(row, dtype=torch.float64)
+        table[b * s + a] = table[a * s + b]
+    return table.to(dtype)
+
+
+def _terms(dist: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
+    """``(e, de/dr)`` per edge, half the switched ZBL pair energy and its derivative, from ``p = table[code]``: every
+    op differentiable (the reference's forward and the Triton op's double backward)."""
+    r_on, r_off, kzz, inv_a = p.unbind(1)
+    on = dist < r_off
+    width = torch.where(on, r_off - r_on, torch.ones_like(r_off))
+    t = ((dist - r_on) / width).clamp(0.0, 1.0)
+    sw = 1.0 - t * t * t * (10.0 - 15.0 * t + 6.0 * t * t)
+    dsw = torch.where((t > 0) & (t < 1), -30.0 * t * t * (1.0 - t) * (1.0 - t) / width, torch.zeros_like(t))
+    r = dist.clamp_min(R_MIN)
+    x = r * inv_a
+    phi = torch.zeros_like(x)
+    dphi = torch.zeros_like(x)
+    for c, d in zip(_C, _D, strict=True):
+        ex = torch.exp(-d * x)
+        phi = phi + c * ex
+        dphi = dphi - (c * d) * ex
+    energy = kzz / r * phi
+    d_energy = kzz / r * (dphi * inv_a - phi / r)
+    zero = torch.zeros_like(dist)
+    e = torch.where(on, 0.5 * energy * sw, zero)
+    de = torch.where(on & (dist >= R_MIN), 0.5 * (d_energy * sw + energy * dsw), zero)
+    return e, de
+
+
+def _n_species(table: Tensor) -> int:
+    s = math.isqrt(max(table.shape[0] - 3, 0))
+    if table.dim() != 2 or table.shape[1] != 4 or s < 1 or s * s + 3 != table.shape[0]:
+        raise ValueError(f"pair_repulsion: table must be [S*S + 3, 4] (repulsion_table), got {tuple(table.shape)}")
+    return s
+
+
+def _params(edge_index: Tensor, idx: Tensor, table: Tensor) -> Tensor:
+    s = _n_species(table)
+    return table.index_select(0, idx.index_select(0, edge_index[0]) * s + idx.index_select(0, edge_index[1]))
+
+
+def zbl_energy(r: Tensor, z_a: int, z_b: int) -> Tensor:
+    """The unswitched ZBL pair energy (eV) at distances ``r`` (Å): the formula, for tests and plots."""
+    x = r * (z_a**0.23 + z_b**0.23) / _A0
+    return K_E * z_a * z_b / r * sum(c * torch.exp(-d * x) for c, d in zip(_C, _D, strict=True))
+
+
+def pair_repulsion_reference(
+    dist: Tensor, edge_index: Tensor, idx: Tensor, table: Tensor, batch: Tensor, num_structures: int
+) -> tuple[Tensor, Tensor]:
+    """Torch reference: ``(atomic [N], energy [B])`` repulsion energies (eV) of the edges ``i <- j`` at distances
+    ``dist [E]``, for atoms of species index ``idx [N]`` in structures ``batch [N]``."""
+    e, _ = _terms(dist, _params(edge_index, idx, table))
+    atomic = e.new_zeros(idx.shape[0]).index_add(0, edge_index[0], e)
+    return atomic, e.new_zeros(num_structures).index_add(0, batch, atomic)
+
+
+def _grad_reference(dist, edge_index, idx, table, batch, g_atomic, g_energy) -> Tensor:
+    """dL/d dist from dL/d atomic and dL/d energy, in differentiable torch ops (the double backward)."""
+    _, de = _terms(dist, _params(edge_index, idx, table))
+    i = edge_index[0]
+    return de * (g_atomic.index_select(0, i) + g_energy.index_select(0, batch.index_select(0, i)))
+
+
+def pair_repulsion(
+    dist: Tensor, edge_index: Tensor, idx: Tensor, table: Tensor, batch: Tensor, num_structures: int
+) -> tuple[Tensor, Tensor]:
+    """``(atomic [N], energy [B])``: see :func:`pair_repulsion_reference`; differentiable twice in ``dist``."""
+    n_edges = edge_index.shape[1]
+    _n_species(table)
+    if dist.shape != (n_edges,) or idx.shape != batch.shape:
+        raise ValueError(
+            f"pair_repulsion: dist [E], edge_index [2, E], table [S*S + 3, 4], idx and batch [N] expected; got "
+            f"{tuple(dist.shape)}, {tuple(edge_index.shape)}, {tuple(table.shape)}, {tuple(idx.shape)}, "
+            f"{tuple(batch.shape)}"
+        )
+    if n_edges > 0 and not torch.compiler.is_compiling() and resolve_backend(dist.device) == "triton":
+        return _PairRepulsion.apply(dist, edge_index, idx, table.to(dist.dtype), batch, num_structures)
+    return pair_repulsion_reference(dist, edge_index, idx, table.to(dist.dtype), batch, num_structures)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _switched_zbl(r, r_on, r_off, kzz, inv_a, consts):
+        """Half the switched pair energy and its derivative at r (the reference's ``_terms``); ``consts``: the
+        table's constant rows."""
+        width = r_off - r_on
+        t = tl.minimum(tl.maximum((r - r_on) / width, 0.0), 1.0)
+        sw = 1.0 - t * t * t * (10.0 - 15.0 * t + 6.0 * t * t)
+        dsw = -30.0 * t * t * (1.0 - t) * (1.0 - t) / width
+        r_min = tl.load(consts + 8)
+        rc = tl.maximum(r, r_min)
+        x = rc * inv_a
+        c1, c2, c3, c4 = tl.load(consts), tl.load(consts + 1), tl.load(consts + 2), tl.load(consts + 3)
+        d1, d2, d3, d4 = tl.load(consts + 4), tl.load(consts + 5), tl.load(consts + 6), tl.load(consts + 7)
+        e1 = c1 * tl.exp(-d1 * x)
+        e2 = c2 * tl.exp(-d2 * x)
+        e3 = c3 * tl.exp(-d3 * x)
+        e4 = c4 * tl.exp(-d4 * x)
+        phi = e1 + e2 + e3 + e4
+        dphi = -(d1 * e1 + d2 * e2 + d3 * e3 + d4 * e4)
+        energy = kzz / rc * phi
+        d_energy = kzz / rc * (dphi * inv_a - phi / rc)
+        de = tl.where(r >= r_min, 0.5 * (d_energy * sw + energy * dsw), 0.0)
+        return 0.5 * energy * sw, de
+
+    @triton.jit
+    def _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK: tl.constexpr):
+        """One program's edges: ``(offs, in range, receivers, inside the wall, e, de/dr)``."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n_edges
+        i = tl.load(ei + offs, mask=m, other=0)
+        j = tl.load(ei + n_edges + offs, mask=m, other=0)
+        code = tl.load(idx + i, mask=m, other=0) * n_species + tl.load(idx + j, mask=m, other=0)
+        r = tl.load(dist + offs, mask=m, other=0.0)
+        r_off = tl.load(table + code * 4 + 1, mask=m, other=0.0)
+        on = m & (r < r_off)
+        r_on = tl.load(table + code * 4, mask=on, other=0.0)
+        kzz = tl.load(table + code * 4 + 2, mask=on, other=0.0)
+        inv_a = tl.load(table + code * 4 + 3, mask=on, other=1.0)
+        consts = table + n_species * n_species * 4
+        e, de = _switched_zbl(r, r_on, tl.where(on, r_off, r_on + 1.0), kzz, inv_a, consts)
+        return offs, m, i, on, e, de
+
+    @triton.jit
+    def _pair_repulsion_fwd_kernel(
+        dist, ei, idx, batch, table, atomic, energy, n_edges, n_species, BLOCK: tl.constexpr
+    ):
+        _, _, i, on, e, _ = _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK)
+        tl.atomic_add(atomic + i, e, mask=on)
+        b = tl.load(batch + i, mask=on, other=0)
+        tl.atomic_add(energy + b, e, mask=on)
+
+    # The vector-Jacobian product: atomic_i = Σ_{edges e = (i <- j)} e(r_e) and energy_b = Σ_{i in b} atomic_i, so
+    # dL/dr_e = e'(r_e) · (dL/d atomic_i + dL/d energy_{batch_i}); 0 for edges outside their pair's r_off. Without
+    # HAS_GA, dL/d atomic is zero (the engine's steps seed only the energies).
+    @triton.jit
+    def _pair_repulsion_bwd_kernel(
+        dist, ei, idx, batch, table, g_atomic, g_energy, g_dist, n_edges, n_species,
+        HAS_GA: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        offs, m, i, on, _, de = _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK)
+        b = tl.load(batch + i, mask=on, other=0)
+        g = tl.load(g_energy + b, mask=on, other=0.0)
+        if HAS_GA:
+            g += tl.load(g_atomic + i, mask=on, other=0.0)
+        tl.store(g_dist + offs, tl.where(on, de * g, 0.0), mask=m)
+
+
+def _launch(kernel, dist, edge_index, idx, table, batch, *tensors, **flags) -> None:
+    check_launchable(kernel, dist)
+    n_edges = edge_index.shape[1]
+    grid = (triton.cdiv(n_edges, _BLOCK),)
+    kernel[grid](dist, edge_index, idx, batch, table, *tensors, n_edges, _n_species(table), **flags, BLOCK=_BLOCK)
+
+
+class _PairRepulsion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dist, edge_index, idx, table, batch, num_structures):
+        if not HAS_TRITON:
+            raise RuntimeError("the Triton pair repulsion needs triton installed; use MLFF_DISTILLER_KERNELS=torch")
+        dist, edge_index, idx = dist.contiguous(), edge_index.contiguous(), idx.contiguous()
+        table, batch = table.contiguous(), batch.contiguous()
+        n = idx.shape[0]
+        out = dist.new_zeros(n + num_structures)  # one fill for both outputs
+        atomic, energy = out[:n], out[n:]
+        _launch(_pair_repulsion_fwd_kernel, dist, edge_index, idx, table, batch, atomic, energy)
+        ctx.save_for_backward(dist, edge_index, idx, table, batch)
+        ctx.num_structures = num_structures
+        # An output without a gradient stays None in the backward (the engine seeds only the energies): no
+        # zeros to fill for it.
+        ctx.set_materialize_grads(False)
+        return atomic, energy
+
+    @staticmethod
+    def backward(ctx, g_atomic, g_energy):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None, None
+        dist, edge_index, idx, table, batch = ctx.saved_tensors
+        if g_atomic is None and g_energy is None:
+            return None, None, None, None, None, None
+        if g_energy is None:
+            g_energy = dist.new_zeros(ctx.num_structures)
+        if torch.is_grad_enabled():  # the forces are differentiated again (training): the reference's ops
+            g_a = torch.zeros_like(batch, dtype=dist.dtype) if g_atomic is None else g_atomic
+            return _grad_reference(dist, edge_index, idx, table, batch, g_a, g_energy), *(None,) * 5
+        g_dist = torch.empty_like(dist)
+        has_ga = g_atomic is not None
+        g_atomic = g_atomic.to(dist.dtype).contiguous() if has_ga else g_energy
+        g_energy = g_energy.to(dist.dtype).contiguous()
+        _launch(
+            _pair_repulsion_bwd_kernel, dist, edge_index, idx, table, batch, g_atomic, g_energy, g_dist, HAS_GA=has_ga
+        )
+        return g_dist, None, None, None, None, None

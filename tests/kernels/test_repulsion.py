@@ -1,0 +1,162 @@
+"""kernels/repulsion.py: the ZBL wall below a student's training data.
+
+Oracles: the ZBL formula written out here independently (Ziegler-Biersack-Littmark's four exponentials), the
+smoothstep switch, autograd over the reference, finite differences; the Triton op (CPU interpreter, and CUDA when
+present) against the torch reference on random edges.
+"""
+
+import math
+
+import pytest
+import torch
+from mlff_distiller.kernels import (
+    pair_repulsion,
+    pair_repulsion_reference,
+    repulsion_table,
+    triton_available,
+    use_backend,
+)
+from mlff_distiller.kernels.repulsion import ON_FRACTION, _terms
+
+SPECIES = [1, 6, 8]
+RADII = {(1, 1): 0.56, (1, 6): 0.74, (6, 8): 0.89, (8, 8): 1.02}  # (6, 6) and (1, 8): none
+BACKENDS = ["torch"] + (["triton"] if triton_available("cpu") else [])
+
+
+def _zbl(r: float, za: int, zb: int) -> float:
+    a = 0.8854 * 0.529177 / (za**0.23 + zb**0.23)
+    x = r / a
+    phi = (
+        0.18175 * math.exp(-3.1998 * x)
+        + 0.50986 * math.exp(-0.94229 * x)
+        + 0.28022 * math.exp(-0.4029 * x)
+        + 0.02817 * math.exp(-0.20162 * x)
+    )
+    return 14.399645 * za * zb / r * phi
+
+
+def _switch(r: float, r_off: float) -> float:
+    r_on = r_off * 2 / 3
+    t = min(max((r - r_on) / (r_off - r_on), 0.0), 1.0)
+    return 1 - 10 * t**3 + 15 * t**4 - 6 * t**5
+
+
+def _random_graph(n_atoms: int, n_edges: int, n_struct: int, seed: int, dtype, device, r_max: float = 1.3):
+    """Random edges between random species at distances spread over [0, r_max] (some exactly 0: coincident
+    atoms), with the distances as a leaf."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, len(SPECIES), (n_atoms,), generator=g)
+    batch = torch.sort(torch.randint(0, n_struct, (n_atoms,), generator=g)).values
+    edge_index = torch.randint(0, n_atoms, (2, n_edges), generator=g)
+    dist = torch.rand(n_edges, generator=g, dtype=torch.float64) * r_max
+    dist[:3] = 0.0
+    dist[3:4] = 1e-5
+    table = repulsion_table(SPECIES, RADII, dtype=dtype)
+    to = dict(device=device)
+    return (
+        dist.to(dtype=dtype, **to).requires_grad_(True),
+        edge_index.to(**to),
+        idx.to(**to),
+        table.to(**to),
+        batch.to(**to),
+    )
+
+
+def test_reference_is_the_switched_zbl_formula():
+    table = repulsion_table(SPECIES, RADII, dtype=torch.float64)
+    rs = [0.05, 0.2, 0.3, 0.45, 0.5, 0.6, 0.7, 0.73, 0.74, 0.8, 2.0]
+    for za, zb in [(1, 6), (6, 1), (1, 1), (8, 8), (6, 8), (6, 6), (1, 8)]:
+        r_off = RADII.get((min(za, zb), max(za, zb)), 0.0)
+        for r in rs:
+            idx = torch.tensor([SPECIES.index(za), SPECIES.index(zb)])
+            edge_index = torch.tensor([[0], [1]])
+            dist = torch.tensor([r], dtype=torch.float64)
+            atomic, energy = pair_repulsion_reference(dist, edge_index, idx, table, torch.zeros(2, dtype=int), 1)
+            want = 0.5 * _zbl(r, za, zb) * _switch(r, r_off) if r < r_off else 0.0
+            assert atomic[0].item() == pytest.approx(want, rel=1e-12, abs=0.0), (za, zb, r)
+            assert atomic[1].item() == 0.0  # the sender gets its half from the reverse edge
+            assert energy.item() == atomic[0].item()
+            if r <= ON_FRACTION * r_off:  # the full ZBL, unswitched
+                assert atomic[0].item() == pytest.approx(0.5 * _zbl(r, za, zb), rel=1e-12)
+
+
+def test_terms_derivative_is_the_energys():
+    """The closed-form de/dr that the Triton backward and the double backward use is autograd's of e."""
+    dist, edge_index, idx, table, _ = _random_graph(40, 4000, 1, 0, torch.float64, "cpu")
+    from mlff_distiller.kernels.repulsion import _params
+
+    e, de = _terms(dist, _params(edge_index, idx, table))
+    (auto,) = torch.autograd.grad(e.sum(), dist)
+    torch.testing.assert_close(de, auto, rtol=1e-12, atol=1e-12)
+    assert (e > 0).sum() > 100 and (e == 0).sum() > 100  # both sides of the switch are exercised
+    assert torch.isfinite(e).all() and torch.isfinite(de).all()  # coincident atoms: large, finite
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_finite_differences(backend):
+    dist, edge_index, idx, table, batch = _random_graph(12, 60, 3, 1, torch.float64, "cpu", r_max=1.1)
+    with torch.no_grad():
+        dist.clamp_(min=0.01)  # away from the R_MIN clamp
+    with use_backend(backend):
+        atomic, energy = pair_repulsion(dist, edge_index, idx, table, batch, 3)
+        (grad,) = torch.autograd.grad(energy.sum() + (atomic * torch.linspace(0, 1, 12, dtype=dist.dtype)).sum(), dist)
+    w = torch.linspace(0, 1, 12, dtype=dist.dtype)
+    h = 1e-6
+    for k in range(dist.shape[0]):  # one edge at a time: the sum of all is too large for a 1e-6 step's rounding
+        vals = []
+        for sign in (1, -1):
+            d = dist.detach()[k : k + 1] + sign * h
+            a, e = pair_repulsion_reference(d, edge_index[:, k : k + 1], idx, table, batch, 3)
+            vals.append((e.sum() + (a * w).sum()).item())
+        assert grad[k].item() == pytest.approx((vals[0] - vals[1]) / (2 * h), rel=1e-6, abs=1e-6), k
+    assert (grad != 0).sum() > 20
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradcheck_and_gradgradcheck(backend):
+    dist, edge_index, idx, table, batch = _random_graph(10, 30, 2, 2, torch.float64, "cpu", r_max=1.0)
+    with torch.no_grad():
+        dist.clamp_(min=0.05)
+
+    def f(d):
+        return pair_repulsion(d, edge_index, idx, table, batch, 2)
+
+    with use_backend(backend):
+        assert torch.autograd.gradcheck(f, (dist,))
+        assert torch.autograd.gradgradcheck(f, (dist,))
+
+
+TRITON_DEVICES = [d for d in ("cpu", "cuda") if (d == "cpu" or torch.cuda.is_available()) and triton_available(d)]
+
+
+@pytest.mark.skipif(not TRITON_DEVICES, reason="needs triton (the interpreter on the CPU, or CUDA)")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_triton_matches_reference(dtype):
+    for device in TRITON_DEVICES:
+        for seed, (n, e, b) in enumerate([(7, 1, 1), (50, 3000, 4), (300, 20000, 17)]):
+            dist, edge_index, idx, table, batch = _random_graph(n, e, b, 10 + seed, dtype, device)
+            g_a = torch.randn(n, dtype=dtype, device=device)
+            g_e = torch.randn(b, dtype=dtype, device=device)
+            outs = {}
+            for backend in ("torch", "triton"):
+                with use_backend(backend):
+                    a, en = pair_repulsion(dist, edge_index, idx, table, batch, b)
+                    (gd,) = torch.autograd.grad([a, en], dist, [g_a, g_e], retain_graph=True)
+                    # only one output seeded (the engine's steps seed the energies alone)
+                    (gd_e,) = torch.autograd.grad(en, dist, g_e, retain_graph=True)
+                    (gd_a,) = torch.autograd.grad(a, dist, g_a)
+                outs[backend] = (a, en, gd, gd_e, gd_a)
+            tol = dict(rtol=1e-11, atol=1e-9) if dtype == torch.float64 else dict(rtol=2e-5, atol=1e-2)
+            for want, got in zip(outs["torch"], outs["triton"], strict=True):
+                assert torch.isfinite(got).all()
+                torch.testing.assert_close(got, want, **tol)
+
+
+def test_table_errors():
+    with pytest.raises(ValueError, match=r"\(1, 7\).*species"):
+        repulsion_table(SPECIES, {(1, 7): 0.5})
+    with pytest.raises(ValueError, match=">= 0"):
+        repulsion_table(SPECIES, {(1, 6): -0.1})
+    with pytest.raises(ValueError, match="table"):
+        dist, edge_index, idx, table, batch = _random_graph(5, 6, 1, 3, torch.float64, "cpu")
+        pair_repulsion(dist[:4], edge_index, idx, table, batch, 1)
