@@ -156,6 +156,7 @@ def test_a_structure_with_non_finite_forces_stops_and_is_named(monkeypatch):
     as they would alone, and the error names the bad one with the others' results."""
     import mlff_distiller.batched_relax as br
     from mlff_distiller.batching import NonFiniteOutputError
+    from mlff_distiller.predict import clear_engine_cache
 
     real = br.batch_engine
 
@@ -179,6 +180,7 @@ def test_a_structure_with_non_finite_forces_stops_and_is_named(monkeypatch):
     model = load_model("builtin:chno-gfn2")
     structures = _rattled(["CH4", "H2O", "NH3"])
     alone = relax_batch(model, [structures[0], structures[2]], fmax=0.02, steps=300, precision="fp64")
+    clear_engine_cache()  # the poisoned engine below, not the kept one
     monkeypatch.setattr(br, "batch_engine", engine_with_a_nan)
     with pytest.raises(NonFiniteOutputError, match=r"structure\(s\) \[1\]") as err:
         relax_batch(model, structures, fmax=0.02, steps=300, precision="fp64")
@@ -205,3 +207,40 @@ def test_structures_that_end_outside_the_training_data_are_named():
         warnings.simplefilter("error", OutOfDomainWarning)
         quiet = relax_batch("builtin:chno-gfn2", structures, steps=0, check_domain=False)
     assert all("domain" not in a.info for a in quiet)
+
+
+def test_the_engine_is_kept_for_the_next_call(monkeypatch):
+    """A second call with the same student and settings reuses the first call's engine (its list, its buckets)
+    and relaxes exactly as a fresh engine would; a changed student or other settings get a new one."""
+    import mlff_distiller.batched_relax as br
+    from mlff_distiller.predict import clear_engine_cache
+
+    made = []
+    real = br.batch_engine
+
+    def counting(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(br, "batch_engine", counting)
+    model = load_model("builtin:chno-gfn2")
+    first = _rattled(["CH4", "H2O", "NH3"])
+    second = _rattled(["CH3OH", "HCN"], amount=0.12)
+    kw = dict(fmax=0.02, steps=300, precision="fp64")
+    a = relax_batch(model, first, **kw)
+    b = relax_batch(model, second, **kw)
+    again = relax_batch(model, first, **kw)
+    assert len(made) == 1  # one engine for the three calls
+    clear_engine_cache()
+    fresh = relax_batch(model, second, **kw)
+    assert len(made) == 2
+    for got, want in zip(b, fresh, strict=True):
+        assert got.info["relax_steps"] == want.info["relax_steps"]
+        np.testing.assert_allclose(got.positions, want.positions, rtol=0, atol=1e-12)
+    for got, want in zip(again, a, strict=True):
+        np.testing.assert_allclose(got.positions, want.positions, rtol=0, atol=1e-12)
+    relax_batch(model, first, **{**kw, "skin": 0.5})  # other settings: another engine
+    with torch.no_grad():
+        model.readout[2].bias.add_(0.1)  # a changed student: another engine
+    relax_batch(model, first, **kw)
+    assert len(made) == 4

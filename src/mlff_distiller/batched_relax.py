@@ -56,7 +56,10 @@ def relax_batch(
         steps: at most this many FIRE steps per structure (ASE's ``run(steps=...)``).
         dt, maxstep, dtmax, n_min, finc, fdec, astart, fa: ASE's FIRE parameters and defaults (``maxstep``: the
             largest move of a structure's whole displacement per step, Å; ``n_min``: ASE's ``Nmin``).
-        device, precision, mode, skin: of the engine (:func:`~mlff_distiller.batched_md.batch_engine`).
+        device, precision, mode, skin: of the engine (:func:`~mlff_distiller.batched_md.batch_engine`). The engine
+            is kept for the next call with the same student and settings, in :func:`~mlff_distiller.predict_forces`'s
+            cache and under its rules (the same student object with unchanged parameters and buffers;
+            :func:`~mlff_distiller.predict.clear_engine_cache` frees it).
         check_domain: with a student that stores its training envelope (:mod:`mlff_distiller.domain`), check the
             relaxed structures against it: a relaxation can end where the student never saw data (atoms pressed
             together, where an untrained student may have no repulsion). Those get ``info["domain"]`` (the
@@ -92,7 +95,18 @@ def relax_batch(
             )
     if not isinstance(model, StudentModel):
         model = load_model(model)
-    engine = batch_engine(model, structures, device=device, precision=precision, mode=mode, skin=skin)
+    # The engine is kept for the next call, as predict_forces keeps its own (the same cache, same rules: the same
+    # student object, unchanged; clear_engine_cache frees it): a new engine captures its buckets again, most of a
+    # call for a few structures.
+    from mlff_distiller.predict import _engine_for
+
+    molecular = not any(bool(np.any(a.pbc)) for a in structures)
+    settings = {"relax": True, "device": device, "precision": precision, "mode": mode, "skin": skin, "mol": molecular}
+    engine = _engine_for(
+        model,
+        settings,
+        make=lambda: batch_engine(model, structures, device=device, precision=precision, mode=mode, skin=skin),
+    )
     dev = engine.device
     batch = AtomsBatch.from_atoms(structures, device=dev, dtype=torch.float64)
     engine._check_species(batch.numbers)

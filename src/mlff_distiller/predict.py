@@ -138,7 +138,9 @@ def _state(model: StudentModel) -> tuple | None:
         return None
 
 
-def _engine_for(model: StudentModel, settings: dict) -> ForceEngine:
+def _engine_for(model: StudentModel, settings: dict, make=None) -> ForceEngine:
+    """The kept engine of ``model`` with ``settings`` (from this thread), else a new one, kept:
+    ``ForceEngine(model, **settings)`` or ``make()``, whose engine must follow from the same settings (the key)."""
     key = (id(model), threading.get_ident(), *((k, str(v)) for k, v in settings.items()))
     state = _state(model)
     with _lock:
@@ -147,7 +149,7 @@ def _engine_for(model: StudentModel, settings: dict) -> ForceEngine:
             _engines.move_to_end(key)
             return hit[2]
         _engines.pop(key, None)
-    engine = ForceEngine(model, **settings)
+    engine = ForceEngine(model, **settings) if make is None else make()
     if state is None:
         return engine
     with _lock:
