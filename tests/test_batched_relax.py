@@ -244,3 +244,36 @@ def test_the_engine_is_kept_for_the_next_call(monkeypatch):
         model.readout[2].bias.add_(0.1)  # a changed student: another engine
     relax_batch(model, first, **kw)
     assert len(made) == 4
+
+
+@pytest.mark.gpu
+def test_the_captured_fire_step_equals_the_eager_one(monkeypatch):
+    """On CUDA every FIRE step after the first replays one captured graph: the same paths as the eager update, to
+    float64 rounding, and the same step counts."""
+    import mlff_distiller.batched_relax as br
+
+    model = load_model("builtin:chno-gfn2")
+    structures = _rattled(["CH4", "H2O", "NH3", "CH3OH", "HCN", "C2H2"])
+    kw = dict(fmax=0.02, steps=300, precision="fp64", device="cuda")
+    captures = []
+    real_captured = br._Fire._captured
+
+    def counted(self):
+        captures.append(1)
+        return real_captured(self)
+
+    monkeypatch.setattr(br._Fire, "_captured", counted)
+    graphed = relax_batch(model, structures, **kw)
+    assert captures == [1]
+    real_init = br._Fire.__init__
+
+    def eager(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self._capture = False
+
+    monkeypatch.setattr(br._Fire, "__init__", eager)
+    plain = relax_batch(model, structures, **kw)
+    assert captures == [1]
+    for got, want in zip(graphed, plain, strict=True):
+        assert got.info["relax_steps"] == want.info["relax_steps"] and got.info["relax_converged"]
+        np.testing.assert_allclose(got.positions, want.positions, rtol=0, atol=1e-12)
