@@ -380,6 +380,45 @@ def test_replicas_outside_the_training_data_are_named():
         BatchedMD(make_model(), structures, check_domain=0)
 
 
+def test_replicas_with_runaway_forces_are_named(monkeypatch):
+    """A replica in which an atom felt a force component above FORCE_LIMIT at any step is named by the next check (every
+    ``check_domain`` steps, also for a student without an envelope) and stays named; the others are not."""
+    import warnings
+
+    import mlff_distiller.domain as domain
+    from mlff_distiller.domain import OutOfDomainWarning
+
+    structures = [molecule("CH4"), molecule("H2O"), molecule("NH3")]
+    model = make_model()  # random weights: no envelope, no wall
+    monkeypatch.setattr(domain, "FORCE_LIMIT", 50.0)
+    md = BatchedMD(model, structures, ensemble="nve", temperature_K=0.0, check_domain=2, cuda_graphs=False)
+    real, calls = md.engine.compute, []
+
+    def kicked(batch, **kw):  # from the 4th force call (step 3) on, replica 1 feels 1e3 eV/Å
+        out = dict(real(batch, **kw))
+        calls.append(1)
+        if len(calls) >= 4:
+            lo, hi = md.ptr[1], md.ptr[2]
+            forces = out["forces"].clone()
+            forces[lo:hi] = 1e3
+            out["forces"] = forces
+        return out
+
+    md.engine.compute = kicked
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        md.run(2)  # checks at the start and at step 2: nothing
+    assert md.domain_findings == {}
+    with pytest.warns(OutOfDomainWarning, match=r"replica\(s\) \[1\] .*an atom felt a force of 1e\+03 eV/Å by step 4"):
+        md.run(2)
+    assert list(md.domain_findings) == [1]
+    md.engine.compute = real  # the forces come back down: named once, it stays named
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        md.run(4)
+    assert list(md.domain_findings) == [1] and "eV/Å" in md.domain_findings[1][0]
+
+
 def test_ase_constraints_other_than_fixcom_are_refused():
     from ase.constraints import FixAtoms, FixCom
 

@@ -369,3 +369,32 @@ def test_maxwell_boltzmann_before_ase_3_29(monkeypatch):
     atoms, rng = molecule("H2O"), np.random.default_rng(1)
     maxwell_boltzmann(atoms, 300.0, rng=rng)
     assert calls == [((atoms,), {"temperature_K": 300.0, "rng": rng})]
+
+
+def test_a_force_beyond_the_limit_warns_once(model, monkeypatch):
+    """A force component above domain.FORCE_LIMIT (a collision the student cannot describe; every number finite)
+    warns with an OutOfDomainWarning on that calculation, once per calculator; check_domain=None: no warning."""
+    import warnings
+
+    import mlff_distiller.domain as domain
+    from mlff_distiller.domain import OutOfDomainWarning
+
+    atoms = molecule("H2O")
+    calc = StudentCalculator(model, device="cpu")
+    atoms.calc = calc
+    peak = np.abs(atoms.get_forces()).max()
+    monkeypatch.setattr(domain, "FORCE_LIMIT", float(peak) * 0.9)
+    atoms.positions[0, 0] += 0.01
+    with pytest.warns(OutOfDomainWarning, match=r"an atom felt a force of .* eV/Å in calculation 2"):
+        atoms.get_forces()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        atoms.positions[0, 0] += 0.01
+        atoms.get_forces()  # once per calculator
+        quiet = molecule("H2O")
+        quiet.calc = StudentCalculator(model, device="cpu", check_domain=None)
+        quiet.get_forces()
+        monkeypatch.setattr(domain, "FORCE_LIMIT", float(peak) * 10)
+        fresh = molecule("H2O")
+        fresh.calc = StudentCalculator(model, device="cpu")
+        fresh.get_forces()  # below the limit: silent

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mlff_distiller import domain as _domain
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.calculator import DOMAIN_CHECK_EVERY
@@ -45,6 +46,7 @@ from mlff_distiller.frames import FrameTable
 from mlff_distiller.model import StudentModel
 
 __all__ = ["BatchedMD", "batch_engine"]
+
 
 ENSEMBLES = ("langevin", "nve")
 
@@ -94,7 +96,10 @@ class BatchedMD:
         check_domain: with a student that stores its training envelope (:mod:`mlff_distiller.domain`), check every
             replica against it at the start and every ``check_domain`` steps, as
             :class:`~mlff_distiller.StudentCalculator` does; replicas found outside that were not before warn with
-            an :class:`~mlff_distiller.domain.OutOfDomainWarning` naming them. ``None``: no checks.
+            an :class:`~mlff_distiller.domain.OutOfDomainWarning` naming them. The same checks name the replicas
+            in which an atom felt a force component above :data:`~mlff_distiller.domain.FORCE_LIMIT` at any step (a
+            runaway trajectory whose numbers all stay finite; it stays named in ``domain_findings`` from then on),
+            with or without an envelope. ``None``: no checks.
 
     Attributes:
         engine: the :class:`~mlff_distiller.engine.ForceEngine` (``engine.verlet.n_builds``: the list's builds).
@@ -242,6 +247,8 @@ class BatchedMD:
         self.domain = DomainEnvelope.of_model(model) if check_domain is not None else None
         self._domain_every = int(check_domain) if check_domain is not None else 0
         self.domain_findings: dict[int, list[str]] = {}
+        self._peak_force = torch.zeros(self.n_replicas, dtype=torch.float64, device=dev)  # over all steps
+        self._runaway: dict[int, str] = {}
         self._numbers_host = self._batch.numbers.cpu().numpy()
         self._cells_host = self._batch.cell.cpu().numpy()
         self._pbc_host = self._batch.pbc.cpu().numpy()
@@ -291,18 +298,27 @@ class BatchedMD:
 
     def _ensure_forces(self) -> None:
         if not self._has_forces:
-            if self.domain is not None:
+            if self._domain_every:
                 self._check_domain()
             self._compute_forces()
             self._set_kick()
+            self._track_forces()
 
     def _check_domain(self) -> None:
-        """Check every replica against the student's training envelope; warn naming those newly found outside."""
-        table = FrameTable(
-            self._numbers_host, self._batch.positions.cpu().numpy(), self._cells_host, self._pbc_host, self._counts
-        )
-        found = self.domain.check_many(table, device=self.device)
-        findings = {k: f for k, f in enumerate(found) if f}
+        """Check every replica against the student's training envelope (if it has one) and for a force component
+        above ``domain.FORCE_LIMIT`` at any step so far; warn naming the replicas newly found."""
+        findings: dict[int, list[str]] = {}
+        if self.domain is not None:
+            table = FrameTable(
+                self._numbers_host, self._batch.positions.cpu().numpy(), self._cells_host, self._pbc_host, self._counts
+            )
+            found = self.domain.check_many(table, device=self.device)
+            findings = {k: list(f) for k, f in enumerate(found) if f}
+        peak, limit = self._peak_force.cpu().numpy(), _domain.FORCE_LIMIT
+        for k in np.flatnonzero(peak > limit).tolist():
+            self._runaway.setdefault(k, _domain.force_finding(float(peak[k]), f"by step {self.nsteps}"))
+        for k, finding in self._runaway.items():
+            findings.setdefault(k, []).append(finding)
         new = sorted(set(findings) - set(self.domain_findings))
         self.domain_findings = findings
         if new:
@@ -409,9 +425,15 @@ class BatchedMD:
         r.add_(p / m, alpha=0.5 * dt)
 
     def _after_forces(self) -> None:
-        """The step after the force call: the kick's force, the second half kick."""
+        """The step after the force call: the kick's force, the second half kick, each replica's largest force."""
         self._set_kick()
         self._momenta.add_(self._kick, alpha=0.5 * self._dt)
+        self._track_forces()
+
+    def _track_forces(self) -> None:
+        """Each replica's largest force component so far (a few kernels, inside the captured half)."""
+        f = self._forces.abs().amax(dim=1)
+        self._peak_force.scatter_reduce_(0, self._batch.batch, f, reduce="amax", include_self=True)
 
     def _graphs(self) -> tuple:
         """On CUDA: the two halves of the integrator, each captured as one CUDA graph (about 20 small kernels a step
@@ -459,7 +481,7 @@ class BatchedMD:
         after()
         self.nsteps += 1
         self.time_fs += self.timestep_fs
-        if self.domain is not None and self.nsteps % self._domain_every == 0:
+        if self._domain_every and self.nsteps % self._domain_every == 0:
             self._check_domain()
 
     def run(self, steps: int, *, observer: Callable[[BatchedMD], None] | None = None, interval: int = 1) -> None:

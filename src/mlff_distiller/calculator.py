@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
+from mlff_distiller import domain as _domain
 from mlff_distiller.batch import MIN_VOLUME, AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError, all_finite, nonfinite_message
 from mlff_distiller.checkpoint import load_model
@@ -59,7 +60,9 @@ class StudentCalculator(Calculator):
             this package since it records one), check the structure against it on the first calculation and every
             ``check_domain``-th after (default ``DOMAIN_CHECK_EVERY``); a check that finds the structure outside,
             after one that did not, warns with :class:`~mlff_distiller.domain.OutOfDomainWarning`.
-            ``calc.domain_findings`` holds the last check's findings. ``None``: no checks.
+            ``calc.domain_findings`` holds the last check's findings. A force component above
+            :data:`~mlff_distiller.domain.FORCE_LIMIT` (a collision the student cannot describe, whose numbers all
+            stay finite) warns too, once per calculator, with or without an envelope. ``None``: no checks.
 
     Properties: ``energy``, ``free_energy`` (eV), ``forces`` (eV/Å), ``energies`` (per atom, eV) and, for fully
     periodic structures, ``stress`` (eV/Å³, Voigt, ASE sign). Stress runs the engine's padded stress step (a CUDA
@@ -95,6 +98,7 @@ class StudentCalculator(Calculator):
         self.domain = DomainEnvelope.of_model(model) if check_domain is not None else None
         self._domain_every = int(check_domain) if check_domain is not None else 0
         self.domain_findings: list[str] = []  # what the last check found outside the envelope
+        self._force_warned = False
         self.engine = ForceEngine(
             model,
             device=device,
@@ -261,7 +265,9 @@ class StudentCalculator(Calculator):
         # as_numpy: one device-to-host copy of all outputs on the padded path, unpacked as NumPy views.
         out = self.engine.compute(batch, forces=True, stress=want_stress, as_numpy=True)
         energy = float(out["energy"][0])
-        if not (math.isfinite(energy) and all_finite(out["forces"], *([out["stress"][0]] if want_stress else []))):
+        forces = out["forces"]
+        peak = float(np.abs(forces).max()) if forces.size else 0.0  # NaN or inf when any is (no extra pass)
+        if not (math.isfinite(energy) and math.isfinite(peak) and (not want_stress or all_finite(out["stress"][0]))):
             # never NaN or inf to ASE: e.g. a float32 overflow in a structure far outside the training data
             message = nonfinite_message(self.atoms, self.engine.cutoff, "StudentCalculator")
             raise NonFiniteOutputError(message, [0], [None])
@@ -275,6 +281,15 @@ class StudentCalculator(Calculator):
             self.results["stress"] = out["stress"][0].astype(np.float64, copy=False)
         if self.domain is not None and (self._calculations - 1) % self._domain_every == 0:
             self._check_domain()
+        if peak > _domain.FORCE_LIMIT and self._domain_every and not self._force_warned:
+            self._force_warned = True  # once per calculator: a runaway trajectory, not a new finding each step
+            warnings.warn(
+                OutOfDomainWarning(
+                    "this structure lies outside anything the student can describe: "
+                    + _domain.force_finding(peak, f"in calculation {self._calculations}")
+                ),
+                stacklevel=4,
+            )
 
     def _check_domain(self) -> None:
         device = self.domain.check_device(len(self.atoms), self.engine.device)  # large systems: the engine's GPU

@@ -27,7 +27,15 @@ import torch
 
 from mlff_distiller.frames import FrameTable
 
-__all__ = ["DISTANCE_TOLERANCE", "GPU_CHECK_MIN_ATOMS", "NEIGHBOR_TOLERANCE", "DomainEnvelope", "OutOfDomainWarning"]
+__all__ = [
+    "DISTANCE_TOLERANCE",
+    "FORCE_LIMIT",
+    "GPU_CHECK_MIN_ATOMS",
+    "NEIGHBOR_TOLERANCE",
+    "DomainEnvelope",
+    "OutOfDomainWarning",
+    "force_finding",
+]
 
 # A pair is outside when it is shorter than this fraction of the shortest pair of its elements seen in training; an
 # atom is outside when it has more than this multiple of the most neighbours seen around its element. Thermal MD of
@@ -39,6 +47,20 @@ _SCREEN = 4096  # structures per batched screen of check_many
 # From this many atoms a caller's GPU checks faster than the host (water, H100 host: 3,000 atoms 4.5 vs 31 ms, 24,000
 # atoms 5.2 vs 192 ms; benchmarks/results/probe_domain_check_h100.md); below it the transfers and launches dominate.
 GPU_CHECK_MIN_ATOMS = 1000
+# A force component larger than this (eV/Å) means a structure left everything the student can describe: a collision
+# pressed atoms into one another until the student's extrapolation (and under it the ZBL wall) answered with forces
+# of 1e3 to 1e33 eV/Å, which shoot atoms off to 1e7-1e31 Å while every number stays finite
+# (benchmarks/probe_hot_md.py: 2-96 of 976 g2 trajectories in 3 ps at 1,000-2,000 K), so no finiteness check sees
+# it. Thermal MD of the training molecules stays below ~20 eV/Å. StudentCalculator and BatchedMD name it.
+FORCE_LIMIT = 100.0
+
+
+def force_finding(force: float, when: str = "") -> str:
+    """The finding for a force component of ``force`` eV/Å above :data:`FORCE_LIMIT`."""
+    return (
+        f"an atom felt a force of {force:.3g} eV/Å{' ' + when if when else ''} (above {FORCE_LIMIT:g} eV/Å: atoms "
+        "pressed into one another; a trajectory is not physical from there on)"
+    )
 
 
 class OutOfDomainWarning(UserWarning):
