@@ -69,7 +69,7 @@ def _op_rows(model, structures) -> list[str]:
         with use_backend(backend):
 
             def run():
-                _, energy = pair_repulsion(dist, nl.edge_index, idx, table, b.batch, b.num_structures)
+                _, energy, _ = pair_repulsion(dist, nl.edge_index, idx, table, b.batch, b.num_structures)
                 torch.autograd.grad(energy.sum(), dist)
 
             t = time_fn(run, torch.device("cuda"), warmup_ms=25, rep_ms=200).median_us

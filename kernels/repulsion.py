@@ -14,6 +14,13 @@ inside its training envelope is unchanged: for a pair of elements (a, b) with ra
 (Ziegler, Biersack and Littmark, 1985), so E, dE/dr and d²E/dr² are exactly 0 from ``r_off`` on, and the full ZBL
 below ``r_on``. Each directed edge ``i <- j`` adds half its pair's energy to the receiver ``i``.
 
+It also returns each edge's **gate** ``1 - S(r)`` (1 outside the wall, 0 below ``r_on``), by which the model
+multiplies the edge's radial basis: inside the wall the student's own message for that pair fades out, and below
+``r_on`` only ZBL acts on it. Without the gate the wall met the student's extrapolation, which in hot MD grew as fast
+as the wall (a C-C pair at 0.33 Å: the student's pull ~1,000 eV/Å against ZBL's ~1,400; 5e33 eV/Å at 0.11 Å;
+``benchmarks/probe_hot_md.py``). Outside the wall the gate is exactly 1, and the model's results are unchanged bit
+for bit.
+
 The op takes the distances of the model's edge geometry, so forces and stress follow through its backward. Layout
 of ``table`` (:func:`repulsion_table`): ``[S * S + 3, 4]``, rows ``(r_on, r_off, k_e Z_a Z_b, 1 / a_ab)`` indexed
 by ``S · idx_i + idx_j`` over the model's S species (``r_off = 0``: no repulsion for that pair), then the constants
@@ -72,9 +79,10 @@ def repulsion_table(species: list[int], radii: Mapping[tuple[int, int], float], 
     return table.to(dtype)
 
 
-def _terms(dist: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
-    """``(e, de/dr)`` per edge, half the switched ZBL pair energy and its derivative, from ``p = table[code]``: every
-    op differentiable (the reference's forward and the Triton op's double backward)."""
+def _terms(dist: Tensor, p: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(e, de/dr, gate, dgate/dr)`` per edge: half the switched ZBL pair energy, the gate ``1 - S(r)``, and their
+    derivatives, from ``p = table[code]``: every op differentiable (the reference's forward and the Triton op's
+    double backward)."""
     r_on, r_off, kzz, inv_a = p.unbind(1)
     on = dist < r_off
     width = torch.where(on, r_off - r_on, torch.ones_like(r_off))
@@ -94,7 +102,9 @@ def _terms(dist: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
     zero = torch.zeros_like(dist)
     e = torch.where(on, 0.5 * energy * sw, zero)
     de = torch.where(on & (dist >= R_MIN), 0.5 * (d_energy * sw + energy * dsw), zero)
-    return e, de
+    gate = torch.where(on, 1.0 - sw, torch.ones_like(dist))
+    dgate = torch.where(on, -dsw, zero)
+    return e, de, gate, dgate
 
 
 def _n_species(table: Tensor) -> int:
@@ -117,25 +127,34 @@ def zbl_energy(r: Tensor, z_a: int, z_b: int) -> Tensor:
 
 def pair_repulsion_reference(
     dist: Tensor, edge_index: Tensor, idx: Tensor, table: Tensor, batch: Tensor, num_structures: int
-) -> tuple[Tensor, Tensor]:
-    """Torch reference: ``(atomic [N], energy [B])`` repulsion energies (eV) of the edges ``i <- j`` at distances
-    ``dist [E]``, for atoms of species index ``idx [N]`` in structures ``batch [N]``."""
-    e, _ = _terms(dist, _params(edge_index, idx, table))
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Torch reference: ``(atomic [N], energy [B], gate [E])``: the repulsion energies (eV) of the edges ``i <- j``
+    at distances ``dist [E]``, for atoms of species index ``idx [N]`` in structures ``batch [N]``, and each edge's
+    gate (see the module docstring)."""
+    e, _, gate, _ = _terms(dist, _params(edge_index, idx, table))
     atomic = e.new_zeros(idx.shape[0]).index_add(0, edge_index[0], e)
-    return atomic, e.new_zeros(num_structures).index_add(0, batch, atomic)
+    return atomic, e.new_zeros(num_structures).index_add(0, batch, atomic), gate
 
 
-def _grad_reference(dist, edge_index, idx, table, batch, g_atomic, g_energy) -> Tensor:
-    """dL/d dist from dL/d atomic and dL/d energy, in differentiable torch ops (the double backward)."""
-    _, de = _terms(dist, _params(edge_index, idx, table))
+def _grad_reference(dist, edge_index, idx, table, batch, g_atomic, g_energy, g_gate) -> Tensor:
+    """dL/d dist from dL/d atomic, dL/d energy and dL/d gate (each may be None: zero), in differentiable torch ops
+    (the double backward)."""
+    _, de, _, dgate = _terms(dist, _params(edge_index, idx, table))
     i = edge_index[0]
-    return de * (g_atomic.index_select(0, i) + g_energy.index_select(0, batch.index_select(0, i)))
+    g = torch.zeros_like(dist)
+    if g_atomic is not None:
+        g = g + g_atomic.index_select(0, i)
+    if g_energy is not None:
+        g = g + g_energy.index_select(0, batch.index_select(0, i))
+    out = de * g
+    return out if g_gate is None else out + dgate * g_gate
 
 
 def pair_repulsion(
     dist: Tensor, edge_index: Tensor, idx: Tensor, table: Tensor, batch: Tensor, num_structures: int
-) -> tuple[Tensor, Tensor]:
-    """``(atomic [N], energy [B])``: see :func:`pair_repulsion_reference`; differentiable twice in ``dist``."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(atomic [N], energy [B], gate [E])``: see :func:`pair_repulsion_reference`; differentiable twice in
+    ``dist``."""
     n_edges = edge_index.shape[1]
     _n_species(table)
     if dist.shape != (n_edges,) or idx.shape != batch.shape:
@@ -173,11 +192,11 @@ if HAS_TRITON:
         energy = kzz / rc * phi
         d_energy = kzz / rc * (dphi * inv_a - phi / rc)
         de = tl.where(r >= r_min, 0.5 * (d_energy * sw + energy * dsw), 0.0)
-        return 0.5 * energy * sw, de
+        return 0.5 * energy * sw, de, sw, dsw
 
     @triton.jit
     def _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK: tl.constexpr):
-        """One program's edges: ``(offs, in range, receivers, inside the wall, e, de/dr)``."""
+        """One program's edges: ``(offs, in range, receivers, inside the wall, e, de/dr, gate, dgate/dr)``."""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n_edges
         i = tl.load(ei + offs, mask=m, other=0)
@@ -190,32 +209,41 @@ if HAS_TRITON:
         kzz = tl.load(table + code * 4 + 2, mask=on, other=0.0)
         inv_a = tl.load(table + code * 4 + 3, mask=on, other=1.0)
         consts = table + n_species * n_species * 4
-        e, de = _switched_zbl(r, r_on, tl.where(on, r_off, r_on + 1.0), kzz, inv_a, consts)
-        return offs, m, i, on, e, de
+        e, de, sw, dsw = _switched_zbl(r, r_on, tl.where(on, r_off, r_on + 1.0), kzz, inv_a, consts)
+        gate = tl.where(on, 1.0 - sw, 1.0)
+        dgate = tl.where(on, -dsw, 0.0)
+        return offs, m, i, on, e, de, gate, dgate
 
     @triton.jit
     def _pair_repulsion_fwd_kernel(
-        dist, ei, idx, batch, table, atomic, energy, n_edges, n_species, BLOCK: tl.constexpr
+        dist, ei, idx, batch, table, atomic, energy, gate_out, n_edges, n_species, BLOCK: tl.constexpr
     ):
-        _, _, i, on, e, _ = _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK)
+        offs, m, i, on, e, _, gate, _ = _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK)
+        tl.store(gate_out + offs, gate, mask=m)
         tl.atomic_add(atomic + i, e, mask=on)
         b = tl.load(batch + i, mask=on, other=0)
         tl.atomic_add(energy + b, e, mask=on)
 
-    # The vector-Jacobian product: atomic_i = Σ_{edges e = (i <- j)} e(r_e) and energy_b = Σ_{i in b} atomic_i, so
-    # dL/dr_e = e'(r_e) · (dL/d atomic_i + dL/d energy_{batch_i}); 0 for edges outside their pair's r_off. Without
-    # HAS_GA, dL/d atomic is zero (the engine's steps seed only the energies).
+    # The vector-Jacobian product: atomic_i = Σ_{edges e = (i <- j)} e(r_e), energy_b = Σ_{i in b} atomic_i and
+    # gate_e = 1 - S(r_e), so dL/dr_e = e'(r_e) · (dL/d atomic_i + dL/d energy_{batch_i}) + gate'(r_e) · dL/d gate_e;
+    # 0 for edges outside their pair's r_off. A gradient without its flag is zero (the engine's steps seed only the
+    # energies; a model without the gate's consumer gives none).
     @triton.jit
     def _pair_repulsion_bwd_kernel(
-        dist, ei, idx, batch, table, g_atomic, g_energy, g_dist, n_edges, n_species,
-        HAS_GA: tl.constexpr, BLOCK: tl.constexpr,
+        dist, ei, idx, batch, table, g_atomic, g_energy, g_gate, g_dist, n_edges, n_species,
+        HAS_GA: tl.constexpr, HAS_GE: tl.constexpr, HAS_GG: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        offs, m, i, on, _, de = _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK)
-        b = tl.load(batch + i, mask=on, other=0)
-        g = tl.load(g_energy + b, mask=on, other=0.0)
+        offs, m, i, on, _, de, _, dgate = _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK)
+        g = tl.zeros_like(de)
+        if HAS_GE:
+            b = tl.load(batch + i, mask=on, other=0)
+            g += tl.load(g_energy + b, mask=on, other=0.0)
         if HAS_GA:
             g += tl.load(g_atomic + i, mask=on, other=0.0)
-        tl.store(g_dist + offs, tl.where(on, de * g, 0.0), mask=m)
+        out = de * g
+        if HAS_GG:
+            out += dgate * tl.load(g_gate + offs, mask=on, other=0.0)
+        tl.store(g_dist + offs, tl.where(on, out, 0.0), mask=m)
 
 
 def _launch(kernel, dist, edge_index, idx, table, batch, *tensors, **flags) -> None:
@@ -233,33 +261,26 @@ class _PairRepulsion(torch.autograd.Function):
         dist, edge_index, idx = dist.contiguous(), edge_index.contiguous(), idx.contiguous()
         table, batch = table.contiguous(), batch.contiguous()
         n = idx.shape[0]
-        out = dist.new_zeros(n + num_structures)  # one fill for both outputs
+        out = dist.new_zeros(n + num_structures)  # one fill for both sums
         atomic, energy = out[:n], out[n:]
-        _launch(_pair_repulsion_fwd_kernel, dist, edge_index, idx, table, batch, atomic, energy)
+        gate = torch.empty_like(dist)
+        _launch(_pair_repulsion_fwd_kernel, dist, edge_index, idx, table, batch, atomic, energy, gate)
         ctx.save_for_backward(dist, edge_index, idx, table, batch)
-        ctx.num_structures = num_structures
         # An output without a gradient stays None in the backward (the engine seeds only the energies): no
         # zeros to fill for it.
         ctx.set_materialize_grads(False)
-        return atomic, energy
+        return atomic, energy, gate
 
     @staticmethod
-    def backward(ctx, g_atomic, g_energy):
-        if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None, None
+    def backward(ctx, g_atomic, g_energy, g_gate):
+        nothing = (None,) * 5
+        if not ctx.needs_input_grad[0] or (g_atomic is None and g_energy is None and g_gate is None):
+            return None, *nothing
         dist, edge_index, idx, table, batch = ctx.saved_tensors
-        if g_atomic is None and g_energy is None:
-            return None, None, None, None, None, None
-        if g_energy is None:
-            g_energy = dist.new_zeros(ctx.num_structures)
         if torch.is_grad_enabled():  # the forces are differentiated again (training): the reference's ops
-            g_a = torch.zeros_like(batch, dtype=dist.dtype) if g_atomic is None else g_atomic
-            return _grad_reference(dist, edge_index, idx, table, batch, g_a, g_energy), *(None,) * 5
+            return _grad_reference(dist, edge_index, idx, table, batch, g_atomic, g_energy, g_gate), *nothing
         g_dist = torch.empty_like(dist)
-        has_ga = g_atomic is not None
-        g_atomic = g_atomic.to(dist.dtype).contiguous() if has_ga else g_energy
-        g_energy = g_energy.to(dist.dtype).contiguous()
-        _launch(
-            _pair_repulsion_bwd_kernel, dist, edge_index, idx, table, batch, g_atomic, g_energy, g_dist, HAS_GA=has_ga
-        )
-        return g_dist, None, None, None, None, None
+        flags = {"HAS_GA": g_atomic is not None, "HAS_GE": g_energy is not None, "HAS_GG": g_gate is not None}
+        grads = [dist if g is None else g.to(dist.dtype).contiguous() for g in (g_atomic, g_energy, g_gate)]
+        _launch(_pair_repulsion_bwd_kernel, dist, edge_index, idx, table, batch, *grads, g_dist, **flags)
+        return g_dist, *nothing

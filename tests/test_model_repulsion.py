@@ -79,21 +79,35 @@ class _nothing:
 
 
 def test_the_wall_adds_zbl_below_the_radius():
+    """Below r_on only ZBL acts on a pair: the student's message for it is gated off, so an O-H dimer's energy is
+    the two lone atoms' plus ZBL, and its forces are ZBL's, at any distance there; in the switching region the
+    energy is continuous; a pair of elements without a radius is untouched."""
+    from mlff_distiller.kernels.repulsion import zbl_energy
+
     model = make_model()
     frames = _squeezed()
     before = [r["energy"] for r in predict_forces(model, frames, device="cpu", precision="fp64")]
-    model.set_repulsion({(1, 8): 0.7})
+    model.set_repulsion({(1, 8): 0.95})
     after = [r["energy"] for r in predict_forces(model, frames, device="cpu", precision="fp64")]
-    from mlff_distiller.kernels.repulsion import zbl_energy
-
-    # Only the O-H pair at 0.608 Å of the second molecule is inside 0.7 Å (the full ZBL below 2/3 of it).
-    r = float(np.linalg.norm(frames[1].positions[1] - frames[1].positions[0]))
-    t = (r - 0.7 * 2 / 3) / (0.7 / 3)
-    switch = 1 - 10 * t**3 + 15 * t**4 - 6 * t**5
-    want = float(zbl_energy(torch.tensor(r, dtype=torch.float64), 1, 8)) * switch
-    assert after[0] == before[0]
-    assert after[1] - before[1] == pytest.approx(want, rel=1e-9)
-    assert want > 1.0
+    assert after[0] == before[0]  # its pairs: C-H, N-H, ... no O-H
+    assert after[1] - before[1] > 1.0
+    lone = sum(
+        r["energy"]
+        for r in predict_forces(model, [Atoms("O"), Atoms("H", positions=[[5, 5, 5]])], device="cpu", precision="fp64")
+    )
+    for r in (0.2, 0.45, 0.6):
+        dimer = Atoms("OH", positions=[[0, 0, 0], [r, 0, 0]])
+        got = predict_forces(model, [dimer], device="cpu", precision="fp64")[0]
+        rt = torch.tensor(r, dtype=torch.float64, requires_grad=True)
+        zbl = zbl_energy(rt, 1, 8)
+        (dz,) = torch.autograd.grad(zbl, rt)
+        assert got["energy"] == pytest.approx(lone + zbl.item(), rel=1e-12)
+        np.testing.assert_allclose(got["forces"][1], [-dz.item(), 0, 0], rtol=1e-10)
+    energies = []
+    for r in np.linspace(0.55, 1.0, 46):  # through the switching region (0.633-0.95 Å) and out of it
+        dimer = Atoms("OH", positions=[[0, 0, 0], [r, 0, 0]])
+        energies.append(predict_forces(model, [dimer], device="cpu", precision="fp64")[0]["energy"])
+    assert np.abs(np.diff(energies)).max() < 1.5  # no jump between 0.01 Å steps
 
 
 @pytest.mark.parametrize("backend", ["torch"] + (["triton"] if triton_available("cpu") else []))

@@ -71,10 +71,15 @@ def test_reference_is_the_switched_zbl_formula():
             idx = torch.tensor([SPECIES.index(za), SPECIES.index(zb)])
             edge_index = torch.tensor([[0], [1]])
             dist = torch.tensor([r], dtype=torch.float64)
-            atomic, energy = pair_repulsion_reference(dist, edge_index, idx, table, torch.zeros(2, dtype=int), 1)
+            atomic, energy, gate = pair_repulsion_reference(dist, edge_index, idx, table, torch.zeros(2, dtype=int), 1)
             want = 0.5 * _zbl(r, za, zb) * _switch(r, r_off) if r < r_off else 0.0
+            assert gate.item() == pytest.approx(1.0 - _switch(r, r_off) if r < r_off else 1.0, rel=1e-12, abs=1e-15)
             assert atomic[0].item() == pytest.approx(want, rel=1e-12, abs=0.0), (za, zb, r)
             assert atomic[1].item() == 0.0  # the sender gets its half from the reverse edge
+            if r >= r_off:
+                assert gate.item() == 1.0  # exactly: the student's message is untouched outside the wall
+            if r <= ON_FRACTION * r_off:
+                assert gate.item() == 0.0
             assert energy.item() == atomic[0].item()
             if r <= ON_FRACTION * r_off:  # the full ZBL, unswitched
                 assert atomic[0].item() == pytest.approx(0.5 * _zbl(r, za, zb), rel=1e-12)
@@ -85,9 +90,12 @@ def test_terms_derivative_is_the_energys():
     dist, edge_index, idx, table, _ = _random_graph(40, 4000, 1, 0, torch.float64, "cpu")
     from mlff_distiller.kernels.repulsion import _params
 
-    e, de = _terms(dist, _params(edge_index, idx, table))
-    (auto,) = torch.autograd.grad(e.sum(), dist)
+    e, de, gate, dgate = _terms(dist, _params(edge_index, idx, table))
+    (auto,) = torch.autograd.grad(e.sum(), dist, retain_graph=True)
     torch.testing.assert_close(de, auto, rtol=1e-12, atol=1e-12)
+    (auto,) = torch.autograd.grad(gate.sum(), dist)
+    torch.testing.assert_close(dgate, auto, rtol=1e-12, atol=1e-12)
+    assert ((gate > 0) & (gate < 1)).sum() > 100
     assert (e > 0).sum() > 100 and (e == 0).sum() > 100  # both sides of the switch are exercised
     assert torch.isfinite(e).all() and torch.isfinite(de).all()  # coincident atoms: large, finite
 
@@ -98,16 +106,17 @@ def test_finite_differences(backend):
     with torch.no_grad():
         dist.clamp_(min=0.01)  # away from the R_MIN clamp
     with use_backend(backend):
-        atomic, energy = pair_repulsion(dist, edge_index, idx, table, batch, 3)
-        (grad,) = torch.autograd.grad(energy.sum() + (atomic * torch.linspace(0, 1, 12, dtype=dist.dtype)).sum(), dist)
-    w = torch.linspace(0, 1, 12, dtype=dist.dtype)
+        atomic, energy, gate = pair_repulsion(dist, edge_index, idx, table, batch, 3)
+        w = torch.linspace(0, 1, 12, dtype=dist.dtype)
+        wg = torch.linspace(-2, 3, gate.shape[0], dtype=dist.dtype)
+        (grad,) = torch.autograd.grad(energy.sum() + (atomic * w).sum() + (gate * wg).sum(), dist)
     h = 1e-6
     for k in range(dist.shape[0]):  # one edge at a time: the sum of all is too large for a 1e-6 step's rounding
         vals = []
         for sign in (1, -1):
             d = dist.detach()[k : k + 1] + sign * h
-            a, e = pair_repulsion_reference(d, edge_index[:, k : k + 1], idx, table, batch, 3)
-            vals.append((e.sum() + (a * w).sum()).item())
+            a, e, g = pair_repulsion_reference(d, edge_index[:, k : k + 1], idx, table, batch, 3)
+            vals.append((e.sum() + (a * w).sum() + g.sum() * wg[k]).item())
         assert grad[k].item() == pytest.approx((vals[0] - vals[1]) / (2 * h), rel=1e-6, abs=1e-6), k
     assert (grad != 0).sum() > 20
 
@@ -137,15 +146,17 @@ def test_triton_matches_reference(dtype):
             dist, edge_index, idx, table, batch = _random_graph(n, e, b, 10 + seed, dtype, device)
             g_a = torch.randn(n, dtype=dtype, device=device)
             g_e = torch.randn(b, dtype=dtype, device=device)
+            g_g = torch.randn(e, dtype=dtype, device=device)
             outs = {}
             for backend in ("torch", "triton"):
                 with use_backend(backend):
-                    a, en = pair_repulsion(dist, edge_index, idx, table, batch, b)
-                    (gd,) = torch.autograd.grad([a, en], dist, [g_a, g_e], retain_graph=True)
-                    # only one output seeded (the engine's steps seed the energies alone)
+                    a, en, gate = pair_repulsion(dist, edge_index, idx, table, batch, b)
+                    (gd,) = torch.autograd.grad([a, en, gate], dist, [g_a, g_e, g_g], retain_graph=True)
+                    # only some outputs seeded (the engine's steps seed the energies and the gate's consumer)
                     (gd_e,) = torch.autograd.grad(en, dist, g_e, retain_graph=True)
-                    (gd_a,) = torch.autograd.grad(a, dist, g_a)
-                outs[backend] = (a, en, gd, gd_e, gd_a)
+                    (gd_a,) = torch.autograd.grad(a, dist, g_a, retain_graph=True)
+                    (gd_g,) = torch.autograd.grad(gate, dist, g_g)
+                outs[backend] = (a, en, gate, gd, gd_e, gd_a, gd_g)
             tol = dict(rtol=1e-11, atol=1e-9) if dtype == torch.float64 else dict(rtol=2e-5, atol=1e-2)
             for want, got in zip(outs["torch"], outs["triton"], strict=True):
                 assert torch.isfinite(got).all()

@@ -104,9 +104,10 @@ def energy_and_gradients(
         )
         table = model.repulsion_table
         if table is not None:  # the ZBL wall (kernels.repulsion), also on autograd over [E]-sized tensors
-            rep_atomic, rep_energy = kernels.pair_repulsion_reference(
+            rep_atomic, rep_energy, gate = kernels.pair_repulsion_reference(
                 dist_g, edge_index, idx, table.to(dist_g.dtype), batch, num_structures
             )
+            rbf_g = rbf_g * gate.unsqueeze(-1)  # the student's message fades out inside the wall
     unit, rbf = unit_g.detach(), rbf_g.detach()
     unit_k = unit.unsqueeze(-1)  # [E, 3, 1]
 

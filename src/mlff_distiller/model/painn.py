@@ -309,6 +309,10 @@ class StudentModel(nn.Module):
         dist, unit, rbf = kernels.edge_basis(
             positions, edge_index, shift_vectors, c.n_rbf, c.cutoff, c.basis, c.envelope
         )
+        wall = None
+        if self.repulsion_table is not None:  # the ZBL wall below the training data's shortest pairs
+            wall = kernels.pair_repulsion(dist, edge_index, idx, self.repulsion_table, batch, num_structures)
+            rbf = rbf * wall[2].unsqueeze(-1)  # inside the wall the student's message fades out (exactly 1 outside)
         s = self.embedding(idx)
         v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
         for layer, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
@@ -329,11 +333,8 @@ class StudentModel(nn.Module):
             atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
             # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
             energy = atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
-        if self.repulsion_table is not None:  # the ZBL wall below the training data's shortest pairs
-            rep_atomic, rep_energy = kernels.pair_repulsion(
-                dist, edge_index, idx, self.repulsion_table, batch, num_structures
-            )
-            atomic, energy = atomic + rep_atomic, energy + rep_energy
+        if wall is not None:
+            atomic, energy = atomic + wall[0], energy + wall[1]
         return {"energy": energy, "atomic_energies": atomic}
 
     # ------------------------------------------------------------------------------------------ persistence
