@@ -250,3 +250,18 @@ def test_gpu_paths_give_the_walls_forces(mode):
     # (not bit for bit: the edge backward's float32 atomics sum in a different order from run to run)
     assert a[0]["energy"] == pytest.approx(b[0]["energy"], rel=1e-6)
     np.testing.assert_allclose(a[0]["forces"], b[0]["forces"], rtol=1e-5, atol=1e-5)
+
+
+def test_moving_the_student_keeps_or_remakes_its_table():
+    """``.to()`` that changes nothing keeps the table (an engine may have captured it); a new dtype remakes it from
+    the config, without the float32 table's rounding."""
+    from mlff_distiller.kernels import repulsion_table
+
+    model = _walled(make_model(), radius=0.7)
+    table = model.repulsion_table
+    model.to("cpu")
+    assert model.repulsion_table is table
+    model.double()
+    want = repulsion_table(model.species_list, {(a, b): 0.7 for a, b, _ in model.config.repulsion}, torch.float64)
+    assert model.repulsion_table.dtype == torch.float64 and torch.equal(model.repulsion_table, want)
+    assert not torch.equal(table.double(), want)  # the float32 table, cast, would differ

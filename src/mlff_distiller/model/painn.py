@@ -269,8 +269,14 @@ class StudentModel(nn.Module):
     def _apply(self, fn, *args, **kwargs):
         # .to(), .double(), .cuda(): the wall's table is made again from the config in the new dtype (a cast of the
         # float32 table would keep its float32 rounding in a float64 model).
+        # A call that changes neither keeps the tensor (an engine may have captured it).
+        table = self.repulsion_table
         out = super()._apply(fn, *args, **kwargs)
-        self._build_repulsion()
+        ref = self.atomic_scale
+        if table is not None and (table.dtype != ref.dtype or table.device != ref.device):
+            self._build_repulsion()
+        else:
+            self.repulsion_table = table
         return out
 
     def _build_repulsion(self) -> None:
