@@ -20,8 +20,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from mlff_distiller import domain
 from mlff_distiller.batch import FrameTable
 from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.checkpoint import builtin_path, load_model
@@ -231,12 +233,18 @@ def run_predictions(
 def _check_domain(
     envelope: DomainEnvelope, structures: list, results: list[dict | None], device: torch.device
 ) -> list[list[str]]:
-    """Each structure's findings, stored as ``domain`` in its result (where there is one); warns once when any
-    structure lies outside. Large structures are checked on the engine's GPU (``DomainEnvelope.check_device``)."""
+    """Each structure's findings, stored as ``domain`` in its result (where there is one): the envelope's, and a
+    force component above :data:`~mlff_distiller.domain.FORCE_LIMIT`; warns once when any structure lies outside.
+    Large structures are checked on the engine's GPU (``DomainEnvelope.check_device``)."""
     findings = envelope.check_many(structures, device=device)
-    for result, found in zip(results, findings, strict=True):
-        if result is not None:
-            result["domain"] = found
+    for k, result in enumerate(results):
+        if result is None:
+            continue
+        forces = result.get("forces")
+        peak = float(np.abs(forces).max()) if forces is not None and len(forces) else 0.0
+        if peak > domain.FORCE_LIMIT:  # atoms pressed into one another: nothing the student can describe
+            findings[k] = [*findings[k], domain.force_finding(peak)]
+        result["domain"] = findings[k]
     outside = sum(1 for found in findings if found)
     if outside:
         first = next(found for found in findings if found)
