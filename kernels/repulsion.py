@@ -1,4 +1,4 @@
-"""A short-range pair repulsion under the student: the ZBL universal screened-nuclear potential, switched off
+"""A short-range pair repulsion under the student: the ZBL universal screened-nuclear potential, switched on
 smoothly below a radius per element pair.
 
 A student learns its energy from training frames; at pair distances shorter than any it saw it can say anything,
@@ -27,9 +27,10 @@ by ``S · idx_i + idx_j`` over the model's S species (``r_off = 0``: no repulsio
 ``(c_1..c_4)``, ``(d_1..d_4)`` and ``(R_MIN, 0, 0, 0)`` in the table's dtype: Triton would round literals in a
 kernel to float32, 1e-8 off in a float64 step.
 
-Triton (GPU, or CPU under the interpreter): the forward is one launch that evaluates the pairs and adds each
-edge's energy into the per-atom and per-structure outputs with atomics, only for edges inside ``r_off`` (in a
-student's own domain no edge is, and the atomics never fire). The backward is one launch writing dE/dr per edge.
+Triton (GPU, or CPU under the interpreter): the forward is one launch that evaluates the pairs, writes each edge's
+gate and adds its energy into the per-atom and per-structure outputs with atomics, only for edges inside ``r_off``
+(in a student's own domain no edge is, and the atomics never fire). The backward is one launch writing dL/dr per
+edge.
 Its own backward (training differentiates the forces again) is the torch reference's, whose every op is
 differentiable. The torch reference is the CPU path, the ``torch`` backend's and ``torch.compile``'s.
 """
