@@ -45,7 +45,8 @@
 #   bash scripts/gpu_session.sh batchedmd # BatchedMD: its CUDA tests, bench_batched_md.py, `mlff-distill md` on 976
 #                                         #   trajectories (the 61 g2 molecules x 16 replicas)
 #   bash scripts/gpu_session.sh repulsion # the ZBL wall: its CUDA tests (and of the paths it touches), bench_repulsion.py
-#                                         #   (its cost in the step), bench_batched_relax.py (1 to 4,096 structures)
+#                                         #   (its cost in the step), bench_batched_relax.py (1 to 4,096 structures),
+#                                         #   probe_hot_md.py (1,500 and 2,000 K, with and without the wall)
 #   bash scripts/gpu_session.sh ddp       # 1 vs 2 processes of DDP training (issue 6; needs 2 GPUs: nvidia-h200-x2)
 #
 # Several parts may share one call: `SCALE=0.5 bash scripts/gpu_session.sh verify large` (every time box × SCALE).
@@ -431,6 +432,9 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     grep -E "^\| " "$res/bench_repulsion.log"; tail -2 "$res/bench_repulsion.log"
     timeout $(box 150) python3 benchmarks/bench_batched_relax.py --out "$res" >"$res/bench_relax.log" 2>&1
     grep -E "^\| |ASE's" "$res/bench_relax.log"; tail -2 "$res/bench_relax.log"
+    timeout $(box 150) python3 benchmarks/probe_hot_md.py --out "$res" --temperatures 1500,2000 --steps 6000 \
+      >"$res/probe_hot_md.log" 2>&1
+    grep -E "^\| [0-9]" "$res/probe_hot_md.log"; tail -1 "$res/probe_hot_md.log"
     ;;
   mdspeed)
     timeout $(box 240) python3 benchmarks/bench_md_speed.py --out "$res/md_speed" 2>&1 | tee "$res/md_speed.log" | tail -12
