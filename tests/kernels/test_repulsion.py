@@ -171,3 +171,23 @@ def test_table_errors():
     with pytest.raises(ValueError, match="table"):
         dist, edge_index, idx, table, batch = _random_graph(5, 6, 1, 3, torch.float64, "cpu")
         pair_repulsion(dist[:4], edge_index, idx, table, batch, 1)
+
+
+def test_wall_touched_decides_on_the_cpu():
+    """On CPU tensors the op is skipped when no edge lies inside its pair's wall (exactly nothing to add, a gate of
+    1); one edge inside is enough to run it."""
+    from mlff_distiller.kernels import wall_touched
+
+    dist, edge_index, idx, table, batch = _random_graph(30, 200, 2, 4, torch.float64, "cpu")
+    inside = pair_repulsion_reference(dist, edge_index, idx, table, batch, 2)
+    assert wall_touched(dist, edge_index, idx, table)
+    assert inside[2].min() < 1
+    with torch.no_grad():
+        far = dist.detach() + 1.1  # every pair beyond every radius (the largest is 1.02 Å)
+    assert not wall_touched(far, edge_index, idx, table)
+    atomic, energy, gate = pair_repulsion_reference(far, edge_index, idx, table, batch, 2)
+    assert not atomic.any() and not energy.any() and bool((gate == 1).all())  # what skipping it stands for
+    one = far.clone()
+    one[7] = 0.3
+    code = idx[edge_index[0, 7]] * 3 + idx[edge_index[1, 7]]
+    assert wall_touched(one, edge_index, idx, table) == bool(table[code, 1] > 0.3)

@@ -103,6 +103,8 @@ def energy_and_gradients(
             torch.zeros_like(positions), torch.zeros_like(edge_index), vec, c.n_rbf, c.cutoff, c.basis, c.envelope
         )
         table = model.repulsion_table
+        if table is not None and not kernels.wall_touched(dist_g, edge_index, idx, table):
+            table = None  # no edge inside the wall: it changes nothing (kernels.repulsion.wall_touched)
         if table is not None:  # the ZBL wall (kernels.repulsion), also on autograd over [E]-sized tensors
             rep_atomic, rep_energy, gate = kernels.pair_repulsion_reference(
                 dist_g, edge_index, idx, table.to(dist_g.dtype), batch, num_structures

@@ -315,9 +315,9 @@ class StudentModel(nn.Module):
         dist, unit, rbf = kernels.edge_basis(
             positions, edge_index, shift_vectors, c.n_rbf, c.cutoff, c.basis, c.envelope
         )
-        wall = None
-        if self.repulsion_table is not None:  # the ZBL wall below the training data's shortest pairs
-            wall = kernels.pair_repulsion(dist, edge_index, idx, self.repulsion_table, batch, num_structures)
+        wall, table = None, self.repulsion_table
+        if table is not None and kernels.wall_touched(dist, edge_index, idx, table):  # the ZBL wall (see kernels)
+            wall = kernels.pair_repulsion(dist, edge_index, idx, table, batch, num_structures)
             rbf = rbf * wall[2].unsqueeze(-1)  # inside the wall the student's message fades out (exactly 1 outside)
         s = self.embedding(idx)
         v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
