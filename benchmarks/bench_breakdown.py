@@ -90,15 +90,18 @@ def _instrument(model: torch.nn.Module, clock: _StageClock):
     """Wrap the model's kernel calls and hook its sub-modules so every stage is marked; undone on exit."""
     orig_basis, orig_mp = kernels.edge_basis, kernels.message_passing
 
-    def edge_basis(positions, edge_index, shift_vectors, n_rbf, cutoff, basis="bessel", envelope="cosine"):
+    def edge_basis(positions, edge_index, shift_vectors, n_rbf, cutoff, basis="bessel", envelope="cosine", wall=None):
         if kernels.resolve_backend(positions.device) == "triton":
             with clock.stage("edge features + basis (fused)"):
-                return orig_basis(positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope)
-        # The torch reference of the fused op is exactly these two calls (kernels.edge_basis_reference).
+                return orig_basis(positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope, wall=wall)
+        # The torch reference of the fused op is these calls (kernels.edge_basis_reference; the wall's gate is
+        # exactly 1 outside it, where the reference skips it on the CPU).
         with clock.stage("edge features"):
             _, dist, unit = kernels.edge_features(positions, edge_index, shift_vectors)
         with clock.stage("basis"):
             rbf = kernels.rbf_cutoff(dist, n_rbf, cutoff, basis, envelope)
+            if wall is not None:
+                rbf = rbf * kernels.wall_gate_reference(dist, edge_index, *wall).unsqueeze(-1)
         return dist, unit, rbf
 
     def message_passing(*args, **kwargs):

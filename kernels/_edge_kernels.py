@@ -17,6 +17,7 @@ _TINY2 = 1e-20
 
 if HAS_TRITON:
     from .rbf_cutoff import _rbf_rows
+    from .repulsion import _wall_gate
 
     _TINY2_C = tl.constexpr(_TINY2)
 
@@ -45,8 +46,11 @@ if HAS_TRITON:
         dist_ptr,
         unit_ptr,
         rbf_ptr,
+        idx_ptr,
+        table_ptr,
         E,
         ei_stride,
+        n_species,
         BLOCK_E: tl.constexpr,
         STORE_VEC: tl.constexpr,
         WITH_RBF: tl.constexpr,
@@ -60,6 +64,7 @@ if HAS_TRITON:
         NORM: tl.constexpr,
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
+        WALL: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -82,6 +87,9 @@ if HAS_TRITON:
         tl.store(dist_ptr + rows, dist, mask=m)
         _store3(unit_ptr, rows, vx * inv, vy * inv, vz * inv, m)
         if WITH_RBF:
+            g0 = dist
+            if WALL:
+                g0, _, _ = _wall_gate(i, j, dist, m, idx_ptr, table_ptr, n_species, 0)
             _rbf_rows(
                 rows,
                 m,
@@ -100,6 +108,10 @@ if HAS_TRITON:
                 NORM,
                 GAMMA,
                 MU_STEP,
+                g0,
+                g0,
+                g0,
+                WALL,
             )
 
     @triton.jit
@@ -123,8 +135,11 @@ if HAS_TRITON:
         ei_ptr,
         gpos_ptr,
         gshift_ptr,
+        idx_ptr,
+        table_ptr,
         E,
         ei_stride,
+        n_species,
         BLOCK_E: tl.constexpr,
         HAS_VEC: tl.constexpr,
         SEG_I: tl.constexpr,
@@ -140,6 +155,7 @@ if HAS_TRITON:
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
         HAS_GDIST: tl.constexpr,
+        WALL: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -153,6 +169,12 @@ if HAS_TRITON:
         else:  # dist unused (edge_basis in the model): exact zeros, as the zero-filled gradient had
             big_g = tl.zeros([BLOCK_E], d.dtype)
         if WITH_RBF:
+            g0 = d
+            g1 = d
+            if WALL:
+                wi = tl.load(ei_ptr + rows, mask=m, other=0).to(tl.int64)
+                wj = tl.load(ei_ptr + ei_stride + rows, mask=m, other=0).to(tl.int64)
+                g0, g1, _ = _wall_gate(wi, wj, d, m, idx_ptr, table_ptr, n_species, 1)
             g_rbf, _ = _rbf_rows(
                 rows,
                 m,
@@ -171,6 +193,10 @@ if HAS_TRITON:
                 NORM,
                 GAMMA,
                 MU_STEP,
+                g0,
+                g1,
+                g1,
+                WALL,
             )
             big_g += g_rbf
         nonzero = d > 0.0
@@ -234,8 +260,11 @@ if HAS_TRITON:
         o_grbf_ptr,
         o_dist_ptr,
         o_unit_ptr,
+        idx_ptr,
+        table_ptr,
         E,
         ei_stride,
+        n_species,
         BLOCK_E: tl.constexpr,
         HAS_VEC: tl.constexpr,
         WITH_RBF: tl.constexpr,
@@ -249,6 +278,7 @@ if HAS_TRITON:
         NORM: tl.constexpr,
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
+        WALL: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -274,6 +304,11 @@ if HAS_TRITON:
         s = tl.where(nonzero, wu, 0.0)
         big_h = tl.zeros_like(d)
         if WITH_RBF:
+            g0 = d
+            g1 = d
+            g2 = d
+            if WALL:
+                g0, g1, g2 = _wall_gate(i, j, d, m, idx_ptr, table_ptr, n_species, 2)
             g_rbf, big_h = _rbf_rows(
                 rows,
                 m,
@@ -292,6 +327,10 @@ if HAS_TRITON:
                 NORM,
                 GAMMA,
                 MU_STEP,
+                g0,
+                g1,
+                g2,
+                WALL,
             )
             big_g += g_rbf
         if HAS_VEC:

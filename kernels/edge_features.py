@@ -31,6 +31,7 @@ from ._triton_utils import (
     widest_chunk,
 )
 from .rbf_cutoff import _check_args, _check_float, _rbf_constexprs_cached, rbf_cutoff_reference
+from .repulsion import _n_species, wall_gate_reference, wall_touched
 
 if HAS_TRITON:
     from torch.library import wrap_triton
@@ -63,10 +64,18 @@ def edge_basis_reference(
     cutoff: float,
     basis: str = "bessel",
     envelope: str = "cosine",
+    wall: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Torch reference of the fused op: ``dist [E]``, ``unit [E,3]``, ``rbf [E,n_rbf]`` (basis × cutoff)."""
+    """Torch reference of the fused op: ``dist [E]``, ``unit [E,3]``, ``rbf [E,n_rbf]`` (basis × cutoff, times
+    the ZBL wall's gate with ``wall``; see :func:`edge_basis`)."""
     _, dist, unit = edge_features_reference(positions, edge_index, shift_vectors)
-    return dist, unit, rbf_cutoff_reference(dist, n_rbf, cutoff, basis, envelope)
+    rbf = rbf_cutoff_reference(dist, n_rbf, cutoff, basis, envelope)
+    if wall is not None:
+        idx, table = wall
+        table = table.to(dist.dtype)
+        if wall_touched(dist, edge_index, idx, table):  # else the gate is exactly 1 (on CPU tensors: skipped)
+            rbf = rbf * wall_gate_reference(dist, edge_index, idx, table).unsqueeze(-1)
+    return dist, unit, rbf
 
 
 def edge_features(
@@ -86,12 +95,26 @@ def edge_basis(
     cutoff: float,
     basis: str = "bessel",
     envelope: str = "cosine",
+    wall: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Edge features fused with the radial basis × cutoff: ``dist [E]``, ``unit [E,3]``, ``rbf [E,n_rbf]``."""
+    """Edge features fused with the radial basis × cutoff: ``dist [E]``, ``unit [E,3]``, ``rbf [E,n_rbf]``.
+
+    ``wall``: ``(idx [N], table)``, the atoms' species indices and a ZBL wall's table
+    (:func:`~mlff_distiller.kernels.repulsion.repulsion_table`): the basis is multiplied by each edge's gate
+    ``1 - S(r)`` (:mod:`.repulsion`; exactly 1 outside the wall). The Triton kernels fold the gate into the
+    envelope (forward, backward and the backward's backward), so it costs no pass over the ``[E, n_rbf]`` basis."""
     _check_args(n_rbf, cutoff, basis, envelope)
+    if wall is not None:
+        idx, table = wall
+        if idx.shape != positions.shape[:1] or idx.dtype.is_floating_point:
+            raise ValueError(
+                f"edge_basis: the wall's species indices must be integers [N], got {tuple(idx.shape)} {idx.dtype}"
+            )
+        _n_species(table)
+        wall = (idx.contiguous(), table.to(positions.dtype).contiguous())
     if resolve_backend(positions.device) == "triton":
-        return _edge_basis_triton(positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope)
-    return edge_basis_reference(positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope)
+        return _edge_basis_triton(positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope, wall)
+    return edge_basis_reference(positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope, wall)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -194,8 +217,18 @@ if HAS_TRITON:
             )
         return positions.contiguous(), edge_index.contiguous(), shift_vectors.contiguous()
 
+    def _wall_args(wall: tuple | None, ref: Tensor, launch) -> tuple[tuple, dict]:
+        """The kernels' wall arguments: ``(idx, table)`` pointers and the ``WALL`` / ``n_species`` switches. Without
+        a wall, placeholders (``ref`` on the eager path; fresh empty tensors under torch.compile, which takes no
+        tensor twice)."""
+        if wall is not None:
+            return wall, {"WALL": True, "n_species": _n_species(wall[1])}
+        if launch is _bare:
+            return (ref, ref), {"WALL": False, "n_species": 0}
+        return (ref.new_empty(0, dtype=torch.long), ref.new_empty(0)), {"WALL": False, "n_species": 0}
+
     def _edge_forward(
-        positions: Tensor, edge_index: Tensor, shift_vectors: Tensor, rbf: tuple | None, launch
+        positions: Tensor, edge_index: Tensor, shift_vectors: Tensor, rbf: tuple | None, launch, wall=None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         positions, edge_index, shift_vectors = _prepare(positions, edge_index, shift_vectors)
         e, kw = edge_index.shape[1], dict(dtype=positions.dtype, device=positions.device)
@@ -210,6 +243,7 @@ if HAS_TRITON:
             vec = torch.empty((0, 3), **kw) if vec is None else vec
             out_rbf = torch.empty((e, 0), **kw) if out_rbf is None else out_rbf
         if e > 0:
+            wall_ptrs, wall_switches = _wall_args(wall, dist, launch)
             _launch_edges(
                 launch,
                 _edge_fwd_kernel,
@@ -226,6 +260,8 @@ if HAS_TRITON:
                 dist,
                 unit,
                 dist if out_rbf is None else out_rbf,
+                *wall_ptrs,
+                **wall_switches,
             )
         return vec, dist, unit, out_rbf
 
@@ -240,6 +276,7 @@ if HAS_TRITON:
         n_atoms: int,
         rbf: tuple | None,
         launch,
+        wall=None,
     ) -> tuple[Tensor, Tensor]:
         """``grad_pos [N,3]``, ``grad_shift [E,3]``; ``grad_dist`` None stands for zeros (no fill, no read)."""
         dt = dist.dtype
@@ -252,6 +289,7 @@ if HAS_TRITON:
         grad_pos = torch.zeros((n_atoms, 3), dtype=dt, device=dist.device)
         grad_shift = torch.empty_like(unit)
         if edge_index.shape[1] > 0:
+            wall_ptrs, wall_switches = _wall_args(wall, dist, launch)
             _launch_edges(
                 launch,
                 _edge_bwd_kernel,
@@ -270,7 +308,9 @@ if HAS_TRITON:
                 edge_index,
                 grad_pos,
                 grad_shift,
+                *wall_ptrs,
                 HAS_GDIST=has_gdist,  # always given: wrap_triton (the compiled op) passes no defaults
+                **wall_switches,
             )
         return grad_pos, grad_shift
 
@@ -285,6 +325,7 @@ if HAS_TRITON:
         edge_index: Tensor,
         rbf: tuple | None,
         launch,
+        wall=None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         dt = dist.dtype
         dist, unit, edge_index = dist.contiguous(), unit.contiguous(), edge_index.contiguous()
@@ -296,6 +337,7 @@ if HAS_TRITON:
         o_grbf = dist.new_empty((0, 0)) if rbf is None else torch.empty_like(grad_rbf)
         o_dist, o_unit = torch.empty_like(dist), torch.empty_like(unit)
         if edge_index.shape[1] > 0:
+            wall_ptrs, wall_switches = _wall_args(wall, dist, launch)
             _launch_edges(
                 launch,
                 _edge_bwd_bwd_kernel,
@@ -319,6 +361,8 @@ if HAS_TRITON:
                 o_grbf,
                 o_dist,
                 o_unit,
+                *wall_ptrs,
+                **wall_switches,
             )
         return o_gvec, o_gdist, o_gunit, o_grbf, o_dist, o_unit
 
@@ -520,11 +564,12 @@ if HAS_TRITON:
 
     class _EdgeBasis(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope):
+        def forward(ctx, positions, edge_index, shift_vectors, n_rbf, cutoff, basis, envelope, wall):
             # The model uses unit and rbf, never dist: its gradient comes as None instead of a zero fill.
             ctx.set_materialize_grads(False)
             ctx.rbf = (n_rbf, cutoff, basis, envelope)
-            _, dist, unit, rbf = _edge_forward(positions, edge_index, shift_vectors, ctx.rbf, _bare)
+            ctx.wall = wall  # (idx, table) or None: integer indices and a constant table, nothing to differentiate
+            _, dist, unit, rbf = _edge_forward(positions, edge_index, shift_vectors, ctx.rbf, _bare, wall)
             ctx.n_atoms = positions.shape[0]
             ctx.save_for_backward(dist, unit, edge_index)
             return dist, unit, rbf
@@ -533,7 +578,7 @@ if HAS_TRITON:
         def backward(ctx, grad_dist, grad_unit, grad_rbf):
             dist, unit, edge_index = ctx.saved_tensors
             if grad_unit is None and grad_rbf is None and grad_dist is None:
-                return None, None, None, None, None, None, None
+                return None, None, None, None, None, None, None, None
             if grad_unit is None:
                 grad_unit = torch.zeros_like(unit)
             if grad_rbf is None:
@@ -541,26 +586,27 @@ if HAS_TRITON:
             if grad_dist is None and torch.is_grad_enabled():  # the double-backward Function wants all three
                 grad_dist = torch.zeros_like(dist)
             grad_pos, grad_shift = _edge_bwd_dispatch(
-                None, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, ctx.n_atoms, ctx.rbf
+                None, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, ctx.n_atoms, ctx.rbf, wall=ctx.wall
             )
-            return grad_pos, None, grad_shift, None, None, None, None
+            return grad_pos, None, grad_shift, None, None, None, None, None
 
-    def _edge_bwd_dispatch(*args):
+    def _edge_bwd_dispatch(*args, wall=None):
         """The backward of both eager Functions: differentiable (``_EdgeBwd``) when autograd records it
         (create_graph), else the bare host function, which skips a second Function's bookkeeping."""
         if torch.is_grad_enabled():
-            return _EdgeBwd.apply(*args)
-        return _edge_backward(*args, _bare)
+            return _EdgeBwd.apply(*args, wall)
+        return _edge_backward(*args, _bare, wall)
 
     class _EdgeBwd(torch.autograd.Function):
         """Backward of both ops (``grad_vec`` is None for edge_basis, ``grad_rbf`` and ``rbf`` None for
         edge_features); its own backward is the double-backward kernel."""
 
         @staticmethod
-        def forward(ctx, grad_vec, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf):
-            ctx.rbf = rbf
+        def forward(ctx, grad_vec, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf, wall):
+            ctx.rbf, ctx.wall = rbf, wall
             ctx.save_for_backward(grad_dist, grad_unit, grad_rbf, dist, unit, edge_index)
-            return _edge_backward(grad_vec, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf, _bare)
+            args = (grad_vec, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, n_atoms, rbf)
+            return _edge_backward(*args, _bare, wall)
 
         @staticmethod
         @once_differentiable
@@ -577,10 +623,11 @@ if HAS_TRITON:
                 edge_index,
                 ctx.rbf,
                 _bare,
+                ctx.wall,
             )
             if ctx.rbf is None:
-                return o_gvec, o_gdist, o_gunit, None, o_dist, o_unit, None, None, None
-            return None, o_gdist, o_gunit, o_grbf, o_dist, o_unit, None, None, None
+                return o_gvec, o_gdist, o_gunit, None, o_dist, o_unit, None, None, None, None
+            return None, o_gdist, o_gunit, o_grbf, o_dist, o_unit, None, None, None, None
 
 
 def _need_triton() -> None:
@@ -608,11 +655,15 @@ def _edge_basis_triton(
     cutoff: float,
     basis: str,
     envelope: str,
+    wall: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _need_triton()
     args = (positions, edge_index, shift_vectors, int(n_rbf), float(cutoff), basis, envelope)
-    if torch.compiler.is_compiling():
-        return torch.ops.mlff_distiller.edge_basis(*args)
+    if torch.compiler.is_compiling():  # the op without the wall, then the reference gate (Inductor fuses it)
+        dist, unit, rbf = torch.ops.mlff_distiller.edge_basis(*args)
+        if wall is not None:
+            rbf = rbf * wall_gate_reference(dist, edge_index, *wall).unsqueeze(-1)
+        return dist, unit, rbf
     if torch.is_grad_enabled() and (positions.requires_grad or shift_vectors.requires_grad):
-        return _EdgeBasis.apply(*args)
-    return _edge_forward(positions, edge_index, shift_vectors, args[3:], _bare)[1:]
+        return _EdgeBasis.apply(*args, wall)
+    return _edge_forward(positions, edge_index, shift_vectors, args[3:], _bare, wall)[1:]

@@ -399,11 +399,23 @@ if HAS_TRITON:
         NORM: tl.constexpr,
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
+        gate,
+        gate1,
+        gate2,
+        GATED: tl.constexpr,
     ):
         """All n_rbf columns for the rows ``rows`` (distances ``d``) in power-of-two column chunks
         (20 = 16 + 4): no padded lanes to compute and no column masks. MODE as in :func:`_rbf_chunk`;
-        returns (acc1, acc2)."""
+        returns (acc1, acc2). GATED: the basis times a per-row gate g(d) (``gate``, and its derivatives
+        ``gate1``, ``gate2`` as MODE needs them; the ZBL wall's, :func:`.repulsion._wall_gate`), folded into the
+        envelope: R·g = B·(f g), (f g)' = f' g + f g', (f g)'' = f'' g + 2 f' g' + f g''."""
         f, f1, f2 = _envelope(d, MODE if MODE < 2 else 2, ENVELOPE, IS_FP64, INV_RC, RC)
+        if GATED:
+            if MODE >= 2:
+                f2 = f2 * gate + 2.0 * f1 * gate1 + f * gate2
+            if MODE >= 1:
+                f1 = f1 * gate + f * gate1
+            f = f * gate
         acc1 = tl.zeros_like(d)
         acc2 = tl.zeros_like(d)
         for c in tl.static_range(N_RBF // 128):
@@ -499,6 +511,10 @@ if HAS_TRITON:
             NORM,
             GAMMA,
             MU_STEP,
+            d,
+            d,
+            d,
+            False,
         )
 
     # VJP of out[e, k] = R_k(d_e), R = B·f:   g_d[e] = Σ_k go[e, k] · R_k'(d_e),   R' = B'·f + B·f'.
@@ -543,6 +559,10 @@ if HAS_TRITON:
             NORM,
             GAMMA,
             MU_STEP,
+            d,
+            d,
+            d,
+            False,
         )
         tl.store(gd_ptr + rows, gd, mask=rmask)
 
@@ -593,6 +613,10 @@ if HAS_TRITON:
             NORM,
             GAMMA,
             MU_STEP,
+            d,
+            d,
+            d,
+            False,
         )
         tl.store(gd_ptr + rows, gg * s2, mask=rmask)
 

@@ -46,7 +46,15 @@ from torch import Tensor
 from ._backend import resolve_backend
 from ._triton_utils import HAS_TRITON, check_launchable, tl, triton
 
-__all__ = ["K_E", "pair_repulsion", "pair_repulsion_reference", "repulsion_table", "wall_touched", "zbl_energy"]
+__all__ = [
+    "K_E",
+    "pair_repulsion",
+    "pair_repulsion_reference",
+    "repulsion_table",
+    "wall_gate_reference",
+    "wall_touched",
+    "zbl_energy",
+]
 
 K_E = 14.399645  # e² / (4π ε0), eV Å
 _A0 = 0.8854 * 0.529177  # 0.8854 × the Bohr radius, Å
@@ -130,6 +138,12 @@ def wall_touched(dist: Tensor, edge_index: Tensor, idx: Tensor, table: Tensor) -
     s = _n_species(table)
     r_off = table[:, 1].index_select(0, idx.index_select(0, edge_index[0]) * s + idx.index_select(0, edge_index[1]))
     return bool((dist.detach() < r_off).any())
+
+
+def wall_gate_reference(dist: Tensor, edge_index: Tensor, idx: Tensor, table: Tensor) -> Tensor:
+    """Each edge's gate ``1 - S(r)`` ``[E]`` (1 outside its pair's wall, 0 below ``r_on``) in differentiable torch
+    ops: what :func:`~mlff_distiller.kernels.edge_basis` multiplies the radial basis by on its torch path."""
+    return _terms(dist, _params(edge_index, idx, table.to(dist.dtype)))[2]
 
 
 def zbl_energy(r: Tensor, z_a: int, z_b: int) -> Tensor:
@@ -226,6 +240,30 @@ if HAS_TRITON:
         gate = tl.where(on, 1.0 - sw, 1.0)
         dgate = tl.where(on, -dsw, 0.0)
         return offs, m, i, on, e, de, gate, dgate
+
+    @triton.jit
+    def _wall_gate(i, j, d, m, idx, table, n_species, ORDER: tl.constexpr):
+        """The gate ``1 - S(r)`` of the edges ``i <- j`` at distances ``d`` (rows ``m``) and, up to ORDER, its
+        first and second derivatives in r (else zeros): what the edge kernels (:mod:`._edge_kernels`) fold into
+        the radial basis's envelope, so that the gated basis costs no pass of its own. With t = (r - r_on) /
+        (r_off - r_on) in [0, 1]: gate = 10 t³ - 15 t⁴ + 6 t⁵, gate' = 30 t² (1 - t)² / w, gate'' = 60 t (1 - t)
+        (1 - 2t) / w²; exactly 1, 0, 0 from r_off on and for pairs without a wall."""
+        code = tl.load(idx + i, mask=m, other=0).to(tl.int64) * n_species + tl.load(idx + j, mask=m, other=0)
+        r_off = tl.load(table + code * 4 + 1, mask=m, other=0.0)
+        on = m & (d < r_off)
+        r_on = tl.load(table + code * 4, mask=on, other=0.0)
+        width = tl.where(on, r_off - r_on, 1.0)
+        inv_w = 1.0 / width
+        t = tl.minimum(tl.maximum((d - r_on) * inv_w, 0.0), 1.0)
+        omt = 1.0 - t
+        gate = tl.where(on, t * t * t * (10.0 - 15.0 * t + 6.0 * t * t), 1.0)
+        g1 = tl.zeros_like(gate)
+        g2 = tl.zeros_like(gate)
+        if ORDER >= 1:
+            g1 = tl.where(on, 30.0 * t * t * omt * omt * inv_w, 0.0)
+        if ORDER >= 2:
+            g2 = tl.where(on, 60.0 * t * omt * (1.0 - 2.0 * t) * inv_w * inv_w, 0.0)
+        return gate, g1, g2
 
     @triton.jit
     def _pair_repulsion_fwd_kernel(

@@ -191,3 +191,81 @@ def test_wall_touched_decides_on_the_cpu():
     one[7] = 0.3
     code = idx[edge_index[0, 7]] * 3 + idx[edge_index[1, 7]]
     assert wall_touched(one, edge_index, idx, table) == bool(table[code, 1] > 0.3)
+
+
+# -- the gate inside the edge basis (kernels.edge_basis(..., wall=...)) ---------------------------------------------
+
+
+def _cluster(n_atoms: int, seed: int, dtype, device, side: float = 1.6):
+    """Atoms of random species in a small box, every ordered pair an edge (some periodic images too), so that
+    distances fall below, across and beyond the walls' radii; atoms 0 and 1 coincide."""
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.rand(n_atoms, 3, generator=g, dtype=torch.float64) * side
+    pos[1] = pos[0]
+    idx = torch.randint(0, len(SPECIES), (n_atoms,), generator=g)
+    i, j = torch.meshgrid(torch.arange(n_atoms), torch.arange(n_atoms), indexing="ij")
+    keep = i != j
+    ei = torch.stack([i[keep], j[keep]])
+    shifts = torch.zeros(ei.shape[1], 3, dtype=torch.float64)
+    shifts[::5, 0] = 1.9  # images at ~2 Å: outside every wall, inside the cutoff
+    to = dict(device=device)
+    return pos.to(dtype=dtype, **to), ei.to(**to), shifts.to(dtype=dtype, **to), idx.to(**to)
+
+
+def _gated(path: str, p, ei, s, idx, table, variant):
+    from mlff_distiller.kernels import edge_basis, edge_basis_reference, wall_gate_reference
+
+    if path == "triton":
+        with use_backend("triton"):
+            return edge_basis(p, ei, s, 7, 5.0, *variant, wall=(idx, table))
+    dist, unit, rbf = edge_basis_reference(p, ei, s, 7, 5.0, *variant)  # the basis, then the gate: two ops
+    return dist, unit, rbf * wall_gate_reference(dist, ei, idx, table).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("variant", [("bessel", "cosine"), ("gaussian", "polynomial")])
+def test_gated_basis_matches_the_basis_times_the_gate(triton_device, dtype, variant):
+    """Triton's gated edge_basis (the gate folded into the envelope) against the reference basis times the
+    reference gate as two separate ops: forward, backward to positions and shifts, and the backward's backward,
+    with random weights on every output and gradient."""
+    from mlff_distiller.kernels import edge_basis_reference
+
+    pos, ei, shifts, idx = _cluster(13, 5, dtype, triton_device)
+    table = repulsion_table(SPECIES, RADII, dtype=dtype).to(triton_device)
+    plain = edge_basis_reference(pos, ei, shifts, 7, 5.0, *variant)[2]
+    results, weights = {}, None
+    for path in ("reference", "triton"):
+        p = pos.clone().requires_grad_(True)
+        s = shifts.clone().requires_grad_(True)
+        dist, unit, rbf = _gated(path, p, ei, s, idx, table, variant)
+        if weights is None:
+            weights = [torch.randn_like(x) for x in (dist, unit, rbf, p, s)]
+        loss = (dist * weights[0]).sum() + (unit * weights[1]).sum() + (rbf * weights[2]).sum()
+        g = torch.autograd.grad(loss, (p, s), create_graph=True)
+        gg = torch.autograd.grad((g[0] * weights[3]).sum() + (g[1] * weights[4]).sum(), (p, s))
+        results[path] = [x.detach() for x in (dist, unit, rbf, *g, *gg)]
+    gate_on = ~torch.isclose(results["reference"][2], plain).all(dim=1)
+    assert 10 < int(gate_on.sum()) < ei.shape[1] - 10  # edges inside walls and outside them
+    tol = dict(rtol=1e-10, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-3)
+    for got, want in zip(results["triton"], results["reference"], strict=True):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, **tol)
+    from mlff_distiller.kernels import edge_basis
+
+    with use_backend("triton"):  # the gate is exactly 1 outside the walls: bit for bit the ungated kernel's basis
+        ungated = edge_basis(pos, ei, shifts, 7, 5.0, *variant)[2]
+    assert torch.equal(results["triton"][2][~gate_on], ungated[~gate_on])
+
+
+def test_gated_basis_gradcheck_and_gradgradcheck(triton_device):
+    pos, ei, shifts, idx = _cluster(6, 8, torch.float64, triton_device, side=1.1)
+    pos[1] += 0.2  # no coincident pair here: finite differences across r = 0 are meaningless
+    table = repulsion_table(SPECIES, RADII, dtype=torch.float64).to(triton_device)
+    pos.requires_grad_(True)
+    shifts.requires_grad_(True)
+
+    def fn(p, s):
+        return _gated("triton", p, ei, s, idx, table, ("bessel", "cosine"))
+
+    assert torch.autograd.gradcheck(fn, (pos, shifts), fast_mode=True)
+    assert torch.autograd.gradgradcheck(fn, (pos, shifts), fast_mode=True)

@@ -312,13 +312,21 @@ class StudentModel(nn.Module):
         """
         c = self.config
         idx = self.z_to_index[numbers]
-        dist, unit, rbf = kernels.edge_basis(
-            positions, edge_index, shift_vectors, c.n_rbf, c.cutoff, c.basis, c.envelope
-        )
         wall, table = None, self.repulsion_table
-        if table is not None and kernels.wall_touched(dist, edge_index, idx, table):  # the ZBL wall (see kernels)
+        # With a ZBL wall (kernels.repulsion) the basis comes times the wall's gate: inside the wall the student's
+        # message fades out (the gate is exactly 1 outside it).
+        dist, unit, rbf = kernels.edge_basis(
+            positions,
+            edge_index,
+            shift_vectors,
+            c.n_rbf,
+            c.cutoff,
+            c.basis,
+            c.envelope,
+            wall=None if table is None else (idx, table),
+        )
+        if table is not None and kernels.wall_touched(dist, edge_index, idx, table):  # the wall's energy
             wall = kernels.pair_repulsion(dist, edge_index, idx, table, batch, num_structures)
-            rbf = rbf * wall[2].unsqueeze(-1)  # inside the wall the student's message fades out (exactly 1 outside)
         s = self.embedding(idx)
         v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
         for layer, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
