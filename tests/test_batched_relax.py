@@ -87,6 +87,7 @@ def test_bad_input_is_named():
         ({"fmax": 0.0}, "fmax must be"),
         ({"steps": -1}, "steps must be"),
         ({"maxstep": float("nan")}, "maxstep must be"),
+        ({"compact": 1.0}, "compact must be"),
     ):
         with pytest.raises(ValueError, match=match):
             relax_batch(model, [molecule("CH4")], **kwargs)
@@ -151,14 +152,52 @@ def test_relax_command_writes_the_others_when_one_fails(tmp_path, capsys, monkey
     assert [f.get_chemical_formula() for f in frames] == ["CH4", "H2O"]
 
 
-def test_a_structure_with_non_finite_forces_stops_and_is_named(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_finished_structures_leave_the_batch(device, monkeypatch):
+    """With ``compact`` the structures that are done leave the batch (here from any size on): every structure
+    ends exactly where it ends when all stay to the end (positions, energies, forces, steps), in input order."""
+    import mlff_distiller.batched_relax as br
+
+    model = load_model("builtin:chno-gfn2")
+    names = ["CH4", "C6H6", "H2O", "CH3CH2OH", "NH3", "HCN", "CH3OH", "C2H2", "H2CO", "CH3NO2"]
+    structures = _rattled(names)
+    for k, a in enumerate(structures):  # some further from their minimum than others
+        a.rattle(0.05 * (k % 3), seed=100 + k)
+    kw = dict(fmax=0.02, steps=300, precision="fp64", device=device)
+    whole = relax_batch(model, structures, compact=0.0, **kw)
+    made = []
+    real = br._subset
+
+    def counted(batch, keep):
+        made.append(int(keep.sum()))
+        return real(batch, keep)
+
+    monkeypatch.setattr(br, "_subset", counted)
+    assert relax_batch(model, structures, **kw) and made == []  # 10 molecules: below COMPACT_MIN_ATOMS
+    monkeypatch.setattr(br, "COMPACT_MIN_ATOMS", 0)
+    compacted = relax_batch(model, structures, compact=0.75, **kw)
+    assert len(made) >= 2 and made == sorted(made, reverse=True)  # the batch shrank more than once
+    steps = [a.info["relax_steps"] for a in whole]
+    assert len(set(steps)) > 5  # the structures finish at many different steps
+    for got, want, start in zip(compacted, whole, structures, strict=True):
+        assert got.get_chemical_formula() == start.get_chemical_formula()
+        assert got.info["relax_steps"] == want.info["relax_steps"] and got.info["relax_converged"]
+        np.testing.assert_allclose(got.positions, want.positions, rtol=0, atol=1e-10)
+        assert got.get_potential_energy() == pytest.approx(want.get_potential_energy(), abs=1e-10)
+        np.testing.assert_allclose(got.get_forces(), want.get_forces(), rtol=0, atol=1e-10)
+        np.testing.assert_allclose(got.calc.results["energies"], want.calc.results["energies"], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("compacting", [False, True])
+def test_a_structure_with_non_finite_forces_stops_and_is_named(monkeypatch, compacting):
     """NaN forces for one structure (injected from the third call on) stop that structure only; the others relax
-    as they would alone, and the error names the bad one with the others' results."""
+    as they would alone, and the error names the bad one with the others' results; also when the failed structure
+    leaves the batch (``compacting``)."""
     import mlff_distiller.batched_relax as br
     from mlff_distiller.batching import NonFiniteOutputError
     from mlff_distiller.predict import clear_engine_cache
 
-    real = br.batch_engine
+    real, real_subset = br.batch_engine, br._subset
 
     def engine_with_a_nan(*args, **kwargs):
         engine = real(*args, **kwargs)
@@ -167,8 +206,10 @@ def test_a_structure_with_non_finite_forces_stops_and_is_named(monkeypatch):
         def poisoned(batch, **kw):
             out = dict(compute(batch, **kw))
             calls.append(1)
-            if len(calls) >= 3:
-                lo, hi = batch.ptr[1].item(), batch.ptr[2].item()
+            counts = batch.counts.tolist()
+            if len(calls) >= 3 and 3 in counts:  # the water, wherever it sits in the batch
+                lo = batch.ptr[counts.index(3)].item()
+                hi = lo + 3
                 forces = out["forces"].clone()
                 forces[lo:hi] = float("nan")
                 out["forces"] = forces
@@ -182,8 +223,12 @@ def test_a_structure_with_non_finite_forces_stops_and_is_named(monkeypatch):
     alone = relax_batch(model, [structures[0], structures[2]], fmax=0.02, steps=300, precision="fp64")
     clear_engine_cache()  # the poisoned engine below, not the kept one
     monkeypatch.setattr(br, "batch_engine", engine_with_a_nan)
+    monkeypatch.setattr(br, "COMPACT_MIN_ATOMS", 0 if compacting else br.COMPACT_MIN_ATOMS)
+    left = []
+    monkeypatch.setattr(br, "_subset", lambda batch, keep: left.append(keep.tolist()) or real_subset(batch, keep))
     with pytest.raises(NonFiniteOutputError, match=r"structure\(s\) \[1\]") as err:
-        relax_batch(model, structures, fmax=0.02, steps=300, precision="fp64")
+        relax_batch(model, structures, fmax=0.02, steps=300, precision="fp64", compact=0.9)
+    assert left[:1] == ([[True, False, True]] if compacting else [])  # the failed water left first
     assert err.value.indices == [1] and err.value.results[1] is None
     for got, ref in zip([err.value.results[0], err.value.results[2]], alone, strict=True):
         assert got.info["relax_converged"]
