@@ -30,10 +30,11 @@ from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.distill.seeds import g2_chno
 
 
-def _run(model, structures, temperature: float, steps: int, every: int) -> dict:
+def _run(model, structures, temperature: float, steps: int, every: int, seed: int, freeze: float | None) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        md = BatchedMD(model, structures, temperature_K=temperature, seed=0, check_domain=every)
+        kw = dict(temperature_K=temperature, seed=seed, check_domain=every, freeze_force=freeze)
+        md = BatchedMD(model, structures, **kw)
         t0 = time.perf_counter()
         failed_at, n_failed = None, 0
         try:
@@ -54,6 +55,7 @@ def _run(model, structures, temperature: float, steps: int, every: int) -> dict:
         "failed_at": failed_at,
         "n_failed": n_failed,
         "outside": len(md.domain_findings or {}),
+        "frozen": len(md.frozen),
         "seconds": seconds,
     }
 
@@ -66,6 +68,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10000)
     p.add_argument("--every", type=int, default=500)
     p.add_argument("--temperatures", default="1000,1500,2000")
+    p.add_argument("--walls", default="yes,no", help="with the wall (yes), without (no), or both")
+    p.add_argument("--seed", type=int, default=0, help="the velocities' and the Langevin noise's seed")
+    p.add_argument("--freeze-force", type=float, default=None, help="BatchedMD's freeze_force, eV/Å (default none)")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     structures = [a for a in g2_chno() for _ in range(args.replicas)]
@@ -76,24 +81,24 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
         f"builtin:chno-gfn2, {len(structures)} trajectories (61 g2 molecules × {args.replicas}), BatchedMD Langevin "
-        f"0.5 fs, friction 0.01 / fs, FixCom, fp32, up to {args.steps} steps, checked every {args.every}.",
+        f"0.5 fs, friction 0.01 / fs, FixCom, fp32, up to {args.steps} steps, checked every {args.every}, seed "
+        f"{args.seed}, freeze_force {args.freeze_force}.",
         "",
         "| T (K) | wall | steps run | first non-finite at step | replicas then | outside the envelope (last check) "
-        "| runaway replicas (> 10x the bath) | largest extent of a replica, Å | seconds |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| runaway replicas (> 10x the bath) | largest extent of a replica, Å | frozen replicas | seconds |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for temperature in [float(t) for t in args.temperatures.split(",")]:
-        for wall in (True, False):
+        for wall in [w == "yes" for w in args.walls.split(",")]:
             model = load_model("builtin:chno-gfn2")
             if not wall:
                 model.set_repulsion(None)
-            r = _run(model, structures, temperature, args.steps, args.every)
+            r = _run(model, structures, temperature, args.steps, args.every, args.seed, args.freeze_force)
             spread = "-" if r["spread"] is None else f"{r['spread']:.3g}"
             lines.append(
                 f"| {temperature:.0f} | {'yes' if wall else 'no'} | {r['steps']} | {r['failed_at'] or '-'} | "
                 f"{r['n_failed'] or '-'} | {r['outside']} | {r['runaway']} | "
-                f"{spread} | "
-                f"{r['seconds']:.1f} |"
+                f"{spread} | {r['frozen']} | {r['seconds']:.1f} |"
             )
             print(lines[-1], flush=True)
     print(f"wrote {write_lines(lines, args.out, args.name)}")

@@ -209,6 +209,8 @@ def test_a_replica_that_blows_up_is_named_and_the_others_kept():
         ({"skin": -0.5}, "skin must be"),
         ({"fix_com": [True, False, True]}, "one flag per structure"),
         ({"velocities": "input"}, "have no momenta"),
+        ({"freeze_force": 0.0}, "freeze_force must be"),
+        ({"freeze_force": float("inf")}, "freeze_force must be"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):
@@ -324,6 +326,7 @@ def test_md_command_batched_refusals(tmp_path, capsys):
         (["--input", f"{src}@:", "--ensemble", "npt"], "npt' runs one structure"),
         (["--input", str(src), "--replicas", "0"], "replicas must be >= 1"),
         (["--input", f"{src}@:", "--velocities", "input"], "has no momenta"),
+        (["--input", str(src), "--freeze-force", "10"], "give --replicas or several input frames"),
     ):
         assert main([*base, *extra, "--output", out, "--steps", "2"]) == 2
         assert says in capsys.readouterr().err
@@ -332,6 +335,26 @@ def test_md_command_batched_refusals(tmp_path, capsys):
     capsys.readouterr()
     frames = ase.io.read(out, index=":")
     assert len(frames) == 3 and all(len(f) == 5 and "replica" not in f.info for f in frames)
+
+
+def test_md_command_freezes_replicas_above_the_force(tmp_path, capsys):
+    """``--freeze-force``: a limit below every force the student gives freezes each replica at its start; the run
+    goes on, the summary names them and every frame says so, at the starting positions."""
+    import ase.io
+
+    main, base = _cli(tmp_path)
+    src = tmp_path / "start.xyz"
+    ase.io.write(src, molecule("CH3CH2OH"))
+    out = tmp_path / "md.extxyz"
+    args = [*base, "--input", str(src), "--replicas", "2", "--output", str(out), "--steps", "4", "--interval", "2"]
+    assert main([*args, "--freeze-force", "1e-9"]) == 0
+    assert json.loads(capsys.readouterr().out)["frozen"] == [0, 1]
+    frames = ase.io.read(out, index=":")
+    assert len(frames) == 6 and all(f.info["frozen"] for f in frames)
+    for f in frames:
+        np.testing.assert_allclose(f.positions, molecule("CH3CH2OH").positions, atol=1e-12)
+    assert main(args) == 0  # without it: nothing frozen
+    assert json.loads(capsys.readouterr().out)["frozen"] == []
 
 
 @pytest.mark.gpu
@@ -417,6 +440,78 @@ def test_replicas_with_runaway_forces_are_named(monkeypatch):
         warnings.simplefilter("error", OutOfDomainWarning)
         md.run(4)
     assert list(md.domain_findings) == [1] and "eV/Å" in md.domain_findings[1][0]
+
+
+def _inject(md, replica: int, value: float, from_call: int) -> None:
+    """From the ``from_call``-th force call on, every force of ``replica`` is ``value`` (and its energy, if that is
+    not finite)."""
+    real, calls = md.engine.compute, []
+
+    def injected(batch, **kw):
+        out = dict(real(batch, **kw))
+        calls.append(1)
+        if len(calls) >= from_call:
+            forces = out["forces"].clone()
+            forces[md.ptr[replica] : md.ptr[replica + 1]] = value
+            out["forces"] = forces
+            if not np.isfinite(value):  # what a blown-up student gives: the energy too
+                energy = out["energy"].clone()
+                energy[replica] = value
+                out["energy"] = energy
+        return out
+
+    md.engine.compute = injected
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ensemble", ["nve", "langevin"])
+@pytest.mark.parametrize("value", [float("nan"), 5e3])
+def test_a_blown_up_replica_is_frozen_and_the_others_go_on(device, ensemble, value):
+    """``freeze_force``: a replica whose forces turn non-finite or exceed the limit (injected from the 4th force
+    call, i.e. at step 3) stops where it was with zero momenta, is named, and the run goes on; the other replicas'
+    trajectories are those of a run without the limit in which nothing happened (NVE: exactly; Langevin: the same
+    draws)."""
+    import warnings
+
+    from mlff_distiller.domain import OutOfDomainWarning
+
+    structures = [molecule("H2O"), molecule("CH4"), molecule("NH3")]
+    kw = dict(ensemble=ensemble, seed=4, device=device, precision="fp64", check_domain=2, freeze_force=1e3)
+    kw["fix_com"] = ensemble == "langevin"  # both ways of making the kick: with and without FixCom
+    model = make_model(seed=3)
+    quiet = BatchedMD(model, structures, **{**kw, "freeze_force": None})  # the same run without freezing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        quiet.run(8)
+    assert quiet.frozen == []
+    md = BatchedMD(model, structures, **kw)
+    _inject(md, 1, value, from_call=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        md.run(2)
+    assert md.frozen == []
+    with pytest.warns(OutOfDomainWarning, match=r"replica\(s\) \[1\] .*frozen by step 4"):
+        md.run(2)
+    assert md.frozen == [1]
+    held = md.positions[md.ptr[1] : md.ptr[2]].clone()
+    md.run(4)  # no NonFiniteOutputError: the frozen replica does not stop the run
+    lo, hi = md.ptr[1], md.ptr[2]
+    assert torch.equal(md.positions[lo:hi], held) and not md.momenta[lo:hi].any()
+    assert torch.isfinite(md.positions).all()
+    keep = np.r_[0 : md.ptr[1], md.ptr[2] : md.ptr[3]]
+    np.testing.assert_allclose(md.positions.cpu().numpy()[keep], quiet.positions.cpu().numpy()[keep], atol=1e-12)
+    np.testing.assert_allclose(md.momenta.cpu().numpy()[keep], quiet.momenta.cpu().numpy()[keep], atol=1e-12)
+    atoms = md.get_atoms()
+    assert atoms[1].info.get("frozen") and not atoms[0].info.get("frozen") and not atoms[2].info.get("frozen")
+    assert md.temperatures()[1] == 0.0
+
+
+def test_without_freeze_force_a_blow_up_stops_the_run():
+    md = BatchedMD(make_model(seed=3), [molecule("H2O"), molecule("CH4")], ensemble="nve", check_domain=None)
+    _inject(md, 1, float("nan"), from_call=3)
+    with pytest.raises(NonFiniteOutputError, match=r"replica\(s\) \[1\]"):
+        md.run(5)
+    assert md.frozen == []
 
 
 def test_ase_constraints_other_than_fixcom_are_refused():

@@ -100,6 +100,12 @@ class BatchedMD:
             in which an atom felt a force component above :data:`~mlff_distiller.domain.FORCE_LIMIT` at any step (a
             runaway trajectory whose numbers all stay finite; it stays named in ``domain_findings`` from then on),
             with or without an envelope. ``None``: no checks.
+        freeze_force: freeze a replica once an atom of it feels a force component above this (eV/Å), or a
+            non-finite one: its momenta are zeroed and it stays where it was while the others go on (a blown-up
+            trajectory cannot stop the run or fill the neighbour list with atoms flying off). Frozen replicas are
+            named in :attr:`frozen`, in ``info["frozen"]`` of :meth:`get_atoms` and by the domain checks. ``None``
+            (default): no freezing; a replica whose state stops being finite stops the run with a
+            :class:`~mlff_distiller.batching.NonFiniteOutputError`.
 
     Attributes:
         engine: the :class:`~mlff_distiller.engine.ForceEngine` (``engine.verlet.n_builds``: the list's builds).
@@ -125,6 +131,7 @@ class BatchedMD:
         skin: float = 1.0,
         cuda_graphs: bool = True,
         check_domain: int | None = DOMAIN_CHECK_EVERY,
+        freeze_force: float | None = None,
     ) -> None:
         from ase import units
 
@@ -149,6 +156,8 @@ class BatchedMD:
             model = load_model(model)
         if check_domain is not None and (isinstance(check_domain, bool) or int(check_domain) < 1):
             raise ValueError(f"check_domain must be None or a number of steps >= 1, got {check_domain!r}")
+        if freeze_force is not None and not (math.isfinite(freeze_force) and freeze_force > 0):
+            raise ValueError(f"freeze_force must be None or a finite force > 0 eV/Å, got {freeze_force!r}")
         self.engine = batch_engine(model, structures, device=device, precision=precision, mode=mode, skin=skin)
         dev = self.engine.device
         self.device = dev
@@ -231,7 +240,14 @@ class BatchedMD:
         self._generator.manual_seed(self.seed)
         self._noise = torch.empty_like(self._momenta)
         self._forces = torch.zeros_like(self._momenta)  # the student's forces (get_atoms reports them)
-        self._kick = self._forces if not self._any_fix else torch.zeros_like(self._momenta)  # what the kicks apply
+        self.freeze_force = None if freeze_force is None else float(freeze_force)
+        freezing = self.freeze_force is not None
+        # what the kicks apply: the student's forces, or a copy (less the net force of fixed structures; zero for
+        # frozen replicas)
+        self._kick = self._forces if not (self._any_fix or freezing) else torch.zeros_like(self._momenta)
+        self._frozen = torch.zeros(b, dtype=torch.bool, device=dev)  # [B] (freeze_force)
+        self._alive = torch.ones((n, 1), dtype=torch.bool, device=dev)  # [N, 1]: the atom's replica is not frozen
+        self._frozen_named: dict[int, str] = {}
         self._energy = torch.zeros(b, dtype=torch.float64, device=dev)
         self._energies = torch.zeros(n, dtype=torch.float64, device=dev)
         self._templates = [a.copy() for a in structures]
@@ -319,6 +335,11 @@ class BatchedMD:
             self._runaway.setdefault(k, _domain.force_finding(float(peak[k]), f"by step {self.nsteps}"))
         for k, finding in self._runaway.items():
             findings.setdefault(k, []).append(finding)
+        for k in self.frozen:
+            self._frozen_named.setdefault(
+                k, f"frozen by step {self.nsteps}: an atom felt a force above freeze_force ({self.freeze_force:g} eV/Å)"
+            )
+            findings.setdefault(k, []).append(self._frozen_named[k])
         new = sorted(set(findings) - set(self.domain_findings))
         self.domain_findings = findings
         if new:
@@ -332,6 +353,13 @@ class BatchedMD:
                 ),
                 stacklevel=3,
             )
+
+    @property
+    def frozen(self) -> list[int]:
+        """The replicas frozen so far (``freeze_force``), in order."""
+        if self.freeze_force is None:
+            return []
+        return torch.nonzero(self._frozen).flatten().cpu().tolist()
 
     def potential_energies(self) -> np.ndarray:
         """Potential energy per replica, eV."""
@@ -378,9 +406,12 @@ class BatchedMD:
         energies = self._energies.cpu().numpy()
         energy = self._energy.cpu().numpy()
         ptr = self.ptr
+        frozen = set(self.frozen)
         for k in indices if indices is not None else range(self.n_replicas):
             lo, hi = ptr[k], ptr[k + 1]
             atoms = self._templates[k]
+            if k in frozen:
+                atoms.info["frozen"] = True
             atoms.arrays["positions"][:] = pos[lo:hi]
             atoms.set_momenta(mom[lo:hi], apply_constraint=False)
             e = float(energy[k])
@@ -398,9 +429,22 @@ class BatchedMD:
 
     def _set_kick(self) -> None:
         """The force the kicks apply: the student's, less a fixed structure's net force (mass-weighted), so the
-        kicks leave its centre of mass at rest up to float64 rounding."""
+        kicks leave its centre of mass at rest up to float64 rounding; none on a frozen replica (``freeze_force``),
+        whose momenta are zeroed here."""
         if self._any_fix:
             self._remove_com(self._forces, out=self._kick)
+        if self.freeze_force is None:
+            return
+        f = self._forces
+        bad = ~torch.isfinite(f).all(dim=1) | (f.abs().amax(dim=1) > self.freeze_force)
+        hit = torch.zeros(self.n_replicas, dtype=torch.float64, device=self.device)
+        hit.index_add_(0, self._batch.batch, bad.to(torch.float64))
+        self._frozen.logical_or_(hit > 0)
+        self._alive.copy_(~self._frozen.index_select(0, self._batch.batch).unsqueeze(1))
+        if not self._any_fix:
+            self._kick.copy_(self._forces)
+        self._kick.masked_fill_(~self._alive, 0.0)  # (a fill, not a product: the forces may be NaN there)
+        self._momenta.masked_fill_(~self._alive, 0.0)
 
     def _remove_com(self, momenta: torch.Tensor, out: torch.Tensor | None = None) -> None:
         """Subtract each fixed structure's total (mass-weighted share per atom) from ``momenta``, in place or into
@@ -420,6 +464,8 @@ class BatchedMD:
             return
         r.add_(p / m, alpha=0.5 * dt)
         p.mul_(self._c).addcmul_(self._noise, self._noise_scale)
+        if self.freeze_force is not None:  # no thermal kicks for a frozen replica: it stays where it is
+            p.masked_fill_(~self._alive, 0.0)
         if self._any_fix:
             self._remove_com(p)
         r.add_(p / m, alpha=0.5 * dt)
@@ -509,6 +555,8 @@ class BatchedMD:
         per_structure = torch.zeros(self.n_replicas, dtype=torch.float64, device=self.device)
         per_structure.index_add_(0, self._batch.batch, bad_atoms)
         finite = torch.isfinite(self._energy) & (per_structure == 0)
+        if self.freeze_force is not None:  # a frozen replica's student energy may be what froze it
+            finite = finite | self._frozen
         if bool(finite.all()):
             return
         bad = torch.nonzero(~finite).flatten().cpu().tolist()

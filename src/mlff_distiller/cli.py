@@ -173,6 +173,14 @@ def make_parser() -> argparse.ArgumentParser:
         help="independent trajectories from each starting frame, run together in one batch (default 1); their "
         "frames share the output, each naming its trajectory (info 'replica')",
     )
+    p.add_argument(
+        "--freeze-force",
+        dest="freeze_force",
+        type=float,
+        help="several trajectories: freeze one (it stops where it is, named in the summary and its frames' info "
+        "'frozen') once an atom of it feels a force component above this, eV/Å, or a non-finite one; the others "
+        "go on (default: a blow-up stops the run)",
+    )
     p.add_argument("--output", help="trajectory: extxyz, or ASE's binary trajectory for a .traj name")
     p.add_argument(
         "--velocities", help="maxwell (drawn at --temperature; the default) | input (the input frame's momenta)"

@@ -221,6 +221,8 @@ def run_md(job: MDJob) -> dict:
         frames = frames[:1]  # a file without an index: its first frame, as before several frames could run
     if len(frames) * job.replicas > 1:
         return _run_md_batched(job, frames)
+    if job.freeze_force is not None:
+        raise ValueError("freeze_force freezes one of several trajectories: give --replicas or several input frames")
     atoms = frames[0]
     # A run continued from a frame it wrote (its momenta kept) goes on with that frame's clock.
     t_start = float(atoms.info.get("time_fs", 0.0)) if job.velocities == "input" else 0.0
@@ -360,6 +362,7 @@ def _run_md_batched(job: MDJob, frames: list) -> dict:
         seed=job.seed,
         device=job.device,
         precision=job.precision,
+        freeze_force=job.freeze_force,
     )
     md.potential_energies()  # the first forces: set-up, kernels and capture, timed apart from the steps
     startup = time.perf_counter() - t0
@@ -409,6 +412,7 @@ def _run_md_batched(job: MDJob, frames: list) -> dict:
         "output": job.output,
         "list_builds": md.engine.verlet.n_builds,
         "mean_temperature_K": float(np.mean(temperatures)),
+        "frozen": md.frozen,
     }
 
 

@@ -108,6 +108,9 @@ class MDJob:
     # for all of them). Several frames (--input file@0:10) also run together; each frame of the output names its
     # trajectory (info "replica").
     replicas: int = 1
+    # Several trajectories: freeze one once an atom of it feels a force component above this (eV/Å) or a non-finite
+    # one (BatchedMD's freeze_force): it stops where it was and the others go on. None: a blow-up stops the run.
+    freeze_force: float | None = None
     # npt (ASE's NPTBerendsen, isotropic; a fully periodic input): target pressure, the material's isothermal
     # compressibility (default: water at 300 K) and the thermostat / barostat time constants.
     pressure_bar: float = 1.01325
