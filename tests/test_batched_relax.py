@@ -88,6 +88,7 @@ def test_bad_input_is_named():
         ({"steps": -1}, "steps must be"),
         ({"maxstep": float("nan")}, "maxstep must be"),
         ({"compact": 1.0}, "compact must be"),
+        ({"max_atoms": 0}, "max_atoms must be"),
     ):
         with pytest.raises(ValueError, match=match):
             relax_batch(model, [molecule("CH4")], **kwargs)
@@ -97,7 +98,7 @@ def test_bad_input_is_named():
         relax_batch(model, [molecule("NaCl")])
 
 
-def test_relax_command(tmp_path, capsys):
+def test_relax_command(tmp_path, capsys, monkeypatch):
     """``mlff-distill relax``: every frame of the input relaxed, written with its convergence and step count, the
     same positions as relax_batch gives."""
     import ase.io
@@ -122,6 +123,18 @@ def test_relax_command(tmp_path, capsys):
         assert got.info["relax_converged"] and got.info["relax_steps"] == ref.info["relax_steps"]
         np.testing.assert_allclose(got.positions, ref.positions, atol=5e-9)
         np.testing.assert_allclose(got.get_forces(), ref.get_forces(), atol=5e-9)
+    import mlff_distiller.batched_relax as br
+
+    budgets = []
+    real = br.relax_batch
+    monkeypatch.setattr(br, "relax_batch", lambda *a, **kw: budgets.append(kw["max_atoms"]) or real(*a, **kw))
+    streamed = tmp_path / "streamed.extxyz"  # --max-atoms: a few at a time, the same results
+    assert main([*base, "--output", str(streamed), "--fmax", "0.02", "--steps", "200", "--max-atoms", "6"]) == 0
+    capsys.readouterr()
+    for got, ref in zip(ase.io.read(streamed, index=":"), frames, strict=True):
+        assert got.info["relax_steps"] == ref.info["relax_steps"]
+        np.testing.assert_allclose(got.positions, ref.positions, atol=1e-10)
+    assert budgets == [6]
     assert main([*base, "--output", str(src)]) == 2
     assert "is the input file" in capsys.readouterr().err
 
@@ -186,6 +199,60 @@ def test_finished_structures_leave_the_batch(device, monkeypatch):
         assert got.get_potential_energy() == pytest.approx(want.get_potential_energy(), abs=1e-10)
         np.testing.assert_allclose(got.get_forces(), want.get_forces(), rtol=0, atol=1e-10)
         np.testing.assert_allclose(got.calc.results["energies"], want.calc.results["energies"], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_max_atoms_streams_the_structures_through_the_batch(device, monkeypatch):
+    """``max_atoms``: at most that many atoms in the batch; structures start in input order as finished ones make
+    room (one alone if it is larger than the budget) and each ends exactly where it ends with all in one batch
+    (positions, energies, forces, steps), with a step limit that stops some of them and a structure that is
+    already relaxed; a structure of an unknown element anywhere is refused before any step."""
+    import mlff_distiller.batched_relax as br
+
+    model = load_model("builtin:chno-gfn2")
+    names = ["CH4", "C6H6", "H2O", "CH3CH2OH", "NH3", "HCN", "CH3OH", "C2H2", "H2CO", "CH3NO2", "CH3CH2OH", "H2O"]
+    structures = _rattled(names)
+    for k, a in enumerate(structures):
+        a.rattle(0.05 * (k % 3), seed=200 + k)
+    structures[4] = relax_batch(model, [structures[4]], fmax=0.005, steps=300, precision="fp64")[0]
+    structures[4].calc = None  # relaxed already: it finishes at its first look
+    kw = dict(fmax=0.01, steps=40, precision="fp64", device=device)
+    whole = relax_batch(model, structures, **kw)
+    sizes = []
+    real_compute = br.batch_engine
+
+    def watching(*args, **kwargs):
+        engine = real_compute(*args, **kwargs)
+        compute = engine.compute
+
+        def watched(batch, **kw2):
+            sizes.append(batch.num_atoms)
+            return compute(batch, **kw2)
+
+        engine.compute = watched
+        return engine
+
+    from mlff_distiller.predict import clear_engine_cache
+
+    clear_engine_cache()
+    monkeypatch.setattr(br, "batch_engine", watching)
+    streamed = relax_batch(model, structures, max_atoms=16, **kw)
+    assert max(sizes) <= 16 and len(set(sizes)) > 3  # the batch regrouped many times, never above the budget
+    steps = [a.info["relax_steps"] for a in whole]
+    assert steps[4] == 0 and 40 in steps and not all(a.info["relax_converged"] for a in whole)
+    for got, want in zip(streamed, whole, strict=True):
+        assert got.info["relax_steps"] == want.info["relax_steps"]
+        assert got.info["relax_converged"] == want.info["relax_converged"]
+        np.testing.assert_allclose(got.positions, want.positions, rtol=0, atol=1e-10)
+        assert got.get_potential_energy() == pytest.approx(want.get_potential_energy(), abs=1e-10)
+        np.testing.assert_allclose(got.get_forces(), want.get_forces(), rtol=0, atol=1e-10)
+    one = relax_batch(model, structures[:3], max_atoms=1, **kw)  # each structure alone, larger than the budget
+    for got, want in zip(one, whole[:3], strict=True):
+        np.testing.assert_allclose(got.positions, want.positions, rtol=0, atol=1e-10)
+    sizes.clear()
+    with pytest.raises(ValueError, match="unknown element"):
+        relax_batch(model, [*structures, molecule("NaCl")], max_atoms=16, **kw)
+    assert sizes == []  # refused before the first step
 
 
 @pytest.mark.parametrize("compacting", [False, True])

@@ -10,7 +10,9 @@ below ``fmax``, as ASE's optimizer stops. The cell is held fixed.
 
 Structures converge after very different numbers of steps (4,096 rattled g2 molecules: 51 on average, the slowest
 162). Once most of a large batch is done, the finished structures leave it (``compact``), so that the steps left
-cost what the structures still relaxing cost; each structure's path is the same (tested in float64).
+cost what the structures still relaxing cost; each structure's path is the same (tested in float64). With
+``max_atoms`` the batch holds at most that many atoms: structures start in input order as finished ones make room, so
+that millions of structures stream through a batch that fits the GPU.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batched_md import batch_engine
 from mlff_distiller.model import StudentModel
 
-__all__ = ["COMPACT_MIN_ATOMS", "relax_batch"]
+__all__ = ["COMPACT_MIN_ATOMS", "REFILL_AT", "relax_batch"]
 
 # relax_batch drops its finished structures only from batches of at least this many atoms: a smaller step costs its
 # kernel launches, not its atoms, and a new batch shape costs a list build (and on a GPU, a bucket's capture).
 COMPACT_MIN_ATOMS = 2048
+# With structures waiting (max_atoms), the finished ones are replaced once this fraction of the batch is done: each
+# regrouping costs a list build and a capture of FIRE's step, so not at every structure.
+REFILL_AT = 0.25
 
 
 @torch.no_grad()
@@ -53,6 +58,7 @@ def relax_batch(
     mode: str = "auto",
     check_domain: bool = True,
     compact: float = 0.5,
+    max_atoms: int | None = None,
 ) -> list:
     """Relax every structure's positions with FIRE until its largest atomic force is below ``fmax`` (eV/Å).
 
@@ -73,6 +79,9 @@ def relax_batch(
             that the remaining steps cost what the structures still relaxing cost (on batches of at least
             ``COMPACT_MIN_ATOMS`` atoms, below which a step costs its launches, not its atoms); 0 keeps every
             structure in the batch to the end. Each structure's path is the same either way.
+        max_atoms: at most this many atoms in the batch at once (a memory bound: millions of structures need not
+            fit in one step). The structures start in input order as the budget allows, and each one that finishes
+            makes room for the next (at least one structure at a time, however large). None: all at once.
         check_domain: with a student that stores its training envelope (:mod:`mlff_distiller.domain`), check the
             relaxed structures against it: a relaxation can end where the student never saw data (atoms pressed
             together, where an untrained student may have no repulsion). Those get ``info["domain"]`` (the
@@ -93,6 +102,8 @@ def relax_batch(
         raise ValueError(f"steps must be >= 0, got {steps}")
     if not 0 <= compact < 1:
         raise ValueError(f"compact must be a fraction in [0, 1), got {compact}")
+    if max_atoms is not None and (isinstance(max_atoms, bool) or int(max_atoms) < 1):
+        raise ValueError(f"max_atoms must be None or a number of atoms >= 1, got {max_atoms!r}")
     for name, value in (("dt", dt), ("maxstep", maxstep), ("dtmax", dtmax)):
         if not value > 0 or not np.isfinite(value):
             raise ValueError(f"{name} must be a finite number > 0, got {value}")
@@ -123,31 +134,43 @@ def relax_batch(
         make=lambda: batch_engine(model, structures, device=device, precision=precision, mode=mode, skin=skin),
     )
     dev = engine.device
-    batch = AtomsBatch.from_atoms(structures, device=dev, dtype=torch.float64)
-    engine._check_species(batch.numbers)
-    fire = _Fire(
-        batch, fmax=fmax, dt=dt, maxstep=maxstep, dtmax=dtmax, n_min=n_min, finc=finc, fdec=fdec, astart=astart, fa=fa
-    )
-    final = _Final(batch)  # each structure's result, written when it leaves the batch
+    # Every structure validated (and its elements checked) before the first step: a bad one found later would stop
+    # a run whose results so far would be lost. On the host; each part of the batch goes to the device as it starts.
+    everything = AtomsBatch.from_atoms(structures, device="cpu", dtype=torch.float64)
+    model.check_species(everything.numbers)
+    queue = _Queue(everything, dev, max_atoms)
+    batch = queue.take(max_atoms if max_atoms is not None else everything.num_atoms)
+    kw = dict(fmax=fmax, dt=dt, maxstep=maxstep, dtmax=dtmax, n_min=n_min, finc=finc, fdec=fdec, astart=astart, fa=fa)
+    fire = _Fire(batch, steps=steps, **kw)
+    final = _Final(everything.ptr)  # each structure's result, written when it leaves the batch
     ids = torch.arange(batch.num_structures, device=dev)  # the input index of each structure in the batch
-    for k in range(steps + 1):
+    while True:
         out = engine.compute(batch)
         fire.forces.copy_(out["forces"])
-        if k == steps:
-            fire.judge()
+        # ASE's FIRE per structure: its first step only accelerates from rest; a converged or failed structure,
+        # or one that took `steps` steps, does not move any more.
+        fire.step()
+        finished = int(fire.done.sum())
+        if finished == batch.num_structures and queue.empty:
             break
-        # ASE's FIRE: the first step only accelerates from rest. A converged or failed structure does not move.
-        fire.step(first=k == 0)
-        active = batch.num_structures - int(fire.done.sum())
-        if active == 0:
-            break
-        if active <= compact * batch.num_structures and batch.num_atoms >= COMPACT_MIN_ATOMS:
-            # Most structures are done: those leave the batch (they do not move any more), so that the steps left
-            # cost what the structures still relaxing cost. Each structure's path is unchanged (test).
-            final.keep(ids, batch, fire, out, fire.done)
-            keep = ~fire.done
-            batch, ids = _subset(batch, keep), ids[keep]
-            fire = fire.subset(keep, batch)
+        if queue.empty:
+            if finished < (1.0 - compact) * batch.num_structures or batch.num_atoms < COMPACT_MIN_ATOMS:
+                continue
+            # Most structures are done: those leave the batch (they do not move any more), so that the steps
+            # left cost what the structures still relaxing cost. Each structure's path is unchanged (test).
+        elif finished < max(1.0, REFILL_AT * batch.num_structures):
+            continue
+        # The finished structures leave; structures not started yet take their place (max_atoms).
+        final.keep(ids, batch, fire, out, fire.done)
+        keep = ~fire.done
+        batch, ids = _subset(batch, keep), ids[keep]
+        budget = (max_atoms if max_atoms is not None else everything.num_atoms) - batch.num_atoms
+        start = queue.next
+        new = queue.take(budget, at_least_one=batch.num_structures == 0)
+        if new is not None:
+            ids = torch.cat([ids, torch.arange(start, queue.next, device=dev)])
+            batch = _concat(batch, new)
+        fire = fire.regroup(keep, batch)
     final.keep(ids, batch, fire, out)
     pos, forces, energies, energy = final.positions, final.forces, final.energies, final.energy
     ptr, done, counts, bad = final.ptr, final.converged, final.taken, sorted(final.failed)
@@ -223,14 +246,60 @@ def _subset(batch: AtomsBatch, keep: torch.Tensor) -> AtomsBatch:
     )
 
 
+class _Queue:
+    """The structures not started yet: consecutive ranges of the validated host batch, moved to the device as they
+    start."""
+
+    def __init__(self, everything: AtomsBatch, device: torch.device, max_atoms: int | None) -> None:
+        self.all, self.device, self.next = everything, device, 0
+        self.ptr = everything.ptr.numpy()
+
+    @property
+    def empty(self) -> bool:
+        return self.next >= self.all.num_structures
+
+    def take(self, budget: int, at_least_one: bool = True) -> AtomsBatch | None:
+        """The next structures whose atoms fit in ``budget`` (at least one if ``at_least_one``), or None."""
+        lo, ptr = self.next, self.ptr
+        if self.empty:
+            return None
+        hi = int(np.searchsorted(ptr, ptr[lo] + budget, side="right")) - 1  # ptr[hi] - ptr[lo] <= budget
+        hi = min(max(hi, lo + 1 if at_least_one else lo), self.all.num_structures)
+        if hi == lo:
+            return None
+        self.next = hi
+        a, b = int(ptr[lo]), int(ptr[hi])
+        src, dev = self.all, self.device
+        return AtomsBatch(
+            numbers=src.numbers[a:b].to(dev),
+            positions=src.positions[a:b].to(dev),
+            cell=src.cell[lo:hi].to(dev),
+            pbc=src.pbc[lo:hi].to(dev),
+            batch=(src.batch[a:b] - lo).to(dev),
+            ptr=(src.ptr[lo : hi + 1] - a).to(dev),
+        )
+
+
+def _concat(first: AtomsBatch, second: AtomsBatch) -> AtomsBatch:
+    """``first``'s structures, then ``second``'s."""
+    return AtomsBatch(
+        numbers=torch.cat([first.numbers, second.numbers]),
+        positions=torch.cat([first.positions, second.positions]),
+        cell=torch.cat([first.cell, second.cell]),
+        pbc=torch.cat([first.pbc, second.pbc]),
+        batch=torch.cat([first.batch, second.batch + first.num_structures]),
+        ptr=torch.cat([first.ptr, second.ptr[1:] + first.num_atoms]),
+    )
+
+
 class _Final:
     """Every structure's end state (positions, forces, energies, converged, failed, steps taken) in the input's
     layout on the host, written as structures leave the batch."""
 
-    def __init__(self, batch: AtomsBatch) -> None:
-        self._ptr = batch.ptr.clone()  # the input's atom offsets, on the device
-        self.ptr = batch.ptr.cpu().numpy()
-        n, b = batch.num_atoms, batch.num_structures
+    def __init__(self, ptr: torch.Tensor) -> None:
+        self.ptr = ptr.cpu().numpy()  # the input's atom offsets
+        self._ptr = None  # on the device, made at the first write
+        n, b = int(self.ptr[-1]), len(self.ptr) - 1
         self.positions = np.zeros((n, 3))
         self.forces = np.zeros((n, 3))
         self.energies = np.zeros(n)
@@ -244,6 +313,8 @@ class _Final:
         ``out`` is the engine's result at their positions (a structure that is done does not move)."""
         sel = torch.ones_like(fire.done) if which is None else which
         owner = batch.batch
+        if self._ptr is None:
+            self._ptr = torch.as_tensor(self.ptr, device=owner.device)
         atoms = sel.index_select(0, owner)
         local = torch.arange(batch.num_atoms, device=owner.device) - batch.ptr.index_select(0, owner)
         rows = (self._ptr.index_select(0, ids.index_select(0, owner)) + local)[atoms].cpu().numpy()
@@ -263,14 +334,16 @@ class _Fire:
 
     :meth:`step` judges the forces in :attr:`forces` (a structure whose forces are not finite fails and stops where
     it is; its NaNs are zeroed so that they cannot reach the others' arithmetic; one whose largest force is below
-    ``fmax`` has converged and stays so) and moves the rest. On CUDA the non-first step is one captured graph
-    (~40 small kernels otherwise, whose launches cost more than the student's step for a few hundred structures).
+    ``fmax`` has converged and stays so; one that took ``steps`` steps stops) and moves the rest, each from its own
+    first step (which, as ASE's, only accelerates from rest). On CUDA the step is one captured graph (~40 small
+    kernels otherwise, whose launches cost more than the student's step for a few hundred structures).
     """
 
-    def __init__(self, batch, *, fmax, dt, maxstep, dtmax, n_min, finc, fdec, astart, fa) -> None:
+    def __init__(self, batch, *, steps, fmax, dt, maxstep, dtmax, n_min, finc, fdec, astart, fa) -> None:
         b, n, dev = batch.num_structures, batch.num_atoms, batch.positions.device
         f64 = {"dtype": torch.float64, "device": dev}
         self.b, self.owner, self.positions = b, batch.batch, batch.positions
+        self.max_steps, self.dt0 = int(steps), float(dt)
         self.maxstep, self.dtmax, self.n_min, self.finc, self.fdec, self.astart, self.fa = (
             maxstep, dtmax, n_min, finc, fdec, astart, fa
         )  # fmt: skip
@@ -289,16 +362,24 @@ class _Fire:
 
         self._capture = cuda_graphs_available(dev)
 
-    def subset(self, keep: torch.Tensor, batch: AtomsBatch) -> _Fire:
-        """The state of the structures ``keep`` (``[B]`` bool) alone, moving ``batch``'s positions (the batch
-        :func:`_subset` made of them); its own captured step follows from its first step on."""
+    def regroup(self, keep: torch.Tensor, batch: AtomsBatch) -> _Fire:
+        """The state of the structures ``keep`` (``[B]`` bool), then fresh states for the structures ``batch``
+        holds after them (the batch :func:`_subset` and :func:`_concat` made): FIRE moving ``batch``'s positions,
+        its own captured step following."""
         new = object.__new__(_Fire)
         new.__dict__.update(self.__dict__)
         atoms = keep.index_select(0, self.owner)
         new.b, new.owner, new.positions = batch.num_structures, batch.batch, batch.positions
-        new.forces, new.vel = self.forces[atoms], self.vel[atoms]
-        for name in ("step_dt", "mix", "since_negative", "taken", "converged", "failed", "done"):
-            setattr(new, name, getattr(self, name)[keep])
+        add_atoms = batch.num_atoms - int(atoms.sum())
+        add = batch.num_structures - int(keep.sum())
+        f64 = {"dtype": torch.float64, "device": batch.positions.device}
+        new.forces = torch.zeros((batch.num_atoms, 3), **f64)
+        new.vel = torch.cat([self.vel[atoms], torch.zeros((add_atoms, 3), **f64)])
+        fresh = {"step_dt": self.dt0, "mix": self.astart, "since_negative": 0, "taken": 0}
+        fresh |= {"converged": False, "failed": False, "done": False}
+        for name, start in fresh.items():
+            old = getattr(self, name)
+            setattr(new, name, torch.cat([old[keep], torch.full((add,), start, dtype=old.dtype, device=old.device)]))
         new._graph = None
         return new
 
@@ -317,29 +398,30 @@ class _Fire:
         worst.scatter_reduce_(0, self.owner, f2, reduce="amax", include_self=True)
         self.converged.logical_or_((worst < self.fmax2) & ~self.failed)  # converged stays done (ASE stops there)
         torch.logical_or(self.converged, self.failed, out=self.done)
+        self.done.logical_or_(self.taken >= self.max_steps)  # ASE's run(steps=...): judged, then no further step
         return forces, f2
 
-    def _step(self, first: bool) -> None:
+    def _step(self) -> None:
         forces, f2 = self.judge()
         owner, vel = self.owner, self.vel
         moving = ~self.done
-        if not first:
-            vf = self._per_structure((forces * vel).sum(dim=1))
-            g2 = self._per_structure(f2)
-            v2 = self._per_structure((vel * vel).sum(dim=1))
-            uphill = (vf <= 0.0) & moving
-            downhill = (vf > 0.0) & moving
-            mix, step_dt, since = self.mix, self.step_dt, self.since_negative
-            scale = torch.where(downhill, mix * torch.sqrt(v2) / torch.sqrt(torch.where(downhill, g2, 1.0)), 0.0)
-            keep = torch.where(downhill, 1.0 - mix, torch.where(uphill, 0.0, 1.0))
-            vel.mul_(keep[owner].unsqueeze(1)).add_(forces * scale[owner].unsqueeze(1))
-            grow = downhill & (since > self.n_min)
-            step_dt.copy_(torch.where(grow, torch.clamp(step_dt * self.finc, max=self.dtmax), step_dt))
-            mix.copy_(torch.where(grow, mix * self.fa, mix))
-            since.copy_(torch.where(downhill, since + 1, since))
-            mix.copy_(torch.where(uphill, self.astart, mix))
-            step_dt.copy_(torch.where(uphill, step_dt * self.fdec, step_dt))
-            since.copy_(torch.where(uphill, 0, since))
+        started = moving & (self.taken > 0)  # ASE's first step (from rest) mixes nothing: only the others here
+        vf = self._per_structure((forces * vel).sum(dim=1))
+        g2 = self._per_structure(f2)
+        v2 = self._per_structure((vel * vel).sum(dim=1))
+        uphill = (vf <= 0.0) & started
+        downhill = (vf > 0.0) & started
+        mix, step_dt, since = self.mix, self.step_dt, self.since_negative
+        scale = torch.where(downhill, mix * torch.sqrt(v2) / torch.sqrt(torch.where(downhill, g2, 1.0)), 0.0)
+        keep = torch.where(downhill, 1.0 - mix, torch.where(uphill, 0.0, 1.0))
+        vel.mul_(keep[owner].unsqueeze(1)).add_(forces * scale[owner].unsqueeze(1))
+        grow = downhill & (since > self.n_min)
+        step_dt.copy_(torch.where(grow, torch.clamp(step_dt * self.finc, max=self.dtmax), step_dt))
+        mix.copy_(torch.where(grow, mix * self.fa, mix))
+        since.copy_(torch.where(downhill, since + 1, since))
+        mix.copy_(torch.where(uphill, self.astart, mix))
+        step_dt.copy_(torch.where(uphill, step_dt * self.fdec, step_dt))
+        since.copy_(torch.where(uphill, 0, since))
         atom_dt = self.step_dt[owner].unsqueeze(1)
         vel.copy_(torch.where(moving[owner].unsqueeze(1), vel + atom_dt * forces, vel))
         dr = atom_dt * vel
@@ -348,17 +430,17 @@ class _Fire:
         self.positions.add_(dr * torch.where(moving, shrink, 0.0)[owner].unsqueeze(1))
         self.taken.add_(moving.long())
 
-    def step(self, first: bool) -> None:
+    def step(self) -> None:
         """Judge :attr:`forces` and move the structures still going (see the class docstring)."""
-        if first or not self._capture:
-            self._step(first)
+        if not self._capture:
+            self._step()
             return
         if self._graph is None:
             self._graph = self._captured()
         self._graph.replay()
 
     def _captured(self):
-        """The non-first step as a CUDA graph; the state is restored after the warm-up run that precedes it."""
+        """The step as a CUDA graph; the state is restored after the warm-up run that precedes it."""
         from mlff_distiller.cudagraph import capturing
 
         state = [self.positions, self.vel, self.step_dt, self.mix, self.since_negative, self.taken]
@@ -367,13 +449,13 @@ class _Fire:
         side = torch.cuda.Stream(device=self.positions.device)
         side.wait_stream(torch.cuda.current_stream(self.positions.device))
         with torch.cuda.stream(side):
-            self._step(False)
+            self._step()
         torch.cuda.current_stream(self.positions.device).wait_stream(side)
         for t, old in zip(state, saved, strict=True):
             t.copy_(old)
         graph = torch.cuda.CUDAGraph()
         with capturing(graph, mode="thread_local"):
-            self._step(False)
+            self._step()
         for t, old in zip(state, saved, strict=True):  # the capture ran nothing; the replay below takes the step
             t.copy_(old)
         return graph

@@ -208,6 +208,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="relaxed structures, extxyz (info relax_converged, relax_steps)")
     p.add_argument("--fmax", type=float, help="converged below this largest atomic force, eV/Å (0.05)")
     p.add_argument("--steps", type=int, help="at most this many FIRE steps per structure (1000)")
+    p.add_argument(
+        "--max-atoms",
+        dest="max_atoms",
+        type=int,
+        help="at most this many atoms in the batch at once; finished structures make room for the next (default: "
+        "all at once)",
+    )
     p.add_argument("--device")
     p.add_argument("--precision", help="fp32 (default) | fp64 (for fmax below ~1e-3) | tf32 | bf16 | fp16")
 

@@ -430,7 +430,13 @@ def run_relax(job: RelaxJob) -> dict:
     left_out: list[int] = []
     try:
         relaxed = relax_batch(
-            job.model, frames, fmax=job.fmax, steps=job.steps, device=job.device, precision=job.precision
+            job.model,
+            frames,
+            fmax=job.fmax,
+            steps=job.steps,
+            device=job.device,
+            precision=job.precision,
+            max_atoms=job.max_atoms,
         )
     except NonFiniteOutputError as exc:  # the others are relaxed: written, and the bad ones named below
         left_out = list(exc.indices)

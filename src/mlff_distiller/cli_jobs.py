@@ -129,6 +129,9 @@ class RelaxJob:
     output: str = "relaxed.extxyz"
     fmax: float = 0.05
     steps: int = 1000
+    # At most this many atoms in the batch at once (relax_batch's max_atoms): finished structures make room for the
+    # next. None: all at once.
+    max_atoms: int | None = None
     device: str | None = None
     precision: str = "fp32"
 
