@@ -11,12 +11,20 @@ from .linear import gemm, gemm_fusable, mlp, mlp_reference
 from .message_passing import message_passing, message_passing_reference
 from .painn_update import painn_update, painn_update_fusable, painn_update_reference
 from .rbf_cutoff import BASES, ENVELOPES, rbf_cutoff, rbf_cutoff_reference
-from .repulsion import pair_repulsion, pair_repulsion_reference, repulsion_table, wall_gate_reference, wall_touched
+from .repulsion import (
+    add_pair_repulsion,
+    pair_repulsion,
+    pair_repulsion_reference,
+    repulsion_table,
+    wall_gate_reference,
+    wall_touched,
+)
 
 __all__ = [
     "BACKENDS",
     "BASES",
     "ENVELOPES",
+    "add_pair_repulsion",
     "compile_ahead",
     "dry_run_active",
     "edge_basis",

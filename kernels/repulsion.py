@@ -48,6 +48,7 @@ from ._triton_utils import HAS_TRITON, check_launchable, tl, triton
 
 __all__ = [
     "K_E",
+    "add_pair_repulsion",
     "pair_repulsion",
     "pair_repulsion_reference",
     "repulsion_table",
@@ -267,10 +268,12 @@ if HAS_TRITON:
 
     @triton.jit
     def _pair_repulsion_fwd_kernel(
-        dist, ei, idx, batch, table, atomic, energy, gate_out, n_edges, n_species, BLOCK: tl.constexpr
-    ):
+        dist, ei, idx, batch, table, atomic, energy, gate_out, n_edges, n_species,
+        STORE_GATE: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
         offs, m, i, on, e, _, gate, _ = _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK)
-        tl.store(gate_out + offs, gate, mask=m)
+        if STORE_GATE:
+            tl.store(gate_out + offs, gate, mask=m)
         tl.atomic_add(atomic + i, e, mask=on)
         b = tl.load(batch + i, mask=on, other=0)
         tl.atomic_add(energy + b, e, mask=on)
@@ -297,6 +300,29 @@ if HAS_TRITON:
         tl.store(g_dist + offs, tl.where(on, out, 0.0), mask=m)
 
 
+def add_pair_repulsion(
+    atomic: Tensor, energy: Tensor, dist: Tensor, edge_index: Tensor, idx: Tensor, table: Tensor, batch: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``atomic [N]`` and ``energy [B]`` (the student's energies) plus the wall's (:func:`pair_repulsion`'s first two
+    outputs), differentiable twice in ``dist``. On the Triton path one copy of both inputs into one buffer and the
+    wall's forward adding into it: two launches where the op and two adds took four."""
+    if atomic.shape != idx.shape or energy.dim() != 1:
+        raise ValueError(
+            f"add_pair_repulsion: atomic [N] and energy [B] expected, got {tuple(atomic.shape)}, {tuple(energy.shape)}"
+        )
+    fused = (
+        edge_index.shape[1] > 0
+        and not torch.compiler.is_compiling()
+        and resolve_backend(dist.device) == "triton"
+        and atomic.dtype == energy.dtype == dist.dtype
+    )
+    if fused:
+        _n_species(table)
+        return _AddPairRepulsion.apply(atomic, energy, dist, edge_index, idx, table.to(dist.dtype), batch)
+    a, e, _ = pair_repulsion(dist, edge_index, idx, table, batch, energy.shape[0])
+    return atomic + a, energy + e
+
+
 def _launch(kernel, dist, edge_index, idx, table, batch, *tensors, **flags) -> None:
     check_launchable(kernel, dist)
     n_edges = edge_index.shape[1]
@@ -315,7 +341,7 @@ class _PairRepulsion(torch.autograd.Function):
         out = dist.new_zeros(n + num_structures)  # one fill for both sums
         atomic, energy = out[:n], out[n:]
         gate = torch.empty_like(dist)
-        _launch(_pair_repulsion_fwd_kernel, dist, edge_index, idx, table, batch, atomic, energy, gate)
+        _launch(_pair_repulsion_fwd_kernel, dist, edge_index, idx, table, batch, atomic, energy, gate, STORE_GATE=True)
         ctx.save_for_backward(dist, edge_index, idx, table, batch)
         # An output without a gradient stays None in the backward (the engine seeds only the energies): no
         # zeros to fill for it.
@@ -327,11 +353,46 @@ class _PairRepulsion(torch.autograd.Function):
         nothing = (None,) * 5
         if not ctx.needs_input_grad[0] or (g_atomic is None and g_energy is None and g_gate is None):
             return None, *nothing
-        dist, edge_index, idx, table, batch = ctx.saved_tensors
-        if torch.is_grad_enabled():  # the forces are differentiated again (training): the reference's ops
-            return _grad_reference(dist, edge_index, idx, table, batch, g_atomic, g_energy, g_gate), *nothing
-        g_dist = torch.empty_like(dist)
-        flags = {"HAS_GA": g_atomic is not None, "HAS_GE": g_energy is not None, "HAS_GG": g_gate is not None}
-        grads = [dist if g is None else g.to(dist.dtype).contiguous() for g in (g_atomic, g_energy, g_gate)]
-        _launch(_pair_repulsion_bwd_kernel, dist, edge_index, idx, table, batch, *grads, g_dist, **flags)
-        return g_dist, *nothing
+        return _dist_grad(ctx.saved_tensors, g_atomic, g_energy, g_gate), *nothing
+
+
+def _dist_grad(saved, g_atomic, g_energy, g_gate) -> Tensor:
+    """dL/d dist of the Triton ops from the saved ``(dist, edge_index, idx, table, batch)`` and the outputs'
+    gradients (None: zero; not all None)."""
+    dist, edge_index, idx, table, batch = saved
+    if torch.is_grad_enabled():  # the forces are differentiated again (training): the reference's ops
+        return _grad_reference(dist, edge_index, idx, table, batch, g_atomic, g_energy, g_gate)
+    g_dist = torch.empty_like(dist)
+    flags = {"HAS_GA": g_atomic is not None, "HAS_GE": g_energy is not None, "HAS_GG": g_gate is not None}
+    grads = [dist if g is None else g.to(dist.dtype).contiguous() for g in (g_atomic, g_energy, g_gate)]
+    _launch(_pair_repulsion_bwd_kernel, dist, edge_index, idx, table, batch, *grads, g_dist, **flags)
+    return g_dist
+
+
+class _AddPairRepulsion(torch.autograd.Function):
+    """:func:`add_pair_repulsion` on the Triton kernels: ``cat(atomic, energy)``, then the forward's atomics into
+    it; the backward passes the energies' gradients through and computes dL/d dist as :class:`_PairRepulsion`."""
+
+    @staticmethod
+    def forward(ctx, atomic, energy, dist, edge_index, idx, table, batch):
+        if not HAS_TRITON:
+            raise RuntimeError("the Triton pair repulsion needs triton installed; use MLFF_DISTILLER_KERNELS=torch")
+        dist, edge_index, idx = dist.contiguous(), edge_index.contiguous(), idx.contiguous()
+        table, batch = table.contiguous(), batch.contiguous()
+        n = atomic.shape[0]
+        out = torch.cat([atomic.detach(), energy.detach()])
+        total_atomic, total_energy = out[:n], out[n:]
+        _launch(
+            _pair_repulsion_fwd_kernel, dist, edge_index, idx, table, batch, total_atomic, total_energy, dist,
+            STORE_GATE=False,
+        )  # fmt: skip
+        ctx.save_for_backward(dist, edge_index, idx, table, batch)
+        ctx.set_materialize_grads(False)
+        return total_atomic, total_energy
+
+    @staticmethod
+    def backward(ctx, g_atomic, g_energy):
+        g_dist = None
+        if ctx.needs_input_grad[2] and (g_atomic is not None or g_energy is not None):
+            g_dist = _dist_grad(ctx.saved_tensors, g_atomic, g_energy, None)
+        return g_atomic, g_energy, g_dist, None, None, None, None

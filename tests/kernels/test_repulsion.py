@@ -269,3 +269,35 @@ def test_gated_basis_gradcheck_and_gradgradcheck(triton_device):
 
     assert torch.autograd.gradcheck(fn, (pos, shifts), fast_mode=True)
     assert torch.autograd.gradgradcheck(fn, (pos, shifts), fast_mode=True)
+
+
+@pytest.mark.skipif(not TRITON_DEVICES, reason="needs triton (the interpreter on the CPU, or CUDA)")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_add_pair_repulsion_is_the_sum_of_the_energies(dtype):
+    """``add_pair_repulsion`` (Triton: one copy of both inputs, the wall's atomics into it) against the student's
+    energies plus the reference op's: values, gradients wrt all three inputs with random weights, the second
+    derivative in dist; the inputs are left as they were."""
+    from mlff_distiller.kernels import add_pair_repulsion
+
+    for device in TRITON_DEVICES:
+        dist, edge_index, idx, table, batch = _random_graph(50, 3000, 4, 21, dtype, device)
+        atomic = torch.randn(50, dtype=dtype, device=device, requires_grad=True)
+        energy = torch.randn(4, dtype=dtype, device=device, requires_grad=True)
+        before = (atomic.detach().clone(), energy.detach().clone())
+        w_a, w_e = torch.randn_like(atomic), torch.randn_like(energy)
+        outs = {}
+        for backend in ("triton", "reference"):
+            if backend == "triton":
+                with use_backend("triton"):
+                    a, e = add_pair_repulsion(atomic, energy, dist, edge_index, idx, table, batch)
+            else:
+                ref_a, ref_e, _ = pair_repulsion_reference(dist, edge_index, idx, table, batch, 4)
+                a, e = atomic + ref_a, energy + ref_e
+            loss = (a * w_a).sum() + (e * w_e).sum()
+            g = torch.autograd.grad(loss, (atomic, energy, dist), create_graph=True)
+            (gg,) = torch.autograd.grad((g[2] * torch.cos(dist.detach())).sum(), dist)
+            outs[backend] = [x.detach() for x in (a, e, *g, gg)]
+        tol = dict(rtol=1e-11, atol=1e-9) if dtype == torch.float64 else dict(rtol=2e-5, atol=1e-2)
+        for got, want in zip(outs["triton"], outs["reference"], strict=True):
+            torch.testing.assert_close(got, want, **tol)
+        assert torch.equal(atomic.detach(), before[0]) and torch.equal(energy.detach(), before[1])

@@ -312,7 +312,7 @@ class StudentModel(nn.Module):
         """
         c = self.config
         idx = self.z_to_index[numbers]
-        wall, table = None, self.repulsion_table
+        table = self.repulsion_table
         # With a ZBL wall (kernels.repulsion) the basis comes times the wall's gate: inside the wall the student's
         # message fades out (the gate is exactly 1 outside it).
         dist, unit, rbf = kernels.edge_basis(
@@ -325,8 +325,8 @@ class StudentModel(nn.Module):
             c.envelope,
             wall=None if table is None else (idx, table),
         )
-        if table is not None and kernels.wall_touched(dist, edge_index, idx, table):  # the wall's energy
-            wall = kernels.pair_repulsion(dist, edge_index, idx, table, batch, num_structures)
+        # The wall's energy (below) only where an edge lies inside it: on CPU tensors decided here, else always.
+        wall = table is not None and kernels.wall_touched(dist, edge_index, idx, table)
         s = self.embedding(idx)
         v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
         for layer, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
@@ -347,8 +347,8 @@ class StudentModel(nn.Module):
             atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
             # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
             energy = atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
-        if wall is not None:
-            atomic, energy = atomic + wall[0], energy + wall[1]
+        if wall:
+            atomic, energy = kernels.add_pair_repulsion(atomic, energy, dist, edge_index, idx, table, batch)
         return {"energy": energy, "atomic_energies": atomic}
 
     # ------------------------------------------------------------------------------------------ persistence
