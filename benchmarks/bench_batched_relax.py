@@ -159,7 +159,7 @@ def main() -> None:
             "| how | seconds | ms per structure | converged | most steps |",
             "|---|---:|---:|---:|---:|",
         ]
-        for label, limit in (("all at once", None), (f"max_atoms={budget}", budget)):
+        for label, limit in (("all at once", None), (f"max_atoms={budget}", budget), ("max_atoms='auto'", "auto")):
             relax_batch(model, structures[:256], fmax=args.fmax, steps=1000, device=device, max_atoms=limit)
             sync(device)
             t0 = time.perf_counter()

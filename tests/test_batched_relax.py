@@ -89,6 +89,7 @@ def test_bad_input_is_named():
         ({"maxstep": float("nan")}, "maxstep must be"),
         ({"compact": 1.0}, "compact must be"),
         ({"max_atoms": 0}, "max_atoms must be"),
+        ({"max_atoms": "all"}, "max_atoms must be"),
     ):
         with pytest.raises(ValueError, match=match):
             relax_batch(model, [molecule("CH4")], **kwargs)
@@ -253,6 +254,49 @@ def test_max_atoms_streams_the_structures_through_the_batch(device, monkeypatch)
     with pytest.raises(ValueError, match="unknown element"):
         relax_batch(model, [*structures, molecule("NaCl")], max_atoms=16, **kw)
     assert sizes == []  # refused before the first step
+
+
+def test_out_of_memory_sets_structures_aside_and_loses_nothing(monkeypatch):
+    """A device out-of-memory error (here: any batch above 11 atoms from the 5th step on) halves the batch: the
+    structures beyond it wait with their state and come back; every structure ends exactly where it ends without
+    the error, except one that does not fit alone (benzene, 12 atoms), which is named with the others' results."""
+    import mlff_distiller.batched_relax as br
+    from mlff_distiller.batching import NonFiniteOutputError
+    from mlff_distiller.predict import clear_engine_cache
+
+    model = load_model("builtin:chno-gfn2")
+    names = ["CH4", "H2O", "CH3CH2OH", "NH3", "C6H6", "HCN", "CH3OH", "C2H2", "H2CO", "CH3NO2"]
+    structures = _rattled(names)
+    kw = dict(fmax=0.01, steps=60, precision="fp64")
+    whole = relax_batch(model, structures, **kw)
+    clear_engine_cache()
+    real, sizes = br.batch_engine, []
+
+    def small_memory(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        compute = engine.compute
+
+        def limited(batch, **kw2):
+            sizes.append(batch.num_atoms)
+            if len(sizes) > 5 and batch.num_atoms > 11:  # from the 5th step on: mid-relaxation
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return compute(batch, **kw2)
+
+        engine.compute = limited
+        return engine
+
+    monkeypatch.setattr(br, "batch_engine", small_memory)
+    with pytest.raises(NonFiniteOutputError, match=r"structure\(s\) \[4\] do not fit in the device's memory") as err:
+        relax_batch(model, structures, max_atoms=None, **kw)
+    assert err.value.indices == [4] and err.value.results[4] is None
+    assert sum(s > 11 for s in sizes) >= 3  # several errors, each halving the batch
+    for k, (got, want) in enumerate(zip(err.value.results, whole, strict=True)):
+        if k == 4:
+            continue
+        assert got.info["relax_steps"] == want.info["relax_steps"]
+        assert got.info["relax_converged"] == want.info["relax_converged"]
+        np.testing.assert_allclose(got.positions, want.positions, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(got.get_forces(), want.get_forces(), rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("compacting", [False, True])

@@ -58,7 +58,7 @@ def relax_batch(
     mode: str = "auto",
     check_domain: bool = True,
     compact: float = 0.5,
-    max_atoms: int | None = None,
+    max_atoms: int | str | None = "auto",
 ) -> list:
     """Relax every structure's positions with FIRE until its largest atomic force is below ``fmax`` (eV/Å).
 
@@ -81,7 +81,11 @@ def relax_batch(
             structure in the batch to the end. Each structure's path is the same either way.
         max_atoms: at most this many atoms in the batch at once (a memory bound: millions of structures need not
             fit in one step). The structures start in input order as the budget allows, and each one that finishes
-            makes room for the next (at least one structure at a time, however large). None: all at once.
+            makes room for the next (at least one structure at a time, however large). ``"auto"``: on CUDA the
+            atoms :func:`~mlff_distiller.predict_forces` would put in one batch (half the free memory by the
+            engine's estimate), elsewhere all at once; None: all at once. On a CUDA out-of-memory error the
+            structures beyond half the batch's atoms wait with their state and the budget stays halved; a structure
+            that does not fit alone is left out and named (nothing computed is lost).
         check_domain: with a student that stores its training envelope (:mod:`mlff_distiller.domain`), check the
             relaxed structures against it: a relaxation can end where the student never saw data (atoms pressed
             together, where an untrained student may have no repulsion). Those get ``info["domain"]`` (the
@@ -102,8 +106,8 @@ def relax_batch(
         raise ValueError(f"steps must be >= 0, got {steps}")
     if not 0 <= compact < 1:
         raise ValueError(f"compact must be a fraction in [0, 1), got {compact}")
-    if max_atoms is not None and (isinstance(max_atoms, bool) or int(max_atoms) < 1):
-        raise ValueError(f"max_atoms must be None or a number of atoms >= 1, got {max_atoms!r}")
+    if max_atoms is not None and max_atoms != "auto" and (not isinstance(max_atoms, int | np.integer) or max_atoms < 1):
+        raise ValueError(f"max_atoms must be 'auto', None or a number of atoms >= 1, got {max_atoms!r}")
     for name, value in (("dt", dt), ("maxstep", maxstep), ("dtmax", dtmax)):
         if not value > 0 or not np.isfinite(value):
             raise ValueError(f"{name} must be a finite number > 0, got {value}")
@@ -138,42 +142,75 @@ def relax_batch(
     # a run whose results so far would be lost. On the host; each part of the batch goes to the device as it starts.
     everything = AtomsBatch.from_atoms(structures, device="cpu", dtype=torch.float64)
     model.check_species(everything.numbers)
-    queue = _Queue(everything, dev, max_atoms)
-    batch = queue.take(max_atoms if max_atoms is not None else everything.num_atoms)
-    kw = dict(fmax=fmax, dt=dt, maxstep=maxstep, dtmax=dtmax, n_min=n_min, finc=finc, fdec=fdec, astart=astart, fa=fa)
-    fire = _Fire(batch, steps=steps, **kw)
+    queue = _Queue(everything, dev)
+    if max_atoms == "auto":  # the atoms predict_forces would put in one batch (half the free memory, on CUDA)
+        max_atoms = engine.atom_budget() if dev.type == "cuda" else None
+    limit = everything.num_atoms if max_atoms is None else int(max_atoms)
+    kw = dict(steps=steps, fmax=fmax, dt=dt, maxstep=maxstep, dtmax=dtmax, n_min=n_min, finc=finc, fdec=fdec)
+    kw |= dict(astart=astart, fa=fa)
+    batch = queue.take(limit)
+    fire = _Fire(batch, **kw)
     final = _Final(everything.ptr)  # each structure's result, written when it leaves the batch
     ids = torch.arange(batch.num_structures, device=dev)  # the input index of each structure in the batch
+    parked: list[tuple[torch.Tensor, AtomsBatch, _Fire]] = []  # structures set aside by an out-of-memory error
+    too_large: list[int] = []  # structures that do not fit in the device's memory alone
     while True:
-        out = engine.compute(batch)
-        fire.forces.copy_(out["forces"])
-        # ASE's FIRE per structure: its first step only accelerates from rest; a converged or failed structure,
-        # or one that took `steps` steps, does not move any more.
-        fire.step()
+        try:
+            out = engine.compute(batch) if batch.num_structures else None
+        except torch.OutOfMemoryError:
+            # The leading structures within half the atoms go on; the others wait with their state (nothing
+            # computed is lost). A structure that does not fit alone is left out and named at the end.
+            engine._lower_atom_budget(batch.num_atoms)
+            limit = max(1, min(limit, batch.num_atoms // 2))
+            order = torch.arange(batch.num_structures, device=dev)
+            # (at least the first structure, tried alone: it is too large only when it fails alone)
+            n_first = 0 if batch.num_structures == 1 else max(1, int((batch.ptr[1:] <= limit).sum()))
+            if n_first == 0:
+                too_large.append(int(ids[0]))
+            keep, wait = order < n_first, order >= max(n_first, 1)
+            if bool(wait.any()):
+                rest = _subset(batch, wait)
+                parked.insert(0, (ids[wait], rest, fire.subset(wait, rest)))
+            batch, ids = _subset(batch, keep), ids[keep]
+            fire = fire.subset(keep, batch)
+            continue
+        if out is not None:
+            fire.forces.copy_(out["forces"])
+            # ASE's FIRE per structure: its first step only accelerates from rest; a converged or failed
+            # structure, or one that took `steps` steps, does not move any more.
+            fire.step()
         finished = int(fire.done.sum())
-        if finished == batch.num_structures and queue.empty:
+        waiting = not queue.empty or bool(parked)
+        if finished == batch.num_structures and not waiting:
             break
-        if queue.empty:
+        if not waiting:
             if finished < (1.0 - compact) * batch.num_structures or batch.num_atoms < COMPACT_MIN_ATOMS:
                 continue
             # Most structures are done: those leave the batch (they do not move any more), so that the steps
             # left cost what the structures still relaxing cost. Each structure's path is unchanged (test).
-        elif finished < max(1.0, REFILL_AT * batch.num_structures):
+        elif batch.num_structures and finished < max(1.0, REFILL_AT * batch.num_structures):
             continue
-        # The finished structures leave; structures not started yet take their place (max_atoms).
-        final.keep(ids, batch, fire, out, fire.done)
+        # The finished structures leave; structures set aside or not started yet take their place (max_atoms).
+        if out is not None:
+            final.keep(ids, batch, fire, out, fire.done)
         keep = ~fire.done
         batch, ids = _subset(batch, keep), ids[keep]
-        budget = (max_atoms if max_atoms is not None else everything.num_atoms) - batch.num_atoms
-        start = queue.next
-        new = queue.take(budget, at_least_one=batch.num_structures == 0)
-        if new is not None:
-            ids = torch.cat([ids, torch.arange(start, queue.next, device=dev)])
-            batch = _concat(batch, new)
-        fire = fire.regroup(keep, batch)
-    final.keep(ids, batch, fire, out)
+        fire = fire.subset(keep, batch)
+        while parked and (batch.num_structures == 0 or batch.num_atoms + parked[0][1].num_atoms <= limit):
+            more_ids, more, more_fire = parked.pop(0)
+            batch, ids = _concat(batch, more), torch.cat([ids, more_ids])
+            fire = fire.merge(more_fire, batch)
+        if not parked:
+            start = queue.next
+            new = queue.take(limit - batch.num_atoms, at_least_one=batch.num_structures == 0)
+            if new is not None:
+                batch, ids = _concat(batch, new), torch.cat([ids, torch.arange(start, queue.next, device=dev)])
+                fire = fire.merge(_Fire(new, **kw), batch)
+    if batch.num_structures:
+        final.keep(ids, batch, fire, out)
     pos, forces, energies, energy = final.positions, final.forces, final.energies, final.energy
-    ptr, done, counts, bad = final.ptr, final.converged, final.taken, sorted(final.failed)
+    ptr, done, counts = final.ptr, final.converged, final.taken
+    bad = sorted(set(final.failed) | set(too_large))  # (too large: never computed; no result)
     relaxed = []
     for k, atoms in enumerate(structures):
         lo, hi = ptr[k], ptr[k + 1]
@@ -193,9 +230,12 @@ def relax_batch(
     if bad:
         from mlff_distiller.batching import NonFiniteOutputError
 
+        blew = [k for k in bad if k not in set(too_large)]
+        says = [f"structure(s) {blew[:20]} reached non-finite forces or energy (each stopped there)"] if blew else []
+        if too_large:
+            says.append(f"structure(s) {too_large[:20]} do not fit in the device's memory alone (not relaxed)")
         raise NonFiniteOutputError(
-            f"relax_batch: structure(s) {bad[:20]} reached non-finite forces or energy (each stopped there; the "
-            "others are relaxed, in this error's results)",
+            f"relax_batch: {'; '.join(says)}; the others are relaxed, in this error's results",
             indices=bad,
             results=[None if k in set(bad) else relaxed[k] for k in range(len(relaxed))],
         )
@@ -250,7 +290,7 @@ class _Queue:
     """The structures not started yet: consecutive ranges of the validated host batch, moved to the device as they
     start."""
 
-    def __init__(self, everything: AtomsBatch, device: torch.device, max_atoms: int | None) -> None:
+    def __init__(self, everything: AtomsBatch, device: torch.device) -> None:
         self.all, self.device, self.next = everything, device, 0
         self.ptr = everything.ptr.numpy()
 
@@ -362,26 +402,29 @@ class _Fire:
 
         self._capture = cuda_graphs_available(dev)
 
-    def regroup(self, keep: torch.Tensor, batch: AtomsBatch) -> _Fire:
-        """The state of the structures ``keep`` (``[B]`` bool), then fresh states for the structures ``batch``
-        holds after them (the batch :func:`_subset` and :func:`_concat` made): FIRE moving ``batch``'s positions,
-        its own captured step following."""
+    _PER_STRUCTURE = ("step_dt", "mix", "since_negative", "taken", "converged", "failed", "done")
+
+    def _with(self, batch: AtomsBatch, forces, vel, **per_structure) -> _Fire:
         new = object.__new__(_Fire)
         new.__dict__.update(self.__dict__)
-        atoms = keep.index_select(0, self.owner)
         new.b, new.owner, new.positions = batch.num_structures, batch.batch, batch.positions
-        add_atoms = batch.num_atoms - int(atoms.sum())
-        add = batch.num_structures - int(keep.sum())
-        f64 = {"dtype": torch.float64, "device": batch.positions.device}
-        new.forces = torch.zeros((batch.num_atoms, 3), **f64)
-        new.vel = torch.cat([self.vel[atoms], torch.zeros((add_atoms, 3), **f64)])
-        fresh = {"step_dt": self.dt0, "mix": self.astart, "since_negative": 0, "taken": 0}
-        fresh |= {"converged": False, "failed": False, "done": False}
-        for name, start in fresh.items():
-            old = getattr(self, name)
-            setattr(new, name, torch.cat([old[keep], torch.full((add,), start, dtype=old.dtype, device=old.device)]))
-        new._graph = None
+        new.forces, new.vel = forces, vel
+        for name, value in per_structure.items():
+            setattr(new, name, value)
+        new._graph = None  # its own captured step follows
         return new
+
+    def subset(self, keep: torch.Tensor, batch: AtomsBatch) -> _Fire:
+        """The state of the structures ``keep`` (``[B]`` bool) alone, moving ``batch``'s positions (the batch
+        :func:`_subset` made of them)."""
+        atoms = keep.index_select(0, self.owner)
+        rows = {name: getattr(self, name)[keep] for name in self._PER_STRUCTURE}
+        return self._with(batch, self.forces[atoms], self.vel[atoms], **rows)
+
+    def merge(self, other: _Fire, batch: AtomsBatch) -> _Fire:
+        """This state, then ``other``'s, moving ``batch``'s positions (the batch :func:`_concat` made of theirs)."""
+        rows = {name: torch.cat([getattr(self, name), getattr(other, name)]) for name in self._PER_STRUCTURE}
+        return self._with(batch, torch.cat([self.forces, other.forces]), torch.cat([self.vel, other.vel]), **rows)
 
     def _per_structure(self, x: torch.Tensor) -> torch.Tensor:  # Σ over each structure's atoms of a per-atom value
         return torch.zeros(self.b, dtype=torch.float64, device=x.device).index_add_(0, self.owner, x)

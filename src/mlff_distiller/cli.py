@@ -213,7 +213,7 @@ def make_parser() -> argparse.ArgumentParser:
         dest="max_atoms",
         type=int,
         help="at most this many atoms in the batch at once; finished structures make room for the next (default: "
-        "all at once)",
+        "on a GPU what half its free memory holds by the engine's estimate, else all at once)",
     )
     p.add_argument("--device")
     p.add_argument("--precision", help="fp32 (default) | fp64 (for fmax below ~1e-3) | tf32 | bf16 | fp16")

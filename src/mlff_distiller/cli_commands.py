@@ -436,7 +436,7 @@ def run_relax(job: RelaxJob) -> dict:
             steps=job.steps,
             device=job.device,
             precision=job.precision,
-            max_atoms=job.max_atoms,
+            max_atoms="auto" if job.max_atoms is None else job.max_atoms,
         )
     except NonFiniteOutputError as exc:  # the others are relaxed: written, and the bad ones named below
         left_out = list(exc.indices)

@@ -130,7 +130,7 @@ class RelaxJob:
     fmax: float = 0.05
     steps: int = 1000
     # At most this many atoms in the batch at once (relax_batch's max_atoms): finished structures make room for the
-    # next. None: all at once.
+    # next. None: relax_batch's "auto" (on CUDA the engine's memory plan; elsewhere all at once).
     max_atoms: int | None = None
     device: str | None = None
     precision: str = "fp32"
