@@ -301,3 +301,19 @@ def test_add_pair_repulsion_is_the_sum_of_the_energies(dtype):
         for got, want in zip(outs["triton"], outs["reference"], strict=True):
             torch.testing.assert_close(got, want, **tol)
         assert torch.equal(atomic.detach(), before[0]) and torch.equal(energy.detach(), before[1])
+
+
+def test_bad_wall_arguments_are_named():
+    from mlff_distiller.kernels import add_pair_repulsion, edge_basis
+
+    dist, edge_index, idx, table, batch = _random_graph(5, 6, 1, 3, torch.float64, "cpu")
+    pos = torch.rand(5, 3, dtype=torch.float64)
+    shifts = torch.zeros(6, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="species indices must be integers"):
+        edge_basis(pos, edge_index, shifts, 4, 5.0, wall=(idx.double(), table))
+    with pytest.raises(ValueError, match="species indices must be integers"):
+        edge_basis(pos, edge_index, shifts, 4, 5.0, wall=(idx[:4], table))
+    with pytest.raises(ValueError, match="table"):
+        edge_basis(pos, edge_index, shifts, 4, 5.0, wall=(idx, table[:5]))
+    with pytest.raises(ValueError, match=r"atomic \[N\] and energy \[B\]"):
+        add_pair_repulsion(torch.zeros(4), torch.zeros(1), dist, edge_index, idx, table, batch)
