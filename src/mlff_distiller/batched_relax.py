@@ -33,8 +33,10 @@ __all__ = ["COMPACT_MIN_ATOMS", "REFILL_AT", "relax_batch"]
 # kernel launches, not its atoms, and a new batch shape costs a list build (and on a GPU, a bucket's capture).
 COMPACT_MIN_ATOMS = 2048
 # With structures waiting (max_atoms), the finished ones are replaced once this fraction of the batch is done: each
-# regrouping costs a list build and a capture of FIRE's step, so not at every structure.
-REFILL_AT = 0.25
+# regrouping costs a list build and a capture of FIRE's step (and a new batch shape, a bucket's capture), so not at
+# every structure. 16,384 g2 molecules on an H100: 0.1 was 1.3-2.8x slower than 0.5, 0.25 in between
+# (benchmarks/results/relax_stream_h100/probe_relax_stream.md).
+REFILL_AT = 0.5
 
 
 @torch.no_grad()
