@@ -504,6 +504,14 @@ def test_a_blown_up_replica_is_frozen_and_the_others_go_on(device, ensemble, val
     atoms = md.get_atoms()
     assert atoms[1].info.get("frozen") and not atoms[0].info.get("frozen") and not atoms[2].info.get("frozen")
     assert md.temperatures()[1] == 0.0
+    # No NaN leaves in a frame: frozen by a NaN, the replica's frame holds its geometry and no student numbers;
+    # frozen by a large force, it keeps them.
+    results = {k: r for k, _, r in md.states()}
+    if np.isfinite(value):
+        assert results[1]["forces"].max() == value and np.isfinite(results[1]["energy"])
+    else:
+        assert results[1] == {} and atoms[1].calc.results == {}
+    assert np.isfinite(results[0]["energy"]) and np.isfinite(results[2]["forces"]).all()
 
 
 def test_without_freeze_force_a_blow_up_stops_the_run():

@@ -396,9 +396,10 @@ class BatchedMD:
 
     def states(self, indices: Sequence[int] | None = None):
         """``(index, atoms, results)`` per replica (all, or ``indices``): ``atoms`` with the current positions and
-        momenta, ``results`` its ``energy``, ``free_energy``, ``forces`` and ``energies``. One host copy of the whole
-        state; the ``atoms`` objects are reused from call to call (``mlff-distill md`` writes them as they come):
-        :meth:`get_atoms` gives copies to keep."""
+        momenta, ``results`` its ``energy``, ``free_energy``, ``forces`` and ``energies``, or no results for a
+        replica frozen by a non-finite force (``freeze_force``): nothing non-finite leaves here. One host copy of the
+        whole state; the ``atoms`` objects are reused from call to call (``mlff-distill md`` writes them as they
+        come): :meth:`get_atoms` gives copies to keep."""
         self._ensure_forces()
         pos = self._batch.positions.cpu().numpy()
         mom = self._momenta.cpu().numpy()
@@ -417,6 +418,8 @@ class BatchedMD:
             e = float(energy[k])
             results = {"energy": e, "free_energy": e, "forces": forces[lo:hi].copy()}
             results["energies"] = energies[lo:hi].copy()
+            if k in frozen and not (np.isfinite(e) and np.isfinite(results["forces"]).all()):
+                results = {}  # frozen by a non-finite force: the geometry, no student numbers, is what is left
             yield k, atoms, results
 
     # ------------------------------------------------------------------------------------------------ steps

@@ -1,4 +1,5 @@
-"""``mlff-distill``: label, train, evaluate, predict, run MD and check (do the students agree?) from the command line.
+"""``mlff-distill``: label, train, evaluate, predict, run MD, relax, check (do the students agree?) and harvest (the
+frames worth a teacher label) from the command line.
 
 Every subcommand is described by a dataclass (``LabelJob``, ``TrainJob``, ...). Values come from, in
 rising priority: the dataclass defaults, a YAML file (``--config``), ``--set dotted.key=value`` overrides
@@ -21,12 +22,41 @@ import yaml
 
 from mlff_distiller._committee_defaults import DEFAULT_COMMITTEE, DISAGREEMENT_THRESHOLD
 
-__all__ = ["CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "RelaxJob", "TrainJob", "main"]
+__all__ = [
+    "CheckJob",
+    "EvaluateJob",
+    "HarvestJob",
+    "LabelJob",
+    "MDJob",
+    "PredictJob",
+    "RelaxJob",
+    "TrainJob",
+    "main",
+]
 
 if TYPE_CHECKING:
-    from mlff_distiller.cli_jobs import CheckJob, EvaluateJob, LabelJob, MDJob, PredictJob, RelaxJob, TrainJob
+    from mlff_distiller.cli_jobs import (
+        CheckJob,
+        EvaluateJob,
+        HarvestJob,
+        LabelJob,
+        MDJob,
+        PredictJob,
+        RelaxJob,
+        TrainJob,
+    )
 
-_JOB_NAMES = {"JOBS", "CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "RelaxJob", "TrainJob"}
+_JOB_NAMES = {
+    "JOBS",
+    "CheckJob",
+    "EvaluateJob",
+    "HarvestJob",
+    "LabelJob",
+    "MDJob",
+    "PredictJob",
+    "RelaxJob",
+    "TrainJob",
+}
 
 
 def __getattr__(name: str):
@@ -96,11 +126,26 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=int, help="processes, split by seed structure (default 1)")
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
+    p.add_argument(
+        "--as-given",
+        dest="as_given",
+        action="store_const",
+        const=True,
+        help="label each seed structure as it is, nothing else (no MD, no rattles): e.g. the frames of "
+        "mlff-distill harvest",
+    )
 
     p = sub.add_parser("train", help="train a student on labelled frames")
     _add_common(p)
-    p.add_argument("--data", help="label directory, .db or extxyz with energies and forces")
-    p.add_argument("--val-data", dest="val_data", help="separate validation frames (else split from --data)")
+    p.add_argument(
+        "--data",
+        action="append",
+        help="label directory, .db or extxyz with energies and forces; repeat it to train on several (e.g. the "
+        "original labels and a fine-tuning round's)",
+    )
+    p.add_argument(
+        "--val-data", dest="val_data", action="append", help="separate validation frames (else split from --data)"
+    )
     p.add_argument("--out", help="run directory (best.pt, last.pt, train_state.pt, history.json)")
     p.add_argument("--resume", action="store_const", const=True, help="continue from OUT/train_state.pt")
     p.add_argument(
@@ -235,6 +280,17 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="also write every structure's numbers here (JSON)")
     p.add_argument("--device")
     p.add_argument("--precision", help="fp64 | fp32 | tf32 | bf16 | fp16")
+
+    p = sub.add_parser(
+        "harvest",
+        help="frames of a student's MD where each trajectory first went wrong (frozen; with --model also outside its "
+        "training data), to label with --as-given and fine-tune on",
+    )
+    _add_common(p)
+    p.add_argument("--input", help="trajectory file of mlff-distill md (several replicas: info 'replica', 'frozen')")
+    p.add_argument("--output", help="picked frames, extxyz (info 'harvest': frozen | outside | before)")
+    p.add_argument("--before", type=int, help="frames of the same trajectory written before the first bad one (4)")
+    p.add_argument("--model", help="also pick the first frame outside this student's training envelope")
 
     sub.add_parser("models", help="the built-in students (builtin:NAME): size, elements and measured accuracy")
     return parser

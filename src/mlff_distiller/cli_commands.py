@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mlff_distiller.cli import CheckJob, EvaluateJob, LabelJob, MDJob, PredictJob, RelaxJob, TrainJob
+    from mlff_distiller.cli import CheckJob, EvaluateJob, HarvestJob, LabelJob, MDJob, PredictJob, RelaxJob, TrainJob
 
 __all__ = ["RUNNERS", "run_models"]
 
@@ -20,6 +20,12 @@ def run_label(job: LabelJob) -> dict:
     from mlff_distiller.distill.seeds import load_seeds
 
     student = committee = None
+    if job.as_given:
+        if job.on_policy_round is not None:
+            raise ValueError("--as-given labels the seed structures as they are; an on-policy round runs MD from them")
+        job = dataclasses.replace(
+            job, sampling=dataclasses.replace(job.sampling, label_seeds=True, md_steps=0, rattle_per_seed=0)
+        )
     if job.committee is not None and job.on_policy_round is None:
         raise ValueError("--committee selects the frames of an on-policy round: give --on-policy-round too")
     if job.on_policy_round is not None:
@@ -60,28 +66,47 @@ def run_label(job: LabelJob) -> dict:
     return dataclasses.asdict(report)
 
 
+def _read_labelled(data: str | list[str]) -> list:
+    """The labelled frames of one source or several (``--data A --data B``: e.g. the original labels and a fine-tuning
+    round's). With several, each frame's ``task`` is prefixed by its source's position, so that the train/validation
+    split, which keeps a task's frames on one side, never joins two sources' tasks of the same name."""
+    from mlff_distiller.distill.labelling import read_frames
+
+    sources = [data] if isinstance(data, str) else list(data)
+    if not sources:
+        raise ValueError("no labelled data given (--data)")
+    if len(sources) == 1:
+        return read_frames(sources[0])
+    frames = []
+    for k, source in enumerate(sources):
+        for n, atoms in enumerate(read_frames(source)):
+            atoms.info["task"] = f"{k}:{atoms.info.get('task', f'frame{n}')}"
+            frames.append(atoms)
+    return frames
+
+
 def run_train(job: TrainJob) -> dict:
     import shutil
 
     from mlff_distiller.checkpoint import load_model
     from mlff_distiller.distill.dataset import split_frames
-    from mlff_distiller.distill.labelling import read_frames
     from mlff_distiller.distill.training import train
 
-    frames = read_frames(job.data)
+    data = job.data if isinstance(job.data, str) else ", ".join(job.data)
+    frames = _read_labelled(job.data)
     if job.val_data:
-        train_frames, val_frames = frames, read_frames(job.val_data)
+        train_frames, val_frames = frames, _read_labelled(job.val_data)
     else:
         train_frames, val_frames = split_frames(frames, job.val_fraction, seed=job.split_seed)
         if not val_frames:
             groups = len({a.info.get("task", ("frame", k)) for k, a in enumerate(frames)})
             raise ValueError(
-                f"no validation frames: the split keeps each trajectory on one side, and {job.data} holds "
+                f"no validation frames: the split keeps each trajectory on one side, and {data} holds "
                 f"{groups} trajector{'y' if groups == 1 else 'ies'} with val_fraction {job.val_fraction}; label more "
                 "(temperatures, replicas or rattles), raise val_fraction, or pass --val-data"
             )
     init = load_model(job.init_model) if job.init_model else None
-    meta = {"teacher": job.teacher, "data": str(job.data), "train_frames": len(train_frames)}
+    meta = {"teacher": job.teacher, "data": data, "train_frames": len(train_frames)}
     if job.init_model:
         meta["init_model"] = str(job.init_model)
     result = train(train_frames, val_frames, job.train, job.out, model=init, resume=job.resume, metadata=meta)
@@ -377,11 +402,10 @@ def _run_md_batched(job: MDJob, frames: list) -> dict:
         def write(md: BatchedMD) -> None:
             kinetic = md.kinetic_energies()
             for k, atoms, results in md.states():
-                info = {
-                    "time_fs": t_start[k] + md.time_fs,
-                    "total_energy": results["energy"] + float(kinetic[k]),
-                    "replica": k,
-                }
+                info = {"time_fs": t_start[k] + md.time_fs}
+                if "energy" in results:  # none for a replica frozen by a non-finite force
+                    info["total_energy"] = results["energy"] + float(kinetic[k])
+                info["replica"] = k
                 text = None if traj else format_md_frame(atoms, results, info)
                 if text is not None:
                     handle.write(text)
@@ -564,8 +588,41 @@ def run_models() -> list[dict]:
     return out
 
 
+def run_harvest(job: HarvestJob) -> dict:
+    import ase.io
+
+    from mlff_distiller.harvest import harvest
+
+    frames = _read_structures(job.input)
+    if Path(job.output).exists() and Path(job.output).resolve() == Path(_split_index(job.input)[0]).resolve():
+        raise ValueError(f"output {job.output} is the input file; write the picked frames to another file")
+    envelope = None
+    if job.model:
+        from mlff_distiller.checkpoint import load_model
+        from mlff_distiller.domain import DomainEnvelope
+
+        envelope = DomainEnvelope.of_model(load_model(job.model))
+        if envelope is None:
+            raise ValueError(f"{job.model} stores no training envelope; harvest without --model picks frozen frames")
+    report = harvest(frames, before=job.before, envelope=envelope)
+    Path(job.output).parent.mkdir(parents=True, exist_ok=True)
+    ase.io.write(job.output, report.frames, format="extxyz")
+    return {
+        "frames_read": len(frames),
+        "trajectories": report.trajectories,
+        "frozen": report.frozen,
+        "outside": report.outside,
+        "nonfinite": report.nonfinite,
+        "frames_written": len(report.frames),
+        "output": job.output,
+        "examples": {str(k): why for k, why in list(report.reasons.items())[:5]},  # replica: first bad frame
+        "next": f"mlff-distill label --seeds {job.output} --as-given --teacher TEACHER --out LABELS",
+    }
+
+
 RUNNERS = {
     "check": run_check,
+    "harvest": run_harvest,
     "label": run_label,
     "train": run_train,
     "evaluate": run_evaluate,

@@ -13,7 +13,17 @@ from mlff_distiller._committee_defaults import DEFAULT_COMMITTEE, DISAGREEMENT_T
 from mlff_distiller.distill.sampling import SamplingConfig
 from mlff_distiller.distill.training import TrainConfig
 
-__all__ = ["JOBS", "CheckJob", "EvaluateJob", "LabelJob", "MDJob", "PredictJob", "RelaxJob", "TrainJob"]
+__all__ = [
+    "JOBS",
+    "CheckJob",
+    "EvaluateJob",
+    "HarvestJob",
+    "LabelJob",
+    "MDJob",
+    "PredictJob",
+    "RelaxJob",
+    "TrainJob",
+]
 
 
 @dataclass(kw_only=True)
@@ -30,14 +40,17 @@ class LabelJob:
     committee: str | None = None
     progress: bool = True
     workers: int = 1
+    # Label the seed structures as they are and nothing else (sampling.label_seeds, no MD, no rattles): frames
+    # picked by `mlff-distill harvest` or by hand.
+    as_given: bool = False
 
 
 @dataclass(kw_only=True)
 class TrainJob:
     """``train``: fit a student to labelled frames; writes ``out/best.pt`` and optionally ``export``."""
 
-    data: str = "labels"
-    val_data: str | None = None
+    data: str | list[str] = "labels"  # one source or several (`--data A --data B`), read in order
+    val_data: str | list[str] | None = None
     val_fraction: float = 0.1
     split_seed: int = 0
     out: str = "runs/student"
@@ -149,6 +162,18 @@ class CheckJob:
     precision: str = "fp32"
 
 
+@dataclass(kw_only=True)
+class HarvestJob:
+    """``harvest``: the frames of a student's MD where each trajectory first went wrong (frozen, or with ``model``
+    outside that student's training envelope), and ``before`` frames before it, written for ``label --as-given``
+    (:mod:`mlff_distiller.harvest`)."""
+
+    input: str = ""
+    output: str = "harvest.extxyz"
+    before: int = 4
+    model: str | None = None
+
+
 JOBS = {
     "label": LabelJob,
     "train": TrainJob,
@@ -157,4 +182,5 @@ JOBS = {
     "md": MDJob,
     "relax": RelaxJob,
     "check": CheckJob,
+    "harvest": HarvestJob,
 }

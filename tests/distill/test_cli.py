@@ -15,7 +15,9 @@ from mlff_distiller.distill import read_frames
 from mlff_distiller.distill.config import from_dict
 
 
-@pytest.mark.parametrize("command", ["label", "train", "evaluate", "predict", "md", "check", "models"])
+@pytest.mark.parametrize(
+    "command", ["label", "train", "evaluate", "predict", "md", "relax", "check", "harvest", "models"]
+)
 def test_help(command, capsys):
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])
@@ -98,6 +100,8 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert "unknown key(s) ['bogus']" in capsys.readouterr().err
     assert main(["train", "--set", "train.lr=-1"]) == 2
     assert "lr must be > 0" in capsys.readouterr().err
+    assert main(["train", "--set", "train.lr=fast"]) == 2
+    assert "train config.train.lr: expected a number, got 'fast'" in capsys.readouterr().err
     assert main(["label", "--teacher", "emt", "--seeds", "molecule:NotAMolecule", "--out", str(tmp_path)]) == 2
     assert "unknown molecule" in capsys.readouterr().err
     assert main(["train", "--data", str(tmp_path / "missing")]) == 2
@@ -123,6 +127,20 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
         assert main(args) == 2, args
         err = capsys.readouterr().err
         assert f"mlff-distill {args[0]}: error:" in err and says in err, (args, err)
+
+
+def test_numbers_yaml_reads_as_text_are_numbers_where_a_number_is_wanted():
+    """YAML 1.1 (PyYAML) reads ``1e-4`` and ``1E4`` as strings (no dot); a float setting takes them as numbers, in
+    a config file and in ``--set``, and refuses other text by name."""
+    from mlff_distiller.cli_jobs import LabelJob, TrainJob
+
+    job = from_dict(TrainJob, {"train": yaml.safe_load("lr: 1e-4\nweight_decay: 5E-6\nenergy_weight: 16")})
+    assert (job.train.lr, job.train.weight_decay, job.train.energy_weight) == (1e-4, 5e-6, 16)
+    job = from_dict(LabelJob, {"sampling": {"max_force": "1e4", "rattle_std": ".05"}})
+    assert (job.sampling.max_force, job.sampling.rattle_std) == (1e4, 0.05)
+    with pytest.raises(ValueError, match=r"LabelJob.sampling.max_force: expected a number, got '1e4x'"):
+        from_dict(LabelJob, {"sampling": {"max_force": "1e4x"}})
+    assert from_dict(LabelJob, {"seeds": "1e4"}).seeds == "1e4"  # text where text is wanted stays text
 
 
 def test_yaml_configs_in_repo_are_valid():

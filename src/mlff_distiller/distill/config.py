@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -35,11 +36,26 @@ def from_dict(cls: type[T], data: dict | None, *, where: str = "") -> T:
         sub = _dataclass_of(hints.get(name))
         if sub is not None and value is not None and not dataclasses.is_dataclass(value):
             value = from_dict(sub, value, where=f"{where}.{name}")
+        elif isinstance(value, str) and _takes_float(hints.get(name)):
+            if not _FLOAT_TEXT.fullmatch(value.strip()):
+                raise ValueError(f"{where}.{name}: expected a number, got {value!r}")
+            value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; a float field means the number
         kwargs[name] = value
     try:
         return cls(**kwargs)
     except TypeError as exc:
         raise ValueError(f"{where}: {exc}") from exc
+
+
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _takes_float(hint) -> bool:
+    if hint is float:
+        return True
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return float in typing.get_args(hint)
+    return False
 
 
 def _dataclass_of(hint) -> type | None:

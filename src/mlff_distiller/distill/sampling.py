@@ -8,6 +8,8 @@ A labelling run is a deterministic list of :class:`Task` s; each task yields num
 * ``rattle``: the seed with Gaussian displacements (σ = ``rattle_std`` Å), labelled by the teacher.
 * ``onpolicy``: a Langevin trajectory driven by the *student*; the teacher relabels the visited geometries, so
   the student learns where it actually goes wrong.
+* ``given``: the seed structure itself, labelled by the teacher as it is (``label_seeds``): frames picked elsewhere,
+  e.g. by ``mlff-distill harvest`` from the replicas that a student's MD froze or drove out of its data.
 
 Every task owns a random generator seeded from ``(config.seed, task key)``, so re-running a task reproduces
 the same frames bit for bit: that is what makes labelling resumable (see :mod:`.labelling`).
@@ -59,6 +61,9 @@ class SamplingConfig:
         hvp: also label a Hessian-vector product per frame by central finite differences of teacher forces.
         hvp_eps: finite-difference step along the unit direction, Å.
         seed: base random seed.
+        label_seeds: also label each seed structure as it is (one ``given`` task per seed, before its MD and
+            rattles). With ``md_steps=0`` and ``rattle_per_seed=0`` (``mlff-distill label --as-given``) a run labels
+            exactly the structures it is given, each dropped if the teacher finds it unphysical (``max_force``).
         select_disagreement: on-policy rounds with a committee student (``label(..., committee=...)``): label only
             the visited frames where the driving student's and the committee's forces differ by more than this
             (mean absolute, meV/Å; see :mod:`mlff_distiller.committee`), so the teacher is called where the
@@ -79,6 +84,7 @@ class SamplingConfig:
     hvp: bool = False
     hvp_eps: float = 0.005
     seed: int = 0
+    label_seeds: bool = False
     select_disagreement: float = 0.0
 
     def __post_init__(self) -> None:
@@ -106,7 +112,7 @@ class Task:
     """One unit of labelling work; ``key`` is unique and stable across runs."""
 
     key: str
-    kind: str  # "md" | "rattle" | "onpolicy"
+    kind: str  # "md" | "rattle" | "onpolicy" | "given"
     seed_index: int
     temperature: float = 0.0
     replica: int = 0
@@ -118,6 +124,8 @@ def make_tasks(seeds: Sequence[Atoms], config: SamplingConfig, *, on_policy_roun
         raise ValueError("sampling needs at least one seed structure")
     tasks: list[Task] = []
     for s in range(len(seeds)):
+        if config.label_seeds and on_policy_round is None:
+            tasks.append(Task(f"given/s{s:04d}", "given", s))
         for t in config.temperatures:
             for r in range(int(config.replicas)):
                 if int(config.md_steps) < int(config.sample_every):
@@ -215,6 +223,14 @@ def run_task(
 
     rng = task_rng(config, task.key)
     hvp_rng = task_rng(config, task.key + "/hvp")
+    if task.kind == "given":
+        energy, forces, stress = _teacher_label(seed, teacher)
+        if _physical(seed, forces, energy, config):
+            frame = _labelled(seed, energy, forces, stress)
+            if config.hvp:
+                _add_hvp(frame, teacher, config, hvp_rng)
+            yield 0, frame
+        return
     if task.kind == "rattle":
         atoms = seed.copy()
         if config.rattle_strain > 0 and seed.pbc.all():

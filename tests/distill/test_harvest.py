@@ -1,0 +1,196 @@
+"""The fine-tuning loop from a student's own MD: ``harvest`` picks where each trajectory first went wrong, ``label
+--as-given`` labels those frames as they are, ``train --data OLD --data NEW --init-model`` fine-tunes on both."""
+
+import json
+
+import ase.io
+import numpy as np
+import pytest
+from ase import Atoms
+from ase.build import molecule
+from ase.calculators.emt import EMT
+from distill_helpers import emt_seeds
+
+from mlff_distiller import load_model
+from mlff_distiller.cli import main
+from mlff_distiller.distill import SamplingConfig, label, read_frames
+from mlff_distiller.distill.sampling import make_tasks
+from mlff_distiller.domain import DomainEnvelope
+from mlff_distiller.harvest import harvest
+
+
+def _trajectories(n_frames=6):
+    """Frames as ``mlff-distill md`` writes them for 4 replicas (time-major): replica 1 frozen from its frame 4 on,
+    replica 2 with a pair squeezed to 0.5 Å in its frame 2, replica 3 with non-finite positions from its frame 3
+    (a run without freeze_force), replica 0 fine throughout."""
+    rng = np.random.default_rng(0)
+    base = molecule("H2O")
+    frames = []
+    for t in range(n_frames):
+        for r in range(4):
+            a = base.copy()
+            a.positions += rng.normal(0.0, 0.02, a.positions.shape)
+            a.info.update(time_fs=2.0 * t, replica=r)
+            if r == 1 and t >= 4:
+                a.info["frozen"] = True
+            if r == 2 and t == 2:
+                a.positions[1] = a.positions[0] + [0.5, 0.0, 0.0]
+            if r == 3 and t >= 3:
+                a.positions[:] = np.nan
+            frames.append(a)
+    return frames
+
+
+def _envelope():
+    rng = np.random.default_rng(1)
+    data = []
+    for _ in range(8):
+        a = molecule("H2O")
+        a.positions += rng.normal(0.0, 0.02, a.positions.shape)
+        data.append(a)
+    return DomainEnvelope.from_frames(data, cutoff=4.0)
+
+
+def test_harvest_picks_each_trajectory_first_bad_frame_and_those_before_it():
+    frames = _trajectories()
+    at = {(f.info["replica"], int(f.info["time_fs"] // 2)): f for f in frames}
+    report = harvest(frames, before=2, envelope=_envelope())
+    picked = [(f.info["replica"], int(f.info["time_fs"] // 2), f.info["harvest"]) for f in report.frames]
+    assert picked == [
+        (1, 2, "before"),
+        (1, 3, "before"),
+        (1, 4, "frozen"),
+        (2, 0, "before"),
+        (2, 1, "before"),
+        (2, 2, "outside"),
+        (3, 1, "before"),
+        (3, 2, "before"),  # the non-finite frame itself is not picked
+    ]
+    assert (report.trajectories, report.frozen, report.outside, report.nonfinite) == (4, 1, 1, 1)
+    assert report.reasons[1] == "frozen" and "H-O pair at 0.50" in report.reasons[2]
+    assert report.reasons[3] == "non-finite positions" and 0 not in report.reasons
+    for f in report.frames:  # the geometry and where it came from, no student results
+        src = at[(f.info["replica"], int(f.info["time_fs"] // 2))]
+        np.testing.assert_array_equal(f.positions, src.positions)
+        np.testing.assert_array_equal(f.numbers, src.numbers)
+        assert f.calc is None and "frozen" not in f.info
+
+
+def test_harvest_options():
+    frames = _trajectories()
+    # Without an envelope only the frozen and the non-finite trajectories count.
+    report = harvest(frames, before=1)
+    assert [(f.info["replica"], f.info["harvest"]) for f in report.frames] == [
+        (1, "before"),
+        (1, "frozen"),
+        (3, "before"),
+    ]
+    assert report.outside == 0
+    report = harvest(frames, before=0, envelope=_envelope())
+    assert [f.info["harvest"] for f in report.frames] == ["frozen", "outside"]
+    with pytest.raises(ValueError, match="before must be >= 0"):
+        harvest(frames, before=-1)
+    # A file without replica numbers is one trajectory: its first bad frame ends it.
+    single = [f for f in frames if f.info["replica"] == 2]
+    for f in single:
+        del f.info["replica"]
+    report = harvest(single, before=5, envelope=_envelope())
+    assert [f.info["harvest"] for f in report.frames] == ["before", "before", "outside"] and report.trajectories == 1
+    # A frozen replica's frame written before the freeze was noticed has the frozen geometry: not picked twice.
+    twin = [f.copy() for f in _trajectories() if f.info["replica"] == 1]
+    twin[3].positions = twin[4].positions
+    assert [f.info["harvest"] for f in harvest(twin, before=2).frames] == ["before", "frozen"]
+
+
+def test_label_as_given_labels_exactly_the_structures_given(tmp_path):
+    """``label_seeds`` with no MD and no rattles: one frame per seed, the seed's own geometry with the teacher's
+    numbers; a frame the teacher finds unphysical is dropped; a second run resumes and adds nothing."""
+    seeds = emt_seeds()
+    squeezed = molecule("H2O")
+    squeezed.positions[1] = squeezed.positions[0] + [0.3, 0.0, 0.0]  # closer than MIN_PAIR_DISTANCE
+    config = SamplingConfig(label_seeds=True, md_steps=0, rattle_per_seed=0)
+    assert [t.key for t in make_tasks([*seeds, squeezed], config)] == [f"given/s{s:04d}" for s in range(4)]
+    with_md = SamplingConfig(label_seeds=True, md_steps=8, sample_every=4, temperatures=[300.0], rattle_per_seed=1)
+    assert [t.kind for t in make_tasks(seeds[:1], with_md)] == ["given", "md", "rattle"]
+    assert [t.kind for t in make_tasks(seeds[:1], with_md, on_policy_round=1)] == ["onpolicy"]
+    report = label([*seeds, squeezed], "emt", tmp_path, config, progress=False)
+    frames = read_frames(tmp_path)
+    assert report.written == 3 and len(frames) == 3
+    for seed, frame in zip(seeds, frames, strict=True):
+        np.testing.assert_array_equal(frame.positions, seed.positions)
+        ref = seed.copy()
+        ref.calc = EMT()
+        assert frame.get_potential_energy() == pytest.approx(ref.get_potential_energy(), abs=1e-10)
+        np.testing.assert_allclose(frame.get_forces(), ref.get_forces(), atol=1e-10)
+        assert frame.info["kind"] == "given"
+    assert label([*seeds, squeezed], "emt", tmp_path, config, progress=False).written == 0
+
+
+def test_the_loop_from_the_command_line(tmp_path, capsys, emt_labels):
+    """md with --freeze-force -> harvest -> label --as-given -> train on both label sets from the student."""
+    start = tmp_path / "start.xyz"
+    squeezed = molecule("H2O")
+    squeezed.positions[1] = squeezed.positions[0] + [0.0, 0.0, 0.6]  # an O-H pair deep in the student's wall
+    ase.io.write(start, [molecule("CH4"), squeezed])
+    hot = tmp_path / "hot.extxyz"
+    model = "builtin:chno-gfn2"
+    md = ["md", "--model", model, "--input", f"{start}@:", "--replicas", "2", "--steps", "6", "--interval", "2"]
+    md += ["--freeze-force", "50", "--device", "cpu", "--output", str(hot)]
+    assert main(md) == 0
+    assert json.loads(capsys.readouterr().out)["frozen"] == [2, 3]  # the squeezed water's two replicas
+    picked = tmp_path / "picked.extxyz"
+    assert main(["harvest", "--input", str(hot), "--output", str(picked), "--model", model]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["trajectories"], summary["frozen"], summary["outside"]) == (4, 2, 0)
+    frames = ase.io.read(picked, index=":")
+    assert [(f.info["replica"], f.info["harvest"]) for f in frames] == [(2, "frozen"), (3, "frozen")]
+    np.testing.assert_allclose(frames[0].positions, squeezed.positions, atol=1e-6)
+    new = tmp_path / "round1"
+    args = ["label", "--teacher", "emt", "--seeds", str(picked), "--as-given", "--out", str(new), "--no-progress"]
+    assert main([*args, "--set", "sampling.max_force=1e4"]) == 0
+    assert json.loads(capsys.readouterr().out)["written"] == 2
+    assert main([*args, "--on-policy-round", "1", "--student", model]) == 2
+    assert "--as-given labels the seed structures as they are" in capsys.readouterr().err
+    run = tmp_path / "run"
+    train = ["train", "--data", str(emt_labels), "--data", str(new), "--init-model", model, "--out", str(run)]
+    for s in ("train.max_steps=2", "train.device=cpu", "train.refit_energy_reference=true", "val_fraction=0.3"):
+        train += ["--set", s]
+    assert main(train) == 0
+    capsys.readouterr()
+    meta = load_model(run / "best.pt").metadata
+    assert meta["data"] == f"{emt_labels}, {new}"
+    assert meta["train_frames"] + _val_frames(emt_labels, new) == len(read_frames(emt_labels)) + 2
+
+
+def _val_frames(*sources) -> int:
+    from mlff_distiller.cli_commands import _read_labelled
+    from mlff_distiller.distill import split_frames
+
+    return len(split_frames(_read_labelled([str(s) for s in sources]), 0.3, seed=0)[1])
+
+
+def test_several_label_sources_keep_their_tasks_apart(emt_labels, tmp_path):
+    """Two sources with the same task names (two label runs of the same seeds) stay separate groups in the split."""
+    from mlff_distiller.cli_commands import _read_labelled
+
+    one = read_frames(emt_labels)
+    both = _read_labelled([str(emt_labels), str(emt_labels)])
+    assert len(both) == 2 * len(one)
+    tasks = {f.info["task"] for f in one}
+    assert {f.info["task"] for f in both} == {f"{k}:{t}" for k in (0, 1) for t in tasks}
+    assert (
+        len(_read_labelled(str(emt_labels))) == len(one) and _read_labelled([str(emt_labels)])[0].info["task"] in tasks
+    )
+    with pytest.raises(ValueError, match="no labelled data"):
+        _read_labelled([])
+
+
+def test_harvest_command_errors(tmp_path, capsys):
+    src = tmp_path / "t.extxyz"
+    ase.io.write(src, [Atoms("H2", positions=[(0, 0, 0), (0, 0, 0.74)])])
+    assert main(["harvest", "--input", str(src), "--output", str(src)]) == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert main(["harvest", "--input", str(tmp_path / "none.extxyz")]) == 2
+    assert "input file not found" in capsys.readouterr().err
+    assert main(["harvest", "--input", str(src), "--output", str(tmp_path / "o.extxyz"), "--before", "-2"]) == 2
+    assert "before must be >= 0" in capsys.readouterr().err
