@@ -126,6 +126,43 @@ def test_label_as_given_labels_exactly_the_structures_given(tmp_path):
     assert label([*seeds, squeezed], "emt", tmp_path, config, progress=False).written == 0
 
 
+def test_a_directory_labelled_before_label_seeds_existed_still_resumes(tmp_path):
+    """The run's recorded settings leave label_seeds out at its default: an older directory, whose record has no
+    such key, resumes; asking it for the seeds as given is a different run, refused by name."""
+    import json
+
+    config = SamplingConfig(md_steps=8, sample_every=4, temperatures=[300.0])
+    label(emt_seeds()[:1], "emt", tmp_path, config, progress=False)
+    record = json.loads((tmp_path / "label_config.json").read_text())
+    assert "label_seeds" not in record["sampling"]
+    assert label(emt_seeds()[:1], "emt", tmp_path, config, progress=False).written == 0
+    with pytest.raises(ValueError, match=r"different \['sampling'\]"):
+        label(emt_seeds()[:1], "emt", tmp_path, SamplingConfig(**{**vars(config), "label_seeds": True}), progress=False)
+
+
+def test_a_given_structure_the_teacher_cannot_do_is_skipped_and_counted():
+    """tblite raises ASE's CalculationFailed when its SCF does not converge (hot, broken geometries): that structure
+    is skipped and counted; a labelling run of many picked frames goes on."""
+    from ase.calculators.calculator import CalculationFailed
+
+    from mlff_distiller.distill.sampling import run_task
+
+    class Picky(EMT):
+        def calculate(self, atoms=None, *args, **kwargs):
+            if len(atoms) == 3:
+                raise CalculationFailed("SCF did not converge")
+            super().calculate(atoms, *args, **kwargs)
+
+    config = SamplingConfig(label_seeds=True, md_steps=0, rattle_per_seed=0)
+    seeds = emt_seeds()  # H2O (3 atoms), CH4, NH3
+    stats = {}
+    done = [list(run_task(t, seeds[t.seed_index], Picky(), config, stats=stats)) for t in make_tasks(seeds, config)]
+    assert [len(d) for d in done] == [0, 1, 1] and stats == {"failed": 1}
+    with pytest.raises(CalculationFailed):  # elsewhere (teacher MD) a failure still stops the run
+        md = SamplingConfig(md_steps=4, sample_every=2, temperatures=[300.0])
+        list(run_task(make_tasks(seeds[:1], md)[0], seeds[0], Picky(), md))
+
+
 def test_the_loop_from_the_command_line(tmp_path, capsys, emt_labels):
     """md with --freeze-force -> harvest -> label --as-given -> train on both label sets from the student."""
     start = tmp_path / "start.xyz"

@@ -166,6 +166,7 @@ class LabelReport:
     tasks_skipped: int
     seconds: float
     not_selected: int = 0  # on-policy frames the committee agreed on, left unlabelled (select_disagreement)
+    failed: int = 0  # given structures the teacher could not compute (CalculationFailed: e.g. no SCF convergence)
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -304,15 +305,17 @@ def _label(
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - t0
-    return LabelReport(written, len(existing), duplicates, run, skipped, elapsed, stats.get("not_selected", 0))
+    return LabelReport(
+        written, len(existing), duplicates, run, skipped, elapsed, stats.get("not_selected", 0), stats.get("failed", 0)
+    )
 
 
 def _sampling_fingerprint(config: SamplingConfig) -> dict:
     """The sampling settings a run is recorded under; options added later are left out at their default value, so
     a directory labelled before they existed still resumes (their default reproduces its frames)."""
     out = asdict(config)
-    for name in ("rattle_strain", "select_disagreement"):
-        if out.get(name) == 0.0:
+    for name in ("rattle_strain", "select_disagreement", "label_seeds"):
+        if out.get(name) == 0.0:  # (False == 0.0)
             del out[name]
     return out
 
@@ -385,6 +388,7 @@ def label_parallel(
         tasks_run=sum(r.tasks_run for r in reports),
         tasks_skipped=sum(r.tasks_skipped for r in reports),
         seconds=time.perf_counter() - t0,
+        failed=sum(r.failed for r in reports),
     )
 
 

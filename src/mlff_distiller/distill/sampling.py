@@ -224,7 +224,14 @@ def run_task(
     rng = task_rng(config, task.key)
     hvp_rng = task_rng(config, task.key + "/hvp")
     if task.kind == "given":
-        energy, forces, stress = _teacher_label(seed, teacher)
+        from ase.calculators.calculator import CalculationFailed
+
+        try:
+            energy, forces, stress = _teacher_label(seed, teacher)
+        except CalculationFailed:  # a picked geometry the teacher cannot do (tblite: no SCF convergence): skip it
+            if stats is not None:
+                stats["failed"] = stats.get("failed", 0) + 1
+            return
         if _physical(seed, forces, energy, config):
             frame = _labelled(seed, energy, forces, stress)
             if config.hvp:
