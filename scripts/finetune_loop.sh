@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One fine-tuning round from the shipped student's own hot MD, as a user runs it (docs/distillation.md, "Fine-tune
+# where the student fails"):
+#   hot MD with --freeze-force -> harvest -> label --as-given (GFN2-xTB) -> train --data OLD --data NEW --init-model
+# then both students on held-out frames and in hot MD of another seed.
+#
+#   bash scripts/finetune_loop.sh LABELS TEST_LABELS OUT [TIME_LIMIT_S]
+#
+# LABELS / TEST_LABELS: the builtin student's training and held-out labels (mlff-distill label --config
+# configs/chno_gfn2_label.yaml / chno_gfn2_test.yaml). Each step's JSON summary goes to OUT, and OUT/summary.md sums
+# them up. Needs a GPU for the MD and the training in reasonable time, and tblite for the teacher.
+set -euo pipefail
+LABELS=$1
+TEST=$2
+OUT=$3
+LIMIT=${4:-120}
+WORK=${WORK:-/tmp/finetune_loop}
+T=${HOT_T:-2000}
+STEPS=${HOT_STEPS:-6000}
+REPLICAS=${REPLICAS:-16}
+FREEZE=${FREEZE:-100}
+mkdir -p "$OUT" "$WORK"
+WORKERS=$(nproc)
+base=builtin:chno-gfn2
+hot() {  # model seed output json
+  mlff-distill md --model "$1" --input "$WORK/g2.xyz@:" --replicas "$REPLICAS" --temperature "$T" \
+    --steps "$STEPS" --interval 100 --freeze-force "$FREEZE" --seed "$2" --output "$3" > "$4"
+}
+stamp() { echo "$(date -u +%T) $*" >&2; }
+
+python3 -c "import ase.io; from mlff_distiller.distill.seeds import g2_chno; ase.io.write('$WORK/g2.xyz', g2_chno())"
+stamp "hot MD, $base, seed 0"
+hot "$base" 0 "$WORK/hot0.extxyz" "$OUT/md_base_seed0.json"
+stamp harvest
+mlff-distill harvest --input "$WORK/hot0.extxyz" --model "$base" --output "$WORK/picked.extxyz" > "$OUT/harvest.json"
+cp "$WORK/picked.extxyz" "$OUT/picked.extxyz"
+stamp "label as given"
+mlff-distill label --teacher gfn2-xtb --seeds "$WORK/picked.extxyz" --as-given --workers "$WORKERS" \
+  --out "$WORK/round1" --no-progress --set sampling.dedup_rms=0.005 > "$OUT/label.json"
+stamp "fine-tune ($LIMIT s)"
+mlff-distill train --config configs/chno_gfn2_train.yaml --data "$LABELS" --data "$WORK/round1" --init-model "$base" \
+  --out "$WORK/ft" --set train.time_limit_s="$LIMIT" --set train.lr=5e-4 --set train.warmup_steps=200 \
+  --set train.eval_every=1000 > "$OUT/train.json"
+cp "$WORK/ft/best.pt" "$OUT/finetuned.pt"
+stamp evaluate
+for m in base ft; do
+  model=$base; [ $m = ft ] && model=$WORK/ft/best.pt
+  mlff-distill evaluate --model "$model" --data "$TEST" --out "$WORK/eval_$m" --set precision=fp32 > /dev/null
+  cp "$WORK/eval_$m/metrics.json" "$OUT/heldout_$m.json"
+  mlff-distill evaluate --model "$model" --data "$WORK/round1" --out "$WORK/evalr_$m" --set precision=fp32 > /dev/null
+  cp "$WORK/evalr_$m/metrics.json" "$OUT/round1_$m.json"
+done
+for seed in 1 2; do
+  stamp "hot MD, seed $seed, both students"
+  hot "$base" $seed "$WORK/hot_base_$seed.extxyz" "$OUT/md_base_seed$seed.json"
+  hot "$WORK/ft/best.pt" $seed "$WORK/hot_ft_$seed.extxyz" "$OUT/md_ft_seed$seed.json"
+done
+python3 scripts/finetune_loop_summary.py "$OUT" > "$OUT/summary.md"
+cat "$OUT/summary.md"
