@@ -18,6 +18,9 @@ WORK=${WORK:-/tmp/finetune_loop}
 T=${HOT_T:-2000}
 STEPS=${HOT_STEPS:-6000}
 REPLICAS=${REPLICAS:-16}
+LR=${LR:-5e-4}
+SEEDS=${SEEDS:-1 2}
+CHECK=${CHECK:-256}  # frames of each student's seed-1 hot run labelled to measure its error there (0: none)
 FREEZE=${FREEZE:-100}
 mkdir -p "$OUT" "$WORK"
 WORKERS=$(nproc)
@@ -39,7 +42,7 @@ mlff-distill label --teacher gfn2-xtb --seeds "$WORK/picked.extxyz" --as-given -
   --out "$WORK/round1" --no-progress --set sampling.dedup_rms=0.005 > "$OUT/label.json"
 stamp "fine-tune ($LIMIT s)"
 mlff-distill train --config configs/chno_gfn2_train.yaml --data "$LABELS" --data "$WORK/round1" --init-model "$base" \
-  --out "$WORK/ft" --set train.time_limit_s="$LIMIT" --set train.lr=5e-4 --set train.warmup_steps=200 \
+  --out "$WORK/ft" --set train.time_limit_s="$LIMIT" --set train.lr="$LR" --set train.warmup_steps=200 \
   --set train.eval_every=1000 > "$OUT/train.json"
 cp "$WORK/ft/best.pt" "$OUT/finetuned.pt"
 stamp evaluate
@@ -50,10 +53,25 @@ for m in base ft; do
   mlff-distill evaluate --model "$model" --data "$WORK/round1" --out "$WORK/evalr_$m" --set precision=fp32 > /dev/null
   cp "$WORK/evalr_$m/metrics.json" "$OUT/round1_$m.json"
 done
-for seed in 1 2; do
+for seed in $SEEDS; do
   stamp "hot MD, seed $seed, both students"
   hot "$base" $seed "$WORK/hot_base_$seed.extxyz" "$OUT/md_base_seed$seed.json"
   hot "$WORK/ft/best.pt" $seed "$WORK/hot_ft_$seed.extxyz" "$OUT/md_ft_seed$seed.json"
 done
+if [ "$CHECK" -gt 0 ]; then
+  seed=${SEEDS%% *}
+  for run in base ft; do  # each student's error on frames of its own hot trajectories, and the other's there
+    stamp "hot frames of the $run student: label and evaluate"
+    python3 scripts/sample_md_frames.py "$WORK/hot_${run}_$seed.extxyz" "$WORK/sample_$run.extxyz" "$CHECK" 7
+    mlff-distill label --teacher gfn2-xtb --seeds "$WORK/sample_$run.extxyz" --as-given --workers "$WORKERS" \
+      --out "$WORK/hotlab_$run" --no-progress > "$OUT/hotlabel_$run.json"
+    for m in base ft; do
+      model=$base; [ $m = ft ] && model=$WORK/ft/best.pt
+      mlff-distill evaluate --model "$model" --data "$WORK/hotlab_$run" --out "$WORK/evalh_${run}_$m" \
+        --set precision=fp32 > /dev/null
+      cp "$WORK/evalh_${run}_$m/metrics.json" "$OUT/hot_${run}_$m.json"
+    done
+  done
+fi
 python3 scripts/finetune_loop_summary.py "$OUT" > "$OUT/summary.md"
 cat "$OUT/summary.md"

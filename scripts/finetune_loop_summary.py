@@ -42,6 +42,14 @@ def main(out: Path) -> None:
                 f"| {label} | {name} | {r['force_mae_mev_a']:.2f} | {r['force_rmse_mev_a']:.2f} | "
                 f"{r['energy_mae_mev_atom']:.3f} |"
             )
+    hot = [(run, m) for run in ("base", "ft") for m in ("base", "ft") if (out / f"hot_{run}_{m}.json").exists()]
+    names = {"base": "builtin:chno-gfn2", "ft": "fine-tuned"}
+    for run, m in hot:
+        r, lab = _load(out, f"hot_{run}_{m}.json"), _load(out, f"hotlabel_{run}.json")
+        print(
+            f"| {r['frames']} frames of the {names[run]} student's hot MD (labelled: {lab['written']}) | {names[m]} | "
+            f"{r['force_mae_mev_a']:.2f} | {r['force_rmse_mev_a']:.2f} | {r['energy_mae_mev_atom']:.3f} |"
+        )
     print("\n| hot MD seed | student | replicas | frozen | seconds |")
     print("|---:|---|---:|---:|---:|")
     for seed in (0, 1, 2):

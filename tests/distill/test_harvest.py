@@ -2,6 +2,7 @@
 --as-given`` labels those frames as they are, ``train --data OLD --data NEW --init-model`` fine-tunes on both."""
 
 import json
+import os
 
 import ase.io
 import numpy as np
@@ -231,3 +232,92 @@ def test_harvest_command_errors(tmp_path, capsys):
     assert "input file not found" in capsys.readouterr().err
     assert main(["harvest", "--input", str(src), "--output", str(tmp_path / "o.extxyz"), "--before", "-2"]) == 2
     assert "before must be >= 0" in capsys.readouterr().err
+
+
+_CRASHY = '''
+import os
+from ase.calculators.emt import EMT
+from mlff_distiller.distill import teachers
+
+
+class Crashy(EMT):
+    """EMT that takes its process down (no Python exception) on a 3-atom structure, as tblite's Fortran runtime
+    does on rare geometries."""
+
+    def calculate(self, atoms=None, *args, **kwargs):
+        if len(atoms) == 3:
+            os._exit(3)
+        super().calculate(atoms, *args, **kwargs)
+
+
+teachers.TEACHERS["crashy-emt"] = lambda **kw: Crashy(**kw)
+'''
+
+
+def test_a_structure_that_kills_the_teacher_process_is_given_up_and_the_rest_labelled(tmp_path, monkeypatch, capfd):
+    """label_parallel: a worker that dies inside a task is started again on its shard (the other shards undisturbed);
+    after MAX_ATTEMPTS deaths the task is given up and counted as failed, and every other structure is labelled.
+    The teacher's process death is simulated by os._exit in a preset registered at interpreter start-up
+    (sitecustomize, so that the spawned workers have it)."""
+    from mlff_distiller.distill import label_parallel
+    from mlff_distiller.distill.labelling import MAX_ATTEMPTS
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_CRASHY)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    seeds = [*emt_seeds(), molecule("CH3OH"), molecule("H2O2")]  # H2O (3 atoms) is seed 0: shard 0 of 2
+    config = SamplingConfig(label_seeds=True, md_steps=0, rattle_per_seed=0)
+    report = label_parallel(seeds, "crashy-emt", tmp_path / "out", config, workers=2)
+    frames = read_frames(tmp_path / "out")
+    assert sorted(len(f) for f in frames) == sorted(len(s) for s in seeds[1:])  # all but the water
+    assert report.written == 4 and report.failed == 1 and report.tasks_run == 4  # (the dead processes report none)
+    assert report.total == 4
+    assert capfd.readouterr().err.count("shard 0 died inside a task (exit code 3); resuming it") == MAX_ATTEMPTS
+    progress = json.loads((tmp_path / "out" / "shard-00-of-02" / "progress.json").read_text())
+    assert progress["given_up"] == ["given/s0000"]
+    # Resumed: nothing to do, nothing tried again.
+    again = label_parallel(seeds, "crashy-emt", tmp_path / "out", config, workers=2)
+    assert (again.written, again.tasks_run, again.failed) == (0, 0, 0) and again.tasks_skipped == 5
+
+
+def test_attempts_are_counted_only_for_deaths(tmp_path):
+    """A task started MAX_ATTEMPTS times without finishing (attempts.json) is given up without calling the teacher;
+    an interrupt or a Python exception inside a task leaves no attempt behind."""
+    from mlff_distiller.distill.labelling import ATTEMPTS_NAME, MAX_ATTEMPTS
+
+    config = SamplingConfig(label_seeds=True, md_steps=0, rattle_per_seed=0)
+    seeds = emt_seeds()
+
+    class Raising(EMT):
+        def __init__(self, exc):
+            super().__init__()
+            self.exc = exc
+
+        def calculate(self, atoms=None, *args, **kwargs):
+            if len(atoms) == 5:
+                raise self.exc
+            super().calculate(atoms, *args, **kwargs)
+
+    for exc in (KeyboardInterrupt(), RuntimeError("boom")):
+        out = tmp_path / type(exc).__name__
+        with pytest.raises(type(exc)):
+            label(seeds, Raising(exc), out, config, progress=False)
+        assert json.loads((out / ATTEMPTS_NAME).read_text()) == {}
+        assert len(read_frames(out)) == 1  # the water, before the methane
+    out = tmp_path / "given_up"
+    label(seeds[:1], "emt", out, SamplingConfig(md_steps=8, sample_every=4, temperatures=[300.0]), progress=False)
+    (out / ATTEMPTS_NAME).write_text(json.dumps({"md/s0000/T300/r0": MAX_ATTEMPTS - 1}))
+    (out / "progress.json").write_text(json.dumps({"done": []}))  # an earlier version's record, a task unfinished
+    again = label(
+        seeds[:1], "emt", out, SamplingConfig(md_steps=8, sample_every=4, temperatures=[300.0]), progress=False
+    )
+    assert (again.tasks_run, again.failed, again.written) == (1, 0, 0)  # one more try: it finishes (frames kept)
+    (out / ATTEMPTS_NAME).write_text(json.dumps({"md/s0000/T300/r0": MAX_ATTEMPTS}))
+    (out / "progress.json").write_text(json.dumps({"done": []}))
+    again = label(
+        seeds[:1], "emt", out, SamplingConfig(md_steps=8, sample_every=4, temperatures=[300.0]), progress=False
+    )
+    assert (again.tasks_run, again.failed) == (0, 1)
+    assert json.loads((out / ATTEMPTS_NAME).read_text()) == {}
+    assert json.loads((out / "progress.json").read_text())["given_up"] == ["md/s0000/T300/r0"]

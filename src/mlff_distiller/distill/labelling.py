@@ -8,7 +8,11 @@ An output directory holds:
   Hessian-vector-product arrays ``hvp_dir``/``hvp`` in the row's data.
 * ``frames.extxyz``: the same frames as extended XYZ, appended and flushed after every frame.
 * ``label_config.json``: the sampling config and teacher, checked on resume.
-* ``progress.json``: the keys of completed tasks (written atomically after each task).
+* ``progress.json``: the keys of completed tasks (written atomically after each task), and of the tasks given up.
+* ``attempts.json``: the tasks started and not finished, with how many times. A task that took its process down
+  ``MAX_ATTEMPTS`` times (a teacher that aborts on some geometry: tblite's Fortran runtime does on rare hot,
+  broken ones, beyond any Python exception handler) is given up on the next start and counted as failed, so a
+  resumed run gets past it. An interrupt (Ctrl-C) or a Python exception does not count as an attempt.
 
 Why a restart after SIGKILL loses and duplicates nothing: tasks are deterministic (:mod:`.sampling`), a frame
 is committed to the database atomically and identified by ``(task, frame)``. On restart, completed tasks are
@@ -42,6 +46,9 @@ DB_NAME = "frames.db"
 XYZ_NAME = "frames.extxyz"
 CONFIG_NAME = "label_config.json"
 PROGRESS_NAME = "progress.json"
+ATTEMPTS_NAME = "attempts.json"
+# Starts of one task that ended with its process killed (not by an interrupt) before it is given up.
+MAX_ATTEMPTS = 2
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -255,7 +262,15 @@ def _label(
     teacher_calc = None
 
     progress_path = store.dir / PROGRESS_NAME
-    done = set(json.loads(progress_path.read_text())["done"]) if progress_path.exists() else set()
+    record = json.loads(progress_path.read_text()) if progress_path.exists() else {}
+    done = set(record.get("done", []))
+    given_up = set(record.get("given_up", []))
+    attempts_path = store.dir / ATTEMPTS_NAME
+    attempts = json.loads(attempts_path.read_text()) if attempts_path.exists() else {}
+
+    def save_progress() -> None:
+        _atomic_write_text(progress_path, json.dumps({"done": sorted(done), "given_up": sorted(given_up)}))
+
     existing = store.keys()
     if any(task not in done for task, _ in existing):
         # An interrupted task: the kill may have cut the extxyz mid-frame or before a committed frame.
@@ -278,25 +293,55 @@ def _label(
     for task in tasks:
         if task.key in done:
             skipped += 1
+        elif attempts.get(task.key, 0) >= MAX_ATTEMPTS:
+            # Its process died inside it MAX_ATTEMPTS times: give it up (its committed frames stay).
+            print(
+                f"label: task {task.key} took its process down {attempts[task.key]} times (the teacher aborted?); "
+                "given up, counted as failed",
+                file=sys.stderr,
+            )
+            stats["failed"] = stats.get("failed", 0) + 1
+            done.add(task.key)
+            given_up.add(task.key)
+            save_progress()
+            del attempts[task.key]
+            _atomic_write_text(attempts_path, json.dumps(attempts))
         else:
             run += 1
             if teacher_calc is None:
                 teacher_calc = get_teacher(teacher, **(teacher_options or {}))
-            frames = run_task(
-                task, seeds[task.seed_index], teacher_calc, config, student=student, committee=committee, stats=stats
-            )
-            for k, frame in frames:
-                if (task.key, k) in existing:
-                    continue
-                if dedup.is_duplicate(frame):
-                    duplicates += 1
-                    continue
-                store.write(frame, task=task.key, frame=k, kind=task.kind, temperature=task.temperature)
-                dedup.add(frame)
-                existing.add((task.key, k))
-                written += 1
+            attempts[task.key] = attempts.get(task.key, 0) + 1
+            _atomic_write_text(attempts_path, json.dumps(attempts))
+            try:
+                frames = run_task(
+                    task,
+                    seeds[task.seed_index],
+                    teacher_calc,
+                    config,
+                    student=student,
+                    committee=committee,
+                    stats=stats,
+                )
+                for k, frame in frames:
+                    if (task.key, k) in existing:
+                        continue
+                    if dedup.is_duplicate(frame):
+                        duplicates += 1
+                        continue
+                    store.write(frame, task=task.key, frame=k, kind=task.kind, temperature=task.temperature)
+                    dedup.add(frame)
+                    existing.add((task.key, k))
+                    written += 1
+            except BaseException:  # an interrupt or an exception ends the run where it stands: not an attempt
+                attempts[task.key] -= 1
+                if not attempts[task.key]:
+                    del attempts[task.key]
+                _atomic_write_text(attempts_path, json.dumps(attempts))
+                raise
             done.add(task.key)
-            _atomic_write_text(progress_path, json.dumps({"done": sorted(done)}))
+            save_progress()
+            del attempts[task.key]
+            _atomic_write_text(attempts_path, json.dumps(attempts))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(frames=len(existing))
@@ -320,8 +365,55 @@ def _sampling_fingerprint(config: SamplingConfig) -> dict:
     return out
 
 
-def _label_worker(kwargs: dict) -> LabelReport:
-    return label(**kwargs)
+def _label_shard(kwargs: dict, report_path: str) -> None:
+    """One shard of :func:`label_parallel` in its own process; its report goes to ``report_path`` (JSON)."""
+    _atomic_write_text(Path(report_path), json.dumps(asdict(label(**kwargs))))
+
+
+def _run_shards(jobs: list[dict]) -> list[list[LabelReport]]:
+    """Each job in a spawned process of its own, all at once; a process that dies inside a task (the teacher
+    aborted: ``attempts.json`` names the task) is started again on its shard, which resumes and, after
+    ``MAX_ATTEMPTS`` deaths in one task, gives it up. The other shards are not disturbed. Returns each shard's
+    reports, one per process. Raises ``RuntimeError`` for a process that died outside any task."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    ctx = multiprocessing.get_context("spawn")
+    reports: list[list[LabelReport]] = [[] for _ in jobs]
+
+    def start(k: int):
+        path = Path(jobs[k]["out_dir"]) / "report.json.part"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        proc = ctx.Process(target=_label_shard, args=(jobs[k], str(path)), daemon=True)
+        proc.start()
+        return proc, path
+
+    running = {k: start(k) for k in range(len(jobs))}
+    dead = []
+    while running:
+        wait([proc.sentinel for proc, _ in running.values()])
+        for k, (proc, path) in list(running.items()):
+            if proc.exitcode is None:
+                continue
+            proc.join()
+            del running[k]
+            if proc.exitcode == 0 and path.exists():
+                reports[k].append(LabelReport(**json.loads(path.read_text())))
+                path.unlink()
+                continue
+            attempts = Path(jobs[k]["out_dir"]) / ATTEMPTS_NAME
+            if attempts.exists() and json.loads(attempts.read_text()):
+                print(f"label: shard {k} died inside a task (exit code {proc.exitcode}); resuming it", file=sys.stderr)
+                running[k] = start(k)
+            else:
+                dead.append(f"shard {k} (exit code {proc.exitcode})")
+    if dead:
+        raise RuntimeError(
+            f"labelling processes died outside any task: {', '.join(dead)}; every frame labelled so far is kept, and "
+            "running the same command again resumes"
+        )
+    return reports
 
 
 def label_parallel(
@@ -339,8 +431,6 @@ def label_parallel(
     unsharded run because task keys and random streams use the global seed index and duplicates are only
     ever found among frames of the same atoms. :func:`read_frames` on ``out_dir`` reads all shards.
     """
-    import multiprocessing
-
     if not isinstance(teacher, str):
         raise ValueError("label_parallel needs a preset teacher name (a Calculator cannot be sent to workers)")
     n = int(workers)
@@ -373,22 +463,22 @@ def label_parallel(
     saved = {k: os.environ.get(k) for k in limits}
     os.environ.update(dict.fromkeys(limits, "1"))
     try:
-        with multiprocessing.get_context("spawn").Pool(n) as pool:
-            reports = pool.map(_label_worker, jobs)
+        runs = _run_shards(jobs)
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    every = [r for shard in runs for r in shard]  # a shard started again after its process died: several
     return LabelReport(
-        written=sum(r.written for r in reports),
-        total=sum(r.total for r in reports),
-        duplicates=sum(r.duplicates for r in reports),
-        tasks_run=sum(r.tasks_run for r in reports),
-        tasks_skipped=sum(r.tasks_skipped for r in reports),
+        written=sum(r.written for r in every),
+        total=sum(shard[-1].total for shard in runs),
+        duplicates=sum(r.duplicates for r in every),
+        tasks_run=sum(r.tasks_run for r in every),
+        tasks_skipped=sum(shard[0].tasks_skipped for shard in runs),
         seconds=time.perf_counter() - t0,
-        failed=sum(r.failed for r in reports),
+        failed=sum(r.failed for r in every),
     )
 
 
