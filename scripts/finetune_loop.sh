@@ -21,6 +21,9 @@ REPLICAS=${REPLICAS:-16}
 LR=${LR:-5e-4}
 SEEDS=${SEEDS:-1 2}
 CHECK=${CHECK:-256}  # frames of each student's seed-1 hot run labelled to measure its error there (0: none)
+RUNS=${RUNS:-base ft}  # whose hot MD runs on the new seeds (and is checked): base, ft or both
+PICKED=${PICKED:-}  # frames picked earlier (a harvest's output): skip the first hot run and the harvest
+TRAIN_EXTRA=${TRAIN_EXTRA:-}  # more train settings, e.g. "--set train.loss=huber"
 FREEZE=${FREEZE:-100}
 mkdir -p "$OUT" "$WORK"
 WORKERS=$(nproc)
@@ -32,18 +35,22 @@ hot() {  # model seed output json
 stamp() { echo "$(date -u +%T) $*" >&2; }
 
 python3 -c "import ase.io; from mlff_distiller.distill.seeds import g2_chno; ase.io.write('$WORK/g2.xyz', g2_chno())"
-stamp "hot MD, $base, seed 0"
-hot "$base" 0 "$WORK/hot0.extxyz" "$OUT/md_base_seed0.json"
-stamp harvest
-mlff-distill harvest --input "$WORK/hot0.extxyz" --model "$base" --output "$WORK/picked.extxyz" > "$OUT/harvest.json"
-cp "$WORK/picked.extxyz" "$OUT/picked.extxyz"
+if [ -n "$PICKED" ]; then
+  cp "$PICKED" "$WORK/picked.extxyz"
+else
+  stamp "hot MD, $base, seed 0"
+  hot "$base" 0 "$WORK/hot0.extxyz" "$OUT/md_base_seed0.json"
+  stamp harvest
+  mlff-distill harvest --input "$WORK/hot0.extxyz" --model "$base" --output "$WORK/picked.extxyz" > "$OUT/harvest.json"
+  cp "$WORK/picked.extxyz" "$OUT/picked.extxyz"
+fi
 stamp "label as given"
 mlff-distill label --teacher gfn2-xtb --seeds "$WORK/picked.extxyz" --as-given --workers "$WORKERS" \
   --out "$WORK/round1" --no-progress --set sampling.dedup_rms=0.005 > "$OUT/label.json"
 stamp "fine-tune ($LIMIT s)"
 mlff-distill train --config configs/chno_gfn2_train.yaml --data "$LABELS" --data "$WORK/round1" --init-model "$base" \
   --out "$WORK/ft" --set train.time_limit_s="$LIMIT" --set train.lr="$LR" --set train.warmup_steps=200 \
-  --set train.eval_every=1000 > "$OUT/train.json"
+  --set train.eval_every=1000 $TRAIN_EXTRA > "$OUT/train.json"
 cp "$WORK/ft/best.pt" "$OUT/finetuned.pt"
 stamp evaluate
 for m in base ft; do
@@ -55,12 +62,14 @@ for m in base ft; do
 done
 for seed in $SEEDS; do
   stamp "hot MD, seed $seed, both students"
-  hot "$base" $seed "$WORK/hot_base_$seed.extxyz" "$OUT/md_base_seed$seed.json"
-  hot "$WORK/ft/best.pt" $seed "$WORK/hot_ft_$seed.extxyz" "$OUT/md_ft_seed$seed.json"
+  for run in $RUNS; do
+    model=$base; [ $run = ft ] && model=$WORK/ft/best.pt
+    hot "$model" $seed "$WORK/hot_${run}_$seed.extxyz" "$OUT/md_${run}_seed$seed.json"
+  done
 done
 if [ "$CHECK" -gt 0 ]; then
   seed=${SEEDS%% *}
-  for run in base ft; do  # each student's error on frames of its own hot trajectories, and the other's there
+  for run in $RUNS; do  # each student's error on frames of its own hot trajectories, and the other's there
     stamp "hot frames of the $run student: label and evaluate"
     python3 scripts/sample_md_frames.py "$WORK/hot_${run}_$seed.extxyz" "$WORK/sample_$run.extxyz" "$CHECK" 7
     mlff-distill label --teacher gfn2-xtb --seeds "$WORK/sample_$run.extxyz" --as-given --workers "$WORKERS" \

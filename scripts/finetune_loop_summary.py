@@ -15,13 +15,17 @@ def _load(out: Path, name: str) -> dict:
 
 
 def main(out: Path) -> None:
-    harvest, labelled, train = _load(out, "harvest.json"), _load(out, "label.json"), _load(out, "train.json")
+    labelled, train = _load(out, "label.json"), _load(out, "train.json")
     print("# One fine-tuning round from hot MD (scripts/finetune_loop.sh)\n")
-    print(
-        f"- harvest: {harvest['frames_read']} frames of {harvest['trajectories']} trajectories; first bad frame "
-        f"frozen in {harvest['frozen']}, outside the envelope in {harvest['outside']}, non-finite in "
-        f"{harvest['nonfinite']}; {harvest['frames_written']} frames picked"
-    )
+    if (out / "harvest.json").exists():
+        harvest = _load(out, "harvest.json")
+        print(
+            f"- harvest: {harvest['frames_read']} frames of {harvest['trajectories']} trajectories; first bad frame "
+            f"frozen in {harvest['frozen']}, outside the envelope in {harvest['outside']}, non-finite in "
+            f"{harvest['nonfinite']}; {harvest['frames_written']} frames picked"
+        )
+    else:
+        print("- harvest: the frames picked by an earlier run (PICKED)")
     print(
         f"- label --as-given (GFN2-xTB): {labelled['written']} frames written, {labelled['duplicates']} "
         f"near-duplicates dropped, {labelled.get('failed', 0)} the teacher could not do, {labelled['seconds']:.1f} s; "

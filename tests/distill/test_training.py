@@ -233,3 +233,21 @@ def test_error_metrics_values_and_errors():
         error_metrics([a], [])
     with pytest.raises(ValueError, match="non-finite"):
         error_metrics([a], [{"energy": float("nan"), "forces": np.zeros((3, 3))}])
+
+
+def test_residual_loss_is_mse_below_delta_and_linear_beyond():
+    """The Huber term of ``loss: huber``: the square up to delta, 2 delta |r| - delta^2 beyond; value and slope
+    continuous at |r| = delta; and a bad setting is an error naming it."""
+    from mlff_distiller.distill.objective import residual_loss
+
+    r = torch.tensor([-3.0, -0.5, -0.2, 0.0, 0.1, 0.5, 2.0], dtype=torch.float64, requires_grad=True)
+    huber = TrainConfig(loss="huber", huber_delta=0.5)
+    out = residual_loss(r, huber)
+    expect = torch.tensor([2.75, 0.25, 0.04, 0.0, 0.01, 0.25, 1.75], dtype=torch.float64)
+    torch.testing.assert_close(out, expect)
+    (grad,) = torch.autograd.grad(out.sum(), r)
+    torch.testing.assert_close(grad, torch.tensor([-1.0, -1.0, -0.4, 0.0, 0.2, 1.0, 1.0], dtype=torch.float64))
+    torch.testing.assert_close(residual_loss(r, TrainConfig()), r.square())
+    for bad, says in ((dict(loss="l1"), "loss must be 'mse' or 'huber'"), (dict(huber_delta=0.0), "huber_delta")):
+        with pytest.raises(ValueError, match=says):
+            TrainConfig(**bad)

@@ -61,6 +61,21 @@ def test_static_step_with_hvp_equals_plain(tmp_path):
     _assert_same_run(plain, static)
 
 
+def test_static_step_with_huber_equals_plain(emt_frames):
+    """``loss: huber`` in both steps: the same run. The delta is small enough that a fresh student's residuals cross
+    it (both branches of the Huber term are taken), and a delta above every residual is the mse run exactly."""
+    train_f, val_f = split_frames(emt_frames, 0.2)
+    quiet = dict(log=lambda m: None)
+    kw = dict(loss="huber", huber_delta=0.05)
+    plain = train(train_f, val_f, _cfg("plain", **kw), **quiet)
+    static = train(train_f, val_f, _cfg("static", **kw), **quiet)
+    _assert_same_run(plain, static)
+    mse = train(train_f, val_f, _cfg("plain"), **quiet)
+    assert abs(mse.history[0]["train_loss"] - plain.history[0]["train_loss"]) > 1e-3 * mse.history[0]["train_loss"]
+    wide = train(train_f, val_f, _cfg("static", loss="huber", huber_delta=1e6), **quiet)
+    _assert_same_run(mse, wide)
+
+
 def test_static_resume_continues_exactly(emt_frames, tmp_path):
     import shutil
 
@@ -188,6 +203,16 @@ def test_cudagraph_step_equals_eager_static_step(emt_frames, backend):
     assert not any("failed" in m for m in logs), logs
     # Scatter atomics make float64 sums order-dependent at the 1e-16 level; nothing larger may differ.
     _assert_same_run(graph, eager, atol=1e-8)
+    _assert_same_run(graph, plain, atol=1e-8)
+
+
+@pytest.mark.gpu
+def test_cudagraph_step_with_huber_equals_plain(emt_frames):
+    train_f, val_f = split_frames(emt_frames, 0.2)
+    kw = dict(device="cuda", max_steps=8, eval_every=4, loss="huber", huber_delta=0.05)
+    graph = train(train_f, val_f, _cfg("cudagraph", **kw), log=lambda m: None)
+    plain = train(train_f, val_f, _cfg("plain", **kw), log=lambda m: None)
+    assert graph.train_step == "cudagraph" and graph.captures >= 1
     _assert_same_run(graph, plain, atol=1e-8)
 
 

@@ -6,6 +6,8 @@ Loss per batch (units eV², so the weights are dimensionless)::
     L = w_E · mean_b ((E_b − E_b^T) / n_b)² + w_F · mean_{i,α} (F_iα − F_iα^T)² + w_H · mean (Hv − Hv^T)² · Å²
         + w_S · mean_{b with a stress label, v} ((σ_bv − σ_bv^T) · V_b / n_b)²
 
+With ``loss: huber`` the energy and force squares become Huber terms (:func:`residual_loss`).
+
 The stress term compares virials per atom (eV), so its weight is dimensionless like the others; the student's σ
 is (1/V) ∂E/∂ε from the same ``autograd.grad`` call as its forces (a zero strain applied to the positions and the
 cell), only on the plain step.
@@ -35,7 +37,13 @@ from mlff_distiller.model import StudentModel
 if TYPE_CHECKING:
     from mlff_distiller.distill.training import TrainConfig
 
-__all__ = ["energy_reference_correction", "evaluate_dataset", "student_forward", "student_forward_stress"]
+__all__ = [
+    "energy_reference_correction",
+    "evaluate_dataset",
+    "residual_loss",
+    "student_forward",
+    "student_forward_stress",
+]
 
 _NO_HVP_LABELS = "hvp_weight > 0 needs frames labelled with Hessian-vector products (sampling hvp: true)"
 _NO_STRESS_LABELS = "stress_weight > 0 needs periodic frames labelled with a teacher stress"
@@ -99,6 +107,19 @@ def _student_hvp(model: StudentModel, batch: LabelledBatch, eps: float) -> torch
     return _central_hvp(forces_at, batch.atoms.positions, batch.hvp_dir, eps)
 
 
+def residual_loss(residual: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """Elementwise loss of a residual (eV/atom of energy, eV/Å of force components): its square for ``loss:
+    mse``; for ``loss: huber`` the square up to ``huber_delta`` and linear beyond, ``2 δ |r| − δ²`` (continuous, with
+    a continuous slope; below δ the same as ``mse``). A few frames far from the student (a fine-tuning round on
+    geometries where it failed by volts per ångström) then pull on the weights like their absolute error, not its
+    square. The plain and the static step share it."""
+    if cfg.loss == "mse":
+        return residual.square()
+    delta = float(cfg.huber_delta)
+    a = residual.abs()
+    return torch.where(a <= delta, residual.square(), 2.0 * delta * a - delta * delta)
+
+
 def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[torch.Tensor, dict]:
     """The loss of the module docstring on one (unpadded) batch and its parts as floats (a host sync)."""
     if cfg.stress_weight > 0:
@@ -108,8 +129,8 @@ def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[
     else:
         energy, forces = student_forward(model, batch, create_graph=True)
     n = batch.atoms.counts.to(energy.dtype)
-    e_loss = (((energy - batch.energy) / n) ** 2).mean()
-    f_loss = ((forces - batch.forces) ** 2).mean()
+    e_loss = residual_loss((energy - batch.energy) / n, cfg).mean()
+    f_loss = residual_loss(forces - batch.forces, cfg).mean()
     loss = cfg.energy_weight * e_loss + cfg.force_weight * f_loss
     parts = {"energy": float(e_loss.detach()), "forces": float(f_loss.detach())}
     if cfg.stress_weight > 0:

@@ -38,7 +38,13 @@ from mlff_distiller import kernels
 from mlff_distiller.buckets import Bucket
 from mlff_distiller.cudagraph import capturing
 from mlff_distiller.distill.dataset import FrameDataset
-from mlff_distiller.distill.objective import _NO_HVP_LABELS, _NO_STRESS_LABELS, _central_hvp, _loss
+from mlff_distiller.distill.objective import (
+    _NO_HVP_LABELS,
+    _NO_STRESS_LABELS,
+    _central_hvp,
+    _loss,
+    residual_loss,
+)
 from mlff_distiller.distill.optim import _EMA
 from mlff_distiller.distill.static_batch import _StaticBatcher, _StaticData
 from mlff_distiller.engine_padded import _VOIGT, edge_virial
@@ -326,9 +332,9 @@ class _StaticStep:
             positions = d.positions[atom_src]
             energy, forces = energy_forces(positions, with_virial=stress)
             e_err = (energy - d.energy[frame_src]) / d.counts[frame_src]
-            e_loss = (e_err.square() * smask).sum() / smask.sum()
+            e_loss = (residual_loss(e_err, cfg) * smask).sum() / smask.sum()
             n3 = 3 * amask.sum()
-            f_loss = ((forces - d.forces[atom_src]).square().sum(1) * amask).sum() / n3
+            f_loss = (residual_loss(forces - d.forces[atom_src], cfg).sum(1) * amask).sum() / n3
             loss = cfg.energy_weight * e_loss + cfg.force_weight * f_loss
             parts = [e_loss, f_loss]
             if stress:

@@ -68,6 +68,9 @@ class TrainConfig:
             :mod:`mlff_distiller.distill.objective`). ``stress_weight > 0`` needs periodic frames with a teacher
             stress; every step implementation fits it.
         hvp_eps: finite-difference step of the student's H·v, Å (use the labels' step).
+        loss: ``"mse"`` (squares of the energy-per-atom and force residuals) or ``"huber"`` (squares up to
+            ``huber_delta``, eV/atom and eV/Å, linear beyond: :func:`~mlff_distiller.distill.objective.residual_loss`),
+            for fine-tuning rounds whose new frames lie far from the student (``mlff-distill harvest``).
         scheduler: ``"cosine"`` (linear warm-up, cosine to ``min_lr_ratio``·lr over the steps, or over
             ``time_limit_s`` when that ends first), ``"plateau"`` or ``"none"``.
         warmup_steps: warm-up length. plateau_factor, plateau_patience: reduce-on-plateau settings.
@@ -108,6 +111,8 @@ class TrainConfig:
     hvp_weight: float = 0.0
     stress_weight: float = 0.0
     hvp_eps: float = 0.005
+    loss: str = "mse"
+    huber_delta: float = 0.5
     scheduler: str = "cosine"
     warmup_steps: int = 100
     min_lr_ratio: float = 0.01
@@ -161,6 +166,10 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if not self.hvp_eps > 0:
             raise ValueError(f"hvp_eps must be > 0 Å, got {self.hvp_eps}")
+        if self.loss not in ("mse", "huber"):
+            raise ValueError(f"loss must be 'mse' or 'huber', got {self.loss!r}")
+        if not float(self.huber_delta) > 0:
+            raise ValueError(f"huber_delta must be > 0, got {self.huber_delta}")
         if not 0 < self.min_lr_ratio <= 1 or not 0 < self.plateau_factor < 1:
             raise ValueError("min_lr_ratio must be in (0, 1] and plateau_factor in (0, 1)")
         if self.train_step not in TRAIN_STEPS:
