@@ -46,17 +46,7 @@ if TYPE_CHECKING:
         TrainJob,
     )
 
-_JOB_NAMES = {
-    "JOBS",
-    "CheckJob",
-    "EvaluateJob",
-    "HarvestJob",
-    "LabelJob",
-    "MDJob",
-    "PredictJob",
-    "RelaxJob",
-    "TrainJob",
-}
+_JOB_NAMES = (frozenset(__all__) - {"main"}) | {"JOBS"}  # what __getattr__ serves from cli_jobs
 
 
 def __getattr__(name: str):

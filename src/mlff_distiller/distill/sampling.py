@@ -195,6 +195,16 @@ def _add_hvp(frame: Atoms, teacher: Calculator, config: SamplingConfig, rng: np.
     frame.arrays["hvp"] = -(forces[0] - forces[1]) / (2 * eps)
 
 
+def _frame(atoms, energy, forces, stress, teacher, config, hvp_rng) -> Atoms | None:
+    """The labelled frame of ``atoms`` (with its H·v when ``config.hvp``), or None when it is unphysical."""
+    if not _physical(atoms, forces, energy, config):
+        return None
+    frame = _labelled(atoms, energy, forces, stress)
+    if config.hvp:
+        _add_hvp(frame, teacher, config, hvp_rng)
+    return frame
+
+
 def run_task(
     task: Task,
     seed: Atoms,
@@ -232,10 +242,8 @@ def run_task(
             if stats is not None:
                 stats["failed"] = stats.get("failed", 0) + 1
             return
-        if _physical(seed, forces, energy, config):
-            frame = _labelled(seed, energy, forces, stress)
-            if config.hvp:
-                _add_hvp(frame, teacher, config, hvp_rng)
+        frame = _frame(seed, energy, forces, stress, teacher, config, hvp_rng)
+        if frame is not None:
             yield 0, frame
         return
     if task.kind == "rattle":
@@ -245,11 +253,8 @@ def run_task(
             eps = rng.normal(0.0, float(config.rattle_strain), (3, 3))
             atoms.set_cell(seed.cell.array @ (np.eye(3) + 0.5 * (eps + eps.T)), scale_atoms=True)
         atoms.positions = atoms.positions + rng.normal(0.0, float(config.rattle_std), seed.positions.shape)
-        energy, forces, stress = _teacher_label(atoms, teacher)
-        if _physical(atoms, forces, energy, config):
-            frame = _labelled(atoms, energy, forces, stress)
-            if config.hvp:
-                _add_hvp(frame, teacher, config, hvp_rng)
+        frame = _frame(atoms, *_teacher_label(atoms, teacher), teacher, config, hvp_rng)
+        if frame is not None:
             yield 0, frame
         return
     if task.kind not in ("md", "onpolicy"):
@@ -293,11 +298,9 @@ def run_task(
                     stats["not_selected"] = stats.get("not_selected", 0) + 1
                 continue
             energy, forces, stress = _teacher_label(atoms, teacher)
-        if not _physical(atoms, forces, energy, config):
+        frame = _frame(atoms, energy, forces, stress, teacher, config, hvp_rng)
+        if frame is None:  # the trajectory has left the region worth learning
             return
-        frame = _labelled(atoms, energy, forces, stress)
-        if config.hvp:
-            _add_hvp(frame, teacher, config, hvp_rng)
         yield k, frame
 
 
