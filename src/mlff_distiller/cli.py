@@ -281,6 +281,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="picked frames, extxyz (info 'harvest': frozen | outside | before)")
     p.add_argument("--before", type=int, help="frames of the same trajectory written before the first bad one (4)")
     p.add_argument("--model", help="also pick the first frame outside this student's training envelope")
+    p.add_argument(
+        "--committee",
+        type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
+        help="two or more comma-separated students: also pick the first frame where their forces differ by more "
+        f"than --threshold (e.g. {','.join(DEFAULT_COMMITTEE)})",
+    )
+    p.add_argument(
+        "--threshold", type=float, help=f"meV/Å of force disagreement that picks (default {DISAGREEMENT_THRESHOLD:g})"
+    )
+    p.add_argument("--device", help="where the committee's students run (default: the GPU when there is one)")
 
     sub.add_parser("models", help="the built-in students (builtin:NAME): size, elements and measured accuracy")
     return parser

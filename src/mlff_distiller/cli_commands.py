@@ -604,7 +604,20 @@ def run_harvest(job: HarvestJob) -> dict:
         envelope = DomainEnvelope.of_model(load_model(job.model))
         if envelope is None:
             raise ValueError(f"{job.model} stores no training envelope; harvest without --model picks frozen frames")
-    report = harvest(frames, before=job.before, envelope=envelope)
+    disagreement = None
+    if job.committee is not None:
+        import numpy as np
+
+        from mlff_distiller.committee import committee_disagreement
+
+        finite = [k for k, a in enumerate(frames) if np.isfinite(a.positions).all()]
+        rows = committee_disagreement(
+            job.committee, [frames[k] for k in finite], device=job.device, threshold=job.threshold
+        )
+        disagreement = [None] * len(frames)
+        for k, row in zip(finite, rows, strict=True):
+            disagreement[k] = row
+    report = harvest(frames, before=job.before, envelope=envelope, disagreement=disagreement)
     Path(job.output).parent.mkdir(parents=True, exist_ok=True)
     ase.io.write(job.output, report.frames, format="extxyz")
     return {
@@ -612,6 +625,7 @@ def run_harvest(job: HarvestJob) -> dict:
         "trajectories": report.trajectories,
         "frozen": report.frozen,
         "outside": report.outside,
+        "disagree": report.disagree,
         "nonfinite": report.nonfinite,
         "frames_written": len(report.frames),
         "output": job.output,

@@ -164,14 +164,18 @@ class CheckJob:
 
 @dataclass(kw_only=True)
 class HarvestJob:
-    """``harvest``: the frames of a student's MD where each trajectory first went wrong (frozen, or with ``model``
-    outside that student's training envelope), and ``before`` frames before it, written for ``label --as-given``
-    (:mod:`mlff_distiller.harvest`)."""
+    """``harvest``: the frames of a student's MD where each trajectory first went wrong (frozen; with ``model``
+    outside that student's training envelope; with ``committee`` where the students disagree), and ``before`` frames
+    before it, written for ``label --as-given`` (:mod:`mlff_distiller.harvest`)."""
 
     input: str = ""
     output: str = "harvest.extxyz"
     before: int = 4
     model: str | None = None
+    # Two or more students: also pick the first frame where their forces differ by more than `threshold` (meV/Å).
+    committee: list[str] | None = None
+    threshold: float = DISAGREEMENT_THRESHOLD
+    device: str | None = None
 
 
 JOBS = {

@@ -3,7 +3,8 @@
 A student fails where its training data did not reach. ``mlff-distill md --freeze-force`` stops each replica at the
 geometry where an atom first felt an unphysical force, and names it in the frames' ``info["frozen"]``; the domain
 check names geometries outside the training data's envelope (closer pairs or more neighbours than any training
-frame). :func:`harvest` takes, per trajectory, the first such frame and the few frames written before it (the
+frame); two students trained alike disagree where their data did not constrain them (:mod:`mlff_distiller.committee`).
+:func:`harvest` takes, per trajectory, the first such frame and the few frames written before it (the
 approach the student got wrong), which ``mlff-distill label --as-given`` then labels with the teacher and
 ``mlff-distill train --data OLD --data NEW --init-model STUDENT`` fine-tunes on::
 
@@ -34,10 +35,12 @@ class HarvestReport:
 
     Attributes:
         frames: the picked frames, in file order of their trajectories' first frame, each with ``info["harvest"]``
-            (``"frozen"``, ``"outside"`` or ``"before"``), and ``replica`` / ``time_fs`` when the input had them.
+            (``"frozen"``, ``"outside"``, ``"disagree"`` or ``"before"``), and ``replica`` / ``time_fs`` when the
+            input had them.
         trajectories: trajectories read.
         frozen: trajectories whose first bad frame is a frozen one.
         outside: trajectories whose first bad frame lies outside the envelope (and is not frozen).
+        disagree: trajectories whose first bad frame is one where the students disagree (and nothing above).
         nonfinite: trajectories whose first bad frame has non-finite positions (a run without ``freeze_force``);
             only the frames before it are picked.
         reasons: ``{trajectory: why}`` for each trajectory with a bad frame (the first finding).
@@ -47,17 +50,25 @@ class HarvestReport:
     trajectories: int
     frozen: int = 0
     outside: int = 0
+    disagree: int = 0
     nonfinite: int = 0
     reasons: dict = field(default_factory=dict)
 
 
-def harvest(frames: Sequence[Atoms], *, before: int = 4, envelope=None) -> HarvestReport:
-    """Per trajectory of ``frames`` (see the module), its first frozen frame or, with ``envelope`` (a
-    :class:`~mlff_distiller.domain.DomainEnvelope`), its first frame outside it, whichever comes first, and up to
-    ``before`` of that trajectory's frames written before it. Trajectories that never went wrong give nothing."""
+def harvest(
+    frames: Sequence[Atoms], *, before: int = 4, envelope=None, disagreement: Sequence[dict] | None = None
+) -> HarvestReport:
+    """Per trajectory of ``frames`` (see the module), its first frame that went wrong, and up to ``before`` of that
+    trajectory's frames written before it. Wrong, in this order: non-finite positions (not itself picked), frozen,
+    outside ``envelope`` (a :class:`~mlff_distiller.domain.DomainEnvelope`), flagged by ``disagreement`` (one dict
+    per frame, :func:`~mlff_distiller.committee.committee_disagreement`'s, or None for a frame not checked: two or
+    more students' forces differ there by more than its threshold, so the chemistry is new even where the geometry is
+    not). Trajectories that never went wrong give nothing."""
     if int(before) < 0:
         raise ValueError(f"before must be >= 0 frames, got {before}")
     frames = list(frames)
+    if disagreement is not None and len(disagreement) != len(frames):
+        raise ValueError(f"disagreement has {len(disagreement)} entries for {len(frames)} frames")
     groups: dict[object, list[int]] = {}
     for k, atoms in enumerate(frames):
         groups.setdefault(atoms.info.get("replica"), []).append(k)
@@ -76,6 +87,9 @@ def harvest(frames: Sequence[Atoms], *, before: int = 4, envelope=None) -> Harve
                 kind, why = "frozen", "frozen"
             elif findings[k]:
                 kind, why = "outside", findings[k][0]
+            elif disagreement is not None and disagreement[k] is not None and disagreement[k]["flagged"]:
+                kind = "disagree"
+                why = f"the students' forces differ by {disagreement[k]['force_disagreement_mev_a']:.0f} meV/Å"
             else:
                 continue
             setattr(report, kind, getattr(report, kind) + 1)

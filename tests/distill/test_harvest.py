@@ -103,6 +103,58 @@ def test_harvest_options():
     assert [f.info["harvest"] for f in harvest(twin, before=2).frames] == ["before", "frozen"]
 
 
+def test_harvest_takes_the_first_frame_the_students_disagree_on():
+    """``disagreement`` (one dict per frame, None where not checked) picks the first flagged frame of a trajectory
+    that nothing before it picked; frozen and outside come first; a list of the wrong length is refused."""
+    frames = _trajectories()
+    rows = [
+        None if not np.isfinite(f.positions).all() else {"flagged": False, "force_disagreement_mev_a": 10.0}
+        for f in frames
+    ]
+    at = {(f.info["replica"], int(f.info["time_fs"] // 2)): k for k, f in enumerate(frames)}
+    rows[at[(0, 3)]] = {"flagged": True, "force_disagreement_mev_a": 432.0}
+    rows[at[(1, 1)]] = {"flagged": True, "force_disagreement_mev_a": 80.0}  # before replica 1's freeze: first
+    rows[at[(2, 4)]] = {"flagged": True, "force_disagreement_mev_a": 80.0}  # after replica 2's outside frame
+    report = harvest(frames, before=1, envelope=_envelope(), disagreement=rows)
+    picked = [(f.info["replica"], int(f.info["time_fs"] // 2), f.info["harvest"]) for f in report.frames]
+    assert picked == [
+        (0, 2, "before"),
+        (0, 3, "disagree"),
+        (1, 0, "before"),
+        (1, 1, "disagree"),
+        (2, 1, "before"),
+        (2, 2, "outside"),
+        (3, 2, "before"),
+    ]
+    assert (report.frozen, report.outside, report.disagree, report.nonfinite) == (0, 1, 2, 1)
+    assert report.reasons[0] == "the students' forces differ by 432 meV/Å"
+    with pytest.raises(ValueError, match="disagreement has 3 entries for 24 frames"):
+        harvest(frames, disagreement=rows[:3])
+
+
+def test_harvest_command_with_a_committee(tmp_path, capsys):
+    """``--committee``: the two shipped students differ by hundreds of meV/Å on 1,4-benzenediamine (not in their
+    data) and little on ethanol (in it): the first benzenediamine frame is picked, nothing of ethanol."""
+    rng = np.random.default_rng(3)
+    frames = []
+    for t in range(3):
+        for r, name in enumerate(("CH3CH2OH", "BDA")):
+            a = molecule(name)
+            a.positions += rng.normal(0.0, 0.01, a.positions.shape)
+            a.info.update(time_fs=1.0 * t, replica=r)
+            frames.append(a)
+    src, out = tmp_path / "md.extxyz", tmp_path / "picked.extxyz"
+    ase.io.write(src, frames)
+    args = ["harvest", "--input", str(src), "--output", str(out), "--device", "cpu"]
+    assert main([*args, "--committee", "builtin:chno-gfn2,builtin:chno-gfn2-small"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["disagree"], summary["frames_written"]) == (1, 1) and "differ by" in summary["examples"]["1"]
+    picked = ase.io.read(out, index=":")
+    assert [(f.info["replica"], f.info["time_fs"], f.info["harvest"]) for f in picked] == [(1, 0.0, "disagree")]
+    assert main([*args, "--committee", "builtin:chno-gfn2"]) == 2
+    assert "at least two students" in capsys.readouterr().err
+
+
 def test_label_as_given_labels_exactly_the_structures_given(tmp_path):
     """``label_seeds`` with no MD and no rattles: one frame per seed, the seed's own geometry with the teacher's
     numbers; a frame the teacher finds unphysical is dropped; a second run resumes and adds nothing."""
