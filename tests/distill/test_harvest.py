@@ -333,6 +333,19 @@ def test_a_structure_that_kills_the_teacher_process_is_given_up_and_the_rest_lab
     assert (again.written, again.tasks_run, again.failed) == (0, 0, 0) and again.tasks_skipped == 5
 
 
+def test_a_shard_error_is_raised_again_in_the_caller(tmp_path):
+    """An exception inside a shard's process (here: resuming a directory whose shard 1 was labelled with other
+    settings) comes back as itself, naming the shard, after the other shards are done; not as a dead process."""
+    from mlff_distiller.distill import label_parallel
+
+    config = SamplingConfig(label_seeds=True, md_steps=0, rattle_per_seed=0)
+    label_parallel(emt_seeds(), "emt", tmp_path, config, workers=2)
+    record = tmp_path / "shard-01-of-02" / "label_config.json"
+    record.write_text(record.read_text().replace('"max_force": 50.0', '"max_force": 9.0'))
+    with pytest.raises(ValueError, match=r"shard 1: .*shard-01-of-02 holds a labelling run with a different"):
+        label_parallel(emt_seeds(), "emt", tmp_path, config, workers=2)
+
+
 def test_attempts_are_counted_only_for_deaths(tmp_path):
     """A task started MAX_ATTEMPTS times without finishing (attempts.json) is given up without calling the teacher;
     an interrupt or a Python exception inside a task leaves no attempt behind."""

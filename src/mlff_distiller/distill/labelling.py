@@ -38,7 +38,7 @@ from ase.calculators.calculator import Calculator
 from ase.calculators.singlepoint import SinglePointCalculator
 
 from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, make_tasks, run_task
-from mlff_distiller.distill.teachers import get_teacher, teacher_name
+from mlff_distiller.distill.teachers import MissingExtraError, get_teacher, teacher_name
 
 __all__ = ["FrameStore", "LabelReport", "label", "label_parallel", "read_frames"]
 
@@ -365,16 +365,31 @@ def _sampling_fingerprint(config: SamplingConfig) -> dict:
     return out
 
 
+# Errors a shard's process sends back to be raised again in the caller as themselves (the rest: RuntimeError).
+_SHARD_ERRORS = {
+    "ValueError": ValueError,
+    "FileNotFoundError": FileNotFoundError,
+    "MissingExtraError": MissingExtraError,
+}
+
+
 def _label_shard(kwargs: dict, report_path: str) -> None:
-    """One shard of :func:`label_parallel` in its own process; its report goes to ``report_path`` (JSON)."""
-    _atomic_write_text(Path(report_path), json.dumps(asdict(label(**kwargs))))
+    """One shard of :func:`label_parallel` in its own process; its report goes to ``report_path`` (JSON), or the
+    exception that ended it (its type's name and message), to be raised again in the caller."""
+    try:
+        record = {"report": asdict(label(**kwargs))}
+    except Exception as exc:
+        record = {"error": type(exc).__name__, "message": str(exc)}
+    _atomic_write_text(Path(report_path), json.dumps(record))
 
 
 def _run_shards(jobs: list[dict]) -> list[list[LabelReport]]:
     """Each job in a spawned process of its own, all at once; a process that dies inside a task (the teacher
     aborted: ``attempts.json`` names the task) is started again on its shard, which resumes and, after
     ``MAX_ATTEMPTS`` deaths in one task, gives it up. The other shards are not disturbed. Returns each shard's
-    reports, one per process. Raises ``RuntimeError`` for a process that died outside any task."""
+    reports, one per process. An exception that ends a shard is raised again here (``ValueError``,
+    ``FileNotFoundError`` and a missing teacher package as themselves, others as ``RuntimeError``), after the other
+    shards have finished; a process that died outside any task is a ``RuntimeError``."""
     import multiprocessing
     from multiprocessing.connection import wait
 
@@ -390,7 +405,7 @@ def _run_shards(jobs: list[dict]) -> list[list[LabelReport]]:
         return proc, path
 
     running = {k: start(k) for k in range(len(jobs))}
-    dead = []
+    dead, errors = [], []
     while running:
         wait([proc.sentinel for proc, _ in running.values()])
         for k, (proc, path) in list(running.items()):
@@ -399,8 +414,12 @@ def _run_shards(jobs: list[dict]) -> list[list[LabelReport]]:
             proc.join()
             del running[k]
             if proc.exitcode == 0 and path.exists():
-                reports[k].append(LabelReport(**json.loads(path.read_text())))
+                record = json.loads(path.read_text())
                 path.unlink()
+                if "error" in record:
+                    errors.append((record["error"], f"shard {k}: {record['message']}"))
+                else:
+                    reports[k].append(LabelReport(**record["report"]))
                 continue
             attempts = Path(jobs[k]["out_dir"]) / ATTEMPTS_NAME
             if attempts.exists() and json.loads(attempts.read_text()):
@@ -408,6 +427,9 @@ def _run_shards(jobs: list[dict]) -> list[list[LabelReport]]:
                 running[k] = start(k)
             else:
                 dead.append(f"shard {k} (exit code {proc.exitcode})")
+    if errors:  # the first, as its own type where the caller expects it (a bad setting is a ValueError)
+        name, message = errors[0]
+        raise _SHARD_ERRORS.get(name, RuntimeError)(message if name in _SHARD_ERRORS else f"{name}: {message}")
     if dead:
         raise RuntimeError(
             f"labelling processes died outside any task: {', '.join(dead)}; every frame labelled so far is kept, and "
