@@ -52,6 +52,19 @@ def run_label(job: LabelJob) -> dict:
             teacher_options=job.teacher_options,
         )
         return dataclasses.asdict(report)
+    if student is None:
+        from mlff_distiller.distill.labelling import label_watched
+
+        # In a process of its own: a teacher that aborts its process ends that one, and the run resumes past it.
+        report = label_watched(
+            load_seeds(job.seeds),
+            job.teacher,
+            job.out,
+            job.sampling,
+            progress=job.progress,
+            teacher_options=job.teacher_options,
+        )
+        return dataclasses.asdict(report)
     report = label(
         load_seeds(job.seeds),
         job.teacher,

@@ -325,12 +325,35 @@ def test_a_structure_that_kills_the_teacher_process_is_given_up_and_the_rest_lab
     assert sorted(len(f) for f in frames) == sorted(len(s) for s in seeds[1:])  # all but the water
     assert report.written == 4 and report.failed == 1 and report.tasks_run == 4  # (the dead processes report none)
     assert report.total == 4
-    assert capfd.readouterr().err.count("shard 0 died inside a task (exit code 3); resuming it") == MAX_ATTEMPTS
+    assert capfd.readouterr().err.count("shard 0 died inside a task (exit code 3); resuming") == MAX_ATTEMPTS
     progress = json.loads((tmp_path / "out" / "shard-00-of-02" / "progress.json").read_text())
     assert progress["given_up"] == ["given/s0000"]
     # Resumed: nothing to do, nothing tried again.
     again = label_parallel(seeds, "crashy-emt", tmp_path / "out", config, workers=2)
     assert (again.written, again.tasks_run, again.failed) == (0, 0, 0) and again.tasks_skipped == 5
+
+
+def test_the_label_command_in_one_process_gets_past_a_teacher_abort(tmp_path, monkeypatch, capfd):
+    """``mlff-distill label`` without ``--workers`` runs in a watched process of its own (label_watched): the same
+    directory layout as before, and an aborting teacher is given up after MAX_ATTEMPTS deaths, the rest labelled."""
+    from mlff_distiller.distill.labelling import MAX_ATTEMPTS
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_CRASHY)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    seeds = tmp_path / "seeds.extxyz"
+    ase.io.write(seeds, [*emt_seeds(), molecule("CH3OH")])
+    out = tmp_path / "labels"
+    args = ["label", "--teacher", "crashy-emt", "--seeds", str(seeds), "--as-given", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    captured = capfd.readouterr()
+    report = json.loads(captured.out)
+    assert (report["written"], report["failed"], report["total"]) == (3, 1, 3)
+    assert captured.err.count("the labelling process died inside a task") == MAX_ATTEMPTS
+    assert (out / "frames.db").exists() and not list(out.glob("shard-*"))
+    assert main([*args, "--set", "sampling.max_force=9"]) == 2  # an error in the process comes back as itself
+    assert "the labelling process: " in capfd.readouterr().err
 
 
 def test_a_shard_error_is_raised_again_in_the_caller(tmp_path):

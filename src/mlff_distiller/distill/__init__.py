@@ -39,6 +39,7 @@ _EXPORTS = {
     "get_teacher": "mlff_distiller.distill.teachers",
     "label": "mlff_distiller.distill.labelling",
     "label_parallel": "mlff_distiller.distill.labelling",
+    "label_watched": "mlff_distiller.distill.labelling",
     "learning_curve_plot": "mlff_distiller.distill.evaluation",
     "load_seeds": "mlff_distiller.distill.seeds",
     "load_yaml": "mlff_distiller.distill.config",
@@ -80,6 +81,7 @@ __all__ = [
     "get_teacher",
     "label",
     "label_parallel",
+    "label_watched",
     "learning_curve_plot",
     "load_seeds",
     "load_yaml",
@@ -117,7 +119,14 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
         predict_frames,
         pressure_curve,
     )
-    from mlff_distiller.distill.labelling import FrameStore, LabelReport, label, label_parallel, read_frames
+    from mlff_distiller.distill.labelling import (
+        FrameStore,
+        LabelReport,
+        label,
+        label_parallel,
+        label_watched,
+        read_frames,
+    )
     from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, Task, make_tasks, run_task
     from mlff_distiller.distill.seeds import g2_chno, load_seeds
     from mlff_distiller.distill.stability import StabilityMonitor, stability_run

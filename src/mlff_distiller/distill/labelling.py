@@ -40,7 +40,7 @@ from ase.calculators.singlepoint import SinglePointCalculator
 from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, make_tasks, run_task
 from mlff_distiller.distill.teachers import MissingExtraError, get_teacher, teacher_name
 
-__all__ = ["FrameStore", "LabelReport", "label", "label_parallel", "read_frames"]
+__all__ = ["FrameStore", "LabelReport", "label", "label_parallel", "label_watched", "read_frames"]
 
 DB_NAME = "frames.db"
 XYZ_NAME = "frames.extxyz"
@@ -383,7 +383,7 @@ def _label_shard(kwargs: dict, report_path: str) -> None:
     _atomic_write_text(Path(report_path), json.dumps(record))
 
 
-def _run_shards(jobs: list[dict]) -> list[list[LabelReport]]:
+def _run_shards(jobs: list[dict], names: list[str] | None = None) -> list[list[LabelReport]]:
     """Each job in a spawned process of its own, all at once; a process that dies inside a task (the teacher
     aborted: ``attempts.json`` names the task) is started again on its shard, which resumes and, after
     ``MAX_ATTEMPTS`` deaths in one task, gives it up. The other shards are not disturbed. Returns each shard's
@@ -395,6 +395,7 @@ def _run_shards(jobs: list[dict]) -> list[list[LabelReport]]:
 
     ctx = multiprocessing.get_context("spawn")
     reports: list[list[LabelReport]] = [[] for _ in jobs]
+    names = names or [f"shard {k}" for k in range(len(jobs))]
 
     def start(k: int):
         path = Path(jobs[k]["out_dir"]) / "report.json.part"
@@ -417,16 +418,16 @@ def _run_shards(jobs: list[dict]) -> list[list[LabelReport]]:
                 record = json.loads(path.read_text())
                 path.unlink()
                 if "error" in record:
-                    errors.append((record["error"], f"shard {k}: {record['message']}"))
+                    errors.append((record["error"], f"{names[k]}: {record['message']}"))
                 else:
                     reports[k].append(LabelReport(**record["report"]))
                 continue
             attempts = Path(jobs[k]["out_dir"]) / ATTEMPTS_NAME
             if attempts.exists() and json.loads(attempts.read_text()):
-                print(f"label: shard {k} died inside a task (exit code {proc.exitcode}); resuming it", file=sys.stderr)
+                print(f"label: {names[k]} died inside a task (exit code {proc.exitcode}); resuming", file=sys.stderr)
                 running[k] = start(k)
             else:
-                dead.append(f"shard {k} (exit code {proc.exitcode})")
+                dead.append(f"{names[k]} (exit code {proc.exitcode})")
     if errors:  # the first, as its own type where the caller expects it (a bad setting is a ValueError)
         name, message = errors[0]
         raise _SHARD_ERRORS.get(name, RuntimeError)(message if name in _SHARD_ERRORS else f"{name}: {message}")
@@ -436,6 +437,43 @@ def _run_shards(jobs: list[dict]) -> list[list[LabelReport]]:
             "running the same command again resumes"
         )
     return reports
+
+
+def label_watched(
+    seeds: Sequence[Atoms],
+    teacher: str,
+    out_dir: str | Path,
+    config: SamplingConfig | None = None,
+    *,
+    progress: bool = True,
+    teacher_options: dict | None = None,
+) -> LabelReport:
+    """:func:`label` in one process of its own, watched from this one (``mlff-distill label`` without ``--workers``):
+    a teacher that aborts its process (tblite's Fortran runtime, on rare broken geometries) ends that process, not
+    the caller, and the run is started again and resumes past the task (``MAX_ATTEMPTS``). The same directory, the
+    same frames as :func:`label`. ``teacher`` must be a preset name; an exception comes back as itself."""
+    if not isinstance(teacher, str):
+        raise ValueError("label_watched needs a preset teacher name (a Calculator cannot be sent to the process)")
+    job = dict(
+        seeds=list(seeds),
+        teacher=teacher,
+        out_dir=Path(out_dir),
+        config=config,
+        progress=progress,
+        teacher_options=teacher_options,
+    )
+    t0 = time.perf_counter()
+    (runs,) = _run_shards([job], names=["the labelling process"])
+    return LabelReport(
+        written=sum(r.written for r in runs),
+        total=runs[-1].total,
+        duplicates=sum(r.duplicates for r in runs),
+        tasks_run=sum(r.tasks_run for r in runs),
+        tasks_skipped=runs[0].tasks_skipped,
+        seconds=time.perf_counter() - t0,
+        not_selected=sum(r.not_selected for r in runs),
+        failed=sum(r.failed for r in runs),
+    )
 
 
 def label_parallel(
