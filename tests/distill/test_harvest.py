@@ -303,6 +303,7 @@ class Crashy(EMT):
 
 
 teachers.TEACHERS["crashy-emt"] = lambda **kw: Crashy(**kw)
+teachers.TEACHERS["dead-emt"] = lambda **kw: os._exit(4)  # dies as it is built, before any task runs
 '''
 
 
@@ -354,6 +355,24 @@ def test_the_label_command_in_one_process_gets_past_a_teacher_abort(tmp_path, mo
     assert (out / "frames.db").exists() and not list(out.glob("shard-*"))
     assert main([*args, "--set", "sampling.max_force=9"]) == 2  # an error in the process comes back as itself
     assert "the labelling process: " in capfd.readouterr().err
+
+
+def test_a_process_that_dies_outside_any_task_is_not_started_again(tmp_path, monkeypatch):
+    """A process that dies without starting a task (here: while its teacher is built, after an earlier death inside
+    a task left attempts.json non-empty) would die the same way again: an error naming it, not an endless restart."""
+    from mlff_distiller.distill import label_watched
+    from mlff_distiller.distill.labelling import ATTEMPTS_NAME
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_CRASHY)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ATTEMPTS_NAME).write_text(json.dumps({"given/s0000": 1}))
+    config = SamplingConfig(label_seeds=True, md_steps=0, rattle_per_seed=0)
+    with pytest.raises(RuntimeError, match=r"died outside any task: the labelling process \(exit code 4\)"):
+        label_watched(emt_seeds(), "dead-emt", out, config, progress=False)
 
 
 def test_a_shard_error_is_raised_again_in_the_caller(tmp_path):

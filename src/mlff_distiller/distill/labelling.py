@@ -397,19 +397,24 @@ def _run_shards(jobs: list[dict], names: list[str] | None = None) -> list[list[L
     reports: list[list[LabelReport]] = [[] for _ in jobs]
     names = names or [f"shard {k}" for k in range(len(jobs))]
 
+    def attempts(k: int) -> dict:
+        path = Path(jobs[k]["out_dir"]) / ATTEMPTS_NAME
+        return json.loads(path.read_text()) if path.exists() else {}
+
     def start(k: int):
         path = Path(jobs[k]["out_dir"]) / "report.json.part"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
         proc = ctx.Process(target=_label_shard, args=(jobs[k], str(path)), daemon=True)
+        before = attempts(k)
         proc.start()
-        return proc, path
+        return proc, path, before
 
     running = {k: start(k) for k in range(len(jobs))}
     dead, errors = [], []
     while running:
-        wait([proc.sentinel for proc, _ in running.values()])
-        for k, (proc, path) in list(running.items()):
+        wait([proc.sentinel for proc, _, _ in running.values()])
+        for k, (proc, path, before) in list(running.items()):
             if proc.exitcode is None:
                 continue
             proc.join()
@@ -422,11 +427,11 @@ def _run_shards(jobs: list[dict], names: list[str] | None = None) -> list[list[L
                 else:
                     reports[k].append(LabelReport(**record["report"]))
                 continue
-            attempts = Path(jobs[k]["out_dir"]) / ATTEMPTS_NAME
-            if attempts.exists() and json.loads(attempts.read_text()):
+            now = attempts(k)
+            if now and now != before:  # it died inside a task it had started: each restart moves a task on
                 print(f"label: {names[k]} died inside a task (exit code {proc.exitcode}); resuming", file=sys.stderr)
                 running[k] = start(k)
-            else:
+            else:  # before any task (or before its start was recorded): starting it again would die the same way
                 dead.append(f"{names[k]} (exit code {proc.exitcode})")
     if errors:  # the first, as its own type where the caller expects it (a bad setting is a ValueError)
         name, message = errors[0]
