@@ -173,7 +173,9 @@ class LabelReport:
     tasks_skipped: int
     seconds: float
     not_selected: int = 0  # on-policy frames the committee agreed on, left unlabelled (select_disagreement)
-    failed: int = 0  # given structures the teacher could not compute (CalculationFailed: e.g. no SCF convergence)
+    # Given structures the teacher could not compute (CalculationFailed: e.g. no SCF convergence), and tasks given up
+    # after taking their process down MAX_ATTEMPTS times.
+    failed: int = 0
 
 
 def _progress(total: int, desc: str, enabled: bool):
