@@ -253,7 +253,7 @@ def test_the_loop_from_the_command_line(tmp_path, capsys, emt_labels):
 
 
 def _val_frames(*sources) -> int:
-    from mlff_distiller.cli_commands import _read_labelled
+    from mlff_distiller.cli_distill import _read_labelled
     from mlff_distiller.distill import split_frames
 
     return len(split_frames(_read_labelled([str(s) for s in sources]), 0.3, seed=0)[1])
@@ -261,7 +261,7 @@ def _val_frames(*sources) -> int:
 
 def test_several_label_sources_keep_their_tasks_apart(emt_labels, tmp_path):
     """Two sources with the same task names (two label runs of the same seeds) stay separate groups in the split."""
-    from mlff_distiller.cli_commands import _read_labelled
+    from mlff_distiller.cli_distill import _read_labelled
 
     one = read_frames(emt_labels)
     both = _read_labelled([str(emt_labels), str(emt_labels)])

@@ -38,8 +38,8 @@ _EXPORTS = {
     "g2_chno": "mlff_distiller.distill.seeds",
     "get_teacher": "mlff_distiller.distill.teachers",
     "label": "mlff_distiller.distill.labelling",
-    "label_parallel": "mlff_distiller.distill.labelling",
-    "label_watched": "mlff_distiller.distill.labelling",
+    "label_parallel": "mlff_distiller.distill.label_processes",
+    "label_watched": "mlff_distiller.distill.label_processes",
     "learning_curve_plot": "mlff_distiller.distill.evaluation",
     "load_seeds": "mlff_distiller.distill.seeds",
     "load_yaml": "mlff_distiller.distill.config",
@@ -119,14 +119,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
         predict_frames,
         pressure_curve,
     )
-    from mlff_distiller.distill.labelling import (
-        FrameStore,
-        LabelReport,
-        label,
-        label_parallel,
-        label_watched,
-        read_frames,
-    )
+    from mlff_distiller.distill.label_processes import label_parallel, label_watched
+    from mlff_distiller.distill.labelling import FrameStore, LabelReport, label, read_frames
     from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, Task, make_tasks, run_task
     from mlff_distiller.distill.seeds import g2_chno, load_seeds
     from mlff_distiller.distill.stability import StabilityMonitor, stability_run

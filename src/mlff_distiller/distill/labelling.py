@@ -38,9 +38,9 @@ from ase.calculators.calculator import Calculator
 from ase.calculators.singlepoint import SinglePointCalculator
 
 from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, make_tasks, run_task
-from mlff_distiller.distill.teachers import MissingExtraError, get_teacher, teacher_name
+from mlff_distiller.distill.teachers import get_teacher, teacher_name
 
-__all__ = ["FrameStore", "LabelReport", "label", "label_parallel", "label_watched", "read_frames"]
+__all__ = ["FrameStore", "LabelReport", "label", "read_frames"]  # (+ label_parallel, label_watched: __getattr__)
 
 DB_NAME = "frames.db"
 XYZ_NAME = "frames.extxyz"
@@ -367,188 +367,6 @@ def _sampling_fingerprint(config: SamplingConfig) -> dict:
     return out
 
 
-# Errors a shard's process sends back to be raised again in the caller as themselves (the rest: RuntimeError).
-_SHARD_ERRORS = {
-    "ValueError": ValueError,
-    "FileNotFoundError": FileNotFoundError,
-    "MissingExtraError": MissingExtraError,
-}
-
-
-def _label_shard(kwargs: dict, report_path: str) -> None:
-    """One shard of :func:`label_parallel` in its own process; its report goes to ``report_path`` (JSON), or the
-    exception that ended it (its type's name and message), to be raised again in the caller."""
-    try:
-        record = {"report": asdict(label(**kwargs))}
-    except Exception as exc:
-        record = {"error": type(exc).__name__, "message": str(exc)}
-    _atomic_write_text(Path(report_path), json.dumps(record))
-
-
-def _run_shards(jobs: list[dict], names: list[str] | None = None) -> list[list[LabelReport]]:
-    """Each job in a spawned process of its own, all at once; a process that dies inside a task (the teacher
-    aborted: ``attempts.json`` names the task) is started again on its shard, which resumes and, after
-    ``MAX_ATTEMPTS`` deaths in one task, gives it up. The other shards are not disturbed. Returns each shard's
-    reports, one per process. An exception that ends a shard is raised again here (``ValueError``,
-    ``FileNotFoundError`` and a missing teacher package as themselves, others as ``RuntimeError``), after the other
-    shards have finished; a process that died outside any task is a ``RuntimeError``."""
-    import multiprocessing
-    from multiprocessing.connection import wait
-
-    ctx = multiprocessing.get_context("spawn")
-    reports: list[list[LabelReport]] = [[] for _ in jobs]
-    names = names or [f"shard {k}" for k in range(len(jobs))]
-
-    def attempts(k: int) -> dict:
-        path = Path(jobs[k]["out_dir"]) / ATTEMPTS_NAME
-        return json.loads(path.read_text()) if path.exists() else {}
-
-    def start(k: int):
-        path = Path(jobs[k]["out_dir"]) / "report.json.part"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)
-        proc = ctx.Process(target=_label_shard, args=(jobs[k], str(path)), daemon=True)
-        before = attempts(k)
-        proc.start()
-        return proc, path, before
-
-    running = {k: start(k) for k in range(len(jobs))}
-    dead, errors = [], []
-    while running:
-        wait([proc.sentinel for proc, _, _ in running.values()])
-        for k, (proc, path, before) in list(running.items()):
-            if proc.exitcode is None:
-                continue
-            proc.join()
-            del running[k]
-            if proc.exitcode == 0 and path.exists():
-                record = json.loads(path.read_text())
-                path.unlink()
-                if "error" in record:
-                    errors.append((record["error"], f"{names[k]}: {record['message']}"))
-                else:
-                    reports[k].append(LabelReport(**record["report"]))
-                continue
-            now = attempts(k)
-            if now and now != before:  # it died inside a task it had started: each restart moves a task on
-                print(f"label: {names[k]} died inside a task (exit code {proc.exitcode}); resuming", file=sys.stderr)
-                running[k] = start(k)
-            else:  # before any task (or before its start was recorded): starting it again would die the same way
-                dead.append(f"{names[k]} (exit code {proc.exitcode})")
-    if errors:  # the first, as its own type where the caller expects it (a bad setting is a ValueError)
-        name, message = errors[0]
-        raise _SHARD_ERRORS.get(name, RuntimeError)(message if name in _SHARD_ERRORS else f"{name}: {message}")
-    if dead:
-        raise RuntimeError(
-            f"labelling processes died outside any task: {', '.join(dead)}; every frame labelled so far is kept, and "
-            "running the same command again resumes"
-        )
-    return reports
-
-
-def label_watched(
-    seeds: Sequence[Atoms],
-    teacher: str,
-    out_dir: str | Path,
-    config: SamplingConfig | None = None,
-    *,
-    progress: bool = True,
-    teacher_options: dict | None = None,
-) -> LabelReport:
-    """:func:`label` in one process of its own, watched from this one (``mlff-distill label`` without ``--workers``):
-    a teacher that aborts its process (tblite's Fortran runtime, on rare broken geometries) ends that process, not
-    the caller, and the run is started again and resumes past the task (``MAX_ATTEMPTS``). The same directory, the
-    same frames as :func:`label`. ``teacher`` must be a preset name; an exception comes back as itself."""
-    if not isinstance(teacher, str):
-        raise ValueError("label_watched needs a preset teacher name (a Calculator cannot be sent to the process)")
-    job = dict(
-        seeds=list(seeds),
-        teacher=teacher,
-        out_dir=Path(out_dir),
-        config=config,
-        progress=progress,
-        teacher_options=teacher_options,
-    )
-    t0 = time.perf_counter()
-    (runs,) = _run_shards([job], names=["the labelling process"])
-    return LabelReport(
-        written=sum(r.written for r in runs),
-        total=runs[-1].total,
-        duplicates=sum(r.duplicates for r in runs),
-        tasks_run=sum(r.tasks_run for r in runs),
-        tasks_skipped=runs[0].tasks_skipped,
-        seconds=time.perf_counter() - t0,
-        not_selected=sum(r.not_selected for r in runs),
-        failed=sum(r.failed for r in runs),
-    )
-
-
-def label_parallel(
-    seeds: Sequence[Atoms],
-    teacher: str,
-    out_dir: str | Path,
-    config: SamplingConfig | None = None,
-    *,
-    workers: int = 2,
-    teacher_options: dict | None = None,
-) -> LabelReport:
-    """:func:`label` split over ``workers`` processes by seed (shard k takes seeds ``k, k + n, ...``).
-
-    Shard k writes ``out_dir/shard-KK-of-NN`` (each resumable on its own); the frames equal those of one
-    unsharded run because task keys and random streams use the global seed index and duplicates are only
-    ever found among frames of the same atoms. :func:`read_frames` on ``out_dir`` reads all shards.
-    """
-    if not isinstance(teacher, str):
-        raise ValueError("label_parallel needs a preset teacher name (a Calculator cannot be sent to workers)")
-    n = int(workers)
-    if n < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    out = Path(out_dir)
-    # Shards of another worker count would be read together with these (read_frames reads every shard) and
-    # hold the same tasks: duplicated frames. Resuming needs the count the labels were started with.
-    other = sorted({p.name.rsplit("-of-", 1)[1] for p in out.glob("shard-*-of-*")} - {f"{n:02d}"})
-    if other:
-        raise ValueError(
-            f"{out} already holds labels sharded over {int(other[0])} workers; resume with workers={int(other[0])} "
-            f"(not {n}) or use another out_dir"
-        )
-    jobs = [
-        dict(
-            seeds=list(seeds),
-            teacher=teacher,
-            out_dir=out / f"shard-{k:02d}-of-{n:02d}",
-            config=config,
-            progress=False,
-            teacher_options=teacher_options,
-            shard=(k, n),
-        )
-        for k in range(n)
-    ]
-    t0 = time.perf_counter()
-    # Spawned workers inherit the environment: one OpenMP/BLAS thread each, read when their runtimes load.
-    limits = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-    saved = {k: os.environ.get(k) for k in limits}
-    os.environ.update(dict.fromkeys(limits, "1"))
-    try:
-        runs = _run_shards(jobs)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    every = [r for shard in runs for r in shard]  # a shard started again after its process died: several
-    return LabelReport(
-        written=sum(r.written for r in every),
-        total=sum(shard[-1].total for shard in runs),
-        duplicates=sum(r.duplicates for r in every),
-        tasks_run=sum(r.tasks_run for r in every),
-        tasks_skipped=sum(shard[0].tasks_skipped for shard in runs),
-        seconds=time.perf_counter() - t0,
-        failed=sum(r.failed for r in every),
-    )
-
-
 def read_frames(path: str | Path) -> list[Atoms]:
     """Labelled frames from a label directory, an ASE ``.db`` or a file ASE reads with energies and forces."""
     path = Path(path)
@@ -570,3 +388,13 @@ def read_frames(path: str | Path) -> list[Atoms]:
         if atoms.calc is None or "energy" not in atoms.calc.results or "forces" not in atoms.calc.results:
             raise ValueError(f"{path}: frame {k} has no energy and forces labels")
     return frames
+
+
+def __getattr__(name: str):
+    """``label_parallel`` and ``label_watched``, which run :func:`label` in processes of their own, from
+    :mod:`mlff_distiller.distill.label_processes` (which imports this module)."""
+    if name in ("label_parallel", "label_watched"):
+        from mlff_distiller.distill import label_processes
+
+        return getattr(label_processes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
