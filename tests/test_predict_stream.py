@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 
 import ase.io
@@ -57,17 +58,26 @@ class _Interrupt:
         return self.real(*args, **kwargs)
 
 
-def test_chunked_output_equals_one_call(model, tmp_path):
+def test_chunked_output_equals_one_call(model, tmp_path, monkeypatch):
     frames = _frames(11)
     src = _write(tmp_path / "in.extxyz", frames)
     out = tmp_path / "out.extxyz"
+    real, calls = pf.run_predictions, []
+
+    def slow(*args, **kwargs):  # a known 50 ms in each prediction: it must be counted as "predict", not elsewhere
+        calls.append(1)
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pf, "run_predictions", slow)
     # fp64: batches of 3 and of 11 structures differ by float32 rounding (up to ~5e-7 eV/Å on a 16-core host)
     result = predict_file(model, src, out, chunk=3, device="cpu", precision="fp64")
     assert result["structures"] == 11 and result["resumed_from"] == 0
     assert not (tmp_path / ("out.extxyz" + PROGRESS_SUFFIX)).exists()
     parts = result["parts"]  # where the time went: each part timed, together no more than the whole call
     assert set(parts) == {"start", "read", "predict", "format", "write"} and min(parts.values()) > 0
-    assert sum(parts.values()) - parts["start"] <= result["seconds"] and parts["predict"] > parts["write"]
+    assert sum(parts.values()) - parts["start"] <= result["seconds"]
+    assert len(calls) == 4 and parts["predict"] >= 0.05 * len(calls)  # (a timing of one host would be flaky)
     xyz = tmp_path / "in.pdb"  # the same through ase.io.iread (a format the blocks do not take): the same parts
     ase.io.write(xyz, frames, format="proteindatabank")
     assert set(predict_file(model, xyz, tmp_path / "pdb.extxyz", chunk=3, device="cpu")["parts"]) == set(parts)
