@@ -59,11 +59,15 @@ def harvest(
     frames: Sequence[Atoms], *, before: int = 4, envelope=None, disagreement: Sequence[dict] | None = None
 ) -> HarvestReport:
     """Per trajectory of ``frames`` (see the module), its first frame that went wrong, and up to ``before`` of that
-    trajectory's frames written before it. Wrong, in this order: non-finite positions (not itself picked), frozen,
-    outside ``envelope`` (a :class:`~mlff_distiller.domain.DomainEnvelope`), flagged by ``disagreement`` (one dict
-    per frame, :func:`~mlff_distiller.committee.committee_disagreement`'s, or None for a frame not checked: two or
-    more students' forces differ there by more than its threshold, so the chemistry is new even where the geometry is
-    not). Trajectories that never went wrong give nothing."""
+    trajectory's frames written before it. Trajectories that never went wrong give nothing. Wrong, in this order:
+
+    * non-finite positions (that frame itself is not picked);
+    * frozen (``info["frozen"]``);
+    * outside ``envelope`` (a :class:`~mlff_distiller.domain.DomainEnvelope`);
+    * flagged in ``disagreement``: one dict per frame as :func:`~mlff_distiller.committee.committee_disagreement`
+      gives them, or None for a frame not checked. There two or more students' forces differ by more than its
+      threshold: new chemistry, even where the geometry is not new.
+    """
     if int(before) < 0:
         raise ValueError(f"before must be >= 0 frames, got {before}")
     frames = list(frames)
