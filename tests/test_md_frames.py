@@ -61,6 +61,8 @@ def _random_case(rng: np.random.Generator, k: int) -> tuple[Atoms, dict, dict]:
         info["pressure_gpa"] = float(rng.normal() * 10.0 ** rng.integers(-12, 1))
     if k % 3 == 1:  # BatchedMD's frames name their replica
         info["replica"] = int(rng.integers(-(10**12), 10**12)) if k % 2 else k
+    if k % 6 == 4:  # ... and a frozen one says so, first (mlff-distill md moves it there from the template)
+        info = {"frozen": bool(k % 12 == 4), **info}
     return a, results, info
 
 
@@ -101,7 +103,6 @@ def _declined():
     kept.info["config_type"] = "water"
     case("info the input carried", kept)
     case("a string in the info", extra={"note": "x"})
-    case("a bool in the info", extra={"done": True})
     case("a NumPy integer in the info", extra={"step": np.int64(3)})
     case("an info key that is also a result", extra={"energy": 1.0})
     case("a dipole result", results={**res, "dipole": np.zeros(3)})

@@ -231,9 +231,9 @@ def format_md_frame(atoms, results: dict, info: dict) -> str | None:
     """The text ASE's extxyz writer gives for a copy of ``atoms`` with ``info`` added to its ``info`` and a
     calculator holding ``results`` (``ase.io.write(f, frame, format="extxyz")``), for the frames an MD run
     writes: species, positions and real per-atom columns (``momenta``), a cell or none, constraints ASE does not
-    write (``FixCom``), float and int ``info`` and the calculator's energy, free energy, stress, forces and per-atom
-    energies. ``None`` for anything else, which ASE then writes. One MD frame of benzene on the development CPU:
-    ~76 µs here, 310-430 µs through ``ase.io.write`` (a file opened per frame), 190-350 µs through ASE's
+    write (``FixCom``), float, int and bool ``info`` and the calculator's energy, free energy, stress, forces and
+    per-atom energies. ``None`` for anything else, which ASE then writes. One MD frame of benzene on the development
+    CPU: ~76 µs here, 310-430 µs through ``ase.io.write`` (a file opened per frame), 190-350 µs through ASE's
     ``write_extxyz`` on an open file."""
     atoms_type, move_mask_constraints, renamed = _ase_constraint_types()
     _, symbols, _, per_atom, per_config, _, voigt_to_full = _ase_tables()
@@ -278,12 +278,11 @@ def format_md_frame(atoms, results: dict, info: dict) -> str | None:
             full = np.asarray(value, dtype=np.float64)
             full = voigt_to_full(full) if full.shape == (6,) else full
             text = '"' + " ".join(f"{v}" for v in full.reshape(9, order="F")) + '"'
-        elif (
-            isinstance(value, float | int)
-            and not isinstance(value, bool)
-            and _NAME.fullmatch(key)
-            and key not in ("pbc", "Lattice", "Properties")
-        ):
+        elif not _NAME.fullmatch(key) or key in ("pbc", "Lattice", "Properties"):
+            return None
+        elif isinstance(value, bool):
+            text = "T" if value else "F"  # ASE's bools (BatchedMD's "frozen")
+        elif isinstance(value, float | int):
             text = f"{value}"  # ASE's str() of a Python float or int
         else:
             return None

@@ -257,7 +257,10 @@ def _run_md_batched(job: MDJob, frames: list) -> dict:
         def write(md: BatchedMD) -> None:
             kinetic = md.kinetic_energies()
             for k, atoms, results in md.states():
-                info = {"time_fs": t_start[k] + md.time_fs}
+                # A frozen replica's flag as the frame's first info key (where ASE writes the template's own info):
+                # the template itself then carries none, and the fast writer takes the frame.
+                info = {"frozen": atoms.info.pop("frozen")} if "frozen" in atoms.info else {}
+                info["time_fs"] = t_start[k] + md.time_fs
                 if "energy" in results:  # none for a replica frozen by a non-finite force
                     info["total_energy"] = results["energy"] + float(kinetic[k])
                 info["replica"] = k

@@ -216,8 +216,13 @@ def test_a_given_structure_the_teacher_cannot_do_is_skipped_and_counted():
         list(run_task(make_tasks(seeds[:1], md)[0], seeds[0], Picky(), md))
 
 
-def test_the_loop_from_the_command_line(tmp_path, capsys, emt_labels):
-    """md with --freeze-force -> harvest -> label --as-given -> train on both label sets from the student."""
+def test_the_loop_from_the_command_line(tmp_path, capsys, emt_labels, monkeypatch):
+    """md with --freeze-force -> harvest -> label --as-given -> train on both label sets from the student. The md
+    frames, frozen ones included, all take the fast writer."""
+    import mlff_distiller._extxyz_fast as fast
+
+    declined, real = [], fast.format_md_frame
+    monkeypatch.setattr(fast, "format_md_frame", lambda *a: declined.append(1) if (t := real(*a)) is None else t)
     start = tmp_path / "start.xyz"
     squeezed = molecule("H2O")
     squeezed.positions[1] = squeezed.positions[0] + [0.0, 0.0, 0.6]  # an O-H pair deep in the student's wall
@@ -228,6 +233,7 @@ def test_the_loop_from_the_command_line(tmp_path, capsys, emt_labels):
     md += ["--freeze-force", "50", "--device", "cpu", "--output", str(hot)]
     assert main(md) == 0
     assert json.loads(capsys.readouterr().out)["frozen"] == [2, 3]  # the squeezed water's two replicas
+    assert not declined
     picked = tmp_path / "picked.extxyz"
     assert main(["harvest", "--input", str(hot), "--output", str(picked), "--model", model]) == 0
     summary = json.loads(capsys.readouterr().out)
