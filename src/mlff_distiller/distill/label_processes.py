@@ -104,6 +104,22 @@ def _run_shards(jobs: list[dict], names: list[str] | None = None) -> list[list[L
     return reports
 
 
+def _merged(runs: list[list[LabelReport]], seconds: float) -> LabelReport:
+    """One report of every shard's processes (several for a shard started again after its process died): counts
+    summed over all of them, the frames in store from each shard's last, the tasks found done from its first."""
+    every = [r for shard in runs for r in shard]
+    return LabelReport(
+        written=sum(r.written for r in every),
+        total=sum(shard[-1].total for shard in runs),
+        duplicates=sum(r.duplicates for r in every),
+        tasks_run=sum(r.tasks_run for r in every),
+        tasks_skipped=sum(shard[0].tasks_skipped for shard in runs),
+        seconds=seconds,
+        not_selected=sum(r.not_selected for r in every),
+        failed=sum(r.failed for r in every),
+    )
+
+
 def label_watched(
     seeds: Sequence[Atoms],
     teacher: str,
@@ -128,17 +144,7 @@ def label_watched(
         teacher_options=teacher_options,
     )
     t0 = time.perf_counter()
-    (runs,) = _run_shards([job], names=["the labelling process"])
-    return LabelReport(
-        written=sum(r.written for r in runs),
-        total=runs[-1].total,
-        duplicates=sum(r.duplicates for r in runs),
-        tasks_run=sum(r.tasks_run for r in runs),
-        tasks_skipped=runs[0].tasks_skipped,
-        seconds=time.perf_counter() - t0,
-        not_selected=sum(r.not_selected for r in runs),
-        failed=sum(r.failed for r in runs),
-    )
+    return _merged(_run_shards([job], names=["the labelling process"]), time.perf_counter() - t0)
 
 
 def label_parallel(
@@ -195,13 +201,4 @@ def label_parallel(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    every = [r for shard in runs for r in shard]  # a shard started again after its process died: several
-    return LabelReport(
-        written=sum(r.written for r in every),
-        total=sum(shard[-1].total for shard in runs),
-        duplicates=sum(r.duplicates for r in every),
-        tasks_run=sum(r.tasks_run for r in every),
-        tasks_skipped=sum(shard[0].tasks_skipped for shard in runs),
-        seconds=time.perf_counter() - t0,
-        failed=sum(r.failed for r in every),
-    )
+    return _merged(runs, time.perf_counter() - t0)
