@@ -134,6 +134,14 @@ def make_parser() -> argparse.ArgumentParser:
         "original labels and a fine-tuning round's)",
     )
     p.add_argument(
+        "--data-weight",
+        dest="data_weight",
+        action="append",
+        type=float,
+        help="loss weight of each --data source, one per --data in order (default 1.0 each), e.g. 0.2 for a "
+        "fine-tuning round's far-from-equilibrium frames; multiplies a frame's own info['config_weight']",
+    )
+    p.add_argument(
         "--val-data", dest="val_data", action="append", help="separate validation frames (else split from --data)"
     )
     p.add_argument("--out", help="run directory (best.pt, last.pt, train_state.pt, history.json)")

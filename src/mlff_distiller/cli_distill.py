@@ -78,21 +78,45 @@ def run_label(job: LabelJob) -> dict:
     return dataclasses.asdict(report)
 
 
-def _read_labelled(data: str | list[str]) -> list:
+def _source_weights(weights: float | list[float] | None, sources: list[str]) -> list[float] | None:
+    """``--data-weight`` checked against the ``--data`` sources: one finite weight >= 0 per source, not all 0.
+    None (no weights given) stays None: every source weighs 1.0."""
+    from mlff_distiller.distill.dataset import loss_weight
+
+    if weights is None:
+        return None
+    weights = [weights] if isinstance(weights, int | float) else list(weights)
+    if len(weights) != len(sources):
+        raise ValueError(
+            f"--data-weight (data_weight) given {len(weights)} time(s) for {len(sources)} --data source(s); give one "
+            "per --data, in the same order"
+        )
+    out = [loss_weight(w, f"--data-weight of {source}") for source, w in zip(sources, weights, strict=True)]
+    if not any(out):
+        raise ValueError("--data-weight: every --data source has weight 0, so there is nothing to train on")
+    return out
+
+
+def _read_labelled(data: str | list[str], weights: float | list[float] | None = None) -> list:
     """The labelled frames of one source or several (``--data A --data B``: e.g. the original labels and a fine-tuning
     round's). With several, each frame's ``task`` is prefixed by its source's position, so that the train/validation
-    split, which keeps a task's frames on one side, never joins two sources' tasks of the same name."""
+    split, which keeps a task's frames on one side, never joins two sources' tasks of the same name. ``weights``
+    (``--data-weight``, one per source) multiply each frame's ``info["config_weight"]`` (default 1.0), the frame's
+    weight in the training loss, so the weights travel with the frames through the split."""
+    from mlff_distiller.distill.dataset import config_weight
     from mlff_distiller.distill.labelling import read_frames
 
     sources = [data] if isinstance(data, str) else list(data)
     if not sources:
         raise ValueError("no labelled data given (--data)")
-    if len(sources) == 1:
-        return read_frames(sources[0])
+    weights = _source_weights(weights, sources)
     frames = []
     for k, source in enumerate(sources):
         for n, atoms in enumerate(read_frames(source)):
-            atoms.info["task"] = f"{k}:{atoms.info.get('task', f'frame{n}')}"
+            if len(sources) > 1:
+                atoms.info["task"] = f"{k}:{atoms.info.get('task', f'frame{n}')}"
+            if weights is not None:
+                atoms.info["config_weight"] = weights[k] * config_weight(atoms, f"{source}: frame {n}")
             frames.append(atoms)
     return frames
 
@@ -105,7 +129,7 @@ def run_train(job: TrainJob) -> dict:
     from mlff_distiller.distill.training import train
 
     data = job.data if isinstance(job.data, str) else ", ".join(job.data)
-    frames = _read_labelled(job.data)
+    frames = _read_labelled(job.data, job.data_weight)
     if job.val_data:
         train_frames, val_frames = frames, _read_labelled(job.val_data)
     else:
@@ -119,6 +143,8 @@ def run_train(job: TrainJob) -> dict:
             )
     init = load_model(job.init_model) if job.init_model else None
     meta = {"teacher": job.teacher, "data": data, "train_frames": len(train_frames)}
+    if job.data_weight is not None:
+        meta["data_weight"] = job.data_weight
     if job.init_model:
         meta["init_model"] = str(job.init_model)
     result = train(train_frames, val_frames, job.train, job.out, model=init, resume=job.resume, metadata=meta)

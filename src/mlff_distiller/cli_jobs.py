@@ -50,6 +50,9 @@ class TrainJob:
     """``train``: fit a student to labelled frames; writes ``out/best.pt`` and optionally ``export``."""
 
     data: str | list[str] = "labels"  # one source or several (`--data A --data B`), read in order
+    # The loss weight of each `data` source, in order (`--data-weight`; None: all 1.0); it multiplies each frame's own
+    # info["config_weight"].
+    data_weight: float | list[float] | None = None
     val_data: str | list[str] | None = None
     val_fraction: float = 0.1
     split_seed: int = 0

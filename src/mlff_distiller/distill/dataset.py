@@ -17,7 +17,7 @@ from ase import Atoms
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.neighbors import neighbor_list
 
-__all__ = ["FrameDataset", "LabelledBatch", "fit_energy_reference", "split_frames"]
+__all__ = ["FrameDataset", "LabelledBatch", "config_weight", "fit_energy_reference", "split_frames"]
 
 # Frames per neighbour-list call while building a dataset (bounds transient memory).
 _NL_CHUNK = 512
@@ -37,6 +37,7 @@ class LabelledBatch:
         hvp: ``[N, 3]`` teacher H·v, eV/Å², or None.
         stress: ``[B, 6]`` teacher stress (Voigt, eV/Å³; zeros where a frame has none), or None when the dataset
             holds no stress labels. stress_mask: ``[B]`` bool, the frames with a stress label.
+        weight: ``[B]`` each frame's loss weight (dimensionless, >= 0; :func:`config_weight`), or None for all 1.0.
     """
 
     atoms: AtomsBatch
@@ -48,6 +49,7 @@ class LabelledBatch:
     hvp: torch.Tensor | None = None
     stress: torch.Tensor | None = None
     stress_mask: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
 
     @property
     def num_structures(self) -> int:
@@ -88,6 +90,23 @@ def _stress_label(atoms: Atoms, k: int) -> np.ndarray | None:
     return stress
 
 
+def loss_weight(value, what: str) -> float:
+    """``value`` as a loss weight: a finite float >= 0, else a ``ValueError`` naming ``what``."""
+    try:
+        weight = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, got {value!r}") from None
+    if not (np.isfinite(weight) and weight >= 0):
+        raise ValueError(f"{what} must be finite and >= 0, got {value!r}")
+    return weight
+
+
+def config_weight(atoms: Atoms, where: str = "frame") -> float:
+    """A labelled frame's loss weight: ``atoms.info["config_weight"]`` (the key MACE reads) or 1.0 when it has none;
+    a ``ValueError`` naming ``where`` unless it is a finite number >= 0."""
+    return loss_weight(atoms.info.get("config_weight", 1.0), f"{where}: config_weight")
+
+
 def _segment_arange(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Concatenation of ``arange(s, s + c)`` over segments."""
     total = int(counts.sum())
@@ -102,8 +121,9 @@ class FrameDataset:
 
     Args:
         frames: ``ase.Atoms`` with teacher ``energy`` (eV) and ``forces`` (eV/Å) on their calculator; optional
-            arrays ``hvp_dir``/``hvp`` (used only if every frame has them) and, for fully periodic frames, an
-            optional ``stress`` result (Voigt or 3 x 3, eV/Å³).
+            arrays ``hvp_dir``/``hvp`` (used only if every frame has them), for fully periodic frames an
+            optional ``stress`` result (Voigt or 3 x 3, eV/Å³), and an optional ``info["config_weight"]``: the
+            frame's weight in the training loss (:func:`config_weight`; ``weight``, default 1.0).
         cutoff: graph cutoff, Å (the student's).
         device, dtype: where and in which float dtype the tensors live.
         neighbor_method: neighbour-list backend.
@@ -121,7 +141,7 @@ class FrameDataset:
         frames = list(frames)
         if not frames:
             raise ValueError("FrameDataset needs at least one labelled frame")
-        energies, forces, stresses = [], [], []
+        energies, forces, stresses, weights = [], [], [], []
         for k, a in enumerate(frames):
             calc = a.calc
             if calc is None or "energy" not in calc.results or "forces" not in calc.results:
@@ -135,6 +155,7 @@ class FrameDataset:
             energies.append(e)
             forces.append(f)
             stresses.append(_stress_label(a, k))
+            weights.append(config_weight(a, f"frame {k}"))
         self.frames_info = [dict(a.info) for a in frames]
         self.device, self.dtype, self.cutoff = torch.device(device), dtype, float(cutoff)
         full = AtomsBatch.from_atoms(frames, dtype=torch.float64)
@@ -142,6 +163,7 @@ class FrameDataset:
         self.positions = full.positions
         self.cell, self.pbc, self.atom_ptr = full.cell, full.pbc, full.ptr
         self.energy = torch.tensor(energies, dtype=torch.float64)
+        self.weight = torch.tensor(weights, dtype=torch.float64)
         self.forces = torch.from_numpy(np.concatenate(forces))
         has_hvp = all("hvp" in a.arrays and "hvp_dir" in a.arrays for a in frames)
         self.hvp = torch.from_numpy(np.concatenate([a.arrays["hvp"] for a in frames])) if has_hvp else None
@@ -186,7 +208,7 @@ class FrameDataset:
     def _to(self, device: torch.device, dtype: torch.dtype) -> None:
         for name in ("numbers", "atom_ptr", "pbc", "edges_local", "edge_shifts", "edge_ptr", "stress_mask"):
             setattr(self, name, getattr(self, name).to(device))
-        for name in ("positions", "cell", "energy", "forces", "hvp", "hvp_dir", "stress"):
+        for name in ("positions", "cell", "energy", "forces", "hvp", "hvp_dir", "stress", "weight"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.to(device=device, dtype=dtype))
@@ -252,6 +274,7 @@ class FrameDataset:
             hvp=None if self.hvp is None else self.hvp[atom_idx],
             stress=None if self.stress is None else self.stress[idx],
             stress_mask=None if self.stress is None else self.stress_mask[idx],
+            weight=self.weight[idx],
         )
 
     def batches(
@@ -266,9 +289,11 @@ class FrameDataset:
 
 
 def fit_energy_reference(dataset: FrameDataset, species: Sequence[int]) -> np.ndarray:
-    """Per-species reference energies μ_z (eV) minimising Σ_frames (E − Σ_z n_z μ_z)², by least squares."""
-    comp = dataset.composition(species)
-    energy = dataset.energy.detach().double().cpu().numpy()
+    """Per-species reference energies μ_z (eV) minimising Σ_frames c (E − Σ_z n_z μ_z)², by least squares, c the
+    frames' loss weights (``config_weight``; all 1.0: the plain least squares)."""
+    root = np.sqrt(dataset.weight.detach().double().cpu().numpy())
+    comp = dataset.composition(species) * root[:, None]
+    energy = dataset.energy.detach().double().cpu().numpy() * root
     mu, *_ = np.linalg.lstsq(comp, energy, rcond=None)
     return mu
 

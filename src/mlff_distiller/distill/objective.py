@@ -8,6 +8,13 @@ Loss per batch (units eV², so the weights are dimensionless)::
 
 With ``loss: huber`` the energy and force squares become Huber terms (:func:`residual_loss`).
 
+Each mean is weighted by the frames' loss weights c_b (``LabelledBatch.weight``: a frame's
+``info["config_weight"]`` times its source's ``--data-weight``, MACE's ``config_weight``), an atom's terms by its
+frame's: mean_b x_b = Σ_b c_b x_b / Σ_b c_b and mean_{i,α} x_iα = Σ_i c_b(i) Σ_α x_iα / (3 Σ_i c_b(i))
+(:func:`_weighted_mean`; 0 when every weight is 0). All weights 1.0 give the plain means, bit for bit; a frame of
+weight 0 leaves the loss and its gradient untouched; weight 2 is the frame twice in the batch. Validation
+(:func:`evaluate_dataset`) is unweighted.
+
 The stress term compares virials per atom (eV), so its weight is dimensionless like the others; the student's σ
 is (1/V) ∂E/∂ε from the same ``autograd.grad`` call as its forces (a zero strain applied to the positions and the
 cell), only on the plain step.
@@ -25,6 +32,7 @@ the parameters' graph; the engine freezes them for inference. The padded static 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -79,13 +87,23 @@ def student_forward_stress(
     return out["energy"], -grad_pos, stress_from_strain_gradient(de_deps, a.cell, a.pbc)["stress"]
 
 
-def _stress_loss(stress: torch.Tensor, batch: LabelledBatch) -> torch.Tensor:
-    """Mean over the labelled frames and the 6 components of ((σ − σ^T) V / n)², eV²; 0 without labelled frames."""
+def _weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ_k w_k Σ_j v_kj / (m Σ_k w_k) of ``values`` ``[K]`` or ``[K, m]`` (row k weighted by ``weights[k]``), 0 when
+    every weight is 0. With all weights 1 the same sum and divisor as ``values.mean()``, so the same bits. The plain
+    and the static step share it (no host sync: it is captured in a CUDA graph)."""
+    per_row = math.prod(values.shape[1:])
+    total = weights.sum()
+    weighted = values * (weights if values.dim() == 1 else weights[:, None])
+    return weighted.sum() / (per_row * torch.where(total > 0, total, torch.ones_like(total)))
+
+
+def _stress_loss(stress: torch.Tensor, batch: LabelledBatch, weight: torch.Tensor) -> torch.Tensor:
+    """Weighted mean over the labelled frames and the 6 components of ((σ − σ^T) V / n)², eV²; 0 without labelled
+    frames. ``weight``: ``[B]`` the frames' loss weights."""
     a = batch.atoms
     scale = torch.linalg.det(a.cell).abs() / a.counts.to(stress.dtype)
-    mask = batch.stress_mask.to(stress.dtype)
     sq = (((stress - batch.stress) * scale[:, None]) ** 2).mean(dim=1)
-    return (sq * mask).sum() / mask.sum().clamp_min(1.0)
+    return _weighted_mean(sq, batch.stress_mask.to(stress.dtype) * weight)
 
 
 def _central_hvp(
@@ -129,19 +147,21 @@ def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[
     else:
         energy, forces = student_forward(model, batch, create_graph=True)
     n = batch.atoms.counts.to(energy.dtype)
-    e_loss = residual_loss((energy - batch.energy) / n, cfg).mean()
-    f_loss = residual_loss(forces - batch.forces, cfg).mean()
+    weight = batch.weight if batch.weight is not None else torch.ones_like(energy.detach())
+    atom_weight = weight[batch.atoms.batch]
+    e_loss = _weighted_mean(residual_loss((energy - batch.energy) / n, cfg), weight)
+    f_loss = _weighted_mean(residual_loss(forces - batch.forces, cfg), atom_weight)
     loss = cfg.energy_weight * e_loss + cfg.force_weight * f_loss
     parts = {"energy": float(e_loss.detach()), "forces": float(f_loss.detach())}
     if cfg.stress_weight > 0:
-        s_loss = _stress_loss(stress, batch)
+        s_loss = _stress_loss(stress, batch, weight)
         loss = loss + cfg.stress_weight * s_loss
         parts["stress"] = float(s_loss.detach())
     if cfg.hvp_weight > 0:
         if batch.hvp is None:
             raise ValueError(_NO_HVP_LABELS)
         bare = getattr(model, "module", model)  # DDP: the wrapped forward runs once per step
-        h_loss = ((_student_hvp(bare, batch, cfg.hvp_eps) - batch.hvp) ** 2).mean()
+        h_loss = _weighted_mean((_student_hvp(bare, batch, cfg.hvp_eps) - batch.hvp) ** 2, atom_weight)
         loss = loss + cfg.hvp_weight * h_loss
         parts["hvp"] = float(h_loss.detach())
     return loss, parts
@@ -149,7 +169,8 @@ def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[
 
 def evaluate_dataset(model: StudentModel, dataset: FrameDataset, batch_size: int = 64) -> dict:
     """Errors of ``model`` on ``dataset``: energy MAE/RMSE (meV/atom), force MAE/RMSE (meV/Å); with stress
-    labels also ``stress_mae_mev_a3`` over the labelled frames' Voigt components."""
+    labels also ``stress_mae_mev_a3`` over the labelled frames' Voigt components. Unweighted: the frames' loss
+    weights (``config_weight``) do not enter."""
     was_training = model.training
     model.eval()
     e_err, f_err, s_err, counts = [], [], [], []
@@ -182,9 +203,10 @@ def evaluate_dataset(model: StudentModel, dataset: FrameDataset, batch_size: int
 def energy_reference_correction(model: StudentModel, dataset: FrameDataset, batch_size: int = 64) -> torch.Tensor:
     """Per-species change Δμ_z (eV, ordered like ``model.species_list``) of the student's energy shift that best
     fits ``dataset``'s teacher energies: the least-squares solution of Σ_z n_z Δμ_z ≈ E_teacher − E_student over
-    the frames. Fine-tuning on labels from another teacher (another energy zero: DFT after GFN2-xTB, say) adds it
-    to the shift, so the student starts from its learned energy surface moved to the new zero instead of learning
-    the offset through its weights. Returns float64 on the CPU."""
+    the frames, each weighted by its loss weight (``config_weight``). Fine-tuning on labels from another teacher
+    (another energy zero: DFT after GFN2-xTB, say) adds it to the shift, so the student starts from its learned
+    energy surface moved to the new zero instead of learning the offset through its weights. Returns float64 on
+    the CPU."""
     was_training = model.training
     model.eval()
     energies = []
@@ -194,6 +216,7 @@ def energy_reference_correction(model: StudentModel, dataset: FrameDataset, batc
             out = model(a.numbers, a.positions, batch.edge_index, batch.shift_vectors(), a.batch, a.num_structures)
             energies.append(out["energy"].double().cpu())
     model.train(was_training)
-    residual = dataset.energy.detach().double().cpu() - torch.cat(energies)
-    comp = torch.as_tensor(dataset.composition(model.species_list), dtype=torch.float64)
+    root = dataset.weight.detach().double().cpu().sqrt()
+    residual = (dataset.energy.detach().double().cpu() - torch.cat(energies)) * root
+    comp = torch.as_tensor(dataset.composition(model.species_list), dtype=torch.float64) * root[:, None]
     return torch.linalg.lstsq(comp, residual[:, None], driver="gelsd").solution[:, 0]

@@ -44,6 +44,8 @@ class _StaticData:
         self.forces = ext(ds.forces, 0.0)
         self.energy = ext(ds.energy, 0.0)
         self.counts = ext(ds.num_atoms.to(ds.dtype), 1.0)
+        # Loss weights; the inert row's 0 masks padding atoms and unused structure slots out of every loss term.
+        self.weight = ext(ds.weight, 0.0)
         self.hvp_dir, self.hvp = ext(ds.hvp_dir, 0.0), ext(ds.hvp, 0.0)
         # Stress labels as the loss compares them: σ V / n (virial per atom, eV) and the labelled-frame mask.
         if ds.stress is not None:

@@ -43,6 +43,7 @@ from mlff_distiller.distill.objective import (
     _NO_STRESS_LABELS,
     _central_hvp,
     _loss,
+    _weighted_mean,
     residual_loss,
 )
 from mlff_distiller.distill.optim import _EMA
@@ -311,8 +312,11 @@ class _StaticStep:
         self.csr["row_ptr"] = torch.searchsorted(edge_index[0], cap.bounds)
         numbers = d.numbers[atom_src]
         shift_vectors = d.shift_vectors[edge_src]
-        amask = (atom_src < d.n_atoms).to(self.dtype)
         smask = (frame_src < d.n_frames).to(self.dtype)
+        # The frames' loss weights (0 on padding), read from the dataset's buffer by index like the labels: a
+        # captured step sees each batch's weights.
+        weight = d.weight[frame_src]
+        atom_weight = weight[batch]
 
         stress = cfg.stress_weight > 0
         virial = None
@@ -332,23 +336,21 @@ class _StaticStep:
             positions = d.positions[atom_src]
             energy, forces = energy_forces(positions, with_virial=stress)
             e_err = (energy - d.energy[frame_src]) / d.counts[frame_src]
-            e_loss = (residual_loss(e_err, cfg) * smask).sum() / smask.sum()
-            n3 = 3 * amask.sum()
-            f_loss = (residual_loss(forces - d.forces[atom_src], cfg).sum(1) * amask).sum() / n3
+            e_loss = _weighted_mean(residual_loss(e_err, cfg), weight)
+            f_loss = _weighted_mean(residual_loss(forces - d.forces[atom_src], cfg), atom_weight)
             loss = cfg.energy_weight * e_loss + cfg.force_weight * f_loss
             parts = [e_loss, f_loss]
             if stress:
                 # ((σ - σ_t) V / n)² over the 6 components, mean over the labelled frames (objective._stress_loss):
                 # σ V = dE/dε, so the student side is the strain derivative per atom.
                 pred = torch.stack([virial[:, i, j] for i, j in _VOIGT], dim=1) / d.counts[frame_src][:, None]
-                w = d.stress_mask[frame_src] * smask
                 sq = (pred - d.virial[frame_src]).square().mean(dim=1)
-                s_loss = (sq * w).sum() / w.sum().clamp_min(1.0)
+                s_loss = _weighted_mean(sq, d.stress_mask[frame_src] * weight)
                 loss = loss + cfg.stress_weight * s_loss
                 parts.append(s_loss)
             if cfg.hvp_weight > 0:
                 hv = _central_hvp(lambda x: energy_forces(x)[1], positions, d.hvp_dir[atom_src], cfg.hvp_eps)
-                h_loss = ((hv - d.hvp[atom_src]).square().sum(1) * amask).sum() / n3
+                h_loss = _weighted_mean((hv - d.hvp[atom_src]).square(), atom_weight)
                 loss = loss + cfg.hvp_weight * h_loss
                 parts.append(h_loss)
         return loss, parts

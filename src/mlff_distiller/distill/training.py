@@ -12,7 +12,8 @@ validated too, whatever ``eval_every`` says.
 The pieces, one job a module:
 
 * :mod:`mlff_distiller.distill.objective`: the student's forward with the parameters' graph kept, the loss
-  (energies, forces and the optional Hessian-vector term; its formula is there) and :func:`evaluate_dataset`.
+  (energies, forces and the optional Hessian-vector term, weighted per frame by ``info["config_weight"]``; its
+  formula is there) and :func:`evaluate_dataset` (unweighted: validation and early stopping ignore the weights).
 * :mod:`mlff_distiller.distill.optim`: AdamW and its saved state, the learning-rate schedule, the EMA.
 * :mod:`mlff_distiller.distill.train_steps`: the implementations of one optimiser step
   (``TrainConfig.train_step``), with the same math: ``plain`` (the batch as it comes), ``static`` (every batch
@@ -42,7 +43,12 @@ import torch
 
 from mlff_distiller import kernels
 from mlff_distiller.distill.dataset import FrameDataset, fit_energy_reference
-from mlff_distiller.distill.objective import energy_reference_correction, evaluate_dataset, student_forward
+from mlff_distiller.distill.objective import (
+    _weighted_mean,
+    energy_reference_correction,
+    evaluate_dataset,
+    student_forward,
+)
 from mlff_distiller.distill.optim import _EMA, _load_optimizer, _lr_factor, _optimizer, _optimizer_state, _plateau
 from mlff_distiller.distill.train_steps import _PlainStep, _StaticStep
 from mlff_distiller.domain import DomainEnvelope
@@ -230,7 +236,8 @@ def train(
 
     Args:
         train_frames, val_frames: labelled ``ase.Atoms`` lists (or :class:`FrameDataset` s built with the
-            student's cutoff on the training device).
+            student's cutoff on the training device). A training frame's ``info["config_weight"]`` (default 1.0)
+            weights its terms in the loss (:mod:`mlff_distiller.distill.objective`); validation is unweighted.
         config: :class:`TrainConfig`.
         out_dir: where ``best.pt`` (the best EMA student, via ``model.save``), ``last.pt``, ``train_state.pt``
             and ``history.json`` go; None keeps everything in memory.
@@ -273,6 +280,8 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
     val_set = _as_dataset(val_frames, cutoff, device, dtype, "validation") if val_frames is not None else None
     if val_set is None or len(val_set) == 0:
         raise ValueError("training needs validation frames (early stopping and checkpoints select on them)")
+    if not bool((train_set.weight > 0).any()):
+        raise ValueError("every training frame has loss weight 0 (config_weight, --data-weight): nothing to fit")
 
     state = torch.load(state_path, map_location="cpu", weights_only=False) if resume else None
     finetune = state is None and model is not None  # training starts from the caller's student
@@ -493,7 +502,7 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
 
 def _initial_model(cfg: TrainConfig, train_set: FrameDataset) -> StudentModel:
     """A new student seeded with ``cfg.seed``, its energy reference fitted to ``train_set`` (see the module
-    docstring)."""
+    docstring; both fits weigh the frames by their loss weights)."""
     mcfg = cfg.model
     species = train_set.species()
     missing = sorted(set(species) - set(mcfg.species))
@@ -503,7 +512,8 @@ def _initial_model(cfg: TrainConfig, train_set: FrameDataset) -> StudentModel:
     torch.manual_seed(cfg.seed)
     model = StudentModel(mcfg)
     mu = fit_energy_reference(train_set, model.species_list)
-    force_rms = float(train_set.forces.double().pow(2).mean().sqrt())
+    atom_weight = torch.repeat_interleave(train_set.weight, train_set.num_atoms).double()
+    force_rms = float(_weighted_mean(train_set.forces.double().pow(2), atom_weight).sqrt())
     scale = max(force_rms, 1e-3)
     model.set_energy_reference(torch.tensor(mu), torch.full((len(model.species_list),), scale))
     return model
