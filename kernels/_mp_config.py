@@ -97,16 +97,6 @@ _CONFIG = {
     "bwd_edge_block_f": 32,
     "bwd_edge_warps": 4,
     "bwd_edge_split": "auto",
-    # The edge backward's variant: "tile" (_mp_bwd_edge_kernel: BLOCK_E consecutive edges per program, the
-    # receiver's rows gathered per edge), "recv" (_mp_bwd_edge_recv_kernel: one program per receiver, its rows
-    # folded into the filter tiles; needs the receiver CSR, so the torch.compile op and callers without row_ptr
-    # run "tile") or "auto": "recv" on CUDA graphs with at least recv_min_degree edges per atom.
-    "bwd_edge_variant": "tile",
-    "bwd_edge_recv_block_e": 64,
-    "bwd_edge_recv_block_f": 32,
-    "bwd_edge_recv_warps": 4,
-    "bwd_edge_recv_split": 1,
-    "recv_min_degree": 24,
     "edge_split_programs_per_sm": 4,
     "edge_split_feat": 64,
     "bwd_filter_block_e": 32,
@@ -138,7 +128,7 @@ _CONFIG = {
     "bwd_sender_cap_min_atoms": 1000,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
-_VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block"), "bwd_edge": ("tile", "recv")}
+_VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}
 _PRECISIONS = ("ieee", "tf32x3", "tf32")
 # Under the interpreter: block kernels take 16 atoms x 32 edges (so that tiles straddle atoms even in small test
 # graphs), the others whole feature rows and 64-edge tiles.
@@ -213,30 +203,23 @@ def _launch_config_for(
     n_edges: int | None = None,
 ) -> tuple[dict, int, str]:
     cuda = device_type == "cuda"
-    variant = _CONFIG.get(f"{kernel}_variant", "atom")  # the filter kernel has one variant
-    if variant == "auto" and kernel == "bwd_edge":
-        dense = n_atoms is not None and n_edges is not None
-        dense = dense and int(n_edges) >= _CONFIG["recv_min_degree"] * max(1, int(n_atoms))
-        variant = "recv" if cuda and dense else "tile"
-    elif variant == "auto":
+    variant = _CONFIG.get(f"{kernel}_variant", "atom")  # the edge and filter kernels have one variant
+    if variant == "auto":
         sparse = n_atoms is not None and n_edges is not None
         sparse = sparse and int(n_edges) <= _CONFIG["sender_block_max_degree"] * int(n_atoms)
         big = n_atoms is not None and int(n_atoms) >= _CONFIG["block_min_atoms"]
         variant = "block" if cuda and sparse and big else "atom"
-    if cuda and n_atoms is not None and int(n_atoms) < _CONFIG["block_min_atoms"] and variant == "block":
+    if cuda and n_atoms is not None and int(n_atoms) < _CONFIG["block_min_atoms"] and variant != "atom":
         variant = "atom"
     prec = _CONFIG[f"dot_{kernel}"]
     variants = _VARIANTS.get(kernel, ("atom",))
     if variant not in variants or prec not in _PRECISIONS:
         raise ValueError(f"{kernel}: variant {variant!r} (one of {variants}), precision {prec!r} ({_PRECISIONS})")
-    blocked = variant == "block"
+    blocked = variant != "atom"
     block_a = 0
     if not cuda:  # interpreter: few, large programs
         be = _CPU_TILES["block_e_block" if blocked else "block_e"]
         block_a, bf, warps = _CPU_TILES["block_a"], _CPU_TILES["block_f"], num_warps()
-    elif variant == "recv":
-        key = "bwd_edge_recv"
-        be, bf, warps = _CONFIG[f"{key}_block_e"], _CONFIG[f"{key}_block_f"], _CONFIG[f"{key}_warps"]
     elif blocked or kernel in ("bwd_edge", "bwd_filter"):
         block_a, be = _CONFIG.get(f"{kernel}_block_a", 0), _CONFIG[f"{kernel}_block_e"]
         bf, warps = _CONFIG[f"{kernel}_block_f"], _CONFIG[f"{kernel}_warps"]

@@ -13,7 +13,6 @@ from ._triton_utils import HAS_TRITON, dot_rn, pdl_prologue, round_tf32, tl, tri
 
 __all__ = [
     "_mp_bwd_edge_kernel",
-    "_mp_bwd_edge_recv_kernel",
     "_mp_bwd_filter_kernel",
     "_mp_bwd_sender_block_kernel",
     "_mp_bwd_sender_kernel",
@@ -571,108 +570,6 @@ if HAS_TRITON:
         tl.store(gunit_ptr + e * 3, gu_0, mask=em)
         tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)
         tl.store(gunit_ptr + e * 3 + 2, gu_2, mask=em)
-
-    # "recv" edge backward: one program per (receiver i, feature slice) over that receiver's edges (the receiver
-    # CSR), with the receiver's rows g_s[i], g_v[i] folded into the filter tiles instead of gathered per edge.
-    # Per feature chunk, with P = W_a ⊙ g_s[i], S_k = W_b ⊙ g_v[i,k] and Q_k = W_c ⊙ g_v[i,k] (``[BLOCK_F, R_PAD]``
-    # tiles, the receiver's g broadcast along the radial axis) and the edge tile's sender rows as the left operands:
-    #   ∂rbf_e = x_a,j P + Σ_k (x_b,j ⊙ v_j[k]) S_k + Σ_k u_e[k] M_k,     M_k = x_c,j Q_k   (all ``[BLOCK_E, R_PAD]``)
-    #   ∂u_e[k] = Σ_r rbf_e[r] M_k[r]
-    # which is G_e Wᵀ and Σ_f c_e g_v[i,k] of the tile kernel regrouped (β and γ never formed per edge): seven
-    # tensor-core dots per chunk and tile, no per-edge loads of the receiver's rows and no per-edge elementwise
-    # G. Programs past the receivers (pid >= n_atoms) write the zero rows of the edges past row_ptr[N] (a padded
-    # bucket's inert tail), TAIL_E edges each.
-
-    @triton.jit
-    def _dot_acc(a, b, acc, DOT: tl.constexpr):
-        """``acc + a @ b`` as one accumulating tl.dot (``dot_rn``'s rounding for "tf32")."""
-        if DOT == "tf32":
-            return tl.dot(round_tf32(a), round_tf32(b), acc, input_precision="tf32")
-        else:
-            return tl.dot(a, b, acc, input_precision=DOT)
-
-    @triton.jit
-    def _recv_chunk(
-        gs_ptr, gv_ptr, x_ptr, v_ptr, w_ptr, i, j, em, f, r, rm, acc, m_0, m_1, m_2,
-        N_FEAT: tl.constexpr, N_RBF: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_V: tl.constexpr,
-    ):  # fmt: skip
-        """One feature chunk ``f`` of the recv edge kernel: the dots of receiver ``i``'s edge tile (senders ``j``)."""
-        fm = f < N_FEAT
-        m2 = em[:, None] & fm[None, :]
-        gsi = tl.load(gs_ptr + i * N_FEAT + f, mask=fm, other=0.0)
-        gvrow = gv_ptr + i * (3 * N_FEAT) + f
-        gv0 = tl.load(gvrow, mask=fm, other=0.0)
-        gv1 = tl.load(gvrow + N_FEAT, mask=fm, other=0.0)
-        gv2 = tl.load(gvrow + 2 * N_FEAT, mask=fm, other=0.0)
-        xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-        wa = _filter_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF)
-        acc = _dot_acc(tl.load(xrow, mask=m2, other=0.0), wa * gsi[:, None], acc, DOT_PRECISION)
-        wc = _filter_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF)
-        xc = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0)
-        m_0 = _dot_acc(xc, wc * gv0[:, None], m_0, DOT_PRECISION)
-        m_1 = _dot_acc(xc, wc * gv1[:, None], m_1, DOT_PRECISION)
-        m_2 = _dot_acc(xc, wc * gv2[:, None], m_2, DOT_PRECISION)
-        if HAS_V:
-            wb = _filter_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF)
-            xb = tl.load(xrow + N_FEAT, mask=m2, other=0.0)
-            vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-            acc = _dot_acc(xb * tl.load(vrow, mask=m2, other=0.0), wb * gv0[:, None], acc, DOT_PRECISION)
-            acc = _dot_acc(xb * tl.load(vrow + N_FEAT, mask=m2, other=0.0), wb * gv1[:, None], acc, DOT_PRECISION)
-            acc = _dot_acc(xb * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0), wb * gv2[:, None], acc, DOT_PRECISION)
-        return acc, m_0, m_1, m_2
-
-    @triton.jit(do_not_specialize=["n_atoms"])  # no recompile per atom count class
-    def _mp_bwd_edge_recv_kernel(
-        gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, rowptr_ptr, grbf_ptr, gunit_ptr,
-        n_atoms, E, ei_stride,
-        N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr,
-        R_PAD: tl.constexpr, TAIL_E: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-        HAS_V: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        pdl_prologue(PDL)
-        # SPLIT > 1: as the tile kernel, program (·, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) into partial rows.
-        pid = tl.program_id(0).to(tl.int64)
-        part = tl.program_id(1).to(tl.int64)
-        r = tl.arange(0, R_PAD)
-        rm = r < N_RBF
-        dt = x_ptr.dtype.element_ty
-        grbf_ptr += part * E * N_RBF
-        gunit_ptr += part * E * 3
-        if pid < n_atoms:
-            lo = tl.load(rowptr_ptr + pid)
-            hi = tl.load(rowptr_ptr + pid + 1)
-            for start in range(lo, hi, BLOCK_E):
-                e = start + tl.arange(0, BLOCK_E)
-                em = e < hi
-                j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
-                acc = tl.zeros((BLOCK_E, R_PAD), dtype=dt)
-                m_0 = tl.zeros((BLOCK_E, R_PAD), dtype=dt)
-                m_1 = tl.zeros((BLOCK_E, R_PAD), dtype=dt)
-                m_2 = tl.zeros((BLOCK_E, R_PAD), dtype=dt)
-                for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
-                    f = part * (N_FEAT // SPLIT) + k0 + tl.arange(0, BLOCK_F)
-                    acc, m_0, m_1, m_2 = _recv_chunk(
-                        gs_ptr, gv_ptr, x_ptr, v_ptr, w_ptr, pid, j, em, f, r, rm, acc, m_0, m_1, m_2,
-                        N_FEAT, N_RBF, DOT_PRECISION, HAS_V,
-                    )  # fmt: skip
-                ux, uy, uz = _unit3(unit_ptr, e, em)
-                rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
-                g = acc + ux[:, None] * m_0 + uy[:, None] * m_1 + uz[:, None] * m_2
-                tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g, mask=em[:, None] & rm[None, :])
-                tl.store(gunit_ptr + e * 3, tl.sum(rb * m_0, axis=1), mask=em)
-                tl.store(gunit_ptr + e * 3 + 1, tl.sum(rb * m_1, axis=1), mask=em)
-                tl.store(gunit_ptr + e * 3 + 2, tl.sum(rb * m_2, axis=1), mask=em)
-        else:
-            e = tl.load(rowptr_ptr + n_atoms) + (pid - n_atoms) * TAIL_E + tl.arange(0, TAIL_E)
-            em = e < E
-            tl.store(
-                grbf_ptr + e[:, None] * N_RBF + r[None, :], tl.zeros((TAIL_E, R_PAD), dtype=dt),
-                mask=em[:, None] & rm[None, :],
-            )  # fmt: skip
-            zero = tl.zeros((TAIL_E,), dtype=dt)
-            tl.store(gunit_ptr + e * 3, zero, mask=em)
-            tl.store(gunit_ptr + e * 3 + 1, zero, mask=em)
-            tl.store(gunit_ptr + e * 3 + 2, zero, mask=em)
 
     @triton.jit
     def _mp_sum_split_kernel(

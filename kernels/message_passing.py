@@ -219,7 +219,6 @@ def message_passing(
 if HAS_TRITON:
     from ._mp_kernels import (
         _mp_bwd_edge_kernel,
-        _mp_bwd_edge_recv_kernel,
         _mp_bwd_filter_kernel,
         _mp_bwd_sender_block_kernel,
         _mp_bwd_sender_kernel,
@@ -309,7 +308,26 @@ if HAS_TRITON:
             if f == 0:
                 g_rbf, g_unit = torch.zeros_like(rbf), torch.zeros_like(unit)
             else:
-                g_rbf, g_unit = _mp_edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, launch, row_ptr, has_v)
+                c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf)
+                tiles = triton.cdiv(e, c["BLOCK_E"])
+                split = _edge_split(x, tiles, f, c["BLOCK_F"])
+                # split > 1: partial rows per feature slice, summed here (deterministic, no atomics)
+                lead = (split,) if split > 1 else ()
+                g_rbf = torch.empty((*lead, *rbf.shape), dtype=rbf.dtype, device=x.device)
+                g_unit = torch.empty((*lead, *unit.shape), dtype=unit.dtype, device=x.device)
+                live = row_ptr is not None
+                check_launchable(_mp_bwd_edge_kernel, x)
+                launch(_mp_bwd_edge_kernel)[(tiles, split)](
+                    grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, row_ptr[n:] if live else g_unit,
+                    e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, HAS_V=has_v, **c, **pdl_args(x),
+                )  # fmt: skip
+                if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
+                    part_rbf, part_unit = g_rbf, g_unit
+                    g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
+                    launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
+                        part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=split, BLOCK_E=128,
+                        **pdl_args(x),
+                    )  # fmt: skip
         if need[2]:
             g_w = torch.zeros_like(w)
             if e > 0 and f > 0:
@@ -327,66 +345,6 @@ if HAS_TRITON:
                 )  # fmt: skip
                 g_w = part.sum(0)
         return g_x, g_v, g_rbf, g_w, g_unit
-
-    def _mp_edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, launch, row_ptr, has_v):
-        """∂rbf and ∂u (the edge kernel of the configured variant; see _mp_backward for the arguments)."""
-        n, f = v.shape[0], v.shape[2]
-        e, n_rbf = rbf.shape
-        c, warps, variant = _launch_config(x, "bwd_edge", f, n_rbf, n_atoms=n, n_edges=e)
-        if variant == "recv" and row_ptr is not None:
-            return _mp_edge_recv(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, c, warps, launch, has_v)
-        tiles = triton.cdiv(e, c["BLOCK_E"])
-        split = _edge_split(x, tiles, f, c["BLOCK_F"])
-        # split > 1: partial rows per feature slice, summed here (deterministic, no atomics)
-        g_rbf, g_unit = _split_rows(rbf, unit, split)
-        live = row_ptr is not None
-        check_launchable(_mp_bwd_edge_kernel, x)
-        launch(_mp_bwd_edge_kernel)[(tiles, split)](
-            grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, row_ptr[n:] if live else g_unit,
-            e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, HAS_V=has_v, **c, **pdl_args(x),
-        )  # fmt: skip
-        if split > 1:
-            return _sum_split(g_rbf, g_unit, rbf, unit, split, c, launch)
-        return g_rbf, g_unit
-
-    def _split_rows(rbf: Tensor, unit: Tensor, split: int) -> tuple[Tensor, Tensor]:
-        """The edge kernels' outputs: ∂rbf, ∂u rows, or ``split`` slices of partial rows of each."""
-        lead = (split,) if split > 1 else ()
-        g_rbf = torch.empty((*lead, *rbf.shape), dtype=rbf.dtype, device=rbf.device)
-        return g_rbf, torch.empty((*lead, *unit.shape), dtype=unit.dtype, device=unit.device)
-
-    def _sum_split(part_rbf, part_unit, rbf, unit, split, c, launch):
-        """Sums the SPLIT partial rows of an edge kernel (one launch for both outputs; two torch reductions cost
-        ~3.4 µs each, 192-atom MD)."""
-        e, n_rbf = rbf.shape
-        g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
-        launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
-            part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=split, BLOCK_E=128,
-            **pdl_args(rbf),
-        )  # fmt: skip
-        return g_rbf, g_unit
-
-    # Edges zeroed per program past the receivers in the recv kernel (the padded tail past row_ptr[N]).
-    _RECV_TAIL_E = 256
-
-    def _mp_edge_recv(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, c, warps, launch, has_v):
-        """∂rbf and ∂u by the recv kernel: one program per receiver (and feature slice), then cdiv(E, TAIL_E)
-        programs that zero the rows past row_ptr[N] (most exit at once: the host does not know row_ptr[N])."""
-        n, f = v.shape[0], v.shape[2]
-        e = rbf.shape[0]
-        chunks = max(1, f // c["BLOCK_F"]) if f % c["BLOCK_F"] == 0 else 1
-        split = int(_CONFIG["bwd_edge_recv_split"])
-        split = split if split >= 1 and chunks % split == 0 else 1
-        g_rbf, g_unit = _split_rows(rbf, unit, split)
-        check_launchable(_mp_bwd_edge_recv_kernel, x)
-        grid = (n + triton.cdiv(e, _RECV_TAIL_E), split)
-        launch(_mp_bwd_edge_recv_kernel)[grid](
-            grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr.contiguous(), g_rbf, g_unit, n, e,
-            edge_index.stride(0), num_warps=warps, TAIL_E=_RECV_TAIL_E, SPLIT=split, HAS_V=has_v, **c, **pdl_args(x),
-        )  # fmt: skip
-        if split > 1:
-            return _sum_split(g_rbf, g_unit, rbf, unit, split, c, launch)
-        return g_rbf, g_unit
 
     def _bare(kernel):
         return kernel

@@ -44,15 +44,11 @@ def _graph(n_atoms, n_edges, n_feat, n_rbf, dtype, device, seed=0, sort=True, is
     return x, v, rbf, w, unit, ei
 
 
-@pytest.fixture(params=["atom", "block", "recv"])
+@pytest.fixture(params=["atom", "block"])
 def variant(request):
-    """Run the forward and the sender backward with this kernel variant (the launch configuration); "recv": the
-    atom forward and sender backward with the receiver-program edge backward (the others run the tile kernel)."""
+    """Run the forward and the sender backward with this kernel variant (the launch configuration)."""
     # block_min_atoms=0: the test graphs are small, and the variant asked for must be the one that runs on CUDA.
-    mp_variant = "atom" if request.param == "recv" else request.param
-    edge = "recv" if request.param == "recv" else "tile"
-    cfg = dict(fwd_variant=mp_variant, bwd_sender_variant=mp_variant, bwd_edge_variant=edge, block_min_atoms=0)
-    with mp_module._configured(**cfg):
+    with mp_module._configured(fwd_variant=request.param, bwd_sender_variant=request.param, block_min_atoms=0):
         yield request.param
 
 
@@ -314,7 +310,7 @@ def test_bad_inputs_are_value_errors(triton_device):
         _triton(x, v, rbf, w, unit, ei, row_ptr=torch.zeros(3, dtype=torch.long, device=triton_device))
 
 
-@pytest.mark.parametrize("variant", ["atom", "block", "recv"], indirect=True)
+@pytest.mark.parametrize("variant", ["atom", "block"], indirect=True)
 def test_gradcheck_gradgradcheck(triton_device, variant):
     """float64, small: first and second derivatives of the fused op (second: the composite of fused ops)."""
     x, v, rbf, w, unit, ei = _graph(4, 9, 3, 2, torch.float64, triton_device, seed=7)
@@ -557,15 +553,10 @@ def test_v_zero_promise_gives_the_same_results(triton_device, variant, dtype):
     torch.testing.assert_close(outs[1][1].double(), ref[1], rtol=TOL[dtype], atol=TOL[dtype] * scale)
 
 
-@pytest.mark.parametrize("edge_variant", ["tile", "recv"])
-@pytest.mark.parametrize("tail", [14, 700])
-def test_edges_past_the_csr_get_zero_gradients(triton_device, poison, edge_variant, tail, monkeypatch):
+def test_edges_past_the_csr_get_zero_gradients(triton_device, poison):
     """Edges at or past row_ptr[N] (a padded bucket's inert tail: in neither CSR, last in the sender order too) get
-    ∂rbf = ∂u = 0 exactly; the live edges and ∂x match the reference of the live edges alone. A tail of 700 edges
-    takes several of the recv kernel's zeroing programs (_RECV_TAIL_E each, 256 on the GPU, 64 here)."""
-    monkeypatch.setattr(mp_module, "_RECV_TAIL_E", 64 if triton_device.type == "cpu" else mp_module._RECV_TAIL_E)
-    monkeypatch.setitem(mp_module._CONFIG, "bwd_edge_variant", edge_variant)
-    n, live, f, r = 20, 90, 32, 6
+    ∂rbf = ∂u = 0 exactly; the live edges and ∂x match the reference of the live edges alone."""
+    n, live, tail, f, r = 20, 90, 14, 32, 6
     x, v, rbf, w, unit, ei = _graph(n, live + tail, f, r, torch.float64, triton_device, seed=41)
     ei = torch.cat([ei[:, :live], torch.arange(tail, device=triton_device).repeat(2, 1) % n], 1)
     row_ptr = torch.searchsorted(ei[0, :live].contiguous(), torch.arange(n + 1, device=triton_device))
@@ -582,65 +573,3 @@ def test_edges_past_the_csr_get_zero_gradients(triton_device, poison, edge_varia
         assert torch.equal(g[k][live:], torch.zeros_like(g[k][live:]))
         torch.testing.assert_close(g[k][:live], ref[k], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(g[0], ref[0], rtol=1e-10, atol=1e-12)
-
-
-def test_recv_edge_kernel_runs_and_matches_tile(triton_device, monkeypatch):
-    """The recv edge kernel is the one that runs when configured (a spy on its host function) and gives the tile
-    kernel's ∂rbf, ∂u in float64 on a graph with hubs, empty receivers and several edge tiles and feature chunks per
-    receiver; without row_ptr (no receiver CSR known to the backward) the tile kernel runs instead."""
-    if triton_device.type == "cpu":
-        monkeypatch.setitem(mp_module._CPU_TILES, "block_e", 16)
-        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)
-    calls = []
-    real = mp_module._mp_edge_recv
-    monkeypatch.setattr(mp_module, "_mp_edge_recv", lambda *a: calls.append(1) or real(*a))
-    n, f, r = 30, 64, 20
-    gen = torch.Generator().manual_seed(5)
-    recv = torch.cat([torch.zeros(70, dtype=torch.long), torch.randint(2, n - 3, (200,), generator=gen)])
-    send = torch.randint(0, n, (270,), generator=gen)
-    order = torch.argsort(recv, stable=True)
-    ei = torch.stack([recv[order], send[order]]).to(triton_device)
-    x, v, rbf, w, unit, _ = _graph(n, ei.shape[1], f, r, torch.float64, triton_device, seed=6)
-    row_ptr = torch.searchsorted(ei[0].contiguous(), torch.arange(n + 1, device=triton_device))
-    gs = torch.randn(n, f, dtype=torch.float64, device=triton_device)
-    gv = torch.randn(n, 3, f, dtype=torch.float64, device=triton_device)
-    out = {}
-    for edge in ("tile", "recv"):
-        for split in (1, 2):
-            with mp_module._configured(bwd_edge_variant=edge, bwd_edge_recv_split=split, bwd_edge_split=split):
-                for has_v in (True, False):
-                    vv = v if has_v else torch.zeros_like(v)
-                    g = mp_module._mp_backward(
-                        gs, gv, x, vv, rbf, w, unit, ei, *mp_module._sender_csr(ei, n), (False, True, False),
-                        mp_module._bare, row_ptr, has_v,
-                    )  # fmt: skip
-                    out[edge, split, has_v] = (g[2], g[4])
-    assert len(calls) == 4
-    for split in (1, 2):
-        for has_v in (True, False):
-            for a, b in zip(out["recv", split, has_v], out["tile", 1, has_v], strict=True):
-                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    calls.clear()
-    with mp_module._configured(bwd_edge_variant="recv"):
-        _compare((x, v, rbf, w, unit, ei), torch.float64)  # row_ptr built by the op itself: recv runs
-        assert calls
-        calls.clear()
-        ops_grads = OPS.message_passing_bwd(gs, gv, x, v, rbf, w, unit, ei)  # the compile op: no row_ptr, tile
-        assert not calls
-        torch.testing.assert_close(ops_grads[2], out["tile", 1, True][0], rtol=1e-12, atol=1e-12)
-
-
-def test_recv_auto_rule():
-    """ "auto" picks the recv edge kernel on CUDA graphs with at least recv_min_degree edges per atom, else (and on
-    the CPU interpreter) the tile kernel; unknown variants are errors."""
-    cfg = mp_module._launch_config_for
-    with mp_module._configured(bwd_edge_variant="auto", recv_min_degree=24):
-        assert cfg("cuda", torch.float32, "bwd_edge", 128, 20, n_atoms=1000, n_edges=24_000)[2] == "recv"
-        assert cfg("cuda", torch.float32, "bwd_edge", 128, 20, n_atoms=1000, n_edges=23_999)[2] == "tile"
-        assert cfg("cuda", torch.float32, "bwd_edge", 128, 20)[2] == "tile"  # sizes unknown
-        assert cfg("cpu", torch.float32, "bwd_edge", 128, 20, n_atoms=1000, n_edges=50_000)[2] == "tile"
-    with mp_module._configured(bwd_edge_variant="recv", bwd_edge_recv_block_e=32, bwd_edge_recv_block_f=64):
-        c, _, variant = cfg("cuda", torch.float32, "bwd_edge", 128, 20, n_atoms=10, n_edges=10)
-        assert variant == "recv" and c["BLOCK_E"] == 32 and c["BLOCK_F"] == 64 and "BLOCK_A" not in c
-    with mp_module._configured(bwd_edge_variant="block"), pytest.raises(ValueError, match="variant"):
-        cfg("cuda", torch.float32, "bwd_edge", 128, 20)
