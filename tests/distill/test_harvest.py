@@ -434,3 +434,38 @@ def test_attempts_are_counted_only_for_deaths(tmp_path):
     assert (again.tasks_run, again.failed) == (0, 1)
     assert json.loads((out / ATTEMPTS_NAME).read_text()) == {}
     assert json.loads((out / "progress.json").read_text())["given_up"] == ["md/s0000/T300/r0"]
+
+
+def test_split_round_keeps_trajectories_whole(tmp_path):
+    """scripts/split_round.py: a round labelled as given is split by the harvest's trajectory (``info["replica"]``),
+    every labelled frame lands on exactly one side with its own geometry and labels, a frame the teacher dropped does
+    not shift the others' trajectories, and each frame's task names its trajectory."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    picked = []
+    for k, seed in enumerate([*emt_seeds(), *emt_seeds()]):
+        atoms = seed.copy()
+        atoms.positions += 0.01 * k
+        atoms.info["replica"] = k // 2
+        picked.append(atoms)
+    squeezed = picked[1]
+    squeezed.positions[1] = squeezed.positions[0] + [0.3, 0.0, 0.0]  # dropped by the teacher's sanity check
+    ase.io.write(tmp_path / "picked.extxyz", picked)
+    config = SamplingConfig(label_seeds=True, md_steps=0, rattle_per_seed=0)
+    label(picked, "emt", tmp_path / "round", config, progress=False)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "split_round.py"
+    out = [tmp_path / "train.extxyz", tmp_path / "test.extxyz"]
+    args = [tmp_path / "round", tmp_path / "picked.extxyz", *out, "--test-fraction", "0.34"]
+    subprocess.run([sys.executable, script, *map(str, args)], check=True, capture_output=True)
+    train, test = (ase.io.read(p, index=":") for p in out)
+    assert len(train) + len(test) == len(picked) - 1 and train and test
+    sides = [{f.info["task"] for f in part} for part in (train, test)]
+    assert not sides[0] & sides[1]
+    for frame in [*train, *test]:
+        k = next(i for i, a in enumerate(picked) if len(a) == len(frame) and np.allclose(a.positions, frame.positions))
+        assert frame.info["task"] == f"replica{picked[k].info['replica']}"
+        ref = picked[k].copy()
+        ref.calc = EMT()
+        assert frame.get_potential_energy() == pytest.approx(ref.get_potential_energy(), abs=1e-8)
