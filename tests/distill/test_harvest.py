@@ -469,3 +469,37 @@ def test_split_round_keeps_trajectories_whole(tmp_path):
         ref = picked[k].copy()
         ref.calc = EMT()
         assert frame.get_potential_energy() == pytest.approx(ref.get_potential_energy(), abs=1e-8)
+
+
+def test_label_as_given_keeps_each_structures_config_weight(tmp_path):
+    """A structure's ``info["config_weight"]`` survives ``label --as-given`` (database, extxyz, and the training
+    dataset's weights); structures without one get none (weight 1.0); frames sampled around a weighted seed (MD,
+    rattles) do not inherit it; a bad weight is refused before any frame is labelled; a resume with another weight
+    is refused as another run."""
+    from mlff_distiller.distill.dataset import FrameDataset
+
+    seeds = emt_seeds()
+    seeds[0].info["config_weight"] = 0.2
+    seeds[2].info["config_weight"] = 3
+    config = SamplingConfig(label_seeds=True, md_steps=0, rattle_per_seed=0)
+    label(seeds, "emt", tmp_path / "given", config, progress=False)
+    frames = read_frames(tmp_path / "given")
+    assert [f.info.get("config_weight") for f in frames] == [0.2, None, 3.0]
+    xyz = ase.io.read(tmp_path / "given" / "frames.extxyz", index=":")
+    assert [f.info.get("config_weight") for f in xyz] == [0.2, None, 3.0]
+    weights = FrameDataset(frames, cutoff=4.0).weight
+    assert weights.tolist() == pytest.approx([0.2, 1.0, 3.0])
+
+    with_md = SamplingConfig(label_seeds=True, md_steps=8, sample_every=4, temperatures=[300.0], rattle_per_seed=1)
+    label(seeds[:1], "emt", tmp_path / "md", with_md, progress=False)
+    kinds = {(f.info["kind"], f.info.get("config_weight")) for f in read_frames(tmp_path / "md")}
+    assert kinds == {("given", 0.2), ("md", None), ("rattle", None)}
+
+    bad = [s.copy() for s in seeds]
+    bad[1].info["config_weight"] = -1.0
+    with pytest.raises(ValueError, match="seed 1: config_weight"):
+        label(bad, "emt", tmp_path / "bad", config, progress=False)
+    assert not (tmp_path / "bad" / "frames.extxyz").exists()
+    seeds[0].info["config_weight"] = 0.5
+    with pytest.raises(ValueError, match="different"):
+        label(seeds, "emt", tmp_path / "given", config, progress=False)

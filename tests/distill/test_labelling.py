@@ -375,3 +375,42 @@ def test_seed_specs():
         load_seeds("molecule:H2O,XY")
     with pytest.raises(ValueError, match="no molecule names"):
         load_seeds("molecule:")
+
+
+def test_progress_journal_survives_a_kill_and_folds_in(tmp_path):
+    """progress.log, the per-task journal: what a run marked before it died (no compaction) is done for the next
+    reader, a line cut by the kill is ignored, given-up tasks stay given up, and compaction writes progress.json and
+    removes the journal."""
+    from mlff_distiller.distill.labelling import PROGRESS_LOG_NAME, PROGRESS_NAME, _ProgressRecord
+
+    (tmp_path / PROGRESS_NAME).write_text(json.dumps({"done": ["a"], "given_up": []}))
+    first = _ProgressRecord(tmp_path)
+    first.mark("b")
+    first.mark("c", given_up=True)
+    with open(tmp_path / PROGRESS_LOG_NAME, "a") as log:  # the kill: no compaction, a half-written last line
+        log.write('{"done": "d", "giv')
+    again = _ProgressRecord(tmp_path)
+    assert again.done == {"a", "b", "c"} and again.given_up == {"c"}
+    again.compact()
+    assert not (tmp_path / PROGRESS_LOG_NAME).exists()
+    assert json.loads((tmp_path / PROGRESS_NAME).read_text()) == {"done": ["a", "b", "c"], "given_up": ["c"]}
+    assert _ProgressRecord(tmp_path).done == {"a", "b", "c"}
+
+
+def test_progress_record_is_written_twice_per_run_not_per_task(tmp_path, monkeypatch):
+    """Rewriting the sorted record after every task cost time quadratic in the tasks; a run now writes
+    progress.json at its start and end only (each task one journal line), and the record holds every task."""
+    from mlff_distiller.distill import labelling
+
+    writes = []
+    real = labelling._atomic_write_text
+    monkeypatch.setattr(labelling, "_atomic_write_text", lambda p, t: (writes.append(p.name), real(p, t))[1])
+    seeds = [molecule(name) for name in ("H2O", "NH3", "CH4", "H2", "CO", "N2")]
+    cfg = SamplingConfig(label_seeds=True, md_steps=0, rattle_per_seed=0)
+    report = label(seeds, "emt", tmp_path, cfg, progress=False)
+    assert report.written == 6
+    assert writes.count(labelling.PROGRESS_NAME) == 2
+    done = json.loads((tmp_path / labelling.PROGRESS_NAME).read_text())["done"]
+    assert done == sorted(f"given/s{k:04d}" for k in range(6))
+    assert not (tmp_path / labelling.PROGRESS_LOG_NAME).exists()
+    assert label(seeds, "emt", tmp_path, cfg, progress=False).written == 0

@@ -8,7 +8,10 @@ An output directory holds:
   Hessian-vector-product arrays ``hvp_dir``/``hvp`` in the row's data.
 * ``frames.extxyz``: the same frames as extended XYZ, appended and flushed after every frame.
 * ``label_config.json``: the sampling config and teacher, checked on resume.
-* ``progress.json``: the keys of completed tasks (written atomically after each task), and of the tasks given up.
+* ``progress.json``: the keys of completed tasks, and of the tasks given up, written atomically at the start and
+  the end of a run; during a run each task that ends is appended to ``progress.log`` (one JSON line), which a resume
+  replays and folds into ``progress.json``. Rewriting the whole record after every task cost time quadratic in the
+  task count (``_ProgressRecord``).
 * ``attempts.json``: the tasks started and not finished, with how many times. A task that took its process down
   ``MAX_ATTEMPTS`` times (a teacher that aborts on some geometry: tblite's Fortran runtime does on rare hot,
   broken ones, beyond any Python exception handler) is given up on the next start and counted as failed, so a
@@ -46,6 +49,7 @@ DB_NAME = "frames.db"
 XYZ_NAME = "frames.extxyz"
 CONFIG_NAME = "label_config.json"
 PROGRESS_NAME = "progress.json"
+PROGRESS_LOG_NAME = "progress.log"
 ATTEMPTS_NAME = "attempts.json"
 # Starts of one task that ended with its process killed (not by an interrupt) before it is given up.
 MAX_ATTEMPTS = 2
@@ -55,6 +59,51 @@ def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+class _ProgressRecord:
+    """The completed and given-up tasks of a label directory: ``progress.json`` plus the journal ``progress.log``.
+
+    ``mark`` appends one line per task and flushes it (a SIGKILL right after loses nothing: the line is in the
+    kernel's buffers); ``compact`` folds the journal into ``progress.json`` (atomic replace) and then removes the
+    journal, so a kill between the two only replays lines already folded in. A line cut by a kill mid-write is
+    ignored (its task is re-run: tasks are deterministic, and its committed frames are skipped). One append per task
+    instead of rewriting the sorted record: at 20,000 tasks the rewrite took ~10 ms a task and grew with the count.
+    """
+
+    def __init__(self, directory: Path):
+        self.path = directory / PROGRESS_NAME
+        self.log_path = directory / PROGRESS_LOG_NAME
+        record = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.done = set(record.get("done", []))
+        self.given_up = set(record.get("given_up", []))
+        if self.log_path.exists():
+            for line in self.log_path.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # the last line, cut by a kill
+                if isinstance(entry, dict) and isinstance(entry.get("done"), str):
+                    self.done.add(entry["done"])
+                    if entry.get("given_up"):
+                        self.given_up.add(entry["done"])
+        self._log = None
+
+    def mark(self, key: str, given_up: bool = False) -> None:
+        self.done.add(key)
+        if given_up:
+            self.given_up.add(key)
+        if self._log is None:
+            self._log = open(self.log_path, "a")  # kept open for the run; closed by compact
+        self._log.write(json.dumps({"done": key, "given_up": given_up}) + "\n")
+        self._log.flush()
+
+    def compact(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        _atomic_write_text(self.path, json.dumps({"done": sorted(self.done), "given_up": sorted(self.given_up)}))
+        self.log_path.unlink(missing_ok=True)
 
 
 class FrameStore:
@@ -85,16 +134,20 @@ class FrameStore:
         """All frames in insertion order, with teacher results and ``info`` task/frame/kind/temperature."""
         return _db_frames(self.db)
 
-    def write(self, atoms: Atoms, *, task: str, frame: int, kind: str, temperature: float) -> None:
-        """Commit one frame to the database, then append it to the extxyz file."""
+    def write(
+        self, atoms: Atoms, *, task: str, frame: int, kind: str, temperature: float, extra: dict | None = None
+    ) -> None:
+        """Commit one frame to the database, then append it to the extxyz file. ``extra``: more key-value pairs of
+        the row (and info keys of the frame), e.g. a given structure's ``config_weight``."""
         data = {k: np.asarray(atoms.arrays[k]) for k in ("hvp_dir", "hvp") if k in atoms.arrays}
-        self.db.write(atoms, task=task, frame=int(frame), kind=kind, temperature=float(temperature), data=data)
-        self._append_xyz(atoms, task, frame, kind, temperature)
+        keys = dict(task=task, frame=int(frame), kind=kind, temperature=float(temperature), **(extra or {}))
+        self.db.write(atoms, **keys, data=data)
+        self._append_xyz(atoms, keys)
 
-    def _append_xyz(self, atoms: Atoms, task: str, frame: int, kind: str, temperature: float) -> None:
+    def _append_xyz(self, atoms: Atoms, keys: dict) -> None:
         out = atoms.copy()
         out.calc = atoms.calc
-        out.info.update(task=task, frame=int(frame), kind=kind, temperature=float(temperature))
+        out.info.update(keys)
         with open(self.xyz_path, "a") as fh:
             ase.io.write(fh, out, format="extxyz")
             fh.flush()
@@ -223,6 +276,10 @@ def label(
     for k, s in enumerate(seeds):
         if not isinstance(s, Atoms) or len(s) == 0:
             raise ValueError(f"seed {k} must be a non-empty ase.Atoms")
+        if config.label_seeds and "config_weight" in s.info:
+            from mlff_distiller.distill.dataset import config_weight
+
+            config_weight(s, f"seed {k}")  # a bad weight is refused before any task, not after hours of labelling
     if shard is not None and not (int(shard[1]) >= 1 and 0 <= int(shard[0]) < int(shard[1])):
         raise ValueError(f"shard must be (k, n) with 0 <= k < n, got {shard}")
     store = FrameStore(out_dir)
@@ -231,7 +288,7 @@ def label(
         "teacher": teacher_name(teacher),
         "teacher_options": teacher_options or {},
         "sampling": _sampling_fingerprint(config),
-        "seeds": [{"numbers": s.numbers.tolist(), "positions": np.round(s.positions, 6).tolist()} for s in seeds],
+        "seeds": [_seed_fingerprint(s, config) for s in seeds],
     }
     cfg_path = store.dir / CONFIG_NAME
     if cfg_path.exists():
@@ -259,19 +316,26 @@ def _label(
     seeds, teacher, store, config, student, on_policy_round, progress, teacher_options, shard, committee
 ) -> LabelReport:
     """:func:`label` after its checks and the run's fingerprint."""
+    record = _ProgressRecord(store.dir)
+    record.compact()  # fold an interrupted run's journal in before this run appends to a new one
+    try:
+        return _label_tasks(
+            seeds, teacher, store, config, student, on_policy_round, progress, teacher_options, shard, committee, record
+        )
+    finally:
+        record.compact()
+
+
+def _label_tasks(
+    seeds, teacher, store, config, student, on_policy_round, progress, teacher_options, shard, committee, record
+) -> LabelReport:
+    """The task loop of :func:`_label`; ``record``: the run's :class:`_ProgressRecord`."""
     # The teacher is built when the first task needs it: a finished run resumes (e.g. labels carried to a machine
     # without the teacher's package, such as the GPU host without tblite) without constructing it.
     teacher_calc = None
-
-    progress_path = store.dir / PROGRESS_NAME
-    record = json.loads(progress_path.read_text()) if progress_path.exists() else {}
-    done = set(record.get("done", []))
-    given_up = set(record.get("given_up", []))
+    done = record.done
     attempts_path = store.dir / ATTEMPTS_NAME
     attempts = json.loads(attempts_path.read_text()) if attempts_path.exists() else {}
-
-    def save_progress() -> None:
-        _atomic_write_text(progress_path, json.dumps({"done": sorted(done), "given_up": sorted(given_up)}))
 
     existing = store.keys()
     if any(task not in done for task, _ in existing):
@@ -303,9 +367,7 @@ def _label(
                 file=sys.stderr,
             )
             stats["failed"] = stats.get("failed", 0) + 1
-            done.add(task.key)
-            given_up.add(task.key)
-            save_progress()
+            record.mark(task.key, given_up=True)
             del attempts[task.key]
             _atomic_write_text(attempts_path, json.dumps(attempts))
         else:
@@ -330,7 +392,10 @@ def _label(
                     if dedup.is_duplicate(frame):
                         duplicates += 1
                         continue
-                    store.write(frame, task=task.key, frame=k, kind=task.kind, temperature=task.temperature)
+                    store.write(
+                        frame, task=task.key, frame=k, kind=task.kind, temperature=task.temperature,
+                        extra=_given_keys(task, seeds[task.seed_index]),
+                    )  # fmt: skip
                     dedup.add(frame)
                     existing.add((task.key, k))
                     written += 1
@@ -340,8 +405,7 @@ def _label(
                     del attempts[task.key]
                 _atomic_write_text(attempts_path, json.dumps(attempts))
                 raise
-            done.add(task.key)
-            save_progress()
+            record.mark(task.key)
             del attempts[task.key]
             _atomic_write_text(attempts_path, json.dumps(attempts))
         if bar is not None:
@@ -355,6 +419,24 @@ def _label(
     return LabelReport(
         written, len(existing), duplicates, run, skipped, elapsed, stats.get("not_selected", 0), stats.get("failed", 0)
     )
+
+
+def _seed_fingerprint(seed: Atoms, config: SamplingConfig) -> dict:
+    """A seed as a run records it: its numbers and positions, and the loss weight that structures labelled as given
+    keep (only when set, so that directories labelled before weights existed still resume)."""
+    out = {"numbers": seed.numbers.tolist(), "positions": np.round(seed.positions, 6).tolist()}
+    if config.label_seeds and "config_weight" in seed.info:
+        out["config_weight"] = float(seed.info["config_weight"])
+    return out
+
+
+def _given_keys(task, seed: Atoms) -> dict | None:
+    """What a structure labelled as given keeps of its own info: its loss weight ``config_weight`` (MACE's key; a
+    harvest's frames weighted by hand keep their weight through ``label --as-given``). Frames sampled from a seed
+    (MD, rattles) do not inherit it: they are other structures."""
+    if task.kind != "given" or "config_weight" not in seed.info:
+        return None
+    return {"config_weight": float(seed.info["config_weight"])}
 
 
 def _sampling_fingerprint(config: SamplingConfig) -> dict:
