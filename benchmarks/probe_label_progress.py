@@ -63,11 +63,11 @@ def run(n: int, record_cls) -> float:
         labelling._ProgressRecord = old
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="2000,15000")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     lines = [
         "# probe_label_progress.py: labelling cost per given frame against the task count",
         "",

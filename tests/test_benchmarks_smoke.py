@@ -337,3 +337,19 @@ def test_probe_md_step_runs_on_cuda(tmp_path):
     assert "| replay + sync |" in text and "| 192-atom water random walk" in text
     diff = float(text.rsplit("max |ΔF| = ", 1)[1].split()[0])
     assert diff < 1e-4
+
+
+def test_probe_label_progress_quick(tmp_path, monkeypatch):
+    """probe_label_progress.py on two tiny sizes: both variants label every frame, and the emulated former behaviour
+    rewrites progress.json once per task (the write it is meant to time) while the journal does not."""
+    import probe_label_progress
+
+    from mlff_distiller.distill import labelling
+
+    writes = []
+    real = labelling._atomic_write_text
+    monkeypatch.setattr(labelling, "_atomic_write_text", lambda p, t: (writes.append(p.name), real(p, t))[1])
+    assert probe_label_progress.main(["--sizes", "5", "--out", str(tmp_path)]) == 0
+    rows = [line for line in (tmp_path / "probe_label_progress.md").read_text().splitlines() if line.startswith("| 5 ")]
+    assert len(rows) == 1
+    assert writes.count(labelling.PROGRESS_NAME) == 2 + (2 + 5)  # the journal's run, then the emulated one
