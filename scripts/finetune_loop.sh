@@ -24,6 +24,10 @@ CHECK=${CHECK:-256}  # frames of each student's seed-1 hot run labelled to measu
 RUNS=${RUNS:-base ft}  # whose hot MD runs on the new seeds (and is checked): base, ft or both
 PICKED=${PICKED:-}  # frames picked earlier (a harvest's output): skip the first hot run and the harvest
 TRAIN_EXTRA=${TRAIN_EXTRA:-}  # more train settings, e.g. "--set train.loss=huber"
+# The round's loss weight against the original labels (--data-weight): 0.2 kept the 300-800 K error within 7-12 % of
+# the shipped student's, where 1 cost 35-41 % (benchmarks/results/finetune_weights_h100/). Runs before stop 39
+# (finetune_loop_h100/) were unweighted: ROUND_WEIGHT=1 repeats them.
+ROUND_WEIGHT=${ROUND_WEIGHT:-0.2}
 FREEZE=${FREEZE:-100}
 mkdir -p "$OUT" "$WORK"
 WORKERS=$(nproc)
@@ -49,6 +53,7 @@ mlff-distill label --teacher gfn2-xtb --seeds "$WORK/picked.extxyz" --as-given -
   --out "$WORK/round1" --no-progress --set sampling.dedup_rms=0.005 > "$OUT/label.json"
 stamp "fine-tune ($LIMIT s)"
 mlff-distill train --config configs/chno_gfn2_train.yaml --data "$LABELS" --data "$WORK/round1" --init-model "$base" \
+  --data-weight 1 --data-weight "$ROUND_WEIGHT" \
   --out "$WORK/ft" --set train.time_limit_s="$LIMIT" --set train.lr="$LR" --set train.warmup_steps=200 \
   --set train.eval_every=1000 $TRAIN_EXTRA > "$OUT/train.json"
 cp "$WORK/ft/best.pt" "$OUT/finetuned.pt"

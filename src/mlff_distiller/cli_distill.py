@@ -244,5 +244,6 @@ def run_harvest(job: HarvestJob) -> dict:
         "frames_written": len(report.frames),
         "output": job.output,
         "examples": {str(k): why for k, why in list(report.reasons.items())[:5]},  # replica: first bad frame
-        "next": f"mlff-distill label --seeds {job.output} --as-given --teacher TEACHER --out LABELS",
+        "next": f"mlff-distill label --seeds {job.output} --as-given --teacher TEACHER --out ROUND, then mlff-distill "
+        "train --data LABELS --data ROUND --data-weight 1 --data-weight 0.2 --init-model STUDENT",
     }
