@@ -164,6 +164,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing-steps", dest="timing_steps", type=int, help="MD steps timed (0: no timing)")
     p.add_argument("--nve-steps", dest="nve_steps", type=int, help="NVE steps for the drift check (0: none)")
     p.add_argument("--history", help="history.json of a training run, for a learning-curve PNG")
+    p.add_argument(
+        "--by",
+        action="append",
+        help="also the errors per group of frames sharing this info key (repeatable): kind, temperature, task, "
+        "config_type, replica, ...; 'formula' groups by chemical formula",
+    )
 
     p = sub.add_parser(
         "predict", help="energies/forces of a structures file, written as extxyz in chunks (an interrupted run resumes)"

@@ -163,6 +163,7 @@ def run_evaluate(job: EvaluateJob) -> dict:
     from mlff_distiller.checkpoint import load_model
     from mlff_distiller.distill.evaluation import (
         error_metrics,
+        grouped_error_metrics,
         learning_curve_plot,
         md_step_timing,
         nve_drift,
@@ -175,9 +176,13 @@ def run_evaluate(job: EvaluateJob) -> dict:
     frames = read_frames(job.data)
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
-    metrics = error_metrics(frames, predict_frames(model, frames, device=job.device, precision=job.precision))
+    predictions = predict_frames(model, frames, device=job.device, precision=job.precision)
+    metrics = error_metrics(frames, predictions)
     parity_plot(metrics, out / "parity.png", title=f"{job.model} on {job.data}")
     result = {k: v for k, v in metrics.items() if not k.startswith("_")}
+    if job.by:
+        keys = [job.by] if isinstance(job.by, str) else list(job.by)
+        result["by"] = {key: grouped_error_metrics(frames, predictions, key) for key in keys}
     if job.history:
         learning_curve_plot(json.loads(Path(job.history).read_text()), out / "learning_curve.png")
     if job.timing_steps > 0:

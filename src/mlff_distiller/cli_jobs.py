@@ -79,6 +79,8 @@ class EvaluateJob:
     nve_timestep_fs: float = 0.25
     nve_temperature: float = 300.0
     history: str | None = None
+    # Errors also per group of frames sharing info[KEY] (`--by kind`, `--by temperature`, `--by formula`, ...).
+    by: str | list[str] | None = None
 
 
 @dataclass(kw_only=True)

@@ -53,9 +53,15 @@ def test_all_subcommands(tmp_path, capsys):
 
     ev = tmp_path / "ev"
     args = ["evaluate", "--model", str(run / "best.pt"), "--data", str(lab), "--out", str(ev), "--device", "cpu"]
-    assert main([*args, "--history", str(run / "history.json"), "--nve-steps", "5"]) == 0
+    assert (
+        main([*args, "--history", str(run / "history.json"), "--nve-steps", "5", "--by", "kind", "--by", "formula"])
+        == 0
+    )
     metrics = json.loads((ev / "metrics.json").read_text())
     assert metrics["frames"] == report["total"] and "nve" in metrics
+    # --by: per group of frames (2 molecules x (10 MD frames + 2 rattles))
+    assert {k: v["frames"] for k, v in metrics["by"]["kind"].items()} == {"md": 20, "rattle": 4}
+    assert {k: v["frames"] for k, v in metrics["by"]["formula"].items()} == {"H2O": 12, "CH4": 12}
     assert (ev / "parity.png").exists() and (ev / "learning_curve.png").exists()
     capsys.readouterr()
 

@@ -199,3 +199,35 @@ def test_rigid_molecule_scaling_keeps_bonds_and_scales_the_centres():
     assert rigid["molecules"] is True and np.isfinite(rigid["lj"]["pressure_gpa"]).all()
     assert rigid["lj"]["pressure_gpa"][1] == pytest.approx(affine["lj"]["pressure_gpa"][1])  # ratio 1: same frame
     assert rigid["lj"]["pressure_gpa"][0] != pytest.approx(affine["lj"]["pressure_gpa"][0], rel=1e-3)
+
+
+def test_grouped_error_metrics_are_each_groups_own():
+    """``grouped_error_metrics``: each group's numbers are :func:`error_metrics` of that group alone (one group's
+    error does not leak into another's), frames without the key form "(none)", groups keep the order of first
+    appearance, ``formula`` groups by chemical formula, and a length mismatch is a ValueError."""
+    from ase.build import molecule
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    from mlff_distiller.distill.evaluation import error_metrics, grouped_error_metrics
+
+    frames, preds = [], []
+    for k, (name, kind, off) in enumerate(
+        [("H2O", "md", 0.01), ("CH4", "rattle", 0.2), ("H2O", "md", 0.03), ("CH4", None, 0.5), ("H2O", "rattle", 0.1)]
+    ):
+        atoms = molecule(name)
+        forces = np.linspace(-1, 1, 3 * len(atoms)).reshape(-1, 3) * (k + 1)
+        atoms.calc = SinglePointCalculator(atoms, energy=-float(k), forces=forces)
+        if kind is not None:
+            atoms.info["kind"] = kind
+        frames.append(atoms)
+        preds.append({"energy": -float(k) + off * len(atoms), "forces": forces + off})
+    got = grouped_error_metrics(frames, preds, "kind")
+    assert list(got) == ["md", "rattle", "(none)"]
+    for value, idx in {"md": [0, 2], "rattle": [1, 4], "(none)": [3]}.items():
+        ref = error_metrics([frames[k] for k in idx], [preds[k] for k in idx])
+        assert got[value] == {n: v for n, v in ref.items() if not n.startswith("_")}
+    assert got["md"]["force_mae_mev_a"] == pytest.approx(20.0)
+    by_formula = grouped_error_metrics(frames, preds, "formula")
+    assert {k: v["frames"] for k, v in by_formula.items()} == {"H2O": 3, "CH4": 2}
+    with pytest.raises(ValueError, match="predictions"):
+        grouped_error_metrics(frames, preds[:-1], "kind")

@@ -32,6 +32,7 @@ _EXPORTS = {
     "TrainConfig": "mlff_distiller.distill.training",
     "TrainResult": "mlff_distiller.distill.training",
     "error_metrics": "mlff_distiller.distill.evaluation",
+    "grouped_error_metrics": "mlff_distiller.distill.evaluation",
     "evaluate_dataset": "mlff_distiller.distill.training",
     "fit_energy_reference": "mlff_distiller.distill.dataset",
     "from_dict": "mlff_distiller.distill.config",
@@ -79,6 +80,7 @@ __all__ = [
     "from_dict",
     "g2_chno",
     "get_teacher",
+    "grouped_error_metrics",
     "label",
     "label_parallel",
     "label_watched",
@@ -110,6 +112,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
     from mlff_distiller.distill.dataset import FrameDataset, LabelledBatch, fit_energy_reference, split_frames
     from mlff_distiller.distill.evaluation import (
         error_metrics,
+        grouped_error_metrics,
         learning_curve_plot,
         md_step_timing,
         npt_berendsen,

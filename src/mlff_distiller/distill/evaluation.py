@@ -116,6 +116,26 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
     return out
 
 
+def grouped_error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict], key: str) -> dict:
+    """:func:`error_metrics` of each group of ``frames`` that share ``info[key]`` (MACE reports its errors per
+    ``config_type`` the same way), without the raw arrays: ``{value: metrics}``, values as text in order of first
+    appearance. Frames without the key form the group ``"(none)"``; ``key="formula"``, unless the frames carry an
+    info key of that name, groups by chemical formula (one molecule's frames, in a set of many)."""
+    frames = list(frames)
+    if len(frames) != len(predictions):
+        raise ValueError(f"{len(frames)} frames but {len(predictions)} predictions")
+    groups: dict[str, list[int]] = {}
+    by_formula = key == "formula" and not any("formula" in a.info for a in frames)
+    for k, atoms in enumerate(frames):
+        value = atoms.get_chemical_formula() if by_formula else str(atoms.info.get(key, "(none)"))
+        groups.setdefault(value, []).append(k)
+    out = {}
+    for value, idx in groups.items():
+        metrics = error_metrics([frames[k] for k in idx], [predictions[k] for k in idx])
+        out[value] = {name: v for name, v in metrics.items() if not name.startswith("_")}
+    return out
+
+
 def _pyplot():
     import matplotlib
 
