@@ -52,6 +52,7 @@ stamp "label as given"
 mlff-distill label --teacher gfn2-xtb --seeds "$WORK/picked.extxyz" --as-given --workers "$WORKERS" \
   --out "$WORK/round1" --no-progress --set sampling.dedup_rms=0.005 > "$OUT/label.json"
 stamp "fine-tune ($LIMIT s)"
+echo "$ROUND_WEIGHT" > "$OUT/round_weight.txt"
 mlff-distill train --config configs/chno_gfn2_train.yaml --data "$LABELS" --data "$WORK/round1" --init-model "$base" \
   --data-weight 1 --data-weight "$ROUND_WEIGHT" \
   --out "$WORK/ft" --set train.time_limit_s="$LIMIT" --set train.lr="$LR" --set train.warmup_steps=200 \

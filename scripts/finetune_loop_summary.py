@@ -33,8 +33,11 @@ def main(out: Path) -> None:
         "were dropped as unphysical (teacher force above max_force or a pair closer than 0.5 Å)"
     )
     best = train["best_val"]
+    weight_file = out / "round_weight.txt"  # written since stop 39 (before, the round was weighted 1)
+    weight = weight_file.read_text().strip() if weight_file.exists() else "1 (unweighted)"
     print(
-        f"- fine-tune from builtin:chno-gfn2: {train['steps']} steps in {train['seconds']:.0f} s; validation force MAE "
+        f"- fine-tune from builtin:chno-gfn2, the round weighted {weight} (--data-weight): {train['steps']} steps in "
+        f"{train['seconds']:.0f} s; validation force MAE "
         f"{best['force_mae_mev_a']:.2f} meV/Å, energy MAE {best['energy_mae_mev_atom']:.3f} meV/atom\n"
     )
     print("| frames | student | force MAE (meV/Å) | force RMSE | energy MAE (meV/atom) |")
