@@ -231,3 +231,28 @@ def test_grouped_error_metrics_are_each_groups_own():
     assert {k: v["frames"] for k, v in by_formula.items()} == {"H2O": 3, "CH4": 2}
     with pytest.raises(ValueError, match="predictions"):
         grouped_error_metrics(frames, preds[:-1], "kind")
+
+
+def test_force_errors_by_element():
+    """error_metrics' per-element force errors: each element's MAE / RMSE over its own atoms' components only, in
+    order of atomic number, and the overall MAE is their atom-weighted mean."""
+    from ase.build import molecule
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    frames, preds = [], []
+    for name in ("H2O", "CH4", "NH3"):
+        atoms = molecule(name)
+        forces = np.zeros((len(atoms), 3))
+        atoms.calc = SinglePointCalculator(atoms, energy=0.0, forces=forces)
+        off = np.where(atoms.numbers == 1, 0.01, 0.1)[:, None] * np.array([1.0, -1.0, 2.0])  # H: 10 meV/Å, else 100
+        frames.append(atoms)
+        preds.append({"energy": 0.0, "forces": forces + off})
+    m = error_metrics(frames, preds)
+    assert list(m["force_mae_mev_a_by_element"]) == ["H", "C", "N", "O"]
+    assert m["force_mae_mev_a_by_element"]["H"] == pytest.approx(10 * 4 / 3)
+    for symbol in ("C", "N", "O"):
+        assert m["force_mae_mev_a_by_element"][symbol] == pytest.approx(100 * 4 / 3)
+        assert m["force_rmse_mev_a_by_element"][symbol] == pytest.approx(100 * np.sqrt(2))
+    n_h, n_heavy = 2 + 4 + 3, 3
+    overall = (n_h * 10 + n_heavy * 100) * 4 / 3 / (n_h + n_heavy)
+    assert m["force_mae_mev_a"] == pytest.approx(overall)

@@ -61,18 +61,19 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
     """Errors of ``predictions`` against the teacher labels on ``frames`` (their calculators' results).
 
     Returns ``energy_mae_mev_atom``, ``energy_rmse_mev_atom``, ``force_mae_mev_a``, ``force_rmse_mev_a``,
-    ``frames``, ``atoms`` and the raw arrays ``_energy`` ``[F, 2]`` (teacher, student; eV/atom) and
-    ``_forces`` ``[3N, 2]`` (eV/Å) for plotting. Where periodic frames carry a teacher stress and the predictions
-    a student stress (:func:`predict_frames` asks for it then), also ``stress_mae_mev_a3``, ``stress_rmse_mev_a3``
-    (meV/Å³, over the Voigt components), ``stress_mae_gpa``, ``pressure_mae_gpa`` (P = -tr σ / 3) and
-    ``stress_frames``.
+    ``frames``, ``atoms``, the force errors of each element's atoms (``force_mae_mev_a_by_element``,
+    ``force_rmse_mev_a_by_element``: ``{symbol: meV/Å}``) and the raw arrays ``_energy`` ``[F, 2]`` (teacher,
+    student; eV/atom) and ``_forces`` ``[3N, 2]`` (eV/Å) for plotting. Where periodic frames carry a teacher stress
+    and the predictions a student stress (:func:`predict_frames` asks for it then), also ``stress_mae_mev_a3``,
+    ``stress_rmse_mev_a3`` (meV/Å³, over the Voigt components), ``stress_mae_gpa``, ``pressure_mae_gpa``
+    (P = -tr σ / 3) and ``stress_frames``.
     """
     frames = list(frames)
     if len(frames) != len(predictions):
         raise ValueError(f"{len(frames)} frames but {len(predictions)} predictions")
     if not frames:
         raise ValueError("no frames to evaluate")
-    e_ref, e_pred, f_ref, f_pred, s_ref, s_pred = [], [], [], [], [], []
+    e_ref, e_pred, f_ref, f_pred, s_ref, s_pred, numbers = [], [], [], [], [], [], []
     for k, (a, p) in enumerate(zip(frames, predictions, strict=True)):
         if a.calc is None or "energy" not in a.calc.results or "forces" not in a.calc.results:
             raise ValueError(f"frame {k} has no teacher energy and forces")
@@ -81,6 +82,7 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
         e_pred.append(float(p["energy"]) / n)
         f_ref.append(np.asarray(a.calc.results["forces"]).reshape(-1))
         f_pred.append(np.asarray(p["forces"]).reshape(-1))
+        numbers.append(a.numbers)
         teacher = periodic_stress(a)
         if teacher is not None and "stress" in p:
             s_ref.append(teacher)
@@ -97,6 +99,7 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
         "force_rmse_mev_a": 1000 * float(np.sqrt((df**2).mean())),
         "frames": len(frames),
         "atoms": int(sum(len(a) for a in frames)),
+        **_force_errors_by_element(np.concatenate(numbers), df.reshape(-1, 3)),
         "_energy": energy,
         "_forces": forces,
     }
@@ -114,6 +117,20 @@ def error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict]) -> dict:
             stress_frames=len(s_ref),
         )
     return out
+
+
+def _force_errors_by_element(numbers: np.ndarray, df: np.ndarray) -> dict:
+    """Force MAE and RMSE (meV/Å, over the components) of each element's atoms, keyed by chemical symbol in order of
+    atomic number (nequip and MACE report them per species: a student's H forces are often much better than its
+    heavy atoms')."""
+    from ase.data import chemical_symbols
+
+    mae, rmse = {}, {}
+    for z in np.unique(numbers):
+        d = df[numbers == z]
+        mae[chemical_symbols[z]] = 1000 * float(np.abs(d).mean())
+        rmse[chemical_symbols[z]] = 1000 * float(np.sqrt((d**2).mean()))
+    return {"force_mae_mev_a_by_element": mae, "force_rmse_mev_a_by_element": rmse}
 
 
 def grouped_error_metrics(frames: Sequence[Atoms], predictions: Sequence[dict], key: str) -> dict:
