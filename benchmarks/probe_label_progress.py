@@ -24,7 +24,7 @@ from ase.build import molecule
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import write_lines
 
-from mlff_distiller.distill import SamplingConfig, label, labelling
+from mlff_distiller.distill import SamplingConfig, frame_store, label, labelling
 
 
 def structures(n: int):
@@ -43,7 +43,7 @@ class _RewriteEveryTask(labelling._ProgressRecord):
 
     def mark(self, key: str, given_up: bool = False) -> None:
         super().mark(key, given_up)
-        labelling._atomic_write_text(
+        frame_store._atomic_write_text(
             self.path, json.dumps({"done": sorted(self.done), "given_up": sorted(self.given_up)})
         )
 

@@ -344,7 +344,7 @@ def test_probe_label_progress_quick(tmp_path, monkeypatch):
     rewrites progress.json once per task (the write it is meant to time) while the journal does not."""
     import probe_label_progress
 
-    from mlff_distiller.distill import labelling
+    from mlff_distiller.distill import frame_store as labelling  # the record and its file names live there
 
     writes = []
     real = labelling._atomic_write_text

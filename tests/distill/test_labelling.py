@@ -400,7 +400,7 @@ def test_progress_journal_survives_a_kill_and_folds_in(tmp_path):
 def test_progress_record_is_written_twice_per_run_not_per_task(tmp_path, monkeypatch):
     """Rewriting the sorted record after every task cost time quadratic in the tasks; a run now writes
     progress.json at its start and end only (each task one journal line), and the record holds every task."""
-    from mlff_distiller.distill import labelling
+    from mlff_distiller.distill import frame_store as labelling  # the record and its file names live there
 
     writes = []
     real = labelling._atomic_write_text
