@@ -31,8 +31,8 @@ _EXPORTS = {
     "Task": "mlff_distiller.distill.sampling",
     "TrainConfig": "mlff_distiller.distill.training",
     "TrainResult": "mlff_distiller.distill.training",
-    "error_metrics": "mlff_distiller.distill.evaluation",
-    "grouped_error_metrics": "mlff_distiller.distill.evaluation",
+    "error_metrics": "mlff_distiller.distill.metrics",
+    "grouped_error_metrics": "mlff_distiller.distill.metrics",
     "evaluate_dataset": "mlff_distiller.distill.training",
     "fit_energy_reference": "mlff_distiller.distill.dataset",
     "from_dict": "mlff_distiller.distill.config",
@@ -50,7 +50,7 @@ _EXPORTS = {
     "npt_run": "mlff_distiller.distill.evaluation",
     "nve_drift": "mlff_distiller.distill.evaluation",
     "parity_plot": "mlff_distiller.distill.evaluation",
-    "predict_frames": "mlff_distiller.distill.evaluation",
+    "predict_frames": "mlff_distiller.distill.metrics",
     "pressure_curve": "mlff_distiller.distill.evaluation",
     "read_frames": "mlff_distiller.distill.labelling",
     "run_task": "mlff_distiller.distill.sampling",
@@ -111,19 +111,17 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
     from mlff_distiller.distill.config import from_dict, load_yaml, to_dict
     from mlff_distiller.distill.dataset import FrameDataset, LabelledBatch, fit_energy_reference, split_frames
     from mlff_distiller.distill.evaluation import (
-        error_metrics,
-        grouped_error_metrics,
         learning_curve_plot,
         md_step_timing,
         npt_berendsen,
         npt_run,
         nve_drift,
         parity_plot,
-        predict_frames,
         pressure_curve,
     )
     from mlff_distiller.distill.label_processes import label_parallel, label_watched
     from mlff_distiller.distill.labelling import FrameStore, LabelReport, label, read_frames
+    from mlff_distiller.distill.metrics import error_metrics, grouped_error_metrics, predict_frames
     from mlff_distiller.distill.sampling import Deduplicator, SamplingConfig, Task, make_tasks, run_task
     from mlff_distiller.distill.seeds import g2_chno, load_seeds
     from mlff_distiller.distill.stability import StabilityMonitor, stability_run
