@@ -353,3 +353,13 @@ def test_probe_label_progress_quick(tmp_path, monkeypatch):
     rows = [line for line in (tmp_path / "probe_label_progress.md").read_text().splitlines() if line.startswith("| 5 ")]
     assert len(rows) == 1
     assert writes.count(labelling.PROGRESS_NAME) == 2 + (2 + 5)  # the journal's run, then the emulated one
+
+
+def test_probe_relax_file_quick(tmp_path):
+    """probe_relax_file.py on a few structures (CPU): every variant writes every structure at the same positions."""
+    import probe_relax_file
+
+    lines = probe_relax_file.main(["--structures", "6", "--chunks", "4", "--reps", "1", "--out", str(tmp_path)])
+    rows = [line for line in lines if line.startswith("| one call") or line.startswith("| relax_file")]
+    assert len(rows) == 2 and all(r.endswith("| 6 |") for r in rows)
+    assert float(rows[1].split("|")[-3]) < 1e-4  # max |Δpos| against the one call

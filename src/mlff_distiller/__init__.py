@@ -3,7 +3,8 @@
 Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :func:`predict_file` (a structures
 file to extxyz, resumable), :class:`ForceEngine`, :class:`StudentCalculator`, :class:`AtomsBatch`,
 :class:`FrameTable` (many structures as arrays, predicted without an ``ase.Atoms`` each); :class:`BatchedMD`
-(many MD trajectories, one engine call per step); :func:`relax_batch` (many FIRE relaxations at once);
+(many MD trajectories, one engine call per step); :func:`relax_batch` (many FIRE relaxations at once),
+:func:`relax_file` (a structures file relaxed to extxyz, resumable);
 :class:`NonFiniteOutputError` (a NaN or inf output, never returned). Kernel backends:
 ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
 
@@ -36,6 +37,7 @@ _EXPORTS = {
     "predict_forces": "mlff_distiller.predict",
     "predict_file": "mlff_distiller.predict_stream",
     "relax_batch": "mlff_distiller.batched_relax",
+    "relax_file": "mlff_distiller.relax_stream",
 }
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "predict_file",
     "predict_forces",
     "relax_batch",
+    "relax_file",
 ]
 
 
@@ -70,3 +73,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
     from mlff_distiller.model import ModelConfig, StudentModel
     from mlff_distiller.predict import predict_forces
     from mlff_distiller.predict_stream import predict_file
+    from mlff_distiller.relax_stream import relax_file

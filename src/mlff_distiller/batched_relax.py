@@ -237,10 +237,14 @@ def relax_batch(
         says = [f"structure(s) {blew[:20]} reached non-finite forces or energy (each stopped there)"] if blew else []
         if too_large:
             says.append(f"structure(s) {too_large[:20]} do not fit in the device's memory alone (not relaxed)")
+        reasons = {k: "reached non-finite forces or energy (stopped there)" for k in blew}
+        for k in too_large:
+            reasons[k] = f"does not fit in the device's memory alone ({len(structures[k])} atoms)"
         raise NonFiniteOutputError(
             f"relax_batch: {'; '.join(says)}; the others are relaxed, in this error's results",
             indices=bad,
             results=[None if k in set(bad) else relaxed[k] for k in range(len(relaxed))],
+            reasons=reasons,
         )
     return relaxed
 

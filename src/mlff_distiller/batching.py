@@ -38,11 +38,13 @@ class NonFiniteOutputError(ValueError):
         indices: the input positions of those structures.
         results: one entry per input structure: its result dict, or ``None`` for the structures in ``indices``
             (nothing else that was computed is lost).
+        reasons: why, per index in ``indices``, where the raiser says (``relax_batch`` does); else empty.
     """
 
-    def __init__(self, message: str, indices: list[int], results: list[dict | None]) -> None:
+    def __init__(self, message: str, indices: list[int], results: list, reasons: dict[int, str] | None = None) -> None:
         super().__init__(message)
         self.indices, self.results = indices, results
+        self.reasons = dict(reasons or {})
 
 
 def all_finite(*arrays: np.ndarray) -> bool:

@@ -250,7 +250,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--device")
     p.add_argument("--precision", help="fp32 (default) | fp64 | tf32 | bf16 | fp16")
 
-    p = sub.add_parser("relax", help="relax every structure of a file (FIRE, fixed cell), all in one batch")
+    p = sub.add_parser(
+        "relax", help="relax every structure of a file (FIRE, fixed cell), in chunks (an interrupted run resumes)"
+    )
     _add_common(p)
     p.add_argument("--model", help="checkpoint path or builtin:NAME")
     p.add_argument("--input", help="structures file (any format ASE reads; file@INDEX selects frames)")
@@ -266,6 +268,15 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device")
     p.add_argument("--precision", help="fp32 (default) | fp64 (for fmax below ~1e-3) | tf32 | bf16 | fp16")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        help="structures relaxed and written at a time (8192): an interrupted run keeps every finished chunk, and "
+        "the same command continues after them",
+    )
+    p.add_argument(
+        "--restart", action="store_const", const=True, help="discard an unfinished run at OUTPUT instead of resuming it"
+    )
 
     p = sub.add_parser(
         "check", help="do the students agree on these structures? (flags structures outside their training data)"

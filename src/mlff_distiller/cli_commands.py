@@ -299,46 +299,28 @@ def _run_md_batched(job: MDJob, frames: list) -> dict:
 
 
 def run_relax(job: RelaxJob) -> dict:
-    import ase.io
+    from mlff_distiller.predict_stream import stderr_log
+    from mlff_distiller.relax_stream import relax_file
 
-    from mlff_distiller.batched_relax import relax_batch
-
-    frames = _read_structures(job.input)
-    if Path(job.output).exists() and Path(job.output).resolve() == Path(_split_index(job.input)[0]).resolve():
-        raise ValueError(f"output {job.output} is the input file; write the relaxed structures to another file")
-    from mlff_distiller.batching import NonFiniteOutputError
-
-    t0 = time.perf_counter()
-    left_out: list[int] = []
-    try:
-        relaxed = relax_batch(
-            job.model,
-            frames,
-            fmax=job.fmax,
-            steps=job.steps,
-            device=job.device,
-            precision=job.precision,
-            max_atoms="auto" if job.max_atoms is None else job.max_atoms,
-        )
-    except NonFiniteOutputError as exc:  # the others are relaxed: written, and the bad ones named below
-        left_out = list(exc.indices)
-        relaxed = [a for a in exc.results if a is not None]
-    seconds = time.perf_counter() - t0
-    Path(job.output).parent.mkdir(parents=True, exist_ok=True)
-    ase.io.write(job.output, relaxed, format="extxyz")
-    if left_out:
-        raise ValueError(
-            f"{len(left_out)} structure(s) left out of {job.output}, their forces no longer finite during the "
-            f"relaxation (input indices {left_out[:20]}); the other {len(relaxed)} are written"
-        )
-    converged = sum(bool(a.info["relax_converged"]) for a in relaxed)
-    return {
-        "structures": len(relaxed),
-        "converged": converged,
-        "steps_max": max(int(a.info["relax_steps"]) for a in relaxed),
-        "seconds": seconds,
-        "output": job.output,
-    }
+    if not job.input:
+        raise ValueError("--input is required")
+    name, index = _split_index(job.input)
+    if not Path(name).exists():
+        raise ValueError(f"input file not found: {name}")
+    return relax_file(
+        job.model,
+        name,
+        job.output,
+        index=None if index is None else str(job.input).rsplit("@", 1)[1],
+        chunk=job.chunk,
+        restart=job.restart,
+        fmax=job.fmax,
+        steps=job.steps,
+        device=job.device,
+        precision=job.precision,
+        max_atoms="auto" if job.max_atoms is None else job.max_atoms,
+        log=stderr_log,
+    )
 
 
 def run_check(job: CheckJob) -> dict:

@@ -139,8 +139,8 @@ class MDJob:
 
 @dataclass(kw_only=True)
 class RelaxJob:
-    """``relax``: every structure of ``input`` relaxed (FIRE, fixed cell) in one batch, written as extxyz with its
-    convergence (:func:`~mlff_distiller.batched_relax.relax_batch`)."""
+    """``relax``: every structure of ``input`` relaxed (FIRE, fixed cell), written as extxyz with its convergence,
+    chunk by chunk; an interrupted run continues where it stopped (:mod:`mlff_distiller.relax_stream`)."""
 
     model: str = "builtin:chno-gfn2"
     input: str = ""
@@ -152,6 +152,8 @@ class RelaxJob:
     max_atoms: int | None = None
     device: str | None = None
     precision: str = "fp32"
+    chunk: int = 8192  # relax_stream.CHUNK
+    restart: bool = False
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,234 @@
+"""``relax_file``: a structures file in, its relaxed structures out as extxyz, in chunks that survive an interrupted
+run (``mlff-distill relax``).
+
+A screening run relaxes 10⁵-10⁶ structures for minutes to hours; a Ctrl-C, a job's time limit or a lost node should
+not take the finished part with it. So the input is read in chunks, each chunk is relaxed by
+:func:`~mlff_distiller.batched_relax.relax_batch` (which keeps its engine, and with it the captured buckets, from
+one call to the next) and appended to the output before the next chunk is read, with
+``<output>.progress.json`` updated after it: the same record :func:`~mlff_distiller.predict_stream.predict_file`
+keeps, and the same rules (started again with the same input, student and settings, the run truncates a chunk
+cut off mid-write, skips the finished structures and goes on; a run of other settings is refused; ``restart``
+starts over).
+
+Each structure's relaxation does not depend on which others share its batch, so the chunks give the structures
+that one call of ``relax_batch`` over the whole file gives. A chunk costs a short tail (its last structures relax
+in a batch that has emptied): the default chunk is large for that reason.
+
+Structures that cannot be relaxed do not stop the run: bad input (an element the student does not know, non-finite
+positions, ASE constraints), a structure whose forces stop being finite and one too large for the device's memory
+alone are left out of the output, every other structure is written, and a ``ValueError`` at the end names them by
+their input index with the reason.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.batching import NonFiniteOutputError
+from mlff_distiller.checkpoint import load_model
+from mlff_distiller.domain import OutOfDomainWarning
+from mlff_distiller.model import StudentModel
+from mlff_distiller.predict_stream import (
+    PROGRESS_SUFFIX,
+    _chunks,
+    _read_from,
+    _resume_state,
+    _skipped_message,
+    _write_progress,
+    model_fingerprint,
+)
+
+__all__ = ["CHUNK", "relax_file"]
+
+# Structures per chunk: the most an interrupted run loses. Large, because each chunk ends with a tail of slow
+# structures in a batch that has emptied (relax_batch compacts it, so the tail costs launches, not atoms).
+CHUNK = 8192
+_FORMAT = 1
+
+
+def relax_file(
+    model: StudentModel | str | Path,
+    input: str | Path,
+    output: str | Path,
+    *,
+    index: str | None = None,
+    chunk: int = CHUNK,
+    restart: bool = False,
+    fmax: float = 0.05,
+    steps: int = 1000,
+    device: torch.device | str | None = None,
+    precision: str = "fp32",
+    max_atoms: int | str | None = "auto",
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Relax every structure of ``input`` (FIRE, fixed cell) and write them to ``output`` as extxyz in input order,
+    chunk by chunk, each with ``info["relax_converged"]``, ``info["relax_steps"]`` and its energy and forces; an
+    unfinished run of the same job resumes.
+
+    Args:
+        model: a :class:`StudentModel`, a checkpoint path or ``"builtin:<name>"``.
+        input: any structures file ASE reads (read lazily where ASE can).
+        output: the extxyz file written; ``<output>.progress.json`` sits beside it while the run is unfinished.
+        index: ASE's frame selection (``"0:100"``, ``"-1"``): those frames only (read whole).
+        chunk: structures read, relaxed and written at a time (the most that a cut-off run loses).
+        restart: discard an unfinished run's output and progress instead of resuming it.
+        fmax, steps, device, precision, max_atoms: as for :func:`~mlff_distiller.batched_relax.relax_batch`.
+        log: called with one line per finished chunk (the CLI prints it to stderr).
+    Returns:
+        ``structures`` (written), ``converged`` (of those written, in this call and the calls it resumes),
+        ``steps_max``, ``seconds`` (this call), ``resumed_from`` (input structures done before this call),
+        ``outside_domain`` (written structures outside the student's training envelope), ``output``.
+    Raises:
+        ValueError: some structures were left out: raised after every other structure is written, naming them;
+            an unfinished run of other settings at ``output``; ``chunk < 1``; output = input.
+        FileNotFoundError: no ``input``.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    input, output = Path(input), Path(output)
+    if not input.exists():
+        raise FileNotFoundError(f"input file not found: {input}")
+    if output.exists() and output.resolve() == input.resolve():
+        raise ValueError(f"output {output} is the input file; write the relaxed structures to another file")
+    if not isinstance(model, StudentModel):
+        model = load_model(model)
+    job = {
+        "format": _FORMAT,
+        "kind": "relax",
+        "input": str(input.resolve()),
+        "index": index,
+        "input_size": input.stat().st_size,
+        "input_mtime_ns": input.stat().st_mtime_ns,
+        "model": model_fingerprint(model),
+        "precision": precision,
+        "fmax": float(fmax),
+        "steps": int(steps),
+    }
+    progress_path = output.with_name(output.name + PROGRESS_SUFFIX)
+    state = {"converged": 0, "steps_max": 0, **_resume_state(job, output, progress_path, restart)}
+    resumed_from = state["done"]
+    kw = dict(fmax=fmax, steps=steps, device=device, precision=precision, max_atoms=max_atoms)
+    frames_in = _select(input, index, state["done"]) if index is not None else _read_from(input, state["done"])
+    output.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(output, "r+b" if state["bytes"] else "wb") as out:
+        out.truncate(state["bytes"])  # a chunk cut off mid-write after the last record is dropped here
+        out.seek(state["bytes"])
+        try:
+            for frames in _chunks(frames_in, chunk):
+                with warnings.catch_warnings():  # one warning for the whole file at the end, not one per chunk
+                    warnings.simplefilter("ignore", OutOfDomainWarning)
+                    relaxed, skipped = _relax_chunk(model, frames, kw)
+                written = [a for a in relaxed if a is not None]
+                text = _extxyz_text(written)
+                out.write(text.encode())
+                out.flush()
+                os.fsync(out.fileno())
+                state["written"] += len(written)
+                state["converged"] += sum(bool(a.info["relax_converged"]) for a in written)
+                state["steps_max"] = max([state["steps_max"], *(int(a.info["relax_steps"]) for a in written)])
+                state["outside_domain"] += sum(1 for a in written if a.info.get("domain"))
+                state["skipped"].extend([state["done"] + k, why] for k, why in skipped)
+                state["done"] += len(frames)
+                state["bytes"] = out.tell()
+                _write_progress(progress_path, job, state)
+                if log is not None:
+                    rate = (state["done"] - resumed_from) / max(time.perf_counter() - t0, 1e-9)
+                    log(f"{state['done']} structures done ({rate:.0f}/s), {state['written']} written to {output}")
+        except KeyboardInterrupt:
+            if log is not None:
+                log(
+                    f"interrupted: {output} holds the first {state['done']} input structures; the same command "
+                    "continues from there"
+                )
+            raise
+    seconds = time.perf_counter() - t0
+    if state["outside_domain"]:
+        warnings.warn(
+            f"{state['outside_domain']} of {state['written']} relaxed structures lie outside the student's training "
+            f"envelope; their frames in {output} carry info['domain'] (why)",
+            OutOfDomainWarning,
+            stacklevel=2,
+        )
+    if state["skipped"]:
+        _write_progress(progress_path, job, state)  # kept: a rerun resumes past the end and says it again
+        raise ValueError(_skipped_message(state, output))
+    progress_path.unlink(missing_ok=True)
+    return {
+        "structures": state["written"],
+        "converged": state["converged"],
+        "steps_max": state["steps_max"],
+        "seconds": seconds,
+        "resumed_from": resumed_from,
+        "outside_domain": state["outside_domain"],
+        "output": str(output),
+    }
+
+
+def _select(path: Path, index: str, start: int):
+    """The frames ``index`` selects (ASE's syntax), from the ``start``-th of them on."""
+    import ase.io
+
+    try:
+        frames = ase.io.read(str(path), index=index)
+    except (StopIteration, IndexError) as exc:  # ASE's answer to an index past the last frame
+        raise ValueError(f"{path} has no frame {index}") from exc
+    frames = [frames] if hasattr(frames, "get_positions") else list(frames)
+    if not frames:
+        raise ValueError(f"{path}@{index} selects no structures")
+    return iter(frames[start:])
+
+
+def _relax_chunk(model: StudentModel, frames: list, kw: dict) -> tuple[list, list[tuple[int, str]]]:
+    """The relaxed structures of one chunk (``None`` where left out) and the left-out ones' chunk indices with
+    reasons."""
+    from mlff_distiller.batched_relax import relax_batch
+
+    try:
+        return relax_batch(model, frames, **kw), []
+    except NonFiniteOutputError as exc:
+        reasons = {k: exc.reasons.get(k, "non-finite forces or energy") for k in exc.indices}
+        return exc.results, sorted(reasons.items())
+    except ValueError:
+        # A bad structure stops the whole call before any step: find every bad one, then relax the others.
+        problems = {k: why for k, atoms in enumerate(frames) if (why := _input_problem(model, atoms))}
+        if not problems:
+            raise
+        keep = [k for k in range(len(frames)) if k not in problems]
+        relaxed = [None] * len(frames)
+        if keep:
+            sub, sub_problems = _relax_chunk(model, [frames[k] for k in keep], kw)
+            for j, k in enumerate(keep):
+                relaxed[k] = sub[j]
+            problems.update({keep[j]: why for j, why in sub_problems})
+        return relaxed, sorted(problems.items())
+
+
+def _input_problem(model: StudentModel, atoms) -> str | None:
+    """Why ``relax_batch`` refuses ``atoms`` (its input checks), else None."""
+    if atoms.constraints:
+        return f"carries ASE constraints ({', '.join(type(c).__name__ for c in atoms.constraints)})"
+    try:
+        batch = AtomsBatch.from_atoms([atoms])
+        model.check_species(batch.numbers)
+    except ValueError as exc:
+        return str(exc).removeprefix("structure 0: ").removeprefix("structure 0 ")
+    return None
+
+
+def _extxyz_text(frames: list) -> str:
+    """``frames`` (with their single-point results) as extxyz text, as ``ase.io.write`` writes them."""
+    from ase.io.extxyz import write_extxyz
+
+    buf = io.StringIO()
+    if frames:
+        write_extxyz(buf, frames)
+    return buf.getvalue()
