@@ -202,3 +202,28 @@ def test_relax_command_resumes_an_interrupted_run(model, tmp_path, capsys, monke
     assert json.loads(capsys.readouterr().out)["resumed_from"] == 0
     assert main([*args[:-4], "--input", f"{src}@0:2", "--output", str(tmp_path / "sel.extxyz")]) == 0
     assert json.loads(capsys.readouterr().out)["structures"] == 2
+
+
+def test_the_written_text_is_what_ase_writes(model, monkeypatch):
+    """The fast writer's frames and the fallback's (info ASE's writer must handle: a string, an array) give the
+    bytes ``ase.io.write`` gives, and leave each frame's info as it was."""
+    import io
+
+    import ase.io.extxyz
+
+    from mlff_distiller.relax_stream import _extxyz_text
+
+    frames = relax_batch(model, _frames(4), **KW)
+    frames[1].info["domain"] = "closer than the training data: H-H 0.5 Å"
+    frames[2].info["tags"] = np.array([1, 2])
+    frames[3].set_cell([10.0, 11.0, 12.0])
+    frames[3].pbc = [True, False, True]
+    before = [dict(a.info) for a in frames]
+    want = io.StringIO()
+    ase.io.write(want, frames, format="extxyz")
+    fallbacks = []
+    real = ase.io.extxyz.write_extxyz
+    monkeypatch.setattr(ase.io.extxyz, "write_extxyz", lambda f, a: fallbacks.append(1) or real(f, a))
+    assert _extxyz_text(frames) == want.getvalue()
+    assert len(fallbacks) == 2  # the frames with a string and an array in their info
+    assert [set(a.info) for a in frames] == [set(b) for b in before]
