@@ -126,6 +126,11 @@ _CONFIG = {
     # probe_ncu_sweep_h100_run7.md, run8.md).
     "bwd_sender_atom_maxnreg": 128,
     "bwd_sender_cap_min_atoms": 1000,
+    # fold_xb_min_edges: on graphs of at least this many edges (None: never), the block forward and the edge
+    # backward take p = x_b ⊙ v [N, 3, F] (one elementwise kernel per call) in place of v, so that per edge they
+    # gather 5F (forward) and 9F (edge backward) floats of the sender instead of 6F and 10F: W_b,e ⊙ p_j is
+    # b_e ⊙ v_j, and Σ_k g_v[i,k] ⊙ p_j[k] is β_e ⊙ x_b,j. The same sums in another order (float32 rounding).
+    "fold_xb_min_edges": None,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}
@@ -251,6 +256,12 @@ def _launch_config_for(
     if cuda and maxnreg:  # None or 0: uncapped
         c["maxnreg"] = int(maxnreg)  # registers per thread at most (more programs per SM, maybe spills)
     return c, warps, variant
+
+
+def _fold_xb(ref: Tensor, n_edges: int) -> bool:
+    """Whether the forward and edge backward take p = x_b ⊙ v for this graph (``fold_xb_min_edges``)."""
+    least = _CONFIG["fold_xb_min_edges"]
+    return least is not None and int(n_edges) >= int(least)
 
 
 def _dot_precision(prec: str) -> str:

@@ -266,7 +266,9 @@ if HAS_TRITON:
         HAS_V: tl.constexpr,
         SEG_SPLIT: tl.constexpr,
         PDL: tl.constexpr,
+        FOLD: tl.constexpr = False,
     ):
+        # FOLD: v_ptr holds p = x_b ⊙ v (per sender, made by the host), so b_e ⊙ v_j = W_b,e ⊙ p_j needs no x_b load
         pdl_prologue(PDL)
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -295,7 +297,10 @@ if HAS_TRITON:
             m_1 = c * uy[:, None]
             m_2 = c * uz[:, None]
             if HAS_V:
-                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wb, DOT_PRECISION)
+                if FOLD:
+                    b = dot_rn(rb, wb, DOT_PRECISION)
+                else:
+                    b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wb, DOT_PRECISION)
                 m_0 += b * tl.load(vrow, mask=m2, other=0.0)
                 m_1 += b * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
                 m_2 += b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
@@ -432,10 +437,12 @@ if HAS_TRITON:
 
     @triton.jit
     def _edge_grads_w(
-        gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT: tl.constexpr, HAS_V: tl.constexpr = True
-    ):
+        gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT: tl.constexpr, HAS_V: tl.constexpr = True,
+        FOLD: tl.constexpr = False,
+    ):  # fmt: skip
         """Per-edge gradient wrt W_e for a feature chunk, G = (g_s[i] x_a, β x_b, γ x_c), and g_v[i] (3 tiles).
-        HAS_V False (v = 0): β = 0, and G_b comes back as zeros without loading v_j or x_b."""
+        HAS_V False (v = 0): β = 0, and G_b comes back as zeros without loading v_j or x_b. FOLD: v_ptr holds
+        p = x_b ⊙ v, so that G_b = Σ_k g_v[i,k] ⊙ p_j[k] without loading x_b."""
         g0, g1, g2 = _rows3(gv_ptr, i, m2, f, N_FEAT)
         xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
         gamma = _gamma(g0, g1, g2, ux, uy, uz)
@@ -450,7 +457,10 @@ if HAS_TRITON:
                 + g1 * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
                 + g2 * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
             )
-            G_b = beta * tl.load(xrow + N_FEAT, mask=m2, other=0.0)
+            if FOLD:
+                G_b = beta
+            else:
+                G_b = beta * tl.load(xrow + N_FEAT, mask=m2, other=0.0)
         else:
             G_b = tl.zeros_like(G_a)
         return G_a, G_b, G_c, xc, g0, g1, g2
@@ -460,14 +470,14 @@ if HAS_TRITON:
         gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        SPLIT: tl.constexpr, HAS_V: tl.constexpr,
+        SPLIT: tl.constexpr, HAS_V: tl.constexpr, FOLD: tl.constexpr = False,
     ):  # fmt: skip
         """The edge tile's ∂rbf and ∂u terms of the features ``part * F / SPLIT + k0 + [0, BLOCK_F)``."""
         f = part * (N_FEAT // SPLIT) + k0 + tl.arange(0, BLOCK_F)
         fm = f < N_FEAT
         m2 = em[:, None] & fm[None, :]
         G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(
-            gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT, HAS_V
+            gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT, HAS_V, FOLD
         )
         # The ∂rbf dots G @ W take W in the orientation that measured fastest for the dot's unit
         # (benchmarks/results/tune_edge_tiles_h100_run2.md): the CUDA-core ieee dot with tl.trans of the
@@ -497,7 +507,7 @@ if HAS_TRITON:
         gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        SPLIT: tl.constexpr, HAS_V: tl.constexpr,
+        SPLIT: tl.constexpr, HAS_V: tl.constexpr, FOLD: tl.constexpr = False,
     ):  # fmt: skip
         """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice."""
         i, j = _edge_ends(ei_ptr, ei_stride, e, em)
@@ -508,7 +518,7 @@ if HAS_TRITON:
         for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
             g_rbf, gu_0, gu_1, gu_2 = _edge_chunk_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
-                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
+                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD,
             )  # fmt: skip
         return g_rbf, gu_0, gu_1, gu_2
 
@@ -537,6 +547,7 @@ if HAS_TRITON:
         LIVE: tl.constexpr,
         HAS_V: tl.constexpr,
         PDL: tl.constexpr,
+        FOLD: tl.constexpr = False,
     ):
         pdl_prologue(PDL)
         # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
@@ -563,7 +574,7 @@ if HAS_TRITON:
         if e0 < n_live:
             g_rbf, gu_0, gu_1, gu_2 = _edge_tile_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
-                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V,
+                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD,
             )  # fmt: skip
         em = e < E
         tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])

@@ -35,6 +35,7 @@ from ._mp_config import (  # noqa: F401 (the launch configuration: benchmarks an
     _VARIANTS,
     _configured,
     _edge_split,
+    _fold_xb,
     _launch_config,
     _launch_config_for,
     _pow2,
@@ -246,6 +247,11 @@ if HAS_TRITON:
     def _prep(*tensors: Tensor) -> list[Tensor]:
         return [t.contiguous() for t in tensors]
 
+    def _folded(x: Tensor, v: Tensor) -> Tensor:
+        """p = x_b ⊙ v ``[N, 3, F]`` (``fold_xb_min_edges``): what the FOLD kernels gather in place of v."""
+        f = v.shape[2]
+        return (x[:, f : 2 * f].unsqueeze(1) * v).contiguous()
+
     def _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, launch, has_v=True) -> tuple[Tensor, Tensor]:
         x, v, rbf, w, unit, edge_index, row_ptr = _prep(x, v, rbf, w, unit, edge_index, row_ptr)
         n, f = v.shape[0], v.shape[2]
@@ -256,10 +262,11 @@ if HAS_TRITON:
         c, warps, variant = _launch_config(x, "fwd", f, rbf.shape[1], n_atoms=n)
         n_fb = triton.cdiv(f, c["BLOCK_F"])
         if variant == "block":
+            fold = has_v and _fold_xb(x, rbf.shape[0])
             check_launchable(_mp_fwd_block_kernel, x)
             launch(_mp_fwd_block_kernel)[(triton.cdiv(n, c["BLOCK_A"]), n_fb)](
-                x, v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0), num_warps=warps,
-                HAS_V=has_v, **c, **pdl_args(x),
+                x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0),
+                num_warps=warps, HAS_V=has_v, FOLD=fold, **c, **pdl_args(x),
             )  # fmt: skip
         else:
             check_launchable(_mp_fwd_kernel, x)
@@ -316,10 +323,12 @@ if HAS_TRITON:
                 g_rbf = torch.empty((*lead, *rbf.shape), dtype=rbf.dtype, device=x.device)
                 g_unit = torch.empty((*lead, *unit.shape), dtype=unit.dtype, device=x.device)
                 live = row_ptr is not None
+                fold = has_v and _fold_xb(x, e)
                 check_launchable(_mp_bwd_edge_kernel, x)
                 launch(_mp_bwd_edge_kernel)[(tiles, split)](
-                    grad_s, grad_v, x, v, rbf, w, unit, edge_index, g_rbf, g_unit, row_ptr[n:] if live else g_unit,
-                    e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live, HAS_V=has_v, **c, **pdl_args(x),
+                    grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, g_rbf, g_unit,
+                    row_ptr[n:] if live else g_unit, e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live,
+                    HAS_V=has_v, FOLD=fold, **c, **pdl_args(x),
                 )  # fmt: skip
                 if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
                     part_rbf, part_unit = g_rbf, g_unit

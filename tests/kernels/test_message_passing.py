@@ -573,3 +573,49 @@ def test_edges_past_the_csr_get_zero_gradients(triton_device, poison):
         assert torch.equal(g[k][live:], torch.zeros_like(g[k][live:]))
         torch.testing.assert_close(g[k][:live], ref[k], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(g[0], ref[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=[f"N{n}-E{e}-F{f}-R{r}" for n, e, f, r in SHAPES[1:]])
+def test_fold_xb_matches_reference(triton_device, variant, dtype, shape):
+    """``fold_xb_min_edges``: the block forward and the edge backward gather p = x_b ⊙ v in place of v and x_b.
+    Forward and the five first gradients stay within the bound of the float64 reference, and the folded launch is
+    the one that ran (the edge kernel on every variant, the forward on the block variant)."""
+    import mlff_distiller.kernels._mp_config as cfg_module
+
+    folds = []
+    real = cfg_module._fold_xb
+    with mp_module._configured(fold_xb_min_edges=1):
+        mp_module._fold_xb = lambda ref, e: folds.append(e) or real(ref, e)
+        try:
+            _compare(_graph(*shape, dtype, triton_device, seed=51), dtype)
+        finally:
+            mp_module._fold_xb = real
+    assert len(folds) == (2 if variant == "block" else 1) and all(e == shape[1] for e in folds)
+
+
+def test_fold_xb_second_derivative(triton_device, variant):
+    """Training differentiates the backward again (a composite of the same ops): with the fold on, the second
+    derivative of a force-like loss equals the unfolded one (float64, to rounding)."""
+    x, v, rbf, w, unit, ei = _graph(9, 41, 20, 6, torch.float64, triton_device, seed=53)
+    outs = []
+    for least in (None, 1):
+        with mp_module._configured(fold_xb_min_edges=least):
+            ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
+            ds, dv = _triton(*ins, ei)
+            gs, gv = torch.ones_like(ds), torch.linspace(-1, 1, dv.numel(), dtype=dv.dtype, device=dv.device)
+            grads = torch.autograd.grad((ds, dv), ins, (gs, gv.view_as(dv)), create_graph=True)
+            second = torch.autograd.grad(grads[2].square().sum() + grads[4].sum(), ins)
+            outs.append([ds, dv, *grads, *second])
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * max(1.0, b.abs().max().item()))
+
+
+@pytest.mark.gpu
+def test_fold_xb_large_graph_float32(variant):
+    """The folded kernels within the float32 bound on a 3,000-atom graph, F = 128, R = 20 (the shipped student's
+    shape, tf32x3 dots)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    with mp_module._configured(fold_xb_min_edges=1):
+        _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=57), torch.float32)
