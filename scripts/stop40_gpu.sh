@@ -17,7 +17,7 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_
   -k "fold or large_water or v_zero" >"$OUT/pytest_fold.log" 2>&1; tail -2 "$OUT/pytest_fold.log"
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_relax_stream.py >"$OUT/pytest_relax_stream.log" 2>&1
 tail -1 "$OUT/pytest_relax_stream.log"
-timeout 110 python3 benchmarks/probe_relax_file.py --structures 16384 --chunks 8192,4096 --reps 2 --out "$OUT" \
+timeout 150 python3 benchmarks/probe_relax_file.py --structures 16384 --chunks 8192,4096 --reps 2 --out "$OUT" \
   >"$OUT/probe_relax_file.log" 2>&1; tail -6 "$OUT/probe_relax_file.log"
 left=$(( ${LIMIT_S:-560} - SECONDS - 10 ))
 [ "$left" -gt 60 ] && timeout "$left" python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels \
