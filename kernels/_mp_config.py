@@ -126,11 +126,17 @@ _CONFIG = {
     # probe_ncu_sweep_h100_run7.md, run8.md).
     "bwd_sender_atom_maxnreg": 128,
     "bwd_sender_cap_min_atoms": 1000,
-    # fold_xb_min_edges: on graphs of at least this many edges (None: never), the block forward and the edge
-    # backward take p = x_b ⊙ v [N, 3, F] (one elementwise kernel per call) in place of v, so that per edge they
-    # gather 5F (forward) and 9F (edge backward) floats of the sender instead of 6F and 10F: W_b,e ⊙ p_j is
-    # b_e ⊙ v_j, and Σ_k g_v[i,k] ⊙ p_j[k] is β_e ⊙ x_b,j. The same sums in another order (float32 rounding).
-    "fold_xb_min_edges": None,
+    # fold_xb_min_edges / fold_xb_min_degree: on graphs of at least this many edges (None: never) and at least
+    # this many edges per atom, the block forward and the edge backward take p = x_b ⊙ v [N, 3, F] (one elementwise
+    # kernel per call) in place of v, so that per edge they gather 5F (forward) and 9F (edge backward) floats of
+    # the sender instead of 6F and 10F: W_b,e ⊙ p_j is b_e ⊙ v_j, and Σ_k g_v[i,k] ⊙ p_j[k] is β_e ⊙ x_b,j. The
+    # same sums in another order (float32 rounding). The whole step, every graph folded, against the shipped
+    # kernels in the same H100 call (benchmarks/results/stop40_gpu/probe_ncu_sweep_fold.md; two runs each, a no-op
+    # variant between them at 0.999-1.003x): 3,000 water atoms (54 edges per atom) 1.007 / 1.013x, 24,000
+    # 1.015 / 1.014x, 4,096 g2 molecules (7.5 per atom: the extra kernel costs more than the gathers it saves)
+    # 0.978 / 0.979x. Hence the degree bound; graphs below 100,000 edges (a 192-atom box in MD) are not measured.
+    "fold_xb_min_edges": 100_000,
+    "fold_xb_min_degree": 24,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}
@@ -258,10 +264,12 @@ def _launch_config_for(
     return c, warps, variant
 
 
-def _fold_xb(ref: Tensor, n_edges: int) -> bool:
-    """Whether the forward and edge backward take p = x_b ⊙ v for this graph (``fold_xb_min_edges``)."""
+def _fold_xb(ref: Tensor, n_edges: int, n_atoms: int) -> bool:
+    """Whether the forward and edge backward take p = x_b ⊙ v for this graph (``fold_xb_min_edges``,
+    ``fold_xb_min_degree``)."""
     least = _CONFIG["fold_xb_min_edges"]
-    return least is not None and int(n_edges) >= int(least)
+    dense = int(n_edges) >= _CONFIG["fold_xb_min_degree"] * int(n_atoms)
+    return least is not None and int(n_edges) >= int(least) and dense
 
 
 def _dot_precision(prec: str) -> str:

@@ -262,7 +262,9 @@ if HAS_TRITON:
         c, warps, variant = _launch_config(x, "fwd", f, rbf.shape[1], n_atoms=n)
         n_fb = triton.cdiv(f, c["BLOCK_F"])
         if variant == "block":
-            fold = has_v and _fold_xb(x, rbf.shape[0])
+            # Folded on the eager and captured path only (``_bare``); the torch.compile ops keep the launch that
+            # their GPU tests cover.
+            fold = has_v and launch is _bare and _fold_xb(x, rbf.shape[0], n)
             check_launchable(_mp_fwd_block_kernel, x)
             launch(_mp_fwd_block_kernel)[(triton.cdiv(n, c["BLOCK_A"]), n_fb)](
                 x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0),
@@ -323,7 +325,7 @@ if HAS_TRITON:
                 g_rbf = torch.empty((*lead, *rbf.shape), dtype=rbf.dtype, device=x.device)
                 g_unit = torch.empty((*lead, *unit.shape), dtype=unit.dtype, device=x.device)
                 live = row_ptr is not None
-                fold = has_v and _fold_xb(x, e)
+                fold = has_v and launch is _bare and _fold_xb(x, e, n)
                 check_launchable(_mp_bwd_edge_kernel, x)
                 launch(_mp_bwd_edge_kernel)[(tiles, split)](
                     grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, g_rbf, g_unit,

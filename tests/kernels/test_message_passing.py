@@ -585,8 +585,8 @@ def test_fold_xb_matches_reference(triton_device, variant, dtype, shape):
 
     folds = []
     real = cfg_module._fold_xb
-    with mp_module._configured(fold_xb_min_edges=1):
-        mp_module._fold_xb = lambda ref, e: folds.append(e) or real(ref, e)
+    with mp_module._configured(fold_xb_min_edges=1, fold_xb_min_degree=0):
+        mp_module._fold_xb = lambda ref, e, n: folds.append(e) or real(ref, e, n)
         try:
             _compare(_graph(*shape, dtype, triton_device, seed=51), dtype)
         finally:
@@ -600,7 +600,7 @@ def test_fold_xb_second_derivative(triton_device, variant):
     x, v, rbf, w, unit, ei = _graph(9, 41, 20, 6, torch.float64, triton_device, seed=53)
     outs = []
     for least in (None, 1):
-        with mp_module._configured(fold_xb_min_edges=least):
+        with mp_module._configured(fold_xb_min_edges=least, fold_xb_min_degree=0):
             ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
             ds, dv = _triton(*ins, ei)
             gs, gv = torch.ones_like(ds), torch.linspace(-1, 1, dv.numel(), dtype=dv.dtype, device=dv.device)
@@ -617,5 +617,16 @@ def test_fold_xb_large_graph_float32(variant):
     shape, tf32x3 dots)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    with mp_module._configured(fold_xb_min_edges=1):
+    with mp_module._configured(fold_xb_min_edges=1, fold_xb_min_degree=0):
         _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=57), torch.float32)
+
+
+def test_fold_xb_rule():
+    """The shipped rule: dense graphs of at least 100,000 edges fold (water: ~54 edges per atom), sparse ones (g2
+    batches: ~7.5 per atom) and small ones do not; None turns it off."""
+    ref = torch.zeros(1)
+    assert mp_module._fold_xb(ref, 163_000, 3_000) and mp_module._fold_xb(ref, 1_300_000, 24_000)
+    assert not mp_module._fold_xb(ref, 163_000, 21_700)  # 4,096 g2 molecules
+    assert not mp_module._fold_xb(ref, 17_000, 192)  # a 192-atom water box
+    with mp_module._configured(fold_xb_min_edges=None):
+        assert not mp_module._fold_xb(ref, 1_300_000, 24_000)
