@@ -102,7 +102,6 @@ def _declined():
     kept = base.copy()
     kept.info["config_type"] = "water"
     case("info the input carried", kept)
-    case("a string in the info", extra={"note": "x"})
     case("a NumPy integer in the info", extra={"step": np.int64(3)})
     case("an info key that is also a result", extra={"energy": 1.0})
     case("a dipole result", results={**res, "dipole": np.zeros(3)})
@@ -117,6 +116,19 @@ def _declined():
 
 
 DECLINED = _declined()
+
+
+STRINGS = ["water", "2-butyne", "a b", 'say "hi"', "{x}", "[1, 2]", "", "T", "1.5", "x=y", "it's", "é", "a\\b"]
+
+
+def test_string_info_is_the_text_ase_writes():
+    """String info (a molecule's name, relax_file's domain findings) is quoted as ASE quotes it."""
+    atoms = molecule("H2O")
+    res = {"energy": -1.0, "forces": np.zeros((3, 3)), "energies": np.zeros(3)}
+    for value in STRINGS:
+        info = {"name": value, "relax_converged": True, "relax_steps": 3}
+        text = format_md_frame(atoms, res, info)
+        assert text is not None and text == _ase_text(atoms, res, info), value
 
 
 @pytest.mark.parametrize("name", sorted(DECLINED))

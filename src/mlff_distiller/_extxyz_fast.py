@@ -231,12 +231,12 @@ def format_md_frame(atoms, results: dict, info: dict) -> str | None:
     """The text ASE's extxyz writer gives for a copy of ``atoms`` with ``info`` added to its ``info`` and a
     calculator holding ``results`` (``ase.io.write(f, frame, format="extxyz")``), for the frames an MD run
     writes: species, positions and real per-atom columns (``momenta``), a cell or none, constraints ASE does not
-    write (``FixCom``), float, int and bool ``info`` and the calculator's energy, free energy, stress, forces and
-    per-atom energies. ``None`` for anything else, which ASE then writes. One MD frame of benzene on the development
-    CPU: ~76 µs here, 310-430 µs through ``ase.io.write`` (a file opened per frame), 190-350 µs through ASE's
-    ``write_extxyz`` on an open file."""
+    write (``FixCom``), float, int, bool and string ``info`` and the calculator's energy, free energy, stress,
+    forces and per-atom energies. ``None`` for anything else, which ASE then writes. One MD frame of benzene on the
+    development CPU: ~76 µs here, 310-430 µs through ``ase.io.write`` (a file opened per frame), 190-350 µs through
+    ASE's ``write_extxyz`` on an open file."""
     atoms_type, move_mask_constraints, renamed = _ase_constraint_types()
-    _, symbols, _, per_atom, per_config, _, voigt_to_full = _ase_tables()
+    _, symbols, _, per_atom, per_config, escape, voigt_to_full = _ase_tables()
     if (
         type(atoms) is not atoms_type
         or atoms.info
@@ -284,6 +284,8 @@ def format_md_frame(atoms, results: dict, info: dict) -> str | None:
             text = "T" if value else "F"  # ASE's bools (BatchedMD's "frozen")
         elif isinstance(value, float | int):
             text = f"{value}"  # ASE's str() of a Python float or int
+        elif isinstance(value, str):
+            text = escape(value)  # ASE's quoting of a string (a molecule's name, a config_type)
         else:
             return None
         head.append(f" {key}={text}")
