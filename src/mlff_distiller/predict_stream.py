@@ -199,18 +199,11 @@ def _predict_file(
 
         def record(count: int, results: list, skipped: list, text: str) -> None:
             """A finished chunk: its text on disk, then the progress record that counts it."""
-            out.write(text.encode())
-            out.flush()
-            os.fsync(out.fileno())
             state["written"] += sum(r is not None for r in results)
             state["outside_domain"] += sum(1 for r in results if r is not None and r.get("domain"))
             state["skipped"].extend([state["done"] + k, why] for k, why in skipped)
             state["done"] += count
-            state["bytes"] = out.tell()
-            _write_progress(progress_path, job, state)
-            if log is not None:
-                rate = (state["done"] - resumed_from) / max(time.perf_counter() - t0, 1e-9)
-                log(f"{state['done']} structures done ({rate:.0f}/s), {state['written']} written to {output}")
+            append_chunk(out, text, state, progress_path, job, log, output, resumed_from, t0)
 
         try:
             if blocks is not None:
@@ -229,25 +222,10 @@ def _predict_file(
                     with clock("write"):
                         record(len(frames), results, skipped, text)
         except KeyboardInterrupt:
-            if log is not None:
-                log(
-                    f"interrupted: {output} holds the first {state['done']} input structures; the same command "
-                    "continues from there"
-                )
+            log_interrupted(log, output, state)
             raise
     seconds = time.perf_counter() - t0
-    if state["outside_domain"]:
-        warnings.warn(
-            f"{state['outside_domain']} of {state['done']} structures lie outside the student's training envelope; "
-            f"their frames in {output} carry info['domain'] (why)",
-            OutOfDomainWarning,
-            stacklevel=2,
-        )
-    if state["skipped"]:
-        # Kept until the user has seen the error: a rerun resumes past the end, writes nothing and says it again.
-        _write_progress(progress_path, job, state)
-        raise ValueError(_skipped_message(state, output))
-    progress_path.unlink(missing_ok=True)
+    finish_run(state, output, progress_path, job, f"{state['done']} structures")
     result = {
         "structures": state["written"],
         "skipped": 0,
@@ -259,6 +237,44 @@ def _predict_file(
     if check_domain:
         result["outside_domain"] = state["outside_domain"]
     return result
+
+
+def append_chunk(out, text: str, state: dict, progress_path: Path, job: dict, log, output, resumed_from, t0) -> None:
+    """A finished chunk (already counted in ``state``): its text on disk, flushed and synced, then the progress
+    record that counts it, then a line to ``log``."""
+    out.write(text.encode())
+    out.flush()
+    os.fsync(out.fileno())
+    state["bytes"] = out.tell()
+    _write_progress(progress_path, job, state)
+    if log is not None:
+        rate = (state["done"] - resumed_from) / max(time.perf_counter() - t0, 1e-9)
+        log(f"{state['done']} structures done ({rate:.0f}/s), {state['written']} written to {output}")
+
+
+def log_interrupted(log, output: Path, state: dict) -> None:
+    if log is not None:
+        log(
+            f"interrupted: {output} holds the first {state['done']} input structures; the same command continues "
+            "from there"
+        )
+
+
+def finish_run(state: dict, output: Path, progress_path: Path, job: dict, of: str) -> None:
+    """The end of a run: one warning for the frames outside the training envelope (``of``: out of what), the
+    error naming the structures left out (the progress record kept until the user has seen it: a rerun resumes
+    past the end, writes nothing and says it again), else the progress record removed."""
+    if state["outside_domain"]:
+        warnings.warn(
+            f"{state['outside_domain']} of {of} lie outside the student's training envelope; their frames in "
+            f"{output} carry info['domain'] (why)",
+            OutOfDomainWarning,
+            stacklevel=3,
+        )
+    if state["skipped"]:
+        _write_progress(progress_path, job, state)
+        raise ValueError(_skipped_message(state, output))
+    progress_path.unlink(missing_ok=True)
 
 
 def model_fingerprint(model: StudentModel) -> str:

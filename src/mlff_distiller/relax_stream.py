@@ -23,7 +23,6 @@ their input index with the reason.
 from __future__ import annotations
 
 import io
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -41,8 +40,9 @@ from mlff_distiller.predict_stream import (
     _chunks,
     _read_from,
     _resume_state,
-    _skipped_message,
-    _write_progress,
+    append_chunk,
+    finish_run,
+    log_interrupted,
     model_fingerprint,
 )
 
@@ -128,40 +128,18 @@ def relax_file(
                     warnings.simplefilter("ignore", OutOfDomainWarning)
                     relaxed, skipped = _relax_chunk(model, frames, kw)
                 written = [a for a in relaxed if a is not None]
-                text = _extxyz_text(written)
-                out.write(text.encode())
-                out.flush()
-                os.fsync(out.fileno())
                 state["written"] += len(written)
                 state["converged"] += sum(bool(a.info["relax_converged"]) for a in written)
                 state["steps_max"] = max([state["steps_max"], *(int(a.info["relax_steps"]) for a in written)])
                 state["outside_domain"] += sum(1 for a in written if a.info.get("domain"))
                 state["skipped"].extend([state["done"] + k, why] for k, why in skipped)
                 state["done"] += len(frames)
-                state["bytes"] = out.tell()
-                _write_progress(progress_path, job, state)
-                if log is not None:
-                    rate = (state["done"] - resumed_from) / max(time.perf_counter() - t0, 1e-9)
-                    log(f"{state['done']} structures done ({rate:.0f}/s), {state['written']} written to {output}")
+                append_chunk(out, _extxyz_text(written), state, progress_path, job, log, output, resumed_from, t0)
         except KeyboardInterrupt:
-            if log is not None:
-                log(
-                    f"interrupted: {output} holds the first {state['done']} input structures; the same command "
-                    "continues from there"
-                )
+            log_interrupted(log, output, state)
             raise
     seconds = time.perf_counter() - t0
-    if state["outside_domain"]:
-        warnings.warn(
-            f"{state['outside_domain']} of {state['written']} relaxed structures lie outside the student's training "
-            f"envelope; their frames in {output} carry info['domain'] (why)",
-            OutOfDomainWarning,
-            stacklevel=2,
-        )
-    if state["skipped"]:
-        _write_progress(progress_path, job, state)  # kept: a rerun resumes past the end and says it again
-        raise ValueError(_skipped_message(state, output))
-    progress_path.unlink(missing_ok=True)
+    finish_run(state, output, progress_path, job, f"{state['written']} relaxed structures")
     return {
         "structures": state["written"],
         "converged": state["converged"],
