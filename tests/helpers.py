@@ -82,3 +82,27 @@ def assert_close_to(out, ref, precision, n_structures):
         (e - e_ref).abs().max(),
     )
     assert (f - f_ref).abs().max() <= tol_f * max(1.0, float(f_ref.abs().max())), precision
+
+
+def rattled_molecules(names: list[str], n: int, amount: float) -> list[Atoms]:
+    """``n`` molecules cycling through ``names``, each rattled by ``amount`` Å with its own seed."""
+    out = []
+    for k in range(n):
+        a = molecule(names[k % len(names)])
+        a.rattle(amount, seed=k)
+        out.append(a)
+    return out
+
+
+class InterruptAt:
+    """Wraps ``real``: raises KeyboardInterrupt at call ``at`` (1-based; None: never) and counts the calls (the
+    interrupted runs of the chunked file commands)."""
+
+    def __init__(self, real, at: int | None) -> None:
+        self.real, self.at, self.calls = real, at, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return self.real(*args, **kwargs)

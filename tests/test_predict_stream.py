@@ -14,6 +14,7 @@ import pytest
 import torch
 from ase import Atoms
 from ase.build import bulk, molecule
+from helpers import InterruptAt, rattled_molecules
 
 import mlff_distiller.predict_stream as pf
 from mlff_distiller import load_model, predict_forces
@@ -30,13 +31,7 @@ def model():
 
 
 def _frames(n: int = 11) -> list[Atoms]:
-    names = ["H2O", "CH4", "C6H6", "CH3CH2OH", "NH3", "HCN", "CH3OH"]
-    out = []
-    for k in range(n):
-        a = molecule(names[k % len(names)])
-        a.rattle(0.03, seed=k)
-        out.append(a)
-    return out
+    return rattled_molecules(["H2O", "CH4", "C6H6", "CH3CH2OH", "NH3", "HCN", "CH3OH"], n, 0.03)
 
 
 def _write(path, frames) -> str:
@@ -44,18 +39,12 @@ def _write(path, frames) -> str:
     return str(path)
 
 
-class _Interrupt:
-    """Wraps predict_file's run_predictions: raises KeyboardInterrupt at call ``at`` (1-based); counts calls."""
+_REAL = pf.run_predictions
 
-    def __init__(self, at: int | None) -> None:
-        self.at, self.calls = at, 0
-        self.real = pf.run_predictions
 
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        if self.calls == self.at:
-            raise KeyboardInterrupt
-        return self.real(*args, **kwargs)
+def _Interrupt(at: int | None) -> InterruptAt:
+    """predict_file's run_predictions, interrupted at call ``at``."""
+    return InterruptAt(_REAL, at)
 
 
 def test_chunked_output_equals_one_call(model, tmp_path, monkeypatch):

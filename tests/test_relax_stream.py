@@ -12,6 +12,7 @@ import torch
 from ase import Atoms
 from ase.build import molecule
 from ase.constraints import FixAtoms
+from helpers import InterruptAt, rattled_molecules
 
 import mlff_distiller.batched_relax as br
 from mlff_distiller import load_model
@@ -31,13 +32,7 @@ def model():
 
 
 def _frames(n: int) -> list[Atoms]:
-    names = ["H2O", "CH4", "NH3", "CH3OH", "HCN", "C2H2", "H2CO"]
-    out = []
-    for k in range(n):
-        a = molecule(names[k % len(names)])
-        a.rattle(0.08, seed=k)
-        out.append(a)
-    return out
+    return rattled_molecules(["H2O", "CH4", "NH3", "CH3OH", "HCN", "C2H2", "H2CO"], n, 0.08)
 
 
 def _write(path, frames) -> str:
@@ -45,18 +40,12 @@ def _write(path, frames) -> str:
     return str(path)
 
 
-class _Interrupt:
-    """Wraps relax_batch: raises KeyboardInterrupt at call ``at`` (1-based); counts calls."""
+_REAL = br.relax_batch
 
-    def __init__(self, at: int | None) -> None:
-        self.at, self.calls = at, 0
-        self.real = br.relax_batch
 
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        if self.calls == self.at:
-            raise KeyboardInterrupt
-        return self.real(*args, **kwargs)
+def _Interrupt(at: int | None) -> InterruptAt:
+    """relax_batch, interrupted at call ``at``."""
+    return InterruptAt(_REAL, at)
 
 
 @pytest.mark.parametrize("device", DEVICES)
