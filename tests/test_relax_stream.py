@@ -171,6 +171,10 @@ def test_a_frame_selection_relaxes_those_frames_only(model, tmp_path):
         relax_file(model, src, src, **KW)
     with pytest.raises(ValueError, match="chunk must be"):
         relax_file(model, src, out, chunk=0, **KW)
+    for bad, match in (({"fmax": 0.0}, "fmax must be"), ({"steps": -1}, "steps must be"), ({"max_atoms": 0}, "max_a")):
+        with pytest.raises(ValueError, match=match):  # before anything is read or written
+            relax_file(model, src, tmp_path / "bad.extxyz", **{**KW, **bad})
+        assert not (tmp_path / "bad.extxyz").exists()
     with pytest.raises(FileNotFoundError):
         relax_file(model, tmp_path / "missing.extxyz", out, **KW)
 

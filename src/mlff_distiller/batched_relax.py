@@ -103,17 +103,7 @@ def relax_batch(
 
     from mlff_distiller.checkpoint import load_model
 
-    if not fmax > 0 or not np.isfinite(fmax):
-        raise ValueError(f"fmax must be a finite number of eV/Å > 0, got {fmax}")
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
-    if not 0 <= compact < 1:
-        raise ValueError(f"compact must be a fraction in [0, 1), got {compact}")
-    if max_atoms is not None and max_atoms != "auto" and (not isinstance(max_atoms, int | np.integer) or max_atoms < 1):
-        raise ValueError(f"max_atoms must be 'auto', None or a number of atoms >= 1, got {max_atoms!r}")
-    for name, value in (("dt", dt), ("maxstep", maxstep), ("dtmax", dtmax)):
-        if not value > 0 or not np.isfinite(value):
-            raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    check_relax_args(fmax=fmax, steps=steps, compact=compact, max_atoms=max_atoms, dt=dt, maxstep=maxstep, dtmax=dtmax)
     if hasattr(structures, "get_positions"):
         structures = [structures]
     structures = list(structures)
@@ -247,6 +237,22 @@ def relax_batch(
             reasons=reasons,
         )
     return relaxed
+
+
+def check_relax_args(*, fmax=0.05, steps=1000, compact=0.5, max_atoms="auto", dt=0.1, maxstep=0.2, dtmax=1.0) -> None:
+    """The ``ValueError`` :func:`relax_batch` raises for these arguments, if any (also checked by
+    :func:`~mlff_distiller.relax_stream.relax_file` before it opens its output)."""
+    if not fmax > 0 or not np.isfinite(fmax):
+        raise ValueError(f"fmax must be a finite number of eV/Å > 0, got {fmax}")
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    if not 0 <= compact < 1:
+        raise ValueError(f"compact must be a fraction in [0, 1), got {compact}")
+    if max_atoms is not None and max_atoms != "auto" and (not isinstance(max_atoms, int | np.integer) or max_atoms < 1):
+        raise ValueError(f"max_atoms must be 'auto', None or a number of atoms >= 1, got {max_atoms!r}")
+    for name, value in (("dt", dt), ("maxstep", maxstep), ("dtmax", dtmax)):
+        if not value > 0 or not np.isfinite(value):
+            raise ValueError(f"{name} must be a finite number > 0, got {value}")
 
 
 def _check_domain(model: StudentModel, relaxed: list, ids: list[int], device: torch.device) -> None:

@@ -91,8 +91,11 @@ def relax_file(
             an unfinished run of other settings at ``output``; ``chunk < 1``; output = input.
         FileNotFoundError: no ``input``.
     """
+    from mlff_distiller.batched_relax import check_relax_args
+
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    check_relax_args(fmax=fmax, steps=steps, max_atoms=max_atoms)
     input, output = Path(input), Path(output)
     if not input.exists():
         raise FileNotFoundError(f"input file not found: {input}")
