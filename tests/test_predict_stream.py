@@ -226,6 +226,38 @@ def test_cli_predict_chunks_resumes_and_reports(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "w.extxyz").read_bytes() == out.read_bytes()
 
 
+def test_a_frame_selection_predicts_those_frames_only(model, tmp_path, monkeypatch, capsys):
+    """``index`` (``--input file@INDEX``, as md and relax take it): the selected frames only, resumable like the
+    whole file; a selection of nothing or past the end is a ValueError."""
+    frames = _frames(9)
+    src = _write(tmp_path / "in.extxyz", frames)
+    out = tmp_path / "out.extxyz"
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=2))
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(model, src, out, index="1:8:2", chunk=2, device="cpu", precision="fp64")
+    again = _Interrupt(at=None)
+    monkeypatch.setattr(pf, "run_predictions", again)
+    result = predict_file(model, src, out, index="1:8:2", chunk=2, device="cpu", precision="fp64")
+    assert result["resumed_from"] == 2 and result["structures"] == 4 and again.calls == 1
+    written = ase.io.read(out, ":")
+    expected = predict_forces(model, ase.io.read(src, "1:8:2"), device="cpu", precision="fp64")
+    assert [a.get_chemical_formula() for a in written] == [frames[k].get_chemical_formula() for k in (1, 3, 5, 7)]
+    for a, ref in zip(written, expected, strict=True):
+        np.testing.assert_allclose(a.get_forces(), ref["forces"], atol=1e-8)
+    monkeypatch.setattr(pf, "run_predictions", _Interrupt(at=2))
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(model, src, tmp_path / "o2.extxyz", index="0:4", chunk=2, device="cpu")
+    with pytest.raises(ValueError, match="index: was '0:4', now '0:5'"):  # another selection is another job
+        predict_file(model, src, tmp_path / "o2.extxyz", index="0:5", chunk=2, device="cpu")
+    with pytest.raises(ValueError, match="selects no structures"):
+        predict_file(model, src, tmp_path / "none.extxyz", index="20:", device="cpu")
+    monkeypatch.setattr(pf, "run_predictions", _REAL)
+    assert main(["predict", "--input", f"{src}@-1", "--output", str(tmp_path / "last.extxyz"), "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["structures"] == 1
+    last = ase.io.read(tmp_path / "last.extxyz", ":")
+    assert len(last) == 1 and last[0].get_chemical_formula() == frames[-1].get_chemical_formula()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_resume_on_the_gpu(model, tmp_path, monkeypatch):

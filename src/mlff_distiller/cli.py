@@ -176,7 +176,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     _add_common(p)
     p.add_argument("--model", help="checkpoint path or builtin:NAME")
-    p.add_argument("--input", help="structures file (any format ASE reads)")
+    p.add_argument("--input", help="structures file (any format ASE reads; file@INDEX selects frames)")
     p.add_argument("--output", help="output extxyz")
     p.add_argument("--device")
     p.add_argument("--precision", help="fp64 | fp32 | tf32 | bf16 | fp16")

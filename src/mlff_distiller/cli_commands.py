@@ -53,10 +53,12 @@ def run_predict(job: PredictJob) -> dict:
 
     if not job.input:
         raise ValueError("--input is required")
+    name, index = _split_index(job.input)
     return predict_file(
         job.model,
-        job.input,
+        name,
         job.output,
+        index=None if index is None else str(job.input).rsplit("@", 1)[1],
         chunk=job.chunk,
         restart=job.restart,
         device=job.device,

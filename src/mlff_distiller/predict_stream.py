@@ -64,6 +64,7 @@ def predict_file(
     input: str | Path,
     output: str | Path,
     *,
+    index: str | None = None,
     chunk: int = CHUNK,
     restart: bool = False,
     device: torch.device | str | None = None,
@@ -82,6 +83,8 @@ def predict_file(
         model: a :class:`StudentModel`, a checkpoint path or ``"builtin:<name>"``.
         input: any structures file ASE reads (read lazily where ASE can, else whole).
         output: the extxyz file written; ``<output>.progress.json`` sits beside it while the run is unfinished.
+        index: ASE's frame selection (``"0:100"``, ``"-1"``; ``mlff-distill predict --input file@INDEX``): those
+            frames only, read whole through ASE.
         chunk: structures read, computed and written at a time (the most that a cut-off run loses).
         restart: discard an unfinished run's output and progress instead of resuming it.
         device, batch_size, precision, stress, mode: as for :func:`~mlff_distiller.predict.predict_forces`.
@@ -113,7 +116,7 @@ def predict_file(
         raise FileNotFoundError(f"input file not found: {input}")
     if output.exists() and output.resolve() == input.resolve():
         raise ValueError(f"output {output} is the input file; write the results to another file")
-    extxyz = is_extxyz(input)
+    extxyz = is_extxyz(input) and index is None  # a selection is read through ASE
     if workers is None:
         workers = auto_workers(input)
     # The worker processes start now: their start (a forkserver importing this package, torch with it: ~2 s) runs
@@ -127,6 +130,7 @@ def predict_file(
             pool,
             extxyz,
             workers,
+            index=index,
             chunk=chunk,
             restart=restart,
             device=device,
@@ -150,6 +154,7 @@ def _predict_file(
     extxyz: bool,
     workers: int,
     *,
+    index,
     chunk,
     restart,
     device,
@@ -173,6 +178,7 @@ def _predict_file(
         "model": model_fingerprint(model),
         "precision": precision,
         "stress": bool(stress),
+        "index": index,
         "check_domain": bool(check_domain),
     }
     progress_path = output.with_name(output.name + PROGRESS_SUFFIX)
@@ -209,7 +215,8 @@ def _predict_file(
             if blocks is not None:
                 run_blocks(input, blocks, workers, predict, record, pool=pool, seconds=parts)
             else:
-                chunks = _chunks(_read_from(input, state["done"]), chunk)
+                frames_in = _read_from(input, state["done"]) if index is None else select(input, index, state["done"])
+                chunks = _chunks(frames_in, chunk)
                 while True:
                     with clock("read"):
                         frames = next(chunks, None)
@@ -338,6 +345,20 @@ def _read_from(path: Path, start: int) -> Iterator:
             raise ValueError(f"{path}: structure {k} could not be read ({type(exc).__name__}: {exc})") from exc
         yield atoms
         k += 1
+
+
+def select(path: Path, index: str, start: int) -> Iterator:
+    """The frames ``index`` selects in ``path`` (ASE's syntax), from the ``start``-th of them on."""
+    import ase.io
+
+    try:
+        frames = ase.io.read(str(path), index=index)
+    except (StopIteration, IndexError) as exc:  # ASE's answer to an index past the last frame
+        raise ValueError(f"{path} has no frame {index}") from exc
+    frames = [frames] if hasattr(frames, "get_positions") else list(frames)
+    if not frames:
+        raise ValueError(f"{path}@{index} selects no structures")
+    return iter(frames[start:])
 
 
 def _chunks(frames: Iterator, size: int) -> Iterator[list]:

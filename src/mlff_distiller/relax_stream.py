@@ -44,6 +44,7 @@ from mlff_distiller.predict_stream import (
     finish_run,
     log_interrupted,
     model_fingerprint,
+    select,
 )
 
 __all__ = ["CHUNK", "relax_file"]
@@ -119,7 +120,7 @@ def relax_file(
     state = {"converged": 0, "steps_max": 0, **_resume_state(job, output, progress_path, restart)}
     resumed_from = state["done"]
     kw = dict(fmax=fmax, steps=steps, device=device, precision=precision, max_atoms=max_atoms)
-    frames_in = _select(input, index, state["done"]) if index is not None else _read_from(input, state["done"])
+    frames_in = select(input, index, state["done"]) if index is not None else _read_from(input, state["done"])
     output.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with open(output, "r+b" if state["bytes"] else "wb") as out:
@@ -152,20 +153,6 @@ def relax_file(
         "outside_domain": state["outside_domain"],
         "output": str(output),
     }
-
-
-def _select(path: Path, index: str, start: int):
-    """The frames ``index`` selects (ASE's syntax), from the ``start``-th of them on."""
-    import ase.io
-
-    try:
-        frames = ase.io.read(str(path), index=index)
-    except (StopIteration, IndexError) as exc:  # ASE's answer to an index past the last frame
-        raise ValueError(f"{path} has no frame {index}") from exc
-    frames = [frames] if hasattr(frames, "get_positions") else list(frames)
-    if not frames:
-        raise ValueError(f"{path}@{index} selects no structures")
-    return iter(frames[start:])
 
 
 def _relax_chunk(model: StudentModel, frames: list, kw: dict) -> tuple[list, list[tuple[int, str]]]:
