@@ -363,3 +363,17 @@ def test_probe_relax_file_quick(tmp_path):
     rows = [line for line in lines if line.startswith("| one call") or line.startswith("| relax_file")]
     assert len(rows) == 2 and all(r.endswith("| 6 |") for r in rows)
     assert float(rows[1].split("|")[-3]) < 1e-4  # max |Δpos| against the one call
+
+
+def test_probe_relax_first_call_quick(tmp_path):
+    """probe_relax_first_call.py on a few structures (CPU, eager): two calls per setting, every engine call counted,
+    and the engine it made for a setting is not kept for the next (a fresh engine each)."""
+    import probe_relax_first_call
+
+    from mlff_distiller import predict
+
+    argv = ["--structures", "4", "--settings", "capture_after=1,eager", "--model", "builtin:chno-gfn2-small"]
+    lines = probe_relax_first_call.main([*argv, "--out", str(tmp_path), "--name", "p"])
+    rows = [line for line in lines if line.startswith("| capture_after=1") or line.startswith("| eager")]
+    assert len(rows) == 4 and all(int(r.split("|")[4]) > 0 for r in rows)
+    assert not predict._engines  # cleared after the last setting
