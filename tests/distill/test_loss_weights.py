@@ -340,3 +340,72 @@ def test_reference_fits_weigh_the_frames(emt_frames):
     )
     twice = energy_reference_correction(model, dataset(_weighted(frames, [2.0] + [None] * 9)))
     torch.testing.assert_close(twice, energy_reference_correction(model, dataset([frames[0], *frames])))
+
+
+# ------------------------------------------------------------------------------------------------ weight_norm: count
+@pytest.mark.parametrize("kind", KINDS)
+def test_count_normalisation_scales_a_batch_absolutely(setting, kind):
+    """``weight_norm: count`` (MACE's): a batch whose frames all weigh c has c times the unweighted loss and
+    gradient (``sum`` gives the unweighted ones: the weights cancel), and unit weights give the same loss as
+    ``sum`` (exactly on the plain step)."""
+    frames, kw = setting
+    idx = [0, 3, 1, 4]
+    count, plain = _cfg(weight_norm="count", **kw), _cfg(**kw)
+    model = _student(frames, plain)
+    ref = _loss_and_grad(model, frames, idx, kind, plain)
+    _assert_same(_loss_and_grad(model, frames, idx, kind, count), ref, exact=kind == "plain")
+    light = _weighted(frames, [0.2] * len(frames))
+    _assert_same(_loss_and_grad(model, light, idx, kind, plain), ref)
+    loss, parts, grads = _loss_and_grad(model, light, idx, kind, count)
+    torch.testing.assert_close(loss, 0.2 * ref[0], atol=1e-14, rtol=1e-12)
+    assert parts == pytest.approx([0.2 * p for p in ref[1]], rel=1e-12, abs=1e-16)
+    for g, r in zip(grads, ref[2], strict=True):
+        torch.testing.assert_close(g, 0.2 * r, atol=1e-14, rtol=1e-10)
+
+
+@pytest.mark.parametrize("loss", ["mse", "huber"])
+def test_static_step_equals_plain_step_with_count_normalisation(setting, loss):
+    """The padded static step (padding frames and atoms out of the count) gives the plain step's loss, parts and
+    gradient under ``weight_norm: count`` with random weights, one of them 0 (it still counts), batches of several
+    sizes."""
+    frames, kw = setting
+    cfg = _cfg(loss=loss, huber_delta=0.05, weight_norm="count", **kw)
+    weights = list(np.random.default_rng(5).uniform(0, 3, len(frames)))
+    weights[1] = 0.0
+    frames = _weighted(frames, weights)
+    model = _student(frames, cfg)
+    for idx in ([0, 1, 2, 3], [5], [3, 5, 1]):
+        _assert_same(
+            _loss_and_grad(model, frames, idx, "static", cfg), _loss_and_grad(model, frames, idx, "plain", cfg)
+        )
+    # A frame of weight 0 counts: the batch [0, 1] is the frame 0 alone at half its share.
+    alone = _loss_and_grad(model, frames, [0], "plain", cfg)
+    pair = _loss_and_grad(model, frames, [0, 1], "plain", cfg)
+    torch.testing.assert_close(pair[1][0] * 2, alone[1][0], rtol=1e-12, atol=0)  # the energy term: per frame
+
+
+def test_weight_norm_is_checked():
+    with pytest.raises(ValueError, match="weight_norm must be 'sum' or 'count'"):
+        _cfg(weight_norm="mean")
+
+
+def test_cli_train_weight_norm(emt_labels, emt_test_labels, tmp_path, capsys, monkeypatch):
+    """``--set train.weight_norm=count`` reaches the training config; a wrong value is exit status 2 naming it."""
+    from mlff_distiller.distill import training
+
+    seen = {}
+    real_train = training.train
+
+    def spy(train_frames, val_frames, cfg, *args, **kwargs):
+        seen["cfg"] = cfg
+        return real_train(train_frames, val_frames, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(training, "train", spy)
+    base = ["train", "--data", str(emt_labels), "--data", str(emt_test_labels), "--set", "train.max_steps=2"]
+    base += ["--set", "train.device=cpu", "--set", "train.model.hidden=8", "--set", "train.model.layers=1"]
+    base += ["--data-weight", "1", "--data-weight", "0.2"]
+    assert main([*base, "--out", str(tmp_path / "r"), "--set", "train.weight_norm=count"]) == 0
+    capsys.readouterr()
+    assert seen["cfg"].weight_norm == "count"
+    assert main([*base, "--out", str(tmp_path / "r2"), "--set", "train.weight_norm=mean"]) == 2
+    assert "weight_norm must be 'sum' or 'count'" in capsys.readouterr().err

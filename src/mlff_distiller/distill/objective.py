@@ -13,7 +13,10 @@ Each mean is weighted by the frames' loss weights c_b (``LabelledBatch.weight``:
 frame's: mean_b x_b = Σ_b c_b x_b / Σ_b c_b and mean_{i,α} x_iα = Σ_i c_b(i) Σ_α x_iα / (3 Σ_i c_b(i))
 (:func:`_weighted_mean`; 0 when every weight is 0). All weights 1.0 give the plain means, bit for bit; a frame of
 weight 0 leaves the loss and its gradient untouched; weight 2 is the frame twice in the batch. Validation
-(:func:`evaluate_dataset`) is unweighted.
+(:func:`evaluate_dataset`) is unweighted. So a weight acts relative to the other frames of its batch: a batch whose
+frames all weigh 0.2 trains as if they weighed 1. ``weight_norm: count`` divides by the number of frames (atoms)
+instead, as MACE does: Σ_b c_b x_b / B, so that a weight scales its frames' share of the loss absolutely (all weights
+1.0: the same loss as ``sum``, bit for bit).
 
 The stress term compares virials per atom (eV), so its weight is dimensionless like the others; the student's σ
 is (1/V) ∂E/∂ε from the same ``autograd.grad`` call as its forces (a zero strain applied to the positions and the
@@ -87,23 +90,28 @@ def student_forward_stress(
     return out["energy"], -grad_pos, stress_from_strain_gradient(de_deps, a.cell, a.pbc)["stress"]
 
 
-def _weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def _weighted_mean(values: torch.Tensor, weights: torch.Tensor, support: torch.Tensor | None = None) -> torch.Tensor:
     """Σ_k w_k Σ_j v_kj / (m Σ_k w_k) of ``values`` ``[K]`` or ``[K, m]`` (row k weighted by ``weights[k]``), 0 when
     every weight is 0. With all weights 1 the same sum and divisor as ``values.mean()``, so the same bits. The plain
-    and the static step share it (no host sync: it is captured in a CUDA graph)."""
+    and the static step share it (no host sync: it is captured in a CUDA graph).
+
+    ``support`` (``weight_norm: count``, MACE's normalisation): divide by m times the number of rows that count
+    (``support``: 1 for a real, labelled row, 0 for padding or a frame without that label) instead of the weights'
+    sum, so that a weight scales its rows' share of the loss absolutely, whatever else shares the batch."""
     per_row = math.prod(values.shape[1:])
-    total = weights.sum()
+    total = weights.sum() if support is None else support.sum()
     weighted = values * (weights if values.dim() == 1 else weights[:, None])
     return weighted.sum() / (per_row * torch.where(total > 0, total, torch.ones_like(total)))
 
 
-def _stress_loss(stress: torch.Tensor, batch: LabelledBatch, weight: torch.Tensor) -> torch.Tensor:
+def _stress_loss(stress: torch.Tensor, batch: LabelledBatch, weight: torch.Tensor, count: bool) -> torch.Tensor:
     """Weighted mean over the labelled frames and the 6 components of ((σ − σ^T) V / n)², eV²; 0 without labelled
-    frames. ``weight``: ``[B]`` the frames' loss weights."""
+    frames. ``weight``: ``[B]`` the frames' loss weights; ``count``: ``weight_norm: count``."""
     a = batch.atoms
     scale = torch.linalg.det(a.cell).abs() / a.counts.to(stress.dtype)
     sq = (((stress - batch.stress) * scale[:, None]) ** 2).mean(dim=1)
-    return _weighted_mean(sq, batch.stress_mask.to(stress.dtype) * weight)
+    labelled = batch.stress_mask.to(stress.dtype)
+    return _weighted_mean(sq, labelled * weight, labelled if count else None)
 
 
 def _central_hvp(
@@ -149,19 +157,21 @@ def _loss(model: StudentModel, batch: LabelledBatch, cfg: TrainConfig) -> tuple[
     n = batch.atoms.counts.to(energy.dtype)
     weight = batch.weight if batch.weight is not None else torch.ones_like(energy.detach())
     atom_weight = weight[batch.atoms.batch]
-    e_loss = _weighted_mean(residual_loss((energy - batch.energy) / n, cfg), weight)
-    f_loss = _weighted_mean(residual_loss(forces - batch.forces, cfg), atom_weight)
+    count = cfg.weight_norm == "count"  # every frame and atom of an unpadded batch counts
+    frames, atoms = (torch.ones_like(weight), torch.ones_like(atom_weight)) if count else (None, None)
+    e_loss = _weighted_mean(residual_loss((energy - batch.energy) / n, cfg), weight, frames)
+    f_loss = _weighted_mean(residual_loss(forces - batch.forces, cfg), atom_weight, atoms)
     loss = cfg.energy_weight * e_loss + cfg.force_weight * f_loss
     parts = {"energy": float(e_loss.detach()), "forces": float(f_loss.detach())}
     if cfg.stress_weight > 0:
-        s_loss = _stress_loss(stress, batch, weight)
+        s_loss = _stress_loss(stress, batch, weight, count)
         loss = loss + cfg.stress_weight * s_loss
         parts["stress"] = float(s_loss.detach())
     if cfg.hvp_weight > 0:
         if batch.hvp is None:
             raise ValueError(_NO_HVP_LABELS)
         bare = getattr(model, "module", model)  # DDP: the wrapped forward runs once per step
-        h_loss = _weighted_mean((_student_hvp(bare, batch, cfg.hvp_eps) - batch.hvp) ** 2, atom_weight)
+        h_loss = _weighted_mean((_student_hvp(bare, batch, cfg.hvp_eps) - batch.hvp) ** 2, atom_weight, atoms)
         loss = loss + cfg.hvp_weight * h_loss
         parts["hvp"] = float(h_loss.detach())
     return loss, parts

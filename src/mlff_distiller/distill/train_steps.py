@@ -317,6 +317,8 @@ class _StaticStep:
         # captured step sees each batch's weights.
         weight = d.weight[frame_src]
         atom_weight = weight[batch]
+        count = cfg.weight_norm == "count"  # the real frames and atoms count, the padding does not
+        frames, atoms = (smask, smask[batch]) if count else (None, None)
 
         stress = cfg.stress_weight > 0
         virial = None
@@ -336,8 +338,8 @@ class _StaticStep:
             positions = d.positions[atom_src]
             energy, forces = energy_forces(positions, with_virial=stress)
             e_err = (energy - d.energy[frame_src]) / d.counts[frame_src]
-            e_loss = _weighted_mean(residual_loss(e_err, cfg), weight)
-            f_loss = _weighted_mean(residual_loss(forces - d.forces[atom_src], cfg), atom_weight)
+            e_loss = _weighted_mean(residual_loss(e_err, cfg), weight, frames)
+            f_loss = _weighted_mean(residual_loss(forces - d.forces[atom_src], cfg), atom_weight, atoms)
             loss = cfg.energy_weight * e_loss + cfg.force_weight * f_loss
             parts = [e_loss, f_loss]
             if stress:
@@ -345,12 +347,13 @@ class _StaticStep:
                 # σ V = dE/dε, so the student side is the strain derivative per atom.
                 pred = torch.stack([virial[:, i, j] for i, j in _VOIGT], dim=1) / d.counts[frame_src][:, None]
                 sq = (pred - d.virial[frame_src]).square().mean(dim=1)
-                s_loss = _weighted_mean(sq, d.stress_mask[frame_src] * weight)
+                labelled = d.stress_mask[frame_src]  # (0 on padding)
+                s_loss = _weighted_mean(sq, labelled * weight, labelled if count else None)
                 loss = loss + cfg.stress_weight * s_loss
                 parts.append(s_loss)
             if cfg.hvp_weight > 0:
                 hv = _central_hvp(lambda x: energy_forces(x)[1], positions, d.hvp_dir[atom_src], cfg.hvp_eps)
-                h_loss = _weighted_mean((hv - d.hvp[atom_src]).square(), atom_weight)
+                h_loss = _weighted_mean((hv - d.hvp[atom_src]).square(), atom_weight, atoms)
                 loss = loss + cfg.hvp_weight * h_loss
                 parts.append(h_loss)
         return loss, parts

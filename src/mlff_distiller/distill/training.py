@@ -77,6 +77,10 @@ class TrainConfig:
         loss: ``"mse"`` (squares of the energy-per-atom and force residuals) or ``"huber"`` (squares up to
             ``huber_delta``, eV/atom and eV/Å, linear beyond: :func:`~mlff_distiller.distill.objective.residual_loss`),
             for fine-tuning rounds whose new frames lie far from the student (``mlff-distill harvest``).
+        weight_norm: how the frames' loss weights (``config_weight``, ``--data-weight``) normalise each mean of a
+            batch: ``"sum"`` divides by the weights' sum (a weight acts relative to its batch), ``"count"`` by the
+            number of frames or atoms, as MACE does (a weight scales its frames' share absolutely; weights below 1
+            then also shrink the step). Both are the plain means when every weight is 1.
         scheduler: ``"cosine"`` (linear warm-up, cosine to ``min_lr_ratio``·lr over the steps, or over
             ``time_limit_s`` when that ends first), ``"plateau"`` or ``"none"``.
         warmup_steps: warm-up length. plateau_factor, plateau_patience: reduce-on-plateau settings.
@@ -119,6 +123,7 @@ class TrainConfig:
     hvp_eps: float = 0.005
     loss: str = "mse"
     huber_delta: float = 0.5
+    weight_norm: str = "sum"
     scheduler: str = "cosine"
     warmup_steps: int = 100
     min_lr_ratio: float = 0.01
@@ -174,6 +179,8 @@ class TrainConfig:
             raise ValueError(f"hvp_eps must be > 0 Å, got {self.hvp_eps}")
         if self.loss not in ("mse", "huber"):
             raise ValueError(f"loss must be 'mse' or 'huber', got {self.loss!r}")
+        if self.weight_norm not in ("sum", "count"):
+            raise ValueError(f"weight_norm must be 'sum' or 'count', got {self.weight_norm!r}")
         if not float(self.huber_delta) > 0:
             raise ValueError(f"huber_delta must be > 0, got {self.huber_delta}")
         if not 0 < self.min_lr_ratio <= 1 or not 0 < self.plateau_factor < 1:
