@@ -25,6 +25,13 @@ def _split_index(path: str) -> tuple[str, object]:
     return (path, None) if Path(path).exists() else parse_filename(path)
 
 
+def _file_and_selection(path: str) -> tuple[str, str | None]:
+    """``(file, INDEX)`` of ``file`` or ``file@INDEX``, the index as the text ASE reads (``predict_file``'s and
+    ``relax_file``'s ``index``); None for the whole file."""
+    name, index = _split_index(path)
+    return name, None if index is None else str(path).rsplit("@", 1)[1]
+
+
 def _read_structures(path: str):
     """The frames of ``path``; ``file@INDEX`` (ASE's syntax: ``@-1``, ``@0:10:2``) selects some of them."""
     import ase.io
@@ -53,12 +60,12 @@ def run_predict(job: PredictJob) -> dict:
 
     if not job.input:
         raise ValueError("--input is required")
-    name, index = _split_index(job.input)
+    name, index = _file_and_selection(job.input)
     return predict_file(
         job.model,
         name,
         job.output,
-        index=None if index is None else str(job.input).rsplit("@", 1)[1],
+        index=index,
         chunk=job.chunk,
         restart=job.restart,
         device=job.device,
@@ -306,14 +313,14 @@ def run_relax(job: RelaxJob) -> dict:
 
     if not job.input:
         raise ValueError("--input is required")
-    name, index = _split_index(job.input)
+    name, index = _file_and_selection(job.input)
     if not Path(name).exists():
         raise ValueError(f"input file not found: {name}")
     return relax_file(
         job.model,
         name,
         job.output,
-        index=None if index is None else str(job.input).rsplit("@", 1)[1],
+        index=index,
         chunk=job.chunk,
         restart=job.restart,
         fmax=job.fmax,

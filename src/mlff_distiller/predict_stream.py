@@ -107,15 +107,9 @@ def predict_file(
             structure is written, naming them; an unfinished run of other settings at ``output``; ``chunk < 1``.
         FileNotFoundError: no ``input``.
     """
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
-    input, output = Path(input), Path(output)
-    if not input.exists():
-        raise FileNotFoundError(f"input file not found: {input}")
-    if output.exists() and output.resolve() == input.resolve():
-        raise ValueError(f"output {output} is the input file; write the results to another file")
+    input, output = check_paths(input, output, chunk)
     extxyz = is_extxyz(input) and index is None  # a selection is read through ASE
     if workers is None:
         workers = auto_workers(input)
@@ -395,7 +389,7 @@ def _predict_chunk(
         problems = {k: "non-finite output (" + _reason_of(exc) + ")" for k in exc.indices}
     except ValueError:
         # A bad structure stops the whole call before compute: find every bad one, then run the others.
-        problems = {k: why for k, atoms in enumerate(frames) if (why := _input_problem(engine, atoms))}
+        problems = {k: why for k, atoms in enumerate(frames) if (why := input_problem(engine.model, atoms))}
         if not problems:
             raise
         keep = [k for k in range(len(frames)) if k not in problems]
@@ -412,11 +406,23 @@ def _reason_of(exc: NonFiniteOutputError) -> str:
     return text.split(". ", 1)[-1].rstrip(".") if ". " in text else "see the student's range"
 
 
-def _input_problem(engine: ForceEngine, atoms) -> str | None:
-    """Why ``atoms`` cannot be computed (the ValueError of the input checks), else None."""
+def check_paths(input: str | Path, output: str | Path, chunk: int) -> tuple[Path, Path]:
+    """The checks a chunked file run (``predict_file``, ``relax_file``) makes before it reads or writes anything."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    input, output = Path(input), Path(output)
+    if not input.exists():
+        raise FileNotFoundError(f"input file not found: {input}")
+    if output.exists() and output.resolve() == input.resolve():
+        raise ValueError(f"output {output} is the input file; write the results to another file")
+    return input, output
+
+
+def input_problem(model: StudentModel, atoms) -> str | None:
+    """Why ``atoms`` cannot be computed by ``model`` (the ValueError of the input checks), else None."""
     try:
         batch = AtomsBatch.from_atoms([atoms])
-        engine.model.check_species(batch.numbers)
+        model.check_species(batch.numbers)
     except ValueError as exc:
         return str(exc).removeprefix("structure 0: ").removeprefix("structure 0 ")
     return None

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError
 from mlff_distiller.checkpoint import load_model
 from mlff_distiller.domain import OutOfDomainWarning
@@ -41,7 +40,9 @@ from mlff_distiller.predict_stream import (
     _read_from,
     _resume_state,
     append_chunk,
+    check_paths,
     finish_run,
+    input_problem,
     log_interrupted,
     model_fingerprint,
     select,
@@ -94,14 +95,8 @@ def relax_file(
     """
     from mlff_distiller.batched_relax import check_relax_args
 
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    input, output = check_paths(input, output, chunk)
     check_relax_args(fmax=fmax, steps=steps, max_atoms=max_atoms)
-    input, output = Path(input), Path(output)
-    if not input.exists():
-        raise FileNotFoundError(f"input file not found: {input}")
-    if output.exists() and output.resolve() == input.resolve():
-        raise ValueError(f"output {output} is the input file; write the relaxed structures to another file")
     if not isinstance(model, StudentModel):
         model = load_model(model)
     job = {
@@ -181,15 +176,10 @@ def _relax_chunk(model: StudentModel, frames: list, kw: dict) -> tuple[list, lis
 
 
 def _input_problem(model: StudentModel, atoms) -> str | None:
-    """Why ``relax_batch`` refuses ``atoms`` (its input checks), else None."""
+    """Why ``relax_batch`` refuses ``atoms`` (its input checks: predict's, and no ASE constraints), else None."""
     if atoms.constraints:
         return f"carries ASE constraints ({', '.join(type(c).__name__ for c in atoms.constraints)})"
-    try:
-        batch = AtomsBatch.from_atoms([atoms])
-        model.check_species(batch.numbers)
-    except ValueError as exc:
-        return str(exc).removeprefix("structure 0: ").removeprefix("structure 0 ")
-    return None
+    return input_problem(model, atoms)
 
 
 def _extxyz_text(frames: list) -> str:
