@@ -8,11 +8,7 @@
 #                                               #   the others share its bucket and its autotuning cache)
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=16
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/tmp/i.log 2>&1 || { cat /tmp/i.log; exit 1; }
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source scripts/device_env.sh
 case "${1:-}" in
   large+relax)
     timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 180 --sections check,ef \

@@ -3,11 +3,7 @@
 # against the shipped kernels (and a no-op variant for the spread), the folded kernels' CUDA tests, relax_file on
 # CUDA (tests and probe_relax_file.py), then the GPU-marked tests outside tests/kernels. Everything lands in $OUT.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=16
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/tmp/i.log 2>&1 || { cat /tmp/i.log; exit 1; }
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source scripts/device_env.sh
 git log --oneline -1 2>/dev/null | tee "$OUT/tree.txt"
 timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --systems water3000,water24000,g2x4096 \
   --variants "mp:fold_xb_min_edges=0;mp:seg_split=1;mp:fold_xb_min_edges=0" --budget-s 170 --out "$OUT" \

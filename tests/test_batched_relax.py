@@ -127,8 +127,8 @@ def test_relax_command(tmp_path, capsys, monkeypatch):
     import mlff_distiller.batched_relax as br
 
     budgets = []
-    real = br.relax_batch
-    monkeypatch.setattr(br, "relax_batch", lambda *a, **kw: budgets.append(kw["max_atoms"]) or real(*a, **kw))
+    real = br.relax_arrays  # (under relax_batch, and called alone for the plain extxyz the command reads here)
+    monkeypatch.setattr(br, "relax_arrays", lambda *a, **kw: budgets.append(kw["max_atoms"]) or real(*a, **kw))
     streamed = tmp_path / "streamed.extxyz"  # --max-atoms: a few at a time, the same results
     assert main([*base, "--output", str(streamed), "--fmax", "0.02", "--steps", "200", "--max-atoms", "6"]) == 0
     capsys.readouterr()
@@ -148,22 +148,33 @@ def test_relax_command_writes_the_others_when_one_fails(tmp_path, capsys, monkey
     from mlff_distiller.batching import NonFiniteOutputError
     from mlff_distiller.cli import main
 
-    real = br.relax_batch
+    real_batch, real_arrays = br.relax_batch, br.relax_arrays
 
-    def one_fails(model, structures, **kw):
-        out = real(model, structures, **kw)
+    def one_fails(model, structures, **kw):  # relax_batch's error (other formats than plain extxyz)
+        out = real_batch(model, structures, **kw)
         raise NonFiniteOutputError("relax_batch: structure(s) [1]", [1], [out[0], None, out[2]])
 
-    monkeypatch.setattr(br, "relax_batch", one_fails)
-    src = tmp_path / "in.xyz"
-    ase.io.write(src, _rattled(["CH4", "NH3", "H2O"], 0.05))
-    out = tmp_path / "relaxed.extxyz"
-    args = ["relax", "--model", "builtin:chno-gfn2", "--device", "cpu", "--input", str(src), "--output", str(out)]
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert "1 of 3 input structures were left out" in err and "structure 1: non-finite forces or energy" in err
-    frames = ase.io.read(out, index=":")
-    assert [f.get_chemical_formula() for f in frames] == ["CH4", "H2O"]
+    def one_fails_arrays(model, structures, **kw):  # relax_arrays' record of it (plain extxyz)
+        run = real_arrays(model, structures, **kw)
+        run.failed = [1]
+        return run
+
+    frames_in = _rattled(["CH4", "NH3", "H2O"], 0.05)
+    for name, why in (("in.xyz", "reached non-finite forces or energy"), ("in.traj", "non-finite forces or energy")):
+        if name == "in.xyz":
+            monkeypatch.setattr(br, "relax_arrays", one_fails_arrays)
+        else:
+            monkeypatch.setattr(br, "relax_arrays", real_arrays)
+            monkeypatch.setattr(br, "relax_batch", one_fails)
+        src = tmp_path / name
+        ase.io.write(src, frames_in)
+        out = tmp_path / f"relaxed_{name}.extxyz"
+        args = ["relax", "--model", "builtin:chno-gfn2", "--device", "cpu", "--input", str(src), "--output", str(out)]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "1 of 3 input structures were left out" in err and f"structure 1: {why}" in err
+        frames = ase.io.read(out, index=":")
+        assert [f.get_chemical_formula() for f in frames] == ["CH4", "H2O"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -433,3 +444,38 @@ def test_the_captured_fire_step_equals_the_eager_one(monkeypatch):
     for got, want in zip(graphed, plain, strict=True):
         assert got.info["relax_steps"] == want.info["relax_steps"] and got.info["relax_converged"]
         np.testing.assert_allclose(got.positions, want.positions, rtol=0, atol=1e-12)
+
+
+def test_a_frame_table_relaxes_as_its_atoms():
+    """relax_batch on a FrameTable (no Atoms in) returns what it returns for the same structures as Atoms, and
+    relax_arrays gives the same as arrays, with the structures that fail named rather than raised."""
+    import mlff_distiller.batched_relax as br
+    from mlff_distiller.frames import FrameTable
+
+    model = load_model("builtin:chno-gfn2")
+    structures = _rattled(["CH4", "NH3", "CH3CH2OH", "H2O"], 0.08)
+    structures[3].set_cell([6.0, 6.5, 7.0])
+    structures[3].pbc = [True, False, True]
+    table = FrameTable(
+        np.concatenate([a.numbers for a in structures]),
+        np.concatenate([a.positions for a in structures]),
+        np.stack([a.cell.array for a in structures]),
+        np.stack([a.pbc for a in structures]),
+        [len(a) for a in structures],
+    )
+    kw = dict(fmax=0.02, steps=200, precision="fp64", device="cpu")
+    want = relax_batch(model, structures, **kw)
+    got = relax_batch(model, table, **kw)
+    run = br.relax_arrays(model, table, **kw)
+    assert not run.failed and not run.too_large and not run.reasons()
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.info == w.info and g.pbc.tolist() == w.pbc.tolist()
+        np.testing.assert_array_equal(g.cell.array, w.cell.array)
+        np.testing.assert_array_equal(g.positions, w.positions)
+        np.testing.assert_array_equal(g.get_forces(), w.get_forces())
+        lo, hi = run.ptr[k], run.ptr[k + 1]
+        np.testing.assert_array_equal(run.positions[lo:hi], w.positions)
+        assert run.energy[k] == w.get_potential_energy() and run.steps[k] == w.info["relax_steps"]
+    with pytest.raises(ValueError, match="unknown element"):
+        relax_batch(model, FrameTable([14], [[0.0, 0.0, 0.0]], np.zeros((1, 3, 3)), [[False] * 3], [1]), **kw)
+    np.testing.assert_array_equal(table.positions, np.concatenate([a.positions for a in structures]))  # unmoved

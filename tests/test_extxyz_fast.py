@@ -139,6 +139,9 @@ DECLINED = {
     "no atoms": "0\nProperties=species:S:1:pos:R:3\n",
     "a count that is not a number": "one\n\nH 0 0 0\n",
     "a Lattice of 6 numbers": '1\nLattice="1 0 0 0 1 0"\nH 0 0 0\n',
+    "an empty value (ASE joins it to the next pair)": (
+        '1\nProperties=species:S:1:pos:R:3 energy="" pbc="F F F"\nH 0 0 0\n'
+    ),
 }
 
 
@@ -175,3 +178,50 @@ def test_predict_file_writes_the_same_through_ase_and_the_fast_codec(tmp_path, m
     assert written[1].arrays["initial_magmoms"].shape == (len(frames[1]),)
     assert written[3].get_stress().shape == (6,)
     assert written[5].info["config_type"] == "declined"
+
+
+INFO_VALUES = [
+    "2-butyne",
+    '"a b, c"',
+    "1,2-dichloroethane",
+    "0x10",
+    "1_000",
+    "nan",
+    "inf",
+    "1e5",
+    "-3",
+    "T",
+    "false",
+    '"T F"',
+    '"1 2 3"',
+    "_JSON",
+    '"_JSON [1, 2]"',
+    "x=y",
+    "12abc",
+    "Infinity",
+    '""',
+    "TRUEish",
+]
+
+
+@pytest.mark.parametrize("key", ["name", "config_type", "uid", "virial"])
+@pytest.mark.parametrize("value", INFO_VALUES)
+def test_info_strings_as_ase_reads_them(key, value):
+    """``parse_frames(info=True)`` takes a frame's info only where ASE reads the value as this very string, and then
+    gives ASE's dict; a number, a boolean, an array or JSON in the info is declined (for ASE). Without ``info``
+    every such frame is declined, as ``predict`` needs."""
+    text = f'1\nProperties=species:S:1:pos:R:3 {key}={value} energy=-1.5 pbc="F F F"\nH 0 0 0\n'
+    assert fast.parse_frames(text) is None
+    got = fast.parse_frames(text, info=True)
+    try:
+        want = ase.io.read(io.StringIO(text), format="extxyz").info
+    except Exception:  # ASE refuses it (a 3 x 3 key that is not 9 numbers): so does the fast reader
+        assert got is None
+        return
+    if isinstance(want.get(key), str):
+        if got is not None:  # (quoted values with what ASE unescapes, e.g., are left to ASE)
+            assert got[6] == [want] and list(want) == [key]
+    else:
+        assert got is None
+    if key == "name" and value in ("2-butyne", '"a b, c"', "1,2-dichloroethane", "0x10", "12abc"):
+        assert got is not None  # the names a file of molecules carries are taken

@@ -18,6 +18,7 @@ import mlff_distiller.batched_relax as br
 from mlff_distiller import load_model
 from mlff_distiller.batched_relax import relax_batch
 from mlff_distiller.cli import main
+from mlff_distiller.domain import OutOfDomainWarning
 from mlff_distiller.predict_stream import PROGRESS_SUFFIX
 from mlff_distiller.relax_stream import relax_file
 
@@ -40,11 +41,11 @@ def _write(path, frames) -> str:
     return str(path)
 
 
-_REAL = br.relax_batch
+_REAL = br.relax_arrays
 
 
 def _Interrupt(at: int | None) -> InterruptAt:
-    """relax_batch, interrupted at call ``at``."""
+    """relax_arrays (under relax_batch, and called alone for plain extxyz), interrupted at call ``at``."""
     return InterruptAt(_REAL, at)
 
 
@@ -55,7 +56,7 @@ def test_chunked_output_equals_one_relax_batch_call(model, tmp_path, monkeypatch
     src = _write(tmp_path / "in.extxyz", frames)
     out = tmp_path / "out.extxyz"
     stop = _Interrupt(at=None)
-    monkeypatch.setattr(br, "relax_batch", stop)
+    monkeypatch.setattr(br, "relax_arrays", stop)
     lines = []
     kw = {**KW, "device": device}
     result = relax_file(model, src, out, chunk=3, log=lines.append, **kw)
@@ -84,7 +85,7 @@ def test_an_interrupted_run_resumes_to_the_same_file(model, tmp_path, monkeypatc
     out = tmp_path / "out.extxyz"
     progress = tmp_path / ("out.extxyz" + PROGRESS_SUFFIX)
     lines = []
-    monkeypatch.setattr(br, "relax_batch", _Interrupt(at=3))
+    monkeypatch.setattr(br, "relax_arrays", _Interrupt(at=3))
     with pytest.raises(KeyboardInterrupt):
         relax_file(model, src, out, chunk=3, log=lines.append, **KW)
     assert "interrupted" in lines[-1] and "holds the first 6 input structures" in lines[-1]
@@ -94,7 +95,7 @@ def test_an_interrupted_run_resumes_to_the_same_file(model, tmp_path, monkeypatc
         f.write("400\nProperties=species:S:1:pos:R:3 energy=-1.0\n" + "O 0.0 0.0 0.0\n" * 400)
 
     again = _Interrupt(at=None)
-    monkeypatch.setattr(br, "relax_batch", again)
+    monkeypatch.setattr(br, "relax_arrays", again)
     result = relax_file(model, src, out, chunk=3, **KW)
     assert again.calls == 1  # only the chunk not yet done: structures 6-7
     assert result["resumed_from"] == 6 and result["structures"] == 8 and result["converged"] == 8
@@ -105,10 +106,10 @@ def test_an_interrupted_run_resumes_to_the_same_file(model, tmp_path, monkeypatc
 def test_resume_refuses_other_settings_and_restart_discards_them(model, tmp_path, monkeypatch):
     src = _write(tmp_path / "in.extxyz", _frames(5))
     out = tmp_path / "out.extxyz"
-    monkeypatch.setattr(br, "relax_batch", _Interrupt(at=2))
+    monkeypatch.setattr(br, "relax_arrays", _Interrupt(at=2))
     with pytest.raises(KeyboardInterrupt):
         relax_file(model, src, out, chunk=2, **KW)
-    monkeypatch.setattr(br, "relax_batch", _Interrupt(at=None))
+    monkeypatch.setattr(br, "relax_arrays", _Interrupt(at=None))
     with pytest.raises(ValueError, match=r"unfinished run of another job \(fmax: was 0.05, now 0.01\)"):
         relax_file(model, src, out, chunk=2, **{**KW, "fmax": 0.01})
     with pytest.raises(ValueError, match="steps: was 300, now 10"):
@@ -152,7 +153,7 @@ def test_structures_that_cannot_be_relaxed_are_left_out_and_named(model, tmp_pat
     assert [a.get_chemical_formula() for a in written] == [frames[k].get_chemical_formula() for k in (0, 2, 3, 6)]
     assert all(a.info["relax_converged"] for a in written)
     # Run again: nothing is redone, and the same error says which are missing.
-    monkeypatch.setattr(br, "relax_batch", _Interrupt(at=1))  # would interrupt if it relaxed anything
+    monkeypatch.setattr(br, "relax_arrays", _Interrupt(at=1))  # would interrupt if it relaxed anything
     with pytest.raises(ValueError, match=r"3 of 7 input structures were left out"):
         relax_file(model, src, out, chunk=3, **KW)
 
@@ -183,11 +184,11 @@ def test_relax_command_resumes_an_interrupted_run(model, tmp_path, capsys, monke
     src = _write(tmp_path / "in.extxyz", _frames(5))
     out = tmp_path / "out.extxyz"
     args = ["relax", "--model", MODEL, "--device", "cpu", "--precision", "fp64", "--input", src, "--output", str(out)]
-    monkeypatch.setattr(br, "relax_batch", _Interrupt(at=2))
+    monkeypatch.setattr(br, "relax_arrays", _Interrupt(at=2))
     assert main([*args, "--chunk", "2"]) == 130
     assert "holds the first 2 input structures" in capsys.readouterr().err
     again = _Interrupt(at=None)
-    monkeypatch.setattr(br, "relax_batch", again)
+    monkeypatch.setattr(br, "relax_arrays", again)
     assert main([*args, "--chunk", "2"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["structures"] == 5 and report["resumed_from"] == 2 and again.calls == 2
@@ -220,3 +221,79 @@ def test_the_written_text_is_what_ase_writes(model, monkeypatch):
     assert _extxyz_text(frames) == want.getvalue()
     assert len(fallbacks) == 1  # the frame with an array in its info (strings, numbers and bools are taken)
     assert [set(a.info) for a in frames] == [set(b) for b in before]
+
+
+def _periodic(n: int) -> list[Atoms]:
+    out = []
+    for k in range(n):
+        a = molecule(["H2O", "NH3", "CH4"][k % 3])
+        a.set_cell([7.0 + k, 7.5, 8.0])
+        a.pbc = [True, k % 2 == 0, True]
+        a.center()
+        a.rattle(0.05, seed=k)
+        out.append(a)
+    return out
+
+
+def test_plain_extxyz_goes_without_atoms_and_writes_what_the_atoms_path_writes(model, tmp_path, monkeypatch):
+    """Plain extxyz chunks (info strings and extra real columns included) go file -> arrays -> relax_arrays -> text
+    with no ``Atoms``; a chunk with a number in its info goes through ASE's reader and relax_batch; the output is
+    byte for byte what the ``Atoms`` path writes for the whole file (molecules and periodic cells, a finding of the
+    envelope check in the info), also where the fast writer declines a frame."""
+    import mlff_distiller.relax_stream as rs
+
+    frames = _frames(5) + _periodic(4)
+    frames[0].info["name"] = "2-butyne"
+    frames[2].info.update(config_type="a b, c", uid="0042")  # a quoted string; a key ASE keeps unconverted
+    frames[4].set_momenta(np.full((len(frames[4]), 3), 0.01))  # an extra column, kept
+    frames[5].set_initial_magnetic_moments(np.linspace(0.0, 1.0, len(frames[5])))
+    frames[7].info["temperature"] = 300  # a number in the info: ASE's reader for its chunk
+    src = _write(tmp_path / "in.extxyz", frames)
+    monkeypatch.setattr(  # one structure of each path "outside the training data", with a string to escape
+        br, "_domain_findings", lambda *a: {k: 'closer than "seen": H-H 0.5 Å' for k in a[3] if k == 1}
+    )
+    atoms_calls, table_calls = [], []
+    real_batch = br.relax_batch
+    monkeypatch.setattr(br, "relax_batch", lambda m, s, **kw: atoms_calls.append(len(s)) or real_batch(m, s, **kw))
+    real_text = rs._table_text
+    monkeypatch.setattr(rs, "_table_text", lambda run, *a: table_calls.append(len(run.energy)) or real_text(run, *a))
+
+    def run(name: str) -> bytes:
+        with pytest.warns(OutOfDomainWarning, match="3 of 9 relaxed structures"):
+            result = relax_file(model, src, tmp_path / name, chunk=3, **KW)
+        assert result["structures"] == 9 and result["outside_domain"] == 3 and result["converged"] == 9
+        return (tmp_path / name).read_bytes()
+
+    fast = run("fast.extxyz")
+    assert table_calls == [3, 3] and atoms_calls == [3]  # chunks 0-2 and 3-5 without Atoms; 6-8 with a number
+    monkeypatch.setattr(rs, "format_plain_frame", lambda *a: None)  # the fast writer declines: ASE writes
+    assert run("ase_writer.extxyz") == fast
+    monkeypatch.setattr(rs, "parse_frames", lambda text, info=False: None)  # every chunk through ASE's reader
+    assert run("slow.extxyz") == fast and table_calls == [3, 3, 3, 3]
+    written = ase.io.read(tmp_path / "fast.extxyz", ":")
+    assert written[1].info["domain"] == 'closer than "seen": H-H 0.5 Å' and "domain" not in written[0].info
+    assert written[0].info["name"] == "2-butyne" and written[2].info["config_type"] == "a b, c"
+    assert np.allclose(written[4].get_momenta(), 0.01) and written[6].pbc.tolist() == [True, False, True]
+    assert written[7].info["temperature"] == 300 and written[7].info["relax_converged"]
+
+
+def test_bad_structures_in_plain_extxyz_are_left_out_and_named(model, tmp_path):
+    """An unknown element and non-finite positions in a plain extxyz chunk: that chunk goes through the Atoms path,
+    which names both; the others are relaxed and written."""
+    frames = _frames(6)
+    frames[1] = molecule("SiH4")
+    src = tmp_path / "in.extxyz"
+    _write(src, frames)
+    text = src.read_text().split("\n")
+    # structure 4's first coordinate as nan (what a broken upstream step writes)
+    n_before = sum(len(a) + 2 for a in frames[:4])
+    first = text[n_before + 2].split()
+    text[n_before + 2] = " ".join([first[0], "nan", *first[2:]])
+    src.write_text("\n".join(text))
+    out = tmp_path / "out.extxyz"
+    with pytest.raises(ValueError, match=r"2 of 6 input structures were left out") as err:
+        relax_file(model, src, out, chunk=3, **KW)
+    assert "structure 1: " in str(err.value) and "element" in str(err.value)
+    assert "structure 4: " in str(err.value) and "finite" in str(err.value)
+    written = ase.io.read(out, ":")
+    assert [a.get_chemical_formula() for a in written] == [frames[k].get_chemical_formula() for k in (0, 2, 3, 5)]

@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["format_frames", "format_md_frame", "parse_frames"]
+__all__ = ["format_frames", "format_md_frame", "format_plain_frame", "parse_frames"]
 
 _PAIR = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_-]*)=(?:"([^"\\{}\[\]\']*)"|([^\s"\\{}\[\]\'=]+))')
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -64,18 +64,20 @@ def _floats(text: str, count: int | None = None) -> list[float] | None:
 
 
 @lru_cache(maxsize=4096)
-def _header(comment: str) -> tuple | None:
-    """``(cell [3, 3] or None, pbc (3 bools), columns per atom line, kept)`` of a comment line this module takes,
-    else None; ``kept``: ``(name, number of columns, first token)`` of each other real column, which ASE keeps as
-    an array of the frame (``initial_magmoms``, ``momenta``, ...). Cached: comment lines without per-structure
-    values repeat through a file."""
+def _header(comment: str, with_info: bool = False) -> tuple | None:
+    """``(cell [3, 3] or None, pbc (3 bools), columns per atom line, kept, info)`` of a comment line this module
+    takes, else None; ``kept``: ``(name, number of columns, first token)`` of each other real column, which ASE keeps
+    as an array of the frame (``initial_magmoms``, ``momenta``, ...); ``info``: ``(key, value)`` of the keys ASE
+    reads into ``Atoms.info`` as strings (``name=...``, ``config_type=...``), taken only ``with_info`` (else such
+    a line is declined). Cached: comment lines without per-structure values repeat through a file."""
     _, _, rev_names, per_atom, per_config, _, _ = _ase_tables()
     fields: dict[str, str] = {}
     end = 0
     for m in _PAIR.finditer(comment):
-        if m.start() != end or m.group(1) in fields:
-            return None
-        fields[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3)
+        value = m.group(2) if m.group(2) is not None else m.group(3)
+        if m.start() != end or m.group(1) in fields or not value.strip():
+            return None  # (ASE reads an empty value as the start of the next key's: declined)
+        fields[m.group(1)] = value
         end = m.end()
     if comment[end:].strip():
         return None
@@ -93,18 +95,47 @@ def _header(comment: str) -> tuple | None:
             kept.append((name, int(ncols), columns))
         columns += int(ncols)
     lattice, pbc = fields.pop("Lattice", None), fields.pop("pbc", None)
-    for key, value in fields.items():  # what is left must be calculator results, which the output replaces
-        if key not in per_config or _floats(value) is None:
+    info = []
+    for key, value in fields.items():  # calculator results, which the output replaces, or info strings
+        if key in per_config:
+            if _floats(value) is None:
+                return None
+        elif with_info and _NAME.fullmatch(key) and _ase_reads_string(key, value):
+            info.append((key, value))
+        else:
             return None
     flags = pbc.split() if pbc is not None else (["T"] * 3 if lattice is not None else ["F"] * 3)
     if len(flags) != 3 or not set(flags) <= {"T", "F"}:
         return None
     if lattice is None:
-        return (None, (False, False, False), columns, tuple(kept)) if flags == ["F"] * 3 else None
+        return (None, (False, False, False), columns, tuple(kept), tuple(info)) if flags == ["F"] * 3 else None
     cell = _floats(lattice, 9)
     if cell is None:
         return None
-    return np.array(cell, dtype=np.float64).reshape(3, 3), tuple(f == "T" for f in flags), columns, tuple(kept)
+    cell = np.array(cell, dtype=np.float64).reshape(3, 3)
+    return cell, tuple(f == "T" for f in flags), columns, tuple(kept), tuple(info)
+
+
+_ASE_BOOLS = frozenset({"T", "F", "true", "false", "True", "False", "TRUE", "FALSE"})
+
+
+def _ase_reads_string(key: str, value: str) -> bool:
+    """Whether ASE's ``key_val_str_to_dict`` keeps ``value`` (unquoted already) as this very string: its own
+    tests, in its order (numbers and arrays of numbers, 3 x 3 keys, booleans, JSON), on its own split."""
+    from ase.io.extxyz import SPECIAL_3_3_KEYS, UNPROCESSED_KEYS
+
+    if key.lower() in UNPROCESSED_KEYS:
+        return True
+    if key in SPECIAL_3_3_KEYS:
+        return False
+    parts = re.findall(r"[^\s,]+", value)
+    for dtype in (int, float):
+        try:
+            np.array(parts, dtype=dtype)
+            return False
+        except (ValueError, OverflowError):
+            pass
+    return not all(p in _ASE_BOOLS for p in parts) and not value.startswith("_JSON ")
 
 
 @lru_cache(maxsize=512)
@@ -113,14 +144,16 @@ def _number(symbol: str) -> int | None:
     return atomic_numbers.get(symbol.capitalize())  # ASE capitalises the species column as it reads it
 
 
-def parse_frames(text: str) -> tuple | None:
+def parse_frames(text: str, info: bool = False) -> tuple | None:
     """The frames of ``text`` (whole extxyz frames) as ``(numbers [N], positions [N, 3], cells [B, 3, 3],
     pbc [B, 3], counts [B], kept)``, the arrays ``ase.io.read`` would give, ``kept`` holding per frame the other
     columns ASE keeps (``(name, values [n, k])`` pairs; empty for most frames); None when some frame is not one
-    this module takes (see the module's docstring), for ASE to read."""
+    this module takes (see the module's docstring), for ASE to read. With ``info``, frames whose comment line
+    also holds keys ASE reads as strings into ``Atoms.info`` are taken too, and a seventh item holds each frame's
+    ``info`` dict (what ``ase.io.read`` gives; :func:`format_frames` does not write it)."""
     lines = text.split("\n")
     n_lines = len(lines)
-    counts, cells, pbcs, frames = [], [], [], []  # frames: (first atom line, atom count, columns, kept columns)
+    counts, cells, pbcs, frames, infos = [], [], [], [], []  # frames: (first atom line, atom count, columns, kept)
     zero = np.zeros((3, 3))
     k = 0
     while k < n_lines:
@@ -135,10 +168,11 @@ def parse_frames(text: str) -> tuple | None:
             return None
         if n < 1 or k + 2 + n > n_lines:
             return None
-        head = _header(lines[k + 1].strip())
+        head = _header(lines[k + 1].strip(), info)
         if head is None:
             return None
-        cell, pbc, columns, kept = head
+        cell, pbc, columns, kept, pairs = head
+        infos.append(dict(pairs))
         counts.append(n)
         cells.append(zero if cell is None else cell)
         pbcs.append(pbc)
@@ -167,7 +201,7 @@ def parse_frames(text: str) -> tuple | None:
         else:
             kept_values.append([])
         row += n
-    return (
+    arrays = (
         np.array(numbers, dtype=np.int64),
         np.array(positions, dtype=np.float64).reshape(-1, 3),
         np.stack(cells).astype(np.float64),
@@ -175,6 +209,7 @@ def parse_frames(text: str) -> tuple | None:
         np.array(counts, dtype=np.int64),
         kept_values,
     )
+    return (*arrays, infos) if info else arrays
 
 
 def format_frames(arrays: tuple, results: list[dict | None]) -> str:
@@ -235,8 +270,7 @@ def format_md_frame(atoms, results: dict, info: dict) -> str | None:
     forces and per-atom energies. ``None`` for anything else, which ASE then writes. One MD frame of benzene on the
     development CPU: ~76 µs here, 310-430 µs through ``ase.io.write`` (a file opened per frame), 190-350 µs through
     ASE's ``write_extxyz`` on an open file."""
-    atoms_type, move_mask_constraints, renamed = _ase_constraint_types()
-    _, symbols, _, per_atom, per_config, escape, voigt_to_full = _ase_tables()
+    atoms_type, move_mask_constraints, _ = _ase_constraint_types()
     if (
         type(atoms) is not atoms_type
         or atoms.info
@@ -244,18 +278,36 @@ def format_md_frame(atoms, results: dict, info: dict) -> str | None:
     ):
         return None
     arrays = atoms.arrays
-    n = len(arrays["numbers"])
     keys = list(arrays)
     if keys[:2] != ["numbers", "positions"]:
         return None
+    extra = [(k, arrays[k]) for k in keys[2:]]
+    return format_plain_frame(arrays["numbers"], arrays["positions"], atoms.cell.array, atoms.pbc, results, info, extra)
+
+
+def format_plain_frame(
+    numbers: np.ndarray,
+    positions: np.ndarray,
+    cell: np.ndarray,
+    pbc,
+    results: dict,
+    info: dict,
+    extra: list[tuple[str, np.ndarray]] = (),
+) -> str | None:
+    """:func:`format_md_frame` of the ``Atoms`` these fields make (``extra``: its arrays after ``numbers`` and
+    ``positions``, in order), without the ``Atoms``: ``mlff-distill relax`` writes its structures from arrays."""
+    _, _, renamed = _ase_constraint_types()
+    _, symbols, _, per_atom, per_config, escape, voigt_to_full = _ase_tables()
+    n = len(numbers)
     head = [f"{n}\n"]
-    cell = atoms.cell.array
+    cell = np.asarray(cell)
     if cell.any():  # ASE writes the Lattice of a non-zero cell only
         head.append('Lattice="' + " ".join(str(x) for x in cell.reshape(9)) + '" ')
     head.append("Properties=species:S:1:pos:R:3")
-    columns = [arrays["positions"]]
+    columns = [positions]
+    names = {k for k, _ in extra}
     atom_results = [(k, v) for k, v in results.items() if k in per_atom]
-    for name, values in [(k, arrays[k]) for k in keys[2:]] + atom_results:
+    for name, values in list(extra) + atom_results:
         values = np.asarray(values)
         if (
             values.dtype.kind != "f"
@@ -264,7 +316,7 @@ def format_md_frame(atoms, results: dict, info: dict) -> str | None:
             or not _NAME.fullmatch(name)
             or name in renamed
             or name in _SPECIAL_COLUMNS
-            or (name in per_atom and name in arrays)  # ASE refuses a result that is already an array
+            or (name in per_atom and name in names)  # ASE refuses a result that is already an array
         ):
             return None
         values = values.reshape(n, -1)
@@ -289,10 +341,10 @@ def format_md_frame(atoms, results: dict, info: dict) -> str | None:
         else:
             return None
         head.append(f" {key}={text}")
-    head.append(' pbc="' + " ".join("T" if p else "F" for p in atoms.pbc.tolist()) + '"\n')
+    head.append(' pbc="' + " ".join("T" if p else "F" for p in np.asarray(pbc).tolist()) + '"\n')
     reals = np.concatenate([np.asarray(c, dtype=np.float64) for c in columns], axis=1)
     values = np.empty((n, 1 + reals.shape[1]), dtype=object)
-    values[:, 0] = [symbols[z] for z in arrays["numbers"].tolist()]
+    values[:, 0] = [symbols[z] for z in np.asarray(numbers).tolist()]
     values[:, 1:] = reals
     line = "%-2s" + " %16.8f" * reals.shape[1] + "\n"  # ASE's formats: '%-2s' symbols, '%16.8f' reals
     return "".join(head) + (line * n) % tuple(values.ravel().tolist())

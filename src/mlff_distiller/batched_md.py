@@ -51,13 +51,13 @@ __all__ = ["BatchedMD", "batch_engine"]
 ENSEMBLES = ("langevin", "nve")
 
 
-def batch_engine(model: StudentModel, structures: Sequence, *, device, precision: str, mode: str, skin: float):
+def batch_engine(model: StudentModel, molecular: bool, *, device, precision: str, mode: str, skin: float):
     """The engine of a batch whose positions live on the device and move a little every call (BatchedMD,
-    :func:`~mlff_distiller.batched_relax.relax_batch`): a Verlet-skin list; molecules stay in their order (each is
+    :func:`~mlff_distiller.batched_relax.relax_batch`): a Verlet-skin list; molecules (``molecular``: no structure
+    is periodic) stay in their order (each is
     contiguous already, and an eager engine would sort a batch of 10,000 atoms or more spatially and run every step
     eagerly: 4,096 g2 molecules took 12.6 ms a step so, the engine call 9.9 ms, on an H100,
     benchmarks/results/batched_md_h100/)."""
-    molecular = not any(bool(np.any(a.pbc)) for a in structures)
     return ForceEngine(
         model,
         device=device,
@@ -158,7 +158,8 @@ class BatchedMD:
             raise ValueError(f"check_domain must be None or a number of steps >= 1, got {check_domain!r}")
         if freeze_force is not None and not (math.isfinite(freeze_force) and freeze_force > 0):
             raise ValueError(f"freeze_force must be None or a finite force > 0 eV/Å, got {freeze_force!r}")
-        self.engine = batch_engine(model, structures, device=device, precision=precision, mode=mode, skin=skin)
+        molecular = not any(bool(np.any(a.pbc)) for a in structures)
+        self.engine = batch_engine(model, molecular, device=device, precision=precision, mode=mode, skin=skin)
         dev = self.engine.device
         self.device = dev
         self.ensemble = ensemble

@@ -18,6 +18,7 @@ that millions of structures stream through a batch that fits the GPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +27,10 @@ import torch
 from mlff_distiller._fire import _Fire
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batched_md import batch_engine
+from mlff_distiller.frames import FrameTable
 from mlff_distiller.model import StudentModel
 
-__all__ = ["COMPACT_MIN_ATOMS", "REFILL_AT", "relax_batch"]
+__all__ = ["COMPACT_MIN_ATOMS", "REFILL_AT", "Relaxed", "relax_arrays", "relax_batch"]
 
 # relax_batch drops its finished structures only from batches of at least this many atoms: a smaller step costs its
 # kernel launches, not its atoms, and a new batch shape costs a list build (and on a GPU, a bucket's capture).
@@ -40,10 +42,38 @@ COMPACT_MIN_ATOMS = 2048
 REFILL_AT = 0.5
 
 
+@dataclass
+class Relaxed:
+    """Every structure's end state from :func:`relax_arrays`, as arrays in the input's layout (structure ``k``'s
+    atoms are rows ``ptr[k]:ptr[k + 1]``)."""
+
+    numbers: np.ndarray  # [N] atomic numbers
+    positions: np.ndarray  # [N, 3] relaxed positions, Å
+    cells: np.ndarray  # [B, 3, 3] (held fixed)
+    pbc: np.ndarray  # [B, 3]
+    ptr: np.ndarray  # [B + 1] atom offsets
+    forces: np.ndarray  # [N, 3] eV/Å at the relaxed positions
+    energies: np.ndarray  # [N] per-atom energies, eV
+    energy: np.ndarray  # [B] eV
+    converged: np.ndarray  # [B] bool: the largest atomic force below fmax
+    steps: np.ndarray  # [B] FIRE steps taken
+    failed: list[int]  # structures whose forces or energy stopped being finite (each stopped there): no result
+    too_large: list[int]  # structures that do not fit in the device's memory alone (never computed): no result
+    domain: dict[int, str]  # structures that ended outside the student's training envelope: the findings
+
+    def reasons(self) -> dict[int, str]:
+        """``{structure: why it has no result}``."""
+        why = {k: "reached non-finite forces or energy (stopped there)" for k in self.failed}
+        for k in self.too_large:
+            n = int(self.ptr[k + 1] - self.ptr[k])
+            why[k] = f"does not fit in the device's memory alone ({n} atoms)"
+        return why
+
+
 @torch.no_grad()
 def relax_batch(
     model: StudentModel | str | Path,
-    structures: Sequence,
+    structures: Sequence | FrameTable,
     *,
     fmax: float = 0.05,
     steps: int = 1000,
@@ -67,8 +97,8 @@ def relax_batch(
 
     Args:
         model: a :class:`~mlff_distiller.model.StudentModel`, a checkpoint path or ``"builtin:NAME"``.
-        structures: ``ase.Atoms`` (not modified; any sizes, molecules or fixed periodic cells). ASE constraints are
-            refused: they would not be applied.
+        structures: ``ase.Atoms`` (not modified; any sizes, molecules or fixed periodic cells), or a
+            :class:`~mlff_distiller.batch.FrameTable` of them. ASE constraints are refused: they would not be applied.
         fmax: convergence threshold, eV/Å (ASE's: the largest per-atom force norm). In fp32 the forces carry
             ~1e-5 eV/Å of rounding; below ~1e-3 use ``precision="fp64"``.
         steps: at most this many FIRE steps per structure (ASE's ``run(steps=...)``).
@@ -97,19 +127,108 @@ def relax_batch(
     Returns:
         New ``ase.Atoms`` in input order, at their relaxed positions, each with a ``SinglePointCalculator``
         (``energy``, ``free_energy``, ``forces`` and ``energies`` there) and ``info["relax_converged"]`` (bool),
-        ``info["relax_steps"]`` (the FIRE steps it took).
+        ``info["relax_steps"]`` (the FIRE steps it took). :func:`relax_arrays` gives the same as arrays.
+    Raises:
+        ValueError: bad input (before any step): an unknown element, non-finite positions, a degenerate periodic
+            cell, ASE constraints, bad arguments.
+        NonFiniteOutputError: some structures' forces stopped being finite, or one does not fit in the device's
+            memory alone: its ``results`` hold every other structure relaxed, ``reasons`` say why per structure.
     """
+    arguments = dict(locals())  # relax_arrays takes the same arguments
     from ase.calculators.singlepoint import SinglePointCalculator
 
+    if hasattr(structures, "get_positions"):
+        structures = [structures]
+    table = isinstance(structures, FrameTable)
+    if not table:
+        structures = list(structures)
+    run = relax_arrays(**{**arguments, "structures": structures})
+    relaxed = []
+    for k in range(len(structures)):
+        lo, hi = run.ptr[k], run.ptr[k + 1]
+        new = structures[k] if table else structures[k].copy()  # (a FrameTable's item is a new Atoms)
+        new.calc = None
+        new.positions = run.positions[lo:hi]
+        e = float(run.energy[k])
+        new.calc = SinglePointCalculator(
+            new, energy=e, free_energy=e, forces=run.forces[lo:hi].copy(), energies=run.energies[lo:hi].copy()
+        )
+        new.info["relax_converged"] = bool(run.converged[k])
+        new.info["relax_steps"] = int(run.steps[k])
+        if k in run.domain:
+            new.info["domain"] = run.domain[k]
+        relaxed.append(new)
+    if run.domain:
+        import warnings
+
+        from mlff_distiller.domain import OutOfDomainWarning
+
+        outside = sorted(run.domain)
+        more = f" and {len(outside) - 10} more" if len(outside) > 10 else ""
+        warnings.warn(
+            OutOfDomainWarning(
+                f"relax_batch: structure(s) {outside[:10]}{more} ended outside the student's training data "
+                f"(structure {outside[0]}: {run.domain[outside[0]]}); their relaxed geometries are "
+                "extrapolations (info['domain'] names what lies outside)"
+            ),
+            stacklevel=2,
+        )
+    if run.failed or run.too_large:
+        from mlff_distiller.batching import NonFiniteOutputError
+
+        says = [f"structure(s) {run.failed[:20]} reached non-finite forces or energy (each stopped there)"]
+        says = says if run.failed else []
+        if run.too_large:
+            says.append(f"structure(s) {run.too_large[:20]} do not fit in the device's memory alone (not relaxed)")
+        reasons = run.reasons()
+        raise NonFiniteOutputError(
+            f"relax_batch: {'; '.join(says)}; the others are relaxed, in this error's results",
+            indices=sorted(reasons),
+            results=[None if k in reasons else relaxed[k] for k in range(len(relaxed))],
+            reasons=reasons,
+        )
+    return relaxed
+
+
+@torch.no_grad()
+def relax_arrays(
+    model: StudentModel | str | Path,
+    structures: Sequence | FrameTable,
+    *,
+    fmax: float = 0.05,
+    steps: int = 1000,
+    device: torch.device | str | None = None,
+    precision: str = "fp32",
+    skin: float = 1.0,
+    dt: float = 0.1,
+    maxstep: float = 0.2,
+    dtmax: float = 1.0,
+    n_min: int = 5,
+    finc: float = 1.1,
+    fdec: float = 0.5,
+    astart: float = 0.1,
+    fa: float = 0.99,
+    mode: str = "auto",
+    check_domain: bool = True,
+    compact: float = 0.5,
+    max_atoms: int | str | None = "auto",
+) -> Relaxed:
+    """:func:`relax_batch` without an ``ase.Atoms`` per result: every structure's end state as arrays in the
+    input's layout (:class:`Relaxed`), structures that could not be relaxed named in it rather than raised, and no
+    warning for those outside the training envelope (``Relaxed.domain`` names them). Same arguments, same paths.
+    ``mlff-distill relax`` writes its extxyz output from these arrays (building and writing an ``Atoms`` per
+    structure cost more than its share of the GPU's work)."""
     from mlff_distiller.checkpoint import load_model
 
     check_relax_args(fmax=fmax, steps=steps, compact=compact, max_atoms=max_atoms, dt=dt, maxstep=maxstep, dtmax=dtmax)
     if hasattr(structures, "get_positions"):
         structures = [structures]
-    structures = list(structures)
-    if not structures:
+    table = isinstance(structures, FrameTable)
+    if not table:
+        structures = list(structures)
+    if not len(structures):
         raise ValueError("relax_batch needs at least one structure")
-    for k, a in enumerate(structures):
+    for k, a in enumerate([] if table else structures):  # (a FrameTable holds no constraints)
         if a.constraints:
             names = ", ".join(type(c).__name__ for c in a.constraints)
             raise ValueError(
@@ -123,12 +242,12 @@ def relax_batch(
     # call for a few structures.
     from mlff_distiller.predict import _engine_for
 
-    molecular = not any(bool(np.any(a.pbc)) for a in structures)
+    molecular = not bool(structures.pbc.any()) if table else not any(bool(np.any(a.pbc)) for a in structures)
     settings = {"relax": True, "device": device, "precision": precision, "mode": mode, "skin": skin, "mol": molecular}
     engine = _engine_for(
         model,
         settings,
-        make=lambda: batch_engine(model, structures, device=device, precision=precision, mode=mode, skin=skin),
+        make=lambda: batch_engine(model, molecular, device=device, precision=precision, mode=mode, skin=skin),
     )
     dev = engine.device
     # Every structure validated (and its elements checked) before the first step: a bad one found later would stop
@@ -201,42 +320,25 @@ def relax_batch(
                 fire = fire.merge(_Fire(new, **kw), batch)
     if batch.num_structures:
         final.keep(ids, batch, fire, out)
-    pos, forces, energies, energy = final.positions, final.forces, final.energies, final.energy
-    ptr, done, counts = final.ptr, final.converged, final.taken
-    bad = sorted(set(final.failed) | set(too_large))  # (too large: never computed; no result)
-    relaxed = []
-    for k, atoms in enumerate(structures):
-        lo, hi = ptr[k], ptr[k + 1]
-        new = atoms.copy()
-        new.calc = None
-        new.positions = pos[lo:hi]
-        e = float(energy[k])
-        new.calc = SinglePointCalculator(
-            new, energy=e, free_energy=e, forces=forces[lo:hi].copy(), energies=energies[lo:hi].copy()
-        )
-        new.info["relax_converged"] = bool(done[k])
-        new.info["relax_steps"] = int(counts[k])
-        relaxed.append(new)
-    if check_domain:
-        _check_domain(model, relaxed, [k for k in range(len(relaxed)) if k not in set(bad)], dev)
-    bad = sorted(set(bad) | {k for k, a in enumerate(relaxed) if not np.isfinite(a.calc.results["energy"])})
-    if bad:
-        from mlff_distiller.batching import NonFiniteOutputError
-
-        blew = [k for k in bad if k not in set(too_large)]
-        says = [f"structure(s) {blew[:20]} reached non-finite forces or energy (each stopped there)"] if blew else []
-        if too_large:
-            says.append(f"structure(s) {too_large[:20]} do not fit in the device's memory alone (not relaxed)")
-        reasons = {k: "reached non-finite forces or energy (stopped there)" for k in blew}
-        for k in too_large:
-            reasons[k] = f"does not fit in the device's memory alone ({len(structures[k])} atoms)"
-        raise NonFiniteOutputError(
-            f"relax_batch: {'; '.join(says)}; the others are relaxed, in this error's results",
-            indices=bad,
-            results=[None if k in set(bad) else relaxed[k] for k in range(len(relaxed))],
-            reasons=reasons,
-        )
-    return relaxed
+    failed = set(final.failed)
+    good = [k for k in range(len(final.energy)) if k not in failed and k not in set(too_large)]
+    domain = _domain_findings(model, everything, final.positions, good, dev) if check_domain else {}
+    failed |= {k for k in good if not np.isfinite(final.energy[k])}
+    return Relaxed(
+        numbers=everything.numbers.numpy(),
+        positions=final.positions,
+        cells=everything.cell.numpy(),
+        pbc=everything.pbc.numpy(),
+        ptr=final.ptr,
+        forces=final.forces,
+        energies=final.energies,
+        energy=final.energy,
+        converged=final.converged,
+        steps=final.taken,
+        failed=sorted(failed),
+        too_large=sorted(set(too_large)),
+        domain=domain,
+    )
 
 
 def check_relax_args(*, fmax=0.05, steps=1000, compact=0.5, max_atoms="auto", dt=0.1, maxstep=0.2, dtmax=1.0) -> None:
@@ -255,31 +357,25 @@ def check_relax_args(*, fmax=0.05, steps=1000, compact=0.5, max_atoms="auto", dt
             raise ValueError(f"{name} must be a finite number > 0, got {value}")
 
 
-def _check_domain(model: StudentModel, relaxed: list, ids: list[int], device: torch.device) -> None:
-    """``info["domain"]`` and one warning for the relaxed structures (``ids``) outside the student's envelope."""
-    import warnings
-
-    from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
+def _domain_findings(
+    model: StudentModel, everything: AtomsBatch, positions: np.ndarray, ids: list[int], device: torch.device
+) -> dict[int, str]:
+    """``{structure: findings}`` for the relaxed structures ``ids`` (at ``positions``) outside the student's
+    envelope (checked from the arrays: no ``Atoms`` but for those found outside)."""
+    from mlff_distiller.domain import DomainEnvelope, _take
 
     envelope = DomainEnvelope.of_model(model)
     if envelope is None or not ids:
-        return
-    found = envelope.check_many([relaxed[k] for k in ids], device=device)
-    outside = []
-    for k, findings in zip(ids, found, strict=True):
-        if findings:
-            relaxed[k].info["domain"] = "; ".join(findings)
-            outside.append(k)
-    if outside:
-        more = f" and {len(outside) - 10} more" if len(outside) > 10 else ""
-        warnings.warn(
-            OutOfDomainWarning(
-                f"relax_batch: structure(s) {outside[:10]}{more} ended outside the student's training data "
-                f"(structure {outside[0]}: {relaxed[outside[0]].info['domain']}); their relaxed geometries are "
-                "extrapolations (info['domain'] names what lies outside)"
-            ),
-            stacklevel=3,
-        )
+        return {}
+    table = FrameTable(
+        everything.numbers.numpy(),
+        positions,
+        everything.cell.numpy(),
+        everything.pbc.numpy(),
+        everything.counts.numpy(),
+    )
+    found = envelope.check_many(_take(table, ids), device=device)
+    return {k: "; ".join(f) for k, f in zip(ids, found, strict=True) if f}
 
 
 def _subset(batch: AtomsBatch, keep: torch.Tensor) -> AtomsBatch:
@@ -325,7 +421,8 @@ class _Queue:
         src, dev = self.all, self.device
         return AtomsBatch(
             numbers=src.numbers[a:b].to(dev),
-            positions=src.positions[a:b].to(dev),
+            # A copy even on the host: FIRE moves these in place, and a FrameTable's batch views the caller's array.
+            positions=src.positions[a:b].to(dev, copy=True),
             cell=src.cell[lo:hi].to(dev),
             pbc=src.pbc[lo:hi].to(dev),
             batch=(src.batch[a:b] - lo).to(dev),
