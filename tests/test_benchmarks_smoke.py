@@ -359,10 +359,25 @@ def test_probe_relax_file_quick(tmp_path):
     """probe_relax_file.py on a few structures (CPU): every variant writes every structure at the same positions."""
     import probe_relax_file
 
-    lines = probe_relax_file.main(["--structures", "6", "--chunks", "4", "--reps", "1", "--out", str(tmp_path)])
+    argv = ["--structures", "6", "--chunks", "4", "--reps", "1", "--ase-path", "--out", str(tmp_path)]
+    lines = probe_relax_file.main(argv)
     rows = [line for line in lines if line.startswith("| one call") or line.startswith("| relax_file")]
-    assert len(rows) == 2 and all(r.endswith("| 6 |") for r in rows)
-    assert float(rows[1].split("|")[-3]) < 1e-4  # max |Δpos| against the one call
+    assert len(rows) == 3 and all(r.endswith("| 6 |") for r in rows) and "through ASE's reader" in rows[2]
+    assert all(float(r.split("|")[-3]) < 1e-4 for r in rows[1:])  # max |Δpos| against the one call
+
+
+def test_probe_first_call_compiles_quick(tmp_path, monkeypatch):
+    """probe_first_call_compiles.py on the CPU (no Triton compiles there): two relaxations, the table written, and
+    the process's cache settings as they were."""
+    import os
+
+    import probe_first_call_compiles
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    argv = ["--structures", "4", "--model", "builtin:chno-gfn2-small", "--out", str(tmp_path), "--name", "p"]
+    lines = probe_first_call_compiles.main(argv)
+    assert any("relax_batch twice" in line for line in lines) and "| where | seconds |" in lines
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
 
 
 def test_probe_relax_first_call_quick(tmp_path):
