@@ -44,6 +44,11 @@ def _random_frames(rng: np.random.Generator, n: int) -> list[Atoms]:
             a.set_initial_magnetic_moments(rng.normal(size=len(a)))
         if kind == 2:
             a.set_momenta(rng.normal(size=(len(a), 3)))
+        if k % 3 == 0:  # info strings ASE reads as such: kept in the output
+            a.info["name"] = ["2-butyne", "1,2-dichloro ethane", "x-ray"][k % 2]
+        if k % 6 == 1:
+            a.info["config_type"] = "md frame"
+            a.info["domain"] = "an input finding"  # replaced where the result has one (frames_text does so)
         if kind in (3, 4):
             results = {"energy": float(rng.normal() * 100), "forces": rng.normal(size=(len(a), 3))}
             if kind == 3:
@@ -78,10 +83,12 @@ def test_reads_what_ase_reads_and_writes_what_ase_writes(seed):
     rng = np.random.default_rng(seed)
     frames = _random_frames(rng, 40)
     text = _text(frames)
-    arrays = fast.parse_frames(text)
+    assert fast.parse_frames(text) is None  # info strings: taken only with info=True
+    arrays = fast.parse_frames(text, info=True)
     assert arrays is not None
-    numbers, positions, cells, pbc, counts, kept = arrays
+    numbers, positions, cells, pbc, counts, kept, infos = arrays
     read = ase.io.read(io.StringIO(text), index=":", format="extxyz")
+    assert infos == [a.info for a in read] and any(infos)
     assert counts.tolist() == [len(a) for a in read]
     np.testing.assert_array_equal(numbers, np.concatenate([a.numbers for a in read]))
     np.testing.assert_array_equal(positions, np.concatenate([a.positions for a in read]))  # bit for bit
@@ -155,29 +162,29 @@ def test_predict_file_writes_the_same_through_ase_and_the_fast_codec(tmp_path, m
     process and in chunks: the same bytes as with the codec switched off."""
     rng = np.random.default_rng(7)
     frames = _random_frames(rng, 12)
-    frames[5].info["config_type"] = "declined"  # an info key ASE keeps: its block goes through ASE
+    frames[5].info["temperature"] = 300  # a number in the info (ASE keeps it): its block goes through ASE
     src = tmp_path / "in.extxyz"
     ase.io.write(src, frames, format="extxyz")
     model = load_model("builtin:chno-gfn2")
     calls = []
     real = fast.parse_frames
 
-    def counting(text):
-        out = real(text)
+    def counting(text, info=False):
+        out = real(text, info=info)
         calls.append(out is not None)
         return out
 
     monkeypatch.setattr(par, "parse_frames", counting)
     predict_file(model, src, tmp_path / "fast.extxyz", chunk=3, device="cpu", precision="fp64", stress=True)
     assert True in calls and False in calls  # both kinds of block were met
-    monkeypatch.setattr(par, "parse_frames", lambda text: None)
+    monkeypatch.setattr(par, "parse_frames", lambda text, info=False: None)
     predict_file(model, src, tmp_path / "ase.extxyz", chunk=3, device="cpu", precision="fp64", stress=True)
     assert (tmp_path / "fast.extxyz").read_bytes() == (tmp_path / "ase.extxyz").read_bytes()
     written = ase.io.read(tmp_path / "fast.extxyz", ":")
     assert [a.get_chemical_formula() for a in written] == [a.get_chemical_formula() for a in frames]
     assert written[1].arrays["initial_magmoms"].shape == (len(frames[1]),)
     assert written[3].get_stress().shape == (6,)
-    assert written[5].info["config_type"] == "declined"
+    assert written[5].info["temperature"] == 300 and written[0].info["name"] == frames[0].info["name"]
 
 
 INFO_VALUES = [

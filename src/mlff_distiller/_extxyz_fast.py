@@ -12,12 +12,15 @@ A frame is taken here when its comment line holds only
 * ``Lattice="<9 numbers>"``, ``pbc="<T|F> <T|F> <T|F>"`` (``pbc`` without ``Lattice`` only as ``"F F F"``),
 * ``Properties=species:S:1:pos:R:3`` followed by real columns of per-atom calculator results (``forces``,
   ``energies``, ``charge``, ...), and
-* per-structure calculator results (``energy``, ``stress``, ``free_energy``, ...) given as numbers,
+* per-structure calculator results (``energy``, ``stress``, ``free_energy``, ...) given as numbers, and
+* with ``parse_frames(info=True)`` (what ``predict`` and ``relax`` read), keys that ASE reads into ``Atoms.info``
+  as strings (``name=2-butyne``, ``config_type="a b"``; see ``_ase_reads_string``),
 
-every key at most once, values without escapes or braces, every element symbol known to ASE, every number one
-that Python's ``float`` reads, and every atom line with at least the declared columns. ASE's reader moves those
-calculator results into a calculator that the written frame does not keep, so a frame taken here has nothing
-beyond its species, positions, cell and periodicity. For such frames both functions here give exactly what
+every key at most once, values without escapes or braces and not empty, every element symbol known to ASE, every
+number one that Python's ``float`` reads, and every atom line with at least the declared columns. ASE's reader moves
+those calculator results into a calculator that the written frame does not keep, so a frame taken here has nothing
+beyond its species, positions, cell, periodicity, kept real columns and info strings. For such frames both
+functions here give exactly what
 ``ase.io.read`` / ``frames_text`` (ASE's writer) give: the same floats (Python's ``float`` parses both) and the
 same bytes (ASE's column formats and ASE's own ``escape`` for strings); the tests compare them on random frames.
 """
@@ -150,7 +153,7 @@ def parse_frames(text: str, info: bool = False) -> tuple | None:
     columns ASE keeps (``(name, values [n, k])`` pairs; empty for most frames); None when some frame is not one
     this module takes (see the module's docstring), for ASE to read. With ``info``, frames whose comment line
     also holds keys ASE reads as strings into ``Atoms.info`` are taken too, and a seventh item holds each frame's
-    ``info`` dict (what ``ase.io.read`` gives; :func:`format_frames` does not write it)."""
+    ``info`` dict (what ``ase.io.read`` gives; :func:`format_frames` writes it back)."""
     lines = text.split("\n")
     n_lines = len(lines)
     counts, cells, pbcs, frames, infos = [], [], [], [], []  # frames: (first atom line, atom count, columns, kept)
@@ -213,11 +216,12 @@ def parse_frames(text: str, info: bool = False) -> tuple | None:
 
 
 def format_frames(arrays: tuple, results: list[dict | None]) -> str:
-    """The text ``frames_text`` (ASE's writer) gives for the frames of ``arrays`` (from :func:`parse_frames`)
-    with ``results`` (``None``: the frame is left out): energy, forces, per-atom energies, stress and
-    ``info["domain"]`` as ASE writes them."""
+    """The text ``frames_text`` (ASE's writer) gives for the frames of ``arrays`` (from :func:`parse_frames`,
+    with ``info=True`` or without) with ``results`` (``None``: the frame is left out): the input's info strings,
+    energy, forces, per-atom energies, stress and ``info["domain"]`` as ASE writes them."""
     _, symbols, _, _, _, escape, voigt_to_full = _ase_tables()
-    numbers, positions, cells, pbc, counts, kept = arrays
+    numbers, positions, cells, pbc, counts, kept, *rest = arrays
+    infos = rest[0] if rest else None  # (parse_frames(info=True): the input's info strings, kept in the output)
     ends = np.cumsum(counts).tolist()
     starts = [0, *ends[:-1]]
     names = [symbols[z] for z in numbers.tolist()]
@@ -236,8 +240,10 @@ def format_frames(arrays: tuple, results: list[dict | None]) -> str:
             columns.append(values)
         head.append(":forces:R:3:energies:R:1")
         columns += [np.asarray(r["forces"], dtype=np.float64), np.asarray(r["energies"], np.float64).reshape(-1, 1)]
+        info = dict(infos[b]) if infos else {}
         if r.get("domain"):
-            head.append(" domain=" + escape("; ".join(r["domain"])))
+            info["domain"] = "; ".join(r["domain"])  # (in place of an input's own, as frames_text sets it)
+        head.extend(f" {key}={escape(value)}" for key, value in info.items())
         head.append(f" energy={r['energy']}")
         if "stress" in r:
             full = voigt_to_full(np.asarray(r["stress"], dtype=np.float64)).reshape(9, order="F")

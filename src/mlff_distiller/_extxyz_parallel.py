@@ -142,7 +142,7 @@ def _block_text(path: str, block: Block) -> str:
 def _fast_arrays(text: str, block: Block) -> tuple | None:
     """The block's frames as :func:`~mlff_distiller._extxyz_fast.parse_frames` reads them, or None (ASE reads
     them)."""
-    arrays = parse_frames(text)
+    arrays = parse_frames(text, info=True)  # (info strings such as a molecule's name kept in the output)
     return arrays if arrays is not None and len(arrays[4]) == block.count else None
 
 

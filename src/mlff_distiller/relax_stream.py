@@ -153,7 +153,8 @@ def _relaxed_chunks(model: StudentModel, input: Path, index: str | None, done: i
     """``(structures read, extxyz text, (converged, steps, outside the envelope) per structure written, left-out
     (chunk index, reason) pairs)`` for each chunk of ``input`` from structure ``done`` on.
 
-    Plain extxyz frames (what :func:`~mlff_distiller._extxyz_fast.parse_frames` takes, without extra columns) go
+    Plain extxyz frames (what :func:`~mlff_distiller._extxyz_fast.parse_frames` takes: species, positions, cell,
+    real columns, calculator results and info strings such as a molecule's name) go
     from the file's text to arrays, through :func:`~mlff_distiller.batched_relax.relax_arrays` and back to text
     without an ``ase.Atoms`` each (read, built, copied and written, those cost 4,096 g2 molecules ~110 µs each on
     the development CPU, about a third of their relaxation on an H100); every other input through ASE's reader,
