@@ -98,7 +98,12 @@ def _difference(a: str, b: str) -> str:
 
 
 def cli_rows(
-    model, device: torch.device, count: int, codecs: tuple[str, ...] = ("ASE", "fast"), workers_list=None
+    model,
+    device: torch.device,
+    count: int,
+    codecs: tuple[str, ...] = ("ASE", "fast"),
+    workers_list=None,
+    named: bool = False,
 ) -> list[str]:
     """``predict_file`` four ways in one run: ASE's extxyz reader and writer (the fast codec switched off, as
     before it) or the fast codec of ``mlff_distiller._extxyz_fast``, each in one process and with the automatic
@@ -113,6 +118,8 @@ def cli_rows(
     structures = g2_chno(count, seed=3)
     for k, a in enumerate(structures):
         a.rattle(0.02, seed=k)
+        if named:  # each frame with name=<formula> in its comment line, as ASE writes the g2 set
+            a.info["name"] = a.get_chemical_formula()
     workers = 0
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -146,7 +153,7 @@ def cli_rows(
         frames = list(ase.io.iread(str(src)))
         ase_read = time.perf_counter() - t0
         t0 = time.perf_counter()
-        arrays = _extxyz_fast.parse_frames(text)
+        arrays = _extxyz_fast.parse_frames(text, info=True)
         fast_read = time.perf_counter() - t0
         assert arrays is not None and len(arrays[4]) == count
         t0 = time.perf_counter()
@@ -201,6 +208,7 @@ def main() -> None:
     ap.add_argument("--cli-structures", type=int, default=100_000)
     ap.add_argument("--cli-codecs", default="ASE,fast", help="extxyz readers and writers to time: ASE, fast")
     ap.add_argument("--cli-workers", default="", help="worker counts to time (default: 0 and the automatic one)")
+    ap.add_argument("--cli-named", action="store_true", help="every frame with a name=<formula> info string")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -217,7 +225,8 @@ def main() -> None:
         lines += [*reuse_rows(model, device, args.reps), ""]
     if "cli" in sections:
         workers_list = [int(w) for w in args.cli_workers.split(",") if w] or None
-        lines += cli_rows(model, device, args.cli_structures, tuple(args.cli_codecs.split(",")), workers_list)
+        codecs = tuple(args.cli_codecs.split(","))
+        lines += cli_rows(model, device, args.cli_structures, codecs, workers_list, named=args.cli_named)
     print(write_lines(lines, args.out, args.name))
 
 

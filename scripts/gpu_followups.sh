@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# The GPU work stop 40 left for the next session (device machine, repository root; carry .whl):
+# GPU work left for a next session (device machine, repository root; carry .whl). Stop 41 ran the first two;
+# the last three are what it left:
 #   bash scripts/gpu_followups.sh large+relax   # ~6 min: bench_large at 3,000 / 24,000 water atoms with the fold
 #                                               #   shipped (the README's large rows are stop 27's), then
 #                                               #   probe_relax_first_call.py (where a relaxation's first call goes)
 #   bash scripts/gpu_followups.sh autotune      # ~8 min: compile max-autotune for H2, H2O, CH4 and benzene
 #                                               #   (stop 40 timed benzene only: its first call autotuned for 330 s,
 #                                               #   the others share its bucket and its autotuning cache)
+#   bash scripts/gpu_followups.sh named         # ~4 min: mlff-distill predict on 100,000 named g2 frames, ASE's
+#                                               #   codec against the fast one (named frames take it since stop 41)
+#   bash scripts/gpu_followups.sh fold192       # ~3 min: the fold below its 100,000-edge threshold (192-atom water,
+#                                               #   3,000-atom water), whole step against the shipped kernels
+#   bash scripts/gpu_followups.sh firstcall     # ~1.5 min: the Triton compiles of a first relaxation with empty
+#                                               #   caches, per kernel and where (stop 41: 10 s synchronous, outside
+#                                               #   the dry runs; compare after any change to the eager path's ahead
+#                                               #   compilation)
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
@@ -23,6 +32,22 @@ case "${1:-}" in
       --budget-s 550 --out "$OUT" --name engine_h100_autotune_all >"$OUT/bench_engine.log" 2>&1
     grep -E "max-autotune|reference" "$OUT/engine_h100_autotune_all.md" | head -10
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune" >&2; exit 2 ;;
+  named)
+    (cd benchmarks && timeout 280 python3 probe_predict_reuse.py --sections cli --cli-structures 100000 --cli-named \
+      --out "$OUT" --name probe_predict_named >"$OUT/probe_predict_named.log" 2>&1)
+    grep -E "^\| (ASE|fast)" "$OUT/probe_predict_named.md" | head -8
+    ;;
+  fold192)
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --systems water192,water3000 \
+      --variants "mp:fold_xb_min_edges=0;mp:seg_split=1;mp:fold_xb_min_edges=0" --budget-s 170 --out "$OUT" \
+      >"$OUT/sweep_fold192.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_fold192.log" | tail -8
+    ;;
+  firstcall)
+    timeout 150 python3 benchmarks/probe_first_call_compiles.py --structures 16384 --out "$OUT" \
+      --name probe_first_call_compiles >"$OUT/probe_first_call_compiles.log" 2>&1
+    tail -5 "$OUT/probe_first_call_compiles.log"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
