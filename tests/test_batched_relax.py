@@ -367,8 +367,9 @@ def test_structures_that_end_outside_the_training_data_are_named():
     squeezed = molecule("H2O")
     squeezed.positions[1] = squeezed.positions[0] + 0.45 * (squeezed.positions[1] - squeezed.positions[0])
     structures = [molecule("CH3CH2OH"), squeezed]
-    with pytest.warns(OutOfDomainWarning, match=r"structure\(s\) \[1\] ended outside .*H-O pair at 0.44"):
+    with pytest.warns(OutOfDomainWarning, match=r"structure\(s\) \[1\] ended outside .*H-O pair at 0.44") as seen:
         out = relax_batch("builtin:chno-gfn2", structures, steps=0)
+    assert seen[0].filename == __file__  # the warning names the caller's line
     assert "domain" not in out[0].info and "H-O pair at 0.44" in out[1].info["domain"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", OutOfDomainWarning)

@@ -171,7 +171,7 @@ def relax_batch(
                 f"(structure {outside[0]}: {run.domain[outside[0]]}); their relaxed geometries are "
                 "extrapolations (info['domain'] names what lies outside)"
             ),
-            stacklevel=2,
+            stacklevel=3,  # the caller's line (past torch.no_grad's wrapper)
         )
     if run.failed or run.too_large:
         from mlff_distiller.batching import NonFiniteOutputError
