@@ -346,7 +346,9 @@ def _mixed_frames() -> list[Atoms]:
 
 
 def test_worker_processes_write_the_same_file(model, tmp_path):
-    src = _write(tmp_path / "in.extxyz", _mixed_frames())
+    frames = _mixed_frames()
+    frames[0].info["name"] = "first frame"  # an info string: the workers' fast codec keeps it
+    src = _write(tmp_path / "in.extxyz", frames)
     outs = {}
     for workers in (0, 2):
         out = tmp_path / f"out{workers}.extxyz"
@@ -356,6 +358,7 @@ def test_worker_processes_write_the_same_file(model, tmp_path):
     assert outs[2] == outs[0]
     written = ase.io.read(tmp_path / "out2.extxyz", ":")
     assert len(written) == 10 and "stress" in written[3].calc.results and "domain" in written[-1].info
+    assert written[0].info["name"] == "first frame"
 
 
 def test_worker_processes_resume(model, tmp_path, monkeypatch):
