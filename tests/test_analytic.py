@@ -139,3 +139,113 @@ def test_structures_without_pairs():
     assert fast.n_analytic == 1
     torch.testing.assert_close(got["energy"], want["energy"], rtol=1e-12, atol=0)
     assert not got["forces"].any() and torch.isfinite(got["forces"]).all()
+
+
+@pytest.mark.parametrize("basis", ["bessel", "gaussian"])
+@pytest.mark.parametrize("envelope", ["cosine", "polynomial"])
+def test_the_written_out_geometry(basis, envelope, monkeypatch):
+    """Without coincident atoms or the ZBL wall the geometry's derivative (basis x envelope, distance, unit
+    vector) is written out: no autograd call at all, the autograd path's forces and stress in float64, pairs
+    beyond the cutoff and periodic images included."""
+    model = make_model(seed=8, basis=basis, envelope=envelope)
+    fast, ref = _engines(model, precision="fp64")
+    structures = _structures(8)[:-1]  # (the last one holds two coincident atoms)
+    structures[3].positions *= 1.6  # some pairs beyond the cutoff
+    batch = AtomsBatch.from_atoms(structures)
+    want = ref.compute(batch, stress=True, to_host=True)
+
+    def no_autograd(*a, **kw):
+        raise AssertionError("the written-out geometry took autograd")
+
+    monkeypatch.setattr(torch.autograd, "grad", no_autograd)
+    got = fast.compute(batch, stress=True, to_host=True)
+    assert fast.n_analytic == 1
+    for key in ("energy", "forces", "stress"):
+        scale = max(float(want[key].abs().max()), 1.0)
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-11 * scale, msg=key)
+
+
+def test_the_wall_and_close_pairs_take_autograd_for_the_geometry():
+    """Where the shipped student's ZBL wall acts (a squeezed pair) or a pair lies closer than 1e-4 Å (the Bessel
+    basis's series branch), the geometry runs on autograd as the reference's; the energy and its gradient match
+    the model's own forward and autograd in float64."""
+    model = load_model("builtin:chno-gfn2").double()
+    squeezed = Atoms("OH2", positions=[[0, 0, 0], [0.35, 0, 0], [-0.3, 0.9, 0]])  # an O-H pair inside the wall
+    close = Atoms("CH2", positions=[[0, 0, 0], [5e-5, 0, 0], [1.0, 0.2, 0]])  # a C-H pair at 5e-5 Å
+    for atoms in (squeezed, close):
+        n = len(atoms)
+        ei = torch.tensor([(a, b) for a in range(n) for b in range(n) if a != b]).t()
+        pos = torch.tensor(atoms.positions, dtype=torch.float64)
+        args = (torch.tensor(atoms.numbers), pos, ei, torch.zeros(ei.shape[1], 3, dtype=torch.float64))
+        owner = torch.zeros(n, dtype=torch.long)
+        calls = []
+        real = torch.autograd.grad
+
+        def counted(*a, calls=calls, real=real, **kw):
+            calls.append(1)
+            return real(*a, **kw)
+
+        try:
+            torch.autograd.grad = counted
+            energy, _, g_pos, _ = analytic.energy_and_gradients(model, *args, owner, 1)
+        finally:
+            torch.autograd.grad = real
+        assert calls  # the geometry on autograd
+        p = pos.clone().requires_grad_(True)
+        want_e = model(args[0], p, ei, args[3], owner, 1)["energy"]
+        (want_g,) = torch.autograd.grad(want_e.sum(), [p])
+        torch.testing.assert_close(energy, want_e.detach(), rtol=0, atol=1e-10)
+        torch.testing.assert_close(g_pos, want_g, rtol=0, atol=1e-9)
+
+
+def test_the_kept_weights_follow_the_model():
+    """The engine keeps the parameters it reads; new data in them (load_state_dict, dtype changes) is read at the
+    next call, and a parameter replaced by another object is fetched again."""
+    model = make_model(seed=10)
+    engine = ForceEngine(model, device="cpu", precision="fp32")
+    batch = AtomsBatch.from_atoms(_structures()[:3])
+    first = engine.compute(batch, to_host=True)["forces"]
+    kept = engine._analytic_guard.weights()
+    assert engine._analytic_guard.weights() is kept
+    other = make_model(seed=11)
+    model.load_state_dict(other.state_dict())  # in place: the same parameter objects
+    assert engine._analytic_guard.weights() is kept
+    want = ForceEngine(other, device="cpu", analytic=False).compute(batch, to_host=True)["forces"]
+    torch.testing.assert_close(engine.compute(batch, to_host=True)["forces"], want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(want, first)
+    model.updates[0].U.weight = torch.nn.Parameter(torch.zeros_like(model.updates[0].U.weight))
+    assert engine._analytic_guard.weights() is not kept
+    want = ForceEngine(model, device="cpu", analytic=False).compute(batch, to_host=True)["forces"]
+    torch.testing.assert_close(engine.compute(batch, to_host=True)["forces"], want, rtol=1e-5, atol=1e-5)
+    assert engine.n_analytic == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("basis", "envelope"), [(b, e) for b in ("bessel", "gaussian") for e in ("cosine", "polynomial")]
+)
+def test_the_written_out_geometry_has_the_reference_values(basis, envelope, dtype):
+    """Distances, unit vectors and basis x envelope of the written-out geometry are the reference op's, bit for bit
+    (pairs from 1e-4 Å to beyond the cutoff), and its derivative of basis x envelope is autograd's."""
+    from mlff_distiller import kernels
+
+    model = make_model(seed=12, basis=basis, envelope=envelope)
+    c = model.config
+    gen = torch.Generator().manual_seed(0)
+    vec = torch.randn(400, 3, generator=gen, dtype=torch.float64)
+    vec = vec / vec.norm(dim=1, keepdim=True) * torch.linspace(1e-4, 1.3 * c.cutoff, 400, dtype=torch.float64)[:, None]
+    vec = vec.to(dtype)
+    dist, unit, rbf, d_rbf = analytic._closed_geometry(vec, c)
+    zeros = torch.zeros(1, 3, dtype=dtype)
+    ei = torch.zeros(2, len(vec), dtype=torch.long)
+    want = kernels.edge_basis_reference(zeros, ei, vec, c.n_rbf, c.cutoff, c.basis, c.envelope)
+    for got, ref in zip((dist, unit, rbf), want, strict=True):
+        assert torch.equal(got, ref)
+    d = dist.detach().double().requires_grad_(True)
+    r = kernels.rbf_cutoff_reference(d, c.n_rbf, c.cutoff, c.basis, c.envelope)
+    jac = torch.stack([torch.autograd.grad(r[:, k].sum(), [d], retain_graph=True)[0] for k in range(c.n_rbf)], 1)
+    # (in float32 the Bessel derivative cancels below ~0.1 Å, as autograd's own float32 derivative does)
+    far = slice(None) if dtype == torch.float64 else dist >= 0.1
+    tol = {"rtol": 1e-9, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(d_rbf.double()[far], jac[far], **tol)
+    assert analytic._closed_geometry(torch.tensor([[5e-5, 0.0, 0.0]], dtype=dtype), c) is None

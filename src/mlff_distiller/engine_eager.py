@@ -146,6 +146,7 @@ class EagerPaths:
                 nl.shift_vectors,
                 batch.batch,
                 batch.num_structures,
+                params=self._analytic_guard.weights(),
             )
             return energy.to(self.dtype), atomic.to(self.dtype), [g_pos] + ([g_shift] if stress else [])
         precision = _matmul_precision(self.allow_tf32, self.kernel_matmul_dtype)
