@@ -19,12 +19,15 @@ def test_exactly_one_autograd_grad_per_batch(model, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(torch.autograd, "grad", counting)
-    engine = ForceEngine(model, device="cpu", precision="fp64")
     batch = AtomsBatch.from_atoms([molecule("H2O"), silicon_cell(), molecule("CH4")])
-    out = engine.compute(batch, forces=True, stress=True)
-    assert len(calls) == 1
-    assert out["forces"].shape == (batch.num_atoms, 3) and out["stress"].shape == (3, 6)
-    assert out["stress_valid"].tolist() == [False, True, False]
+    # autograd's backward: one call for the whole batch; the CPU's written-out backward (the default there): none
+    for analytic, want in ((False, 1), (True, 0)):
+        calls.clear()
+        engine = ForceEngine(model, device="cpu", precision="fp64", analytic=analytic)
+        out = engine.compute(batch, forces=True, stress=True)
+        assert len(calls) == want and engine.n_analytic == int(analytic)
+        assert out["forces"].shape == (batch.num_atoms, 3) and out["stress"].shape == (3, 6)
+        assert out["stress_valid"].tolist() == [False, True, False]
 
 
 def test_inference_keeps_no_parameter_graph(model):
