@@ -146,6 +146,7 @@ DECLINED = {
     "no atoms": "0\nProperties=species:S:1:pos:R:3\n",
     "a count that is not a number": "one\n\nH 0 0 0\n",
     "a Lattice of 6 numbers": '1\nLattice="1 0 0 0 1 0"\nH 0 0 0\n',
+    "a stress of 6 numbers (ASE wants 9)": '1\nProperties=species:S:1:pos:R:3 stress="1 2 3 4 5 6"\nH 0 0 0\n',
     "an empty value (ASE joins it to the next pair)": (
         '1\nProperties=species:S:1:pos:R:3 energy="" pbc="F F F"\nH 0 0 0\n'
     ),
@@ -232,3 +233,29 @@ def test_info_strings_as_ase_reads_them(key, value):
         assert got is None
     if key == "name" and value in ("2-butyne", '"a b, c"', "1,2-dichloroethane", "0x10", "12abc"):
         assert got is not None  # the names a file of molecules carries are taken
+
+
+def test_random_comment_lines_as_ase_reads_them():
+    """Random comment lines of keys and values (numbers, strings, booleans, arrays, calculator results, cells):
+    whatever ``parse_frames(info=True)`` takes, it reads as ``ase.io.read`` does (ASE reads it without error; the
+    same numbers, positions, cell, pbc and info)."""
+    import random
+
+    rng = random.Random(0)
+    keys = ["name", "config_type", "uid", "energy", "stress", "virial", "Lattice", "pbc", "tag", "T", "free_energy"]
+    values = ["2-butyne", '"a b"', "1", "1.5", "-3e4", "T", "true", '"1 2 3"', '"T F T"', "nan", "x=y", "a,b", '""']
+    values += ['"_JSON {}"', "0x1F", "1_0", "abc.def", '"with = sign"', "+1", ".5", "TRUEx", '"1 2 3 4 5 6 7 8 9"']
+    taken = 0
+    for _ in range(1500):
+        pairs = [f"{rng.choice(keys)}={rng.choice(values)}" for _ in range(rng.randint(0, 4))]
+        text = f"2\n{' '.join(pairs)}\nH 0 0 0\nO 0.9 0.1 0\n"
+        got = fast.parse_frames(text, info=True)
+        if got is None:
+            continue
+        taken += 1
+        ref = ase.io.read(io.StringIO(text), format="extxyz")
+        np.testing.assert_array_equal(got[0], ref.numbers)
+        np.testing.assert_array_equal(got[1], ref.positions)
+        np.testing.assert_array_equal(got[2][0], ref.cell.array)
+        assert got[3][0].tolist() == ref.pbc.tolist() and got[6][0] == ref.info, pairs
+    assert taken > 300

@@ -101,8 +101,8 @@ def _header(comment: str, with_info: bool = False) -> tuple | None:
     info = []
     for key, value in fields.items():  # calculator results, which the output replaces, or info strings
         if key in per_config:
-            if _floats(value) is None:
-                return None
+            if _floats(value, 9 if key in _SPECIAL_3_3 else None) is None:
+                return None  # (ASE refuses a stress that is not 9 numbers)
         elif with_info and _NAME.fullmatch(key) and _ase_reads_string(key, value):
             info.append((key, value))
         else:
@@ -119,6 +119,7 @@ def _header(comment: str, with_info: bool = False) -> tuple | None:
     return cell, tuple(f == "T" for f in flags), columns, tuple(kept), tuple(info)
 
 
+_SPECIAL_3_3 = frozenset({"Lattice", "virial", "stress"})  # ase.io.extxyz.SPECIAL_3_3_KEYS
 _ASE_BOOLS = frozenset({"T", "F", "true", "false", "True", "False", "TRUE", "FALSE"})
 
 
