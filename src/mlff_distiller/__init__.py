@@ -4,7 +4,8 @@ Public API: :class:`StudentModel`, :func:`load_model`, :func:`predict_forces`, :
 file to extxyz, resumable), :class:`ForceEngine`, :class:`StudentCalculator`, :class:`AtomsBatch`,
 :class:`FrameTable` (many structures as arrays, predicted without an ``ase.Atoms`` each); :class:`BatchedMD`
 (many MD trajectories, one engine call per step); :func:`relax_batch` (many FIRE relaxations at once),
-:func:`relax_file` (a structures file relaxed to extxyz, resumable);
+:func:`relax_arrays` (the same, its results as arrays), :func:`relax_file` (a structures file relaxed to extxyz,
+resumable);
 :class:`NonFiniteOutputError` (a NaN or inf output, never returned). Kernel backends:
 ``MLFF_DISTILLER_KERNELS=auto|triton|torch``.
 
@@ -36,6 +37,7 @@ _EXPORTS = {
     "StudentModel": "mlff_distiller.model",
     "predict_forces": "mlff_distiller.predict",
     "predict_file": "mlff_distiller.predict_stream",
+    "relax_arrays": "mlff_distiller.batched_relax",
     "relax_batch": "mlff_distiller.batched_relax",
     "relax_file": "mlff_distiller.relax_stream",
 }
@@ -54,6 +56,7 @@ __all__ = [
     "load_model",
     "predict_file",
     "predict_forces",
+    "relax_arrays",
     "relax_batch",
     "relax_file",
 ]
@@ -64,7 +67,7 @@ __getattr__, __dir__ = _lazy.attach(__name__, _EXPORTS, __all__)
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
     from mlff_distiller.batch import AtomsBatch
     from mlff_distiller.batched_md import BatchedMD
-    from mlff_distiller.batched_relax import relax_batch
+    from mlff_distiller.batched_relax import relax_arrays, relax_batch
     from mlff_distiller.batching import NonFiniteOutputError
     from mlff_distiller.calculator import StudentCalculator
     from mlff_distiller.checkpoint import builtin_models, load_model
