@@ -249,3 +249,47 @@ def test_the_written_out_geometry_has_the_reference_values(basis, envelope, dtyp
     tol = {"rtol": 1e-9, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
     torch.testing.assert_close(d_rbf.double()[far], jac[far], **tol)
     assert analytic._closed_geometry(torch.tensor([[5e-5, 0.0, 0.0]], dtype=dtype), c) is None
+
+
+@pytest.mark.parametrize("chunk_edges", [None, 7, 64])
+def test_the_messages_in_edge_chunks(chunk_edges, monkeypatch):
+    """Graphs whose per-edge tensors hold at least CHUNK_MIN_FLOATS values run their messages in chunks (made
+    again in the backward): the
+    autograd path's energies, forces and stress in float64, with chunks of 7 and 64 edges (a ragged last chunk) and
+    with the shipped chunk size on a 96-atom water cluster (2,310 edges: two chunks at this student's width). The
+    threshold is lowered to 0 for all three (the shipped one: tens of thousands of edges at this width)."""
+    if chunk_edges is None:
+        from ase.build import molecule
+
+        rng = np.random.default_rng(13)
+        cluster = Atoms()
+        for _ in range(32):
+            w = molecule("H2O")
+            w.rotate(rng.uniform(0, 360), rng.normal(size=3))
+            w.translate(rng.uniform(0, 9.0, 3))
+            cluster += w
+        structures = [cluster]
+    else:
+        structures = _structures(14)
+        monkeypatch.setattr(analytic, "CHUNK_FLOATS", chunk_edges * 3 * 32)  # make_model's hidden is 32
+    monkeypatch.setattr(analytic, "CHUNK_MIN_FLOATS", 0)
+    model = make_model(seed=14, species=[1, 6, 7, 8, 14, 29], hidden=32, layers=2)
+    fast, ref = _engines(model, precision="fp64")
+    batch = AtomsBatch.from_atoms(structures)
+    chunks = []
+    real = analytic._edge_chunks
+    monkeypatch.setattr(analytic, "_edge_chunks", lambda *a: chunks.append(real(*a)) or chunks[-1])
+    got = fast.compute(batch, stress=True, to_host=True)
+    want = ref.compute(batch, stress=True, to_host=True)
+    assert fast.n_analytic == 1 and chunks[0] is not None and len(chunks[0]) >= 2
+    for key in ("energy", "forces", "stress"):
+        scale = max(float(want[key].abs().max()), 1.0)
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-11 * scale, msg=key)
+
+
+def test_which_graphs_are_chunked():
+    """One piece below CHUNK_MIN_FLOATS per-edge values, chunks of CHUNK_FLOATS / 3F edges (the last ragged) above."""
+    assert analytic._edge_chunks(2_600, 128) is None and analytic._edge_chunks(5_000, 64) is None
+    chunks = analytic._edge_chunks(6_608, 128)
+    assert chunks[0] == (0, 512) and chunks[-1] == (6_144, 6_608) and len(chunks) == 13
+    assert analytic._edge_chunks(6_000, 64)[0] == (0, 1_024)

@@ -160,6 +160,82 @@ def _closed_geometry(vec: torch.Tensor, c) -> tuple[torch.Tensor, ...] | None:
     return dist, unit, basis * env, d_basis * env + basis * d_env
 
 
+# The messages' per-edge work in chunks of CHUNK_FLOATS / 3F edges (512 for F = 128, ~0.8 MB per [chunk, 3F] tensor)
+# once a layer's [E, 3F] tensors hold at least CHUNK_MIN_FLOATS values (E >= 2,605 for F = 128, 5,209 for F = 64):
+# each elementwise op then works in the caches instead of in memory. On the development CPU (2 threads), the step of
+# water clusters of 2,790 / 6,608 / 14,180 edges ran 1.15 / 1.51 / 1.84x faster for the 128 x 3 student and 1.24x /
+# 2.34x at 6,608 / 14,180 edges for the 64 x 3 (chunks of 256-2,048 edges timed; 512 the best or near it); below a
+# few thousand edges chunking gained or lost within this host's noise (0.6-1.4x), so smaller graphs go in one piece,
+# their per-edge tensors kept for the backward (a chunk's are made again there) (results/cpu_md_stop41.md).
+CHUNK_FLOATS = 512 * 384
+CHUNK_MIN_FLOATS = 1_000_000
+
+
+def _edge_chunks(n_edges: int, f: int) -> list[tuple[int, int]] | None:
+    """Edge ranges of the messages' chunks; None: all edges in one piece (kept for the backward)."""
+    if n_edges * 3 * f < CHUNK_MIN_FLOATS:
+        return None
+    size = max(64, CHUNK_FLOATS // (3 * f))
+    return [(a, min(a + size, n_edges)) for a in range(0, n_edges, size)]
+
+
+def _messages(x, v, s, rbf, wfilt, unit_k, i, j, bounds):
+    """``(s_mid, v_mid, kept)``: s + Σ_j a_ij and v + Σ_j (b_ij v_j + c_ij u_ij), (a, b, c) = φ(s)_j ⊙ W(r_ij);
+    ``kept``: ``(W, φ_j, v_j)`` over all edges for the backward, or None (edges in chunks: made again there)."""
+    f = s.shape[1]
+    if bounds is None:
+        wf = rbf @ wfilt.t()  # W(r_ij) [E, 3F]
+        xj = x.index_select(0, j)
+        m = xj * wf
+        s_mid = s.index_add(0, i, m[:, :f])
+        dv_e = m[:, None, 2 * f :] * unit_k
+        vj = None
+        if v is not None:
+            vj = v.index_select(0, j)
+            dv_e = torch.addcmul(dv_e, m[:, None, f : 2 * f], vj)
+            v_mid = v.index_add(0, i, dv_e)
+        else:
+            v_mid = s.new_zeros((s.shape[0], 3, f)).index_add_(0, i, dv_e)
+        return s_mid, v_mid, (wf, xj, vj)
+    s_mid = s.clone()
+    v_mid = v.clone() if v is not None else s.new_zeros((s.shape[0], 3, f))
+    for a, b in bounds:
+        jc, ic = j[a:b], i[a:b]
+        m = x.index_select(0, jc) * (rbf[a:b] @ wfilt.t())
+        s_mid.index_add_(0, ic, m[:, :f])
+        dv_e = m[:, None, 2 * f :] * unit_k[a:b]
+        if v is not None:
+            dv_e = torch.addcmul(dv_e, m[:, None, f : 2 * f], v.index_select(0, jc))
+        v_mid.index_add_(0, ic, dv_e)
+    return s_mid, v_mid, None
+
+
+def _messages_backward(g_smid, g_vmid, x, v, kept, rbf, wfilt, unit_k, i, j, bounds, g_rbf, g_unit):
+    """``(dE/dφ(s) [N, 3F], dE/dv [N, 3, F] or None)`` through :func:`_messages`, from dE/ds_mid and dE/dv_mid;
+    adds dE/dW's pull-back onto rbf into ``g_rbf`` and dE/du into ``g_unit`` (in place)."""
+    n, f = g_smid.shape
+    g_v = g_vmid.clone() if v is not None else None
+    g_x = x.new_zeros((n, 3 * f))
+    for a, b in [(0, rbf.shape[0])] if bounds is None else bounds:
+        jc, ic = (j, i) if bounds is None else (j[a:b], i[a:b])
+        if kept is not None:
+            wf, xj, vj = kept
+        else:
+            wf, xj = rbf[a:b] @ wfilt.t(), x.index_select(0, jc)
+            vj = None if v is None else v.index_select(0, jc)
+        gs_i, gv_i = g_smid.index_select(0, ic), g_vmid.index_select(0, ic)
+        gamma = (gv_i * unit_k[a:b]).sum(1)
+        if vj is None:
+            g_m = torch.cat([gs_i, torch.zeros_like(gs_i), gamma], 1)
+        else:
+            g_m = torch.cat([gs_i, (gv_i * vj).sum(1), gamma], 1)
+            g_v.index_add_(0, jc, (xj[:, f : 2 * f] * wf[:, f : 2 * f]).unsqueeze(1) * gv_i)
+        g_rbf[a:b] += (g_m * xj) @ wfilt
+        g_unit[a:b] += ((xj[:, 2 * f :] * wf[:, 2 * f :]).unsqueeze(1) * gv_i).sum(-1)
+        g_x.index_add_(0, jc, g_m * wf)
+    return g_x, g_v
+
+
 @torch.no_grad()
 def energy_and_gradients(
     model: nn.Module,
@@ -210,33 +286,23 @@ def energy_and_gradients(
     layers, (r1, rb1, r2, rb2) = weights(model) if params is None else params
     s = model.embedding.weight.index_select(0, idx)
     v = None  # the first layer's vector features are zeros: their terms are skipped, forward and backward
+    bounds = _edge_chunks(rbf.shape[0], f)
     saved = []
     for layer in layers:
         w1, b1, w2, b2, wfilt, wu, wv, m1, mb1, m2, mb2 = layer
         h1 = torch.addmm(b1, s, w1.t())
         x = torch.addmm(b2, silu(h1), w2.t())  # φ(s) [N, 3F]
-        wf = rbf @ wfilt.t()  # W(r_ij) [E, 3F]
-        xj = x.index_select(0, j)
-        m = xj * wf
-        s_mid = s.index_add(0, i, m[:, :f])
-        dv_e = m[:, None, 2 * f :] * unit_k
-        vj = None
-        if v is not None:
-            vj = v.index_select(0, j)
-            dv_e = torch.addcmul(dv_e, m[:, None, f : 2 * f], vj)
-            v_mid = v.index_add(0, i, dv_e)
-        else:
-            v_mid = s.new_zeros((n, 3, f)).index_add_(0, i, dv_e)
+        s_mid, v_mid, kept = _messages(x, v, s, rbf, wfilt, unit_k, i, j, bounds)
         uv, vv = v_mid @ wu.t(), v_mid @ wv.t()
         vnorm = torch.sqrt((vv * vv).sum(1) + 1e-8)
         h2 = torch.addmm(mb1, torch.cat([s_mid, vnorm], 1), m1.t())
         mix = torch.addmm(mb2, silu(h2), m2.t())
         dot = (uv * vv).sum(1)
+        saved.append((layer, h1, x, v, kept, uv, vv, vnorm, h2, mix, dot))
         # (addcmul, addmm below: one op where two or three would do; on a CPU a small molecule's step is ~270
         # ops at ~3-5 µs each)
         s = torch.addcmul(s_mid + mix[:, 2 * f :], mix[:, f : 2 * f], dot)
         v = torch.addcmul(v_mid, mix[:, None, :f], uv)
-        saved.append((layer, h1, wf, xj, vj, uv, vv, vnorm, h2, mix, dot))
 
     h = torch.addmm(rb1, s, r1.t())
     scale = model.atomic_scale.index_select(0, idx)
@@ -250,7 +316,7 @@ def energy_and_gradients(
     g_v = None
     g_rbf = torch.zeros_like(rbf)
     g_unit = torch.zeros_like(unit)
-    for layer, h1, wf, xj, vj, uv, vv, vnorm, h2, mix, dot in reversed(saved):
+    for layer, h1, x, v_in, kept, uv, vv, vnorm, h2, mix, dot in reversed(saved):
         w1, b1, w2, b2, wfilt, wu, wv, m1, mb1, m2, mb2 = layer
         a_vv, a_sv = mix[:, :f], mix[:, f : 2 * f]
         # s = s_mid + a_ss + a_sv * dot;  v = v_mid + a_vv * uv;  dot = Σ_k uv vv
@@ -268,19 +334,7 @@ def energy_and_gradients(
         g_vv = torch.addcmul(g_vv, (g_in[:, f:] / vnorm).unsqueeze(1), vv)
         g_vmid = g_uv.reshape(-1, f) @ wu if g_v is None else torch.addmm(g_v.reshape(-1, f), g_uv.reshape(-1, f), wu)
         g_vmid = torch.addmm(g_vmid, g_vv.reshape(-1, f), wv).view(n, 3, f)
-        # Messages: s_mid = s + Σ_j a,  v_mid = v + Σ_j (b v_j + c u_ij),  (a, b, c) = φ(s)_j ⊙ W(r_ij)
-        gs_i, gv_i = g_smid.index_select(0, i), g_vmid.index_select(0, i)
-        gamma = (gv_i * unit_k).sum(1)
-        if vj is None:
-            g_m = torch.cat([gs_i, torch.zeros_like(gs_i), gamma], 1)
-            g_v = None
-        else:
-            beta = (gv_i * vj).sum(1)
-            g_m = torch.cat([gs_i, beta, gamma], 1)
-            g_v = g_vmid.index_add(0, j, (xj[:, f : 2 * f] * wf[:, f : 2 * f]).unsqueeze(1) * gv_i)
-        g_rbf += (g_m * xj) @ wfilt
-        g_unit += ((xj[:, 2 * f :] * wf[:, 2 * f :]).unsqueeze(1) * gv_i).sum(-1)
-        g_x = xj.new_zeros((n, 3 * f)).index_add_(0, j, g_m * wf)
+        g_x, g_v = _messages_backward(g_smid, g_vmid, x, v_in, kept, rbf, wfilt, unit_k, i, j, bounds, g_rbf, g_unit)
         g_s = torch.addmm(g_smid, silu_backward(g_x @ w2, h1), w1)
     if closed is not None:  # r_ij -> (d, u): dE/dr = (dE/dd) u + (g_u - (g_u . u) u) / d
         g_d = (g_rbf * d_rbf).sum(-1, keepdim=True)
