@@ -7,8 +7,10 @@ per MD step whatever the molecule's size below ~20 atoms). Here the layers' back
 the chain rule of the forward (the same algebra as ``kernels.message_passing``'s backward kernels, whose torch spec
 is ``message_passing_backward_reference``): no graph is recorded, no tensor saved twice, and the first layer's
 zero vector features skip their terms in the backward too. The geometry (pair vectors → distances, unit vectors,
-radial basis × cutoff) stays on autograd over a few [E]-sized tensors, so that every basis, envelope and the
-reference's handling of coincident atoms are those of ``kernels.edge_basis_reference`` exactly.
+radial basis × cutoff) is computed with ``kernels.edge_basis_reference``'s own operations and its derivative
+written out (:func:`_closed_geometry`); where the ZBL wall acts or two atoms (nearly) coincide, the reference op
+runs on autograd over [E]-sized tensors, its handling of those cases exactly. From a few thousand edges on, the
+messages' per-edge work runs in cache-sized chunks of edges (:func:`_edge_chunks`).
 
 First derivatives only (forces and stress; training differentiates the forces again and stays on autograd).
 Checked against the autograd path in float64 and against finite differences (``tests/test_analytic.py``).
@@ -162,11 +164,12 @@ def _closed_geometry(vec: torch.Tensor, c) -> tuple[torch.Tensor, ...] | None:
 
 # The messages' per-edge work in chunks of CHUNK_FLOATS / 3F edges (512 for F = 128, ~0.8 MB per [chunk, 3F] tensor)
 # once a layer's [E, 3F] tensors hold at least CHUNK_MIN_FLOATS values (E >= 2,605 for F = 128, 5,209 for F = 64):
-# each elementwise op then works in the caches instead of in memory. On the development CPU (2 threads), the step of
-# water clusters of 2,790 / 6,608 / 14,180 edges ran 1.15 / 1.51 / 1.84x faster for the 128 x 3 student and 1.24x /
-# 2.34x at 6,608 / 14,180 edges for the 64 x 3 (chunks of 256-2,048 edges timed; 512 the best or near it); below a
-# few thousand edges chunking gained or lost within this host's noise (0.6-1.4x), so smaller graphs go in one piece,
-# their per-edge tensors kept for the backward (a chunk's are made again there) (results/cpu_md_stop41.md).
+# each elementwise op then works in the caches instead of in memory. On the development CPU (2 threads),
+# energy_and_gradients on water clusters of 2,790 / 6,608 / 14,180 edges ran 2.44 / 2.94 / 1.82x faster for the
+# 128 x 3 student and 2.47 / 2.79x at 6,608 / 14,180 edges for the 64 x 3, one batch of 1,024 g2 molecules (49,482
+# edges) 4.1x (chunks of 256-2,048 edges timed; 512 the best or within 10 % of it). Below a few thousand edges
+# chunking gained or lost within this host's noise, so smaller graphs go in one piece, their per-edge tensors kept
+# for the backward (a chunk's are made again there) (results/cpu_md_stop41_chunks.md).
 CHUNK_FLOATS = 512 * 384
 CHUNK_MIN_FLOATS = 1_000_000
 
