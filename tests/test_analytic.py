@@ -289,7 +289,7 @@ def test_the_messages_in_edge_chunks(chunk_edges, monkeypatch):
 
 def test_which_graphs_are_chunked():
     """One piece below CHUNK_MIN_FLOATS per-edge values, chunks of CHUNK_FLOATS / 3F edges (the last ragged) above."""
-    assert analytic._edge_chunks(2_600, 128) is None and analytic._edge_chunks(5_000, 64) is None
+    assert analytic._edge_chunks(1_562, 128) is None and analytic._edge_chunks(3_124, 64) is None
     chunks = analytic._edge_chunks(6_608, 128)
     assert chunks[0] == (0, 512) and chunks[-1] == (6_144, 6_608) and len(chunks) == 13
-    assert analytic._edge_chunks(6_000, 64)[0] == (0, 1_024)
+    assert analytic._edge_chunks(3_200, 64) == [(0, 1_024), (1_024, 2_048), (2_048, 3_072), (3_072, 3_200)]

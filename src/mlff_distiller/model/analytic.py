@@ -162,16 +162,20 @@ def _closed_geometry(vec: torch.Tensor, c) -> tuple[torch.Tensor, ...] | None:
     return dist, unit, basis * env, d_basis * env + basis * d_env
 
 
-# The messages' per-edge work in chunks of CHUNK_FLOATS / 3F edges (512 for F = 128, ~0.8 MB per [chunk, 3F] tensor)
-# once a layer's [E, 3F] tensors hold at least CHUNK_MIN_FLOATS values (E >= 2,605 for F = 128, 5,209 for F = 64):
-# each elementwise op then works in the caches instead of in memory. On the development CPU (2 threads),
-# energy_and_gradients on water clusters of 2,790 / 6,608 / 14,180 edges ran 2.44 / 2.94 / 1.82x faster for the
-# 128 x 3 student and 2.47 / 2.79x at 6,608 / 14,180 edges for the 64 x 3, one batch of 1,024 g2 molecules (49,482
-# edges) 4.1x (chunks of 256-2,048 edges timed; 512 the best or within 10 % of it). Below a few thousand edges
-# chunking gained or lost within this host's noise, so smaller graphs go in one piece, their per-edge tensors kept
-# for the backward (a chunk's are made again there) (results/cpu_md_stop41_chunks.md).
+# The messages' per-edge work in chunks of CHUNK_FLOATS / 3F edges (512 for F = 128, 1,024 for F = 64; ~0.8 MB per
+# [chunk, 3F] tensor) once a layer's [E, 3F] tensors hold at least CHUNK_MIN_FLOATS values (E >= 1,563 for F = 128,
+# 3,125 for F = 64): each elementwise op then works in the caches instead of in memory, on tensors small enough for
+# the allocator to keep (the one-piece step's time at 1,912 edges, F = 64, varied 3.4-8.7 ms between runs; the
+# chunked one's 3.8-4.0 ms). On the development CPU (2 threads, results/cpu_md_stop41_chunks.md),
+# energy_and_gradients on water clusters, chunks against one piece: F = 128, 1,912 / 2,306 edges 1.63-1.73x /
+# 1.64-1.94x (two runs) and 2,790 / 6,608 / 14,180 edges 1.82-2.44 / 2.94 / 1.82x; F = 64, 3,648 / 6,608 / 14,180
+# edges 2.75 / 2.47 / 2.79x; one batch of 1,024 g2 molecules (49,482 edges) 4.1x. Below the threshold the runs
+# disagreed (F = 128 at 1,060 / 1,430 edges: 0.96-1.26 / 1.09-1.49x; F = 64 at 1,060-2,790: 0.84-1.00x in one run,
+# up to 2.28x in another) and small graphs lost (0.92x at 600 edges), so those go in one piece, their per-edge
+# tensors kept for the backward (a chunk's are made again there). Chunks of 256-2,048 edges were timed; these sizes
+# were the best or within 10 % of it.
 CHUNK_FLOATS = 512 * 384
-CHUNK_MIN_FLOATS = 1_000_000
+CHUNK_MIN_FLOATS = 600_000
 
 
 def _edge_chunks(n_edges: int, f: int) -> list[tuple[int, int]] | None:
