@@ -35,18 +35,16 @@ def main(argv: list[str] | None = None) -> list[str]:
     ap.add_argument("--structures", type=int, default=4096)
     ap.add_argument("--model", default="builtin:chno-gfn2")
     args = ap.parse_args(argv)
-    saved = {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
-    # Empty caches for this run (Triton and Inductor read these when they first look a kernel up).
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_empty_")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_empty_")
-    try:
+    from unittest import mock
+
+    # Empty caches for this run (Triton and Inductor read these when they first look a kernel up); the process's
+    # own settings come back afterwards.
+    empty = {
+        "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton_empty_"),
+        "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="inductor_empty_"),
+    }
+    with mock.patch.dict(os.environ, empty):
         return _run(args)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _run(args) -> list[str]:
