@@ -63,14 +63,18 @@ def _run(args) -> list[str]:
     rows: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     real_compile, real_capture = jit.JITFunction._do_compile, ForceEngine._capture
 
+    specs: dict[str, list[str]] = collections.defaultdict(list)  # kernel -> what set each compile apart
+
     def do_compile(self, *a, **kw):
         where = "capture" if in_capture[0] else "elsewhere"
         where = f"{where}, dry run" if dry_run_active() else where
+        name = getattr(self, "__name__", None) or self.fn.__name__
+        specs[name].append(f"{where}: {_specialisation(self, *a, **kw)}")
         t0 = time.perf_counter()
         try:
             return real_compile(self, *a, **kw)
         finally:
-            rows[(getattr(self, "__name__", None) or self.fn.__name__, where)].append(time.perf_counter() - t0)
+            rows[(name, where)].append(time.perf_counter() - t0)
 
     def capture(self, *a, **kw):
         in_capture[0] += 1
@@ -111,9 +115,38 @@ def _run(args) -> list[str]:
     for (_, where), ts in rows.items():
         total[where] += sum(ts)
     lines += ["", "| where | seconds |", "|---|---:|", *(f"| {w} | {s:.2f} |" for w, s in sorted(total.items()))]
+    lines += [
+        "",
+        f"MLFF_DISTILLER_SPECIALIZE_COUNTS={os.environ.get('MLFF_DISTILLER_SPECIALIZE_COUNTS', '0')}. What set the "
+        "compiles of a kernel apart (constexprs and Triton's specialisation attributes, by argument name), for each "
+        "kernel compiled more than once:",
+        "",
+    ]
+    for name, seen in sorted(specs.items()):
+        if len(seen) > 1:
+            lines += [f"- {name}:", *(f"  - {x}" for x in seen)]
     write_lines(lines, args.out, args.name)
     print("\n".join(lines))
     return lines
+
+
+def _specialisation(fn, key, signature, device, constexprs, options, attrs, *rest) -> str:
+    """The compile's constexprs and specialisation attributes (divisibility, alignment) by argument name
+    (Triton 3.6-3.9 ``_do_compile(key, signature, device, constexprs, options, attrs, warmup)``)."""
+    names = list(getattr(fn, "arg_names", []))
+
+    def named(path) -> str:
+        i = path[0] if isinstance(path, tuple) and path else path
+        return names[i] if isinstance(i, int) and i < len(names) else str(path)
+
+    try:
+        const = ", ".join(
+            f"{named(k)}={v}" for k, v in sorted(constexprs.items(), key=lambda kv: str(kv[0])) if named(k) != "PDL"
+        )
+        spec = ", ".join(f"{named(k)}:{v}" for k, v in sorted(attrs.items(), key=lambda kv: str(kv[0])))
+        return f"[{const}] [{spec}]"
+    except Exception as exc:  # another Triton's layout: say so, keep the run
+        return f"(unreadable: {type(exc).__name__})"
 
 
 if __name__ == "__main__":

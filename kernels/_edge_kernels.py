@@ -8,7 +8,7 @@ here never touches the host path and vice versa.
 
 from __future__ import annotations
 
-from ._triton_utils import HAS_TRITON, pdl_prologue, tl, triton
+from ._triton_utils import HAS_TRITON, pdl_prologue, tl, triton, unspecialized
 
 __all__ = ["_TINY2", "_edge_bwd_bwd_kernel", "_edge_bwd_kernel", "_edge_fwd_kernel"]
 
@@ -37,7 +37,7 @@ if HAS_TRITON:
         tl.store(base + 1, y, mask=mask)
         tl.store(base + 2, z, mask=mask)
 
-    @triton.jit
+    @triton.jit(**unspecialized("E", "ei_stride"))
     def _edge_fwd_kernel(
         pos_ptr,
         ei_ptr,
@@ -124,7 +124,7 @@ if HAS_TRITON:
     #   g_v = g_vec + G u + (g_unit - (g_unit·u) u) / d;   for a zero-length edge (d = 0): g_vec + g_unit,
     # as in the reference (dist's where() passes no gradient, unit = vec / 1). Then g_shift = g_v, and
     # g_pos[j] += g_v, g_pos[i] -= g_v (atomics: many edges share an atom).
-    @triton.jit
+    @triton.jit(**unspecialized("E", "ei_stride"))
     def _edge_bwd_kernel(
         gvec_ptr,
         gdist_ptr,
@@ -244,7 +244,7 @@ if HAS_TRITON:
     #   ∂/∂g_vec = w      ∂/∂g_dist = w·u      ∂/∂g_rbf[k] = (w·u) R_k'(d)      ∂/∂g_unit = (w - (w·u) u) / d
     #   ∂/∂u = G w - ((w·u) g_unit + (g_unit·u) w) / d      ∂/∂d = (w·u) H - (w·g_unit - (g_unit·u)(w·u)) / d²
     # and for d = 0 (g_v = g_vec + g_unit): ∂/∂g_vec = ∂/∂g_unit = w, all others 0.
-    @triton.jit
+    @triton.jit(**unspecialized("E", "ei_stride"))
     def _edge_bwd_bwd_kernel(
         ggpos_ptr,
         ggshift_ptr,

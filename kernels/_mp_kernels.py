@@ -9,7 +9,7 @@ touches the host path and vice versa.
 
 from __future__ import annotations
 
-from ._triton_utils import HAS_TRITON, dot_rn, pdl_prologue, round_tf32, tl, triton
+from ._triton_utils import HAS_TRITON, dot_rn, pdl_prologue, round_tf32, tl, triton, unspecialized
 
 __all__ = [
     "_mp_bwd_edge_kernel",
@@ -176,7 +176,7 @@ if HAS_TRITON:
         tl.store(gvout_ptr + row + N_FEAT, xb * t_1, mask=mask)
         tl.store(gvout_ptr + row + 2 * N_FEAT, xb * t_2, mask=mask)
 
-    @triton.jit
+    @triton.jit(**unspecialized("ei_stride"))
     def _mp_fwd_kernel(
         x_ptr,
         v_ptr,
@@ -243,7 +243,7 @@ if HAS_TRITON:
     # Against one program per atom it loads the filter chunk once per BLOCK_A atoms instead of once per atom and
     # runs MMAs of BLOCK_E >= 32 rows instead of one atom's ~55 edges padded to 16-row tiles.
 
-    @triton.jit(do_not_specialize=["n_atoms"])  # no recompile per atom count class
+    @triton.jit(**unspecialized("n_atoms", "ei_stride"))  # no recompile per count class (_triton_utils)
     def _mp_fwd_block_kernel(
         x_ptr,
         v_ptr,
@@ -383,7 +383,7 @@ if HAS_TRITON:
     # "block" sender backward: the mirror of _mp_fwd_block_kernel over the transposed CSR (BLOCK_A consecutive
     # senders, their edges contiguous in perm), the five per-sender sums as one-hot tl.dots.
 
-    @triton.jit(do_not_specialize=["n_atoms"])  # no recompile per atom count class
+    @triton.jit(**unspecialized("n_atoms", "ei_stride"))  # no recompile per count class (_triton_utils)
     def _mp_bwd_sender_block_kernel(
         gs_ptr,
         gv_ptr,
@@ -522,7 +522,7 @@ if HAS_TRITON:
             )  # fmt: skip
         return g_rbf, gu_0, gu_1, gu_2
 
-    @triton.jit
+    @triton.jit(**unspecialized("E", "ei_stride", aligned=("live_ptr",)))  # live_ptr: row_ptr[N:]
     def _mp_bwd_edge_kernel(
         gs_ptr,
         gv_ptr,
@@ -582,7 +582,7 @@ if HAS_TRITON:
         tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)
         tl.store(gunit_ptr + e * 3 + 2, gu_2, mask=em)
 
-    @triton.jit
+    @triton.jit(**unspecialized("E"))
     def _mp_sum_split_kernel(
         prbf_ptr, punit_ptr, grbf_ptr, gunit_ptr, E,
         N_RBF: tl.constexpr, R_PAD: tl.constexpr, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -610,7 +610,7 @@ if HAS_TRITON:
         tl.store(gunit_ptr + e * 3 + 1, u1, mask=em)
         tl.store(gunit_ptr + e * 3 + 2, u2, mask=em)
 
-    @triton.jit
+    @triton.jit(**unspecialized("E", "ei_stride", "EDGES_PER_PROG"))
     def _mp_bwd_filter_kernel(
         gs_ptr,
         gv_ptr,

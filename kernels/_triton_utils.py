@@ -36,12 +36,48 @@ __all__ = [
     "triton",
     "triton_op",
     "tuning",
+    "unspecialized",
     "widest_chunk",
 ]
 
 HAS_TRITON = triton is not None
 # Namespace of every custom op of the package: torch.ops.mlff_distiller.<name>.
 LIB = "mlff_distiller"
+
+
+# Triton specialises each int argument of a kernel on divisibility by 16 (and on == 1) and each pointer on 16-byte
+# alignment, and compiles the kernel again for every new combination. Counts (edges, atoms, rows), the edge list's
+# row stride (its edge count) and pointers into a size-dependent offset change with each batch: a relaxation whose
+# batch shrinks met new combinations step after step, each compiled synchronously at its first launch (~10 s of a
+# first relaxation with an empty cache, results/stop41_gpu/probe_first_call_compiles_h200.md). The kernels take
+# them unspecialised (the counts bound masks; the stride only offsets the receivers' row, whose loads are ~1 % of a
+# message kernel's bytes): one compile per launch configuration. MLFF_DISTILLER_SPECIALIZE_COUNTS=1, read when the
+# kernels are defined, restores Triton's default (A/B timing, benchmarks/probe_first_call_compiles.py).
+SPECIALIZE_COUNTS = os.environ.get("MLFF_DISTILLER_SPECIALIZE_COUNTS", "0") == "1"
+
+
+def unspecialized(*counts: str, aligned: tuple[str, ...] = ()) -> dict:
+    """``triton.jit`` keywords that leave the int arguments ``counts`` unspecialised and the pointers ``aligned``
+    without their alignment specialisation (where this Triton has that switch); ``{}`` with
+    ``MLFF_DISTILLER_SPECIALIZE_COUNTS=1``."""
+    if SPECIALIZE_COUNTS:
+        return {}
+    out = {"do_not_specialize": list(counts)}
+    if aligned and _JIT_HAS_ALIGNMENT_SWITCH:
+        out["do_not_specialize_on_alignment"] = list(aligned)
+    return out
+
+
+def _jit_takes(name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(triton.jit).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+_JIT_HAS_ALIGNMENT_SWITCH = HAS_TRITON and _jit_takes("do_not_specialize_on_alignment")
 
 
 def widest_chunk(n_cols: int) -> int:

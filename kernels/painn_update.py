@@ -39,6 +39,7 @@ from ._triton_utils import (
     pdl_prologue,
     tl,
     triton,
+    unspecialized,
 )
 from .linear import gemm, gemm_fusable, resolved_dot
 
@@ -168,7 +169,7 @@ if HAS_TRITON:
         m = (i < n_atoms)[:, None] & (f < N_FEAT)[None, :]
         return i[:, None], f[None, :], m
 
-    @triton.jit
+    @triton.jit(**unspecialized("n_atoms"))
     def _painn_update_norm_kernel(
         s_ptr,
         ds_ptr,
@@ -219,7 +220,7 @@ if HAS_TRITON:
         vv2 = tl.load(uv + 5 * N_FEAT, mask=m, other=0.0)
         return uv0, vv0, uv1, vv1, uv2, vv2
 
-    @triton.jit
+    @triton.jit(**unspecialized("n_atoms"))
     def _painn_update_out_kernel(
         s_ptr,
         ds_ptr,
@@ -256,7 +257,7 @@ if HAS_TRITON:
     # the norm backward; without HAS_GV, g_v is 0: v_out was not used, and autograd passes None, not zeros):
     #   ∂a_vv = Σ_k g_v_k ⊙ uv_k      ∂a_sv = g_s ⊙ Σ_k uv_k ⊙ vv_k      ∂a_ss = g_s
     #   ∂uv_k = g_v_k ⊙ a_vv + g_s ⊙ a_sv ⊙ vv_k      ∂vv_k = g_s ⊙ a_sv ⊙ uv_k   (the norm backward adds its term)
-    @triton.jit
+    @triton.jit(**unspecialized("n_atoms"))
     def _painn_update_out_bwd_kernel(
         gs_ptr,
         gv_ptr,
@@ -305,7 +306,7 @@ if HAS_TRITON:
     #   ∂s = g_s_out + g_x[:, :F]      ∂vv_k += g_x[:, F:] ⊙ vv_k / ‖vv‖   (‖vv‖ ≥ 1e-4: no division by zero)
     # It also copies g_v_out into the buffer that the last GEMM then accumulates into in place (addmm_), which
     # saves that GEMM's own copy of its C operand (one launch less); without HAS_GV (g_v_out = 0) the GEMM writes.
-    @triton.jit
+    @triton.jit(**unspecialized("n_atoms"))
     def _painn_update_norm_bwd_kernel(
         gs_out_ptr,
         gv_out_ptr,

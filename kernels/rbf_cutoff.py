@@ -33,6 +33,7 @@ from ._triton_utils import (
     pdl_prologue,
     tl,
     triton,
+    unspecialized,
     widest_chunk,
 )
 
@@ -471,7 +472,7 @@ if HAS_TRITON:
                 )
         return acc1, acc2
 
-    @triton.jit
+    @triton.jit(**unspecialized("E"))
     def _rbf_cutoff_fwd_kernel(
         d_ptr,
         out_ptr,
@@ -518,7 +519,7 @@ if HAS_TRITON:
         )
 
     # VJP of out[e, k] = R_k(d_e), R = B·f:   g_d[e] = Σ_k go[e, k] · R_k'(d_e),   R' = B'·f + B·f'.
-    @triton.jit
+    @triton.jit(**unspecialized("E"))
     def _rbf_cutoff_bwd_kernel(
         go_ptr,
         d_ptr,
@@ -569,7 +570,7 @@ if HAS_TRITON:
     # VJP of the backward g_d[e] = Σ_k go[e, k] R_k'(d_e), given gg[e] = ∂L/∂g_d[e]:
     #   ∂L/∂go[e, k] = gg[e] · R_k'(d_e),     ∂L/∂d[e] = gg[e] · Σ_k go[e, k] · R_k''(d_e),
     #   R'' = B''·f + 2 B'·f' + B·f''.
-    @triton.jit
+    @triton.jit(**unspecialized("E"))
     def _rbf_cutoff_bwd_bwd_kernel(
         gg_ptr,
         go_ptr,

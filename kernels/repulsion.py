@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, check_launchable, tl, triton
+from ._triton_utils import HAS_TRITON, check_launchable, tl, triton, unspecialized
 
 __all__ = [
     "K_E",
@@ -266,7 +266,7 @@ if HAS_TRITON:
             g2 = tl.where(on, 60.0 * t * omt * (1.0 - 2.0 * t) * inv_w * inv_w, 0.0)
         return gate, g1, g2
 
-    @triton.jit
+    @triton.jit(**unspecialized("n_edges", aligned=("energy",)))
     def _pair_repulsion_fwd_kernel(
         dist, ei, idx, batch, table, atomic, energy, gate_out, n_edges, n_species,
         STORE_GATE: tl.constexpr, BLOCK: tl.constexpr,
@@ -282,7 +282,7 @@ if HAS_TRITON:
     # gate_e = 1 - S(r_e), so dL/dr_e = e'(r_e) · (dL/d atomic_i + dL/d energy_{batch_i}) + gate'(r_e) · dL/d gate_e;
     # 0 for edges outside their pair's r_off. A gradient without its flag is zero (the engine's steps seed only the
     # energies; a model without the gate's consumer gives none).
-    @triton.jit
+    @triton.jit(**unspecialized("n_edges", aligned=("g_atomic", "g_energy")))
     def _pair_repulsion_bwd_kernel(
         dist, ei, idx, batch, table, g_atomic, g_energy, g_gate, g_dist, n_edges, n_species,
         HAS_GA: tl.constexpr, HAS_GE: tl.constexpr, HAS_GG: tl.constexpr, BLOCK: tl.constexpr,

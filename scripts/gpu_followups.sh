@@ -11,10 +11,11 @@
 #                                               #   codec against the fast one (named frames take it since stop 41)
 #   bash scripts/gpu_followups.sh fold192       # ~3 min: the fold below its 100,000-edge threshold (192-atom water,
 #                                               #   3,000-atom water), whole step against the shipped kernels
-#   bash scripts/gpu_followups.sh firstcall     # ~1.5 min: the Triton compiles of a first relaxation with empty
+#   bash scripts/gpu_followups.sh firstcall     # ~2 min: the Triton compiles of a first relaxation with empty
 #                                               #   caches, per kernel and where (stop 41: 10 s synchronous, outside
-#                                               #   the dry runs; compare after any change to the eager path's ahead
-#                                               #   compilation)
+#                                               #   the dry runs), shipped and with MLFF_DISTILLER_SPECIALIZE_COUNTS=1
+#   bash scripts/gpu_followups.sh specialize    # ~4 min: the step with counts unspecialised against Triton's
+#                                               #   default specialisation (benzene, g2 x 1,024 / 4,096, water)
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
@@ -44,10 +45,20 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_fold192.log" | tail -8
     ;;
   firstcall)
-    timeout 150 python3 benchmarks/probe_first_call_compiles.py --structures 16384 --out "$OUT" \
-      --name probe_first_call_compiles >"$OUT/probe_first_call_compiles.log" 2>&1
-    tail -5 "$OUT/probe_first_call_compiles.log"
+    # Shipped (counts unspecialised, an eager dry run per size class) and Triton's default specialisation.
+    for sw in 0 1; do
+      MLFF_DISTILLER_SPECIALIZE_COUNTS=$sw timeout 150 python3 benchmarks/probe_first_call_compiles.py \
+        --structures 16384 --out "$OUT" --name "probe_first_call_compiles_spec$sw" \
+        >"$OUT/probe_first_call_compiles_spec$sw.log" 2>&1
+      grep -E "^call|^\| (elsewhere|capture)" "$OUT/probe_first_call_compiles_spec$sw.log"
+    done
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall" >&2; exit 2 ;;
+  specialize)
+    # The step's time with counts unspecialised (shipped) against Triton's default, processes alternating.
+    timeout 330 python3 benchmarks/probe_specialize_counts.py --rounds 2 --out "$OUT" \
+      >"$OUT/probe_specialize_counts.log" 2>&1
+    grep -E "^\| " "$OUT/probe_specialize_counts.log" | tail -6
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -142,6 +142,23 @@ def test_dry_runs_stop_after_two_that_compiled_nothing(model, fake_graphs, monke
     assert torch.is_tensor(engine.compute(_batch(_few()))["forces"])
 
 
+def test_an_eager_dry_run_per_step_kind_and_size_class(model):
+    """The eager path's compile-ahead dry run (on CUDA) comes before the first step of each kind (forces, stress)
+    and each size class (the powers of two of atoms and edges): a relaxation whose batch shrinks meets new launch
+    configurations, which it compiled one by one at their first launch before."""
+    engine = ForceEngine(model, device="cpu", mode="eager")
+    due = engine._eager_dry_run_due
+    assert due(True, False, 5000, 40_000)
+    assert not due(True, False, 5000, 40_000)
+    assert not due(True, False, 4097, 32_768)  # the same class: 4097-8191 atoms, 32,768-65,535 edges
+    assert due(True, True, 5000, 40_000)  # the stress step: another kind
+    assert due(True, False, 4000, 40_000)  # fewer atoms: a class down
+    assert due(True, False, 4000, 30_000)  # fewer edges
+    assert due(False, False, 4000, 30_000)  # energies only
+    assert not due(True, False, 2048, 16_384)  # 2048-4095 atoms with 16,384-32,767 edges: met by (4000, 30,000)
+    assert len(engine._eager_compiled_ahead) == 5
+
+
 def test_predict_file_engine_captures_on_second_use(model, tmp_path, monkeypatch):
     import ase.io
 

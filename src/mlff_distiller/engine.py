@@ -247,7 +247,8 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self._bytes_scale = 1.0  # measured / analytic memory, from probe_memory()
         self._graphs: dict[Bucket, PaddedGraph] = {}
         self._runners: dict[Bucket, GraphRunner] = {}
-        self._eager_compiled_ahead: set[tuple[bool, bool]] = set()  # eager step kinds whose dry run has run
+        # eager step kinds and size classes whose dry run has run (_eager_dry_run_due)
+        self._eager_compiled_ahead: set[tuple[bool, bool, int, int]] = set()
         self._stress_runners: dict[Bucket, GraphRunner] = {}  # the steps with the strain derivative
         # Page-locked host copies of the packed outputs, per (bucket, stress step).
         self._host_out: dict[tuple[Bucket, bool], torch.Tensor] = {}

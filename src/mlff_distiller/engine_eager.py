@@ -113,11 +113,7 @@ class EagerPaths:
         with torch.no_grad():
             nl = given_nl if given_nl is not None else self._neighbors(batch)
         need_grad = forces or stress
-        kind = (need_grad, stress)
-        if self.device.type == "cuda" and kind not in self._eager_compiled_ahead:
-            # The first eager step of its kind compiles its Triton kernels in parallel first, in a dry run
-            # (kernels/_compile_ahead.py); later sizes that need other specialisations compile at first launch.
-            self._eager_compiled_ahead.add(kind)
+        if self.device.type == "cuda" and self._eager_dry_run_due(need_grad, stress, batch.num_atoms, nl.num_edges):
             kernels.precompile(self._eager_step, batch, nl, need_grad, stress, device=self.device)
         energy, atomic, grads = self._eager_step(batch, nl, need_grad, stress)
         result = {"energy": energy.detach(), "atomic_energies": _unsort(atomic.detach(), inv)}
@@ -131,6 +127,20 @@ class EagerPaths:
             )
             result.update(stress_from_strain_gradient(de_deps, batch.cell, batch.pbc))
         return result
+
+    def _eager_dry_run_due(self, need_grad: bool, stress: bool, n_atoms: int, n_edges: int) -> bool:
+        """Whether an eager step compiles its Triton kernels in parallel first, in a dry run
+        (kernels/_compile_ahead.py): the first step of each kind and size class (the powers of two of its atoms and
+        edges). The kernels' launch configurations (tile sizes, atom or block variant, feature slices) change with
+        the sizes, in steps near powers of two; a relaxation whose batch shrinks met new ones after its first step
+        and compiled them one after another at their first launch (results/stop41_gpu/
+        probe_first_call_compiles_h200.md). A dry run that finds everything compiled costs one step's host work,
+        at most once per class."""
+        key = (need_grad, stress, int(n_atoms).bit_length(), int(n_edges).bit_length())
+        if key in self._eager_compiled_ahead:
+            return False
+        self._eager_compiled_ahead.add(key)
+        return True
 
     def _eager_step(self, batch: AtomsBatch, nl, need_grad: bool, stress: bool):
         """The model and one ``autograd.grad`` on a device batch and its list: energies, atomic energies and the

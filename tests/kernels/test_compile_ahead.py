@@ -355,3 +355,110 @@ def test_a_cold_cuda_graph_training_run_compiles_in_dry_runs_and_learns_the_same
         assert a == pytest.approx(b, rel=1e-4)
     t_on, t_off = on["capture_seconds"], off["capture_seconds"]
     print(f"cold training, warm-ups and captures: {t_on:.2f} s with the dry run, {t_off:.2f} s without")
+
+
+# Kernels whose count arguments (and size-dependent pointers) Triton must not specialise: a batch of a new size then
+# needs no new compile (_triton_utils.unspecialized).
+UNSPECIALIZED = {
+    "_mp_kernels": {
+        "_mp_fwd_kernel": ({"ei_stride"}, set()),
+        "_mp_fwd_block_kernel": ({"n_atoms", "ei_stride"}, set()),
+        "_mp_bwd_sender_block_kernel": ({"n_atoms", "ei_stride"}, set()),
+        "_mp_bwd_edge_kernel": ({"E", "ei_stride"}, {"live_ptr"}),
+        "_mp_sum_split_kernel": ({"E"}, set()),
+        "_mp_bwd_filter_kernel": ({"E", "ei_stride", "EDGES_PER_PROG"}, set()),
+    },
+    "_edge_kernels": {k: ({"E", "ei_stride"}, set()) for k in ("_edge_fwd_kernel", "_edge_bwd_kernel")},
+    "rbf_cutoff": {k: ({"E"}, set()) for k in ("_rbf_cutoff_fwd_kernel", "_rbf_cutoff_bwd_kernel")},
+    "painn_update": {k: ({"n_atoms"}, set()) for k in ("_painn_update_norm_kernel", "_painn_update_out_bwd_kernel")},
+    "repulsion": {
+        "_pair_repulsion_fwd_kernel": ({"n_edges"}, {"energy"}),
+        "_pair_repulsion_bwd_kernel": ({"n_edges"}, {"g_atomic", "g_energy"}),
+    },
+}
+
+
+def test_unspecialized_keywords_and_their_switch(monkeypatch):
+    from mlff_distiller.kernels import _triton_utils as tu
+
+    if not HAS_TRITON:
+        pytest.skip("needs Triton")
+    monkeypatch.setattr(tu, "_JIT_HAS_ALIGNMENT_SWITCH", True)
+    assert tu.unspecialized("E", "ei_stride", aligned=("live_ptr",)) == {
+        "do_not_specialize": ["E", "ei_stride"],
+        "do_not_specialize_on_alignment": ["live_ptr"],
+    }
+    assert tu.unspecialized("n") == {"do_not_specialize": ["n"]}
+    monkeypatch.setattr(tu, "_JIT_HAS_ALIGNMENT_SWITCH", False)  # an older Triton: the counts only
+    assert tu.unspecialized("E", aligned=("p",)) == {"do_not_specialize": ["E"]}
+    monkeypatch.setattr(tu, "SPECIALIZE_COUNTS", True)  # MLFF_DISTILLER_SPECIALIZE_COUNTS=1: Triton's default
+    assert tu.unspecialized("E", aligned=("p",)) == {}
+
+
+@pytest.mark.parametrize("switch", ["0", "1"])
+def test_compiled_kernels_take_counts_unspecialised(switch):
+    """The compiled (not interpreted) kernels as Triton defines them, in a fresh process: each listed count and
+    pointer is unspecialised; ``MLFF_DISTILLER_SPECIALIZE_COUNTS=1`` gives Triton's default back. Needs no GPU."""
+    if not HAS_TRITON:
+        pytest.skip("needs Triton")
+    code = textwrap.dedent(
+        f"""
+        import importlib, json
+        out = {{}}
+        for mod, names in {json.dumps({m: list(ks) for m, ks in UNSPECIALIZED.items()})}.items():
+            m = importlib.import_module("mlff_distiller.kernels." + mod)
+            for name in names:
+                params = getattr(m, name).params
+                out[name] = (
+                    sorted(p.name for p in params if p.do_not_specialize),
+                    sorted(p.name for p in params if p.do_not_specialize_on_alignment),
+                )
+        print(json.dumps(out))
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "0", "MLFF_DISTILLER_SPECIALIZE_COUNTS": switch}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    from mlff_distiller.kernels._triton_utils import _jit_takes
+
+    alignment = _jit_takes("do_not_specialize_on_alignment")
+    for names in UNSPECIALIZED.values():
+        for name, (counts, aligned) in names.items():
+            if switch == "1":
+                assert got[name] == [[], []], name
+            else:
+                assert set(got[name][0]) == counts, name
+                assert set(got[name][1]) == (aligned if alignment else set()), name
+
+
+@needs_compiled_triton
+@pytest.mark.gpu
+def test_a_new_edge_count_compiles_nothing_new():
+    """The split edge sums' kernel at edge counts of every divisibility class (and one aligned, one not): one
+    compile, where Triton's default compiled per class."""
+    from mlff_distiller.kernels._mp_kernels import _mp_sum_split_kernel
+    from triton.runtime.jit import JITFunction
+
+    compiles = []
+    do_compile = JITFunction._do_compile
+
+    def counting(self, *args, **kwargs):
+        compiles.append(self.fn.__name__)
+        return do_compile(self, *args, **kwargs)
+
+    JITFunction._do_compile = counting
+    try:
+        dev = torch.device("cuda")
+        for e in (48, 1, 37, 64, 1000, 1003):
+            part_rbf, part_unit = torch.randn(2, e, 20, device=dev), torch.randn(2, e, 3, device=dev)
+            g_rbf, g_unit = torch.empty(e, 20, device=dev), torch.empty(e, 3, device=dev)
+            # R_PAD 32 and BLOCK_E 128 as the shipped launch; SPLIT 2 with a BLOCK_E no other test uses
+            _mp_sum_split_kernel[(-(-e // 64),)](
+                part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=20, R_PAD=32, SPLIT=2, BLOCK_E=64, PDL=False
+            )
+            torch.testing.assert_close(g_rbf, part_rbf.sum(0))
+            torch.testing.assert_close(g_unit, part_unit.sum(0))
+        assert compiles.count("_mp_sum_split_kernel") == 1, compiles
+    finally:
+        JITFunction._do_compile = do_compile
