@@ -373,6 +373,26 @@ def test_positions_on_the_device_are_not_speculated_on():
     assert atoms.calc.engine.n_speculated > 0
 
 
+def test_a_batched_md_engine_captures_beyond_the_one_off_limit():
+    """BatchedMD repeats one shape every step, so its engine in mode "auto" captures buckets up to MD_MAX_EDGES
+    edges, where a one-off graph (the engine's default, a shrinking relaxation) stops at AUTO_MAX_EDGES: 4,096
+    benzenes (~540,000 edges with the skin) get a bucket."""
+    from mlff_distiller.batched_md import MD_MAX_EDGES, batch_engine
+    from mlff_distiller.engine import AUTO_MAX_EDGES, ForceEngine
+
+    model = make_model()
+    md = BatchedMD(model, [molecule("CH4")] * 2, device="cpu", seed=0)
+    assert md.engine.buckets.max_edges >= MD_MAX_EDGES > AUTO_MAX_EDGES
+    assert md.engine.buckets.select(49_152, 540_000) is not None
+    assert ForceEngine(model, mode="auto").buckets.select(49_152, 540_000) is None
+    relax = batch_engine(model, True, device="cpu", precision="fp32", mode="auto", skin=1.0)  # relax_batch's
+    assert relax.buckets.max_edges < MD_MAX_EDGES
+    eager = batch_engine(model, True, device="cpu", precision="fp32", mode="eager", skin=1.0, fixed_shape=True)
+    assert eager.buckets.max_edges == ForceEngine(model, mode="eager").buckets.max_edges  # a mode given: as asked
+    md.run(3)
+    assert np.isfinite(md.potential_energies()).all()
+
+
 def test_replicas_outside_the_training_data_are_named():
     """The shipped student stores its training envelope: a squeezed water among ordinary molecules is named at the
     start, by replica, as the calculator would warn for it alone; checks repeat every ``check_domain`` steps."""

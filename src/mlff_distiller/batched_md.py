@@ -39,6 +39,7 @@ import torch
 from mlff_distiller import domain as _domain
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError
+from mlff_distiller.buckets import BucketLadder
 from mlff_distiller.calculator import DOMAIN_CHECK_EVERY
 from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
 from mlff_distiller.engine import ForceEngine
@@ -51,19 +52,34 @@ __all__ = ["BatchedMD", "batch_engine"]
 ENSEMBLES = ("langevin", "nve")
 
 
-def batch_engine(model: StudentModel, molecular: bool, *, device, precision: str, mode: str, skin: float):
+# The largest CUDA-graph bucket of a BatchedMD engine in mode "auto" (the engine's own default, AUTO_MAX_EDGES =
+# 2^19, is for one-off graphs, whose capture would cost more than it saves). A trajectory repeats its shape for
+# thousands of steps, and an eager step of a large batch is bound by its host launches: 4,096 benzenes (≈ 540,000
+# edges with the skin) 17.6 ms a step eagerly, 12.5 ms captured (1.41x); 8,192 g2 molecules (captured either way)
+# 1.005x; a 24,000-atom water box, whose step the device bounds, 1.009x (H200, fp32, the shipped student, both
+# alternating in one process; benchmarks/results/stop42_gpu/probe_large_capture.md).
+MD_MAX_EDGES = 2**21
+
+
+def batch_engine(
+    model: StudentModel, molecular: bool, *, device, precision: str, mode: str, skin: float, fixed_shape: bool = False
+):
     """The engine of a batch whose positions live on the device and move a little every call (BatchedMD,
     :func:`~mlff_distiller.batched_relax.relax_batch`): a Verlet-skin list; molecules (``molecular``: no structure
     is periodic) stay in their order (each is
     contiguous already, and an eager engine would sort a batch of 10,000 atoms or more spatially and run every step
     eagerly: 4,096 g2 molecules took 12.6 ms a step so, the engine call 9.9 ms, on an H100,
-    benchmarks/results/batched_md_h100/)."""
+    benchmarks/results/batched_md_h100/). ``fixed_shape`` (BatchedMD: the same batch every step) with mode
+    ``"auto"``: CUDA-graph buckets up to ``MD_MAX_EDGES`` edges. A relaxation's batch shrinks as structures
+    converge, and each size would be a capture of its own, so it keeps the engine's default."""
+    ladder = {"buckets": BucketLadder(max_edges=MD_MAX_EDGES)} if fixed_shape and mode == "auto" else {}
     return ForceEngine(
         model,
         device=device,
         precision=precision,
         mode=mode,
         neighbor_skin=skin,
+        **ladder,
         **({"spatial_sort_min_atoms": None} if molecular else {}),
     )
 
@@ -159,7 +175,9 @@ class BatchedMD:
         if freeze_force is not None and not (math.isfinite(freeze_force) and freeze_force > 0):
             raise ValueError(f"freeze_force must be None or a finite force > 0 eV/Å, got {freeze_force!r}")
         molecular = not any(bool(np.any(a.pbc)) for a in structures)
-        self.engine = batch_engine(model, molecular, device=device, precision=precision, mode=mode, skin=skin)
+        self.engine = batch_engine(
+            model, molecular, device=device, precision=precision, mode=mode, skin=skin, fixed_shape=True
+        )
         dev = self.engine.device
         self.device = dev
         self.ensemble = ensemble
