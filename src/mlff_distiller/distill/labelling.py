@@ -91,6 +91,11 @@ def label(
 ) -> LabelReport:
     """Sample and label frames from ``seeds`` with ``teacher`` into ``out_dir``, resuming an earlier run.
 
+    The teacher runs in this process. tblite's Fortran runtime aborts its whole process on rare broken geometries,
+    beyond any Python handler, which would end the caller too (a notebook's kernel); :func:`label_watched` (and
+    :func:`label_parallel`) run the same labelling in processes of their own and get past such a task, as
+    ``mlff-distill label`` does. Every frame labelled before an abort is kept either way (a rerun resumes).
+
     Args:
         seeds: starting structures (``ase.Atoms``).
         teacher: a preset name (``gfn2-xtb``, ``sevennet-0``, ``emt``) or an ASE Calculator.
