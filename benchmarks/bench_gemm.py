@@ -7,6 +7,11 @@ engine runs it), float32, after checking ours against torch (max relative error,
 ``linear`` = x Wᵀ + b; ``linear+silu`` = SiLU(x Wᵀ + b) (torch: addmm + silu); ``g@W`` = g W (a backward GEMM);
 ``silu'(p)*g@W`` = (g ⊙ SiLU'(p)) W (torch: silu_backward + mm); ``+= g@W`` accumulates into the output (addmm_).
 Writes ``bench_gemm_<gpu>.md``.
+
+``floor µs``: the larger of the call's bytes (A, B, C, and the prologue's or accumulator's extra operand, float32)
+at this device's measured copy bandwidth, and its products at the measured rate of a large TF32 ``torch.mm``,
+three times (tf32x3: three MMAs per product); ``ours / floor`` says how far a call is from what the device allows
+(stop 42's profile found the large-M GEMMs of a g2 step at ~28 µs where such a floor is ~4-7 µs).
 """
 
 from __future__ import annotations
@@ -70,6 +75,32 @@ def _case(form: str, m: int, k: int, n: int, device):
     raise ValueError(form)
 
 
+def _bytes(form: str, m: int, k: int, n: int) -> int:
+    """Bytes a call must move at least: A, B, C (+ the SiLU' prologue's P, + the accumulated output's read)."""
+    extra = m * k if form == "silu'(p)*g@W" else (m * n if form == "+= g@W" else 0)
+    return 4 * (m * k + k * n + m * n + extra)
+
+
+def device_rates(device) -> tuple[float, float]:
+    """(copy bandwidth GB/s counting reads and writes, TF32 TFLOP/s of a large ``torch.mm``), measured here."""
+    from harness import copy_bandwidth, time_fn
+
+    bw = copy_bandwidth(device)
+    a = torch.randn(8192, 8192, device=device)
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        t = time_fn(lambda: torch.mm(a, a), device).median_us
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    return bw, 2 * 8192**3 / (t * 1e-6) / 1e12
+
+
+def floor_us(form: str, m: int, k: int, n: int, bw_gbs: float, tf32_tflops: float) -> float:
+    """The call's floor: its bytes at ``bw_gbs`` or its tf32x3 products (3 MMAs each) at ``tf32_tflops``."""
+    return max(_bytes(form, m, k, n) / (bw_gbs * 1e3), 3 * 2 * m * k * n / (tf32_tflops * 1e6))
+
+
 def sweep_tiles(args, device) -> None:
     """The large-M tile sweep (``--tiles``): ours per tile beside cuBLAS, every form, rows above ``small_rows``."""
     import importlib
@@ -129,14 +160,17 @@ def main(argv=None) -> None:
     if args.tiles:
         return sweep_tiles(args, device)
     env = environment(device, 0.0)
+    bw, tf32 = device_rates(device)
     lines = [
         "# Triton GEMMs (kernels/linear.py) vs cuBLAS on the student's layer shapes, float32",
         "",
         f"{env.device} · torch {env.torch} · triton {env.triton} · commit {env.commit}. µs per call: a CUDA graph "
-        "of 20 calls, median replay / 20. `+= g@W` includes a copy that restores the output (both sides).",
+        "of 20 calls, median replay / 20. `+= g@W` includes a copy that restores the output (both sides). floor: "
+        f"the call's bytes at the measured copy bandwidth ({bw:.0f} GB/s) or its products three times at the "
+        f"measured TF32 rate of an 8192³ torch.mm ({tf32:.0f} TFLOP/s), whichever is larger.",
         "",
-        "| rows M | form | K → N | ours µs | cuBLAS µs | cuBLAS / ours | max rel. error |",
-        "|---:|---|---|---:|---:|---:|---:|",
+        "| rows M | form | K → N | ours µs | cuBLAS µs | cuBLAS / ours | floor µs | ours / floor | max rel. error |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for m in args.rows:
         for form, k, n in SHAPES:
@@ -144,8 +178,10 @@ def main(argv=None) -> None:
             a, r = ours().clone(), ref().clone()
             err = ((a - r).norm() / r.norm()).item()
             t_ours, t_ref = graph_time_per_call_us(ours), graph_time_per_call_us(ref)
+            fl = floor_us(form, m, k, n, bw, tf32)
             lines.append(
-                f"| {m} | {form} | {k} → {n} | {t_ours:.2f} | {t_ref:.2f} | {t_ref / t_ours:.2f} | {err:.1e} |"
+                f"| {m} | {form} | {k} → {n} | {t_ours:.2f} | {t_ref:.2f} | {t_ref / t_ours:.2f} | {fl:.2f} | "
+                f"{t_ours / fl:.1f} | {err:.1e} |"
             )
             print(lines[-1], flush=True)
     out = Path(args.out)

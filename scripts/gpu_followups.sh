@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU work left for a next session (device machine, repository root; carry .whl). Stop 41 ran the first two;
-# the last three are what it left:
+# GPU work for a session (device machine, repository root; carry .whl). Stop 41 ran large+relax and autotune,
+# stop 42 named, fold192, firstcall and specialize (benchmarks/results/stop42_gpu/); gemm is what stop 42 left:
 #   bash scripts/gpu_followups.sh large+relax   # ~6 min: bench_large at 3,000 / 24,000 water atoms with the fold
 #                                               #   shipped (the README's large rows are stop 27's), then
 #                                               #   probe_relax_first_call.py (where a relaxation's first call goes)
@@ -16,6 +16,9 @@
 #                                               #   the dry runs), shipped and with MLFF_DISTILLER_SPECIALIZE_COUNTS=1
 #   bash scripts/gpu_followups.sh specialize    # ~4 min: the step with counts unspecialised against Triton's
 #                                               #   default specialisation (benzene, g2 x 1,024 / 4,096, water)
+#   bash scripts/gpu_followups.sh gemm          # ~3 min: bench_gemm.py, our GEMMs beside cuBLAS and the measured
+#                                               #   floor of each call (stop 42's profile: ~28 µs against ~4-7 µs
+#                                               #   at the 7,200 rows of 1,024 g2 molecules), to start GEMM work from
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
@@ -59,6 +62,11 @@ case "${1:-}" in
       >"$OUT/probe_specialize_counts.log" 2>&1
     grep -E "^\| " "$OUT/probe_specialize_counts.log" | tail -6
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize" >&2; exit 2 ;;
+  gemm)
+    timeout 240 python3 benchmarks/bench_gemm.py --out "$OUT" --rows 64 200 1393 7200 21749 27000 \
+      >"$OUT/bench_gemm.log" 2>&1
+    grep -E "^\| (7200|27000) " "$OUT/bench_gemm.log" | head -16
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -392,3 +392,32 @@ def test_probe_relax_first_call_quick(tmp_path):
     rows = [line for line in lines if line.startswith("| capture_after=1") or line.startswith("| eager")]
     assert len(rows) == 4 and all(int(r.split("|")[4]) > 0 for r in rows)
     assert not predict._engines  # cleared after the last setting
+
+
+def test_bench_gemm_floor_is_the_larger_of_bytes_and_products():
+    """bench_gemm.py's floor column: bytes at the copy bandwidth or three TF32 passes at the TF32 rate."""
+    import bench_gemm
+
+    # 7,200 x 128 -> 384: 14.9 MB, 0.708 GFLOP
+    assert bench_gemm._bytes("linear", 7200, 128, 384) == 4 * (7200 * 128 + 128 * 384 + 7200 * 384)
+    mem = bench_gemm.floor_us("linear", 7200, 128, 384, bw_gbs=1000.0, tf32_tflops=1e6)
+    assert mem == pytest.approx(14.942208, rel=1e-9)  # bytes / (1 TB/s), the products free
+    tc = bench_gemm.floor_us("linear", 7200, 128, 384, bw_gbs=1e9, tf32_tflops=100.0)
+    assert tc == pytest.approx(3 * 2 * 7200 * 128 * 384 / 1e8, rel=1e-9)  # 21.2 µs at 100 TFLOP/s
+    # the SiLU' prologue reads P [M, K] too, an accumulation reads C
+    assert bench_gemm._bytes("silu'(p)*g@W", 10, 4, 3) - bench_gemm._bytes("g@W", 10, 4, 3) == 4 * 10 * 4
+    assert bench_gemm._bytes("+= g@W", 10, 4, 3) - bench_gemm._bytes("g@W", 10, 4, 3) == 4 * 10 * 3
+
+
+def test_probe_large_capture_quick(tmp_path):
+    """probe_large_capture.py on the CPU (no capture there: the harness itself): its three systems, both ladders,
+    finite results, the table written."""
+    import probe_large_capture
+
+    argv = ["--device", "cpu", "--replicas", "2", "--water", "192", "--rounds", "1", "--blocks", "1"]
+    lines = probe_large_capture.main(
+        [*argv, "--out", str(tmp_path), "--name", "p", "--model", "builtin:chno-gfn2-small"]
+    )
+    rows = [line for line in lines if line.startswith("| BatchedMD") or line.startswith("| ForceEngine")]
+    assert len(rows) == 3 and all(float(r.split("|")[-2]) > 0 for r in rows)
+    assert (tmp_path / "p.md").exists()
