@@ -148,6 +148,14 @@ def test_an_eager_dry_run_per_step_kind_and_size_class(model):
     configurations, which it compiled one by one at their first launch before."""
     engine = ForceEngine(model, device="cpu", mode="eager")
     due = engine._eager_dry_run_due
+    with kernels.use_backend("torch"):  # no Triton kernel to compile: never a dry run
+        assert not due(True, False, 5000, 40_000) and not engine._eager_compiled_ahead
+    with kernels.use_backend("triton"):  # (the interpreter here; compiled Triton on CUDA)
+        _due_rule(due)
+    assert len(engine._eager_compiled_ahead) == 5
+
+
+def _due_rule(due) -> None:
     assert due(True, False, 5000, 40_000)
     assert not due(True, False, 5000, 40_000)
     assert not due(True, False, 4097, 32_768)  # the same class: 4097-8191 atoms, 32,768-65,535 edges
@@ -156,7 +164,6 @@ def test_an_eager_dry_run_per_step_kind_and_size_class(model):
     assert due(True, False, 4000, 30_000)  # fewer edges
     assert due(False, False, 4000, 30_000)  # energies only
     assert not due(True, False, 2048, 16_384)  # 2048-4095 atoms with 16,384-32,767 edges: met by (4000, 30,000)
-    assert len(engine._eager_compiled_ahead) == 5
 
 
 def test_predict_file_engine_captures_on_second_use(model, tmp_path, monkeypatch):

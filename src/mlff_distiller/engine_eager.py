@@ -135,7 +135,9 @@ class EagerPaths:
         the sizes, in steps near powers of two; a relaxation whose batch shrinks met new ones after its first step
         and compiled them one after another at their first launch (results/stop41_gpu/
         probe_first_call_compiles_h200.md). A dry run that finds everything compiled costs one step's host work,
-        at most once per class."""
+        at most once per class. None on the torch kernels: there a dry run would only run the step's work twice."""
+        if kernels.resolve_backend(self.device) == "torch":
+            return False
         key = (need_grad, stress, int(n_atoms).bit_length(), int(n_edges).bit_length())
         if key in self._eager_compiled_ahead:
             return False
