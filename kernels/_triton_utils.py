@@ -50,9 +50,9 @@ LIB = "mlff_distiller"
 # row stride (its edge count) and pointers into a size-dependent offset change with each batch: a relaxation whose
 # batch shrinks met new combinations step after step, each compiled synchronously at its first launch (~10 s of a
 # first relaxation with an empty cache, results/stop41_gpu/probe_first_call_compiles_h200.md). The kernels take
-# them unspecialised (the counts bound masks; the stride only offsets the receivers' row, whose loads are ~1 % of a
-# message kernel's bytes): one compile per launch configuration. MLFF_DISTILLER_SPECIALIZE_COUNTS=1, read when the
-# kernels are defined, restores Triton's default (A/B timing, benchmarks/probe_first_call_compiles.py).
+# them unspecialised (the counts bound masks; the stride only offsets the senders' index row, a few bytes per edge of a
+# message kernel's ~3 KB): one compile per launch configuration. MLFF_DISTILLER_SPECIALIZE_COUNTS=1, read when the
+# kernels are defined, restores Triton's default (A/B runs: benchmarks/probe_specialize_counts.py).
 SPECIALIZE_COUNTS = os.environ.get("MLFF_DISTILLER_SPECIALIZE_COUNTS", "0") == "1"
 
 
