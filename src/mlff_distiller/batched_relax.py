@@ -176,8 +176,9 @@ def relax_batch(
     if run.failed or run.too_large:
         from mlff_distiller.batching import NonFiniteOutputError
 
-        says = [f"structure(s) {run.failed[:20]} reached non-finite forces or energy (each stopped there)"]
-        says = says if run.failed else []
+        says = []
+        if run.failed:
+            says.append(f"structure(s) {run.failed[:20]} reached non-finite forces or energy (each stopped there)")
         if run.too_large:
             says.append(f"structure(s) {run.too_large[:20]} do not fit in the device's memory alone (not relaxed)")
         reasons = run.reasons()
