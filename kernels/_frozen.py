@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["derived"]
+__all__ = ["derived", "tf32_parts"]
 
 _CACHE: dict[tuple, tuple] = {}
 
@@ -55,3 +55,18 @@ def derived(tag: str, make: Callable[..., Tensor], *weights: Tensor) -> Tensor:
     refs = tuple(weakref.ref(w, drop) for w in weights)
     _CACHE[key] = (refs, tuple(w.detach() for w in weights), versions, out)
     return out
+
+
+def split_tf32(w: Tensor) -> Tensor:
+    """``[W_hi, W_lo]`` stacked (``[2, *W.shape]``, contiguous): W_hi is float32 W rounded to the nearest TF32 value
+    (ties away from zero, as ``cvt.rna.tf32.f32`` and Triton's tf32x3 round), W_lo = W - W_hi, exact in float32."""
+    with torch.no_grad():
+        w = w.detach().contiguous()
+        hi = ((w.view(torch.int32) + 0x1000) & -8192).view(torch.float32)  # -8192 = 0xFFFFE000: 13 low bits clear
+        return torch.stack((hi, w - hi))
+
+
+def tf32_parts(w: Tensor) -> Tensor:
+    """:func:`split_tf32` of a float32 weight, made once while W is unchanged (:func:`derived`): what the kernels'
+    "tf32x3w" dots take (three TF32 MMAs with only the other operand split in registers)."""
+    return derived("tf32split", split_tf32, w)

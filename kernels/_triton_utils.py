@@ -26,12 +26,14 @@ __all__ = [
     "FirstOrderOnly",
     "check_launchable",
     "dot_rn",
+    "dot_w",
     "edge_block",
     "num_warps",
     "pdl_args",
     "pdl_enabled",
     "pdl_prologue",
     "round_tf32",
+    "tf32_hi",
     "tl",
     "triton",
     "triton_op",
@@ -297,14 +299,41 @@ if HAS_TRITON:
     def dot_rn(a, b, DOT: tl.constexpr):
         """``tl.dot(a, b, input_precision=DOT)``, except that "tf32" rounds both operands to the nearest TF32 value
         first: the TF32 MMA itself ignores their low 13 bits, i.e. truncates toward zero, and that bias adds up
-        over a sum (on the shipped student, tf32's energy error went from 9.1 to 0.89 meV/atom with the rounding)."""
+        over a sum (on the shipped student, tf32's energy error went from 9.1 to 0.89 meV/atom with the rounding).
+        "tf32x3w" (a kernel whose weight dots take W's parts, :func:`dot_w`) is "tf32x3" for its other dots."""
         if DOT == "tf32":
             return tl.dot(round_tf32(a), round_tf32(b), input_precision="tf32")
+        elif DOT == "tf32x3w":
+            return tl.dot(a, b, input_precision="tf32x3")
         else:
             return tl.dot(a, b, input_precision=DOT)
 
+    @triton.jit
+    def tf32_hi(x):
+        """float32 ``x`` rounded to the nearest TF32 value (ties away from zero, as ``cvt.rna.tf32.f32``) in integer
+        ops, which the interpreter runs too: the same bits as W_hi of :func:`._frozen.tf32_parts`."""
+        return ((x.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def dot_w(a, b, b_lo, DOT: tl.constexpr):
+        """``a @ W`` for a frozen weight's tile: with "tf32x3w", ``b`` = W_hi and ``b_lo`` = W_lo, W's two TF32
+        parts made once (:func:`._frozen.tf32_parts`), and only A is split here: three TF32 MMAs, float32 accuracy,
+        as tf32x3, which splits both tiles in registers at every call (on Hopper the split B tile then goes back
+        to shared memory for the warpgroup MMA). The small products go into a fresh tile, the large one onto
+        them, and the caller adds the result in float32, as Triton's tf32x3 does: accumulating the K steps inside
+        the MMAs measured 8-20x its error (benchmarks/results/stop43_gpu/probe_gemm_split_h200.md). NaN from
+        inf - inf in a small part is dropped, as there. Other modes: ``dot_rn(a, b, DOT)`` (b_lo unread)."""
+        if DOT == "tf32x3w":
+            a_hi = tf32_hi(a)
+            part = tl.dot(a - a_hi, b, input_precision="tf32")
+            part = tl.dot(a_hi, b_lo, part, input_precision="tf32")
+            part = tl.where(part != part, 0.0, part)
+            return tl.dot(a_hi, b, part, input_precision="tf32")
+        else:
+            return dot_rn(a, b, DOT)
+
 else:  # the kernel files import them by name; without Triton they define no kernel that calls them
-    pdl_prologue = round_tf32 = dot_rn = None
+    pdl_prologue = round_tf32 = dot_rn = tf32_hi = dot_w = None
 
 
 class FirstOrderOnly(torch.autograd.Function):

@@ -23,13 +23,14 @@ from torch import Tensor
 from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
-from ._frozen import derived
+from ._frozen import derived, tf32_parts
 from ._precision import dot_mode
 from ._triton_utils import (
     HAS_TRITON,
     FirstOrderOnly,
     check_launchable,
     dot_rn,
+    dot_w,
     pdl_args,
     pdl_prologue,
     tl,
@@ -54,6 +55,10 @@ __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_r
 # (results/probe_ncu_sweep_h100_run13.md): 1.068x for 4,096 g2 molecules, 1.057x for 1,024, 1.028x for 3,000
 # water atoms. Below the threshold the N-major loads stay: at every size there (benzene, 192 water atoms) the
 # transpose measured 0.95-0.99x.
+# w_split_min_rows: "tf32x3" (float32 accuracy from three TF32 MMAs) as Triton's tl.dot does it splits both tiles
+# into their TF32 part and the rest in registers after every load. On Hopper the B tile must then go back to shared
+# memory for the warpgroup MMA, every K step. W is frozen here, so its two parts are made once (_frozen.derived) and
+# the kernel loads them as they are; only A is split in registers (benchmarks/probe_gemm_split.py).
 _CONFIG = {
     "small_rows": 2048,
     "small": (16, 32, 4),
@@ -64,6 +69,8 @@ _CONFIG = {
     "untransposed_max_rows": 1024,
     "stages": None,  # num_stages of the launch on the GPU (None: Triton's default)
     "large_maxnreg": None,  # register cap per thread of the large-M launches (None: the compiler's choice)
+    # tf32x3 with W split once (_frozen.tf32_parts) for launches of at least this many rows; None: Triton's own split.
+    "w_split_min_rows": 2049,
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -270,6 +277,11 @@ def gemm(
     if not HAS_TRITON:  # pragma: no cover - gemm_fusable never says yes then
         raise RuntimeError("gemm needs triton installed")
     check_launchable(_gemm_kernel, ref)
+    w_lo = w  # unread unless the kernel's dot is "tf32x3w"
+    split_min = _CONFIG["w_split_min_rows"]
+    if dot == "tf32x3" and w.dtype == torch.float32 and split_min is not None and m >= split_min:
+        parts = tf32_parts(w)
+        w, w_lo, dot = parts[0], parts[1], "tf32x3w"
     stride_bk, stride_bn = (1, k) if transpose_w else (n, 1)
     if ref.is_cuda:
         small = m <= _CONFIG["small_rows"]
@@ -307,7 +319,8 @@ def gemm(
     if ref.is_cuda and not small and _CONFIG["large_maxnreg"] is not None:
         fusion["maxnreg"] = _CONFIG["large_maxnreg"]
     _gemm_kernel[grid](
-        a if a is not None else ref, w, bias if bias is not None else ref, aux, out, pre if pre is not None else out,
+        a if a is not None else ref, w, w_lo, bias if bias is not None else ref, aux, out,
+        pre if pre is not None else out,
         addend if addend is not None else out, _or(idx, ref), _or(scale, ref), _or(shift, ref), _or(seg, ref),
         _or(seg_out, out), m, n, k,
         stride_bk, stride_bn, out.stride(0), addend.stride(0) if addend is not None else 0,
@@ -367,7 +380,7 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["m"])
     def _gemm_kernel(
-        a_ptr, b_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, idx_ptr, scale_ptr, shift_ptr, seg_ptr, e_ptr,
+        a_ptr, b_ptr, bl_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, idx_ptr, scale_ptr, shift_ptr, seg_ptr, e_ptr,
         m, n, k, stride_bk, stride_bn, stride_cm, stride_dm,
         HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, HAS_A: tl.constexpr,
         AFFINE: tl.constexpr, SEGSUM: tl.constexpr,
@@ -415,6 +428,11 @@ if HAS_TRITON:
                 acc += tl.dot(_round_bf16(a), _round_bf16(b), input_precision="ieee")
             elif DOT == "fp16":
                 acc += tl.dot(a.to(tl.float16), b.to(tl.float16))
+            elif DOT == "tf32x3w":  # B = W_hi, bl = W_lo (made once); A split here: three TF32 MMAs, as tf32x3
+                bl = tl.load(
+                    bl_ptr + kk[:, None] * stride_bk + cols[None, :] * stride_bn, mask=(kk[:, None] < k) & cm, other=0.0
+                )
+                acc += dot_w(a, b, bl, "tf32x3w")
             else:  # "tf32": both tiles rounded to nearest first (the MMA alone truncates them)
                 acc += dot_rn(a, b, DOT)
         if HAS_BIAS:

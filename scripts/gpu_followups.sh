@@ -19,6 +19,13 @@
 #   bash scripts/gpu_followups.sh gemm          # ~3 min: bench_gemm.py, our GEMMs beside cuBLAS and the measured
 #                                               #   floor of each call (stop 42's profile: ~28 µs against ~4-7 µs
 #                                               #   at the 7,200 rows of 1,024 g2 molecules), to start GEMM work from
+#   bash scripts/gpu_followups.sh gemmsplit     # ~9 min: bench_gemm.py at 1,393 / 7,200 / 27,000 rows, then
+#                                               #   probe_gemm_split.py (tf32x3 as Triton splits it against W split
+#                                               #   once, per tile; wgmma or not)
+#   bash scripts/gpu_followups.sh wsplit        # ~9 min: W split once for tf32x3 (stop 43): the CUDA GEMM tests,
+#                                               #   bench_gemm.py, the whole step with it off / large M only
+#   bash scripts/gpu_followups.sh dotbound      # ~9 min: the W split's CUDA tests; one TF32 pass per kernel in
+#                                               #   the whole step (the bound of a faster float32 dot there)
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
@@ -67,6 +74,36 @@ case "${1:-}" in
       >"$OUT/bench_gemm.log" 2>&1
     grep -E "^\| (7200|27000) " "$OUT/bench_gemm.log" | head -16
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm" >&2; exit 2 ;;
+  gemmsplit)
+    timeout 170 python3 benchmarks/bench_gemm.py --out "$OUT" --rows 1393 7200 27000 >"$OUT/bench_gemm.log" 2>&1
+    grep -E "^\| (7200|27000) " "$OUT/bench_gemm.log" | head -16
+    timeout 380 python3 benchmarks/probe_gemm_split.py --out "$OUT" >"$OUT/probe_gemm_split.log" 2>&1
+    grep -E "^(cuBLAS|## M)|presplit_w|\| x3" "$OUT/probe_gemm_split.log" | head -60
+    ;;
+  wsplit)
+    # W split once for tf32x3 (w_split_min_rows): the CUDA GEMM tests, the GEMMs alone, the whole step A/B.
+    timeout 120 python3 -m pytest -q -x tests/kernels/test_linear.py -k cuda >"$OUT/pytest_linear.log" 2>&1
+    tail -2 "$OUT/pytest_linear.log"
+    timeout 110 python3 benchmarks/bench_gemm.py --out "$OUT" --rows 200 1393 7200 27000 >"$OUT/bench_gemm.log" 2>&1
+    grep -E "^\| (200|7200|27000) " "$OUT/bench_gemm.log" | head -24
+    timeout 300 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 280 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000,water24000 \
+      --variants "gemm:w_split_min_rows=1000000000;gemm:w_split_min_rows=2049;gemm:w_split_min_rows=1000000000" \
+      >"$OUT/sweep_wsplit.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_wsplit.log" | tail -19
+    ;;
+  dotbound)
+    # The shipped W split's CUDA tests (GEMMs, precision modes, update block), then what one TF32 pass per kernel
+    # (not float32-accurate) would give the whole step: the bound of any faster float32 dot in that kernel.
+    timeout 200 python3 -m pytest -q tests/kernels/test_linear.py tests/kernels/test_precision_dots.py \
+      tests/kernels/test_painn_update.py -k cuda >"$OUT/pytest_wsplit.log" 2>&1
+    tail -2 "$OUT/pytest_wsplit.log"
+    timeout 330 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 300 --out "$OUT" \
+      --systems g2x1024,g2x4096,water3000,water24000 \
+      --variants "mp:dot_bwd_edge=tf32;mp:dot_bwd_sender=tf32;mp:dot_fwd=tf32;gemm:dot=tf32;gemm:large=128x64x8;gemm:w_split_min_rows=1000000000" \
+      >"$OUT/sweep_dotbound.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_dotbound.log" | tail -25
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

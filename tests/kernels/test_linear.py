@@ -289,3 +289,80 @@ def test_bad_input():
         gemm(x, torch.randn(3, 5))
     with pytest.raises(ValueError, match="accumulate needs out"):
         gemm(x, torch.randn(3, 8), accumulate=True)
+
+
+def test_split_tf32_parts():
+    """W's two parts for tf32x3 (made once per frozen weight): W_hi is W rounded to the nearest TF32 value (ties
+    away from zero: 13 low mantissa bits cleared, |W - W_hi| at most half a TF32 step), W_hi + W_lo == W exactly."""
+    from mlff_distiller.kernels._frozen import split_tf32
+
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(64, 48, generator=gen) * torch.logspace(-20, 20, 48)
+    w[0, :4] = torch.tensor([0.0, -0.0, 1.0 + 2.0**-11, -(1.0 + 2.0**-11)])  # ties: away from zero
+    hi, lo = split_tf32(w)
+    assert torch.equal(hi + lo, w)
+    assert ((hi.view(torch.int32) & 0x1FFF) == 0).all()
+    assert (lo.abs() <= hi.abs() * 2.0**-11 + 1e-45).all()
+    assert hi[0, 2].item() == 1.0 + 2.0**-10 and hi[0, 3].item() == -(1.0 + 2.0**-10)
+    # Rounding to nearest: the TF32 neighbour on the other side is never closer.
+    step = hi.abs() * 2.0**-10
+    assert (lo.abs() <= step / 2 * (1 + 2.0**-10) + 1e-45).all()
+
+
+@pytest.mark.parametrize("split", [None, 0], ids=["triton-split", "w-split-once"])
+@pytest.mark.parametrize("form", ["linear", "backward", "silu-prologue", "addend"])
+def test_gemm_tf32x3_float32_accuracy(triton_device, monkeypatch, split, form):
+    """float32 with dot="tf32x3", W split by Triton in every tile or once (``w_split_min_rows``): within 5e-7
+    normwise of float64 at K = 384. On the GPU this bounds what the MMAs accumulate (the small products added to
+    the running sum inside the MMAs measured 3e-6 here); the interpreter multiplies in float32 (ieee), where a part
+    lost or doubled (W_lo's pointer, A's split) shows as ~2e-4."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    monkeypatch.setitem(lin._CONFIG, "w_split_min_rows", split)
+    gen = torch.Generator().manual_seed(11)
+    m, k, n = 300, 384, 96
+    dev, f32 = triton_device, torch.float32
+    a = _rand(m, k, gen=gen, dtype=f32, device=dev)
+    if form == "linear":
+        w, b = _rand(n, k, gen=gen, dtype=f32, device=dev, scale=k**-0.5), _rand(n, gen=gen, dtype=f32, device=dev)
+        got, want = gemm(a, w, b, dot="tf32x3")[0], nnf.linear(a.double(), w.double(), b.double())
+    else:
+        w = _rand(k, n, gen=gen, dtype=f32, device=dev, scale=k**-0.5)
+        p = _rand(m, k, gen=gen, dtype=f32, device=dev)
+        d = _rand(m, n, gen=gen, dtype=f32, device=dev)
+        if form == "backward":
+            got, want = gemm(a, w, transpose_w=False, dot="tf32x3")[0], a.double() @ w.double()
+        elif form == "silu-prologue":
+            got = gemm(a, w, transpose_w=False, prologue_silu_of=p, dot="tf32x3")[0]
+            want = torch.ops.aten.silu_backward(a.double(), p.double()) @ w.double()
+        else:
+            got = gemm(a, w, transpose_w=False, addend=d, dot="tf32x3")[0]
+            want = a.double() @ w.double() + d.double()
+    _close(got, want, 5e-7, f"{form}, w_split_min_rows={split}")
+
+
+def test_gemm_w_split_made_once(triton_device, monkeypatch):
+    """W's parts come from the frozen-weight cache: one split per weight across calls, a new one after an edit."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    monkeypatch.setitem(lin._CONFIG, "w_split_min_rows", 0)
+    made = []
+    frozen = importlib.import_module("mlff_distiller.kernels._frozen")
+    real = frozen.split_tf32
+    monkeypatch.setattr(frozen, "split_tf32", lambda w: (made.append(1), real(w))[1])
+    gen = torch.Generator().manual_seed(3)
+    a = _rand(40, 32, gen=gen, dtype=torch.float32, device=triton_device)
+    w = _rand(16, 32, gen=gen, dtype=torch.float32, device=triton_device)
+    first = gemm(a, w, dot="tf32x3")[0].clone()
+    gemm(a, w, dot="tf32x3")
+    assert len(made) == 1
+    with torch.no_grad():
+        w.mul_(2.0)
+    again = gemm(a, w, dot="tf32x3")[0]
+    assert len(made) == 2
+    _close(again, 2.0 * first, 1e-6, "after the weight's edit")
+    monkeypatch.setitem(lin._CONFIG, "w_split_min_rows", 41)  # below the threshold: Triton's own split
+    gemm(a, w, dot="tf32x3")
+    assert len(made) == 2
