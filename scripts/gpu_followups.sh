@@ -26,6 +26,10 @@
 #                                               #   bench_gemm.py, the whole step with it off / large M only
 #   bash scripts/gpu_followups.sh dotbound      # ~9 min: the W split's CUDA tests; one TF32 pass per kernel in
 #                                               #   the whole step (the bound of a faster float32 dot there)
+#   bash scripts/gpu_followups.sh mpsplit       # ~5 min: "tf32x3w" in the message-passing kernels: their CUDA
+#                                               #   tests, the whole step per kernel and with all three. Measured
+#                                               #   and dropped at stop 43: needs `git apply benchmarks/results/
+#                                               #   stop43_gpu/mp_wsplit_dropped.diff` first
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
@@ -104,6 +108,18 @@ case "${1:-}" in
       >"$OUT/sweep_dotbound.log" 2>&1
     grep -E "^\| " "$OUT/sweep_dotbound.log" | tail -25
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound" >&2; exit 2 ;;
+  mpsplit)
+    # "tf32x3w" in the message-passing kernels: their CUDA tests, then the whole step per kernel and all three.
+    timeout 200 python3 -m pytest -q tests/kernels/test_message_passing.py -k "cuda or large or split or seg or tiles" \
+      >"$OUT/pytest_mp_wsplit.log" 2>&1
+    tail -2 "$OUT/pytest_mp_wsplit.log"
+    all3="dot_fwd=tf32x3w,dot_bwd_sender=tf32x3w,dot_bwd_edge=tf32x3w"
+    timeout 360 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 330 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000,water24000 \
+      --variants "mp:dot_fwd=tf32x3w;mp:dot_bwd_sender=tf32x3w;mp:dot_bwd_edge=tf32x3w;mp:$all3" \
+      >"$OUT/sweep_mpsplit.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_mpsplit.log" | tail -25
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
