@@ -30,6 +30,8 @@
 #                                               #   tests, the whole step per kernel and with all three. Measured
 #                                               #   and dropped at stop 43: needs `git apply benchmarks/results/
 #                                               #   stop43_gpu/mp_wsplit_dropped.diff` first
+#   bash scripts/gpu_followups.sh smallgemm     # ~5 min: the small-M GEMM tiles, K step and dot in the whole step
+#                                               #   (benzene, 192 water atoms, 64 and 256 g2 molecules)
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
@@ -120,6 +122,14 @@ case "${1:-}" in
       >"$OUT/sweep_mpsplit.log" 2>&1
     grep -E "^\| " "$OUT/sweep_mpsplit.log" | tail -25
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit" >&2; exit 2 ;;
+  smallgemm)
+    # The small-M GEMM launches (<= 2,048 rows: one molecule, a 192-atom box, small batches) in the whole step.
+    timeout 330 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 300 --out "$OUT" \
+      --systems benzene,water192,g2x64,g2x256 \
+      --variants "gemm:block_k=128;gemm:block_k=32;gemm:small=16x64x4;gemm:small=32x32x4;gemm:small=16x32x2;gemm:small=16x16x4;gemm:dot=ieee" \
+      >"$OUT/sweep_smallgemm.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_smallgemm.log" | tail -30
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
