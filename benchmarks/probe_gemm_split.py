@@ -94,6 +94,69 @@ def _parse_configs(text: str) -> list[tuple[int, int, int, int, int | None]]:
     return out
 
 
+def _shape_rows(m: int, k: int, n: int, configs, modes, gemm, device) -> list[str]:
+    """The report's section for C [m, n] = A [m, k] Wᵀ: cuBLAS, the shipped gemm, then every config x mode."""
+    gen = torch.Generator(device="cpu").manual_seed(m * 7 + k * 3 + n)
+    a = torch.randn(m, k, generator=gen).to(device)
+    w = (torch.randn(n, k, generator=gen) * k**-0.5).to(device)
+    ref = (a.double() @ w.double().t()).double()
+    a_hi, a_lo = _split(a)
+    w_hi, w_lo = _split(w)
+    c = torch.empty(m, n, device=device)
+
+    def err(x):
+        return ((x.double() - ref).norm() / ref.norm()).item()
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    t_cublas = graph_time_per_call_us(lambda: torch.mm(a, w.t(), out=c))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    t_cublas_tf32 = graph_time_per_call_us(lambda: torch.mm(a, w.t(), out=c))
+    torch.backends.cuda.matmul.allow_tf32 = old
+    ours = gemm(a, w)[0]
+    t_ship = graph_time_per_call_us(lambda: gemm(a, w))
+    lines = [
+        f"## M = {m}, K = {k} → N = {n}",
+        "",
+        f"cuBLAS strict fp32 {t_cublas:.2f} µs, cuBLAS TF32 {t_cublas_tf32:.2f} µs, shipped `gemm` "
+        f"{t_ship:.2f} µs (err {err(ours):.1e})",
+        "",
+        "| tile BM x BN / warps | BK | stages | mode | µs | shipped / this | err | wgmma | regs | smem KB |",
+        "|---|---:|---|---|---:|---:|---:|---|---:|---:|",
+    ]
+    print("\n".join(lines), flush=True)
+    for bm, bn, warps, bk, stages in configs:
+        if k % bk:
+            continue
+        for mode in modes:
+            mi = MODES.index(mode)
+            kw = {"num_warps": warps}
+            if stages is not None:
+                kw["num_stages"] = stages
+            grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+            args_ = (a_hi if mi == 2 else a, a_lo, w_hi if mi in (1, 2) else w, w_lo, c, m, n)
+
+            def run(args_=args_, kw=kw, grid=grid, mi=mi, bm=bm, bn=bn, bk=bk):
+                return _probe_gemm_kernel[grid](*args_, K=k, BM=bm, BN=bn, BK=bk, MODE=mi, **kw)
+
+            try:
+                compiled = run()
+                torch.cuda.synchronize()
+                e = err(c)
+                t = graph_time_per_call_us(run)
+                ptx = compiled.asm.get("ptx", "")
+                mma = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "none")
+                regs = getattr(compiled, "n_regs", None)
+                smem = getattr(compiled.metadata, "shared", 0) / 1024
+                row = f"{t:.2f} | {t_ship / t:.2f} | {e:.1e} | {mma} | {regs} | {smem:.0f}"
+            except Exception as exc:  # a tile that does not compile is a row saying so
+                row = f"failed: {type(exc).__name__}: {str(exc)[:60]} | | | | |"
+            lines.append(f"| {bm} x {bn} / {warps} | {bk} | {stages} | {mode} | {row} |")
+            print(lines[-1], flush=True)
+    lines.append("")
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
@@ -125,66 +188,7 @@ def main(argv=None) -> None:
     for m in args.rows:
         for shape in args.shapes.split(","):
             k, n = (int(t) for t in shape.split("x"))
-            gen = torch.Generator(device="cpu").manual_seed(m * 7 + k * 3 + n)
-            a = torch.randn(m, k, generator=gen).to(device)
-            w = (torch.randn(n, k, generator=gen) * k**-0.5).to(device)
-            ref = (a.double() @ w.double().t()).float()
-            a_hi, a_lo = _split(a)
-            w_hi, w_lo = _split(w)
-            c = torch.empty(m, n, device=device)
-
-            def err(x):
-                return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
-
-            old = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = False
-            t_cublas = graph_time_per_call_us(lambda: torch.mm(a, w.t(), out=c))
-            torch.backends.cuda.matmul.allow_tf32 = True
-            t_cublas_tf32 = graph_time_per_call_us(lambda: torch.mm(a, w.t(), out=c))
-            torch.backends.cuda.matmul.allow_tf32 = old
-            ours = gemm(a, w)[0]
-            t_ship = graph_time_per_call_us(lambda: gemm(a, w))
-            lines += [
-                f"## M = {m}, K = {k} → N = {n}",
-                "",
-                f"cuBLAS strict fp32 {t_cublas:.2f} µs, cuBLAS TF32 {t_cublas_tf32:.2f} µs, shipped `gemm` "
-                f"{t_ship:.2f} µs (err {err(ours):.1e})",
-                "",
-                "| tile BM x BN / warps | BK | stages | mode | µs | shipped / this | err | wgmma | regs | smem KB |",
-                "|---|---:|---|---|---:|---:|---:|---|---:|---:|",
-            ]
-            print("\n".join(lines[-6:]), flush=True)
-            for bm, bn, warps, bk, stages in configs:
-                if k % bk:
-                    continue
-                for mode in modes:
-                    mi = MODES.index(mode)
-                    kw = {"num_warps": warps}
-                    if stages is not None:
-                        kw["num_stages"] = stages
-                    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-                    args_ = (
-                        a_hi if mi == 2 else a, a_lo, w_hi if mi in (1, 2) else w, w_lo, c, m, n
-                    )
-
-                    def run(args_=args_, kw=kw, grid=grid, mi=mi, bm=bm, bn=bn, bk=bk):
-                        return _probe_gemm_kernel[grid](*args_, K=k, BM=bm, BN=bn, BK=bk, MODE=mi, **kw)
-
-                    try:
-                        compiled = run()
-                        torch.cuda.synchronize()
-                        e = err(c)
-                        t = graph_time_per_call_us(run)
-                        ptx = compiled.asm.get("ptx", "")
-                        mma = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "none")
-                        regs = getattr(compiled, "n_regs", None)
-                        smem = getattr(compiled.metadata, "shared", 0) / 1024
-                        row = f"{t:.2f} | {t_ship / t:.2f} | {e:.1e} | {mma} | {regs} | {smem:.0f}"
-                    except Exception as exc:  # a tile that does not compile is a row saying so
-                        row = f"failed: {type(exc).__name__}: {str(exc)[:60]} | | | | |"
-                    lines.append(f"| {bm} x {bn} / {warps} | {bk} | {stages} | {mode} | {row} |")
-                    print(lines[-1], flush=True)
-            lines.append("")
+            lines += _shape_rows(m, k, n, configs, modes, gemm, device)
     write_lines(lines, Path(args.out), args.name or f"probe_gemm_split_{device_slug(device)}")
 
 

@@ -391,3 +391,48 @@ def test_an_invalidated_capture_is_retried_then_left_eager(model, monkeypatch, f
     with pytest.raises(RuntimeError, match="other"):  # not a capture failure: raised as it is
         fresh.compute(batch)
     assert fresh.capture_failures == 0
+
+
+@pytest.mark.parametrize("oom_eager", [False, True])
+def test_a_capture_out_of_memory(model, monkeypatch, oom_eager):
+    """A capture that runs out of GPU memory: raised as it is for the batch splitting (predict's engines), or with
+    ``oom_eager`` (BatchedMD's engine: its batch cannot be split) the bucket's step left eager with a warning, the
+    same results, no capture tried again for that bucket. (A CPU stand-in for GraphRunner, as above.)"""
+    from mlff_distiller import engine_padded
+
+    tries = []
+
+    def out_of_memory(fn, graph):
+        tries.append(1)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(engine_padded, "GraphRunner", out_of_memory)
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
+    engine.mode = "cudagraph"  # the captured path's bookkeeping, on the CPU
+    engine.oom_eager = oom_eager
+    batch = AtomsBatch.from_atoms(_mols(4))
+    if not oom_eager:
+        with pytest.raises(torch.OutOfMemoryError):
+            engine.compute(batch)
+        assert not engine._runners and engine.capture_failures == 0
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = engine.compute(batch)
+        again = engine.compute(batch)
+    want = ForceEngine(model, device="cpu", precision="fp64").compute(batch)
+    assert_close_to(out, want, "fp64", 4)
+    assert_close_to(again, want, "fp64", 4)
+    assert isinstance(engine._runners[engine.last_bucket], engine_padded._EagerRunner)
+    assert len(tries) == 1 and engine.capture_failures == 1
+    assert sum("ran out of GPU memory" in str(w.message) for w in caught) == 1
+
+
+def test_batched_md_engine_leaves_out_of_memory_captures_eager(model):
+    """BatchedMD's engine (fixed shape) sets oom_eager; a relaxation's (whose batch the caller may split) does not."""
+    from mlff_distiller.batched_md import batch_engine
+
+    kw = dict(device="cpu", precision="fp64", mode="auto", skin=0.5)
+    assert batch_engine(model, True, fixed_shape=True, **kw).oom_eager
+    assert not batch_engine(model, True, **kw).oom_eager
+    assert not ForceEngine(model, device="cpu").oom_eager

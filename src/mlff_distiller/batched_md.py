@@ -70,10 +70,11 @@ def batch_engine(
     contiguous already, and an eager engine would sort a batch of 10,000 atoms or more spatially and run every step
     eagerly: 4,096 g2 molecules took 12.6 ms a step so, the engine call 9.9 ms, on an H100,
     benchmarks/results/batched_md_h100/). ``fixed_shape`` (BatchedMD: the same batch every step) with mode
-    ``"auto"``: CUDA-graph buckets up to ``MD_MAX_EDGES`` edges. A relaxation's batch shrinks as structures
-    converge, and each size would be a capture of its own, so it keeps the engine's default."""
+    ``"auto"``: CUDA-graph buckets up to ``MD_MAX_EDGES`` edges, and a capture that runs out of GPU memory leaves
+    its bucket's step eager (``ForceEngine.oom_eager``: the batch cannot be split). A relaxation's batch shrinks as
+    structures converge, and each size would be a capture of its own, so it keeps the engine's default."""
     ladder = {"buckets": BucketLadder(max_edges=MD_MAX_EDGES)} if fixed_shape and mode == "auto" else {}
-    return ForceEngine(
+    engine = ForceEngine(
         model,
         device=device,
         precision=precision,
@@ -82,6 +83,9 @@ def batch_engine(
         **ladder,
         **({"spatial_sort_min_atoms": None} if molecular else {}),
     )
+    # The same batch every step cannot be split: a capture out of memory leaves its bucket's step eager.
+    engine.oom_eager = fixed_shape
+    return engine
 
 
 class BatchedMD:

@@ -188,6 +188,9 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         if isinstance(capture_after, bool) or int(capture_after) < 0:
             raise ValueError(f"capture_after must be a count of calls >= 0, got {capture_after}")
         self.capture_after = int(capture_after)
+        # A capture that runs out of memory: raised for the batch splitting (predict), or, for a caller whose batch
+        # cannot be split (BatchedMD sets it), that bucket's step left eager (engine_padded._capture).
+        self.oom_eager = False
         self._eager_uses: dict[tuple[Bucket, bool], int] = {}  # (bucket, stress step): eager calls before capture
         self._capture_now = False  # warmup: capture new buckets at once
         self._idle_dry_runs = {False: 0, True: 0}  # per step kind: dry runs in a row that compiled nothing
@@ -266,7 +269,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         # host would wait for the whole step before it could queue anything else (64 g2 molecules: 0.85 against
         # 0.69 ms a step, benchmarks/results/batched_md_h100_run4/).
         self.speculative_verlet: bool | None = None
-        self.capture_failures = 0  # CUDA-graph captures that CUDA invalidated (retried; see PaddedPaths._capture)
+        self.capture_failures = 0  # CUDA-graph captures that failed: invalidated (retried) or out of memory (oom_eager)
         self.n_speculated = 0  # steps launched before the displacement test
         self.n_discarded = 0  # speculative steps thrown away because the list was rebuilt (or took a new cell)
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call

@@ -184,20 +184,38 @@ class PaddedPaths:
         """The bucket's captured step. A capture that CUDA invalidates is tried once more; a second failure leaves
         the bucket's step eager (the same results, launch-bound), with a warning, instead of ending the caller's
         run. One intermittent invalidation was seen on the H100 (``results/gpu_test_runs.md``, stop 23). An
-        out-of-memory error is raised as it is: the batch splitting handles it."""
+        out-of-memory error is raised as it is (the batch splitting handles it), unless ``oom_eager``: a caller
+        whose batch cannot be split (:class:`~mlff_distiller.batched_md.BatchedMD`, the same replicas every step)
+        then gets the bucket's step eager, with a warning. The capture's private memory pool comes on top of what
+        the allocator already caches; the eager step shares that cache, so it may fit where the capture did not."""
         self._compile_ahead(step, graph, stress=runners is self._stress_runners)
         failure = None
+        out_of_memory = False
         for _ in range(CAPTURE_ATTEMPTS):
             try:
                 return GraphRunner(step, graph)
             except torch.OutOfMemoryError:
                 runners.pop(bucket, None)
-                raise
+                if not self.oom_eager:
+                    raise
+                out_of_memory = True  # handled below, once the traceback (the failed capture's frames) is gone
+                break
             except RuntimeError as exc:  # torch.AcceleratorError is one
                 if not is_capture_failure(exc):
                     raise
                 failure = exc
                 self.capture_failures += 1
+        if out_of_memory:
+            self.capture_failures += 1
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # the failed capture's pool, back to the device
+            warnings.warn(
+                f"CUDA graph capture of the step of {bucket} ran out of GPU memory; this bucket's step runs eagerly "
+                "(the same results, more launches)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return _EagerRunner(step, graph)
         warnings.warn(
             f"CUDA graph capture of the step of {bucket} failed {CAPTURE_ATTEMPTS} times ({failure}); "
             "this bucket's step runs eagerly",
