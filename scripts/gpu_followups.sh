@@ -32,6 +32,8 @@
 #                                               #   stop43_gpu/mp_wsplit_dropped.diff` first
 #   bash scripts/gpu_followups.sh smallgemm     # ~5 min: the small-M GEMM tiles, K step and dot in the whole step
 #                                               #   (benzene, 192 water atoms, 64 and 256 g2 molecules)
+#   bash scripts/gpu_followups.sh verify        # ~8 min: CUDA tests of the GEMMs, precisions, captures and
+#                                               #   BatchedMD; bench_large at 3,000 / 24,000 water atoms
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
@@ -130,6 +132,17 @@ case "${1:-}" in
       >"$OUT/sweep_smallgemm.log" 2>&1
     grep -E "^\| " "$OUT/sweep_smallgemm.log" | tail -30
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm" >&2; exit 2 ;;
+  verify)
+    # The tree's CUDA tests of what stop 43 changed (GEMMs, precisions, captures, BatchedMD), then bench_large.
+    timeout 130 python3 -m pytest -q tests/kernels/test_linear.py tests/kernels/test_precision_dots.py -k cuda \
+      >"$OUT/pytest_gemm.log" 2>&1; tail -1 "$OUT/pytest_gemm.log"
+    timeout 170 python3 -m pytest -q tests/test_engine_capture.py tests/test_batched_md.py \
+      tests/test_engine_modes.py -k "capture or batched or cuda_graph_equals_eager or within_documented_tolerance_gpu" \
+      >"$OUT/pytest_engine.log" 2>&1; tail -1 "$OUT/pytest_engine.log"
+    timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 180 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "^\| " "$OUT/large/bench_large.md" | head -12
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
