@@ -43,6 +43,7 @@ from mlff_distiller.buckets import BucketLadder
 # The modules (the package re-exports functions under the same names).
 linear = importlib.import_module("mlff_distiller.kernels.linear")
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+update = importlib.import_module("mlff_distiller.kernels.painn_update")
 engine_mod = importlib.import_module("mlff_distiller.engine")
 
 SYSTEMS = ("water3000", "water24000", "g2x4096")
@@ -88,6 +89,17 @@ DEFAULT_VARIANTS = "gemm:large=128x64x8,large_block_k=32;" + ";".join(
 
 
 @contextlib.contextmanager
+def update_config(**changes):
+    old = dict(update._CONFIG)
+    update._CONFIG.update(changes)
+    try:
+        yield
+    finally:
+        update._CONFIG.clear()
+        update._CONFIG.update(old)
+
+
+@contextlib.contextmanager
 def ladder_config(**changes):
     """The engine's default bucket ladder with ``changes`` (``BucketLadder`` fields, e.g. ``growth``)."""
     old = engine_mod.BucketLadder
@@ -111,7 +123,8 @@ def _value(text: str):
 
 def variants(spec: str = DEFAULT_VARIANTS):
     """(label, context factory) pairs from ``spec``: ``;``-separated ``mp:key=value,key=value`` (message-passing
-    launch keys, ``_configured``), ``gemm:key=value`` (the Triton GEMM's ``_CONFIG``; ``AxBxC`` is a tuple) or
+    launch keys, ``_configured``), ``gemm:key=value`` (the Triton GEMM's ``_CONFIG``; ``AxBxC`` is a tuple),
+    ``update:key=value`` (the update block's elementwise kernels, ``painn_update._CONFIG``) or
     ``ladder:key=value`` (the engine's default ``BucketLadder``, e.g. ``ladder:growth=1.125``)."""
     out = []
     for item in filter(None, (v.strip() for v in spec.split(";"))):
@@ -123,11 +136,14 @@ def variants(spec: str = DEFAULT_VARIANTS):
         elif where == "gemm":
             unknown = set(changes) - set(linear._CONFIG)
             ctx = lambda c=changes: gemm_config(**c)  # noqa: E731
+        elif where == "update":
+            unknown = set(changes) - set(update._CONFIG)
+            ctx = lambda c=changes: update_config(**c)  # noqa: E731
         elif where == "ladder":
             unknown = set(changes) - {f.name for f in dataclasses.fields(BucketLadder)}
             ctx = lambda c=changes: ladder_config(**c)  # noqa: E731
         else:
-            raise ValueError(f"variant {item!r}: want mp:..., gemm:... or ladder:...")
+            raise ValueError(f"variant {item!r}: want mp:..., gemm:..., update:... or ladder:...")
         if unknown:
             raise ValueError(f"variant {item!r}: unknown keys {sorted(unknown)}")
         out.append((item, ctx))

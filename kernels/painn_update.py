@@ -340,6 +340,10 @@ if HAS_TRITON:
             if HAS_GV:
                 tl.store(g_v_ptr + gvf + k * N_FEAT, tl.load(gv_out_ptr + gvf + k * N_FEAT, mask=m, other=0.0), mask=m)
 
+    # Launch of the update block's elementwise kernels on the GPU: elements per float32 tile (half for float64) and
+    # warps per program; None: the defaults below and the package's num_warps. For benchmarks/probe_ncu.py sweeps.
+    _CONFIG: dict = {"elems": None, "num_warps": None}
+
     def _launch(kernel, t: Tensor, n: int, f: int, *args, **flags) -> None:
         """One program per ``[BLOCK_N, BLOCK_F]`` tile of atoms × features (``flags``: the kernel's constexpr
         switches); nothing to do when N = 0."""
@@ -351,15 +355,17 @@ if HAS_TRITON:
             # ~13 live [BLOCK_N, BLOCK_F] values in the backward kernel: about 1024 (fp32) / 512 (fp64) elements
             # per tile keeps them in registers at 4 warps.
             block_f = min(block_f, 64)
-            elems = int((1024 if t.dtype == torch.float32 else 512) * _TUNING["block_scale"])
+            base = _CONFIG["elems"] or 1024
+            elems = int((base if t.dtype == torch.float32 else base // 2) * _TUNING["block_scale"])
         else:
             elems = 65536  # the interpreter pays per program: few large tiles
         rows = max(1, min(elems // block_f, triton.next_power_of_2(n)))
         block_n = 1 << (rows.bit_length() - 1)
         grid = (triton.cdiv(n, block_n), triton.cdiv(f, block_f))
         kernel[grid](
-            *args, n, N_FEAT=f, BLOCK_N=block_n, BLOCK_F=block_f, num_warps=num_warps(), **flags, **pdl_args(t)
-        )
+            *args, n, N_FEAT=f, BLOCK_N=block_n, BLOCK_F=block_f, num_warps=_CONFIG["num_warps"] or num_warps(),
+            **flags, **pdl_args(t),
+        )  # fmt: skip
 
     def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None):
         """``s_out``, ``v_out``, what the backward keeps (``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``) and the dot

@@ -34,6 +34,7 @@
 #                                               #   (benzene, 192 water atoms, 64 and 256 g2 molecules)
 #   bash scripts/gpu_followups.sh verify        # ~8 min: CUDA tests of the GEMMs, precisions, captures and
 #                                               #   BatchedMD; bench_large at 3,000 / 24,000 water atoms
+#   bash scripts/gpu_followups.sh update        # ~3 min: the update block's elementwise kernels' tiles and warps
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
@@ -143,6 +144,14 @@ case "${1:-}" in
       --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
     grep -E "^\| " "$OUT/large/bench_large.md" | head -12
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify" >&2; exit 2 ;;
+  update)
+    # The update block's elementwise kernels: tile elements and warps, in the whole step.
+    timeout 300 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 270 --out "$OUT" \
+      --systems benzene,g2x1024,g2x4096,water3000 \
+      --variants "update:elems=2048;update:elems=4096;update:elems=2048,num_warps=8;update:elems=4096,num_warps=8;update:elems=512;update:num_warps=8" \
+      >"$OUT/sweep_update.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_update.log" | tail -25
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
