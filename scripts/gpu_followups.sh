@@ -35,6 +35,7 @@
 #   bash scripts/gpu_followups.sh verify        # ~8 min: CUDA tests of the GEMMs, precisions, captures and
 #                                               #   BatchedMD; bench_large at 3,000 / 24,000 water atoms
 #   bash scripts/gpu_followups.sh update        # ~3 min: the update block's elementwise kernels' tiles and warps
+#   bash scripts/gpu_followups.sh update2       # ~2 min: its smaller tiles again, two rounds
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
@@ -152,6 +153,14 @@ case "${1:-}" in
       >"$OUT/sweep_update.log" 2>&1
     grep -E "^\| " "$OUT/sweep_update.log" | tail -25
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update" >&2; exit 2 ;;
+  update2)
+    # The update block's smaller tiles again, two rounds, with the 192-atom box.
+    timeout 300 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 270 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 \
+      --variants "update:elems=512;update:elems=256;update:elems=512,num_warps=2;update:elems=512" \
+      >"$OUT/sweep_update2.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_update2.log" | tail -21
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
