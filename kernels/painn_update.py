@@ -341,8 +341,11 @@ if HAS_TRITON:
                 tl.store(g_v_ptr + gvf + k * N_FEAT, tl.load(gv_out_ptr + gvf + k * N_FEAT, mask=m, other=0.0), mask=m)
 
     # Launch of the update block's elementwise kernels on the GPU: elements per float32 tile (half for float64) and
-    # warps per program; None: the defaults below and the package's num_warps. For benchmarks/probe_ncu.py sweeps.
-    _CONFIG: dict = {"elems": None, "num_warps": None}
+    # warps per program (None: the package's num_warps). 256 elements (4 atoms x 64 features at 4 warps): the whole
+    # step 1.005-1.033x against the 1,024 of stops 14-42, two rounds in one H200 call, the small graphs gaining most
+    # (benzene 1.033, 192 water atoms 1.021, 1,024 g2 molecules 1.014, 4,096 1.007, 3,000 water atoms 1.005); 2,048
+    # and 4,096 were slower, 8 warps and 2 warps no better (benchmarks/results/stop43_gpu/probe_ncu_sweep_update*.md).
+    _CONFIG: dict = {"elems": 256, "num_warps": None}
 
     def _launch(kernel, t: Tensor, n: int, f: int, *args, **flags) -> None:
         """One program per ``[BLOCK_N, BLOCK_F]`` tile of atoms × features (``flags``: the kernel's constexpr
@@ -352,10 +355,10 @@ if HAS_TRITON:
         check_launchable(kernel, t)
         block_f = triton.next_power_of_2(f)
         if t.is_cuda:
-            # ~13 live [BLOCK_N, BLOCK_F] values in the backward kernel: about 1024 (fp32) / 512 (fp64) elements
-            # per tile keeps them in registers at 4 warps.
+            # ~13 live [BLOCK_N, BLOCK_F] values in the backward kernel: at most about 1024 (fp32) / 512 (fp64)
+            # elements per tile keep them in registers at 4 warps; fewer (_CONFIG) give small graphs more programs.
             block_f = min(block_f, 64)
-            base = _CONFIG["elems"] or 1024
+            base = _CONFIG["elems"]
             elems = int((base if t.dtype == torch.float32 else base // 2) * _TUNING["block_scale"])
         else:
             elems = 65536  # the interpreter pays per program: few large tiles

@@ -36,6 +36,7 @@
 #                                               #   BatchedMD; bench_large at 3,000 / 24,000 water atoms
 #   bash scripts/gpu_followups.sh update        # ~3 min: the update block's elementwise kernels' tiles and warps
 #   bash scripts/gpu_followups.sh update2       # ~2 min: its smaller tiles again, two rounds
+#   bash scripts/gpu_followups.sh update3       # ~3 min: CUDA tests of the update block at 256 elements a tile
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
@@ -161,6 +162,14 @@ case "${1:-}" in
       >"$OUT/sweep_update2.log" 2>&1
     grep -E "^\| " "$OUT/sweep_update2.log" | tail -21
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2" >&2; exit 2 ;;
+  update3)
+    # The update block at 256 elements per tile (shipped at stop 43): its CUDA tests and the engine's precisions.
+    timeout 150 python3 -m pytest -q tests/kernels/test_painn_update.py -k cuda >"$OUT/pytest_update.log" 2>&1
+    tail -1 "$OUT/pytest_update.log"
+    timeout 150 python3 -m pytest -q tests/test_engine_modes.py \
+      -k "within_documented_tolerance_gpu or cuda_graph_equals_eager" >"$OUT/pytest_update_engine.log" 2>&1
+    tail -1 "$OUT/pytest_update_engine.log"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
