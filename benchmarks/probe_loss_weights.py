@@ -71,6 +71,14 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the fine-tuning runs")
     p.add_argument("--weights", type=float, nargs="+", default=[1.0, 0.2, 0.0], help="--data-weight of set B")
     p.add_argument("--hot-sigma", type=float, default=0.15, help="Å, the hot set's displacement per component")
+    p.add_argument(
+        "--weight-norms",
+        nargs="+",
+        default=["sum"],
+        choices=["sum", "count"],
+        help="train.weight_norm of the fine-tuning runs (each run with every one; count: as MACE, per frame count)",
+    )
+    p.add_argument("--name", default="loss_weights_cpu")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -97,20 +105,21 @@ def main() -> None:
     base = train(tr, va, base_cfg, work / "base", log=lambda m: None).model
     rows = [("base (A only)", "-", "-", force_mae(base, a_test), force_mae(base, hot_test))]
     print(rows[-1], flush=True)
+    norms = args.weight_norms
     for seed in args.seeds:
         for w in args.weights:
-            run = work / f"ft_w{w}_s{seed}"
-            argv = ["train", "--data", str(work / "a"), "--data", str(work / "b.extxyz"), "--out", str(run)]
-            argv += ["--init-model", str(work / "base" / "best.pt"), "--data-weight", "1", "--data-weight", str(w)]
-            sets = dict(common, lr=5e-4, max_steps=args.ft_steps, seed=seed)
-            argv += [f"--set=train.{k}={v}" for k, v in sets.items()]
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                assert cli(argv) == 0, argv
-            tuned = load_model(run / "best.pt")
-            rows.append(
-                (f"fine-tuned on A + B, B weight {w:g}", seed, w, force_mae(tuned, a_test), force_mae(tuned, hot_test))
-            )
-            print(rows[-1], flush=True)
+            for norm in norms:
+                run = work / f"ft_w{w}_s{seed}_{norm}"
+                argv = ["train", "--data", str(work / "a"), "--data", str(work / "b.extxyz"), "--out", str(run)]
+                argv += ["--init-model", str(work / "base" / "best.pt"), "--data-weight", "1", "--data-weight", str(w)]
+                sets = dict(common, lr=5e-4, max_steps=args.ft_steps, seed=seed, weight_norm=norm)
+                argv += [f"--set=train.{k}={v}" for k, v in sets.items()]
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    assert cli(argv) == 0, argv
+                tuned = load_model(run / "best.pt")
+                name = f"fine-tuned on A + B, B weight {w:g}" + (f", weight_norm {norm}" if len(norms) > 1 else "")
+                rows.append((name, seed, (w, norm), force_mae(tuned, a_test), force_mae(tuned, hot_test)))
+                print(rows[-1], flush=True)
 
     lines = [
         "# Per-source loss weight in a fine-tuning round (CPU, EMT teacher)",
@@ -125,19 +134,27 @@ def main() -> None:
         f"frames, {len(hot_test)} held out, mean |F| component {1000 * f_b:.0f} meV/Å). Student {json.dumps(STUDENT)}, "
         f"float32. Base: {args.steps} steps on A (lr 2e-3). Fine-tuning: `mlff-distill train --data A --data B "
         f"--data-weight 1 --data-weight W --init-model base.pt`, {args.ft_steps} steps at lr 5e-4, batch 16; best.pt "
-        "chosen on the (unweighted) validation split of A + B. Force MAE (meV/Å), unweighted, on the held-out sets.",
+        "chosen on the (unweighted) validation split of A + B. Force MAE (meV/Å), unweighted, on the held-out sets."
+        + (f" `train.weight_norm`: {' and '.join(norms)} (docs/distillation.md)." if len(norms) > 1 else ""),
         "",
         "| student | seed | B weight | force MAE held-out A | force MAE held-out B |",
         "|---|---:|---:|---:|---:|",
     ]
-    lines += [f"| {name} | {s} | {w} | {a:.1f} | {b:.1f} |" for name, s, w, a, b in rows]
+    lines += [f"| {name} | {s} | {_w(w)} | {a:.1f} | {b:.1f} |" for name, s, w, a, b in rows]
     for w in args.weights:
-        sel = [r for r in rows if r[2] == w]
-        lines.append(
-            f"| mean over seeds, B weight {w:g} | | {w:g} | {np.mean([r[3] for r in sel]):.1f} | "
-            f"{np.mean([r[4] for r in sel]):.1f} |"
-        )
-    write_lines(lines, args.out, "loss_weights_cpu")
+        for norm in norms:
+            sel = [r for r in rows if r[2] == (w, norm)]
+            what = f"B weight {w:g}" + (f", weight_norm {norm}" if len(norms) > 1 else "")
+            lines.append(
+                f"| mean over seeds, {what} | | {w:g} | {np.mean([r[3] for r in sel]):.1f} | "
+                f"{np.mean([r[4] for r in sel]):.1f} |"
+            )
+    write_lines(lines, args.out, args.name)
+
+
+def _w(w) -> str:
+    """The table's weight cell: "-" for the base, the weight of a fine-tuning run."""
+    return w if isinstance(w, str) else f"{w[0]:g}"
 
 
 if __name__ == "__main__":
