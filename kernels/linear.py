@@ -57,8 +57,12 @@ __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_r
 # transpose measured 0.95-0.99x.
 # w_split_min_rows: "tf32x3" (float32 accuracy from three TF32 MMAs) as Triton's tl.dot does it splits both tiles
 # into their TF32 part and the rest in registers after every load. On Hopper the B tile must then go back to shared
-# memory for the warpgroup MMA, every K step. W is frozen here, so its two parts are made once (_frozen.derived) and
-# the kernel loads them as they are; only A is split in registers (benchmarks/probe_gemm_split.py).
+# memory for the warpgroup MMA, every K step. W is frozen here, so its two parts are made once (_frozen.tf32_parts)
+# and the kernel loads them as they are; only A is split in registers (benchmarks/probe_gemm_split.py; the shipped
+# kernel at 7,200 rows, 128 -> 384: 17.0 -> 13.9 us on an H200, results/stop43_gpu/bench_gemm_*_h200.md). The whole
+# step, split once against Triton's split (H200, results/stop43_gpu/probe_ncu_sweep_wsplit.md): 1.058x for 1,024 g2
+# molecules, 1.043x for 4,096, 1.017x for 3,000 water atoms; the small-tile launches (mma.sync, at most small_rows
+# rows) gained nothing (benzene 0.99x), hence the threshold just above small_rows.
 _CONFIG = {
     "small_rows": 2048,
     "small": (16, 32, 4),
