@@ -299,12 +299,9 @@ if HAS_TRITON:
     def dot_rn(a, b, DOT: tl.constexpr):
         """``tl.dot(a, b, input_precision=DOT)``, except that "tf32" rounds both operands to the nearest TF32 value
         first: the TF32 MMA itself ignores their low 13 bits, i.e. truncates toward zero, and that bias adds up
-        over a sum (on the shipped student, tf32's energy error went from 9.1 to 0.89 meV/atom with the rounding).
-        "tf32x3w" (a kernel whose weight dots take W's parts, :func:`dot_w`) is "tf32x3" for its other dots."""
+        over a sum (on the shipped student, tf32's energy error went from 9.1 to 0.89 meV/atom with the rounding)."""
         if DOT == "tf32":
             return tl.dot(round_tf32(a), round_tf32(b), input_precision="tf32")
-        elif DOT == "tf32x3w":
-            return tl.dot(a, b, input_precision="tf32x3")
         else:
             return tl.dot(a, b, input_precision=DOT)
 
