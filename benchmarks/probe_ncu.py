@@ -73,30 +73,20 @@ def structures(name: str, hidden: int | None = None, layers: int | None = None):
 
 
 @contextlib.contextmanager
-def gemm_config(**changes):
-    old = dict(linear._CONFIG)
-    linear._CONFIG.update(changes)
+def patched_config(config: dict, **changes):
+    """``config`` (a kernel module's launch ``_CONFIG``) with ``changes`` inside, restored after."""
+    old = dict(config)
+    config.update(changes)
     try:
         yield
     finally:
-        linear._CONFIG.clear()
-        linear._CONFIG.update(old)
+        config.clear()
+        config.update(old)
 
 
 DEFAULT_VARIANTS = "gemm:large=128x64x8,large_block_k=32;" + ";".join(
     f"mp:{k}_stages={s}" for k in ("fwd", "bwd_sender", "bwd_edge") for s in (1, 2, 4)
 )
-
-
-@contextlib.contextmanager
-def update_config(**changes):
-    old = dict(update._CONFIG)
-    update._CONFIG.update(changes)
-    try:
-        yield
-    finally:
-        update._CONFIG.clear()
-        update._CONFIG.update(old)
 
 
 @contextlib.contextmanager
@@ -135,10 +125,10 @@ def variants(spec: str = DEFAULT_VARIANTS):
             ctx = lambda c=changes: mp._configured(**c)  # noqa: E731
         elif where == "gemm":
             unknown = set(changes) - set(linear._CONFIG)
-            ctx = lambda c=changes: gemm_config(**c)  # noqa: E731
+            ctx = lambda c=changes: patched_config(linear._CONFIG, **c)  # noqa: E731
         elif where == "update":
             unknown = set(changes) - set(update._CONFIG)
-            ctx = lambda c=changes: update_config(**c)  # noqa: E731
+            ctx = lambda c=changes: patched_config(update._CONFIG, **c)  # noqa: E731
         elif where == "ladder":
             unknown = set(changes) - {f.name for f in dataclasses.fields(BucketLadder)}
             ctx = lambda c=changes: ladder_config(**c)  # noqa: E731

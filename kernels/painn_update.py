@@ -160,6 +160,13 @@ def _cat2(u_w: Tensor, v_w: Tensor) -> Tensor:
 # Each kernel program owns a [BLOCK_N atoms, BLOCK_F features] tile; F need not be a power of two (masks).
 # ------------------------------------------------------------------------------------------------------------
 
+# Launch of the update block's elementwise kernels on the GPU: elements per float32 tile (half for float64) and
+# warps per program (None: the package's num_warps). 256 elements (4 atoms x 64 features at 4 warps): the whole
+# step 1.005-1.033x against the 1,024 of stops 14-42, two rounds in one H200 call, the small graphs gaining most
+# (benzene 1.033, 192 water atoms 1.021, 1,024 g2 molecules 1.014, 4,096 1.007, 3,000 water atoms 1.005); 2,048
+# and 4,096 were slower, 8 warps and 2 warps no better (benchmarks/results/stop43_gpu/probe_ncu_sweep_update*.md).
+_CONFIG: dict = {"elems": 256, "num_warps": None}
+
 if HAS_TRITON:
 
     @triton.jit
@@ -339,13 +346,6 @@ if HAS_TRITON:
             tl.store(g, tl.load(g, mask=m, other=0.0) + r * vv, mask=m)
             if HAS_GV:
                 tl.store(g_v_ptr + gvf + k * N_FEAT, tl.load(gv_out_ptr + gvf + k * N_FEAT, mask=m, other=0.0), mask=m)
-
-    # Launch of the update block's elementwise kernels on the GPU: elements per float32 tile (half for float64) and
-    # warps per program (None: the package's num_warps). 256 elements (4 atoms x 64 features at 4 warps): the whole
-    # step 1.005-1.033x against the 1,024 of stops 14-42, two rounds in one H200 call, the small graphs gaining most
-    # (benzene 1.033, 192 water atoms 1.021, 1,024 g2 molecules 1.014, 4,096 1.007, 3,000 water atoms 1.005); 2,048
-    # and 4,096 were slower, 8 warps and 2 warps no better (benchmarks/results/stop43_gpu/probe_ncu_sweep_update*.md).
-    _CONFIG: dict = {"elems": 256, "num_warps": None}
 
     def _launch(kernel, t: Tensor, n: int, f: int, *args, **flags) -> None:
         """One program per ``[BLOCK_N, BLOCK_F]`` tile of atoms × features (``flags``: the kernel's constexpr
