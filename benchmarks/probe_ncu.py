@@ -39,6 +39,7 @@ from harness import write_lines
 from peers import StepImpl, make_student
 
 from mlff_distiller.buckets import BucketLadder
+from mlff_distiller.model import StudentModel
 
 # The modules (the package re-exports functions under the same names).
 linear = importlib.import_module("mlff_distiller.kernels.linear")
@@ -90,6 +91,19 @@ DEFAULT_VARIANTS = "gemm:large=128x64x8,large_block_k=32;" + ";".join(
 
 
 @contextlib.contextmanager
+def class_attrs(cls, **changes):
+    """``cls`` with class attributes ``changes``, restored after."""
+    old = {k: getattr(cls, k) for k in changes}
+    for k, v in changes.items():
+        setattr(cls, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(cls, k, v)
+
+
+@contextlib.contextmanager
 def ladder_config(**changes):
     """The engine's default bucket ladder with ``changes`` (``BucketLadder`` fields, e.g. ``growth``)."""
     old = engine_mod.BucketLadder
@@ -115,7 +129,8 @@ def variants(spec: str = DEFAULT_VARIANTS):
     """(label, context factory) pairs from ``spec``: ``;``-separated ``mp:key=value,key=value`` (message-passing
     launch keys, ``_configured``), ``gemm:key=value`` (the Triton GEMM's ``_CONFIG``; ``AxBxC`` is a tuple),
     ``update:key=value`` (the update block's elementwise kernels, ``painn_update._CONFIG``) or
-    ``ladder:key=value`` (the engine's default ``BucketLadder``, e.g. ``ladder:growth=1.125``)."""
+    ``ladder:key=value`` (the engine's default ``BucketLadder``, e.g. ``ladder:growth=1.125``) or
+    ``model:species_table=0`` (``StudentModel``'s class switches: the first layer's φ from the MLP on every atom)."""
     out = []
     for item in filter(None, (v.strip() for v in spec.split(";"))):
         where, _, body = item.partition(":")
@@ -129,11 +144,14 @@ def variants(spec: str = DEFAULT_VARIANTS):
         elif where == "update":
             unknown = set(changes) - set(update._CONFIG)
             ctx = lambda c=changes: patched_config(update._CONFIG, **c)  # noqa: E731
+        elif where == "model":
+            unknown = set(changes) - {"species_table"}
+            ctx = lambda c=changes: class_attrs(StudentModel, **{k: bool(v) for k, v in c.items()})  # noqa: E731
         elif where == "ladder":
             unknown = set(changes) - {f.name for f in dataclasses.fields(BucketLadder)}
             ctx = lambda c=changes: ladder_config(**c)  # noqa: E731
         else:
-            raise ValueError(f"variant {item!r}: want mp:..., gemm:..., update:... or ladder:...")
+            raise ValueError(f"variant {item!r}: want mp:..., gemm:..., update:..., model:... or ladder:...")
         if unknown:
             raise ValueError(f"variant {item!r}: unknown keys {sorted(unknown)}")
         out.append((item, ctx))

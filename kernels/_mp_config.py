@@ -137,6 +137,10 @@ _CONFIG = {
     # 0.978 / 0.979x. Hence the degree bound; graphs below 100,000 edges (a 192-atom box in MD) are not measured.
     "fold_xb_min_edges": 100_000,
     "fold_xb_min_degree": 24,
+    # edge_stream_max_edges: inside a CUDA-graph capture, on graphs of at most this many edges (None: never), the
+    # backward's edge kernel (∂rbf, ∂u, with its partial sums) runs on a second stream beside the sender kernel
+    # (∂x, ∂v): on small graphs each leaves most of the GPU idle.
+    "edge_stream_max_edges": None,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}

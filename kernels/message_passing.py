@@ -295,6 +295,15 @@ if HAS_TRITON:
         zero = _zero_scalar(x)
         g_x, g_v = zero.expand(x.shape), zero.expand(v.shape)
         g_rbf, g_unit, g_w = zero.expand(rbf.shape), zero.expand(unit.shape), zero.expand(w.shape)
+        # The edge kernel (∂rbf, ∂u) and the sender kernel (∂x, ∂v) read the same inputs and write different outputs:
+        # in a CUDA-graph capture of a small graph the edge kernel runs on a second stream beside the sender kernel
+        # (``_edge_stream``). Its outputs are made here, on the caller's stream (they outlive the join), and the
+        # fork is recorded before the sender kernel is queued.
+        side = _edge_stream(x, e) if need[0] and need[1] and n > 0 and f > 0 and e > 0 and launch is _bare else None
+        if side is not None:
+            main = torch.cuda.current_stream(x.device)
+            g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
+            side.wait_stream(main)
         if need[0]:
             g_x, g_v = torch.empty_like(x), torch.empty_like(v)
             if n > 0 and f > 0:
@@ -316,29 +325,14 @@ if HAS_TRITON:
         if need[1] and e > 0:
             if f == 0:
                 g_rbf, g_unit = torch.zeros_like(rbf), torch.zeros_like(unit)
+            elif side is None:
+                g_rbf, g_unit = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
             else:
-                c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf)
-                tiles = triton.cdiv(e, c["BLOCK_E"])
-                split = _edge_split(x, tiles, f, c["BLOCK_F"])
-                # split > 1: partial rows per feature slice, summed here (deterministic, no atomics)
-                lead = (split,) if split > 1 else ()
-                g_rbf = torch.empty((*lead, *rbf.shape), dtype=rbf.dtype, device=x.device)
-                g_unit = torch.empty((*lead, *unit.shape), dtype=unit.dtype, device=x.device)
-                live = row_ptr is not None
-                fold = has_v and launch is _bare and _fold_xb(x, e, n)
-                check_launchable(_mp_bwd_edge_kernel, x)
-                launch(_mp_bwd_edge_kernel)[(tiles, split)](
-                    grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, g_rbf, g_unit,
-                    row_ptr[n:] if live else g_unit, e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live,
-                    HAS_V=has_v, FOLD=fold, **c, **pdl_args(x),
-                )  # fmt: skip
-                if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
-                    part_rbf, part_unit = g_rbf, g_unit
-                    g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
-                    launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
-                        part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=split, BLOCK_E=128,
-                        **pdl_args(x),
-                    )  # fmt: skip
+                with torch.cuda.stream(side):
+                    _edge_grads(
+                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=(g_rbf, g_unit)
+                    )
+                main.wait_stream(side)  # the join: whatever reads ∂rbf / ∂u is queued after it
         if need[2]:
             g_w = torch.zeros_like(w)
             if e > 0 and f > 0:
@@ -356,6 +350,51 @@ if HAS_TRITON:
                 )  # fmt: skip
                 g_w = part.sum(0)
         return g_x, g_v, g_rbf, g_w, g_unit
+
+    def _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=None):
+        """``(∂rbf [E, R], ∂u [E, 3])`` by the edge kernel (and, when its feature loop is split, the sum of its
+        partial rows); ``out``: the two tensors to write them into (else new ones). Inputs as ``_mp_backward``
+        prepared them (contiguous, one dtype, ``f > 0``, ``e > 0``)."""
+        n, f = v.shape[0], v.shape[2]
+        e, n_rbf = rbf.shape
+        c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf)
+        tiles = triton.cdiv(e, c["BLOCK_E"])
+        split = _edge_split(x, tiles, f, c["BLOCK_F"])
+        g_rbf, g_unit = (torch.empty_like(rbf), torch.empty_like(unit)) if out is None else out
+        if split > 1:  # partial rows per feature slice, summed below (deterministic, no atomics)
+            part_rbf = torch.empty((split, *rbf.shape), dtype=rbf.dtype, device=x.device)
+            part_unit = torch.empty((split, *unit.shape), dtype=unit.dtype, device=x.device)
+        else:
+            part_rbf, part_unit = g_rbf, g_unit
+        live = row_ptr is not None
+        fold = has_v and launch is _bare and _fold_xb(x, e, n)
+        check_launchable(_mp_bwd_edge_kernel, x)
+        launch(_mp_bwd_edge_kernel)[(tiles, split)](
+            grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, part_rbf, part_unit,
+            row_ptr[n:] if live else part_unit, e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live,
+            HAS_V=has_v, FOLD=fold, **c, **pdl_args(x),
+        )  # fmt: skip
+        if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
+            launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
+                part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=split, BLOCK_E=128,
+                **pdl_args(x),
+            )  # fmt: skip
+        return g_rbf, g_unit
+
+    _SIDE_STREAMS: dict = {}
+
+    def _edge_stream(x: Tensor, n_edges: int):
+        """The second stream of ``x``'s device for the edge kernel, or None: only inside a CUDA-graph capture (where
+        the fork and the join are two graph edges; eagerly they would cost host time, which bounds small graphs
+        there) and on graphs of at most ``edge_stream_max_edges`` edges (None: never), where the two kernels
+        leave most of the GPU idle."""
+        limit = _CONFIG["edge_stream_max_edges"]
+        if limit is None or not x.is_cuda or int(n_edges) > int(limit) or torch.compiler.is_compiling():
+            return None
+        stream = _SIDE_STREAMS.get(x.device)
+        if stream is None:  # made on the eager warm-up call before a capture, not inside it
+            stream = _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
+        return stream if torch.cuda.is_current_stream_capturing() else None
 
     def _bare(kernel):
         return kernel

@@ -170,6 +170,20 @@ case "${1:-}" in
       -k "within_documented_tolerance_gpu or cuda_graph_equals_eager" >"$OUT/pytest_update_engine.log" 2>&1
     tail -1 "$OUT/pytest_update_engine.log"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3" >&2; exit 2 ;;
+  stop44)
+    # Stop 44: the edge kernel on a second stream inside captures (CUDA test, then the whole step with it on for
+    # every size), the first layer's φ from the species table (shipped) against the MLP on every atom; twice each.
+    timeout 150 python3 -m pytest -q tests/kernels/test_message_passing.py -k "edge_stream" >"$OUT/pytest_side.log" 2>&1
+    tail -1 "$OUT/pytest_side.log"
+    timeout 150 python3 -m pytest -q tests/test_engine_modes.py tests/test_species_table.py \
+      -k "within_documented_tolerance_gpu or cuda_graph_equals_eager or species" >"$OUT/pytest_table.log" 2>&1
+    tail -1 "$OUT/pytest_table.log"
+    timeout 330 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 300 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 \
+      --variants "mp:edge_stream_max_edges=1000000000;model:species_table=0;mp:edge_stream_max_edges=1000000000;model:species_table=0" \
+      >"$OUT/sweep_stop44.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_stop44.log" | tail -21
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -217,12 +217,14 @@ def _messages(x, v, s, rbf, wfilt, unit_k, i, j, bounds):
     return s_mid, v_mid, None
 
 
-def _messages_backward(g_smid, g_vmid, x, v, kept, rbf, wfilt, unit_k, i, j, bounds, g_rbf, g_unit):
+def _messages_backward(g_smid, g_vmid, x, v, kept, rbf, wfilt, unit_k, i, j, bounds, g_rbf, g_unit, need_x=True):
     """``(dE/dφ(s) [N, 3F], dE/dv [N, 3, F] or None)`` through :func:`_messages`, from dE/ds_mid and dE/dv_mid;
-    adds dE/dW's pull-back onto rbf into ``g_rbf`` and dE/du into ``g_unit`` (in place)."""
+    adds dE/dW's pull-back onto rbf into ``g_rbf`` and dE/du into ``g_unit`` (in place). ``need_x`` False (the
+    first layer, whose φ(s) and v depend on the species alone): only the geometry's part; dE/dφ(s) comes back
+    None."""
     n, f = g_smid.shape
     g_v = g_vmid.clone() if v is not None else None
-    g_x = x.new_zeros((n, 3 * f))
+    g_x = x.new_zeros((n, 3 * f)) if need_x else None
     for a, b in [(0, rbf.shape[0])] if bounds is None else bounds:
         jc, ic = (j, i) if bounds is None else (j[a:b], i[a:b])
         if kept is not None:
@@ -239,7 +241,8 @@ def _messages_backward(g_smid, g_vmid, x, v, kept, rbf, wfilt, unit_k, i, j, bou
             g_v.index_add_(0, jc, (xj[:, f : 2 * f] * wf[:, f : 2 * f]).unsqueeze(1) * gv_i)
         g_rbf[a:b] += (g_m * xj) @ wfilt
         g_unit[a:b] += ((xj[:, 2 * f :] * wf[:, 2 * f :]).unsqueeze(1) * gv_i).sum(-1)
-        g_x.index_add_(0, jc, g_m * wf)
+        if need_x:
+            g_x.index_add_(0, jc, g_m * wf)
     return g_x, g_v
 
 
@@ -295,10 +298,15 @@ def energy_and_gradients(
     v = None  # the first layer's vector features are zeros: their terms are skipped, forward and backward
     bounds = _edge_chunks(rbf.shape[0], f)
     saved = []
-    for layer in layers:
+    # The first layer's φ(s) from the species table (StudentModel.first_phi_table), when the model keeps one.
+    phi_table = model.first_phi_table()
+    for k, layer in enumerate(layers):
         w1, b1, w2, b2, wfilt, wu, wv, m1, mb1, m2, mb2 = layer
-        h1 = torch.addmm(b1, s, w1.t())
-        x = torch.addmm(b2, silu(h1), w2.t())  # φ(s) [N, 3F]
+        if k == 0 and phi_table is not None:
+            h1, x = None, phi_table.index_select(0, idx)
+        else:
+            h1 = torch.addmm(b1, s, w1.t())
+            x = torch.addmm(b2, silu(h1), w2.t())  # φ(s) [N, 3F]
         s_mid, v_mid, kept = _messages(x, v, s, rbf, wfilt, unit_k, i, j, bounds)
         uv, vv = v_mid @ wu.t(), v_mid @ wv.t()
         vnorm = torch.sqrt((vv * vv).sum(1) + 1e-8)
@@ -323,7 +331,8 @@ def energy_and_gradients(
     g_v = None
     g_rbf = torch.zeros_like(rbf)
     g_unit = torch.zeros_like(unit)
-    for layer, h1, x, v_in, kept, uv, vv, vnorm, h2, mix, dot in reversed(saved):
+    for k in reversed(range(len(saved))):
+        layer, h1, x, v_in, kept, uv, vv, vnorm, h2, mix, dot = saved[k]
         w1, b1, w2, b2, wfilt, wu, wv, m1, mb1, m2, mb2 = layer
         a_vv, a_sv = mix[:, :f], mix[:, f : 2 * f]
         # s = s_mid + a_ss + a_sv * dot;  v = v_mid + a_vv * uv;  dot = Σ_k uv vv
@@ -341,8 +350,13 @@ def energy_and_gradients(
         g_vv = torch.addcmul(g_vv, (g_in[:, f:] / vnorm).unsqueeze(1), vv)
         g_vmid = g_uv.reshape(-1, f) @ wu if g_v is None else torch.addmm(g_v.reshape(-1, f), g_uv.reshape(-1, f), wu)
         g_vmid = torch.addmm(g_vmid, g_vv.reshape(-1, f), wv).view(n, 3, f)
-        g_x, g_v = _messages_backward(g_smid, g_vmid, x, v_in, kept, rbf, wfilt, unit_k, i, j, bounds, g_rbf, g_unit)
-        g_s = torch.addmm(g_smid, silu_backward(g_x @ w2, h1), w1)
+        # The first layer's inputs (the embedding rows and v = 0) depend on the species alone: from its messages
+        # only the geometry's part is needed, and no dE/ds below it.
+        g_x, g_v = _messages_backward(
+            g_smid, g_vmid, x, v_in, kept, rbf, wfilt, unit_k, i, j, bounds, g_rbf, g_unit, need_x=k > 0
+        )
+        if k > 0:
+            g_s = torch.addmm(g_smid, silu_backward(g_x @ w2, h1), w1)
     if closed is not None:  # r_ij -> (d, u): dE/dr = (dE/dd) u + (g_u - (g_u . u) u) / d
         g_d = (g_rbf * d_rbf).sum(-1, keepdim=True)
         g_vec = g_d * unit + (g_unit - (g_unit * unit).sum(-1, keepdim=True) * unit) / closed[0].unsqueeze(-1)

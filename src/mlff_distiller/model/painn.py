@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from mlff_distiller import kernels
+from mlff_distiller.kernels._frozen import derived
 
 __all__ = ["ModelConfig", "StudentModel"]
 
@@ -65,6 +67,16 @@ def _mlp(n_in: int, n_hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, n_hidden), nn.SiLU(), nn.Linear(n_hidden, n_out))
 
 
+def _phi_table(embedding: torch.Tensor, w1, b1, w2, b2) -> torch.Tensor:
+    """φ(embedding row) of every species, ``[species, 3F]`` in the embedding's dtype: the MLP in float64 (no TF32,
+    no 16-bit GEMM mode can reach it, and the table is made once), rounded once to the model's dtype."""
+    with torch.no_grad():
+        wide = embedding.dtype if embedding.device.type == "mps" else torch.float64
+        e, w1, b1, w2, b2 = (t.detach().to(wide) for t in (embedding, w1, b1, w2, b2))
+        out = torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(e, w1, b1)), w2, b2)
+        return out.to(embedding.dtype).contiguous()
+
+
 def _mlp_call(mlp: nn.Sequential, x: torch.Tensor, residual: bool = False):
     """An :func:`_mlp` applied to x: :func:`mlff_distiller.kernels.mlp` (Triton GEMMs for frozen weights on the
     Triton backend, the same torch ops otherwise). Layers that are not plain ``nn.Linear`` (the 16-bit copies of
@@ -90,12 +102,15 @@ class PaiNNInteraction(nn.Module):
         s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
-    def messages(self, s, v, rbf, unit, edge_index, v_zero=False):
+    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None):
         """``(s', Δs [N,F], Δv [N,3,F])``: ``forward`` without its residual sums (the model hands them to the update
         block, whose fused path adds them inside its own kernels). s' is s for the residual sum: on the Triton MLP
         an alias whose gradient φ's backward adds to its own (one add kernel less). ``v_zero``: v is all zeros
-        (the first layer; see :func:`mlff_distiller.kernels.message_passing`)."""
-        phi, s = _mlp_call(self.phi, s, residual=True)
+        (the first layer; see :func:`mlff_distiller.kernels.message_passing`). ``phi``: φ(s) ``[N, 3F]`` already
+        known (the first layer's, from the species table of :meth:`StudentModel.first_phi`); s is then returned
+        as it is."""
+        if phi is None:
+            phi, s = _mlp_call(self.phi, s, residual=True)
         return (s, *kernels.message_passing(phi, v, rbf, self.filter.weight, unit, edge_index, v_zero=v_zero))
 
 
@@ -122,11 +137,12 @@ class CSRInteraction(nn.Module):
         s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
-    def messages(self, s, v, rbf, unit, edge_index, v_zero=False):
+    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None):
         """``(s', Δs, Δv)`` (see :meth:`PaiNNInteraction.messages`)."""
         w = self.inner.filter.weight
         csr = self.csr
-        phi, s = _mlp_call(self.inner.phi, s, residual=True)
+        if phi is None:
+            phi, s = _mlp_call(self.inner.phi, s, residual=True)
         return s, *kernels.message_passing(
             phi,
             v,
@@ -185,6 +201,12 @@ class StudentModel(nn.Module):
     ``forward`` takes an already-built graph and returns ``{"energy": [B] eV, "atomic_energies": [N] eV}``.
     Use :class:`mlff_distiller.ForceEngine` (or ``predict_forces`` / ``StudentCalculator``) for forces and stress.
     """
+
+    # The first layer's φ(s) depends on the species alone (s is an embedding row there): with frozen weights it is
+    # taken from a [species, 3F] table made once (kernels._frozen.derived: made again when a weight changes) and
+    # gathered per atom, instead of the MLP on every atom (two GEMMs fewer per step on the GPU, two matmuls on the
+    # CPU). False: the MLP on every atom, as in training (tests and probes compare the two).
+    species_table: ClassVar[bool] = True
 
     def __init__(self, config: ModelConfig | None = None, **kwargs) -> None:
         super().__init__()
@@ -248,6 +270,24 @@ class StudentModel(nn.Module):
         from ase.data import chemical_symbols
 
         return [chemical_symbols[z] for z in self.config.species]
+
+    def first_phi_table(self) -> torch.Tensor | None:
+        """The first layer's φ(s) of every species, ``[species, 3F]`` (made once while the weights stay as they are),
+        or None where the MLP runs on every atom instead: ``species_table`` off, a weight that requires grad under
+        grad mode (training), a replaced embedding or first block, or inside ``torch.compile``."""
+        if not self.species_table or torch.compiler.is_compiling():
+            return None
+        inter = self.interactions[0] if len(self.interactions) else None
+        inner = inter.inner if type(inter) is CSRInteraction else inter
+        if type(inner) is not PaiNNInteraction or type(self.embedding) is not nn.Embedding:
+            return None
+        first, act, last = inner.phi[0], inner.phi[1], inner.phi[2]
+        if type(first) is not nn.Linear or type(act) is not nn.SiLU or type(last) is not nn.Linear:
+            return None
+        weights = (self.embedding.weight, first.weight, first.bias, last.weight, last.bias)
+        if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+            return None
+        return derived("first_phi", _phi_table, *weights)
 
     def set_energy_reference(self, shift: Sequence[float] | torch.Tensor, scale: Sequence[float] | torch.Tensor):
         """Set per-species energy shift (eV) and scale, ordered like ``config.species``."""
@@ -329,13 +369,17 @@ class StudentModel(nn.Module):
         wall = table is not None and kernels.wall_touched(dist, edge_index, idx, table)
         s = self.embedding(idx)
         v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
+        phi_table = self.first_phi_table()
         for layer, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
             messages = getattr(interaction, "messages", None)
             if messages is None or not isinstance(update, PaiNNUpdate):  # a replaced block: its own residuals
                 s, v = update(*interaction(s, v, rbf, unit, edge_index))
             else:  # s + ds, v + dv inside the update (no separate add kernels on the fused path)
                 # v_zero: the first layer's v is the zeros above (its message terms are skipped, not added).
-                s, ds, dv = messages(s, v, rbf, unit, edge_index, v_zero=layer == 0)
+                if layer == 0 and phi_table is not None:  # φ(s) of the first layer: rows of the species table
+                    s, ds, dv = messages(s, v, rbf, unit, edge_index, v_zero=True, phi=phi_table.index_select(0, idx))
+                else:
+                    s, ds, dv = messages(s, v, rbf, unit, edge_index, v_zero=layer == 0)
                 s, v = update(s, v, ds, dv)
         first, last = self.readout[0], self.readout[2]
         params = (first.weight, first.bias, last.weight, last.bias, self.atomic_scale, self.atomic_shift)
