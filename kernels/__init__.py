@@ -8,7 +8,7 @@ from ._compile_ahead import compile_ahead, dry_run_active, precompile
 from .edge_compact import edge_compact, edge_compact_reference
 from .edge_features import edge_basis, edge_basis_reference, edge_features, edge_features_reference
 from .linear import gemm, gemm_fusable, mlp, mlp_reference
-from .message_passing import message_passing, message_passing_reference
+from .message_passing import defer_edge_grads, message_passing, message_passing_reference
 from .painn_update import painn_update, painn_update_fusable, painn_update_reference
 from .rbf_cutoff import BASES, ENVELOPES, rbf_cutoff, rbf_cutoff_reference
 from .repulsion import (
@@ -26,6 +26,7 @@ __all__ = [
     "ENVELOPES",
     "add_pair_repulsion",
     "compile_ahead",
+    "defer_edge_grads",
     "dry_run_active",
     "edge_basis",
     "edge_basis_reference",

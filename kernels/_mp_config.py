@@ -139,8 +139,11 @@ _CONFIG = {
     "fold_xb_min_degree": 24,
     # edge_stream_max_edges: inside a CUDA-graph capture, on graphs of at most this many edges (None: never), the
     # backward's edge kernel (∂rbf, ∂u, with its partial sums) runs on a second stream beside the sender kernel
-    # (∂x, ∂v): on small graphs each leaves most of the GPU idle.
-    "edge_stream_max_edges": None,
+    # (∂x, ∂v). The whole step, on for every size against off, two rounds in one H200 call (benchmarks/results/
+    # stop44_gpu/probe_ncu_sweep_stop44.md): 1,024 g2 molecules 1.042 / 1.043x, 4,096 1.011 / 1.011x, benzene
+    # 1.001 / 1.004x, 192 water atoms 1.002 / 1.002x, 3,000 1.003 / 1.001x. Larger graphs (24,000 water atoms,
+    # 1.3M edges) were not measured: off there.
+    "edge_stream_max_edges": 1 << 20,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}

@@ -49,7 +49,13 @@ if HAS_TRITON:
 
     from ._triton_utils import triton_op
 
-__all__ = ["message_passing", "message_passing_backward_reference", "message_passing_reference"]
+__all__ = [
+    "EdgeGradSink",
+    "defer_edge_grads",
+    "message_passing",
+    "message_passing_backward_reference",
+    "message_passing_reference",
+]
 
 
 def message_passing_reference(
@@ -154,6 +160,64 @@ def _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_cs
         raise ValueError(f"all inputs must be on one device, got {sorted(str(d) for d in devices)}")
 
 
+class EdgeGradSink:
+    """∂E/∂rbf and ∂E/∂u of every message-passing layer of one step, summed on a second stream (see
+    :func:`defer_edge_grads`): ``rbf [E, R]`` and ``unit [E, 3]`` (written by the first layer's backward to run,
+    added to by the others; ``filled`` says whether one has)."""
+
+    def __init__(self, stream, rbf: Tensor, unit: Tensor) -> None:
+        self.stream = stream
+        self.rbf = torch.empty_like(rbf)
+        self.unit = torch.empty_like(unit)
+        self.filled = False
+
+
+class _DeferredEdgeGrads(torch.autograd.Function):
+    """Identity on (rbf, unit) whose backward joins the sink's stream and adds the sink's sums to whatever other
+    gradient reached rbf and unit: autograd runs it after the backward of every layer that read them."""
+
+    @staticmethod
+    def forward(ctx, rbf, unit, sink):
+        ctx.sink = sink
+        ctx.set_materialize_grads(False)
+        return rbf.view_as(rbf), unit.view_as(unit)
+
+    @staticmethod
+    def backward(ctx, g_rbf, g_unit):
+        sink = ctx.sink
+        if not sink.filled:
+            return g_rbf, g_unit, None
+        sink.filled = False  # a second backward over the same graph starts a new sum
+        torch.cuda.current_stream(sink.rbf.device).wait_stream(sink.stream)
+        r = sink.rbf if g_rbf is None else sink.rbf + g_rbf
+        u = sink.unit if g_unit is None else sink.unit + g_unit
+        return r, u, None
+
+
+def defer_edge_grads(rbf: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, EdgeGradSink | None]:
+    """``(rbf', unit', sink)`` for a step's message-passing layers (pass ``edge_sink=sink`` and rbf', unit' to each
+    :func:`message_passing`), or ``(rbf, unit, None)`` where it does not apply.
+
+    Each layer's backward has two independent halves: the sender kernel (∂x, ∂v), which the next layer's backward
+    waits for, and the edge kernel (∂rbf, ∂u), which only the geometry's backward at the very end reads. Inside a
+    CUDA-graph capture on the Triton path, for graphs of at most ``edge_stream_max_edges`` edges, the edge kernels
+    run on a second stream and add into the sink; one join before the geometry's backward hands the sums to
+    autograd. So in the captured step they overlap the rest of the backward instead of lying on its path."""
+    if not HAS_TRITON or not rbf.is_cuda or torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return rbf, unit, None
+    limit = _CONFIG["edge_stream_max_edges"]
+    if limit is None or rbf.shape[0] > int(limit) or not (rbf.requires_grad or unit.requires_grad):
+        return rbf, unit, None
+    if resolve_backend(rbf.device) != "triton":
+        return rbf, unit, None
+    stream = _side_stream(rbf.device)  # made on an eager call before the capture
+    if not torch.cuda.is_current_stream_capturing():
+        return rbf, unit, None
+    sink = EdgeGradSink(stream, rbf, unit)
+    rbf, unit = _DeferredEdgeGrads.apply(rbf, unit, sink)
+    return rbf, unit, sink
+
+
 def message_passing(
     x: torch.Tensor,
     v: torch.Tensor,
@@ -164,6 +228,7 @@ def message_passing(
     row_ptr: torch.Tensor | None = None,
     sender_csr: tuple[torch.Tensor, torch.Tensor] | None = None,
     v_zero: bool = False,
+    edge_sink: EdgeGradSink | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PaiNN message aggregation (see the module docstring); differentiable twice.
 
@@ -189,6 +254,10 @@ def message_passing(
             edge backward then skip the terms that carry v (the same result: they add zeros; bitwise under the
             interpreter, to rounding on the GPU, where the two compiled variants may order their sums
             differently). The promise is not checked (that would take a device sync); ``v`` must still be given.
+        edge_sink: from :func:`defer_edge_grads` (rbf and unit must be the ones it returned): the backward's edge
+            kernel then runs on a second stream and adds ∂rbf, ∂u into the sink, which hands them to autograd
+            once, after every layer's backward (its own node). Only inside a CUDA-graph capture, on the eager
+            Triton path, for first derivatives; ignored elsewhere (autograd then gets the gradients as usual).
     Returns:
         ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output).
 
@@ -200,7 +269,9 @@ def message_passing(
     """
     _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr)
     if resolve_backend(x.device) == "triton":
-        return _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr, v_zero)
+        return _message_passing_triton(
+            x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr, v_zero, edge_sink
+        )
     return message_passing_reference(x, v, rbf, filter_weight, unit, edge_index)
 
 
@@ -279,13 +350,14 @@ if HAS_TRITON:
         return ds, dv
 
     def _mp_backward(
-        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None, has_v=True
+        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None, has_v=True, sink=None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The five gradients (x, v, rbf, filter_weight, unit); ``need`` = (x/v, rbf/unit, filter_weight): the
         groups not needed come back as expanded zeros (no kernel, no memory). ``row_ptr``: the receiver CSR, when
         known; the edge kernel then computes only the edges before ``row_ptr[N]`` (those past it belong to no
         receiver: inert padding, whose ∂rbf / ∂u rows are written as zeros). ``has_v`` False: v is all zeros (the
-        edge kernel skips its terms)."""
+        edge kernel skips its terms). ``sink`` (an :class:`EdgeGradSink`, first derivatives inside a capture): ∂rbf
+        and ∂u are added into it on its stream, and come back here as zeros."""
         dt = x.dtype
         grad_s, grad_v = grad_s.to(dt), grad_v.to(dt)
         grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
@@ -299,6 +371,9 @@ if HAS_TRITON:
         # in a CUDA-graph capture of a small graph the edge kernel runs on a second stream beside the sender kernel
         # (``_edge_stream``). Its outputs are made here, on the caller's stream (they outlive the join), and the
         # fork is recorded before the sender kernel is queued.
+        if sink is not None and need[1] and e > 0 and f > 0 and launch is _bare:
+            _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v)
+            need = (need[0], False, need[2])
         side = _edge_stream(x, e) if need[0] and need[1] and n > 0 and f > 0 and e > 0 and launch is _bare else None
         if side is not None:
             main = torch.cuda.current_stream(x.device)
@@ -383,6 +458,33 @@ if HAS_TRITON:
 
     _SIDE_STREAMS: dict = {}
 
+    def _side_stream(device: torch.device) -> torch.cuda.Stream:
+        """The second stream of ``device`` (one per device, made on first use: an eager call before a capture)."""
+        stream = _SIDE_STREAMS.get(device)
+        if stream is None:
+            stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+        return stream
+
+    def _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v) -> None:
+        """The edge kernel on the sink's stream, its ∂rbf, ∂u added into the sink. Every tensor it reads is marked
+        as used there, so that the caching allocator does not hand its memory to the caller's stream while the
+        kernel may still read it (the caller's stream does not wait for it before the sink's node)."""
+        side = sink.stream
+        for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr):
+            if t is not None:
+                t.record_stream(side)
+        side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side):
+            if sink.filled:
+                g_rbf, g_unit = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)
+                sink.rbf.add_(g_rbf)
+                sink.unit.add_(g_unit)
+            else:  # the first layer's backward writes the sums themselves
+                _edge_grads(
+                    grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare, out=(sink.rbf, sink.unit)
+                )
+                sink.filled = True
+
     def _edge_stream(x: Tensor, n_edges: int):
         """The second stream of ``x``'s device for the edge kernel, or None: only inside a CUDA-graph capture (where
         the fork and the join are two graph edges; eagerly they would cost host time, which bounds small graphs
@@ -391,9 +493,7 @@ if HAS_TRITON:
         limit = _CONFIG["edge_stream_max_edges"]
         if limit is None or not x.is_cuda or int(n_edges) > int(limit) or torch.compiler.is_compiling():
             return None
-        stream = _SIDE_STREAMS.get(x.device)
-        if stream is None:  # made on the eager warm-up call before a capture, not inside it
-            stream = _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
+        stream = _side_stream(x.device)  # made on the eager warm-up call before a capture, not inside it
         return stream if torch.cuda.is_current_stream_capturing() else None
 
     def _bare(kernel):
@@ -518,11 +618,12 @@ if HAS_TRITON:
 
     class _MessagePassing(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, v, rbf, w, unit, edge_index, row_ptr, perm=None, col_ptr=None, v_zero=False):
-            # perm / col_ptr: the caller's sender CSR (None: the backward builds it, see _sender_csr); v_zero: see
-            # message_passing.
+        def forward(ctx, x, v, rbf, w, unit, edge_index, row_ptr, perm=None, col_ptr=None, v_zero=False, sink=None):
+            # perm / col_ptr: the caller's sender CSR (None: the backward builds it, see _sender_csr); v_zero,
+            # sink: see message_passing.
             ctx.save_for_backward(x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             ctx.v_zero = v_zero
+            ctx.sink = sink
             return _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare, not v_zero)
 
         @staticmethod
@@ -530,11 +631,16 @@ if HAS_TRITON:
             x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr = ctx.saved_tensors
             nx, nv, nrbf, nw, nu = ctx.needs_input_grad[:5]
             need = (nx or nv, nrbf or nu, nw)
+            # The sink takes ∂rbf, ∂u of first derivatives only (grad mode is on in a backward that builds a graph).
+            sink = ctx.sink if need[1] and not torch.is_grad_enabled() else None
             grads = _MessagePassingBwd.apply(
-                grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr, ctx.v_zero
+                grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr, ctx.v_zero, sink
             )
+            if sink is not None:  # added into the sink, which hands them to autograd itself
+                nrbf = nu = False
             return (
                 *(g if ok else None for g, ok in zip(grads, (nx, nv, nrbf, nw, nu), strict=True)),
+                None,
                 None,
                 None,
                 None,
@@ -545,14 +651,28 @@ if HAS_TRITON:
     class _MessagePassingBwd(torch.autograd.Function):
         @staticmethod
         def forward(
-            ctx, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm=None, col_ptr=None, v_zero=False
+            ctx,
+            grad_s,
+            grad_v,
+            x,
+            v,
+            rbf,
+            w,
+            unit,
+            edge_index,
+            row_ptr,
+            need,
+            perm=None,
+            col_ptr=None,
+            v_zero=False,
+            sink=None,
         ):
             ctx.save_for_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             if perm is None or col_ptr is None:
                 perm, col_ptr = _sender_csr(edge_index, v.shape[0])
             return _mp_backward(
                 grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare, row_ptr.contiguous(),
-                not v_zero,
+                not v_zero, sink,
             )  # fmt: skip
 
         @staticmethod
@@ -568,10 +688,12 @@ if HAS_TRITON:
                 return _MessagePassingBwd.apply(*args, edge_index, row_ptr, (True, True, True), perm, col_ptr)
 
             grads = _double_backward(fwd, bwd, gg, grad_s, grad_v, x, v, rbf, w, unit)
-            return (*grads, None, None, None, None, None, None)
+            return (*grads, None, None, None, None, None, None, None)
 
 
-def _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr=None, v_zero=False):
+def _message_passing_triton(
+    x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr=None, v_zero=False, edge_sink=None
+):
     if not HAS_TRITON:
         raise RuntimeError("the Triton message-passing kernels need triton installed; use MLFF_DISTILLER_KERNELS=torch")
     from .rbf_cutoff import _check_float
@@ -586,8 +708,11 @@ def _message_passing_triton(x, v, rbf, filter_weight, unit, edge_index, row_ptr,
         if g.order is not None:
             rbf, unit = rbf.index_select(0, g.order), unit.index_select(0, g.order)
             sender_csr = None  # it described the caller's edge order, not the sorted one
+            edge_sink = None  # the sink's rows are the caller's edges: their gradients go through the gather
         edge_index = sorted_index
     if torch.compiler.is_compiling():
         return torch.ops.mlff_distiller.message_passing(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
     perm, col_ptr = (None, None) if sender_csr is None else sender_csr
-    return _MessagePassing.apply(x, v, rbf, filter_weight, unit, edge_index, row_ptr, perm, col_ptr, bool(v_zero))
+    return _MessagePassing.apply(
+        x, v, rbf, filter_weight, unit, edge_index, row_ptr, perm, col_ptr, bool(v_zero), edge_sink
+    )

@@ -184,6 +184,20 @@ case "${1:-}" in
       >"$OUT/sweep_stop44.log" 2>&1
     grep -E "^\| " "$OUT/sweep_stop44.log" | tail -21
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44" >&2; exit 2 ;;
+  stop44b)
+    # The edge kernels summed on a second stream across the whole captured backward (kernels.defer_edge_grads):
+    # CUDA tests of the kernels and of the captured engine steps, then the whole step against it off, twice.
+    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py -k "edge_stream" >"$OUT/pytest_side.log" 2>&1
+    tail -1 "$OUT/pytest_side.log"
+    timeout 280 python3 -m pytest -q -m gpu tests/test_engine_modes.py tests/test_engine_capture.py \
+      tests/test_engine_verlet.py tests/test_batched_md.py tests/test_engine_stress.py tests/test_engine_npt.py \
+      -k "not compile and not autotune" >"$OUT/pytest_engine.log" 2>&1
+    tail -1 "$OUT/pytest_engine.log"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 \
+      --variants "mp:edge_stream_max_edges=0;mp:edge_stream_max_edges=0" >"$OUT/sweep_stop44b.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_stop44b.log" | tail -11
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

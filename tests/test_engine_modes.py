@@ -263,6 +263,40 @@ def test_cuda_graph_equals_eager(model, compile_mode):
 
 
 @gpu
+@pytest.mark.parametrize("stress", [False, True])
+def test_captured_steps_sum_the_edge_gradients_on_a_second_stream(model, stress, monkeypatch):
+    """Inside the captured step every layer's edge kernel adds its ∂rbf, ∂u into a sink on a second stream
+    (kernels.defer_edge_grads), joined once before the geometry's backward: replays on new positions give the eager
+    step's energies, forces and stress (one stream, no sink), and the sink was used by each layer's backward."""
+    import importlib
+
+    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+    calls = []
+    real = mp._edge_grads_into
+
+    def spy(sink, *args):
+        calls.append(torch.cuda.is_current_stream_capturing())
+        return real(sink, *args)
+
+    monkeypatch.setattr(mp, "_edge_grads_into", spy)
+    eager = ForceEngine(model, device="cuda", precision="fp32")
+    engine = ForceEngine(model, device="cuda", precision="fp32", mode="cudagraph")
+    cases = [[molecule("C6H6")], _mols(40, seed=11, lo=2, hi=20), [silicon_cell()]]
+    for rnd in range(3):  # capture, then replays on rattled positions
+        for mols in cases:
+            mols = [m.copy() for m in mols]
+            for m in mols:
+                m.rattle(0.02 * rnd, seed=rnd)
+            batch = AtomsBatch.from_atoms(mols)
+            out, ref = engine.compute(batch, stress=stress), eager.compute(batch, stress=stress)
+            for key in ("energy", "forces", *(["stress"] if stress else [])):
+                scale = ref[key].abs().max().clamp_min(1e-3)
+                assert (out[key] - ref[key]).abs().max() / scale <= 1e-5, key
+    layers = len(model.interactions)  # each layer's backward in each capture (one per bucket and step kind)
+    assert len(calls) >= layers * len(engine._graphs) and len(calls) % layers == 0 and all(calls), calls
+
+
+@gpu
 def test_cuda_graph_outputs_survive_the_next_replay(model):
     engine = ForceEngine(model, device="cuda", mode="cudagraph")
     a = engine.compute(AtomsBatch.from_atoms(molecule("C6H6")))

@@ -102,16 +102,17 @@ class PaiNNInteraction(nn.Module):
         s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
-    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None):
+    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None, edge_sink=None):
         """``(s', Δs [N,F], Δv [N,3,F])``: ``forward`` without its residual sums (the model hands them to the update
         block, whose fused path adds them inside its own kernels). s' is s for the residual sum: on the Triton MLP
         an alias whose gradient φ's backward adds to its own (one add kernel less). ``v_zero``: v is all zeros
         (the first layer; see :func:`mlff_distiller.kernels.message_passing`). ``phi``: φ(s) ``[N, 3F]`` already
-        known (the first layer's, from the species table of :meth:`StudentModel.first_phi`); s is then returned
-        as it is."""
+        known (the first layer's, from the species table of :meth:`StudentModel.first_phi_table`); s is then
+        returned as it is. ``edge_sink``: see :func:`mlff_distiller.kernels.defer_edge_grads`."""
         if phi is None:
             phi, s = _mlp_call(self.phi, s, residual=True)
-        return (s, *kernels.message_passing(phi, v, rbf, self.filter.weight, unit, edge_index, v_zero=v_zero))
+        w = self.filter.weight
+        return (s, *kernels.message_passing(phi, v, rbf, w, unit, edge_index, v_zero=v_zero, edge_sink=edge_sink))
 
 
 class CSRInteraction(nn.Module):
@@ -137,7 +138,7 @@ class CSRInteraction(nn.Module):
         s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
-    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None):
+    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None, edge_sink=None):
         """``(s', Δs, Δv)`` (see :meth:`PaiNNInteraction.messages`)."""
         w = self.inner.filter.weight
         csr = self.csr
@@ -153,6 +154,7 @@ class CSRInteraction(nn.Module):
             row_ptr=csr["row_ptr"],
             sender_csr=csr.get("sender"),
             v_zero=v_zero,
+            edge_sink=edge_sink,
         )
 
 
@@ -370,16 +372,20 @@ class StudentModel(nn.Module):
         s = self.embedding(idx)
         v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
         phi_table = self.first_phi_table()
+        # Inside a CUDA-graph capture the layers' ∂rbf, ∂u are summed on a second stream (kernels.defer_edge_grads).
+        rbf, unit, sink = kernels.defer_edge_grads(rbf, unit)
         for layer, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
             messages = getattr(interaction, "messages", None)
             if messages is None or not isinstance(update, PaiNNUpdate):  # a replaced block: its own residuals
                 s, v = update(*interaction(s, v, rbf, unit, edge_index))
             else:  # s + ds, v + dv inside the update (no separate add kernels on the fused path)
                 # v_zero: the first layer's v is the zeros above (its message terms are skipped, not added).
+                kw = {"v_zero": layer == 0}
                 if layer == 0 and phi_table is not None:  # φ(s) of the first layer: rows of the species table
-                    s, ds, dv = messages(s, v, rbf, unit, edge_index, v_zero=True, phi=phi_table.index_select(0, idx))
-                else:
-                    s, ds, dv = messages(s, v, rbf, unit, edge_index, v_zero=layer == 0)
+                    kw["phi"] = phi_table.index_select(0, idx)
+                if sink is not None and type(interaction) in (PaiNNInteraction, CSRInteraction):
+                    kw["edge_sink"] = sink
+                s, ds, dv = messages(s, v, rbf, unit, edge_index, **kw)
                 s, v = update(s, v, ds, dv)
         first, last = self.readout[0], self.readout[2]
         params = (first.weight, first.bias, last.weight, last.bias, self.atomic_scale, self.atomic_shift)
