@@ -238,7 +238,7 @@ def _host_md_steps(n_atoms: int = 192, steps: int = 2000) -> list[str]:
     eng = calc.engine
     outputs: dict = {}
 
-    def no_model(bucket, graph):  # the padded step's packed output buffer, never computed
+    def no_model(bucket, graph, stress=False):  # the padded step's packed output buffer, never computed
         out = outputs.get(bucket)
         if out is None:
             out = outputs[bucket] = torch.zeros(5 * bucket.atoms, dtype=eng.dtype, device=eng.device)

@@ -421,3 +421,13 @@ def test_probe_large_capture_quick(tmp_path):
     rows = [line for line in lines if line.startswith("| BatchedMD") or line.startswith("| ForceEngine")]
     assert len(rows) == 3 and all(float(r.split("|")[-2]) > 0 for r in rows)
     assert (tmp_path / "p.md").exists()
+
+
+def test_profile_step_host_section_on_cpu():
+    """``profile_step.py --sections host`` runs the calculator's MD path with the engine's step stubbed out (the
+    stub must keep the engine's ``_run`` signature, stress included): a median and a host profile come back."""
+    import profile_step
+
+    lines = profile_step._host_md_steps(n_atoms=24, steps=30)
+    assert "host cost of an MD step without the model, 24-atom water: median" in lines[0]
+    assert "StudentCalculator.check_state" in lines[-1] or "calculator.py" in lines[-1]
