@@ -198,6 +198,21 @@ case "${1:-}" in
       --variants "mp:edge_stream_max_edges=0;mp:edge_stream_max_edges=0" >"$OUT/sweep_stop44b.log" 2>&1
     grep -E "^\| " "$OUT/sweep_stop44b.log" | tail -11
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b" >&2; exit 2 ;;
+  stop44c)
+    # Stop 44's tree: the training steps' captures (they take the sink's path too), where a small step's device
+    # time goes now, the ASE MD step on benzene, the large water rows.
+    timeout 200 python3 -m pytest -q -m gpu tests/distill/test_training_static.py >"$OUT/pytest_training.log" 2>&1
+    tail -1 "$OUT/pytest_training.log"
+    timeout 120 python3 -m pytest -v -m gpu tests/test_engine_modes.py -k "second_stream" >"$OUT/pytest_sink.log" 2>&1
+    grep -E "PASS|FAIL" "$OUT/pytest_sink.log" | tail -3
+    timeout 150 python3 benchmarks/profile_step.py --sections small --out "$OUT" >"$OUT/profile_step_small.txt" 2>&1
+    grep -E "=====|device kernels per call" "$OUT/profile_step_small.txt" | head -8
+    timeout 150 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200 >"$OUT/probe_md_step.log" 2>&1
+    grep -E "^\| (md|replay|ase)" "$OUT/probe_md_step_h200.md" | head -6
+    timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 180 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "^\| " "$OUT/large/bench_large.md" | head -12
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
