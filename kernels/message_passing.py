@@ -170,6 +170,8 @@ class EdgeGradSink:
         self.rbf = torch.empty_like(rbf)
         self.unit = torch.empty_like(unit)
         self.filled = False
+        # What the edge kernels read, held until the join (see _edge_grads_into).
+        self.keep: list[Tensor] = []
 
 
 class _DeferredEdgeGrads(torch.autograd.Function):
@@ -189,6 +191,7 @@ class _DeferredEdgeGrads(torch.autograd.Function):
             return g_rbf, g_unit, None
         sink.filled = False  # a second backward over the same graph starts a new sum
         torch.cuda.current_stream(sink.rbf.device).wait_stream(sink.stream)
+        sink.keep.clear()  # read by now: their memory may go to the caller's stream again
         r = sink.rbf if g_rbf is None else sink.rbf + g_rbf
         u = sink.unit if g_unit is None else sink.unit + g_unit
         return r, u, None
@@ -466,13 +469,13 @@ if HAS_TRITON:
         return stream
 
     def _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v) -> None:
-        """The edge kernel on the sink's stream, its ∂rbf, ∂u added into the sink. Every tensor it reads is marked
-        as used there, so that the caching allocator does not hand its memory to the caller's stream while the
-        kernel may still read it (the caller's stream does not wait for it before the sink's node)."""
+        """The edge kernel on the sink's stream, its ∂rbf, ∂u added into the sink. The caller's stream does not wait
+        for it before the sink's node, so every tensor it reads is held by the sink until then. Held, they keep
+        their memory from the caching allocator, and they are not modified in place: autograd adds a gradient into
+        an incoming one in place when nobody else holds it (this layer's g_v, which is also the gradient of the
+        previous layer's v, gets the sender kernel's ∂v added that way), which raced with this kernel before."""
         side = sink.stream
-        for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr):
-            if t is not None:
-                t.record_stream(side)
+        sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None)
         side.wait_stream(torch.cuda.current_stream(x.device))
         with torch.cuda.stream(side):
             if sink.filled:
