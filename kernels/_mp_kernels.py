@@ -586,10 +586,11 @@ if HAS_TRITON:
     def _mp_sum_split_kernel(
         prbf_ptr, punit_ptr, grbf_ptr, gunit_ptr, E,
         N_RBF: tl.constexpr, R_PAD: tl.constexpr, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
-        PDL: tl.constexpr,
+        PDL: tl.constexpr, ACC: tl.constexpr = False,
     ):  # fmt: skip
         """∂rbf and ∂u of the split edge kernel: its SPLIT partial rows (``[SPLIT, E, N_RBF]``, ``[SPLIT, E, 3]``)
-        summed in slice order, both outputs in one launch."""
+        summed in slice order, both outputs in one launch. ACC: added to what the outputs hold (their old value
+        plus the whole sum, as autograd adds one layer's gradient to the others')."""
         pdl_prologue(PDL)
         e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         em = e < E
@@ -605,6 +606,11 @@ if HAS_TRITON:
             u0 += tl.load(punit_ptr + k * E * 3 + e * 3, mask=em, other=0.0)
             u1 += tl.load(punit_ptr + k * E * 3 + e * 3 + 1, mask=em, other=0.0)
             u2 += tl.load(punit_ptr + k * E * 3 + e * 3 + 2, mask=em, other=0.0)
+        if ACC:
+            acc = tl.load(grbf_ptr + rows, mask=m2, other=0.0) + acc
+            u0 = tl.load(gunit_ptr + e * 3, mask=em, other=0.0) + u0
+            u1 = tl.load(gunit_ptr + e * 3 + 1, mask=em, other=0.0) + u1
+            u2 = tl.load(gunit_ptr + e * 3 + 2, mask=em, other=0.0) + u2
         tl.store(grbf_ptr + rows, acc, mask=m2)
         tl.store(gunit_ptr + e * 3, u0, mask=em)
         tl.store(gunit_ptr + e * 3 + 1, u1, mask=em)

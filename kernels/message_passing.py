@@ -429,16 +429,22 @@ if HAS_TRITON:
                 g_w = part.sum(0)
         return g_x, g_v, g_rbf, g_w, g_unit
 
-    def _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=None):
+    def _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=None, accumulate=False):
         """``(∂rbf [E, R], ∂u [E, 3])`` by the edge kernel (and, when its feature loop is split, the sum of its
-        partial rows); ``out``: the two tensors to write them into (else new ones). Inputs as ``_mp_backward``
-        prepared them (contiguous, one dtype, ``f > 0``, ``e > 0``)."""
+        partial rows); ``out``: the two tensors to write them into (else new ones), or with ``accumulate`` to add
+        them to (in the sum kernel's epilogue when there is one). Inputs as ``_mp_backward`` prepared them
+        (contiguous, one dtype, ``f > 0``, ``e > 0``)."""
         n, f = v.shape[0], v.shape[2]
         e, n_rbf = rbf.shape
         c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf)
         tiles = triton.cdiv(e, c["BLOCK_E"])
         split = _edge_split(x, tiles, f, c["BLOCK_F"])
         g_rbf, g_unit = (torch.empty_like(rbf), torch.empty_like(unit)) if out is None else out
+        if accumulate and split == 1:  # no sum kernel to add in: the kernel's rows, then one add each
+            rows = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
+            g_rbf.add_(rows[0])
+            g_unit.add_(rows[1])
+            return g_rbf, g_unit
         if split > 1:  # partial rows per feature slice, summed below (deterministic, no atomics)
             part_rbf = torch.empty((split, *rbf.shape), dtype=rbf.dtype, device=x.device)
             part_unit = torch.empty((split, *unit.shape), dtype=unit.dtype, device=x.device)
@@ -455,7 +461,7 @@ if HAS_TRITON:
         if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
             launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
                 part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=split, BLOCK_E=128,
-                **pdl_args(x),
+                ACC=accumulate, **pdl_args(x),
             )  # fmt: skip
         return g_rbf, g_unit
 
@@ -477,16 +483,11 @@ if HAS_TRITON:
         side = sink.stream
         sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None)
         side.wait_stream(torch.cuda.current_stream(x.device))
-        with torch.cuda.stream(side):
-            if sink.filled:
-                g_rbf, g_unit = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)
-                sink.rbf.add_(g_rbf)
-                sink.unit.add_(g_unit)
-            else:  # the first layer's backward writes the sums themselves
-                _edge_grads(
-                    grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare, out=(sink.rbf, sink.unit)
-                )
-                sink.filled = True
+        with torch.cuda.stream(side):  # the first layer's backward to run writes the sums, the others add to them
+            out = (sink.rbf, sink.unit)
+            args = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)
+            _edge_grads(*args, out=out, accumulate=sink.filled)
+            sink.filled = True
 
     def _edge_stream(x: Tensor, n_edges: int):
         """The second stream of ``x``'s device for the edge kernel, or None: only inside a CUDA-graph capture (where

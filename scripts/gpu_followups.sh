@@ -213,6 +213,34 @@ case "${1:-}" in
       --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
     grep -E "^\| " "$OUT/large/bench_large.md" | head -12
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c" >&2; exit 2 ;;
+  stop44d)
+    # The sink's race (stop44c's bench_large check: ΔF 2.7e-4 eV/Å captured on 192 water atoms): its GPU test with
+    # the fix taken out (benchmarks/results/stop44_gpu/sink_unheld.diff), then with it; the CUDA tests; the
+    # sweep against the second stream off; bench_large's check and rows; the ASE MD step.
+    git apply benchmarks/results/stop44_gpu/sink_unheld.diff && \
+      timeout 100 python3 -m pytest -v -m gpu tests/test_engine_modes.py -k "second_stream" \
+      >"$OUT/pytest_sink_unheld.log" 2>&1
+    grep -E "PASS|FAIL|Error:" "$OUT/pytest_sink_unheld.log" | tail -4
+    git apply -R benchmarks/results/stop44_gpu/sink_unheld.diff
+    timeout 100 python3 -m pytest -v -m gpu tests/test_engine_modes.py -k "second_stream" >"$OUT/pytest_sink.log" 2>&1
+    grep -E "PASS|FAIL" "$OUT/pytest_sink.log" | tail -3
+    timeout 250 python3 -m pytest -q -m gpu tests/test_engine_modes.py tests/test_engine_capture.py \
+      tests/test_engine_verlet.py tests/test_batched_md.py tests/test_engine_stress.py tests/test_engine_npt.py \
+      tests/distill/test_training_static.py -k "not compile and not autotune" >"$OUT/pytest_engine.log" 2>&1
+    tail -1 "$OUT/pytest_engine.log"
+    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py -k "edge_stream or accumulate_into" \
+      >"$OUT/pytest_side.log" 2>&1
+    tail -1 "$OUT/pytest_side.log"
+    timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 180 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "^\| (ours|ref|3000|24000)" "$OUT/large/bench_large.md" | head -14
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 \
+      --variants "mp:edge_stream_max_edges=0;mp:edge_stream_max_edges=0" >"$OUT/sweep_stop44d.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_stop44d.log" | tail -11
+    timeout 120 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200 >"$OUT/probe_md_step.log" 2>&1
+    grep -E "^\| (md|replay|ase)" "$OUT/probe_md_step_h200.md" | head -8
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

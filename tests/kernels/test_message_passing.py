@@ -692,3 +692,33 @@ def test_edge_stream_in_a_capture_equals_one_stream(n_atoms, monkeypatch):
             if name != "w":
                 assert torch.equal(got, ref), name
         assert float(outs[2].abs().max()) > 0 and float(outs[0].abs().max()) > 0
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_edge_grads_accumulate_into_given_rows(triton_device, split, monkeypatch):
+    """The edge kernel's rows added to given tensors (the sum of every layer's ∂rbf, ∂u on the second stream): in
+    the sum kernel's epilogue when the feature loop is split, by an add otherwise; the rows written, not added,
+    without ``accumulate``."""
+    if triton_device.type == "cpu":
+        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
+    n, e, f = 40, 300, 64
+    x, v, rbf, w, unit, ei = _graph(n, e, f, 20, torch.float64, triton_device, seed=61)
+    gen = torch.Generator().manual_seed(62)
+    gs = torch.randn(n, f, generator=gen, dtype=torch.float64).to(triton_device)
+    gv = torch.randn(n, 3, f, generator=gen, dtype=torch.float64).to(triton_device)
+    row_ptr = mp_module._offsets(ei[0].contiguous(), n)
+    args = (gs, gv, x, v, rbf, w, unit, ei, row_ptr, True, mp_module._bare)
+    with mp_module._configured(bwd_edge_split=split, bwd_sender_variant="atom"):
+        c, _, _ = mp_module._launch_config(x, "bwd_edge", f, 20)
+        assert mp_module._edge_split(x, -(-e // c["BLOCK_E"]), f, c["BLOCK_F"]) == split
+        fresh = mp_module._edge_grads(*args)
+        old = (torch.randn_like(rbf), torch.randn_like(unit))
+        summed = (old[0].clone(), old[1].clone())
+        got = mp_module._edge_grads(*args, out=summed, accumulate=True)
+        written = (old[0].clone(), old[1].clone())
+        mp_module._edge_grads(*args, out=written)
+    assert got[0] is summed[0] and got[1] is summed[1]
+    torch.testing.assert_close(summed[0], old[0] + fresh[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(summed[1], old[1] + fresh[1], rtol=0, atol=1e-12)
+    assert torch.equal(written[0], fresh[0]) and torch.equal(written[1], fresh[1])
+    assert float(fresh[0].abs().max()) > 1e-3
