@@ -45,6 +45,7 @@ from mlff_distiller.model import StudentModel
 linear = importlib.import_module("mlff_distiller.kernels.linear")
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 update = importlib.import_module("mlff_distiller.kernels.painn_update")
+moments = importlib.import_module("mlff_distiller.kernels.species_moments")
 engine_mod = importlib.import_module("mlff_distiller.engine")
 
 SYSTEMS = ("water3000", "water24000", "g2x4096")
@@ -130,7 +131,9 @@ def variants(spec: str = DEFAULT_VARIANTS):
     launch keys, ``_configured``), ``gemm:key=value`` (the Triton GEMM's ``_CONFIG``; ``AxBxC`` is a tuple),
     ``update:key=value`` (the update block's elementwise kernels, ``painn_update._CONFIG``) or
     ``ladder:key=value`` (the engine's default ``BucketLadder``, e.g. ``ladder:growth=1.125``) or
-    ``model:species_table=0`` (``StudentModel``'s class switches: the first layer's φ from the MLP on every atom)."""
+    ``model:species_table=0`` (``StudentModel``'s class switches: the first layer's φ from the MLP on every atom)
+    or ``moments:key=value`` (``species_moments._CONFIG``, e.g. ``moments:model_min_edges=1000000000``: the first
+    layer on the message kernel)."""
     out = []
     for item in filter(None, (v.strip() for v in spec.split(";"))):
         where, _, body = item.partition(":")
@@ -144,6 +147,9 @@ def variants(spec: str = DEFAULT_VARIANTS):
         elif where == "update":
             unknown = set(changes) - set(update._CONFIG)
             ctx = lambda c=changes: patched_config(update._CONFIG, **c)  # noqa: E731
+        elif where == "moments":
+            unknown = set(changes) - set(moments._CONFIG)
+            ctx = lambda c=changes: patched_config(moments._CONFIG, **c)  # noqa: E731
         elif where == "model":
             unknown = set(changes) - {"species_table"}
             ctx = lambda c=changes: class_attrs(StudentModel, **{k: bool(v) for k, v in c.items()})  # noqa: E731
@@ -151,7 +157,7 @@ def variants(spec: str = DEFAULT_VARIANTS):
             unknown = set(changes) - {f.name for f in dataclasses.fields(BucketLadder)}
             ctx = lambda c=changes: ladder_config(**c)  # noqa: E731
         else:
-            raise ValueError(f"variant {item!r}: want mp:..., gemm:..., update:..., model:... or ladder:...")
+            raise ValueError(f"variant {item!r}: want mp:, gemm:, update:, moments:, model: or ladder:...")
         if unknown:
             raise ValueError(f"variant {item!r}: unknown keys {sorted(unknown)}")
         out.append((item, ctx))

@@ -241,6 +241,28 @@ case "${1:-}" in
     timeout 120 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200 >"$OUT/probe_md_step.log" 2>&1
     grep -E "^\| (md|replay|ase)" "$OUT/probe_md_step_h200.md" | head -8
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d" >&2; exit 2 ;;
+  stop44e)
+    # The first layer from species-resolved radial moments (kernels/species_moments.py): CUDA tests, then the whole
+    # step against the message kernel's first layer (captured; 24,000 water atoms eager), bench_large's check.
+    timeout 150 python3 -m pytest -q tests/kernels/test_species_moments.py tests/test_first_layer_moments.py \
+      -k "cuda" >"$OUT/pytest_moments.log" 2>&1
+    tail -1 "$OUT/pytest_moments.log"
+    timeout 200 python3 -m pytest -q -m gpu tests/test_engine_modes.py tests/test_engine_verlet.py \
+      tests/test_engine_stress.py -k "not compile and not autotune" >"$OUT/pytest_engine.log" 2>&1
+    tail -1 "$OUT/pytest_engine.log"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 \
+      --variants "moments:model_min_edges=1000000000;moments:model_min_edges=1000000000" >"$OUT/sweep_moments.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_moments.log" | tail -11
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_moments.md"
+    timeout 120 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 100 --out "$OUT" --step-mode eager \
+      --systems water24000 --variants "moments:model_min_edges=1000000000;moments:model_min_edges=1000000000" \
+      >"$OUT/sweep_moments24k.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_moments24k.log" | tail -3
+    timeout 100 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 90 --sections check \
+      >"$OUT/bench_large_check.log" 2>&1
+    grep -E "ours == reference|^\| ours" "$OUT/bench_large_check.log" | head -4
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -77,6 +77,20 @@ def _phi_table(embedding: torch.Tensor, w1, b1, w2, b2) -> torch.Tensor:
         return out.to(embedding.dtype).contiguous()
 
 
+def _moment_weights(embedding: torch.Tensor, w1, b1, w2, b2, w_filter) -> torch.Tensor:
+    """``[M_a; M_c]`` ``[2, S·R, F]`` of :mod:`mlff_distiller.kernels.species_moments`: M[(z, r), f] = Φ[z, f] W[f, r]
+    for the a-block and the c-block of the first layer's φ table Φ and filter W, made in float64 and rounded once."""
+    with torch.no_grad():
+        wide = embedding.dtype if embedding.device.type == "mps" else torch.float64
+        phi = _phi_table(embedding.to(wide), w1, b1, w2, b2)  # in float64
+        f = w1.shape[0]
+        w = w_filter.detach().to(phi.dtype)
+        m_a = torch.einsum("zf,fr->zrf", phi[:, :f], w[:f])
+        m_c = torch.einsum("zf,fr->zrf", phi[:, 2 * f :], w[2 * f :])
+        s, r = m_a.shape[0], m_a.shape[1]
+        return torch.stack([m_a.reshape(s * r, f), m_c.reshape(s * r, f)]).to(embedding.dtype).contiguous()
+
+
 def _mlp_call(mlp: nn.Sequential, x: torch.Tensor, residual: bool = False):
     """An :func:`_mlp` applied to x: :func:`mlff_distiller.kernels.mlp` (Triton GEMMs for frozen weights on the
     Triton backend, the same torch ops otherwise). Layers that are not plain ``nn.Linear`` (the 16-bit copies of
@@ -291,6 +305,35 @@ class StudentModel(nn.Module):
             return None
         return derived("first_phi", _phi_table, *weights)
 
+    def _first_layer_moments(self, idx, rbf, unit, edge_index):
+        """``(Δs, Δv)`` of the first layer from the species-resolved radial moments
+        (:mod:`mlff_distiller.kernels.species_moments`: no sender features gathered), or None where the message
+        kernel runs instead: call it only where :meth:`first_phi_table` gave a table. The Triton backend, at most
+        ``MAX_SPECIES`` species, graphs of at least ``species_moments._CONFIG["model_min_edges"]`` edges, edges
+        sorted by receiver."""
+        from mlff_distiller.kernels import species_moments as sm
+
+        n_species = len(self.config.species)
+        if n_species > sm.MAX_SPECIES or kernels.resolve_backend(rbf.device) != "triton":
+            return None
+        least = sm._CONFIG["model_min_edges"]
+        if least is None or edge_index.shape[1] < least:
+            return None
+        inter = self.interactions[0]
+        if type(inter) is CSRInteraction:
+            row_ptr, inner = inter.csr["row_ptr"], inter.inner
+        else:
+            from mlff_distiller.kernels._mp_csr import _receiver_csr
+
+            g = _receiver_csr(edge_index, idx.shape[0])  # cached per edge list, as the message kernel's
+            if g.order is not None:  # not sorted by receiver
+                return None
+            row_ptr, inner = g.row_ptr, inter
+        first = inner.phi
+        weights = (self.embedding.weight, first[0].weight, first[0].bias, first[2].weight, first[2].bias)
+        m = derived("first_moments", _moment_weights, *weights, inner.filter.weight)
+        return sm.first_layer_messages(rbf, unit, edge_index, idx, n_species, row_ptr.to(torch.int64), m)
+
     def set_energy_reference(self, shift: Sequence[float] | torch.Tensor, scale: Sequence[float] | torch.Tensor):
         """Set per-species energy shift (eV) and scale, ordered like ``config.species``."""
         shift = torch.as_tensor(shift, dtype=self.atomic_shift.dtype, device=self.atomic_shift.device)
@@ -381,7 +424,13 @@ class StudentModel(nn.Module):
             else:  # s + ds, v + dv inside the update (no separate add kernels on the fused path)
                 # v_zero: the first layer's v is the zeros above (its message terms are skipped, not added).
                 kw = {"v_zero": layer == 0}
-                if layer == 0 and phi_table is not None:  # φ(s) of the first layer: rows of the species table
+                if layer == 0 and phi_table is not None:
+                    # The first layer from species-resolved radial moments (large graphs), else its φ(s) as rows of
+                    # the species table.
+                    moments = self._first_layer_moments(idx, rbf, unit, edge_index)
+                    if moments is not None:
+                        s, v = update(s, v, *moments)
+                        continue
                     kw["phi"] = phi_table.index_select(0, idx)
                 if sink is not None and type(interaction) in (PaiNNInteraction, CSRInteraction):
                     kw["edge_sink"] = sink

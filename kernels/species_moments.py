@@ -1,0 +1,299 @@
+"""Species-resolved radial moments: the first PaiNN layer's messages without gathering sender features.
+
+In a PaiNN model's first layer the sender features are φ(s_j) with s_j the embedding row of j's species, and the
+vector features are zero, so (see :mod:`.message_passing`) with Φ = φ(embedding) ``[S, 3F]`` (one row per species)
+and W = filter_weight:
+    Δs_i    = Σ_e Φ_a[z_j] ⊙ (W_a rbf_e)          = Σ_{z,r} P_i[z, r] M_a[(z, r), :]
+    Δv_i[k] = Σ_e Φ_c[z_j] ⊙ (W_c rbf_e) u_e[k]   = Σ_{z,r} Q_i[k, z, r] M_c[(z, r), :]
+with M_a[(z, r), f] = Φ_a[z, f] W_a[f, r] and M_c[(z, r), f] = Φ_c[z, f] W_c[f, r] (``[S·R, F]``, made once),
+and the moments P_i[z, r] = Σ_{e: i, z_j = z} rbf_e[r] and Q_i[k, z, r] = Σ_{e: i, z_j = z} rbf_e[r] u_e[k]. This
+module computes the moments ``P [N, S·R]`` and ``Q [N, 3, S·R]``: per edge it reads rbf_e, u_e and the sender's
+species, R + 3 + 1 numbers instead of the 2F feature values the message-passing kernel gathers; the two products
+with M (K = S·R) are ordinary GEMMs. The backward is as light: ∂rbf_e = ∂P_i[z_j] + Σ_k u_e[k] ∂Q_i[k, z_j] and
+∂u_e[k] = ⟨rbf_e, ∂Q_i[k, z_j]⟩, rows of the receiver's own gradients.
+
+The Triton path walks the receiver CSR: one program per ``BLOCK_A`` consecutive receivers sums its edges into the
+``[BLOCK_A · S_PAD, R_PAD]`` moment tiles with a one-hot tl.dot over (receiver, species) slots (no atomics, a fixed
+order); the backward is one program per tile of edges. First derivatives only (inference, as the model uses it):
+a second derivative raises (:class:`._triton_utils.FirstOrderOnly`); the torch reference is differentiable twice.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._backend import resolve_backend
+from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, pdl_args, tl, triton, unspecialized
+
+__all__ = ["MAX_SPECIES", "first_layer_messages", "species_moments", "species_moments_reference"]
+
+# Register tiles hold BLOCK_A x next_pow2(S) moment rows: more species than this take the message-passing kernel.
+MAX_SPECIES = 8
+# model_min_edges: StudentModel takes its first layer from the moments on graphs of at least this many edges (None:
+# never); see its _first_layer_moments.
+_CONFIG = {"block_a": 16, "block_e": 32, "num_warps": 4, "bwd_block_e": 64, "model_min_edges": 0}
+
+
+def species_moments_reference(
+    rbf: Tensor, unit: Tensor, edge_index: Tensor, species: Tensor, n_species: int, n_atoms: int
+) -> tuple[Tensor, Tensor]:
+    """Torch reference: ``P [N, S·R]`` (rbf summed per receiver and sender species) and ``Q [N, 3, S·R]`` (the same
+    with rbf_e · u_e[k]). ``species [N]``: each atom's species index in ``0 .. S-1``; edges in any order."""
+    i, j = edge_index[0], edge_index[1]
+    r = rbf.shape[1]
+    slot = i * n_species + species.index_select(0, j)
+    src = torch.cat([rbf, rbf * unit[:, 0:1], rbf * unit[:, 1:2], rbf * unit[:, 2:3]], 1)  # [E, 4R]
+    sums = rbf.new_zeros((n_atoms * n_species, 4 * r)).index_add(0, slot, src)
+    sums = sums.view(n_atoms, n_species, 4, r).permute(0, 2, 1, 3)  # [N, 4, S, R]
+    p = sums[:, 0].reshape(n_atoms, n_species * r)
+    q = sums[:, 1:].reshape(n_atoms, 3, n_species * r)
+    return p, q
+
+
+def species_moments(
+    rbf: Tensor,
+    unit: Tensor,
+    edge_index: Tensor,
+    species: Tensor,
+    n_species: int,
+    row_ptr: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """:func:`species_moments_reference` (differentiable wrt rbf and unit; once on the Triton path) for edges sorted
+    by receiver with CSR offsets ``row_ptr [N + 1]`` (trusted as given; edges past ``row_ptr[N]`` belong to no
+    receiver: they add nothing and get zero gradients)."""
+    n = row_ptr.shape[0] - 1
+    if rbf.dim() != 2 or unit.shape != (rbf.shape[0], 3) or edge_index.shape != (2, rbf.shape[0]):
+        raise ValueError(
+            f"species_moments: rbf [E, R], unit [E, 3], edge_index [2, E] expected, got {tuple(rbf.shape)}, "
+            f"{tuple(unit.shape)}, {tuple(edge_index.shape)}"
+        )
+    if species.shape != (n,) or not 1 <= n_species <= MAX_SPECIES:
+        raise ValueError(f"species_moments: species [N = {n}] and 1 <= n_species <= {MAX_SPECIES} expected")
+    if HAS_TRITON and resolve_backend(rbf.device) == "triton" and not torch.compiler.is_compiling():
+        return _SpeciesMoments.apply(rbf, unit, edge_index, species, int(n_species), row_ptr)
+    live = int(row_ptr[n])  # the torch backend: a host read of the live edge count
+    return species_moments_reference(rbf[:live], unit[:live], edge_index[:, :live], species, int(n_species), n)
+
+
+def first_layer_messages(
+    rbf: Tensor,
+    unit: Tensor,
+    edge_index: Tensor,
+    species: Tensor,
+    n_species: int,
+    row_ptr: Tensor,
+    m: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """``(Δs [N, F], Δv [N, 3, F])`` of a first PaiNN layer: :func:`species_moments` times ``m = [M_a; M_c]``
+    ``[2, S·R, F]`` (frozen: no gradient). On the Triton path one autograd node whose two products are the Triton
+    GEMMs (first derivatives); elsewhere the moments and two torch matmuls."""
+    n = row_ptr.shape[0] - 1
+    if m.shape != (2, n_species * rbf.shape[1], m.shape[-1]):
+        raise ValueError(
+            f"first_layer_messages: m must be [2, S·R = {n_species * rbf.shape[1]}, F], got {tuple(m.shape)}"
+        )
+    if HAS_TRITON and not m.requires_grad:
+        from .linear import gemm_fusable
+
+        if gemm_fusable(rbf, m) and resolve_backend(rbf.device) == "triton":
+            return _FirstLayerMessages.apply(rbf, unit, edge_index, species, int(n_species), row_ptr, m)
+    p, q = species_moments(rbf, unit, edge_index, species, n_species, row_ptr)
+    return p @ m[0], (q.reshape(3 * n, -1) @ m[1]).view(n, 3, m.shape[-1])
+
+
+if HAS_TRITON:
+    from ._mp_kernels import _seg_acc
+    from ._precision import float32_dot
+    from ._triton_utils import pdl_prologue
+
+    @triton.jit(**unspecialized("n_atoms", "ei_stride"))
+    def _moments_fwd_kernel(
+        rbf_ptr, unit_ptr, ei_ptr, species_ptr, rowptr_ptr, p_ptr, q_ptr, n_atoms, ei_stride,
+        N_SPECIES: tl.constexpr, S_PAD: tl.constexpr, N_RBF: tl.constexpr, R_PAD: tl.constexpr,
+        BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr, DOT_PRECISION: tl.constexpr, SEG_SPLIT: tl.constexpr,
+        PDL: tl.constexpr,
+    ):  # fmt: skip
+        """Moments of BLOCK_A consecutive receivers: rows (a, z) = a * S_PAD + z of the register tiles."""
+        pdl_prologue(PDL)
+        a0 = tl.program_id(0).to(tl.int64) * BLOCK_A
+        rows = tl.arange(0, BLOCK_A * S_PAD)
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        lo = tl.load(rowptr_ptr + a0)
+        hi = tl.load(rowptr_ptr + tl.minimum(a0 + BLOCK_A, n_atoms))
+        dt = rbf_ptr.dtype.element_ty
+        acc_p = tl.zeros((BLOCK_A * S_PAD, R_PAD), dtype=dt)
+        acc_0 = tl.zeros((BLOCK_A * S_PAD, R_PAD), dtype=dt)
+        acc_1 = tl.zeros((BLOCK_A * S_PAD, R_PAD), dtype=dt)
+        acc_2 = tl.zeros((BLOCK_A * S_PAD, R_PAD), dtype=dt)
+        for start in range(lo, hi, BLOCK_E):
+            e = start + tl.arange(0, BLOCK_E)
+            em = e < hi
+            i = tl.load(ei_ptr + e, mask=em, other=0).to(tl.int64)
+            j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
+            z = tl.load(species_ptr + j, mask=em, other=0).to(tl.int64)
+            slot = (i - a0) * S_PAD + z
+            onehot = ((slot[None, :] == rows[:, None]) & em[None, :]).to(dt)
+            rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
+            ux = tl.load(unit_ptr + e * 3, mask=em, other=0.0)
+            uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
+            uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
+            acc_p = _seg_acc(acc_p, onehot, rb, DOT_PRECISION, SEG_SPLIT)
+            acc_0 = _seg_acc(acc_0, onehot, rb * ux[:, None], DOT_PRECISION, SEG_SPLIT)
+            acc_1 = _seg_acc(acc_1, onehot, rb * uy[:, None], DOT_PRECISION, SEG_SPLIT)
+            acc_2 = _seg_acc(acc_2, onehot, rb * uz[:, None], DOT_PRECISION, SEG_SPLIT)
+        atom = a0 + rows // S_PAD
+        z_row = rows % S_PAD
+        sr: tl.constexpr = N_SPECIES * N_RBF
+        om = ((atom < n_atoms) & (z_row < N_SPECIES))[:, None] & rm[None, :]
+        col = z_row[:, None] * N_RBF + r[None, :]
+        tl.store(p_ptr + atom[:, None] * sr + col, acc_p, mask=om)
+        qrow = q_ptr + atom[:, None] * (3 * sr) + col
+        tl.store(qrow, acc_0, mask=om)
+        tl.store(qrow + sr, acc_1, mask=om)
+        tl.store(qrow + 2 * sr, acc_2, mask=om)
+
+    @triton.jit(**unspecialized("n_edges", "ei_stride"))
+    def _moments_bwd_kernel(
+        gp_ptr, gq_ptr, rbf_ptr, unit_ptr, ei_ptr, species_ptr, live_ptr, grbf_ptr, gunit_ptr, n_edges, ei_stride,
+        N_SPECIES: tl.constexpr, N_RBF: tl.constexpr, R_PAD: tl.constexpr, BLOCK_E: tl.constexpr,
+        PDL: tl.constexpr,
+    ):  # fmt: skip
+        """∂rbf_e = ∂P_i[z_j] + Σ_k u_e[k] ∂Q_i[k, z_j], ∂u_e[k] = ⟨rbf_e, ∂Q_i[k, z_j]⟩ for a tile of edges; zero rows
+        for the edges past row_ptr[N] (no receiver)."""
+        pdl_prologue(PDL)
+        e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+        inside = e < n_edges
+        em = inside & (e < tl.load(live_ptr))
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        m2 = em[:, None] & rm[None, :]
+        i = tl.load(ei_ptr + e, mask=em, other=0).to(tl.int64)
+        j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
+        z = tl.load(species_ptr + j, mask=em, other=0).to(tl.int64)
+        sr: tl.constexpr = N_SPECIES * N_RBF
+        col = z[:, None] * N_RBF + r[None, :]
+        gp = tl.load(gp_ptr + i[:, None] * sr + col, mask=m2, other=0.0)
+        gq = gq_ptr + i[:, None] * (3 * sr) + col
+        g0 = tl.load(gq, mask=m2, other=0.0)
+        g1 = tl.load(gq + sr, mask=m2, other=0.0)
+        g2 = tl.load(gq + 2 * sr, mask=m2, other=0.0)
+        rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=m2, other=0.0)
+        ux = tl.load(unit_ptr + e * 3, mask=em, other=0.0)
+        uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
+        uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
+        g_rbf = gp + ux[:, None] * g0 + uy[:, None] * g1 + uz[:, None] * g2
+        tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=inside[:, None] & rm[None, :])
+        tl.store(gunit_ptr + e * 3, tl.sum(rb * g0, axis=1), mask=inside)
+        tl.store(gunit_ptr + e * 3 + 1, tl.sum(rb * g1, axis=1), mask=inside)
+        tl.store(gunit_ptr + e * 3 + 2, tl.sum(rb * g2, axis=1), mask=inside)
+
+    def _pow2(n: int) -> int:
+        return 1 << max(0, int(n) - 1).bit_length()
+
+    def _dot(ref: Tensor) -> tuple[str, bool]:
+        """(dot precision, seg_split): the one-hot sums exact in float32 on CUDA (two TF32 MMAs of hi / lo, as the
+        message-passing block kernels), one TF32 pass under the engine's reduced precisions; ieee otherwise."""
+        if ref.is_cuda and ref.dtype == torch.float32:
+            prec = float32_dot("tf32x3")
+            return prec, prec == "tf32x3"
+        return "ieee", False
+
+    def _forward(rbf, unit, edge_index, species, n_species, row_ptr):
+        rbf, unit, species, row_ptr = rbf.contiguous(), unit.contiguous(), species.contiguous(), row_ptr.contiguous()
+        n = row_ptr.shape[0] - 1
+        e, n_rbf = rbf.shape
+        sr = n_species * n_rbf
+        p = rbf.new_empty((n, sr))
+        q = rbf.new_empty((n, 3, sr))
+        if n == 0:
+            return p, q
+        if e == 0 or n_rbf == 0:
+            return p.zero_(), q.zero_()
+        prec, split = _dot(rbf)
+        block_a = _CONFIG["block_a"]
+        check_launchable(_moments_fwd_kernel, rbf)
+        _moments_fwd_kernel[(triton.cdiv(n, block_a),)](
+            rbf, unit, edge_index, species, row_ptr, p, q, n, edge_index.stride(0),
+            N_SPECIES=n_species, S_PAD=_pow2(n_species), N_RBF=n_rbf, R_PAD=max(16, _pow2(n_rbf)), BLOCK_A=block_a,
+            BLOCK_E=_CONFIG["block_e"], DOT_PRECISION=prec, SEG_SPLIT=split, num_warps=_CONFIG["num_warps"],
+            **pdl_args(rbf),
+        )  # fmt: skip
+        return p, q
+
+    def _backward(gp, gq, rbf, unit, edge_index, species, n_species, row_ptr):
+        e, n_rbf = rbf.shape
+        n = row_ptr.shape[0] - 1
+        g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
+        if e == 0:
+            return g_rbf, g_unit
+        gp = rbf.new_zeros((n, n_species * n_rbf)) if gp is None else gp.to(rbf.dtype).contiguous()
+        gq = rbf.new_zeros((n, 3, n_species * n_rbf)) if gq is None else gq.to(rbf.dtype).contiguous()
+        block_e = _CONFIG["bwd_block_e"]
+        check_launchable(_moments_bwd_kernel, rbf)
+        _moments_bwd_kernel[(triton.cdiv(e, block_e),)](
+            gp, gq, rbf, unit, edge_index, species, row_ptr[n:], g_rbf, g_unit, e, edge_index.stride(0),
+            N_SPECIES=n_species, N_RBF=n_rbf, R_PAD=max(16, _pow2(n_rbf)), BLOCK_E=block_e,
+            num_warps=_CONFIG["num_warps"], **pdl_args(rbf),
+        )  # fmt: skip
+        return g_rbf, g_unit
+
+    class _SpeciesMoments(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, rbf, unit, edge_index, species, n_species, row_ptr):
+            ctx.set_materialize_grads(False)
+            ctx.n_species = n_species
+            rbf, unit = rbf.contiguous(), unit.contiguous()
+            ctx.save_for_backward(rbf, unit, edge_index, species, row_ptr)
+            return _forward(rbf, unit, edge_index, species, n_species, row_ptr)
+
+        @staticmethod
+        def backward(ctx, gp, gq):
+            rbf, unit, edge_index, species, row_ptr = ctx.saved_tensors
+            if gp is None and gq is None:
+                return None, None, None, None, None, None
+            with torch.no_grad():
+                g_rbf, g_unit = _backward(gp, gq, rbf, unit, edge_index, species, ctx.n_species, row_ptr)
+            if torch.is_grad_enabled():  # create_graph=True: a second derivative raises
+                depends = [t for t in (gp, gq, rbf, unit) if t is not None]
+                g_rbf, g_unit = FirstOrderOnly.apply("the species moments (first layer)", 2, g_rbf, g_unit, *depends)
+            return g_rbf, g_unit, None, None, None, None
+
+    class _FirstLayerMessages(torch.autograd.Function):
+        """Moments, then the two products with M on the Triton GEMMs; backward: the transposed products, then the
+        moments' backward kernel. First derivatives only."""
+
+        @staticmethod
+        def forward(ctx, rbf, unit, edge_index, species, n_species, row_ptr, m):
+            from .linear import gemm, resolved_dot
+
+            ctx.set_materialize_grads(False)
+            ctx.n_species = n_species
+            ctx.dot = dot = resolved_dot(rbf)
+            rbf, unit = rbf.contiguous(), unit.contiguous()
+            ctx.save_for_backward(rbf, unit, edge_index, species, row_ptr, m)
+            p, q = _forward(rbf, unit, edge_index, species, n_species, row_ptr)
+            n, f = p.shape[0], m.shape[2]
+            ds, _ = gemm(p, m[0], transpose_w=False, dot=dot)
+            dv, _ = gemm(q.view(3 * n, -1), m[1], transpose_w=False, dot=dot)
+            return ds, dv.view(n, 3, f)
+
+        @staticmethod
+        def backward(ctx, g_ds, g_dv):
+            from .linear import gemm
+
+            rbf, unit, edge_index, species, row_ptr, m = ctx.saved_tensors
+            if g_ds is None and g_dv is None:
+                return (None,) * 7
+            n = row_ptr.shape[0] - 1
+            with torch.no_grad():
+                gp = None if g_ds is None else gemm(g_ds.to(m.dtype).contiguous(), m[0], dot=ctx.dot)[0]
+                gq = None
+                if g_dv is not None:
+                    gq = gemm(g_dv.to(m.dtype).contiguous().view(3 * n, -1), m[1], dot=ctx.dot)[0].view(n, 3, -1)
+                g_rbf, g_unit = _backward(gp, gq, rbf, unit, edge_index, species, ctx.n_species, row_ptr)
+            if torch.is_grad_enabled():  # create_graph=True: a second derivative raises
+                depends = [t for t in (g_ds, g_dv, rbf, unit) if t is not None]
+                g_rbf, g_unit = FirstOrderOnly.apply("the first layer's moments", 2, g_rbf, g_unit, *depends)
+            return g_rbf, g_unit, None, None, None, None, None

@@ -1,0 +1,135 @@
+"""Species-resolved radial moments (``kernels.species_moments``, the first PaiNN layer without gathers): the Triton
+kernels (the interpreter on the CPU, CUDA on the GPU) against the torch reference, forward and gradients; padding
+edges past the receiver CSR; first order only on the Triton path."""
+
+import importlib
+
+import pytest
+import torch
+from mlff_distiller.kernels import use_backend
+
+sm = importlib.import_module("mlff_distiller.kernels.species_moments")
+
+
+def _graph(n, e, n_rbf, n_species, dtype, device, seed=0, pad=0, isolated=2):
+    """rbf, unit, edge_index (receiver-sorted, then ``pad`` edges past row_ptr[N]), species, row_ptr."""
+    gen = torch.Generator().manual_seed(seed)
+    rbf = torch.randn(e + pad, n_rbf, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+    unit = torch.nn.functional.normalize(torch.randn(e + pad, 3, generator=gen, dtype=torch.float64), dim=-1)
+    unit = unit.to(device=device, dtype=dtype)
+    ei = torch.randint(0, n - isolated, (2, e), generator=gen)
+    ei = ei[:, torch.argsort(ei[0], stable=True)]
+    ei = torch.cat([ei, torch.zeros(2, pad, dtype=torch.long)], 1).to(device)  # padding: no receiver owns them
+    species = torch.randint(0, n_species, (n,), generator=gen).to(device)
+    counts = torch.bincount(ei[0, :e].cpu(), minlength=n)
+    row_ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).to(device)
+    return rbf, unit, ei, species, row_ptr
+
+
+def _reference(rbf, unit, ei, species, n_species, row_ptr):
+    live = int(row_ptr[-1])
+    n = row_ptr.shape[0] - 1
+    return sm.species_moments_reference(rbf[:live], unit[:live], ei[:, :live], species, n_species, n)
+
+
+@pytest.mark.parametrize("n_species", [1, 3, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_forward_and_gradients_match_the_reference(triton_device, n_species, dtype):
+    tol = {torch.float64: 1e-12, torch.float32: 2e-5}[dtype]
+    args = _graph(37, 400, 20, n_species, dtype, triton_device, seed=n_species, pad=9)
+    rbf, unit, ei, species, row_ptr = args
+    rbf, unit = rbf.clone().requires_grad_(True), unit.clone().requires_grad_(True)
+    with use_backend("triton"):
+        p, q = sm.species_moments(rbf, unit, ei, species, n_species, row_ptr)
+    assert p.shape == (37, n_species * 20) and q.shape == (37, 3, n_species * 20)
+    r64, u64 = rbf.detach().double().requires_grad_(True), unit.detach().double().requires_grad_(True)
+    p_ref, q_ref = _reference(r64, u64, ei, species, n_species, row_ptr)
+    scale = max(float(p_ref.detach().abs().max()), float(q_ref.detach().abs().max()))
+    torch.testing.assert_close(p.double(), p_ref, rtol=0, atol=tol * scale)
+    torch.testing.assert_close(q.double(), q_ref, rtol=0, atol=tol * scale)
+    gen = torch.Generator().manual_seed(5)
+    wp = torch.randn(p.shape, generator=gen, dtype=torch.float64).to(triton_device)
+    wq = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(triton_device)
+    g_rbf, g_unit = torch.autograd.grad((p.double() * wp).sum() + (q.double() * wq).sum(), (rbf, unit))
+    r_rbf, r_unit = torch.autograd.grad((p_ref * wp).sum() + (q_ref * wq).sum(), (r64, u64))
+    gscale = max(float(r_rbf.abs().max()), float(r_unit.abs().max()))
+    torch.testing.assert_close(g_rbf.double(), r_rbf, rtol=0, atol=tol * gscale)
+    torch.testing.assert_close(g_unit.double(), r_unit, rtol=0, atol=tol * gscale)
+    assert float(r_rbf.abs().max()) > 0.1  # a real comparison
+    live = int(row_ptr[-1])
+    assert not g_rbf[live:].any() and not g_unit[live:].any()  # the padding edges: zero rows
+
+
+def test_isolated_atoms_have_zero_moments(triton_device):
+    rbf, unit, ei, species, row_ptr = _graph(20, 150, 20, 4, torch.float64, triton_device, isolated=3)
+    with use_backend("triton"):
+        p, q = sm.species_moments(rbf, unit, ei, species, 4, row_ptr)
+    assert not p[-3:].any() and not q[-3:].any()
+    assert p[:-3].abs().sum(1).gt(0).any()
+
+
+def test_gradcheck_on_the_triton_path(triton_device):
+    rbf, unit, ei, species, row_ptr = _graph(9, 40, 6, 3, torch.float64, triton_device, seed=3, pad=2)
+    rbf.requires_grad_(True)
+    unit.requires_grad_(True)
+
+    def f(rbf, unit):
+        with use_backend("triton"):
+            return sm.species_moments(rbf, unit, ei, species, 3, row_ptr)
+
+    assert torch.autograd.gradcheck(f, (rbf, unit))
+
+
+def test_a_second_derivative_raises_on_the_triton_path(triton_device):
+    rbf, unit, ei, species, row_ptr = _graph(9, 40, 6, 2, torch.float64, triton_device, seed=4)
+    rbf.requires_grad_(True)
+    with use_backend("triton"):
+        p, q = sm.species_moments(rbf, unit, ei, species, 2, row_ptr)
+    (g,) = torch.autograd.grad(p.square().sum() + q.square().sum(), rbf, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiable once only"):
+        torch.autograd.grad(g.square().sum(), rbf)
+
+
+def test_the_torch_backend_takes_the_reference():
+    rbf, unit, ei, species, row_ptr = _graph(15, 90, 8, 3, torch.float64, torch.device("cpu"), pad=4)
+    with use_backend("torch"):
+        p, q = sm.species_moments(rbf, unit, ei, species, 3, row_ptr)
+    p_ref, q_ref = _reference(rbf, unit, ei, species, 3, row_ptr)
+    assert torch.equal(p, p_ref) and torch.equal(q, q_ref)
+
+
+def test_bad_shapes_raise():
+    rbf, unit, ei, species, row_ptr = _graph(10, 30, 8, 2, torch.float64, torch.device("cpu"))
+    with pytest.raises(ValueError, match="unit"):
+        sm.species_moments(rbf, unit[:, :2], ei, species, 2, row_ptr)
+    with pytest.raises(ValueError, match="n_species"):
+        sm.species_moments(rbf, unit, ei, species, sm.MAX_SPECIES + 1, row_ptr)
+    with pytest.raises(ValueError, match="species"):
+        sm.species_moments(rbf, unit, ei, species[:-1], 2, row_ptr)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_first_layer_messages_on_the_triton_gemms(triton_device, dtype):
+    """The moments times [M_a; M_c] in one autograd node (Triton GEMMs) against the reference composite (moments,
+    then torch matmuls): values and gradients wrt rbf and unit."""
+    tol = {torch.float64: 1e-12, torch.float32: 2e-5}[dtype]
+    rbf, unit, ei, species, row_ptr = _graph(31, 300, 20, 4, dtype, triton_device, seed=12, pad=5)
+    gen = torch.Generator().manual_seed(13)
+    m = torch.randn(2, 4 * 20, 32, generator=gen, dtype=torch.float64).to(device=triton_device, dtype=dtype)
+    rbf.requires_grad_(True)
+    unit.requires_grad_(True)
+    with use_backend("triton"):
+        ds, dv = sm.first_layer_messages(rbf, unit, ei, species, 4, row_ptr, m)
+    r64, u64 = rbf.detach().double().requires_grad_(True), unit.detach().double().requires_grad_(True)
+    p, q = _reference(r64, u64, ei, species, 4, row_ptr)
+    ds_ref, dv_ref = p @ m[0].double(), (q.reshape(-1, 80) @ m[1].double()).view(31, 3, 32)
+    scale = float(dv_ref.detach().abs().max())
+    torch.testing.assert_close(ds.double(), ds_ref, rtol=0, atol=tol * scale)
+    torch.testing.assert_close(dv.double(), dv_ref, rtol=0, atol=tol * scale)
+    w_s = torch.randn(ds.shape, generator=gen, dtype=torch.float64).to(triton_device)
+    w_v = torch.randn(dv.shape, generator=gen, dtype=torch.float64).to(triton_device)
+    got = torch.autograd.grad((ds.double() * w_s).sum() + (dv.double() * w_v).sum(), (rbf, unit))
+    want = torch.autograd.grad((ds_ref * w_s).sum() + (dv_ref * w_v).sum(), (r64, u64))
+    gscale = float(want[0].abs().max())
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.double(), w, rtol=0, atol=tol * gscale)
