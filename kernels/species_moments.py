@@ -28,11 +28,21 @@ from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, pdl_arg
 
 __all__ = ["MAX_SPECIES", "first_layer_messages", "species_moments", "species_moments_reference"]
 
-# Register tiles hold BLOCK_A x next_pow2(S) moment rows: more species than this take the message-passing kernel.
-MAX_SPECIES = 8
+# Register tiles hold BLOCK_A x next_pow2(S) moment rows (at most _CONFIG["rows"]): more species than this take the
+# message-passing kernel.
+MAX_SPECIES = 16
 # model_min_edges: StudentModel takes its first layer from the moments on graphs of at least this many edges (None:
 # never); see its _first_layer_moments.
-_CONFIG = {"block_a": 16, "block_e": 32, "num_warps": 4, "bwd_block_e": 64, "model_min_edges": 0}
+# rows: the forward's tile height, BLOCK_A receivers x S_PAD species slots (fewer receivers per program where that
+# leaves fewer than programs_per_sm programs per SM: a 192-atom box got 12 programs of 16 receivers).
+_CONFIG = {
+    "rows": 64,
+    "programs_per_sm": 2,
+    "block_e": 32,
+    "num_warps": 4,
+    "bwd_block_e": 64,
+    "model_min_edges": 0,
+}
 
 
 def species_moments_reference(
@@ -111,22 +121,23 @@ if HAS_TRITON:
     def _moments_fwd_kernel(
         rbf_ptr, unit_ptr, ei_ptr, species_ptr, rowptr_ptr, p_ptr, q_ptr, n_atoms, ei_stride,
         N_SPECIES: tl.constexpr, S_PAD: tl.constexpr, N_RBF: tl.constexpr, R_PAD: tl.constexpr,
-        BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr, DOT_PRECISION: tl.constexpr, SEG_SPLIT: tl.constexpr,
-        PDL: tl.constexpr,
+        BLOCK_A: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        SEG_SPLIT: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        """Moments of BLOCK_A consecutive receivers: rows (a, z) = a * S_PAD + z of the register tiles."""
+        """Moments of BLOCK_A consecutive receivers: rows (a, z) = a * S_PAD + z of the ``[ROWS, R_PAD]`` register
+        tiles (ROWS >= BLOCK_A * S_PAD and >= 16 for tl.dot: the rows past BLOCK_A * S_PAD stay zero)."""
         pdl_prologue(PDL)
         a0 = tl.program_id(0).to(tl.int64) * BLOCK_A
-        rows = tl.arange(0, BLOCK_A * S_PAD)
+        rows = tl.arange(0, ROWS)
         r = tl.arange(0, R_PAD)
         rm = r < N_RBF
         lo = tl.load(rowptr_ptr + a0)
         hi = tl.load(rowptr_ptr + tl.minimum(a0 + BLOCK_A, n_atoms))
         dt = rbf_ptr.dtype.element_ty
-        acc_p = tl.zeros((BLOCK_A * S_PAD, R_PAD), dtype=dt)
-        acc_0 = tl.zeros((BLOCK_A * S_PAD, R_PAD), dtype=dt)
-        acc_1 = tl.zeros((BLOCK_A * S_PAD, R_PAD), dtype=dt)
-        acc_2 = tl.zeros((BLOCK_A * S_PAD, R_PAD), dtype=dt)
+        acc_p = tl.zeros((ROWS, R_PAD), dtype=dt)
+        acc_0 = tl.zeros((ROWS, R_PAD), dtype=dt)
+        acc_1 = tl.zeros((ROWS, R_PAD), dtype=dt)
+        acc_2 = tl.zeros((ROWS, R_PAD), dtype=dt)
         for start in range(lo, hi, BLOCK_E):
             e = start + tl.arange(0, BLOCK_E)
             em = e < hi
@@ -146,7 +157,7 @@ if HAS_TRITON:
         atom = a0 + rows // S_PAD
         z_row = rows % S_PAD
         sr: tl.constexpr = N_SPECIES * N_RBF
-        om = ((atom < n_atoms) & (z_row < N_SPECIES))[:, None] & rm[None, :]
+        om = ((atom < n_atoms) & (z_row < N_SPECIES) & (rows < BLOCK_A * S_PAD))[:, None] & rm[None, :]
         col = z_row[:, None] * N_RBF + r[None, :]
         tl.store(p_ptr + atom[:, None] * sr + col, acc_p, mask=om)
         qrow = q_ptr + atom[:, None] * (3 * sr) + col
@@ -192,6 +203,16 @@ if HAS_TRITON:
     def _pow2(n: int) -> int:
         return 1 << max(0, int(n) - 1).bit_length()
 
+    def _block_a(ref: Tensor, n_atoms: int, n_species: int) -> int:
+        """Receivers per forward program: as many as ``rows`` holds (a power of two), fewer while that leaves fewer
+        than ``programs_per_sm`` programs per SM (down to one)."""
+        block = max(1, _CONFIG["rows"] // _pow2(n_species))
+        if ref.is_cuda:
+            least = _CONFIG["programs_per_sm"] * torch.cuda.get_device_properties(ref.device).multi_processor_count
+            while block > 1 and triton.cdiv(n_atoms, block) < least:
+                block //= 2
+        return block
+
     def _dot(ref: Tensor) -> tuple[str, bool]:
         """(dot precision, seg_split): the one-hot sums exact in float32 on CUDA (two TF32 MMAs of hi / lo, as the
         message-passing block kernels), one TF32 pass under the engine's reduced precisions; ieee otherwise."""
@@ -212,12 +233,13 @@ if HAS_TRITON:
         if e == 0 or n_rbf == 0:
             return p.zero_(), q.zero_()
         prec, split = _dot(rbf)
-        block_a = _CONFIG["block_a"]
+        block_a = _block_a(rbf, n, n_species)
         check_launchable(_moments_fwd_kernel, rbf)
         _moments_fwd_kernel[(triton.cdiv(n, block_a),)](
             rbf, unit, edge_index, species, row_ptr, p, q, n, edge_index.stride(0),
             N_SPECIES=n_species, S_PAD=_pow2(n_species), N_RBF=n_rbf, R_PAD=max(16, _pow2(n_rbf)), BLOCK_A=block_a,
-            BLOCK_E=_CONFIG["block_e"], DOT_PRECISION=prec, SEG_SPLIT=split, num_warps=_CONFIG["num_warps"],
+            ROWS=max(16, block_a * _pow2(n_species)), BLOCK_E=_CONFIG["block_e"], DOT_PRECISION=prec, SEG_SPLIT=split,
+            num_warps=_CONFIG["num_warps"],
             **pdl_args(rbf),
         )  # fmt: skip
         return p, q

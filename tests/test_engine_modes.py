@@ -282,6 +282,11 @@ def test_captured_steps_sum_the_edge_gradients_on_a_second_stream(model, stress,
         return real(sink, *args)
 
     monkeypatch.setattr(mp, "_edge_grads_into", spy)
+    # The first layer on the message kernel, so that every layer's backward goes through the sink (the moments'
+    # first layer with the sink is tests/test_first_layer_moments.py's).
+    monkeypatch.setitem(
+        importlib.import_module("mlff_distiller.kernels.species_moments")._CONFIG, "model_min_edges", None
+    )
     # The shipped width on a 192-atom water box: kernels long enough that an input of the second stream's kernels
     # left unheld was overwritten in time (autograd's in-place sum into the next layer's g_v: ΔF 2.7e-4 eV/Å).
     water = make_model(seed=3, species=[1, 8], hidden=128, layers=3, n_rbf=20, cutoff=5.0)
