@@ -31,10 +31,15 @@ __all__ = ["MAX_SPECIES", "first_layer_messages", "species_moments", "species_mo
 # Register tiles hold BLOCK_A x next_pow2(S) moment rows (at most _CONFIG["rows"]): more species than this take the
 # message-passing kernel.
 MAX_SPECIES = 16
-# model_min_edges: StudentModel takes its first layer from the moments on graphs of at least this many edges (None:
-# never); see its _first_layer_moments.
 # rows: the forward's tile height, BLOCK_A receivers x S_PAD species slots (fewer receivers per program where that
 # leaves fewer than programs_per_sm programs per SM: a 192-atom box got 12 programs of 16 receivers).
+# model_min_edges, model_min_degree: StudentModel takes its first layer from the moments on graphs of at least this
+# many edges and edges per atom (None: never). The whole step, moments against the message kernel's first layer, in
+# one H200 call (benchmarks/results/stop44_gpu/probe_ncu_sweep_moments.md, two rounds; water with the 2-species
+# water student, the others with the 14-species g2 student): 24,000 water atoms (eager) 1.155x, 3,000 1.127x, 192
+# 1.036x; 4,096 g2 molecules (7.5 edges per atom) 0.975x, 1,024 0.962x, benzene (2.5 per atom in its bucket)
+# 0.947x. Dense graphs gain (the message kernel's gathers scale with the edges), sparse ones lose (two GEMMs with
+# K = S·R more a step), hence the degree bound.
 _CONFIG = {
     "rows": 64,
     "programs_per_sm": 2,
@@ -42,6 +47,7 @@ _CONFIG = {
     "num_warps": 4,
     "bwd_block_e": 64,
     "model_min_edges": 0,
+    "model_min_degree": 16,
 }
 
 

@@ -263,6 +263,19 @@ case "${1:-}" in
       >"$OUT/bench_large_check.log" 2>&1
     grep -E "ours == reference|^\| ours" "$OUT/bench_large_check.log" | head -4
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e" >&2; exit 2 ;;
+  stop44f)
+    # Stop 44's last tree (the moments gated by edges per atom): CUDA tests, bench_large's check and rows, the
+    # step of three systems against the moments off.
+    timeout 200 python3 -m pytest -q tests/kernels/test_species_moments.py tests/test_first_layer_moments.py \
+      tests/test_engine_modes.py -k "cuda or gpu" -m "not slow" >"$OUT/pytest_final.log" 2>&1
+    tail -1 "$OUT/pytest_final.log"
+    timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 180 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "ours == reference|energy\+forces|peak memory|^\| (3000|24000) " "$OUT/bench_large.log" | head -14
+    timeout 120 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 100 --out "$OUT" \
+      --systems water192,water3000,g2x1024 --variants "moments:model_min_edges=1000000000" >"$OUT/sweep_final.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_final.log" | tail -4
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

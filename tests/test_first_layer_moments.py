@@ -23,13 +23,14 @@ interpreter = pytest.mark.skipif(
 
 
 @contextlib.contextmanager
-def _moments(least):
-    old = sm._CONFIG["model_min_edges"]
-    sm._CONFIG["model_min_edges"] = least
+def _moments(least, degree=0):
+    """The moments from ``least`` edges and ``degree`` edges per atom on (None: off)."""
+    old = dict(sm._CONFIG)
+    sm._CONFIG.update(model_min_edges=least, model_min_degree=degree)
     try:
         yield
     finally:
-        sm._CONFIG["model_min_edges"] = old
+        sm._CONFIG.update(old)
 
 
 def _frozen(model):
@@ -123,6 +124,9 @@ def test_where_the_moments_do_not_apply(monkeypatch):
     with use_backend("torch"), _moments(0):  # the torch backend
         idx = model.z_to_index[batch.numbers]
         rbf, unit = torch.ones(4, model.config.n_rbf, dtype=torch.float64), torch.ones(4, 3, dtype=torch.float64)
+        ei = torch.tensor([[0, 0, 1, 1], [1, 2, 0, 2]])
+        assert model._first_layer_moments(idx[:3], rbf, unit, ei) is None
+    with use_backend("triton"), _moments(0, degree=10):  # fewer edges per atom than asked for
         ei = torch.tensor([[0, 0, 1, 1], [1, 2, 0, 2]])
         assert model._first_layer_moments(idx[:3], rbf, unit, ei) is None
     with use_backend("triton"), _moments(0):  # edges not sorted by receiver

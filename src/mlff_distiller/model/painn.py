@@ -309,15 +309,16 @@ class StudentModel(nn.Module):
         """``(Δs, Δv)`` of the first layer from the species-resolved radial moments
         (:mod:`mlff_distiller.kernels.species_moments`: no sender features gathered), or None where the message
         kernel runs instead: call it only where :meth:`first_phi_table` gave a table. The Triton backend, at most
-        ``MAX_SPECIES`` species, graphs of at least ``species_moments._CONFIG["model_min_edges"]`` edges, edges
-        sorted by receiver."""
+        ``MAX_SPECIES`` species, graphs of at least ``species_moments._CONFIG["model_min_edges"]`` edges and
+        ``["model_min_degree"]`` edges per atom, edges sorted by receiver."""
         from mlff_distiller.kernels import species_moments as sm
 
         n_species = len(self.config.species)
         if n_species > sm.MAX_SPECIES or kernels.resolve_backend(rbf.device) != "triton":
             return None
-        least = sm._CONFIG["model_min_edges"]
-        if least is None or edge_index.shape[1] < least:
+        least, degree = sm._CONFIG["model_min_edges"], sm._CONFIG["model_min_degree"]
+        n_edges = edge_index.shape[1]
+        if least is None or degree is None or n_edges < least or n_edges < degree * idx.shape[0]:
             return None
         inter = self.interactions[0]
         if type(inter) is CSRInteraction:
