@@ -266,9 +266,12 @@ case "${1:-}" in
   stop44f)
     # Stop 44's last tree (the moments gated by edges per atom): CUDA tests, bench_large's check and rows, the
     # step of three systems against the moments off.
-    timeout 200 python3 -m pytest -q tests/kernels/test_species_moments.py tests/test_first_layer_moments.py \
-      tests/test_engine_modes.py -k "cuda or gpu" -m "not slow" >"$OUT/pytest_final.log" 2>&1
-    tail -1 "$OUT/pytest_final.log"
+    timeout 100 python3 -m pytest -q tests/kernels/test_species_moments.py tests/test_first_layer_moments.py \
+      -k "cuda" >"$OUT/pytest_final_moments.log" 2>&1
+    tail -1 "$OUT/pytest_final_moments.log"
+    timeout 150 python3 -m pytest -q -m gpu tests/test_engine_modes.py tests/test_engine_verlet.py \
+      -k "not compile and not autotune" >"$OUT/pytest_final_engine.log" 2>&1
+    tail -1 "$OUT/pytest_final_engine.log"
     timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 180 --sections check,ef \
       --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
     grep -E "ours == reference|energy\+forces|peak memory|^\| (3000|24000) " "$OUT/bench_large.log" | head -14
