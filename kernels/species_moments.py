@@ -67,6 +67,19 @@ def species_moments_reference(
     return p, q
 
 
+def _check(rbf, unit, edge_index, species, n_species, row_ptr) -> int:
+    """Shapes (host-side, no sync); returns N."""
+    n = row_ptr.shape[0] - 1
+    if rbf.dim() != 2 or unit.shape != (rbf.shape[0], 3) or edge_index.shape != (2, rbf.shape[0]):
+        raise ValueError(
+            f"species_moments: rbf [E, R], unit [E, 3], edge_index [2, E] expected, got {tuple(rbf.shape)}, "
+            f"{tuple(unit.shape)}, {tuple(edge_index.shape)}"
+        )
+    if species.shape != (n,) or not 1 <= n_species <= MAX_SPECIES:
+        raise ValueError(f"species_moments: species [N = {n}] and 1 <= n_species <= {MAX_SPECIES} expected")
+    return n
+
+
 def species_moments(
     rbf: Tensor,
     unit: Tensor,
@@ -78,14 +91,7 @@ def species_moments(
     """:func:`species_moments_reference` (differentiable wrt rbf and unit; once on the Triton path) for edges sorted
     by receiver with CSR offsets ``row_ptr [N + 1]`` (trusted as given; edges past ``row_ptr[N]`` belong to no
     receiver: they add nothing and get zero gradients)."""
-    n = row_ptr.shape[0] - 1
-    if rbf.dim() != 2 or unit.shape != (rbf.shape[0], 3) or edge_index.shape != (2, rbf.shape[0]):
-        raise ValueError(
-            f"species_moments: rbf [E, R], unit [E, 3], edge_index [2, E] expected, got {tuple(rbf.shape)}, "
-            f"{tuple(unit.shape)}, {tuple(edge_index.shape)}"
-        )
-    if species.shape != (n,) or not 1 <= n_species <= MAX_SPECIES:
-        raise ValueError(f"species_moments: species [N = {n}] and 1 <= n_species <= {MAX_SPECIES} expected")
+    n = _check(rbf, unit, edge_index, species, n_species, row_ptr)
     if HAS_TRITON and resolve_backend(rbf.device) == "triton" and not torch.compiler.is_compiling():
         return _SpeciesMoments.apply(rbf, unit, edge_index, species, int(n_species), row_ptr)
     live = int(row_ptr[n])  # the torch backend: a host read of the live edge count
@@ -104,8 +110,8 @@ def first_layer_messages(
     """``(Δs [N, F], Δv [N, 3, F])`` of a first PaiNN layer: :func:`species_moments` times ``m = [M_a; M_c]``
     ``[2, S·R, F]`` (frozen: no gradient). On the Triton path one autograd node whose two products are the Triton
     GEMMs (first derivatives); elsewhere the moments and two torch matmuls."""
-    n = row_ptr.shape[0] - 1
-    if m.shape != (2, n_species * rbf.shape[1], m.shape[-1]):
+    n = _check(rbf, unit, edge_index, species, n_species, row_ptr)
+    if m.dim() != 3 or m.shape[:2] != (2, n_species * rbf.shape[1]):
         raise ValueError(
             f"first_layer_messages: m must be [2, S·R = {n_species * rbf.shape[1]}, F], got {tuple(m.shape)}"
         )

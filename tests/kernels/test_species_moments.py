@@ -136,3 +136,11 @@ def test_first_layer_messages_on_the_triton_gemms(triton_device, dtype):
     gscale = float(want[0].abs().max())
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.double(), w, rtol=0, atol=tol * gscale)
+
+
+def test_first_layer_messages_checks_its_inputs():
+    rbf, unit, ei, species, row_ptr = _graph(10, 30, 8, 2, torch.float64, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"m must be \[2, S·R = 16, F\]"):
+        sm.first_layer_messages(rbf, unit, ei, species, 2, row_ptr, torch.zeros(2, 15, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="unit"):
+        sm.first_layer_messages(rbf, unit[:, :2], ei, species, 2, row_ptr, torch.zeros(2, 16, 4, dtype=torch.float64))
