@@ -205,7 +205,12 @@ def defer_edge_grads(rbf: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, EdgeGra
     waits for, and the edge kernel (∂rbf, ∂u), which only the geometry's backward at the very end reads. Inside a
     CUDA-graph capture on the Triton path, for graphs of at most ``edge_stream_max_edges`` edges, the edge kernels
     run on a second stream and add into the sink; one join before the geometry's backward hands the sums to
-    autograd. So in the captured step they overlap the rest of the backward instead of lying on its path."""
+    autograd. So in the captured step they overlap the rest of the backward instead of lying on its path.
+
+    The join is the identity node's backward: a first-derivative backward that runs the layers' backward but not
+    that node (``torch.autograd.grad`` of the energy over the weights alone, with positions that require grad)
+    would leave the second stream unjoined, and the capture fails. The engine differentiates over the positions,
+    and the trainer's captured step calls ``loss.backward()``, which reaches them."""
     if not HAS_TRITON or not rbf.is_cuda or torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return rbf, unit, None
     limit = _CONFIG["edge_stream_max_edges"]
