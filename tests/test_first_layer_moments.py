@@ -172,3 +172,56 @@ def test_captured_steps_with_moments_on_cuda(stress, monkeypatch):
                 scale = outs[1][key].abs().max().clamp_min(1e-3)
                 assert (outs[0][key] - outs[1][key]).abs().max() / scale <= 1e-5, (mode, key)
     assert calls
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_the_cpu_steps_written_out_backward_with_moments(layers, monkeypatch):
+    """The CPU step (``model/analytic.py``) takes its first layer from the moments in torch (float64): energies,
+    forces and stress equal the autograd path's (the message kernel's first layer) to 1e-11, on molecules and a
+    periodic cell, and also when the edges run in chunks."""
+    from mlff_distiller.model import analytic
+
+    model = make_model(seed=layers, layers=layers)
+    batch = _batch(5)
+    used = []
+    real = analytic._moments
+
+    def spy(*args):
+        used.append(True)
+        return real(*args)
+
+    monkeypatch.setattr(analytic, "_moments", spy)
+    for chunked in (False, True):
+        if chunked:
+            monkeypatch.setattr(analytic, "CHUNK_MIN_FLOATS", 0)
+            monkeypatch.setattr(analytic, "CHUNK_FLOATS", 64 * 3 * model.config.hidden)
+        with _moments(0):
+            fast = ForceEngine(model, device="cpu", precision="fp64", analytic=True)
+            got = fast.compute(batch, stress=True, to_host=True)
+        with _moments(None):
+            ref = ForceEngine(model, device="cpu", precision="fp64", analytic=False)
+            want = ref.compute(batch, stress=True, to_host=True)
+        assert fast.n_analytic == 1 and used
+        for key in ("energy", "atomic_energies", "forces", "stress"):
+            scale = max(float(want[key].abs().max()), 1.0)
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-11 * scale, msg=key)
+        used.clear()
+
+
+def test_dense_periodic_cells_take_the_moments_on_the_cpu_step(monkeypatch):
+    """The default bound (16 edges per atom): a dense periodic cell's CPU step takes the moments, a small molecule's
+    does not."""
+    from ase.build import bulk
+
+    from mlff_distiller.model import analytic
+
+    calls = []
+    real = analytic._moments
+    monkeypatch.setattr(analytic, "_moments", lambda *a: calls.append(1) or real(*a))
+    model = make_model(seed=2)
+    engine = ForceEngine(model, device="cpu", analytic=True)
+    engine.compute(AtomsBatch.from_atoms(random_molecule(5, np.random.default_rng(1))))
+    assert calls == []
+    cu = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)  # 4 Å cutoff: 18 neighbours per atom
+    engine.compute(AtomsBatch.from_atoms(cu))
+    assert calls == [1]

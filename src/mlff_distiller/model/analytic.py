@@ -217,6 +217,28 @@ def _messages(x, v, s, rbf, wfilt, unit_k, i, j, bounds):
     return s_mid, v_mid, None
 
 
+def _moments(rbf, unit, slot, n_slots, bounds):
+    """The first layer's species-resolved radial moments (:mod:`mlff_distiller.kernels.species_moments`, in torch):
+    ``[N·S, 4R]`` rows (receiver, species) of Σ rbf_e, Σ rbf_e u_e[k] over ``slot = i·S + z_j``, edges in chunks."""
+    r = rbf.shape[1]
+    sums = rbf.new_zeros((n_slots, 4 * r))
+    for a, b in [(0, rbf.shape[0])] if bounds is None else bounds:
+        rb, u = rbf[a:b], unit[a:b]
+        sums.index_add_(0, slot[a:b], torch.cat([rb, rb * u[:, 0:1], rb * u[:, 1:2], rb * u[:, 2:3]], 1))
+    return sums
+
+
+def _moments_backward(gp, gq, rbf, unit, slot, bounds, g_rbf, g_unit) -> None:
+    """Adds the moments' pull-back onto rbf and unit: ∂rbf_e = ∂P[slot_e] + Σ_k u_e[k] ∂Q_k[slot_e],
+    ∂u_e[k] = ⟨rbf_e, ∂Q_k[slot_e]⟩, from ``gp [N·S, R]`` and ``gq [N·S, 3R]``."""
+    r = rbf.shape[1]
+    for a, b in [(0, rbf.shape[0])] if bounds is None else bounds:
+        sl, rb, u = slot[a:b], rbf[a:b], unit[a:b]
+        gpe, gqe = gp.index_select(0, sl), gq.index_select(0, sl).view(-1, 3, r)
+        g_rbf[a:b] += gpe + (u.unsqueeze(-1) * gqe).sum(1)
+        g_unit[a:b] += (rb.unsqueeze(1) * gqe).sum(-1)
+
+
 def _messages_backward(g_smid, g_vmid, x, v, kept, rbf, wfilt, unit_k, i, j, bounds, g_rbf, g_unit, need_x=True):
     """``(dE/dφ(s) [N, 3F], dE/dv [N, 3, F] or None)`` through :func:`_messages`, from dE/ds_mid and dE/dv_mid;
     adds dE/dW's pull-back onto rbf into ``g_rbf`` and dE/du into ``g_unit`` (in place). ``need_x`` False (the
@@ -298,16 +320,27 @@ def energy_and_gradients(
     v = None  # the first layer's vector features are zeros: their terms are skipped, forward and backward
     bounds = _edge_chunks(rbf.shape[0], f)
     saved = []
-    # The first layer's φ(s) from the species table (StudentModel.first_phi_table), when the model keeps one.
+    # The first layer's φ(s) from the species table (StudentModel.first_phi_table), when the model keeps one; on
+    # dense graphs the whole first layer from species-resolved radial moments (first_layer_moment_weights).
     phi_table = model.first_phi_table()
+    moment_w = model.first_layer_moment_weights(n, rbf.shape[0])
+    if moment_w is not None:
+        n_species = len(model.config.species)
+        slot = i * n_species + idx.index_select(0, j)
     for k, layer in enumerate(layers):
         w1, b1, w2, b2, wfilt, wu, wv, m1, mb1, m2, mb2 = layer
-        if k == 0 and phi_table is not None:
-            h1, x = None, phi_table.index_select(0, idx)
+        if k == 0 and moment_w is not None:  # Δs = P M_a, Δv_k = Q_k M_c (v = 0 before the first layer)
+            h1 = x = kept = None
+            sums = _moments(rbf, unit, slot, n * n_species, bounds).view(n, n_species, 4, -1).transpose(1, 2)
+            s_mid = torch.addmm(s, sums[:, 0].reshape(n, -1), moment_w[0])
+            v_mid = (sums[:, 1:].reshape(3 * n, -1) @ moment_w[1]).view(n, 3, f)
         else:
-            h1 = torch.addmm(b1, s, w1.t())
-            x = torch.addmm(b2, silu(h1), w2.t())  # φ(s) [N, 3F]
-        s_mid, v_mid, kept = _messages(x, v, s, rbf, wfilt, unit_k, i, j, bounds)
+            if k == 0 and phi_table is not None:
+                h1, x = None, phi_table.index_select(0, idx)
+            else:
+                h1 = torch.addmm(b1, s, w1.t())
+                x = torch.addmm(b2, silu(h1), w2.t())  # φ(s) [N, 3F]
+            s_mid, v_mid, kept = _messages(x, v, s, rbf, wfilt, unit_k, i, j, bounds)
         uv, vv = v_mid @ wu.t(), v_mid @ wv.t()
         vnorm = torch.sqrt((vv * vv).sum(1) + 1e-8)
         h2 = torch.addmm(mb1, torch.cat([s_mid, vnorm], 1), m1.t())
@@ -352,6 +385,12 @@ def energy_and_gradients(
         g_vmid = torch.addmm(g_vmid, g_vv.reshape(-1, f), wv).view(n, 3, f)
         # The first layer's inputs (the embedding rows and v = 0) depend on the species alone: from its messages
         # only the geometry's part is needed, and no dE/ds below it.
+        if k == 0 and moment_w is not None:
+            gp = (g_smid @ moment_w[0].t()).view(n * n_species, -1)  # [N·S, R]
+            gq = (g_vmid.reshape(3 * n, f) @ moment_w[1].t()).view(n, 3, n_species, -1)
+            gq = gq.transpose(1, 2).reshape(n * n_species, -1)  # [N·S, 3R], rows (receiver, species)
+            _moments_backward(gp, gq, rbf, unit, slot, bounds, g_rbf, g_unit)
+            continue
         g_x, g_v = _messages_backward(
             g_smid, g_vmid, x, v_in, kept, rbf, wfilt, unit_k, i, j, bounds, g_rbf, g_unit, need_x=k > 0
         )

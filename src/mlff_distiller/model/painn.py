@@ -305,6 +305,24 @@ class StudentModel(nn.Module):
             return None
         return derived("first_phi", _phi_table, *weights)
 
+    def first_layer_moment_weights(self, n_atoms: int, n_edges: int) -> torch.Tensor | None:
+        """``[M_a; M_c]`` ``[2, S·R, F]`` (made once while the weights stay as they are) where the first layer runs from
+        species-resolved radial moments (:mod:`mlff_distiller.kernels.species_moments`), else None: where
+        :meth:`first_phi_table` gives no table, beyond ``MAX_SPECIES`` species, below ``model_min_edges`` edges or
+        ``model_min_degree`` edges per atom (``species_moments._CONFIG``)."""
+        from mlff_distiller.kernels import species_moments as sm
+
+        if self.first_phi_table() is None or len(self.config.species) > sm.MAX_SPECIES:
+            return None
+        least, degree = sm._CONFIG["model_min_edges"], sm._CONFIG["model_min_degree"]
+        if least is None or degree is None or n_edges < least or n_edges < degree * n_atoms:
+            return None
+        inter = self.interactions[0]
+        inner = inter.inner if type(inter) is CSRInteraction else inter
+        first = inner.phi
+        weights = (self.embedding.weight, first[0].weight, first[0].bias, first[2].weight, first[2].bias)
+        return derived("first_moments", _moment_weights, *weights, inner.filter.weight)
+
     def _first_layer_moments(self, idx, rbf, unit, edge_index):
         """``(Δs, Δv)`` of the first layer from the species-resolved radial moments
         (:mod:`mlff_distiller.kernels.species_moments`: no sender features gathered), or None where the message
@@ -313,26 +331,22 @@ class StudentModel(nn.Module):
         ``["model_min_degree"]`` edges per atom, edges sorted by receiver."""
         from mlff_distiller.kernels import species_moments as sm
 
-        n_species = len(self.config.species)
-        if n_species > sm.MAX_SPECIES or kernels.resolve_backend(rbf.device) != "triton":
+        if kernels.resolve_backend(rbf.device) != "triton":
             return None
-        least, degree = sm._CONFIG["model_min_edges"], sm._CONFIG["model_min_degree"]
-        n_edges = edge_index.shape[1]
-        if least is None or degree is None or n_edges < least or n_edges < degree * idx.shape[0]:
+        m = self.first_layer_moment_weights(idx.shape[0], edge_index.shape[1])
+        if m is None:
             return None
         inter = self.interactions[0]
         if type(inter) is CSRInteraction:
-            row_ptr, inner = inter.csr["row_ptr"], inter.inner
+            row_ptr = inter.csr["row_ptr"]
         else:
             from mlff_distiller.kernels._mp_csr import _receiver_csr
 
             g = _receiver_csr(edge_index, idx.shape[0])  # cached per edge list, as the message kernel's
             if g.order is not None:  # not sorted by receiver
                 return None
-            row_ptr, inner = g.row_ptr, inter
-        first = inner.phi
-        weights = (self.embedding.weight, first[0].weight, first[0].bias, first[2].weight, first[2].bias)
-        m = derived("first_moments", _moment_weights, *weights, inner.filter.weight)
+            row_ptr = g.row_ptr
+        n_species = len(self.config.species)
         return sm.first_layer_messages(rbf, unit, edge_index, idx, n_species, row_ptr.to(torch.int64), m)
 
     def set_energy_reference(self, shift: Sequence[float] | torch.Tensor, scale: Sequence[float] | torch.Tensor):
