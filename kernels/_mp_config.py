@@ -138,14 +138,13 @@ _CONFIG = {
     "fold_xb_min_edges": 100_000,
     "fold_xb_min_degree": 24,
     # edge_stream_max_edges: inside a CUDA-graph capture, on graphs of at most this many edges (None: never), the
-    # backward's edge kernel (∂rbf, ∂u, with its partial sums) runs on a second stream. With a sink
-    # (defer_edge_grads, the model's captured steps) every layer's edge kernel adds into it there and one join
-    # before the geometry's backward hands the sums to autograd; without one, each call joins right after its
-    # sender kernel. The whole step against both off, two rounds in one H200 call each (benchmarks/results/
-    # stop44_gpu/): with the sink, benzene 1.088 / 1.089x, 192 water atoms 1.057x, 1,024 g2 molecules 1.039 /
-    # 1.044x, 4,096 1.014x, 3,000 water atoms 1.008 / 1.010x (probe_ncu_sweep_stop44b.md); the per-call join alone
-    # gave 1.00x on benzene and 1.04x on 1,024 g2 molecules (probe_ncu_sweep_stop44.md). Larger graphs (24,000
-    # water atoms, 1.3M edges) were not measured: off there.
+    # model's layers put their backward's edge kernel (∂rbf, ∂u, with its partial sums) on a second stream, adding
+    # into a sink (defer_edge_grads); one join before the geometry's backward hands the sums to autograd. The whole
+    # step against it off, two rounds in one H200 call (benchmarks/results/stop44_gpu/probe_ncu_sweep_stop44d.md):
+    # benzene 1.10x, 192 water atoms 1.066x, 1,024 g2 molecules 1.051x, 4,096 1.015x, 3,000 water atoms 1.010x.
+    # A join right after each layer's sender kernel gave 1.00x on benzene, 1.04x on 1,024 g2 molecules
+    # (probe_ncu_sweep_stop44.md): removed. Larger graphs (24,000 water atoms, 1.3M edges) were not measured: off
+    # there.
     "edge_stream_max_edges": 1 << 20,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")

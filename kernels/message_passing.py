@@ -375,18 +375,10 @@ if HAS_TRITON:
         zero = _zero_scalar(x)
         g_x, g_v = zero.expand(x.shape), zero.expand(v.shape)
         g_rbf, g_unit, g_w = zero.expand(rbf.shape), zero.expand(unit.shape), zero.expand(w.shape)
-        # The edge kernel (∂rbf, ∂u) and the sender kernel (∂x, ∂v) read the same inputs and write different outputs:
-        # in a CUDA-graph capture of a small graph the edge kernel runs on a second stream beside the sender kernel
-        # (``_edge_stream``). Its outputs are made here, on the caller's stream (they outlive the join), and the
-        # fork is recorded before the sender kernel is queued.
+        # With a sink the edge kernel (∂rbf, ∂u) goes to its second stream, forked before the sender kernel is queued.
         if sink is not None and need[1] and e > 0 and f > 0 and launch is _bare:
             _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v)
             need = (need[0], False, need[2])
-        side = _edge_stream(x, e) if need[0] and need[1] and n > 0 and f > 0 and e > 0 and launch is _bare else None
-        if side is not None:
-            main = torch.cuda.current_stream(x.device)
-            g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
-            side.wait_stream(main)
         if need[0]:
             g_x, g_v = torch.empty_like(x), torch.empty_like(v)
             if n > 0 and f > 0:
@@ -408,14 +400,8 @@ if HAS_TRITON:
         if need[1] and e > 0:
             if f == 0:
                 g_rbf, g_unit = torch.zeros_like(rbf), torch.zeros_like(unit)
-            elif side is None:
-                g_rbf, g_unit = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
             else:
-                with torch.cuda.stream(side):
-                    _edge_grads(
-                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=(g_rbf, g_unit)
-                    )
-                main.wait_stream(side)  # the join: whatever reads ∂rbf / ∂u is queued after it
+                g_rbf, g_unit = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
         if need[2]:
             g_w = torch.zeros_like(w)
             if e > 0 and f > 0:
@@ -493,17 +479,6 @@ if HAS_TRITON:
             args = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)
             _edge_grads(*args, out=out, accumulate=sink.filled)
             sink.filled = True
-
-    def _edge_stream(x: Tensor, n_edges: int):
-        """The second stream of ``x``'s device for the edge kernel, or None: only inside a CUDA-graph capture (where
-        the fork and the join are two graph edges; eagerly they would cost host time, which bounds small graphs
-        there) and on graphs of at most ``edge_stream_max_edges`` edges (None: never), where the two kernels
-        leave most of the GPU idle."""
-        limit = _CONFIG["edge_stream_max_edges"]
-        if limit is None or not x.is_cuda or int(n_edges) > int(limit) or torch.compiler.is_compiling():
-            return None
-        stream = _side_stream(x.device)  # made on the eager warm-up call before a capture, not inside it
-        return stream if torch.cuda.is_current_stream_capturing() else None
 
     def _bare(kernel):
         return kernel

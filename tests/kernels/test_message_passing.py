@@ -632,68 +632,6 @@ def test_fold_xb_rule():
         assert not mp_module._fold_xb(ref, 1_300_000, 24_000)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("n_atoms", [12, 1000])
-def test_edge_stream_in_a_capture_equals_one_stream(n_atoms, monkeypatch):
-    """Inside a CUDA-graph capture the edge kernel runs on a second stream beside the sender kernel
-    (``edge_stream_max_edges``): replayed on fresh inputs, the gradients are those of the eager call on one stream
-    (the same kernels and launches: bitwise), and the second stream was used."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    dev = torch.device("cuda")
-    f, r = 128, 20
-    n_edges = n_atoms * 14
-    used = []
-    real = mp_module._edge_stream
-
-    def spy(x, n):
-        out = real(x, n)
-        used.append(out is not None)
-        return out
-
-    monkeypatch.setattr(mp_module, "_edge_stream", spy)
-
-    def inputs(seed):
-        x, v, rbf, w, unit, ei = _graph(n_atoms, n_edges, f, r, torch.float32, dev, seed=seed)
-        gen = torch.Generator().manual_seed(seed + 1)
-        gs = torch.randn(n_atoms, f, generator=gen).to(dev)
-        gv = torch.randn(n_atoms, 3, f, generator=gen).to(dev)
-        return [gs, gv, x, v, rbf, w, unit, ei]
-
-    static = inputs(51)
-    # One graph (as a captured step's bucket): its CSRs made once, outside the capture; fresh float inputs below.
-    ei = static[-1]
-    row_ptr = mp_module._offsets(ei[0].contiguous(), n_atoms)
-    perm, col_ptr = mp_module._sender_csr(ei, n_atoms)
-
-    def backward(gs, gv, x, v, rbf, w, unit, ei):
-        return mp_module._mp_backward(
-            gs, gv, x, v, rbf, w, unit, ei, perm, col_ptr, (True, True, False), mp_module._bare, row_ptr
-        )
-
-    with mp_module._configured(edge_stream_max_edges=10**9):
-        backward(*static)  # compiles the kernels outside the capture
-        assert used[-1] is False  # eager: one stream
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.cuda.graph(graph):
-            outs = backward(*static)
-        torch.cuda.current_stream().wait_stream(stream)
-        assert used[-1] is True
-    for seed in (52, 53):
-        fresh = [*inputs(seed)[:-1], ei]
-        for dst, src in zip(static[:-1], fresh[:-1], strict=True):
-            dst.copy_(src)
-        graph.replay()
-        want = backward(*fresh)
-        torch.cuda.synchronize()
-        for name, got, ref in zip(("x", "v", "rbf", "w", "unit"), outs, want, strict=True):
-            if name != "w":
-                assert torch.equal(got, ref), name
-        assert float(outs[2].abs().max()) > 0 and float(outs[0].abs().max()) > 0
-
-
 @pytest.mark.parametrize("split", [1, 2])
 def test_edge_grads_accumulate_into_given_rows(triton_device, split, monkeypatch):
     """The edge kernel's rows added to given tensors (the sum of every layer's ∂rbf, ∂u on the second stream): in

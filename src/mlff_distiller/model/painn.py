@@ -312,10 +312,10 @@ class StudentModel(nn.Module):
         ``model_min_degree`` edges per atom (``species_moments._CONFIG``)."""
         from mlff_distiller.kernels import species_moments as sm
 
-        if self.first_phi_table() is None or len(self.config.species) > sm.MAX_SPECIES:
-            return None
         least, degree = sm._CONFIG["model_min_edges"], sm._CONFIG["model_min_degree"]
         if least is None or degree is None or n_edges < least or n_edges < degree * n_atoms:
+            return None  # (the counts first: a small molecule's step asks every time)
+        if len(self.config.species) > sm.MAX_SPECIES or self.first_phi_table() is None:
             return None
         inter = self.interactions[0]
         inner = inter.inner if type(inter) is CSRInteraction else inter
