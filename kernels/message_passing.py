@@ -23,6 +23,8 @@ jit kernels are in ``_mp_kernels.py``; the receiver and sender CSRs the kernels 
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -172,6 +174,24 @@ class EdgeGradSink:
         self.filled = False
         # What the edge kernels read, held until the join (see _edge_grads_into).
         self.keep: list[Tensor] = []
+        # The identity node whose backward joins (a weak reference: the node holds the sink), set by
+        # defer_edge_grads; ``joins`` asks autograd whether the running backward will execute it.
+        self.node = None
+        # Outside a capture the kept tensors are also marked used on the second stream (record_stream), so that
+        # their memory is not reused before its kernels ran even if no join ever comes.
+        self.eager = False
+
+    def joins(self) -> bool:
+        """Whether the backward now running will execute the sink's node (and so join its stream). A backward
+        over the weights alone does not: the layers then hand ∂rbf, ∂u to autograd as usual. Called from a
+        layer's backward only (autograd's engine answers for the graph task it is running)."""
+        node = self.node() if self.node is not None else None
+        if node is None:
+            return False
+        try:
+            return bool(torch._C._will_engine_execute_node(node))
+        except (AttributeError, RuntimeError):  # not inside a backward, or a torch without the query
+            return False
 
 
 class _DeferredEdgeGrads(torch.autograd.Function):
@@ -207,10 +227,14 @@ def defer_edge_grads(rbf: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, EdgeGra
     run on a second stream and add into the sink; one join before the geometry's backward hands the sums to
     autograd. So in the captured step they overlap the rest of the backward instead of lying on its path.
 
-    The join is the identity node's backward: a first-derivative backward that runs the layers' backward but not
+    The join is the identity node's backward. A first-derivative backward that runs the layers' backward but not
     that node (``torch.autograd.grad`` of the energy over the weights alone, with positions that require grad)
-    would leave the second stream unjoined, and the capture fails. The engine differentiates over the positions,
-    and the trainer's captured step calls ``loss.backward()``, which reaches them."""
+    would leave the second stream unjoined; each layer's backward asks autograd whether the node will run
+    (:meth:`EdgeGradSink.joins`) and, where it will not, hands ∂rbf, ∂u to autograd on its own stream.
+
+    Outside a capture (eager steps) the same runs when ``edge_stream_eager`` is set (graphs up to
+    ``edge_stream_max_edges`` edges); the tensors the second stream reads are then also marked with
+    ``record_stream``, so the caching allocator does not reuse them before its kernels ran."""
     if not HAS_TRITON or not rbf.is_cuda or torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return rbf, unit, None
     limit = _CONFIG["edge_stream_max_edges"]
@@ -219,10 +243,13 @@ def defer_edge_grads(rbf: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, EdgeGra
     if resolve_backend(rbf.device) != "triton":
         return rbf, unit, None
     stream = _side_stream(rbf.device)  # made on an eager call before the capture
-    if not torch.cuda.is_current_stream_capturing():
+    eager = not torch.cuda.is_current_stream_capturing()
+    if eager and not _CONFIG["edge_stream_eager"]:
         return rbf, unit, None
     sink = EdgeGradSink(stream, rbf, unit)
+    sink.eager = eager
     rbf, unit = _DeferredEdgeGrads.apply(rbf, unit, sink)
+    sink.node = weakref.ref(rbf.grad_fn)
     return rbf, unit, sink
 
 
@@ -264,8 +291,10 @@ def message_passing(
             differently). The promise is not checked (that would take a device sync); ``v`` must still be given.
         edge_sink: from :func:`defer_edge_grads` (rbf and unit must be the ones it returned): the backward's edge
             kernel then runs on a second stream and adds ∂rbf, ∂u into the sink, which hands them to autograd
-            once, after every layer's backward (its own node). Only inside a CUDA-graph capture, on the eager
-            Triton path, for first derivatives; ignored elsewhere (autograd then gets the gradients as usual).
+            once, after every layer's backward (its own node). Only where :func:`defer_edge_grads` made one (a
+            CUDA-graph capture, or eager steps with ``edge_stream_eager``), on the eager Triton path, for first
+            derivatives of a backward that reaches the sink's node; ignored elsewhere (autograd then gets the
+            gradients as usual).
     Returns:
         ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output).
 
@@ -472,8 +501,12 @@ if HAS_TRITON:
         an incoming one in place when nobody else holds it (this layer's g_v, which is also the gradient of the
         previous layer's v, gets the sender kernel's ∂v added that way), which raced with this kernel before."""
         side = sink.stream
-        sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None)
+        held = [t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None]
+        sink.keep.extend(held)
         side.wait_stream(torch.cuda.current_stream(x.device))
+        if sink.eager:  # no graph pool: tell the allocator these are read on the second stream (and the sums written)
+            for t in (*held, sink.rbf, sink.unit):
+                t.record_stream(side)
         with torch.cuda.stream(side):  # the first layer's backward to run writes the sums, the others add to them
             out = (sink.rbf, sink.unit)
             args = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)
@@ -616,7 +649,10 @@ if HAS_TRITON:
             nx, nv, nrbf, nw, nu = ctx.needs_input_grad[:5]
             need = (nx or nv, nrbf or nu, nw)
             # The sink takes ∂rbf, ∂u of first derivatives only (grad mode is on in a backward that builds a graph).
+            # A backward that will not run the sink's node (over the weights alone) leaves it out.
             sink = ctx.sink if need[1] and not torch.is_grad_enabled() else None
+            if sink is not None and not sink.joins():
+                sink = None
             grads = _MessagePassingBwd.apply(
                 grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr, ctx.v_zero, sink
             )

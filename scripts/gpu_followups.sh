@@ -279,6 +279,27 @@ case "${1:-}" in
       --systems water192,water3000,g2x1024 --variants "moments:model_min_edges=1000000000" >"$OUT/sweep_final.log" 2>&1
     grep -E "^\| " "$OUT/sweep_final.log" | tail -4
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f" >&2; exit 2 ;;
+  stop45)
+    # Stop 45's first call: the post-review tree's CUDA tests, the sink's new tests (eager sink, a backward over
+    # the weights alone), kernel profiles of the small and large steps, the eager sink at 24,000 atoms.
+    timeout 60 python3 -m pytest -q tests/kernels/test_edge_sink.py >"$OUT/pytest_sink45.log" 2>&1
+    tail -1 "$OUT/pytest_sink45.log"
+    timeout 170 python3 -m pytest -q -m gpu tests/test_engine_modes.py tests/test_engine_verlet.py \
+      tests/test_first_layer_moments.py tests/test_species_table.py -k "not compile and not autotune" \
+      >"$OUT/pytest_engine45.log" 2>&1
+    tail -1 "$OUT/pytest_engine45.log"
+    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py tests/kernels/test_species_moments.py \
+      -k "cuda or gpu or large or tiles or seg_split or edge_split" >"$OUT/pytest_mp45.log" 2>&1
+    tail -1 "$OUT/pytest_mp45.log"
+    timeout 120 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 100 --out "$OUT" --step-mode eager \
+      --systems water24000,water3000 \
+      --variants "mp:edge_stream_eager=1,edge_stream_max_edges=4194304;mp:edge_stream_eager=1,edge_stream_max_edges=4194304" \
+      >"$OUT/sweep_eager_sink.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_eager_sink.log" | tail -4
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_eager_sink.md"
+    timeout 150 python3 benchmarks/profile_step.py --out "$OUT" --sections small,large >"$OUT/profile_step45.txt" 2>&1
+    grep -E "^group|=====|replay" "$OUT/profile_step45.txt" | head -60
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -1,0 +1,190 @@
+"""The layers' ∂rbf, ∂u summed on a second stream (``kernels.defer_edge_grads``, ``EdgeGradSink``): which backward
+passes use it, eager steps with ``edge_stream_eager``, and a backward over the weights alone, which never joins it
+and so must not feed it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or not mp.HAS_TRITON, reason="needs CUDA and Triton")
+
+
+_ANSWERS: list[bool] = []
+
+
+class _Probe(torch.autograd.Function):
+    """y = Σ rbf · w; its backward records what ``sink.joins()`` answers there (as a layer's backward asks)."""
+
+    @staticmethod
+    def forward(ctx, rbf, w, sink):
+        ctx.save_for_backward(rbf, w)
+        ctx.sink = sink
+        return (rbf * w).sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        _ANSWERS.append(ctx.sink.joins())
+        rbf, w = ctx.saved_tensors
+        return g * w, g * rbf, None
+
+
+def _sink_graph():
+    """positions -> rbf -> identity node (the sink's) -> probe(·, w): the model's graph, in miniature, on the CPU."""
+    pos = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    rbf = pos.sin()
+    unit = pos.cos()
+    sink = mp.EdgeGradSink(None, rbf, unit)
+    rbf2, unit2 = mp._DeferredEdgeGrads.apply(rbf, unit, sink)
+    sink.node = weakref.ref(rbf2.grad_fn)
+    y = _Probe.apply(rbf2, w, sink) + unit2.sum()
+    return pos, w, sink, y
+
+
+def test_sink_joins_only_backwards_that_reach_its_node():
+    """``EdgeGradSink.joins`` (asked in each layer's backward): yes for the gradient over the positions, over
+    positions and weights, and for ``backward()``; no for the gradient over the weights alone (that backward
+    never runs the identity node, so a layer that fed the sink there would leave its stream unjoined); no outside
+    a backward. The gradients are the plain ones in every case (the sink here is never filled)."""
+    _ANSWERS.clear()
+    pos, w, sink, y = _sink_graph()
+    (g_pos,) = torch.autograd.grad(y, [pos], retain_graph=True)
+    (g_w,) = torch.autograd.grad(y, [w], retain_graph=True)
+    torch.autograd.grad(y, [pos, w], retain_graph=True)
+    y.backward()
+    assert _ANSWERS == [True, False, True, True]
+    assert torch.allclose(g_pos, w * pos.cos() - pos.sin()) and torch.allclose(g_w, pos.sin())
+    assert torch.allclose(pos.grad, g_pos) and torch.allclose(w.grad, g_w)
+    assert not sink.joins()  # outside a backward
+    del y
+    assert sink.node() is None and not sink.joins()  # the graph freed: no node, no join
+
+
+def test_no_sink_outside_a_capture_by_default():
+    rbf = torch.randn(4, 3, requires_grad=True)
+    unit = torch.randn(4, 3)
+    r, u, sink = mp.defer_edge_grads(rbf, unit)
+    assert sink is None and r is rbf and u is unit
+    assert mp._CONFIG["edge_stream_eager"] is False
+
+
+# -- GPU ----------------------------------------------------------------------------------------------------------
+
+
+def _water(hidden=128):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from helpers import make_model
+    from systems import water_box
+
+    from mlff_distiller import AtomsBatch
+
+    model = make_model(seed=3, species=[1, 8], hidden=hidden, layers=3, n_rbf=20, cutoff=5.0).cuda()
+    batch = AtomsBatch.from_atoms([water_box(192, seed=0)], dtype=torch.float32).to("cuda")
+    return model, batch
+
+
+def _graph(model, batch):
+    from mlff_distiller.neighbors import neighbor_list
+
+    nl = neighbor_list(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, model.cutoff)
+    return nl.edge_index, nl.shift_vectors
+
+
+def _spy(monkeypatch):
+    calls = []
+    real = mp._edge_grads_into
+
+    def spy(sink, *args):
+        calls.append(sink.eager)
+        return real(sink, *args)
+
+    monkeypatch.setattr(mp, "_edge_grads_into", spy)
+    return calls
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("trainable", [False, True])
+def test_eager_sink_gives_the_one_stream_gradients(trainable, monkeypatch):
+    """``edge_stream_eager``: the eager step's layers sum ∂rbf, ∂u on the second stream; forces (and, training,
+    the weights' gradients) equal the one-stream step's, on the shipped width and a 192-atom water box (whose
+    kernels are long enough to lose a race on an input not held), for several steps in a row."""
+    calls = _spy(monkeypatch)
+    model, batch = _water()
+    for p in model.parameters():
+        p.requires_grad_(trainable)
+    params = [p for p in model.parameters() if p.requires_grad]
+    edge_index, shifts = _graph(model, batch)
+
+    def step(eager_sink: bool, rnd: int):
+        with mp._configured(edge_stream_eager=eager_sink):
+            g = torch.Generator(device="cuda").manual_seed(rnd)
+            pos = batch.positions + 0.02 * torch.randn(batch.positions.shape, device="cuda", generator=g)
+            pos.requires_grad_(True)
+            out = model(batch.numbers, pos, edge_index, shifts, batch.batch, batch.num_structures)
+            grads = torch.autograd.grad(out["energy"].sum(), [pos, *params])
+            return [t.detach().clone() for t in grads]
+
+    for rnd in range(3):
+        ref = step(False, rnd)
+        before = len(calls)
+        got = step(True, rnd)
+        used = calls[before:]
+        assert used and all(used), used  # every layer on the message kernel fed the sink, eagerly
+        for a, b in zip(got, ref, strict=True):
+            assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp_min(1e-3)
+    torch.cuda.synchronize()
+
+
+@gpu
+@needs_cuda
+def test_a_backward_over_the_weights_alone_leaves_the_sink_out(monkeypatch):
+    """The energy's gradient over the weights alone, with positions that require grad: the layers hand ∂rbf, ∂u to
+    autograd (no sink: its node is not run by that backward, so its stream would never be joined), eagerly and
+    inside a CUDA-graph capture (which then completes and replays to the eager values); then a gradient over the
+    positions on the same kind of graph uses the sink again."""
+    calls = _spy(monkeypatch)
+    model, batch = _water(hidden=64)
+    params = list(model.parameters())
+    edge_index, shifts = _graph(model, batch)
+    pos = batch.positions.clone().requires_grad_(True)
+
+    def weight_grads():
+        out = model(batch.numbers, pos, edge_index, shifts, batch.batch, batch.num_structures)
+        return torch.autograd.grad(out["energy"].sum(), params)
+
+    ref = [t.clone() for t in weight_grads()]
+    with mp._configured(edge_stream_eager=True):
+        got = weight_grads()
+    assert calls == []
+    for a, b in zip(got, ref, strict=True):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp_min(1e-3)
+
+    weight_grads()  # a warm-up on the capture's stream's kernels
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        weight_grads()
+        with torch.cuda.graph(graph, stream=stream):
+            static = weight_grads()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert calls == []
+    for a, b in zip(static, ref, strict=True):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp_min(1e-3)
+
+    with mp._configured(edge_stream_eager=True):
+        out = model(batch.numbers, pos, edge_index, shifts, batch.batch, batch.num_structures)
+        torch.autograd.grad(out["energy"].sum(), [pos])
+    assert calls and all(calls)
