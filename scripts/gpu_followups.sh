@@ -300,6 +300,25 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/profile_step.py --out "$OUT" --sections small,large >"$OUT/profile_step45.txt" 2>&1
     grep -E "^group|=====|replay" "$OUT/profile_step45.txt" | head -60
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45" >&2; exit 2 ;;
+  stop45b)
+    # The moments' receiver-by-receiver forward (kernels/species_moments.py fwd_variant=recv) and smaller one-hot
+    # tiles against the shipped dot forward; the reduced precisions' rows; the largest box at this tree.
+    timeout 100 python3 -m pytest -q tests/kernels/test_species_moments.py -k "cuda" >"$OUT/pytest_moments45.log" 2>&1
+    tail -1 "$OUT/pytest_moments45.log"
+    V="moments:fwd_variant=recv;moments:fwd_variant=recv,recv_block_e=64;moments:fwd_variant=recv,recv_block_a=16"
+    V="$V;moments:rows=16;moments:rows=32;moments:fwd_variant=recv"
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" \
+      --systems water192,water3000 --variants "$V" >"$OUT/sweep_recv.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_recv.log" | tail -12
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_recv.md"
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" --step-mode eager \
+      --systems water24000 --variants "$V" >"$OUT/sweep_recv24k.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_recv24k.log" | tail -6
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_recv24k.md"
+    timeout 200 python3 benchmarks/probe_precision.py --out "$OUT" --name probe_precision_h200 \
+      >"$OUT/probe_precision.log" 2>&1
+    grep -E "^\| " "$OUT/probe_precision_h200.md" | head -30
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
