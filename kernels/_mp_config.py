@@ -146,8 +146,6 @@ _CONFIG = {
     # (probe_ncu_sweep_stop44.md): removed. Larger graphs (24,000 water atoms, 1.3M edges) were not measured: off
     # there.
     "edge_stream_max_edges": 1 << 20,
-    # edge_stream_eager: the same second stream in eager steps (no capture), for graphs up to edge_stream_max_edges.
-    "edge_stream_eager": False,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}

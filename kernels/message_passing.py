@@ -177,9 +177,6 @@ class EdgeGradSink:
         # The identity node whose backward joins (a weak reference: the node holds the sink), set by
         # defer_edge_grads; ``joins`` asks autograd whether the running backward will execute it.
         self.node = None
-        # Outside a capture the kept tensors are also marked used on the second stream (record_stream), so that
-        # their memory is not reused before its kernels ran even if no join ever comes.
-        self.eager = False
 
     def joins(self) -> bool:
         """Whether the backward now running will execute the sink's node (and so join its stream). A backward
@@ -232,9 +229,8 @@ def defer_edge_grads(rbf: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, EdgeGra
     would leave the second stream unjoined; each layer's backward asks autograd whether the node will run
     (:meth:`EdgeGradSink.joins`) and, where it will not, hands ∂rbf, ∂u to autograd on its own stream.
 
-    Outside a capture (eager steps) the same runs when ``edge_stream_eager`` is set (graphs up to
-    ``edge_stream_max_edges`` edges); the tensors the second stream reads are then also marked with
-    ``record_stream``, so the caching allocator does not reuse them before its kernels ran."""
+    Eager steps keep one stream: the same second stream in an eager 24,000-atom water step (1.3M edges, 1.3 ms per
+    layer's edge kernel) measured 1.004x / 0.999x (benchmarks/results/stop45_gpu/probe_ncu_sweep_eager_sink.md)."""
     if not HAS_TRITON or not rbf.is_cuda or torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return rbf, unit, None
     limit = _CONFIG["edge_stream_max_edges"]
@@ -243,11 +239,9 @@ def defer_edge_grads(rbf: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, EdgeGra
     if resolve_backend(rbf.device) != "triton":
         return rbf, unit, None
     stream = _side_stream(rbf.device)  # made on an eager call before the capture
-    eager = not torch.cuda.is_current_stream_capturing()
-    if eager and not _CONFIG["edge_stream_eager"]:
+    if not torch.cuda.is_current_stream_capturing():
         return rbf, unit, None
     sink = EdgeGradSink(stream, rbf, unit)
-    sink.eager = eager
     rbf, unit = _DeferredEdgeGrads.apply(rbf, unit, sink)
     sink.node = weakref.ref(rbf.grad_fn)
     return rbf, unit, sink
@@ -291,10 +285,9 @@ def message_passing(
             differently). The promise is not checked (that would take a device sync); ``v`` must still be given.
         edge_sink: from :func:`defer_edge_grads` (rbf and unit must be the ones it returned): the backward's edge
             kernel then runs on a second stream and adds ∂rbf, ∂u into the sink, which hands them to autograd
-            once, after every layer's backward (its own node). Only where :func:`defer_edge_grads` made one (a
-            CUDA-graph capture, or eager steps with ``edge_stream_eager``), on the eager Triton path, for first
-            derivatives of a backward that reaches the sink's node; ignored elsewhere (autograd then gets the
-            gradients as usual).
+            once, after every layer's backward (its own node). Only inside a CUDA-graph capture, on the eager
+            Triton path, for first derivatives of a backward that reaches the sink's node; ignored elsewhere
+            (autograd then gets the gradients as usual).
     Returns:
         ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output).
 
@@ -501,12 +494,8 @@ if HAS_TRITON:
         an incoming one in place when nobody else holds it (this layer's g_v, which is also the gradient of the
         previous layer's v, gets the sender kernel's ∂v added that way), which raced with this kernel before."""
         side = sink.stream
-        held = [t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None]
-        sink.keep.extend(held)
+        sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None)
         side.wait_stream(torch.cuda.current_stream(x.device))
-        if sink.eager:  # no graph pool: tell the allocator these are read on the second stream (and the sums written)
-            for t in (*held, sink.rbf, sink.unit):
-                t.record_stream(side)
         with torch.cuda.stream(side):  # the first layer's backward to run writes the sums, the others add to them
             out = (sink.rbf, sink.unit)
             args = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)

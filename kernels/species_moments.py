@@ -39,17 +39,13 @@ MAX_SPECIES = 16
 # water student, the others with the 14-species g2 student): 24,000 water atoms (eager) 1.155x, 3,000 1.127x, 192
 # 1.036x; 4,096 g2 molecules (7.5 edges per atom) 0.975x, 1,024 0.962x, benzene (2.5 per atom in its bucket)
 # 0.947x. Dense graphs gain (the message kernel's gathers scale with the edges), sparse ones lose (two GEMMs with
-# K = S·R more a step), hence the degree bound.
-# fwd_variant: "dot" (the one-hot tl.dot over a program's (receiver, species) slots, above) or "recv" (receivers one
-# after another, each edge tile summed per species on the CUDA cores: no MMA over slots the tile does not touch;
-# recv_block_a receivers per program at most, recv_block_e edges a tile; graphs of more than recv_max_species species
-# take "dot", whose [BLOCK_E, S, R] sums would not fit the registers).
+# K = S·R more a step), hence the degree bound. rows 16 since stop 45: at 24,000 water atoms (2 species) 16 receivers
+# per program instead of 32, the whole eager step 1.018x (benchmarks/results/stop45_gpu/probe_ncu_sweep_recv24k.md;
+# rows 32: 1.005x); smaller graphs already took tiles of 16 rows (programs_per_sm). A receiver-by-receiver forward
+# with per-species sums on the CUDA cores instead of the one-hot MMA measured 0.98-1.00x at 192, 3,000 and 24,000
+# atoms (the same files; moments_recv_dropped.diff): not kept.
 _CONFIG = {
-    "fwd_variant": "dot",
-    "recv_block_a": 8,
-    "recv_block_e": 32,
-    "recv_max_species": 4,
-    "rows": 64,
+    "rows": 16,
     "programs_per_sm": 2,
     "block_e": 32,
     "num_warps": 4,
@@ -185,52 +181,6 @@ if HAS_TRITON:
         tl.store(qrow + sr, acc_1, mask=om)
         tl.store(qrow + 2 * sr, acc_2, mask=om)
 
-    @triton.jit(**unspecialized("n_atoms", "ei_stride"))
-    def _moments_fwd_recv_kernel(
-        rbf_ptr, unit_ptr, ei_ptr, species_ptr, rowptr_ptr, p_ptr, q_ptr, n_atoms, ei_stride,
-        N_SPECIES: tl.constexpr, S_PAD: tl.constexpr, N_RBF: tl.constexpr, R_PAD: tl.constexpr,
-        BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """Moments of BLOCK_A consecutive receivers, one receiver after another: each tile of its edges adds
-        Σ_e [z_j = z] rbf_e (and rbf_e u_e[k]) as a ``[BLOCK_E, S_PAD, R_PAD]`` masked sum on the CUDA cores, in the
-        inputs' dtype. Receivers past N get no edges (lo = hi) and store nothing."""
-        pdl_prologue(PDL)
-        a0 = tl.program_id(0).to(tl.int64) * BLOCK_A
-        sp = tl.arange(0, S_PAD)
-        r = tl.arange(0, R_PAD)
-        rm = r < N_RBF
-        sr: tl.constexpr = N_SPECIES * N_RBF
-        col = sp[:, None] * N_RBF + r[None, :]
-        dt = rbf_ptr.dtype.element_ty
-        for da in range(BLOCK_A):
-            a = a0 + da
-            lo = tl.load(rowptr_ptr + tl.minimum(a, n_atoms))
-            hi = tl.load(rowptr_ptr + tl.minimum(a + 1, n_atoms))
-            acc_p = tl.zeros((S_PAD, R_PAD), dtype=dt)
-            acc_0 = tl.zeros((S_PAD, R_PAD), dtype=dt)
-            acc_1 = tl.zeros((S_PAD, R_PAD), dtype=dt)
-            acc_2 = tl.zeros((S_PAD, R_PAD), dtype=dt)
-            for start in range(lo, hi, BLOCK_E):
-                e = start + tl.arange(0, BLOCK_E)
-                em = e < hi
-                j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
-                z = tl.load(species_ptr + j, mask=em, other=0).to(tl.int64)
-                hit = ((z[:, None] == sp[None, :]) & em[:, None]).to(dt)[:, :, None]  # [BLOCK_E, S_PAD, 1]
-                rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
-                ux = tl.load(unit_ptr + e * 3, mask=em, other=0.0)
-                uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
-                uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
-                acc_p += tl.sum(hit * rb[:, None, :], axis=0)
-                acc_0 += tl.sum(hit * (rb * ux[:, None])[:, None, :], axis=0)
-                acc_1 += tl.sum(hit * (rb * uy[:, None])[:, None, :], axis=0)
-                acc_2 += tl.sum(hit * (rb * uz[:, None])[:, None, :], axis=0)
-            om = ((sp < N_SPECIES) & (sp * 0 + a < n_atoms))[:, None] & rm[None, :]
-            tl.store(p_ptr + a * sr + col, acc_p, mask=om)
-            qrow = q_ptr + a * (3 * sr) + col
-            tl.store(qrow, acc_0, mask=om)
-            tl.store(qrow + sr, acc_1, mask=om)
-            tl.store(qrow + 2 * sr, acc_2, mask=om)
-
     @triton.jit(**unspecialized("n_edges", "ei_stride"))
     def _moments_bwd_kernel(
         gp_ptr, gq_ptr, rbf_ptr, unit_ptr, ei_ptr, species_ptr, live_ptr, grbf_ptr, gunit_ptr, n_edges, ei_stride,
@@ -269,10 +219,10 @@ if HAS_TRITON:
     def _pow2(n: int) -> int:
         return 1 << max(0, int(n) - 1).bit_length()
 
-    def _block_a(ref: Tensor, n_atoms: int, n_species: int, rows: int | None = None) -> int:
-        """Receivers per forward program: as many as ``rows`` (default ``_CONFIG["rows"]``) holds (a power of two),
-        fewer while that leaves fewer than ``programs_per_sm`` programs per SM (down to one)."""
-        block = max(1, (_CONFIG["rows"] if rows is None else rows) // _pow2(n_species))
+    def _block_a(ref: Tensor, n_atoms: int, n_species: int) -> int:
+        """Receivers per forward program: as many as ``rows`` holds (a power of two), fewer while that leaves fewer
+        than ``programs_per_sm`` programs per SM (down to one)."""
+        block = max(1, _CONFIG["rows"] // _pow2(n_species))
         if ref.is_cuda:
             least = _CONFIG["programs_per_sm"] * torch.cuda.get_device_properties(ref.device).multi_processor_count
             while block > 1 and triton.cdiv(n_atoms, block) < least:
@@ -298,15 +248,6 @@ if HAS_TRITON:
             return p, q
         if e == 0 or n_rbf == 0:
             return p.zero_(), q.zero_()
-        if _CONFIG["fwd_variant"] == "recv" and n_species <= _CONFIG["recv_max_species"]:
-            block_a = _block_a(rbf, n, 1, _CONFIG["recv_block_a"])
-            check_launchable(_moments_fwd_recv_kernel, rbf)
-            _moments_fwd_recv_kernel[(triton.cdiv(n, block_a),)](
-                rbf, unit, edge_index, species, row_ptr, p, q, n, edge_index.stride(0),
-                N_SPECIES=n_species, S_PAD=max(2, _pow2(n_species)), N_RBF=n_rbf, R_PAD=max(16, _pow2(n_rbf)),
-                BLOCK_A=block_a, BLOCK_E=_CONFIG["recv_block_e"], num_warps=_CONFIG["num_warps"], **pdl_args(rbf),
-            )  # fmt: skip
-            return p, q
         prec, split = _dot(rbf)
         block_a = _block_a(rbf, n, n_species)
         check_launchable(_moments_fwd_kernel, rbf)

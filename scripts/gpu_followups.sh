@@ -319,6 +319,22 @@ case "${1:-}" in
       >"$OUT/probe_precision.log" 2>&1
     grep -E "^\| " "$OUT/probe_precision_h200.md" | head -30
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b" >&2; exit 2 ;;
+  stop45c)
+    # The tree with the moments' 16-row tiles and the sink's guard: CUDA tests, the kernels of one small step in
+    # launch order with the code that launched them, bench_large's rows, the largest box.
+    timeout 60 python3 -m pytest -q tests/kernels/test_edge_sink.py >"$OUT/pytest_sink45c.log" 2>&1
+    tail -1 "$OUT/pytest_sink45c.log"
+    timeout 60 python3 -m pytest -q tests/kernels/test_species_moments.py -k cuda >"$OUT/pytest_moments45c.log" 2>&1
+    tail -1 "$OUT/pytest_moments45c.log"
+    timeout 150 python3 -m pytest -q -m gpu tests/test_engine_modes.py tests/test_first_layer_moments.py \
+      -k "not compile and not autotune" >"$OUT/pytest_engine45c.log" 2>&1
+    tail -1 "$OUT/pytest_engine45c.log"
+    timeout 90 python3 benchmarks/probe_kernel_order.py --out "$OUT" >"$OUT/probe_kernel_order.log" 2>&1
+    tail -3 "$OUT/probe_kernel_order.log"
+    timeout 150 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 130 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "ours == reference|^\| (3000|24000) " "$OUT/bench_large.log" | head -8
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -1,6 +1,5 @@
 """The layers' ∂rbf, ∂u summed on a second stream (``kernels.defer_edge_grads``, ``EdgeGradSink``): which backward
-passes use it, eager steps with ``edge_stream_eager``, and a backward over the weights alone, which never joins it
-and so must not feed it."""
+passes use it; a backward over the weights alone, which never joins it, must not feed it."""
 
 from __future__ import annotations
 
@@ -69,12 +68,11 @@ def test_sink_joins_only_backwards_that_reach_its_node():
     assert sink.node() is None and not sink.joins()  # the graph freed: no node, no join
 
 
-def test_no_sink_outside_a_capture_by_default():
+def test_no_sink_outside_a_capture():
     rbf = torch.randn(4, 3, requires_grad=True)
     unit = torch.randn(4, 3)
     r, u, sink = mp.defer_edge_grads(rbf, unit)
     assert sink is None and r is rbf and u is unit
-    assert mp._CONFIG["edge_stream_eager"] is False
 
 
 # -- GPU ----------------------------------------------------------------------------------------------------------
@@ -104,87 +102,56 @@ def _spy(monkeypatch):
     real = mp._edge_grads_into
 
     def spy(sink, *args):
-        calls.append(sink.eager)
+        calls.append(torch.cuda.is_current_stream_capturing())
         return real(sink, *args)
 
     monkeypatch.setattr(mp, "_edge_grads_into", spy)
     return calls
 
 
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("trainable", [False, True])
-def test_eager_sink_gives_the_one_stream_gradients(trainable, monkeypatch):
-    """``edge_stream_eager``: the eager step's layers sum ∂rbf, ∂u on the second stream; forces (and, training,
-    the weights' gradients) equal the one-stream step's, on the shipped width and a 192-atom water box (whose
-    kernels are long enough to lose a race on an input not held), for several steps in a row."""
-    calls = _spy(monkeypatch)
-    model, batch = _water()
-    for p in model.parameters():
-        p.requires_grad_(trainable)
-    params = [p for p in model.parameters() if p.requires_grad]
-    edge_index, shifts = _graph(model, batch)
-
-    def step(eager_sink: bool, rnd: int):
-        with mp._configured(edge_stream_eager=eager_sink):
-            g = torch.Generator(device="cuda").manual_seed(rnd)
-            pos = batch.positions + 0.02 * torch.randn(batch.positions.shape, device="cuda", generator=g)
-            pos.requires_grad_(True)
-            out = model(batch.numbers, pos, edge_index, shifts, batch.batch, batch.num_structures)
-            grads = torch.autograd.grad(out["energy"].sum(), [pos, *params])
-            return [t.detach().clone() for t in grads]
-
-    for rnd in range(3):
-        ref = step(False, rnd)
-        before = len(calls)
-        got = step(True, rnd)
-        used = calls[before:]
-        assert used and all(used), used  # every layer on the message kernel fed the sink, eagerly
-        for a, b in zip(got, ref, strict=True):
-            assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp_min(1e-3)
-    torch.cuda.synchronize()
+def _captured(fn):
+    """``fn`` captured in a CUDA graph (after a warm-up on the capture's side stream): ``(graph, outputs)``."""
+    fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        fn()
+        with torch.cuda.graph(graph, stream=stream):
+            static = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph, static
 
 
 @gpu
 @needs_cuda
 def test_a_backward_over_the_weights_alone_leaves_the_sink_out(monkeypatch):
-    """The energy's gradient over the weights alone, with positions that require grad: the layers hand ∂rbf, ∂u to
-    autograd (no sink: its node is not run by that backward, so its stream would never be joined), eagerly and
-    inside a CUDA-graph capture (which then completes and replays to the eager values); then a gradient over the
-    positions on the same kind of graph uses the sink again."""
+    """Inside a CUDA-graph capture, the energy's gradient over the weights alone with positions that require
+    grad: that backward never runs the sink's node, so the layers hand ∂rbf, ∂u to autograd themselves (a layer
+    that fed the sink there left its stream unjoined and the capture failed); the capture completes and replays
+    to the eager gradients. The gradient over the positions, captured the same way, still uses the sink in every
+    layer and replays to the eager forces."""
     calls = _spy(monkeypatch)
     model, batch = _water(hidden=64)
     params = list(model.parameters())
     edge_index, shifts = _graph(model, batch)
     pos = batch.positions.clone().requires_grad_(True)
 
-    def weight_grads():
+    def grads(wrt):
         out = model(batch.numbers, pos, edge_index, shifts, batch.batch, batch.num_structures)
-        return torch.autograd.grad(out["energy"].sum(), params)
+        return torch.autograd.grad(out["energy"].sum(), wrt)
 
-    ref = [t.clone() for t in weight_grads()]
-    with mp._configured(edge_stream_eager=True):
-        got = weight_grads()
-    assert calls == []
-    for a, b in zip(got, ref, strict=True):
-        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp_min(1e-3)
-
-    weight_grads()  # a warm-up on the capture's stream's kernels
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        weight_grads()
-        with torch.cuda.graph(graph, stream=stream):
-            static = weight_grads()
-    torch.cuda.current_stream().wait_stream(stream)
+    ref = [t.clone() for t in grads(params)]
+    graph, static = _captured(lambda: grads(params))
     graph.replay()
     torch.cuda.synchronize()
     assert calls == []
     for a, b in zip(static, ref, strict=True):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp_min(1e-3)
 
-    with mp._configured(edge_stream_eager=True):
-        out = model(batch.numbers, pos, edge_index, shifts, batch.batch, batch.num_structures)
-        torch.autograd.grad(out["energy"].sum(), [pos])
-    assert calls and all(calls)
+    (ref_f,) = grads([pos])
+    graph, (static_f,) = _captured(lambda: grads([pos]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(calls) == len(model.interactions) and all(calls), calls
+    assert (static_f - ref_f).abs().max() <= 1e-5 * ref_f.abs().max()

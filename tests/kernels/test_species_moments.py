@@ -32,20 +32,12 @@ def _reference(rbf, unit, ei, species, n_species, row_ptr):
     return sm.species_moments_reference(rbf[:live], unit[:live], ei[:, :live], species, n_species, n)
 
 
-@pytest.mark.parametrize("rows", [64, 4, "recv", "recv1"])
+@pytest.mark.parametrize("rows", [64, 16, 4])
 @pytest.mark.parametrize("n_species", [1, 3, 4, 8, 14])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_forward_and_gradients_match_the_reference(triton_device, n_species, dtype, rows, monkeypatch):
-    """``rows`` 4: one receiver per program whose tile is padded to 16 rows (the rows past its slots stay out);
-    "recv": the receiver-by-receiver forward (8 receivers a program, 16-edge tiles: receivers with several tiles;
-    37 atoms: a last program with receivers past N), "recv1" one receiver a program (up to 4 species; more take
-    the dot forward)."""
-    if isinstance(rows, int):
-        monkeypatch.setitem(sm._CONFIG, "rows", rows)
-    else:
-        monkeypatch.setitem(sm._CONFIG, "fwd_variant", "recv")
-        monkeypatch.setitem(sm._CONFIG, "recv_block_e", 16)
-        monkeypatch.setitem(sm._CONFIG, "recv_block_a", 8 if rows == "recv" else 1)
+    """``rows`` 4: one receiver per program whose tile is padded to 16 rows (the rows past its slots stay out)."""
+    monkeypatch.setitem(sm._CONFIG, "rows", rows)
     tol = {torch.float64: 1e-12, torch.float32: 2e-5}[dtype]
     args = _graph(37, 400, 20, n_species, dtype, triton_device, seed=n_species, pad=9)
     rbf, unit, ei, species, row_ptr = args
