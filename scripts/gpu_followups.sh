@@ -335,6 +335,22 @@ case "${1:-}" in
       --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
     grep -E "ours == reference|^\| (3000|24000) " "$OUT/bench_large.log" | head -8
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c" >&2; exit 2 ;;
+  stop45d)
+    # The message-passing kernels' launch options re-swept on the H200 (tuned on the H100 at stops 14-27): 24,000
+    # water atoms (eager) and 3,000 (captured), each variant against the shipped tiles in the same run, a no-op
+    # variant first for the noise.
+    V="mp:seg_split=1;mp:fwd_block_a=32;mp:fwd_block_e=64;mp:fwd_block_f=128;mp:fwd_warps=8"
+    V="$V;mp:bwd_edge_block_e=128;mp:bwd_edge_block_f=64;mp:bwd_edge_warps=8;mp:block_e=32"
+    V="$V;mp:bwd_sender_atom_maxnreg=0;mp:edge_split_feat=32;mp:fwd_stages=2;mp:bwd_edge_stages=2"
+    timeout 280 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 260 --out "$OUT" --step-mode eager \
+      --systems water24000 --variants "$V" >"$OUT/sweep_tiles24k.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_tiles24k.log" | tail -13
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_tiles24k.md"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+      --systems water3000 --variants "$V" >"$OUT/sweep_tiles3k.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_tiles3k.log" | tail -13
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_tiles3k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
