@@ -351,6 +351,20 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_tiles3k.log" | tail -13
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_tiles3k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d" >&2; exit 2 ;;
+  stop45e)
+    # Pipeline stages of the forward and sender kernels (stop45d: the forward at 2 stages 1.017-1.020x on water)
+    # on every system of the rows.
+    V="mp:fwd_stages=2;mp:fwd_stages=1;mp:bwd_sender_stages=2;mp:fwd_stages=2,bwd_sender_stages=2"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+      --systems water3000,g2x4096,g2x1024,water192,benzene --variants "$V" >"$OUT/sweep_stages.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_stages.log" | tail -20
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_stages.md"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" --step-mode eager \
+      --systems water24000 --variants "mp:fwd_stages=2;mp:fwd_stages=1;mp:bwd_sender_stages=2;mp:bwd_sender_stages=1" \
+      >"$OUT/sweep_stages24k.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_stages24k.log" | tail -4
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_stages24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
