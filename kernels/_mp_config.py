@@ -111,7 +111,12 @@ _CONFIG = {
     "reduced_dots": True,
     "block_min_atoms": 1024,
     "seg_split": True,
-    "fwd_stages": None,
+    # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
+    # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage
+    # 0.97-0.99x; the sender backward at 2 stages 0.993-1.007x (benchmarks/results/stop45_gpu/
+    # probe_ncu_sweep_stages*.md, probe_ncu_sweep_tiles*.md: every other tile, warp and stage option of the three
+    # kernels re-swept there measured 0.71-1.01x).
+    "fwd_stages": 2,
     "bwd_sender_stages": None,
     "bwd_edge_stages": None,
     "bwd_filter_stages": None,

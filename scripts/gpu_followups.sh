@@ -365,6 +365,23 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_stages24k.log" | tail -4
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_stages24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e" >&2; exit 2 ;;
+  stop45f)
+    # Stop 45's last tree (the forward at 2 stages): the message-passing CUDA tests, bench_large's check and rows,
+    # the small rows (a no-op variant beside the shipped step), the ASE MD step.
+    timeout 200 python3 -m pytest -q -x tests/kernels/test_message_passing.py -k "cuda or gpu" \
+      >"$OUT/pytest_mp45f.log" 2>&1
+    tail -1 "$OUT/pytest_mp45f.log"
+    timeout 130 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 110 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large_final.log" 2>&1
+    grep -E "ours == reference|^\| (3000|24000) " "$OUT/bench_large_final.log" | head -8
+    timeout 100 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 80 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096 --variants "mp:seg_split=1" >"$OUT/sweep_final.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_final.log" | tail -4
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_final.md"
+    timeout 100 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200 --steps 1000 \
+      >"$OUT/probe_md_step.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -8
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
