@@ -382,6 +382,15 @@ case "${1:-}" in
       >"$OUT/probe_md_step.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -8
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f" >&2; exit 2 ;;
+  stop45g)
+    # torch.compile over the Triton ops with the forward's num_stages launch option (stop 45), and the trainer's
+    # captured steps with the sink's guard.
+    timeout 240 python3 -m pytest -q tests/test_engine_modes.py \
+      -k "(compile_no_recompilation_gpu and not autotune) or cuda_graph_equals_eager" >"$OUT/pytest_compile45.log" 2>&1
+    tail -1 "$OUT/pytest_compile45.log"
+    timeout 150 python3 -m pytest -q -m gpu tests/distill/test_training_static.py >"$OUT/pytest_training45.log" 2>&1
+    tail -1 "$OUT/pytest_training45.log"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
