@@ -105,6 +105,19 @@ def class_attrs(cls, **changes):
 
 
 @contextlib.contextmanager
+def module_attrs(module, **changes):
+    """``module`` with attributes ``changes``, restored after."""
+    old = {k: getattr(module, k) for k in changes}
+    for k, v in changes.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+@contextlib.contextmanager
 def ladder_config(**changes):
     """The engine's default bucket ladder with ``changes`` (``BucketLadder`` fields, e.g. ``growth``)."""
     old = engine_mod.BucketLadder
@@ -133,7 +146,8 @@ def variants(spec: str = DEFAULT_VARIANTS):
     ``ladder:key=value`` (the engine's default ``BucketLadder``, e.g. ``ladder:growth=1.125``) or
     ``model:species_table=0`` (``StudentModel``'s class switches: the first layer's φ from the MLP on every atom)
     or ``moments:key=value`` (``species_moments._CONFIG``, e.g. ``moments:model_min_edges=1000000000``: the first
-    layer on the message kernel)."""
+    layer on the message kernel) or ``seed:old=1`` (the padded step's vector-Jacobian product through
+    ``engine_padded._Seeded``, as before stop 45)."""
     out = []
     for item in filter(None, (v.strip() for v in spec.split(";"))):
         where, _, body = item.partition(":")
@@ -153,11 +167,17 @@ def variants(spec: str = DEFAULT_VARIANTS):
         elif where == "model":
             unknown = set(changes) - {"species_table"}
             ctx = lambda c=changes: class_attrs(StudentModel, **{k: bool(v) for k, v in c.items()})  # noqa: E731
+        elif where == "seed":  # seed:old=1: the padded step's VJP through _Seeded (one fill kernel more)
+            unknown = set(changes) - {"old"}
+            ctx = lambda c=changes: module_attrs(  # noqa: E731
+                importlib.import_module("mlff_distiller.engine_padded"),
+                **({"_engine_run_backward": None} if c.get("old") else {}),
+            )
         elif where == "ladder":
             unknown = set(changes) - {f.name for f in dataclasses.fields(BucketLadder)}
             ctx = lambda c=changes: ladder_config(**c)  # noqa: E731
         else:
-            raise ValueError(f"variant {item!r}: want mp:, gemm:, update:, moments:, model: or ladder:...")
+            raise ValueError(f"variant {item!r}: want mp:, gemm:, update:, moments:, model:, seed: or ladder:...")
         if unknown:
             raise ValueError(f"variant {item!r}: unknown keys {sorted(unknown)}")
         out.append((item, ctx))

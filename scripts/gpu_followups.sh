@@ -391,6 +391,17 @@ case "${1:-}" in
     timeout 150 python3 -m pytest -q -m gpu tests/distill/test_training_static.py >"$OUT/pytest_training45.log" 2>&1
     tail -1 "$OUT/pytest_training45.log"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g" >&2; exit 2 ;;
+  stop45h)
+    # The padded step's vector-Jacobian product straight into autograd's engine (no seed fill): the engine's GPU
+    # tests, then the step against the old _Seeded path, two rounds.
+    timeout 150 python3 -m pytest -q -m gpu tests/test_engine_modes.py tests/test_engine_stress.py \
+      -k "not compile and not autotune" >"$OUT/pytest_seed45.log" 2>&1
+    tail -1 "$OUT/pytest_seed45.log"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" \
+      --systems benzene,water192,g2x1024 --variants "seed:old=1;seed:old=1" >"$OUT/sweep_seed.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_seed.log" | tail -6
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_seed.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

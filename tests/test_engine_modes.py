@@ -184,6 +184,28 @@ def test_seeded_scalar_is_the_vector_jacobian_product():
     assert torch.equal(got, want)
 
 
+def test_seeded_grad_is_the_vector_jacobian_product():
+    """``_seeded_grad`` (the padded steps' vector-Jacobian product, straight into autograd's engine) equals
+    autograd.grad with ``grad_outputs=seed`` bit for bit, for one input and two; a seed of another shape raises."""
+    from mlff_distiller import engine_padded
+
+    assert engine_padded._engine_run_backward is not None  # the path the steps take on every supported torch
+    x = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(3, dtype=torch.float64, requires_grad=True)
+
+    def energy():
+        return torch.stack([(x[:3] ** 2).sum() * y[0], x[3:].sin().sum() + y[1], x.prod() * y[2]])
+
+    seed = torch.tensor([-1.0, -1.0, 0.0], dtype=torch.float64)
+    want = torch.autograd.grad(energy(), (x, y), grad_outputs=seed)
+    got = engine_padded._seeded_grad(energy(), seed, (x, y))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    (got_x,) = engine_padded._seeded_grad(energy(), seed, (x,))
+    assert torch.equal(got_x, want[0])
+    with pytest.raises(RuntimeError):
+        engine_padded._seeded_grad(energy(), seed[:2], (x,))
+
+
 def test_a_padded_step_in_a_fresh_process_imports_no_sympy():
     """The padded step's vector-Jacobian product goes without ``grad_outputs``, whose shape check imports sympy
     (0.8-1.2 s of a first result on the H100 host)."""

@@ -83,7 +83,7 @@ class PaddedPaths:
             # The gradient of -Σ_b E_b over the real structures as one vector-Jacobian product seeded with the
             # bucket's seed (-1 for them, 0 for the rest): the forces directly (the sign flips exactly through
             # every linear step of the backward), and the dummy structure's energy never reaches them.
-            (forces,) = torch.autograd.grad(_Seeded.apply(energy, seed), pos)
+            (forces,) = _seeded_grad(energy, seed, (pos,))
         return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1)])
 
     def _step_stress(self, numbers, positions, edge_index, shift_vectors, batch, seed, *csr) -> torch.Tensor:
@@ -103,7 +103,7 @@ class PaddedPaths:
             pos = positions.detach().requires_grad_(True)
             shifts = shift_vectors.detach().requires_grad_(True)
             energy, atomic = self._forward_impl(numbers, pos, edge_index, shifts, batch, seed, *csr)
-            forces, pair_grad = torch.autograd.grad(_Seeded.apply(energy, seed), (pos, shifts))
+            forces, pair_grad = _seeded_grad(energy, seed, (pos, shifts))
         virial = edge_virial(positions, shift_vectors, pair_grad, edge_index, batch, numbers.shape[0])
         return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1), virial.reshape(-1)])
 
@@ -449,6 +449,25 @@ _VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 CAPTURE_ATTEMPTS = 2
 # Dry runs in a row (one step kind) that found nothing to compile, after which an engine runs no more of them.
 IDLE_DRY_RUNS = 2
+
+
+try:  # the C++ engine's entry that torch.autograd.grad calls after checking its grad_outputs (torch >= 2.4)
+    from torch.autograd.graph import _engine_run_backward
+except ImportError:  # pragma: no cover - a torch without it takes _Seeded
+    _engine_run_backward = None
+
+
+def _seeded_grad(energy: torch.Tensor, seed: torch.Tensor, inputs: tuple[torch.Tensor, ...]):
+    """``torch.autograd.grad(energy, inputs, grad_outputs=seed)``: the step's one vector-Jacobian product.
+
+    Straight into autograd's engine with ``seed`` as the root gradient: ``torch.autograd.grad`` would first check
+    ``grad_outputs`` in Python, through ``torch.fx.experimental.symbolic_shapes`` (whose first import, sympy, took
+    0.8-1.2 s of a process's first result on the H100 host). The old way round that, ``_Seeded`` (kept for a torch
+    without the entry), cost a fill kernel per step: autograd's implicit seed 1 of its scalar. The engine still
+    checks the seed's shape, dtype and device against ``energy``'s."""
+    if _engine_run_backward is None:
+        return torch.autograd.grad(_Seeded.apply(energy, seed), inputs)
+    return _engine_run_backward((energy,), (seed,), False, False, tuple(inputs), False, accumulate_grad=False)
 
 
 class _Seeded(torch.autograd.Function):
