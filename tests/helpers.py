@@ -106,3 +106,20 @@ class InterruptAt:
         if self.calls == self.at:
             raise KeyboardInterrupt
         return self.real(*args, **kwargs)
+
+
+def edge_sink_spy(monkeypatch) -> list:
+    """Records, for each time a layer's backward feeds the second stream's sink
+    (``kernels.message_passing._edge_grads_into``), whether a CUDA-graph capture was running."""
+    import importlib
+
+    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+    calls = []
+    real = mp._edge_grads_into
+
+    def spy(sink, *args):
+        calls.append(torch.cuda.is_current_stream_capturing())
+        return real(sink, *args)
+
+    monkeypatch.setattr(mp, "_edge_grads_into", spy)
+    return calls

@@ -15,7 +15,7 @@ import pytest
 import torch
 from ase.build import molecule
 from ase.md.verlet import VelocityVerlet
-from helpers import assert_close_to, make_model, silicon_cell
+from helpers import assert_close_to, edge_sink_spy, make_model, silicon_cell
 from helpers import random_molecules as _mols
 
 from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator
@@ -295,15 +295,7 @@ def test_captured_steps_sum_the_edge_gradients_on_a_second_stream(model, stress,
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from systems import water_box
 
-    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
-    calls = []
-    real = mp._edge_grads_into
-
-    def spy(sink, *args):
-        calls.append(torch.cuda.is_current_stream_capturing())
-        return real(sink, *args)
-
-    monkeypatch.setattr(mp, "_edge_grads_into", spy)
+    calls = edge_sink_spy(monkeypatch)
     # The first layer on the message kernel, so that every layer's backward goes through the sink (the moments'
     # first layer with the sink is tests/test_first_layer_moments.py's).
     monkeypatch.setitem(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import edge_sink_spy
 
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 
@@ -97,18 +98,6 @@ def _graph(model, batch):
     return nl.edge_index, nl.shift_vectors
 
 
-def _spy(monkeypatch):
-    calls = []
-    real = mp._edge_grads_into
-
-    def spy(sink, *args):
-        calls.append(torch.cuda.is_current_stream_capturing())
-        return real(sink, *args)
-
-    monkeypatch.setattr(mp, "_edge_grads_into", spy)
-    return calls
-
-
 def _captured(fn):
     """``fn`` captured in a CUDA graph (after a warm-up on the capture's side stream): ``(graph, outputs)``."""
     fn()
@@ -131,7 +120,7 @@ def test_a_backward_over_the_weights_alone_leaves_the_sink_out(monkeypatch):
     that fed the sink there left its stream unjoined and the capture failed); the capture completes and replays
     to the eager gradients. The gradient over the positions, captured the same way, still uses the sink in every
     layer and replays to the eager forces."""
-    calls = _spy(monkeypatch)
+    calls = edge_sink_spy(monkeypatch)
     model, batch = _water(hidden=64)
     params = list(model.parameters())
     edge_index, shifts = _graph(model, batch)
