@@ -93,7 +93,7 @@ DEFAULT_VARIANTS = "gemm:large=128x64x8,large_block_k=32;" + ";".join(
 
 @contextlib.contextmanager
 def class_attrs(cls, **changes):
-    """``cls`` with class attributes ``changes``, restored after."""
+    """``cls`` (a class or a module) with attributes ``changes``, restored after."""
     old = {k: getattr(cls, k) for k in changes}
     for k, v in changes.items():
         setattr(cls, k, v)
@@ -102,19 +102,6 @@ def class_attrs(cls, **changes):
     finally:
         for k, v in old.items():
             setattr(cls, k, v)
-
-
-@contextlib.contextmanager
-def module_attrs(module, **changes):
-    """``module`` with attributes ``changes``, restored after."""
-    old = {k: getattr(module, k) for k in changes}
-    for k, v in changes.items():
-        setattr(module, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(module, k, v)
 
 
 @contextlib.contextmanager
@@ -169,7 +156,7 @@ def variants(spec: str = DEFAULT_VARIANTS):
             ctx = lambda c=changes: class_attrs(StudentModel, **{k: bool(v) for k, v in c.items()})  # noqa: E731
         elif where == "seed":  # seed:old=1: the padded step's VJP through _Seeded (one fill kernel more)
             unknown = set(changes) - {"old"}
-            ctx = lambda c=changes: module_attrs(  # noqa: E731
+            ctx = lambda c=changes: class_attrs(  # noqa: E731
                 importlib.import_module("mlff_distiller.engine_padded"),
                 **({"_engine_run_backward": None} if c.get("old") else {}),
             )
