@@ -207,6 +207,12 @@ def test_launch_configuration():
     assert (c["BLOCK_E"], c["BLOCK_F"], warps, c["DOT_PRECISION"]) == (64, 32, 4, "tf32x3")
     c, _, _ = cfg("cuda", torch.float64, "bwd_edge", 128, 20)
     assert (c["BLOCK_E"], c["BLOCK_F"], c["DOT_PRECISION"]) == (32, 32, "ieee")
+    # the forward at 2 pipeline stages on the GPU (stop 45, stop45_gpu/probe_ncu_sweep_stages*.md), both variants;
+    # the other kernels keep Triton's default; the interpreter takes no launch options
+    for n_atoms in (216, 24000):
+        assert cfg("cuda", torch.float32, "fwd", 128, 20, n_atoms=n_atoms)[0]["num_stages"] == 2
+        assert "num_stages" not in cfg("cpu", torch.float32, "fwd", 128, 20, n_atoms=n_atoms)[0]
+    assert all("num_stages" not in cfg("cuda", torch.float32, k, 128, 20)[0] for k in ("bwd_sender", "bwd_edge"))
     with pytest.raises(KeyError, match="unknown"), mp_module._configured(dot_everything="ieee"):
         pass
     for bad in (dict(fwd_variant="warp"), dict(dot_bwd_edge="tf32x6")):
