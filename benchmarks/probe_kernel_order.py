@@ -21,18 +21,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mlff_distiller import AtomsBatch, ForceEngine, load_model
 
-OURS = ("mlff_distiller", "/kernels/")
+OURS = ("mlff_distiller/", "kernels/")  # the profiler names frames by path from site-packages or the repo root
 
 
 def _frames(evt, depth: int = 3) -> str:
-    """The innermost ``depth`` frames of this package in ``evt``'s stack (or of its nearest ancestor with one)."""
-    e = evt
-    while e is not None:
-        stack = [s for s in (getattr(e, "stack", None) or []) if any(o in s for o in OURS)]
-        if stack:
-            return " <- ".join(s.split("/")[-1] for s in stack[:depth])
+    """The innermost ``depth`` frames of this package above ``evt``. With ``with_stack`` the profiler records
+    Python calls as events of their own, named ``path(line): function``, which are the ancestors of the operators
+    they call (older torch versions filled each event's ``stack`` instead: both are read)."""
+    found, e = [], evt
+    while e is not None and len(found) < depth:
+        frames = [e.name, *(getattr(e, "stack", None) or [])]
+        found += [f.split("/")[-1] for f in frames if any(o in f for o in OURS) and "(" in f]
         e = e.cpu_parent
-    return "(no Python frame: autograd's engine)"
+    return " <- ".join(found[:depth]) if found else "(no Python frame: autograd's engine thread)"
 
 
 def _ops(evt, depth: int = 3) -> str:

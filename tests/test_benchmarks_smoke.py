@@ -431,3 +431,22 @@ def test_profile_step_host_section_on_cpu():
     lines = profile_step._host_md_steps(n_atoms=24, steps=30)
     assert "host cost of an MD step without the model, 24-atom water: median" in lines[0]
     assert "StudentCalculator.check_state" in lines[-1] or "calculator.py" in lines[-1]
+
+
+def test_probe_kernel_order_names_our_frames(capsys):
+    """``probe_kernel_order.py``: an operator's source line in this package is found among its profiler ancestors
+    (the Python calls with_stack records as events); without CUDA the probe says so and stops."""
+    import probe_kernel_order
+    from torch.profiler import ProfilerActivity, profile
+
+    x, v = torch.randn(5, 12), torch.zeros(5, 3, 4)
+    rbf, w, unit = torch.randn(8, 6), torch.randn(12, 6), torch.randn(8, 3)
+    edge_index = torch.tensor([[0, 0, 1, 1, 2, 3, 4, 4], [1, 2, 0, 3, 4, 1, 0, 2]])
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        kernels.message_passing_reference(x, v, rbf, w, unit, edge_index)
+    ops = [e for e in prof.events() if e.name == "aten::index_select"]
+    assert ops and "message_passing.py(" in probe_kernel_order._frames(ops[0])
+    assert "message_passing_reference" in probe_kernel_order._frames(ops[0])
+    if not torch.cuda.is_available():
+        probe_kernel_order.main([])
+        assert "needs CUDA" in capsys.readouterr().out
