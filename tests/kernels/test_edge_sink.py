@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import edge_sink_spy
+from helpers import edge_sink_spy, make_model
 
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 
@@ -79,9 +79,9 @@ def test_no_sink_outside_a_capture():
 # -- GPU ----------------------------------------------------------------------------------------------------------
 
 
-def _water(hidden=128):
+def _water(hidden: int):
+    """A random water student of width ``hidden`` (the shipped architecture otherwise) and a 192-atom box."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from helpers import make_model
     from systems import water_box
 
     from mlff_distiller import AtomsBatch
