@@ -287,14 +287,18 @@ class StudentModel(nn.Module):
 
         return [chemical_symbols[z] for z in self.config.species]
 
+    def _first_interaction(self) -> nn.Module | None:
+        """The first interaction block (inside its CSR wrapper, if the engine put one around it), or None."""
+        inter = self.interactions[0] if len(self.interactions) else None
+        return inter.inner if type(inter) is CSRInteraction else inter
+
     def first_phi_table(self) -> torch.Tensor | None:
         """The first layer's φ(s) of every species, ``[species, 3F]`` (made once while the weights stay as they are),
         or None where the MLP runs on every atom instead: ``species_table`` off, a weight that requires grad under
         grad mode (training), a replaced embedding or first block, or inside ``torch.compile``."""
         if not self.species_table or torch.compiler.is_compiling():
             return None
-        inter = self.interactions[0] if len(self.interactions) else None
-        inner = inter.inner if type(inter) is CSRInteraction else inter
+        inner = self._first_interaction()
         if type(inner) is not PaiNNInteraction or type(self.embedding) is not nn.Embedding:
             return None
         first, act, last = inner.phi[0], inner.phi[1], inner.phi[2]
@@ -317,8 +321,7 @@ class StudentModel(nn.Module):
             return None  # (the counts first: a small molecule's step asks every time)
         if len(self.config.species) > sm.MAX_SPECIES or self.first_phi_table() is None:
             return None
-        inter = self.interactions[0]
-        inner = inter.inner if type(inter) is CSRInteraction else inter
+        inner = self._first_interaction()
         first = inner.phi
         weights = (self.embedding.weight, first[0].weight, first[0].bias, first[2].weight, first[2].bias)
         return derived("first_moments", _moment_weights, *weights, inner.filter.weight)
