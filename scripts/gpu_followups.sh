@@ -402,6 +402,21 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_seed.log" | tail -6
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_seed.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h" >&2; exit 2 ;;
+  stop46)
+    # Stop 46's first call: the CUDA tests over StudentModel._first_interaction (stop 45's refactor, not run on a
+    # GPU), the small step's kernels in launch order with the code that launched them, smaller minimum buckets
+    # for one molecule (64 atoms since the cuBLAS era; the GEMMs are Triton's now).
+    timeout 150 python3 -m pytest -q -m gpu tests/test_first_layer_moments.py tests/test_species_table.py \
+      tests/test_engine_verlet.py -k "not compile and not autotune" >"$OUT/pytest_first46.log" 2>&1
+    tail -1 "$OUT/pytest_first46.log"
+    timeout 90 python3 benchmarks/probe_kernel_order.py --out "$OUT" >"$OUT/probe_kernel_order.log" 2>&1
+    tail -3 "$OUT/probe_kernel_order.log"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" --systems benzene,g2x4 \
+      --variants "ladder:min_atoms=16;ladder:min_atoms=32;ladder:min_atoms=16,min_edges=32;ladder:min_atoms=64" \
+      >"$OUT/sweep_ladder.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_ladder.log" | tail -10
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_ladder.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
