@@ -52,9 +52,27 @@ def test_default_ladder_steps_finer_for_large_buckets():
     assert len(ladder.atom_capacities) > len(coarse.atom_capacities)
 
 
+def test_small_atoms_rungs_come_before_the_ladder_and_leave_it_as_it_was():
+    """``small_atoms`` adds capacities below ``min_atoms`` (sorted, duplicates merged); the rungs from min_atoms on
+    are the plain ladder's, so a batch above the small rungs gets the bucket it got without them."""
+    plain = BucketLadder()
+    ladder = BucketLadder(small_atoms=(32, 8, 32))
+    assert ladder.small_atoms == (8, 32)
+    assert ladder.atom_capacities == (8, 32, *plain.atom_capacities)
+    assert ladder.edge_capacities == plain.edge_capacities
+    assert ladder.select(7, 50) == Bucket(8, 64)  # 7 real atoms + 1 padding atom
+    assert ladder.select(8, 50) == Bucket(32, 64)
+    assert ladder.select(12, 132) == Bucket(32, 160)  # benzene
+    for n in (32, 63, 192, 5000):
+        assert ladder.select(n, 1000) == plain.select(n, 1000)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
+        (dict(small_atoms=(64,)), "small_atoms"),
+        (dict(small_atoms=(1,)), "small_atoms"),
+        (dict(small_atoms=(16.5,)), "small_atoms"),
         (dict(growth=1.0), "growth"),
         (dict(fine_growth=0.9), "fine_growth"),
         (dict(align=0), "align"),

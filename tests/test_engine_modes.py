@@ -420,3 +420,52 @@ def test_auto_mode_ladder_stops_at_auto_max_edges():
     assert graph.buckets.select(100, 2 * AUTO_MAX_EDGES) is not None
     mine = BucketLadder(max_edges=1024)
     assert ForceEngine(model, device="cpu", mode="auto", buckets=mine).buckets is mine
+
+
+def test_small_atoms_rung_only_where_the_triton_gemms_run(monkeypatch):
+    """The default ladder's 32-atom rung (SMALL_ATOMS_RUNG) is for CUDA engines on the Triton GEMMs: a CPU engine,
+    and on a GPU a float64 engine, a torch.compile'd one and the torch kernel backend (cuBLAS, whose 16-row fp32
+    kernels were pathological) keep the plain ladder from 64 atoms. The rule is checked on the CPU by letting the
+    engine believe its device is CUDA (the ladder is chosen before anything touches the device)."""
+    from mlff_distiller import engine as engine_mod
+    from mlff_distiller.engine import SMALL_ATOMS_RUNG
+
+    model = make_model()
+    assert ForceEngine(model, device="cpu").buckets.small_atoms == ()
+    monkeypatch.setattr(engine_mod, "BucketLadder", lambda **kw: kw)  # records the default ladder's arguments
+    seen = {}
+
+    def ladder_of(mode="cudagraph", compile_mode=None, dtype=torch.float32, backend="triton"):
+        eng = ForceEngine.__new__(ForceEngine)
+        eng.device, eng.mode, eng.compile_mode, eng.dtype = torch.device("cuda", 0), mode, compile_mode, dtype
+        with monkeypatch.context() as m:
+            m.setattr(engine_mod.kernels, "resolve_backend", lambda device: backend)
+            return engine_mod._default_ladder(eng, requested_mode=mode)
+
+    seen["fp32"] = ladder_of()
+    seen["auto"] = ladder_of(mode="auto")
+    seen["fp64"] = ladder_of(dtype=torch.float64)
+    seen["compiled"] = ladder_of(compile_mode="default")
+    seen["torch kernels"] = ladder_of(backend="torch")
+    assert seen["fp32"] == {"small_atoms": (SMALL_ATOMS_RUNG,)}
+    assert seen["auto"] == {"small_atoms": (SMALL_ATOMS_RUNG,), "max_edges": AUTO_MAX_EDGES}
+    assert all(seen[k] == {} for k in ("fp64", "compiled", "torch kernels")), seen
+
+
+@gpu
+def test_cuda_engine_puts_one_molecule_in_the_small_rung(model):
+    """On the GPU the default engine's ladder has the 32-atom rung, and benzene's captured step there gives the
+    eager unpadded step's energy and forces."""
+    from mlff_distiller.engine import SMALL_ATOMS_RUNG
+
+    engine = ForceEngine(model, device="cuda", mode="cudagraph")
+    assert engine.buckets.small_atoms == (SMALL_ATOMS_RUNG,)
+    eager = ForceEngine(model, device="cuda", mode="eager")
+    batch = AtomsBatch.from_atoms([molecule("C6H6")])
+    for _ in range(3):  # eager, capture, replay
+        out = engine.compute(batch)
+    assert engine.last_bucket.atoms == SMALL_ATOMS_RUNG
+    ref = eager.compute(batch)
+    for key in ("energy", "forces"):
+        scale = ref[key].abs().max().clamp_min(1e-3)
+        assert (out[key] - ref[key]).abs().max() / scale <= 1e-5, key

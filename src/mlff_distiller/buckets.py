@@ -105,6 +105,8 @@ class BucketLadder:
         fine_growth, fine_atoms, fine_edges: the ratio (> 1) from ``fine_atoms`` atoms and from ``fine_edges``
             edges on: large buckets, whose steps take milliseconds, pad less (``fine_growth = growth``: one ratio).
         align: capacities are multiples of this (GPU-friendly tile sizes).
+        small_atoms: extra atom capacities below ``min_atoms`` (each at least 2), ahead of the geometric ladder:
+            one small molecule's own rung, without moving the rungs above it.
 
     A batch with more than ``max_atoms - 1`` atoms or ``max_edges`` edges has no bucket (:meth:`select`
     returns ``None``) and the engine runs it eagerly, unpadded.
@@ -131,8 +133,16 @@ class BucketLadder:
     fine_atoms: int = 2048
     fine_edges: int = 65536
     align: int = 8
+    # The engine's default ladder on the Triton GEMMs (CUDA) adds a 32-atom rung (ForceEngine.SMALL_ATOMS_RUNG).
+    small_atoms: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        small = tuple(self.small_atoms)
+        if any(isinstance(c, bool) or int(c) != c or not 2 <= c < self.min_atoms for c in small):
+            raise ValueError(
+                f"BucketLadder.small_atoms must be integers in [2, min_atoms={self.min_atoms}), got {small}"
+            )
+        object.__setattr__(self, "small_atoms", tuple(sorted({int(c) for c in small})))
         if not self.growth > 1.0:
             raise ValueError(f"BucketLadder.growth must be > 1, got {self.growth}")
         if not self.fine_growth > 1.0:
@@ -146,7 +156,7 @@ class BucketLadder:
 
     @property
     def atom_capacities(self) -> tuple[int, ...]:
-        return _geometric(self.min_atoms, self.max_atoms, self.growth, self.align, self.fine_atoms, self.fine_growth)
+        return self.small_atoms + _geometric(self.min_atoms, self.max_atoms, self.growth, self.align, self.fine_atoms, self.fine_growth)
 
     @property
     def edge_capacities(self) -> tuple[int, ...]:

@@ -97,11 +97,26 @@ MODES = ("eager", "compile", "cudagraph", "auto")
 # measured 323k edges (6,000 water atoms: replay 6.73 vs eager 7.54 ms) and 651k (12,000 atoms: replay 13.0 vs
 # eager 11.5 ms; benchmarks/results/large_h100_run7.md).
 AUTO_MAX_EDGES = 2**19
+# The extra atom rung below the ladder's 64 (BucketLadder.small_atoms) of a CUDA engine whose GEMMs are Triton's
+# (the 64 is for cuBLAS's 16-row kernels, which those engines do not launch). H200, each against the 64-atom
+# bucket in the same run (benchmarks/results/stop46_gpu/probe_ncu_sweep_ladder.md): benzene 1.016x and 4 g2
+# molecules 1.022x at 32 atoms; at 16, 0.986x / 1.023x. An extra rung, not min_atoms=32: that ladder's rungs above
+# move too (the 193 atoms of a 192-atom water box would pad to 240 instead of 200).
+SMALL_ATOMS_RUNG = 32
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # Eager batches of at least this many atoms are sorted along a Morton curve before their neighbour list is built
 # (mlff_distiller.ordering): the 24,000-atom water step ran 1.12x faster Morton-sorted, 3,000 atoms gained nothing
 # (benchmarks/results/probe_locality_h100/). Between the two; not measured closer.
 SPATIAL_SORT_MIN_ATOMS = 10_000
+
+
+def _default_ladder(engine: ForceEngine, requested_mode: str) -> BucketLadder:
+    """The padded modes' ladder when the caller gives none: up to AUTO_MAX_EDGES edges for mode "auto"; with the
+    SMALL_ATOMS_RUNG on a CUDA engine whose GEMMs are Triton's."""
+    ladder = {"max_edges": AUTO_MAX_EDGES} if requested_mode == "auto" else {}
+    if engine.device.type == "cuda" and engine._triton_gemms():
+        ladder["small_atoms"] = (SMALL_ATOMS_RUNG,)
+    return BucketLadder(**ladder)
 
 
 class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
@@ -242,7 +257,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self.pad = (self.mode != "eager") if pad is None else bool(pad)
         if self.mode != "eager" and not self.pad:
             raise ValueError(f"mode {self.mode!r} needs static shapes: pad=False is only valid for mode='eager'")
-        self.buckets = buckets or (BucketLadder(max_edges=AUTO_MAX_EDGES) if mode == "auto" else BucketLadder())
+        self.buckets = _default_ladder(self, requested_mode=mode) if buckets is None else buckets
         self.memory_budget = None if memory_budget is None else int(memory_budget)
         self.oom_splits = 0  # batches split after an out-of-memory error (see predict)
         self._atom_budget_cap: int | None = None  # lowered after an OOM so later batches start smaller
