@@ -156,7 +156,8 @@ class BucketLadder:
 
     @property
     def atom_capacities(self) -> tuple[int, ...]:
-        return self.small_atoms + _geometric(self.min_atoms, self.max_atoms, self.growth, self.align, self.fine_atoms, self.fine_growth)
+        ladder = _geometric(self.min_atoms, self.max_atoms, self.growth, self.align, self.fine_atoms, self.fine_growth)
+        return self.small_atoms + ladder
 
     @property
     def edge_capacities(self) -> tuple[int, ...]:
