@@ -4,8 +4,10 @@ Times, in one run on one benzene (the shipped student ``builtin:chno-gfn2``, fp3
 "auto" = the captured step with a Verlet-skin list), median µs over many repetitions:
 
 * ``ase floor``: velocity Verlet with a calculator that only hands back stored forces (ASE's own work per step);
-* ``md``: velocity Verlet through ``StudentCalculator`` (wall clock per step); then with the speculative launch
-  (``ForceEngine.speculative_verlet``: the step launched before the displacement test) off and on, twice;
+* ``md``: velocity Verlet through ``StudentCalculator`` (wall clock per step); then its step captured with its two
+  copies (shipped since stop 46: ``engine_padded._MDCopies``) and without (``md_graph_copies = False``), two
+  rounds alternating; then, without, the speculative launch (``ForceEngine.speculative_verlet``: the step launched
+  before the displacement test) off and on, twice; the pieces below are timed on that engine's plain graph;
 * ``md, no model``: the same with the engine's padded step replaced by a zero output buffer (host work, both copies
   and the Verlet test: everything but the GPU step; with zero forces the atoms fly ballistically and the list is
   rebuilt only every few dozen steps, which the median leaves out);
@@ -128,13 +130,20 @@ def main(argv: list[str] | None = None) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         calc = StudentCalculator(model, device="cuda")
+        plain = StudentCalculator(model, device="cuda")
+    plain.engine.md_graph_copies = False  # the step captured without its two copies (as before stop 46)
     rows.append(("md (StudentCalculator, mode auto)", *_md_us(atoms, calc, args.steps)))
-    eng = calc.engine
+    for rnd in (1, 2):  # the step captured with its copies (shipped) and without, alternating
+        for label, c in (("copies in the step's graph", calc), ("copies outside the graph", plain)):
+            rows.append((f"md, {label} (round {rnd})", *_md_us(_benzene(), c, args.steps)))
+    md_copies = dict(calc.engine._md_runners)
+    eng = plain.engine
+    atoms = _benzene()
     for rnd in (1, 2):  # the speculative launch (the step before the displacement test) off and on, alternating
         for spec in (False, True):
             eng.speculative_verlet = spec
-            label = f"md, speculative launch {'on' if spec else 'off'} (round {rnd})"
-            rows.append((label, *_md_us(atoms, calc, args.steps)))
+            label = f"md, copies outside, speculative launch {'on' if spec else 'off'} (round {rnd})"
+            rows.append((label, *_md_us(atoms, plain, args.steps)))
     eng.speculative_verlet = None
     fill = eng._verlet_fill
     bucket, graph, static_pos, staging = fill.bucket, fill.graph, fill.positions, fill.staging
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     real_run = eng._run
     zeros = torch.zeros_like(runner.outputs)  # zero energies and forces: the atoms fly ballistically (rare rebuilds)
     eng._run = lambda b, g, stress=False: zeros
-    rows.append(("md, no model (host work, copies, Verlet test)", *_md_us(atoms, calc, args.steps)))
+    rows.append(("md, no model (host work, copies, Verlet test)", *_md_us(atoms, plain, args.steps)))
     eng._run = real_run
 
     def replay_sync():
@@ -211,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         *(f"| {name} | {med:.1f} | {p20:.1f} |" for name, med, p20 in rows),
         "",
         f"copies in the graph vs the engine path: max |ΔF| = {diff:.3e} eV/Å",
+        "",
+        f"The shipped calculator's steps captured with their copies: {sorted(md_copies)} (bucket, atoms).",
     ]
     write_lines(lines, args.out, args.name)
 

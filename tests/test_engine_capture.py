@@ -186,6 +186,70 @@ def test_predict_file_engine_captures_on_second_use(model, tmp_path, monkeypatch
     assert [e.capture_after for e in made] == [1]
 
 
+def _md_by_hand(engine, reference, atoms, steps: int, dt: float = 2.0) -> None:
+    """Velocity Verlet by hand through ``engine.compute(..., to_host=True, as_numpy=True)`` (what the calculator
+    calls), each step's energy and forces checked against ``reference`` (a fresh list, eager, float64)."""
+    from ase import units
+
+    def forces_now():
+        batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+        got = engine.compute(batch, to_host=True, as_numpy=True)
+        want = reference.compute(batch, to_host=True)
+        np.testing.assert_allclose(got["forces"], want["forces"].numpy(), rtol=0, atol=1e-10)
+        assert float(got["energy"][0]) == pytest.approx(float(want["energy"][0]), abs=1e-10)
+        return got["forces"]
+
+    forces, masses = forces_now(), atoms.get_masses()[:, None]
+    for _ in range(steps):
+        atoms.set_momenta(atoms.get_momenta() + 0.5 * dt * units.fs * forces)
+        atoms.set_positions(atoms.positions + dt * units.fs * atoms.get_momenta() / masses)
+        forces = forces_now()
+        atoms.set_momenta(atoms.get_momenta() + 0.5 * dt * units.fs * forces)
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_md_step_is_captured_with_its_copies(model, fake_graphs, speculative):
+    """MD in CUDA-graph mode captures the Verlet path's step with its two transfers (engine_padded._MDCopies): the
+    positions from a staging buffer into the static ones, the packed output into a host buffer. After
+    ``capture_after`` eager steps it is the bucket's only capture (no plain graph beside it), and every step, the
+    rebuilds and the speculative launches that a rebuild throws away included, equals a fresh list."""
+    from ase.build import molecule
+
+    from mlff_distiller.ase_compat import maxwell_boltzmann
+
+    atoms = molecule("C6H6")
+    maxwell_boltzmann(atoms, 1200, rng=np.random.default_rng(5))
+    engine = _engine(model, capture_after=2, neighbor_skin=0.4)
+    engine.md_graph_copies, engine.speculative_verlet = True, speculative
+    reference = ForceEngine(model, device="cpu", precision="fp64", mode="eager")
+    _md_by_hand(engine, reference, atoms, steps=40)
+    assert engine.verlet.n_builds >= 2 and (engine.n_discarded > 0) == speculative
+    assert len(FakeRunner.made) == 1 and not engine._runners
+    (bucket, n), md = next(iter(engine._md_runners.items()))
+    assert n == len(atoms) and engine.captured_buckets == [bucket] == [engine.last_bucket]
+    assert md.runner is FakeRunner.made[0] and md.staging.shape == (n, 3) and md.host.shape == (5 * bucket.atoms,)
+    np.testing.assert_array_equal(md.staging.numpy(), atoms.positions)  # the last step's positions went through it
+
+
+def test_md_copies_off_or_a_bucket_already_captured_keep_the_plain_graph(model, fake_graphs):
+    """``md_graph_copies=False`` (and on the CPU, None) captures the plain step; a bucket whose plain step is
+    captured keeps replaying it when the copies are turned on (one graph per bucket, not two)."""
+    from ase.build import molecule
+
+    from mlff_distiller.ase_compat import maxwell_boltzmann
+
+    atoms = molecule("C6H6")
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(1))
+    reference = ForceEngine(model, device="cpu", precision="fp64", mode="eager")
+    engine = _engine(model, capture_after=1, neighbor_skin=2.0)  # a wide skin: no rebuild, one bucket
+    assert engine.md_graph_copies is None
+    _md_by_hand(engine, reference, atoms, steps=4)
+    assert len(FakeRunner.made) == 1 and list(engine._runners) == [engine.last_bucket] and not engine._md_runners
+    engine.md_graph_copies = True
+    _md_by_hand(engine, reference, atoms, steps=4)
+    assert len(FakeRunner.made) == 1 and not engine._md_runners
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_capture_after_on_cuda(model):
