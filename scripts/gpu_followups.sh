@@ -417,6 +417,17 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_ladder.log" | tail -10
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_ladder.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46" >&2; exit 2 ;;
+  stop46b)
+    # The MD step captured with its two copies (engine_padded._MDCopies) and the 32-atom rung: the engine's CUDA
+    # tests, the ASE MD step with and without the copies in one run, the small rows beside the 64-atom ladder.
+    timeout 200 python3 -m pytest -q -m gpu tests/test_engine_modes.py tests/test_engine_verlet.py \
+      tests/test_engine_capture.py tests/test_engine_npt.py tests/test_buckets.py tests/test_calculator.py \
+      -k "not compile and not autotune" >"$OUT/pytest_md46.log" 2>&1
+    tail -1 "$OUT/pytest_md46.log"
+    timeout 150 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200 --steps 1000 \
+      >"$OUT/probe_md_step.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -12
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
