@@ -161,10 +161,12 @@ if HAS_TRITON:
 
     @triton.jit
     def _store_sender_grads(
-        x_ptr, v_ptr, gx_ptr, gvout_ptr, row, mask, acc_a, acc_c, t_0, t_1, t_2, N_FEAT: tl.constexpr
-    ):
+        x_ptr, v_ptr, gx_ptr, gvout_ptr, gvadd_ptr, row, mask, acc_a, acc_c, t_0, t_1, t_2, N_FEAT: tl.constexpr,
+        ADD_GV: tl.constexpr,
+    ):  # fmt: skip
         """Writes the sender backward's ∂x_j = (acc_a, Σ_k v_j[k] ⊙ T_k, acc_c) and ∂v_j[k] = x_b,j ⊙ T_k at ``row``
-        (offsets of sender rows of ``[N, 3F]``, 1-D for one sender or 2-D for a block)."""
+        (offsets of sender rows of ``[N, 3F]``, 1-D for one sender or 2-D for a block). ADD_GV: ∂v plus the rows of
+        ``gvadd`` (the gradient of v's residual alias: autograd's add kernel, in this store)."""
         v0 = tl.load(v_ptr + row, mask=mask, other=0.0)
         v1 = tl.load(v_ptr + row + N_FEAT, mask=mask, other=0.0)
         v2 = tl.load(v_ptr + row + 2 * N_FEAT, mask=mask, other=0.0)
@@ -172,9 +174,16 @@ if HAS_TRITON:
         tl.store(gx_ptr + row, acc_a, mask=mask)
         tl.store(gx_ptr + row + N_FEAT, v0 * t_0 + v1 * t_1 + v2 * t_2, mask=mask)
         tl.store(gx_ptr + row + 2 * N_FEAT, acc_c, mask=mask)
-        tl.store(gvout_ptr + row, xb * t_0, mask=mask)
-        tl.store(gvout_ptr + row + N_FEAT, xb * t_1, mask=mask)
-        tl.store(gvout_ptr + row + 2 * N_FEAT, xb * t_2, mask=mask)
+        gv0 = xb * t_0
+        gv1 = xb * t_1
+        gv2 = xb * t_2
+        if ADD_GV:
+            gv0 += tl.load(gvadd_ptr + row, mask=mask, other=0.0)
+            gv1 += tl.load(gvadd_ptr + row + N_FEAT, mask=mask, other=0.0)
+            gv2 += tl.load(gvadd_ptr + row + 2 * N_FEAT, mask=mask, other=0.0)
+        tl.store(gvout_ptr + row, gv0, mask=mask)
+        tl.store(gvout_ptr + row + N_FEAT, gv1, mask=mask)
+        tl.store(gvout_ptr + row + 2 * N_FEAT, gv2, mask=mask)
 
     @triton.jit(**unspecialized("ei_stride"))
     def _mp_fwd_kernel(
@@ -343,12 +352,14 @@ if HAS_TRITON:
         colptr_ptr,
         gx_ptr,
         gvout_ptr,
+        gvadd_ptr,
         N_FEAT: tl.constexpr,
         N_RBF: tl.constexpr,
         BLOCK_E: tl.constexpr,
         BLOCK_F: tl.constexpr,
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        ADD_GV: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -378,7 +389,9 @@ if HAS_TRITON:
             t_1 += tl.sum(w_b * g1, axis=0)
             t_2 += tl.sum(w_b * g2, axis=0)
         row = j * (3 * N_FEAT) + f
-        _store_sender_grads(x_ptr, v_ptr, gx_ptr, gvout_ptr, row, fm, acc_a, acc_c, t_0, t_1, t_2, N_FEAT)
+        _store_sender_grads(
+            x_ptr, v_ptr, gx_ptr, gvout_ptr, gvadd_ptr, row, fm, acc_a, acc_c, t_0, t_1, t_2, N_FEAT, ADD_GV
+        )
 
     # "block" sender backward: the mirror of _mp_fwd_block_kernel over the transposed CSR (BLOCK_A consecutive
     # senders, their edges contiguous in perm), the five per-sender sums as one-hot tl.dots.
@@ -397,6 +410,7 @@ if HAS_TRITON:
         colptr_ptr,
         gx_ptr,
         gvout_ptr,
+        gvadd_ptr,
         n_atoms,
         ei_stride,
         N_FEAT: tl.constexpr,
@@ -407,6 +421,7 @@ if HAS_TRITON:
         R_PAD: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         SEG_SPLIT: tl.constexpr,
+        ADD_GV: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
@@ -433,7 +448,9 @@ if HAS_TRITON:
             t_2 = _seg_acc(t_2, onehot, w_b * g2, DOT_PRECISION, SEG_SPLIT)
         om = am[:, None] & fm[None, :]
         row = atoms[:, None] * (3 * N_FEAT) + f[None, :]
-        _store_sender_grads(x_ptr, v_ptr, gx_ptr, gvout_ptr, row, om, acc_a, acc_c, t_0, t_1, t_2, N_FEAT)
+        _store_sender_grads(
+            x_ptr, v_ptr, gx_ptr, gvout_ptr, gvadd_ptr, row, om, acc_a, acc_c, t_0, t_1, t_2, N_FEAT, ADD_GV
+        )
 
     @triton.jit
     def _edge_grads_w(

@@ -258,7 +258,8 @@ def message_passing(
     sender_csr: tuple[torch.Tensor, torch.Tensor] | None = None,
     v_zero: bool = False,
     edge_sink: EdgeGradSink | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    v_residual: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """PaiNN message aggregation (see the module docstring); differentiable twice.
 
     Args:
@@ -288,8 +289,12 @@ def message_passing(
             once, after every layer's backward (its own node). Only inside a CUDA-graph capture, on the eager
             Triton path, for first derivatives of a backward that reaches the sink's node; ignored elsewhere
             (autograd then gets the gradients as usual).
+        v_residual: also return v' (v itself, for the caller's residual sum v + dv): on the eager Triton path an
+            alias of v whose gradient the sender kernel adds to ∂v as it stores it, instead of autograd adding the
+            two gradients of v in a kernel of its own (the same sum; elsewhere v' is v).
     Returns:
-        ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output).
+        ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output); with ``v_residual``,
+        ``v'`` third.
 
     The Triton path wants the edges sorted by receiver (our neighbour lists are). Without ``row_ptr`` it builds
     the offsets itself and checks the order (once per ``edge_index`` tensor: the result is cached while that
@@ -300,9 +305,10 @@ def message_passing(
     _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr)
     if resolve_backend(x.device) == "triton":
         return _message_passing_triton(
-            x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr, v_zero, edge_sink
+            x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr, v_zero, edge_sink, v_residual
         )
-    return message_passing_reference(x, v, rbf, filter_weight, unit, edge_index)
+    out = message_passing_reference(x, v, rbf, filter_weight, unit, edge_index)
+    return (*out, v) if v_residual else out
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -380,14 +386,17 @@ if HAS_TRITON:
         return ds, dv
 
     def _mp_backward(
-        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None, has_v=True, sink=None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None, has_v=True, sink=None,
+        gv_add=None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
         """The five gradients (x, v, rbf, filter_weight, unit); ``need`` = (x/v, rbf/unit, filter_weight): the
         groups not needed come back as expanded zeros (no kernel, no memory). ``row_ptr``: the receiver CSR, when
         known; the edge kernel then computes only the edges before ``row_ptr[N]`` (those past it belong to no
         receiver: inert padding, whose ∂rbf / ∂u rows are written as zeros). ``has_v`` False: v is all zeros (the
         edge kernel skips its terms). ``sink`` (an :class:`EdgeGradSink`, first derivatives inside a capture): ∂rbf
-        and ∂u are added into it on its stream, and come back here as zeros."""
+        and ∂u are added into it on its stream, and come back here as zeros. ``gv_add`` ``[N, 3, F]``: added to ∂v
+        (the gradient of v's residual alias, in the sender kernel's store; ∂v is gv_add itself when x and v need
+        no gradient)."""
         dt = x.dtype
         grad_s, grad_v = grad_s.to(dt), grad_v.to(dt)
         grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
@@ -401,23 +410,30 @@ if HAS_TRITON:
         if sink is not None and need[1] and e > 0 and f > 0 and launch is _bare:
             _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v)
             need = (need[0], False, need[2])
+        if gv_add is not None:
+            gv_add = gv_add.to(dt).contiguous()
+            if not need[0] or n == 0 or f == 0:
+                g_v = gv_add
         if need[0]:
-            g_x, g_v = torch.empty_like(x), torch.empty_like(v)
+            g_x = torch.empty_like(x)
             if n > 0 and f > 0:
+                g_v = torch.empty_like(v)
                 c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, n_atoms=n, n_edges=e)
                 grid = (triton.cdiv(n, c.get("BLOCK_A", 1)), triton.cdiv(f, c["BLOCK_F"]))
                 perm, col_ptr = perm.contiguous(), col_ptr.contiguous()
                 if variant == "block":
                     check_launchable(_mp_bwd_sender_block_kernel, x)
                     launch(_mp_bwd_sender_block_kernel)[grid](
-                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v, n,
-                        edge_index.stride(0), num_warps=warps, **c, **pdl_args(x),
+                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
+                        g_v if gv_add is None else gv_add, n, edge_index.stride(0), num_warps=warps,
+                        ADD_GV=gv_add is not None, **c, **pdl_args(x),
                     )  # fmt: skip
                 else:
                     check_launchable(_mp_bwd_sender_kernel, x)
                     launch(_mp_bwd_sender_kernel)[grid](
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
-                        num_warps=warps, **c, **pdl_args(x),
+                        g_v if gv_add is None else gv_add, num_warps=warps, ADD_GV=gv_add is not None, **c,
+                        **pdl_args(x),
                     )  # fmt: skip
         if need[1] and e > 0:
             if f == 0:
@@ -624,16 +640,20 @@ if HAS_TRITON:
 
     class _MessagePassing(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, v, rbf, w, unit, edge_index, row_ptr, perm=None, col_ptr=None, v_zero=False, sink=None):
+        def forward(
+            ctx, x, v, rbf, w, unit, edge_index, row_ptr, perm=None, col_ptr=None, v_zero=False, sink=None,
+            v_residual=False,
+        ):  # fmt: skip
             # perm / col_ptr: the caller's sender CSR (None: the backward builds it, see _sender_csr); v_zero,
-            # sink: see message_passing.
+            # sink, v_residual: see message_passing.
             ctx.save_for_backward(x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             ctx.v_zero = v_zero
             ctx.sink = sink
-            return _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare, not v_zero)
+            ds, dv = _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare, not v_zero)
+            return (ds, dv, v.view_as(v)) if v_residual else (ds, dv)
 
         @staticmethod
-        def backward(ctx, grad_s, grad_v):
+        def backward(ctx, grad_s, grad_v, g_alias=None):
             x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr = ctx.saved_tensors
             nx, nv, nrbf, nw, nu = ctx.needs_input_grad[:5]
             need = (nx or nv, nrbf or nu, nw)
@@ -643,18 +663,14 @@ if HAS_TRITON:
             if sink is not None and not sink.joins():
                 sink = None
             grads = _MessagePassingBwd.apply(
-                grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr, ctx.v_zero, sink
-            )
+                grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr, ctx.v_zero, sink,
+                g_alias if nv else None,
+            )  # fmt: skip
             if sink is not None:  # added into the sink, which hands them to autograd itself
                 nrbf = nu = False
             return (
                 *(g if ok else None for g, ok in zip(grads, (nx, nv, nrbf, nw, nu), strict=True)),
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
+                *(None,) * 7,
             )
 
     class _MessagePassingBwd(torch.autograd.Function):
@@ -675,13 +691,15 @@ if HAS_TRITON:
             col_ptr=None,
             v_zero=False,
             sink=None,
+            gv_add=None,
         ):
+            # gv_add: the gradient of v's residual alias, added to ∂v (its own gradient is the one of ∂v).
             ctx.save_for_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             if perm is None or col_ptr is None:
                 perm, col_ptr = _sender_csr(edge_index, v.shape[0])
             return _mp_backward(
                 grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare, row_ptr.contiguous(),
-                not v_zero, sink,
+                not v_zero, sink, gv_add,
             )  # fmt: skip
 
         @staticmethod
@@ -697,12 +715,14 @@ if HAS_TRITON:
                 return _MessagePassingBwd.apply(*args, edge_index, row_ptr, (True, True, True), perm, col_ptr)
 
             grads = _double_backward(fwd, bwd, gg, grad_s, grad_v, x, v, rbf, w, unit)
-            return (*grads, None, None, None, None, None, None, None)
+            g_add = gg[1] if ctx.needs_input_grad[14] else None  # ∂(∂v)/∂gv_add is the identity
+            return (*grads, None, None, None, None, None, None, None, g_add)
 
 
 def _message_passing_triton(
-    x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr=None, v_zero=False, edge_sink=None
-):
+    x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr=None, v_zero=False, edge_sink=None,
+    v_residual=False,
+):  # fmt: skip
     if not HAS_TRITON:
         raise RuntimeError("the Triton message-passing kernels need triton installed; use MLFF_DISTILLER_KERNELS=torch")
     from .rbf_cutoff import _check_float
@@ -720,8 +740,9 @@ def _message_passing_triton(
             edge_sink = None  # the sink's rows are the caller's edges: their gradients go through the gather
         edge_index = sorted_index
     if torch.compiler.is_compiling():
-        return torch.ops.mlff_distiller.message_passing(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
+        out = torch.ops.mlff_distiller.message_passing(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
+        return (*out, v) if v_residual else out
     perm, col_ptr = (None, None) if sender_csr is None else sender_csr
     return _MessagePassing.apply(
-        x, v, rbf, filter_weight, unit, edge_index, row_ptr, perm, col_ptr, bool(v_zero), edge_sink
+        x, v, rbf, filter_weight, unit, edge_index, row_ptr, perm, col_ptr, bool(v_zero), edge_sink, bool(v_residual)
     )

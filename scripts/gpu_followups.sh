@@ -428,6 +428,32 @@ case "${1:-}" in
       >"$OUT/probe_md_step.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -12
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b" >&2; exit 2 ;;
+  stop46c)
+    # v's residual alias (the message backward adds its gradient in the sender kernel): the kernels' CUDA tests,
+    # training's captured steps, the step against the add kernel in one sweep; the small GEMMs' kept transpose and
+    # split W re-measured on the H200; the water walk with and without the MD copies.
+    timeout 200 python3 -m pytest -q -x tests/kernels/test_message_passing.py -k "cuda or gpu or v_residual" \
+      >"$OUT/pytest_mp46c.log" 2>&1
+    tail -1 "$OUT/pytest_mp46c.log"
+    timeout 150 python3 -m pytest -q -m gpu tests/distill/test_training_static.py tests/test_engine_modes.py \
+      -k "not compile and not autotune" >"$OUT/pytest_train46c.log" 2>&1
+    tail -1 "$OUT/pytest_train46c.log"
+    timeout 150 python3 -m pytest -q tests/test_engine_modes.py -k "compile_no_recompilation_gpu and default" \
+      >"$OUT/pytest_compile46c.log" 2>&1
+    tail -1 "$OUT/pytest_compile46c.log"
+    V="model:v_residual_alias=0;gemm:untransposed_max_rows=0;gemm:w_split_min_rows=0;model:v_residual_alias=0"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+      --systems benzene,water192,g2x1024,water3000 --variants "$V" >"$OUT/sweep_alias.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_alias.log" | tail -16
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_alias.md"
+    timeout 100 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 80 --out "$OUT" --step-mode eager \
+      --systems water24000 --variants "model:v_residual_alias=0" >"$OUT/sweep_alias24k.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_alias24k.log" | tail -2
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_alias24k.md"
+    timeout 120 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200_c --steps 600 \
+      >"$OUT/probe_md_step_c.log" 2>&1
+    grep -E "^\| (md|192)" "$OUT/probe_md_step_h200_c.md" | head -20
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -559,6 +559,54 @@ def test_v_zero_promise_gives_the_same_results(triton_device, variant, dtype):
     torch.testing.assert_close(outs[1][1].double(), ref[1], rtol=TOL[dtype], atol=TOL[dtype] * scale)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_v_residual_alias_adds_its_gradient_to_dv(triton_device, variant, dtype):
+    """``v_residual=True`` returns v' (an alias of v for the residual sum v + dv): the gradient reaching v' is added
+    to ∂v in the sender kernel's store, and v's gradient is what autograd would sum over v and v + dv's other
+    branch (the same sum; on the GPU the store may fuse it into an FMA, hence the float tolerance there). The first
+    gradients, one of them again through a second derivative (training's force loss), and gradcheck /
+    gradgradcheck in float64."""
+    x, v, rbf, w, unit, ei = _graph(10, 70, 24, 5, dtype, triton_device, seed=43)
+    outs = []
+    for alias in (False, True):
+        ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
+        if alias:
+            ds, dv, v2 = _triton(*ins, ei, v_residual=True)
+            assert v2.data_ptr() == ins[1].data_ptr() and torch.equal(v2, ins[1])
+        else:
+            (ds, dv), v2 = _triton(*ins, ei), ins[1]
+        out = v2 + 0.5 * dv  # v + dv as an update block would take it
+        gs = torch.linspace(-1, 1, ds.numel(), dtype=dtype, device=triton_device).view_as(ds)
+        gv = torch.linspace(1, -2, dv.numel(), dtype=dtype, device=triton_device).view_as(dv)
+        grads = torch.autograd.grad((ds, out), ins, (gs, gv), create_graph=True)
+        (second,) = torch.autograd.grad(grads[1].square().sum() + grads[2].sum(), ins[0])
+        outs.append([ds, dv, *grads, second])
+    tol = 0.0 if triton_device.type == "cpu" and dtype == torch.float64 else TOL[dtype]
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol * b.abs().max().item())
+    if dtype == torch.float64:
+        *small, ei_small = _graph(4, 9, 3, 2, dtype, triton_device, seed=7)
+        ins = [t.requires_grad_(True) for t in small]
+
+        def fn(*a):
+            ds, dv, v2 = _triton(*a, ei_small, v_residual=True)
+            return ds, v2 * 0.3 + dv
+
+        kw = dict(fast_mode=True, check_undefined_grad=False)
+        assert torch.autograd.gradcheck(fn, ins, **kw)
+        assert torch.autograd.gradgradcheck(fn, ins, **kw)
+
+
+def test_v_residual_without_the_triton_path_is_v_itself():
+    """The torch reference (and so every non-Triton path) returns v itself as v'."""
+    x, v, rbf, w, unit, ei = _graph(5, 13, 7, 5, torch.float64, "cpu", seed=3)
+    with use_backend("torch"):
+        ds, dv, v2 = message_passing(x, v, rbf, w, unit, ei, v_residual=True)
+    assert v2 is v
+    ref = message_passing_reference(x, v, rbf, w, unit, ei)
+    assert torch.equal(ds, ref[0]) and torch.equal(dv, ref[1])
+
+
 def test_edges_past_the_csr_get_zero_gradients(triton_device, poison):
     """Edges at or past row_ptr[N] (a padded bucket's inert tail: in neither CSR, last in the sender order too) get
     ∂rbf = ∂u = 0 exactly; the live edges and ∂x match the reference of the live edges alone."""

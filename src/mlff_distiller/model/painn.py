@@ -116,17 +116,24 @@ class PaiNNInteraction(nn.Module):
         s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
-    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None, edge_sink=None):
+    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None, edge_sink=None, v_residual=False):
         """``(s', Δs [N,F], Δv [N,3,F])``: ``forward`` without its residual sums (the model hands them to the update
         block, whose fused path adds them inside its own kernels). s' is s for the residual sum: on the Triton MLP
         an alias whose gradient φ's backward adds to its own (one add kernel less). ``v_zero``: v is all zeros
         (the first layer; see :func:`mlff_distiller.kernels.message_passing`). ``phi``: φ(s) ``[N, 3F]`` already
         known (the first layer's, from the species table of :meth:`StudentModel.first_phi_table`); s is then
-        returned as it is. ``edge_sink``: see :func:`mlff_distiller.kernels.defer_edge_grads`."""
+        returned as it is. ``edge_sink``: see :func:`mlff_distiller.kernels.defer_edge_grads`. ``v_residual``:
+        also return v' fourth, v for the residual sum (on the Triton path an alias whose gradient the message
+        backward adds to its own, as s' does for φ)."""
         if phi is None:
             phi, s = _mlp_call(self.phi, s, residual=True)
         w = self.filter.weight
-        return (s, *kernels.message_passing(phi, v, rbf, w, unit, edge_index, v_zero=v_zero, edge_sink=edge_sink))
+        return (
+            s,
+            *kernels.message_passing(
+                phi, v, rbf, w, unit, edge_index, v_zero=v_zero, edge_sink=edge_sink, v_residual=v_residual
+            ),
+        )
 
 
 class CSRInteraction(nn.Module):
@@ -152,8 +159,8 @@ class CSRInteraction(nn.Module):
         s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
-    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None, edge_sink=None):
-        """``(s', Δs, Δv)`` (see :meth:`PaiNNInteraction.messages`)."""
+    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None, edge_sink=None, v_residual=False):
+        """``(s', Δs, Δv)``, with ``v_residual`` also v' (see :meth:`PaiNNInteraction.messages`)."""
         w = self.inner.filter.weight
         csr = self.csr
         if phi is None:
@@ -169,6 +176,7 @@ class CSRInteraction(nn.Module):
             sender_csr=csr.get("sender"),
             v_zero=v_zero,
             edge_sink=edge_sink,
+            v_residual=v_residual,
         )
 
 
@@ -223,6 +231,10 @@ class StudentModel(nn.Module):
     # gathered per atom, instead of the MLP on every atom (two GEMMs fewer per step on the GPU, two matmuls on the
     # CPU). False: the MLP on every atom, as in training (tests and probes compare the two).
     species_table: ClassVar[bool] = True
+    # Layers after the first pass v' from the message block to the update (kernels.message_passing's v_residual):
+    # v's two gradients summed in the message backward's sender kernel, not in an add kernel of autograd's. False:
+    # v itself (probes compare the two).
+    v_residual_alias: ClassVar[bool] = True
 
     def __init__(self, config: ModelConfig | None = None, **kwargs) -> None:
         super().__init__()
@@ -450,9 +462,13 @@ class StudentModel(nn.Module):
                         s, v = update(s, v, *moments)
                         continue
                     kw["phi"] = phi_table.index_select(0, idx)
-                if sink is not None and type(interaction) in (PaiNNInteraction, CSRInteraction):
+                ours = type(interaction) in (PaiNNInteraction, CSRInteraction)
+                if sink is not None and ours:
                     kw["edge_sink"] = sink
-                s, ds, dv = messages(s, v, rbf, unit, edge_index, **kw)
+                if ours and layer > 0 and self.v_residual_alias:  # v' for v + dv: its gradient joins v's in the message backward's kernel
+                    s, ds, dv, v = messages(s, v, rbf, unit, edge_index, v_residual=True, **kw)
+                else:
+                    s, ds, dv = messages(s, v, rbf, unit, edge_index, **kw)
                 s, v = update(s, v, ds, dv)
         first, last = self.readout[0], self.readout[2]
         params = (first.weight, first.bias, last.weight, last.bias, self.atomic_scale, self.atomic_shift)
