@@ -133,7 +133,8 @@ def variants(spec: str = DEFAULT_VARIANTS):
     ``ladder:key=value`` (the engine's default ``BucketLadder``, e.g. ``ladder:growth=1.125``) or
     ``model:species_table=0`` (``StudentModel``'s class switches: the first layer's φ from the MLP on every atom)
     or ``model:v_residual_alias=0`` (v itself, not the message block's alias, into the update: one add kernel
-    per layer after the first) or ``moments:key=value`` (``species_moments._CONFIG``, e.g. ``moments:model_min_edges=1000000000``: the first
+    per layer after the first) or ``moments:key=value`` (``species_moments._CONFIG``, e.g.
+    ``moments:model_min_edges=1000000000``: the first
     layer on the message kernel) or ``seed:old=1`` (the padded step's vector-Jacobian product through
     ``engine_padded._Seeded``, as before stop 45)."""
     out = []

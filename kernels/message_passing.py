@@ -386,8 +386,8 @@ if HAS_TRITON:
         return ds, dv
 
     def _mp_backward(
-        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None, has_v=True, sink=None,
-        gv_add=None,
+        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None, has_v=True,
+        sink=None, gv_add=None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
         """The five gradients (x, v, rbf, filter_weight, unit); ``need`` = (x/v, rbf/unit, filter_weight): the
         groups not needed come back as expanded zeros (no kernel, no memory). ``row_ptr``: the receiver CSR, when

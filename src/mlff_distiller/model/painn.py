@@ -465,7 +465,8 @@ class StudentModel(nn.Module):
                 ours = type(interaction) in (PaiNNInteraction, CSRInteraction)
                 if sink is not None and ours:
                     kw["edge_sink"] = sink
-                if ours and layer > 0 and self.v_residual_alias:  # v' for v + dv: its gradient joins v's in the message backward's kernel
+                if ours and layer > 0 and self.v_residual_alias:
+                    # v' for v + dv: its gradient joins v's in the message backward's kernel
                     s, ds, dv, v = messages(s, v, rbf, unit, edge_index, v_residual=True, **kw)
                 else:
                     s, ds, dv = messages(s, v, rbf, unit, edge_index, **kw)
