@@ -4,10 +4,8 @@ Times, in one run on one benzene (the shipped student ``builtin:chno-gfn2``, fp3
 "auto" = the captured step with a Verlet-skin list), median µs over many repetitions:
 
 * ``ase floor``: velocity Verlet with a calculator that only hands back stored forces (ASE's own work per step);
-* ``md``: velocity Verlet through ``StudentCalculator`` (wall clock per step); then its step captured with its two
-  copies (shipped since stop 46: ``engine_padded._MDCopies``) and without (``md_graph_copies = False``), two
-  rounds alternating; then, without, the speculative launch (``ForceEngine.speculative_verlet``: the step launched
-  before the displacement test) off and on, twice; the pieces below are timed on that engine's plain graph;
+* ``md``: velocity Verlet through ``StudentCalculator`` (wall clock per step); then with the speculative launch
+  (``ForceEngine.speculative_verlet``: the step launched before the displacement test) off and on, twice;
 * ``md, no model``: the same with the engine's padded step replaced by a zero output buffer (host work, both copies
   and the Verlet test: everything but the GPU step; with zero forces the atoms fly ballistically and the list is
   rebuilt only every few dozen steps, which the median leaves out);
@@ -70,8 +68,7 @@ def _water_walk(steps: int) -> list[tuple[str, float, float]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         calc = StudentCalculator(model, device="cuda")
-        plain = StudentCalculator(model, device="cuda")
-    plain.engine.md_graph_copies = False
+    atoms.calc = calc
     rng = np.random.default_rng(0)
 
     def one():
@@ -81,11 +78,9 @@ def _water_walk(steps: int) -> list[tuple[str, float, float]]:
     rows = []
     for rnd in (1, 2):
         for spec in (False, True):
-            for label, c in (("copies in the graph", calc), ("copies outside", plain)):
-                atoms.calc = c
-                c.engine.speculative_verlet = spec
-                what = f"192-atom water random walk, get_forces, {label}, speculative {'on' if spec else 'off'}"
-                rows.append((f"{what} (round {rnd})", *wall_us(one, steps)))
+            calc.engine.speculative_verlet = spec
+            label = f"192-atom water random walk, get_forces, speculative {'on' if spec else 'off'} (round {rnd})"
+            rows.append((label, *wall_us(one, steps)))
     return rows
 
 
@@ -133,20 +128,13 @@ def main(argv: list[str] | None = None) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         calc = StudentCalculator(model, device="cuda")
-        plain = StudentCalculator(model, device="cuda")
-    plain.engine.md_graph_copies = False  # the step captured without its two copies (as before stop 46)
     rows.append(("md (StudentCalculator, mode auto)", *_md_us(atoms, calc, args.steps)))
-    for rnd in (1, 2):  # the step captured with its copies (shipped) and without, alternating
-        for label, c in (("copies in the step's graph", calc), ("copies outside the graph", plain)):
-            rows.append((f"md, {label} (round {rnd})", *_md_us(_benzene(), c, args.steps)))
-    md_copies = dict(calc.engine._md_runners)
-    eng = plain.engine
-    atoms = _benzene()
+    eng = calc.engine
     for rnd in (1, 2):  # the speculative launch (the step before the displacement test) off and on, alternating
         for spec in (False, True):
             eng.speculative_verlet = spec
-            label = f"md, copies outside, speculative launch {'on' if spec else 'off'} (round {rnd})"
-            rows.append((label, *_md_us(atoms, plain, args.steps)))
+            label = f"md, speculative launch {'on' if spec else 'off'} (round {rnd})"
+            rows.append((label, *_md_us(atoms, calc, args.steps)))
     eng.speculative_verlet = None
     fill = eng._verlet_fill
     bucket, graph, static_pos, staging = fill.bucket, fill.graph, fill.positions, fill.staging
@@ -156,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     real_run = eng._run
     zeros = torch.zeros_like(runner.outputs)  # zero energies and forces: the atoms fly ballistically (rare rebuilds)
     eng._run = lambda b, g, stress=False: zeros
-    rows.append(("md, no model (host work, copies, Verlet test)", *_md_us(atoms, plain, args.steps)))
+    rows.append(("md, no model (host work, copies, Verlet test)", *_md_us(atoms, calc, args.steps)))
     eng._run = real_run
 
     def replay_sync():
@@ -223,8 +211,6 @@ def main(argv: list[str] | None = None) -> None:
         *(f"| {name} | {med:.1f} | {p20:.1f} |" for name, med, p20 in rows),
         "",
         f"copies in the graph vs the engine path: max |ΔF| = {diff:.3e} eV/Å",
-        "",
-        f"The shipped calculator's steps captured with their copies: {sorted(md_copies)} (bucket, atoms).",
     ]
     write_lines(lines, args.out, args.name)
 

@@ -284,10 +284,6 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         # host would wait for the whole step before it could queue anything else (64 g2 molecules: 0.85 against
         # 0.69 ms a step, benchmarks/results/batched_md_h100_run4/).
         self.speculative_verlet: bool | None = None
-        # Padded Verlet path in CUDA-graph mode: the step captured with its host copies (engine_padded._MDCopies) per
-        # (bucket, atom count). None: on CUDA; True/False force it (tests run it on the CPU with a stand-in capture).
-        self.md_graph_copies: bool | None = None
-        self._md_runners: dict = {}
         self.capture_failures = 0  # CUDA-graph captures that failed: invalidated (retried) or out of memory (oom_eager)
         self.n_speculated = 0  # steps launched before the displacement test
         self.n_discarded = 0  # speculative steps thrown away because the list was rebuilt (or took a new cell)
@@ -499,4 +495,4 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
     @property
     def captured_buckets(self) -> list[Bucket]:
         """Buckets with a captured CUDA graph."""
-        return sorted(set(self._runners) | {bucket for bucket, _ in self._md_runners})
+        return sorted(self._runners)

@@ -47,24 +47,6 @@ class _VerletFill(NamedTuple):
     cell: torch.Tensor  # [B, 3, 3] the cell on the device
 
 
-class _MDCopies(NamedTuple):
-    """The Verlet path's step of one bucket and atom count captured with its two transfers (MD through the
-    calculator): the positions from page-locked ``staging`` into the static positions' first rows, and the packed
-    output into page-locked ``host``. A step is then a host write, one launch, one wait and a read: one H2D copy
-    and one blocking D2H copy fewer on the host's side of every MD step (benzene on the H200 host: 187.1 against
-    199.1 µs, benchmarks/results/stop45_gpu/probe_md_step_h200.md, "copies in the graph")."""
-
-    runner: object  # GraphRunner (or _EagerRunner after failed captures)
-    staging: torch.Tensor  # [n, 3] engine dtype, page-locked on CUDA
-    host: torch.Tensor  # the packed output [5A], page-locked on CUDA
-
-
-class _Copied(NamedTuple):
-    """A launched step whose packed output the step itself copies into ``host`` (wait for the stream, then read)."""
-
-    host: torch.Tensor
-
-
 class PaddedPaths:
     """The padded paths of :class:`~mlff_distiller.engine.ForceEngine` (see the module docstring)."""
 
@@ -308,23 +290,15 @@ class PaddedPaths:
         whose ``-dE/dε`` rows come back as ``virial`` ``[b, 3, 3]`` (not with ``as_numpy``)."""
         self.last_bucket = bucket
         packed = self._run(bucket, graph, stress) if packed is None else packed
-        if isinstance(packed, _Copied):  # the MD step copied its output to the host itself: wait for it
-            if self.device.type == "cuda":
-                torch.cuda.current_stream(self.device).synchronize()
-            packed = host = packed.host  # (only calls with to_host take that step)
-        else:
-            host = None
         if to_host:
-            if host is not None or packed.is_cuda:
-                if host is None:
-                    # One DMA into this bucket's page-locked buffer (a blocking copy: it waits for the step), then
-                    # the caller's own copy of it (a few KB): no page-locked allocation and no pageable staging per
-                    # call.
-                    host = self._host_out.get((bucket, stress))
-                    if host is None or host.shape != packed.shape or host.dtype != packed.dtype:
-                        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-                        self._host_out[(bucket, stress)] = host
-                    host.copy_(packed.detach())
+            if packed.is_cuda:
+                # One DMA into this bucket's page-locked buffer (a blocking copy: it waits for the step), then the
+                # caller's own copy of it (a few KB): no page-locked allocation and no pageable staging per call.
+                host = self._host_out.get((bucket, stress))
+                if host is None or host.shape != packed.shape or host.dtype != packed.dtype:
+                    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+                    self._host_out[(bucket, stress)] = host
+                host.copy_(packed.detach())
                 if as_numpy:
                     host_np = host.numpy().copy()
                     a = bucket.atoms
@@ -392,7 +366,8 @@ class PaddedPaths:
                 # the displacement test below runs while the device computes; if the test asks for a rebuild (or
                 # the batch is another system), this result is discarded and the rebuilt step follows it in stream
                 # order. The launch reads only in-range atoms (same atom count), so a stale list is harmless.
-                packed = self._launch_verlet(fill, batch.positions, to_host, stress)
+                self._write_positions(fill, batch.positions, to_host)
+                packed = self._run(fill.bucket, fill.graph, stress)
                 self.n_speculated += 1
         # The list's topology: a kept list's shift vectors under a new cell are made below, on the device.
         nl, rebuilt = self._verlet_list(batch, filtered=False, shift_vectors=False)
@@ -439,61 +414,11 @@ class PaddedPaths:
                 self._write_shift_vectors(fill, batch.cell, graph.shift_vectors[:e])
                 self._verlet_fill = fill = fill._replace(cell_updates=v.cell_updates)
             if packed is None:
-                packed = self._launch_verlet(fill, batch.positions, to_host, stress)
-        if packed is None:  # rebuilt: fill_padded wrote the positions with the list
-            packed = self._launch_verlet(fill, batch.positions, to_host, stress, write=False)
+                self._write_positions(fill, batch.positions, to_host)
         if stress:
             out = self._run_padded(bucket, graph, n, b, to_host, packed=packed, stress=True)
             return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
-
-    def _launch_verlet(
-        self, fill: _VerletFill, positions: torch.Tensor, to_host: bool, stress: bool, write: bool = True
-    ) -> torch.Tensor | _Copied:
-        """Launch the Verlet path's step on the caller's ``positions`` (``write``: copy them into the static
-        buffer first; a rebuild's fill_padded wrote them already): through the bucket's step captured with its
-        copies (:meth:`_md_copies`) where it applies, else the copy and :meth:`_run`."""
-        md = self._md_copies(fill, positions, to_host, stress)
-        if md is None:
-            if write:
-                self._write_positions(fill, positions, to_host)
-            return self._run(fill.bucket, fill.graph, stress)
-        # Safe to overwrite: the previous step that read it was waited for (to_host) before its call returned.
-        md.staging.copy_(positions)
-        md.runner.replay()
-        return _Copied(md.host)
-
-    def _md_copies(self, fill: _VerletFill, positions: torch.Tensor, to_host: bool, stress: bool) -> _MDCopies | None:
-        """The bucket's step captured with its two copies (:class:`_MDCopies`) for an energy + forces MD call with
-        host positions and host results, in CUDA-graph mode (``md_graph_copies``: None = on CUDA); captured here
-        when the bucket is due (``capture_after`` eager uses, counted by :meth:`_run`). None: the plain path,
-        also where the bucket's plain step is captured already (one graph per bucket, not two)."""
-        on = self.md_graph_copies
-        if on is None:
-            on = fill.graph.positions.is_cuda
-        if not on or stress or not to_host or self.mode != "cudagraph" or positions.device.type != "cpu":
-            return None
-        n = fill.positions.shape[0]
-        md = self._md_runners.get((fill.bucket, n))
-        if md is not None or fill.bucket in self._runners:
-            return md
-        if self._eager_uses.get((fill.bucket, False), 0) < self.capture_after and not self._capture_now:
-            return None
-        graph = fill.graph
-        pinned = graph.positions.is_cuda
-        staging = torch.empty((n, 3), dtype=self.dtype, pin_memory=pinned)
-        staging.copy_(positions)  # the capture's warm-up runs read it
-        host = torch.empty(5 * fill.bucket.atoms, dtype=self.dtype, pin_memory=pinned)
-
-        def step_with_copies(*inputs):
-            inputs[1][:n].copy_(staging, non_blocking=True)
-            out = self._step(*inputs)
-            host.copy_(out, non_blocking=True)
-            return out
-
-        runner = self._capture(step_with_copies, graph, fill.bucket, {})
-        md = self._md_runners[(fill.bucket, n)] = _MDCopies(runner, staging, host)
-        return md
 
     def _write_shift_vectors(self, fill: _VerletFill, cell: torch.Tensor, out: torch.Tensor) -> None:
         """A kept Verlet list's shift vectors under the caller's new ``cell`` (NPT), made on the device in ``out``
