@@ -454,6 +454,28 @@ case "${1:-}" in
       >"$OUT/probe_md_step_c.log" 2>&1
     grep -E "^\| (md|192)" "$OUT/probe_md_step_h200_c.md" | head -20
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c" >&2; exit 2 ;;
+  stop46d)
+    # Stop 46's last tree (the 32-atom rung, v's residual alias): the engine's remaining CUDA tests, the rows
+    # (small systems as the shipped column of a no-op sweep, water through bench_large), the 1,000,002-atom box,
+    # the ASE MD step.
+    timeout 150 python3 -m pytest -q -m gpu tests/test_engine_verlet.py tests/test_engine_npt.py \
+      tests/test_engine_stress.py tests/test_first_layer_moments.py tests/test_species_table.py \
+      tests/test_batched_md.py -k "not compile and not autotune" >"$OUT/pytest_final46.log" 2>&1
+    tail -1 "$OUT/pytest_final46.log"
+    timeout 170 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 150 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096 --variants "ladder:growth=1.25" >"$OUT/sweep_rows.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_rows.log" | tail -4
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_rows.md"
+    timeout 150 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 130 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "ours == reference|^\| (3000|24000) " "$OUT/bench_large.log" | head -8
+    timeout 120 python3 benchmarks/bench_large.py --out "$OUT/large_grow" --budget-s 110 --sections grow \
+      --grow-sizes 1000002 >"$OUT/bench_large_grow.log" 2>&1
+    grep -E "1,?000,?002|1000002" "$OUT/bench_large_grow.log" | head -4
+    timeout 90 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200_d --steps 1000 \
+      >"$OUT/probe_md_step_d.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200_d.md" | head -6
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
