@@ -476,6 +476,16 @@ case "${1:-}" in
       >"$OUT/probe_md_step_d.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200_d.md" | head -6
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d" >&2; exit 2 ;;
+  stop46x)
+    # Message-passing rules tuned on the H100 or never measured on small graphs, re-timed on the H200: the folded
+    # x_b ⊙ v below 100,000 edges (the 192-atom box), the edge kernel's split target, block variants below 1,024
+    # atoms.
+    V="mp:fold_xb_min_edges=0;mp:edge_split_programs_per_sm=8;mp:edge_split_programs_per_sm=2;mp:block_min_atoms=0"
+    timeout 280 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 260 --out "$OUT" \
+      --systems water192,benzene,g2x1024,water3000 --variants "$V" >"$OUT/sweep_rules.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_rules.log" | tail -16
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_rules.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
