@@ -139,8 +139,11 @@ _CONFIG = {
     # kernels in the same H100 call (benchmarks/results/stop40_gpu/probe_ncu_sweep_fold.md; two runs each, a no-op
     # variant between them at 0.999-1.003x): 3,000 water atoms (54 edges per atom) 1.007 / 1.013x, 24,000
     # 1.015 / 1.014x, 4,096 g2 molecules (7.5 per atom: the extra kernel costs more than the gathers it saves)
-    # 0.978 / 0.979x. Hence the degree bound; graphs below 100,000 edges (a 192-atom box in MD) are not measured.
-    "fold_xb_min_edges": 100_000,
+    # 0.978 / 0.979x. Hence the degree bound. Below 100,000 edges, on the H200 (stop 46, against the old bound of
+    # 100,000 in the same call, benchmarks/results/stop46_gpu/probe_ncu_sweep_rules.md): the 192-atom water box
+    # (10,848 edge slots, ~55 per atom) 1.074x; benzene (11 per atom) and 1,024 g2 molecules, below the degree
+    # bound, 1.00x. Hence no edge bound: the degree decides (probe_ncu_sweep_fold_small.md: smaller boxes).
+    "fold_xb_min_edges": 0,
     "fold_xb_min_degree": 24,
     # edge_stream_max_edges: inside a CUDA-graph capture, on graphs of at most this many edges (None: never), the
     # model's layers put their backward's edge kernel (∂rbf, ∂u, with its partial sums) on a second stream, adding

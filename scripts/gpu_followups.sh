@@ -462,6 +462,8 @@ case "${1:-}" in
       tests/test_engine_stress.py tests/test_first_layer_moments.py tests/test_species_table.py \
       tests/test_batched_md.py -k "not compile and not autotune" >"$OUT/pytest_final46.log" 2>&1
     tail -1 "$OUT/pytest_final46.log"
+    timeout 60 python3 -m pytest -q tests/kernels/test_message_passing.py -k "fold" >"$OUT/pytest_fold46.log" 2>&1
+    tail -1 "$OUT/pytest_fold46.log"
     timeout 170 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 150 --out "$OUT" \
       --systems benzene,water192,g2x1024,g2x4096 --variants "ladder:growth=1.25" >"$OUT/sweep_rows.log" 2>&1
     grep -E "^\| " "$OUT/sweep_rows.log" | tail -4
@@ -475,6 +477,11 @@ case "${1:-}" in
     timeout 90 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200_d --steps 1000 \
       >"$OUT/probe_md_step_d.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200_d.md" | head -6
+    # The fold's new rule (no edge bound) against the old bound on smaller water boxes.
+    timeout 100 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 80 --out "$OUT" \
+      --systems water48,water96,water192 --variants "mp:fold_xb_min_edges=100000" >"$OUT/sweep_fold.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_fold.log" | tail -3
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_fold_small.md"
     ;;
   stop46x)
     # Message-passing rules tuned on the H100 or never measured on small graphs, re-timed on the H200: the folded

@@ -676,12 +676,13 @@ def test_fold_xb_large_graph_float32(variant):
 
 
 def test_fold_xb_rule():
-    """The shipped rule: dense graphs of at least 100,000 edges fold (water: ~54 edges per atom), sparse ones (g2
-    batches: ~7.5 per atom) and small ones do not; None turns it off."""
+    """The shipped rule: dense graphs fold (water: ~54 edges per atom, from the 192-atom box up), sparse ones (g2
+    batches: ~7.5 per atom, a molecule's bucket) do not; None turns it off."""
     ref = torch.zeros(1)
     assert mp_module._fold_xb(ref, 163_000, 3_000) and mp_module._fold_xb(ref, 1_300_000, 24_000)
     assert not mp_module._fold_xb(ref, 163_000, 21_700)  # 4,096 g2 molecules
-    assert not mp_module._fold_xb(ref, 17_000, 192)  # a 192-atom water box
+    assert mp_module._fold_xb(ref, 10_848, 200)  # a 192-atom water box's bucket (folded since stop 46)
+    assert not mp_module._fold_xb(ref, 160, 32)  # benzene's bucket: 5 edge slots per atom
     with mp_module._configured(fold_xb_min_edges=None):
         assert not mp_module._fold_xb(ref, 1_300_000, 24_000)
 
