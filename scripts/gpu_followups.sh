@@ -493,6 +493,16 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_rules.log" | tail -16
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_rules.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x" >&2; exit 2 ;;
+  stop46y)
+    # More rules tuned on the H100 (or on large graphs only), re-timed on the H200's small and mid rows.
+    V="mp:edge_split_feat=32;mp:edge_split_feat=128;gemm:small_rows=4096;gemm:untransposed_max_rows=4096"
+    V="$V;mp:sender_block_max_degree=8;mp:bwd_edge_block_e=32;mp:bwd_edge_block_f=64;update:elems=512"
+    V="$V;moments:programs_per_sm=4;mp:fold_xb_min_degree=12"
+    timeout 330 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 310 --out "$OUT" \
+      --systems water192,benzene,g2x1024,water3000 --variants "$V" >"$OUT/sweep_rules2.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_rules2.log" | tail -40
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_rules2.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
