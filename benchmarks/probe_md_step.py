@@ -4,7 +4,9 @@ Times, in one run on one benzene (the shipped student ``builtin:chno-gfn2``, fp3
 "auto" = the captured step with a Verlet-skin list), median µs over many repetitions:
 
 * ``ase floor``: velocity Verlet with a calculator that only hands back stored forces (ASE's own work per step);
-* ``md``: velocity Verlet through ``StudentCalculator`` (wall clock per step); then with the speculative launch
+* ``md``: velocity Verlet through ``StudentCalculator`` (wall clock per step); then with the calculator's copy of
+  the atoms made while the device computes (``store_while_running``, shipped since stop 46) and before the launch,
+  twice; then with the speculative launch
   (``ForceEngine.speculative_verlet``: the step launched before the displacement test) off and on, twice;
 * ``md, no model``: the same with the engine's padded step replaced by a zero output buffer (host work, both copies
   and the Verlet test: everything but the GPU step; with zero forces the atoms fly ballistically and the list is
@@ -129,6 +131,12 @@ def main(argv: list[str] | None = None) -> None:
         warnings.simplefilter("ignore")
         calc = StudentCalculator(model, device="cuda")
     rows.append(("md (StudentCalculator, mode auto)", *_md_us(atoms, calc, args.steps)))
+    for rnd in (1, 2):  # the calculator's copy of the atoms made while the device computes (shipped) or before
+        for during in (True, False):
+            StudentCalculator.store_while_running = during
+            label = f"md, atoms stored {'during the step' if during else 'before the launch'} (round {rnd})"
+            rows.append((label, *_md_us(atoms, calc, args.steps)))
+    StudentCalculator.store_while_running = True
     eng = calc.engine
     for rnd in (1, 2):  # the speculative launch (the step before the displacement test) off and on, alternating
         for spec in (False, True):

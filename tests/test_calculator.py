@@ -289,11 +289,11 @@ def test_md_batch_positions_cast_and_checked_like_a_fresh_batch(model):
         assert batch.positions.dtype == dtype and torch.equal(batch.positions, fresh.positions)
         calc.atoms.positions[0, 0] = 1e308  # finite; the sum overflows
         calc.atoms.positions[1, 0] = 1e308
-        assert calc._batch(["positions"]).positions[0, 0].item() == float(torch.tensor(1e308, dtype=dtype))
+        assert calc._batch(["positions"], calc.atoms).positions[0, 0].item() == float(torch.tensor(1e308, dtype=dtype))
         for bad in (np.nan, np.inf):
             calc.atoms.positions[2, 1] = bad
             with pytest.raises(ValueError, match="non-finite position"):
-                calc._batch(["positions"])
+                calc._batch(["positions"], calc.atoms)
             calc.atoms.positions[2, 1] = 0.0
 
 
@@ -398,3 +398,51 @@ def test_a_force_beyond_the_limit_warns_once(model, monkeypatch):
         fresh = molecule("H2O")
         fresh.calc = StudentCalculator(model, device="cpu")
         fresh.get_forces()  # below the limit: silent
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp64"])
+def test_md_batch_never_aliases_the_callers_arrays(model, precision):
+    """The calculator builds an MD step's batch from the caller's atoms (its own copy of them is made while the
+    engine computes), so the batch copies the positions and an NPT step's cell: changing the caller's arrays in
+    place afterwards (as ASE's integrators and barostats do) leaves the batch and the stored copy as they were."""
+    import torch
+    from ase.build import bulk
+
+    atoms = bulk("Si", "diamond", a=5.43, cubic=True)
+    atoms.rattle(0.01, seed=1)
+    calc = StudentCalculator(model, device="cpu", precision=precision)
+    atoms.calc = calc
+    atoms.get_forces()
+    atoms.positions += 0.01  # positions only: the MD path
+    atoms.get_forces()
+    batch = calc._last_batch
+    atoms.set_cell(atoms.cell.array * 1.001, scale_atoms=True)  # cell and positions: the NPT path
+    atoms.get_forces()
+    npt = calc._last_batch
+    kept = [t.clone() for t in (batch.positions, npt.positions, npt.cell)]
+    stored = calc.atoms.positions.copy(), calc.atoms.cell.array.copy()
+    np.testing.assert_array_equal(stored[0], atoms.positions)  # the stored copy is the caller's state
+    atoms.positions[:] += 1.0  # in place, as set_positions writes
+    atoms.cell.array[:] *= 1.01
+    for was, now in zip(kept, (batch.positions, npt.positions, npt.cell), strict=True):
+        assert torch.equal(was, now)
+    np.testing.assert_array_equal(calc.atoms.positions, stored[0])
+    np.testing.assert_array_equal(calc.atoms.cell.array, stored[1])
+
+
+def test_atoms_stored_before_or_during_the_step_give_the_same_md(model):
+    """``store_while_running`` False (the copy of the atoms before the engine call, ASE's order) and True (during
+    the engine's step) give the same trajectory, bit for bit (fp64)."""
+    runs = []
+    for during in (False, True):
+        StudentCalculator.store_while_running = during
+        try:
+            atoms = molecule("CH3CH2OH")
+            atoms.calc = StudentCalculator(model, device="cpu", precision="fp64")
+            VelocityVerlet(atoms, timestep=1.0 * units.fs).run(20)
+            runs.append((atoms.positions.copy(), atoms.get_forces(), atoms.calc.atoms.positions.copy()))
+        finally:
+            StudentCalculator.store_while_running = True
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(runs[1][0], runs[1][2])  # the stored copy holds the last positions

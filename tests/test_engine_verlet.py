@@ -492,3 +492,42 @@ def test_md_bucket_is_kept_while_the_list_fits_and_chosen_with_headroom(model):
     assert e1 < e0 and fast.buckets.select(len(atoms), e1) != b0, "the stretched list must fit a smaller bucket"
     assert b0 == b1 == b2  # kept
     assert b0 == fast.buckets.select(len(atoms), int(np.ceil(e0 * engine_padded.VERLET_EDGE_HEADROOM)))
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_while_running_runs_once_after_the_launch(model, speculative):
+    """``compute(..., while_running=f)`` calls f exactly once per call: on the padded Verlet path with the
+    speculative launch right after the step is launched and before the displacement test (the calculator's copy
+    of the atoms is made while the device computes), otherwise before the call returns; never when it raises."""
+    atoms = molecule("C6H6")
+    engine = ForceEngine(model, device="cpu", precision="fp64", mode="eager", pad=True, neighbor_skin=0.5)
+    engine.speculative_verlet = speculative
+    events = []
+    for name in ("_run", "_verlet_list"):
+        real = getattr(engine, name)
+
+        def spy(*args, _real=real, _name=name, **kw):
+            events.append(_name)
+            return _real(*args, **kw)
+
+        setattr(engine, name, spy)
+    for step in range(3):
+        atoms.positions[0, 0] += 0.01
+        events.clear()
+        engine.compute(
+            AtomsBatch.from_atoms(atoms, dtype=torch.float64), to_host=True, while_running=lambda: events.append("f")
+        )
+        assert events.count("f") == 1, events
+        if speculative and step > 0:  # launched on the kept list, then f, then the displacement test
+            assert events[:3] == ["_run", "f", "_verlet_list"], events
+        else:
+            assert events[-1] == "f", events
+    eager = ForceEngine(model, device="cpu", precision="fp64")
+    events.clear()
+    eager.compute(AtomsBatch.from_atoms(atoms, dtype=torch.float64), while_running=lambda: events.append("f"))
+    assert events == ["f"]
+    bad = AtomsBatch.from_atoms(molecule("H2O"), dtype=torch.float64)
+    bad.numbers[0] = 92  # no uranium in the student's species
+    with pytest.raises(ValueError):
+        eager.compute(bad, while_running=lambda: events.append("raised"))
+    assert "raised" not in events and eager._while_running is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import warnings
@@ -73,6 +74,9 @@ class StudentCalculator(Calculator):
     """
 
     implemented_properties: ClassVar[list[str]] = ["energy", "free_energy", "forces", "stress", "energies"]
+    # The private copy of the atoms made while the engine computes (its while_running); False: before the engine
+    # call, as ASE's Calculator.calculate orders it (probes time the two).
+    store_while_running: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -159,42 +163,45 @@ class StudentCalculator(Calculator):
                 changes.append(p)
         return changes
 
-    def _batch(self, system_changes) -> AtomsBatch:
-        """The input batch. In MD only the positions change: the previous batch is reused with new positions
-        (checked finite), so numbers, cell, pbc, batch and ptr stay the same tensors from step to step (the
-        engine's Verlet list then compares them by identity). The new batch is a shallow copy of the previous
-        one with a new positions tensor of the same shape: every other field was validated when it was built,
-        so ``AtomsBatch.__post_init__`` need not run again (``dataclasses.replace`` would: ~15 µs a step)."""
+    def _batch(self, system_changes, atoms) -> AtomsBatch:
+        """The input batch of ``atoms`` (the caller's, or the stored copy). In MD only the positions change: the
+        previous batch is reused with new positions (checked finite), so numbers, cell, pbc, batch and ptr stay
+        the same tensors from step to step (the engine's Verlet list then compares them by identity). The new
+        batch is a shallow copy of the previous one with a new positions tensor of the same shape: every other
+        field was validated when it was built, so ``AtomsBatch.__post_init__`` need not run again
+        (``dataclasses.replace`` would: ~15 µs a step)."""
         last = self._last_batch
         changes = set(system_changes)
         cell = None
-        if last is not None and changes == {"positions", "cell"} and last.num_structures == 1 and self.atoms.pbc.all():
+        if last is not None and changes == {"positions", "cell"} and last.num_structures == 1 and atoms.pbc.all():
             # NPT (the barostat scales cell and positions): a new cell, checked as from_atoms checks a fully
             # periodic one (finite, volume >= MIN_VOLUME); anything else goes the full way below.
-            values = np.asarray(self.atoms.cell.array, dtype=np.float64)
+            # A copy: ``atoms`` may be the caller's, whose cell ASE changes in place.
+            values = np.array(atoms.cell.array, dtype=np.float64)
             if np.isfinite(values).all() and abs(float(np.linalg.det(values))) >= MIN_VOLUME:
                 cell = torch.from_numpy(values.reshape(1, 3, 3)).to(self.engine.dtype)
                 changes = {"positions"}
         if last is not None and changes <= {"positions"}:
-            pos = np.asarray(self.atoms.positions, dtype=np.float64)
+            pos = np.asarray(atoms.positions, dtype=np.float64)
             # A finite sum means finite entries (a NaN or inf entry makes it NaN or inf); an overflowing sum of
             # finite entries goes the full way. ~1.3 µs less than np.isfinite(pos).all() for 192 atoms.
             if pos.shape == last.positions.shape and (math.isfinite(pos.sum()) or np.isfinite(pos).all()):
                 batch = object.__new__(AtomsBatch)
                 batch.__dict__.update(last.__dict__)
                 # NumPy's cast, then a tensor on the same memory: ~3.5 instead of ~10 µs for torch's .to(float32)
-                # (the same round-to-nearest values). fp64 keeps sharing pos, as .to(float64) did.
+                # (the same round-to-nearest values). Always a copy (fp64 too): ``atoms`` may be the caller's,
+                # whose positions ASE's integrators update in place.
                 dtype = self.engine.dtype
                 np_dtype = _NUMPY_DTYPES.get(dtype)
                 if np_dtype is None:
                     batch.positions = torch.from_numpy(pos).to(dtype)
                 else:
-                    batch.positions = torch.from_numpy(pos.astype(np_dtype, copy=False))
+                    batch.positions = torch.from_numpy(pos.astype(np_dtype, copy=True))
                 if cell is not None:
                     batch.cell = cell
                 self._last_batch = batch
                 return batch
-        self._last_batch = AtomsBatch.from_atoms(self.atoms, dtype=self.engine.dtype)  # validates everything
+        self._last_batch = AtomsBatch.from_atoms(atoms, dtype=self.engine.dtype)  # validates everything
         return self._last_batch
 
     def _store_atoms(self, atoms, properties, system_changes) -> None:
@@ -242,10 +249,11 @@ class StudentCalculator(Calculator):
         return value
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
-        self._store_atoms(atoms, properties, system_changes)
+        src = atoms if atoms is not None else self.atoms
         want_stress = "stress" in properties
-        periodic = bool(self.atoms.pbc.all())
+        periodic = bool(src.pbc.all())
         if want_stress and not periodic:
+            self._store_atoms(atoms, properties, system_changes)
             raise PropertyNotImplementedError(
                 f"stress needs a fully periodic structure; this one has pbc={self.atoms.pbc.tolist()}"
             )
@@ -261,9 +269,14 @@ class StudentCalculator(Calculator):
         unrequested = unrequested and not self._skipped
         self._unrequested = (cell_changed, False) if unrequested else None
         want_stress = want_stress or unrequested
-        batch = self._batch(system_changes)
-        # as_numpy: one device-to-host copy of all outputs on the padded path, unpacked as NumPy views.
-        out = self.engine.compute(batch, forces=True, stress=want_stress, as_numpy=True)
+        batch = self._batch(system_changes, src)
+        # as_numpy: one device-to-host copy of all outputs on the padded path, unpacked as NumPy views. The private
+        # copy of the atoms (ASE's self.atoms = atoms.copy()) is made while the device computes: the engine calls
+        # _store_atoms right after it launched the step (host work off an MD step's critical path).
+        store = functools.partial(self._store_atoms, atoms, properties, system_changes)
+        if not self.store_while_running:
+            store = store()
+        out = self.engine.compute(batch, forces=True, stress=want_stress, as_numpy=True, while_running=store)
         energy = float(out["energy"][0])
         forces = out["forces"]
         peak = float(np.abs(forces).max()) if forces.size else 0.0  # NaN or inf when any is (no extra pass)

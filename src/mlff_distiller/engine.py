@@ -43,7 +43,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -284,6 +284,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         # host would wait for the whole step before it could queue anything else (64 g2 molecules: 0.85 against
         # 0.69 ms a step, benchmarks/results/batched_md_h100_run4/).
         self.speculative_verlet: bool | None = None
+        self._while_running = None  # compute's while_running, until run (see _overlap)
         self.capture_failures = 0  # CUDA-graph captures that failed: invalidated (retried) or out of memory (oom_eager)
         self.n_speculated = 0  # steps launched before the displacement test
         self.n_discarded = 0  # speculative steps thrown away because the list was rebuilt (or took a new cell)
@@ -369,6 +370,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         stress: bool = False,
         to_host: bool = False,
         as_numpy: bool = False,
+        while_running: Callable[[], object] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Run one batch. Returns tensors on the engine's device (on the CPU with ``to_host``, in one copy
         on the padded path):
@@ -380,7 +382,27 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         ``as_numpy`` (implies ``to_host``): NumPy arrays in the engine's dtype instead of CPU tensors; the
         padded path unpacks its one host copy in NumPy (views of it, as the tensors were), a few µs less per
         call than torch slicing (the calculator's MD step).
+
+        ``while_running``: host work of the caller's that does not touch the batch, called once before this call
+        returns (not when it raises): right after the step is launched where the device computes ahead of the host
+        (the padded Verlet path's speculative launch), else when the results are ready.
         """
+        self._while_running = while_running
+        try:
+            out = self._compute(batch, forces, stress, to_host, as_numpy)
+        finally:
+            pending, self._while_running = self._while_running, None
+        if pending is not None:
+            pending()
+        return out
+
+    def _overlap(self) -> None:
+        """Run the caller's ``while_running`` work now (once; see :meth:`compute`)."""
+        pending, self._while_running = self._while_running, None
+        if pending is not None:
+            pending()
+
+    def _compute(self, batch: AtomsBatch, forces: bool, stress: bool, to_host: bool, as_numpy: bool) -> dict:
         to_host = to_host or as_numpy
         self._check_species(batch.numbers)
         # A system the eager path sorts spatially runs there every step: its Verlet list must see one atom order

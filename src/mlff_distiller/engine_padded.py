@@ -369,6 +369,7 @@ class PaddedPaths:
                 self._write_positions(fill, batch.positions, to_host)
                 packed = self._run(fill.bucket, fill.graph, stress)
                 self.n_speculated += 1
+                self._overlap()  # the caller's host work, while the device computes
         # The list's topology: a kept list's shift vectors under a new cell are made below, on the device.
         nl, rebuilt = self._verlet_list(batch, filtered=False, shift_vectors=False)
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
