@@ -503,6 +503,17 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_rules2.log" | tail -40
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_rules2.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y" >&2; exit 2 ;;
+  stop46e)
+    # The calculator's copy of the atoms made while the step runs: the MD-path CUDA tests, the ASE MD step with the
+    # copy during the step and before the launch, two rounds in one run.
+    timeout 150 python3 -m pytest -q -m gpu tests/test_calculator.py tests/test_engine_verlet.py \
+      tests/test_engine_npt.py tests/test_engine_modes.py -k "not compile and not autotune" \
+      >"$OUT/pytest_store46e.log" 2>&1
+    tail -1 "$OUT/pytest_store46e.log"
+    timeout 150 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200_e --steps 1000 \
+      >"$OUT/probe_md_step_e.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200_e.md" | head -12
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
