@@ -133,7 +133,7 @@ class BucketLadder:
     fine_atoms: int = 2048
     fine_edges: int = 65536
     align: int = 8
-    # The engine's default ladder on the Triton GEMMs (CUDA) adds a 32-atom rung (ForceEngine.SMALL_ATOMS_RUNG).
+    # The engine's default ladder on the Triton GEMMs (CUDA) adds a 32-atom rung (engine.SMALL_ATOMS_RUNG).
     small_atoms: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:

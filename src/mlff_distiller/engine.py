@@ -390,10 +390,10 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self._while_running = while_running
         try:
             out = self._compute(batch, forces, stress, to_host, as_numpy)
-        finally:
-            pending, self._while_running = self._while_running, None
-        if pending is not None:
-            pending()
+        except BaseException:
+            self._while_running = None
+            raise
+        self._overlap()  # unless the padded Verlet path ran it already
         return out
 
     def _overlap(self) -> None:
