@@ -273,10 +273,11 @@ class StudentCalculator(Calculator):
         # as_numpy: one device-to-host copy of all outputs on the padded path, unpacked as NumPy views. The private
         # copy of the atoms (ASE's self.atoms = atoms.copy()) is made while the device computes: the engine calls
         # _store_atoms right after it launched the step (host work off an MD step's critical path).
+        store = None
         if self.store_while_running:
             store = functools.partial(self._store_atoms, atoms, properties, system_changes)
         else:
-            store = self._store_atoms(atoms, properties, system_changes)  # (returns None: nothing to run later)
+            self._store_atoms(atoms, properties, system_changes)
         out = self.engine.compute(batch, forces=True, stress=want_stress, as_numpy=True, while_running=store)
         energy = float(out["energy"][0])
         forces = out["forces"]
