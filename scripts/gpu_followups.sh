@@ -514,6 +514,13 @@ case "${1:-}" in
       >"$OUT/probe_md_step_e.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200_e.md" | head -12
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e" >&2; exit 2 ;;
+  stop46f)
+    # A cluster-pair edge backward (benchmarks/probe_cluster_edge.py; a probe) against the shipped edge kernel at
+    # 3,000 and 24,000 water atoms, five tilings, with their deviation from the shipped rows.
+    timeout 280 python3 benchmarks/probe_cluster_edge.py --out "$OUT" --name probe_cluster_edge_h200 \
+      >"$OUT/probe_cluster_edge.log" 2>&1
+    grep -E "^\| " "$OUT/probe_cluster_edge_h200.md" | head -14 || tail -20 "$OUT/probe_cluster_edge.log"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
