@@ -527,6 +527,12 @@ case "${1:-}" in
       --tiles 8x8x16x4,4x8x16x4,4x16x16x4,16x8x16x4,8x8x32x4,8x16x16x2 >"$OUT/probe_cluster_edge_small.log" 2>&1
     grep -E "^\| " "$OUT/probe_cluster_edge_h200_small.md" | head -16 || tail -20 "$OUT/probe_cluster_edge_small.log"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g" >&2; exit 2 ;;
+  stop46h)
+    # The ASE MD step on the final tree, with ASE's integrator alone (a bare object, no Calculator base class).
+    timeout 150 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200_h --steps 1000 \
+      >"$OUT/probe_md_step_h.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200_h.md" | head -8
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
