@@ -383,9 +383,9 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         padded path unpacks its one host copy in NumPy (views of it, as the tensors were), a few µs less per
         call than torch slicing (the calculator's MD step).
 
-        ``while_running``: host work of the caller's that does not touch the batch, called once before this call
-        returns (not when it raises): right after the step is launched where the device computes ahead of the host
-        (the padded Verlet path's speculative launch), else when the results are ready.
+        ``while_running``: host work of the caller's that does not touch the batch, called at most once: right
+        after the step is launched where the device computes ahead of the host (the padded Verlet path's
+        speculative launch), else when the results are ready. A call that raises before that point never runs it.
         """
         self._while_running = while_running
         try:
