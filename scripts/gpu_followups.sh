@@ -533,6 +533,12 @@ case "${1:-}" in
       >"$OUT/probe_md_step_h.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200_h.md" | head -8
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h" >&2; exit 2 ;;
+  stop47)
+    # Where the large step's peak memory goes (probe_memory_peak.py: the allocator's history over one warm call).
+    timeout 400 python3 benchmarks/probe_memory_peak.py --atoms 24000,100008,1000002 --out "$OUT" \
+      --name probe_memory_peak_h200 >"$OUT/probe_memory_peak.log" 2>&1
+    grep -E "^(## |peak|[|] .site|[|] .[a-z(])" "$OUT/probe_memory_peak_h200.md" | head -60
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -500,3 +500,32 @@ def test_cluster_edge_probe_kernel_equals_the_reference_backward():
         torch.testing.assert_close(g_unit, ref[4], rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="twice"):
         probe_cluster_edge.cluster_pairs(torch.tensor([[0, 0], [1, 1]]), 2, 2, 2)
+
+
+def test_memory_peak_replay_and_sites():
+    """probe_memory_peak.py: the trace replay finds the peak and the blocks live at it (a block freed before the
+    peak is not counted; one freed after is), and attributes each block to the innermost frame in our code."""
+    import probe_memory_peak as pm
+
+    ours = {"filename": "/x/src/mlff_distiller/engine.py", "line": 7, "name": "compute"}
+    kern = {"filename": "/x/kernels/message_passing.py", "line": 3, "name": "bwd"}
+    torch_fr = {"filename": "/usr/lib/torch/autograd/__init__.py", "line": 1, "name": "grad"}
+    events = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": [torch_fr, ours]},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": [kern, ours]},
+        {"action": "free_requested", "addr": 1, "size": 100},
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "alloc", "addr": 3, "size": 120, "frames": [kern, ours]},  # peak: 2 + 3 = 170
+        {"action": "free_completed", "addr": 3, "size": 120},
+        {"action": "alloc", "addr": 4, "size": 60, "frames": [torch_fr]},
+    ]
+    peak, blocks = pm.peak_of_trace(events)
+    assert peak == 170 and sorted(b["addr"] for b in blocks) == [2, 3]
+    sites = pm.by_site(blocks)
+    assert sites == [("kernels/message_passing.py:3 bwd", 170, 2, 120)]
+    assert pm.site_of([torch_fr, ours]) == "engine.py:7 compute"
+    assert pm.site_of([torch_fr]) == "(outside our code)"
+    # free_requested stands in only for a trace without any free_completed
+    peak2, _ = pm.peak_of_trace([*[e for e in events if e["action"] != "free_completed"][:3], events[4]])
+    assert peak2 == 170
+    assert pm.main(["--atoms", "24"]) == 0  # without CUDA: one line, no error
