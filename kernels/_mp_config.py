@@ -99,6 +99,12 @@ _CONFIG = {
     "bwd_edge_split": "auto",
     "edge_split_programs_per_sm": 4,
     "edge_split_feat": 64,
+    # The split edge kernel's slice 0 writes straight into ∂rbf / ∂u (stop 47): the partial buffer holds
+    # split - 1 planes; False: all split planes, summed into fresh outputs (the probes time both).
+    "edge_split_out0": True,
+    # The backward runs the edge kernel before the sender kernel (stop 47), so that the edge kernel's transients
+    # and the sender kernel's outputs g_x, g_v are never live together; False: the sender kernel first.
+    "edge_grads_first": True,
     "bwd_filter_block_e": 32,
     "bwd_filter_block_f": 128,
     "bwd_filter_warps": 4,

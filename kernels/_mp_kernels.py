@@ -551,6 +551,8 @@ if HAS_TRITON:
         ei_ptr,
         grbf_ptr,
         gunit_ptr,
+        out_rbf_ptr,
+        out_unit_ptr,
         live_ptr,
         E,
         ei_stride,
@@ -565,10 +567,13 @@ if HAS_TRITON:
         HAS_V: tl.constexpr,
         PDL: tl.constexpr,
         FOLD: tl.constexpr = False,
+        OUT0: tl.constexpr = False,
     ):
         pdl_prologue(PDL)
         # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
-        # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials.
+        # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials. OUT0: slice 0 writes
+        # its rows to out_rbf_ptr / out_unit_ptr (the outputs) and slice s > 0 to plane s - 1 of the partials, so
+        # that the partial buffer holds SPLIT - 1 planes (one [E, N_RBF] plane less at the backward's peak).
         # LIVE: only edges before *live_ptr (row_ptr[N]: the edges some receiver owns) are computed; the rows of
         # the others (inert padding past the CSR) are written as zeros, and a tile with none live skips the work.
         e0 = tl.program_id(0).to(tl.int64) * BLOCK_E
@@ -586,8 +591,16 @@ if HAS_TRITON:
         gu_0 = tl.zeros((BLOCK_E,), dtype=dt)
         gu_1 = tl.zeros((BLOCK_E,), dtype=dt)
         gu_2 = tl.zeros((BLOCK_E,), dtype=dt)
-        grbf_ptr += part * E * N_RBF
-        gunit_ptr += part * E * 3
+        if OUT0:
+            if part == 0:
+                grbf_ptr = out_rbf_ptr
+                gunit_ptr = out_unit_ptr
+            else:
+                grbf_ptr += (part - 1) * E * N_RBF
+                gunit_ptr += (part - 1) * E * 3
+        else:
+            grbf_ptr += part * E * N_RBF
+            gunit_ptr += part * E * 3
         if e0 < n_live:
             g_rbf, gu_0, gu_1, gu_2 = _edge_tile_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,

@@ -414,6 +414,17 @@ if HAS_TRITON:
             gv_add = gv_add.to(dt).contiguous()
             if not need[0] or n == 0 or f == 0:
                 g_v = gv_add
+
+        def edge_grads():
+            if f == 0:
+                return torch.zeros_like(rbf), torch.zeros_like(unit)
+            return _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
+
+        # The edge kernel first (edge_grads_first): its transients (the split's partial rows, the folded p) are
+        # gone before g_x and g_v are made, so they never share the backward's peak (probe_memory_peak.py).
+        edge_first = need[1] and e > 0 and _CONFIG["edge_grads_first"]
+        if edge_first:
+            g_rbf, g_unit = edge_grads()
         if need[0]:
             g_x = torch.empty_like(x)
             if n > 0 and f > 0:
@@ -435,11 +446,8 @@ if HAS_TRITON:
                         g_v if gv_add is None else gv_add, num_warps=warps, ADD_GV=gv_add is not None, **c,
                         **pdl_args(x),
                     )  # fmt: skip
-        if need[1] and e > 0:
-            if f == 0:
-                g_rbf, g_unit = torch.zeros_like(rbf), torch.zeros_like(unit)
-            else:
-                g_rbf, g_unit = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
+        if need[1] and e > 0 and not edge_first:
+            g_rbf, g_unit = edge_grads()
         if need[2]:
             g_w = torch.zeros_like(w)
             if e > 0 and f > 0:
@@ -474,9 +482,15 @@ if HAS_TRITON:
             g_rbf.add_(rows[0])
             g_unit.add_(rows[1])
             return g_rbf, g_unit
-        if split > 1:  # partial rows per feature slice, summed below (deterministic, no atomics)
-            part_rbf = torch.empty((split, *rbf.shape), dtype=rbf.dtype, device=x.device)
-            part_unit = torch.empty((split, *unit.shape), dtype=unit.dtype, device=x.device)
+        # Partial rows per feature slice, summed below (deterministic, no atomics). Writing afresh, slice 0 writes
+        # straight into the outputs (OUT0) and the partials hold the other slices only: one [E, R] and one [E, 3]
+        # plane less at the peak of a large backward (80 + 12 B per edge; probe_memory_peak.py). Adding into
+        # ``out`` (accumulate), every slice goes to the partials and the sum kernel adds them to what out holds.
+        out0 = split > 1 and not accumulate and _CONFIG["edge_split_out0"]
+        planes = split - 1 if out0 else split
+        if split > 1:
+            part_rbf = torch.empty((planes, *rbf.shape), dtype=rbf.dtype, device=x.device)
+            part_unit = torch.empty((planes, *unit.shape), dtype=unit.dtype, device=x.device)
         else:
             part_rbf, part_unit = g_rbf, g_unit
         live = row_ptr is not None
@@ -484,13 +498,13 @@ if HAS_TRITON:
         check_launchable(_mp_bwd_edge_kernel, x)
         launch(_mp_bwd_edge_kernel)[(tiles, split)](
             grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, part_rbf, part_unit,
-            row_ptr[n:] if live else part_unit, e, edge_index.stride(0), num_warps=warps, SPLIT=split, LIVE=live,
-            HAS_V=has_v, FOLD=fold, **c, **pdl_args(x),
+            g_rbf, g_unit, row_ptr[n:] if live else part_unit, e, edge_index.stride(0), num_warps=warps,
+            SPLIT=split, LIVE=live, HAS_V=has_v, FOLD=fold, OUT0=out0, **c, **pdl_args(x),
         )  # fmt: skip
         if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
             launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
-                part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=split, BLOCK_E=128,
-                ACC=accumulate, **pdl_args(x),
+                part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=planes, BLOCK_E=128,
+                ACC=accumulate or out0, **pdl_args(x),
             )  # fmt: skip
         return g_rbf, g_unit
 

@@ -539,6 +539,25 @@ case "${1:-}" in
       --name probe_memory_peak_h200 >"$OUT/probe_memory_peak.log" 2>&1
     grep -E "^(## |peak|[|] .site|[|] .[a-z(])" "$OUT/probe_memory_peak_h200.md" | head -60
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47" >&2; exit 2 ;;
+  stop47b)
+    # The split edge kernel's slice 0 into the outputs and the edge kernel before the sender kernel: the peak
+    # again, each change's speed against the old code on five systems, and the largest boxes.
+    timeout 150 python3 benchmarks/probe_memory_peak.py --atoms 24000,100008,1000002 --out "$OUT" \
+      --name probe_memory_peak_h200_b >"$OUT/probe_memory_peak_b.log" 2>&1
+    grep -E "^(## |peak)" "$OUT/probe_memory_peak_h200_b.md"
+    V="mp:edge_split_out0=0;mp:edge_grads_first=0;mp:edge_split_out0=0,edge_grads_first=0"
+    timeout 170 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 150 --out "$OUT" \
+      --systems water3000,g2x4096,water192,benzene --variants "$V" >"$OUT/sweep_mem.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_mem.log" | tail -14
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_mem.md"
+    timeout 110 python3 benchmarks/probe_ncu.py --mode sweep --step-mode eager --budget-s 95 --out "$OUT" \
+      --systems water24000 --variants "$V" >"$OUT/sweep_mem24k.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_mem24k.log" | tail -5
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_mem24k.md"
+    timeout 120 python3 benchmarks/bench_large.py --out "$OUT/large_grow" --budget-s 110 --sections grow \
+      --grow-sizes 1000002 2000001 >"$OUT/bench_large_grow.log" 2>&1
+    grep -E "^[{]" "$OUT/bench_large_grow.log" | head -4
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -715,3 +715,77 @@ def test_edge_grads_accumulate_into_given_rows(triton_device, split, monkeypatch
     torch.testing.assert_close(summed[1], old[1] + fresh[1], rtol=0, atol=1e-12)
     assert torch.equal(written[0], fresh[0]) and torch.equal(written[1], fresh[1])
     assert float(fresh[0].abs().max()) > 1e-3
+
+
+class _Allocs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records ``(op name, shape)`` of every ``empty`` / ``empty_like`` run under it, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in ("empty", "empty_like") and isinstance(out, torch.Tensor):
+            self.seen.append((name, tuple(out.shape)))
+        return out
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_edge_split_slice0_writes_the_outputs(triton_device, split, monkeypatch):
+    """edge_split_out0: the split edge kernel's slice 0 writes ∂rbf / ∂u itself, so its partial buffers hold
+    split - 1 planes, not split (the backward's peak memory); the rows equal those of the all-partials path
+    (bitwise for two slices, whose sum is the same one addition) and the float64 reference."""
+    if triton_device.type == "cpu":
+        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
+    n, e, f, r = 40, 300, 64, 20
+    x, v, rbf, w, unit, ei = _graph(n, e, f, r, torch.float64, triton_device, seed=71)
+    gen = torch.Generator().manual_seed(72)
+    gs = torch.randn(n, f, generator=gen, dtype=torch.float64).to(triton_device)
+    gv = torch.randn(n, 3, f, generator=gen, dtype=torch.float64).to(triton_device)
+    row_ptr = mp_module._offsets(ei[0].contiguous(), n)
+    args = (gs, gv, x, v, rbf, w, unit, ei, row_ptr, True, mp_module._bare)
+    rows, shapes = {}, {}
+    for out0 in (True, False):
+        with mp_module._configured(bwd_edge_split=split, bwd_sender_variant="atom", edge_split_out0=out0):
+            with _Allocs() as allocs:
+                rows[out0] = mp_module._edge_grads(*args)
+        shapes[out0] = [s for _, s in allocs.seen]
+    assert (split - 1, e, r) in shapes[True] and (split, e, r) not in shapes[True]
+    assert (split - 1, e, 3) in shapes[True] and (split, e, 3) not in shapes[True]
+    assert (split, e, r) in shapes[False]
+    if split == 2:
+        assert torch.equal(rows[True][0], rows[False][0]) and torch.equal(rows[True][1], rows[False][1])
+    torch.testing.assert_close(rows[True][0], rows[False][0], rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(rows[True][1], rows[False][1], rtol=1e-13, atol=1e-13)
+    ref = message_passing_backward_reference(gs, gv, x, v, rbf, w, unit, ei)
+    torch.testing.assert_close(rows[True][0], ref[2], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(rows[True][1], ref[4], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_backward_runs_the_edge_kernel_before_the_sender_kernel(triton_device, first, monkeypatch):
+    """edge_grads_first: the backward makes the edge kernel's partial rows before the sender kernel's g_x (so the
+    two kernels' buffers never share the peak), and the five gradients do not depend on the order."""
+    if triton_device.type == "cpu":
+        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)
+    n, e, f, r = 40, 300, 64, 20
+    x, v, rbf, w, unit, ei = _graph(n, e, f, r, torch.float64, triton_device, seed=73)
+    ins = [t.clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
+    gen = torch.Generator().manual_seed(74)
+    gs = torch.randn(n, f, generator=gen, dtype=torch.float64).to(triton_device)
+    gv = torch.randn(n, 3, f, generator=gen, dtype=torch.float64).to(triton_device)
+    grads = {}
+    for order in (first, not first):
+        cfg = dict(bwd_edge_split=2, bwd_sender_variant="atom", edge_grads_first=order)
+        with mp_module._configured(**cfg):
+            ds, dv = _triton(*ins, ei)
+            with _Allocs() as allocs:
+                grads[order] = torch.autograd.grad((ds, dv), ins, (gs, gv))
+        seen = allocs.seen
+        part = seen.index(("empty", (1, e, r)))
+        g_x = seen.index(("empty_like", (n, 3 * f)))
+        assert (part < g_x) == order, seen
+    for a, b in zip(grads[True], grads[False], strict=True):
+        assert torch.equal(a, b)
