@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (closures are called inside the loop iteration that made them)
 """Probe (GPU): a two-layer MLP in one kernel against the two Triton GEMMs the student runs now, at small M.
 
 A benzene step launches 72 kernels, 30 of them GEMMs of 32 rows (~2.6-4.5 µs each in a CUDA-graph replay with
@@ -50,9 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("probe_fused_mlp: needs CUDA")
         return 0
-    from torch.nn import functional as nnf
-
     from mlff_distiller.kernels.linear import gemm, mlp_fused_backward, mlp_fused_forward
+    from torch.nn import functional as nnf
 
     dev = torch.device("cuda")
     lines = [

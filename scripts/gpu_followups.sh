@@ -558,6 +558,15 @@ case "${1:-}" in
       --grow-sizes 1000002 2000001 >"$OUT/bench_large_grow.log" 2>&1
     grep -E "^[{]" "$OUT/bench_large_grow.log" | head -4
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b" >&2; exit 2 ;;
+  stop47c)
+    # The new kernels' CUDA tests (the fused MLP, the edge kernel's slice 0 and order), then the fused MLP's timing.
+    timeout 200 python3 -m pytest -q tests/kernels/test_linear.py tests/kernels/test_message_passing.py \
+      -k "fused or slice0 or edge_kernel_before or split or accumulate" >"$OUT/pytest_47c.log" 2>&1
+    tail -1 "$OUT/pytest_47c.log"
+    timeout 300 python3 benchmarks/probe_fused_mlp.py --out "$OUT" --name probe_fused_mlp_h200 \
+      >"$OUT/probe_fused_mlp.log" 2>&1
+    grep -E "^[|] (phi|update)" "$OUT/probe_fused_mlp_h200.md" | cut -c1-140
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
