@@ -75,9 +75,6 @@ _CONFIG = {
     "large_maxnreg": None,  # register cap per thread of the large-M launches (None: the compiler's choice)
     # tf32x3 with W split once (_frozen.tf32_parts) for launches of at least this many rows; None: Triton's own split.
     "w_split_min_rows": 2049,
-    # The fused two-layer MLP kernels (mlp_fused_forward / _backward): (BM, BH, BN) tiles on the GPU.
-    "mlp_tiles": (16, 64, 128),
-    "mlp_bwd_tiles": (16, 64, 128),
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -338,75 +335,6 @@ def gemm(
     return out, pre
 
 
-def mlp_fused_forward(
-    x: Tensor,
-    w1: Tensor,
-    b1: Tensor,
-    w2: Tensor,
-    b2: Tensor,
-    *,
-    store_pre: bool = True,
-    dot: str | None = None,
-    tiles: tuple[int, int, int] | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """``W2 SiLU(W1 x + b1) + b2`` (x ``[M, K]``) in one kernel (``_mlp_fwd_kernel``); returns ``(out, pre)``,
-    pre the hidden pre-activation ``[M, H]`` when ``store_pre`` (else None). ``tiles`` = (BM, BH, BN). For small M
-    (one molecule): the two GEMMs' launches and the hidden layer's round trip through memory become one kernel."""
-    m, k = x.shape
-    h, n2 = w1.shape[0], w2.shape[0]
-    dot = dot or resolved_dot(x)
-    if dot not in ("tf32x3", "tf32", "ieee"):
-        raise ValueError(f"mlp_fused_forward: dot {dot!r} is not one of tf32x3, tf32, ieee")
-    x, w1, b1, w2, b2 = (t.contiguous() for t in (x, w1, b1, w2, b2))
-    out = x.new_empty((m, n2))
-    pre = x.new_empty((m, h)) if store_pre else None
-    if m == 0:
-        return out, pre
-    check_launchable(_mlp_fwd_kernel, x)
-    bm, bh, bn = tiles or (_CONFIG["mlp_tiles"] if x.is_cuda else (16, 64, 64))
-    bk = min(triton.next_power_of_2(k), 128)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n2, bn))
-    _mlp_fwd_kernel[grid](
-        x, w1, b1, w2, b2, out, pre if pre is not None else out, m, K=k, H=h, N2=n2, BM=bm, BK=bk, BH=bh, BN=bn,
-        DOT=dot, STORE_PRE=store_pre, num_warps=4, **pdl_args(x),
-    )  # fmt: skip
-    return out, pre
-
-
-def mlp_fused_backward(
-    g: Tensor,
-    w2: Tensor,
-    pre: Tensor,
-    w1: Tensor,
-    *,
-    addend: Tensor | None = None,
-    dot: str | None = None,
-    tiles: tuple[int, int, int] | None = None,
-) -> Tensor:
-    """∂x of :func:`mlp_fused_forward` for the output gradient ``g [M, N2]``: ``(SiLU'(pre) ⊙ (g W2)) W1`` (+
-    ``addend [M, K]``) in one kernel (``_mlp_bwd_kernel``). ``tiles`` = (BM, BH, BN)."""
-    m, n2 = g.shape
-    h, k = w1.shape
-    dot = dot or resolved_dot(g)
-    if dot not in ("tf32x3", "tf32", "ieee"):
-        raise ValueError(f"mlp_fused_backward: dot {dot!r} is not one of tf32x3, tf32, ieee")
-    g, w2, pre, w1 = (t.contiguous() for t in (g, w2, pre, w1))
-    out = g.new_empty((m, k))
-    if m == 0:
-        return out
-    check_launchable(_mlp_bwd_kernel, g)
-    bm, bh, bn = tiles or (_CONFIG["mlp_bwd_tiles"] if g.is_cuda else (16, 64, 64))
-    bn2 = min(triton.next_power_of_2(n2), 128)
-    if addend is not None:
-        addend = addend.contiguous()
-    grid = (triton.cdiv(m, bm), triton.cdiv(k, bn))
-    _mlp_bwd_kernel[grid](
-        g, w2, pre, w1, addend if addend is not None else out, out, m, K=k, H=h, N2=n2, BM=bm, BN2=bn2, BH=bh,
-        BN=bn, DOT=dot, ADD=addend is not None, num_warps=4, **pdl_args(g),
-    )  # fmt: skip
-    return out
-
-
 def resolved_dot(ref: Tensor) -> str:
     """The ``dot`` that :func:`gemm` would take for ``ref`` now (for an autograd Function to keep for its
     backward, which may run after the engine's precision block or on autograd's thread)."""
@@ -525,80 +453,6 @@ if HAS_TRITON:
         if SEGSUM:
             tl.atomic_add(e_ptr + seg[:, None] * n + cols[None, :], acc, mask=cmask, sem="relaxed")
         tl.store(cptr, acc, mask=cmask)
-
-    @triton.jit(do_not_specialize=["m"])
-    def _mlp_fwd_kernel(
-        x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, out_ptr, pre_ptr, m,
-        K: tl.constexpr, H: tl.constexpr, N2: tl.constexpr,
-        BM: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr,
-        STORE_PRE: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """One [BM, BN] tile of ``W2 SiLU(W1 x + b1) + b2`` (W1 ``[H, K]``, W2 ``[N2, H]``, nn.Linear layout): the
-        hidden layer walked in BH-column blocks, each made from the x rows and at once multiplied into the output
-        tile, so that h never leaves registers. Each program of a row tile recomputes the whole hidden layer; the
-        first (column tile 0) stores its pre-activation (STORE_PRE, for the backward)."""
-        pdl_prologue(PDL)
-        rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-        rmask = rows < m
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        cmask = cols < N2
-        dt = tl.float32 if w1_ptr.dtype.element_ty == tl.float32 else tl.float64
-        acc = tl.zeros((BM, BN), dtype=dt)
-        for h0 in tl.static_range(0, H, BH):
-            hh = h0 + tl.arange(0, BH)
-            hmask = hh < H
-            hacc = tl.zeros((BM, BH), dtype=dt)
-            for k0 in tl.static_range(0, K, BK):
-                kk = k0 + tl.arange(0, BK)
-                kmask = kk < K
-                a = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
-                b = tl.load(w1_ptr + hh[None, :] * K + kk[:, None], mask=kmask[:, None] & hmask[None, :], other=0.0)
-                hacc += dot_rn(a, b, DOT)
-            hacc += tl.load(b1_ptr + hh, mask=hmask, other=0.0)[None, :]
-            if STORE_PRE:
-                if tl.program_id(1) == 0:
-                    tl.store(pre_ptr + rows[:, None] * H + hh[None, :], hacc, mask=rmask[:, None] & hmask[None, :])
-            h = hacc * _sigmoid(hacc)
-            w2t = tl.load(w2_ptr + cols[None, :] * H + hh[:, None], mask=hmask[:, None] & cmask[None, :], other=0.0)
-            acc += dot_rn(h, w2t, DOT)
-        acc += tl.load(b2_ptr + cols, mask=cmask, other=0.0)[None, :]
-        tl.store(out_ptr + rows[:, None] * N2 + cols[None, :], acc, mask=rmask[:, None] & cmask[None, :])
-
-    @triton.jit(do_not_specialize=["m"])
-    def _mlp_bwd_kernel(
-        g_ptr, w2_ptr, pre_ptr, w1_ptr, add_ptr, out_ptr, m,
-        K: tl.constexpr, H: tl.constexpr, N2: tl.constexpr,
-        BM: tl.constexpr, BN2: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr,
-        ADD: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """One [BM, BN] tile of ∂x = (SiLU'(pre) ⊙ (g W2)) W1 (+ addend with ADD) for the MLP above: the hidden
-        gradient walked in BH-column blocks, each multiplied into the output tile at once."""
-        pdl_prologue(PDL)
-        rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-        rmask = rows < m
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        cmask = cols < K
-        dt = tl.float32 if w1_ptr.dtype.element_ty == tl.float32 else tl.float64
-        acc = tl.zeros((BM, BN), dtype=dt)
-        for h0 in tl.static_range(0, H, BH):
-            hh = h0 + tl.arange(0, BH)
-            hmask = hh < H
-            gh = tl.zeros((BM, BH), dtype=dt)
-            for n0 in tl.static_range(0, N2, BN2):
-                nn = n0 + tl.arange(0, BN2)
-                nmask = nn < N2
-                a = tl.load(g_ptr + rows[:, None] * N2 + nn[None, :], mask=rmask[:, None] & nmask[None, :], other=0.0)
-                b = tl.load(w2_ptr + nn[:, None] * H + hh[None, :], mask=nmask[:, None] & hmask[None, :], other=0.0)
-                gh += dot_rn(a, b, DOT)
-            p = tl.load(pre_ptr + rows[:, None] * H + hh[None, :], mask=rmask[:, None] & hmask[None, :], other=0.0)
-            sg = _sigmoid(p)
-            gh = gh * (sg * (1.0 + p * (1.0 - sg)))
-            w1b = tl.load(w1_ptr + hh[:, None] * K + cols[None, :], mask=hmask[:, None] & cmask[None, :], other=0.0)
-            acc += dot_rn(gh, w1b, DOT)
-        omask = rmask[:, None] & cmask[None, :]
-        if ADD:
-            acc += tl.load(add_ptr + rows[:, None] * K + cols[None, :], mask=omask, other=0.0)
-        tl.store(out_ptr + rows[:, None] * K + cols[None, :], acc, mask=omask)
 
     class _MLP(torch.autograd.Function):
         """``W2 SiLU(W1 x + b1) + b2`` for frozen weights: gradient wrt x only, first order (2 kernels each way).

@@ -366,39 +366,3 @@ def test_gemm_w_split_made_once(triton_device, monkeypatch):
     monkeypatch.setitem(lin._CONFIG, "w_split_min_rows", 41)  # below the threshold: Triton's own split
     gemm(a, w, dot="tf32x3")
     assert len(made) == 2
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(
-    "m, k, h, n2, tiles",
-    [(0, 128, 128, 384, None), (1, 128, 128, 384, None), (37, 256, 128, 384, None), (12, 20, 24, 60, None),
-     (33, 128, 128, 384, (16, 32, 64)), (70, 64, 128, 128, (32, 128, 32))],
-)  # fmt: skip
-def test_mlp_fused_kernels_match_reference(triton_device, poison, dtype, m, k, h, n2, tiles):
-    """The one-kernel MLP forward (output and pre-activation) and its backward (∂x, with and without an addend)
-    against torch in float64: sizes that are not multiples of the tiles, several tilings, an empty batch."""
-    from mlff_distiller.kernels.linear import mlp_fused_backward, mlp_fused_forward
-
-    gen = torch.Generator().manual_seed(m + k + h + n2)
-    x = _rand(m, k, gen=gen, dtype=dtype, device=triton_device)
-    w1 = _rand(h, k, gen=gen, dtype=dtype, device=triton_device, scale=k**-0.5)
-    b1 = _rand(h, gen=gen, dtype=dtype, device=triton_device)
-    w2 = _rand(n2, h, gen=gen, dtype=dtype, device=triton_device, scale=h**-0.5)
-    b2 = _rand(n2, gen=gen, dtype=dtype, device=triton_device)
-    poison(4 * m * (h + n2) + 64, dtype, triton_device)
-    out, pre = mlp_fused_forward(x, w1, b1, w2, b2, tiles=tiles)
-    x64 = x.double().requires_grad_(True)
-    pre_ref = nnf.linear(x64, w1.double(), b1.double())
-    out_ref = nnf.linear(nnf.silu(pre_ref), w2.double(), b2.double())
-    assert out.shape == (m, n2) and pre.shape == (m, h)
-    if m == 0:
-        return
-    _close(out, out_ref.detach(), TOL[dtype], "fused MLP output")
-    _close(pre, pre_ref.detach(), TOL[dtype], "fused MLP pre-activation")
-    assert mlp_fused_forward(x, w1, b1, w2, b2, store_pre=False, tiles=tiles)[1] is None
-    g = _rand(m, n2, gen=gen, dtype=dtype, device=triton_device)
-    (g_ref,) = torch.autograd.grad(out_ref, x64, g.double())
-    _close(mlp_fused_backward(g, w2, pre, w1, tiles=tiles), g_ref, TOL[dtype], "fused MLP ∂x")
-    add = _rand(m, k, gen=gen, dtype=dtype, device=triton_device)
-    got = mlp_fused_backward(g, w2, pre, w1, addend=add, tiles=tiles)
-    _close(got, g_ref + add.double(), TOL[dtype], "fused MLP ∂x + addend")

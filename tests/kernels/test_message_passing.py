@@ -739,7 +739,8 @@ def test_edge_split_slice0_writes_the_outputs(triton_device, split, monkeypatch)
     (bitwise for two slices, whose sum is the same one addition) and the float64 reference."""
     if triton_device.type == "cpu":
         monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
-    n, e, f, r = 40, 300, 64, 20
+    # F = 128 on CUDA: four feature chunks of its tiles (32 features; float64 keeps them at 32), so 4 slices run.
+    n, e, f, r = 40, 300, 64 if triton_device.type == "cpu" else 128, 20
     x, v, rbf, w, unit, ei = _graph(n, e, f, r, torch.float64, triton_device, seed=71)
     gen = torch.Generator().manual_seed(72)
     gs = torch.randn(n, f, generator=gen, dtype=torch.float64).to(triton_device)
@@ -749,6 +750,8 @@ def test_edge_split_slice0_writes_the_outputs(triton_device, split, monkeypatch)
     rows, shapes = {}, {}
     for out0 in (True, False):
         with mp_module._configured(bwd_edge_split=split, bwd_sender_variant="atom", edge_split_out0=out0):
+            c, _, _ = mp_module._launch_config(x, "bwd_edge", f, r)
+            assert mp_module._edge_split(x, -(-e // c["BLOCK_E"]), f, c["BLOCK_F"]) == split
             with _Allocs() as allocs:
                 rows[out0] = mp_module._edge_grads(*args)
         shapes[out0] = [s for _, s in allocs.seen]
