@@ -8,7 +8,8 @@ Times, in one run on one benzene (the shipped student ``builtin:chno-gfn2``, fp3
 * ``ase's integrator alone``: the same with a bare object that returns stored forces (no Calculator base class);
 * ``md``: velocity Verlet through ``StudentCalculator`` (wall clock per step); then with the calculator's copy of
   the atoms made while the device computes (``store_while_running``, shipped since stop 46) and before the launch,
-  twice; then with the speculative launch
+  twice; with check_state's "no change" read from the stored copy's bytes (``snapshot_check``, stop 47) and by
+  the general comparison, twice; then with the speculative launch
   (``ForceEngine.speculative_verlet``: the step launched before the displacement test) off and on, twice;
 * ``md, no model``: the same with the engine's padded step replaced by a zero output buffer (host work, both copies
   and the Verlet test: everything but the GPU step; with zero forces the atoms fly ballistically and the list is
@@ -155,6 +156,12 @@ def main(argv: list[str] | None = None) -> None:
             label = f"md, atoms stored {'during the step' if during else 'before the launch'} (round {rnd})"
             rows.append((label, *_md_us(atoms, calc, args.steps)))
     StudentCalculator.store_while_running = True
+    for rnd in (1, 2):  # check_state's "no change" from the stored copy's bytes (shipped since stop 47) or not
+        for snap in (True, False):
+            StudentCalculator.snapshot_check = snap
+            label = f"md, unchanged atoms by {'the stored bytes' if snap else 'the general comparison'} (round {rnd})"
+            rows.append((label, *_md_us(atoms, calc, args.steps)))
+    StudentCalculator.snapshot_check = True
     eng = calc.engine
     for rnd in (1, 2):  # the speculative launch (the step before the displacement test) off and on, alternating
         for spec in (False, True):

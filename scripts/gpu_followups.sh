@@ -568,6 +568,16 @@ case "${1:-}" in
       >"$OUT/probe_fused_mlp.log" 2>&1
     grep -E "^[|] (phi|update)" "$OUT/probe_fused_mlp_h200.md" | cut -c1-140
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c" >&2; exit 2 ;;
+  stop47d)
+    # check_state's "no change" from the stored copy's bytes: the calculator and Verlet tests on the GPU, then the
+    # ASE MD step with it on and off (two rounds) beside the other rows of probe_md_step.
+    timeout 150 python3 -m pytest -q tests/test_calculator.py tests/test_engine_verlet.py -k "not compile" \
+      >"$OUT/pytest_md47d.log" 2>&1
+    tail -1 "$OUT/pytest_md47d.log"
+    timeout 200 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200_d --steps 1000 \
+      >"$OUT/probe_md_step_d.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200_d.md" | head -16
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -266,6 +266,61 @@ def test_check_state_matches_ase_compare_atoms(model):
     assert same_as_ase(atoms.copy()) == []
 
 
+def test_check_state_answers_unchanged_atoms_from_the_stored_bytes(model, monkeypatch):
+    """After a calculation, atoms holding exactly the stored copy's bytes get "no change" from the snapshot taken
+    with the copy (what ASE asks twice more per MD step), without the general comparison; any difference (a
+    position, the cell, pbc, numbers, an added array), a stored copy replaced by the caller or one holding NaN
+    goes the general way, whose answer is ASE's."""
+    from ase.calculators.calculator import compare_atoms
+
+    from mlff_distiller import calculator as calc_module
+
+    atoms = silicon_cell(rattle=0.05)
+    calc = StudentCalculator(model, device="cpu", precision="fp64")
+    atoms.calc = calc
+    atoms.get_forces()
+    general = []
+    real_close = calc_module._close
+    monkeypatch.setattr(calc_module, "_close", lambda *a, **k: general.append(1) or real_close(*a, **k))
+    assert calc.check_state(atoms) == [] and calc.check_state(atoms.copy()) == [] and not general
+    evals = calc._calculations
+    for _ in range(2):  # what ASE's MD loop asks after a step: the cached forces, no new calculation
+        atoms.get_forces(md=True)
+    assert calc._calculations == evals and not general
+    edits = [
+        lambda a: a.positions.__setitem__((0, 0), a.positions[0, 0] + 1e-9),
+        lambda a: a.positions.__setitem__((0, 0), a.positions[0, 0] + 1e-16 * abs(a.positions[0, 0])),
+        lambda a: a.set_cell(a.cell.array * 1.001),
+        lambda a: a.set_pbc([True, True, False]),
+        lambda a: a.set_atomic_numbers([1] * len(a)),
+        lambda a: a.set_initial_charges(np.full(len(a), 0.1)),
+        lambda a: a.set_momenta(np.ones((len(a), 3))),
+    ]
+    for edit in edits:
+        other = atoms.copy()
+        edit(other)
+        general.clear()
+        got = calc.check_state(other)
+        assert general, "a difference must go the general way"
+        assert sorted(got) == sorted(compare_atoms(calc.atoms, other, tol=1e-15))
+    # the stored copy replaced (ASE's reset, a caller's assignment): the snapshot no longer speaks for it
+    calc.atoms = calc.atoms.copy()
+    calc.atoms.positions[0, 0] += 1.0
+    general.clear()
+    assert calc.check_state(atoms) == ["positions"] and general
+    # contents with a NaN get no snapshot: equal bytes holding NaN are a change, as in ASE
+    nan = atoms.copy()
+    nan.positions[1, 1] = np.nan
+    assert calc_module._snapshot(nan, {}) is None
+    assert calc_module._snapshot(atoms, {})[0] is atoms
+    # the class switch off: the general comparison every time (the probes time the two)
+    calc.atoms.positions[0, 0] -= 1.0
+    atoms.get_forces()
+    monkeypatch.setattr(StudentCalculator, "snapshot_check", False)
+    general.clear()
+    assert calc.check_state(atoms) == [] and general
+
+
 def test_md_batch_positions_cast_and_checked_like_a_fresh_batch(model):
     """The MD batch (previous batch, new positions) holds what AtomsBatch.from_atoms would: the positions cast to
     the engine's dtype (float32: round to nearest), the same other tensors; non-finite positions fail as in a

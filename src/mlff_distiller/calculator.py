@@ -27,6 +27,7 @@ __all__ = ["StudentCalculator"]
 # The per-atom arrays that ASE's compare_atoms checks (all_changes less cell and pbc), sorted as it reports them.
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 _ARRAY_CHANGES = tuple(sorted(set(all_changes) - {"cell", "pbc"}))
+_SNAPSHOT_ORDER = ("positions", *(p for p in _ARRAY_CHANGES if p != "positions"))
 
 
 # Calculations after a stress request (answered from the cache or not) that still return the stress with the
@@ -77,6 +78,9 @@ class StudentCalculator(Calculator):
     # The private copy of the atoms made while the engine computes (its while_running); False: before the engine
     # call, as ASE's Calculator.calculate orders it (probes time the two).
     store_while_running: ClassVar[bool] = True
+    # check_state's "no change" from the stored copy's bytes (_snapshot, _holds); False: the general comparison
+    # every time (probes time the two).
+    snapshot_check: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -117,6 +121,9 @@ class StudentCalculator(Calculator):
         # The private copy of the atoms that ASE's Calculator.calculate made (self.atoms after a calculation), kept
         # here because get_property drops self.atoms when the system changed: see _store_atoms.
         self._own_atoms = None
+        # The stored copy's contents as bytes, taken with the copy (see _snapshot): check_state's answer "nothing
+        # changed" for atoms that still hold exactly these (ASE asks twice more per MD step after the calculation).
+        self._snap: tuple | None = None
         # check_state: name -> (dtype, bytes) of the last contents found free of NaN (see _close).
         self._nan_free: dict[str, tuple] = {}
         self._directory_made: str | None = None  # _store_atoms: the directory last made sure of
@@ -144,6 +151,9 @@ class StudentCalculator(Calculator):
         old = self.atoms
         if old is None:
             return super().check_state(atoms, tol)
+        snap = self._snap
+        if snap is not None and snap[0] is old and self.snapshot_check and _holds(atoms, snap):
+            return []  # byte for byte what the stored copy held (NaN-free): ASE's rule says no change
         ignored = self.ignored_changes
         memo = self._nan_free
         changes = []
@@ -212,6 +222,7 @@ class StudentCalculator(Calculator):
         on the development CPU). Constraints are deep-copied, as ``atoms.copy()`` does (ASE's ``FixCom`` or
         ``FixAtoms`` in MD: ~2 µs). Anything else (other changes, other arrays, shapes or dtypes, another Atoms
         class) takes ASE's own path."""
+        self._snap = None
         own = self._own_atoms
         if (
             atoms is not None
@@ -235,9 +246,11 @@ class StudentCalculator(Calculator):
                 if not os.path.isdir(self._directory):  # is ~2 µs; this calculator writes no files there)
                     os.makedirs(self._directory)
                 self._directory_made = self._directory
+            self._snap = _snapshot(own, self._nan_free)
             return
         super().calculate(atoms, properties, system_changes)
         self._own_atoms = self.atoms
+        self._snap = _snapshot(self.atoms, self._nan_free)
 
     def get_property(self, name, atoms=None, allow_calculation=True):
         if name != "stress":
@@ -319,6 +332,54 @@ class StudentCalculator(Calculator):
                 ),
                 stacklevel=4,
             )
+
+
+def _snapshot(own, nan_free: dict) -> tuple | None:
+    """``(own, array names, cell bytes, pbc bytes, ((name, dtype, shape, bytes), ...))`` of the calculator's stored
+    copy ``own``: its cell, pbc and each array ASE's ``compare_atoms`` looks at; None where a float holds NaN
+    (NaN is never close to itself, so such contents never compare as unchanged). ``nan_free``: check_state's memo
+    (name -> (dtype, bytes) last found free of NaN), which spares the NaN test of contents seen before (the cell
+    of an MD run; ~4 µs each). Only this calculator writes ``own`` (ASE hands out copies of it), so the bytes stay
+    what ``own`` holds until the next ``_store_atoms``, which runs while the device computes the step."""
+    arrays = own.arrays
+    rows = []
+    for name in _SNAPSHOT_ORDER:
+        a = arrays.get(name)
+        if a is not None:
+            raw = a.tobytes()
+            if a.dtype.kind in "fc" and not _free_of_nan(a, raw, nan_free, name):
+                return None
+            rows.append((name, a.dtype, a.shape, raw))
+    cell = own.cell.array
+    raw = cell.tobytes()
+    if not _free_of_nan(cell, raw, nan_free, "cell"):
+        return None
+    return own, tuple(arrays), raw, own.pbc.tobytes(), tuple(rows)
+
+
+def _free_of_nan(a, raw: bytes, memo: dict, key: str) -> bool:
+    """Whether float ``a`` (bytes ``raw``) holds no NaN: known from ``memo[key]``, else tested and remembered."""
+    seen = memo.get(key)
+    if seen is not None and seen[0] == a.dtype and seen[1] == raw:
+        return True
+    if np.isnan(a).any():
+        return False
+    memo[key] = (a.dtype, raw)
+    return True
+
+
+def _holds(atoms, snap: tuple) -> bool:
+    """Whether ``atoms`` holds exactly ``snap``'s contents (:func:`_snapshot`): the same array names, and the same
+    dtype, shape and bytes of the cell, pbc and each compared array. ~1.2 µs for benzene on the development CPU,
+    against ~4 µs for the general comparison; any difference returns False (the general path decides)."""
+    arrays = atoms.arrays
+    if tuple(arrays) != snap[1]:
+        return False
+    for name, dtype, shape, raw in snap[4]:  # the positions first: what an MD step's first request finds moved
+        a = arrays[name]
+        if a.dtype != dtype or a.shape != shape or a.tobytes() != raw:
+            return False
+    return atoms.cell.array.tobytes() == snap[2] and atoms.pbc.tobytes() == snap[3]
 
 
 def _array(x):
