@@ -133,7 +133,8 @@ def variants(spec: str = DEFAULT_VARIANTS):
     ``ladder:key=value`` (the engine's default ``BucketLadder``, e.g. ``ladder:growth=1.125``) or
     ``model:species_table=0`` (``StudentModel``'s class switches: the first layer's φ from the MLP on every atom)
     or ``model:v_residual_alias=0`` (v itself, not the message block's alias, into the update: one add kernel
-    per layer after the first) or ``moments:key=value`` (``species_moments._CONFIG``, e.g.
+    per layer after the first) or ``model:species_inputs_fused=0`` (the species index, embedding, v = 0 and first
+    φ rows as four torch launches, not kernels.species_inputs) or ``moments:key=value`` (``species_moments._CONFIG``, e.g.
     ``moments:model_min_edges=1000000000``: the first
     layer on the message kernel) or ``seed:old=1`` (the padded step's vector-Jacobian product through
     ``engine_padded._Seeded``, as before stop 45)."""
@@ -154,7 +155,7 @@ def variants(spec: str = DEFAULT_VARIANTS):
             unknown = set(changes) - set(moments._CONFIG)
             ctx = lambda c=changes: patched_config(moments._CONFIG, **c)  # noqa: E731
         elif where == "model":
-            unknown = set(changes) - {"species_table", "v_residual_alias"}
+            unknown = set(changes) - {"species_table", "v_residual_alias", "species_inputs_fused"}
             ctx = lambda c=changes: class_attrs(StudentModel, **{k: bool(v) for k, v in c.items()})  # noqa: E731
         elif where == "seed":  # seed:old=1: the padded step's VJP through _Seeded (one fill kernel more)
             unknown = set(changes) - {"old"}

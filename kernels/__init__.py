@@ -19,6 +19,7 @@ from .repulsion import (
     wall_gate_reference,
     wall_touched,
 )
+from .species_inputs import species_inputs, species_inputs_fusable, species_inputs_reference
 
 __all__ = [
     "BACKENDS",
@@ -52,6 +53,9 @@ __all__ = [
     "repulsion_table",
     "resolve_backend",
     "set_backend",
+    "species_inputs",
+    "species_inputs_fusable",
+    "species_inputs_reference",
     "triton_available",
     "use_backend",
     "wall_gate_reference",

@@ -75,6 +75,9 @@ _CONFIG = {
     "large_maxnreg": None,  # register cap per thread of the large-M launches (None: the compiler's choice)
     # tf32x3 with W split once (_frozen.tf32_parts) for launches of at least this many rows; None: Triton's own split.
     "w_split_min_rows": 2049,
+    # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
+    # zero fill of their own (probes time the two).
+    "readout_zero_in_gemm": True,
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -180,8 +183,14 @@ def readout(
 
 def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot=None):
     """``E [B]``, ``ε [N]`` and the pre-activation of the hidden layer (for the backward)."""
-    h, pre = gemm(x, w1, b1, act="silu", dot=dot)
-    energy = x.new_zeros((num_structures, 1))
+    # The per-structure sums start at zero: filled by the first GEMM's kernel (no fill kernel) where it has
+    # enough rows (a structure has at least one atom: always, but for a caller's empty structures).
+    if 0 < num_structures <= x.shape[0] and _CONFIG["readout_zero_in_gemm"]:
+        energy = x.new_empty((num_structures, 1))
+        h, pre = gemm(x, w1, b1, act="silu", dot=dot, zero=energy)
+    else:
+        energy = x.new_zeros((num_structures, 1))
+        h, pre = gemm(x, w1, b1, act="silu", dot=dot)
     species, batch = species.contiguous(), batch.contiguous()
     atomic, _ = gemm(h, w2, b2, row_affine=(species, scale, shift), segment_sum=(batch, energy), dot=dot)
     return energy.view(num_structures), atomic.view(-1), pre
@@ -203,6 +212,7 @@ def gemm(
     row_affine: tuple[Tensor, Tensor, Tensor] | None = None,
     segment_sum: tuple[Tensor, Tensor] | None = None,
     dot: str | None = None,
+    zero: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``C = act(A' B + bias)`` with ``B = Wᵀ`` (``transpose_w``, W an ``nn.Linear`` weight ``[N, K]``) or ``W``
     (``[K, N]``), and ``A' = A ⊙ SiLU'(P)`` when ``prologue_silu_of = P`` (the backward of a SiLU), ``A' = A + Q``
@@ -216,6 +226,9 @@ def gemm(
     may be None: ``A' = G[seg] ⊙ scale[idx]``). ``row_affine = (idx [M], scale [T], shift [T])``: after the bias,
     ``C = C ⊙ scale[idx] + shift[idx]`` (row-wise; rounded as the two torch ops would, no fused multiply-add).
     ``segment_sum = (seg [M], E [S, N])``: also adds the rows of C into ``E[seg]`` (atomics: the caller zeroes E).
+
+    ``zero``: a contiguous tensor of at most M entries that the kernel also fills with zeros (the per-structure
+    sums of a later ``segment_sum``: no fill kernel of their own).
 
     ``dot``: the tiles' product, one of ``_DOTS``: "tf32x3" (float32 accuracy), "tf32", "ieee", or "bf16" / "fp16"
     (A' and B tiles rounded to that type in registers, float32 accumulation). None: :func:`._precision.dot_mode`,
@@ -240,6 +253,8 @@ def gemm(
         raise ValueError("gemm: one prologue at a time")
     if (row_affine is not None or segment_sum is not None) and (act != "none" or accumulate or addend is not None):
         raise ValueError("gemm: row_affine and segment_sum take no act, accumulate or addend")
+    if zero is not None and (zero.numel() > m or not zero.is_contiguous()):
+        raise ValueError(f"gemm: zero must be a contiguous tensor of at most {m} entries, got {list(zero.shape)}")
     w = w.contiguous()
     a = a.contiguous() if a is not None else None
     ref = w if a is None else a
@@ -252,6 +267,9 @@ def gemm(
             raise ValueError("gemm: accumulate needs out")
         out = ref.new_empty((m, n))
     pre = ref.new_empty((m, n)) if act == "silu" else None
+    if zero is not None and (m == 0 or n == 0):  # no kernel launched below
+        zero.zero_()
+        zero = None
     if m == 0 or n == 0:
         if addend is not None:
             out.copy_(addend)
@@ -263,6 +281,8 @@ def gemm(
         # a transpose_w one, whose B tiles are K-major, as the tensor cores' TF32 MMAs take them.
         w, transpose_w = derived("t", _contiguous_t, w), True
     if not transpose_w and m > _CONFIG["untransposed_max_rows"]:  # the interpreter: torch's product
+        if zero is not None:
+            zero.zero_()
         if prologue_add is not None:
             a = a + prologue_add
         if prologue_gather is not None:
@@ -326,10 +346,11 @@ def gemm(
         a if a is not None else ref, w, w_lo, bias if bias is not None else ref, aux, out,
         pre if pre is not None else out,
         addend if addend is not None else out, _or(idx, ref), _or(scale, ref), _or(shift, ref), _or(seg, ref),
-        _or(seg_out, out), m, n, k,
+        _or(seg_out, out), _or(zero, out), m, n, k,
         stride_bk, stride_bn, out.stride(0), addend.stride(0) if addend is not None else 0,
+        zero.numel() if zero is not None else 0,
         HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, HAS_A=a is not None,
-        AFFINE=row_affine is not None, SEGSUM=segment_sum is not None,
+        AFFINE=row_affine is not None, SEGSUM=segment_sum is not None, ZERO=zero is not None,
         BM=bm, BN=bn, BK=bk, DOT=kernel_dot, num_warps=warps, **fusion, **pdl_args(ref),
     )  # fmt: skip
     return out, pre
@@ -382,20 +403,24 @@ if HAS_TRITON:
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         return bits.to(tl.float32, bitcast=True)
 
-    @triton.jit(do_not_specialize=["m"])
+    @triton.jit(do_not_specialize=["m", "z_numel"])
     def _gemm_kernel(
         a_ptr, b_ptr, bl_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, idx_ptr, scale_ptr, shift_ptr, seg_ptr, e_ptr,
-        m, n, k, stride_bk, stride_bn, stride_cm, stride_dm,
+        z_ptr, m, n, k, stride_bk, stride_bn, stride_cm, stride_dm, z_numel,
         HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, HAS_A: tl.constexpr,
-        AFFINE: tl.constexpr, SEGSUM: tl.constexpr,
+        AFFINE: tl.constexpr, SEGSUM: tl.constexpr, ZERO: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
         """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux: [*, k] rows seg[i] for the
         gather); B is addressed by strides; ACC adds D (rows stride_dm apart; C itself when accumulating) after the
         bias and the activation; AFFINE maps row i to C·scale[idx[i]] + shift[idx[i]]; SEGSUM adds it into
-        E[seg[i]]."""
+        E[seg[i]]. ZERO: the programs of column tile 0 also zero entries [BM·i, BM·(i + 1)) of Z (z_numel <= m)."""
         pdl_prologue(PDL)
+        if ZERO:
+            if tl.program_id(1) == 0:
+                zi = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+                tl.store(z_ptr + zi, tl.zeros((BM,), dtype=z_ptr.dtype.element_ty), mask=zi < z_numel)
         rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         rm = rows[:, None] < m

@@ -139,3 +139,35 @@ def test_the_cpu_steps_written_out_backward_with_and_without_the_table():
     want = engine.compute(batch, to_host=True)
     torch.testing.assert_close(-with_table[2], want["forces"], rtol=0, atol=1e-11)
     torch.testing.assert_close(with_table[0], want["energy"], rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("moments", [False, True])
+def test_species_inputs_kernel_gives_the_torch_ops_energies_and_forces(moments, monkeypatch):
+    """float64 under the interpreter, frozen weights: the first inputs from kernels.species_inputs (one kernel;
+    with the first φ rows only where the first layer does not run from the radial moments) give the energies and
+    forces of the torch ops bit for bit; with weights that require grad the torch ops run."""
+    from mlff_distiller.kernels import species_moments as sm
+
+    from mlff_distiller import kernels
+
+    if not triton_available("cpu"):
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
+    monkeypatch.setenv("MLFF_DISTILLER_KERNELS", "triton")
+    monkeypatch.setitem(sm._CONFIG, "model_min_degree", 0 if moments else 10**9)
+    model = _frozen(make_model(seed=4).double())
+    batch = _batch(4)
+    calls = []
+    real = kernels.species_inputs
+    monkeypatch.setattr(kernels, "species_inputs", lambda *a: calls.append(a[3] is not None) or real(*a))
+    e_fused, f_fused = _energy_forces(model, batch, table=True)
+    assert calls == [not moments]  # φ rows asked for only without the moments
+    monkeypatch.setattr(StudentModel, "species_inputs_fused", False)
+    e_ops, f_ops = _energy_forces(model, batch, table=True)
+    assert calls == [not moments]
+    assert torch.equal(e_fused, e_ops) and torch.equal(f_fused, f_ops)
+    assert float(f_ops.abs().max()) > 1e-3
+    monkeypatch.setattr(StudentModel, "species_inputs_fused", True)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    _energy_forces(model, batch, table=True)
+    assert calls == [not moments]  # training: the torch ops

@@ -176,12 +176,13 @@ def _readout_inputs(n, b, dtype, device, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n, b", [(0, 1), (1, 1), (7, 3), (150, 4)])
 @pytest.mark.parametrize("grads", ["energy", "atomic", "both"])
-def test_readout_matches_reference(triton_device, monkeypatch, dtype, n, b, grads):
+def test_readout_matches_reference(triton_device, monkeypatch, poison, dtype, n, b, grads):
     """The fused readout (scale, shift and the per-structure sum in the GEMM epilogue, their backward in the
     prologue) is bit for bit the Triton MLP + torch ops it replaces, under the interpreter (on the GPU the sums'
     atomics run in another order, as index_add's did); two GEMM launches each way and no other op but E's zeros;
     the torch reference within the MLP tolerance."""
     x, ws, scale, shift, species, batch = _readout_inputs(n, b, dtype, triton_device, seed=n + b)
+    poison(4 * b + 64, dtype, triton_device)  # E's entries are NaN unless the first GEMM zeroes them
     gen = torch.Generator().manual_seed(3)
     g_e = _rand(b, gen=gen, dtype=dtype, device=triton_device)
     g_a = _rand(n, gen=gen, dtype=dtype, device=triton_device)
@@ -212,7 +213,7 @@ def test_readout_matches_reference(triton_device, monkeypatch, dtype, n, b, grad
         (e_u, a_u), g_u, _ = run("triton", unfused)
         assert torch.equal(e, e_u) and torch.equal(a, a_u) and torch.equal(g, g_u)
     if fused and n and grads != "atomic":  # (only ε differentiated: a zero gather source, a rare path)
-        assert ops == ["new_zeros"], ops  # E's zeros for the atomics; no gather, mul, add, index_add
+        assert ops == [], ops  # E's zeros in the first GEMM; no fill, gather, mul, add, index_add
     x64 = x.detach().double()
     e64, a64 = readout_reference(x64, *(w.double() for w in ws), scale.double(), shift.double(), species, batch, b)
     _close(e, e64, TOL[dtype], "energy")
@@ -366,3 +367,20 @@ def test_gemm_w_split_made_once(triton_device, monkeypatch):
     monkeypatch.setitem(lin._CONFIG, "w_split_min_rows", 41)  # below the threshold: Triton's own split
     gemm(a, w, dot="tf32x3")
     assert len(made) == 2
+
+
+@pytest.mark.parametrize("m, numel", [(1, 1), (37, 37), (37, 5), (100, 64), (3000, 1000), (0, 0)])
+def test_gemm_zeroes_a_tensor_on_the_side(triton_device, m, numel):
+    """gemm's ``zero``: its entries (at most M, any M against the row tiles) all set to 0 by the kernel, the product
+    unchanged; more entries than rows, or a non-contiguous tensor, are refused."""
+    gen = torch.Generator().manual_seed(m + numel)
+    a = _rand(m, 32, gen=gen, dtype=torch.float32, device=triton_device)
+    w = _rand(48, 32, gen=gen, dtype=torch.float32, device=triton_device)
+    z = torch.full((numel,), float("nan"), device=triton_device)
+    c, _ = gemm(a, w, zero=z)
+    assert not z.any() and not torch.isnan(z).any()
+    _close(c, nnf.linear(a.double(), w.double()), TOL[torch.float32], "C")
+    with pytest.raises(ValueError, match="zero"):
+        gemm(a, w, zero=torch.zeros(m + 1, device=triton_device))
+    with pytest.raises(ValueError, match="zero"):
+        gemm(a, w, zero=torch.zeros(2 * m + 2, device=triton_device)[::2])

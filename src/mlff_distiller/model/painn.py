@@ -235,6 +235,10 @@ class StudentModel(nn.Module):
     # v's two gradients summed in the message backward's sender kernel, not in an add kernel of autograd's. False:
     # v itself (probes compare the two).
     v_residual_alias: ClassVar[bool] = True
+    # With frozen weights on the Triton backend, the species index, the embedding rows, v = 0 and the first layer's
+    # φ rows come from one kernel (kernels.species_inputs) instead of four torch launches. False: the torch ops
+    # (probes compare the two).
+    species_inputs_fused: ClassVar[bool] = True
 
     def __init__(self, config: ModelConfig | None = None, **kwargs) -> None:
         super().__init__()
@@ -426,7 +430,21 @@ class StudentModel(nn.Module):
             ``{"energy": [B], "atomic_energies": [N]}`` in eV.
         """
         c = self.config
-        idx = self.z_to_index[numbers]
+        phi_table = self.first_phi_table()
+        s = v = phi_rows = None
+        if self.species_inputs_fused and type(self.embedding) is nn.Embedding and self.embedding.max_norm is None:
+            weight = self.embedding.weight
+            # The first layer's φ rows where it will not run from the radial moments (small graphs).
+            need_phi = (
+                phi_table is not None and self.first_layer_moment_weights(numbers.shape[0], edge_index.shape[1]) is None
+            )
+            if kernels.species_inputs_fusable(numbers, weight, phi_table if need_phi else None):
+                # frozen weights: species index, embedding, v = 0 and the first φ rows in one kernel
+                idx, s, v, phi_rows = kernels.species_inputs(
+                    numbers, self.z_to_index, weight, phi_table if need_phi else None
+                )
+        if s is None:
+            idx = self.z_to_index[numbers]
         table = self.repulsion_table
         # With a ZBL wall (kernels.repulsion) the basis comes times the wall's gate: inside the wall the student's
         # message fades out (the gate is exactly 1 outside it).
@@ -442,9 +460,9 @@ class StudentModel(nn.Module):
         )
         # The wall's energy (below) only where an edge lies inside it: on CPU tensors decided here, else always.
         wall = table is not None and kernels.wall_touched(dist, edge_index, idx, table)
-        s = self.embedding(idx)
-        v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
-        phi_table = self.first_phi_table()
+        if s is None:
+            s = self.embedding(idx)
+            v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
         # Inside a CUDA-graph capture the layers' ∂rbf, ∂u are summed on a second stream (kernels.defer_edge_grads).
         rbf, unit, sink = kernels.defer_edge_grads(rbf, unit)
         for layer, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
@@ -461,7 +479,7 @@ class StudentModel(nn.Module):
                     if moments is not None:
                         s, v = update(s, v, *moments)
                         continue
-                    kw["phi"] = phi_table.index_select(0, idx)
+                    kw["phi"] = phi_rows if phi_rows is not None else phi_table.index_select(0, idx)
                 ours = type(interaction) in (PaiNNInteraction, CSRInteraction)
                 if sink is not None and ours:
                     kw["edge_sink"] = sink
