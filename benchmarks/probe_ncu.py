@@ -134,9 +134,9 @@ def variants(spec: str = DEFAULT_VARIANTS):
     ``model:species_table=0`` (``StudentModel``'s class switches: the first layer's φ from the MLP on every atom)
     or ``model:v_residual_alias=0`` (v itself, not the message block's alias, into the update: one add kernel
     per layer after the first) or ``model:species_inputs_fused=0`` (the species index, embedding, v = 0 and first
-    φ rows as four torch launches, not kernels.species_inputs) or ``moments:key=value`` (``species_moments._CONFIG``, e.g.
-    ``moments:model_min_edges=1000000000``: the first
-    layer on the message kernel) or ``seed:old=1`` (the padded step's vector-Jacobian product through
+    φ rows as four torch launches, not kernels.species_inputs) or ``moments:key=value``
+    (``species_moments._CONFIG``, e.g. ``moments:model_min_edges=1000000000``: the first layer on the message
+    kernel) or ``seed:old=1`` (the padded step's vector-Jacobian product through
     ``engine_padded._Seeded``, as before stop 45)."""
     out = []
     for item in filter(None, (v.strip() for v in spec.split(";"))):
