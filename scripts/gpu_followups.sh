@@ -578,6 +578,21 @@ case "${1:-}" in
       >"$OUT/probe_md_step_d.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200_d.md" | head -16
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d" >&2; exit 2 ;;
+  stop47e)
+    # Two torch launches fewer per small step: the species inputs in one kernel, the readout's zeros in its first
+    # GEMM. Their CUDA tests, the whole engine's captured-vs-eager and precision tests, then the step with each off.
+    timeout 200 python3 -m pytest -q tests/kernels/test_species_inputs.py tests/kernels/test_linear.py \
+      tests/test_species_table.py tests/kernels/test_step_ops.py -k "not compile" >"$OUT/pytest_47e.log" 2>&1
+    tail -1 "$OUT/pytest_47e.log"
+    timeout 120 python3 -m pytest -q -m gpu tests/test_engine_modes.py -k "not compile and not autotune" \
+      >"$OUT/pytest_modes47e.log" 2>&1
+    tail -1 "$OUT/pytest_modes47e.log"
+    V="model:species_inputs_fused=0;gemm:readout_zero_in_gemm=0;model:species_inputs_fused=0;gemm:readout_zero_in_gemm=0"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+      --systems benzene,water192,g2x1024,water3000 --variants "$V" >"$OUT/sweep_small.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_small.log" | tail -17
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_small47.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
