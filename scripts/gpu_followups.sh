@@ -593,6 +593,23 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_small.log" | tail -17
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_small47.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e" >&2; exit 2 ;;
+  stop47f)
+    # The final tree: the message-passing tests of this stop's changes on CUDA, then the rows (the small steps, the
+    # large boxes with the correctness check, the ASE MD step).
+    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py \
+      -k "slice0 or edge_kernel_before or feature_split or accumulate" >"$OUT/pytest_final47.log" 2>&1
+    tail -1 "$OUT/pytest_final47.log"
+    timeout 170 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 150 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096 --variants "ladder:growth=1.25" >"$OUT/sweep_rows.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_rows.log" | tail -4
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_rows.md"
+    timeout 130 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 110 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large_final.log" 2>&1
+    grep -E "ours == reference|^\| (3000|24000) " "$OUT/bench_large_final.log" | head -8
+    timeout 150 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200_f --steps 1000 \
+      >"$OUT/probe_md_step_f.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200_f.md" | head -12
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
