@@ -610,6 +610,24 @@ case "${1:-}" in
       >"$OUT/probe_md_step_f.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200_f.md" | head -12
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f" >&2; exit 2 ;;
+  stop47g)
+    # The update block's norm in its MLP GEMM's prologue: the CUDA tests of the block and the GEMMs, the engine's
+    # modes; the step with it off (two rounds) on the small and 3,000-atom systems; the large rows; the MD step.
+    timeout 150 python3 -m pytest -q tests/kernels/test_painn_update.py tests/kernels/test_linear.py \
+      -k "cuda or gpu or norm or refuses or readout or residual or matches" >"$OUT/pytest_47g.log" 2>&1
+    tail -1 "$OUT/pytest_47g.log"
+    timeout 100 python3 -m pytest -q -m gpu tests/test_engine_modes.py -k "not compile and not autotune" \
+      >"$OUT/pytest_modes47g.log" 2>&1
+    tail -1 "$OUT/pytest_modes47g.log"
+    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 170 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 --variants "update:norm_in_gemm=0;update:norm_in_gemm=0" \
+      >"$OUT/sweep_norm.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_norm.log" | tail -11
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_norm.md"
+    timeout 130 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 110 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large_g.log" 2>&1
+    grep -E "ours == reference|^\| (3000|24000) " "$OUT/bench_large_g.log" | head -8
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

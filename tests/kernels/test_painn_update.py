@@ -366,3 +366,58 @@ def test_cuda_graph_capture_replays():
         eager = step()
     for got, ref in zip(captured, eager, strict=True):
         torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, f", [(1, 16), (7, 32), (33, 128)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_norm_in_gemm_equals_the_norm_kernel(triton_device, monkeypatch, poison, dtype, n, f, residual):
+    """norm_in_gemm: the MLP input [s + ds, ‖V‖] made in the first GEMM's prologue (and stored there for the
+    backward) gives the norm kernel's outputs and gradients, one update launch fewer forward. Equal to the last
+    rounding (the prologue's K steps may not cross the two halves, so where the plain GEMM's one step spans
+    both, the interpreter's sums run in another order); the poisoned cache shows any entry of x left unwritten."""
+    s, v, weights = _inputs(n, f, dtype, triton_device, seed=n + f)
+    extra = {}
+    if residual:
+        ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=n + f + 1)
+        extra = {"ds": ds, "dv": dv}
+    gen = torch.Generator().manual_seed(9)
+    go = (torch.randn(n, f, generator=gen, dtype=dtype), torch.randn(n, 3, f, generator=gen, dtype=dtype))
+    go = tuple(g.to(triton_device) for g in go)
+    real = pu_module._launch
+    got = {}
+    for on in (True, False):
+        monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm", on)
+        launches = []
+        monkeypatch.setattr(pu_module, "_launch", lambda k, *a, _l=launches, **kw: _l.append(k) or real(k, *a, **kw))
+        poison(8 * n * f + 64, dtype, triton_device)  # x is NaN unless the GEMM stores every entry
+        with use_backend("triton"):
+            out = painn_update(s, v, *weights, **extra)
+            grads = torch.autograd.grad(out, (s, v), go)
+        got[on] = (out, grads, launches)
+    with use_backend("triton"):
+        fused = pu_module.gemm_fusable(s, *weights)  # (float64 on the GPU: cuBLAS and the norm kernel both times)
+    for a, b in zip((*got[True][0], *got[True][1]), (*got[False][0], *got[False][1]), strict=True):
+        _close(a, b.double(), TOL[dtype] / 10, "norm in the GEMM vs the norm kernel")
+    norm, norm_bwd = pu_module._painn_update_norm_kernel, pu_module._painn_update_norm_bwd_kernel
+    assert got[True][2].count(norm) == (0 if fused else 1) and got[False][2].count(norm) == 1
+    assert norm_bwd in got[True][2]
+
+
+def test_gemm_norm_prologue_refuses_what_it_cannot_run(triton_device):
+    """prologue_norm's shapes (S [M, F], D [M, F], UV [M, 3, 2F]), its a_out, and F a multiple of 16."""
+    from mlff_distiller.kernels.linear import gemm
+
+    s = torch.randn(5, 16, device=triton_device)
+    uv = torch.randn(5, 3, 32, device=triton_device)
+    w = torch.randn(8, 32, device=triton_device)
+    with pytest.raises(ValueError, match="prologue_norm"):
+        gemm(s, w, prologue_norm=(None, uv[:, :, :16]))
+    with pytest.raises(ValueError, match="prologue_norm"):
+        gemm(s, w, prologue_norm=(torch.randn(5, 8, device=triton_device), uv))
+    with pytest.raises(ValueError, match="a_out"):
+        gemm(s, w, prologue_norm=(None, uv), a_out=torch.empty(5, 16, device=triton_device))
+    with pytest.raises(ValueError, match="a_out"):
+        gemm(s, torch.randn(8, 16, device=triton_device), a_out=torch.empty(5, 16, device=triton_device))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        gemm(s[:, :8], torch.randn(8, 16, device=triton_device), prologue_norm=(None, uv[:, :, :16]))
