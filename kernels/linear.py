@@ -82,7 +82,7 @@ _CONFIG = {
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
 _DOT16 = ("bf16", "fp16")
-_PRO_SILU, _PRO_ADD, _PRO_GATHER, _PRO_NORM = 1, 2, 3, 4  # the A-operand prologues of _gemm_kernel (0: none)
+_PRO_SILU, _PRO_ADD, _PRO_GATHER = 1, 2, 3  # the A-operand prologues of _gemm_kernel (0: none)
 
 
 def mlp_reference(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
@@ -213,8 +213,6 @@ def gemm(
     segment_sum: tuple[Tensor, Tensor] | None = None,
     dot: str | None = None,
     zero: Tensor | None = None,
-    prologue_norm: tuple[Tensor | None, Tensor] | None = None,
-    a_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``C = act(A' B + bias)`` with ``B = Wᵀ`` (``transpose_w``, W an ``nn.Linear`` weight ``[N, K]``) or ``W``
     (``[K, N]``), and ``A' = A ⊙ SiLU'(P)`` when ``prologue_silu_of = P`` (the backward of a SiLU), ``A' = A + Q``
@@ -228,11 +226,6 @@ def gemm(
     may be None: ``A' = G[seg] ⊙ scale[idx]``). ``row_affine = (idx [M], scale [T], shift [T])``: after the bias,
     ``C = C ⊙ scale[idx] + shift[idx]`` (row-wise; rounded as the two torch ops would, no fused multiply-add).
     ``segment_sum = (seg [M], E [S, N])``: also adds the rows of C into ``E[seg]`` (atomics: the caller zeroes E).
-
-    A PaiNN update block's MLP input: ``prologue_norm = (D [M, K/2] or None, UV [M, 3, 2, K/2])`` with A = S
-    ``[M, K/2]``: ``A' = [S + D, ‖V‖]``, ‖V‖ = sqrt(Σ_k V_k² + 1e-8) of UV's V halves (what
-    ``painn_update``'s norm kernel writes, the same rounding). ``a_out`` (``[M, K]``): the programs of column tile 0
-    also store A' there (what the block's backward reads).
 
     ``zero``: a contiguous tensor of at most M entries that the kernel also fills with zeros (the per-structure
     sums of a later ``segment_sum``: no fill kernel of their own).
@@ -249,24 +242,6 @@ def gemm(
         m, k = prologue_gather[1].shape[0], prologue_gather[0].shape[1]
     else:
         m, k = a.shape
-    if prologue_norm is not None:
-        half = k
-        k = 2 * half
-        d_norm, uv = prologue_norm
-        if (
-            prologue_silu_of is not None
-            or prologue_add is not None
-            or prologue_gather is not None
-            or tuple(uv.shape) != (m, 3, 2 * half)
-            or (d_norm is not None and tuple(d_norm.shape) != (m, half))
-            or not transpose_w
-        ):
-            raise ValueError(
-                f"gemm: prologue_norm takes S [M, F], D [M, F] or None and UV [M, 3, 2F] alone (transpose_w), got "
-                f"S {list(a.shape)}, UV {list(uv.shape)}"
-            )
-    if a_out is not None and (prologue_norm is None or tuple(a_out.shape) != (m, k) or not a_out.is_contiguous()):
-        raise ValueError(f"gemm: a_out must be a contiguous [{m}, {k}] beside prologue_norm")
     n = w.shape[0] if transpose_w else w.shape[1]
     if (w.shape[1] if transpose_w else w.shape[0]) != k:
         raise ValueError(f"gemm: A is [{m}, {k}] but W is {list(w.shape)} (transpose_w={transpose_w})")
@@ -342,17 +317,8 @@ def gemm(
         bn = max(16, min(128, triton.next_power_of_2(n)))
         bk, warps = max(16, min(128, triton.next_power_of_2(k))), 4
         kernel_dot = "bf16_rn" if dot == "bf16" else dot
-    if prologue_norm is not None:  # a K step must lie in one half: BK a power of two dividing K / 2
-        bk = min(bk, (k // 2) & -(k // 2))
-        if bk < 16:
-            raise ValueError(f"gemm: prologue_norm needs K / 2 a multiple of 16, got K = {k}")
     aux = prologue_silu_of if prologue_silu_of is not None else prologue_add
     pro = _PRO_SILU if prologue_silu_of is not None else (_PRO_ADD if prologue_add is not None else 0)
-    uv = None
-    if prologue_norm is not None:
-        aux, uv = prologue_norm
-        pro = _PRO_NORM
-        uv = uv.contiguous()
     # Row gathers: (idx, scale) of the prologue or of the epilogue's affine map, seg of either, shift, E.
     idx = scale = shift = seg = seg_out = None
     if prologue_gather is not None:
@@ -380,12 +346,11 @@ def gemm(
         a if a is not None else ref, w, w_lo, bias if bias is not None else ref, aux, out,
         pre if pre is not None else out,
         addend if addend is not None else out, _or(idx, ref), _or(scale, ref), _or(shift, ref), _or(seg, ref),
-        _or(seg_out, out), _or(zero, out), _or(uv, ref), _or(a_out, ref), m, n, k,
+        _or(seg_out, out), _or(zero, out), m, n, k,
         stride_bk, stride_bn, out.stride(0), addend.stride(0) if addend is not None else 0,
         zero.numel() if zero is not None else 0,
         HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, HAS_A=a is not None,
         AFFINE=row_affine is not None, SEGSUM=segment_sum is not None, ZERO=zero is not None,
-        HAS_AUX=prologue_norm is not None and prologue_norm[0] is not None, STORE_A=a_out is not None,
         BM=bm, BN=bn, BK=bk, DOT=kernel_dot, num_warps=warps, **fusion, **pdl_args(ref),
     )  # fmt: skip
     return out, pre
@@ -441,19 +406,16 @@ if HAS_TRITON:
     @triton.jit(do_not_specialize=["m", "z_numel"])
     def _gemm_kernel(
         a_ptr, b_ptr, bl_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, idx_ptr, scale_ptr, shift_ptr, seg_ptr, e_ptr,
-        z_ptr, uv_ptr, ao_ptr, m, n, k, stride_bk, stride_bn, stride_cm, stride_dm, z_numel,
+        z_ptr, m, n, k, stride_bk, stride_bn, stride_cm, stride_dm, z_numel,
         HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, HAS_A: tl.constexpr,
-        AFFINE: tl.constexpr, SEGSUM: tl.constexpr, ZERO: tl.constexpr, HAS_AUX: tl.constexpr,
-        STORE_A: tl.constexpr,
+        AFFINE: tl.constexpr, SEGSUM: tl.constexpr, ZERO: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
         """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux: [*, k] rows seg[i] for the
         gather); B is addressed by strides; ACC adds D (rows stride_dm apart; C itself when accumulating) after the
         bias and the activation; AFFINE maps row i to C·scale[idx[i]] + shift[idx[i]]; SEGSUM adds it into
-        E[seg[i]]. ZERO: the programs of column tile 0 also zero entries [BM·i, BM·(i + 1)) of Z (z_numel <= m).
-        PRO 4: A' = [A (+ aux), ‖V‖] with A, aux [m, k/2] and ‖V‖ from uv [m, 3, 2, k/2] (a K step lies in one
-        half: BK divides k/2); STORE_A: column tile 0 stores A' at ao [m, k]."""
+        E[seg[i]]. ZERO: the programs of column tile 0 also zero entries [BM·i, BM·(i + 1)) of Z (z_numel <= m)."""
         pdl_prologue(PDL)
         if ZERO:
             if tl.program_id(1) == 0:
@@ -472,26 +434,7 @@ if HAS_TRITON:
         for k0 in range(0, k, BK):
             kk = k0 + tl.arange(0, BK)
             am = rm & (kk[None, :] < k)
-            if PRO == 4:  # [S (+ D), ‖V‖]: the PaiNN update block's MLP input, made here from its parts
-                half = k // 2
-                if k0 < half:
-                    a = tl.load(a_ptr + rows[:, None] * half + kk[None, :], mask=am, other=0.0)
-                    if HAS_AUX:
-                        a = a + tl.load(aux_ptr + rows[:, None] * half + kk[None, :], mask=am, other=0.0)
-                else:
-                    vv = uv_ptr + rows[:, None] * (6 * half) + half + (kk[None, :] - half)
-                    v0 = tl.load(vv, mask=am, other=0.0)
-                    v1 = tl.load(vv + 2 * half, mask=am, other=0.0)
-                    v2 = tl.load(vv + 4 * half, mask=am, other=0.0)
-                    sq = v0 * v0 + v1 * v1 + v2 * v2 + tl.full([BM, BK], 1e-8, v0.dtype)
-                    if v0.dtype == tl.float32:
-                        a = tl.sqrt_rn(sq)  # as the norm kernel: tl.sqrt is the approximate one in float32
-                    else:
-                        a = tl.sqrt(sq)
-                if STORE_A:
-                    if tl.program_id(1) == 0:
-                        tl.store(ao_ptr + rows[:, None] * k + kk[None, :], a, mask=am)
-            elif HAS_A:
+            if HAS_A:
                 a = tl.load(a_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
             if PRO == 3:  # (A + aux[seg]) ⊙ scale[idx] row-wise: a readout's backward (its gathers) in the load
                 g = tl.load(aux_ptr + seg[:, None] * k + kk[None, :], mask=am, other=0.0)

@@ -165,10 +165,7 @@ def _cat2(u_w: Tensor, v_w: Tensor) -> Tensor:
 # step 1.005-1.033x against the 1,024 of stops 14-42, two rounds in one H200 call, the small graphs gaining most
 # (benzene 1.033, 192 water atoms 1.021, 1,024 g2 molecules 1.014, 4,096 1.007, 3,000 water atoms 1.005); 2,048
 # and 4,096 were slower, 8 warps and 2 warps no better (benchmarks/results/stop43_gpu/probe_ncu_sweep_update*.md).
-# norm_in_gemm (stop 47): the MLP input [s + ds, ‖V‖] made in the prologue of the MLP's first Triton GEMM (which
-# also stores it for the backward) instead of by _painn_update_norm_kernel: one launch fewer per layer. False: the
-# norm kernel (probes time the two).
-_CONFIG: dict = {"elems": 256, "num_warps": None, "norm_in_gemm": True}
+_CONFIG: dict = {"elems": 256, "num_warps": None}
 
 if HAS_TRITON:
 
@@ -388,13 +385,8 @@ if HAS_TRITON:
             dv = dv.contiguous() if dv is not None else None
             dv_add = dv.view(3 * n, f) if dv is not None else None
             uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
-            if _CONFIG["norm_in_gemm"] and f % 16 == 0:
-                # [s + ds, ‖V‖] made in the MLP's first GEMM (its prologue), which also stores it for the backward:
-                # one kernel fewer per layer
-                h, pre = gemm(s, w1, b1, act="silu", dot=dot, prologue_norm=(ds, uvvv.view(n, 3, 2 * f)), a_out=x)
-            else:
-                _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
-                h, pre = gemm(x, w1, b1, act="silu", dot=dot)
+            _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
+            h, pre = gemm(x, w1, b1, act="silu", dot=dot)
             mix = gemm(h, w2, b2, dot=dot)[0]
         else:
             if dv is not None:  # cuBLAS has no prologue: the sum is stored once
