@@ -3,7 +3,8 @@
 A captured benzene step is ~70 dependent kernels at ~2.6 µs each; this lists them as the eager padded step launches
 them (the same kernels a capture records, the edge kernels on one stream), each with the operator that launched it
 and the innermost frames of this package's Python code, so that small launches that could go (fills, copies,
-concatenations, elementwise adds) are found by their source line.
+concatenations, elementwise adds) are found by their source line; then the kernels of the captured step's replay
+(the graph's own list, with the second stream's kernels and without what the capture leaves out).
 
     python benchmarks/probe_kernel_order.py --out DIR [--systems benzene,water192]
 """
@@ -64,6 +65,32 @@ def kernel_order(step, reps: int = 2) -> list[str]:
     return lines
 
 
+def replay_kernels(replay, reps: int = 3) -> list[str]:
+    """The device kernels of one graph ``replay()`` in start order (names and device µs; a replay records no
+    operator or Python frame), the last of ``reps`` replays; a table whose last line counts them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            replay()
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: e.time_range.start)
+    one = kernels[-(len(kernels) // reps) :] if kernels else []
+    lines = ["| # | kernel | µs |", "|---:|---|---:|"]
+    for n, k in enumerate(one):
+        name = k.name if len(k.name) < 60 else k.name[:57] + "..."
+        lines.append(f"| {n} | `{name}` | {k.device_time:.1f} |")
+    torch_kernels = sum(1 for k in one if "at::native" in k.name or "at::" in k.name)
+    lines += [
+        "",
+        f"{len(one)} kernels, {sum(k.device_time for k in one):.1f} µs of device time; {torch_kernels} torch.",
+    ]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=None)
@@ -93,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         graph = eng._graph(bucket)
         report += [f"## {name}: bucket {bucket}, the padded step run eagerly", ""]
         report += kernel_order(lambda g=graph, e=eng: e._step(*g.inputs()))
+        report += ["", f"### {name}: the captured step's replay (the graph's kernel nodes in start order)", ""]
+        report += replay_kernels(eng._runners[bucket].replay)
         report.append("")
     text = "\n".join(report)
     print(text)

@@ -629,6 +629,13 @@ case "${1:-}" in
       --sizes 3000 24000 >"$OUT/bench_large_g.log" 2>&1
     grep -E "ours == reference|^\| (3000|24000) " "$OUT/bench_large_g.log" | head -8
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g" >&2; exit 2 ;;
+  stop47h)
+    # The captured benzene and 192-atom water steps' own kernel lists (probe_kernel_order's replay table): which
+    # torch launches remain in the graph after this stop's changes.
+    timeout 150 python3 benchmarks/probe_kernel_order.py --out "$OUT" >"$OUT/probe_kernel_order.log" 2>&1
+    grep -E "kernels, .* torch" "$OUT/probe_kernel_order.md"
+    grep -E "^### |at::" "$OUT/probe_kernel_order.md" | grep -v "autograd's engine" | head -30
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
