@@ -636,6 +636,15 @@ case "${1:-}" in
     grep -E "kernels, .* torch" "$OUT/probe_kernel_order.md"
     grep -E "^### |at::" "$OUT/probe_kernel_order.md" | grep -v "autograd's engine" | head -30
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h" >&2; exit 2 ;;
+  stop47i)
+    # p = x_b ⊙ v by a Triton kernel: its CUDA tests, then the step with torch's multiply instead (two rounds).
+    timeout 60 python3 -m pytest -q tests/kernels/test_message_passing.py -k "fold" >"$OUT/pytest_fold47.log" 2>&1
+    tail -1 "$OUT/pytest_fold47.log"
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" \
+      --systems water192,water3000 --variants "mp:fold_kernel=0;mp:fold_kernel=0" >"$OUT/sweep_fold.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_fold.log" | tail -5
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_fold47.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
