@@ -105,8 +105,6 @@ _CONFIG = {
     # The backward runs the edge kernel before the sender kernel (stop 47), so that the edge kernel's transients
     # and the sender kernel's outputs g_x, g_v are never live together; False: the sender kernel first.
     "edge_grads_first": True,
-    # p = x_b ⊙ v for the folded kernels by a Triton kernel (stop 47) instead of torch's broadcast multiply.
-    "fold_kernel": True,
     "bwd_filter_block_e": 32,
     "bwd_filter_block_f": 128,
     "bwd_filter_warps": 4,

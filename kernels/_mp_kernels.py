@@ -12,7 +12,6 @@ from __future__ import annotations
 from ._triton_utils import HAS_TRITON, dot_rn, pdl_prologue, round_tf32, tl, triton, unspecialized
 
 __all__ = [
-    "_fold_xb_kernel",
     "_mp_bwd_edge_kernel",
     "_mp_bwd_filter_kernel",
     "_mp_bwd_sender_block_kernel",
@@ -23,21 +22,6 @@ __all__ = [
 ]
 
 if HAS_TRITON:
-
-    @triton.jit(**unspecialized("n"))
-    def _fold_xb_kernel(
-        x_ptr, v_ptr, p_ptr, n, N_FEAT: tl.constexpr, F_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr
-    ):
-        """p = x_b ⊙ v (``[N, 3, F]``, x_b the middle F columns of x ``[N, 3F]``) for BLOCK_N atoms: the same single
-        products as torch's broadcast multiply, in a launch that keeps the programmatic-dependent-launch chain."""
-        pdl_prologue(PDL)
-        i = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        f = tl.arange(0, F_PAD)
-        m = (i < n)[:, None] & (f < N_FEAT)[None, :]
-        row = i[:, None] * (3 * N_FEAT) + f[None, :]
-        xb = tl.load(x_ptr + row + N_FEAT, mask=m, other=0.0)
-        for k in tl.static_range(3):
-            tl.store(p_ptr + row + k * N_FEAT, xb * tl.load(v_ptr + row + k * N_FEAT, mask=m, other=0.0), mask=m)
 
     @triton.jit
     def _filter_t(w_ptr, BLK: tl.constexpr, f, fm, r, rm, N_FEAT: tl.constexpr, N_RBF: tl.constexpr):

@@ -326,7 +326,6 @@ def message_passing(
 
 if HAS_TRITON:
     from ._mp_kernels import (
-        _fold_xb_kernel,
         _mp_bwd_edge_kernel,
         _mp_bwd_filter_kernel,
         _mp_bwd_sender_block_kernel,
@@ -356,20 +355,9 @@ if HAS_TRITON:
         return [t.contiguous() for t in tensors]
 
     def _folded(x: Tensor, v: Tensor) -> Tensor:
-        """p = x_b ⊙ v ``[N, 3, F]`` (``fold_xb_min_edges``): what the FOLD kernels gather in place of v. A Triton
-        kernel (``fold_kernel``, stop 47: torch's broadcast multiply is a strided, unvectorised kernel that breaks
-        the PDL chain, ~7 µs in a 192-atom water replay) with the same products; else the torch multiply."""
-        n, f = v.shape[0], v.shape[2]
-        if not _CONFIG["fold_kernel"] or n == 0 or f == 0:
-            return (x[:, f : 2 * f].unsqueeze(1) * v).contiguous()
-        x, v = x.contiguous(), v.contiguous()
-        p = torch.empty_like(v)
-        block_n = max(1, min(16, 2048 // triton.next_power_of_2(f)))
-        check_launchable(_fold_xb_kernel, x)
-        _fold_xb_kernel[(triton.cdiv(n, block_n),)](
-            x, v, p, n, N_FEAT=f, F_PAD=triton.next_power_of_2(f), BLOCK_N=block_n, **pdl_args(x)
-        )
-        return p
+        """p = x_b ⊙ v ``[N, 3, F]`` (``fold_xb_min_edges``): what the FOLD kernels gather in place of v."""
+        f = v.shape[2]
+        return (x[:, f : 2 * f].unsqueeze(1) * v).contiguous()
 
     def _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, launch, has_v=True) -> tuple[Tensor, Tensor]:
         x, v, rbf, w, unit, edge_index, row_ptr = _prep(x, v, rbf, w, unit, edge_index, row_ptr)

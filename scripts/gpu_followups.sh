@@ -638,6 +638,7 @@ case "${1:-}" in
     ;;
   stop47i)
     # p = x_b ⊙ v by a Triton kernel: its CUDA tests, then the step with torch's multiply instead (two rounds).
+    # (0.98x on 192 water atoms: dropped after this call, results/stop47_gpu/fold_kernel_dropped.diff.)
     timeout 60 python3 -m pytest -q tests/kernels/test_message_passing.py -k "fold" >"$OUT/pytest_fold47.log" 2>&1
     tail -1 "$OUT/pytest_fold47.log"
     timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" \

@@ -792,17 +792,3 @@ def test_backward_runs_the_edge_kernel_before_the_sender_kernel(triton_device, f
         assert (part < g_x) == order, seen
     for a, b in zip(grads[True], grads[False], strict=True):
         assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n, f", [(1, 16), (37, 20), (70, 128)])
-def test_fold_kernel_equals_the_torch_multiply(triton_device, poison, dtype, n, f):
-    """p = x_b ⊙ v by the Triton kernel (fold_kernel) is torch's broadcast multiply bit for bit (odd atom counts,
-    widths not a power of two); the switch off runs the multiply itself."""
-    x, v, *_ = _graph(n, 4 * n, f, 8, dtype, triton_device, seed=n + f)
-    want = x[:, f : 2 * f].unsqueeze(1) * v
-    poison(3 * n * f + 64, dtype, triton_device)
-    got = mp_module._folded(x, v)
-    assert got.shape == (n, 3, f) and got.is_contiguous() and torch.equal(got, want)
-    with mp_module._configured(fold_kernel=False):
-        assert torch.equal(mp_module._folded(x, v), want)
