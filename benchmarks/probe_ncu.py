@@ -43,6 +43,8 @@ from mlff_distiller.model import StudentModel
 
 # The modules (the package re-exports functions under the same names).
 linear = importlib.import_module("mlff_distiller.kernels.linear")
+repulsion = importlib.import_module("mlff_distiller.kernels.repulsion")
+edge_features = importlib.import_module("mlff_distiller.kernels.edge_features")
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 update = importlib.import_module("mlff_distiller.kernels.painn_update")
 moments = importlib.import_module("mlff_distiller.kernels.species_moments")
@@ -136,7 +138,8 @@ def variants(spec: str = DEFAULT_VARIANTS):
     per layer after the first) or ``model:species_inputs_fused=0`` (the species index, embedding, v = 0 and first
     φ rows as four torch launches, not kernels.species_inputs) or ``moments:key=value``
     (``species_moments._CONFIG``, e.g. ``moments:model_min_edges=1000000000``: the first layer on the message
-    kernel) or ``seed:old=1`` (the padded step's vector-Jacobian product through
+    kernel, ``moments:into_sink=0``) or ``wall:pdl=0`` (``repulsion._CONFIG``) or ``edge:zero_in_forward=0``
+    (``edge_features._OPTIONS``) or ``seed:old=1`` (the padded step's vector-Jacobian product through
     ``engine_padded._Seeded``, as before stop 45)."""
     out = []
     for item in filter(None, (v.strip() for v in spec.split(";"))):
@@ -154,6 +157,12 @@ def variants(spec: str = DEFAULT_VARIANTS):
         elif where == "moments":
             unknown = set(changes) - set(moments._CONFIG)
             ctx = lambda c=changes: patched_config(moments._CONFIG, **c)  # noqa: E731
+        elif where == "wall":
+            unknown = set(changes) - set(repulsion._CONFIG)
+            ctx = lambda c=changes: patched_config(repulsion._CONFIG, **c)  # noqa: E731
+        elif where == "edge":
+            unknown = set(changes) - set(edge_features._OPTIONS)
+            ctx = lambda c=changes: patched_config(edge_features._OPTIONS, **c)  # noqa: E731
         elif where == "model":
             unknown = set(changes) - {"species_table", "v_residual_alias", "species_inputs_fused"}
             ctx = lambda c=changes: class_attrs(StudentModel, **{k: bool(v) for k, v in c.items()})  # noqa: E731
@@ -167,7 +176,9 @@ def variants(spec: str = DEFAULT_VARIANTS):
             unknown = set(changes) - {f.name for f in dataclasses.fields(BucketLadder)}
             ctx = lambda c=changes: ladder_config(**c)  # noqa: E731
         else:
-            raise ValueError(f"variant {item!r}: want mp:, gemm:, update:, moments:, model:, seed: or ladder:...")
+            raise ValueError(
+                f"variant {item!r}: want mp:, gemm:, update:, moments:, wall:, edge:, model:, seed: or ladder:..."
+            )
         if unknown:
             raise ValueError(f"variant {item!r}: unknown keys {sorted(unknown)}")
         out.append((item, ctx))

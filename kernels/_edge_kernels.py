@@ -48,6 +48,8 @@ if HAS_TRITON:
         rbf_ptr,
         idx_ptr,
         table_ptr,
+        zero_ptr,
+        n_zero,
         E,
         ei_stride,
         n_species,
@@ -65,9 +67,16 @@ if HAS_TRITON:
         GAMMA: tl.constexpr,
         MU_STEP: tl.constexpr,
         WALL: tl.constexpr,
+        ZERO: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl_prologue(PDL)
+        if ZERO:  # the n_zero entries at zero_ptr filled with zeros (the backward's position gradient: no fill kernel)
+            z = tl.arange(0, 128)
+            for start in range(tl.program_id(0) * 128, n_zero, tl.num_programs(0) * 128):
+                tl.store(
+                    zero_ptr + start + z, tl.zeros((128,), dtype=zero_ptr.dtype.element_ty), mask=start + z < n_zero
+                )
         rows = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         m = rows < E
         i = tl.load(ei_ptr + rows, mask=m, other=0).to(tl.int64)

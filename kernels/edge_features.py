@@ -133,7 +133,9 @@ def edge_basis(
 # ``segmented_receivers``: the backward sums each run of equal receivers in a block before its atomic add (on
 # CUDA). The interpreter runs a custom scan element by element in Python (seconds per block) and its atomics
 # never contend, so CPU tensors use the per-edge atomics unless ``segmented_receivers_cpu`` (tests) is set.
-_OPTIONS = {"segmented_receivers": True, "segmented_receivers_cpu": False}
+# "zero_in_forward": edge_basis's eager forward also zeroes its backward's position gradient (stop 48: no
+# fill kernel in the backward; False: a fill of its own there, for probes to time the two).
+_OPTIONS = {"segmented_receivers": True, "segmented_receivers_cpu": False, "zero_in_forward": True}
 
 # Placeholder rbf constants for the kernels' rbf arguments when WITH_RBF is off.
 _NO_RBF = dict(N_RBF=1, BASIS=0, ENVELOPE=0, INV_RC=1.0, RC=1.0, PI_RC=1.0, NORM=1.0, GAMMA=1.0, MU_STEP=0.0)
@@ -228,8 +230,16 @@ if HAS_TRITON:
         return (ref.new_empty(0, dtype=torch.long), ref.new_empty(0)), {"WALL": False, "n_species": 0}
 
     def _edge_forward(
-        positions: Tensor, edge_index: Tensor, shift_vectors: Tensor, rbf: tuple | None, launch, wall=None
+        positions: Tensor,
+        edge_index: Tensor,
+        shift_vectors: Tensor,
+        rbf: tuple | None,
+        launch,
+        wall=None,
+        zero: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(vec, dist, unit, rbf)`` of the edges. ``zero``: a contiguous tensor the kernel also fills with zeros
+        (eager path only; the edges must be some)."""
         positions, edge_index, shift_vectors = _prepare(positions, edge_index, shift_vectors)
         e, kw = edge_index.shape[1], dict(dtype=positions.dtype, device=positions.device)
         dist = torch.empty((e,), **kw)
@@ -244,6 +254,11 @@ if HAS_TRITON:
             out_rbf = torch.empty((e, 0), **kw) if out_rbf is None else out_rbf
         if e > 0:
             wall_ptrs, wall_switches = _wall_args(wall, dist, launch)
+            if zero is None:  # no tensor passed twice to a wrapped kernel (torch.compile): an empty one
+                zero = dist if launch is _bare else torch.empty((0,), **kw)
+                wall_switches["ZERO"] = False
+            else:
+                wall_switches["ZERO"] = True
             _launch_edges(
                 launch,
                 _edge_fwd_kernel,
@@ -261,6 +276,8 @@ if HAS_TRITON:
                 unit,
                 dist if out_rbf is None else out_rbf,
                 *wall_ptrs,
+                zero,
+                zero.numel() if wall_switches["ZERO"] else 0,
                 **wall_switches,
             )
         return vec, dist, unit, out_rbf
@@ -277,8 +294,10 @@ if HAS_TRITON:
         rbf: tuple | None,
         launch,
         wall=None,
+        zeroed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``grad_pos [N,3]``, ``grad_shift [E,3]``; ``grad_dist`` None stands for zeros (no fill, no read)."""
+        """``grad_pos [N,3]``, ``grad_shift [E,3]``; ``grad_dist`` None stands for zeros (no fill, no read).
+        ``zeroed``: an ``[N, 3]`` tensor of zeros (filled by the forward's kernel) to add ``grad_pos`` into."""
         dt = dist.dtype
         dist, unit, edge_index = dist.contiguous(), unit.contiguous(), edge_index.contiguous()
         has_gdist = grad_dist is not None
@@ -286,7 +305,10 @@ if HAS_TRITON:
         grad_dist = grad_dist.to(dt).contiguous() if has_gdist else dist
         grad_vec = grad_unit if grad_vec is None else grad_vec.to(dt).contiguous()
         grad_rbf = grad_dist if grad_rbf is None else grad_rbf.to(dt).contiguous()
-        grad_pos = torch.zeros((n_atoms, 3), dtype=dt, device=dist.device)
+        if zeroed is not None and zeroed.shape == (n_atoms, 3) and zeroed.dtype == dt:
+            grad_pos = zeroed
+        else:
+            grad_pos = torch.zeros((n_atoms, 3), dtype=dt, device=dist.device)
         grad_shift = torch.empty_like(unit)
         if edge_index.shape[1] > 0:
             wall_ptrs, wall_switches = _wall_args(wall, dist, launch)
@@ -569,7 +591,13 @@ if HAS_TRITON:
             ctx.set_materialize_grads(False)
             ctx.rbf = (n_rbf, cutoff, basis, envelope)
             ctx.wall = wall  # (idx, table) or None: integer indices and a constant table, nothing to differentiate
-            _, dist, unit, rbf = _edge_forward(positions, edge_index, shift_vectors, ctx.rbf, _bare, wall)
+            # The backward's position gradient, zeroed by this forward's kernel: no fill kernel in the backward,
+            # where it would sit on the step's path just before the last kernel.
+            ctx.zeroed = None
+            if ctx.needs_input_grad[0] and edge_index.shape[1] > 0 and _OPTIONS["zero_in_forward"]:
+                ctx.zeroed = torch.empty((positions.shape[0], 3), dtype=positions.dtype, device=positions.device)
+            args = (positions, edge_index, shift_vectors, ctx.rbf, _bare, wall, ctx.zeroed)
+            _, dist, unit, rbf = _edge_forward(*args)
             ctx.n_atoms = positions.shape[0]
             ctx.save_for_backward(dist, unit, edge_index)
             return dist, unit, rbf
@@ -585,9 +613,12 @@ if HAS_TRITON:
                 grad_rbf = dist.new_zeros((dist.shape[0], ctx.rbf[0]))
             if grad_dist is None and torch.is_grad_enabled():  # the double-backward Function wants all three
                 grad_dist = torch.zeros_like(dist)
-            grad_pos, grad_shift = _edge_bwd_dispatch(
-                None, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, ctx.n_atoms, ctx.rbf, wall=ctx.wall
-            )
+            args = (None, grad_dist, grad_unit, grad_rbf, dist, unit, edge_index, ctx.n_atoms, ctx.rbf)
+            if torch.is_grad_enabled() or ctx.zeroed is None:
+                grad_pos, grad_shift = _edge_bwd_dispatch(*args, wall=ctx.wall)
+            else:  # the forward's zeros, once (a second backward over the same graph gets new ones)
+                zeroed, ctx.zeroed = ctx.zeroed, None
+                grad_pos, grad_shift = _edge_backward(*args, _bare, ctx.wall, zeroed)
             return grad_pos, None, grad_shift, None, None, None, None, None
 
     def _edge_bwd_dispatch(*args, wall=None):

@@ -78,6 +78,9 @@ _CONFIG = {
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
+    # The pair repulsion's forward adding into the readout's outputs, its backward inside the readout's (stop 48:
+    # no copy of the two outputs first); False: the separate op (kernels.add_pair_repulsion).
+    "readout_wall": True,
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -165,24 +168,43 @@ def readout(
     species: Tensor,
     batch: Tensor,
     num_structures: int,
+    *,
+    wall: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`readout_reference` (``x [N, K]``, ``species`` and ``batch`` ``[N]`` indices into ``scale``/``shift``
     and the B structures): two Triton GEMMs with the scale, shift and sum fused when :func:`gemm_fusable` (frozen
-    weights; gradient wrt x only, first order), else the torch reference. Returns ``E [B]``, ``ε [N]`` (eV)."""
+    weights; gradient wrt x only, first order), else the torch reference. Returns ``E [B]``, ``ε [N]`` (eV).
+
+    ``wall = (dist, edge_index, table)``: the pair repulsion added to both
+    (:func:`~mlff_distiller.kernels.repulsion.add_pair_repulsion` with ``species`` as its ``idx``; differentiable in
+    ``dist``). On the fused path its forward adds into the readout's own outputs (no copy of them first, as the
+    separate op needs) and its backward runs in the readout's."""
     if x.dim() != 2 or w2.shape[0] != 1 or species.shape != x.shape[:1] or batch.shape != x.shape[:1]:
         raise ValueError(
             f"readout: x must be [N, K] with species and batch [N], W2 one output row; got x {list(x.shape)}, "
             f"species {list(species.shape)}, batch {list(batch.shape)}, W2 {list(w2.shape)}"
         )
-    if not gemm_fusable(x, w1, b1, w2, b2, scale, shift):
+    from .repulsion import add_pair_repulsion, wall_fusable
+
+    fused = gemm_fusable(x, w1, b1, w2, b2, scale, shift)
+    if wall is not None and not (fused and _CONFIG["readout_wall"] and wall_fusable(x, wall[0], wall[1])):
+        energy, atomic = readout(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures)
+        return tuple(reversed(add_pair_repulsion(atomic, energy, wall[0], wall[1], species, wall[2], batch)))
+    if not fused:
         return readout_reference(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures)
-    if not torch.is_grad_enabled() or not x.requires_grad:
-        return _readout_forward(x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures)[:2]
-    return _Readout.apply(x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures)
+    grad = torch.is_grad_enabled() and (x.requires_grad or (wall is not None and wall[0].requires_grad))
+    dist, edge_index, table = wall if wall is not None else (None, None, None)
+    args = (x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures, dist, edge_index, table)
+    if not grad:
+        return _readout_forward(*args)[:2]
+    return _Readout.apply(*args)
 
 
-def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot=None):
-    """``E [B]``, ``ε [N]`` and the pre-activation of the hidden layer (for the backward)."""
+def _readout_forward(
+    x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dist=None, edge_index=None, table=None, dot=None
+):
+    """``E [B]``, ``ε [N]``, the pre-activation of the hidden layer and the wall's saved tuple (for the backward;
+    None without ``dist``: no wall)."""
     # The per-structure sums start at zero: filled by the first GEMM's kernel (no fill kernel) where it has
     # enough rows (a structure has at least one atom: always, but for a caller's empty structures).
     if 0 < num_structures <= x.shape[0] and _CONFIG["readout_zero_in_gemm"]:
@@ -193,7 +215,13 @@ def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_struct
         h, pre = gemm(x, w1, b1, act="silu", dot=dot)
     species, batch = species.contiguous(), batch.contiguous()
     atomic, _ = gemm(h, w2, b2, row_affine=(species, scale, shift), segment_sum=(batch, energy), dot=dot)
-    return energy.view(num_structures), atomic.view(-1), pre
+    energy, atomic = energy.view(num_structures), atomic.view(-1)
+    wall = None
+    if dist is not None:
+        from .repulsion import add_wall_into
+
+        wall = add_wall_into(atomic, energy, dist, edge_index, species, table, batch)
+    return energy, atomic, pre, wall
 
 
 def gemm(
@@ -513,20 +541,31 @@ if HAS_TRITON:
         the first GEMM's prologue; SiLU' in the second's."""
 
         @staticmethod
-        def forward(ctx, x, w1, b1, w2, b2, scale, shift, species, batch, num_structures):
+        def forward(ctx, x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dist, edge_index, table):
             if any(ctx.needs_input_grad[1:7]):
                 raise RuntimeError("the Triton readout is inference-only: its weights must not require grad")
             ctx.set_materialize_grads(False)  # the engine differentiates E only: ε's gradient comes as None
             ctx.dot = dot = resolved_dot(x)
-            energy, atomic, pre = _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot)
-            ctx.save_for_backward(x, pre, w1, w2, scale, species, batch)
+            energy, atomic, pre, wall = _readout_forward(
+                x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dist, edge_index, table, dot
+            )
+            ctx.wall = wall is not None
+            ctx.save_for_backward(x, pre, w1, w2, scale, species, batch, *(wall or ()))
             return energy, atomic
 
         @staticmethod
         def backward(ctx, g_energy, g_atomic):
-            x, pre, w1, w2, scale, species, batch = ctx.saved_tensors
+            x, pre, w1, w2, scale, species, batch, *wall = ctx.saved_tensors
             if g_energy is None and g_atomic is None:
-                return (None,) * 10
+                return (None,) * 13
+            g_dist = None
+            if ctx.wall and ctx.needs_input_grad[10]:
+                from .repulsion import wall_grad
+
+                with torch.no_grad():
+                    g_dist = wall_grad(tuple(wall), g_atomic, g_energy)
+            if not ctx.needs_input_grad[0]:
+                return None, *(None,) * 9, g_dist, None, None
             with torch.no_grad():
                 if g_energy is None:  # (rare) only ε is differentiated: no sum to gather
                     g_e, seg = x.new_zeros((1, 1)), torch.zeros_like(batch)
@@ -538,4 +577,6 @@ if HAS_TRITON:
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
                 depends = [t for t in (x, g_energy, g_atomic) if t is not None]
                 g_x = FirstOrderOnly.apply("the Triton readout", 1, g_x, *depends)
-            return g_x, None, None, None, None, None, None, None, None, None
+                if g_dist is not None:
+                    g_dist = FirstOrderOnly.apply("the Triton readout's wall", 1, g_dist, *depends)
+            return g_x, *(None,) * 9, g_dist, None, None

@@ -52,6 +52,9 @@ _CONFIG = {
     "bwd_block_e": 64,
     "model_min_edges": 0,
     "model_min_degree": 16,
+    # With the step's edge-gradient sink (kernels.defer_edge_grads: a captured step), the backward adds ∂rbf, ∂u
+    # into the sink's sums instead of handing them to autograd, which added them in two kernels (stop 48).
+    "into_sink": True,
 }
 
 
@@ -110,10 +113,13 @@ def first_layer_messages(
     n_species: int,
     row_ptr: Tensor,
     m: Tensor,
+    edge_sink=None,
 ) -> tuple[Tensor, Tensor]:
     """``(Δs [N, F], Δv [N, 3, F])`` of a first PaiNN layer: :func:`species_moments` times ``m = [M_a; M_c]``
     ``[2, S·R, F]`` (frozen: no gradient). On the Triton path one autograd node whose two products are the Triton
-    GEMMs (first derivatives); elsewhere the moments and two torch matmuls."""
+    GEMMs (first derivatives); elsewhere the moments and two torch matmuls. ``edge_sink``: the step's
+    :class:`~mlff_distiller.kernels.message_passing.EdgeGradSink` (``rbf`` and ``unit`` then come through its
+    identity node): the backward adds ∂rbf, ∂u into its sums."""
     n = _check(rbf, unit, edge_index, species, n_species, row_ptr)
     if m.dim() != 3 or m.shape[:2] != (2, n_species * rbf.shape[1]):
         raise ValueError(
@@ -123,7 +129,7 @@ def first_layer_messages(
         from .linear import gemm_fusable
 
         if gemm_fusable(rbf, m) and resolve_backend(rbf.device) == "triton":
-            return _FirstLayerMessages.apply(rbf, unit, edge_index, species, int(n_species), row_ptr, m)
+            return _FirstLayerMessages.apply(rbf, unit, edge_index, species, int(n_species), row_ptr, m, edge_sink)
     p, q = species_moments(rbf, unit, edge_index, species, n_species, row_ptr)
     return p @ m[0], (q.reshape(3 * n, -1) @ m[1]).view(n, 3, m.shape[-1])
 
@@ -184,11 +190,11 @@ if HAS_TRITON:
     @triton.jit(**unspecialized("n_edges", "ei_stride"))
     def _moments_bwd_kernel(
         gp_ptr, gq_ptr, rbf_ptr, unit_ptr, ei_ptr, species_ptr, live_ptr, grbf_ptr, gunit_ptr, n_edges, ei_stride,
-        N_SPECIES: tl.constexpr, N_RBF: tl.constexpr, R_PAD: tl.constexpr, BLOCK_E: tl.constexpr,
+        N_SPECIES: tl.constexpr, N_RBF: tl.constexpr, R_PAD: tl.constexpr, BLOCK_E: tl.constexpr, ACC: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
         """∂rbf_e = ∂P_i[z_j] + Σ_k u_e[k] ∂Q_i[k, z_j], ∂u_e[k] = ⟨rbf_e, ∂Q_i[k, z_j]⟩ for a tile of edges; zero rows
-        for the edges past row_ptr[N] (no receiver)."""
+        for the edges past row_ptr[N] (no receiver). ACC: added to what the outputs hold."""
         pdl_prologue(PDL)
         e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         inside = e < n_edges
@@ -211,10 +217,19 @@ if HAS_TRITON:
         uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
         uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
         g_rbf = gp + ux[:, None] * g0 + uy[:, None] * g1 + uz[:, None] * g2
-        tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=inside[:, None] & rm[None, :])
-        tl.store(gunit_ptr + e * 3, tl.sum(rb * g0, axis=1), mask=inside)
-        tl.store(gunit_ptr + e * 3 + 1, tl.sum(rb * g1, axis=1), mask=inside)
-        tl.store(gunit_ptr + e * 3 + 2, tl.sum(rb * g2, axis=1), mask=inside)
+        gux = tl.sum(rb * g0, axis=1)
+        guy = tl.sum(rb * g1, axis=1)
+        guz = tl.sum(rb * g2, axis=1)
+        out = grbf_ptr + e[:, None] * N_RBF + r[None, :]
+        if ACC:
+            g_rbf += tl.load(out, mask=inside[:, None] & rm[None, :], other=0.0)
+            gux += tl.load(gunit_ptr + e * 3, mask=inside, other=0.0)
+            guy += tl.load(gunit_ptr + e * 3 + 1, mask=inside, other=0.0)
+            guz += tl.load(gunit_ptr + e * 3 + 2, mask=inside, other=0.0)
+        tl.store(out, g_rbf, mask=inside[:, None] & rm[None, :])
+        tl.store(gunit_ptr + e * 3, gux, mask=inside)
+        tl.store(gunit_ptr + e * 3 + 1, guy, mask=inside)
+        tl.store(gunit_ptr + e * 3 + 2, guz, mask=inside)
 
     def _pow2(n: int) -> int:
         return 1 << max(0, int(n) - 1).bit_length()
@@ -260,10 +275,12 @@ if HAS_TRITON:
         )  # fmt: skip
         return p, q
 
-    def _backward(gp, gq, rbf, unit, edge_index, species, n_species, row_ptr):
+    def _backward(gp, gq, rbf, unit, edge_index, species, n_species, row_ptr, out=None, accumulate=False):
+        """``(∂rbf, ∂u)``; ``out``: the two tensors to write them into (else new ones), or with ``accumulate`` to
+        add them to."""
         e, n_rbf = rbf.shape
         n = row_ptr.shape[0] - 1
-        g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
+        g_rbf, g_unit = (torch.empty_like(rbf), torch.empty_like(unit)) if out is None else out
         if e == 0:
             return g_rbf, g_unit
         gp = rbf.new_zeros((n, n_species * n_rbf)) if gp is None else gp.to(rbf.dtype).contiguous()
@@ -272,7 +289,7 @@ if HAS_TRITON:
         check_launchable(_moments_bwd_kernel, rbf)
         _moments_bwd_kernel[(triton.cdiv(e, block_e),)](
             gp, gq, rbf, unit, edge_index, species, row_ptr[n:], g_rbf, g_unit, e, edge_index.stride(0),
-            N_SPECIES=n_species, N_RBF=n_rbf, R_PAD=max(16, _pow2(n_rbf)), BLOCK_E=block_e,
+            N_SPECIES=n_species, N_RBF=n_rbf, R_PAD=max(16, _pow2(n_rbf)), BLOCK_E=block_e, ACC=accumulate,
             num_warps=_CONFIG["num_warps"], **pdl_args(rbf),
         )  # fmt: skip
         return g_rbf, g_unit
@@ -303,11 +320,11 @@ if HAS_TRITON:
         moments' backward kernel. First derivatives only."""
 
         @staticmethod
-        def forward(ctx, rbf, unit, edge_index, species, n_species, row_ptr, m):
+        def forward(ctx, rbf, unit, edge_index, species, n_species, row_ptr, m, sink=None):
             from .linear import gemm, resolved_dot
 
             ctx.set_materialize_grads(False)
-            ctx.n_species = n_species
+            ctx.n_species, ctx.sink = n_species, sink
             ctx.dot = dot = resolved_dot(rbf)
             rbf, unit = rbf.contiguous(), unit.contiguous()
             ctx.save_for_backward(rbf, unit, edge_index, species, row_ptr, m)
@@ -323,15 +340,31 @@ if HAS_TRITON:
 
             rbf, unit, edge_index, species, row_ptr, m = ctx.saved_tensors
             if g_ds is None and g_dv is None:
-                return (None,) * 7
+                return (None,) * 8
             n = row_ptr.shape[0] - 1
+            sink = ctx.sink
+            # Into the sink's sums where its node runs in this backward (as the message layers' edge kernels do),
+            # on this stream after joining the sink's: the node then hands the sums on without adding anything.
+            into = sink is not None and _CONFIG["into_sink"] and not torch.is_grad_enabled() and sink.joins()
             with torch.no_grad():
                 gp = None if g_ds is None else gemm(g_ds.to(m.dtype).contiguous(), m[0], dot=ctx.dot)[0]
                 gq = None
                 if g_dv is not None:
                     gq = gemm(g_dv.to(m.dtype).contiguous().view(3 * n, -1), m[1], dot=ctx.dot)[0].view(n, 3, -1)
-                g_rbf, g_unit = _backward(gp, gq, rbf, unit, edge_index, species, ctx.n_species, row_ptr)
+                args = (gp, gq, rbf, unit, edge_index, species, ctx.n_species, row_ptr)
+                if into:
+                    _moments_grads_into(sink, *args)
+                    return (None,) * 8
+                g_rbf, g_unit = _backward(*args)
             if torch.is_grad_enabled():  # create_graph=True: a second derivative raises
                 depends = [t for t in (g_ds, g_dv, rbf, unit) if t is not None]
                 g_rbf, g_unit = FirstOrderOnly.apply("the first layer's moments", 2, g_rbf, g_unit, *depends)
-            return g_rbf, g_unit, None, None, None, None, None
+            return g_rbf, g_unit, None, None, None, None, None, None
+
+    def _moments_grads_into(sink, *args) -> None:
+        """The moments' ∂rbf, ∂u added into the sink's sums (written, where no layer has yet) on the caller's
+        stream, once it has joined the sink's stream (whose edge kernels write the same sums)."""
+        if sink.stream is not None:  # (None: a sink on one stream, as the CPU tests make)
+            torch.cuda.current_stream(sink.rbf.device).wait_stream(sink.stream)
+        _backward(*args, out=(sink.rbf, sink.unit), accumulate=sink.filled)
+        sink.filled = True

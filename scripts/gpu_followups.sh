@@ -193,7 +193,7 @@ case "${1:-}" in
       tests/test_engine_verlet.py tests/test_batched_md.py tests/test_engine_stress.py tests/test_engine_npt.py \
       -k "not compile and not autotune" >"$OUT/pytest_engine.log" 2>&1
     tail -1 "$OUT/pytest_engine.log"
-    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 165 --out "$OUT" \
       --systems benzene,water192,g2x1024,g2x4096,water3000 \
       --variants "mp:edge_stream_max_edges=0;mp:edge_stream_max_edges=0" >"$OUT/sweep_stop44b.log" 2>&1
     grep -E "^\| " "$OUT/sweep_stop44b.log" | tail -11
@@ -234,7 +234,7 @@ case "${1:-}" in
     timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 180 --sections check,ef \
       --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
     grep -E "^\| (ours|ref|3000|24000)" "$OUT/large/bench_large.md" | head -14
-    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 165 --out "$OUT" \
       --systems benzene,water192,g2x1024,g2x4096,water3000 \
       --variants "mp:edge_stream_max_edges=0;mp:edge_stream_max_edges=0" >"$OUT/sweep_stop44d.log" 2>&1
     grep -E "^\| " "$OUT/sweep_stop44d.log" | tail -11
@@ -250,7 +250,7 @@ case "${1:-}" in
     timeout 200 python3 -m pytest -q -m gpu tests/test_engine_modes.py tests/test_engine_verlet.py \
       tests/test_engine_stress.py -k "not compile and not autotune" >"$OUT/pytest_engine.log" 2>&1
     tail -1 "$OUT/pytest_engine.log"
-    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 165 --out "$OUT" \
       --systems benzene,water192,g2x1024,g2x4096,water3000 \
       --variants "moments:model_min_edges=1000000000;moments:model_min_edges=1000000000" >"$OUT/sweep_moments.log" 2>&1
     grep -E "^\| " "$OUT/sweep_moments.log" | tail -11
@@ -346,7 +346,7 @@ case "${1:-}" in
       --systems water24000 --variants "$V" >"$OUT/sweep_tiles24k.log" 2>&1
     grep -E "^\| " "$OUT/sweep_tiles24k.log" | tail -13
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_tiles24k.md"
-    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 165 --out "$OUT" \
       --systems water3000 --variants "$V" >"$OUT/sweep_tiles3k.log" 2>&1
     grep -E "^\| " "$OUT/sweep_tiles3k.log" | tail -13
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_tiles3k.md"
@@ -355,7 +355,7 @@ case "${1:-}" in
     # Pipeline stages of the forward and sender kernels (stop45d: the forward at 2 stages 1.017-1.020x on water)
     # on every system of the rows.
     V="mp:fwd_stages=2;mp:fwd_stages=1;mp:bwd_sender_stages=2;mp:fwd_stages=2,bwd_sender_stages=2"
-    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 165 --out "$OUT" \
       --systems water3000,g2x4096,g2x1024,water192,benzene --variants "$V" >"$OUT/sweep_stages.log" 2>&1
     grep -E "^\| " "$OUT/sweep_stages.log" | tail -20
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_stages.md"
@@ -442,7 +442,7 @@ case "${1:-}" in
       >"$OUT/pytest_compile46c.log" 2>&1
     tail -1 "$OUT/pytest_compile46c.log"
     V="model:v_residual_alias=0;gemm:untransposed_max_rows=0;gemm:w_split_min_rows=0;model:v_residual_alias=0"
-    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 165 --out "$OUT" \
       --systems benzene,water192,g2x1024,water3000 --variants "$V" >"$OUT/sweep_alias.log" 2>&1
     grep -E "^\| " "$OUT/sweep_alias.log" | tail -16
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_alias.md"
@@ -588,7 +588,7 @@ case "${1:-}" in
       >"$OUT/pytest_modes47e.log" 2>&1
     tail -1 "$OUT/pytest_modes47e.log"
     V="model:species_inputs_fused=0;gemm:readout_zero_in_gemm=0;model:species_inputs_fused=0;gemm:readout_zero_in_gemm=0"
-    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 165 --out "$OUT" \
       --systems benzene,water192,g2x1024,water3000 --variants "$V" >"$OUT/sweep_small.log" 2>&1
     grep -E "^\| " "$OUT/sweep_small.log" | tail -17
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_small47.md"
@@ -646,6 +646,23 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_fold.log" | tail -5
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_fold47.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i" >&2; exit 2 ;;
+  stop48)
+    # Three torch launches fewer per step: the wall's forward into the readout's outputs (no cat), the position
+    # gradient zeroed by the edge forward kernel (no fill), the moments' backward into the edge sink (no adds); the
+    # repulsion kernels chained by PDL. Their CUDA tests, then each change against the old path, the kernel lists.
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_repulsion.py \
+      tests/kernels/test_edge_features.py tests/kernels/test_species_moments.py tests/test_first_layer_moments.py \
+      tests/kernels/test_edge_sink.py tests/test_model_repulsion.py \
+      -k "cuda or gpu or readouts_wall or add_pair or captured" >"$OUT/pytest_48.log" 2>&1
+    tail -3 "$OUT/pytest_48.log"
+    V="gemm:readout_wall=0;edge:zero_in_forward=0;moments:into_sink=0;wall:pdl=0"
+    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 165 --out "$OUT" \
+      --systems benzene,water192,g2x1024,water3000 --variants "$V" >"$OUT/sweep_48.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_48.log" | tail -18
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48.md"
+    timeout 150 python3 benchmarks/probe_kernel_order.py --out "$OUT" >"$OUT/probe_kernel_order.log" 2>&1
+    grep -E "kernels, .* torch" "$OUT/probe_kernel_order.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -529,3 +529,30 @@ def test_memory_peak_replay_and_sites():
     peak2, _ = pm.peak_of_trace([*[e for e in events if e["action"] != "free_completed"][:3], events[4]])
     assert peak2 == 170
     assert pm.main(["--atoms", "24"]) == 0  # without CUDA: one line, no error
+
+
+def test_probe_ncu_variants_patch_each_switch_and_restore_it():
+    """probe_ncu's variant specs: each prefix patches its module's switch inside the context and restores it; an
+    unknown key or prefix is an error."""
+    import importlib
+
+    import probe_ncu
+
+    k = "mlff_distiller.kernels."
+    switches = {
+        "wall:pdl=0": (importlib.import_module(k + "repulsion")._CONFIG, "pdl"),
+        "edge:zero_in_forward=0": (importlib.import_module(k + "edge_features")._OPTIONS, "zero_in_forward"),
+        "moments:into_sink=0": (importlib.import_module(k + "species_moments")._CONFIG, "into_sink"),
+        "gemm:readout_wall=0": (importlib.import_module(k + "linear")._CONFIG, "readout_wall"),
+    }
+    got = probe_ncu.variants(";".join(switches))
+    assert [label for label, _ in got] == list(switches)
+    for (label, ctx), (config, key) in zip(got, switches.values(), strict=True):
+        before = config[key]
+        with ctx():
+            assert not config[key], label
+        assert config[key] == before
+    with pytest.raises(ValueError, match="unknown keys"):
+        probe_ncu.variants("wall:nope=1")
+    with pytest.raises(ValueError, match="want mp:"):
+        probe_ncu.variants("nowhere:x=1")

@@ -225,3 +225,41 @@ def test_dense_periodic_cells_take_the_moments_on_the_cpu_step(monkeypatch):
     cu = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)  # 4 Å cutoff: 18 neighbours per atom
     engine.compute(AtomsBatch.from_atoms(cu))
     assert calls == [1]
+
+
+@pytest.mark.gpu
+def test_captured_moments_add_into_the_edge_sink(monkeypatch):
+    """A captured CUDA step on a 192-atom water box with the moments' first layer: its backward adds ∂rbf, ∂u into
+    the second stream's edge-gradient sink (``into_sink``), inside the capture, and the forces and energies equal
+    those with ``into_sink`` off (autograd's two adds), and those of the eager step."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from systems import water_box
+
+    into = []
+    real = sm._moments_grads_into
+
+    def spy(sink, *args):
+        into.append(torch.cuda.is_current_stream_capturing())
+        return real(sink, *args)
+
+    monkeypatch.setattr(sm, "_moments_grads_into", spy)
+    calls = _spy(monkeypatch)
+    net = make_model(seed=3, species=[1, 8], hidden=128, layers=3, n_rbf=20, cutoff=5.0)
+    batch = AtomsBatch.from_atoms([water_box(192, seed=0)])
+    outs = {}
+    for way, mode, on in (("into", "cudagraph", True), ("off", "cudagraph", False), ("eager", "eager", True)):
+        monkeypatch.setitem(sm._CONFIG, "into_sink", on)
+        into.clear()
+        with _moments(0):
+            engine = ForceEngine(net, device="cuda", precision="fp32", mode=mode)
+            for _ in range(2):  # capture, then a replay
+                outs[way] = engine.compute(batch)
+        assert (True in into) == (way == "into"), (way, into)
+    assert calls
+    for way in ("off", "eager"):
+        for key in ("energy", "forces"):
+            scale = outs[way][key].abs().max().clamp_min(1e-3)
+            assert (outs["into"][key] - outs[way][key]).abs().max() / scale <= 1e-5, (way, key)

@@ -413,8 +413,9 @@ def test_forward_without_autograd(triton_device, variant, n_edges, dtype, how, p
 @pytest.mark.parametrize("used", ["unit+rbf", "rbf", "unit"])
 def test_edge_basis_unused_outputs_need_no_zero_gradient(triton_device, dtype, used):
     """The model never uses edge_basis's dist: its gradient arrives as None, and the backward reads no zero-filled
-    buffer for it (the only fill left is grad_pos, which the kernel's atomics accumulate into). Bit for bit the
-    gradient with an explicit zero for every unused output (on the CPU; the GPU's atomics add in any order)."""
+    buffer for it; grad_pos, which the kernel's atomics accumulate into, was zeroed by the forward's kernel (no
+    fill in the backward). Bit for bit the gradient with an explicit zero for every unused output (on the CPU; the
+    GPU's atomics add in any order), which is a second backward over the same graph: it fills grad_pos itself."""
     torch.manual_seed(4)
     pos, ei, shifts = _graph(200, dtype, triton_device)
     pos.requires_grad_(True)
@@ -440,7 +441,36 @@ def test_edge_basis_unused_outputs_need_no_zero_gradient(triton_device, dtype, u
         assert torch.equal(grads["none"], want)
     else:  # the forces' atomics add in a different order each run
         _assert_close(grads["none"], want.double(), TOL[dtype], normwise=True)
-    assert (
-        fills.count("zeros") + fills.count("new_zeros") + fills.count("zeros_like")
-        == (1 if used != "unit+rbf" else 0) + 1
-    )
+    assert fills.count("zeros") + fills.count("new_zeros") + fills.count("zeros_like") == (used != "unit+rbf")
+
+
+@pytest.mark.parametrize("variant", VARIANTS[1:])
+def test_the_forwards_zeros_for_the_position_gradient(triton_device, variant, monkeypatch):
+    """edge_basis's forward kernel zeroes the backward's position gradient (``zero_in_forward``): the kernel fills
+    every entry of a poisoned buffer, for more entries than its programs' first pass covers; the gradients equal
+    those of a backward that fills its own zeros (bit for bit on the CPU), also for a second backward over the same
+    graph (which must not add into the first one's buffer)."""
+    pos, ei, shifts = _graph(40, torch.float64, triton_device, n_atoms=1000)  # 3,000 entries, one program
+    zero = torch.full((1000, 3), float("nan"), dtype=torch.float64, device=triton_device)
+    with use_backend("triton"):
+        edge_features_module._edge_forward(
+            pos, ei, shifts, (N_RBF, CUTOFF, *variant), edge_features_module._bare, None, zero
+        )
+    assert torch.equal(zero, torch.zeros_like(zero))
+
+    pos, ei, shifts = _graph(3000, torch.float64, triton_device)
+    pos.requires_grad_(True)
+    g = {}
+    for on in (True, False):
+        monkeypatch.setitem(edge_features_module._OPTIONS, "zero_in_forward", on)
+        with use_backend("triton"):
+            _, unit, rbf = edge_basis(pos, ei, shifts, N_RBF, CUTOFF, *variant)
+        go = (torch.cos(unit.detach()), torch.sin(rbf.detach()))
+        first = torch.autograd.grad((unit, rbf), pos, go, retain_graph=True)[0]
+        g[on] = (first, torch.autograd.grad((unit, rbf), pos, go)[0])
+    for a, b in zip(g[True], g[False], strict=True):
+        if triton_device.type == "cpu":
+            assert torch.equal(a, b)
+        else:
+            _assert_close(a, b, TOL[torch.float64], normwise=True)
+    assert g[True][0].abs().sum() > 0

@@ -317,3 +317,60 @@ def test_bad_wall_arguments_are_named():
         edge_basis(pos, edge_index, shifts, 4, 5.0, wall=(idx, table[:5]))
     with pytest.raises(ValueError, match=r"atomic \[N\] and energy \[B\]"):
         add_pair_repulsion(torch.zeros(4), torch.zeros(1), dist, edge_index, idx, table, batch)
+
+
+@pytest.mark.skipif(not TRITON_DEVICES, reason="needs triton (the interpreter on the CPU, or CUDA)")
+@pytest.mark.parametrize("with_x_grad", [True, False])
+def test_the_readouts_wall_is_the_separate_ops(with_x_grad):
+    """``kernels.linear.readout(..., wall=...)`` (the wall's atomics into the readout's own outputs, its backward
+    inside the readout's: no copy of the outputs) against the readout then ``add_pair_repulsion``, and against the
+    torch references: the energies and the gradients wrt x and dist. float64 for the comparison with the
+    references; float32 on CUDA (the GEMMs' float32 path)."""
+    from mlff_distiller.kernels import add_pair_repulsion
+    from mlff_distiller.kernels.linear import _CONFIG, readout, readout_reference
+
+    for device in TRITON_DEVICES:
+        dtype = torch.float64 if device == "cpu" else torch.float32
+        dist, edge_index, idx, table, batch = _random_graph(40, 900, 3, 31, dtype, device)
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(40, 16, generator=g, dtype=dtype).to(device).requires_grad_(with_x_grad)
+        ws = [torch.randn(*shape, generator=g, dtype=dtype).to(device) for shape in ((8, 16), (8,), (1, 8), (1,))]
+        scale = torch.rand(len(SPECIES), generator=g, dtype=dtype).to(device) + 0.5
+        shift = torch.randn(len(SPECIES), generator=g, dtype=dtype).to(device)
+        w_e = torch.randn(3, generator=g, dtype=dtype).to(device)
+        w_a = torch.randn(40, generator=g, dtype=dtype).to(device)
+        leaves = (x, dist) if with_x_grad else (dist,)
+        outs = {}
+        for way in ("fused", "separate", "reference"):
+            with use_backend("torch" if way == "reference" else "triton"):
+                if way == "fused":
+                    e, a = readout(x, *ws, scale, shift, idx, batch, 3, wall=(dist, edge_index, table))
+                elif way == "separate":
+                    with patched(_CONFIG, readout_wall=False):
+                        e, a = readout(x, *ws, scale, shift, idx, batch, 3, wall=(dist, edge_index, table))
+                else:
+                    e, a = readout_reference(x, *ws, scale, shift, idx, batch, 3)
+                    a, e = add_pair_repulsion(a, e, dist, edge_index, idx, table, batch)
+            grads = torch.autograd.grad((e * w_e).sum() + (a * w_a).sum(), leaves)
+            outs[way] = [t.detach() for t in (e, a, *grads)]
+        assert outs["fused"][1].abs().max() > 1.0  # some atoms inside the wall: its energies are in the sums
+        for got, want in zip(outs["fused"], outs["separate"], strict=True):
+            assert torch.equal(got, want) if device == "cpu" else torch.allclose(got, want, rtol=1e-6, atol=1e-5)
+        tol = dict(rtol=1e-10, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-3)
+        for got, want in zip(outs["fused"], outs["reference"], strict=True):
+            torch.testing.assert_close(got, want, **tol)
+
+
+def patched(config: dict, **changes):
+    import contextlib
+
+    @contextlib.contextmanager
+    def _cm():
+        old = {k: config[k] for k in changes}
+        config.update(changes)
+        try:
+            yield
+        finally:
+            config.update(old)
+
+    return _cm()

@@ -146,3 +146,42 @@ def test_first_layer_messages_checks_its_inputs():
         sm.first_layer_messages(rbf, unit, ei, species, 2, row_ptr, torch.zeros(2, 15, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="unit"):
         sm.first_layer_messages(rbf, unit[:, :2], ei, species, 2, row_ptr, torch.zeros(2, 16, 4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("filled", [True, False])
+def test_first_layer_messages_add_into_the_edge_sink(triton_device, filled, monkeypatch):
+    """With the step's edge-gradient sink (``edge_sink``; here one on a single stream, on any device), the moments'
+    backward adds ∂rbf, ∂u into the sink's sums (writes them where no layer has yet) and hands autograd nothing, so
+    that the sink's node passes the sums on without an add. The gradients reaching rbf and unit equal the plain
+    path's plus what the sink held; with ``into_sink`` off, the same through autograd's adds."""
+    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+    rbf, unit, ei, species, row_ptr = _graph(31, 300, 20, 4, torch.float64, triton_device, seed=21, pad=5)
+    gen = torch.Generator().manual_seed(22)
+    m = torch.randn(2, 4 * 20, 32, generator=gen, dtype=torch.float64).to(triton_device)
+    held = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(triton_device) for t in (rbf, unit)]
+    w_s = torch.randn(31, 32, generator=gen, dtype=torch.float64).to(triton_device)
+    w_v = torch.randn(31, 3, 32, generator=gen, dtype=torch.float64).to(triton_device)
+    rbf.requires_grad_(True)
+    unit.requires_grad_(True)
+    grads, sums = {}, {}
+    for way in ("plain", "into", "off"):
+        monkeypatch.setitem(sm._CONFIG, "into_sink", way != "off")
+        sink = None
+        r, u = rbf, unit
+        if way != "plain":
+            sink = mp.EdgeGradSink(None, rbf, unit)
+            r, u = mp._DeferredEdgeGrads.apply(rbf, unit, sink)
+            sink.node = importlib.import_module("weakref").ref(r.grad_fn)
+            if filled:  # as the other layers' edge kernels leave it
+                sink.rbf.copy_(held[0]), sink.unit.copy_(held[1])
+                sink.filled = True
+        with use_backend("triton"):
+            ds, dv = sm.first_layer_messages(r, u, ei, species, 4, row_ptr, m, edge_sink=sink)
+        grads[way] = torch.autograd.grad((ds * w_s).sum() + (dv * w_v).sum(), (rbf, unit))
+        sums[way] = sink
+    for got, want, h in zip(grads["into"], grads["plain"], held, strict=True):
+        torch.testing.assert_close(got, want + h if filled else want, rtol=1e-12, atol=1e-12)
+    for got, want in zip(grads["off"], grads["into"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # the sums were written in place: the gradient autograd handed on is the sink's own tensor
+    assert grads["into"][0] is sums["into"].rbf and grads["off"][0] is not sums["off"].rbf

@@ -342,12 +342,13 @@ class StudentModel(nn.Module):
         weights = (self.embedding.weight, first[0].weight, first[0].bias, first[2].weight, first[2].bias)
         return derived("first_moments", _moment_weights, *weights, inner.filter.weight)
 
-    def _first_layer_moments(self, idx, rbf, unit, edge_index):
+    def _first_layer_moments(self, idx, rbf, unit, edge_index, sink=None):
         """``(Δs, Δv)`` of the first layer from the species-resolved radial moments
         (:mod:`mlff_distiller.kernels.species_moments`: no sender features gathered), or None where the message
         kernel runs instead: call it only where :meth:`first_phi_table` gave a table. The Triton backend, at most
         ``MAX_SPECIES`` species, graphs of at least ``species_moments._CONFIG["model_min_edges"]`` edges and
-        ``["model_min_degree"]`` edges per atom, edges sorted by receiver."""
+        ``["model_min_degree"]`` edges per atom, edges sorted by receiver. ``sink``: the step's edge-gradient sink
+        (:func:`mlff_distiller.kernels.defer_edge_grads`), which the moments' backward then adds into."""
         from mlff_distiller.kernels import species_moments as sm
 
         if kernels.resolve_backend(rbf.device) != "triton":
@@ -366,7 +367,8 @@ class StudentModel(nn.Module):
                 return None
             row_ptr = g.row_ptr
         n_species = len(self.config.species)
-        return sm.first_layer_messages(rbf, unit, edge_index, idx, n_species, row_ptr.to(torch.int64), m)
+        row_ptr = row_ptr.to(torch.int64)
+        return sm.first_layer_messages(rbf, unit, edge_index, idx, n_species, row_ptr, m, edge_sink=sink)
 
     def set_energy_reference(self, shift: Sequence[float] | torch.Tensor, scale: Sequence[float] | torch.Tensor):
         """Set per-species energy shift (eV) and scale, ordered like ``config.species``."""
@@ -475,7 +477,7 @@ class StudentModel(nn.Module):
                 if layer == 0 and phi_table is not None:
                     # The first layer from species-resolved radial moments (large graphs), else its φ(s) as rows of
                     # the species table.
-                    moments = self._first_layer_moments(idx, rbf, unit, edge_index)
+                    moments = self._first_layer_moments(idx, rbf, unit, edge_index, sink)
                     if moments is not None:
                         s, v = update(s, v, *moments)
                         continue
@@ -494,7 +496,10 @@ class StudentModel(nn.Module):
         if type(first) is nn.Linear and type(last) is nn.Linear and kernels.gemm_fusable(s, *params):
             # Frozen weights on the Triton GEMMs: MLP, per-species scale and shift and the per-structure sum in two
             # GEMMs (no gather, mul, add, index_add kernels; nor their backward's gather and mul).
-            energy, atomic = kernels.linear.readout(s, *params, idx, batch, num_structures)
+            # The wall's energies too, added into the readout's outputs (kernels.linear.readout's ``wall``).
+            pair = (dist, edge_index, table) if wall else None
+            energy, atomic = kernels.linear.readout(s, *params, idx, batch, num_structures, wall=pair)
+            wall = False
         else:  # the same ops, through kernels.mlp (training, the torch backend, the 16-bit copies of precision)
             atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
             # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
