@@ -649,13 +649,15 @@ case "${1:-}" in
   stop48)
     # Three torch launches fewer per step: the wall's forward into the readout's outputs (no cat), the position
     # gradient zeroed by the edge forward kernel (no fill), the moments' backward into the edge sink (no adds); the
-    # repulsion kernels chained by PDL. Their CUDA tests, then each change against the old path, the kernel lists.
+    # repulsion kernels chained by PDL. Their CUDA tests, then each switch on against the shipped code (off). Not run
+    # at stop 48 (no device time left): the next stop runs it, then turns on what passes and gains.
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_repulsion.py \
       tests/kernels/test_edge_features.py tests/kernels/test_species_moments.py tests/test_first_layer_moments.py \
       tests/kernels/test_edge_sink.py tests/test_model_repulsion.py \
       -k "cuda or gpu or readouts_wall or add_pair or captured" >"$OUT/pytest_48.log" 2>&1
     tail -3 "$OUT/pytest_48.log"
-    V="gemm:readout_wall=0;edge:zero_in_forward=0;moments:into_sink=0;wall:pdl=0"
+    # (Each switch ships off: ratio = shipped / variant > 1 would mean the switch loses.)
+    V="gemm:readout_wall=1;edge:zero_in_forward=1;moments:into_sink=1;wall:pdl=1"
     timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 165 --out "$OUT" \
       --systems benzene,water192,g2x1024,water3000 --variants "$V" >"$OUT/sweep_48.log" 2>&1
     grep -E "^\| " "$OUT/sweep_48.log" | tail -18

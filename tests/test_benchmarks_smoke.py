@@ -540,17 +540,17 @@ def test_probe_ncu_variants_patch_each_switch_and_restore_it():
 
     k = "mlff_distiller.kernels."
     switches = {
-        "wall:pdl=0": (importlib.import_module(k + "repulsion")._CONFIG, "pdl"),
-        "edge:zero_in_forward=0": (importlib.import_module(k + "edge_features")._OPTIONS, "zero_in_forward"),
-        "moments:into_sink=0": (importlib.import_module(k + "species_moments")._CONFIG, "into_sink"),
-        "gemm:readout_wall=0": (importlib.import_module(k + "linear")._CONFIG, "readout_wall"),
+        "wall:pdl=1": (importlib.import_module(k + "repulsion")._CONFIG, "pdl"),
+        "edge:zero_in_forward=1": (importlib.import_module(k + "edge_features")._OPTIONS, "zero_in_forward"),
+        "moments:into_sink=1": (importlib.import_module(k + "species_moments")._CONFIG, "into_sink"),
+        "gemm:readout_wall=1": (importlib.import_module(k + "linear")._CONFIG, "readout_wall"),
     }
     got = probe_ncu.variants(";".join(switches))
     assert [label for label, _ in got] == list(switches)
     for (label, ctx), (config, key) in zip(got, switches.values(), strict=True):
         before = config[key]
         with ctx():
-            assert not config[key], label
+            assert config[key] and not before, label  # the stop-48 switches ship off
         assert config[key] == before
     with pytest.raises(ValueError, match="unknown keys"):
         probe_ncu.variants("wall:nope=1")

@@ -411,11 +411,12 @@ def test_forward_without_autograd(triton_device, variant, n_edges, dtype, how, p
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("used", ["unit+rbf", "rbf", "unit"])
-def test_edge_basis_unused_outputs_need_no_zero_gradient(triton_device, dtype, used):
+def test_edge_basis_unused_outputs_need_no_zero_gradient(triton_device, dtype, used, monkeypatch):
     """The model never uses edge_basis's dist: its gradient arrives as None, and the backward reads no zero-filled
     buffer for it; grad_pos, which the kernel's atomics accumulate into, was zeroed by the forward's kernel (no
     fill in the backward). Bit for bit the gradient with an explicit zero for every unused output (on the CPU; the
     GPU's atomics add in any order), which is a second backward over the same graph: it fills grad_pos itself."""
+    monkeypatch.setitem(edge_features_module._OPTIONS, "zero_in_forward", True)
     torch.manual_seed(4)
     pos, ei, shifts = _graph(200, dtype, triton_device)
     pos.requires_grad_(True)

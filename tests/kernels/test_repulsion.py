@@ -343,10 +343,8 @@ def test_the_readouts_wall_is_the_separate_ops(with_x_grad):
         outs = {}
         for way in ("fused", "separate", "reference"):
             with use_backend("torch" if way == "reference" else "triton"):
-                if way == "fused":
-                    e, a = readout(x, *ws, scale, shift, idx, batch, 3, wall=(dist, edge_index, table))
-                elif way == "separate":
-                    with patched(_CONFIG, readout_wall=False):
+                if way != "reference":
+                    with patched(_CONFIG, readout_wall=way == "fused"):
                         e, a = readout(x, *ws, scale, shift, idx, batch, 3, wall=(dist, edge_index, table))
                 else:
                     e, a = readout_reference(x, *ws, scale, shift, idx, batch, 3)
