@@ -165,9 +165,21 @@ def _cat2(u_w: Tensor, v_w: Tensor) -> Tensor:
 # step 1.005-1.033x against the 1,024 of stops 14-42, two rounds in one H200 call, the small graphs gaining most
 # (benzene 1.033, 192 water atoms 1.021, 1,024 g2 molecules 1.014, 4,096 1.007, 3,000 water atoms 1.005); 2,048
 # and 4,096 were slower, 8 warps and 2 warps no better (benchmarks/results/stop43_gpu/probe_ncu_sweep_update*.md).
-_CONFIG: dict = {"elems": 256, "num_warps": None}
+_CONFIG: dict = {
+    "elems": 256,
+    "num_warps": None,
+    # The U/V GEMM and the norm kernel as one kernel (_uv_norm_kernel: three accumulators, one per component of v,
+    # so a program holds the three vv_k of its atoms and writes ‖vv‖ and the s half of x in its epilogue) for
+    # blocks of at most this many atoms; None: off. One launch fewer per layer, for the small steps that launches
+    # bound. Built at stop 48 and tested on the interpreter only (no device time was left): off until the GPU has
+    # run and timed it (scripts/gpu_followups.sh stop48b).
+    "uv_norm_max_atoms": None,
+    # (atoms, columns, K step, warps) of its tiles on the GPU; the columns must divide F (each tile in one half).
+    "uv_norm_tile": (16, 32, 64, 4),
+}
 
 if HAS_TRITON:
+    from ._triton_utils import dot_rn
 
     @triton.jit
     def _tile(n_atoms, N_FEAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr):
@@ -205,6 +217,80 @@ if HAS_TRITON:
         x = x_ptr + i * (2 * N_FEAT) + f
         tl.store(x, _load_sum(s_ptr, ds_ptr, i * N_FEAT + f, m, HAS_DS), mask=m)
         tl.store(x + N_FEAT, norm, mask=m)
+
+    @triton.jit(**unspecialized("n_atoms"))
+    def _uv_norm_kernel(
+        v_ptr, dv_ptr, w_ptr, s_ptr, ds_ptr, uvvv_ptr, x_ptr, n_atoms,
+        N_FEAT: tl.constexpr, BA: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_DS: tl.constexpr,
+        HAS_DV: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """uvvv = (v + dv) [U; V]ᵀ for a tile of BA atoms (their three rows each, one accumulator per component) and
+        BN of the 2F columns, then the norm kernel's work for them: a tile of the V half writes ‖vv‖ into x's second
+        half, a tile of the U half writes s (+ ds) into its first half. BN divides F."""
+        pdl_prologue(PDL)
+        atoms = tl.program_id(0).to(tl.int64) * BA + tl.arange(0, BA)
+        cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        am = atoms[:, None] < n_atoms
+        dt = tl.float32 if w_ptr.dtype.element_ty == tl.float32 else tl.float64
+        acc0 = tl.zeros((BA, BN), dtype=dt)
+        acc1 = tl.zeros((BA, BN), dtype=dt)
+        acc2 = tl.zeros((BA, BN), dtype=dt)
+        row0 = (3 * atoms)[:, None] * N_FEAT
+        for k0 in range(0, N_FEAT, BK):
+            kk = k0 + tl.arange(0, BK)
+            km = kk[None, :] < N_FEAT
+            # B = Wᵀ: b[k, n] = W[n, k] (W [2F, F] row-major)
+            b = tl.load(w_ptr + cols[None, :] * N_FEAT + kk[:, None], mask=kk[:, None] < N_FEAT, other=0.0)
+            a0 = _load_sum(v_ptr, dv_ptr, row0 + kk[None, :], am & km, HAS_DV)
+            acc0 += dot_rn(a0, b, DOT)
+            a1 = _load_sum(v_ptr, dv_ptr, row0 + N_FEAT + kk[None, :], am & km, HAS_DV)
+            acc1 += dot_rn(a1, b, DOT)
+            a2 = _load_sum(v_ptr, dv_ptr, row0 + 2 * N_FEAT + kk[None, :], am & km, HAS_DV)
+            acc2 += dot_rn(a2, b, DOT)
+        out = uvvv_ptr + (3 * atoms)[:, None] * (2 * N_FEAT) + cols[None, :]
+        tl.store(out, acc0, mask=am)
+        tl.store(out + 2 * N_FEAT, acc1, mask=am)
+        tl.store(out + 4 * N_FEAT, acc2, mask=am)
+        if tl.program_id(1) * BN >= N_FEAT:  # the V half: ‖vv‖ (as _painn_update_norm_kernel computes it)
+            eps = tl.full([BA, BN], 1e-8, dt)
+            sq = acc0 * acc0 + acc1 * acc1 + acc2 * acc2 + eps
+            if dt == tl.float32:
+                norm = tl.sqrt_rn(sq)
+            else:
+                norm = tl.sqrt(sq)
+            tl.store(x_ptr + atoms[:, None] * (2 * N_FEAT) + cols[None, :], norm, mask=am)
+        else:  # the U half: s (+ ds) into x's first half
+            offs = atoms[:, None] * N_FEAT + cols[None, :]
+            tl.store(
+                x_ptr + atoms[:, None] * (2 * N_FEAT) + cols[None, :],
+                _load_sum(s_ptr, ds_ptr, offs, am, HAS_DS),
+                mask=am,
+            )
+
+    def _uv_norm(s, v, w_uv, ds, dv, x, dot) -> Tensor | None:
+        """``uvvv [3N, 2F]`` from :func:`_uv_norm_kernel`, which also writes ``x [N, 2F]``; None where it does not
+        run (off, more atoms than ``uv_norm_max_atoms``, a tile width that does not divide F, a 16-bit dot)."""
+        n, f = s.shape
+        limit = _CONFIG["uv_norm_max_atoms"]
+        if limit is None or n == 0 or n > limit or dot not in ("tf32x3", "tf32", "ieee"):
+            return None
+        if s.is_cuda:
+            ba, bn, bk, warps = _CONFIG["uv_norm_tile"]
+        else:  # the interpreter pays per program: few large tiles
+            ba, bn, bk, warps = max(16, min(64, triton.next_power_of_2(n))), 16, 16, 4
+            while bn * 2 <= min(f, 128) and f % (bn * 2) == 0:
+                bn *= 2
+            bk = max(16, min(128, triton.next_power_of_2(f)))
+        if f % bn:
+            return None
+        check_launchable(_uv_norm_kernel, s)
+        uvvv = s.new_empty((3 * n, 2 * f))
+        grid = (triton.cdiv(n, ba), 2 * f // bn)
+        _uv_norm_kernel[grid](
+            v, _or(dv, v), w_uv, s, _or(ds, s), uvvv, x, n, N_FEAT=f, BA=ba, BN=bn, BK=bk, HAS_DS=ds is not None,
+            HAS_DV=dv is not None, DOT=dot, num_warps=warps, **pdl_args(s),
+        )  # fmt: skip
+        return uvvv
 
     @triton.jit
     def _load_sum(a_ptr, d_ptr, offs, m, HAS_D: tl.constexpr):
@@ -383,9 +469,11 @@ if HAS_TRITON:
         dot = resolved_dot(s) if gemm_fusable(s, u_w, v_w, w1, b1, w2, b2) else None
         if dot is not None:  # Triton GEMMs: bias + SiLU in the epilogue, v + dv in the prologue (linear.py)
             dv = dv.contiguous() if dv is not None else None
-            dv_add = dv.view(3 * n, f) if dv is not None else None
-            uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
-            _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
+            uvvv = _uv_norm(s, v, w_uv, ds, dv, x, dot)  # the U/V GEMM and the norm in one kernel (small blocks)
+            if uvvv is None:
+                dv_add = dv.view(3 * n, f) if dv is not None else None
+                uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
+                _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
             h, pre = gemm(x, w1, b1, act="silu", dot=dot)
             mix = gemm(h, w2, b2, dot=dot)[0]
         else:

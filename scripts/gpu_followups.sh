@@ -665,6 +665,20 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/probe_kernel_order.py --out "$OUT" >"$OUT/probe_kernel_order.log" 2>&1
     grep -E "kernels, .* torch" "$OUT/probe_kernel_order.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48" >&2; exit 2 ;;
+  stop48b)
+    # The U/V GEMM and the norm in one kernel (painn_update._CONFIG["uv_norm_max_atoms"], off as shipped): its CUDA
+    # test, then on for blocks of at most 682 atoms (the small-tile GEMM's rows) at three tilings, against the
+    # shipped two launches. Not run at stop 48 (no device time left).
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py -k "uv_norm and cuda" \
+      >"$OUT/pytest_48b.log" 2>&1
+    tail -3 "$OUT/pytest_48b.log"
+    V="update:uv_norm_max_atoms=682;update:uv_norm_max_atoms=682,uv_norm_tile=16x16x64x4"
+    V="$V;update:uv_norm_max_atoms=682,uv_norm_tile=16x64x32x4"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" \
+      --systems benzene,water192 --variants "$V;$V" >"$OUT/sweep_48b.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_48b.log" | tail -14
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48b.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -366,3 +366,49 @@ def test_cuda_graph_capture_replays():
         eager = step()
     for got, ref in zip(captured, eager, strict=True):
         torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
+@pytest.mark.parametrize("n, f", [(7, 32), (33, 128), (40, 20)])
+def test_uv_norm_kernel_is_the_gemm_and_the_norm_kernel(triton_device, monkeypatch, n, f, residual):
+    """``uv_norm_max_atoms`` on: the U/V GEMM and the norm kernel as one kernel (_uv_norm_kernel) give the outputs
+    and gradients of the two launches (to rounding: the products are summed in other tiles) and of the torch
+    reference, with and without the residual terms; it launches where F splits into whole tiles (F = 20 under
+    the interpreter's 16-column tiles does not: the two launches run) and not above the atom limit. float64 on
+    the CPU (the interpreter), float32 on CUDA."""
+    dtype = torch.float64 if triton_device.type == "cpu" else torch.float32
+    s, v, weights = _inputs(n, f, dtype, triton_device, seed=n + 11)
+    ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=n + 12)
+    extra = {"ds": ds, "dv": dv} if residual else {}
+    gen = torch.Generator().manual_seed(6)
+    go = tuple(
+        torch.randn(shape, generator=gen, dtype=torch.float64).to(triton_device, dtype) for shape in ((n, f), (n, 3, f))
+    )
+    launched = []
+    real = pu_module._uv_norm_kernel
+
+    class _Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(pu_module, "_uv_norm_kernel", _Spy())
+    monkeypatch.setattr(pu_module, "check_launchable", lambda *a: None)
+    outs = {}
+    for limit in (None, n, n - 1):
+        monkeypatch.setitem(pu_module._CONFIG, "uv_norm_max_atoms", limit)
+        with use_backend("triton"):
+            out = painn_update(s, v, *weights, **extra)
+        leaves = (s, v, *extra.values())
+        outs[limit] = [t.detach() for t in (*out, *torch.autograd.grad(out, leaves, go))]
+    fused = f % (16 if triton_device.type == "cpu" else pu_module._CONFIG["uv_norm_tile"][1]) == 0
+    assert len(launched) == (1 if fused else 0)
+    tol = TOL[dtype]
+    for a, b in zip(outs[n], outs[None], strict=True):
+        _close(a, b.double(), tol, "one kernel vs two")
+    for a, b in zip(outs[n - 1], outs[None], strict=True):
+        assert torch.equal(a, b)  # above the limit: the two launches
+    with use_backend("torch"):
+        want = painn_update_reference(s, v, *weights, **extra)
+    for a, b in zip(outs[n][:2], want, strict=True):
+        _close(a, b.double(), tol, "one kernel vs the reference")
