@@ -176,6 +176,13 @@ _CONFIG: dict = {
     "uv_norm_max_atoms": None,
     # (atoms, columns, K step, warps) of its tiles on the GPU; the columns must divide F (each tile in one half).
     "uv_norm_tile": (16, 32, 64, 4),
+    # The MLP's second GEMM and the out kernel as one kernel (_mix_out_kernel: three accumulators, one per block of
+    # mix = [a_vv | a_sv | a_ss], so a program holds the three coefficients of its features and writes s_out, v_out
+    # in its epilogue) for blocks of at most this many atoms; None: off. Built at stop 48 like the one above and
+    # off for the same reason (recipe stop48b).
+    "mix_out_max_atoms": None,
+    # (atoms, features, K step, warps) of its tiles on the GPU.
+    "mix_out_tile": (16, 32, 64, 4),
 }
 
 if HAS_TRITON:
@@ -291,6 +298,73 @@ if HAS_TRITON:
             HAS_DV=dv is not None, DOT=dot, num_warps=warps, **pdl_args(s),
         )  # fmt: skip
         return uvvv
+
+    @triton.jit(**unspecialized("n_atoms"))
+    def _mix_out_kernel(
+        h_ptr, w2_ptr, b2_ptr, s_ptr, ds_ptr, v_ptr, dv_ptr, uvvv_ptr, mix_ptr, s_out_ptr, v_out_ptr, n_atoms,
+        N_FEAT: tl.constexpr, K: tl.constexpr, BA: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+        HAS_DS: tl.constexpr, HAS_DV: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """mix = h W2ᵀ + b2 for a tile of BA atoms and BN features of each of its three F-column blocks (a_vv, a_sv,
+        a_ss: one accumulator each), stored for the backward, then the out kernel's work for the same tile."""
+        pdl_prologue(PDL)
+        atoms = tl.program_id(0).to(tl.int64) * BA + tl.arange(0, BA)
+        f = tl.program_id(1) * BN + tl.arange(0, BN)
+        fm = f < N_FEAT
+        m = (atoms[:, None] < n_atoms) & fm[None, :]
+        dt = tl.float32 if w2_ptr.dtype.element_ty == tl.float32 else tl.float64
+        acc_vv = tl.zeros((BA, BN), dtype=dt)
+        acc_sv = tl.zeros((BA, BN), dtype=dt)
+        acc_ss = tl.zeros((BA, BN), dtype=dt)
+        for k0 in range(0, K, BK):
+            kk = k0 + tl.arange(0, BK)
+            am = (atoms[:, None] < n_atoms) & (kk[None, :] < K)
+            a = tl.load(h_ptr + atoms[:, None] * K + kk[None, :], mask=am, other=0.0)
+            bm = (kk[:, None] < K) & fm[None, :]
+            b = w2_ptr + f[None, :] * K + kk[:, None]  # B = W2ᵀ: b[k, n] = W2[n, k] (W2 [3F, K] row-major)
+            acc_vv += dot_rn(a, tl.load(b, mask=bm, other=0.0), DOT)
+            acc_sv += dot_rn(a, tl.load(b + N_FEAT * K, mask=bm, other=0.0), DOT)
+            acc_ss += dot_rn(a, tl.load(b + 2 * N_FEAT * K, mask=bm, other=0.0), DOT)
+        a_vv = acc_vv + tl.load(b2_ptr + f, mask=fm, other=0.0)[None, :]
+        a_sv = acc_sv + tl.load(b2_ptr + N_FEAT + f, mask=fm, other=0.0)[None, :]
+        a_ss = acc_ss + tl.load(b2_ptr + 2 * N_FEAT + f, mask=fm, other=0.0)[None, :]
+        i = atoms[:, None]
+        fc = f[None, :]
+        mix = mix_ptr + i * (3 * N_FEAT) + fc
+        tl.store(mix, a_vv, mask=m)
+        tl.store(mix + N_FEAT, a_sv, mask=m)
+        tl.store(mix + 2 * N_FEAT, a_ss, mask=m)
+        # as _painn_update_out_kernel
+        uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, fc, m, N_FEAT)
+        sf = i * N_FEAT + fc
+        s = _load_sum(s_ptr, ds_ptr, sf, m, HAS_DS)
+        tl.store(s_out_ptr + sf, s + a_ss + a_sv * (uv0 * vv0 + uv1 * vv1 + uv2 * vv2), mask=m)
+        vf = i * (3 * N_FEAT) + fc
+        tl.store(v_out_ptr + vf, _load_sum(v_ptr, dv_ptr, vf, m, HAS_DV) + a_vv * uv0, mask=m)
+        tl.store(v_out_ptr + vf + N_FEAT, _load_sum(v_ptr, dv_ptr, vf + N_FEAT, m, HAS_DV) + a_vv * uv1, mask=m)
+        tl.store(v_out_ptr + vf + 2 * N_FEAT, _load_sum(v_ptr, dv_ptr, vf + 2 * N_FEAT, m, HAS_DV) + a_vv * uv2, mask=m)
+
+    def _mix_out(h, w2, b2, s, ds, v, dv, uvvv, dot) -> tuple[Tensor, Tensor, Tensor] | None:
+        """``(mix, s_out, v_out)`` from :func:`_mix_out_kernel`; None where it does not run (off, more atoms than
+        ``mix_out_max_atoms``, a 16-bit dot)."""
+        n, f = s.shape
+        limit = _CONFIG["mix_out_max_atoms"]
+        if limit is None or n == 0 or n > limit or dot not in ("tf32x3", "tf32", "ieee"):
+            return None
+        k = h.shape[1]
+        if s.is_cuda:
+            ba, bn, bk, warps = _CONFIG["mix_out_tile"]
+        else:  # the interpreter pays per program: few large tiles
+            ba, bn, warps = max(16, min(64, triton.next_power_of_2(n))), max(16, min(128, triton.next_power_of_2(f))), 4
+            bk = max(16, min(128, triton.next_power_of_2(k)))
+        check_launchable(_mix_out_kernel, s)
+        mix, s_out, v_out = s.new_empty((n, 3 * f)), torch.empty_like(s), torch.empty_like(v)
+        grid = (triton.cdiv(n, ba), triton.cdiv(f, bn))
+        _mix_out_kernel[grid](
+            h.contiguous(), w2, b2, s, _or(ds, s), v, _or(dv, v), uvvv, mix, s_out, v_out, n, N_FEAT=f, K=k, BA=ba,
+            BN=bn, BK=bk, HAS_DS=ds is not None, HAS_DV=dv is not None, DOT=dot, num_warps=warps, **pdl_args(s),
+        )  # fmt: skip
+        return mix, s_out, v_out
 
     @triton.jit
     def _load_sum(a_ptr, d_ptr, offs, m, HAS_D: tl.constexpr):
@@ -475,6 +549,10 @@ if HAS_TRITON:
                 uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
                 _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
             h, pre = gemm(x, w1, b1, act="silu", dot=dot)
+            done = _mix_out(h, w2.contiguous(), b2.contiguous(), s, ds, v, dv, uvvv, dot)  # GEMM + out kernel
+            if done is not None:
+                mix, s_out, v_out = done
+                return s_out, v_out, (x, pre, uvvv, mix, w_uv), dot
             mix = gemm(h, w2, b2, dot=dot)[0]
         else:
             if dv is not None:  # cuBLAS has no prologue: the sum is stored once

@@ -666,17 +666,18 @@ case "${1:-}" in
     grep -E "kernels, .* torch" "$OUT/probe_kernel_order.md"
     ;;
   stop48b)
-    # The U/V GEMM and the norm in one kernel (painn_update._CONFIG["uv_norm_max_atoms"], off as shipped): its CUDA
-    # test, then on for blocks of at most 682 atoms (the small-tile GEMM's rows) at three tilings, against the
-    # shipped two launches. Not run at stop 48 (no device time left).
-    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py -k "uv_norm and cuda" \
-      >"$OUT/pytest_48b.log" 2>&1
+    # The U/V GEMM + norm and the second MLP GEMM + out kernel as one kernel each (painn_update._CONFIG's
+    # uv_norm_max_atoms, mix_out_max_atoms; off as shipped): their CUDA tests, then each on, both on, and both at
+    # narrower tiles, for blocks of at most 682 atoms (the small-tile GEMM's rows), against the shipped launches;
+    # two rounds. Not run at stop 48 (no device time left).
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py \
+      -k "(uv_norm or mix_out or student_model) and cuda" >"$OUT/pytest_48b.log" 2>&1
     tail -3 "$OUT/pytest_48b.log"
-    V="update:uv_norm_max_atoms=682;update:uv_norm_max_atoms=682,uv_norm_tile=16x16x64x4"
-    V="$V;update:uv_norm_max_atoms=682,uv_norm_tile=16x64x32x4"
-    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" \
+    V="update:uv_norm_max_atoms=682;update:mix_out_max_atoms=682;update:uv_norm_max_atoms=682,mix_out_max_atoms=682"
+    V="$V;update:uv_norm_max_atoms=682,mix_out_max_atoms=682,uv_norm_tile=16x16x64x4,mix_out_tile=16x16x64x4"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
       --systems benzene,water192 --variants "$V;$V" >"$OUT/sweep_48b.log" 2>&1
-    grep -E "^\| " "$OUT/sweep_48b.log" | tail -14
+    grep -E "^\| " "$OUT/sweep_48b.log" | tail -18
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48b.md"
     ;;
   *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b" >&2; exit 2 ;;

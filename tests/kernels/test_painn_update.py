@@ -301,8 +301,14 @@ def _molecules(n_mol, device):
     return numbers, pos, torch.stack([i, j])
 
 
-def test_student_model_triton_vs_torch(triton_device, fused_calls):
-    """A frozen float64 StudentModel (F = 20, not a power of two): energies and forces, triton vs torch."""
+@pytest.mark.parametrize("one_kernel", [False, True], ids=["launches", "uv-norm+mix-out"])
+def test_student_model_triton_vs_torch(triton_device, fused_calls, monkeypatch, one_kernel):
+    """A frozen float64 StudentModel (F = 20, not a power of two): energies and forces, triton vs torch; also with
+    the U/V GEMM + norm and the second GEMM + out kernels on (``uv_norm`` falls back at F = 20 on the CPU's
+    tiles, ``mix_out`` runs)."""
+    if one_kernel:
+        monkeypatch.setitem(pu_module._CONFIG, "uv_norm_max_atoms", 1000)
+        monkeypatch.setitem(pu_module._CONFIG, "mix_out_max_atoms", 1000)
     torch.manual_seed(0)
     model = StudentModel(species=[1, 8], hidden=20, layers=2, n_rbf=6, cutoff=4.0).double().to(triton_device)
     model.requires_grad_(False)
@@ -408,6 +414,56 @@ def test_uv_norm_kernel_is_the_gemm_and_the_norm_kernel(triton_device, monkeypat
         _close(a, b.double(), tol, "one kernel vs two")
     for a, b in zip(outs[n - 1], outs[None], strict=True):
         assert torch.equal(a, b)  # above the limit: the two launches
+    with use_backend("torch"):
+        want = painn_update_reference(s, v, *weights, **extra)
+    for a, b in zip(outs[n][:2], want, strict=True):
+        _close(a, b.double(), tol, "one kernel vs the reference")
+
+
+@pytest.mark.parametrize("with_uv_norm", [False, True], ids=["mix-out", "both"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
+@pytest.mark.parametrize("n, f", [(7, 20), (33, 128)])
+def test_mix_out_kernel_is_the_gemm_and_the_out_kernel(triton_device, monkeypatch, n, f, residual, with_uv_norm):
+    """``mix_out_max_atoms`` on: the MLP's second GEMM and the out kernel as one kernel (_mix_out_kernel), alone and
+    with ``uv_norm_max_atoms`` (the forward then launches three kernels, the first GEMM between them), give the
+    outputs and gradients of the separate launches (to rounding) and of the torch reference; not above the limit.
+    float64 on the CPU (the interpreter), float32 on CUDA."""
+    dtype = torch.float64 if triton_device.type == "cpu" else torch.float32
+    s, v, weights = _inputs(n, f, dtype, triton_device, seed=n + 21)
+    ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=n + 22)
+    extra = {"ds": ds, "dv": dv} if residual else {}
+    gen = torch.Generator().manual_seed(7)
+    go = tuple(
+        torch.randn(shape, generator=gen, dtype=torch.float64).to(triton_device, dtype) for shape in ((n, f), (n, 3, f))
+    )
+    launched = []
+    real = pu_module._mix_out_kernel
+
+    class _Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(pu_module, "_mix_out_kernel", _Spy())
+    monkeypatch.setattr(pu_module, "check_launchable", lambda *a: None)
+    if with_uv_norm:
+        monkeypatch.setitem(pu_module._CONFIG, "uv_norm_max_atoms", n)
+    outs = {}
+    for limit in (None, n, n - 1):
+        monkeypatch.setitem(pu_module._CONFIG, "mix_out_max_atoms", limit)
+        with use_backend("triton"):
+            with _CountOps() as ops:
+                out = painn_update(s, v, *weights, **extra)
+        if limit == n:
+            assert ops.ops == []  # no torch op in the forward
+        leaves = (s, v, *extra.values())
+        outs[limit] = [t.detach() for t in (*out, *torch.autograd.grad(out, leaves, go))]
+    assert len(launched) == 1
+    tol = TOL[dtype]
+    for a, b in zip(outs[n], outs[None], strict=True):
+        _close(a, b.double(), tol, "one kernel vs two")
+    for a, b in zip(outs[n - 1], outs[None], strict=True):
+        assert torch.equal(a, b)  # above the limit: the separate launches
     with use_backend("torch"):
         want = painn_update_reference(s, v, *weights, **extra)
     for a, b in zip(outs[n][:2], want, strict=True):
