@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--name", default="probe_memory_peak")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument(
+        "--variant",
+        default="",
+        help="one probe_ncu variant spec (e.g. update:recompute_uv_min_atoms=0) applied to every measurement",
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_memory_peak: needs CUDA")
@@ -102,6 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("ignore")
         engine = ForceEngine(model, device=dev, mode="eager")
     lines = [f"# probe_memory_peak: {torch.cuda.get_device_name(dev)} · torch {torch.__version__}", ""]
+    if args.variant:
+        import contextlib
+
+        from probe_ncu import variants
+
+        ((label, ctx),) = variants(args.variant)
+        lines += [f"Variant: `{label}`", ""]
+        stack = contextlib.ExitStack()
+        stack.enter_context(ctx())
     for n in [int(s) for s in args.atoms.split(",") if s]:
         atoms = box(n)
         batch = AtomsBatch.from_atoms(atoms, dtype=engine.dtype).to(dev)

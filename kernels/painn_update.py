@@ -183,6 +183,12 @@ _CONFIG: dict = {
     "mix_out_max_atoms": None,
     # (atoms, features, K step, warps) of its tiles on the GPU.
     "mix_out_tile": (16, 32, 64, 4),
+    # From this many atoms on, the backward makes uvvv [3N, 2F] again (one GEMM of the U/V product, as the forward
+    # made it) instead of keeping it from the forward: 3 kB per atom and layer less at a large step's peak memory
+    # (stop 47's probe: every layer's uvvv was alive at the peak, 9 of ~52 kB per atom at 1M water atoms), for one
+    # more GEMM per layer in the backward. None: always kept. Built at stop 48 and tested on the interpreter only;
+    # off until the GPU has measured its peak and its cost (scripts/gpu_followups.sh stop48c).
+    "recompute_uv_min_atoms": None,
 }
 
 if HAS_TRITON:
@@ -530,10 +536,11 @@ if HAS_TRITON:
             **flags, **pdl_args(t),
         )  # fmt: skip
 
-    def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None):
+    def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None, keep_uvvv=True):
         """``s_out``, ``v_out``, what the backward keeps (``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``) and the dot
         of the Triton GEMMs, None when they ran on cuBLAS (the backward does the same). The input is ``s + ds``,
-        ``v + dv`` where given."""
+        ``v + dv`` where given. ``keep_uvvv`` False: uvvv is None among the kept tensors (:func:`_uvvv_again`
+        makes it again), unless the one-kernel U/V + norm made it."""
         n, f = s.shape
         s, v = s.contiguous(), v.contiguous()
         ds = ds.contiguous() if ds is not None else None
@@ -544,7 +551,9 @@ if HAS_TRITON:
         if dot is not None:  # Triton GEMMs: bias + SiLU in the epilogue, v + dv in the prologue (linear.py)
             dv = dv.contiguous() if dv is not None else None
             uvvv = _uv_norm(s, v, w_uv, ds, dv, x, dot)  # the U/V GEMM and the norm in one kernel (small blocks)
-            if uvvv is None:
+            if uvvv is not None:
+                keep_uvvv = True  # the backward would make it again another way (other rounding)
+            else:
                 dv_add = dv.view(3 * n, f) if dv is not None else None
                 uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
                 _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
@@ -552,7 +561,7 @@ if HAS_TRITON:
             done = _mix_out(h, w2.contiguous(), b2.contiguous(), s, ds, v, dv, uvvv, dot)  # GEMM + out kernel
             if done is not None:
                 mix, s_out, v_out = done
-                return s_out, v_out, (x, pre, uvvv, mix, w_uv), dot
+                return s_out, v_out, (x, pre, uvvv if keep_uvvv else None, mix, w_uv), dot
             mix = gemm(h, w2, b2, dot=dot)[0]
         else:
             if dv is not None:  # cuBLAS has no prologue: the sum is stored once
@@ -578,7 +587,19 @@ if HAS_TRITON:
             HAS_DS=ds is not None,
             HAS_DV=dv is not None,
         )
-        return s_out, v_out, (x, pre, uvvv, mix, w_uv), dot
+        return s_out, v_out, (x, pre, uvvv if keep_uvvv else None, mix, w_uv), dot
+
+    def _uvvv_again(v, dv, w_uv, dot) -> Tensor:
+        """uvvv = (v + dv) [U; V]ᵀ as :func:`_fused_forward` made it (the same GEMM, prologue and dot: the same
+        values), for a backward that did not keep it."""
+        n, _, f = v.shape
+        v = v.contiguous()
+        if dot is not None:
+            dv_add = dv.contiguous().view(3 * n, f) if dv is not None else None
+            return gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
+        if dv is not None:
+            v = v + dv
+        return torch.mm(v.view(3 * n, f), w_uv.t())
 
     def _or(t: Tensor | None, dummy: Tensor) -> Tensor:
         """A kernel's optional pointer argument (unread when its switch is off)."""
@@ -622,7 +643,9 @@ if HAS_TRITON:
                 raise RuntimeError("the fused PaiNN update is inference-only: its weights must not require grad")
             # A v_out nobody uses (the last layer's) gets None, not a zero-filled gradient (one fill less).
             ctx.set_materialize_grads(False)
-            s_out, v_out, saved, ctx.dot = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv)
+            limit = _CONFIG["recompute_uv_min_atoms"]
+            keep = limit is None or s.shape[0] < limit
+            s_out, v_out, saved, ctx.dot = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv, keep_uvvv=keep)
             ctx.has_ds, ctx.has_dv = ds is not None, dv is not None
             ctx.save_for_backward(s, v, ds, dv, *saved, w1, w2)
             return s_out, v_out
@@ -631,6 +654,8 @@ if HAS_TRITON:
         def backward(ctx, grad_s, grad_v):
             s, v, ds, dv, *saved = ctx.saved_tensors
             with torch.no_grad():
+                if saved[2] is None:  # uvvv not kept (recompute_uv_min_atoms): made again
+                    saved[2] = _uvvv_again(v, dv, saved[4], ctx.dot)
                 g_s, g_v = _fused_backward(grad_s, grad_v, *saved, dot=ctx.dot)
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
                 depends = [t for t in (grad_s, grad_v, s, v, ds, dv) if t is not None]

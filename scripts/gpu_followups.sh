@@ -680,6 +680,22 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_48b.log" | tail -18
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48b.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b" >&2; exit 2 ;;
+  stop48c)
+    # The update block's uvvv made again in the backward (painn_update._CONFIG["recompute_uv_min_atoms"], off as
+    # shipped): its CUDA test, the peak of 24,000, 100,008 and 1,000,002 water atoms with it on from 0 atoms, and
+    # its cost on the eager 24,000-atom step (two rounds). Not run at stop 48.
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py -k "recomputed and cuda" \
+      >"$OUT/pytest_48c.log" 2>&1
+    tail -2 "$OUT/pytest_48c.log"
+    timeout 200 python3 benchmarks/probe_memory_peak.py --atoms 24000,100008,1000002 --out "$OUT" \
+      --name probe_memory_peak_recompute --variant "update:recompute_uv_min_atoms=0" >"$OUT/probe_memory_rc.log" 2>&1
+    grep -E "^(## |peak)" "$OUT/probe_memory_peak_recompute.md"
+    timeout 120 python3 benchmarks/probe_ncu.py --mode sweep --step-mode eager --budget-s 100 --out "$OUT" \
+      --systems water24000 --variants "update:recompute_uv_min_atoms=0;update:recompute_uv_min_atoms=0" \
+      >"$OUT/sweep_48c.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_48c.log" | tail -3
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48c.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

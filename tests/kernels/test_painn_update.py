@@ -468,3 +468,43 @@ def test_mix_out_kernel_is_the_gemm_and_the_out_kernel(triton_device, monkeypatc
         want = painn_update_reference(s, v, *weights, **extra)
     for a, b in zip(outs[n][:2], want, strict=True):
         _close(a, b.double(), tol, "one kernel vs the reference")
+
+
+@pytest.mark.parametrize("triton_gemm", [True, False], ids=["triton-gemm", "cublas"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
+def test_recomputed_uvvv_gives_the_same_gradients_and_keeps_less(triton_device, monkeypatch, triton_gemm, residual):
+    """``recompute_uv_min_atoms``: from that many atoms on the forward keeps no uvvv [3N, 2F] (the saved tensors
+    shrink by exactly its bytes) and the backward makes it again with the forward's own GEMM: the gradients are
+    bit for bit those of the kept uvvv (on the CPU), with and without the residual terms, on the Triton GEMMs and
+    on the cuBLAS path. Below the limit it is kept."""
+    if not triton_gemm:
+        monkeypatch.setattr(pu_module, "gemm_fusable", lambda *a: False)
+    n, f = 21, 32
+    dtype = torch.float64 if triton_device.type == "cpu" else torch.float32
+    s, v, weights = _inputs(n, f, dtype, triton_device, seed=31)
+    ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=32)
+    extra = {"ds": ds, "dv": dv} if residual else {}
+    gen = torch.Generator().manual_seed(8)
+    go = tuple(
+        torch.randn(shape, generator=gen, dtype=torch.float64).to(triton_device, dtype) for shape in ((n, f), (n, 3, f))
+    )
+    got = {}
+    for limit in (None, n + 1, n):
+        monkeypatch.setitem(pu_module._CONFIG, "recompute_uv_min_atoms", limit)
+        kept = []
+
+        def pack(t, kept=kept):
+            kept.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), use_backend("triton"):
+            out = painn_update(s, v, *weights, **extra)
+        grads = torch.autograd.grad(out, (s, v, *extra.values()), go)
+        got[limit] = (sum(kept), [t.detach() for t in (*out, *grads)])
+    assert got[n + 1][0] == got[None][0]  # below the limit: kept
+    assert got[None][0] - got[n][0] == 3 * n * 2 * f * torch.finfo(dtype).bits // 8
+    for a, b in zip(got[n][1], got[None][1], strict=True):
+        if triton_device.type == "cpu":
+            assert torch.equal(a, b)
+        else:
+            _close(a, b.double(), TOL[dtype], "recomputed uvvv")
