@@ -340,15 +340,8 @@ if HAS_TRITON:
         tl.store(mix, a_vv, mask=m)
         tl.store(mix + N_FEAT, a_sv, mask=m)
         tl.store(mix + 2 * N_FEAT, a_ss, mask=m)
-        # as _painn_update_out_kernel
-        uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, fc, m, N_FEAT)
-        sf = i * N_FEAT + fc
-        s = _load_sum(s_ptr, ds_ptr, sf, m, HAS_DS)
-        tl.store(s_out_ptr + sf, s + a_ss + a_sv * (uv0 * vv0 + uv1 * vv1 + uv2 * vv2), mask=m)
-        vf = i * (3 * N_FEAT) + fc
-        tl.store(v_out_ptr + vf, _load_sum(v_ptr, dv_ptr, vf, m, HAS_DV) + a_vv * uv0, mask=m)
-        tl.store(v_out_ptr + vf + N_FEAT, _load_sum(v_ptr, dv_ptr, vf + N_FEAT, m, HAS_DV) + a_vv * uv1, mask=m)
-        tl.store(v_out_ptr + vf + 2 * N_FEAT, _load_sum(v_ptr, dv_ptr, vf + 2 * N_FEAT, m, HAS_DV) + a_vv * uv2, mask=m)
+        _out_store(s_ptr, ds_ptr, v_ptr, dv_ptr, uvvv_ptr, s_out_ptr, v_out_ptr, i, fc, m, a_vv, a_sv, a_ss,
+                   N_FEAT, HAS_DS, HAS_DV)  # fmt: skip
 
     def _mix_out(h, w2, b2, s, ds, v, dv, uvvv, dot) -> tuple[Tensor, Tensor, Tensor] | None:
         """``(mix, s_out, v_out)`` from :func:`_mix_out_kernel`; None where it does not run (off, more atoms than
@@ -413,11 +406,21 @@ if HAS_TRITON:
     ):
         pdl_prologue(PDL)
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
-        uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
         mix = mix_ptr + i * (3 * N_FEAT) + f
         a_vv = tl.load(mix, mask=m, other=0.0)
         a_sv = tl.load(mix + N_FEAT, mask=m, other=0.0)
         a_ss = tl.load(mix + 2 * N_FEAT, mask=m, other=0.0)
+        _out_store(s_ptr, ds_ptr, v_ptr, dv_ptr, uvvv_ptr, s_out_ptr, v_out_ptr, i, f, m, a_vv, a_sv, a_ss,
+                   N_FEAT, HAS_DS, HAS_DV)  # fmt: skip
+
+    @triton.jit
+    def _out_store(
+        s_ptr, ds_ptr, v_ptr, dv_ptr, uvvv_ptr, s_out_ptr, v_out_ptr, i, f, m, a_vv, a_sv, a_ss,
+        N_FEAT: tl.constexpr, HAS_DS: tl.constexpr, HAS_DV: tl.constexpr,
+    ):  # fmt: skip
+        """s_out = s + a_ss + a_sv ⊙ Σ_k uv_k ⊙ vv_k and v_out_k = v_k + a_vv ⊙ uv_k for the tile ``(i, f, m)``, given
+        its three mix coefficients (the out kernel's work, and the one-kernel GEMM's epilogue)."""
+        uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
         sf = i * N_FEAT + f
         s = _load_sum(s_ptr, ds_ptr, sf, m, HAS_DS)
         tl.store(s_out_ptr + sf, s + a_ss + a_sv * (uv0 * vv0 + uv1 * vv1 + uv2 * vv2), mask=m)

@@ -374,6 +374,46 @@ def test_cuda_graph_capture_replays():
         torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
 
 
+def _one_kernel_case(triton_device, n, f, residual, seed):
+    """``(dtype, s, v, weights, extra, go)`` for the one-kernel tests: float64 on the CPU (the interpreter), float32
+    on CUDA; ``extra`` the residual terms ds, dv or nothing; ``go`` the outputs' gradients."""
+    dtype = torch.float64 if triton_device.type == "cpu" else torch.float32
+    s, v, weights = _inputs(n, f, dtype, triton_device, seed=seed)
+    ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=seed + 1)
+    gen = torch.Generator().manual_seed(seed)
+    go = tuple(
+        torch.randn(shape, generator=gen, dtype=torch.float64).to(triton_device, dtype) for shape in ((n, f), (n, 3, f))
+    )
+    return dtype, s, v, weights, ({"ds": ds, "dv": dv} if residual else {}), go
+
+
+def _check_one_kernel(outs: dict, n: int, dtype, want) -> None:
+    """``outs[limit]`` (outputs and gradients with the one-kernel switch at ``limit`` atoms): at ``n`` equal to the
+    separate launches' (None) to rounding, and the outputs to the torch reference ``want``; at ``n - 1`` (above the
+    limit) the separate launches bit for bit."""
+    for a, b in zip(outs[n], outs[None], strict=True):
+        _close(a, b.double(), TOL[dtype], "one kernel vs the separate launches")
+    for a, b in zip(outs[n - 1], outs[None], strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(outs[n][:2], want, strict=True):
+        _close(a, b.double(), TOL[dtype], "one kernel vs the reference")
+
+
+def _spy_launches(monkeypatch, name: str) -> list:
+    """The grids of the launches of the kernel ``pu_module.<name>`` from now on."""
+    launched = []
+    real = getattr(pu_module, name)
+
+    class _Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(pu_module, name, _Spy())
+    monkeypatch.setattr(pu_module, "check_launchable", lambda *a: None)
+    return launched
+
+
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
 @pytest.mark.parametrize("n, f", [(7, 32), (33, 128), (40, 20)])
 def test_uv_norm_kernel_is_the_gemm_and_the_norm_kernel(triton_device, monkeypatch, n, f, residual):
@@ -382,24 +422,8 @@ def test_uv_norm_kernel_is_the_gemm_and_the_norm_kernel(triton_device, monkeypat
     reference, with and without the residual terms; it launches where F splits into whole tiles (F = 20 under
     the interpreter's 16-column tiles does not: the two launches run) and not above the atom limit. float64 on
     the CPU (the interpreter), float32 on CUDA."""
-    dtype = torch.float64 if triton_device.type == "cpu" else torch.float32
-    s, v, weights = _inputs(n, f, dtype, triton_device, seed=n + 11)
-    ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=n + 12)
-    extra = {"ds": ds, "dv": dv} if residual else {}
-    gen = torch.Generator().manual_seed(6)
-    go = tuple(
-        torch.randn(shape, generator=gen, dtype=torch.float64).to(triton_device, dtype) for shape in ((n, f), (n, 3, f))
-    )
-    launched = []
-    real = pu_module._uv_norm_kernel
-
-    class _Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(pu_module, "_uv_norm_kernel", _Spy())
-    monkeypatch.setattr(pu_module, "check_launchable", lambda *a: None)
+    dtype, s, v, weights, extra, go = _one_kernel_case(triton_device, n, f, residual, seed=n + 11)
+    launched = _spy_launches(monkeypatch, "_uv_norm_kernel")
     outs = {}
     for limit in (None, n, n - 1):
         monkeypatch.setitem(pu_module._CONFIG, "uv_norm_max_atoms", limit)
@@ -409,15 +433,7 @@ def test_uv_norm_kernel_is_the_gemm_and_the_norm_kernel(triton_device, monkeypat
         outs[limit] = [t.detach() for t in (*out, *torch.autograd.grad(out, leaves, go))]
     fused = f % (16 if triton_device.type == "cpu" else pu_module._CONFIG["uv_norm_tile"][1]) == 0
     assert len(launched) == (1 if fused else 0)
-    tol = TOL[dtype]
-    for a, b in zip(outs[n], outs[None], strict=True):
-        _close(a, b.double(), tol, "one kernel vs two")
-    for a, b in zip(outs[n - 1], outs[None], strict=True):
-        assert torch.equal(a, b)  # above the limit: the two launches
-    with use_backend("torch"):
-        want = painn_update_reference(s, v, *weights, **extra)
-    for a, b in zip(outs[n][:2], want, strict=True):
-        _close(a, b.double(), tol, "one kernel vs the reference")
+    _check_one_kernel(outs, n, dtype, painn_update_reference(s, v, *weights, **extra))
 
 
 @pytest.mark.parametrize("with_uv_norm", [False, True], ids=["mix-out", "both"])
@@ -428,24 +444,8 @@ def test_mix_out_kernel_is_the_gemm_and_the_out_kernel(triton_device, monkeypatc
     with ``uv_norm_max_atoms`` (the forward then launches three kernels, the first GEMM between them), give the
     outputs and gradients of the separate launches (to rounding) and of the torch reference; not above the limit.
     float64 on the CPU (the interpreter), float32 on CUDA."""
-    dtype = torch.float64 if triton_device.type == "cpu" else torch.float32
-    s, v, weights = _inputs(n, f, dtype, triton_device, seed=n + 21)
-    ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=n + 22)
-    extra = {"ds": ds, "dv": dv} if residual else {}
-    gen = torch.Generator().manual_seed(7)
-    go = tuple(
-        torch.randn(shape, generator=gen, dtype=torch.float64).to(triton_device, dtype) for shape in ((n, f), (n, 3, f))
-    )
-    launched = []
-    real = pu_module._mix_out_kernel
-
-    class _Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(pu_module, "_mix_out_kernel", _Spy())
-    monkeypatch.setattr(pu_module, "check_launchable", lambda *a: None)
+    dtype, s, v, weights, extra, go = _one_kernel_case(triton_device, n, f, residual, seed=n + 21)
+    launched = _spy_launches(monkeypatch, "_mix_out_kernel")
     if with_uv_norm:
         monkeypatch.setitem(pu_module._CONFIG, "uv_norm_max_atoms", n)
     outs = {}
@@ -459,15 +459,7 @@ def test_mix_out_kernel_is_the_gemm_and_the_out_kernel(triton_device, monkeypatc
         leaves = (s, v, *extra.values())
         outs[limit] = [t.detach() for t in (*out, *torch.autograd.grad(out, leaves, go))]
     assert len(launched) == 1
-    tol = TOL[dtype]
-    for a, b in zip(outs[n], outs[None], strict=True):
-        _close(a, b.double(), tol, "one kernel vs two")
-    for a, b in zip(outs[n - 1], outs[None], strict=True):
-        assert torch.equal(a, b)  # above the limit: the separate launches
-    with use_backend("torch"):
-        want = painn_update_reference(s, v, *weights, **extra)
-    for a, b in zip(outs[n][:2], want, strict=True):
-        _close(a, b.double(), tol, "one kernel vs the reference")
+    _check_one_kernel(outs, n, dtype, painn_update_reference(s, v, *weights, **extra))
 
 
 @pytest.mark.parametrize("triton_gemm", [True, False], ids=["triton-gemm", "cublas"])
@@ -480,14 +472,7 @@ def test_recomputed_uvvv_gives_the_same_gradients_and_keeps_less(triton_device, 
     if not triton_gemm:
         monkeypatch.setattr(pu_module, "gemm_fusable", lambda *a: False)
     n, f = 21, 32
-    dtype = torch.float64 if triton_device.type == "cpu" else torch.float32
-    s, v, weights = _inputs(n, f, dtype, triton_device, seed=31)
-    ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=32)
-    extra = {"ds": ds, "dv": dv} if residual else {}
-    gen = torch.Generator().manual_seed(8)
-    go = tuple(
-        torch.randn(shape, generator=gen, dtype=torch.float64).to(triton_device, dtype) for shape in ((n, f), (n, 3, f))
-    )
+    dtype, s, v, weights, extra, go = _one_kernel_case(triton_device, n, f, residual, seed=31)
     got = {}
     for limit in (None, n + 1, n):
         monkeypatch.setitem(pu_module._CONFIG, "recompute_uv_min_atoms", limit)
