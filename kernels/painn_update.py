@@ -183,6 +183,13 @@ _CONFIG: dict = {
     "mix_out_max_atoms": None,
     # (atoms, features, K step, warps) of its tiles on the GPU.
     "mix_out_tile": (16, 32, 64, 4),
+    # The backward's second GEMM (∂x = (∂h ⊙ SiLU'(pre)) W1) and the norm's backward as one kernel (_gx_norm_kernel:
+    # its epilogue writes ∂s in the U half's tiles and adds the norm's term into ∂vv in the V half's) for blocks of
+    # at most this many atoms, the last GEMM then adding g_v_out itself; None: off. One launch fewer per layer.
+    # Built at stop 48 like the two above and off for the same reason (recipe stop48b).
+    "gx_norm_max_atoms": None,
+    # (atoms, columns, K step, warps) of its tiles on the GPU; the columns must divide F.
+    "gx_norm_tile": (16, 32, 64, 4),
     # From this many atoms on, the backward makes uvvv [3N, 2F] again (one GEMM of the U/V product, as the forward
     # made it) instead of keeping it from the forward: 3 kB per atom and layer less at a large step's peak memory
     # (stop 47's probe: every layer's uvvv was alive at the peak, 9 of ~52 kB per atom at 1M water atoms), for one
@@ -193,6 +200,7 @@ _CONFIG: dict = {
 
 if HAS_TRITON:
     from ._triton_utils import dot_rn
+    from .linear import _sigmoid
 
     @triton.jit
     def _tile(n_atoms, N_FEAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr):
@@ -364,6 +372,69 @@ if HAS_TRITON:
             BN=bn, BK=bk, HAS_DS=ds is not None, HAS_DV=dv is not None, DOT=dot, num_warps=warps, **pdl_args(s),
         )  # fmt: skip
         return mix, s_out, v_out
+
+    @triton.jit(**unspecialized("n_atoms"))
+    def _gx_norm_kernel(
+        gh_ptr, pre_ptr, w1_ptr, gs_out_ptr, uvvv_ptr, x_ptr, g_s_ptr, g_uvvv_ptr, n_atoms,
+        N_FEAT: tl.constexpr, K: tl.constexpr, BA: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+        DOT: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """g_x = (∂h ⊙ SiLU'(pre)) W1 for a tile of BA atoms and BN of the 2F columns (W1 [K, 2F] as stored), then
+        the norm kernel's backward for it: a tile of the U half writes ∂s = g_s_out + g_x, a tile of the V half
+        adds g_x ⊙ vv_k / ‖vv‖ into ∂vv_k (k = 0, 1, 2). BN divides F. (The norm backward's copy of g_v_out: the
+        last GEMM's addend instead.)"""
+        pdl_prologue(PDL)
+        atoms = tl.program_id(0).to(tl.int64) * BA + tl.arange(0, BA)
+        cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        am = atoms[:, None] < n_atoms
+        dt = tl.float32 if w1_ptr.dtype.element_ty == tl.float32 else tl.float64
+        acc = tl.zeros((BA, BN), dtype=dt)
+        for k0 in range(0, K, BK):
+            kk = k0 + tl.arange(0, BK)
+            m = am & (kk[None, :] < K)
+            a = tl.load(gh_ptr + atoms[:, None] * K + kk[None, :], mask=m, other=0.0)
+            p = tl.load(pre_ptr + atoms[:, None] * K + kk[None, :], mask=m, other=0.0)
+            sg = _sigmoid(p)
+            a = a * (sg * (1.0 + p * (1.0 - sg)))  # as the GEMM's SiLU' prologue (linear._gemm_kernel)
+            b = tl.load(w1_ptr + kk[:, None] * (2 * N_FEAT) + cols[None, :], mask=kk[:, None] < K, other=0.0)
+            acc += dot_rn(a, b, DOT)
+        if tl.program_id(1) * BN >= N_FEAT:  # the V half: ∂vv_k += g_x ⊙ vv_k / ‖vv‖
+            norm = tl.load(x_ptr + atoms[:, None] * (2 * N_FEAT) + cols[None, :], mask=am, other=1.0)
+            r = acc / norm
+            vf = atoms[:, None] * (6 * N_FEAT) + cols[None, :]
+            for k in tl.static_range(3):
+                vv = tl.load(uvvv_ptr + vf + 2 * k * N_FEAT, mask=am, other=0.0)
+                g = g_uvvv_ptr + vf + 2 * k * N_FEAT
+                tl.store(g, tl.load(g, mask=am, other=0.0) + r * vv, mask=am)
+        else:  # the U half: ∂s = g_s_out + g_x
+            sf = atoms[:, None] * N_FEAT + cols[None, :]
+            tl.store(g_s_ptr + sf, tl.load(gs_out_ptr + sf, mask=am, other=0.0) + acc, mask=am)
+
+    def _gx_norm(g_h, pre, w1, grad_s, uvvv, x, g_uvvv, dot) -> Tensor | None:
+        """``∂s [N, F]`` from :func:`_gx_norm_kernel` (which also adds the norm's term into ``g_uvvv``); None where
+        it does not run (off, more atoms than ``gx_norm_max_atoms``, a tile width that does not divide F, a 16-bit
+        dot)."""
+        n, k = pre.shape
+        f = x.shape[1] // 2
+        limit = _CONFIG["gx_norm_max_atoms"]
+        if limit is None or n == 0 or n > limit or dot not in ("tf32x3", "tf32", "ieee"):
+            return None
+        if pre.is_cuda:
+            ba, bn, bk, warps = _CONFIG["gx_norm_tile"]
+        else:  # the interpreter pays per program: few large tiles
+            ba, bn, bk, warps = max(16, min(64, triton.next_power_of_2(n))), 16, max(16, triton.next_power_of_2(k)), 4
+            while bn * 2 <= min(f, 128) and f % (bn * 2) == 0:
+                bn *= 2
+        if f % bn:
+            return None
+        check_launchable(_gx_norm_kernel, pre)
+        g_s = torch.empty_like(grad_s)
+        grid = (triton.cdiv(n, ba), 2 * f // bn)
+        _gx_norm_kernel[grid](
+            g_h, pre, w1, grad_s, uvvv, x, g_s, g_uvvv, n, N_FEAT=f, K=k, BA=ba, BN=bn, BK=bk, DOT=dot,
+            num_warps=warps, **pdl_args(pre),
+        )  # fmt: skip
+        return g_s
 
     @triton.jit
     def _load_sum(a_ptr, d_ptr, offs, m, HAS_D: tl.constexpr):
@@ -622,6 +693,10 @@ if HAS_TRITON:
         # As decided in the forward (the backward may run outside the backend context); SiLU' in a GEMM prologue.
         if dot is not None:
             g_h = gemm(g_mix, w2, transpose_w=False, dot=dot)[0]
+            g_s = _gx_norm(g_h, pre, w1.contiguous(), grad_s, uvvv, x, g_uvvv, dot)  # GEMM + norm backward
+            if g_s is not None:  # the last GEMM adds g_v_out (no copy of it into g_v first)
+                g_v = gemm(g_uvvv, w_uv, transpose_w=False, addend=grad_v.view(3 * n, f) if has_gv else None, dot=dot)
+                return g_s, g_v[0].view(n, 3, f)
             g_x = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=dot)[0]
         else:
             g_x = torch.mm(torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre), w1)  # [N, 2F]

@@ -666,16 +666,18 @@ case "${1:-}" in
     grep -E "kernels, .* torch" "$OUT/probe_kernel_order.md"
     ;;
   stop48b)
-    # The U/V GEMM + norm and the second MLP GEMM + out kernel as one kernel each (painn_update._CONFIG's
-    # uv_norm_max_atoms, mix_out_max_atoms; off as shipped): their CUDA tests, then each on, both on, and both at
-    # narrower tiles, for blocks of at most 682 atoms (the small-tile GEMM's rows), against the shipped launches;
-    # two rounds. Not run at stop 48 (no device time left).
+    # The update block's one-kernel forms (painn_update._CONFIG's uv_norm_max_atoms: the U/V GEMM + norm,
+    # mix_out_max_atoms: the second MLP GEMM + out kernel, gx_norm_max_atoms: the backward's g_x GEMM + norm
+    # backward; off as shipped): their CUDA tests, then each on, all three on, and all three at narrower tiles, for
+    # blocks of at most 682 atoms (the small-tile GEMM's rows), against the shipped launches; two rounds. Not run at
+    # stop 48 (no device time left).
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py \
-      -k "(uv_norm or mix_out or student_model) and cuda" >"$OUT/pytest_48b.log" 2>&1
+      -k "(uv_norm or mix_out or gx_norm or student_model) and cuda" >"$OUT/pytest_48b.log" 2>&1
     tail -3 "$OUT/pytest_48b.log"
-    V="update:uv_norm_max_atoms=682;update:mix_out_max_atoms=682;update:uv_norm_max_atoms=682,mix_out_max_atoms=682"
-    V="$V;update:uv_norm_max_atoms=682,mix_out_max_atoms=682,uv_norm_tile=16x16x64x4,mix_out_tile=16x16x64x4"
-    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+    A="uv_norm_max_atoms=682,mix_out_max_atoms=682,gx_norm_max_atoms=682"
+    V="update:uv_norm_max_atoms=682;update:mix_out_max_atoms=682;update:gx_norm_max_atoms=682;update:$A"
+    V="$V;update:$A,uv_norm_tile=16x16x64x4,mix_out_tile=16x16x64x4,gx_norm_tile=16x16x64x4"
+    timeout 260 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 240 --out "$OUT" \
       --systems benzene,water192 --variants "$V;$V" >"$OUT/sweep_48b.log" 2>&1
     grep -E "^\| " "$OUT/sweep_48b.log" | tail -18
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48b.md"

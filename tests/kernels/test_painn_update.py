@@ -301,14 +301,14 @@ def _molecules(n_mol, device):
     return numbers, pos, torch.stack([i, j])
 
 
-@pytest.mark.parametrize("one_kernel", [False, True], ids=["launches", "uv-norm+mix-out"])
+@pytest.mark.parametrize("one_kernel", [False, True], ids=["launches", "one-kernel-forms"])
 def test_student_model_triton_vs_torch(triton_device, fused_calls, monkeypatch, one_kernel):
     """A frozen float64 StudentModel (F = 20, not a power of two): energies and forces, triton vs torch; also with
-    the U/V GEMM + norm and the second GEMM + out kernels on (``uv_norm`` falls back at F = 20 on the CPU's
-    tiles, ``mix_out`` runs)."""
+    the one-kernel forms on (``uv_norm`` and ``gx_norm`` fall back at F = 20 on the CPU's tiles, ``mix_out``
+    runs)."""
     if one_kernel:
-        monkeypatch.setitem(pu_module._CONFIG, "uv_norm_max_atoms", 1000)
-        monkeypatch.setitem(pu_module._CONFIG, "mix_out_max_atoms", 1000)
+        for key in ("uv_norm_max_atoms", "mix_out_max_atoms", "gx_norm_max_atoms"):
+            monkeypatch.setitem(pu_module._CONFIG, key, 1000)
     torch.manual_seed(0)
     model = StudentModel(species=[1, 8], hidden=20, layers=2, n_rbf=6, cutoff=4.0).double().to(triton_device)
     model.requires_grad_(False)
@@ -389,13 +389,13 @@ def _one_kernel_case(triton_device, n, f, residual, seed):
 
 def _check_one_kernel(outs: dict, n: int, dtype, want) -> None:
     """``outs[limit]`` (outputs and gradients with the one-kernel switch at ``limit`` atoms): at ``n`` equal to the
-    separate launches' (None) to rounding, and the outputs to the torch reference ``want``; at ``n - 1`` (above the
-    limit) the separate launches bit for bit."""
+    separate launches' (None) to rounding, and its first entries to the torch reference's ``want`` (outputs, and
+    gradients where given); at ``n - 1`` (above the limit) the separate launches bit for bit."""
     for a, b in zip(outs[n], outs[None], strict=True):
         _close(a, b.double(), TOL[dtype], "one kernel vs the separate launches")
     for a, b in zip(outs[n - 1], outs[None], strict=True):
         assert torch.equal(a, b)
-    for a, b in zip(outs[n][:2], want, strict=True):
+    for a, b in zip(outs[n][: len(want)], want, strict=True):
         _close(a, b.double(), TOL[dtype], "one kernel vs the reference")
 
 
@@ -493,3 +493,35 @@ def test_recomputed_uvvv_gives_the_same_gradients_and_keeps_less(triton_device, 
             assert torch.equal(a, b)
         else:
             _close(a, b.double(), TOL[dtype], "recomputed uvvv")
+
+
+@pytest.mark.parametrize("all_three", [False, True], ids=["gx-norm", "all-three"])
+@pytest.mark.parametrize("v_out_used", [True, False], ids=["gv", "no-gv"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
+@pytest.mark.parametrize("n, f", [(7, 32), (33, 128)])
+def test_gx_norm_kernel_is_the_gemm_and_the_norm_backward(
+    triton_device, monkeypatch, n, f, residual, v_out_used, all_three
+):
+    """``gx_norm_max_atoms`` on: the backward's second GEMM and the norm's backward as one kernel (_gx_norm_kernel),
+    the last GEMM adding g_v_out, give the separate launches' gradients (to rounding) and the reference's, with and
+    without a gradient for v_out (the last layer's v_out is unused), alone and with the two forward kernels on;
+    not above the limit. float64 on the CPU (the interpreter), float32 on CUDA."""
+    dtype, s, v, weights, extra, go = _one_kernel_case(triton_device, n, f, residual, seed=n + 41)
+    launched = _spy_launches(monkeypatch, "_gx_norm_kernel")
+    if all_three:
+        monkeypatch.setitem(pu_module._CONFIG, "uv_norm_max_atoms", n)
+        monkeypatch.setitem(pu_module._CONFIG, "mix_out_max_atoms", n)
+    leaves = (s, v, *extra.values())
+    outs = {}
+    for limit in (None, n, n - 1):
+        monkeypatch.setitem(pu_module._CONFIG, "gx_norm_max_atoms", limit)
+        with use_backend("triton"):
+            out = painn_update(s, v, *weights, **extra)
+        used = out if v_out_used else out[:1]
+        outs[limit] = [t.detach() for t in (*out, *torch.autograd.grad(used, leaves, go[: len(used)]))]
+    assert len(launched) == 1
+    with use_backend("torch"):
+        ref = painn_update_reference(s, v, *weights, **extra)
+        used = ref if v_out_used else ref[:1]
+        want = [t.detach() for t in (*ref, *torch.autograd.grad(used, leaves, go[: len(used)]))]
+    _check_one_kernel(outs, n, dtype, want)
