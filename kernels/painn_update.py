@@ -288,6 +288,20 @@ if HAS_TRITON:
                 mask=am,
             )
 
+    def _one_kernel_tile(key: str, ref: Tensor, n: int, f: int, k: int, whole: bool) -> tuple[int, int, int, int]:
+        """(atoms, columns, K step, warps) of a one-kernel form's tiles: ``_CONFIG[key]`` on the GPU; on the
+        interpreter, which pays per program, few large tiles (with ``whole``, columns that divide F where any
+        power of two from 16 does)."""
+        if ref.is_cuda:
+            return _CONFIG[key]
+        bn = 16
+        if whole:
+            while bn * 2 <= min(f, 128) and f % (bn * 2) == 0:
+                bn *= 2
+        else:
+            bn = max(16, min(128, triton.next_power_of_2(f)))
+        return max(16, min(64, triton.next_power_of_2(n))), bn, max(16, min(128, triton.next_power_of_2(k))), 4
+
     def _uv_norm(s, v, w_uv, ds, dv, x, dot) -> Tensor | None:
         """``uvvv [3N, 2F]`` from :func:`_uv_norm_kernel`, which also writes ``x [N, 2F]``; None where it does not
         run (off, more atoms than ``uv_norm_max_atoms``, a tile width that does not divide F, a 16-bit dot)."""
@@ -295,13 +309,7 @@ if HAS_TRITON:
         limit = _CONFIG["uv_norm_max_atoms"]
         if limit is None or n == 0 or n > limit or dot not in ("tf32x3", "tf32", "ieee"):
             return None
-        if s.is_cuda:
-            ba, bn, bk, warps = _CONFIG["uv_norm_tile"]
-        else:  # the interpreter pays per program: few large tiles
-            ba, bn, bk, warps = max(16, min(64, triton.next_power_of_2(n))), 16, 16, 4
-            while bn * 2 <= min(f, 128) and f % (bn * 2) == 0:
-                bn *= 2
-            bk = max(16, min(128, triton.next_power_of_2(f)))
+        ba, bn, bk, warps = _one_kernel_tile("uv_norm_tile", s, n, f, f, whole=True)
         if f % bn:
             return None
         check_launchable(_uv_norm_kernel, s)
@@ -359,11 +367,7 @@ if HAS_TRITON:
         if limit is None or n == 0 or n > limit or dot not in ("tf32x3", "tf32", "ieee"):
             return None
         k = h.shape[1]
-        if s.is_cuda:
-            ba, bn, bk, warps = _CONFIG["mix_out_tile"]
-        else:  # the interpreter pays per program: few large tiles
-            ba, bn, warps = max(16, min(64, triton.next_power_of_2(n))), max(16, min(128, triton.next_power_of_2(f))), 4
-            bk = max(16, min(128, triton.next_power_of_2(k)))
+        ba, bn, bk, warps = _one_kernel_tile("mix_out_tile", s, n, f, k, whole=False)
         check_launchable(_mix_out_kernel, s)
         mix, s_out, v_out = s.new_empty((n, 3 * f)), torch.empty_like(s), torch.empty_like(v)
         grid = (triton.cdiv(n, ba), triton.cdiv(f, bn))
@@ -419,12 +423,7 @@ if HAS_TRITON:
         limit = _CONFIG["gx_norm_max_atoms"]
         if limit is None or n == 0 or n > limit or dot not in ("tf32x3", "tf32", "ieee"):
             return None
-        if pre.is_cuda:
-            ba, bn, bk, warps = _CONFIG["gx_norm_tile"]
-        else:  # the interpreter pays per program: few large tiles
-            ba, bn, bk, warps = max(16, min(64, triton.next_power_of_2(n))), 16, max(16, triton.next_power_of_2(k)), 4
-            while bn * 2 <= min(f, 128) and f % (bn * 2) == 0:
-                bn *= 2
+        ba, bn, bk, warps = _one_kernel_tile("gx_norm_tile", pre, n, f, k, whole=True)
         if f % bn:
             return None
         check_launchable(_gx_norm_kernel, pre)
