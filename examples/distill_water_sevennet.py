@@ -563,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
             left = deadline - elapsed() - 10
             per_step = 2.5 * float(summary["md_step_timing"].get("teacher_s_per_step") or 0.1)
             steps = int(min(out["student"]["steps"], left / per_step)) // 10 * 10
+            if args.quick:  # the smoke run exercises every phase however slow the machine (20 cheap steps)
+                steps = max(steps, 20)
             if steps >= 20:
                 out["teacher"] = npt_run(liquid, teacher, steps=steps, **npt_kw)
                 # The student over the teacher's steps, for the same window (same start and velocities).
