@@ -45,6 +45,7 @@ from mlff_distiller.model import StudentModel
 linear = importlib.import_module("mlff_distiller.kernels.linear")
 repulsion = importlib.import_module("mlff_distiller.kernels.repulsion")
 edge_features = importlib.import_module("mlff_distiller.kernels.edge_features")
+engine_padded = importlib.import_module("mlff_distiller.engine_padded")
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 update = importlib.import_module("mlff_distiller.kernels.painn_update")
 moments = importlib.import_module("mlff_distiller.kernels.species_moments")
@@ -139,10 +140,15 @@ def variants(spec: str = DEFAULT_VARIANTS):
     φ rows as four torch launches, not kernels.species_inputs) or ``moments:key=value``
     (``species_moments._CONFIG``, e.g. ``moments:model_min_edges=1000000000``: the first layer on the message
     kernel, ``moments:into_sink=0``) or ``wall:pdl=0`` (``repulsion._CONFIG``) or ``edge:zero_in_forward=0``
-    (``edge_features._OPTIONS``) or ``seed:old=1`` (the padded step's vector-Jacobian product through
-    ``engine_padded._Seeded``, as before stop 45)."""
+    (``edge_features._OPTIONS``) or ``engine:packed_in_place=1`` (``engine_padded._CONFIG``) or ``seed:old=1`` (the
+    padded step's vector-Jacobian product through ``engine_padded._Seeded``, as before stop 45). Items joined by
+    ``+`` are one variant with all their changes (e.g. ``gemm:readout_wall=1+edge:zero_in_forward=1``)."""
     out = []
     for item in filter(None, (v.strip() for v in spec.split(";"))):
+        if "+" in item:
+            parts = [ctx for _, ctx in variants(";".join(item.split("+")))]
+            out.append((item, lambda parts=parts: _all_of(parts)))
+            continue
         where, _, body = item.partition(":")
         changes = {k: _value(v) for k, v in (kv.split("=") for kv in body.split(","))}
         if where == "mp":
@@ -163,6 +169,9 @@ def variants(spec: str = DEFAULT_VARIANTS):
         elif where == "edge":
             unknown = set(changes) - set(edge_features._OPTIONS)
             ctx = lambda c=changes: patched_config(edge_features._OPTIONS, **c)  # noqa: E731
+        elif where == "engine":
+            unknown = set(changes) - set(engine_padded._CONFIG)
+            ctx = lambda c=changes: patched_config(engine_padded._CONFIG, **c)  # noqa: E731
         elif where == "model":
             unknown = set(changes) - {"species_table", "v_residual_alias", "species_inputs_fused"}
             ctx = lambda c=changes: class_attrs(StudentModel, **{k: bool(v) for k, v in c.items()})  # noqa: E731
@@ -177,12 +186,22 @@ def variants(spec: str = DEFAULT_VARIANTS):
             ctx = lambda c=changes: ladder_config(**c)  # noqa: E731
         else:
             raise ValueError(
-                f"variant {item!r}: want mp:, gemm:, update:, moments:, wall:, edge:, model:, seed: or ladder:..."
+                f"variant {item!r}: want mp:, gemm:, update:, moments:, wall:, edge:, engine:, model:, seed: or "
+                "ladder:..."
             )
         if unknown:
             raise ValueError(f"variant {item!r}: unknown keys {sorted(unknown)}")
         out.append((item, ctx))
     return out
+
+
+@contextlib.contextmanager
+def _all_of(factories):
+    """Every context of ``factories`` at once (a ``+``-joined variant)."""
+    with contextlib.ExitStack() as stack:
+        for factory in factories:
+            stack.enter_context(factory())
+        yield
 
 
 def step(name: str, atoms, model, device, mode: str):

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import _step_outputs
 from ._backend import resolve_backend
 from ._edge_kernels import _TINY2
 from ._triton_utils import (
@@ -596,7 +597,10 @@ if HAS_TRITON:
             # where it would sit on the step's path just before the last kernel.
             ctx.zeroed = None
             if ctx.needs_input_grad[0] and edge_index.shape[1] > 0 and _OPTIONS["zero_in_forward"]:
-                ctx.zeroed = torch.empty((positions.shape[0], 3), dtype=positions.dtype, device=positions.device)
+                # (a step's packed output holds the forces: autograd hands this buffer back as them)
+                ctx.zeroed = _step_outputs.take("grad_pos", (positions.shape[0], 3), positions)
+                if ctx.zeroed is None:
+                    ctx.zeroed = torch.empty((positions.shape[0], 3), dtype=positions.dtype, device=positions.device)
             args = (positions, edge_index, shift_vectors, ctx.rbf, _bare, wall, ctx.zeroed)
             _, dist, unit, rbf = _edge_forward(*args)
             ctx.n_atoms = positions.shape[0]

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as nnf
 
+from . import _step_outputs
 from ._backend import resolve_backend
 from ._frozen import derived, tf32_parts
 from ._precision import dot_mode
@@ -206,17 +207,25 @@ def _readout_forward(
 ):
     """``E [B]``, ``ε [N]``, the pre-activation of the hidden layer and the wall's saved tuple (for the backward;
     None without ``dist``: no wall)."""
+    # A step's packed output (kernels._step_outputs), only where the wall is added here too: the separate wall op
+    # would make new tensors of both.
+    energy = atomic = None
+    if dist is not None:
+        energy = _step_outputs.take("energy", (num_structures,), x)
+        atomic = _step_outputs.take("atomic", (x.shape[0],), x)
+    energy = x.new_empty((num_structures,)) if energy is None else energy
     # The per-structure sums start at zero: filled by the first GEMM's kernel (no fill kernel) where it has
     # enough rows (a structure has at least one atom: always, but for a caller's empty structures).
     if 0 < num_structures <= x.shape[0] and _CONFIG["readout_zero_in_gemm"]:
-        energy = x.new_empty((num_structures, 1))
         h, pre = gemm(x, w1, b1, act="silu", dot=dot, zero=energy)
     else:
-        energy = x.new_zeros((num_structures, 1))
+        energy.zero_()
         h, pre = gemm(x, w1, b1, act="silu", dot=dot)
     species, batch = species.contiguous(), batch.contiguous()
-    atomic, _ = gemm(h, w2, b2, row_affine=(species, scale, shift), segment_sum=(batch, energy), dot=dot)
-    energy, atomic = energy.view(num_structures), atomic.view(-1)
+    out = None if atomic is None else atomic.view(-1, 1)
+    affine, seg = (species, scale, shift), (batch, energy.view(num_structures, 1))
+    atomic, _ = gemm(h, w2, b2, row_affine=affine, segment_sum=seg, out=out, dot=dot)
+    atomic = atomic.view(-1)
     wall = None
     if dist is not None:
         from .repulsion import add_wall_into

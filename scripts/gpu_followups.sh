@@ -647,23 +647,24 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_fold47.md"
     ;;
   stop48)
-    # Three torch launches fewer per step: the wall's forward into the readout's outputs (no cat), the position
-    # gradient zeroed by the edge forward kernel (no fill), the moments' backward into the edge sink (no adds); the
-    # repulsion kernels chained by PDL. Their CUDA tests, then each switch on against the shipped code (off). Not run
-    # at stop 48 (no device time left): the next stop runs it, then turns on what passes and gains.
+    # Four torch launches fewer per step: the wall's forward into the readout's outputs (no cat), the position
+    # gradient zeroed by the edge forward kernel (no fill), the moments' backward into the edge sink (no adds), the
+    # packed output written in place by the kernels (no final cat); the repulsion kernels chained by PDL. Their CUDA
+    # tests, then each switch on against the shipped code (off). Not run at stop 48 (no device time left): the next
+    # stop runs it, turns on what passes and gains, then lists the captured steps' kernels again (stop47h).
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_repulsion.py \
       tests/kernels/test_edge_features.py tests/kernels/test_species_moments.py tests/test_first_layer_moments.py \
       tests/kernels/test_edge_sink.py tests/test_model_repulsion.py \
       -k "cuda or gpu or readouts_wall or add_pair or captured" >"$OUT/pytest_48.log" 2>&1
     tail -3 "$OUT/pytest_48.log"
-    # (Each switch ships off: ratio = shipped / variant > 1 would mean the switch loses.)
-    V="gemm:readout_wall=1;edge:zero_in_forward=1;moments:into_sink=1;wall:pdl=1"
-    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 165 --out "$OUT" \
+    # (Each switch ships off: ratio = shipped / variant > 1 would mean the switch loses.) The last two variants:
+    # the packed output written in place (with the two it needs), then every switch of this recipe at once.
+    P="gemm:readout_wall=1+edge:zero_in_forward=1+engine:packed_in_place=1"
+    V="gemm:readout_wall=1;edge:zero_in_forward=1;moments:into_sink=1;wall:pdl=1;$P;$P+moments:into_sink=1+wall:pdl=1"
+    timeout 240 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 215 --out "$OUT" \
       --systems benzene,water192,g2x1024,water3000 --variants "$V" >"$OUT/sweep_48.log" 2>&1
     grep -E "^\| " "$OUT/sweep_48.log" | tail -18
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48.md"
-    timeout 150 python3 benchmarks/probe_kernel_order.py --out "$OUT" >"$OUT/probe_kernel_order.log" 2>&1
-    grep -E "kernels, .* torch" "$OUT/probe_kernel_order.md"
     ;;
   stop48b)
     # The update block's one-kernel forms (painn_update._CONFIG's uv_norm_max_atoms: the U/V GEMM + norm,

@@ -532,8 +532,8 @@ def test_memory_peak_replay_and_sites():
 
 
 def test_probe_ncu_variants_patch_each_switch_and_restore_it():
-    """probe_ncu's variant specs: each prefix patches its module's switch inside the context and restores it; an
-    unknown key or prefix is an error."""
+    """probe_ncu's variant specs: each prefix patches its module's switch inside the context and restores it, and
+    ``+`` joins several into one variant; an unknown key or prefix is an error."""
     import importlib
 
     import probe_ncu
@@ -552,6 +552,12 @@ def test_probe_ncu_variants_patch_each_switch_and_restore_it():
         with ctx():
             assert config[key] and not before, label  # the stop-48 switches ship off
         assert config[key] == before
+    ((label, ctx),) = probe_ncu.variants("gemm:readout_wall=1+edge:zero_in_forward=1+engine:packed_in_place=1")
+    ep = importlib.import_module("mlff_distiller.engine_padded")
+    joined = [switches["gemm:readout_wall=1"], switches["edge:zero_in_forward=1"], (ep._CONFIG, "packed_in_place")]
+    with ctx():
+        assert all(config[key] for config, key in joined), label
+    assert not any(config[key] for config, key in joined)
     with pytest.raises(ValueError, match="unknown keys"):
         probe_ncu.variants("wall:nope=1")
     with pytest.raises(ValueError, match="want mp:"):

@@ -265,3 +265,37 @@ def test_moving_the_student_keeps_or_remakes_its_table():
     want = repulsion_table(model.species_list, {(a, b): 0.7 for a, b, _ in model.config.repulsion}, torch.float64)
     assert model.repulsion_table.dtype == torch.float64 and torch.equal(model.repulsion_table, want)
     assert not torch.equal(table.double(), want)  # the float32 table, cast, would differ
+
+
+@pytest.mark.gpu
+def test_stop48_switches_on_cuda(monkeypatch):
+    """On CUDA, captured fp32 steps of the wall's squeezed molecules with the stop-48 switches on (the wall inside
+    the readout, the forward's zeros for the forces, the packed output written in place, the repulsion's PDL): the
+    step returns its packed output as the kernels wrote it, and the energies and forces equal those of the
+    shipped path (off) and the CPU's fp64 ones."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    ef = importlib.import_module("mlff_distiller.kernels.edge_features")
+    rep = importlib.import_module("mlff_distiller.kernels.repulsion")
+    ep = importlib.import_module("mlff_distiller.engine_padded")
+    model = _walled(make_model())
+    frames = _squeezed()
+    ref = predict_forces(model, frames, device="cpu", precision="fp64")
+    in_place = []
+    real = ep._written_in_place
+    monkeypatch.setattr(ep, "_written_in_place", lambda *a: in_place.append(real(*a)) or in_place[-1])
+    got = {}
+    for on in (False, True):
+        for config, key in ((lin._CONFIG, "readout_wall"), (ef._OPTIONS, "zero_in_forward"),
+                            (ep._CONFIG, "packed_in_place"), (rep._CONFIG, "pdl")):  # fmt: skip
+            monkeypatch.setitem(config, key, on)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got[on] = predict_forces(model, frames, device="cuda", precision="fp32", mode="cudagraph")
+    assert in_place and all(in_place), in_place
+    for a, b, w in zip(got[True], got[False], ref, strict=True):
+        assert a["energy"] == pytest.approx(b["energy"], rel=1e-6, abs=1e-5)
+        np.testing.assert_allclose(a["forces"], b["forces"], rtol=1e-5, atol=1e-4)
+        assert a["energy"] == pytest.approx(w["energy"], rel=1e-4, abs=2e-3)
+        np.testing.assert_allclose(a["forces"], w["forces"], rtol=1e-4, atol=2e-2)

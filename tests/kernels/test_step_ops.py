@@ -77,10 +77,8 @@ class _TorchOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.fixture
-def step_ops(monkeypatch):
-    """Runs one padded step of a 24-atom water box (float32, Triton backend) and returns (torch ops, Triton
-    launches)."""
+def _step_ops(monkeypatch, engine, atoms) -> tuple[list, list, torch.Tensor]:
+    """One padded step of ``atoms`` on ``engine`` (Triton backend): (torch ops, Triton launches, packed output)."""
     interp = importlib.import_module("triton.runtime.interpreter")
     mode = _TorchOps()
     call = interp.GridExecutor.__call__
@@ -94,14 +92,21 @@ def step_ops(monkeypatch):
             mode.depth -= 1
 
     monkeypatch.setattr(interp.GridExecutor, "__call__", launch)
-    engine = _engine("fp32", "triton")
     with use_backend("triton"):
-        engine.compute(AtomsBatch.from_atoms([_water_box()]))  # fills the bucket (and warms the caches)
+        engine.compute(AtomsBatch.from_atoms(atoms))  # fills the bucket (and warms the caches)
         graph = engine._graphs[engine.last_bucket]
         mode.triton.clear()
         with mode:
-            engine._step(*graph.inputs())
-    return mode.ops, mode.triton
+            packed = engine._step(*graph.inputs())
+    monkeypatch.setattr(interp.GridExecutor, "__call__", call)
+    return mode.ops, mode.triton, packed
+
+
+@pytest.fixture
+def step_ops(monkeypatch):
+    """Runs one padded step of a 24-atom water box (float32, Triton backend) and returns (torch ops, Triton
+    launches)."""
+    return _step_ops(monkeypatch, _engine("fp32", "triton"), [_water_box()])[:2]
 
 
 def test_padded_step_small_kernels(step_ops):
@@ -139,3 +144,39 @@ def test_padded_step_triton_matches_torch(dtype_name, tol):
         assert got.shape == want.shape and torch.isfinite(got).all()
         err = (got - want).norm().item()
         assert err <= tol * want.norm().item(), f"{key}: {err:.3e} vs |ref| {want.norm().item():.3e}"
+
+
+def test_the_packed_output_written_in_place(monkeypatch):
+    """With the wall added inside the readout (``readout_wall``), the forward's zeros for the position gradient
+    (``zero_in_forward``) and the step's packed output handed to the kernels (``packed_in_place``), a padded step of a
+    student whose wall some pairs reach makes no ``cat`` (the wall's and the final packing) and one fill fewer (the
+    forces' zeros), and returns the packed output bit for bit; with ``packed_in_place`` alone off, the final
+    packing is back."""
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    ef = importlib.import_module("mlff_distiller.kernels.edge_features")
+    ep = importlib.import_module("mlff_distiller.engine_padded")
+
+    def wall_engine():
+        torch.manual_seed(0)
+        model = StudentModel(species=[1, 8], hidden=32, layers=3, n_rbf=8, cutoff=4.0)
+        model.set_repulsion({(1, 8): 1.2, (1, 1): 1.7, (8, 8): 1.0})  # every O-H bond inside its wall
+        with warnings.catch_warnings(), use_backend("triton"):
+            warnings.simplefilter("ignore")  # "cudagraph" on a CPU: the padded eager path, the same step
+            return ForceEngine(model, device="cpu", mode="cudagraph", precision="fp32")
+
+    runs = {}
+    for label, switches in (
+        ("off", (False, False, False)),
+        ("on", (True, True, True)),
+        ("no-pack", (True, True, False)),
+    ):
+        keys = ("readout_wall", "zero_in_forward", "packed_in_place")
+        for config, key, on in zip((lin._CONFIG, ef._OPTIONS, ep._CONFIG), keys, switches, strict=True):
+            monkeypatch.setitem(config, key, on)
+        ops, _, packed = _step_ops(monkeypatch, wall_engine(), [_water_box()])
+        runs[label] = (Counter(ops), packed)
+    off, on, no_pack = (runs[k][0] for k in ("off", "on", "no-pack"))
+    assert off["cat"] == 2 and on["cat"] == 0 and no_pack["cat"] == 1, (off, on, no_pack)
+    fills = lambda c: sum(c[k] for k in FILLS)  # noqa: E731
+    assert fills(on) == fills(off) - 1, (off, on)
+    assert torch.equal(runs["on"][1], runs["off"][1]) and torch.equal(runs["no-pack"][1], runs["off"][1])
