@@ -129,6 +129,17 @@ def _value(text: str):
         return text
 
 
+# Variant prefixes that patch one module's switch dict (ladder:, model:, seed: and mp: are handled apart).
+_CONFIGS = {
+    "gemm": lambda: linear._CONFIG,
+    "update": lambda: update._CONFIG,
+    "moments": lambda: moments._CONFIG,
+    "wall": lambda: repulsion._CONFIG,
+    "edge": lambda: edge_features._OPTIONS,
+    "engine": lambda: engine_padded._CONFIG,
+}
+
+
 def variants(spec: str = DEFAULT_VARIANTS):
     """(label, context factory) pairs from ``spec``: ``;``-separated ``mp:key=value,key=value`` (message-passing
     launch keys, ``_configured``), ``gemm:key=value`` (the Triton GEMM's ``_CONFIG``; ``AxBxC`` is a tuple),
@@ -154,24 +165,10 @@ def variants(spec: str = DEFAULT_VARIANTS):
         if where == "mp":
             unknown = set(changes) - set(mp._CONFIG)
             ctx = lambda c=changes: mp._configured(**c)  # noqa: E731
-        elif where == "gemm":
-            unknown = set(changes) - set(linear._CONFIG)
-            ctx = lambda c=changes: patched_config(linear._CONFIG, **c)  # noqa: E731
-        elif where == "update":
-            unknown = set(changes) - set(update._CONFIG)
-            ctx = lambda c=changes: patched_config(update._CONFIG, **c)  # noqa: E731
-        elif where == "moments":
-            unknown = set(changes) - set(moments._CONFIG)
-            ctx = lambda c=changes: patched_config(moments._CONFIG, **c)  # noqa: E731
-        elif where == "wall":
-            unknown = set(changes) - set(repulsion._CONFIG)
-            ctx = lambda c=changes: patched_config(repulsion._CONFIG, **c)  # noqa: E731
-        elif where == "edge":
-            unknown = set(changes) - set(edge_features._OPTIONS)
-            ctx = lambda c=changes: patched_config(edge_features._OPTIONS, **c)  # noqa: E731
-        elif where == "engine":
-            unknown = set(changes) - set(engine_padded._CONFIG)
-            ctx = lambda c=changes: patched_config(engine_padded._CONFIG, **c)  # noqa: E731
+        elif where in _CONFIGS:  # a module's switch dict, patched for the variant's run
+            config = _CONFIGS[where]()
+            unknown = set(changes) - set(config)
+            ctx = lambda c=changes, config=config: patched_config(config, **c)  # noqa: E731
         elif where == "model":
             unknown = set(changes) - {"species_table", "v_residual_alias", "species_inputs_fused"}
             ctx = lambda c=changes: class_attrs(StudentModel, **{k: bool(v) for k, v in c.items()})  # noqa: E731

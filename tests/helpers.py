@@ -108,18 +108,23 @@ class InterruptAt:
         return self.real(*args, **kwargs)
 
 
+def capture_spy(monkeypatch, module: str, name: str) -> list:
+    """Records, for each call of ``module.name`` from now on, whether a CUDA-graph capture was running."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    calls = []
+    real = getattr(mod, name)
+
+    def spy(*args, **kwargs):
+        calls.append(torch.cuda.is_current_stream_capturing())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mod, name, spy)
+    return calls
+
+
 def edge_sink_spy(monkeypatch) -> list:
     """Records, for each time a layer's backward feeds the second stream's sink
     (``kernels.message_passing._edge_grads_into``), whether a CUDA-graph capture was running."""
-    import importlib
-
-    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
-    calls = []
-    real = mp._edge_grads_into
-
-    def spy(sink, *args):
-        calls.append(torch.cuda.is_current_stream_capturing())
-        return real(sink, *args)
-
-    monkeypatch.setattr(mp, "_edge_grads_into", spy)
-    return calls
+    return capture_spy(monkeypatch, "mlff_distiller.kernels.message_passing", "_edge_grads_into")

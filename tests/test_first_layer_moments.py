@@ -11,7 +11,7 @@ import importlib
 import numpy as np
 import pytest
 import torch
-from helpers import make_model, random_molecule, silicon_cell
+from helpers import capture_spy, make_model, random_molecule, silicon_cell
 from mlff_distiller.kernels import triton_available, use_backend
 
 from mlff_distiller import AtomsBatch, ForceEngine
@@ -238,14 +238,7 @@ def test_captured_moments_add_into_the_edge_sink(monkeypatch):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from systems import water_box
 
-    into = []
-    real = sm._moments_grads_into
-
-    def spy(sink, *args):
-        into.append(torch.cuda.is_current_stream_capturing())
-        return real(sink, *args)
-
-    monkeypatch.setattr(sm, "_moments_grads_into", spy)
+    into = capture_spy(monkeypatch, "mlff_distiller.kernels.species_moments", "_moments_grads_into")
     calls = _spy(monkeypatch)
     net = make_model(seed=3, species=[1, 8], hidden=128, layers=3, n_rbf=20, cutoff=5.0)
     batch = AtomsBatch.from_atoms([water_box(192, seed=0)])
