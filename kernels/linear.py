@@ -37,6 +37,7 @@ from ._triton_utils import (
     tl,
     triton,
 )
+from .repulsion import add_pair_repulsion, add_wall_into, wall_fusable, wall_grad
 
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_reference"]
 
@@ -186,8 +187,6 @@ def readout(
             f"readout: x must be [N, K] with species and batch [N], W2 one output row; got x {list(x.shape)}, "
             f"species {list(species.shape)}, batch {list(batch.shape)}, W2 {list(w2.shape)}"
         )
-    from .repulsion import add_pair_repulsion, wall_fusable
-
     fused = gemm_fusable(x, w1, b1, w2, b2, scale, shift)
     if wall is not None and not (fused and _CONFIG["readout_wall"] and wall_fusable(x, wall[0], wall[1])):
         energy, atomic = readout(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures)
@@ -228,8 +227,6 @@ def _readout_forward(
     atomic = atomic.view(-1)
     wall = None
     if dist is not None:
-        from .repulsion import add_wall_into
-
         wall = add_wall_into(atomic, energy, dist, edge_index, species, table, batch)
     return energy, atomic, pre, wall
 
@@ -570,8 +567,6 @@ if HAS_TRITON:
                 return (None,) * 13
             g_dist = None
             if ctx.wall and ctx.needs_input_grad[10]:
-                from .repulsion import wall_grad
-
                 with torch.no_grad():
                     g_dist = wall_grad(tuple(wall), g_atomic, g_energy)
             if not ctx.needs_input_grad[0]:

@@ -321,7 +321,7 @@ def test_bad_wall_arguments_are_named():
 
 @pytest.mark.skipif(not TRITON_DEVICES, reason="needs triton (the interpreter on the CPU, or CUDA)")
 @pytest.mark.parametrize("with_x_grad", [True, False])
-def test_the_readouts_wall_is_the_separate_ops(with_x_grad):
+def test_the_readouts_wall_is_the_separate_ops(with_x_grad, monkeypatch):
     """``kernels.linear.readout(..., wall=...)`` (the wall's atomics into the readout's own outputs, its backward
     inside the readout's: no copy of the outputs) against the readout then ``add_pair_repulsion``, and against the
     torch references: the energies and the gradients wrt x and dist. float64 for the comparison with the
@@ -344,8 +344,8 @@ def test_the_readouts_wall_is_the_separate_ops(with_x_grad):
         for way in ("fused", "separate", "reference"):
             with use_backend("torch" if way == "reference" else "triton"):
                 if way != "reference":
-                    with patched(_CONFIG, readout_wall=way == "fused"):
-                        e, a = readout(x, *ws, scale, shift, idx, batch, 3, wall=(dist, edge_index, table))
+                    monkeypatch.setitem(_CONFIG, "readout_wall", way == "fused")
+                    e, a = readout(x, *ws, scale, shift, idx, batch, 3, wall=(dist, edge_index, table))
                 else:
                     e, a = readout_reference(x, *ws, scale, shift, idx, batch, 3)
                     a, e = add_pair_repulsion(a, e, dist, edge_index, idx, table, batch)
@@ -357,18 +357,3 @@ def test_the_readouts_wall_is_the_separate_ops(with_x_grad):
         tol = dict(rtol=1e-10, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-3)
         for got, want in zip(outs["fused"], outs["reference"], strict=True):
             torch.testing.assert_close(got, want, **tol)
-
-
-def patched(config: dict, **changes):
-    import contextlib
-
-    @contextlib.contextmanager
-    def _cm():
-        old = {k: config[k] for k in changes}
-        config.update(changes)
-        try:
-            yield
-        finally:
-            config.update(old)
-
-    return _cm()
