@@ -699,6 +699,31 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_48c.log" | tail -3
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48c.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c" >&2; exit 2 ;;
+  stop49)
+    # Stop 48's recipes in one call (stop 49 had ~30 min of device time): the CUDA tests of stop48, stop48b and
+    # stop48c, then one round of each launch switch on (stop48's variants on three systems, stop48b's on two).
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_repulsion.py \
+      tests/kernels/test_edge_features.py tests/kernels/test_species_moments.py tests/test_first_layer_moments.py \
+      tests/kernels/test_edge_sink.py tests/test_model_repulsion.py \
+      -k "cuda or gpu or readouts_wall or add_pair or captured" >"$OUT/pytest_48.log" 2>&1
+    tail -3 "$OUT/pytest_48.log"
+    timeout 110 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py \
+      -k "(uv_norm or mix_out or gx_norm or student_model or recomputed) and cuda" >"$OUT/pytest_48b.log" 2>&1
+    tail -3 "$OUT/pytest_48b.log"
+    P="gemm:readout_wall=1+edge:zero_in_forward=1+engine:packed_in_place=1"
+    V="gemm:readout_wall=1;edge:zero_in_forward=1;moments:into_sink=1;wall:pdl=1;$P;$P+moments:into_sink=1+wall:pdl=1"
+    timeout 160 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 140 --out "$OUT" \
+      --systems benzene,water192,g2x1024 --variants "$V" >"$OUT/sweep_48.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_48.log" | tail -18
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48.md"
+    A="uv_norm_max_atoms=682,mix_out_max_atoms=682,gx_norm_max_atoms=682"
+    V="update:uv_norm_max_atoms=682;update:mix_out_max_atoms=682;update:gx_norm_max_atoms=682;update:$A"
+    V="$V;update:$A,uv_norm_tile=16x16x64x4,mix_out_tile=16x16x64x4,gx_norm_tile=16x16x64x4"
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" \
+      --systems benzene,water192 --variants "$V" >"$OUT/sweep_48b.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_48b.log" | tail -11
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48b.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
