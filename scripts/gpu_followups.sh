@@ -724,6 +724,25 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_48b.log" | tail -11
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_48b.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49" >&2; exit 2 ;;
+  stop49b)
+    # Stop 49's second call: stop48's CUDA tests again with a longer limit (the first call's 150 s ran out at ~40 %,
+    # no failure), a second round of the switches that gained in the first (and gx_norm, neutral there) on four
+    # systems, then stop48c's memory probe (24,000 and 1,000,002 water atoms with uvvv made again).
+    timeout 260 python3 -m pytest -q -p no:cacheprovider --durations=12 tests/kernels/test_repulsion.py \
+      tests/kernels/test_edge_features.py tests/kernels/test_species_moments.py tests/test_first_layer_moments.py \
+      tests/kernels/test_edge_sink.py tests/test_model_repulsion.py \
+      -k "cuda or gpu or readouts_wall or add_pair or captured" >"$OUT/pytest_48_full.log" 2>&1
+    grep -E "passed|failed|FAIL|Error" "$OUT/pytest_48_full.log" | tail -8
+    P="gemm:readout_wall=1+edge:zero_in_forward=1+engine:packed_in_place=1"
+    V="$P;$P+moments:into_sink=1+wall:pdl=1;edge:zero_in_forward=1+moments:into_sink=1;update:gx_norm_max_atoms=682"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" \
+      --systems benzene,water192,g2x1024,water3000 --variants "$V" >"$OUT/sweep_49b.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_49b.log" | tail -16
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_49b.md"
+    timeout 150 python3 benchmarks/probe_memory_peak.py --atoms 24000,1000002 --out "$OUT" \
+      --name probe_memory_peak_recompute --variant "update:recompute_uv_min_atoms=0" >"$OUT/probe_memory_rc.log" 2>&1
+    grep -E "^(## |peak)" "$OUT/probe_memory_peak_recompute.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
