@@ -43,9 +43,7 @@ from mlff_distiller.model import StudentModel
 
 # The modules (the package re-exports functions under the same names).
 linear = importlib.import_module("mlff_distiller.kernels.linear")
-repulsion = importlib.import_module("mlff_distiller.kernels.repulsion")
 edge_features = importlib.import_module("mlff_distiller.kernels.edge_features")
-engine_padded = importlib.import_module("mlff_distiller.engine_padded")
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 update = importlib.import_module("mlff_distiller.kernels.painn_update")
 moments = importlib.import_module("mlff_distiller.kernels.species_moments")
@@ -134,9 +132,7 @@ _CONFIGS = {
     "gemm": lambda: linear._CONFIG,
     "update": lambda: update._CONFIG,
     "moments": lambda: moments._CONFIG,
-    "wall": lambda: repulsion._CONFIG,
     "edge": lambda: edge_features._OPTIONS,
-    "engine": lambda: engine_padded._CONFIG,
 }
 
 
@@ -150,10 +146,11 @@ def variants(spec: str = DEFAULT_VARIANTS):
     per layer after the first) or ``model:species_inputs_fused=0`` (the species index, embedding, v = 0 and first
     φ rows as four torch launches, not kernels.species_inputs) or ``moments:key=value``
     (``species_moments._CONFIG``, e.g. ``moments:model_min_edges=1000000000``: the first layer on the message
-    kernel, ``moments:into_sink=0``) or ``wall:pdl=0`` (``repulsion._CONFIG``) or ``edge:zero_in_forward=0``
-    (``edge_features._OPTIONS``) or ``engine:packed_in_place=1`` (``engine_padded._CONFIG``) or ``seed:old=1`` (the
-    padded step's vector-Jacobian product through ``engine_padded._Seeded``, as before stop 45). Items joined by
-    ``+`` are one variant with all their changes (e.g. ``gemm:readout_wall=1+edge:zero_in_forward=1``)."""
+    kernel, ``moments:into_sink=0``) or ``edge:zero_in_forward=0`` (``edge_features._OPTIONS``) or ``seed:old=1``
+    (the padded step's vector-Jacobian product through ``engine_padded._Seeded``, as before stop 45). Items joined
+    by ``+`` are one variant with all their changes (e.g. ``edge:zero_in_forward=0+moments:into_sink=0``). The
+    ``wall:`` and ``engine:`` prefixes and the readout's wall under ``gemm:`` went with their switches at stop 49,
+    which measured no gain on the GPU (results/stop49_gpu/wall_packed_pdl_dropped.diff)."""
     out = []
     for item in filter(None, (v.strip() for v in spec.split(";"))):
         if "+" in item:
@@ -183,8 +180,7 @@ def variants(spec: str = DEFAULT_VARIANTS):
             ctx = lambda c=changes: ladder_config(**c)  # noqa: E731
         else:
             raise ValueError(
-                f"variant {item!r}: want mp:, gemm:, update:, moments:, wall:, edge:, engine:, model:, seed: or "
-                "ladder:..."
+                f"variant {item!r}: want mp:, gemm:, update:, moments:, edge:, model:, seed: or ladder:..."
             )
         if unknown:
             raise ValueError(f"variant {item!r}: unknown keys {sorted(unknown)}")

@@ -143,16 +143,17 @@ def edge_block(device: torch.device, n_cols: int, elems: int) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
-# Programmatic dependent launch (PDL, sm90+). Each of our kernels is launched with ``launch_pdl`` and starts with
-# ``pdl_prologue``: it waits for the previous grid in the stream to finish and flush its memory (griddepcontrol.wait,
-# before any load or store, so every read-after-write and write-after-read order of the plain launch holds, also
-# transitively) and then lets the next grid launch at once (griddepcontrol.launch_dependents). The next kernel's
-# launch and its programs' start then overlap this kernel's work instead of following it. That launches our
-# programs only after the previous grid's last programs have started, so a multi-wave kernel is not crowded by its
-# waiting successor. A kernel not launched as a dependent (after a torch or cuBLAS kernel, a copy, or on the first
-# launch) passes the wait at once. In a CUDA graph of small dependent kernels on an H100 this took 1.75 -> 1.10 µs per
-# kernel (benchmarks/results/probe_pdl_h100.md). Off under torch.compile (the traced ops get PDL=False), on the CPU
-# interpreter and on GPUs before sm90; MLFF_DISTILLER_PDL=0 turns it off everywhere.
+# Programmatic dependent launch (PDL, sm90+). Each of our kernels (but the pair repulsion's two, where it measured no
+# gain: kernels/repulsion.py) is launched with ``launch_pdl`` and starts with ``pdl_prologue``: it waits for the
+# previous grid in the stream to finish and flush its memory (griddepcontrol.wait, before any load or store, so every
+# read-after-write and write-after-read order of the plain launch holds, also transitively) and then lets the next grid
+# launch at once (griddepcontrol.launch_dependents). The next kernel's launch and its programs' start then overlap this
+# kernel's work instead of following it. That launches our programs only after the previous grid's last programs have
+# started, so a multi-wave kernel is not crowded by its waiting successor. A kernel not launched as a dependent (after a
+# torch or cuBLAS kernel, a copy, or on the first launch) passes the wait at once. In a CUDA graph of small dependent
+# kernels on an H100 this took 1.75 -> 1.10 µs per kernel (benchmarks/results/probe_pdl_h100.md). Off under
+# torch.compile (the traced ops get PDL=False), on the CPU interpreter and on GPUs before sm90; MLFF_DISTILLER_PDL=0
+# turns it off everywhere.
 def _pdl_from_env(value: str | None) -> bool:
     """``MLFF_DISTILLER_PDL``: unset or anything but "0" (spaces ignored) means on."""
     return (value if value is not None else "1").strip() != "0"

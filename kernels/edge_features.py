@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from . import _step_outputs
 from ._backend import resolve_backend
 from ._edge_kernels import _TINY2
 from ._triton_utils import (
@@ -135,9 +134,10 @@ def edge_basis(
 # CUDA). The interpreter runs a custom scan element by element in Python (seconds per block) and its atomics
 # never contend, so CPU tensors use the per-edge atomics unless ``segmented_receivers_cpu`` (tests) is set.
 # "zero_in_forward": edge_basis's eager forward also zeroes its backward's position gradient (no fill kernel in the
-# backward; False: a fill of its own there). Built at stop 48 and tested on the interpreter only: off until the GPU
-# has run and timed it (scripts/gpu_followups.sh stop48).
-_OPTIONS = {"segmented_receivers": True, "segmented_receivers_cpu": False, "zero_in_forward": False}
+# backward; False: a fill of its own there). Built at stop 48, on since stop 49: with the moments' ``into_sink``,
+# a captured step 1.013x on benzene and 1.016x on 192 water atoms, 1.002x at 1,024 g2 molecules and 3,000 water
+# atoms (benchmarks/results/stop49_gpu/probe_ncu_sweep_49b.md; alone 1.010x / 1.007x in probe_ncu_sweep_48.md).
+_OPTIONS = {"segmented_receivers": True, "segmented_receivers_cpu": False, "zero_in_forward": True}
 
 # Placeholder rbf constants for the kernels' rbf arguments when WITH_RBF is off.
 _NO_RBF = dict(N_RBF=1, BASIS=0, ENVELOPE=0, INV_RC=1.0, RC=1.0, PI_RC=1.0, NORM=1.0, GAMMA=1.0, MU_STEP=0.0)
@@ -597,10 +597,7 @@ if HAS_TRITON:
             # where it would sit on the step's path just before the last kernel.
             ctx.zeroed = None
             if ctx.needs_input_grad[0] and edge_index.shape[1] > 0 and _OPTIONS["zero_in_forward"]:
-                # (a step's packed output holds the forces: autograd hands this buffer back as them)
-                ctx.zeroed = _step_outputs.take("grad_pos", (positions.shape[0], 3), positions)
-                if ctx.zeroed is None:
-                    ctx.zeroed = torch.empty((positions.shape[0], 3), dtype=positions.dtype, device=positions.device)
+                ctx.zeroed = torch.empty((positions.shape[0], 3), dtype=positions.dtype, device=positions.device)
             args = (positions, edge_index, shift_vectors, ctx.rbf, _bare, wall, ctx.zeroed)
             _, dist, unit, rbf = _edge_forward(*args)
             ctx.n_atoms = positions.shape[0]

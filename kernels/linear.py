@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 from torch.nn import functional as nnf
 
-from . import _step_outputs
 from ._backend import resolve_backend
 from ._frozen import derived, tf32_parts
 from ._precision import dot_mode
@@ -37,7 +36,6 @@ from ._triton_utils import (
     tl,
     triton,
 )
-from .repulsion import add_pair_repulsion, add_wall_into, wall_fusable, wall_grad
 
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_reference"]
 
@@ -80,10 +78,6 @@ _CONFIG = {
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
-    # The pair repulsion's forward adding into the readout's outputs, its backward inside the readout's (no copy of
-    # the two outputs first: one torch launch fewer a step); False: the separate op (kernels.add_pair_repulsion).
-    # Built at stop 48 and tested on the interpreter only: off until the GPU has run and timed it (recipe stop48).
-    "readout_wall": False,
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -160,6 +154,12 @@ def readout_reference(
     return atomic.new_zeros(num_structures).index_add_(0, batch, atomic), atomic
 
 
+# The pair repulsion (ZBL wall) is added after the readout by the model (kernels.add_pair_repulsion). Its forward adding
+# into the readout's own outputs and its backward inside the readout's (a switch built at stop 48: one copy of the two
+# outputs fewer) measured no gain in a captured step on an H200 at stop 49 (shipped / wall in the readout: 0.997
+# benzene, 1.000 192 water atoms, 0.999 1,024 g2 molecules; benchmarks/results/stop49_gpu/probe_ncu_sweep_48.md,
+# probe_ncu_sweep_49b.md) and was dropped, with the step's packed output written in place that it fed. The code is in
+# benchmarks/results/stop49_gpu/wall_packed_pdl_dropped.diff.
 def readout(
     x: Tensor,
     w1: Tensor,
@@ -171,64 +171,35 @@ def readout(
     species: Tensor,
     batch: Tensor,
     num_structures: int,
-    *,
-    wall: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`readout_reference` (``x [N, K]``, ``species`` and ``batch`` ``[N]`` indices into ``scale``/``shift``
     and the B structures): two Triton GEMMs with the scale, shift and sum fused when :func:`gemm_fusable` (frozen
-    weights; gradient wrt x only, first order), else the torch reference. Returns ``E [B]``, ``ε [N]`` (eV).
-
-    ``wall = (dist, edge_index, table)``: the pair repulsion added to both
-    (:func:`~mlff_distiller.kernels.repulsion.add_pair_repulsion` with ``species`` as its ``idx``; differentiable in
-    ``dist``). On the fused path its forward adds into the readout's own outputs (no copy of them first, as the
-    separate op needs) and its backward runs in the readout's."""
+    weights; gradient wrt x only, first order), else the torch reference. Returns ``E [B]``, ``ε [N]`` (eV)."""
     if x.dim() != 2 or w2.shape[0] != 1 or species.shape != x.shape[:1] or batch.shape != x.shape[:1]:
         raise ValueError(
             f"readout: x must be [N, K] with species and batch [N], W2 one output row; got x {list(x.shape)}, "
             f"species {list(species.shape)}, batch {list(batch.shape)}, W2 {list(w2.shape)}"
         )
-    fused = gemm_fusable(x, w1, b1, w2, b2, scale, shift)
-    if wall is not None and not (fused and _CONFIG["readout_wall"] and wall_fusable(x, wall[0], wall[1])):
-        energy, atomic = readout(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures)
-        return tuple(reversed(add_pair_repulsion(atomic, energy, wall[0], wall[1], species, wall[2], batch)))
-    if not fused:
+    if not gemm_fusable(x, w1, b1, w2, b2, scale, shift):
         return readout_reference(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures)
-    grad = torch.is_grad_enabled() and (x.requires_grad or (wall is not None and wall[0].requires_grad))
-    dist, edge_index, table = wall if wall is not None else (None, None, None)
-    args = (x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures, dist, edge_index, table)
-    if not grad:
-        return _readout_forward(*args)[:2]
-    return _Readout.apply(*args)
+    if not torch.is_grad_enabled() or not x.requires_grad:
+        return _readout_forward(x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures)[:2]
+    return _Readout.apply(x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures)
 
 
-def _readout_forward(
-    x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dist=None, edge_index=None, table=None, dot=None
-):
-    """``E [B]``, ``ε [N]``, the pre-activation of the hidden layer and the wall's saved tuple (for the backward;
-    None without ``dist``: no wall)."""
-    # A step's packed output (kernels._step_outputs), only where the wall is added here too: the separate wall op
-    # would make new tensors of both.
-    energy = atomic = None
-    if dist is not None:
-        energy = _step_outputs.take("energy", (num_structures,), x)
-        atomic = _step_outputs.take("atomic", (x.shape[0],), x)
-    energy = x.new_empty((num_structures,)) if energy is None else energy
+def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot=None):
+    """``E [B]``, ``ε [N]`` and the pre-activation of the hidden layer (for the backward)."""
     # The per-structure sums start at zero: filled by the first GEMM's kernel (no fill kernel) where it has
     # enough rows (a structure has at least one atom: always, but for a caller's empty structures).
     if 0 < num_structures <= x.shape[0] and _CONFIG["readout_zero_in_gemm"]:
+        energy = x.new_empty((num_structures, 1))
         h, pre = gemm(x, w1, b1, act="silu", dot=dot, zero=energy)
     else:
-        energy.zero_()
+        energy = x.new_zeros((num_structures, 1))
         h, pre = gemm(x, w1, b1, act="silu", dot=dot)
     species, batch = species.contiguous(), batch.contiguous()
-    out = None if atomic is None else atomic.view(-1, 1)
-    affine, seg = (species, scale, shift), (batch, energy.view(num_structures, 1))
-    atomic, _ = gemm(h, w2, b2, row_affine=affine, segment_sum=seg, out=out, dot=dot)
-    atomic = atomic.view(-1)
-    wall = None
-    if dist is not None:
-        wall = add_wall_into(atomic, energy, dist, edge_index, species, table, batch)
-    return energy, atomic, pre, wall
+    atomic, _ = gemm(h, w2, b2, row_affine=(species, scale, shift), segment_sum=(batch, energy), dot=dot)
+    return energy.view(num_structures), atomic.view(-1), pre
 
 
 def gemm(
@@ -548,29 +519,20 @@ if HAS_TRITON:
         the first GEMM's prologue; SiLU' in the second's."""
 
         @staticmethod
-        def forward(ctx, x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dist, edge_index, table):
+        def forward(ctx, x, w1, b1, w2, b2, scale, shift, species, batch, num_structures):
             if any(ctx.needs_input_grad[1:7]):
                 raise RuntimeError("the Triton readout is inference-only: its weights must not require grad")
             ctx.set_materialize_grads(False)  # the engine differentiates E only: ε's gradient comes as None
             ctx.dot = dot = resolved_dot(x)
-            energy, atomic, pre, wall = _readout_forward(
-                x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dist, edge_index, table, dot
-            )
-            ctx.wall = wall is not None
-            ctx.save_for_backward(x, pre, w1, w2, scale, species, batch, *(wall or ()))
+            energy, atomic, pre = _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot)
+            ctx.save_for_backward(x, pre, w1, w2, scale, species, batch)
             return energy, atomic
 
         @staticmethod
         def backward(ctx, g_energy, g_atomic):
-            x, pre, w1, w2, scale, species, batch, *wall = ctx.saved_tensors
+            x, pre, w1, w2, scale, species, batch = ctx.saved_tensors
             if g_energy is None and g_atomic is None:
-                return (None,) * 13
-            g_dist = None
-            if ctx.wall and ctx.needs_input_grad[10]:
-                with torch.no_grad():
-                    g_dist = wall_grad(tuple(wall), g_atomic, g_energy)
-            if not ctx.needs_input_grad[0]:
-                return None, *(None,) * 9, g_dist, None, None
+                return (None,) * 10
             with torch.no_grad():
                 if g_energy is None:  # (rare) only ε is differentiated: no sum to gather
                     g_e, seg = x.new_zeros((1, 1)), torch.zeros_like(batch)
@@ -582,6 +544,4 @@ if HAS_TRITON:
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
                 depends = [t for t in (x, g_energy, g_atomic) if t is not None]
                 g_x = FirstOrderOnly.apply("the Triton readout", 1, g_x, *depends)
-                if g_dist is not None:
-                    g_dist = FirstOrderOnly.apply("the Triton readout's wall", 1, g_dist, *depends)
-            return g_x, *(None,) * 9, g_dist, None, None
+            return g_x, None, None, None, None, None, None, None, None, None

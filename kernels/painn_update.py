@@ -168,28 +168,10 @@ def _cat2(u_w: Tensor, v_w: Tensor) -> Tensor:
 _CONFIG: dict = {
     "elems": 256,
     "num_warps": None,
-    # The U/V GEMM and the norm kernel as one kernel (_uv_norm_kernel: three accumulators, one per component of v,
-    # so a program holds the three vv_k of its atoms and writes ‖vv‖ and the s half of x in its epilogue) for
-    # blocks of at most this many atoms; None: off. One launch fewer per layer, for the small steps that launches
-    # bound. Built at stop 48 and tested on the interpreter only (no device time was left): off until the GPU has
-    # run and timed it (scripts/gpu_followups.sh stop48b).
-    "uv_norm_max_atoms": None,
-    # (atoms, columns, K step, warps) of its tiles on the GPU; the columns must divide F (each tile in one half).
-    "uv_norm_tile": (16, 32, 64, 4),
-    # The MLP's second GEMM and the out kernel as one kernel (_mix_out_kernel: three accumulators, one per block of
-    # mix = [a_vv | a_sv | a_ss], so a program holds the three coefficients of its features and writes s_out, v_out
-    # in its epilogue) for blocks of at most this many atoms; None: off. Built at stop 48 like the one above and
-    # off for the same reason (recipe stop48b).
-    "mix_out_max_atoms": None,
-    # (atoms, features, K step, warps) of its tiles on the GPU.
-    "mix_out_tile": (16, 32, 64, 4),
-    # The backward's second GEMM (∂x = (∂h ⊙ SiLU'(pre)) W1) and the norm's backward as one kernel (_gx_norm_kernel:
-    # its epilogue writes ∂s in the U half's tiles and adds the norm's term into ∂vv in the V half's) for blocks of
-    # at most this many atoms, the last GEMM then adding g_v_out itself; None: off. One launch fewer per layer.
-    # Built at stop 48 like the two above and off for the same reason (recipe stop48b).
-    "gx_norm_max_atoms": None,
-    # (atoms, columns, K step, warps) of its tiles on the GPU; the columns must divide F.
-    "gx_norm_tile": (16, 32, 64, 4),
+    # Stop 48's one-kernel forms (U/V GEMM + norm kernel, second MLP GEMM + out kernel, g_x GEMM + norm backward)
+    # were slower at stop 49 (H200 step, shipped/variant, benzene & 192 water atoms: 0.948 & 0.978, 0.977 & 0.992,
+    # ~1.00, all three 0.933 & 0.973, narrower tiles 0.930 & 0.929) and were dropped (benchmarks/results/stop49_gpu:
+    # probe_ncu_sweep_48b.md, gx_norm's second round probe_ncu_sweep_49b.md; one_kernel_forms_dropped.diff).
     # From this many atoms on, the backward makes uvvv [3N, 2F] again (one GEMM of the U/V product, as the forward
     # made it) instead of keeping it from the forward: 3 kB per atom and layer less at a large step's peak memory
     # (stop 47's probe: every layer's uvvv was alive at the peak, 9 of ~52 kB per atom at 1M water atoms), for one
@@ -199,8 +181,6 @@ _CONFIG: dict = {
 }
 
 if HAS_TRITON:
-    from ._triton_utils import dot_rn
-    from .linear import _sigmoid
 
     @triton.jit
     def _tile(n_atoms, N_FEAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr):
@@ -238,202 +218,6 @@ if HAS_TRITON:
         x = x_ptr + i * (2 * N_FEAT) + f
         tl.store(x, _load_sum(s_ptr, ds_ptr, i * N_FEAT + f, m, HAS_DS), mask=m)
         tl.store(x + N_FEAT, norm, mask=m)
-
-    @triton.jit(**unspecialized("n_atoms"))
-    def _uv_norm_kernel(
-        v_ptr, dv_ptr, w_ptr, s_ptr, ds_ptr, uvvv_ptr, x_ptr, n_atoms,
-        N_FEAT: tl.constexpr, BA: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_DS: tl.constexpr,
-        HAS_DV: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """uvvv = (v + dv) [U; V]ᵀ for a tile of BA atoms (their three rows each, one accumulator per component) and
-        BN of the 2F columns, then the norm kernel's work for them: a tile of the V half writes ‖vv‖ into x's second
-        half, a tile of the U half writes s (+ ds) into its first half. BN divides F."""
-        pdl_prologue(PDL)
-        atoms = tl.program_id(0).to(tl.int64) * BA + tl.arange(0, BA)
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        am = atoms[:, None] < n_atoms
-        dt = tl.float32 if w_ptr.dtype.element_ty == tl.float32 else tl.float64
-        acc0 = tl.zeros((BA, BN), dtype=dt)
-        acc1 = tl.zeros((BA, BN), dtype=dt)
-        acc2 = tl.zeros((BA, BN), dtype=dt)
-        row0 = (3 * atoms)[:, None] * N_FEAT
-        for k0 in range(0, N_FEAT, BK):
-            kk = k0 + tl.arange(0, BK)
-            km = kk[None, :] < N_FEAT
-            # B = Wᵀ: b[k, n] = W[n, k] (W [2F, F] row-major)
-            b = tl.load(w_ptr + cols[None, :] * N_FEAT + kk[:, None], mask=kk[:, None] < N_FEAT, other=0.0)
-            a0 = _load_sum(v_ptr, dv_ptr, row0 + kk[None, :], am & km, HAS_DV)
-            acc0 += dot_rn(a0, b, DOT)
-            a1 = _load_sum(v_ptr, dv_ptr, row0 + N_FEAT + kk[None, :], am & km, HAS_DV)
-            acc1 += dot_rn(a1, b, DOT)
-            a2 = _load_sum(v_ptr, dv_ptr, row0 + 2 * N_FEAT + kk[None, :], am & km, HAS_DV)
-            acc2 += dot_rn(a2, b, DOT)
-        out = uvvv_ptr + (3 * atoms)[:, None] * (2 * N_FEAT) + cols[None, :]
-        tl.store(out, acc0, mask=am)
-        tl.store(out + 2 * N_FEAT, acc1, mask=am)
-        tl.store(out + 4 * N_FEAT, acc2, mask=am)
-        if tl.program_id(1) * BN >= N_FEAT:  # the V half: ‖vv‖ (as _painn_update_norm_kernel computes it)
-            eps = tl.full([BA, BN], 1e-8, dt)
-            sq = acc0 * acc0 + acc1 * acc1 + acc2 * acc2 + eps
-            if dt == tl.float32:
-                norm = tl.sqrt_rn(sq)
-            else:
-                norm = tl.sqrt(sq)
-            tl.store(x_ptr + atoms[:, None] * (2 * N_FEAT) + cols[None, :], norm, mask=am)
-        else:  # the U half: s (+ ds) into x's first half
-            offs = atoms[:, None] * N_FEAT + cols[None, :]
-            tl.store(
-                x_ptr + atoms[:, None] * (2 * N_FEAT) + cols[None, :],
-                _load_sum(s_ptr, ds_ptr, offs, am, HAS_DS),
-                mask=am,
-            )
-
-    def _one_kernel_tile(key: str, ref: Tensor, n: int, f: int, k: int, whole: bool) -> tuple[int, int, int, int]:
-        """(atoms, columns, K step, warps) of a one-kernel form's tiles: ``_CONFIG[key]`` on the GPU; on the
-        interpreter, which pays per program, few large tiles (with ``whole``, columns that divide F where any
-        power of two from 16 does)."""
-        if ref.is_cuda:
-            return _CONFIG[key]
-        bn = 16
-        if whole:
-            while bn * 2 <= min(f, 128) and f % (bn * 2) == 0:
-                bn *= 2
-        else:
-            bn = max(16, min(128, triton.next_power_of_2(f)))
-        return max(16, min(64, triton.next_power_of_2(n))), bn, max(16, min(128, triton.next_power_of_2(k))), 4
-
-    def _uv_norm(s, v, w_uv, ds, dv, x, dot) -> Tensor | None:
-        """``uvvv [3N, 2F]`` from :func:`_uv_norm_kernel`, which also writes ``x [N, 2F]``; None where it does not
-        run (off, more atoms than ``uv_norm_max_atoms``, a tile width that does not divide F, a 16-bit dot)."""
-        n, f = s.shape
-        limit = _CONFIG["uv_norm_max_atoms"]
-        if limit is None or n == 0 or n > limit or dot not in ("tf32x3", "tf32", "ieee"):
-            return None
-        ba, bn, bk, warps = _one_kernel_tile("uv_norm_tile", s, n, f, f, whole=True)
-        if f % bn:
-            return None
-        check_launchable(_uv_norm_kernel, s)
-        uvvv = s.new_empty((3 * n, 2 * f))
-        grid = (triton.cdiv(n, ba), 2 * f // bn)
-        _uv_norm_kernel[grid](
-            v, _or(dv, v), w_uv, s, _or(ds, s), uvvv, x, n, N_FEAT=f, BA=ba, BN=bn, BK=bk, HAS_DS=ds is not None,
-            HAS_DV=dv is not None, DOT=dot, num_warps=warps, **pdl_args(s),
-        )  # fmt: skip
-        return uvvv
-
-    @triton.jit(**unspecialized("n_atoms"))
-    def _mix_out_kernel(
-        h_ptr, w2_ptr, b2_ptr, s_ptr, ds_ptr, v_ptr, dv_ptr, uvvv_ptr, mix_ptr, s_out_ptr, v_out_ptr, n_atoms,
-        N_FEAT: tl.constexpr, K: tl.constexpr, BA: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-        HAS_DS: tl.constexpr, HAS_DV: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """mix = h W2ᵀ + b2 for a tile of BA atoms and BN features of each of its three F-column blocks (a_vv, a_sv,
-        a_ss: one accumulator each), stored for the backward, then the out kernel's work for the same tile."""
-        pdl_prologue(PDL)
-        atoms = tl.program_id(0).to(tl.int64) * BA + tl.arange(0, BA)
-        f = tl.program_id(1) * BN + tl.arange(0, BN)
-        fm = f < N_FEAT
-        m = (atoms[:, None] < n_atoms) & fm[None, :]
-        dt = tl.float32 if w2_ptr.dtype.element_ty == tl.float32 else tl.float64
-        acc_vv = tl.zeros((BA, BN), dtype=dt)
-        acc_sv = tl.zeros((BA, BN), dtype=dt)
-        acc_ss = tl.zeros((BA, BN), dtype=dt)
-        for k0 in range(0, K, BK):
-            kk = k0 + tl.arange(0, BK)
-            am = (atoms[:, None] < n_atoms) & (kk[None, :] < K)
-            a = tl.load(h_ptr + atoms[:, None] * K + kk[None, :], mask=am, other=0.0)
-            bm = (kk[:, None] < K) & fm[None, :]
-            b = w2_ptr + f[None, :] * K + kk[:, None]  # B = W2ᵀ: b[k, n] = W2[n, k] (W2 [3F, K] row-major)
-            acc_vv += dot_rn(a, tl.load(b, mask=bm, other=0.0), DOT)
-            acc_sv += dot_rn(a, tl.load(b + N_FEAT * K, mask=bm, other=0.0), DOT)
-            acc_ss += dot_rn(a, tl.load(b + 2 * N_FEAT * K, mask=bm, other=0.0), DOT)
-        a_vv = acc_vv + tl.load(b2_ptr + f, mask=fm, other=0.0)[None, :]
-        a_sv = acc_sv + tl.load(b2_ptr + N_FEAT + f, mask=fm, other=0.0)[None, :]
-        a_ss = acc_ss + tl.load(b2_ptr + 2 * N_FEAT + f, mask=fm, other=0.0)[None, :]
-        i = atoms[:, None]
-        fc = f[None, :]
-        mix = mix_ptr + i * (3 * N_FEAT) + fc
-        tl.store(mix, a_vv, mask=m)
-        tl.store(mix + N_FEAT, a_sv, mask=m)
-        tl.store(mix + 2 * N_FEAT, a_ss, mask=m)
-        _out_store(s_ptr, ds_ptr, v_ptr, dv_ptr, uvvv_ptr, s_out_ptr, v_out_ptr, i, fc, m, a_vv, a_sv, a_ss,
-                   N_FEAT, HAS_DS, HAS_DV)  # fmt: skip
-
-    def _mix_out(h, w2, b2, s, ds, v, dv, uvvv, dot) -> tuple[Tensor, Tensor, Tensor] | None:
-        """``(mix, s_out, v_out)`` from :func:`_mix_out_kernel`; None where it does not run (off, more atoms than
-        ``mix_out_max_atoms``, a 16-bit dot)."""
-        n, f = s.shape
-        limit = _CONFIG["mix_out_max_atoms"]
-        if limit is None or n == 0 or n > limit or dot not in ("tf32x3", "tf32", "ieee"):
-            return None
-        k = h.shape[1]
-        ba, bn, bk, warps = _one_kernel_tile("mix_out_tile", s, n, f, k, whole=False)
-        check_launchable(_mix_out_kernel, s)
-        mix, s_out, v_out = s.new_empty((n, 3 * f)), torch.empty_like(s), torch.empty_like(v)
-        grid = (triton.cdiv(n, ba), triton.cdiv(f, bn))
-        _mix_out_kernel[grid](
-            h.contiguous(), w2, b2, s, _or(ds, s), v, _or(dv, v), uvvv, mix, s_out, v_out, n, N_FEAT=f, K=k, BA=ba,
-            BN=bn, BK=bk, HAS_DS=ds is not None, HAS_DV=dv is not None, DOT=dot, num_warps=warps, **pdl_args(s),
-        )  # fmt: skip
-        return mix, s_out, v_out
-
-    @triton.jit(**unspecialized("n_atoms"))
-    def _gx_norm_kernel(
-        gh_ptr, pre_ptr, w1_ptr, gs_out_ptr, uvvv_ptr, x_ptr, g_s_ptr, g_uvvv_ptr, n_atoms,
-        N_FEAT: tl.constexpr, K: tl.constexpr, BA: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-        DOT: tl.constexpr, PDL: tl.constexpr,
-    ):  # fmt: skip
-        """g_x = (∂h ⊙ SiLU'(pre)) W1 for a tile of BA atoms and BN of the 2F columns (W1 [K, 2F] as stored), then
-        the norm kernel's backward for it: a tile of the U half writes ∂s = g_s_out + g_x, a tile of the V half
-        adds g_x ⊙ vv_k / ‖vv‖ into ∂vv_k (k = 0, 1, 2). BN divides F. (The norm backward's copy of g_v_out: the
-        last GEMM's addend instead.)"""
-        pdl_prologue(PDL)
-        atoms = tl.program_id(0).to(tl.int64) * BA + tl.arange(0, BA)
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        am = atoms[:, None] < n_atoms
-        dt = tl.float32 if w1_ptr.dtype.element_ty == tl.float32 else tl.float64
-        acc = tl.zeros((BA, BN), dtype=dt)
-        for k0 in range(0, K, BK):
-            kk = k0 + tl.arange(0, BK)
-            m = am & (kk[None, :] < K)
-            a = tl.load(gh_ptr + atoms[:, None] * K + kk[None, :], mask=m, other=0.0)
-            p = tl.load(pre_ptr + atoms[:, None] * K + kk[None, :], mask=m, other=0.0)
-            sg = _sigmoid(p)
-            a = a * (sg * (1.0 + p * (1.0 - sg)))  # as the GEMM's SiLU' prologue (linear._gemm_kernel)
-            b = tl.load(w1_ptr + kk[:, None] * (2 * N_FEAT) + cols[None, :], mask=kk[:, None] < K, other=0.0)
-            acc += dot_rn(a, b, DOT)
-        if tl.program_id(1) * BN >= N_FEAT:  # the V half: ∂vv_k += g_x ⊙ vv_k / ‖vv‖
-            norm = tl.load(x_ptr + atoms[:, None] * (2 * N_FEAT) + cols[None, :], mask=am, other=1.0)
-            r = acc / norm
-            vf = atoms[:, None] * (6 * N_FEAT) + cols[None, :]
-            for k in tl.static_range(3):
-                vv = tl.load(uvvv_ptr + vf + 2 * k * N_FEAT, mask=am, other=0.0)
-                g = g_uvvv_ptr + vf + 2 * k * N_FEAT
-                tl.store(g, tl.load(g, mask=am, other=0.0) + r * vv, mask=am)
-        else:  # the U half: ∂s = g_s_out + g_x
-            sf = atoms[:, None] * N_FEAT + cols[None, :]
-            tl.store(g_s_ptr + sf, tl.load(gs_out_ptr + sf, mask=am, other=0.0) + acc, mask=am)
-
-    def _gx_norm(g_h, pre, w1, grad_s, uvvv, x, g_uvvv, dot) -> Tensor | None:
-        """``∂s [N, F]`` from :func:`_gx_norm_kernel` (which also adds the norm's term into ``g_uvvv``); None where
-        it does not run (off, more atoms than ``gx_norm_max_atoms``, a tile width that does not divide F, a 16-bit
-        dot)."""
-        n, k = pre.shape
-        f = x.shape[1] // 2
-        limit = _CONFIG["gx_norm_max_atoms"]
-        if limit is None or n == 0 or n > limit or dot not in ("tf32x3", "tf32", "ieee"):
-            return None
-        ba, bn, bk, warps = _one_kernel_tile("gx_norm_tile", pre, n, f, k, whole=True)
-        if f % bn:
-            return None
-        check_launchable(_gx_norm_kernel, pre)
-        g_s = torch.empty_like(grad_s)
-        grid = (triton.cdiv(n, ba), 2 * f // bn)
-        _gx_norm_kernel[grid](
-            g_h, pre, w1, grad_s, uvvv, x, g_s, g_uvvv, n, N_FEAT=f, K=k, BA=ba, BN=bn, BK=bk, DOT=dot,
-            num_warps=warps, **pdl_args(pre),
-        )  # fmt: skip
-        return g_s
 
     @triton.jit
     def _load_sum(a_ptr, d_ptr, offs, m, HAS_D: tl.constexpr):
@@ -489,7 +273,7 @@ if HAS_TRITON:
         N_FEAT: tl.constexpr, HAS_DS: tl.constexpr, HAS_DV: tl.constexpr,
     ):  # fmt: skip
         """s_out = s + a_ss + a_sv ⊙ Σ_k uv_k ⊙ vv_k and v_out_k = v_k + a_vv ⊙ uv_k for the tile ``(i, f, m)``, given
-        its three mix coefficients (the out kernel's work, and the one-kernel GEMM's epilogue)."""
+        its three mix coefficients (the out kernel's work)."""
         uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
         sf = i * N_FEAT + f
         s = _load_sum(s_ptr, ds_ptr, sf, m, HAS_DS)
@@ -613,7 +397,7 @@ if HAS_TRITON:
         """``s_out``, ``v_out``, what the backward keeps (``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``) and the dot
         of the Triton GEMMs, None when they ran on cuBLAS (the backward does the same). The input is ``s + ds``,
         ``v + dv`` where given. ``keep_uvvv`` False: uvvv is None among the kept tensors (:func:`_uvvv_again`
-        makes it again), unless the one-kernel U/V + norm made it."""
+        makes it again)."""
         n, f = s.shape
         s, v = s.contiguous(), v.contiguous()
         ds = ds.contiguous() if ds is not None else None
@@ -623,18 +407,10 @@ if HAS_TRITON:
         dot = resolved_dot(s) if gemm_fusable(s, u_w, v_w, w1, b1, w2, b2) else None
         if dot is not None:  # Triton GEMMs: bias + SiLU in the epilogue, v + dv in the prologue (linear.py)
             dv = dv.contiguous() if dv is not None else None
-            uvvv = _uv_norm(s, v, w_uv, ds, dv, x, dot)  # the U/V GEMM and the norm in one kernel (small blocks)
-            if uvvv is not None:
-                keep_uvvv = True  # the backward would make it again another way (other rounding)
-            else:
-                dv_add = dv.view(3 * n, f) if dv is not None else None
-                uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
-                _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
+            dv_add = dv.view(3 * n, f) if dv is not None else None
+            uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
+            _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
             h, pre = gemm(x, w1, b1, act="silu", dot=dot)
-            done = _mix_out(h, w2.contiguous(), b2.contiguous(), s, ds, v, dv, uvvv, dot)  # GEMM + out kernel
-            if done is not None:
-                mix, s_out, v_out = done
-                return s_out, v_out, (x, pre, uvvv if keep_uvvv else None, mix, w_uv), dot
             mix = gemm(h, w2, b2, dot=dot)[0]
         else:
             if dv is not None:  # cuBLAS has no prologue: the sum is stored once
@@ -692,10 +468,6 @@ if HAS_TRITON:
         # As decided in the forward (the backward may run outside the backend context); SiLU' in a GEMM prologue.
         if dot is not None:
             g_h = gemm(g_mix, w2, transpose_w=False, dot=dot)[0]
-            g_s = _gx_norm(g_h, pre, w1.contiguous(), grad_s, uvvv, x, g_uvvv, dot)  # GEMM + norm backward
-            if g_s is not None:  # the last GEMM adds g_v_out (no copy of it into g_v first)
-                g_v = gemm(g_uvvv, w_uv, transpose_w=False, addend=grad_v.view(3 * n, f) if has_gv else None, dot=dot)
-                return g_s, g_v[0].view(n, 3, f)
             g_x = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=dot)[0]
         else:
             g_x = torch.mm(torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre), w1)  # [N, 2F]

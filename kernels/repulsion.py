@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, check_launchable, pdl_args, pdl_prologue, tl, triton, unspecialized
+from ._triton_utils import HAS_TRITON, check_launchable, tl, triton, unspecialized
 
 __all__ = [
     "K_E",
@@ -58,12 +58,6 @@ __all__ = [
 ]
 
 K_E = 14.399645  # e² / (4π ε0), eV Å
-
-# Launch switches (probes time each against the other): "pdl", the kernels chained to their neighbours in a
-# captured step by programmatic dependent launch, as the model's other Triton kernels are. Built at stop 48 and
-# tested on the interpreter only (no device time was left that stop): off until the GPU has run and timed it
-# (scripts/gpu_followups.sh stop48).
-_CONFIG = {"pdl": False}
 _A0 = 0.8854 * 0.529177  # 0.8854 × the Bohr radius, Å
 _C = (0.18175, 0.50986, 0.28022, 0.02817)
 _D = (3.19980, 0.94229, 0.40290, 0.20162)
@@ -275,9 +269,8 @@ if HAS_TRITON:
     @triton.jit(**unspecialized("n_edges", aligned=("energy",)))
     def _pair_repulsion_fwd_kernel(
         dist, ei, idx, batch, table, atomic, energy, gate_out, n_edges, n_species,
-        STORE_GATE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+        STORE_GATE: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        pdl_prologue(PDL)
         offs, m, i, on, e, _, gate, _ = _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK)
         if STORE_GATE:
             tl.store(gate_out + offs, gate, mask=m)
@@ -292,9 +285,8 @@ if HAS_TRITON:
     @triton.jit(**unspecialized("n_edges", aligned=("g_atomic", "g_energy")))
     def _pair_repulsion_bwd_kernel(
         dist, ei, idx, batch, table, g_atomic, g_energy, g_gate, g_dist, n_edges, n_species,
-        HAS_GA: tl.constexpr, HAS_GE: tl.constexpr, HAS_GG: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+        HAS_GA: tl.constexpr, HAS_GE: tl.constexpr, HAS_GG: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        pdl_prologue(PDL)
         offs, m, i, on, _, de, _, dgate = _edge_terms(dist, ei, idx, table, n_edges, n_species, BLOCK)
         g = tl.zeros_like(de)
         if HAS_GE:
@@ -318,54 +310,29 @@ def add_pair_repulsion(
         raise ValueError(
             f"add_pair_repulsion: atomic [N] and energy [B] expected, got {tuple(atomic.shape)}, {tuple(energy.shape)}"
         )
-    if atomic.dtype == energy.dtype and wall_fusable(energy, dist, edge_index):
+    fused = (
+        edge_index.shape[1] > 0
+        and not torch.compiler.is_compiling()
+        and resolve_backend(dist.device) == "triton"
+        and atomic.dtype == energy.dtype == dist.dtype
+    )
+    if fused:
         _n_species(table)
         return _AddPairRepulsion.apply(atomic, energy, dist, edge_index, idx, table.to(dist.dtype), batch)
     a, e, _ = pair_repulsion(dist, edge_index, idx, table, batch, energy.shape[0])
     return atomic + a, energy + e
 
 
+# Unlike the model's other Triton kernels, the two here are launched without programmatic dependent launch (PDL):
+# chained to their neighbours by PDL (a switch built at stop 48) they measured no gain in a captured step on an H200 at
+# stop 49 (shipped / PDL: 1.001 benzene, 1.002 192 water atoms, 0.998 1,024 g2 molecules;
+# benchmarks/results/stop49_gpu/probe_ncu_sweep_48.md, probe_ncu_sweep_49b.md). Dropped with the readout's wall
+# (linear.py); the code is in benchmarks/results/stop49_gpu/wall_packed_pdl_dropped.diff.
 def _launch(kernel, dist, edge_index, idx, table, batch, *tensors, **flags) -> None:
     check_launchable(kernel, dist)
     n_edges = edge_index.shape[1]
     grid = (triton.cdiv(n_edges, _BLOCK),)
-    pdl = pdl_args(dist) if _CONFIG["pdl"] else {"PDL": False}
-    kernel[grid](
-        dist, edge_index, idx, batch, table, *tensors, n_edges, _n_species(table), **flags, BLOCK=_BLOCK, **pdl
-    )
-
-
-def wall_fusable(energy: Tensor, dist: Tensor, edge_index: Tensor) -> bool:
-    """Whether :func:`add_pair_repulsion` runs its Triton forward (else the torch reference and two adds): some
-    edges, the Triton backend, not under torch.compile, the energies in the distances' dtype."""
-    return (
-        edge_index.shape[1] > 0
-        and not torch.compiler.is_compiling()
-        and resolve_backend(dist.device) == "triton"
-        and energy.dtype == dist.dtype
-    )
-
-
-def add_wall_into(
-    atomic: Tensor, energy: Tensor, dist: Tensor, edge_index: Tensor, idx: Tensor, table: Tensor, batch: Tensor
-) -> tuple:
-    """The wall's energies added in place into the contiguous ``atomic [N]`` and ``energy [B]`` (one Triton launch,
-    no autograd: for an op that owns both outputs, such as the fused readout). Returns what :func:`wall_grad`
-    takes back in the backward. The caller checks :func:`wall_fusable` first."""
-    if not HAS_TRITON:  # pragma: no cover - wall_fusable never says yes then
-        raise RuntimeError("the Triton pair repulsion needs triton installed; use MLFF_DISTILLER_KERNELS=torch")
-    _n_species(table)
-    saved = (dist.contiguous(), edge_index.contiguous(), idx.contiguous(), table.to(dist.dtype).contiguous(),
-             batch.contiguous())  # fmt: skip
-    _launch(_pair_repulsion_fwd_kernel, *saved, atomic, energy, saved[0], STORE_GATE=False)
-    return saved
-
-
-def wall_grad(saved: tuple, g_atomic: Tensor | None, g_energy: Tensor | None) -> Tensor | None:
-    """dL/d dist of :func:`add_wall_into` from its saved tuple and the energies' gradients (None: zero)."""
-    if g_atomic is None and g_energy is None:
-        return None
-    return _dist_grad(saved, g_atomic, g_energy, None)
+    kernel[grid](dist, edge_index, idx, batch, table, *tensors, n_edges, _n_species(table), **flags, BLOCK=_BLOCK)
 
 
 class _PairRepulsion(torch.autograd.Function):

@@ -53,9 +53,10 @@ _CONFIG = {
     "model_min_edges": 0,
     "model_min_degree": 16,
     # With the step's edge-gradient sink (kernels.defer_edge_grads: a captured step), the backward adds ∂rbf, ∂u
-    # into the sink's sums instead of handing them to autograd, which added them in two kernels. Built at stop 48 and
-    # tested on the interpreter only: off until the GPU has run and timed it (scripts/gpu_followups.sh stop48).
-    "into_sink": False,
+    # into the sink's sums instead of handing them to autograd, which added them in two kernels. Built at stop 48,
+    # on since stop 49: alone 1.011x on 192 water atoms (benzene has no moments layer: 1.001x); with edge_features'
+    # zero_in_forward see there (benchmarks/results/stop49_gpu/probe_ncu_sweep_48.md, probe_ncu_sweep_49b.md).
+    "into_sink": True,
 }
 
 

@@ -671,7 +671,8 @@ case "${1:-}" in
     # mix_out_max_atoms: the second MLP GEMM + out kernel, gx_norm_max_atoms: the backward's g_x GEMM + norm
     # backward; off as shipped): their CUDA tests, then each on, all three on, and all three at narrower tiles, for
     # blocks of at most 682 atoms (the small-tile GEMM's rows), against the shipped launches; two rounds. Not run at
-    # stop 48 (no device time left).
+    # stop 48 (no device time left). (Slower at stop 49 and dropped: results/stop49_gpu/one_kernel_forms_dropped.diff;
+    # this recipe, stop48 and stop49/49b need that diff and wall_packed_pdl_dropped.diff applied again.)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py \
       -k "(uv_norm or mix_out or gx_norm or student_model) and cuda" >"$OUT/pytest_48b.log" 2>&1
     tail -3 "$OUT/pytest_48b.log"
@@ -702,6 +703,7 @@ case "${1:-}" in
   stop49)
     # Stop 48's recipes in one call (stop 49 had ~30 min of device time): the CUDA tests of stop48, stop48b and
     # stop48c, then one round of each launch switch on (stop48's variants on three systems, stop48b's on two).
+    # (Run on tree 326868f; the switches that did not gain were dropped after stop49b, see stop48b's note.)
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_repulsion.py \
       tests/kernels/test_edge_features.py tests/kernels/test_species_moments.py tests/test_first_layer_moments.py \
       tests/kernels/test_edge_sink.py tests/test_model_repulsion.py \
@@ -743,6 +745,39 @@ case "${1:-}" in
       --name probe_memory_peak_recompute --variant "update:recompute_uv_min_atoms=0" >"$OUT/probe_memory_rc.log" 2>&1
     grep -E "^(## |peak)" "$OUT/probe_memory_peak_recompute.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b" >&2; exit 2 ;;
+  stop49c)
+    # Stop 49's final tree (edge_features' zero_in_forward and the moments' into_sink on; the readout wall, the packed
+    # output in place, the wall's PDL and the update block's one-kernel forms dropped): the CUDA tests of the files
+    # those touched and the engine's modes, then the rows: the captured small steps (with the two switches off again
+    # as the variant, a third round of their A/B), the large boxes with the correctness check.
+    timeout 150 python3 -m pytest -q -p no:cacheprovider --durations=8 tests/kernels/test_species_moments.py \
+      tests/test_first_layer_moments.py tests/kernels/test_edge_sink.py tests/kernels/test_step_ops.py \
+      tests/kernels/test_painn_update.py tests/kernels/test_linear.py -k "(cuda or gpu or captured) and not compile" \
+      >"$OUT/pytest_49c.log" 2>&1
+    grep -E "passed|failed|^FAILED|Error" "$OUT/pytest_49c.log" | tail -8
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_modes.py \
+      -k "not compile and not autotune" >"$OUT/pytest_modes49c.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_modes49c.log" | tail -4
+    timeout 160 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 140 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096 --variants "edge:zero_in_forward=0+moments:into_sink=0" \
+      >"$OUT/sweep_rows.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_rows.log" | tail -4
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_rows.md"
+    timeout 130 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 110 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large_final.log" 2>&1
+    grep -E "ours == reference|^\| (3000|24000) " "$OUT/bench_large_final.log" | head -8
+    ;;
+  stop49d)
+    # The ASE MD step on the final tree, then the cost of making uvvv again on the eager 24,000-atom step.
+    timeout 150 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200 --steps 1000 \
+      >"$OUT/probe_md_step.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -12
+    timeout 110 python3 benchmarks/probe_ncu.py --mode sweep --step-mode eager --budget-s 90 --out "$OUT" \
+      --systems water24000 --variants "update:recompute_uv_min_atoms=0;update:recompute_uv_min_atoms=0" \
+      >"$OUT/sweep_49d.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_49d.log" | tail -3
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_recompute24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -109,7 +109,8 @@ class InterruptAt:
 
 
 def capture_spy(monkeypatch, module: str, name: str) -> list:
-    """Records, for each call of ``module.name`` from now on, whether a CUDA-graph capture was running."""
+    """Records, for each call of ``module.name`` from now on, whether a CUDA-graph capture was running (False on a
+    machine without CUDA)."""
     import importlib
 
     mod = importlib.import_module(module)
@@ -117,7 +118,7 @@ def capture_spy(monkeypatch, module: str, name: str) -> list:
     real = getattr(mod, name)
 
     def spy(*args, **kwargs):
-        calls.append(torch.cuda.is_current_stream_capturing())
+        calls.append(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
         return real(*args, **kwargs)
 
     monkeypatch.setattr(mod, name, spy)

@@ -540,25 +540,23 @@ def test_probe_ncu_variants_patch_each_switch_and_restore_it():
 
     k = "mlff_distiller.kernels."
     switches = {
-        "wall:pdl=1": (importlib.import_module(k + "repulsion")._CONFIG, "pdl"),
-        "edge:zero_in_forward=1": (importlib.import_module(k + "edge_features")._OPTIONS, "zero_in_forward"),
-        "moments:into_sink=1": (importlib.import_module(k + "species_moments")._CONFIG, "into_sink"),
-        "gemm:readout_wall=1": (importlib.import_module(k + "linear")._CONFIG, "readout_wall"),
+        "edge:zero_in_forward=0": (importlib.import_module(k + "edge_features")._OPTIONS, "zero_in_forward"),
+        "moments:into_sink=0": (importlib.import_module(k + "species_moments")._CONFIG, "into_sink"),
+        "gemm:readout_zero_in_gemm=0": (importlib.import_module(k + "linear")._CONFIG, "readout_zero_in_gemm"),
     }
     got = probe_ncu.variants(";".join(switches))
     assert [label for label, _ in got] == list(switches)
     for (label, ctx), (config, key) in zip(got, switches.values(), strict=True):
         before = config[key]
         with ctx():
-            assert config[key] and not before, label  # the stop-48 switches ship off
+            assert before and not config[key], label  # each ships on; the variant turns it off
         assert config[key] == before
-    ((label, ctx),) = probe_ncu.variants("gemm:readout_wall=1+edge:zero_in_forward=1+engine:packed_in_place=1")
-    ep = importlib.import_module("mlff_distiller.engine_padded")
-    joined = [switches["gemm:readout_wall=1"], switches["edge:zero_in_forward=1"], (ep._CONFIG, "packed_in_place")]
+    ((label, ctx),) = probe_ncu.variants("edge:zero_in_forward=0+moments:into_sink=0")
+    joined = [switches["edge:zero_in_forward=0"], switches["moments:into_sink=0"]]
     with ctx():
-        assert all(config[key] for config, key in joined), label
-    assert not any(config[key] for config, key in joined)
+        assert not any(config[key] for config, key in joined), label
+    assert all(config[key] for config, key in joined)
     with pytest.raises(ValueError, match="unknown keys"):
-        probe_ncu.variants("wall:nope=1")
+        probe_ncu.variants("edge:nope=1")
     with pytest.raises(ValueError, match="want mp:"):
         probe_ncu.variants("nowhere:x=1")

@@ -10,7 +10,6 @@ output buffers, the Verlet fill) and the engine's list and topology helpers.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 from typing import NamedTuple
@@ -30,14 +29,6 @@ __all__ = ["COMPACT_MIN_EDGES", "VERLET_EDGE_HEADROOM", "PaddedPaths"]
 # Padded buckets with fewer edge slots skip the in-step edge compaction (compact_edges): its three launches cost
 # more than a molecule's few pairs beyond the cutoff (a guess: not measured closer).
 COMPACT_MIN_EDGES = 1024
-
-# "packed_in_place": the padded step hands the views of its packed output to the kernels
-# (kernels._step_outputs.step_outputs), so that the readout writes the energies there and the edge backward the
-# forces, and no concatenation ends the step; whatever was not written in place is packed as before (checked by
-# address). It needs linear._CONFIG["readout_wall"] (students with the wall) and
-# edge_features._OPTIONS["zero_in_forward"]. Built at stop 48 and tested on the interpreter only: off, like those
-# two, until the GPU has run and timed it (scripts/gpu_followups.sh stop48).
-_CONFIG = {"packed_in_place": False}
 # Spare edge slots of a new bucket on the MD (Verlet) path, as a factor of the list's edges.
 VERLET_EDGE_HEADROOM = 1.1
 
@@ -86,20 +77,20 @@ class PaddedPaths:
         """The whole padded step on ``PaddedGraph.inputs()`` (``csr``: its ``row_ptr, sender_perm,
         sender_ptr``): ``[A + A + 3A]`` packed (energy, atomic energies, forces), one tensor so that a host copy
         is one transfer."""
-        a = numbers.shape[0]
-        packed = positions.new_empty(5 * a, dtype=self.dtype) if _CONFIG["packed_in_place"] else None
         with torch.enable_grad(), _matmul_precision(self.allow_tf32, self.kernel_matmul_dtype):
             pos = positions.detach().requires_grad_(True)
-            with _packed_views(packed, a):
-                energy, atomic = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, seed, *csr)
+            energy, atomic = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, seed, *csr)
             # The gradient of -Σ_b E_b over the real structures as one vector-Jacobian product seeded with the
             # bucket's seed (-1 for them, 0 for the rest): the forces directly (the sign flips exactly through
             # every linear step of the backward), and the dummy structure's energy never reaches them.
             (forces,) = _seeded_grad(energy, seed, (pos,))
-        parts = (energy.detach(), atomic.detach(), forces.reshape(-1))
-        if packed is not None and _written_in_place(packed, parts):
-            return packed
-        return torch.cat(parts)
+        # One torch cat ends the step. The kernels writing the three into the packed output's views instead (a switch
+        # and a context handing the views to the kernels, built at stop 48) gained nothing on an H200 at stop 49: a
+        # captured step, shipped / variant, with the readout's wall and edge_features' zero_in_forward 1.012 and 1.006
+        # on benzene, 1.006 and 1.010 on 192 water atoms (two sweeps), where zero_in_forward with the moments' into_sink
+        # alone gave 1.013 and 1.016 (benchmarks/results/stop49_gpu/probe_ncu_sweep_48.md, probe_ncu_sweep_49b.md).
+        # Dropped; the code is in benchmarks/results/stop49_gpu/wall_packed_pdl_dropped.diff.
+        return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1)])
 
     def _step_stress(self, numbers, positions, edge_index, shift_vectors, batch, seed, *csr) -> torch.Tensor:
         """:meth:`_step` with the strain derivative too: ``[A + A + 3A + 9A]`` packed (energy, atomic energies,
@@ -471,29 +462,6 @@ try:  # the C++ engine's entry that torch.autograd.grad calls after checking its
     from torch.autograd.graph import _engine_run_backward
 except ImportError:  # pragma: no cover - a torch without it takes _Seeded
     _engine_run_backward = None
-
-
-def _packed_views(packed: torch.Tensor | None, a: int):
-    """The views of the step's packed ``[A + A + 3A]`` output handed to the kernels (``packed_in_place``), or a
-    context that hands nothing."""
-    if packed is None:
-        return contextlib.nullcontext()
-    return kernels._step_outputs.step_outputs(
-        energy=packed[:a], atomic=packed[a : 2 * a], grad_pos=packed[2 * a :].view(a, 3)
-    )
-
-
-def _written_in_place(packed: torch.Tensor, parts: tuple[torch.Tensor, ...]) -> bool:
-    """Whether ``parts`` (energy, atomic energies, flat forces) are ``packed``'s three slices, in order: the
-    kernels wrote them there."""
-    offset = 0
-    for part in parts:
-        if part.dtype != packed.dtype or not part.is_contiguous():
-            return False
-        if part.data_ptr() != packed.data_ptr() + offset * packed.element_size():
-            return False
-        offset += part.numel()
-    return offset == packed.numel()
 
 
 def _seeded_grad(energy: torch.Tensor, seed: torch.Tensor, inputs: tuple[torch.Tensor, ...]):

@@ -301,14 +301,8 @@ def _molecules(n_mol, device):
     return numbers, pos, torch.stack([i, j])
 
 
-@pytest.mark.parametrize("one_kernel", [False, True], ids=["launches", "one-kernel-forms"])
-def test_student_model_triton_vs_torch(triton_device, fused_calls, monkeypatch, one_kernel):
-    """A frozen float64 StudentModel (F = 20, not a power of two): energies and forces, triton vs torch; also with
-    the one-kernel forms on (``uv_norm`` and ``gx_norm`` fall back at F = 20 on the CPU's tiles, ``mix_out``
-    runs)."""
-    if one_kernel:
-        for key in ("uv_norm_max_atoms", "mix_out_max_atoms", "gx_norm_max_atoms"):
-            monkeypatch.setitem(pu_module._CONFIG, key, 1000)
+def test_student_model_triton_vs_torch(triton_device, fused_calls):
+    """A frozen float64 StudentModel (F = 20, not a power of two): energies and forces, triton vs torch."""
     torch.manual_seed(0)
     model = StudentModel(species=[1, 8], hidden=20, layers=2, n_rbf=6, cutoff=4.0).double().to(triton_device)
     model.requires_grad_(False)
@@ -374,9 +368,9 @@ def test_cuda_graph_capture_replays():
         torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
 
 
-def _one_kernel_case(triton_device, n, f, residual, seed):
-    """``(dtype, s, v, weights, extra, go)`` for the one-kernel tests: float64 on the CPU (the interpreter), float32
-    on CUDA; ``extra`` the residual terms ds, dv or nothing; ``go`` the outputs' gradients."""
+def _block_case(triton_device, n, f, residual, seed):
+    """``(dtype, s, v, weights, extra, go)`` of one block: float64 on the CPU (the interpreter), float32 on CUDA;
+    ``extra`` the residual terms ds, dv or nothing; ``go`` the outputs' gradients."""
     dtype = torch.float64 if triton_device.type == "cpu" else torch.float32
     s, v, weights = _inputs(n, f, dtype, triton_device, seed=seed)
     ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=seed + 1)
@@ -385,81 +379,6 @@ def _one_kernel_case(triton_device, n, f, residual, seed):
         torch.randn(shape, generator=gen, dtype=torch.float64).to(triton_device, dtype) for shape in ((n, f), (n, 3, f))
     )
     return dtype, s, v, weights, ({"ds": ds, "dv": dv} if residual else {}), go
-
-
-def _check_one_kernel(outs: dict, n: int, dtype, want) -> None:
-    """``outs[limit]`` (outputs and gradients with the one-kernel switch at ``limit`` atoms): at ``n`` equal to the
-    separate launches' (None) to rounding, and its first entries to the torch reference's ``want`` (outputs, and
-    gradients where given); at ``n - 1`` (above the limit) the separate launches bit for bit."""
-    for a, b in zip(outs[n], outs[None], strict=True):
-        _close(a, b.double(), TOL[dtype], "one kernel vs the separate launches")
-    for a, b in zip(outs[n - 1], outs[None], strict=True):
-        assert torch.equal(a, b)
-    for a, b in zip(outs[n][: len(want)], want, strict=True):
-        _close(a, b.double(), TOL[dtype], "one kernel vs the reference")
-
-
-def _spy_launches(monkeypatch, name: str) -> list:
-    """The grids of the launches of the kernel ``pu_module.<name>`` from now on."""
-    launched = []
-    real = getattr(pu_module, name)
-
-    class _Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(pu_module, name, _Spy())
-    monkeypatch.setattr(pu_module, "check_launchable", lambda *a: None)
-    return launched
-
-
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
-@pytest.mark.parametrize("n, f", [(7, 32), (33, 128), (40, 20)])
-def test_uv_norm_kernel_is_the_gemm_and_the_norm_kernel(triton_device, monkeypatch, n, f, residual):
-    """``uv_norm_max_atoms`` on: the U/V GEMM and the norm kernel as one kernel (_uv_norm_kernel) give the outputs
-    and gradients of the two launches (to rounding: the products are summed in other tiles) and of the torch
-    reference, with and without the residual terms; it launches where F splits into whole tiles (F = 20 under
-    the interpreter's 16-column tiles does not: the two launches run) and not above the atom limit. float64 on
-    the CPU (the interpreter), float32 on CUDA."""
-    dtype, s, v, weights, extra, go = _one_kernel_case(triton_device, n, f, residual, seed=n + 11)
-    launched = _spy_launches(monkeypatch, "_uv_norm_kernel")
-    outs = {}
-    for limit in (None, n, n - 1):
-        monkeypatch.setitem(pu_module._CONFIG, "uv_norm_max_atoms", limit)
-        with use_backend("triton"):
-            out = painn_update(s, v, *weights, **extra)
-        leaves = (s, v, *extra.values())
-        outs[limit] = [t.detach() for t in (*out, *torch.autograd.grad(out, leaves, go))]
-    fused = f % (16 if triton_device.type == "cpu" else pu_module._CONFIG["uv_norm_tile"][1]) == 0
-    assert len(launched) == (1 if fused else 0)
-    _check_one_kernel(outs, n, dtype, painn_update_reference(s, v, *weights, **extra))
-
-
-@pytest.mark.parametrize("with_uv_norm", [False, True], ids=["mix-out", "both"])
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
-@pytest.mark.parametrize("n, f", [(7, 20), (33, 128)])
-def test_mix_out_kernel_is_the_gemm_and_the_out_kernel(triton_device, monkeypatch, n, f, residual, with_uv_norm):
-    """``mix_out_max_atoms`` on: the MLP's second GEMM and the out kernel as one kernel (_mix_out_kernel), alone and
-    with ``uv_norm_max_atoms`` (the forward then launches three kernels, the first GEMM between them), give the
-    outputs and gradients of the separate launches (to rounding) and of the torch reference; not above the limit.
-    float64 on the CPU (the interpreter), float32 on CUDA."""
-    dtype, s, v, weights, extra, go = _one_kernel_case(triton_device, n, f, residual, seed=n + 21)
-    launched = _spy_launches(monkeypatch, "_mix_out_kernel")
-    if with_uv_norm:
-        monkeypatch.setitem(pu_module._CONFIG, "uv_norm_max_atoms", n)
-    outs = {}
-    for limit in (None, n, n - 1):
-        monkeypatch.setitem(pu_module._CONFIG, "mix_out_max_atoms", limit)
-        with use_backend("triton"):
-            with _CountOps() as ops:
-                out = painn_update(s, v, *weights, **extra)
-        if limit == n:
-            assert ops.ops == []  # no torch op in the forward
-        leaves = (s, v, *extra.values())
-        outs[limit] = [t.detach() for t in (*out, *torch.autograd.grad(out, leaves, go))]
-    assert len(launched) == 1
-    _check_one_kernel(outs, n, dtype, painn_update_reference(s, v, *weights, **extra))
 
 
 @pytest.mark.parametrize("triton_gemm", [True, False], ids=["triton-gemm", "cublas"])
@@ -472,7 +391,7 @@ def test_recomputed_uvvv_gives_the_same_gradients_and_keeps_less(triton_device, 
     if not triton_gemm:
         monkeypatch.setattr(pu_module, "gemm_fusable", lambda *a: False)
     n, f = 21, 32
-    dtype, s, v, weights, extra, go = _one_kernel_case(triton_device, n, f, residual, seed=31)
+    dtype, s, v, weights, extra, go = _block_case(triton_device, n, f, residual, seed=31)
     got = {}
     for limit in (None, n + 1, n):
         monkeypatch.setitem(pu_module._CONFIG, "recompute_uv_min_atoms", limit)
@@ -493,35 +412,3 @@ def test_recomputed_uvvv_gives_the_same_gradients_and_keeps_less(triton_device, 
             assert torch.equal(a, b)
         else:
             _close(a, b.double(), TOL[dtype], "recomputed uvvv")
-
-
-@pytest.mark.parametrize("all_three", [False, True], ids=["gx-norm", "all-three"])
-@pytest.mark.parametrize("v_out_used", [True, False], ids=["gv", "no-gv"])
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
-@pytest.mark.parametrize("n, f", [(7, 32), (33, 128)])
-def test_gx_norm_kernel_is_the_gemm_and_the_norm_backward(
-    triton_device, monkeypatch, n, f, residual, v_out_used, all_three
-):
-    """``gx_norm_max_atoms`` on: the backward's second GEMM and the norm's backward as one kernel (_gx_norm_kernel),
-    the last GEMM adding g_v_out, give the separate launches' gradients (to rounding) and the reference's, with and
-    without a gradient for v_out (the last layer's v_out is unused), alone and with the two forward kernels on;
-    not above the limit. float64 on the CPU (the interpreter), float32 on CUDA."""
-    dtype, s, v, weights, extra, go = _one_kernel_case(triton_device, n, f, residual, seed=n + 41)
-    launched = _spy_launches(monkeypatch, "_gx_norm_kernel")
-    if all_three:
-        monkeypatch.setitem(pu_module._CONFIG, "uv_norm_max_atoms", n)
-        monkeypatch.setitem(pu_module._CONFIG, "mix_out_max_atoms", n)
-    leaves = (s, v, *extra.values())
-    outs = {}
-    for limit in (None, n, n - 1):
-        monkeypatch.setitem(pu_module._CONFIG, "gx_norm_max_atoms", limit)
-        with use_backend("triton"):
-            out = painn_update(s, v, *weights, **extra)
-        used = out if v_out_used else out[:1]
-        outs[limit] = [t.detach() for t in (*out, *torch.autograd.grad(used, leaves, go[: len(used)]))]
-    assert len(launched) == 1
-    with use_backend("torch"):
-        ref = painn_update_reference(s, v, *weights, **extra)
-        used = ref if v_out_used else ref[:1]
-        want = [t.detach() for t in (*ref, *torch.autograd.grad(used, leaves, go[: len(used)]))]
-    _check_one_kernel(outs, n, dtype, want)

@@ -1,11 +1,11 @@
 """Programmatic dependent launch (PDL): when the kernels get it, and that it changes no result.
 
-Every Triton kernel of the step takes a ``PDL`` constexpr and starts with ``pdl_prologue`` (wait for the previous
-grid, then release the next); ``pdl_args`` decides per launch. Off on the CPU interpreter, under torch.compile's
-tracing and with ``MLFF_DISTILLER_PDL=0``; on for CUDA tensors on sm90+. On the GPU the energy + forces step with
-PDL on must agree with the step with it off as closely as two runs with it off agree with each other (the forces'
-scatter to the atoms uses atomics, so run-to-run differences of a few ulp are normal; a kernel that read its
-input before the previous grid had written it would differ by far more).
+Every Triton kernel of the step (but the pair repulsion's two, kernels/repulsion.py) takes a ``PDL`` constexpr and
+starts with ``pdl_prologue`` (wait for the previous grid, then release the next); ``pdl_args`` decides per launch. Off
+on the CPU interpreter, under torch.compile's tracing and with ``MLFF_DISTILLER_PDL=0``; on for CUDA tensors on sm90+.
+On the GPU the energy + forces step with PDL on must agree with the step with it off as closely as two runs with it off
+agree with each other (the forces' scatter to the atoms uses atomics, so run-to-run differences of a few ulp are normal;
+a kernel that read its input before the previous grid had written it would differ by far more).
 """
 
 import os

@@ -6,6 +6,7 @@ import importlib
 
 import pytest
 import torch
+from helpers import capture_spy
 from mlff_distiller.kernels import use_backend
 
 sm = importlib.import_module("mlff_distiller.kernels.species_moments")
@@ -163,9 +164,11 @@ def test_first_layer_messages_add_into_the_edge_sink(triton_device, filled, monk
     w_v = torch.randn(31, 3, 32, generator=gen, dtype=torch.float64).to(triton_device)
     rbf.requires_grad_(True)
     unit.requires_grad_(True)
-    grads, sums = {}, {}
+    grads, sums, ran = {}, {}, {}
+    into = capture_spy(monkeypatch, "mlff_distiller.kernels.species_moments", "_moments_grads_into")
     for way in ("plain", "into", "off"):
         monkeypatch.setitem(sm._CONFIG, "into_sink", way != "off")
+        into.clear()
         sink = None
         r, u = rbf, unit
         if way != "plain":
@@ -178,10 +181,13 @@ def test_first_layer_messages_add_into_the_edge_sink(triton_device, filled, monk
         with use_backend("triton"):
             ds, dv = sm.first_layer_messages(r, u, ei, species, 4, row_ptr, m, edge_sink=sink)
         grads[way] = torch.autograd.grad((ds * w_s).sum() + (dv * w_v).sum(), (rbf, unit))
-        sums[way] = sink
+        sums[way], ran[way] = sink, bool(into)
+    # the backward took the sink's path exactly where it was on and a sink was there
+    assert ran == {"plain": False, "into": True, "off": False}, ran
     for got, want, h in zip(grads["into"], grads["plain"], held, strict=True):
         torch.testing.assert_close(got, want + h if filled else want, rtol=1e-12, atol=1e-12)
     for got, want in zip(grads["off"], grads["into"], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     # the sums were written in place: the gradient autograd handed on is the sink's own tensor
-    assert grads["into"][0] is sums["into"].rbf and grads["off"][0] is not sums["off"].rbf
+    assert grads["into"][0] is sums["into"].rbf, "the sink's sums were copied on their way to autograd.grad"
+    assert grads["off"][0] is not sums["off"].rbf

@@ -496,10 +496,7 @@ class StudentModel(nn.Module):
         if type(first) is nn.Linear and type(last) is nn.Linear and kernels.gemm_fusable(s, *params):
             # Frozen weights on the Triton GEMMs: MLP, per-species scale and shift and the per-structure sum in two
             # GEMMs (no gather, mul, add, index_add kernels; nor their backward's gather and mul).
-            # The wall's energies too, added into the readout's outputs (kernels.linear.readout's ``wall``).
-            pair = (dist, edge_index, table) if wall else None
-            energy, atomic = kernels.linear.readout(s, *params, idx, batch, num_structures, wall=pair)
-            wall = False
+            energy, atomic = kernels.linear.readout(s, *params, idx, batch, num_structures)
         else:  # the same ops, through kernels.mlp (training, the torch backend, the 16-bit copies of precision)
             atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
             # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
