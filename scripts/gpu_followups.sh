@@ -768,7 +768,12 @@ case "${1:-}" in
     grep -E "ours == reference|^\| (3000|24000) " "$OUT/bench_large_final.log" | head -8
     ;;
   stop49d)
-    # The ASE MD step on the final tree, then the cost of making uvvv again on the eager 24,000-atom step.
+    # The moments' sink test again (float32 on CUDA now: float64 took the torch path there, so the sink's path never
+    # ran in stop49c), the ASE MD step on the final tree, then the cost of making uvvv again on the eager
+    # 24,000-atom step.
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_species_moments.py \
+      -k "add_into_the_edge_sink and cuda" >"$OUT/pytest_49d.log" 2>&1
+    tail -1 "$OUT/pytest_49d.log"
     timeout 150 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200 --steps 1000 \
       >"$OUT/probe_md_step.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -12
