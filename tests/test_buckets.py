@@ -301,7 +301,11 @@ def test_padded_equals_unpadded_when_the_edges_change_within_a_bucket(device):
         graph.sender_perm.copy_(graph.sender_perm.flip(0))
         assert not torch.allclose(engine._step(*graph.inputs()), good, rtol=0, atol=1e-6)
         graph.refresh_csr()
-        torch.testing.assert_close(engine._step(*graph.inputs()), good, rtol=0, atol=0)
+        # Bit for bit on the CPU. On CUDA the float64 atomics of the position gradient add in any order: two runs
+        # of the same step differ by ulps (measured at stop 49: up to 5e-18 eV/Å in 14 of 320 entries, with and
+        # without edge_features' zero_in_forward), far below what a stale CSR does (> 1e-6 above).
+        exact = 0.0 if device == "cpu" else 1e-12
+        torch.testing.assert_close(engine._step(*graph.inputs()), good, rtol=0, atol=exact)
 
 
 def test_padded_step_does_no_graph_bookkeeping():
