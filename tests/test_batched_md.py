@@ -116,13 +116,14 @@ def test_each_replica_holds_its_own_bath_temperature(device):
         cold.append(t[:32].mean())
         hot.append(t[32:].mean())
 
-    md.run(240, observer=watch, interval=4)
+    # 160 steps a run (τ = 5 fs: thermalised within the first ~12 observations; seeds 5-8 all inside the bounds)
+    md.run(160, observer=watch, interval=4)
     assert hot[0] > 2 * cold[0]  # each replica's velocities drawn at its own temperature
-    assert 260 < np.mean(cold[20:]) < 340 and 780 < np.mean(hot[20:]) < 1020, (np.mean(cold[20:]), np.mean(hot[20:]))
+    assert 260 < np.mean(cold[12:]) < 340 and 780 < np.mean(hot[12:]) < 1020, (np.mean(cold[12:]), np.mean(hot[12:]))
     md.set_temperature(600.0)
     cold.clear(), hot.clear()
-    md.run(240, observer=watch, interval=4)
-    both = np.mean(cold[30:] + hot[30:])
+    md.run(160, observer=watch, interval=4)
+    both = np.mean(cold[20:] + hot[20:])
     assert 530 < both < 670, both
 
 

@@ -444,11 +444,12 @@ def test_edge_kernel_feature_split(triton_device, split, dtype, monkeypatch):
     summed on the host) matches the reference; a split that does not divide the feature chunks (3) runs one slice."""
     if triton_device.type == "cpu":
         monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
-    args = _graph(40, 300, 64, 20, dtype, triton_device, seed=31)
+    e = 100 if triton_device.type == "cpu" else 300  # (a few edge tiles under the interpreter: 11 s a case at 300)
+    args = _graph(20 if triton_device.type == "cpu" else 40, e, 64, 20, dtype, triton_device, seed=31)
     with mp_module._configured(bwd_edge_split=split, bwd_sender_variant="atom"):
         c, _, _ = mp_module._launch_config(args[0], "bwd_edge", 64, 20)
         chunks = 64 // c["BLOCK_F"]
-        used = mp_module._edge_split(args[0], 300 // c["BLOCK_E"] + 1, 64, c["BLOCK_F"])
+        used = mp_module._edge_split(args[0], e // c["BLOCK_E"] + 1, 64, c["BLOCK_F"])
         assert used == (split if chunks % split == 0 else 1)
         _compare(args, dtype)
 
@@ -592,9 +593,13 @@ def test_v_residual_alias_adds_its_gradient_to_dv(triton_device, variant, dtype)
             ds, dv, v2 = _triton(*a, ei_small, v_residual=True)
             return ds, v2 * 0.3 + dv
 
+        def fn_xv(x, v):  # (the alias's own term is v's: rbf, w, unit held, as test_gradcheck_gradgradcheck covers)
+            return fn(x, v, *ins[2:])
+
         kw = dict(fast_mode=True, check_undefined_grad=False)
         assert torch.autograd.gradcheck(fn, ins, **kw)
-        assert torch.autograd.gradgradcheck(fn, ins, **kw)
+        # the second derivative over x and v only: over all five it took 20 s under the interpreter
+        assert torch.autograd.gradgradcheck(fn_xv, ins[:2], **kw)
 
 
 def test_v_residual_without_the_triton_path_is_v_itself():
