@@ -175,8 +175,10 @@ _CONFIG: dict = {
     # From this many atoms on, the backward makes uvvv [3N, 2F] again (one GEMM of the U/V product, as the forward
     # made it) instead of keeping it from the forward: 3 kB per atom and layer less at a large step's peak memory
     # (stop 47's probe: every layer's uvvv was alive at the peak, 9 of ~52 kB per atom at 1M water atoms), for one
-    # more GEMM per layer in the backward. None: always kept. Built at stop 48 and tested on the interpreter only;
-    # off until the GPU has measured its peak and its cost (scripts/gpu_followups.sh stop48c).
+    # more GEMM per layer in the backward. None: always kept. Measured at stop 49 (H200, eager water, from 0 atoms):
+    # peak 1.350 -> 1.199 GB at 24,000 atoms, 51.4 -> 45.5 GB at 1,000,002, for 0.973-0.977x of the 24,000-atom
+    # step (benchmarks/results/stop49_gpu/probe_memory_peak_recompute.md, probe_ncu_sweep_recompute24k.md). Off:
+    # 1M atoms fit in 80 GB without it; set it to fit a box ~12 % larger.
     "recompute_uv_min_atoms": None,
 }
 
