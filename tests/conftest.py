@@ -39,3 +39,15 @@ def _fresh_predict_engines():
     clear_engine_cache()
     yield
     clear_engine_cache()
+
+
+@pytest.fixture(autouse=True)
+def _recompute_limit_restored():
+    """A structure out of memory in predict lowers the update blocks' recompute limit for the whole process
+    (batching._recompute_from): a test that injects one must not leave it to the next tests."""
+    import importlib
+
+    config = importlib.import_module("mlff_distiller.kernels.painn_update")._CONFIG
+    before = config["recompute_uv_min_atoms"]
+    yield
+    config["recompute_uv_min_atoms"] = before

@@ -35,8 +35,54 @@ def test_oom_splits_and_keeps_order(model, monkeypatch):
         assert b["forces"].shape == (len(atoms), 3)
         assert a["energy"] == pytest.approx(b["energy"], abs=1e-10)
         np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
-    with pytest.raises(torch.OutOfMemoryError):  # one structure that does not fit cannot be split
+    # one structure that does not fit cannot be split: tried once more with the recompute, then the error
+    monkeypatch.setitem(_update_module()._CONFIG, "recompute_uv_min_atoms", None)
+    with pytest.raises(torch.OutOfMemoryError), pytest.warns(RuntimeWarning, match="made again in the backward"):
         engine.predict([mols[0] + mols[1] + mols[2] + mols[3]], atom_budget=10_000)
+
+
+def _update_module():
+    import importlib
+
+    return importlib.import_module("mlff_distiller.kernels.painn_update")
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_structure_out_of_memory_is_tried_again_with_the_recompute(model, monkeypatch, pipeline):
+    """One structure out of memory (in a batch of several: split down to it first) is tried once more with the
+    update blocks' uvvv made again in the backward from its atom count on (``recompute_uv_min_atoms``), with a
+    warning; the results equal those of a run that fits, in input order, and the switch stays for later
+    structures of as many atoms. Where it already applied, the error is raised as before."""
+    pu = _update_module()
+    monkeypatch.setitem(pu._CONFIG, "recompute_uv_min_atoms", None)
+    mols = _mols(5, seed=3)
+    big = mols[0] + mols[1] + mols[2]
+    structures = [mols[3], big, mols[4]]
+    want = predict_forces(model, structures, precision="fp64", batch_size=1)
+    engine = ForceEngine(model, device="cpu", precision="fp64")
+    real = ForceEngine.compute
+    n_big = len(big)
+
+    def fits_with_recompute(self, batch, **kw):
+        limit = pu._CONFIG["recompute_uv_min_atoms"]
+        if batch.num_atoms >= n_big and (limit is None or limit > batch.num_atoms):
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(ForceEngine, "compute", fits_with_recompute)
+    with pytest.warns(RuntimeWarning, match=f"structure of {n_big} atoms ran out of GPU memory"):
+        got = engine.predict(structures, batch_size=3, pipeline=pipeline)
+    assert pu._CONFIG["recompute_uv_min_atoms"] == n_big
+    for a, b in zip(want, got, strict=True):
+        assert a["energy"] == pytest.approx(b["energy"], abs=1e-10)
+        np.testing.assert_allclose(a["forces"], b["forces"], atol=1e-10)
+
+    def never_fits(self, batch, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+
+    monkeypatch.setattr(ForceEngine, "compute", never_fits)
+    with pytest.raises(torch.OutOfMemoryError):  # already on from n_big atoms: no second retry, no new warning
+        engine.predict([big], batch_size=1, pipeline=pipeline)
 
 
 def test_pipelined_oom_keeps_the_batch_in_flight(model, monkeypatch):
