@@ -181,7 +181,7 @@ def _split_after_oom(engine: ForceEngine, chunk: list, stress: bool, err: torch.
     blocks' products made again in their backward (:func:`_recompute_from`), then raises ``err``."""
     if len(chunk) == 1:
         n = atom_counts(chunk)[0]
-        if not _recompute_from(n):
+        if not (_recompute_helps(engine) and _recompute_from(n)):
             raise err
         warnings.warn(
             f"a structure of {n} atoms ran out of GPU memory: trying it again with the update blocks' U/V products "
@@ -196,6 +196,13 @@ def _split_after_oom(engine: ForceEngine, chunk: list, stress: bool, err: torch.
     engine._lower_atom_budget(sum(atom_counts(chunk)))
     half = len(chunk) // 2
     return _predict_chunk(engine, chunk[:half], stress) + _predict_chunk(engine, chunk[half:], stress)
+
+
+def _recompute_helps(engine: ForceEngine) -> bool:
+    """Whether the engine's update blocks take the fused Triton path, the only one that can make uvvv again."""
+    from mlff_distiller.kernels import resolve_backend
+
+    return resolve_backend(engine.device) == "triton"
 
 
 def _recompute_from(n_atoms: int) -> bool:
