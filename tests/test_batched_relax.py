@@ -310,6 +310,51 @@ def test_out_of_memory_sets_structures_aside_and_loses_nothing(monkeypatch):
         np.testing.assert_allclose(got.get_forces(), want.get_forces(), rtol=0, atol=1e-10)
 
 
+def test_a_structure_out_of_memory_alone_is_tried_again_with_the_recompute(monkeypatch):
+    """A structure that does not fit alone (benzene, 12 atoms, past the 5th step) gets one more try with the update
+    blocks' recompute on from its atom count (with a warning; the fused update blocks it is for are this CPU's only
+    under the Triton interpreter, so it is said to help); with it the batches fit, and every structure ends where
+    it ends without the error."""
+    import importlib
+
+    import mlff_distiller.batched_relax as br
+    from mlff_distiller import batching
+    from mlff_distiller.predict import clear_engine_cache
+
+    pu = importlib.import_module("mlff_distiller.kernels.painn_update")
+    monkeypatch.setitem(pu._CONFIG, "recompute_uv_min_atoms", None)
+    monkeypatch.setattr(batching, "_recompute_helps", lambda engine: True)
+    model = load_model("builtin:chno-gfn2")
+    structures = _rattled(["CH4", "H2O", "C6H6", "HCN", "CH3OH"])
+    kw = dict(fmax=0.01, steps=40, precision="fp64")
+    whole = relax_batch(model, structures, **kw)
+    clear_engine_cache()
+    real, sizes = br.batch_engine, []
+
+    def small_memory(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        compute = engine.compute
+
+        def limited(batch, **kw2):
+            sizes.append(batch.num_atoms)
+            limit = pu._CONFIG["recompute_uv_min_atoms"]
+            if len(sizes) > 5 and batch.num_atoms > 11 and (limit is None or limit > batch.num_atoms):
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return compute(batch, **kw2)
+
+        engine.compute = limited
+        return engine
+
+    monkeypatch.setattr(br, "batch_engine", small_memory)
+    with pytest.warns(RuntimeWarning, match="relax: a structure of 12 atoms ran out of GPU memory"):
+        got = relax_batch(model, structures, max_atoms=None, **kw)
+    assert pu._CONFIG["recompute_uv_min_atoms"] == 12
+    for a, b in zip(got, whole, strict=True):
+        assert a.info["relax_steps"] == b.info["relax_steps"]
+        np.testing.assert_allclose(a.positions, b.positions, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(a.get_forces(), b.get_forces(), rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("compacting", [False, True])
 def test_a_structure_with_non_finite_forces_stops_and_is_named(monkeypatch, compacting):
     """NaN forces for one structure (injected from the third call on) stop that structure only; the others relax

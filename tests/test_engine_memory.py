@@ -94,6 +94,92 @@ def test_a_structure_out_of_memory_is_tried_again_with_the_recompute(model, monk
         engine.predict([big], batch_size=1, pipeline=pipeline)
 
 
+def _fits_with_recompute(monkeypatch, n_atoms):
+    """ForceEngine.compute raising an out-of-memory error for batches of ``n_atoms`` atoms or more unless the
+    update blocks' recompute applies to them (``recompute_uv_min_atoms`` at most their atom count); the fused update
+    blocks, which the recompute is for, are this CPU's only under the Triton interpreter, so it is said to help."""
+    pu = _update_module()
+    monkeypatch.setitem(pu._CONFIG, "recompute_uv_min_atoms", None)
+    monkeypatch.setattr(batching, "_recompute_helps", lambda engine: True)
+    real, calls = ForceEngine.compute, []
+
+    def compute(self, batch, **kw):
+        calls.append(batch.num_atoms)
+        limit = pu._CONFIG["recompute_uv_min_atoms"]
+        if batch.num_atoms >= n_atoms and (limit is None or limit > batch.num_atoms):
+            raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(ForceEngine, "compute", compute)
+    return calls
+
+
+def _never_fits(monkeypatch):
+    def compute(self, batch, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+
+    monkeypatch.setattr(ForceEngine, "compute", compute)
+
+
+@pytest.mark.parametrize("backend_helps", [True, False])
+def test_the_calculator_tries_a_structure_again_with_the_recompute(model, monkeypatch, backend_helps):
+    """StudentCalculator: a structure out of memory is computed once more with the recompute on from its atom
+    count (with a warning) and gives the result of a run that fits; where the recompute already applies, or on the
+    torch backend (``backend_helps`` False: no retry, no warning), the error reaches the caller."""
+    from ase.build import molecule
+
+    from mlff_distiller import StudentCalculator
+
+    atoms = molecule("CH3CH2OH")
+    atoms.rattle(0.05, seed=1)
+    atoms.calc = StudentCalculator(model, device="cpu", precision="fp64")
+    want_e, want_f = atoms.get_potential_energy(), atoms.get_forces()
+    atoms.calc = StudentCalculator(model, device="cpu", precision="fp64")
+    calls = _fits_with_recompute(monkeypatch, len(atoms))
+    if not backend_helps:
+        monkeypatch.setattr(batching, "_recompute_helps", lambda engine: False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(torch.OutOfMemoryError):
+                atoms.get_forces()
+        assert calls == [len(atoms)] and _update_module()._CONFIG["recompute_uv_min_atoms"] is None
+        return
+    with pytest.warns(RuntimeWarning, match=f"StudentCalculator: a structure of {len(atoms)} atoms ran out of GPU"):
+        forces = atoms.get_forces()
+    assert calls == [len(atoms), len(atoms)]
+    assert atoms.get_potential_energy() == pytest.approx(want_e, abs=1e-10)
+    np.testing.assert_allclose(forces, want_f, rtol=0, atol=1e-10)
+    atoms.positions[0, 0] += 0.01
+    _never_fits(monkeypatch)
+    with pytest.raises(torch.OutOfMemoryError):  # already on from this atom count: no second retry
+        atoms.get_forces()
+
+
+def test_batched_md_tries_its_replicas_again_with_the_recompute(monkeypatch):
+    """BatchedMD, whose replicas cannot be split: a step out of memory is computed once more with the recompute
+    on from the batch's atom count (with a warning), and the trajectory is the one of a run that fits."""
+    from ase.build import molecule
+    from helpers import make_model
+
+    from mlff_distiller.batched_md import BatchedMD
+
+    model = make_model(seed=4)
+    structures = [molecule("C6H6"), molecule("CH3CH2OH")]
+    kw = dict(ensemble="nve", precision="fp64", temperature_K=600, seed=2, device="cpu")
+    want = BatchedMD(model, structures, **kw)
+    want.run(6)
+    md = BatchedMD(model, structures, **kw)
+    n = md.positions.shape[0]
+    _fits_with_recompute(monkeypatch, n)
+    with pytest.warns(RuntimeWarning, match=f"BatchedMD: the replicas of {n} atoms ran out of GPU memory"):
+        md.run(6)
+    assert _update_module()._CONFIG["recompute_uv_min_atoms"] == n
+    np.testing.assert_allclose(md.positions.cpu().numpy(), want.positions.cpu().numpy(), rtol=0, atol=1e-10)
+    _never_fits(monkeypatch)
+    with pytest.raises(torch.OutOfMemoryError):
+        md.run(1)
+
+
 def test_pipelined_oom_keeps_the_batch_in_flight(model, monkeypatch):
     """An out-of-memory error while another batch is in flight: that batch's rows are kept, the failing one is
     split, nothing is lost or duplicated and the order is the input order."""

@@ -38,7 +38,7 @@ import torch
 
 from mlff_distiller import domain as _domain
 from mlff_distiller.batch import AtomsBatch
-from mlff_distiller.batching import NonFiniteOutputError
+from mlff_distiller.batching import NonFiniteOutputError, recompute_before_retry
 from mlff_distiller.buckets import BucketLadder
 from mlff_distiller.calculator import DOMAIN_CHECK_EVERY
 from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
@@ -447,7 +447,13 @@ class BatchedMD:
 
     # ------------------------------------------------------------------------------------------------ steps
     def _compute_forces(self) -> None:
-        out = self.engine.compute(self._batch)
+        try:
+            out = self.engine.compute(self._batch)
+        except torch.OutOfMemoryError as err:
+            # the replicas cannot be split: once more with the update blocks' recompute (11 % less peak memory)
+            if not recompute_before_retry(self.engine, self._batch.num_atoms, err, "BatchedMD: the replicas"):
+                raise
+            out = self.engine.compute(self._batch)
         self._forces.copy_(out["forces"])
         self._energy.copy_(out["energy"])
         self._energies.copy_(out["atomic_energies"])

@@ -180,22 +180,32 @@ def _split_after_oom(engine: ForceEngine, chunk: list, stress: bool, err: torch.
     two halves (each split again if needed). One structure that does not fit is tried once more with the update
     blocks' products made again in their backward (:func:`_recompute_from`), then raises ``err``."""
     if len(chunk) == 1:
-        n = atom_counts(chunk)[0]
-        if not (_recompute_helps(engine) and _recompute_from(n)):
+        if not recompute_before_retry(engine, atom_counts(chunk)[0], err):
             raise err
-        warnings.warn(
-            f"a structure of {n} atoms ran out of GPU memory: trying it again with the update blocks' U/V products "
-            f"made again in the backward (kernels.painn_update._CONFIG['recompute_uv_min_atoms'] = {n}, from now on "
-            "in this process: ~11 % less peak memory, ~2.5 % slower a step for structures of as many atoms)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        traceback.clear_frames(err.__traceback__)  # the failed attempt's tensors go before the retry
         return _predict_chunk(engine, chunk, stress)
     engine.oom_splits += 1
     engine._lower_atom_budget(sum(atom_counts(chunk)))
     half = len(chunk) // 2
     return _predict_chunk(engine, chunk[:half], stress) + _predict_chunk(engine, chunk[half:], stress)
+
+
+def recompute_before_retry(engine: ForceEngine, n_atoms: int, err: BaseException, what: str = "a structure") -> bool:
+    """After ``err``, an out-of-memory error of a batch of ``n_atoms`` atoms that cannot be split (one structure;
+    a fixed set of MD replicas): True when the update blocks' recompute was switched on from ``n_atoms`` atoms
+    (:func:`_recompute_from`, with a warning naming ``what``) and the caller should try that batch once more; False
+    when it cannot help (the torch backend, or already on there), and the caller raises ``err``. Used by
+    ``predict_forces``, :class:`StudentCalculator`, :class:`BatchedMD` and ``relax_batch``."""
+    if not (_recompute_helps(engine) and _recompute_from(n_atoms)):
+        return False
+    warnings.warn(
+        f"{what} of {n_atoms} atoms ran out of GPU memory: trying it again with the update blocks' U/V products "
+        f"made again in the backward (kernels.painn_update._CONFIG['recompute_uv_min_atoms'] = {n_atoms}, from now "
+        "on in this process: ~11 % less peak memory, ~2.5 % slower a step for batches of as many atoms)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    traceback.clear_frames(err.__traceback__)  # the failed attempt's tensors go before the retry
+    return True
 
 
 def _recompute_helps(engine: ForceEngine) -> bool:

@@ -16,7 +16,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 
 from mlff_distiller import domain as _domain
 from mlff_distiller.batch import MIN_VOLUME, AtomsBatch
-from mlff_distiller.batching import NonFiniteOutputError, all_finite, nonfinite_message
+from mlff_distiller.batching import NonFiniteOutputError, all_finite, nonfinite_message, recompute_before_retry
 from mlff_distiller.checkpoint import load_model
 from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
 from mlff_distiller.engine import ForceEngine
@@ -291,7 +291,13 @@ class StudentCalculator(Calculator):
             store = functools.partial(self._store_atoms, atoms, properties, system_changes)
         else:
             self._store_atoms(atoms, properties, system_changes)
-        out = self.engine.compute(batch, forces=True, stress=want_stress, as_numpy=True, while_running=store)
+        try:
+            out = self.engine.compute(batch, forces=True, stress=want_stress, as_numpy=True, while_running=store)
+        except torch.OutOfMemoryError as err:
+            # a large box that does not fit: once more with the update blocks' recompute (11 % less peak memory)
+            if not recompute_before_retry(self.engine, len(src), err, "StudentCalculator: a structure"):
+                raise
+            out = self.engine.compute(batch, forces=True, stress=want_stress, as_numpy=True, while_running=store)
         energy = float(out["energy"][0])
         forces = out["forces"]
         peak = float(np.abs(forces).max()) if forces.size else 0.0  # NaN or inf when any is (no extra pass)
