@@ -783,6 +783,19 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/sweep_49d.log" | tail -3
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_recompute24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d" >&2; exit 2 ;;
+  stop50)
+    # The out-of-memory retry against a real CUDA out-of-memory error (the CPU tests inject it): predict_forces and
+    # StudentCalculator on a 200,001-atom water box, predict_forces on 1,000,002 atoms; then the ASE MD step.
+    timeout 300 python3 benchmarks/probe_oom_retry.py --atoms 200001 --out "$OUT" --name probe_oom_retry_200k \
+      >"$OUT/probe_oom_retry_200k.log" 2>&1
+    grep -E "^\| " "$OUT/probe_oom_retry_200k.md" | tail -10
+    timeout 200 python3 benchmarks/probe_oom_retry.py --atoms 1000002 --paths predict --fractions 0.5 --out "$OUT" \
+      --name probe_oom_retry_1m >"$OUT/probe_oom_retry_1m.log" 2>&1
+    grep -E "^\| " "$OUT/probe_oom_retry_1m.md" | tail -3
+    timeout 150 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200 --steps 1000 \
+      >"$OUT/probe_md_step.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -12
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -205,6 +205,8 @@ def recompute_before_retry(engine: ForceEngine, n_atoms: int, err: BaseException
         stacklevel=3,
     )
     traceback.clear_frames(err.__traceback__)  # the failed attempt's tensors go before the retry
+    if engine.device.type == "cuda":
+        torch.cuda.empty_cache()  # and the allocator's cached blocks: the retry allocates in fresh segments
     return True
 
 
