@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import os
 import sys
 import time
 import warnings
@@ -55,9 +56,9 @@ def _run(path: str, model, atoms) -> tuple[float, np.ndarray]:
     return float(a.get_potential_energy()), a.get_forces()
 
 
-def measure(path: str, model, atoms, fractions: list[float]) -> list[dict]:
+def measure(path: str, model, atoms, fractions: list[float], caps: str = "reserved") -> list[dict]:
     config = _update_config()
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(dev).total_memory
     peaks, results = {}, {}
     for label, limit in (("off", None), ("on", 0)):
@@ -65,15 +66,20 @@ def measure(path: str, model, atoms, fractions: list[float]) -> list[dict]:
         _fresh()
         _run(path, model, atoms)  # the kernels compiled, the engine's buffers made
         _fresh()
-        base = torch.cuda.memory_allocated(dev)
+        base = torch.cuda.memory_reserved(dev)  # the allocator's cap counts reserved (cudaMalloc'd) memory
+        base_alloc = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
         results[label] = _run(path, model, atoms)
         seconds = time.perf_counter() - t0
-        peaks[label] = (torch.cuda.max_memory_allocated(dev) - base, base, seconds)
+        peaks[label] = (
+            torch.cuda.max_memory_reserved(dev) - base,
+            torch.cuda.max_memory_allocated(dev) - base_alloc,
+            seconds,
+        )
     config["recompute_uv_min_atoms"] = None
-    p0, base, _ = peaks["off"]
-    p1 = peaks["on"][0]
+    # caps from P1 (the recompute's peak: reserved, or allocated with --caps alloc) up to P0 (reserved, without it)
+    p0, p1 = peaks["off"][0], peaks["on"][0 if caps == "reserved" else 1]
     rows = [
         dict(
             path=path,
@@ -81,6 +87,7 @@ def measure(path: str, model, atoms, fractions: list[float]) -> list[dict]:
             case=f"uncapped, recompute {k}",
             cap_gb=None,
             peak_gb=peaks[k][0] / 1e9,
+            alloc_gb=peaks[k][1] / 1e9,
             outcome=f"fits ({peaks[k][2]:.2f} s)",
             d_e=abs(results[k][0] - results["off"][0]),
             d_f=float(np.abs(results[k][1] - results["off"][1]).max()),
@@ -88,34 +95,25 @@ def measure(path: str, model, atoms, fractions: list[float]) -> list[dict]:
         for k in ("off", "on")
     ]
     for f in fractions:
-        cap = base + p1 + f * (p0 - p1)
         config["recompute_uv_min_atoms"] = None
         _fresh()
+        cap = torch.cuda.memory_reserved(dev) + p1 + f * (p0 - p1)
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), dev)
-        row = dict(
-            path=path,
-            atoms=len(atoms),
-            case=f"cap at P1 + {f:g} (P0 - P1)",
-            cap_gb=cap / 1e9,
-            peak_gb=None,
-            d_e=None,
-            d_f=None,
-        )
+        row = dict(path=path, atoms=len(atoms), case=f"cap at P1 + {f:g} (P0 - P1)", cap_gb=cap / 1e9)
+        row |= dict(peak_gb=None, alloc_gb=None, d_e=None, d_f=None)
+        caught = []
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 e, forces = _run(path, model, atoms)
-            retried = [w for w in caught if "ran out of GPU memory" in str(w.message)]
-            row["outcome"] = ("retried after an OOM, " if retried else "fit at once, ") + "result returned"
+            row["outcome"] = "result returned"
             row["d_e"] = abs(e - results["off"][0])
             row["d_f"] = float(np.abs(forces - results["off"][1]).max())
         except torch.OutOfMemoryError:
-            row["outcome"] = (
-                "OutOfMemoryError raised (after the retry)"
-                if config["recompute_uv_min_atoms"]
-                else ("OutOfMemoryError raised (no retry)")
-            )
+            row["outcome"] = "OutOfMemoryError raised"
         finally:
+            retried = any("ran out of GPU memory" in str(w.message) for w in caught)
+            row["outcome"] = ("after an OOM and the retry: " if retried else "no retry: ") + row.get("outcome", "?")
             row["limit_after"] = config["recompute_uv_min_atoms"]
             config["recompute_uv_min_atoms"] = None
             torch.cuda.set_per_process_memory_fraction(1.0, dev)
@@ -128,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--atoms", default="200001", help="comma-separated water box sizes")
     ap.add_argument("--paths", default="predict,calculator")
     ap.add_argument("--fractions", default="0.5,0.2,-0.3", help="caps between P1 (0) and P0 (1); < 0: below P1")
+    ap.add_argument(
+        "--caps", choices=("reserved", "alloc"), default="reserved", help="P1 of the caps: reserved or allocated"
+    )
     ap.add_argument("--model", default="builtin:chno-gfn2")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="probe_oom_retry")
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in args.atoms.split(",")):
         atoms = water_box_fast(n)
         for path in args.paths.split(","):
-            rows += measure(path, model, atoms, fractions)
+            rows += measure(path, model, atoms, fractions, args.caps)
             print(rows[-1], flush=True)
     name = torch.cuda.get_device_name()
     lines = [
@@ -154,12 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"{name} · torch {torch.__version__} · triton {triton.__version__} · model {args.model}, fp32, mode auto",
         "",
-        "P0 / P1: the call's peak above what was allocated before it, recompute off / on. Caps are the caching "
-        "allocator's (`set_per_process_memory_fraction`), counted from 0 (they include the baseline). ΔE, ΔF: "
-        "against the uncapped call with the recompute off.",
+        "P0 / P1 (`peak GB`): the call's peak of reserved memory above what was reserved before it, recompute off / "
+        "on (`alloc GB`: the same of allocated memory). "
+        f"Caps run from P1 = the recompute's {'reserved' if args.caps == 'reserved' else 'allocated'} peak to P0 = "
+        "the reserved peak without it. Caps are the caching allocator's "
+        "(`set_per_process_memory_fraction`, which counts reserved memory), counted from 0 (they include what was "
+        "reserved before). ΔE, ΔF: against the uncapped call with the recompute off. "
+        f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}.",
         "",
-        "| path | atoms | case | cap GB | peak GB | outcome | limit after | ΔE eV | max ΔF eV/Å |",
-        "|---|---:|---|---:|---:|---|---:|---:|---:|",
+        "| path | atoms | case | cap GB | peak GB | alloc GB | outcome | limit after | ΔE eV | max ΔF eV/Å |",
+        "|---|---:|---|---:|---:|---:|---|---:|---:|---:|",
     ]
 
     def fmt(x, spec):
@@ -168,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         lines.append(
             f"| {r['path']} | {r['atoms']} | {r['case']} | {fmt(r['cap_gb'], '.3f')} | {fmt(r['peak_gb'], '.3f')} | "
-            f"{r['outcome']} | {fmt(r.get('limit_after'), 'd')} | {fmt(r['d_e'], '.2e')} | {fmt(r['d_f'], '.2e')} |"
+            f"{fmt(r['alloc_gb'], '.3f')} | {r['outcome']} | {fmt(r.get('limit_after'), 'd')} | "
+            f"{fmt(r['d_e'], '.2e')} | {fmt(r['d_f'], '.2e')} |"
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

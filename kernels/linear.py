@@ -78,6 +78,11 @@ _CONFIG = {
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
+    # The per-structure energy sums accumulated in float64, then rounded once to the model's dtype (one cast kernel
+    # more a step). In float32 atomics, a 200,001-atom water box's energy (-5e5 eV) came out tens of eV apart between
+    # two runs of the same step on an H200 (stop 50; benchmarks/results/stop50_gpu/): each atom's add rounds at the
+    # sum's ulp (0.03 eV there). False: float32 sums (probes time the two).
+    "energy_sum_f64": True,
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -150,8 +155,18 @@ def readout_reference(
     ``E_b = Σ_{i: batch_i = b} ε_i``, with ``MLP = W2 SiLU(W1 x + b1) + b2`` of one output. Returns ``E [B]``,
     ``ε [N]``."""
     atomic = mlp_reference(x, w1, b1, w2, b2).squeeze(-1) * scale[species] + shift[species]
-    # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
-    return atomic.new_zeros(num_structures).index_add_(0, batch, atomic), atomic
+    return structure_sums(atomic, batch, num_structures), atomic
+
+
+def structure_sums(atomic: Tensor, batch: Tensor, num_structures: int) -> Tensor:
+    """``E_b = Σ_{i: batch_i = b} ε_i`` (``[B]``, ``atomic``'s dtype), accumulated in float64 and rounded once
+    (``_CONFIG["energy_sum_f64"]``): a float32 sum over many atoms rounds at each add (tens of eV on a
+    200,001-atom water box on a GPU's atomics). Differentiable (twice: training on forces)."""
+    if atomic.dtype == torch.float64 or not _CONFIG["energy_sum_f64"]:
+        # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
+        return atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
+    wide = atomic.new_zeros(num_structures, dtype=torch.float64).index_add_(0, batch, atomic.to(torch.float64))
+    return wide.to(atomic.dtype)
 
 
 # The pair repulsion (ZBL wall) is added after the readout by the model (kernels.add_pair_repulsion). Its forward adding
@@ -191,15 +206,16 @@ def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_struct
     """``E [B]``, ``ε [N]`` and the pre-activation of the hidden layer (for the backward)."""
     # The per-structure sums start at zero: filled by the first GEMM's kernel (no fill kernel) where it has
     # enough rows (a structure has at least one atom: always, but for a caller's empty structures).
+    wide = torch.float64 if _CONFIG["energy_sum_f64"] else x.dtype  # the sums' dtype (see _CONFIG)
     if 0 < num_structures <= x.shape[0] and _CONFIG["readout_zero_in_gemm"]:
-        energy = x.new_empty((num_structures, 1))
+        energy = x.new_empty((num_structures, 1), dtype=wide)
         h, pre = gemm(x, w1, b1, act="silu", dot=dot, zero=energy)
     else:
-        energy = x.new_zeros((num_structures, 1))
+        energy = x.new_zeros((num_structures, 1), dtype=wide)
         h, pre = gemm(x, w1, b1, act="silu", dot=dot)
     species, batch = species.contiguous(), batch.contiguous()
     atomic, _ = gemm(h, w2, b2, row_affine=(species, scale, shift), segment_sum=(batch, energy), dot=dot)
-    return energy.view(num_structures), atomic.view(-1), pre
+    return energy.view(num_structures).to(x.dtype), atomic.view(-1), pre
 
 
 def gemm(
@@ -302,7 +318,7 @@ def gemm(
             idx, scale, shift = row_affine
             out.mul_(scale.index_select(0, idx)[:, None]).add_(shift.index_select(0, idx)[:, None])
         if segment_sum is not None:
-            segment_sum[1].index_add_(0, segment_sum[0], out)
+            segment_sum[1].index_add_(0, segment_sum[0], out.to(segment_sum[1].dtype))
         return out, None
     if not HAS_TRITON:  # pragma: no cover - gemm_fusable never says yes then
         raise RuntimeError("gemm needs triton installed")
@@ -482,7 +498,10 @@ if HAS_TRITON:
         if AFFINE:
             acc = acc * sc[:, None] + tl.load(shift_ptr + idx, mask=rows < m, other=0.0)[:, None]
         if SEGSUM:
-            tl.atomic_add(e_ptr + seg[:, None] * n + cols[None, :], acc, mask=cmask, sem="relaxed")
+            # (E may be wider than C: the readout's float64 energy sums)
+            tl.atomic_add(
+                e_ptr + seg[:, None] * n + cols[None, :], acc.to(e_ptr.dtype.element_ty), mask=cmask, sem="relaxed"
+            )
         tl.store(cptr, acc, mask=cmask)
 
     class _MLP(torch.autograd.Function):

@@ -796,6 +796,49 @@ case "${1:-}" in
       >"$OUT/probe_md_step.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -12
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50" >&2; exit 2 ;;
+  stop50b)
+    # A large box's float32 energy with its per-structure sum in float32 atomics against float64 (stop 50's switch,
+    # kernels.linear._CONFIG["energy_sum_f64"]); the out-of-memory retry with caps on reserved memory, with and
+    # without expandable segments; the switch's cost on the small steps; the readout's CUDA tests.
+    timeout 240 python3 benchmarks/probe_energy_sum.py --atoms 24000,200001,1000002 --out "$OUT" \
+      >"$OUT/probe_energy_sum.log" 2>&1
+    grep -E "^\| " "$OUT/probe_energy_sum.md" | tail -6
+    timeout 150 python3 benchmarks/probe_oom_retry.py --atoms 200001 --out "$OUT" --name probe_oom_retry_200k \
+      >"$OUT/probe_oom_retry_200k.log" 2>&1
+    grep -E "^\| " "$OUT/probe_oom_retry_200k.md" | tail -10
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 150 python3 benchmarks/probe_oom_retry.py \
+      --atoms 200001 --out "$OUT" --name probe_oom_retry_200k_expandable >"$OUT/probe_oom_retry_200k_exp.log" 2>&1
+    grep -E "^\| " "$OUT/probe_oom_retry_200k_expandable.md" | tail -10
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" \
+      --systems benzene,water192,g2x1024,water3000 --variants "gemm:energy_sum_f64=0;gemm:energy_sum_f64=0" \
+      >"$OUT/sweep_50b.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_50b.log" | tail -8
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_energy_f64.md"
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py -k "readout and cuda" \
+      >"$OUT/pytest_50b.log" 2>&1
+    tail -1 "$OUT/pytest_50b.log"
+    ;;
+  stop50c)
+    # The retry's window on the default allocator (caps from the recompute's allocated peak up), the rows on the
+    # final tree (float64 energy sums on; against them off once more), bench_large at 3,000 / 24,000 atoms, and
+    # the CUDA tests the float64 sums touch.
+    timeout 150 python3 benchmarks/probe_oom_retry.py --atoms 200001 --caps alloc --fractions 0,0.15,0.3,0.45,0.6,0.75 \
+      --out "$OUT" --name probe_oom_retry_200k_window >"$OUT/probe_oom_retry_200k_window.log" 2>&1
+    grep -E "^\| " "$OUT/probe_oom_retry_200k_window.md" | tail -16
+    timeout 160 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 140 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096 --variants "gemm:energy_sum_f64=0" >"$OUT/sweep_rows.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_rows.log" | tail -4
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_rows.md"
+    timeout 130 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 110 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large_final.log" 2>&1
+    grep -E "ours == reference|^\| (3000|24000) " "$OUT/bench_large_final.log" | head -8
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py -k "large_structure_energy and cuda" \
+      >"$OUT/pytest_50c_energy.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_50c_energy.log" | tail -3
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_modes.py \
+      -k "not compile and not autotune" >"$OUT/pytest_50c_modes.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_50c_modes.log" | tail -4
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

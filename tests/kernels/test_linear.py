@@ -8,7 +8,7 @@ Tolerances: the oracle is torch in float64 on the same inputs. Normwise relative
 import pytest
 import torch
 from mlff_distiller.kernels import gemm, gemm_fusable, mlp, mlp_reference, use_backend
-from mlff_distiller.kernels.linear import readout, readout_reference
+from mlff_distiller.kernels.linear import readout, readout_reference, structure_sums
 from torch.nn import functional as nnf
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -194,9 +194,9 @@ def test_readout_matches_reference(triton_device, monkeypatch, poison, dtype, n,
     monkeypatch.setattr(lin, "gemm", lambda *a, **k: gemms.append(1) or real(*a, **k))
 
     def unfused(*args):
-        """What the model ran before: the Triton MLP, then the torch ops."""
+        """What the model ran before: the Triton MLP, then the torch ops (the sums in float64, then rounded)."""
         atomic = mlp(*args[:5]).squeeze(-1) * scale[species] + shift[species]
-        return atomic.new_zeros(b).index_add_(0, batch, atomic), atomic
+        return structure_sums(atomic, batch, b), atomic
 
     def run(backend, fn=readout):
         with use_backend(backend), _Ops() as ops:
@@ -213,12 +213,40 @@ def test_readout_matches_reference(triton_device, monkeypatch, poison, dtype, n,
         (e_u, a_u), g_u, _ = run("triton", unfused)
         assert torch.equal(e, e_u) and torch.equal(a, a_u) and torch.equal(g, g_u)
     if fused and n and grads != "atomic":  # (only ε differentiated: a zero gather source, a rare path)
-        assert ops == [], ops  # E's zeros in the first GEMM; no fill, gather, mul, add, index_add
+        # E's zeros in the first GEMM; no fill, gather, mul, add, index_add; in float32 the one rounding of E's
+        # float64 sums
+        assert ops == ([] if dtype == torch.float64 else ["_to_copy"]), ops
     x64 = x.detach().double()
     e64, a64 = readout_reference(x64, *(w.double() for w in ws), scale.double(), shift.double(), species, batch, b)
     _close(e, e64, TOL[dtype], "energy")
     _close(a, a64, TOL[dtype], "atomic energies")
     _close(g, g_r.double(), TOL[dtype], "gradient wrt x")
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_readout_sums_many_atoms_to_float32_accuracy(triton_device, backend):
+    """A structure of many atoms (a 6,000-atom box's -15,000 eV): its float32 energy is within one rounding of the
+    exact sum of its atomic energies (the sums accumulate in float64, ``_CONFIG["energy_sum_f64"]``); float32
+    sums, switched on here to show the test can fail, are off by tens of ulps (~1e-6 relative; ~1e-4 at
+    200,000 atoms on a GPU's atomics)."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    n = 6000
+    x, ws, scale, shift, species, batch = _readout_inputs(n, 1, torch.float32, triton_device, seed=5)
+    shift = torch.tensor([-4.5, -1.0, -2.0], device=triton_device)  # eV per atom, as a trained student's
+    scale = scale * 0.1
+    batch = torch.zeros(n, dtype=torch.long, device=triton_device)
+    errors = {}
+    for wide in (True, False):
+        with use_backend(backend), torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+            mp.setitem(lin._CONFIG, "energy_sum_f64", wide)
+            e, a = readout(x, *ws, scale, shift, species, batch, 1)
+        exact = a.double().sum()
+        errors[wide] = abs(e.double().item() - exact.item()) / (torch.finfo(torch.float32).eps * abs(exact.item()))
+    assert e.dtype == torch.float32
+    assert errors[True] <= 0.5, errors  # correctly rounded (in units of float32's eps relative to the sum)
+    assert errors[False] > 2.0, errors  # float32 accumulation: the check would see it
 
 
 class _Ops(TorchDispatchMode):

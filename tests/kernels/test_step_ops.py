@@ -34,7 +34,9 @@ INDEX = {"index", "index_select", "index_add", "index_add_", "embedding", "gathe
 # the bucket's static seed through a scalar, whose 1 is one fill, in place of negating a mask; the message passing
 # reuses one zero for unused gradients; before: 9 fills, 4 cats, 20 elementwise, 6 index ops, 40 torch ops in all).
 # The first layer's φ(s) is one gather of the model's species table (an index op, in place of two GEMM launches).
-LIMITS = {"fill": 4, "cat": 1, "elementwise": 6, "copy": 0, "index": 3, "all torch ops": 14}
+# The one copy (stop 50): the per-structure energies, summed in float64, rounded to float32 (0.4-0.6 % of a benzene
+# step; float32 sums were off by 7e-4 of a 200,001-atom box's energy).
+LIMITS = {"fill": 4, "cat": 1, "elementwise": 6, "copy": 1, "index": 3, "all torch ops": 15}
 
 
 def _water_box(n_mol: int = 8, seed: int = 0) -> Atoms:

@@ -499,8 +499,7 @@ class StudentModel(nn.Module):
             energy, atomic = kernels.linear.readout(s, *params, idx, batch, num_structures)
         else:  # the same ops, through kernels.mlp (training, the torch backend, the 16-bit copies of precision)
             atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
-            # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
-            energy = atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
+            energy = kernels.linear.structure_sums(atomic, batch, num_structures)  # accumulated in float64
         if wall:
             atomic, energy = kernels.add_pair_repulsion(atomic, energy, dist, edge_index, idx, table, batch)
         return {"energy": energy, "atomic_energies": atomic}
