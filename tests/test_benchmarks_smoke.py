@@ -560,3 +560,27 @@ def test_probe_ncu_variants_patch_each_switch_and_restore_it():
         probe_ncu.variants("edge:nope=1")
     with pytest.raises(ValueError, match="want mp:"):
         probe_ncu.variants("nowhere:x=1")
+
+
+def test_probe_large_replica_on_cpu(tmp_path, monkeypatch):
+    """probe_large_replica.py on the CPU (its --device cpu check of the probe itself): a 192-atom water box and its
+    two-fold replica pass (E_B = 2 E_A, each copy's forces A's); one force of the second copy off by 0.01 eV/Å
+    fails."""
+    import probe_large_replica
+
+    argv = ["--device", "cpu", "--atoms", "192", "--out", str(tmp_path), "--name", "r"]
+    assert probe_large_replica.main(argv) == 0
+    row = (tmp_path / "r.md").read_text().splitlines()[-1]
+    assert row.startswith("| 192 | 384 |") and row.endswith("| yes |"), row
+    real = probe_large_replica.compute
+
+    def wrong_second_copy(engine, atoms):
+        energy, forces, seconds = real(engine, atoms)
+        if len(atoms) == 384:
+            forces = forces.copy()
+            forces[200, 1] += 0.01
+        return energy, forces, seconds
+
+    monkeypatch.setattr(probe_large_replica, "compute", wrong_second_copy)
+    assert probe_large_replica.main(argv) == 1
+    assert (tmp_path / "r.md").read_text().splitlines()[-1].endswith("| NO |")
