@@ -79,9 +79,10 @@ _CONFIG = {
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
     # The per-structure energy sums accumulated in float64, then rounded once to the model's dtype (one cast kernel
-    # more a step). In float32 atomics, a 200,001-atom water box's energy (-5e5 eV) came out tens of eV apart between
-    # two runs of the same step on an H200 (stop 50; benchmarks/results/stop50_gpu/): each atom's add rounds at the
-    # sum's ulp (0.03 eV there). False: float32 sums (probes time the two).
+    # more a step: 0.4-0.6 % of a benzene step). In float32 atomics a 200,001-atom water box's energy (-9.2e6 eV with
+    # the shipped students' ~-46 eV atomic energies) came out 6,300 eV (7e-4) off on an H200, 15 eV apart between
+    # calls: each add rounds at the sum's spacing (1 eV there), with one sign for atoms of one species (stop 50;
+    # benchmarks/results/stop50_gpu/probe_energy_sum.md). False: float32 sums (probes time the two).
     "energy_sum_f64": True,
 }
 _EPI = {"none": 0, "silu": 1}
@@ -160,7 +161,7 @@ def readout_reference(
 
 def structure_sums(atomic: Tensor, batch: Tensor, num_structures: int) -> Tensor:
     """``E_b = Σ_{i: batch_i = b} ε_i`` (``[B]``, ``atomic``'s dtype), accumulated in float64 and rounded once
-    (``_CONFIG["energy_sum_f64"]``): a float32 sum over many atoms rounds at each add (tens of eV on a
+    (``_CONFIG["energy_sum_f64"]``): a float32 sum over many atoms rounds at each add (6,300 eV off on a
     200,001-atom water box on a GPU's atomics). Differentiable (twice: training on forces)."""
     if atomic.dtype == torch.float64 or not _CONFIG["energy_sum_f64"]:
         # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
