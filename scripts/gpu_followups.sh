@@ -839,6 +839,22 @@ case "${1:-}" in
       -k "not compile and not autotune" >"$OUT/pytest_50c_modes.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_50c_modes.log" | tail -4
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c" >&2; exit 2 ;;
+  stop50e)
+    # Expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) on the captured small steps: the same
+    # sweep without and with it (separate processes: compare the shipped columns), then the capture and mode tests
+    # with it.
+    timeout 100 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 80 --out "$OUT/plain" \
+      --systems benzene,water192,g2x1024 --variants "gemm:energy_sum_f64=0" >"$OUT/sweep_plain.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_plain.log" | tail -3
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 100 python3 benchmarks/probe_ncu.py --mode sweep \
+      --budget-s 80 --out "$OUT/expandable" --systems benzene,water192,g2x1024 --variants "gemm:energy_sum_f64=0" \
+      >"$OUT/sweep_expandable.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_expandable.log" | tail -3
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+      tests/test_engine_capture.py tests/test_engine_modes.py -k "not compile and not autotune" \
+      >"$OUT/pytest_expandable.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_expandable.log" | tail -4
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
