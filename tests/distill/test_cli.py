@@ -1,6 +1,7 @@
 """``mlff-distill`` smoke tests: every subcommand, --help, configs and bad input."""
 
 import json
+import os
 from pathlib import Path
 
 import ase.io
@@ -161,8 +162,16 @@ def test_yaml_configs_in_repo_are_valid():
         assert from_dict(LabelJob, load_yaml(root / name)).teacher == "gfn2-xtb"
 
 
-def test_models_lists_the_builtin_students(capsys):
+def test_models_lists_the_builtin_students(capsys, monkeypatch):
+    """Also: the command sets the CUDA allocator's expandable segments where the user set no allocator setting
+    (and keeps the user's own)."""
+    from mlff_distiller.cli import ALLOCATOR_DEFAULT
+
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.setenv(name, "x")  # (recorded, so that the test's end restores what was there before)
+        monkeypatch.delenv(name)
     assert main(["models"]) == 0
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == ALLOCATOR_DEFAULT
     rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
     assert {"builtin:chno-gfn2", "builtin:chno-gfn2-small"} <= set(rows)
     small, default = rows["builtin:chno-gfn2-small"], rows["builtin:chno-gfn2"]
@@ -170,6 +179,13 @@ def test_models_lists_the_builtin_students(capsys):
     assert small["parameters"] < default["parameters"] / 3
     assert small["elements"] == [1, 6, 7, 8] and small["teacher"] == "gfn2-xtb"
     assert 0 < small["test_force_mae_mev_a"] < 40 and 0 < default["test_force_mae_mev_a"] < 40
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8")
+    assert main(["models"]) == 0
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.8"
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:False")
+    assert main(["models"]) == 0
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
 
 
 def test_md_npt_changes_the_volume_and_refuses_molecules(tmp_path, capsys):
