@@ -299,3 +299,31 @@ def test_a_large_structure_energy_is_its_atomic_energies_summed_in_float64(devic
     assert abs(e32 - exact) <= np.spacing(np.float32(abs(exact))), (e32, exact)
     e64 = predict_forces(model, [atoms], precision="fp64", device=device)[0]["energy"]
     assert abs(e32 - e64) <= 1e-6 * abs(e64), (e32, e64)
+
+
+def test_a_structure_far_from_the_origin_keeps_float32_accuracy(device):
+    """float32 keeps ~7 digits of a coordinate: a benzene 10,000 Å from the origin had forces 0.05 eV/Å off its
+    float64 ones (and 2.5e-3 at 1,000 Å) until batches stored each structure from its mean position
+    (``AtomsBatch.origin``). Now the same 5e-6 as at the origin: through ``predict_forces``, through the calculator's
+    first step and its MD steps (positions only), and for a periodic box whose atoms sit far outside its cell."""
+    from mlff_distiller import StudentCalculator, load_model
+
+    model = load_model("builtin:chno-gfn2")
+    far = molecule("C6H6")
+    far.rattle(0.05, seed=1)
+    far.positions += 1e4
+    water = _water_lattice(2)
+    water.positions += 3e3  # unwrapped: 3,000 Å outside its 6.2 Å cell
+    for atoms in (far, water):
+        r32 = predict_forces(model, [atoms], precision="fp32", device=device)[0]
+        r64 = predict_forces(model, [atoms], precision="fp64", device=device)[0]
+        np.testing.assert_allclose(r32["forces"], r64["forces"], rtol=0, atol=1e-4)
+        assert r32["energy"] == pytest.approx(r64["energy"], rel=1e-6)
+    calc32 = StudentCalculator(model, device=device, precision="fp32")
+    calc64 = StudentCalculator(model, device=device, precision="fp64")
+    for step in range(3):  # the first call builds the batch, the next ones only replace its positions
+        moved = far.copy()
+        moved.positions[0] += 0.02 * step
+        f32 = calc32.get_forces(moved)
+        f64 = calc64.get_forces(moved)
+        np.testing.assert_allclose(f32, f64, rtol=0, atol=1e-4, err_msg=f"step {step}")

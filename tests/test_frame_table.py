@@ -140,3 +140,27 @@ def test_batches_fill_up_to_the_atom_budget():
     )
     assert [c.atom_counts() for c in chunks(table, None, 6)] == [[3, 3], [4], [7], [1, 2]]
     assert [c.atom_counts() for c in chunks(table, 4, 1)] == [[3, 3, 4, 7], [1, 2]]
+
+
+def test_float32_batches_store_each_structure_from_its_mean_position():
+    """``AtomsBatch.from_atoms`` in float32: positions relative to each structure's mean (``origin``, float64 on the
+    CPU, kept by ``to``); ``to_atoms`` gives the positions back; float64 batches keep them as given."""
+    import numpy as np
+    import torch
+    from ase.build import molecule
+
+    from mlff_distiller import AtomsBatch
+
+    a, b = molecule("H2O"), molecule("CH4")
+    a.positions += 5000.0
+    b.positions -= 20.0
+    batch = AtomsBatch.from_atoms([a, b], dtype=torch.float32)
+    assert batch.origin.dtype == torch.float64 and batch.origin.shape == (2, 3)
+    np.testing.assert_allclose(batch.origin.numpy(), [a.positions.mean(0), b.positions.mean(0)], rtol=0, atol=1e-12)
+    assert batch.positions.abs().max() < 2.0  # each molecule about its own mean
+    back = batch.to(dtype=torch.float64).to_atoms()
+    for got, want in zip(back, (a, b), strict=True):
+        np.testing.assert_allclose(got.positions, want.positions, rtol=0, atol=1e-6)
+    assert batch.to(dtype=torch.float64).origin is batch.origin
+    assert AtomsBatch.from_atoms([a, b], dtype=torch.float64).origin is None
+    np.testing.assert_array_equal(AtomsBatch.from_atoms(a).positions.numpy(), a.positions)

@@ -203,6 +203,8 @@ class StudentCalculator(Calculator):
                 # whose positions ASE's integrators update in place.
                 dtype = self.engine.dtype
                 np_dtype = _NUMPY_DTYPES.get(dtype)
+                if last.origin is not None:  # float32: from the first batch's origin, in float64 (AtomsBatch.origin)
+                    pos = pos - last.origin.numpy()
                 if np_dtype is None:
                     batch.positions = torch.from_numpy(pos).to(dtype)
                 else:
