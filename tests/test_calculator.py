@@ -323,8 +323,9 @@ def test_check_state_answers_unchanged_atoms_from_the_stored_bytes(model, monkey
 
 def test_md_batch_positions_cast_and_checked_like_a_fresh_batch(model):
     """The MD batch (previous batch, new positions) holds what AtomsBatch.from_atoms would: the positions cast to
-    the engine's dtype (float32: round to nearest), the same other tensors; non-finite positions fail as in a
-    fresh batch, finite ones whose sum overflows do not."""
+    the engine's dtype (float32: round to nearest, from the first batch's origin, which a fresh batch would take as
+    the new mean position), the same other tensors; non-finite positions fail as in a fresh batch, finite ones
+    whose sum overflows do not."""
     import torch
 
     from mlff_distiller.batch import AtomsBatch
@@ -341,7 +342,12 @@ def test_md_batch_positions_cast_and_checked_like_a_fresh_batch(model):
         batch = calc._last_batch
         fresh = AtomsBatch.from_atoms(atoms, dtype=dtype)
         assert batch is not first and batch.numbers is first.numbers and batch.cell is first.cell
-        assert batch.positions.dtype == dtype and torch.equal(batch.positions, fresh.positions)
+        assert batch.origin is first.origin and (first.origin is None) == (dtype == torch.float64)
+        want = atoms.positions if first.origin is None else atoms.positions - first.origin.numpy()
+        assert batch.positions.dtype == dtype and torch.equal(batch.positions, torch.from_numpy(want).to(dtype))
+        if first.origin is None:
+            assert torch.equal(batch.positions, fresh.positions)
+        np.testing.assert_allclose(batch.to_atoms()[0].positions, fresh.to_atoms()[0].positions, rtol=0, atol=1e-6)
         calc.atoms.positions[0, 0] = 1e308  # finite; the sum overflows
         calc.atoms.positions[1, 0] = 1e308
         assert calc._batch(["positions"], calc.atoms).positions[0, 0].item() == float(torch.tensor(1e308, dtype=dtype))
