@@ -323,8 +323,8 @@ def test_check_state_answers_unchanged_atoms_from_the_stored_bytes(model, monkey
 
 def test_md_batch_positions_cast_and_checked_like_a_fresh_batch(model):
     """The MD batch (previous batch, new positions) holds what AtomsBatch.from_atoms would: the positions cast to
-    the engine's dtype (float32: round to nearest, from the first batch's origin, which a fresh batch would take as
-    the new mean position), the same other tensors; non-finite positions fail as in a fresh batch, finite ones
+    the engine's dtype (float32: round to nearest, from the first batch's origin, which a fresh batch would take from
+    the moved first atom), the same other tensors; non-finite positions fail as in a fresh batch, finite ones
     whose sum overflows do not."""
     import torch
 

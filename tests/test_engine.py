@@ -303,7 +303,7 @@ def test_a_large_structure_energy_is_its_atomic_energies_summed_in_float64(devic
 
 def test_a_structure_far_from_the_origin_keeps_float32_accuracy(device):
     """float32 keeps ~7 digits of a coordinate: a benzene 10,000 Å from the origin had forces 0.05 eV/Å off its
-    float64 ones (and 2.5e-3 at 1,000 Å) until batches stored each structure from its mean position
+    float64 ones (and 2.5e-3 at 1,000 Å) until batches stored each structure from its first atom
     (``AtomsBatch.origin``). Now the same 5e-6 as at the origin: through ``predict_forces``, through the calculator's
     first step and its MD steps (positions only), and for a periodic box whose atoms sit far outside its cell."""
     from mlff_distiller import StudentCalculator, load_model

@@ -142,9 +142,10 @@ def test_batches_fill_up_to_the_atom_budget():
     assert [c.atom_counts() for c in chunks(table, 4, 1)] == [[3, 3, 4, 7], [1, 2]]
 
 
-def test_float32_batches_store_each_structure_from_its_mean_position():
-    """``AtomsBatch.from_atoms`` in float32: positions relative to each structure's mean (``origin``, float64 on the
-    CPU, kept by ``to``); ``to_atoms`` gives the positions back; float64 batches keep them as given."""
+def test_float32_batches_store_each_structure_from_its_first_atom():
+    """``AtomsBatch.from_atoms`` in float32: positions relative to each structure's first atom (``origin``, float64
+    on the CPU, kept by ``to``), the same whatever else is in the batch; ``to_atoms`` gives the positions back;
+    float64 batches keep them as given."""
     import numpy as np
     import torch
     from ase.build import molecule
@@ -156,8 +157,10 @@ def test_float32_batches_store_each_structure_from_its_mean_position():
     b.positions -= 20.0
     batch = AtomsBatch.from_atoms([a, b], dtype=torch.float32)
     assert batch.origin.dtype == torch.float64 and batch.origin.shape == (2, 3)
-    np.testing.assert_allclose(batch.origin.numpy(), [a.positions.mean(0), b.positions.mean(0)], rtol=0, atol=1e-12)
-    assert batch.positions.abs().max() < 2.0  # each molecule about its own mean
+    np.testing.assert_array_equal(batch.origin.numpy(), [a.positions[0], b.positions[0]])
+    assert batch.positions.abs().max() < 3.0  # each molecule from its own first atom
+    alone = AtomsBatch.from_atoms([b], dtype=torch.float32)
+    assert torch.equal(alone.positions, batch.positions[3:])  # bit for bit, as in a batch of its own
     back = batch.to(dtype=torch.float64).to_atoms()
     for got, want in zip(back, (a, b), strict=True):
         np.testing.assert_allclose(got.positions, want.positions, rtol=0, atol=1e-6)

@@ -33,9 +33,11 @@ class AtomsBatch:
         ptr: ``[B + 1]`` int64 offsets: atoms of structure b are ``ptr[b]:ptr[b+1]``.
         origin: ``[B, 3]`` float64 (CPU) or None: where each structure's coordinates start, Å; the positions given
             are ``positions + origin[batch]``. ``from_atoms`` in float32 (or lower) stores every structure relative
-            to the mean of its positions, taken in float64: float32 keeps ~7 digits of a coordinate, so a molecule
-            at 10,000 Å from the origin had forces 0.05 eV/Å off (CPU, shipped student); a translation changes no
-            energy, force or stress. None: the positions as given (float64 batches).
+            to its first atom's position, subtracted in float64 (exact for nearby atoms, and the same whatever else
+            is in the batch, unlike a mean, whose float64 rounding followed the structure's place in the batch):
+            float32 keeps ~7 digits of a coordinate, so a molecule at 10,000 Å from the origin had forces 0.05 eV/Å
+            off (CPU, shipped student); a translation changes no energy, force or stress. None: the positions as
+            given (float64 batches).
     """
 
     numbers: torch.Tensor
@@ -109,9 +111,8 @@ class AtomsBatch:
         ptr = torch.zeros(len(counts) + 1, dtype=torch.long)
         ptr[1:] = torch.cumsum(counts_t, 0)
         origin = None
-        if dtype != torch.float64:  # each structure from the mean of its positions (see the class docstring)
-            starts = ptr[:-1].numpy()
-            origin = np.add.reduceat(pos_all, starts, axis=0) / np.asarray(counts, dtype=np.float64)[:, None]
+        if dtype != torch.float64:  # each structure from its first atom (see the class docstring)
+            origin = pos_all[ptr[:-1].numpy()]
             pos_all = pos_all - np.repeat(origin, counts, axis=0)
             origin = torch.from_numpy(origin)
         out = cls(
