@@ -24,6 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import write_lines
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, how, e, spread, d_sum, d64 in rows:
         d64s = "" if d64 is None else f"{d64:.4f}"
         lines.append(f"| {n} | {how} | {e:.4f} | {spread:.4f} | {d_sum:.4f} | {d64s} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_lines(lines, Path(args.out), args.name)
     return 0
 
 

@@ -25,6 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import write_lines
+
 
 def forces(engine, atoms, dtype) -> np.ndarray:
     from mlff_distiller.batch import AtomsBatch
@@ -83,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for n, side, scale, m32, r32, mr, rr, tol in rows:
         lines.append(f"| {n} | {side:.1f} | {scale:.2f} | {m32:.2e} | {r32:.2e} | {mr:.2e} | {rr:.2e} | {tol:.1e} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_lines(lines, Path(args.out), args.name)
     return 0
 
 

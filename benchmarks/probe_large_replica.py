@@ -25,6 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import sync, write_lines
+
 
 def compute(engine, atoms) -> tuple[float, np.ndarray, float]:
     """Energy, forces and seconds (a first call of its size: compiles included) of one ``engine.compute`` on a
@@ -32,16 +34,11 @@ def compute(engine, atoms) -> tuple[float, np.ndarray, float]:
     from mlff_distiller.batch import AtomsBatch
 
     batch = AtomsBatch.from_atoms([atoms], dtype=torch.float32).to(engine.device)
-    _sync(engine.device)
+    sync(engine.device)
     t0 = time.perf_counter()
     out = engine.compute(batch, to_host=True)
     seconds = time.perf_counter() - t0
     return float(out["energy"][0]), out["forces"].double().numpy(), seconds
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,10 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {na} | {nb} | {e_a:.2f} | {e_b:.2f} | {rel:.1e} | {d1:.2e} | {d2:.2e} | {fmax:.2f} | {t_b:.2f} | "
             f"{peak:.1f} | {'yes' if ok else 'NO'} |"
         )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_lines(lines, Path(args.out), args.name)
     return 0 if all(r[-1] for r in rows) else 1
 
 

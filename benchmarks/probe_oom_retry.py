@@ -29,6 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import write_lines
+
 
 def _update_config() -> dict:
     return importlib.import_module("mlff_distiller.kernels.painn_update")._CONFIG
@@ -176,10 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{fmt(r['alloc_gb'], '.3f')} | {r['outcome']} | {fmt(r.get('limit_after'), 'd')} | "
             f"{fmt(r['d_e'], '.2e')} | {fmt(r['d_f'], '.2e')} |"
         )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_lines(lines, Path(args.out), args.name)
     return 0
 
 
