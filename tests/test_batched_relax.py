@@ -267,11 +267,34 @@ def test_max_atoms_streams_the_structures_through_the_batch(device, monkeypatch)
     assert sizes == []  # refused before the first step
 
 
+def _engines_out_of_memory(monkeypatch, fails) -> list[int]:
+    """relax_batch's engines raise a (simulated) CUDA out-of-memory error for a batch where
+    ``fails(n_atoms, calls so far)``; returns the list of every call's atom count."""
+    import mlff_distiller.batched_relax as br
+
+    real, sizes = br.batch_engine, []
+
+    def small_memory(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        compute = engine.compute
+
+        def limited(batch, **kw):
+            sizes.append(batch.num_atoms)
+            if fails(batch.num_atoms, len(sizes)):
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return compute(batch, **kw)
+
+        engine.compute = limited
+        return engine
+
+    monkeypatch.setattr(br, "batch_engine", small_memory)
+    return sizes
+
+
 def test_out_of_memory_sets_structures_aside_and_loses_nothing(monkeypatch):
     """A device out-of-memory error (here: any batch above 11 atoms from the 5th step on) halves the batch: the
     structures beyond it wait with their state and come back; every structure ends exactly where it ends without
     the error, except one that does not fit alone (benzene, 12 atoms), which is named with the others' results."""
-    import mlff_distiller.batched_relax as br
     from mlff_distiller.batching import NonFiniteOutputError
     from mlff_distiller.predict import clear_engine_cache
 
@@ -281,22 +304,8 @@ def test_out_of_memory_sets_structures_aside_and_loses_nothing(monkeypatch):
     kw = dict(fmax=0.01, steps=60, precision="fp64")
     whole = relax_batch(model, structures, **kw)
     clear_engine_cache()
-    real, sizes = br.batch_engine, []
-
-    def small_memory(*args, **kwargs):
-        engine = real(*args, **kwargs)
-        compute = engine.compute
-
-        def limited(batch, **kw2):
-            sizes.append(batch.num_atoms)
-            if len(sizes) > 5 and batch.num_atoms > 11:  # from the 5th step on: mid-relaxation
-                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-            return compute(batch, **kw2)
-
-        engine.compute = limited
-        return engine
-
-    monkeypatch.setattr(br, "batch_engine", small_memory)
+    # from the 5th step on (mid-relaxation), any batch above 11 atoms
+    sizes = _engines_out_of_memory(monkeypatch, lambda n_atoms, calls: calls > 5 and n_atoms > 11)
     with pytest.raises(NonFiniteOutputError, match=r"structure\(s\) \[4\] do not fit in the device's memory") as err:
         relax_batch(model, structures, max_atoms=None, **kw)
     assert err.value.indices == [4] and err.value.results[4] is None
@@ -317,7 +326,6 @@ def test_a_structure_out_of_memory_alone_is_tried_again_with_the_recompute(monke
     it ends without the error."""
     import importlib
 
-    import mlff_distiller.batched_relax as br
     from mlff_distiller import batching
     from mlff_distiller.predict import clear_engine_cache
 
@@ -329,23 +337,12 @@ def test_a_structure_out_of_memory_alone_is_tried_again_with_the_recompute(monke
     kw = dict(fmax=0.01, steps=40, precision="fp64")
     whole = relax_batch(model, structures, **kw)
     clear_engine_cache()
-    real, sizes = br.batch_engine, []
 
-    def small_memory(*args, **kwargs):
-        engine = real(*args, **kwargs)
-        compute = engine.compute
+    def fails(n_atoms, calls):  # as above, unless the recompute applies to the batch
+        limit = pu._CONFIG["recompute_uv_min_atoms"]
+        return calls > 5 and n_atoms > 11 and (limit is None or limit > n_atoms)
 
-        def limited(batch, **kw2):
-            sizes.append(batch.num_atoms)
-            limit = pu._CONFIG["recompute_uv_min_atoms"]
-            if len(sizes) > 5 and batch.num_atoms > 11 and (limit is None or limit > batch.num_atoms):
-                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-            return compute(batch, **kw2)
-
-        engine.compute = limited
-        return engine
-
-    monkeypatch.setattr(br, "batch_engine", small_memory)
+    _engines_out_of_memory(monkeypatch, fails)
     with pytest.warns(RuntimeWarning, match="relax: a structure of 12 atoms ran out of GPU memory"):
         got = relax_batch(model, structures, max_atoms=None, **kw)
     assert pu._CONFIG["recompute_uv_min_atoms"] == 12

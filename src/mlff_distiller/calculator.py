@@ -203,12 +203,14 @@ class StudentCalculator(Calculator):
                 # whose positions ASE's integrators update in place.
                 dtype = self.engine.dtype
                 np_dtype = _NUMPY_DTYPES.get(dtype)
-                if last.origin is not None:  # float32: from the first batch's origin, in float64 (AtomsBatch.origin)
-                    pos = pos - last.origin.numpy()
                 if np_dtype is None:
-                    batch.positions = torch.from_numpy(pos).to(dtype)
-                else:
+                    shifted = pos if last.origin is None else pos - last.origin.numpy()
+                    batch.positions = torch.from_numpy(shifted).to(dtype)
+                elif last.origin is None:
                     batch.positions = torch.from_numpy(pos.astype(np_dtype, copy=True))
+                else:  # from the first batch's origin (AtomsBatch.origin): subtracted in float64, rounded once
+                    out = np.empty(pos.shape, dtype=np_dtype)
+                    batch.positions = torch.from_numpy(np.subtract(pos, last.origin.numpy(), out=out, casting="unsafe"))
                 if cell is not None:
                     batch.cell = cell
                 self._last_batch = batch
