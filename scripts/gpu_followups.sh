@@ -855,6 +855,19 @@ case "${1:-}" in
       >"$OUT/pytest_expandable.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_expandable.log" | tail -4
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e" >&2; exit 2 ;;
+  stop51)
+    # Stop 50's float32 origin (each structure from its first atom) on CUDA: the engine, calculator, bucket and frame
+    # tests' CUDA cases, the -m gpu capture and mode tests, then the ASE MD step's host cost with it.
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_calculator.py \
+      tests/test_buckets.py tests/test_frame_table.py -k cuda >"$OUT/pytest_origin_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_origin_cuda.log" | tail -4
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_capture.py \
+      tests/test_engine_modes.py -k "not compile and not autotune" >"$OUT/pytest_origin_gpu.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_origin_gpu.log" | tail -4
+    timeout 150 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200 --steps 1000 \
+      >"$OUT/probe_md_step.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -14
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
