@@ -160,13 +160,15 @@ def readout_reference(
 
 
 def structure_sums(atomic: Tensor, batch: Tensor, num_structures: int) -> Tensor:
-    """``E_b = Σ_{i: batch_i = b} ε_i`` (``[B]``, ``atomic``'s dtype), accumulated in float64 and rounded once
-    (``_CONFIG["energy_sum_f64"]``): a float32 sum over many atoms rounds at each add (6,300 eV off on a
-    200,001-atom water box on a GPU's atomics). Differentiable (twice: training on forces)."""
+    """``E_b = Σ_{i: batch_i = b} ε_i`` (``[B, ...]`` from ``[N, ...]``, ``atomic``'s dtype), accumulated in float64
+    and rounded once (``_CONFIG["energy_sum_f64"]``): a float32 sum over many atoms rounds at each add (6,300 eV off
+    on a 200,001-atom water box on a GPU's atomics). Also the stress's per-structure virial sums
+    (``engine_padded.edge_virial``). Differentiable (twice: training on forces)."""
+    shape = (num_structures, *atomic.shape[1:])
     if atomic.dtype == torch.float64 or not _CONFIG["energy_sum_f64"]:
         # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
-        return atomic.new_zeros(num_structures).index_add_(0, batch, atomic)
-    wide = atomic.new_zeros(num_structures, dtype=torch.float64).index_add_(0, batch, atomic.to(torch.float64))
+        return atomic.new_zeros(shape).index_add_(0, batch, atomic)
+    wide = atomic.new_zeros(shape, dtype=torch.float64).index_add_(0, batch, atomic.to(torch.float64))
     return wide.to(atomic.dtype)
 
 

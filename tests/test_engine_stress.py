@@ -275,6 +275,36 @@ def test_edge_virial_equals_the_strain_derivative(model):
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+def test_edge_virial_sums_each_structure_in_float64(device):
+    """The per-structure sum of the virial's per-atom terms accumulates in float64 and is rounded once, like the
+    energy's (kernels.linear.structure_sums): float32 inputs with large terms of both signs (one self-edge per atom,
+    so r_ij is its shift vector and each atom's term is one float32 product) give the float64 sum of those terms
+    within two float32 spacings (0.4 here on a CPU); summed in float32 (the switch off: the mutation), 21."""
+    from mlff_distiller.engine_padded import edge_virial
+    from mlff_distiller.kernels import linear
+
+    n, b = 40_000, 2
+    g = torch.Generator().manual_seed(0)
+    shifts = (torch.rand(n, 3, generator=g) * 2 - 1) * 30.0
+    pair_grad = (torch.rand(n, 3, generator=g) * 2 - 1) * 30.0
+    batch = torch.arange(n) % b
+    edge_index = torch.arange(n).repeat(2, 1)
+    positions = torch.rand(n, 3, generator=g) * 100.0
+    args = [t.to(device) for t in (positions, shifts, pair_grad, edge_index, batch)]
+    outer = (shifts.unsqueeze(2) * pair_grad.unsqueeze(1)).double()  # the terms as float32 products, exact in f64
+    exact = torch.zeros(b, 3, 3, dtype=torch.float64).index_add_(0, batch, outer)
+    exact = 0.5 * (exact + exact.transpose(1, 2))
+    spacing = np.spacing(np.float32(exact.abs().max()))
+    got = edge_virial(*args, b).cpu().double()
+    assert (got - exact).abs().max() <= 2 * spacing, ((got - exact).abs().max(), spacing)
+    linear._CONFIG["energy_sum_f64"] = False
+    try:
+        off = edge_virial(*args, b).cpu().double()
+    finally:
+        linear._CONFIG["energy_sum_f64"] = True
+    assert (off - exact).abs().max() > 5 * spacing, ((off - exact).abs().max(), spacing)
+
+
 def test_edge_virial_is_differentiable_for_training(model):
     """The stress that training fits (create_graph through the pairs' gradient): its gradient over a weight equals
     central differences of the stress in that weight, fp64."""

@@ -526,11 +526,13 @@ def edge_virial(
     numbers from the pairs' gradient, which the force backward computes anyway, with no ``[E, 3, 3]`` batched
     products. It is translation invariant term by term (pair vectors, not positions), and differentiable
     (training takes ``create_graph``). The pair terms are summed onto their receiving atom first, then per
-    structure: two ``index_add`` with few writers per address instead of every pair of a structure on its 9."""
+    structure: two ``index_add`` with few writers per address instead of every pair of a structure on its 9. The
+    per-structure sum accumulates in float64 like the energy's (``kernels.linear.structure_sums``): its terms have
+    both signs and a large box has hundreds of thousands of them."""
     r = positions.index_select(0, edge_index[1]) - positions.index_select(0, edge_index[0]) + shift_vectors
     outer = (r.unsqueeze(2) * pair_grad.unsqueeze(1)).reshape(-1, 9)
     per_atom = outer.new_zeros((positions.shape[0], 9)).index_add_(0, edge_index[0], outer)
-    w = outer.new_zeros((num_structures, 9)).index_add_(0, batch, per_atom).view(num_structures, 3, 3)
+    w = kernels.linear.structure_sums(per_atom, batch, num_structures).view(num_structures, 3, 3)
     return 0.5 * (w + w.transpose(1, 2))
 
 
