@@ -280,8 +280,9 @@ def test_edge_virial_sums_each_structure_in_float64(device):
     energy's (kernels.linear.structure_sums): float32 inputs with large terms of both signs (one self-edge per atom,
     so r_ij is its shift vector and each atom's term is one float32 product) give the float64 sum of those terms
     within two float32 spacings (0.4 here on a CPU); summed in float32 (the switch off: the mutation), 21."""
-    from mlff_distiller.engine_padded import edge_virial
     from mlff_distiller.kernels import linear
+
+    from mlff_distiller.engine_padded import edge_virial
 
     n, b = 40_000, 2
     g = torch.Generator().manual_seed(0)
