@@ -4,6 +4,10 @@ PYTEST_ARGS ?=
 # Test workers (pytest-xdist, whole files per worker): 2 took the suite from 25.5 to 16.1 min on a 2-core machine
 # (stop 47); 0 runs it in one process.
 PYTEST_WORKERS ?= 2
+# CPU threads per test worker (OpenMP: torch's ops; OpenBLAS: NumPy's, which the Triton interpreter's dots use), unless
+# the environment sets them: two workers of two threads each on a 2-core machine contend (four test files: 207 s, one
+# thread each: 158 s; stop 51).
+TEST_THREADS ?= 1
 
 .PHONY: setup demo test lint bench gpu-check
 
@@ -15,6 +19,8 @@ demo: setup
 
 test:
 	bash scripts/setup.sh test
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-$(TEST_THREADS)} \
+	MKL_NUM_THREADS=$${MKL_NUM_THREADS:-$(TEST_THREADS)} \
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint:
