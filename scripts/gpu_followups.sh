@@ -868,6 +868,22 @@ case "${1:-}" in
       >"$OUT/probe_md_step.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -14
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51" >&2; exit 2 ;;
+  stop51b)
+    # The stress's per-structure virial sum in float64 (stop 51): probe_stress_sum.py on large water boxes (float32
+    # and float64 sums against a float64 engine), the stress tests' CUDA cases and the readout's. stop51c: the -m gpu
+    # tests outside tests/kernels on the final code.
+    timeout 240 python3 benchmarks/probe_stress_sum.py --atoms 3000,24000,200001 --out "$OUT" \
+      >"$OUT/probe_stress_sum.log" 2>&1
+    grep -E "^\| " "$OUT/probe_stress_sum.md" | tail -6
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_engine_stress.py tests/test_engine_npt.py \
+      "tests/kernels/test_linear.py" -k "cuda or gpu or stress" >"$OUT/pytest_stress_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_stress_cuda.log" | tail -4
+    ;;
+  stop51c)
+    timeout 540 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels \
+      >"$OUT/pytest_gpu_all.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_gpu_all.log" | tail -6
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
