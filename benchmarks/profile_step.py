@@ -318,7 +318,7 @@ def _variant_replays() -> list[str]:
     return out
 
 
-def _large_steps(sizes: tuple[int, ...] = (3000, 24000)) -> list[str]:
+def _large_steps(sizes: tuple[int, ...] = (3000, 24000), hidden: int = 128) -> list[str]:
     """The energy + forces step of ``bench_large.py`` (its "ours eager" and "ours best" rows) on large water boxes:
     wall median, peak memory, kernel table and kernel groups of one step."""
     if not torch.cuda.is_available():
@@ -332,7 +332,7 @@ def _large_steps(sizes: tuple[int, ...] = (3000, 24000)) -> list[str]:
 
     from mlff_distiller.neighbors import neighbor_list
 
-    model = make_student()  # bench_large.py's student: the default StudentModel, seed 0, float32
+    model = make_student(hidden=hidden)  # bench_large.py's student (hidden 128): the default StudentModel, seed 0
     out = []
     rows = (("ours eager", "eager"), ("ours best (ForceEngine mode auto)", "auto"))
     for n in sizes:
@@ -348,7 +348,7 @@ def _large_steps(sizes: tuple[int, ...] = (3000, 24000)) -> list[str]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 impl = StepImpl(label, "ours", model, "cuda", backend="auto", mode=mode)
-            head = f"\n===== water {len(atoms)} atoms, {n_edges} edges, {label}"
+            head = f"\n===== water {len(atoms)} atoms, {n_edges} edges, hidden {hidden}, {label}"
             if not impl.available:
                 out.append(f"{head}: unavailable ({impl.why_unavailable})")
                 continue
@@ -382,6 +382,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=None)
     p.add_argument("--sections", default="small,water")
+    p.add_argument("--hidden", type=int, default=128, help="the large section's student width (the small one: 64)")
+    p.add_argument("--large-sizes", default="3000,24000", help="the large section's water boxes, atoms")
     args = p.parse_args()
     sections = set(args.sections.split(","))
     import triton
@@ -425,7 +427,7 @@ def main() -> None:
     if "variants" in sections:
         report.extend(_variant_replays())
     if "large" in sections:
-        report.extend(_large_steps())
+        report.extend(_large_steps(tuple(int(x) for x in args.large_sizes.split(",")), hidden=args.hidden))
     text = "\n".join(report)
     print(text)
     if args.out:

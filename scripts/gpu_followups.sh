@@ -891,6 +891,22 @@ case "${1:-}" in
       --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
     grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -3
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d" >&2; exit 2 ;;
+  stop51e)
+    # The 64 x 3 student's 24,000-atom eager step: 11.89 ms at this tree (stop51d) against 8.93 at stop 34 on an H100,
+    # while the 128 x 3 one went 18.05 -> 14.55. Kernel tables of both widths at 24,000 atoms, then the 64-wide step
+    # with the fold, the first layer's moments and the edge kernel's split changed, one at a time.
+    timeout 150 python3 benchmarks/profile_step.py --sections large --hidden 64 --large-sizes 24000 \
+      --out "$OUT" >"$OUT/profile_large_h64.txt" 2>&1
+    grep -E "=====|^group" "$OUT/profile_large_h64.txt" | head -20
+    timeout 150 python3 benchmarks/profile_step.py --sections large --hidden 128 --large-sizes 24000 \
+      >"$OUT/profile_large_h128.txt" 2>&1
+    grep -E "=====|^group" "$OUT/profile_large_h128.txt" | head -20
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --systems water24000 --step-mode eager --hidden 64 \
+      --budget-s 170 --out "$OUT/sweep64" \
+      --variants "mp:fold_xb_min_degree=100000;moments:model_min_edges=1000000000;mp:bwd_edge_split=2" \
+      >"$OUT/sweep_h64.log" 2>&1
+    grep -E "^\| " "$OUT/sweep_h64.log" | tail -8
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
