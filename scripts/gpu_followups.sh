@@ -907,6 +907,13 @@ case "${1:-}" in
       >"$OUT/sweep_h64.log" 2>&1
     grep -E "^\| " "$OUT/sweep_h64.log" | tail -8
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e" >&2; exit 2 ;;
+  stop51f)
+    # The host's share of the large eager steps and the captured step of the same boxes, both widths
+    # (probe_eager_host.py: wall, host per call, cProfile of the eager steps).
+    timeout 400 python3 benchmarks/probe_eager_host.py --hidden 64,128 --atoms 3000,24000 --out "$OUT" \
+      >"$OUT/probe_eager_host.log" 2>&1
+    grep -E "^\| " "$OUT/probe_eager_host.md" | head -8
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
