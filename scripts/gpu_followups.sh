@@ -914,6 +914,13 @@ case "${1:-}" in
       >"$OUT/probe_eager_host.log" 2>&1
     grep -E "^\| " "$OUT/probe_eager_host.md" | head -8
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f" >&2; exit 2 ;;
+  stop51g)
+    # The eager/captured crossover per student width between 3,000 and 36,000 water atoms (mode "auto" pads up to
+    # AUTO_MAX_EDGES = 2^19 edges, set from a 128-wide H100 run at stop 18).
+    timeout 500 python3 benchmarks/probe_eager_host.py --hidden 64,128 --atoms 6000,9000,12000,18000,36000 \
+      --host-reps 10 --profile-rows 0 --out "$OUT" --name probe_eager_host_sizes >"$OUT/probe_eager_host_sizes.log" 2>&1
+    grep -E "^\| " "$OUT/probe_eager_host_sizes.md" | head -14
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
