@@ -407,16 +407,24 @@ def test_pipelined_predict_on_cuda(model, mode):
 
 
 def test_auto_mode_ladder_stops_at_auto_max_edges():
-    """Mode "auto" pads only batches of up to ~AUTO_MAX_EDGES edges (larger ones run eager, where padding would
-    cost more than the replay saves); an explicit padded mode keeps the full default ladder; a ladder the caller
-    gives is used as is."""
-    model = make_model()
-    auto = ForceEngine(model, device="cpu", mode="auto")
-    assert auto.buckets.select(100, AUTO_MAX_EDGES) is not None
-    assert auto.buckets.select(100, 2 * AUTO_MAX_EDGES) is None
+    """Mode "auto" pads only batches of up to ~auto_max_edges(width) edges (larger ones run eager, where padding
+    would cost more than the replay saves): edges x width up to AUTO_MAX_EDGE_FEATURES, never below AUTO_MAX_EDGES
+    nor above AUTO_MAX_EDGES_CAP; an explicit padded mode keeps the full default ladder; a ladder the caller gives
+    is used as is."""
+    from mlff_distiller.engine import AUTO_MAX_EDGE_FEATURES, AUTO_MAX_EDGES_CAP, auto_max_edges
+
+    assert auto_max_edges(128) == AUTO_MAX_EDGE_FEATURES // 128 == 781_250
+    assert auto_max_edges(64) == 1_562_500 and auto_max_edges(None) == auto_max_edges(128)
+    assert auto_max_edges(16) == AUTO_MAX_EDGES_CAP and auto_max_edges(1024) == AUTO_MAX_EDGES
+    for hidden in (16, 64, 128, 256):
+        model = make_model(hidden=hidden)
+        most = auto_max_edges(hidden)
+        auto = ForceEngine(model, device="cpu", mode="auto")
+        assert auto.buckets.select(100, most) is not None, hidden
+        assert auto.buckets.select(100, int(most * 1.3)) is None, hidden
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # cudagraph on a CPU: padded eager, with a warning
-        graph = ForceEngine(model, device="cpu", mode="cudagraph")
+        graph = ForceEngine(make_model(hidden=256), device="cpu", mode="cudagraph")
     assert graph.buckets.select(100, 2 * AUTO_MAX_EDGES) is not None
     mine = BucketLadder(max_edges=1024)
     assert ForceEngine(model, device="cpu", mode="auto", buckets=mine).buckets is mine
@@ -448,7 +456,7 @@ def test_small_atoms_rung_only_where_the_triton_gemms_run(monkeypatch):
     seen["compiled"] = ladder_of(compile_mode="default")
     seen["torch kernels"] = ladder_of(backend="torch")
     assert seen["fp32"] == {"small_atoms": (SMALL_ATOMS_RUNG,)}
-    assert seen["auto"] == {"small_atoms": (SMALL_ATOMS_RUNG,), "max_edges": AUTO_MAX_EDGES}
+    assert seen["auto"] == {"small_atoms": (SMALL_ATOMS_RUNG,), "max_edges": engine_mod.auto_max_edges(None)}
     assert all(seen[k] == {} for k in ("fp64", "compiled", "torch kernels")), seen
 
 

@@ -13,10 +13,12 @@ Modes (``mode=``):
   (:mod:`mlff_distiller.cudagraph`); with ``compile_mode`` set, the captured step runs ``torch.compile``d code.
 * ``"compile"``: padded buckets through ``torch.compile(dynamic=False, mode=compile_mode)``, where
   ``compile_mode`` is ``"default"``, ``"reduce-overhead"`` (torch's own CUDA graphs) or ``"max-autotune"``.
-* ``"auto"``: ``"cudagraph"`` on CUDA, ``"eager"`` elsewhere. Its default ladder stops at ``AUTO_MAX_EDGES``
-  edges: larger batches run eager, where a replay saves only launch overhead while padding to the next bucket
-  costs up to half the work (H100, 3,000-atom water, 163k edges: replay 4.15 ms vs eager 7.79 ms; 24,000 atoms,
-  1.31M edges: replay 28.6 ms vs eager 24.5 ms; benchmarks/results/large_h100_run4.md).
+* ``"auto"``: ``"cudagraph"`` on CUDA, ``"eager"`` elsewhere. Its default ladder stops at
+  :func:`auto_max_edges` edges (edges x the student's width up to ``AUTO_MAX_EDGE_FEATURES``: ~781,000 edges for
+  a 128-wide student, ~1.56M for a 64-wide one): larger batches run eager, where a replay saves only the launches'
+  host time (~10 ms a step on stop 51's H200 host) while padding to the next bucket adds work (128 wide, 18,000
+  water atoms: replay 0.97x of eager; 64 wide, 24,000 atoms: replay 1.49x faster;
+  benchmarks/results/stop51_gpu/probe_eager_host_sizes.md).
 
 The neighbour list always runs outside any graph (its size changes); its output is padded into the bucket.
 Padded modes serve energy + forces, and stress too: a call with ``stress=True`` runs a second step per bucket
@@ -82,21 +84,42 @@ from mlff_distiller.precision import (
 
 __all__ = [
     "AUTO_MAX_EDGES",
+    "AUTO_MAX_EDGES_CAP",
+    "AUTO_MAX_EDGE_FEATURES",
     "COMPILE_MODES",
     "MODES",
     "PRECISIONS",
     "TOLERANCES",
     "ForceEngine",
+    "auto_max_edges",
     "configure_compile_cache",
     "default_device",
     "kernels_source_digest",
 ]
 
 MODES = ("eager", "compile", "cudagraph", "auto")
-# Largest edge count that mode "auto" pads into a CUDA-graph bucket (see the module docstring): between the
-# measured 323k edges (6,000 water atoms: replay 6.73 vs eager 7.54 ms) and 651k (12,000 atoms: replay 13.0 vs
-# eager 11.5 ms; benchmarks/results/large_h100_run7.md).
+# Mode "auto" pads a graph into a CUDA-graph bucket while its edges times the student's width stay within
+# AUTO_MAX_EDGE_FEATURES, with at least AUTO_MAX_EDGES and at most AUTO_MAX_EDGES_CAP edges (auto_max_edges); larger
+# graphs run eager. An eager step costs a near-constant ~10 ms of host launches on the H200 host of stop 51, and its
+# device work grows with edges x width, so where the replay stops paying follows that product. Captured (padded,
+# the step alone) against eager (Morton-sorted), fp32, water (benchmarks/results/stop51_gpu/probe_eager_host*.md):
+# 128 wide: 12,000 atoms (674k edges, 8.6e7 edge-features) 1.38x faster captured, 18,000 (970k, 1.24e8) 0.97x;
+# 64 wide: 24,000 atoms (1.31M, 8.4e7) 1.49x, 36,000 (2.0M, 1.28e8) 0.94x. Hence 1e8. Until stop 51 the limit was
+# 2^19 edges for every width (set at stop 18 on an H100 with the 128-wide student, whose kernels were then ~1.8x
+# slower: 323k edges replay 6.73 vs eager 7.54 ms, 651k 13.0 vs 11.5; benchmarks/results/large_h100_run7.md).
+# A host faster than stop 51's (whose eager launches cost about half) moves the crossover down: there the band
+# between the old and the new limit may run up to ~5 % slower captured than eager, where stop 51's host ran it
+# 1.4-2x faster.
+AUTO_MAX_EDGE_FEATURES = 100_000_000
 AUTO_MAX_EDGES = 2**19
+AUTO_MAX_EDGES_CAP = 2**21
+
+
+def auto_max_edges(hidden: int | None) -> int:
+    """The largest edge count mode "auto" captures for a student ``hidden`` features wide (None: 128): see
+    AUTO_MAX_EDGE_FEATURES. 128 wide: 781,250 edges (~14,000 water atoms at 5 Å); 64 wide: 1,562,500 (~29,000)."""
+    width = 128 if hidden is None else max(1, int(hidden))
+    return max(AUTO_MAX_EDGES, min(AUTO_MAX_EDGES_CAP, AUTO_MAX_EDGE_FEATURES // width))
 # The extra atom rung below the ladder's 64 (BucketLadder.small_atoms) of a CUDA engine whose GEMMs are Triton's
 # (the 64 is for cuBLAS's 16-row kernels, which those engines do not launch). H200, each against the 64-atom
 # bucket in the same run (benchmarks/results/stop46_gpu/probe_ncu_sweep_ladder.md): benzene 1.016x and 4 g2
@@ -111,9 +134,12 @@ SPATIAL_SORT_MIN_ATOMS = 10_000
 
 
 def _default_ladder(engine: ForceEngine, requested_mode: str) -> BucketLadder:
-    """The padded modes' ladder when the caller gives none: up to AUTO_MAX_EDGES edges for mode "auto"; with the
-    SMALL_ATOMS_RUNG on a CUDA engine whose GEMMs are Triton's."""
-    ladder = {"max_edges": AUTO_MAX_EDGES} if requested_mode == "auto" else {}
+    """The padded modes' ladder when the caller gives none: up to :func:`auto_max_edges` edges for mode "auto"
+    (the student's width); with the SMALL_ATOMS_RUNG on a CUDA engine whose GEMMs are Triton's."""
+    ladder = {}
+    if requested_mode == "auto":
+        config = getattr(getattr(engine, "model", None), "config", None)
+        ladder["max_edges"] = auto_max_edges(getattr(config, "hidden", None))
     if engine.device.type == "cuda" and engine._triton_gemms():
         ladder["small_atoms"] = (SMALL_ATOMS_RUNG,)
     return BucketLadder(**ladder)
@@ -139,7 +165,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         compile_backend: ``torch.compile`` backend (default ``"inductor"``); giving one also enables
             ``"compile"`` on a CPU (e.g. ``"aot_eager"`` in tests).
         buckets: the :class:`BucketLadder` of padded modes (default ``BucketLadder()``; for ``mode="auto"``
-            one that stops at ``AUTO_MAX_EDGES`` edges).
+            one that stops at :func:`auto_max_edges` edges for the model's width).
         pad: pad eager runs into buckets too (default: only the padded modes pad).
         memory_budget: bytes :meth:`predict` may plan for one batch (default on CUDA: half the free memory at
             first use; on other devices an atom budget of 2048).

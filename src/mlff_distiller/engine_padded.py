@@ -256,6 +256,13 @@ class PaddedPaths:
                 return _with_stress(out, batch) if stress else out
             host_nl = self._nl_to_device(host_nl)
         dev, same = self._device_topology(batch)
+        inv = None
+        if host_nl is None:
+            # Periodic batches of spatial_sort_min_atoms atoms or more in Morton order, as the eager path runs them
+            # (since stop 51 mode "auto" captures such boxes for narrow students); the molecular list above is in
+            # the caller's order. The sorted numbers follow this call's positions: their buffers are rewritten.
+            dev, inv = self._spatial_order(dev)
+            same = same and inv is None
         with torch.no_grad():
             nl = host_nl if host_nl is not None else self._neighbors(dev)
         n, b, e = dev.num_atoms, dev.num_structures, nl.num_edges
@@ -277,6 +284,10 @@ class PaddedPaths:
         self._graph_tokens[bucket] = self._topology_token
         self._verlet_fill = None  # the static buffers no longer hold the Verlet path's list
         out = self._run_padded(bucket, graph, n, b, to_host, stress=stress)
+        if inv is not None:  # per-atom rows back in the caller's order
+            inv = inv.to(out["forces"].device)
+            out["forces"] = out["forces"].index_select(0, inv)
+            out["atomic_energies"] = out["atomic_energies"].index_select(0, inv)
         # The cell from the side the outputs are on: no host-to-device copy that would wait for the step.
         return _with_stress(out, batch if to_host else dev) if stress else out
 
