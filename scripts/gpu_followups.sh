@@ -921,6 +921,16 @@ case "${1:-}" in
       --host-reps 10 --profile-rows 0 --out "$OUT" --name probe_eager_host_sizes >"$OUT/probe_eager_host_sizes.log" 2>&1
     grep -E "^\| " "$OUT/probe_eager_host_sizes.md" | head -14
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g" >&2; exit 2 ;;
+  stop51h)
+    # Stop 51's width-aware auto capture limit and the padded path's Morton sort on the GPU: CUDA tests of the
+    # ordering, mode and bucket files, then probe_auto_capture.py (old limit / new / new unsorted, end to end).
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_engine_modes.py \
+      -k "cuda or auto_max or padded_path" >"$OUT/pytest_auto_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_auto_cuda.log" | tail -4
+    timeout 330 python3 benchmarks/probe_auto_capture.py --hidden 64,128 --atoms 12000,18000,24000 --out "$OUT" \
+      >"$OUT/probe_auto_capture.log" 2>&1
+    grep -E "^\| " "$OUT/probe_auto_capture.md" | tail -7
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
