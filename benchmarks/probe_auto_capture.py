@@ -1,14 +1,17 @@
 """Probe (GPU): mode "auto" on large periodic boxes with stop 51's width-aware capture limit, end to end.
 
 Stop 51 moved mode "auto"'s largest CUDA-graph bucket from 2^19 edges for every student to
-``engine.auto_max_edges(hidden)`` (edges x width up to 1e8), and made the padded path sort such boxes along a Morton
-curve as the eager path does. Per student width and water box this probe times ``ForceEngine.compute(batch,
-to_host=True)`` (neighbour list, fill, step, results on the host: what ``predict_forces`` and a calculator's
-non-MD call run) in three engines, alternating call by call in one process:
+``engine.auto_max_edges(hidden)`` (edges x width up to 1e8). Per student width and water box this probe times
+``ForceEngine.compute(batch, to_host=True)`` (neighbour list, fill, step, results on the host: what
+``predict_forces`` and a calculator's non-MD call run) in three engines, alternating call by call in one process:
 
-* ``old``: the ladder stopped at 2^19 edges (``BucketLadder(max_edges=AUTO_MAX_EDGES)``), so these boxes run eager;
-* ``new``: the shipped default (captured where ``auto_max_edges`` allows, Morton-sorted);
-* ``new unsorted``: the same with ``spatial_sort_min_atoms=None``.
+* ``old``: the ladder stopped at 2^19 edges (``BucketLadder(max_edges=AUTO_MAX_EDGES)``), so these boxes run eager
+  (Morton-sorted from 10,000 atoms);
+* ``new``: the shipped default (captured where ``auto_max_edges`` allows);
+* ``new unsorted``: the same with ``spatial_sort_min_atoms=None`` (differs from ``new`` where a box runs eager).
+
+Stop 51's file (``results/stop51_gpu/probe_auto_capture.md``) came from a tree whose padded path also sorted the
+atoms (``padded_sort_dropped.diff``): there ``new`` was sorted and ``new unsorted`` was the shipped path.
 
 It reports the median ms per call of ``--calls`` calls after three warm-up calls (the first captures), and the
 largest force difference of ``new`` from ``old``.

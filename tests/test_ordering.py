@@ -101,52 +101,6 @@ def test_engine_sorted_equals_unsorted(backend, device):
     assert ref["forces"].abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("stress", [False, True])
-def test_padded_path_sorts_periodic_batches_and_unsorts_the_results(device, stress):
-    """The padded (bucket) path sorts periodic batches of spatial_sort_min_atoms atoms or more like the eager path
-    (mode "auto" captures such boxes for narrow students since stop 51): forces, atomic energies, energies and
-    stress in the caller's order equal the unsorted padded path's, twice in a row (the second call with the
-    bucket's buffers from the first); molecules (their list made on the host, in the caller's order) stay
-    unsorted. On a CPU "cudagraph" runs the padded step eagerly."""
-    import warnings
-
-    model = make_model(seed=3).double()
-    boxes = [shuffled_water(27, seed=4), shuffled_water(8, seed=5)]
-    runs, sorted_calls = [], []
-    for threshold in (None, 1):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # cudagraph on a CPU
-            engine = ForceEngine(
-                model, device=device, precision="fp64", mode="cudagraph", spatial_sort_min_atoms=threshold
-            )
-        order = engine._spatial_order
-
-        def spy(b, order=order, threshold=threshold):
-            out = order(b)
-            sorted_calls.append((threshold, out[1] is not None))
-            return out
-
-        engine._spatial_order = spy
-        outs = []
-        for step in range(2):
-            moved = [a.copy() for a in boxes]
-            for a in moved:
-                a.positions += 0.03 * step
-            outs.append(engine.compute(AtomsBatch.from_atoms(moved), stress=stress, to_host=True))
-        assert engine._graphs, "the padded path ran"
-        mol = engine.compute(AtomsBatch.from_atoms([molecule("CH4")]), stress=stress, to_host=True)
-        runs.append((outs, mol))
-    assert (1, True) in sorted_calls and all(not s for t, s in sorted_calls if t is None)
-    (ref, ref_mol), (got, got_mol) = runs
-    keys = ("energy", "atomic_energies", "forces") + (("stress",) if stress else ())
-    for r, g in zip(ref, got, strict=True):
-        for key in keys:
-            torch.testing.assert_close(g[key], r[key], rtol=1e-10, atol=1e-10, msg=key)
-        assert r["forces"].abs().max() > 1e-3
-    for key in keys:
-        torch.testing.assert_close(got_mol[key], ref_mol[key], rtol=0, atol=0, msg=key)
-
-
 def test_default_threshold_leaves_small_batches_alone():
     engine = ForceEngine(make_model(), device="cpu")
     b = AtomsBatch.from_atoms(shuffled_water(8))

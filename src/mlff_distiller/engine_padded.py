@@ -255,14 +255,12 @@ class PaddedPaths:
                 out = self._run_padded(bucket, graph, batch.num_atoms, batch.num_structures, to_host, stress=stress)
                 return _with_stress(out, batch) if stress else out
             host_nl = self._nl_to_device(host_nl)
+        # Not sorted spatially (the eager path sorts batches of spatial_sort_min_atoms atoms or more): a sort per
+        # call made the whole call slower here, its ~25 small launches costing more than the step's locality gains
+        # (stop 51, H200, mode "auto" capturing 12,000-24,000 water atoms: 64 wide 6.89 / 8.72 / 9.94 ms a call
+        # sorted against 5.20 / 7.16 / 9.03 unsorted; 128 wide, 12,000 atoms: 9.54 against 8.55;
+        # benchmarks/results/stop51_gpu/probe_auto_capture.md).
         dev, same = self._device_topology(batch)
-        inv = None
-        if host_nl is None:
-            # Periodic batches of spatial_sort_min_atoms atoms or more in Morton order, as the eager path runs them
-            # (since stop 51 mode "auto" captures such boxes for narrow students); the molecular list above is in
-            # the caller's order. The sorted numbers follow this call's positions: their buffers are rewritten.
-            dev, inv = self._spatial_order(dev)
-            same = same and inv is None
         with torch.no_grad():
             nl = host_nl if host_nl is not None else self._neighbors(dev)
         n, b, e = dev.num_atoms, dev.num_structures, nl.num_edges
@@ -284,10 +282,6 @@ class PaddedPaths:
         self._graph_tokens[bucket] = self._topology_token
         self._verlet_fill = None  # the static buffers no longer hold the Verlet path's list
         out = self._run_padded(bucket, graph, n, b, to_host, stress=stress)
-        if inv is not None:  # per-atom rows back in the caller's order
-            inv = inv.to(out["forces"].device)
-            out["forces"] = out["forces"].index_select(0, inv)
-            out["atomic_energies"] = out["atomic_energies"].index_select(0, inv)
         # The cell from the side the outputs are on: no host-to-device copy that would wait for the step.
         return _with_stress(out, batch if to_host else dev) if stress else out
 
