@@ -112,7 +112,8 @@ def test_default_threshold_leaves_small_batches_alone():
 def test_verlet_md_sorted_equals_unsorted(device, mode):
     """An MD-like sequence through Verlet-skin engines (as StudentCalculator builds them): with the spatial order
     (made from the first frame and kept) the forces equal those without, step after step, and the list is reused
-    between rebuilds (one fixed order; the padded path, which would test it in the caller's order, is skipped)."""
+    between rebuilds. A padded engine whose buckets hold the list takes the padded path in the caller's order
+    instead (stop 51)."""
     if mode == "cudagraph" and device.type == "cpu":
         pytest.skip("CUDA graphs need CUDA")
     model = make_model(seed=5).double()
@@ -131,8 +132,50 @@ def test_verlet_md_sorted_equals_unsorted(device, mode):
         torch.testing.assert_close(got["forces"], ref["forces"], rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(got["energy"], ref["energy"], rtol=1e-10, atol=1e-10)
     sorted_engine = engines[1]
-    assert sorted_engine._verlet_perm is not None
+    if mode == "eager":
+        assert sorted_engine._verlet_perm is not None
+    else:  # a list that fits the ladder: the padded (captured) path, in the caller's order (stop 51)
+        assert sorted_engine._verlet_perm is None and sorted_engine._verlet_fill is not None
     assert 1 <= sorted_engine.verlet.n_builds < 8
+
+
+def test_padded_md_of_a_large_system_captures_while_its_list_fits_the_ladder():
+    """MD of a system at or above spatial_sort_min_atoms through a padded Verlet engine (StudentCalculator's, mode
+    auto on CUDA; "cudagraph" runs the padded step eagerly on a CPU): while its list fits the ladder it takes the
+    padded path in the caller's order; when it stops fitting it goes on eagerly in Morton order, and back again
+    when it fits, the list rebuilt at each change of order (never tested across two orders). Forces and energies
+    equal an unsorted eager engine's at every step."""
+    import warnings
+
+    from mlff_distiller.buckets import BucketLadder
+
+    model = make_model(seed=5).double()
+    atoms = shuffled_water(27, seed=6)
+    ref = ForceEngine(model, device="cpu", precision="fp64", neighbor_skin=1.0, spatial_sort_min_atoms=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # cudagraph on a CPU: the padded step, eagerly
+        engine = ForceEngine(
+            model, device="cpu", precision="fp64", mode="cudagraph", neighbor_skin=1.0, spatial_sort_min_atoms=1
+        )
+    roomy, tight = engine.buckets, BucketLadder(min_atoms=8, max_atoms=128, min_edges=16, max_edges=256)
+    rng = np.random.default_rng(1)
+    pos = atoms.positions.copy()
+    seen = []
+    # padded, padded, then the list no longer fits (eager, sorted) for three steps, then padded again
+    for step, ladder in enumerate([roomy, roomy, tight, tight, tight, roomy, roomy]):
+        engine.buckets = ladder
+        pos += rng.normal(scale=0.02, size=pos.shape)
+        atoms.positions = pos
+        b = AtomsBatch.from_atoms(atoms)
+        builds = engine.verlet.n_builds
+        got, want = engine.compute(b, to_host=True), ref.compute(b, to_host=True)
+        torch.testing.assert_close(got["forces"], want["forces"], rtol=1e-10, atol=1e-10, msg=f"step {step}")
+        torch.testing.assert_close(got["energy"], want["energy"], rtol=1e-10, atol=1e-10, msg=f"step {step}")
+        seen.append((engine._verlet_sorted, engine.verlet.n_builds - builds))
+    assert [s for s, _ in seen] == [False, False, True, True, True, False, False], seen
+    # a build at the start and at each change of order (the first sorted step: the padded path's try in the
+    # caller's order, then the sorted list), none between (atoms move 0.02 Å a step: within the 0.5 Å half-skin)
+    assert [n for _, n in seen] == [1, 0, 1, 0, 0, 1, 0], seen
 
 
 def test_verlet_order_follows_a_new_partition_with_the_same_numbers():

@@ -300,6 +300,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self._checked_numbers: torch.Tensor | None = None
         self._checked_source: tuple | None = None  # (tensor, version) of the numbers last checked
         self._verlet_perm: dict | None = None  # the Verlet path's spatial order (see _verlet_order)
+        self._verlet_sorted: bool | None = None  # the order the Verlet list was built in (see _verlet_list_order)
         self.last_bucket: Bucket | None = None  # the bucket of the latest padded call
         # Padded Verlet path: (bucket, graph, verlet build count) of the list now in the static buffers.
         self._verlet_fill: tuple | None = None
@@ -434,6 +435,15 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         # A system the eager path sorts spatially runs there every step: its Verlet list must see one atom order
         # (the padded Verlet path would test and rebuild it in the caller's order).
         sorts = self.spatial_sort_min_atoms is not None and batch.num_atoms >= self.spatial_sort_min_atoms
+        if sorts and self.pad and forces and self.verlet is not None:
+            # MD of a large system whose Verlet list fits the ladder takes the padded (captured) path, in the
+            # caller's order: an eager step costs ~10 ms of host launches on stop 51's H200 host, more than the
+            # device work of a 64-wide student's 24,000-atom step (7.7 ms captured against 11.4 eager,
+            # benchmarks/results/stop51_gpu/probe_eager_host.md). A list beyond the ladder (or the first call's,
+            # when the padded path finds no bucket for it) goes on eagerly in Morton order; the list is rebuilt
+            # whenever the order changes (_verlet_list_order).
+            last = self.verlet.last
+            sorts = last is not None and self.buckets.select(batch.num_atoms, last.num_edges) is None
         if self.pad and forces and stress:
             # Stress (NPT, cell relaxations, periodic batches): the padded step with the strain derivative. In MD
             # the Verlet list is kept across small cell changes (strain-aware test), else a fresh list per call.

@@ -104,6 +104,7 @@ class EagerPaths:
         with torch.no_grad():
             if self.verlet is not None:
                 batch, inv = self._verlet_order(batch)
+                self._verlet_list_order(inv is not None)
                 given_nl = self._nl_to_device(self._verlet_list(batch, filtered=True)[0])
             else:
                 given_nl = self._host_molecular_neighbors(batch)
@@ -197,6 +198,15 @@ class EagerPaths:
             return batch, None
         perm = spatial_order(batch.positions, batch.batch, batch.num_structures, 0.5 * self.cutoff)
         return _permuted(batch, perm), _inverse(perm).to(self.device)
+
+    def _verlet_list_order(self, sorted_: bool) -> None:
+        """The Verlet list is about to be used with the atoms in Morton order (``sorted_``, the eager path of a
+        large system) or in the caller's (the padded path, small systems): a list built in the other order is
+        dropped first, so that the displacement test never compares positions of two orders."""
+        if self._verlet_sorted is not None and self._verlet_sorted != sorted_:
+            self.verlet.reset()
+            self._verlet_fill = None
+        self._verlet_sorted = sorted_
 
     def _verlet_order(self, batch: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
         """:meth:`_spatial_order` for the Verlet path (MD): one permutation per system, made from the first

@@ -352,6 +352,7 @@ class PaddedPaths:
         (the calculator makes a new one on each cell change; NPT's first calculation of a step, which comes
         without the stress since the calculator leaves out stresses that go unread).
         """
+        self._verlet_list_order(False)  # the caller's order (a list built sorted by the eager path is dropped)
         v = self.verlet
         fill = self._verlet_fill
         packed = None
