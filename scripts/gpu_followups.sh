@@ -931,6 +931,16 @@ case "${1:-}" in
       >"$OUT/probe_auto_capture.log" 2>&1
     grep -E "^\| " "$OUT/probe_auto_capture.md" | tail -7
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h" >&2; exit 2 ;;
+  stop51i)
+    # MD of large boxes through StudentCalculator: the padded (captured) Verlet path while the skin list fits the
+    # ladder (stop 51) against the eager path; the ordering tests' CUDA cases.
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_ordering.py -k "cuda or captures_while" \
+      >"$OUT/pytest_ordering_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_ordering_cuda.log" | tail -4
+    timeout 400 python3 benchmarks/probe_md_large.py --hidden 64,128 --atoms 6000,9000,12000,18000 --out "$OUT" \
+      >"$OUT/probe_md_large.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_large.md" | tail -9
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
