@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     from ase import units
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
     from ase.md.verlet import VelocityVerlet
+    from bench_large import box
     from peers import make_student
-    from systems import water_box
 
     from mlff_distiller import StudentCalculator
     from mlff_distiller.buckets import BucketLadder
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     for hidden in (int(h) for h in args.hidden.split(",")):
         model = make_student(hidden=hidden)
         for n in (int(a) for a in args.atoms.split(",")):
-            base = water_box(n, seed=0)
+            base = box(n).copy()
             MaxwellBoltzmannDistribution(base, temperature_K=300, rng=np.random.default_rng(0))
             runs = {}
             for name in ("shipped", "eager"):
