@@ -395,12 +395,15 @@ def test_an_invalidated_capture_is_retried_then_left_eager(model, monkeypatch, f
     assert fresh.capture_failures == 0
 
 
-@pytest.mark.parametrize("oom_eager", [False, True])
+@pytest.mark.parametrize("oom_eager", [False, True, "large bucket"])
 def test_a_capture_out_of_memory(model, monkeypatch, oom_eager):
     """A capture that runs out of GPU memory: raised as it is for the batch splitting (predict's engines), or with
     ``oom_eager`` (BatchedMD's engine: its batch cannot be split) the bucket's step left eager with a warning, the
-    same results, no capture tried again for that bucket. (A CPU stand-in for GraphRunner, as above.)"""
+    same results, no capture tried again for that bucket; the same for a bucket of more than ``oom_eager_edges``
+    edges (the buckets beyond AUTO_MAX_EDGES that mode "auto" captures since stop 51: here every bucket, with the
+    limit at 0). (A CPU stand-in for GraphRunner, as above.)"""
     from mlff_distiller import engine_padded
+    from mlff_distiller.engine import AUTO_MAX_EDGES
 
     tries = []
 
@@ -411,7 +414,10 @@ def test_a_capture_out_of_memory(model, monkeypatch, oom_eager):
     monkeypatch.setattr(engine_padded, "GraphRunner", out_of_memory)
     engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
     engine.mode = "cudagraph"  # the captured path's bookkeeping, on the CPU
-    engine.oom_eager = oom_eager
+    assert engine.oom_eager_edges == AUTO_MAX_EDGES
+    engine.oom_eager = oom_eager is True
+    if oom_eager == "large bucket":
+        engine.oom_eager_edges = 0
     batch = AtomsBatch.from_atoms(_mols(4))
     if not oom_eager:
         with pytest.raises(torch.OutOfMemoryError):

@@ -120,6 +120,8 @@ def auto_max_edges(hidden: int | None) -> int:
     AUTO_MAX_EDGE_FEATURES. 128 wide: 781,250 edges (~14,000 water atoms at 5 Å); 64 wide: 1,562,500 (~29,000)."""
     width = 128 if hidden is None else max(1, int(hidden))
     return max(AUTO_MAX_EDGES, min(AUTO_MAX_EDGES_CAP, AUTO_MAX_EDGE_FEATURES // width))
+
+
 # The extra atom rung below the ladder's 64 (BucketLadder.small_atoms) of a CUDA engine whose GEMMs are Triton's
 # (the 64 is for cuBLAS's 16-row kernels, which those engines do not launch). H200, each against the 64-atom
 # bucket in the same run (benchmarks/results/stop46_gpu/probe_ncu_sweep_ladder.md): benzene 1.016x and 4 g2
@@ -232,6 +234,10 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         # A capture that runs out of memory: raised for the batch splitting (predict), or, for a caller whose batch
         # cannot be split (BatchedMD sets it), that bucket's step left eager (engine_padded._capture).
         self.oom_eager = False
+        # Buckets of more edges than this are left eager when their capture runs out of memory, whatever oom_eager
+        # says: mode "auto" ran them eagerly until stop 51 (auto_max_edges), and a large bucket's private pool is
+        # the largest, so its step falls back to what it was rather than failing the call.
+        self.oom_eager_edges = AUTO_MAX_EDGES
         self._eager_uses: dict[tuple[Bucket, bool], int] = {}  # (bucket, stress step): eager calls before capture
         self._capture_now = False  # warmup: capture new buckets at once
         self._idle_dry_runs = {False: 0, True: 0}  # per step kind: dry runs in a row that compiled nothing

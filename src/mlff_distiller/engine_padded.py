@@ -192,8 +192,10 @@ class PaddedPaths:
         run. One intermittent invalidation was seen on the H100 (``results/gpu_test_runs.md``, stop 23). An
         out-of-memory error is raised as it is (the batch splitting handles it), unless ``oom_eager``: a caller
         whose batch cannot be split (:class:`~mlff_distiller.batched_md.BatchedMD`, the same replicas every step)
-        then gets the bucket's step eager, with a warning. The capture's private memory pool comes on top of what
-        the allocator already caches; the eager step shares that cache, so it may fit where the capture did not."""
+        then gets the bucket's step eager, with a warning; so does a bucket of more than ``oom_eager_edges`` edges
+        (the large buckets that mode "auto" ran eagerly before stop 51). The capture's private memory pool comes on
+        top of what the allocator already caches; the eager step shares that cache, so it may fit where the capture
+        did not."""
         self._compile_ahead(step, graph, stress=runners is self._stress_runners)
         failure = None
         out_of_memory = False
@@ -202,7 +204,7 @@ class PaddedPaths:
                 return GraphRunner(step, graph)
             except torch.OutOfMemoryError:
                 runners.pop(bucket, None)
-                if not self.oom_eager:
+                if not (self.oom_eager or bucket.edges > self.oom_eager_edges):
                     raise
                 out_of_memory = True  # handled below, once the traceback (the failed capture's frames) is gone
                 break
