@@ -68,8 +68,8 @@ def predict_forces(
             ``"cudagraph"`` (see :class:`~mlff_distiller.engine.ForceEngine`). A bucket's first batch runs its
             padded step eagerly and its second one captures it (``capture_after=1``; a capture costs tens of ms
             once the kernels are compiled), while an eager step costs ~14 ms of host time per batch on the GPU
-            machine, so "auto" is 2-3x faster with small batches (16,384 g2 molecules in batches of 512: 9.9 vs 32.0 µs per
-            structure) and about even with batches filled to the default atom budget (6.3 vs 6.5; H100,
+            machine, so "auto" is 2-3x faster with small batches (16,384 g2 molecules in batches of 512: 9.9 vs
+            32.0 µs per structure) and about even with batches filled to the default atom budget (6.3 vs 6.5; H100,
             benchmarks/results/bench_host_h100_pipeline.md).
         compile_mode: ``torch.compile`` mode for ``"compile"``.
         memory_budget: bytes one batch may use (default: half the free device memory on CUDA); a batch that
