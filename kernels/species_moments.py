@@ -57,6 +57,13 @@ _CONFIG = {
     # on since stop 49: alone 1.011x on 192 water atoms (benzene has no moments layer: 1.001x); with edge_features'
     # zero_in_forward see there (benchmarks/results/stop49_gpu/probe_ncu_sweep_48.md, probe_ncu_sweep_49b.md).
     "into_sink": True,
+    # M's two parts [S·R, F] handed to the GEMMs as the same tensors every call (views made once, _frozen.derived),
+    # so that the GEMMs' own frozen-weight forms of them (the transpose above 1,024 rows, W's TF32 parts from 2,049)
+    # are made once too. M[0] and M[1] were new view objects each call, and the derived forms are keyed by the
+    # tensors' identities: every step made two transposes and four TF32 splits again (~22 small kernels in every
+    # replay of a 3,000-atom water step; split_tf32 ran 4 times a step in stop 51's cProfile of the eager
+    # 24,000-atom step, results/stop51_gpu/probe_eager_host.md). False: the views of before, for A/B sweeps.
+    "stable_parts": True,
 }
 
 
@@ -317,6 +324,20 @@ if HAS_TRITON:
                 g_rbf, g_unit = FirstOrderOnly.apply("the species moments (first layer)", 2, g_rbf, g_unit, *depends)
             return g_rbf, g_unit, None, None, None, None
 
+    def _part0(m: Tensor) -> Tensor:
+        return m[0]
+
+    def _part1(m: Tensor) -> Tensor:
+        return m[1]
+
+    def _m_parts(m: Tensor) -> tuple[Tensor, Tensor]:
+        """``M[0]``, ``M[1]``: the same tensors while M is (``_CONFIG["stable_parts"]``)."""
+        if not _CONFIG["stable_parts"]:
+            return m[0], m[1]
+        from ._frozen import derived
+
+        return derived("moments_part0", _part0, m), derived("moments_part1", _part1, m)
+
     class _FirstLayerMessages(torch.autograd.Function):
         """Moments, then the two products with M on the Triton GEMMs; backward: the transposed products, then the
         moments' backward kernel. First derivatives only."""
@@ -332,8 +353,9 @@ if HAS_TRITON:
             ctx.save_for_backward(rbf, unit, edge_index, species, row_ptr, m)
             p, q = _forward(rbf, unit, edge_index, species, n_species, row_ptr)
             n, f = p.shape[0], m.shape[2]
-            ds, _ = gemm(p, m[0], transpose_w=False, dot=dot)
-            dv, _ = gemm(q.view(3 * n, -1), m[1], transpose_w=False, dot=dot)
+            m0, m1 = _m_parts(m)
+            ds, _ = gemm(p, m0, transpose_w=False, dot=dot)
+            dv, _ = gemm(q.view(3 * n, -1), m1, transpose_w=False, dot=dot)
             return ds, dv.view(n, 3, f)
 
         @staticmethod
@@ -349,10 +371,11 @@ if HAS_TRITON:
             # on this stream after joining the sink's: the node then hands the sums on without adding anything.
             into = sink is not None and _CONFIG["into_sink"] and not torch.is_grad_enabled() and sink.joins()
             with torch.no_grad():
-                gp = None if g_ds is None else gemm(g_ds.to(m.dtype).contiguous(), m[0], dot=ctx.dot)[0]
+                m0, m1 = _m_parts(m)
+                gp = None if g_ds is None else gemm(g_ds.to(m.dtype).contiguous(), m0, dot=ctx.dot)[0]
                 gq = None
                 if g_dv is not None:
-                    gq = gemm(g_dv.to(m.dtype).contiguous().view(3 * n, -1), m[1], dot=ctx.dot)[0].view(n, 3, -1)
+                    gq = gemm(g_dv.to(m.dtype).contiguous().view(3 * n, -1), m1, dot=ctx.dot)[0].view(n, 3, -1)
                 args = (gp, gq, rbf, unit, edge_index, species, ctx.n_species, row_ptr)
                 if into:
                     _moments_grads_into(sink, *args)

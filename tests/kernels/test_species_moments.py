@@ -141,6 +141,43 @@ def test_first_layer_messages_on_the_triton_gemms(triton_device, dtype):
         torch.testing.assert_close(g.double(), w, rtol=0, atol=tol * gscale)
 
 
+@pytest.mark.parametrize("stable", [True, False])
+def test_first_layer_messages_hand_the_gemms_the_same_parts_every_call(triton_device, monkeypatch, stable):
+    """M's two parts reach the GEMMs (forward and backward) as the very same tensors on every call, so that the
+    GEMMs' frozen-weight forms of them (a transpose, W's TF32 parts; keyed by the tensors' identities) are made once:
+    as views made anew each call they were made again every step (stop 51). ``stable_parts`` off (the mutation):
+    new tensors each call. After an in-place edit of M the parts show the new values."""
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    real = lin.gemm
+    seen = []
+
+    def spy(a, w, *args, **kw):
+        seen.append(w)
+        return real(a, w, *args, **kw)
+
+    monkeypatch.setattr(lin, "gemm", spy)
+    monkeypatch.setitem(sm._CONFIG, "stable_parts", stable)
+    rbf, unit, ei, species, row_ptr = _graph(31, 300, 20, 4, torch.float64, triton_device, seed=12)
+    m = torch.randn(2, 4 * 20, 32, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    m = m.to(triton_device)
+    calls = []
+    for _ in range(2):
+        seen.clear()
+        r = rbf.detach().clone().requires_grad_(True)
+        with use_backend("triton"):
+            ds, dv = sm.first_layer_messages(r, unit, ei, species, 4, row_ptr, m)
+            (ds.sum() + dv.sum()).backward()
+        calls.append(list(seen))
+    assert len(calls[0]) == len(calls[1]) == 4  # two products forward, two backward
+    same = [a is b for a, b in zip(calls[0], calls[1], strict=True)]
+    assert all(same) if stable else not any(same), same
+    with torch.no_grad():
+        m.mul_(2.0)
+    with use_backend("triton"):
+        ds2, _ = sm.first_layer_messages(rbf, unit, ei, species, 4, row_ptr, m)
+    torch.testing.assert_close(ds2, 2 * ds.detach(), rtol=1e-12, atol=1e-12)
+
+
 def test_first_layer_messages_checks_its_inputs():
     rbf, unit, ei, species, row_ptr = _graph(10, 30, 8, 2, torch.float64, torch.device("cpu"))
     with pytest.raises(ValueError, match=r"m must be \[2, S·R = 16, F\]"):
