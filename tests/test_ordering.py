@@ -139,12 +139,13 @@ def test_verlet_md_sorted_equals_unsorted(device, mode):
     assert 1 <= sorted_engine.verlet.n_builds < 8
 
 
-def test_padded_md_of_a_large_system_captures_while_its_list_fits_the_ladder():
+@pytest.mark.parametrize("stress", [False, True])
+def test_padded_md_of_a_large_system_captures_while_its_list_fits_the_ladder(stress):
     """MD of a system at or above spatial_sort_min_atoms through a padded Verlet engine (StudentCalculator's, mode
     auto on CUDA; "cudagraph" runs the padded step eagerly on a CPU): while its list fits the ladder it takes the
     padded path in the caller's order; when it stops fitting it goes on eagerly in Morton order, and back again
-    when it fits, the list rebuilt at each change of order (never tested across two orders). Forces and energies
-    equal an unsorted eager engine's at every step."""
+    when it fits, the list rebuilt at each change of order (never tested across two orders). Forces, energies
+    (and with ``stress``, as NPT asks, the stress) equal an unsorted eager engine's at every step."""
     import warnings
 
     from mlff_distiller.buckets import BucketLadder
@@ -168,9 +169,11 @@ def test_padded_md_of_a_large_system_captures_while_its_list_fits_the_ladder():
         atoms.positions = pos
         b = AtomsBatch.from_atoms(atoms)
         builds = engine.verlet.n_builds
-        got, want = engine.compute(b, to_host=True), ref.compute(b, to_host=True)
-        torch.testing.assert_close(got["forces"], want["forces"], rtol=1e-10, atol=1e-10, msg=f"step {step}")
-        torch.testing.assert_close(got["energy"], want["energy"], rtol=1e-10, atol=1e-10, msg=f"step {step}")
+        got, want = engine.compute(b, stress=stress, to_host=True), ref.compute(b, stress=stress, to_host=True)
+        for key in ("forces", "energy") + (("stress",) if stress else ()):
+            torch.testing.assert_close(got[key], want[key], rtol=1e-10, atol=1e-10, msg=f"{key}, step {step}")
+        if stress:
+            assert bool(got["stress_valid"][0]) and float(got["stress"].abs().max()) > 1e-4
         seen.append((engine._verlet_sorted, engine.verlet.n_builds - builds))
     assert [s for s, _ in seen] == [False, False, True, True, True, False, False], seen
     # a build at the start and at each change of order (the first sorted step: the padded path's try in the
