@@ -584,3 +584,31 @@ def test_probe_large_replica_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(probe_large_replica, "compute", wrong_second_copy)
     assert probe_large_replica.main(argv) == 1
     assert (tmp_path / "r.md").read_text().splitlines()[-1].endswith("| NO |")
+
+
+def test_probe_stress_sum_on_cpu(tmp_path):
+    """probe_stress_sum.py end to end on a CPU (a 96-atom water box): both sums' rows against the float64 engine,
+    finite, within float32's reach of it, and the sums' switch left on."""
+    import probe_stress_sum
+    from mlff_distiller.kernels import linear
+
+    assert probe_stress_sum.main(["--atoms", "96", "--repeats", "1", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    rows = [line for line in (tmp_path / "probe_stress_sum.md").read_text().splitlines() if line.startswith("| 96 ")]
+    assert [r.split("|")[2].strip() for r in rows] == ["float32", "float64"]
+    for r in rows:
+        scale, diff = float(r.split("|")[3]), float(r.split("|")[5])
+        assert scale > 0 and diff < 1e-5 * scale + 1e-9, r
+    assert linear._CONFIG["energy_sum_f64"] is True
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message of the GPU probes")
+def test_stop51_gpu_probes_say_they_need_cuda(capsys):
+    """probe_eager_host.py, probe_auto_capture.py and probe_md_large.py need a CUDA device: on a CPU each says so
+    and returns 0 (the GPU runs are in results/stop51_gpu/)."""
+    import probe_auto_capture
+    import probe_eager_host
+    import probe_md_large
+
+    for probe in (probe_eager_host, probe_auto_capture, probe_md_large):
+        assert probe.main([]) == 0
+        assert "needs a CUDA device" in capsys.readouterr().out
