@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ._backend import resolve_backend
+from ._frozen import derived
 from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, pdl_args, tl, triton, unspecialized
 
 __all__ = ["MAX_SPECIES", "first_layer_messages", "species_moments", "species_moments_reference"]
@@ -334,8 +335,6 @@ if HAS_TRITON:
         """``M[0]``, ``M[1]``: the same tensors while M is (``_CONFIG["stable_parts"]``)."""
         if not _CONFIG["stable_parts"]:
             return m[0], m[1]
-        from ._frozen import derived
-
         return derived("moments_part0", _part0, m), derived("moments_part1", _part1, m)
 
     class _FirstLayerMessages(torch.autograd.Function):

@@ -438,11 +438,10 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
     def _compute(self, batch: AtomsBatch, forces: bool, stress: bool, to_host: bool, as_numpy: bool) -> dict:
         to_host = to_host or as_numpy
         self._check_species(batch.numbers)
-        # A system the eager path sorts spatially runs there every step: its Verlet list must see one atom order
-        # (the padded Verlet path would test and rebuild it in the caller's order).
+        # A system the eager path sorts spatially runs there (a Verlet list must see one atom order at a time)...
         sorts = self.spatial_sort_min_atoms is not None and batch.num_atoms >= self.spatial_sort_min_atoms
         if sorts and self.pad and forces and self.verlet is not None:
-            # MD of a large system whose Verlet list fits the ladder takes the padded (captured) path, in the
+            # ...but MD of a large system whose Verlet list fits the ladder takes the padded (captured) path, in the
             # caller's order: an eager step costs ~10 ms of host launches on stop 51's H200 host, more than the
             # device work of a 64-wide student's 24,000-atom step (7.7 ms captured against 11.4 eager,
             # benchmarks/results/stop51_gpu/probe_eager_host.md). A list beyond the ladder (or the first call's,
