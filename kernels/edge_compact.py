@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ._backend import resolve_backend
 from ._compile_ahead import dry_run_active
-from ._triton_utils import HAS_TRITON, check_launchable, pdl_args, pdl_prologue, tl, triton
+from ._triton_utils import HAS_TRITON, cdiv, check_launchable, next_pow2, pdl_args, pdl_prologue, tl, triton
 
 __all__ = ["edge_compact", "edge_compact_reference"]
 
@@ -257,8 +257,8 @@ def _edge_compact_triton(positions, edge_index, shift_vectors, row_ptr, sender_p
     edge_index, sender_perm = edge_index.contiguous(), sender_perm.contiguous()
     row_ptr, sender_ptr = row_ptr.contiguous(), sender_ptr.contiguous()
     block = _block(c)
-    n_tiles = triton.cdiv(c, block)
-    t_pad = max(16, triton.next_power_of_2(n_tiles))
+    n_tiles = cdiv(c, block)
+    t_pad = max(16, next_pow2(n_tiles))
     cut = float(cutoff) * (1.0 + MARGIN)
     keep = torch.empty((2, c), dtype=torch.int32, device=dev)
     cnt = torch.empty((2, n_tiles), dtype=torch.int32, device=dev)
@@ -277,7 +277,7 @@ def _edge_compact_triton(positions, edge_index, shift_vectors, row_ptr, sender_p
         edge_index, shift_vectors, keep, cnt, out_ei, out_shift, pre, c, edge_index.stride(0), n_tiles, a,
         float(far), BLOCK=block, T_PAD=t_pad, **pdl,
     )  # fmt: skip
-    _remap_kernel[(max(n_tiles, triton.cdiv(a + 1, block)),)](
+    _remap_kernel[(max(n_tiles, cdiv(a + 1, block)),)](
         sender_perm, keep, pre, row_ptr, sender_ptr, out_perm, out_rowptr, out_sptr, c, a + 1, BLOCK=block, **pdl,
     )  # fmt: skip
     if dry_run_active():  # no kernel ran (kernels/_compile_ahead.py): valid indices for the torch ops that follow

@@ -28,9 +28,11 @@ from ._precision import dot_mode
 from ._triton_utils import (
     HAS_TRITON,
     FirstOrderOnly,
+    cdiv,
     check_launchable,
     dot_rn,
     dot_w,
+    next_pow2,
     pdl_args,
     pdl_prologue,
     tl,
@@ -335,12 +337,12 @@ def gemm(
     if ref.is_cuda:
         small = m <= _CONFIG["small_rows"]
         bm, bn, warps = _CONFIG["small"] if small else _CONFIG["large"]
-        bk = min(_CONFIG["block_k" if small else "large_block_k"], max(16, triton.next_power_of_2(k)))
+        bk = min(_CONFIG["block_k" if small else "large_block_k"], max(16, next_pow2(k)))
         kernel_dot = dot
     else:  # the interpreter pays per program: few large tiles
-        bm = max(16, min(128, triton.next_power_of_2(m)))
-        bn = max(16, min(128, triton.next_power_of_2(n)))
-        bk, warps = max(16, min(128, triton.next_power_of_2(k))), 4
+        bm = max(16, min(128, next_pow2(m)))
+        bn = max(16, min(128, next_pow2(n)))
+        bk, warps = max(16, min(128, next_pow2(k))), 4
         kernel_dot = "bf16_rn" if dot == "bf16" else dot
     aux = prologue_silu_of if prologue_silu_of is not None else prologue_add
     pro = _PRO_SILU if prologue_silu_of is not None else (_PRO_ADD if prologue_add is not None else 0)
@@ -360,7 +362,7 @@ def gemm(
         addend = addend.contiguous()
     elif accumulate:
         addend = out
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    grid = (cdiv(m, bm), cdiv(n, bn))
     # The affine epilogue (x·scale + shift) must round like torch's mul then add: no contraction into an FMA.
     fusion = {"enable_fp_fusion": False} if row_affine is not None and ref.is_cuda else {}
     if ref.is_cuda and _CONFIG["stages"] is not None:

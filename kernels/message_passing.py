@@ -44,7 +44,7 @@ from ._mp_config import (  # noqa: F401 (the launch configuration: benchmarks an
     _sm_count,
 )
 from ._mp_csr import _offsets, _receiver_csr, _sender_csr, _sender_order  # tests replace the builders here
-from ._triton_utils import HAS_TRITON, LIB, check_launchable, pdl_args, triton
+from ._triton_utils import HAS_TRITON, LIB, cdiv, check_launchable, pdl_args
 
 if HAS_TRITON:
     from torch.library import wrap_triton
@@ -368,13 +368,13 @@ if HAS_TRITON:
         if n == 0 or f == 0:
             return ds, dv
         c, warps, variant = _launch_config(x, "fwd", f, rbf.shape[1], n_atoms=n)
-        n_fb = triton.cdiv(f, c["BLOCK_F"])
+        n_fb = cdiv(f, c["BLOCK_F"])
         if variant == "block":
             # Folded on the eager and captured path only (``_bare``); the torch.compile ops keep the launch that
             # their GPU tests cover.
             fold = has_v and launch is _bare and _fold_xb(x, rbf.shape[0], n)
             check_launchable(_mp_fwd_block_kernel, x)
-            launch(_mp_fwd_block_kernel)[(triton.cdiv(n, c["BLOCK_A"]), n_fb)](
+            launch(_mp_fwd_block_kernel)[(cdiv(n, c["BLOCK_A"]), n_fb)](
                 x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0),
                 num_warps=warps, HAS_V=has_v, FOLD=fold, **c, **pdl_args(x),
             )  # fmt: skip
@@ -431,7 +431,7 @@ if HAS_TRITON:
             if n > 0 and f > 0:
                 g_v = torch.empty_like(v)
                 c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, n_atoms=n, n_edges=e)
-                grid = (triton.cdiv(n, c.get("BLOCK_A", 1)), triton.cdiv(f, c["BLOCK_F"]))
+                grid = (cdiv(n, c.get("BLOCK_A", 1)), cdiv(f, c["BLOCK_F"]))
                 perm, col_ptr = perm.contiguous(), col_ptr.contiguous()
                 if variant == "block":
                     check_launchable(_mp_bwd_sender_block_kernel, x)
@@ -453,11 +453,11 @@ if HAS_TRITON:
             g_w = torch.zeros_like(w)
             if e > 0 and f > 0:
                 c, warps, _ = _launch_config(x, "bwd_filter", f, n_rbf)
-                n_fb = triton.cdiv(f, c["BLOCK_F"])
+                n_fb = cdiv(f, c["BLOCK_F"])
                 # About four programs per SM in all, each a contiguous range of whole edge tiles.
                 target = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-                per_prog = c["BLOCK_E"] * max(1, triton.cdiv(triton.cdiv(e, max(1, target // n_fb)), c["BLOCK_E"]))
-                n_prog = triton.cdiv(e, per_prog)
+                per_prog = c["BLOCK_E"] * max(1, cdiv(cdiv(e, max(1, target // n_fb)), c["BLOCK_E"]))
+                n_prog = cdiv(e, per_prog)
                 part = torch.empty((n_prog, 3 * f, n_rbf), dtype=dt, device=x.device)
                 check_launchable(_mp_bwd_filter_kernel, x)
                 launch(_mp_bwd_filter_kernel)[(n_prog, n_fb)](
@@ -475,7 +475,7 @@ if HAS_TRITON:
         n, f = v.shape[0], v.shape[2]
         e, n_rbf = rbf.shape
         c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf)
-        tiles = triton.cdiv(e, c["BLOCK_E"])
+        tiles = cdiv(e, c["BLOCK_E"])
         split = _edge_split(x, tiles, f, c["BLOCK_F"])
         g_rbf, g_unit = (torch.empty_like(rbf), torch.empty_like(unit)) if out is None else out
         if accumulate and split == 1:  # no sum kernel to add in: the kernel's rows, then one add each
@@ -503,7 +503,7 @@ if HAS_TRITON:
             SPLIT=split, LIVE=live, HAS_V=has_v, FOLD=fold, OUT0=out0, **c, **pdl_args(x),
         )  # fmt: skip
         if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
-            launch(_mp_sum_split_kernel)[(triton.cdiv(e, 128),)](
+            launch(_mp_sum_split_kernel)[(cdiv(e, 128),)](
                 part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=planes, BLOCK_E=128,
                 ACC=accumulate or out0, **pdl_args(x),
             )  # fmt: skip

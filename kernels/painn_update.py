@@ -33,7 +33,9 @@ from ._triton_utils import (
     _TUNING,
     HAS_TRITON,
     FirstOrderOnly,
+    cdiv,
     check_launchable,
+    next_pow2,
     num_warps,
     pdl_args,
     pdl_prologue,
@@ -378,7 +380,7 @@ if HAS_TRITON:
         if n == 0 or f == 0:
             return
         check_launchable(kernel, t)
-        block_f = triton.next_power_of_2(f)
+        block_f = next_pow2(f)
         if t.is_cuda:
             # ~13 live [BLOCK_N, BLOCK_F] values in the backward kernel: at most about 1024 (fp32) / 512 (fp64)
             # elements per tile keep them in registers at 4 warps; fewer (_CONFIG) give small graphs more programs.
@@ -387,9 +389,9 @@ if HAS_TRITON:
             elems = int((base if t.dtype == torch.float32 else base // 2) * _TUNING["block_scale"])
         else:
             elems = 65536  # the interpreter pays per program: few large tiles
-        rows = max(1, min(elems // block_f, triton.next_power_of_2(n)))
+        rows = max(1, min(elems // block_f, next_pow2(n)))
         block_n = 1 << (rows.bit_length() - 1)
-        grid = (triton.cdiv(n, block_n), triton.cdiv(f, block_f))
+        grid = (cdiv(n, block_n), cdiv(f, block_f))
         kernel[grid](
             *args, n, N_FEAT=f, BLOCK_N=block_n, BLOCK_F=block_f, num_warps=_CONFIG["num_warps"] or num_warps(),
             **flags, **pdl_args(t),

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, check_launchable, tl, triton, unspecialized
+from ._triton_utils import HAS_TRITON, cdiv, check_launchable, tl, triton, unspecialized
 
 __all__ = [
     "K_E",
@@ -331,7 +331,7 @@ def add_pair_repulsion(
 def _launch(kernel, dist, edge_index, idx, table, batch, *tensors, **flags) -> None:
     check_launchable(kernel, dist)
     n_edges = edge_index.shape[1]
-    grid = (triton.cdiv(n_edges, _BLOCK),)
+    grid = (cdiv(n_edges, _BLOCK),)
     kernel[grid](dist, edge_index, idx, batch, table, *tensors, n_edges, _n_species(table), **flags, BLOCK=_BLOCK)
 
 

@@ -19,7 +19,17 @@ import torch
 from torch import Tensor
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, check_launchable, pdl_args, pdl_prologue, tl, triton, unspecialized
+from ._triton_utils import (
+    HAS_TRITON,
+    cdiv,
+    check_launchable,
+    next_pow2,
+    pdl_args,
+    pdl_prologue,
+    tl,
+    triton,
+    unspecialized,
+)
 
 __all__ = ["species_inputs", "species_inputs_fusable", "species_inputs_reference"]
 
@@ -75,9 +85,9 @@ def species_inputs(
     table = embedding if phi_table is None else phi_table.contiguous()
     check_launchable(_species_inputs_kernel, numbers)
     block_a = _CONFIG["block_a"]
-    _species_inputs_kernel[(triton.cdiv(n, block_a),)](
+    _species_inputs_kernel[(cdiv(n, block_a),)](
         numbers, z_to_index, embedding, table, idx, s, v, s if phi is None else phi, n, z_to_index.shape[0],
-        F=f, F_PAD=triton.next_power_of_2(f), HAS_PHI=phi is not None, BLOCK_A=block_a,
+        F=f, F_PAD=next_pow2(f), HAS_PHI=phi is not None, BLOCK_A=block_a,
         num_warps=_CONFIG["num_warps"], **pdl_args(numbers),
     )  # fmt: skip
     return idx, s, v, phi

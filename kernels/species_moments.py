@@ -25,7 +25,16 @@ from torch import Tensor
 
 from ._backend import resolve_backend
 from ._frozen import derived
-from ._triton_utils import HAS_TRITON, FirstOrderOnly, check_launchable, pdl_args, tl, triton, unspecialized
+from ._triton_utils import (
+    HAS_TRITON,
+    FirstOrderOnly,
+    cdiv,
+    check_launchable,
+    pdl_args,
+    tl,
+    triton,
+    unspecialized,
+)
 
 __all__ = ["MAX_SPECIES", "first_layer_messages", "species_moments", "species_moments_reference"]
 
@@ -250,7 +259,7 @@ if HAS_TRITON:
         block = max(1, _CONFIG["rows"] // _pow2(n_species))
         if ref.is_cuda:
             least = _CONFIG["programs_per_sm"] * torch.cuda.get_device_properties(ref.device).multi_processor_count
-            while block > 1 and triton.cdiv(n_atoms, block) < least:
+            while block > 1 and cdiv(n_atoms, block) < least:
                 block //= 2
         return block
 
@@ -276,7 +285,7 @@ if HAS_TRITON:
         prec, split = _dot(rbf)
         block_a = _block_a(rbf, n, n_species)
         check_launchable(_moments_fwd_kernel, rbf)
-        _moments_fwd_kernel[(triton.cdiv(n, block_a),)](
+        _moments_fwd_kernel[(cdiv(n, block_a),)](
             rbf, unit, edge_index, species, row_ptr, p, q, n, edge_index.stride(0),
             N_SPECIES=n_species, S_PAD=_pow2(n_species), N_RBF=n_rbf, R_PAD=max(16, _pow2(n_rbf)), BLOCK_A=block_a,
             ROWS=max(16, block_a * _pow2(n_species)), BLOCK_E=_CONFIG["block_e"], DOT_PRECISION=prec, SEG_SPLIT=split,
@@ -297,7 +306,7 @@ if HAS_TRITON:
         gq = rbf.new_zeros((n, 3, n_species * n_rbf)) if gq is None else gq.to(rbf.dtype).contiguous()
         block_e = _CONFIG["bwd_block_e"]
         check_launchable(_moments_bwd_kernel, rbf)
-        _moments_bwd_kernel[(triton.cdiv(e, block_e),)](
+        _moments_bwd_kernel[(cdiv(e, block_e),)](
             gp, gq, rbf, unit, edge_index, species, row_ptr[n:], g_rbf, g_unit, e, edge_index.stride(0),
             N_SPECIES=n_species, N_RBF=n_rbf, R_PAD=max(16, _pow2(n_rbf)), BLOCK_E=block_e, ACC=accumulate,
             num_warps=_CONFIG["num_warps"], **pdl_args(rbf),

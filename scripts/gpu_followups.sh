@@ -941,6 +941,30 @@ case "${1:-}" in
       >"$OUT/probe_md_large.log" 2>&1
     grep -E "^\| " "$OUT/probe_md_large.md" | tail -9
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i" >&2; exit 2 ;;
+  stop52)
+    # Stop 51's moments test fixed to float32 on CUDA (not rerun there); where an eager launch's host time goes
+    # (probe_launch_cost.py: torch op, Triton's launch path, its launcher directly, the GEMM wrapper, the steps).
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_species_moments.py -k "same_parts" \
+      >"$OUT/pytest_same_parts_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_same_parts_cuda.log" | tail -4
+    timeout 200 python3 benchmarks/probe_launch_cost.py --out "$OUT" >"$OUT/probe_launch_cost.log" 2>&1
+    tail -3 "$OUT/probe_launch_cost.log"; grep -E "^\| " "$OUT/probe_launch_cost.md" | head -14
+    ;;
+  stop52b)
+    # The plain host-side cdiv / next_pow2 (stop 52): the kernels' CUDA tests, the launch-cost probe with its A/B
+    # against Triton's constexpr functions; then eager against captured end to end on large water boxes (where mode
+    # "auto" should stop capturing; stop 51 set it from the step alone).
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py tests/kernels/test_painn_update.py \
+      tests/kernels/test_species_inputs.py tests/kernels/test_edge_compact.py tests/kernels/test_repulsion.py \
+      tests/kernels/test_species_moments.py tests/kernels/test_triton_utils.py -k "cuda or helpers or constexpr" \
+      -x >"$OUT/pytest_helpers_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_helpers_cuda.log" | tail -4
+    timeout 150 python3 benchmarks/probe_launch_cost.py --out "$OUT" >"$OUT/probe_launch_cost.log" 2>&1
+    grep -E "^\| " "$OUT/probe_launch_cost.md" | tail -3
+    timeout 330 python3 benchmarks/probe_capture_limit.py --hidden 128,64 --atoms 12000,18000,24000,36000 \
+      --out "$OUT" >"$OUT/probe_capture_limit.log" 2>&1
+    tail -3 "$OUT/probe_capture_limit.log"; grep -E "^\| " "$OUT/probe_capture_limit.md" | tail -9
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

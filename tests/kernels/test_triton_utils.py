@@ -98,3 +98,41 @@ def test_importing_the_package_imports_no_dynamo():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+def test_host_integer_helpers_equal_tritons():
+    import triton
+
+    for x in [*range(0, 70), 127, 128, 129, 1000, 4095, 4096, 4097, 2**31 - 1, 2**31, 2**40 + 3]:
+        for y in (1, 2, 3, 16, 64, 128, 1000):
+            assert _triton_utils.cdiv(x, y) == triton.cdiv(x, y), (x, y)
+        if x >= 1:
+            assert _triton_utils.next_pow2(x) == triton.next_power_of_2(x), x
+    assert _triton_utils.next_pow2(0) == 1
+
+
+def test_no_host_call_of_tritons_constexpr_functions():
+    """The kernels' host code sizes grids and tiles with the plain helpers: ``triton.cdiv`` and
+    ``triton.next_power_of_2`` are constexpr functions costing ~4 µs a call from host code (stop 52)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(_triton_utils.__file__).parent
+    files = [*root.glob("*.py"), *(root.parent / "neighbors").glob("*.py")]
+    if not (root.parent / "neighbors").is_dir():  # the editable layout: kernels/ beside src/
+        files += list((root.parent / "src" / "mlff_distiller" / "neighbors").glob("*.py"))
+    pattern = re.compile(r"^(?!\s*#).*\btriton\.(cdiv|next_power_of_2)\(", re.M)
+    offenders = []
+    for f in files:
+        text = f.read_text()
+        # Inside @triton.jit functions the constexpr functions are what Triton wants: a call is allowed where the
+        # enclosing (nearest preceding) def is decorated with @triton.jit.
+        for m in pattern.finditer(text):
+            before = text[: m.start()]
+            defs = list(re.finditer(r"^(\s*)def ", before, re.M))
+            last_def = defs[-1].start() if defs else 0
+            deco_of_def = re.findall(r"^\s*@(\S+)", before[max(0, last_def - 200) : last_def], re.M)
+            if not any(d.startswith("triton.jit") for d in deco_of_def):
+                offenders.append(f"{f.name}: {m.group(0).strip()}")
+    assert offenders == []

@@ -64,6 +64,7 @@ import weakref
 import torch
 
 from mlff_distiller.cudagraph import capturing
+from mlff_distiller.kernels._triton_utils import cdiv
 from mlff_distiller.neighbors._cell_list_kernels import (
     HAS_TRITON,
     _atoms_kernel,
@@ -220,7 +221,7 @@ def _queue_periodic(positions, batch, tables, cutoff: float, spec: bool, rows: b
     head = out["head"]
     head[: h0 + 5].zero_()
     cnt, hdr, row_ptr = head[: n_bins + 1], head[h0 : h0 + 3], head[h0 + 4 :]
-    grid = (triton.cdiv(n, BLOCK_ATOMS),)
+    grid = (cdiv(n, BLOCK_ATOMS),)
     wrapped, frac, image, key, rank = ws["wrapped"], ws["frac"], ws["image"], ws["key"], ws["rank"]
     _atoms_kernel[grid](
         positions, batch, ftab, itab, wrapped, frac, image, ws["bins"], key, rank, cnt, hdr, n, BLOCK=BLOCK_ATOMS
