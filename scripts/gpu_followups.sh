@@ -965,6 +965,23 @@ case "${1:-}" in
       --out "$OUT" >"$OUT/probe_capture_limit.log" 2>&1
     tail -3 "$OUT/probe_capture_limit.log"; grep -E "^\| " "$OUT/probe_capture_limit.md" | tail -9
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b" >&2; exit 2 ;;
+  stop52c)
+    # Mode "auto" captures up to 2^21 edges for students up to 128 wide (stop 52): the CUDA cases of the ordering,
+    # calculator and BatchedMD tests and the capture / mode tests; large-box MD through the calculator (128 wide,
+    # 12,000 / 18,000 atoms now captured); then the eager path's Morton sort end to end on boxes beyond the capture.
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_calculator.py \
+      tests/test_batched_md.py -k "cuda or captures_while" >"$OUT/pytest_cuda_md.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_cuda_md.log" | tail -4
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_capture.py \
+      tests/test_engine_modes.py -k "not compile and not autotune" >"$OUT/pytest_modes_gpu.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_modes_gpu.log" | tail -4
+    timeout 150 python3 benchmarks/probe_md_large.py --hidden 128 --atoms 12000,18000 --out "$OUT" \
+      >"$OUT/probe_md_large.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_large.md" | tail -3
+    timeout 200 python3 benchmarks/probe_capture_limit.py --hidden 128 --atoms 50000,100000,200000 --calls 7 \
+      --engines "eager,eager unsorted" --out "$OUT" --name probe_sort_large >"$OUT/probe_sort_large.log" 2>&1
+    tail -2 "$OUT/probe_sort_large.log"; grep -E "^\| " "$OUT/probe_sort_large.md" | tail -4
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

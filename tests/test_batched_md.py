@@ -377,12 +377,12 @@ def test_positions_on_the_device_are_not_speculated_on():
 def test_a_batched_md_engine_captures_beyond_the_one_off_limit():
     """BatchedMD repeats one shape every step, so its engine in mode "auto" captures buckets up to MD_MAX_EDGES
     edges, where a one-off graph (the engine's default, a shrinking relaxation) stops at auto_max_edges (for a
-    256-wide student AUTO_MAX_EDGES): 4,096 benzenes (~540,000 edges with the skin) get a bucket."""
+    512-wide student AUTO_MAX_EDGES): 4,096 benzenes (~540,000 edges with the skin) get a bucket."""
     from mlff_distiller.batched_md import MD_MAX_EDGES, batch_engine
     from mlff_distiller.engine import AUTO_MAX_EDGES, ForceEngine, auto_max_edges
 
-    model = make_model(hidden=256)
-    assert auto_max_edges(256) == AUTO_MAX_EDGES
+    model = make_model(hidden=512)
+    assert auto_max_edges(512) == AUTO_MAX_EDGES
     md = BatchedMD(model, [molecule("CH4")] * 2, device="cpu", seed=0)
     assert md.engine.buckets.max_edges >= MD_MAX_EDGES > AUTO_MAX_EDGES
     assert md.engine.buckets.select(49_152, 540_000) is not None

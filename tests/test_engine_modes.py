@@ -407,15 +407,16 @@ def test_pipelined_predict_on_cuda(model, mode):
 
 
 def test_auto_mode_ladder_stops_at_auto_max_edges():
-    """Mode "auto" pads only batches of up to ~auto_max_edges(width) edges (larger ones run eager, where padding
-    would cost more than the replay saves): edges x width up to AUTO_MAX_EDGE_FEATURES, never below AUTO_MAX_EDGES
-    nor above AUTO_MAX_EDGES_CAP; an explicit padded mode keeps the full default ladder; a ladder the caller gives
-    is used as is."""
+    """Mode "auto" pads only batches of up to ~auto_max_edges(width) edges (larger ones run eager: the captured
+    pools' memory): edges x width up to AUTO_MAX_EDGE_FEATURES, never below AUTO_MAX_EDGES nor above
+    AUTO_MAX_EDGES_CAP; an explicit padded mode keeps the full default ladder; a ladder the caller gives is used as
+    is."""
     from mlff_distiller.engine import AUTO_MAX_EDGE_FEATURES, AUTO_MAX_EDGES_CAP, auto_max_edges
 
-    assert auto_max_edges(128) == AUTO_MAX_EDGE_FEATURES // 128 == 781_250
-    assert auto_max_edges(64) == 1_562_500 and auto_max_edges(None) == auto_max_edges(128)
-    assert auto_max_edges(16) == AUTO_MAX_EDGES_CAP and auto_max_edges(1024) == AUTO_MAX_EDGES
+    assert auto_max_edges(128) == AUTO_MAX_EDGE_FEATURES // 128 == AUTO_MAX_EDGES_CAP == 2**21
+    assert auto_max_edges(64) == AUTO_MAX_EDGES_CAP and auto_max_edges(None) == auto_max_edges(128)
+    assert auto_max_edges(256) == 2**20 and auto_max_edges(16) == AUTO_MAX_EDGES_CAP
+    assert auto_max_edges(1024) == AUTO_MAX_EDGES
     for hidden in (16, 64, 128, 256):
         model = make_model(hidden=hidden)
         most = auto_max_edges(hidden)

@@ -14,11 +14,10 @@ Modes (``mode=``):
 * ``"compile"``: padded buckets through ``torch.compile(dynamic=False, mode=compile_mode)``, where
   ``compile_mode`` is ``"default"``, ``"reduce-overhead"`` (torch's own CUDA graphs) or ``"max-autotune"``.
 * ``"auto"``: ``"cudagraph"`` on CUDA, ``"eager"`` elsewhere. Its default ladder stops at
-  :func:`auto_max_edges` edges (edges x the student's width up to ``AUTO_MAX_EDGE_FEATURES``: ~781,000 edges for
-  a 128-wide student, ~1.56M for a 64-wide one): larger batches run eager, where a replay saves only the launches'
-  host time (~10 ms a step on stop 51's H200 host) while padding to the next bucket adds work (128 wide, 18,000
-  water atoms: replay 0.97x of eager; 64 wide, 24,000 atoms: replay 1.49x faster;
-  benchmarks/results/stop51_gpu/probe_eager_host_sizes.md).
+  :func:`auto_max_edges` edges (edges x the student's width up to ``AUTO_MAX_EDGE_FEATURES``: 2^21 edges for a
+  student 128 or fewer features wide, ~38,000 water atoms at 5 Å; fewer for wider ones): larger batches run eager.
+  End to end a replay beat the eager step at every size measured below that (1.18-2.67x on an H200,
+  benchmarks/results/stop52_gpu/b/probe_capture_limit.md); the limit bounds the captured pools' memory.
 
 The neighbour list always runs outside any graph (its size changes); its output is padded into the bucket.
 Padded modes serve energy + forces, and stress too: a call with ``stress=True`` runs a second step per bucket
@@ -100,24 +99,24 @@ __all__ = [
 MODES = ("eager", "compile", "cudagraph", "auto")
 # Mode "auto" pads a graph into a CUDA-graph bucket while its edges times the student's width stay within
 # AUTO_MAX_EDGE_FEATURES, with at least AUTO_MAX_EDGES and at most AUTO_MAX_EDGES_CAP edges (auto_max_edges); larger
-# graphs run eager. An eager step costs a near-constant ~10 ms of host launches on the H200 host of stop 51, and its
-# device work grows with edges x width, so where the replay stops paying follows that product. Captured (padded,
-# the step alone) against eager (Morton-sorted), fp32, water (benchmarks/results/stop51_gpu/probe_eager_host*.md):
-# 128 wide: 12,000 atoms (674k edges, 8.6e7 edge-features) 1.38x faster captured, 18,000 (970k, 1.24e8) 0.97x;
-# 64 wide: 24,000 atoms (1.31M, 8.4e7) 1.49x, 36,000 (2.0M, 1.28e8) 0.94x. Hence 1e8. Until stop 51 the limit was
-# 2^19 edges for every width (set at stop 18 on an H100 with the 128-wide student, whose kernels were then ~1.8x
-# slower: 323k edges replay 6.73 vs eager 7.54 ms, 651k 13.0 vs 11.5; benchmarks/results/large_h100_run7.md).
-# A host faster than stop 51's (whose eager launches cost about half) moves the crossover down: there the band
-# between the old and the new limit may run up to ~5 % slower captured than eager, where stop 51's host ran it
-# 1.4-2x faster.
-AUTO_MAX_EDGE_FEATURES = 100_000_000
+# graphs run eager. End to end (ForceEngine.compute: the list, the batch's preparation, the step, the results on the
+# host), a captured step beat the eager one at every size measured up to 2^21 edges, for both shipped widths: 128
+# wide, 12,000 / 18,000 / 24,000 / 36,000 water atoms (674k / 970k / 1.31M / 2.0M edges) 1.99 / 1.64 / 1.21 / 1.18x;
+# 64 wide 2.67 / 2.22 / 2.01 / 1.56x (H200, benchmarks/results/stop52_gpu/b/probe_capture_limit.md). An eager step
+# costs several ms of host launches on these hosts that a call's own host work (list, fill, copies) cannot hide.
+# Stop 51 had set 1e8 (781,250 edges at 128 wide) from the step alone on a prepared graph, where the 128-wide
+# 18,000 / 24,000-atom replays ran 0.97 / 0.95x of eager (stop51_gpu/probe_eager_host_sizes.md); until stop 51 the
+# limit was 2^19 edges for every width. What remains is memory: a captured bucket keeps its private pool for the
+# engine's life (peak 1.47 GB for the 128-wide 24,000-atom box captured against 1.36 eager, 2.20 against 2.07 GB
+# at 36,000), and that grows with atoms x width. So 2^21 edges at 128 wide, proportionally fewer for wider students.
+AUTO_MAX_EDGE_FEATURES = 2**21 * 128
 AUTO_MAX_EDGES = 2**19
 AUTO_MAX_EDGES_CAP = 2**21
 
 
 def auto_max_edges(hidden: int | None) -> int:
     """The largest edge count mode "auto" captures for a student ``hidden`` features wide (None: 128): see
-    AUTO_MAX_EDGE_FEATURES. 128 wide: 781,250 edges (~14,000 water atoms at 5 Å); 64 wide: 1,562,500 (~29,000)."""
+    AUTO_MAX_EDGE_FEATURES. 128 wide or narrower: 2^21 edges (~38,000 water atoms at 5 Å); 256 wide: 2^20."""
     width = 128 if hidden is None else max(1, int(hidden))
     return max(AUTO_MAX_EDGES, min(AUTO_MAX_EDGES_CAP, AUTO_MAX_EDGE_FEATURES // width))
 
