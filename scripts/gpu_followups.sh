@@ -991,6 +991,15 @@ case "${1:-}" in
       --name probe_e2e_profile_h64 >>"$OUT/probe_e2e_profile.log" 2>&1
     tail -2 "$OUT/probe_e2e_profile.log"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d" >&2; exit 2 ;;
+  stop52e)
+    # The final code: the -m gpu tests (the captured graphs' release on CUDA among them), then the large rows.
+    timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels \
+      >"$OUT/pytest_gpu_all.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_gpu_all.log" | tail -6
+    timeout 150 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 130 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large_final.log" 2>&1
+    grep -E "^\| " "$OUT/large/bench_large.md" | head -14
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -444,3 +444,75 @@ def test_batched_md_engine_leaves_out_of_memory_captures_eager(model):
     assert batch_engine(model, True, fixed_shape=True, **kw).oom_eager
     assert not batch_engine(model, True, **kw).oom_eager
     assert not ForceEngine(model, device="cpu").oom_eager
+
+
+def test_an_out_of_memory_capture_releases_the_other_buckets_once(model, monkeypatch):
+    """A capture that runs out of memory while other buckets hold captured graphs (each with a private pool for
+    the engine's life) releases them (with a warning) and captures once more; results unchanged. Only once per
+    engine: a later out-of-memory capture goes the old way (raised for the batch splitting, or left eager with
+    ``oom_eager``) instead of trading captures between buckets that do not fit together. ``release_captures``
+    keeps the bucket asked for and the buckets left eager, and drops the stress steps' graphs too."""
+    engine = _engine(model)
+    small, large = _few(2), [molecule("C6H6")] * 30
+    made = []
+
+    def fits_alone(fn, graph):  # a capture fits only while no other bucket holds a captured graph
+        if any(isinstance(r, FakeRunner) for r in engine._runners.values()):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        made.append(FakeRunner(fn, graph))
+        return made[-1]
+
+    monkeypatch.setattr(padded_module, "GraphRunner", fits_alone)
+    want_small = ForceEngine(model, device="cpu", precision="fp64").compute(_batch(small))
+    want_large = ForceEngine(model, device="cpu", precision="fp64").compute(_batch(large))
+    out = engine.compute(_batch(small))
+    first = engine.last_bucket
+    assert len(made) == 1 and engine.captured_buckets == [first]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out_large = engine.compute(_batch(large))
+    second = engine.last_bucket
+    assert second != first and engine.captured_buckets == [second] and len(made) == 2
+    assert engine.captures_released == 1 and engine.capture_failures == 0
+    assert sum("released the captured graphs of 1 other bucket" in str(w.message) for w in caught) == 1
+    assert_close_to(out, want_small, "fp64", 2)
+    assert_close_to(out_large, want_large, "fp64", 30)
+    with pytest.raises(torch.OutOfMemoryError):  # the first bucket again: no second release
+        engine.compute(_batch(small))
+    assert engine.captured_buckets == [second] and engine.captures_released == 1
+    engine.oom_eager = True
+    with pytest.warns(RuntimeWarning, match="this bucket's step runs eagerly"):
+        again = engine.compute(_batch(small))
+    assert_close_to(again, want_small, "fp64", 2)
+    assert isinstance(engine._runners[first], padded_module._EagerRunner)
+    engine._stress_runners[first] = FakeRunner(None, None)
+    assert engine.release_captures(keep=second) == 1  # the stress graph; the eager bucket and `keep` stay
+    assert set(engine._runners) == {first, second} and not engine._stress_runners
+    assert engine.release_captures() == 1 and list(engine._runners) == [first]
+    assert engine.captures_released == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_release_captures_frees_their_pools_on_cuda(model):
+    """Real captures of two buckets: release_captures drops both graphs, their private pools go back to the device
+    (reserved memory falls by at least a bucket's pool), and the next calls capture again with the same results."""
+    from ase.build import molecule
+
+    engine = ForceEngine(model, device="cuda", precision="fp32", mode="cudagraph")
+    batches = [AtomsBatch.from_atoms(_few(6)), AtomsBatch.from_atoms([molecule("C6H6")] * 200)]
+    first = [engine.compute(b) for b in batches]
+    assert len(engine.captured_buckets) == 2
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    held = torch.cuda.memory_reserved()
+    assert engine.release_captures() == 2 and engine.captured_buckets == []
+    freed = held - torch.cuda.memory_reserved()
+    assert freed > 0, (held, freed)
+    again = [engine.compute(b) for b in batches]
+    assert len(engine.captured_buckets) == 2
+    for a, b in zip(first, again, strict=True):
+        for key in ("energy", "forces"):  # (the position gradient's atomics add in any order)
+            scale = a[key].abs().max().clamp_min(1e-3)
+            assert (a[key] - b[key]).abs().max() / scale <= 1e-6, key

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import random_molecules as _mols
 
-from mlff_distiller import ForceEngine, batching, predict_forces
+from mlff_distiller import AtomsBatch, ForceEngine, batching, predict_forces
 
 gpu = pytest.mark.gpu
 
@@ -284,3 +284,26 @@ def test_oom_cap_lasts_until_memory_frees_up(model, monkeypatch):
     sizes.clear()
     engine.predict(mols)
     assert max(sizes) == sum(len(m) for m in mols)
+
+
+def test_a_structure_out_of_memory_first_releases_the_captured_graphs(model, monkeypatch):
+    """``recompute_before_retry`` (predict's, the calculator's, BatchedMD's and relax_batch's last retry of a batch
+    that cannot be split) releases the engine's captured CUDA graphs, whose private pools an eager step or another
+    capture may need, and asks for the retry even where the recompute cannot help (this CPU's torch backend); with
+    nothing captured and no recompute, it does not (the caller raises)."""
+    from mlff_distiller.engine_padded import _EagerRunner
+
+    monkeypatch.setattr(batching, "_recompute_helps", lambda engine: False)
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True)
+    engine.compute(AtomsBatch.from_atoms(_mols(2, seed=1)))
+    bucket = engine.last_bucket
+    engine._runners[bucket] = object()  # a stand-in captured graph (CUDA graphs need a GPU)
+    other = engine.buckets.select(bucket.atoms + 1, bucket.edges + 1)
+    engine._runners[other] = _EagerRunner(None, None)  # a bucket left eager: not a capture to release
+    err = torch.OutOfMemoryError("CUDA out of memory (injected by the test)")
+    with pytest.warns(RuntimeWarning, match=r"captured CUDA graphs of 1 bucket\(s\) released"):
+        assert batching.recompute_before_retry(engine, 5000, err)
+    assert list(engine._runners) == [other] and engine.captures_released == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not batching.recompute_before_retry(engine, 5000, err)

@@ -191,16 +191,27 @@ def _split_after_oom(engine: ForceEngine, chunk: list, stress: bool, err: torch.
 
 def recompute_before_retry(engine: ForceEngine, n_atoms: int, err: BaseException, what: str = "a structure") -> bool:
     """After ``err``, an out-of-memory error of a batch of ``n_atoms`` atoms that cannot be split (one structure;
-    a fixed set of MD replicas): True when the update blocks' recompute was switched on from ``n_atoms`` atoms
-    (:func:`_recompute_from`, with a warning naming ``what``) and the caller should try that batch once more; False
-    when it cannot help (the torch backend, or already on there), and the caller raises ``err``. Used by
+    a fixed set of MD replicas): True when the engine freed what it could and the caller should try that batch once
+    more, with a warning naming ``what``: the captured graphs of its buckets (:meth:`ForceEngine.release_captures`:
+    each keeps a private pool, and an eager step or another bucket's capture may need that memory) and/or the update
+    blocks' recompute switched on from ``n_atoms`` atoms (:func:`_recompute_from`); False when neither can help (no
+    captured graph, and the torch backend or the recompute already on there), and the caller raises ``err``. Used by
     ``predict_forces``, :class:`StudentCalculator`, :class:`BatchedMD` and ``relax_batch``."""
-    if not (_recompute_helps(engine) and _recompute_from(n_atoms)):
+    released = engine.release_captures()
+    recompute = _recompute_helps(engine) and _recompute_from(n_atoms)
+    if not (released or recompute):
         return False
+    done = []
+    if released:
+        done.append(f"the captured CUDA graphs of {released} bucket(s) released (captured again when met again)")
+    if recompute:
+        done.append(
+            f"the update blocks' U/V products made again in the backward "
+            f"(kernels.painn_update._CONFIG['recompute_uv_min_atoms'] = {n_atoms}, from now on in this process: "
+            "~11 % less peak memory, ~2.5 % slower a step for batches of as many atoms)"
+        )
     warnings.warn(
-        f"{what} of {n_atoms} atoms ran out of GPU memory: trying it again with the update blocks' U/V products "
-        f"made again in the backward (kernels.painn_update._CONFIG['recompute_uv_min_atoms'] = {n_atoms}, from now "
-        "on in this process: ~11 % less peak memory, ~2.5 % slower a step for batches of as many atoms)",
+        f"{what} of {n_atoms} atoms ran out of GPU memory: trying it again with " + " and ".join(done),
         RuntimeWarning,
         stacklevel=3,
     )

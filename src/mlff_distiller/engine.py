@@ -42,6 +42,7 @@ deviation from fp64 (the tests enforce it; the benchmark writes the measured err
 from __future__ import annotations
 
 import copy
+import gc
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -237,6 +238,10 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         # says: mode "auto" ran them eagerly until stop 51 (auto_max_edges), and a large bucket's private pool is
         # the largest, so its step falls back to what it was rather than failing the call.
         self.oom_eager_edges = AUTO_MAX_EDGES
+        # Captured graphs released to make room (release_captures): after an out-of-memory capture, once per
+        # engine (a second would trade captures back and forth between buckets that do not fit together).
+        self.captures_released = 0
+        self._released_for_capture = False
         self._eager_uses: dict[tuple[Bucket, bool], int] = {}  # (bucket, stress step): eager calls before capture
         self._capture_now = False  # warmup: capture new buckets at once
         self._idle_dry_runs = {False: 0, True: 0}  # per step kind: dry runs in a row that compiled nothing
@@ -558,3 +563,22 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
     def captured_buckets(self) -> list[Bucket]:
         """Buckets with a captured CUDA graph."""
         return sorted(self._runners)
+
+    def release_captures(self, keep: Bucket | None = None) -> int:
+        """Drop the captured CUDA graphs (each holds a private memory pool for the engine's life) of every bucket
+        but ``keep``, energy + forces and stress steps alike, and return the allocator's cached blocks to the
+        device; returns how many were dropped. A bucket met again is captured again. Buckets whose capture failed
+        (left eager) stay so. The engine calls it after an out-of-memory error (:meth:`_capture`,
+        :func:`~mlff_distiller.batching.recompute_before_retry`); a caller may too, to free device memory."""
+        from mlff_distiller.engine_padded import _EagerRunner
+
+        dropped = 0
+        for runners in (self._runners, self._stress_runners):
+            for bucket in [b for b, r in runners.items() if b != keep and not isinstance(r, _EagerRunner)]:
+                del runners[bucket]
+                dropped += 1
+        self.captures_released += dropped
+        if dropped and self.device.type == "cuda":
+            gc.collect()  # a dropped graph's outputs may still be referenced from a cycle
+            torch.cuda.empty_cache()
+        return dropped

@@ -195,24 +195,41 @@ class PaddedPaths:
         then gets the bucket's step eager, with a warning; so does a bucket of more than ``oom_eager_edges`` edges
         (the large buckets that mode "auto" ran eagerly before stop 51). The capture's private memory pool comes on
         top of what the allocator already caches; the eager step shares that cache, so it may fit where the capture
-        did not."""
+        did not. Before either, the first out-of-memory capture of the engine that finds other buckets captured
+        releases their graphs (:meth:`release_captures`, with a warning) and tries once more: each captured bucket
+        keeps its pool for the engine's life, and a stream of large structures of many sizes would otherwise fill
+        the device with them. Once per engine, so that two buckets that do not fit together are not captured in
+        turn at every call."""
+
         self._compile_ahead(step, graph, stress=runners is self._stress_runners)
-        failure = None
-        out_of_memory = False
-        for _ in range(CAPTURE_ATTEMPTS):
+        failure, invalidated, out_of_memory = None, 0, False
+        while invalidated < CAPTURE_ATTEMPTS:
+            release = False
             try:
                 return GraphRunner(step, graph)
             except torch.OutOfMemoryError:
                 runners.pop(bucket, None)
-                if not (self.oom_eager or bucket.edges > self.oom_eager_edges):
-                    raise
-                out_of_memory = True  # handled below, once the traceback (the failed capture's frames) is gone
-                break
+                release = self._may_release_for(bucket)
+                if not release:
+                    if not (self.oom_eager or bucket.edges > self.oom_eager_edges):
+                        raise
+                    out_of_memory = True  # handled below, once the traceback (the failed capture's frames) is gone
+                    break
             except RuntimeError as exc:  # torch.AcceleratorError is one
                 if not is_capture_failure(exc):
                     raise
                 failure = exc
+                invalidated += 1
                 self.capture_failures += 1
+            if release:  # outside the except block: the failed capture's frames are gone
+                self._released_for_capture = True
+                dropped = self.release_captures(keep=bucket)
+                warnings.warn(
+                    f"CUDA graph capture of the step of {bucket} ran out of GPU memory; released the captured graphs "
+                    f"of {dropped} other bucket(s) (captured again when met again) and capturing it once more",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         if out_of_memory:
             self.capture_failures += 1
             if self.device.type == "cuda":
@@ -231,6 +248,17 @@ class PaddedPaths:
             stacklevel=4,
         )
         return _EagerRunner(step, graph)
+
+    def _may_release_for(self, bucket: Bucket) -> bool:
+        """Whether an out-of-memory capture of ``bucket`` may release the other buckets' captured graphs first:
+        the engine's first such release, and some other bucket holds a captured graph."""
+        if self._released_for_capture:
+            return False
+        return any(
+            b != bucket and not isinstance(r, _EagerRunner)
+            for runners in (self._runners, self._stress_runners)
+            for b, r in runners.items()
+        )
 
     def _compute_padded(self, batch: AtomsBatch, to_host: bool, stress: bool = False) -> dict[str, torch.Tensor] | None:
         host_nl = self._host_molecular_neighbors(batch, to_device=False)
