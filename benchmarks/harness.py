@@ -148,6 +148,19 @@ def wall_us(fn: Callable[[], object], reps: int, warmup: int = 20) -> tuple[floa
     return float(np.median(t) * 1e6), float(np.percentile(t, 20) * 1e6)
 
 
+def host_us(fn: Callable[[], object], reps: int) -> float:
+    """Mean host µs per call of ``reps`` calls of ``fn`` issued back to back on the current CUDA device, one
+    synchronisation before and after, outside the clock: the host's own time per call while the device keeps up (when
+    the launch queue fills, the host waits, so this bounds the host's time from above)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e6
+
+
 def time_graph(fn: Callable[[], object], device: torch.device, rep_ms: float = 100) -> Timing | None:
     """Device time of one call of ``fn``: ``fn`` captured once as a CUDA graph and its replays timed like
     :func:`time_fn` (L2 flushed between repetitions). A replay costs ~10 µs of host time whatever ``fn`` does,

@@ -21,7 +21,6 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -29,20 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import write_lines
-
-
-def _host_us(run, reps: int) -> float:
-    """Mean µs per call of ``reps`` calls issued back to back (one synchronisation at the end, outside the clock
-    only when the device keeps up: the queue may fill and then the host waits, so this bounds the host from
-    above)."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        run()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / reps * 1e6
+from harness import host_us, write_lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                     run()
                 torch.cuda.synchronize()
                 row[mode] = triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median") * 1e3
-                row[f"{mode}_host"] = _host_us(run, args.host_reps)
+                row[f"{mode}_host"] = host_us(run, args.host_reps)
                 if mode == "eager":
                     prof = cProfile.Profile()
                     torch.cuda.synchronize()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -33,22 +32,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import write_lines
-
-
-def _host_us(run, reps: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        run()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / reps * 1e6
+from harness import host_us, write_lines
 
 
 def _best(run, reps: int, rounds: int = 5) -> float:
     run()
-    return min(_host_us(run, reps) for _ in range(rounds))
+    return min(host_us(run, reps) for _ in range(rounds))
 
 
 def _kernels_per_call(run) -> int:

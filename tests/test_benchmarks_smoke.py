@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -612,3 +613,27 @@ def test_stop51_gpu_probes_say_they_need_cuda(capsys):
     for probe in (probe_eager_host, probe_auto_capture, probe_md_large):
         assert probe.main([]) == 0
         assert "needs a CUDA device" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message of the GPU probes")
+def test_stop52_gpu_probes_say_they_need_cuda(capsys):
+    """probe_launch_cost.py, probe_capture_limit.py and probe_e2e_profile.py need a CUDA device: on a CPU each says
+    so and returns 0 (the GPU runs are in results/stop52_gpu/)."""
+    import probe_capture_limit
+    import probe_e2e_profile
+    import probe_launch_cost
+
+    for probe in (probe_launch_cost, probe_capture_limit, probe_e2e_profile):
+        assert probe.main([]) == 0
+        assert "needs a CUDA device" in capsys.readouterr().out
+
+
+def test_host_us_times_calls_back_to_back(monkeypatch):
+    """harness.host_us: the mean wall µs per call between two synchronisations (stubbed on a CPU)."""
+    import harness
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
+    calls = []
+    us = harness.host_us(lambda: calls.append(time.sleep(0.002)), 5)
+    assert len(calls) == 5 and len(syncs) == 2 and 1_900 <= us <= 50_000
