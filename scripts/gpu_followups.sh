@@ -1000,6 +1000,15 @@ case "${1:-}" in
       --sizes 3000 24000 >"$OUT/bench_large_final.log" 2>&1
     grep -E "^\| " "$OUT/large/bench_large.md" | head -14
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e" >&2; exit 2 ;;
+  stop52f)
+    # Large boxes of many sizes through predict_forces on a capped device (a stand-in for a smaller GPU): the
+    # captured graphs' release (stop 52) against none.
+    for f in 0.025 0.05; do
+      timeout 200 python3 benchmarks/probe_capture_pressure.py --fraction $f --out "$OUT" \
+        --name probe_capture_pressure_$f >"$OUT/probe_capture_pressure_$f.log" 2>&1
+      tail -2 "$OUT/probe_capture_pressure_$f.log"; grep -E "^\| " "$OUT/probe_capture_pressure_$f.md" | tail -2
+    done
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
