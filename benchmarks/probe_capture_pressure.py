@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from mlff_distiller.engine import ForceEngine as _Engine
     from mlff_distiller.predict import clear_engine_cache
 
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory
     torch.cuda.set_per_process_memory_fraction(args.fraction, device)
     model = make_student(hidden=args.hidden).to(device)
