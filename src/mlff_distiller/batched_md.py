@@ -54,11 +54,11 @@ ENSEMBLES = ("langevin", "nve")
 
 # The largest CUDA-graph bucket of a BatchedMD engine in mode "auto" (the engine's own default, auto_max_edges: 2^19
 # edges until stop 51, 2^21 since stop 52 for students up to 128 wide and fewer for wider ones, is for one-off graphs
-# too). A trajectory repeats its shape
-# for thousands of steps, and an eager step of a large batch is bound by its host launches: 4,096 benzenes (≈ 540,000
-# edges with the skin) 17.6 ms a step eagerly, 12.5 ms captured (1.41x); 8,192 g2 molecules (captured either way)
-# 1.005x; a 24,000-atom water box, whose step the device bounds, 1.009x (H200, fp32, the shipped student, both
-# alternating in one process; benchmarks/results/stop42_gpu/probe_large_capture.md).
+# too). A trajectory repeats its shape for thousands of steps, and an eager step of a large batch is bound by its
+# host launches: 4,096 benzenes (≈ 540,000 edges with the skin) 17.6 ms a step eagerly, 12.5 ms captured (1.41x);
+# 8,192 g2 molecules (captured either way) 1.005x; a 24,000-atom water box, whose step the device bounds, 1.009x
+# (H200, fp32, the shipped student, both alternating in one process; benchmarks/results/stop42_gpu/
+# probe_large_capture.md).
 MD_MAX_EDGES = 2**21
 
 
