@@ -4,7 +4,8 @@ Since stop 52 mode "auto" captures buckets of up to 2^21 edges, and each capture
 for the engine's life. A user predicting large boxes of many sizes on a smaller GPU could fill it with those pools.
 This probe caps the process's device memory (``torch.cuda.set_per_process_memory_fraction``, a stand-in for a
 smaller card) and calls ``predict_forces`` twice over water boxes of ``--atoms`` sizes (``capture_after=1``: the
-second pass captures each bucket), in two processes' worth of settings, one after the other in this process:
+second pass captures each bucket), under two settings, one after the other in this process (the engine cache cleared
+between them):
 
 * ``release``: the shipped engine (an out-of-memory capture releases the other buckets' graphs once, the last retry
   of a structure releases them too);
