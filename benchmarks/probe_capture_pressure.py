@@ -9,7 +9,8 @@ between them):
 
 * ``release``: the shipped engine (an out-of-memory capture releases the other buckets' graphs once, the last retry
   of a structure releases them too);
-* ``no release``: ``_may_release_for`` and ``release_captures`` stubbed to release nothing (the engine before stop 52).
+* ``no release``: ``_may_release_for`` and ``release_captures`` stubbed to release nothing (stop 52's capture
+  limit without the release).
 
 Per setting: whether every result came back, the largest force difference from an eager float32 reference computed
 first (mode "eager", the same cap), the warnings the calls raised (counted by kind), the engine's
