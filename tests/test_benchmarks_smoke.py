@@ -617,15 +617,24 @@ def test_stop51_gpu_probes_say_they_need_cuda(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message of the GPU probes")
 def test_stop52_gpu_probes_say_they_need_cuda(capsys):
-    """probe_launch_cost.py, probe_capture_limit.py, probe_e2e_profile.py, probe_capture_pressure.py and
-    probe_relax_limit.py need a CUDA device: on a CPU each says so and returns 0 (the GPU runs: results/stop52_gpu/)."""
+    """probe_launch_cost.py, probe_capture_limit.py, probe_e2e_profile.py, probe_capture_pressure.py,
+    probe_relax_limit.py and probe_single_point.py need a CUDA device: on a CPU each says so and returns 0 (the GPU
+    runs: results/stop52_gpu/)."""
     import probe_capture_limit
     import probe_capture_pressure
     import probe_e2e_profile
     import probe_launch_cost
     import probe_relax_limit
+    import probe_single_point
 
-    probes = (probe_launch_cost, probe_capture_limit, probe_e2e_profile, probe_capture_pressure, probe_relax_limit)
+    probes = (
+        probe_launch_cost,
+        probe_capture_limit,
+        probe_e2e_profile,
+        probe_capture_pressure,
+        probe_relax_limit,
+        probe_single_point,
+    )
     for probe in probes:
         assert probe.main([]) == 0
         assert "needs a CUDA device" in capsys.readouterr().out
