@@ -42,7 +42,6 @@ deviation from fp64 (the tests enforce it; the benchmark writes the measured err
 from __future__ import annotations
 
 import copy
-import gc
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -563,22 +562,3 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
     def captured_buckets(self) -> list[Bucket]:
         """Buckets with a captured CUDA graph."""
         return sorted(self._runners)
-
-    def release_captures(self, keep: Bucket | None = None) -> int:
-        """Drop the captured CUDA graphs (each holds a private memory pool for the engine's life) of every bucket
-        but ``keep``, energy + forces and stress steps alike, and return the allocator's cached blocks to the
-        device; returns how many were dropped. A bucket met again is captured again. Buckets whose capture failed
-        (left eager) stay so. The engine calls it after an out-of-memory error (:meth:`_capture`,
-        :func:`~mlff_distiller.batching.recompute_before_retry`); a caller may too, to free device memory."""
-        from mlff_distiller.engine_padded import _EagerRunner
-
-        dropped = 0
-        for runners in (self._runners, self._stress_runners):
-            for bucket in [b for b, r in runners.items() if b != keep and not isinstance(r, _EagerRunner)]:
-                del runners[bucket]
-                dropped += 1
-        self.captures_released += dropped
-        if dropped and self.device.type == "cuda":
-            gc.collect()  # a dropped graph's outputs may still be referenced from a cycle
-            torch.cuda.empty_cache()
-        return dropped

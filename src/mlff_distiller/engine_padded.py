@@ -10,6 +10,7 @@ output buffers, the Verlet fill) and the engine's list and topology helpers.
 
 from __future__ import annotations
 
+import gc
 import math
 import warnings
 from typing import NamedTuple
@@ -249,16 +250,35 @@ class PaddedPaths:
         )
         return _EagerRunner(step, graph)
 
+    def _captured(self, keep: Bucket | None = None) -> list[tuple[dict, Bucket]]:
+        """(runners dict, bucket) of every bucket but ``keep`` that holds a captured graph (not one left eager),
+        energy + forces and stress steps alike."""
+        return [
+            (runners, b)
+            for runners in (self._runners, self._stress_runners)
+            for b, r in runners.items()
+            if b != keep and not isinstance(r, _EagerRunner)
+        ]
+
     def _may_release_for(self, bucket: Bucket) -> bool:
         """Whether an out-of-memory capture of ``bucket`` may release the other buckets' captured graphs first:
         the engine's first such release, and some other bucket holds a captured graph."""
-        if self._released_for_capture:
-            return False
-        return any(
-            b != bucket and not isinstance(r, _EagerRunner)
-            for runners in (self._runners, self._stress_runners)
-            for b, r in runners.items()
-        )
+        return not self._released_for_capture and bool(self._captured(keep=bucket))
+
+    def release_captures(self, keep: Bucket | None = None) -> int:
+        """Drop the captured CUDA graphs (each holds a private memory pool for the engine's life) of every bucket
+        but ``keep``, energy + forces and stress steps alike, and return the allocator's cached blocks to the
+        device; returns how many were dropped. A bucket met again is captured again. Buckets whose capture failed
+        (left eager) stay so. The engine calls it after an out-of-memory error (:meth:`_capture`,
+        :func:`~mlff_distiller.batching.recompute_before_retry`); a caller may too, to free device memory."""
+        dropped = self._captured(keep)
+        for runners, bucket in dropped:
+            del runners[bucket]
+        self.captures_released += len(dropped)
+        if dropped and self.device.type == "cuda":
+            gc.collect()  # a dropped graph's outputs may still be referenced from a cycle
+            torch.cuda.empty_cache()
+        return len(dropped)
 
     def _compute_padded(self, batch: AtomsBatch, to_host: bool, stress: bool = False) -> dict[str, torch.Tensor] | None:
         host_nl = self._host_molecular_neighbors(batch, to_device=False)
