@@ -80,11 +80,12 @@ _CONFIG = {
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
-    # The per-structure energy sums accumulated in float64, then rounded once to the model's dtype (one cast kernel
-    # more a step: 0.4-0.6 % of a benzene step). In float32 atomics a 200,001-atom water box's energy (-9.2e6 eV with
-    # the shipped students' ~-46 eV atomic energies) came out 6,300 eV (7e-4) off on an H200, 15 eV apart between
-    # calls: each add rounds at the sum's spacing (1 eV there), with one sign for atoms of one species (stop 50;
-    # benchmarks/results/stop50_gpu/probe_energy_sum.md). False: float32 sums (probes time the two).
+    # The per-structure energy sums accumulated in float64 and returned so (since stop 53; until then rounded once
+    # to the model's dtype, a cast kernel that cost 0.4-0.6 % of a benzene step). In float32 atomics a 200,001-atom
+    # water box's energy (-9.2e6 eV with the shipped students' ~-46 eV atomic energies) came out 6,300 eV (7e-4) off
+    # on an H200, 15 eV apart between calls: each add rounds at the sum's spacing (1 eV there), with one sign for
+    # atoms of one species (stop 50; benchmarks/results/stop50_gpu/probe_energy_sum.md). False: float32 sums in the
+    # model's dtype (probes time the two).
     "energy_sum_f64": True,
 }
 _EPI = {"none": 0, "silu": 1}
@@ -158,20 +159,22 @@ def readout_reference(
     ``E_b = Σ_{i: batch_i = b} ε_i``, with ``MLP = W2 SiLU(W1 x + b1) + b2`` of one output. Returns ``E [B]``,
     ``ε [N]``."""
     atomic = mlp_reference(x, w1, b1, w2, b2).squeeze(-1) * scale[species] + shift[species]
-    return structure_sums(atomic, batch, num_structures), atomic
+    return structure_sums(atomic, batch, num_structures, keep_wide=True), atomic
 
 
-def structure_sums(atomic: Tensor, batch: Tensor, num_structures: int) -> Tensor:
-    """``E_b = Σ_{i: batch_i = b} ε_i`` (``[B, ...]`` from ``[N, ...]``, ``atomic``'s dtype), accumulated in float64
-    and rounded once (``_CONFIG["energy_sum_f64"]``): a float32 sum over many atoms rounds at each add (6,300 eV off
-    on a 200,001-atom water box on a GPU's atomics). Also the stress's per-structure virial sums
-    (``engine_padded.edge_virial``). Differentiable (twice: training on forces)."""
+def structure_sums(atomic: Tensor, batch: Tensor, num_structures: int, *, keep_wide: bool = False) -> Tensor:
+    """``E_b = Σ_{i: batch_i = b} ε_i`` (``[B, ...]`` from ``[N, ...]``), accumulated in float64
+    (``_CONFIG["energy_sum_f64"]``): a float32 sum over many atoms rounds at each add (6,300 eV off on a 200,001-atom
+    water box on a GPU's atomics). ``keep_wide``: returned in float64 (the energies: a float32 total of a 24,000-atom
+    water box, ~-1.1e6 eV, is only good to its spacing of 0.125 eV, 4 eV at 1M atoms), else rounded once to
+    ``atomic``'s dtype (the stress's per-structure virial sums, ``engine_padded.edge_virial``: an intensive
+    quantity). Differentiable (twice: training on forces)."""
     shape = (num_structures, *atomic.shape[1:])
     if atomic.dtype == torch.float64 or not _CONFIG["energy_sum_f64"]:
         # In place into fresh zeros: the out-of-place index_add would first copy them (a kernel more).
         return atomic.new_zeros(shape).index_add_(0, batch, atomic)
     wide = atomic.new_zeros(shape, dtype=torch.float64).index_add_(0, batch, atomic.to(torch.float64))
-    return wide.to(atomic.dtype)
+    return wide if keep_wide else wide.to(atomic.dtype)
 
 
 # The pair repulsion (ZBL wall) is added after the readout by the model (kernels.add_pair_repulsion). Its forward adding
@@ -194,7 +197,8 @@ def readout(
 ) -> tuple[Tensor, Tensor]:
     """:func:`readout_reference` (``x [N, K]``, ``species`` and ``batch`` ``[N]`` indices into ``scale``/``shift``
     and the B structures): two Triton GEMMs with the scale, shift and sum fused when :func:`gemm_fusable` (frozen
-    weights; gradient wrt x only, first order), else the torch reference. Returns ``E [B]``, ``ε [N]`` (eV)."""
+    weights; gradient wrt x only, first order), else the torch reference. Returns ``E [B]`` (float64 for a float32
+    x: :func:`structure_sums`), ``ε [N]`` (x's dtype), in eV."""
     if x.dim() != 2 or w2.shape[0] != 1 or species.shape != x.shape[:1] or batch.shape != x.shape[:1]:
         raise ValueError(
             f"readout: x must be [N, K] with species and batch [N], W2 one output row; got x {list(x.shape)}, "
@@ -220,7 +224,7 @@ def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_struct
         h, pre = gemm(x, w1, b1, act="silu", dot=dot)
     species, batch = species.contiguous(), batch.contiguous()
     atomic, _ = gemm(h, w2, b2, row_affine=(species, scale, shift), segment_sum=(batch, energy), dot=dot)
-    return energy.view(num_structures).to(x.dtype), atomic.view(-1), pre
+    return energy.view(num_structures), atomic.view(-1), pre  # E as summed: float64 (see structure_sums)
 
 
 def gemm(
@@ -314,7 +318,7 @@ def gemm(
             a = a + prologue_add
         if prologue_gather is not None:
             src, seg, scale, idx = prologue_gather
-            g = src.index_select(0, seg)
+            g = src.index_select(0, seg).to(scale.dtype)  # (the gradient of a float64 E: rounded, as the kernel does)
             a = (g if a is None else a + g) * scale.index_select(0, idx)[:, None]
         out = _torch_gemm(a, w, bias, act, transpose_w, prologue_silu_of, out, accumulate, dot)
         if addend is not None:  # after the product (as the Triton epilogue adds), not as addmm's beta·C
@@ -464,7 +468,8 @@ if HAS_TRITON:
             if HAS_A:
                 a = tl.load(a_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
             if PRO == 3:  # (A + aux[seg]) ⊙ scale[idx] row-wise: a readout's backward (its gathers) in the load
-                g = tl.load(aux_ptr + seg[:, None] * k + kk[None, :], mask=am, other=0.0)
+                # aux may be float64 (the gradient of the float64 energies): rounded to the scale's dtype on load
+                g = tl.load(aux_ptr + seg[:, None] * k + kk[None, :], mask=am, other=0.0).to(sc.dtype)
                 if HAS_A:
                     a = (a + g) * sc[:, None]
                 else:
@@ -561,7 +566,8 @@ if HAS_TRITON:
                 if g_energy is None:  # (rare) only ε is differentiated: no sum to gather
                     g_e, seg = x.new_zeros((1, 1)), torch.zeros_like(batch)
                 else:
-                    g_e, seg = g_energy.to(x.dtype).contiguous().view(-1, 1), batch
+                    # float64 (E's dtype) as it comes: the GEMM's prologue rounds it as it loads it
+                    g_e, seg = g_energy.contiguous().view(-1, 1), batch
                 a = g_atomic.to(x.dtype).contiguous().view(-1, 1) if g_atomic is not None else None
                 g_h, _ = gemm(a, w2, transpose_w=False, prologue_gather=(g_e, seg, scale, species), dot=ctx.dot)
                 g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=ctx.dot)

@@ -173,7 +173,7 @@ def _grad_reference(dist, edge_index, idx, table, batch, g_atomic, g_energy, g_g
     if g_atomic is not None:
         g = g + g_atomic.index_select(0, i)
     if g_energy is not None:
-        g = g + g_energy.index_select(0, batch.index_select(0, i))
+        g = g + g_energy.index_select(0, batch.index_select(0, i)).to(dist.dtype)
     out = de * g
     return out if g_gate is None else out + dgate * g_gate
 
@@ -276,7 +276,7 @@ if HAS_TRITON:
             tl.store(gate_out + offs, gate, mask=m)
         tl.atomic_add(atomic + i, e, mask=on)
         b = tl.load(batch + i, mask=on, other=0)
-        tl.atomic_add(energy + b, e, mask=on)
+        tl.atomic_add(energy + b, e.to(energy.dtype.element_ty), mask=on)  # (the sums may be float64)
 
     # The vector-Jacobian product: atomic_i = Σ_{edges e = (i <- j)} e(r_e), energy_b = Σ_{i in b} atomic_i and
     # gate_e = 1 - S(r_e), so dL/dr_e = e'(r_e) · (dL/d atomic_i + dL/d energy_{batch_i}) + gate'(r_e) · dL/d gate_e;
@@ -291,7 +291,7 @@ if HAS_TRITON:
         g = tl.zeros_like(de)
         if HAS_GE:
             b = tl.load(batch + i, mask=on, other=0)
-            g += tl.load(g_energy + b, mask=on, other=0.0)
+            g += tl.load(g_energy + b, mask=on, other=0.0).to(g.dtype)  # (float64 for float64 energies)
         if HAS_GA:
             g += tl.load(g_atomic + i, mask=on, other=0.0)
         out = de * g
@@ -314,7 +314,8 @@ def add_pair_repulsion(
         edge_index.shape[1] > 0
         and not torch.compiler.is_compiling()
         and resolve_backend(dist.device) == "triton"
-        and atomic.dtype == energy.dtype == dist.dtype
+        and atomic.dtype == dist.dtype
+        and energy.dtype in (dist.dtype, torch.float64)
     )
     if fused:
         _n_species(table)
@@ -369,7 +370,10 @@ def _dist_grad(saved, g_atomic, g_energy, g_gate) -> Tensor:
         return _grad_reference(dist, edge_index, idx, table, batch, g_atomic, g_energy, g_gate)
     g_dist = torch.empty_like(dist)
     flags = {"HAS_GA": g_atomic is not None, "HAS_GE": g_energy is not None, "HAS_GG": g_gate is not None}
-    grads = [dist if g is None else g.to(dist.dtype).contiguous() for g in (g_atomic, g_energy, g_gate)]
+    # The energies' gradient as it comes (float64 for float64 energies: the kernel rounds it as it loads it).
+    grads = [dist if g is None else g.to(dist.dtype).contiguous() for g in (g_atomic, None, g_gate)]
+    if g_energy is not None:
+        grads[1] = g_energy.contiguous()
     _launch(_pair_repulsion_bwd_kernel, dist, edge_index, idx, table, batch, *grads, g_dist, **flags)
     return g_dist
 
@@ -385,8 +389,11 @@ class _AddPairRepulsion(torch.autograd.Function):
         dist, edge_index, idx = dist.contiguous(), edge_index.contiguous(), idx.contiguous()
         table, batch = table.contiguous(), batch.contiguous()
         n = atomic.shape[0]
-        out = torch.cat([atomic.detach(), energy.detach()])
-        total_atomic, total_energy = out[:n], out[n:]
+        if energy.dtype == atomic.dtype:
+            out = torch.cat([atomic.detach(), energy.detach()])
+            total_atomic, total_energy = out[:n], out[n:]
+        else:  # float64 energies (the readout's sums) beside float32 atomic energies: a copy of each
+            total_atomic, total_energy = atomic.detach().clone(), energy.detach().clone()
         _launch(
             _pair_repulsion_fwd_kernel, dist, edge_index, idx, table, batch, total_atomic, total_energy, dist,
             STORE_GATE=False,

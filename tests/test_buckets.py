@@ -11,6 +11,7 @@ from mlff_distiller.kernels import use_backend
 
 from mlff_distiller import AtomsBatch, ForceEngine
 from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded, fill_padded_host, pad_graph
+from mlff_distiller.engine_padded import unpack
 from mlff_distiller.neighbors import neighbor_list_batch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -177,9 +178,9 @@ def test_padding_content_does_not_leak():
     g.positions[n:] = torch.randn_like(g.positions[n:])
     g.numbers[n:] = 8
     b = engine._step(*g.inputs())
-    A = bucket.atoms
-    assert torch.equal(a[:2], b[:2]) and torch.equal(a[A : A + n], b[A : A + n])
-    assert torch.equal(a[2 * A : 2 * A + 3 * n], b[2 * A : 2 * A + 3 * n])
+    ra, rb = unpack(a, bucket.atoms, n, 2), unpack(b, bucket.atoms, n, 2)
+    for key in ("energy", "atomic_energies", "forces"):
+        assert torch.equal(ra[key], rb[key]), key
 
 
 @pytest.mark.parametrize("device", CSR_DEVICES)
@@ -247,8 +248,10 @@ def test_host_fill_equals_device_fill(device, dtype):
     assert storage == [t.data_ptr() for t in g.inputs()]
     # every field starts 128 bytes into its flat buffer's alignment, as a fresh allocation would (the kernels
     # specialise their loads on it)
-    bases = {torch.long: g._ints.data_ptr(), g._floats.dtype: g._floats.data_ptr()}
-    assert all((t.data_ptr() - bases[t.dtype]) % 128 == 0 for t in g.inputs())
+    # (the seed, float64 for the energies, over bytes of the float buffer)
+    base = {id(t): g._ints.data_ptr() if t.dtype == torch.long else g._floats.data_ptr() for t in g.inputs()}
+    assert all((t.data_ptr() - base[id(t)]) % 128 == 0 for t in g.inputs())
+    assert g.seed.dtype == torch.float64 and g.seed.shape == (g.bucket.atoms,)
     with pytest.raises(ValueError, match="does not fit"):
         big = AtomsBatch.from_atoms([random_molecule(24, rng)], dtype=dtype)
         nl = molecular_pairs(big.positions, big.ptr, 4.0)

@@ -191,8 +191,8 @@ def _int_layout(a: int, c: int) -> list[int]:
     return _offsets([a, a, 2 * c, a + 1, c, a + 1])
 
 
-def _float_layout(a: int, c: int) -> list[int]:
-    return _offsets([3 * a, 3 * c, a])
+def _float_layout(a: int, c: int, itemsize: int) -> list[int]:
+    return _offsets([3 * a, 3 * c, a * 8 // itemsize])  # the seed's float64 entries as entries of the buffer
 
 
 def _int_views(ints, a: int, c: int) -> dict:
@@ -209,12 +209,15 @@ def _int_views(ints, a: int, c: int) -> dict:
 
 
 def _float_views(floats, a: int, c: int) -> dict:
-    """The floating-point fields of a bucket's graph as views of one flat buffer (or array), in this order."""
-    o = _float_layout(a, c)
+    """The floating-point fields of a bucket's graph as views of one flat buffer (or array), in this order; the
+    seed as float64 (the energies' dtype) over its bytes."""
+    numpy = not isinstance(floats, torch.Tensor)
+    itemsize = floats.dtype.itemsize if numpy else floats.element_size()
+    o = _float_layout(a, c, itemsize)
     return {
         "positions": floats[o[0] : o[0] + 3 * a].reshape(a, 3),
         "shift_vectors": floats[o[1] : o[1] + 3 * c].reshape(c, 3),
-        "seed": floats[o[2] : o[2] + a],
+        "seed": floats[o[2] : o[2] + a * 8 // itemsize].view("float64" if numpy else torch.float64),
     }
 
 
@@ -226,7 +229,8 @@ class PaddedGraph:
         numbers: ``[A]`` int64 atomic numbers (padding: the model's first species).
         positions: ``[A, 3]`` Å (padding atoms at the origin).
         batch: ``[A]`` int64 structure of each atom (padding atoms: ``A - 1``).
-        seed: ``[A]`` -1 for real structures, 0 otherwise (positions' dtype): the gradient seed of the energies.
+        seed: ``[A]`` float64 (the energies' dtype), -1 for real structures, 0 otherwise: the gradient seed of the
+            energies.
         edge_index: ``[2, C]`` int64 receiver, sender (padding edges: a padding atom to itself).
         shift_vectors: ``[C, 3]`` Å (padding edges: longer than the cutoff).
         row_ptr: ``[A + 1]`` int64 receiver CSR offsets of ``edge_index`` (atom i's edges start at ``row_ptr[i]``);
@@ -260,7 +264,8 @@ class PaddedGraph:
         a, c = bucket.atoms, bucket.edges
         # Two flat buffers, one per dtype, that the fields view: fill_padded_host writes each in one transfer.
         ints = torch.empty((_int_layout(a, c)[-1],), dtype=torch.long, device=device)
-        floats = torch.empty((_float_layout(a, c)[-1],), dtype=dtype, device=device)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        floats = torch.empty((_float_layout(a, c, itemsize)[-1],), dtype=dtype, device=device)
         iv = _int_views(ints, a, c)
         fv = _float_views(floats, a, c)
         ints.zero_()  # the gaps between the fields included (never read)

@@ -161,14 +161,15 @@ class EagerPaths:
                 batch.num_structures,
                 params=self._analytic_guard.weights(),
             )
-            return energy.to(self.dtype), atomic.to(self.dtype), [g_pos] + ([g_shift] if stress else [])
+            return energy.to(torch.float64), atomic.to(self.dtype), [g_pos] + ([g_shift] if stress else [])
         precision = _matmul_precision(self.allow_tf32, self.kernel_matmul_dtype)
         with precision, _frozen(self._params), torch.set_grad_enabled(need_grad):
             positions = batch.positions.detach().requires_grad_(need_grad)
             # Stress: the gradient over the shift vectors is the one over every pair vector (see edge_virial).
             shift_vectors = nl.shift_vectors.detach().requires_grad_(stress)
             out = self.model(batch.numbers, positions, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
-            energy, atomic = out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
+            # the energies in float64 as the model sums them (StudentModel.forward)
+            energy, atomic = out["energy"].to(torch.float64), out["atomic_energies"].to(self.dtype)
             if not need_grad:
                 return energy, atomic, None
             inputs = [positions] + ([shift_vectors] if stress else [])

@@ -72,12 +72,13 @@ class PaddedPaths:
         self._csr["row_ptr"] = row_ptr
         self._csr["sender"] = (sender_perm, sender_ptr)
         out = self._fast_model(numbers, positions, edge_index, shift_vectors, batch, numbers.shape[0])
-        return out["energy"].to(self.dtype), out["atomic_energies"].to(self.dtype)
+        return out["energy"].to(torch.float64), out["atomic_energies"].to(self.dtype)
 
     def _step(self, numbers, positions, edge_index, shift_vectors, batch, seed, *csr) -> torch.Tensor:
         """The whole padded step on ``PaddedGraph.inputs()`` (``csr``: its ``row_ptr, sender_perm,
-        sender_ptr``): ``[A + A + 3A]`` packed (energy, atomic energies, forces), one tensor so that a host copy
-        is one transfer."""
+        sender_ptr``): ``[W + A + 3A]`` packed (energy, atomic energies, forces), one tensor so that a host copy
+        is one transfer. The energies are float64 (``StudentModel.forward``): their bytes take the first W entries
+        (2A in a float32 output; ``unpack``)."""
         with torch.enable_grad(), _matmul_precision(self.allow_tf32, self.kernel_matmul_dtype):
             pos = positions.detach().requires_grad_(True)
             energy, atomic = self._forward_impl(numbers, pos, edge_index, shift_vectors, batch, seed, *csr)
@@ -91,10 +92,10 @@ class PaddedPaths:
         # on benzene, 1.006 and 1.010 on 192 water atoms (two sweeps), where zero_in_forward with the moments' into_sink
         # alone gave 1.013 and 1.016 (benchmarks/results/stop49_gpu/probe_ncu_sweep_48.md, probe_ncu_sweep_49b.md).
         # Dropped; the code is in benchmarks/results/stop49_gpu/wall_packed_pdl_dropped.diff.
-        return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1)])
+        return torch.cat([_energy_words(energy.detach(), atomic.dtype), atomic.detach(), forces.reshape(-1)])
 
     def _step_stress(self, numbers, positions, edge_index, shift_vectors, batch, seed, *csr) -> torch.Tensor:
-        """:meth:`_step` with the strain derivative too: ``[A + A + 3A + 9A]`` packed (energy, atomic energies,
+        """:meth:`_step` with the strain derivative too: ``[W + A + 3A + 9A]`` packed (energy, atomic energies,
         forces, then ``-dE/dε`` per structure slot as ``[A, 3, 3]``), from the same single vector-Jacobian product.
 
         The vector-Jacobian product also returns ``-dE/ds`` for the shift vectors, which is ``-dE/dr_ij`` for every
@@ -112,7 +113,8 @@ class PaddedPaths:
             energy, atomic = self._forward_impl(numbers, pos, edge_index, shifts, batch, seed, *csr)
             forces, pair_grad = _seeded_grad(energy, seed, (pos, shifts))
         virial = edge_virial(positions, shift_vectors, pair_grad, edge_index, batch, numbers.shape[0])
-        return torch.cat([energy.detach(), atomic.detach(), forces.reshape(-1), virial.reshape(-1)])
+        energy = _energy_words(energy.detach(), atomic.dtype)
+        return torch.cat([energy, atomic.detach(), forces.reshape(-1), virial.reshape(-1)])
 
     def _device_topology(self, batch: AtomsBatch) -> tuple[AtomsBatch, bool]:
         """Move ``batch`` to the device; numbers/batch/ptr/cell/pbc are reused from the previous call when
@@ -361,28 +363,15 @@ class PaddedPaths:
                     self._host_out[(bucket, stress)] = host
                 host.copy_(packed.detach())
                 if as_numpy:
-                    host_np = host.numpy().copy()
-                    a = bucket.atoms
-                    forces = host_np[2 * a : 5 * a].reshape(a, 3)[:n]
-                    return {"energy": host_np[:b], "atomic_energies": host_np[a : a + n], "forces": forces}
+                    return unpack(host.numpy().copy(), bucket.atoms, n, b)
                 packed = host.clone()
             else:
                 packed = packed.cpu()
         elif self.mode == "cudagraph" or self.compile_mode == "reduce-overhead":
             packed = packed.clone()  # the static output is overwritten by the next replay
-        a = bucket.atoms
         if as_numpy:
-            host = packed.detach().numpy() if packed.requires_grad else packed.numpy()
-            forces = host[2 * a : 5 * a].reshape(a, 3)[:n]
-            return {"energy": host[:b], "atomic_energies": host[a : a + n], "forces": forces}
-        out = {
-            "energy": packed[:b],
-            "atomic_energies": packed[a : a + n],
-            "forces": packed[2 * a : 5 * a].view(a, 3)[:n],
-        }
-        if stress:
-            out["virial"] = packed[5 * a :].view(a, 3, 3)[:b]
-        return out
+            return unpack(packed.detach().numpy() if packed.requires_grad else packed.numpy(), bucket.atoms, n, b)
+        return unpack(packed, bucket.atoms, n, b, stress=stress)
 
     def _compute_padded_verlet(
         self, batch: AtomsBatch, to_host: bool, as_numpy: bool = False, stress: bool = False
@@ -518,6 +507,31 @@ try:  # the C++ engine's entry that torch.autograd.grad calls after checking its
     from torch.autograd.graph import _engine_run_backward
 except ImportError:  # pragma: no cover - a torch without it takes _Seeded
     _engine_run_backward = None
+
+
+def _energy_words(energy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float64 energies ``[A]`` as entries of ``dtype`` (their bytes, no conversion: a float32 output holds
+    each energy in two entries), for the packed output's one copy to the host."""
+    return energy if dtype == torch.float64 else energy.view(dtype)
+
+
+def unpack(packed, a: int, n: int, b: int, stress: bool = False) -> dict:
+    """The real rows of a bucket's packed step output (a tensor, or a NumPy array of its host copy: views either
+    way): ``energy [b]`` float64, ``atomic_energies [n]``, ``forces [n, 3]`` and with ``stress`` ``virial [b, 3,
+    3]`` (tensors only) in the output's dtype; ``a``: the bucket's atoms, ``n``, ``b``: its real atoms and
+    structures."""
+    numpy = not isinstance(packed, torch.Tensor)
+    w = a * 8 // (packed.dtype.itemsize if numpy else packed.element_size())  # entries holding the energies
+    energy = packed[:w].view("float64" if numpy else torch.float64)[:b]
+    forces = packed[w + a : w + 4 * a]
+    out = {
+        "energy": energy,
+        "atomic_energies": packed[w : w + n],
+        "forces": (forces.reshape(a, 3) if numpy else forces.view(a, 3))[:n],
+    }
+    if stress:
+        out["virial"] = packed[w + 4 * a :].view(a, 3, 3)[:b]
+    return out
 
 
 def _seeded_grad(energy: torch.Tensor, seed: torch.Tensor, inputs: tuple[torch.Tensor, ...]):

@@ -355,7 +355,7 @@ def energy_and_gradients(
     h = torch.addmm(rb1, s, r1.t())
     scale = model.atomic_scale.index_select(0, idx)
     atomic = torch.addmm(rb2, silu(h), r2.t()).squeeze(-1) * scale + model.atomic_shift.index_select(0, idx)
-    energy = kernels.linear.structure_sums(atomic, batch, num_structures)  # accumulated in float64
+    energy = kernels.linear.structure_sums(atomic, batch, num_structures, keep_wide=True)  # float64
     if table is not None:
         atomic, energy = atomic + rep_atomic.detach(), energy + rep_energy.detach()
 

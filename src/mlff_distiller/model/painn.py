@@ -429,7 +429,9 @@ class StudentModel(nn.Module):
             batch: ``[N]`` structure index of each atom.
             num_structures: B.
         Returns:
-            ``{"energy": [B], "atomic_energies": [N]}`` in eV.
+            ``{"energy": [B], "atomic_energies": [N]}`` in eV; the energies summed and returned in float64 (for a
+            float32 model too, as nequip does: a float32 total is only good to its spacing, 0.125 eV for a
+            24,000-atom water box), the atomic energies in the model's dtype.
         """
         c = self.config
         phi_table = self.first_phi_table()
@@ -499,7 +501,7 @@ class StudentModel(nn.Module):
             energy, atomic = kernels.linear.readout(s, *params, idx, batch, num_structures)
         else:  # the same ops, through kernels.mlp (training, the torch backend, the 16-bit copies of precision)
             atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
-            energy = kernels.linear.structure_sums(atomic, batch, num_structures)  # accumulated in float64
+            energy = kernels.linear.structure_sums(atomic, batch, num_structures, keep_wide=True)  # float64
         if wall:
             atomic, energy = kernels.add_pair_repulsion(atomic, energy, dist, edge_index, idx, table, batch)
         return {"energy": energy, "atomic_energies": atomic}
