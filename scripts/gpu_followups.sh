@@ -1022,6 +1022,24 @@ case "${1:-}" in
       >"$OUT/probe_single_point.log" 2>&1
     tail -2 "$OUT/probe_single_point.log"; grep -E "^\| " "$OUT/probe_single_point.md" | tail -4
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53" >&2; exit 2 ;;
+  stop53b)
+    # Float64 energies end to end (stop 53): the CUDA cases of the tests the change touches, then the small rows'
+    # steps at stop 52's tree (.snap_old, carried: c14bfb0) against this one, one process each, alternating.
+    timeout 260 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_buckets.py \
+      tests/kernels/test_linear.py tests/kernels/test_repulsion.py tests/test_calculator.py tests/test_batched_md.py \
+      tests/test_batched_relax.py tests/test_engine_stress.py tests/test_engine_verlet.py -k cuda \
+      >"$OUT/pytest_f64_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_f64_cuda.log" | tail -6
+    AB_OUT="$OUT/ab" AB_TAIL=6 timeout 300 bash scripts/gpu_ab.sh .snap_old . 2 \
+      'python3 benchmarks/probe_ncu.py --mode sweep --budget-s 50 --out "$AB_DIR" --systems benzene,water192,g2x1024,g2x4096 --variants "gemm:readout_zero_in_gemm=1"'
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/tmp/i.log 2>&1
+    ;;
+  stop53c)
+    # The -m gpu tests outside tests/kernels on the final code (the capture, modes and compile tests among them).
+    timeout 450 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels \
+      >"$OUT/pytest_gpu_all.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_gpu_all.log" | tail -6
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
