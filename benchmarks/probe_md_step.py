@@ -43,6 +43,7 @@ from harness import wall_us, write_lines
 
 from mlff_distiller import StudentCalculator, load_model
 from mlff_distiller.cudagraph import GraphRunner
+from mlff_distiller.engine_padded import unpack
 
 
 def _md_us(atoms, calc, steps: int) -> tuple[float, float]:
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         static_pos.copy_(staging, non_blocking=True)
         packed = runner.replay()
         host_out.copy_(packed)
-        return host_out.numpy()[2 * bucket.atoms :].reshape(-1, 3)[:n].copy()
+        return unpack(host_out.numpy(), bucket.atoms, n, 1)["forces"].copy()
 
     rows.append(("engine device path (H2D, replay, blocking D2H)", *wall_us(engine_path, args.steps)))
     want = engine_path()
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         np.copyto(pin_in_np, pos)
         whole.replay()
         stream.synchronize()
-        return pin_out_np[2 * bucket.atoms :].reshape(-1, 3)[:n].copy()
+        return unpack(pin_out_np, bucket.atoms, n, 1)["forces"].copy()
 
     rows.append(("copies in the graph (host write, launch, stream sync, read)", *wall_us(in_graph, args.steps)))
     got = in_graph()

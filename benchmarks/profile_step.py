@@ -241,7 +241,9 @@ def _host_md_steps(n_atoms: int = 192, steps: int = 2000) -> list[str]:
     def no_model(bucket, graph, stress=False):  # the padded step's packed output buffer, never computed
         out = outputs.get(bucket)
         if out is None:
-            out = outputs[bucket] = torch.zeros(5 * bucket.atoms, dtype=eng.dtype, device=eng.device)
+            # (the float64 energies' bytes, then atomic energies and forces: engine_padded.unpack)
+            size = (8 // eng.dtype.itemsize + 4) * bucket.atoms
+            out = outputs[bucket] = torch.zeros(size, dtype=eng.dtype, device=eng.device)
         return out
 
     eng._run = no_model

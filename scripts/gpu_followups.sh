@@ -1040,6 +1040,19 @@ case "${1:-}" in
       >"$OUT/pytest_gpu_all.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_gpu_all.log" | tail -6
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c" >&2; exit 2 ;;
+  stop53d)
+    # probe_md_step.py after the packed output's new layout (its smoke test failed in stop53c), a large box's
+    # float32-engine energy against its own float64 atomic sum and a float64 engine's (stop 50's probe; float64
+    # energies returned since stop 53), then the benzene MD step's row.
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_benchmarks_smoke.py -k "probe_md_step" \
+      >"$OUT/pytest_probe_md_step.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_probe_md_step.log" | tail -3
+    timeout 240 python3 benchmarks/probe_energy_sum.py --out "$OUT" >"$OUT/probe_energy_sum.log" 2>&1
+    grep -E "^\| " "$OUT/probe_energy_sum.md" | tail -7
+    timeout 150 python3 benchmarks/probe_md_step.py --out "$OUT" --name probe_md_step_h200 --steps 1000 \
+      >"$OUT/probe_md_step.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -8
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

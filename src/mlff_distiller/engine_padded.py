@@ -521,7 +521,7 @@ def unpack(packed, a: int, n: int, b: int, stress: bool = False) -> dict:
     3]`` (tensors only) in the output's dtype; ``a``: the bucket's atoms, ``n``, ``b``: its real atoms and
     structures."""
     numpy = not isinstance(packed, torch.Tensor)
-    w = a * 8 // (packed.dtype.itemsize if numpy else packed.element_size())  # entries holding the energies
+    w = a * 8 // packed.dtype.itemsize  # entries holding the energies
     energy = packed[:w].view("float64" if numpy else torch.float64)[:b]
     forces = packed[w + a : w + 4 * a]
     out = {
