@@ -411,11 +411,13 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         """Run one batch. Returns tensors on the engine's device (on the CPU with ``to_host``, in one copy
         on the padded path):
 
-        ``energy [B]`` eV, ``atomic_energies [N]`` eV, ``forces [N, 3]`` eV/Å (if ``forces``), and
+        ``energy [B]`` eV (float64 in every precision: the float64 sums of the atomic energies),
+        ``atomic_energies [N]`` eV, ``forces [N, 3]`` eV/Å (if ``forces``), and
         ``stress [B, 6]`` eV/Å³ Voigt (if ``stress``; meaningful only for fully periodic structures, whose
         mask is ``stress_valid [B]``). Forces and stress come from a single ``autograd.grad`` call.
 
-        ``as_numpy`` (implies ``to_host``): NumPy arrays in the engine's dtype instead of CPU tensors; the
+        ``as_numpy`` (implies ``to_host``): NumPy arrays (the energies float64, the rest in the engine's dtype)
+        instead of CPU tensors; the
         padded path unpacks its one host copy in NumPy (views of it, as the tensors were), a few µs less per
         call than torch slicing (the calculator's MD step).
 
