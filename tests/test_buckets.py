@@ -335,3 +335,29 @@ def test_padded_step_does_no_graph_bookkeeping():
             mp._receiver_csr, mp._sender_csr = saved
     ops = {e.name for e in prof.events()}
     assert not ops & {"aten::sort", "aten::argsort", "aten::searchsorted", "aten::clone"}, sorted(ops)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_unpack_reads_the_float64_energies_from_the_packed_step_output(dtype):
+    """The padded step's packed output (``engine_padded``: the energies' float64 bytes first, then atomic energies,
+    forces, virials): ``unpack`` gives back energies that float32 cannot hold (-1103498.9730123 eV) exactly, and every
+    other field at its place, from the tensor and from a NumPy copy of it (the calculator's host path)."""
+    from mlff_distiller.engine_padded import _energy_words
+
+    a, n, b = 8, 5, 3
+    energy = torch.zeros(a, dtype=torch.float64)
+    energy[:b] = torch.tensor([-1103498.9730123, -2.5e-7, 46.123456789012])
+    atomic = torch.arange(a, dtype=dtype) + 0.5
+    forces = torch.arange(3 * a, dtype=dtype) - 7.0
+    virial = torch.arange(9 * a, dtype=dtype) * 0.25
+    packed = torch.cat([_energy_words(energy, dtype), atomic, forces, virial])
+    assert packed.dtype == dtype and packed.numel() == a * 8 // packed.element_size() + 13 * a
+    got = unpack(packed, a, n, b, stress=True)
+    assert got["energy"].dtype == torch.float64 and torch.equal(got["energy"], energy[:b])
+    assert torch.equal(got["atomic_energies"], atomic[:n])
+    assert torch.equal(got["forces"], forces.view(a, 3)[:n])
+    assert torch.equal(got["virial"], virial.view(a, 3, 3)[:b])
+    host = unpack(packed.numpy().copy(), a, n, b)
+    assert host["energy"].dtype == np.float64 and np.array_equal(host["energy"], energy[:b].numpy())
+    assert np.array_equal(host["forces"], forces.view(a, 3)[:n].numpy())
+    assert np.array_equal(host["atomic_energies"], atomic[:n].numpy())
