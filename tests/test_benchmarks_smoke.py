@@ -652,3 +652,26 @@ def test_host_us_times_calls_back_to_back(monkeypatch):
     calls = []
     us = harness.host_us(lambda: calls.append(time.sleep(0.002)), 5)
     assert len(calls) == 5 and len(syncs) == 2 and 1_900 <= us <= 50_000
+
+
+def test_probe_gemm_persistent_kernel_on_the_interpreter(capsys):
+    """probe_gemm_persistent.py (stop 53): its persistent kernel gives act(x Wᵀ + b) for every tiling it times, on
+    the Triton interpreter (odd row counts, K 128 and 256, both epilogues); on a CPU its main says it needs CUDA."""
+    import probe_gemm_persistent as probe
+
+    if not probe.HAS_TRITON:
+        pytest.skip("needs triton")
+    from torch.nn import functional as nnf
+
+    gen = torch.Generator().manual_seed(0)
+    for m, k, n, act in ((77, 128, 384, "none"), (45, 256, 128, "silu")):
+        x = torch.randn(m, k, generator=gen)
+        w = torch.randn(n, k, generator=gen) * k**-0.5
+        b = torch.randn(n, generator=gen)
+        want = nnf.linear(x, w, b)
+        want = nnf.silu(want) if act == "silu" else want
+        for label, kw in probe.VARIANTS.items():
+            got = probe.persistent_gemm(x, w, b, act, **kw)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=label)
+    assert probe.main([]) == 0
+    assert "needs a CUDA device" in capsys.readouterr().out
