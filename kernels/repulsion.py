@@ -371,9 +371,8 @@ def _dist_grad(saved, g_atomic, g_energy, g_gate) -> Tensor:
     g_dist = torch.empty_like(dist)
     flags = {"HAS_GA": g_atomic is not None, "HAS_GE": g_energy is not None, "HAS_GG": g_gate is not None}
     # The energies' gradient as it comes (float64 for float64 energies: the kernel rounds it as it loads it).
-    grads = [dist if g is None else g.to(dist.dtype).contiguous() for g in (g_atomic, None, g_gate)]
-    if g_energy is not None:
-        grads[1] = g_energy.contiguous()
+    g_atomic, g_gate = (None if g is None else g.to(dist.dtype) for g in (g_atomic, g_gate))
+    grads = [dist if g is None else g.contiguous() for g in (g_atomic, g_energy, g_gate)]
     _launch(_pair_repulsion_bwd_kernel, dist, edge_index, idx, table, batch, *grads, g_dist, **flags)
     return g_dist
 

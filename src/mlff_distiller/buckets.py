@@ -212,7 +212,7 @@ def _float_views(floats, a: int, c: int) -> dict:
     """The floating-point fields of a bucket's graph as views of one flat buffer (or array), in this order; the
     seed as float64 (the energies' dtype) over its bytes."""
     numpy = not isinstance(floats, torch.Tensor)
-    itemsize = floats.dtype.itemsize if numpy else floats.element_size()
+    itemsize = floats.dtype.itemsize  # (NumPy's and torch's dtypes both say it)
     o = _float_layout(a, c, itemsize)
     return {
         "positions": floats[o[0] : o[0] + 3 * a].reshape(a, 3),
@@ -264,8 +264,7 @@ class PaddedGraph:
         a, c = bucket.atoms, bucket.edges
         # Two flat buffers, one per dtype, that the fields view: fill_padded_host writes each in one transfer.
         ints = torch.empty((_int_layout(a, c)[-1],), dtype=torch.long, device=device)
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        floats = torch.empty((_float_layout(a, c, itemsize)[-1],), dtype=dtype, device=device)
+        floats = torch.empty((_float_layout(a, c, dtype.itemsize)[-1],), dtype=dtype, device=device)
         iv = _int_views(ints, a, c)
         fv = _float_views(floats, a, c)
         ints.zero_()  # the gaps between the fields included (never read)
