@@ -117,6 +117,10 @@ _CONFIG = {
     "reduced_dots": True,
     "block_min_atoms": 1024,
     "seg_split": True,
+    # Where the caller promises a symmetric edge list (message_passing's ``symmetric``: our neighbour lists), the
+    # sender backward walks each atom's receiver row for the partners of the edges it sends (SYM in
+    # _mp_kernels._sender_tile) instead of the sender-sorted permutation; False: the permutation always.
+    "sender_symmetric": True,
     # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
     # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage
     # 0.97-0.99x; the sender backward at 2 stages 0.993-1.007x (benchmarks/results/stop45_gpu/

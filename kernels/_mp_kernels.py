@@ -89,6 +89,19 @@ if HAS_TRITON:
         return e, pm
 
     @triton.jit
+    def _sender_tile(perm_ptr, start, hi, BLOCK_E: tl.constexpr, SYM: tl.constexpr):
+        """The sender backward's tile of edges at ``start .. hi``: through ``perm`` (the sender-sorted order), or
+        with SYM the positions themselves. SYM: the edge list is symmetric (every edge (i ← j) has a partner
+        (j ← i) with the same basis row and unit vector -u, as a full neighbour list has), so the edges that atom
+        j sends are the partners of the edges it receives: the kernel walks j's own receiver row (contiguous
+        rows of rbf and u, no permutation, no sort) with i the partner's sender and γ's sign flipped."""
+        if SYM:
+            e = start + tl.arange(0, BLOCK_E)
+            return e, e < hi
+        else:
+            return _perm_tile(perm_ptr, start, hi, BLOCK_E)
+
+    @triton.jit
     def _edge_ends(ei_ptr, ei_stride, e, em):
         """Receivers i (row 0) and senders j (row 1) of edges ``e``."""
         i = tl.load(ei_ptr + e, mask=em, other=0).to(tl.int64)
@@ -338,7 +351,7 @@ if HAS_TRITON:
     #     edges for one feature chunk into a [BLOCK_F, R_PAD] register tile (a tl.dot with K = edges) and
     #     writes one partial; the host sums the few hundred partials (deterministic, no contention).
 
-    @triton.jit
+    @triton.jit(**unspecialized("ei_stride"))
     def _mp_bwd_sender_kernel(
         gs_ptr,
         gv_ptr,
@@ -353,6 +366,7 @@ if HAS_TRITON:
         gx_ptr,
         gvout_ptr,
         gvadd_ptr,
+        ei_stride,
         N_FEAT: tl.constexpr,
         N_RBF: tl.constexpr,
         BLOCK_E: tl.constexpr,
@@ -361,7 +375,9 @@ if HAS_TRITON:
         DOT_PRECISION: tl.constexpr,
         ADD_GV: tl.constexpr,
         PDL: tl.constexpr,
+        SYM: tl.constexpr = False,
     ):
+        # SYM: the edge list is symmetric (see _sym_tile): colptr_ptr is the receiver CSR, perm_ptr unused.
         pdl_prologue(PDL)
         j = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -375,8 +391,11 @@ if HAS_TRITON:
         lo = tl.load(colptr_ptr + j)
         hi = tl.load(colptr_ptr + j + 1)
         for start in range(lo, hi, BLOCK_E):
-            e, pm = _perm_tile(perm_ptr, start, hi, BLOCK_E)
-            i = tl.load(ei_ptr + e, mask=pm, other=0).to(tl.int64)
+            e, pm = _sender_tile(perm_ptr, start, hi, BLOCK_E, SYM)
+            if SYM:  # e = (j ← i), the partner of (i ← j): i is its sender
+                i = tl.load(ei_ptr + ei_stride + e, mask=pm, other=0).to(tl.int64)
+            else:
+                i = tl.load(ei_ptr + e, mask=pm, other=0).to(tl.int64)
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
@@ -388,6 +407,8 @@ if HAS_TRITON:
             t_0 += tl.sum(w_b * g0, axis=0)
             t_1 += tl.sum(w_b * g1, axis=0)
             t_2 += tl.sum(w_b * g2, axis=0)
+        if SYM:  # γ was summed with the partners' unit vectors, -u
+            acc_c = -acc_c
         row = j * (3 * N_FEAT) + f
         _store_sender_grads(
             x_ptr, v_ptr, gx_ptr, gvout_ptr, gvadd_ptr, row, fm, acc_a, acc_c, t_0, t_1, t_2, N_FEAT, ADD_GV
@@ -423,6 +444,7 @@ if HAS_TRITON:
         SEG_SPLIT: tl.constexpr,
         ADD_GV: tl.constexpr,
         PDL: tl.constexpr,
+        SYM: tl.constexpr = False,
     ):
         pdl_prologue(PDL)
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
@@ -431,8 +453,11 @@ if HAS_TRITON:
         acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_A, BLOCK_F)
         lo, hi = _block_edge_range(colptr_ptr, a0, n_atoms, BLOCK_A)
         for start in range(lo, hi, BLOCK_E):
-            e, pm = _perm_tile(perm_ptr, start, hi, BLOCK_E)
-            i, j = _edge_ends(ei_ptr, ei_stride, e, pm)
+            e, pm = _sender_tile(perm_ptr, start, hi, BLOCK_E, SYM)
+            if SYM:  # the partners (j ← i) of the block's edges: j, this program's atom, receives
+                j, i = _edge_ends(ei_ptr, ei_stride, e, pm)
+            else:
+                i, j = _edge_ends(ei_ptr, ei_stride, e, pm)
             onehot = _onehot(atoms, j, pm, x_ptr)
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
@@ -446,6 +471,8 @@ if HAS_TRITON:
             t_0 = _seg_acc(t_0, onehot, w_b * g0, DOT_PRECISION, SEG_SPLIT)
             t_1 = _seg_acc(t_1, onehot, w_b * g1, DOT_PRECISION, SEG_SPLIT)
             t_2 = _seg_acc(t_2, onehot, w_b * g2, DOT_PRECISION, SEG_SPLIT)
+        if SYM:  # γ was summed with the partners' unit vectors, -u
+            acc_c = -acc_c
         om = am[:, None] & fm[None, :]
         row = atoms[:, None] * (3 * N_FEAT) + f[None, :]
         _store_sender_grads(

@@ -260,6 +260,7 @@ def message_passing(
     v_zero: bool = False,
     edge_sink: EdgeGradSink | None = None,
     v_residual: bool = False,
+    symmetric: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """PaiNN message aggregation (see the module docstring); differentiable twice.
 
@@ -293,6 +294,13 @@ def message_passing(
         v_residual: also return v' (v itself, for the caller's residual sum v + dv): on the eager Triton path an
             alias of v whose gradient the sender kernel adds to ∂v as it stores it, instead of autograd adding the
             two gradients of v in a kernel of its own (the same sum; elsewhere v' is v).
+        symmetric: the caller promises that the edge list is symmetric: every edge (i ← j) has a partner (j ← i)
+            with the same ``rbf`` row and the unit vector ``-u`` (a full neighbour list, as every list of
+            :mod:`mlff_distiller.neighbors` is; to rounding of the distance is enough, as a pair at the cutoff
+            carries a zero basis row). The eager Triton backward then walks each atom's own receiver row for the
+            edges it sends (``_CONFIG["sender_symmetric"]``): no sender sort, contiguous edge rows, and
+            ``sender_csr`` is not used. Not checked (a device sync); a list that is not symmetric gives wrong
+            gradients wrt x and v. Ignored by the torch reference and under ``torch.compile``.
     Returns:
         ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output); with ``v_residual``,
         ``v'`` third.
@@ -306,7 +314,7 @@ def message_passing(
     _check_inputs(x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr)
     if resolve_backend(x.device) == "triton":
         return _message_passing_triton(
-            x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr, v_zero, edge_sink, v_residual
+            x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr, v_zero, edge_sink, v_residual, symmetric
         )
     out = message_passing_reference(x, v, rbf, filter_weight, unit, edge_index)
     return (*out, v) if v_residual else out
@@ -388,7 +396,7 @@ if HAS_TRITON:
 
     def _mp_backward(
         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None, has_v=True,
-        sink=None, gv_add=None,
+        sink=None, gv_add=None, symmetric=False,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
         """The five gradients (x, v, rbf, filter_weight, unit); ``need`` = (x/v, rbf/unit, filter_weight): the
         groups not needed come back as expanded zeros (no kernel, no memory). ``row_ptr``: the receiver CSR, when
@@ -397,7 +405,8 @@ if HAS_TRITON:
         edge kernel skips its terms). ``sink`` (an :class:`EdgeGradSink`, first derivatives inside a capture): ∂rbf
         and ∂u are added into it on its stream, and come back here as zeros. ``gv_add`` ``[N, 3, F]``: added to ∂v
         (the gradient of v's residual alias, in the sender kernel's store; ∂v is gv_add itself when x and v need
-        no gradient)."""
+        no gradient). ``symmetric`` (with ``row_ptr``): the sender kernel walks the receiver CSR (see
+        ``message_passing``); ``perm`` and ``col_ptr`` are then not read."""
         dt = x.dtype
         grad_s, grad_v = grad_s.to(dt), grad_v.to(dt)
         grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
@@ -432,20 +441,24 @@ if HAS_TRITON:
                 g_v = torch.empty_like(v)
                 c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, n_atoms=n, n_edges=e)
                 grid = (cdiv(n, c.get("BLOCK_A", 1)), cdiv(f, c["BLOCK_F"]))
-                perm, col_ptr = perm.contiguous(), col_ptr.contiguous()
+                sym = bool(symmetric) and row_ptr is not None
+                if sym:  # the receiver CSR stands for the sender CSR (perm is not read)
+                    perm = col_ptr = row_ptr.contiguous()
+                else:
+                    perm, col_ptr = perm.contiguous(), col_ptr.contiguous()
                 if variant == "block":
                     check_launchable(_mp_bwd_sender_block_kernel, x)
                     launch(_mp_bwd_sender_block_kernel)[grid](
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
                         g_v if gv_add is None else gv_add, n, edge_index.stride(0), num_warps=warps,
-                        ADD_GV=gv_add is not None, **c, **pdl_args(x),
+                        ADD_GV=gv_add is not None, SYM=sym, **c, **pdl_args(x),
                     )  # fmt: skip
                 else:
                     check_launchable(_mp_bwd_sender_kernel, x)
                     launch(_mp_bwd_sender_kernel)[grid](
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
-                        g_v if gv_add is None else gv_add, num_warps=warps, ADD_GV=gv_add is not None, **c,
-                        **pdl_args(x),
+                        g_v if gv_add is None else gv_add, edge_index.stride(0), num_warps=warps,
+                        ADD_GV=gv_add is not None, SYM=sym, **c, **pdl_args(x),
                     )  # fmt: skip
         if need[1] and e > 0 and not edge_first:
             g_rbf, g_unit = edge_grads()
@@ -657,13 +670,14 @@ if HAS_TRITON:
         @staticmethod
         def forward(
             ctx, x, v, rbf, w, unit, edge_index, row_ptr, perm=None, col_ptr=None, v_zero=False, sink=None,
-            v_residual=False,
+            v_residual=False, symmetric=False,
         ):  # fmt: skip
             # perm / col_ptr: the caller's sender CSR (None: the backward builds it, see _sender_csr); v_zero,
-            # sink, v_residual: see message_passing.
+            # sink, v_residual, symmetric: see message_passing.
             ctx.save_for_backward(x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             ctx.v_zero = v_zero
             ctx.sink = sink
+            ctx.symmetric = symmetric
             ds, dv = _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare, not v_zero)
             return (ds, dv, v.view_as(v)) if v_residual else (ds, dv)
 
@@ -679,13 +693,13 @@ if HAS_TRITON:
                 sink = None
             grads = _MessagePassingBwd.apply(
                 grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr, ctx.v_zero, sink,
-                g_alias if nv else None,
+                g_alias if nv else None, ctx.symmetric,
             )  # fmt: skip
             if sink is not None:  # added into the sink, which hands them to autograd itself
                 nrbf = nu = False
             return (
                 *(g if ok else None for g, ok in zip(grads, (nx, nv, nrbf, nw, nu), strict=True)),
-                *(None,) * 7,
+                *(None,) * 8,
             )
 
     class _MessagePassingBwd(torch.autograd.Function):
@@ -707,14 +721,15 @@ if HAS_TRITON:
             v_zero=False,
             sink=None,
             gv_add=None,
+            symmetric=False,
         ):
             # gv_add: the gradient of v's residual alias, added to ∂v (its own gradient is the one of ∂v).
             ctx.save_for_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
-            if perm is None or col_ptr is None:
+            if not symmetric and (perm is None or col_ptr is None):
                 perm, col_ptr = _sender_csr(edge_index, v.shape[0])
             return _mp_backward(
                 grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare, row_ptr.contiguous(),
-                not v_zero, sink, gv_add,
+                not v_zero, sink, gv_add, symmetric,
             )  # fmt: skip
 
         @staticmethod
@@ -722,6 +737,9 @@ if HAS_TRITON:
             grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr = ctx.saved_tensors
             zero = x.new_zeros(())
             gg = [zero.expand(t.shape) if g is None else g for g, t in zip(gg, (x, v, rbf, w, unit), strict=True)]
+
+            # No symmetric walk here: the composite runs the kernels with gg_rbf and gg_u in place of rbf and u,
+            # which are not symmetric between partners.
 
             def fwd(*args):
                 return _MessagePassing.apply(*args, edge_index, row_ptr, perm, col_ptr)
@@ -731,12 +749,12 @@ if HAS_TRITON:
 
             grads = _double_backward(fwd, bwd, gg, grad_s, grad_v, x, v, rbf, w, unit)
             g_add = gg[1] if ctx.needs_input_grad[14] else None  # ∂(∂v)/∂gv_add is the identity
-            return (*grads, None, None, None, None, None, None, None, g_add)
+            return (*grads, None, None, None, None, None, None, None, g_add, None)
 
 
 def _message_passing_triton(
     x, v, rbf, filter_weight, unit, edge_index, row_ptr, sender_csr=None, v_zero=False, edge_sink=None,
-    v_residual=False,
+    v_residual=False, symmetric=False,
 ):  # fmt: skip
     if not HAS_TRITON:
         raise RuntimeError("the Triton message-passing kernels need triton installed; use MLFF_DISTILLER_KERNELS=torch")
@@ -758,6 +776,9 @@ def _message_passing_triton(
         out = torch.ops.mlff_distiller.message_passing(x, v, rbf, filter_weight, unit, edge_index, row_ptr)
         return (*out, v) if v_residual else out
     perm, col_ptr = (None, None) if sender_csr is None else sender_csr
+    # A symmetric list stays symmetric when sorted above (the same edges), so the promise holds for edge_index here.
+    sym = bool(symmetric) and _CONFIG["sender_symmetric"]
     return _MessagePassing.apply(
-        x, v, rbf, filter_weight, unit, edge_index, row_ptr, perm, col_ptr, bool(v_zero), edge_sink, bool(v_residual)
-    )
+        x, v, rbf, filter_weight, unit, edge_index, row_ptr, perm, col_ptr, bool(v_zero), edge_sink, bool(v_residual),
+        sym,
+    )  # fmt: skip

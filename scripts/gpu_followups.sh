@@ -1060,6 +1060,25 @@ case "${1:-}" in
       >"$OUT/probe_gemm_persistent.log" 2>&1
     tail -3 "$OUT/probe_gemm_persistent.log"; grep -E "^\| " "$OUT/probe_gemm_persistent.md" | tail -50
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e" >&2; exit 2 ;;
+  stop54)
+    # The symmetric sender walk (stop 54): the message-passing kernels' CUDA tests (the new symmetric cases among
+    # them) and the engine's, then the whole step with the walk (shipped) against the sender-sorted permutation
+    # (mp:sender_symmetric=0), two rounds; captured small and medium steps, the eager 24,000-atom step.
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+      -k "cuda or large or seg_split or auto_sender or tiles" >"$OUT/pytest_mp_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_cuda.log" | tail -6
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_calculator.py -k cuda \
+      >"$OUT/pytest_engine_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_engine_cuda.log" | tail -6
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 180 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 --variants "mp:sender_symmetric=0;mp:sender_symmetric=0" \
+      >"$OUT/sweep_small.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sym_small.md"
+    timeout 120 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 100 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "mp:sender_symmetric=0;mp:sender_symmetric=0" >"$OUT/sweep_large.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sym_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_sym_small.md" "$OUT/probe_ncu_sweep_sym_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -336,7 +336,8 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
             self._fast_model = copy.deepcopy(self.model).eval()
             for q in self._fast_model.parameters():
                 q.requires_grad_(False)
-            self._csr: dict = {"row_ptr": None, "sender": None}
+            # symmetric: the buckets hold NeighborLists (full lists) and padding past the CSR rows
+            self._csr: dict = {"row_ptr": None, "sender": None, "symmetric": True}
             inter = self._fast_model.interactions
             for k in range(len(inter)):
                 inter[k] = CSRInteraction(inter[k], self._csr)

@@ -167,7 +167,11 @@ class EagerPaths:
             positions = batch.positions.detach().requires_grad_(need_grad)
             # Stress: the gradient over the shift vectors is the one over every pair vector (see edge_virial).
             shift_vectors = nl.shift_vectors.detach().requires_grad_(stress)
-            out = self.model(batch.numbers, positions, nl.edge_index, shift_vectors, batch.batch, batch.num_structures)
+            # nl is a NeighborList, a full list by its contract: the message backward walks it without a sender sort
+            out = self.model(
+                batch.numbers, positions, nl.edge_index, shift_vectors, batch.batch, batch.num_structures,
+                symmetric_edges=True,
+            )  # fmt: skip
             # the energies in float64 as the model sums them (StudentModel.forward)
             energy, atomic = out["energy"].to(torch.float64), out["atomic_energies"].to(self.dtype)
             if not need_grad:

@@ -363,6 +363,7 @@ UNSPECIALIZED = {
     "_mp_kernels": {
         "_mp_fwd_kernel": ({"ei_stride"}, set()),
         "_mp_fwd_block_kernel": ({"n_atoms", "ei_stride"}, set()),
+        "_mp_bwd_sender_kernel": ({"ei_stride"}, set()),
         "_mp_bwd_sender_block_kernel": ({"n_atoms", "ei_stride"}, set()),
         "_mp_bwd_edge_kernel": ({"E", "ei_stride"}, {"live_ptr"}),
         "_mp_sum_split_kernel": ({"E"}, set()),

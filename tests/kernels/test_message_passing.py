@@ -293,6 +293,89 @@ def test_precomputed_sender_csr_is_used_as_given(triton_device):
         _triton(x, v, rbf, w, unit, ei, row_ptr=row_ptr, sender_csr=csr[0])
 
 
+def _symmetric_graph(n_atoms, n_pairs, n_feat, n_rbf, dtype, device, seed=0, self_images=2):
+    """A random *symmetric* graph, as a full neighbour list is: n_pairs pairs (i, j) in both directions with one
+    rbf row and opposite unit vectors, plus ``self_images`` periodic self-images (i ← i with u and with -u);
+    receiver-sorted. Returns x, v, rbf, w, unit, edge_index, row_ptr."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    x, v = rand(n_atoms, 3 * n_feat), rand(n_atoms, 3, n_feat)
+    w = rand(3 * n_feat, n_rbf) / n_rbf**0.5
+    i = torch.randint(0, n_atoms, (n_pairs,), generator=gen)
+    j = torch.randint(0, n_atoms, (n_pairs,), generator=gen)
+    keep = i != j
+    i, j = i[keep], j[keep]
+    s = torch.randint(0, n_atoms, (self_images,), generator=gen)
+    rbf_p, unit_p = rand(i.shape[0], n_rbf), torch.nn.functional.normalize(rand(i.shape[0], 3), dim=-1)
+    rbf_s, unit_s = rand(self_images, n_rbf), torch.nn.functional.normalize(rand(self_images, 3), dim=-1)
+    recv = torch.cat([i, j, s, s])
+    send = torch.cat([j, i, s, s])
+    rbf = torch.cat([rbf_p, rbf_p, rbf_s, rbf_s])
+    unit = torch.cat([unit_p, -unit_p, unit_s, -unit_s])
+    order = torch.argsort(recv, stable=True)
+    ei = torch.stack([recv[order], send[order]])
+    row_ptr = torch.searchsorted(ei[0], torch.arange(n_atoms + 1))
+    out = [x, v, rbf[order], w, unit[order]]
+    return (*(t.to(device=device, dtype=dtype) for t in out), ei.to(device), row_ptr.to(device))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(2, 1, 8, 4), (9, 30, 20, 6), (23, 90, 40, 20)], ids=["tiny", "small", "wide"])
+def test_symmetric_edges_walk_the_receiver_rows(triton_device, variant, dtype, shape):
+    """symmetric=True: the sender backward walks each atom's receiver row for the partners of the edges it sends.
+    Forward, first and second derivatives match the reference (float64 oracle) and the sender-sorted path, with
+    a given row_ptr and without; with the switch off the promise is ignored (bit for bit the plain path)."""
+    n, pairs, f, r = shape
+    x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(n, pairs, f, r, dtype, triton_device, seed=pairs)
+    ins0 = (x, v, rbf, w, unit)
+
+    def run(symmetric, ptr=row_ptr):
+        ins = [t.detach().clone().requires_grad_(True) for t in ins0]
+        ds, dv = _triton(*ins, ei, row_ptr=ptr, symmetric=symmetric)
+        gen = torch.Generator().manual_seed(3)
+        gs = torch.randn(ds.shape, generator=gen, dtype=torch.float64).to(ds)
+        gv = torch.randn(dv.shape, generator=gen, dtype=torch.float64).to(dv)
+        first = torch.autograd.grad((ds, dv), ins, (gs, gv), create_graph=True)
+        second = torch.autograd.grad(sum((g * g).sum() for g in first), ins)
+        return [ds, dv, *first, *second], (gs, gv)
+
+    plain, (gs, gv) = run(False)
+    sym, _ = run(True)
+    ref64 = [t.double() for t in ins0]
+    _, s_grads = _abs_scales(*ins0, ei, gs, gv)
+    ref_grads = message_passing_backward_reference(gs.double(), gv.double(), *ref64, ei)
+    for k, name in enumerate(("x", "v", "rbf", "filter_weight", "unit")):
+        _check(sym[2 + k], ref_grads[k], s_grads[k], TOL[dtype], f"grad {name}")
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for a, b in zip(sym, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=tol * b.abs().max().item(), rtol=0)
+    for a, b in zip(run(True, ptr=None)[0], sym, strict=True):  # row_ptr built here
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    with mp_module._configured(sender_symmetric=False):
+        off, _ = run(True)
+    for a, b in zip(off, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_symmetric_promise_is_what_the_sender_gradients_use(triton_device, variant):
+    """The promise is trusted: on a list that is not symmetric (one partner's unit vector not flipped) the
+    gradient wrt x differs from the reference; the edge-side gradients (rbf, u) do not use it."""
+    x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(9, 30, 8, 4, torch.float64, triton_device, seed=4)
+    bad_unit = unit.clone()
+    bad_unit[0] = -bad_unit[0]  # its partner keeps the old direction
+    ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, bad_unit)]
+    ds, dv = _triton(*ins, ei, row_ptr=row_ptr, symmetric=True)
+    gs, gv = torch.ones_like(ds), torch.ones_like(dv)
+    got = torch.autograd.grad((ds, dv), ins, (gs, gv))
+    ref = message_passing_backward_reference(gs, gv, *[t.detach() for t in ins], ei)
+    assert not torch.allclose(got[0], ref[0], atol=1e-6)
+    torch.testing.assert_close(got[2], ref[2], atol=1e-12, rtol=0)
+    torch.testing.assert_close(got[4], ref[4], atol=1e-12, rtol=0)
+
+
 def test_bad_inputs_are_value_errors(triton_device):
     x, v, rbf, w, unit, ei = _graph(5, 10, 4, 3, torch.float64, triton_device)
     bad = [

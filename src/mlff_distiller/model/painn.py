@@ -116,7 +116,9 @@ class PaiNNInteraction(nn.Module):
         s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
-    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None, edge_sink=None, v_residual=False):
+    def messages(
+        self, s, v, rbf, unit, edge_index, v_zero=False, phi=None, edge_sink=None, v_residual=False, symmetric=False
+    ):
         """``(s', Δs [N,F], Δv [N,3,F])``: ``forward`` without its residual sums (the model hands them to the update
         block, whose fused path adds them inside its own kernels). s' is s for the residual sum: on the Triton MLP
         an alias whose gradient φ's backward adds to its own (one add kernel less). ``v_zero``: v is all zeros
@@ -124,14 +126,16 @@ class PaiNNInteraction(nn.Module):
         known (the first layer's, from the species table of :meth:`StudentModel.first_phi_table`); s is then
         returned as it is. ``edge_sink``: see :func:`mlff_distiller.kernels.defer_edge_grads`. ``v_residual``:
         also return v' fourth, v for the residual sum (on the Triton path an alias whose gradient the message
-        backward adds to its own, as s' does for φ)."""
+        backward adds to its own, as s' does for φ). ``symmetric``: the edge list is a full neighbour list (see
+        :func:`mlff_distiller.kernels.message_passing`)."""
         if phi is None:
             phi, s = _mlp_call(self.phi, s, residual=True)
         w = self.filter.weight
         return (
             s,
             *kernels.message_passing(
-                phi, v, rbf, w, unit, edge_index, v_zero=v_zero, edge_sink=edge_sink, v_residual=v_residual
+                phi, v, rbf, w, unit, edge_index, v_zero=v_zero, edge_sink=edge_sink, v_residual=v_residual,
+                symmetric=symmetric,
             ),
         )
 
@@ -146,8 +150,9 @@ class CSRInteraction(nn.Module):
     receiver-sorted edges and stores it in the shared ``csr`` dict (``{"row_ptr": [N + 1]}``) before each
     forward. It may add ``"sender": (perm [E], col_ptr [N + 1])``, the sender CSR of the same edges (see
     :func:`mlff_distiller.kernels.message_passing`), so that the backward does not sort the senders either: the
-    engine's padded buckets compute both once per edge list, outside the captured step. Both are trusted as
-    given. Same math and parameters as the wrapped block.
+    engine's padded buckets compute both once per edge list, outside the captured step; and ``"symmetric":
+    True`` where the edges are a full neighbour list (the sender backward then walks ``row_ptr`` alone). All are
+    trusted as given. Same math and parameters as the wrapped block.
     """
 
     def __init__(self, inner: PaiNNInteraction, csr: dict) -> None:
@@ -159,7 +164,9 @@ class CSRInteraction(nn.Module):
         s, ds, dv = self.messages(s, v, rbf, unit, edge_index)
         return s + ds, v + dv
 
-    def messages(self, s, v, rbf, unit, edge_index, v_zero=False, phi=None, edge_sink=None, v_residual=False):
+    def messages(
+        self, s, v, rbf, unit, edge_index, v_zero=False, phi=None, edge_sink=None, v_residual=False, symmetric=False
+    ):
         """``(s', Δs, Δv)``, with ``v_residual`` also v' (see :meth:`PaiNNInteraction.messages`)."""
         w = self.inner.filter.weight
         csr = self.csr
@@ -177,6 +184,7 @@ class CSRInteraction(nn.Module):
             v_zero=v_zero,
             edge_sink=edge_sink,
             v_residual=v_residual,
+            symmetric=symmetric or bool(csr.get("symmetric", False)),
         )
 
 
@@ -418,6 +426,7 @@ class StudentModel(nn.Module):
         shift_vectors: torch.Tensor,
         batch: torch.Tensor,
         num_structures: int,
+        symmetric_edges: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Energies of a batch.
 
@@ -428,6 +437,10 @@ class StudentModel(nn.Module):
             shift_vectors: ``[E, 3]`` Å, so that r_ij = pos[j] − pos[i] + shift.
             batch: ``[N]`` structure index of each atom.
             num_structures: B.
+            symmetric_edges: the caller promises a full neighbour list (every edge (i ← j) with its partner
+                (j ← i) and the opposite shift, as :class:`~mlff_distiller.neighbors.NeighborList` is): the Triton
+                message backward then needs no sender sort (see :func:`mlff_distiller.kernels.message_passing`).
+                Not checked; the engine passes it for its own lists.
         Returns:
             ``{"energy": [B], "atomic_energies": [N]}`` in eV; the energies summed and returned in float64 (for a
             float32 model too, as nequip does: a float32 total is only good to its spacing, 0.125 eV for a
@@ -487,6 +500,8 @@ class StudentModel(nn.Module):
                 ours = type(interaction) in (PaiNNInteraction, CSRInteraction)
                 if sink is not None and ours:
                     kw["edge_sink"] = sink
+                if symmetric_edges and ours:
+                    kw["symmetric"] = True
                 if ours and layer > 0 and self.v_residual_alias:
                     # v' for v + dv: its gradient joins v's in the message backward's kernel
                     s, ds, dv, v = messages(s, v, rbf, unit, edge_index, v_residual=True, **kw)
