@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import time
 from collections.abc import Callable, Sequence
 
@@ -162,11 +163,16 @@ class StepImpl(OursImpl):
         model = engine.model
         for p in model.parameters():
             p.requires_grad_(False)
+        # As the engine's eager step: the full list promised to the message backward (stop 54), where this build's
+        # model takes the promise; asked per call, so a probe's switch (mp:sender_symmetric=0) applies.
+        takes_sym = "symmetric_edges" in inspect.signature(model.forward).parameters
+        symmetric_walk = getattr(kernels, "symmetric_walk", lambda: False)
 
         def run():
             with self.context(), _engine_precision(engine), torch.enable_grad():
                 pos = dev.positions.detach().requires_grad_(True)
-                out = model(dev.numbers, pos, nl.edge_index, nl.shift_vectors, dev.batch, dev.num_structures)
+                kw = {"symmetric_edges": symmetric_walk()} if takes_sym else {}
+                out = model(dev.numbers, pos, nl.edge_index, nl.shift_vectors, dev.batch, dev.num_structures, **kw)
                 return torch.autograd.grad(out["energy"].sum(), pos)
 
         return run

@@ -8,7 +8,7 @@ from ._compile_ahead import compile_ahead, dry_run_active, precompile
 from .edge_compact import edge_compact, edge_compact_reference
 from .edge_features import edge_basis, edge_basis_reference, edge_features, edge_features_reference
 from .linear import gemm, gemm_fusable, mlp, mlp_reference
-from .message_passing import defer_edge_grads, message_passing, message_passing_reference
+from .message_passing import defer_edge_grads, message_passing, message_passing_reference, symmetric_walk
 from .painn_update import painn_update, painn_update_fusable, painn_update_reference
 from .rbf_cutoff import BASES, ENVELOPES, rbf_cutoff, rbf_cutoff_reference
 from .repulsion import (
@@ -56,6 +56,7 @@ __all__ = [
     "species_inputs",
     "species_inputs_fusable",
     "species_inputs_reference",
+    "symmetric_walk",
     "triton_available",
     "use_backend",
     "wall_gate_reference",

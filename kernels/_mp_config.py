@@ -117,9 +117,10 @@ _CONFIG = {
     "reduced_dots": True,
     "block_min_atoms": 1024,
     "seg_split": True,
-    # Where the caller promises a symmetric edge list (message_passing's ``symmetric``: our neighbour lists), the
-    # sender backward walks each atom's receiver row for the partners of the edges it sends (SYM in
-    # _mp_kernels._sender_tile) instead of the sender-sorted permutation; False: the permutation always.
+    # Whether callers holding a full neighbour list (the engine) promise it to message_passing (``symmetric``,
+    # message_passing.symmetric_walk): the sender backward then walks each atom's receiver row for the partners
+    # of the edges it sends (SYM in _mp_kernels._sender_tile) instead of the sender-sorted permutation, and the
+    # engine's buckets sort no senders. False: the permutation, as before stop 54.
     "sender_symmetric": True,
     # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
     # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage

@@ -57,7 +57,15 @@ __all__ = [
     "message_passing",
     "message_passing_backward_reference",
     "message_passing_reference",
+    "symmetric_walk",
 ]
+
+
+def symmetric_walk() -> bool:
+    """Whether callers that hold a full neighbour list promise it (``message_passing(symmetric=True)``): the
+    switch ``_CONFIG["sender_symmetric"]`` (on; benchmarks turn it off to time the sender-sorted walk). The engine
+    reads it once, when it is made, since its padded buckets then skip the sender sort."""
+    return bool(_CONFIG["sender_symmetric"])
 
 
 def message_passing_reference(
@@ -298,9 +306,10 @@ def message_passing(
             with the same ``rbf`` row and the unit vector ``-u`` (a full neighbour list, as every list of
             :mod:`mlff_distiller.neighbors` is; to rounding of the distance is enough, as a pair at the cutoff
             carries a zero basis row). The eager Triton backward then walks each atom's own receiver row for the
-            edges it sends (``_CONFIG["sender_symmetric"]``): no sender sort, contiguous edge rows, and
-            ``sender_csr`` is not used. Not checked (a device sync); a list that is not symmetric gives wrong
-            gradients wrt x and v. Ignored by the torch reference and under ``torch.compile``.
+            edges it sends: no sender sort, contiguous edge rows, and ``sender_csr`` is not used. Not checked (a
+            device sync); a list that is not symmetric gives wrong gradients wrt x and v. Callers that may
+            promise it ask :func:`symmetric_walk` first (the switch that benchmarks turn off). Ignored by the
+            torch reference and under ``torch.compile``.
     Returns:
         ``ds [N, F]``, ``dv [N, 3, F]`` (the units of x times those of the filter output); with ``v_residual``,
         ``v'`` third.
@@ -777,8 +786,7 @@ def _message_passing_triton(
         return (*out, v) if v_residual else out
     perm, col_ptr = (None, None) if sender_csr is None else sender_csr
     # A symmetric list stays symmetric when sorted above (the same edges), so the promise holds for edge_index here.
-    sym = bool(symmetric) and _CONFIG["sender_symmetric"]
     return _MessagePassing.apply(
         x, v, rbf, filter_weight, unit, edge_index, row_ptr, perm, col_ptr, bool(v_zero), edge_sink, bool(v_residual),
-        sym,
+        bool(symmetric),
     )  # fmt: skip

@@ -59,7 +59,10 @@ def make_model(seed: int = 0, **kw) -> StudentModel:
 
 def assert_bucket_csr(graph) -> None:
     """A PaddedGraph's static CSR buffers describe its current edge list exactly (recomputed here on the host by
-    a different route: counts and a NumPy stable argsort). A stale CSR would give wrong forces silently."""
+    a different route: counts and a NumPy stable argsort). A stale CSR would give wrong forces silently. A graph
+    without a sender CSR (``sender_csr`` False: the step walks the receiver rows of a full list) must hold a
+    symmetric list instead, which is what that walk relies on: every real edge (i ← j, shift s) has its partner
+    (j ← i, -s); its sender buffers were never written (zeros)."""
     ei = graph.edge_index.cpu().numpy()
     a = graph.bucket.atoms
     recv_ptr = np.concatenate([[0], np.cumsum(np.bincount(ei[0], minlength=a))])
@@ -67,8 +70,20 @@ def assert_bucket_csr(graph) -> None:
     assert (np.diff(ei[0]) >= 0).all(), "padded edges must stay sorted by receiver"
     # the padding edges (the slots past n_edges) belong to no row
     np.testing.assert_array_equal(graph.row_ptr.cpu().numpy(), np.minimum(recv_ptr, graph.n_edges))
-    np.testing.assert_array_equal(graph.sender_perm.cpu().numpy(), np.argsort(ei[1], kind="stable"))
-    np.testing.assert_array_equal(graph.sender_ptr.cpu().numpy(), np.minimum(send_ptr, graph.n_edges))
+    if graph.sender_csr:
+        np.testing.assert_array_equal(graph.sender_perm.cpu().numpy(), np.argsort(ei[1], kind="stable"))
+        np.testing.assert_array_equal(graph.sender_ptr.cpu().numpy(), np.minimum(send_ptr, graph.n_edges))
+        return
+    assert not graph.sender_perm.any() and not graph.sender_ptr.any(), "no sender CSR is written"
+    assert_symmetric_edges(ei[:, : graph.n_edges], graph.shift_vectors[: graph.n_edges].cpu().numpy())
+
+
+def assert_symmetric_edges(edge_index, shift_vectors) -> None:
+    """The edge list is symmetric: the multiset of (i, j, s) equals that of (j, i, -s), shifts compared exactly."""
+    ei, sv = np.asarray(edge_index), np.asarray(shift_vectors, dtype=np.float64)
+    fwd = sorted(zip(ei[0].tolist(), ei[1].tolist(), map(tuple, sv.tolist()), strict=True))
+    rev = sorted(zip(ei[1].tolist(), ei[0].tolist(), map(tuple, (-sv + 0.0).tolist()), strict=True))
+    assert fwd == rev, "the edge list is not symmetric"
 
 
 def assert_close_to(out, ref, precision, n_structures):

@@ -98,8 +98,14 @@ def test_bad_bucket_and_overfull_graph_are_value_errors():
         fill_padded(g, batch.numbers, batch.positions, batch.batch, 1, nl.edge_index, nl.shift_vectors)
 
 
-def _padded(batch, bucket, cutoff=4.0):
+def _padded(batch, bucket, cutoff=4.0, sender_csr=True):
     nl = neighbor_list_batch(batch, cutoff)
+    if not sender_csr:
+        dt = batch.positions.dtype
+        g = PaddedGraph.empty(bucket, dtype=dt, device="cpu", cutoff=cutoff, pad_z=1, sender_csr=False)
+        return nl, fill_padded(
+            g, batch.numbers, batch.positions, batch.batch, batch.num_structures, nl.edge_index, nl.shift_vectors
+        )
     return nl, pad_graph(
         bucket,
         batch.numbers,
@@ -183,12 +189,14 @@ def test_padding_content_does_not_leak():
         assert torch.equal(ra[key], rb[key]), key
 
 
+@pytest.mark.parametrize("sender_csr", [True, False], ids=["sender-csr", "symmetric"])
 @pytest.mark.parametrize("device", CSR_DEVICES)
-def test_fill_padded_keeps_the_csr_in_step_with_the_edges(device):
+def test_fill_padded_keeps_the_csr_in_step_with_the_edges(device, sender_csr):
     """row_ptr / sender_perm / sender_ptr follow every fill: an empty bucket, a graph, a smaller and a larger one
-    in the same buffers, the same graph again with the same_topology shortcut, and a fresh pad."""
+    in the same buffers, the same graph again with the same_topology shortcut, and a fresh pad. Without a sender
+    CSR (the engine's symmetric walk) only row_ptr is kept, no sender is sorted, and the lists are symmetric."""
     bucket = Bucket(24, 400)
-    g = PaddedGraph.empty(bucket, dtype=torch.float64, device=device, cutoff=4.0, pad_z=1)
+    g = PaddedGraph.empty(bucket, dtype=torch.float64, device=device, cutoff=4.0, pad_z=1, sender_csr=sender_csr)
     assert_bucket_csr(g)
     storage = [t.data_ptr() for t in (g.row_ptr, g.sender_perm, g.sender_ptr)]
     rng = np.random.default_rng(7)
@@ -201,16 +209,17 @@ def test_fill_padded_keeps_the_csr_in_step_with_the_edges(device):
             same_topology=k == 3,
         )  # fmt: skip
         assert_bucket_csr(g)
-        _, fresh = _padded(batch.to("cpu"), bucket)
+        _, fresh = _padded(batch.to("cpu"), bucket, sender_csr=sender_csr)
         for a, b in zip(g.inputs(), fresh.inputs(), strict=True):
             assert torch.equal(a.cpu(), b)
     # in place: a captured graph keeps reading the same buffers
     assert storage == [t.data_ptr() for t in (g.row_ptr, g.sender_perm, g.sender_ptr)]
 
 
+@pytest.mark.parametrize("sender_csr", [True, False], ids=["sender-csr", "symmetric"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("device", CSR_DEVICES)
-def test_host_fill_equals_device_fill(device, dtype):
+def test_host_fill_equals_device_fill(device, dtype, sender_csr):
     """fill_padded_host (the whole content made on the host, sender CSR and padding included, sent in two
     transfers) leaves every buffer equal to fill_padded with zero shifts: graphs of several sizes one after the
     other in the same buffers (so stale padding would show), interleaved with device fills, a lone atom (no
@@ -218,8 +227,8 @@ def test_host_fill_equals_device_fill(device, dtype):
     from mlff_distiller.neighbors.molecular import molecular_pairs
 
     bucket = Bucket(24, 400)
-    g = PaddedGraph.empty(bucket, dtype=dtype, device=device, cutoff=4.0, pad_z=1)
-    ref = PaddedGraph.empty(bucket, dtype=dtype, device=device, cutoff=4.0, pad_z=1)
+    g = PaddedGraph.empty(bucket, dtype=dtype, device=device, cutoff=4.0, pad_z=1, sender_csr=sender_csr)
+    ref = PaddedGraph.empty(bucket, dtype=dtype, device=device, cutoff=4.0, pad_z=1, sender_csr=sender_csr)
     storage = [t.data_ptr() for t in g.inputs()]
     rng = np.random.default_rng(11)
     graphs = [
@@ -272,14 +281,21 @@ def _edge_set(graph):
     return {tuple(e) for e in graph.edge_index[:, :n].t().tolist()}
 
 
+@pytest.mark.parametrize("walk", ["symmetric", "sorted"])
 @pytest.mark.parametrize("device", CSR_DEVICES)
-def test_padded_equals_unpadded_when_the_edges_change_within_a_bucket(device):
+def test_padded_equals_unpadded_when_the_edges_change_within_a_bucket(device, walk):
     """Same atoms, a different edge list, the same bucket: the kernels (Triton; on the CPU its interpreter) walk
     the bucket's static CSR, which must be the new list's, else the forces are silently wrong. On CUDA the
-    padded step is a CUDA-graph replay."""
+    padded step is a CUDA-graph replay. ``walk``: the sender backward over the receiver rows of the full list
+    (shipped) or over the sender-sorted permutation (the switch off)."""
+    import importlib
+
+    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
     model = _tiny_model()
     mode = "cudagraph" if device == "cuda" else "eager"
-    engine = ForceEngine(model, device=device, precision="fp64", mode=mode, pad=True)
+    with mp._configured(sender_symmetric=walk == "symmetric"):
+        engine = ForceEngine(model, device=device, precision="fp64", mode=mode, pad=True)
+    assert engine._symmetric == (walk == "symmetric")
     ref = ForceEngine(model, device=device, precision="fp64")
     a = molecule("CH3CH2OH")
     b = a.copy()
@@ -298,10 +314,15 @@ def test_padded_equals_unpadded_when_the_edges_change_within_a_bucket(device):
             seen.append((engine.last_bucket, _edge_set(graph)))
         assert seen[0][0] == seen[1][0] == seen[2][0], "the test needs one bucket for both edge lists"
         assert seen[0][1] != seen[1][1] and seen[0][1] == seen[2][1]
-        # the comparison above is sensitive to the CSR: a stale one changes the forces
+        # the comparison above is sensitive to the CSR: a stale one changes the forces (the walk's own CSR: the
+        # sender permutation, or the receiver rows, which the symmetric walk also reads for the senders)
         graph = engine._graphs[engine.last_bucket]
+        assert graph.sender_csr == (walk == "sorted")
         good = engine._step(*graph.inputs()).clone()
-        graph.sender_perm.copy_(graph.sender_perm.flip(0))
+        if walk == "sorted":
+            graph.sender_perm.copy_(graph.sender_perm.flip(0))
+        else:
+            graph.row_ptr[1:-1].copy_(graph.row_ptr[2:].clone())  # every row one atom later: the sums read other edges
         assert not torch.allclose(engine._step(*graph.inputs()), good, rtol=0, atol=1e-6)
         graph.refresh_csr()
         # Bit for bit on the CPU. On CUDA the float64 atomics of the position gradient add in any order: two runs
@@ -335,6 +356,45 @@ def test_padded_step_does_no_graph_bookkeeping():
             mp._receiver_csr, mp._sender_csr = saved
     ops = {e.name for e in prof.events()}
     assert not ops & {"aten::sort", "aten::argsort", "aten::searchsorted", "aten::clone"}, sorted(ops)
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["eager", "padded"])
+def test_the_engine_walks_its_full_lists_without_a_sender_sort(pad):
+    """The engine promises its neighbour lists (full lists) to the message backward: on the Triton kernels
+    (interpreter) neither the eager nor the padded path sorts the senders (no sender CSR built, none kept in the
+    bucket), and energies, forces and stress equal those with the switch off (the sender-sorted walk) and the
+    torch kernels'; molecules and periodic cells, one of them triclinic, in one batch."""
+    import importlib
+
+    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+    model = _tiny_model()
+    batch = AtomsBatch.from_atoms(
+        [molecule("CH3CH2OH"), silicon_cell(rattle=0.05), triclinic_cu()], dtype=torch.float64
+    )
+    kw = dict(device="cpu", precision="fp64", pad=pad, analytic=False)
+    sym = ForceEngine(model, **kw)
+    with mp._configured(sender_symmetric=False):
+        plain = ForceEngine(model, **kw)
+    assert sym._symmetric and not plain._symmetric
+    calls = []
+    real = mp._sender_csr
+    try:
+        mp._sender_csr = lambda *a: calls.append(a) or real(*a)
+        with use_backend("triton"):
+            got = sym.compute(batch, stress=True, to_host=True)
+            assert not calls, "the symmetric walk built a sender CSR"
+            want = plain.compute(batch, stress=True, to_host=True)
+            assert calls or pad  # the sorted walk builds one (the padded bucket keeps its own)
+    finally:
+        mp._sender_csr = real
+    with use_backend("torch"):
+        ref = ForceEngine(model, **kw).compute(batch, stress=True, to_host=True)
+    if pad:
+        assert not sym._graphs[sym.last_bucket].sender_csr and plain._graphs[plain.last_bucket].sender_csr
+        assert_bucket_csr(sym._graphs[sym.last_bucket])
+    for key in ("energy", "forces", "stress"):
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-11)
+        torch.testing.assert_close(got[key], ref[key], rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -450,7 +450,9 @@ def test_in_step_edge_compaction_equals_the_full_skin_list(device, min_edges, mo
             graph = on._verlet_fill[1]
             # the kernels' CSR ends at the pairs within the cutoff; the skin list in the buffers has many more
             live = fresh.num_edges if min_edges == 0 else graph.n_edges
-            assert int(on._csr["row_ptr"][-1]) == int(on._csr["sender"][1][-1]) == live
+            assert int(on._csr["row_ptr"][-1]) == live
+            if not on._symmetric:  # the symmetric walk reads no sender CSR (the compaction's is meaningless then)
+                assert int(on._csr["sender"][1][-1]) == live
             assert graph.n_edges > 1.3 * fresh.num_edges
     assert 1 <= on.verlet.n_builds < on.verlet.n_calls
 

@@ -237,6 +237,9 @@ class PaddedGraph:
             the padding edges belong to no row (``row_ptr[A] = n_edges``).
         sender_perm: ``[C]`` int64 edge ids in a stable order by sender.
         sender_ptr: ``[A + 1]`` int64 offsets of each sender's run in ``sender_perm`` (also ending at ``n_edges``).
+        sender_csr: whether the fills keep ``sender_perm`` and ``sender_ptr`` (False for a step that walks a full
+            neighbour list's receiver rows instead, ``message_passing(symmetric=True)``: they then keep their
+            zeros, a valid but meaningless content, and the fills sort no senders).
         n_atoms, n_edges, n_structures: the real sizes of the current content.
     """
 
@@ -250,6 +253,7 @@ class PaddedGraph:
     row_ptr: torch.Tensor | None = None
     sender_perm: torch.Tensor | None = None
     sender_ptr: torch.Tensor | None = None
+    sender_csr: bool = True
     n_atoms: int = 0
     n_edges: int = 0
     n_structures: int = 0
@@ -258,7 +262,14 @@ class PaddedGraph:
 
     @classmethod
     def empty(
-        cls, bucket: Bucket, *, dtype: torch.dtype, device: torch.device | str, cutoff: float, pad_z: int
+        cls,
+        bucket: Bucket,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        cutoff: float,
+        pad_z: int,
+        sender_csr: bool = True,
     ) -> PaddedGraph:
         """All-padding content (zero real atoms): a valid input, used to warm up and capture a bucket."""
         a, c = bucket.atoms, bucket.edges
@@ -271,7 +282,7 @@ class PaddedGraph:
         floats.zero_()
         iv["numbers"].fill_(int(pad_z))
         iv["batch"].fill_(a - 1)
-        g = cls(bucket=bucket, **iv, **fv, pad_z=int(pad_z), far=far_shift(cutoff))
+        g = cls(bucket=bucket, **iv, **fv, sender_csr=bool(sender_csr), pad_z=int(pad_z), far=far_shift(cutoff))
         g._ints, g._floats = ints, floats
         g._host = None  # fill_padded_host's page-locked mirrors of the two buffers and its copy event
         g._arange = torch.arange(c, dtype=torch.long, device=device)
@@ -306,13 +317,14 @@ class PaddedGraph:
 
         Both offset arrays stop at the ``n_edges`` real edges: the padding edges (the last ``C - n_edges`` slots,
         also last in the sender order, since their senders are the padding atoms) belong to no CSR row, so the
-        message-passing kernels never visit them (they are inert anyway)."""
+        message-passing kernels never visit them (they are inert anyway). Without ``sender_csr``, ``row_ptr`` alone."""
         torch.searchsorted(self.edge_index[0], self._bounds, out=self.row_ptr)
-        self._send32.copy_(self.edge_index[1])
-        torch.sort(self._send32, stable=True, out=(self._keys32, self.sender_perm))
-        torch.searchsorted(self._keys32, self._bounds32, out=self.sender_ptr)
         self.row_ptr.clamp_(max=self.n_edges)
-        self.sender_ptr.clamp_(max=self.n_edges)
+        if self.sender_csr:
+            self._send32.copy_(self.edge_index[1])
+            torch.sort(self._send32, stable=True, out=(self._keys32, self.sender_perm))
+            torch.searchsorted(self._keys32, self._bounds32, out=self.sender_ptr)
+            self.sender_ptr.clamp_(max=self.n_edges)
 
     def _fill_edge_tail(self, n_atoms: int, n_edges: int) -> None:
         a, c = self.bucket.atoms, self.bucket.edges
@@ -429,13 +441,14 @@ def fill_padded_host(
     ei[:, e:] = n + (np.arange(c - e, dtype=np.int64) * (a - n)) // max(c - e, 1)
     iv["row_ptr"][: n + 1] = row_ptr
     iv["row_ptr"][n + 1 :] = e
-    senders = edge_index[1]
-    iv["sender_perm"][:e] = np.argsort(senders, kind="stable")
-    iv["sender_perm"][e:] = np.arange(e, c)  # padding senders (>= N) come last, already in ascending order
-    sp = iv["sender_ptr"]
-    sp[0] = 0
-    np.cumsum(np.bincount(senders, minlength=n)[:n], out=sp[1 : n + 1])
-    sp[n + 1 :] = e
+    if dst.sender_csr:  # else sender_perm and sender_ptr keep the mirror's zeros
+        senders = edge_index[1]
+        iv["sender_perm"][:e] = np.argsort(senders, kind="stable")
+        iv["sender_perm"][e:] = np.arange(e, c)  # padding senders (>= N) come last, already in ascending order
+        sp = iv["sender_ptr"]
+        sp[0] = 0
+        np.cumsum(np.bincount(senders, minlength=n)[:n], out=sp[1 : n + 1])
+        sp[n + 1 :] = e
     fv["positions"][:n] = positions
     fv["positions"][n:] = 0.0
     sv = fv["shift_vectors"]

@@ -328,6 +328,9 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self._topology_token = 0
         self._graph_tokens: dict[Bucket, int] = {}
         self._fast_model: StudentModel | None = None
+        # Our neighbour lists are full lists: the message backward walks their receiver rows for the senders (no
+        # sender sort in a step, none in a bucket's fill). Fixed for the engine's life (its buckets follow it).
+        self._symmetric = kernels.symmetric_walk()
         self._forward_impl = None
         self.compact_edges = False
         if self.pad:
@@ -337,7 +340,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
             for q in self._fast_model.parameters():
                 q.requires_grad_(False)
             # symmetric: the buckets hold NeighborLists (full lists) and padding past the CSR rows
-            self._csr: dict = {"row_ptr": None, "sender": None, "symmetric": True}
+            self._csr: dict = {"row_ptr": None, "sender": None, "symmetric": self._symmetric}
             inter = self._fast_model.interactions
             for k in range(len(inter)):
                 inter[k] = CSRInteraction(inter[k], self._csr)

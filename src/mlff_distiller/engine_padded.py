@@ -65,7 +65,9 @@ class PaddedPaths:
         # through them), so a leaf that requires grad is never compacted here.
         if self.compact_edges and edge_index.shape[1] >= COMPACT_MIN_EDGES and not shift_vectors.requires_grad:
             # In-step drop of the pairs beyond the cutoff (a Verlet-skin list holds ~70 % more): the kernels then
-            # walk only the pairs within it (exact: the dropped ones contribute exactly zero).
+            # walk only the pairs within it (exact: the dropped ones contribute exactly zero). It keeps a list
+            # symmetric (a pair's two edges have one distance); with the symmetric walk the sender CSR it remaps
+            # is the bucket's unwritten one, and nothing reads the result.
             edge_index, shift_vectors, row_ptr, sender_perm, sender_ptr = kernels.edge_compact(
                 positions, edge_index, shift_vectors, row_ptr, sender_perm, sender_ptr, self.cutoff, self._far
             )
@@ -148,6 +150,7 @@ class PaddedPaths:
                 device=self.device,
                 cutoff=self.cutoff,
                 pad_z=self.model.species_list[0],
+                sender_csr=not self._symmetric,  # the symmetric walk reads no sender CSR
             )
             self._graphs[bucket] = g
         return g

@@ -134,7 +134,15 @@ class PaiNNInteraction(nn.Module):
         return (
             s,
             *kernels.message_passing(
-                phi, v, rbf, w, unit, edge_index, v_zero=v_zero, edge_sink=edge_sink, v_residual=v_residual,
+                phi,
+                v,
+                rbf,
+                w,
+                unit,
+                edge_index,
+                v_zero=v_zero,
+                edge_sink=edge_sink,
+                v_residual=v_residual,
                 symmetric=symmetric,
             ),
         )
