@@ -1079,6 +1079,30 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sym_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_sym_small.md" "$OUT/probe_ncu_sweep_sym_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54" >&2; exit 2 ;;
+  stop54b)
+    # The symmetric walk's CUDA tests: the message-passing kernels' CUDA and gpu cases, then the buckets', Verlet
+    # path's and engine's (the engine's promise, the buckets without a sender CSR, captured replays).
+    timeout 330 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+      -k "cuda or large or seg_split or auto_sender or tiles or compile" >"$OUT/pytest_mp_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_cuda.log" | tail -6
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_buckets.py tests/test_engine_verlet.py \
+      tests/test_engine.py -k "cuda or gpu or replays or host_results" >"$OUT/pytest_engine_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_engine_cuda.log" | tail -6
+    ;;
+  stop54c)
+    # The walk on the step alone (the eager 24,000-atom step now through the promise too), then the large rows
+    # (bench_large: the reference beside ours, the correctness check).
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "mp:sender_symmetric=0;mp:sender_symmetric=0" >"$OUT/sweep_large.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sym_24k.md"
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" --systems water24000 \
+      --variants "mp:sender_symmetric=0;mp:sender_symmetric=0" >"$OUT/sweep_large_captured.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sym_24k_captured.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_sym_24k.md" "$OUT/probe_ncu_sweep_sym_24k_captured.md"
+    timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 180 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "^\| " "$OUT/large/bench_large.md" | head -14
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
