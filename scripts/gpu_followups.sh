@@ -1107,6 +1107,20 @@ case "${1:-}" in
       --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
     grep -E "^\| " "$OUT/large/bench_large.md" | head -14
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c" >&2; exit 2 ;;
+  stop54d)
+    # The sender backward's variant and tiles re-swept under the symmetric walk (its rows are contiguous now, like
+    # the forward's, whose block variant runs water): block against atom, and the atom kernel's tiles.
+    V="mp:bwd_sender_variant=block;mp:bwd_sender_variant=block,bwd_sender_block_e=32"
+    V="$V;mp:bwd_sender_variant=block,bwd_sender_block_a=32,bwd_sender_block_e=32;mp:block_e=32;mp:block_e=32,block_f=32"
+    V="$V;mp:block_e=64,block_f=32;mp:num_warps=8,block_e=32"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" --systems water3000,g2x4096 \
+      --variants "$V" >"$OUT/sweep_sender.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sender.md"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_sender_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sender_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_sender.md" "$OUT/probe_ncu_sweep_sender_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
