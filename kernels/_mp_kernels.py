@@ -344,7 +344,8 @@ if HAS_TRITON:
     #   * _mp_bwd_sender_kernel: ∂x, ∂v are sums over the edges of each *sender*: one program per (sender, feature
     #     chunk) walks the transposed CSR (edges sorted by sender: an argsort per graph, cached across layers)
     #     and reduces in registers, the mirror image of the forward. Atomics instead would put 6F scattered
-    #     atomic adds per edge on the hottest output (and make it non-deterministic).
+    #     atomic adds per edge on the hottest output (and make it non-deterministic). On a symmetric (full) list
+    #     (SYM, stop 54) it walks the sender's own receiver row instead: the partners of the edges it sends.
     #   * _mp_bwd_edge_kernel: ∂rbf_e and ∂u_e reduce over all 3F features of one edge: one program per tile of
     #     edges loops over the feature chunks and writes each edge's row once.
     #   * _mp_bwd_filter_kernel: ∂filter_weight reduces over all edges: each program sums a contiguous range of
