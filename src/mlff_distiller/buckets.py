@@ -24,6 +24,8 @@ them whenever it writes the edges (outside any captured graph), so a CUDA-graph 
 sorting the senders and searching the offsets again each step, although in MD the edges change only on a
 Verlet rebuild. Whoever writes ``edge_index`` must go through :func:`fill_padded` (or call
 :meth:`PaddedGraph.refresh_csr`): the CSR is trusted by the kernels, and a stale one gives wrong forces silently.
+The engine's buckets keep no sender CSR since stop 54 (``sender_csr=False``): their lists are full neighbour
+lists, and the backward walks each atom's receiver row for the edges it sends (``message_passing(symmetric=True)``).
 """
 
 from __future__ import annotations
