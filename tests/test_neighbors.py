@@ -542,6 +542,46 @@ def test_verlet_rebuild_triggers_and_padded_mode():
     assert float(padded.distances(b.positions).max()) < 4.0
 
 
+def _assert_full_list(nl: NeighborList, positions: torch.Tensor, what: str) -> None:
+    """What the engine promises the message backward (``message_passing(symmetric=True)``): every edge
+    (i <- j, S) has its partner (j <- i, -S), and the pair's two shift vectors and distances agree (to rounding)."""
+    i, j = nl.edge_index.cpu().tolist()
+    shifts = [tuple(s) for s in nl.shifts.cpu().tolist()]
+    fwd = sorted(zip(i, j, shifts, range(len(i)), strict=True))
+    rev = sorted(zip(j, i, [tuple(-x for x in s) for s in shifts], range(len(i)), strict=True))
+    assert [t[:3] for t in fwd] == [t[:3] for t in rev], f"{what}: not a full list"
+    partner = torch.empty(len(i), dtype=torch.long)
+    partner[torch.tensor([t[3] for t in fwd], dtype=torch.long)] = torch.tensor([t[3] for t in rev], dtype=torch.long)
+    sv = nl.shift_vectors.cpu()
+    torch.testing.assert_close(sv[partner], -sv, rtol=0, atol=1e-12 if sv.dtype == torch.float64 else 2e-5)
+    d = nl.distances(positions).cpu()
+    torch.testing.assert_close(d[partner], d, rtol=0, atol=1e-12 if d.dtype == torch.float64 else 2e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_list_is_full_as_the_engine_promises(device, dtype):
+    """The engine hands its lists to the message backward as full lists (its sender walk reads each atom's own
+    receiver row for the edges the atom sends): every backend, the molecular path, the Verlet list filtered and
+    padded, on all kinds of structures (triclinic, slabs, wires, tiny cells with self-images)."""
+    from mlff_distiller.neighbors.molecular import molecular_pairs
+
+    batch = AtomsBatch.from_atoms(structures(), dtype=dtype, device=device)
+    for method in METHODS:
+        _assert_full_list(neighbor_list_batch(batch, CUTOFF, method), batch.positions, method)
+    if device == "cuda" or dtype == torch.float64:  # the Triton cell list: the interpreter on the CPU (slow)
+        picks = structures() if device == "cuda" else structures()[:6]
+        sub = AtomsBatch.from_atoms(picks, dtype=dtype, device=device)
+        if _triton_ok(device):
+            nl = neighbor_list_batch(sub, CUTOFF, "cell_list", cell_list_impl="triton")
+            _assert_full_list(nl, sub.positions, "triton cell list")
+    mols = AtomsBatch.from_atoms([a for a in structures() if not a.pbc.any()], dtype=dtype)
+    _assert_full_list(molecular_pairs(mols.positions, mols.ptr, CUTOFF), mols.positions, "molecular")
+    for filt in (True, False):
+        vl = VerletNeighborList(CUTOFF, skin=0.7, filter=filt)
+        _assert_full_list(vl.update_batch(batch), batch.positions, f"verlet filter={filt}")
+
+
 def test_verlet_bad_input():
     for kwargs, match in [
         ({"cutoff": 0.0}, "cutoff"),
