@@ -1121,6 +1121,17 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sender_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_sender.md" "$OUT/probe_ncu_sweep_sender_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d" >&2; exit 2 ;;
+  stop54e)
+    # The full-list test on CUDA (the Triton cell list on every kind of structure), then the message-passing
+    # kernels' CUDA cases past where stop54b's run was cut (compile, v_zero, the residual alias, fold, splits).
+    timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_neighbors.py -k "full_as" \
+      >"$OUT/pytest_full_list_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_full_list_cuda.log" | tail -4
+    timeout 190 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py -x \
+      -k "(cuda or compile or large) and (compile or v_zero or residual or past_the_csr or fold or accumulate or slice0 or before_the_sender)" \
+      >"$OUT/pytest_mp_tail_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_tail_cuda.log" | tail -4
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
