@@ -376,6 +376,7 @@ def test_the_engine_walks_its_full_lists_without_a_sender_sort(pad):
     with mp._configured(sender_symmetric=False):
         plain = ForceEngine(model, **kw)
     assert sym._symmetric and not plain._symmetric
+    assert sym._symmetric_kw == {"symmetric_edges": True} and plain._symmetric_kw == {}
     calls = []
     real = mp._sender_csr
     try:
@@ -395,6 +396,27 @@ def test_the_engine_walks_its_full_lists_without_a_sender_sort(pad):
     for key in ("energy", "forces", "stress"):
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-11)
         torch.testing.assert_close(got[key], ref[key], rtol=0, atol=1e-10)
+
+
+def test_a_model_whose_forward_takes_no_promise_runs_as_before():
+    """A StudentModel subclass with its own forward (the pre-stop-54 signature) gets no ``symmetric_edges``: the
+    eager engine still runs it, with the sender-sorted walk."""
+    from mlff_distiller import StudentModel
+
+    class Legacy(StudentModel):
+        def forward(self, numbers, positions, edge_index, shift_vectors, batch, num_structures):
+            return super().forward(numbers, positions, edge_index, shift_vectors, batch, num_structures)
+
+    base = _tiny_model()
+    legacy = Legacy(base.config)
+    legacy.load_state_dict(base.state_dict())
+    engine = ForceEngine(legacy, device="cpu", precision="fp64", analytic=False)
+    assert engine._symmetric and engine._symmetric_kw == {}
+    batch = AtomsBatch.from_atoms(molecule("CH3CH2OH"), dtype=torch.float64)
+    with use_backend("triton"):
+        got = engine.compute(batch, to_host=True)
+        want = ForceEngine(base, device="cpu", precision="fp64", analytic=False).compute(batch, to_host=True)
+    torch.testing.assert_close(got["forces"], want["forces"], rtol=0, atol=1e-11)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -42,6 +42,7 @@ deviation from fp64 (the tests enforce it; the benchmark writes the measured err
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -132,6 +133,14 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # (mlff_distiller.ordering): the 24,000-atom water step ran 1.12x faster Morton-sorted, 3,000 atoms gained nothing
 # (benchmarks/results/probe_locality_h100/). Between the two; not measured closer.
 SPATIAL_SORT_MIN_ATOMS = 10_000
+
+
+def _takes(model, name: str) -> bool:
+    """Whether ``model``'s forward takes the keyword ``name`` (False where its signature cannot be read)."""
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _default_ladder(engine: ForceEngine, requested_mode: str) -> BucketLadder:
@@ -331,6 +340,8 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         # Our neighbour lists are full lists: the message backward walks their receiver rows for the senders (no
         # sender sort in a step, none in a bucket's fill). Fixed for the engine's life (its buckets follow it).
         self._symmetric = kernels.symmetric_walk()
+        # The eager step passes the promise where the model's forward takes it (a subclass may override forward).
+        self._symmetric_kw = {"symmetric_edges": True} if self._symmetric and _takes(model, "symmetric_edges") else {}
         self._forward_impl = None
         self.compact_edges = False
         if self.pad:

@@ -170,7 +170,7 @@ class EagerPaths:
             # nl is a NeighborList, a full list by its contract: the message backward walks it without a sender sort
             out = self.model(
                 batch.numbers, positions, nl.edge_index, shift_vectors, batch.batch, batch.num_structures,
-                symmetric_edges=self._symmetric,
+                **self._symmetric_kw,
             )  # fmt: skip
             # the energies in float64 as the model sums them (StudentModel.forward)
             energy, atomic = out["energy"].to(torch.float64), out["atomic_energies"].to(self.dtype)
