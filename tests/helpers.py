@@ -78,12 +78,22 @@ def assert_bucket_csr(graph) -> None:
     assert_symmetric_edges(ei[:, : graph.n_edges], graph.shift_vectors[: graph.n_edges].cpu().numpy())
 
 
+def edge_partners(edge_index, shifts, what: str = "the edge list") -> np.ndarray:
+    """The partner of every edge of a full (symmetric) list: edge (i <- j, s) is paired with (j <- i, -s), shifts
+    compared exactly (integer image shifts, or shift vectors where negation is exact). Fails unless the multiset of
+    (i, j, s) equals that of (j, i, -s); returns ``partner [E]`` (edge ids)."""
+    ei, sh = np.asarray(edge_index), np.asarray(shifts)
+    fwd = sorted(zip(ei[0].tolist(), ei[1].tolist(), map(tuple, sh.tolist()), range(ei.shape[1]), strict=True))
+    rev = sorted(zip(ei[1].tolist(), ei[0].tolist(), map(tuple, (-sh + 0).tolist()), range(ei.shape[1]), strict=True))
+    assert [t[:3] for t in fwd] == [t[:3] for t in rev], f"{what} is not a full list"
+    partner = np.empty(ei.shape[1], dtype=np.int64)
+    partner[[t[3] for t in fwd]] = [t[3] for t in rev]
+    return partner
+
+
 def assert_symmetric_edges(edge_index, shift_vectors) -> None:
     """The edge list is symmetric: the multiset of (i, j, s) equals that of (j, i, -s), shifts compared exactly."""
-    ei, sv = np.asarray(edge_index), np.asarray(shift_vectors, dtype=np.float64)
-    fwd = sorted(zip(ei[0].tolist(), ei[1].tolist(), map(tuple, sv.tolist()), strict=True))
-    rev = sorted(zip(ei[1].tolist(), ei[0].tolist(), map(tuple, (-sv + 0.0).tolist()), strict=True))
-    assert fwd == rev, "the edge list is not symmetric"
+    edge_partners(edge_index, np.asarray(shift_vectors, dtype=np.float64))
 
 
 def assert_close_to(out, ref, precision, n_structures):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from ase import Atoms
 from ase.neighborlist import neighbor_list as ase_neighbor_list
+from helpers import edge_partners
 
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.neighbors import (
@@ -545,13 +546,7 @@ def test_verlet_rebuild_triggers_and_padded_mode():
 def _assert_full_list(nl: NeighborList, positions: torch.Tensor, what: str) -> None:
     """What the engine promises the message backward (``message_passing(symmetric=True)``): every edge
     (i <- j, S) has its partner (j <- i, -S), and the pair's two shift vectors and distances agree (to rounding)."""
-    i, j = nl.edge_index.cpu().tolist()
-    shifts = [tuple(s) for s in nl.shifts.cpu().tolist()]
-    fwd = sorted(zip(i, j, shifts, range(len(i)), strict=True))
-    rev = sorted(zip(j, i, [tuple(-x for x in s) for s in shifts], range(len(i)), strict=True))
-    assert [t[:3] for t in fwd] == [t[:3] for t in rev], f"{what}: not a full list"
-    partner = torch.empty(len(i), dtype=torch.long)
-    partner[torch.tensor([t[3] for t in fwd], dtype=torch.long)] = torch.tensor([t[3] for t in rev], dtype=torch.long)
+    partner = torch.from_numpy(edge_partners(nl.edge_index.cpu().numpy(), nl.shifts.cpu().numpy(), what))
     sv = nl.shift_vectors.cpu()
     torch.testing.assert_close(sv[partner], -sv, rtol=0, atol=1e-12 if sv.dtype == torch.float64 else 2e-5)
     d = nl.distances(positions).cpu()
