@@ -122,6 +122,15 @@ _CONFIG = {
     # of the edges it sends (SYM in _mp_kernels._sender_tile) instead of the sender-sorted permutation, and the
     # engine's buckets sort no senders. False: the permutation, as before stop 54.
     "sender_symmetric": True,
+    # sender_sums: how the atom-variant sender backward sums over a sender's edges (SUMS in _mp_kernels): "tile"
+    # reduces each tile's products across its edges, "acc2d" keeps [BLOCK_E, BLOCK_F] accumulators and reduces
+    # them once after the loop, "moments" takes the filter out of the loop (M = Σ_e rbf_eᵀ g_e as tl.dots with K
+    # over the edges, then Σ_r W ⊙ M once). edge_du: how the edge backward forms ∂u (DU): "sum" reduces c ⊙ g_v
+    # over each feature chunk, "acc2d" over the program's whole slice once, "dot" as rbf_e · D_k with
+    # D_k = (x_c ⊙ g_v[i,k]) @ W_c (three dots, no feature reductions; G_c @ W_c = Σ_k u_k D_k). Same sums in
+    # another order (float32 rounding).
+    "sender_sums": "tile",
+    "edge_du": "sum",
     # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
     # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage
     # 0.97-0.99x; the sender backward at 2 stages 0.993-1.007x (benchmarks/results/stop45_gpu/
@@ -169,6 +178,8 @@ _CONFIG = {
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}
 _PRECISIONS = ("ieee", "tf32x3", "tf32")
+_SENDER_SUMS = {"tile": 0, "acc2d": 1, "moments": 2}
+_EDGE_DU = {"sum": 0, "acc2d": 1, "dot": 2}
 # Under the interpreter: block kernels take 16 atoms x 32 edges (so that tiles straddle atoms even in small test
 # graphs), the others whole feature rows and 64-edge tiles.
 _CPU_TILES = {"block_a": 16, "block_e_block": 32, "block_e": 64, "block_f": 128}
@@ -277,6 +288,10 @@ def _launch_config_for(
         R_PAD=max(16, _pow2(n_rbf)),
         DOT_PRECISION=_dot_precision(prec) if cuda and dtype == torch.float32 else "ieee",
     )
+    if kernel == "bwd_sender" and not blocked:
+        c["SUMS"] = _choice(_SENDER_SUMS, "sender_sums")
+    elif kernel == "bwd_edge":
+        c["DU"] = _choice(_EDGE_DU, "edge_du")
     if blocked:
         c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
         c["SEG_SPLIT"] = bool(_CONFIG["seg_split"]) and c["DOT_PRECISION"] == "tf32x3"
@@ -290,6 +305,14 @@ def _launch_config_for(
     if cuda and maxnreg:  # None or 0: uncapped
         c["maxnreg"] = int(maxnreg)  # registers per thread at most (more programs per SM, maybe spills)
     return c, warps, variant
+
+
+def _choice(options: dict, key: str) -> int:
+    """The constexpr of the configured choice ``_CONFIG[key]`` among ``options`` (a clear error for others)."""
+    value = _CONFIG[key]
+    if value not in options:
+        raise ValueError(f"{key}: {value!r} is not one of {sorted(options)}")
+    return options[value]
 
 
 def _fold_xb(ref: Tensor, n_edges: int, n_atoms: int) -> bool:

@@ -1132,6 +1132,23 @@ case "${1:-}" in
       >"$OUT/pytest_mp_tail_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_tail_cuda.log" | tail -4
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e" >&2; exit 2 ;;
+  stop55)
+    # The sums of the sender backward and the edge backward's ∂u in other orders (stop 55): their CUDA tests, then
+    # the whole step against the shipped per-tile / per-chunk reductions (sender_sums, edge_du), captured small and
+    # medium steps and the eager 24,000-atom step.
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+      -k "sender_sums or edge_du" >"$OUT/pytest_sums_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_sums_cuda.log" | tail -6
+    V="mp:sender_sums=acc2d;mp:sender_sums=moments;mp:sender_sums=moments,bwd_sender_atom_maxnreg=0"
+    V="$V;mp:sender_sums=moments,block_f=32;mp:sender_sums=acc2d,bwd_sender_atom_maxnreg=0;mp:edge_du=acc2d;mp:edge_du=dot"
+    timeout 230 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 210 --out "$OUT" \
+      --systems water192,g2x4096,water3000 --variants "$V" >"$OUT/sweep_small.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sums_small.md"
+    timeout 180 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 160 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_large.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sums_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_sums_small.md" "$OUT/probe_ncu_sweep_sums_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
