@@ -128,9 +128,12 @@ _CONFIG = {
     # over the edges, then Σ_r W ⊙ M once). edge_du: how the edge backward forms ∂u (DU): "sum" reduces c ⊙ g_v
     # over each feature chunk, "acc2d" over the program's whole slice once, "dot" as rbf_e · D_k with
     # D_k = (x_c ⊙ g_v[i,k]) @ W_c (three dots, no feature reductions; G_c @ W_c = Σ_k u_k D_k). Same sums in
-    # another order (float32 rounding).
+    # another order (float32 rounding). Whole step against the shipped choice, one H200 call (stop 55,
+    # benchmarks/results/stop55_gpu/a/probe_ncu_sweep_sums_*.md): edge_du "dot" 1.014x on 192 water atoms and 4,096
+    # g2 molecules, 1.031x at 3,000 water atoms, 1.028x at 24,000 (eager); "acc2d" 0.93-1.00x. sender_sums "acc2d"
+    # 0.987-1.011x, "moments" 0.90-1.00x (0.72x with 32-feature chunks): shipped "dot" and "tile".
     "sender_sums": "tile",
-    "edge_du": "sum",
+    "edge_du": "dot",
     # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
     # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage
     # 0.97-0.99x; the sender backward at 2 stages 0.993-1.007x (benchmarks/results/stop45_gpu/

@@ -1149,6 +1149,26 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sums_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_sums_small.md" "$OUT/probe_ncu_sweep_sums_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55" >&2; exit 2 ;;
+  stop55b)
+    # edge_du "dot" shipped (stop 55): the CUDA tests it touches (the message-passing kernels' large, edge, split and
+    # symmetric cases; the engine's precisions, graph mode and buckets), the edge kernel's tiles re-swept under it
+    # (and the old "sum" as a control), then the large rows beside the reference (bench_large: its check and E+F).
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+      -k "large or edge or split or symmetric or sums" >"$OUT/pytest_mp_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_cuda.log" | tail -6
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_engine_modes.py tests/test_engine.py \
+      -k "gpu or cuda" >"$OUT/pytest_engine_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_engine_cuda.log" | tail -6
+    V="mp:edge_du=sum;mp:bwd_edge_block_e=32;mp:bwd_edge_block_e=128,bwd_edge_warps=8;mp:bwd_edge_block_f=64"
+    V="$V;mp:bwd_edge_warps=8;mp:bwd_edge_stages=2;mp:bwd_edge_maxnreg=128;mp:edge_split_feat=32"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 135 --out "$OUT" \
+      --systems water3000,g2x4096 --variants "$V" >"$OUT/sweep_edge.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_edge.md"
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 115 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_edge_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_edge_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_edge.md" "$OUT/probe_ncu_sweep_edge_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
