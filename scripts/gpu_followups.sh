@@ -1169,6 +1169,19 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_edge_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_edge.md" "$OUT/probe_ncu_sweep_edge_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b" >&2; exit 2 ;;
+  stop55c)
+    # The edge kernel's feature chunks under edge_du "dot" (stop55b: 64-feature chunks 1.017-1.046x): 64 and 128
+    # wide, with other edge tiles and slice widths, on every size of step.
+    V="mp:bwd_edge_block_f=64;mp:bwd_edge_block_f=64,bwd_edge_block_e=32;mp:bwd_edge_block_f=128,edge_split_feat=128"
+    V="$V;mp:bwd_edge_block_f=64,edge_split_feat=128;mp:bwd_edge_block_f=64,bwd_edge_block_e=128,bwd_edge_warps=8"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 185 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 --variants "$V" >"$OUT/sweep_edge.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_edgef.md"
+    timeout 120 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 105 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_edge_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_edgef_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_edgef.md" "$OUT/probe_ncu_sweep_edgef_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
