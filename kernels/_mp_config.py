@@ -31,7 +31,7 @@ from ._triton_utils import num_warps
 #     0.62-0.83x as fast as with the shipped kernels (benchmarks/results/probe_ncu_sweep_h100_f64.md).
 #   <kernel>_block_a / _block_e / _block_f / _warps: the tiles of the block variants of fwd and bwd_sender,
 #     and of the edge and filter kernels (their own keys: bwd_filter_* 32 x 128 / 4 warps, the shared tiles of
-#     the tuning above; bwd_edge_* 64 x 32 / 4 warps in tf32x3, see below).
+#     the tuning above; bwd_edge_* 64 x 64 / 4 warps in tf32x3 (64 x 32 on small graphs), see below).
 #   dot_fwd, dot_bwd_sender, dot_bwd_edge, dot_bwd_filter: tl.dot input_precision of each kernel (float32 only).
 #   seg_split: the block kernels' one-hot segment sums in tf32x3 as two TF32 MMAs of the messages' high and low
 #     parts (the one-hot factor is exact in TF32, so tf32x3's third MMA adds zeros); see _seg_acc. Shipped on:
@@ -94,7 +94,14 @@ _CONFIG = {
     "bwd_sender_warps": 4,
     "sender_block_max_degree": 16,
     "bwd_edge_block_e": 64,
-    "bwd_edge_block_f": 32,
+    # 64-feature chunks since stop 55 (with edge_du "dot", whose ∂rbf and D_k dots then run K = 64): the whole step
+    # 1.017x at 3,000 water atoms, 1.045x at 24,000 (eager), 1.018 / 1.028x for 1,024 / 4,096 g2 molecules, but
+    # 0.993x on benzene and the 192-atom box (benchmarks/results/stop55_gpu/c/): graphs of fewer than
+    # edge_wide_min_edges edges keep 32 (bwd_edge_small_block_f; g2 x 1,024 has ~40,000 edges, the 192-atom box
+    # ~17,000). 32-edge tiles, 8 warps, a register cap, 128-feature chunks and one 128-feature slice: 0.33-0.99x.
+    "bwd_edge_block_f": 64,
+    "bwd_edge_small_block_f": 32,
+    "edge_wide_min_edges": 32768,
     "bwd_edge_warps": 4,
     "bwd_edge_split": "auto",
     "edge_split_programs_per_sm": 4,
@@ -242,7 +249,8 @@ def _launch_config(
 ) -> tuple[dict, int, str]:
     """Constexprs, warps and the variant that runs ("atom" or "block"), for ``kernel`` in ``_KERNELS`` on
     ``ref``'s device and dtype; ``n_atoms``: the graph's atoms (below ``block_min_atoms`` the atom variant runs
-    on the GPU); ``n_edges``: its edges (the "auto" sender variant looks at edges per atom)."""
+    on the GPU); ``n_edges``: its edges (the "auto" sender variant looks at edges per atom, the edge kernel's
+    feature chunks at ``edge_wide_min_edges``)."""
     return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, n_atoms, n_edges)
 
 
@@ -276,6 +284,8 @@ def _launch_config_for(
     elif blocked or kernel in ("bwd_edge", "bwd_filter"):
         block_a, be = _CONFIG.get(f"{kernel}_block_a", 0), _CONFIG[f"{kernel}_block_e"]
         bf, warps = _CONFIG[f"{kernel}_block_f"], _CONFIG[f"{kernel}_warps"]
+        if kernel == "bwd_edge" and n_edges is not None and int(n_edges) < _CONFIG["edge_wide_min_edges"]:
+            bf = _CONFIG["bwd_edge_small_block_f"]
     elif kernel == "fwd":
         be, bf, warps = _CONFIG["fwd_atom_block_e"], _CONFIG["fwd_atom_block_f"], _CONFIG["fwd_atom_warps"]
     else:

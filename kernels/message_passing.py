@@ -496,7 +496,7 @@ if HAS_TRITON:
         (contiguous, one dtype, ``f > 0``, ``e > 0``)."""
         n, f = v.shape[0], v.shape[2]
         e, n_rbf = rbf.shape
-        c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf)
+        c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf, n_edges=e)
         tiles = cdiv(e, c["BLOCK_E"])
         split = _edge_split(x, tiles, f, c["BLOCK_F"])
         g_rbf, g_unit = (torch.empty_like(rbf), torch.empty_like(unit)) if out is None else out

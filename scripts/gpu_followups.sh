@@ -1182,6 +1182,29 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_edgef_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_edgef.md" "$OUT/probe_ncu_sweep_edgef_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c" >&2; exit 2 ;;
+  stop55d)
+    # Shipped: edge_du "dot", 64-feature edge chunks from edge_wide_min_edges edges. The message-passing kernels'
+    # CUDA cases that the edge kernel reaches, the whole step against stop 54's edge kernel (edge_du "sum", 32-feature
+    # chunks) on every row's system, then the large rows beside the reference (bench_large: its check and E+F).
+    timeout 170 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+      -k "launch or edge or split or sums or accumulate or slice0 or large_water or fold_xb_large" \
+      >"$OUT/pytest_mp_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_cuda.log" | tail -6
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 115 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 --variants "mp:edge_du=sum,bwd_edge_block_f=32" \
+      >"$OUT/sweep_rows.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_rows.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_rows.md"
+    timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 180 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "^\| " "$OUT/large/bench_large.md" | head -14
+    ;;
+  stop55e)
+    # The GPU tests outside the kernel files on the final code.
+    timeout 560 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels \
+      >"$OUT/pytest_gpu_all.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_gpu_all.log" | tail -8
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

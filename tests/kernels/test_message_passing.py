@@ -202,9 +202,12 @@ def test_launch_configuration():
     assert cfg("cpu", torch.float32, "bwd_sender", 128, 20, n_atoms=6850, n_edges=51444)[2] == "atom"
     with mp_module._configured(bwd_sender_variant="atom"):  # an explicit variant is kept
         assert cfg("cuda", torch.float32, "bwd_sender", 128, 20, n_atoms=6850, n_edges=51444)[2] == "atom"
-    # the edge kernel: tf32x3 on 64 x 32 tiles (tune_edge_tiles_h100_run2.md); float64 keeps tiles of <= 32 x 32
-    c, warps, _ = cfg("cuda", torch.float32, "bwd_edge", 128, 20)
-    assert (c["BLOCK_E"], c["BLOCK_F"], warps, c["DOT_PRECISION"]) == (64, 32, 4, "tf32x3")
+    # the edge kernel: tf32x3 on 64 x 64 tiles (stop55_gpu/c/), 64 x 32 below edge_wide_min_edges (a 192-atom box:
+    # ~17,000 edges); float64 keeps tiles of <= 32 x 32
+    for n_edges, block_f in ((None, 64), (1305160, 64), (40000, 64), (17000, 32), (12, 32)):
+        c, warps, _ = cfg("cuda", torch.float32, "bwd_edge", 128, 20, n_edges=n_edges)
+        assert (c["BLOCK_E"], c["BLOCK_F"], warps, c["DOT_PRECISION"], c["DU"]) == (64, block_f, 4, "tf32x3", 2)
+    assert cfg("cpu", torch.float32, "bwd_edge", 128, 20, n_edges=12)[0]["BLOCK_F"] == mp_module._CPU_TILES["block_f"]
     c, _, _ = cfg("cuda", torch.float64, "bwd_edge", 128, 20)
     assert (c["BLOCK_E"], c["BLOCK_F"], c["DOT_PRECISION"]) == (32, 32, "ieee")
     # the forward at 2 pipeline stages on the GPU (stop 45, stop45_gpu/probe_ncu_sweep_stages*.md), both variants;
@@ -536,7 +539,7 @@ def test_edge_kernel_feature_split(triton_device, split, dtype, monkeypatch):
     e = 100 if triton_device.type == "cpu" else 300  # (a few edge tiles under the interpreter: 11 s a case at 300)
     args = _graph(20 if triton_device.type == "cpu" else 40, e, 64, 20, dtype, triton_device, seed=31)
     with mp_module._configured(bwd_edge_split=split, bwd_sender_variant="atom"):
-        c, _, _ = mp_module._launch_config(args[0], "bwd_edge", 64, 20)
+        c, _, _ = mp_module._launch_config(args[0], "bwd_edge", 64, 20, n_edges=e)
         chunks = 64 // c["BLOCK_F"]
         used = mp_module._edge_split(args[0], e // c["BLOCK_E"] + 1, 64, c["BLOCK_F"])
         assert used == (split if chunks % split == 0 else 1)
@@ -796,7 +799,7 @@ def test_edge_grads_accumulate_into_given_rows(triton_device, split, monkeypatch
     row_ptr = mp_module._offsets(ei[0].contiguous(), n)
     args = (gs, gv, x, v, rbf, w, unit, ei, row_ptr, True, mp_module._bare)
     with mp_module._configured(bwd_edge_split=split, bwd_sender_variant="atom"):
-        c, _, _ = mp_module._launch_config(x, "bwd_edge", f, 20)
+        c, _, _ = mp_module._launch_config(x, "bwd_edge", f, 20, n_edges=e)
         assert mp_module._edge_split(x, -(-e // c["BLOCK_E"]), f, c["BLOCK_F"]) == split
         fresh = mp_module._edge_grads(*args)
         old = (torch.randn_like(rbf), torch.randn_like(unit))
@@ -844,7 +847,7 @@ def test_edge_split_slice0_writes_the_outputs(triton_device, split, monkeypatch)
     rows, shapes = {}, {}
     for out0 in (True, False):
         with mp_module._configured(bwd_edge_split=split, bwd_sender_variant="atom", edge_split_out0=out0):
-            c, _, _ = mp_module._launch_config(x, "bwd_edge", f, r)
+            c, _, _ = mp_module._launch_config(x, "bwd_edge", f, r, n_edges=e)
             assert mp_module._edge_split(x, -(-e // c["BLOCK_E"]), f, c["BLOCK_F"]) == split
             with _Allocs() as allocs:
                 rows[out0] = mp_module._edge_grads(*args)
