@@ -129,17 +129,15 @@ _CONFIG = {
     # of the edges it sends (SYM in _mp_kernels._sender_tile) instead of the sender-sorted permutation, and the
     # engine's buckets sort no senders. False: the permutation, as before stop 54.
     "sender_symmetric": True,
-    # sender_sums: how the atom-variant sender backward sums over a sender's edges (SUMS in _mp_kernels): "tile"
-    # reduces each tile's products across its edges, "acc2d" keeps [BLOCK_E, BLOCK_F] accumulators and reduces
-    # them once after the loop, "moments" takes the filter out of the loop (M = Σ_e rbf_eᵀ g_e as tl.dots with K
-    # over the edges, then Σ_r W ⊙ M once). edge_du: how the edge backward forms ∂u (DU): "sum" reduces c ⊙ g_v
-    # over each feature chunk, "acc2d" over the program's whole slice once, "dot" as rbf_e · D_k with
-    # D_k = (x_c ⊙ g_v[i,k]) @ W_c (three dots, no feature reductions; G_c @ W_c = Σ_k u_k D_k). Same sums in
-    # another order (float32 rounding). Whole step against the shipped choice, one H200 call (stop 55,
-    # benchmarks/results/stop55_gpu/a/probe_ncu_sweep_sums_*.md): edge_du "dot" 1.014x on 192 water atoms and 4,096
-    # g2 molecules, 1.031x at 3,000 water atoms, 1.028x at 24,000 (eager); "acc2d" 0.93-1.00x. sender_sums "acc2d"
-    # 0.987-1.011x, "moments" 0.90-1.00x (0.72x with 32-feature chunks): shipped "dot" and "tile".
-    "sender_sums": "tile",
+    # edge_du: how the edge backward forms ∂u (DU_DOT in _mp_kernels): "sum" reduces c ⊙ g_v across each feature
+    # chunk (three cross-lane sums per chunk, and c = x_c ⊙ (rbf @ W_cᵀ) as a dot whose output the sums need in
+    # their own layout); "dot" as rbf_e · D_k with D_k = (x_c ⊙ g_v[i,k]) @ W_c (three dots, no feature sums;
+    # G_c @ W_c = Σ_k u_k D_k). The same sums in another order (float32 rounding). Whole step, "dot" against "sum",
+    # one H200 call (stop 55, benchmarks/results/stop55_gpu/a/probe_ncu_sweep_sums_*.md): 1.014x on 192 water atoms
+    # and 4,096 g2 molecules, 1.031x at 3,000 water atoms, 1.028x at 24,000 (eager). Dropped there (code in
+    # stop55_gpu/sums_dropped.diff): the chunk sums kept as [BLOCK_E, BLOCK_F] products and reduced once per slice
+    # (0.93-1.00x), and in the atom sender kernel the five sums kept as 2-D accumulators (0.987-1.011x) or as radial
+    # moments Σ_e rbf_eᵀ g_e with the filter applied after the loop (0.90-1.00x).
     "edge_du": "dot",
     # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
     # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage
@@ -188,8 +186,7 @@ _CONFIG = {
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}
 _PRECISIONS = ("ieee", "tf32x3", "tf32")
-_SENDER_SUMS = {"tile": 0, "acc2d": 1, "moments": 2}
-_EDGE_DU = {"sum": 0, "acc2d": 1, "dot": 2}
+_EDGE_DU = {"sum": False, "dot": True}
 # Under the interpreter: block kernels take 16 atoms x 32 edges (so that tiles straddle atoms even in small test
 # graphs), the others whole feature rows and 64-edge tiles.
 _CPU_TILES = {"block_a": 16, "block_e_block": 32, "block_e": 64, "block_f": 128}
@@ -301,10 +298,8 @@ def _launch_config_for(
         R_PAD=max(16, _pow2(n_rbf)),
         DOT_PRECISION=_dot_precision(prec) if cuda and dtype == torch.float32 else "ieee",
     )
-    if kernel == "bwd_sender" and not blocked:
-        c["SUMS"] = _choice(_SENDER_SUMS, "sender_sums")
-    elif kernel == "bwd_edge":
-        c["DU"] = _choice(_EDGE_DU, "edge_du")
+    if kernel == "bwd_edge":
+        c["DU_DOT"] = _choice(_EDGE_DU, "edge_du")
     if blocked:
         c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
         c["SEG_SPLIT"] = bool(_CONFIG["seg_split"]) and c["DOT_PRECISION"] == "tf32x3"
@@ -320,7 +315,7 @@ def _launch_config_for(
     return c, warps, variant
 
 
-def _choice(options: dict, key: str) -> int:
+def _choice(options: dict, key: str):
     """The constexpr of the configured choice ``_CONFIG[key]`` among ``options`` (a clear error for others)."""
     value = _CONFIG[key]
     if value not in options:

@@ -347,7 +347,9 @@ if HAS_TRITON:
     #     atomic adds per edge on the hottest output (and make it non-deterministic). On a symmetric (full) list
     #     (SYM, stop 54) it walks the sender's own receiver row instead: the partners of the edges it sends.
     #   * _mp_bwd_edge_kernel: ∂rbf_e and ∂u_e reduce over all 3F features of one edge: one program per tile of
-    #     edges loops over the feature chunks and writes each edge's row once.
+    #     edges loops over the feature chunks and writes each edge's row once. With DU_DOT (shipped since stop 55)
+    #     the c-terms go through D_k = (x_c,j ⊙ g_v[i,k]) @ W_c ([E, R], summed over the chunks):
+    #     ∂u_e[k] = rbf_e · D_k[e] and (G_c @ W_c)_e = Σ_k u_e[k] D_k[e], so no feature sums across lanes.
     #   * _mp_bwd_filter_kernel: ∂filter_weight reduces over all edges: each program sums a contiguous range of
     #     edges for one feature chunk into a [BLOCK_F, R_PAD] register tile (a tl.dot with K = edges) and
     #     writes one partial; the host sums the few hundred partials (deterministic, no contention).
@@ -377,33 +379,18 @@ if HAS_TRITON:
         ADD_GV: tl.constexpr,
         PDL: tl.constexpr,
         SYM: tl.constexpr = False,
-        SUMS: tl.constexpr = 0,
     ):
         # SYM: the edge list is symmetric (see _sym_tile): colptr_ptr is the receiver CSR, perm_ptr unused.
-        # SUMS (the five sums over the sender's edges; _mp_config "sender_sums"): 0 reduces each tile's products
-        # across the tile's edges (a cross-warp reduction per sum and tile); 1 adds the products into
-        # [BLOCK_E, BLOCK_F] accumulators and reduces them once after the loop; 2 ("moments") moves the filter out
-        # of the loop: Σ_e g[e, f] (rbf_e · W[f]) = Σ_r W[f, r] M[r, f] with M = Σ_e rbf_eᵀ g[e] ([R_PAD, BLOCK_F],
-        # a tl.dot whose K runs over the tile's edges), so the loop holds no filter tile and forms no w_e.
         pdl_prologue(PDL)
         j = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-        fm = f < N_FEAT
-        r = tl.arange(0, R_PAD)
-        rm = r < N_RBF
+        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
         dt = x_ptr.dtype.element_ty
-        if SUMS == 0:
-            wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
-            acc_a = tl.zeros((BLOCK_F,), dtype=dt)
-            acc_c = tl.zeros((BLOCK_F,), dtype=dt)
-            t_0 = tl.zeros((BLOCK_F,), dtype=dt)
-            t_1 = tl.zeros((BLOCK_F,), dtype=dt)
-            t_2 = tl.zeros((BLOCK_F,), dtype=dt)
-        elif SUMS == 1:
-            wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
-            acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_E, BLOCK_F)
-        else:
-            acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, R_PAD, BLOCK_F)
+        acc_a = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_c = tl.zeros((BLOCK_F,), dtype=dt)
+        t_0 = tl.zeros((BLOCK_F,), dtype=dt)
+        t_1 = tl.zeros((BLOCK_F,), dtype=dt)
+        t_2 = tl.zeros((BLOCK_F,), dtype=dt)
         lo = tl.load(colptr_ptr + j)
         hi = tl.load(colptr_ptr + j + 1)
         for start in range(lo, hi, BLOCK_E):
@@ -415,43 +402,14 @@ if HAS_TRITON:
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
-            gamma = _gamma(g0, g1, g2, ux, uy, uz)
-            if SUMS == 2:
-                rbt = tl.trans(rb)
-                acc_a += dot_rn(rbt, gsi, DOT_PRECISION)
-                acc_c += dot_rn(rbt, gamma, DOT_PRECISION)
-                t_0 += dot_rn(rbt, g0, DOT_PRECISION)
-                t_1 += dot_rn(rbt, g1, DOT_PRECISION)
-                t_2 += dot_rn(rbt, g2, DOT_PRECISION)
-            else:
-                w_a = dot_rn(rb, wa, DOT_PRECISION)
-                w_b = dot_rn(rb, wb, DOT_PRECISION)
-                w_c = dot_rn(rb, wc, DOT_PRECISION)
-                if SUMS == 1:
-                    acc_a += gsi * w_a
-                    acc_c += gamma * w_c
-                    t_0 += w_b * g0
-                    t_1 += w_b * g1
-                    t_2 += w_b * g2
-                else:
-                    acc_a += tl.sum(gsi * w_a, axis=0)
-                    acc_c += tl.sum(gamma * w_c, axis=0)
-                    t_0 += tl.sum(w_b * g0, axis=0)
-                    t_1 += tl.sum(w_b * g1, axis=0)
-                    t_2 += tl.sum(w_b * g2, axis=0)
-        if SUMS == 1:
-            acc_a = tl.sum(acc_a, axis=0)
-            acc_c = tl.sum(acc_c, axis=0)
-            t_0 = tl.sum(t_0, axis=0)
-            t_1 = tl.sum(t_1, axis=0)
-            t_2 = tl.sum(t_2, axis=0)
-        elif SUMS == 2:  # the filter, once: Σ_r W[f, r] M[r, f] (wa, wb, wc are the [R_PAD, BLOCK_F] tiles Wᵀ)
-            wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
-            acc_a = tl.sum(wa * acc_a, axis=0)
-            acc_c = tl.sum(wc * acc_c, axis=0)
-            t_0 = tl.sum(wb * t_0, axis=0)
-            t_1 = tl.sum(wb * t_1, axis=0)
-            t_2 = tl.sum(wb * t_2, axis=0)
+            w_a = dot_rn(rb, wa, DOT_PRECISION)
+            w_b = dot_rn(rb, wb, DOT_PRECISION)
+            w_c = dot_rn(rb, wc, DOT_PRECISION)
+            acc_a += tl.sum(gsi * w_a, axis=0)
+            acc_c += tl.sum(_gamma(g0, g1, g2, ux, uy, uz) * w_c, axis=0)
+            t_0 += tl.sum(w_b * g0, axis=0)
+            t_1 += tl.sum(w_b * g1, axis=0)
+            t_2 += tl.sum(w_b * g2, axis=0)
         if SYM:  # γ was summed with the partners' unit vectors, -u
             acc_c = -acc_c
         row = j * (3 * N_FEAT) + f
@@ -572,11 +530,11 @@ if HAS_TRITON:
         gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        SPLIT: tl.constexpr, HAS_V: tl.constexpr, FOLD: tl.constexpr = False, DU: tl.constexpr = 0,
+        SPLIT: tl.constexpr, HAS_V: tl.constexpr, FOLD: tl.constexpr = False, DU_DOT: tl.constexpr = False,
     ):  # fmt: skip
-        """The edge tile's ∂rbf and ∂u terms of the features ``part * F / SPLIT + k0 + [0, BLOCK_F)``. DU (see
-        _mp_bwd_edge_kernel): gu_k are ``[BLOCK_E]`` sums (0), ``[BLOCK_E, BLOCK_F]`` products summed later (1),
-        or ``[BLOCK_E, R_PAD]`` dots D_k = (x_c ⊙ g_v[i,k]) @ W_c (2; the c-block of g_rbf is then left to them)."""
+        """The edge tile's ∂rbf and ∂u terms of the features ``part * F / SPLIT + k0 + [0, BLOCK_F)``: gu_k are
+        ``[BLOCK_E]`` sums, or with DU_DOT (see _mp_bwd_edge_kernel) ``[BLOCK_E, R_PAD]`` dots
+        D_k = (x_c ⊙ g_v[i,k]) @ W_c (the c-block of g_rbf is then left to them)."""
         f = part * (N_FEAT // SPLIT) + k0 + tl.arange(0, BLOCK_F)
         fm = f < N_FEAT
         m2 = em[:, None] & fm[None, :]
@@ -586,7 +544,7 @@ if HAS_TRITON:
         g_rbf += dot_rn(G_a, _w_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
         if HAS_V:
             g_rbf += dot_rn(G_b, _w_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
-        if DU == 2:
+        if DU_DOT:
             # Σ_f over this chunk of c_e ⊙ g_v[i,k] with c_e = x_c ⊙ (rbf_e @ W_cᵀ) is rbf_e · D_k[e], and
             # G_c @ W_c = Σ_k u_e[k] D_k[e] (γ = Σ_k u_k g_v[i,k]): three dots in place of two and of the
             # cross-lane sums over features.
@@ -597,14 +555,9 @@ if HAS_TRITON:
         else:
             g_rbf += dot_rn(G_c, _w_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
             c = xc * dot_rn(rb, _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), DOT_PRECISION)
-            if DU == 1:
-                gu_0 += c * g0
-                gu_1 += c * g1
-                gu_2 += c * g2
-            else:
-                gu_0 += tl.sum(c * g0, axis=1)
-                gu_1 += tl.sum(c * g1, axis=1)
-                gu_2 += tl.sum(c * g2, axis=1)
+            gu_0 += tl.sum(c * g0, axis=1)
+            gu_1 += tl.sum(c * g1, axis=1)
+            gu_2 += tl.sum(c * g2, axis=1)
         return g_rbf, gu_0, gu_1, gu_2
 
     @triton.jit
@@ -612,40 +565,32 @@ if HAS_TRITON:
         gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        SPLIT: tl.constexpr, HAS_V: tl.constexpr, FOLD: tl.constexpr = False, DU: tl.constexpr = 0,
+        SPLIT: tl.constexpr, HAS_V: tl.constexpr, FOLD: tl.constexpr = False, DU_DOT: tl.constexpr = False,
     ):  # fmt: skip
         """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice."""
         i, j = _edge_ends(ei_ptr, ei_stride, e, em)
         rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
         ux, uy, uz = _unit3(unit_ptr, e, em)
-        if DU == 0:
-            d_0, d_1, d_2 = gu_0, gu_1, gu_2
-        elif DU == 1:
-            d_0 = tl.zeros((gu_0.shape[0], BLOCK_F), dtype=g_rbf.dtype)
-            d_1 = tl.zeros((gu_0.shape[0], BLOCK_F), dtype=g_rbf.dtype)
-            d_2 = tl.zeros((gu_0.shape[0], BLOCK_F), dtype=g_rbf.dtype)
-        else:
+        if DU_DOT:
             d_0 = tl.zeros_like(g_rbf)
             d_1 = tl.zeros_like(g_rbf)
             d_2 = tl.zeros_like(g_rbf)
+        else:
+            d_0, d_1, d_2 = gu_0, gu_1, gu_2
         # Unrolled: the same chunks walked in a loop measured 0.88-0.95x on the whole step
         # (benchmarks/results/probe_ncu_sweep_h100_run3.md).
         for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
             g_rbf, d_0, d_1, d_2 = _edge_chunk_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
-                g_rbf, d_0, d_1, d_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU,
+                g_rbf, d_0, d_1, d_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT,
             )  # fmt: skip
-        if DU == 0:
-            gu_0, gu_1, gu_2 = d_0, d_1, d_2
-        elif DU == 1:
-            gu_0 += tl.sum(d_0, axis=1)
-            gu_1 += tl.sum(d_1, axis=1)
-            gu_2 += tl.sum(d_2, axis=1)
-        else:
+        if DU_DOT:
             g_rbf += ux[:, None] * d_0 + uy[:, None] * d_1 + uz[:, None] * d_2
             gu_0 += tl.sum(rb * d_0, axis=1)
             gu_1 += tl.sum(rb * d_1, axis=1)
             gu_2 += tl.sum(rb * d_2, axis=1)
+        else:
+            gu_0, gu_1, gu_2 = d_0, d_1, d_2
         return g_rbf, gu_0, gu_1, gu_2
 
     @triton.jit(**unspecialized("E", "ei_stride", aligned=("live_ptr",)))  # live_ptr: row_ptr[N:]
@@ -677,7 +622,7 @@ if HAS_TRITON:
         PDL: tl.constexpr,
         FOLD: tl.constexpr = False,
         OUT0: tl.constexpr = False,
-        DU: tl.constexpr = 0,
+        DU_DOT: tl.constexpr = False,
     ):
         pdl_prologue(PDL)
         # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
@@ -714,7 +659,7 @@ if HAS_TRITON:
         if e0 < n_live:
             g_rbf, gu_0, gu_1, gu_2 = _edge_tile_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
-                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU,
+                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT,
             )  # fmt: skip
         em = e < E
         tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])

@@ -206,7 +206,7 @@ def test_launch_configuration():
     # ~17,000 edges); float64 keeps tiles of <= 32 x 32
     for n_edges, block_f in ((None, 64), (1305160, 64), (40000, 64), (17000, 32), (12, 32)):
         c, warps, _ = cfg("cuda", torch.float32, "bwd_edge", 128, 20, n_edges=n_edges)
-        assert (c["BLOCK_E"], c["BLOCK_F"], warps, c["DOT_PRECISION"], c["DU"]) == (64, block_f, 4, "tf32x3", 2)
+        assert (c["BLOCK_E"], c["BLOCK_F"], warps, c["DOT_PRECISION"], c["DU_DOT"]) == (64, block_f, 4, "tf32x3", True)
     assert cfg("cpu", torch.float32, "bwd_edge", 128, 20, n_edges=12)[0]["BLOCK_F"] == mp_module._CPU_TILES["block_f"]
     c, _, _ = cfg("cuda", torch.float64, "bwd_edge", 128, 20)
     assert (c["BLOCK_E"], c["BLOCK_F"], c["DOT_PRECISION"]) == (32, 32, "ieee")
@@ -891,25 +891,16 @@ def test_backward_runs_the_edge_kernel_before_the_sender_kernel(triton_device, f
         assert torch.equal(a, b)
 
 
-# (sender_sums, edge_du): every non-default choice of each, and both changed at once.
-SUM_MODES = [("acc2d", "sum"), ("moments", "acc2d"), ("tile", "dot"), ("moments", "dot")]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("sums, du", SUM_MODES, ids=[f"{s}-{d}" for s, d in SUM_MODES])
-def test_sender_sums_and_edge_du_orders(triton_device, sums, du, dtype):
-    """The atom sender backward's sums (``sender_sums``: per tile, 2-D accumulators, radial moments) and the edge
-    backward's ∂u (``edge_du``: per chunk, once per slice, as dots) are the same sums in another order: the forward
-    and the five gradients stay within the bound of the float64 reference (several feature chunks and sender
-    tiles, a padded radial dimension), on the permutation and the symmetric walk, and the choice is the launch's."""
-    with mp_module._configured(sender_sums=sums, edge_du=du, bwd_sender_variant="atom", block_min_atoms=0):
+@pytest.mark.parametrize("du", ["sum", "dot"])
+def test_edge_du_orders(triton_device, du, dtype):
+    """The edge backward's ∂u (``edge_du``: per-chunk feature sums, or dots D_k = (x_c ⊙ g_v[i,k]) @ W_c) is the same
+    sum in another order: the forward and the five gradients stay within the bound of the float64 reference
+    (several feature chunks, a padded radial dimension), on the permutation and the symmetric walk, and the choice
+    is the launch's."""
+    with mp_module._configured(edge_du=du):
         args = _graph(6, 37, 40, 20, dtype, triton_device, seed=61)
-        assert mp_module._launch_config(args[0], "bwd_sender", 40, 20, n_atoms=6)[0]["SUMS"] == [
-            "tile",
-            "acc2d",
-            "moments",
-        ].index(sums)
-        assert mp_module._launch_config(args[0], "bwd_edge", 40, 20)[0]["DU"] == ["sum", "acc2d", "dot"].index(du)
+        assert mp_module._launch_config(args[0], "bwd_edge", 40, 20)[0]["DU_DOT"] is (du == "dot")
         _compare(args, dtype)
         x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(9, 30, 20, 6, dtype, triton_device, seed=62)
         ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
@@ -922,19 +913,17 @@ def test_sender_sums_and_edge_du_orders(triton_device, sums, du, dtype):
         _check(g, r, s, TOL[dtype], f"symmetric grad {name}")
 
 
-def test_sender_sums_and_edge_du_reject_unknown_choices():
-    ref = torch.zeros(1)
-    for key, kernel in (("sender_sums", "bwd_sender"), ("edge_du", "bwd_edge")):
-        with mp_module._configured(**{key: "fused"}), pytest.raises(ValueError, match=key):
-            mp_module._launch_config(ref, kernel, 16, 8, n_atoms=4, n_edges=8)
+def test_edge_du_rejects_unknown_choices():
+    with mp_module._configured(edge_du="acc2d"), pytest.raises(ValueError, match="edge_du"):
+        mp_module._launch_config(torch.zeros(1), "bwd_edge", 16, 8, n_edges=8)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sums, du", SUM_MODES, ids=[f"{s}-{d}" for s, d in SUM_MODES])
-def test_sender_sums_and_edge_du_large_graph_float32(sums, du):
-    """The reordered sums within the float32 bound on a 3,000-atom graph, F = 128, R = 20 (the shipped student's
-    shape, tf32x3 dots, the edge kernel's feature split)."""
+@pytest.mark.parametrize("du", ["sum", "dot"])
+def test_edge_du_large_graph_float32(du):
+    """Both orders within the float32 bound on a 3,000-atom graph, F = 128, R = 20 (the shipped student's shape,
+    tf32x3 dots, the edge kernel's feature split and 64-feature chunks)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    with mp_module._configured(sender_sums=sums, edge_du=du, bwd_sender_variant="atom"):
+    with mp_module._configured(edge_du=du):
         _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=63), torch.float32)
