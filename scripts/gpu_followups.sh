@@ -1205,6 +1205,18 @@ case "${1:-}" in
       >"$OUT/pytest_gpu_all.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_gpu_all.log" | tail -8
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e" >&2; exit 2 ;;
+  stop55f)
+    # The final kernel source (DU_DOT, the dropped orders removed): the kernel file's edge, split and launch CUDA
+    # cases; then the captured 24,000-atom step (mode auto captures it since stop 52) with the edge kernels on the
+    # second stream (edge_stream_max_edges raised over its 1.3M edges; never measured captured at that size).
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+      -k "launch or edge_du or edge_kernel or split or large_water" >"$OUT/pytest_mp_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_cuda.log" | tail -6
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" --systems water24000 \
+      --variants "mp:edge_stream_max_edges=2097152;mp:edge_stream_max_edges=2097152" >"$OUT/sweep_sink24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sink24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_sink24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
