@@ -893,14 +893,16 @@ def test_backward_runs_the_edge_kernel_before_the_sender_kernel(triton_device, f
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("du", ["sum", "dot"])
-def test_edge_du_orders(triton_device, du, dtype):
+def test_edge_du_orders(triton_device, du, dtype, monkeypatch):
     """The edge backward's ∂u (``edge_du``: per-chunk feature sums, or dots D_k = (x_c ⊙ g_v[i,k]) @ W_c) is the same
     sum in another order: the forward and the five gradients stay within the bound of the float64 reference
-    (several feature chunks, a padded radial dimension), on the permutation and the symmetric walk, and the choice
-    is the launch's."""
-    with mp_module._configured(edge_du=du):
+    (three feature chunks of 16, the last one masked; a padded radial dimension), on the permutation and the
+    symmetric walk, and the choice is the launch's."""
+    monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)
+    with mp_module._configured(edge_du=du, bwd_edge_block_f=16, bwd_edge_small_block_f=16):
         args = _graph(6, 37, 40, 20, dtype, triton_device, seed=61)
-        assert mp_module._launch_config(args[0], "bwd_edge", 40, 20)[0]["DU_DOT"] is (du == "dot")
+        c = mp_module._launch_config(args[0], "bwd_edge", 40, 20, n_edges=37)[0]
+        assert c["DU_DOT"] is (du == "dot") and c["BLOCK_F"] == 16
         _compare(args, dtype)
         x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(9, 30, 20, 6, dtype, triton_device, seed=62)
         ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
