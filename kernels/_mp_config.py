@@ -74,7 +74,8 @@ from ._triton_utils import num_warps
 # (~3e-7); the filter kernel stays ieee (tf32x3 did not make it faster there). The edge kernel: tf32x3 at
 # 64 edges x 32 features / 4 warps, with its ∂rbf dots on untransposed filter tiles (stop 14,
 # benchmarks/results/tune_edge_tiles_h100_run2.md): 2.6 ms at 24,000 atoms (ieee 32 x 128: 3.5 ms), 32 µs for a
-# 192-atom water box, error vs float64 2.9e-7 (ieee 8.5e-7). Its ieee path keeps the tl.trans tiles.
+# 192-atom water box, error vs float64 2.9e-7 (ieee 8.5e-7). Its ieee path keeps the tl.trans tiles. Since stop 55
+# 64 x 64 from edge_wide_min_edges edges on, with ∂u as dots (edge_du, bwd_edge_block_f below).
 _CONFIG = {
     "block_e": 16,
     "block_f": 64,
