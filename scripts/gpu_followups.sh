@@ -1224,6 +1224,29 @@ case "${1:-}" in
       >"$OUT/probe_precision.log" 2>&1
     grep -E "^\| " "$OUT/probe_precision_h200.md" | head -30
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g" >&2; exit 2 ;;
+  stop56)
+    # The edge backward inside the sender kernel (sender_edge_fused, stop 56, off as committed): its CUDA tests and
+    # the ones it touches, the forces against the two kernels (eager and captured), then the whole step against
+    # the shipped two kernels: water boxes captured (192, 3,000 atoms) and eager (24,000), with its tiles.
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+      -k "fused or symmetric or slice0 or past_the_csr" >"$OUT/pytest_fused_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_fused_cuda.log" | tail -6
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_compile_ahead.py \
+      -k "unspecial or new_edge_count" >"$OUT/pytest_compile_ahead.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_compile_ahead.log" | tail -4
+    timeout 150 python3 benchmarks/probe_fused_check.py --systems water192,water3000,water24000 --out "$OUT" \
+      >"$OUT/probe_fused_check.log" 2>&1
+    tail -8 "$OUT/probe_fused_check.log"
+    F="mp:sender_edge_fused=1,fused_min_edges=0"
+    V="$F;$F,fused_du=dot;$F,bwd_fused_maxnreg=128;$F,bwd_fused_block_e=32;$F,bwd_fused_block_f=32;$F,bwd_fused_warps=8"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 185 --out "$OUT" \
+      --systems water192,water3000 --variants "$V" >"$OUT/sweep_fused.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_fused.md"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 135 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_fused_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_fused_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_fused.md" "$OUT/probe_ncu_sweep_fused_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

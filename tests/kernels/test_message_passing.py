@@ -929,3 +929,157 @@ def test_edge_du_large_graph_float32(du):
         pytest.skip("needs CUDA")
     with mp_module._configured(edge_du=du):
         _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=63), torch.float32)
+
+
+def _partners(ei, rbf, unit):
+    """Each edge's partner in a symmetric graph (the edge with swapped ends, the same rbf row and -u)."""
+    same = (ei[0][:, None] == ei[1][None, :]) & (ei[1][:, None] == ei[0][None, :])
+    same &= (rbf[:, None, :] == rbf[None, :, :]).all(-1) & (unit[:, None, :] == -unit[None, :, :]).all(-1)
+    assert same.sum(1).eq(1).all(), "not a symmetric graph"
+    return same.to(torch.int64).argmax(1)
+
+
+def _fused_run(ins0, ei, row_ptr, fused, du="sum", v_zero=False, v_residual=False, calls=None):
+    """Forward and the five first gradients with ``symmetric=True``, the fused sender kernel on or off."""
+    ins = [t.detach().clone().requires_grad_(True) for t in ins0]
+    with mp_module._configured(sender_edge_fused=fused, fused_min_edges=0, fused_du=du, bwd_fused_block_f=16):
+        out = _triton(*ins, ei, row_ptr=row_ptr, symmetric=True, v_zero=v_zero, v_residual=v_residual)
+        gen = torch.Generator().manual_seed(7)
+        gs = torch.randn(out[0].shape, generator=gen, dtype=torch.float64).to(out[0])
+        gv = torch.randn(out[1].shape, generator=gen, dtype=torch.float64).to(out[1])
+        outs, grads = [out[0], out[1]], [gs, gv]
+        if v_residual:  # v' = v gets an upstream gradient of its own, added in the kernel's store
+            outs.append(out[2])
+            grads.append(torch.randn(out[2].shape, generator=gen, dtype=torch.float64).to(out[2]))
+        got = torch.autograd.grad(outs, ins, grads)
+    return list(got), gs, gv, grads
+
+
+# (N, pairs, F, R), dtype: one pair; F = 40 in three feature slices of 16 (the last one masked); a hub atom.
+FUSED_CASES = [
+    ((2, 1, 8, 4), torch.float64),
+    ((9, 30, 40, 6), torch.float32),
+    ((23, 90, 40, 20), torch.float64),
+]
+
+
+@pytest.mark.parametrize("du", ["sum", "dot"])
+@pytest.mark.parametrize("shape, dtype", FUSED_CASES, ids=["pair-f64", "slices-f32", "wide-f64"])
+def test_fused_sender_edge_backward(triton_device, shape, dtype, du, monkeypatch):
+    """``sender_edge_fused``: the sender kernel writes the partners' ∂rbf, ∂u at the rows it walks. ∂x, ∂v,
+    ∂filter_weight as the reference (float64 oracle, the usual bound) and the two-kernel path; ∂rbf and ∂u hold
+    each row's partner's gradient (∂u negated: the partner's unit vector is -u), which is the same gradient for
+    any geometry that gives partners one basis row and opposite unit vectors (tests/test_buckets.py checks forces
+    and stress through the engine). The fused kernel is the one that ran, once per backward."""
+    monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)
+    n, pairs, f, r = shape
+    x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(n, pairs, f, r, dtype, triton_device, seed=pairs + 5)
+    calls = []
+    real = mp_module._sender_edge_grads
+    monkeypatch.setattr(mp_module, "_sender_edge_grads", lambda *a: calls.append(1) or real(*a))
+    fused, gs, gv, _ = _fused_run((x, v, rbf, w, unit), ei, row_ptr, True, du)
+    assert len(calls) == 1
+    plain, *_ = _fused_run((x, v, rbf, w, unit), ei, row_ptr, False, du)
+    assert len(calls) == 1
+    part = _partners(ei, rbf, unit)
+    mapped = [fused[0], fused[1], fused[2][part], fused[3], -fused[4][part]]
+    ref64 = [t.double() for t in (x, v, rbf, w, unit)]
+    ref = message_passing_backward_reference(gs.double(), gv.double(), *ref64, ei)
+    _, scales = _abs_scales(x, v, rbf, w, unit, ei, gs, gv)
+    for name, g, want, s in zip(("x", "v", "rbf", "filter_weight", "unit"), mapped, ref, scales, strict=True):
+        _check(g, want, s, TOL[dtype], f"fused grad {name}")
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for a, b in zip(mapped, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=tol * b.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("v_zero, v_residual", [(True, False), (False, True)], ids=["v_zero", "v_residual"])
+def test_fused_sender_edge_backward_promises(triton_device, v_zero, v_residual):
+    """The fused kernel under the v = 0 promise (no b-terms: v must then be zeros) and with v's residual alias
+    (its gradient added to ∂v in the store): the same gradients as the two kernels, to rounding."""
+    x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(11, 40, 24, 6, torch.float64, triton_device, seed=3)
+    if v_zero:
+        v = torch.zeros_like(v)
+    ins0 = (x, v, rbf, w, unit)
+    fused, *_ = _fused_run(ins0, ei, row_ptr, True, v_zero=v_zero, v_residual=v_residual)
+    plain, *_ = _fused_run(ins0, ei, row_ptr, False, v_zero=v_zero, v_residual=v_residual)
+    part = _partners(ei, rbf, unit)
+    fused[2], fused[4] = fused[2][part], -fused[4][part]
+    for a, b in zip(fused, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12 * b.abs().max().item(), rtol=0)
+
+
+def test_fused_sender_edge_backward_zeroes_the_edges_past_the_csr(triton_device, poison):
+    """Edges past row_ptr[N] (a padded bucket's inert tail), which no program of the fused kernel walks, get
+    ∂rbf = ∂u = 0 exactly (the sum kernel's LIVE rows), in two feature slices and in one; an atom with more edges
+    than a tile (a hub) has all its rows written."""
+    x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(4, 200, 32, 6, torch.float64, triton_device, seed=9)
+    live, tail, n = ei.shape[1], 21, x.shape[0]
+    assert (row_ptr[1:] - row_ptr[:-1]).max() > 64  # more than one interpreter tile
+    pad = torch.arange(tail, device=triton_device) % n
+    ei_p = torch.cat([ei, torch.stack([pad, pad])], 1)
+    rbf_p = torch.cat([rbf, torch.randn(tail, rbf.shape[1], dtype=rbf.dtype, device=rbf.device)])
+    unit_p = torch.cat([unit, torch.nn.functional.normalize(torch.randn_like(unit[:tail]), dim=-1)])
+    for block_f in (16, 32):
+        poison(4 * (live + tail) * 6, torch.float64, triton_device)
+        with mp_module._configured(sender_edge_fused=True, fused_min_edges=0, bwd_fused_block_f=block_f):
+            got, *_ = _fused_run((x, v, rbf_p, w, unit_p), ei_p, row_ptr, True)
+        want, *_ = _fused_run((x, v, rbf, w, unit), ei, row_ptr, True)
+        for k in (2, 4):
+            assert torch.equal(got[k][live:], torch.zeros_like(got[k][live:]))
+            torch.testing.assert_close(got[k][:live], want[k], rtol=0, atol=1e-12)
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-12)
+
+
+def test_fused_sender_edge_rule():
+    """When the fused kernel runs: the switch on, a symmetric list with its row_ptr, the atom sender variant, at
+    least fused_min_edges edges, the eager / captured launch (not the torch.compile ops)."""
+    ref = torch.zeros(1)
+    ptr = torch.zeros(3, dtype=torch.int64)
+    bare = mp_module._bare
+    rule = mp_module._fuses_edge_grads
+    with mp_module._configured(sender_edge_fused=True, fused_min_edges=100):
+        assert rule(ref, 2, 100, 8, 4, True, ptr, bare)
+        assert not rule(ref, 2, 99, 8, 4, True, ptr, bare)  # below the edge bound
+        assert not rule(ref, 2, 100, 8, 4, False, ptr, bare)  # no promise
+        assert not rule(ref, 2, 100, 8, 4, True, None, bare)  # no receiver CSR
+        assert not rule(ref, 2, 100, 8, 4, True, ptr, lambda k: k)  # another launch (the compile ops' wrap_triton)
+        assert not rule(ref, 2, 100, 0, 4, True, ptr, bare)
+        with mp_module._configured(bwd_sender_variant="block"):
+            assert not rule(ref, 2, 100, 8, 4, True, ptr, bare)
+    with mp_module._configured(sender_edge_fused=False, fused_min_edges=0):
+        assert not rule(ref, 2, 100, 8, 4, True, ptr, bare)
+    with mp_module._configured(fused_du="acc2d"), pytest.raises(ValueError, match="fused_du"):
+        mp_module._launch_config(ref, "bwd_fused", 16, 8, n_edges=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("du", ["sum", "dot"])
+def test_fused_sender_edge_large_graph_float32(du):
+    """The fused kernel within the float32 bound on a 3,000-atom symmetric graph, F = 128, R = 20 (the shipped
+    student's shape: tf32x3 dots, two feature slices of 64)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(
+        3000, 3000 * 27, 128, 20, torch.float32, dev, seed=64, self_images=0
+    )
+    ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
+    with mp_module._configured(sender_edge_fused=True, fused_min_edges=0, fused_du=du):
+        ds, dv = _triton(*ins, ei, row_ptr=row_ptr, symmetric=True)
+        gs, gv = torch.randn_like(ds), torch.randn_like(dv)
+        got = torch.autograd.grad((ds, dv), ins, (gs, gv))
+    ref = message_passing_backward_reference(gs.double(), gv.double(), *[t.double() for t in (x, v, rbf, w, unit)], ei)
+    _, scales = _abs_scales(x, v, rbf, w, unit, ei, gs, gv)
+    for k, name in ((0, "x"), (1, "v"), (3, "filter_weight")):
+        _check(got[k], ref[k], scales[k], TOL[torch.float32], f"grad {name}")
+    # ∂rbf, ∂u per pair: the sum of a pair's rows (∂u: the difference) is the reference's
+    _, key = torch.unique(torch.minimum(ei[0], ei[1]) * 3000 + torch.maximum(ei[0], ei[1]), return_inverse=True)
+    for k, sign in ((2, 1.0), (4, -1.0)):
+        flip = torch.where(ei[0] < ei[1], 1.0, sign).to(got[k].dtype)[:, None]
+        pair_sum = torch.zeros(int(key.max()) + 1, got[k].shape[1], dtype=torch.float64, device=dev)
+        pair_ref = torch.zeros_like(pair_sum)
+        pair_sum.index_add_(0, key, (got[k] * flip).double())
+        pair_ref.index_add_(0, key, (ref[k] * flip).double())
+        scale = pair_ref.abs().max().item()
+        torch.testing.assert_close(pair_sum, pair_ref, rtol=0, atol=1e-5 * scale)
