@@ -572,8 +572,8 @@ if HAS_TRITON:
         )  # fmt: skip
         if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
             launch(_mp_sum_split_kernel)[(cdiv(e, 128),)](
-                part_rbf, part_unit, g_rbf, g_unit, part_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=planes, BLOCK_E=128,
-                ACC=accumulate or out0, **pdl_args(x),
+                part_rbf, part_unit, g_rbf, g_unit, part_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=planes,
+                BLOCK_E=128, ACC=accumulate or out0, **pdl_args(x),
             )  # fmt: skip
         return g_rbf, g_unit
 
