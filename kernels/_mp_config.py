@@ -183,20 +183,6 @@ _CONFIG = {
     # (probe_ncu_sweep_stop44.md): removed. Larger graphs: the captured 24,000-atom water step (1.3M edges) with the
     # limit raised over it 1.005 / 1.001x (stop 55, benchmarks/results/stop55_gpu/f/), noise: off there.
     "edge_stream_max_edges": 1 << 20,
-    # sender_edge_fused (stop 56): on a symmetric list (the promise above) with the atom sender variant, the edge
-    # backward runs inside the sender kernel (_mp_bwd_sender_edge_kernel): the program of atom j and a feature
-    # slice writes the partners' ∂rbf, ∂u over that slice at the rows it walks, so the receiver rows g_s[i],
-    # g_v[i] are gathered once for both and x_j, v_j not per edge at all. Graphs of fused_min_edges edges or more;
-    # bwd_fused_*: its tiles (the atom sender's), fused_du: its ∂u order (edge_du's choices).
-    "sender_edge_fused": False,
-    "fused_min_edges": 32768,
-    "bwd_fused_block_e": 16,
-    "bwd_fused_block_f": 64,
-    "bwd_fused_warps": 4,
-    "dot_bwd_fused": "tf32x3",
-    "bwd_fused_stages": None,
-    "bwd_fused_maxnreg": None,
-    "fused_du": "sum",
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}
@@ -293,7 +279,7 @@ def _launch_config_for(
     if not cuda:  # interpreter: few, large programs
         be = _CPU_TILES["block_e_block" if blocked else "block_e"]
         block_a, bf, warps = _CPU_TILES["block_a"], _CPU_TILES["block_f"], num_warps()
-    elif blocked or kernel in ("bwd_edge", "bwd_filter", "bwd_fused"):
+    elif blocked or kernel in ("bwd_edge", "bwd_filter"):
         block_a, be = _CONFIG.get(f"{kernel}_block_a", 0), _CONFIG[f"{kernel}_block_e"]
         bf, warps = _CONFIG[f"{kernel}_block_f"], _CONFIG[f"{kernel}_warps"]
         if kernel == "bwd_edge" and n_edges is not None and int(n_edges) < _CONFIG["edge_wide_min_edges"]:
@@ -315,8 +301,6 @@ def _launch_config_for(
     )
     if kernel == "bwd_edge":
         c["DU_DOT"] = _choice(_EDGE_DU, "edge_du")
-    elif kernel == "bwd_fused":
-        c["DU_DOT"] = _choice(_EDGE_DU, "fused_du")
     if blocked:
         c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
         c["SEG_SPLIT"] = bool(_CONFIG["seg_split"]) and c["DOT_PRECISION"] == "tf32x3"

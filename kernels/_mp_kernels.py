@@ -15,7 +15,6 @@ __all__ = [
     "_mp_bwd_edge_kernel",
     "_mp_bwd_filter_kernel",
     "_mp_bwd_sender_block_kernel",
-    "_mp_bwd_sender_edge_kernel",
     "_mp_bwd_sender_kernel",
     "_mp_fwd_block_kernel",
     "_mp_fwd_kernel",
@@ -418,102 +417,6 @@ if HAS_TRITON:
             x_ptr, v_ptr, gx_ptr, gvout_ptr, gvadd_ptr, row, fm, acc_a, acc_c, t_0, t_1, t_2, N_FEAT, ADD_GV
         )
 
-    # The sender backward with the edge backward inside it (SYM lists only, stop 56). On a symmetric list the
-    # edges atom j sends are the partners (i ← j) of the edges (j ← i) of its own receiver row, so the program of
-    # (j, feature slice) that sums ∂x_j, ∂v_j over them also holds everything the edge kernel gathers for the
-    # partners: g_s[i], g_v[i] (its tile's loads) and x_j, v_j (its own rows, loaded once instead of per edge).
-    # It writes the partner's ∂rbf, ∂u over its feature slice at the row of the edge it walked (plane = slice,
-    # summed by _mp_sum_split_kernel): the two edges of a pair have one basis row and opposite unit vectors, so
-    # the partner's gradient wrt its basis row is one wrt this row, and wrt its unit vector minus one wrt this
-    # row's. In this row's terms (u' = -u of the partner, γ' = Σ_k g_v[i,k] u'_k, x̄_c = -x_c,j):
-    #   ∂rbf = (g_s[i] ⊙ x_a,j) @ W_a + (Σ_k g_v[i,k] ⊙ x_b,j ⊙ v_j[k]) @ W_b + (γ' ⊙ x̄_c) @ W_c
-    #   ∂u'[k] = Σ_f (x̄_c ⊙ rbf @ W_cᵀ) ⊙ g_v[i,k]   (the sender sums' c-filter, already made), or with DU_DOT
-    #   d_k = (x̄_c ⊙ g_v[i,k]) @ W_c: the c-term of ∂rbf is Σ_k u'_k d_k and ∂u'[k] = rbf · d_k.
-
-    @triton.jit(**unspecialized("E", "ei_stride"))
-    def _mp_bwd_sender_edge_kernel(
-        gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, rowptr_ptr, gx_ptr, gvout_ptr, gvadd_ptr,
-        grbf_ptr, gunit_ptr, out_rbf_ptr, out_unit_ptr, E, ei_stride,
-        N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr,
-        R_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, ADD_GV: tl.constexpr, HAS_V: tl.constexpr,
-        PDL: tl.constexpr, DU_DOT: tl.constexpr = False,
-    ):  # fmt: skip
-        # Slice 0 writes ∂rbf, ∂u into out_rbf_ptr / out_unit_ptr, slice s > 0 into plane s - 1 of the partials
-        # (as the split edge kernel's OUT0); rows no receiver owns (past row_ptr[N]) are left to the sum kernel.
-        pdl_prologue(PDL)
-        j = tl.program_id(0).to(tl.int64)
-        part = tl.program_id(1).to(tl.int64)
-        f = part * BLOCK_F + tl.arange(0, BLOCK_F)
-        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
-        dt = x_ptr.dtype.element_ty
-        own = j * (3 * N_FEAT) + f
-        xa = tl.load(x_ptr + own, mask=fm, other=0.0)
-        xcn = -tl.load(x_ptr + own + 2 * N_FEAT, mask=fm, other=0.0)
-        if HAS_V:
-            xb = tl.load(x_ptr + own + N_FEAT, mask=fm, other=0.0)
-            p_0 = xb * tl.load(v_ptr + own, mask=fm, other=0.0)
-            p_1 = xb * tl.load(v_ptr + own + N_FEAT, mask=fm, other=0.0)
-            p_2 = xb * tl.load(v_ptr + own + 2 * N_FEAT, mask=fm, other=0.0)
-        if part == 0:
-            grbf_ptr = out_rbf_ptr
-            gunit_ptr = out_unit_ptr
-        else:
-            grbf_ptr += (part - 1) * E * N_RBF
-            gunit_ptr += (part - 1) * E * 3
-        acc_a = tl.zeros((BLOCK_F,), dtype=dt)
-        acc_c = tl.zeros((BLOCK_F,), dtype=dt)
-        t_0 = tl.zeros((BLOCK_F,), dtype=dt)
-        t_1 = tl.zeros((BLOCK_F,), dtype=dt)
-        t_2 = tl.zeros((BLOCK_F,), dtype=dt)
-        lo = tl.load(rowptr_ptr + j)
-        hi = tl.load(rowptr_ptr + j + 1)
-        for start in range(lo, hi, BLOCK_E):
-            e = start + tl.arange(0, BLOCK_E)
-            pm = e < hi
-            i = tl.load(ei_ptr + ei_stride + e, mask=pm, other=0).to(tl.int64)  # the partner's receiver
-            rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
-                gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
-            )
-            w_a = dot_rn(rb, wa, DOT_PRECISION)
-            w_b = dot_rn(rb, wb, DOT_PRECISION)
-            w_c = dot_rn(rb, wc, DOT_PRECISION)
-            gam = _gamma(g0, g1, g2, ux, uy, uz)
-            acc_a += tl.sum(gsi * w_a, axis=0)
-            acc_c += tl.sum(gam * w_c, axis=0)
-            t_0 += tl.sum(w_b * g0, axis=0)
-            t_1 += tl.sum(w_b * g1, axis=0)
-            t_2 += tl.sum(w_b * g2, axis=0)
-            # The partner's ∂rbf and ∂u over this feature slice, at row e.
-            g_rbf = dot_rn(
-                gsi * xa[None, :], _w_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION
-            )
-            if HAS_V:
-                beta = g0 * p_0[None, :] + g1 * p_1[None, :] + g2 * p_2[None, :]
-                g_rbf += dot_rn(beta, _w_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
-            w_cr = _w_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION)
-            if DU_DOT:
-                d_0 = dot_rn(g0 * xcn[None, :], w_cr, DOT_PRECISION)
-                d_1 = dot_rn(g1 * xcn[None, :], w_cr, DOT_PRECISION)
-                d_2 = dot_rn(g2 * xcn[None, :], w_cr, DOT_PRECISION)
-                g_rbf += ux[:, None] * d_0 + uy[:, None] * d_1 + uz[:, None] * d_2
-                du_0 = tl.sum(rb * d_0, axis=1)
-                du_1 = tl.sum(rb * d_1, axis=1)
-                du_2 = tl.sum(rb * d_2, axis=1)
-            else:
-                g_rbf += dot_rn(gam * xcn[None, :], w_cr, DOT_PRECISION)
-                c = w_c * xcn[None, :]
-                du_0 = tl.sum(c * g0, axis=1)
-                du_1 = tl.sum(c * g1, axis=1)
-                du_2 = tl.sum(c * g2, axis=1)
-            tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=pm[:, None] & rm[None, :])
-            tl.store(gunit_ptr + e * 3, du_0, mask=pm)
-            tl.store(gunit_ptr + e * 3 + 1, du_1, mask=pm)
-            tl.store(gunit_ptr + e * 3 + 2, du_2, mask=pm)
-        acc_c = -acc_c  # γ was summed with the partners' unit vectors, -u
-        _store_sender_grads(
-            x_ptr, v_ptr, gx_ptr, gvout_ptr, gvadd_ptr, own, fm, acc_a, acc_c, t_0, t_1, t_2, N_FEAT, ADD_GV
-        )
-
     # "block" sender backward: the mirror of _mp_fwd_block_kernel over the transposed CSR (BLOCK_A consecutive
     # senders, their edges contiguous in perm), the five per-sender sums as one-hot tl.dots.
 
@@ -764,28 +667,26 @@ if HAS_TRITON:
         tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)
         tl.store(gunit_ptr + e * 3 + 2, gu_2, mask=em)
 
-    @triton.jit(**unspecialized("E", aligned=("live_ptr",)))  # live_ptr: row_ptr[N:]
+    @triton.jit(**unspecialized("E"))
     def _mp_sum_split_kernel(
-        prbf_ptr, punit_ptr, grbf_ptr, gunit_ptr, live_ptr, E,
+        prbf_ptr, punit_ptr, grbf_ptr, gunit_ptr, E,
         N_RBF: tl.constexpr, R_PAD: tl.constexpr, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
-        PDL: tl.constexpr, ACC: tl.constexpr = False, LIVE: tl.constexpr = False,
+        PDL: tl.constexpr, ACC: tl.constexpr = False,
     ):  # fmt: skip
         """∂rbf and ∂u of the split edge kernel: its SPLIT partial rows (``[SPLIT, E, N_RBF]``, ``[SPLIT, E, 3]``)
         summed in slice order, both outputs in one launch. ACC: added to what the outputs hold (their old value
-        plus the whole sum, as autograd adds one layer's gradient to the others'). LIVE: rows at or past
-        ``*live_ptr`` (row_ptr[N]: edges no receiver owns, which the fused sender kernel does not write) are
-        written as zeros. SPLIT may be 0 (with ACC: the outputs alone, their dead rows zeroed)."""
+        plus the whole sum, as autograd adds one layer's gradient to the others')."""
         pdl_prologue(PDL)
         e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
         em = e < E
         r = tl.arange(0, R_PAD)
         m2 = em[:, None] & (r < N_RBF)[None, :]
         rows = e[:, None] * N_RBF + r[None, :]
-        acc = tl.zeros((BLOCK_E, R_PAD), dtype=grbf_ptr.dtype.element_ty)
-        u0 = tl.zeros((BLOCK_E,), dtype=grbf_ptr.dtype.element_ty)
-        u1 = tl.zeros((BLOCK_E,), dtype=grbf_ptr.dtype.element_ty)
-        u2 = tl.zeros((BLOCK_E,), dtype=grbf_ptr.dtype.element_ty)
-        for k in tl.static_range(0, SPLIT):  # 0 + plane 0 is plane 0 exactly: the old slice order's sums
+        acc = tl.load(prbf_ptr + rows, mask=m2, other=0.0)
+        u0 = tl.load(punit_ptr + e * 3, mask=em, other=0.0)
+        u1 = tl.load(punit_ptr + e * 3 + 1, mask=em, other=0.0)
+        u2 = tl.load(punit_ptr + e * 3 + 2, mask=em, other=0.0)
+        for k in tl.static_range(1, SPLIT):
             acc += tl.load(prbf_ptr + k * E * N_RBF + rows, mask=m2, other=0.0)
             u0 += tl.load(punit_ptr + k * E * 3 + e * 3, mask=em, other=0.0)
             u1 += tl.load(punit_ptr + k * E * 3 + e * 3 + 1, mask=em, other=0.0)
@@ -795,12 +696,6 @@ if HAS_TRITON:
             u0 = tl.load(gunit_ptr + e * 3, mask=em, other=0.0) + u0
             u1 = tl.load(gunit_ptr + e * 3 + 1, mask=em, other=0.0) + u1
             u2 = tl.load(gunit_ptr + e * 3 + 2, mask=em, other=0.0) + u2
-        if LIVE:
-            dead = e >= tl.load(live_ptr)
-            acc = tl.where(dead[:, None], 0.0, acc)
-            u0 = tl.where(dead, 0.0, u0)
-            u1 = tl.where(dead, 0.0, u1)
-            u2 = tl.where(dead, 0.0, u2)
         tl.store(grbf_ptr + rows, acc, mask=m2)
         tl.store(gunit_ptr + e * 3, u0, mask=em)
         tl.store(gunit_ptr + e * 3 + 1, u1, mask=em)

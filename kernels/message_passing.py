@@ -347,7 +347,6 @@ if HAS_TRITON:
         _mp_bwd_edge_kernel,
         _mp_bwd_filter_kernel,
         _mp_bwd_sender_block_kernel,
-        _mp_bwd_sender_edge_kernel,
         _mp_bwd_sender_kernel,
         _mp_fwd_block_kernel,
         _mp_fwd_kernel,
@@ -440,11 +439,6 @@ if HAS_TRITON:
                 return torch.zeros_like(rbf), torch.zeros_like(unit)
             return _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
 
-        if need[0] and need[1] and _fuses_edge_grads(x, n, e, f, n_rbf, symmetric, row_ptr, launch):
-            g_x, g_v, g_rbf, g_unit = _sender_edge_grads(
-                grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, gv_add, launch
-            )
-            need = (False, False, need[2])
         # The edge kernel first (edge_grads_first): its transients (the split's partial rows, the folded p) are
         # gone before g_x and g_v are made, so they never share the backward's peak (probe_memory_peak.py).
         edge_first = need[1] and e > 0 and _CONFIG["edge_grads_first"]
@@ -495,46 +489,6 @@ if HAS_TRITON:
                 g_w = part.sum(0)
         return g_x, g_v, g_rbf, g_w, g_unit
 
-    def _fuses_edge_grads(x, n, e, f, n_rbf, symmetric, row_ptr, launch) -> bool:
-        """Whether this backward runs the edge kernel's work inside the sender kernel (``sender_edge_fused``): a
-        symmetric list with its receiver CSR, the atom sender variant, at least ``fused_min_edges`` edges, on the
-        eager and captured path (the torch.compile ops keep the two kernels)."""
-        if not (_CONFIG["sender_edge_fused"] and symmetric and row_ptr is not None and launch is _bare):
-            return False
-        least = _CONFIG["fused_min_edges"]
-        if n == 0 or f == 0 or e == 0 or least is None or e < int(least):
-            return False
-        return _launch_config(x, "bwd_sender", f, n_rbf, n_atoms=n, n_edges=e)[2] == "atom"
-
-    def _sender_edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, gv_add, launch):
-        """``(∂x, ∂v, ∂rbf, ∂u)`` by the fused sender kernel (see ``_mp_bwd_sender_edge_kernel``) and one sum
-        kernel over its feature slices' partial rows, which also zeroes the rows past ``row_ptr[N]``. Inputs as
-        ``_mp_backward`` prepared them."""
-        n, f = v.shape[0], v.shape[2]
-        e, n_rbf = rbf.shape
-        c, warps, _ = _launch_config(x, "bwd_fused", f, n_rbf, n_atoms=n, n_edges=e)
-        slices = cdiv(f, c["BLOCK_F"])
-        g_x, g_v = torch.empty_like(x), torch.empty_like(v)
-        g_rbf, g_unit = torch.empty_like(rbf), torch.empty_like(unit)
-        planes = slices - 1  # slice 0 writes the outputs themselves
-        if planes:
-            part_rbf = torch.empty((planes, *rbf.shape), dtype=rbf.dtype, device=x.device)
-            part_unit = torch.empty((planes, *unit.shape), dtype=unit.dtype, device=x.device)
-        else:
-            part_rbf, part_unit = g_rbf, g_unit
-        row_ptr = row_ptr.contiguous()
-        check_launchable(_mp_bwd_sender_edge_kernel, x)
-        launch(_mp_bwd_sender_edge_kernel)[(n, slices)](
-            grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, g_x, g_v, g_v if gv_add is None else gv_add,
-            part_rbf, part_unit, g_rbf, g_unit, e, edge_index.stride(0), num_warps=warps,
-            ADD_GV=gv_add is not None, HAS_V=has_v, **c, **pdl_args(x),
-        )  # fmt: skip
-        launch(_mp_sum_split_kernel)[(cdiv(e, 128),)](
-            part_rbf, part_unit, g_rbf, g_unit, row_ptr[n:], e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=planes,
-            BLOCK_E=128, ACC=True, LIVE=True, **pdl_args(x),
-        )  # fmt: skip
-        return g_x, g_v, g_rbf, g_unit
-
     def _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=None, accumulate=False):
         """``(∂rbf [E, R], ∂u [E, 3])`` by the edge kernel (and, when its feature loop is split, the sum of its
         partial rows); ``out``: the two tensors to write them into (else new ones), or with ``accumulate`` to add
@@ -572,8 +526,8 @@ if HAS_TRITON:
         )  # fmt: skip
         if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
             launch(_mp_sum_split_kernel)[(cdiv(e, 128),)](
-                part_rbf, part_unit, g_rbf, g_unit, part_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=planes,
-                BLOCK_E=128, ACC=accumulate or out0, **pdl_args(x),
+                part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=planes, BLOCK_E=128,
+                ACC=accumulate or out0, **pdl_args(x),
             )  # fmt: skip
         return g_rbf, g_unit
 
@@ -746,10 +700,6 @@ if HAS_TRITON:
             sink = ctx.sink if need[1] and not torch.is_grad_enabled() else None
             if sink is not None and not sink.joins():
                 sink = None
-            if sink is not None and need[0]:  # the sender kernel makes ∂rbf, ∂u itself: no edge kernel to defer
-                n, f, (e, n_rbf) = v.shape[0], v.shape[2], rbf.shape
-                if _fuses_edge_grads(x, n, e, f, n_rbf, ctx.symmetric, row_ptr, _bare):
-                    sink = None
             grads = _MessagePassingBwd.apply(
                 grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr, ctx.v_zero, sink,
                 g_alias if nv else None, ctx.symmetric,

@@ -1225,7 +1225,8 @@ case "${1:-}" in
     grep -E "^\| " "$OUT/probe_precision_h200.md" | head -30
     ;;
   stop56)
-    # The edge backward inside the sender kernel (sender_edge_fused, stop 56, off as committed): its CUDA tests and
+    # (Needs results/stop56_gpu/fused_dropped.diff applied: dropped after this call.) The edge backward inside the
+    # sender kernel (sender_edge_fused, stop 56, off as committed): its CUDA tests and
     # the ones it touches, the forces against the two kernels (eager and captured), then the whole step against
     # the shipped two kernels: water boxes captured (192, 3,000 atoms) and eager (24,000), with its tiles.
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \

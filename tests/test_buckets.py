@@ -443,39 +443,3 @@ def test_unpack_reads_the_float64_energies_from_the_packed_step_output(dtype):
     assert host["energy"].dtype == np.float64 and np.array_equal(host["energy"], energy[:b].numpy())
     assert np.array_equal(host["forces"], forces.view(a, 3)[:n].numpy())
     assert np.array_equal(host["atomic_energies"], atomic[:n].numpy())
-
-
-@pytest.mark.parametrize("pad", [False, True], ids=["eager", "padded"])
-def test_the_fused_sender_edge_backward_gives_the_engines_results(pad):
-    """``sender_edge_fused`` (the edge backward inside the sender kernel, whose ∂rbf, ∂u rows hold each edge's
-    partner's gradient): energies, forces and stress equal the two-kernel path's and the torch kernels', eager
-    and padded (the bucket's inert edges past the CSR get zero rows), molecules and periodic cells, one of them
-    triclinic; the fused kernel is the one that ran."""
-    import importlib
-
-    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
-    model = _tiny_model()
-    batch = AtomsBatch.from_atoms(
-        [molecule("CH3CH2OH"), silicon_cell(rattle=0.05), triclinic_cu()], dtype=torch.float64
-    )
-    kw = dict(device="cpu", precision="fp64", pad=pad, analytic=False)
-    calls = []
-    real = mp._sender_edge_grads
-    try:
-        mp._sender_edge_grads = lambda *a: calls.append(1) or real(*a)
-        with use_backend("triton"):
-            with mp._configured(sender_edge_fused=True, fused_min_edges=0):
-                got = ForceEngine(model, **kw).compute(batch, stress=True, to_host=True)
-            assert calls, "the fused kernel did not run"
-            n_fused = len(calls)
-            with mp._configured(sender_edge_fused=False):
-                want = ForceEngine(model, **kw).compute(batch, stress=True, to_host=True)
-            assert len(calls) == n_fused
-    finally:
-        mp._sender_edge_grads = real
-    with use_backend("torch"):
-        ref = ForceEngine(model, **kw).compute(batch, stress=True, to_host=True)
-    for key in ("energy", "forces", "stress"):
-        assert torch.isfinite(got[key]).all()
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-11)
-        torch.testing.assert_close(got[key], ref[key], rtol=0, atol=1e-10)
