@@ -1248,6 +1248,25 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_fused_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_fused.md" "$OUT/probe_ncu_sweep_fused_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56" >&2; exit 2 ;;
+  stop56b)
+    # The edge backward's partner rows (edge_partner_rows, stop 56, off as committed): its CUDA tests and the
+    # symmetric ones, the engine's buckets on CUDA, then the whole step against the shipped edge kernel on every
+    # row's system (captured; 24,000 water atoms eager).
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+      -k "partner or symmetric or edge_du_large" >"$OUT/pytest_partner_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_partner_cuda.log" | tail -6
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_buckets.py -k "partner or cuda or full_lists" \
+      >"$OUT/pytest_buckets.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_buckets.log" | tail -6
+    V="mp:edge_partner_rows=1;mp:edge_partner_rows=1,edge_du=sum;mp:edge_partner_rows=1,bwd_edge_block_f=32"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 185 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 --variants "$V" >"$OUT/sweep_partner.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_partner.md"
+    timeout 120 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 105 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_partner_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_partner_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_partner.md" "$OUT/probe_ncu_sweep_partner_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

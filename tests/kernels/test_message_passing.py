@@ -929,3 +929,117 @@ def test_edge_du_large_graph_float32(du):
         pytest.skip("needs CUDA")
     with mp_module._configured(edge_du=du):
         _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=63), torch.float32)
+
+
+def _partners(ei, rbf, unit):
+    """Each edge's partner in a symmetric graph (the edge with swapped ends, the same rbf row and -u)."""
+    same = (ei[0][:, None] == ei[1][None, :]) & (ei[1][:, None] == ei[0][None, :])
+    same &= (rbf[:, None, :] == rbf[None, :, :]).all(-1) & (unit[:, None, :] == -unit[None, :, :]).all(-1)
+    assert same.sum(1).eq(1).all(), "not a symmetric graph"
+    return same.to(torch.int64).argmax(1)
+
+
+def _partner_grads(ins0, ei, row_ptr, partner, **kw):
+    """The five first gradients with ``symmetric=True`` and ``edge_partner_rows`` on or off (one upstream draw)."""
+    ins = [t.detach().clone().requires_grad_(True) for t in ins0]
+    with mp_module._configured(edge_partner_rows=partner, **kw):
+        ds, dv = _triton(*ins, ei, row_ptr=row_ptr, symmetric=True)
+        gen = torch.Generator().manual_seed(7)
+        gs = torch.randn(ds.shape, generator=gen, dtype=torch.float64).to(ds)
+        gv = torch.randn(dv.shape, generator=gen, dtype=torch.float64).to(dv)
+        return list(torch.autograd.grad((ds, dv), ins, (gs, gv))), gs, gv
+
+
+# (N, pairs, F, R), dtype: one pair; F = 40 in three feature chunks of 16 (the last one masked); a larger graph.
+PARTNER_CASES = [
+    ((2, 1, 8, 4), torch.float64),
+    ((9, 30, 40, 6), torch.float32),
+    ((23, 90, 40, 20), torch.float64),
+]
+
+
+@pytest.mark.parametrize("du", ["sum", "dot"])
+@pytest.mark.parametrize("shape, dtype", PARTNER_CASES, ids=["pair-f64", "chunks-f32", "wide-f64"])
+def test_edge_partner_rows(triton_device, shape, dtype, du, monkeypatch):
+    """``edge_partner_rows``: on a symmetric list the edge kernel writes each row's partner's ∂rbf, ∂u (∂u negated:
+    the partner's unit vector is -u). Mapped back through the partners they are the reference's (float64 oracle,
+    the usual bound), as are ∂x, ∂v, ∂filter_weight; the same as without the switch to rounding. The same gradient
+    for any geometry that gives partners one basis row and opposite unit vectors (tests/test_buckets.py checks the
+    engine's forces and stress)."""
+    monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)
+    n, pairs, f, r = shape
+    x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(n, pairs, f, r, dtype, triton_device, seed=pairs + 5)
+    ins0 = (x, v, rbf, w, unit)
+    kw = dict(edge_du=du, bwd_edge_block_f=16, bwd_edge_small_block_f=16)
+    got, gs, gv = _partner_grads(ins0, ei, row_ptr, True, **kw)
+    plain, *_ = _partner_grads(ins0, ei, row_ptr, False, **kw)
+    part = _partners(ei, rbf, unit)
+    mapped = [got[0], got[1], got[2][part], got[3], -got[4][part]]
+    if pairs > 1:  # the rows themselves are not the plain ones: the switch is what ran
+        assert not torch.allclose(got[2], plain[2])
+    ref = message_passing_backward_reference(gs.double(), gv.double(), *[t.double() for t in ins0], ei)
+    _, scales = _abs_scales(*ins0, ei, gs, gv)
+    for name, g, want, s in zip(("x", "v", "rbf", "filter_weight", "unit"), mapped, ref, scales, strict=True):
+        _check(g, want, s, TOL[dtype], f"partner rows: grad {name}")
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for a, b in zip(mapped, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=tol * b.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_edge_partner_rows_past_the_csr_and_without_v(triton_device, poison, split):
+    """Under edge_partner_rows the edges past row_ptr[N] (a padded bucket's inert tail) still get zero rows, in one
+    feature slice and two; and under the v = 0 promise (no b-terms) the partner rows are the plain ones mapped."""
+    x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(7, 40, 32, 6, torch.float64, triton_device, seed=9)
+    live, tail, n = ei.shape[1], 13, x.shape[0]
+    pad = torch.arange(tail, device=triton_device) % n
+    ei_p = torch.cat([ei, torch.stack([pad, pad])], 1)
+    rbf_p = torch.cat([rbf, torch.randn(tail, rbf.shape[1], dtype=rbf.dtype, device=rbf.device)])
+    unit_p = torch.cat([unit, torch.nn.functional.normalize(torch.randn_like(unit[:tail]), dim=-1)])
+    kw = dict(bwd_edge_split=split)
+    poison(4 * (live + tail) * 6, torch.float64, triton_device)
+    got, *_ = _partner_grads((x, v, rbf_p, w, unit_p), ei_p, row_ptr, True, **kw)
+    want, *_ = _partner_grads((x, v, rbf, w, unit), ei, row_ptr, True, **kw)
+    for k in (2, 4):
+        assert torch.equal(got[k][live:], torch.zeros_like(got[k][live:]))
+        torch.testing.assert_close(got[k][:live], want[k], rtol=0, atol=1e-12)
+    part = _partners(ei, rbf, unit)
+    zero_v = torch.zeros_like(v)
+    for v_zero in (False, True):
+        ins = [t.detach().clone().requires_grad_(True) for t in (x, zero_v, rbf, w, unit)]
+        outs = {}
+        for partner in (True, False):
+            with mp_module._configured(edge_partner_rows=partner, **kw):
+                ins = [t.detach().clone().requires_grad_(True) for t in (x, zero_v, rbf, w, unit)]
+                ds, dv = _triton(*ins, ei, row_ptr=row_ptr, symmetric=True, v_zero=v_zero)
+                outs[partner] = torch.autograd.grad((ds, dv), ins, (torch.ones_like(ds), torch.ones_like(dv)))
+        torch.testing.assert_close(outs[True][2][part], outs[False][2], rtol=0, atol=1e-12)
+        torch.testing.assert_close(-outs[True][4][part], outs[False][4], rtol=0, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("du", ["sum", "dot"])
+def test_edge_partner_rows_large_graph_float32(du):
+    """The partner rows within the float32 bound on a 3,000-atom symmetric graph, F = 128, R = 20 (the shipped
+    student's shape: tf32x3 dots, the edge kernel's feature split and 64-feature chunks): per pair, the rows' sum
+    (∂u: the difference) is the reference's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(
+        3000, 3000 * 27, 128, 20, torch.float32, dev, seed=64, self_images=0
+    )
+    ins0 = (x, v, rbf, w, unit)
+    got, gs, gv = _partner_grads(ins0, ei, row_ptr, True, edge_du=du)
+    ref = message_passing_backward_reference(gs.double(), gv.double(), *[t.double() for t in ins0], ei)
+    _, scales = _abs_scales(*ins0, ei, gs, gv)
+    for k, name in ((0, "x"), (1, "v"), (3, "filter_weight")):
+        _check(got[k], ref[k], scales[k], TOL[torch.float32], f"grad {name}")
+    _, key = torch.unique(torch.minimum(ei[0], ei[1]) * 3000 + torch.maximum(ei[0], ei[1]), return_inverse=True)
+    for k, sign in ((2, 1.0), (4, -1.0)):
+        flip = torch.where(ei[0] < ei[1], 1.0, sign).to(torch.float64)[:, None]
+        pair_sum = torch.zeros(int(key.max()) + 1, got[k].shape[1], dtype=torch.float64, device=dev)
+        pair_ref = torch.zeros_like(pair_sum)
+        pair_sum.index_add_(0, key, got[k].double() * flip)
+        pair_ref.index_add_(0, key, ref[k] * flip)
+        torch.testing.assert_close(pair_sum, pair_ref, rtol=0, atol=2e-6 * pair_ref.abs().max().item())
