@@ -183,10 +183,6 @@ _CONFIG = {
     # (probe_ncu_sweep_stop44.md): removed. Larger graphs: the captured 24,000-atom water step (1.3M edges) with the
     # limit raised over it 1.005 / 1.001x (stop 55, benchmarks/results/stop55_gpu/f/), noise: off there.
     "edge_stream_max_edges": 1 << 20,
-    # edge_partner_rows (stop 56): on a symmetric list (the promise above) the edge backward writes each row's
-    # partner's ∂rbf, ∂u (PARTNER in _mp_bwd_edge_kernel): its tiles then gather the senders' g_s, g_v (4F floats
-    # an edge) and share their receivers' x, v rows, where they gathered x_j and p_j (5F) before.
-    "edge_partner_rows": False,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}

@@ -566,18 +566,11 @@ if HAS_TRITON:
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
         SPLIT: tl.constexpr, HAS_V: tl.constexpr, FOLD: tl.constexpr = False, DU_DOT: tl.constexpr = False,
-        PARTNER: tl.constexpr = False,
     ):  # fmt: skip
-        """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice.
-        PARTNER (see _mp_bwd_edge_kernel): those of each row's partner, the row's ends swapped and -u."""
-        if PARTNER:
-            j, i = _edge_ends(ei_ptr, ei_stride, e, em)
-        else:
-            i, j = _edge_ends(ei_ptr, ei_stride, e, em)
+        """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice."""
+        i, j = _edge_ends(ei_ptr, ei_stride, e, em)
         rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
         ux, uy, uz = _unit3(unit_ptr, e, em)
-        if PARTNER:
-            ux, uy, uz = -ux, -uy, -uz
         if DU_DOT:
             d_0 = tl.zeros_like(g_rbf)
             d_1 = tl.zeros_like(g_rbf)
@@ -630,14 +623,8 @@ if HAS_TRITON:
         FOLD: tl.constexpr = False,
         OUT0: tl.constexpr = False,
         DU_DOT: tl.constexpr = False,
-        PARTNER: tl.constexpr = False,
     ):
         pdl_prologue(PDL)
-        # PARTNER (a symmetric list, stop 56): row e = (j ← i) gets the gradients of its partner (i ← j) (the same
-        # basis row, unit vector -u), so the tile gathers the senders' g_s[i], g_v[i] (4F floats an edge) while
-        # x_j, v_j are its receivers' rows, shared by the tile's edges, instead of gathering x_j, p_j (5F) per
-        # edge. For any geometry that gives partners one basis row and opposite unit vectors this is the same
-        # gradient: ∂E/∂rbf of the pair is shared, ∂E/∂u flips sign with u.
         # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
         # at grbf_ptr + s E N_RBF and gunit_ptr + s E 3; the host sums the SPLIT partials. OUT0: slice 0 writes
         # its rows to out_rbf_ptr / out_unit_ptr (the outputs) and slice s > 0 to plane s - 1 of the partials, so
@@ -672,10 +659,8 @@ if HAS_TRITON:
         if e0 < n_live:
             g_rbf, gu_0, gu_1, gu_2 = _edge_tile_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
-                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT, PARTNER,
+                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT,
             )  # fmt: skip
-            if PARTNER:  # the partner's ∂u wrt its unit vector, -u of this row's
-                gu_0, gu_1, gu_2 = -gu_0, -gu_1, -gu_2
         em = e < E
         tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])
         tl.store(gunit_ptr + e * 3, gu_0, mask=em)

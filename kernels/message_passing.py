@@ -427,7 +427,7 @@ if HAS_TRITON:
         g_rbf, g_unit, g_w = zero.expand(rbf.shape), zero.expand(unit.shape), zero.expand(w.shape)
         # With a sink the edge kernel (∂rbf, ∂u) goes to its second stream, forked before the sender kernel is queued.
         if sink is not None and need[1] and e > 0 and f > 0 and launch is _bare:
-            _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, symmetric)
+            _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v)
             need = (need[0], False, need[2])
         if gv_add is not None:
             gv_add = gv_add.to(dt).contiguous()
@@ -437,9 +437,7 @@ if HAS_TRITON:
         def edge_grads():
             if f == 0:
                 return torch.zeros_like(rbf), torch.zeros_like(unit)
-            return _edge_grads(
-                grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, symmetric=symmetric
-            )
+            return _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
 
         # The edge kernel first (edge_grads_first): its transients (the split's partial rows, the folded p) are
         # gone before g_x and g_v are made, so they never share the backward's peak (probe_memory_peak.py).
@@ -491,15 +489,11 @@ if HAS_TRITON:
                 g_w = part.sum(0)
         return g_x, g_v, g_rbf, g_w, g_unit
 
-    def _edge_grads(
-        grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=None, accumulate=False,
-        symmetric=False,
-    ):  # fmt: skip
+    def _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=None, accumulate=False):
         """``(∂rbf [E, R], ∂u [E, 3])`` by the edge kernel (and, when its feature loop is split, the sum of its
         partial rows); ``out``: the two tensors to write them into (else new ones), or with ``accumulate`` to add
-        them to (in the sum kernel's epilogue when there is one). ``symmetric`` (the list's promise, with
-        ``row_ptr``): with ``edge_partner_rows`` each row gets its partner's gradients (PARTNER in the kernel). Inputs
-        as ``_mp_backward`` prepared them (contiguous, one dtype, ``f > 0``, ``e > 0``)."""
+        them to (in the sum kernel's epilogue when there is one). Inputs as ``_mp_backward`` prepared them
+        (contiguous, one dtype, ``f > 0``, ``e > 0``)."""
         n, f = v.shape[0], v.shape[2]
         e, n_rbf = rbf.shape
         c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf, n_edges=e)
@@ -507,9 +501,7 @@ if HAS_TRITON:
         split = _edge_split(x, tiles, f, c["BLOCK_F"])
         g_rbf, g_unit = (torch.empty_like(rbf), torch.empty_like(unit)) if out is None else out
         if accumulate and split == 1:  # no sum kernel to add in: the kernel's rows, then one add each
-            rows = _edge_grads(
-                grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, None, False, symmetric
-            )
+            rows = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
             g_rbf.add_(rows[0])
             g_unit.add_(rows[1])
             return g_rbf, g_unit
@@ -525,14 +517,12 @@ if HAS_TRITON:
         else:
             part_rbf, part_unit = g_rbf, g_unit
         live = row_ptr is not None
-        partner = bool(symmetric) and live and launch is _bare and bool(_CONFIG["edge_partner_rows"])
-        # x_b and v are the tile's receivers' rows under PARTNER: nothing to fold for the gathers
-        fold = has_v and launch is _bare and _fold_xb(x, e, n) and not partner
+        fold = has_v and launch is _bare and _fold_xb(x, e, n)
         check_launchable(_mp_bwd_edge_kernel, x)
         launch(_mp_bwd_edge_kernel)[(tiles, split)](
             grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, part_rbf, part_unit,
             g_rbf, g_unit, row_ptr[n:] if live else part_unit, e, edge_index.stride(0), num_warps=warps,
-            SPLIT=split, LIVE=live, HAS_V=has_v, FOLD=fold, OUT0=out0, PARTNER=partner, **c, **pdl_args(x),
+            SPLIT=split, LIVE=live, HAS_V=has_v, FOLD=fold, OUT0=out0, **c, **pdl_args(x),
         )  # fmt: skip
         if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
             launch(_mp_sum_split_kernel)[(cdiv(e, 128),)](
@@ -550,7 +540,7 @@ if HAS_TRITON:
             stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
         return stream
 
-    def _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, symmetric) -> None:
+    def _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v) -> None:
         """The edge kernel on the sink's stream, its ∂rbf, ∂u added into the sink. The caller's stream does not wait
         for it before the sink's node, so every tensor it reads is held by the sink until then. Held, they keep
         their memory from the caching allocator, and they are not modified in place: autograd adds a gradient into
@@ -562,7 +552,7 @@ if HAS_TRITON:
         with torch.cuda.stream(side):  # the first layer's backward to run writes the sums, the others add to them
             out = (sink.rbf, sink.unit)
             args = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)
-            _edge_grads(*args, out=out, accumulate=sink.filled, symmetric=symmetric)
+            _edge_grads(*args, out=out, accumulate=sink.filled)
             sink.filled = True
 
     def _bare(kernel):

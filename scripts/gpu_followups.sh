@@ -1249,7 +1249,8 @@ case "${1:-}" in
     grep -hE "^\| " "$OUT/probe_ncu_sweep_fused.md" "$OUT/probe_ncu_sweep_fused_24k.md"
     ;;
   stop56b)
-    # The edge backward's partner rows (edge_partner_rows, stop 56, off as committed): its CUDA tests and the
+    # (Needs results/stop56_gpu/partner_dropped.diff applied: dropped after this call.) The edge backward's partner
+    # rows (edge_partner_rows, stop 56, off as committed): its CUDA tests and the
     # symmetric ones, the engine's buckets on CUDA, then the whole step against the shipped edge kernel on every
     # row's system (captured; 24,000 water atoms eager).
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \

@@ -443,29 +443,3 @@ def test_unpack_reads_the_float64_energies_from_the_packed_step_output(dtype):
     assert host["energy"].dtype == np.float64 and np.array_equal(host["energy"], energy[:b].numpy())
     assert np.array_equal(host["forces"], forces.view(a, 3)[:n].numpy())
     assert np.array_equal(host["atomic_energies"], atomic[:n].numpy())
-
-
-@pytest.mark.parametrize("pad", [False, True], ids=["eager", "padded"])
-def test_the_edge_partner_rows_give_the_engines_results(pad):
-    """``edge_partner_rows`` (the edge backward's rows hold their partners' ∂rbf, ∂u on the engine's full lists):
-    energies, forces and stress equal those with the switch off and the torch kernels', eager and padded (the
-    bucket's inert edges past the CSR), molecules and periodic cells, one of them triclinic."""
-    import importlib
-
-    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
-    model = _tiny_model()
-    batch = AtomsBatch.from_atoms(
-        [molecule("CH3CH2OH"), silicon_cell(rattle=0.05), triclinic_cu()], dtype=torch.float64
-    )
-    kw = dict(device="cpu", precision="fp64", pad=pad, analytic=False)
-    with use_backend("triton"):
-        with mp._configured(edge_partner_rows=True):
-            got = ForceEngine(model, **kw).compute(batch, stress=True, to_host=True)
-        with mp._configured(edge_partner_rows=False):
-            want = ForceEngine(model, **kw).compute(batch, stress=True, to_host=True)
-    with use_backend("torch"):
-        ref = ForceEngine(model, **kw).compute(batch, stress=True, to_host=True)
-    for key in ("energy", "forces", "stress"):
-        assert torch.isfinite(got[key]).all()
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-11)
-        torch.testing.assert_close(got[key], ref[key], rtol=0, atol=1e-10)
