@@ -1268,6 +1268,22 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_partner_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_partner.md" "$OUT/probe_ncu_sweep_partner_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b" >&2; exit 2 ;;
+  stop56c)
+    # Where the 24,000-atom eager step goes now (kernel table), then register caps and chunk widths of the sender
+    # and forward kernels never swept under the symmetric walk (stop 54) and the 64-feature edge chunks (stop 55).
+    timeout 150 python3 benchmarks/profile_step.py --sections large --hidden 128 --large-sizes 24000 \
+      --out "$OUT" >"$OUT/profile_large_h128.txt" 2>&1
+    grep -E "=====|^group" "$OUT/profile_large_h128.txt" | head -20
+    V="mp:bwd_sender_atom_maxnreg=96;mp:bwd_sender_atom_maxnreg=168;mp:bwd_sender_atom_maxnreg=0;mp:block_f=32"
+    V="$V;mp:fwd_maxnreg=128;mp:fwd_maxnreg=168;mp:block_f=128,bwd_sender_atom_maxnreg=0"
+    timeout 190 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 175 --out "$OUT" \
+      --systems water192,water3000,g2x4096 --variants "$V" >"$OUT/sweep_caps.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_caps.md"
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 115 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_caps_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_caps_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_caps.md" "$OUT/probe_ncu_sweep_caps_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
