@@ -28,7 +28,9 @@ from ._triton_utils import num_warps
 #     variant, "fused" (whole feature rows per program, the edge kernel's ∂rbf and ∂u computed in the same pass),
 #     was removed at stop 21: rows of 128 features did not fit the H100's shared memory at any tile tried
 #     (benchmarks/results/tune_mp_h100_run2.md), and for a 64-wide student, where it ran, the whole step was
-#     0.62-0.83x as fast as with the shipped kernels (benchmarks/results/probe_ncu_sweep_h100_f64.md).
+#     0.62-0.83x as fast as with the shipped kernels (benchmarks/results/probe_ncu_sweep_h100_f64.md). On the
+#     symmetric walk (a program of atom j and a 64-feature slice writing its partners' ∂rbf, ∂u) again at stop 56:
+#     0.62x at 24,000 water atoms (benchmarks/results/stop56_gpu/a/, code in fused_dropped.diff there).
 #   <kernel>_block_a / _block_e / _block_f / _warps: the tiles of the block variants of fwd and bwd_sender,
 #     and of the edge and filter kernels (their own keys: bwd_filter_* 32 x 128 / 4 warps, the shared tiles of
 #     the tuning above; bwd_edge_* 64 x 64 / 4 warps in tf32x3 (64 x 32 on small graphs), see below).
@@ -128,7 +130,9 @@ _CONFIG = {
     # Whether callers holding a full neighbour list (the engine) promise it to message_passing (``symmetric``,
     # message_passing.symmetric_walk): the sender backward then walks each atom's receiver row for the partners
     # of the edges it sends (SYM in _mp_kernels._sender_tile) instead of the sender-sorted permutation, and the
-    # engine's buckets sort no senders. False: the permutation, as before stop 54.
+    # engine's buckets sort no senders. False: the permutation, as before stop 54. The edge kernel on the same
+    # promise (each row given its partner's ∂rbf, ∂u: the senders' g rows gathered, the receivers' x, v shared)
+    # measured 0.93-0.95x on water at stop 56 (benchmarks/results/stop56_gpu/b/, partner_dropped.diff there).
     "sender_symmetric": True,
     # edge_du: how the edge backward forms ∂u (DU_DOT in _mp_kernels): "sum" reduces c ⊙ g_v across each feature
     # chunk (three cross-lane sums per chunk, and c = x_c ⊙ (rbf @ W_cᵀ) as a dot whose output the sums need in
