@@ -1284,6 +1284,22 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_caps_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_caps.md" "$OUT/probe_ncu_sweep_caps_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c" >&2; exit 2 ;;
+  stop56d)
+    # fold_keep (stop 56, off as committed: the forward's p = x_b ⊙ v kept for the edge backward): the fold tests'
+    # CUDA cases, the whole step with it on every row's system (g2 batches do not fold: a control), captured and
+    # eager at 24,000 atoms; the atom forward on the large graphs (never re-measured since stop 14).
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py -k "fold" \
+      >"$OUT/pytest_fold_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_fold_cuda.log" | tail -6
+    V="mp:fold_keep=1;mp:fwd_variant=atom;mp:fwd_variant=atom,fwd_atom_block_f=64;mp:fold_keep=1"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 185 --out "$OUT" \
+      --systems water192,g2x4096,water3000 --variants "$V" >"$OUT/sweep_keep.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_keep.md"
+    timeout 120 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 105 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_keep_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_keep_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_keep.md" "$OUT/probe_ncu_sweep_keep_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
