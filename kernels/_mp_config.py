@@ -178,9 +178,6 @@ _CONFIG = {
     # bound, 1.00x. Hence no edge bound: the degree decides (probe_ncu_sweep_fold_small.md: smaller boxes).
     "fold_xb_min_edges": 0,
     "fold_xb_min_degree": 24,
-    # fold_keep (stop 56): the block forward's p = x_b ⊙ v is kept for the layer's edge backward, which made it
-    # again (one [N, 3F] product a layer less, that much memory held from forward to backward); False: made twice.
-    "fold_keep": False,
     # edge_stream_max_edges: inside a CUDA-graph capture, on graphs of at most this many edges (None: never), the
     # model's layers put their backward's edge kernel (∂rbf, ∂u, with its partial sums) on a second stream, adding
     # into a sink (defer_edge_grads); one join before the geometry's backward hands the sums to autograd. The whole

@@ -377,9 +377,7 @@ if HAS_TRITON:
         f = v.shape[2]
         return (x[:, f : 2 * f].unsqueeze(1) * v).contiguous()
 
-    def _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, launch, has_v=True, keep=None) -> tuple[Tensor, Tensor]:
-        """``ds``, ``dv``; ``keep``: a list that gets the folded p = x_b ⊙ v where this launch made one (``fold_keep``:
-        the edge backward reads it instead of making it again)."""
+    def _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, launch, has_v=True) -> tuple[Tensor, Tensor]:
         x, v, rbf, w, unit, edge_index, row_ptr = _prep(x, v, rbf, w, unit, edge_index, row_ptr)
         n, f = v.shape[0], v.shape[2]
         ds = torch.empty((n, f), dtype=x.dtype, device=x.device)
@@ -392,12 +390,9 @@ if HAS_TRITON:
             # Folded on the eager and captured path only (``_bare``); the torch.compile ops keep the launch that
             # their GPU tests cover.
             fold = has_v and launch is _bare and _fold_xb(x, rbf.shape[0], n)
-            p = _folded(x, v) if fold else v
-            if fold and keep is not None and _CONFIG["fold_keep"]:
-                keep.append(p)
             check_launchable(_mp_fwd_block_kernel, x)
             launch(_mp_fwd_block_kernel)[(cdiv(n, c["BLOCK_A"]), n_fb)](
-                x, p, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0),
+                x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0),
                 num_warps=warps, HAS_V=has_v, FOLD=fold, **c, **pdl_args(x),
             )  # fmt: skip
         else:
@@ -410,7 +405,7 @@ if HAS_TRITON:
 
     def _mp_backward(
         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None, has_v=True,
-        sink=None, gv_add=None, symmetric=False, folded=None,
+        sink=None, gv_add=None, symmetric=False,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
         """The five gradients (x, v, rbf, filter_weight, unit); ``need`` = (x/v, rbf/unit, filter_weight): the
         groups not needed come back as expanded zeros (no kernel, no memory). ``row_ptr``: the receiver CSR, when
@@ -432,7 +427,7 @@ if HAS_TRITON:
         g_rbf, g_unit, g_w = zero.expand(rbf.shape), zero.expand(unit.shape), zero.expand(w.shape)
         # With a sink the edge kernel (∂rbf, ∂u) goes to its second stream, forked before the sender kernel is queued.
         if sink is not None and need[1] and e > 0 and f > 0 and launch is _bare:
-            _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, folded)
+            _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v)
             need = (need[0], False, need[2])
         if gv_add is not None:
             gv_add = gv_add.to(dt).contiguous()
@@ -442,7 +437,7 @@ if HAS_TRITON:
         def edge_grads():
             if f == 0:
                 return torch.zeros_like(rbf), torch.zeros_like(unit)
-            return _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, folded=folded)
+            return _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
 
         # The edge kernel first (edge_grads_first): its transients (the split's partial rows, the folded p) are
         # gone before g_x and g_v are made, so they never share the backward's peak (probe_memory_peak.py).
@@ -494,14 +489,11 @@ if HAS_TRITON:
                 g_w = part.sum(0)
         return g_x, g_v, g_rbf, g_w, g_unit
 
-    def _edge_grads(
-        grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=None, accumulate=False, folded=None
-    ):  # fmt: skip
+    def _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=None, accumulate=False):
         """``(∂rbf [E, R], ∂u [E, 3])`` by the edge kernel (and, when its feature loop is split, the sum of its
         partial rows); ``out``: the two tensors to write them into (else new ones), or with ``accumulate`` to add
-        them to (in the sum kernel's epilogue when there is one). ``folded``: p = x_b ⊙ v as the forward made it
-        (``fold_keep``), used where this launch folds. Inputs as ``_mp_backward`` prepared them (contiguous, one
-        dtype, ``f > 0``, ``e > 0``)."""
+        them to (in the sum kernel's epilogue when there is one). Inputs as ``_mp_backward`` prepared them
+        (contiguous, one dtype, ``f > 0``, ``e > 0``)."""
         n, f = v.shape[0], v.shape[2]
         e, n_rbf = rbf.shape
         c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf, n_edges=e)
@@ -509,7 +501,7 @@ if HAS_TRITON:
         split = _edge_split(x, tiles, f, c["BLOCK_F"])
         g_rbf, g_unit = (torch.empty_like(rbf), torch.empty_like(unit)) if out is None else out
         if accumulate and split == 1:  # no sum kernel to add in: the kernel's rows, then one add each
-            rows = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, folded=folded)
+            rows = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
             g_rbf.add_(rows[0])
             g_unit.add_(rows[1])
             return g_rbf, g_unit
@@ -528,8 +520,7 @@ if HAS_TRITON:
         fold = has_v and launch is _bare and _fold_xb(x, e, n)
         check_launchable(_mp_bwd_edge_kernel, x)
         launch(_mp_bwd_edge_kernel)[(tiles, split)](
-            grad_s, grad_v, x, (_folded(x, v) if folded is None else folded) if fold else v, rbf, w, unit, edge_index,
-            part_rbf, part_unit,
+            grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, part_rbf, part_unit,
             g_rbf, g_unit, row_ptr[n:] if live else part_unit, e, edge_index.stride(0), num_warps=warps,
             SPLIT=split, LIVE=live, HAS_V=has_v, FOLD=fold, OUT0=out0, **c, **pdl_args(x),
         )  # fmt: skip
@@ -549,19 +540,19 @@ if HAS_TRITON:
             stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
         return stream
 
-    def _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, folded=None) -> None:
+    def _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v) -> None:
         """The edge kernel on the sink's stream, its ∂rbf, ∂u added into the sink. The caller's stream does not wait
         for it before the sink's node, so every tensor it reads is held by the sink until then. Held, they keep
         their memory from the caching allocator, and they are not modified in place: autograd adds a gradient into
         an incoming one in place when nobody else holds it (this layer's g_v, which is also the gradient of the
         previous layer's v, gets the sender kernel's ∂v added that way), which raced with this kernel before."""
         side = sink.stream
-        sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, folded) if t is not None)
+        sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None)
         side.wait_stream(torch.cuda.current_stream(x.device))
         with torch.cuda.stream(side):  # the first layer's backward to run writes the sums, the others add to them
             out = (sink.rbf, sink.unit)
             args = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)
-            _edge_grads(*args, out=out, accumulate=sink.filled, folded=folded)
+            _edge_grads(*args, out=out, accumulate=sink.filled)
             sink.filled = True
 
     def _bare(kernel):
@@ -692,17 +683,16 @@ if HAS_TRITON:
         ):  # fmt: skip
             # perm / col_ptr: the caller's sender CSR (None: the backward builds it, see _sender_csr); v_zero,
             # sink, v_residual, symmetric: see message_passing.
+            ctx.save_for_backward(x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             ctx.v_zero = v_zero
             ctx.sink = sink
             ctx.symmetric = symmetric
-            keep = []  # p = x_b ⊙ v where the forward folds (fold_keep), for the edge backward
-            ds, dv = _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare, not v_zero, keep)
-            ctx.save_for_backward(x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr, *keep[:1])
+            ds, dv = _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare, not v_zero)
             return (ds, dv, v.view_as(v)) if v_residual else (ds, dv)
 
         @staticmethod
         def backward(ctx, grad_s, grad_v, g_alias=None):
-            x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr, *folded = ctx.saved_tensors
+            x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr = ctx.saved_tensors
             nx, nv, nrbf, nw, nu = ctx.needs_input_grad[:5]
             need = (nx or nv, nrbf or nu, nw)
             # The sink takes ∂rbf, ∂u of first derivatives only (grad mode is on in a backward that builds a graph).
@@ -712,7 +702,7 @@ if HAS_TRITON:
                 sink = None
             grads = _MessagePassingBwd.apply(
                 grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr, ctx.v_zero, sink,
-                g_alias if nv else None, ctx.symmetric, folded[0] if folded else None,
+                g_alias if nv else None, ctx.symmetric,
             )  # fmt: skip
             if sink is not None:  # added into the sink, which hands them to autograd itself
                 nrbf = nu = False
@@ -741,16 +731,14 @@ if HAS_TRITON:
             sink=None,
             gv_add=None,
             symmetric=False,
-            folded=None,
         ):
-            # gv_add: the gradient of v's residual alias, added to ∂v (its own gradient is the one of ∂v). folded:
-            # the forward's p = x_b ⊙ v (read, not differentiated: a function of x and v, which are the inputs).
+            # gv_add: the gradient of v's residual alias, added to ∂v (its own gradient is the one of ∂v).
             ctx.save_for_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             if not symmetric and (perm is None or col_ptr is None):
                 perm, col_ptr = _sender_csr(edge_index, v.shape[0])
             return _mp_backward(
                 grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare, row_ptr.contiguous(),
-                not v_zero, sink, gv_add, symmetric, folded,
+                not v_zero, sink, gv_add, symmetric,
             )  # fmt: skip
 
         @staticmethod
@@ -770,7 +758,7 @@ if HAS_TRITON:
 
             grads = _double_backward(fwd, bwd, gg, grad_s, grad_v, x, v, rbf, w, unit)
             g_add = gg[1] if ctx.needs_input_grad[14] else None  # ∂(∂v)/∂gv_add is the identity
-            return (*grads, None, None, None, None, None, None, None, g_add, None, None)
+            return (*grads, None, None, None, None, None, None, None, g_add, None)
 
 
 def _message_passing_triton(

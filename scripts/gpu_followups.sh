@@ -1285,7 +1285,8 @@ case "${1:-}" in
     grep -hE "^\| " "$OUT/probe_ncu_sweep_caps.md" "$OUT/probe_ncu_sweep_caps_24k.md"
     ;;
   stop56d)
-    # fold_keep (stop 56, off as committed: the forward's p = x_b ⊙ v kept for the edge backward): the fold tests'
+    # (Needs results/stop56_gpu/fold_keep_dropped.diff applied: dropped after this call.) fold_keep (stop 56, off
+    # as committed: the forward's p = x_b ⊙ v kept for the edge backward): the fold tests'
     # CUDA cases, the whole step with it on every row's system (g2 batches do not fold: a control), captured and
     # eager at 24,000 atoms; the atom forward on the large graphs (never re-measured since stop 14).
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py -k "fold" \

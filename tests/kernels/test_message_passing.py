@@ -929,29 +929,3 @@ def test_edge_du_large_graph_float32(du):
         pytest.skip("needs CUDA")
     with mp_module._configured(edge_du=du):
         _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=63), torch.float32)
-
-
-@pytest.mark.parametrize("keep", [False, True])
-def test_fold_keep_makes_p_once(triton_device, variant, keep, monkeypatch):
-    """``fold_keep``: the block forward's p = x_b ⊙ v is kept for the edge backward, which then makes none (one
-    product per layer and call, two without the switch); the forward, the five gradients and, in training, the
-    second derivative of a force-like loss are bitwise those of p made twice (the same product of the same
-    tensors). The atom forward folds nothing, so its edge backward makes p itself either way."""
-    made = []
-    real = mp_module._folded
-    monkeypatch.setattr(mp_module, "_folded", lambda x, v: made.append(1) or real(x, v))
-    x, v, rbf, w, unit, ei = _graph(9, 41, 20, 6, torch.float64, triton_device, seed=53)
-    outs = {}
-    for on in (keep, not keep):
-        made.clear()
-        with mp_module._configured(fold_xb_min_edges=1, fold_xb_min_degree=0, fold_keep=on):
-            ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
-            ds, dv = _triton(*ins, ei)
-            gs, gv = torch.ones_like(ds), torch.linspace(-1, 1, dv.numel(), dtype=dv.dtype, device=dv.device)
-            grads = torch.autograd.grad((ds, dv), ins, (gs, gv.view_as(dv)), create_graph=True)
-            n_first = len(made)
-            second = torch.autograd.grad(grads[2].square().sum() + grads[4].sum(), ins)
-        outs[on] = [ds, dv, *grads, *second]
-        assert n_first == (1 if on and variant == "block" else 2 if variant == "block" else 1), (on, variant, made)
-    for a, b in zip(outs[True], outs[False], strict=True):
-        assert torch.equal(a, b)
