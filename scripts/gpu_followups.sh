@@ -1301,6 +1301,18 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_keep_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_keep.md" "$OUT/probe_ncu_sweep_keep_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d" >&2; exit 2 ;;
+  stop56e)
+    # Both student widths on the targets' rows with stop 55's kernels (stop 51 measured them last), and the 64- and
+    # 128-wide 24,000-atom step captured (what mode "auto" runs) beside eager.
+    timeout 420 python3 benchmarks/probe_student_size.py --configs 128x3,64x3 --md-steps 300 --out "$OUT" \
+      --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
+    grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -3
+    for h in 64 128; do
+      timeout 80 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 60 --out "$OUT/h$h" --systems water24000 \
+        --hidden $h --variants "mp:fold_xb_min_degree=24" >"$OUT/sweep_captured_h$h.log" 2>&1
+      grep -hE "^\| water" "$OUT/h$h/probe_ncu_sweep.md"
+    done
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
