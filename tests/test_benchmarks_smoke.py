@@ -675,3 +675,13 @@ def test_probe_gemm_persistent_kernel_on_the_interpreter(capsys):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=label)
     assert probe.main([]) == 0
     assert "needs a CUDA device" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message of the GPU probes")
+def test_stop56_gpu_probe_says_it_needs_cuda(capsys):
+    """probe_kernel_table.py needs a CUDA device: on a CPU it says so and returns 0 (its GPU runs are in
+    results/stop56_gpu/)."""
+    import probe_kernel_table
+
+    assert probe_kernel_table.main([]) == 0
+    assert "needs a CUDA device" in capsys.readouterr().out
