@@ -176,6 +176,8 @@ _CONFIG = {
     # 100,000 in the same call, benchmarks/results/stop46_gpu/probe_ncu_sweep_rules.md): the 192-atom water box
     # (10,848 edge slots, ~55 per atom) 1.074x; benzene (11 per atom) and 1,024 g2 molecules, below the degree
     # bound, 1.00x. Hence no edge bound: the degree decides (probe_ncu_sweep_fold_small.md: smaller boxes).
+    # The forward's p kept for the edge backward instead of made again measured 0.993x at 3,000 and 24,000 atoms
+    # (stop 56: the fresh p is in L2 for the edge kernel; benchmarks/results/stop56_gpu/d/, fold_keep_dropped.diff).
     "fold_xb_min_edges": 0,
     "fold_xb_min_degree": 24,
     # edge_stream_max_edges: inside a CUDA-graph capture, on graphs of at most this many edges (None: never), the
