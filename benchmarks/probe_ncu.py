@@ -144,7 +144,8 @@ def variants(spec: str = DEFAULT_VARIANTS):
     ``model:species_table=0`` (``StudentModel``'s class switches: the first layer's φ from the MLP on every atom)
     or ``model:v_residual_alias=0`` (v itself, not the message block's alias, into the update: one add kernel
     per layer after the first) or ``model:species_inputs_fused=0`` (the species index, embedding, v = 0 and first
-    φ rows as four torch launches, not kernels.species_inputs) or ``moments:key=value``
+    φ rows as four torch launches, not kernels.species_inputs) or ``model:last_update_scalars_only=0`` (the last
+    layer's update makes v' and a_vv too, as before stop 56) or ``moments:key=value``
     (``species_moments._CONFIG``, e.g. ``moments:model_min_edges=1000000000``: the first layer on the message
     kernel, ``moments:into_sink=0``) or ``edge:zero_in_forward=0`` (``edge_features._OPTIONS``) or ``seed:old=1``
     (the padded step's vector-Jacobian product through ``engine_padded._Seeded``, as before stop 45). Items joined
@@ -167,7 +168,12 @@ def variants(spec: str = DEFAULT_VARIANTS):
             unknown = set(changes) - set(config)
             ctx = lambda c=changes, config=config: patched_config(config, **c)  # noqa: E731
         elif where == "model":
-            unknown = set(changes) - {"species_table", "v_residual_alias", "species_inputs_fused"}
+            unknown = set(changes) - {
+                "species_table",
+                "v_residual_alias",
+                "species_inputs_fused",
+                "last_update_scalars_only",
+            }
             ctx = lambda c=changes: class_attrs(StudentModel, **{k: bool(v) for k, v in c.items()})  # noqa: E731
         elif where == "seed":  # seed:old=1: the padded step's VJP through _Seeded (one fill kernel more)
             unknown = set(changes) - {"old"}

@@ -64,12 +64,14 @@ def painn_update_reference(
     *,
     ds: Tensor | None = None,
     dv: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+    need_v: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """Torch reference of the update block: ``s [N,F]``, ``v [N,3,F]`` → ``s_out [N,F]``, ``v_out [N,3,F]``.
 
     ``u_w``, ``v_w`` ``[F,F]`` (U, V), ``w1 [F,2F]``, ``b1 [F]``, ``w2 [3F,F]``, ``b2 [3F]`` (the mixing MLP), as
     stored by ``nn.Linear``. Numerically the same ops as ``PaiNNUpdate``'s torch path. With ``ds`` / ``dv`` the
-    block's input is ``s + ds`` / ``v + dv``.
+    block's input is ``s + ds`` / ``v + dv``. ``need_v`` False (a model's last layer, whose v nobody reads): v_out
+    is None and a_vv is not made (the MLP's last layer keeps the rows of a_sv and a_ss only).
     """
     if ds is not None:
         s = s + ds
@@ -78,8 +80,11 @@ def painn_update_reference(
     f = s.shape[-1]
     uv, vv = nnf.linear(v, u_w), nnf.linear(v, v_w)
     vnorm = torch.sqrt((vv * vv).sum(dim=1) + _EPS)
-    mixed = nnf.linear(nnf.silu(nnf.linear(torch.cat([s, vnorm], dim=-1), w1, b1)), w2, b2)
-    a_vv, a_sv, a_ss = torch.split(mixed, f, dim=-1)
+    h = nnf.silu(nnf.linear(torch.cat([s, vnorm], dim=-1), w1, b1))
+    if not need_v:
+        a_sv, a_ss = torch.split(nnf.linear(h, w2[f:], b2[f:]), f, dim=-1)
+        return s + a_ss + a_sv * (uv * vv).sum(dim=1), None
+    a_vv, a_sv, a_ss = torch.split(nnf.linear(h, w2, b2), f, dim=-1)
     return s + a_ss + a_sv * (uv * vv).sum(dim=1), v + a_vv.unsqueeze(1) * uv
 
 
@@ -113,10 +118,12 @@ def painn_update(
     *,
     ds: Tensor | None = None,
     dv: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+    need_v: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """The update block (see the module docstring) of ``s [N,F]`` (plus ``ds [N,F]`` when given) and ``v [N,3,F]``
     (plus ``dv [N,3,F]``): fused Triton path when :func:`painn_update_fusable` says so, else the torch reference.
-    Returns ``s_out [N,F]``, ``v_out [N,3,F]``."""
+    Returns ``s_out [N,F]``, ``v_out [N,3,F]``; with ``need_v`` False (the last layer: nothing reads its v) v_out
+    is None and neither path makes a_vv or v_out (the mixing MLP's last GEMM 2F wide, not 3F)."""
     _check_inputs(s, v, u_w, v_w, w1, b1, w2, b2)
     for name, d, ref in (("ds", ds, s), ("dv", dv, v)):
         if d is not None and d.shape != ref.shape:
@@ -125,8 +132,9 @@ def painn_update(
     if painn_update_fusable(s, v, u_w, v_w, w1, b1, w2, b2, *deltas):
         if not HAS_TRITON:  # pragma: no cover - resolve_backend never says "triton" then
             raise RuntimeError("the fused update block needs triton installed; use MLFF_DISTILLER_KERNELS=torch")
-        return _PaiNNUpdateFused.apply(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv)
-    return painn_update_reference(s, v, u_w, v_w, w1, b1, w2, b2, ds=ds, dv=dv)
+        out = _PaiNNUpdateFused.apply(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv, bool(need_v))
+        return out if need_v else (out, None)
+    return painn_update_reference(s, v, u_w, v_w, w1, b1, w2, b2, ds=ds, dv=dv, need_v=need_v)
 
 
 def _check_inputs(s, v, u_w, v_w, w1, b1, w2, b2) -> None:
@@ -148,6 +156,16 @@ def _stacked_uv(u_w: Tensor, v_w: Tensor) -> Tensor:
 
 def _cat2(u_w: Tensor, v_w: Tensor) -> Tensor:
     return torch.cat([u_w, v_w])
+
+
+def _tail(w: Tensor) -> Tensor:
+    """Rows F.. of the mixing MLP's last weight ``[3F, F]`` or bias ``[3F]`` (a_sv, a_ss), as a tensor of its own,
+    made once per weight version (:func:`.derived`), so that the GEMMs' frozen-weight forms are made once too."""
+    return derived("tail", _rows_from_third, w)
+
+
+def _rows_from_third(w: Tensor) -> Tensor:
+    return w[w.shape[0] // 3 :].contiguous()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -261,31 +279,41 @@ if HAS_TRITON:
         HAS_DS: tl.constexpr,
         HAS_DV: tl.constexpr,
         PDL: tl.constexpr,
+        VOUT: tl.constexpr = True,
     ):
+        # VOUT False (the last layer): mix is [N, 2F] = [a_sv | a_ss] and only s_out is written.
         pdl_prologue(PDL)
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
-        mix = mix_ptr + i * (3 * N_FEAT) + f
-        a_vv = tl.load(mix, mask=m, other=0.0)
-        a_sv = tl.load(mix + N_FEAT, mask=m, other=0.0)
-        a_ss = tl.load(mix + 2 * N_FEAT, mask=m, other=0.0)
+        if VOUT:
+            mix = mix_ptr + i * (3 * N_FEAT) + f
+            a_vv = tl.load(mix, mask=m, other=0.0)
+            a_sv = tl.load(mix + N_FEAT, mask=m, other=0.0)
+            a_ss = tl.load(mix + 2 * N_FEAT, mask=m, other=0.0)
+        else:
+            mix = mix_ptr + i * (2 * N_FEAT) + f
+            a_vv = tl.zeros([BLOCK_N, BLOCK_F], s_out_ptr.dtype.element_ty)  # unused
+            a_sv = tl.load(mix, mask=m, other=0.0)
+            a_ss = tl.load(mix + N_FEAT, mask=m, other=0.0)
         _out_store(s_ptr, ds_ptr, v_ptr, dv_ptr, uvvv_ptr, s_out_ptr, v_out_ptr, i, f, m, a_vv, a_sv, a_ss,
-                   N_FEAT, HAS_DS, HAS_DV)  # fmt: skip
+                   N_FEAT, HAS_DS, HAS_DV, VOUT)  # fmt: skip
 
     @triton.jit
     def _out_store(
         s_ptr, ds_ptr, v_ptr, dv_ptr, uvvv_ptr, s_out_ptr, v_out_ptr, i, f, m, a_vv, a_sv, a_ss,
-        N_FEAT: tl.constexpr, HAS_DS: tl.constexpr, HAS_DV: tl.constexpr,
+        N_FEAT: tl.constexpr, HAS_DS: tl.constexpr, HAS_DV: tl.constexpr, VOUT: tl.constexpr = True,
     ):  # fmt: skip
         """s_out = s + a_ss + a_sv ⊙ Σ_k uv_k ⊙ vv_k and v_out_k = v_k + a_vv ⊙ uv_k for the tile ``(i, f, m)``, given
-        its three mix coefficients (the out kernel's work)."""
+        its three mix coefficients (the out kernel's work); VOUT False: s_out only."""
         uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
         sf = i * N_FEAT + f
         s = _load_sum(s_ptr, ds_ptr, sf, m, HAS_DS)
         tl.store(s_out_ptr + sf, s + a_ss + a_sv * (uv0 * vv0 + uv1 * vv1 + uv2 * vv2), mask=m)
-        vf = i * (3 * N_FEAT) + f
-        tl.store(v_out_ptr + vf, _load_sum(v_ptr, dv_ptr, vf, m, HAS_DV) + a_vv * uv0, mask=m)
-        tl.store(v_out_ptr + vf + N_FEAT, _load_sum(v_ptr, dv_ptr, vf + N_FEAT, m, HAS_DV) + a_vv * uv1, mask=m)
-        tl.store(v_out_ptr + vf + 2 * N_FEAT, _load_sum(v_ptr, dv_ptr, vf + 2 * N_FEAT, m, HAS_DV) + a_vv * uv2, mask=m)
+        if VOUT:
+            vf = i * (3 * N_FEAT) + f
+            tl.store(v_out_ptr + vf, _load_sum(v_ptr, dv_ptr, vf, m, HAS_DV) + a_vv * uv0, mask=m)
+            tl.store(v_out_ptr + vf + N_FEAT, _load_sum(v_ptr, dv_ptr, vf + N_FEAT, m, HAS_DV) + a_vv * uv1, mask=m)
+            v2 = _load_sum(v_ptr, dv_ptr, vf + 2 * N_FEAT, m, HAS_DV)
+            tl.store(v_out_ptr + vf + 2 * N_FEAT, v2 + a_vv * uv2, mask=m)
 
     # VJP of the out kernel, given g_s = ∂L/∂s_out and g_v = ∂L/∂v_out (g_s also flows to s unchanged, added in
     # the norm backward; without HAS_GV, g_v is 0: v_out was not used, and autograd passes None, not zeros):
@@ -305,30 +333,37 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         HAS_GV: tl.constexpr,
         PDL: tl.constexpr,
+        VOUT: tl.constexpr = True,
     ):
+        # VOUT False (the last layer, no a_vv): mix and g_mix are [N, 2F] = [a_sv | a_ss]; HAS_GV is then False.
         pdl_prologue(PDL)
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
-        mix = mix_ptr + i * (3 * N_FEAT) + f
-        a_sv = tl.load(mix + N_FEAT, mask=m, other=0.0)
+        if VOUT:
+            mix = mix_ptr + i * (3 * N_FEAT) + N_FEAT + f  # a_sv
+            g_mix = g_mix_ptr + i * (3 * N_FEAT) + N_FEAT + f  # ∂a_sv; ∂a_vv F before
+        else:
+            mix = mix_ptr + i * (2 * N_FEAT) + f
+            g_mix = g_mix_ptr + i * (2 * N_FEAT) + f
+        a_sv = tl.load(mix, mask=m, other=0.0)
         gs = tl.load(gs_ptr + i * N_FEAT + f, mask=m, other=0.0)
-        g_mix = g_mix_ptr + i * (3 * N_FEAT) + f
-        tl.store(g_mix + N_FEAT, gs * (uv0 * vv0 + uv1 * vv1 + uv2 * vv2), mask=m)
-        tl.store(g_mix + 2 * N_FEAT, gs, mask=m)
+        tl.store(g_mix, gs * (uv0 * vv0 + uv1 * vv1 + uv2 * vv2), mask=m)
+        tl.store(g_mix + N_FEAT, gs, mask=m)
         c = gs * a_sv
         g_uv = g_uvvv_ptr + i * (6 * N_FEAT) + f
         if HAS_GV:
-            a_vv = tl.load(mix, mask=m, other=0.0)
+            a_vv = tl.load(mix - N_FEAT, mask=m, other=0.0)
             gv = gv_ptr + i * (3 * N_FEAT) + f
             gv0 = tl.load(gv, mask=m, other=0.0)
             gv1 = tl.load(gv + N_FEAT, mask=m, other=0.0)
             gv2 = tl.load(gv + 2 * N_FEAT, mask=m, other=0.0)
-            tl.store(g_mix, gv0 * uv0 + gv1 * uv1 + gv2 * uv2, mask=m)
+            tl.store(g_mix - N_FEAT, gv0 * uv0 + gv1 * uv1 + gv2 * uv2, mask=m)
             tl.store(g_uv, gv0 * a_vv + c * vv0, mask=m)
             tl.store(g_uv + 2 * N_FEAT, gv1 * a_vv + c * vv1, mask=m)
             tl.store(g_uv + 4 * N_FEAT, gv2 * a_vv + c * vv2, mask=m)
         else:  # the terms of g_v are exact zeros: (±0) + c·vv_k = c·vv_k
-            tl.store(g_mix, tl.zeros([BLOCK_N, BLOCK_F], a_sv.dtype), mask=m)
+            if VOUT:
+                tl.store(g_mix - N_FEAT, tl.zeros([BLOCK_N, BLOCK_F], a_sv.dtype), mask=m)
             tl.store(g_uv, c * vv0, mask=m)
             tl.store(g_uv + 2 * N_FEAT, c * vv1, mask=m)
             tl.store(g_uv + 4 * N_FEAT, c * vv2, mask=m)
@@ -397,11 +432,12 @@ if HAS_TRITON:
             **flags, **pdl_args(t),
         )  # fmt: skip
 
-    def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None, keep_uvvv=True):
+    def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None, keep_uvvv=True, need_v=True):
         """``s_out``, ``v_out``, what the backward keeps (``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``) and the dot
         of the Triton GEMMs, None when they ran on cuBLAS (the backward does the same). The input is ``s + ds``,
         ``v + dv`` where given. ``keep_uvvv`` False: uvvv is None among the kept tensors (:func:`_uvvv_again`
-        makes it again)."""
+        makes it again). ``need_v`` False: v_out is None and mix is ``[N, 2F]`` (w2, b2 given as their a_sv, a_ss
+        rows, :func:`_tail`)."""
         n, f = s.shape
         s, v = s.contiguous(), v.contiguous()
         ds = ds.contiguous() if ds is not None else None
@@ -423,7 +459,8 @@ if HAS_TRITON:
             _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
             pre = torch.addmm(b1, x, w1.t())
             mix = torch.addmm(b2, nnf.silu(pre), w2.t())
-        s_out, v_out = torch.empty_like(s), torch.empty_like(v)
+        s_out = torch.empty_like(s)
+        v_out = torch.empty_like(v) if need_v else None
         _launch(
             _painn_update_out_kernel,
             s,
@@ -436,9 +473,10 @@ if HAS_TRITON:
             uvvv,
             mix,
             s_out,
-            v_out,
+            _or(v_out, s_out),
             HAS_DS=ds is not None,
             HAS_DV=dv is not None,
+            VOUT=need_v,
         )
         return s_out, v_out, (x, pre, uvvv if keep_uvvv else None, mix, w_uv), dot
 
@@ -466,9 +504,13 @@ if HAS_TRITON:
         grad_s = grad_s.to(pre.dtype).contiguous()
         has_gv = grad_v is not None
         grad_v = grad_v.to(pre.dtype).contiguous() if has_gv else None
-        g_mix, g_uvvv = mix.new_empty((n, 3 * f)), uvvv.new_empty((3 * n, 2 * f))
+        vout = mix.shape[1] == 3 * f  # [N, 2F]: the last layer's (no a_vv, no v_out, so no g_v)
+        g_mix, g_uvvv = mix.new_empty(mix.shape), uvvv.new_empty((3 * n, 2 * f))
         gv_arg = _or(grad_v, grad_s)
-        _launch(_painn_update_out_bwd_kernel, pre, n, f, grad_s, gv_arg, uvvv, mix, g_mix, g_uvvv, HAS_GV=has_gv)
+        _launch(
+            _painn_update_out_bwd_kernel, pre, n, f, grad_s, gv_arg, uvvv, mix, g_mix, g_uvvv, HAS_GV=has_gv,
+            VOUT=vout,
+        )  # fmt: skip
         # As decided in the forward (the backward may run outside the backend context); SiLU' in a GEMM prologue.
         if dot is not None:
             g_h = gemm(g_mix, w2, transpose_w=False, dot=dot)[0]
@@ -491,20 +533,24 @@ if HAS_TRITON:
         the weights must not require grad; first-order only."""
 
         @staticmethod
-        def forward(ctx, s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None):
+        def forward(ctx, s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None, need_v=True):
             if any(ctx.needs_input_grad[2:8]):
                 raise RuntimeError("the fused PaiNN update is inference-only: its weights must not require grad")
             # A v_out nobody uses (the last layer's) gets None, not a zero-filled gradient (one fill less).
             ctx.set_materialize_grads(False)
             limit = _CONFIG["recompute_uv_min_atoms"]
             keep = limit is None or s.shape[0] < limit
-            s_out, v_out, saved, ctx.dot = _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv, keep_uvvv=keep)
+            if not need_v:  # s_out alone: the MLP's last GEMM makes a_sv, a_ss only
+                w2, b2 = _tail(w2), _tail(b2)
+            s_out, v_out, saved, ctx.dot = _fused_forward(
+                s, v, u_w, v_w, w1, b1, w2, b2, ds, dv, keep_uvvv=keep, need_v=need_v
+            )
             ctx.has_ds, ctx.has_dv = ds is not None, dv is not None
             ctx.save_for_backward(s, v, ds, dv, *saved, w1, w2)
-            return s_out, v_out
+            return (s_out, v_out) if need_v else s_out
 
         @staticmethod
-        def backward(ctx, grad_s, grad_v):
+        def backward(ctx, grad_s, grad_v=None):
             s, v, ds, dv, *saved = ctx.saved_tensors
             with torch.no_grad():
                 if saved[2] is None:  # uvvv not kept (recompute_uv_min_atoms): made again
@@ -515,4 +561,4 @@ if HAS_TRITON:
                 g_s, g_v = FirstOrderOnly.apply("the fused PaiNN update", 2, g_s, g_v, *depends)
             g_ds = g_s if ctx.has_ds else None
             g_dv = g_v if ctx.has_dv else None
-            return g_s, g_v, None, None, None, None, None, None, g_ds, g_dv
+            return g_s, g_v, None, None, None, None, None, None, g_ds, g_dv, None

@@ -412,3 +412,94 @@ def test_recomputed_uvvv_gives_the_same_gradients_and_keeps_less(triton_device, 
             assert torch.equal(a, b)
         else:
             _close(a, b.double(), TOL[dtype], "recomputed uvvv")
+
+
+@pytest.mark.parametrize("triton_gemm", [True, False], ids=["triton-gemm", "cublas"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
+@pytest.mark.parametrize("n, f", [(0, 8), (21, 32), (7, 20)])
+def test_need_v_false_makes_s_out_alone(triton_device, monkeypatch, fused_calls, triton_gemm, residual, n, f):
+    """``need_v=False`` (a model's last layer): v_out is None, s_out and the gradients wrt s, v (and ds, dv) are
+    those of the full block with v_out unused (the mixing MLP's last GEMM over the a_sv, a_ss rows only: bit for
+    bit on the interpreter's GEMMs, else to rounding), on the fused path and the reference; the fused path keeps mix at 2F
+    wide (the saved tensors shrink by N x F elements, and by F x F for w2's tail)."""
+    if not triton_gemm:
+        monkeypatch.setattr(pu_module, "gemm_fusable", lambda *a: False)
+    dtype, s, v, weights, extra, go = _block_case(triton_device, n, f, residual, seed=41)
+    ins = (s, v, *extra.values())
+    got = {}
+    for need_v in (True, False):
+        kept = []
+
+        def pack(t, kept=kept):
+            kept.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), use_backend("triton"):
+            s_out, v_out = painn_update(s, v, *weights, **extra, need_v=need_v)
+        assert (v_out is None) is not need_v
+        grads = torch.autograd.grad(s_out, ins, go[0])
+        got[need_v] = (sum(kept), [s_out.detach(), *grads])
+    assert len(fused_calls) == 2
+    assert got[True][0] - got[False][0] == n * f + f * f  # mix [N, 3F] -> [N, 2F], w2 [3F, F] -> its [2F, F] tail
+    for a, b in zip(got[False][1], got[True][1], strict=True):
+        if triton_device.type == "cpu" and triton_gemm:  # the interpreter's GEMM sums each row alike
+            assert torch.equal(a, b)
+        else:  # a library GEMM over fewer columns may block its sums differently
+            _close(a, b.double(), TOL[dtype], "need_v=False")
+    s64, v64 = (t.detach().double().requires_grad_(True) for t in (s, v))
+    d64 = {k: t.detach().double() for k, t in extra.items()}
+    s_ref, v_ref = painn_update_reference(s64, v64, *(w.double() for w in weights), **d64, need_v=False)
+    assert v_ref is None
+    full = painn_update_reference(s64, v64, *(w.double() for w in weights), **d64)[0]
+    torch.testing.assert_close(s_ref, full, rtol=0, atol=1e-13)
+    _close(got[False][1][0], s_ref.detach(), TOL[dtype], "need_v=False vs reference")
+
+
+def test_student_model_last_update_makes_no_v(triton_device, fused_calls):
+    """``StudentModel.last_update_scalars_only``: the last layer's update runs with need_v=False; energies, forces
+    and (torch path, training) the parameter gradients of a force loss equal those with the switch off (float64,
+    to rounding), on the fused Triton path and the torch path; the a_vv rows of the last layer's mixing weight get
+    zero gradient either way."""
+    torch.manual_seed(3)
+    model = StudentModel(species=[1, 8], hidden=16, layers=2, n_rbf=6, cutoff=4.0).double().to(triton_device)
+    numbers, pos, ei = _molecules(4, triton_device)
+    shifts = torch.zeros(ei.shape[1], 3, dtype=torch.float64, device=triton_device)
+    batch = torch.zeros(len(numbers), dtype=torch.long, device=triton_device)
+    calls = []
+    real = PaiNNUpdate.forward
+
+    def spy(self, *a, **kw):
+        calls.append(kw.get("need_v", True))
+        return real(self, *a, **kw)
+
+    def run(train: bool):
+        p = pos.detach().clone().requires_grad_(True)
+        energy = model(numbers, p, ei, shifts, batch, 1)["energy"]
+        (f,) = torch.autograd.grad(energy.sum(), p, create_graph=train)
+        if not train:
+            return [energy.detach(), f]
+        grads = torch.autograd.grad((f**2).sum(), list(model.parameters()), allow_unused=True)
+        return [energy.detach(), f.detach(), *(torch.zeros(1) if g is None else g for g in grads)]
+
+    results = {}
+    try:
+        PaiNNUpdate.forward = spy
+        for switch in (True, False):
+            StudentModel.last_update_scalars_only = switch
+            calls.clear()
+            with use_backend("triton"):
+                model.requires_grad_(False)
+                frozen = run(False)
+            assert calls == [True, not switch]
+            with use_backend("torch"):
+                model.requires_grad_(True)
+                trained = run(True)
+            results[switch] = frozen + trained
+    finally:
+        PaiNNUpdate.forward = real
+        StudentModel.last_update_scalars_only = True
+    for a, b in zip(results[True], results[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    names = [n for n, _ in model.named_parameters()]
+    last_mix_grad = results[True][4 + names.index("updates.1.mix.2.weight")]
+    assert last_mix_grad.abs().sum() > 0 and torch.equal(last_mix_grad[:16], torch.zeros_like(last_mix_grad[:16]))

@@ -212,7 +212,9 @@ class PaiNNUpdate(nn.Module):
         self.V = nn.Linear(hidden, hidden, bias=False)
         self.mix = _mlp(2 * hidden, hidden, 3 * hidden)
 
-    def forward(self, s, v, ds=None, dv=None):
+    def forward(self, s, v, ds=None, dv=None, need_v=True):
+        """``(s', v')``; ``need_v`` False (the model's last layer, whose v' nothing reads): v' is None and a_vv is not
+        made (the MLP's last layer computes the a_sv and a_ss rows only)."""
         params = (
             self.U.weight,
             self.V.weight,
@@ -223,7 +225,7 @@ class PaiNNUpdate(nn.Module):
         )
         if kernels.painn_update_fusable(s, v, *params, *(d for d in (ds, dv) if d is not None)):
             # Inference with frozen weights on the Triton backend: the fused kernels (first derivative only).
-            return kernels.painn_update(s, v, *params, ds=ds, dv=dv)
+            return kernels.painn_update(s, v, *params, ds=ds, dv=dv, need_v=need_v)
         if ds is not None:
             s = s + ds
         if dv is not None:
@@ -231,7 +233,13 @@ class PaiNNUpdate(nn.Module):
         uv, vv = self.U(v), self.V(v)
         # +eps keeps sqrt differentiable at v = 0 (the first layer starts from zero vectors).
         vnorm = torch.sqrt((vv * vv).sum(dim=1) + 1e-8)
-        a_vv, a_sv, a_ss = torch.split(self.mix(torch.cat([s, vnorm], dim=-1)), self.hidden, dim=-1)
+        x = torch.cat([s, vnorm], dim=-1)
+        if not need_v:
+            f, last = self.hidden, self.mix[2]
+            h = self.mix[1](self.mix[0](x))
+            a_sv, a_ss = torch.split(nn.functional.linear(h, last.weight[f:], last.bias[f:]), f, dim=-1)
+            return s + a_ss + a_sv * (uv * vv).sum(dim=1), None
+        a_vv, a_sv, a_ss = torch.split(self.mix(x), self.hidden, dim=-1)
         return s + a_ss + a_sv * (uv * vv).sum(dim=1), v + a_vv.unsqueeze(1) * uv
 
 
@@ -255,6 +263,10 @@ class StudentModel(nn.Module):
     # φ rows come from one kernel (kernels.species_inputs) instead of four torch launches. False: the torch ops
     # (probes compare the two).
     species_inputs_fused: ClassVar[bool] = True
+    # The last layer's update makes s' only (PaiNNUpdate need_v=False): v' and its coefficient a_vv feed nothing
+    # (the readout reads s), so the mixing MLP's last GEMM is 2F wide instead of 3F there, forward and backward, and
+    # no v' is written. False: v' made and dropped, as before stop 56 (probes compare the two).
+    last_update_scalars_only: ClassVar[bool] = True
 
     def __init__(self, config: ModelConfig | None = None, **kwargs) -> None:
         super().__init__()
@@ -495,6 +507,8 @@ class StudentModel(nn.Module):
             if messages is None or not isinstance(update, PaiNNUpdate):  # a replaced block: its own residuals
                 s, v = update(*interaction(s, v, rbf, unit, edge_index))
             else:  # s + ds, v + dv inside the update (no separate add kernels on the fused path)
+                # The last layer's v' is read by nothing (the readout takes s): not made, nor its a_vv.
+                up = {"need_v": False} if layer == len(self.updates) - 1 and self.last_update_scalars_only else {}
                 # v_zero: the first layer's v is the zeros above (its message terms are skipped, not added).
                 kw = {"v_zero": layer == 0}
                 if layer == 0 and phi_table is not None:
@@ -502,7 +516,7 @@ class StudentModel(nn.Module):
                     # the species table.
                     moments = self._first_layer_moments(idx, rbf, unit, edge_index, sink)
                     if moments is not None:
-                        s, v = update(s, v, *moments)
+                        s, v = update(s, v, *moments, **up)
                         continue
                     kw["phi"] = phi_rows if phi_rows is not None else phi_table.index_select(0, idx)
                 ours = type(interaction) in (PaiNNInteraction, CSRInteraction)
@@ -515,7 +529,7 @@ class StudentModel(nn.Module):
                     s, ds, dv, v = messages(s, v, rbf, unit, edge_index, v_residual=True, **kw)
                 else:
                     s, ds, dv = messages(s, v, rbf, unit, edge_index, **kw)
-                s, v = update(s, v, ds, dv)
+                s, v = update(s, v, ds, dv, **up)
         first, last = self.readout[0], self.readout[2]
         params = (first.weight, first.bias, last.weight, last.bias, self.atomic_scale, self.atomic_shift)
         if type(first) is nn.Linear and type(last) is nn.Linear and kernels.gemm_fusable(s, *params):
