@@ -420,8 +420,8 @@ def test_recomputed_uvvv_gives_the_same_gradients_and_keeps_less(triton_device, 
 def test_need_v_false_makes_s_out_alone(triton_device, monkeypatch, fused_calls, triton_gemm, residual, n, f):
     """``need_v=False`` (a model's last layer): v_out is None, s_out and the gradients wrt s, v (and ds, dv) are
     those of the full block with v_out unused (the mixing MLP's last GEMM over the a_sv, a_ss rows only: bit for
-    bit on the interpreter's GEMMs, else to rounding), on the fused path and the reference; the fused path keeps mix at 2F
-    wide (the saved tensors shrink by N x F elements, and by F x F for w2's tail)."""
+    bit on the interpreter's GEMMs, else to rounding), on the fused path and the reference; the fused path keeps
+    mix at 2F wide (the saved tensors shrink by N x F elements, and by F x F for w2's tail)."""
     if not triton_gemm:
         monkeypatch.setattr(pu_module, "gemm_fusable", lambda *a: False)
     dtype, s, v, weights, extra, go = _block_case(triton_device, n, f, residual, seed=41)
