@@ -265,7 +265,9 @@ class StudentModel(nn.Module):
     species_inputs_fused: ClassVar[bool] = True
     # The last layer's update makes s' only (PaiNNUpdate need_v=False): v' and its coefficient a_vv feed nothing
     # (the readout reads s), so the mixing MLP's last GEMM is 2F wide instead of 3F there, forward and backward, and
-    # no v' is written. False: v' made and dropped, as before stop 56 (probes compare the two).
+    # no v' is written. False: v' made and dropped, as before stop 56 (probes compare the two). The whole step on an
+    # H200, on against off, two rounds (benchmarks/results/stop56_gpu/g/): benzene 1.017x, 192 water atoms
+    # 1.005-1.009x, g2 x 1,024 / 4,096 1.015-1.017 / 1.013-1.014x, water 3,000 1.003-1.004x, 24,000 1.000-1.004x.
     last_update_scalars_only: ClassVar[bool] = True
 
     def __init__(self, config: ModelConfig | None = None, **kwargs) -> None:
