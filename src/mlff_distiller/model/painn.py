@@ -237,7 +237,10 @@ class PaiNNUpdate(nn.Module):
         if not need_v:
             f, last = self.hidden, self.mix[2]
             h = self.mix[1](self.mix[0](x))
-            a_sv, a_ss = torch.split(nn.functional.linear(h, last.weight[f:], last.bias[f:]), f, dim=-1)
+            if type(last) is nn.Linear:  # the a_sv, a_ss rows only
+                a_sv, a_ss = torch.split(nn.functional.linear(h, last.weight[f:], last.bias[f:]), f, dim=-1)
+            else:  # a replaced layer (the 16-bit copies of precision.py): its own forward, a_vv dropped
+                _, a_sv, a_ss = torch.split(last(h), f, dim=-1)
             return s + a_ss + a_sv * (uv * vv).sum(dim=1), None
         a_vv, a_sv, a_ss = torch.split(self.mix(x), self.hidden, dim=-1)
         return s + a_ss + a_sv * (uv * vv).sum(dim=1), v + a_vv.unsqueeze(1) * uv
