@@ -180,6 +180,11 @@ class EdgeGradSink:
         self.rbf = torch.empty_like(rbf)
         self.unit = torch.empty_like(unit)
         self.filled = False
+        # Whether a layer's edge kernel forked the stream off the caller's (in this backward): only then is there
+        # anything to join. A step whose layers all skip the sink (a one-layer student, whose first layer's radial
+        # moments add into it on the caller's stream) must not wait on a stream outside its capture: that wait
+        # invalidated the capture (stop 56).
+        self.forked = False
         # What the edge kernels read, held until the join (see _edge_grads_into).
         self.keep: list[Tensor] = []
         # The identity node whose backward joins (a weak reference: the node holds the sink), set by
@@ -215,8 +220,9 @@ class _DeferredEdgeGrads(torch.autograd.Function):
         if not sink.filled:
             return g_rbf, g_unit, None
         sink.filled = False  # a second backward over the same graph starts a new sum
-        if sink.stream is not None:  # (None: a sink on one stream, as the CPU tests make)
+        if sink.stream is not None and sink.forked:  # (None: a sink on one stream, as the CPU tests make)
             torch.cuda.current_stream(sink.rbf.device).wait_stream(sink.stream)
+        sink.forked = False
         sink.keep.clear()  # read by now: their memory may go to the caller's stream again
         r = sink.rbf if g_rbf is None else sink.rbf + g_rbf
         u = sink.unit if g_unit is None else sink.unit + g_unit
@@ -549,6 +555,7 @@ if HAS_TRITON:
         side = sink.stream
         sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None)
         side.wait_stream(torch.cuda.current_stream(x.device))
+        sink.forked = True
         with torch.cuda.stream(side):  # the first layer's backward to run writes the sums, the others add to them
             out = (sink.rbf, sink.unit)
             args = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)

@@ -397,7 +397,9 @@ if HAS_TRITON:
     def _moments_grads_into(sink, *args) -> None:
         """The moments' ∂rbf, ∂u added into the sink's sums (written, where no layer has yet) on the caller's
         stream, once it has joined the sink's stream (whose edge kernels write the same sums)."""
-        if sink.stream is not None:  # (None: a sink on one stream, as the CPU tests make)
+        # (stream None: one stream, as the CPU tests make; not forked: no layer's edge kernel ran on it, e.g. a
+        # one-layer student's, and a wait on a stream outside the capture would invalidate it.)
+        if sink.stream is not None and sink.forked:
             torch.cuda.current_stream(sink.rbf.device).wait_stream(sink.stream)
         _backward(*args, out=(sink.rbf, sink.unit), accumulate=sink.filled)
         sink.filled = True

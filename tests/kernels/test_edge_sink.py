@@ -144,3 +144,32 @@ def test_a_backward_over_the_weights_alone_leaves_the_sink_out(monkeypatch):
     torch.cuda.synchronize()
     assert len(calls) == len(model.interactions) and all(calls), calls
     assert (static_f - ref_f).abs().max() <= 1e-5 * ref_f.abs().max()
+
+
+@gpu
+@needs_cuda
+def test_a_one_layer_student_captures_with_the_moments_alone():
+    """A one-layer student on a water box: its only layer runs from the radial moments, whose backward adds ∂rbf,
+    ∂u into the sink on the caller's stream, and no message layer forks the sink's stream. Waiting on that stream
+    (outside the capture) invalidated the capture, so the step fell back to eager (stop 56); now the join waits
+    only on a stream a layer forked. The capture completes and replays to the eager forces."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from systems import water_box
+
+    from mlff_distiller import AtomsBatch
+
+    model = make_model(seed=3, species=[1, 8], hidden=64, layers=1, n_rbf=20, cutoff=5.0).cuda().requires_grad_(False)
+    batch = AtomsBatch.from_atoms([water_box(192, seed=0)], dtype=torch.float32).to("cuda")
+    edge_index, shifts = _graph(model, batch)
+    assert model.first_layer_moment_weights(batch.positions.shape[0], edge_index.shape[1]) is not None
+    pos = batch.positions.clone().requires_grad_(True)
+
+    def forces():
+        out = model(batch.numbers, pos, edge_index, shifts, batch.batch, batch.num_structures)
+        return torch.autograd.grad(out["energy"].sum(), [pos])
+
+    (ref,) = forces()
+    graph, (static,) = _captured(forces)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert (static - ref).abs().max() <= 1e-5 * ref.abs().max()
