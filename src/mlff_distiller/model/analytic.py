@@ -327,6 +327,9 @@ def energy_and_gradients(
     if moment_w is not None:
         n_species = len(model.config.species)
         slot = i * n_species + idx.index_select(0, j)
+    # The last layer's v and a_vv feed nothing (the readout reads s): its mixing GEMM takes the a_sv, a_ss rows only
+    # (StudentModel.last_update_scalars_only).
+    s_only = len(layers) - 1 if model.last_update_scalars_only else -1
     for k, layer in enumerate(layers):
         w1, b1, w2, b2, wfilt, wu, wv, m1, mb1, m2, mb2 = layer
         if k == 0 and moment_w is not None:  # Δs = P M_a, Δv_k = Q_k M_c (v = 0 before the first layer)
@@ -344,8 +347,13 @@ def energy_and_gradients(
         uv, vv = v_mid @ wu.t(), v_mid @ wv.t()
         vnorm = torch.sqrt((vv * vv).sum(1) + 1e-8)
         h2 = torch.addmm(mb1, torch.cat([s_mid, vnorm], 1), m1.t())
-        mix = torch.addmm(mb2, silu(h2), m2.t())
         dot = (uv * vv).sum(1)
+        if k == s_only:  # mix = [a_sv | a_ss]; no v after it
+            mix = torch.addmm(mb2[f:], silu(h2), m2[f:].t())
+            saved.append((layer, h1, x, v, kept, uv, vv, vnorm, h2, mix, dot))
+            s = torch.addcmul(s_mid + mix[:, f:], mix[:, :f], dot)
+            continue
+        mix = torch.addmm(mb2, silu(h2), m2.t())
         saved.append((layer, h1, x, v, kept, uv, vv, vnorm, h2, mix, dot))
         # (addcmul, addmm below: one op where two or three would do; on a CPU a small molecule's step is ~270
         # ops at ~3-5 µs each)
@@ -367,17 +375,21 @@ def energy_and_gradients(
     for k in reversed(range(len(saved))):
         layer, h1, x, v_in, kept, uv, vv, vnorm, h2, mix, dot = saved[k]
         w1, b1, w2, b2, wfilt, wu, wv, m1, mb1, m2, mb2 = layer
-        a_vv, a_sv = mix[:, :f], mix[:, f : 2 * f]
-        # s = s_mid + a_ss + a_sv * dot;  v = v_mid + a_vv * uv;  dot = Σ_k uv vv
+        # s = s_mid + a_ss + a_sv * dot;  v = v_mid + a_vv * uv;  dot = Σ_k uv vv (the s-only layer: no a_vv, no v)
+        a_sv = mix[:, f : 2 * f] if k != s_only else mix[:, :f]
         g_dot = g_s * a_sv
         g_uv = g_dot.unsqueeze(1) * vv
         g_vv = g_dot.unsqueeze(1) * uv
-        if g_v is not None:
-            g_avv = (g_v * uv).sum(1)
-            g_uv = torch.addcmul(g_uv, g_v, a_vv.unsqueeze(1))
+        if k == s_only:
+            g_h2 = silu_backward(torch.cat([g_s * dot, g_s], 1) @ m2[f:], h2)
         else:
-            g_avv = torch.zeros_like(a_vv)
-        g_h2 = silu_backward(torch.cat([g_avv, g_s * dot, g_s], 1) @ m2, h2)
+            a_vv = mix[:, :f]
+            if g_v is not None:
+                g_avv = (g_v * uv).sum(1)
+                g_uv = torch.addcmul(g_uv, g_v, a_vv.unsqueeze(1))
+            else:
+                g_avv = torch.zeros_like(a_vv)
+            g_h2 = silu_backward(torch.cat([g_avv, g_s * dot, g_s], 1) @ m2, h2)
         g_in = g_h2 @ m1  # over [s_mid, vnorm]
         g_smid = g_s + g_in[:, :f]
         g_vv = torch.addcmul(g_vv, (g_in[:, f:] / vnorm).unsqueeze(1), vv)
