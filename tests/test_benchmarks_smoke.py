@@ -685,3 +685,15 @@ def test_stop56_gpu_probe_says_it_needs_cuda(capsys):
 
     assert probe_kernel_table.main([]) == 0
     assert "needs a CUDA device" in capsys.readouterr().out
+
+
+def test_probe_last_update_cpu_runs(tmp_path):
+    """probe_last_update_cpu.py on ethanol: a row per shipped student, the two settings' forces within rounding."""
+    import probe_last_update_cpu
+
+    lines = probe_last_update_cpu.main(["--systems", "ethanol", "--reps", "0.05", "--out", str(tmp_path)])
+    rows = [line for line in lines if line.startswith("| builtin:")]
+    assert len(rows) == 2
+    for row in rows:
+        assert float(row.split("|")[7]) < 1e-4, row
+    assert (tmp_path / "probe_last_update_cpu.md").exists()
