@@ -21,14 +21,14 @@ def _cfg(mode, **kw):
     return small_train_config(**{**opts, **kw})
 
 
-def _assert_same_run(a, b, atol=1e-10):
+def _assert_same_run(a, b, atol=1e-10, rel=1e-8):
     sa, sb = a.model.state_dict(), b.model.state_dict()
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], atol=atol, rtol=atol, msg=lambda m, k=k: f"{k}: {m}")
     assert [h["step"] for h in a.history] == [h["step"] for h in b.history]
     for ha, hb in zip(a.history, b.history, strict=True):
         for key in ("train_loss", "train_energy_mse", "train_forces_mse", "val_force_mae_mev_a", "lr"):
-            assert ha[key] == pytest.approx(hb[key], rel=1e-8, abs=1e-12), key
+            assert ha[key] == pytest.approx(hb[key], rel=rel, abs=1e-12), key
 
 
 def test_static_step_equals_plain_step(emt_frames):
@@ -44,7 +44,10 @@ def test_static_step_equals_plain_step(emt_frames):
     plain = train(train_f, val_f, _cfg("plain", **kw), **quiet)
     static = train(train_f, val_f, _cfg("static", **kw), **quiet)
     assert plain.history[-1]["lr"] < 0.05  # the plateau scheduler did reduce it
-    _assert_same_run(plain, static)
+    # Ten steps at lr 0.05 amplify the two steps' rounding (float64; the padded step's GEMMs have other shapes):
+    # the validation MAE's relative difference grows from ~1e-16 at step 2 to 5e-9 (the last layer's update making
+    # v' too) or 1.2e-8 (s' alone, shipped since stop 56) at step 10, while the weights stay within 3e-11.
+    _assert_same_run(plain, static, rel=1e-7)
 
 
 def test_static_step_with_hvp_equals_plain(tmp_path):
