@@ -15,6 +15,9 @@ weights, and it is first-order: differentiating it twice raises. :func:`painn_up
 :func:`painn_update` dispatches on it. The torch reference :func:`painn_update_reference` is the specification,
 the test oracle and what the model runs otherwise (training, torch.compile, the torch backend).
 
+A model's last layer needs s_out only (its readout reads s): with ``need_v=False`` neither path makes a_vv or v_out,
+and the mixing MLP's last GEMM runs over the a_sv, a_ss rows of W2, b2 (2F wide instead of 3F).
+
 The block's input may be given as a residual sum, ``s + ds`` and ``v + dv`` (the message block's output): the
 fused path then adds inside its kernels (the norm kernel, the U/V GEMM's prologue, the out kernel) the same
 rounded sums that two torch adds would have stored, so those two launches go, and its backward hands the same
