@@ -187,7 +187,8 @@ def _rows_from_third(w: Tensor) -> Tensor:
 # warps per program (None: the package's num_warps). 256 elements (4 atoms x 64 features at 4 warps): the whole
 # step 1.005-1.033x against the 1,024 of stops 14-42, two rounds in one H200 call, the small graphs gaining most
 # (benzene 1.033, 192 water atoms 1.021, 1,024 g2 molecules 1.014, 4,096 1.007, 3,000 water atoms 1.005); 2,048
-# and 4,096 were slower, 8 warps and 2 warps no better (benchmarks/results/stop43_gpu/probe_ncu_sweep_update*.md).
+# and 4,096 were slower, 8 warps and 2 warps no better (benchmarks/results/stop43_gpu/probe_ncu_sweep_update*.md);
+# 512 and 128 measured 0.985-1.004x at stop 56 (benchmarks/results/stop56_gpu/j/).
 _CONFIG: dict = {
     "elems": 256,
     "num_warps": None,
