@@ -503,3 +503,27 @@ def test_student_model_last_update_makes_no_v(triton_device, fused_calls):
     names = [n for n, _ in model.named_parameters()]
     last_mix_grad = results[True][4 + names.index("updates.1.mix.2.weight")]
     assert last_mix_grad.abs().sum() > 0 and torch.equal(last_mix_grad[:16], torch.zeros_like(last_mix_grad[:16]))
+
+
+def test_an_update_subclass_with_its_own_forward_is_called_as_before(triton_device):
+    """A subclass of PaiNNUpdate that overrides forward (without ``need_v``) is called with the old arguments in
+    the last layer too, and its v' is what it returns; the plain block gets need_v=False there."""
+    seen = []
+
+    class Logged(PaiNNUpdate):
+        def forward(self, s, v, ds=None, dv=None):
+            seen.append(type(self).__name__)
+            return super().forward(s, v, ds, dv)
+
+    torch.manual_seed(0)
+    model = StudentModel(species=[1, 8], hidden=8, layers=2, n_rbf=4, cutoff=4.0).double().to(triton_device)
+    numbers, pos, ei = _molecules(2, triton_device)
+    shifts = torch.zeros(ei.shape[1], 3, dtype=torch.float64, device=triton_device)
+    batch = torch.zeros(len(numbers), dtype=torch.long, device=triton_device)
+    want = model(numbers, pos, ei, shifts, batch, 1)["energy"]
+    old = model.updates[1]
+    model.updates[1] = Logged(8).double().to(triton_device)
+    model.updates[1].load_state_dict(old.state_dict())
+    got = model(numbers, pos, ei, shifts, batch, 1)["energy"]
+    assert seen == ["Logged"]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -512,8 +512,10 @@ class StudentModel(nn.Module):
             if messages is None or not isinstance(update, PaiNNUpdate):  # a replaced block: its own residuals
                 s, v = update(*interaction(s, v, rbf, unit, edge_index))
             else:  # s + ds, v + dv inside the update (no separate add kernels on the fused path)
-                # The last layer's v' is read by nothing (the readout takes s): not made, nor its a_vv.
-                up = {"need_v": False} if layer == len(self.updates) - 1 and self.last_update_scalars_only else {}
+                # The last layer's v' is read by nothing (the readout takes s): not made, nor its a_vv. (Asked of
+                # our own forward only: a subclass that overrides it keeps its signature.)
+                last = layer == len(self.updates) - 1 and self.last_update_scalars_only
+                up = {"need_v": False} if last and type(update).forward is PaiNNUpdate.forward else {}
                 # v_zero: the first layer's v is the zeros above (its message terms are skipped, not added).
                 kw = {"v_zero": layer == 0}
                 if layer == 0 and phi_table is not None:
