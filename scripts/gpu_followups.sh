@@ -1357,6 +1357,20 @@ case "${1:-}" in
       --systems benzene,g2x1024,g2x4096,water3000 --variants "$V" >"$OUT/sweep_elems.log" 2>&1
     grep -hE "^\| " "$OUT/probe_ncu_sweep.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i" >&2; exit 2 ;;
+  stop57)
+    # What the message-passing kernels' filter dots still cost (stop 43 measured it before the symmetric walk and
+    # stop 55's edge kernel): one TF32 pass in place of tf32x3 per kernel family (not float32-accurate; a bound
+    # on any cheaper float32 form of those dots, e.g. tf32x3 as one K = 64 MMA over [hi | hi | lo] of the 20
+    # radial columns), and the GEMMs' bound beside them.
+    V="mp:dot_fwd=tf32;mp:dot_bwd_sender=tf32;mp:dot_fwd=tf32,dot_bwd_sender=tf32;mp:dot_bwd_edge=tf32;gemm:dot=tf32"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 185 --out "$OUT" \
+      --systems g2x4096,water3000,g2x1024 --variants "$V" >"$OUT/sweep_bound.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_bound.md"
+    timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 115 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_bound_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_bound_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_bound.md" "$OUT/probe_ncu_sweep_bound_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
