@@ -1371,6 +1371,22 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_bound_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_bound.md" "$OUT/probe_ncu_sweep_bound_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57" >&2; exit 2 ;;
+  stop57b)
+    # The filter dots of the forward and the sender backward as one concatenated TF32 MMA (filter_kcat, stop 57):
+    # the kernel file's CUDA cases for it and the float32 / symmetric / large ones, then the whole step against
+    # three dots (mp:filter_kcat=off; ratio < 1: the shipped concatenation is faster), two rounds.
+    timeout 230 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+      -k "kcat or large or symmetric or seg_split or double_backward" >"$OUT/pytest_kcat_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_kcat_cuda.log" | tail -6
+    V="mp:filter_kcat=off;mp:filter_kcat=off"
+    timeout 170 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 155 --out "$OUT" \
+      --systems benzene,water192,g2x1024,g2x4096,water3000 --variants "$V" >"$OUT/sweep_kcat.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_kcat.md"
+    timeout 90 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 75 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_kcat_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_kcat_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_kcat.md" "$OUT/probe_ncu_sweep_kcat_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -929,3 +929,76 @@ def test_edge_du_large_graph_float32(du):
         pytest.skip("needs CUDA")
     with mp_module._configured(edge_du=du):
         _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=63), torch.float32)
+
+
+def test_filter_kcat_rule():
+    """The forward's and sender backward's filter dots as one concatenated TF32 MMA (``filter_kcat``): "auto" only
+    for float32 tf32x3 dots where K = pow2(3 R) has fewer K-rows than three dots of R_PAD (R = 20: 64 against 96;
+    R = 8: 32 against 48; not R = 16 or 32), never for the edge and filter kernels, float64 or one TF32 pass;
+    "on" for every float32 launch; "off" never; other values are errors."""
+    cfg = mp_module._launch_config_for
+    assert mp_module._CONFIG["filter_kcat"] == "auto"
+    for kernel in ("fwd", "bwd_sender"):
+        for r, k in ((20, 64), (8, 32), (5, 16), (16, 0), (32, 0), (21, 64), (22, 0)):
+            assert cfg("cuda", torch.float32, kernel, 128, r)[0]["RCAT"] == k, (kernel, r)
+        assert cfg("cuda", torch.float64, kernel, 128, 20)[0]["RCAT"] == 0
+        assert cfg("cpu", torch.float32, kernel, 128, 20)[0]["RCAT"] == 0  # the interpreter's dots are "ieee"
+        with mp_module._configured(**{f"dot_{kernel}": "tf32"}):
+            assert cfg("cuda", torch.float32, kernel, 128, 20)[0]["RCAT"] == 0
+        with mp_module._configured(filter_kcat="off"):
+            assert cfg("cuda", torch.float32, kernel, 128, 20)[0]["RCAT"] == 0
+        with mp_module._configured(filter_kcat="on"):
+            assert cfg("cpu", torch.float32, kernel, 128, 16)[0]["RCAT"] == 64
+            assert cfg("cuda", torch.float64, kernel, 128, 20)[0]["RCAT"] == 0
+    for kernel in ("bwd_edge", "bwd_filter"):
+        assert "RCAT" not in cfg("cuda", torch.float32, kernel, 128, 20)[0]
+    with mp_module._configured(filter_kcat="yes"), pytest.raises(ValueError, match="filter_kcat"):
+        cfg("cuda", torch.float32, "fwd", 128, 20)
+
+
+# (N, E, F, R): K = 64 over 3 x 20 radial columns (4 padded rows), K = 32 over 3 x 6, K = 16 over 3 x 5.
+KCAT_SHAPES = [(6, 37, 40, 20), (9, 41, 20, 6), (5, 13, 7, 5)]
+
+
+@pytest.mark.parametrize("shape", KCAT_SHAPES, ids=[f"N{n}-E{e}-F{f}-R{r}" for n, e, f, r in KCAT_SHAPES])
+def test_filter_kcat_matches_reference(triton_device, variant, shape):
+    """float32 with the concatenated filter dots ("on": the interpreter runs them too, as exact float32 products,
+    so a lost or doubled part shows as ~1e-3 relative): the forward and the five gradients within the float32
+    bound of the float64 reference, on a random graph and on a symmetric one (the sender kernel's receiver-row
+    walk), and the launch's RCAT is the concatenation's K."""
+    n, e, f, r = shape
+    with mp_module._configured(filter_kcat="on"):
+        args = _graph(n, e, f, r, torch.float32, triton_device, seed=71 + e)
+        for kernel in ("fwd", "bwd_sender"):
+            assert mp_module._launch_config(args[0], kernel, f, r, n_atoms=n, n_edges=e)[0]["RCAT"] == max(
+                16, mp_module._pow2(3 * r)
+            )
+        _compare(args, torch.float32)
+        x, v, rbf, w, unit, ei, row_ptr = _symmetric_graph(9, 30, f, r, torch.float32, triton_device, seed=72)
+        ins = [t.detach().clone().requires_grad_(True) for t in (x, v, rbf, w, unit)]
+        ds, dv = _triton(*ins, ei, row_ptr=row_ptr, symmetric=True)
+        gs, gv = torch.randn_like(ds), torch.randn_like(dv)
+        got = torch.autograd.grad((ds, dv), ins, (gs, gv))
+    ref64 = [t.detach().double() for t in ins]
+    (s_s, s_v), scales = _abs_scales(*[t.detach() for t in ins], ei, gs, gv)
+    r_s, r_v = message_passing_reference(*ref64, ei)
+    _check(ds, r_s, s_s, TOL[torch.float32], "symmetric ds")
+    _check(dv, r_v, s_v, TOL[torch.float32], "symmetric dv")
+    ref = message_passing_backward_reference(gs.double(), gv.double(), *ref64, ei)
+    for name, g, rr, s in zip(("x", "v", "rbf", "filter_weight", "unit"), got, ref, scales, strict=True):
+        _check(g, rr, s, TOL[torch.float32], f"symmetric grad {name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kcat", ["auto", "off"])
+def test_filter_kcat_large_graph_float32(variant, kcat):
+    """The shipped shape (3,000 atoms, F = 128, R = 20, tf32x3) with the concatenated filter dots ("auto": K = 64)
+    and with three dots ("off"): both within the float32 bound of the float64 reference, on CUDA's TF32 MMAs."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    with mp_module._configured(filter_kcat=kcat):
+        args = _graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=73)
+        assert mp_module._launch_config(args[0], "fwd", 128, 20, n_atoms=3000)[0]["RCAT"] == (
+            64 if kcat == "auto" else 0
+        )
+        _compare(args, torch.float32)
