@@ -315,7 +315,7 @@ def _launch_config_for(
     if kernel == "bwd_edge":
         c["DU_DOT"] = _choice(_EDGE_DU, "edge_du")
     if kernel in ("fwd", "bwd_sender"):
-        c["RCAT"] = _filter_kcat(dtype, n_rbf, c["DOT_PRECISION"], c["R_PAD"])
+        c["RCAT"] = _filter_kcat(kernel, dtype, n_rbf, c["DOT_PRECISION"], c["R_PAD"])
     if blocked:
         c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
         c["SEG_SPLIT"] = bool(_CONFIG["seg_split"]) and c["DOT_PRECISION"] == "tf32x3"
@@ -331,13 +331,13 @@ def _launch_config_for(
     return c, warps, variant
 
 
-def _filter_kcat(dtype, n_rbf: int, dot: str, r_pad: int) -> int:
+def _filter_kcat(kernel: str, dtype, n_rbf: int, dot: str, r_pad: int) -> int:
     """K of the forward's and sender backward's filter dots as one concatenated TF32 MMA (``filter_kcat``; the
     RCAT constexpr of _mp_kernels), or 0: three dots of ``dot``."""
     mode = _CONFIG["filter_kcat"]
-    if mode not in ("auto", "off", "on"):
-        raise ValueError(f"filter_kcat: {mode!r} is not one of 'auto', 'off', 'on'")
-    if mode == "off" or dtype != torch.float32:
+    if mode not in ("auto", "off", "on", "fwd", "bwd_sender"):
+        raise ValueError(f"filter_kcat: {mode!r} is not one of 'auto', 'off', 'on', 'fwd', 'bwd_sender'")
+    if mode == "off" or dtype != torch.float32 or (mode in ("fwd", "bwd_sender") and mode != kernel):
         return 0
     k = max(16, _pow2(3 * int(n_rbf)))
     if mode == "on":

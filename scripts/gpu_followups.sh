@@ -1387,6 +1387,18 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_kcat_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_kcat.md" "$OUT/probe_ncu_sweep_kcat_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b" >&2; exit 2 ;;
+  stop57c)
+    # filter_kcat per kernel: the concatenated dots in the forward alone, in the sender backward alone, and off
+    # (ratio = both / variant; stop57b: both 0.93-0.94x against off on g2 and water).
+    V="mp:filter_kcat=off;mp:filter_kcat=fwd;mp:filter_kcat=bwd_sender"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 135 --out "$OUT" \
+      --systems water192,g2x4096,water3000 --variants "$V" >"$OUT/sweep_kcat_each.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_kcat_each.md"
+    timeout 80 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 65 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_kcat_each_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_kcat_each_24k.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_kcat_each.md" "$OUT/probe_ncu_sweep_kcat_each_24k.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
