@@ -122,13 +122,6 @@ _CONFIG = {
     "dot_bwd_sender": "tf32x3",
     "dot_bwd_edge": "tf32x3",
     "dot_bwd_filter": "ieee",
-    # filter_kcat: the forward's and the sender backward's filter dots rbf @ W in tf32x3 as one TF32 MMA over the
-    # concatenated operands [rb_hi | rb_hi | rb_lo] and [W_hi; W_lo; W_hi] (_mp_kernels._fdot): the same three
-    # products, K = pow2(3 N_RBF) = 64 for the shipped 20 radial columns against three dots of K = R_PAD = 32.
-    # "auto": where the dot is tf32x3 and the concatenation has fewer K-rows than the three dots (N_RBF = 20: yes;
-    # 16 or 32: no); "off": three dots, as before stop 57; "on": every float32 launch whatever its dot (the
-    # interpreter's tests, whose dots are exact float32 products: the concatenation's sum in another order).
-    "filter_kcat": "auto",
     # Under the engine's tf32 / bf16 / fp16 the tf32x3 dots above take one TF32 pass (kernels/_precision.py);
     # False keeps them tf32x3 in every precision (benchmarks/probe_precision.py times and measures both).
     "reduced_dots": True,
@@ -196,6 +189,11 @@ _CONFIG = {
     # (probe_ncu_sweep_stop44.md): removed. Larger graphs: the captured 24,000-atom water step (1.3M edges) with the
     # limit raised over it 1.005 / 1.001x (stop 55, benchmarks/results/stop55_gpu/f/), noise: off there.
     "edge_stream_max_edges": 1 << 20,
+    # edge_sink_one_stream: where the second stream does not apply (eager steps, captures over
+    # edge_stream_max_edges), an inference step's layers still add their ∂rbf, ∂u into one sink, on the caller's
+    # stream (defer_edge_grads(..., one_stream=True)), in place of autograd's two adds per layer. False: as before
+    # stop 57.
+    "edge_sink_one_stream": True,
 }
 _KERNELS = ("fwd", "bwd_sender", "bwd_edge", "bwd_filter")
 _VARIANTS = {"fwd": ("atom", "block"), "bwd_sender": ("auto", "atom", "block")}
@@ -314,8 +312,6 @@ def _launch_config_for(
     )
     if kernel == "bwd_edge":
         c["DU_DOT"] = _choice(_EDGE_DU, "edge_du")
-    if kernel in ("fwd", "bwd_sender"):
-        c["RCAT"] = _filter_kcat(kernel, dtype, n_rbf, c["DOT_PRECISION"], c["R_PAD"])
     if blocked:
         c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
         c["SEG_SPLIT"] = bool(_CONFIG["seg_split"]) and c["DOT_PRECISION"] == "tf32x3"
@@ -329,20 +325,6 @@ def _launch_config_for(
     if cuda and maxnreg:  # None or 0: uncapped
         c["maxnreg"] = int(maxnreg)  # registers per thread at most (more programs per SM, maybe spills)
     return c, warps, variant
-
-
-def _filter_kcat(kernel: str, dtype, n_rbf: int, dot: str, r_pad: int) -> int:
-    """K of the forward's and sender backward's filter dots as one concatenated TF32 MMA (``filter_kcat``; the
-    RCAT constexpr of _mp_kernels), or 0: three dots of ``dot``."""
-    mode = _CONFIG["filter_kcat"]
-    if mode not in ("auto", "off", "on", "fwd", "bwd_sender"):
-        raise ValueError(f"filter_kcat: {mode!r} is not one of 'auto', 'off', 'on', 'fwd', 'bwd_sender'")
-    if mode == "off" or dtype != torch.float32 or (mode in ("fwd", "bwd_sender") and mode != kernel):
-        return 0
-    k = max(16, _pow2(3 * int(n_rbf)))
-    if mode == "on":
-        return k
-    return k if dot == "tf32x3" and k < 3 * r_pad else 0
 
 
 def _choice(options: dict, key: str):

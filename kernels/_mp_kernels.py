@@ -9,7 +9,7 @@ touches the host path and vice versa.
 
 from __future__ import annotations
 
-from ._triton_utils import HAS_TRITON, dot_rn, pdl_prologue, round_tf32, tf32_hi, tl, triton, unspecialized
+from ._triton_utils import HAS_TRITON, dot_rn, pdl_prologue, round_tf32, tl, triton, unspecialized
 
 __all__ = [
     "_mp_bwd_edge_kernel",
@@ -46,38 +46,13 @@ if HAS_TRITON:
         return tl.load(w_ptr + offs, mask=fm[:, None] & rm[None, :], other=0.0)
 
     @triton.jit
-    def _chunk_setup(w_ptr, f, N_FEAT: tl.constexpr, N_RBF: tl.constexpr, R_PAD: tl.constexpr, RCAT: tl.constexpr = 0):
-        """Feature mask, radial range and mask, and the filter tiles a program holds for its feature chunk ``f``.
-        RCAT (> 0): the filter dots as one TF32 MMA over K = RCAT >= 3 N_RBF rows (see :func:`_fdot`): ``r`` is
-        then each of the RCAT rows' radial column, ``rm`` masks rows past 3 N_RBF, and the tiles hold W_hi, W_lo,
-        W_hi (W's TF32 part, rounded to nearest, and the rest) in rows [0, N), [N, 2N), [2N, 3N)."""
+    def _chunk_setup(w_ptr, f, N_FEAT: tl.constexpr, N_RBF: tl.constexpr, R_PAD: tl.constexpr):
+        """Feature mask, radial range and mask, and the filter tiles a program holds for its feature chunk ``f``."""
         fm = f < N_FEAT
-        if RCAT > 0:
-            k = tl.arange(0, RCAT)
-            r = k % N_RBF
-            rm = k < 3 * N_RBF
-            wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
-            low = ((k >= N_RBF) & (k < 2 * N_RBF))[:, None]
-            wa = tl.where(low, wa - tf32_hi(wa), tf32_hi(wa))
-            wb = tl.where(low, wb - tf32_hi(wb), tf32_hi(wb))
-            wc = tl.where(low, wc - tf32_hi(wc), tf32_hi(wc))
-        else:
-            r = tl.arange(0, R_PAD)
-            rm = r < N_RBF
-            wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
+        r = tl.arange(0, R_PAD)
+        rm = r < N_RBF
+        wa, wb, wc = _filter_tiles(w_ptr, f, fm, r, rm, N_FEAT, N_RBF)
         return fm, r, rm, wa, wb, wc
-
-    @triton.jit
-    def _fdot(rb, w, DOT_PRECISION: tl.constexpr, RCAT: tl.constexpr):
-        """A filter dot ``rbf @ W`` (``[BLOCK_E, BLOCK_F]``). RCAT > 0 (float32 only): the operands are the
-        concatenated tiles of ``_rbf_tile`` and ``_chunk_setup``, [hi | hi | lo] of the basis rows against
-        [W_hi; W_lo; W_hi], so that one TF32 MMA of K = RCAT sums hi W_hi + hi W_lo + lo W_hi: the three products of
-        tf32x3 (float32 accuracy), which as three dots would each run K = R_PAD (20 radial columns padded to 32:
-        96 K-rows of MMA work against 64 in one)."""
-        if RCAT > 0:
-            return tl.dot(rb, w, input_precision="tf32")
-        else:
-            return dot_rn(rb, w, DOT_PRECISION)
 
     @triton.jit
     def _atom_block(n_atoms, BLOCK_A: tl.constexpr):
@@ -151,15 +126,9 @@ if HAS_TRITON:
             return acc + dot_rn(onehot, m, DOT_PRECISION)
 
     @triton.jit
-    def _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF: tl.constexpr, RCAT: tl.constexpr = 0):
-        """``[BLOCK_E, R_PAD]`` rows of rbf for edges ``e``; zero for masked edges and padding. RCAT > 0 (``r``,
-        ``rm`` from ``_chunk_setup``): ``[BLOCK_E, RCAT]``, the rows' TF32 part in columns [0, 2N) and the rest in
-        [2N, 3N), the left operand of :func:`_fdot`."""
-        rb = tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
-        if RCAT > 0:
-            hi = tf32_hi(rb)
-            rb = tl.where((tl.arange(0, RCAT) >= 2 * N_RBF)[None, :], rb - hi, hi)
-        return rb
+    def _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF: tl.constexpr):
+        """``[BLOCK_E, R_PAD]`` rows of rbf for edges ``e``; zero for masked edges and padding."""
+        return tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
 
     @triton.jit
     def _unit3(unit_ptr, e, em):
@@ -180,24 +149,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _sender_tile_loads(
-        gs_ptr,
-        gv_ptr,
-        rbf_ptr,
-        unit_ptr,
-        e,
-        pm,
-        i,
-        f,
-        fm,
-        r,
-        rm,
-        N_FEAT: tl.constexpr,
-        N_RBF: tl.constexpr,
-        RCAT: tl.constexpr = 0,
+        gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT: tl.constexpr, N_RBF: tl.constexpr
     ):
         """What a sender-backward tile of edges ``e`` (receivers ``i``) reads besides x_j, v_j: rbf rows, the edge
         mask over features, g_v[i] (three blocks), the unit vectors and g_s[i]."""
-        rb = _rbf_tile(rbf_ptr, e, pm, r, rm, N_RBF, RCAT)
+        rb = _rbf_tile(rbf_ptr, e, pm, r, rm, N_RBF)
         m2 = pm[:, None] & fm[None, :]
         g0, g1, g2 = _rows3(gv_ptr, i, m2, f, N_FEAT)
         ux, uy, uz = _unit3(unit_ptr, e, pm)
@@ -262,13 +218,12 @@ if HAS_TRITON:
         DOT_PRECISION: tl.constexpr,
         HAS_V: tl.constexpr,
         PDL: tl.constexpr,
-        RCAT: tl.constexpr = 0,
     ):
         pdl_prologue(PDL)
         # HAS_V False: the caller promised v = 0 (the first layer), so the b-terms (x_b W_b v_j) are skipped.
         i = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD, RCAT)
+        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
         dt = x_ptr.dtype.element_ty
         acc_s = tl.zeros((BLOCK_F,), dtype=dt)
         acc_0 = tl.zeros((BLOCK_F,), dtype=dt)
@@ -280,17 +235,17 @@ if HAS_TRITON:
             e = start + tl.arange(0, BLOCK_E)
             em = e < hi
             j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
-            rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF, RCAT)
+            rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
             m2 = em[:, None] & fm[None, :]
             xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             # Masked edges have rb = 0 and x = 0, so they add exact zeros.
-            a = tl.load(xrow, mask=m2, other=0.0) * _fdot(rb, wa, DOT_PRECISION, RCAT)
-            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * _fdot(rb, wc, DOT_PRECISION, RCAT)
+            a = tl.load(xrow, mask=m2, other=0.0) * dot_rn(rb, wa, DOT_PRECISION)
+            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wc, DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
             acc_s += tl.sum(a, axis=0)
             if HAS_V:
-                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * _fdot(rb, wb, DOT_PRECISION, RCAT)
+                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wb, DOT_PRECISION)
                 acc_0 += tl.sum(b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None], axis=0)
                 acc_1 += tl.sum(b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None], axis=0)
                 acc_2 += tl.sum(b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None], axis=0)
@@ -334,13 +289,12 @@ if HAS_TRITON:
         SEG_SPLIT: tl.constexpr,
         PDL: tl.constexpr,
         FOLD: tl.constexpr = False,
-        RCAT: tl.constexpr = 0,
     ):
         # FOLD: v_ptr holds p = x_b ⊙ v (per sender, made by the host), so b_e ⊙ v_j = W_b,e ⊙ p_j needs no x_b load
         pdl_prologue(PDL)
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD, RCAT)
+        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
         dt = x_ptr.dtype.element_ty
         acc_s = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
         acc_0 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
@@ -353,22 +307,22 @@ if HAS_TRITON:
             i, j = _edge_ends(ei_ptr, ei_stride, e, em)
             # onehot[k, t] = 1 where edge t of the tile goes to atom a0 + k (masked edges match no atom).
             onehot = _onehot(atoms, i, em, x_ptr)
-            rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF, RCAT)
+            rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
             m2 = em[:, None] & fm[None, :]
             xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-            a = tl.load(xrow, mask=m2, other=0.0) * _fdot(rb, wa, DOT_PRECISION, RCAT)
+            a = tl.load(xrow, mask=m2, other=0.0) * dot_rn(rb, wa, DOT_PRECISION)
             acc_s = _seg_acc(acc_s, onehot, a, DOT_PRECISION, SEG_SPLIT)
-            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * _fdot(rb, wc, DOT_PRECISION, RCAT)
+            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wc, DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
             m_0 = c * ux[:, None]
             m_1 = c * uy[:, None]
             m_2 = c * uz[:, None]
             if HAS_V:
                 if FOLD:
-                    b = _fdot(rb, wb, DOT_PRECISION, RCAT)
+                    b = dot_rn(rb, wb, DOT_PRECISION)
                 else:
-                    b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * _fdot(rb, wb, DOT_PRECISION, RCAT)
+                    b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wb, DOT_PRECISION)
                 m_0 += b * tl.load(vrow, mask=m2, other=0.0)
                 m_1 += b * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
                 m_2 += b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
@@ -425,13 +379,12 @@ if HAS_TRITON:
         ADD_GV: tl.constexpr,
         PDL: tl.constexpr,
         SYM: tl.constexpr = False,
-        RCAT: tl.constexpr = 0,
     ):
         # SYM: the edge list is symmetric (see _sym_tile): colptr_ptr is the receiver CSR, perm_ptr unused.
         pdl_prologue(PDL)
         j = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD, RCAT)
+        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
         dt = x_ptr.dtype.element_ty
         acc_a = tl.zeros((BLOCK_F,), dtype=dt)
         acc_c = tl.zeros((BLOCK_F,), dtype=dt)
@@ -447,11 +400,11 @@ if HAS_TRITON:
             else:
                 i = tl.load(ei_ptr + e, mask=pm, other=0).to(tl.int64)
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
-                gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF, RCAT
+                gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
-            w_a = _fdot(rb, wa, DOT_PRECISION, RCAT)
-            w_b = _fdot(rb, wb, DOT_PRECISION, RCAT)
-            w_c = _fdot(rb, wc, DOT_PRECISION, RCAT)
+            w_a = dot_rn(rb, wa, DOT_PRECISION)
+            w_b = dot_rn(rb, wb, DOT_PRECISION)
+            w_c = dot_rn(rb, wc, DOT_PRECISION)
             acc_a += tl.sum(gsi * w_a, axis=0)
             acc_c += tl.sum(_gamma(g0, g1, g2, ux, uy, uz) * w_c, axis=0)
             t_0 += tl.sum(w_b * g0, axis=0)
@@ -495,12 +448,11 @@ if HAS_TRITON:
         ADD_GV: tl.constexpr,
         PDL: tl.constexpr,
         SYM: tl.constexpr = False,
-        RCAT: tl.constexpr = 0,
     ):
         pdl_prologue(PDL)
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD, RCAT)
+        fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
         acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_A, BLOCK_F)
         lo, hi = _block_edge_range(colptr_ptr, a0, n_atoms, BLOCK_A)
         for start in range(lo, hi, BLOCK_E):
@@ -511,14 +463,14 @@ if HAS_TRITON:
                 i, j = _edge_ends(ei_ptr, ei_stride, e, pm)
             onehot = _onehot(atoms, j, pm, x_ptr)
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
-                gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF, RCAT
+                gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
-            w_a = _fdot(rb, wa, DOT_PRECISION, RCAT)
+            w_a = dot_rn(rb, wa, DOT_PRECISION)
             acc_a = _seg_acc(acc_a, onehot, gsi * w_a, DOT_PRECISION, SEG_SPLIT)
-            w_c = _fdot(rb, wc, DOT_PRECISION, RCAT)
+            w_c = dot_rn(rb, wc, DOT_PRECISION)
             gamma = _gamma(g0, g1, g2, ux, uy, uz)
             acc_c = _seg_acc(acc_c, onehot, gamma * w_c, DOT_PRECISION, SEG_SPLIT)
-            w_b = _fdot(rb, wb, DOT_PRECISION, RCAT)
+            w_b = dot_rn(rb, wb, DOT_PRECISION)
             t_0 = _seg_acc(t_0, onehot, w_b * g0, DOT_PRECISION, SEG_SPLIT)
             t_1 = _seg_acc(t_1, onehot, w_b * g1, DOT_PRECISION, SEG_SPLIT)
             t_2 = _seg_acc(t_2, onehot, w_b * g2, DOT_PRECISION, SEG_SPLIT)

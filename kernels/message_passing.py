@@ -175,10 +175,13 @@ class EdgeGradSink:
     :func:`defer_edge_grads`): ``rbf [E, R]`` and ``unit [E, 3]`` (written by the first layer's backward to run,
     added to by the others; ``filled`` says whether one has)."""
 
-    def __init__(self, stream, rbf: Tensor, unit: Tensor) -> None:
+    def __init__(self, stream, rbf: Tensor, unit: Tensor, lazy: bool = False) -> None:
         self.stream = stream
-        self.rbf = torch.empty_like(rbf)
-        self.unit = torch.empty_like(unit)
+        # lazy (a sink on the caller's stream): the sums' memory is taken at the first write, in the backward, so
+        # that it is not held through the forward as well.
+        self._like = (rbf, unit) if lazy else None
+        self.rbf = None if lazy else torch.empty_like(rbf)
+        self.unit = None if lazy else torch.empty_like(unit)
         self.filled = False
         # Whether a layer's edge kernel forked the stream off the caller's (in this backward): only then is there
         # anything to join. A step whose layers all skip the sink (a one-layer student, whose first layer's radial
@@ -190,6 +193,13 @@ class EdgeGradSink:
         # The identity node whose backward joins (a weak reference: the node holds the sink), set by
         # defer_edge_grads; ``joins`` asks autograd whether the running backward will execute it.
         self.node = None
+
+    def buffers(self) -> tuple[Tensor, Tensor]:
+        """The sums ``(rbf [E, R], unit [E, 3])``, made here the first time for a lazy sink."""
+        if self.rbf is None:
+            rbf, unit = self._like
+            self.rbf, self.unit = torch.empty_like(rbf), torch.empty_like(unit)
+        return self.rbf, self.unit
 
     def joins(self) -> bool:
         """Whether the backward now running will execute the sink's node (and so join its stream). A backward
@@ -226,10 +236,12 @@ class _DeferredEdgeGrads(torch.autograd.Function):
         sink.keep.clear()  # read by now: their memory may go to the caller's stream again
         r = sink.rbf if g_rbf is None else sink.rbf + g_rbf
         u = sink.unit if g_unit is None else sink.unit + g_unit
+        if sink._like is not None:  # lazy: handed over, not held (a second backward takes new sums)
+            sink.rbf = sink.unit = None
         return r, u, None
 
 
-def defer_edge_grads(rbf: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, EdgeGradSink | None]:
+def defer_edge_grads(rbf: Tensor, unit: Tensor, one_stream: bool = False) -> tuple[Tensor, Tensor, EdgeGradSink | None]:
     """``(rbf', unit', sink)`` for a step's message-passing layers (pass ``edge_sink=sink`` and rbf', unit' to each
     :func:`message_passing`), or ``(rbf, unit, None)`` where it does not apply.
 
@@ -245,18 +257,26 @@ def defer_edge_grads(rbf: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, EdgeGra
     (:meth:`EdgeGradSink.joins`) and, where it will not, hands ∂rbf, ∂u to autograd on its own stream.
 
     Eager steps keep one stream: the same second stream in an eager 24,000-atom water step (1.3M edges, 1.3 ms per
-    layer's edge kernel) measured 1.004x / 0.999x (benchmarks/results/stop45_gpu/probe_ncu_sweep_eager_sink.md)."""
+    layer's edge kernel) measured 1.004x / 0.999x (benchmarks/results/stop45_gpu/probe_ncu_sweep_eager_sink.md).
+    There, and in captures over the edge limit, ``one_stream`` (the caller's promise of an inference step: frozen
+    filter weights; ``edge_sink_one_stream`` on) gives a sink on the caller's stream (its sums made at the first
+    write): each layer's edge kernel adds into it (in its sum kernel's epilogue) where autograd would add every
+    layer's ∂rbf, ∂u in two more kernels."""
     if not HAS_TRITON or not rbf.is_cuda or torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return rbf, unit, None
+    if not (rbf.requires_grad or unit.requires_grad) or resolve_backend(rbf.device) != "triton":
+        return rbf, unit, None
     limit = _CONFIG["edge_stream_max_edges"]
-    if limit is None or rbf.shape[0] > int(limit) or not (rbf.requires_grad or unit.requires_grad):
+    side = limit is not None and rbf.shape[0] <= int(limit)
+    if side:
+        stream = _side_stream(rbf.device)  # made on an eager call before the capture
+        side = torch.cuda.is_current_stream_capturing()
+    if side:
+        sink = EdgeGradSink(stream, rbf, unit)
+    elif one_stream and _CONFIG["edge_sink_one_stream"]:
+        sink = EdgeGradSink(None, rbf, unit, lazy=True)
+    else:
         return rbf, unit, None
-    if resolve_backend(rbf.device) != "triton":
-        return rbf, unit, None
-    stream = _side_stream(rbf.device)  # made on an eager call before the capture
-    if not torch.cuda.is_current_stream_capturing():
-        return rbf, unit, None
-    sink = EdgeGradSink(stream, rbf, unit)
     rbf, unit = _DeferredEdgeGrads.apply(rbf, unit, sink)
     sink.node = weakref.ref(rbf.grad_fn)
     return rbf, unit, sink
@@ -553,6 +573,11 @@ if HAS_TRITON:
         an incoming one in place when nobody else holds it (this layer's g_v, which is also the gradient of the
         previous layer's v, gets the sender kernel's ∂v added that way), which raced with this kernel before."""
         side = sink.stream
+        if side is None:  # a sink on the caller's stream: in order with everything else, nothing to hold or join
+            out = sink.buffers()
+            _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare, out, sink.filled)
+            sink.filled = True
+            return
         sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None)
         side.wait_stream(torch.cuda.current_stream(x.device))
         sink.forked = True

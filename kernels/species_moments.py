@@ -401,5 +401,5 @@ if HAS_TRITON:
         # one-layer student's, and a wait on a stream outside the capture would invalidate it.)
         if sink.stream is not None and sink.forked:
             torch.cuda.current_stream(sink.rbf.device).wait_stream(sink.stream)
-        _backward(*args, out=(sink.rbf, sink.unit), accumulate=sink.filled)
+        _backward(*args, out=sink.buffers(), accumulate=sink.filled)
         sink.filled = True

@@ -1399,6 +1399,27 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_kcat_each_24k.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_kcat_each.md" "$OUT/probe_ncu_sweep_kcat_each_24k.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c" >&2; exit 2 ;;
+  stop57d)
+    # The edge gradients of an inference step's layers summed into a sink on one stream outside the second
+    # stream's reach (edge_sink_one_stream, stop 57): the sink's CUDA tests and the captured-step sink tests, the
+    # 24,000-atom step eager and captured against the switch off (ratio < 1: the shipped sink is faster), two
+    # rounds, a g2 batch as a control (its captured step keeps the second stream), then bench_large's rows.
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_edge_sink.py \
+      tests/kernels/test_species_moments.py tests/test_engine_modes.py tests/test_first_layer_moments.py \
+      -k "sink or one_stream or second_stream or captured" >"$OUT/pytest_sink_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_sink_cuda.log" | tail -6
+    V="mp:edge_sink_one_stream=0;mp:edge_sink_one_stream=0"
+    timeout 90 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 75 --out "$OUT" --systems water24000 \
+      --step-mode eager --variants "$V" >"$OUT/sweep_sink_24k.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sink_24k.md"
+    timeout 110 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 95 --out "$OUT" --systems water24000,g2x4096 \
+      --variants "$V" >"$OUT/sweep_sink.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_sink.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_sink_24k.md" "$OUT/probe_ncu_sweep_sink.md"
+    timeout 170 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 150 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -296,6 +296,11 @@ def test_captured_steps_sum_the_edge_gradients_on_a_second_stream(model, stress,
     from systems import water_box
 
     calls = edge_sink_spy(monkeypatch)
+    # The eager reference on the plain path (its inference steps otherwise sum into a sink on one stream, which
+    # would feed the spy outside the captures).
+    monkeypatch.setitem(
+        importlib.import_module("mlff_distiller.kernels.message_passing")._CONFIG, "edge_sink_one_stream", False
+    )
     # The first layer on the message kernel, so that every layer's backward goes through the sink (the moments'
     # first layer with the sink is tests/test_first_layer_moments.py's).
     monkeypatch.setitem(

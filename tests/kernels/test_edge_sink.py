@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import edge_sink_spy, make_model
+from mlff_distiller.kernels import use_backend
 
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 
@@ -74,6 +75,61 @@ def test_no_sink_outside_a_capture():
     unit = torch.randn(4, 3)
     r, u, sink = mp.defer_edge_grads(rbf, unit)
     assert sink is None and r is rbf and u is unit
+
+
+def _layer_inputs(n, e, f, r, seed):
+    """x, v, filter weight of one message layer and a receiver-sorted random graph's rbf, unit, edge_index (float64)."""
+    gen = torch.Generator().manual_seed(seed)
+    x, v = (
+        torch.randn(n, 3 * f, generator=gen, dtype=torch.float64),
+        torch.randn(n, 3, f, generator=gen, dtype=torch.float64),
+    )
+    w = torch.randn(3 * f, r, generator=gen, dtype=torch.float64) / r**0.5
+    rbf = torch.randn(e, r, generator=gen, dtype=torch.float64)
+    unit = torch.nn.functional.normalize(torch.randn(e, 3, generator=gen, dtype=torch.float64), dim=-1)
+    ei = torch.randint(0, n, (2, e), generator=gen)
+    return x, v, w, rbf, unit, ei[:, torch.argsort(ei[0], stable=True)]
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_layers_add_into_a_sink_on_one_stream(triton_device, split, monkeypatch):
+    """A sink on the caller's stream (``defer_edge_grads(..., one_stream=True)``'s, lazy: no memory until the
+    backward) takes each layer's ∂rbf, ∂u (the first layer to run writes them, the next adds them, in the split's
+    sum kernel where there is one) and hands the sum to autograd at its node, then lets it go: the gradients wrt
+    rbf, unit, x and v equal the plain path's (autograd's adds), float64, unsplit and split in two."""
+    if triton_device.type == "cpu":
+        monkeypatch.setitem(mp._CPU_TILES, "block_f", 16)  # two feature chunks of F = 32: a split of 2 can run
+    calls = edge_sink_spy(monkeypatch)
+    x1, v1, w1, rbf, unit, ei = _layer_inputs(12, 70, 32, 8, seed=5)
+    x2, v2, w2, _, _, _ = _layer_inputs(12, 70, 32, 8, seed=6)
+    leaves = [t.to(triton_device).requires_grad_(True) for t in (rbf, unit, x1, v1, x2, v2)]
+    w1, w2, ei = w1.to(triton_device), w2.to(triton_device), ei.to(triton_device)
+    gen = torch.Generator().manual_seed(7)
+    up = [torch.randn(12, k, generator=gen, dtype=torch.float64).to(triton_device) for k in (32, 96, 32, 96)]
+
+    def grads(with_sink):
+        rbf_, unit_, x1_, v1_, x2_, v2_ = leaves
+        sink = None
+        if with_sink:
+            sink = mp.EdgeGradSink(None, rbf_, unit_, lazy=True)
+            assert sink.rbf is None  # nothing held through the forward
+            rbf_, unit_ = mp._DeferredEdgeGrads.apply(rbf_, unit_, sink)
+            sink.node = weakref.ref(rbf_.grad_fn)
+        with use_backend("triton"), mp._configured(bwd_edge_split=split):
+            ds1, dv1 = mp.message_passing(x1_, v1_, rbf_, w1, unit_, ei, edge_sink=sink)
+            ds2, dv2 = mp.message_passing(x2_, v2_, rbf_, w2, unit_, ei, edge_sink=sink)
+            loss = sum((o.reshape(12, -1) * u).sum() for o, u in zip((ds1, dv1, ds2, dv2), up, strict=True))
+            out = torch.autograd.grad(loss, leaves)
+        if sink is not None:
+            assert sink.rbf is None and not sink.filled  # handed over, not held
+        return out
+
+    plain = grads(False)
+    assert calls == []
+    with_sink = grads(True)
+    assert calls == [False, False]  # both layers' backward fed the sink
+    for name, a, b in zip(("rbf", "unit", "x1", "v1", "x2", "v2"), with_sink, plain, strict=True):
+        assert (a - b).abs().max() <= 1e-12 * b.abs().max(), name
 
 
 # -- GPU ----------------------------------------------------------------------------------------------------------
@@ -173,3 +229,41 @@ def test_a_one_layer_student_captures_with_the_moments_alone():
     graph.replay()
     torch.cuda.synchronize()
     assert (static - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@gpu
+@needs_cuda
+def test_eager_inference_sums_the_edge_gradients_into_a_sink_on_one_stream(monkeypatch):
+    """Outside a capture an inference step (frozen weights) sums every layer's ∂rbf, ∂u into a sink on its own
+    stream (``edge_sink_one_stream``): the eager engine's energies and forces equal those with the switch off
+    (autograd's adds), each message layer's backward fed the sink; a model whose weights require grad (training,
+    whose second derivative autograd takes through the plain path) gets no sink and still differentiates twice."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from systems import water_box
+
+    from mlff_distiller import AtomsBatch, ForceEngine
+
+    calls = edge_sink_spy(monkeypatch)
+    model = make_model(seed=3, species=[1, 8], hidden=128, layers=3, n_rbf=20, cutoff=5.0)
+    box = AtomsBatch.from_atoms([water_box(192, seed=0)])
+    out = {}
+    for on in (True, False):
+        with mp._configured(edge_sink_one_stream=on):
+            before = len(calls)
+            out[on] = ForceEngine(model, device="cuda", precision="fp32", mode="eager").compute(box)
+            used = calls[before:]
+        assert (len(used) > 0 and not any(used)) if on else used == [], used
+    for key in ("energy", "forces"):
+        ref = out[False][key]
+        assert (out[True][key] - ref).abs().max() <= 1e-5 * ref.abs().max().clamp_min(1e-3), key
+
+    train = make_model(seed=3, species=[1, 8], hidden=32, layers=2, n_rbf=20, cutoff=5.0).cuda()
+    batch = box.to("cuda")
+    edge_index, shifts = _graph(train, batch)
+    pos = batch.positions.clone().requires_grad_(True)
+    before = len(calls)
+    energy = train(batch.numbers, pos, edge_index, shifts, batch.batch, batch.num_structures)["energy"].sum()
+    (forces,) = torch.autograd.grad(energy, [pos], create_graph=True)
+    forces.square().sum().backward()
+    assert calls[before:] == []
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in train.parameters() if p.requires_grad)

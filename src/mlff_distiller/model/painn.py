@@ -506,7 +506,10 @@ class StudentModel(nn.Module):
             s = self.embedding(idx)
             v = torch.zeros((s.shape[0], 3, s.shape[1]), dtype=s.dtype, device=s.device)
         # Inside a CUDA-graph capture the layers' ∂rbf, ∂u are summed on a second stream (kernels.defer_edge_grads).
-        rbf, unit, sink = kernels.defer_edge_grads(rbf, unit)
+        # Elsewhere (eager steps, large captures) an inference step's layers sum them into a sink on one stream.
+        first = next(self.interactions.parameters(), None)
+        inference = first is not None and not first.requires_grad
+        rbf, unit, sink = kernels.defer_edge_grads(rbf, unit, one_stream=inference)
         for layer, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
             messages = getattr(interaction, "messages", None)
             if messages is None or not isinstance(update, PaiNNUpdate):  # a replaced block: its own residuals
