@@ -258,7 +258,7 @@ def test_eager_inference_sums_the_edge_gradients_into_a_sink_on_one_stream(monke
         assert (out[True][key] - ref).abs().max() <= 1e-5 * ref.abs().max().clamp_min(1e-3), key
 
     train = make_model(seed=3, species=[1, 8], hidden=32, layers=2, n_rbf=20, cutoff=5.0).cuda()
-    batch = box.to("cuda")
+    batch = AtomsBatch.from_atoms([water_box(192, seed=0)], dtype=torch.float32).to("cuda")
     edge_index, shifts = _graph(train, batch)
     pos = batch.positions.clone().requires_grad_(True)
     before = len(calls)
