@@ -413,3 +413,50 @@ def test_gemm_zeroes_a_tensor_on_the_side(triton_device, m, numel):
         gemm(a, w, zero=torch.zeros(m + 1, device=triton_device))
     with pytest.raises(ValueError, match="zero"):
         gemm(a, w, zero=torch.zeros(2 * m + 2, device=triton_device)[::2])
+
+
+def _row_tile(m: int, device) -> int:
+    """The row tile of a gemm launch of m rows (as linear.gemm picks it on the device)."""
+    from mlff_distiller.kernels import linear as lin
+
+    if device.type == "cuda":
+        return (lin._CONFIG["small"] if m <= lin._CONFIG["small_rows"] else lin._CONFIG["large"])[0]
+    return max(16, min(128, 1 << (m - 1).bit_length()))
+
+
+@pytest.mark.parametrize("m, live", [(300, 100), (300, 0), (300, 300), (3000, 2100), (5000, 10)])
+@pytest.mark.parametrize("form", ["silu", "segment_sum", "accumulate"])
+def test_gemm_live_rows_skip_the_padding_tiles(triton_device, poison, m, live, form):
+    """gemm's ``live``: the row tiles wholly at or past live[0] write zeros (C and the pre-activation) and add
+    nothing to a segment_sum, the ``zero`` side tensor is still cleared; every other row is the product as without
+    it, bit for bit; a live that is not one integer entry is refused."""
+    gen = torch.Generator().manual_seed(m + live)
+    dev = triton_device
+    a = _rand(m, 64, gen=gen, dtype=torch.float32, device=dev)
+    w = _rand(48, 64, gen=gen, dtype=torch.float32, device=dev, scale=0.125)
+    b = _rand(48, gen=gen, dtype=torch.float32, device=dev)
+    bm = _row_tile(m, dev)
+    kept = min(m, -(-live // bm) * bm)  # rows of the tiles that hold a live row
+    n_live = torch.tensor([live], device=dev)
+    if form == "silu":
+        ref, ref_pre = gemm(a, w, b, act="silu")
+        poison(4 * m * 48 + 64, torch.float32, dev)  # a skipped store would leave NaN in C or pre
+        out, pre = gemm(a, w, b, act="silu", live=n_live)
+        assert torch.equal(pre[:kept], ref_pre[:kept]) and not pre[kept:].any()
+    elif form == "segment_sum":
+        seg = torch.arange(m, device=dev) % 7
+        e_ref, e_out = (torch.zeros(7, 48, dtype=torch.float64, device=dev) for _ in range(2))
+        z = torch.full((5,), float("nan"), device=dev)
+        ref, _ = gemm(a, w, b, segment_sum=(seg, e_ref))
+        out, _ = gemm(a, w, b, segment_sum=(seg, e_out), live=n_live, zero=z)
+        assert not z.any() and not torch.isnan(z).any()
+        want = torch.zeros_like(e_ref).index_add_(0, seg[:kept], ref[:kept].double())
+        assert (e_out - want).abs().max() <= 1e-9 * want.abs().max().clamp_min(1.0)
+    else:  # += into C (the backward's form): dead tiles drop what C held, too
+        c0 = _rand(m, 48, gen=gen, dtype=torch.float32, device=dev)
+        ref, _ = gemm(a, w, out=c0.clone(), accumulate=True)
+        out, _ = gemm(a, w, out=c0.clone(), accumulate=True, live=n_live)
+    assert torch.equal(out[:kept], ref[:kept]) and not out[kept:].any()
+    for bad in (torch.tensor([1, 2], device=dev), torch.tensor([1.0], device=dev)):
+        with pytest.raises(ValueError, match="live"):
+            gemm(a, w, live=bad)
