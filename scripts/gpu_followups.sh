@@ -1429,6 +1429,22 @@ case "${1:-}" in
       >"$OUT/pytest_gpu_all.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_gpu_all.log" | tail -8
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e" >&2; exit 2 ;;
+  stop57f)
+    # The padded step's GEMMs skipping the row tiles of padding atoms only (gemm live, stop 57): the CUDA tests of the
+    # GEMMs, the update block, the buckets and the engine modes, then the whole step against the switch off
+    # (gemm:live_rows=0; ratio < 1: skipping is faster), two rounds, on every captured row's system.
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py tests/kernels/test_edge_sink.py \
+      tests/test_buckets.py >"$OUT/pytest_live_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_live_cuda.log" | tail -6
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_engine_modes.py -m gpu \
+      >"$OUT/pytest_modes_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_modes_cuda.log" | tail -6
+    V="gemm:live_rows=0;gemm:live_rows=0"
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 135 --out "$OUT" \
+      --systems benzene,g2x1024,g2x4096,water3000 --variants "$V" >"$OUT/sweep_live.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_live.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_live.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
