@@ -87,9 +87,6 @@ _CONFIG = {
     # atoms of one species (stop 50; benchmarks/results/stop50_gpu/probe_energy_sum.md). False: float32 sums in the
     # model's dtype (probes time the two).
     "energy_sum_f64": True,
-    # The GEMMs' ``live`` (a padded bucket's real atom count): row tiles wholly in the padding skip their work and
-    # write zeros (stop 57). False: every tile computed, as before (probes time the two).
-    "live_rows": True,
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -115,15 +112,13 @@ def gemm_fusable(x: Tensor, *params: Tensor) -> bool:
 
 
 def mlp(
-    x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, residual: bool = False, live: Tensor | None = None
+    x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, residual: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Two-layer SiLU MLP on ``x [..., K]``: Triton GEMMs when :func:`gemm_fusable`, else the torch reference.
 
     ``residual``: also return ``x`` itself, for a caller that uses x again besides the MLP (a residual sum). On the
     Triton path that second output is an alias of x whose gradient the MLP's backward adds in its last GEMM's
-    epilogue, instead of autograd adding the two gradients of x in a kernel of its own (the same sum).
-    ``live``: the rows of x [N, K] from ``live[0]`` on are padding (see :func:`gemm`); the Triton GEMMs, forward
-    and backward, may write zeros there."""
+    epilogue, instead of autograd adding the two gradients of x in a kernel of its own (the same sum)."""
     if (
         x.shape[-1] != w1.shape[1]
         or w2.shape[1] != w1.shape[0]
@@ -139,14 +134,12 @@ def mlp(
         return (out, x) if residual else out
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    if live is not None and x.dim() != 2:
-        live = None  # padding rows are rows of a [N, K] input
     if not torch.is_grad_enabled() or not x.requires_grad:
-        out = gemm(gemm(x2, w1, b1, act="silu", live=live)[0], w2, b2, live=live)[0]
+        out = gemm(gemm(x2, w1, b1, act="silu")[0], w2, b2)[0]
         return (out.reshape(*lead, w2.shape[0]), x) if residual else out.reshape(*lead, w2.shape[0])
     if not residual:
-        return _MLP.apply(x2, w1, b1, w2, b2, False, live).reshape(*lead, w2.shape[0])
-    out, alias = _MLP.apply(x2, w1, b1, w2, b2, True, live)
+        return _MLP.apply(x2, w1, b1, w2, b2, False).reshape(*lead, w2.shape[0])
+    out, alias = _MLP.apply(x2, w1, b1, w2, b2, True)
     return out.reshape(*lead, w2.shape[0]), alias.view(x.shape)
 
 
@@ -201,13 +194,11 @@ def readout(
     species: Tensor,
     batch: Tensor,
     num_structures: int,
-    live: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`readout_reference` (``x [N, K]``, ``species`` and ``batch`` ``[N]`` indices into ``scale``/``shift``
     and the B structures): two Triton GEMMs with the scale, shift and sum fused when :func:`gemm_fusable` (frozen
     weights; gradient wrt x only, first order), else the torch reference. Returns ``E [B]`` (float64 for a float32
-    x: :func:`structure_sums`), ``ε [N]`` (x's dtype), in eV. ``live``: rows from ``live[0]`` on are padding (see
-    :func:`gemm`): on the Triton path their ε may be 0 and added to no E."""
+    x: :func:`structure_sums`), ``ε [N]`` (x's dtype), in eV."""
     if x.dim() != 2 or w2.shape[0] != 1 or species.shape != x.shape[:1] or batch.shape != x.shape[:1]:
         raise ValueError(
             f"readout: x must be [N, K] with species and batch [N], W2 one output row; got x {list(x.shape)}, "
@@ -216,25 +207,23 @@ def readout(
     if not gemm_fusable(x, w1, b1, w2, b2, scale, shift):
         return readout_reference(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures)
     if not torch.is_grad_enabled() or not x.requires_grad:
-        args = (x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures)
-        return _readout_forward(*args, live=live)[:2]
-    return _Readout.apply(x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures, live)
+        return _readout_forward(x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures)[:2]
+    return _Readout.apply(x.contiguous(), w1, b1, w2, b2, scale, shift, species, batch, num_structures)
 
 
-def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot=None, live=None):
+def _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot=None):
     """``E [B]``, ``ε [N]`` and the pre-activation of the hidden layer (for the backward)."""
     # The per-structure sums start at zero: filled by the first GEMM's kernel (no fill kernel) where it has
     # enough rows (a structure has at least one atom: always, but for a caller's empty structures).
     wide = torch.float64 if _CONFIG["energy_sum_f64"] else x.dtype  # the sums' dtype (see _CONFIG)
     if 0 < num_structures <= x.shape[0] and _CONFIG["readout_zero_in_gemm"]:
         energy = x.new_empty((num_structures, 1), dtype=wide)
-        h, pre = gemm(x, w1, b1, act="silu", dot=dot, zero=energy, live=live)
+        h, pre = gemm(x, w1, b1, act="silu", dot=dot, zero=energy)
     else:
         energy = x.new_zeros((num_structures, 1), dtype=wide)
-        h, pre = gemm(x, w1, b1, act="silu", dot=dot, live=live)
+        h, pre = gemm(x, w1, b1, act="silu", dot=dot)
     species, batch = species.contiguous(), batch.contiguous()
-    affine, sums = (species, scale, shift), (batch, energy)
-    atomic, _ = gemm(h, w2, b2, row_affine=affine, segment_sum=sums, dot=dot, live=live)
+    atomic, _ = gemm(h, w2, b2, row_affine=(species, scale, shift), segment_sum=(batch, energy), dot=dot)
     return energy.view(num_structures), atomic.view(-1), pre  # E as summed: float64 (see structure_sums)
 
 
@@ -255,7 +244,6 @@ def gemm(
     segment_sum: tuple[Tensor, Tensor] | None = None,
     dot: str | None = None,
     zero: Tensor | None = None,
-    live: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``C = act(A' B + bias)`` with ``B = Wᵀ`` (``transpose_w``, W an ``nn.Linear`` weight ``[N, K]``) or ``W``
     (``[K, N]``), and ``A' = A ⊙ SiLU'(P)`` when ``prologue_silu_of = P`` (the backward of a SiLU), ``A' = A + Q``
@@ -272,11 +260,6 @@ def gemm(
 
     ``zero``: a contiguous tensor of at most M entries that the kernel also fills with zeros (the per-structure
     sums of a later ``segment_sum``: no fill kernel of their own).
-
-    ``live``: a one-entry integer tensor on A's device, L: the rows from L on are padding (a padded bucket's atoms
-    past its real ones), whose values no caller reads. Row tiles wholly at or past L then skip their work and write
-    zeros (C, the pre-activation) and add nothing to a ``segment_sum``; the others are computed as without it.
-    Read by the kernel (no host sync; a CUDA graph replays it with the value of the bucket's current fill).
 
     ``dot``: the tiles' product, one of ``_DOTS``: "tf32x3" (float32 accuracy), "tf32", "ieee", or "bf16" / "fp16"
     (A' and B tiles rounded to that type in registers, float32 accumulation). None: :func:`._precision.dot_mode`,
@@ -301,8 +284,6 @@ def gemm(
         raise ValueError("gemm: one prologue at a time")
     if (row_affine is not None or segment_sum is not None) and (act != "none" or accumulate or addend is not None):
         raise ValueError("gemm: row_affine and segment_sum take no act, accumulate or addend")
-    if live is not None and (live.numel() != 1 or live.dtype not in (torch.int32, torch.int64)):
-        raise ValueError(f"gemm: live must be a one-entry integer tensor, got {live.dtype} {list(live.shape)}")
     if zero is not None and (zero.numel() > m or not zero.is_contiguous()):
         raise ValueError(f"gemm: zero must be a contiguous tensor of at most {m} entries, got {list(zero.shape)}")
     w = w.contiguous()
@@ -396,12 +377,11 @@ def gemm(
         a if a is not None else ref, w, w_lo, bias if bias is not None else ref, aux, out,
         pre if pre is not None else out,
         addend if addend is not None else out, _or(idx, ref), _or(scale, ref), _or(shift, ref), _or(seg, ref),
-        _or(seg_out, out), _or(zero, out), _or(live, ref), m, n, k,
+        _or(seg_out, out), _or(zero, out), m, n, k,
         stride_bk, stride_bn, out.stride(0), addend.stride(0) if addend is not None else 0,
         zero.numel() if zero is not None else 0,
         HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, HAS_A=a is not None,
         AFFINE=row_affine is not None, SEGSUM=segment_sum is not None, ZERO=zero is not None,
-        LIVE=live is not None and _CONFIG["live_rows"],
         BM=bm, BN=bn, BK=bk, DOT=kernel_dot, num_warps=warps, **fusion, **pdl_args(ref),
     )  # fmt: skip
     return out, pre
@@ -457,18 +437,16 @@ if HAS_TRITON:
     @triton.jit(do_not_specialize=["m", "z_numel"])
     def _gemm_kernel(
         a_ptr, b_ptr, bl_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, idx_ptr, scale_ptr, shift_ptr, seg_ptr, e_ptr,
-        z_ptr, live_ptr, m, n, k, stride_bk, stride_bn, stride_cm, stride_dm, z_numel,
+        z_ptr, m, n, k, stride_bk, stride_bn, stride_cm, stride_dm, z_numel,
         HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, HAS_A: tl.constexpr,
-        AFFINE: tl.constexpr, SEGSUM: tl.constexpr, ZERO: tl.constexpr, LIVE: tl.constexpr,
+        AFFINE: tl.constexpr, SEGSUM: tl.constexpr, ZERO: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
         PDL: tl.constexpr,
     ):  # fmt: skip
         """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux: [*, k] rows seg[i] for the
         gather); B is addressed by strides; ACC adds D (rows stride_dm apart; C itself when accumulating) after the
         bias and the activation; AFFINE maps row i to C·scale[idx[i]] + shift[idx[i]]; SEGSUM adds it into
-        E[seg[i]]. ZERO: the programs of column tile 0 also zero entries [BM·i, BM·(i + 1)) of Z (z_numel <= m).
-        LIVE: a tile whose rows all lie at or past live_ptr[0] (padding) writes zeros to C (and the pre-activation)
-        and nothing else."""
+        E[seg[i]]. ZERO: the programs of column tile 0 also zero entries [BM·i, BM·(i + 1)) of Z (z_numel <= m)."""
         pdl_prologue(PDL)
         if ZERO:
             if tl.program_id(1) == 0:
@@ -478,13 +456,6 @@ if HAS_TRITON:
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         rm = rows[:, None] < m
         cm = cols[None, :] < n
-        if LIVE:
-            if tl.program_id(0).to(tl.int64) * BM >= tl.load(live_ptr).to(tl.int64):
-                zeros = tl.zeros((BM, BN), dtype=c_ptr.dtype.element_ty)
-                if EPI == 1:
-                    tl.store(pre_ptr + rows[:, None] * n + cols[None, :], zeros, mask=rm & cm)
-                tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :], zeros, mask=rm & cm)
-                return
         acc = tl.zeros((BM, BN), dtype=tl.float32 if b_ptr.dtype.element_ty == tl.float32 else tl.float64)
         if PRO == 3 or AFFINE:
             idx = tl.load(idx_ptr + rows, mask=rows < m, other=0)
@@ -548,14 +519,13 @@ if HAS_TRITON:
         With ``residual`` it also returns an alias of x, whose gradient the backward adds to its own (epilogue)."""
 
         @staticmethod
-        def forward(ctx, x, w1, b1, w2, b2, residual, live=None):
+        def forward(ctx, x, w1, b1, w2, b2, residual):
             if any(ctx.needs_input_grad[1:5]):
                 raise RuntimeError("the Triton MLP is inference-only: its weights must not require grad")
             ctx.set_materialize_grads(False)  # an unused output's gradient comes as None: nothing to add or fill
             ctx.dot = dot = resolved_dot(x)  # the backward's GEMMs multiply as the forward's did
-            ctx.live = live
-            h, pre = gemm(x, w1, b1, act="silu", dot=dot, live=live)
-            out, _ = gemm(h, w2, b2, dot=dot, live=live)
+            h, pre = gemm(x, w1, b1, act="silu", dot=dot)
+            out, _ = gemm(h, w2, b2, dot=dot)
             ctx.save_for_backward(x, pre, w1, w2)
             return (out, x.view_as(x)) if residual else out
 
@@ -563,16 +533,14 @@ if HAS_TRITON:
         def backward(ctx, g, g_alias=None):
             x, pre, w1, w2 = ctx.saved_tensors
             if g is None:
-                return g_alias, None, None, None, None, None, None
+                return g_alias, None, None, None, None, None
             with torch.no_grad():
-                g_h, _ = gemm(g.contiguous(), w2, transpose_w=False, dot=ctx.dot, live=ctx.live)
-                g_x, _ = gemm(
-                    g_h, w1, transpose_w=False, prologue_silu_of=pre, addend=g_alias, dot=ctx.dot, live=ctx.live
-                )
+                g_h, _ = gemm(g.contiguous(), w2, transpose_w=False, dot=ctx.dot)
+                g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, addend=g_alias, dot=ctx.dot)
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
                 depends = (x, g) if g_alias is None else (x, g, g_alias)
                 g_x = FirstOrderOnly.apply("the Triton MLP", 1, g_x, *depends)
-            return g_x, None, None, None, None, None, None
+            return g_x, None, None, None, None, None
 
     class _Readout(torch.autograd.Function):
         """:func:`readout` for frozen weights: gradient wrt x only, first order (2 GEMMs each way). Backward:
@@ -580,14 +548,12 @@ if HAS_TRITON:
         the first GEMM's prologue; SiLU' in the second's."""
 
         @staticmethod
-        def forward(ctx, x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, live=None):
+        def forward(ctx, x, w1, b1, w2, b2, scale, shift, species, batch, num_structures):
             if any(ctx.needs_input_grad[1:7]):
                 raise RuntimeError("the Triton readout is inference-only: its weights must not require grad")
             ctx.set_materialize_grads(False)  # the engine differentiates E only: ε's gradient comes as None
             ctx.dot = dot = resolved_dot(x)
-            ctx.live = live
-            args = (x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot)
-            energy, atomic, pre = _readout_forward(*args, live=live)
+            energy, atomic, pre = _readout_forward(x, w1, b1, w2, b2, scale, shift, species, batch, num_structures, dot)
             ctx.save_for_backward(x, pre, w1, w2, scale, species, batch)
             return energy, atomic
 
@@ -595,7 +561,7 @@ if HAS_TRITON:
         def backward(ctx, g_energy, g_atomic):
             x, pre, w1, w2, scale, species, batch = ctx.saved_tensors
             if g_energy is None and g_atomic is None:
-                return (None,) * 11
+                return (None,) * 10
             with torch.no_grad():
                 if g_energy is None:  # (rare) only ε is differentiated: no sum to gather
                     g_e, seg = x.new_zeros((1, 1)), torch.zeros_like(batch)
@@ -603,10 +569,9 @@ if HAS_TRITON:
                     # float64 (E's dtype) as it comes: the GEMM's prologue rounds it as it loads it
                     g_e, seg = g_energy.contiguous().view(-1, 1), batch
                 a = g_atomic.to(x.dtype).contiguous().view(-1, 1) if g_atomic is not None else None
-                gather = (g_e, seg, scale, species)
-                g_h, _ = gemm(a, w2, transpose_w=False, prologue_gather=gather, dot=ctx.dot, live=ctx.live)
-                g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=ctx.dot, live=ctx.live)
+                g_h, _ = gemm(a, w2, transpose_w=False, prologue_gather=(g_e, seg, scale, species), dot=ctx.dot)
+                g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=ctx.dot)
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
                 depends = [t for t in (x, g_energy, g_atomic) if t is not None]
                 g_x = FirstOrderOnly.apply("the Triton readout", 1, g_x, *depends)
-            return g_x, None, None, None, None, None, None, None, None, None, None
+            return g_x, None, None, None, None, None, None, None, None, None

@@ -68,7 +68,6 @@ def painn_update_reference(
     ds: Tensor | None = None,
     dv: Tensor | None = None,
     need_v: bool = True,
-    live: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Torch reference of the update block: ``s [N,F]``, ``v [N,3,F]`` → ``s_out [N,F]``, ``v_out [N,3,F]``.
 
@@ -123,14 +122,11 @@ def painn_update(
     ds: Tensor | None = None,
     dv: Tensor | None = None,
     need_v: bool = True,
-    live: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The update block (see the module docstring) of ``s [N,F]`` (plus ``ds [N,F]`` when given) and ``v [N,3,F]``
     (plus ``dv [N,3,F]``): fused Triton path when :func:`painn_update_fusable` says so, else the torch reference.
     Returns ``s_out [N,F]``, ``v_out [N,3,F]``; with ``need_v`` False (the last layer: nothing reads its v) v_out
-    is None and neither path makes a_vv or v_out (the mixing MLP's last GEMM 2F wide, not 3F). ``live``: one-entry
-    integer tensors (N_live, 3 N_live): the atoms from N_live on are padding, whose rows the fused path's Triton
-    GEMMs may leave as zeros (``kernels.linear.gemm``'s ``live``; a padded bucket's step)."""
+    is None and neither path makes a_vv or v_out (the mixing MLP's last GEMM 2F wide, not 3F)."""
     _check_inputs(s, v, u_w, v_w, w1, b1, w2, b2)
     for name, d, ref in (("ds", ds, s), ("dv", dv, v)):
         if d is not None and d.shape != ref.shape:
@@ -139,7 +135,7 @@ def painn_update(
     if painn_update_fusable(s, v, u_w, v_w, w1, b1, w2, b2, *deltas):
         if not HAS_TRITON:  # pragma: no cover - resolve_backend never says "triton" then
             raise RuntimeError("the fused update block needs triton installed; use MLFF_DISTILLER_KERNELS=torch")
-        out = _PaiNNUpdateFused.apply(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv, bool(need_v), live)
+        out = _PaiNNUpdateFused.apply(s, v, u_w, v_w, w1, b1, w2, b2, ds, dv, bool(need_v))
         return out if need_v else (out, None)
     return painn_update_reference(s, v, u_w, v_w, w1, b1, w2, b2, ds=ds, dv=dv, need_v=need_v)
 
@@ -440,7 +436,7 @@ if HAS_TRITON:
             **flags, **pdl_args(t),
         )  # fmt: skip
 
-    def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None, keep_uvvv=True, need_v=True, live=None):
+    def _fused_forward(s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None, keep_uvvv=True, need_v=True):
         """``s_out``, ``v_out``, what the backward keeps (``x``, ``pre``, ``uvvv``, ``mix``, ``w_uv``) and the dot
         of the Triton GEMMs, None when they ran on cuBLAS (the backward does the same). The input is ``s + ds``,
         ``v + dv`` where given. ``keep_uvvv`` False: uvvv is None among the kept tensors (:func:`_uvvv_again`
@@ -456,11 +452,10 @@ if HAS_TRITON:
         if dot is not None:  # Triton GEMMs: bias + SiLU in the epilogue, v + dv in the prologue (linear.py)
             dv = dv.contiguous() if dv is not None else None
             dv_add = dv.view(3 * n, f) if dv is not None else None
-            rows, rows3 = live if live is not None else (None, None)
-            uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot, live=rows3)[0]
+            uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
             _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
-            h, pre = gemm(x, w1, b1, act="silu", dot=dot, live=rows)
-            mix = gemm(h, w2, b2, dot=dot, live=rows)[0]
+            h, pre = gemm(x, w1, b1, act="silu", dot=dot)
+            mix = gemm(h, w2, b2, dot=dot)[0]
         else:
             if dv is not None:  # cuBLAS has no prologue: the sum is stored once
                 v, dv = v + dv, None
@@ -489,14 +484,14 @@ if HAS_TRITON:
         )
         return s_out, v_out, (x, pre, uvvv if keep_uvvv else None, mix, w_uv), dot
 
-    def _uvvv_again(v, dv, w_uv, dot, live=None) -> Tensor:
+    def _uvvv_again(v, dv, w_uv, dot) -> Tensor:
         """uvvv = (v + dv) [U; V]ᵀ as :func:`_fused_forward` made it (the same GEMM, prologue and dot: the same
         values), for a backward that did not keep it."""
         n, _, f = v.shape
         v = v.contiguous()
         if dot is not None:
             dv_add = dv.contiguous().view(3 * n, f) if dv is not None else None
-            return gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot, live=live[1] if live else None)[0]
+            return gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
         if dv is not None:
             v = v + dv
         return torch.mm(v.view(3 * n, f), w_uv.t())
@@ -505,7 +500,7 @@ if HAS_TRITON:
         """A kernel's optional pointer argument (unread when its switch is off)."""
         return dummy if t is None else t
 
-    def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2, dot=None, live=None):
+    def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2, dot=None):
         """Gradients wrt ``s [N,F]`` and ``v [N,3,F]``; ``grad_v`` None means zero (v_out unused)."""
         n, f = pre.shape
         if grad_s is None:  # s_out unused (rare: the model always uses it)
@@ -521,17 +516,16 @@ if HAS_TRITON:
             VOUT=vout,
         )  # fmt: skip
         # As decided in the forward (the backward may run outside the backend context); SiLU' in a GEMM prologue.
-        rows, rows3 = live if live is not None else (None, None)
         if dot is not None:
-            g_h = gemm(g_mix, w2, transpose_w=False, dot=dot, live=rows)[0]
-            g_x = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=dot, live=rows)[0]
+            g_h = gemm(g_mix, w2, transpose_w=False, dot=dot)[0]
+            g_x = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=dot)[0]
         else:
             g_x = torch.mm(torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre), w1)  # [N, 2F]
         g_s, g_v = torch.empty_like(grad_s), pre.new_empty((n, 3, f))
         _launch(_painn_update_norm_bwd_kernel, pre, n, f, grad_s, gv_arg, g_x, uvvv, x, g_s, g_v, g_uvvv, HAS_GV=has_gv)
         # g_v holds g_v_out (when there is one): += [∂uv | ∂vv] @ [U; V]
         if dot is not None:
-            gemm(g_uvvv, w_uv, transpose_w=False, out=g_v.view(3 * n, f), accumulate=has_gv, dot=dot, live=rows3)
+            gemm(g_uvvv, w_uv, transpose_w=False, out=g_v.view(3 * n, f), accumulate=has_gv, dot=dot)
         elif has_gv:
             g_v.view(3 * n, f).addmm_(g_uvvv, w_uv)
         else:
@@ -543,7 +537,7 @@ if HAS_TRITON:
         the weights must not require grad; first-order only."""
 
         @staticmethod
-        def forward(ctx, s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None, need_v=True, live=None):
+        def forward(ctx, s, v, u_w, v_w, w1, b1, w2, b2, ds=None, dv=None, need_v=True):
             if any(ctx.needs_input_grad[2:8]):
                 raise RuntimeError("the fused PaiNN update is inference-only: its weights must not require grad")
             # A v_out nobody uses (the last layer's) gets None, not a zero-filled gradient (one fill less).
@@ -553,9 +547,8 @@ if HAS_TRITON:
             if not need_v:  # s_out alone: the MLP's last GEMM makes a_sv, a_ss only
                 w2, b2 = _tail(w2), _tail(b2)
             s_out, v_out, saved, ctx.dot = _fused_forward(
-                s, v, u_w, v_w, w1, b1, w2, b2, ds, dv, keep_uvvv=keep, need_v=need_v, live=live
+                s, v, u_w, v_w, w1, b1, w2, b2, ds, dv, keep_uvvv=keep, need_v=need_v
             )
-            ctx.live = live
             ctx.has_ds, ctx.has_dv = ds is not None, dv is not None
             ctx.save_for_backward(s, v, ds, dv, *saved, w1, w2)
             return (s_out, v_out) if need_v else s_out
@@ -565,11 +558,11 @@ if HAS_TRITON:
             s, v, ds, dv, *saved = ctx.saved_tensors
             with torch.no_grad():
                 if saved[2] is None:  # uvvv not kept (recompute_uv_min_atoms): made again
-                    saved[2] = _uvvv_again(v, dv, saved[4], ctx.dot, ctx.live)
-                g_s, g_v = _fused_backward(grad_s, grad_v, *saved, dot=ctx.dot, live=ctx.live)
+                    saved[2] = _uvvv_again(v, dv, saved[4], ctx.dot)
+                g_s, g_v = _fused_backward(grad_s, grad_v, *saved, dot=ctx.dot)
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
                 depends = [t for t in (grad_s, grad_v, s, v, ds, dv) if t is not None]
                 g_s, g_v = FirstOrderOnly.apply("the fused PaiNN update", 2, g_s, g_v, *depends)
             g_ds = g_s if ctx.has_ds else None
             g_dv = g_v if ctx.has_dv else None
-            return g_s, g_v, None, None, None, None, None, None, g_ds, g_dv, None, None
+            return g_s, g_v, None, None, None, None, None, None, g_ds, g_dv, None

@@ -253,7 +253,6 @@ def test_host_fill_equals_device_fill(device, dtype, sender_csr):
         assert (g.n_atoms, g.n_edges, g.n_structures) == (ref.n_atoms, ref.n_edges, ref.n_structures)
         for name, a, b in zip(_INPUT_NAMES, g.inputs(), ref.inputs(), strict=True):
             assert torch.equal(a, b), f"graph {k}: {name} differs"
-        assert g.live.tolist() == ref.live.tolist() == [batch.num_atoms, 3 * batch.num_atoms], f"graph {k}: live"
         assert_bucket_csr(g)
     assert storage == [t.data_ptr() for t in g.inputs()]
     # every field starts 128 bytes into its flat buffer's alignment, as a fresh allocation would (the kernels
@@ -444,37 +443,3 @@ def test_unpack_reads_the_float64_energies_from_the_packed_step_output(dtype):
     assert host["energy"].dtype == np.float64 and np.array_equal(host["energy"], energy[:b].numpy())
     assert np.array_equal(host["forces"], forces.view(a, 3)[:n].numpy())
     assert np.array_equal(host["atomic_energies"], atomic[:n].numpy())
-
-
-def test_padded_step_skips_the_padding_atoms_gemm_tiles():
-    """The padded step hands its bucket's real atom count (``PaddedGraph.live``, kept by the fills) to the model's
-    Triton GEMMs: their row tiles of padding atoms only write zeros, so those atoms' energies come out 0 (computed
-    with the switch off), and every real output is the step's without it, bit for bit, and the eager engine's; a
-    step run on the graph directly (probes) computes every row."""
-    model = make_model()
-    batch = AtomsBatch.from_atoms([molecule("C6H6"), molecule("H2O")])
-    n = batch.num_atoms
-    with use_backend("triton"):
-        # 512-atom buckets: the interpreter's 128-row GEMM tiles past the first hold padding atoms only
-        engine = ForceEngine(model, device="cpu", precision="fp32", pad=True, buckets=BucketLadder(min_atoms=512))
-        nl = neighbor_list_batch(batch, model.cutoff)
-        bucket = engine.buckets.select(n, nl.num_edges)
-        g = engine._graph(bucket)
-        assert g.live.tolist() == [0, 0]
-        fill_padded(g, batch.numbers, batch.positions.float(), batch.batch, 2, nl.edge_index, nl.shift_vectors.float())
-        assert g.live.tolist() == [n, 3 * n] and bucket.atoms >= 512
-        on = engine._run(bucket, g).clone()
-        assert engine._csr["live"] is None  # for that step alone
-        direct = engine._step(*g.inputs()).clone()
-        engine._live_rows = False
-        off = engine._run(bucket, g).clone()
-        ref = ForceEngine(model, device="cpu", precision="fp32").compute(batch)
-    a = bucket.atoms
-    w = a * 8 // on.dtype.itemsize
-    assert not on[w + 128 : w + a].any()  # the padding atoms' energies, tiles past the first: zeros
-    assert off[w + 128 : w + a].abs().min() > 0 and torch.equal(direct, off)
-    ra, rb = unpack(on, a, n, 2), unpack(off, a, n, 2)
-    for key in ("energy", "atomic_energies", "forces"):
-        assert torch.equal(ra[key], rb[key]), key
-        scale = ref[key].abs().max().clamp_min(1e-3)
-        assert ((ra[key] - ref[key]).abs().max() / scale) <= 1e-6, key

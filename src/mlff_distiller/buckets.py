@@ -190,7 +190,7 @@ def _offsets(sizes) -> list[int]:
 
 
 def _int_layout(a: int, c: int) -> list[int]:
-    return _offsets([a, a, 2 * c, a + 1, c, a + 1, 2])
+    return _offsets([a, a, 2 * c, a + 1, c, a + 1])
 
 
 def _float_layout(a: int, c: int, itemsize: int) -> list[int]:
@@ -207,7 +207,6 @@ def _int_views(ints, a: int, c: int) -> dict:
         "row_ptr": ints[o[3] : o[3] + a + 1],
         "sender_perm": ints[o[4] : o[4] + c],
         "sender_ptr": ints[o[5] : o[5] + a + 1],
-        "live": ints[o[6] : o[6] + 2],
     }
 
 
@@ -243,9 +242,6 @@ class PaddedGraph:
         sender_csr: whether the fills keep ``sender_perm`` and ``sender_ptr`` (False for a step that walks a full
             neighbour list's receiver rows instead, ``message_passing(symmetric=True)``: they then keep their
             zeros, a valid but meaningless content, and the fills sort no senders).
-        live: ``[2]`` int64, the real atoms N and 3N: what the atom-wise GEMMs read to skip the row tiles that hold
-            padding atoms only (``kernels.linear.gemm(..., live=)``, ``ForceEngine``'s padded steps); written by
-            the fills when N changes.
         n_atoms, n_edges, n_structures: the real sizes of the current content.
     """
 
@@ -260,7 +256,6 @@ class PaddedGraph:
     sender_perm: torch.Tensor | None = None
     sender_ptr: torch.Tensor | None = None
     sender_csr: bool = True
-    live: torch.Tensor | None = None
     n_atoms: int = 0
     n_edges: int = 0
     n_structures: int = 0
@@ -386,8 +381,6 @@ def fill_padded(
         dst.shift_vectors[:e].copy_(shift_vectors)
     if e != dst.n_edges or n != dst.n_atoms:
         dst._fill_edge_tail(n, e)
-    if n != dst.n_atoms:
-        dst.live.copy_(torch.tensor([n, 3 * n], dtype=torch.long))
     dst.n_atoms, dst.n_edges, dst.n_structures = n, e, int(num_structures)
     # The edges were (re)written: the bookkeeping follows, every time (a stale CSR means wrong forces).
     dst.refresh_csr()
@@ -465,7 +458,6 @@ def fill_padded_host(
     sv[e:, 0] = dst.far
     fv["seed"][:] = 0.0
     fv["seed"][:num_structures] = -1.0
-    iv["live"][:] = (n, 3 * n)
     dst._ints.copy_(h_ints, non_blocking=True)
     dst._floats.copy_(h_floats, non_blocking=True)
     if event is not None and record:

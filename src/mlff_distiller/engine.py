@@ -351,15 +351,12 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
             for q in self._fast_model.parameters():
                 q.requires_grad_(False)
             # symmetric: the buckets hold NeighborLists (full lists) and padding past the CSR rows
-            self._csr: dict = {"row_ptr": None, "sender": None, "symmetric": self._symmetric, "live": None}
+            self._csr: dict = {"row_ptr": None, "sender": None, "symmetric": self._symmetric}
             inter = self._fast_model.interactions
             for k in range(len(inter)):
                 inter[k] = CSRInteraction(inter[k], self._csr)
             self._forward_impl = self._padded_forward
             compiled = self.mode == "compile" or (self.mode == "cudagraph" and compile_mode is not None)
-            # The bucket's real atom count to the model's Triton GEMMs (skipping padding tiles); not traced by
-            # torch.compile, whose step runs the torch ops.
-            self._live_rows = not compiled
             # Decided before compiling: the compiled step traces this flag.
             self.compact_edges = (self.verlet is not None and not compiled) if compact_edges is None else compact_edges
             self._far = far_shift(self.cutoff)

@@ -159,16 +159,6 @@ class PaddedPaths:
         """One padded step on the current content of ``graph``; the packed output (static in graph mode).
         ``stress``: the step with the strain derivative (:meth:`_step_stress`; its own graph per bucket).
         ``capture``: capture a new bucket now, whatever ``capture_after`` says (``warmup``)."""
-        # The graph's real atom count for the model's atom-wise GEMMs (row tiles of padding atoms only are skipped:
-        # a captured step reads the count of each fill), for this step alone: a step run on another graph directly
-        # (probes) finds None and computes every row.
-        self._csr["live"] = (graph.live[0:1], graph.live[1:2]) if self._live_rows else None
-        try:
-            return self._run_step(bucket, graph, stress, capture)
-        finally:
-            self._csr["live"] = None
-
-    def _run_step(self, bucket: Bucket, graph: PaddedGraph, stress: bool, capture: bool) -> torch.Tensor:
         step = self._step_stress if stress else self._step
         if self.mode == "cudagraph":
             runners = self._stress_runners if stress else self._runners

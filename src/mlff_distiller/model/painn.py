@@ -91,18 +91,16 @@ def _moment_weights(embedding: torch.Tensor, w1, b1, w2, b2, w_filter) -> torch.
         return torch.stack([m_a.reshape(s * r, f), m_c.reshape(s * r, f)]).to(embedding.dtype).contiguous()
 
 
-def _mlp_call(mlp: nn.Sequential, x: torch.Tensor, residual: bool = False, live: torch.Tensor | None = None):
+def _mlp_call(mlp: nn.Sequential, x: torch.Tensor, residual: bool = False):
     """An :func:`_mlp` applied to x: :func:`mlff_distiller.kernels.mlp` (Triton GEMMs for frozen weights on the
     Triton backend, the same torch ops otherwise). Layers that are not plain ``nn.Linear`` (the 16-bit copies of
     :mod:`mlff_distiller.precision`) run as modules. ``residual``: returns ``(mlp(x), x')`` with x' standing for x
-    in a residual sum (see ``kernels.mlp``); ``live``: a padded bucket's real atom count (``kernels.mlp``)."""
+    in a residual sum (see ``kernels.mlp``)."""
     first, last = mlp[0], mlp[2]
     if type(first) is not nn.Linear or type(last) is not nn.Linear:
         return (mlp(x), x) if residual else mlp(x)
     # residual positionally: wrappers of kernels.mlp (benchmarks/bench_breakdown.py) pass *args through.
-    if live is None:
-        return kernels.mlp(x, first.weight, first.bias, last.weight, last.bias, residual)
-    return kernels.mlp(x, first.weight, first.bias, last.weight, last.bias, residual, live=live)
+    return kernels.mlp(x, first.weight, first.bias, last.weight, last.bias, residual)
 
 
 class PaiNNInteraction(nn.Module):
@@ -181,8 +179,7 @@ class CSRInteraction(nn.Module):
         w = self.inner.filter.weight
         csr = self.csr
         if phi is None:
-            live = csr.get("live")
-            phi, s = _mlp_call(self.inner.phi, s, residual=True, live=live[0] if live is not None else None)
+            phi, s = _mlp_call(self.inner.phi, s, residual=True)
         return s, *kernels.message_passing(
             phi,
             v,
@@ -215,10 +212,9 @@ class PaiNNUpdate(nn.Module):
         self.V = nn.Linear(hidden, hidden, bias=False)
         self.mix = _mlp(2 * hidden, hidden, 3 * hidden)
 
-    def forward(self, s, v, ds=None, dv=None, need_v=True, live=None):
+    def forward(self, s, v, ds=None, dv=None, need_v=True):
         """``(s', v')``; ``need_v`` False (the model's last layer, whose v' nothing reads): v' is None and a_vv is not
-        made (the MLP's last layer computes the a_sv and a_ss rows only). ``live``: a padded bucket's real atom
-        counts (N, 3N), for the fused path's GEMMs (``kernels.painn_update``)."""
+        made (the MLP's last layer computes the a_sv and a_ss rows only)."""
         params = (
             self.U.weight,
             self.V.weight,
@@ -229,7 +225,7 @@ class PaiNNUpdate(nn.Module):
         )
         if kernels.painn_update_fusable(s, v, *params, *(d for d in (ds, dv) if d is not None)):
             # Inference with frozen weights on the Triton backend: the fused kernels (first derivative only).
-            return kernels.painn_update(s, v, *params, ds=ds, dv=dv, need_v=need_v, live=live)
+            return kernels.painn_update(s, v, *params, ds=ds, dv=dv, need_v=need_v)
         if ds is not None:
             s = s + ds
         if dv is not None:
@@ -514,10 +510,6 @@ class StudentModel(nn.Module):
         first = next(self.interactions.parameters(), None)
         inference = first is not None and not first.requires_grad
         rbf, unit, sink = kernels.defer_edge_grads(rbf, unit, one_stream=inference)
-        # A padded bucket's real atom count (ForceEngine's padded steps put it beside the CSR): the atom-wise GEMMs
-        # skip the row tiles of padding atoms only.
-        csr = getattr(self.interactions[0], "csr", None) if len(self.interactions) else None
-        live = csr.get("live") if isinstance(csr, dict) else None
         for layer, (interaction, update) in enumerate(zip(self.interactions, self.updates, strict=True)):
             messages = getattr(interaction, "messages", None)
             if messages is None or not isinstance(update, PaiNNUpdate):  # a replaced block: its own residuals
@@ -526,11 +518,7 @@ class StudentModel(nn.Module):
                 # The last layer's v' is read by nothing (the readout takes s): not made, nor its a_vv. (Asked of
                 # our own forward only: a subclass that overrides it keeps its signature.)
                 last = layer == len(self.updates) - 1 and self.last_update_scalars_only
-                up = {}
-                if type(update).forward is PaiNNUpdate.forward:
-                    up = {"need_v": False} if last else {}
-                    if live is not None:
-                        up["live"] = live
+                up = {"need_v": False} if last and type(update).forward is PaiNNUpdate.forward else {}
                 # v_zero: the first layer's v is the zeros above (its message terms are skipped, not added).
                 kw = {"v_zero": layer == 0}
                 if layer == 0 and phi_table is not None:
@@ -557,9 +545,7 @@ class StudentModel(nn.Module):
         if type(first) is nn.Linear and type(last) is nn.Linear and kernels.gemm_fusable(s, *params):
             # Frozen weights on the Triton GEMMs: MLP, per-species scale and shift and the per-structure sum in two
             # GEMMs (no gather, mul, add, index_add kernels; nor their backward's gather and mul).
-            energy, atomic = kernels.linear.readout(
-                s, *params, idx, batch, num_structures, live=live[0] if live else None
-            )
+            energy, atomic = kernels.linear.readout(s, *params, idx, batch, num_structures)
         else:  # the same ops, through kernels.mlp (training, the torch backend, the 16-bit copies of precision)
             atomic = _mlp_call(self.readout, s).squeeze(-1) * self.atomic_scale[idx] + self.atomic_shift[idx]
             energy = kernels.linear.structure_sums(atomic, batch, num_structures, keep_wide=True)  # float64
