@@ -247,7 +247,11 @@ def test_readout_sums_many_atoms_to_float32_accuracy(triton_device, backend):
         errors[wide] = abs(e.double().item() - exact.item()) / (torch.finfo(torch.float32).eps * abs(exact.item()))
     assert e.dtype == torch.float32
     assert errors[True] <= 0.5, errors  # correctly rounded (in units of float32's eps relative to the sum)
-    assert errors[False] > 2.0, errors  # float32 accumulation: the check would see it
+    # float32 accumulation: the check would see it. Not asked of torch's CUDA index_add, whose float32 sum of these
+    # 6,000 atoms landed within 0.58 eps on an H200 (stop 57, benchmarks/results/stop57_gpu/f/): that shows no
+    # more than one order of atomics; the engine's own paths are the other three cases.
+    if not (triton_device.type == "cuda" and backend == "torch"):
+        assert errors[False] > 2.0, errors
 
 
 class _Ops(TorchDispatchMode):
