@@ -260,8 +260,8 @@ def defer_edge_grads(rbf: Tensor, unit: Tensor, one_stream: bool = False) -> tup
     layer's edge kernel) measured 1.004x / 0.999x (benchmarks/results/stop45_gpu/probe_ncu_sweep_eager_sink.md).
     There, and in captures over the edge limit, ``one_stream`` (the caller's promise of an inference step: frozen
     filter weights; ``edge_sink_one_stream`` on) gives a sink on the caller's stream (its sums made at the first
-    write): each layer's edge kernel adds into it (in its sum kernel's epilogue) where autograd would add every
-    layer's ∂rbf, ∂u in two more kernels."""
+    write): each layer's edge kernel adds into it (in its split sum's epilogue, or one add each where it runs
+    unsplit) where autograd would add every layer's ∂rbf, ∂u in two more kernels."""
     if not HAS_TRITON or not rbf.is_cuda or torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return rbf, unit, None
     if not (rbf.requires_grad or unit.requires_grad) or resolve_backend(rbf.device) != "triton":
@@ -567,25 +567,24 @@ if HAS_TRITON:
         return stream
 
     def _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v) -> None:
-        """The edge kernel on the sink's stream, its ∂rbf, ∂u added into the sink. The caller's stream does not wait
+        """The edge kernel on the sink's stream (the caller's for a one-stream sink), its ∂rbf, ∂u added into the
+        sink. With a second stream the caller's stream does not wait
         for it before the sink's node, so every tensor it reads is held by the sink until then. Held, they keep
         their memory from the caching allocator, and they are not modified in place: autograd adds a gradient into
         an incoming one in place when nobody else holds it (this layer's g_v, which is also the gradient of the
         previous layer's v, gets the sender kernel's ∂v added that way), which raced with this kernel before."""
+        # The first layer's backward to run writes the sums, the others add to them.
+        args = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)
         side = sink.stream
         if side is None:  # a sink on the caller's stream: in order with everything else, nothing to hold or join
-            out = sink.buffers()
-            _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare, out, sink.filled)
-            sink.filled = True
-            return
-        sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None)
-        side.wait_stream(torch.cuda.current_stream(x.device))
-        sink.forked = True
-        with torch.cuda.stream(side):  # the first layer's backward to run writes the sums, the others add to them
-            out = (sink.rbf, sink.unit)
-            args = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)
-            _edge_grads(*args, out=out, accumulate=sink.filled)
-            sink.filled = True
+            _edge_grads(*args, out=sink.buffers(), accumulate=sink.filled)
+        else:
+            sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None)
+            side.wait_stream(torch.cuda.current_stream(x.device))
+            sink.forked = True
+            with torch.cuda.stream(side):
+                _edge_grads(*args, out=sink.buffers(), accumulate=sink.filled)
+        sink.filled = True
 
     def _bare(kernel):
         return kernel
