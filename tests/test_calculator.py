@@ -325,7 +325,7 @@ def test_md_batch_positions_cast_and_checked_like_a_fresh_batch(model):
     """The MD batch (previous batch, new positions) holds what AtomsBatch.from_atoms would: the positions cast to
     the engine's dtype (float32: round to nearest, from the first batch's origin, which a fresh batch would take from
     the moved first atom), the same other tensors; non-finite positions fail as in a fresh batch, finite ones
-    whose sum overflows do not."""
+    whose sum overflows do not (in float32 they take the full way: float64 positions, AtomsBatch.positions64)."""
     import torch
 
     from mlff_distiller.batch import AtomsBatch
@@ -350,7 +350,12 @@ def test_md_batch_positions_cast_and_checked_like_a_fresh_batch(model):
         np.testing.assert_allclose(batch.to_atoms()[0].positions, fresh.to_atoms()[0].positions, rtol=0, atol=1e-6)
         calc.atoms.positions[0, 0] = 1e308  # finite; the sum overflows
         calc.atoms.positions[1, 0] = 1e308
-        assert calc._batch(["positions"], calc.atoms).positions[0, 0].item() == float(torch.tensor(1e308, dtype=dtype))
+        moved = calc._batch(["positions"], calc.atoms)
+        if dtype == torch.float64:
+            assert moved.positions[0, 0].item() == 1e308
+        else:  # coordinates beyond PRECISE_PAIRS_FROM: the full way, which keeps them in float64
+            fresh = AtomsBatch.from_atoms(calc.atoms, dtype=dtype)
+            assert moved.positions64 is not None and torch.equal(moved.positions64, fresh.positions64)
         for bad in (np.nan, np.inf):
             calc.atoms.positions[2, 1] = bad
             with pytest.raises(ValueError, match="non-finite position"):

@@ -18,6 +18,12 @@ __all__ = ["AtomsBatch", "FrameTable"]
 
 # Periodic lattice vectors spanning less than this (Å, Å² or Å³) make a degenerate, zero-volume cell.
 MIN_VOLUME = 1e-6
+# A float32 (or lower) batch keeps float64 positions and cell beside its own where some coordinate, relative to
+# its structure's origin, reaches this many Å: the engine then makes the pair vectors from them in float64 and
+# rounds them once (``AtomsBatch.positions64``). Below it the pair vectors made from float32 positions are within
+# the engine's float32 tolerance (stop 50, H200: the forces' error from the positions' rounding grows with the
+# coordinates, 1.9e-4 eV/Å at 62 Å and 4.7e-4 at 126 Å, against a tolerance of 5.9e-4 there; 1.7e-3 at 430 Å).
+PRECISE_PAIRS_FROM = 100.0
 
 
 @dataclass(kw_only=True)
@@ -38,6 +44,15 @@ class AtomsBatch:
             float32 keeps ~7 digits of a coordinate, so a molecule at 10,000 Å from the origin had forces 0.05 eV/Å
             off (CPU, shipped student); a translation changes no energy, force or stress. None: the positions as
             given (float64 batches).
+        positions64: ``[N, 3]`` float64 or None: the positions before their rounding to ``positions``' dtype (the
+            same frame, relative to ``origin``), with ``cell64`` ``[B, 3, 3]`` the cell's. ``from_atoms`` keeps
+            both for a batch of float32 (or lower) where some coordinate reaches :data:`PRECISE_PAIRS_FROM` Å
+            from its origin (a periodic box of more than ~100 Å, a cluster of that size): float32 positions are
+            only good to half a spacing at their size (3.8e-6 Å at 126 Å, 1.5e-5 at 430), and their pair
+            vectors, near the cutoff's size, would carry that whole error. From these the engine makes the pair
+            vectors in float64 and rounds them once, as nequip makes a float32 model's edge vectors from
+            float64 positions. They move with the batch's device but keep float64; a batch cast to float64
+            takes them as its positions.
     """
 
     numbers: torch.Tensor
@@ -47,6 +62,8 @@ class AtomsBatch:
     batch: torch.Tensor
     ptr: torch.Tensor
     origin: torch.Tensor | None = None
+    positions64: torch.Tensor | None = None
+    cell64: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.numbers.shape[0]
@@ -58,7 +75,16 @@ class AtomsBatch:
             (tuple(self.pbc.shape) == (b, 3), f"pbc must be [{b}, 3], got {tuple(self.pbc.shape)}"),
             (tuple(self.batch.shape) == (n,), f"batch must be [{n}], got {tuple(self.batch.shape)}"),
             (tuple(self.ptr.shape) == (b + 1,), f"ptr must be [{b + 1}], got {tuple(self.ptr.shape)}"),
+            (
+                (self.positions64 is None) == (self.cell64 is None),
+                "positions64 and cell64 come together (both or neither)",
+            ),
         ]
+        if self.positions64 is not None:
+            checks += [
+                (tuple(self.positions64.shape) == (n, 3), f"positions64 must be [{n}, 3]"),
+                (tuple(self.cell64.shape) == (b, 3, 3), f"cell64 must be [{b}, 3, 3]"),
+            ]
         for ok, msg in checks:
             if not ok:
                 raise ValueError(f"AtomsBatch: {msg}")
@@ -110,11 +136,13 @@ class AtomsBatch:
         counts_t = torch.tensor(counts, dtype=torch.long)
         ptr = torch.zeros(len(counts) + 1, dtype=torch.long)
         ptr[1:] = torch.cumsum(counts_t, 0)
-        origin = None
+        origin = pos64 = cell64 = None
         if dtype != torch.float64:  # each structure from its first atom (see the class docstring)
             origin = pos_all[ptr[:-1].numpy()]
             pos_all = pos_all - np.repeat(origin, counts, axis=0)
             origin = torch.from_numpy(origin)
+            if pos_all.size and float(np.abs(pos_all).max()) >= PRECISE_PAIRS_FROM:
+                pos64, cell64 = torch.from_numpy(pos_all), torch.from_numpy(cell_all)
         out = cls(
             numbers=torch.from_numpy(z_all),
             positions=torch.from_numpy(pos_all).to(dtype),
@@ -123,6 +151,8 @@ class AtomsBatch:
             batch=torch.repeat_interleave(torch.arange(len(counts)), counts_t),
             ptr=ptr,
             origin=origin,
+            positions64=pos64,
+            cell64=cell64,
         )
         return out if device is None else out.to(device)
 
@@ -148,19 +178,44 @@ class AtomsBatch:
     def dtype(self) -> torch.dtype:
         return self.positions.dtype
 
+    def pair_vectors64(self, edge_index: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+        """``[E, 3]`` float64 pair vectors ``positions64[j] - positions64[i] + shifts @ cell64[batch[i]]`` (Å) of
+        a neighbour list's ``edge_index`` and integer ``shifts`` (see ``positions64``)."""
+        if self.positions64 is None:
+            raise ValueError("pair_vectors64 needs a batch with positions64 (AtomsBatch.from_atoms keeps them)")
+        i, j = edge_index
+        pos = self.positions64
+        vec = pos.index_select(0, j) - pos.index_select(0, i)
+        cell = self.cell64.to(pos.device)
+        s = shifts.to(pos.device, torch.float64)
+        if cell.shape[0] == 1:
+            vec += s @ cell[0]
+        else:  # one lattice vector at a time: [E, 3] gathers, not an [E, 3, 3] one
+            structure = self.batch.to(pos.device).index_select(0, i)
+            for k in range(3):
+                vec.addcmul_(s[:, k : k + 1], cell[:, k].index_select(0, structure))
+        return vec
+
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> AtomsBatch:
-        """Move to ``device``; ``dtype`` applies to the floating tensors (positions, cell) only."""
-        kw = {}
-        for f in fields(self):
-            t = getattr(self, f.name)
-            if f.name == "origin":  # float64 on the CPU, whatever the batch's device and dtype
+        """Move to ``device``; ``dtype`` applies to the floating tensors (positions, cell) only. ``positions64``
+        and ``cell64`` move and stay float64; cast to float64, the batch takes them as its positions and cell."""
+        src, kw = self, {}
+        if dtype == torch.float64 and self.positions64 is not None:
+            kw = {"positions64": None, "cell64": None}
+            src = replace(self, positions=self.positions64, cell=self.cell64, **kw)
+        for f in fields(src):
+            t = getattr(src, f.name)
+            if f.name == "origin" or t is None:  # origin: float64 on the CPU, whatever the batch's device and dtype
+                continue
+            if f.name in ("positions64", "cell64"):
+                kw[f.name] = t.to(device) if device is not None else t
                 continue
             if dtype is not None and t.is_floating_point():
                 t = t.to(device=device, dtype=dtype)
             elif device is not None:
                 t = t.to(device)
             kw[f.name] = t
-        return replace(self, **kw)
+        return replace(src, **kw)
 
     def split(self, per_atom: torch.Tensor) -> list[torch.Tensor]:
         """Split a per-atom tensor ``[N, ...]`` into one tensor per structure, in batch order."""
@@ -171,10 +226,12 @@ class AtomsBatch:
         from ase import Atoms
 
         out = []
-        numbers, positions = self.numbers.cpu().numpy(), self.positions.detach().cpu().double().numpy()
+        exact = self.positions if self.positions64 is None else self.positions64
+        numbers, positions = self.numbers.cpu().numpy(), exact.detach().cpu().double().numpy()
         if self.origin is not None:
             positions = positions + np.repeat(self.origin.numpy(), self.counts.tolist(), axis=0)
-        cells, pbcs, ptr = self.cell.detach().cpu().double().numpy(), self.pbc.cpu().numpy(), self.ptr.tolist()
+        cell = self.cell if self.cell64 is None else self.cell64
+        cells, pbcs, ptr = cell.detach().cpu().double().numpy(), self.pbc.cpu().numpy(), self.ptr.tolist()
         for b in range(self.num_structures):
             s = slice(ptr[b], ptr[b + 1])
             out.append(Atoms(numbers=numbers[s], positions=positions[s], cell=cells[b], pbc=pbcs[b]))

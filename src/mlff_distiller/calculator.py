@@ -15,7 +15,7 @@ import torch
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
 from mlff_distiller import domain as _domain
-from mlff_distiller.batch import MIN_VOLUME, AtomsBatch
+from mlff_distiller.batch import MIN_VOLUME, PRECISE_PAIRS_FROM, AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError, all_finite, nonfinite_message, recompute_before_retry
 from mlff_distiller.checkpoint import load_model
 from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
@@ -189,34 +189,59 @@ class StudentCalculator(Calculator):
             # A copy: ``atoms`` may be the caller's, whose cell ASE changes in place.
             values = np.array(atoms.cell.array, dtype=np.float64)
             if np.isfinite(values).all() and abs(float(np.linalg.det(values))) >= MIN_VOLUME:
-                cell = torch.from_numpy(values.reshape(1, 3, 3)).to(self.engine.dtype)
+                cell = torch.from_numpy(values.reshape(1, 3, 3))  # float64: _moved casts it
                 changes = {"positions"}
         if last is not None and changes <= {"positions"}:
-            pos = np.asarray(atoms.positions, dtype=np.float64)
-            # A finite sum means finite entries (a NaN or inf entry makes it NaN or inf); an overflowing sum of
-            # finite entries goes the full way. ~1.3 µs less than np.isfinite(pos).all() for 192 atoms.
-            if pos.shape == last.positions.shape and (math.isfinite(pos.sum()) or np.isfinite(pos).all()):
-                batch = object.__new__(AtomsBatch)
-                batch.__dict__.update(last.__dict__)
-                # NumPy's cast, then a tensor on the same memory: ~3.5 instead of ~10 µs for torch's .to(float32)
-                # (the same round-to-nearest values). Always a copy (fp64 too): ``atoms`` may be the caller's,
-                # whose positions ASE's integrators update in place.
-                dtype = self.engine.dtype
-                np_dtype = _NUMPY_DTYPES.get(dtype)
-                if np_dtype is None:
-                    shifted = pos if last.origin is None else pos - last.origin.numpy()
-                    batch.positions = torch.from_numpy(shifted).to(dtype)
-                elif last.origin is None:
-                    batch.positions = torch.from_numpy(pos.astype(np_dtype, copy=True))
-                else:  # from the first batch's origin (AtomsBatch.origin): subtracted in float64, rounded once
-                    out = np.empty(pos.shape, dtype=np_dtype)
-                    batch.positions = torch.from_numpy(np.subtract(pos, last.origin.numpy(), out=out, casting="unsafe"))
-                if cell is not None:
-                    batch.cell = cell
+            batch = self._moved(last, np.asarray(atoms.positions, dtype=np.float64), cell)
+            if batch is not None:
                 self._last_batch = batch
                 return batch
         self._last_batch = AtomsBatch.from_atoms(atoms, dtype=self.engine.dtype)  # validates everything
         return self._last_batch
+
+    def _moved(self, last: AtomsBatch, pos: np.ndarray, cell: torch.Tensor | None) -> AtomsBatch | None:
+        """``last`` with the new positions ``pos`` (float64, the caller's; and a new ``cell`` if not None), or
+        None where the full way must build the batch: positions of another shape or not finite, or a float32
+        batch without float64 positions whose coordinates reached ``PRECISE_PAIRS_FROM`` (an MD whose atoms
+        drifted out that far; ``from_atoms`` then keeps them, AtomsBatch.positions64)."""
+        if pos.shape != last.positions.shape:
+            return None
+        dtype = self.engine.dtype
+        np_dtype = _NUMPY_DTYPES.get(dtype)
+        batch = object.__new__(AtomsBatch)
+        batch.__dict__.update(last.__dict__)
+        # Always a copy (fp64 too): ``atoms`` may be the caller's, whose positions ASE's integrators update in place.
+        if last.positions64 is not None:  # pair vectors made in float64: the float64 positions follow the step
+            shifted = pos - last.origin.numpy()
+            if not np.isfinite(shifted).all():
+                return None
+            batch.positions64 = torch.from_numpy(shifted)
+            batch.positions = batch.positions64.to(dtype)
+            if cell is not None:
+                batch.cell64 = cell.to(torch.float64)
+        elif np_dtype is not None and last.origin is not None:
+            # From the first batch's origin (AtomsBatch.origin): subtracted in float64, rounded once by NumPy's
+            # cast into a tensor on the same memory (~3.5 instead of ~10 µs for torch's .to(float32)). One
+            # reduction checks both that every entry is finite (a NaN or inf propagates) and that the coordinates
+            # stay below PRECISE_PAIRS_FROM.
+            out = np.empty(pos.shape, dtype=np_dtype)
+            np.subtract(pos, last.origin.numpy(), out=out, casting="unsafe")
+            if not float(np.abs(out).max()) < PRECISE_PAIRS_FROM:
+                return None
+            batch.positions = torch.from_numpy(out)
+        else:
+            # A finite sum means finite entries (a NaN or inf entry makes it NaN or inf); an overflowing sum of
+            # finite entries goes the full way. ~1.3 µs less than np.isfinite(pos).all() for 192 atoms.
+            if not (math.isfinite(pos.sum()) or np.isfinite(pos).all()):
+                return None
+            if np_dtype is None:
+                shifted = pos if last.origin is None else pos - last.origin.numpy()
+                batch.positions = torch.from_numpy(shifted).to(dtype)
+            else:
+                batch.positions = torch.from_numpy(pos.astype(np_dtype, copy=True))
+        if cell is not None:
+            batch.cell = cell.to(dtype)
+        return batch
 
     def _store_atoms(self, atoms, properties, system_changes) -> None:
         """``self.atoms = atoms.copy()``, what ASE's ``Calculator.calculate`` does, for less when only positions
