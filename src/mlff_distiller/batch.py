@@ -80,7 +80,7 @@ class AtomsBatch:
                 "positions64 and cell64 come together (both or neither)",
             ),
         ]
-        if self.positions64 is not None:
+        if self.positions64 is not None and self.cell64 is not None:
             checks += [
                 (tuple(self.positions64.shape) == (n, 3), f"positions64 must be [{n}, 3]"),
                 (tuple(self.cell64.shape) == (b, 3, 3), f"cell64 must be [{b}, 3, 3]"),

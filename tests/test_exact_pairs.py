@@ -1,0 +1,205 @@
+"""Pair vectors made in float64 (``AtomsBatch.positions64``): a float32 batch whose coordinates reach
+``PRECISE_PAIRS_FROM`` Å keeps its float64 positions and cell, and the engine's eager path makes the pair vectors
+from them, rounded once. A periodic box whose atoms sit in far images of the cell is the same physical system as
+the wrapped box, so both must give the same energies, forces and stress; from float32 coordinates of ~400 Å they
+did not (1.6e-3 eV/Å against 2e-5)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms, units
+from ase.build import molecule
+from ase.md.verlet import VelocityVerlet
+from helpers import triclinic_cu
+
+from mlff_distiller import ForceEngine, StudentCalculator, load_model, predict_forces
+from mlff_distiller import batch as batch_module
+from mlff_distiller.batch import PRECISE_PAIRS_FROM, AtomsBatch
+from mlff_distiller.neighbors import neighbor_list
+
+# Relative to the largest force (~9 eV/Å in these boxes). Measured on the development CPU with the shipped
+# student (81 water atoms, images up to ~420 Å away): float64 pairs 6e-6 eV/Å from the float64 result, float32
+# positions 1.6e-3; the wrapped box in float32 2.1e-5. The engine's float32 tolerance is 1e-4 of the largest force.
+FORCE_BOUND = 1e-5
+FLOAT32_TOLERANCE = 1e-4
+
+
+def force_error(forces, ref) -> float:
+    """The largest force error relative to the largest reference force."""
+    forces, ref = np.asarray(forces, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return float(np.abs(forces - ref).max() / np.abs(ref).max())
+
+
+@pytest.fixture(scope="module")
+def student():
+    return load_model("builtin:chno-gfn2")
+
+
+def water_box(side: float = 14.0, seed: int = 0) -> Atoms:
+    """27 water molecules in a cubic periodic box, rattled."""
+    rng = np.random.default_rng(seed)
+    numbers, positions = [], []
+    for k in range(27):
+        w = molecule("H2O")
+        w.rotate(rng.uniform(0, 360), rng.normal(size=3))
+        centre = (np.array([k % 3, (k // 3) % 3, k // 9]) + 0.5) * side / 3
+        positions.append(w.positions + centre)
+        numbers += list(w.numbers)
+    box = Atoms(numbers=numbers, positions=np.concatenate(positions), cell=[side] * 3, pbc=True)
+    box.rattle(0.05, seed=seed + 1)
+    return box
+
+
+def far_images(atoms: Atoms, seed: int = 0, lo: int = 8, hi: int = 30) -> Atoms:
+    """``atoms`` with every atom but the first moved by a whole number of cell vectors (``lo`` to ``hi`` cells
+    along each): the same periodic system, with coordinates up to ``hi`` box lengths."""
+    rng = np.random.default_rng(seed)
+    out = atoms.copy()
+    out.positions[1:] += rng.integers(lo, hi, size=(len(out) - 1, 3)) @ np.asarray(atoms.cell)
+    return out
+
+
+def test_from_atoms_keeps_float64_positions_where_coordinates_reach_the_threshold():
+    box = water_box()
+    far = far_images(box)
+    assert AtomsBatch.from_atoms(box, dtype=torch.float32).positions64 is None
+    assert AtomsBatch.from_atoms(far, dtype=torch.float64).positions64 is None  # float64 positions need none
+    b = AtomsBatch.from_atoms([box, far], dtype=torch.float32)
+    assert b.positions64.dtype == b.cell64.dtype == torch.float64
+    want = np.concatenate([box.positions - box.positions[0], far.positions - far.positions[0]])
+    assert np.array_equal(b.positions64.numpy(), want)  # the same float64 subtraction, not rounded
+    assert np.array_equal(b.cell64.numpy(), np.stack([box.cell.array, far.cell.array]))
+    assert torch.equal(b.positions, b.positions64.to(torch.float32))
+    # A molecule of 100 Å or more gets them too (the origin is its first atom).
+    chain = Atoms("H2", positions=[[0, 0, 0], [PRECISE_PAIRS_FROM, 0, 0]])
+    assert AtomsBatch.from_atoms(chain, dtype=torch.float32).positions64 is not None
+    chain.positions[1, 0] = PRECISE_PAIRS_FROM - 1
+    assert AtomsBatch.from_atoms(chain, dtype=torch.float32).positions64 is None
+    # Moved, they stay float64; cast to float64, the batch takes them as its positions and cell.
+    moved = b.to("cpu", torch.float32)
+    assert moved.positions64.dtype == torch.float64 and moved.positions.dtype == torch.float32
+    wide = b.to(dtype=torch.float64)
+    assert wide.positions64 is None and wide.cell64 is None
+    assert torch.equal(wide.positions, b.positions64) and torch.equal(wide.cell, b.cell64)
+    # Back to Atoms from the float64 positions: the caller's coordinates, to float64 rounding.
+    np.testing.assert_allclose(b.to_atoms()[1].positions, far.positions, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="positions64 and cell64 come together"):
+        dataclasses.replace(b, cell64=None)
+    with pytest.raises(ValueError, match="positions64 must be"):
+        dataclasses.replace(b, positions64=b.positions64[1:])
+
+
+def test_pair_vectors64_of_several_structures_are_the_float64_vectors():
+    """Two structures with different (one triclinic) cells: the float64 pair vectors from a float32 batch equal
+    the vectors of a float64 batch of the same structures, and a batch without float64 positions has none."""
+    structures = [far_images(water_box(side=13.0, seed=3), seed=1), far_images(triclinic_cu(), seed=2)]
+    b32 = AtomsBatch.from_atoms(structures, dtype=torch.float32)
+    b64 = AtomsBatch.from_atoms(structures, dtype=torch.float64)
+    nl = neighbor_list(b64.positions, b64.cell, b64.pbc, b64.batch, b64.ptr, 5.0)
+    assert nl.num_edges > 0 and bool((nl.shifts != 0).any())
+    vec = b32.pair_vectors64(nl.edge_index, nl.shifts)
+    assert vec.dtype == torch.float64
+    np.testing.assert_allclose(vec.numpy(), nl.vectors(b64.positions).numpy(), rtol=0, atol=1e-11)
+    with pytest.raises(ValueError, match="needs a batch with positions64"):
+        b64.pair_vectors64(nl.edge_index, nl.shifts)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_far_images_give_the_wrapped_box_results(student, monkeypatch, kernels):
+    """Energy, forces and stress of the far-image box in float32 against the wrapped box in float64: within
+    the float32 bound with float64 pairs, well outside it without them (the threshold raised past the box). On
+    the torch kernels (the written-out CPU backward) and on the Triton kernels (the interpreter)."""
+    monkeypatch.setenv("MLFF_DISTILLER_KERNELS", kernels)
+    box = water_box()
+    far = far_images(box)
+    ref = predict_forces(student, [box], precision="fp64", stress=True)[0]
+    out = predict_forces(student, [far], precision="fp32", stress=True)[0]
+    assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
+    assert abs(out["energy"] - ref["energy"]) < 2e-5
+    np.testing.assert_allclose(out["stress"], ref["stress"], rtol=0, atol=2e-7)
+    monkeypatch.setattr(batch_module, "PRECISE_PAIRS_FROM", float("inf"))
+    plain = ForceEngine(student, device="cpu", precision="fp32").compute(
+        AtomsBatch.from_atoms(far, dtype=torch.float32), stress=True
+    )
+    assert force_error(plain["forces"], ref["forces"]) > FLOAT32_TOLERANCE
+
+
+def test_verlet_list_and_spatial_order_carry_the_float64_positions(student):
+    """The eager Verlet path in Morton order (MD of a large system): the float64 positions are sorted with the
+    atoms, step after step, and the forces stay those of the wrapped box; so on the sorted path without a Verlet
+    list."""
+    box = water_box(seed=4)
+    far = far_images(box, seed=4)
+    engine = ForceEngine(student, device="cpu", precision="fp32", neighbor_skin=0.5, spatial_sort_min_atoms=8)
+    ref_engine = ForceEngine(student, device="cpu", precision="fp64")
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        step = rng.normal(0, 0.02, box.positions.shape)  # within the skin: one build
+        box.positions += step
+        far.positions += step
+        out = engine.compute(AtomsBatch.from_atoms(far, dtype=torch.float32))
+        ref = ref_engine.compute(AtomsBatch.from_atoms(box))
+        assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
+    assert engine.verlet.n_builds == 1 and engine._verlet_sorted
+    # A fresh list per call, in Morton order (the eager path of large batches).
+    sorted_engine = ForceEngine(student, device="cpu", precision="fp32", spatial_sort_min_atoms=8)
+    out = sorted_engine.compute(AtomsBatch.from_atoms(far, dtype=torch.float32))
+    assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
+
+
+def test_md_through_the_calculator_keeps_float64_positions(student):
+    """StudentCalculator's MD steps (the previous batch with new positions): a box with far images keeps its
+    float64 positions from step to step, and a box whose atoms move out past the threshold gets them on that
+    step; its forces stay those of the wrapped box."""
+    box = water_box(seed=6)
+    far = far_images(box, seed=6)
+    far.calc = StudentCalculator(student, device="cpu", precision="fp32")
+    ref_calc = StudentCalculator(student, device="cpu", precision="fp64")
+    rng = np.random.default_rng(7)
+    far.set_velocities(rng.normal(0, 0.05, far.positions.shape))  # ~5e-3 Å/fs, thermal speeds near 300 K
+    dyn = VelocityVerlet(far, timestep=0.5 * units.fs)
+    for _ in range(3):
+        dyn.run(1)
+        batch = far.calc._last_batch
+        assert batch.positions64 is not None
+        assert np.array_equal(batch.positions64.numpy(), far.positions - batch.origin.numpy()[0])
+        wrapped = far.copy()
+        wrapped.wrap()
+        wrapped.calc = ref_calc
+        assert force_error(far.get_forces(), wrapped.get_forces()) < FORCE_BOUND
+    # A wrapped box (no float64 positions) whose atoms are moved out by whole cells in a positions-only step.
+    box.calc = StudentCalculator(student, device="cpu", precision="fp32")
+    ref = box.get_forces()
+    assert box.calc._last_batch.positions64 is None
+    moved = far_images(box, seed=8)
+    box.positions = moved.positions
+    forces = box.get_forces()
+    assert box.calc._last_batch.positions64 is not None
+    assert force_error(forces, ref) < 2 * FORCE_BOUND  # both in float32
+
+
+def test_a_float64_engine_takes_the_float64_positions(student):
+    """An fp64 engine given a float32 batch with float64 positions computes from them (the cast folds them
+    in), not from the rounded ones."""
+    far = far_images(water_box(seed=9), seed=9)
+    b32 = AtomsBatch.from_atoms(far, dtype=torch.float32)
+    out = ForceEngine(student, device="cpu", precision="fp64").compute(b32)
+    ref = ForceEngine(student, device="cpu", precision="fp64").compute(AtomsBatch.from_atoms(far))
+    np.testing.assert_allclose(out["forces"].numpy(), ref["forces"].numpy(), rtol=0, atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["eager", "auto"])
+def test_far_images_on_cuda(student, mode):
+    """On CUDA (the Triton kernels), eager and mode "auto" (whose padded paths hand such a batch to the eager
+    path): the far-image box in float32 against the wrapped box in float64."""
+    box = water_box(seed=10)
+    far = far_images(box, seed=10)
+    ref = predict_forces(student, [box], device="cpu", precision="fp64", stress=True)[0]
+    engine = ForceEngine(student, device="cuda", precision="fp32", mode=mode)
+    for _ in range(2):
+        out = engine.compute(AtomsBatch.from_atoms(far, dtype=torch.float32), stress=True, to_host=True)
+        assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
+        np.testing.assert_allclose(out["stress"].numpy()[0], ref["stress"], rtol=0, atol=2e-7)
