@@ -6,7 +6,9 @@ A float32 position of an atom at x Å is off by up to half of float32's spacing 
 numbers. This probe runs ``ForceEngine`` (eager, the shipped student) on water boxes of growing size in float32
 (F32) and float64 (F64), and float64 on the float32-rounded positions (F64r: what float32 storage of the positions
 alone costs), and reports the largest and RMS differences beside the engine's float32 tolerance
-(``TOLERANCES["fp32"]``: max abs ΔF ≤ 1e-4 · max(1, max abs F)).
+(``TOLERANCES["fp32"]``: max abs ΔF ≤ 1e-4 · max(1, max abs F)). F32x: float32 with the pair vectors made in float64
+from the float64 positions the batch keeps (``AtomsBatch.positions64``; the engine's default from 100 Å, here forced
+for every box), F32 with them made from the float32 positions (forced for every box).
 
     python benchmarks/probe_large_precision.py --atoms 192,3000,24000,200001 --out DIR
 
@@ -28,10 +30,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import write_lines
 
 
-def forces(engine, atoms, dtype) -> np.ndarray:
+def forces(engine, atoms, dtype, exact_pairs: bool = False) -> np.ndarray:
+    from mlff_distiller import batch as batch_module
     from mlff_distiller.batch import AtomsBatch
 
-    out = engine.compute(AtomsBatch.from_atoms([atoms], dtype=dtype), to_host=True)
+    threshold = batch_module.PRECISE_PAIRS_FROM
+    batch_module.PRECISE_PAIRS_FROM = 0.0 if exact_pairs else float("inf")
+    try:
+        batch = AtomsBatch.from_atoms([atoms], dtype=dtype)
+    finally:
+        batch_module.PRECISE_PAIRS_FROM = threshold
+    out = engine.compute(batch, to_host=True)
     return out["forces"].double().numpy()
 
 
@@ -62,12 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         f64 = forces(e64, atoms, torch.float64)
         f64r = forces(e64, rounded, torch.float64)
         f32 = forces(e32, atoms, torch.float32)
+        f32x = forces(e32, atoms, torch.float32, exact_pairs=True)
         scale = max(1.0, float(np.abs(f64).max()))
 
         def stats(d):
             return float(np.abs(d).max()), float(np.sqrt((d**2).mean()))
 
-        rows.append((n, float(atoms.cell[0, 0]), scale, *stats(f32 - f64), *stats(f64r - f64), 1e-4 * scale))
+        rows.append(
+            (n, float(atoms.cell[0, 0]), scale, *stats(f32 - f64), *stats(f32x - f64), *stats(f64r - f64), 1e-4 * scale)
+        )
         print(rows[-1], flush=True)
         gc.collect()
         torch.cuda.empty_cache()
@@ -80,11 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         "F32 / F64: the float32 / float64 engine; F64r: float64 on the positions rounded to float32 (their storage "
         "alone). Tolerance: the engine's float32 check, 1e-4 · max(1, max abs F).",
         "",
-        "| atoms | box Å | max abs F eV/Å | max abs F32 - F64 | RMS | max abs F64r - F64 | RMS | tolerance |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| atoms | box Å | max abs F eV/Å | max abs F32 - F64 | RMS | max abs F32x - F64 | RMS | max abs F64r - F64 | "
+        "RMS | tolerance |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for n, side, scale, m32, r32, mr, rr, tol in rows:
-        lines.append(f"| {n} | {side:.1f} | {scale:.2f} | {m32:.2e} | {r32:.2e} | {mr:.2e} | {rr:.2e} | {tol:.1e} |")
+    for n, side, scale, m32, r32, mx, rx, mr, rr, tol in rows:
+        lines.append(
+            f"| {n} | {side:.1f} | {scale:.2f} | {m32:.2e} | {r32:.2e} | {mx:.2e} | {rx:.2e} | {mr:.2e} | {rr:.2e} | "
+            f"{tol:.1e} |"
+        )
     write_lines(lines, Path(args.out), args.name)
     return 0
 

@@ -48,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="probe_large_replica")
     ap.add_argument("--device", default="cuda", help="cpu: a check of the probe itself on small boxes")
+    ap.add_argument(
+        "--pairs",
+        default="float64",
+        choices=("float64", "float32", "both"),
+        help="pair vectors from float64 positions (the engine's default beyond 100 Å), from float32 ones, or both",
+    )
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -57,21 +63,29 @@ def main(argv: list[str] | None = None) -> int:
     from bench_large import water_box_fast
 
     from mlff_distiller import ForceEngine, load_model
+    from mlff_distiller import batch as batch_module
 
     model = load_model(args.model)
     engine = ForceEngine(model, device=args.device, precision="fp32", mode="eager")
     where = torch.cuda.get_device_name() if cuda else "CPU"
+
+    threshold = batch_module.PRECISE_PAIRS_FROM
+    pairs = ("float64", "float32") if args.pairs == "both" else (args.pairs,)
     rows = []
-    for n in (int(x) for x in args.atoms.split(",")):
+    for n, kind in ((int(x), kind) for x in args.atoms.split(",") for kind in pairs):
         a = water_box_fast(n)
         a.wrap()
-        e_a, f_a, _ = compute(engine, a)
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
         b = a.repeat((2, 1, 1))
-        e_b, f_b, t_b = compute(engine, b)
+        batch_module.PRECISE_PAIRS_FROM = threshold if kind == "float64" else float("inf")
+        try:  # the batches are made inside compute
+            e_a, f_a, _ = compute(engine, a)
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            e_b, f_b, t_b = compute(engine, b)
+        finally:
+            batch_module.PRECISE_PAIRS_FROM = threshold
         peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else float("nan")
         gc.collect()
         if cuda:
@@ -82,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         finite = bool(np.isfinite(f_b).all() and np.isfinite(e_b))
         rel = abs(e_b - 2 * e_a) / abs(2 * e_a)
         ok = finite and rel <= 1e-6 and max(d1, d2) <= 2e-3
-        rows.append((na, len(b), e_a, e_b, rel, d1, d2, float(np.abs(f_a).max()), t_b, peak, ok))
+        rows.append((na, len(b), kind, e_a, e_b, rel, d1, d2, float(np.abs(f_a).max()), t_b, peak, ok))
         print(rows[-1], flush=True)
     lines = [
         "# probe_large_replica.py: a water box A and its replica B = A x (2, 1, 1), float32",
@@ -93,14 +107,17 @@ def main(argv: list[str] | None = None) -> int:
         "Pass: finite, abs(E_B - 2 E_A) / abs(2 E_A) ≤ 1e-6, and each copy's forces within 2e-3 eV/Å of A's (float32 "
         "positions one box length further out round differently: ~5e-4 eV/Å at 126 Å).",
         "",
-        "| atoms A | atoms B | E_A eV | E_B eV | rel. abs E_B - 2 E_A | max abs ΔF copy 1 | copy 2 | max abs F_A | "
-        "B s (first call) | B peak GB | pass |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "Pair vectors: float64, made from the float64 positions a float32 batch keeps beyond 100 Å "
+        "(`AtomsBatch.positions64`), or float32, from the float32 positions.",
+        "",
+        "| atoms A | atoms B | pair vectors | E_A eV | E_B eV | rel. abs E_B - 2 E_A | max abs ΔF copy 1 | copy 2 | "
+        "max abs F_A | B s (first call) | B peak GB | pass |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for na, nb, e_a, e_b, rel, d1, d2, fmax, t_b, peak, ok in rows:
+    for na, nb, kind, e_a, e_b, rel, d1, d2, fmax, t_b, peak, ok in rows:
         lines.append(
-            f"| {na} | {nb} | {e_a:.2f} | {e_b:.2f} | {rel:.1e} | {d1:.2e} | {d2:.2e} | {fmax:.2f} | {t_b:.2f} | "
-            f"{peak:.1f} | {'yes' if ok else 'NO'} |"
+            f"| {na} | {nb} | {kind} | {e_a:.2f} | {e_b:.2f} | {rel:.1e} | {d1:.2e} | {d2:.2e} | {fmax:.2f} | "
+            f"{t_b:.2f} | {peak:.1f} | {'yes' if ok else 'NO'} |"
         )
     write_lines(lines, Path(args.out), args.name)
     return 0 if all(r[-1] for r in rows) else 1

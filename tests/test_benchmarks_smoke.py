@@ -568,14 +568,18 @@ def test_probe_ncu_variants_patch_each_switch_and_restore_it():
 
 def test_probe_large_replica_on_cpu(tmp_path, monkeypatch):
     """probe_large_replica.py on the CPU (its --device cpu check of the probe itself): a 192-atom water box and its
-    two-fold replica pass (E_B = 2 E_A, each copy's forces A's); one force of the second copy off by 0.01 eV/Å
-    fails."""
+    two-fold replica pass (E_B = 2 E_A, each copy's forces A's), with either kind of pair vectors; one force of the
+    second copy off by 0.01 eV/Å fails."""
     import probe_large_replica
 
+    from mlff_distiller import batch as batch_module
+
     argv = ["--device", "cpu", "--atoms", "192", "--out", str(tmp_path), "--name", "r"]
-    assert probe_large_replica.main(argv) == 0
-    row = (tmp_path / "r.md").read_text().splitlines()[-1]
-    assert row.startswith("| 192 | 384 |") and row.endswith("| yes |"), row
+    assert probe_large_replica.main([*argv, "--pairs", "both"]) == 0
+    rows = (tmp_path / "r.md").read_text().splitlines()[-2:]
+    for row, kind in zip(rows, ("float64", "float32"), strict=True):
+        assert row.startswith(f"| 192 | 384 | {kind} |") and row.endswith("| yes |"), row
+    assert batch_module.PRECISE_PAIRS_FROM == 100.0  # restored after the float32 rows
     real = probe_large_replica.compute
 
     def wrong_second_copy(engine, atoms):

@@ -5,6 +5,7 @@ the wrapped box, so both must give the same energies, forces and stress; from fl
 did not (1.6e-3 eV/Å against 2e-5)."""
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -111,11 +112,13 @@ def test_far_images_give_the_wrapped_box_results(student, monkeypatch, kernels):
     """Energy, forces and stress of the far-image box in float32 against the wrapped box in float64: within
     the float32 bound with float64 pairs, well outside it without them (the threshold raised past the box). On
     the torch kernels (the written-out CPU backward) and on the Triton kernels (the interpreter)."""
+    if kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernels on CPU tensors need the interpreter (TRITON_INTERPRET=1)")
     monkeypatch.setenv("MLFF_DISTILLER_KERNELS", kernels)
     box = water_box()
     far = far_images(box)
-    ref = predict_forces(student, [box], precision="fp64", stress=True)[0]
-    out = predict_forces(student, [far], precision="fp32", stress=True)[0]
+    ref = predict_forces(student, [box], device="cpu", precision="fp64", stress=True)[0]
+    out = predict_forces(student, [far], device="cpu", precision="fp32", stress=True)[0]
     assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
     assert abs(out["energy"] - ref["energy"]) < 2e-5
     np.testing.assert_allclose(out["stress"], ref["stress"], rtol=0, atol=2e-7)
@@ -203,3 +206,21 @@ def test_far_images_on_cuda(student, mode):
         out = engine.compute(AtomsBatch.from_atoms(far, dtype=torch.float32), stress=True, to_host=True)
         assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
         np.testing.assert_allclose(out["stress"].numpy()[0], ref["stress"], rtol=0, atol=2e-7)
+
+
+@pytest.mark.gpu
+def test_md_through_the_calculator_on_cuda(student):
+    """StudentCalculator on CUDA (its MD steps take the Verlet list; such a batch the eager path): a few steps of
+    the far-image box, each against the wrapped box in float64 on the CPU."""
+    far = far_images(water_box(seed=11), seed=11)
+    far.calc = StudentCalculator(student, device="cuda", precision="fp32")
+    far.set_velocities(np.random.default_rng(12).normal(0, 0.05, far.positions.shape))
+    ref_calc = StudentCalculator(student, device="cpu", precision="fp64")
+    dyn = VelocityVerlet(far, timestep=0.5 * units.fs)
+    for _ in range(3):
+        dyn.run(2)
+        assert far.calc._last_batch.positions64 is not None
+        wrapped = far.copy()
+        wrapped.wrap()
+        wrapped.calc = ref_calc
+        assert force_error(far.get_forces(), wrapped.get_forces()) < FORCE_BOUND
