@@ -1469,6 +1469,16 @@ case "${1:-}" in
       >"$OUT/probe_large_replica.log" 2>&1
     grep -hE "^\| " "$OUT/probe_large_replica.md"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58" >&2; exit 2 ;;
+  stop58b)
+    # The replica probe's 2,000,004-atom B ended in an illegal memory access with float64 pair vectors (stop58):
+    # each kind alone at that size, launches blocking, so that the failing kernel names itself.
+    export CUDA_LAUNCH_BLOCKING=1
+    for kind in float32 float64; do
+      timeout 250 python3 benchmarks/probe_large_replica.py --atoms 1000002 --pairs $kind --out "$OUT" \
+        --name replica_2m_$kind >"$OUT/replica_2m_$kind.log" 2>&1
+      echo "== $kind rc=$?"; grep -v "^    " "$OUT/replica_2m_$kind.log" | tail -12
+    done
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
