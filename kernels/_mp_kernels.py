@@ -686,11 +686,14 @@ if HAS_TRITON:
         u0 = tl.load(punit_ptr + e * 3, mask=em, other=0.0)
         u1 = tl.load(punit_ptr + e * 3 + 1, mask=em, other=0.0)
         u2 = tl.load(punit_ptr + e * 3 + 2, mask=em, other=0.0)
+        # A plane's offset in 64 bits: k E N_RBF passed 2^31 at ~108M edges (a 2,000,004-atom water box, stop 58:
+        # an illegal address once the eager step's layers added into a sink through this kernel).
+        plane = tl.cast(E, tl.int64)
         for k in tl.static_range(1, SPLIT):
-            acc += tl.load(prbf_ptr + k * E * N_RBF + rows, mask=m2, other=0.0)
-            u0 += tl.load(punit_ptr + k * E * 3 + e * 3, mask=em, other=0.0)
-            u1 += tl.load(punit_ptr + k * E * 3 + e * 3 + 1, mask=em, other=0.0)
-            u2 += tl.load(punit_ptr + k * E * 3 + e * 3 + 2, mask=em, other=0.0)
+            acc += tl.load(prbf_ptr + k * plane * N_RBF + rows, mask=m2, other=0.0)
+            u0 += tl.load(punit_ptr + k * plane * 3 + e * 3, mask=em, other=0.0)
+            u1 += tl.load(punit_ptr + k * plane * 3 + e * 3 + 1, mask=em, other=0.0)
+            u2 += tl.load(punit_ptr + k * plane * 3 + e * 3 + 2, mask=em, other=0.0)
         if ACC:
             acc = tl.load(grbf_ptr + rows, mask=m2, other=0.0) + acc
             u0 = tl.load(gunit_ptr + e * 3, mask=em, other=0.0) + u0

@@ -269,3 +269,36 @@ def test_eager_inference_sums_the_edge_gradients_into_a_sink_on_one_stream(monke
     # (the per-species energy shift, say, has no say in forces: its gradient stays None)
     grads = [p.grad for p in train.parameters() if p.grad is not None]
     assert len(grads) > len(list(train.parameters())) // 2 and all(torch.isfinite(g).all() for g in grads)
+
+
+@gpu
+@needs_cuda
+def test_split_sums_reach_planes_past_2_to_the_31_entries():
+    """The split edge kernel's sums (``_mp_sum_split_kernel``, which adds the layers' partial rows into the sink)
+    at E * N_RBF > 2^31: a plane's offset computed in 32 bits wrapped there (a 2,000,004-atom water box, ~108M
+    edges: an illegal address, stop 58). Plane 0 holds ones, plane 1 random rows at both ends; ACC adds both to
+    what the outputs hold (the sink's second layer onwards). ~30 GB of device memory."""
+    from mlff_distiller.kernels._mp_kernels import _mp_sum_split_kernel
+
+    dev = torch.device("cuda")
+    e, n_rbf = 2**31 // 20 + 4096, 20
+    if torch.cuda.get_device_properties(dev).total_memory < 48 * 2**30:
+        pytest.skip("needs ~30 GB of device memory")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    part_rbf = torch.ones((2, e, n_rbf), device=dev)
+    part_unit = torch.ones((2, e, 3), device=dev)
+    ends = (slice(0, 4096), slice(e - 4096, e))
+    for rows in ends:
+        part_rbf[1, rows] = torch.randn((4096, n_rbf), device=dev, generator=gen)
+        part_unit[1, rows] = torch.randn((4096, 3), device=dev, generator=gen)
+    g_rbf = torch.full((e, n_rbf), 0.5, device=dev)
+    g_unit = torch.full((e, 3), 0.5, device=dev)
+    _mp_sum_split_kernel[(-(-e // 128),)](
+        part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=32, SPLIT=2, BLOCK_E=128, PDL=False, ACC=True
+    )
+    torch.cuda.synchronize()
+    for rows in ends:
+        torch.testing.assert_close(g_rbf[rows], 1.5 + part_rbf[1, rows], rtol=0, atol=1e-6)
+        torch.testing.assert_close(g_unit[rows], 1.5 + part_unit[1, rows], rtol=0, atol=1e-6)
+    middle = slice(e // 2, e // 2 + 4096)
+    assert bool((g_rbf[middle] == 2.5).all()) and bool((g_unit[middle] == 2.5).all())
