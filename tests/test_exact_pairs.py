@@ -1,8 +1,8 @@
 """Pair vectors made in float64 (``AtomsBatch.positions64``): a float32 batch whose coordinates reach
-``PRECISE_PAIRS_FROM`` Å keeps its float64 positions and cell, and the engine's eager path makes the pair vectors
-from them, rounded once. A periodic box whose atoms sit in far images of the cell is the same physical system as
-the wrapped box, so both must give the same energies, forces and stress; from float32 coordinates of ~400 Å they
-did not (1.6e-3 eV/Å against 2e-5)."""
+``PRECISE_PAIRS_FROM`` Å keeps its float64 positions and cell, and the engine (eager and padded paths) makes the
+pair vectors from them, rounded once. A periodic box whose atoms sit in far images of the cell is the same
+physical system as the wrapped box, so both must give the same energies, forces and stress; from float32
+coordinates of ~400 Å they did not (1.6e-3 eV/Å against 2e-5)."""
 
 import dataclasses
 import os
@@ -183,35 +183,95 @@ def test_md_through_the_calculator_keeps_float64_positions(student):
     assert force_error(forces, ref) < 2 * FORCE_BOUND  # both in float32
 
 
-def test_a_float64_engine_takes_the_float64_positions(student):
+@pytest.mark.parametrize("kw", [{}, {"pad": True}, {"pad": True, "neighbor_skin": 0.5}])
+def test_a_float64_engine_takes_the_float64_positions(student, kw):
     """An fp64 engine given a float32 batch with float64 positions computes from them (the cast folds them
-    in), not from the rounded ones."""
+    in), not from the rounded ones: eager, padded, and the padded Verlet path over two steps."""
     far = far_images(water_box(seed=9), seed=9)
-    b32 = AtomsBatch.from_atoms(far, dtype=torch.float32)
-    out = ForceEngine(student, device="cpu", precision="fp64").compute(b32)
-    ref = ForceEngine(student, device="cpu", precision="fp64").compute(AtomsBatch.from_atoms(far))
-    np.testing.assert_allclose(out["forces"].numpy(), ref["forces"].numpy(), rtol=0, atol=1e-9)
+    engine = ForceEngine(student, device="cpu", precision="fp64", **kw)
+    ref_engine = ForceEngine(student, device="cpu", precision="fp64")
+    for _ in range(2):
+        far.positions += 0.01
+        out = engine.compute(AtomsBatch.from_atoms(far, dtype=torch.float32))
+        ref = ref_engine.compute(AtomsBatch.from_atoms(far))
+        np.testing.assert_allclose(out["forces"].numpy(), ref["forces"].numpy(), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("skin", [None, 0.5])
+def test_padded_paths_write_the_float64_pair_vectors(student, skin):
+    """The padded paths (static buckets; captured on CUDA): a fresh list per call, and the Verlet path, whose
+    static shift vectors get the step's float64 pair vectors every step (energy + forces and the stress step). A
+    trajectory that moves out past the threshold refills its bucket with them; one that comes back refills it
+    with plain positions."""
+    box = water_box(seed=12)
+    far = far_images(box, seed=12)
+    engine = ForceEngine(student, device="cpu", precision="fp32", pad=True, neighbor_skin=skin)
+    ref_engine = ForceEngine(student, device="cpu", precision="fp64")
+    rng = np.random.default_rng(13)
+    for _ in range(3):
+        step = rng.normal(0, 0.02, box.positions.shape)
+        box.positions += step
+        far.positions += step
+        for stress in (False, True):
+            engine.last_bucket = None
+            out = engine.compute(AtomsBatch.from_atoms(far, dtype=torch.float32), stress=stress)
+            assert engine.last_bucket is not None  # the padded path ran
+            ref = ref_engine.compute(AtomsBatch.from_atoms(box), stress=stress)
+            assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
+            if stress:
+                np.testing.assert_allclose(out["stress"].numpy(), ref["stress"].numpy(), rtol=0, atol=2e-7)
+    if skin is None:
+        return
+    assert engine.verlet.n_builds == 1 and engine._verlet_fill.exact
+
+    # The same positions (no rebuild) on the other side of the threshold: the bucket is filled again with plain
+    # positions, then again with float64 pair vectors.
+    ref = ref_engine.compute(AtomsBatch.from_atoms(box))
+    for threshold, exact in ((float("inf"), False), (PRECISE_PAIRS_FROM, True)):
+        batch_module.PRECISE_PAIRS_FROM = threshold
+        try:
+            batch = AtomsBatch.from_atoms(far, dtype=torch.float32)
+        finally:
+            batch_module.PRECISE_PAIRS_FROM = PRECISE_PAIRS_FROM
+        out = engine.compute(batch)
+        assert engine._verlet_fill.exact == exact and engine.verlet.n_builds == 1
+        assert force_error(out["forces"], ref["forces"]) < (FORCE_BOUND if exact else 10 * FLOAT32_TOLERANCE)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["eager", "auto"])
 def test_far_images_on_cuda(student, mode):
-    """On CUDA (the Triton kernels), eager and mode "auto" (whose padded paths hand such a batch to the eager
-    path): the far-image box in float32 against the wrapped box in float64."""
+    """On CUDA (the Triton kernels), eager and mode "auto" (its padded paths, captured after their first calls):
+    the far-image box in float32 against the wrapped box in float64."""
     box = water_box(seed=10)
     far = far_images(box, seed=10)
     ref = predict_forces(student, [box], device="cpu", precision="fp64", stress=True)[0]
     engine = ForceEngine(student, device="cuda", precision="fp32", mode=mode)
-    for _ in range(2):
+    for _ in range(3):
         out = engine.compute(AtomsBatch.from_atoms(far, dtype=torch.float32), stress=True, to_host=True)
         assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
         np.testing.assert_allclose(out["stress"].numpy()[0], ref["stress"], rtol=0, atol=2e-7)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kw", [{"mode": "eager"}, {"mode": "auto"}, {"mode": "auto", "neighbor_skin": 0.5}])
+def test_a_float64_engine_on_cuda_takes_the_float64_positions(student, kw):
+    """A float64 engine on CUDA given a float32 host batch with float64 positions: eager, padded (moved to the
+    device with its cached topology) and padded Verlet results equal those of the float64 batch."""
+    far = far_images(water_box(seed=14), seed=14)
+    engine = ForceEngine(student, device="cuda", precision="fp64", **kw)
+    ref_engine = ForceEngine(student, device="cpu", precision="fp64")
+    for _ in range(3):
+        far.positions += 0.01
+        out = engine.compute(AtomsBatch.from_atoms(far, dtype=torch.float32), to_host=True)
+        ref = ref_engine.compute(AtomsBatch.from_atoms(far))
+        np.testing.assert_allclose(out["forces"].numpy(), ref["forces"].numpy(), rtol=0, atol=1e-9)
+
+
+@pytest.mark.gpu
 def test_md_through_the_calculator_on_cuda(student):
-    """StudentCalculator on CUDA (its MD steps take the Verlet list; such a batch the eager path): a few steps of
-    the far-image box, each against the wrapped box in float64 on the CPU."""
+    """StudentCalculator on CUDA (its MD steps take the padded Verlet path, captured): a few steps of the
+    far-image box, each against the wrapped box in float64 on the CPU."""
     far = far_images(water_box(seed=11), seed=11)
     far.calc = StudentCalculator(student, device="cuda", precision="fp32")
     far.set_velocities(np.random.default_rng(12).normal(0, 0.05, far.positions.shape))

@@ -183,18 +183,9 @@ class AtomsBatch:
         a neighbour list's ``edge_index`` and integer ``shifts`` (see ``positions64``)."""
         if self.positions64 is None:
             raise ValueError("pair_vectors64 needs a batch with positions64 (AtomsBatch.from_atoms keeps them)")
-        i, j = edge_index
-        pos = self.positions64
-        vec = pos.index_select(0, j) - pos.index_select(0, i)
-        cell = self.cell64.to(pos.device)
-        s = shifts.to(pos.device, torch.float64)
-        if cell.shape[0] == 1:
-            vec += s @ cell[0]
-        else:  # one lattice vector at a time: [E, 3] gathers, not an [E, 3, 3] one
-            structure = self.batch.to(pos.device).index_select(0, i)
-            for k in range(3):
-                vec.addcmul_(s[:, k : k + 1], cell[:, k].index_select(0, structure))
-        return vec
+        dev = self.positions64.device
+        structure = None if self.cell64.shape[0] == 1 else self.batch.to(dev).index_select(0, edge_index[0])
+        return pair_vectors64(self.positions64, self.cell64.to(dev), edge_index, shifts, structure)
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> AtomsBatch:
         """Move to ``device``; ``dtype`` applies to the floating tensors (positions, cell) only. ``positions64``
@@ -236,6 +227,27 @@ class AtomsBatch:
             s = slice(ptr[b], ptr[b + 1])
             out.append(Atoms(numbers=numbers[s], positions=positions[s], cell=cells[b], pbc=pbcs[b]))
         return out
+
+
+def pair_vectors64(
+    positions64: torch.Tensor,
+    cell64: torch.Tensor,
+    edge_index: torch.Tensor,
+    shifts: torch.Tensor,
+    structure: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[E, 3]`` float64 ``positions64[j] - positions64[i] + shifts[e] @ cell64[structure[e]]`` (Å):
+    ``edge_index [2, E]`` (receiver i, sender j), ``shifts [E, 3]`` whole numbers (any dtype that holds them
+    exactly), ``structure [E]`` each pair's structure (None: one structure, ``cell64 [1, 3, 3]``)."""
+    i, j = edge_index
+    vec = positions64.index_select(0, j) - positions64.index_select(0, i)
+    s = shifts.to(positions64.device, torch.float64)
+    if structure is None:
+        vec += s @ cell64[0]
+    else:  # one lattice vector at a time: [E, 3] gathers, not an [E, 3, 3] one
+        for k in range(3):
+            vec.addcmul_(s[:, k : k + 1], cell64[:, k].index_select(0, structure))
+    return vec
 
 
 def _plain_fields(structures: list) -> tuple | None:

@@ -469,10 +469,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
             # whenever the order changes (_verlet_list_order).
             last = self.verlet.last
             sorts = last is not None and self.buckets.select(batch.num_atoms, last.num_edges) is None
-        # Pair vectors made in float64 (AtomsBatch.positions64: coordinates of 100 Å and more in a float32 engine)
-        # are the eager path's: the padded paths' static buffers and captures hold float32 positions.
-        pad = self.pad and (batch.positions64 is None or self.dtype == torch.float64)
-        if pad and forces and stress:
+        if self.pad and forces and stress:
             # Stress (NPT, cell relaxations, periodic batches): the padded step with the strain derivative. In MD
             # the Verlet list is kept across small cell changes (strain-aware test), else a fresh list per call.
             if self.verlet is not None and not sorts:
@@ -481,7 +478,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
                 out = self._compute_padded(batch, to_host, stress=True)
             if out is not None:
                 return {k: v.numpy() for k, v in out.items()} if as_numpy else out
-        elif pad and forces:
+        elif self.pad and forces:
             if self.verlet is not None:
                 out = None if sorts else self._compute_padded_verlet(batch, to_host, as_numpy)
             else:

@@ -14,7 +14,7 @@ import torch
 
 from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
-from mlff_distiller.engine_padded import edge_virial, stress_from_strain_gradient
+from mlff_distiller.engine_padded import edge_virial, exact_pairs, stress_from_strain_gradient
 from mlff_distiller.model import analytic as analytic_path
 from mlff_distiller.neighbors import NeighborList, neighbor_list
 from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs
@@ -114,7 +114,7 @@ class EagerPaths:
         with torch.no_grad():
             nl = given_nl if given_nl is not None else self._neighbors(batch)
             if batch.positions64 is not None:
-                batch, nl = _exact_pairs(batch, nl)
+                batch, nl = exact_pairs(batch, nl)
         need_grad = forces or stress
         if self.device.type == "cuda" and self._eager_dry_run_due(need_grad, stress, batch.num_atoms, nl.num_edges):
             kernels.precompile(self._eager_step, batch, nl, need_grad, stress, device=self.device)
@@ -258,18 +258,6 @@ def _permuted(batch: AtomsBatch, perm: torch.Tensor) -> AtomsBatch:
     return dataclasses.replace(
         batch, numbers=batch.numbers[perm], positions=batch.positions[perm], batch=batch.batch[perm], **exact
     )
-
-
-def _exact_pairs(batch: AtomsBatch, nl: NeighborList) -> tuple[AtomsBatch, NeighborList]:
-    """A batch with float64 positions beside its own (``AtomsBatch.positions64``) and its list as the model
-    takes them: the pair vectors made in float64 and rounded once to the batch's dtype, given as the shift
-    vectors, with zero positions. The model and the stress see an edge's geometry only through
-    ``pos[j] - pos[i] + shift``, and its gradient over the positions does not depend on their values, so
-    forces and stress come out as before, from pair vectors good to their own rounding instead of the
-    coordinates' (float32 at 430 Å: 1.5e-5 Å)."""
-    vec = batch.pair_vectors64(nl.edge_index, nl.shifts).to(batch.dtype)
-    zero = torch.zeros_like(batch.positions)
-    return dataclasses.replace(batch, positions=zero), dataclasses.replace(nl, shift_vectors=vec)
 
 
 def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:

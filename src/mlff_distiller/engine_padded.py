@@ -10,6 +10,7 @@ output buffers, the Verlet fill) and the engine's list and topology helpers.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import warnings
@@ -19,10 +20,11 @@ import numpy as np
 import torch
 
 from mlff_distiller import kernels
-from mlff_distiller.batch import AtomsBatch
+from mlff_distiller.batch import AtomsBatch, pair_vectors64
 from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, Bucket, PaddedGraph, fill_padded, fill_padded_host
 from mlff_distiller.cudagraph import GraphRunner, is_capture_failure
 from mlff_distiller.kernels import _compile_ahead
+from mlff_distiller.neighbors import NeighborList
 from mlff_distiller.precision import _matmul_precision
 
 __all__ = ["COMPACT_MIN_EDGES", "VERLET_EDGE_HEADROOM", "PaddedPaths"]
@@ -46,6 +48,7 @@ class _VerletFill(NamedTuple):
     shifts: torch.Tensor  # [E, 3] integer shifts (engine dtype) on the device, for later cells' shift vectors
     structure: torch.Tensor | None  # [E] each pair's structure (None: one structure)
     cell: torch.Tensor  # [B, 3, 3] the cell on the device
+    exact: bool = False  # float64 pair vectors (AtomsBatch.positions64): written as shift vectors every step
 
 
 class PaddedPaths:
@@ -136,9 +139,13 @@ class PaddedPaths:
             self._topology = (tuple(t.clone() for t in key), dev)
             self._topology_token += 1
         dev = self._topology[1]
-        positions = batch.positions.to(self.device, self.dtype)
+        positions, exact = batch.positions.to(self.device, self.dtype), {}
+        if batch.positions64 is not None and self.dtype == torch.float64:  # a float64 engine takes them as its own
+            positions = batch.positions64.to(self.device)
+        elif batch.positions64 is not None:
+            exact = {"positions64": batch.positions64.to(self.device), "cell64": batch.cell64.to(self.device)}
         return AtomsBatch(
-            numbers=dev.numbers, positions=positions, cell=dev.cell, pbc=dev.pbc, batch=dev.batch, ptr=dev.ptr
+            numbers=dev.numbers, positions=positions, cell=dev.cell, pbc=dev.pbc, batch=dev.batch, ptr=dev.ptr, **exact
         ), same
 
     def _graph(self, bucket: Bucket) -> PaddedGraph:
@@ -291,7 +298,7 @@ class PaddedPaths:
             bucket = self.buckets.select(batch.num_atoms, host_nl.num_edges)
             if bucket is None:
                 return None  # beyond the largest bucket: eager fallback
-            if bucket.edges <= HOST_FILL_MAX_EDGES:
+            if bucket.edges <= HOST_FILL_MAX_EDGES and batch.positions64 is None:
                 # Small molecular graphs: the whole padded content is made on the host and sent in two transfers
                 # (fill_padded_host), instead of the device topology, the list's copies and ~30 device operations.
                 graph = self._graph(bucket)
@@ -324,6 +331,9 @@ class PaddedPaths:
             return None  # beyond the largest bucket: eager fallback
         graph = self._graph(bucket)
         same = same and self._graph_tokens.get(bucket) == self._topology_token
+        if dev.positions64 is not None:  # float64 pair vectors as the shift vectors, zero positions
+            with torch.no_grad():
+                dev, nl = exact_pairs(dev, nl)
         fill_padded(
             graph,
             dev.numbers,
@@ -396,7 +406,10 @@ class PaddedPaths:
         """
         self._verlet_list_order(False)  # the caller's order (a list built sorted by the eager path is dropped)
         v = self.verlet
+        exact = batch.positions64 is not None and self.dtype != torch.float64
         fill = self._verlet_fill
+        if fill is not None and fill.exact != exact:  # the batch crossed PRECISE_PAIRS_FROM: fill the bucket again
+            fill = self._verlet_fill = None
         packed = None
         prev, cell = self._spec_cell, batch.cell
         same_cell = cell is prev
@@ -420,7 +433,7 @@ class PaddedPaths:
                 # the displacement test below runs while the device computes; if the test asks for a rebuild (or
                 # the batch is another system), this result is discarded and the rebuilt step follows it in stream
                 # order. The launch reads only in-range atoms (same atom count), so a stale list is harmless.
-                self._write_positions(fill, batch.positions, to_host)
+                self._write_step(fill, batch, to_host)
                 packed = self._run(fill.bucket, fill.graph, stress)
                 self.n_speculated += 1
                 self._overlap()  # the caller's host work, while the device computes
@@ -448,6 +461,9 @@ class PaddedPaths:
             graph = self._graph(bucket)
             dev = batch.to(self.device, self.dtype)
             nl = v.last  # with the current cell's shift vectors (made now if a cell is pending)
+            if exact:  # float64 pair vectors as the shift vectors, zero positions (rewritten every step)
+                with torch.no_grad():
+                    dev, nl = exact_pairs(dev, nl)
             fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
             self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
             shifts, structure = v.shift_basis()
@@ -462,6 +478,7 @@ class PaddedPaths:
                 shifts=shifts.to(self.device, self.dtype),
                 structure=structure.to(self.device) if b > 1 else None,
                 cell=torch.empty((b, 3, 3), dtype=self.dtype, device=self.device),
+                exact=exact,
             )
         else:
             bucket, graph = fill.bucket, fill.graph
@@ -469,7 +486,7 @@ class PaddedPaths:
                 self._write_shift_vectors(fill, batch.cell, graph.shift_vectors[:e])
                 self._verlet_fill = fill = fill._replace(cell_updates=v.cell_updates)
             if packed is None:
-                self._write_positions(fill, batch.positions, to_host)
+                self._write_step(fill, batch, to_host)
         if stress:
             out = self._run_padded(bucket, graph, n, b, to_host, packed=packed, stress=True)
             return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
@@ -485,6 +502,21 @@ class PaddedPaths:
         fill.cell.copy_(cell, non_blocking=True)
         rows = fill.cell[0].unsqueeze(0) if fill.structure is None else fill.cell.index_select(0, fill.structure)
         torch.sum(fill.shifts.unsqueeze(2) * rows, dim=1, out=out)
+
+    def _write_step(self, fill: _VerletFill, batch: AtomsBatch, to_host: bool) -> None:
+        """A step's geometry into the Verlet path's bucket: the positions, or with float64 pair vectors
+        (``fill.exact``) those vectors as the static shift vectors (the static positions stay zero)."""
+        if not fill.exact:  # (a float64 engine given float64 positions beside float32 ones takes those)
+            wide = batch.positions64 is not None and self.dtype == torch.float64
+            self._write_positions(fill, batch.positions64 if wide else batch.positions, to_host)
+            return
+        graph = fill.graph
+        e = graph.n_edges
+        dev = self.device
+        vec = pair_vectors64(
+            batch.positions64.to(dev), batch.cell64.to(dev), graph.edge_index[:, :e], fill.shifts, fill.structure
+        )
+        graph.shift_vectors[:e].copy_(vec)
 
     def _write_positions(self, fill: _VerletFill, positions: torch.Tensor, to_host: bool) -> None:
         """Copy the caller's positions into the static positions of the Verlet path's bucket (``fill``)."""
@@ -580,6 +612,19 @@ class _EagerRunner:
 
     def replay(self) -> torch.Tensor:
         return self.step(*self.graph.inputs())
+
+
+def exact_pairs(batch: AtomsBatch, nl: NeighborList) -> tuple[AtomsBatch, NeighborList]:
+    """A batch with float64 positions beside its own (``AtomsBatch.positions64``) and its list as the model
+    takes them: the pair vectors made in float64 and rounded once to the batch's dtype, given as the shift
+    vectors, with zero positions. The model and the stress see an edge's geometry only through
+    ``pos[j] - pos[i] + shift``, and its gradient over the positions does not depend on their values, so
+    forces and stress come out as before, from pair vectors good to their own rounding instead of the
+    coordinates' (float32 at 430 Å: 1.5e-5 Å). The eager path and the padded paths' fills take it; the padded
+    Verlet path writes the same vectors into its static shift vectors every step (``_write_pair_vectors``)."""
+    vec = batch.pair_vectors64(nl.edge_index, nl.shifts).to(batch.dtype)
+    zero = torch.zeros_like(batch.positions)
+    return dataclasses.replace(batch, positions=zero), dataclasses.replace(nl, shift_vectors=vec)
 
 
 def edge_virial(
