@@ -251,6 +251,8 @@ def test_far_images_on_cuda(student, mode):
         out = engine.compute(AtomsBatch.from_atoms(far, dtype=torch.float32), stress=True, to_host=True)
         assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
         np.testing.assert_allclose(out["stress"].numpy()[0], ref["stress"], rtol=0, atol=2e-7)
+    if mode == "auto":  # the padded stress step ran, and was captured
+        assert engine.last_bucket is not None and engine._stress_runners
 
 
 @pytest.mark.gpu
@@ -284,3 +286,5 @@ def test_md_through_the_calculator_on_cuda(student):
         wrapped.wrap()
         wrapped.calc = ref_calc
         assert force_error(far.get_forces(), wrapped.get_forces()) < FORCE_BOUND
+    engine = far.calc.engine
+    assert engine._verlet_fill is not None and engine._verlet_fill.exact and engine.captured_buckets()
