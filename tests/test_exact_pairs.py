@@ -287,4 +287,4 @@ def test_md_through_the_calculator_on_cuda(student):
         wrapped.calc = ref_calc
         assert force_error(far.get_forces(), wrapped.get_forces()) < FORCE_BOUND
     engine = far.calc.engine
-    assert engine._verlet_fill is not None and engine._verlet_fill.exact and engine.captured_buckets()
+    assert engine._verlet_fill is not None and engine._verlet_fill.exact and engine.captured_buckets
