@@ -142,7 +142,8 @@ class AtomsBatch:
             pos_all = pos_all - np.repeat(origin, counts, axis=0)
             origin = torch.from_numpy(origin)
             if pos_all.size and float(np.abs(pos_all).max()) >= PRECISE_PAIRS_FROM:
-                pos64, cell64 = torch.from_numpy(pos_all), torch.from_numpy(cell_all)
+                # (a copy of the cells: a FrameTable's may be views of the caller's arrays)
+                pos64, cell64 = torch.from_numpy(pos_all), torch.from_numpy(cell_all.copy())
         out = cls(
             numbers=torch.from_numpy(z_all),
             positions=torch.from_numpy(pos_all).to(dtype),

@@ -621,7 +621,7 @@ def exact_pairs(batch: AtomsBatch, nl: NeighborList) -> tuple[AtomsBatch, Neighb
     ``pos[j] - pos[i] + shift``, and its gradient over the positions does not depend on their values, so
     forces and stress come out as before, from pair vectors good to their own rounding instead of the
     coordinates' (float32 at 430 Å: 1.5e-5 Å). The eager path and the padded paths' fills take it; the padded
-    Verlet path writes the same vectors into its static shift vectors every step (``_write_pair_vectors``)."""
+    Verlet path writes the same vectors into its static shift vectors every step (``_write_step``)."""
     vec = batch.pair_vectors64(nl.edge_index, nl.shifts).to(batch.dtype)
     zero = torch.zeros_like(batch.positions)
     return dataclasses.replace(batch, positions=zero), dataclasses.replace(nl, shift_vectors=vec)
