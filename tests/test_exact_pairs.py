@@ -288,3 +288,28 @@ def test_md_through_the_calculator_on_cuda(student):
         assert force_error(far.get_forces(), wrapped.get_forces()) < FORCE_BOUND
     engine = far.calc.engine
     assert engine._verlet_fill is not None and engine._verlet_fill.exact and engine.captured_buckets
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_batched_md_in_float32_makes_float64_pair_vectors_far_from_the_origin(student, device):
+    """BatchedMD keeps its state in float64 in the caller's frame: a float32 engine took its float32 rounding, so
+    a molecule 10,000 Å from the origin had forces 0.016 eV/Å off (1,000 Å: 3.3e-3). With coordinates of
+    PRECISE_PAIRS_FROM and more the engine makes the pair vectors from the float64 state itself, step after step;
+    a molecule near the origin keeps the float32 path."""
+    from mlff_distiller import BatchedMD
+
+    ethanol = molecule("CH3CH2OH")
+    ethanol.rattle(0.05, seed=15)
+    far = ethanol.copy()
+    far.positions += 10_000.0
+    box = far_images(water_box(seed=16), seed=16)
+    md = BatchedMD(student, [far, box, ethanol], device=device, precision="fp32", ensemble="nve", seed=17)
+    assert md._batch.positions64 is md._batch.positions  # the live state
+    near = BatchedMD(student, [ethanol], device=device, precision="fp32", ensemble="nve", seed=17)
+    assert near._batch.positions64 is None
+    for _ in range(2):
+        md.run(2)
+        frames = md.get_atoms()
+        refs = predict_forces(student, frames, device="cpu", precision="fp64")
+        for frame, ref in zip(frames, refs, strict=True):
+            assert force_error(frame.get_forces(), ref["forces"]) < FORCE_BOUND

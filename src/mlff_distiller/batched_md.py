@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mlff_distiller import batch as batch_module
 from mlff_distiller import domain as _domain
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError, recompute_before_retry
@@ -195,6 +196,14 @@ class BatchedMD:
         # only).
         self._batch = AtomsBatch.from_atoms(structures, device=dev, dtype=torch.float64)
         self.engine._check_species(self._batch.numbers)  # an unknown element: a ValueError now, not at the first step
+        if (
+            self.engine.dtype != torch.float64
+            and float(self._batch.positions.abs().max()) >= batch_module.PRECISE_PAIRS_FROM
+        ):
+            # Coordinates of 100 Å and more (a large box, or a molecule far from the origin: the state is in the
+            # caller's frame) for a float32 engine: it makes the pair vectors from the float64 state (the same
+            # tensors, AtomsBatch.positions64), not from its float32 rounding (0.016 eV/Å off at 10,000 Å).
+            self._batch.positions64, self._batch.cell64 = self._batch.positions, self._batch.cell
         b, n = self._batch.num_structures, self._batch.num_atoms
         counts = (self._batch.ptr[1:] - self._batch.ptr[:-1]).cpu().numpy()
         self._counts = counts
