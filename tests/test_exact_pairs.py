@@ -313,3 +313,23 @@ def test_batched_md_in_float32_makes_float64_pair_vectors_far_from_the_origin(st
         refs = predict_forces(student, frames, device="cpu", precision="fp64")
         for frame, ref in zip(frames, refs, strict=True):
             assert force_error(frame.get_forces(), ref["forces"]) < FORCE_BOUND
+
+
+@pytest.mark.parametrize("kw", [{}, {"pad": True}, {"pad": True, "neighbor_skin": 0.5}])
+def test_a_float64_host_batch_for_a_float32_engine(student, kw):
+    """``ForceEngine.compute(AtomsBatch.from_atoms(atoms))`` (float64 by default, positions in the caller's frame)
+    on a float32 engine: a molecule 10,000 Å from the origin and a far-image box get float64 pair vectors from the
+    batch's own positions (0.016 eV/Å off before, for the molecule); a molecule near the origin keeps its path."""
+    ethanol = molecule("CH3CH2OH")
+    ethanol.rattle(0.05, seed=18)
+    far = ethanol.copy()
+    far.positions += 10_000.0
+    box = far_images(water_box(seed=19), seed=19)
+    engine = ForceEngine(student, device="cpu", precision="fp32", **kw)
+    for atoms in (far, box, ethanol):
+        batch = AtomsBatch.from_atoms(atoms)  # float64
+        kept = engine._exact_host_batch(batch).positions64
+        assert kept is None if atoms is ethanol else torch.equal(kept, batch.positions)
+        out = engine.compute(batch)
+        ref = predict_forces(student, [atoms], device="cpu", precision="fp64")[0]
+        assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND

@@ -42,6 +42,7 @@ deviation from fp64 (the tests enforce it; the benchmark writes the measured err
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import time
 import warnings
@@ -50,6 +51,7 @@ from pathlib import Path
 
 import torch
 
+from mlff_distiller import batch as batch_module
 from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.buckets import (
@@ -458,6 +460,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
     def _compute(self, batch: AtomsBatch, forces: bool, stress: bool, to_host: bool, as_numpy: bool) -> dict:
         to_host = to_host or as_numpy
         self._check_species(batch.numbers)
+        batch = self._exact_host_batch(batch)
         # A system the eager path sorts spatially runs there (a Verlet list must see one atom order at a time)...
         sorts = self.spatial_sort_min_atoms is not None and batch.num_atoms >= self.spatial_sort_min_atoms
         if sorts and self.pad and forces and self.verlet is not None:
@@ -491,6 +494,24 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         if as_numpy:
             return {k: v.detach().cpu().numpy() for k, v in out.items()}
         return {k: v.cpu() for k, v in out.items()} if to_host else out
+
+    def _exact_host_batch(self, batch: AtomsBatch) -> AtomsBatch:
+        """A float64 host batch for an engine of lower precision whose coordinates reach ``PRECISE_PAIRS_FROM``:
+        its own positions and cell as ``positions64``, ``cell64``, so that the pair vectors are made from them in
+        float64 (``AtomsBatch.from_atoms`` in float32 does the same from its origin). Without it the engine took
+        their float32 rounding in the caller's frame: a molecule 10,000 Å from the origin 0.016 eV/Å off. Host
+        batches only: on the device the test would wait for it (``BatchedMD`` decides once, at its start)."""
+        if (
+            batch.positions64 is not None
+            or batch.dtype != torch.float64
+            or self.dtype == torch.float64
+            or batch.device.type != "cpu"
+            or batch.num_atoms == 0
+        ):
+            return batch
+        if float(batch.positions.detach().abs().max()) < batch_module.PRECISE_PAIRS_FROM:
+            return batch
+        return dataclasses.replace(batch, positions64=batch.positions.detach(), cell64=batch.cell.detach())
 
     def _check_species(self, numbers: torch.Tensor) -> None:
         """``model.check_species``, skipped when the numbers equal the last ones checked (MD: every step); the
