@@ -333,3 +333,17 @@ def test_a_float64_host_batch_for_a_float32_engine(student, kw):
         out = engine.compute(batch)
         ref = predict_forces(student, [atoms], device="cpu", precision="fp64")[0]
         assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
+
+
+def test_the_calculator_follows_a_changed_threshold(student, monkeypatch):
+    """PRECISE_PAIRS_FROM set by the caller holds for the calculator's MD steps as for ``from_atoms``: coordinates
+    between 100 Å and a raised threshold take the fast step (no float64 positions), not the full way every step."""
+    monkeypatch.setattr(batch_module, "PRECISE_PAIRS_FROM", 1e6)
+    box = far_images(water_box(seed=20), seed=20)
+    box.calc = StudentCalculator(student, device="cpu", precision="fp32")
+    box.get_forces()
+    first = box.calc._last_batch
+    box.positions = box.positions + 0.01
+    box.get_forces()
+    moved = box.calc._last_batch
+    assert moved.positions64 is None and moved.numbers is first.numbers  # the previous batch, new positions

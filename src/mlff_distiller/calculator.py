@@ -14,8 +14,9 @@ import numpy as np
 import torch
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
+from mlff_distiller import batch as batch_module
 from mlff_distiller import domain as _domain
-from mlff_distiller.batch import MIN_VOLUME, PRECISE_PAIRS_FROM, AtomsBatch
+from mlff_distiller.batch import MIN_VOLUME, AtomsBatch
 from mlff_distiller.batching import NonFiniteOutputError, all_finite, nonfinite_message, recompute_before_retry
 from mlff_distiller.checkpoint import load_model
 from mlff_distiller.domain import DomainEnvelope, OutOfDomainWarning
@@ -223,10 +224,10 @@ class StudentCalculator(Calculator):
             # From the first batch's origin (AtomsBatch.origin): subtracted in float64, rounded once by NumPy's
             # cast into a tensor on the same memory (~3.5 instead of ~10 µs for torch's .to(float32)). One
             # reduction checks both that every entry is finite (a NaN or inf propagates) and that the coordinates
-            # stay below PRECISE_PAIRS_FROM.
+            # stay below PRECISE_PAIRS_FROM (read where from_atoms reads it: a caller's setting holds for both).
             out = np.empty(pos.shape, dtype=np_dtype)
             np.subtract(pos, last.origin.numpy(), out=out, casting="unsafe")
-            if not float(np.abs(out).max()) < PRECISE_PAIRS_FROM:
+            if not float(np.abs(out).max()) < batch_module.PRECISE_PAIRS_FROM:
                 return None
             batch.positions = torch.from_numpy(out)
         else:
