@@ -315,6 +315,106 @@ def test_batched_md_in_float32_makes_float64_pair_vectors_far_from_the_origin(st
             assert force_error(frame.get_forces(), ref["forces"]) < FORCE_BOUND
 
 
+def drifting_molecule(threshold: float, speed: float = 0.4) -> Atoms:
+    """Ethanol just below ``threshold`` Å (its largest coordinate 0.5 Å under it), moving at ``speed`` Å/fs along
+    (1, 1, 1): it crosses the threshold after ~1.25 fs."""
+    ethanol = molecule("CH3CH2OH")
+    ethanol.rattle(0.05, seed=21)
+    ethanol.positions += threshold - 0.5 - ethanol.positions.max()
+    velocity = np.full((len(ethanol), 3), speed / units.fs)
+    ethanol.set_momenta(ethanol.get_masses()[:, None] * velocity)
+    return ethanol
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("observed", [False, True])
+def test_batched_md_takes_float64_pair_vectors_once_a_replica_drifts_past_the_threshold(
+    student, device, observed, monkeypatch
+):
+    """A replica that starts below PRECISE_PAIRS_FROM and drifts past it (molecules without fix_com, unwrapped
+    periodic atoms) gets float64 pair vectors from the next check on: every PRECISE_CHECK_EVERY steps, or at an
+    observation of run(). The threshold is raised to 10,000 Å here, where float32 pair vectors miss by ~1e-3 of
+    the largest force, so the check can fail; a replica near the origin keeps the float32 path."""
+    from mlff_distiller import BatchedMD
+    from mlff_distiller import batched_md as batched_md_module
+
+    threshold = 10_000.0
+    monkeypatch.setattr(batch_module, "PRECISE_PAIRS_FROM", threshold)
+    monkeypatch.setattr(batched_md_module, "PRECISE_CHECK_EVERY", 10**9 if observed else 4)
+    ethanol = molecule("CH3CH2OH")
+    ethanol.rattle(0.05, seed=22)
+    kw = dict(device=device, precision="fp32", ensemble="nve", velocities="input", timestep_fs=0.5, fix_com=False)
+    ethanol.set_momenta(np.zeros((len(ethanol), 3)))
+    md = BatchedMD(student, [drifting_molecule(threshold), ethanol], **kw)
+    assert md._batch.positions64 is None
+    seen = []
+    if observed:
+        md.run(3, observer=lambda m: seen.append(m._batch.positions64 is not None), interval=1)
+        assert seen == [False, False, False, True]  # (before the first step, then after each)
+    else:
+        md.run(3)
+        assert md._batch.positions64 is None  # past the threshold since step 3, not checked yet
+        md.run(1)
+    assert float(md._batch.positions.abs().max()) > threshold
+    assert md._batch.positions64 is md._batch.positions and md._batch.cell64 is md._batch.cell
+    md.run(1)  # forces from the float64 pair vectors
+    frames = md.get_atoms()
+    refs = predict_forces(student, frames, device="cpu", precision="fp64")
+    for frame, ref in zip(frames, refs, strict=True):
+        assert force_error(frame.get_forces(), ref["forces"]) < FORCE_BOUND
+
+
+@pytest.mark.gpu
+def test_a_drifting_batched_md_misses_without_the_check_on_cuda(student, monkeypatch):
+    """The control of the test above on CUDA: with no check after the start, the replica past 10,000 Å keeps
+    float32 pair vectors, whose forces miss the float64 ones by more than FORCE_BOUND (so that test can fail there).
+    On the CPU the engine itself gives a float64 host batch float64 pair vectors (ForceEngine._exact_host_batch),
+    so there the test above holds without BatchedMD's check, which its assertion on positions64 covers."""
+    from mlff_distiller import BatchedMD
+    from mlff_distiller import batched_md as batched_md_module
+
+    monkeypatch.setattr(batch_module, "PRECISE_PAIRS_FROM", 10_000.0)
+    monkeypatch.setattr(batched_md_module, "PRECISE_CHECK_EVERY", 10**9)
+    kw = dict(device="cuda", precision="fp32", ensemble="nve", velocities="input", timestep_fs=0.5, fix_com=False)
+    md = BatchedMD(student, [drifting_molecule(10_000.0)], **kw)
+    md.run(5)
+    assert md._batch.positions64 is None
+    frame = md.get_atoms()[0]
+    ref = predict_forces(student, [frame], device="cpu", precision="fp64")[0]
+    assert force_error(frame.get_forces(), ref["forces"]) > 10 * FORCE_BOUND
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_relax_batch_in_float32_makes_float64_pair_vectors_far_from_the_origin(student, device, monkeypatch):
+    """relax_batch's positions are float64 in the caller's frame, on the device: a float32 engine took their
+    float32 rounding there (ForceEngine makes float64 pair vectors for host batches only). A batch with coordinates
+    of PRECISE_PAIRS_FROM and more now gets them from FIRE's float64 positions; a molecule near the origin keeps
+    the float32 path. The forces reported at the end are checked against float64 at the same positions."""
+    from mlff_distiller import batched_relax, relax_batch
+
+    seen = []
+    real = batched_relax._exact_pairs_if_far
+
+    def spy(batch, engine):
+        real(batch, engine)
+        seen.append(batch.positions64 is batch.positions and batch.cell64 is batch.cell)
+
+    monkeypatch.setattr(batched_relax, "_exact_pairs_if_far", spy)
+    ethanol = molecule("CH3CH2OH")
+    ethanol.rattle(0.1, seed=23)
+    far = ethanol.copy()
+    far.positions += 10_000.0
+    kw = dict(fmax=1e-3, steps=6, precision="fp32", device=device)
+    relaxed = relax_batch(student, [far, ethanol], **kw)
+    assert seen == [True]
+    refs = predict_forces(student, relaxed, device="cpu", precision="fp64")
+    for atoms, ref in zip(relaxed, refs, strict=True):
+        assert force_error(atoms.get_forces(), ref["forces"]) < FORCE_BOUND
+    seen.clear()
+    relax_batch(student, [ethanol], **kw)
+    assert seen == [False]
+
+
 @pytest.mark.parametrize("kw", [{}, {"pad": True}, {"pad": True, "neighbor_skin": 0.5}])
 def test_a_float64_host_batch_for_a_float32_engine(student, kw):
     """``ForceEngine.compute(AtomsBatch.from_atoms(atoms))`` (float64 by default, positions in the caller's frame)

@@ -62,6 +62,14 @@ ENSEMBLES = ("langevin", "nve")
 # probe_large_capture.md).
 MD_MAX_EDGES = 2**21
 
+# How often (in steps) a float32 or lower-precision BatchedMD looks again whether its coordinates reach
+# batch.PRECISE_PAIRS_FROM (one device sync; also at every observation of run()). Periodic replicas are not wrapped
+# and molecules without fix_com drift, so a run that started below the threshold may cross it: from then on the
+# engine makes the pair vectors from the float64 state (AtomsBatch.positions64), as for a run that started there.
+# float32's pair-vector error grows with the coordinates (~1e-5 of the largest force at 100-400 Å, 0.016 eV/Å at
+# 10,000 Å), so a check every 100 steps is within what one step of drift adds.
+PRECISE_CHECK_EVERY = 100
+
 
 def batch_engine(
     model: StudentModel, molecular: bool, *, device, precision: str, mode: str, skin: float, fixed_shape: bool = False
@@ -196,14 +204,7 @@ class BatchedMD:
         # only).
         self._batch = AtomsBatch.from_atoms(structures, device=dev, dtype=torch.float64)
         self.engine._check_species(self._batch.numbers)  # an unknown element: a ValueError now, not at the first step
-        if (
-            self.engine.dtype != torch.float64
-            and float(self._batch.positions.abs().max()) >= batch_module.PRECISE_PAIRS_FROM
-        ):
-            # Coordinates of 100 Å and more (a large box, or a molecule far from the origin: the state is in the
-            # caller's frame) for a float32 engine: it makes the pair vectors from the float64 state (the same
-            # tensors, AtomsBatch.positions64), not from its float32 rounding (0.016 eV/Å off at 10,000 Å).
-            self._batch.positions64, self._batch.cell64 = self._batch.positions, self._batch.cell
+        self._exact_pairs_if_far()
         b, n = self._batch.num_structures, self._batch.num_atoms
         counts = (self._batch.ptr[1:] - self._batch.ptr[:-1]).cpu().numpy()
         self._counts = counts
@@ -352,6 +353,18 @@ class BatchedMD:
             self._compute_forces()
             self._set_kick()
             self._track_forces()
+
+    def _exact_pairs_if_far(self) -> None:
+        """Coordinates of ``PRECISE_PAIRS_FROM`` Å and more (a large box, a molecule far from the origin, or a
+        replica that drifted there: the state is in the caller's frame) for an engine below float64: from now on it
+        makes the pair vectors from the float64 state itself (the same tensors, ``AtomsBatch.positions64``), not
+        from its float32 rounding (0.016 eV/Å off at 10,000 Å). Once on, it stays on. At the start, every
+        ``PRECISE_CHECK_EVERY`` steps and at each observation (one device sync)."""
+        b = self._batch
+        if b.positions64 is not None or self.engine.dtype == torch.float64 or b.num_atoms == 0:
+            return
+        if float(b.positions.abs().max()) >= batch_module.PRECISE_PAIRS_FROM:  # (NaN: False; _check_finite names it)
+            b.positions64, b.cell64 = b.positions, b.cell
 
     def _check_domain(self) -> None:
         """Check every replica against the student's training envelope (if it has one) and for a force component
@@ -569,6 +582,8 @@ class BatchedMD:
         after()
         self.nsteps += 1
         self.time_fs += self.timestep_fs
+        if self.nsteps % PRECISE_CHECK_EVERY == 0:
+            self._exact_pairs_if_far()
         if self._domain_every and self.nsteps % self._domain_every == 0:
             self._check_domain()
 
@@ -586,6 +601,7 @@ class BatchedMD:
             self.step()
             if observer is not None and i % interval == 0:
                 self._check_finite()
+                self._exact_pairs_if_far()
                 observer(self)
         self._check_finite()
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mlff_distiller import batch as batch_module
 from mlff_distiller._fire import _Fire
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batched_md import batch_engine
@@ -268,7 +269,11 @@ def relax_arrays(
     ids = torch.arange(batch.num_structures, device=dev)  # the input index of each structure in the batch
     parked: list[tuple[torch.Tensor, AtomsBatch, _Fire]] = []  # structures set aside by an out-of-memory error
     too_large: list[int] = []  # structures that do not fit in the device's memory alone
+    checked = None  # the batch object last given float64 pair vectors where it needs them
     while True:
+        if batch is not checked:  # a new batch (the first, or regrouped): one device sync, as the regrouping's own
+            _exact_pairs_if_far(batch, engine)
+            checked = batch
         try:
             out = engine.compute(batch) if batch.num_structures else None
         except torch.OutOfMemoryError as err:
@@ -433,6 +438,20 @@ class _Queue:
             batch=(src.batch[a:b] - lo).to(dev),
             ptr=(src.ptr[lo : hi + 1] - a).to(dev),
         )
+
+
+def _exact_pairs_if_far(batch: AtomsBatch, engine) -> None:
+    """A batch with coordinates of ``PRECISE_PAIRS_FROM`` Å and more (a large box, a molecule far from the origin:
+    the positions are in the caller's frame) for an engine below float64: the engine makes its pair vectors from
+    the float64 positions that FIRE moves (the same tensors, ``AtomsBatch.positions64``), not from their float32
+    rounding (a molecule 10,000 Å away: ~0.016 eV/Å off, a third of the default ``fmax``). On the host the engine
+    does this itself (``ForceEngine._exact_host_batch``); on a GPU it would cost a sync every step, so it is decided
+    here once per batch. Relaxations move atoms little: a structure that crosses the threshold during one (its
+    float32 error is that of ~100 Å, ~1e-5 of its largest force) is looked at again when its batch regroups."""
+    if batch.positions64 is not None or engine.dtype == torch.float64 or batch.num_atoms == 0:
+        return
+    if float(batch.positions.abs().max()) >= batch_module.PRECISE_PAIRS_FROM:  # (NaN: False)
+        batch.positions64, batch.cell64 = batch.positions, batch.cell
 
 
 def _concat(first: AtomsBatch, second: AtomsBatch) -> AtomsBatch:
