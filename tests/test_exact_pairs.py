@@ -368,7 +368,7 @@ def test_batched_md_takes_float64_pair_vectors_once_a_replica_drifts_past_the_th
 def test_a_drifting_batched_md_misses_without_the_check_on_cuda(student, monkeypatch):
     """The control of the test above on CUDA: with no check after the start, the replica past 10,000 Å keeps
     float32 pair vectors, whose forces miss the float64 ones by more than FORCE_BOUND (so that test can fail there).
-    On the CPU the engine itself gives a float64 host batch float64 pair vectors (ForceEngine._exact_host_batch),
+    On the CPU the engine itself gives a float64 host batch float64 pair vectors (ForceEngine._exact_float64_batch),
     so there the test above holds without BatchedMD's check, which its assertion on positions64 covers."""
     from mlff_distiller import BatchedMD
     from mlff_distiller import batched_md as batched_md_module
@@ -415,24 +415,33 @@ def test_relax_batch_in_float32_makes_float64_pair_vectors_far_from_the_origin(s
     assert seen == [False]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("kw", [{}, {"pad": True}, {"pad": True, "neighbor_skin": 0.5}])
-def test_a_float64_host_batch_for_a_float32_engine(student, kw):
-    """``ForceEngine.compute(AtomsBatch.from_atoms(atoms))`` (float64 by default, positions in the caller's frame)
-    on a float32 engine: a molecule 10,000 Å from the origin and a far-image box get float64 pair vectors from the
-    batch's own positions (0.016 eV/Å off before, for the molecule); a molecule near the origin keeps its path."""
+def test_a_float64_batch_for_a_float32_engine(student, kw, device):
+    """``ForceEngine.compute(AtomsBatch.from_atoms(atoms, device=...))`` (float64 by default, positions in the
+    caller's frame) on a float32 engine: a molecule 10,000 Å from the origin and a far-image box get float64 pair
+    vectors from the batch's own positions (0.016 eV/Å off before, for the molecule); a molecule near the origin
+    keeps its path. On the host always; on a GPU where the engine builds a fresh list every call (the list build
+    waits for the device anyway), not with a Verlet list, whose callers decide (no sync added to their steps)."""
     ethanol = molecule("CH3CH2OH")
     ethanol.rattle(0.05, seed=18)
     far = ethanol.copy()
     far.positions += 10_000.0
     box = far_images(water_box(seed=19), seed=19)
-    engine = ForceEngine(student, device="cpu", precision="fp32", **kw)
+    engine = ForceEngine(student, device=device, precision="fp32", **kw)
+    kept_by_engine = device == "cpu" or "neighbor_skin" not in kw
     for atoms in (far, box, ethanol):
-        batch = AtomsBatch.from_atoms(atoms)  # float64
-        kept = engine._exact_host_batch(batch).positions64
-        assert kept is None if atoms is ethanol else torch.equal(kept, batch.positions)
+        batch = AtomsBatch.from_atoms(atoms, device=device)  # float64
+        kept = engine._exact_float64_batch(batch).positions64
+        if atoms is ethanol or not kept_by_engine:
+            assert kept is None
+            if atoms is not ethanol:
+                continue  # (the Verlet engine's device batch: float32 pairs, its callers' decision)
+        else:
+            assert torch.equal(kept, batch.positions)
         out = engine.compute(batch)
         ref = predict_forces(student, [atoms], device="cpu", precision="fp64")[0]
-        assert force_error(out["forces"], ref["forces"]) < FORCE_BOUND
+        assert force_error(out["forces"].cpu(), ref["forces"]) < FORCE_BOUND
 
 
 def test_the_calculator_follows_a_changed_threshold(student, monkeypatch):

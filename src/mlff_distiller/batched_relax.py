@@ -445,7 +445,7 @@ def _exact_pairs_if_far(batch: AtomsBatch, engine) -> None:
     the positions are in the caller's frame) for an engine below float64: the engine makes its pair vectors from
     the float64 positions that FIRE moves (the same tensors, ``AtomsBatch.positions64``), not from their float32
     rounding (a molecule 10,000 Å away: ~0.016 eV/Å off, a third of the default ``fmax``). On the host the engine
-    does this itself (``ForceEngine._exact_host_batch``); on a GPU it would cost a sync every step, so it is decided
+    does this itself (``ForceEngine._exact_float64_batch``); on a GPU it would cost a sync every step, so it is decided
     here once per batch. Relaxations move atoms little: a structure that crosses the threshold during one (its
     float32 error is that of ~100 Å, ~1e-5 of its largest force) is looked at again when its batch regroups."""
     if batch.positions64 is not None or engine.dtype == torch.float64 or batch.num_atoms == 0:

@@ -460,7 +460,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
     def _compute(self, batch: AtomsBatch, forces: bool, stress: bool, to_host: bool, as_numpy: bool) -> dict:
         to_host = to_host or as_numpy
         self._check_species(batch.numbers)
-        batch = self._exact_host_batch(batch)
+        batch = self._exact_float64_batch(batch)
         # A system the eager path sorts spatially runs there (a Verlet list must see one atom order at a time)...
         sorts = self.spatial_sort_min_atoms is not None and batch.num_atoms >= self.spatial_sort_min_atoms
         if sorts and self.pad and forces and self.verlet is not None:
@@ -495,17 +495,19 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
             return {k: v.detach().cpu().numpy() for k, v in out.items()}
         return {k: v.cpu() for k, v in out.items()} if to_host else out
 
-    def _exact_host_batch(self, batch: AtomsBatch) -> AtomsBatch:
-        """A float64 host batch for an engine of lower precision whose coordinates reach ``PRECISE_PAIRS_FROM``:
-        its own positions and cell as ``positions64``, ``cell64``, so that the pair vectors are made from them in
-        float64 (``AtomsBatch.from_atoms`` in float32 does the same from its origin). Without it the engine took
-        their float32 rounding in the caller's frame: a molecule 10,000 Å from the origin 0.016 eV/Å off. Host
-        batches only: on the device the test would wait for it (``BatchedMD`` decides once, at its start)."""
+    def _exact_float64_batch(self, batch: AtomsBatch) -> AtomsBatch:
+        """A float64 batch for an engine of lower precision whose coordinates reach ``PRECISE_PAIRS_FROM``: its own
+        positions and cell as ``positions64``, ``cell64``, so that the pair vectors are made from them in float64
+        (``AtomsBatch.from_atoms`` in float32 does the same from its origin). Without it the engine took their
+        float32 rounding in the caller's frame: a molecule 10,000 Å from the origin 0.016 eV/Å off. Host batches,
+        and device batches of an engine that builds a fresh list every call (its list build waits for the device
+        anyway). With a Verlet list (MD, relaxations) a device batch is left as it is: there the test would add a
+        sync to a step that needs none, and the callers decide (``BatchedMD``, ``relax_batch``, the calculator)."""
         if (
             batch.positions64 is not None
             or batch.dtype != torch.float64
             or self.dtype == torch.float64
-            or batch.device.type != "cpu"
+            or (batch.device.type != "cpu" and self.verlet is not None)
             or batch.num_atoms == 0
         ):
             return batch
