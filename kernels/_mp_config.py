@@ -127,6 +127,8 @@ _CONFIG = {
     "reduced_dots": True,
     "block_min_atoms": 1024,
     "seg_split": True,
+    # EXPERIMENT (stop 59): the filter-weight dots as two TF32 MMAs (W taken as exact in TF32), for timing.
+    "w_tf32_exact": False,
     # Whether callers holding a full neighbour list (the engine) promise it to message_passing (``symmetric``,
     # message_passing.symmetric_walk): the sender backward then walks each atom's receiver row for the partners
     # of the edges it sends (SYM in _mp_kernels._sender_tile) instead of the sender-sorted permutation, and the
@@ -315,6 +317,8 @@ def _launch_config_for(
     if blocked:
         c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
         c["SEG_SPLIT"] = bool(_CONFIG["seg_split"]) and c["DOT_PRECISION"] == "tf32x3"
+    if _CONFIG["w_tf32_exact"] and c["DOT_PRECISION"] == "tf32x3" and kernel in ("fwd", "bwd_sender", "bwd_edge"):
+        c["DOT_PRECISION"] = "tf32x2b"
     stages = _CONFIG[f"{kernel}_stages"]
     if cuda and stages is not None:
         c["num_stages"] = int(stages)  # a launch option, passed with the constexprs

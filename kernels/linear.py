@@ -77,6 +77,8 @@ _CONFIG = {
     "large_maxnreg": None,  # register cap per thread of the large-M launches (None: the compiler's choice)
     # tf32x3 with W split once (_frozen.tf32_parts) for launches of at least this many rows; None: Triton's own split.
     "w_split_min_rows": 2049,
+    # EXPERIMENT (stop 59): W taken as exact in TF32: two TF32 MMAs (A split), for timing.
+    "w_exact": False,
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
@@ -334,7 +336,9 @@ def gemm(
     check_launchable(_gemm_kernel, ref)
     w_lo = w  # unread unless the kernel's dot is "tf32x3w"
     split_min = _CONFIG["w_split_min_rows"]
-    if dot == "tf32x3" and w.dtype == torch.float32 and split_min is not None and m >= split_min:
+    if dot == "tf32x3" and w.dtype == torch.float32 and _CONFIG["w_exact"] and ref.is_cuda:
+        dot = "tf32x2w"
+    elif dot == "tf32x3" and w.dtype == torch.float32 and split_min is not None and m >= split_min:
         parts = tf32_parts(w)
         w, w_lo, dot = parts[0], parts[1], "tf32x3w"
     stride_bk, stride_bn = (1, k) if transpose_w else (n, 1)
@@ -489,6 +493,8 @@ if HAS_TRITON:
                 acc += tl.dot(_round_bf16(a), _round_bf16(b), input_precision="ieee")
             elif DOT == "fp16":
                 acc += tl.dot(a.to(tl.float16), b.to(tl.float16))
+            elif DOT == "tf32x2w":  # W exact in TF32: A split here, two TF32 MMAs
+                acc += dot_w(a, b, b, "tf32x2w")
             elif DOT == "tf32x3w":  # B = W_hi, bl = W_lo (made once); A split here: three TF32 MMAs, as tf32x3
                 bl = tl.load(
                     bl_ptr + kk[:, None] * stride_bk + cols[None, :] * stride_bn, mask=(kk[:, None] < k) & cm, other=0.0
