@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from ._frozen import tf32_exact
 from ._precision import float32_dot
 from ._triton_utils import num_warps
 
@@ -127,8 +128,10 @@ _CONFIG = {
     "reduced_dots": True,
     "block_min_atoms": 1024,
     "seg_split": True,
-    # EXPERIMENT (stop 59): the filter-weight dots as two TF32 MMAs (W taken as exact in TF32), for timing.
-    "w_tf32_exact": False,
+    # The filter-weight dots (forward, sender and edge kernels) as two TF32 MMAs where the weight lies on the TF32
+    # grid (_frozen.tf32_exact; the same sums as tf32x3, whose third product is then zero): 1.039-1.087x a whole
+    # step alone, 1.07-1.12x with the GEMMs' (linear._CONFIG["w_exact_two_mmas"]; stop59_gpu/b/). False: tf32x3.
+    "w_exact_two_mmas": True,
     # Whether callers holding a full neighbour list (the engine) promise it to message_passing (``symmetric``,
     # message_passing.symmetric_walk): the sender backward then walks each atom's receiver row for the partners
     # of the edges it sends (SYM in _mp_kernels._sender_tile) instead of the sender-sorted permutation, and the
@@ -257,12 +260,22 @@ def _launch_config(
     n_rbf: int,
     n_atoms: int | None = None,
     n_edges: int | None = None,
+    weight: Tensor | None = None,
 ) -> tuple[dict, int, str]:
     """Constexprs, warps and the variant that runs ("atom" or "block"), for ``kernel`` in ``_KERNELS`` on
     ``ref``'s device and dtype; ``n_atoms``: the graph's atoms (below ``block_min_atoms`` the atom variant runs
     on the GPU); ``n_edges``: its edges (the "auto" sender variant looks at edges per atom, the edge kernel's
-    feature chunks at ``edge_wide_min_edges``)."""
-    return _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, n_atoms, n_edges)
+    feature chunks at ``edge_wide_min_edges``); ``weight``: the filter weight of the forward, sender or edge
+    kernel, whose dots take two TF32 MMAs ("tf32x2w", the sums of tf32x3) where it lies on the TF32 grid
+    (``w_exact_two_mmas``). Every DOT_PRECISION dot of those kernels multiplies by the weight or is a one-hot
+    segment sum (SEG_SPLIT, or tf32x3 for "tf32x2w" in ``_seg_acc``); the filter-gradient kernel multiplies by
+    rbf and takes no weight here."""
+    c, warps, variant = _launch_config_for(ref.device.type, ref.dtype, kernel, n_feat, n_rbf, n_atoms, n_edges)
+    if weight is not None and kernel not in ("fwd", "bwd_sender", "bwd_edge"):
+        raise ValueError(f"_launch_config: {kernel!r} takes no weight (its dots are not all weight dots)")
+    if weight is not None and c["DOT_PRECISION"] == "tf32x3" and _CONFIG["w_exact_two_mmas"] and tf32_exact(weight):
+        c = {**c, "DOT_PRECISION": "tf32x2w"}
+    return c, warps, variant
 
 
 def _launch_config_for(
@@ -317,8 +330,6 @@ def _launch_config_for(
     if blocked:
         c["BLOCK_A"] = max(16, block_a)  # tl.dot needs >= 16 rows
         c["SEG_SPLIT"] = bool(_CONFIG["seg_split"]) and c["DOT_PRECISION"] == "tf32x3"
-    if _CONFIG["w_tf32_exact"] and c["DOT_PRECISION"] == "tf32x3" and kernel in ("fwd", "bwd_sender", "bwd_edge"):
-        c["DOT_PRECISION"] = "tf32x2b"
     stages = _CONFIG[f"{kernel}_stages"]
     if cuda and stages is not None:
         c["num_stages"] = int(stages)  # a launch option, passed with the constexprs

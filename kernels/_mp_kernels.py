@@ -122,6 +122,8 @@ if HAS_TRITON:
             hi = round_tf32(m)
             acc = tl.dot(onehot, hi, acc, input_precision="tf32")
             return tl.dot(onehot, m - hi, acc, input_precision="tf32")
+        elif DOT_PRECISION == "tf32x2w":  # (the filter weight's dots; m is no weight)
+            return acc + dot_rn(onehot, m, "tf32x3")
         else:
             return acc + dot_rn(onehot, m, DOT_PRECISION)
 

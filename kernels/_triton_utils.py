@@ -322,10 +322,12 @@ if HAS_TRITON:
     def dot_rn(a, b, DOT: tl.constexpr):
         """``tl.dot(a, b, input_precision=DOT)``, except that "tf32" rounds both operands to the nearest TF32 value
         first: the TF32 MMA itself ignores their low 13 bits, i.e. truncates toward zero, and that bias adds up
-        over a sum (on the shipped student, tf32's energy error went from 9.1 to 0.89 meV/atom with the rounding)."""
+        over a sum (on the shipped student, tf32's energy error went from 9.1 to 0.89 meV/atom with the rounding).
+        "tf32x2w" promises that ``b`` is exact in TF32 (a weight on the TF32 grid, ``_frozen.tf32_exact``): only
+        ``a`` is split, two MMAs (``dot_w``); a kernel given it must pass it only to its weight dots."""
         if DOT == "tf32":
             return tl.dot(round_tf32(a), round_tf32(b), input_precision="tf32")
-        elif DOT == "tf32x2b":
+        elif DOT == "tf32x2w":  # b is a weight on the TF32 grid: two MMAs, the sums of tf32x3 (see dot_w)
             return dot_w(a, b, b, "tf32x2w")
         else:
             return tl.dot(a, b, input_precision=DOT)
@@ -351,7 +353,7 @@ if HAS_TRITON:
             part = tl.dot(a_hi, b_lo, part, input_precision="tf32")
             part = tl.where(part != part, 0.0, part)
             return tl.dot(a_hi, b, part, input_precision="tf32")
-        elif DOT == "tf32x2w":  # W exact in TF32 (W_lo = 0): the same sum without its zero product
+        elif DOT == "tf32x2w":  # W exact in TF32 (W_lo = 0): "tf32x3w" without its zero product (the same sums)
             a_hi = tf32_hi(a)
             part = tl.dot(a - a_hi, b, input_precision="tf32")
             part = tl.where(part != part, 0.0, part)

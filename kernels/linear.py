@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
-from ._frozen import derived, tf32_parts
+from ._frozen import derived, tf32_exact, tf32_parts
 from ._precision import dot_mode
 from ._triton_utils import (
     HAS_TRITON,
@@ -77,8 +77,12 @@ _CONFIG = {
     "large_maxnreg": None,  # register cap per thread of the large-M launches (None: the compiler's choice)
     # tf32x3 with W split once (_frozen.tf32_parts) for launches of at least this many rows; None: Triton's own split.
     "w_split_min_rows": 2049,
-    # EXPERIMENT (stop 59): W taken as exact in TF32: two TF32 MMAs (A split), for timing.
-    "w_exact": False,
+    # A weight whose entries are all TF32 values (_frozen.tf32_exact: a student on the TF32 grid) takes "tf32x2w":
+    # A split in registers, two TF32 MMAs, the same sums as tf32x3 (its A_hi W_lo product is exactly zero). With
+    # the message passing's filter dots the same way, 1.07-1.12x a whole step on the H200 (benzene 1.068, 3,000
+    # water atoms 1.098, g2 x 1,024 1.112, x 4,096 1.117, 24,000 atoms 1.111; the GEMMs' share alone 1.02-1.07x;
+    # benchmarks/results/stop59_gpu/b/probe_ncu_sweep_x2.md). False: tf32x3 for every weight (probes time the two).
+    "w_exact_two_mmas": True,
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
@@ -288,11 +292,13 @@ def gemm(
         raise ValueError("gemm: row_affine and segment_sum take no act, accumulate or addend")
     if zero is not None and (zero.numel() > m or not zero.is_contiguous()):
         raise ValueError(f"gemm: zero must be a contiguous tensor of at most {m} entries, got {list(zero.shape)}")
-    w = w.contiguous()
     a = a.contiguous() if a is not None else None
     ref = w if a is None else a
     # The engine's precision: tf32x3 (fp32), one TF32 pass (tf32, like cuBLAS there), 16-bit MMAs (bf16, fp16).
     dot = dot or resolved_dot(ref)
+    # W on the TF32 grid (a student rounded there): tf32x3's third product is zero, two MMAs give the same sums.
+    w_exact = dot == "tf32x3" and _CONFIG["w_exact_two_mmas"] and tf32_exact(w)
+    w = w.contiguous()
     if dot in _DOT16 and ref.dtype != torch.float32:
         raise ValueError(f"gemm: dot {dot!r} takes float32 operands, got {ref.dtype}")
     if out is None:
@@ -336,7 +342,7 @@ def gemm(
     check_launchable(_gemm_kernel, ref)
     w_lo = w  # unread unless the kernel's dot is "tf32x3w"
     split_min = _CONFIG["w_split_min_rows"]
-    if dot == "tf32x3" and w.dtype == torch.float32 and _CONFIG["w_exact"] and ref.is_cuda:
+    if w_exact:
         dot = "tf32x2w"
     elif dot == "tf32x3" and w.dtype == torch.float32 and split_min is not None and m >= split_min:
         parts = tf32_parts(w)

@@ -410,7 +410,7 @@ if HAS_TRITON:
         dv = torch.empty((n, 3, f), dtype=x.dtype, device=x.device)
         if n == 0 or f == 0:
             return ds, dv
-        c, warps, variant = _launch_config(x, "fwd", f, rbf.shape[1], n_atoms=n)
+        c, warps, variant = _launch_config(x, "fwd", f, rbf.shape[1], n_atoms=n, weight=w)
         n_fb = cdiv(f, c["BLOCK_F"])
         if variant == "block":
             # Folded on the eager and captured path only (``_bare``); the torch.compile ops keep the launch that
@@ -474,7 +474,7 @@ if HAS_TRITON:
             g_x = torch.empty_like(x)
             if n > 0 and f > 0:
                 g_v = torch.empty_like(v)
-                c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, n_atoms=n, n_edges=e)
+                c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, n_atoms=n, n_edges=e, weight=w)
                 grid = (cdiv(n, c.get("BLOCK_A", 1)), cdiv(f, c["BLOCK_F"]))
                 sym = bool(symmetric) and row_ptr is not None
                 if sym:  # the receiver CSR stands for the sender CSR (perm is not read)
@@ -522,7 +522,7 @@ if HAS_TRITON:
         (contiguous, one dtype, ``f > 0``, ``e > 0``)."""
         n, f = v.shape[0], v.shape[2]
         e, n_rbf = rbf.shape
-        c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf, n_edges=e)
+        c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf, n_edges=e, weight=w)
         tiles = cdiv(e, c["BLOCK_E"])
         split = _edge_split(x, tiles, f, c["BLOCK_F"])
         g_rbf, g_unit = (torch.empty_like(rbf), torch.empty_like(unit)) if out is None else out
