@@ -69,7 +69,7 @@ def dot_modes(monkeypatch):
     seen = []
     real = lin.dot_w
 
-    def spy(a, b, b_lo, DOT):  # noqa: N803 (the kernel's constexpr name)
+    def spy(a, b, b_lo, DOT):
         seen.append(str(DOT))
         return real(a, b, b_lo, DOT)
 
