@@ -251,3 +251,31 @@ def test_residual_loss_is_mse_below_delta_and_linear_beyond():
     for bad, says in ((dict(loss="l1"), "loss must be 'mse' or 'huber'"), (dict(huber_delta=0.0), "huber_delta")):
         with pytest.raises(ValueError, match=says):
             TrainConfig(**bad)
+
+
+def test_the_trained_student_lands_on_the_tf32_grid(emt_frames, tmp_path):
+    """``tf32_grid`` (the default): the returned student and ``best.pt`` have every Linear weight on the TF32 grid
+    (two TF32 MMAs per weight product on a GPU), validated again, the numbers in the result and the metadata, close
+    to the weights as trained; ``last.pt`` (the state to resume from) keeps them as trained; off, nothing moves."""
+    train_f, val_f = split_frames(emt_frames, 0.2)
+    res = train(train_f, val_f, small_train_config(max_steps=6, eval_every=3), tmp_path / "a", log=lambda m: None)
+    best = load_model(tmp_path / "a" / "best.pt")
+    assert res.model.on_tf32_grid() and best.on_tf32_grid()
+    assert not load_model(tmp_path / "a" / "last.pt").on_tf32_grid()
+    grid = res.val_tf32_grid
+    assert grid == best.metadata["val_tf32_grid"] and best.metadata["tf32_grid"] is True
+    assert "val" in best.metadata and "domain" in best.metadata  # the checkpoint's own metadata kept
+    as_trained = res.best_val["force_mae_mev_a"]
+    assert grid["force_mae_mev_a"] != as_trained
+    assert abs(grid["force_mae_mev_a"] - as_trained) < 0.01 * as_trained
+    for k, v in best.state_dict().items():
+        torch.testing.assert_close(v, res.model.state_dict()[k].cpu(), rtol=0, atol=0)
+    off = train(
+        train_f,
+        val_f,
+        small_train_config(max_steps=6, eval_every=3, tf32_grid=False),
+        tmp_path / "b",
+        log=lambda m: None,
+    )
+    assert off.val_tf32_grid is None and not off.model.on_tf32_grid()
+    assert not load_model(tmp_path / "b" / "best.pt").on_tf32_grid()

@@ -553,6 +553,34 @@ class StudentModel(nn.Module):
             atomic, energy = kernels.add_pair_repulsion(atomic, energy, dist, edge_index, idx, table, batch)
         return {"energy": energy, "atomic_energies": atomic}
 
+    def round_weights_tf32(self) -> int:
+        """Round every ``nn.Linear`` weight (float32) to the nearest TF32 value in place (11 significant bits, ties
+        away from zero); biases, the embedding and the energy reference stay as they are. Returns how many weights
+        changed. A student on the TF32 grid is evaluated in float32 as before, to float32 accuracy, but on the GPU
+        each product with such a weight takes two TF32 MMAs instead of tf32x3's three (the third, with W's low part,
+        is zero; ``kernels._frozen.tf32_exact``): 1.07-1.12x a whole fp32 step on an H200
+        (``benchmarks/results/stop59_gpu/``). The rounding changes the student's predictions by about as much as
+        its weights' last 13 bits: the shipped 128 x 3 student's forces by 0.15 meV/Å on average (its error against
+        GFN2-xTB is ~19 meV/Å). The trainer rounds its result (``TrainConfig.tf32_grid``); both shipped students
+        are on the grid (stop 59)."""
+        from mlff_distiller.kernels._frozen import round_tf32_, tf32_exact
+
+        changed = 0
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32:
+                w = module.weight
+                if not tf32_exact(w.detach()):
+                    round_tf32_(w)  # (in place under no_grad: the version moves, kept forms are made again)
+                    changed += 1
+        return changed
+
+    def on_tf32_grid(self) -> bool:
+        """Whether every ``nn.Linear`` weight is float32 on the TF32 grid (see :meth:`round_weights_tf32`)."""
+        from mlff_distiller.kernels._frozen import tf32_exact
+
+        linears = [m.weight for m in self.modules() if isinstance(m, nn.Linear)]
+        return bool(linears) and all(w.dtype == torch.float32 and tf32_exact(w.detach()) for w in linears)
+
     # ------------------------------------------------------------------------------------------ persistence
     def save(self, path: str | Path, metadata: dict | None = None) -> None:
         """Write a checkpoint (config, weights, species, cutoff, format version); load with ``load_model``."""
