@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import environment, time_fn
+from harness import environment, student_weights, time_fn
 
 from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator, StudentModel, kernels
 from mlff_distiller.neighbors import neighbor_list
@@ -81,7 +81,8 @@ class _SavingRows(list):
 
 def make_student(seed: int = 0, hidden: int = 128, layers: int = 3) -> StudentModel:
     """The default student (hidden 128, 3 layers, 20 Bessel functions, 5 Å) over every element of g2, with
-    random weights: timing and precision errors do not depend on training."""
+    random weights (``harness.STUDENT_WEIGHTS``: on the TF32 grid, as the trainer leaves a student): timing and
+    precision errors do not depend on training."""
     from ase.collections import g2
 
     torch.manual_seed(seed)
@@ -89,7 +90,7 @@ def make_student(seed: int = 0, hidden: int = 128, layers: int = 3) -> StudentMo
     model = StudentModel(species=species, hidden=hidden, layers=layers)
     n = len(species)
     model.set_energy_reference(shift=-torch.linspace(1.0, 5.0, n), scale=torch.full((n,), 0.5))
-    return model
+    return student_weights(model)  # on the TF32 grid unless MLFF_BENCH_WEIGHTS=as-trained
 
 
 def g2_batch(count: int) -> list:
@@ -382,7 +383,7 @@ def write_report(data: dict, md_path: Path) -> None:
         "# ForceEngine on the GPU (issue 5)",
         "",
         f"{env.get('device')} · torch {env.get('torch')} · triton {env.get('triton')} · commit {env.get('commit')}"
-        f" · Python {env.get('python')} · {data.get('timestamp')}",
+        f" · Python {env.get('python')} · student weights {env.get('weights', 'as-trained')} · {data.get('timestamp')}",
         "",
         f"Model: student of {data.get('model', '128 x 3')} (features x layers; the default is 128 x 3), 20 Bessel, "
         "5 Å cutoff, 14 g2 species, random weights.",
@@ -523,6 +524,7 @@ def main() -> None:
         triton=env.triton,
         commit=env.commit,
         python=sys.version.split()[0],
+        weights=env.weights,
     )
     data["timestamp"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     data["model"] = f"{args.hidden} x {args.layers}"

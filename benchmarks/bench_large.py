@@ -787,6 +787,7 @@ class Bench:
             "# Large systems (issue 7): energy + forces, neighbour lists, largest box",
             "",
             f"{env['device']} · torch {env['torch']} · triton {env['triton']} · commit {env['commit']} · "
+            f"student weights {env.get('weights', 'as-trained')} · "
             f"{env['elapsed_s']} s of a {env['budget_s']:.0f} s budget{quick}",
             "",
             f"Student: PaiNN {self.model.config.hidden} features x {self.model.config.layers} layers "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import os
 import platform
 import subprocess
 import time
@@ -57,6 +58,25 @@ class Environment:
     commit: str
     host: str
     copy_gbps: float  # device-to-device copy bandwidth measured in the same run (bytes read + written per second)
+    weights: str = "tf32-grid"  # the benchmark students' weights (STUDENT_WEIGHTS)
+
+
+# The benchmark students' weights (peers.make_student, bench_engine.make_student; seeded random draws): "tf32-grid"
+# (every nn.Linear weight rounded to the nearest TF32 value, StudentModel.round_weights_tf32: the form of the shipped
+# students and of the trainer's results since stop 59, whose fp32 weight products take two TF32 MMAs instead of three)
+# or "as-trained" (the float32 draws as they are: a student trained with TrainConfig.tf32_grid=False, or from before
+# stop 59). MLFF_BENCH_WEIGHTS sets it for a run; every results header names it.
+STUDENT_WEIGHTS = os.environ.get("MLFF_BENCH_WEIGHTS", "tf32-grid")
+_WEIGHTS = ("tf32-grid", "as-trained")
+
+
+def student_weights(model):
+    """``model`` with its weights in the form of ``STUDENT_WEIGHTS`` (rounded in place for "tf32-grid")."""
+    if STUDENT_WEIGHTS not in _WEIGHTS:
+        raise ValueError(f"MLFF_BENCH_WEIGHTS must be one of {_WEIGHTS}, got {STUDENT_WEIGHTS!r}")
+    if STUDENT_WEIGHTS == "tf32-grid":
+        model.round_weights_tf32()
+    return model
 
 
 @dataclasses.dataclass
@@ -112,6 +132,7 @@ def environment(device: torch.device, copy_gbps: float) -> Environment:
         commit=git_commit(),
         host=platform.node(),
         copy_gbps=copy_gbps,
+        weights=STUDENT_WEIGHTS,
     )
 
 
@@ -244,7 +265,7 @@ def write_results(rows: Iterable[BenchRow], out_dir: Path, name: str) -> tuple[P
     if env is not None:
         lines += [
             f"{env.device} · torch {env.torch} · triton {env.triton} · commit {env.commit} · "
-            f"copy bandwidth {env.copy_gbps:.0f} GB/s · {rows[0].timestamp}",
+            f"copy bandwidth {env.copy_gbps:.0f} GB/s · student weights {env.weights} · {rows[0].timestamp}",
             "",
         ]
     lines += [

@@ -52,12 +52,15 @@ def count_params(model: torch.nn.Module) -> int:
 
 def make_student(seed: int = 0, **config) -> StudentModel:
     """The default student (hidden 128, 3 layers, 20 Bessel functions, 5 Å, species H/C/N/O) with seeded random
-    weights and a per-species energy reference (eV): timings and precision errors do not depend on training."""
+    weights (``harness.STUDENT_WEIGHTS``: on the TF32 grid, as the trainer leaves a student) and a per-species
+    energy reference (eV): timings and precision errors do not depend on training."""
+    from harness import student_weights
+
     torch.manual_seed(seed)
     model = StudentModel(**config)
     n = len(model.species_list)
     model.set_energy_reference(shift=-torch.linspace(1.0, 5.0, n), scale=torch.full((n,), 0.5))
-    return model.eval()
+    return student_weights(model).eval()  # on the TF32 grid unless MLFF_BENCH_WEIGHTS=as-trained
 
 
 def _sync(device: torch.device) -> None:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import g2_batch
 from bench_engine import make_student as make_g2_student
 from bench_large import box
-from harness import write_lines
+from harness import STUDENT_WEIGHTS, write_lines
 from peers import StepImpl, make_student
 
 from mlff_distiller.buckets import BucketLadder
@@ -218,7 +218,8 @@ def sweep(args, device) -> list[str]:
     lines = [
         "# probe_ncu.py --mode sweep: launch options of the step's kernels (H100 session)",
         "",
-        f"{torch.cuda.get_device_name(device)} · torch {torch.__version__} · triton {triton.__version__}",
+        f"{torch.cuda.get_device_name(device)} · torch {torch.__version__} · triton {triton.__version__} · "
+        f"student weights {STUDENT_WEIGHTS}",
         "",
         f"Student: width {args.hidden or 'as shipped'}, layers {args.layers or 'as shipped'}. "
         f"Step alone ({args.step_mode}), median of triton.testing.do_bench (ms). Each "
