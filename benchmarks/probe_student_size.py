@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import g2_batch
-from harness import time_fn, write_lines
+from harness import STUDENT_WEIGHTS, time_fn, write_lines
 from peers import StepImpl, count_params, make_student
 from probe_md_step import _benzene, _md_us
 from systems import water_box
@@ -71,7 +71,7 @@ def main() -> None:
         "# Student size against the issue-5 / issue-7 speed targets (probe_student_size.py)",
         "",
         f"{torch.cuda.get_device_name()} · torch {torch.__version__} · triton {triton.__version__} · "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"student weights {STUDENT_WEIGHTS} · {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
         "Random-weight students (20 Bessel functions, 5 Å, the 14 g2 species), fp32 unless noted. Step = energy + "
         "forces on a prepared graph (replay of the captured step; eager for 24,000 atoms); MD = ASE velocity "
