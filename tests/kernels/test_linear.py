@@ -8,6 +8,7 @@ Tolerances: the oracle is torch in float64 on the same inputs. Normwise relative
 import pytest
 import torch
 from mlff_distiller.kernels import gemm, gemm_fusable, mlp, mlp_reference, use_backend
+from mlff_distiller.kernels._frozen import tf32_exact
 from mlff_distiller.kernels.linear import readout, readout_reference, structure_sums
 from torch.nn import functional as nnf
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -206,6 +207,8 @@ def test_readout_matches_reference(triton_device, monkeypatch, poison, dtype, n,
 
     with use_backend("triton"):
         fused = gemm_fusable(x, *ws, scale, shift)  # (not float64 on the GPU: cuBLAS there)
+    for w in ws:  # whether each weight is on the TF32 grid: looked at once per weight (a few ops), not per call
+        tf32_exact(w)
     (e, a), g, ops = run("triton")
     assert len(gemms) == (4 if fused else 0)
     _, g_r, _ = run("torch")

@@ -181,7 +181,9 @@ def test_launch_counts(triton_device, monkeypatch):
     n_fwd = len(gemms)
     with _CountOps() as bwd:
         torch.autograd.grad(out, (s, v), go)
-    assert first.ops == ["cat"] and fwd.ops == [] and n_fwd == 6
+    # (the first call also looks once at whether each weight is on the TF32 grid, where tf32x3 runs: CUDA)
+    grid_check = ("bitwise_and", "eq", "all", "_local_scalar_dense")
+    assert [op for op in first.ops if op not in grid_check] == ["cat"] and fwd.ops == [] and n_fwd == 6
     assert bwd.ops == [] and len(gemms) == 9
     assert len(launches) == 6
 
