@@ -1568,6 +1568,19 @@ case "${1:-}" in
       >"$OUT/pytest_gpu_all.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_gpu_all.log" | tail -8
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d" >&2; exit 2 ;;
+  stop59e)
+    # The ASE MD step with weights as drawn or on the TF32 grid, the two-MMA form on or off (stop59c's MD column
+    # read 482.6 µs against stop 56's 280.4), and the weight checks MD steps make; the op-count tests' CUDA cases;
+    # bench_large's rows against the torch reference.
+    timeout 200 python3 benchmarks/probe_tf32_grid.py --out "$OUT" --steps 300 --rounds 2 >"$OUT/probe_tf32_grid.log" 2>&1
+    grep -E "^\| |checks" "$OUT/probe_tf32_grid.md"; tail -2 "$OUT/probe_tf32_grid.log"
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py tests/kernels/test_painn_update.py \
+      -k "cuda and (readout_matches or launch_counts)" >"$OUT/pytest_counts_cuda.log" 2>&1
+    grep -E "passed|failed|^FAILED" "$OUT/pytest_counts_cuda.log" | tail -4
+    timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 170 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
