@@ -30,6 +30,19 @@ def test_builtin_loads_with_measured_metadata(name):
 
 
 @pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_builtin_students_are_on_the_tf32_grid(name):
+    """Both shipped students have every Linear weight on the TF32 grid (stop 59: two TF32 MMAs per weight product
+    in fp32 on a GPU), with their held-out errors as trained kept beside the rounded ones, which differ from them
+    by a few thousandths of a meV/Å (benchmarks/results/stop59_cpu/eval_tf32_grid.json)."""
+    model = load_model(f"builtin:{name}")
+    meta = model.metadata
+    assert model.on_tf32_grid() and meta["tf32_grid"] is True
+    before, after = meta["as_trained_test"]["test_force_mae_mev_a"], meta["test_force_mae_mev_a"]
+    assert before != after and abs(after - before) < 0.01
+    assert model.round_weights_tf32() == 0  # nothing left to round
+
+
+@pytest.mark.parametrize("name", sorted(BUILTINS))
 def test_builtin_agrees_with_gfn2_on_rattled_molecules(name):
     tblite_ase = pytest.importorskip("tblite.ase")
     structures = []
