@@ -1,6 +1,7 @@
 import json
 from mlff_distiller import load_model
 from mlff_distiller.checkpoint import builtin_path
+
 res = json.load(open("/tmp/eval_grid.json"))
 for name in ("chno-gfn2", "chno-gfn2-small"):
     spec = f"builtin:{name}"
@@ -12,7 +13,9 @@ for name in ("chno-gfn2", "chno-gfn2-small"):
     before = res[f"{spec} | as shipped | fp32"]
     after = res[f"{spec} | TF32 grid | fp32"]
     assert abs(before["force_mae_mev_a"] - meta["test_force_mae_mev_a"]) < 1e-4, (before, meta["test_force_mae_mev_a"])
-    meta["as_trained_test"] = {k: meta[k] for k in ("test_energy_mae_mev_atom", "test_force_mae_mev_a", "test_force_rmse_mev_a")}
+    meta["as_trained_test"] = {
+        k: meta[k] for k in ("test_energy_mae_mev_atom", "test_force_mae_mev_a", "test_force_rmse_mev_a")
+    }
     meta["test_energy_mae_mev_atom"] = after["energy_mae_mev_atom"]
     meta["test_force_mae_mev_a"] = after["force_mae_mev_a"]
     meta["test_force_rmse_mev_a"] = after["force_rmse_mev_a"]

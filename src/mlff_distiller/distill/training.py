@@ -511,8 +511,9 @@ def _train(train_frames, val_frames, cfg: TrainConfig, out_dir, model, resume, m
         if write and (out / "best.pt").exists():
             from mlff_distiller.checkpoint import load_model
 
+            # (this run's metadata: the returned model may still carry a fine-tuned student's own)
             saved = load_model(out / "best.pt").metadata
-            final.save(out / "best.pt", metadata={**saved, **final.metadata})
+            final.save(out / "best.pt", metadata={**saved, "tf32_grid": True, "val_tf32_grid": grid_metrics})
     log(
         f"stopped ({stopped}) after {step} steps ({mode} step, {1000 * steady:.2f} ms/step steady), "
         f"{seconds:.1f} s; best val {best}"
