@@ -1,7 +1,9 @@
-import copy, json, sys
+import copy
+import json
+
 from mlff_distiller import load_model
-from mlff_distiller.distill.labelling import read_frames
 from mlff_distiller.distill.evaluation import error_metrics, predict_frames
+from mlff_distiller.distill.labelling import read_frames
 
 frames = read_frames("/tmp/lbl/test_labels")
 out = {"frames": len(frames)}

@@ -1,4 +1,5 @@
 import json
+
 from mlff_distiller import load_model
 from mlff_distiller.checkpoint import builtin_path
 
