@@ -25,8 +25,8 @@ for name in ("chno-gfn2", "chno-gfn2-small"):
         f"stop 59: the {n} nn.Linear weights rounded to the nearest TF32 values (StudentModel.round_weights_tf32; "
         "biases, embedding and energy reference unchanged), so that fp32 GPU steps take two TF32 MMAs per weight "
         "product instead of three. The held-out set relabelled on the 2-core development CPU with "
-        "configs/chno_gfn2_test.yaml (1,830 frames, the same errors as the recorded ones (H100, fp32) to 3e-6 meV/Å before the "
-        "rounding); test_* are the rounded student's (fp32, CPU), as_trained_test the weights as trained "
+        "configs/chno_gfn2_test.yaml (1,830 frames, the same errors as the recorded ones (H100, fp32) to 3e-6 "
+        "meV/Å before the rounding); test_* are the rounded student's (fp32, CPU), as_trained_test the weights as trained "
         "(benchmarks/results/stop59_cpu/eval_tf32_grid.json)."
     )
     m.save(builtin_path(spec), metadata=meta)
