@@ -26,8 +26,8 @@ for name in ("chno-gfn2", "chno-gfn2-small"):
         "biases, embedding and energy reference unchanged), so that fp32 GPU steps take two TF32 MMAs per weight "
         "product instead of three. The held-out set relabelled on the 2-core development CPU with "
         "configs/chno_gfn2_test.yaml (1,830 frames, the same errors as the recorded ones (H100, fp32) to 3e-6 "
-        "meV/Å before the rounding); test_* are the rounded student's (fp32, CPU), as_trained_test the weights as trained "
-        "(benchmarks/results/stop59_cpu/eval_tf32_grid.json)."
+        "meV/Å before the rounding); test_* are the rounded student's (fp32, CPU), as_trained_test the weights "
+        "as trained (benchmarks/results/stop59_cpu/eval_tf32_grid.json)."
     )
     m.save(builtin_path(spec), metadata=meta)
     print(name, n, meta["as_trained_test"], meta["test_force_mae_mev_a"], meta["test_energy_mae_mev_atom"])
