@@ -1591,6 +1591,15 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_grid.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_grid.md"; tail -2 "$OUT/probe_ncu_sweep.log"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f" >&2; exit 2 ;;
+  stop59g)
+    # Where the step goes now that the weight dots take two MMAs (students on the TF32 grid): the kernel tables of
+    # water 3,000 (captured) and 24,000 (eager) and g2 x 4,096 (captured).
+    timeout 150 python3 benchmarks/probe_kernel_table.py --systems water3000,g2x4096 --out "$OUT" \
+      --name probe_kernel_table_captured >"$OUT/probe_kernel_table_captured.log" 2>&1
+    timeout 150 python3 benchmarks/probe_kernel_table.py --systems water24000 --step-mode eager --out "$OUT" \
+      --name probe_kernel_table_eager >"$OUT/probe_kernel_table_eager.log" 2>&1
+    grep -hE "=====|^group|^  " "$OUT/probe_kernel_table_captured.txt" "$OUT/probe_kernel_table_eager.txt" | head -60
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
