@@ -132,7 +132,6 @@ _CONFIG = {
     # grid (_frozen.tf32_exact; the same sums as tf32x3, whose third product is then zero): 1.039-1.087x a whole
     # step alone, 1.07-1.12x with the GEMMs' (linear._CONFIG["w_exact_two_mmas"]; stop59_gpu/b/). False: tf32x3.
     "w_exact_two_mmas": True,
-    "exp_bf16": False,  # EXPERIMENT (stop 59): bf16x3w in place of tf32x2w, timing only
     # Whether callers holding a full neighbour list (the engine) promise it to message_passing (``symmetric``,
     # message_passing.symmetric_walk): the sender backward then walks each atom's receiver row for the partners
     # of the edges it sends (SYM in _mp_kernels._sender_tile) instead of the sender-sorted permutation, and the
@@ -275,7 +274,7 @@ def _launch_config(
     if weight is not None and kernel not in ("fwd", "bwd_sender", "bwd_edge"):
         raise ValueError(f"_launch_config: {kernel!r} takes no weight (its dots are not all weight dots)")
     if weight is not None and c["DOT_PRECISION"] == "tf32x3" and _CONFIG["w_exact_two_mmas"] and tf32_exact(weight):
-        c = {**c, "DOT_PRECISION": "bf16x3w" if _CONFIG["exp_bf16"] else "tf32x2w"}
+        c = {**c, "DOT_PRECISION": "tf32x2w"}
     return c, warps, variant
 
 

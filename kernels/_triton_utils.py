@@ -329,8 +329,6 @@ if HAS_TRITON:
             return tl.dot(round_tf32(a), round_tf32(b), input_precision="tf32")
         elif DOT == "tf32x2w":  # b is a weight on the TF32 grid: two MMAs, the sums of tf32x3 (see dot_w)
             return dot_w(a, b, b, "tf32x2w")
-        elif DOT == "bf16x3w":  # EXPERIMENT: b on the bf16 grid, a in three bf16 parts
-            return dot_w(a, b, b, "bf16x3w")
         else:
             return tl.dot(a, b, input_precision=DOT)
 
@@ -355,15 +353,6 @@ if HAS_TRITON:
             part = tl.dot(a_hi, b_lo, part, input_precision="tf32")
             part = tl.where(part != part, 0.0, part)
             return tl.dot(a_hi, b, part, input_precision="tf32")
-        elif DOT == "bf16x3w":  # EXPERIMENT (timing): W on the bf16 grid, A = a1 + a2 + a3 in bf16, three bf16 MMAs
-            wb = b.to(tl.bfloat16)
-            a1 = a.to(tl.bfloat16)
-            r1 = a - a1.to(tl.float32)
-            a2 = r1.to(tl.bfloat16)
-            a3 = (r1 - a2.to(tl.float32)).to(tl.bfloat16)
-            part = tl.dot(a3, wb)
-            part = tl.dot(a2, wb, part)
-            return tl.dot(a1, wb, part)
         elif DOT == "tf32x2w":  # W exact in TF32 (W_lo = 0): "tf32x3w" without its zero product (the same sums)
             a_hi = tf32_hi(a)
             part = tl.dot(a - a_hi, b, input_precision="tf32")

@@ -83,7 +83,6 @@ _CONFIG = {
     # water atoms 1.098, g2 x 1,024 1.112, x 4,096 1.117, 24,000 atoms 1.111; the GEMMs' share alone 1.02-1.07x;
     # benchmarks/results/stop59_gpu/b/probe_ncu_sweep_x2.md). False: tf32x3 for every weight (probes time the two).
     "w_exact_two_mmas": True,
-    "exp_bf16": False,  # EXPERIMENT (stop 59): bf16x3w in place of tf32x2w, timing only
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
@@ -344,7 +343,7 @@ def gemm(
     w_lo = w  # unread unless the kernel's dot is "tf32x3w"
     split_min = _CONFIG["w_split_min_rows"]
     if w_exact:
-        dot = "bf16x3w" if _CONFIG.get("exp_bf16", False) else "tf32x2w"
+        dot = "tf32x2w"
     elif dot == "tf32x3" and w.dtype == torch.float32 and split_min is not None and m >= split_min:
         parts = tf32_parts(w)
         w, w_lo, dot = parts[0], parts[1], "tf32x3w"
@@ -502,8 +501,6 @@ if HAS_TRITON:
                 acc += tl.dot(a.to(tl.float16), b.to(tl.float16))
             elif DOT == "tf32x2w":  # W exact in TF32: A split here, two TF32 MMAs
                 acc += dot_w(a, b, b, "tf32x2w")
-            elif DOT == "bf16x3w":  # EXPERIMENT
-                acc += dot_w(a, b, b, "bf16x3w")
             elif DOT == "tf32x3w":  # B = W_hi, bl = W_lo (made once); A split here: three TF32 MMAs, as tf32x3
                 bl = tl.load(
                     bl_ptr + kk[:, None] * stride_bk + cols[None, :] * stride_bn, mask=(kk[:, None] < k) & cm, other=0.0
