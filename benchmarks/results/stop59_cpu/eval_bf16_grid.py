@@ -1,8 +1,11 @@
-import copy, torch
+import copy
+
+import torch
 from torch import nn
+
 from mlff_distiller import load_model
-from mlff_distiller.distill.labelling import read_frames
 from mlff_distiller.distill.evaluation import error_metrics, predict_frames
+from mlff_distiller.distill.labelling import read_frames
 
 frames = read_frames("/tmp/lbl/test_labels")
 
