@@ -431,6 +431,8 @@ def run_models() -> list[dict]:
                 "teacher": meta.get("teacher"),
                 "test_force_mae_mev_a": meta.get("test_force_mae_mev_a"),
                 "test_energy_mae_mev_atom": meta.get("test_energy_mae_mev_atom"),
+                # weights on the TF32 grid: two TF32 MMAs per weight product in fp32 on a GPU (stop 59)
+                "tf32_grid": model.on_tf32_grid(),
                 "description": meta.get("description"),
             }
         )

@@ -179,6 +179,7 @@ def test_models_lists_the_builtin_students(capsys, monkeypatch):
     assert small["parameters"] < default["parameters"] / 3
     assert small["elements"] == [1, 6, 7, 8] and small["teacher"] == "gfn2-xtb"
     assert 0 < small["test_force_mae_mev_a"] < 40 and 0 < default["test_force_mae_mev_a"] < 40
+    assert small["tf32_grid"] is True and default["tf32_grid"] is True
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8")
     assert main(["models"]) == 0
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.8"
