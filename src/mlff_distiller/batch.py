@@ -230,6 +230,22 @@ class AtomsBatch:
         return out
 
 
+def needs_float64_pairs(batch: AtomsBatch, engine_dtype: torch.dtype) -> bool:
+    """Whether an engine of ``engine_dtype`` below float64 should make ``batch``'s pair vectors from its float64
+    positions: a float64 batch without ``positions64`` with a coordinate of :data:`PRECISE_PAIRS_FROM` Å or more
+    in the caller's frame (its float32 rounding there: a molecule 10,000 Å from the origin 0.016 eV/Å off). One
+    wait for the device where the batch lives there; NaN coordinates give False (their own checks name them). The
+    engine (host batches, fresh lists), ``BatchedMD`` and ``relax_batch`` decide with it."""
+    if (
+        batch.positions64 is not None
+        or batch.dtype != torch.float64
+        or engine_dtype == torch.float64
+        or batch.num_atoms == 0
+    ):
+        return False
+    return float(batch.positions.detach().abs().max()) >= PRECISE_PAIRS_FROM
+
+
 def pair_vectors64(
     positions64: torch.Tensor,
     cell64: torch.Tensor,

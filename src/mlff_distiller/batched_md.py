@@ -361,9 +361,7 @@ class BatchedMD:
         from its float32 rounding (0.016 eV/Å off at 10,000 Å). Once on, it stays on. At the start, every
         ``PRECISE_CHECK_EVERY`` steps and at each observation (one device sync)."""
         b = self._batch
-        if b.positions64 is not None or self.engine.dtype == torch.float64 or b.num_atoms == 0:
-            return
-        if float(b.positions.abs().max()) >= batch_module.PRECISE_PAIRS_FROM:  # (NaN: False; _check_finite names it)
+        if batch_module.needs_float64_pairs(b, self.engine.dtype):  # (NaN: False; _check_finite names it)
             b.positions64, b.cell64 = b.positions, b.cell
 
     def _check_domain(self) -> None:

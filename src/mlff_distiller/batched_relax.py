@@ -448,9 +448,7 @@ def _exact_pairs_if_far(batch: AtomsBatch, engine) -> None:
     does this itself (``ForceEngine._exact_float64_batch``); on a GPU it would cost a sync every step, so it is decided
     here once per batch. Relaxations move atoms little: a structure that crosses the threshold during one (its
     float32 error is that of ~100 Å, ~1e-5 of its largest force) is looked at again when its batch regroups."""
-    if batch.positions64 is not None or engine.dtype == torch.float64 or batch.num_atoms == 0:
-        return
-    if float(batch.positions.abs().max()) >= batch_module.PRECISE_PAIRS_FROM:  # (NaN: False)
+    if batch_module.needs_float64_pairs(batch, engine.dtype):
         batch.positions64, batch.cell64 = batch.positions, batch.cell
 
 

@@ -503,15 +503,9 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         and device batches of an engine that builds a fresh list every call (its list build waits for the device
         anyway). With a Verlet list (MD, relaxations) a device batch is left as it is: there the test would add a
         sync to a step that needs none, and the callers decide (``BatchedMD``, ``relax_batch``, the calculator)."""
-        if (
-            batch.positions64 is not None
-            or batch.dtype != torch.float64
-            or self.dtype == torch.float64
-            or (batch.device.type != "cpu" and self.verlet is not None)
-            or batch.num_atoms == 0
-        ):
+        if batch.device.type != "cpu" and self.verlet is not None:
             return batch
-        if float(batch.positions.detach().abs().max()) < batch_module.PRECISE_PAIRS_FROM:
+        if not batch_module.needs_float64_pairs(batch, self.dtype):
             return batch
         return dataclasses.replace(batch, positions64=batch.positions.detach(), cell64=batch.cell.detach())
 
