@@ -41,12 +41,19 @@ SHAPES = [
 ]
 
 
-def _case(form: str, m: int, k: int, n: int, device):
+def _case(form: str, m: int, k: int, n: int, device, grid: bool = False):
+    """(ours, torch's) callables of one form; ``grid``: the weights rounded to TF32 values (a student on the
+    TF32 grid, whose products take two MMAs)."""
     gen = torch.Generator(device="cpu").manual_seed(m + k + n)
     x = torch.randn(m, k, generator=gen).to(device)
     p = torch.randn(m, k, generator=gen).to(device)
     w_nk = (torch.randn(n, k, generator=gen) * k**-0.5).to(device)  # nn.Linear layout
     w_kn = (torch.randn(k, n, generator=gen) * k**-0.5).to(device)
+    if grid:
+        from mlff_distiller.kernels._frozen import round_tf32_
+
+        round_tf32_(w_nk)
+        round_tf32_(w_kn)
     b = torch.randn(n, generator=gen).to(device)
     out = torch.randn(m, n, generator=gen).to(device)
     if form == "linear":
@@ -145,6 +152,59 @@ def sweep_tiles(args, device) -> None:
     write_lines(lines, Path(args.out), f"bench_gemm_tiles_{device_slug(device)}")
 
 
+def ceiling(args, device) -> None:
+    """``--ceiling``: how far the shipped large-M GEMM is from what the device allows, weights on the TF32 grid (the
+    shipped students' form: two TF32 MMAs per product, "tf32x2w"). Beside it, in the same run: our kernel with one
+    TF32 MMA (dot "tf32", what the tf32 precision mode runs), cuBLAS in TF32 (one pass; ``allow_tf32``) and in
+    strict float32, and the floor: the call's bytes at the measured copy bandwidth or its two-MMA products at the
+    measured TF32 rate, whichever is larger. If cuBLAS's one-pass TF32 call is far below ours, a GEMM kernel can
+    go that fast on these shapes; if not, the shipped kernel sits at what these shapes allow."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    env = environment(device, 0.0)
+    bw, tf32 = device_rates(device)
+    lines = [
+        "# The large-M Triton GEMM against its ceiling: weights on the TF32 grid, float32",
+        "",
+        f"{env.device} · torch {env.torch} · triton {env.triton} · commit {env.commit}. µs per call: a CUDA graph "
+        "of 20 calls, median replay / 20. ours x2: the shipped kernel (two TF32 MMAs, A split in registers); "
+        "ours x1: the same kernel with one TF32 MMA (dot tf32); cuBLAS tf32: one TF32 pass (allow_tf32); cuBLAS "
+        f"fp32: strict. floor: bytes at {bw:.0f} GB/s or two TF32 products at {tf32:.0f} TFLOP/s (the larger).",
+        "",
+        "| rows M | form | K → N | ours x2 µs | ours x1 µs | cuBLAS tf32 µs | cuBLAS fp32 µs | floor µs | x2 / floor "
+        "| x2 / cuBLAS tf32 | rel. err x2 |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in args.rows:
+        for form, k, n in SHAPES:
+            ours, ref = _case(form, m, k, n, device, grid=True)
+            a, r = ours().clone(), ref().clone()
+            err = ((a - r).norm() / r.norm()).item()
+            t2 = graph_time_per_call_us(ours)
+            old = dict(lin._CONFIG)
+            lin._CONFIG.update(dot="tf32")
+            try:
+                t1 = graph_time_per_call_us(ours)
+            finally:
+                lin._CONFIG.clear()
+                lin._CONFIG.update(old)
+            t_fp32 = graph_time_per_call_us(ref)
+            old_tf32 = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                t_tf32 = graph_time_per_call_us(ref)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = old_tf32
+            fl = max(_bytes(form, m, k, n) / (bw * 1e3), 2 * 2 * m * k * n / (tf32 * 1e6))
+            lines.append(
+                f"| {m} | {form} | {k} → {n} | {t2:.2f} | {t1:.2f} | {t_tf32:.2f} | {t_fp32:.2f} | {fl:.2f} | "
+                f"{t2 / fl:.1f} | {t2 / t_tf32:.2f} | {err:.1e} |"
+            )
+            print(lines[-1], flush=True)
+    write_lines(lines, Path(args.out), f"bench_gemm_ceiling_{device_slug(device)}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
@@ -155,8 +215,11 @@ def main(argv=None) -> None:
         help="sweep the large-M tiles instead: BMxBNxWARPS:BK[:STAGES], comma-separated (e.g. 128x64x4:32:3); the "
         "backward forms run on the Triton GEMM at every size here",
     )
+    ap.add_argument("--ceiling", action="store_true", help="the shipped kernel against its ceiling (see ceiling())")
     args = ap.parse_args(argv)
     device = torch.device("cuda")
+    if args.ceiling:
+        return ceiling(args, device)
     if args.tiles:
         return sweep_tiles(args, device)
     env = environment(device, 0.0)

@@ -1609,6 +1609,29 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_bf16.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_bf16.md"; tail -2 "$OUT/probe_ncu_sweep.log"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g|stop59h" >&2; exit 2 ;;
+  stop60)
+    # The large-M GEMM against its ceiling (weights on the TF32 grid: ours with two MMAs and with one, cuBLAS TF32 and
+    # strict fp32, the bytes / products floor), then Nsight Compute counters of the current step's Triton kernels
+    # (registers, occupancy, stalls, L2 / DRAM): the last such reading was stop 19's, on the H100.
+    timeout 150 python3 benchmarks/bench_gemm.py --ceiling --rows 3000 7200 22000 66000 --out "$OUT" \
+      >"$OUT/bench_gemm_ceiling.log" 2>&1
+    grep -hE "^\| " "$OUT/bench_gemm_ceiling.log" | head -40; tail -2 "$OUT/bench_gemm_ceiling.log"
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    echo "ncu: $NCU"
+    secs=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+          --section MemoryWorkloadAnalysis)
+    for s in g2x4096 water24000; do
+      timeout 170 "$NCU" --clock-control none --profile-from-start off -c 40 \
+        -k "regex:_mp_|_gemm_kernel|_edge_bwd|_painn|_moments" "${secs[@]}" \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+        --log-file "$OUT/ncu_$s.txt" python3 benchmarks/probe_ncu.py --mode ncu --step-mode eager --systems "$s" \
+        >"$OUT/ncu_run_$s.log" 2>&1
+      echo "ncu $s rc $?"; tail -3 "$OUT/ncu_run_$s.log"
+    done
+    python3 benchmarks/probe_ncu.py --mode summary "$OUT"/ncu_g2x4096.txt "$OUT"/ncu_water24000.txt \
+      >"$OUT/ncu_summary.md" 2>&1
+    head -70 "$OUT/ncu_summary.md"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g|stop59h|stop60" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
