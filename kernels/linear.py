@@ -93,6 +93,16 @@ _CONFIG = {
     # atoms of one species (stop 50; benchmarks/results/stop50_gpu/probe_energy_sum.md). False: float32 sums in the
     # model's dtype (probes time the two).
     "energy_sum_f64": True,
+    # Column tiles of one row tile launched next to each other (a 1-D grid), so that they read A's tile from L2:
+    # with the 2-D grid (row tile fastest) A streamed from DRAM once per column tile where it does not stay in L2,
+    # as in [U; V]'s 3N rows (g2 x 4,096: 84 µs at 80 % of DRAM bandwidth for ~100 MB of operands, Nsight Compute,
+    # benchmarks/results/stop60_gpu/a/). False: the 2-D grid (probes time the two).
+    "col_fast": True,
+    # The readout's per-structure sums: a tile whose rows all belong to one structure adds its column sums with one
+    # atomic each instead of one per row into the same address (a 24,000-atom box: 47.6 µs, all of its 24,000
+    # float64 atomics on E[0]; stop60_gpu/a/). Atomics had no fixed order before either. False: one atomic per row
+    # (probes time the two).
+    "segsum_tile": True,
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -376,7 +386,8 @@ def gemm(
         addend = addend.contiguous()
     elif accumulate:
         addend = out
-    grid = (cdiv(m, bm), cdiv(n, bn))
+    col_fast = _CONFIG["col_fast"]
+    grid = (cdiv(m, bm) * cdiv(n, bn),) if col_fast else (cdiv(m, bm), cdiv(n, bn))
     # The affine epilogue (x·scale + shift) must round like torch's mul then add: no contraction into an FMA.
     fusion = {"enable_fp_fusion": False} if row_affine is not None and ref.is_cuda else {}
     if ref.is_cuda and _CONFIG["stages"] is not None:
@@ -392,7 +403,8 @@ def gemm(
         zero.numel() if zero is not None else 0,
         HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, HAS_A=a is not None,
         AFFINE=row_affine is not None, SEGSUM=segment_sum is not None, ZERO=zero is not None,
-        BM=bm, BN=bn, BK=bk, DOT=kernel_dot, num_warps=warps, **fusion, **pdl_args(ref),
+        BM=bm, BN=bn, BK=bk, DOT=kernel_dot, COL_FAST=col_fast,
+        SEG_TILE=segment_sum is not None and _CONFIG["segsum_tile"], num_warps=warps, **fusion, **pdl_args(ref),
     )  # fmt: skip
     return out, pre
 
@@ -451,19 +463,28 @@ if HAS_TRITON:
         HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, HAS_A: tl.constexpr,
         AFFINE: tl.constexpr, SEGSUM: tl.constexpr, ZERO: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
-        PDL: tl.constexpr,
+        PDL: tl.constexpr, COL_FAST: tl.constexpr = False, SEG_TILE: tl.constexpr = False,
     ):  # fmt: skip
         """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux: [*, k] rows seg[i] for the
         gather); B is addressed by strides; ACC adds D (rows stride_dm apart; C itself when accumulating) after the
         bias and the activation; AFFINE maps row i to C·scale[idx[i]] + shift[idx[i]]; SEGSUM adds it into
-        E[seg[i]]. ZERO: the programs of column tile 0 also zero entries [BM·i, BM·(i + 1)) of Z (z_numel <= m)."""
+        E[seg[i]]. ZERO: the programs of column tile 0 also zero entries [BM·i, BM·(i + 1)) of Z (z_numel <= m).
+        COL_FAST: a 1-D grid whose neighbouring programs are the column tiles of one row tile (they share its A
+        tile in L2), else a 2-D grid (row tile, column tile)."""
         pdl_prologue(PDL)
+        if COL_FAST:
+            n_col = tl.cdiv(n, BN)
+            pid_m = tl.program_id(0) // n_col
+            pid_n = tl.program_id(0) % n_col
+        else:
+            pid_m = tl.program_id(0)
+            pid_n = tl.program_id(1)
         if ZERO:
-            if tl.program_id(1) == 0:
-                zi = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+            if pid_n == 0:
+                zi = pid_m.to(tl.int64) * BM + tl.arange(0, BM)
                 tl.store(z_ptr + zi, tl.zeros((BM,), dtype=z_ptr.dtype.element_ty), mask=zi < z_numel)
-        rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        rows = pid_m.to(tl.int64) * BM + tl.arange(0, BM)
+        cols = pid_n * BN + tl.arange(0, BN)
         rm = rows[:, None] < m
         cm = cols[None, :] < n
         acc = tl.zeros((BM, BN), dtype=tl.float32 if b_ptr.dtype.element_ty == tl.float32 else tl.float64)
@@ -521,9 +542,16 @@ if HAS_TRITON:
             acc = acc * sc[:, None] + tl.load(shift_ptr + idx, mask=rows < m, other=0.0)[:, None]
         if SEGSUM:
             # (E may be wider than C: the readout's float64 energy sums)
-            tl.atomic_add(
-                e_ptr + seg[:, None] * n + cols[None, :], acc.to(e_ptr.dtype.element_ty), mask=cmask, sem="relaxed"
-            )
+            wide = acc.to(e_ptr.dtype.element_ty)
+            seg_lo = tl.min(tl.where(rows < m, seg, 2**62), axis=0)
+            seg_hi = tl.max(tl.where(rows < m, seg, -1), axis=0)
+            if SEG_TILE and seg_lo == seg_hi:
+                # The tile's rows all in one structure (a large one: every tile of a 24,000-atom box): one atomic
+                # per column of the tile's sum, not one per row into the same address.
+                tot = tl.sum(tl.where(cmask, wide, 0.0), axis=0)
+                tl.atomic_add(e_ptr + seg_lo * n + cols, tot, mask=cols < n, sem="relaxed")
+            else:
+                tl.atomic_add(e_ptr + seg[:, None] * n + cols[None, :], wide, mask=cmask, sem="relaxed")
         tl.store(cptr, acc, mask=cmask)
 
     class _MLP(torch.autograd.Function):

@@ -245,6 +245,8 @@ def test_readout_sums_many_atoms_to_float32_accuracy(triton_device, backend):
     for wide in (True, False):
         with use_backend(backend), torch.no_grad(), pytest.MonkeyPatch.context() as mp:
             mp.setitem(lin._CONFIG, "energy_sum_f64", wide)
+            # the control sums row by row (a tile's own sum first, the shipped form, is more accurate in float32)
+            mp.setitem(lin._CONFIG, "segsum_tile", wide)
             e, a = readout(x, *ws, scale, shift, species, batch, 1)
         exact = a.double().sum()
         errors[wide] = abs(e.double().item() - exact.item()) / (torch.finfo(torch.float32).eps * abs(exact.item()))
@@ -255,6 +257,38 @@ def test_readout_sums_many_atoms_to_float32_accuracy(triton_device, backend):
     # more than one order of atomics; the engine's own paths are the other three cases.
     if not (triton_device.type == "cuda" and backend == "torch"):
         assert errors[False] > 2.0, errors
+
+
+@pytest.mark.parametrize("sizes", [(6000,), (2500, 3500), (3, 700, 1, 4000, 37)])
+def test_readout_tile_sums_equal_row_sums(triton_device, sizes):
+    """The readout's per-structure sums with a tile's rows of one structure added as one sum per column
+    (``_CONFIG["segsum_tile"]``) against one atomic per row: in float64 (the shipped sums of float32 terms) the
+    same energies bit for bit, for one large structure, two, and a mix of tiles within one structure and spanning
+    several; with float32 sums the tile form is the more accurate one (so the tile path ran)."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    n = sum(sizes)
+    x, ws, scale, shift, species, _ = _readout_inputs(n, 1, torch.float32, triton_device, seed=11)
+    shift = torch.tensor([-4.5, -1.0, -2.0], device=triton_device)
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(triton_device)
+    out, err32 = {}, {}
+    for tile in (True, False):
+        for wide in (True, False):
+            with use_backend("triton"), torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+                mp.setitem(lin._CONFIG, "segsum_tile", tile)
+                mp.setitem(lin._CONFIG, "energy_sum_f64", wide)
+                e, a = readout(x, *ws, scale, shift, species, batch, len(sizes))
+            exact = torch.zeros(len(sizes), dtype=torch.float64, device=a.device).index_add_(0, batch, a.double())
+            if wide:
+                out[tile] = e
+                assert e.dtype == torch.float64
+                assert torch.allclose(e, exact, rtol=1e-15, atol=0)
+            else:
+                err32[tile] = ((e.double() - exact).abs() / exact.abs()).max().item()
+    assert torch.equal(out[True], out[False])
+    if sizes == (6000,):
+        assert err32[True] < err32[False], err32
 
 
 class _Ops(TorchDispatchMode):
@@ -420,3 +454,32 @@ def test_gemm_zeroes_a_tensor_on_the_side(triton_device, m, numel):
         gemm(a, w, zero=torch.zeros(m + 1, device=triton_device))
     with pytest.raises(ValueError, match="zero"):
         gemm(a, w, zero=torch.zeros(2 * m + 2, device=triton_device)[::2])
+
+
+@pytest.mark.parametrize("m, k, n", [(300, 64, 200), (5, 32, 384), (1000, 128, 130)])
+def test_gemm_grid_orders_agree(triton_device, monkeypatch, m, k, n):
+    """The 1-D grid with a row tile's column tiles side by side (``_CONFIG["col_fast"]``, shipped) computes what the
+    2-D grid does, bit for bit, with several row and column tiles: the forward form with SiLU and the side zeroing
+    (column tile 0's programs), and a backward form accumulating into its output."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    gen = torch.Generator().manual_seed(m + k + n)
+    a = _rand(m, k, gen=gen, dtype=torch.float32, device=triton_device)
+    w = _rand(n, k, gen=gen, dtype=torch.float32, device=triton_device)
+    b = _rand(n, gen=gen, dtype=torch.float32, device=triton_device)
+    g = _rand(m, n, gen=gen, dtype=torch.float32, device=triton_device)
+    base = _rand(m, k, gen=gen, dtype=torch.float32, device=triton_device)
+    res = {}
+    for col_fast in (True, False):
+        monkeypatch.setitem(lin._CONFIG, "col_fast", col_fast)
+        z = torch.full((m,), float("nan"), device=triton_device)
+        c, pre = gemm(a, w, b, act="silu", zero=z)
+        assert not z.any() and not torch.isnan(z).any()
+        acc = base.clone()
+        gemm(g, w, transpose_w=False, out=acc, accumulate=True)
+        res[col_fast] = (c, pre, acc)
+    for x, y in zip(res[True], res[False], strict=True):
+        assert torch.equal(x, y)
+    _close(res[True][0], nnf.silu(nnf.linear(a.double(), w.double(), b.double())), TOL[torch.float32], "C")
+    _close(res[True][2], base.double() + g.double() @ w.double(), TOL[torch.float32], "acc")
