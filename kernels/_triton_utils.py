@@ -35,6 +35,7 @@ __all__ = [
     "pdl_enabled",
     "pdl_prologue",
     "round_tf32",
+    "sm90",
     "tf32_hi",
     "tl",
     "triton",
@@ -284,7 +285,8 @@ def triton_op(name: str, *, mutates_args):
 
 
 @functools.lru_cache(maxsize=16)
-def _sm90(index: int) -> bool:
+def sm90(index: int) -> bool:
+    """Whether CUDA device ``index`` is a Hopper (compute capability 9.0) or newer GPU (cached: ~1 µs a query)."""
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
@@ -297,7 +299,7 @@ def pdl_args(ref: torch.Tensor) -> dict:
         and ref.is_cuda
         and type(ref) is torch.Tensor
         and not torch.compiler.is_compiling()
-        and _sm90(ref.device.index if ref.device.index is not None else torch.cuda.current_device())
+        and sm90(ref.device.index if ref.device.index is not None else torch.cuda.current_device())
     )
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 

@@ -35,9 +35,15 @@ from ._triton_utils import (
     next_pow2,
     pdl_args,
     pdl_prologue,
+    sm90,
     tl,
     triton,
 )
+
+try:  # Triton's host-side tensor descriptors (the large-M launch's TMA path; None: that path is off)
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+except ImportError:  # pragma: no cover - an older or absent Triton
+    _TensorDescriptor = None
 
 __all__ = ["gemm", "gemm_fusable", "mlp", "mlp_reference", "readout", "readout_reference"]
 
@@ -103,6 +109,11 @@ _CONFIG = {
     # float64 atomics on E[0]; stop60_gpu/a/). Atomics had no fixed order before either. False: one atomic per row
     # (probes time the two).
     "segsum_tile": True,
+    # The large-M launches (above small_rows) move A, W, the prologue's operand, C, the pre-activation and the
+    # addend through tensor descriptors (Hopper's copy engine, _gemm_tma_kernel) where every one of them allows
+    # it: the same tile and arithmetic, the same bits, 1.07-1.28x a call on the H200 at 7,200-66,000 rows
+    # (benchmarks/results/stop60_gpu/c/probe_gemm_tma_h200.md). False: element-wise loads and stores.
+    "tma": True,
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -386,6 +397,16 @@ def gemm(
         addend = addend.contiguous()
     elif accumulate:
         addend = out
+    if (
+        ref.is_cuda
+        and not small
+        and transpose_w
+        and pro != _PRO_GATHER
+        and row_affine is None
+        and segment_sum is None
+        and _tma_ok(ref, a, w, w_lo, aux if pro else None, out, pre, addend)
+    ):
+        return _launch_tma(a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, dot)
     col_fast = _CONFIG["col_fast"]
     grid = (cdiv(m, bm) * cdiv(n, bn),) if col_fast else (cdiv(m, bm), cdiv(n, bn))
     # The affine epilogue (x·scale + shift) must round like torch's mul then add: no contraction into an FMA.
@@ -405,6 +426,46 @@ def gemm(
         AFFINE=row_affine is not None, SEGSUM=segment_sum is not None, ZERO=zero is not None,
         BM=bm, BN=bn, BK=bk, DOT=kernel_dot, COL_FAST=col_fast,
         SEG_TILE=segment_sum is not None and _CONFIG["segsum_tile"], num_warps=warps, **fusion, **pdl_args(ref),
+    )  # fmt: skip
+    return out, pre
+
+
+def _tma_ok(ref: Tensor, *tensors: Tensor | None) -> bool:
+    """Whether the large-M launch may move its operands through tensor descriptors (``_CONFIG["tma"]``): a Hopper
+    or newer GPU, Triton's host-side descriptors, and every operand a float32 matrix with unit column stride and
+    16-byte aligned rows and start (what the copy engine takes)."""
+    if not _CONFIG["tma"] or _TensorDescriptor is None or not _sm90(ref):
+        return False
+    for t in tensors:
+        if t is None:
+            continue
+        if t.dtype != torch.float32 or t.dim() != 2 or t.stride(1) != 1 or t.stride(0) % 4 or t.data_ptr() % 16:
+            return False
+    return True
+
+
+def _sm90(ref: Tensor) -> bool:
+    return sm90(ref.device.index if ref.device.index is not None else torch.cuda.current_device())
+
+
+def _launch_tma(a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, dot):
+    """:func:`gemm`'s large-M launch through tensor descriptors (:func:`_gemm_tma_kernel`); returns ``(C, pre)``."""
+    desc = _TensorDescriptor.from_tensor
+    a_d = desc(a, [bm, bk])
+    b_d = desc(w, [bn, bk])
+    bl_d = desc(w_lo, [bn, bk]) if dot == "tf32x3w" else b_d
+    c_d = desc(out, [bm, bn])
+    pre_d = desc(pre, [bm, bn]) if pre is not None else c_d
+    d_d = desc(addend, [bm, bn]) if addend is not None else c_d
+    aux_d = desc(aux, [bm, bk]) if pro else a_d
+    launch = {"num_stages": _CONFIG["stages"]} if _CONFIG["stages"] is not None else {}
+    if _CONFIG["large_maxnreg"] is not None:
+        launch["maxnreg"] = _CONFIG["large_maxnreg"]
+    _gemm_tma_kernel[(cdiv(m, bm) * cdiv(n, bn),)](
+        a_d, b_d, bl_d, bias if bias is not None else out, aux_d, c_d, pre_d, d_d, _or(zero, out), m, n, k,
+        zero.numel() if zero is not None else 0,
+        HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, ZERO=zero is not None,
+        BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps, **launch, **pdl_args(a),
     )  # fmt: skip
     return out, pre
 
@@ -553,6 +614,58 @@ if HAS_TRITON:
             else:
                 tl.atomic_add(e_ptr + seg[:, None] * n + cols[None, :], wide, mask=cmask, sem="relaxed")
         tl.store(cptr, acc, mask=cmask)
+
+    @triton.jit(do_not_specialize=["m", "z_numel"])
+    def _gemm_tma_kernel(
+        a_desc, b_desc, bl_desc, bias_ptr, aux_desc, c_desc, pre_desc, d_desc, z_ptr, m, n, k, z_numel,
+        HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, ZERO: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """:func:`_gemm_kernel`'s large-M tile (1-D grid, column tiles of a row tile side by side) with every dense
+        operand moved by the copy engine through a tensor descriptor (Hopper's TMA): A, the prologue's aux, W
+        ([N, K], K-major) and its low part, and the stores of C and the pre-activation; out-of-range rows and
+        columns are the descriptors' zero fill and clipped stores, so no masks or per-element addresses. The same
+        arithmetic as _gemm_kernel's, so the same bits. No row gathers (prologue 3, the affine map, segment sums):
+        those launches keep _gemm_kernel."""
+        pdl_prologue(PDL)
+        n_col = tl.cdiv(n, BN)
+        pid_m = tl.program_id(0) // n_col
+        pid_n = tl.program_id(0) % n_col
+        if ZERO:
+            if pid_n == 0:
+                zi = pid_m.to(tl.int64) * BM + tl.arange(0, BM)
+                tl.store(z_ptr + zi, tl.zeros((BM,), dtype=z_ptr.dtype.element_ty), mask=zi < z_numel)
+        m0 = pid_m * BM
+        n0 = pid_n * BN
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, k, BK):
+            a = a_desc.load([m0, k0])
+            if PRO == 1:  # A ⊙ SiLU'(aux)
+                p = aux_desc.load([m0, k0])
+                sg = _sigmoid(p)
+                a = a * (sg * (1.0 + p * (1.0 - sg)))
+            elif PRO == 2:  # A + aux
+                a = a + aux_desc.load([m0, k0])
+            b = b_desc.load([n0, k0]).T
+            if DOT == "bf16":
+                acc += tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+            elif DOT == "fp16":
+                acc += tl.dot(a.to(tl.float16), b.to(tl.float16))
+            elif DOT == "tf32x2w":
+                acc += dot_w(a, b, b, "tf32x2w")
+            elif DOT == "tf32x3w":
+                acc += dot_w(a, b, bl_desc.load([n0, k0]).T, "tf32x3w")
+            else:
+                acc += dot_rn(a, b, DOT)
+        if HAS_BIAS:
+            cols = n0 + tl.arange(0, BN)
+            acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0)[None, :]
+        if EPI == 1:
+            pre_desc.store([m0, n0], acc)
+            acc = acc * _sigmoid(acc)
+        if ACC:
+            acc += d_desc.load([m0, n0])
+        c_desc.store([m0, n0], acc)
 
     class _MLP(torch.autograd.Function):
         """``W2 SiLU(W1 x + b1) + b2`` for frozen weights: gradient wrt x only, first order (2 kernels each way).

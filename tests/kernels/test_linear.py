@@ -483,3 +483,133 @@ def test_gemm_grid_orders_agree(triton_device, monkeypatch, m, k, n):
         assert torch.equal(x, y)
     _close(res[True][0], nnf.silu(nnf.linear(a.double(), w.double(), b.double())), TOL[torch.float32], "C")
     _close(res[True][2], base.double() + g.double() @ w.double(), TOL[torch.float32], "acc")
+
+
+_TMA_FORMS = ["linear", "silu", "pro_silu", "pro_add", "addend", "accumulate", "zero"]
+
+
+def _tma_case(form, m, k, n, device, gen, grid_w):
+    """(kwargs of gemm, W, A) of one form with W as nn.Linear [N, K] (the large-M launches' layout)."""
+    from mlff_distiller.kernels._frozen import round_tf32_
+
+    a = _rand(m, k, gen=gen, dtype=torch.float32, device=device)
+    w = _rand(n, k, gen=gen, dtype=torch.float32, device=device, scale=k**-0.5)
+    if grid_w:
+        round_tf32_(w)
+    kw = {"bias": _rand(n, gen=gen, dtype=torch.float32, device=device)}
+    if form == "silu":
+        kw["act"] = "silu"
+    elif form == "pro_silu":
+        kw = {"prologue_silu_of": _rand(m, k, gen=gen, dtype=torch.float32, device=device)}
+    elif form == "pro_add":
+        kw["prologue_add"] = _rand(m, k, gen=gen, dtype=torch.float32, device=device)
+    elif form == "addend":
+        kw = {"addend": _rand(m, n, gen=gen, dtype=torch.float32, device=device)}
+    elif form == "accumulate":
+        kw = {"out": _rand(m, n, gen=gen, dtype=torch.float32, device=device), "accumulate": True}
+    elif form == "zero":
+        kw["zero"] = torch.full((m // 2 + 1,), float("nan"), device=device)
+    return kw, w, a
+
+
+def _tma_reference(form, a, w, kw):
+    x = a.double()
+    if form == "pro_silu":
+        p = kw["prologue_silu_of"].double()
+        x = x * torch.sigmoid(p) * (1 + p * (1 - torch.sigmoid(p)))
+    elif form == "pro_add":
+        x = x + kw["prologue_add"].double()
+    c = x @ w.double().T
+    if "bias" in kw:
+        c = c + kw["bias"].double()
+    if form == "silu":
+        c = nnf.silu(c)
+    if form == "addend":
+        c = c + kw["addend"].double()
+    return c
+
+
+@pytest.mark.parametrize("form", _TMA_FORMS)
+def test_gemm_tma_kernel_on_the_interpreter(form):
+    """The large-M launch through tensor descriptors (``_gemm_tma_kernel``, CUDA only in the engine) run by the
+    interpreter on CPU tensors: every form it takes (bias, SiLU with its pre-activation, the SiLU' and add
+    prologues, an addend, accumulating into the output, the side zeroing) against float64, with rows and columns
+    that do not fill the last tiles (the descriptors' zero fill and clipped stores)."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    if lin._TensorDescriptor is None:
+        pytest.skip("this Triton has no host-side tensor descriptors")
+    m, k, n = 150, 64, 96
+    gen = torch.Generator().manual_seed(7)
+    kw, w, a = _tma_case(form, m, k, n, torch.device("cpu"), gen, grid_w=False)
+    before = kw["out"].clone() if form == "accumulate" else None
+    out = kw.get("out", torch.empty(m, n))
+    pre = torch.empty(m, n) if form == "silu" else None
+    aux = kw.get("prologue_silu_of", kw.get("prologue_add"))
+    pro = 1 if form == "pro_silu" else (2 if form == "pro_add" else 0)
+    addend = kw.get("addend", out if form == "accumulate" else None)
+    c, p = lin._launch_tma(
+        a, w, w, kw.get("bias"), aux, out, pre, addend, kw.get("zero"), m, n, k, kw.get("act", "none"), pro,
+        64, 32, 32, 4, "ieee",
+    )  # fmt: skip
+    expect = _tma_reference(form, a, w, kw)
+    if form == "accumulate":
+        expect = expect + before.double()
+    _close(c, expect, 1e-6, form)
+    if form == "silu":
+        _close(p, _tma_reference("linear", a, w, kw), 1e-6, "pre")
+    if form == "zero":
+        assert not kw["zero"].any() and not torch.isnan(kw["zero"]).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("form", _TMA_FORMS)
+@pytest.mark.parametrize("m, grid_w", [(3001, True), (5003, False), (2049, True)])
+def test_gemm_tma_equals_pointer_path_on_cuda(monkeypatch, form, m, grid_w):
+    """On a Hopper GPU the large-M launches take the tensor-descriptor kernel (a spy counts it), with the same
+    bits as the element-wise kernel (``_CONFIG["tma"]`` off) for every form, with W on the TF32 grid (two MMAs) and
+    off it (tf32x3 with W's parts made once), both within float32 accuracy of float64."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev)[0] < 9 or lin._TensorDescriptor is None:
+        pytest.skip("the descriptor path needs sm90+ and Triton's host-side descriptors")
+    k, n = 128, 384
+    res, calls = {}, []
+    real = lin._launch_tma
+    monkeypatch.setattr(lin, "_launch_tma", lambda *args: calls.append(1) or real(*args))
+    for tma in (True, False):
+        monkeypatch.setitem(lin._CONFIG, "tma", tma)
+        calls.clear()
+        kw, w, a = _tma_case(form, m, k, n, dev, torch.Generator().manual_seed(m + len(form)), grid_w)
+        before = kw["out"].clone() if form == "accumulate" else None
+        c, pre = gemm(a, w, dot="tf32x3", **kw)
+        assert len(calls) == (1 if tma else 0)
+        res[tma] = (c.clone(), None if pre is None else pre.clone())
+        expect = _tma_reference(form, a, w, kw) + (before.double() if form == "accumulate" else 0)
+        _close(c, expect, 1e-6, f"{form} tma={tma}")
+        if form == "zero":
+            assert not kw["zero"].any() and not torch.isnan(kw["zero"]).any()
+    assert torch.equal(res[True][0], res[False][0])
+    if res[True][1] is not None:
+        assert torch.equal(res[True][1], res[False][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gemm_tma_declines_unaligned_operands():
+    """An operand the copy engine cannot take (rows not 16-byte aligned: K = 130) keeps the element-wise kernel,
+    with the right product."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(3)
+    a = _rand(3000, 130, gen=gen, dtype=torch.float32, device=dev)
+    w = _rand(64, 130, gen=gen, dtype=torch.float32, device=dev)
+    assert not lin._tma_ok(a, a, w)
+    c, _ = gemm(a, w)
+    _close(c, a.double() @ w.double().T, 1e-6, "C")
