@@ -1667,6 +1667,20 @@ case "${1:-}" in
     cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_tma.md"
     grep -hE "^\| " "$OUT/probe_ncu_sweep_tma.md"; tail -2 "$OUT/probe_ncu_sweep.log"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g|stop59h|stop60|stop60b|stop60c|stop60d" >&2; exit 2 ;;
+  stop60e)
+    # With the GEMM's TMA launches: its tiles, K step and pipeline depth again (the descriptor loads change the
+    # registers and shared memory they take), the GEMM tests' CUDA cases, and every GPU test outside tests/kernels.
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py -k "cuda or tma" \
+      >"$OUT/pytest_linear_tma.log" 2>&1; tail -3 "$OUT/pytest_linear_tma.log"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 185 --out "$OUT" \
+      --systems water3000,g2x1024,g2x4096 \
+      --variants "gemm:large=64x128x4;gemm:large_block_k=64;gemm:stages=4;gemm:stages=2;gemm:large=128x64x8" \
+      >"$OUT/probe_ncu_sweep.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_tmatiles.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_tmatiles.md"; tail -2 "$OUT/probe_ncu_sweep.log"
+    timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels \
+      >"$OUT/pytest_gpu_all.log" 2>&1; tail -5 "$OUT/pytest_gpu_all.log"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g|stop59h|stop60|stop60b|stop60c|stop60d|stop60e" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
