@@ -9,7 +9,7 @@ touches the host path and vice versa.
 
 from __future__ import annotations
 
-from ._triton_utils import HAS_TRITON, STREAM_EVICT, dot_rn, pdl_prologue, round_tf32, tl, triton, unspecialized
+from ._triton_utils import HAS_TRITON, dot_rn, pdl_prologue, round_tf32, tl, triton, unspecialized
 
 __all__ = [
     "_mp_bwd_edge_kernel",
@@ -22,10 +22,6 @@ __all__ = [
 ]
 
 if HAS_TRITON:
-    # The eviction policy of the edge-wise data each tile streams once (edge index, rbf and unit rows, the sender
-    # permutation, the edge backward's output rows): "evict_first" leaves L2 to the gathered node features, which
-    # every edge of a neighbourhood reads again (_triton_utils.STREAM_EVICT; "" is the default policy).
-    _EV: tl.constexpr = tl.constexpr("evict_first" if STREAM_EVICT else "")
 
     @triton.jit
     def _filter_t(w_ptr, BLK: tl.constexpr, f, fm, r, rm, N_FEAT: tl.constexpr, N_RBF: tl.constexpr):
@@ -89,7 +85,7 @@ if HAS_TRITON:
         """Edge ids ``e`` and mask of the tile of the sender-sorted edge list ``perm`` at ``start .. hi``."""
         p = start + tl.arange(0, BLOCK_E)
         pm = p < hi
-        e = tl.load(perm_ptr + p, mask=pm, other=0, eviction_policy=_EV).to(tl.int64)
+        e = tl.load(perm_ptr + p, mask=pm, other=0).to(tl.int64)
         return e, pm
 
     @triton.jit
@@ -108,8 +104,8 @@ if HAS_TRITON:
     @triton.jit
     def _edge_ends(ei_ptr, ei_stride, e, em):
         """Receivers i (row 0) and senders j (row 1) of edges ``e``."""
-        i = tl.load(ei_ptr + e, mask=em, other=0, eviction_policy=_EV).to(tl.int64)
-        j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0, eviction_policy=_EV).to(tl.int64)
+        i = tl.load(ei_ptr + e, mask=em, other=0).to(tl.int64)
+        j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
         return i, j
 
     @triton.jit
@@ -134,16 +130,14 @@ if HAS_TRITON:
     @triton.jit
     def _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF: tl.constexpr):
         """``[BLOCK_E, R_PAD]`` rows of rbf for edges ``e``; zero for masked edges and padding."""
-        return tl.load(
-            rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0, eviction_policy=_EV
-        )
+        return tl.load(rbf_ptr + e[:, None] * N_RBF + r[None, :], mask=em[:, None] & rm[None, :], other=0.0)
 
     @triton.jit
     def _unit3(unit_ptr, e, em):
         """The x, y, z components of the unit vectors of edges ``e`` (zero for masked edges)."""
-        ux = tl.load(unit_ptr + e * 3, mask=em, other=0.0, eviction_policy=_EV)
-        uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0, eviction_policy=_EV)
-        uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0, eviction_policy=_EV)
+        ux = tl.load(unit_ptr + e * 3, mask=em, other=0.0)
+        uy = tl.load(unit_ptr + e * 3 + 1, mask=em, other=0.0)
+        uz = tl.load(unit_ptr + e * 3 + 2, mask=em, other=0.0)
         return ux, uy, uz
 
     @triton.jit
@@ -242,7 +236,7 @@ if HAS_TRITON:
         for start in range(lo, hi, BLOCK_E):
             e = start + tl.arange(0, BLOCK_E)
             em = e < hi
-            j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0, eviction_policy=_EV).to(tl.int64)
+            j = tl.load(ei_ptr + ei_stride + e, mask=em, other=0).to(tl.int64)
             rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
             m2 = em[:, None] & fm[None, :]
             xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
@@ -404,9 +398,9 @@ if HAS_TRITON:
         for start in range(lo, hi, BLOCK_E):
             e, pm = _sender_tile(perm_ptr, start, hi, BLOCK_E, SYM)
             if SYM:  # e = (j ← i), the partner of (i ← j): i is its sender
-                i = tl.load(ei_ptr + ei_stride + e, mask=pm, other=0, eviction_policy=_EV).to(tl.int64)
+                i = tl.load(ei_ptr + ei_stride + e, mask=pm, other=0).to(tl.int64)
             else:
-                i = tl.load(ei_ptr + e, mask=pm, other=0, eviction_policy=_EV).to(tl.int64)
+                i = tl.load(ei_ptr + e, mask=pm, other=0).to(tl.int64)
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
@@ -670,10 +664,10 @@ if HAS_TRITON:
                 g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT,
             )  # fmt: skip
         em = e < E
-        tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :], eviction_policy=_EV)
-        tl.store(gunit_ptr + e * 3, gu_0, mask=em, eviction_policy=_EV)
-        tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em, eviction_policy=_EV)
-        tl.store(gunit_ptr + e * 3 + 2, gu_2, mask=em, eviction_policy=_EV)
+        tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])
+        tl.store(gunit_ptr + e * 3, gu_0, mask=em)
+        tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)
+        tl.store(gunit_ptr + e * 3 + 2, gu_2, mask=em)
 
     @triton.jit(**unspecialized("E"))
     def _mp_sum_split_kernel(

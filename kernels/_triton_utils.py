@@ -60,12 +60,6 @@ LIB = "mlff_distiller"
 # kernels are defined, restores Triton's default (A/B runs: benchmarks/probe_specialize_counts.py).
 SPECIALIZE_COUNTS = os.environ.get("MLFF_DISTILLER_SPECIALIZE_COUNTS", "0") == "1"
 
-# The message kernels load the edge-wise data they stream once per tile (edge index, rbf and unit rows) and store
-# the edge backward's rows with "evict_first", so that L2 keeps the node features their gathers read again and again.
-# MLFF_DISTILLER_STREAM_EVICT=0, read when the kernels are defined, gives those accesses the default policy (A/B
-# runs in separate processes: a kernel's constexpr globals are fixed once it compiles).
-STREAM_EVICT = os.environ.get("MLFF_DISTILLER_STREAM_EVICT", "1") == "1"
-
 
 def unspecialized(*counts: str, aligned: tuple[str, ...] = ()) -> dict:
     """``triton.jit`` keywords that leave the int arguments ``counts`` unspecialised and the pointers ``aligned``
