@@ -205,6 +205,53 @@ def ceiling(args, device) -> None:
     write_lines(lines, Path(args.out), f"bench_gemm_ceiling_{device_slug(device)}")
 
 
+def host_cost(args, device) -> None:
+    """``--host``: the host time of one large-M launch, element-wise against through tensor descriptors (stop 60's
+    TMA launches, which describe each operand on every eager call): 2,000 calls back to back, then one sync; the
+    wall time per call is the host's cost where it exceeds the device's (small M), the device's otherwise."""
+    import importlib
+    import time
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    env = environment(device, 0.0)
+    lines = [
+        "# Host time of a large-M GEMM launch: element-wise loads against tensor descriptors (TMA)",
+        "",
+        f"{env.device} · torch {env.torch} · triton {env.triton} · commit {env.commit}. Wall µs per call of 2,000 "
+        "eager calls back to back (one sync at the end), median of 5 rounds; `device µs`: the same call in a CUDA "
+        "graph (bench_gemm's timing).",
+        "",
+        "| rows M | form | K → N | launch | wall µs per call | device µs |",
+        "|---:|---|---|---|---:|---:|",
+    ]
+    for m in args.rows:
+        for form, k, n in (("linear", 128, 384), ("linear+silu", 128, 128)):
+            ours, _ = _case(form, m, k, n, device, grid=True)
+            for tma in (False, True):
+                old = dict(lin._CONFIG)
+                lin._CONFIG.update(tma=tma, tma_eager_min_rows=0)
+                try:
+                    for _ in range(50):
+                        ours()
+                    torch.cuda.synchronize()
+                    rounds = []
+                    for _ in range(5):
+                        t0 = time.perf_counter()
+                        for _ in range(2000):
+                            ours()
+                        torch.cuda.synchronize()
+                        rounds.append((time.perf_counter() - t0) / 2000 * 1e6)
+                    dev_us = graph_time_per_call_us(ours)
+                finally:
+                    lin._CONFIG.clear()
+                    lin._CONFIG.update(old)
+                wall = sorted(rounds)[2]
+                label = "descriptors" if tma else "element-wise"
+                lines.append(f"| {m} | {form} | {k} → {n} | {label} | {wall:.2f} | {dev_us:.2f} |")
+                print(lines[-1], flush=True)
+    write_lines(lines, Path(args.out), f"bench_gemm_host_{device_slug(device)}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results")
@@ -216,8 +263,11 @@ def main(argv=None) -> None:
         "backward forms run on the Triton GEMM at every size here",
     )
     ap.add_argument("--ceiling", action="store_true", help="the shipped kernel against its ceiling (see ceiling())")
+    ap.add_argument("--host", action="store_true", help="a launch's host time, with and without descriptors")
     args = ap.parse_args(argv)
     device = torch.device("cuda")
+    if args.host:
+        return host_cost(args, device)
     if args.ceiling:
         return ceiling(args, device)
     if args.tiles:

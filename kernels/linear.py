@@ -114,6 +114,11 @@ _CONFIG = {
     # it: the same tile and arithmetic, the same bits, 1.07-1.28x a call on the H200 at 7,200-66,000 rows
     # (benchmarks/results/stop60_gpu/c/probe_gemm_tma_h200.md). False: element-wise loads and stores.
     "tma": True,
+    # ... but outside a CUDA-graph capture only from this many rows on: a descriptor launch costs more host time
+    # (~2 µs to describe each operand in Python and ~2 to encode it at the launch, 5-7 operands), which a captured
+    # step pays once and an eager step on every call; mid-size eager steps are host-bound (a 3,000-atom water step
+    # eagerly: 6-10 ms on the host against 1.6 ms on the device), a 24,000-atom one is not (11.2 ms, all device).
+    "tma_eager_min_rows": 16384,
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -405,6 +410,7 @@ def gemm(
         and row_affine is None
         and segment_sum is None
         and _tma_ok(ref, a, w, w_lo, aux if pro else None, out, pre, addend)
+        and (m >= _CONFIG["tma_eager_min_rows"] or torch.cuda.is_current_stream_capturing())
     ):
         return _launch_tma(a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, dot)
     col_fast = _CONFIG["col_fast"]

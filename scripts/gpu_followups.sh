@@ -1708,6 +1708,20 @@ case "${1:-}" in
     done
     echo "ptx with evict_first: $(grep -l evict_first ~/.triton/cache/*/*.ptx 2>/dev/null | wc -l) of $(ls ~/.triton/cache/*/*.ptx 2>/dev/null | wc -l)"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g|stop59h|stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g" >&2; exit 2 ;;
+  stop60h)
+    # Eager calls take the GEMM's descriptor launch only from tma_eager_min_rows rows on (its host cost): the GEMM
+    # tests' CUDA cases, the host time of a launch either way (bench_gemm.py --host), and the eager steps with the
+    # threshold at 0 and out of reach.
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py -k "cuda or tma" \
+      >"$OUT/pytest_linear_tma.log" 2>&1; tail -2 "$OUT/pytest_linear_tma.log"
+    timeout 120 python3 benchmarks/bench_gemm.py --host --rows 3000 22000 --out "$OUT" >"$OUT/bench_gemm_host.log" 2>&1
+    grep -hE "^\| " "$OUT/bench_gemm_host.log"; tail -2 "$OUT/bench_gemm_host.log"
+    timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --step-mode eager --budget-s 185 --out "$OUT" \
+      --systems water3000,g2x4096,water24000 \
+      --variants "gemm:tma_eager_min_rows=0;gemm:tma_eager_min_rows=100000000" >"$OUT/probe_ncu_sweep.log" 2>&1
+    cp "$OUT/probe_ncu_sweep.md" "$OUT/probe_ncu_sweep_eager_tma.md"
+    grep -hE "^\| " "$OUT/probe_ncu_sweep_eager_tma.md"; tail -2 "$OUT/probe_ncu_sweep.log"
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g|stop59h|stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

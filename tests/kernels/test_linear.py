@@ -583,6 +583,7 @@ def test_gemm_tma_equals_pointer_path_on_cuda(monkeypatch, form, m, grid_w):
     res, calls = {}, []
     real = lin._launch_tma
     monkeypatch.setattr(lin, "_launch_tma", lambda *args: calls.append(1) or real(*args))
+    monkeypatch.setitem(lin._CONFIG, "tma_eager_min_rows", 0)  # eager calls here: the descriptors at any size
     for tma in (True, False):
         monkeypatch.setitem(lin._CONFIG, "tma", tma)
         calls.clear()
@@ -615,3 +616,41 @@ def test_gemm_tma_declines_unaligned_operands():
     assert not lin._tma_ok(a, a, w)
     c, _ = gemm(a, w)
     _close(c, a.double() @ w.double().T, 1e-6, "C")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gemm_tma_eager_only_from_its_row_threshold(monkeypatch):
+    """Eager calls take the descriptor launch only from ``tma_eager_min_rows`` rows on (their host cost per call);
+    inside a CUDA-graph capture every large-M launch takes it, and the replay equals the eager result."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev)[0] < 9 or lin._TensorDescriptor is None:
+        pytest.skip("the descriptor path needs sm90+ and Triton's host-side descriptors")
+    calls = []
+    real = lin._launch_tma
+    monkeypatch.setattr(lin, "_launch_tma", lambda *args: calls.append(args[9]) or real(*args))
+    monkeypatch.setitem(lin._CONFIG, "tma_eager_min_rows", 4000)
+    gen = torch.Generator().manual_seed(5)
+    w = _rand(256, 128, gen=gen, dtype=torch.float32, device=dev)
+    small, large = (_rand(m, 128, gen=gen, dtype=torch.float32, device=dev) for m in (3001, 4001))
+    eager_small = gemm(small, w, act="silu")[0].clone()
+    gemm(large, w)
+    assert calls == [4001]
+    out = torch.empty(3001, 256, device=dev)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gemm(small, w, act="silu", out=out)  # warm-up outside the capture (eager: no descriptors)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm(small, w, act="silu", out=out)
+    assert calls == [4001, 3001]
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager_small)
