@@ -114,11 +114,13 @@ _CONFIG = {
     # it: the same tile and arithmetic, the same bits, 1.07-1.28x a call on the H200 at 7,200-66,000 rows
     # (benchmarks/results/stop60_gpu/c/probe_gemm_tma_h200.md). False: element-wise loads and stores.
     "tma": True,
-    # ... but outside a CUDA-graph capture only from this many rows on: a descriptor launch costs more host time
-    # (~2 µs to describe each operand in Python and ~2 to encode it at the launch, 5-7 operands), which a captured
-    # step pays once and an eager step on every call; mid-size eager steps are host-bound (a 3,000-atom water step
-    # eagerly: 6-10 ms on the host against 1.6 ms on the device), a 24,000-atom one is not (11.2 ms, all device).
-    "tma_eager_min_rows": 16384,
+    # ... but outside a CUDA-graph capture only from this many rows on. A descriptor launch costs more host time
+    # (H200 host, bench_gemm.py --host: 73-122 µs a call against 42-47 element-wise; stop60_gpu/h/), which a
+    # captured step pays once and an eager step on every call, and mid-size eager steps are host-bound: eager, with
+    # the descriptors at every size, water 3,000 0.69x and g2 x 4,096 (21,749 atoms) 0.89x; a 24,000-atom water
+    # step, device-bound, 1.00x (with none: 0.99x). From 65,536 rows (a 3N-row [U; V] product of 21,846 atoms;
+    # boxes past the captured ladder) the device's share wins.
+    "tma_eager_min_rows": 65536,
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
