@@ -701,3 +701,44 @@ def test_probe_last_update_cpu_runs(tmp_path):
     for row in rows:
         assert float(row.split("|")[7]) < 1e-4, row
     assert (tmp_path / "probe_last_update_cpu.md").exists()
+
+
+def test_probe_gemm_tma_kernel_on_the_interpreter(capsys):
+    """probe_gemm_tma.py (stop 60): its descriptor GEMM gives act(x Wᵀ + b) for every one-program-per-tile tiling
+    it times, on the Triton interpreter (rows and columns that leave the last tiles partial, K 128 and 256, both
+    epilogues; the persistent tilings ask the GPU for its multiprocessor count); on a CPU its main says it needs
+    CUDA."""
+    import probe_gemm_tma as probe
+
+    if not probe.HAS_TRITON:
+        pytest.skip("needs triton")
+    from mlff_distiller.kernels._frozen import round_tf32_
+    from torch.nn import functional as nnf
+
+    gen = torch.Generator().manual_seed(1)
+    for m, k, n, act in ((77, 128, 384, "none"), (45, 256, 128, "silu")):
+        x = torch.randn(m, k, generator=gen)
+        w = round_tf32_(torch.randn(n, k, generator=gen) * k**-0.5)
+        b = torch.randn(n, generator=gen)
+        want = nnf.linear(x.double(), w.double(), b.double())
+        want = nnf.silu(want) if act == "silu" else want
+        for tile in probe.TILES:
+            if tile[-1]:
+                continue
+            got, pre = probe.gemm_tma(x, w, b, act, tile)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, msg=str(tile))
+            if act == "silu":
+                lin = nnf.linear(x.double(), w.double(), b.double())
+                torch.testing.assert_close(pre.double(), lin, rtol=1e-5, atol=1e-5, msg=str(tile))
+    assert probe.main([]) == 0
+    assert "needs CUDA" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message of the GPU probes")
+def test_stop59_60_gpu_probes_say_they_need_cuda(capsys):
+    """probe_tf32_grid.py (stop 59) needs a CUDA device: on a CPU it says so and returns 0 (its GPU run is in
+    results/stop59_gpu/d/)."""
+    import probe_tf32_grid
+
+    assert probe_tf32_grid.main([]) == 0
+    assert "needs a CUDA device" in capsys.readouterr().out
