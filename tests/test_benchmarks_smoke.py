@@ -705,9 +705,10 @@ def test_probe_last_update_cpu_runs(tmp_path):
 
 def test_probe_gemm_tma_kernel_on_the_interpreter(capsys):
     """probe_gemm_tma.py (stop 60): its descriptor GEMM gives act(x Wᵀ + b) for every one-program-per-tile tiling
-    it times, on the Triton interpreter (rows and columns that leave the last tiles partial, K 128 and 256, both
-    epilogues; the persistent tilings ask the GPU for its multiprocessor count); on a CPU its main says it needs
-    CUDA."""
+    it times and for the three launches of its --launches section (host descriptors on 1-D and 2-D grids,
+    descriptors made in the kernel), on the Triton interpreter (rows and columns that leave the last tiles partial,
+    K 128 and 256, both epilogues; the persistent tilings ask the GPU for its multiprocessor count); on a CPU its
+    main says it needs CUDA."""
     import probe_gemm_tma as probe
 
     if not probe.HAS_TRITON:
@@ -730,7 +731,11 @@ def test_probe_gemm_tma_kernel_on_the_interpreter(capsys):
             if act == "silu":
                 lin = nnf.linear(x.double(), w.double(), b.double())
                 torch.testing.assert_close(pre.double(), lin, rtol=1e-5, atol=1e-5, msg=str(tile))
+        for how in ("host", "host-2d", "device"):  # the --launches section's three launches of one tile
+            got, _ = probe.gemm_variant(x, w, b, act, how, tile=(64, 32, 32, 4, 3, 0))
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, msg=how)
     assert probe.main([]) == 0
+    assert probe.main(["--launches"]) == 0
     assert "needs CUDA" in capsys.readouterr().out
 
 
