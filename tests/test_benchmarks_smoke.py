@@ -747,3 +747,33 @@ def test_stop59_60_gpu_probes_say_they_need_cuda(capsys):
 
     assert probe_tf32_grid.main([]) == 0
     assert "needs a CUDA device" in capsys.readouterr().out
+
+
+def test_probe_sass_compiles_for_hopper_without_a_gpu():
+    """probe_sass.py (stop 60) compiles a kernel for sm_90 with Triton's own ptxas on this machine and reads its
+    registers, stack and instruction mix (a separate process: the interpreter this session runs under cannot
+    compile); its --set changes a constexpr, and the GEMM's two-MMA tiles are warpgroup MMAs (HGMMA)."""
+    import os
+    import subprocess
+
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_sass.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--kernels", "gemm", "--set", "BN=32"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    if run.returncode != 0 and "ptxas" in run.stderr:
+        pytest.skip(f"no ptxas for sm_90 here: {run.stderr[-200:]}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| gemm |")]
+    assert len(rows) == 1 and "BN=32" in rows[0], run.stdout
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    reg, stack, hgmma = int(cells[4]), int(cells[5]), int(cells[6])
+    assert 32 <= reg <= 255 and stack >= 0 and hgmma > 0, rows[0]
+    interp = subprocess.run(
+        [sys.executable, str(script), "--kernels", "gemm"],
+        capture_output=True, text=True, env={**env, "TRITON_INTERPRET": "1"}, timeout=600,
+    )  # fmt: skip
+    assert interp.returncode == 2 and "unset TRITON_INTERPRET" in interp.stdout
