@@ -525,6 +525,34 @@ if HAS_TRITON:
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         return bits.to(tl.float32, bitcast=True)
 
+    @triton.jit
+    def _prologue(a, aux, PRO: tl.constexpr):
+        """A's prologue on a loaded tile ``aux`` (both kernels): A ⊙ SiLU'(aux) (PRO 1: the backward of a SiLU folded
+        into the load) or A + aux (PRO 2: a residual sum folded into the load)."""
+        if PRO == 1:
+            sg = _sigmoid(aux)
+            return a * (sg * (1.0 + aux * (1.0 - sg)))
+        else:
+            return a + aux
+
+    @triton.jit
+    def _tile_dot(acc, a, b, bl, DOT: tl.constexpr):
+        """``acc + a @ b`` in the launch's dot mode (both kernels, so that they give the same bits): "bf16" / "fp16"
+        16-bit MMAs of the rounded tiles with float32 accumulation; "bf16_rn" the interpreter's stand-in for "bf16"
+        (its bfloat16 dot is wrong: the same products in float32); "tf32x2w" W exact in TF32, A split here, two TF32
+        MMAs; "tf32x3w" b = W_hi and bl = W_lo (made once), A split here, three TF32 MMAs as tf32x3; else
+        :func:`dot_rn` ("tf32": both tiles rounded to nearest first, as the MMA alone truncates them)."""
+        if DOT == "bf16":
+            return acc + tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        elif DOT == "bf16_rn":
+            return acc + tl.dot(_round_bf16(a), _round_bf16(b), input_precision="ieee")
+        elif DOT == "fp16":
+            return acc + tl.dot(a.to(tl.float16), b.to(tl.float16))
+        elif DOT == "tf32x2w" or DOT == "tf32x3w":
+            return acc + dot_w(a, b, bl, DOT)
+        else:
+            return acc + dot_rn(a, b, DOT)
+
     @triton.jit(do_not_specialize=["m", "z_numel"])
     def _gemm_kernel(
         a_ptr, b_ptr, bl_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, idx_ptr, scale_ptr, shift_ptr, seg_ptr, e_ptr,
@@ -574,30 +602,17 @@ if HAS_TRITON:
                     a = (a + g) * sc[:, None]
                 else:
                     a = g * sc[:, None]
-            elif PRO == 1:  # A ⊙ SiLU'(aux): the backward of a SiLU folded into the load
-                p = tl.load(aux_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
-                sg = _sigmoid(p)
-                a = a * (sg * (1.0 + p * (1.0 - sg)))
-            elif PRO == 2:  # A + aux: a residual sum folded into the load
-                a = a + tl.load(aux_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
+            elif PRO == 1 or PRO == 2:
+                a = _prologue(a, tl.load(aux_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0), PRO)
             b = tl.load(
                 b_ptr + kk[:, None] * stride_bk + cols[None, :] * stride_bn, mask=(kk[:, None] < k) & cm, other=0.0
             )
-            if DOT == "bf16":  # 16-bit MMAs of the rounded tiles, float32 accumulation
-                acc += tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-            elif DOT == "bf16_rn":  # the interpreter, whose bfloat16 dot is wrong: the same products in float32
-                acc += tl.dot(_round_bf16(a), _round_bf16(b), input_precision="ieee")
-            elif DOT == "fp16":
-                acc += tl.dot(a.to(tl.float16), b.to(tl.float16))
-            elif DOT == "tf32x2w":  # W exact in TF32: A split here, two TF32 MMAs
-                acc += dot_w(a, b, b, "tf32x2w")
-            elif DOT == "tf32x3w":  # B = W_hi, bl = W_lo (made once); A split here: three TF32 MMAs, as tf32x3
+            bl = b
+            if DOT == "tf32x3w":
                 bl = tl.load(
                     bl_ptr + kk[:, None] * stride_bk + cols[None, :] * stride_bn, mask=(kk[:, None] < k) & cm, other=0.0
                 )
-                acc += dot_w(a, b, bl, "tf32x3w")
-            else:  # "tf32": both tiles rounded to nearest first (the MMA alone truncates them)
-                acc += dot_rn(a, b, DOT)
+            acc = _tile_dot(acc, a, b, bl, DOT)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0)[None, :]
         cmask = rm & cm
@@ -648,23 +663,13 @@ if HAS_TRITON:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, k, BK):
             a = a_desc.load([m0, k0])
-            if PRO == 1:  # A ⊙ SiLU'(aux)
-                p = aux_desc.load([m0, k0])
-                sg = _sigmoid(p)
-                a = a * (sg * (1.0 + p * (1.0 - sg)))
-            elif PRO == 2:  # A + aux
-                a = a + aux_desc.load([m0, k0])
+            if PRO == 1 or PRO == 2:
+                a = _prologue(a, aux_desc.load([m0, k0]), PRO)
             b = b_desc.load([n0, k0]).T
-            if DOT == "bf16":
-                acc += tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-            elif DOT == "fp16":
-                acc += tl.dot(a.to(tl.float16), b.to(tl.float16))
-            elif DOT == "tf32x2w":
-                acc += dot_w(a, b, b, "tf32x2w")
-            elif DOT == "tf32x3w":
-                acc += dot_w(a, b, bl_desc.load([n0, k0]).T, "tf32x3w")
-            else:
-                acc += dot_rn(a, b, DOT)
+            bl = b
+            if DOT == "tf32x3w":
+                bl = bl_desc.load([n0, k0]).T
+            acc = _tile_dot(acc, a, b, bl, DOT)
         if HAS_BIAS:
             cols = n0 + tl.arange(0, BN)
             acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0)[None, :]
