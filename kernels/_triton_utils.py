@@ -284,9 +284,13 @@ def triton_op(name: str, *, mutates_args):
     return register
 
 
+def sm90(device: torch.device) -> bool:
+    """Whether CUDA ``device`` (no index: the current one) is a Hopper (compute capability 9.0) or newer GPU."""
+    return _sm90_index(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.lru_cache(maxsize=16)
-def sm90(index: int) -> bool:
-    """Whether CUDA device ``index`` is a Hopper (compute capability 9.0) or newer GPU (cached: ~1 µs a query)."""
+def _sm90_index(index: int) -> bool:  # cached: ~1 µs a query
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
@@ -299,7 +303,7 @@ def pdl_args(ref: torch.Tensor) -> dict:
         and ref.is_cuda
         and type(ref) is torch.Tensor
         and not torch.compiler.is_compiling()
-        and sm90(ref.device.index if ref.device.index is not None else torch.cuda.current_device())
+        and sm90(ref.device)
     )
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 

@@ -442,7 +442,7 @@ def _tma_ok(ref: Tensor, *tensors: Tensor | None) -> bool:
     """Whether the large-M launch may move its operands through tensor descriptors (``_CONFIG["tma"]``): a Hopper
     or newer GPU, Triton's host-side descriptors, and every operand a float32 matrix with unit column stride and
     16-byte aligned rows and start (what the copy engine takes)."""
-    if not _CONFIG["tma"] or _TensorDescriptor is None or not _sm90(ref):
+    if not _CONFIG["tma"] or _TensorDescriptor is None or not sm90(ref.device):
         return False
     for t in tensors:
         if t is None:
@@ -450,10 +450,6 @@ def _tma_ok(ref: Tensor, *tensors: Tensor | None) -> bool:
         if t.dtype != torch.float32 or t.dim() != 2 or t.stride(1) != 1 or t.stride(0) % 4 or t.data_ptr() % 16:
             return False
     return True
-
-
-def _sm90(ref: Tensor) -> bool:
-    return sm90(ref.device.index if ref.device.index is not None else torch.cuda.current_device())
 
 
 def _launch_tma(a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, dot):
