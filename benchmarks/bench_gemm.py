@@ -25,7 +25,7 @@ from torch.nn import functional as nnf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import device_slug, environment, graph_time_per_call_us, write_lines
+from harness import back_to_back_us, device_slug, environment, graph_time_per_call_us, write_lines
 from mlff_distiller.kernels import gemm
 
 # (form, K, N) of the 128-feature student: φ / mixing / U,V / readout layers and their backward GEMMs.
@@ -210,7 +210,6 @@ def host_cost(args, device) -> None:
     TMA launches, which describe each operand on every eager call): 2,000 calls back to back, then one sync; the
     wall time per call is the host's cost where it exceeds the device's (small M), the device's otherwise."""
     import importlib
-    import time
 
     lin = importlib.import_module("mlff_distiller.kernels.linear")
     env = environment(device, 0.0)
@@ -231,21 +230,11 @@ def host_cost(args, device) -> None:
                 old = dict(lin._CONFIG)
                 lin._CONFIG.update(tma=tma, tma_eager_min_rows=0)
                 try:
-                    for _ in range(50):
-                        ours()
-                    torch.cuda.synchronize()
-                    rounds = []
-                    for _ in range(5):
-                        t0 = time.perf_counter()
-                        for _ in range(2000):
-                            ours()
-                        torch.cuda.synchronize()
-                        rounds.append((time.perf_counter() - t0) / 2000 * 1e6)
+                    wall = back_to_back_us(ours, 2000, warmup=50)
                     dev_us = graph_time_per_call_us(ours)
                 finally:
                     lin._CONFIG.clear()
                     lin._CONFIG.update(old)
-                wall = sorted(rounds)[2]
                 label = "descriptors" if tma else "element-wise"
                 lines.append(f"| {m} | {form} | {k} → {n} | {label} | {wall:.2f} | {dev_us:.2f} |")
                 print(lines[-1], flush=True)

@@ -182,6 +182,23 @@ def host_us(fn: Callable[[], object], reps: int) -> float:
     return (t1 - t0) / reps * 1e6
 
 
+def back_to_back_us(fn: Callable[[], object], calls: int, rounds: int = 5, warmup: int = 20) -> float:
+    """Wall µs per call of ``calls`` eager calls of ``fn`` back to back and one synchronisation after them, the
+    median of ``rounds``: the host's cost of a launch where it exceeds the device's, the device's otherwise (unlike
+    :func:`host_us`, the clock runs until the device is done)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        per_call.append((time.perf_counter() - t0) / calls * 1e6)
+    return sorted(per_call)[len(per_call) // 2]
+
+
 def time_graph(fn: Callable[[], object], device: torch.device, rep_ms: float = 100) -> Timing | None:
     """Device time of one call of ``fn``: ``fn`` captured once as a CUDA graph and its replays timed like
     :func:`time_fn` (L2 flushed between repetitions). A replay costs ~10 µs of host time whatever ``fn`` does,

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import device_slug, environment, graph_time_per_call_us, write_lines
+from harness import back_to_back_us, device_slug, environment, graph_time_per_call_us, write_lines
 from mlff_distiller.kernels import gemm
 from mlff_distiller.kernels._frozen import round_tf32_
 from mlff_distiller.kernels._triton_utils import HAS_TRITON, dot_w, tl, triton
@@ -166,24 +166,6 @@ TILES = [
 ]
 
 
-def _host_us(fn, calls: int = 1000) -> float:
-    """Wall µs per call of ``calls`` eager calls back to back and one sync (the median of 5 rounds): the host's
-    cost of a launch where it exceeds the device's."""
-    import time
-
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - t0) / calls * 1e6)
-    return sorted(rounds)[2]
-
-
 def launches(args, device, env) -> int:
     """``--launches``: the shipped tile launched three ways (host descriptors 1-D / 2-D grid, descriptors made in
     the kernel) beside kernels/linear.py's gemm (descriptors from its eager threshold on, element-wise below), device
@@ -213,7 +195,7 @@ def launches(args, device, env) -> int:
                 try:
                     rel = ((fn() - ref).abs().max() / ref.abs().max()).item()
                     dev_us = graph_time_per_call_us(fn)
-                    host = _host_us(fn)
+                    host = back_to_back_us(fn, 1000)
                     row = f"{dev_us:.2f} | {host:.2f} | {rel:.1e}"
                 except Exception as exc:  # a launch this Triton cannot make is a row saying so
                     row = f"failed: {type(exc).__name__}: {str(exc)[:60]} | | "

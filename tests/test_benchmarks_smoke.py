@@ -658,6 +658,20 @@ def test_host_us_times_calls_back_to_back(monkeypatch):
     assert len(calls) == 5 and len(syncs) == 2 and 1_900 <= us <= 50_000
 
 
+def test_back_to_back_us_takes_the_median_round(monkeypatch):
+    """harness.back_to_back_us: warm-up calls, then rounds of calls each ended by a synchronisation (stubbed on a
+    CPU), the median round's µs per call; calls that take 2 ms and one round of 20 ms calls read about 2,000."""
+    import harness
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
+    calls = []
+    slow = iter([0.0] * 2 + [0.02] * 3 + [0.002] * 12)  # warm-up, one slow round, four quick rounds of 3 calls
+
+    us = harness.back_to_back_us(lambda: calls.append(time.sleep(next(slow))), 3, warmup=2)
+    assert len(calls) == 17 and len(syncs) == 6 and 1_900 <= us <= 15_000
+
+
 def test_probe_gemm_persistent_kernel_on_the_interpreter(capsys):
     """probe_gemm_persistent.py (stop 53): its persistent kernel gives act(x Wᵀ + b) for every tiling it times, on
     the Triton interpreter (odd row counts, K 128 and 256, both epilogues); on a CPU its main says it needs CUDA."""
