@@ -1,6 +1,7 @@
 """Registers, spills and instruction mix of the Triton kernels, compiled for the H100/H200 on a machine without a GPU.
 
-    python benchmarks/probe_sass.py [--kernels gemm,gemm_tma,edge,fwd,sender,sender_block] [--set KEY=VALUE ...]
+    python benchmarks/probe_sass.py [--kernels gemm,gemm_tma,edge,fwd,fwd_atom,sender,sender_block]
+                                    [--set KEY=VALUE ...]
 
 Triton compiles for a target named in code (``GPUTarget("cuda", 90, 32)``) with the ``ptxas`` its wheel carries, so
 the machine code of a kernel can be read where no GPU is: this prints each kernel's registers per thread, its stack
@@ -66,6 +67,11 @@ KERNELS = {
             SEG_SPLIT=True,
             PDL=False,
         ),
+    ),
+    "fwd_atom": (
+        "_mp_kernels",
+        "_mp_fwd_kernel",
+        dict(N_FEAT=128, N_RBF=20, BLOCK_E=64, BLOCK_F=32, R_PAD=32, DOT_PRECISION="tf32x2w", HAS_V=True, PDL=False),
     ),
     "sender": (
         "_mp_kernels",
@@ -143,7 +149,7 @@ def compile_counts(kernel, const: dict, warps: int, stages: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernels", default="gemm,edge,fwd,sender,sender_block")
+    p.add_argument("--kernels", default="gemm,edge,fwd,fwd_atom,sender,sender_block")
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE: one constexpr changed (Python literal)")
     p.add_argument("--warps", type=int, default=4)
     p.add_argument("--stages", type=int, default=3)

@@ -9,7 +9,7 @@ touches the host path and vice versa.
 
 from __future__ import annotations
 
-from ._triton_utils import HAS_TRITON, dot_rn, pdl_prologue, round_tf32, tl, triton, unspecialized
+from ._triton_utils import HAS_TRITON, dot_fin, dot_rn, pdl_prologue, tf32_hi, tl, triton, unspecialized
 
 __all__ = [
     "_mp_bwd_edge_kernel",
@@ -71,7 +71,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _zeros5(x_ptr, BLOCK_A: tl.constexpr, BLOCK_F: tl.constexpr):
-        """Five ``[BLOCK_A, BLOCK_F]`` accumulators in x's dtype (the block sender backward's sums)."""
+        """Five ``[BLOCK_A, BLOCK_F]`` accumulators in x's dtype (the sender backward's sums; BLOCK_A: a block's
+        atoms, or an edge tile's rows where the atom kernels sum over the edges after their loop)."""
         dt = x_ptr.dtype.element_ty
         z0 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
         z1 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
@@ -117,9 +118,10 @@ if HAS_TRITON:
     def _seg_acc(acc, onehot, m, DOT_PRECISION: tl.constexpr, SEG_SPLIT: tl.constexpr):
         """``acc + onehot @ m``: the one-hot segment sum of messages ``m`` into a block's atoms. SEG_SPLIT (float32
         "tf32x3" kernels on CUDA): the one-hot factor is exact in TF32, so two TF32 MMAs of m's high and low parts
-        (m = hi + lo, hi rounded to TF32) carry what tf32x3's three do, the third (the one-hot's low part) being 0."""
+        (m = hi + lo, hi rounded to TF32) carry what tf32x3's three do, the third (the one-hot's low part) being 0.
+        hi in integer ops (``tf32_hi``: the bits of ``cvt.rna.tf32.f32``, which compiles to a compare more)."""
         if SEG_SPLIT:
-            hi = round_tf32(m)
+            hi = tf32_hi(m)
             acc = tl.dot(onehot, hi, acc, input_precision="tf32")
             return tl.dot(onehot, m - hi, acc, input_precision="tf32")
         elif DOT_PRECISION == "tf32x2w":  # (the filter weight's dots; m is no weight)
@@ -226,11 +228,8 @@ if HAS_TRITON:
         i = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
-        dt = x_ptr.dtype.element_ty
-        acc_s = tl.zeros((BLOCK_F,), dtype=dt)
-        acc_0 = tl.zeros((BLOCK_F,), dtype=dt)
-        acc_1 = tl.zeros((BLOCK_F,), dtype=dt)
-        acc_2 = tl.zeros((BLOCK_F,), dtype=dt)
+        # [BLOCK_E, BLOCK_F] accumulators summed over the edge axis after the loop, as in _mp_bwd_sender_kernel.
+        acc_s, acc_0, acc_1, acc_2, _ = _zeros5(x_ptr, BLOCK_E, BLOCK_F)
         lo = tl.load(rowptr_ptr + i)
         hi = tl.load(rowptr_ptr + i + 1)
         for start in range(lo, hi, BLOCK_E):
@@ -242,22 +241,21 @@ if HAS_TRITON:
             xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             # Masked edges have rb = 0 and x = 0, so they add exact zeros.
-            a = tl.load(xrow, mask=m2, other=0.0) * dot_rn(rb, wa, DOT_PRECISION)
-            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wc, DOT_PRECISION)
+            a = tl.load(xrow, mask=m2, other=0.0) * dot_fin(rb, wa, DOT_PRECISION)
+            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_fin(rb, wc, DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
-            acc_s += tl.sum(a, axis=0)
+            acc_s += a
+            acc_0 += c * ux[:, None]
+            acc_1 += c * uy[:, None]
+            acc_2 += c * uz[:, None]
             if HAS_V:
-                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wb, DOT_PRECISION)
-                acc_0 += tl.sum(b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None], axis=0)
-                acc_1 += tl.sum(b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None], axis=0)
-                acc_2 += tl.sum(b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None], axis=0)
-            else:
-                acc_0 += tl.sum(c * ux[:, None], axis=0)
-                acc_1 += tl.sum(c * uy[:, None], axis=0)
-                acc_2 += tl.sum(c * uz[:, None], axis=0)
-        tl.store(ds_ptr + i * N_FEAT + f, acc_s, mask=fm)
+                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_fin(rb, wb, DOT_PRECISION)
+                acc_0 += b * tl.load(vrow, mask=m2, other=0.0)
+                acc_1 += b * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
+                acc_2 += b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
+        tl.store(ds_ptr + i * N_FEAT + f, tl.sum(acc_s, axis=0), mask=fm)
         out = dv_ptr + i * (3 * N_FEAT) + f
-        _store3(out, acc_0, acc_1, acc_2, fm, N_FEAT)
+        _store3(out, tl.sum(acc_0, axis=0), tl.sum(acc_1, axis=0), tl.sum(acc_2, axis=0), fm, N_FEAT)
 
     # "block" forward: one program per (BLOCK_A consecutive receivers, feature chunk). Their edges are one contiguous
     # range of the receiver-sorted list (row_ptr[a0] .. row_ptr[a0 + BLOCK_A]), walked in BLOCK_E tiles that may
@@ -313,18 +311,18 @@ if HAS_TRITON:
             m2 = em[:, None] & fm[None, :]
             xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-            a = tl.load(xrow, mask=m2, other=0.0) * dot_rn(rb, wa, DOT_PRECISION)
+            a = tl.load(xrow, mask=m2, other=0.0) * dot_fin(rb, wa, DOT_PRECISION)
             acc_s = _seg_acc(acc_s, onehot, a, DOT_PRECISION, SEG_SPLIT)
-            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wc, DOT_PRECISION)
+            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_fin(rb, wc, DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
             m_0 = c * ux[:, None]
             m_1 = c * uy[:, None]
             m_2 = c * uz[:, None]
             if HAS_V:
                 if FOLD:
-                    b = dot_rn(rb, wb, DOT_PRECISION)
+                    b = dot_fin(rb, wb, DOT_PRECISION)
                 else:
-                    b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_rn(rb, wb, DOT_PRECISION)
+                    b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_fin(rb, wb, DOT_PRECISION)
                 m_0 += b * tl.load(vrow, mask=m2, other=0.0)
                 m_1 += b * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
                 m_2 += b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
@@ -387,12 +385,9 @@ if HAS_TRITON:
         j = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
-        dt = x_ptr.dtype.element_ty
-        acc_a = tl.zeros((BLOCK_F,), dtype=dt)
-        acc_c = tl.zeros((BLOCK_F,), dtype=dt)
-        t_0 = tl.zeros((BLOCK_F,), dtype=dt)
-        t_1 = tl.zeros((BLOCK_F,), dtype=dt)
-        t_2 = tl.zeros((BLOCK_F,), dtype=dt)
+        # [BLOCK_E, BLOCK_F] accumulators, summed over the edge axis once after the loop: a sum across the tile's
+        # rows in every iteration (lanes and warps) cost ~28 % of the loop's instructions (stop 61, probe_sass.py).
+        acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_E, BLOCK_F)
         lo = tl.load(colptr_ptr + j)
         hi = tl.load(colptr_ptr + j + 1)
         for start in range(lo, hi, BLOCK_E):
@@ -404,14 +399,19 @@ if HAS_TRITON:
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
-            w_a = dot_rn(rb, wa, DOT_PRECISION)
-            w_b = dot_rn(rb, wb, DOT_PRECISION)
-            w_c = dot_rn(rb, wc, DOT_PRECISION)
-            acc_a += tl.sum(gsi * w_a, axis=0)
-            acc_c += tl.sum(_gamma(g0, g1, g2, ux, uy, uz) * w_c, axis=0)
-            t_0 += tl.sum(w_b * g0, axis=0)
-            t_1 += tl.sum(w_b * g1, axis=0)
-            t_2 += tl.sum(w_b * g2, axis=0)
+            w_a = dot_fin(rb, wa, DOT_PRECISION)
+            w_b = dot_fin(rb, wb, DOT_PRECISION)
+            w_c = dot_fin(rb, wc, DOT_PRECISION)
+            acc_a += gsi * w_a
+            acc_c += _gamma(g0, g1, g2, ux, uy, uz) * w_c
+            t_0 += w_b * g0
+            t_1 += w_b * g1
+            t_2 += w_b * g2
+        acc_a = tl.sum(acc_a, axis=0)
+        acc_c = tl.sum(acc_c, axis=0)
+        t_0 = tl.sum(t_0, axis=0)
+        t_1 = tl.sum(t_1, axis=0)
+        t_2 = tl.sum(t_2, axis=0)
         if SYM:  # γ was summed with the partners' unit vectors, -u
             acc_c = -acc_c
         row = j * (3 * N_FEAT) + f
@@ -467,12 +467,12 @@ if HAS_TRITON:
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )
-            w_a = dot_rn(rb, wa, DOT_PRECISION)
+            w_a = dot_fin(rb, wa, DOT_PRECISION)
             acc_a = _seg_acc(acc_a, onehot, gsi * w_a, DOT_PRECISION, SEG_SPLIT)
-            w_c = dot_rn(rb, wc, DOT_PRECISION)
+            w_c = dot_fin(rb, wc, DOT_PRECISION)
             gamma = _gamma(g0, g1, g2, ux, uy, uz)
             acc_c = _seg_acc(acc_c, onehot, gamma * w_c, DOT_PRECISION, SEG_SPLIT)
-            w_b = dot_rn(rb, wb, DOT_PRECISION)
+            w_b = dot_fin(rb, wb, DOT_PRECISION)
             t_0 = _seg_acc(t_0, onehot, w_b * g0, DOT_PRECISION, SEG_SPLIT)
             t_1 = _seg_acc(t_1, onehot, w_b * g1, DOT_PRECISION, SEG_SPLIT)
             t_2 = _seg_acc(t_2, onehot, w_b * g2, DOT_PRECISION, SEG_SPLIT)
@@ -543,20 +543,20 @@ if HAS_TRITON:
         G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(
             gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT, HAS_V, FOLD
         )
-        g_rbf += dot_rn(G_a, _w_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
+        g_rbf += dot_fin(G_a, _w_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
         if HAS_V:
-            g_rbf += dot_rn(G_b, _w_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
+            g_rbf += dot_fin(G_b, _w_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
         if DU_DOT:
             # Σ_f over this chunk of c_e ⊙ g_v[i,k] with c_e = x_c ⊙ (rbf_e @ W_cᵀ) is rbf_e · D_k[e], and
             # G_c @ W_c = Σ_k u_e[k] D_k[e] (γ = Σ_k u_k g_v[i,k]): three dots in place of two and of the
             # cross-lane sums over features.
             w_c = _w_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION)
-            gu_0 += dot_rn(xc * g0, w_c, DOT_PRECISION)
-            gu_1 += dot_rn(xc * g1, w_c, DOT_PRECISION)
-            gu_2 += dot_rn(xc * g2, w_c, DOT_PRECISION)
+            gu_0 += dot_fin(xc * g0, w_c, DOT_PRECISION)
+            gu_1 += dot_fin(xc * g1, w_c, DOT_PRECISION)
+            gu_2 += dot_fin(xc * g2, w_c, DOT_PRECISION)
         else:
-            g_rbf += dot_rn(G_c, _w_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
-            c = xc * dot_rn(rb, _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), DOT_PRECISION)
+            g_rbf += dot_fin(G_c, _w_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
+            c = xc * dot_fin(rb, _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), DOT_PRECISION)
             gu_0 += tl.sum(c * g0, axis=1)
             gu_1 += tl.sum(c * g1, axis=1)
             gu_2 += tl.sum(c * g2, axis=1)

@@ -26,6 +26,7 @@ __all__ = [
     "FirstOrderOnly",
     "cdiv",
     "check_launchable",
+    "dot_fin",
     "dot_rn",
     "dot_w",
     "edge_block",
@@ -339,6 +340,21 @@ if HAS_TRITON:
             return tl.dot(a, b, input_precision=DOT)
 
     @triton.jit
+    def dot_fin(a, b, DOT: tl.constexpr):
+        """:func:`dot_rn` for an ``a`` that the caller knows to be finite (the message-passing kernels' radial
+        basis rows, feature and gradient products): "tf32x2w" without :func:`dot_w`'s NaN guard, which only turns
+        the NaN of ``inf - inf`` in the small part into the large part's inf, so the same bits for finite ``a``
+        (and a non-finite result either way otherwise). The guard's compare and select per output element and
+        product were 6 of a message's ~50 instructions per edge and feature in the block forward (stop 61,
+        ``benchmarks/probe_sass.py``). Other modes: :func:`dot_rn`."""
+        if DOT == "tf32x2w":
+            a_hi = tf32_hi(a)
+            part = tl.dot(a - a_hi, b, input_precision="tf32")
+            return tl.dot(a_hi, b, part, input_precision="tf32")
+        else:
+            return dot_rn(a, b, DOT)
+
+    @triton.jit
     def tf32_hi(x):
         """float32 ``x`` rounded to the nearest TF32 value (ties away from zero, as ``cvt.rna.tf32.f32``) in integer
         ops, which the interpreter runs too: the same bits as W_hi of :func:`._frozen.tf32_parts`."""
@@ -368,7 +384,7 @@ if HAS_TRITON:
             return dot_rn(a, b, DOT)
 
 else:  # the kernel files import them by name; without Triton they define no kernel that calls them
-    pdl_prologue = round_tf32 = dot_rn = tf32_hi = dot_w = None
+    pdl_prologue = round_tf32 = dot_rn = dot_fin = tf32_hi = dot_w = None
 
 
 class FirstOrderOnly(torch.autograd.Function):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from mlff_distiller.kernels import message_passing, message_passing_reference, use_backend
 from mlff_distiller.kernels._frozen import round_tf32_, split_tf32, tf32_exact
+from mlff_distiller.kernels._triton_utils import HAS_TRITON, dot_fin, dot_w, round_tf32, tf32_hi, tl, triton
 from mlff_distiller.kernels.linear import gemm
 
 lin = importlib.import_module("mlff_distiller.kernels.linear")
@@ -240,3 +241,62 @@ def test_two_mmas_equal_three_on_cuda():
         assert _rel(got, want) < 1e-6
     for two, three in zip(*outs, strict=True):
         assert _rel(two, three) < 1e-6
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _dot_forms_kernel(a_ptr, b_ptr, fin_ptr, guarded_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+        rm, rn, rk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+        a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
+        b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
+        out = rm[:, None] * N + rn[None, :]
+        tl.store(fin_ptr + out, dot_fin(a, b, "tf32x2w"))
+        tl.store(guarded_ptr + out, dot_w(a, b, b, "tf32x2w"))
+
+    @triton.jit
+    def _tf32_hi_forms_kernel(x_ptr, int_ptr, asm_ptr, n, BLOCK: tl.constexpr, ASM: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + i, mask=i < n)
+        tl.store(int_ptr + i, tf32_hi(x), mask=i < n)
+        if ASM:
+            tl.store(asm_ptr + i, round_tf32(x), mask=i < n)
+
+
+def _dot_forms(device):
+    a = _rand(32, 32, seed=40, scale=1e3, device=device)
+    a[0, :8] = torch.tensor([1e-30, -1e-38, 3.4e38, -3.4e38, 0.0, -0.0, 1.5, -2.75], device=device)
+    b = round_tf32_(_rand(32, 32, seed=41, scale=1e-3, device=device))
+    fin, guarded = torch.empty(32, 32, device=device), torch.empty(32, 32, device=device)
+    _dot_forms_kernel[(1,)](a, b, fin, guarded, M=32, N=32, K=32)
+    return a, b, fin, guarded
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+def test_dot_fin_is_the_guarded_two_mma_dot_for_finite_operands(triton_device):
+    """``dot_fin`` (the message kernels' weight dots since stop 61) is ``dot_w``'s "tf32x2w" without the NaN
+    guard: the same bits for finite A (large, tiny, signed zeros among them), within float32's bound of float64."""
+    a, b, fin, guarded = _dot_forms(triton_device)
+    assert torch.equal(fin, guarded)
+    want = a.double() @ b.double()
+    assert torch.isfinite(fin).all() and _rel(fin[1:], want[1:]) < 1e-6
+
+
+@pytest.mark.gpu
+def test_tf32_hi_has_the_bits_of_cvt_rna_on_cuda():
+    """The segment sums' high part in integer ops (``tf32_hi``, stop 61) equals ``cvt.rna.tf32.f32``
+    (``round_tf32``) bit for bit: random magnitudes, ties, the largest finite values (which round to inf),
+    denormals, signed zeros and infinities."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    x = torch.cat(
+        [
+            _rand(100_000, seed=42, scale=1e4),
+            torch.tensor([3.4028235e38, -3.4028235e38, 1e-40, -1e-40, 0.0, -0.0, float("inf"), -float("inf")]),
+            (torch.arange(-4096, 4096, dtype=torch.int32) * 4096 + 0x3F801000).view(torch.float32),  # ties
+        ]
+    ).to(dev)
+    got_int, got_asm = torch.empty_like(x), torch.empty_like(x)
+    _tf32_hi_forms_kernel[(triton.cdiv(x.numel(), 1024),)](x, got_int, got_asm, x.numel(), BLOCK=1024, ASM=True)
+    assert torch.equal(got_int.view(torch.int32), got_asm.view(torch.int32))
