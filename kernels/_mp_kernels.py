@@ -71,8 +71,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _zeros5(x_ptr, BLOCK_A: tl.constexpr, BLOCK_F: tl.constexpr):
-        """Five ``[BLOCK_A, BLOCK_F]`` accumulators in x's dtype (the sender backward's sums; BLOCK_A: a block's
-        atoms, or an edge tile's rows where the atom kernels sum over the edges after their loop)."""
+        """Five ``[BLOCK_A, BLOCK_F]`` accumulators in x's dtype (the block sender backward's sums)."""
         dt = x_ptr.dtype.element_ty
         z0 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
         z1 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
@@ -228,8 +227,11 @@ if HAS_TRITON:
         i = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
-        # [BLOCK_E, BLOCK_F] accumulators summed over the edge axis after the loop, as in _mp_bwd_sender_kernel.
-        acc_s, acc_0, acc_1, acc_2, _ = _zeros5(x_ptr, BLOCK_E, BLOCK_F)
+        dt = x_ptr.dtype.element_ty
+        acc_s = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_0 = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_1 = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_2 = tl.zeros((BLOCK_F,), dtype=dt)
         lo = tl.load(rowptr_ptr + i)
         hi = tl.load(rowptr_ptr + i + 1)
         for start in range(lo, hi, BLOCK_E):
@@ -244,18 +246,19 @@ if HAS_TRITON:
             a = tl.load(xrow, mask=m2, other=0.0) * dot_fin(rb, wa, DOT_PRECISION)
             c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_fin(rb, wc, DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
-            acc_s += a
-            acc_0 += c * ux[:, None]
-            acc_1 += c * uy[:, None]
-            acc_2 += c * uz[:, None]
+            acc_s += tl.sum(a, axis=0)
             if HAS_V:
                 b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_fin(rb, wb, DOT_PRECISION)
-                acc_0 += b * tl.load(vrow, mask=m2, other=0.0)
-                acc_1 += b * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
-                acc_2 += b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
-        tl.store(ds_ptr + i * N_FEAT + f, tl.sum(acc_s, axis=0), mask=fm)
+                acc_0 += tl.sum(b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None], axis=0)
+                acc_1 += tl.sum(b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None], axis=0)
+                acc_2 += tl.sum(b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None], axis=0)
+            else:
+                acc_0 += tl.sum(c * ux[:, None], axis=0)
+                acc_1 += tl.sum(c * uy[:, None], axis=0)
+                acc_2 += tl.sum(c * uz[:, None], axis=0)
+        tl.store(ds_ptr + i * N_FEAT + f, acc_s, mask=fm)
         out = dv_ptr + i * (3 * N_FEAT) + f
-        _store3(out, tl.sum(acc_0, axis=0), tl.sum(acc_1, axis=0), tl.sum(acc_2, axis=0), fm, N_FEAT)
+        _store3(out, acc_0, acc_1, acc_2, fm, N_FEAT)
 
     # "block" forward: one program per (BLOCK_A consecutive receivers, feature chunk). Their edges are one contiguous
     # range of the receiver-sorted list (row_ptr[a0] .. row_ptr[a0 + BLOCK_A]), walked in BLOCK_E tiles that may
@@ -385,9 +388,15 @@ if HAS_TRITON:
         j = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
-        # [BLOCK_E, BLOCK_F] accumulators, summed over the edge axis once after the loop: a sum across the tile's
-        # rows in every iteration (lanes and warps) cost ~28 % of the loop's instructions (stop 61, probe_sass.py).
-        acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_E, BLOCK_F)
+        # [BLOCK_F] sums, each tile's edges summed in its iteration. [BLOCK_E, BLOCK_F] accumulators summed once
+        # after the loop cut the loop's instructions by ~24 % (stop 61, probe_sass.py) but measured slower on the
+        # water steps: spills under the 128-register cap, fewer programs per SM without it (stop61_gpu/b/).
+        dt = x_ptr.dtype.element_ty
+        acc_a = tl.zeros((BLOCK_F,), dtype=dt)
+        acc_c = tl.zeros((BLOCK_F,), dtype=dt)
+        t_0 = tl.zeros((BLOCK_F,), dtype=dt)
+        t_1 = tl.zeros((BLOCK_F,), dtype=dt)
+        t_2 = tl.zeros((BLOCK_F,), dtype=dt)
         lo = tl.load(colptr_ptr + j)
         hi = tl.load(colptr_ptr + j + 1)
         for start in range(lo, hi, BLOCK_E):
@@ -402,16 +411,11 @@ if HAS_TRITON:
             w_a = dot_fin(rb, wa, DOT_PRECISION)
             w_b = dot_fin(rb, wb, DOT_PRECISION)
             w_c = dot_fin(rb, wc, DOT_PRECISION)
-            acc_a += gsi * w_a
-            acc_c += _gamma(g0, g1, g2, ux, uy, uz) * w_c
-            t_0 += w_b * g0
-            t_1 += w_b * g1
-            t_2 += w_b * g2
-        acc_a = tl.sum(acc_a, axis=0)
-        acc_c = tl.sum(acc_c, axis=0)
-        t_0 = tl.sum(t_0, axis=0)
-        t_1 = tl.sum(t_1, axis=0)
-        t_2 = tl.sum(t_2, axis=0)
+            acc_a += tl.sum(gsi * w_a, axis=0)
+            acc_c += tl.sum(_gamma(g0, g1, g2, ux, uy, uz) * w_c, axis=0)
+            t_0 += tl.sum(w_b * g0, axis=0)
+            t_1 += tl.sum(w_b * g1, axis=0)
+            t_2 += tl.sum(w_b * g2, axis=0)
         if SYM:  # γ was summed with the partners' unit vectors, -u
             acc_c = -acc_c
         row = j * (3 * N_FEAT) + f
