@@ -29,7 +29,7 @@ from pathlib import Path
 
 _INT64_PTRS = ("ei_ptr", "live_ptr", "rowptr_ptr", "csr_ptr", "colptr_ptr", "perm_ptr", "idx_ptr", "seg_ptr")
 _EDGE = dict(N_FEAT=128, N_RBF=20, BLOCK_E=64, BLOCK_F=64, R_PAD=32, DOT_PRECISION="tf32x2w", SPLIT=2, LIVE=True,
-             HAS_V=True, PDL=False, FOLD=True, OUT0=True, DU_DOT=True)  # fmt: skip
+             HAS_V=True, PDL=False, FOLD=True, OUT0=True, DU_DOT=True, GUARD=True)  # fmt: skip
 KERNELS = {
     "gemm": (
         "linear",

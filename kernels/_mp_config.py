@@ -149,6 +149,14 @@ _CONFIG = {
     # (0.93-1.00x), and in the atom sender kernel the five sums kept as 2-D accumulators (0.987-1.011x) or as radial
     # moments Σ_e rbf_eᵀ g_e with the filter applied after the loop (0.90-1.00x).
     "edge_du": "dot",
+    # edge_nan_guard: whether the edge backward's weight dots keep dot_w's NaN guard (GUARD in _mp_kernels:
+    # dot_rn) or drop it (dot_fin, as the forward and sender kernels do since stop 61; same bits for finite
+    # operands). "fold": kept where the kernel takes the folded p = x_b ⊙ v (FOLD, dense graphs such as water),
+    # dropped elsewhere. Per kernel, dropped against kept (stop 61, one H200 step each, kernel tables in
+    # benchmarks/results/stop61_gpu/d/): the FOLD variant 0.887x at 24,000 water atoms and 0.880x at 3,000, though
+    # it compiles to 6 % fewer instructions (ptxas's schedule of a 255-register kernel that spills); the unfolded
+    # variant 1.057x for 4,096 g2 molecules.
+    "edge_nan_guard": "fold",
     # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
     # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage
     # 0.97-0.99x; the sender backward at 2 stages 0.993-1.007x (benchmarks/results/stop45_gpu/
@@ -348,6 +356,16 @@ def _choice(options: dict, key: str):
     if value not in options:
         raise ValueError(f"{key}: {value!r} is not one of {sorted(options)}")
     return options[value]
+
+
+def _edge_guard(fold: bool) -> bool:
+    """GUARD of the edge backward (``edge_nan_guard``) for a launch with FOLD = ``fold``."""
+    choice = _CONFIG["edge_nan_guard"]
+    if choice == "fold":
+        return bool(fold)
+    if isinstance(choice, bool) or choice in (0, 1):
+        return bool(choice)
+    raise ValueError(f"edge_nan_guard: {choice!r} is not one of 'fold', True, False")
 
 
 def _fold_xb(ref: Tensor, n_edges: int, n_atoms: int) -> bool:

@@ -532,11 +532,22 @@ if HAS_TRITON:
             return _filter_rows(w_ptr, BLK, f, fm, r, rm, N_FEAT, N_RBF)
 
     @triton.jit
+    def _edge_dot(a, b, DOT: tl.constexpr, GUARD: tl.constexpr):
+        """The edge kernel's weight dots: :func:`dot_fin`, or with GUARD :func:`dot_rn` (dot_w's NaN guard kept).
+        Same bits for finite operands; which one the compiler schedules faster depends on the variant (see
+        ``edge_nan_guard`` in _mp_config.py)."""
+        if GUARD:
+            return dot_rn(a, b, DOT)
+        else:
+            return dot_fin(a, b, DOT)
+
+    @triton.jit
     def _edge_chunk_grads(
         gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
         SPLIT: tl.constexpr, HAS_V: tl.constexpr, FOLD: tl.constexpr = False, DU_DOT: tl.constexpr = False,
+        GUARD: tl.constexpr = False,
     ):  # fmt: skip
         """The edge tile's ∂rbf and ∂u terms of the features ``part * F / SPLIT + k0 + [0, BLOCK_F)``: gu_k are
         ``[BLOCK_E]`` sums, or with DU_DOT (see _mp_bwd_edge_kernel) ``[BLOCK_E, R_PAD]`` dots
@@ -547,20 +558,20 @@ if HAS_TRITON:
         G_a, G_b, G_c, xc, g0, g1, g2 = _edge_grads_w(
             gs_ptr, gv_ptr, x_ptr, v_ptr, i, j, m2, f, ux, uy, uz, N_FEAT, HAS_V, FOLD
         )
-        g_rbf += dot_fin(G_a, _w_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
+        g_rbf += _edge_dot(G_a, _w_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION, GUARD)
         if HAS_V:
-            g_rbf += dot_fin(G_b, _w_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
+            g_rbf += _edge_dot(G_b, _w_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION, GUARD)
         if DU_DOT:
             # Σ_f over this chunk of c_e ⊙ g_v[i,k] with c_e = x_c ⊙ (rbf_e @ W_cᵀ) is rbf_e · D_k[e], and
             # G_c @ W_c = Σ_k u_e[k] D_k[e] (γ = Σ_k u_k g_v[i,k]): three dots in place of two and of the
             # cross-lane sums over features.
             w_c = _w_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION)
-            gu_0 += dot_fin(xc * g0, w_c, DOT_PRECISION)
-            gu_1 += dot_fin(xc * g1, w_c, DOT_PRECISION)
-            gu_2 += dot_fin(xc * g2, w_c, DOT_PRECISION)
+            gu_0 += _edge_dot(xc * g0, w_c, DOT_PRECISION, GUARD)
+            gu_1 += _edge_dot(xc * g1, w_c, DOT_PRECISION, GUARD)
+            gu_2 += _edge_dot(xc * g2, w_c, DOT_PRECISION, GUARD)
         else:
-            g_rbf += dot_fin(G_c, _w_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION)
-            c = xc * dot_fin(rb, _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), DOT_PRECISION)
+            g_rbf += _edge_dot(G_c, _w_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION, GUARD)
+            c = xc * _edge_dot(rb, _filter_t(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF), DOT_PRECISION, GUARD)
             gu_0 += tl.sum(c * g0, axis=1)
             gu_1 += tl.sum(c * g1, axis=1)
             gu_2 += tl.sum(c * g2, axis=1)
@@ -572,6 +583,7 @@ if HAS_TRITON:
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
         SPLIT: tl.constexpr, HAS_V: tl.constexpr, FOLD: tl.constexpr = False, DU_DOT: tl.constexpr = False,
+        GUARD: tl.constexpr = False,
     ):  # fmt: skip
         """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice."""
         i, j = _edge_ends(ei_ptr, ei_stride, e, em)
@@ -588,7 +600,7 @@ if HAS_TRITON:
         for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
             g_rbf, d_0, d_1, d_2 = _edge_chunk_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
-                g_rbf, d_0, d_1, d_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT,
+                g_rbf, d_0, d_1, d_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT, GUARD,
             )  # fmt: skip
         if DU_DOT:
             g_rbf += ux[:, None] * d_0 + uy[:, None] * d_1 + uz[:, None] * d_2
@@ -629,6 +641,7 @@ if HAS_TRITON:
         FOLD: tl.constexpr = False,
         OUT0: tl.constexpr = False,
         DU_DOT: tl.constexpr = False,
+        GUARD: tl.constexpr = False,
     ):
         pdl_prologue(PDL)
         # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
@@ -665,7 +678,7 @@ if HAS_TRITON:
         if e0 < n_live:
             g_rbf, gu_0, gu_1, gu_2 = _edge_tile_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
-                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT,
+                g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT, GUARD,
             )  # fmt: skip
         em = e < E
         tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])

@@ -929,3 +929,34 @@ def test_edge_du_large_graph_float32(du):
         pytest.skip("needs CUDA")
     with mp_module._configured(edge_du=du):
         _compare(_graph(3000, 3000 * 40, 128, 20, torch.float32, torch.device("cuda"), seed=63), torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_atom", [8, 40])
+def test_edge_nan_guard_changes_no_bits_on_cuda(per_atom):
+    """The edge backward's weight dots with and without dot_w's NaN guard (``edge_nan_guard``, GUARD) give the same
+    ∂rbf and ∂u bit for bit on finite inputs, unfolded (8 edges an atom) and folded (40, p = x_b ⊙ v), with the
+    filter weight on the TF32 grid ("tf32x2w", where the guard differs); both within the float32 bound."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from mlff_distiller.kernels._frozen import round_tf32_
+
+    n = 3000
+    x, v, rbf, w, unit, ei = _graph(n, n * per_atom, 128, 20, torch.float32, torch.device("cuda"), seed=29)
+    round_tf32_(w)
+    assert mp_module._fold_xb(x, n * per_atom, n) == (per_atom == 40)
+    gs, gv = None, None
+    grads = {}
+    for guard in (True, False):
+        with mp_module._configured(edge_nan_guard=guard):
+            ins = [t.clone().requires_grad_(True) for t in (rbf, unit)]
+            ds, dv = _triton(x, v, ins[0], w, ins[1], ei)
+            if gs is None:
+                gen = torch.Generator(device="cuda").manual_seed(30)
+                gs = torch.randn(ds.shape, device="cuda", generator=gen)
+                gv = torch.randn(dv.shape, device="cuda", generator=gen)
+            grads[guard] = torch.autograd.grad((ds, dv), ins, (gs, gv))
+    for a, b in zip(grads[True], grads[False], strict=True):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
+    with mp_module._configured(edge_nan_guard=False):
+        _compare((x, v, rbf, w, unit, ei), torch.float32)
