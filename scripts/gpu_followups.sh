@@ -1810,7 +1810,12 @@ case "${1:-}" in
     grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
     ;;
   stop61f)
-    # The rows at the stop's final code, both student widths (probe_student_size: every target row of issue 5).
+    # The edge backward's guard everywhere (1) / nowhere (0) against "fold" (stop61e's sweep passed the words as
+    # strings), then the rows at the stop's final code, both student widths (probe_student_size: issue 5's rows).
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" \
+      --systems water3000,g2x4096,water24000 --variants "mp:edge_nan_guard=1;mp:edge_nan_guard=0" \
+      >"$OUT/probe_ncu_sweep.log" 2>&1
+    grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -1 "$OUT/probe_ncu_sweep.log"
     timeout 330 python3 benchmarks/probe_student_size.py --configs 128x3,64x3 --md-steps 300 --out "$OUT" \
       --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
     grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -4
