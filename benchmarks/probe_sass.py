@@ -66,6 +66,7 @@ KERNELS = {
             HAS_V=True,
             SEG_SPLIT=True,
             PDL=False,
+            FOLD=True,
         ),
     ),
     "fwd_atom": (
