@@ -30,6 +30,7 @@ from ._triton_utils import (
     FirstOrderOnly,
     cdiv,
     check_launchable,
+    dot_fin,
     dot_rn,
     dot_w,
     next_pow2,
@@ -89,6 +90,10 @@ _CONFIG = {
     # water atoms 1.098, g2 x 1,024 1.112, x 4,096 1.117, 24,000 atoms 1.111; the GEMMs' share alone 1.02-1.07x;
     # benchmarks/results/stop59_gpu/b/probe_ncu_sweep_x2.md). False: tf32x3 for every weight (probes time the two).
     "w_exact_two_mmas": True,
+    # nan_guard False: the "tf32x2w" launches drop dot_w's NaN guard (kernel dot "tf32x2f", :func:`dot_fin`), as the
+    # message kernels' forward and sender dots do since stop 61; the same bits for finite operands, a NaN in place of
+    # an inf otherwise. The guard is 64 of a 64 x 64 tile's ~475 instructions per K step (probe_sass.py).
+    "nan_guard": True,
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
@@ -380,7 +385,7 @@ def gemm(
         small = m <= _CONFIG["small_rows"]
         bm, bn, warps = _CONFIG["small"] if small else _CONFIG["large"]
         bk = min(_CONFIG["block_k" if small else "large_block_k"], max(16, next_pow2(k)))
-        kernel_dot = dot
+        kernel_dot = "tf32x2f" if dot == "tf32x2w" and not _CONFIG["nan_guard"] else dot
     else:  # the interpreter pays per program: few large tiles
         bm = max(16, min(128, next_pow2(m)))
         bn = max(16, min(128, next_pow2(n)))
@@ -414,7 +419,9 @@ def gemm(
         and _tma_ok(ref, a, w, w_lo, aux if pro else None, out, pre, addend)
         and (m >= _CONFIG["tma_eager_min_rows"] or torch.cuda.is_current_stream_capturing())
     ):
-        return _launch_tma(a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, dot)
+        return _launch_tma(
+            a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, kernel_dot
+        )
     col_fast = _CONFIG["col_fast"]
     grid = (cdiv(m, bm) * cdiv(n, bn),) if col_fast else (cdiv(m, bm), cdiv(n, bn))
     # The affine epilogue (x·scale + shift) must round like torch's mul then add: no contraction into an FMA.
@@ -546,6 +553,8 @@ if HAS_TRITON:
             return acc + tl.dot(a.to(tl.float16), b.to(tl.float16))
         elif DOT == "tf32x2w" or DOT == "tf32x3w":
             return acc + dot_w(a, b, bl, DOT)
+        elif DOT == "tf32x2f":  # "tf32x2w" without dot_w's NaN guard (nan_guard False): same bits for finite A
+            return acc + dot_fin(a, b, "tf32x2w")
         else:
             return acc + dot_rn(a, b, DOT)
 

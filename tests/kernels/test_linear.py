@@ -654,3 +654,43 @@ def test_gemm_tma_eager_only_from_its_row_threshold(monkeypatch):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager_small)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("form", _TMA_FORMS)
+@pytest.mark.parametrize("m", [40, 3001])
+@pytest.mark.parametrize("tma", [True, False])
+def test_gemm_nan_guard_changes_no_bits_on_cuda(monkeypatch, form, m, tma):
+    """``nan_guard`` False: the two-MMA launches (W on the TF32 grid) take dot_fin, without dot_w's NaN guard (the
+    kernel dot "tf32x2f", seen by a spy on the launch); the same bits as with the guard for every form, small and
+    large M, element-wise and descriptor launches, within float32 accuracy of float64."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    dev = torch.device("cuda")
+    monkeypatch.setitem(lin._CONFIG, "tma", tma)
+    monkeypatch.setitem(lin._CONFIG, "tma_eager_min_rows", 0)
+    dots = []
+    real_kernel, real_tma = lin._gemm_kernel, lin._launch_tma
+
+    class _Spy:  # records the element-wise launch's DOT
+        def __getitem__(self, grid):
+            return lambda *args, **kw: dots.append(kw["DOT"]) or real_kernel[grid](*args, **kw)
+
+    monkeypatch.setattr(lin, "_gemm_kernel", _Spy())
+    monkeypatch.setattr(lin, "_launch_tma", lambda *args: dots.append(args[-1]) or real_tma(*args))
+    res = {}
+    for guard in (True, False):
+        monkeypatch.setitem(lin._CONFIG, "nan_guard", guard)
+        dots.clear()
+        kw, w, a = _tma_case(form, m, 128, 384, dev, torch.Generator().manual_seed(m + len(form)), True)
+        before = kw["out"].clone() if form == "accumulate" else None
+        c, pre = gemm(a, w, dot="tf32x3", **kw)
+        assert dots == ["tf32x2w" if guard else "tf32x2f"]
+        res[guard] = (c.clone(), None if pre is None else pre.clone())
+        expect = _tma_reference(form, a, w, kw) + (before.double() if form == "accumulate" else 0)
+        _close(c, expect, 1e-6, f"{form} guard={guard}")
+    assert torch.equal(res[True][0], res[False][0])
+    if res[True][1] is not None:
+        assert torch.equal(res[True][1], res[False][1])
