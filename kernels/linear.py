@@ -90,10 +90,12 @@ _CONFIG = {
     # water atoms 1.098, g2 x 1,024 1.112, x 4,096 1.117, 24,000 atoms 1.111; the GEMMs' share alone 1.02-1.07x;
     # benchmarks/results/stop59_gpu/b/probe_ncu_sweep_x2.md). False: tf32x3 for every weight (probes time the two).
     "w_exact_two_mmas": True,
-    # nan_guard False: the "tf32x2w" launches drop dot_w's NaN guard (kernel dot "tf32x2f", :func:`dot_fin`), as the
-    # message kernels' forward and sender dots do since stop 61; the same bits for finite operands, a NaN in place of
-    # an inf otherwise. The guard is 64 of a 64 x 64 tile's ~475 instructions per K step (probe_sass.py).
-    "nan_guard": True,
+    # nan_guard False (shipped since stop 61): the "tf32x2w" launches drop dot_w's NaN guard (kernel dot "tf32x2f",
+    # :func:`dot_fin`), as the message kernels' forward and sender dots do; the same bits for finite operands, a NaN
+    # in place of an inf otherwise. The guard is 64 of a 64 x 64 tile's ~475 instructions per K step
+    # (probe_sass.py). Whole step without it (H200, benchmarks/results/stop61_gpu/h/): benzene 1.023x, g2 x 1,024
+    # 1.023x, x 4,096 1.010x, water 3,000 1.010x, 24,000 1.003x. True: the guard kept (probes time the two).
+    "nan_guard": False,
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
