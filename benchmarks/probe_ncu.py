@@ -203,10 +203,10 @@ def _all_of(factories):
         yield
 
 
-def step(name: str, atoms, model, device, mode: str):
+def step(name: str, atoms, model, device, mode: str, precision: str = "fp32"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        impl = StepImpl(f"ours {mode}", "ours", model, device, mode=mode)
+        impl = StepImpl(f"ours {mode}", "ours", model, device, mode=mode, precision=precision)
     if not impl.available:
         raise RuntimeError(impl.why_unavailable)
     return impl.prepare(atoms, True)
@@ -222,7 +222,7 @@ def sweep(args, device) -> list[str]:
         f"student weights {STUDENT_WEIGHTS}",
         "",
         f"Student: width {args.hidden or 'as shipped'}, layers {args.layers or 'as shipped'}. "
-        f"Step alone ({args.step_mode}), median of triton.testing.do_bench (ms). Each "
+        f"Step alone ({args.step_mode}, precision {args.precision}), median of triton.testing.do_bench (ms). Each "
         "variant is timed right after a fresh shipped run of the same system; ratio = shipped / variant (> 1: the "
         "variant is faster).",
         "",
@@ -233,7 +233,7 @@ def sweep(args, device) -> list[str]:
     for name in args.systems:
         atoms, model = structures(name, args.hidden, args.layers)
         model = model.to(device)
-        base_run = step(name, atoms, model, device, args.step_mode)
+        base_run = step(name, atoms, model, device, args.step_mode, args.precision)
         base_run()
         for label, ctx in variants(args.variants):
             if time.perf_counter() > t_end:
@@ -242,7 +242,8 @@ def sweep(args, device) -> list[str]:
             try:
                 t_base = triton.testing.do_bench(base_run, warmup=50, rep=300, return_mode="median")
                 with ctx():
-                    run = step(name, atoms, model, device, args.step_mode) if args.step_mode != "eager" else base_run
+                    eager = args.step_mode == "eager"
+                    run = base_run if eager else step(name, atoms, model, device, args.step_mode, args.precision)
                     run()
                     t_var = triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
                 lines.append(f"| {name} | {label} | {t_base:.3f} | {t_var:.3f} | {t_base / t_var:.3f} |")
@@ -257,7 +258,7 @@ def sweep(args, device) -> list[str]:
 def ncu(args, device) -> None:
     for name in args.systems:
         atoms, model = structures(name, args.hidden, args.layers)
-        run = step(name, atoms, model.to(device), device, args.step_mode)
+        run = step(name, atoms, model.to(device), device, args.step_mode, args.precision)
         for _ in range(3):
             run()
         torch.cuda.synchronize()
@@ -324,6 +325,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=200.0)
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help="see variants()")
     p.add_argument("--step-mode", default="cudagraph", choices=("cudagraph", "eager"))
+    p.add_argument("--precision", default="fp32", help="the engine's precision (fp32, tf32, bf16, ...)")
     p.add_argument("--hidden", type=int, default=None, help="student width (default: the system's student, 128)")
     p.add_argument("--layers", type=int, default=None, help="student depth (default: 3)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))

@@ -132,6 +132,9 @@ _CONFIG = {
     # grid (_frozen.tf32_exact; the same sums as tf32x3, whose third product is then zero): 1.039-1.087x a whole
     # step alone, 1.07-1.12x with the GEMMs' (linear._CONFIG["w_exact_two_mmas"]; stop59_gpu/b/). False: tf32x3.
     "w_exact_two_mmas": True,
+    # w_exact_tf32: under the engine's tf32 precision ("tf32" dots), a filter weight on the TF32 grid takes "tf32w"
+    # (only the other operand rounded; the same bits). The GEMM has the same switch (linear._CONFIG).
+    "w_exact_tf32": True,
     # Whether callers holding a full neighbour list (the engine) promise it to message_passing (``symmetric``,
     # message_passing.symmetric_walk): the sender backward then walks each atom's receiver row for the partners
     # of the edges it sends (SYM in _mp_kernels._sender_tile) instead of the sender-sorted permutation, and the
@@ -283,6 +286,8 @@ def _launch_config(
         raise ValueError(f"_launch_config: {kernel!r} takes no weight (its dots are not all weight dots)")
     if weight is not None and c["DOT_PRECISION"] == "tf32x3" and _CONFIG["w_exact_two_mmas"] and tf32_exact(weight):
         c = {**c, "DOT_PRECISION": "tf32x2w"}
+    elif weight is not None and c["DOT_PRECISION"] == "tf32" and _CONFIG["w_exact_tf32"] and tf32_exact(weight):
+        c = {**c, "DOT_PRECISION": "tf32w"}
     return c, warps, variant
 
 

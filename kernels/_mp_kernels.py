@@ -125,6 +125,8 @@ if HAS_TRITON:
             return tl.dot(onehot, m - hi, acc, input_precision="tf32")
         elif DOT_PRECISION == "tf32x2w":  # (the filter weight's dots; m is no weight)
             return acc + dot_rn(onehot, m, "tf32x3")
+        elif DOT_PRECISION == "tf32w":  # (likewise: m is rounded as "tf32" rounds it)
+            return acc + dot_rn(onehot, m, "tf32")
         else:
             return acc + dot_rn(onehot, m, DOT_PRECISION)
 

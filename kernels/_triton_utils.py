@@ -330,10 +330,17 @@ if HAS_TRITON:
         """``tl.dot(a, b, input_precision=DOT)``, except that "tf32" rounds both operands to the nearest TF32 value
         first: the TF32 MMA itself ignores their low 13 bits, i.e. truncates toward zero, and that bias adds up
         over a sum (on the shipped student, tf32's energy error went from 9.1 to 0.89 meV/atom with the rounding).
+        The rounding in integer ops (``tf32_hi``: the bits of ``cvt.rna.tf32.f32`` for every finite and infinite
+        value, one compare fewer; a NaN whose payload lies in its low 13 bits comes out infinite, non-finite
+        either way). "tf32w" promises that ``b`` is exact in TF32 (a weight on the TF32 grid): only ``a`` is
+        rounded, the same bits as "tf32" without the weight tile's rounding (and, for a weight tile the warpgroup
+        MMA reads from shared memory, without its trip through registers and back).
         "tf32x2w" promises that ``b`` is exact in TF32 (a weight on the TF32 grid, ``_frozen.tf32_exact``): only
         ``a`` is split, two MMAs (``dot_w``); a kernel given it must pass it only to its weight dots."""
         if DOT == "tf32":
-            return tl.dot(round_tf32(a), round_tf32(b), input_precision="tf32")
+            return tl.dot(tf32_hi(a), tf32_hi(b), input_precision="tf32")
+        elif DOT == "tf32w":  # b is a weight on the TF32 grid (round to nearest leaves it as it is): a alone rounded
+            return tl.dot(tf32_hi(a), b, input_precision="tf32")
         elif DOT == "tf32x2w":  # b is a weight on the TF32 grid: two MMAs, the sums of tf32x3 (see dot_w)
             return dot_w(a, b, b, "tf32x2w")
         else:

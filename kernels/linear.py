@@ -96,6 +96,10 @@ _CONFIG = {
     # (probe_sass.py). Whole step without it (H200, benchmarks/results/stop61_gpu/h/): benzene 1.023x, g2 x 1,024
     # 1.023x, x 4,096 1.010x, water 3,000 1.010x, 24,000 1.003x. True: the guard kept (probes time the two).
     "nan_guard": False,
+    # w_exact_tf32: "tf32" launches (the engine's tf32 precision) with W on the TF32 grid take "tf32w": A alone
+    # rounded to nearest, W as it is (the same bits as "tf32", whose rounding leaves such a W unchanged), so the
+    # warpgroup MMA reads W's tile from shared memory as copied, not through registers and back.
+    "w_exact_tf32": True,
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).
     "readout_zero_in_gemm": True,
@@ -388,6 +392,8 @@ def gemm(
         bm, bn, warps = _CONFIG["small"] if small else _CONFIG["large"]
         bk = min(_CONFIG["block_k" if small else "large_block_k"], max(16, next_pow2(k)))
         kernel_dot = "tf32x2f" if dot == "tf32x2w" and not _CONFIG["nan_guard"] else dot
+        if dot == "tf32" and _CONFIG["w_exact_tf32"] and tf32_exact(w):
+            kernel_dot = "tf32w"
     else:  # the interpreter pays per program: few large tiles
         bm = max(16, min(128, next_pow2(m)))
         bn = max(16, min(128, next_pow2(n)))

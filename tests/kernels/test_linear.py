@@ -656,15 +656,9 @@ def test_gemm_tma_eager_only_from_its_row_threshold(monkeypatch):
     assert torch.equal(out, eager_small)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("form", _TMA_FORMS)
-@pytest.mark.parametrize("m", [40, 3001])
-@pytest.mark.parametrize("tma", [True, False])
-def test_gemm_nan_guard_changes_no_bits_on_cuda(monkeypatch, form, m, tma):
-    """``nan_guard`` False: the two-MMA launches (W on the TF32 grid) take dot_fin, without dot_w's NaN guard (the
-    kernel dot "tf32x2f", seen by a spy on the launch); the same bits as with the guard for every form, small and
-    large M, element-wise and descriptor launches, within float32 accuracy of float64."""
+def _same_bits_under_switch(monkeypatch, form, m, tma, key, dot, kernel_dots, tol):
+    """gemm on CUDA with ``linear._CONFIG[key]`` True and False: the launch's kernel dot (a spy on both launches)
+    is ``kernel_dots[value]``, the results have the same bits, and each is within ``tol`` of float64."""
     import importlib
 
     lin = importlib.import_module("mlff_distiller.kernels.linear")
@@ -681,16 +675,40 @@ def test_gemm_nan_guard_changes_no_bits_on_cuda(monkeypatch, form, m, tma):
     monkeypatch.setattr(lin, "_gemm_kernel", _Spy())
     monkeypatch.setattr(lin, "_launch_tma", lambda *args: dots.append(args[-1]) or real_tma(*args))
     res = {}
-    for guard in (True, False):
-        monkeypatch.setitem(lin._CONFIG, "nan_guard", guard)
+    for value in (True, False):
+        monkeypatch.setitem(lin._CONFIG, key, value)
         dots.clear()
         kw, w, a = _tma_case(form, m, 128, 384, dev, torch.Generator().manual_seed(m + len(form)), True)
         before = kw["out"].clone() if form == "accumulate" else None
-        c, pre = gemm(a, w, dot="tf32x3", **kw)
-        assert dots == ["tf32x2w" if guard else "tf32x2f"]
-        res[guard] = (c.clone(), None if pre is None else pre.clone())
+        c, pre = gemm(a, w, dot=dot, **kw)
+        assert dots == [kernel_dots[value]]
+        res[value] = (c.clone(), None if pre is None else pre.clone())
         expect = _tma_reference(form, a, w, kw) + (before.double() if form == "accumulate" else 0)
-        _close(c, expect, 1e-6, f"{form} guard={guard}")
+        _close(c, expect, tol, f"{form} {key}={value}")
     assert torch.equal(res[True][0], res[False][0])
     if res[True][1] is not None:
         assert torch.equal(res[True][1], res[False][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("form", _TMA_FORMS)
+@pytest.mark.parametrize("m", [40, 3001])
+@pytest.mark.parametrize("tma", [True, False])
+def test_gemm_nan_guard_changes_no_bits_on_cuda(monkeypatch, form, m, tma):
+    """``nan_guard`` False: the two-MMA launches (W on the TF32 grid) take dot_fin, without dot_w's NaN guard (the
+    kernel dot "tf32x2f"); the same bits as with the guard for every form, small and large M, element-wise and
+    descriptor launches, within float32 accuracy of float64."""
+    _same_bits_under_switch(monkeypatch, form, m, tma, "nan_guard", "tf32x3", {True: "tf32x2w", False: "tf32x2f"}, 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("form", _TMA_FORMS)
+@pytest.mark.parametrize("m", [40, 3001])
+@pytest.mark.parametrize("tma", [True, False])
+def test_gemm_tf32_with_w_on_the_grid_rounds_a_alone_on_cuda(monkeypatch, form, m, tma):
+    """``w_exact_tf32``: a "tf32" launch (the engine's tf32 precision) with W on the TF32 grid takes "tf32w" (A
+    alone rounded to nearest); the same bits as "tf32", which rounds W too and leaves it unchanged, within TF32's
+    accuracy of float64."""
+    _same_bits_under_switch(monkeypatch, form, m, tma, "w_exact_tf32", "tf32", {True: "tf32w", False: "tf32"}, 2e-3)

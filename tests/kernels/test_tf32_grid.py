@@ -300,3 +300,54 @@ def test_tf32_hi_has_the_bits_of_cvt_rna_on_cuda():
     got_int, got_asm = torch.empty_like(x), torch.empty_like(x)
     _tf32_hi_forms_kernel[(triton.cdiv(x.numel(), 1024),)](x, got_int, got_asm, x.numel(), BLOCK=1024, ASM=True)
     assert torch.equal(got_int.view(torch.int32), got_asm.view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["atom", "block"])
+def test_message_passing_tf32_with_w_on_the_grid_rounds_rbf_alone_on_cuda(monkeypatch, variant):
+    """``w_exact_tf32``: under TF32 dots (the engine's tf32 precision) a filter weight on the grid takes "tf32w" in the
+    forward, sender and edge kernels (only the other operand rounded); ds, dv and the gradients wrt x, v, rbf and the
+    unit vectors have the same bits as with "tf32", which rounds the weight too and leaves it unchanged."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(33)
+    n, e, f, r = 2000, 2000 * 30, 128, 20
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=dev, dtype=torch.float32)
+
+    x, v, rbf = rand(n, 3 * f), rand(n, 3, f), rand(e, r)
+    w = round_tf32_(rand(3 * f, r) / r**0.5)
+    unit = torch.nn.functional.normalize(rand(e, 3), dim=-1)
+    ei = torch.randint(0, n, (2, e), generator=gen).to(dev)
+    ei = ei[:, torch.argsort(ei[0], stable=True)]
+    seen = {}
+    real_cfg = mp_module._launch_config
+
+    def spy(ref, kernel, *args, **kw):
+        out = real_cfg(ref, kernel, *args, **kw)
+        seen.setdefault(kernel, set()).add(out[0]["DOT_PRECISION"])
+        return out
+
+    monkeypatch.setattr(mp_module, "_launch_config", spy)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    outs = {}
+    for exact in (True, False):
+        seen.clear()
+        with mp_module._configured(
+            w_exact_tf32=exact, fwd_variant=variant, bwd_sender_variant=variant, block_min_atoms=0
+        ):
+            ins = [t.clone().requires_grad_(True) for t in (x, v, rbf, unit)]
+            with use_backend("triton"):
+                ds, dv = message_passing(ins[0], ins[1], ins[2], w, ins[3], ei)
+            gs = torch.ones_like(ds)
+            gv = torch.ones_like(dv)
+            outs[exact] = [ds, dv, *torch.autograd.grad((ds, dv), ins, (gs, gv))]
+        want = "tf32w" if exact else "tf32"
+        assert seen["fwd"] == {want} and seen["bwd_sender"] == {want} and seen["bwd_edge"] == {want}
+    ref = message_passing_reference(*(t.double() for t in (x, v, rbf, w, unit)), ei)
+    for got, want in zip(outs[True][:2], ref, strict=True):
+        assert _rel(got, want) < 2e-3
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert torch.equal(a, b)
