@@ -1853,6 +1853,17 @@ case "${1:-}" in
       --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
     grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -4
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g|stop59h|stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i" >&2; exit 2 ;;
+  stop61j)
+    # The benzene MD step (probe_student_size: 226.6 µs at stop 60, 293-312 now): probe_md_step's breakdown at the
+    # stop's kernels and at stop 60's (stop61_kernels.diff reversed), alternating.
+    D=benchmarks/results/stop61_gpu/stop61_kernels.diff
+    for v in new old new; do
+      [ "$v" = old ] && { patch -R -p1 -s <"$D" || echo "PATCH -R FAILED"; }
+      timeout 150 python3 benchmarks/probe_md_step.py --steps 1000 --out /tmp --name "md_$v" >"/tmp/md_$v.log" 2>&1
+      [ "$v" = old ] && patch -p1 -s <"$D"
+      { echo "== kernels $v"; grep -E "^\| " "/tmp/md_$v.md" | head -24; tail -1 "/tmp/md_$v.log"; } | tee -a "$OUT/md_step_old_new.md"
+    done
+    ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g|stop59h|stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
