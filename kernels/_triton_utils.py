@@ -320,7 +320,9 @@ if HAS_TRITON:
 
     @triton.jit
     def round_tf32(x):
-        """float32 ``x`` rounded to the nearest TF32 value (ties away from zero), as float32."""
+        """float32 ``x`` rounded to the nearest TF32 value (ties away from zero), as float32, by the hardware's
+        ``cvt.rna.tf32.f32``. Since stop 61 no kernel calls it: they round with :func:`tf32_hi` (the same bits,
+        one compare fewer); it stays as the oracle of tests/kernels/test_tf32_grid.py's CUDA check of that."""
         return tl.inline_asm_elementwise(
             "cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
         )
