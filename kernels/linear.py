@@ -98,7 +98,8 @@ _CONFIG = {
     "nan_guard": False,
     # w_exact_tf32: "tf32" launches (the engine's tf32 precision) with W on the TF32 grid take "tf32w": A alone
     # rounded to nearest, W as it is (the same bits as "tf32", whose rounding leaves such a W unchanged), so the
-    # warpgroup MMA reads W's tile from shared memory as copied, not through registers and back.
+    # warpgroup MMA reads W's tile from shared memory as copied, not through registers and back (the tf32 step
+    # 1.012-1.021x with the message kernels' switch, benchmarks/results/stop61_gpu/i/).
     "w_exact_tf32": True,
     # The readout's per-structure sums zeroed by its first GEMM (stop 47: one fill kernel fewer a step); False: a
     # zero fill of their own (probes time the two).

@@ -64,6 +64,22 @@ def test_round_tf32_is_split_tf32s_high_part():
     assert torch.equal(round_tf32_(d.clone()), d)
 
 
+def _grid_graph(n, per_atom, device, seed, f=128, r=20):
+    """x, v, rbf, a filter weight on the TF32 grid, unit vectors and a receiver-sorted edge index of ``n`` atoms with
+    ``per_atom`` random edges each, float32 on ``device`` (drawn in float64 from one seeded generator)."""
+    gen = torch.Generator().manual_seed(seed)
+    e = n * per_atom
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=device, dtype=torch.float32)
+
+    x, v, rbf = rand(n, 3 * f), rand(n, 3, f), rand(e, r)
+    w = round_tf32_(rand(3 * f, r) / r**0.5)
+    unit = torch.nn.functional.normalize(rand(e, 3), dim=-1)
+    ei = torch.randint(0, n, (2, e), generator=gen).to(device)
+    return x, v, rbf, w, unit, ei[:, torch.argsort(ei[0], stable=True)]
+
+
 @pytest.fixture
 def dot_modes(monkeypatch):
     """The ``DOT`` of every ``dot_w`` the GEMM kernel calls (the interpreter runs it as Python)."""
@@ -216,17 +232,7 @@ def test_two_mmas_equal_three_on_cuda():
         lin._CONFIG.update(with_three)
     assert _rel(two, want) < 5e-7 and _rel(three, want) < 5e-7
     assert _rel(two, three) < 2e-7
-    gen = torch.Generator().manual_seed(32)
-    n, e, f, r = 3000, 3000 * 40, 128, 20
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=dev, dtype=torch.float32)
-
-    x, v, rbf = rand(n, 3 * f), rand(n, 3, f), rand(e, r)
-    w = round_tf32_(rand(3 * f, r) / r**0.5)
-    unit = torch.nn.functional.normalize(rand(e, 3), dim=-1)
-    ei = torch.randint(0, n, (2, e), generator=gen).to(dev)
-    ei = ei[:, torch.argsort(ei[0], stable=True)]
+    x, v, rbf, w, unit, ei = _grid_graph(3000, 40, dev, seed=32)
     outs = []
     for two_mmas in (True, False):
         with mp_module._configured(w_exact_two_mmas=two_mmas):
@@ -311,17 +317,7 @@ def test_message_passing_tf32_with_w_on_the_grid_rounds_rbf_alone_on_cuda(monkey
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     dev = torch.device("cuda")
-    gen = torch.Generator().manual_seed(33)
-    n, e, f, r = 2000, 2000 * 30, 128, 20
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=dev, dtype=torch.float32)
-
-    x, v, rbf = rand(n, 3 * f), rand(n, 3, f), rand(e, r)
-    w = round_tf32_(rand(3 * f, r) / r**0.5)
-    unit = torch.nn.functional.normalize(rand(e, 3), dim=-1)
-    ei = torch.randint(0, n, (2, e), generator=gen).to(dev)
-    ei = ei[:, torch.argsort(ei[0], stable=True)]
+    x, v, rbf, w, unit, ei = _grid_graph(2000, 30, dev, seed=33)
     seen = {}
     real_cfg = mp_module._launch_config
 
