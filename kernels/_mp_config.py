@@ -162,6 +162,14 @@ _CONFIG = {
     # it compiles to 6 % fewer instructions (ptxas's schedule of a 255-register kernel that spills); the unfolded
     # variant 1.057x for 4,096 g2 molecules.
     "edge_nan_guard": "fold",
+    # edge_split_terms: an edge kernel split in two programs per tile (bwd_edge_split) splits its terms instead of
+    # its features (TERMS in _mp_kernels, with edge_du "dot"): program 0 sums the a- and c-terms (g_s[i], g_v[i],
+    # x_a,j, x_c,j: six gathered tiles a feature chunk) over all features, program 1 the b-term (g_v[i] and p_j or
+    # v_j, x_b,j: six or seven), where a feature slice gathers nine. Compiled for sm_90 on the development machine
+    # (probe_sass.py, water's launch): 255 registers and a 256-byte stack against the feature split's 432 (the a/c
+    # path alone 376, the b path alone 88). Built at stop 61 with the device time spent: not yet timed on a GPU,
+    # so off (scripts/gpu_followups.sh edgeterms times it).
+    "edge_split_terms": False,
     # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
     # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage
     # 0.97-0.99x; the sender backward at 2 stages 0.993-1.007x (benchmarks/results/stop45_gpu/

@@ -546,6 +546,36 @@ def test_edge_kernel_feature_split(triton_device, split, dtype, monkeypatch):
         _compare(args, dtype)
 
 
+@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_edge_kernel_term_split(triton_device, dtype, fold, monkeypatch):
+    """``edge_split_terms``: an edge kernel split in two programs per tile gives one the a- and c-terms and the other
+    the b-term, each over all features (TERMS); ∂rbf, ∂u and the other gradients match the reference, with v_j and
+    with the folded p = x_b ⊙ v, and the rows equal the feature split's to rounding (float64)."""
+    if triton_device.type == "cpu":
+        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
+    e = 100 if triton_device.type == "cpu" else 3000
+    n = 20 if triton_device.type == "cpu" else 200
+    args = _graph(n, e, 64, 20, dtype, triton_device, seed=37)
+    fold_cfg = dict(fold_xb_min_edges=1, fold_xb_min_degree=0) if fold else dict(fold_xb_min_edges=None)
+    rows = {}
+    for terms in (True, False):
+        with mp_module._configured(bwd_edge_split=2, bwd_sender_variant="atom", edge_split_terms=terms, **fold_cfg):
+            c, _, _ = mp_module._launch_config(args[0], "bwd_edge", 64, 20, n_edges=e)
+            assert c["DU_DOT"] and mp_module._edge_split(args[0], e // c["BLOCK_E"] + 1, 64, c["BLOCK_F"]) == 2
+            assert mp_module._fold_xb(args[0], e, n) == fold
+            if terms:
+                _compare(args, dtype)
+            x, v, rbf, w, unit, ei = args
+            gen = torch.Generator().manual_seed(38)
+            gs = torch.randn(n, 64, generator=gen, dtype=torch.float64).to(triton_device, dtype)
+            gv = torch.randn(n, 3, 64, generator=gen, dtype=torch.float64).to(triton_device, dtype)
+            row_ptr = mp_module._offsets(ei[0].contiguous(), n)
+            rows[terms] = mp_module._edge_grads(gs, gv, x, v, rbf, w, unit, ei, row_ptr, True, mp_module._bare)
+    for a, b in zip(rows[True], rows[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("f", [128, 64])
 def test_seg_split_block_kernels_float32(f):
