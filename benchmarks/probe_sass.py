@@ -29,7 +29,8 @@ from pathlib import Path
 
 _INT64_PTRS = ("ei_ptr", "live_ptr", "rowptr_ptr", "csr_ptr", "colptr_ptr", "perm_ptr", "idx_ptr", "seg_ptr")
 _EDGE = dict(N_FEAT=128, N_RBF=20, BLOCK_E=64, BLOCK_F=64, R_PAD=32, DOT_PRECISION="tf32x2w", SPLIT=2, LIVE=True,
-             HAS_V=True, PDL=False, FOLD=True, OUT0=True, DU_DOT=True, GUARD=True)  # fmt: skip
+             HAS_V=True, PDL=False, FOLD=True, OUT0=True, DU_DOT=True, GUARD=True, TERMS=False, CHAIN=False,
+             ACC=False)  # fmt: skip
 KERNELS = {
     "gemm": (
         "linear",
@@ -123,7 +124,7 @@ def compile_counts(kernel, const: dict, warps: int, stages: int) -> dict:
         if n in const:
             sig[n] = "constexpr"
         elif n.endswith("_ptr"):
-            sig[n] = "*i64" if n in _INT64_PTRS else "*fp32"
+            sig[n] = "*i64" if n in _INT64_PTRS else ("*i32" if n == "flag_ptr" else "*fp32")
         else:
             sig[n] = "i32"
     src = ASTSource(

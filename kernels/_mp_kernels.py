@@ -672,6 +672,14 @@ if HAS_TRITON:
             gu_0, gu_1, gu_2 = d_0, d_1, d_2
         return g_rbf, gu_0, gu_1, gu_2
 
+    @triton.jit
+    def _store_edge_rows(rbf_out, unit_out, rows, m2, e, em, g_rbf, gu_0, gu_1, gu_2):
+        """Stores an edge tile's ∂rbf rows and its ∂u rows (x, y, z)."""
+        tl.store(rbf_out + rows, g_rbf, mask=m2)
+        tl.store(unit_out + e * 3, gu_0, mask=em)
+        tl.store(unit_out + e * 3 + 1, gu_1, mask=em)
+        tl.store(unit_out + e * 3 + 2, gu_2, mask=em)
+
     @triton.jit(**unspecialized("E", "ei_stride", aligned=("live_ptr",)))  # live_ptr: row_ptr[N:]
     def _mp_bwd_edge_kernel(
         gs_ptr,
@@ -687,6 +695,7 @@ if HAS_TRITON:
         out_rbf_ptr,
         out_unit_ptr,
         live_ptr,
+        flag_ptr,
         E,
         ei_stride,
         N_FEAT: tl.constexpr,
@@ -704,6 +713,8 @@ if HAS_TRITON:
         DU_DOT: tl.constexpr = False,
         GUARD: tl.constexpr = False,
         TERMS: tl.constexpr = False,
+        CHAIN: tl.constexpr = False,
+        ACC: tl.constexpr = False,
     ):
         pdl_prologue(PDL)
         # SPLIT > 1: program (tile, s) sums the features [s F/SPLIT, (s+1) F/SPLIT) only and writes partial rows
@@ -712,6 +723,11 @@ if HAS_TRITON:
         # that the partial buffer holds SPLIT - 1 planes (one [E, N_RBF] plane less at the backward's peak).
         # LIVE: only edges before *live_ptr (row_ptr[N]: the edges some receiver owns) are computed; the rows of
         # the others (inert padding past the CSR) are written as zeros, and a tile with none live skips the work.
+        # CHAIN (SPLIT 2, edge_split_chain): no sum kernel. Slice 0 writes its rows to the outputs (ACC: to the one
+        # partial plane, the outputs holding what to add to) and raises the tile's flag (flag_ptr, zeroed int32 per
+        # tile); slice 1 waits for it and writes p0 + p1 (ACC: out + (p0 + p1)), the sum kernel's bits. Slice 1's
+        # programs come after every slice-0 program in the grid's order (the waiting one's partner is resident or
+        # done: CUTLASS's serial split-K semaphore relies on the same), and read the rows past L1 (".cg").
         e0 = tl.program_id(0).to(tl.int64) * BLOCK_E
         e = e0 + tl.arange(0, BLOCK_E)
         if LIVE:
@@ -727,7 +743,12 @@ if HAS_TRITON:
         gu_0 = tl.zeros((BLOCK_E,), dtype=dt)
         gu_1 = tl.zeros((BLOCK_E,), dtype=dt)
         gu_2 = tl.zeros((BLOCK_E,), dtype=dt)
-        if OUT0:
+        if CHAIN:
+            tl.static_assert(SPLIT == 2, "CHAIN: two slices per tile")
+            if not ACC:  # slice 0's rows go straight to the outputs
+                grbf_ptr = out_rbf_ptr
+                gunit_ptr = out_unit_ptr
+        elif OUT0:
             if part == 0:
                 grbf_ptr = out_rbf_ptr
                 gunit_ptr = out_unit_ptr
@@ -744,10 +765,30 @@ if HAS_TRITON:
                 TERMS,
             )  # fmt: skip
         em = e < E
-        tl.store(grbf_ptr + e[:, None] * N_RBF + r[None, :], g_rbf, mask=em[:, None] & rm[None, :])
-        tl.store(gunit_ptr + e * 3, gu_0, mask=em)
-        tl.store(gunit_ptr + e * 3 + 1, gu_1, mask=em)
-        tl.store(gunit_ptr + e * 3 + 2, gu_2, mask=em)
+        rows = e[:, None] * N_RBF + r[None, :]
+        m2 = em[:, None] & rm[None, :]
+        if CHAIN:
+            flag = flag_ptr + tl.program_id(0)
+            if part == 0:
+                _store_edge_rows(grbf_ptr, gunit_ptr, rows, m2, e, em, g_rbf, gu_0, gu_1, gu_2)
+                tl.debug_barrier()  # every thread's rows issued before the flag's release
+                tl.atomic_xchg(flag, 1, sem="release", scope="gpu")
+            else:
+                while tl.atomic_add(flag, 0, sem="acquire", scope="gpu") == 0:
+                    pass
+                tl.debug_barrier()
+                g_rbf = tl.load(grbf_ptr + rows, mask=m2, other=0.0, cache_modifier=".cg") + g_rbf
+                gu_0 = tl.load(gunit_ptr + e * 3, mask=em, other=0.0, cache_modifier=".cg") + gu_0
+                gu_1 = tl.load(gunit_ptr + e * 3 + 1, mask=em, other=0.0, cache_modifier=".cg") + gu_1
+                gu_2 = tl.load(gunit_ptr + e * 3 + 2, mask=em, other=0.0, cache_modifier=".cg") + gu_2
+                if ACC:
+                    g_rbf = tl.load(out_rbf_ptr + rows, mask=m2, other=0.0) + g_rbf
+                    gu_0 = tl.load(out_unit_ptr + e * 3, mask=em, other=0.0) + gu_0
+                    gu_1 = tl.load(out_unit_ptr + e * 3 + 1, mask=em, other=0.0) + gu_1
+                    gu_2 = tl.load(out_unit_ptr + e * 3 + 2, mask=em, other=0.0) + gu_2
+                _store_edge_rows(out_rbf_ptr, out_unit_ptr, rows, m2, e, em, g_rbf, gu_0, gu_1, gu_2)
+        else:
+            _store_edge_rows(grbf_ptr, gunit_ptr, rows, m2, e, em, g_rbf, gu_0, gu_1, gu_2)
 
     @triton.jit(**unspecialized("E"))
     def _mp_sum_split_kernel(

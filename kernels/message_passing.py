@@ -536,23 +536,28 @@ if HAS_TRITON:
         # straight into the outputs (OUT0) and the partials hold the other slices only: one [E, R] and one [E, 3]
         # plane less at the peak of a large backward (80 + 12 B per edge; probe_memory_peak.py). Adding into
         # ``out`` (accumulate), every slice goes to the partials and the sum kernel adds them to what out holds.
-        out0 = split > 1 and not accumulate and _CONFIG["edge_split_out0"]
-        planes = split - 1 if out0 else split
-        if split > 1:
+        # Chained (edge_split_chain): two slices, the second adding the first's rows itself; no sum kernel, and one
+        # partial plane (when adding into out) or none.
+        chain = split == 2 and _CONFIG["edge_split_chain"] and tiles >= _CONFIG["edge_chain_min_tiles"]
+        out0 = split > 1 and not accumulate and _CONFIG["edge_split_out0"] and not chain
+        planes = (1 if accumulate else 0) if chain else (split - 1 if out0 else split)
+        if split > 1 and planes:
             part_rbf = torch.empty((planes, *rbf.shape), dtype=rbf.dtype, device=x.device)
             part_unit = torch.empty((planes, *unit.shape), dtype=unit.dtype, device=x.device)
         else:
             part_rbf, part_unit = g_rbf, g_unit
+        flags = torch.zeros(tiles, dtype=torch.int32, device=x.device) if chain else part_unit
         live = row_ptr is not None
         fold = has_v and launch is _bare and _fold_xb(x, e, n)
         check_launchable(_mp_bwd_edge_kernel, x)
         launch(_mp_bwd_edge_kernel)[(tiles, split)](
             grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, part_rbf, part_unit,
-            g_rbf, g_unit, row_ptr[n:] if live else part_unit, e, edge_index.stride(0), num_warps=warps,
+            g_rbf, g_unit, row_ptr[n:] if live else part_unit, flags, e, edge_index.stride(0), num_warps=warps,
             SPLIT=split, LIVE=live, HAS_V=has_v, FOLD=fold, OUT0=out0, GUARD=_edge_guard(fold),
-            TERMS=split == 2 and c["DU_DOT"] and _CONFIG["edge_split_terms"], **c, **pdl_args(x),
+            TERMS=split == 2 and c["DU_DOT"] and _CONFIG["edge_split_terms"], CHAIN=chain, ACC=chain and accumulate,
+            **c, **pdl_args(x),
         )  # fmt: skip
-        if split > 1:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
+        if split > 1 and not chain:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
             launch(_mp_sum_split_kernel)[(cdiv(e, 128),)](
                 part_rbf, part_unit, g_rbf, g_unit, e, N_RBF=n_rbf, R_PAD=c["R_PAD"], SPLIT=planes, BLOCK_E=128,
                 ACC=accumulate or out0, **pdl_args(x),

@@ -576,6 +576,64 @@ def test_edge_kernel_term_split(triton_device, dtype, fold, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("terms", [False, True])
+def test_edge_kernel_chained_slices_equal_the_sum_kernel(triton_device, accumulate, terms, monkeypatch):
+    """``edge_split_chain``: two slices per edge tile, the second adding the first's rows after its flag (no sum
+    kernel, no partial plane when writing afresh, one when adding into given rows), with the feature or the term
+    split: the same bits as the sum kernel's, written afresh and added into given rows, over repeated launches (the
+    flags start at zero each launch), with inert rows past the CSR."""
+    if triton_device.type == "cpu":
+        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
+    n, e, f = (20, 100, 64) if triton_device.type == "cpu" else (600, 24000, 64)
+    x, v, rbf, w, unit, ei = _graph(n, e, f, 20, torch.float32, triton_device, seed=71)
+    gen = torch.Generator().manual_seed(72)
+    gs = torch.randn(n, f, generator=gen, dtype=torch.float64).to(triton_device, torch.float32)
+    gv = torch.randn(n, 3, f, generator=gen, dtype=torch.float64).to(triton_device, torch.float32)
+    row_ptr = mp_module._offsets(ei[0].contiguous(), n).clone()
+    row_ptr[-1] = e - 7  # the last 7 edges are inert (past the CSR): zero rows
+    args = (gs, gv, x, v, rbf, w, unit, ei, row_ptr, True, mp_module._bare)
+    old = (torch.randn_like(rbf), torch.randn_like(unit))
+    got = {}
+    calls = []
+    real = mp_module._mp_sum_split_kernel
+    for chain in (False, True):
+        cfg = dict(bwd_edge_split=2, edge_split_chain=chain, edge_chain_min_tiles=0, edge_split_terms=terms)
+        with mp_module._configured(**cfg):
+            out = (old[0].clone(), old[1].clone())
+            monkeypatch.setattr(mp_module, "_mp_sum_split_kernel", _CountingLaunch(real, calls))
+            calls.clear()
+            for _ in range(2):  # twice: a second launch finds its flags zeroed again
+                res = mp_module._edge_grads(*args, out=out if accumulate else None, accumulate=accumulate)
+                if accumulate:
+                    out = (old[0].clone(), old[1].clone())
+            res = mp_module._edge_grads(*args, out=out if accumulate else None, accumulate=accumulate)
+            assert len(calls) == (0 if chain else 3)
+            got[chain] = (res[0].clone(), res[1].clone())
+    for a, b in zip(got[True], got[False], strict=True):
+        assert torch.equal(a, b)
+    if not accumulate:
+        assert not got[True][0][e - 7 :].any() and not got[True][1][e - 7 :].any()
+    fresh = mp_module._edge_grads(*args)
+    if accumulate:
+        torch.testing.assert_close(got[True][0], old[0] + fresh[0], rtol=1e-6, atol=1e-6)
+    assert float(got[True][0].abs().max()) > 1e-3
+
+
+class _CountingLaunch:
+    """A Triton kernel stand-in that counts its launches (``kernel[grid](...)``) and runs the real one."""
+
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.calls.append(grid)
+            return self.kernel[grid](*args, **kw)
+
+        return run
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("f", [128, 64])
 def test_seg_split_block_kernels_float32(f):
