@@ -149,11 +149,16 @@ def tf32x3_on_cpu(monkeypatch):
 
     def as_cuda(device_type, dtype, kernel, *rest):
         c, warps, variant = real(device_type, dtype, kernel, *rest)
-        if dtype == torch.float32:  # (SEG_SPLIT stays off: its TF32 rounding is inline assembly, no interpreter)
+        if dtype == torch.float32:  # (SEG_SPLIT stays off, as the CPU's config has it)
             c = {**c, "DOT_PRECISION": "tf32x3"}
         return c, warps, variant
 
     monkeypatch.setattr(mp_config, "_launch_config_for", as_cuda)
+    return _spy_dot_precisions(monkeypatch)
+
+
+def _spy_dot_precisions(monkeypatch) -> dict:
+    """``{kernel: {DOT_PRECISION, ...}}`` of every message-passing launch configured from here on."""
     seen = {}
     real_cfg = mp_module._launch_config
 
@@ -318,15 +323,7 @@ def test_message_passing_tf32_with_w_on_the_grid_rounds_rbf_alone_on_cuda(monkey
         pytest.skip("needs CUDA")
     dev = torch.device("cuda")
     x, v, rbf, w, unit, ei = _grid_graph(2000, 30, dev, seed=33)
-    seen = {}
-    real_cfg = mp_module._launch_config
-
-    def spy(ref, kernel, *args, **kw):
-        out = real_cfg(ref, kernel, *args, **kw)
-        seen.setdefault(kernel, set()).add(out[0]["DOT_PRECISION"])
-        return out
-
-    monkeypatch.setattr(mp_module, "_launch_config", spy)
+    seen = _spy_dot_precisions(monkeypatch)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     outs = {}
     for exact in (True, False):
