@@ -88,6 +88,7 @@ KERNELS = {
             ADD_GV=True,
             PDL=False,
             SYM=True,
+            FOLD_HALF=False,
         ),
     ),
     "sender_block": (

@@ -168,15 +168,23 @@ _CONFIG = {
     # v_j, x_b,j: six or seven), where a feature slice gathers nine. Compiled for sm_90 on the development machine
     # (probe_sass.py, water's launch): 255 registers and a 256-byte stack against the feature split's 432 (the a/c
     # path alone 376, the b path alone 88). Built at stop 61 with the device time spent: not yet timed on a GPU,
-    # so off (scripts/gpu_followups.sh edgesplit times it).
+    # so off (scripts/gpu_followups.sh prepared61 times it).
     "edge_split_terms": False,
     # edge_split_chain: an edge kernel of two slices per tile (and at least edge_chain_min_tiles tiles, so that a
     # tile's two slices seldom run at once) adds its slices itself, the second waiting on a per-tile flag for the
     # first (CHAIN in _mp_kernels: CUTLASS's serial split-K), in place of the sum kernel (_mp_sum_split_kernel: 120
     # µs a layer at 24,000 water atoms, 36 at 3,000, 21 for 4,096 g2 molecules; stop61_gpu/d/), with the same bits.
     # Built at stop 61 with the device time spent: not yet timed on a GPU, so off (scripts/gpu_followups.sh
-    # edgesplit times it too). Compiled for sm_90 on the development machine: a 352-byte stack against 432.
+    # prepared61 times it too). Compiled for sm_90 on the development machine: a 352-byte stack against 432.
     "edge_split_chain": False,
+    # sender_fold_half: the atom sender backward keeps its five sums as [BLOCK_E / 2, BLOCK_F] tiles, adding each
+    # edge tile's two row halves into them in the loop (in-thread in the MMA's layout) and summing across rows once
+    # after it (FOLD_HALF in _mp_kernels), instead of a sum across the tile's rows (lanes and warps) each iteration.
+    # Compiled for sm_90 on the development machine under the 128-register cap of large graphs: 422 instructions a
+    # loop iteration against 536, 14 spill instructions against 6 (the full [BLOCK_E, BLOCK_F] tiles, measured
+    # slower at stops 55 and 61, spill under the cap). Built at stop 61 with the device time spent: off
+    # (scripts/gpu_followups.sh prepared61 times it).
+    "sender_fold_half": False,
     "edge_chain_min_tiles": 1024,
     # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
     # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage

@@ -359,6 +359,11 @@ if HAS_TRITON:
     #     edges for one feature chunk into a [BLOCK_F, R_PAD] register tile (a tl.dot with K = edges) and
     #     writes one partial; the host sums the few hundred partials (deterministic, no contention).
 
+    @triton.jit
+    def _fold_half(x, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+        """``[BLOCK_E, BLOCK_F]`` → ``[BLOCK_E // 2, BLOCK_F]``: rows r and r + BLOCK_E / 2 added."""
+        return tl.sum(tl.reshape(x, (2, BLOCK_E // 2, BLOCK_F)), axis=0)
+
     @triton.jit(**unspecialized("ei_stride"))
     def _mp_bwd_sender_kernel(
         gs_ptr,
@@ -384,8 +389,12 @@ if HAS_TRITON:
         ADD_GV: tl.constexpr,
         PDL: tl.constexpr,
         SYM: tl.constexpr = False,
+        FOLD_HALF: tl.constexpr = False,
     ):
         # SYM: the edge list is symmetric (see _sym_tile): colptr_ptr is the receiver CSR, perm_ptr unused.
+        # FOLD_HALF (sender_fold_half): the five sums kept as [BLOCK_E / 2, BLOCK_F] tiles, each tile's rows r and
+        # r + BLOCK_E / 2 added into them in the loop (the same thread holds both in the MMA's layout: no shuffle),
+        # and summed over the rows once after it; else [BLOCK_F] sums, each tile summed across its rows in the loop.
         pdl_prologue(PDL)
         j = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -393,12 +402,15 @@ if HAS_TRITON:
         # [BLOCK_F] sums, each tile's edges summed in its iteration. [BLOCK_E, BLOCK_F] accumulators summed once
         # after the loop cut the loop's instructions by ~24 % (stop 61, probe_sass.py) but measured slower on the
         # water steps: spills under the 128-register cap, fewer programs per SM without it (stop61_gpu/b/).
-        dt = x_ptr.dtype.element_ty
-        acc_a = tl.zeros((BLOCK_F,), dtype=dt)
-        acc_c = tl.zeros((BLOCK_F,), dtype=dt)
-        t_0 = tl.zeros((BLOCK_F,), dtype=dt)
-        t_1 = tl.zeros((BLOCK_F,), dtype=dt)
-        t_2 = tl.zeros((BLOCK_F,), dtype=dt)
+        if FOLD_HALF:
+            acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_E // 2, BLOCK_F)
+        else:
+            dt = x_ptr.dtype.element_ty
+            acc_a = tl.zeros((BLOCK_F,), dtype=dt)
+            acc_c = tl.zeros((BLOCK_F,), dtype=dt)
+            t_0 = tl.zeros((BLOCK_F,), dtype=dt)
+            t_1 = tl.zeros((BLOCK_F,), dtype=dt)
+            t_2 = tl.zeros((BLOCK_F,), dtype=dt)
         lo = tl.load(colptr_ptr + j)
         hi = tl.load(colptr_ptr + j + 1)
         for start in range(lo, hi, BLOCK_E):
@@ -413,11 +425,24 @@ if HAS_TRITON:
             w_a = dot_fin(rb, wa, DOT_PRECISION)
             w_b = dot_fin(rb, wb, DOT_PRECISION)
             w_c = dot_fin(rb, wc, DOT_PRECISION)
-            acc_a += tl.sum(gsi * w_a, axis=0)
-            acc_c += tl.sum(_gamma(g0, g1, g2, ux, uy, uz) * w_c, axis=0)
-            t_0 += tl.sum(w_b * g0, axis=0)
-            t_1 += tl.sum(w_b * g1, axis=0)
-            t_2 += tl.sum(w_b * g2, axis=0)
+            if FOLD_HALF:
+                acc_a += _fold_half(gsi * w_a, BLOCK_E, BLOCK_F)
+                acc_c += _fold_half(_gamma(g0, g1, g2, ux, uy, uz) * w_c, BLOCK_E, BLOCK_F)
+                t_0 += _fold_half(w_b * g0, BLOCK_E, BLOCK_F)
+                t_1 += _fold_half(w_b * g1, BLOCK_E, BLOCK_F)
+                t_2 += _fold_half(w_b * g2, BLOCK_E, BLOCK_F)
+            else:
+                acc_a += tl.sum(gsi * w_a, axis=0)
+                acc_c += tl.sum(_gamma(g0, g1, g2, ux, uy, uz) * w_c, axis=0)
+                t_0 += tl.sum(w_b * g0, axis=0)
+                t_1 += tl.sum(w_b * g1, axis=0)
+                t_2 += tl.sum(w_b * g2, axis=0)
+        if FOLD_HALF:
+            acc_a = tl.sum(acc_a, axis=0)
+            acc_c = tl.sum(acc_c, axis=0)
+            t_0 = tl.sum(t_0, axis=0)
+            t_1 = tl.sum(t_1, axis=0)
+            t_2 = tl.sum(t_2, axis=0)
         if SYM:  # γ was summed with the partners' unit vectors, -u
             acc_c = -acc_c
         row = j * (3 * N_FEAT) + f

@@ -494,7 +494,8 @@ if HAS_TRITON:
                     launch(_mp_bwd_sender_kernel)[grid](
                         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
                         g_v if gv_add is None else gv_add, edge_index.stride(0), num_warps=warps,
-                        ADD_GV=gv_add is not None, SYM=sym, **c, **pdl_args(x),
+                        ADD_GV=gv_add is not None, SYM=sym, FOLD_HALF=bool(_CONFIG["sender_fold_half"]), **c,
+                        **pdl_args(x),
                     )  # fmt: skip
         if need[1] and e > 0 and not edge_first:
             g_rbf, g_unit = edge_grads()

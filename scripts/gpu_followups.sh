@@ -1869,19 +1869,20 @@ case "${1:-}" in
     timeout 390 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels -x \
       >"$OUT/pytest_gpu_all.log" 2>&1; tail -3 "$OUT/pytest_gpu_all.log"
     ;;
-  edgesplit)
+  prepared61)
     # For the next stop (built at stop 61, its device time spent): the edge backward's two slices split by terms
-    # instead of features (edge_split_terms, TERMS), and chained, the second adding the first's rows after a
-    # per-tile flag in place of the sum kernel (edge_split_chain, CHAIN): their CUDA tests (the chain's bits against
-    # the sum kernel's), then the whole step with each and both.
+    # (edge_split_terms), and chained, the second adding the first's rows after a per-tile flag in place of the sum
+    # kernel (edge_split_chain); the atom sender backward's half-tile sums (sender_fold_half). Their CUDA tests (the
+    # chain's bits against the sum kernel's), then the whole step with each, and all three.
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
-      -k "(term_split or chained) and cuda" >"$OUT/pytest_edgesplit.log" 2>&1; tail -2 "$OUT/pytest_edgesplit.log"
-    timeout 300 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 280 --out "$OUT" \
+      -k "(term_split or chained or fold_half) and cuda" >"$OUT/pytest_prepared.log" 2>&1
+    tail -2 "$OUT/pytest_prepared.log"
+    timeout 330 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 310 --out "$OUT" \
       --systems water3000,water24000,g2x4096,g2x1024 \
-      --variants "mp:edge_split_terms=1;mp:edge_split_chain=1;mp:edge_split_terms=1,edge_split_chain=1" \
+      --variants "mp:edge_split_terms=1;mp:edge_split_chain=1;mp:sender_fold_half=1;mp:edge_split_terms=1,edge_split_chain=1,sender_fold_half=1" \
       >"$OUT/probe_ncu_sweep.log" 2>&1
     grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -1 "$OUT/probe_ncu_sweep.log"
     ;;
-  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g|stop59h|stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|edgesplit" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_followups.sh large+relax|autotune|named|fold192|firstcall|specialize|gemm|gemmsplit|wsplit|dotbound|mpsplit|smallgemm|verify|update|update2|update3|stop44|stop44b|stop44c|stop44d|stop44e|stop44f|stop45|stop45b|stop45c|stop45d|stop45e|stop45f|stop45g|stop45h|stop46|stop46b|stop46c|stop46d|stop46x|stop46y|stop46e|stop46f|stop46g|stop46h|stop47|stop47b|stop47c|stop47d|stop47e|stop47f|stop47g|stop47h|stop47i|stop48|stop48b|stop48c|stop49|stop49b|stop49c|stop49d|stop50|stop50b|stop50c|stop50e|stop51|stop51b|stop51c|stop51d|stop51e|stop51f|stop51g|stop51h|stop51i|stop52|stop52b|stop52c|stop52d|stop52e|stop52f|stop52g|stop53|stop53b|stop53c|stop53d|stop53e|stop54|stop54b|stop54c|stop54d|stop54e|stop55|stop55b|stop55c|stop55d|stop55e|stop55f|stop55g|stop56|stop56b|stop56c|stop56d|stop56e|stop56f|stop56g|stop56h|stop56i|stop57|stop57b|stop57c|stop57d|stop57e|stop57f|stop57g|stop58|stop58b|stop58c|stop58d|stop58e|stop58f|stop58g|stop59|stop59b|stop59c|stop59d|stop59e|stop59f|stop59g|stop59h|stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
