@@ -177,6 +177,7 @@ _CONFIG = {
     # Built at stop 61 with the device time spent: not yet timed on a GPU, so off (scripts/gpu_followups.sh
     # prepared61 times it too). Compiled for sm_90 on the development machine: a 352-byte stack against 432.
     "edge_split_chain": False,
+    "edge_chain_min_tiles": 1024,
     # sender_fold_half: the atom sender backward keeps its five sums as [BLOCK_E / 2, BLOCK_F] tiles, adding each
     # edge tile's two row halves into them in the loop (in-thread in the MMA's layout) and summing across rows once
     # after it (FOLD_HALF in _mp_kernels), instead of a sum across the tile's rows (lanes and warps) each iteration.
@@ -185,7 +186,6 @@ _CONFIG = {
     # slower at stops 55 and 61, spill under the cap). Built at stop 61 with the device time spent: off
     # (scripts/gpu_followups.sh prepared61 times it).
     "sender_fold_half": False,
-    "edge_chain_min_tiles": 1024,
     # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
     # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage
     # 0.97-0.99x; the sender backward at 2 stages 0.993-1.007x (benchmarks/results/stop45_gpu/

@@ -1879,7 +1879,7 @@ case "${1:-}" in
     tail -2 "$OUT/pytest_prepared.log"
     timeout 330 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 310 --out "$OUT" \
       --systems water3000,water24000,g2x4096,g2x1024 \
-      --variants "mp:edge_split_terms=1;mp:edge_split_chain=1;mp:sender_fold_half=1;mp:edge_split_terms=1,edge_split_chain=1,sender_fold_half=1" \
+      --variants "mp:edge_split_terms=1;mp:edge_split_chain=1;mp:sender_fold_half=1;mp:sender_fold_half=1,block_e=32;mp:edge_split_terms=1,edge_split_chain=1,sender_fold_half=1" \
       >"$OUT/probe_ncu_sweep.log" 2>&1
     grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -1 "$OUT/probe_ncu_sweep.log"
     ;;
