@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 import os
 import re
 import subprocess
@@ -28,9 +29,11 @@ import tempfile
 from pathlib import Path
 
 _INT64_PTRS = ("ei_ptr", "live_ptr", "rowptr_ptr", "csr_ptr", "colptr_ptr", "perm_ptr", "idx_ptr", "seg_ptr")
-_EDGE = dict(N_FEAT=128, N_RBF=20, BLOCK_E=64, BLOCK_F=64, R_PAD=32, DOT_PRECISION="tf32x2w", SPLIT=2, LIVE=True,
-             HAS_V=True, PDL=False, FOLD=True, OUT0=True, DU_DOT=True, GUARD=True, TERMS=False, CHAIN=False,
-             ACC=False)  # fmt: skip
+# The message kernels' shared constexprs (the 128 x 3 student, 20 radial functions, weights on the TF32 grid).
+_MP = dict(N_FEAT=128, N_RBF=20, R_PAD=32, DOT_PRECISION="tf32x2w", PDL=False)
+# Water's launch of the edge backward: two feature slices, inert rows past the CSR, the folded p, ∂u as dots and
+# the NaN guard kept (edge_nan_guard "fold").
+_EDGE = dict(_MP, BLOCK_E=64, BLOCK_F=64, SPLIT=2, LIVE=True, HAS_V=True, FOLD=True, OUT0=True, DU_DOT=True, GUARD=True)
 KERNELS = {
     "gemm": (
         "linear",
@@ -56,61 +59,32 @@ KERNELS = {
     "fwd": (
         "_mp_kernels",
         "_mp_fwd_block_kernel",
-        dict(
-            N_FEAT=128,
-            N_RBF=20,
-            BLOCK_A=16,
-            BLOCK_E=32,
-            BLOCK_F=64,
-            R_PAD=32,
-            DOT_PRECISION="tf32x2w",
-            HAS_V=True,
-            SEG_SPLIT=True,
-            PDL=False,
-            FOLD=True,
-        ),
+        dict(_MP, BLOCK_A=16, BLOCK_E=32, BLOCK_F=64, HAS_V=True, SEG_SPLIT=True, FOLD=True),
     ),
-    "fwd_atom": (
-        "_mp_kernels",
-        "_mp_fwd_kernel",
-        dict(N_FEAT=128, N_RBF=20, BLOCK_E=64, BLOCK_F=32, R_PAD=32, DOT_PRECISION="tf32x2w", HAS_V=True, PDL=False),
-    ),
-    "sender": (
-        "_mp_kernels",
-        "_mp_bwd_sender_kernel",
-        dict(
-            N_FEAT=128,
-            N_RBF=20,
-            BLOCK_E=16,
-            BLOCK_F=64,
-            R_PAD=32,
-            DOT_PRECISION="tf32x2w",
-            ADD_GV=True,
-            PDL=False,
-            SYM=True,
-            FOLD_HALF=False,
-        ),
-    ),
+    "fwd_atom": ("_mp_kernels", "_mp_fwd_kernel", dict(_MP, BLOCK_E=64, BLOCK_F=32, HAS_V=True)),
+    "sender": ("_mp_kernels", "_mp_bwd_sender_kernel", dict(_MP, BLOCK_E=16, BLOCK_F=64, ADD_GV=True, SYM=True)),
     "sender_block": (
         "_mp_kernels",
         "_mp_bwd_sender_block_kernel",
-        dict(
-            N_FEAT=128,
-            N_RBF=20,
-            BLOCK_A=16,
-            BLOCK_E=16,
-            BLOCK_F=64,
-            R_PAD=32,
-            DOT_PRECISION="tf32x2w",
-            SEG_SPLIT=True,
-            ADD_GV=True,
-            PDL=False,
-            SYM=True,
-        ),
+        dict(_MP, BLOCK_A=16, BLOCK_E=16, BLOCK_F=64, SEG_SPLIT=True, ADD_GV=True, SYM=True),
     ),
 }
 _COUNTS = {"HGMMA": r"HGMMA", "HMMA": r"HMMA", "LDG": r"LDG", "STL": r"STL", "LDL": r"LDL", "LDS": r"LDS",
            "STS": r"STS", "BAR": r"BAR"}  # fmt: skip
+
+
+def constexprs(kernel, const: dict) -> dict:
+    """``const`` with the defaults of ``kernel``'s other constexpr parameters (a ``triton.jit`` function, compiled
+    or interpreted); a constexpr with neither is an error: compiled as a runtime argument it would take both
+    branches of its ``if``s, and the counts would be of no launch that runs (FOLD, GUARD at stop 61)."""
+    given = dict(const)
+    for name, param in inspect.signature(kernel.fn).parameters.items():
+        if "constexpr" not in str(param.annotation) or name in given:
+            continue
+        if param.default is inspect.Parameter.empty:
+            raise ValueError(f"{kernel.fn.__name__}: no value for the constexpr {name}")
+        given[name] = param.default
+    return given
 
 
 def compile_counts(kernel, const: dict, warps: int, stages: int) -> dict:
@@ -120,6 +94,7 @@ def compile_counts(kernel, const: dict, warps: int, stages: int) -> dict:
     from triton.compiler import ASTSource
 
     names = kernel.arg_names
+    const = constexprs(kernel, const)
     sig = {}
     for n in names:
         if n in const:

@@ -791,3 +791,18 @@ def test_probe_sass_compiles_for_hopper_without_a_gpu():
         capture_output=True, text=True, env={**env, "TRITON_INTERPRET": "1"}, timeout=600,
     )  # fmt: skip
     assert interp.returncode == 2 and "unset TRITON_INTERPRET" in interp.stdout
+
+
+def test_probe_sass_constexprs_take_defaults_and_refuse_a_missing_one():
+    """probe_sass.constexprs: a kernel's constexprs not given take their defaults (the sender's FOLD_HALF False, its
+    SYM as given), and one without a default is an error, not a runtime argument compiling both branches."""
+    pytest.importorskip("triton")
+    import probe_sass
+    from mlff_distiller.kernels import _mp_kernels
+
+    const = dict(probe_sass.KERNELS["sender"][2])
+    got = probe_sass.constexprs(_mp_kernels._mp_bwd_sender_kernel, const)
+    assert got["FOLD_HALF"] is False and got["SYM"] is True and got["BLOCK_E"] == 16
+    del const["BLOCK_F"]
+    with pytest.raises(ValueError, match="BLOCK_F"):
+        probe_sass.constexprs(_mp_kernels._mp_bwd_sender_kernel, const)
