@@ -573,7 +573,11 @@ def test_edge_kernel_term_split(triton_device, dtype, fold, monkeypatch):
             row_ptr = mp_module._offsets(ei[0].contiguous(), n)
             rows[terms] = mp_module._edge_grads(gs, gv, x, v, rbf, w, unit, ei, row_ptr, True, mp_module._bare)
     for a, b in zip(rows[True], rows[False], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
+        # float32: the two splits sum a row's terms in different orders (measured on an H200: 3e-5 relative on
+        # 2 of 9,000 elements, 2.6e-6 absolute), so the bound is the rows' scale, not a fixed 1e-6.
+        scale = float(b.abs().max())
+        tol = dict(rtol=1e-4, atol=1e-5 * scale) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12 * scale)
+        torch.testing.assert_close(a, b, **tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -636,7 +640,9 @@ def test_edge_kernel_chained_slices_equal_the_sum_kernel(triton_device, accumula
         assert not got[True][0][e - 7 :].any() and not got[True][1][e - 7 :].any()
     fresh = mp_module._edge_grads(*args)
     if accumulate:
-        torch.testing.assert_close(got[True][0], old[0] + fresh[0], rtol=1e-6, atol=1e-6)
+        # old + (p0 + p1) against (old + p0) + p1 in float32: rounding at the rows' scale (2.3e-6 on an H200)
+        scale = float((old[0] + fresh[0]).abs().max())
+        torch.testing.assert_close(got[True][0], old[0] + fresh[0], rtol=1e-5, atol=1e-6 * scale)
     assert float(got[True][0].abs().max()) > 1e-3
 
 
