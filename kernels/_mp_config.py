@@ -167,25 +167,30 @@ _CONFIG = {
     # x_a,j, x_c,j: six gathered tiles a feature chunk) over all features, program 1 the b-term (g_v[i] and p_j or
     # v_j, x_b,j: six or seven), where a feature slice gathers nine. Compiled for sm_90 on the development machine
     # (probe_sass.py, water's launch): 255 registers and a 256-byte stack against the feature split's 432 (the a/c
-    # path alone 376, the b path alone 88). Built at stop 61 with the device time spent: not yet timed on a GPU,
-    # so off (scripts/gpu_followups.sh prepared61 times it).
+    # path alone 376, the b path alone 88). Slower on the H200 all the same (stop 62, whole step against the
+    # feature split, benchmarks/results/stop62_gpu/a/): 0.977-0.987x at 3,000 and 24,000 water atoms and for g2
+    # batches; with the chain and the half-tile sender 0.976-1.008x. Off; kept for the register budget it shows.
     "edge_split_terms": False,
     # edge_split_chain: an edge kernel of two slices per tile (and at least edge_chain_min_tiles tiles, so that a
     # tile's two slices seldom run at once) adds its slices itself, the second waiting on a per-tile flag for the
     # first (CHAIN in _mp_kernels: CUTLASS's serial split-K), in place of the sum kernel (_mp_sum_split_kernel: 120
     # µs a layer at 24,000 water atoms, 36 at 3,000, 21 for 4,096 g2 molecules; stop61_gpu/d/), with the same bits.
-    # Built at stop 61 with the device time spent: not yet timed on a GPU, so off (scripts/gpu_followups.sh
-    # prepared61 times it too). Compiled for sm_90 on the development machine: a 352-byte stack against 432.
-    "edge_split_chain": False,
+    # Compiled for sm_90 on the development machine: a 352-byte stack against 432. "fold": where the kernel takes
+    # the folded p (dense graphs), as edge_nan_guard. Whole step on the H200, chained against the sum kernel (stop
+    # 62, benchmarks/results/stop62_gpu/b/): 1.029-1.031x at 3,000 and 24,000 water atoms (with sender_fold_half
+    # 1.047x at both), but 0.991x for 4,096 g2 molecules (unfolded; at a threshold of 2,048 tiles too) and
+    # 0.999-1.001x at 1,024 g2 molecules and 192 water atoms. Its edge and sender stages re-swept under it: 0.98-1.00x.
+    "edge_split_chain": "fold",
     "edge_chain_min_tiles": 1024,
     # sender_fold_half: the atom sender backward keeps its five sums as [BLOCK_E / 2, BLOCK_F] tiles, adding each
     # edge tile's two row halves into them in the loop (in-thread in the MMA's layout) and summing across rows once
     # after it (FOLD_HALF in _mp_kernels), instead of a sum across the tile's rows (lanes and warps) each iteration.
     # Compiled for sm_90 on the development machine under the 128-register cap of large graphs: 422 instructions a
     # loop iteration against 536, 14 spill instructions against 6 (the full [BLOCK_E, BLOCK_F] tiles, measured
-    # slower at stops 55 and 61, spill under the cap). Built at stop 61 with the device time spent: off
-    # (scripts/gpu_followups.sh prepared61 times it).
-    "sender_fold_half": False,
+    # slower at stops 55 and 61, spill under the cap). Whole step on the H200, against the per-tile sums (stop 62,
+    # benchmarks/results/stop62_gpu/a/ and b/): 1.019-1.020x at 3,000 and 24,000 water atoms, 1.009x at 192,
+    # 1.000-1.003x for g2 batches. (On 32-edge tiles: 0.87x on water.)
+    "sender_fold_half": True,
     # The forward at 2 pipeline stages (Triton's default is 3) since stop 45, on the H200: the whole step 1.017x at
     # 24,000 water atoms, 1.020-1.022x at 3,000, 1.000-1.005x for g2 batches, 192 water atoms and benzene; 1 stage
     # 0.97-0.99x; the sender backward at 2 stages 0.993-1.007x (benchmarks/results/stop45_gpu/
@@ -389,14 +394,26 @@ def _choice(options: dict, key: str):
     return options[value]
 
 
-def _edge_guard(fold: bool) -> bool:
-    """GUARD of the edge backward (``edge_nan_guard``) for a launch with FOLD = ``fold``."""
-    choice = _CONFIG["edge_nan_guard"]
+def _by_fold(key: str, fold: bool) -> bool:
+    """A switch of the edge backward that may be ``"fold"`` (on where the launch takes the folded p, FOLD =
+    ``fold``), True or False (1 or 0)."""
+    choice = _CONFIG[key]
     if choice == "fold":
         return bool(fold)
     if isinstance(choice, bool) or choice in (0, 1):
         return bool(choice)
-    raise ValueError(f"edge_nan_guard: {choice!r} is not one of 'fold', True, False")
+    raise ValueError(f"{key}: {choice!r} is not one of 'fold', True, False")
+
+
+def _edge_guard(fold: bool) -> bool:
+    """GUARD of the edge backward (``edge_nan_guard``) for a launch with FOLD = ``fold``."""
+    return _by_fold("edge_nan_guard", fold)
+
+
+def _edge_chain(fold: bool) -> bool:
+    """Whether an edge backward of two slices with FOLD = ``fold`` chains them (``edge_split_chain``; the tile
+    count, ``edge_chain_min_tiles``, is checked apart)."""
+    return _by_fold("edge_split_chain", fold)
 
 
 def _fold_xb(ref: Tensor, n_edges: int, n_atoms: int) -> bool:

@@ -36,6 +36,7 @@ from ._mp_config import (  # noqa: F401 (the launch configuration: benchmarks an
     _PRECISIONS,
     _VARIANTS,
     _configured,
+    _edge_chain,
     _edge_guard,
     _edge_split,
     _fold_xb,
@@ -539,7 +540,8 @@ if HAS_TRITON:
         # ``out`` (accumulate), every slice goes to the partials and the sum kernel adds them to what out holds.
         # Chained (edge_split_chain): two slices, the second adding the first's rows itself; no sum kernel, and one
         # partial plane (when adding into out) or none.
-        chain = split == 2 and _CONFIG["edge_split_chain"] and tiles >= _CONFIG["edge_chain_min_tiles"]
+        fold = has_v and launch is _bare and _fold_xb(x, e, n)
+        chain = split == 2 and _edge_chain(fold) and tiles >= _CONFIG["edge_chain_min_tiles"]
         out0 = split > 1 and not accumulate and _CONFIG["edge_split_out0"] and not chain
         planes = (1 if accumulate else 0) if chain else (split - 1 if out0 else split)
         if split > 1 and planes:
@@ -549,7 +551,6 @@ if HAS_TRITON:
             part_rbf, part_unit = g_rbf, g_unit
         flags = torch.zeros(tiles, dtype=torch.int32, device=x.device) if chain else part_unit
         live = row_ptr is not None
-        fold = has_v and launch is _bare and _fold_xb(x, e, n)
         check_launchable(_mp_bwd_edge_kernel, x)
         launch(_mp_bwd_edge_kernel)[(tiles, split)](
             grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, part_rbf, part_unit,

@@ -646,6 +646,27 @@ def test_edge_kernel_chained_slices_equal_the_sum_kernel(triton_device, accumula
     assert float(got[True][0].abs().max()) > 1e-3
 
 
+@pytest.mark.parametrize("fold", [False, True])
+def test_edge_chain_by_fold(triton_device, fold, monkeypatch):
+    """``edge_split_chain="fold"`` (shipped): the edge kernel chains its two slices where it takes the folded p
+    (dense graphs) and launches the sum kernel elsewhere; both give the reference's gradients, and a value other
+    than "fold", True or False is a clear error."""
+    if triton_device.type == "cpu":
+        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)
+    n, e = (20, 100) if triton_device.type == "cpu" else (200, 6000)
+    args = _graph(n, e, 64, 20, torch.float32, triton_device, seed=73)
+    fold_cfg = dict(fold_xb_min_edges=1, fold_xb_min_degree=0) if fold else dict(fold_xb_min_edges=None)
+    calls = []
+    monkeypatch.setattr(mp_module, "_mp_sum_split_kernel", _CountingLaunch(mp_module._mp_sum_split_kernel, calls))
+    cfg = dict(bwd_edge_split=2, edge_split_chain="fold", edge_chain_min_tiles=0, bwd_sender_variant="atom")
+    with mp_module._configured(**cfg, **fold_cfg):
+        assert mp_module._fold_xb(args[0], e, n) == fold
+        _compare(args, torch.float32)
+    assert bool(calls) != fold
+    with mp_module._configured(edge_split_chain="always"), pytest.raises(ValueError, match="edge_split_chain"):
+        mp_module._edge_chain(True)
+
+
 class _CountingLaunch:
     """A Triton kernel stand-in that counts its launches (``kernel[grid](...)``) and runs the real one."""
 
