@@ -38,15 +38,17 @@ def test_ladder_is_geometric_and_select_is_the_smallest_fit():
 
 
 def test_default_ladder_steps_finer_for_large_buckets():
-    """The default ladder steps by 1.25 below 2,048 atoms / 65,536 edges and by 1.0625 from there on, so a large
-    batch pads by at most ~6 % (4,096 g2 molecules, 21,749 atoms: 26,472 slots at 1.25 throughout); one ratio when
-    fine_growth = growth."""
+    """The default ladder steps by 1.25 below 2,048 atoms / 65,536 edges and by 1.03 from there on (stop 62; 1.0625
+    before), so a large batch pads by at most ~3 % (4,096 g2 molecules, 21,749 atoms: 22,144 slots, 26,472 at 1.25
+    throughout); one ratio when fine_growth = growth."""
     ladder = BucketLadder(max_edges=2**19)
+    assert ladder.fine_growth == 1.03
     for caps, fine_from in ((ladder.atom_capacities, 2048), (ladder.edge_capacities, 65536)):
         for a, b in itertools.pairwise(caps):
-            assert 1.0 < b / a <= (1.0625 if a >= fine_from else 1.25) + 8 / a
-    assert ladder.select(21_749, 139_344).atoms <= 21_750 * 1.0625 + 8
-    assert ladder.select(3_000, 163_316).edges <= 163_316 * 1.0625 + 8
+            assert 1.0 < b / a <= (1.03 if a >= fine_from else 1.25) + 8 / a
+    assert ladder.select(21_749, 139_344).atoms == 22_144
+    assert ladder.select(3_000, 163_316).atoms == 3_056
+    assert ladder.select(3_000, 163_316).edges <= 163_316 * 1.03 + 8
     coarse = BucketLadder(max_edges=2**19, fine_growth=1.25)
     assert coarse.select(21_749, 139_344).atoms == 26_472
     assert [c for c in coarse.atom_capacities if c < 2048] == [c for c in ladder.atom_capacities if c < 2048]
