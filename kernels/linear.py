@@ -133,15 +133,11 @@ _CONFIG = {
     # step, device-bound, 1.00x (with none: 0.99x). From 65,536 rows (a 3N-row [U; V] product of 21,846 atoms;
     # boxes past the captured ladder) the device's share wins.
     "tma_eager_min_rows": 65536,
-    # A two-layer MLP's forward or backward as one launch (kernels.mlp_fused: the hidden rows stay in registers,
-    # the same arithmetic as the two GEMM launches) from this many rows on, where the descriptors apply; None: two
-    # launches. Built at stop 62: off until timed on a GPU. Its launch: fused_mlp_bm rows and fused_mlp_bn output
-    # columns a step, over fused_mlp_warps warps (compiled for sm_90 on the development machine, 64 x 64 tiles with
-    # H = 128: 137-140 registers and no spills over 8 warps; over 4, 253-255 and a 256-byte stack in the backward).
-    "fused_mlp_min_rows": None,
-    "fused_mlp_bm": 64,
-    "fused_mlp_bn": 64,
-    "fused_mlp_warps": 8,
+    # Measured and dropped (stop 62, benchmarks/results/stop62_gpu/h/, mlp_fused_dropped.diff): a two-layer MLP's
+    # forward or backward as one launch, one program per 64 rows holding the hidden rows in registers (four K-step
+    # tiles) and walking the output columns. The whole step from 2,049 rows: g2 x 1,024 0.89-0.90x, x 4,096
+    # 0.90-0.95x, water 3,000 0.93-0.95x (8 and 4 warps): a grid of one program per row tile, each a long chain of
+    # dependent MMAs, in place of 2-6x as many short ones.
 }
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
@@ -713,12 +709,8 @@ if HAS_TRITON:
                 raise RuntimeError("the Triton MLP is inference-only: its weights must not require grad")
             ctx.set_materialize_grads(False)  # an unused output's gradient comes as None: nothing to add or fill
             ctx.dot = dot = resolved_dot(x)  # the backward's GEMMs multiply as the forward's did
-            fused = mlp_fused.mlp2_forward(x, w1, b1, w2, b2, dot)  # one launch where it applies
-            if fused is not None:
-                out, pre = fused
-            else:
-                h, pre = gemm(x, w1, b1, act="silu", dot=dot)
-                out, _ = gemm(h, w2, b2, dot=dot)
+            h, pre = gemm(x, w1, b1, act="silu", dot=dot)
+            out, _ = gemm(h, w2, b2, dot=dot)
             ctx.save_for_backward(x, pre, w1, w2)
             return (out, x.view_as(x)) if residual else out
 
@@ -728,11 +720,8 @@ if HAS_TRITON:
             if g is None:
                 return g_alias, None, None, None, None, None
             with torch.no_grad():
-                g = g.contiguous()
-                g_x = mlp_fused.mlp2_backward(g, w1, w2, pre, ctx.dot, addend=g_alias)
-                if g_x is None:
-                    g_h, _ = gemm(g, w2, transpose_w=False, dot=ctx.dot)
-                    g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, addend=g_alias, dot=ctx.dot)
+                g_h, _ = gemm(g.contiguous(), w2, transpose_w=False, dot=ctx.dot)
+                g_x, _ = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, addend=g_alias, dot=ctx.dot)
             if torch.is_grad_enabled():  # create_graph=True: raise on a second derivative (FirstOrderOnly)
                 depends = (x, g) if g_alias is None else (x, g, g_alias)
                 g_x = FirstOrderOnly.apply("the Triton MLP", 1, g_x, *depends)
@@ -771,6 +760,3 @@ if HAS_TRITON:
                 depends = [t for t in (x, g_energy, g_atomic) if t is not None]
                 g_x = FirstOrderOnly.apply("the Triton readout", 1, g_x, *depends)
             return g_x, None, None, None, None, None, None, None, None, None
-
-
-from . import mlp_fused  # noqa: E402 (it imports this module's launch configuration and tile helpers)

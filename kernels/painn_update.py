@@ -47,7 +47,6 @@ from ._triton_utils import (
     unspecialized,
 )
 from .linear import gemm, gemm_fusable, resolved_dot
-from .mlp_fused import mlp2_backward, mlp2_forward
 
 __all__ = ["painn_update", "painn_update_fusable", "painn_update_reference"]
 
@@ -455,12 +454,8 @@ if HAS_TRITON:
             dv_add = dv.view(3 * n, f) if dv is not None else None
             uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
             _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
-            fused = mlp2_forward(x, w1, b1, w2, b2, dot)  # the mixing MLP in one launch where it applies
-            if fused is not None:
-                mix, pre = fused
-            else:
-                h, pre = gemm(x, w1, b1, act="silu", dot=dot)
-                mix = gemm(h, w2, b2, dot=dot)[0]
+            h, pre = gemm(x, w1, b1, act="silu", dot=dot)
+            mix = gemm(h, w2, b2, dot=dot)[0]
         else:
             if dv is not None:  # cuBLAS has no prologue: the sum is stored once
                 v, dv = v + dv, None
@@ -522,10 +517,8 @@ if HAS_TRITON:
         )  # fmt: skip
         # As decided in the forward (the backward may run outside the backend context); SiLU' in a GEMM prologue.
         if dot is not None:
-            g_x = mlp2_backward(g_mix, w1, w2, pre, dot)  # one launch where it applies
-            if g_x is None:
-                g_h = gemm(g_mix, w2, transpose_w=False, dot=dot)[0]
-                g_x = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=dot)[0]
+            g_h = gemm(g_mix, w2, transpose_w=False, dot=dot)[0]
+            g_x = gemm(g_h, w1, transpose_w=False, prologue_silu_of=pre, dot=dot)[0]
         else:
             g_x = torch.mm(torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre), w1)  # [N, 2F]
         g_s, g_v = torch.empty_like(grad_s), pre.new_empty((n, 3, f))
