@@ -31,9 +31,11 @@ from pathlib import Path
 _INT64_PTRS = ("ei_ptr", "live_ptr", "rowptr_ptr", "csr_ptr", "colptr_ptr", "perm_ptr", "idx_ptr", "seg_ptr")
 # The message kernels' shared constexprs (the 128 x 3 student, 20 radial functions, weights on the TF32 grid).
 _MP = dict(N_FEAT=128, N_RBF=20, R_PAD=32, DOT_PRECISION="tf32x2w", PDL=False)
-# Water's launch of the edge backward: two feature slices, inert rows past the CSR, the folded p, ∂u as dots and
-# the NaN guard kept (edge_nan_guard "fold").
-_EDGE = dict(_MP, BLOCK_E=64, BLOCK_F=64, SPLIT=2, LIVE=True, HAS_V=True, FOLD=True, OUT0=True, DU_DOT=True, GUARD=True)
+# Water's launch of the edge backward: two feature slices, chained (edge_split_chain "fold": no sum kernel), inert
+# rows past the CSR, the folded p, ∂u as dots and the NaN guard kept (edge_nan_guard "fold").
+_EDGE = dict(
+    _MP, BLOCK_E=64, BLOCK_F=64, SPLIT=2, LIVE=True, HAS_V=True, FOLD=True, DU_DOT=True, GUARD=True, CHAIN=True
+)
 KERNELS = {
     "gemm": (
         "linear",
@@ -55,14 +57,18 @@ KERNELS = {
             COL_FAST=True,
         ),
     ),
-    "edge": ("_mp_kernels", "_mp_bwd_edge_kernel", _EDGE),
+    "edge": ("_mp_edge_kernels", "_mp_bwd_edge_kernel", _EDGE),
     "fwd": (
         "_mp_kernels",
         "_mp_fwd_block_kernel",
         dict(_MP, BLOCK_A=16, BLOCK_E=32, BLOCK_F=64, HAS_V=True, SEG_SPLIT=True, FOLD=True),
     ),
     "fwd_atom": ("_mp_kernels", "_mp_fwd_kernel", dict(_MP, BLOCK_E=64, BLOCK_F=32, HAS_V=True)),
-    "sender": ("_mp_kernels", "_mp_bwd_sender_kernel", dict(_MP, BLOCK_E=16, BLOCK_F=64, ADD_GV=True, SYM=True)),
+    "sender": (
+        "_mp_kernels",
+        "_mp_bwd_sender_kernel",
+        dict(_MP, BLOCK_E=16, BLOCK_F=64, ADD_GV=True, SYM=True, FOLD_HALF=True),
+    ),
     "sender_block": (
         "_mp_kernels",
         "_mp_bwd_sender_block_kernel",

@@ -17,8 +17,8 @@ well (three kernels, see the comment before them); the second derivative is a co
 This file holds the torch reference (the CPU path, the test oracle and the specification), the explicit VJP in
 torch (:func:`message_passing_backward_reference`, the spec of the backward kernels) and the Triton path
 (``torch.ops.mlff_distiller.message_passing`` / ``message_passing_bwd``), selected by :func:`message_passing`. The
-jit kernels are in ``_mp_kernels.py``; the receiver and sender CSRs the kernels walk, and their cache, in
-``_mp_csr.py``.
+jit kernels are in ``_mp_kernels.py`` (the edge backward's in ``_mp_edge_kernels.py``); the receiver and sender
+CSRs the kernels walk, and their cache, in ``_mp_csr.py``.
 """
 
 from __future__ import annotations
@@ -358,8 +358,9 @@ def message_passing(
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Triton path. Layers: jit kernels (in _mp_kernels.py); host functions (allocate, choose blocks, launch); torch.library
-# triton_ops with their autograd (what torch.compile sees); the eager autograd.Functions over the same host functions.
+# Triton path. Layers: jit kernels (in _mp_kernels.py and _mp_edge_kernels.py); host functions (allocate, choose
+# blocks, launch); torch.library triton_ops with their autograd (what torch.compile sees); the eager
+# autograd.Functions over the same host functions.
 #
 # The filter W_e (a [3F] vector per edge) is a [BLOCK_E, R_PAD] × [R_PAD, BLOCK_F] tl.dot per edge tile and
 # feature chunk, with the chunk of filter_weightᵀ held in registers for the whole program. The input_precision of
@@ -371,14 +372,12 @@ def message_passing(
 # ------------------------------------------------------------------------------------------------------------
 
 if HAS_TRITON:
+    from ._mp_edge_kernels import _mp_bwd_edge_kernel, _mp_bwd_filter_kernel, _mp_sum_split_kernel
     from ._mp_kernels import (
-        _mp_bwd_edge_kernel,
-        _mp_bwd_filter_kernel,
         _mp_bwd_sender_block_kernel,
         _mp_bwd_sender_kernel,
         _mp_fwd_block_kernel,
         _mp_fwd_kernel,
-        _mp_sum_split_kernel,
     )
 
     # -- host functions: allocate, choose blocks, launch -----------------------------------------------------

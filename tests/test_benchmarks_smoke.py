@@ -794,13 +794,15 @@ def test_probe_sass_compiles_for_hopper_without_a_gpu():
 
 
 def test_probe_sass_constexprs_take_defaults_and_refuse_a_missing_one():
-    """probe_sass.constexprs: a kernel's constexprs not given take their defaults (the sender's FOLD_HALF False, its
-    SYM as given), and one without a default is an error, not a runtime argument compiling both branches."""
+    """probe_sass.constexprs: a kernel's constexprs not given take their defaults (the sender's FOLD_HALF
+    False when the probe does not set it, its SYM as given), and one without a default is an error, not a
+    runtime argument compiling both branches."""
     pytest.importorskip("triton")
     import probe_sass
     from mlff_distiller.kernels import _mp_kernels
 
     const = dict(probe_sass.KERNELS["sender"][2])
+    assert const.pop("FOLD_HALF") is True  # the shipped launch (sender_fold_half)
     got = probe_sass.constexprs(_mp_kernels._mp_bwd_sender_kernel, const)
     assert got["FOLD_HALF"] is False and got["SYM"] is True and got["BLOCK_E"] == 16
     del const["BLOCK_F"]

@@ -365,6 +365,8 @@ UNSPECIALIZED = {
         "_mp_fwd_block_kernel": ({"n_atoms", "ei_stride"}, set()),
         "_mp_bwd_sender_kernel": ({"ei_stride"}, set()),
         "_mp_bwd_sender_block_kernel": ({"n_atoms", "ei_stride"}, set()),
+    },
+    "_mp_edge_kernels": {
         "_mp_bwd_edge_kernel": ({"E", "ei_stride"}, {"live_ptr"}),
         "_mp_sum_split_kernel": ({"E"}, set()),
         "_mp_bwd_filter_kernel": ({"E", "ei_stride", "EDGES_PER_PROG"}, set()),
@@ -438,7 +440,7 @@ def test_compiled_kernels_take_counts_unspecialised(switch):
 def test_a_new_edge_count_compiles_nothing_new():
     """The split edge sums' kernel at edge counts of every divisibility class (and one aligned, one not): one
     compile, where Triton's default compiled per class."""
-    from mlff_distiller.kernels._mp_kernels import _mp_sum_split_kernel
+    from mlff_distiller.kernels._mp_edge_kernels import _mp_sum_split_kernel
     from triton.runtime.jit import JITFunction
 
     compiles = []

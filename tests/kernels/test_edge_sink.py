@@ -278,7 +278,7 @@ def test_split_sums_reach_planes_past_2_to_the_31_entries():
     at E * N_RBF > 2^31: a plane's offset computed in 32 bits wrapped there (a 2,000,004-atom water box, ~108M
     edges: an illegal address, stop 58). Plane 0 holds ones, plane 1 random rows at both ends; ACC adds both to
     what the outputs hold (the sink's second layer onwards). ~30 GB of device memory."""
-    from mlff_distiller.kernels._mp_kernels import _mp_sum_split_kernel
+    from mlff_distiller.kernels._mp_edge_kernels import _mp_sum_split_kernel
 
     dev = torch.device("cuda")
     e, n_rbf = 2**31 // 20 + 4096, 20
