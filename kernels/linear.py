@@ -142,7 +142,8 @@ _CONFIG = {
 _EPI = {"none": 0, "silu": 1}
 _DOTS = ("tf32x3", "tf32", "ieee", "bf16", "fp16")
 _DOT16 = ("bf16", "fp16")
-_PRO_SILU, _PRO_ADD, _PRO_GATHER = 1, 2, 3  # the A-operand prologues of _gemm_kernel (0: none)
+_PRO_SILU, _PRO_ADD, _PRO_GATHER, _PRO_NORM = 1, 2, 3, 4  # the A-operand prologues of _gemm_kernel (0: none)
+_NORM_EPS = 1e-8  # the update block's constant under ‖vv‖'s square root (painn_update._EPS; the model's)
 
 
 def mlp_reference(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
@@ -295,6 +296,7 @@ def gemm(
     segment_sum: tuple[Tensor, Tensor] | None = None,
     dot: str | None = None,
     zero: Tensor | None = None,
+    prologue_norm: tuple[Tensor, Tensor | None, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``C = act(A' B + bias)`` with ``B = Wᵀ`` (``transpose_w``, W an ``nn.Linear`` weight ``[N, K]``) or ``W``
     (``[K, N]``), and ``A' = A ⊙ SiLU'(P)`` when ``prologue_silu_of = P`` (the backward of a SiLU), ``A' = A + Q``
@@ -312,6 +314,10 @@ def gemm(
     ``zero``: a contiguous tensor of at most M entries that the kernel also fills with zeros (the per-structure
     sums of a later ``segment_sum``: no fill kernel of their own).
 
+    ``prologue_norm = (S [M, F], D [M, F] or None, U [3M, 2F])`` with A None: ``A' = [S + D | ‖V‖]`` (K = 2F), where
+    ``‖V‖_i = sqrt(Σ_k U[3i + k, F:]² + 1e-8)``: the update block's MLP input made in the load from its
+    ``[uv | vv]`` rows (painn_update's norm kernel, whose ``[M, 2F]`` output then need not be stored).
+
     ``dot``: the tiles' product, one of ``_DOTS``: "tf32x3" (float32 accuracy), "tf32", "ieee", or "bf16" / "fp16"
     (A' and B tiles rounded to that type in registers, float32 accumulation). None: :func:`._precision.dot_mode`,
     the engine's precision ("ieee" on the interpreter unless a 16-bit type is set).
@@ -319,9 +325,20 @@ def gemm(
     if dot is not None and dot not in _DOTS:
         raise ValueError(f"gemm: dot {dot!r} is not one of {_DOTS}")
     if a is None:
-        if prologue_gather is None:
-            raise ValueError("gemm: A may be None only with prologue_gather")
-        m, k = prologue_gather[1].shape[0], prologue_gather[0].shape[1]
+        if prologue_norm is not None:
+            s_in, d_in, u_in = prologue_norm
+            m, k = s_in.shape[0], 2 * s_in.shape[1]
+            if prologue_gather is not None or s_in.dim() != 2 or tuple(u_in.shape) != (3 * m, k):
+                raise ValueError(f"gemm: prologue_norm wants S [M, F] and U [3M, 2F], got {list(s_in.shape)}, "
+                                 f"{list(u_in.shape)}")  # fmt: skip
+            if d_in is not None and d_in.shape != s_in.shape:
+                raise ValueError(f"gemm: prologue_norm's D must be S's shape {list(s_in.shape)}")
+        elif prologue_gather is None:
+            raise ValueError("gemm: A may be None only with prologue_gather or prologue_norm")
+        else:
+            m, k = prologue_gather[1].shape[0], prologue_gather[0].shape[1]
+    elif prologue_norm is not None:
+        raise ValueError("gemm: prologue_norm makes A: pass A as None")
     else:
         m, k = a.shape
     n = w.shape[0] if transpose_w else w.shape[1]
@@ -331,14 +348,20 @@ def gemm(
         raise ValueError("gemm: one prologue at a time (prologue_silu_of or prologue_add)")
     if addend is not None and (accumulate or act != "none" or tuple(addend.shape) != (m, n)):
         raise ValueError(f"gemm: addend must be [{m}, {n}], without accumulate or act")
-    if prologue_gather is not None and (prologue_silu_of is not None or prologue_add is not None):
+    if (prologue_gather is not None or prologue_norm is not None) and (
+        prologue_silu_of is not None or prologue_add is not None
+    ):
         raise ValueError("gemm: one prologue at a time")
     if (row_affine is not None or segment_sum is not None) and (act != "none" or accumulate or addend is not None):
         raise ValueError("gemm: row_affine and segment_sum take no act, accumulate or addend")
     if zero is not None and (zero.numel() > m or not zero.is_contiguous()):
         raise ValueError(f"gemm: zero must be a contiguous tensor of at most {m} entries, got {list(zero.shape)}")
     a = a.contiguous() if a is not None else None
-    ref = w if a is None else a
+    if prologue_norm is not None:
+        prologue_norm = tuple(t.contiguous() if t is not None else None for t in prologue_norm)
+        ref = prologue_norm[0]
+    else:
+        ref = w if a is None else a
     # The engine's precision: tf32x3 (fp32), one TF32 pass (tf32, like cuBLAS there), 16-bit MMAs (bf16, fp16).
     dot = dot or resolved_dot(ref)
     # W on the TF32 grid (a student rounded there): tf32x3's third product is zero, two MMAs give the same sums.
@@ -365,6 +388,8 @@ def gemm(
         # a transpose_w one, whose B tiles are K-major, as the tensor cores' TF32 MMAs take them.
         w, transpose_w = derived("t", _contiguous_t, w), True
     if not transpose_w and m > _CONFIG["untransposed_max_rows"]:  # the interpreter: torch's product
+        if prologue_norm is not None:
+            a = _norm_input(*prologue_norm)
         if zero is not None:
             zero.zero_()
         if prologue_add is not None:
@@ -412,6 +437,11 @@ def gemm(
     if prologue_gather is not None:
         aux, seg, scale, idx = prologue_gather
         pro = _PRO_GATHER
+    u_op = ref  # the norm prologue's [uv | vv] rows (unread otherwise)
+    norm_d = False
+    if prologue_norm is not None:
+        a, aux, u_op = prologue_norm  # A' = [S + D | ‖V‖]; D unread when None (NORM_D)
+        pro, norm_d = _PRO_NORM, aux is not None
     if row_affine is not None:
         idx, scale, shift = row_affine
     if segment_sum is not None:
@@ -430,11 +460,34 @@ def gemm(
         and pro != _PRO_GATHER
         and row_affine is None
         and segment_sum is None
-        and _tma_ok(ref, a, w, w_lo, aux if pro else None, out, pre, addend)
+        and _tma_ok(
+            ref, a, w, w_lo, aux if pro else None, out, pre, addend, u_op.view(m, 3 * k) if pro == _PRO_NORM else None
+        )
+        and (pro != _PRO_NORM or (k // 2) % bk == 0)
         and (m >= _CONFIG["tma_eager_min_rows"] or torch.cuda.is_current_stream_capturing())
     ):
         return _launch_tma(
-            a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, kernel_dot
+            a,
+            w,
+            w_lo,
+            bias,
+            aux,
+            out,
+            pre,
+            addend,
+            zero,
+            m,
+            n,
+            k,
+            act,
+            pro,
+            bm,
+            bn,
+            bk,
+            warps,
+            kernel_dot,
+            u=u_op if pro == _PRO_NORM else None,
+            norm_d=norm_d,
         )
     col_fast = _CONFIG["col_fast"]
     grid = (cdiv(m, bm) * cdiv(n, bn),) if col_fast else (cdiv(m, bm), cdiv(n, bn))
@@ -448,13 +501,14 @@ def gemm(
         a if a is not None else ref, w, w_lo, bias if bias is not None else ref, aux, out,
         pre if pre is not None else out,
         addend if addend is not None else out, _or(idx, ref), _or(scale, ref), _or(shift, ref), _or(seg, ref),
-        _or(seg_out, out), _or(zero, out), m, n, k,
+        _or(seg_out, out), _or(zero, out), u_op, m, n, k,
         stride_bk, stride_bn, out.stride(0), addend.stride(0) if addend is not None else 0,
         zero.numel() if zero is not None else 0,
         HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, HAS_A=a is not None,
         AFFINE=row_affine is not None, SEGSUM=segment_sum is not None, ZERO=zero is not None,
         BM=bm, BN=bn, BK=bk, DOT=kernel_dot, COL_FAST=col_fast,
-        SEG_TILE=segment_sum is not None and _CONFIG["segsum_tile"], num_warps=warps, **fusion, **pdl_args(ref),
+        SEG_TILE=segment_sum is not None and _CONFIG["segsum_tile"], NORM_D=norm_d,
+        num_warps=warps, **fusion, **pdl_args(ref),
     )  # fmt: skip
     return out, pre
 
@@ -473,8 +527,11 @@ def _tma_ok(ref: Tensor, *tensors: Tensor | None) -> bool:
     return True
 
 
-def _launch_tma(a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, dot):
-    """:func:`gemm`'s large-M launch through tensor descriptors (:func:`_gemm_tma_kernel`); returns ``(C, pre)``."""
+def _launch_tma(
+    a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, dot, u=None, norm_d=False
+):
+    """:func:`gemm`'s large-M launch through tensor descriptors (:func:`_gemm_tma_kernel`); returns ``(C, pre)``.
+    With the norm prologue (``pro`` 4): ``a`` = S, ``aux`` = D (read when ``norm_d``), ``u`` = U ``[3M, 2F]``."""
     desc = _TensorDescriptor.from_tensor
     a_d = desc(a, [bm, bk])
     b_d = desc(w, [bn, bk])
@@ -483,16 +540,26 @@ def _launch_tma(a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro
     pre_d = desc(pre, [bm, bn]) if pre is not None else c_d
     d_d = desc(addend, [bm, bn]) if addend is not None else c_d
     aux_d = desc(aux, [bm, bk]) if pro else a_d
+    u_d = desc(u.view(m, 3 * k), [bm, bk]) if u is not None else a_d
     launch = {"num_stages": _CONFIG["stages"]} if _CONFIG["stages"] is not None else {}
     if _CONFIG["large_maxnreg"] is not None:
         launch["maxnreg"] = _CONFIG["large_maxnreg"]
     _gemm_tma_kernel[(cdiv(m, bm) * cdiv(n, bn),)](
-        a_d, b_d, bl_d, bias if bias is not None else out, aux_d, c_d, pre_d, d_d, _or(zero, out), m, n, k,
+        a_d, b_d, bl_d, bias if bias is not None else out, aux_d, c_d, pre_d, d_d, _or(zero, out), u_d, m, n, k,
         zero.numel() if zero is not None else 0,
         HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, ZERO=zero is not None,
-        BM=bm, BN=bn, BK=bk, DOT=dot, num_warps=warps, **launch, **pdl_args(a),
+        BM=bm, BN=bn, BK=bk, DOT=dot, NORM_D=norm_d, num_warps=warps, **launch,
+        **pdl_args(a),
     )  # fmt: skip
     return out, pre
+
+
+def _norm_input(s_in: Tensor, d_in: Tensor | None, u_in: Tensor) -> Tensor:
+    """``[S + D | ‖V‖]`` of the norm prologue in torch (``prologue_norm``'s operand where torch multiplies)."""
+    m, f = s_in.shape
+    vv = u_in.view(m, 3, 2 * f)[:, :, f:]
+    x = s_in if d_in is None else s_in + d_in
+    return torch.cat([x, torch.sqrt((vv * vv).sum(dim=1) + _NORM_EPS)], dim=1)
 
 
 def resolved_dot(ref: Tensor) -> str:
@@ -553,6 +620,34 @@ if HAS_TRITON:
             return a + aux
 
     @triton.jit
+    def _norm_of(v0, v1, v2):
+        """``sqrt(v0² + v1² + v2² + 1e-8)``, the update block's ‖vv‖ as its norm kernel computes it (correctly rounded
+        square root in float32; the constant at the tiles' dtype)."""
+        sq = v0 * v0 + v1 * v1 + v2 * v2 + tl.full(v0.shape, 1e-8, v0.dtype)
+        if v0.dtype == tl.float32:
+            return tl.sqrt_rn(sq)
+        else:
+            return tl.sqrt(sq)
+
+    @triton.jit
+    def _norm_tile(s_ptr, d_ptr, u_ptr, rows, rm, kk, k, NORM_D: tl.constexpr):
+        """A's tile of the norm prologue (PRO 4) at columns ``kk``: ``S + D`` where kk < F = k / 2, ``‖V‖`` from the
+        vv halves of U's rows 3i, 3i + 1, 3i + 2 where F <= kk < k, 0 elsewhere (rows past M, columns past K)."""
+        f = k // 2
+        lo = kk[None, :] < f
+        ms = rm & lo
+        a = tl.load(s_ptr + rows[:, None] * f + kk[None, :], mask=ms, other=0.0)
+        if NORM_D:
+            a = a + tl.load(d_ptr + rows[:, None] * f + kk[None, :], mask=ms, other=0.0)
+        mv = rm & (kk[None, :] >= f) & (kk[None, :] < k)
+        base = u_ptr + (3 * rows[:, None]) * k + kk[None, :]
+        nrm = _norm_of(
+            tl.load(base, mask=mv, other=0.0), tl.load(base + k, mask=mv, other=0.0),
+            tl.load(base + 2 * k, mask=mv, other=0.0),
+        )  # fmt: skip
+        return tl.where(lo, a, tl.where(mv, nrm, 0.0))
+
+    @triton.jit
     def _tile_dot(acc, a, b, bl, DOT: tl.constexpr):
         """``acc + a @ b`` in the launch's dot mode (both kernels, so that they give the same bits): "bf16" / "fp16"
         16-bit MMAs of the rounded tiles with float32 accumulation; "bf16_rn" the interpreter's stand-in for "bf16"
@@ -575,16 +670,17 @@ if HAS_TRITON:
     @triton.jit(do_not_specialize=["m", "z_numel"])
     def _gemm_kernel(
         a_ptr, b_ptr, bl_ptr, bias_ptr, aux_ptr, c_ptr, pre_ptr, d_ptr, idx_ptr, scale_ptr, shift_ptr, seg_ptr, e_ptr,
-        z_ptr, m, n, k, stride_bk, stride_bn, stride_cm, stride_dm, z_numel,
+        z_ptr, u_ptr, m, n, k, stride_bk, stride_bn, stride_cm, stride_dm, z_numel,
         HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, HAS_A: tl.constexpr,
         AFFINE: tl.constexpr, SEGSUM: tl.constexpr, ZERO: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
-        PDL: tl.constexpr, COL_FAST: tl.constexpr = False, SEG_TILE: tl.constexpr = False,
+        PDL: tl.constexpr, COL_FAST: tl.constexpr = False, SEG_TILE: tl.constexpr = False, NORM_D: tl.constexpr = False,
     ):  # fmt: skip
         """One [BM, BN] tile of C. A is [m, k] row-major (and so is the prologue's aux: [*, k] rows seg[i] for the
         gather); B is addressed by strides; ACC adds D (rows stride_dm apart; C itself when accumulating) after the
         bias and the activation; AFFINE maps row i to C·scale[idx[i]] + shift[idx[i]]; SEGSUM adds it into
         E[seg[i]]. ZERO: the programs of column tile 0 also zero entries [BM·i, BM·(i + 1)) of Z (z_numel <= m).
+        PRO 4 (the norm prologue): A = [S + D | ‖V‖] from a_ptr = S, aux_ptr = D (NORM_D) and u_ptr = U.
         COL_FAST: a 1-D grid whose neighbouring programs are the column tiles of one row tile (they share its A
         tile in L2), else a 2-D grid (row tile, column tile)."""
         pdl_prologue(PDL)
@@ -612,7 +708,9 @@ if HAS_TRITON:
         for k0 in range(0, k, BK):
             kk = k0 + tl.arange(0, BK)
             am = rm & (kk[None, :] < k)
-            if HAS_A:
+            if PRO == 4:
+                a = _norm_tile(a_ptr, aux_ptr, u_ptr, rows, rm, kk, k, NORM_D)
+            elif HAS_A:
                 a = tl.load(a_ptr + rows[:, None] * k + kk[None, :], mask=am, other=0.0)
             if PRO == 3:  # (A + aux[seg]) ⊙ scale[idx] row-wise: a readout's backward (its gathers) in the load
                 # aux may be float64 (the gradient of the float64 energies): rounded to the scale's dtype on load
@@ -657,18 +755,30 @@ if HAS_TRITON:
                 tl.atomic_add(e_ptr + seg[:, None] * n + cols[None, :], wide, mask=cmask, sem="relaxed")
         tl.store(cptr, acc, mask=cmask)
 
+    @triton.jit
+    def _tma_step(acc, a, b_desc, bl_desc, n0, k0, DOT: tl.constexpr):
+        """One K step of :func:`_gemm_tma_kernel`: W's tile (and its low part for "tf32x3w") and the product."""
+        b = b_desc.load([n0, k0]).T
+        bl = b
+        if DOT == "tf32x3w":
+            bl = bl_desc.load([n0, k0]).T
+        return _tile_dot(acc, a, b, bl, DOT)
+
     @triton.jit(do_not_specialize=["m", "z_numel"])
     def _gemm_tma_kernel(
-        a_desc, b_desc, bl_desc, bias_ptr, aux_desc, c_desc, pre_desc, d_desc, z_ptr, m, n, k, z_numel,
+        a_desc, b_desc, bl_desc, bias_ptr, aux_desc, c_desc, pre_desc, d_desc, z_ptr, u_desc, m, n, k, z_numel,
         HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, ZERO: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+        NORM_D: tl.constexpr = False,
     ):  # fmt: skip
         """:func:`_gemm_kernel`'s large-M tile (1-D grid, column tiles of a row tile side by side) with every dense
         operand moved by the copy engine through a tensor descriptor (Hopper's TMA): A, the prologue's aux, W
         ([N, K], K-major) and its low part, and the stores of C and the pre-activation; out-of-range rows and
         columns are the descriptors' zero fill and clipped stores, so no masks or per-element addresses. The same
         arithmetic as _gemm_kernel's, so the same bits. No row gathers (prologue 3, the affine map, segment sums):
-        those launches keep _gemm_kernel."""
+        those launches keep _gemm_kernel. PRO 4 (the norm prologue; F = k / 2 a multiple of BK): A = [S + D | ‖V‖]
+        from a_desc = S, aux_desc = D (NORM_D) and u_desc = U viewed [M, 6F] (row i: uv_0, vv_0, uv_1, vv_1, uv_2,
+        vv_2); rows past M come as ‖0‖ = 1e-4 and their products are clipped at the store."""
         pdl_prologue(PDL)
         n_col = tl.cdiv(n, BN)
         pid_m = tl.program_id(0) // n_col
@@ -680,15 +790,22 @@ if HAS_TRITON:
         m0 = pid_m * BM
         n0 = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, k, BK):
-            a = a_desc.load([m0, k0])
-            if PRO == 1 or PRO == 2:
-                a = _prologue(a, aux_desc.load([m0, k0]), PRO)
-            b = b_desc.load([n0, k0]).T
-            bl = b
-            if DOT == "tf32x3w":
-                bl = bl_desc.load([n0, k0]).T
-            acc = _tile_dot(acc, a, b, bl, DOT)
+        if PRO == 4:  # two loops, one per half of K (no branch in a loop: both stay pipelined)
+            f = k // 2
+            for k0 in range(0, f, BK):
+                a = a_desc.load([m0, k0])
+                if NORM_D:
+                    a = a + aux_desc.load([m0, k0])
+                acc = _tma_step(acc, a, b_desc, bl_desc, n0, k0, DOT)
+            for k0 in range(f, k, BK):
+                a = _norm_of(u_desc.load([m0, k0]), u_desc.load([m0, 2 * f + k0]), u_desc.load([m0, 4 * f + k0]))
+                acc = _tma_step(acc, a, b_desc, bl_desc, n0, k0, DOT)
+        else:
+            for k0 in range(0, k, BK):
+                a = a_desc.load([m0, k0])
+                if PRO == 1 or PRO == 2:
+                    a = _prologue(a, aux_desc.load([m0, k0]), PRO)
+                acc = _tma_step(acc, a, b_desc, bl_desc, n0, k0, DOT)
         if HAS_BIAS:
             cols = n0 + tl.arange(0, BN)
             acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0)[None, :]

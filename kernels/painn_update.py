@@ -204,9 +204,16 @@ _CONFIG: dict = {
     # step (benchmarks/results/stop49_gpu/probe_memory_peak_recompute.md, probe_ncu_sweep_recompute24k.md). Off:
     # 1M atoms fit in 80 GB without it; set it to fit a box ~12 % larger.
     "recompute_uv_min_atoms": None,
+    # norm_in_gemm: on the Triton GEMMs, the mixing MLP's first GEMM makes its input [s + ds | ‖vv‖] in its load
+    # (linear.gemm's prologue_norm) from s, ds and the [U; V] rows, so the norm kernel and its [N, 2F] output go
+    # (the backward takes ‖vv‖ again from the vv rows it loads anyway). The norm kernel's bytes were ~7 N·F floats
+    # a layer (26 µs of a 4,096-g2-molecule step's layer on an H200, stop 61's kernel table). Built at stop 62 with
+    # the device time spent: off until timed on a GPU.
+    "norm_in_gemm": False,
 }
 
 if HAS_TRITON:
+    from .linear import _norm_of  # ‖vv‖ as the first GEMM's norm prologue computes it
 
     @triton.jit
     def _tile(n_atoms, N_FEAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr):
@@ -395,16 +402,24 @@ if HAS_TRITON:
         BLOCK_F: tl.constexpr,
         HAS_GV: tl.constexpr,
         PDL: tl.constexpr,
+        NORM_VV: tl.constexpr = False,
     ):
+        # NORM_VV (norm_in_gemm: no x was stored): ‖vv‖ from the vv rows, as the first GEMM's prologue made it.
         pdl_prologue(PDL)
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         sf = i * N_FEAT + f
         g_x = g_x_ptr + i * (2 * N_FEAT) + f
         g_s = tl.load(gs_out_ptr + sf, mask=m, other=0.0) + tl.load(g_x, mask=m, other=0.0)
         tl.store(g_s_ptr + sf, g_s, mask=m)
-        norm = tl.load(x_ptr + i * (2 * N_FEAT) + N_FEAT + f, mask=m, other=1.0)
-        r = tl.load(g_x + N_FEAT, mask=m, other=0.0) / norm
         vf = i * (6 * N_FEAT) + N_FEAT + f
+        if NORM_VV:
+            norm = _norm_of(
+                tl.load(uvvv_ptr + vf, mask=m, other=0.0), tl.load(uvvv_ptr + vf + 2 * N_FEAT, mask=m, other=0.0),
+                tl.load(uvvv_ptr + vf + 4 * N_FEAT, mask=m, other=0.0),
+            )  # fmt: skip
+        else:
+            norm = tl.load(x_ptr + i * (2 * N_FEAT) + N_FEAT + f, mask=m, other=1.0)
+        r = tl.load(g_x + N_FEAT, mask=m, other=0.0) / norm
         gvf = i * (3 * N_FEAT) + f
         for k in tl.static_range(3):
             vv = tl.load(uvvv_ptr + vf + 2 * k * N_FEAT, mask=m, other=0.0)
@@ -446,20 +461,25 @@ if HAS_TRITON:
         s, v = s.contiguous(), v.contiguous()
         ds = ds.contiguous() if ds is not None else None
         w_uv = _stacked_uv(u_w, v_w)  # [2F, F]
-        x = s.new_empty((n, 2 * f))
         # The Triton GEMMs' dot (the engine's precision; the backward keeps it), or None: cuBLAS.
         dot = resolved_dot(s) if gemm_fusable(s, u_w, v_w, w1, b1, w2, b2) else None
         if dot is not None:  # Triton GEMMs: bias + SiLU in the epilogue, v + dv in the prologue (linear.py)
             dv = dv.contiguous() if dv is not None else None
             dv_add = dv.view(3 * n, f) if dv is not None else None
             uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
-            _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
-            h, pre = gemm(x, w1, b1, act="silu", dot=dot)
+            if _CONFIG["norm_in_gemm"]:  # [s + ds | ‖vv‖] made in the first GEMM's load: no norm kernel, no x
+                x = None
+                h, pre = gemm(None, w1, b1, act="silu", prologue_norm=(s, ds, uvvv), dot=dot)
+            else:
+                x = s.new_empty((n, 2 * f))
+                _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
+                h, pre = gemm(x, w1, b1, act="silu", dot=dot)
             mix = gemm(h, w2, b2, dot=dot)[0]
         else:
             if dv is not None:  # cuBLAS has no prologue: the sum is stored once
                 v, dv = v + dv, None
             uvvv = torch.mm(v.view(3 * n, f), w_uv.t())
+            x = s.new_empty((n, 2 * f))
             _launch(_painn_update_norm_kernel, s, n, f, s, _or(ds, s), uvvv, x, HAS_DS=ds is not None)
             pre = torch.addmm(b1, x, w1.t())
             mix = torch.addmm(b2, nnf.silu(pre), w2.t())
@@ -522,7 +542,10 @@ if HAS_TRITON:
         else:
             g_x = torch.mm(torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre), w1)  # [N, 2F]
         g_s, g_v = torch.empty_like(grad_s), pre.new_empty((n, 3, f))
-        _launch(_painn_update_norm_bwd_kernel, pre, n, f, grad_s, gv_arg, g_x, uvvv, x, g_s, g_v, g_uvvv, HAS_GV=has_gv)
+        _launch(
+            _painn_update_norm_bwd_kernel, pre, n, f, grad_s, gv_arg, g_x, uvvv, _or(x, pre), g_s, g_v, g_uvvv,
+            HAS_GV=has_gv, NORM_VV=x is None,
+        )  # fmt: skip
         # g_v holds g_v_out (when there is one): += [∂uv | ∂vv] @ [U; V]
         if dot is not None:
             gemm(g_uvvv, w_uv, transpose_w=False, out=g_v.view(3 * n, f), accumulate=has_gv, dot=dot)

@@ -361,10 +361,22 @@ case "${1:-}" in
       >"$OUT/probe_ncu_sweep.log" 2>&1
     grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -1 "$OUT/probe_ncu_sweep.log"
     ;;
+  prepared62)
+    # For the next stop (built at stop 62, its device time spent): the mixing MLP's first GEMM making [s + ds | ‖vv‖]
+    # in its load (painn_update's norm_in_gemm, linear.gemm's prologue_norm; no norm kernel). Its CUDA tests (the
+    # norm kernel's bits through the small tiles and the descriptors), then the whole step with it on.
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py tests/kernels/test_painn_update.py \
+      -k "norm_prologue_equals or (norm_in_gemm and cuda)" >"$OUT/pytest_prepared.log" 2>&1
+    tail -2 "$OUT/pytest_prepared.log"
+    timeout 300 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 280 --out "$OUT" \
+      --systems g2x4096,g2x1024,water3000,water24000,water192,benzene --variants "update:norm_in_gemm=1" \
+      >"$OUT/probe_ncu_sweep.log" 2>&1
+    grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -1 "$OUT/probe_ncu_sweep.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62 (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -712,3 +712,105 @@ def test_gemm_tf32_with_w_on_the_grid_rounds_a_alone_on_cuda(monkeypatch, form, 
     alone rounded to nearest); the same bits as "tf32", which rounds W too and leaves it unchanged, within TF32's
     accuracy of float64."""
     _same_bits_under_switch(monkeypatch, form, m, tma, "w_exact_tf32", "tf32", {True: "tf32w", False: "tf32"}, 2e-3)
+
+
+def _norm_case(m, f, n, dtype, device, gen, with_d):
+    """S, D (or None), U [3M, 2F] and a weight [N, 2F], bias: the update block's first mixing GEMM."""
+    s = _rand(m, f, gen=gen, dtype=dtype, device=device)
+    d = _rand(m, f, gen=gen, dtype=dtype, device=device) if with_d else None
+    u = _rand(3 * m, 2 * f, gen=gen, dtype=dtype, device=device)
+    w = _rand(n, 2 * f, gen=gen, dtype=dtype, device=device, scale=(2 * f) ** -0.5)
+    b = _rand(n, gen=gen, dtype=dtype, device=device)
+    return s, d, u, w, b
+
+
+def _norm_reference(s, d, u, w, b):
+    m, f = s.shape
+    vv = u.double().view(m, 3, 2 * f)[:, :, f:]
+    x = s.double() if d is None else s.double() + d.double()
+    x = torch.cat([x, torch.sqrt((vv * vv).sum(dim=1) + 1e-8)], dim=1)
+    return x @ w.double().T + b.double()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("with_d", [False, True], ids=["s", "s+ds"])
+@pytest.mark.parametrize("m, f, n", [(1, 8, 16), (37, 20, 24), (130, 64, 128)])
+def test_gemm_norm_prologue(triton_device, dtype, with_d, m, f, n):
+    """``prologue_norm = (S, D, U)``: A = [S + D | sqrt(Σ_k vv_k² + 1e-8)] made in the load from the update block's
+    [uv | vv] rows (F not a power of two, a K step across both halves under the interpreter), with SiLU and its
+    pre-activation, against float64."""
+    gen = torch.Generator().manual_seed(m + f + with_d)
+    s, d, u, w, b = _norm_case(m, f, n, dtype, triton_device, gen, with_d)
+    with use_backend("triton"):
+        if not gemm_fusable(s, w, b):
+            pytest.skip("float64 on the GPU: no Triton GEMM")
+        h, pre = gemm(None, w, b, act="silu", prologue_norm=(s, d, u))
+    ref = _norm_reference(s, d, u, w, b)
+    _close(pre, ref, TOL[dtype], "pre")
+    _close(h, nnf.silu(ref), TOL[dtype], "silu")
+
+
+def test_gemm_norm_prologue_rejects_bad_operands():
+    """A given with the norm prologue, U of the wrong shape, D not S's shape, or another prologue beside it."""
+    gen = torch.Generator().manual_seed(3)
+    s, d, u, w, b = _norm_case(6, 8, 16, torch.float32, torch.device("cpu"), gen, True)
+    with pytest.raises(ValueError, match="pass A as None"):
+        gemm(s, w, b, prologue_norm=(s, d, u))
+    with pytest.raises(ValueError, match="prologue_norm wants"):
+        gemm(None, w, b, prologue_norm=(s, d, u[:-3]))
+    with pytest.raises(ValueError, match="D must be"):
+        gemm(None, w, b, prologue_norm=(s, d[:-1], u))
+    with pytest.raises(ValueError, match="one prologue"):
+        gemm(None, w, b, prologue_norm=(s, d, u), prologue_add=s)
+
+
+@pytest.mark.parametrize("with_d", [False, True], ids=["s", "s+ds"])
+def test_gemm_tma_norm_prologue_on_the_interpreter(triton_device, with_d):
+    """The descriptor kernel's norm prologue (S, D through their descriptors, the vv halves through U viewed
+    [M, 6F]) on the interpreter, with rows that leave the last tile partial, against float64."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    if triton_device.type != "cpu":
+        pytest.skip("the interpreter's case; on CUDA test_gemm_norm_prologue_equals_the_norm_kernel_on_cuda")
+    if lin._TensorDescriptor is None:
+        pytest.skip("this Triton has no host-side tensor descriptors")
+    m, f, n = 150, 64, 96
+    gen = torch.Generator().manual_seed(17 + with_d)
+    s, d, u, w, b = _norm_case(m, f, n, torch.float32, torch.device("cpu"), gen, with_d)
+    out, pre = torch.full((m, n), float("nan")), torch.full((m, n), float("nan"))
+    c, p = lin._launch_tma(
+        s, w, w, b, d if with_d else s, out, pre, None, None, m, n, 2 * f, "silu", lin._PRO_NORM, 64, 32, 32, 4,
+        "ieee", u=u, norm_d=with_d,
+    )  # fmt: skip
+    ref = _norm_reference(s, d, u, w, b)
+    _close(p, ref, 1e-6, "pre")
+    _close(c, nnf.silu(ref), 1e-6, "silu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("m", [700, 3001, 22000])
+@pytest.mark.parametrize("with_d", [False, True], ids=["s", "s+ds"])
+def test_gemm_norm_prologue_equals_the_norm_kernel_on_cuda(monkeypatch, m, with_d):
+    """On the GPU (small tiles at 700 rows, the descriptors above) the norm prologue gives the bits of the update
+    block's norm kernel followed by the plain GEMM, with the weight on the TF32 grid (two MMAs)."""
+    import importlib
+
+    from mlff_distiller.kernels._frozen import round_tf32_
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    pu = importlib.import_module("mlff_distiller.kernels.painn_update")
+    monkeypatch.setitem(lin._CONFIG, "tma_eager_min_rows", 0)
+    dev = torch.device("cuda")
+    f, n = 128, 128
+    gen = torch.Generator().manual_seed(m + with_d)
+    s, d, u, w, b = _norm_case(m, f, n, torch.float32, dev, gen, with_d)
+    round_tf32_(w)
+    h, pre = gemm(None, w, b, act="silu", prologue_norm=(s, d, u), dot="tf32x3")
+    x = torch.empty(m, 2 * f, device=dev)
+    pu._launch(pu._painn_update_norm_kernel, s, m, f, s, d if with_d else s, u, x, HAS_DS=with_d)
+    h_ref, pre_ref = gemm(x, w, b, act="silu", dot="tf32x3")
+    assert torch.equal(pre, pre_ref)
+    assert torch.equal(h, h_ref)
+    _close(pre, _norm_reference(s, d, u, w, b), 1e-6, "pre")

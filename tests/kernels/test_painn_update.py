@@ -529,3 +529,53 @@ def test_an_update_subclass_with_its_own_forward_is_called_as_before(triton_devi
     got = model(numbers, pos, ei, shifts, batch, 1)["energy"]
     assert seen == ["Logged"]
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
+@pytest.mark.parametrize("need_v", [True, False], ids=["v", "s-only"])
+@pytest.mark.parametrize("n, f", [(0, 8), (7, 20), (33, 64)])
+def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_calls, dtype, residual, need_v, n, f):
+    """``norm_in_gemm`` (off as shipped): the mixing MLP's first GEMM makes [s + ds | ‖vv‖] in its load, no norm
+    kernel runs and no x is kept; outputs and gradients wrt s, v (and ds, dv) match the torch reference in float64,
+    and the norm kernel's path to rounding (the same bits on the interpreter)."""
+    s, v, weights = _inputs(n, f, dtype, triton_device, seed=n + 11)
+    ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=n + 12)
+    extra = dict(ds=ds, dv=dv) if residual else {}
+    ins = (s, v, ds, dv) if residual else (s, v)
+    with use_backend("triton"):
+        if not pu_module.gemm_fusable(s, *weights):
+            pytest.skip("float64 on the GPU: cuBLAS GEMMs, where the norm kernel stays")
+    launches = []
+    launch = pu_module._launch
+    monkeypatch.setattr(pu_module, "_launch", lambda k, *a, **kw: launches.append(k.__name__) or launch(k, *a, **kw))
+    res = {}
+    for on in (False, True):
+        monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm", on)
+        launches.clear()
+        with use_backend("triton"):
+            s_out, v_out = painn_update(s, v, *weights, need_v=need_v, **extra)
+            outs = (s_out,) if v_out is None else (s_out, v_out)
+            gen = torch.Generator().manual_seed(13)
+            ups = tuple(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o) for o in outs)
+            grads = torch.autograd.grad(outs, ins, ups) if n else ()
+        if n:
+            assert ("_painn_update_norm_kernel" in launches) != on
+            assert "_painn_update_norm_bwd_kernel" in launches
+        res[on] = (outs, grads)
+    for a, b in zip((*res[True][0], *res[True][1]), (*res[False][0], *res[False][1]), strict=True):
+        if triton_device.type == "cpu":
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().max())))
+    if n:
+        s64, v64, ds64, dv64 = (t.detach().double().requires_grad_(True) for t in (s, v, ds, dv))
+        extra64 = dict(ds=ds64, dv=dv64) if residual else {}
+        ins64 = (s64, v64, ds64, dv64) if residual else (s64, v64)
+        ref = painn_update_reference(s64, v64, *(w.double() for w in weights), need_v=need_v, **extra64)
+        ref = ref[:1] if not need_v else ref
+        for a, b in zip(res[True][0], ref, strict=True):
+            _close(a, b.detach(), TOL[dtype], "output, norm in the GEMM")
+        ref_grads = torch.autograd.grad(ref, ins64, tuple(u.double() for u in ups))
+        for a, b in zip(res[True][1], ref_grads, strict=True):
+            _close(a, b, TOL[dtype], "gradient, norm in the GEMM")
