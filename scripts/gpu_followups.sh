@@ -372,6 +372,13 @@ case "${1:-}" in
       --systems g2x4096,g2x1024,water3000,water24000,water192,benzene --variants "update:norm_in_gemm=1" \
       >"$OUT/probe_ncu_sweep.log" 2>&1
     grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -1 "$OUT/probe_ncu_sweep.log"
+    # Why the captured 24,000-atom step (10.81 ms) is 3.4 % slower than the eager one (10.45) at stop 62: both
+    # modes' kernel tables.
+    for mode in eager cudagraph; do
+      timeout 120 python3 benchmarks/probe_kernel_table.py --systems water24000 --step-mode $mode --out "$OUT" \
+        --name "kernel_table_24k_$mode" >"$OUT/kernel_table_24k_$mode.log" 2>&1
+      grep -E "=====|^group" "$OUT/kernel_table_24k_$mode.txt"
+    done
     ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
