@@ -210,6 +210,15 @@ _CONFIG: dict = {
     # a layer (26 µs of a 4,096-g2-molecule step's layer on an H200, stop 61's kernel table). Built at stop 62 with
     # the device time spent: off until timed on a GPU.
     "norm_in_gemm": False,
+    # gv_as_addend: on the Triton GEMMs the backward's last GEMM (g_v = g_v_out + [∂uv | ∂vv] [U; V]) takes g_v_out
+    # as its epilogue's addend (linear.gemm's addend: the same sum, the same bits) instead of accumulating into a
+    # copy the norm backward made: that kernel reads and writes 3 N·F floats fewer a layer (of its 20). Built at
+    # stop 62 with the device time spent: off until timed on a GPU.
+    "gv_as_addend": False,
+    # dvv_in_norm_bwd: ∂vv_k = g_s ⊙ a_sv ⊙ uv_k + (∂‖vv‖ / ‖vv‖) ⊙ vv_k written once by the norm backward (which
+    # then reads uv and a_sv) instead of its first term by the out backward and the second added to it: 3 N·F
+    # floats fewer a layer of the two kernels' 41. Built at stop 62: off until timed on a GPU.
+    "dvv_in_norm_bwd": False,
 }
 
 if HAS_TRITON:
@@ -345,8 +354,10 @@ if HAS_TRITON:
         HAS_GV: tl.constexpr,
         PDL: tl.constexpr,
         VOUT: tl.constexpr = True,
+        VV: tl.constexpr = True,
     ):
         # VOUT False (the last layer, no a_vv): mix and g_mix are [N, 2F] = [a_sv | a_ss]; HAS_GV is then False.
+        # VV False (dvv_in_norm_bwd): ∂vv is left to the norm backward, which writes both of its terms.
         pdl_prologue(PDL)
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         uv0, vv0, uv1, vv1, uv2, vv2 = _load_uvvv(uvvv_ptr, i, f, m, N_FEAT)
@@ -378,9 +389,10 @@ if HAS_TRITON:
             tl.store(g_uv, c * vv0, mask=m)
             tl.store(g_uv + 2 * N_FEAT, c * vv1, mask=m)
             tl.store(g_uv + 4 * N_FEAT, c * vv2, mask=m)
-        tl.store(g_uv + N_FEAT, c * uv0, mask=m)
-        tl.store(g_uv + 3 * N_FEAT, c * uv1, mask=m)
-        tl.store(g_uv + 5 * N_FEAT, c * uv2, mask=m)
+        if VV:
+            tl.store(g_uv + N_FEAT, c * uv0, mask=m)
+            tl.store(g_uv + 3 * N_FEAT, c * uv1, mask=m)
+            tl.store(g_uv + 5 * N_FEAT, c * uv2, mask=m)
 
     # VJP of the norm kernel, given g_x = ∂L/∂[s | ‖vv‖] (= ∂pre @ W1):
     #   ∂s = g_s_out + g_x[:, :F]      ∂vv_k += g_x[:, F:] ⊙ vv_k / ‖vv‖   (‖vv‖ ≥ 1e-4: no division by zero)
@@ -396,6 +408,7 @@ if HAS_TRITON:
         g_s_ptr,
         g_v_ptr,
         g_uvvv_ptr,
+        mix_ptr,
         n_atoms,
         N_FEAT: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -403,13 +416,19 @@ if HAS_TRITON:
         HAS_GV: tl.constexpr,
         PDL: tl.constexpr,
         NORM_VV: tl.constexpr = False,
+        DVV: tl.constexpr = False,
+        MIX3: tl.constexpr = True,
     ):
         # NORM_VV (norm_in_gemm: no x was stored): ‖vv‖ from the vv rows, as the first GEMM's prologue made it.
+        # HAS_GV: copy g_v_out into g_v (the last GEMM accumulates there; not with gv_as_addend). DVV
+        # (dvv_in_norm_bwd): write ∂vv_k = c ⊙ uv_k + r ⊙ vv_k whole, c = g_s_out ⊙ a_sv (a_sv at column F of a
+        # [N, 3F] mix, MIX3, or 0 of the last layer's [N, 2F]), where the out backward wrote none of it.
         pdl_prologue(PDL)
         i, f, m = _tile(n_atoms, N_FEAT, BLOCK_N, BLOCK_F)
         sf = i * N_FEAT + f
         g_x = g_x_ptr + i * (2 * N_FEAT) + f
-        g_s = tl.load(gs_out_ptr + sf, mask=m, other=0.0) + tl.load(g_x, mask=m, other=0.0)
+        gs_out = tl.load(gs_out_ptr + sf, mask=m, other=0.0)
+        g_s = gs_out + tl.load(g_x, mask=m, other=0.0)
         tl.store(g_s_ptr + sf, g_s, mask=m)
         vf = i * (6 * N_FEAT) + N_FEAT + f
         if NORM_VV:
@@ -421,10 +440,20 @@ if HAS_TRITON:
             norm = tl.load(x_ptr + i * (2 * N_FEAT) + N_FEAT + f, mask=m, other=1.0)
         r = tl.load(g_x + N_FEAT, mask=m, other=0.0) / norm
         gvf = i * (3 * N_FEAT) + f
+        if DVV:
+            if MIX3:
+                a_sv = tl.load(mix_ptr + i * (3 * N_FEAT) + N_FEAT + f, mask=m, other=0.0)
+            else:
+                a_sv = tl.load(mix_ptr + i * (2 * N_FEAT) + f, mask=m, other=0.0)
+            c = gs_out * a_sv  # (the out backward's c)
         for k in tl.static_range(3):
             vv = tl.load(uvvv_ptr + vf + 2 * k * N_FEAT, mask=m, other=0.0)
             g = g_uvvv_ptr + vf + 2 * k * N_FEAT
-            tl.store(g, tl.load(g, mask=m, other=0.0) + r * vv, mask=m)
+            if DVV:
+                first = c * tl.load(uvvv_ptr + vf - N_FEAT + 2 * k * N_FEAT, mask=m, other=0.0)
+            else:
+                first = tl.load(g, mask=m, other=0.0)
+            tl.store(g, first + r * vv, mask=m)
             if HAS_GV:
                 tl.store(g_v_ptr + gvf + k * N_FEAT, tl.load(gv_out_ptr + gvf + k * N_FEAT, mask=m, other=0.0), mask=m)
 
@@ -531,9 +560,10 @@ if HAS_TRITON:
         vout = mix.shape[1] == 3 * f  # [N, 2F]: the last layer's (no a_vv, no v_out, so no g_v)
         g_mix, g_uvvv = mix.new_empty(mix.shape), uvvv.new_empty((3 * n, 2 * f))
         gv_arg = _or(grad_v, grad_s)
+        dvv = bool(_CONFIG["dvv_in_norm_bwd"])
         _launch(
             _painn_update_out_bwd_kernel, pre, n, f, grad_s, gv_arg, uvvv, mix, g_mix, g_uvvv, HAS_GV=has_gv,
-            VOUT=vout,
+            VOUT=vout, VV=not dvv,
         )  # fmt: skip
         # As decided in the forward (the backward may run outside the backend context); SiLU' in a GEMM prologue.
         if dot is not None:
@@ -542,12 +572,16 @@ if HAS_TRITON:
         else:
             g_x = torch.mm(torch.ops.aten.silu_backward(torch.mm(g_mix, w2), pre), w1)  # [N, 2F]
         g_s, g_v = torch.empty_like(grad_s), pre.new_empty((n, 3, f))
+        # g_v_out as the last Triton GEMM's addend (gv_as_addend), or copied into g_v by the norm backward
+        addend = dot is not None and has_gv and _CONFIG["gv_as_addend"]
         _launch(
-            _painn_update_norm_bwd_kernel, pre, n, f, grad_s, gv_arg, g_x, uvvv, _or(x, pre), g_s, g_v, g_uvvv,
-            HAS_GV=has_gv, NORM_VV=x is None,
+            _painn_update_norm_bwd_kernel, pre, n, f, grad_s, gv_arg, g_x, uvvv, _or(x, pre), g_s, g_v, g_uvvv, mix,
+            HAS_GV=has_gv and not addend, NORM_VV=x is None, DVV=dvv, MIX3=vout,
         )  # fmt: skip
-        # g_v holds g_v_out (when there is one): += [∂uv | ∂vv] @ [U; V]
-        if dot is not None:
+        # g_v = g_v_out (when there is one) + [∂uv | ∂vv] @ [U; V]
+        if addend:
+            gemm(g_uvvv, w_uv, transpose_w=False, out=g_v.view(3 * n, f), addend=grad_v.view(3 * n, f), dot=dot)
+        elif dot is not None:
             gemm(g_uvvv, w_uv, transpose_w=False, out=g_v.view(3 * n, f), accumulate=has_gv, dot=dot)
         elif has_gv:
             g_v.view(3 * n, f).addmm_(g_uvvv, w_uv)

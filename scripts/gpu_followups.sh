@@ -362,14 +362,16 @@ case "${1:-}" in
     grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -1 "$OUT/probe_ncu_sweep.log"
     ;;
   prepared62)
-    # For the next stop (built at stop 62, its device time spent): the mixing MLP's first GEMM making [s + ds | ‖vv‖]
-    # in its load (painn_update's norm_in_gemm, linear.gemm's prologue_norm; no norm kernel). Its CUDA tests (the
-    # norm kernel's bits through the small tiles and the descriptors), then the whole step with it on.
+    # For the next stop (built at stop 62, its device time spent), three switches of the update block, off: the
+    # mixing MLP's first GEMM making [s + ds | ‖vv‖] in its load (norm_in_gemm, linear.gemm's prologue_norm; no norm
+    # kernel), g_v_out as the backward's last GEMM's addend (gv_as_addend; no copy), ∂vv written once by the norm
+    # backward (dvv_in_norm_bwd). Their CUDA tests, then the whole step with each and with all three.
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py tests/kernels/test_painn_update.py \
-      -k "norm_prologue_equals or (norm_in_gemm and cuda)" >"$OUT/pytest_prepared.log" 2>&1
+      -k "norm_prologue_equals or ((norm_in_gemm or byte_switches) and cuda)" >"$OUT/pytest_prepared.log" 2>&1
     tail -2 "$OUT/pytest_prepared.log"
     timeout 300 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 280 --out "$OUT" \
-      --systems g2x4096,g2x1024,water3000,water24000,water192,benzene --variants "update:norm_in_gemm=1" \
+      --systems g2x4096,g2x1024,water3000,water24000,water192,benzene \
+      --variants "update:norm_in_gemm=1;update:gv_as_addend=1;update:dvv_in_norm_bwd=1;update:norm_in_gemm=1,gv_as_addend=1,dvv_in_norm_bwd=1" \
       >"$OUT/probe_ncu_sweep.log" 2>&1
     grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -1 "$OUT/probe_ncu_sweep.log"
     # Why the captured 24,000-atom step (10.81 ms) is 3.4 % slower than the eager one (10.45) at stop 62: both

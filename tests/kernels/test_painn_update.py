@@ -579,3 +579,56 @@ def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_
         ref_grads = torch.autograd.grad(ref, ins64, tuple(u.double() for u in ups))
         for a, b in zip(res[True][1], ref_grads, strict=True):
             _close(a, b, TOL[dtype], "gradient, norm in the GEMM")
+
+
+@pytest.mark.parametrize("switch", ["gv_as_addend", "dvv_in_norm_bwd", "both"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
+@pytest.mark.parametrize("need_v", [True, False], ids=["v", "s-only"])
+def test_backward_byte_switches_match(triton_device, monkeypatch, fused_calls, switch, residual, need_v):
+    """``gv_as_addend`` (g_v_out as the last GEMM's addend, no copy by the norm backward) and ``dvv_in_norm_bwd``
+    (∂vv's two terms written once by the norm backward), both off as shipped: the gradients wrt s, v (and ds, dv)
+    equal the shipped path's (bits on the interpreter) and the float64 reference; spies see the addend and the
+    kernels' switches."""
+    n, f = 33, 20
+    s, v, weights = _inputs(n, f, torch.float32, triton_device, seed=41)
+    ds, dv, _ = _inputs(n, f, torch.float32, triton_device, seed=42)
+    extra = dict(ds=ds, dv=dv) if residual else {}
+    ins = (s, v, ds, dv) if residual else (s, v)
+    calls, launches = [], []
+    real_gemm, launch = pu_module.gemm, pu_module._launch
+    monkeypatch.setattr(pu_module, "gemm", lambda *a, **k: calls.append(k) or real_gemm(*a, **k))
+    monkeypatch.setattr(
+        pu_module, "_launch", lambda kern, *a, **k: launches.append((kern.__name__, k)) or launch(kern, *a, **k)
+    )
+    res = {}
+    for on in (False, True):
+        for key in ("gv_as_addend", "dvv_in_norm_bwd"):
+            monkeypatch.setitem(pu_module._CONFIG, key, on and switch in (key, "both"))
+        calls.clear()
+        launches.clear()
+        with use_backend("triton"):
+            s_out, v_out = painn_update(s, v, *weights, need_v=need_v, **extra)
+            outs = (s_out,) if v_out is None else (s_out, v_out)
+            gen = torch.Generator().manual_seed(43)
+            ups = tuple(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o) for o in outs)
+            res[on] = torch.autograd.grad(outs, ins, ups)
+        kw = dict(launches)
+        if on and switch != "dvv_in_norm_bwd" and need_v:  # (the last layer has no g_v_out: nothing to add)
+            assert calls[-1].get("addend") is not None and not calls[-1].get("accumulate")
+            assert kw["_painn_update_norm_bwd_kernel"]["HAS_GV"] is False
+        if on and switch != "gv_as_addend":
+            assert kw["_painn_update_out_bwd_kernel"]["VV"] is False
+            assert kw["_painn_update_norm_bwd_kernel"]["DVV"] is True
+    for a, b in zip(res[True], res[False], strict=True):
+        if triton_device.type == "cpu":
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().max())))
+    s64, v64, ds64, dv64 = (t.detach().double().requires_grad_(True) for t in (s, v, ds, dv))
+    extra64 = dict(ds=ds64, dv=dv64) if residual else {}
+    ins64 = (s64, v64, ds64, dv64) if residual else (s64, v64)
+    ref = painn_update_reference(s64, v64, *(w.double() for w in weights), need_v=need_v, **extra64)
+    ref = ref[:1] if not need_v else ref
+    ref_grads = torch.autograd.grad(ref, ins64, tuple(u.double() for u in ups))
+    for a, b in zip(res[True], ref_grads, strict=True):
+        _close(a, b, TOL[torch.float32], f"gradient with {switch}")
