@@ -531,6 +531,31 @@ def test_an_update_subclass_with_its_own_forward_is_called_as_before(triton_devi
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+def _block_grads(s, v, weights, need_v, extra, ins, seed):
+    """The fused block's outputs, random upstream gradients (float64-drawn) and the gradients wrt ``ins``."""
+    with use_backend("triton"):
+        s_out, v_out = painn_update(s, v, *weights, need_v=need_v, **extra)
+        outs = (s_out,) if v_out is None else (s_out, v_out)
+        gen = torch.Generator().manual_seed(seed)
+        ups = tuple(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o) for o in outs)
+        grads = torch.autograd.grad(outs, ins, ups) if s.shape[0] else ()
+    return outs, ups, grads
+
+
+def _check_against_float64(outs, ups, grads, s, v, ds, dv, weights, need_v, residual, tol, what):
+    """Outputs and gradients of the block against the torch reference in float64 on the same inputs."""
+    s64, v64, ds64, dv64 = (t.detach().double().requires_grad_(True) for t in (s, v, ds, dv))
+    extra64 = dict(ds=ds64, dv=dv64) if residual else {}
+    ins64 = (s64, v64, ds64, dv64) if residual else (s64, v64)
+    ref = painn_update_reference(s64, v64, *(w.double() for w in weights), need_v=need_v, **extra64)
+    ref = ref[:1] if not need_v else ref
+    for a, b in zip(outs, ref, strict=True):
+        _close(a, b.detach(), tol, f"output, {what}")
+    ref_grads = torch.autograd.grad(ref, ins64, tuple(u.double() for u in ups))
+    for a, b in zip(grads, ref_grads, strict=True):
+        _close(a, b, tol, f"gradient, {what}")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "ds-dv"])
 @pytest.mark.parametrize("need_v", [True, False], ids=["v", "s-only"])
@@ -553,12 +578,7 @@ def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_
     for on in (False, True):
         monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm", on)
         launches.clear()
-        with use_backend("triton"):
-            s_out, v_out = painn_update(s, v, *weights, need_v=need_v, **extra)
-            outs = (s_out,) if v_out is None else (s_out, v_out)
-            gen = torch.Generator().manual_seed(13)
-            ups = tuple(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o) for o in outs)
-            grads = torch.autograd.grad(outs, ins, ups) if n else ()
+        outs, ups, grads = _block_grads(s, v, weights, need_v, extra, ins, seed=13)
         if n:
             assert ("_painn_update_norm_kernel" in launches) != on
             assert "_painn_update_norm_bwd_kernel" in launches
@@ -569,16 +589,9 @@ def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_
         else:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().max())))
     if n:
-        s64, v64, ds64, dv64 = (t.detach().double().requires_grad_(True) for t in (s, v, ds, dv))
-        extra64 = dict(ds=ds64, dv=dv64) if residual else {}
-        ins64 = (s64, v64, ds64, dv64) if residual else (s64, v64)
-        ref = painn_update_reference(s64, v64, *(w.double() for w in weights), need_v=need_v, **extra64)
-        ref = ref[:1] if not need_v else ref
-        for a, b in zip(res[True][0], ref, strict=True):
-            _close(a, b.detach(), TOL[dtype], "output, norm in the GEMM")
-        ref_grads = torch.autograd.grad(ref, ins64, tuple(u.double() for u in ups))
-        for a, b in zip(res[True][1], ref_grads, strict=True):
-            _close(a, b, TOL[dtype], "gradient, norm in the GEMM")
+        _check_against_float64(
+            res[True][0], ups, res[True][1], s, v, ds, dv, weights, need_v, residual, TOL[dtype], "norm in the GEMM"
+        )
 
 
 @pytest.mark.parametrize("switch", ["gv_as_addend", "dvv_in_norm_bwd", "both"])
@@ -606,12 +619,7 @@ def test_backward_byte_switches_match(triton_device, monkeypatch, fused_calls, s
             monkeypatch.setitem(pu_module._CONFIG, key, on and switch in (key, "both"))
         calls.clear()
         launches.clear()
-        with use_backend("triton"):
-            s_out, v_out = painn_update(s, v, *weights, need_v=need_v, **extra)
-            outs = (s_out,) if v_out is None else (s_out, v_out)
-            gen = torch.Generator().manual_seed(43)
-            ups = tuple(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o) for o in outs)
-            res[on] = torch.autograd.grad(outs, ins, ups)
+        outs, ups, res[on] = _block_grads(s, v, weights, need_v, extra, ins, seed=43)
         kw = dict(launches)
         if on and switch != "dvv_in_norm_bwd" and need_v:  # (the last layer has no g_v_out: nothing to add)
             assert calls[-1].get("addend") is not None and not calls[-1].get("accumulate")
@@ -624,11 +632,6 @@ def test_backward_byte_switches_match(triton_device, monkeypatch, fused_calls, s
             assert torch.equal(a, b)
         else:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().max())))
-    s64, v64, ds64, dv64 = (t.detach().double().requires_grad_(True) for t in (s, v, ds, dv))
-    extra64 = dict(ds=ds64, dv=dv64) if residual else {}
-    ins64 = (s64, v64, ds64, dv64) if residual else (s64, v64)
-    ref = painn_update_reference(s64, v64, *(w.double() for w in weights), need_v=need_v, **extra64)
-    ref = ref[:1] if not need_v else ref
-    ref_grads = torch.autograd.grad(ref, ins64, tuple(u.double() for u in ups))
-    for a, b in zip(res[True], ref_grads, strict=True):
-        _close(a, b, TOL[torch.float32], f"gradient with {switch}")
+    _check_against_float64(
+        outs, ups, res[True], s, v, ds, dv, weights, need_v, residual, TOL[torch.float32], f"with {switch}"
+    )
