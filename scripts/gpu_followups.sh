@@ -374,6 +374,10 @@ case "${1:-}" in
       --variants "update:norm_in_gemm=1;update:gv_as_addend=1;update:dvv_in_norm_bwd=1;update:norm_in_gemm=1,gv_as_addend=1,dvv_in_norm_bwd=1" \
       >"$OUT/probe_ncu_sweep.log" 2>&1
     grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -1 "$OUT/probe_ncu_sweep.log"
+    # The g2 batches' edge backward unsplit (no sum kernel; split 2 was measured on water only, 1.5-1.7x better there).
+    timeout 100 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 80 --out "$OUT/g2split" \
+      --systems g2x4096,g2x1024 --variants "mp:bwd_edge_split=1" >"$OUT/probe_ncu_sweep_g2split.log" 2>&1
+    grep -hE "^\| " "$OUT/g2split/probe_ncu_sweep.md"
     # Why the captured 24,000-atom step (10.81 ms) is 3.4 % slower than the eager one (10.45) at stop 62: both
     # modes' kernel tables.
     for mode in eager cudagraph; do
