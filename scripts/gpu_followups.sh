@@ -367,7 +367,7 @@ case "${1:-}" in
     # kernel), g_v_out as the backward's last GEMM's addend (gv_as_addend; no copy), ∂vv written once by the norm
     # backward (dvv_in_norm_bwd). Their CUDA tests, then the whole step with each and with all three.
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py tests/kernels/test_painn_update.py \
-      -k "norm_prologue_equals or ((norm_in_gemm or byte_switches) and cuda)" >"$OUT/pytest_prepared.log" 2>&1
+      -k "norm_prologue_equals or ((norm_prologue or norm_in_gemm or byte_switches) and cuda)" >"$OUT/pytest_prepared.log" 2>&1
     tail -2 "$OUT/pytest_prepared.log"
     timeout 300 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 280 --out "$OUT" \
       --systems g2x4096,g2x1024,water3000,water24000,water192,benzene \
