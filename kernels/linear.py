@@ -467,28 +467,9 @@ def gemm(
         and (m >= _CONFIG["tma_eager_min_rows"] or torch.cuda.is_current_stream_capturing())
     ):
         return _launch_tma(
-            a,
-            w,
-            w_lo,
-            bias,
-            aux,
-            out,
-            pre,
-            addend,
-            zero,
-            m,
-            n,
-            k,
-            act,
-            pro,
-            bm,
-            bn,
-            bk,
-            warps,
-            kernel_dot,
-            u=u_op if pro == _PRO_NORM else None,
-            norm_d=norm_d,
-        )
+            a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, kernel_dot,
+            u=u_op if pro == _PRO_NORM else None, norm_d=norm_d,
+        )  # fmt: skip
     col_fast = _CONFIG["col_fast"]
     grid = (cdiv(m, bm) * cdiv(n, bn),) if col_fast else (cdiv(m, bm), cdiv(n, bn))
     # The affine epilogue (x·scale + shift) must round like torch's mul then add: no contraction into an FMA.
@@ -621,8 +602,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _norm_of(v0, v1, v2):
-        """``sqrt(v0² + v1² + v2² + 1e-8)``, the update block's ‖vv‖ as its norm kernel computes it (correctly rounded
-        square root in float32; the constant at the tiles' dtype)."""
+        """``sqrt(v0² + v1² + v2² + 1e-8)``, the update block's ‖vv‖ (its norm kernel and backward, and the GEMM's norm
+        prologue: one expression, so one rounding): 1e-8 is ``_NORM_EPS``, as a tensor of the tiles' dtype (a bare
+        literal would be rounded to float32 first); the correctly rounded square root in float32 (tl.sqrt is the
+        approximate one there)."""
         sq = v0 * v0 + v1 * v1 + v2 * v2 + tl.full(v0.shape, 1e-8, v0.dtype)
         if v0.dtype == tl.float32:
             return tl.sqrt_rn(sq)
@@ -638,7 +621,7 @@ if HAS_TRITON:
         ms = rm & lo
         a = tl.load(s_ptr + rows[:, None] * f + kk[None, :], mask=ms, other=0.0)
         if NORM_D:
-            a = a + tl.load(d_ptr + rows[:, None] * f + kk[None, :], mask=ms, other=0.0)
+            a = _prologue(a, tl.load(d_ptr + rows[:, None] * f + kk[None, :], mask=ms, other=0.0), 2)
         mv = rm & (kk[None, :] >= f) & (kk[None, :] < k)
         base = u_ptr + (3 * rows[:, None]) * k + kk[None, :]
         nrm = _norm_of(
@@ -794,8 +777,8 @@ if HAS_TRITON:
             f = k // 2
             for k0 in range(0, f, BK):
                 a = a_desc.load([m0, k0])
-                if NORM_D:
-                    a = a + aux_desc.load([m0, k0])
+                if NORM_D:  # S + D, the residual sum as prologue 2 adds it
+                    a = _prologue(a, aux_desc.load([m0, k0]), 2)
                 acc = _tma_step(acc, a, b_desc, bl_desc, n0, k0, DOT)
             for k0 in range(f, k, BK):
                 a = _norm_of(u_desc.load([m0, k0]), u_desc.load([m0, 2 * f + k0]), u_desc.load([m0, 4 * f + k0]))

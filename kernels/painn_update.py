@@ -46,12 +46,13 @@ from ._triton_utils import (
     triton,
     unspecialized,
 )
-from .linear import gemm, gemm_fusable, resolved_dot
+from .linear import _NORM_EPS, gemm, gemm_fusable, resolved_dot
 
 __all__ = ["painn_update", "painn_update_fusable", "painn_update_reference"]
 
-# Added to Σ_k vv_k² under the square root (the model's constant; changing it changes the model).
-_EPS = 1e-8
+# Added to Σ_k vv_k² under the square root (the model's constant; changing it changes the model). One definition,
+# in linear.py beside _norm_of, the kernels' ‖vv‖ (the norm kernel's and the GEMM's norm prologue's).
+_EPS = _NORM_EPS
 _DTYPES = (torch.float32, torch.float64)
 
 
@@ -250,13 +251,7 @@ if HAS_TRITON:
         vv0 = tl.load(vv, mask=m, other=0.0)
         vv1 = tl.load(vv + 2 * N_FEAT, mask=m, other=0.0)
         vv2 = tl.load(vv + 4 * N_FEAT, mask=m, other=0.0)
-        # The constant at the tensors' dtype: a bare float literal would be rounded to float32 first.
-        eps = tl.full([BLOCK_N, BLOCK_F], 1e-8, vv0.dtype)
-        sq = vv0 * vv0 + vv1 * vv1 + vv2 * vv2 + eps
-        if vv0.dtype == tl.float32:
-            norm = tl.sqrt_rn(sq)  # tl.sqrt is the approximate one in float32
-        else:
-            norm = tl.sqrt(sq)
+        norm = _norm_of(vv0, vv1, vv2)  # (the GEMM's norm prologue computes it so too: norm_in_gemm)
         x = x_ptr + i * (2 * N_FEAT) + f
         tl.store(x, _load_sum(s_ptr, ds_ptr, i * N_FEAT + f, m, HAS_DS), mask=m)
         tl.store(x + N_FEAT, norm, mask=m)
@@ -431,31 +426,40 @@ if HAS_TRITON:
         g_s = gs_out + tl.load(g_x, mask=m, other=0.0)
         tl.store(g_s_ptr + sf, g_s, mask=m)
         vf = i * (6 * N_FEAT) + N_FEAT + f
+        vv0 = tl.load(uvvv_ptr + vf, mask=m, other=0.0)
+        vv1 = tl.load(uvvv_ptr + vf + 2 * N_FEAT, mask=m, other=0.0)
+        vv2 = tl.load(uvvv_ptr + vf + 4 * N_FEAT, mask=m, other=0.0)
         if NORM_VV:
-            norm = _norm_of(
-                tl.load(uvvv_ptr + vf, mask=m, other=0.0), tl.load(uvvv_ptr + vf + 2 * N_FEAT, mask=m, other=0.0),
-                tl.load(uvvv_ptr + vf + 4 * N_FEAT, mask=m, other=0.0),
-            )  # fmt: skip
+            norm = _norm_of(vv0, vv1, vv2)
         else:
             norm = tl.load(x_ptr + i * (2 * N_FEAT) + N_FEAT + f, mask=m, other=1.0)
         r = tl.load(g_x + N_FEAT, mask=m, other=0.0) / norm
-        gvf = i * (3 * N_FEAT) + f
         if DVV:
             if MIX3:
                 a_sv = tl.load(mix_ptr + i * (3 * N_FEAT) + N_FEAT + f, mask=m, other=0.0)
             else:
                 a_sv = tl.load(mix_ptr + i * (2 * N_FEAT) + f, mask=m, other=0.0)
             c = gs_out * a_sv  # (the out backward's c)
-        for k in tl.static_range(3):
-            vv = tl.load(uvvv_ptr + vf + 2 * k * N_FEAT, mask=m, other=0.0)
-            g = g_uvvv_ptr + vf + 2 * k * N_FEAT
-            if DVV:
-                first = c * tl.load(uvvv_ptr + vf - N_FEAT + 2 * k * N_FEAT, mask=m, other=0.0)
-            else:
-                first = tl.load(g, mask=m, other=0.0)
-            tl.store(g, first + r * vv, mask=m)
-            if HAS_GV:
+        else:
+            c = r  # unread
+        _store_dvv(g_uvvv_ptr, uvvv_ptr, vf, vv0, c, r, m, N_FEAT, DVV)
+        _store_dvv(g_uvvv_ptr, uvvv_ptr, vf + 2 * N_FEAT, vv1, c, r, m, N_FEAT, DVV)
+        _store_dvv(g_uvvv_ptr, uvvv_ptr, vf + 4 * N_FEAT, vv2, c, r, m, N_FEAT, DVV)
+        if HAS_GV:
+            gvf = i * (3 * N_FEAT) + f
+            for k in tl.static_range(3):
                 tl.store(g_v_ptr + gvf + k * N_FEAT, tl.load(gv_out_ptr + gvf + k * N_FEAT, mask=m, other=0.0), mask=m)
+
+    @triton.jit
+    def _store_dvv(g_uvvv_ptr, uvvv_ptr, offs, vv, c, r, m, N_FEAT: tl.constexpr, DVV: tl.constexpr):
+        """∂vv_k at ``offs`` (the vv half of one of an atom's three [uv | vv] rows) with the norm's term r ⊙ vv_k:
+        added to the out backward's c ⊙ uv_k there, or (DVV) both terms written here, uv_k F entries before."""
+        g = g_uvvv_ptr + offs
+        if DVV:
+            first = c * tl.load(uvvv_ptr + offs - N_FEAT, mask=m, other=0.0)
+        else:
+            first = tl.load(g, mask=m, other=0.0)
+        tl.store(g, first + r * vv, mask=m)
 
     def _launch(kernel, t: Tensor, n: int, f: int, *args, **flags) -> None:
         """One program per ``[BLOCK_N, BLOCK_F]`` tile of atoms × features (``flags``: the kernel's constexpr
