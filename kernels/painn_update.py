@@ -211,6 +211,9 @@ _CONFIG: dict = {
     # a layer (26 µs of a 4,096-g2-molecule step's layer on an H200, stop 61's kernel table). Built at stop 62 with
     # the device time spent: off until timed on a GPU.
     "norm_in_gemm": False,
+    # ...from this many atoms on (with norm_in_gemm on): below it the GEMM's few programs compute the norms that
+    # the norm kernel spreads over many.
+    "norm_in_gemm_min_atoms": 0,
     # gv_as_addend: on the Triton GEMMs the backward's last GEMM (g_v = g_v_out + [∂uv | ∂vv] [U; V]) takes g_v_out
     # as its epilogue's addend (linear.gemm's addend: the same sum, the same bits) instead of accumulating into a
     # copy the norm backward made: that kernel reads and writes 3 N·F floats fewer a layer (of its 20). Built at
@@ -500,7 +503,7 @@ if HAS_TRITON:
             dv = dv.contiguous() if dv is not None else None
             dv_add = dv.view(3 * n, f) if dv is not None else None
             uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
-            if _CONFIG["norm_in_gemm"]:  # [s + ds | ‖vv‖] made in the first GEMM's load: no norm kernel, no x
+            if _CONFIG["norm_in_gemm"] and n >= _CONFIG["norm_in_gemm_min_atoms"]:  # [s + ds | ‖vv‖] in its load
                 x = None
                 h, pre = gemm(None, w1, b1, act="silu", prologue_norm=(s, ds, uvvv), dot=dot)
             else:

@@ -386,10 +386,28 @@ case "${1:-}" in
       grep -E "=====|^group" "$OUT/kernel_table_24k_$mode.txt"
     done
     ;;
+  stop63a)
+    # Stop 63, round 2 of prepared62's switches: gv_as_addend (1.001-1.017x alone) as the base of each variant;
+    # norm_in_gemm only from 8,192 atoms (it lost 2-5 % on benzene and 192 water atoms, won 0.6-1 % at ~22,000).
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py \
+      -k "(norm_in_gemm or byte_switches) and cuda" >"$OUT/pytest_update.log" 2>&1
+    tail -2 "$OUT/pytest_update.log"
+    G="update:gv_as_addend=1"
+    timeout 330 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 310 --out "$OUT" \
+      --systems g2x4096,g2x1024,water3000,water24000,water192,benzene \
+      --variants "$G;$G,dvv_in_norm_bwd=1;$G,norm_in_gemm=1,norm_in_gemm_min_atoms=8192;$G,dvv_in_norm_bwd=1,norm_in_gemm=1,norm_in_gemm_min_atoms=8192" \
+      >"$OUT/probe_ncu_sweep.log" 2>&1
+    grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -1 "$OUT/probe_ncu_sweep.log"
+    # The captured step keeps the caller's atom order (the eager one sorts from 10,000 atoms): the box as built
+    # against Morton-sorted, captured.
+    timeout 120 python3 benchmarks/probe_locality.py --mode cudagraph --sizes 12000 24000 --out "$OUT/locality" \
+      >"$OUT/probe_locality.log" 2>&1
+    grep -E "atoms|speedup" "$OUT/probe_locality.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62 (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -577,6 +577,7 @@ def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_
     res = {}
     for on in (False, True):
         monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm", on)
+        monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm_min_atoms", 0)
         launches.clear()
         outs, ups, grads = _block_grads(s, v, weights, need_v, extra, ins, seed=13)
         if n:
@@ -587,11 +588,39 @@ def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_
         if triton_device.type == "cpu":
             assert torch.equal(a, b)
         else:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().max())))
+            torch.testing.assert_close(
+                a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().amax())) if b.numel() else 0.0
+            )
     if n:
         _check_against_float64(
             res[True][0], ups, res[True][1], s, v, ds, dv, weights, need_v, residual, TOL[dtype], "norm in the GEMM"
         )
+
+
+def test_norm_in_gemm_from_min_atoms(triton_device, monkeypatch, fused_calls):
+    """``norm_in_gemm_min_atoms``: below it the norm kernel runs (and the norm backward reads its x), from it on
+    the GEMM's prologue makes x; both give the same results."""
+    n, f = 9, 16
+    s, v, weights = _inputs(n, f, torch.float32, triton_device, seed=5)
+    with use_backend("triton"):
+        if not pu_module.gemm_fusable(s, *weights):
+            pytest.skip("cuBLAS GEMMs: the norm kernel always runs")
+    launches = []
+    launch = pu_module._launch
+    monkeypatch.setattr(
+        pu_module, "_launch", lambda k, *a, **kw: launches.append((k.__name__, kw)) or launch(k, *a, **kw)
+    )
+    monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm", True)
+    res = {}
+    for limit in (n + 1, n):
+        monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm_min_atoms", limit)
+        launches.clear()
+        res[limit] = _block_grads(s, v, weights, True, {}, (s, v), seed=7)[2]
+        kw = dict(launches)
+        assert ("_painn_update_norm_kernel" in kw) == (limit > n)
+        assert kw["_painn_update_norm_bwd_kernel"]["NORM_VV"] == (limit <= n)
+    for a, b in zip(res[n], res[n + 1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().amax())))
 
 
 @pytest.mark.parametrize("switch", ["gv_as_addend", "dvv_in_norm_bwd", "both"])
@@ -599,7 +628,7 @@ def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_
 @pytest.mark.parametrize("need_v", [True, False], ids=["v", "s-only"])
 def test_backward_byte_switches_match(triton_device, monkeypatch, fused_calls, switch, residual, need_v):
     """``gv_as_addend`` (g_v_out as the last GEMM's addend, no copy by the norm backward) and ``dvv_in_norm_bwd``
-    (∂vv's two terms written once by the norm backward), both off as shipped: the gradients wrt s, v (and ds, dv)
+    (∂vv's two terms written once by the norm backward), each on and off: the gradients wrt s, v (and ds, dv)
     equal the shipped path's (bits on the interpreter) and the float64 reference; spies see the addend and the
     kernels' switches."""
     n, f = 33, 20
@@ -631,7 +660,9 @@ def test_backward_byte_switches_match(triton_device, monkeypatch, fused_calls, s
         if triton_device.type == "cpu":
             assert torch.equal(a, b)
         else:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().max())))
+            torch.testing.assert_close(
+                a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().amax())) if b.numel() else 0.0
+            )
     _check_against_float64(
         outs, ups, res[True], s, v, ds, dv, weights, need_v, residual, TOL[torch.float32], f"with {switch}"
     )
