@@ -208,21 +208,26 @@ _CONFIG: dict = {
     # norm_in_gemm: on the Triton GEMMs, the mixing MLP's first GEMM makes its input [s + ds | ‖vv‖] in its load
     # (linear.gemm's prologue_norm) from s, ds and the [U; V] rows, so the norm kernel and its [N, 2F] output go
     # (the backward takes ‖vv‖ again from the vv rows it loads anyway). The norm kernel's bytes were ~7 N·F floats
-    # a layer (26 µs of a 4,096-g2-molecule step's layer on an H200, stop 61's kernel table). Built at stop 62 with
-    # the device time spent: off until timed on a GPU.
-    "norm_in_gemm": False,
-    # ...from this many atoms on (with norm_in_gemm on): below it the GEMM's few programs compute the norms that
-    # the norm kernel spreads over many.
-    "norm_in_gemm_min_atoms": 0,
+    # a layer (26 µs of a 4,096-g2-molecule step's layer on an H200, stop 61's kernel table). Built at stop 62.
+    # H200 whole step, on against off (stop 63, benchmarks/results/stop63_gpu/a/): 4,096 g2 molecules 1.010x,
+    # 24,000 water atoms 1.006x, but 192 water atoms 0.955x, benzene 0.979x, 3,000 atoms and 1,024 g2 molecules
+    # 0.997-0.998x; so only from norm_in_gemm_min_atoms on (b/: with the two switches below, 1.029x at 4,096 g2
+    # molecules, 1.007x at 24,000 atoms, 1.001-1.008x on the rest).
+    "norm_in_gemm": True,
+    # ...from this many atoms on: below it the GEMM's few programs compute the norms that the norm kernel
+    # spreads over many (4,096 g2 molecules are ~21,700 atoms, 1,024 ~5,400).
+    "norm_in_gemm_min_atoms": 8192,
     # gv_as_addend: on the Triton GEMMs the backward's last GEMM (g_v = g_v_out + [∂uv | ∂vv] [U; V]) takes g_v_out
     # as its epilogue's addend (linear.gemm's addend: the same sum, the same bits) instead of accumulating into a
     # copy the norm backward made: that kernel reads and writes 3 N·F floats fewer a layer (of its 20). Built at
-    # stop 62 with the device time spent: off until timed on a GPU.
-    "gv_as_addend": False,
+    # stop 62; H200 whole step at stop 63 (stop63_gpu/a/, b/): 1.004-1.017x on every system of two sweeps.
+    "gv_as_addend": True,
     # dvv_in_norm_bwd: ∂vv_k = g_s ⊙ a_sv ⊙ uv_k + (∂‖vv‖ / ‖vv‖) ⊙ vv_k written once by the norm backward (which
     # then reads uv and a_sv) instead of its first term by the out backward and the second added to it: 3 N·F
-    # floats fewer a layer of the two kernels' 41. Built at stop 62: off until timed on a GPU.
-    "dvv_in_norm_bwd": False,
+    # floats fewer a layer of the two kernels' 41. Built at stop 62; H200 whole step at stop 63 (stop63_gpu/a/,
+    # b/): alone 0.994-1.004x; over gv_as_addend 1.003x at 4,096 g2 molecules (1.029x with all three against
+    # 1.021x without it), within the noise elsewhere (0.994-1.002x). On: it moves fewer bytes.
+    "dvv_in_norm_bwd": True,
 }
 
 if HAS_TRITON:
