@@ -404,10 +404,27 @@ case "${1:-}" in
       >"$OUT/probe_locality.log" 2>&1
     grep -E "atoms|speedup" "$OUT/probe_locality.log"
     ;;
+  stop63b)
+    # The three update-block switches as shipped at stop 63: the update block's and GEMM's CUDA cases, the rows,
+    # bench_large.
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py tests/kernels/test_linear.py \
+      -k cuda >"$OUT/pytest_update_cuda.log" 2>&1; tail -2 "$OUT/pytest_update_cuda.log"
+    timeout 200 python3 benchmarks/probe_student_size.py --configs 128x3,64x3 --md-steps 300 --out "$OUT" \
+      --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
+    grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -4
+    timeout 170 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 150 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
+    ;;
+  stop63c)
+    # The GPU tests outside tests/kernels at the final code (~400 s).
+    timeout 560 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels -x \
+      >"$OUT/pytest_gpu.log" 2>&1; tail -3 "$OUT/pytest_gpu.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
