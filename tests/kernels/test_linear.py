@@ -582,7 +582,7 @@ def test_gemm_tma_equals_pointer_path_on_cuda(monkeypatch, form, m, grid_w):
     k, n = 128, 384
     res, calls = {}, []
     real = lin._launch_tma
-    monkeypatch.setattr(lin, "_launch_tma", lambda *args: calls.append(1) or real(*args))
+    monkeypatch.setattr(lin, "_launch_tma", lambda *args, **kw: calls.append(1) or real(*args, **kw))
     monkeypatch.setitem(lin._CONFIG, "tma_eager_min_rows", 0)  # eager calls here: the descriptors at any size
     for tma in (True, False):
         monkeypatch.setitem(lin._CONFIG, "tma", tma)
@@ -631,7 +631,7 @@ def test_gemm_tma_eager_only_from_its_row_threshold(monkeypatch):
         pytest.skip("the descriptor path needs sm90+ and Triton's host-side descriptors")
     calls = []
     real = lin._launch_tma
-    monkeypatch.setattr(lin, "_launch_tma", lambda *args: calls.append(args[9]) or real(*args))
+    monkeypatch.setattr(lin, "_launch_tma", lambda *args, **kw: calls.append(args[9]) or real(*args, **kw))
     monkeypatch.setitem(lin._CONFIG, "tma_eager_min_rows", 4000)
     gen = torch.Generator().manual_seed(5)
     w = _rand(256, 128, gen=gen, dtype=torch.float32, device=dev)
@@ -673,7 +673,7 @@ def _same_bits_under_switch(monkeypatch, form, m, tma, key, dot, kernel_dots, to
             return lambda *args, **kw: dots.append(kw["DOT"]) or real_kernel[grid](*args, **kw)
 
     monkeypatch.setattr(lin, "_gemm_kernel", _Spy())
-    monkeypatch.setattr(lin, "_launch_tma", lambda *args: dots.append(args[-1]) or real_tma(*args))
+    monkeypatch.setattr(lin, "_launch_tma", lambda *args, **kw: dots.append(args[-1]) or real_tma(*args, **kw))
     res = {}
     for value in (True, False):
         monkeypatch.setitem(lin._CONFIG, key, value)
