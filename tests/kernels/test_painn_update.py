@@ -562,8 +562,9 @@ def _check_against_float64(outs, ups, grads, s, v, ds, dv, weights, need_v, resi
 @pytest.mark.parametrize("n, f", [(0, 8), (7, 20), (33, 64)])
 def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_calls, dtype, residual, need_v, n, f):
     """``norm_in_gemm`` (on as shipped from ``norm_in_gemm_min_atoms``; here from 0): the mixing MLP's first GEMM
-    makes [s + ds | ‖vv‖] in its load, no norm kernel runs and no x is kept; outputs and gradients wrt s, v (and ds, dv) match the torch reference in float64,
-    and the norm kernel's path to rounding (the same bits on the interpreter)."""
+    makes [s + ds | ‖vv‖] in its load, no norm kernel runs and no x is kept; outputs and gradients wrt s, v (and ds,
+    dv) match the torch reference in float64, and the norm kernel's path to rounding (the same bits on the
+    interpreter)."""
     s, v, weights = _inputs(n, f, dtype, triton_device, seed=n + 11)
     ds, dv, _ = _inputs(n, f, dtype, triton_device, seed=n + 12)
     extra = dict(ds=ds, dv=dv) if residual else {}
