@@ -421,10 +421,24 @@ case "${1:-}" in
     timeout 560 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels -x \
       >"$OUT/pytest_gpu.log" 2>&1; tail -3 "$OUT/pytest_gpu.log"
     ;;
+  stop63d)
+    # stop63b's eager 24,000-atom rows read slower than stop 62's (128 wide 10.60 against 10.45 ms, 64 wide 9.32
+    # against 7.98) while the captured ones gained: the switches off, one at a time, in the eager step, both widths;
+    # and the 64-wide student's captured rows.
+    V="update:norm_in_gemm=0;update:gv_as_addend=0,dvv_in_norm_bwd=0;update:norm_in_gemm=0,gv_as_addend=0,dvv_in_norm_bwd=0"
+    for h in 128 64; do
+      timeout 100 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 85 --out "$OUT/eager$h" --step-mode eager \
+        --hidden $h --systems water24000 --variants "$V" >"$OUT/probe_ncu_sweep_eager$h.log" 2>&1
+      grep -hE "^\| " "$OUT/eager$h/probe_ncu_sweep.md"
+    done
+    timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT/graph64" --hidden 64 \
+      --systems g2x4096,water3000,water24000 --variants "$V" >"$OUT/probe_ncu_sweep_graph64.log" 2>&1
+    grep -hE "^\| " "$OUT/graph64/probe_ncu_sweep.md"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
