@@ -454,17 +454,16 @@ def gemm(
     elif accumulate:
         addend = out
     if (
-        ref.is_cuda
+        tma_launches(ref, m)
         and not small
         and transpose_w
         and pro != _PRO_GATHER
         and row_affine is None
         and segment_sum is None
         and _tma_ok(
-            ref, a, w, w_lo, aux if pro else None, out, pre, addend, u_op.view(m, 3 * k) if pro == _PRO_NORM else None
+            a, w, w_lo, aux if pro else None, out, pre, addend, u_op.view(m, 3 * k) if pro == _PRO_NORM else None
         )
         and (pro != _PRO_NORM or (k // 2) % bk == 0)
-        and (m >= _CONFIG["tma_eager_min_rows"] or torch.cuda.is_current_stream_capturing())
     ):
         return _launch_tma(
             a, w, w_lo, bias, aux, out, pre, addend, zero, m, n, k, act, pro, bm, bn, bk, warps, kernel_dot,
@@ -494,12 +493,20 @@ def gemm(
     return out, pre
 
 
-def _tma_ok(ref: Tensor, *tensors: Tensor | None) -> bool:
-    """Whether the large-M launch may move its operands through tensor descriptors (``_CONFIG["tma"]``): a Hopper
-    or newer GPU, Triton's host-side descriptors, and every operand a float32 matrix with unit column stride and
-    16-byte aligned rows and start (what the copy engine takes)."""
-    if not _CONFIG["tma"] or _TensorDescriptor is None or not sm90(ref.device):
+def tma_launches(ref: Tensor, m: int) -> bool:
+    """Whether :func:`gemm`'s large-M launches of ``m`` rows go through tensor descriptors now (when their operands
+    allow, :func:`_tma_ok`): ``_CONFIG["tma"]`` on a Hopper or newer GPU with Triton's host-side descriptors,
+    inside a capture or from ``tma_eager_min_rows`` rows. A caller choosing a form by what it costs on that kernel
+    asks this (the update block's norm prologue)."""
+    if not (ref.is_cuda and _CONFIG["tma"] and _TensorDescriptor is not None and sm90(ref.device)):
         return False
+    return m >= _CONFIG["tma_eager_min_rows"] or torch.cuda.is_current_stream_capturing()
+
+
+def _tma_ok(*tensors: Tensor | None) -> bool:
+    """Whether the large-M launch may move these operands through tensor descriptors (:func:`tma_launches` said
+    the launch may): every operand a float32 matrix with unit column stride and 16-byte aligned rows and start
+    (what the copy engine takes)."""
     for t in tensors:
         if t is None:
             continue

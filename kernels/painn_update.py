@@ -46,7 +46,7 @@ from ._triton_utils import (
     triton,
     unspecialized,
 )
-from .linear import _NORM_EPS, gemm, gemm_fusable, resolved_dot
+from .linear import _NORM_EPS, gemm, gemm_fusable, resolved_dot, tma_launches
 
 __all__ = ["painn_update", "painn_update_fusable", "painn_update_reference"]
 
@@ -215,7 +215,8 @@ _CONFIG: dict = {
     # molecules, 1.007x at 24,000 atoms, 1.001-1.008x on the rest).
     "norm_in_gemm": True,
     # ...from this many atoms on: below it the GEMM's few programs compute the norms that the norm kernel
-    # spreads over many (4,096 g2 molecules are ~21,700 atoms, 1,024 ~5,400).
+    # spreads over many (4,096 g2 molecules are ~21,700 atoms, 1,024 ~5,400). And only on the GEMM's descriptor
+    # kernel (captured steps; eager ones from linear's tma_eager_min_rows): see _norm_in_gemm.
     "norm_in_gemm_min_atoms": 8192,
     # gv_as_addend: on the Triton GEMMs the backward's last GEMM (g_v = g_v_out + [∂uv | ∂vv] [U; V]) takes g_v_out
     # as its epilogue's addend (linear.gemm's addend: the same sum, the same bits) instead of accumulating into a
@@ -508,7 +509,7 @@ if HAS_TRITON:
             dv = dv.contiguous() if dv is not None else None
             dv_add = dv.view(3 * n, f) if dv is not None else None
             uvvv = gemm(v.view(3 * n, f), w_uv, prologue_add=dv_add, dot=dot)[0]
-            if _CONFIG["norm_in_gemm"] and n >= _CONFIG["norm_in_gemm_min_atoms"]:  # [s + ds | ‖vv‖] in its load
+            if _norm_in_gemm(s):  # [s + ds | ‖vv‖] made in the first GEMM's load: no norm kernel, no x
                 x = None
                 h, pre = gemm(None, w1, b1, act="silu", prologue_norm=(s, ds, uvvv), dot=dot)
             else:
@@ -560,6 +561,17 @@ if HAS_TRITON:
     def _or(t: Tensor | None, dummy: Tensor) -> Tensor:
         """A kernel's optional pointer argument (unread when its switch is off)."""
         return dummy if t is None else t
+
+    def _norm_in_gemm(s: Tensor) -> bool:
+        """Whether the first GEMM makes its input [s + ds | ‖vv‖] in its load (``norm_in_gemm``): from
+        ``norm_in_gemm_min_atoms`` atoms, on the GEMM's tensor-descriptor kernel on a GPU (the interpreter's
+        kernel on the CPU). On the pointer kernel (an eager step below ``linear``'s ``tma_eager_min_rows``) it
+        cost the 24,000-atom eager step 0.985x at 128 features and 0.857x at 64 (stop 63, H200,
+        benchmarks/results/stop63_gpu/d/)."""
+        n = s.shape[0]
+        if not _CONFIG["norm_in_gemm"] or n < _CONFIG["norm_in_gemm_min_atoms"]:
+            return False
+        return not s.is_cuda or tma_launches(s, n)
 
     def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2, dot=None):
         """Gradients wrt ``s [N,F]`` and ``v [N,3,F]``; ``grad_v`` None means zero (v_out unused)."""

@@ -435,10 +435,27 @@ case "${1:-}" in
       --systems g2x4096,water3000,water24000 --variants "$V" >"$OUT/probe_ncu_sweep_graph64.log" 2>&1
     grep -hE "^\| " "$OUT/graph64/probe_ncu_sweep.md"
     ;;
+  stop63e)
+    # norm_in_gemm only on the GEMM's descriptor kernel (stop63d: on the eager pointer kernel it cost the 24,000-atom
+    # step 0.985x / 0.857x at 128 / 64 features): the CUDA cases, the eager A/B again, the rows.
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py tests/kernels/test_linear.py \
+      -k cuda >"$OUT/pytest_update_cuda.log" 2>&1; tail -2 "$OUT/pytest_update_cuda.log"
+    for h in 128 64; do
+      timeout 60 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 45 --out "$OUT/eager$h" --step-mode eager \
+        --hidden $h --systems water24000 --variants "update:norm_in_gemm=0" >"$OUT/probe_ncu_sweep_eager$h.log" 2>&1
+      grep -hE "^\| " "$OUT/eager$h/probe_ncu_sweep.md"
+    done
+    timeout 200 python3 benchmarks/probe_student_size.py --configs 128x3,64x3 --md-steps 300 --out "$OUT" \
+      --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
+    grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -4
+    timeout 170 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 150 --sections check,ef \
+      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+    grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -17,6 +17,7 @@ from mlff_distiller import StudentModel
 from mlff_distiller.model.painn import PaiNNUpdate
 
 pu_module = importlib.import_module("mlff_distiller.kernels.painn_update")
+lin_module = importlib.import_module("mlff_distiller.kernels.linear")
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
@@ -579,6 +580,7 @@ def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_
     for on in (False, True):
         monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm", on)
         monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm_min_atoms", 0)
+        monkeypatch.setitem(lin_module._CONFIG, "tma_eager_min_rows", 0)  # (eager calls: the descriptor kernel)
         launches.clear()
         outs, ups, grads = _block_grads(s, v, weights, need_v, extra, ins, seed=13)
         if n:
@@ -600,7 +602,7 @@ def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_
 
 def test_norm_in_gemm_from_min_atoms(triton_device, monkeypatch, fused_calls):
     """``norm_in_gemm_min_atoms``: below it the norm kernel runs (and the norm backward reads its x), from it on
-    the GEMM's prologue makes x; both give the same results."""
+    the GEMM's prologue makes x (on a GPU, only on the GEMM's descriptor kernel); the same results."""
     n, f = 9, 16
     s, v, weights = _inputs(n, f, torch.float32, triton_device, seed=5)
     with use_backend("triton"):
@@ -612,16 +614,22 @@ def test_norm_in_gemm_from_min_atoms(triton_device, monkeypatch, fused_calls):
         pu_module, "_launch", lambda k, *a, **kw: launches.append((k.__name__, kw)) or launch(k, *a, **kw)
     )
     monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm", True)
+    # On a GPU, only where the GEMM takes its descriptor kernel (eager: from tma_eager_min_rows rows).
+    cuda = triton_device.type == "cuda"
     res = {}
-    for limit in (n + 1, n):
+    for limit, tma_rows in ((n + 1, 0), (n, n + 1), (n, 0)) if cuda else ((n + 1, 0), (n, 0)):
         monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm_min_atoms", limit)
+        monkeypatch.setitem(lin_module._CONFIG, "tma_eager_min_rows", tma_rows)
         launches.clear()
-        res[limit] = _block_grads(s, v, weights, True, {}, (s, v), seed=7)[2]
+        res[limit, tma_rows] = _block_grads(s, v, weights, True, {}, (s, v), seed=7)[2]
         kw = dict(launches)
-        assert ("_painn_update_norm_kernel" in kw) == (limit > n)
-        assert kw["_painn_update_norm_bwd_kernel"]["NORM_VV"] == (limit <= n)
-    for a, b in zip(res[n], res[n + 1], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().amax())))
+        on = limit <= n and (not cuda or lin_module.tma_launches(s, n))
+        assert on == (limit <= n and tma_rows <= n)
+        assert ("_painn_update_norm_kernel" in kw) != on
+        assert kw["_painn_update_norm_bwd_kernel"]["NORM_VV"] == on
+    for key in res:
+        for a, b in zip(res[key], res[n + 1, 0], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().amax())))
 
 
 @pytest.mark.parametrize("switch", ["gv_as_addend", "dvv_in_norm_bwd", "both"])
