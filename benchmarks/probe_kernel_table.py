@@ -4,7 +4,12 @@ For each system (``water<N>``, ``g2x<N>``, ``benzene``) and the student of ``--h
 alone (``probe_ncu.step``: the captured replay, or eager with ``--step-mode eager``), its do_bench median, and
 ``profile_step._kernel_table`` of it with the kernel groups (names, launches, device time per step).
 
+``--ops`` (eager steps only: a replay makes no aten calls) adds the torch (aten) ops that launched device kernels,
+grouped by input shape, with their device time: the kernel table names torch's elementwise kernels only by
+template, and this traces each to the code that makes it.
+
     python benchmarks/probe_kernel_table.py --systems g2x4096,water3000 --out DIR
+    python benchmarks/probe_kernel_table.py --systems water3000 --step-mode eager --ops --out DIR
 """
 
 from __future__ import annotations
@@ -20,15 +25,38 @@ from probe_ncu import step, structures
 from profile_step import _kernel_table
 
 
+def op_table(run, limit: int = 40) -> str:
+    """aten ops of ``run()`` with device time, grouped by name and input shapes, most device time first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        run()
+        torch.cuda.synchronize()
+    rows = [
+        e
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key.startswith("aten::") and e.self_device_time_total > 0
+    ]
+    rows.sort(key=lambda e: -e.self_device_time_total)
+    lines = ["| aten op | input shapes | calls | self device µs |", "|---|---|---:|---:|"]
+    lines += [f"| {e.key} | {e.input_shapes} | {e.count} | {e.self_device_time_total:.1f} |" for e in rows[:limit]]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--systems", default="g2x4096")
     p.add_argument("--step-mode", default="cudagraph", choices=("cudagraph", "eager"))
+    p.add_argument("--ops", action="store_true", help="add the aten ops of the step (needs --step-mode eager)")
     p.add_argument("--hidden", type=int, default=None)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--name", default="probe_kernel_table")
     args = p.parse_args(argv)
+    if args.ops and args.step_mode != "eager":
+        p.error("--ops needs --step-mode eager (a captured replay makes no aten calls)")
     if not torch.cuda.is_available():
         print("probe_kernel_table.py needs a CUDA device")
         return 0
@@ -44,6 +72,8 @@ def main(argv=None) -> int:
         width = model.config.hidden if args.hidden is None else args.hidden
         report.append(f"\n===== {name}, hidden {width}, {args.step_mode}: {ms:.3f} ms (do_bench median)")
         report.append(_kernel_table(run, groups=True))
+        if args.ops:
+            report += ["", f"--- aten ops of the {name} step", "", op_table(run)]
         del run
         torch.cuda.empty_cache()
     text = "\n".join(report)

@@ -318,8 +318,9 @@ case "${1:-}" in
     ;;
   stop62e)
     # The torch ops behind the captured water step's four elementwise kernels (eager step, shapes).
-    timeout 200 python3 benchmarks/probe_torch_ops.py --systems water3000,water24000 --out "$OUT" \
-      >"$OUT/probe_torch_ops.log" 2>&1; cat "$OUT/probe_torch_ops.md" | head -60
+    # (probe_torch_ops.py then; its table is probe_kernel_table.py --ops since stop 63)
+    timeout 200 python3 benchmarks/probe_kernel_table.py --systems water3000,water24000 --step-mode eager --ops \
+      --out "$OUT" --name probe_torch_ops >"$OUT/probe_torch_ops.log" 2>&1; grep -A45 "aten ops" "$OUT/probe_torch_ops.txt"
     ;;
   stop62f)
     # A finer ladder above 2,048 atoms (fine_growth 1.04 / 1.03 against 1.0625: 4,096 g2 molecules pad 1.7-1.8 %

@@ -697,14 +697,18 @@ def test_probe_gemm_persistent_kernel_on_the_interpreter(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message of the GPU probes")
 def test_stop56_gpu_probe_says_it_needs_cuda(capsys):
-    """probe_kernel_table.py and probe_torch_ops.py need a CUDA device: on a CPU they say so and return 0 (their
-    GPU runs are in results/stop56_gpu/ and stop62_gpu/)."""
+    """probe_kernel_table.py needs a CUDA device: on a CPU it says so and returns 0 (its GPU runs are in
+    results/stop56_gpu/ and later; stop62_gpu/e/ is its ``--ops`` table, then probe_torch_ops.py). ``--ops`` asks
+    for an eager step: with the captured one it stops with a usage error before anything runs."""
     import probe_kernel_table
-    import probe_torch_ops
 
-    for probe in (probe_kernel_table, probe_torch_ops):
-        assert probe.main([]) == 0
+    for argv in ([], ["--ops", "--step-mode", "eager"]):
+        assert probe_kernel_table.main(argv) == 0
         assert "needs a CUDA device" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        probe_kernel_table.main(["--ops"])
+    assert exc.value.code == 2
+    assert "--ops needs --step-mode eager" in capsys.readouterr().err
 
 
 def test_probe_last_update_cpu_runs(tmp_path):
