@@ -38,7 +38,7 @@ _EDGE = dict(
 )
 KERNELS = {
     "gemm": (
-        "linear",
+        "_gemm_kernels",
         "_gemm_kernel",
         dict(
             HAS_BIAS=True,

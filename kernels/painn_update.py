@@ -232,7 +232,7 @@ _CONFIG: dict = {
 }
 
 if HAS_TRITON:
-    from .linear import _norm_of  # ‖vv‖ as the first GEMM's norm prologue computes it
+    from ._gemm_kernels import _norm_of  # ‖vv‖ as the first GEMM's norm prologue computes it
 
     @triton.jit
     def _tile(n_atoms, N_FEAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr):

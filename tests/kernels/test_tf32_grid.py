@@ -16,6 +16,7 @@ from mlff_distiller.kernels._triton_utils import HAS_TRITON, dot_fin, dot_w, rou
 from mlff_distiller.kernels.linear import gemm
 
 lin = importlib.import_module("mlff_distiller.kernels.linear")
+gemm_kernels = importlib.import_module("mlff_distiller.kernels._gemm_kernels")
 mp_module = importlib.import_module("mlff_distiller.kernels.message_passing")
 mp_config = importlib.import_module("mlff_distiller.kernels._mp_config")
 
@@ -82,15 +83,16 @@ def _grid_graph(n, per_atom, device, seed, f=128, r=20):
 
 @pytest.fixture
 def dot_modes(monkeypatch):
-    """The ``DOT`` of every ``dot_w`` the GEMM kernel calls (the interpreter runs it as Python)."""
+    """The ``DOT`` of every ``dot_w`` the GEMM kernel calls (the interpreter runs it as Python, with the globals of
+    the module that defines it)."""
     seen = []
-    real = lin.dot_w
+    real = gemm_kernels.dot_w
 
     def spy(a, b, b_lo, DOT):
         seen.append(str(DOT))
         return real(a, b, b_lo, DOT)
 
-    monkeypatch.setattr(lin, "dot_w", spy)
+    monkeypatch.setattr(gemm_kernels, "dot_w", spy)
     return seen
 
 
