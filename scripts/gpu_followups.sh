@@ -453,10 +453,23 @@ case "${1:-}" in
       --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
     grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
     ;;
+  stop63f)
+    # After the GEMM kernels moved to _gemm_kernels.py: the GEMM users' CUDA cases, and probe_kernel_table --ops
+    # (probe_torch_ops.py folded in).
+    F="tests/kernels/test_linear.py tests/kernels/test_painn_update.py tests/kernels/test_tf32_grid.py"
+    F="$F tests/kernels/test_precision_dots.py tests/kernels/test_species_moments.py"
+    timeout 300 python3 -m pytest -q -p no:cacheprovider $F -k cuda >"$OUT/pytest_gemm_cuda.log" 2>&1
+    tail -2 "$OUT/pytest_gemm_cuda.log"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider $F -m gpu -k "not cuda" >"$OUT/pytest_gemm_gpu.log" 2>&1
+    tail -2 "$OUT/pytest_gemm_gpu.log"
+    timeout 100 python3 benchmarks/probe_kernel_table.py --systems water3000 --step-mode eager --ops --out "$OUT" \
+      --name kernel_table_ops >"$OUT/kernel_table_ops.log" 2>&1; grep -E "=====|^group" "$OUT/kernel_table_ops.txt"
+    grep -A8 "aten ops" "$OUT/kernel_table_ops.txt"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
