@@ -92,7 +92,7 @@ case "${1:-}" in
     # The message kernels' streamed edge data with "evict_first" (_triton_utils.STREAM_EVICT): their CUDA tests, then
     # A/B in separate processes (MLFF_DISTILLER_STREAM_EVICT=1 / 0, alternating, two rounds), each timing the step
     # twice (a no-op variant), and whether the compiled kernels carry the policy.
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py -k cuda \
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k cuda \
       >"$OUT/pytest_mp_cuda.log" 2>&1; tail -2 "$OUT/pytest_mp_cuda.log"
     for r in 1 2; do
       for ev in 1 0; do
@@ -165,7 +165,7 @@ case "${1:-}" in
   stop61c)
     # The lean dots alone (the atom kernels' after-loop sums went back, stop61b): the message kernels' and the TF32
     # grid's CUDA tests, then new against old code (lean_kernels.diff reversed) in separate processes, two rounds.
-    timeout 280 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 280 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       tests/kernels/test_tf32_grid.py -k "cuda or gpu or tf32_hi or dot_fin" >"$OUT/pytest_mp_cuda.log" 2>&1
     tail -2 "$OUT/pytest_mp_cuda.log"
     D=benchmarks/results/stop61_gpu/lean_kernels.diff
@@ -195,7 +195,7 @@ case "${1:-}" in
   stop61e)
     # The edge backward's NaN guard per variant (edge_nan_guard "fold", shipped): its CUDA test and the message
     # kernels' CUDA cases, the whole step with the guard everywhere / nowhere, then bench_large's rows and check.
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       tests/kernels/test_tf32_grid.py -k "nan_guard or seg_split or auto_sender or two_mmas or tf32_hi or dot_fin" \
       >"$OUT/pytest_mp_cuda.log" 2>&1; tail -2 "$OUT/pytest_mp_cuda.log"
     timeout 150 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 130 --out "$OUT" \
@@ -271,7 +271,7 @@ case "${1:-}" in
     # (edge_split_terms), and chained, the second adding the first's rows after a per-tile flag in place of the sum
     # kernel (edge_split_chain); the atom sender backward's half-tile sums (sender_fold_half). Their CUDA tests (the
     # chain's bits against the sum kernel's), then the whole step with each, and all three.
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "(term_split or chained or fold_half) and cuda" >"$OUT/pytest_prepared.log" 2>&1
     tail -2 "$OUT/pytest_prepared.log"
     timeout 330 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 310 --out "$OUT" \
@@ -284,7 +284,7 @@ case "${1:-}" in
     # Stop 62: the prepared switches' CUDA tests (tolerances of the float32 cross-checks at the rows' scale), then
     # the chain and the half-tile sender together, each again alone, the chain's tile threshold and the edge and
     # sender kernels' pipeline depths under both.
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "(term_split or chained or fold_half) and cuda" >"$OUT/pytest_prepared.log" 2>&1
     tail -2 "$OUT/pytest_prepared.log"
     CH="mp:edge_split_chain=1,sender_fold_half=1"
@@ -296,7 +296,7 @@ case "${1:-}" in
     ;;
   stop62c)
     # The shipped chain ("fold") and half-tile sender: the message kernels' CUDA cases, the rows, bench_large.
-    timeout 220 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py -k cuda \
+    timeout 220 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k cuda \
       >"$OUT/pytest_mp_cuda.log" 2>&1; tail -2 "$OUT/pytest_mp_cuda.log"
     timeout 200 python3 benchmarks/probe_student_size.py --configs 128x3,64x3 --md-steps 300 --out "$OUT" \
       --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1

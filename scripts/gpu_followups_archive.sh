@@ -121,7 +121,7 @@ case "${1:-}" in
     ;;
   mpsplit)
     # "tf32x3w" in the message-passing kernels: their CUDA tests, then the whole step per kernel and all three.
-    timeout 200 python3 -m pytest -q tests/kernels/test_message_passing.py -k "cuda or large or split or seg or tiles" \
+    timeout 200 python3 -m pytest -q tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k "cuda or large or split or seg or tiles" \
       >"$OUT/pytest_mp_wsplit.log" 2>&1
     tail -2 "$OUT/pytest_mp_wsplit.log"
     all3="dot_fwd=tf32x3w,dot_bwd_sender=tf32x3w,dot_bwd_edge=tf32x3w"
@@ -177,7 +177,7 @@ case "${1:-}" in
   stop44)
     # Stop 44: the edge kernel on a second stream inside captures (CUDA test, then the whole step with it on for
     # every size), the first layer's φ from the species table (shipped) against the MLP on every atom; twice each.
-    timeout 150 python3 -m pytest -q tests/kernels/test_message_passing.py -k "edge_stream" >"$OUT/pytest_side.log" 2>&1
+    timeout 150 python3 -m pytest -q tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k "edge_stream" >"$OUT/pytest_side.log" 2>&1
     tail -1 "$OUT/pytest_side.log"
     timeout 150 python3 -m pytest -q tests/test_engine_modes.py tests/test_species_table.py \
       -k "within_documented_tolerance_gpu or cuda_graph_equals_eager or species" >"$OUT/pytest_table.log" 2>&1
@@ -191,7 +191,7 @@ case "${1:-}" in
   stop44b)
     # The edge kernels summed on a second stream across the whole captured backward (kernels.defer_edge_grads):
     # CUDA tests of the kernels and of the captured engine steps, then the whole step against it off, twice.
-    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py -k "edge_stream" >"$OUT/pytest_side.log" 2>&1
+    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k "edge_stream" >"$OUT/pytest_side.log" 2>&1
     tail -1 "$OUT/pytest_side.log"
     timeout 280 python3 -m pytest -q -m gpu tests/test_engine_modes.py tests/test_engine_capture.py \
       tests/test_engine_verlet.py tests/test_batched_md.py tests/test_engine_stress.py tests/test_engine_npt.py \
@@ -232,7 +232,7 @@ case "${1:-}" in
       tests/test_engine_verlet.py tests/test_batched_md.py tests/test_engine_stress.py tests/test_engine_npt.py \
       tests/distill/test_training_static.py -k "not compile and not autotune" >"$OUT/pytest_engine.log" 2>&1
     tail -1 "$OUT/pytest_engine.log"
-    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py -k "edge_stream or accumulate_into" \
+    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k "edge_stream or accumulate_into" \
       >"$OUT/pytest_side.log" 2>&1
     tail -1 "$OUT/pytest_side.log"
     timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 180 --sections check,ef \
@@ -292,7 +292,7 @@ case "${1:-}" in
       tests/test_first_layer_moments.py tests/test_species_table.py -k "not compile and not autotune" \
       >"$OUT/pytest_engine45.log" 2>&1
     tail -1 "$OUT/pytest_engine45.log"
-    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py tests/kernels/test_species_moments.py \
+    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py tests/kernels/test_species_moments.py \
       -k "cuda or gpu or large or tiles or seg_split or edge_split" >"$OUT/pytest_mp45.log" 2>&1
     tail -1 "$OUT/pytest_mp45.log"
     timeout 120 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 100 --out "$OUT" --step-mode eager \
@@ -372,7 +372,7 @@ case "${1:-}" in
   stop45f)
     # Stop 45's last tree (the forward at 2 stages): the message-passing CUDA tests, bench_large's check and rows,
     # the small rows (a no-op variant beside the shipped step), the ASE MD step.
-    timeout 200 python3 -m pytest -q -x tests/kernels/test_message_passing.py -k "cuda or gpu" \
+    timeout 200 python3 -m pytest -q -x tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k "cuda or gpu" \
       >"$OUT/pytest_mp45f.log" 2>&1
     tail -1 "$OUT/pytest_mp45f.log"
     timeout 130 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 110 --sections check,ef \
@@ -436,7 +436,7 @@ case "${1:-}" in
     # v's residual alias (the message backward adds its gradient in the sender kernel): the kernels' CUDA tests,
     # training's captured steps, the step against the add kernel in one sweep; the small GEMMs' kept transpose and
     # split W re-measured on the H200; the water walk with and without the MD copies.
-    timeout 200 python3 -m pytest -q -x tests/kernels/test_message_passing.py -k "cuda or gpu or v_residual" \
+    timeout 200 python3 -m pytest -q -x tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k "cuda or gpu or v_residual" \
       >"$OUT/pytest_mp46c.log" 2>&1
     tail -1 "$OUT/pytest_mp46c.log"
     timeout 150 python3 -m pytest -q -m gpu tests/distill/test_training_static.py tests/test_engine_modes.py \
@@ -466,7 +466,7 @@ case "${1:-}" in
       tests/test_engine_stress.py tests/test_first_layer_moments.py tests/test_species_table.py \
       tests/test_batched_md.py -k "not compile and not autotune" >"$OUT/pytest_final46.log" 2>&1
     tail -1 "$OUT/pytest_final46.log"
-    timeout 60 python3 -m pytest -q tests/kernels/test_message_passing.py -k "fold" >"$OUT/pytest_fold46.log" 2>&1
+    timeout 60 python3 -m pytest -q tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k "fold" >"$OUT/pytest_fold46.log" 2>&1
     tail -1 "$OUT/pytest_fold46.log"
     timeout 170 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 150 --out "$OUT" \
       --systems benzene,water192,g2x1024,g2x4096 --variants "ladder:growth=1.25" >"$OUT/sweep_rows.log" 2>&1
@@ -565,7 +565,7 @@ case "${1:-}" in
   stop47c)
     # The new kernels' CUDA tests (the fused MLP, the edge kernel's slice 0 and order), then the fused MLP's timing.
     # (The fused MLP and its probe were dropped after this call: results/stop47_gpu/fused_mlp_dropped.diff.)
-    timeout 200 python3 -m pytest -q tests/kernels/test_linear.py tests/kernels/test_message_passing.py \
+    timeout 200 python3 -m pytest -q tests/kernels/test_linear.py tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "fused or slice0 or edge_kernel_before or split or accumulate" >"$OUT/pytest_47c.log" 2>&1
     tail -1 "$OUT/pytest_47c.log"
     timeout 300 python3 benchmarks/probe_fused_mlp.py --out "$OUT" --name probe_fused_mlp_h200 \
@@ -600,7 +600,7 @@ case "${1:-}" in
   stop47f)
     # The final tree: the message-passing tests of this stop's changes on CUDA, then the rows (the small steps, the
     # large boxes with the correctness check, the ASE MD step).
-    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py \
+    timeout 100 python3 -m pytest -q tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "slice0 or edge_kernel_before or feature_split or accumulate" >"$OUT/pytest_final47.log" 2>&1
     tail -1 "$OUT/pytest_final47.log"
     timeout 170 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 150 --out "$OUT" \
@@ -643,7 +643,7 @@ case "${1:-}" in
   stop47i)
     # p = x_b ⊙ v by a Triton kernel: its CUDA tests, then the step with torch's multiply instead (two rounds).
     # (0.98x on 192 water atoms: dropped after this call, results/stop47_gpu/fold_kernel_dropped.diff.)
-    timeout 60 python3 -m pytest -q tests/kernels/test_message_passing.py -k "fold" >"$OUT/pytest_fold47.log" 2>&1
+    timeout 60 python3 -m pytest -q tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k "fold" >"$OUT/pytest_fold47.log" 2>&1
     tail -1 "$OUT/pytest_fold47.log"
     timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" \
       --systems water192,water3000 --variants "mp:fold_kernel=0;mp:fold_kernel=0" >"$OUT/sweep_fold.log" 2>&1
@@ -1068,7 +1068,7 @@ case "${1:-}" in
     # The symmetric sender walk (stop 54): the message-passing kernels' CUDA tests (the new symmetric cases among
     # them) and the engine's, then the whole step with the walk (shipped) against the sender-sorted permutation
     # (mp:sender_symmetric=0), two rounds; captured small and medium steps, the eager 24,000-atom step.
-    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "cuda or large or seg_split or auto_sender or tiles" >"$OUT/pytest_mp_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_cuda.log" | tail -6
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_calculator.py -k cuda \
@@ -1086,7 +1086,7 @@ case "${1:-}" in
   stop54b)
     # The symmetric walk's CUDA tests: the message-passing kernels' CUDA and gpu cases, then the buckets', Verlet
     # path's and engine's (the engine's promise, the buckets without a sender CSR, captured replays).
-    timeout 330 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 330 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "cuda or large or seg_split or auto_sender or tiles or compile" >"$OUT/pytest_mp_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_cuda.log" | tail -6
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_buckets.py tests/test_engine_verlet.py \
@@ -1097,7 +1097,7 @@ case "${1:-}" in
     # The walk on the step alone (the eager 24,000-atom step now through the promise too), then the large rows
     # (bench_large: the reference beside ours, the correctness check). First the symmetric tests' CUDA cases (the
     # kernel file's whole CUDA run outlasted stop54b's limit).
-    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py -k "symmetric" \
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k "symmetric" \
       >"$OUT/pytest_sym_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_sym_cuda.log" | tail -4
     timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" --systems water24000 \
@@ -1131,7 +1131,7 @@ case "${1:-}" in
     timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_neighbors.py -k "full_as" \
       >"$OUT/pytest_full_list_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_full_list_cuda.log" | tail -4
-    timeout 190 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py -x \
+    timeout 190 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -x \
       -k "(cuda or compile or large) and (compile or v_zero or residual or past_the_csr or fold or accumulate or slice0 or before_the_sender)" \
       >"$OUT/pytest_mp_tail_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_tail_cuda.log" | tail -4
@@ -1140,7 +1140,7 @@ case "${1:-}" in
     # The sums of the sender backward and the edge backward's ∂u in other orders (stop 55): their CUDA tests, then
     # the whole step against the shipped per-tile / per-chunk reductions (sender_sums, edge_du), captured small and
     # medium steps and the eager 24,000-atom step.
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "sender_sums or edge_du" >"$OUT/pytest_sums_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_sums_cuda.log" | tail -6
     V="mp:sender_sums=acc2d;mp:sender_sums=moments;mp:sender_sums=moments,bwd_sender_atom_maxnreg=0"
@@ -1157,7 +1157,7 @@ case "${1:-}" in
     # edge_du "dot" shipped (stop 55): the CUDA tests it touches (the message-passing kernels' large, edge, split and
     # symmetric cases; the engine's precisions, graph mode and buckets), the edge kernel's tiles re-swept under it
     # (and the old "sum" as a control), then the large rows beside the reference (bench_large: its check and E+F).
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "large or edge or split or symmetric or sums" >"$OUT/pytest_mp_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_cuda.log" | tail -6
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_engine_modes.py tests/test_engine.py \
@@ -1190,7 +1190,7 @@ case "${1:-}" in
     # Shipped: edge_du "dot", 64-feature edge chunks from edge_wide_min_edges edges. The message-passing kernels'
     # CUDA cases that the edge kernel reaches, the whole step against stop 54's edge kernel (edge_du "sum", 32-feature
     # chunks) on every row's system, then the large rows beside the reference (bench_large: its check and E+F).
-    timeout 170 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 170 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "launch or edge or split or sums or accumulate or slice0 or large_water or fold_xb_large" \
       >"$OUT/pytest_mp_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_cuda.log" | tail -6
@@ -1213,7 +1213,7 @@ case "${1:-}" in
     # The final kernel source (DU_DOT, the dropped orders removed): the kernel file's edge, split and launch CUDA
     # cases; then the captured 24,000-atom step (mode auto captures it since stop 52) with the edge kernels on the
     # second stream (edge_stream_max_edges raised over its 1.3M edges; never measured captured at that size).
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "launch or edge_du or edge_kernel or split or large_water" >"$OUT/pytest_mp_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_mp_cuda.log" | tail -6
     timeout 130 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 110 --out "$OUT" --systems water24000 \
@@ -1233,7 +1233,7 @@ case "${1:-}" in
     # sender kernel (sender_edge_fused, stop 56, off as committed): its CUDA tests and
     # the ones it touches, the forces against the two kernels (eager and captured), then the whole step against
     # the shipped two kernels: water boxes captured (192, 3,000 atoms) and eager (24,000), with its tiles.
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "fused or symmetric or slice0 or past_the_csr" >"$OUT/pytest_fused_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_fused_cuda.log" | tail -6
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_compile_ahead.py \
@@ -1257,7 +1257,7 @@ case "${1:-}" in
     # rows (edge_partner_rows, stop 56, off as committed): its CUDA tests and the
     # symmetric ones, the engine's buckets on CUDA, then the whole step against the shipped edge kernel on every
     # row's system (captured; 24,000 water atoms eager).
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "partner or symmetric or edge_du_large" >"$OUT/pytest_partner_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_partner_cuda.log" | tail -6
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_buckets.py -k "partner or cuda or full_lists" \
@@ -1293,7 +1293,7 @@ case "${1:-}" in
     # as committed: the forward's p = x_b ⊙ v kept for the edge backward): the fold tests'
     # CUDA cases, the whole step with it on every row's system (g2 batches do not fold: a control), captured and
     # eager at 24,000 atoms; the atom forward on the large graphs (never re-measured since stop 14).
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py -k "fold" \
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k "fold" \
       >"$OUT/pytest_fold_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_fold_cuda.log" | tail -6
     V="mp:fold_keep=1;mp:fwd_variant=atom;mp:fwd_variant=atom,fwd_atom_block_f=64;mp:fold_keep=1"
@@ -1379,7 +1379,7 @@ case "${1:-}" in
     # The filter dots of the forward and the sender backward as one concatenated TF32 MMA (filter_kcat, stop 57):
     # the kernel file's CUDA cases for it and the float32 / symmetric / large ones, then the whole step against
     # three dots (mp:filter_kcat=off; ratio < 1: the shipped concatenation is faster), two rounds.
-    timeout 230 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+    timeout 230 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
       -k "kcat or large or symmetric or seg_split or double_backward" >"$OUT/pytest_kcat_cuda.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_kcat_cuda.log" | tail -6
     V="mp:filter_kcat=off;mp:filter_kcat=off"

@@ -9,7 +9,7 @@ timeout 200 python3 benchmarks/probe_ncu.py --mode sweep --systems water3000,wat
   --variants "mp:fold_xb_min_edges=0;mp:seg_split=1;mp:fold_xb_min_edges=0" --budget-s 170 --out "$OUT" \
   >"$OUT/sweep.log" 2>&1
 grep -E "^\| " "$OUT/sweep.log" | tail -12
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py \
   -k "fold or large_water or v_zero" >"$OUT/pytest_fold.log" 2>&1; tail -2 "$OUT/pytest_fold.log"
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_relax_stream.py >"$OUT/pytest_relax_stream.log" 2>&1
 tail -1 "$OUT/pytest_relax_stream.log"

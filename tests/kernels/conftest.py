@@ -65,6 +65,19 @@ def poison():
     return _poison
 
 
+@pytest.fixture(params=["atom", "block"])
+def variant(request):
+    """The message-passing tests (test_message_passing*.py): run the forward and the sender backward with this
+    kernel variant (the launch configuration). Tests elsewhere that parametrize a ``variant`` of their own get
+    theirs (a direct parametrization overrides a fixture)."""
+    import importlib
+
+    mp_module = importlib.import_module("mlff_distiller.kernels.message_passing")
+    # block_min_atoms=0: the test graphs are small, and the variant asked for must be the one that runs on CUDA.
+    with mp_module._configured(fwd_variant=request.param, bwd_sender_variant=request.param, block_min_atoms=0):
+        yield request.param
+
+
 def pytest_configure(config):
     """Let ``from conftest import ...`` in test modules elsewhere keep working.
 
