@@ -466,10 +466,16 @@ case "${1:-}" in
       --name kernel_table_ops >"$OUT/kernel_table_ops.log" 2>&1; grep -E "=====|^group" "$OUT/kernel_table_ops.txt"
     grep -A8 "aten ops" "$OUT/kernel_table_ops.txt"
     ;;
+  stop63g)
+    # After test_message_passing.py's split: the message kernels' CUDA cases in both files (111 at stop 62).
+    timeout 270 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py \
+      tests/kernels/test_message_passing_launch.py -k cuda >"$OUT/pytest_mp_cuda.log" 2>&1
+    tail -2 "$OUT/pytest_mp_cuda.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
