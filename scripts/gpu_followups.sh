@@ -5,6 +5,19 @@
 # Each part has its own time limit and writes under $OUT; the tables' tails are printed.
 set -uo pipefail
 source scripts/device_env.sh
+
+# The target rows (probe_student_size.py, both student widths), then bench_large.py's energy + forces at 3,000 and
+# 24,000 atoms with its check against the torch reference. $1, $2: the two parts' time limits (s); $3: bench_large's
+# budget (s).
+rows() {
+  timeout "$1" python3 benchmarks/probe_student_size.py --configs 128x3,64x3 --md-steps 300 --out "$OUT" \
+    --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
+  grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -4
+  timeout "$2" python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s "$3" --sections check,ef \
+    --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
+  grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
+}
+
 case "${1:-}" in
   stop60)
     # The large-M GEMM against its ceiling (weights on the TF32 grid: ours with two MMAs and with one, cuBLAS TF32 and
@@ -81,12 +94,7 @@ case "${1:-}" in
   stop60f)
     # The rows at the stop's final code (the GEMM's column-fast grid, tile sums and TMA launches): every target row
     # for both student widths, then bench_large at 3,000 and 24,000 atoms with its check against the reference.
-    timeout 330 python3 benchmarks/probe_student_size.py --configs 128x3,64x3 --md-steps 300 --out "$OUT" \
-      --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
-    grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -4
-    timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 170 --sections check,ef \
-      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
-    grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
+    rows 330 200 170
     ;;
   stop60g)
     # The message kernels' streamed edge data with "evict_first" (_triton_utils.STREAM_EVICT): their CUDA tests, then
@@ -298,12 +306,7 @@ case "${1:-}" in
     # The shipped chain ("fold") and half-tile sender: the message kernels' CUDA cases, the rows, bench_large.
     timeout 220 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_message_passing.py tests/kernels/test_message_passing_launch.py -k cuda \
       >"$OUT/pytest_mp_cuda.log" 2>&1; tail -2 "$OUT/pytest_mp_cuda.log"
-    timeout 200 python3 benchmarks/probe_student_size.py --configs 128x3,64x3 --md-steps 300 --out "$OUT" \
-      --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
-    grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -4
-    timeout 170 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 150 --sections check,ef \
-      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
-    grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
+    rows 200 170 150
     ;;
   stop62d)
     # Where a water step goes now (kernel table), and the GEMM's tiles at mid-size M (3,000 rows fill 94 programs of
@@ -410,12 +413,7 @@ case "${1:-}" in
     # bench_large.
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py tests/kernels/test_linear.py \
       -k cuda >"$OUT/pytest_update_cuda.log" 2>&1; tail -2 "$OUT/pytest_update_cuda.log"
-    timeout 200 python3 benchmarks/probe_student_size.py --configs 128x3,64x3 --md-steps 300 --out "$OUT" \
-      --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
-    grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -4
-    timeout 170 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 150 --sections check,ef \
-      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
-    grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
+    rows 200 170 150
     ;;
   stop63c)
     # The GPU tests outside tests/kernels at the final code (~400 s).
@@ -446,12 +444,7 @@ case "${1:-}" in
         --hidden $h --systems water24000 --variants "update:norm_in_gemm=0" >"$OUT/probe_ncu_sweep_eager$h.log" 2>&1
       grep -hE "^\| " "$OUT/eager$h/probe_ncu_sweep.md"
     done
-    timeout 200 python3 benchmarks/probe_student_size.py --configs 128x3,64x3 --md-steps 300 --out "$OUT" \
-      --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
-    grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -4
-    timeout 170 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 150 --sections check,ef \
-      --sizes 3000 24000 >"$OUT/bench_large.log" 2>&1
-    grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
+    rows 200 170 150
     ;;
   stop63f)
     # After the GEMM kernels moved to _gemm_kernels.py: the GEMM users' CUDA cases, and probe_kernel_table --ops
