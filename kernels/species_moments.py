@@ -137,7 +137,7 @@ def first_layer_messages(
     """``(Δs [N, F], Δv [N, 3, F])`` of a first PaiNN layer: :func:`species_moments` times ``m = [M_a; M_c]``
     ``[2, S·R, F]`` (frozen: no gradient). On the Triton path one autograd node whose two products are the Triton
     GEMMs (first derivatives); elsewhere the moments and two torch matmuls. ``edge_sink``: the step's
-    :class:`~mlff_distiller.kernels.message_passing.EdgeGradSink` (``rbf`` and ``unit`` then come through its
+    :class:`~mlff_distiller.kernels.edge_sink.EdgeGradSink` (``rbf`` and ``unit`` then come through its
     identity node): the backward adds ∂rbf, ∂u into its sums."""
     n = _check(rbf, unit, edge_index, species, n_species, row_ptr)
     if m.dim() != 3 or m.shape[:2] != (2, n_species * rbf.shape[1]):

@@ -14,6 +14,7 @@ from helpers import edge_sink_spy, make_model
 from mlff_distiller.kernels import use_backend
 
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+edge_sink = importlib.import_module("mlff_distiller.kernels.edge_sink")
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or not mp.HAS_TRITON, reason="needs CUDA and Triton")
@@ -44,8 +45,8 @@ def _sink_graph():
     w = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     rbf = pos.sin()
     unit = pos.cos()
-    sink = mp.EdgeGradSink(None, rbf, unit)
-    rbf2, unit2 = mp._DeferredEdgeGrads.apply(rbf, unit, sink)
+    sink = edge_sink.EdgeGradSink(None, rbf, unit)
+    rbf2, unit2 = edge_sink._DeferredEdgeGrads.apply(rbf, unit, sink)
     sink.node = weakref.ref(rbf2.grad_fn)
     y = _Probe.apply(rbf2, w, sink) + unit2.sum()
     return pos, w, sink, y
@@ -73,7 +74,7 @@ def test_sink_joins_only_backwards_that_reach_its_node():
 def test_no_sink_outside_a_capture():
     rbf = torch.randn(4, 3, requires_grad=True)
     unit = torch.randn(4, 3)
-    r, u, sink = mp.defer_edge_grads(rbf, unit)
+    r, u, sink = edge_sink.defer_edge_grads(rbf, unit)
     assert sink is None and r is rbf and u is unit
 
 
@@ -111,9 +112,9 @@ def test_layers_add_into_a_sink_on_one_stream(triton_device, split, monkeypatch)
         rbf_, unit_, x1_, v1_, x2_, v2_ = leaves
         sink = None
         if with_sink:
-            sink = mp.EdgeGradSink(None, rbf_, unit_, lazy=True)
+            sink = edge_sink.EdgeGradSink(None, rbf_, unit_, lazy=True)
             assert sink.rbf is None  # nothing held through the forward
-            rbf_, unit_ = mp._DeferredEdgeGrads.apply(rbf_, unit_, sink)
+            rbf_, unit_ = edge_sink._DeferredEdgeGrads.apply(rbf_, unit_, sink)
             sink.node = weakref.ref(rbf_.grad_fn)
         with use_backend("triton"), mp._configured(bwd_edge_split=split):
             ds1, dv1 = mp.message_passing(x1_, v1_, rbf_, w1, unit_, ei, edge_sink=sink)

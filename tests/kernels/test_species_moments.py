@@ -194,7 +194,7 @@ def test_first_layer_messages_add_into_the_edge_sink(triton_device, filled, monk
     backward adds ∂rbf, ∂u into the sink's sums (writes them where no layer has yet) and hands autograd nothing, so
     that the sink's node passes the sums on without an add. The gradients reaching rbf and unit equal the plain
     path's plus what the sink held; with ``into_sink`` off, the same through autograd's adds."""
-    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+    edge_sink = importlib.import_module("mlff_distiller.kernels.edge_sink")
     # float32 on CUDA: the Triton GEMMs (and so this node) take float64 under the interpreter only
     dt = torch.float32 if triton_device.type == "cuda" else torch.float64
     tol = dict(rtol=1e-5, atol=1e-4) if dt == torch.float32 else dict(rtol=1e-12, atol=1e-12)
@@ -214,8 +214,8 @@ def test_first_layer_messages_add_into_the_edge_sink(triton_device, filled, monk
         sink = None
         r, u = rbf, unit
         if way != "plain":
-            sink = mp.EdgeGradSink(None, rbf, unit)
-            r, u = mp._DeferredEdgeGrads.apply(rbf, unit, sink)
+            sink = edge_sink.EdgeGradSink(None, rbf, unit)
+            r, u = edge_sink._DeferredEdgeGrads.apply(rbf, unit, sink)
             sink.node = importlib.import_module("weakref").ref(r.grad_fn)
             if filled:  # as the other layers' edge kernels leave it
                 sink.rbf.copy_(held[0]), sink.unit.copy_(held[1])
