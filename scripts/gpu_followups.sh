@@ -465,10 +465,21 @@ case "${1:-}" in
       tests/kernels/test_message_passing_launch.py -k cuda >"$OUT/pytest_mp_cuda.log" 2>&1
     tail -2 "$OUT/pytest_mp_cuda.log"
     ;;
+  prepared63)
+    # For the next stop's first call (stop 63's device time was spent): the GPU tests of the edge-gradient sink after
+    # its move to kernels/edge_sink.py (its second stream inside captures), then the whole GPU suite outside
+    # tests/kernels (~330 s).
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_edge_sink.py -m gpu \
+      >"$OUT/pytest_sink_gpu.log" 2>&1; tail -2 "$OUT/pytest_sink_gpu.log"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_edge_sink.py \
+      tests/kernels/test_species_moments.py -k cuda >"$OUT/pytest_sink_cuda.log" 2>&1; tail -2 "$OUT/pytest_sink_cuda.log"
+    timeout 380 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels -x \
+      >"$OUT/pytest_gpu.log" 2>&1; tail -3 "$OUT/pytest_gpu.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63 (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
