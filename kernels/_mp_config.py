@@ -162,15 +162,10 @@ _CONFIG = {
     # it compiles to 6 % fewer instructions (ptxas's schedule of a 255-register kernel that spills); the unfolded
     # variant 1.057x for 4,096 g2 molecules.
     "edge_nan_guard": "fold",
-    # edge_split_terms: an edge kernel split in two programs per tile (bwd_edge_split) splits its terms instead of
-    # its features (TERMS in _mp_kernels, with edge_du "dot"): program 0 sums the a- and c-terms (g_s[i], g_v[i],
-    # x_a,j, x_c,j: six gathered tiles a feature chunk) over all features, program 1 the b-term (g_v[i] and p_j or
-    # v_j, x_b,j: six or seven), where a feature slice gathers nine. Compiled for sm_90 on the development machine
-    # (probe_sass.py, water's launch): 255 registers and a 256-byte stack against the feature split's 432 (the a/c
-    # path alone 376, the b path alone 88). Slower on the H200 all the same (stop 62, whole step against the
-    # feature split, benchmarks/results/stop62_gpu/a/): 0.977-0.987x at 3,000 and 24,000 water atoms and for g2
-    # batches; with the chain and the half-tile sender 0.976-1.008x. Off; kept for the register budget it shows.
-    "edge_split_terms": False,
+    # Measured and dropped (stop 62; removed at stop 63, benchmarks/results/stop63_gpu/edge_split_terms_dropped.diff):
+    # the edge kernel's two programs per tile splitting its terms (a and c; b) instead of its features. Compiled for
+    # sm_90: a 256-byte stack against the feature split's 432; on the H200 0.977-0.987x the whole step at 3,000 and
+    # 24,000 water atoms and for g2 batches (benchmarks/results/stop62_gpu/a/).
     # edge_split_chain: an edge kernel of two slices per tile (and at least edge_chain_min_tiles tiles, so that a
     # tile's two slices seldom run at once) adds its slices itself, the second waiting on a per-tile flag for the
     # first (CHAIN in _mp_kernels: CUTLASS's serial split-K), in place of the sum kernel (_mp_sum_split_kernel: 120

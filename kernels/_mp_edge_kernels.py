@@ -106,58 +106,14 @@ if HAS_TRITON:
         return g_rbf, gu_0, gu_1, gu_2
 
     @triton.jit
-    def _edge_chunk_ac(
-        gs_ptr, gv_ptr, x_ptr, w_ptr, i, j, em, k0, r, rm, g_rbf, d_0, d_1, d_2,
-        N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        GUARD: tl.constexpr,
-    ):  # fmt: skip
-        """TERMS, program 0: the a- and c-terms of features ``k0 + [0, BLOCK_F)`` (G_a @ W_a into g_rbf, the DU_DOT
-        dots D_k = (x_c ⊙ g_v[i,k]) @ W_c), gathering g_s[i], g_v[i], x_a,j and x_c,j (six tiles, not nine)."""
-        f = k0 + tl.arange(0, BLOCK_F)
-        fm = f < N_FEAT
-        m2 = em[:, None] & fm[None, :]
-        xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-        gsi = tl.load(gs_ptr + i[:, None] * N_FEAT + f[None, :], mask=m2, other=0.0)
-        G_a = gsi * tl.load(xrow, mask=m2, other=0.0)
-        g_rbf += _edge_dot(G_a, _w_rows(w_ptr, 0, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION, GUARD)
-        g0, g1, g2 = _rows3(gv_ptr, i, m2, f, N_FEAT)
-        xc = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0)
-        w_c = _w_rows(w_ptr, 2, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION)
-        d_0 += _edge_dot(xc * g0, w_c, DOT_PRECISION, GUARD)
-        d_1 += _edge_dot(xc * g1, w_c, DOT_PRECISION, GUARD)
-        d_2 += _edge_dot(xc * g2, w_c, DOT_PRECISION, GUARD)
-        return g_rbf, d_0, d_1, d_2
-
-    @triton.jit
-    def _edge_chunk_b(
-        gv_ptr, x_ptr, v_ptr, w_ptr, i, j, em, k0, r, rm, g_rbf,
-        N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        FOLD: tl.constexpr, GUARD: tl.constexpr,
-    ):  # fmt: skip
-        """TERMS, program 1: the b-term of features ``k0 + [0, BLOCK_F)``, G_b @ W_b with G_b = β ⊙ x_b (FOLD: v_ptr
-        holds p = x_b ⊙ v and G_b = Σ_k g_v[i,k] ⊙ p_j[k]), gathering g_v[i] and v_j (or p_j), and x_b,j unfolded."""
-        f = k0 + tl.arange(0, BLOCK_F)
-        fm = f < N_FEAT
-        m2 = em[:, None] & fm[None, :]
-        g0, g1, g2 = _rows3(gv_ptr, i, m2, f, N_FEAT)
-        p0, p1, p2 = _rows3(v_ptr, j, m2, f, N_FEAT)
-        G_b = g0 * p0 + g1 * p1 + g2 * p2
-        if not FOLD:
-            G_b = G_b * tl.load(x_ptr + j[:, None] * (3 * N_FEAT) + N_FEAT + f[None, :], mask=m2, other=0.0)
-        return g_rbf + _edge_dot(
-            G_b, _w_rows(w_ptr, 1, f, fm, r, rm, N_FEAT, N_RBF, DOT_PRECISION), DOT_PRECISION, GUARD
-        )
-
-    @triton.jit
     def _edge_tile_grads(
         gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
         g_rbf, gu_0, gu_1, gu_2,
         N_FEAT: tl.constexpr, N_RBF: tl.constexpr, BLOCK_F: tl.constexpr, DOT_PRECISION: tl.constexpr,
         SPLIT: tl.constexpr, HAS_V: tl.constexpr, FOLD: tl.constexpr = False, DU_DOT: tl.constexpr = False,
-        GUARD: tl.constexpr = False, TERMS: tl.constexpr = False,
+        GUARD: tl.constexpr = False,
     ):  # fmt: skip
-        """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice, or
-        with TERMS (SPLIT 2, DU_DOT) over all features for this program's terms: a and c (part 0) or b (part 1)."""
+        """∂rbf and ∂u of one tile of edges ``e`` (mask ``em``), accumulated over this program's feature slice."""
         i, j = _edge_ends(ei_ptr, ei_stride, e, em)
         rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
         ux, uy, uz = _unit3(unit_ptr, e, em)
@@ -167,28 +123,13 @@ if HAS_TRITON:
             d_2 = tl.zeros_like(g_rbf)
         else:
             d_0, d_1, d_2 = gu_0, gu_1, gu_2
-        if TERMS:
-            tl.static_assert(DU_DOT and SPLIT == 2, "TERMS: two programs per tile, with the ∂u dots")
-            if part == 0:
-                for k0 in tl.static_range(0, N_FEAT, BLOCK_F):
-                    g_rbf, d_0, d_1, d_2 = _edge_chunk_ac(
-                        gs_ptr, gv_ptr, x_ptr, w_ptr, i, j, em, k0, r, rm, g_rbf, d_0, d_1, d_2,
-                        N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, GUARD,
-                    )  # fmt: skip
-            elif HAS_V:
-                for k0 in tl.static_range(0, N_FEAT, BLOCK_F):
-                    g_rbf = _edge_chunk_b(
-                        gv_ptr, x_ptr, v_ptr, w_ptr, i, j, em, k0, r, rm, g_rbf,
-                        N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, FOLD, GUARD,
-                    )  # fmt: skip
-        else:
-            # Unrolled: the same chunks walked in a loop measured 0.88-0.95x on the whole step
-            # (benchmarks/results/probe_ncu_sweep_h100_run3.md).
-            for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
-                g_rbf, d_0, d_1, d_2 = _edge_chunk_grads(
-                    gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
-                    g_rbf, d_0, d_1, d_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT, GUARD,
-                )  # fmt: skip
+        # Unrolled: the same chunks walked in a loop measured 0.88-0.95x on the whole step
+        # (benchmarks/results/probe_ncu_sweep_h100_run3.md).
+        for k0 in tl.static_range(0, N_FEAT // SPLIT, BLOCK_F):
+            g_rbf, d_0, d_1, d_2 = _edge_chunk_grads(
+                gs_ptr, gv_ptr, x_ptr, v_ptr, rb, w_ptr, i, j, ux, uy, uz, em, part, k0, r, rm,
+                g_rbf, d_0, d_1, d_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT, GUARD,
+            )  # fmt: skip
         if DU_DOT:
             g_rbf += ux[:, None] * d_0 + uy[:, None] * d_1 + uz[:, None] * d_2
             gu_0 += tl.sum(rb * d_0, axis=1)
@@ -238,7 +179,6 @@ if HAS_TRITON:
         OUT0: tl.constexpr = False,
         DU_DOT: tl.constexpr = False,
         GUARD: tl.constexpr = False,
-        TERMS: tl.constexpr = False,
         CHAIN: tl.constexpr = False,
         ACC: tl.constexpr = False,
     ):
@@ -288,7 +228,6 @@ if HAS_TRITON:
             g_rbf, gu_0, gu_1, gu_2 = _edge_tile_grads(
                 gs_ptr, gv_ptr, x_ptr, v_ptr, rbf_ptr, w_ptr, unit_ptr, ei_ptr, ei_stride, e, em, part, r, rm,
                 g_rbf, gu_0, gu_1, gu_2, N_FEAT, N_RBF, BLOCK_F, DOT_PRECISION, SPLIT, HAS_V, FOLD, DU_DOT, GUARD,
-                TERMS,
             )  # fmt: skip
         em = e < E
         rows = e[:, None] * N_RBF + r[None, :]

@@ -443,8 +443,7 @@ if HAS_TRITON:
             grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, part_rbf, part_unit,
             g_rbf, g_unit, row_ptr[n:] if live else part_unit, flags, e, edge_index.stride(0), num_warps=warps,
             SPLIT=split, LIVE=live, HAS_V=has_v, FOLD=fold, OUT0=out0, GUARD=_edge_guard(fold),
-            TERMS=split == 2 and c["DU_DOT"] and _CONFIG["edge_split_terms"], CHAIN=chain, ACC=chain and accumulate,
-            **c, **pdl_args(x),
+            CHAIN=chain, ACC=chain and accumulate, **c, **pdl_args(x),
         )  # fmt: skip
         if split > 1 and not chain:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
             launch(_mp_sum_split_kernel)[(cdiv(e, 128),)](

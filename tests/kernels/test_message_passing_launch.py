@@ -75,40 +75,6 @@ def test_edge_kernel_feature_split(triton_device, split, dtype, monkeypatch):
         compare(args, dtype)
 
 
-@pytest.mark.parametrize("fold", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_edge_kernel_term_split(triton_device, dtype, fold, monkeypatch):
-    """``edge_split_terms``: an edge kernel split in two programs per tile gives one the a- and c-terms and the other
-    the b-term, each over all features (TERMS); ∂rbf, ∂u and the other gradients match the reference, with v_j and
-    with the folded p = x_b ⊙ v, and the rows equal the feature split's to rounding (float64)."""
-    if triton_device.type == "cpu":
-        monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
-    e = 100 if triton_device.type == "cpu" else 3000
-    n = 20 if triton_device.type == "cpu" else 200
-    args = graph(n, e, 64, 20, dtype, triton_device, seed=37)
-    fold_cfg = dict(fold_xb_min_edges=1, fold_xb_min_degree=0) if fold else dict(fold_xb_min_edges=None)
-    rows = {}
-    for terms in (True, False):
-        with mp_module._configured(bwd_edge_split=2, bwd_sender_variant="atom", edge_split_terms=terms, **fold_cfg):
-            c, _, _ = mp_module._launch_config(args[0], "bwd_edge", 64, 20, n_edges=e)
-            assert c["DU_DOT"] and mp_module._edge_split(args[0], e // c["BLOCK_E"] + 1, 64, c["BLOCK_F"]) == 2
-            assert mp_module._fold_xb(args[0], e, n) == fold
-            if terms:
-                compare(args, dtype)
-            x, v, rbf, w, unit, ei = args
-            gen = torch.Generator().manual_seed(38)
-            gs = torch.randn(n, 64, generator=gen, dtype=torch.float64).to(triton_device, dtype)
-            gv = torch.randn(n, 3, 64, generator=gen, dtype=torch.float64).to(triton_device, dtype)
-            row_ptr = mp_module._offsets(ei[0].contiguous(), n)
-            rows[terms] = mp_module._edge_grads(gs, gv, x, v, rbf, w, unit, ei, row_ptr, True, mp_module._bare)
-    for a, b in zip(rows[True], rows[False], strict=True):
-        # float32: the two splits sum a row's terms in different orders (measured on an H200: 3e-5 relative on
-        # 2 of 9,000 elements, 2.6e-6 absolute), so the bound is the rows' scale, not a fixed 1e-6.
-        scale = float(b.abs().max())
-        tol = dict(rtol=1e-4, atol=1e-5 * scale) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12 * scale)
-        torch.testing.assert_close(a, b, **tol)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_sender_fold_half_matches_reference(triton_device, dtype):
     """``sender_fold_half``: the atom sender backward's five sums kept as half-tiles (each edge tile's two row halves
@@ -130,12 +96,11 @@ def test_sender_fold_half_matches_reference(triton_device, dtype):
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
-@pytest.mark.parametrize("terms", [False, True])
-def test_edge_kernel_chained_slices_equal_the_sum_kernel(triton_device, accumulate, terms, monkeypatch):
+def test_edge_kernel_chained_slices_equal_the_sum_kernel(triton_device, accumulate, monkeypatch):
     """``edge_split_chain``: two slices per edge tile, the second adding the first's rows after its flag (no sum
-    kernel, no partial plane when writing afresh, one when adding into given rows), with the feature or the term
-    split: the same bits as the sum kernel's, written afresh and added into given rows, over repeated launches (the
-    flags start at zero each launch), with inert rows past the CSR."""
+    kernel, no partial plane when writing afresh, one when adding into given rows): the same bits as the sum
+    kernel's, written afresh and added into given rows, over repeated launches (the flags start at zero each
+    launch), with inert rows past the CSR."""
     if triton_device.type == "cpu":
         monkeypatch.setitem(mp_module._CPU_TILES, "block_f", 16)  # 4 feature chunks of F = 64 under the interpreter
     n, e, f = (20, 100, 64) if triton_device.type == "cpu" else (600, 24000, 64)
@@ -151,7 +116,7 @@ def test_edge_kernel_chained_slices_equal_the_sum_kernel(triton_device, accumula
     calls = []
     real = mp_module._mp_sum_split_kernel
     for chain in (False, True):
-        cfg = dict(bwd_edge_split=2, edge_split_chain=chain, edge_chain_min_tiles=0, edge_split_terms=terms)
+        cfg = dict(bwd_edge_split=2, edge_split_chain=chain, edge_chain_min_tiles=0)
         with mp_module._configured(**cfg):
             out = (old[0].clone(), old[1].clone())
             monkeypatch.setattr(mp_module, "_mp_sum_split_kernel", _CountingLaunch(real, calls))
