@@ -498,6 +498,17 @@ def tma_launches(ref: Tensor, m: int) -> bool:
     return m >= _CONFIG["tma_eager_min_rows"] or torch.cuda.is_current_stream_capturing()
 
 
+def tma_norm_prologue(ref: Tensor, m: int, f: int) -> bool:
+    """Whether :func:`gemm` with ``prologue_norm`` (``S [m, f]``, K = 2f) would take the tensor-descriptor kernel:
+    :func:`tma_launches`, above ``small_rows``, and each half of K a whole number of the large launch's K tiles
+    (the kernel walks the halves in two loops; F = 48 or 80 against BK 32 does not qualify and takes the pointer
+    kernel, where the prologue is slow). Its operands' layout (:func:`_tma_ok`) is the caller's: the update block
+    passes fresh contiguous float32 tensors."""
+    if m <= _CONFIG["small_rows"] or not tma_launches(ref, m):
+        return False
+    return f % min(_CONFIG["large_block_k"], max(16, next_pow2(2 * f))) == 0
+
+
 def _tma_ok(*tensors: Tensor | None) -> bool:
     """Whether the large-M launch may move these operands through tensor descriptors (:func:`tma_launches` said
     the launch may): every operand a float32 matrix with unit column stride and 16-byte aligned rows and start

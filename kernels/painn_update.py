@@ -46,7 +46,7 @@ from ._triton_utils import (
     triton,
     unspecialized,
 )
-from .linear import _NORM_EPS, gemm, gemm_fusable, resolved_dot, tma_launches
+from .linear import _NORM_EPS, gemm, gemm_fusable, resolved_dot, tma_norm_prologue
 
 __all__ = ["painn_update", "painn_update_fusable", "painn_update_reference"]
 
@@ -565,13 +565,14 @@ if HAS_TRITON:
     def _norm_in_gemm(s: Tensor) -> bool:
         """Whether the first GEMM makes its input [s + ds | ‖vv‖] in its load (``norm_in_gemm``): from
         ``norm_in_gemm_min_atoms`` atoms, on the GEMM's tensor-descriptor kernel on a GPU (the interpreter's
-        kernel on the CPU). On the pointer kernel (an eager step below ``linear``'s ``tma_eager_min_rows``) it
-        cost the 24,000-atom eager step 0.985x at 128 features and 0.857x at 64 (stop 63, H200,
+        kernel on the CPU): ``linear.tma_norm_prologue``, which also asks for F a multiple of the K tile. On the
+        pointer kernel (an eager step below ``linear``'s ``tma_eager_min_rows``, or F = 48) it cost the
+        24,000-atom eager step 0.985x at 128 features and 0.857x at 64 (stop 63, H200,
         benchmarks/results/stop63_gpu/d/)."""
-        n = s.shape[0]
+        n, f = s.shape
         if not _CONFIG["norm_in_gemm"] or n < _CONFIG["norm_in_gemm_min_atoms"]:
             return False
-        return not s.is_cuda or tma_launches(s, n)
+        return not s.is_cuda or tma_norm_prologue(s, n, f)
 
     def _fused_backward(grad_s, grad_v, x, pre, uvvv, mix, w_uv, w1, w2, dot=None):
         """Gradients wrt ``s [N,F]`` and ``v [N,3,F]``; ``grad_v`` None means zero (v_out unused)."""

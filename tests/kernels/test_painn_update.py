@@ -602,8 +602,10 @@ def test_norm_in_gemm_matches_the_norm_kernel(triton_device, monkeypatch, fused_
 
 def test_norm_in_gemm_from_min_atoms(triton_device, monkeypatch, fused_calls):
     """``norm_in_gemm_min_atoms``: below it the norm kernel runs (and the norm backward reads its x), from it on
-    the GEMM's prologue makes x (on a GPU, only on the GEMM's descriptor kernel); the same results."""
-    n, f = 9, 16
+    the GEMM's prologue makes x (on a GPU, only on the GEMM's descriptor kernel: above small_rows, F a multiple of
+    its K tile); the same results."""
+    cuda = triton_device.type == "cuda"
+    n, f = (lin_module._CONFIG["small_rows"] + 52, 32) if cuda else (9, 16)
     s, v, weights = _inputs(n, f, torch.float32, triton_device, seed=5)
     with use_backend("triton"):
         if not pu_module.gemm_fusable(s, *weights):
@@ -615,7 +617,6 @@ def test_norm_in_gemm_from_min_atoms(triton_device, monkeypatch, fused_calls):
     )
     monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm", True)
     # On a GPU, only where the GEMM takes its descriptor kernel (eager: from tma_eager_min_rows rows).
-    cuda = triton_device.type == "cuda"
     res = {}
     for limit, tma_rows in ((n + 1, 0), (n, n + 1), (n, 0)) if cuda else ((n + 1, 0), (n, 0)):
         monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm_min_atoms", limit)
@@ -623,13 +624,43 @@ def test_norm_in_gemm_from_min_atoms(triton_device, monkeypatch, fused_calls):
         launches.clear()
         res[limit, tma_rows] = _block_grads(s, v, weights, True, {}, (s, v), seed=7)[2]
         kw = dict(launches)
-        on = limit <= n and (not cuda or lin_module.tma_launches(s, n))
+        on = limit <= n and (not cuda or lin_module.tma_norm_prologue(s, n, f))
         assert on == (limit <= n and tma_rows <= n)
         assert ("_painn_update_norm_kernel" in kw) != on
         assert kw["_painn_update_norm_bwd_kernel"]["NORM_VV"] == on
     for key in res:
         for a, b in zip(res[key], res[n + 1, 0], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(1.0, float(b.abs().amax())))
+
+
+def test_tma_norm_prologue_asks_for_the_descriptor_kernel(monkeypatch):
+    """``linear.tma_norm_prologue``: the norm prologue goes in the GEMM only where the GEMM would take its
+    descriptor kernel: the launch allows descriptors (tma_launches), more than small_rows rows, and F a multiple
+    of the large launch's K tile (48 and 80 are not, against 32; the pointer kernel with the prologue was 0.857x)."""
+    ref = torch.zeros(1)
+    big = lin_module._CONFIG["small_rows"] + 1
+    monkeypatch.setattr(lin_module, "tma_launches", lambda t, m: True)
+    assert lin_module.tma_norm_prologue(ref, big, 64) and lin_module.tma_norm_prologue(ref, big, 128)
+    assert not lin_module.tma_norm_prologue(ref, big, 48) and not lin_module.tma_norm_prologue(ref, big, 80)
+    assert not lin_module.tma_norm_prologue(ref, big - 1, 64)
+    monkeypatch.setitem(lin_module._CONFIG, "large_block_k", 16)
+    assert lin_module.tma_norm_prologue(ref, big, 48)
+    monkeypatch.setattr(lin_module, "tma_launches", lambda t, m: False)
+    assert not lin_module.tma_norm_prologue(ref, big, 64)
+    # The update block asks it on a GPU tensor (a stand-in here) from norm_in_gemm_min_atoms on.
+    asked = []
+    monkeypatch.setattr(pu_module, "tma_norm_prologue", lambda t, m, f: asked.append((m, f)) or f == 64)
+    monkeypatch.setitem(pu_module._CONFIG, "norm_in_gemm_min_atoms", 100)
+
+    class Cuda:
+        is_cuda, shape = True, (100, 64)
+
+    assert pu_module._norm_in_gemm(Cuda())
+    Cuda.shape = (100, 48)
+    assert not pu_module._norm_in_gemm(Cuda())
+    Cuda.shape = (99, 64)
+    assert not pu_module._norm_in_gemm(Cuda())
+    assert asked == [(100, 64), (100, 48)]
 
 
 @pytest.mark.parametrize("switch", ["gv_as_addend", "dvv_in_norm_bwd", "both"])
