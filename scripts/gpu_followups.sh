@@ -476,10 +476,18 @@ case "${1:-}" in
     timeout 380 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels -x \
       >"$OUT/pytest_gpu.log" 2>&1; tail -3 "$OUT/pytest_gpu.log"
     ;;
+  stop64a)
+    # A persistent warp-specialised descriptor GEMM (tl.range warp_specialize, Hopper autoWS in Triton 3.5+)
+    # against the shipped large-M GEMM, bits first; then where the captured g2 x 1,024 and water 3,000 steps go
+    # (their GEMMs' share: the lever for both rows).
+    timeout 300 python3 benchmarks/probe_gemm_ws.py --out "$OUT" >"$OUT/probe_gemm_ws.log" 2>&1; tail -3 "$OUT/probe_gemm_ws.log"
+    timeout 200 python3 benchmarks/probe_kernel_table.py --systems g2x1024,water3000 --out "$OUT" \
+      >"$OUT/kernel_table.log" 2>&1; tail -2 "$OUT/kernel_table.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63 (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
