@@ -484,10 +484,22 @@ case "${1:-}" in
     timeout 200 python3 benchmarks/probe_kernel_table.py --systems g2x1024,water3000 --out "$OUT" \
       >"$OUT/kernel_table.log" 2>&1; tail -2 "$OUT/kernel_table.log"
     ;;
+  stop64b)
+    # The GEMM's persistent descriptor launch (linear._CONFIG["persist"], off): its CUDA bits against one program per
+    # tile, then the whole step with it on, by threshold, tile and programs per SM (the last: not persistent, the
+    # 128-row tile alone).
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py -k "tma and cuda" \
+      >"$OUT/pytest_linear_cuda.log" 2>&1; tail -2 "$OUT/pytest_linear_cuda.log"
+    timeout 360 python3 benchmarks/probe_ncu.py --mode sweep --budget-s 345 --out "$OUT" \
+      --systems water3000,g2x1024,g2x4096,water24000 \
+      --variants "gemm:persist=16000x128x64x4x4x2;gemm:persist=16000x128x64x4x4x1;gemm:persist=16000x64x64x4x3x4;gemm:persist=16000x128x64x4x4x1000;gemm:persist=6000x128x64x4x4x2" \
+      >"$OUT/probe_ncu_sweep.log" 2>&1
+    grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -2 "$OUT/probe_ncu_sweep.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

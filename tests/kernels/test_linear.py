@@ -565,6 +565,92 @@ def test_gemm_tma_kernel_on_the_interpreter(triton_device, form):
         assert not kw["zero"].any() and not torch.isnan(kw["zero"]).any()
 
 
+@pytest.mark.parametrize("form", _TMA_FORMS)
+def test_gemm_tma_persistent_on_the_interpreter(triton_device, monkeypatch, form):
+    """``persist``: the descriptor launch as a persistent grid (here 3 programs for 9 tiles, so each walks three
+    tiles in its flattened loop; the zeroing by column tile 0 inside it) gives the one-program-per-tile launch's
+    bits for every form, on the interpreter (the same tile: numpy's products may round differently for another
+    row count); below the persist threshold the shipped launch runs (a spy on the kernel's PERSIST and grid)."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    gk = importlib.import_module("mlff_distiller.kernels._gemm_kernels")
+    if triton_device.type != "cpu":
+        pytest.skip("the interpreter's case; on CUDA test_gemm_tma_persistent_equals_tiles_on_cuda runs it")
+    if lin._TensorDescriptor is None:
+        pytest.skip("this Triton has no host-side tensor descriptors")
+    m, k, n = 150, 64, 96  # 64 x 32 tiles: 3 row tiles x 3 column tiles
+    launches = []
+    real = gk._gemm_tma_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                launches.append((grid[0], kw["PERSIST"], kw["BM"]))
+                return real[grid](*args, **kw)
+
+            return run
+
+    monkeypatch.setattr(lin, "_gemm_tma_kernel", Spy())
+    monkeypatch.setattr(lin, "_sm_count", lambda device: 3)
+    res = {}
+    for persist in (None, (151, 64, 32, 4, 3, 1), (150, 64, 32, 4, 3, 1)):
+        monkeypatch.setitem(lin._CONFIG, "persist", persist)
+        gen = torch.Generator().manual_seed(11)
+        kw, w, a = _tma_case(form, m, k, n, torch.device("cpu"), gen, grid_w=False)
+        before = kw["out"].clone() if form == "accumulate" else None
+        out = kw.get("out", torch.empty(m, n))
+        pre = torch.empty(m, n) if form == "silu" else None
+        aux = kw.get("prologue_silu_of", kw.get("prologue_add"))
+        pro = 1 if form == "pro_silu" else (2 if form == "pro_add" else 0)
+        addend = kw.get("addend", out if form == "accumulate" else None)
+        c, p = lin._launch_tma(
+            a, w, w, kw.get("bias"), aux, out, pre, addend, kw.get("zero"), m, n, k, kw.get("act", "none"), pro,
+            64, 32, 32, 4, "ieee",
+        )  # fmt: skip
+        expect = _tma_reference(form, a, w, kw) + (before.double() if form == "accumulate" else 0)
+        _close(c, expect, 1e-6, f"{form} persist={persist}")
+        if form == "zero":
+            assert not kw["zero"].any() and not torch.isnan(kw["zero"]).any()
+        res[persist] = (c.clone(), None if p is None else p.clone())
+    assert launches == [(9, False, 64), (9, False, 64), (3, True, 64)]
+    base = res[None]
+    for key, got in res.items():
+        assert torch.equal(got[0], base[0]), key
+        if base[1] is not None:
+            assert torch.equal(got[1], base[1]), key
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("form", _TMA_FORMS)
+@pytest.mark.parametrize("m", [3001, 22001])
+def test_gemm_tma_persistent_equals_tiles_on_cuda(monkeypatch, form, m):
+    """On a Hopper GPU the persistent descriptor launch (``persist``: 128 x 64 tiles, 4 stages, one program per
+    SM so that each walks several tiles) gives the bits of one program per tile, for every form, W on the TF32
+    grid."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev)[0] < 9 or lin._TensorDescriptor is None:
+        pytest.skip("the descriptor path needs sm90+ and Triton's host-side descriptors")
+    monkeypatch.setitem(lin._CONFIG, "tma_eager_min_rows", 0)
+    res = {}
+    for persist in (None, (0, 128, 64, 4, 4, 1), (0, 64, 64, 4, 3, 1)):
+        monkeypatch.setitem(lin._CONFIG, "persist", persist)
+        kw, w, a = _tma_case(form, m, 128, 384, dev, torch.Generator().manual_seed(m + len(form)), True)
+        c, pre = gemm(a, w, dot="tf32x3", **kw)
+        if form == "zero":
+            assert not kw["zero"].any() and not torch.isnan(kw["zero"]).any()
+        res[persist] = (c.clone(), None if pre is None else pre.clone())
+    base = res[None]
+    for key, got in res.items():
+        assert torch.equal(got[0], base[0]), key
+        if base[1] is not None:
+            assert torch.equal(got[1], base[1]), key
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("form", _TMA_FORMS)
