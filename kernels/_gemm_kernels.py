@@ -185,17 +185,25 @@ if HAS_TRITON:
             bl = bl_desc.load([n0, k0]).T
         return _tile_dot(acc, a, b, bl, DOT)
 
-    @triton.jit
-    def _tma_tile(
-        tile, n_col, a_desc, b_desc, bl_desc, bias_ptr, aux_desc, c_desc, pre_desc, d_desc, z_ptr, u_desc, n, k,
-        z_numel, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr,
-        ZERO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
-        NORM_D: tl.constexpr,
+    @triton.jit(do_not_specialize=["m", "z_numel"])
+    def _gemm_tma_kernel(
+        a_desc, b_desc, bl_desc, bias_ptr, aux_desc, c_desc, pre_desc, d_desc, z_ptr, u_desc, m, n, k, z_numel,
+        HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr, ZERO: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+        NORM_D: tl.constexpr = False,
     ):  # fmt: skip
-        """One [BM, BN] tile of :func:`_gemm_tma_kernel` (``tile``: row tile ``tile // n_col``, column tile
-        ``tile % n_col``)."""
-        pid_m = tile // n_col
-        pid_n = tile % n_col
+        """:func:`_gemm_kernel`'s large-M tile (1-D grid, column tiles of a row tile side by side) with every dense
+        operand moved by the copy engine through a tensor descriptor (Hopper's TMA): A, the prologue's aux, W
+        ([N, K], K-major) and its low part, and the stores of C and the pre-activation; out-of-range rows and
+        columns are the descriptors' zero fill and clipped stores, so no masks or per-element addresses. The same
+        arithmetic as _gemm_kernel's, so the same bits. No row gathers (prologue 3, the affine map, segment sums):
+        those launches keep _gemm_kernel. PRO 4 (the norm prologue; F = k / 2 a multiple of BK): A = [S + D | ‖V‖]
+        from a_desc = S, aux_desc = D (NORM_D) and u_desc = U viewed [M, 6F] (row i: uv_0, vv_0, uv_1, vv_1, uv_2,
+        vv_2); rows past M come as ‖0‖ = 1e-4 and their products are clipped at the store."""
+        pdl_prologue(PDL)
+        n_col = tl.cdiv(n, BN)
+        pid_m = tl.program_id(0) // n_col
+        pid_n = tl.program_id(0) % n_col
         if ZERO:
             if pid_n == 0:
                 zi = pid_m.to(tl.int64) * BM + tl.arange(0, BM)
@@ -228,36 +236,3 @@ if HAS_TRITON:
         if ACC:
             acc += d_desc.load([m0, n0])
         c_desc.store([m0, n0], acc)
-
-    @triton.jit(do_not_specialize=["m", "z_numel", "num_progs"])
-    def _gemm_tma_kernel(
-        a_desc, b_desc, bl_desc, bias_ptr, aux_desc, c_desc, pre_desc, d_desc, z_ptr, u_desc, m, n, k, z_numel,
-        num_progs, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, PRO: tl.constexpr, ACC: tl.constexpr,
-        ZERO: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
-        PDL: tl.constexpr, NORM_D: tl.constexpr = False, PERSIST: tl.constexpr = False,
-    ):  # fmt: skip
-        """:func:`_gemm_kernel`'s large-M tile (1-D grid, column tiles of a row tile side by side) with every dense
-        operand moved by the copy engine through a tensor descriptor (Hopper's TMA): A, the prologue's aux, W
-        ([N, K], K-major) and its low part, and the stores of C and the pre-activation; out-of-range rows and
-        columns are the descriptors' zero fill and clipped stores, so no masks or per-element addresses. The same
-        arithmetic as _gemm_kernel's, so the same bits. No row gathers (prologue 3, the affine map, segment sums):
-        those launches keep _gemm_kernel. PRO 4 (the norm prologue; F = k / 2 a multiple of BK): A = [S + D | ‖V‖]
-        from a_desc = S, aux_desc = D (NORM_D) and u_desc = U viewed [M, 6F] (row i: uv_0, vv_0, uv_1, vv_1, uv_2,
-        vv_2); rows past M come as ‖0‖ = 1e-4 and their products are clipped at the store.
-        PERSIST (not with PRO 4): persistent, program p of num_progs takes tiles p, p + num_progs, ... in one flattened
-        loop, so that a tile's loads are issued under the previous tile's products and stores (linear's
-        ``persist``); the same tiles, so the same bits."""
-        pdl_prologue(PDL)
-        n_col = tl.cdiv(n, BN)
-        if not PERSIST:
-            _tma_tile(
-                tl.program_id(0), n_col, a_desc, b_desc, bl_desc, bias_ptr, aux_desc, c_desc, pre_desc, d_desc, z_ptr,
-                u_desc, n, k, z_numel, HAS_BIAS, EPI, PRO, ACC, ZERO, BM, BN, BK, DOT, NORM_D,
-            )  # fmt: skip
-        else:
-            tl.static_assert(PRO != 4, "the norm prologue's two K loops do not flatten")
-            for tile in tl.range(tl.program_id(0), tl.cdiv(m, BM) * n_col, num_progs, flatten=True):
-                _tma_tile(
-                    tile, n_col, a_desc, b_desc, bl_desc, bias_ptr, aux_desc, c_desc, pre_desc, d_desc, z_ptr,
-                    u_desc, n, k, z_numel, HAS_BIAS, EPI, PRO, ACC, ZERO, BM, BN, BK, DOT, NORM_D,
-                )  # fmt: skip

@@ -25,7 +25,6 @@ from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
 from ._frozen import derived, tf32_exact, tf32_parts
-from ._mp_config import _sm_count
 from ._precision import dot_mode
 from ._triton_utils import (
     HAS_TRITON,
@@ -129,13 +128,12 @@ _CONFIG = {
     # step, device-bound, 1.00x (with none: 0.99x). From 65,536 rows (a 3N-row [U; V] product of 21,846 atoms;
     # boxes past the captured ladder) the device's share wins.
     "tma_eager_min_rows": 65536,
-    # persist: the descriptor launches of at least min_rows rows (but the norm prologue's) as a persistent grid of
-    # programs_per_sm programs per SM, each walking its tiles in one flattened loop, so that a tile's loads go out
-    # under the previous tile's products and stores; (min_rows, BM, BN, warps, stages, programs_per_sm), None: one
-    # program per tile. Alone on an H200 (stop 64, benchmarks/results/stop64_gpu/b/probe_gemm_ws.md) the forward
-    # forms with (128, 64, 4 warps, 4 stages, 2 per SM) took 1.03-1.11x at 22,000-66,000 rows and 0.67-0.86x at
-    # 3,000-5,400; warp specialisation (Triton's autoWS) 0.42-0.84x everywhere.
-    "persist": None,
+    # Measured and dropped (stop 64, benchmarks/results/stop64_gpu/c/, gemm_persist_dropped.diff): the descriptor
+    # launch as a persistent grid (2 or 1 programs per SM walking their tiles in one flattened loop; alone 1.03-1.11x
+    # on the forward forms at 22,000-66,000 rows, stop64_gpu/b/probe_gemm_ws.md). The whole step from 16,000 rows:
+    # g2 x 4,096 0.93-0.97x, water 24,000 0.98-0.99x, g2 x 1,024 0.98-0.99x; the 128-row tile alone 0.93-0.98x.
+    # Warp specialisation (tl.range warp_specialize, Triton's Hopper autoWS) lost alone already: 0.42-0.84x, and
+    # gave wrong sums for a 64 x 128 tile on Triton 3.6.
     # Measured and dropped (stop 62, benchmarks/results/stop62_gpu/h/, mlp_fused_dropped.diff): a two-layer MLP's
     # forward or backward as one launch, one program per 64 rows holding the hidden rows in registers (four K-step
     # tiles) and walking the output columns. The whole step from 2,049 rows: g2 x 1,024 0.89-0.90x, x 4,096
@@ -534,15 +532,6 @@ def _launch_tma(
 ):
     """:func:`gemm`'s large-M launch through tensor descriptors (:func:`_gemm_tma_kernel`); returns ``(C, pre)``.
     With the norm prologue (``pro`` 4): ``a`` = S, ``aux`` = D (read when ``norm_d``), ``u`` = U ``[3M, 2F]``."""
-    launch = {"num_stages": _CONFIG["stages"]} if _CONFIG["stages"] is not None else {}
-    if _CONFIG["large_maxnreg"] is not None:
-        launch["maxnreg"] = _CONFIG["large_maxnreg"]
-    grid = cdiv(m, bm) * cdiv(n, bn)
-    persist = _CONFIG["persist"]
-    if persist is not None and m >= persist[0] and pro != _PRO_NORM:
-        _, bm, bn, warps, stages, per_sm = persist
-        launch["num_stages"] = stages
-        grid = min(cdiv(m, bm) * cdiv(n, bn), per_sm * _sm_count(a.device))
     desc = _TensorDescriptor.from_tensor
     a_d = desc(a, [bm, bk])
     b_d = desc(w, [bn, bk])
@@ -552,12 +541,15 @@ def _launch_tma(
     d_d = desc(addend, [bm, bn]) if addend is not None else c_d
     aux_d = desc(aux, [bm, bk]) if pro else a_d
     u_d = desc(u.view(m, 3 * k), [bm, bk]) if u is not None else a_d
-    _gemm_tma_kernel[(grid,)](
+    launch = {"num_stages": _CONFIG["stages"]} if _CONFIG["stages"] is not None else {}
+    if _CONFIG["large_maxnreg"] is not None:
+        launch["maxnreg"] = _CONFIG["large_maxnreg"]
+    _gemm_tma_kernel[(cdiv(m, bm) * cdiv(n, bn),)](
         a_d, b_d, bl_d, bias if bias is not None else out, aux_d, c_d, pre_d, d_d, _or(zero, out), u_d, m, n, k,
-        zero.numel() if zero is not None else 0, grid,
+        zero.numel() if zero is not None else 0,
         HAS_BIAS=bias is not None, EPI=_EPI[act], PRO=pro, ACC=addend is not None, ZERO=zero is not None,
-        BM=bm, BN=bn, BK=bk, DOT=dot, NORM_D=norm_d, PERSIST=grid < cdiv(m, bm) * cdiv(n, bn), num_warps=warps,
-        **launch, **pdl_args(a),
+        BM=bm, BN=bn, BK=bk, DOT=dot, NORM_D=norm_d, num_warps=warps, **launch,
+        **pdl_args(a),
     )  # fmt: skip
     return out, pre
 
