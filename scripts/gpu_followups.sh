@@ -496,10 +496,21 @@ case "${1:-}" in
       >"$OUT/probe_ncu_sweep.log" 2>&1
     grep -hE "^\| " "$OUT/probe_ncu_sweep.md"; tail -2 "$OUT/probe_ncu_sweep.log"
     ;;
+  stop64d)
+    # The final tree of stop 64: the update block's CUDA cases (the norm prologue's gate now asks linear's
+    # tma_norm_prologue), then every target row of issues 5 and 7 in one call: both widths' rows, bench_large's
+    # check and energy + forces, and its neighbour lists (one 24,000-atom box, 1,024 small boxes, vesin beside).
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py -k cuda \
+      >"$OUT/pytest_update_cuda.log" 2>&1; tail -2 "$OUT/pytest_update_cuda.log"
+    rows 200 170 150
+    timeout 100 python3 benchmarks/bench_large.py --out "$OUT/large_nl" --budget-s 80 --sections nl \
+      >"$OUT/bench_large_nl.log" 2>&1
+    grep -E "^\| " "$OUT/bench_large_nl.log" | head -20; tail -2 "$OUT/bench_large_nl.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
