@@ -514,10 +514,17 @@ case "${1:-}" in
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_painn_update.py -k cuda \
       >"$OUT/pytest_update_cuda.log" 2>&1; tail -2 "$OUT/pytest_update_cuda.log"
     ;;
+  stop64f)
+    # The atom order of a large box beyond the eager path's Morton sort (bins of half the cutoff): a 3-D Hilbert
+    # curve and other bin sizes, timed on the captured step (which keeps the order given), 12,000 and 24,000 atoms.
+    timeout 300 python3 benchmarks/probe_locality.py --mode cudagraph --sizes 12000 24000 --out "$OUT/locality" \
+      --orders engine,hilbert:2.5,hilbert:1.25,hilbert:5.0,engine:1.25,engine:5.0,morton,built \
+      >"$OUT/probe_locality.log" 2>&1; grep -E "^\| " "$OUT/probe_locality.log"; tail -2 "$OUT/probe_locality.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
