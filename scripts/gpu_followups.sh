@@ -521,10 +521,20 @@ case "${1:-}" in
       --orders engine,hilbert:2.5,hilbert:1.25,hilbert:5.0,engine:1.25,engine:5.0,morton,built \
       >"$OUT/probe_locality.log" 2>&1; grep -E "^\| " "$OUT/probe_locality.log"; tail -2 "$OUT/probe_locality.log"
     ;;
+  stop64g)
+    # The padded path's per-call Morton sort of large periodic batches (engine.padded_sort_min_atoms, off): its
+    # CUDA tests (the sorted numbers rewritten into a bucket whose topology is unchanged), then end to end against
+    # the shipped unsorted padded path, both widths.
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_ordering.py >"$OUT/pytest_ordering.log" 2>&1
+    tail -2 "$OUT/pytest_ordering.log"
+    timeout 300 python3 benchmarks/probe_padded_sort.py --hidden 128,64 --atoms 12000,18000,24000,36000 \
+      --out "$OUT" >"$OUT/probe_padded_sort.log" 2>&1; grep -E "^\| " "$OUT/probe_padded_sort.log"
+    tail -2 "$OUT/probe_padded_sort.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
