@@ -8,6 +8,10 @@ sort, fill, step, results on the host) with ``padded_sort_min_atoms`` None (ship
 alternating call by call, and checks that their forces agree.
 
     python benchmarks/probe_padded_sort.py --hidden 128,64 --atoms 12000,24000,36000 --out DIR
+
+Measured at stop 64 (``results/stop64_gpu/g/``): the sorted calls 0.69-0.95x, and the switch was dropped again. This
+probe needs the switch back (``git apply benchmarks/results/stop64_gpu/g/padded_sort_dropped.diff``); without it
+it says so and stops.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from mlff_distiller import AtomsBatch, ForceEngine
 
+    if not hasattr(ForceEngine, "_padded_order"):
+        print("probe_padded_sort: this tree has no padded-path sort (apply stop64_gpu/g/padded_sort_dropped.diff)")
+        return 2
     device = torch.device("cuda")
     rows = []
     for hidden in (int(h) for h in args.hidden.split(",")):
