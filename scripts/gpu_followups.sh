@@ -522,6 +522,7 @@ case "${1:-}" in
       >"$OUT/probe_locality.log" 2>&1; grep -E "^\| " "$OUT/probe_locality.log"; tail -2 "$OUT/probe_locality.log"
     ;;
   stop64g)
+    # (Needs benchmarks/results/stop64_gpu/g/padded_sort_dropped.diff applied: the switch and the probe.)
     # The padded path's per-call Morton sort of large periodic batches (engine.padded_sort_min_atoms, off): its
     # CUDA tests (the sorted numbers rewritten into a bucket whose topology is unchanged), then end to end against
     # the shipped unsorted padded path, both widths.
