@@ -49,8 +49,13 @@ def spatial_order(positions: torch.Tensor, batch: torch.Tensor, num_structures: 
     if n == 0:
         return torch.zeros(0, dtype=torch.int64, device=positions.device)
     pos = positions.detach().to(torch.float64)
-    low = torch.full((num_structures, 3), float("inf"), dtype=pos.dtype, device=pos.device)
-    low = low.scatter_reduce(0, batch[:, None].expand(-1, 3), pos, reduce="amin", include_self=True)
+    if num_structures == 1:
+        # One structure (the large boxes that get sorted): a plain reduction. The scatter below would send every
+        # atom's coordinates to the same three addresses, float64 atomic minima (compare-and-swap loops).
+        low = pos.amin(dim=0, keepdim=True)
+    else:
+        low = torch.full((num_structures, 3), float("inf"), dtype=pos.dtype, device=pos.device)
+        low = low.scatter_reduce(0, batch[:, None].expand(-1, 3), pos, reduce="amin", include_self=True)
     q = torch.floor((pos - low[batch]) / bin_size).to(torch.int64).clamp_(0, (1 << _BITS) - 1)
     code = _spread_bits(q[:, 0]) | (_spread_bits(q[:, 1]) << 1) | (_spread_bits(q[:, 2]) << 2)
     key = (batch.to(torch.int64) << (3 * _BITS)) | code
