@@ -1,9 +1,10 @@
-"""Probe (GPU): what ``ordering.spatial_order`` costs a call, by its per-structure lowest corner.
+"""Probe (GPU): what ``ordering.spatial_order`` costs a call, shipped against its form before stop 64.
 
-The Morton sort of a large batch starts from each structure's lowest corner. Until stop 64 that was a
-``scatter_reduce(..., "amin")`` of every atom's float64 coordinates into ``[B, 3]``: for one large box, all atoms
-on the same three addresses. This times ``spatial_order`` as shipped against that form on water boxes (one
-structure) and on batches of small boxes, and checks that both give the same permutation.
+Until stop 64 the Morton sort found each structure's lowest corner by a ``scatter_reduce(..., "amin")`` of every
+atom's float64 coordinates (one large box: all atoms on the same three addresses) and spread each axis's bits in
+13 elementwise ops, ~55 launches a call, each a launch of host time. Now one structure's corner is a reduction and
+the spread bits come from a table (one gather). This times both on water boxes (one structure) and on batches of
+small boxes, and checks that they give the same permutation.
 
     python benchmarks/probe_spatial_order.py --out DIR
 """
@@ -22,7 +23,7 @@ from harness import write_lines
 
 
 def scatter_low_order(positions, batch, num_structures, bin_size):
-    """``spatial_order`` with the lowest corner from the scatter (the form before stop 64)."""
+    """``spatial_order`` as it was before stop 64 (the scatter's corner, the spread bits as elementwise ops)."""
     from mlff_distiller.ordering import _BITS, _spread_bits
 
     pos = positions.detach().to(torch.float64)
@@ -52,11 +53,11 @@ def main(argv=None) -> int:
     cases = [(f"water {n:,}", [water_box(n, seed=0)]) for n in (12000, 24000, 100000)]
     cases.append(("1,024 water boxes of 24 atoms", [water_box(24, seed=i) for i in range(1024)]))
     lines = [
-        "# probe_spatial_order: one Morton sort's device time, by how the lowest corner is found",
+        "# probe_spatial_order: one Morton sort per call, before stop 64 and shipped",
         "",
         f"{torch.cuda.get_device_name()} · torch {torch.__version__}; do_bench medians (ms), float32 positions",
         "",
-        "| batch | atoms | scatter amin ms | shipped ms | scatter / shipped | same permutation |",
+        "| batch | atoms | before ms | shipped ms | before / shipped | same permutation |",
         "|---|---:|---:|---:|---:|---|",
     ]
     for label, structures in cases:

@@ -548,10 +548,23 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 130 --sections ef --sizes 24000 \
       >"$OUT/bench_large.log" 2>&1; grep -E "^\| 24000" "$OUT/bench_large.log" | head -6
     ;;
+  stop64i)
+    # stop64h: spatial_order took 0.66-0.78 ms a call either way (its ~55 launches, not the scatter). With the spread
+    # bits from a table (~12 launches): spatial_order old against new, the ordering tests on CUDA, the padded path's
+    # sort end to end again (the switch is in this tree, off), bench_large's 24,000-atom rows.
+    timeout 120 python3 benchmarks/probe_spatial_order.py --out "$OUT" >"$OUT/probe_spatial_order.log" 2>&1
+    grep -E "^\| " "$OUT/probe_spatial_order.log" | tail -5
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_ordering.py >"$OUT/pytest_ordering.log" 2>&1
+    tail -1 "$OUT/pytest_ordering.log"
+    timeout 240 python3 benchmarks/probe_padded_sort.py --hidden 128,64 --atoms 12000,24000,36000 \
+      --out "$OUT" >"$OUT/probe_padded_sort.log" 2>&1; grep -E "^\| " "$OUT/probe_padded_sort.log" | tail -7
+    timeout 150 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 130 --sections ef --sizes 24000 \
+      >"$OUT/bench_large.log" 2>&1; grep -E "^\| 24000" "$OUT/bench_large.log" | head -6
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

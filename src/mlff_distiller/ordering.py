@@ -48,15 +48,31 @@ def spatial_order(positions: torch.Tensor, batch: torch.Tensor, num_structures: 
     n = positions.shape[0]
     if n == 0:
         return torch.zeros(0, dtype=torch.int64, device=positions.device)
+    # Few launches: on a GPU each op here is a launch of host time, and this runs per call for large eager batches
+    # (the spread bits as 13 ops an axis made ~55 launches, 0.66-0.78 ms on an H200 host at 12,000-100,000 atoms;
+    # benchmarks/results/stop64_gpu/h/probe_spatial_order.md). One structure's lowest corner is a plain reduction.
     pos = positions.detach().to(torch.float64)
     if num_structures == 1:
-        # One structure (the large boxes that get sorted): a plain reduction. The scatter below would send every
-        # atom's coordinates to the same three addresses, float64 atomic minima (compare-and-swap loops).
         low = pos.amin(dim=0, keepdim=True)
     else:
         low = torch.full((num_structures, 3), float("inf"), dtype=pos.dtype, device=pos.device)
-        low = low.scatter_reduce(0, batch[:, None].expand(-1, 3), pos, reduce="amin", include_self=True)
-    q = torch.floor((pos - low[batch]) / bin_size).to(torch.int64).clamp_(0, (1 << _BITS) - 1)
-    code = _spread_bits(q[:, 0]) | (_spread_bits(q[:, 1]) << 1) | (_spread_bits(q[:, 2]) << 2)
-    key = (batch.to(torch.int64) << (3 * _BITS)) | code
+        low = low.scatter_reduce(0, batch[:, None].expand(-1, 3), pos, reduce="amin", include_self=True)[batch]
+    q = torch.floor((pos - low) / bin_size).to(torch.int64).clamp_(0, (1 << _BITS) - 1)
+    table, axes = _spread_table(pos.device)
+    key = table[q, axes].sum(dim=1)  # axis a's bits at 3k + a: disjoint, so the sum is their OR
+    if num_structures > 1:
+        key = (batch.to(torch.int64) << (3 * _BITS)) | key
     return torch.argsort(key, stable=True)
+
+
+_TABLES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _spread_table(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(T [1024, 3], [0, 1, 2])`` on ``device``: ``T[q, a] = _spread_bits(q) << a``, made once per device."""
+    hit = _TABLES.get(device)
+    if hit is None:
+        axes = torch.arange(3, dtype=torch.int64)
+        table = _spread_bits(torch.arange(1 << _BITS, dtype=torch.int64))[:, None] << axes
+        hit = _TABLES[device] = (table.to(device), axes.to(device))
+    return hit
