@@ -148,8 +148,6 @@ class StepImpl(OursImpl):
         dev = AtomsBatch.from_atoms(list(structures), dtype=engine.dtype).to(engine.device)
         if not engine.pad and hasattr(engine, "_spatial_order"):
             dev, _ = engine._spatial_order(dev)  # the atom order the engine's eager path runs in (large boxes)
-        elif engine.pad and hasattr(engine, "_padded_order"):
-            dev, _ = engine._padded_order(dev)  # the padded path's (from padded_sort_min_atoms; None: as given)
         with self.context(), torch.no_grad():
             nl = neighbor_list(dev.positions, dev.cell, dev.pbc, dev.batch, dev.ptr, engine.cutoff)
         bucket = engine.buckets.select(dev.num_atoms, nl.num_edges) if engine.pad else None

@@ -121,62 +121,6 @@ def test_engine_sorted_equals_unsorted(backend, device):
     assert ref["forces"].abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("stress", [False, True])
-def test_padded_path_sorts_periodic_batches_and_unsorts_the_results(device, stress):
-    """``padded_sort_min_atoms``: the padded (bucket) path sorts periodic batches of that many atoms or more like
-    the eager path: forces, atomic energies, energies and stress in the caller's order equal the unsorted padded
-    path's, twice in a row (the second call with the bucket's buffers from the first, whose sorted numbers follow
-    the moved positions); molecules (their list made on the host, in the caller's order) stay unsorted; None (the
-    default) never sorts. On a CPU "cudagraph" runs the padded step eagerly."""
-    import warnings
-
-    from mlff_distiller import engine as engine_module
-
-    assert engine_module.PADDED_SORT_MIN_ATOMS is None
-    model = make_model(seed=3).double()
-    boxes = [shuffled_water(27, seed=4), shuffled_water(8, seed=5)]
-    runs, sorted_calls = [], []
-    for threshold in (None, 1, "switch"):  # switch: unsorted first, then sorted into the same bucket's buffers
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # cudagraph on a CPU
-            engine = ForceEngine(model, device=device, precision="fp64", mode="cudagraph")
-        assert engine.padded_sort_min_atoms is None
-        engine.padded_sort_min_atoms = None if threshold == "switch" else threshold
-        order = engine._padded_order
-
-        def spy(b, order=order, threshold=threshold):
-            out = order(b)
-            sorted_calls.append((threshold, out[1] is not None))
-            return out
-
-        engine._padded_order = spy
-        outs = []
-        for step in range(2):
-            if threshold == "switch" and step == 1:
-                engine.padded_sort_min_atoms = 1
-            moved = [a.copy() for a in boxes]
-            for i, a in enumerate(moved):
-                a.positions += 0.03 * step * (i + 1)
-                a.rattle(0.02 * step, seed=step)
-            outs.append(engine.compute(AtomsBatch.from_atoms(moved), stress=stress, to_host=True))
-        assert engine._graphs, "the padded path ran"
-        mol = engine.compute(AtomsBatch.from_atoms([molecule("CH4")]), stress=stress, to_host=True)
-        runs.append((outs, mol))
-    assert (1, True) in sorted_calls and all(not s for t, s in sorted_calls if t is None)
-    # (the molecule: sorted on a CPU; on CUDA it takes the host list, which is never sorted)
-    assert [s for t, s in sorted_calls if t == "switch"][:2] == [False, True]
-    (ref, ref_mol), *others = runs
-    keys = ("energy", "atomic_energies", "forces") + (("stress",) if stress else ())
-    for got, got_mol in others:
-        for r, g in zip(ref, got, strict=True):
-            for key in keys:
-                torch.testing.assert_close(g[key], r[key], rtol=1e-10, atol=1e-10, msg=key)
-            assert r["forces"].abs().max() > 1e-3
-        for key in keys:  # (float64 atomics in the stress's sums: their order differs between engines)
-            torch.testing.assert_close(got_mol[key], ref_mol[key], rtol=1e-12, atol=1e-12, msg=key)
-    assert not torch.equal(ref[0]["forces"], ref[1]["forces"])  # the second call is another geometry
-
-
 def test_default_threshold_leaves_small_batches_alone():
     engine = ForceEngine(make_model(), device="cpu")
     b = AtomsBatch.from_atoms(shuffled_water(8))

@@ -135,8 +135,6 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # (mlff_distiller.ordering): the 24,000-atom water step ran 1.12x faster Morton-sorted, 3,000 atoms gained nothing
 # (benchmarks/results/probe_locality_h100/). Between the two; not measured closer.
 SPATIAL_SORT_MIN_ATOMS = 10_000
-# The padded path sorts periodic batches of at least this many atoms per call (None: never).
-PADDED_SORT_MIN_ATOMS = None
 
 
 def _takes(model, name: str) -> bool:
@@ -258,8 +256,6 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self._capture_now = False  # warmup: capture new buckets at once
         self._idle_dry_runs = {False: 0, True: 0}  # per step kind: dry runs in a row that compiled nothing
         self.spatial_sort_min_atoms = None if spatial_sort_min_atoms is None else int(spatial_sort_min_atoms)
-        # The padded (captured) path's own sort of large periodic batches (engine_padded._padded_order).
-        self.padded_sort_min_atoms = PADDED_SORT_MIN_ATOMS
         self.device = resolve_device(device)
         if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
             # "cuda" → "cuda:<current>": tensors always carry an index, and every same-device test below compares

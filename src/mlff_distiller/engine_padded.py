@@ -25,7 +25,6 @@ from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, Bucket, PaddedGraph, fil
 from mlff_distiller.cudagraph import GraphRunner, is_capture_failure
 from mlff_distiller.kernels import _compile_ahead
 from mlff_distiller.neighbors import NeighborList
-from mlff_distiller.ordering import spatial_order
 from mlff_distiller.precision import _matmul_precision
 
 __all__ = ["COMPACT_MIN_EDGES", "VERLET_EDGE_HEADROOM", "PaddedPaths"]
@@ -318,17 +317,16 @@ class PaddedPaths:
                 out = self._run_padded(bucket, graph, batch.num_atoms, batch.num_structures, to_host, stress=stress)
                 return _with_stress(out, batch) if stress else out
             host_nl = self._nl_to_device(host_nl)
-        # Sorted spatially only from padded_sort_min_atoms atoms (None: never; the eager path sorts from
-        # spatial_sort_min_atoms): a sort per call made the whole call slower at stop 51, its ~25 small launches
-        # costing more than the step's locality gains (H200, mode "auto" capturing 12,000-24,000 water atoms: 64
-        # wide 6.89 / 8.72 / 9.94 ms a call sorted against 5.20 / 7.16 / 9.03 unsorted; 128 wide, 12,000 atoms:
-        # 9.54 against 8.55; benchmarks/results/stop51_gpu/probe_auto_capture.md), while the captured 24,000-atom
-        # step alone gains 3.9 % from the order (stop64_gpu/f/).
+        # Not sorted spatially (the eager path sorts batches of spatial_sort_min_atoms atoms or more): a sort per
+        # call made the whole call slower here, its ~25 small launches costing more than the step's locality gains
+        # (stop 51, H200, mode "auto" capturing 12,000-24,000 water atoms: 64 wide 6.89 / 8.72 / 9.94 ms a call
+        # sorted against 5.20 / 7.16 / 9.03 unsorted; 128 wide, 12,000 atoms: 9.54 against 8.55;
+        # benchmarks/results/stop51_gpu/probe_auto_capture.md). Again at stop 64 (a switch, padded_sort_min_atoms;
+        # stop64_gpu/g/, padded_sort_dropped.diff): 0.76 / 0.86 / 0.88 / 0.95x at 12,000 / 18,000 / 24,000 / 36,000
+        # atoms 128 wide, 0.69-0.86x 64 wide, ~1.5-2 ms a call more, where the captured 24,000-atom step alone gains
+        # 0.4 ms from the order (stop64_gpu/f/); with the sort itself 3.3x cheaper (its launches, stop64_gpu/i/)
+        # still 0.905 / 0.967 / 0.980x at 12,000 / 24,000 / 36,000 atoms 128 wide, 0.85-0.93x 64 wide.
         dev, same = self._device_topology(batch)
-        inv = None
-        if host_nl is None:
-            dev, inv = self._padded_order(dev)
-            same = same and inv is None  # the sorted numbers follow this call's positions: rewritten
         with torch.no_grad():
             nl = host_nl if host_nl is not None else self._neighbors(dev)
         n, b, e = dev.num_atoms, dev.num_structures, nl.num_edges
@@ -350,26 +348,11 @@ class PaddedPaths:
             nl.shift_vectors.to(self.dtype),
             same_topology=same,
         )
-        self._graph_tokens[bucket] = self._topology_token if inv is None else -1
+        self._graph_tokens[bucket] = self._topology_token
         self._verlet_fill = None  # the static buffers no longer hold the Verlet path's list
         out = self._run_padded(bucket, graph, n, b, to_host, stress=stress)
-        if inv is not None:  # per-atom rows back in the caller's order
-            inv = inv.to(out["forces"].device)
-            out["forces"] = out["forces"].index_select(0, inv)
-            out["atomic_energies"] = out["atomic_energies"].index_select(0, inv)
         # The cell from the side the outputs are on: no host-to-device copy that would wait for the step.
         return _with_stress(out, batch if to_host else dev) if stress else out
-
-    def _padded_order(self, dev: AtomsBatch) -> tuple[AtomsBatch, torch.Tensor | None]:
-        """``dev`` with each structure's atoms along a Morton curve (bins of half the cutoff, as the eager path
-        sorts) and the inverse permutation, from ``padded_sort_min_atoms`` atoms; else ``(dev, None)``."""
-        m = getattr(self, "padded_sort_min_atoms", None)
-        if m is None or dev.num_atoms < m:
-            return dev, None
-        from mlff_distiller.engine_eager import _inverse, _permuted  # (engine_eager imports this module)
-
-        perm = spatial_order(dev.positions, dev.batch, dev.num_structures, 0.5 * self.cutoff)
-        return _permuted(dev, perm), _inverse(perm)
 
     def _run_padded(
         self,
