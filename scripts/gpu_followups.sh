@@ -549,6 +549,7 @@ case "${1:-}" in
       >"$OUT/bench_large.log" 2>&1; grep -E "^\| 24000" "$OUT/bench_large.log" | head -6
     ;;
   stop64i)
+    # (Its probe_padded_sort part needs benchmarks/results/stop64_gpu/g/padded_sort_dropped.diff applied.)
     # stop64h: spatial_order took 0.66-0.78 ms a call either way (its ~55 launches, not the scatter). With the spread
     # bits from a table (~12 launches): spatial_order old against new, the ordering tests on CUDA, the padded path's
     # sort end to end again (the switch is in this tree, off), bench_large's 24,000-atom rows.
