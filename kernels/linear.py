@@ -422,7 +422,7 @@ def gemm(
     if ref.is_cuda:
         small = m <= _CONFIG["small_rows"]
         bm, bn, warps = _CONFIG["small"] if small else _CONFIG["large"]
-        bk = min(_CONFIG["block_k" if small else "large_block_k"], max(16, next_pow2(k)))
+        bk = _block_k(k, small)
         kernel_dot = "tf32x2f" if dot == "tf32x2w" and not _CONFIG["nan_guard"] else dot
         if dot == "tf32" and _CONFIG["w_exact_tf32"] and tf32_exact(w):
             kernel_dot = "tf32w"
@@ -512,7 +512,13 @@ def tma_norm_prologue(ref: Tensor, m: int, f: int) -> bool:
     passes fresh contiguous float32 tensors."""
     if m <= _CONFIG["small_rows"] or not tma_launches(ref, m):
         return False
-    return f % min(_CONFIG["large_block_k"], max(16, next_pow2(2 * f))) == 0
+    return f % _block_k(2 * f, small=False) == 0
+
+
+def _block_k(k: int, small: bool) -> int:
+    """The K step of :func:`gemm`'s GPU launches of depth ``k`` (its small- or large-M tile), which
+    :func:`tma_norm_prologue` must agree with."""
+    return min(_CONFIG["block_k" if small else "large_block_k"], max(16, next_pow2(k)))
 
 
 def _tma_ok(*tensors: Tensor | None) -> bool:
