@@ -2,10 +2,13 @@
 
 Under ``precision="tf32"``, ``"bf16"`` and ``"fp16"`` the Triton GEMMs multiply in TF32 or 16 bits and the
 message-passing dots take one TF32 pass instead of tf32x3 (``kernels.message_passing._CONFIG["reduced_dots"]``).
-This probe times each precision with the message passing reduced and kept at tf32x3, in one run:
+Under bf16 / fp16 the message kernels also gather 16-bit copies of the senders' rows (``half_gathers``) and of the
+backward's gradient rows (``half_grads``, bfloat16). This probe times each precision, the 16-bit modes with those
+switches off, with the rows of x and v only, and with both (shipped), in one run:
 
-* the captured energy + forces step of 1,024 and 4,096 g2 molecules (random 128 x 3 student, µs per structure) and
-  of a 3,000-atom water box (ms);
+* the captured energy + forces step of 1,024 and 4,096 g2 molecules (random student, 128 x 3 unless
+  ``--hidden`` / ``--layers``, µs per structure), of a 3,000-atom water box (ms, mode auto: captured) and, with
+  ``--large``, of a 24,000-atom one (ms, mode auto: eager);
 * the error against fp64 of the shipped ``builtin:chno-gfn2`` on the H/C/N/O g2 molecules as built and rattled
   by 0.05 Å (force RMSE, median and max of the per-atom error norm, meV/Å; the student's own force MAE against
   GFN2-xTB is 18.75 meV/Å). The g2 geometries are exactly symmetric: at a symmetric site an atom's vector
@@ -34,14 +37,16 @@ from systems import water_box
 
 from mlff_distiller import AtomsBatch, ForceEngine, load_model
 
-VARIANTS = (  # (precision, message passing reduced)
-    ("fp32", False),
-    ("tf32", False),
-    ("tf32", True),
-    ("bf16", False),
-    ("bf16", True),
-    ("fp16", False),
-    ("fp16", True),
+F32_ROWS = {"half_gathers": False, "half_grads": False}
+VARIANTS = (  # (precision, what the message passing gathers, its switches)
+    ("fp32", "f32 rows", {}),
+    ("tf32", "f32 rows", {}),
+    ("bf16", "f32 rows", F32_ROWS),
+    ("bf16", "16-bit x, v", {"half_grads": False}),
+    ("bf16", "16-bit x, v, g", {}),
+    ("fp16", "f32 rows", F32_ROWS),
+    ("fp16", "16-bit x, v", {"half_grads": False}),
+    ("fp16", "16-bit x, v, g", {}),
 )
 
 
@@ -50,15 +55,20 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--name", default="probe_precision_h100")
     p.add_argument("--rounds", type=int, default=2, help="timing passes over the variants (order alternates)")
+    p.add_argument("--hidden", type=int, default=128, help="the timed student's width")
+    p.add_argument("--layers", type=int, default=3, help="the timed student's depth")
+    p.add_argument("--large", action="store_true", help="also time a 24,000-atom water box")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("probe_precision: needs CUDA")
         return
     import triton
 
-    student = make_student()
+    student = make_student(hidden=args.hidden, layers=args.layers)
     g2 = {n: g2_batch(n) for n in (1024, 4096)}
-    water = [water_box(3000, seed=0)]
+    water = {3000: [water_box(3000, seed=0)]}
+    if args.large:
+        water[24000] = [water_box(24000, seed=0)]
     builtin = load_model("builtin:chno-gfn2")
     chno = [m for m in g2_batch(162) if set(m.get_chemical_symbols()) <= {"H", "C", "N", "O"}]
     sets = {"g2": chno}
@@ -74,13 +84,14 @@ def main() -> None:
     times: dict = {}
     errors: dict = {}
     for r in range(args.rounds):
-        for precision, reduced in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
-            key = (precision, reduced)
-            with _configured(reduced_dots=reduced):
-                row = times.setdefault(key, {"g2x1024": [], "g2x4096": [], "water3000": []})
+        for precision, rows, cfg in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+            key = (precision, rows)
+            with _configured(**cfg):
+                row = times.setdefault(key, {"g2x1024": [], "g2x4096": [], **{f"water{n}": [] for n in water}})
                 for n, mols in g2.items():
                     row[f"g2x{n}"].append(_step_us(student, mols, mode="cudagraph", precision=precision) / n)
-                row["water3000"].append(_step_us(student, water, mode="auto", precision=precision) / 1e3)
+                for n, box in water.items():
+                    row[f"water{n}"].append(_step_us(student, box, mode="auto", precision=precision) / 1e3)
                 if key not in errors:
                     engine = ForceEngine(builtin, device="cuda", precision=precision)
                     errors[key] = {}
@@ -103,28 +114,30 @@ def main() -> None:
         f"{torch.cuda.get_device_name()} · torch {torch.__version__} · triton {triton.__version__} · "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
-        "Step = the captured energy + forces step alone (random 128 x 3 student, the 14 g2 species), the median of "
+        f"Step = the energy + forces step alone (random {args.hidden} x {args.layers} student, the 14 g2 species; "
+        "captured, the 24,000-atom box eager), the median of "
         f"{args.rounds} passes over the variants in alternating order (each pass a CUDA-event median). Errors: the "
         f"shipped `builtin:chno-gfn2` on {len(chno)} H/C/N/O g2 molecules, as built and rattled by 0.05 Å (two "
         "seeds), against its fp64 result; its own force MAE against GFN2-xTB is 18.75 meV/Å. The built g2 "
         "geometries are exactly symmetric, and a few atoms at symmetric sites set their max and RMSE (see the "
-        "probe's docstring). MP = the message-passing dots: tf32x3 (float32 accuracy) or one TF32 "
-        "pass.",
+        "probe's docstring). Message-passing dots: tf32x3 in fp32, one TF32 pass otherwise; rows: what its "
+        "kernels gather (float32, or 16-bit copies of the senders' x and v, and bfloat16 ones of the gradients).",
         "",
-        "| precision | MP dots | g2 ×1,024 µs/structure | g2 ×4,096 µs/structure | water 3,000 ms | "
+        "| precision | rows | g2 ×1,024 µs/structure | g2 ×4,096 µs/structure | "
+        + " | ".join(f"water {n:,} ms" for n in water)
+        + " | "
         + " | ".join(f"{name}: force RMSE / median / max meV/Å, energy max meV/atom" for name in sets)
         + " |",
-        "|---|---|---:|---:|---:|" + "---|" * len(sets),
+        "|---|---|---:|---:|" + "---:|" * len(water) + "---|" * len(sets),
     ]
-    for key in VARIANTS:
+    for precision, rows, _ in VARIANTS:
+        key = (precision, rows)
         med = {k: sorted(v)[len(v) // 2] for k, v in times[key].items()}
         errs = " | ".join(
             f"{rmse:.2f} / {mid:.2f} / {fmax:.1f}, {emax:.3f}" for rmse, mid, fmax, emax in errors[key].values()
         )
-        lines.append(
-            f"| {key[0]} | {'TF32' if key[1] and key[0] != 'fp32' else 'tf32x3'} | {med['g2x1024']:.3f} | "
-            f"{med['g2x4096']:.3f} | {med['water3000']:.3f} | {errs} |"
-        )
+        walls = " | ".join(f"{med[f'water{n}']:.3f}" for n in water)
+        lines.append(f"| {precision} | {rows} | {med['g2x1024']:.3f} | {med['g2x4096']:.3f} | {walls} | {errs} |")
     print(f"wrote {write_lines(lines, args.out, args.name)}")
 
 

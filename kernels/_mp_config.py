@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ._frozen import tf32_exact
-from ._precision import float32_dot
+from ._precision import float32_dot, reduced_matmul_dtype
 from ._triton_utils import num_warps
 
 # Launch configuration (GPU only; the interpreter uses fixed large tiles, since each program costs Python overhead
@@ -126,6 +126,14 @@ _CONFIG = {
     # Under the engine's tf32 / bf16 / fp16 the tf32x3 dots above take one TF32 pass (kernels/_precision.py);
     # False keeps them tf32x3 in every precision (benchmarks/probe_precision.py times and measures both).
     "reduced_dots": True,
+    # half_gathers: under the engine's bf16 / fp16 (kernels/_precision.matmul_dtype) the rows that the message
+    # kernels gather per edge, x and v (or the folded p) of the senders, are stored in that 16-bit type (a copy made
+    # once per layer and kept for the backward's edge kernel), and widened to float32 in registers; every product and
+    # sum stays float32. half_grads: the same for the upstream gradient rows (g_s, g_v of the receivers) that the
+    # backward's sender and edge kernels gather, in bfloat16 whatever the mode (float16's range is too short for
+    # gradients). False: float32 rows, as before stop 65.
+    "half_gathers": True,
+    "half_grads": True,
     "block_min_atoms": 1024,
     "seg_split": True,
     # The filter-weight dots (forward, sender and edge kernels) as two TF32 MMAs where the weight lies on the TF32
@@ -417,6 +425,16 @@ def _fold_xb(ref: Tensor, n_edges: int, n_atoms: int) -> bool:
     least = _CONFIG["fold_xb_min_edges"]
     dense = int(n_edges) >= _CONFIG["fold_xb_min_degree"] * int(n_atoms)
     return least is not None and int(n_edges) >= int(least) and dense
+
+
+def _half_gathers(ref: Tensor, key: str = "half_gathers") -> torch.dtype | None:
+    """The 16-bit type in which the Triton message kernels gather rows of float32 tensors like ``ref`` (``key``:
+    ``"half_gathers"`` for x and v, ``"half_grads"`` for the backward's gradient rows), or None: float32 rows. On
+    the CPU interpreter too, which is how the CPU tests run it."""
+    low = reduced_matmul_dtype()
+    if low is None or not _CONFIG[key] or ref.dtype != torch.float32:
+        return None
+    return torch.bfloat16 if key == "half_grads" else low
 
 
 def _dot_precision(prec: str) -> str:

@@ -14,7 +14,7 @@ from ._triton_utils import HAS_TRITON, dot_fin, dot_rn, pdl_prologue, tl, triton
 __all__ = ["_mp_bwd_edge_kernel", "_mp_bwd_filter_kernel", "_mp_sum_split_kernel"]
 
 if HAS_TRITON:
-    from ._mp_kernels import _edge_ends, _filter_rows, _filter_t, _gamma, _rbf_tile, _rows3, _unit3
+    from ._mp_kernels import _edge_ends, _filter_rows, _filter_t, _gamma, _gather, _rbf_tile, _rows3, _unit3
 
     @triton.jit
     def _edge_grads_w(
@@ -23,25 +23,26 @@ if HAS_TRITON:
     ):  # fmt: skip
         """Per-edge gradient wrt W_e for a feature chunk, G = (g_s[i] x_a, β x_b, γ x_c), and g_v[i] (3 tiles).
         HAS_V False (v = 0): β = 0, and G_b comes back as zeros without loading v_j or x_b. FOLD: v_ptr holds
-        p = x_b ⊙ v, so that G_b = Σ_k g_v[i,k] ⊙ p_j[k] without loading x_b."""
-        g0, g1, g2 = _rows3(gv_ptr, i, m2, f, N_FEAT)
+        p = x_b ⊙ v, so that G_b = Σ_k g_v[i,k] ⊙ p_j[k] without loading x_b. Everything in the unit vectors'
+        dtype, the compute dtype (x, v or the gradients may be stored in 16 bits: half gathers)."""
+        g0, g1, g2 = _rows3(gv_ptr, i, m2, f, ux, N_FEAT)
         xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
         gamma = _gamma(g0, g1, g2, ux, uy, uz)
-        gsi = tl.load(gs_ptr + i[:, None] * N_FEAT + f[None, :], mask=m2, other=0.0)
-        xc = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0)
-        G_a = gsi * tl.load(xrow, mask=m2, other=0.0)
+        gsi = _gather(gs_ptr + i[:, None] * N_FEAT + f[None, :], m2, ux)
+        xc = _gather(xrow + 2 * N_FEAT, m2, ux)
+        G_a = gsi * _gather(xrow, m2, ux)
         G_c = gamma * xc
         if HAS_V:
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             beta = (
-                g0 * tl.load(vrow, mask=m2, other=0.0)
-                + g1 * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
-                + g2 * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
+                g0 * _gather(vrow, m2, ux)
+                + g1 * _gather(vrow + N_FEAT, m2, ux)
+                + g2 * _gather(vrow + 2 * N_FEAT, m2, ux)
             )
             if FOLD:
                 G_b = beta
             else:
-                G_b = beta * tl.load(xrow + N_FEAT, mask=m2, other=0.0)
+                G_b = beta * _gather(xrow + N_FEAT, m2, ux)
         else:
             G_b = tl.zeros_like(G_a)
         return G_a, G_b, G_c, xc, g0, g1, g2
@@ -204,7 +205,7 @@ if HAS_TRITON:
         part = tl.program_id(1).to(tl.int64)
         r = tl.arange(0, R_PAD)
         rm = r < N_RBF
-        dt = x_ptr.dtype.element_ty
+        dt = rbf_ptr.dtype.element_ty  # the compute dtype
         g_rbf = tl.zeros((BLOCK_E, R_PAD), dtype=dt)
         gu_0 = tl.zeros((BLOCK_E,), dtype=dt)
         gu_1 = tl.zeros((BLOCK_E,), dtype=dt)
@@ -319,7 +320,7 @@ if HAS_TRITON:
         fm = f < N_FEAT
         r = tl.arange(0, R_PAD)
         rm = r < N_RBF
-        dt = x_ptr.dtype.element_ty
+        dt = rbf_ptr.dtype.element_ty  # the compute dtype
         acc_a = tl.zeros((BLOCK_F, R_PAD), dtype=dt)
         acc_b = tl.zeros((BLOCK_F, R_PAD), dtype=dt)
         acc_c = tl.zeros((BLOCK_F, R_PAD), dtype=dt)

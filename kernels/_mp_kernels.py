@@ -70,9 +70,10 @@ if HAS_TRITON:
         return lo, hi
 
     @triton.jit
-    def _zeros5(x_ptr, BLOCK_A: tl.constexpr, BLOCK_F: tl.constexpr):
-        """Five ``[BLOCK_A, BLOCK_F]`` accumulators in x's dtype (the block sender backward's sums)."""
-        dt = x_ptr.dtype.element_ty
+    def _zeros5(ref_ptr, BLOCK_A: tl.constexpr, BLOCK_F: tl.constexpr):
+        """Five ``[BLOCK_A, BLOCK_F]`` accumulators in the compute dtype, ref_ptr's (the block sender backward's
+        sums)."""
+        dt = ref_ptr.dtype.element_ty
         z0 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
         z1 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
         z2 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
@@ -109,9 +110,16 @@ if HAS_TRITON:
         return i, j
 
     @triton.jit
-    def _onehot(atoms, idx, em, x_ptr):
-        """``[BLOCK_A, BLOCK_E]`` one-hot: 1 where edge t's atom ``idx[t]`` is ``atoms[k]`` (masked edges: none)."""
-        return ((idx[None, :] == atoms[:, None]) & em[None, :]).to(x_ptr.dtype.element_ty)
+    def _onehot(atoms, idx, em, ref_ptr):
+        """``[BLOCK_A, BLOCK_E]`` one-hot in ref_ptr's dtype: 1 where edge t's atom ``idx[t]`` is ``atoms[k]``
+        (masked edges: none)."""
+        return ((idx[None, :] == atoms[:, None]) & em[None, :]).to(ref_ptr.dtype.element_ty)
+
+    @triton.jit
+    def _gather(ptr, mask, like):
+        """A load of feature rows in ``like``'s dtype (the compute dtype): a no-op cast for rows stored in it, the
+        widening of rows stored in 16 bits (the half gathers, see ``_mp_forward``)."""
+        return tl.load(ptr, mask=mask, other=0.0).to(like.dtype)
 
     @triton.jit
     def _seg_acc(acc, onehot, m, DOT_PRECISION: tl.constexpr, SEG_SPLIT: tl.constexpr):
@@ -144,12 +152,13 @@ if HAS_TRITON:
         return ux, uy, uz
 
     @triton.jit
-    def _rows3(ptr, idx, m2, f, N_FEAT: tl.constexpr):
-        """The three ``[BLOCK_E, BLOCK_F]`` blocks (k = 0, 1, 2) of rows ``idx`` of a ``[N, 3F]`` tensor."""
+    def _rows3(ptr, idx, m2, f, like, N_FEAT: tl.constexpr):
+        """The three ``[BLOCK_E, BLOCK_F]`` blocks (k = 0, 1, 2) of rows ``idx`` of a ``[N, 3F]`` tensor, in
+        ``like``'s dtype."""
         row = ptr + idx[:, None] * (3 * N_FEAT) + f[None, :]
-        r0 = tl.load(row, mask=m2, other=0.0)
-        r1 = tl.load(row + N_FEAT, mask=m2, other=0.0)
-        r2 = tl.load(row + 2 * N_FEAT, mask=m2, other=0.0)
+        r0 = _gather(row, m2, like)
+        r1 = _gather(row + N_FEAT, m2, like)
+        r2 = _gather(row + 2 * N_FEAT, m2, like)
         return r0, r1, r2
 
     @triton.jit
@@ -160,9 +169,9 @@ if HAS_TRITON:
         mask over features, g_v[i] (three blocks), the unit vectors and g_s[i]."""
         rb = _rbf_tile(rbf_ptr, e, pm, r, rm, N_RBF)
         m2 = pm[:, None] & fm[None, :]
-        g0, g1, g2 = _rows3(gv_ptr, i, m2, f, N_FEAT)
+        g0, g1, g2 = _rows3(gv_ptr, i, m2, f, rb, N_FEAT)
         ux, uy, uz = _unit3(unit_ptr, e, pm)
-        gsi = tl.load(gs_ptr + i[:, None] * N_FEAT + f[None, :], mask=m2, other=0.0)
+        gsi = _gather(gs_ptr + i[:, None] * N_FEAT + f[None, :], m2, rb)
         return rb, m2, g0, g1, g2, ux, uy, uz, gsi
 
     @triton.jit
@@ -229,7 +238,7 @@ if HAS_TRITON:
         i = tl.program_id(0).to(tl.int64)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
-        dt = x_ptr.dtype.element_ty
+        dt = rbf_ptr.dtype.element_ty  # the compute dtype (x and v may be stored in 16 bits: half gathers)
         acc_s = tl.zeros((BLOCK_F,), dtype=dt)
         acc_0 = tl.zeros((BLOCK_F,), dtype=dt)
         acc_1 = tl.zeros((BLOCK_F,), dtype=dt)
@@ -245,15 +254,15 @@ if HAS_TRITON:
             xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             # Masked edges have rb = 0 and x = 0, so they add exact zeros.
-            a = tl.load(xrow, mask=m2, other=0.0) * dot_fin(rb, wa, DOT_PRECISION)
-            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_fin(rb, wc, DOT_PRECISION)
+            a = _gather(xrow, m2, rb) * dot_fin(rb, wa, DOT_PRECISION)
+            c = _gather(xrow + 2 * N_FEAT, m2, rb) * dot_fin(rb, wc, DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
             acc_s += tl.sum(a, axis=0)
             if HAS_V:
-                b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_fin(rb, wb, DOT_PRECISION)
-                acc_0 += tl.sum(b * tl.load(vrow, mask=m2, other=0.0) + c * ux[:, None], axis=0)
-                acc_1 += tl.sum(b * tl.load(vrow + N_FEAT, mask=m2, other=0.0) + c * uy[:, None], axis=0)
-                acc_2 += tl.sum(b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0) + c * uz[:, None], axis=0)
+                b = _gather(xrow + N_FEAT, m2, rb) * dot_fin(rb, wb, DOT_PRECISION)
+                acc_0 += tl.sum(b * _gather(vrow, m2, rb) + c * ux[:, None], axis=0)
+                acc_1 += tl.sum(b * _gather(vrow + N_FEAT, m2, rb) + c * uy[:, None], axis=0)
+                acc_2 += tl.sum(b * _gather(vrow + 2 * N_FEAT, m2, rb) + c * uz[:, None], axis=0)
             else:
                 acc_0 += tl.sum(c * ux[:, None], axis=0)
                 acc_1 += tl.sum(c * uy[:, None], axis=0)
@@ -300,7 +309,7 @@ if HAS_TRITON:
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
-        dt = x_ptr.dtype.element_ty
+        dt = rbf_ptr.dtype.element_ty  # the compute dtype (x and v may be stored in 16 bits: half gathers)
         acc_s = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
         acc_0 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
         acc_1 = tl.zeros((BLOCK_A, BLOCK_F), dtype=dt)
@@ -311,14 +320,14 @@ if HAS_TRITON:
             em = e < hi
             i, j = _edge_ends(ei_ptr, ei_stride, e, em)
             # onehot[k, t] = 1 where edge t of the tile goes to atom a0 + k (masked edges match no atom).
-            onehot = _onehot(atoms, i, em, x_ptr)
+            onehot = _onehot(atoms, i, em, rbf_ptr)
             rb = _rbf_tile(rbf_ptr, e, em, r, rm, N_RBF)
             m2 = em[:, None] & fm[None, :]
             xrow = x_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
             vrow = v_ptr + j[:, None] * (3 * N_FEAT) + f[None, :]
-            a = tl.load(xrow, mask=m2, other=0.0) * dot_fin(rb, wa, DOT_PRECISION)
+            a = _gather(xrow, m2, rb) * dot_fin(rb, wa, DOT_PRECISION)
             acc_s = _seg_acc(acc_s, onehot, a, DOT_PRECISION, SEG_SPLIT)
-            c = tl.load(xrow + 2 * N_FEAT, mask=m2, other=0.0) * dot_fin(rb, wc, DOT_PRECISION)
+            c = _gather(xrow + 2 * N_FEAT, m2, rb) * dot_fin(rb, wc, DOT_PRECISION)
             ux, uy, uz = _unit3(unit_ptr, e, em)
             m_0 = c * ux[:, None]
             m_1 = c * uy[:, None]
@@ -327,10 +336,10 @@ if HAS_TRITON:
                 if FOLD:
                     b = dot_fin(rb, wb, DOT_PRECISION)
                 else:
-                    b = tl.load(xrow + N_FEAT, mask=m2, other=0.0) * dot_fin(rb, wb, DOT_PRECISION)
-                m_0 += b * tl.load(vrow, mask=m2, other=0.0)
-                m_1 += b * tl.load(vrow + N_FEAT, mask=m2, other=0.0)
-                m_2 += b * tl.load(vrow + 2 * N_FEAT, mask=m2, other=0.0)
+                    b = _gather(xrow + N_FEAT, m2, rb) * dot_fin(rb, wb, DOT_PRECISION)
+                m_0 += b * _gather(vrow, m2, rb)
+                m_1 += b * _gather(vrow + N_FEAT, m2, rb)
+                m_2 += b * _gather(vrow + 2 * N_FEAT, m2, rb)
             acc_0 = _seg_acc(acc_0, onehot, m_0, DOT_PRECISION, SEG_SPLIT)
             acc_1 = _seg_acc(acc_1, onehot, m_1, DOT_PRECISION, SEG_SPLIT)
             acc_2 = _seg_acc(acc_2, onehot, m_2, DOT_PRECISION, SEG_SPLIT)
@@ -403,9 +412,9 @@ if HAS_TRITON:
         # after the loop cut the loop's instructions by ~24 % (stop 61, probe_sass.py) but measured slower on the
         # water steps: spills under the 128-register cap, fewer programs per SM without it (stop61_gpu/b/).
         if FOLD_HALF:
-            acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_E // 2, BLOCK_F)
+            acc_a, acc_c, t_0, t_1, t_2 = _zeros5(rbf_ptr, BLOCK_E // 2, BLOCK_F)
         else:
-            dt = x_ptr.dtype.element_ty
+            dt = rbf_ptr.dtype.element_ty
             acc_a = tl.zeros((BLOCK_F,), dtype=dt)
             acc_c = tl.zeros((BLOCK_F,), dtype=dt)
             t_0 = tl.zeros((BLOCK_F,), dtype=dt)
@@ -486,7 +495,7 @@ if HAS_TRITON:
         a0, atoms, am = _atom_block(n_atoms, BLOCK_A)
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm, r, rm, wa, wb, wc = _chunk_setup(w_ptr, f, N_FEAT, N_RBF, R_PAD)
-        acc_a, acc_c, t_0, t_1, t_2 = _zeros5(x_ptr, BLOCK_A, BLOCK_F)
+        acc_a, acc_c, t_0, t_1, t_2 = _zeros5(rbf_ptr, BLOCK_A, BLOCK_F)
         lo, hi = _block_edge_range(colptr_ptr, a0, n_atoms, BLOCK_A)
         for start in range(lo, hi, BLOCK_E):
             e, pm = _sender_tile(perm_ptr, start, hi, BLOCK_E, SYM)
@@ -494,7 +503,7 @@ if HAS_TRITON:
                 j, i = _edge_ends(ei_ptr, ei_stride, e, pm)
             else:
                 i, j = _edge_ends(ei_ptr, ei_stride, e, pm)
-            onehot = _onehot(atoms, j, pm, x_ptr)
+            onehot = _onehot(atoms, j, pm, rbf_ptr)
             rb, _, g0, g1, g2, ux, uy, uz, gsi = _sender_tile_loads(
                 gs_ptr, gv_ptr, rbf_ptr, unit_ptr, e, pm, i, f, fm, r, rm, N_FEAT, N_RBF
             )

@@ -39,6 +39,7 @@ from ._mp_config import (  # noqa: F401 (the launch configuration: benchmarks an
     _edge_guard,
     _edge_split,
     _fold_xb,
+    _half_gathers,
     _launch_config,
     _launch_config_for,
     _pow2,
@@ -292,7 +293,34 @@ if HAS_TRITON:
         f = v.shape[2]
         return (x[:, f : 2 * f].unsqueeze(1) * v).contiguous()
 
-    def _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, launch, has_v=True) -> tuple[Tensor, Tensor]:
+    def _gathered_rows(x: Tensor, v: Tensor, rbf: Tensor, w: Tensor, has_v: bool) -> tuple | None:
+        """The half gathers (``_CONFIG["half_gathers"]``): ``(x, v or p, fold)`` stored in the engine's 16-bit
+        type, which the block forward gathers and the backward's edge kernel again (the forward keeps them), with
+        ``fold`` whether the second is p = x_b ⊙ v (``fold_xb_min_edges``; the product taken in float32, then
+        rounded once). None where the mode is off or the forward runs its atom variant (small graphs: the copies
+        would cost more launches than their bytes save)."""
+        half = _half_gathers(x)
+        n, f = v.shape[0], v.shape[2]
+        e = rbf.shape[0]
+        if half is None or n == 0 or f == 0 or e == 0:
+            return None
+        if _launch_config(x, "fwd", f, rbf.shape[1], n_atoms=n, weight=w)[2] != "block":
+            return None
+        fold = has_v and _fold_xb(x, e, n)
+        xg = x.to(half, memory_format=torch.contiguous_format)
+        if not has_v:  # v = 0 is never loaded
+            vg = v
+        elif fold:
+            vg = torch.mul(x[:, f : 2 * f].unsqueeze(1), v, out=torch.empty(v.shape, dtype=half, device=v.device))
+        else:
+            vg = v.to(half, memory_format=torch.contiguous_format)
+        return xg, vg, fold
+
+    def _mp_forward(
+        x, v, rbf, w, unit, edge_index, row_ptr, launch, has_v=True, gathered=None
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """``(Δs, Δv)``; ``gathered``: the half gathers' rows (``_gathered_rows``), which the block forward then
+        gathers in place of x and v."""
         x, v, rbf, w, unit, edge_index, row_ptr = _prep(x, v, rbf, w, unit, edge_index, row_ptr)
         n, f = v.shape[0], v.shape[2]
         ds = torch.empty((n, f), dtype=x.dtype, device=x.device)
@@ -304,10 +332,14 @@ if HAS_TRITON:
         if variant == "block":
             # Folded on the eager and captured path only (``_bare``); the torch.compile ops keep the launch that
             # their GPU tests cover.
-            fold = has_v and launch is _bare and _fold_xb(x, rbf.shape[0], n)
+            if gathered is not None and launch is _bare:
+                xg, vg, fold = gathered
+            else:
+                fold = has_v and launch is _bare and _fold_xb(x, rbf.shape[0], n)
+                xg, vg = x, (_folded(x, v) if fold else v)
             check_launchable(_mp_fwd_block_kernel, x)
             launch(_mp_fwd_block_kernel)[(cdiv(n, c["BLOCK_A"]), n_fb)](
-                x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0),
+                xg, vg, rbf, w, unit, edge_index, row_ptr, ds, dv, n, edge_index.stride(0),
                 num_warps=warps, HAS_V=has_v, FOLD=fold, **c, **pdl_args(x),
             )  # fmt: skip
         else:
@@ -320,7 +352,7 @@ if HAS_TRITON:
 
     def _mp_backward(
         grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, launch, row_ptr=None, has_v=True,
-        sink=None, gv_add=None, symmetric=False,
+        sink=None, gv_add=None, symmetric=False, gathered=None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
         """The five gradients (x, v, rbf, filter_weight, unit); ``need`` = (x/v, rbf/unit, filter_weight): the
         groups not needed come back as expanded zeros (no kernel, no memory). ``row_ptr``: the receiver CSR, when
@@ -330,19 +362,27 @@ if HAS_TRITON:
         and ∂u are added into it on its stream, and come back here as zeros. ``gv_add`` ``[N, 3, F]``: added to ∂v
         (the gradient of v's residual alias, in the sender kernel's store; ∂v is gv_add itself when x and v need
         no gradient). ``symmetric`` (with ``row_ptr``): the sender kernel walks the receiver CSR (see
-        ``message_passing``); ``perm`` and ``col_ptr`` are then not read."""
+        ``message_passing``); ``perm`` and ``col_ptr`` are then not read. ``gathered``: the forward's half gathers
+        (``_gathered_rows``), which the edge kernel gathers in place of x and v; with them, and ``half_grads``, the
+        sender and edge kernels gather bfloat16 copies of g_s and g_v (their sums and outputs stay float32)."""
         dt = x.dtype
         grad_s, grad_v = grad_s.to(dt), grad_v.to(dt)
         grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
         n, f = v.shape[0], v.shape[2]
         e, n_rbf = rbf.shape
+        # What the sender and edge kernels gather: (g_s, g_v, x, v or p, fold); fold None: the edge kernel decides.
+        rows = None
+        if gathered is not None and launch is _bare:
+            gh = _half_gathers(x, "half_grads")
+            gs_g, gv_g = (grad_s, grad_v) if gh is None else (grad_s.to(gh), grad_v.to(gh))
+            rows = (gs_g, gv_g, *gathered)
         # Placeholders of the groups not needed: expanded views of one cached zero (no fill kernel per call).
         zero = _zero_scalar(x)
         g_x, g_v = zero.expand(x.shape), zero.expand(v.shape)
         g_rbf, g_unit, g_w = zero.expand(rbf.shape), zero.expand(unit.shape), zero.expand(w.shape)
         # With a sink the edge kernel (∂rbf, ∂u) goes to its second stream, forked before the sender kernel is queued.
         if sink is not None and need[1] and e > 0 and f > 0 and launch is _bare:
-            _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v)
+            _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, rows)
             need = (need[0], False, need[2])
         if gv_add is not None:
             gv_add = gv_add.to(dt).contiguous()
@@ -352,7 +392,7 @@ if HAS_TRITON:
         def edge_grads():
             if f == 0:
                 return torch.zeros_like(rbf), torch.zeros_like(unit)
-            return _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
+            return _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, rows=rows)
 
         # The edge kernel first (edge_grads_first): its transients (the split's partial rows, the folded p) are
         # gone before g_x and g_v are made, so they never share the backward's peak (probe_memory_peak.py).
@@ -366,6 +406,7 @@ if HAS_TRITON:
                 c, warps, variant = _launch_config(x, "bwd_sender", f, n_rbf, n_atoms=n, n_edges=e, weight=w)
                 grid = (cdiv(n, c.get("BLOCK_A", 1)), cdiv(f, c["BLOCK_F"]))
                 sym = bool(symmetric) and row_ptr is not None
+                gs_g, gv_g = rows[:2] if rows else (grad_s, grad_v)
                 if sym:  # the receiver CSR stands for the sender CSR (perm is not read)
                     perm = col_ptr = row_ptr.contiguous()
                 else:
@@ -373,14 +414,14 @@ if HAS_TRITON:
                 if variant == "block":
                     check_launchable(_mp_bwd_sender_block_kernel, x)
                     launch(_mp_bwd_sender_block_kernel)[grid](
-                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
+                        gs_g, gv_g, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
                         g_v if gv_add is None else gv_add, n, edge_index.stride(0), num_warps=warps,
                         ADD_GV=gv_add is not None, SYM=sym, **c, **pdl_args(x),
                     )  # fmt: skip
                 else:
                     check_launchable(_mp_bwd_sender_kernel, x)
                     launch(_mp_bwd_sender_kernel)[grid](
-                        grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
+                        gs_g, gv_g, x, v, rbf, w, unit, edge_index, perm, col_ptr, g_x, g_v,
                         g_v if gv_add is None else gv_add, edge_index.stride(0), num_warps=warps,
                         ADD_GV=gv_add is not None, SYM=sym, FOLD_HALF=bool(_CONFIG["sender_fold_half"]), **c,
                         **pdl_args(x),
@@ -405,11 +446,14 @@ if HAS_TRITON:
                 g_w = part.sum(0)
         return g_x, g_v, g_rbf, g_w, g_unit
 
-    def _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=None, accumulate=False):
+    def _edge_grads(
+        grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, out=None, accumulate=False, rows=None
+    ):  # fmt: skip
         """``(∂rbf [E, R], ∂u [E, 3])`` by the edge kernel (and, when its feature loop is split, the sum of its
         partial rows); ``out``: the two tensors to write them into (else new ones), or with ``accumulate`` to add
         them to (in the sum kernel's epilogue when there is one). Inputs as ``_mp_backward`` prepared them
-        (contiguous, one dtype, ``f > 0``, ``e > 0``)."""
+        (contiguous, one dtype, ``f > 0``, ``e > 0``); ``rows``: what the kernel gathers in place of g_s, g_v, x and
+        v, with its fold (the half gathers, see ``_mp_backward``)."""
         n, f = v.shape[0], v.shape[2]
         e, n_rbf = rbf.shape
         c, warps, _ = _launch_config(x, "bwd_edge", f, n_rbf, n_edges=e, weight=w)
@@ -417,9 +461,9 @@ if HAS_TRITON:
         split = _edge_split(x, tiles, f, c["BLOCK_F"])
         g_rbf, g_unit = (torch.empty_like(rbf), torch.empty_like(unit)) if out is None else out
         if accumulate and split == 1:  # no sum kernel to add in: the kernel's rows, then one add each
-            rows = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch)
-            g_rbf.add_(rows[0])
-            g_unit.add_(rows[1])
+            sums = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, rows=rows)
+            g_rbf.add_(sums[0])
+            g_unit.add_(sums[1])
             return g_rbf, g_unit
         # Partial rows per feature slice, summed below (deterministic, no atomics). Writing afresh, slice 0 writes
         # straight into the outputs (OUT0) and the partials hold the other slices only: one [E, R] and one [E, 3]
@@ -427,7 +471,11 @@ if HAS_TRITON:
         # ``out`` (accumulate), every slice goes to the partials and the sum kernel adds them to what out holds.
         # Chained (edge_split_chain): two slices, the second adding the first's rows itself; no sum kernel, and one
         # partial plane (when adding into out) or none.
-        fold = has_v and launch is _bare and _fold_xb(x, e, n)
+        if rows is not None:
+            gs_g, gv_g, xg, vg, fold = rows
+        else:
+            fold = has_v and launch is _bare and _fold_xb(x, e, n)
+            gs_g, gv_g, xg, vg = grad_s, grad_v, x, (_folded(x, v) if fold else v)
         chain = split == 2 and _edge_chain(fold) and tiles >= _CONFIG["edge_chain_min_tiles"]
         out0 = split > 1 and not accumulate and _CONFIG["edge_split_out0"] and not chain
         planes = (1 if accumulate else 0) if chain else (split - 1 if out0 else split)
@@ -440,7 +488,7 @@ if HAS_TRITON:
         live = row_ptr is not None
         check_launchable(_mp_bwd_edge_kernel, x)
         launch(_mp_bwd_edge_kernel)[(tiles, split)](
-            grad_s, grad_v, x, _folded(x, v) if fold else v, rbf, w, unit, edge_index, part_rbf, part_unit,
+            gs_g, gv_g, xg, vg, rbf, w, unit, edge_index, part_rbf, part_unit,
             g_rbf, g_unit, row_ptr[n:] if live else part_unit, flags, e, edge_index.stride(0), num_warps=warps,
             SPLIT=split, LIVE=live, HAS_V=has_v, FOLD=fold, OUT0=out0, GUARD=_edge_guard(fold),
             CHAIN=chain, ACC=chain and accumulate, **c, **pdl_args(x),
@@ -452,7 +500,7 @@ if HAS_TRITON:
             )  # fmt: skip
         return g_rbf, g_unit
 
-    def _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v) -> None:
+    def _edge_grads_into(sink, grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, rows=None) -> None:
         """The edge kernel on the sink's stream (the caller's for a one-stream sink), its ∂rbf, ∂u added into the
         sink. With a second stream the caller's stream does not wait
         for it before the sink's node, so every tensor it reads is held by the sink until then. Held, they keep
@@ -463,13 +511,14 @@ if HAS_TRITON:
         args = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, _bare)
         side = sink.stream
         if side is None:  # a sink on the caller's stream: in order with everything else, nothing to hold or join
-            _edge_grads(*args, out=sink.buffers(), accumulate=sink.filled)
+            _edge_grads(*args, out=sink.buffers(), accumulate=sink.filled, rows=rows)
         else:
-            sink.keep.extend(t for t in (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr) if t is not None)
+            held = (grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, *(rows[:4] if rows else ()))
+            sink.keep.extend(t for t in held if t is not None)
             side.wait_stream(torch.cuda.current_stream(x.device))
             sink.forked = True
             with torch.cuda.stream(side):
-                _edge_grads(*args, out=sink.buffers(), accumulate=sink.filled)
+                _edge_grads(*args, out=sink.buffers(), accumulate=sink.filled, rows=rows)
         sink.filled = True
 
     def _bare(kernel):
@@ -604,7 +653,10 @@ if HAS_TRITON:
             ctx.v_zero = v_zero
             ctx.sink = sink
             ctx.symmetric = symmetric
-            ds, dv = _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare, not v_zero)
+            # The half gathers' 16-bit rows, made here and kept for the first derivative's edge kernel (the double
+            # backward's composite runs on the float32 tensors saved above).
+            ctx.gathered = gathered = _gathered_rows(x, v, rbf, w, not v_zero)
+            ds, dv = _mp_forward(x, v, rbf, w, unit, edge_index, row_ptr, _bare, not v_zero, gathered)
             return (ds, dv, v.view_as(v)) if v_residual else (ds, dv)
 
         @staticmethod
@@ -619,7 +671,7 @@ if HAS_TRITON:
                 sink = None
             grads = _MessagePassingBwd.apply(
                 grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, need, perm, col_ptr, ctx.v_zero, sink,
-                g_alias if nv else None, ctx.symmetric,
+                g_alias if nv else None, ctx.symmetric, ctx.gathered,
             )  # fmt: skip
             if sink is not None:  # added into the sink, which hands them to autograd itself
                 nrbf = nu = False
@@ -648,14 +700,16 @@ if HAS_TRITON:
             sink=None,
             gv_add=None,
             symmetric=False,
+            gathered=None,
         ):
-            # gv_add: the gradient of v's residual alias, added to ∂v (its own gradient is the one of ∂v).
+            # gv_add: the gradient of v's residual alias, added to ∂v (its own gradient is the one of ∂v);
+            # gathered: the forward's half gathers (_gathered_rows).
             ctx.save_for_backward(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, perm, col_ptr)
             if not symmetric and (perm is None or col_ptr is None):
                 perm, col_ptr = _sender_csr(edge_index, v.shape[0])
             return _mp_backward(
                 grad_s, grad_v, x, v, rbf, w, unit, edge_index, perm, col_ptr, need, _bare, row_ptr.contiguous(),
-                not v_zero, sink, gv_add, symmetric,
+                not v_zero, sink, gv_add, symmetric, gathered,
             )  # fmt: skip
 
         @staticmethod
@@ -675,7 +729,7 @@ if HAS_TRITON:
 
             grads = _double_backward(fwd, bwd, gg, grad_s, grad_v, x, v, rbf, w, unit)
             g_add = gg[1] if ctx.needs_input_grad[14] else None  # ∂(∂v)/∂gv_add is the identity
-            return (*grads, None, None, None, None, None, None, None, g_add, None)
+            return (*grads, None, None, None, None, None, None, None, g_add, None, None)
 
 
 def _message_passing_triton(

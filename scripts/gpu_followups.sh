@@ -562,10 +562,21 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/bench_large.py --out "$OUT/large" --budget-s 130 --sections ef --sizes 24000 \
       >"$OUT/bench_large.log" 2>&1; grep -E "^\| 24000" "$OUT/bench_large.log" | head -6
     ;;
+  stop65a)
+    # The half gathers (message_passing._CONFIG half_gathers / half_grads, on under bf16 / fp16): their tests and the
+    # message-passing and precision tests on CUDA (the kernels' loads changed for every dtype), then each precision's
+    # step time and error against fp64 with the switches off / x, v only / both (128 x 3, water 24,000 included).
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_half_gathers.py \
+      tests/kernels/test_precision_dots.py tests/kernels/test_message_passing.py -k "cuda or gpu" \
+      >"$OUT/pytest_half.log" 2>&1; tail -3 "$OUT/pytest_half.log"
+    timeout 330 python3 benchmarks/probe_precision.py --out "$OUT" --name probe_precision_h200 --rounds 1 --large \
+      >"$OUT/probe_precision.log" 2>&1
+    grep -E "^\| " "$OUT/probe_precision_h200.md" | head -30; tail -3 "$OUT/probe_precision.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
