@@ -14,7 +14,9 @@ switches off, with the rows of x and v only, and with both (shipped), in one run
   GFN2-xTB is 18.75 meV/Å). The g2 geometries are exactly symmetric: at a symmetric site an atom's vector
   features cancel, and the update block's ``sqrt(|Vv|² + 1e-8)`` turns rounding noise there into an O(1) change of
   its gradient, so a few such atoms set the max and the RMSE on the built set. The rattled sets, like MD frames,
-  show the typical error.
+  show the typical error. Each rattled set holds four rattled copies of every molecule (~2,200 atoms: a GPU graph
+  of at least ``block_min_atoms`` = 1,024 atoms, where the block kernels and the half gathers run; the built set's
+  558 atoms take the atom variant). A 3,000-atom water box (as built, jittered) is the third set.
 
     python benchmarks/probe_precision.py --out benchmarks/results --name probe_precision_h100
 """
@@ -73,10 +75,11 @@ def main() -> None:
     chno = [m for m in g2_batch(162) if set(m.get_chemical_symbols()) <= {"H", "C", "N", "O"}]
     sets = {"g2": chno}
     for seed in (1, 2):
-        rattled = [m.copy() for m in chno]
+        rattled = [m.copy() for _ in range(4) for m in chno]
         for k, m in enumerate(rattled):
-            m.rattle(0.05, seed=100 * seed + k)
+            m.rattle(0.05, seed=10_000 * seed + k)
         sets[f"rattled {seed}"] = rattled
+    sets["water 3,000"] = [water_box(3000, seed=1)]
     batches = {k: AtomsBatch.from_atoms(v) for k, v in sets.items()}
     refs = {
         k: ForceEngine(builtin, device="cuda", precision="fp64").compute(b, to_host=True) for k, b in batches.items()
@@ -117,8 +120,9 @@ def main() -> None:
         f"Step = the energy + forces step alone (random {args.hidden} x {args.layers} student, the 14 g2 species; "
         "captured, the 24,000-atom box eager), the median of "
         f"{args.rounds} passes over the variants in alternating order (each pass a CUDA-event median). Errors: the "
-        f"shipped `builtin:chno-gfn2` on {len(chno)} H/C/N/O g2 molecules, as built and rattled by 0.05 Å (two "
-        "seeds), against its fp64 result; its own force MAE against GFN2-xTB is 18.75 meV/Å. The built g2 "
+        f"shipped `builtin:chno-gfn2` on {len(chno)} H/C/N/O g2 molecules as built, on four copies of each "
+        "rattled by 0.05 Å (two seeds) and on a 3,000-atom water box, against its fp64 result; its own force MAE "
+        "against GFN2-xTB is 18.75 meV/Å. The built g2 "
         "geometries are exactly symmetric, and a few atoms at symmetric sites set their max and RMSE (see the "
         "probe's docstring). Message-passing dots: tf32x3 in fp32, one TF32 pass otherwise; rows: what its "
         "kernels gather (float32, or 16-bit copies of the senders' x and v, and bfloat16 ones of the gradients).",

@@ -6,17 +6,17 @@ The forward is exact on the rounded rows: it equals the float64 reference evalua
 16-bit type (or on p rounded once, where the kernels fold), within float32's bound, and it does not equal the
 reference on the unrounded rows within that bound (so the rounded rows were gathered). Every first gradient stays
 within a bound of a few 16-bit roundings of the float64 one. The forward's rows are kept for the backward's edge
-kernel. Off (the switches, or outside a 16-bit mode) nothing changes. On the CPU the kernels run under the
-interpreter, where every dot is "ieee", so these bounds are the gathers' alone.
+kernel. Off (the switches, or outside a 16-bit mode) nothing changes. The dots are kept at float32 accuracy here
+(on the CPU the interpreter's "ieee", on CUDA tf32x3), so these bounds are the gathers' alone.
 """
 
 import importlib
 
 import pytest
 import torch
-from mp_helpers import abs_scales, check, graph, message_passing_backward_reference, symmetric_graph
 from mlff_distiller.kernels import message_passing, use_backend
 from mlff_distiller.kernels._precision import matmul_dtype
+from mp_helpers import abs_scales, check, graph, message_passing_backward_reference, symmetric_graph
 
 mp = importlib.import_module("mlff_distiller.kernels.message_passing")
 
@@ -40,9 +40,12 @@ def _forward_on(x, p, rbf, w, unit, ei):
 
 
 def _run(inputs, ei, low, row_ptr=None, symmetric=False, grads=True, **cfg):
-    """Triton forward (and the five first gradients for fixed upstream gradients) under ``matmul_dtype(low)``."""
+    """Triton forward (and the five first gradients for fixed upstream gradients) under ``matmul_dtype(low)``,
+    the dots kept at float32 accuracy (``reduced_dots`` off: on CUDA the mode otherwise gives them one TF32 pass,
+    whose rounding would hide the gathers'; test_precision_dots.py covers those)."""
     ins = [t.detach().clone().requires_grad_(grads) for t in inputs]
-    with use_backend("triton"), matmul_dtype(low), mp._configured(block_min_atoms=0, **cfg):
+    cfg = {"block_min_atoms": 0, "reduced_dots": False, **cfg}
+    with use_backend("triton"), matmul_dtype(low), mp._configured(**cfg):
         out = message_passing(*ins, ei, row_ptr=row_ptr, symmetric=symmetric)
         if not grads:
             return [o.detach() for o in out], None
@@ -90,7 +93,7 @@ def test_gradients_within_the_16bit_bound(triton_device, low, half_grads, symmet
         *inputs, ei = graph(30, 400, 24, 8, torch.float32, triton_device, seed=3)
         row_ptr = None
     cfg = dict(half_grads=half_grads, fwd_variant="block", bwd_sender_variant="block")
-    out, (go, grads) = _run(inputs, ei, dt, row_ptr=row_ptr, symmetric=symmetric, **cfg)
+    _, (go, grads) = _run(inputs, ei, dt, row_ptr=row_ptr, symmetric=symmetric, **cfg)
     ref64 = [t.double() for t in inputs]
     ref = message_passing_backward_reference(go[0].double(), go[1].double(), *ref64, ei)
     _, scales = abs_scales(*inputs, ei, go[0], go[1])
@@ -161,7 +164,7 @@ def test_rows_are_made_once_and_kept_for_the_backward(triton_device, monkeypatch
 def test_small_graphs_keep_float32_rows_gpu():
     """On the GPU a graph below ``block_min_atoms`` runs the atom-variant forward, which takes no 16-bit rows: no
     copies are made there (they would cost launches on launch-bound steps)."""
-    *inputs, ei = graph(300, 3000, 32, 8, torch.float32, torch.device("cuda"), seed=2)
+    *inputs, _ = graph(300, 3000, 32, 8, torch.float32, torch.device("cuda"), seed=2)
     with matmul_dtype(torch.bfloat16):
         assert mp._gathered_rows(inputs[0], inputs[1], inputs[2], inputs[3], True) is None
         with mp._configured(block_min_atoms=0):
