@@ -131,9 +131,15 @@ _CONFIG = {
     # once per layer and kept for the backward's edge kernel), and widened to float32 in registers; every product and
     # sum stays float32. half_grads: the same for the upstream gradient rows (g_s, g_v of the receivers) that the
     # backward's sender and edge kernels gather, in bfloat16 whatever the mode (float16's range is too short for
-    # gradients). False: float32 rows, as before stop 65.
+    # gradients), on graphs of at least half_grads_min_degree edges per atom: the copies cost a cast per layer over
+    # the atoms, the gathers save bytes per edge. False: float32 rows, as before stop 65. Each precision's step, off /
+    # x and v / both (H200, 128 x 3; benchmarks/results/stop65_gpu/b/): water 3,000 atoms 1.345 / 1.238 / 1.161 ms,
+    # 24,000 9.51 / 9.02 / 8.47 ms, 4,096 g2 molecules (~7.5 edges per atom) 0.627 / 0.601 / 0.604 µs per structure,
+    # 1,024 0.778 / 0.758 / 0.764. Force RMSE against fp64 on rattled g2 molecules, bf16 2.0 / 2.7 / 2.8 meV/Å, fp16
+    # 0.92 / 0.98 / 1.35; water 3,000 bf16 2.22 / 2.32 / 2.40, fp16 0.30 / 0.31 / 0.66.
     "half_gathers": True,
     "half_grads": True,
+    "half_grads_min_degree": 16,
     "block_min_atoms": 1024,
     "seg_split": True,
     # The filter-weight dots (forward, sender and edge kernels) as two TF32 MMAs where the weight lies on the TF32

@@ -363,8 +363,9 @@ if HAS_TRITON:
         (the gradient of v's residual alias, in the sender kernel's store; ∂v is gv_add itself when x and v need
         no gradient). ``symmetric`` (with ``row_ptr``): the sender kernel walks the receiver CSR (see
         ``message_passing``); ``perm`` and ``col_ptr`` are then not read. ``gathered``: the forward's half gathers
-        (``_gathered_rows``), which the edge kernel gathers in place of x and v; with them, and ``half_grads``, the
-        sender and edge kernels gather bfloat16 copies of g_s and g_v (their sums and outputs stay float32)."""
+        (``_gathered_rows``), which the edge kernel gathers in place of x and v; with them, and ``half_grads`` on a
+        graph of at least ``half_grads_min_degree`` edges per atom, the sender and edge kernels gather bfloat16
+        copies of g_s and g_v (their sums and outputs stay float32)."""
         dt = x.dtype
         grad_s, grad_v = grad_s.to(dt), grad_v.to(dt)
         grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
@@ -373,7 +374,8 @@ if HAS_TRITON:
         # What the sender and edge kernels gather: (g_s, g_v, x, v or p, fold); fold None: the edge kernel decides.
         rows = None
         if gathered is not None and launch is _bare:
-            gh = _half_gathers(x, "half_grads")
+            dense = e >= _CONFIG["half_grads_min_degree"] * n
+            gh = _half_gathers(x, "half_grads") if dense else None
             gs_g, gv_g = (grad_s, grad_v) if gh is None else (grad_s.to(gh), grad_v.to(gh))
             rows = (gs_g, gv_g, *gathered)
         # Placeholders of the groups not needed: expanded views of one cached zero (no fill kernel per call).

@@ -85,12 +85,13 @@ def test_forward_is_the_reference_on_rounded_rows(triton_device, low, fold):
 def test_gradients_within_the_16bit_bound(triton_device, low, half_grads, symmetric):
     """All five first gradients (the edge kernel's ∂rbf, ∂u on the forward's kept rows; the sender kernel's ∂x,
     ∂v, on the gathered gradient rows with half_grads) within 4 roundings of the 16-bit types involved, relative
-    to the sums of absolute values; and apart from the float32 result where a rounding was made."""
+    to the sums of absolute values; and apart from the float32 result where a rounding was made. The graphs have
+    ~20 edges per atom, above ``half_grads_min_degree``."""
     dt = LOW[low]
     if symmetric:
-        *inputs, ei, row_ptr = symmetric_graph(30, 200, 24, 8, torch.float32, triton_device, seed=3)
+        *inputs, ei, row_ptr = symmetric_graph(30, 300, 24, 8, torch.float32, triton_device, seed=3)
     else:
-        *inputs, ei = graph(30, 400, 24, 8, torch.float32, triton_device, seed=3)
+        *inputs, ei = graph(30, 600, 24, 8, torch.float32, triton_device, seed=3)
         row_ptr = None
     cfg = dict(half_grads=half_grads, fwd_variant="block", bwd_sender_variant="block")
     _, (go, grads) = _run(inputs, ei, dt, row_ptr=row_ptr, symmetric=symmetric, **cfg)
@@ -145,13 +146,18 @@ def test_rows_are_made_once_and_kept_for_the_backward(triton_device, monkeypatch
         return real_edge(*args, **kw)
 
     monkeypatch.setattr(mp, "_edge_grads", edge_spy)
-    *inputs, ei = graph(30, 400, 24, 8, torch.float32, triton_device, seed=6)
+    *inputs, ei = graph(30, 600, 24, 8, torch.float32, triton_device, seed=6)
     _run(inputs, ei, torch.float16, fwd_variant="block", fold_xb_min_edges=None)
     assert len(made) == 1 and made[0] is not None
     xg, vg, fold = made[0]
     assert xg.dtype == vg.dtype == torch.float16 and not fold
     assert len(edge_args) == 1 and edge_args[0][2] is xg and edge_args[0][3] is vg
     assert edge_args[0][0].dtype == edge_args[0][1].dtype == torch.bfloat16  # half_grads: bfloat16 rows
+    # Below half_grads_min_degree edges per atom the gradient rows stay float32 (x and v still 16-bit).
+    made.clear()
+    edge_args.clear()
+    _run(inputs, ei, torch.float16, fwd_variant="block", half_grads_min_degree=21)
+    assert made[0][0].dtype == torch.float16 and edge_args[0][0].dtype == edge_args[0][1].dtype == torch.float32
     made.clear()
     ins = [t.detach().clone() for t in inputs]
     with use_backend("triton"), matmul_dtype(torch.float16), mp._configured(block_min_atoms=0):
