@@ -593,10 +593,19 @@ case "${1:-}" in
       tests/kernels/test_edge_sink.py tests/kernels/test_message_passing_launch.py -k "cuda or gpu" \
       >"$OUT/pytest_half.log" 2>&1; tail -3 "$OUT/pytest_half.log"
     ;;
+  stop65d)
+    # The final tree of stop 65: every target row (both widths; the kernels' loads now widen to the compute dtype,
+    # a no-op for float32 rows), bench_large's check and energy + forces, then the 64 x 3 student's precisions again
+    # with half_grads_min_degree (g2 batches keep float32 gradient rows).
+    rows 200 170 150
+    timeout 140 python3 benchmarks/probe_precision.py --out "$OUT" --name probe_precision_64x3_h200 --rounds 1 \
+      --hidden 64 >"$OUT/probe_precision_64x3.log" 2>&1
+    grep -E "^\| " "$OUT/probe_precision_64x3_h200.md" | head -12; tail -1 "$OUT/probe_precision_64x3.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
