@@ -602,10 +602,16 @@ case "${1:-}" in
       --hidden 64 >"$OUT/probe_precision_64x3.log" 2>&1
     grep -E "^\| " "$OUT/probe_precision_64x3_h200.md" | head -12; tail -1 "$OUT/probe_precision_64x3.log"
     ;;
+  stop65e)
+    # The GPU tests outside tests/kernels at the final tree (the engine, calculator, MD, NPT, ... paths over the
+    # changed kernels).
+    timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/kernels \
+      >"$OUT/pytest_gpu.log" 2>&1; tail -3 "$OUT/pytest_gpu.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
