@@ -371,7 +371,7 @@ if HAS_TRITON:
         grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)
         n, f = v.shape[0], v.shape[2]
         e, n_rbf = rbf.shape
-        # What the sender and edge kernels gather: (g_s, g_v, x, v or p, fold); fold None: the edge kernel decides.
+        # What the sender and edge kernels gather (the half gathers): (g_s, g_v, x, v or p, fold), or None: their own.
         rows = None
         if gathered is not None and launch is _bare:
             dense = e >= _CONFIG["half_grads_min_degree"] * n
