@@ -3,8 +3,9 @@
 Under ``precision="tf32"``, ``"bf16"`` and ``"fp16"`` the Triton GEMMs multiply in TF32 or 16 bits and the
 message-passing dots take one TF32 pass instead of tf32x3 (``kernels.message_passing._CONFIG["reduced_dots"]``).
 Under bf16 / fp16 the message kernels also gather 16-bit copies of the senders' rows (``half_gathers``) and of the
-backward's gradient rows (``half_grads``, bfloat16). This probe times each precision, the 16-bit modes with those
-switches off, with the rows of x and v only, and with both (shipped), in one run:
+backward's gradient rows (``half_grads``, in the mode's type; under fp16 also timed as bfloat16). This probe times
+each precision, the 16-bit modes with those switches off, with the rows of x and v only, and with both (shipped), in
+one run:
 
 * the captured energy + forces step of 1,024 and 4,096 g2 molecules (random student, 128 x 3 unless
   ``--hidden`` / ``--layers``, µs per structure), of a 3,000-atom water box (ms, mode auto: captured) and, with
@@ -48,6 +49,7 @@ VARIANTS = (  # (precision, what the message passing gathers, its switches)
     ("bf16", "16-bit x, v, g", {}),
     ("fp16", "f32 rows", F32_ROWS),
     ("fp16", "16-bit x, v", {"half_grads": False}),
+    ("fp16", "16-bit x, v, g bf16", {"half_grads_type": "bf16"}),
     ("fp16", "16-bit x, v, g", {}),
 )
 

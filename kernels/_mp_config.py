@@ -130,9 +130,12 @@ _CONFIG = {
     # kernels gather per edge, x and v (or the folded p) of the senders, are stored in that 16-bit type (a copy made
     # once per layer and kept for the backward's edge kernel), and widened to float32 in registers; every product and
     # sum stays float32. half_grads: the same for the upstream gradient rows (g_s, g_v of the receivers) that the
-    # backward's sender and edge kernels gather, in bfloat16 whatever the mode (float16's range is too short for
-    # gradients), on graphs of at least half_grads_min_degree edges per atom: the copies cost a cast per layer over
-    # the atoms, the gathers save bytes per edge. False: float32 rows, as before stop 65. Each precision's step, off /
+    # backward's sender and edge kernels gather, on graphs of at least half_grads_min_degree edges per atom (the
+    # copies cost a cast per layer over the atoms, the gathers save bytes per edge), in half_grads_type: "mode", the
+    # engine's 16-bit type, or "bf16", bfloat16 whatever the mode. Under fp16 a gradient row past float16's range
+    # (65,504) becomes inf, so the step's output is not finite and the engine raises NonFiniteOutputError instead of
+    # returning it, as for the fp16 GEMMs' operands, which carry the same gradients through float16 already.
+    # False: float32 rows, as before stop 65. Each precision's step, off /
     # x and v / both (H200, 128 x 3; benchmarks/results/stop65_gpu/b/): water 3,000 atoms 1.345 / 1.238 / 1.161 ms,
     # 24,000 9.51 / 9.02 / 8.47 ms, 4,096 g2 molecules (~7.5 edges per atom) 0.627 / 0.601 / 0.604 µs per structure,
     # 1,024 0.778 / 0.758 / 0.764. Force RMSE against fp64 on rattled g2 molecules, bf16 2.0 / 2.7 / 2.8 meV/Å, fp16
@@ -140,6 +143,7 @@ _CONFIG = {
     "half_gathers": True,
     "half_grads": True,
     "half_grads_min_degree": 16,
+    "half_grads_type": "mode",
     "block_min_atoms": 1024,
     "seg_split": True,
     # The filter-weight dots (forward, sender and edge kernels) as two TF32 MMAs where the weight lies on the TF32
@@ -440,7 +444,11 @@ def _half_gathers(ref: Tensor, key: str = "half_gathers") -> torch.dtype | None:
     low = reduced_matmul_dtype()
     if low is None or not _CONFIG[key] or ref.dtype != torch.float32:
         return None
-    return torch.bfloat16 if key == "half_grads" else low
+    if key == "half_grads" and _CONFIG["half_grads_type"] != "mode":
+        if _CONFIG["half_grads_type"] != "bf16":
+            raise ValueError(f"half_grads_type: {_CONFIG['half_grads_type']!r} is not one of 'mode', 'bf16'")
+        return torch.bfloat16
+    return low
 
 
 def _dot_precision(prec: str) -> str:

@@ -364,8 +364,8 @@ if HAS_TRITON:
         no gradient). ``symmetric`` (with ``row_ptr``): the sender kernel walks the receiver CSR (see
         ``message_passing``); ``perm`` and ``col_ptr`` are then not read. ``gathered``: the forward's half gathers
         (``_gathered_rows``), which the edge kernel gathers in place of x and v; with them, and ``half_grads`` on a
-        graph of at least ``half_grads_min_degree`` edges per atom, the sender and edge kernels gather bfloat16
-        copies of g_s and g_v (their sums and outputs stay float32)."""
+        graph of at least ``half_grads_min_degree`` edges per atom, the sender and edge kernels gather 16-bit
+        copies of g_s and g_v (``half_grads_type``; their sums and outputs stay float32)."""
         dt = x.dtype
         grad_s, grad_v = grad_s.to(dt), grad_v.to(dt)
         grad_s, grad_v, x, v, rbf, w, unit, edge_index = _prep(grad_s, grad_v, x, v, rbf, w, unit, edge_index)

@@ -1,6 +1,6 @@
 """The half gathers (``message_passing._CONFIG["half_gathers"]``, ``["half_grads"]``): under the engine's bf16 /
 fp16 the message kernels gather 16-bit copies of the senders' x and v (or the folded p = x_b ⊙ v) and, in the
-backward, bfloat16 copies of the receivers' gradient rows, widening them to float32 in registers.
+backward, 16-bit copies of the receivers' gradient rows, widening them to float32 in registers.
 
 The forward is exact on the rounded rows: it equals the float64 reference evaluated on x and v rounded to the
 16-bit type (or on p rounded once, where the kernels fold), within float32's bound, and it does not equal the
@@ -98,7 +98,7 @@ def test_gradients_within_the_16bit_bound(triton_device, low, half_grads, symmet
     ref64 = [t.double() for t in inputs]
     ref = message_passing_backward_reference(go[0].double(), go[1].double(), *ref64, ei)
     _, scales = abs_scales(*inputs, ei, go[0], go[1])
-    u = max(U[dt], U[torch.bfloat16] if half_grads else 0.0)
+    u = U[dt]  # half_grads_type "mode": the gradient rows in the same type
     for name, g, r, s in zip(("x", "v", "rbf", "filter_weight", "unit"), grads, ref, scales, strict=True):
         check(g, r, s, 4 * u, f"grad {name}")
     # The gradient of rbf reads the rounded x, v (and g): not the float32 result.
@@ -107,6 +107,24 @@ def test_gradients_within_the_16bit_bound(triton_device, low, half_grads, symmet
     assert not torch.allclose(grads[2], g32[2], rtol=1e-5, atol=1e-6)
     if half_grads:  # the sender kernel's ∂x reads the rounded gradient rows
         assert not torch.allclose(grads[0], g32[0], rtol=1e-5, atol=1e-6)
+
+
+def test_fp16_gradient_rows_past_its_range_give_inf_not_a_finite_result(triton_device):
+    """Under fp16 the gradient rows are float16: one past 65,504 becomes inf, so the gradients are not finite (the
+    engine then raises NonFiniteOutputError rather than return them), never a finite wrong value. bfloat16 rows
+    (``half_grads_type="bf16"``) keep float32's range."""
+    *inputs, ei = graph(30, 600, 24, 8, torch.float32, triton_device, seed=8)
+    cfg = {"block_min_atoms": 0, "reduced_dots": False, "fwd_variant": "block", "bwd_sender_variant": "block"}
+
+    def grads(**extra):
+        ins = [t.detach().clone().requires_grad_(True) for t in inputs]
+        with use_backend("triton"), matmul_dtype(torch.float16), mp._configured(**cfg, **extra):
+            out = message_passing(*ins, ei)
+            go = [torch.full_like(o, 1e5) for o in out]
+            return torch.autograd.grad(out, ins, go)
+
+    assert not torch.isfinite(grads()[0]).all()
+    assert all(torch.isfinite(g).all() for g in grads(half_grads_type="bf16"))
 
 
 def test_switches_off_and_float32_unchanged(triton_device):
@@ -152,7 +170,13 @@ def test_rows_are_made_once_and_kept_for_the_backward(triton_device, monkeypatch
     xg, vg, fold = made[0]
     assert xg.dtype == vg.dtype == torch.float16 and not fold
     assert len(edge_args) == 1 and edge_args[0][2] is xg and edge_args[0][3] is vg
-    assert edge_args[0][0].dtype == edge_args[0][1].dtype == torch.bfloat16  # half_grads: bfloat16 rows
+    assert edge_args[0][0].dtype == edge_args[0][1].dtype == torch.float16  # half_grads: the mode's type
+    made.clear()
+    edge_args.clear()
+    _run(inputs, ei, torch.float16, fwd_variant="block", fold_xb_min_edges=None, half_grads_type="bf16")
+    assert edge_args[0][0].dtype == edge_args[0][1].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="half_grads_type"):
+        _run(inputs, ei, torch.float16, fwd_variant="block", half_grads_type="fp8")
     # Below half_grads_min_degree edges per atom the gradient rows stay float32 (x and v still 16-bit).
     made.clear()
     edge_args.clear()
