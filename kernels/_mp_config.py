@@ -139,7 +139,8 @@ _CONFIG = {
     # x and v / both (H200, 128 x 3; benchmarks/results/stop65_gpu/b/): water 3,000 atoms 1.345 / 1.238 / 1.161 ms,
     # 24,000 9.51 / 9.02 / 8.47 ms, 4,096 g2 molecules (~7.5 edges per atom) 0.627 / 0.601 / 0.604 µs per structure,
     # 1,024 0.778 / 0.758 / 0.764. Force RMSE against fp64 on rattled g2 molecules, bf16 2.0 / 2.7 / 2.8 meV/Å, fp16
-    # 0.92 / 0.98 / 1.35; water 3,000 bf16 2.22 / 2.32 / 2.40, fp16 0.30 / 0.31 / 0.66.
+    # 0.92 / 0.98 / 1.35 (gradient rows bfloat16); water 3,000 bf16 2.22 / 2.32 / 2.40, fp16 0.30 / 0.31 / 0.66 with
+    # bfloat16 gradient rows, 0.32 with float16 ones at the same speed (stop65_gpu/f/): hence "mode".
     "half_gathers": True,
     "half_grads": True,
     "half_grads_min_degree": 16,
