@@ -118,7 +118,7 @@ if HAS_TRITON:
     @triton.jit
     def _gather(ptr, mask, like):
         """A load of feature rows in ``like``'s dtype (the compute dtype): a no-op cast for rows stored in it, the
-        widening of rows stored in 16 bits (the half gathers, see ``_mp_forward``)."""
+        widening of rows stored in 16 bits (the half gathers, see ``message_passing._gathered_rows``)."""
         return tl.load(ptr, mask=mask, other=0.0).to(like.dtype)
 
     @triton.jit

@@ -6,7 +6,8 @@ switches let the engine's reduced precisions trade accuracy for speed:
 - ``torch.backends.cuda.matmul.allow_tf32`` (the engine's ``tf32``): one TF32 MMA per dot, as cuBLAS then does;
 - :func:`matmul_dtype` (the engine's ``bf16`` and ``fp16``): the atom-wise GEMMs cast their operand tiles to that
   16-bit type in registers and run 16-bit MMAs with float32 accumulation; their inputs, weights, epilogues and
-  outputs stay float32 in memory. The message-passing dots run in TF32 then.
+  outputs stay float32 in memory. The message-passing dots run in TF32 then, and on graphs of 1,024 atoms or more
+  the message kernels gather 16-bit copies of their per-edge rows (the half gathers, ``_mp_config.py``).
 
 Both are process-wide, like torch's own flag, because the backward runs on autograd's thread. The GEMMs' autograd
 Functions decide in their forward and keep that choice for their backward; the message passing reads the switches

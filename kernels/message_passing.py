@@ -12,7 +12,9 @@ reduces into registers, so the forward needs no atomics and keeps nothing per ed
 variant of the forward and of the sender backward, chosen by the launch configuration ``_CONFIG``, gives each
 program BLOCK_A consecutive atoms and sums their edges with a one-hot tl.dot instead). The backward is fused as
 well (three kernels, see the comment before them); the second derivative is a composite of the same two fused ops
-(exact, see ``_double_backward``), so force training never materialises ``[E, 3F]`` either.
+(exact, see ``_double_backward``), so force training never materialises ``[E, 3F]`` either. Under the engine's
+bf16 / fp16 the kernels gather 16-bit copies of the rows they read per edge (``_gathered_rows``, the half gathers)
+and widen them in registers; every sum stays float32.
 
 This file holds the torch reference (the CPU path, the test oracle and the specification), the explicit VJP in
 torch (:func:`message_passing_backward_reference`, the spec of the backward kernels) and the Triton path
