@@ -25,6 +25,21 @@ LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 U = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
+@pytest.fixture
+def made(monkeypatch):
+    """What each call of ``_gathered_rows`` returned (a spy over it), in call order."""
+    calls = []
+    real = mp._gathered_rows
+
+    def spy(*args):
+        rows = real(*args)
+        calls.append(rows)
+        return rows
+
+    monkeypatch.setattr(mp, "_gathered_rows", spy)
+    return calls
+
+
 def _forward_on(x, p, rbf, w, unit, ei):
     """The forward in float64 with the b-term's x_b ⊙ v given as ``p`` [N, 3, F] (the kernels' folded form)."""
     x, p, rbf, w, unit = (t.double() for t in (x, p, rbf, w, unit))
@@ -144,18 +159,9 @@ def test_switches_off_and_float32_unchanged(triton_device):
         assert mp._gathered_rows(x64[0], x64[1], x64[2], x64[3], True) is None
 
 
-def test_rows_are_made_once_and_kept_for_the_backward(triton_device, monkeypatch):
+def test_rows_are_made_once_and_kept_for_the_backward(triton_device, made, monkeypatch):
     """One set of 16-bit rows per forward (x and p, or v), and the backward's edge kernel gathers those same
     tensors; v = 0 (``v_zero``, the first layer) is never copied."""
-    made = []
-    real = mp._gathered_rows
-
-    def spy(*args):
-        rows = real(*args)
-        made.append(rows)
-        return rows
-
-    monkeypatch.setattr(mp, "_gathered_rows", spy)
     edge_args = []
     real_edge = mp._edge_grads
 
@@ -205,7 +211,7 @@ def test_small_graphs_keep_float32_rows_gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("mode", ["eager", "cudagraph"])
-def test_engine_16bit_with_half_gathers_within_tolerance_gpu(precision, mode, monkeypatch):
+def test_engine_16bit_with_half_gathers_within_tolerance_gpu(precision, mode, made):
     """The engine's bf16 / fp16 on a periodic water box of 1,536 atoms (more than ``block_min_atoms``, ~55 edges
     per atom: both halves on; captured, the edge kernel on the sink's second stream): within the documented
     tolerance of fp64, the 16-bit rows made in every layer."""
@@ -216,15 +222,6 @@ def test_engine_16bit_with_half_gathers_within_tolerance_gpu(precision, mode, mo
 
     from mlff_distiller import AtomsBatch, ForceEngine
 
-    made = []
-    real = mp._gathered_rows
-
-    def spy(*args):
-        rows = real(*args)
-        made.append(rows)
-        return rows
-
-    monkeypatch.setattr(mp, "_gathered_rows", spy)
     rng = np.random.default_rng(0)
     water, side, n = molecule("H2O"), 3.1, 8
     box = Atoms(cell=[side * n] * 3, pbc=True)
