@@ -617,10 +617,18 @@ case "${1:-}" in
       >"$OUT/probe_precision.log" 2>&1
     grep -E "^\| " "$OUT/probe_precision_h200.md" | head -12; tail -1 "$OUT/probe_precision.log"
     ;;
+  stop66a)
+    # The benzene MD step piece by piece at stop 65's tree (probe_md_step: the engine's device path against the
+    # copies captured in the graph), and the benzene replay's kernels in start order (probe_kernel_order).
+    timeout 150 python3 benchmarks/probe_md_step.py --steps 1000 --out "$OUT" --name probe_md_step_h200 \
+      >"$OUT/probe_md_step.log" 2>&1; grep -E "^\| " "$OUT/probe_md_step_h200.md" | head -30; tail -2 "$OUT/probe_md_step.log"
+    timeout 120 python3 benchmarks/probe_kernel_order.py --out "$OUT" >"$OUT/probe_kernel_order.log" 2>&1
+    tail -3 "$OUT/probe_kernel_order.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
