@@ -625,10 +625,16 @@ case "${1:-}" in
     timeout 120 python3 benchmarks/probe_kernel_order.py --out "$OUT" >"$OUT/probe_kernel_order.log" 2>&1
     tail -3 "$OUT/probe_kernel_order.log"
     ;;
+  stop66b)
+    # The MD step's two transfers as zero-copy accesses of page-locked host memory inside the graph
+    # (probe_zero_copy: engine path / memcpy nodes / zero-copy in + out / zero-copy out), benzene and 192 water.
+    timeout 200 python3 benchmarks/probe_zero_copy.py --steps 2000 --out "$OUT" >"$OUT/probe_zero_copy.log" 2>&1
+    grep -E "^\| " "$OUT/probe_zero_copy_h200.md"; tail -3 "$OUT/probe_zero_copy.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
