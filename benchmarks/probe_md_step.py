@@ -10,10 +10,12 @@ Times, in one run on one benzene (the shipped student ``builtin:chno-gfn2``, fp3
   the atoms made while the device computes (``store_while_running``, shipped since stop 46) and before the launch,
   twice; with check_state's "no change" read from the stored copy's bytes (``snapshot_check``, stop 47) and by
   the general comparison, twice; then with the speculative launch
-  (``ForceEngine.speculative_verlet``: the step launched before the displacement test) off and on, twice;
-* ``md, no model``: the same with the engine's padded step replaced by a zero output buffer (host work, both copies
-  and the Verlet test: everything but the GPU step; with zero forces the atoms fly ballistically and the list is
-  rebuilt only every few dozen steps, which the median leaves out);
+  (``ForceEngine.speculative_verlet``: the step launched before the displacement test) off and on, twice; then
+  with the zero-copy step (``ForceEngine.zero_copy``, stop 66: the positions read and the output written in host
+  memory by the captured step's own kernels) off and on, twice;
+* ``md, no model``: the same with the copies, the engine's padded step replaced by a zero output buffer (host
+  work, both copies and the Verlet test: everything but the GPU step; with zero forces the atoms fly
+  ballistically and the list is rebuilt only every few dozen steps, which the median leaves out);
 * ``replay + sync``: the captured step alone, ``replay()`` then ``torch.cuda.synchronize()``;
 * ``launch``: how long ``replay()`` takes to return (the CPU cost of the graph launch);
 * ``engine device path``: what the engine does per MD step around the replay: positions into the page-locked
@@ -170,8 +172,15 @@ def main(argv: list[str] | None = None) -> None:
             label = f"md, speculative launch {'on' if spec else 'off'} (round {rnd})"
             rows.append((label, *_md_us(atoms, calc, args.steps)))
     eng.speculative_verlet = None
+    for rnd in (1, 2):  # the zero-copy step (shipped since stop 66) against the copies, alternating
+        for zero in (False, True):
+            eng.zero_copy = zero
+            label = f"md, zero-copy step {'on' if zero else 'off (the copies)'} (round {rnd})"
+            rows.append((label, *_md_us(atoms, calc, args.steps)))
+    eng.zero_copy = False  # the rows below time the bucket's plain graph and the copies
     fill = eng._verlet_fill
     bucket, graph, static_pos, staging = fill.bucket, fill.graph, fill.positions, fill.staging
+    eng._run(bucket, graph, capture=True)
     runner = eng._runners[bucket]
     n = len(atoms)
 

@@ -176,7 +176,7 @@ def _water_steps(n_steps: int = 400) -> list[str]:
         times, events = [], []
         for k in range(n_steps + 20):
             atoms.positions = atoms.positions + rng.normal(0, 0.01, atoms.positions.shape)
-            before = (_compiled_variants(), getattr(calc.engine.verlet, "n_builds", 0), len(calc.engine._runners))
+            before = (_compiled_variants(), getattr(calc.engine.verlet, "n_builds", 0), _graphs(calc.engine))
             t0 = time.perf_counter()
             f = atoms.get_forces()
             times.append(time.perf_counter() - t0)
@@ -185,7 +185,7 @@ def _water_steps(n_steps: int = 400) -> list[str]:
                 grown = {n: c for n, c in after.items() if c > before[0].get(n, 0)}
                 events.append(
                     f"step {k - 20}: {times[-1] * 1e3:.1f} ms, list builds {before[1]}->"
-                    f"{getattr(calc.engine.verlet, 'n_builds', 0)}, graphs {before[2]}->{len(calc.engine._runners)}, "
+                    f"{getattr(calc.engine.verlet, 'n_builds', 0)}, graphs {before[2]}->{_graphs(calc.engine)}, "
                     f"new JIT variants {grown}"
                 )
         assert np.isfinite(f).all()
@@ -196,13 +196,14 @@ def _water_steps(n_steps: int = 400) -> list[str]:
             f"\n===== water 192 atoms, StudentCalculator(mode={mode!r}), {n_steps} steps: "
             f"median {np.median(t):.3f} ms, "
             f"mean {t.mean():.3f} ms, p90 {np.percentile(t, 90):.3f} ms, max {t.max():.3f} ms; "
-            f"list builds {builds}, graphs {len(getattr(eng, '_runners', {}))}"
+            f"list builds {builds}, graphs {_graphs(eng)}"
         )
         out.append("slowest steps (ms, index): " + ", ".join(f"{t[i]:.2f}@{i}" for i in np.argsort(t)[-8:][::-1]))
         out.extend(events[:12])
-        if mode == "auto" and eng._runners:
-            runner = next(iter(eng._runners.values()))
-            out.append(f"--- kernels of one graph replay (bucket {next(iter(eng._runners))})")
+        runners = {**eng._runners, **{key: md.runner for key, md in eng._md_runners.items()}}
+        if mode == "auto" and runners:
+            key, runner = next(iter(runners.items()))
+            out.append(f"--- kernels of one graph replay (bucket {key})")
             out.append(_kernel_table(runner.replay, rows=30))
         out.append(f"--- host profile of 200 more steps (mode={mode!r})")
 
@@ -212,6 +213,11 @@ def _water_steps(n_steps: int = 400) -> list[str]:
 
         out.append(_host_profile(one, 200))
     return out
+
+
+def _graphs(eng) -> int:
+    """The engine's captured steps: the plain ones and the MD path's zero-copy ones (stop 66)."""
+    return len(getattr(eng, "_runners", {})) + len(getattr(eng, "_md_runners", {}))
 
 
 def _host_md_steps(n_atoms: int = 192, steps: int = 2000) -> list[str]:

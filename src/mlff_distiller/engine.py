@@ -316,6 +316,13 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self._stress_runners: dict[Bucket, GraphRunner] = {}  # the steps with the strain derivative
         # Page-locked host copies of the packed outputs, per (bucket, stress step).
         self._host_out: dict[tuple[Bucket, bool], torch.Tensor] = {}
+        # Padded Verlet path (MD): the step captured with its positions read from, and its packed output written
+        # to, host buffers in place (cudagraph.HostBuffer), per (bucket, real atoms); see PaddedPaths._md_launch.
+        # None: on CUDA where the device addresses them (checked once: _zero_copy_works); True/False force it (the
+        # tests run it on the CPU, where the buffers are plain tensors).
+        self.zero_copy: bool | None = None
+        self._zero_copy_works: bool | None = None
+        self._md_runners: dict[tuple[Bucket, int], object] = {}
         self._topology: tuple | None = None
         self._checked_numbers: torch.Tensor | None = None
         self._checked_source: tuple | None = None  # (tensor, version) of the numbers last checked
@@ -594,5 +601,5 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
 
     @property
     def captured_buckets(self) -> list[Bucket]:
-        """Buckets with a captured CUDA graph."""
-        return sorted(self._runners)
+        """Buckets with a captured CUDA graph (the MD path's zero-copy step included)."""
+        return sorted(set(self._runners).union(key[0] for key in self._md_runners))

@@ -22,7 +22,7 @@ import torch
 from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch, pair_vectors64
 from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, Bucket, PaddedGraph, fill_padded, fill_padded_host
-from mlff_distiller.cudagraph import GraphRunner, is_capture_failure
+from mlff_distiller.cudagraph import GraphRunner, HostBuffer, copy_bits, host_views_work, is_capture_failure
 from mlff_distiller.kernels import _compile_ahead
 from mlff_distiller.neighbors import NeighborList
 from mlff_distiller.precision import _matmul_precision
@@ -34,6 +34,10 @@ __all__ = ["COMPACT_MIN_EDGES", "VERLET_EDGE_HEADROOM", "PaddedPaths"]
 COMPACT_MIN_EDGES = 1024
 # Spare edge slots of a new bucket on the MD (Verlet) path, as a factor of the list's edges.
 VERLET_EDGE_HEADROOM = 1.1
+# The MD path's zero-copy step (PaddedPaths._md_launch) for buckets of at most this many atoms: there the two DMA
+# copies are a sizable part of a step (benzene 6 %, 192 water atoms 4.5 %, results/stop66_gpu/b/); a larger step
+# is long against them, and its output would cross the bus from one elementwise kernel.
+ZERO_COPY_MAX_ATOMS = 4096
 
 
 class _VerletFill(NamedTuple):
@@ -49,6 +53,14 @@ class _VerletFill(NamedTuple):
     structure: torch.Tensor | None  # [E] each pair's structure (None: one structure)
     cell: torch.Tensor  # [B, 3, 3] the cell on the device
     exact: bool = False  # float64 pair vectors (AtomsBatch.positions64): written as shift vectors every step
+
+
+class _MDStep(NamedTuple):
+    """A Verlet bucket's zero-copy step (:meth:`PaddedPaths._md_launch`) for one atom count."""
+
+    runner: object  # GraphRunner, or _EagerRunner where the capture failed
+    positions: HostBuffer  # [n, 3] the step's real positions, read by the step
+    packed: HostBuffer  # the packed output (as ``_step``'s), written by the step
 
 
 class PaddedPaths:
@@ -265,11 +277,16 @@ class PaddedPaths:
     def _captured(self, keep: Bucket | None = None) -> list[tuple[dict, Bucket]]:
         """(runners dict, bucket) of every bucket but ``keep`` that holds a captured graph (not one left eager),
         energy + forces and stress steps alike."""
-        return [
+        captured = [
             (runners, b)
             for runners in (self._runners, self._stress_runners)
             for b, r in runners.items()
             if b != keep and not isinstance(r, _EagerRunner)
+        ]
+        return captured + [
+            (self._md_runners, key)
+            for key, md in self._md_runners.items()
+            if key[0] != keep and not isinstance(md.runner, _EagerRunner)
         ]
 
     def _may_release_for(self, bucket: Bucket) -> bool:
@@ -414,7 +431,8 @@ class PaddedPaths:
         fill = self._verlet_fill
         if fill is not None and fill.exact != exact:  # the batch crossed PRECISE_PAIRS_FROM: fill the bucket again
             fill = self._verlet_fill = None
-        packed = None
+        packed = md = None
+        zero_copy = self._zero_copy_for(batch, to_host, stress, exact)
         prev, cell = self._spec_cell, batch.cell
         same_cell = cell is prev
         new_cell = not same_cell and (
@@ -437,8 +455,11 @@ class PaddedPaths:
                 # the displacement test below runs while the device computes; if the test asks for a rebuild (or
                 # the batch is another system), this result is discarded and the rebuilt step follows it in stream
                 # order. The launch reads only in-range atoms (same atom count), so a stale list is harmless.
-                self._write_step(fill, batch, to_host)
-                packed = self._run(fill.bucket, fill.graph, stress)
+                if zero_copy:
+                    packed = md = self._md_launch(fill, batch)
+                if md is None:
+                    self._write_step(fill, batch, to_host)
+                    packed = self._run(fill.bucket, fill.graph, stress)
                 self.n_speculated += 1
                 self._overlap()  # the caller's host work, while the device computes
         # The list's topology: a kept list's shift vectors under a new cell are made below, on the device.
@@ -446,11 +467,11 @@ class PaddedPaths:
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
         if packed is not None and fill.cell_updates != v.cell_updates:
             self.n_discarded += 1  # launched with the shift vectors of the previous cell
-            packed = None
+            packed = md = None
         if rebuilt or fill is None or fill.builds != v.n_builds:
             if packed is not None:
                 self.n_discarded += 1
-                packed = None
+                packed = md = None
             # MD keeps its bucket while the new list fits (no flip-flop between two captured shapes), and a new one
             # is chosen with VERLET_EDGE_HEADROOM spare edges: the list's length drifts over a trajectory, and each
             # new bucket costs a capture (~2 s once), while spare edge slots cost almost nothing (no CSR row holds
@@ -484,17 +505,81 @@ class PaddedPaths:
                 cell=torch.empty((b, 3, 3), dtype=self.dtype, device=self.device),
                 exact=exact,
             )
+            kept = False
         else:
-            bucket, graph = fill.bucket, fill.graph
+            bucket, graph, kept = fill.bucket, fill.graph, True
             if fill.cell_updates != v.cell_updates:  # the list was kept under a new cell: its shift vectors changed
                 self._write_shift_vectors(fill, batch.cell, graph.shift_vectors[:e])
                 self._verlet_fill = fill = fill._replace(cell_updates=v.cell_updates)
-            if packed is None:
-                self._write_step(fill, batch, to_host)
+        if packed is None and zero_copy:
+            # (After a discarded speculative launch, this writes the same positions into the buffer that launch may
+            # still be reading: the same bytes.)
+            packed = md = self._md_launch(fill, batch)
+        if md is not None:
+            self.last_bucket = bucket
+            self._overlap()  # the caller's host work while the device computes (unless the speculative launch ran it)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()  # the step's writes into md.packed, visible
+            host = md.packed.array.copy()  # the next step writes the buffer again
+            return unpack(host if as_numpy else torch.from_numpy(host), bucket.atoms, n, b)
+        if packed is None and kept:  # (a rebuild's fill wrote the positions)
+            self._write_step(fill, batch, to_host)
         if stress:
             out = self._run_padded(bucket, graph, n, b, to_host, packed=packed, stress=True)
             return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
+
+    def _zero_copy_for(self, batch: AtomsBatch, to_host: bool, stress: bool, exact: bool) -> bool:
+        """Whether this Verlet-path call may take the zero-copy step (:meth:`_md_launch`): an energy + forces call
+        in graph mode with host positions in the engine's dtype and host results, the pair vectors made from the
+        positions on the device (not ``exact``), and ``zero_copy`` on (None: on CUDA, where a round trip through a
+        :class:`~mlff_distiller.cudagraph.HostBuffer` checked out once)."""
+        on = self.zero_copy
+        if on is None:
+            on = self.device.type == "cuda"
+        if not (on and self.mode == "cudagraph" and to_host and not stress and not exact):
+            return False
+        pos = batch.positions
+        if pos.device.type != "cpu" or pos.dtype != self.dtype or batch.positions64 is not None:
+            return False
+        if self._zero_copy_works is None:
+            self._zero_copy_works = host_views_work(self.device)
+        return self._zero_copy_works
+
+    def _md_launch(self, fill: _VerletFill, batch: AtomsBatch) -> _MDStep | None:
+        """Launch the Verlet bucket's step with its transfers as zero-copy accesses: the caller's positions go into a
+        host buffer that the step's first kernel reads across the bus into the static positions, and its last
+        kernel writes the packed output into another (the caller synchronises, then reads it). Returns the
+        launched step, or None where the bucket is not captured yet (its first ``capture_after`` calls: the usual
+        path runs them eagerly and counts them) or exceeds ``ZERO_COPY_MAX_ATOMS``. One captured graph per
+        (bucket, atom count), kept with the engine's other captures (``captured_buckets``, ``release_captures``);
+        the bucket's plain graph is not captured for it."""
+        bucket, n = fill.bucket, batch.num_atoms
+        if bucket.atoms > ZERO_COPY_MAX_ATOMS:
+            return None
+        key = (bucket, n)
+        md = self._md_runners.get(key)
+        if md is None:
+            if self._eager_uses.get((bucket, False), 0) < self.capture_after and not self._capture_now:
+                return None
+            w = bucket.atoms * 8 // self.dtype.itemsize  # the packed output's layout: unpack
+            positions = HostBuffer((n, 3), self.dtype, self.device)
+            packed = HostBuffer((w + 4 * bucket.atoms,), self.dtype, self.device)
+            np.copyto(positions.array, batch.positions.numpy())  # read by the capture's warm-up runs
+            step, static = self._step, fill.graph.positions[:n]
+
+            def md_step(*inputs):
+                copy_bits(positions.view, static)
+                out = step(*inputs)
+                copy_bits(out, packed.view)
+                return out
+
+            runner = self._capture(md_step, fill.graph, key, self._md_runners)
+            md = self._md_runners[key] = _MDStep(runner, positions, packed)
+        else:
+            np.copyto(md.positions.array, batch.positions.numpy())
+        md.runner.replay()
+        return md
 
     def _write_shift_vectors(self, fill: _VerletFill, cell: torch.Tensor, out: torch.Tensor) -> None:
         """A kept Verlet list's shift vectors under the caller's new ``cell`` (NPT), made on the device in ``out``
