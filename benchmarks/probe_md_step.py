@@ -12,7 +12,9 @@ Times, in one run on one benzene (the shipped student ``builtin:chno-gfn2``, fp3
   the general comparison, twice; then with the speculative launch
   (``ForceEngine.speculative_verlet``: the step launched before the displacement test) off and on, twice; then
   with the zero-copy step (``ForceEngine.zero_copy``, stop 66: the positions read and the output written in host
-  memory by the captured step's own kernels) off and on, twice;
+  memory by the captured step's own kernels) off and on, twice; with the next step launched ahead
+  (``StudentCalculator.launch_ahead``, stop 66: its positions predicted at the end of a calculation) off and on,
+  twice (the later rows run without it);
 * ``md, no model``: the same with the copies, the engine's padded step replaced by a zero output buffer (host
   work, both copies and the Verlet test: everything but the GPU step; with zero forces the atoms fly
   ballistically and the list is rebuilt only every few dozen steps, which the median leaves out);
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         warnings.simplefilter("ignore")
         calc = StudentCalculator(model, device="cuda")
     rows.append(("md (StudentCalculator, mode auto)", *_md_us(atoms, calc, args.steps)))
+    calc.launch_ahead = False  # the next rows time the step's other parts as before stop 66's launch ahead
     for rnd in (1, 2):  # the calculator's copy of the atoms made while the device computes (shipped) or before
         for during in (True, False):
             StudentCalculator.store_while_running = during
@@ -177,7 +180,17 @@ def main(argv: list[str] | None = None) -> None:
             eng.zero_copy = zero
             label = f"md, zero-copy step {'on' if zero else 'off (the copies)'} (round {rnd})"
             rows.append((label, *_md_us(atoms, calc, args.steps)))
-    eng.zero_copy = False  # the rows below time the bucket's plain graph and the copies
+    eng.zero_copy = None
+    for rnd in (1, 2):  # the next velocity-Verlet step launched ahead (stop 66) off and on, alternating
+        for ahead in (False, True):
+            calc.launch_ahead = ahead
+            taken = eng.n_ahead_taken
+            label = f"md, next step launched ahead {'on' if ahead else 'off'} (round {rnd})"
+            rows.append((label, *_md_us(atoms, calc, args.steps)))
+            if ahead:
+                rows.append((f"  (launches taken in that run: {eng.n_ahead_taken - taken})", 0.0, 0.0))
+    calc.launch_ahead = False  # the rows below time the parts of a step without it
+    eng.zero_copy = False  # ... and the bucket's plain graph with the copies
     fill = eng._verlet_fill
     bucket, graph, static_pos, staging = fill.bucket, fill.graph, fill.positions, fill.staging
     eng._run(bucket, graph, capture=True)

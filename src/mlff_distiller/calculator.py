@@ -38,6 +38,10 @@ STRESS_WINDOW = 3
 # Calculations between two checks of the structure against the student's training envelope (the first is checked):
 # a CPU neighbour list, ~1 ms for a small molecule, ~0.1 s for 24,000 atoms.
 DOMAIN_CHECK_EVERY = 1000
+# The next velocity-Verlet step launched ahead (StudentCalculator._launch_ahead): after this many launches in a row
+# that the next calculation did not take, the calculator stops predicting for AHEAD_PAUSE calculations.
+AHEAD_MISSES = 3
+AHEAD_PAUSE = 256
 
 
 class StudentCalculator(Calculator):
@@ -82,6 +86,9 @@ class StudentCalculator(Calculator):
     # check_state's "no change" from the stored copy's bytes (_snapshot, _holds); False: the general comparison
     # every time (probes time the two).
     snapshot_check: ClassVar[bool] = True
+    # Predict a velocity-Verlet trajectory's next positions and launch their step before ASE asks for it
+    # (_launch_ahead); False: never (probes time the two).
+    launch_ahead: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -119,6 +126,12 @@ class StudentCalculator(Calculator):
             neighbor_skin=skin,
         )
         self._last_batch: AtomsBatch | None = None
+        # _launch_ahead: the previous calculation's positions, the masses by (numbers, masses) bytes, launches in a
+        # row that the next calculation did not take, and calculations left before predicting again.
+        self._ahead_prev: np.ndarray | None = None
+        self._ahead_masses: tuple | None = None
+        self._ahead_misses = 0
+        self._ahead_pause = 0
         # The private copy of the atoms that ASE's Calculator.calculate made (self.atoms after a calculation), kept
         # here because get_property drops self.atoms when the system changed: see _store_atoms.
         self._own_atoms = None
@@ -343,6 +356,8 @@ class StudentCalculator(Calculator):
         }
         if want_stress:
             self.results["stress"] = out["stress"][0].astype(np.float64, copy=False)
+        if self.launch_ahead and not want_stress:
+            self._launch_ahead(src, system_changes)
         if self.domain is not None and (self._calculations - 1) % self._domain_every == 0:
             self._check_domain()
         if peak > _domain.FORCE_LIMIT and self._domain_every and not self._force_warned:
@@ -354,6 +369,65 @@ class StudentCalculator(Calculator):
                 ),
                 stacklevel=4,
             )
+
+    def _launch_ahead(self, atoms, system_changes) -> None:
+        """Predict the positions of ASE's next velocity-Verlet call and launch their step now
+        (:meth:`ForceEngine.launch_ahead`), so that the device computes it while the host runs the integrator and
+        this calculator's bookkeeping; the next calculation takes that step only where its positions are, byte for
+        byte, the ones launched (the model's input is then the same), and otherwise launches its own.
+
+        VelocityVerlet (ASE) moves ``x' = x + dt (p + h F + h F) / m`` with ``h = dt / 2``: the momenta ``p`` it
+        set before this calculation, the forces ``F`` just computed. ``dt`` is read off the last move
+        (``x - x_prev = dt p / m``, least squares over every coordinate): in float64 its error moves the predicted
+        coordinates by ~1e-16 Å, which the float32 positions the engine takes do not resolve. Other motion (a
+        thermostat's friction and noise, constraints, a relaxation) is not predicted: after ``AHEAD_MISSES``
+        launches in a row that the next calculation did not take, the calculator stops for ``AHEAD_PAUSE``
+        calculations. A float32 engine only (float64 positions would have to match to the last bit)."""
+        eng = self.engine
+        if eng.last_ahead is not None:  # the launch before this calculation: taken or not
+            self._ahead_misses = 0 if eng.last_ahead else self._ahead_misses + 1
+            if self._ahead_misses >= AHEAD_MISSES:
+                self._ahead_misses, self._ahead_pause = AHEAD_MISSES - 1, AHEAD_PAUSE
+        x = atoms.arrays["positions"]
+        prev, self._ahead_prev = self._ahead_prev, x.copy()
+        if self._ahead_pause > 0:
+            self._ahead_pause -= 1
+            return
+        p = atoms.arrays.get("momenta")
+        last = self._last_batch
+        if (
+            p is None
+            or prev is None
+            or prev.shape != x.shape
+            or atoms.constraints
+            or eng.dtype != torch.float32
+            or last is None
+            or set(system_changes) != {"positions"}
+        ):
+            return
+        m = self._masses(atoms)
+        v = p / m
+        vv = float(np.vdot(v, v))
+        if not vv > 0.0:
+            return
+        dt = float(np.vdot(x - prev, v)) / vv
+        if not (dt > 0.0 and math.isfinite(dt)):
+            return
+        kick = 0.5 * dt * self.results["forces"]
+        p_next = p + kick  # the second half kick of this step, then the first of the next (ASE's order)
+        p_next += kick
+        batch = self._moved(last, x + dt * p_next / m, None)
+        if batch is not None:
+            eng.launch_ahead(batch)
+
+    def _masses(self, atoms) -> np.ndarray:
+        """``atoms.get_masses()[:, None]``, kept while the numbers and any masses array stay the same."""
+        numbers, masses = atoms.arrays["numbers"], atoms.arrays.get("masses")
+        key = (numbers.tobytes(), None if masses is None else masses.tobytes())
+        cached = self._ahead_masses
+        if cached is None or cached[0] != key:
+            cached = self._ahead_masses = (key, atoms.get_masses()[:, None])
+        return cached[1]
 
     def _check_domain(self) -> None:
         device = self.domain.check_device(len(self.atoms), self.engine.device)  # large systems: the engine's GPU

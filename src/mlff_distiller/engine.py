@@ -342,6 +342,12 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self.capture_failures = 0  # CUDA-graph captures that failed: invalidated (retried) or out of memory (oom_eager)
         self.n_speculated = 0  # steps launched before the displacement test
         self.n_discarded = 0  # speculative steps thrown away because the list was rebuilt (or took a new cell)
+        # Steps launched ahead by the caller on positions it predicted (launch_ahead), and how the next call found
+        # them: the same positions (taken) or others (thrown away). last_ahead: the last call's (None: none launched).
+        self._ahead: tuple | None = None
+        self.n_ahead_taken = 0
+        self.n_ahead_missed = 0
+        self.last_ahead: bool | None = None
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call
         self._topology_token = 0
         self._graph_tokens: dict[Bucket, int] = {}
@@ -450,11 +456,17 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         speculative launch), else when the results are ready. A call that raises before that point never runs it.
         """
         self._while_running = while_running
+        self.last_ahead = None
         try:
             out = self._compute(batch, forces, stress, to_host, as_numpy)
         except BaseException:
             self._while_running = None
             raise
+        finally:
+            if self._ahead is not None:  # a step launched ahead that this call did not take: never taken later
+                self._ahead = None
+                self.n_ahead_missed += 1
+                self.last_ahead = False
         self._overlap()  # unless the padded Verlet path ran it already
         return out
 

@@ -456,7 +456,7 @@ class PaddedPaths:
                 # the batch is another system), this result is discarded and the rebuilt step follows it in stream
                 # order. The launch reads only in-range atoms (same atom count), so a stale list is harmless.
                 if zero_copy:
-                    packed = md = self._md_launch(fill, batch)
+                    packed = md = self._take_ahead(fill, batch) or self._md_launch(fill, batch)
                 if md is None:
                     self._write_step(fill, batch, to_host)
                     packed = self._run(fill.bucket, fill.graph, stress)
@@ -528,6 +528,59 @@ class PaddedPaths:
             out = self._run_padded(bucket, graph, n, b, to_host, packed=packed, stress=True)
             return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
+
+    def launch_ahead(self, batch: AtomsBatch) -> bool:
+        """Launch the MD step on ``batch``, positions the caller predicts for its next call, before that call; True
+        if launched. The next :meth:`compute` takes the launched step only if its batch's positions are, byte for
+        byte, the ones launched here (the step's input is then the same) and the Verlet list is still the one
+        it ran on; any other call throws it away (``n_ahead_missed``), and its own step queues behind it on the
+        stream. For the padded Verlet path's zero-copy step (a captured bucket, positions and results on the
+        host, the list current): :class:`~mlff_distiller.calculator.StudentCalculator` predicts a
+        velocity-Verlet trajectory's next positions with it, so that the device computes while ASE's integrator
+        and the calculator's bookkeeping run on the host."""
+        self._ahead = None
+        fill, v = self._verlet_fill, self.verlet
+        if fill is None or v is None or fill.builds != v.n_builds or fill.cell_updates != v.cell_updates:
+            return False
+        if batch.num_atoms != fill.positions.shape[0] or batch.cell is not self._spec_cell:
+            return False
+        speculate = self.speculative_verlet  # (the next call takes it where it would launch before its test)
+        if speculate is None:
+            speculate = fill.graph.positions.is_cuda and batch.positions.device.type == "cpu"
+        if not speculate:
+            return False
+        if not self._zero_copy_for(batch, to_host=True, stress=False, exact=fill.exact):
+            return False
+        md = self._md_runners.get((fill.bucket, batch.num_atoms))
+        if md is None:
+            return False
+        positions = batch.positions.numpy()
+        np.copyto(md.positions.array, positions)
+        md.runner.replay()
+        self._ahead = (md, positions, fill.builds, fill.cell_updates)
+        return True
+
+    def _take_ahead(self, fill, batch: AtomsBatch):
+        """The step launched ahead (:meth:`launch_ahead`) if it ran on ``batch``'s positions and ``fill``'s list,
+        else None (the launched step thrown away: its results are overwritten by the step launched after it)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        md, positions, builds, cell_updates = ahead
+        pos = batch.positions.numpy()
+        same = (
+            builds == fill.builds
+            and cell_updates == fill.cell_updates
+            and pos.shape == positions.shape
+            and pos.dtype == positions.dtype
+            and pos.tobytes() == positions.tobytes()
+        )
+        self.last_ahead = same
+        if not same:
+            self.n_ahead_missed += 1
+            return None
+        self.n_ahead_taken += 1
+        return md
 
     def _zero_copy_for(self, batch: AtomsBatch, to_host: bool, stress: bool, exact: bool) -> bool:
         """Whether this Verlet-path call may take the zero-copy step (:meth:`_md_launch`): an energy + forces call

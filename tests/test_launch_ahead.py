@@ -1,0 +1,194 @@
+"""The next velocity-Verlet step launched ahead (``StudentCalculator._launch_ahead``, ``ForceEngine.launch_ahead``):
+the calculator predicts ASE's next positions and launches their step before ASE asks; the next calculation takes it
+only where its positions are the ones launched, byte for byte.
+
+On the CPU the engine is put on the padded Verlet path's zero-copy step with a stand-in capture (``FakeRunner``: the
+step runs at each "replay"), so that every decision is tested here: a trajectory with launches ahead is the very
+trajectory without them (bit for bit), velocity Verlet takes nearly every launch, and Langevin (friction and noise)
+takes none and stops the predictions after ``AHEAD_MISSES``. ``test_*_on_cuda`` runs the real thing.
+"""
+
+import numpy as np
+import pytest
+import torch
+from ase import units
+from ase.build import molecule
+from ase.md.langevin import Langevin
+from ase.md.verlet import VelocityVerlet
+from helpers import make_model
+
+from mlff_distiller import ForceEngine, StudentCalculator
+from mlff_distiller import calculator as calculator_module
+from mlff_distiller import engine_padded as padded_module
+from mlff_distiller.ase_compat import maxwell_boltzmann
+
+
+class FakeRunner:
+    """A "captured" step that runs the step itself at each replay (``GraphRunner``'s contract)."""
+
+    def __init__(self, fn, graph) -> None:
+        self.fn, self.graph = fn, graph
+
+    def replay(self):
+        return self.fn(*self.graph.inputs())
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    monkeypatch.setattr(padded_module, "GraphRunner", FakeRunner)
+
+
+def _calc(model, ahead: bool) -> StudentCalculator:
+    """A CPU calculator on the padded Verlet path's zero-copy step (what a CUDA calculator runs), float32."""
+    calc = StudentCalculator(model, device="cpu", precision="fp32", skin=0.3, check_domain=None)
+    calc.engine = ForceEngine(model, device="cpu", precision="fp32", pad=True, neighbor_skin=0.3)
+    calc.engine.mode = "cudagraph"
+    calc.engine.zero_copy = True
+    calc.engine.speculative_verlet = True
+    calc.launch_ahead = ahead  # (an instance attribute over the class default)
+    return calc
+
+
+def _run(model, ahead: bool, dyn_kind: str, steps: int, name="C6H6"):
+    atoms = molecule(name)
+    maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(2))
+    calc = _calc(model, ahead)
+    atoms.calc = calc
+    if dyn_kind == "verlet":
+        dyn = VelocityVerlet(atoms, timestep=1.0 * units.fs)
+    else:
+        dyn = Langevin(atoms, timestep=1.0 * units.fs, temperature_K=1500, friction=0.05, rng=np.random.default_rng(7))
+    energies = []
+    dyn.attach(lambda: energies.append(atoms.get_potential_energy()), interval=1)
+    dyn.run(steps)
+    return atoms, calc, np.array(energies)
+
+
+@pytest.mark.parametrize("dyn_kind", ["verlet", "langevin"])
+def test_a_trajectory_with_launches_ahead_is_the_trajectory_without(fake_graphs, dyn_kind):
+    """Bit for bit the same positions, momenta, energies and forces after 60 steps, launches ahead or not: a taken
+    launch computed exactly the step the calculation would have launched."""
+    model = make_model()
+    a_on, calc_on, e_on = _run(model, True, dyn_kind, 60)
+    a_off, calc_off, e_off = _run(model, False, dyn_kind, 60)
+    np.testing.assert_array_equal(a_on.positions, a_off.positions)
+    np.testing.assert_array_equal(a_on.get_momenta(), a_off.get_momenta())
+    np.testing.assert_array_equal(e_on, e_off)
+    np.testing.assert_array_equal(a_on.get_forces(), a_off.get_forces())
+    eng = calc_on.engine
+    assert calc_off.engine.n_ahead_taken == calc_off.engine.n_ahead_missed == 0
+    if dyn_kind == "verlet":
+        # from the third calculation on (dt needs two positions), every launch is taken
+        assert eng.n_ahead_taken >= 57 and eng.n_ahead_missed == 0, (eng.n_ahead_taken, eng.n_ahead_missed)
+        assert eng.verlet.n_builds >= 2  # across rebuilds (a taken launch then discarded by the displacement test)
+    else:
+        # friction and noise: never the predicted positions; the calculator stops after AHEAD_MISSES in a row
+        assert eng.n_ahead_taken == 0 and eng.n_ahead_missed == calculator_module.AHEAD_MISSES
+
+
+def test_predictions_resume_after_the_pause(fake_graphs, monkeypatch):
+    """After AHEAD_PAUSE calculations the calculator predicts again (one try; another miss pauses it again): a
+    Langevin run followed by velocity Verlet with the same calculator gets its launches taken again."""
+    monkeypatch.setattr(calculator_module, "AHEAD_PAUSE", 10)
+    model = make_model()
+    atoms = molecule("CH4")
+    maxwell_boltzmann(atoms, 1000, rng=np.random.default_rng(2))
+    calc = _calc(model, True)
+    atoms.calc = calc
+    Langevin(atoms, timestep=1.0 * units.fs, temperature_K=1000, friction=0.05, rng=np.random.default_rng(1)).run(30)
+    eng = calc.engine
+    missed = eng.n_ahead_missed
+    assert eng.n_ahead_taken == 0 and missed >= calculator_module.AHEAD_MISSES
+    VelocityVerlet(atoms, timestep=1.0 * units.fs).run(40)
+    assert eng.n_ahead_taken >= 25 and eng.n_ahead_missed <= missed + 1
+
+
+def test_no_launch_ahead_where_nothing_predicts(fake_graphs):
+    """Constraints, a float64 engine, positions set by hand (a random walk) and stress calls launch nothing ahead
+    that stays taken: constraints and float64 launch nothing, a random walk's launches are all missed."""
+    from ase.constraints import FixAtoms
+
+    model = make_model()
+    atoms = molecule("C6H6")
+    maxwell_boltzmann(atoms, 1000, rng=np.random.default_rng(3))
+    atoms.set_constraint(FixAtoms(indices=[0]))
+    calc = _calc(model, True)
+    atoms.calc = calc
+    VelocityVerlet(atoms, timestep=1.0 * units.fs).run(10)
+    assert calc.engine.n_ahead_taken == calc.engine.n_ahead_missed == 0
+    atoms.set_constraint()
+    calc64 = StudentCalculator(model, device="cpu", precision="fp64", skin=0.3, check_domain=None)
+    calc64.engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=0.3)
+    calc64.engine.mode, calc64.engine.zero_copy, calc64.engine.speculative_verlet = "cudagraph", True, True
+    atoms.calc = calc64
+    VelocityVerlet(atoms, timestep=1.0 * units.fs).run(10)
+    assert calc64.engine.n_ahead_taken == calc64.engine.n_ahead_missed == 0
+    calc = _calc(model, True)
+    atoms.calc = calc
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        atoms.positions = atoms.positions + rng.normal(0, 0.01, atoms.positions.shape)
+        atoms.get_forces()
+    assert calc.engine.n_ahead_taken == 0 and calc.engine.n_ahead_missed <= calculator_module.AHEAD_MISSES
+
+
+def test_the_engine_takes_a_launch_only_on_the_same_bytes(fake_graphs):
+    """``launch_ahead`` then ``compute``: the same positions take the launched step (its result, the one the call
+    would compute); positions one float32 ulp away throw it away and compute their own; a call on another path
+    (the stress step) throws it away too."""
+    import dataclasses
+
+    from mlff_distiller import AtomsBatch
+
+    model = make_model()
+    atoms = molecule("CH4")
+    eng = _calc(model, True).engine
+    ref = ForceEngine(model, device="cpu", precision="fp32", mode="eager")
+    first = AtomsBatch.from_atoms(atoms, dtype=torch.float32)
+
+    def batch_of(pos):  # as the calculator makes an MD step's batch: the same tensors but the positions
+        shifted = (pos - first.origin.numpy()).astype(np.float32)
+        return dataclasses.replace(first, positions=torch.from_numpy(shifted))
+
+    eng.compute(first, as_numpy=True)
+    eng.compute(first, as_numpy=True)  # the zero-copy step captured
+    moved = atoms.positions + 0.01
+    assert eng.launch_ahead(batch_of(moved))
+    got = eng.compute(batch_of(moved), as_numpy=True)
+    assert eng.last_ahead is True and eng.n_ahead_taken == 1
+    np.testing.assert_allclose(got["forces"], ref.compute(batch_of(moved), to_host=True)["forces"].numpy(), atol=1e-5)
+    assert eng.launch_ahead(batch_of(moved))
+    off = batch_of(moved)
+    off.positions[0, 0] = torch.nextafter(off.positions[0, 0], torch.tensor(10.0))
+    got = eng.compute(off, as_numpy=True)
+    assert eng.last_ahead is False and eng.n_ahead_missed == 1
+    want = ref.compute(off, to_host=True)["forces"].numpy()
+    np.testing.assert_allclose(got["forces"], want, atol=1e-5)
+    assert eng.launch_ahead(batch_of(moved))
+    eng.compute(batch_of(moved), stress=False, to_host=False)  # device results: not the zero-copy step
+    assert eng.last_ahead is False and eng.n_ahead_missed == 2 and eng._ahead is None
+    other = AtomsBatch.from_atoms(atoms, dtype=torch.float32)  # another cell tensor (not an MD step's batch)
+    assert not eng.launch_ahead(other) and eng._ahead is None
+
+
+@pytest.mark.gpu
+def test_velocity_verlet_takes_its_launches_ahead_on_cuda():
+    """On CUDA (mode auto: captured steps, the zero-copy step): velocity Verlet takes its launches ahead, and its
+    trajectory equals the one without them (float32 steps on the same inputs: the same results up to the
+    message passing's float32 sums, so positions within 1e-5 Å after 100 steps)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    model = make_model()
+    runs = []
+    for ahead in (True, False):
+        atoms = molecule("C6H6")
+        maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(2))
+        calc = StudentCalculator(model, device="cuda", skin=0.3)
+        calc.launch_ahead = ahead
+        atoms.calc = calc
+        VelocityVerlet(atoms, timestep=1.0 * units.fs).run(100)
+        runs.append((atoms, calc.engine))
+    (a_on, eng), (a_off, _) = runs
+    assert eng.mode == "cudagraph" and eng._md_runners
+    assert eng.n_ahead_taken >= 95 and eng.n_ahead_missed == 0, (eng.n_ahead_taken, eng.n_ahead_missed)
+    np.testing.assert_allclose(a_on.positions, a_off.positions, rtol=0, atol=1e-5)
