@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--name", default="probe_md_step_h100")
     p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--model", default="builtin:chno-gfn2", help="the student (builtin:chno-gfn2-small: 64 x 3)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_md_step: needs CUDA")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     import triton
     from ase.calculators.calculator import Calculator, all_changes
 
-    model = load_model("builtin:chno-gfn2")
+    model = load_model(args.model)
     rows: list[tuple[str, float, float]] = []
 
     class Stored(Calculator):
@@ -188,7 +189,9 @@ def main(argv: list[str] | None = None) -> None:
             label = f"md, next step launched ahead {'on' if ahead else 'off'} (round {rnd})"
             rows.append((label, *_md_us(atoms, calc, args.steps)))
             if ahead:
-                rows.append((f"  (launches taken in that run: {eng.n_ahead_taken - taken})", 0.0, 0.0))
+                got = f"{eng.n_ahead_taken - taken} taken, {eng.n_ahead_missed} missed so far"
+                got += f", {eng.verlet.n_builds} list builds"
+                rows.append((f"  (launches ahead in that run: {got})", 0.0, 0.0))
     calc.launch_ahead = False  # the rows below time the parts of a step without it
     eng.zero_copy = False  # ... and the bucket's plain graph with the copies
     fill = eng._verlet_fill
@@ -260,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         "# probe_md_step.py: one benzene MD step on the GPU host, piece by piece",
         "",
         f"{torch.cuda.get_device_name()} · torch {torch.__version__} · triton {triton.__version__} · bucket "
-        f"{bucket} · {args.steps} repetitions each",
+        f"{bucket} · {args.model} · {args.steps} repetitions each",
         "",
         "| what | median µs | p20 µs |",
         "|---|---:|---:|",

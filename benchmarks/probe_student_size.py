@@ -91,7 +91,13 @@ def main() -> None:
             warnings.simplefilter("ignore")
             calc = StudentCalculator(model, device="cuda")
         md, _ = _md_us(_benzene(), calc, args.md_steps)
-        del calc
+        e = calc.engine
+        print(
+            f"{hidden} x {layers} MD: launches ahead {e.n_ahead_taken} taken, {e.n_ahead_missed} missed; "
+            f"{e.verlet.n_builds} list builds, {e.n_discarded} discarded",
+            flush=True,
+        )
+        del calc, e
         g2_1k = _step_us(model, g2_1024, mode="cudagraph") / len(g2_1024)
         g2_fp32 = _step_us(model, g2, mode="cudagraph") / len(g2)
         g2_tf32 = _step_us(model, g2, mode="cudagraph", precision="tf32") / len(g2)

@@ -658,10 +658,21 @@ case "${1:-}" in
       --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
     grep -E "^\| " "$OUT/probe_student_size_h200.md" | tail -3; tail -2 "$OUT/probe_student_size.log"
     ;;
+  stop66f)
+    # stop66e read the 64 x 3 random student's MD step at 237 µs with launches ahead (190 at stop66c without): the
+    # shipped 64 x 3 student's step piece by piece (launches ahead off / on, taken and missed counted), and the rows
+    # with the widths in the other order (each MD run's launches ahead printed).
+    timeout 170 python3 benchmarks/probe_md_step.py --steps 1000 --model builtin:chno-gfn2-small --out "$OUT" \
+      --name probe_md_step_64x3_h200 >"$OUT/probe_md_step_64x3.log" 2>&1
+    grep -E "^\| " "$OUT/probe_md_step_64x3_h200.md" | head -30; tail -2 "$OUT/probe_md_step_64x3.log"
+    timeout 220 python3 benchmarks/probe_student_size.py --configs 64x3,128x3 --md-steps 1000 --out "$OUT" \
+      --name probe_student_size_h200 >"$OUT/probe_student_size.log" 2>&1
+    grep -E "^\| |MD: " "$OUT/probe_student_size.log" | tail -6; tail -1 "$OUT/probe_student_size.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
