@@ -71,6 +71,11 @@ class StudentCalculator(Calculator):
             :data:`~mlff_distiller.domain.FORCE_LIMIT` (a collision the student cannot describe, whose numbers all
             stay finite) warns too, once per calculator, with or without an envelope. ``None``: no checks.
 
+    MD on CUDA: the engine's captured step of a Verlet bucket reads the positions from, and writes its results to,
+    page-locked host memory (``engine.zero_copy``), and a float32 calculator predicts the positions of ASE's next
+    velocity-Verlet call and launches their step before returning (``launch_ahead``, :meth:`_launch_ahead`): the
+    next calculation takes it only where its positions are, byte for byte, the ones launched.
+
     Properties: ``energy``, ``free_energy`` (eV), ``forces`` (eV/Å), ``energies`` (per atom, eV) and, for fully
     periodic structures, ``stress`` (eV/Å³, Voigt, ASE sign). Stress runs the engine's padded stress step (a CUDA
     graph on a GPU); for ``STRESS_WINDOW`` calculations after a stress request, a periodic system's forces come
@@ -392,6 +397,8 @@ class StudentCalculator(Calculator):
         prev, self._ahead_prev = self._ahead_prev, x.copy()
         if self._ahead_pause > 0:
             self._ahead_pause -= 1
+            return
+        if not eng.may_launch_ahead():  # (a CPU engine, or no zero-copy step captured: no prediction to make)
             return
         p = atoms.arrays.get("momenta")
         last = self._last_batch

@@ -529,6 +529,11 @@ class PaddedPaths:
             return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
 
+    def may_launch_ahead(self) -> bool:
+        """Whether :meth:`launch_ahead` may launch at all: a zero-copy step is captured and the Verlet path holds a
+        list (a cheap test, before a caller predicts positions)."""
+        return bool(self._md_runners) and self._verlet_fill is not None
+
     def launch_ahead(self, batch: AtomsBatch) -> bool:
         """Launch the MD step on ``batch``, positions the caller predicts for its next call, before that call; True
         if launched. The next :meth:`compute` takes the launched step only if its batch's positions are, byte for
