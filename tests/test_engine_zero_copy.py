@@ -147,6 +147,20 @@ def test_atom_counts_sharing_a_bucket_get_their_own_step_and_release_drops_them(
     assert fast.release_captures() == 2 and not fast._md_runners and fast.captured_buckets == []
 
 
+def test_a_bucket_holds_a_bounded_number_of_zero_copy_steps(model, fake_graphs, monkeypatch):
+    """Beyond ``ZERO_COPY_COUNTS_PER_BUCKET`` atom counts in one bucket, further counts take the bucket's plain graph
+    (one for all of them): the captured pools stay bounded; every result stays right."""
+    monkeypatch.setattr(padded_module, "ZERO_COPY_COUNTS_PER_BUCKET", 2)
+    fast = _engine(model)
+    ref = ForceEngine(model, device="cpu", precision="fp64", mode="eager")
+    for name in ("CH4", "H2O", "NH3", "C2H2", "CH4"):
+        batch = AtomsBatch.from_atoms(molecule(name), dtype=torch.float64)
+        got, want = fast.compute(batch, to_host=True), ref.compute(batch, to_host=True)
+        np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10, err_msg=name)
+    assert sorted(n for _, n in fast._md_runners) == [3, 5]  # CH4 and H2O; NH3 and C2H2 (4 atoms) the plain graph
+    assert list(fast._runners) == [fast.last_bucket] and len(fake_graphs) == 3
+
+
 def test_zero_copy_is_skipped_for_stress_exact_pairs_and_device_positions(model, fake_graphs):
     """The stress step, float64 pair vectors (coordinates past PRECISE_PAIRS_FROM in a float32 engine) and
     positions already on the device take the usual path: same results, no zero-copy step."""

@@ -38,6 +38,10 @@ VERLET_EDGE_HEADROOM = 1.1
 # copies are a sizable part of a step (benzene 6 %, 192 water atoms 4.5 %, results/stop66_gpu/b/); a larger step
 # is long against them, and its output would cross the bus from one elementwise kernel.
 ZERO_COPY_MAX_ATOMS = 4096
+# Zero-copy steps per bucket (one per atom count, each a captured graph with its own memory pool): further atom
+# counts in the bucket take its plain graph, shared by every count, so that MD over many molecules of one size class
+# with one calculator keeps a bounded number of pools.
+ZERO_COPY_COUNTS_PER_BUCKET = 2
 
 
 class _VerletFill(NamedTuple):
@@ -609,7 +613,8 @@ class PaddedPaths:
         host buffer that the step's first kernel reads across the bus into the static positions, and its last
         kernel writes the packed output into another (the caller synchronises, then reads it). Returns the
         launched step, or None where the bucket is not captured yet (its first ``capture_after`` calls: the usual
-        path runs them eagerly and counts them) or exceeds ``ZERO_COPY_MAX_ATOMS``. One captured graph per
+        path runs them eagerly and counts them), exceeds ``ZERO_COPY_MAX_ATOMS``, or holds the zero-copy steps of
+        ``ZERO_COPY_COUNTS_PER_BUCKET`` other atom counts (the usual path then runs the count). One captured graph per
         (bucket, atom count), kept with the engine's other captures (``captured_buckets``, ``release_captures``);
         the bucket's plain graph is not captured for it."""
         bucket, n = fill.bucket, batch.num_atoms
@@ -619,6 +624,8 @@ class PaddedPaths:
         md = self._md_runners.get(key)
         if md is None:
             if self._eager_uses.get((bucket, False), 0) < self.capture_after and not self._capture_now:
+                return None
+            if sum(b == bucket for b, _ in self._md_runners) >= ZERO_COPY_COUNTS_PER_BUCKET:
                 return None
             w = bucket.atoms * 8 // self.dtype.itemsize  # the packed output's layout: unpack
             positions = HostBuffer((n, 3), self.dtype, self.device)
