@@ -22,8 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import write_lines
 
-from mlff_distiller import StudentCalculator
-from mlff_distiller import engine_padded
+from mlff_distiller import StudentCalculator, engine_padded
 
 
 def _run(steps: int, host_fill: bool) -> tuple[float, float, float, int]:
