@@ -488,41 +488,14 @@ class PaddedPaths:
                 self._verlet_fill = None
                 return None  # beyond the largest bucket: eager fallback
             graph = self._graph(bucket)
+            dev = batch.to(self.device, self.dtype)
             nl = v.last  # with the current cell's shift vectors (made now if a cell is pending)
-            shifts, structure = v.shift_basis()
-            if (
-                nl.method == "molecular"
-                and not exact
-                and bucket.edges <= HOST_FILL_MAX_EDGES
-                and batch.positions.device.type == "cpu"
-                and nl.edge_index.device.type == "cpu"
-                and batch.positions.dtype == self.dtype
-            ):
-                # A molecule's list, built on the host (all pairs within cutoff + skin, zero shifts): the bucket's
-                # whole content made there and sent in two transfers (fill_padded_host, as the plain padded path
-                # fills small molecular graphs), instead of the batch's and the list's copies and the device
-                # fill's ~30 operations. Such a rebuild cost ~1.6 ms of a 0.19 ms benzene MD step on an H200
-                # (benchmarks/results/stop66_gpu/h/probe_md_cli.md).
-                fill_padded_host(
-                    graph,
-                    batch.numbers.numpy(),
-                    batch.positions.numpy(),
-                    batch.batch.numpy(),
-                    b,
-                    nl.edge_index.numpy(),
-                    nl.row_ptr.numpy(),
-                    record=not to_host,  # to_host: this call waits for the device before it returns
-                )
-                shifts = torch.zeros(shifts.shape, dtype=self.dtype, device=self.device)  # (zero by construction)
-            else:
-                dev = batch.to(self.device, self.dtype)
-                if exact:  # float64 pair vectors as the shift vectors, zero positions (rewritten every step)
-                    with torch.no_grad():
-                        dev, nl = exact_pairs(dev, nl)
-                sv = nl.shift_vectors.to(self.dtype)
-                fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, sv)
-                shifts = shifts.to(self.device, self.dtype)
+            if exact:  # float64 pair vectors as the shift vectors, zero positions (rewritten every step)
+                with torch.no_grad():
+                    dev, nl = exact_pairs(dev, nl)
+            fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
             self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
+            shifts, structure = v.shift_basis()
             pinned = graph.positions.is_cuda
             self._verlet_fill = fill = _VerletFill(
                 bucket=bucket,
@@ -531,7 +504,7 @@ class PaddedPaths:
                 positions=graph.positions[:n],
                 staging=torch.empty((n, 3), dtype=self.dtype, pin_memory=True) if pinned else None,
                 cell_updates=v.cell_updates,
-                shifts=shifts,
+                shifts=shifts.to(self.device, self.dtype),
                 structure=structure.to(self.device) if b > 1 else None,
                 cell=torch.empty((b, 3, 3), dtype=self.dtype, device=self.device),
                 exact=exact,
