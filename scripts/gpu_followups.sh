@@ -701,10 +701,16 @@ case "${1:-}" in
     timeout 200 python3 benchmarks/probe_verlet_fill.py --steps 3000 --rounds 2 --out "$OUT" >"$OUT/probe_verlet_fill.log" 2>&1
     grep -E "^\| " "$OUT/probe_verlet_fill_h200.md"; tail -2 "$OUT/probe_verlet_fill.log"
     ;;
+  stop66k)
+    # Where an MD step that rebuilds its Verlet list goes (1.3-2.1 ms against ~0.19): cProfile of the calculations that
+    # rebuilt, against those that kept the list.
+    timeout 150 python3 benchmarks/probe_rebuild_step.py --steps 3000 --out "$OUT" >"$OUT/probe_rebuild_step.log" 2>&1
+    grep -E "calculations, median" "$OUT/probe_rebuild_step_h200.md"; sed -n '/## rebuild: cumulative/,/## rebuild: own/p' "$OUT/probe_rebuild_step_h200.md" | head -60
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
