@@ -51,3 +51,16 @@ def _recompute_limit_restored():
     before = config["recompute_uv_min_atoms"]
     yield
     config["recompute_uv_min_atoms"] = before
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """The engine's captures replaced by :class:`helpers.FakeRunner` (the step run at each "replay"); returns the
+    list of runners made."""
+    from helpers import FakeRunner
+
+    from mlff_distiller import engine_padded
+
+    FakeRunner.made = []
+    monkeypatch.setattr(engine_padded, "GraphRunner", FakeRunner)
+    return FakeRunner.made

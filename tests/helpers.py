@@ -154,3 +154,17 @@ def edge_sink_spy(monkeypatch) -> list:
     """Records, for each time a layer's backward feeds the second stream's sink
     (``kernels.message_passing._edge_grads_into``), whether a CUDA-graph capture was running."""
     return capture_spy(monkeypatch, "mlff_distiller.kernels.message_passing", "_edge_grads_into")
+
+
+class FakeRunner:
+    """A "captured" step that runs the step itself at each replay (``GraphRunner``'s contract): the CPU stand-in
+    for a CUDA-graph capture (the ``fake_graphs`` fixture); ``made`` lists the runners made since the fixture."""
+
+    made: list = []  # noqa: RUF012
+
+    def __init__(self, fn, graph) -> None:
+        self.fn, self.graph = fn, graph
+        FakeRunner.made.append(self)
+
+    def replay(self):
+        return self.fn(*self.graph.inputs())

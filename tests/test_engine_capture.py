@@ -8,13 +8,12 @@ the policy is tested here; the real captures and their results run in the GPU te
 
 import gc
 import warnings
-from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
 from ase.build import molecule
-from helpers import assert_close_to, random_molecule, silicon_cell
+from helpers import FakeRunner, assert_close_to, random_molecule, silicon_cell
 from helpers import random_molecules as _mols
 from mlff_distiller.kernels import _compile_ahead
 
@@ -22,26 +21,6 @@ from mlff_distiller import AtomsBatch, ForceEngine, kernels, predict_forces
 from mlff_distiller import engine_padded as padded_module
 
 gpu = pytest.mark.gpu
-
-
-class FakeRunner:
-    """A "captured" step that runs the step itself at each replay (same contract as ``GraphRunner``)."""
-
-    made: ClassVar[list] = []
-
-    def __init__(self, fn, graph) -> None:
-        self.fn, self.graph = fn, graph
-        FakeRunner.made.append(self)
-
-    def replay(self):
-        return self.fn(*self.graph.inputs())
-
-
-@pytest.fixture
-def fake_graphs(monkeypatch):
-    FakeRunner.made = []
-    monkeypatch.setattr(padded_module, "GraphRunner", FakeRunner)
-    return FakeRunner.made
 
 
 def _engine(model, **kw) -> ForceEngine:

@@ -21,26 +21,6 @@ from mlff_distiller.ase_compat import maxwell_boltzmann
 from mlff_distiller.cudagraph import HostBuffer, copy_bits, host_views_work
 
 
-class FakeRunner:
-    """A "captured" step that runs the step itself at each replay (``GraphRunner``'s contract)."""
-
-    made: list = []  # noqa: RUF012
-
-    def __init__(self, fn, graph) -> None:
-        self.fn, self.graph = fn, graph
-        FakeRunner.made.append(self)
-
-    def replay(self):
-        return self.fn(*self.graph.inputs())
-
-
-@pytest.fixture
-def fake_graphs(monkeypatch):
-    FakeRunner.made = []
-    monkeypatch.setattr(padded_module, "GraphRunner", FakeRunner)
-    return FakeRunner.made
-
-
 def _engine(model, zero_copy=True, **kw) -> ForceEngine:
     engine = ForceEngine(model, device="cpu", pad=True, precision="fp64", neighbor_skin=0.4, **kw)
     engine.mode = "cudagraph"  # what a CUDA engine resolves "cudagraph" to; its capture is the FakeRunner

@@ -19,23 +19,7 @@ from helpers import make_model
 
 from mlff_distiller import ForceEngine, StudentCalculator
 from mlff_distiller import calculator as calculator_module
-from mlff_distiller import engine_padded as padded_module
 from mlff_distiller.ase_compat import maxwell_boltzmann
-
-
-class FakeRunner:
-    """A "captured" step that runs the step itself at each replay (``GraphRunner``'s contract)."""
-
-    def __init__(self, fn, graph) -> None:
-        self.fn, self.graph = fn, graph
-
-    def replay(self):
-        return self.fn(*self.graph.inputs())
-
-
-@pytest.fixture
-def fake_graphs(monkeypatch):
-    monkeypatch.setattr(padded_module, "GraphRunner", FakeRunner)
 
 
 def _calc(model, ahead: bool) -> StudentCalculator:
