@@ -393,12 +393,13 @@ class StudentCalculator(Calculator):
             self._ahead_misses = 0 if eng.last_ahead else self._ahead_misses + 1
             if self._ahead_misses >= AHEAD_MISSES:
                 self._ahead_misses, self._ahead_pause = AHEAD_MISSES - 1, AHEAD_PAUSE
+        if not eng.may_launch_ahead():  # a CPU engine, or no zero-copy step captured: no prediction to make
+            self._ahead_prev = None
+            return
         x = atoms.arrays["positions"]
         prev, self._ahead_prev = self._ahead_prev, x.copy()
         if self._ahead_pause > 0:
             self._ahead_pause -= 1
-            return
-        if not eng.may_launch_ahead():  # (a CPU engine, or no zero-copy step captured: no prediction to make)
             return
         p = atoms.arrays.get("momenta")
         last = self._last_batch

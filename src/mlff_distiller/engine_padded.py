@@ -451,10 +451,7 @@ class PaddedPaths:
             and fill.positions.shape[0] == batch.num_atoms
             and (same_cell if stress else not new_cell)
         ):
-            speculate = self.speculative_verlet
-            if speculate is None:  # a host-side test overlaps the launched step; a device-side one would wait for it
-                speculate = fill.graph.positions.is_cuda and batch.positions.device.type == "cpu"
-            if speculate:
+            if self._speculates(fill, batch):
                 # The usual MD step: the list in the buffers is still the current one. Its step is launched now and
                 # the displacement test below runs while the device computes; if the test asks for a rebuild (or
                 # the batch is another system), this result is discarded and the rebuilt step follows it in stream
@@ -533,6 +530,15 @@ class PaddedPaths:
             return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
 
+    def _speculates(self, fill: _VerletFill, batch: AtomsBatch) -> bool:
+        """Whether the Verlet path launches ``batch``'s step before its displacement test (``speculative_verlet``;
+        None: for a device step and host positions, where a host-side test overlaps the launched step; a
+        device-side one would wait for it)."""
+        on = self.speculative_verlet
+        if on is None:
+            on = fill.graph.positions.is_cuda and batch.positions.device.type == "cpu"
+        return on
+
     def may_launch_ahead(self) -> bool:
         """Whether :meth:`launch_ahead` may launch at all: a zero-copy step is captured and the Verlet path holds a
         list (a cheap test, before a caller predicts positions)."""
@@ -553,10 +559,7 @@ class PaddedPaths:
             return False
         if batch.num_atoms != fill.positions.shape[0] or batch.cell is not self._spec_cell:
             return False
-        speculate = self.speculative_verlet  # (the next call takes it where it would launch before its test)
-        if speculate is None:
-            speculate = fill.graph.positions.is_cuda and batch.positions.device.type == "cpu"
-        if not speculate:
+        if not self._speculates(fill, batch):  # the next call takes it where it launches before its test
             return False
         if not self._zero_copy_for(batch, to_host=True, stress=False, exact=fill.exact):
             return False
