@@ -57,6 +57,8 @@ def _variants(model, atoms, steps: int) -> tuple[dict, dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         calc = StudentCalculator(model, device="cuda")
+    calc.engine.zero_copy = False  # the copies, as the engine ran before stop 66: its bucket's plain graph is captured
+    calc.launch_ahead = False
     atoms.calc = calc
     VelocityVerlet(atoms, timestep=0.5 * units.fs).run(30)  # the bucket captured, the Verlet fill made
     eng = calc.engine
