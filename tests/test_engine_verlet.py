@@ -74,6 +74,37 @@ def test_padded_verlet_md_matches_fresh_list(model, device, system, speculative)
     assert np.ptp(np.array(positions_seen), axis=0).max() > 0.2  # the atoms did move
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_padded_verlet_md_keeps_a_complete_list(model, device):
+    """Ethanol's list at 4 + 0.4 Å holds every pair: MD builds it once (where the displacement test rebuilt it), no
+    speculative launch is thrown away, and every step's forces equal a fresh list's."""
+    atoms = molecule("CH3CH2OH")
+    maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(6))
+    fast, ref = _engines(model, device, skin=0.4)
+    fast.speculative_verlet = True
+    plain = ForceEngine(model, device=device, precision="fp64", mode="eager", pad=True, neighbor_skin=0.4)
+    plain.verlet.keep_complete = False
+    dt = 2.0 * units.fs
+    masses = atoms.get_masses()[:, None]
+    forces = None
+    start = atoms.positions.copy()
+    for _ in range(41):
+        if forces is not None:
+            atoms.set_momenta(atoms.get_momenta() + 0.5 * dt * forces)
+            atoms.set_positions(atoms.positions + dt * atoms.get_momenta() / masses)
+        batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+        got, want = fast.compute(batch, to_host=True), ref.compute(batch, to_host=True)
+        plain.compute(batch, to_host=True)
+        np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
+        assert float(got["energy"][0]) == pytest.approx(float(want["energy"][0]), abs=1e-10)
+        forces = got["forces"].numpy()
+        atoms.set_momenta(atoms.get_momenta() + 0.5 * dt * forces)
+    assert fast.verlet.complete and fast.verlet.n_builds == 1 and fast.n_discarded == 0, fast.verlet
+    assert fast._verlet_fill.graph.n_edges == 9 * 8
+    assert plain.verlet.n_builds >= 3, "the trajectory crosses the half skin: the displacement test rebuilds"
+    assert np.abs(atoms.positions - start).max() > 0.4
+
+
 @pytest.mark.parametrize("speculative", [None, True], ids=["default", "speculative"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_padded_verlet_rebuilds_on_new_structure_and_bucket_change(model, device, speculative):
@@ -479,6 +510,7 @@ def test_md_bucket_is_kept_while_the_list_fits_and_chosen_with_headroom(model):
     from mlff_distiller import engine_padded
 
     fast, ref = _engines(model, "cpu", skin=0.5)
+    fast.verlet.keep_complete = False  # ethanol's list holds every pair: kept whatever the stretch otherwise
     atoms = molecule("CH3CH2OH")
     p0 = atoms.positions.copy()
     center = p0.mean(axis=0)

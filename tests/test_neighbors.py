@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -541,6 +542,77 @@ def test_verlet_rebuild_triggers_and_padded_mode():
     exact = neighbor_list_batch(b, 3.0)
     assert set(our_pairs(exact)) < set(our_pairs(padded)), "padded list is a strict superset here"
     assert float(padded.distances(b.positions).max()) < 4.0
+
+
+def _walk(rng: np.random.Generator, positions: torch.Tensor, steps: int, size: float):
+    """Positions of a random walk of every atom, ``size`` Å per step and coordinate at most."""
+    pos = positions.clone()
+    for _ in range(steps):
+        pos = pos + torch.from_numpy(rng.uniform(-size, size, tuple(pos.shape))).to(pos.dtype)
+        yield pos
+
+
+@pytest.mark.parametrize("filt", [True, False])
+def test_verlet_complete_list_is_kept_and_exact(filt):
+    """A list that holds every pair of a non-periodic structure (benzene at 5 Å + skin) is built once, however far
+    the atoms walk: the filtered list equals a fresh one at every step (and so do its pair forces), the unfiltered
+    one is still every pair, those within the cutoff the fresh list's. ``keep_complete=False`` rebuilds by the
+    displacement test."""
+    from ase.build import molecule
+
+    b = AtomsBatch.from_atoms(molecule("C6H6"), dtype=torch.float64)
+    vl = VerletNeighborList(5.0, skin=0.3, filter=filt)
+    plain = VerletNeighborList(5.0, skin=0.3, filter=filt, keep_complete=False)
+    rng = np.random.default_rng(11)
+    steps = 0
+    for pos in _walk(rng, b.positions, 60, 0.08):  # ~0.6 Å drift per 10 steps: far past the half skin
+        got, fresh = (
+            vl(pos, b.cell, b.pbc, b.batch, b.ptr),
+            neighbor_list_batch(dataclasses.replace(b, positions=pos), 5.0),
+        )
+        plain(pos, b.cell, b.pbc, b.batch, b.ptr)
+        if filt:
+            assert torch.equal(got.edge_index, fresh.edge_index) and torch.equal(got.row_ptr, fresh.row_ptr)
+            torch.testing.assert_close(_pair_forces(got, pos, 5.0), _pair_forces(fresh, pos, 5.0), rtol=0, atol=0)
+        else:  # every pair, those within the cutoff the fresh list's
+            inside = got.edge_index[:, got.distances(pos) < 5.0]
+            assert got.num_edges == 12 * 11 and torch.equal(inside, fresh.edge_index)
+        steps += 1
+    assert steps == 60 and vl.complete and vl.n_builds == 1, vl
+    assert plain.n_builds > 5, "the displacement test rebuilds the same list"
+    assert vl(pos, b.cell, b.pbc, b.batch, b.ptr, numbers=b.numbers) is not None and vl.n_builds == 2, "numbers given"
+
+
+def test_verlet_incomplete_or_periodic_lists_rebuild_by_displacement():
+    """Not complete, so rebuilt by the displacement test: a chain longer than cutoff + skin; a batch of a complete
+    molecule and such a chain; a periodic box whose list has exactly n (n - 1) pairs (two atoms in a 12 Å box),
+    whose atom walks to the face where the other's image comes within the cutoff: the rebuilt list holds it."""
+    chain = Atoms("C12", positions=[[1.5 * k, 0.0, 0.0] for k in range(12)])
+    small = Atoms("H2", positions=[[0, 0, 0], [0.74, 0, 0]])
+    for case in ([chain], [small, chain]):
+        b = AtomsBatch.from_atoms(case, dtype=torch.float64)
+        vl = VerletNeighborList(5.0, skin=0.3)
+        vl(b.positions, b.cell, b.pbc, b.batch, b.ptr)
+        assert not vl.complete
+        moved = b.positions.clone()
+        moved[0, 1] += 0.2  # > skin / 2
+        vl(moved, b.cell, b.pbc, b.batch, b.ptr)
+        assert vl.n_builds == 2
+    one = AtomsBatch.from_atoms(small, dtype=torch.float64)
+    vl = VerletNeighborList(5.0, skin=0.3)
+    vl(one.positions, one.cell, one.pbc, one.batch, one.ptr)
+    assert vl.complete, "a lone H2 holds its one pair both ways"
+    box = Atoms("H2", positions=[[6.0, 6.0, 6.0], [8.0, 6.0, 6.0]], cell=np.eye(3) * 12.0, pbc=True)
+    b = AtomsBatch.from_atoms(box, dtype=torch.float64)
+    vl = VerletNeighborList(5.0, skin=0.3)
+    first = vl(b.positions, b.cell, b.pbc, b.batch, b.ptr)
+    assert first.num_edges == 2 and not vl.complete, "periodic: images may enter"
+    moved = b.positions.clone()
+    moved[0, 0] = 0.5  # 7.5 Å from atom 1; its image at 12.5 Å is 4.5 Å from it
+    got = vl(moved, b.cell, b.pbc, b.batch, b.ptr)
+    fresh = neighbor_list_batch(dataclasses.replace(b, positions=moved), 5.0)
+    assert vl.n_builds == 2 and torch.equal(got.edge_index, fresh.edge_index) and torch.equal(got.shifts, fresh.shifts)
+    assert got.num_edges == 2 and bool((got.shifts != 0).any()), "the image pair, through the rebuild"
 
 
 def _assert_full_list(nl: NeighborList, positions: torch.Tensor, what: str) -> None:
