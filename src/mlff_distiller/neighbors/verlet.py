@@ -79,8 +79,9 @@ class VerletNeighborList:
 
     Attributes:
         n_builds: lists built so far. ``n_calls``: calls so far. ``complete``: the last build holds every pair of
-            every structure, none periodic (kept whatever the displacements, with ``keep_complete``). ``last``: the padded list of the last build (its
-            shift vectors those of the current cell). ``cell_updates``: times the kept list took a new cell.
+            every structure, none periodic (kept whatever the displacements, with ``keep_complete``). ``last``: the
+            padded list of the last build (its shift vectors those of the current cell). ``cell_updates``: times
+            the kept list took a new cell.
             ``pending_cell``: the cell whose shift vectors ``last`` will carry when next read, if not made yet.
     """
 
