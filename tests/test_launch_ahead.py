@@ -64,10 +64,38 @@ def test_a_trajectory_with_launches_ahead_is_the_trajectory_without(fake_graphs,
     if dyn_kind == "verlet":
         # from the third calculation on (dt needs two positions), every launch is taken
         assert eng.n_ahead_taken >= 57 and eng.n_ahead_missed == 0, (eng.n_ahead_taken, eng.n_ahead_missed)
-        assert eng.verlet.n_builds >= 2  # across rebuilds (a taken launch then discarded by the displacement test)
+        # across rebuilds: each made ahead, at the predicted positions, so that no launched step was thrown away;
+        # without the launches ahead each rebuild threw a speculative step away
+        builds = eng.verlet.n_builds
+        assert builds >= 3 and eng.n_rebuilt_ahead == builds - 1 and eng.n_discarded == 0, (builds, eng.n_discarded)
+        assert calc_off.engine.verlet.n_builds == builds and calc_off.engine.n_discarded == builds - 1
     else:
         # friction and noise: never the predicted positions; the calculator stops after AHEAD_MISSES in a row
         assert eng.n_ahead_taken == 0 and eng.n_ahead_missed == calculator_module.AHEAD_MISSES
+
+
+def test_rebuild_ahead_off_launches_on_the_old_list(fake_graphs):
+    """``rebuild_ahead = False``: a launch ahead whose positions cross the half skin runs on the old list, which the
+    next call throws away to rebuild (stop 66's behaviour); the trajectory is the same either way."""
+    model = make_model()
+    a_on, calc_on, e_on = _run(model, True, "verlet", 40)
+    atoms = molecule("C6H6")
+    maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(2))
+    calc = _calc(model, True)
+    calc.engine.rebuild_ahead = False
+    atoms.calc = calc
+    energies = []
+    dyn = VelocityVerlet(atoms, timestep=1.0 * units.fs)
+    dyn.attach(lambda: energies.append(atoms.get_potential_energy()), interval=1)
+    dyn.run(40)
+    eng = calc.engine
+    np.testing.assert_array_equal(atoms.positions, a_on.positions)
+    np.testing.assert_array_equal(np.array(energies), e_on)
+    builds = eng.verlet.n_builds
+    assert builds >= 2 and eng.n_rebuilt_ahead == 0 and eng.n_discarded == builds - 1
+    assert calc_on.engine.n_rebuilt_ahead == builds - 1 and calc_on.engine.n_discarded == 0
+    # the launches on the old list were taken (the same positions), then thrown away by the rebuild
+    assert eng.n_ahead_missed == 0 and eng.n_ahead_taken == calc_on.engine.n_ahead_taken
 
 
 def test_predictions_resume_after_the_pause(fake_graphs, monkeypatch):
@@ -175,4 +203,6 @@ def test_velocity_verlet_takes_its_launches_ahead_on_cuda():
     (a_on, eng), (a_off, _) = runs
     assert eng.mode == "cudagraph" and eng._md_runners
     assert eng.n_ahead_taken >= 95 and eng.n_ahead_missed == 0, (eng.n_ahead_taken, eng.n_ahead_missed)
+    builds = eng.verlet.n_builds  # (benzene at 4 + 0.3 Å is not complete: its list is rebuilt)
+    assert builds >= 2 and eng.n_rebuilt_ahead == builds - 1 and eng.n_discarded == 0, (builds, eng.n_discarded)
     np.testing.assert_allclose(a_on.positions, a_off.positions, rtol=0, atol=1e-5)

@@ -348,6 +348,11 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self.n_ahead_taken = 0
         self.n_ahead_missed = 0
         self.last_ahead: bool | None = None
+        # A launch ahead whose positions would rebuild the Verlet list rebuilds it then, before the launch (instead
+        # of launching on the old list, which the next call would throw away to rebuild): rebuild_ahead; the lists
+        # so built: n_rebuilt_ahead.
+        self.rebuild_ahead = True
+        self.n_rebuilt_ahead = 0
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call
         self._topology_token = 0
         self._graph_tokens: dict[Bucket, int] = {}

@@ -58,14 +58,19 @@ class EagerPaths:
         v = self.verlet
         rebuilt = v.needs_rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers)
         if rebuilt:
-            host = molecular_applicable(batch.positions, batch.pbc, batch.ptr)
-            device = None if host else self.device
-            v.rebuild(batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers, device=device)
+            self._rebuild_verlet(batch)
         v.n_calls += 1
         nl = v.last if shift_vectors or filtered else v.topology
         if filtered:
             nl = v.filtered(batch.positions.to(nl.edge_index.device))
         return nl, rebuilt
+
+    def _rebuild_verlet(self, batch: AtomsBatch) -> None:
+        """Build the Verlet-skin list of ``batch`` now: molecules on the host there (all-pairs NumPy path),
+        everything else on the engine's device."""
+        host = molecular_applicable(batch.positions, batch.pbc, batch.ptr)
+        b = batch
+        self.verlet.rebuild(b.positions, b.cell, b.pbc, b.batch, b.ptr, b.numbers, device=None if host else self.device)
 
     def _nl_to_device(self, nl: NeighborList) -> NeighborList:
         if nl.edge_index.device == self.device and nl.shift_vectors.dtype == self.dtype:

@@ -473,40 +473,10 @@ class PaddedPaths:
             if packed is not None:
                 self.n_discarded += 1
                 packed = md = None
-            # MD keeps its bucket while the new list fits (no flip-flop between two captured shapes), and a new one
-            # is chosen with VERLET_EDGE_HEADROOM spare edges: the list's length drifts over a trajectory, and each
-            # new bucket costs a capture (~2 s once), while spare edge slots cost almost nothing (no CSR row holds
-            # them: the message-passing kernels skip them).
-            same_atoms = fill is not None and fill.positions.shape[0] == n
-            bucket = fill.bucket if same_atoms and fill.bucket.fits(n, e) else None
-            if bucket is None:
-                bucket = self.buckets.select(n, math.ceil(e * VERLET_EDGE_HEADROOM)) or self.buckets.select(n, e)
-            if bucket is None:
-                self._verlet_fill = None
+            fill = self._fill_verlet(batch, fill, exact)
+            if fill is None:
                 return None  # beyond the largest bucket: eager fallback
-            graph = self._graph(bucket)
-            dev = batch.to(self.device, self.dtype)
-            nl = v.last  # with the current cell's shift vectors (made now if a cell is pending)
-            if exact:  # float64 pair vectors as the shift vectors, zero positions (rewritten every step)
-                with torch.no_grad():
-                    dev, nl = exact_pairs(dev, nl)
-            fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
-            self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
-            shifts, structure = v.shift_basis()
-            pinned = graph.positions.is_cuda
-            self._verlet_fill = fill = _VerletFill(
-                bucket=bucket,
-                graph=graph,
-                builds=v.n_builds,
-                positions=graph.positions[:n],
-                staging=torch.empty((n, 3), dtype=self.dtype, pin_memory=True) if pinned else None,
-                cell_updates=v.cell_updates,
-                shifts=shifts.to(self.device, self.dtype),
-                structure=structure.to(self.device) if b > 1 else None,
-                cell=torch.empty((b, 3, 3), dtype=self.dtype, device=self.device),
-                exact=exact,
-            )
-            kept = False
+            bucket, graph, kept = fill.bucket, fill.graph, False
         else:
             bucket, graph, kept = fill.bucket, fill.graph, True
             if fill.cell_updates != v.cell_updates:  # the list was kept under a new cell: its shift vectors changed
@@ -530,6 +500,46 @@ class PaddedPaths:
             return _with_stress(out, batch if to_host else batch.to(self.device, self.dtype))
         return self._run_padded(bucket, graph, n, b, to_host, as_numpy, packed=packed)
 
+    def _fill_verlet(self, batch: AtomsBatch, fill: _VerletFill | None, exact: bool) -> _VerletFill | None:
+        """Write the Verlet list just built (``verlet.last``) and ``batch`` into a bucket's static buffers; the new
+        ``_verlet_fill``, or None where the list fits no bucket (the eager path runs it)."""
+        v = self.verlet
+        n, b, e = batch.num_atoms, batch.num_structures, v.topology.num_edges
+        # MD keeps its bucket while the new list fits (no flip-flop between two captured shapes), and a new one is
+        # chosen with VERLET_EDGE_HEADROOM spare edges: the list's length drifts over a trajectory, and each new
+        # bucket costs a capture (~2 s once), while spare edge slots cost almost nothing (no CSR row holds them:
+        # the message-passing kernels skip them).
+        same_atoms = fill is not None and fill.positions.shape[0] == n
+        bucket = fill.bucket if same_atoms and fill.bucket.fits(n, e) else None
+        if bucket is None:
+            bucket = self.buckets.select(n, math.ceil(e * VERLET_EDGE_HEADROOM)) or self.buckets.select(n, e)
+        if bucket is None:
+            self._verlet_fill = None
+            return None
+        graph = self._graph(bucket)
+        dev = batch.to(self.device, self.dtype)
+        nl = v.last  # with the current cell's shift vectors (made now if a cell is pending)
+        if exact:  # float64 pair vectors as the shift vectors, zero positions (rewritten every step)
+            with torch.no_grad():
+                dev, nl = exact_pairs(dev, nl)
+        fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
+        self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
+        shifts, structure = v.shift_basis()
+        pinned = graph.positions.is_cuda
+        self._verlet_fill = fill = _VerletFill(
+            bucket=bucket,
+            graph=graph,
+            builds=v.n_builds,
+            positions=graph.positions[:n],
+            staging=torch.empty((n, 3), dtype=self.dtype, pin_memory=True) if pinned else None,
+            cell_updates=v.cell_updates,
+            shifts=shifts.to(self.device, self.dtype),
+            structure=structure.to(self.device) if b > 1 else None,
+            cell=torch.empty((b, 3, 3), dtype=self.dtype, device=self.device),
+            exact=exact,
+        )
+        return fill
+
     def _speculates(self, fill: _VerletFill, batch: AtomsBatch) -> bool:
         """Whether the Verlet path launches ``batch``'s step before its displacement test (``speculative_verlet``;
         None: for a device step and host positions, where a host-side test overlaps the launched step; a
@@ -552,7 +562,13 @@ class PaddedPaths:
         stream. For the padded Verlet path's zero-copy step (a captured bucket, positions and results on the
         host, the list current): :class:`~mlff_distiller.calculator.StudentCalculator` predicts a
         velocity-Verlet trajectory's next positions with it, so that the device computes while ASE's integrator
-        and the calculator's bookkeeping run on the host."""
+        and the calculator's bookkeeping run on the host.
+
+        Where ``batch``'s positions would rebuild the list (``rebuild_ahead``, on by default), the list is rebuilt
+        for them now and written into the bucket, and its step launched: the next call on those positions finds
+        the list current (built where its atoms are) and takes the step, where it would otherwise throw a step on
+        the old list away and rebuild. A prediction that misses leaves a list built at positions near the
+        caller's, which the displacement test keeps or rebuilds as any other (exact either way)."""
         self._ahead = None
         fill, v = self._verlet_fill, self.verlet
         if fill is None or v is None or fill.builds != v.n_builds or fill.cell_updates != v.cell_updates:
@@ -563,6 +579,17 @@ class PaddedPaths:
             return False
         if not self._zero_copy_for(batch, to_host=True, stress=False, exact=fill.exact):
             return False
+        if (fill.bucket, batch.num_atoms) not in self._md_runners:
+            return False
+        if self.rebuild_ahead and v.needs_rebuild(
+            batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers
+        ):
+            with torch.no_grad():
+                self._rebuild_verlet(batch)
+                fill = self._fill_verlet(batch, fill, exact=False)
+            self.n_rebuilt_ahead += 1
+            if fill is None:
+                return False
         md = self._md_runners.get((fill.bucket, batch.num_atoms))
         if md is None:
             return False
