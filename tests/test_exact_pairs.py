@@ -290,6 +290,31 @@ def test_md_through_the_calculator_on_cuda(student):
     assert engine._verlet_fill is not None and engine._verlet_fill.exact and engine.captured_buckets
 
 
+@pytest.mark.gpu
+def test_a_molecule_far_from_the_origin_through_the_calculator_on_cuda(student):
+    """A molecule 500 Å from the origin through StudentCalculator on CUDA: its list is built on the host and its
+    float64 pair vectors made on the device (the fill moved the host pairs there first; stop 67 found a molecule
+    that had flown past 100 Å stop the MD with a device mismatch). Forces against the molecule at the origin in
+    float64, over MD steps."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    far = molecule("CH3CH2OH")
+    far.translate([500.0, -20.0, 7.0])
+    far.calc = StudentCalculator(student, device="cuda", precision="fp32")
+    far.set_velocities(np.random.default_rng(13).normal(0, 0.02, far.positions.shape))
+    ref_calc = StudentCalculator(student, device="cpu", precision="fp64")
+    dyn = VelocityVerlet(far, timestep=0.5 * units.fs)
+    for _ in range(3):
+        dyn.run(2)
+        assert far.calc._last_batch.positions64 is not None
+        near = far.copy()
+        near.translate([-500.0, 20.0, -7.0])
+        near.calc = ref_calc
+        assert force_error(far.get_forces(), near.get_forces()) < FORCE_BOUND
+    engine = far.calc.engine
+    assert engine._verlet_fill is not None and engine._verlet_fill.exact
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_batched_md_in_float32_makes_float64_pair_vectors_far_from_the_origin(student, device):
     """BatchedMD keeps its state in float64 in the caller's frame: a float32 engine took its float32 rounding, so

@@ -520,8 +520,8 @@ class PaddedPaths:
         dev = batch.to(self.device, self.dtype)
         nl = v.last  # with the current cell's shift vectors (made now if a cell is pending)
         if exact:  # float64 pair vectors as the shift vectors, zero positions (rewritten every step)
-            with torch.no_grad():
-                dev, nl = exact_pairs(dev, nl)
+            with torch.no_grad():  # (a molecule's list is built on the host: its pairs go to the device first)
+                dev, nl = exact_pairs(dev, self._nl_to_device(nl))
         fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
         self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
         shifts, structure = v.shift_basis()
