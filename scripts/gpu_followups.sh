@@ -735,10 +735,20 @@ case "${1:-}" in
     timeout 300 python3 benchmarks/probe_md_rebuilds.py --steps 1000 --profile uracil-dimer --out "$OUT" \
       >"$OUT/probe_md_rebuilds.log" 2>&1; grep -E "^\| " "$OUT/probe_md_rebuilds_h200.md" | head -16; tail -2 "$OUT/probe_md_rebuilds.log"
     ;;
+  stop67c)
+    # A molecule's Verlet rebuild filled on the host again (fill_padded_host; stop66j found no gain while a launched
+    # step was in flight, which rebuild_ahead removes), the taken launch's second displacement test skipped, no
+    # [E, 3, 3] product for a molecule's zero shifts: the Verlet path's GPU tests, the rebuild probe, the MD rows.
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_engine_verlet.py tests/test_engine_zero_copy.py \
+      tests/test_launch_ahead.py tests/test_calculator.py tests/test_exact_pairs.py -m gpu >"$OUT/pytest_verlet.log" 2>&1
+    tail -2 "$OUT/pytest_verlet.log"
+    timeout 300 python3 benchmarks/probe_md_rebuilds.py --steps 1000 --profile uracil-dimer --out "$OUT" \
+      >"$OUT/probe_md_rebuilds.log" 2>&1; grep -E "^\| " "$OUT/probe_md_rebuilds_h200.md" | head -16; tail -2 "$OUT/probe_md_rebuilds.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

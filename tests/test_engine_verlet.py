@@ -565,3 +565,38 @@ def test_while_running_runs_once_after_the_launch(model, speculative):
     with pytest.raises(ValueError):
         eager.compute(bad, while_running=lambda: events.append("raised"))
     assert "raised" not in events and eager._while_running is None
+
+
+def test_a_molecules_rebuild_fills_its_bucket_on_the_host(model, monkeypatch):
+    """A molecule's Verlet rebuild writes the bucket on the host (``fill_padded_host``, two transfers on a GPU): every
+    static buffer equals the device fill's after each call of an MD-like walk with rebuilds, and so do the results;
+    a periodic system keeps the device fill."""
+    from mlff_distiller import engine_padded
+
+    used = []
+    real = engine_padded.fill_padded_host
+    monkeypatch.setattr(engine_padded, "fill_padded_host", lambda *a, **k: used.append(1) or real(*a, **k))
+    host = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=0.3)
+    device = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=0.3)
+    atoms = molecule("C6H6")
+    rng = np.random.default_rng(4)
+    for step in range(12):
+        atoms.positions = atoms.positions + rng.normal(0, 0.04, atoms.positions.shape)
+        batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
+        got = host.compute(batch, to_host=True)
+        with monkeypatch.context() as m:
+            m.setattr(engine_padded, "HOST_FILL_MAX_EDGES", 0)  # the device fill
+            n_used = len(used)
+            want = device.compute(batch, to_host=True)
+            assert len(used) == n_used
+        for k in ("energy", "forces"):
+            np.testing.assert_array_equal(got[k].numpy(), want[k].numpy(), err_msg=k)
+        g, w = host._verlet_fill.graph, device._verlet_fill.graph
+        for i, (a, b) in enumerate(zip(g.inputs(), w.inputs(), strict=True)):  # numbers, positions, ..., the CSR
+            assert torch.equal(a, b), (step, i)
+        assert torch.equal(host._verlet_fill.shifts, device._verlet_fill.shifts)
+    assert host.verlet.n_builds >= 3 and len(used) == host.verlet.n_builds
+    periodic = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=0.3)
+    used.clear()
+    periodic.compute(AtomsBatch.from_atoms(silicon_cell(rattle=0.05), dtype=torch.float64), to_host=True)
+    assert not used

@@ -291,15 +291,17 @@ def test_md_through_the_calculator_on_cuda(student):
 
 
 @pytest.mark.gpu
-def test_a_molecule_far_from_the_origin_through_the_calculator_on_cuda(student):
-    """A molecule 500 Å from the origin through StudentCalculator on CUDA: its list is built on the host and its
-    float64 pair vectors made on the device (the fill moved the host pairs there first; stop 67 found a molecule
-    that had flown past 100 Å stop the MD with a device mismatch). Forces against the molecule at the origin in
-    float64, over MD steps."""
+def test_molecules_far_apart_through_the_calculator_on_cuda(student):
+    """Two molecules 250 Å apart in one non-periodic structure through StudentCalculator on CUDA: coordinates past
+    PRECISE_PAIRS_FROM in the calculator's frame, so float64 pair vectors, made on the device from a list built on
+    the host (the fill moves the host pairs there first; stop 67 found a molecule that had flown past 100 Å stop
+    the MD with a device mismatch). Forces against the float64 CPU calculator, over MD steps."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     far = molecule("CH3CH2OH")
-    far.translate([500.0, -20.0, 7.0])
+    other = molecule("H2O")
+    other.translate([250.0, 10.0, -5.0])
+    far += other
     far.calc = StudentCalculator(student, device="cuda", precision="fp32")
     far.set_velocities(np.random.default_rng(13).normal(0, 0.02, far.positions.shape))
     ref_calc = StudentCalculator(student, device="cpu", precision="fp64")
@@ -307,10 +309,9 @@ def test_a_molecule_far_from_the_origin_through_the_calculator_on_cuda(student):
     for _ in range(3):
         dyn.run(2)
         assert far.calc._last_batch.positions64 is not None
-        near = far.copy()
-        near.translate([-500.0, 20.0, -7.0])
-        near.calc = ref_calc
-        assert force_error(far.get_forces(), near.get_forces()) < FORCE_BOUND
+        same = far.copy()
+        same.calc = ref_calc
+        assert force_error(far.get_forces(), same.get_forces()) < FORCE_BOUND
     engine = far.calc.engine
     assert engine._verlet_fill is not None and engine._verlet_fill.exact
 

@@ -183,6 +183,42 @@ def test_the_engine_takes_a_launch_only_on_the_same_bytes(fake_graphs):
     assert not eng.launch_ahead(other) and eng._ahead is None
 
 
+def test_a_taken_launch_skips_the_second_displacement_test(fake_graphs, monkeypatch):
+    """The launch ahead ran the displacement test on its positions; the call that takes it (the same bytes, the same
+    other inputs) does not run it again. Another numbers tensor in the call (same values) runs it, and so does a
+    call whose launch ahead was made with ``rebuild_ahead`` off (untested)."""
+    import dataclasses
+
+    from mlff_distiller import AtomsBatch
+
+    model = make_model()
+    atoms = molecule("CH4")
+    eng = _calc(model, True).engine
+    first = AtomsBatch.from_atoms(atoms, dtype=torch.float32)
+
+    def batch_of(pos, **kw):  # as the calculator makes an MD step's batch: the same tensors but the positions
+        shifted = (pos - first.origin.numpy()).astype(np.float32)
+        return dataclasses.replace(first, positions=torch.from_numpy(shifted), **kw)
+
+    eng.compute(first, as_numpy=True)
+    eng.compute(first, as_numpy=True)  # the zero-copy step captured
+    tests = []
+    real = eng.verlet.needs_rebuild
+    monkeypatch.setattr(eng.verlet, "needs_rebuild", lambda *a, **k: tests.append(1) or real(*a, **k))
+    for k, (ahead_on, kw, expect) in enumerate(
+        [(True, {}, 1), (True, {"numbers": first.numbers.clone()}, 2), (False, {}, 1)]
+    ):
+        eng.rebuild_ahead = ahead_on
+        moved = atoms.positions + 0.001 * (k + 1)
+        tests.clear()
+        calls = eng.verlet.n_calls
+        assert eng.launch_ahead(batch_of(moved))
+        assert len(tests) == (1 if ahead_on else 0)
+        eng.compute(batch_of(moved, **kw), as_numpy=True)
+        assert eng.last_ahead is True and len(tests) == expect, (k, tests)
+        assert eng.verlet.n_calls == calls + 1
+
+
 @pytest.mark.gpu
 def test_velocity_verlet_takes_its_launches_ahead_on_cuda():
     """On CUDA (mode auto: captured steps, the zero-copy step): velocity Verlet takes its launches ahead, and its

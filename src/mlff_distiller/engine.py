@@ -353,6 +353,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         # so built: n_rebuilt_ahead.
         self.rebuild_ahead = True
         self.n_rebuilt_ahead = 0
+        self._ahead_tested = False  # the step launched ahead that this call took had its displacement test run
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call
         self._topology_token = 0
         self._graph_tokens: dict[Bucket, int] = {}
@@ -468,6 +469,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
             self._while_running = None
             raise
         finally:
+            self._ahead_tested = False
             if self._ahead is not None:  # a step launched ahead that this call did not take: never taken later
                 self._ahead = None
                 self.n_ahead_missed += 1

@@ -464,7 +464,13 @@ class PaddedPaths:
                 self.n_speculated += 1
                 self._overlap()  # the caller's host work, while the device computes
         # The list's topology: a kept list's shift vectors under a new cell are made below, on the device.
-        nl, rebuilt = self._verlet_list(batch, filtered=False, shift_vectors=False)
+        if self._ahead_tested and md is not None and v.same_inputs(*_verlet_args(batch)):
+            # The step launched ahead, taken: its launch ran the displacement test on these very positions (and
+            # rebuilt the list there if they crossed the half skin), with these same other inputs.
+            v.n_calls += 1
+            nl, rebuilt = v.topology, False
+        else:
+            nl, rebuilt = self._verlet_list(batch, filtered=False, shift_vectors=False)
         n, b, e = batch.num_atoms, batch.num_structures, nl.num_edges
         if packed is not None and fill.cell_updates != v.cell_updates:
             self.n_discarded += 1  # launched with the shift vectors of the previous cell
@@ -517,14 +523,41 @@ class PaddedPaths:
             self._verlet_fill = None
             return None
         graph = self._graph(bucket)
-        dev = batch.to(self.device, self.dtype)
         nl = v.last  # with the current cell's shift vectors (made now if a cell is pending)
-        if exact:  # float64 pair vectors as the shift vectors, zero positions (rewritten every step)
-            with torch.no_grad():  # (a molecule's list is built on the host: its pairs go to the device first)
-                dev, nl = exact_pairs(dev, self._nl_to_device(nl))
-        fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, nl.shift_vectors.to(self.dtype))
-        self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
         shifts, structure = v.shift_basis()
+        if (
+            nl.method == "molecular"
+            and not exact
+            and bucket.edges <= HOST_FILL_MAX_EDGES
+            and batch.positions.device.type == "cpu"
+            and nl.edge_index.device.type == "cpu"
+            and batch.positions.dtype == self.dtype
+        ):
+            # A molecule's list, built on the host (zero shifts): the bucket's whole content made there and sent in
+            # two transfers (fill_padded_host, as the plain padded path fills small molecular graphs), instead of the
+            # batch's and the list's ~10 copies (each a wait for the device) and the device fill's ~20 operations.
+            # Stop 66 measured no gain from it (results/stop66_gpu/j/), in calls whose rebuild waited first for a
+            # launched step on the old list; since a launch ahead rebuilds before it launches (rebuild_ahead),
+            # nothing is in flight there, and stop 67 measured it again (results/stop67_gpu/).
+            fill_padded_host(
+                graph,
+                batch.numbers.numpy(),
+                batch.positions.numpy(),
+                batch.batch.numpy(),
+                b,
+                nl.edge_index.numpy(),
+                nl.row_ptr.numpy(),
+            )
+            shifts = torch.zeros(shifts.shape, dtype=self.dtype, device=self.device)  # (zero by construction)
+        else:
+            dev = batch.to(self.device, self.dtype)
+            if exact:  # float64 pair vectors as the shift vectors, zero positions (rewritten every step)
+                with torch.no_grad():  # (a molecule's list is built on the host: its pairs go to the device first)
+                    dev, nl = exact_pairs(dev, self._nl_to_device(nl))
+            sv = nl.shift_vectors.to(self.dtype)
+            fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, sv)
+            shifts = shifts.to(self.device, self.dtype)
+        self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
         pinned = graph.positions.is_cuda
         self._verlet_fill = fill = _VerletFill(
             bucket=bucket,
@@ -533,7 +566,7 @@ class PaddedPaths:
             positions=graph.positions[:n],
             staging=torch.empty((n, 3), dtype=self.dtype, pin_memory=True) if pinned else None,
             cell_updates=v.cell_updates,
-            shifts=shifts.to(self.device, self.dtype),
+            shifts=shifts,
             structure=structure.to(self.device) if b > 1 else None,
             cell=torch.empty((b, 3, 3), dtype=self.dtype, device=self.device),
             exact=exact,
@@ -581,9 +614,8 @@ class PaddedPaths:
             return False
         if (fill.bucket, batch.num_atoms) not in self._md_runners:
             return False
-        if self.rebuild_ahead and v.needs_rebuild(
-            batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers
-        ):
+        tested = self.rebuild_ahead
+        if tested and v.needs_rebuild(*_verlet_args(batch)):
             with torch.no_grad():
                 self._rebuild_verlet(batch)
                 fill = self._fill_verlet(batch, fill, exact=False)
@@ -596,16 +628,17 @@ class PaddedPaths:
         positions = batch.positions.numpy()
         np.copyto(md.positions.array, positions)
         md.runner.replay()
-        self._ahead = (md, positions, fill.builds, fill.cell_updates)
+        self._ahead = (md, positions, fill.builds, fill.cell_updates, tested)
         return True
 
     def _take_ahead(self, fill, batch: AtomsBatch):
         """The step launched ahead (:meth:`launch_ahead`) if it ran on ``batch``'s positions and ``fill``'s list,
         else None (the launched step thrown away: its results are overwritten by the step launched after it)."""
         ahead, self._ahead = self._ahead, None
+        self._ahead_tested = False
         if ahead is None:
             return None
-        md, positions, builds, cell_updates = ahead
+        md, positions, builds, cell_updates, tested = ahead
         pos = batch.positions.numpy()
         same = (
             builds == fill.builds
@@ -619,6 +652,7 @@ class PaddedPaths:
             self.n_ahead_missed += 1
             return None
         self.n_ahead_taken += 1
+        self._ahead_tested = tested
         return md
 
     def _zero_copy_for(self, batch: AtomsBatch, to_host: bool, stress: bool, exact: bool) -> bool:
@@ -796,6 +830,11 @@ class _EagerRunner:
 
     def replay(self) -> torch.Tensor:
         return self.step(*self.graph.inputs())
+
+
+def _verlet_args(batch: AtomsBatch) -> tuple:
+    """The arguments of ``VerletNeighborList.needs_rebuild`` / ``same_inputs`` for ``batch``."""
+    return batch.positions, batch.cell, batch.pbc, batch.batch, batch.ptr, batch.numbers
 
 
 def exact_pairs(batch: AtomsBatch, nl: NeighborList) -> tuple[AtomsBatch, NeighborList]:
