@@ -14,7 +14,7 @@ list rebuilt ahead of the launch that the calculator makes for the predicted pos
 that each rebuild its list (the list reset before each, positions moved by 0.01 Å), and over as many that keep it:
 the top operations by self CPU time and by device time, to show where a rebuild's time goes.
 
-    python benchmarks/probe_md_rebuilds.py --out DIR [--steps 1000] [--profile uracil-dimer]
+    python benchmarks/probe_md_rebuilds.py --out DIR [--steps 1000] [--profile uracil-dimer] [--ab 2]
 """
 
 from __future__ import annotations
@@ -70,7 +70,21 @@ def systems() -> dict:
     }
 
 
-def run_md(atoms, steps: int, skin: float, keep_complete: bool, ahead: bool = True, device: str = "cuda") -> dict:
+def run_md(
+    atoms, steps: int, skin: float, keep_complete: bool, ahead: bool = True, host_fill: bool = True, device="cuda"
+) -> dict:
+    """One MD run; ``host_fill=False``: a molecule's rebuilt bucket filled on the device (as before stop 67)."""
+    from mlff_distiller import engine_padded
+
+    limit = engine_padded.HOST_FILL_MAX_EDGES
+    engine_padded.HOST_FILL_MAX_EDGES = limit if host_fill else 0
+    try:
+        return _run_md(atoms, steps, skin, keep_complete, ahead, device)
+    finally:
+        engine_padded.HOST_FILL_MAX_EDGES = limit
+
+
+def _run_md(atoms, steps: int, skin: float, keep_complete: bool, ahead: bool, device: str) -> dict:
     from ase import units
     from ase.md.verlet import VelocityVerlet
 
@@ -164,6 +178,13 @@ def main() -> None:
     p.add_argument("--profile", default="", help="a system to profile (e.g. uracil-dimer); empty: none")
     p.add_argument("--profile-calls", type=int, default=40)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument(
+        "--ab",
+        type=int,
+        default=0,
+        help="rounds of stop 66's behaviour (every list rebuilt by the displacement test, after the launch on the "
+        "old list, its bucket filled on the device) against stop 67's, alternating; 0: the switches one by one",
+    )
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("probe_md_rebuilds: needs CUDA")
@@ -183,16 +204,23 @@ def main() -> None:
     ]
     cases = []
     for name in args.systems.split(","):
-        if name == "benzene":  # complete: kept, or rebuilt by the displacement test (ahead or not)
-            cases += [(name, s, True, True) for s in (1.0, 0.3)] + [(name, 0.3, False, a) for a in (True, False)]
+        if args.ab:  # (name, skin, keep_complete, rebuild_ahead, host fill): stop 66, then stop 67
+            cases += [
+                c for _ in range(args.ab) for c in ((name, 1.0, False, False, False), (name, 1.0, True, True, True))
+            ]
+        elif name == "benzene":  # complete: kept, or rebuilt by the displacement test (ahead or not)
+            cases += [(name, s, True, True, True) for s in (1.0, 0.3)]
+            cases += [(name, 0.3, False, a, True) for a in (True, False)]
         else:
-            cases += [(name, 1.0, True, a) for a in (True, False)]
-    for name, skin, keep, ahead in cases:
-        r = run_md(makers[name](), args.steps, skin, keep, ahead)
+            cases += [(name, 1.0, True, a, True) for a in (True, False)]
+    if args.ab:
+        lines[-2] = lines[-2].replace("| rebuild_ahead |", "| rebuild_ahead, host fill |")
+    for name, skin, keep, ahead, fill in cases:
+        r = run_md(makers[name](), args.steps, skin, keep, ahead, fill)
         lines.append(
-            f"| {name} | {r['atoms']} | {skin} | {keep} | {ahead} | {r['edges']} | {r['complete']} | {r['builds']} | "
-            f"{r['kept_us']:.1f} | {r['rebuild_us']:.1f} | {r['mean_us']:.1f} | {r['ahead']} | {r['rebuilt_ahead']} | "
-            f"{r['discarded']} | {r['graphs']} |"
+            f"| {name} | {r['atoms']} | {skin} | {keep} | {ahead}{', ' + str(fill) if args.ab else ''} | "
+            f"{r['edges']} | {r['complete']} | {r['builds']} | {r['kept_us']:.1f} | {r['rebuild_us']:.1f} | "
+            f"{r['mean_us']:.1f} | {r['ahead']} | {r['rebuilt_ahead']} | {r['discarded']} | {r['graphs']} |"
         )
         print(lines[-1], flush=True)
     if args.profile:
