@@ -331,7 +331,7 @@ class VerletNeighborList:
         self._ref = ref
         self._strain = None
         self._applied_cell = None  # the cell of the current shift vectors when it is not the build's (NPT)
-        self.complete = _holds_every_pair(nl, args[2], args[4])
+        self.complete = _holds_every_pair(nl, pbc, ptr)  # (the caller's: on the host in MD, no device read)
         self.last = nl
         self.n_builds += 1
 
