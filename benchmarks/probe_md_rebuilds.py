@@ -71,17 +71,45 @@ def systems() -> dict:
 
 
 def run_md(
-    atoms, steps: int, skin: float, keep_complete: bool, ahead: bool = True, host_fill: bool = True, device="cuda"
+    atoms,
+    steps: int,
+    skin: float,
+    keep_complete: bool,
+    ahead: bool = True,
+    host_fill: bool = True,
+    device="cuda",
+    caches: bool = True,
 ) -> dict:
-    """One MD run; ``host_fill=False``: a molecule's rebuilt bucket filled on the device (as before stop 67)."""
+    """One MD run; ``host_fill=False``: a molecule's rebuilt bucket filled on the device (as before stop 67);
+    ``caches=False``: a device build copies the box's cell, pbc, batch and ptr, and its fill the numbers and batch
+    vector, at every rebuild, and the list's molecular test reads the device (as before stop 67's last change)."""
+    from unittest import mock
+
+    import mlff_distiller.neighbors as nb
     from mlff_distiller import engine_padded
+    from mlff_distiller.neighbors.verlet import VerletNeighborList
 
     limit = engine_padded.HOST_FILL_MAX_EDGES
     engine_padded.HOST_FILL_MAX_EDGES = limit if host_fill else 0
+    patches = []
+    if not caches:
+        patches = [
+            mock.patch.object(VerletNeighborList, "_device_inputs", lambda self, ts, d: tuple(t.to(d) for t in ts)),
+            mock.patch.object(
+                engine_padded.PaddedPaths, "_fill_inputs", lambda self, n, b: (n.to(self.device), b.to(self.device))
+            ),
+            mock.patch.object(
+                nb, "_molecular_on_device", lambda p, c, pbc, ptr, cut: nb.molecular_device_applicable(p, pbc, ptr)
+            ),
+        ]
+    for patch in patches:
+        patch.start()
     try:
         return _run_md(atoms, steps, skin, keep_complete, ahead, device)
     finally:
         engine_padded.HOST_FILL_MAX_EDGES = limit
+        for patch in patches:
+            patch.stop()
 
 
 def _run_md(atoms, steps: int, skin: float, keep_complete: bool, ahead: bool, device: str) -> dict:
@@ -185,6 +213,12 @@ def main() -> None:
         help="rounds of stop 66's behaviour (every list rebuilt by the displacement test, after the launch on the "
         "old list, its bucket filled on the device) against stop 67's, alternating; 0: the switches one by one",
     )
+    p.add_argument(
+        "--caches-ab",
+        type=int,
+        default=0,
+        help="rounds of the device builds' copies without the kept device inputs against with them, alternating",
+    )
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("probe_md_rebuilds: needs CUDA")
@@ -203,6 +237,20 @@ def main() -> None:
         "|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     cases = []
+    if args.caches_ab:
+        lines[-2] = lines[-2].replace("| rebuild_ahead |", "| rebuild_ahead, device caches |")
+        for name in args.systems.split(","):
+            for _ in range(args.caches_ab):
+                for caches in (False, True):
+                    r = run_md(makers[name](), args.steps, 1.0, True, True, True, caches=caches)
+                    lines.append(
+                        f"| {name} | {r['atoms']} | 1.0 | True | True, {caches} | {r['edges']} | {r['complete']} | "
+                        f"{r['builds']} | {r['kept_us']:.1f} | {r['rebuild_us']:.1f} | {r['mean_us']:.1f} | "
+                        f"{r['ahead']} | {r['rebuilt_ahead']} | {r['discarded']} | {r['graphs']} |"
+                    )
+                    print(lines[-1], flush=True)
+        write_lines(lines, args.out, args.name)
+        return
     for name in args.systems.split(","):
         if args.ab:  # (name, skin, keep_complete, rebuild_ahead, host fill): stop 66, then stop 67
             cases += [

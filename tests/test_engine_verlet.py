@@ -600,3 +600,19 @@ def test_a_molecules_rebuild_fills_its_bucket_on_the_host(model, monkeypatch):
     used.clear()
     periodic.compute(AtomsBatch.from_atoms(silicon_cell(rattle=0.05), dtype=torch.float64), to_host=True)
     assert not used
+
+
+def test_verlet_fill_inputs_are_kept_while_the_same_tensors_come(model):
+    """A Verlet fill's numbers and batch vector on the engine's device are copied once while the very same tensors
+    come unmodified (a periodic box's MD rebuilds); an in-place change gets new copies (on the meta device: the
+    caching alone, on a machine without a GPU)."""
+    engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=0.5)
+    engine.device = torch.device("meta")
+    b = AtomsBatch.from_atoms(molecule("CH4"))
+    first = engine._fill_inputs(b.numbers, b.batch)
+    assert all(t.device.type == "meta" for t in first)
+    second = engine._fill_inputs(b.numbers, b.batch)
+    assert second[0] is first[0] and second[1] is first[1]
+    b.numbers[0] = 1  # in place
+    assert engine._fill_inputs(b.numbers, b.batch)[0] is not first[0]
+    assert engine._fill_inputs(b.numbers.clone(), b.batch)[0] is not first[0]

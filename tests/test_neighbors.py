@@ -615,6 +615,50 @@ def test_verlet_incomplete_or_periodic_lists_rebuild_by_displacement():
     assert got.num_edges == 2 and bool((got.shifts != 0).any()), "the image pair, through the rebuild"
 
 
+def test_verlet_device_inputs_are_kept_while_the_same_tensors_come():
+    """A build on another device copies the caller's cell, pbc, batch and ptr once while the very same tensors come
+    unmodified (MD): the same copies again; an in-place change or another tensor gets new copies. (Copies on the
+    meta device: the caching alone, on a machine without a GPU.)"""
+    b = AtomsBatch.from_atoms(Atoms("H2", positions=[[0, 0, 0], [0.7, 0, 0]], cell=np.eye(3) * 5, pbc=True))
+    vl = VerletNeighborList(3.0)
+    meta = torch.device("meta")
+    inputs = (b.cell, b.pbc, b.batch, b.ptr)
+    first = vl._device_inputs(inputs, meta)
+    assert all(c.device == meta for c in first)
+    assert all(a is c for a, c in zip(vl._device_inputs(inputs, meta), first, strict=True))
+    b.cell.mul_(1.0)  # in place: a new version
+    again = vl._device_inputs(inputs, meta)
+    assert all(a is not c for a, c in zip(again, first, strict=True))
+    other = (b.cell.clone(), b.pbc, b.batch, b.ptr)
+    assert vl._device_inputs(other, meta)[0] is not again[0]
+
+
+def test_neighbor_list_decides_a_device_molecule_from_the_cached_host_geometry(monkeypatch):
+    """``host_cells`` of the same unmodified tensors is found again without a device read
+    (``cached_host_cells``), and the auto rule's test for the device's molecular path reads it when there: periodic
+    or not from its pbc, without ``molecular_device_applicable``'s device reads."""
+    import mlff_distiller.neighbors as nb
+    from mlff_distiller.neighbors._common import cached_host_cells, host_cells
+
+    for pbc in (True, False):
+        b = AtomsBatch.from_atoms(Atoms("H2", positions=[[0, 0, 0], [0.7, 0, 0]], cell=np.eye(3) * 5, pbc=pbc))
+        args = (b.positions, b.cell, b.pbc, b.ptr, 3.0)
+        assert cached_host_cells(*args) is None
+        made = host_cells(b.positions, b.cell, b.pbc, b.batch, b.ptr, 3.0)
+        assert cached_host_cells(*args) is made
+        device_positions = b.positions.to("meta")  # stands for positions on a GPU
+
+        def no_device_read(*a):
+            raise AssertionError("read the device")
+
+        monkeypatch.setattr(nb, "cached_host_cells", lambda *a, made=made: made)
+        monkeypatch.setattr(nb, "molecular_device_applicable", no_device_read)
+        assert nb._molecular_on_device(device_positions, *args[1:]) is (not pbc)
+        monkeypatch.undo()
+        b.cell.mul_(1.0)
+        assert cached_host_cells(*args) is None, "modified in place: not the cached geometry"
+
+
 def _assert_full_list(nl: NeighborList, positions: torch.Tensor, what: str) -> None:
     """What the engine promises the message backward (``message_passing(symmetric=True)``): every edge
     (i <- j, S) has its partner (j <- i, -S), and the pair's two shift vectors and distances agree (to rounding)."""

@@ -354,6 +354,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self.rebuild_ahead = True
         self.n_rebuilt_ahead = 0
         self._ahead_tested = False  # the step launched ahead that this call took had its displacement test run
+        self._verlet_inputs: tuple | None = None  # PaddedPaths._fill_inputs: a Verlet fill's numbers and batch
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call
         self._topology_token = 0
         self._graph_tokens: dict[Bucket, int] = {}

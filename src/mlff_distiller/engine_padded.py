@@ -550,12 +550,17 @@ class PaddedPaths:
             )
             shifts = torch.zeros(shifts.shape, dtype=self.dtype, device=self.device)  # (zero by construction)
         else:
-            dev = batch.to(self.device, self.dtype)
             if exact:  # float64 pair vectors as the shift vectors, zero positions (rewritten every step)
+                dev = batch.to(self.device, self.dtype)
                 with torch.no_grad():  # (a molecule's list is built on the host: its pairs go to the device first)
                     dev, nl = exact_pairs(dev, self._nl_to_device(nl))
+                numbers, positions, structures = dev.numbers, dev.positions, dev.batch
+            else:
+                numbers, structures = self._fill_inputs(batch.numbers, batch.batch)
+                wide = batch.positions64 is not None and self.dtype == torch.float64  # (as AtomsBatch.to takes them)
+                positions = (batch.positions64 if wide else batch.positions).to(self.device, self.dtype)
             sv = nl.shift_vectors.to(self.dtype)
-            fill_padded(graph, dev.numbers, dev.positions, dev.batch, b, nl.edge_index, sv)
+            fill_padded(graph, numbers, positions, structures, b, nl.edge_index, sv)
             shifts = shifts.to(self.device, self.dtype)
         self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
         pinned = graph.positions.is_cuda
@@ -572,6 +577,19 @@ class PaddedPaths:
             exact=exact,
         )
         return fill
+
+    def _fill_inputs(self, numbers: torch.Tensor, structures: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``numbers`` and ``structures`` (the batch vector) on the engine's device for a Verlet fill, the copies of
+        the previous fill while the caller passes the very same tensors, unmodified (MD: a periodic box's rebuild
+        then copies its positions alone; each copy of a host tensor is a wait for the device)."""
+        kept = self._verlet_inputs
+        if kept is not None and all(
+            t is k and t._version == v for t, (k, v) in zip((numbers, structures), kept[0], strict=True)
+        ):
+            return kept[1]
+        copies = (numbers.to(self.device), structures.to(self.device))
+        self._verlet_inputs = (((numbers, numbers._version), (structures, structures._version)), copies)
+        return copies
 
     def _speculates(self, fill: _VerletFill, batch: AtomsBatch) -> bool:
         """Whether the Verlet path launches ``batch``'s step before its displacement test (``speculative_verlet``;

@@ -68,7 +68,15 @@ import os
 
 import torch
 
-from mlff_distiller.neighbors._common import Geometry, NeighborList, RawPairs, finish, host_cells, prepare
+from mlff_distiller.neighbors._common import (
+    Geometry,
+    NeighborList,
+    RawPairs,
+    cached_host_cells,
+    finish,
+    host_cells,
+    prepare,
+)
 from mlff_distiller.neighbors.brute import DEFAULT_MAX_CANDIDATES, brute_force
 from mlff_distiller.neighbors.cell_list import cell_list
 from mlff_distiller.neighbors.cell_list_triton import (
@@ -78,6 +86,7 @@ from mlff_distiller.neighbors.cell_list_triton import (
     triton_runnable,
 )
 from mlff_distiller.neighbors.molecular import (
+    MOLECULAR_MAX_PAIRS,
     molecular_applicable,
     molecular_device_applicable,
     molecular_pairs,
@@ -182,7 +191,7 @@ def neighbor_list(
     if method == "vesin" and not vesin_available():
         vesin_pairs(None)  # raises the ValueError that explains the missing optional dependency
     if method == "auto" and (
-        molecular_applicable(positions, pbc, ptr) or molecular_device_applicable(positions, pbc, ptr)
+        molecular_applicable(positions, pbc, ptr) or _molecular_on_device(positions, cell, pbc, ptr, cutoff)
     ):
         if not float(cutoff) > 0:
             raise ValueError(f"neighbor_list: cutoff must be > 0 Å, got {cutoff}")
@@ -210,6 +219,21 @@ def neighbor_list(
     geo = prepare(positions, cell, pbc, batch, ptr, cutoff, host=host)
     raw: RawPairs = (brute_force if method == "brute" else vesin_pairs)(geo, int(max_candidates))
     return finish(geo, raw, method)
+
+
+def _molecular_on_device(positions, cell, pbc, ptr, cutoff) -> bool:
+    """:func:`~mlff_distiller.neighbors.molecular.molecular_device_applicable`, decided from the host geometry of an
+    earlier call on these very tensors where there was one (a Verlet list's rebuilds of one box: no device read)."""
+    if positions.device.type == "cpu":
+        return False
+    try:
+        known = cached_host_cells(positions, cell, pbc, ptr, cutoff)
+    except (TypeError, ValueError, AttributeError):
+        known = None
+    if known is not None:
+        counts = known.counts
+        return not bool(known.pbc.any()) and int((counts * counts).sum()) <= MOLECULAR_MAX_PAIRS
+    return molecular_device_applicable(positions, pbc, ptr)
 
 
 def neighbor_list_batch(atoms_batch, cutoff: float, method: str = "auto", **kwargs) -> NeighborList:

@@ -170,6 +170,16 @@ def _same_key(a: tuple, b: tuple) -> bool:
     return True
 
 
+def cached_host_cells(positions, cell, pbc, ptr, cutoff: float) -> HostCells | None:
+    """The :class:`HostCells` that :func:`host_cells` made for these very (unmodified) cell, pbc and ptr tensors, or
+    None: a lookup, without validation and without reading anything from the device."""
+    key = _host_key(positions, cell, pbc, ptr, float(cutoff))
+    for k, cached in _HOST_CACHE:
+        if _same_key(k, key):
+            return cached
+    return None
+
+
 def host_cells(
     positions: torch.Tensor,
     cell: torch.Tensor,

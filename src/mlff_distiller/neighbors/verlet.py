@@ -138,6 +138,7 @@ class VerletNeighborList:
         self._host: _HostDisplacement | None = None
         self._strain: _StrainTest | None = None
         self._applied_cell: np.ndarray | None = None
+        self._on_device: tuple | None = None  # (device, ((tensor, version), ...), copies): _device_inputs
         self.complete = False
         self.last = None
 
@@ -304,7 +305,7 @@ class VerletNeighborList:
 
         args = (positions, cell, pbc, batch, ptr)
         if device is not None and torch.device(device) != positions.device:
-            args = tuple(t.to(device) for t in args)
+            args = (positions.to(device), *self._device_inputs((cell, pbc, batch, ptr), torch.device(device)))
         nl = neighbor_list(*args, self.cutoff + self.skin, self.method, **self.neighbor_kwargs)
         ref = {
             "positions": positions.detach().clone(),
@@ -334,6 +335,22 @@ class VerletNeighborList:
         self.complete = _holds_every_pair(nl, pbc, ptr)  # (the caller's: on the host in MD, no device read)
         self.last = nl
         self.n_builds += 1
+
+    def _device_inputs(self, tensors: tuple, device: torch.device) -> tuple:
+        """Copies of the caller's cell, pbc, batch and ptr on ``device`` for a build there, kept while the caller
+        passes the very same tensors, unmodified (MD through the calculator): a periodic box's rebuild then
+        copies its positions alone, and the list's host geometry (``host_cells``, cached by tensor) is found
+        again instead of read back from the device. Each copy of a host tensor is a wait for the device."""
+        kept = self._on_device
+        if (
+            kept is not None
+            and kept[0] == device
+            and all(t is k and t._version == v for t, (k, v) in zip(tensors, kept[1], strict=True))
+        ):
+            return kept[2]
+        copies = tuple(t.to(device) for t in tensors)
+        self._on_device = (device, tuple((t, t._version) for t in tensors), copies)
+        return copies
 
     def _keeps_complete(self) -> bool:
         """The list is kept whatever the displacements: it holds every pair (see the module docstring)."""
