@@ -107,6 +107,8 @@ class VerletNeighborList:
         self.keep_complete = bool(keep_complete)
         self.neighbor_kwargs = neighbor_kwargs
         self.cell_updates = 0
+        # (device, ((tensor, version), ...), copies): _device_inputs; kept across reset (keyed by the tensors)
+        self._on_device: tuple | None = None
         self.n_builds = 0
         self.n_calls = 0
         self._last: NeighborList | None = None
@@ -138,7 +140,6 @@ class VerletNeighborList:
         self._host: _HostDisplacement | None = None
         self._strain: _StrainTest | None = None
         self._applied_cell: np.ndarray | None = None
-        self._on_device: tuple | None = None  # (device, ((tensor, version), ...), copies): _device_inputs
         self.complete = False
         self.last = None
 
