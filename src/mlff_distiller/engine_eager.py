@@ -65,12 +65,11 @@ class EagerPaths:
             nl = v.filtered(batch.positions.to(nl.edge_index.device))
         return nl, rebuilt
 
-    def _rebuild_verlet(self, batch: AtomsBatch) -> None:
-        """Build the Verlet-skin list of ``batch`` now: molecules on the host there (all-pairs NumPy path),
+    def _rebuild_verlet(self, b: AtomsBatch) -> None:
+        """Build the Verlet-skin list of batch ``b`` now: molecules on the host there (all-pairs NumPy path),
         everything else on the engine's device."""
-        host = molecular_applicable(batch.positions, batch.pbc, batch.ptr)
-        b = batch
-        self.verlet.rebuild(b.positions, b.cell, b.pbc, b.batch, b.ptr, b.numbers, device=None if host else self.device)
+        device = None if molecular_applicable(b.positions, b.pbc, b.ptr) else self.device
+        self.verlet.rebuild(b.positions, b.cell, b.pbc, b.batch, b.ptr, b.numbers, device=device)
 
     def _nl_to_device(self, nl: NeighborList) -> NeighborList:
         if nl.edge_index.device == self.device and nl.shift_vectors.dtype == self.dtype:

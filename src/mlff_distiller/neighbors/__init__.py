@@ -228,7 +228,7 @@ def _molecular_on_device(positions, cell, pbc, ptr, cutoff) -> bool:
         return False
     try:
         known = cached_host_cells(positions, cell, pbc, ptr, cutoff)
-    except (TypeError, ValueError, AttributeError):
+    except (TypeError, ValueError, AttributeError):  # not tensors, a bad cutoff: host_cells below names the problem
         known = None
     if known is not None:
         counts = known.counts
