@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["default_device", "resolve_device"]
+__all__ = ["KeptCopies", "default_device", "resolve_device"]
 
 
 def default_device() -> torch.device:
@@ -35,3 +35,30 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
         if dev.index is not None and dev.index >= count:
             raise ValueError(f"device {str(device)!r} requested but only {count} CUDA device(s) are visible")
     return dev
+
+
+class KeptCopies:
+    """Copies of some tensors on a device, made again only for other tensors: the very same tensor objects, not
+    modified in place since (identity and ``_version``), get the copies made before. For inputs that MD passes
+    unchanged step after step (a box's cell, pbc, atomic numbers), whose copy from the host to a GPU would each time
+    be a wait for the device."""
+
+    __slots__ = ("_copies", "_device", "_seen")
+
+    def __init__(self) -> None:
+        self._device: torch.device | None = None
+        self._seen: tuple = ()
+        self._copies: tuple = ()
+
+    def __call__(self, tensors: tuple, device: torch.device) -> tuple:
+        seen = self._seen
+        if (
+            device == self._device
+            and len(tensors) == len(seen)
+            and all(t is s and t._version == v for t, (s, v) in zip(tensors, seen, strict=True))
+        ):
+            return self._copies
+        self._copies = tuple(t.to(device) for t in tensors)
+        self._seen = tuple((t, t._version) for t in tensors)
+        self._device = device
+        return self._copies

@@ -62,7 +62,7 @@ from mlff_distiller.buckets import (
 )
 from mlff_distiller.compile_cache import configure_compile_cache, kernels_source_digest, raise_recompile_limit
 from mlff_distiller.cudagraph import GraphRunner, cuda_graphs_available
-from mlff_distiller.devices import default_device, resolve_device
+from mlff_distiller.devices import KeptCopies, default_device, resolve_device
 from mlff_distiller.engine_budget import (  # noqa: F401 - the budget constants stay importable from here
     DEFAULT_ATOM_BUDGET,
     DEFAULT_MEMORY_FRACTION,
@@ -354,7 +354,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self.rebuild_ahead = True
         self.n_rebuilt_ahead = 0
         self._ahead_tested = False  # the step launched ahead that this call took had its displacement test run
-        self._verlet_inputs: tuple | None = None  # PaddedPaths._fill_inputs: a Verlet fill's numbers and batch
+        self._verlet_inputs = KeptCopies()  # PaddedPaths._fill_inputs: a Verlet fill's numbers and batch vector
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call
         self._topology_token = 0
         self._graph_tokens: dict[Bucket, int] = {}

@@ -583,14 +583,7 @@ class PaddedPaths:
         """``numbers`` and ``structures`` (the batch vector) on the engine's device for a Verlet fill, the copies of
         the previous fill while the caller passes the very same tensors, unmodified (MD: a periodic box's rebuild
         then copies its positions alone; each copy of a host tensor is a wait for the device)."""
-        kept = self._verlet_inputs
-        if kept is not None and all(
-            t is k and t._version == v for t, (k, v) in zip((numbers, structures), kept[0], strict=True)
-        ):
-            return kept[1]
-        copies = (numbers.to(self.device), structures.to(self.device))
-        self._verlet_inputs = (((numbers, numbers._version), (structures, structures._version)), copies)
-        return copies
+        return self._verlet_inputs((numbers, structures), self.device)
 
     def _speculates(self, fill: _VerletFill, batch: AtomsBatch) -> bool:
         """Whether the Verlet path launches ``batch``'s step before its displacement test (``speculative_verlet``;

@@ -56,6 +56,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from mlff_distiller.devices import KeptCopies
 from mlff_distiller.neighbors._common import NeighborList
 
 __all__ = ["VerletNeighborList"]
@@ -107,8 +108,7 @@ class VerletNeighborList:
         self.keep_complete = bool(keep_complete)
         self.neighbor_kwargs = neighbor_kwargs
         self.cell_updates = 0
-        # (device, ((tensor, version), ...), copies): _device_inputs; kept across reset (keyed by the tensors)
-        self._on_device: tuple | None = None
+        self._on_device = KeptCopies()  # _device_inputs; kept across reset (keyed by the tensors themselves)
         self.n_builds = 0
         self.n_calls = 0
         self._last: NeighborList | None = None
@@ -342,16 +342,7 @@ class VerletNeighborList:
         passes the very same tensors, unmodified (MD through the calculator): a periodic box's rebuild then
         copies its positions alone, and the list's host geometry (``host_cells``, cached by tensor) is found
         again instead of read back from the device. Each copy of a host tensor is a wait for the device."""
-        kept = self._on_device
-        if (
-            kept is not None
-            and kept[0] == device
-            and all(t is k and t._version == v for t, (k, v) in zip(tensors, kept[1], strict=True))
-        ):
-            return kept[2]
-        copies = tuple(t.to(device) for t in tensors)
-        self._on_device = (device, tuple((t, t._version) for t in tensors), copies)
-        return copies
+        return self._on_device(tensors, device)
 
     def _keeps_complete(self) -> bool:
         """The list is kept whatever the displacements: it holds every pair (see the module docstring)."""
