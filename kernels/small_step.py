@@ -157,9 +157,7 @@ if HAS_TRITON:
         return wa, wb, wc
 
     @triton.jit
-    def _update(
-        s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr, DOT: tl.constexpr
-    ):
+    def _update(s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr, DOT: tl.constexpr):
         """The update block: ``s, v0, v1, v2`` and what its backward needs."""
         ut = lw + 8 * F * F + 4 * F + 6 * F * RP
         vt = ut + 2 * F * F
