@@ -65,15 +65,20 @@ def _engine_step(model, structures):
         return impl, impl.prepare(structures, forces=True)
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="probe_small_step")
     ap.add_argument("--students", default="builtin:chno-gfn2-small,builtin:chno-gfn2")
-    ap.add_argument("--warps", default="4,8")
-    ap.add_argument("--dots", default="2,1", help="product modes: 2 tf32x2 (weights on the TF32 grid), 1 tf32x3")
+    ap.add_argument("--warps", default="16")
+    ap.add_argument("--dots", default="2", help="product modes: 2 tf32x2 (weights on the TF32 grid), 1 tf32x3")
     ap.add_argument("--g2", default="1024,4096")
     ap.add_argument("--g2-hidden", default="64,128")
+    ap.add_argument("--random-hidden", default="64,128", help="benzene rows of random students without a wall")
     args = ap.parse_args()
     import triton
 
@@ -93,15 +98,17 @@ def main() -> None:
         "engine step µs | engine / kernel |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in args.students.split(","):
-        model = _frozen(load_model(name).to(dev))
-        ref = _frozen(load_model(name).double())
+    students = [(n, lambda n=n: load_model(n)) for n in args.students.split(",") if n]
+    students += [(f"random {h} x 3, no wall", lambda h=h: make_student(hidden=h)) for h in _ints(args.random_hidden)]
+    for name, make in students:
+        model = _frozen(make().to(dev))
+        ref = _frozen(make().double())
         pos, idx = padded(model, [benzene], dev)
         er, _, fr = ss.small_step_reference(ref, pos.double().cpu(), idx.cpu())
         impl, run = _engine_step(model, [benzene])
         t_engine = time_fn(run, dev, rep_ms=300).median_us
-        with torch.no_grad():
-            weights = ss.pack_weights(model)
+        eng = impl.engine
+        print(f"{name}: engine mode {eng.mode}, captured buckets {len(getattr(eng, '_runners', {}))}", flush=True)
         for dot in [int(x) for x in args.dots.split(",")]:
             for warps in [int(x) for x in args.warps.split(",")]:
                 out = (
@@ -110,11 +117,13 @@ def main() -> None:
                     torch.empty((1, ss.MAX_ATOMS, 3), device=dev),
                 )
 
-                def call(dot=dot, warps=warps, out=out, m=model, p=pos, i=idx, w=weights):
-                    return ss.small_step(m, p, i, w, dot=dot, num_warps=warps, out=out)
-
                 t0 = time.perf_counter()
                 try:
+                    step = ss.SmallStep(model, torch.float32, dev, dot=dot, num_warps=warps)
+
+                    def call(step=step, out=out, p=pos, i=idx):
+                        return step(p, i, out)
+
                     with torch.no_grad():
                         call()
                     torch.cuda.synchronize()
@@ -144,8 +153,6 @@ def main() -> None:
     for hidden in [int(x) for x in args.g2_hidden.split(",")]:
         model = _frozen(make_student(hidden=hidden, species=list(G2_SPECIES)).to(dev))
         ref = _frozen(make_student(hidden=hidden, species=list(G2_SPECIES)).double())
-        with torch.no_grad():
-            weights = ss.pack_weights(model)
         for b in [int(x) for x in args.g2.split(",")]:
             mols = [m for m in g2_batch(b) if len(m) <= ss.MAX_ATOMS]
             pos, idx = padded(model, mols, dev)
@@ -156,11 +163,12 @@ def main() -> None:
                 warnings.simplefilter("ignore")
                 f_engine = [r["forces"] for r in predict_forces(model, mols[:k], device="cuda")]
             for warps in [int(x) for x in args.warps.split(",")]:
-
-                def call(warps=warps, m=model, p=pos, i=idx, w=weights):
-                    return ss.small_step(m, p, i, w, num_warps=warps)
-
                 try:
+                    step = ss.SmallStep(model, torch.float32, dev, num_warps=warps)
+
+                    def call(step=step, p=pos, i=idx):
+                        return step(p, i)
+
                     with torch.no_grad():
                         e, _, f = call()
                 except Exception as exc:

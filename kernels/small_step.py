@@ -34,7 +34,7 @@ from ._triton_utils import HAS_TRITON, tl, triton
 if HAS_TRITON:
     from .repulsion import _switched_zbl
 
-__all__ = ["MAX_ATOMS", "layer_size", "pack_weights", "small_step", "small_step_reference", "supports"]
+__all__ = ["MAX_ATOMS", "SmallStep", "layer_size", "pack_weights", "small_step", "small_step_reference", "supports"]
 
 MAX_ATOMS = 16  # NP: the dense pair tile is [NP * NP, F]; 32 atoms would make it 4x larger than registers hold
 
@@ -148,13 +148,11 @@ if HAS_TRITON:
         return h1, xa, xb, xc
 
     @triton.jit
-    def _filters(rbf, lw, NP: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr):
-        """The three filter blocks W(r_ij) ``[NP, NP, F]`` from the basis ``[NP * NP, RP]``."""
+    def _filter(rbf, lw, BLOCK: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr):
+        """One block (0: a, 1: b, 2: c) of the filters W(r_ij) ``[NP, NP, F]`` from the basis ``[NP * NP, RP]``
+        (one block at a time: three ``[NP, NP, F]`` tiles at once would not fit in registers)."""
         wft = lw + 8 * F * F + 4 * F
-        wa = tl.reshape(_mm(rbf, _mat(wft, RP, F, 3 * F), DOT), (NP, NP, F))
-        wb = tl.reshape(_mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT), (NP, NP, F))
-        wc = tl.reshape(_mm(rbf, _mat(wft + 2 * F, RP, F, 3 * F), DOT), (NP, NP, F))
-        return wa, wb, wc
+        return tl.reshape(_mm(rbf, _mat(wft + BLOCK * F, RP, F, 3 * F), DOT), (NP, NP, F))
 
     @triton.jit
     def _update(s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr, DOT: tl.constexpr):
@@ -240,14 +238,13 @@ if HAS_TRITON:
         NP: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, V_ZERO: tl.constexpr, DOT: tl.constexpr,
     ):  # fmt: skip
         """``s + Δs, v + Δv``: Δs_i = Σ_j a_ij, Δv_i = Σ_j b_ij v_j + c_ij u_ij, (a, b, c) = φ(s)_j ⊙ W(r_ij)."""
-        wa, wb, wc = _filters(rbf, lw, NP, F, RP, DOT)
-        s_mid = s + tl.sum(wa * xa[None, :, :], axis=1)
-        mc = wc * xc[None, :, :]
+        s_mid = s + tl.sum(_filter(rbf, lw, 0, NP, F, RP, DOT) * xa[None, :, :], axis=1)
+        mc = _filter(rbf, lw, 2, NP, F, RP, DOT) * xc[None, :, :]
         vm0 = tl.sum(mc * ux[:, :, None], axis=1)
         vm1 = tl.sum(mc * uy[:, :, None], axis=1)
         vm2 = tl.sum(mc * uz[:, :, None], axis=1)
         if not V_ZERO:
-            mb = wb * xb[None, :, :]
+            mb = _filter(rbf, lw, 1, NP, F, RP, DOT) * xb[None, :, :]
             vm0 += v0 + tl.sum(mb * v0[None, :, :], axis=1)
             vm1 += v1 + tl.sum(mb * v1[None, :, :], axis=1)
             vm2 += v2 + tl.sum(mb * v2[None, :, :], axis=1)
@@ -260,51 +257,49 @@ if HAS_TRITON:
     ):  # fmt: skip
         """The message block's backward: ``(dE/dd [NP, NP], dE/du_k [NP, NP] x 3, dE/ds, dE/dv_k)`` where dE/ds and
         dE/dv (of the layer's inputs) are zeros for the first layer (its inputs depend on the species alone)."""
-        wa, wb, wc = _filters(rbf, lw, NP, F, RP, DOT)
         wf = lw + 8 * F * F + 4 * F + 3 * F * RP
         gi0 = g_vm0[:, None, :]
         gi1 = g_vm1[:, None, :]
         gi2 = g_vm2[:, None, :]
+        # one filter block at a time (see _filter): c, then a, then b
+        wc = _filter(rbf, lw, 2, NP, F, RP, DOT)
         gamma = gi0 * ux[:, :, None] + gi1 * uy[:, :, None] + gi2 * uz[:, :, None]
-        g_si = g_smid[:, None, :]
-        pa = tl.reshape(g_si * xa[None, :, :], (NP * NP, F))
-        pc = tl.reshape(gamma * xc[None, :, :], (NP * NP, F))
-        g_rbf = _mm(pa, _mat(wf, F, RP, RP), DOT) + _mm(pc, _mat(wf + 2 * F * RP, F, RP, RP), DOT)
+        g_rbf = _mm(tl.reshape(gamma * xc[None, :, :], (NP * NP, F)), _mat(wf + 2 * F * RP, F, RP, RP), DOT)
         mc = wc * xc[None, :, :]
         g_u0 = tl.sum(mc * gi0, axis=2)
         g_u1 = tl.sum(mc * gi1, axis=2)
         g_u2 = tl.sum(mc * gi2, axis=2)
+        g_si = g_smid[:, None, :]
+        g_rbf += _mm(tl.reshape(g_si * xa[None, :, :], (NP * NP, F)), _mat(wf, F, RP, RP), DOT)
         if V_ZERO:
-            g_d = tl.sum(tl.reshape(g_rbf, (NP, NP, RP)) * drbf, axis=2)
             g_s = g_smid * 0.0
             gv0 = g_s
             gv1 = g_s
             gv2 = g_s
         else:
+            g_xc = tl.sum(gamma * wc, axis=0)
+            g_xa = tl.sum(g_si * _filter(rbf, lw, 0, NP, F, RP, DOT), axis=0)
+            wb = _filter(rbf, lw, 1, NP, F, RP, DOT)
             g_mb = gi0 * v0[None, :, :] + gi1 * v1[None, :, :] + gi2 * v2[None, :, :]
-            pb = tl.reshape(g_mb * xb[None, :, :], (NP * NP, F))
-            g_rbf += _mm(pb, _mat(wf + F * RP, F, RP, RP), DOT)
-            g_d = tl.sum(tl.reshape(g_rbf, (NP, NP, RP)) * drbf, axis=2)
+            g_rbf += _mm(tl.reshape(g_mb * xb[None, :, :], (NP * NP, F)), _mat(wf + F * RP, F, RP, RP), DOT)
+            g_xb = tl.sum(g_mb * wb, axis=0)
             bw = wb * xb[None, :, :]
             gv0 = g_vm0 + tl.sum(bw * gi0, axis=0)
             gv1 = g_vm1 + tl.sum(bw * gi1, axis=0)
             gv2 = g_vm2 + tl.sum(bw * gi2, axis=0)
-            g_xa = tl.sum(g_si * wa, axis=0)
-            g_xb = tl.sum(g_mb * wb, axis=0)
-            g_xc = tl.sum(gamma * wc, axis=0)
             w1 = lw + F * F
             w2 = w1 + 4 * F * F + F
             g_a = _mm(g_xa, _mat(w2, F, F, F), DOT) + _mm(g_xb, _mat(w2 + F * F, F, F, F), DOT)
             g_a += _mm(g_xc, _mat(w2 + 2 * F * F, F, F, F), DOT)
             sg = _sig(h1)
             g_s = g_smid + _mm(g_a * sg * (1.0 + h1 * (1.0 - sg)), _mat(w1, F, F, F), DOT)
+        g_d = tl.sum(tl.reshape(g_rbf, (NP, NP, RP)) * drbf, axis=2)
         return g_d, g_u0, g_u1, g_u2, g_s, gv0, gv1, gv2
 
     @triton.jit
     def _small_step_kernel(
         pos_ptr, idx_ptr, w_ptr, table_ptr, consts_ptr, energy_ptr, atomic_ptr, forces_ptr, n_species,
-        NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, WALL: tl.constexpr,
-        DOT: tl.constexpr,
+        NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0).to(tl.int64)
         H: tl.constexpr = F // 2
@@ -344,23 +339,21 @@ if HAS_TRITON:
         xr = d * k1
         env = tl.where(valid, 0.5 * (tl.cos(xr) + 1.0), 0.0)
         d_env = tl.where(valid, c_env * tl.sin(xr), 0.0)
-        e_atom = px * 0.0
-        de_pair = d * 0.0
-        if WALL:
-            code = ix[:, None] * n_species + ix[None, :]
-            r_off = tl.load(table_ptr + code * 4 + 1)
-            on = valid & (d < r_off)
-            r_on = tl.load(table_ptr + code * 4, mask=on, other=0.0)
-            kzz = tl.load(table_ptr + code * 4 + 2, mask=on, other=0.0)
-            inv_a = tl.load(table_ptr + code * 4 + 3, mask=on, other=1.0)
-            consts = table_ptr + n_species * n_species * 4
-            e, de, sw, dsw = _switched_zbl(d, r_on, tl.where(on, r_off, r_on + 1.0), kzz, inv_a, consts)
-            gate = tl.where(on, 1.0 - sw, 1.0)
-            d_gate = tl.where(on, -dsw, 0.0)
-            e_atom = tl.sum(tl.where(on, e, 0.0), axis=1)
-            de_pair = tl.where(on, de, 0.0)
-            d_env = d_env * gate + env * d_gate
-            env = env * gate
+        # the ZBL wall (a model without one has a table of radius 0: no pair is inside)
+        code = ix[:, None] * n_species + ix[None, :]
+        r_off = tl.load(table_ptr + code * 4 + 1)
+        on = valid & (d < r_off)
+        r_on = tl.load(table_ptr + code * 4, mask=on, other=0.0)
+        kzz = tl.load(table_ptr + code * 4 + 2, mask=on, other=0.0)
+        inv_a = tl.load(table_ptr + code * 4 + 3, mask=on, other=1.0)
+        consts = table_ptr + n_species * n_species * 4
+        e, de, sw, dsw = _switched_zbl(d, r_on, tl.where(on, r_off, r_on + 1.0), kzz, inv_a, consts)
+        gate = tl.where(on, 1.0 - sw, 1.0)
+        d_gate = tl.where(on, -dsw, 0.0)
+        e_atom = tl.sum(tl.where(on, e, 0.0), axis=1)
+        de_pair = tl.where(on, de, 0.0)
+        d_env = d_env * gate + env * d_gate
+        env = env * gate
         rmask = (kr < R)[None, None, :]
         rbf3 = tl.where(rmask, basis * env[:, :, None], 0.0)
         drbf = tl.where(rmask, d_basis * env[:, :, None] + basis * d_env[:, :, None], 0.0)
@@ -462,55 +455,69 @@ def _dot_mode(model, dtype: torch.dtype, device: torch.device) -> int:
     return 2 if model.on_tf32_grid() else 1
 
 
-def small_step(
-    model,
-    positions: Tensor,
-    idx: Tensor,
-    weights: Tensor | None = None,
-    *,
-    dot: int | None = None,
-    num_warps: int = 8,
-    out: tuple[Tensor, Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+class SmallStep:
+    """The one-kernel step of one model, prepared: the packed weights, the wall's table and the radial constants
+    made once in ``dtype`` on ``device`` (a snapshot of the weights: prepare again after changing them), so that a
+    call is one launch and nothing else (it can be captured in a CUDA graph). ``dot``: the products' mode (see
+    ``_mm``; by default ``ieee`` for float64 or off a GPU, float32 on a GPU ``tf32x2`` where the weights are on the
+    TF32 grid, else ``tf32x3``)."""
+
+    def __init__(self, model, dtype=torch.float32, device="cpu", *, dot: int | None = None, num_warps: int = 16):
+        with torch.no_grad():
+            reason = supports(model)
+            if reason is not None:
+                raise ValueError(f"small_step: {reason}")
+            device = torch.device(device)
+            c = model.config
+            self.weights = pack_weights(model, dtype).to(device)
+            table = model.repulsion_table
+            if table is None:  # a wall of radius 0 for every pair: the same compiled kernel, and no pair is inside
+                from .repulsion import repulsion_table
+
+                table = repulsion_table(c.species, {})
+            self.table = table.to(device=device, dtype=dtype).contiguous()
+            rc = float(c.cutoff)
+            consts = [rc, math.pi / rc, math.sqrt(2.0 / rc), -0.5 * math.pi / rc]
+            self.consts = torch.tensor(consts, dtype=dtype, device=device)
+        self.dtype, self.device, self.num_warps = dtype, device, num_warps
+        self.n_species, self.hidden, self.n_rbf = len(c.species), c.hidden, c.n_rbf
+        self.dot = _dot_mode(model, dtype, device) if dot is None else dot
+
+    def __call__(self, positions: Tensor, idx: Tensor, out=None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(energy [B] float64, atomic [B, NP], forces [B, NP, 3])``: see :func:`small_step`."""
+        if positions.dim() != 3 or positions.shape[1:] != (MAX_ATOMS, 3) or idx.shape != positions.shape[:2]:
+            raise ValueError(
+                f"small_step: positions [B, {MAX_ATOMS}, 3] and idx [B, {MAX_ATOMS}] expected, got "
+                f"{tuple(positions.shape)} and {tuple(idx.shape)}"
+            )
+        if positions.dtype != self.dtype or positions.device != self.device or idx.dtype != torch.int32:
+            raise ValueError(
+                f"small_step: positions in {self.dtype} on {self.device} and int32 idx expected, got "
+                f"{positions.dtype} on {positions.device} and {idx.dtype}"
+            )
+        b = positions.shape[0]
+        if out is None:
+            out = (
+                torch.empty(b, dtype=torch.float64, device=self.device),
+                torch.empty((b, MAX_ATOMS), dtype=self.dtype, device=self.device),
+                torch.empty((b, MAX_ATOMS, 3), dtype=self.dtype, device=self.device),
+            )
+        energy, atomic, forces = out
+        if b:
+            _small_step_kernel[(b,)](
+                positions.contiguous(), idx.contiguous(), self.weights, self.table, self.consts, energy, atomic,
+                forces, self.n_species, NP=MAX_ATOMS, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf),
+                DOT=self.dot, num_warps=self.num_warps,
+            )  # fmt: skip
+        return energy, atomic, forces
+
+
+def small_step(model, positions: Tensor, idx: Tensor, **kw) -> tuple[Tensor, Tensor, Tensor]:
     """``(energy [B] float64, atomic [B, NP], forces [B, NP, 3])`` of molecules given as ``positions [B, NP, 3]``
     (Å) and species indices ``idx [B, NP]`` (int32; -1 marks a padding slot), NP = :data:`MAX_ATOMS`; no periodic
-    images. ``weights``: :func:`pack_weights` of the model in the positions' dtype (made here when None). ``dot``:
-    the products' mode (see ``_mm``; by default float64 or a CPU takes ``ieee``, float32 on a GPU ``tf32x2``
-    where the weights are on the TF32 grid, else ``tf32x3``). ``out``: the three outputs, written in place (a
-    captured step's static buffers)."""
-    reason = supports(model)
-    if reason is not None:
-        raise ValueError(f"small_step: {reason}")
-    c = model.config
-    if positions.dim() != 3 or positions.shape[1:] != (MAX_ATOMS, 3) or idx.shape != positions.shape[:2]:
-        raise ValueError(
-            f"small_step: positions [B, {MAX_ATOMS}, 3] and idx [B, {MAX_ATOMS}] expected, got "
-            f"{tuple(positions.shape)} and {tuple(idx.shape)}"
-        )
-    dtype, device = positions.dtype, positions.device
-    if weights is None:
-        weights = pack_weights(model, dtype)
-    table = model.repulsion_table
-    wall = table is not None
-    table = weights if table is None else table.to(dtype).contiguous()
-    rc = float(c.cutoff)
-    consts = torch.tensor([rc, math.pi / rc, math.sqrt(2.0 / rc), -0.5 * math.pi / rc], dtype=dtype, device=device)
-    b = positions.shape[0]
-    if out is None:
-        out = (
-            torch.empty(b, dtype=torch.float64, device=device),
-            torch.empty((b, MAX_ATOMS), dtype=dtype, device=device),
-            torch.empty((b, MAX_ATOMS, 3), dtype=dtype, device=device),
-        )
-    energy, atomic, forces = out
-    mode = _dot_mode(model, dtype, device) if dot is None else dot
-    if b:
-        _small_step_kernel[(b,)](
-            positions.contiguous(), idx.to(torch.int32).contiguous(), weights, table, consts, energy, atomic,
-            forces, len(c.species), NP=MAX_ATOMS, F=c.hidden, R=c.n_rbf, RP=_pow2(c.n_rbf), WALL=wall,
-            DOT=mode, num_warps=num_warps,
-        )  # fmt: skip
-    return energy, atomic, forces
+    images, every pair within the cutoff. Keyword arguments: :class:`SmallStep`'s (made for this one call: keep a
+    ``SmallStep`` for repeated calls)."""
+    return SmallStep(model, positions.dtype, positions.device, **kw)(positions, idx.to(torch.int32))
 
 
 def small_step_reference(model, positions: Tensor, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -40,10 +40,12 @@ def _close(got, want, rtol, atol=0.0):
     torch.testing.assert_close(got.double().cpu(), want.double().cpu(), rtol=rtol, atol=atol)
 
 
-def test_float64_equals_the_models_autograd(triton_device):
+@pytest.mark.parametrize("wall", [WALL, None])
+def test_float64_equals_the_models_autograd(triton_device, wall):
     """Molecules of 16, 12, 7, 2 and 1 atoms (the padding slots of each program, a lone atom) with pairs inside the
-    ZBL wall and pairs beyond the cutoff: energies, atomic energies and forces to float64 rounding."""
-    model = _model()
+    ZBL wall and pairs beyond the cutoff: energies, atomic energies and forces to float64 rounding. Without a
+    wall the kernel takes a table of radius 0."""
+    model = _model(repulsion=wall)
     pos, idx = _molecules([16, 12, 7, 2, 1], spread=2.2)
     pos[1, 1] = pos[1, 0] + torch.tensor([0.85, 0.1, 0.0], dtype=torch.float64)  # inside a wall
     idx[1, :2] = torch.tensor([0, 1], dtype=torch.int32)  # H and C: the (1, 6) wall at 1.2 Å
@@ -51,7 +53,7 @@ def test_float64_equals_the_models_autograd(triton_device):
     assert (d > model.cutoff).any(), "the test wants pairs beyond the cutoff"
     er, ar, fr = ss.small_step_reference(model, pos, idx)
     if triton_device.type == "cuda":  # float32 there: the tensor cores' tf32x3 products
-        m32 = _model(torch.float32).to(triton_device)
+        m32 = _model(torch.float32, repulsion=wall).to(triton_device)
         e, a, f = ss.small_step(m32, pos.float().to(triton_device), idx.to(triton_device))
         _close(e, er, rtol=1e-5, atol=1e-4)
         _close(f, fr, rtol=0, atol=2e-4 * float(fr.abs().max()))
