@@ -8,6 +8,7 @@ CUDA when present.
 import pytest
 import torch
 from mlff_distiller.kernels import small_step as ss
+
 from mlff_distiller.model.painn import StudentModel
 
 NP = ss.MAX_ATOMS
@@ -83,6 +84,7 @@ def test_shipped_student_on_benzene_in_float32():
     """The 64 x 3 student shipped with the package, float32 products (``ieee`` on the interpreter) against its
     float64 copy."""
     from ase.build import molecule
+
     from mlff_distiller import load_model
 
     m32, m64 = load_model("builtin:chno-gfn2-small"), load_model("builtin:chno-gfn2-small").double()
