@@ -61,7 +61,7 @@ def _errors(e, f, er, fr, idx) -> tuple[float, float]:
 def _engine_step(model, structures):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        impl = StepImpl("probe", "ours", model, "cuda")
+        impl = StepImpl("probe", "ours", model, "cuda", mode="cudagraph")  # as probe_student_size's rows
         return impl, impl.prepare(structures, forces=True)
 
 

@@ -479,7 +479,7 @@ class SmallStep:
             rc = float(c.cutoff)
             consts = [rc, math.pi / rc, math.sqrt(2.0 / rc), -0.5 * math.pi / rc]
             self.consts = torch.tensor(consts, dtype=dtype, device=device)
-        self.dtype, self.device, self.num_warps = dtype, device, num_warps
+        self.dtype, self.device, self.num_warps = dtype, self.weights.device, num_warps  # (cuda -> cuda:0)
         self.n_species, self.hidden, self.n_rbf = len(c.species), c.hidden, c.n_rbf
         self.dot = _dot_mode(model, dtype, device) if dot is None else dot
 
