@@ -16,6 +16,14 @@ shipped architecture: PaiNN message and update blocks, the first layer's φ from
 (``StudentModel.first_phi_table``), the last layer's update scalars only, the readout with the per-species scale
 and shift, and the ZBL wall (:mod:`.repulsion`) with its gate on the basis.
 
+**Measured, and not on any path of the engine** (``benchmarks/results/stop68_gpu/``, H200): benzene 610.7 µs
+against the engine's captured step at 131.0 µs (the shipped 64 x 3 student); g2 x 4,096 7.8 µs per structure
+against 0.343. Its forces match the float64 oracle (6.9e-6 eV/Å), but one streaming multiprocessor walks the
+whole chain: the ``[16, 16, 64]`` pair tiles and the layers' saved values exceed the registers (128 a thread at 16
+warps; ptxas spills 18 KB a thread), and the first call compiles for ~150 s. The module stays as the measured
+answer to "one program per molecule" (``benchmarks/probe_small_step.py``) and as a float64 check of the written-out
+backward on dense pairs (``tests/kernels/test_small_step.py``).
+
 Products in float32 take the tensor cores in ``tf32x3`` (float32 accuracy), or, with weights on the TF32 grid
 (``StudentModel.on_tf32_grid``), two TF32 products (``tf32x2``: the weight is exact in TF32, the activation split
 into a TF32 high part and its remainder). Float64 takes ``ieee`` products. One program per molecule: a batch of
