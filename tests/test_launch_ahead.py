@@ -13,6 +13,7 @@ import pytest
 import torch
 from ase import units
 from ase.build import molecule
+from ase.constraints import FixCom
 from ase.md.langevin import Langevin
 from ase.md.verlet import VelocityVerlet
 from helpers import make_model
@@ -41,14 +42,20 @@ def _run(model, ahead: bool, dyn_kind: str, steps: int, name="C6H6"):
     if dyn_kind == "verlet":
         dyn = VelocityVerlet(atoms, timestep=1.0 * units.fs)
     else:
-        dyn = Langevin(atoms, timestep=1.0 * units.fs, temperature_K=1500, friction=0.05, rng=np.random.default_rng(7))
+        if dyn_kind == "langevin-followed":  # as `mlff-distill md` runs a molecule: FixCom, and followed
+            atoms.set_constraint(FixCom())
+        dyn = Langevin(
+            atoms, timestep=1.0 * units.fs, temperature_K=1500, friction=0.05, rng=np.random.default_rng(7), fixcm=False
+        )
+        if dyn_kind == "langevin-followed":
+            calc.follow(dyn)
     energies = []
     dyn.attach(lambda: energies.append(atoms.get_potential_energy()), interval=1)
     dyn.run(steps)
     return atoms, calc, np.array(energies)
 
 
-@pytest.mark.parametrize("dyn_kind", ["verlet", "langevin"])
+@pytest.mark.parametrize("dyn_kind", ["verlet", "langevin", "langevin-followed"])
 def test_a_trajectory_with_launches_ahead_is_the_trajectory_without(fake_graphs, dyn_kind):
     """Bit for bit the same positions, momenta, energies and forces after 60 steps, launches ahead or not: a taken
     launch computed exactly the step the calculation would have launched."""
@@ -61,7 +68,12 @@ def test_a_trajectory_with_launches_ahead_is_the_trajectory_without(fake_graphs,
     np.testing.assert_array_equal(a_on.get_forces(), a_off.get_forces())
     eng = calc_on.engine
     assert calc_off.engine.n_ahead_taken == calc_off.engine.n_ahead_missed == 0
-    if dyn_kind == "verlet":
+    if dyn_kind == "langevin-followed":
+        # the noise predicted from a copy of the integrator's generator: from the second calculation on (the first
+        # comes before any step), every launch is taken; the last one, after the run, is never asked for
+        assert eng.n_ahead_taken == 59 and eng.n_ahead_missed == 0, (eng.n_ahead_taken, eng.n_ahead_missed)
+        assert eng.n_discarded == 0 and eng.n_rebuilt_ahead == eng.verlet.n_builds - 1
+    elif dyn_kind == "verlet":
         # from the third calculation on (dt needs two positions), every launch is taken
         assert eng.n_ahead_taken >= 57 and eng.n_ahead_missed == 0, (eng.n_ahead_taken, eng.n_ahead_missed)
         # across rebuilds: each made ahead, at the predicted positions, so that no launched step was thrown away;
@@ -242,3 +254,41 @@ def test_velocity_verlet_takes_its_launches_ahead_on_cuda():
     builds = eng.verlet.n_builds  # (benzene at 4 + 0.3 Å is not complete: its list is rebuilt)
     assert builds >= 2 and eng.n_rebuilt_ahead == builds - 1 and eng.n_discarded == 0, (builds, eng.n_discarded)
     np.testing.assert_allclose(a_on.positions, a_off.positions, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_a_followed_langevin_takes_its_launches_ahead_on_cuda():
+    """On CUDA: ASE's Langevin with FixCom (``mlff-distill md``'s molecule), followed by the calculator, takes its
+    launches ahead, and its trajectory equals the one not followed (within the float32 steps' sums, 1e-5 Å)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    model = make_model()
+    runs = []
+    for follow in (True, False):
+        atoms = molecule("C6H6")
+        maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(2))
+        atoms.set_constraint(FixCom())
+        calc = StudentCalculator(model, device="cuda", skin=0.3)
+        atoms.calc = calc
+        dyn = Langevin(
+            atoms, timestep=1.0 * units.fs, temperature_K=1500, friction=0.05, rng=np.random.default_rng(7), fixcm=False
+        )
+        if follow:
+            calc.follow(dyn)
+        dyn.run(100)
+        runs.append((atoms, calc.engine))
+    (a_on, eng), (a_off, eng_off) = runs
+    assert eng.n_ahead_taken >= 95 and eng.n_ahead_missed == 0, (eng.n_ahead_taken, eng.n_ahead_missed)
+    assert eng_off.n_ahead_taken == 0
+    np.testing.assert_allclose(a_on.positions, a_off.positions, rtol=0, atol=1e-5)
+
+
+def test_follow_takes_langevin_only():
+    calc = StudentCalculator(make_model(), device="cpu")
+    atoms = molecule("H2O")
+    with pytest.raises(ValueError, match="Langevin"):
+        calc.follow(VelocityVerlet(atoms, timestep=1.0 * units.fs))
+    dyn = Langevin(atoms, timestep=1.0 * units.fs, temperature_K=300, friction=0.05, fixcm=False)
+    assert calc.follow(dyn) is calc and calc._followed is dyn
+    calc.follow(None)
+    assert calc._followed is None

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
+from mlff_distiller import _langevin_ahead
 from mlff_distiller import batch as batch_module
 from mlff_distiller import domain as _domain
 from mlff_distiller.batch import MIN_VOLUME, AtomsBatch
@@ -134,6 +135,7 @@ class StudentCalculator(Calculator):
         # _launch_ahead: the previous calculation's positions, the masses by (numbers, masses) bytes, launches in a
         # row that the next calculation did not take, and calculations left before predicting again.
         self._ahead_prev: np.ndarray | None = None
+        self._followed = None  # follow(): the Langevin integrator whose next positions are predicted
         self._ahead_masses: tuple | None = None
         self._ahead_misses = 0
         self._ahead_pause = 0
@@ -385,7 +387,9 @@ class StudentCalculator(Calculator):
         set before this calculation, the forces ``F`` just computed. ``dt`` is read off the last move
         (``x - x_prev = dt p / m``, least squares over every coordinate): in float64 its error moves the predicted
         coordinates by ~1e-16 Å, which the float32 positions the engine takes do not resolve. Other motion (a
-        thermostat's friction and noise, constraints, a relaxation) is not predicted: after ``AHEAD_MISSES``
+        thermostat's friction and noise, constraints, a relaxation) is not predicted, except ASE's ``Langevin`` where
+        the calculator follows it (:meth:`follow`: its noise drawn from a copy of its generator; any constraints
+        that do not redistribute the noise, such as ``FixCom``): after ``AHEAD_MISSES``
         launches in a row that the next calculation did not take, the calculator stops for ``AHEAD_PAUSE``
         calculations. A float32 engine only (float64 positions would have to match to the last bit)."""
         eng = self.engine
@@ -401,8 +405,17 @@ class StudentCalculator(Calculator):
         if self._ahead_pause > 0:
             self._ahead_pause -= 1
             return
-        p = atoms.arrays.get("momenta")
         last = self._last_batch
+        dyn = self._followed
+        if dyn is not None and _langevin_ahead.is_langevin(dyn):
+            if eng.dtype != torch.float32 or last is None or set(system_changes) != {"positions"}:
+                return
+            x_next = _langevin_ahead.next_positions(dyn, atoms, self.results["forces"])
+            batch = None if x_next is None else self._moved(last, x_next, None)
+            if batch is not None:
+                eng.launch_ahead(batch)
+            return
+        p = atoms.arrays.get("momenta")
         if (
             p is None
             or prev is None
@@ -427,6 +440,19 @@ class StudentCalculator(Calculator):
         batch = self._moved(last, x + dt * p_next / m, None)
         if batch is not None:
             eng.launch_ahead(batch)
+
+    def follow(self, dyn) -> StudentCalculator:
+        """Predict the next positions of the integrator ``dyn`` for the launch ahead (see :meth:`_launch_ahead`):
+        ASE's ``Langevin`` on this calculator's atoms, whose next positions take the noise its next step draws
+        (:mod:`mlff_distiller._langevin_ahead` draws the same numbers from a copy of its generator). Without it, the
+        calculator predicts velocity Verlet only. ``None`` stops following. Returns the calculator."""
+        if dyn is not None and not _langevin_ahead.is_langevin(dyn):
+            raise ValueError(
+                f"follow: ASE's Langevin is the integrator followed (velocity Verlet needs no call); got "
+                f"{type(dyn).__name__}"
+            )
+        self._followed = dyn
+        return self
 
     def _masses(self, atoms) -> np.ndarray:
         """``atoms.get_masses()[:, None]``, kept while the numbers and any masses array stay the same."""

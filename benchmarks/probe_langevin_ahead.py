@@ -1,0 +1,98 @@
+"""Probe (GPU): ASE Langevin MD through ``StudentCalculator``, its next positions predicted or not (stop 68).
+
+``mlff-distill md``'s default integrator is ASE's ``Langevin`` with ``FixCom`` on a molecule. Until stop 68 the
+calculator's launch ahead (stop 66) predicted velocity Verlet only: a Langevin step could not be launched before ASE
+asked for it, its noise being drawn at the start of the step. With ``StudentCalculator.follow(dyn)`` the calculator
+draws the same noise from a copy of the integrator's generator (``mlff_distiller._langevin_ahead``). Here, per
+system, the wall clock per step (median, mean) of Langevin followed and not followed, alternating rounds, and
+velocity Verlet beside; the launches taken and missed.
+
+    python benchmarks/probe_langevin_ahead.py --out DIR [--steps 1000] [--rounds 2] [--model builtin:chno-gfn2-small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import write_lines
+
+from mlff_distiller import StudentCalculator
+
+
+def _run(model: str, name: str, kind: str, steps: int) -> tuple[float, float, int, int]:
+    from ase import units
+    from ase.build import molecule
+    from ase.constraints import FixCom
+    from ase.md.langevin import Langevin
+    from ase.md.verlet import VelocityVerlet
+
+    from mlff_distiller.ase_compat import maxwell_boltzmann
+
+    atoms = molecule(name)
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        calc = StudentCalculator(model, device="cuda")
+    atoms.calc = calc
+    if kind == "verlet":
+        dyn = VelocityVerlet(atoms, timestep=0.5 * units.fs)
+    else:
+        atoms.set_constraint(FixCom())  # as mlff-distill md runs a molecule
+        dyn = Langevin(
+            atoms, timestep=0.5 * units.fs, temperature_K=300, friction=0.01 / units.fs,
+            rng=np.random.default_rng(1), fixcm=False,
+        )  # fmt: skip
+        if kind == "langevin followed":
+            calc.follow(dyn)
+    dyn.run(50)  # warm-up: the capture, the first launches
+    eng = calc.engine
+    taken0, missed0 = eng.n_ahead_taken, eng.n_ahead_missed
+    t = np.empty(steps)
+    prev = time.perf_counter()
+    for k in range(steps):
+        dyn.run(1)
+        now = time.perf_counter()
+        t[k], prev = now - prev, now
+    return float(np.median(t) * 1e6), float(t.mean() * 1e6), eng.n_ahead_taken - taken0, eng.n_ahead_missed - missed0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--name", default="probe_langevin_ahead")
+    ap.add_argument("--model", default="builtin:chno-gfn2-small")
+    ap.add_argument("--systems", default="C6H6,CH3CH2OH")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    import triton
+
+    lines = [
+        f"# {args.name}",
+        "",
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; {args.model}, "
+        f"fp32, 0.5 fs, 300 K, friction 0.01 / fs, FixCom (Langevin); {args.steps} steps after 50 of warm-up; wall "
+        "clock between steps; rounds alternate.",
+        "",
+        "| system | integrator | round | median µs | mean µs | launches taken | missed |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in args.systems.split(","):
+        for r in range(args.rounds):
+            for kind in ("langevin followed", "langevin", "verlet"):
+                med, mean, taken, missed = _run(args.model, name, kind, args.steps)
+                lines.append(f"| {name} | {kind} | {r + 1} | {med:.1f} | {mean:.1f} | {taken} | {missed} |")
+                print(lines[-1], flush=True)
+    write_lines(lines, args.out, args.name)
+
+
+if __name__ == "__main__":
+    main()
