@@ -34,16 +34,34 @@ def is_langevin(dyn) -> bool:
     return type(dyn) is Langevin  # (a subclass may step otherwise)
 
 
+# One twin generator per kind of generator, whose state is set from the integrator's before each draw: a state copy
+# costs ~4 µs where copy.deepcopy of a NumPy Generator costs ~57 µs (development CPU), which made a followed
+# Langevin step slower than one not followed (benchmarks/results/stop68_gpu/d/).
+_TWINS: dict = {}
+
+
 def _draws(rng, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``xi, eta`` as the next step draws them, from a copy of ``rng`` (NumPy's global generator: its state saved and
-    restored)."""
-    if rng is np.random:
+    """``xi, eta`` as the next step draws them from ``rng``, which is left as it was: drawn from a twin generator
+    in ``rng``'s state (NumPy's global generator: its state saved and restored)."""
+    if isinstance(rng, np.random.Generator):
+        bits = rng.bit_generator
+        twin = _TWINS.get(type(bits))
+        if twin is None:
+            twin = _TWINS[type(bits)] = np.random.Generator(type(bits)())
+        twin.bit_generator.state = bits.state
+    elif isinstance(rng, np.random.RandomState):
+        twin = _TWINS.get(np.random.RandomState)
+        if twin is None:
+            twin = _TWINS[np.random.RandomState] = np.random.RandomState()
+        twin.set_state(rng.get_state())
+    elif rng is np.random:
         state = np.random.get_state()  # noqa: NPY002 (ASE Langevin's default rng is the legacy global one)
         try:
             return rng.standard_normal(size=(n, 3)), rng.standard_normal(size=(n, 3))
         finally:
             np.random.set_state(state)  # noqa: NPY002
-    twin = copy.deepcopy(rng)
+    else:  # another object with standard_normal: a copy of it
+        twin = copy.deepcopy(rng)
     return twin.standard_normal(size=(n, 3)), twin.standard_normal(size=(n, 3))
 
 
@@ -67,9 +85,10 @@ def next_positions(dyn, atoms, forces: np.ndarray) -> np.ndarray | None:
         if hasattr(c, "adjust_momenta"):
             c.adjust_momenta(atoms, momenta)
     # 2. the next step up to set_positions
-    f = forces.copy()  # get_forces(md=True): a copy, adjusted by the constraints with a potential energy
+    f = forces  # get_forces(md=True): adjusted by the constraints with a potential energy (on a copy)
     for c in constraints:
         if hasattr(c, "adjust_potential_energy"):
+            f = f.copy() if f is forces else f
             c.adjust_forces(atoms, f)
     v = momenta / atoms.get_masses()[:, np.newaxis]
     xi, eta = _draws(dyn.rng, n)
@@ -83,8 +102,6 @@ def next_positions(dyn, atoms, forces: np.ndarray) -> np.ndarray | None:
         rnd_vel *= factor
     v += dyn.c1 * f / masses - dyn.c2 * v + rnd_vel
     new = atoms.get_positions() + dyn.dt * v + rnd_pos
-    if constraints:
-        new = np.array(new, float)
-        for c in constraints:
-            c.adjust_positions(atoms, new)
+    for c in constraints:  # (set_positions adjusts a float copy; ``new`` is this function's own)
+        c.adjust_positions(atoms, new)
     return new
