@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--systems", default="C6H6,CH3CH2OH")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cli-steps", type=int, default=0, help="also time mlff-distill md's run_md (0: not)")
     args = ap.parse_args()
     import triton
 
@@ -91,7 +92,42 @@ def main() -> None:
                 med, mean, taken, missed = _run(args.model, name, kind, args.steps)
                 lines.append(f"| {name} | {kind} | {r + 1} | {med:.1f} | {mean:.1f} | {taken} | {missed} |")
                 print(lines[-1], flush=True)
+    if args.cli_steps:
+        lines += [
+            "",
+            f"## `mlff-distill md` (run_md), benzene, its defaults (builtin:chno-gfn2, Langevin with FixCom, a frame "
+            f"every 10 steps), {args.cli_steps} steps: s_per_step",
+            "",
+            "| round | followed µs/step | not followed µs/step |",
+            "|---:|---:|---:|",
+        ]
+        for r in range(args.rounds):
+            a, b = _cli_step_us(args.out, args.cli_steps, True), _cli_step_us(args.out, args.cli_steps, False)
+            lines.append(f"| {r + 1} | {a:.1f} | {b:.1f} |")
+            print(lines[-1], flush=True)
     write_lines(lines, args.out, args.name)
+
+
+def _cli_step_us(out: Path, steps: int, follow: bool) -> float:
+    """``run_md``'s own s_per_step (start-up apart), with the calculator's ``follow`` made a no-op for False."""
+    from ase.build import molecule
+    from ase.io import write
+
+    from mlff_distiller.cli_commands import run_md
+    from mlff_distiller.cli_jobs import MDJob
+
+    src = out / "benzene_cli.xyz"
+    write(src, molecule("C6H6"))
+    saved = StudentCalculator.follow
+    if not follow:
+        StudentCalculator.follow = lambda self, dyn: self
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = run_md(MDJob(input=str(src), output=str(out / "md_cli.extxyz"), steps=steps, device="cuda"))
+    finally:
+        StudentCalculator.follow = saved
+    return 1e6 * float(res["s_per_step"])
 
 
 if __name__ == "__main__":
