@@ -843,10 +843,18 @@ case "${1:-}" in
     timeout 200 python3 benchmarks/probe_langevin_ahead.py --out "$OUT" --name probe_langevin_cli_h200 --systems C6H6 \
       --steps 300 --cli-steps 3000 >"$OUT/probe_langevin_cli.log" 2>&1; tail -14 "$OUT/probe_langevin_cli.log"
     ;;
+  stop68g)
+    # stop68f's host ran the followed Langevin slower (467-492 against 363-393 µs), as e/'s second benzene round did
+    # (425): the prediction now makes FixCom's adjustments itself (30 µs against 56 on the development CPU), and the
+    # integrators' order rotates from round to round. Benzene and ethanol, then mlff-distill md's own pace.
+    timeout 150 python3 benchmarks/probe_langevin_ahead.py --out "$OUT" --name probe_langevin_ahead_h200 \
+      --steps 800 --rounds 2 --cli-steps 2000 >"$OUT/probe_langevin_ahead.log" 2>&1
+    tail -22 "$OUT/probe_langevin_ahead.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68a|stop68b|stop68c|stop68d|stop68e|stop68f (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68a|stop68b|stop68c|stop68d|stop68e|stop68f|stop68g (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
