@@ -445,7 +445,11 @@ class StudentCalculator(Calculator):
         """Predict the next positions of the integrator ``dyn`` for the launch ahead (see :meth:`_launch_ahead`):
         ASE's ``Langevin`` on this calculator's atoms, whose next positions take the noise its next step draws
         (:mod:`mlff_distiller._langevin_ahead` draws the same numbers from a copy of its generator). Without it, the
-        calculator predicts velocity Verlet only. ``None`` stops following. Returns the calculator."""
+        calculator predicts velocity Verlet only. ``None`` stops following. Returns the calculator.
+
+        Opt-in: every launch was taken on an H200 (benchmarks/results/stop68_gpu/), but the prediction's host work
+        (~30 µs on the development CPU) sits before the launch, and the step was 1.05-1.1x faster on one host and
+        0.8x on another (``benchmarks/probe_langevin_ahead.py``)."""
         if dyn is not None and not _langevin_ahead.is_langevin(dyn):
             raise ValueError(
                 f"follow: ASE's Langevin is the integrator followed (velocity Verlet needs no call); got "

@@ -157,7 +157,6 @@ def run_md(job: MDJob) -> dict:
             rng=rng,
             fixcm=False,
         )
-        atoms.calc.follow(dyn)  # its next positions predicted, noise included: the launch ahead (a GPU step)
     Path(job.output).parent.mkdir(parents=True, exist_ok=True)
     # The first forces (the model's load onto the device, its kernels and, on a GPU, the step's capture) are timed
     # apart from the steps: s_per_step is the MD loop's own pace, start-up is reported as startup_s.
