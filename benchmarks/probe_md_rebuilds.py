@@ -86,17 +86,17 @@ def run_md(
     from unittest import mock
 
     import mlff_distiller.neighbors as nb
-    from mlff_distiller import engine_padded
+    from mlff_distiller import engine_verlet
     from mlff_distiller.neighbors.verlet import VerletNeighborList
 
-    limit = engine_padded.HOST_FILL_MAX_EDGES
-    engine_padded.HOST_FILL_MAX_EDGES = limit if host_fill else 0
+    limit = engine_verlet.HOST_FILL_MAX_EDGES
+    engine_verlet.HOST_FILL_MAX_EDGES = limit if host_fill else 0
     patches = []
     if not caches:
         patches = [
             mock.patch.object(VerletNeighborList, "_device_inputs", lambda self, ts, d: tuple(t.to(d) for t in ts)),
             mock.patch.object(
-                engine_padded.PaddedPaths, "_fill_inputs", lambda self, n, b: (n.to(self.device), b.to(self.device))
+                engine_verlet.VerletPaths, "_fill_inputs", lambda self, n, b: (n.to(self.device), b.to(self.device))
             ),
             mock.patch.object(
                 nb, "_molecular_on_device", lambda p, c, pbc, ptr, cut: nb.molecular_device_applicable(p, pbc, ptr)
@@ -107,7 +107,7 @@ def run_md(
     try:
         return _run_md(atoms, steps, skin, keep_complete, ahead, device)
     finally:
-        engine_padded.HOST_FILL_MAX_EDGES = limit
+        engine_verlet.HOST_FILL_MAX_EDGES = limit
         for patch in patches:
             patch.stop()
 

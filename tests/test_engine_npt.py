@@ -259,7 +259,7 @@ def test_padded_verlet_makes_kept_shift_vectors_on_the_device(model, monkeypatch
 def test_write_shift_vectors(model, structures):
     """``_write_shift_vectors`` (the padded Verlet path under a new cell): ``shifts[e] @ cell[structure[e]]`` in the
     engine dtype, for one structure and for several, equal to the float64 product."""
-    from mlff_distiller.engine_padded import _VerletFill
+    from mlff_distiller.engine_verlet import _VerletFill
 
     rng = np.random.default_rng(3)
     e = 50

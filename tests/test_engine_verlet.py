@@ -507,7 +507,7 @@ def test_host_results_are_not_overwritten_by_the_next_call_on_cuda(model, as_num
 def test_md_bucket_is_kept_while_the_list_fits_and_chosen_with_headroom(model):
     """On the MD path a rebuilt list stays in the bucket it ran in while it fits (no flip-flop between two
     captured shapes), and a new bucket leaves VERLET_EDGE_HEADROOM spare edge slots; results stay exact."""
-    from mlff_distiller import engine_padded
+    from mlff_distiller import engine_verlet
 
     fast, ref = _engines(model, "cpu", skin=0.5)
     fast.verlet.keep_complete = False  # ethanol's list holds every pair: kept whatever the stretch otherwise
@@ -525,7 +525,7 @@ def test_md_bucket_is_kept_while_the_list_fits_and_chosen_with_headroom(model):
     (b0, e0), (b1, e1), (b2, _) = buckets
     assert e1 < e0 and fast.buckets.select(len(atoms), e1) != b0, "the stretched list must fit a smaller bucket"
     assert b0 == b1 == b2  # kept
-    assert b0 == fast.buckets.select(len(atoms), int(np.ceil(e0 * engine_padded.VERLET_EDGE_HEADROOM)))
+    assert b0 == fast.buckets.select(len(atoms), int(np.ceil(e0 * engine_verlet.VERLET_EDGE_HEADROOM)))
 
 
 @pytest.mark.parametrize("speculative", [False, True])
@@ -571,11 +571,11 @@ def test_a_molecules_rebuild_fills_its_bucket_on_the_host(model, monkeypatch):
     """A molecule's Verlet rebuild writes the bucket on the host (``fill_padded_host``, two transfers on a GPU): every
     static buffer equals the device fill's after each call of an MD-like walk with rebuilds, and so do the results;
     a periodic system keeps the device fill."""
-    from mlff_distiller import engine_padded
+    from mlff_distiller import engine_verlet
 
     used = []
-    real = engine_padded.fill_padded_host
-    monkeypatch.setattr(engine_padded, "fill_padded_host", lambda *a, **k: used.append(1) or real(*a, **k))
+    real = engine_verlet.fill_padded_host
+    monkeypatch.setattr(engine_verlet, "fill_padded_host", lambda *a, **k: used.append(1) or real(*a, **k))
     host = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=0.3)
     device = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=0.3)
     atoms = molecule("C6H6")
@@ -585,7 +585,7 @@ def test_a_molecules_rebuild_fills_its_bucket_on_the_host(model, monkeypatch):
         batch = AtomsBatch.from_atoms(atoms, dtype=torch.float64)
         got = host.compute(batch, to_host=True)
         with monkeypatch.context() as m:
-            m.setattr(engine_padded, "HOST_FILL_MAX_EDGES", 0)  # the device fill
+            m.setattr(engine_verlet, "HOST_FILL_MAX_EDGES", 0)  # the device fill
             n_used = len(used)
             want = device.compute(batch, to_host=True)
             assert len(used) == n_used

@@ -1,4 +1,4 @@
-"""The padded Verlet path's zero-copy step (``ForceEngine.zero_copy``, ``PaddedPaths._md_launch``): an MD step whose
+"""The padded Verlet path's zero-copy step (``ForceEngine.zero_copy``, ``VerletPaths._md_launch``): an MD step whose
 positions are read from, and whose packed output is written to, host buffers by the captured step's own kernels.
 
 On the CPU the buffers are plain tensors and the capture is a stand-in (``FakeRunner``: the step run at each
@@ -16,7 +16,7 @@ from helpers import make_model, random_molecule, silicon_cell
 
 from mlff_distiller import AtomsBatch, ForceEngine, StudentCalculator
 from mlff_distiller import cudagraph as cudagraph_module
-from mlff_distiller import engine_padded as padded_module
+from mlff_distiller import engine_verlet as verlet_module
 from mlff_distiller.ase_compat import maxwell_boltzmann
 from mlff_distiller.cudagraph import HostBuffer, copy_bits, host_views_work
 
@@ -130,7 +130,7 @@ def test_atom_counts_sharing_a_bucket_get_their_own_step_and_release_drops_them(
 def test_a_bucket_holds_a_bounded_number_of_zero_copy_steps(model, fake_graphs, monkeypatch):
     """Beyond ``ZERO_COPY_COUNTS_PER_BUCKET`` atom counts in one bucket, further counts take the bucket's plain graph
     (one for all of them): the captured pools stay bounded; every result stays right."""
-    monkeypatch.setattr(padded_module, "ZERO_COPY_COUNTS_PER_BUCKET", 2)
+    monkeypatch.setattr(verlet_module, "ZERO_COPY_COUNTS_PER_BUCKET", 2)
     fast = _engine(model)
     ref = ForceEngine(model, device="cpu", precision="fp64", mode="eager")
     for name in ("CH4", "H2O", "NH3", "C2H2", "CH4"):

@@ -72,6 +72,7 @@ from mlff_distiller.engine_budget import (  # noqa: F401 - the budget constants 
 )
 from mlff_distiller.engine_eager import EagerPaths
 from mlff_distiller.engine_padded import PaddedPaths
+from mlff_distiller.engine_verlet import VerletPaths
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model import analytic as analytic_path
 from mlff_distiller.model.painn import CSRInteraction
@@ -157,7 +158,7 @@ def _default_ladder(engine: ForceEngine, requested_mode: str) -> BucketLadder:
     return BucketLadder(**ladder)
 
 
-class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
+class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
     """Energy, forces and stress for batches of structures with a :class:`StudentModel`.
 
     Args:
@@ -317,7 +318,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         # Page-locked host copies of the packed outputs, per (bucket, stress step).
         self._host_out: dict[tuple[Bucket, bool], torch.Tensor] = {}
         # Padded Verlet path (MD): the step captured with its positions read from, and its packed output written
-        # to, host buffers in place (cudagraph.HostBuffer), per (bucket, real atoms); see PaddedPaths._md_launch.
+        # to, host buffers in place (cudagraph.HostBuffer), per (bucket, real atoms); see VerletPaths._md_launch.
         # None: on CUDA where the device addresses them (checked once: _zero_copy_works); True/False force it (the
         # tests run it on the CPU, where the buffers are plain tensors).
         self.zero_copy: bool | None = None
@@ -354,7 +355,7 @@ class ForceEngine(EagerPaths, PaddedPaths, BudgetMixin):
         self.rebuild_ahead = True
         self.n_rebuilt_ahead = 0
         self._ahead_tested = False  # the step launched ahead that this call took had its displacement test run
-        self._verlet_inputs = KeptCopies()  # PaddedPaths._fill_inputs: a Verlet fill's numbers and batch vector
+        self._verlet_inputs = KeptCopies()  # VerletPaths._fill_inputs: a Verlet fill's numbers and batch vector
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call
         self._topology_token = 0
         self._graph_tokens: dict[Bucket, int] = {}
