@@ -231,6 +231,14 @@ if HAS_TRITON:
         j = tl.load(ei + n_edges + offs, mask=m, other=0)
         code = tl.load(idx + i, mask=m, other=0) * n_species + tl.load(idx + j, mask=m, other=0)
         r = tl.load(dist + offs, mask=m, other=0.0)
+        on, e, de, gate, dgate = _pair_terms(r, code, m, table, n_species)
+        return offs, m, i, on, e, de, gate, dgate
+
+    @triton.jit
+    def _pair_terms(r, code, m, table, n_species):
+        """Pairs at distances ``r`` of species code ``code`` (``S · idx_i + idx_j``; rows ``m``): ``(inside the wall,
+        e, de/dr, gate, dgate/dr)``, each a tensor of ``r``'s shape (the edge kernels' and the one-kernel step's,
+        :mod:`.small_step`)."""
         r_off = tl.load(table + code * 4 + 1, mask=m, other=0.0)
         on = m & (r < r_off)
         r_on = tl.load(table + code * 4, mask=on, other=0.0)
@@ -238,9 +246,7 @@ if HAS_TRITON:
         inv_a = tl.load(table + code * 4 + 3, mask=on, other=1.0)
         consts = table + n_species * n_species * 4
         e, de, sw, dsw = _switched_zbl(r, r_on, tl.where(on, r_off, r_on + 1.0), kzz, inv_a, consts)
-        gate = tl.where(on, 1.0 - sw, 1.0)
-        dgate = tl.where(on, -dsw, 0.0)
-        return offs, m, i, on, e, de, gate, dgate
+        return on, e, de, tl.where(on, 1.0 - sw, 1.0), tl.where(on, -dsw, 0.0)
 
     @triton.jit
     def _wall_gate(i, j, d, m, idx, table, n_species, ORDER: tl.constexpr):

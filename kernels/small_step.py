@@ -40,7 +40,7 @@ from torch import Tensor
 from ._triton_utils import HAS_TRITON, tl, triton
 
 if HAS_TRITON:
-    from .repulsion import _switched_zbl
+    from .repulsion import _pair_terms
 
 __all__ = ["MAX_ATOMS", "SmallStep", "layer_size", "pack_weights", "small_step", "small_step_reference", "supports"]
 
@@ -349,15 +349,7 @@ if HAS_TRITON:
         d_env = tl.where(valid, c_env * tl.sin(xr), 0.0)
         # the ZBL wall (a model without one has a table of radius 0: no pair is inside)
         code = ix[:, None] * n_species + ix[None, :]
-        r_off = tl.load(table_ptr + code * 4 + 1)
-        on = valid & (d < r_off)
-        r_on = tl.load(table_ptr + code * 4, mask=on, other=0.0)
-        kzz = tl.load(table_ptr + code * 4 + 2, mask=on, other=0.0)
-        inv_a = tl.load(table_ptr + code * 4 + 3, mask=on, other=1.0)
-        consts = table_ptr + n_species * n_species * 4
-        e, de, sw, dsw = _switched_zbl(d, r_on, tl.where(on, r_off, r_on + 1.0), kzz, inv_a, consts)
-        gate = tl.where(on, 1.0 - sw, 1.0)
-        d_gate = tl.where(on, -dsw, 0.0)
+        on, e, de, gate, d_gate = _pair_terms(d, code, valid, table_ptr, n_species)
         e_atom = tl.sum(tl.where(on, e, 0.0), axis=1)
         de_pair = tl.where(on, de, 0.0)
         d_env = d_env * gate + env * d_gate

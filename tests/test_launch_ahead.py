@@ -231,24 +231,34 @@ def test_a_taken_launch_skips_the_second_displacement_test(fake_graphs, monkeypa
         assert eng.verlet.n_calls == calls + 1
 
 
+def _cuda_runs(make_dyn) -> list:
+    """Benzene at 1,500 K for 100 steps on CUDA, twice: ``make_dyn(atoms, calc, on)`` sets up each run's integrator
+    (``on`` True, then False); returns ``[(atoms, engine)]`` of the two."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    model = make_model()
+    runs = []
+    for on in (True, False):
+        atoms = molecule("C6H6")
+        maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(2))
+        calc = StudentCalculator(model, device="cuda", skin=0.3)
+        atoms.calc = calc
+        make_dyn(atoms, calc, on).run(100)
+        runs.append((atoms, calc.engine))
+    return runs
+
+
 @pytest.mark.gpu
 def test_velocity_verlet_takes_its_launches_ahead_on_cuda():
     """On CUDA (mode auto: captured steps, the zero-copy step): velocity Verlet takes its launches ahead, and its
     trajectory equals the one without them (float32 steps on the same inputs: the same results up to the
     message passing's float32 sums, so positions within 1e-5 Å after 100 steps)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    model = make_model()
-    runs = []
-    for ahead in (True, False):
-        atoms = molecule("C6H6")
-        maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(2))
-        calc = StudentCalculator(model, device="cuda", skin=0.3)
-        calc.launch_ahead = ahead
-        atoms.calc = calc
-        VelocityVerlet(atoms, timestep=1.0 * units.fs).run(100)
-        runs.append((atoms, calc.engine))
-    (a_on, eng), (a_off, _) = runs
+
+    def verlet(atoms, calc, on):
+        calc.launch_ahead = on
+        return VelocityVerlet(atoms, timestep=1.0 * units.fs)
+
+    (a_on, eng), (a_off, _) = _cuda_runs(verlet)
     assert eng.mode == "cudagraph" and eng._md_runners
     assert eng.n_ahead_taken >= 95 and eng.n_ahead_missed == 0, (eng.n_ahead_taken, eng.n_ahead_missed)
     builds = eng.verlet.n_builds  # (benzene at 4 + 0.3 Å is not complete: its list is rebuilt)
@@ -260,24 +270,16 @@ def test_velocity_verlet_takes_its_launches_ahead_on_cuda():
 def test_a_followed_langevin_takes_its_launches_ahead_on_cuda():
     """On CUDA: ASE's Langevin with FixCom (``mlff-distill md``'s molecule), followed by the calculator, takes its
     launches ahead, and its trajectory equals the one not followed (within the float32 steps' sums, 1e-5 Å)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    model = make_model()
-    runs = []
-    for follow in (True, False):
-        atoms = molecule("C6H6")
-        maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(2))
+
+    def langevin(atoms, calc, on):
         atoms.set_constraint(FixCom())
-        calc = StudentCalculator(model, device="cuda", skin=0.3)
-        atoms.calc = calc
-        dyn = Langevin(
-            atoms, timestep=1.0 * units.fs, temperature_K=1500, friction=0.05, rng=np.random.default_rng(7), fixcm=False
-        )
-        if follow:
+        rng = np.random.default_rng(7)
+        dyn = Langevin(atoms, timestep=1.0 * units.fs, temperature_K=1500, friction=0.05, rng=rng, fixcm=False)
+        if on:
             calc.follow(dyn)
-        dyn.run(100)
-        runs.append((atoms, calc.engine))
-    (a_on, eng), (a_off, eng_off) = runs
+        return dyn
+
+    (a_on, eng), (a_off, eng_off) = _cuda_runs(langevin)
     assert eng.n_ahead_taken >= 95 and eng.n_ahead_missed == 0, (eng.n_ahead_taken, eng.n_ahead_missed)
     assert eng_off.n_ahead_taken == 0
     np.testing.assert_allclose(a_on.positions, a_off.positions, rtol=0, atol=1e-5)

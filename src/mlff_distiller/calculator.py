@@ -406,40 +406,34 @@ class StudentCalculator(Calculator):
             self._ahead_pause -= 1
             return
         last = self._last_batch
-        dyn = self._followed
-        if dyn is not None and _langevin_ahead.is_langevin(dyn):
-            if eng.dtype != torch.float32 or last is None or set(system_changes) != {"positions"}:
-                return
-            x_next = _langevin_ahead.next_positions(dyn, atoms, self.results["forces"])
-            batch = None if x_next is None else self._moved(last, x_next, None)
-            if batch is not None:
-                eng.launch_ahead(batch)
+        if eng.dtype != torch.float32 or last is None or set(system_changes) != {"positions"}:
             return
+        if self._followed is not None:  # ASE's Langevin (follow() takes nothing else)
+            x_next = _langevin_ahead.next_positions(self._followed, atoms, self.results["forces"])
+        else:
+            x_next = self._verlet_next(atoms, x, prev)
+        batch = None if x_next is None else self._moved(last, x_next, None)
+        if batch is not None:
+            eng.launch_ahead(batch)
+
+    def _verlet_next(self, atoms, x: np.ndarray, prev: np.ndarray | None) -> np.ndarray | None:
+        """The positions of ASE's next velocity-Verlet call (see :meth:`_launch_ahead`), or None where the motion is
+        not velocity Verlet's to predict (no momenta or previous positions, constraints, no motion)."""
         p = atoms.arrays.get("momenta")
-        if (
-            p is None
-            or prev is None
-            or prev.shape != x.shape
-            or atoms.constraints
-            or eng.dtype != torch.float32
-            or last is None
-            or set(system_changes) != {"positions"}
-        ):
-            return
+        if p is None or prev is None or prev.shape != x.shape or atoms.constraints:
+            return None
         m = self._masses(atoms)
         v = p / m
         vv = float(np.vdot(v, v))
         if not vv > 0.0:
-            return
+            return None
         dt = float(np.vdot(x - prev, v)) / vv
         if not (dt > 0.0 and math.isfinite(dt)):
-            return
+            return None
         kick = 0.5 * dt * self.results["forces"]
         p_next = p + kick  # the second half kick of this step, then the first of the next (ASE's order)
         p_next += kick
-        batch = self._moved(last, x + dt * p_next / m, None)
-        if batch is not None:
-            eng.launch_ahead(batch)
+        return x + dt * p_next / m
 
     def follow(self, dyn) -> StudentCalculator:
         """Predict the next positions of the integrator ``dyn`` for the launch ahead (see :meth:`_launch_ahead`):
