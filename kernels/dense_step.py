@@ -1,0 +1,519 @@
+"""A small molecule's energy + forces step in six Triton launches, one program per atom: the dense step.
+
+Issue 5's latency row (benzene energy + forces in 0.05 ms) is out of reach for the engine's captured step of ~60
+kernels (0.12 ms for the 64 x 3 student on an H200): each node of a CUDA graph costs ~1-2 µs before it does any work.
+The one-program step (:mod:`.small_step`) has one launch but one streaming multiprocessor walks the whole chain, and
+its ``[16, 16, F]`` pair tiles spill (0.61 ms). Here the step is cut where the algebra needs every atom's values:
+
+- **three forward launches**, one per layer: program ``(i, b)`` makes the messages that atom ``i`` receives (its
+  row of pairs, ``[NP, F]`` tiles over the senders), the update block of atom ``i`` and the next layer's φ of atom
+  ``i``; the last one adds the readout, its backward and the last update block's backward;
+- **three backward launches**, one per layer from the last: program ``(j, b)`` walks atom ``j``'s row of pairs in
+  both roles, as sender (the gradients of its φ and v, whose sums run over the receivers) and as receiver, makes
+  the position gradient of atom ``j`` from both (no atomics, no scatter), and then the previous layer's update
+  block backward of atom ``j``.
+
+Between launches the values live in a scratch of ``[B, NP, slots, F]`` (written once, read by the next launch: in
+L2 for a small molecule). Pairs are dense: all ``NP`` partners of an atom, a pair beyond the cutoff or with a padding
+slot gets a zero basis, so no neighbour list is needed. The node products are matrix-vector products of one atom's
+row on the CUDA cores (exact float32, no TF32 split); the radial filters ``rbf W_f^T`` are ``[NP, R] x [R, F]``
+products (``tl.dot``, ``ieee`` by default).
+
+The algebra is :mod:`mlff_distiller.model.analytic`'s and :mod:`.small_step`'s (the same packed weights, the same
+ZBL wall and gate): PaiNN message and update blocks, the first layer's φ from the species table, the last layer's
+update scalars only, the readout with the per-species scale and shift. Molecules of up to ``MAX_ATOMS`` atoms, no
+periodic images.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._triton_utils import HAS_TRITON, pdl_args, tl, triton
+from .small_step import _pow2, layer_size, pack_weights
+from .small_step import supports as _supports_small
+
+if HAS_TRITON:
+    from ._triton_utils import pdl_prologue
+    from .repulsion import _pair_terms
+    from .small_step import _mat, _mm, _sig
+
+__all__ = ["MAX_ATOMS", "DenseStep", "dense_step", "padded_atoms", "supports"]
+
+MAX_ATOMS = 64  # an atom's row is [NP, F]: 64 partners x 128 features still fits a program's registers
+
+# scratch slots (each F floats) per atom
+_X = (0, 0, 3)  # φ_l's three blocks (layer 1 at 0, layer 2 at 3; layer 0 from the species table)
+_H1 = (0, 6, 7)  # φ_l's hidden
+_V = (0, 8, 11)  # v_l's three components
+_S = (0, 14, 15)  # s_l
+_UPD = (16, 27, 38)  # the update block's saved values: uv (3), vv (3), |vv|, h2, a_vv, a_sv, <uv, vv>
+_G = (49, 53, 57)  # dE/ds_mid, dE/dvm (3) of layer l's message output
+SLOTS = 61
+
+
+def padded_atoms(n: int) -> int:
+    """The program tile's partner count for a molecule of ``n`` atoms (a power of two, at least 16: the filter
+    products need 16 rows)."""
+    return _pow2(max(int(n), 1), 16)
+
+
+def supports(model) -> str | None:
+    """None where the dense step computes ``model``; else why not (a sentence)."""
+    return _supports_small(model)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _mv(x, ptr, K: tl.constexpr, N: tl.constexpr, ld):
+        """``x [K] @ M [K, N]`` (row-major at ``ptr``, rows ``ld`` apart) on the CUDA cores."""
+        k = tl.arange(0, K)
+        n = tl.arange(0, N)
+        w = tl.load(ptr + k[:, None] * ld + n[None, :])
+        return tl.sum(x[:, None] * w, axis=0)
+
+    @triton.jit
+    def _mv3(x0, x1, x2, ptr, K: tl.constexpr, N: tl.constexpr, ld):
+        """The same product for three vectors, the matrix loaded once."""
+        k = tl.arange(0, K)
+        n = tl.arange(0, N)
+        w = tl.load(ptr + k[:, None] * ld + n[None, :])
+        return tl.sum(x0[:, None] * w, axis=0), tl.sum(x1[:, None] * w, axis=0), tl.sum(x2[:, None] * w, axis=0)
+
+    @triton.jit
+    def _vec(ptr, F: tl.constexpr):
+        return tl.load(ptr + tl.arange(0, F))
+
+    @triton.jit
+    def _silu_grad(h):
+        sg = _sig(h)
+        return sg * (1.0 + h * (1.0 - sg))
+
+    @triton.jit
+    def _geometry(pos_ptr, idx_ptr, table_ptr, consts_ptr, n_species, b, i, NP: tl.constexpr, R: tl.constexpr,
+                  RP: tl.constexpr):  # fmt: skip
+        """Atom ``i``'s row of pairs ``i <- j`` over the molecule's ``NP`` slots: ``r_ij = pos_j - pos_i``."""
+        a = tl.arange(0, NP)
+        idx = tl.load(idx_ptr + b * NP + a)
+        real = idx >= 0
+        ix = tl.where(real, idx, 0)
+        idx_i = tl.load(idx_ptr + b * NP + i)
+        real_i = idx_i >= 0
+        ix_i = tl.where(real_i, idx_i, 0)
+        base = pos_ptr + b * NP * 3
+        rx = tl.load(base + a * 3) - tl.load(base + i * 3)
+        ry = tl.load(base + a * 3 + 1) - tl.load(base + i * 3 + 1)
+        rz = tl.load(base + a * 3 + 2) - tl.load(base + i * 3 + 2)
+        d2 = rx * rx + ry * ry + rz * rz
+        cutoff = tl.load(consts_ptr)
+        k1 = tl.load(consts_ptr + 1)
+        norm = tl.load(consts_ptr + 2)
+        c_env = tl.load(consts_ptr + 3)
+        # (the row's mask as a block: the interpreter cannot mask with a scalar's & of a block)
+        valid = real & (a != i) & ((a * 0 + idx_i) >= 0) & (d2 < cutoff * cutoff)
+        d = tl.sqrt(tl.where(valid, d2, 1.0))
+        ux = tl.where(valid, rx / d, 0.0)
+        uy = tl.where(valid, ry / d, 0.0)
+        uz = tl.where(valid, rz / d, 0.0)
+        kr = tl.arange(0, RP)
+        kk = ((kr + 1).to(rx.dtype) * k1)[None, :]
+        d2d = d[:, None]
+        kd = kk * d2d
+        sn = tl.sin(kd)
+        basis = norm * sn / d2d
+        d_basis = norm * (kk * tl.cos(kd) - sn / d2d) / d2d
+        xr = d * k1
+        env = tl.where(valid, 0.5 * (tl.cos(xr) + 1.0), 0.0)
+        d_env = tl.where(valid, c_env * tl.sin(xr), 0.0)
+        code = ix_i * n_species + ix
+        on, e, de, gate, d_gate = _pair_terms(d, code, valid, table_ptr, n_species)
+        d_env = d_env * gate + env * d_gate
+        env = env * gate
+        rmask = (kr < R)[None, :]
+        rbf = tl.where(rmask, basis * env[:, None], 0.0)
+        drbf = tl.where(rmask, d_basis * env[:, None] + basis * d_env[:, None], 0.0)
+        return valid, d, ux, uy, uz, rbf, drbf, tl.where(on, e, 0.0), tl.where(on, de, 0.0), real_i, ix_i, ix
+
+    @triton.jit
+    def _update_fwd(s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr):
+        """One atom's update block (:mod:`.small_step`'s ``_update`` on a row)."""
+        ut = lw + 8 * F * F + 4 * F + 6 * F * RP
+        vt = ut + 2 * F * F
+        m1t = vt + 2 * F * F
+        mb1 = m1t + 4 * F * F
+        m2t = mb1 + F
+        mb2 = m2t + 6 * F * F
+        uv0, uv1, uv2 = _mv3(vm0, vm1, vm2, ut, F, F, F)
+        vv0, vv1, vv2 = _mv3(vm0, vm1, vm2, vt, F, F, F)
+        vnorm = tl.sqrt(vv0 * vv0 + vv1 * vv1 + vv2 * vv2 + 1e-8)
+        h2 = _mv(s_mid, m1t, F, F, F) + _mv(vnorm, m1t + F * F, F, F, F) + _vec(mb1, F)
+        a2 = h2 * _sig(h2)
+        dot = uv0 * vv0 + uv1 * vv1 + uv2 * vv2
+        a_sv = _mv(a2, m2t + F, F, F, 3 * F) + _vec(mb2 + F, F)
+        a_ss = _mv(a2, m2t + 2 * F, F, F, 3 * F) + _vec(mb2 + 2 * F, F)
+        s = s_mid + a_ss + a_sv * dot
+        if LAST:
+            a_vv = a_sv * 0.0
+            v0, v1, v2 = vm0, vm1, vm2
+        else:
+            a_vv = _mv(a2, m2t, F, F, 3 * F) + _vec(mb2, F)
+            v0 = vm0 + a_vv * uv0
+            v1 = vm1 + a_vv * uv1
+            v2 = vm2 + a_vv * uv2
+        return s, v0, v1, v2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot
+
+    @triton.jit
+    def _update_bwd(g_s, gv0, gv1, gv2, row, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr):
+        """One atom's update block backward from its saved values at ``row`` (the ``_UPD`` slots): dE/ds_mid and
+        dE/dvm (:mod:`.small_step`'s ``_update_backward`` on a row)."""
+        f = tl.arange(0, F)
+        uv0 = tl.load(row + f)
+        uv1 = tl.load(row + F + f)
+        uv2 = tl.load(row + 2 * F + f)
+        vv0 = tl.load(row + 3 * F + f)
+        vv1 = tl.load(row + 4 * F + f)
+        vv2 = tl.load(row + 5 * F + f)
+        vnorm = tl.load(row + 6 * F + f)
+        h2 = tl.load(row + 7 * F + f)
+        a_sv = tl.load(row + 9 * F + f)
+        dot = tl.load(row + 10 * F + f)
+        u = lw + 8 * F * F + 4 * F + 6 * F * RP + F * F
+        v = u + 2 * F * F
+        m1 = v + 3 * F * F
+        m2 = m1 + 2 * F * F + F + 3 * F * F
+        g_dot = g_s * a_sv
+        g_uv0 = g_dot * vv0
+        g_uv1 = g_dot * vv1
+        g_uv2 = g_dot * vv2
+        g_vv0 = g_dot * uv0
+        g_vv1 = g_dot * uv1
+        g_vv2 = g_dot * uv2
+        g_mix = _mv(g_s * dot, m2 + F * F, F, F, F) + _mv(g_s, m2 + 2 * F * F, F, F, F)
+        if not LAST:
+            a_vv = tl.load(row + 8 * F + f)
+            g_uv0 += gv0 * a_vv
+            g_uv1 += gv1 * a_vv
+            g_uv2 += gv2 * a_vv
+            g_mix += _mv(gv0 * uv0 + gv1 * uv1 + gv2 * uv2, m2, F, F, F)
+        g_h2 = g_mix * _silu_grad(h2)
+        g_smid = g_s + _mv(g_h2, m1, F, F, 2 * F)
+        g_n = _mv(g_h2, m1 + F, F, F, 2 * F) / vnorm
+        g_vv0 += g_n * vv0
+        g_vv1 += g_n * vv1
+        g_vv2 += g_n * vv2
+        a0, a1, a2 = _mv3(g_uv0, g_uv1, g_uv2, u, F, F, F)
+        b0, b1, b2 = _mv3(g_vv0, g_vv1, g_vv2, v, F, F, F)
+        g_vm0 = a0 + b0
+        g_vm1 = a1 + b1
+        g_vm2 = a2 + b2
+        if not LAST:
+            g_vm0 += gv0
+            g_vm1 += gv1
+            g_vm2 += gv2
+        return g_smid, g_vm0, g_vm1, g_vm2
+
+    @triton.jit
+    def _store_rows(row, F: tl.constexpr, x0, x1, x2):
+        f = tl.arange(0, F)
+        tl.store(row + f, x0)
+        tl.store(row + F + f, x1)
+        tl.store(row + 2 * F + f, x2)
+
+    @triton.jit
+    def _dense_fwd_kernel(
+        pos_ptr, idx_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, atomic_ptr, n_species,
+        LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
+        the readout, its backward and the last update block's backward (``_G[2]``)."""
+        pdl_prologue(PDL)
+        i = tl.program_id(0)
+        b = tl.program_id(1).to(tl.int64)
+        LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
+        lw = w_ptr + LAYER * LS
+        g = w_ptr + 3 * LS
+        valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, real_i, ix_i, ix = _geometry(
+            pos_ptr, idx_ptr, table_ptr, consts_ptr, n_species, b, i, NP, R, RP
+        )
+        a = tl.arange(0, NP)
+        f = tl.arange(0, F)
+        tiles = sc_ptr + ((b * NP + a[:, None]) * SL) * F + f[None, :]
+        own = sc_ptr + ((b * NP + i) * SL) * F
+        wft = lw + 8 * F * F + 4 * F
+        w_a = _mm(rbf, _mat(wft, RP, F, 3 * F), DOT)
+        w_c = _mm(rbf, _mat(wft + 2 * F, RP, F, 3 * F), DOT)
+        if LAYER == 0:
+            phi = g + n_species * F
+            xa = tl.load(phi + ix[:, None] * (3 * F) + f[None, :])
+            xc = tl.load(phi + ix[:, None] * (3 * F) + 2 * F + f[None, :])
+            s = tl.load(g + ix_i * F + f)
+        else:
+            xa = tl.load(tiles + _X[LAYER] * F)
+            xc = tl.load(tiles + (_X[LAYER] + 2) * F)
+            s = tl.load(own + _S[LAYER] * F + f)
+        s_mid = s + tl.sum(w_a * xa, axis=0)
+        mc = w_c * xc
+        vm0 = tl.sum(mc * ux[:, None], axis=0)
+        vm1 = tl.sum(mc * uy[:, None], axis=0)
+        vm2 = tl.sum(mc * uz[:, None], axis=0)
+        if LAYER > 0:
+            w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
+            mb = w_b * tl.load(tiles + (_X[LAYER] + 1) * F)
+            vm0 += tl.load(own + _V[LAYER] * F + f) + tl.sum(mb * tl.load(tiles + _V[LAYER] * F), axis=0)
+            vm1 += tl.load(own + (_V[LAYER] + 1) * F + f) + tl.sum(mb * tl.load(tiles + (_V[LAYER] + 1) * F), axis=0)
+            vm2 += tl.load(own + (_V[LAYER] + 2) * F + f) + tl.sum(mb * tl.load(tiles + (_V[LAYER] + 2) * F), axis=0)
+        LAST: tl.constexpr = LAYER == 2
+        s, v0, v1, v2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot = _update_fwd(
+            s_mid, vm0, vm1, vm2, lw, F, RP, LAST
+        )
+        upd = own + _UPD[LAYER] * F
+        _store_rows(upd, F, uv0, uv1, uv2)
+        _store_rows(upd + 3 * F, F, vv0, vv1, vv2)
+        _store_rows(upd + 6 * F, F, vnorm, h2, a_vv)
+        tl.store(upd + 9 * F + f, a_sv)
+        tl.store(upd + 10 * F + f, dot)
+        if not LAST:
+            nw = w_ptr + (LAYER + 1) * LS
+            h1 = _mv(s, nw, F, F, F) + _vec(nw + 2 * F * F, F)
+            act = h1 * _sig(h1)
+            w2t = nw + 2 * F * F + F
+            b2 = w2t + 6 * F * F
+            xa_n = _mv(act, w2t, F, F, 3 * F) + _vec(b2, F)
+            xb_n = _mv(act, w2t + F, F, F, 3 * F) + _vec(b2 + F, F)
+            xc_n = _mv(act, w2t + 2 * F, F, F, 3 * F) + _vec(b2 + 2 * F, F)
+            _store_rows(own + _X[LAYER + 1] * F, F, xa_n, xb_n, xc_n)
+            _store_rows(own + _V[LAYER + 1] * F, F, v0, v1, v2)
+            tl.store(own + _H1[LAYER + 1] * F + f, h1)
+            tl.store(own + _S[LAYER + 1] * F + f, s)
+        else:
+            # readout: atomic = (r2 . silu(R1 s + rb1) + rb2) scale_z + shift_z (+ the wall's half pair energies)
+            H: tl.constexpr = F // 2
+            r1t = g + n_species * F + n_species * 3 * F
+            r1 = r1t + F * H
+            rb1 = r1 + H * F
+            r2 = rb1 + H
+            rb2 = r2 + H
+            scale_p = rb2 + 1
+            h = _mv(s, r1t, F, H, H) + _vec(rb1, H)
+            w_r2 = _vec(r2, H)
+            scale = tl.load(scale_p + ix_i)
+            shift = tl.load(scale_p + n_species + ix_i)
+            out = tl.sum(h * _sig(h) * w_r2, axis=0) + tl.load(rb2)
+            keep = real_i.to(out.dtype)
+            atomic = (out * scale + shift + tl.sum(e_row, axis=0)) * keep
+            tl.store(atomic_ptr + b * NP + i, atomic)
+            g_h = _silu_grad(h) * w_r2 * (scale * keep)
+            g_s = _mv(g_h, r1, H, F, F)
+            zero = g_s * 0.0
+            g_sm, g0, g1, g2 = _update_bwd(g_s, zero, zero, zero, upd, lw, F, RP, True)
+            tl.store(own + _G[2] * F + f, g_sm)
+            _store_rows(own + (_G[2] + 1) * F, F, g0, g1, g2)
+
+    @triton.jit
+    def _dense_bwd_kernel(
+        pos_ptr, idx_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, gpos_ptr, atomic_ptr, energy_ptr, forces_ptr,
+        n_species,
+        LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
+        ``k <- j`` (j the sender) and ``j <- k`` (j the receiver), the position gradient of atom ``j`` from both, and,
+        above the first layer, the previous layer's update block backward of atom ``j`` (``_G[LAYER - 1]``)."""
+        pdl_prologue(PDL)
+        j = tl.program_id(0)
+        b = tl.program_id(1).to(tl.int64)
+        LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
+        lw = w_ptr + LAYER * LS
+        g = w_ptr + 3 * LS
+        valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, real_j, ix_j, ix = _geometry(
+            pos_ptr, idx_ptr, table_ptr, consts_ptr, n_species, b, j, NP, R, RP
+        )
+        a = tl.arange(0, NP)
+        f = tl.arange(0, F)
+        tiles = sc_ptr + ((b * NP + a[:, None]) * SL) * F + f[None, :]
+        own = sc_ptr + ((b * NP + j) * SL) * F
+        wft = lw + 8 * F * F + 4 * F
+        wf = wft + 3 * F * RP  # W_f [3F, RP]
+        w_a = _mm(rbf, _mat(wft, RP, F, 3 * F), DOT)
+        w_c = _mm(rbf, _mat(wft + 2 * F, RP, F, 3 * F), DOT)
+        # the receivers' upstream gradients [NP, F] and atom j's own rows
+        gsm = tl.load(tiles + _G[LAYER] * F)
+        gv0 = tl.load(tiles + (_G[LAYER] + 1) * F)
+        gv1 = tl.load(tiles + (_G[LAYER] + 2) * F)
+        gv2 = tl.load(tiles + (_G[LAYER] + 3) * F)
+        gsm_j = tl.load(own + _G[LAYER] * F + f)
+        gvj0 = tl.load(own + (_G[LAYER] + 1) * F + f)
+        gvj1 = tl.load(own + (_G[LAYER] + 2) * F + f)
+        gvj2 = tl.load(own + (_G[LAYER] + 3) * F + f)
+        if LAYER == 0:
+            phi = g + n_species * F
+            xa = tl.load(phi + ix[:, None] * (3 * F) + f[None, :])
+            xc = tl.load(phi + ix[:, None] * (3 * F) + 2 * F + f[None, :])
+            xa_j = tl.load(phi + ix_j * (3 * F) + f)
+            xc_j = tl.load(phi + ix_j * (3 * F) + 2 * F + f)
+        else:
+            xa = tl.load(tiles + _X[LAYER] * F)
+            xc = tl.load(tiles + (_X[LAYER] + 2) * F)
+            xa_j = tl.load(own + _X[LAYER] * F + f)
+            xc_j = tl.load(own + (_X[LAYER] + 2) * F + f)
+        # j the sender of k <- j (u_kj = -u_jk), j the receiver of j <- k
+        gamma_s = -(gv0 * ux[:, None] + gv1 * uy[:, None] + gv2 * uz[:, None])
+        gamma_r = gvj0[None, :] * ux[:, None] + gvj1[None, :] * uy[:, None] + gvj2[None, :] * uz[:, None]
+        wf_a = _mat(wf, F, RP, RP)
+        wf_c = _mat(wf + 2 * F * RP, F, RP, RP)
+        g_rbf = _mm(gsm * xa_j[None, :] + gsm_j[None, :] * xa, wf_a, DOT)
+        g_rbf += _mm(gamma_s * xc_j[None, :] + gamma_r * xc, wf_c, DOT)
+        mc_s = w_c * xc_j[None, :]
+        mc_r = w_c * xc
+        gu0 = tl.sum(mc_s * gv0 - mc_r * gvj0[None, :], axis=1)
+        gu1 = tl.sum(mc_s * gv1 - mc_r * gvj1[None, :], axis=1)
+        gu2 = tl.sum(mc_s * gv2 - mc_r * gvj2[None, :], axis=1)
+        if LAYER > 0:
+            w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
+            xb = tl.load(tiles + (_X[LAYER] + 1) * F)
+            xb_j = tl.load(own + (_X[LAYER] + 1) * F + f)
+            v0 = tl.load(tiles + _V[LAYER] * F)
+            v1 = tl.load(tiles + (_V[LAYER] + 1) * F)
+            v2 = tl.load(tiles + (_V[LAYER] + 2) * F)
+            vj0 = tl.load(own + _V[LAYER] * F + f)
+            vj1 = tl.load(own + (_V[LAYER] + 1) * F + f)
+            vj2 = tl.load(own + (_V[LAYER] + 2) * F + f)
+            gmb_s = gv0 * vj0[None, :] + gv1 * vj1[None, :] + gv2 * vj2[None, :]
+            gmb_r = gvj0[None, :] * v0 + gvj1[None, :] * v1 + gvj2[None, :] * v2
+            g_rbf += _mm(gmb_s * xb_j[None, :] + gmb_r * xb, _mat(wf + F * RP, F, RP, RP), DOT)
+            # atom j's φ and v as a sender: sums over its receivers k
+            g_xa = tl.sum(gsm * w_a, axis=0)
+            g_xb = tl.sum(gmb_s * w_b, axis=0)
+            g_xc = tl.sum(gamma_s * w_c, axis=0)
+            bw = w_b * xb_j[None, :]
+            g_vj0 = gvj0 + tl.sum(bw * gv0, axis=0)
+            g_vj1 = gvj1 + tl.sum(bw * gv1, axis=0)
+            g_vj2 = gvj2 + tl.sum(bw * gv2, axis=0)
+            w1 = lw + F * F
+            w2 = w1 + 4 * F * F + F
+            g_act = _mv(g_xa, w2, F, F, F) + _mv(g_xb, w2 + F * F, F, F, F) + _mv(g_xc, w2 + 2 * F * F, F, F, F)
+            h1 = tl.load(own + _H1[LAYER] * F + f)
+            g_sj = gsm_j + _mv(g_act * _silu_grad(h1), w1, F, F, F)
+            g_sm, g0, g1, g2 = _update_bwd(
+                g_sj, g_vj0, g_vj1, g_vj2, own + _UPD[LAYER - 1] * F, w_ptr + (LAYER - 1) * LS, F, RP, False
+            )
+            tl.store(own + _G[LAYER - 1] * F + f, g_sm)
+            _store_rows(own + (_G[LAYER - 1] + 1) * F, F, g0, g1, g2)
+        # dE/dpos_j = sum_k [-(dE/dd) u_jk + P_u(g_u^sender - g_u^receiver) / d]; the wall on both pairs
+        g_d = tl.sum(g_rbf * drbf, axis=1)
+        if LAYER == 0:
+            g_d += 2.0 * de_row
+        gu = gu0 * ux + gu1 * uy + gu2 * uz
+        gx = tl.sum(tl.where(valid, -g_d * ux + (gu0 - gu * ux) / d, 0.0), axis=0)
+        gy = tl.sum(tl.where(valid, -g_d * uy + (gu1 - gu * uy) / d, 0.0), axis=0)
+        gz = tl.sum(tl.where(valid, -g_d * uz + (gu2 - gu * uz) / d, 0.0), axis=0)
+        gp = gpos_ptr + (b * NP + j) * 3
+        if LAYER != 2:
+            gx += tl.load(gp)
+            gy += tl.load(gp + 1)
+            gz += tl.load(gp + 2)
+        if LAYER == 0:
+            fo = forces_ptr + (b * NP + j) * 3
+            tl.store(fo, -gx)
+            tl.store(fo + 1, -gy)
+            tl.store(fo + 2, -gz)
+            if j == 0:
+                tl.store(energy_ptr + b, tl.sum(tl.load(atomic_ptr + b * NP + a).to(tl.float64), axis=0))
+        else:
+            tl.store(gp, gx)
+            tl.store(gp + 1, gy)
+            tl.store(gp + 2, gz)
+
+
+class DenseStep:
+    """The dense step of one model, prepared: the packed weights (:func:`.small_step.pack_weights`), the wall's
+    table and the radial constants made once in ``dtype`` on ``device`` (a snapshot of the weights: prepare again
+    after changing them). A call is six launches into buffers kept per batch shape, so it can be captured in a CUDA
+    graph. ``dot``: the filter products' ``tl.dot`` precision (0 ``ieee``, the default; 1 ``tf32x3``)."""
+
+    def __init__(self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | None = None):
+        with torch.no_grad():
+            reason = supports(model)
+            if reason is not None:
+                raise ValueError(f"dense_step: {reason}")
+            device = torch.device(device)
+            c = model.config
+            self.weights = pack_weights(model, dtype).to(device)
+            table = model.repulsion_table
+            if table is None:  # a wall of radius 0 for every pair: no pair is inside
+                from .repulsion import repulsion_table
+
+                table = repulsion_table(c.species, {})
+            self.table = table.to(device=device, dtype=dtype).contiguous()
+            rc = float(c.cutoff)
+            consts = [rc, math.pi / rc, math.sqrt(2.0 / rc), -0.5 * math.pi / rc]
+            self.consts = torch.tensor(consts, dtype=dtype, device=device)
+        self.dtype, self.device = dtype, self.weights.device
+        self.n_species, self.hidden, self.n_rbf = len(c.species), c.hidden, c.n_rbf
+        self.dot = dot
+        self.num_warps = num_warps or (4 if self.hidden <= 64 else 8)
+        assert self.weights.numel() >= 3 * layer_size(self.hidden, _pow2(self.n_rbf))
+        self._scratch: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
+
+    def scratch(self, b: int, np_: int) -> tuple[Tensor, Tensor]:
+        """The ``[B, NP, slots, F]`` scratch and the ``[B, NP, 3]`` position-gradient buffer of a batch shape."""
+        key = (b, np_)
+        if key not in self._scratch:
+            self._scratch[key] = (
+                torch.empty((b, np_, SLOTS, self.hidden), dtype=self.dtype, device=self.device),
+                torch.empty((b, np_, 3), dtype=self.dtype, device=self.device),
+            )
+        return self._scratch[key]
+
+    def __call__(self, positions: Tensor, idx: Tensor, out=None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(energy [B] float64, atomic [B, NP], forces [B, NP, 3])`` of molecules given as ``positions [B, NP,
+        3]`` (Å, NP a power of two from 16 to :data:`MAX_ATOMS`) and species indices ``idx [B, NP]`` (int32; -1
+        marks a padding slot)."""
+        if positions.dim() != 3 or positions.shape[2] != 3 or idx.shape != positions.shape[:2]:
+            raise ValueError(
+                f"dense_step: positions [B, NP, 3] and idx [B, NP] expected, got {tuple(positions.shape)} and "
+                f"{tuple(idx.shape)}"
+            )
+        b, np_ = positions.shape[:2]
+        if np_ < 16 or np_ > MAX_ATOMS or np_ & (np_ - 1):
+            raise ValueError(f"dense_step: NP = {np_} slots; a power of two from 16 to {MAX_ATOMS} expected")
+        if positions.dtype != self.dtype or positions.device != self.device or idx.dtype != torch.int32:
+            raise ValueError(
+                f"dense_step: positions in {self.dtype} on {self.device} and int32 idx expected, got "
+                f"{positions.dtype} on {positions.device} and {idx.dtype}"
+            )
+        if out is None:
+            out = (
+                torch.empty(b, dtype=torch.float64, device=self.device),
+                torch.empty((b, np_), dtype=self.dtype, device=self.device),
+                torch.empty((b, np_, 3), dtype=self.dtype, device=self.device),
+            )
+        energy, atomic, forces = out
+        if b == 0:
+            return energy, atomic, forces
+        sc, gpos = self.scratch(b, np_)
+        pos, ix = positions.contiguous(), idx.contiguous()
+        meta = dict(NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=SLOTS, DOT=self.dot)
+        meta |= pdl_args(pos) | {"num_warps": self.num_warps}
+        grid = (np_, b)
+        for layer in range(3):
+            _dense_fwd_kernel[grid](
+                pos, ix, self.weights, self.table, self.consts, sc, atomic, self.n_species, LAYER=layer, **meta
+            )
+        for layer in (2, 1, 0):
+            _dense_bwd_kernel[grid](
+                pos, ix, self.weights, self.table, self.consts, sc, gpos, atomic, energy, forces, self.n_species,
+                LAYER=layer, **meta,
+            )  # fmt: skip
+        return energy, atomic, forces
+
+
+def dense_step(model, positions: Tensor, idx: Tensor, **kw) -> tuple[Tensor, Tensor, Tensor]:
+    """``(energy [B] float64, atomic [B, NP], forces [B, NP, 3])``: :class:`DenseStep` made for this one call
+    (keep a ``DenseStep`` for repeated calls)."""
+    return DenseStep(model, positions.dtype, positions.device, **kw)(positions, idx.to(torch.int32))
