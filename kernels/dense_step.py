@@ -237,7 +237,7 @@ if HAS_TRITON:
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         lw = w_ptr + LAYER * LS
         g = w_ptr + 3 * LS
-        valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, real_i, ix_i, ix = _geometry(
+        _valid, _d, ux, uy, uz, rbf, _drbf, e_row, _de_row, real_i, ix_i, ix = _geometry(
             pos_ptr, idx_ptr, table_ptr, consts_ptr, n_species, b, i, NP, R, RP
         )
         a = tl.arange(0, NP)
@@ -330,7 +330,7 @@ if HAS_TRITON:
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         lw = w_ptr + LAYER * LS
         g = w_ptr + 3 * LS
-        valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, real_j, ix_j, ix = _geometry(
+        valid, d, ux, uy, uz, rbf, drbf, _e_row, de_row, _real_j, ix_j, ix = _geometry(
             pos_ptr, idx_ptr, table_ptr, consts_ptr, n_species, b, j, NP, R, RP
         )
         a = tl.arange(0, NP)

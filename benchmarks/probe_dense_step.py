@@ -1,0 +1,180 @@
+"""Probe (GPU): the dense step (``kernels.dense_step``: six launches, one program per atom) against the engine's
+captured step, in one run.
+
+Issue 5's benzene row (energy + forces ≤ 0.05 ms) is timed on the engine's captured step (~60 kernels replayed as a
+CUDA graph; ``peers.StepImpl`` in mode "cudagraph", as ``probe_student_size.py``). Rows:
+
+* check: the dense step's fp32 energy and forces against the model's own forward and autograd in float64 (CPU), and
+  its float64 launch on the GPU against the same oracle;
+* molecules (H2, H2O, CH4, benzene): the dense step captured in a CUDA graph (replay median, L2 flushed between
+  repetitions, as the engine's row), for each launch variant, beside the engine's captured step;
+* g2 x B (molecules ≤ MAX_ATOMS atoms, a student with the g2 species): µs per structure against the engine.
+
+    python benchmarks/probe_dense_step.py --out benchmarks/results --name probe_dense_step_h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine import g2_batch
+from harness import time_fn, time_graph, write_lines
+from mlff_distiller.kernels import dense_step as ds
+from mlff_distiller.kernels import small_step as ss
+from mlff_distiller.kernels._triton_utils import pdl_enabled
+from peers import StepImpl, make_student
+
+from mlff_distiller import load_model
+
+G2_SPECIES = (1, 3, 4, 5, 6, 7, 8, 9, 11, 13, 14, 15, 16, 17)
+VARIANTS = {  # name: (DenseStep keywords, PDL on)
+    "default": ({}, True),
+    "pdl off": ({}, False),
+    "tf32x3 filters": ({"dot": 1}, True),
+    "2 warps": ({"num_warps": 2}, True),
+    "8 warps": ({"num_warps": 8}, True),
+}
+
+
+def _frozen(model):
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+def padded(model, structures, device, dtype=torch.float32, np_=None):
+    zi = {z: k for k, z in enumerate(model.config.species)}
+    np_ = np_ or ds.padded_atoms(max(len(a) for a in structures))
+    pos = torch.zeros((len(structures), np_, 3), dtype=dtype)
+    idx = torch.full((len(structures), np_), -1, dtype=torch.int32)
+    for b, at in enumerate(structures):
+        n = len(at)
+        pos[b, :n] = torch.as_tensor(at.positions, dtype=dtype)
+        idx[b, :n] = torch.tensor([zi[int(z)] for z in at.numbers], dtype=torch.int32)
+    return pos.to(device), idx.to(device)
+
+
+def _errors(e, f, er, fr, idx) -> tuple[float, float]:
+    real = (idx >= 0).cpu()
+    de = (e.double().cpu() - er.cpu()).abs().max().item()
+    df = (f.double().cpu() - fr.double().cpu())[real].abs().max().item()
+    return de, df
+
+
+def _engine_step(model, structures):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        impl = StepImpl("probe", "ours", model, "cuda", mode="cudagraph")
+        return impl, impl.prepare(structures, forces=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--name", default="probe_dense_step")
+    ap.add_argument("--students", default="builtin:chno-gfn2-small,builtin:chno-gfn2")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--molecules", default="H2,H2O,CH4,C6H6")
+    ap.add_argument("--g2", default="1024,4096")
+    ap.add_argument("--g2-hidden", default="64")
+    args = ap.parse_args()
+    import triton
+    from ase.build import molecule
+
+    dev = torch.device("cuda")
+    lines = [
+        f"# {args.name}",
+        "",
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}. Medians "
+        "(triton.testing.do_bench, L2 flushed between repetitions); graph = the call captured in a CUDA graph and "
+        "replayed. The engine's step: peers.StepImpl, mode cudagraph (probe_student_size's row).",
+        "",
+        "## Molecules: the dense step against the engine's captured step",
+        "",
+        "| student | molecule | variant | first call s | max dE eV (fp32 / fp64) | max dF eV/Å (fp32 / fp64) | "
+        "dense graph µs | engine step µs | engine / dense |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    variants = [v for v in args.variants.split(",") if v]
+    for name in [n for n in args.students.split(",") if n]:
+        model = _frozen(load_model(name).to(dev))
+        ref = _frozen(load_model(name).double())
+        dense64 = ds.DenseStep(ref, torch.float64, dev)
+        for mol in [m for m in args.molecules.split(",") if m]:
+            atoms = molecule(mol)
+            pos, idx = padded(model, [atoms], dev)
+            er, _, fr = ss.small_step_reference(ref, pos.double().cpu(), idx.cpu())
+            e64, _, f64 = dense64(pos.double(), idx)
+            de64, df64 = _errors(e64, f64, er, fr, idx)
+            impl, run = _engine_step(model, [atoms])
+            t_engine = time_fn(run, dev, rep_ms=300).median_us
+            for var in variants:
+                kw, pdl = VARIANTS[var]
+                with pdl_enabled(pdl):
+                    step = ds.DenseStep(model, torch.float32, dev, **kw)
+                    out = (
+                        torch.empty(1, dtype=torch.float64, device=dev),
+                        torch.empty((1, pos.shape[1]), device=dev),
+                        torch.empty((1, pos.shape[1], 3), device=dev),
+                    )
+
+                    def call(step=step, out=out, p=pos, i=idx):
+                        return step(p, i, out)
+
+                    t0 = time.perf_counter()
+                    call()
+                    torch.cuda.synchronize()
+                    first = time.perf_counter() - t0
+                    de, df = _errors(out[0], out[2], er, fr, idx)
+                    tg = time_graph(call, dev, rep_ms=300)
+                tg = tg.median_us if tg is not None else float("nan")
+                lines.append(
+                    f"| {name} | {mol} | {var} | {first:.1f} | {de:.1e} / {de64:.1e} | {df:.1e} / {df64:.1e} | "
+                    f"{tg:.1f} | {t_engine:.1f} | {t_engine / tg:.2f} |"
+                )
+                print(lines[-1], flush=True)
+            del impl, run
+    lines += [
+        "",
+        f"## g2 molecules (≤ {ds.MAX_ATOMS} atoms), a student with the g2 species (random weights)",
+        "",
+        "| hidden | B | NP | max dF vs fp64 eV/Å (first 32) | dense µs/structure | engine µs/structure | "
+        "engine / dense |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for hidden in [int(x) for x in args.g2_hidden.split(",") if x]:
+        model = _frozen(make_student(hidden=hidden, species=list(G2_SPECIES)).to(dev))
+        ref = _frozen(make_student(hidden=hidden, species=list(G2_SPECIES)).double())
+        for b in [int(x) for x in args.g2.split(",") if x]:
+            mols = [m for m in g2_batch(b) if len(m) <= 16]
+            pos, idx = padded(model, mols, dev, np_=16)
+            impl, run = _engine_step(model, mols)
+            t_engine = time_fn(run, dev, rep_ms=300).median_us / len(mols)
+            step = ds.DenseStep(model, torch.float32, dev)
+
+            def call(step=step, p=pos, i=idx):
+                return step(p, i)
+
+            e, _, f = call()
+            k = 32
+            er, _, fr = ss.small_step_reference(ref, pos[:k].double().cpu(), idx[:k].cpu())
+            _, df = _errors(e[:k], f[:k], er, fr, idx[:k])
+            tg = time_graph(call, dev, rep_ms=300)
+            tk = (tg.median_us if tg is not None else float("nan")) / len(mols)
+            lines.append(
+                f"| {hidden} | {len(mols)} | 16 | {df:.1e} | {tk:.3f} | {t_engine:.3f} | {t_engine / tk:.2f} |"
+            )
+            print(lines[-1], flush=True)
+            del impl, run
+    write_lines(lines, args.out, args.name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""kernels/dense_step.py: a small molecule's energy + forces in six launches, one program per atom.
+
+Oracles: the model's own forward and autograd in float64 (``small_step_reference``: the edge list built from all pairs
+within the cutoff) and finite differences of the dense step's own energy; on the CPU under the interpreter, on CUDA
+when present.
+"""
+
+import pytest
+import torch
+from mlff_distiller.kernels import dense_step as ds
+from mlff_distiller.kernels import small_step as ss
+
+from mlff_distiller.model.painn import StudentModel
+
+WALL = [[1, 6, 1.2], [6, 6, 1.5], [1, 1, 0.9], [6, 8, 1.3]]
+
+
+def _model(dtype=torch.float64, seed=0, **kw):
+    torch.manual_seed(seed)
+    config = dict(hidden=32, layers=3, n_rbf=20, cutoff=5.0, repulsion=WALL) | kw
+    model = StudentModel(**config).to(dtype)
+    with torch.no_grad():
+        model.atomic_scale.uniform_(0.5, 1.5)
+        model.atomic_shift.uniform_(-2.0, 2.0)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+def _molecules(sizes, np_=16, dtype=torch.float64, seed=0, spread=1.6):
+    gen = torch.Generator().manual_seed(seed)
+    pos = torch.zeros((len(sizes), np_, 3), dtype=torch.float64)
+    idx = torch.full((len(sizes), np_), -1, dtype=torch.int32)
+    for b, n in enumerate(sizes):
+        pos[b, :n] = torch.randn(n, 3, generator=gen, dtype=torch.float64) * spread
+        idx[b, :n] = torch.randint(0, 4, (n,), generator=gen, dtype=torch.int32)
+    return pos.to(dtype), idx
+
+
+def _close(got, want, rtol, atol=0.0):
+    torch.testing.assert_close(got.double().cpu(), want.double().cpu(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("wall", [WALL, None])
+def test_float64_equals_the_models_autograd(triton_device, wall):
+    """Molecules of 16, 12, 7, 2 and 1 atoms (padding programs, a lone atom) with a pair inside the ZBL wall and
+    pairs beyond the cutoff: energies, atomic energies and forces to float64 rounding. Without a wall the step takes
+    a table of radius 0."""
+    model = _model(repulsion=wall)
+    pos, idx = _molecules([16, 12, 7, 2, 1], spread=2.2)
+    pos[1, 1] = pos[1, 0] + torch.tensor([0.85, 0.1, 0.0], dtype=torch.float64)  # inside a wall
+    idx[1, :2] = torch.tensor([0, 1], dtype=torch.int32)  # H and C: the (1, 6) wall at 1.2 Å
+    d = torch.cdist(pos[0, :16], pos[0, :16])
+    assert (d > model.cutoff).any(), "the test wants pairs beyond the cutoff"
+    er, ar, fr = ss.small_step_reference(model, pos, idx)
+    e, a, f = ds.DenseStep(model, torch.float64, triton_device)(pos.to(triton_device), idx.to(triton_device))
+    _close(e, er, rtol=1e-12)
+    _close(a, ar, rtol=1e-12, atol=1e-12)
+    _close(f, fr, rtol=1e-10, atol=1e-11)
+    assert a.cpu()[idx < 0].eq(0).all() and f.cpu()[idx < 0].eq(0).all()
+    assert f[4].abs().max() == 0  # a lone atom: no force
+
+
+def test_32_slots_and_repeated_calls(triton_device):
+    """A molecule of 23 atoms in 32 slots beside one of 5; a second call on other positions through the same kept
+    scratch gives that call's own results (nothing stale)."""
+    model = _model(seed=1)
+    step = ds.DenseStep(model, torch.float64, triton_device)
+    for seed in (1, 2):
+        pos, idx = _molecules([23, 5], np_=32, seed=seed, spread=1.8)
+        er, ar, fr = ss.small_step_reference(model, pos, idx)
+        e, a, f = step(pos.to(triton_device), idx.to(triton_device))
+        _close(e, er, rtol=1e-12)
+        _close(a, ar, rtol=1e-12, atol=1e-12)
+        _close(f, fr, rtol=1e-10, atol=1e-11)
+    assert len(step._scratch) == 1
+
+
+def test_forces_are_minus_the_energys_finite_differences():
+    model = _model(seed=3)
+    pos, idx = _molecules([9], seed=3, spread=1.3)
+    step = ds.DenseStep(model, torch.float64)
+    _, _, f = step(pos, idx)
+    h = 1e-5
+    for atom, k in [(0, 0), (3, 1), (8, 2)]:
+        plus, minus = pos.clone(), pos.clone()
+        plus[0, atom, k] += h
+        minus[0, atom, k] -= h
+        fd = -(step(plus, idx)[0] - step(minus, idx)[0]) / (2 * h)
+        assert abs(float(fd) - float(f[0, atom, k])) < 1e-6 * max(1.0, abs(float(fd)))
+
+
+def test_shipped_student_on_benzene_in_float32(triton_device):
+    """The 64 x 3 student shipped with the package in float32 against its float64 copy's autograd."""
+    from ase.build import molecule
+
+    from mlff_distiller import load_model
+
+    m32, m64 = load_model("builtin:chno-gfn2-small"), load_model("builtin:chno-gfn2-small").double()
+    for m in (m32, m64):
+        for p in m.parameters():
+            p.requires_grad_(False)
+    at = molecule("C6H6")
+    pos = torch.zeros((1, 16, 3), dtype=torch.float64)
+    idx = torch.full((1, 16), -1, dtype=torch.int32)
+    pos[0, :12] = torch.as_tensor(at.positions)
+    zi = {z: k for k, z in enumerate(m32.config.species)}
+    idx[0, :12] = torch.tensor([zi[int(z)] for z in at.numbers], dtype=torch.int32)
+    er, _, fr = ss.small_step_reference(m64, pos, idx)
+    e, _, f = ds.DenseStep(m32.to(triton_device), torch.float32, triton_device)(
+        pos.float().to(triton_device), idx.to(triton_device)
+    )
+    assert abs(float(e) - float(er)) < 5e-5
+    assert (f.double().cpu() - fr).abs().max() < 2e-5
+
+
+def test_rejects_what_it_does_not_compute():
+    assert ds.supports(_model()) is None
+    assert "layers" in ds.supports(_model(layers=2))
+    with pytest.raises(ValueError, match="2 layers"):
+        ds.DenseStep(_model(layers=2))
+    step = ds.DenseStep(_model(), torch.float64)
+    with pytest.raises(ValueError, match="NP = 8"):
+        step(torch.zeros(1, 8, 3, dtype=torch.float64), torch.zeros(1, 8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="NP = 24"):
+        step(torch.zeros(1, 24, 3, dtype=torch.float64), torch.zeros(1, 24, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"idx \[B, NP\]"):
+        step(torch.zeros(1, 16, 3, dtype=torch.float64), torch.zeros(2, 16, dtype=torch.int32))
+    with pytest.raises(ValueError, match="int32 idx"):
+        step(torch.zeros(1, 16, 3, dtype=torch.float32), torch.zeros(1, 16, dtype=torch.int32))
+    assert [ds.padded_atoms(n) for n in (1, 12, 16, 17, 33)] == [16, 16, 16, 32, 64]
