@@ -45,13 +45,11 @@ __all__ = ["MAX_ATOMS", "DenseStep", "dense_step", "padded_atoms", "supports"]
 
 MAX_ATOMS = 64  # an atom's row is [NP, F]: 64 partners x 128 features still fits a program's registers
 
-# scratch slots (each F floats) per atom
-_X = (0, 0, 3)  # φ_l's three blocks (layer 1 at 0, layer 2 at 3; layer 0 from the species table)
-_H1 = (0, 6, 7)  # φ_l's hidden
-_V = (0, 8, 11)  # v_l's three components
-_S = (0, 14, 15)  # s_l
-_UPD = (16, 27, 38)  # the update block's saved values: uv (3), vv (3), |vv|, h2, a_vv, a_sv, <uv, vv>
-_G = (49, 53, 57)  # dE/ds_mid, dE/dvm (3) of layer l's message output
+# scratch slots (each F floats) per atom, for layer l (the kernels compute them from their LAYER constexpr: Triton
+# kernels read no global tuples): φ_l's three blocks at 3 (l - 1) (layers 1 and 2; layer 0's come from the species
+# table), φ_l's hidden at 5 + l, v_l's three components at 3 l + 5, s_l at 13 + l, the update block's saved values
+# at 16 + 11 l (uv (3), vv (3), |vv|, h2, a_vv, a_sv, <uv, vv>), dE/ds_mid and dE/dvm (3) of the layer's messages
+# at 49 + 4 l.
 SLOTS = 61
 
 
@@ -168,7 +166,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _update_bwd(g_s, gv0, gv1, gv2, row, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr):
-        """One atom's update block backward from its saved values at ``row`` (the ``_UPD`` slots): dE/ds_mid and
+        """One atom's update block backward from its saved values at ``row`` (the update block's slots): dE/ds_mid and
         dE/dvm (:mod:`.small_step`'s ``_update_backward`` on a row)."""
         f = tl.arange(0, F)
         uv0 = tl.load(row + f)
@@ -230,7 +228,7 @@ if HAS_TRITON:
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
-        the readout, its backward and the last update block's backward (``_G[2]``)."""
+        the readout, its backward and the last update block's backward (``(49 + 4 * (2))``)."""
         pdl_prologue(PDL)
         i = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
@@ -253,9 +251,9 @@ if HAS_TRITON:
             xc = tl.load(phi + ix[:, None] * (3 * F) + 2 * F + f[None, :])
             s = tl.load(g + ix_i * F + f)
         else:
-            xa = tl.load(tiles + _X[LAYER] * F)
-            xc = tl.load(tiles + (_X[LAYER] + 2) * F)
-            s = tl.load(own + _S[LAYER] * F + f)
+            xa = tl.load(tiles + (3 * (LAYER) - 3) * F)
+            xc = tl.load(tiles + ((3 * (LAYER) - 3) + 2) * F)
+            s = tl.load(own + (13 + LAYER) * F + f)
         s_mid = s + tl.sum(w_a * xa, axis=0)
         mc = w_c * xc
         vm0 = tl.sum(mc * ux[:, None], axis=0)
@@ -263,15 +261,21 @@ if HAS_TRITON:
         vm2 = tl.sum(mc * uz[:, None], axis=0)
         if LAYER > 0:
             w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
-            mb = w_b * tl.load(tiles + (_X[LAYER] + 1) * F)
-            vm0 += tl.load(own + _V[LAYER] * F + f) + tl.sum(mb * tl.load(tiles + _V[LAYER] * F), axis=0)
-            vm1 += tl.load(own + (_V[LAYER] + 1) * F + f) + tl.sum(mb * tl.load(tiles + (_V[LAYER] + 1) * F), axis=0)
-            vm2 += tl.load(own + (_V[LAYER] + 2) * F + f) + tl.sum(mb * tl.load(tiles + (_V[LAYER] + 2) * F), axis=0)
+            mb = w_b * tl.load(tiles + ((3 * (LAYER) - 3) + 1) * F)
+            vm0 += tl.load(own + (3 * (LAYER) + 5) * F + f) + tl.sum(
+                mb * tl.load(tiles + (3 * (LAYER) + 5) * F), axis=0
+            )
+            vm1 += tl.load(own + ((3 * (LAYER) + 5) + 1) * F + f) + tl.sum(
+                mb * tl.load(tiles + ((3 * (LAYER) + 5) + 1) * F), axis=0
+            )
+            vm2 += tl.load(own + ((3 * (LAYER) + 5) + 2) * F + f) + tl.sum(
+                mb * tl.load(tiles + ((3 * (LAYER) + 5) + 2) * F), axis=0
+            )
         LAST: tl.constexpr = LAYER == 2
         s, v0, v1, v2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot = _update_fwd(
             s_mid, vm0, vm1, vm2, lw, F, RP, LAST
         )
-        upd = own + _UPD[LAYER] * F
+        upd = own + (16 + 11 * (LAYER)) * F
         _store_rows(upd, F, uv0, uv1, uv2)
         _store_rows(upd + 3 * F, F, vv0, vv1, vv2)
         _store_rows(upd + 6 * F, F, vnorm, h2, a_vv)
@@ -286,10 +290,10 @@ if HAS_TRITON:
             xa_n = _mv(act, w2t, F, F, 3 * F) + _vec(b2, F)
             xb_n = _mv(act, w2t + F, F, F, 3 * F) + _vec(b2 + F, F)
             xc_n = _mv(act, w2t + 2 * F, F, F, 3 * F) + _vec(b2 + 2 * F, F)
-            _store_rows(own + _X[LAYER + 1] * F, F, xa_n, xb_n, xc_n)
-            _store_rows(own + _V[LAYER + 1] * F, F, v0, v1, v2)
-            tl.store(own + _H1[LAYER + 1] * F + f, h1)
-            tl.store(own + _S[LAYER + 1] * F + f, s)
+            _store_rows(own + (3 * (LAYER + 1) - 3) * F, F, xa_n, xb_n, xc_n)
+            _store_rows(own + (3 * (LAYER + 1) + 5) * F, F, v0, v1, v2)
+            tl.store(own + (5 + LAYER + 1) * F + f, h1)
+            tl.store(own + (13 + LAYER + 1) * F + f, s)
         else:
             # readout: atomic = (r2 . silu(R1 s + rb1) + rb2) scale_z + shift_z (+ the wall's half pair energies)
             H: tl.constexpr = F // 2
@@ -311,8 +315,8 @@ if HAS_TRITON:
             g_s = _mv(g_h, r1, H, F, F)
             zero = g_s * 0.0
             g_sm, g0, g1, g2 = _update_bwd(g_s, zero, zero, zero, upd, lw, F, RP, True)
-            tl.store(own + _G[2] * F + f, g_sm)
-            _store_rows(own + (_G[2] + 1) * F, F, g0, g1, g2)
+            tl.store(own + (49 + 4 * (2)) * F + f, g_sm)
+            _store_rows(own + ((49 + 4 * (2)) + 1) * F, F, g0, g1, g2)
 
     @triton.jit
     def _dense_bwd_kernel(
@@ -323,7 +327,7 @@ if HAS_TRITON:
     ):  # fmt: skip
         """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
         ``k <- j`` (j the sender) and ``j <- k`` (j the receiver), the position gradient of atom ``j`` from both, and,
-        above the first layer, the previous layer's update block backward of atom ``j`` (``_G[LAYER - 1]``)."""
+        above the first layer, the previous layer's update block backward of atom ``j`` (``(49 + 4 * (LAYER - 1))``)."""
         pdl_prologue(PDL)
         j = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
@@ -342,14 +346,14 @@ if HAS_TRITON:
         w_a = _mm(rbf, _mat(wft, RP, F, 3 * F), DOT)
         w_c = _mm(rbf, _mat(wft + 2 * F, RP, F, 3 * F), DOT)
         # the receivers' upstream gradients [NP, F] and atom j's own rows
-        gsm = tl.load(tiles + _G[LAYER] * F)
-        gv0 = tl.load(tiles + (_G[LAYER] + 1) * F)
-        gv1 = tl.load(tiles + (_G[LAYER] + 2) * F)
-        gv2 = tl.load(tiles + (_G[LAYER] + 3) * F)
-        gsm_j = tl.load(own + _G[LAYER] * F + f)
-        gvj0 = tl.load(own + (_G[LAYER] + 1) * F + f)
-        gvj1 = tl.load(own + (_G[LAYER] + 2) * F + f)
-        gvj2 = tl.load(own + (_G[LAYER] + 3) * F + f)
+        gsm = tl.load(tiles + (49 + 4 * (LAYER)) * F)
+        gv0 = tl.load(tiles + ((49 + 4 * (LAYER)) + 1) * F)
+        gv1 = tl.load(tiles + ((49 + 4 * (LAYER)) + 2) * F)
+        gv2 = tl.load(tiles + ((49 + 4 * (LAYER)) + 3) * F)
+        gsm_j = tl.load(own + (49 + 4 * (LAYER)) * F + f)
+        gvj0 = tl.load(own + ((49 + 4 * (LAYER)) + 1) * F + f)
+        gvj1 = tl.load(own + ((49 + 4 * (LAYER)) + 2) * F + f)
+        gvj2 = tl.load(own + ((49 + 4 * (LAYER)) + 3) * F + f)
         if LAYER == 0:
             phi = g + n_species * F
             xa = tl.load(phi + ix[:, None] * (3 * F) + f[None, :])
@@ -357,10 +361,10 @@ if HAS_TRITON:
             xa_j = tl.load(phi + ix_j * (3 * F) + f)
             xc_j = tl.load(phi + ix_j * (3 * F) + 2 * F + f)
         else:
-            xa = tl.load(tiles + _X[LAYER] * F)
-            xc = tl.load(tiles + (_X[LAYER] + 2) * F)
-            xa_j = tl.load(own + _X[LAYER] * F + f)
-            xc_j = tl.load(own + (_X[LAYER] + 2) * F + f)
+            xa = tl.load(tiles + (3 * (LAYER) - 3) * F)
+            xc = tl.load(tiles + ((3 * (LAYER) - 3) + 2) * F)
+            xa_j = tl.load(own + (3 * (LAYER) - 3) * F + f)
+            xc_j = tl.load(own + ((3 * (LAYER) - 3) + 2) * F + f)
         # j the sender of k <- j (u_kj = -u_jk), j the receiver of j <- k
         gamma_s = -(gv0 * ux[:, None] + gv1 * uy[:, None] + gv2 * uz[:, None])
         gamma_r = gvj0[None, :] * ux[:, None] + gvj1[None, :] * uy[:, None] + gvj2[None, :] * uz[:, None]
@@ -375,14 +379,14 @@ if HAS_TRITON:
         gu2 = tl.sum(mc_s * gv2 - mc_r * gvj2[None, :], axis=1)
         if LAYER > 0:
             w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
-            xb = tl.load(tiles + (_X[LAYER] + 1) * F)
-            xb_j = tl.load(own + (_X[LAYER] + 1) * F + f)
-            v0 = tl.load(tiles + _V[LAYER] * F)
-            v1 = tl.load(tiles + (_V[LAYER] + 1) * F)
-            v2 = tl.load(tiles + (_V[LAYER] + 2) * F)
-            vj0 = tl.load(own + _V[LAYER] * F + f)
-            vj1 = tl.load(own + (_V[LAYER] + 1) * F + f)
-            vj2 = tl.load(own + (_V[LAYER] + 2) * F + f)
+            xb = tl.load(tiles + ((3 * (LAYER) - 3) + 1) * F)
+            xb_j = tl.load(own + ((3 * (LAYER) - 3) + 1) * F + f)
+            v0 = tl.load(tiles + (3 * (LAYER) + 5) * F)
+            v1 = tl.load(tiles + ((3 * (LAYER) + 5) + 1) * F)
+            v2 = tl.load(tiles + ((3 * (LAYER) + 5) + 2) * F)
+            vj0 = tl.load(own + (3 * (LAYER) + 5) * F + f)
+            vj1 = tl.load(own + ((3 * (LAYER) + 5) + 1) * F + f)
+            vj2 = tl.load(own + ((3 * (LAYER) + 5) + 2) * F + f)
             gmb_s = gv0 * vj0[None, :] + gv1 * vj1[None, :] + gv2 * vj2[None, :]
             gmb_r = gvj0[None, :] * v0 + gvj1[None, :] * v1 + gvj2[None, :] * v2
             g_rbf += _mm(gmb_s * xb_j[None, :] + gmb_r * xb, _mat(wf + F * RP, F, RP, RP), DOT)
@@ -397,13 +401,13 @@ if HAS_TRITON:
             w1 = lw + F * F
             w2 = w1 + 4 * F * F + F
             g_act = _mv(g_xa, w2, F, F, F) + _mv(g_xb, w2 + F * F, F, F, F) + _mv(g_xc, w2 + 2 * F * F, F, F, F)
-            h1 = tl.load(own + _H1[LAYER] * F + f)
+            h1 = tl.load(own + (5 + LAYER) * F + f)
             g_sj = gsm_j + _mv(g_act * _silu_grad(h1), w1, F, F, F)
             g_sm, g0, g1, g2 = _update_bwd(
-                g_sj, g_vj0, g_vj1, g_vj2, own + _UPD[LAYER - 1] * F, w_ptr + (LAYER - 1) * LS, F, RP, False
+                g_sj, g_vj0, g_vj1, g_vj2, own + (16 + 11 * (LAYER - 1)) * F, w_ptr + (LAYER - 1) * LS, F, RP, False
             )
-            tl.store(own + _G[LAYER - 1] * F + f, g_sm)
-            _store_rows(own + (_G[LAYER - 1] + 1) * F, F, g0, g1, g2)
+            tl.store(own + (49 + 4 * (LAYER - 1)) * F + f, g_sm)
+            _store_rows(own + ((49 + 4 * (LAYER - 1)) + 1) * F, F, g0, g1, g2)
         # dE/dpos_j = sum_k [-(dE/dd) u_jk + P_u(g_u^sender - g_u^receiver) / d]; the wall on both pairs
         g_d = tl.sum(g_rbf * drbf, axis=1)
         if LAYER == 0:
