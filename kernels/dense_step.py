@@ -223,15 +223,24 @@ if HAS_TRITON:
 
     @triton.jit
     def _dense_fwd_kernel(
-        pos_ptr, idx_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, atomic_ptr, n_species,
+        pos_ptr, idx_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, atomic_ptr, n_species, n_weights,
         LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
         the readout, its backward and the last update block's backward (``(49 + 4 * (2))``)."""
         pdl_prologue(PDL)
         i = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
+        if PREFETCH > 0 and LAYER == 0:
+            # the first launch asks L2 for every weight of the step (128-byte lines, PREFETCH of them per program of
+            # the first molecule), so that the later products' loads hit L2 rather than memory
+            if b == 0:
+                line = i * PREFETCH + tl.arange(0, PREFETCH)
+                ptrs = w_ptr + tl.minimum(line * 32, n_weights - 1)
+                tl.inline_asm_elementwise(
+                    "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+                )
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         lw = w_ptr + LAYER * LS
         g = w_ptr + 3 * LS
@@ -440,7 +449,10 @@ class DenseStep:
     after changing them). A call is six launches into buffers kept per batch shape, so it can be captured in a CUDA
     graph. ``dot``: the filter products' ``tl.dot`` precision (0 ``ieee``, the default; 1 ``tf32x3``)."""
 
-    def __init__(self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | None = None):
+    def __init__(
+        self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | None = None,
+        prefetch: bool = False,
+    ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
             if reason is not None:
@@ -460,6 +472,7 @@ class DenseStep:
         self.dtype, self.device = dtype, self.weights.device
         self.n_species, self.hidden, self.n_rbf = len(c.species), c.hidden, c.n_rbf
         self.dot = dot
+        self.prefetch = prefetch and self.device.type == "cuda"  # (PTX: not on the interpreter)
         self.num_warps = num_warps or (4 if self.hidden <= 64 else 8)
         assert self.weights.numel() >= 3 * layer_size(self.hidden, _pow2(self.n_rbf))
         self._scratch: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
@@ -505,10 +518,13 @@ class DenseStep:
         meta = dict(NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=SLOTS, DOT=self.dot)
         meta |= pdl_args(pos) | {"num_warps": self.num_warps}
         grid = (np_, b)
+        n_w = self.weights.numel()
+        pf = _pow2(-(-n_w // (32 * np_)), 1) if self.prefetch else 0
         for layer in range(3):
             _dense_fwd_kernel[grid](
-                pos, ix, self.weights, self.table, self.consts, sc, atomic, self.n_species, LAYER=layer, **meta
-            )
+                pos, ix, self.weights, self.table, self.consts, sc, atomic, self.n_species, n_w, LAYER=layer,
+                PREFETCH=pf, **meta,
+            )  # fmt: skip
         for layer in (2, 1, 0):
             _dense_bwd_kernel[grid](
                 pos, ix, self.weights, self.table, self.consts, sc, gpos, atomic, energy, forces, self.n_species,

@@ -76,10 +76,11 @@ def test_32_slots_and_repeated_calls(triton_device):
     assert len(step._scratch) == 1
 
 
-def test_forces_are_minus_the_energys_finite_differences():
+def test_forces_are_minus_the_energys_finite_differences(triton_device):
     model = _model(seed=3)
     pos, idx = _molecules([9], seed=3, spread=1.3)
-    step = ds.DenseStep(model, torch.float64)
+    pos, idx = pos.to(triton_device), idx.to(triton_device)
+    step = ds.DenseStep(model, torch.float64, triton_device)
     _, _, f = step(pos, idx)
     h = 1e-5
     for atom, k in [(0, 0), (3, 1), (8, 2)]:
@@ -119,7 +120,7 @@ def test_rejects_what_it_does_not_compute():
     assert "layers" in ds.supports(_model(layers=2))
     with pytest.raises(ValueError, match="2 layers"):
         ds.DenseStep(_model(layers=2))
-    step = ds.DenseStep(_model(), torch.float64)
+    step = ds.DenseStep(_model(), torch.float64)  # (on the CPU: every refusal comes before a launch)
     with pytest.raises(ValueError, match="NP = 8"):
         step(torch.zeros(1, 8, 3, dtype=torch.float64), torch.zeros(1, 8, dtype=torch.int32))
     with pytest.raises(ValueError, match="NP = 24"):
