@@ -132,7 +132,25 @@ def main() -> None:
     ap.add_argument("--molecules", default="H2,H2O,CH4,C6H6")
     ap.add_argument("--g2", default="1024,4096")
     ap.add_argument("--g2-hidden", default="64")
+    ap.add_argument(
+        "--loop",
+        type=int,
+        default=0,
+        help="only call the first student's step on benzene this often "
+        "(prefetch on, PDL off: a target for Nsight Compute)",
+    )
     args = ap.parse_args()
+    if args.loop:
+        from ase.build import molecule
+
+        model = _frozen(load_model(args.students.split(",")[0]).cuda())
+        pos, idx = padded(model, [molecule("C6H6")], torch.device("cuda"))
+        with pdl_enabled(False):
+            step = ds.DenseStep(model, torch.float32, "cuda", prefetch=True)
+            for _ in range(args.loop):
+                step(pos, idx)
+        torch.cuda.synchronize()
+        return
     import triton
     from ase.build import molecule
 

@@ -874,10 +874,29 @@ case "${1:-}" in
       --steps 800 --rounds 2 --cli-steps 2000 >"$OUT/probe_langevin_ahead.log" 2>&1
     tail -22 "$OUT/probe_langevin_ahead.log"
     ;;
+  stop69c)
+    # Nsight Compute on the dense step's six kernels (benzene, 64 x 3, L2 prefetch, PDL off): stalls, then the
+    # per-instruction stall samples of the layer-1 forward and backward
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    echo "ncu: $NCU"
+    secs=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+          --section MemoryWorkloadAnalysis --section SourceCounters)
+    timeout 150 "$NCU" --clock-control none -k "regex:_dense" --launch-skip 30 -c 6 "${secs[@]}" \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      --log-file "$OUT/ncu_dense.txt" python3 benchmarks/probe_dense_step.py --loop 8 >"$OUT/ncu_run.log" 2>&1
+    echo "ncu rc $?"; tail -3 "$OUT/ncu_run.log"
+    grep -E "_dense|Duration|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|stalled_(long|short|barrier|wait|math|mio|lg|no_inst|branch|dispatch|not_sel|selected|sleep|drain|membar|tex|imc)[a-z_]*_per" "$OUT/ncu_dense.txt" | head -120
+    for k in 1 4; do
+      timeout 120 "$NCU" --clock-control none -k "regex:_dense" --launch-skip $((30 + k)) -c 1 --section SourceCounters \
+        --page source --print-source sass --log-file "$OUT/ncu_source_$k.txt" python3 benchmarks/probe_dense_step.py \
+        --loop 8 >"$OUT/ncu_source_run_$k.log" 2>&1
+      echo "source $k rc $?"; tail -2 "$OUT/ncu_source_run_$k.log"; wc -l "$OUT/ncu_source_$k.txt"; gzip "$OUT/ncu_source_$k.txt"
+    done
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68a|stop68b|stop68c|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68a|stop68b|stop68c|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
