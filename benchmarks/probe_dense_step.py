@@ -36,6 +36,10 @@ from mlff_distiller import load_model
 G2_SPECIES = (1, 3, 4, 5, 6, 7, 8, 9, 11, 13, 14, 15, 16, 17)
 VARIANTS = {  # name: (DenseStep keywords, PDL on)
     "default": ({}, True),
+    "prefetch, 8 warps": ({"prefetch": True, "num_warps": 8}, False),
+    "prefetch, split": ({"prefetch": True, "split": True}, False),
+    "prefetch, split, 8 warps": ({"prefetch": True, "split": True, "num_warps": 8}, False),
+    "prefetch, split, 16 warps": ({"prefetch": True, "split": True, "num_warps": 16}, False),
     "pdl off + L2 prefetch": ({"prefetch": True}, False),
     "pdl off": ({}, False),
     "tf32x3 filters": ({"dot": 1}, True),
@@ -128,7 +132,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="probe_dense_step")
     ap.add_argument("--students", default="builtin:chno-gfn2-small,builtin:chno-gfn2")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=";".join(VARIANTS), help="names of VARIANTS, separated by ';'")
     ap.add_argument("--molecules", default="H2,H2O,CH4,C6H6")
     ap.add_argument("--g2", default="1024,4096")
     ap.add_argument("--g2-hidden", default="64")
@@ -168,7 +172,7 @@ def main() -> None:
         "dense graph µs | engine step µs | engine / dense | dense warm µs | engine warm µs |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    variants = [v for v in args.variants.split(",") if v]
+    variants = [v.strip() for v in args.variants.split(";") if v.strip()]
     tables: list[str] = []
     for name in [n for n in args.students.split(",") if n]:
         model = _frozen(load_model(name).to(dev))

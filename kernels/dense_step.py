@@ -328,41 +328,55 @@ if HAS_TRITON:
             _store_rows(own + ((49 + 4 * (2)) + 1) * F, F, g0, g1, g2)
 
     @triton.jit
-    def _dense_bwd_kernel(
-        pos_ptr, idx_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, gpos_ptr, atomic_ptr, energy_ptr, forces_ptr,
-        n_species,
-        LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+    def _bwd_features(
+        rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
+        LAYER: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
     ):  # fmt: skip
-        """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
-        ``k <- j`` (j the sender) and ``j <- k`` (j the receiver), the position gradient of atom ``j`` from both, and,
-        above the first layer, the previous layer's update block backward of atom ``j`` (``(49 + 4 * (LAYER - 1))``)."""
-        pdl_prologue(PDL)
-        j = tl.program_id(0)
-        b = tl.program_id(1).to(tl.int64)
+        """Atom ``j``'s φ and v as a sender (sums over its receivers k), its φ backward, and the previous layer's
+        update block backward of atom ``j``, stored in that layer's gradient slots."""
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
-        lw = w_ptr + LAYER * LS
-        g = w_ptr + 3 * LS
-        valid, d, ux, uy, uz, rbf, drbf, _e_row, de_row, _real_j, ix_j, ix = _geometry(
-            pos_ptr, idx_ptr, table_ptr, consts_ptr, n_species, b, j, NP, R, RP
-        )
-        a = tl.arange(0, NP)
-        f = tl.arange(0, F)
-        tiles = sc_ptr + ((b * NP + a[:, None]) * SL) * F + f[None, :]
-        own = sc_ptr + ((b * NP + j) * SL) * F
         wft = lw + 8 * F * F + 4 * F
-        wf = wft + 3 * F * RP  # W_f [3F, RP]
+        XS: tl.constexpr = 3 * LAYER - 3
+        VS: tl.constexpr = 3 * LAYER + 5
         w_a = _mm(rbf, _mat(wft, RP, F, 3 * F), DOT)
-        w_c = _mm(rbf, _mat(wft + 2 * F, RP, F, 3 * F), DOT)
-        # the receivers' upstream gradients [NP, F] and atom j's own rows
-        gsm = tl.load(tiles + (49 + 4 * (LAYER)) * F)
-        gv0 = tl.load(tiles + ((49 + 4 * (LAYER)) + 1) * F)
-        gv1 = tl.load(tiles + ((49 + 4 * (LAYER)) + 2) * F)
-        gv2 = tl.load(tiles + ((49 + 4 * (LAYER)) + 3) * F)
-        gsm_j = tl.load(own + (49 + 4 * (LAYER)) * F + f)
-        gvj0 = tl.load(own + ((49 + 4 * (LAYER)) + 1) * F + f)
-        gvj1 = tl.load(own + ((49 + 4 * (LAYER)) + 2) * F + f)
-        gvj2 = tl.load(own + ((49 + 4 * (LAYER)) + 3) * F + f)
+        w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
+        xb_j = tl.load(own + (XS + 1) * F + f)
+        vj0 = tl.load(own + VS * F + f)
+        vj1 = tl.load(own + (VS + 1) * F + f)
+        vj2 = tl.load(own + (VS + 2) * F + f)
+        gamma_s = -(gv0 * ux[:, None] + gv1 * uy[:, None] + gv2 * uz[:, None])
+        gmb_s = gv0 * vj0[None, :] + gv1 * vj1[None, :] + gv2 * vj2[None, :]
+        g_xa = tl.sum(gsm * w_a, axis=0)
+        g_xb = tl.sum(gmb_s * w_b, axis=0)
+        g_xc = tl.sum(gamma_s * w_c, axis=0)
+        bw = w_b * xb_j[None, :]
+        g_vj0 = gvj0 + tl.sum(bw * gv0, axis=0)
+        g_vj1 = gvj1 + tl.sum(bw * gv1, axis=0)
+        g_vj2 = gvj2 + tl.sum(bw * gv2, axis=0)
+        w1 = lw + F * F
+        w2 = w1 + 4 * F * F + F
+        g_act = _mv(g_xa, w2, F, F, F) + _mv(g_xb, w2 + F * F, F, F, F) + _mv(g_xc, w2 + 2 * F * F, F, F, F)
+        h1 = tl.load(own + (5 + LAYER) * F + f)
+        g_sj = gsm_j + _mv(g_act * _silu_grad(h1), w1, F, F, F)
+        g_sm, g0, g1, g2 = _update_bwd(
+            g_sj, g_vj0, g_vj1, g_vj2, own + (16 + 11 * (LAYER - 1)) * F, w_ptr + (LAYER - 1) * LS, F, RP, False
+        )
+        GS: tl.constexpr = 49 + 4 * (LAYER - 1)
+        tl.store(own + GS * F + f, g_sm)
+        _store_rows(own + (GS + 1) * F, F, g0, g1, g2)
+
+    @triton.jit
+    def _bwd_geometry(
+        rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1, gv2, gsm_j,
+        gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
+        LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
+    ):  # fmt: skip
+        """Atom ``j``'s position gradient from the pairs ``k <- j`` (j the sender, u_kj = -u_jk) and ``j <- k``:
+        dE/dpos_j = sum_k [-(dE/dd) u_jk + P_u(g_u^sender - g_u^receiver) / d], the wall on both pairs; added to
+        the later layers' (``gpos``), and at the first layer the forces and the molecule's energy."""
+        XS: tl.constexpr = 3 * LAYER - 3
+        VS: tl.constexpr = 3 * LAYER + 5
+        wf = lw + 8 * F * F + 4 * F + 3 * F * RP  # W_f [3F, RP]
         if LAYER == 0:
             phi = g + n_species * F
             xa = tl.load(phi + ix[:, None] * (3 * F) + f[None, :])
@@ -370,54 +384,31 @@ if HAS_TRITON:
             xa_j = tl.load(phi + ix_j * (3 * F) + f)
             xc_j = tl.load(phi + ix_j * (3 * F) + 2 * F + f)
         else:
-            xa = tl.load(tiles + (3 * (LAYER) - 3) * F)
-            xc = tl.load(tiles + ((3 * (LAYER) - 3) + 2) * F)
-            xa_j = tl.load(own + (3 * (LAYER) - 3) * F + f)
-            xc_j = tl.load(own + ((3 * (LAYER) - 3) + 2) * F + f)
-        # j the sender of k <- j (u_kj = -u_jk), j the receiver of j <- k
+            xa = tl.load(tiles + XS * F)
+            xc = tl.load(tiles + (XS + 2) * F)
+            xa_j = tl.load(own + XS * F + f)
+            xc_j = tl.load(own + (XS + 2) * F + f)
         gamma_s = -(gv0 * ux[:, None] + gv1 * uy[:, None] + gv2 * uz[:, None])
         gamma_r = gvj0[None, :] * ux[:, None] + gvj1[None, :] * uy[:, None] + gvj2[None, :] * uz[:, None]
-        wf_a = _mat(wf, F, RP, RP)
-        wf_c = _mat(wf + 2 * F * RP, F, RP, RP)
-        g_rbf = _mm(gsm * xa_j[None, :] + gsm_j[None, :] * xa, wf_a, DOT)
-        g_rbf += _mm(gamma_s * xc_j[None, :] + gamma_r * xc, wf_c, DOT)
+        g_rbf = _mm(gsm * xa_j[None, :] + gsm_j[None, :] * xa, _mat(wf, F, RP, RP), DOT)
+        g_rbf += _mm(gamma_s * xc_j[None, :] + gamma_r * xc, _mat(wf + 2 * F * RP, F, RP, RP), DOT)
         mc_s = w_c * xc_j[None, :]
         mc_r = w_c * xc
         gu0 = tl.sum(mc_s * gv0 - mc_r * gvj0[None, :], axis=1)
         gu1 = tl.sum(mc_s * gv1 - mc_r * gvj1[None, :], axis=1)
         gu2 = tl.sum(mc_s * gv2 - mc_r * gvj2[None, :], axis=1)
         if LAYER > 0:
-            w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
-            xb = tl.load(tiles + ((3 * (LAYER) - 3) + 1) * F)
-            xb_j = tl.load(own + ((3 * (LAYER) - 3) + 1) * F + f)
-            v0 = tl.load(tiles + (3 * (LAYER) + 5) * F)
-            v1 = tl.load(tiles + ((3 * (LAYER) + 5) + 1) * F)
-            v2 = tl.load(tiles + ((3 * (LAYER) + 5) + 2) * F)
-            vj0 = tl.load(own + (3 * (LAYER) + 5) * F + f)
-            vj1 = tl.load(own + ((3 * (LAYER) + 5) + 1) * F + f)
-            vj2 = tl.load(own + ((3 * (LAYER) + 5) + 2) * F + f)
+            xb = tl.load(tiles + (XS + 1) * F)
+            xb_j = tl.load(own + (XS + 1) * F + f)
+            v0 = tl.load(tiles + VS * F)
+            v1 = tl.load(tiles + (VS + 1) * F)
+            v2 = tl.load(tiles + (VS + 2) * F)
+            vj0 = tl.load(own + VS * F + f)
+            vj1 = tl.load(own + (VS + 1) * F + f)
+            vj2 = tl.load(own + (VS + 2) * F + f)
             gmb_s = gv0 * vj0[None, :] + gv1 * vj1[None, :] + gv2 * vj2[None, :]
             gmb_r = gvj0[None, :] * v0 + gvj1[None, :] * v1 + gvj2[None, :] * v2
             g_rbf += _mm(gmb_s * xb_j[None, :] + gmb_r * xb, _mat(wf + F * RP, F, RP, RP), DOT)
-            # atom j's φ and v as a sender: sums over its receivers k
-            g_xa = tl.sum(gsm * w_a, axis=0)
-            g_xb = tl.sum(gmb_s * w_b, axis=0)
-            g_xc = tl.sum(gamma_s * w_c, axis=0)
-            bw = w_b * xb_j[None, :]
-            g_vj0 = gvj0 + tl.sum(bw * gv0, axis=0)
-            g_vj1 = gvj1 + tl.sum(bw * gv1, axis=0)
-            g_vj2 = gvj2 + tl.sum(bw * gv2, axis=0)
-            w1 = lw + F * F
-            w2 = w1 + 4 * F * F + F
-            g_act = _mv(g_xa, w2, F, F, F) + _mv(g_xb, w2 + F * F, F, F, F) + _mv(g_xc, w2 + 2 * F * F, F, F, F)
-            h1 = tl.load(own + (5 + LAYER) * F + f)
-            g_sj = gsm_j + _mv(g_act * _silu_grad(h1), w1, F, F, F)
-            g_sm, g0, g1, g2 = _update_bwd(
-                g_sj, g_vj0, g_vj1, g_vj2, own + (16 + 11 * (LAYER - 1)) * F, w_ptr + (LAYER - 1) * LS, F, RP, False
-            )
-            tl.store(own + (49 + 4 * (LAYER - 1)) * F + f, g_sm)
-            _store_rows(own + ((49 + 4 * (LAYER - 1)) + 1) * F, F, g0, g1, g2)
-        # dE/dpos_j = sum_k [-(dE/dd) u_jk + P_u(g_u^sender - g_u^receiver) / d]; the wall on both pairs
         g_d = tl.sum(g_rbf * drbf, axis=1)
         if LAYER == 0:
             g_d += 2.0 * de_row
@@ -442,6 +433,64 @@ if HAS_TRITON:
             tl.store(gp + 1, gy)
             tl.store(gp + 2, gz)
 
+    @triton.jit
+    def _dense_bwd_kernel(
+        pos_ptr, idx_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, gpos_ptr, atomic_ptr, energy_ptr, forces_ptr,
+        n_species,
+        LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr,
+    ):  # fmt: skip
+        """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
+        ``k <- j`` (j the sender) and ``j <- k`` (j the receiver). Above the first layer, ``SPLIT`` gives the two
+        parts to two programs (program 2: 0 the features, 1 the geometry), which run side by side."""
+        pdl_prologue(PDL)
+        j = tl.program_id(0)
+        b = tl.program_id(1).to(tl.int64)
+        LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
+        lw = w_ptr + LAYER * LS
+        g = w_ptr + 3 * LS
+        valid, d, ux, uy, uz, rbf, drbf, _e_row, de_row, _real_j, ix_j, ix = _geometry(
+            pos_ptr, idx_ptr, table_ptr, consts_ptr, n_species, b, j, NP, R, RP
+        )
+        a = tl.arange(0, NP)
+        f = tl.arange(0, F)
+        tiles = sc_ptr + ((b * NP + a[:, None]) * SL) * F + f[None, :]
+        own = sc_ptr + ((b * NP + j) * SL) * F
+        w_c = _mm(rbf, _mat(lw + 8 * F * F + 4 * F + 2 * F, RP, F, 3 * F), DOT)
+        # the receivers' upstream gradients [NP, F] and atom j's own rows
+        GS: tl.constexpr = 49 + 4 * LAYER
+        gsm = tl.load(tiles + GS * F)
+        gv0 = tl.load(tiles + (GS + 1) * F)
+        gv1 = tl.load(tiles + (GS + 2) * F)
+        gv2 = tl.load(tiles + (GS + 3) * F)
+        gsm_j = tl.load(own + GS * F + f)
+        gvj0 = tl.load(own + (GS + 1) * F + f)
+        gvj1 = tl.load(own + (GS + 2) * F + f)
+        gvj2 = tl.load(own + (GS + 3) * F + f)
+        if SPLIT and LAYER > 0:
+            if tl.program_id(2) == 0:
+                _bwd_features(
+                    rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
+                    LAYER, F, RP, DOT,
+                )  # fmt: skip
+            else:
+                _bwd_geometry(
+                    rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1,
+                    gv2, gsm_j, gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
+                    LAYER, NP, F, RP, DOT,
+                )  # fmt: skip
+        else:
+            if LAYER > 0:
+                _bwd_features(
+                    rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
+                    LAYER, F, RP, DOT,
+                )  # fmt: skip
+            _bwd_geometry(
+                rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1, gv2,
+                gsm_j, gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
+                LAYER, NP, F, RP, DOT,
+            )  # fmt: skip
+
 
 class DenseStep:
     """The dense step of one model, prepared: the packed weights (:func:`.small_step.pack_weights`), the wall's
@@ -451,7 +500,7 @@ class DenseStep:
 
     def __init__(
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | None = None,
-        prefetch: bool = False,
+        prefetch: bool = False, split: bool = False,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -473,6 +522,7 @@ class DenseStep:
         self.n_species, self.hidden, self.n_rbf = len(c.species), c.hidden, c.n_rbf
         self.dot = dot
         self.prefetch = prefetch and self.device.type == "cuda"  # (PTX: not on the interpreter)
+        self.split = split
         self.num_warps = num_warps or (4 if self.hidden <= 64 else 8)
         assert self.weights.numel() >= 3 * layer_size(self.hidden, _pow2(self.n_rbf))
         self._scratch: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
@@ -526,9 +576,10 @@ class DenseStep:
                 PREFETCH=pf, **meta,
             )  # fmt: skip
         for layer in (2, 1, 0):
-            _dense_bwd_kernel[grid](
+            split = self.split and layer > 0
+            _dense_bwd_kernel[(np_, b, 2 if split else 1)](
                 pos, ix, self.weights, self.table, self.consts, sc, gpos, atomic, energy, forces, self.n_species,
-                LAYER=layer, **meta,
+                LAYER=layer, SPLIT=split, **meta,
             )  # fmt: skip
         return energy, atomic, forces
 

@@ -41,11 +41,11 @@ def _close(got, want, rtol, atol=0.0):
     torch.testing.assert_close(got.double().cpu(), want.double().cpu(), rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("wall", [WALL, None])
-def test_float64_equals_the_models_autograd(triton_device, wall):
+@pytest.mark.parametrize(("wall", "split"), [(WALL, False), (None, False), (WALL, True)])
+def test_float64_equals_the_models_autograd(triton_device, wall, split):
     """Molecules of 16, 12, 7, 2 and 1 atoms (padding programs, a lone atom) with a pair inside the ZBL wall and
     pairs beyond the cutoff: energies, atomic energies and forces to float64 rounding. Without a wall the step takes
-    a table of radius 0."""
+    a table of radius 0; ``split`` gives each backward's two parts their own programs."""
     model = _model(repulsion=wall)
     pos, idx = _molecules([16, 12, 7, 2, 1], spread=2.2)
     pos[1, 1] = pos[1, 0] + torch.tensor([0.85, 0.1, 0.0], dtype=torch.float64)  # inside a wall
@@ -53,7 +53,8 @@ def test_float64_equals_the_models_autograd(triton_device, wall):
     d = torch.cdist(pos[0, :16], pos[0, :16])
     assert (d > model.cutoff).any(), "the test wants pairs beyond the cutoff"
     er, ar, fr = ss.small_step_reference(model, pos, idx)
-    e, a, f = ds.DenseStep(model, torch.float64, triton_device)(pos.to(triton_device), idx.to(triton_device))
+    step = ds.DenseStep(model, torch.float64, triton_device, split=split)
+    e, a, f = step(pos.to(triton_device), idx.to(triton_device))
     _close(e, er, rtol=1e-12)
     _close(a, ar, rtol=1e-12, atol=1e-12)
     _close(f, fr, rtol=1e-10, atol=1e-11)
