@@ -156,7 +156,11 @@ class StepImpl(OursImpl):
 
             graph = engine._graph(bucket)
             shifts = nl.shift_vectors.to(engine.dtype)
-            fill_padded(graph, dev.numbers, dev.positions, dev.batch, dev.num_structures, nl.edge_index, shifts)
+            molecule = not any(bool(a.pbc.any()) for a in structures)  # (the engine's dense step may take it)
+            fill_padded(
+                graph, dev.numbers, dev.positions, dev.batch, dev.num_structures, nl.edge_index, shifts,
+                molecule=molecule,
+            )  # fmt: skip
 
             def run():
                 with self.context():

@@ -35,16 +35,17 @@ from mlff_distiller import load_model
 
 G2_SPECIES = (1, 3, 4, 5, 6, 7, 8, 9, 11, 13, 14, 15, 16, 17)
 VARIANTS = {  # name: (DenseStep keywords, PDL on)
-    "default": ({}, True),
-    "prefetch, 8 warps": ({"prefetch": True, "num_warps": 8}, False),
-    "prefetch, split": ({"prefetch": True, "split": True}, False),
-    "prefetch, split, 8 warps": ({"prefetch": True, "split": True, "num_warps": 8}, False),
-    "prefetch, split, 16 warps": ({"prefetch": True, "split": True, "num_warps": 16}, False),
-    "pdl off + L2 prefetch": ({"prefetch": True}, False),
-    "pdl off": ({}, False),
-    "tf32x3 filters": ({"dot": 1}, True),
-    "2 warps": ({"num_warps": 2}, True),
-    "8 warps": ({"num_warps": 8}, True),
+    "shipped": ({}, False),
+    "default": ({"prefetch": False, "split": False, "pdl": True}, True),
+    "pdl off": ({"prefetch": False, "split": False}, False),
+    "pdl off + L2 prefetch": ({"split": False}, False),
+    "tf32x3 filters": ({"dot": 1, "prefetch": False, "split": False, "pdl": True}, True),
+    "2 warps": ({"num_warps": 2, "prefetch": False, "split": False, "pdl": True}, True),
+    "8 warps": ({"num_warps": 8, "prefetch": False, "split": False, "pdl": True}, True),
+    "prefetch, 8 warps": ({"num_warps": 8, "split": False}, False),
+    "prefetch, split": ({}, False),
+    "prefetch, split, 8 warps": ({"num_warps": 8}, False),
+    "prefetch, split, 16 warps": ({"num_warps": 16}, False),
 }
 
 
@@ -120,10 +121,12 @@ def kernel_table(fn, reps: int = 20) -> str:
     return "; ".join(rows)
 
 
-def _engine_step(model, structures):
+def _engine_step(model, structures, dense_small=False):
+    """The engine's captured step (``dense_small=False``: the model's forward and autograd, as before stop 69;
+    None: the engine's own choice, the dense step where it applies)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        impl = StepImpl("probe", "ours", model, "cuda", mode="cudagraph")
+        impl = StepImpl("probe", "ours", model, "cuda", mode="cudagraph", dense_small=dense_small)
         return impl, impl.prepare(structures, forces=True)
 
 
@@ -136,6 +139,13 @@ def main() -> None:
     ap.add_argument("--molecules", default="H2,H2O,CH4,C6H6")
     ap.add_argument("--g2", default="1024,4096")
     ap.add_argument("--g2-hidden", default="64")
+    ap.add_argument(
+        "--md-steps",
+        type=int,
+        default=0,
+        help="ASE velocity Verlet on benzene through StudentCalculator, the dense step on and off, two rounds each "
+        "(0: not run)",
+    )
     ap.add_argument(
         "--loop",
         type=int,
@@ -150,7 +160,7 @@ def main() -> None:
         model = _frozen(load_model(args.students.split(",")[0]).cuda())
         pos, idx = padded(model, [molecule("C6H6")], torch.device("cuda"))
         with pdl_enabled(False):
-            step = ds.DenseStep(model, torch.float32, "cuda", prefetch=True)
+            step = ds.DenseStep(model, torch.float32, "cuda", split=False)
             for _ in range(args.loop):
                 step(pos, idx)
         torch.cuda.synchronize()
@@ -174,6 +184,13 @@ def main() -> None:
     ]
     variants = [v.strip() for v in args.variants.split(";") if v.strip()]
     tables: list[str] = []
+    auto_rows = [
+        "",
+        "## Through the engine (peers.StepImpl, mode cudagraph): its own choice against dense_small=False",
+        "",
+        "| student | molecule | step taken | engine µs | engine warm µs | engine, dense_small=False µs | ratio |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
     for name in [n for n in args.students.split(",") if n]:
         model = _frozen(load_model(name).to(dev))
         ref = _frozen(load_model(name).double())
@@ -187,6 +204,15 @@ def main() -> None:
             impl, run = _engine_step(model, [atoms])
             t_engine = time_fn(run, dev, rep_ms=300).median_us
             t_engine_warm = warm_us(run)
+            impl_d, run_d = _engine_step(model, [atoms], dense_small=None)
+            t_auto = time_fn(run_d, dev, rep_ms=300).median_us
+            eng = impl_d.engine
+            auto_rows.append(
+                f"| {name} | {mol} | {'dense' if eng._dense_runners else 'graph'} | {t_auto:.1f} | "
+                f"{warm_us(run_d):.1f} | {t_engine:.1f} | {t_engine / t_auto:.2f} |"
+            )
+            print(auto_rows[-1], flush=True)
+            del impl_d, run_d
             for var in variants:
                 kw, pdl = VARIANTS[var]
                 with pdl_enabled(pdl):
@@ -218,6 +244,35 @@ def main() -> None:
                 )
                 print(lines[-1], flush=True)
             del impl, run
+    lines += auto_rows
+    if args.md_steps:
+        from probe_md_step import _md_us
+
+        from mlff_distiller import StudentCalculator
+
+        lines += [
+            "",
+            f"## ASE MD step, benzene (velocity Verlet 0.5 fs, {args.md_steps} steps after 100, median wall µs/step)",
+            "",
+            "| student | round | dense step | median µs | p20 µs | launches ahead taken | MD runners dense |",
+            "|---|---:|---|---:|---:|---:|---|",
+        ]
+        for name in [n for n in args.students.split(",") if n]:
+            for rnd in (1, 2):
+                for dense in (True, False) if rnd == 1 else (False, True):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        calc = StudentCalculator(load_model(name), device="cuda")
+                    calc.engine.dense_small = None if dense else False
+                    med, p20 = _md_us(molecule("C6H6"), calc, args.md_steps)
+                    e = calc.engine
+                    md_dense = [md.dense for md in e._md_runners.values()]
+                    lines.append(
+                        f"| {name} | {rnd} | {'on' if dense else 'off'} | {med:.1f} | {p20:.1f} | {e.n_ahead_taken} | "
+                        f"{md_dense} |"
+                    )
+                    print(lines[-1], flush=True)
+                    del calc, e
     lines += ["", "## Device time per kernel (one benzene step, the first variant)", "", *tables]
     write_lines(lines, args.out, args.name)
     lines += [

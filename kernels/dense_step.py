@@ -92,16 +92,22 @@ if HAS_TRITON:
         return sg * (1.0 + h * (1.0 - sg))
 
     @triton.jit
-    def _geometry(pos_ptr, idx_ptr, table_ptr, consts_ptr, n_species, b, i, NP: tl.constexpr, R: tl.constexpr,
-                  RP: tl.constexpr):  # fmt: skip
-        """Atom ``i``'s row of pairs ``i <- j`` over the molecule's ``NP`` slots: ``r_ij = pos_j - pos_i``."""
+    def _geometry(pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, i, NP: tl.constexpr,
+                  R: tl.constexpr, RP: tl.constexpr, FROM_Z: tl.constexpr):  # fmt: skip
+        """Atom ``i``'s row of pairs ``i <- j`` over the molecule's ``NP`` slots: ``r_ij = pos_j - pos_i``.
+        ``FROM_Z``: ``idx_ptr`` holds atomic numbers and ``batch_ptr`` each slot's structure (the engine's padded
+        buffers), the species index is ``z2i[Z]`` where the slot belongs to structure ``b``, else -1 (padding)."""
         a = tl.arange(0, NP)
         idx = tl.load(idx_ptr + b * NP + a)
+        idx_i = tl.load(idx_ptr + b * NP + i + a * 0)  # (a block: the interpreter masks with blocks only)
+        if FROM_Z:
+            idx = tl.where(tl.load(batch_ptr + b * NP + a) == b, tl.load(z2i_ptr + idx), -1)
+            idx_i = tl.where(tl.load(batch_ptr + b * NP + i + a * 0) == b, tl.load(z2i_ptr + idx_i), -1)
         real = idx >= 0
         ix = tl.where(real, idx, 0)
-        idx_i = tl.load(idx_ptr + b * NP + i)
-        real_i = idx_i >= 0
-        ix_i = tl.where(real_i, idx_i, 0)
+        real_row = idx_i >= 0
+        real_i = tl.max(real_row.to(tl.int32), axis=0) > 0
+        ix_i = tl.max(tl.where(real_row, idx_i, 0), axis=0).to(tl.int32)
         base = pos_ptr + b * NP * 3
         rx = tl.load(base + a * 3) - tl.load(base + i * 3)
         ry = tl.load(base + a * 3 + 1) - tl.load(base + i * 3 + 1)
@@ -111,8 +117,7 @@ if HAS_TRITON:
         k1 = tl.load(consts_ptr + 1)
         norm = tl.load(consts_ptr + 2)
         c_env = tl.load(consts_ptr + 3)
-        # (the row's mask as a block: the interpreter cannot mask with a scalar's & of a block)
-        valid = real & (a != i) & ((a * 0 + idx_i) >= 0) & (d2 < cutoff * cutoff)
+        valid = real & (a != i) & real_row & (d2 < cutoff * cutoff)
         d = tl.sqrt(tl.where(valid, d2, 1.0))
         ux = tl.where(valid, rx / d, 0.0)
         uy = tl.where(valid, ry / d, 0.0)
@@ -223,9 +228,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _dense_fwd_kernel(
-        pos_ptr, idx_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, atomic_ptr, n_species, n_weights,
+        pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, atomic_ptr, n_species, n_weights,
         LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, FROM_Z: tl.constexpr,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
         the readout, its backward and the last update block's backward (``(49 + 4 * (2))``)."""
@@ -245,7 +250,7 @@ if HAS_TRITON:
         lw = w_ptr + LAYER * LS
         g = w_ptr + 3 * LS
         _valid, _d, ux, uy, uz, rbf, _drbf, e_row, _de_row, real_i, ix_i, ix = _geometry(
-            pos_ptr, idx_ptr, table_ptr, consts_ptr, n_species, b, i, NP, R, RP
+            pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, i, NP, R, RP, FROM_Z
         )
         a = tl.arange(0, NP)
         f = tl.arange(0, F)
@@ -435,10 +440,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _dense_bwd_kernel(
-        pos_ptr, idx_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, gpos_ptr, atomic_ptr, energy_ptr, forces_ptr,
-        n_species,
+        pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, gpos_ptr, atomic_ptr, energy_ptr,
+        forces_ptr, n_species,
         LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr,
+        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr, FROM_Z: tl.constexpr,
     ):  # fmt: skip
         """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
         ``k <- j`` (j the sender) and ``j <- k`` (j the receiver). Above the first layer, ``SPLIT`` gives the two
@@ -450,7 +455,7 @@ if HAS_TRITON:
         lw = w_ptr + LAYER * LS
         g = w_ptr + 3 * LS
         valid, d, ux, uy, uz, rbf, drbf, _e_row, de_row, _real_j, ix_j, ix = _geometry(
-            pos_ptr, idx_ptr, table_ptr, consts_ptr, n_species, b, j, NP, R, RP
+            pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, j, NP, R, RP, FROM_Z
         )
         a = tl.arange(0, NP)
         f = tl.arange(0, F)
@@ -496,11 +501,19 @@ class DenseStep:
     """The dense step of one model, prepared: the packed weights (:func:`.small_step.pack_weights`), the wall's
     table and the radial constants made once in ``dtype`` on ``device`` (a snapshot of the weights: prepare again
     after changing them). A call is six launches into buffers kept per batch shape, so it can be captured in a CUDA
-    graph. ``dot``: the filter products' ``tl.dot`` precision (0 ``ieee``, the default; 1 ``tf32x3``)."""
+    graph. Launch options, each measured on an H200 (``benchmarks/results/stop69_gpu/``, benzene, the 64 x 3
+    student, against the engine's captured step of 130 µs):
+
+    - ``prefetch`` (on): the first launch asks L2 for every weight of the step (133 → 113 µs, L2 flushed before
+      each step as the benchmarks do);
+    - ``split`` (on): each backward's feature and geometry parts in programs of their own (113 → 92 µs);
+    - ``pdl`` (off): programmatic dependent launch, which the engine's other kernels take (here 135 → 158 µs);
+    - ``num_warps`` (4 up to 64 features, else 8; 8 warps for 64 features: 92 → 115 µs);
+    - ``dot``: the filter products' ``tl.dot`` precision (0 ``ieee``, the default; 1 ``tf32x3``: no faster)."""
 
     def __init__(
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | None = None,
-        prefetch: bool = False, split: bool = False,
+        prefetch: bool = True, split: bool = True, pdl: bool = False,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -522,7 +535,10 @@ class DenseStep:
         self.n_species, self.hidden, self.n_rbf = len(c.species), c.hidden, c.n_rbf
         self.dot = dot
         self.prefetch = prefetch and self.device.type == "cuda"  # (PTX: not on the interpreter)
-        self.split = split
+        self.split, self.pdl = split, pdl
+        z2i = torch.full((max(c.species) + 1,), -1, dtype=torch.int32)
+        z2i[torch.as_tensor(c.species)] = torch.arange(len(c.species), dtype=torch.int32)
+        self.z2i = z2i.to(self.device)
         self.num_warps = num_warps or (4 if self.hidden <= 64 else 8)
         assert self.weights.numel() >= 3 * layer_size(self.hidden, _pow2(self.n_rbf))
         self._scratch: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
@@ -560,28 +576,35 @@ class DenseStep:
                 torch.empty((b, np_), dtype=self.dtype, device=self.device),
                 torch.empty((b, np_, 3), dtype=self.dtype, device=self.device),
             )
+        if b:
+            self._launch(positions.contiguous(), idx.contiguous(), idx, False, b, np_, out)
+        return out
+
+    def from_numbers(self, positions: Tensor, numbers: Tensor, batch: Tensor, np_: int, out) -> None:
+        """The step of structure 0 of the engine's padded buffers (``positions [A, 3]``, ``numbers [A]`` and
+        ``batch [A]``, int64, A ≥ ``np_``): its atoms are the slots among the first ``np_`` whose ``batch`` is 0,
+        their species from their atomic numbers in the kernels. Writes ``out`` = (energy [1] float64, atomic
+        [1, np_], forces [1, np_, 3]): a launch sequence with no other operation, for a captured step."""
+        if self.z2i.device != self.device:  # pragma: no cover - made on the device in __init__
+            raise ValueError("dense_step: the species table is not on the step's device")
+        self._launch(positions, numbers, batch, True, 1, np_, out)
+
+    def _launch(self, pos: Tensor, ix: Tensor, batch: Tensor, from_z: bool, b: int, np_: int, out) -> None:
         energy, atomic, forces = out
-        if b == 0:
-            return energy, atomic, forces
         sc, gpos = self.scratch(b, np_)
-        pos, ix = positions.contiguous(), idx.contiguous()
-        meta = dict(NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=SLOTS, DOT=self.dot)
-        meta |= pdl_args(pos) | {"num_warps": self.num_warps}
+        meta = dict(NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=SLOTS, DOT=self.dot, FROM_Z=from_z)
+        meta |= (pdl_args(pos) if self.pdl else {"PDL": False}) | {"num_warps": self.num_warps}
         grid = (np_, b)
         n_w = self.weights.numel()
         pf = _pow2(-(-n_w // (32 * np_)), 1) if self.prefetch else 0
+        common = (pos, ix, batch, self.z2i, self.weights, self.table, self.consts, sc)
         for layer in range(3):
-            _dense_fwd_kernel[grid](
-                pos, ix, self.weights, self.table, self.consts, sc, atomic, self.n_species, n_w, LAYER=layer,
-                PREFETCH=pf, **meta,
-            )  # fmt: skip
+            _dense_fwd_kernel[grid](*common, atomic, self.n_species, n_w, LAYER=layer, PREFETCH=pf, **meta)
         for layer in (2, 1, 0):
             split = self.split and layer > 0
             _dense_bwd_kernel[(np_, b, 2 if split else 1)](
-                pos, ix, self.weights, self.table, self.consts, sc, gpos, atomic, energy, forces, self.n_species,
-                LAYER=layer, SPLIT=split, **meta,
-            )  # fmt: skip
-        return energy, atomic, forces
+                *common, gpos, atomic, energy, forces, self.n_species, LAYER=layer, SPLIT=split, **meta
+            )
 
 
 def dense_step(model, positions: Tensor, idx: Tensor, **kw) -> tuple[Tensor, Tensor, Tensor]:

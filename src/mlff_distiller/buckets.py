@@ -247,6 +247,9 @@ class PaddedGraph:
             neighbour list's receiver rows instead, ``message_passing(symmetric=True)``: they then keep their
             zeros, a valid but meaningless content, and the fills sort no senders).
         n_atoms, n_edges, n_structures: the real sizes of the current content.
+        molecule: the current content has no periodic images (structures without a cell, or whose pairs all have
+            zero shifts, given as real positions): the engine's dense step, which takes every pair within the
+            cutoff itself, may compute it (``ForceEngine(dense_small=...)``). Set by the fills.
     """
 
     bucket: Bucket
@@ -263,6 +266,7 @@ class PaddedGraph:
     n_atoms: int = 0
     n_edges: int = 0
     n_structures: int = 0
+    molecule: bool = False
     pad_z: int = 1
     far: float = 1.0
 
@@ -355,13 +359,15 @@ def fill_padded(
     shift_vectors: torch.Tensor,
     *,
     same_topology: bool = False,
+    molecule: bool = False,
 ) -> PaddedGraph:
     """Write a batch graph (``numbers [N]``, ``positions [N,3]`` Å, ``batch [N]``, ``edge_index [2,E]``,
     ``shift_vectors [E,3]`` Å) into ``dst`` in place; see the module docstring for the padding.
 
     ``same_topology=True`` promises that numbers, batch and the structure count equal those of the previous
     fill (as in MD), which skips rewriting them. The edges and their CSR (``row_ptr``, ``sender_perm``,
-    ``sender_ptr``) are rewritten on every call.
+    ``sender_ptr``) are rewritten on every call. ``molecule=True`` promises that the structures have no periodic
+    images and their positions are the real ones (``PaddedGraph.molecule``).
     """
     n, e = int(numbers.shape[0]), int(edge_index.shape[1])
     if not dst.bucket.fits(n, e):
@@ -370,6 +376,7 @@ def fill_padded(
         raise ValueError("fill_padded: positions [N,3], batch [N] and shift_vectors [E,3] must match numbers/edges")
     if not 0 <= num_structures <= n:
         raise ValueError(f"fill_padded: num_structures must be in 0..{n}, got {num_structures}")
+    dst.molecule = bool(molecule)
     dst.positions[:n].copy_(positions)
     if n != dst.n_atoms:
         dst.positions[n:].zero_()
@@ -467,6 +474,7 @@ def fill_padded_host(
     if event is not None and record:
         event.record()
     dst.n_atoms, dst.n_edges, dst.n_structures = n, e, int(num_structures)
+    dst.molecule = True  # zero shifts: the caller's structures have no periodic images
     return dst
 
 

@@ -11,6 +11,8 @@ output buffers, the Verlet fill) and the engine's list and topology helpers.
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import gc
 import warnings
@@ -33,8 +35,65 @@ __all__ = ["COMPACT_MIN_EDGES", "PaddedPaths"]
 COMPACT_MIN_EDGES = 1024
 
 
+# The dense step (kernels/dense_step.py) for one small molecule: its atoms (one program each, NP = 16 slots) and the
+# students it measured faster for (benchmarks/results/stop69_gpu/e/, H200, benzene: 64 x 3 at 91.8 µs against the
+# captured step's 130.3; 128 x 3 at 206.5 against 159.3).
+DENSE_MAX_ATOMS = 16
+DENSE_MAX_HIDDEN = 64
+
+
 class PaddedPaths:
     """The padded paths of :class:`~mlff_distiller.engine.ForceEngine` (see the module docstring)."""
+
+    def _make_dense(self, dense_small: bool | None, compiled: bool):
+        """The engine's dense step (:class:`~mlff_distiller.kernels.dense_step.DenseStep`, the model's weights as
+        of now, like the padded path's frozen copy), or None where it does not apply: ``dense_small`` False, a
+        torch.compile'd step, precisions other than fp32 and fp64, a student the step does not compute or one with
+        forward hooks (whoever set them expects the forward to run), by default off CUDA (the CPU would run it on
+        the Triton interpreter) or wider than ``DENSE_MAX_HIDDEN``."""
+        from mlff_distiller.kernels import dense_step
+        from mlff_distiller.model import analytic
+
+        if dense_small is False or compiled or self.precision not in ("fp32", "fp64") or not dense_step.HAS_TRITON:
+            return None
+        if dense_small is None and (self.device.type != "cuda" or self.model.config.hidden > DENSE_MAX_HIDDEN):
+            return None
+        if analytic.hooked(self.model):
+            return None
+        frozen = copy.deepcopy(self.model).eval()  # (its weights without grad: the species table needs them so)
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        if dense_step.supports(frozen) is not None:
+            return None
+        return dense_step.DenseStep(frozen, self.dtype, self.device)
+
+    def _dense_of(self, graph: PaddedGraph):
+        """The dense step for the current content of ``graph`` (a callable with :meth:`_step`'s signature and
+        packed output), or None: it applies to one structure without periodic images (``graph.molecule``) of at
+        most ``DENSE_MAX_ATOMS`` atoms, with the Triton kernels selected."""
+        if self._dense is None or self.dense_small is False or not graph.molecule or graph.n_structures != 1:
+            return None
+        if graph.n_atoms > DENSE_MAX_ATOMS or graph.bucket.atoms < DENSE_MAX_ATOMS:
+            return None
+        if kernels.resolve_backend(self.device) != "triton":
+            return None
+        return self._dense_step
+
+    def _dense_step(self, numbers, positions, edge_index, shift_vectors, batch, seed, *csr) -> torch.Tensor:
+        """:meth:`_step` by the dense step: the same packed output ``[W + A + 3A]`` of structure 0 (its atoms the
+        first slots whose ``batch`` is 0; the edges, the seed and the CSR are not read: the step takes every pair
+        within the cutoff). One zero fill and six launches."""
+        a, dtype = numbers.shape[0], self.dtype
+        w = a * 8 // dtype.itemsize
+        out = torch.zeros(w + 4 * a, dtype=dtype, device=positions.device)
+        np_ = DENSE_MAX_ATOMS
+        views = (
+            out[:w].view(torch.float64)[:1],
+            out[w : w + a][:np_].view(1, np_),
+            out[w + a :].view(a, 3)[:np_].view(1, np_, 3),
+        )
+        self._dense.from_numbers(positions, numbers, batch, np_, views)
+        return out
 
     def _padded_forward(
         self, numbers, positions, edge_index, shift_vectors, batch, seed, row_ptr, sender_perm, sender_ptr
@@ -148,9 +207,10 @@ class PaddedPaths:
         """One padded step on the current content of ``graph``; the packed output (static in graph mode).
         ``stress``: the step with the strain derivative (:meth:`_step_stress`; its own graph per bucket).
         ``capture``: capture a new bucket now, whatever ``capture_after`` says (``warmup``)."""
-        step = self._step_stress if stress else self._step
+        dense = None if stress else self._dense_of(graph)
+        step = self._step_stress if stress else (dense or self._step)
         if self.mode == "cudagraph":
-            runners = self._stress_runners if stress else self._runners
+            runners = self._stress_runners if stress else (self._dense_runners if dense else self._runners)
             runner = runners.get(bucket)
             if runner is None:
                 uses = self._eager_uses.get((bucket, stress), 0)
@@ -249,7 +309,7 @@ class PaddedPaths:
         energy + forces and stress steps alike."""
         captured = [
             (runners, b)
-            for runners in (self._runners, self._stress_runners)
+            for runners in (self._runners, self._stress_runners, self._dense_runners)
             for b, r in runners.items()
             if b != keep and not isinstance(r, _EagerRunner)
         ]
@@ -325,6 +385,9 @@ class PaddedPaths:
         if dev.positions64 is not None:  # float64 pair vectors as the shift vectors, zero positions
             with torch.no_grad():
                 dev, nl = exact_pairs(dev, nl)
+        # A molecule for the dense step: a batch given on the host without a periodic axis (no device sync to ask),
+        # with its real positions (not the exact pairs' zeros).
+        molecule = batch.pbc.device.type == "cpu" and not bool(batch.pbc.any()) and dev.positions64 is None
         fill_padded(
             graph,
             dev.numbers,
@@ -334,6 +397,7 @@ class PaddedPaths:
             nl.edge_index,
             nl.shift_vectors.to(self.dtype),
             same_topology=same,
+            molecule=molecule,
         )
         self._graph_tokens[bucket] = self._topology_token
         self._verlet_fill = None  # the static buffers no longer hold the Verlet path's list

@@ -55,6 +55,7 @@ class _MDStep(NamedTuple):
     runner: object  # GraphRunner, or _EagerRunner where the capture failed
     positions: HostBuffer  # [n, 3] the step's real positions, read by the step
     packed: HostBuffer  # the packed output (as ``_step``'s), written by the step
+    dense: bool = False  # the captured step is the dense step (PaddedPaths._dense_of)
 
 
 class VerletPaths:
@@ -208,7 +209,8 @@ class VerletPaths:
                 wide = batch.positions64 is not None and self.dtype == torch.float64  # (as AtomsBatch.to takes them)
                 positions = (batch.positions64 if wide else batch.positions).to(self.device, self.dtype)
             sv = nl.shift_vectors.to(self.dtype)
-            fill_padded(graph, numbers, positions, structures, b, nl.edge_index, sv)
+            molecule = nl.method == "molecular" and not exact  # (exact: zero positions, the pairs in the shifts)
+            fill_padded(graph, numbers, positions, structures, b, nl.edge_index, sv, molecule=molecule)
             shifts = shifts.to(self.device, self.dtype)
         self._graph_tokens[bucket] = -1  # the other padded path must rewrite everything in this bucket
         pinned = graph.positions.is_cuda
@@ -282,7 +284,7 @@ class VerletPaths:
             if fill is None:
                 return False
         md = self._md_runners.get((fill.bucket, batch.num_atoms))
-        if md is None:
+        if md is None or md.dense != (self._dense_of(fill.graph) is not None):
             return False
         positions = batch.positions.numpy()
         np.copyto(md.positions.array, positions)
@@ -344,7 +346,11 @@ class VerletPaths:
         if bucket.atoms > ZERO_COPY_MAX_ATOMS:
             return None
         key = (bucket, n)
+        dense = self._dense_of(fill.graph)
         md = self._md_runners.get(key)
+        if md is not None and md.dense != (dense is not None):  # the other step kind was captured for this count
+            del self._md_runners[key]
+            md = None
         if md is None:
             if self._eager_uses.get((bucket, False), 0) < self.capture_after and not self._capture_now:
                 return None
@@ -354,7 +360,7 @@ class VerletPaths:
             positions = HostBuffer((n, 3), self.dtype, self.device)
             packed = HostBuffer((w + 4 * bucket.atoms,), self.dtype, self.device)
             np.copyto(positions.array, batch.positions.numpy())  # read by the capture's warm-up runs
-            step, static = self._step, fill.graph.positions[:n]
+            step, static = dense or self._step, fill.graph.positions[:n]
 
             def md_step(*inputs):
                 copy_bits(positions.view, static)
@@ -363,7 +369,7 @@ class VerletPaths:
                 return out
 
             runner = self._capture(md_step, fill.graph, key, self._md_runners)
-            md = self._md_runners[key] = _MDStep(runner, positions, packed)
+            md = self._md_runners[key] = _MDStep(runner, positions, packed, dense is not None)
         else:
             np.copyto(md.positions.array, batch.positions.numpy())
         md.runner.replay()

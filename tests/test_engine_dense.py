@@ -1,0 +1,169 @@
+"""The engine's dense step (``ForceEngine(dense_small=...)``, ``PaddedPaths._dense_of``): one small non-periodic
+molecule in a padded bucket computed by :mod:`mlff_distiller.kernels.dense_step` instead of the model's forward and
+``autograd.grad``.
+
+On the CPU the dense step runs on the Triton interpreter (forced with ``dense_small=True``; its default is CUDA
+only) and the captures are the stand-in ``FakeRunner``; the oracle is the eager engine (the model's own forward and
+autograd) in float64. On CUDA (``test_*_on_cuda``) the shipped 64 x 3 student takes it by default.
+"""
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk, molecule
+from helpers import make_model
+
+from mlff_distiller import AtomsBatch, ForceEngine, kernels
+from mlff_distiller.ase_compat import maxwell_boltzmann
+
+
+@pytest.fixture(autouse=True)
+def _triton():
+    """The Triton kernels (on the CPU, the interpreter): the dense step is one of them."""
+    with kernels.use_backend("triton"):
+        yield
+
+
+WALL = [[1, 6, 1.2], [6, 6, 1.5], [1, 1, 0.9], [6, 8, 1.3]]
+
+
+@pytest.fixture(scope="module")
+def model3():
+    """A 3-layer student of the shipped architecture (what the dense step computes), with a ZBL wall."""
+    return make_model(seed=2, layers=3, hidden=32, n_rbf=8, cutoff=4.0, repulsion=WALL).eval()
+
+
+def _counting(engine):
+    """Count the dense step's launches of ``engine`` (its ``from_numbers`` wrapped)."""
+    calls = []
+    inner = engine._dense.from_numbers
+
+    def counted(*args, **kw):
+        calls.append(1)
+        return inner(*args, **kw)
+
+    engine._dense.from_numbers = counted
+    return calls
+
+
+def _close(got, want, atol=1e-10):
+    for key in ("energy", "forces", "atomic_energies"):
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=0, atol=atol, err_msg=key)
+
+
+def _batch(mols):
+    return AtomsBatch.from_atoms(mols, dtype=torch.float64)
+
+
+def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3):
+    """Benzene, water and a 16-atom cluster (one at a time) take the dense step, equal to the model's autograd; two
+    molecules in one batch, a periodic cell and a 17-atom molecule take the model's step."""
+    ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
+    engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
+    calls = _counting(engine)
+    rng = np.random.default_rng(0)
+    cluster = molecule("CH4")
+    cluster = cluster + molecule("H2O") + molecule("CH4")  # (a 13-atom template, moved apart below)
+    cluster.set_positions(rng.normal(size=(len(cluster), 3)) * 1.6)
+    cluster16 = cluster + molecule("CH3")[:3]
+    cluster16.set_positions(rng.normal(size=(16, 3)) * 1.7)
+    for k, mol in enumerate([molecule("C6H6"), molecule("H2O"), cluster16]):
+        _close(engine.compute(_batch([mol]), to_host=True), ref.compute(_batch([mol]), to_host=True))
+        assert len(calls) == k + 1, mol
+    big = cluster16 + molecule("H2O")[:1]
+    big.positions[-1] = [3.0, 0.0, 0.0]
+    cell = bulk("Si", "diamond", a=5.43, cubic=True)
+    for batch in ([molecule("C6H6"), molecule("H2O")], [cell], [big]):
+        _close(engine.compute(_batch(batch), to_host=True), ref.compute(_batch(batch), to_host=True))
+    assert len(calls) == 3
+
+
+def test_a_captured_dense_step_has_its_own_runner(model3, fake_graphs):
+    """In mode cudagraph the dense step is captured in runners of its own (a bucket may hold one molecule now and
+    two later, whose step is the model's), released by release_captures with the others; the replays equal the
+    eager engine."""
+    ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
+    engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
+    engine.mode = "cudagraph"
+    one, two = [molecule("C6H6")], [molecule("H2O"), molecule("CH4")]
+    buckets = {}
+    for name, mols in (("one", one), ("two", two), ("one", one)):
+        _close(engine.compute(_batch(mols), to_host=True), ref.compute(_batch(mols), to_host=True))
+        buckets[name] = engine.last_bucket
+    assert list(engine._dense_runners) == [buckets["one"]] and list(engine._runners) == [buckets["two"]]
+    assert len(fake_graphs) == 2 and engine.captured_buckets == sorted(buckets.values())
+    assert engine.release_captures() == 2 and not engine._dense_runners and not engine._runners
+
+
+def test_md_through_the_zero_copy_dense_step(model3, fake_graphs):
+    """Velocity Verlet through the engine's zero-copy MD step: the captured step is the dense one, captured once,
+    each step equal to the eager engine."""
+    from ase import units
+
+    atoms = molecule("CH3CH2OH")
+    engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", neighbor_skin=0.3, dense_small=True)
+    engine.mode, engine.zero_copy = "cudagraph", True
+    ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
+    calls = _counting(engine)
+    maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(1))
+    dt, masses = 2.0 * units.fs, atoms.get_masses()[:, None]
+    for _step in range(6):
+        batch = _batch([atoms])
+        got, want = engine.compute(batch, as_numpy=True), ref.compute(batch, to_host=True)
+        _close(got, {k: v.numpy() for k, v in want.items()})
+        atoms.set_momenta(atoms.get_momenta() + dt * got["forces"])
+        atoms.set_positions(atoms.positions + dt * atoms.get_momenta() / masses)
+    (md,) = engine._md_runners.values()
+    assert md.dense and len(fake_graphs) == 1 and not engine._runners
+    assert len(calls) >= 6
+
+
+def test_when_the_engine_makes_no_dense_step(model3):
+    assert ForceEngine(model3, device="cpu", pad=True, precision="fp64")._dense is None  # default: CUDA only
+    assert ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=False)._dense is None
+    two_layers = make_model(layers=2)
+    assert ForceEngine(two_layers, device="cpu", pad=True, precision="fp64", dense_small=True)._dense is None
+    assert ForceEngine(model3, device="cpu", pad=True, precision="bf16", dense_small=True)._dense is None
+    hooked = make_model(seed=2, layers=3, hidden=32, n_rbf=8, cutoff=4.0)
+    hooked.readout.register_forward_hook(lambda *a: None)
+    assert ForceEngine(hooked, device="cpu", pad=True, precision="fp64", dense_small=True)._dense is None
+    engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
+    assert engine._dense is not None
+    engine.dense_small = False  # switched off later: no step takes it
+    calls = _counting(engine)
+    engine.compute(_batch([molecule("H2O")]), to_host=True)
+    with kernels.use_backend("torch"):  # nor where the torch kernels are selected
+        engine.dense_small = True
+        engine.compute(_batch([molecule("H2O")]), to_host=True)
+    assert not calls
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_shipped_small_student_takes_it_on_cuda():
+    """The shipped 64 x 3 student on CUDA, mode auto: benzene's step is the captured dense step, within fp32's
+    tolerance of the float64 eager engine; MD through the calculator takes it too."""
+    from ase import units
+    from ase.md.verlet import VelocityVerlet
+
+    from mlff_distiller import StudentCalculator, load_model
+
+    model = load_model("builtin:chno-gfn2-small")
+    engine = ForceEngine(model, device="cuda", mode="cudagraph")
+    ref = ForceEngine(load_model("builtin:chno-gfn2-small"), device="cpu", precision="fp64", mode="eager")
+    mol = molecule("C6H6")
+    for _ in range(2):
+        got = engine.compute(AtomsBatch.from_atoms([mol]), to_host=True)
+    want = ref.compute(_batch([mol]), to_host=True)
+    assert engine._dense is not None and engine.last_bucket in engine._dense_runners and not engine._runners
+    np.testing.assert_allclose(got["forces"].double().numpy(), want["forces"].numpy(), atol=1e-4)
+    assert abs(float(got["energy"][0]) - float(want["energy"][0])) < 1e-4
+    atoms = molecule("CH3CH2OH")
+    atoms.calc = StudentCalculator(model, device="cuda")
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(0))
+    VelocityVerlet(atoms, 0.5 * units.fs).run(20)
+    eng = atoms.calc.engine
+    assert any(md.dense for md in eng._md_runners.values())
+    f = atoms.get_forces()
+    fr = ref.compute(_batch([atoms]), to_host=True)["forces"].numpy()
+    np.testing.assert_allclose(f, fr, atol=1e-4)
