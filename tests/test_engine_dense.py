@@ -17,9 +17,12 @@ from mlff_distiller import AtomsBatch, ForceEngine, kernels
 from mlff_distiller.ase_compat import maxwell_boltzmann
 
 
-@pytest.fixture(autouse=True)
-def _triton():
-    """The Triton kernels (on the CPU, the interpreter): the dense step is one of them."""
+@pytest.fixture
+def cpu_triton():
+    """The Triton kernels on the CPU (the interpreter; skipped on a host that runs them on CUDA only, where the
+    session does not set TRITON_INTERPRET): the dense step is one of them."""
+    if not kernels.triton_available("cpu"):
+        pytest.skip("Triton kernels cannot run on the CPU here (it needs TRITON_INTERPRET=1)")
     with kernels.use_backend("triton"):
         yield
 
@@ -55,7 +58,7 @@ def _batch(mols):
     return AtomsBatch.from_atoms(mols, dtype=torch.float64)
 
 
-def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3):
+def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3, cpu_triton):
     """Benzene, water and a 16-atom cluster (one at a time) take the dense step, equal to the model's autograd; two
     molecules in one batch, a periodic cell and a 17-atom molecule take the model's step."""
     ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
@@ -78,7 +81,7 @@ def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3):
     assert len(calls) == 3
 
 
-def test_a_captured_dense_step_has_its_own_runner(model3, fake_graphs):
+def test_a_captured_dense_step_has_its_own_runner(model3, cpu_triton, fake_graphs):
     """In mode cudagraph the dense step is captured in runners of its own (a bucket may hold one molecule now and
     two later, whose step is the model's), released by release_captures with the others; the replays equal the
     eager engine."""
@@ -95,7 +98,7 @@ def test_a_captured_dense_step_has_its_own_runner(model3, fake_graphs):
     assert engine.release_captures() == 2 and not engine._dense_runners and not engine._runners
 
 
-def test_md_through_the_zero_copy_dense_step(model3, fake_graphs):
+def test_md_through_the_zero_copy_dense_step(model3, cpu_triton, fake_graphs):
     """Velocity Verlet through the engine's zero-copy MD step: the captured step is the dense one, captured once,
     each step equal to the eager engine."""
     from ase import units
@@ -118,7 +121,7 @@ def test_md_through_the_zero_copy_dense_step(model3, fake_graphs):
     assert len(calls) >= 6
 
 
-def test_when_the_engine_makes_no_dense_step(model3):
+def test_when_the_engine_makes_no_dense_step(model3, cpu_triton):
     assert ForceEngine(model3, device="cpu", pad=True, precision="fp64")._dense is None  # default: CUDA only
     assert ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=False)._dense is None
     two_layers = make_model(layers=2)
