@@ -98,6 +98,27 @@ def test_a_captured_dense_step_has_its_own_runner(model3, cpu_triton, fake_graph
     assert engine.release_captures() == 2 and not engine._dense_runners and not engine._runners
 
 
+def test_warmup_captures_the_dense_step_of_its_buckets(model3, cpu_triton, fake_graphs):
+    """warmup(buckets=...) captures each bucket's dense step beside its step, so that a molecule's first call there
+    captures nothing; a bucket below the dense step's 16 slots gets none."""
+    ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
+    engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
+    engine.mode = "cudagraph"
+    mol = [molecule("C6H6")]
+    probe = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=False)
+    probe.compute(_batch(mol))  # the bucket a benzene lands in
+    engine.warmup(buckets=[probe.last_bucket])
+    (bucket,) = engine._dense_runners
+    assert bucket == probe.last_bucket and list(engine._runners) == [bucket]
+    made = len(fake_graphs)
+    _close(engine.compute(_batch(mol), to_host=True), ref.compute(_batch(mol), to_host=True))
+    assert len(fake_graphs) == made and engine.last_bucket == bucket
+    small = engine.buckets.select(2, 2)
+    if small.atoms < 16:
+        engine.warmup(buckets=[small])
+        assert small not in engine._dense_runners
+
+
 def test_md_through_the_zero_copy_dense_step(model3, cpu_triton, fake_graphs):
     """Velocity Verlet through the engine's zero-copy MD step: the captured step is the dense one, captured once,
     each step equal to the eager engine."""

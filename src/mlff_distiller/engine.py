@@ -71,7 +71,7 @@ from mlff_distiller.engine_budget import (  # noqa: F401 - the budget constants 
     BudgetMixin,
 )
 from mlff_distiller.engine_eager import EagerPaths
-from mlff_distiller.engine_padded import PaddedPaths
+from mlff_distiller.engine_padded import DENSE_MAX_ATOMS, PaddedPaths
 from mlff_distiller.engine_verlet import VerletPaths
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model import analytic as analytic_path
@@ -625,9 +625,25 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
         for bucket in todo:
             t0 = time.perf_counter()
             self._run(bucket, self._graph(bucket), stress, capture=True)
+            if self._warms_dense(bucket, stress):  # one molecule in this bucket takes the dense step: capture it too
+                self._dense_runners[bucket] = self._capture(
+                    self._dense_step, self._graph(bucket), bucket, self._dense_runners
+                )
             self._sync()
             times[bucket] = time.perf_counter() - t0 + shared
         return times
+
+    def _warms_dense(self, bucket: Bucket, stress: bool) -> bool:
+        """Whether ``warmup`` captures the dense step of ``bucket`` beside its step (on the bucket's current
+        content, whatever it is: the capture records launches, and a molecule's call replays them on its own)."""
+        return (
+            self._dense is not None
+            and self.dense_small is not False
+            and not stress
+            and self.mode == "cudagraph"
+            and bucket.atoms >= DENSE_MAX_ATOMS
+            and bucket not in self._dense_runners
+        )
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
