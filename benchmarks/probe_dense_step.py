@@ -27,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import g2_batch
 from harness import time_fn, time_graph, write_lines
 from mlff_distiller.kernels import dense_step as ds
-from mlff_distiller.kernels import small_step as ss
 from mlff_distiller.kernels._triton_utils import pdl_enabled
 from peers import StepImpl, make_student
 
@@ -198,7 +197,7 @@ def main() -> None:
         for mol in [m for m in args.molecules.split(",") if m]:
             atoms = molecule(mol)
             pos, idx = padded(model, [atoms], dev)
-            er, _, fr = ss.small_step_reference(ref, pos.double().cpu(), idx.cpu())
+            er, _, fr = ds.dense_step_reference(ref, pos.double().cpu(), idx.cpu())
             e64, _, f64 = dense64(pos.double(), idx)
             de64, df64 = _errors(e64, f64, er, fr, idx)
             impl, run = _engine_step(model, [atoms])
@@ -298,7 +297,7 @@ def main() -> None:
 
             e, _, f = call()
             k = 32
-            er, _, fr = ss.small_step_reference(ref, pos[:k].double().cpu(), idx[:k].cpu())
+            er, _, fr = ds.dense_step_reference(ref, pos[:k].double().cpu(), idx[:k].cpu())
             _, df = _errors(e[:k], f[:k], er, fr, idx[:k])
             tg = time_graph(call, dev, rep_ms=300)
             tk = (tg.median_us if tg is not None else float("nan")) / len(mols)

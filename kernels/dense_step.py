@@ -1,9 +1,10 @@
 """A small molecule's energy + forces step in six Triton launches, one program per atom: the dense step.
 
 Issue 5's latency row (benzene energy + forces in 0.05 ms) is out of reach for the engine's captured step of ~60
-kernels (0.12 ms for the 64 x 3 student on an H200): each node of a CUDA graph costs ~1-2 µs before it does any work.
-The one-program step (:mod:`.small_step`) has one launch but one streaming multiprocessor walks the whole chain, and
-its ``[16, 16, F]`` pair tiles spill (0.61 ms). Here the step is cut where the algebra needs every atom's values:
+kernels (0.13 ms for the 64 x 3 student on an H200): each node of a CUDA graph costs ~1-2 µs before it does any work.
+Stop 68's one-program step had one launch, but one streaming multiprocessor walked the whole chain and its
+``[16, 16, F]`` pair tiles spilled (0.61 ms; dropped at stop 69: ``benchmarks/results/stop69_gpu/
+small_step_dropped.diff``). Here the step is cut only where the algebra needs every atom's values:
 
 - **three forward launches**, one per layer: program ``(i, b)`` makes the messages that atom ``i`` receives (its
   row of pairs, ``[NP, F]`` tiles over the senders), the update block of atom ``i`` and the next layer's φ of atom
@@ -11,7 +12,7 @@ its ``[16, 16, F]`` pair tiles spill (0.61 ms). Here the step is cut where the a
 - **three backward launches**, one per layer from the last: program ``(j, b)`` walks atom ``j``'s row of pairs in
   both roles, as sender (the gradients of its φ and v, whose sums run over the receivers) and as receiver, makes
   the position gradient of atom ``j`` from both (no atomics, no scatter), and then the previous layer's update
-  block backward of atom ``j``.
+  block backward of atom ``j`` (with ``split``, the feature part and the geometry part in programs of their own).
 
 Between launches the values live in a scratch of ``[B, NP, slots, F]`` (written once, read by the next launch: in
 L2 for a small molecule). Pairs are dense: all ``NP`` partners of an atom, a pair beyond the cutoff or with a padding
@@ -19,10 +20,11 @@ slot gets a zero basis, so no neighbour list is needed. The node products are ma
 row on the CUDA cores (exact float32, no TF32 split); the radial filters ``rbf W_f^T`` are ``[NP, R] x [R, F]``
 products (``tl.dot``, ``ieee`` by default).
 
-The algebra is :mod:`mlff_distiller.model.analytic`'s and :mod:`.small_step`'s (the same packed weights, the same
-ZBL wall and gate): PaiNN message and update blocks, the first layer's φ from the species table, the last layer's
-update scalars only, the readout with the per-species scale and shift. Molecules of up to ``MAX_ATOMS`` atoms, no
-periodic images.
+The algebra is :mod:`mlff_distiller.model.analytic`'s (the chain rule of the forward written out) for the shipped
+architecture, with the ZBL wall and its gate on the basis (:mod:`.repulsion`): PaiNN message and update blocks, the
+first layer's φ from the species table, the last layer's update scalars only, the readout with the per-species
+scale and shift. Molecules of up to ``MAX_ATOMS`` atoms, no periodic images. The engine takes it for one small
+molecule (``ForceEngine(dense_small=...)``); measured in ``benchmarks/results/stop69_gpu/``.
 """
 
 from __future__ import annotations
@@ -33,15 +35,21 @@ import torch
 from torch import Tensor
 
 from ._triton_utils import HAS_TRITON, pdl_args, tl, triton
-from .small_step import _pow2, layer_size, pack_weights
-from .small_step import supports as _supports_small
 
 if HAS_TRITON:
     from ._triton_utils import pdl_prologue
     from .repulsion import _pair_terms
-    from .small_step import _mat, _mm, _sig
 
-__all__ = ["MAX_ATOMS", "DenseStep", "dense_step", "padded_atoms", "supports"]
+__all__ = [
+    "MAX_ATOMS",
+    "DenseStep",
+    "dense_step",
+    "dense_step_reference",
+    "layer_size",
+    "pack_weights",
+    "padded_atoms",
+    "supports",
+]
 
 MAX_ATOMS = 64  # an atom's row is [NP, F]: 64 partners x 128 features still fits a program's registers
 
@@ -59,12 +67,95 @@ def padded_atoms(n: int) -> int:
     return _pow2(max(int(n), 1), 16)
 
 
+def layer_size(f: int, rp: int) -> int:
+    """Floats of one layer's block in the packed weights (see :func:`pack_weights`)."""
+    return 22 * f * f + 8 * f + 6 * f * rp
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    return max(least, 1 << (int(n) - 1).bit_length())
+
+
 def supports(model) -> str | None:
     """None where the dense step computes ``model``; else why not (a sentence)."""
-    return _supports_small(model)
+    from mlff_distiller.model import analytic
+
+    c = model.config
+    if not analytic.supports(model):
+        return "not the plain architecture (a replaced block or layer, or 16-bit layers)"
+    if c.layers != 3:
+        return f"{c.layers} layers (the kernels are written for 3)"
+    f = c.hidden
+    if f < 32 or f & (f - 1) or f > 128:
+        return f"hidden {f} (a power of two from 32 to 128)"
+    if c.basis != "bessel" or c.envelope != "cosine":
+        return f"basis {c.basis!r} with envelope {c.envelope!r} (bessel with cosine only)"
+    if not model.last_update_scalars_only or not model.species_table:
+        return "the model's switches last_update_scalars_only and species_table must be on"
+    if model.first_phi_table() is None:
+        return "no first-layer species table (weights that require grad?)"
+    return None
+
+
+def _t(w: Tensor) -> Tensor:
+    return w.detach().t().contiguous()
+
+
+def _pad_cols(w: Tensor, cols: int) -> Tensor:
+    out = w.new_zeros((w.shape[0], cols))
+    out[:, : w.shape[1]] = w
+    return out
+
+
+def pack_weights(model, dtype: torch.dtype | None = None) -> Tensor:
+    """Every weight the kernel reads in one flat tensor: per layer (``layer_size`` floats) ``W1^T, W1, b1, W2^T,
+    W2, b2, W_f^T, W_f, U^T, U, V^T, V, M1^T, M1, mb1, M2^T, M2, mb2`` (``W^T`` for the forward's products, ``W``
+    for the backward's, both row-major; the filter's basis axis padded to a power of two), then the embedding
+    ``[S, F]``, the first layer's φ table ``[S, 3F]``, the readout's ``R1^T, R1, rb1, r2, rb2`` and the
+    per-species scale and shift."""
+    from mlff_distiller.model import analytic
+
+    c = model.config
+    f, rp = c.hidden, _pow2(c.n_rbf)
+    layers, (r1, rb1, r2, rb2) = analytic.weights(model)
+    parts = []
+    for w1, b1, w2, b2, wf, u, v, m1, mb1, m2, mb2 in layers:
+        wf = _pad_cols(wf.detach(), rp)
+        for w in (_t(w1), w1, b1, _t(w2), w2, b2, _t(wf), wf, _t(u), u, _t(v), v, _t(m1), m1, mb1, _t(m2), m2, mb2):
+            parts.append(w.detach().reshape(-1))
+    parts += [model.embedding.weight.detach().reshape(-1), model.first_phi_table().reshape(-1)]
+    parts += [_t(r1).reshape(-1), r1.detach().reshape(-1), rb1.detach(), r2.detach().reshape(-1)]
+    parts += [rb2.detach().reshape(-1), model.atomic_scale.detach(), model.atomic_shift.detach()]
+    out = torch.cat([p.to(dtype or model.atomic_scale.dtype) for p in parts]).contiguous()
+    expect = c.layers * layer_size(f, rp) + len(c.species) * 4 * f + 2 * f * (f // 2) + 2 * (f // 2) + 1
+    assert out.numel() == expect + 2 * len(c.species), (out.numel(), expect)
+    return out
 
 
 if HAS_TRITON:
+
+    @triton.jit
+    def _mm(a, b, DOT: tl.constexpr):
+        """a @ b in the step's accuracy: 0 ieee (float64, or float32 on the CUDA cores), 1 tf32x3, 2 two TF32
+        products with b exact in TF32 (a split into its TF32 high part and the remainder)."""
+        if DOT == 0:
+            out = tl.dot(a, b, input_precision="ieee")
+        elif DOT == 1:
+            out = tl.dot(a, b, input_precision="tf32x3")
+        else:
+            hi = (a.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+            out = tl.dot(hi, b, input_precision="tf32") + tl.dot(a - hi, b, input_precision="tf32")
+        return out
+
+    @triton.jit
+    def _mat(ptr, R: tl.constexpr, C: tl.constexpr, ld):
+        r = tl.arange(0, R)
+        c = tl.arange(0, C)
+        return tl.load(ptr + r[:, None] * ld + c[None, :])
+
+    @triton.jit
+    def _sig(x):
+        return 1.0 / (1.0 + tl.exp(-x))
 
     @triton.jit
     def _mv(x, ptr, K: tl.constexpr, N: tl.constexpr, ld):
@@ -143,7 +234,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _update_fwd(s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr):
-        """One atom's update block (:mod:`.small_step`'s ``_update`` on a row)."""
+        """One atom's update block."""
         ut = lw + 8 * F * F + 4 * F + 6 * F * RP
         vt = ut + 2 * F * F
         m1t = vt + 2 * F * F
@@ -172,7 +263,7 @@ if HAS_TRITON:
     @triton.jit
     def _update_bwd(g_s, gv0, gv1, gv2, row, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr):
         """One atom's update block backward from its saved values at ``row`` (the update block's slots): dE/ds_mid and
-        dE/dvm (:mod:`.small_step`'s ``_update_backward`` on a row)."""
+        dE/dvm."""
         f = tl.arange(0, F)
         uv0 = tl.load(row + f)
         uv1 = tl.load(row + F + f)
@@ -498,7 +589,7 @@ if HAS_TRITON:
 
 
 class DenseStep:
-    """The dense step of one model, prepared: the packed weights (:func:`.small_step.pack_weights`), the wall's
+    """The dense step of one model, prepared: the packed weights (:func:`pack_weights`), the wall's
     table and the radial constants made once in ``dtype`` on ``device`` (a snapshot of the weights: prepare again
     after changing them). A call is six launches into buffers kept per batch shape, so it can be captured in a CUDA
     graph. Launch options, each measured on an H200 (``benchmarks/results/stop69_gpu/``, benzene, the 64 x 3
@@ -611,3 +702,31 @@ def dense_step(model, positions: Tensor, idx: Tensor, **kw) -> tuple[Tensor, Ten
     """``(energy [B] float64, atomic [B, NP], forces [B, NP, 3])``: :class:`DenseStep` made for this one call
     (keep a ``DenseStep`` for repeated calls)."""
     return DenseStep(model, positions.dtype, positions.device, **kw)(positions, idx.to(torch.int32))
+
+
+def dense_step_reference(model, positions: Tensor, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The same outputs from the model's own forward and autograd (one structure at a time, all pairs within the
+    cutoff): the oracle of the tests."""
+    b = positions.shape[0]
+    energy = torch.zeros(b, dtype=torch.float64, device=positions.device)
+    atomic = torch.zeros(idx.shape, dtype=positions.dtype, device=positions.device)
+    forces = torch.zeros_like(positions)
+    species = torch.as_tensor(model.config.species, device=positions.device)
+    for k in range(b):
+        real = (idx[k] >= 0).nonzero().flatten()
+        n = int(real.numel())
+        pos = positions[k, real].detach().clone().requires_grad_(True)
+        numbers = species[idx[k, real].long()]
+        ii, jj = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+        keep = ii != jj
+        ei = torch.stack([ii[keep], jj[keep]]).to(positions.device)
+        d = (pos.detach()[ei[1]] - pos.detach()[ei[0]]).norm(dim=1)
+        ei = ei[:, d < model.cutoff]
+        shifts = torch.zeros((ei.shape[1], 3), dtype=positions.dtype, device=positions.device)
+        batch = torch.zeros(n, dtype=torch.long, device=positions.device)
+        res = model(numbers, pos, ei, shifts, batch, 1)
+        (grad,) = torch.autograd.grad(res["energy"].sum(), pos)
+        energy[k] = res["energy"][0].detach()
+        atomic[k, real] = res["atomic_energies"].detach()
+        forces[k, real] = -grad
+    return energy, atomic, forces

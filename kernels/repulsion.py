@@ -237,8 +237,8 @@ if HAS_TRITON:
     @triton.jit
     def _pair_terms(r, code, m, table, n_species):
         """Pairs at distances ``r`` of species code ``code`` (``S · idx_i + idx_j``; rows ``m``): ``(inside the wall,
-        e, de/dr, gate, dgate/dr)``, each a tensor of ``r``'s shape (the edge kernels' and the one-kernel step's,
-        :mod:`.small_step`)."""
+        e, de/dr, gate, dgate/dr)``, each a tensor of ``r``'s shape (the edge kernels' and the dense step's,
+        :mod:`.dense_step`)."""
         r_off = tl.load(table + code * 4 + 1, mask=m, other=0.0)
         on = m & (r < r_off)
         r_on = tl.load(table + code * 4, mask=on, other=0.0)

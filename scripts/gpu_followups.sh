@@ -795,32 +795,6 @@ case "${1:-}" in
       tests/test_engine_zero_copy.py tests/test_launch_ahead.py tests/test_engine_npt.py tests/test_exact_pairs.py \
       tests/test_calculator.py tests/test_batched_md.py -m gpu >"$OUT/pytest_review.log" 2>&1; tail -2 "$OUT/pytest_review.log"
     ;;
-  stop68a)
-    # The one-kernel step (kernels.small_step): its CUDA tests, then the probe (benzene against the engine's captured
-    # step for both shipped students; g2 x 1,024 / 4,096 per structure, 64- and 128-wide).
-    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_small_step.py >"$OUT/pytest_small.log" 2>&1
-    tail -3 "$OUT/pytest_small.log"
-    timeout 420 python3 benchmarks/probe_small_step.py --out "$OUT" --name probe_small_step_h200 \
-      >"$OUT/probe_small_step.log" 2>&1; tail -30 "$OUT/probe_small_step.log"
-    ;;
-  stop68b)
-    # stop68a spent its call compiling (287 s for one configuration at 4 warps: 255 registers and spills). Now 16 warps,
-    # the wall always on (one compiled kernel for every 64-wide student), the probe's 64-wide rows first, then the tests.
-    timeout 400 python3 benchmarks/probe_small_step.py --out "$OUT" --name probe_small_step_h200 \
-      --students builtin:chno-gfn2-small --random-hidden 64 --g2-hidden 64 --warps 16 --dots 2 \
-      >"$OUT/probe_small_step.log" 2>&1; tail -30 "$OUT/probe_small_step.log"
-    timeout 170 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_small_step.py >"$OUT/pytest_small.log" 2>&1
-    tail -3 "$OUT/pytest_small.log"
-    ;;
-  stop68c)
-    # stop68b: the probe's calls refused cuda:0 against cuda (mended), and its engine rows ran eager (now mode
-    # cudagraph, as probe_student_size's rows). The same rows again, then the tests.
-    timeout 330 python3 benchmarks/probe_small_step.py --out "$OUT" --name probe_small_step_h200 \
-      --students builtin:chno-gfn2-small --random-hidden 64 --g2-hidden 64 --warps 16 --dots 2 \
-      >"$OUT/probe_small_step.log" 2>&1; tail -30 "$OUT/probe_small_step.log"
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_small_step.py >"$OUT/pytest_small.log" 2>&1
-    tail -3 "$OUT/pytest_small.log"
-    ;;
   stop68d)
     # Langevin followed by the calculator (its next positions predicted, noise included): the CUDA tests of the launch
     # ahead, then the MD step followed / not followed / velocity Verlet, benzene and ethanol, the shipped student.
@@ -924,6 +898,6 @@ case "${1:-}" in
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68a|stop68b|stop68c|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

@@ -12,7 +12,6 @@ output buffers, the Verlet fill) and the engine's list and topology helpers.
 from __future__ import annotations
 
 import copy
-
 import dataclasses
 import gc
 import warnings

@@ -1,6 +1,6 @@
 """kernels/dense_step.py: a small molecule's energy + forces in six launches, one program per atom.
 
-Oracles: the model's own forward and autograd in float64 (``small_step_reference``: the edge list built from all pairs
+Oracles: the model's own forward and autograd in float64 (``dense_step_reference``: the edge list built from all pairs
 within the cutoff) and finite differences of the dense step's own energy; on the CPU under the interpreter, on CUDA
 when present.
 """
@@ -8,7 +8,6 @@ when present.
 import pytest
 import torch
 from mlff_distiller.kernels import dense_step as ds
-from mlff_distiller.kernels import small_step as ss
 
 from mlff_distiller.model.painn import StudentModel
 
@@ -52,7 +51,7 @@ def test_float64_equals_the_models_autograd(triton_device, wall, split):
     idx[1, :2] = torch.tensor([0, 1], dtype=torch.int32)  # H and C: the (1, 6) wall at 1.2 Å
     d = torch.cdist(pos[0, :16], pos[0, :16])
     assert (d > model.cutoff).any(), "the test wants pairs beyond the cutoff"
-    er, ar, fr = ss.small_step_reference(model, pos, idx)
+    er, ar, fr = ds.dense_step_reference(model, pos, idx)
     step = ds.DenseStep(model, torch.float64, triton_device, split=split)
     e, a, f = step(pos.to(triton_device), idx.to(triton_device))
     _close(e, er, rtol=1e-12)
@@ -69,7 +68,7 @@ def test_32_slots_and_repeated_calls(triton_device):
     step = ds.DenseStep(model, torch.float64, triton_device)
     for seed in (1, 2):
         pos, idx = _molecules([23, 5], np_=32, seed=seed, spread=1.8)
-        er, ar, fr = ss.small_step_reference(model, pos, idx)
+        er, ar, fr = ds.dense_step_reference(model, pos, idx)
         e, a, f = step(pos.to(triton_device), idx.to(triton_device))
         _close(e, er, rtol=1e-12)
         _close(a, ar, rtol=1e-12, atol=1e-12)
@@ -108,7 +107,7 @@ def test_shipped_student_on_benzene_in_float32(triton_device):
     pos[0, :12] = torch.as_tensor(at.positions)
     zi = {z: k for k, z in enumerate(m32.config.species)}
     idx[0, :12] = torch.tensor([zi[int(z)] for z in at.numbers], dtype=torch.int32)
-    er, _, fr = ss.small_step_reference(m64, pos, idx)
+    er, _, fr = ds.dense_step_reference(m64, pos, idx)
     e, _, f = ds.DenseStep(m32.to(triton_device), torch.float32, triton_device)(
         pos.float().to(triton_device), idx.to(triton_device)
     )
@@ -131,3 +130,19 @@ def test_rejects_what_it_does_not_compute():
     with pytest.raises(ValueError, match="int32 idx"):
         step(torch.zeros(1, 16, 3, dtype=torch.float32), torch.zeros(1, 16, dtype=torch.int32))
     assert [ds.padded_atoms(n) for n in (1, 12, 16, 17, 33)] == [16, 16, 16, 32, 64]
+    assert "hidden 48" in ds.supports(_model(hidden=48))
+    assert "basis" in ds.supports(_model(basis="gaussian"))
+    grad = _model()
+    grad.interactions[0].phi[0].weight.requires_grad_(True)
+    assert "species table" in ds.supports(grad)
+
+
+def test_packed_weights_hold_every_weight_once_in_each_orientation():
+    model = _model(hidden=32, n_rbf=20)
+    w = ds.pack_weights(model)
+    f, rp = 32, 32
+    layer = model.interactions[1]
+    assert w.numel() == 3 * ds.layer_size(f, rp) + 4 * 4 * f + 2 * f * 16 + 2 * 16 + 1 + 2 * 4
+    base = ds.layer_size(f, rp)  # layer 1: W1^T first, then W1
+    torch.testing.assert_close(w[base : base + f * f].view(f, f), layer.phi[0].weight.t())
+    torch.testing.assert_close(w[base + f * f : base + 2 * f * f].view(f, f), layer.phi[0].weight)
