@@ -81,6 +81,19 @@ def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3, c
     assert len(calls) == 3
 
 
+def test_a_float32_engine_takes_it_within_float32s_tolerance(model3, cpu_triton):
+    """precision fp32: the dense step in float32 (energy summed in float64) against the float64 eager engine."""
+    ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
+    engine = ForceEngine(model3, device="cpu", pad=True, precision="fp32", dense_small=True)
+    calls = _counting(engine)
+    mol = [molecule("C6H6")]
+    got = engine.compute(AtomsBatch.from_atoms(mol), to_host=True)
+    want = ref.compute(_batch(mol), to_host=True)
+    assert calls and got["forces"].dtype == torch.float32 and got["energy"].dtype == torch.float64
+    np.testing.assert_allclose(got["forces"].double().numpy(), want["forces"].numpy(), rtol=0, atol=1e-4)
+    assert abs(float(got["energy"][0]) - float(want["energy"][0])) < 1e-4
+
+
 def test_a_captured_dense_step_has_its_own_runner(model3, cpu_triton, fake_graphs):
     """In mode cudagraph the dense step is captured in runners of its own (a bucket may hold one molecule now and
     two later, whose step is the model's), released by release_captures with the others; the replays equal the
