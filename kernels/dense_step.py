@@ -647,7 +647,8 @@ class DenseStep:
     def __call__(self, positions: Tensor, idx: Tensor, out=None) -> tuple[Tensor, Tensor, Tensor]:
         """``(energy [B] float64, atomic [B, NP], forces [B, NP, 3])`` of molecules given as ``positions [B, NP,
         3]`` (Å, NP a power of two from 16 to :data:`MAX_ATOMS`) and species indices ``idx [B, NP]`` (int32; -1
-        marks a padding slot)."""
+        marks a padding slot). Shapes, dtypes and devices are checked here; the indices' range is the caller's
+        promise (a check would read them back from the device, which a captured call cannot)."""
         if positions.dim() != 3 or positions.shape[2] != 3 or idx.shape != positions.shape[:2]:
             raise ValueError(
                 f"dense_step: positions [B, NP, 3] and idx [B, NP] expected, got {tuple(positions.shape)} and "
@@ -676,8 +677,6 @@ class DenseStep:
         ``batch [A]``, int64, A ≥ ``np_``): its atoms are the slots among the first ``np_`` whose ``batch`` is 0,
         their species from their atomic numbers in the kernels. Writes ``out`` = (energy [1] float64, atomic
         [1, np_], forces [1, np_, 3]): a launch sequence with no other operation, for a captured step."""
-        if self.z2i.device != self.device:  # pragma: no cover - made on the device in __init__
-            raise ValueError("dense_step: the species table is not on the step's device")
         self._launch(positions, numbers, batch, True, 1, np_, out)
 
     def _launch(self, pos: Tensor, ix: Tensor, batch: Tensor, from_z: bool, b: int, np_: int, out) -> None:
