@@ -1,4 +1,4 @@
-"""A small molecule's energy + forces step in six Triton launches, one program per atom: the dense step.
+"""A small molecule's energy + forces step in two Triton launches a layer, one program per atom: the dense step.
 
 Issue 5's latency row (benzene energy + forces in 0.05 ms) is out of reach for the engine's captured step of ~60
 kernels (0.13 ms for the 64 x 3 student on an H200): each node of a CUDA graph costs ~1-2 µs before it does any work.
@@ -6,10 +6,10 @@ Stop 68's one-program step had one launch, but one streaming multiprocessor walk
 ``[16, 16, F]`` pair tiles spilled (0.61 ms; dropped at stop 69: ``benchmarks/results/stop69_gpu/
 small_step_dropped.diff``). Here the step is cut only where the algebra needs every atom's values:
 
-- **three forward launches**, one per layer: program ``(i, b)`` makes the messages that atom ``i`` receives (its
+- **a forward launch per layer** (three for the shipped students): program ``(i, b)`` makes the messages that atom ``i`` receives (its
   row of pairs, ``[NP, F]`` tiles over the senders), the update block of atom ``i`` and the next layer's φ of atom
   ``i``; the last one adds the readout, its backward and the last update block's backward;
-- **three backward launches**, one per layer from the last: program ``(j, b)`` walks atom ``j``'s row of pairs in
+- **a backward launch per layer**, from the last: program ``(j, b)`` walks atom ``j``'s row of pairs in
   both roles, as sender (the gradients of its φ and v, whose sums run over the receivers) and as receiver, makes
   the position gradient of atom ``j`` from both (no atomics, no scatter), and then the previous layer's update
   block backward of atom ``j`` (with ``split``, the feature part and the geometry part in programs of their own).
@@ -23,7 +23,7 @@ products (``tl.dot``, ``ieee`` by default).
 The algebra is :mod:`mlff_distiller.model.analytic`'s (the chain rule of the forward written out) for the shipped
 architecture, with the ZBL wall and its gate on the basis (:mod:`.repulsion`): PaiNN message and update blocks, the
 first layer's φ from the species table, the last layer's update scalars only, the readout with the per-species
-scale and shift. Molecules of up to ``MAX_ATOMS`` atoms, no periodic images. The engine takes it for one small
+scale and shift; any number of layers. Molecules of up to ``MAX_ATOMS`` atoms, no periodic images. The engine takes it for one small
 molecule (``ForceEngine(dense_small=...)``); measured in ``benchmarks/results/stop69_gpu/``.
 """
 
@@ -53,12 +53,16 @@ __all__ = [
 
 MAX_ATOMS = 64  # an atom's row is [NP, F]: 64 partners x 128 features still fits a program's registers
 
-# scratch slots (each F floats) per atom, for layer l (the kernels compute them from their LAYER constexpr: Triton
-# kernels read no global tuples): φ_l's three blocks at 3 (l - 1) (layers 1 and 2; layer 0's come from the species
-# table), φ_l's hidden at 5 + l, v_l's three components at 3 l + 5, s_l at 13 + l, the update block's saved values
-# at 16 + 11 l (uv (3), vv (3), |vv|, h2, a_vv, a_sv, <uv, vv>), dE/ds_mid and dE/dvm (3) of the layer's messages
-# at 49 + 4 l.
-SLOTS = 61
+# Scratch slots (each F floats) per atom, for layer l of NL (the kernels compute them from their LAYER and NL
+# constexprs: Triton kernels read no global tuples): φ_l's three blocks at 3 (l - 1) (layers 1 to NL - 1; layer 0's
+# come from the species table), φ_l's hidden at 3 (NL - 1) + l - 1, v_l's three components at 4 (NL - 1) + 3 (l - 1),
+# s_l at 7 (NL - 1) + l - 1, the update block's saved values at 8 (NL - 1) + 11 l (uv (3), vv (3), |vv|, h2, a_vv,
+# a_sv, <uv, vv>), dE/ds_mid and dE/dvm (3) of the layer's messages at 8 (NL - 1) + 11 NL + 4 l.
+
+
+def slots(nl: int) -> int:
+    """Scratch slots per atom of a student of ``nl`` layers (61 for 3)."""
+    return 8 * (nl - 1) + 15 * nl
 
 
 def padded_atoms(n: int) -> int:
@@ -83,8 +87,8 @@ def supports(model) -> str | None:
     c = model.config
     if not analytic.supports(model):
         return "not the plain architecture (a replaced block or layer, or 16-bit layers)"
-    if c.layers != 3:
-        return f"{c.layers} layers (the kernels are written for 3)"
+    if c.layers < 1:
+        return f"{c.layers} layers"
     f = c.hidden
     if f < 32 or f & (f - 1) or f > 128:
         return f"hidden {f} (a power of two from 32 to 128)"
@@ -320,11 +324,11 @@ if HAS_TRITON:
     @triton.jit
     def _dense_fwd_kernel(
         pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, atomic_ptr, n_species, n_weights,
-        LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+        LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, FROM_Z: tl.constexpr,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
-        the readout, its backward and the last update block's backward (``(49 + 4 * (2))``)."""
+        the readout, its backward and the last update block's backward (its gradient slots)."""
         pdl_prologue(PDL)
         i = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
@@ -339,7 +343,7 @@ if HAS_TRITON:
                 )
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         lw = w_ptr + LAYER * LS
-        g = w_ptr + 3 * LS
+        g = w_ptr + NL * LS
         _valid, _d, ux, uy, uz, rbf, _drbf, e_row, _de_row, real_i, ix_i, ix = _geometry(
             pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, i, NP, R, RP, FROM_Z
         )
@@ -358,7 +362,7 @@ if HAS_TRITON:
         else:
             xa = tl.load(tiles + (3 * (LAYER) - 3) * F)
             xc = tl.load(tiles + ((3 * (LAYER) - 3) + 2) * F)
-            s = tl.load(own + (13 + LAYER) * F + f)
+            s = tl.load(own + (7 * (NL - 1) + LAYER - 1) * F + f)
         s_mid = s + tl.sum(w_a * xa, axis=0)
         mc = w_c * xc
         vm0 = tl.sum(mc * ux[:, None], axis=0)
@@ -367,20 +371,20 @@ if HAS_TRITON:
         if LAYER > 0:
             w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
             mb = w_b * tl.load(tiles + ((3 * (LAYER) - 3) + 1) * F)
-            vm0 += tl.load(own + (3 * (LAYER) + 5) * F + f) + tl.sum(
-                mb * tl.load(tiles + (3 * (LAYER) + 5) * F), axis=0
+            vm0 += tl.load(own + (4 * (NL - 1) + 3 * LAYER - 3) * F + f) + tl.sum(
+                mb * tl.load(tiles + (4 * (NL - 1) + 3 * LAYER - 3) * F), axis=0
             )
-            vm1 += tl.load(own + ((3 * (LAYER) + 5) + 1) * F + f) + tl.sum(
-                mb * tl.load(tiles + ((3 * (LAYER) + 5) + 1) * F), axis=0
+            vm1 += tl.load(own + ((4 * (NL - 1) + 3 * LAYER - 3) + 1) * F + f) + tl.sum(
+                mb * tl.load(tiles + ((4 * (NL - 1) + 3 * LAYER - 3) + 1) * F), axis=0
             )
-            vm2 += tl.load(own + ((3 * (LAYER) + 5) + 2) * F + f) + tl.sum(
-                mb * tl.load(tiles + ((3 * (LAYER) + 5) + 2) * F), axis=0
+            vm2 += tl.load(own + ((4 * (NL - 1) + 3 * LAYER - 3) + 2) * F + f) + tl.sum(
+                mb * tl.load(tiles + ((4 * (NL - 1) + 3 * LAYER - 3) + 2) * F), axis=0
             )
-        LAST: tl.constexpr = LAYER == 2
+        LAST: tl.constexpr = LAYER == NL - 1
         s, v0, v1, v2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot = _update_fwd(
             s_mid, vm0, vm1, vm2, lw, F, RP, LAST
         )
-        upd = own + (16 + 11 * (LAYER)) * F
+        upd = own + (8 * (NL - 1) + 11 * LAYER) * F
         _store_rows(upd, F, uv0, uv1, uv2)
         _store_rows(upd + 3 * F, F, vv0, vv1, vv2)
         _store_rows(upd + 6 * F, F, vnorm, h2, a_vv)
@@ -396,9 +400,9 @@ if HAS_TRITON:
             xb_n = _mv(act, w2t + F, F, F, 3 * F) + _vec(b2 + F, F)
             xc_n = _mv(act, w2t + 2 * F, F, F, 3 * F) + _vec(b2 + 2 * F, F)
             _store_rows(own + (3 * (LAYER + 1) - 3) * F, F, xa_n, xb_n, xc_n)
-            _store_rows(own + (3 * (LAYER + 1) + 5) * F, F, v0, v1, v2)
-            tl.store(own + (5 + LAYER + 1) * F + f, h1)
-            tl.store(own + (13 + LAYER + 1) * F + f, s)
+            _store_rows(own + (4 * (NL - 1) + 3 * LAYER) * F, F, v0, v1, v2)
+            tl.store(own + (3 * (NL - 1) + LAYER) * F + f, h1)
+            tl.store(own + (7 * (NL - 1) + LAYER) * F + f, s)
         else:
             # readout: atomic = (r2 . silu(R1 s + rb1) + rb2) scale_z + shift_z (+ the wall's half pair energies)
             H: tl.constexpr = F // 2
@@ -420,20 +424,21 @@ if HAS_TRITON:
             g_s = _mv(g_h, r1, H, F, F)
             zero = g_s * 0.0
             g_sm, g0, g1, g2 = _update_bwd(g_s, zero, zero, zero, upd, lw, F, RP, True)
-            tl.store(own + (49 + 4 * (2)) * F + f, g_sm)
-            _store_rows(own + ((49 + 4 * (2)) + 1) * F, F, g0, g1, g2)
+            GL: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (NL - 1)
+            tl.store(own + GL * F + f, g_sm)
+            _store_rows(own + (GL + 1) * F, F, g0, g1, g2)
 
     @triton.jit
     def _bwd_features(
         rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-        LAYER: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
+        LAYER: tl.constexpr, NL: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
     ):  # fmt: skip
         """Atom ``j``'s φ and v as a sender (sums over its receivers k), its φ backward, and the previous layer's
         update block backward of atom ``j``, stored in that layer's gradient slots."""
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         wft = lw + 8 * F * F + 4 * F
         XS: tl.constexpr = 3 * LAYER - 3
-        VS: tl.constexpr = 3 * LAYER + 5
+        VS: tl.constexpr = 4 * (NL - 1) + 3 * LAYER - 3
         w_a = _mm(rbf, _mat(wft, RP, F, 3 * F), DOT)
         w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
         xb_j = tl.load(own + (XS + 1) * F + f)
@@ -452,12 +457,20 @@ if HAS_TRITON:
         w1 = lw + F * F
         w2 = w1 + 4 * F * F + F
         g_act = _mv(g_xa, w2, F, F, F) + _mv(g_xb, w2 + F * F, F, F, F) + _mv(g_xc, w2 + 2 * F * F, F, F, F)
-        h1 = tl.load(own + (5 + LAYER) * F + f)
+        h1 = tl.load(own + (3 * (NL - 1) + LAYER - 1) * F + f)
         g_sj = gsm_j + _mv(g_act * _silu_grad(h1), w1, F, F, F)
         g_sm, g0, g1, g2 = _update_bwd(
-            g_sj, g_vj0, g_vj1, g_vj2, own + (16 + 11 * (LAYER - 1)) * F, w_ptr + (LAYER - 1) * LS, F, RP, False
+            g_sj,
+            g_vj0,
+            g_vj1,
+            g_vj2,
+            own + (8 * (NL - 1) + 11 * (LAYER - 1)) * F,
+            w_ptr + (LAYER - 1) * LS,
+            F,
+            RP,
+            False,
         )
-        GS: tl.constexpr = 49 + 4 * (LAYER - 1)
+        GS: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (LAYER - 1)
         tl.store(own + GS * F + f, g_sm)
         _store_rows(own + (GS + 1) * F, F, g0, g1, g2)
 
@@ -465,13 +478,14 @@ if HAS_TRITON:
     def _bwd_geometry(
         rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1, gv2, gsm_j,
         gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
-        LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
+        LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, RP: tl.constexpr,
+        DOT: tl.constexpr,
     ):  # fmt: skip
         """Atom ``j``'s position gradient from the pairs ``k <- j`` (j the sender, u_kj = -u_jk) and ``j <- k``:
         dE/dpos_j = sum_k [-(dE/dd) u_jk + P_u(g_u^sender - g_u^receiver) / d], the wall on both pairs; added to
         the later layers' (``gpos``), and at the first layer the forces and the molecule's energy."""
         XS: tl.constexpr = 3 * LAYER - 3
-        VS: tl.constexpr = 3 * LAYER + 5
+        VS: tl.constexpr = 4 * (NL - 1) + 3 * LAYER - 3
         wf = lw + 8 * F * F + 4 * F + 3 * F * RP  # W_f [3F, RP]
         if LAYER == 0:
             phi = g + n_species * F
@@ -513,7 +527,7 @@ if HAS_TRITON:
         gy = tl.sum(tl.where(valid, -g_d * uy + (gu1 - gu * uy) / d, 0.0), axis=0)
         gz = tl.sum(tl.where(valid, -g_d * uz + (gu2 - gu * uz) / d, 0.0), axis=0)
         gp = gpos_ptr + (b * NP + j) * 3
-        if LAYER != 2:
+        if LAYER != NL - 1:
             gx += tl.load(gp)
             gy += tl.load(gp + 1)
             gz += tl.load(gp + 2)
@@ -533,7 +547,7 @@ if HAS_TRITON:
     def _dense_bwd_kernel(
         pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, gpos_ptr, atomic_ptr, energy_ptr,
         forces_ptr, n_species,
-        LAYER: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+        LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr, FROM_Z: tl.constexpr,
     ):  # fmt: skip
         """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
@@ -544,7 +558,7 @@ if HAS_TRITON:
         b = tl.program_id(1).to(tl.int64)
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         lw = w_ptr + LAYER * LS
-        g = w_ptr + 3 * LS
+        g = w_ptr + NL * LS
         valid, d, ux, uy, uz, rbf, drbf, _e_row, de_row, _real_j, ix_j, ix = _geometry(
             pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, j, NP, R, RP, FROM_Z
         )
@@ -554,7 +568,7 @@ if HAS_TRITON:
         own = sc_ptr + ((b * NP + j) * SL) * F
         w_c = _mm(rbf, _mat(lw + 8 * F * F + 4 * F + 2 * F, RP, F, 3 * F), DOT)
         # the receivers' upstream gradients [NP, F] and atom j's own rows
-        GS: tl.constexpr = 49 + 4 * LAYER
+        GS: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * LAYER
         gsm = tl.load(tiles + GS * F)
         gv0 = tl.load(tiles + (GS + 1) * F)
         gv1 = tl.load(tiles + (GS + 2) * F)
@@ -567,32 +581,32 @@ if HAS_TRITON:
             if tl.program_id(2) == 0:
                 _bwd_features(
                     rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, F, RP, DOT,
+                    LAYER, NL, F, RP, DOT,
                 )  # fmt: skip
             else:
                 _bwd_geometry(
                     rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1,
                     gv2, gsm_j, gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
-                    LAYER, NP, F, RP, DOT,
+                    LAYER, NL, NP, F, RP, DOT,
                 )  # fmt: skip
         else:
             if LAYER > 0:
                 _bwd_features(
                     rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, F, RP, DOT,
+                    LAYER, NL, F, RP, DOT,
                 )  # fmt: skip
             _bwd_geometry(
                 rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1, gv2,
                 gsm_j, gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
-                LAYER, NP, F, RP, DOT,
+                LAYER, NL, NP, F, RP, DOT,
             )  # fmt: skip
 
 
 class DenseStep:
     """The dense step of one model, prepared: the packed weights (:func:`pack_weights`), the wall's
     table and the radial constants made once in ``dtype`` on ``device`` (a snapshot of the weights: prepare again
-    after changing them). A call is six launches into buffers kept per batch shape, so it can be captured in a CUDA
-    graph. Launch options, each measured on an H200 (``benchmarks/results/stop69_gpu/``, benzene, the 64 x 3
+    after changing them). A call is two launches a layer into buffers kept per batch shape, so it can be captured in
+    a CUDA graph. Launch options, each measured on an H200 (``benchmarks/results/stop69_gpu/``, benzene, the 64 x 3
     student, against the engine's captured step of 130 µs):
 
     - ``prefetch`` (on): the first launch asks L2 for every weight of the step (133 → 113 µs, L2 flushed before
@@ -623,7 +637,7 @@ class DenseStep:
             consts = [rc, math.pi / rc, math.sqrt(2.0 / rc), -0.5 * math.pi / rc]
             self.consts = torch.tensor(consts, dtype=dtype, device=device)
         self.dtype, self.device = dtype, self.weights.device
-        self.n_species, self.hidden, self.n_rbf = len(c.species), c.hidden, c.n_rbf
+        self.n_species, self.hidden, self.n_rbf, self.layers = len(c.species), c.hidden, c.n_rbf, c.layers
         self.dot = dot
         self.prefetch = prefetch and self.device.type == "cuda"  # (PTX: not on the interpreter)
         self.split, self.pdl = split, pdl
@@ -631,7 +645,7 @@ class DenseStep:
         z2i[torch.as_tensor(c.species)] = torch.arange(len(c.species), dtype=torch.int32)
         self.z2i = z2i.to(self.device)
         self.num_warps = num_warps or (4 if self.hidden <= 64 else 8)
-        assert self.weights.numel() >= 3 * layer_size(self.hidden, _pow2(self.n_rbf))
+        assert self.weights.numel() >= self.layers * layer_size(self.hidden, _pow2(self.n_rbf))
         self._scratch: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
 
     def scratch(self, b: int, np_: int) -> tuple[Tensor, Tensor]:
@@ -639,7 +653,7 @@ class DenseStep:
         key = (b, np_)
         if key not in self._scratch:
             self._scratch[key] = (
-                torch.empty((b, np_, SLOTS, self.hidden), dtype=self.dtype, device=self.device),
+                torch.empty((b, np_, slots(self.layers), self.hidden), dtype=self.dtype, device=self.device),
                 torch.empty((b, np_, 3), dtype=self.dtype, device=self.device),
             )
         return self._scratch[key]
@@ -682,15 +696,17 @@ class DenseStep:
     def _launch(self, pos: Tensor, ix: Tensor, batch: Tensor, from_z: bool, b: int, np_: int, out) -> None:
         energy, atomic, forces = out
         sc, gpos = self.scratch(b, np_)
-        meta = dict(NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=SLOTS, DOT=self.dot, FROM_Z=from_z)
+        nl = self.layers
+        meta = dict(NL=nl, NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=slots(nl), DOT=self.dot)
+        meta["FROM_Z"] = from_z
         meta |= (pdl_args(pos) if self.pdl else {"PDL": False}) | {"num_warps": self.num_warps}
         grid = (np_, b)
         n_w = self.weights.numel()
         pf = _pow2(-(-n_w // (32 * np_)), 1) if self.prefetch else 0
         common = (pos, ix, batch, self.z2i, self.weights, self.table, self.consts, sc)
-        for layer in range(3):
+        for layer in range(nl):
             _dense_fwd_kernel[grid](*common, atomic, self.n_species, n_w, LAYER=layer, PREFETCH=pf, **meta)
-        for layer in (2, 1, 0):
+        for layer in reversed(range(nl)):
             split = self.split and layer > 0
             _dense_bwd_kernel[(np_, b, 2 if split else 1)](
                 *common, gpos, atomic, energy, forces, self.n_species, LAYER=layer, SPLIT=split, **meta

@@ -158,8 +158,8 @@ def test_md_through_the_zero_copy_dense_step(model3, cpu_triton, fake_graphs):
 def test_when_the_engine_makes_no_dense_step(model3, cpu_triton):
     assert ForceEngine(model3, device="cpu", pad=True, precision="fp64")._dense is None  # default: CUDA only
     assert ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=False)._dense is None
-    two_layers = make_model(layers=2)
-    assert ForceEngine(two_layers, device="cpu", pad=True, precision="fp64", dense_small=True)._dense is None
+    odd_width = make_model(layers=3, hidden=48)
+    assert ForceEngine(odd_width, device="cpu", pad=True, precision="fp64", dense_small=True)._dense is None
     assert ForceEngine(model3, device="cpu", pad=True, precision="bf16", dense_small=True)._dense is None
     hooked = make_model(seed=2, layers=3, hidden=32, n_rbf=8, cutoff=4.0)
     hooked.readout.register_forward_hook(lambda *a: None)

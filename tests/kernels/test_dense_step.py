@@ -115,11 +115,25 @@ def test_shipped_student_on_benzene_in_float32(triton_device):
     assert (f.double().cpu() - fr).abs().max() < 2e-5
 
 
+@pytest.mark.parametrize("layers", [1, 2, 4])
+def test_other_depths(triton_device, layers):
+    """Students of 1, 2 and 4 layers (a launch per layer each way; the scratch's slots follow the depth): float64
+    against autograd."""
+    model = _model(seed=layers, layers=layers)
+    pos, idx = _molecules([11, 4], seed=layers, spread=1.9)
+    er, ar, fr = ds.dense_step_reference(model, pos, idx)
+    e, a, f = ds.DenseStep(model, torch.float64, triton_device)(pos.to(triton_device), idx.to(triton_device))
+    _close(e, er, rtol=1e-12)
+    _close(a, ar, rtol=1e-12, atol=1e-12)
+    _close(f, fr, rtol=1e-10, atol=1e-11)
+    assert [ds.slots(n) for n in (1, 2, 3, 4)] == [15, 38, 61, 84]
+
+
 def test_rejects_what_it_does_not_compute():
     assert ds.supports(_model()) is None
-    assert "layers" in ds.supports(_model(layers=2))
-    with pytest.raises(ValueError, match="2 layers"):
-        ds.DenseStep(_model(layers=2))
+    assert ds.supports(_model(layers=2)) is None
+    with pytest.raises(ValueError, match="hidden 48"):
+        ds.DenseStep(_model(hidden=48))
     step = ds.DenseStep(_model(), torch.float64)  # (on the CPU: every refusal comes before a launch)
     with pytest.raises(ValueError, match="NP = 8"):
         step(torch.zeros(1, 8, 3, dtype=torch.float64), torch.zeros(1, 8, dtype=torch.int32))
