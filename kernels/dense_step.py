@@ -6,9 +6,9 @@ Stop 68's one-program step had one launch, but one streaming multiprocessor walk
 ``[16, 16, F]`` pair tiles spilled (0.61 ms; dropped at stop 69: ``benchmarks/results/stop69_gpu/
 small_step_dropped.diff``). Here the step is cut only where the algebra needs every atom's values:
 
-- **a forward launch per layer** (three for the shipped students): program ``(i, b)`` makes the messages that atom ``i`` receives (its
-  row of pairs, ``[NP, F]`` tiles over the senders), the update block of atom ``i`` and the next layer's φ of atom
-  ``i``; the last one adds the readout, its backward and the last update block's backward;
+- **a forward launch per layer** (three for the shipped students): program ``(i, b)`` makes the messages that atom
+  ``i`` receives (its row of pairs, ``[NP, F]`` tiles over the senders), the update block of atom ``i`` and the next
+  layer's φ of atom ``i``; the last one adds the readout, its backward and the last update block's backward;
 - **a backward launch per layer**, from the last: program ``(j, b)`` walks atom ``j``'s row of pairs in
   both roles, as sender (the gradients of its φ and v, whose sums run over the receivers) and as receiver, makes
   the position gradient of atom ``j`` from both (no atomics, no scatter), and then the previous layer's update
@@ -23,8 +23,8 @@ products (``tl.dot``, ``ieee`` by default).
 The algebra is :mod:`mlff_distiller.model.analytic`'s (the chain rule of the forward written out) for the shipped
 architecture, with the ZBL wall and its gate on the basis (:mod:`.repulsion`): PaiNN message and update blocks, the
 first layer's φ from the species table, the last layer's update scalars only, the readout with the per-species
-scale and shift; any number of layers. Molecules of up to ``MAX_ATOMS`` atoms, no periodic images. The engine takes it for one small
-molecule (``ForceEngine(dense_small=...)``); measured in ``benchmarks/results/stop69_gpu/``.
+scale and shift; any number of layers. Molecules of up to ``MAX_ATOMS`` atoms, no periodic images. The engine takes
+it for one small molecule (``ForceEngine(dense_small=...)``); measured in ``benchmarks/results/stop69_gpu/``.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
             costs ~25 of their steps (100,000 g2 molecules: 20 buckets, 2.9 s of captures). ``warmup`` always
             captures.
         dense_small: padded steps of one non-periodic molecule of at most ``DENSE_MAX_ATOMS`` (16) atoms take the
-            dense step (:mod:`mlff_distiller.kernels.dense_step`: six launches, one program per atom, all pairs
+            dense step (:mod:`mlff_distiller.kernels.dense_step`: two launches a layer, one program per atom, all pairs
             within the cutoff, no neighbour list) instead of the model's forward and ``autograd.grad``; the same
             energies and forces to float32 rounding. Default (None): on CUDA for a student of the shipped
             architecture up to ``DENSE_MAX_HIDDEN`` (64) features in fp32 or fp64, where it measured faster

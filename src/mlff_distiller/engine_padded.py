@@ -81,7 +81,7 @@ class PaddedPaths:
     def _dense_step(self, numbers, positions, edge_index, shift_vectors, batch, seed, *csr) -> torch.Tensor:
         """:meth:`_step` by the dense step: the same packed output ``[W + A + 3A]`` of structure 0 (its atoms the
         first slots whose ``batch`` is 0; the edges, the seed and the CSR are not read: the step takes every pair
-        within the cutoff). One zero fill and six launches."""
+        within the cutoff). One zero fill and two launches a layer."""
         a, dtype = numbers.shape[0], self.dtype
         w = a * 8 // dtype.itemsize
         out = torch.zeros(w + 4 * a, dtype=dtype, device=positions.device)
