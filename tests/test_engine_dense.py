@@ -175,6 +175,24 @@ def test_when_the_engine_makes_no_dense_step(model3, cpu_triton):
     assert not calls
 
 
+def test_a_dense_step_that_cannot_be_prepared_leaves_the_engine_working(model3, cpu_triton, monkeypatch):
+    """Preparing the dense step fails (here: a stand-in that raises): the engine warns, runs the model's step and
+    gives the eager engine's results."""
+    from mlff_distiller.kernels import dense_step
+
+    def refuse(*args, **kw):
+        raise RuntimeError("no room")
+
+    monkeypatch.setattr(dense_step, "DenseStep", refuse)
+    with pytest.warns(RuntimeWarning, match="dense step for small molecules could not be prepared.*no room"):
+        engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
+    assert engine._dense is None
+    ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
+    _close(
+        engine.compute(_batch([molecule("H2O")]), to_host=True), ref.compute(_batch([molecule("H2O")]), to_host=True)
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_shipped_small_student_takes_it_on_cuda():

@@ -64,7 +64,16 @@ class PaddedPaths:
             p.requires_grad_(False)
         if dense_step.supports(frozen) is not None:
             return None
-        return dense_step.DenseStep(frozen, self.dtype, self.device)
+        try:
+            return dense_step.DenseStep(frozen, self.dtype, self.device)
+        except (ValueError, RuntimeError) as exc:  # an optional path: the engine runs the model's step without it
+            warnings.warn(
+                f"the dense step for small molecules could not be prepared ({type(exc).__name__}: {exc}); "
+                "their steps run the model's forward and autograd",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
 
     def _dense_of(self, graph: PaddedGraph):
         """The dense step for the current content of ``graph`` (a callable with :meth:`_step`'s signature and
