@@ -385,14 +385,15 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
             self._fast_model = copy.deepcopy(self.model).eval()
             for q in self._fast_model.parameters():
                 q.requires_grad_(False)
+            compiled = self.mode == "compile" or (self.mode == "cudagraph" and compile_mode is not None)
+            # The dense step packs its weights from the frozen copy before its blocks are wrapped below.
+            self._dense = self._make_dense(dense_small, compiled, self._fast_model)
             # symmetric: the buckets hold NeighborLists (full lists) and padding past the CSR rows
             self._csr: dict = {"row_ptr": None, "sender": None, "symmetric": self._symmetric}
             inter = self._fast_model.interactions
             for k in range(len(inter)):
                 inter[k] = CSRInteraction(inter[k], self._csr)
             self._forward_impl = self._padded_forward
-            compiled = self.mode == "compile" or (self.mode == "cudagraph" and compile_mode is not None)
-            self._dense = self._make_dense(dense_small, compiled)
             # Decided before compiling: the compiled step traces this flag.
             self.compact_edges = (self.verlet is not None and not compiled) if compact_edges is None else compact_edges
             self._far = far_shift(self.cutoff)

@@ -11,7 +11,6 @@ output buffers, the Verlet fill) and the engine's list and topology helpers.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import gc
 import warnings
@@ -44,9 +43,10 @@ DENSE_MAX_HIDDEN = 64
 class PaddedPaths:
     """The padded paths of :class:`~mlff_distiller.engine.ForceEngine` (see the module docstring)."""
 
-    def _make_dense(self, dense_small: bool | None, compiled: bool):
-        """The engine's dense step (:class:`~mlff_distiller.kernels.dense_step.DenseStep`, the model's weights as
-        of now, like the padded path's frozen copy), or None where it does not apply: ``dense_small`` False, a
+    def _make_dense(self, dense_small: bool | None, compiled: bool, frozen):
+        """The engine's dense step (:class:`~mlff_distiller.kernels.dense_step.DenseStep`) with the weights of
+        ``frozen``, the padded path's frozen copy of the model (packed now; its blocks are not wrapped yet), or
+        None where it does not apply: ``dense_small`` False, a
         torch.compile'd step, precisions other than fp32 and fp64, a student the step does not compute or one with
         forward hooks (whoever set them expects the forward to run), by default off CUDA (the CPU would run it on
         the Triton interpreter) or wider than ``DENSE_MAX_HIDDEN``."""
@@ -57,12 +57,7 @@ class PaddedPaths:
             return None
         if dense_small is None and (self.device.type != "cuda" or self.model.config.hidden > DENSE_MAX_HIDDEN):
             return None
-        if analytic.hooked(self.model):
-            return None
-        frozen = copy.deepcopy(self.model).eval()  # (its weights without grad: the species table needs them so)
-        for p in frozen.parameters():
-            p.requires_grad_(False)
-        if dense_step.supports(frozen) is not None:
+        if analytic.hooked(self.model) or dense_step.supports(frozen) is not None:
             return None
         try:
             return dense_step.DenseStep(frozen, self.dtype, self.device)
