@@ -199,6 +199,32 @@ def back_to_back_us(fn: Callable[[], object], calls: int, rounds: int = 5, warmu
     return sorted(per_call)[len(per_call) // 2]
 
 
+class CaptureFailed(RuntimeError):
+    """``fn`` ran, but could not be captured as a CUDA graph (a host sync inside it, ...)."""
+
+
+def capture_graph(fn: Callable[[], object], calls: int = 1, warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """``calls`` calls of ``fn`` captured as one CUDA graph, after ``warmup`` calls on a side stream (allocator,
+    autotuning, lazy initialisation outside the capture); the collector off while capturing (see
+    mlff_distiller.cudagraph). An error of a warm-up call propagates as it is; a failed capture raises
+    :class:`CaptureFailed`."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with capturing(graph):
+            for _ in range(calls):
+                fn()
+    except Exception as exc:
+        raise CaptureFailed(f"{type(exc).__name__}: {exc}") from exc
+    return graph
+
+
 def time_graph(fn: Callable[[], object], device: torch.device, rep_ms: float = 100) -> Timing | None:
     """Device time of one call of ``fn``: ``fn`` captured once as a CUDA graph and its replays timed like
     :func:`time_fn` (L2 flushed between repetitions). A replay costs ~10 µs of host time whatever ``fn`` does,
@@ -207,19 +233,10 @@ def time_graph(fn: Callable[[], object], device: torch.device, rep_ms: float = 1
     (a host sync inside it)."""
     if device.type != "cuda":
         return None
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture (allocator, autotuning, lazy init)
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
     try:
-        with capturing(graph):  # the collector off while capturing (see mlff_distiller.cudagraph)
-            fn()
-    except Exception as exc:  # any capture failure means "not capturable", reported as such
-        print(f"  (not capturable as a CUDA graph: {type(exc).__name__}: {str(exc)[:120]})", flush=True)
+        graph = capture_graph(fn)
+    except CaptureFailed as exc:  # reported as "not capturable"
+        print(f"  (not capturable as a CUDA graph: {str(exc)[:140]})", flush=True)
         torch.cuda.synchronize()
         return None
     try:
@@ -235,16 +252,7 @@ def graph_time_per_call_us(fn: Callable[[], object], reps: int = 20) -> float:
     graph would measure the launch."""
     import triton.testing
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with capturing(graph):
-        for _ in range(reps):
-            fn()
+    graph = capture_graph(fn, calls=reps, warmup=2)
     return triton.testing.do_bench(graph.replay, warmup=20, rep=150, return_mode="median") * 1e3 / reps
 
 

@@ -25,10 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import g2_batch
-from harness import time_fn, time_graph, write_lines
+from harness import back_to_back_us, capture_graph, time_fn, time_graph, write_lines
 from mlff_distiller.kernels import dense_step as ds
 from mlff_distiller.kernels._triton_utils import pdl_enabled
 from peers import StepImpl, make_student
+from probe_kernel_order import replay_kernels
 
 from mlff_distiller import load_model
 
@@ -73,51 +74,11 @@ def _errors(e, f, er, fr, idx) -> tuple[float, float]:
     return de, df
 
 
-def warm_us(fn, reps: int = 300) -> float:
-    """Mean µs per call of ``fn`` called back to back with the L2 cache kept warm (as an MD loop keeps the weights
-    there), CUDA events around ``reps`` calls after 30 warm-up calls; ``fn`` is a graph replay, so the host's launch
-    (~10 µs) hides behind the device's work."""
-    for _ in range(30):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
-
-
-def graph_of(fn):
-    """``fn`` captured once as a CUDA graph (warmed up on a side stream first): its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-def kernel_table(fn, reps: int = 20) -> str:
-    """Device µs per call of each kernel ``fn`` launches (torch.profiler over ``reps`` calls)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for ev in prof.key_averages():
-        if ev.device_type.name == "CUDA" and ev.count:
-            rows.append(f"{ev.key[:40]} x{ev.count // reps}: {ev.device_time_total / reps:.1f} µs")
-    return "; ".join(rows)
+def warm_us(fn, calls: int = 300) -> float:
+    """µs per call of ``fn`` (a graph replay) called back to back with the L2 cache kept warm, as an MD loop keeps
+    the weights there (:func:`harness.back_to_back_us`: the host's ~10 µs a launch hides behind the device's
+    work)."""
+    return back_to_back_us(fn, calls)
 
 
 def _engine_step(model, structures, dense_small=False):
@@ -231,10 +192,10 @@ def main() -> None:
                     first = time.perf_counter() - t0
                     de, df = _errors(out[0], out[2], er, fr, idx)
                     tg = time_graph(call, dev, rep_ms=300)
-                    graph = graph_of(call)
+                    graph = capture_graph(call)
                     tw = warm_us(graph.replay)
                     if var == variants[0] and mol == "C6H6":
-                        tables.append(f"- {name}, {mol}, dense step ({var}): " + kernel_table(graph.replay))
+                        tables += ["", f"{name}, {mol}, dense step ({var}):", "", *replay_kernels(graph.replay)]
                     del graph
                 tg = tg.median_us if tg is not None else float("nan")
                 lines.append(
@@ -272,7 +233,7 @@ def main() -> None:
                     )
                     print(lines[-1], flush=True)
                     del calc, e
-    lines += ["", "## Device time per kernel (one benzene step, the first variant)", "", *tables]
+    lines += ["", "## Device time per kernel (one benzene step, the first variant)", *tables]
     write_lines(lines, args.out, args.name)
     lines += [
         "",
