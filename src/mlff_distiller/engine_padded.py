@@ -388,9 +388,14 @@ class PaddedPaths:
         if dev.positions64 is not None:  # float64 pair vectors as the shift vectors, zero positions
             with torch.no_grad():
                 dev, nl = exact_pairs(dev, nl)
-        # A molecule for the dense step: a batch given on the host without a periodic axis (no device sync to ask),
-        # with its real positions (not the exact pairs' zeros).
-        molecule = batch.pbc.device.type == "cpu" and not bool(batch.pbc.any()) and dev.positions64 is None
+        # A molecule for the dense step (asked only where the engine has one): a batch given on the host without a
+        # periodic axis (no device sync to ask), with its real positions (not the exact pairs' zeros).
+        molecule = (
+            self._dense is not None
+            and batch.pbc.device.type == "cpu"
+            and dev.positions64 is None
+            and not bool(batch.pbc.any())
+        )
         fill_padded(
             graph,
             dev.numbers,
