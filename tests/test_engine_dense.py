@@ -134,7 +134,8 @@ def test_warmup_captures_the_dense_step_of_its_buckets(model3, cpu_triton, fake_
 
 def test_md_through_the_zero_copy_dense_step(model3, cpu_triton, fake_graphs):
     """Velocity Verlet through the engine's zero-copy MD step: the captured step is the dense one, captured once,
-    each step equal to the eager engine."""
+    each step equal to the eager engine; switched off mid-run, the atom count's runner is captured again as the
+    model's step."""
     from ase import units
 
     atoms = molecule("CH3CH2OH")
@@ -144,15 +145,23 @@ def test_md_through_the_zero_copy_dense_step(model3, cpu_triton, fake_graphs):
     calls = _counting(engine)
     maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(1))
     dt, masses = 2.0 * units.fs, atoms.get_masses()[:, None]
-    for _step in range(6):
-        batch = _batch([atoms])
-        got, want = engine.compute(batch, as_numpy=True), ref.compute(batch, to_host=True)
-        _close(got, {k: v.numpy() for k, v in want.items()})
-        atoms.set_momenta(atoms.get_momenta() + dt * got["forces"])
-        atoms.set_positions(atoms.positions + dt * atoms.get_momenta() / masses)
+
+    def steps(k):
+        for _step in range(k):
+            batch = _batch([atoms])
+            got, want = engine.compute(batch, as_numpy=True), ref.compute(batch, to_host=True)
+            _close(got, {k: v.numpy() for k, v in want.items()})
+            atoms.set_momenta(atoms.get_momenta() + dt * got["forces"])
+            atoms.set_positions(atoms.positions + dt * atoms.get_momenta() / masses)
+
+    steps(6)
     (md,) = engine._md_runners.values()
     assert md.dense and len(fake_graphs) == 1 and not engine._runners
     assert len(calls) >= 6
+    engine.dense_small, seen = False, len(calls)
+    steps(2)
+    (md,) = engine._md_runners.values()
+    assert not md.dense and len(fake_graphs) == 2 and len(calls) == seen
 
 
 def test_when_the_engine_makes_no_dense_step(model3, cpu_triton):
