@@ -214,9 +214,10 @@ if HAS_TRITON:
         c_env = tl.load(consts_ptr + 3)
         valid = real & (a != i) & real_row & (d2 < cutoff * cutoff)
         d = tl.sqrt(tl.where(valid, d2, 1.0))
-        ux = tl.where(valid, rx / d, 0.0)
-        uy = tl.where(valid, ry / d, 0.0)
-        uz = tl.where(valid, rz / d, 0.0)
+        inv_d = 1.0 / d  # (not rx / d: Triton 3.6 cannot lay that division out in float64 with FROM_Z)
+        ux = tl.where(valid, rx * inv_d, 0.0)
+        uy = tl.where(valid, ry * inv_d, 0.0)
+        uz = tl.where(valid, rz * inv_d, 0.0)
         kr = tl.arange(0, RP)
         kk = ((kr + 1).to(rx.dtype) * k1)[None, :]
         d2d = d[:, None]

@@ -202,9 +202,52 @@ def test_a_dense_step_that_cannot_be_prepared_leaves_the_engine_working(model3, 
     )
 
 
+@pytest.mark.parametrize("captured", [False, True])
+def test_a_dense_step_that_fails_at_its_first_launch_leaves_the_engine_working(
+    model3, cpu_triton, fake_graphs, captured
+):
+    """The dense step's first launch fails (here: a stand-in for a Triton that cannot compile its kernels, as Triton
+    3.6 could not compile the float64 step before stop 70): the engine warns, gives it up and runs the model's step,
+    eagerly or captured, with the eager engine's results; later steps do not try it again."""
+    ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
+    engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
+    if captured:
+        engine.mode = "cudagraph"
+    calls = []
+
+    def fail(*args, **kw):
+        calls.append(1)
+        raise RuntimeError("PassManager::run failed")
+
+    engine._dense.from_numbers = fail
+    mol = [molecule("C6H6")]
+    with pytest.warns(RuntimeWarning, match="dense step for small molecules failed.*PassManager"):
+        got = engine.compute(_batch(mol), to_host=True)
+    _close(got, ref.compute(_batch(mol), to_host=True))
+    assert engine._dense is None and calls == [1]
+    _close(engine.compute(_batch(mol), to_host=True), ref.compute(_batch(mol), to_host=True))
+    assert calls == [1]
+    if captured:
+        assert engine.last_bucket in engine._runners
+
+
+def test_an_out_of_memory_dense_step_is_raised_as_it_is(model3, cpu_triton):
+    """Running out of memory is not a reason to give the dense step up: the engine's batch splitting handles it."""
+    engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
+
+    def oom(*args, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+
+    engine._dense.from_numbers = oom
+    with pytest.raises(torch.OutOfMemoryError):
+        engine._dense_step(*engine._graph(engine.buckets.select(16, 240)).inputs())
+    assert engine._dense is not None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_the_shipped_small_student_takes_it_on_cuda():
+@pytest.mark.parametrize("precision", ["fp32", "fp64"])
+def test_the_shipped_small_student_takes_it_on_cuda(precision):
     """The shipped 64 x 3 student on CUDA, mode auto: benzene's step is the captured dense step, within fp32's
     tolerance of the float64 eager engine; MD through the calculator takes it too."""
     from ase import units
@@ -213,7 +256,7 @@ def test_the_shipped_small_student_takes_it_on_cuda():
     from mlff_distiller import StudentCalculator, load_model
 
     model = load_model("builtin:chno-gfn2-small")
-    engine = ForceEngine(model, device="cuda", mode="cudagraph")
+    engine = ForceEngine(model, device="cuda", mode="cudagraph", precision=precision)
     ref = ForceEngine(load_model("builtin:chno-gfn2-small"), device="cpu", precision="fp64", mode="eager")
     mol = molecule("C6H6")
     for _ in range(2):
@@ -223,7 +266,7 @@ def test_the_shipped_small_student_takes_it_on_cuda():
     np.testing.assert_allclose(got["forces"].double().numpy(), want["forces"].numpy(), atol=1e-4)
     assert abs(float(got["energy"][0]) - float(want["energy"][0])) < 1e-4
     atoms = molecule("CH3CH2OH")
-    atoms.calc = StudentCalculator(model, device="cuda")
+    atoms.calc = StudentCalculator(model, device="cuda", precision=precision)
     maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(0))
     VelocityVerlet(atoms, 0.5 * units.fs).run(20)
     eng = atoms.calc.engine

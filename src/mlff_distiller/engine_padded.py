@@ -95,7 +95,27 @@ class PaddedPaths:
             out[w : w + a][:np_].view(1, np_),
             out[w + a :].view(a, 3)[:np_].view(1, np_, 3),
         )
-        self._dense.from_numbers(positions, numbers, batch, np_, views)
+        dense = self._dense
+        if dense is None:  # given up below, by an earlier call of a step captured as this one
+            return self._step(numbers, positions, edge_index, shift_vectors, batch, seed, *csr)
+        try:
+            dense.from_numbers(positions, numbers, batch, np_, views)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            # An optional path: a Triton that cannot compile its kernels (Triton 3.6 failed on the float64 step's
+            # geometry before stop 70) must not end the caller's run. Its first call is never inside a capture
+            # (the capture's warm-up runs it first), so giving up here leaves no half-captured graph.
+            if positions.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise
+            self._dense = None
+            warnings.warn(
+                f"the dense step for small molecules failed ({type(exc).__name__}: {str(exc)[:200]}); small "
+                "molecules' steps run the model's forward and autograd from now on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self._step(numbers, positions, edge_index, shift_vectors, batch, seed, *csr)
         return out
 
     def _padded_forward(
