@@ -46,6 +46,10 @@ VARIANTS = {  # name: (DenseStep keywords, PDL on)
     "prefetch, split": ({}, False),
     "prefetch, split, 8 warps": ({"num_warps": 8}, False),
     "prefetch, split, 16 warps": ({"num_warps": 16}, False),
+    "rows": ({"rows": True}, False),
+    "rows, forward": ({"rows": (True, False)}, False),
+    "rows, backward": ({"rows": (False, True)}, False),
+    "rows, 8 warps": ({"rows": True, "num_warps": 8}, False),
 }
 
 

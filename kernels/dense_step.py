@@ -178,6 +178,40 @@ if HAS_TRITON:
         return tl.sum(x0[:, None] * w, axis=0), tl.sum(x1[:, None] * w, axis=0), tl.sum(x2[:, None] * w, axis=0)
 
     @triton.jit
+    def _mvr(x, ptr_t, K: tl.constexpr, N: tl.constexpr, ld_t):
+        """The same ``x [K] @ M [K, N]`` from ``M``'s transpose (row-major ``[N, K]`` at ``ptr_t``, rows ``ld_t``
+        apart): the sum runs along a tile row, within a warp (no shared-memory round trip)."""
+        k = tl.arange(0, K)
+        n = tl.arange(0, N)
+        w = tl.load(ptr_t + n[:, None] * ld_t + k[None, :])
+        return tl.sum(w * x[None, :], axis=1)
+
+    @triton.jit
+    def _mvr3(x0, x1, x2, ptr_t, K: tl.constexpr, N: tl.constexpr, ld_t):
+        k = tl.arange(0, K)
+        n = tl.arange(0, N)
+        w = tl.load(ptr_t + n[:, None] * ld_t + k[None, :])
+        return tl.sum(w * x0[None, :], axis=1), tl.sum(w * x1[None, :], axis=1), tl.sum(w * x2[None, :], axis=1)
+
+    @triton.jit
+    def _mvx(x, ptr, ld, ptr_t, ld_t, K: tl.constexpr, N: tl.constexpr, MV: tl.constexpr):
+        """``x [K] @ M [K, N]``: ``M`` row-major at ``ptr`` and its transpose at ``ptr_t`` (the packed weights hold
+        both); MV 0 sums along the tile's columns (across warps), 1 along its rows (within a warp)."""
+        if MV == 0:
+            out = _mv(x, ptr, K, N, ld)
+        else:
+            out = _mvr(x, ptr_t, K, N, ld_t)
+        return out
+
+    @triton.jit
+    def _mvx3(x0, x1, x2, ptr, ld, ptr_t, ld_t, K: tl.constexpr, N: tl.constexpr, MV: tl.constexpr):
+        if MV == 0:
+            y0, y1, y2 = _mv3(x0, x1, x2, ptr, K, N, ld)
+        else:
+            y0, y1, y2 = _mvr3(x0, x1, x2, ptr_t, K, N, ld_t)
+        return y0, y1, y2
+
+    @triton.jit
     def _vec(ptr, F: tl.constexpr):
         return tl.load(ptr + tl.arange(0, F))
 
@@ -238,7 +272,7 @@ if HAS_TRITON:
         return valid, d, ux, uy, uz, rbf, drbf, tl.where(on, e, 0.0), tl.where(on, de, 0.0), real_i, ix_i, ix
 
     @triton.jit
-    def _update_fwd(s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr):
+    def _update_fwd(s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr, MV: tl.constexpr):
         """One atom's update block."""
         ut = lw + 8 * F * F + 4 * F + 6 * F * RP
         vt = ut + 2 * F * F
@@ -246,27 +280,32 @@ if HAS_TRITON:
         mb1 = m1t + 4 * F * F
         m2t = mb1 + F
         mb2 = m2t + 6 * F * F
-        uv0, uv1, uv2 = _mv3(vm0, vm1, vm2, ut, F, F, F)
-        vv0, vv1, vv2 = _mv3(vm0, vm1, vm2, vt, F, F, F)
+        uv0, uv1, uv2 = _mvx3(vm0, vm1, vm2, ut, F, ut + F * F, F, F, F, MV)
+        vv0, vv1, vv2 = _mvx3(vm0, vm1, vm2, vt, F, vt + F * F, F, F, F, MV)
         vnorm = tl.sqrt(vv0 * vv0 + vv1 * vv1 + vv2 * vv2 + 1e-8)
-        h2 = _mv(s_mid, m1t, F, F, F) + _mv(vnorm, m1t + F * F, F, F, F) + _vec(mb1, F)
+        m1 = m1t + 2 * F * F
+        h2 = _mvx(s_mid, m1t, F, m1, 2 * F, F, F, MV) + _mvx(vnorm, m1t + F * F, F, m1 + F, 2 * F, F, F, MV)
+        h2 += _vec(mb1, F)
         a2 = h2 * _sig(h2)
         dot = uv0 * vv0 + uv1 * vv1 + uv2 * vv2
-        a_sv = _mv(a2, m2t + F, F, F, 3 * F) + _vec(mb2 + F, F)
-        a_ss = _mv(a2, m2t + 2 * F, F, F, 3 * F) + _vec(mb2 + 2 * F, F)
+        m2 = m2t + 3 * F * F
+        a_sv = _mvx(a2, m2t + F, 3 * F, m2 + F * F, F, F, F, MV) + _vec(mb2 + F, F)
+        a_ss = _mvx(a2, m2t + 2 * F, 3 * F, m2 + 2 * F * F, F, F, F, MV) + _vec(mb2 + 2 * F, F)
         s = s_mid + a_ss + a_sv * dot
         if LAST:
             a_vv = a_sv * 0.0
             v0, v1, v2 = vm0, vm1, vm2
         else:
-            a_vv = _mv(a2, m2t, F, F, 3 * F) + _vec(mb2, F)
+            a_vv = _mvx(a2, m2t, 3 * F, m2, F, F, F, MV) + _vec(mb2, F)
             v0 = vm0 + a_vv * uv0
             v1 = vm1 + a_vv * uv1
             v2 = vm2 + a_vv * uv2
         return s, v0, v1, v2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot
 
     @triton.jit
-    def _update_bwd(g_s, gv0, gv1, gv2, row, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr):
+    def _update_bwd(
+        g_s, gv0, gv1, gv2, row, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr, MV: tl.constexpr
+    ):
         """One atom's update block backward from its saved values at ``row`` (the update block's slots): dE/ds_mid and
         dE/dvm."""
         f = tl.arange(0, F)
@@ -291,21 +330,24 @@ if HAS_TRITON:
         g_vv0 = g_dot * uv0
         g_vv1 = g_dot * uv1
         g_vv2 = g_dot * uv2
-        g_mix = _mv(g_s * dot, m2 + F * F, F, F, F) + _mv(g_s, m2 + 2 * F * F, F, F, F)
+        m2t = m2 - 3 * F * F
+        g_mix = _mvx(g_s * dot, m2 + F * F, F, m2t + F, 3 * F, F, F, MV)
+        g_mix += _mvx(g_s, m2 + 2 * F * F, F, m2t + 2 * F, 3 * F, F, F, MV)
         if not LAST:
             a_vv = tl.load(row + 8 * F + f)
             g_uv0 += gv0 * a_vv
             g_uv1 += gv1 * a_vv
             g_uv2 += gv2 * a_vv
-            g_mix += _mv(gv0 * uv0 + gv1 * uv1 + gv2 * uv2, m2, F, F, F)
+            g_mix += _mvx(gv0 * uv0 + gv1 * uv1 + gv2 * uv2, m2, F, m2t, 3 * F, F, F, MV)
         g_h2 = g_mix * _silu_grad(h2)
-        g_smid = g_s + _mv(g_h2, m1, F, F, 2 * F)
-        g_n = _mv(g_h2, m1 + F, F, F, 2 * F) / vnorm
+        m1t = m1 - 2 * F * F
+        g_smid = g_s + _mvx(g_h2, m1, 2 * F, m1t, F, F, F, MV)
+        g_n = _mvx(g_h2, m1 + F, 2 * F, m1t + F * F, F, F, F, MV) / vnorm
         g_vv0 += g_n * vv0
         g_vv1 += g_n * vv1
         g_vv2 += g_n * vv2
-        a0, a1, a2 = _mv3(g_uv0, g_uv1, g_uv2, u, F, F, F)
-        b0, b1, b2 = _mv3(g_vv0, g_vv1, g_vv2, v, F, F, F)
+        a0, a1, a2 = _mvx3(g_uv0, g_uv1, g_uv2, u, F, u - F * F, F, F, F, MV)
+        b0, b1, b2 = _mvx3(g_vv0, g_vv1, g_vv2, v, F, v - F * F, F, F, F, MV)
         g_vm0 = a0 + b0
         g_vm1 = a1 + b1
         g_vm2 = a2 + b2
@@ -327,6 +369,7 @@ if HAS_TRITON:
         pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, atomic_ptr, n_species, n_weights,
         LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, FROM_Z: tl.constexpr,
+        MV: tl.constexpr = 0,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
         the readout, its backward and the last update block's backward (its gradient slots)."""
@@ -383,7 +426,7 @@ if HAS_TRITON:
             )
         LAST: tl.constexpr = LAYER == NL - 1
         s, v0, v1, v2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot = _update_fwd(
-            s_mid, vm0, vm1, vm2, lw, F, RP, LAST
+            s_mid, vm0, vm1, vm2, lw, F, RP, LAST, MV
         )
         upd = own + (8 * (NL - 1) + 11 * LAYER) * F
         _store_rows(upd, F, uv0, uv1, uv2)
@@ -393,13 +436,14 @@ if HAS_TRITON:
         tl.store(upd + 10 * F + f, dot)
         if not LAST:
             nw = w_ptr + (LAYER + 1) * LS
-            h1 = _mv(s, nw, F, F, F) + _vec(nw + 2 * F * F, F)
+            h1 = _mvx(s, nw, F, nw + F * F, F, F, F, MV) + _vec(nw + 2 * F * F, F)
             act = h1 * _sig(h1)
             w2t = nw + 2 * F * F + F
             b2 = w2t + 6 * F * F
-            xa_n = _mv(act, w2t, F, F, 3 * F) + _vec(b2, F)
-            xb_n = _mv(act, w2t + F, F, F, 3 * F) + _vec(b2 + F, F)
-            xc_n = _mv(act, w2t + 2 * F, F, F, 3 * F) + _vec(b2 + 2 * F, F)
+            w2 = w2t + 3 * F * F
+            xa_n = _mvx(act, w2t, 3 * F, w2, F, F, F, MV) + _vec(b2, F)
+            xb_n = _mvx(act, w2t + F, 3 * F, w2 + F * F, F, F, F, MV) + _vec(b2 + F, F)
+            xc_n = _mvx(act, w2t + 2 * F, 3 * F, w2 + 2 * F * F, F, F, F, MV) + _vec(b2 + 2 * F, F)
             _store_rows(own + (3 * (LAYER + 1) - 3) * F, F, xa_n, xb_n, xc_n)
             _store_rows(own + (4 * (NL - 1) + 3 * LAYER) * F, F, v0, v1, v2)
             tl.store(own + (3 * (NL - 1) + LAYER) * F + f, h1)
@@ -413,7 +457,7 @@ if HAS_TRITON:
             r2 = rb1 + H
             rb2 = r2 + H
             scale_p = rb2 + 1
-            h = _mv(s, r1t, F, H, H) + _vec(rb1, H)
+            h = _mvx(s, r1t, H, r1, F, F, H, MV) + _vec(rb1, H)
             w_r2 = _vec(r2, H)
             scale = tl.load(scale_p + ix_i)
             shift = tl.load(scale_p + n_species + ix_i)
@@ -422,9 +466,9 @@ if HAS_TRITON:
             atomic = (out * scale + shift + tl.sum(e_row, axis=0)) * keep
             tl.store(atomic_ptr + b * NP + i, atomic)
             g_h = _silu_grad(h) * w_r2 * (scale * keep)
-            g_s = _mv(g_h, r1, H, F, F)
+            g_s = _mvx(g_h, r1, F, r1t, H, H, F, MV)
             zero = g_s * 0.0
-            g_sm, g0, g1, g2 = _update_bwd(g_s, zero, zero, zero, upd, lw, F, RP, True)
+            g_sm, g0, g1, g2 = _update_bwd(g_s, zero, zero, zero, upd, lw, F, RP, True, MV)
             GL: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (NL - 1)
             tl.store(own + GL * F + f, g_sm)
             _store_rows(own + (GL + 1) * F, F, g0, g1, g2)
@@ -433,6 +477,7 @@ if HAS_TRITON:
     def _bwd_features(
         rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
         LAYER: tl.constexpr, NL: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
+        MV: tl.constexpr,
     ):  # fmt: skip
         """Atom ``j``'s φ and v as a sender (sums over its receivers k), its φ backward, and the previous layer's
         update block backward of atom ``j``, stored in that layer's gradient slots."""
@@ -457,9 +502,11 @@ if HAS_TRITON:
         g_vj2 = gvj2 + tl.sum(bw * gv2, axis=0)
         w1 = lw + F * F
         w2 = w1 + 4 * F * F + F
-        g_act = _mv(g_xa, w2, F, F, F) + _mv(g_xb, w2 + F * F, F, F, F) + _mv(g_xc, w2 + 2 * F * F, F, F, F)
+        w2t = w2 - 3 * F * F
+        g_act = _mvx(g_xa, w2, F, w2t, 3 * F, F, F, MV) + _mvx(g_xb, w2 + F * F, F, w2t + F, 3 * F, F, F, MV)
+        g_act += _mvx(g_xc, w2 + 2 * F * F, F, w2t + 2 * F, 3 * F, F, F, MV)
         h1 = tl.load(own + (3 * (NL - 1) + LAYER - 1) * F + f)
-        g_sj = gsm_j + _mv(g_act * _silu_grad(h1), w1, F, F, F)
+        g_sj = gsm_j + _mvx(g_act * _silu_grad(h1), w1, F, w1 - F * F, F, F, F, MV)
         g_sm, g0, g1, g2 = _update_bwd(
             g_sj,
             g_vj0,
@@ -470,6 +517,7 @@ if HAS_TRITON:
             F,
             RP,
             False,
+            MV,
         )
         GS: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (LAYER - 1)
         tl.store(own + GS * F + f, g_sm)
@@ -550,6 +598,7 @@ if HAS_TRITON:
         forces_ptr, n_species,
         LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr, FROM_Z: tl.constexpr,
+        MV: tl.constexpr = 0,
     ):  # fmt: skip
         """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
         ``k <- j`` (j the sender) and ``j <- k`` (j the receiver). Above the first layer, ``SPLIT`` gives the two
@@ -582,7 +631,7 @@ if HAS_TRITON:
             if tl.program_id(2) == 0:
                 _bwd_features(
                     rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, NL, F, RP, DOT,
+                    LAYER, NL, F, RP, DOT, MV,
                 )  # fmt: skip
             else:
                 _bwd_geometry(
@@ -594,7 +643,7 @@ if HAS_TRITON:
             if LAYER > 0:
                 _bwd_features(
                     rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, NL, F, RP, DOT,
+                    LAYER, NL, F, RP, DOT, MV,
                 )  # fmt: skip
             _bwd_geometry(
                 rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1, gv2,
@@ -615,11 +664,14 @@ class DenseStep:
     - ``split`` (on): each backward's feature and geometry parts in programs of their own (113 → 92 µs);
     - ``pdl`` (off): programmatic dependent launch, which the engine's other kernels take (here 135 → 158 µs);
     - ``num_warps`` (4 up to 64 features, else 8; 8 warps for 64 features: 92 → 115 µs);
-    - ``dot``: the filter products' ``tl.dot`` precision (0 ``ieee``, the default; 1 ``tf32x3``: no faster)."""
+    - ``dot``: the filter products' ``tl.dot`` precision (0 ``ieee``, the default; 1 ``tf32x3``: no faster);
+    - ``rows`` (off; or a pair: forward, backward): the node products read each weight's transpose and sum along
+      a tile row, within a warp, rather than along a column across warps and then convert the result's layout (on
+      sm_90: about half the barriers, 15 % more instructions)."""
 
     def __init__(
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | None = None,
-        prefetch: bool = True, split: bool = True, pdl: bool = False,
+        prefetch: bool = True, split: bool = True, pdl: bool = False, rows: bool | tuple[bool, bool] = False,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -642,6 +694,7 @@ class DenseStep:
         self.dot = dot
         self.prefetch = prefetch and self.device.type == "cuda"  # (PTX: not on the interpreter)
         self.split, self.pdl = split, pdl
+        self.rows = (rows, rows) if isinstance(rows, bool) else tuple(rows)
         z2i = torch.full((max(c.species) + 1,), -1, dtype=torch.int32)
         z2i[torch.as_tensor(c.species)] = torch.arange(len(c.species), dtype=torch.int32)
         self.z2i = z2i.to(self.device)
@@ -706,12 +759,15 @@ class DenseStep:
         pf = _pow2(-(-n_w // (32 * np_)), 1) if self.prefetch else 0
         common = (pos, ix, batch, self.z2i, self.weights, self.table, self.consts, sc)
         for layer in range(nl):
-            _dense_fwd_kernel[grid](*common, atomic, self.n_species, n_w, LAYER=layer, PREFETCH=pf, **meta)
+            _dense_fwd_kernel[grid](
+                *common, atomic, self.n_species, n_w, LAYER=layer, PREFETCH=pf, MV=int(self.rows[0]), **meta
+            )
         for layer in reversed(range(nl)):
             split = self.split and layer > 0
             _dense_bwd_kernel[(np_, b, 2 if split else 1)](
-                *common, gpos, atomic, energy, forces, self.n_species, LAYER=layer, SPLIT=split, **meta
-            )
+                *common, gpos, atomic, energy, forces, self.n_species, LAYER=layer, SPLIT=split,
+                MV=int(self.rows[1]), **meta,
+            )  # fmt: skip
 
 
 def dense_step(model, positions: Tensor, idx: Tensor, **kw) -> tuple[Tensor, Tensor, Tensor]:
