@@ -34,22 +34,31 @@ from probe_kernel_order import replay_kernels
 from mlff_distiller import load_model
 
 G2_SPECIES = (1, 3, 4, 5, 6, 7, 8, 9, 11, 13, 14, 15, 16, 17)
-VARIANTS = {  # name: (DenseStep keywords, PDL on)
+VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults; the stop-69 ones without rows
     "shipped": ({}, False),
-    "default": ({"prefetch": False, "split": False, "pdl": True}, True),
-    "pdl off": ({"prefetch": False, "split": False}, False),
-    "pdl off + L2 prefetch": ({"split": False}, False),
-    "tf32x3 filters": ({"dot": 1, "prefetch": False, "split": False, "pdl": True}, True),
-    "2 warps": ({"num_warps": 2, "prefetch": False, "split": False, "pdl": True}, True),
-    "8 warps": ({"num_warps": 8, "prefetch": False, "split": False, "pdl": True}, True),
-    "prefetch, 8 warps": ({"num_warps": 8, "split": False}, False),
-    "prefetch, split": ({}, False),
-    "prefetch, split, 8 warps": ({"num_warps": 8}, False),
-    "prefetch, split, 16 warps": ({"num_warps": 16}, False),
-    "rows": ({"rows": True}, False),
+    "default": ({"rows": False, "prefetch": False, "split": False, "pdl": True}, True),
+    "pdl off": ({"rows": False, "prefetch": False, "split": False}, False),
+    "pdl off + L2 prefetch": ({"rows": False, "split": False}, False),
+    "tf32x3 filters": ({"rows": False, "dot": 1, "prefetch": False, "split": False, "pdl": True}, True),
+    "2 warps": ({"rows": False, "num_warps": 2, "prefetch": False, "split": False, "pdl": True}, True),
+    "8 warps": ({"rows": False, "num_warps": 8, "prefetch": False, "split": False, "pdl": True}, True),
+    "prefetch, 8 warps": ({"rows": False, "num_warps": 8, "split": False}, False),
+    "prefetch, split": (
+        {
+            "rows": False,
+        },
+        False,
+    ),
+    "prefetch, split, 8 warps": ({"rows": False, "num_warps": 8}, False),
+    "prefetch, split, 16 warps": ({"rows": False, "num_warps": 16}, False),
+    "stop 69": ({"rows": False}, False),
+    "rows, 4 warps": ({"num_warps": 4}, False),
     "rows, forward": ({"rows": (True, False)}, False),
     "rows, backward": ({"rows": (False, True)}, False),
-    "rows, 8 warps": ({"rows": True, "num_warps": 8}, False),
+    "rows, 8 warps": ({"num_warps": 8}, False),
+    "rows, 16 warps": ({"num_warps": 16}, False),
+    "rows, 16 / 8 warps": ({"num_warps": (16, 8)}, False),
+    "rows, 8 / 16 warps": ({"num_warps": (8, 16)}, False),
 }
 
 
@@ -117,7 +126,17 @@ def main() -> None:
         help="only call the first student's step on benzene this often "
         "(prefetch on, PDL off: a target for Nsight Compute)",
     )
+    ap.add_argument(
+        "--dense-max-hidden",
+        type=int,
+        default=0,
+        help="set the engine's DENSE_MAX_HIDDEN (the widest student its dense step takes by default) for this run",
+    )
     args = ap.parse_args()
+    if args.dense_max_hidden:
+        from mlff_distiller import engine_padded
+
+        engine_padded.DENSE_MAX_HIDDEN = args.dense_max_hidden
     if args.loop:
         from ase.build import molecule
 

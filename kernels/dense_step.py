@@ -663,15 +663,16 @@ class DenseStep:
       each step as the benchmarks do);
     - ``split`` (on): each backward's feature and geometry parts in programs of their own (113 → 92 µs);
     - ``pdl`` (off): programmatic dependent launch, which the engine's other kernels take (here 135 → 158 µs);
-    - ``num_warps`` (4 up to 64 features, else 8; 8 warps for 64 features: 92 → 115 µs);
+    - ``num_warps`` (an int, or a pair: forward, backward; by default 8 up to 64 features, else 16, with ``rows``;
+      4 and 8 without);
     - ``dot``: the filter products' ``tl.dot`` precision (0 ``ieee``, the default; 1 ``tf32x3``: no faster);
     - ``rows`` (off; or a pair: forward, backward): the node products read each weight's transpose and sum along
       a tile row, within a warp, rather than along a column across warps and then convert the result's layout (on
       sm_90: about half the barriers, 15 % more instructions)."""
 
     def __init__(
-        self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | None = None,
-        prefetch: bool = True, split: bool = True, pdl: bool = False, rows: bool | tuple[bool, bool] = False,
+        self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | tuple[int, int] | None = None,
+        prefetch: bool = True, split: bool = True, pdl: bool = False, rows: bool | tuple[bool, bool] = True,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -698,7 +699,9 @@ class DenseStep:
         z2i = torch.full((max(c.species) + 1,), -1, dtype=torch.int32)
         z2i[torch.as_tensor(c.species)] = torch.arange(len(c.species), dtype=torch.int32)
         self.z2i = z2i.to(self.device)
-        self.num_warps = num_warps or (4 if self.hidden <= 64 else 8)
+        if num_warps is None:
+            num_warps = (8 if self.hidden <= 64 else 16) if all(self.rows) else (4 if self.hidden <= 64 else 8)
+        self.num_warps = (num_warps, num_warps) if isinstance(num_warps, int) else tuple(num_warps)
         assert self.weights.numel() >= self.layers * layer_size(self.hidden, _pow2(self.n_rbf))
         self._scratch: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
 
@@ -753,20 +756,21 @@ class DenseStep:
         nl = self.layers
         meta = dict(NL=nl, NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=slots(nl), DOT=self.dot)
         meta["FROM_Z"] = from_z
-        meta |= (pdl_args(pos) if self.pdl else {"PDL": False}) | {"num_warps": self.num_warps}
+        meta |= pdl_args(pos) if self.pdl else {"PDL": False}
         grid = (np_, b)
         n_w = self.weights.numel()
         pf = _pow2(-(-n_w // (32 * np_)), 1) if self.prefetch else 0
         common = (pos, ix, batch, self.z2i, self.weights, self.table, self.consts, sc)
         for layer in range(nl):
             _dense_fwd_kernel[grid](
-                *common, atomic, self.n_species, n_w, LAYER=layer, PREFETCH=pf, MV=int(self.rows[0]), **meta
-            )
+                *common, atomic, self.n_species, n_w, LAYER=layer, PREFETCH=pf, MV=int(self.rows[0]),
+                num_warps=self.num_warps[0], **meta,
+            )  # fmt: skip
         for layer in reversed(range(nl)):
             split = self.split and layer > 0
             _dense_bwd_kernel[(np_, b, 2 if split else 1)](
                 *common, gpos, atomic, energy, forces, self.n_species, LAYER=layer, SPLIT=split,
-                MV=int(self.rows[1]), **meta,
+                MV=int(self.rows[1]), num_warps=self.num_warps[1], **meta,
             )  # fmt: skip
 
 
