@@ -191,7 +191,7 @@ def main() -> None:
             t_auto = time_fn(run_d, dev, rep_ms=300).median_us
             eng = impl_d.engine
             auto_rows.append(
-                f"| {name} | {mol} | {'dense' if eng._dense_runners else 'graph'} | {t_auto:.1f} | "
+                f"| {name} | {mol} | {'dense' if any(eng._dense_runners.values()) else 'graph'} | {t_auto:.1f} | "
                 f"{warm_us(run_d):.1f} | {t_engine:.1f} | {t_engine / t_auto:.2f} |"
             )
             print(auto_rows[-1], flush=True)

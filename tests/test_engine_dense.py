@@ -42,7 +42,7 @@ def _counting(engine):
     inner = engine._dense.from_numbers
 
     def counted(*args, **kw):
-        calls.append(1)
+        calls.append(args)
         return inner(*args, **kw)
 
     engine._dense.from_numbers = counted
@@ -59,8 +59,9 @@ def _batch(mols):
 
 
 def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3, cpu_triton):
-    """Benzene, water and a 16-atom cluster (one at a time) take the dense step, equal to the model's autograd; two
-    molecules in one batch, a periodic cell and a 17-atom molecule take the model's step."""
+    """Benzene, water, a 16-atom cluster (16 slots) and a 17-atom one (32 slots), one at a time, take the dense
+    step, equal to the model's autograd; two molecules in one batch, a periodic cell and a 33-atom molecule take the
+    model's step."""
     ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
     engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
     calls = _counting(engine)
@@ -70,15 +71,18 @@ def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3, c
     cluster.set_positions(rng.normal(size=(len(cluster), 3)) * 1.6)
     cluster16 = cluster + molecule("CH3")[:3]
     cluster16.set_positions(rng.normal(size=(16, 3)) * 1.7)
-    for k, mol in enumerate([molecule("C6H6"), molecule("H2O"), cluster16]):
+    cluster17 = cluster16 + molecule("H2O")[:1]
+    cluster17.positions[-1] = [3.0, 0.0, 0.0]
+    for k, mol in enumerate([molecule("C6H6"), molecule("H2O"), cluster16, cluster17]):
         _close(engine.compute(_batch([mol]), to_host=True), ref.compute(_batch([mol]), to_host=True))
         assert len(calls) == k + 1, mol
-    big = cluster16 + molecule("H2O")[:1]
-    big.positions[-1] = [3.0, 0.0, 0.0]
+    assert [c[3] for c in calls] == [16, 16, 16, 32]  # the slots each took
+    big = cluster16 + cluster17
+    big.set_positions(rng.normal(size=(33, 3)) * 2.2)
     cell = bulk("Si", "diamond", a=5.43, cubic=True)
     for batch in ([molecule("C6H6"), molecule("H2O")], [cell], [big]):
         _close(engine.compute(_batch(batch), to_host=True), ref.compute(_batch(batch), to_host=True))
-    assert len(calls) == 3
+    assert len(calls) == 4
 
 
 def test_a_float32_engine_takes_it_within_float32s_tolerance(model3, cpu_triton):
@@ -106,9 +110,13 @@ def test_a_captured_dense_step_has_its_own_runner(model3, cpu_triton, fake_graph
     for name, mols in (("one", one), ("two", two), ("one", one)):
         _close(engine.compute(_batch(mols), to_host=True), ref.compute(_batch(mols), to_host=True))
         buckets[name] = engine.last_bucket
-    assert list(engine._dense_runners) == [buckets["one"]] and list(engine._runners) == [buckets["two"]]
+    assert list(engine._dense_runners[16]) == [buckets["one"]] and list(engine._runners) == [buckets["two"]]
     assert len(fake_graphs) == 2 and engine.captured_buckets == sorted(buckets.values())
-    assert engine.release_captures() == 2 and not engine._dense_runners and not engine._runners
+    biphenyl = [molecule("biphenyl")]  # 22 atoms: the step of 32 slots, its own runners
+    for _ in range(2):
+        _close(engine.compute(_batch(biphenyl), to_host=True), ref.compute(_batch(biphenyl), to_host=True))
+    assert list(engine._dense_runners[32]) == [engine.last_bucket] and len(fake_graphs) == 3
+    assert engine.release_captures() == 3 and not any(engine._dense_runners.values()) and not engine._runners
 
 
 def test_warmup_captures_the_dense_step_of_its_buckets(model3, cpu_triton, fake_graphs):
@@ -121,7 +129,7 @@ def test_warmup_captures_the_dense_step_of_its_buckets(model3, cpu_triton, fake_
     probe = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=False)
     probe.compute(_batch(mol))  # the bucket a benzene lands in
     engine.warmup(buckets=[probe.last_bucket])
-    (bucket,) = engine._dense_runners
+    (bucket,) = engine._dense_runners[16]
     assert bucket == probe.last_bucket and list(engine._runners) == [bucket]
     made = len(fake_graphs)
     _close(engine.compute(_batch(mol), to_host=True), ref.compute(_batch(mol), to_host=True))
@@ -129,7 +137,7 @@ def test_warmup_captures_the_dense_step_of_its_buckets(model3, cpu_triton, fake_
     small = engine.buckets.select(2, 2)
     if small.atoms < 16:
         engine.warmup(buckets=[small])
-        assert small not in engine._dense_runners
+        assert small not in engine._dense_runners[16]
 
 
 def test_md_through_the_zero_copy_dense_step(model3, cpu_triton, fake_graphs):
@@ -248,8 +256,8 @@ def test_an_out_of_memory_dense_step_is_raised_as_it_is(model3, cpu_triton):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("precision", ["fp32", "fp64"])
 def test_the_shipped_small_student_takes_it_on_cuda(precision):
-    """The shipped 64 x 3 student on CUDA, mode auto: benzene's step is the captured dense step, within fp32's
-    tolerance of the float64 eager engine; MD through the calculator takes it too."""
+    """The shipped 64 x 3 student on CUDA, mode auto: benzene's step (16 slots) and biphenyl's (32) are the captured
+    dense step, within fp32's tolerance of the float64 eager engine; MD through the calculator takes it too."""
     from ase import units
     from ase.md.verlet import VelocityVerlet
 
@@ -262,9 +270,16 @@ def test_the_shipped_small_student_takes_it_on_cuda(precision):
     for _ in range(2):
         got = engine.compute(AtomsBatch.from_atoms([mol]), to_host=True)
     want = ref.compute(_batch([mol]), to_host=True)
-    assert engine._dense is not None and engine.last_bucket in engine._dense_runners and not engine._runners
+    assert engine._dense is not None and engine.last_bucket in engine._dense_runners[16] and not engine._runners
     np.testing.assert_allclose(got["forces"].double().numpy(), want["forces"].numpy(), atol=1e-4)
     assert abs(float(got["energy"][0]) - float(want["energy"][0])) < 1e-4
+    biphenyl = molecule("biphenyl")  # 22 atoms: 32 slots
+    for _ in range(2):
+        got = engine.compute(AtomsBatch.from_atoms([biphenyl]), to_host=True)
+    want = ref.compute(_batch([biphenyl]), to_host=True)
+    assert engine.last_bucket in engine._dense_runners[32]
+    np.testing.assert_allclose(got["forces"].double().numpy(), want["forces"].numpy(), atol=1e-4)
+    assert abs(float(got["energy"][0]) - float(want["energy"][0])) < 2e-4
     atoms = molecule("CH3CH2OH")
     atoms.calc = StudentCalculator(model, device="cuda", precision=precision)
     maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(0))

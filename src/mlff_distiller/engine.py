@@ -71,7 +71,7 @@ from mlff_distiller.engine_budget import (  # noqa: F401 - the budget constants 
     BudgetMixin,
 )
 from mlff_distiller.engine_eager import EagerPaths
-from mlff_distiller.engine_padded import DENSE_MAX_ATOMS, PaddedPaths
+from mlff_distiller.engine_padded import DENSE_SLOTS, PaddedPaths
 from mlff_distiller.engine_verlet import VerletPaths
 from mlff_distiller.model import StudentModel
 from mlff_distiller.model import analytic as analytic_path
@@ -201,13 +201,13 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
             ``predict_file`` use 1, because a stream of varied batches meets most large buckets once and a capture
             costs ~25 of their steps (100,000 g2 molecules: 20 buckets, 2.9 s of captures). ``warmup`` always
             captures.
-        dense_small: padded steps of one non-periodic molecule of at most ``DENSE_MAX_ATOMS`` (16) atoms take the
+        dense_small: padded steps of one non-periodic molecule of at most ``DENSE_MAX_ATOMS`` (32) atoms take the
             dense step (:mod:`mlff_distiller.kernels.dense_step`: two launches a layer, one program per atom, all pairs
             within the cutoff, no neighbour list) instead of the model's forward and ``autograd.grad``; the same
             energies and forces to float32 rounding. Default (None): on CUDA for a student of the shipped
-            architecture up to ``DENSE_MAX_HIDDEN`` (64) features in fp32 or fp64, where it measured faster
-            (benzene, 64 x 3: 92 against 130 µs on an H200; 128 x 3: 206 against 159, so not there); True: also
-            wider students; False: never.
+            architecture up to ``DENSE_MAX_HIDDEN`` (64) features in fp32 or fp64, where it measured faster (64 x 3
+            on an H200: benzene 70 against 131 µs, biphenyl 91 against 136; 128 x 3: benzene 194 against 159, so
+            not there); True: also wider students; False: never.
     """
 
     def __init__(
@@ -320,7 +320,9 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
         self._bytes_scale = 1.0  # measured / analytic memory, from probe_memory()
         self._graphs: dict[Bucket, PaddedGraph] = {}
         self._runners: dict[Bucket, GraphRunner] = {}
-        self._dense_runners: dict[Bucket, GraphRunner] = {}  # the dense step's (PaddedPaths._dense_of)
+        # the dense step's, per slot count (PaddedPaths._dense_of)
+        self._dense_runners: dict[int, dict[Bucket, GraphRunner]] = {np_: {} for np_ in DENSE_SLOTS}
+        self._dense_calls: dict = {}
         # eager step kinds and size classes whose dry run has run (_eager_dry_run_due)
         self._eager_compiled_ahead: set[tuple[bool, bool, int, int]] = set()
         self._stress_runners: dict[Bucket, GraphRunner] = {}  # the steps with the strain derivative
@@ -627,23 +629,24 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
             t0 = time.perf_counter()
             self._run(bucket, self._graph(bucket), stress, capture=True)
             if self._warms_dense(bucket, stress):  # one molecule in this bucket takes the dense step: capture it too
-                self._dense_runners[bucket] = self._capture(
-                    self._dense_step, self._graph(bucket), bucket, self._dense_runners
-                )
+                runners = self._dense_runners[DENSE_SLOTS[0]]
+                runners[bucket] = self._capture(self._dense_step, self._graph(bucket), bucket, runners)
             self._sync()
             times[bucket] = time.perf_counter() - t0 + shared
         return times
 
     def _warms_dense(self, bucket: Bucket, stress: bool) -> bool:
         """Whether ``warmup`` captures the dense step of ``bucket`` beside its step (on the bucket's current
-        content, whatever it is: the capture records launches, and a molecule's call replays them on its own)."""
+        content, whatever it is: the capture records launches, and a molecule's call replays them on its own): the
+        step of 16 slots only (molecules of up to 16 atoms); a molecule of 17-32 atoms captures its own at its
+        first call, as its kernels (compiled per slot count) are not compiled before one comes."""
         return (
             self._dense is not None
             and self.dense_small is not False
             and not stress
             and self.mode == "cudagraph"
-            and bucket.atoms >= DENSE_MAX_ATOMS
-            and bucket not in self._dense_runners
+            and bucket.atoms >= DENSE_SLOTS[0]
+            and bucket not in self._dense_runners[DENSE_SLOTS[0]]
         )
 
     def _sync(self) -> None:
@@ -653,4 +656,5 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
     @property
     def captured_buckets(self) -> list[Bucket]:
         """Buckets with a captured CUDA graph (the MD path's zero-copy step included)."""
-        return sorted(set(self._runners).union(self._dense_runners, (key[0] for key in self._md_runners)))
+        dense = (b for runners in self._dense_runners.values() for b in runners)
+        return sorted(set(self._runners).union(dense, (key[0] for key in self._md_runners)))

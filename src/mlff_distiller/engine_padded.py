@@ -12,6 +12,7 @@ output buffers, the Verlet fill) and the engine's list and topology helpers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import warnings
 
@@ -33,10 +34,12 @@ __all__ = ["COMPACT_MIN_EDGES", "PaddedPaths"]
 COMPACT_MIN_EDGES = 1024
 
 
-# The dense step (kernels/dense_step.py) for one small molecule: its atoms (one program each, NP = 16 slots) and the
-# students it measured faster for (benchmarks/results/stop69_gpu/e/, H200, benzene: 64 x 3 at 91.8 µs against the
-# captured step's 130.3; 128 x 3 at 206.5 against 159.3).
-DENSE_MAX_ATOMS = 16
+# The dense step (kernels/dense_step.py) for one small molecule: its atoms (one program each, in NP = 16 or 32
+# slots, DENSE_SLOTS) and the students it measured faster for (benchmarks/results/stop70_gpu/, H200, 64 x 3:
+# benzene 69.5 µs and biphenyl, 22 atoms in 32 slots, 91.4 against the captured step's 130.8 and 136.1; 128 x 3:
+# benzene 194 against 159).
+DENSE_SLOTS = (16, 32)
+DENSE_MAX_ATOMS = DENSE_SLOTS[-1]
 DENSE_MAX_HIDDEN = 64
 
 
@@ -70,26 +73,40 @@ class PaddedPaths:
             )
             return None
 
-    def _dense_of(self, graph: PaddedGraph):
-        """The dense step for the current content of ``graph`` (a callable with :meth:`_step`'s signature and
-        packed output), or None: it applies to one structure without periodic images (``graph.molecule``) of at
-        most ``DENSE_MAX_ATOMS`` atoms, with the Triton kernels selected."""
+    def _dense_slots(self, graph: PaddedGraph) -> int | None:
+        """The dense step's slots (NP, one of ``DENSE_SLOTS``) for the current content of ``graph``, or None where
+        it does not apply: one structure without periodic images (``graph.molecule``) of at most
+        ``DENSE_MAX_ATOMS`` atoms in a bucket of at least NP atom slots, with the Triton kernels selected."""
         if self._dense is None or self.dense_small is False or not graph.molecule or graph.n_structures != 1:
             return None
-        if graph.n_atoms > DENSE_MAX_ATOMS or graph.bucket.atoms < DENSE_MAX_ATOMS:
+        np_ = next((s for s in DENSE_SLOTS if graph.n_atoms <= s), None)
+        if np_ is None or graph.bucket.atoms < np_:
             return None
         if kernels.resolve_backend(self.device) != "triton":
             return None
-        return self._dense_step
+        return np_
 
-    def _dense_step(self, numbers, positions, edge_index, shift_vectors, batch, seed, *csr) -> torch.Tensor:
+    def _dense_of(self, graph: PaddedGraph):
+        """The dense step for the current content of ``graph`` (a callable with :meth:`_step`'s signature and
+        packed output, one per slot count: ``functools.partial(self._dense_step, np_=...)``, made once), or None
+        (:meth:`_dense_slots`)."""
+        np_ = self._dense_slots(graph)
+        if np_ is None:
+            return None
+        call = self._dense_calls.get(np_)
+        if call is None:
+            call = self._dense_calls[np_] = functools.partial(self._dense_step, np_=np_)
+        return call
+
+    def _dense_step(
+        self, numbers, positions, edge_index, shift_vectors, batch, seed, *csr, np_: int = DENSE_SLOTS[0]
+    ) -> torch.Tensor:
         """:meth:`_step` by the dense step: the same packed output ``[W + A + 3A]`` of structure 0 (its atoms the
-        first slots whose ``batch`` is 0; the edges, the seed and the CSR are not read: the step takes every pair
-        within the cutoff). One zero fill and two launches a layer."""
+        first of ``np_`` slots whose ``batch`` is 0; the edges, the seed and the CSR are not read: the step takes
+        every pair within the cutoff). One zero fill and two launches a layer."""
         a, dtype = numbers.shape[0], self.dtype
         w = a * 8 // dtype.itemsize
         out = torch.zeros(w + 4 * a, dtype=dtype, device=positions.device)
-        np_ = DENSE_MAX_ATOMS
         views = (
             out[:w].view(torch.float64)[:1],
             out[w : w + a][:np_].view(1, np_),
@@ -233,7 +250,10 @@ class PaddedPaths:
         dense = None if stress else self._dense_of(graph)
         step = self._step_stress if stress else (dense or self._step)
         if self.mode == "cudagraph":
-            runners = self._stress_runners if stress else (self._dense_runners if dense else self._runners)
+            if stress:
+                runners = self._stress_runners
+            else:
+                runners = self._dense_runners[dense.keywords["np_"]] if dense else self._runners
             runner = runners.get(bucket)
             if runner is None:
                 uses = self._eager_uses.get((bucket, stress), 0)
@@ -332,7 +352,7 @@ class PaddedPaths:
         energy + forces and stress steps alike."""
         captured = [
             (runners, b)
-            for runners in (self._runners, self._stress_runners, self._dense_runners)
+            for runners in (self._runners, self._stress_runners, *self._dense_runners.values())
             for b, r in runners.items()
             if b != keep and not isinstance(r, _EagerRunner)
         ]
