@@ -358,31 +358,6 @@ if HAS_TRITON:
         return g_smid, g_vm0, g_vm1, g_vm2
 
     @triton.jit
-    def _store2(row, F: tl.constexpr, x0, x1):
-        """Two consecutive rows of F from one ``[F, 2]`` tile: one layout conversion (a shared-memory round trip
-        and its barrier) for both, where separate stores of a row sum's output pay one each."""
-        f = tl.arange(0, F)
-        k = tl.arange(0, 2)
-        tl.store(row + f[:, None] + F * k[None, :], tl.join(x0, x1))
-
-    @triton.jit
-    def _store4(row, F: tl.constexpr, x0, x1, x2, x3):
-        """Four consecutive rows of F from one ``[F, 2, 2]`` tile (one layout conversion)."""
-        f = tl.arange(0, F)
-        k = tl.arange(0, 2)
-        offs = f[:, None, None] + F * (k[None, :, None] + 2 * k[None, None, :])  # [f, i, j]: row i + 2 j
-        tl.store(row + offs, tl.join(tl.join(x0, x1), tl.join(x2, x3)))
-
-    @triton.jit
-    def _store3(row, F: tl.constexpr, x0, x1, x2):
-        """Three consecutive rows of F from one ``[F, 2, 2]`` tile, its fourth row masked (one layout conversion)."""
-        f = tl.arange(0, F)
-        k = tl.arange(0, 2)
-        r = k[None, :, None] + 2 * k[None, None, :]
-        offs = f[:, None, None] + F * r
-        tl.store(row + offs, tl.join(tl.join(x0, x1), tl.join(x2, x2)), mask=(r < 3) & (f[:, None, None] >= 0))
-
-    @triton.jit
     def _store_rows(row, F: tl.constexpr, x0, x1, x2):
         f = tl.arange(0, F)
         tl.store(row + f, x0)
@@ -394,7 +369,7 @@ if HAS_TRITON:
         pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, atomic_ptr, n_species, n_weights,
         LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, FROM_Z: tl.constexpr,
-        MV: tl.constexpr = 0, JOIN: tl.constexpr = False,
+        MV: tl.constexpr = 0,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
         the readout, its backward and the last update block's backward (its gradient slots)."""
@@ -454,16 +429,11 @@ if HAS_TRITON:
             s_mid, vm0, vm1, vm2, lw, F, RP, LAST, MV
         )
         upd = own + (8 * (NL - 1) + 11 * LAYER) * F
-        if JOIN:
-            _store4(upd, F, uv0, uv1, uv2, vv0)
-            _store4(upd + 4 * F, F, vv1, vv2, vnorm, h2)
-            _store3(upd + 8 * F, F, a_vv, a_sv, dot)
-        else:
-            _store_rows(upd, F, uv0, uv1, uv2)
-            _store_rows(upd + 3 * F, F, vv0, vv1, vv2)
-            _store_rows(upd + 6 * F, F, vnorm, h2, a_vv)
-            tl.store(upd + 9 * F + f, a_sv)
-            tl.store(upd + 10 * F + f, dot)
+        _store_rows(upd, F, uv0, uv1, uv2)
+        _store_rows(upd + 3 * F, F, vv0, vv1, vv2)
+        _store_rows(upd + 6 * F, F, vnorm, h2, a_vv)
+        tl.store(upd + 9 * F + f, a_sv)
+        tl.store(upd + 10 * F + f, dot)
         if not LAST:
             nw = w_ptr + (LAYER + 1) * LS
             h1 = _mvx(s, nw, F, nw + F * F, F, F, F, MV) + _vec(nw + 2 * F * F, F)
@@ -474,12 +444,8 @@ if HAS_TRITON:
             xa_n = _mvx(act, w2t, 3 * F, w2, F, F, F, MV) + _vec(b2, F)
             xb_n = _mvx(act, w2t + F, 3 * F, w2 + F * F, F, F, F, MV) + _vec(b2 + F, F)
             xc_n = _mvx(act, w2t + 2 * F, 3 * F, w2 + 2 * F * F, F, F, F, MV) + _vec(b2 + 2 * F, F)
-            if JOIN:
-                _store3(own + (3 * (LAYER + 1) - 3) * F, F, xa_n, xb_n, xc_n)
-                _store3(own + (4 * (NL - 1) + 3 * LAYER) * F, F, v0, v1, v2)
-            else:
-                _store_rows(own + (3 * (LAYER + 1) - 3) * F, F, xa_n, xb_n, xc_n)
-                _store_rows(own + (4 * (NL - 1) + 3 * LAYER) * F, F, v0, v1, v2)
+            _store_rows(own + (3 * (LAYER + 1) - 3) * F, F, xa_n, xb_n, xc_n)
+            _store_rows(own + (4 * (NL - 1) + 3 * LAYER) * F, F, v0, v1, v2)
             tl.store(own + (3 * (NL - 1) + LAYER) * F + f, h1)
             tl.store(own + (7 * (NL - 1) + LAYER) * F + f, s)
         else:
@@ -504,17 +470,14 @@ if HAS_TRITON:
             zero = g_s * 0.0
             g_sm, g0, g1, g2 = _update_bwd(g_s, zero, zero, zero, upd, lw, F, RP, True, MV)
             GL: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (NL - 1)
-            if JOIN:
-                _store4(own + GL * F, F, g_sm, g0, g1, g2)
-            else:
-                tl.store(own + GL * F + f, g_sm)
-                _store_rows(own + (GL + 1) * F, F, g0, g1, g2)
+            tl.store(own + GL * F + f, g_sm)
+            _store_rows(own + (GL + 1) * F, F, g0, g1, g2)
 
     @triton.jit
     def _bwd_features(
         rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
         LAYER: tl.constexpr, NL: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
-        MV: tl.constexpr, JOIN: tl.constexpr,
+        MV: tl.constexpr,
     ):  # fmt: skip
         """Atom ``j``'s φ and v as a sender (sums over its receivers k), its φ backward, and the previous layer's
         update block backward of atom ``j``, stored in that layer's gradient slots."""
@@ -557,11 +520,8 @@ if HAS_TRITON:
             MV,
         )
         GS: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (LAYER - 1)
-        if JOIN:
-            _store4(own + GS * F, F, g_sm, g0, g1, g2)
-        else:
-            tl.store(own + GS * F + f, g_sm)
-            _store_rows(own + (GS + 1) * F, F, g0, g1, g2)
+        tl.store(own + GS * F + f, g_sm)
+        _store_rows(own + (GS + 1) * F, F, g0, g1, g2)
 
     @triton.jit
     def _bwd_geometry(
@@ -638,7 +598,7 @@ if HAS_TRITON:
         forces_ptr, n_species,
         LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr, FROM_Z: tl.constexpr,
-        MV: tl.constexpr = 0, JOIN: tl.constexpr = False,
+        MV: tl.constexpr = 0,
     ):  # fmt: skip
         """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
         ``k <- j`` (j the sender) and ``j <- k`` (j the receiver). Above the first layer, ``SPLIT`` gives the two
@@ -671,7 +631,7 @@ if HAS_TRITON:
             if tl.program_id(2) == 0:
                 _bwd_features(
                     rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, NL, F, RP, DOT, MV, JOIN,
+                    LAYER, NL, F, RP, DOT, MV,
                 )  # fmt: skip
             else:
                 _bwd_geometry(
@@ -683,7 +643,7 @@ if HAS_TRITON:
             if LAYER > 0:
                 _bwd_features(
                     rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, NL, F, RP, DOT, MV, JOIN,
+                    LAYER, NL, F, RP, DOT, MV,
                 )  # fmt: skip
             _bwd_geometry(
                 rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1, gv2,
@@ -708,15 +668,11 @@ class DenseStep:
     - ``dot``: the filter products' ``tl.dot`` precision (0 ``ieee``, the default; 1 ``tf32x3``: no faster);
     - ``rows`` (off; or a pair: forward, backward): the node products read each weight's transpose and sum along
       a tile row, within a warp, rather than along a column across warps and then convert the result's layout (on
-      sm_90: about half the barriers, 15 % more instructions);
-    - ``join`` (on): the scratch rows a program writes together go out as one ``[F, 2, 2]`` tile, one layout
-      conversion (a shared-memory round trip and two barriers) for up to four rows (the forward's barriers on sm_90:
-      87 → 63 for layer 1 of the 64 x 3 student)."""
+      sm_90: about half the barriers, 15 % more instructions)."""
 
     def __init__(
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | tuple[int, int] | None = None,
         prefetch: bool = True, split: bool = True, pdl: bool = False, rows: bool | tuple[bool, bool] = True,
-        join: bool = True,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -740,7 +696,6 @@ class DenseStep:
         self.prefetch = prefetch and self.device.type == "cuda"  # (PTX: not on the interpreter)
         self.split, self.pdl = split, pdl
         self.rows = (rows, rows) if isinstance(rows, bool) else tuple(rows)
-        self.join = join
         z2i = torch.full((max(c.species) + 1,), -1, dtype=torch.int32)
         z2i[torch.as_tensor(c.species)] = torch.arange(len(c.species), dtype=torch.int32)
         self.z2i = z2i.to(self.device)
@@ -800,7 +755,7 @@ class DenseStep:
         sc, gpos = self.scratch(b, np_)
         nl = self.layers
         meta = dict(NL=nl, NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=slots(nl), DOT=self.dot)
-        meta["FROM_Z"], meta["JOIN"] = from_z, self.join
+        meta["FROM_Z"] = from_z
         meta |= pdl_args(pos) if self.pdl else {"PDL": False}
         grid = (np_, b)
         n_w = self.weights.numel()

@@ -41,21 +41,14 @@ def _close(got, want, rtol, atol=0.0):
 
 
 @pytest.mark.parametrize(
-    ("wall", "split", "rows", "join"),
-    [
-        (WALL, False, True, True),
-        (None, False, True, True),
-        (WALL, True, True, True),
-        (WALL, True, False, False),
-        (WALL, True, (False, True), True),
-    ],
+    ("wall", "split", "rows"),
+    [(WALL, False, True), (None, False, True), (WALL, True, True), (WALL, True, False), (WALL, True, (False, True))],
 )
-def test_float64_equals_the_models_autograd(triton_device, wall, split, rows, join):
+def test_float64_equals_the_models_autograd(triton_device, wall, split, rows):
     """Molecules of 16, 12, 7, 2 and 1 atoms (padding programs, a lone atom) with a pair inside the ZBL wall and
     pairs beyond the cutoff: energies, atomic energies and forces to float64 rounding. Without a wall the step takes
     a table of radius 0; ``split`` gives each backward's two parts their own programs; ``rows`` (forward, backward)
-    sums the node products along the rows of the weights' transposes (the default) or along the columns; ``join``
-    writes the scratch rows in tiles of up to four (the default) or one by one."""
+    sums the node products along the rows of the weights' transposes (the default) or along the columns."""
     model = _model(repulsion=wall)
     pos, idx = _molecules([16, 12, 7, 2, 1], spread=2.2)
     pos[1, 1] = pos[1, 0] + torch.tensor([0.85, 0.1, 0.0], dtype=torch.float64)  # inside a wall
@@ -63,7 +56,7 @@ def test_float64_equals_the_models_autograd(triton_device, wall, split, rows, jo
     d = torch.cdist(pos[0, :16], pos[0, :16])
     assert (d > model.cutoff).any(), "the test wants pairs beyond the cutoff"
     er, ar, fr = ds.dense_step_reference(model, pos, idx)
-    step = ds.DenseStep(model, torch.float64, triton_device, split=split, rows=rows, join=join)
+    step = ds.DenseStep(model, torch.float64, triton_device, split=split, rows=rows)
     e, a, f = step(pos.to(triton_device), idx.to(triton_device))
     _close(e, er, rtol=1e-12)
     _close(a, ar, rtol=1e-12, atol=1e-12)
@@ -191,7 +184,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mlff_distiller.kernels import dense_step as ds
 
-consts = dict(NL=3, NP=16, F=32, R=20, RP=32, SL=ds.slots(3), DOT=0, PDL=False, FROM_Z=True, MV=1, JOIN=True)
+consts = dict(NL=3, NP=16, F=32, R=20, RP=32, SL=ds.slots(3), DOT=0, PDL=False, FROM_Z=True, MV=1)
 cases = ((ds._dense_fwd_kernel, dict(LAYER=0, PREFETCH=4)), (ds._dense_bwd_kernel, dict(LAYER=1, SPLIT=True)))
 for dtype in ("fp64", "fp32"):
     for kernel, extra in cases:
