@@ -221,11 +221,11 @@ if HAS_TRITON:
         return sg * (1.0 + h * (1.0 - sg))
 
     @triton.jit
-    def _geometry(pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, i, NP: tl.constexpr,
-                  R: tl.constexpr, RP: tl.constexpr, FROM_Z: tl.constexpr):  # fmt: skip
-        """Atom ``i``'s row of pairs ``i <- j`` over the molecule's ``NP`` slots: ``r_ij = pos_j - pos_i``.
-        ``FROM_Z``: ``idx_ptr`` holds atomic numbers and ``batch_ptr`` each slot's structure (the engine's padded
-        buffers), the species index is ``z2i[Z]`` where the slot belongs to structure ``b``, else -1 (padding)."""
+    def _indices(idx_ptr, batch_ptr, z2i_ptr, b, i, NP: tl.constexpr, FROM_Z: tl.constexpr):
+        """The species indices of the molecule's ``NP`` slots and of atom ``i``: ``(real [NP], real_row [NP] (atom i
+        is an atom, on every lane), real_i, ix_i, ix [NP])``, -1 → 0 in ``ix`` and ``ix_i``. ``FROM_Z``: ``idx_ptr``
+        holds atomic numbers and ``batch_ptr`` each slot's structure (the engine's padded buffers), the species index
+        is ``z2i[Z]`` where the slot belongs to structure ``b``, else -1 (padding)."""
         a = tl.arange(0, NP)
         idx = tl.load(idx_ptr + b * NP + a)
         idx_i = tl.load(idx_ptr + b * NP + i + a * 0)  # (a block: the interpreter masks with blocks only)
@@ -237,6 +237,15 @@ if HAS_TRITON:
         real_row = idx_i >= 0
         real_i = tl.max(real_row.to(tl.int32), axis=0) > 0
         ix_i = tl.max(tl.where(real_row, idx_i, 0), axis=0).to(tl.int32)
+        return real, real_row, real_i, ix_i, ix
+
+    @triton.jit
+    def _geometry(pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, i, NP: tl.constexpr,
+                  R: tl.constexpr, RP: tl.constexpr, FROM_Z: tl.constexpr):  # fmt: skip
+        """Atom ``i``'s row of pairs ``i <- j`` over the molecule's ``NP`` slots: ``r_ij = pos_j - pos_i``
+        (``FROM_Z``: see :func:`_indices`)."""
+        real, real_row, real_i, ix_i, ix = _indices(idx_ptr, batch_ptr, z2i_ptr, b, i, NP, FROM_Z)
+        a = tl.arange(0, NP)
         base = pos_ptr + b * NP * 3
         rx = tl.load(base + a * 3) - tl.load(base + i * 3)
         ry = tl.load(base + a * 3 + 1) - tl.load(base + i * 3 + 1)
@@ -270,6 +279,52 @@ if HAS_TRITON:
         rbf = tl.where(rmask, basis * env[:, None], 0.0)
         drbf = tl.where(rmask, d_basis * env[:, None] + basis * d_env[:, None], 0.0)
         return valid, d, ux, uy, uz, rbf, drbf, tl.where(on, e, 0.0), tl.where(on, de, 0.0), real_i, ix_i, ix
+
+    @triton.jit
+    def _geo_row(geo_ptr, b, i, NP: tl.constexpr, RP: tl.constexpr):
+        """Atom ``i``'s row of the kept geometry: ``[NP, 2 RP + 8]`` floats (rbf, its derivative, u, d, the wall's
+        pair energy and its derivative, valid), from ``geo_ptr`` (``[B, NP, NP, 2 RP + 8]``)."""
+        return geo_ptr + (b * NP + i) * NP * (2 * RP + 8)
+
+    @triton.jit
+    def _geo_store(geo_ptr, b, i, valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, NP: tl.constexpr, RP: tl.constexpr):
+        G: tl.constexpr = 2 * RP + 8
+        row = _geo_row(geo_ptr, b, i, NP, RP)
+        a = tl.arange(0, NP)
+        k = tl.arange(0, RP)
+        tl.store(row + a[:, None] * G + k[None, :], rbf)
+        tl.store(row + a[:, None] * G + RP + k[None, :], drbf)
+        tl.store(row + a * G + 2 * RP, ux)
+        tl.store(row + a * G + 2 * RP + 1, uy)
+        tl.store(row + a * G + 2 * RP + 2, uz)
+        tl.store(row + a * G + 2 * RP + 3, d)
+        tl.store(row + a * G + 2 * RP + 4, e_row)
+        tl.store(row + a * G + 2 * RP + 5, de_row)
+        tl.store(row + a * G + 2 * RP + 6, valid.to(d.dtype))
+
+    @triton.jit
+    def _geo_load(geo_ptr, idx_ptr, batch_ptr, z2i_ptr, b, i, NP: tl.constexpr, RP: tl.constexpr,
+                  FROM_Z: tl.constexpr, DRBF: tl.constexpr):  # fmt: skip
+        """:func:`_geometry`'s values from the kept geometry (the first forward's), the indices read again; the
+        derivative of the basis only with ``DRBF`` (else zeros, which no caller reads)."""
+        G: tl.constexpr = 2 * RP + 8
+        _real, _real_row, real_i, ix_i, ix = _indices(idx_ptr, batch_ptr, z2i_ptr, b, i, NP, FROM_Z)
+        row = _geo_row(geo_ptr, b, i, NP, RP)
+        a = tl.arange(0, NP)
+        k = tl.arange(0, RP)
+        rbf = tl.load(row + a[:, None] * G + k[None, :])
+        if DRBF:
+            drbf = tl.load(row + a[:, None] * G + RP + k[None, :])
+        else:
+            drbf = rbf * 0.0
+        ux = tl.load(row + a * G + 2 * RP)
+        uy = tl.load(row + a * G + 2 * RP + 1)
+        uz = tl.load(row + a * G + 2 * RP + 2)
+        d = tl.load(row + a * G + 2 * RP + 3)
+        e_row = tl.load(row + a * G + 2 * RP + 4)
+        de_row = tl.load(row + a * G + 2 * RP + 5)
+        valid = tl.load(row + a * G + 2 * RP + 6) != 0.0
+        return valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, real_i, ix_i, ix
 
     @triton.jit
     def _update_fwd(s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr, MV: tl.constexpr):
@@ -366,10 +421,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _dense_fwd_kernel(
-        pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, atomic_ptr, n_species, n_weights,
-        LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-        SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, FROM_Z: tl.constexpr,
-        MV: tl.constexpr = 0,
+        pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, geo_ptr, atomic_ptr, n_species,
+        n_weights, LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr,
+        RP: tl.constexpr, SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+        FROM_Z: tl.constexpr, MV: tl.constexpr = 0, GEO: tl.constexpr = False,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
         the readout, its backward and the last update block's backward (its gradient slots)."""
@@ -388,9 +443,16 @@ if HAS_TRITON:
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         lw = w_ptr + LAYER * LS
         g = w_ptr + NL * LS
-        _valid, _d, ux, uy, uz, rbf, _drbf, e_row, _de_row, real_i, ix_i, ix = _geometry(
-            pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, i, NP, R, RP, FROM_Z
-        )
+        if GEO and LAYER > 0:  # the first forward's geometry, kept
+            _valid, _d, ux, uy, uz, rbf, _drbf, e_row, _de_row, real_i, ix_i, ix = _geo_load(
+                geo_ptr, idx_ptr, batch_ptr, z2i_ptr, b, i, NP, RP, FROM_Z, False
+            )
+        else:
+            valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, real_i, ix_i, ix = _geometry(
+                pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, i, NP, R, RP, FROM_Z
+            )
+            if GEO:
+                _geo_store(geo_ptr, b, i, valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, NP, RP)
         a = tl.arange(0, NP)
         f = tl.arange(0, F)
         tiles = sc_ptr + ((b * NP + a[:, None]) * SL) * F + f[None, :]
@@ -594,11 +656,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _dense_bwd_kernel(
-        pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, gpos_ptr, atomic_ptr, energy_ptr,
-        forces_ptr, n_species,
+        pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, geo_ptr, gpos_ptr, atomic_ptr,
+        energy_ptr, forces_ptr, n_species,
         LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr, FROM_Z: tl.constexpr,
-        MV: tl.constexpr = 0,
+        MV: tl.constexpr = 0, GEO: tl.constexpr = False,
     ):  # fmt: skip
         """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
         ``k <- j`` (j the sender) and ``j <- k`` (j the receiver). Above the first layer, ``SPLIT`` gives the two
@@ -609,9 +671,14 @@ if HAS_TRITON:
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         lw = w_ptr + LAYER * LS
         g = w_ptr + NL * LS
-        valid, d, ux, uy, uz, rbf, drbf, _e_row, de_row, _real_j, ix_j, ix = _geometry(
-            pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, j, NP, R, RP, FROM_Z
-        )
+        if GEO:
+            valid, d, ux, uy, uz, rbf, drbf, _e_row, de_row, _real_j, ix_j, ix = _geo_load(
+                geo_ptr, idx_ptr, batch_ptr, z2i_ptr, b, j, NP, RP, FROM_Z, True
+            )
+        else:
+            valid, d, ux, uy, uz, rbf, drbf, _e_row, de_row, _real_j, ix_j, ix = _geometry(
+                pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, j, NP, R, RP, FROM_Z
+            )
         a = tl.arange(0, NP)
         f = tl.arange(0, F)
         tiles = sc_ptr + ((b * NP + a[:, None]) * SL) * F + f[None, :]
@@ -668,11 +735,16 @@ class DenseStep:
     - ``dot``: the filter products' ``tl.dot`` precision (0 ``ieee``, the default; 1 ``tf32x3``: no faster);
     - ``rows`` (off; or a pair: forward, backward): the node products read each weight's transpose and sum along
       a tile row, within a warp, rather than along a column across warps and then convert the result's layout (on
-      sm_90: about half the barriers, 15 % more instructions)."""
+      sm_90: about half the barriers, 15 % more instructions);
+    - ``geometry`` (off: not timed yet): the first forward keeps each pair's basis, its derivative, direction,
+      distance and wall terms in a ``[B, NP, NP, 2 RP + 8]`` scratch and the other launches read them instead of
+      computing them again (on sm_90, 8 warps: ~700 instructions a thread in a forward, ~1,080 in a backward, of
+      2,400-4,300)."""
 
     def __init__(
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | tuple[int, int] | None = None,
         prefetch: bool = True, split: bool = True, pdl: bool = False, rows: bool | tuple[bool, bool] = True,
+        geometry: bool = False,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -696,6 +768,7 @@ class DenseStep:
         self.prefetch = prefetch and self.device.type == "cuda"  # (PTX: not on the interpreter)
         self.split, self.pdl = split, pdl
         self.rows = (rows, rows) if isinstance(rows, bool) else tuple(rows)
+        self.geometry = geometry
         z2i = torch.full((max(c.species) + 1,), -1, dtype=torch.int32)
         z2i[torch.as_tensor(c.species)] = torch.arange(len(c.species), dtype=torch.int32)
         self.z2i = z2i.to(self.device)
@@ -705,13 +778,16 @@ class DenseStep:
         assert self.weights.numel() >= self.layers * layer_size(self.hidden, _pow2(self.n_rbf))
         self._scratch: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
 
-    def scratch(self, b: int, np_: int) -> tuple[Tensor, Tensor]:
-        """The ``[B, NP, slots, F]`` scratch and the ``[B, NP, 3]`` position-gradient buffer of a batch shape."""
+    def scratch(self, b: int, np_: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The ``[B, NP, slots, F]`` scratch, the ``[B, NP, 3]`` position-gradient buffer and, with ``geometry``,
+        the kept geometry ``[B, NP, NP, 2 RP + 8]`` (else one element, never read) of a batch shape."""
         key = (b, np_)
         if key not in self._scratch:
+            geo = (b, np_, np_, 2 * _pow2(self.n_rbf) + 8) if self.geometry else (1,)
             self._scratch[key] = (
                 torch.empty((b, np_, slots(self.layers), self.hidden), dtype=self.dtype, device=self.device),
                 torch.empty((b, np_, 3), dtype=self.dtype, device=self.device),
+                torch.empty(geo, dtype=self.dtype, device=self.device),
             )
         return self._scratch[key]
 
@@ -752,15 +828,15 @@ class DenseStep:
 
     def _launch(self, pos: Tensor, ix: Tensor, batch: Tensor, from_z: bool, b: int, np_: int, out) -> None:
         energy, atomic, forces = out
-        sc, gpos = self.scratch(b, np_)
+        sc, gpos, geo = self.scratch(b, np_)
         nl = self.layers
         meta = dict(NL=nl, NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=slots(nl), DOT=self.dot)
-        meta["FROM_Z"] = from_z
+        meta["FROM_Z"], meta["GEO"] = from_z, self.geometry
         meta |= pdl_args(pos) if self.pdl else {"PDL": False}
         grid = (np_, b)
         n_w = self.weights.numel()
         pf = _pow2(-(-n_w // (32 * np_)), 1) if self.prefetch else 0
-        common = (pos, ix, batch, self.z2i, self.weights, self.table, self.consts, sc)
+        common = (pos, ix, batch, self.z2i, self.weights, self.table, self.consts, sc, geo)
         for layer in range(nl):
             _dense_fwd_kernel[grid](
                 *common, atomic, self.n_species, n_w, LAYER=layer, PREFETCH=pf, MV=int(self.rows[0]),

@@ -41,14 +41,22 @@ def _close(got, want, rtol, atol=0.0):
 
 
 @pytest.mark.parametrize(
-    ("wall", "split", "rows"),
-    [(WALL, False, True), (None, False, True), (WALL, True, True), (WALL, True, False), (WALL, True, (False, True))],
+    ("wall", "split", "rows", "geometry"),
+    [
+        (WALL, False, True, False),
+        (None, False, True, False),
+        (WALL, True, True, False),
+        (WALL, True, False, False),
+        (WALL, True, (False, True), False),
+        (WALL, True, True, True),
+    ],
 )
-def test_float64_equals_the_models_autograd(triton_device, wall, split, rows):
+def test_float64_equals_the_models_autograd(triton_device, wall, split, rows, geometry):
     """Molecules of 16, 12, 7, 2 and 1 atoms (padding programs, a lone atom) with a pair inside the ZBL wall and
     pairs beyond the cutoff: energies, atomic energies and forces to float64 rounding. Without a wall the step takes
     a table of radius 0; ``split`` gives each backward's two parts their own programs; ``rows`` (forward, backward)
-    sums the node products along the rows of the weights' transposes (the default) or along the columns."""
+    sums the node products along the rows of the weights' transposes (the default) or along the columns;
+    ``geometry`` keeps the first forward's pair geometry for the other launches."""
     model = _model(repulsion=wall)
     pos, idx = _molecules([16, 12, 7, 2, 1], spread=2.2)
     pos[1, 1] = pos[1, 0] + torch.tensor([0.85, 0.1, 0.0], dtype=torch.float64)  # inside a wall
@@ -56,7 +64,7 @@ def test_float64_equals_the_models_autograd(triton_device, wall, split, rows):
     d = torch.cdist(pos[0, :16], pos[0, :16])
     assert (d > model.cutoff).any(), "the test wants pairs beyond the cutoff"
     er, ar, fr = ds.dense_step_reference(model, pos, idx)
-    step = ds.DenseStep(model, torch.float64, triton_device, split=split, rows=rows)
+    step = ds.DenseStep(model, torch.float64, triton_device, split=split, rows=rows, geometry=geometry)
     e, a, f = step(pos.to(triton_device), idx.to(triton_device))
     _close(e, er, rtol=1e-12)
     _close(a, ar, rtol=1e-12, atol=1e-12)
@@ -67,9 +75,9 @@ def test_float64_equals_the_models_autograd(triton_device, wall, split, rows):
 
 def test_32_slots_and_repeated_calls(triton_device):
     """A molecule of 23 atoms in 32 slots beside one of 5; a second call on other positions through the same kept
-    scratch gives that call's own results (nothing stale)."""
+    scratch gives that call's own results (nothing stale: the kept geometry is the first forward's of each call)."""
     model = _model(seed=1)
-    step = ds.DenseStep(model, torch.float64, triton_device)
+    step = ds.DenseStep(model, torch.float64, triton_device, geometry=True)
     for seed in (1, 2):
         pos, idx = _molecules([23, 5], np_=32, seed=seed, spread=1.8)
         er, ar, fr = ds.dense_step_reference(model, pos, idx)
