@@ -104,6 +104,9 @@ class PaddedPaths:
         """:meth:`_step` by the dense step: the same packed output ``[W + A + 3A]`` of structure 0 (its atoms the
         first of ``np_`` slots whose ``batch`` is 0; the edges, the seed and the CSR are not read: the step takes
         every pair within the cutoff). One zero fill and two launches a layer."""
+        dense = self._dense
+        if dense is None:  # given up below, by an earlier call of a step captured as this one
+            return self._step(numbers, positions, edge_index, shift_vectors, batch, seed, *csr)
         a, dtype = numbers.shape[0], self.dtype
         w = a * 8 // dtype.itemsize
         out = torch.zeros(w + 4 * a, dtype=dtype, device=positions.device)
@@ -112,9 +115,6 @@ class PaddedPaths:
             out[w : w + a][:np_].view(1, np_),
             out[w + a :].view(a, 3)[:np_].view(1, np_, 3),
         )
-        dense = self._dense
-        if dense is None:  # given up below, by an earlier call of a step captured as this one
-            return self._step(numbers, positions, edge_index, shift_vectors, batch, seed, *csr)
         try:
             dense.from_numbers(positions, numbers, batch, np_, views)
         except torch.OutOfMemoryError:
