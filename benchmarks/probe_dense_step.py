@@ -60,6 +60,8 @@ VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults; the
     "rows, 16 / 8 warps": ({"num_warps": (16, 8)}, False),
     "rows, 8 / 16 warps": ({"num_warps": (8, 16)}, False),
     "geometry kept": ({"geometry": True}, False),
+    "pdl": ({"pdl": True}, True),
+    "geometry kept, pdl": ({"geometry": True, "pdl": True}, True),
 }
 
 

@@ -959,12 +959,14 @@ case "${1:-}" in
   stop71a)
     # prepared at stop 70 (not run): the first forward's pair geometry kept for the other five launches
     # (DenseStep(geometry=True): on sm_90 the six kernels' instructions a warp 20,000 -> 15,700). The kernel tests on
-    # CUDA (float64 against autograd with it), then benzene and biphenyl against the shipped launch, and MD.
+    # CUDA (float64 against autograd with it), then benzene and biphenyl against the shipped launch, each with and
+    # without PDL (slower at stop 69's launch on 4 warps; the kept geometry leaves the launches' prologues short).
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_dense_step.py tests/test_engine_dense.py \
       >"$OUT/pytest_dense.log" 2>&1
     tail -2 "$OUT/pytest_dense.log"
     timeout 300 python3 benchmarks/probe_dense_step.py --out "$OUT" --name probe_dense_geometry_h200 \
-      --students builtin:chno-gfn2-small --molecules C6H6,biphenyl --g2 "" --variants "shipped;geometry kept" \
+      --students builtin:chno-gfn2-small --molecules C6H6,biphenyl --g2 "" \
+      --variants "shipped;geometry kept;pdl;geometry kept, pdl" \
       >"$OUT/probe_dense_step.log" 2>&1
     grep -E "^\| " "$OUT/probe_dense_geometry_h200.md" | head -12 || tail -8 "$OUT/probe_dense_step.log"
     ;;
