@@ -172,6 +172,26 @@ def test_md_through_the_zero_copy_dense_step(model3, cpu_triton, fake_graphs):
     assert not md.dense and len(fake_graphs) == 2 and len(calls) == seen
 
 
+def test_md_of_a_molecule_in_32_slots(model3, cpu_triton, fake_graphs):
+    """A 21-atom molecule's MD through the zero-copy step takes the dense step of 32 slots, each step equal to the
+    eager engine."""
+    rng = np.random.default_rng(3)
+    atoms = molecule("CH3CH2OH") + molecule("CH3CH2OH") + molecule("H2O")
+    atoms.set_positions(rng.normal(size=(len(atoms), 3)) * 1.9)
+    assert len(atoms) == 21
+    engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", neighbor_skin=0.3, dense_small=True)
+    engine.mode, engine.zero_copy = "cudagraph", True
+    ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
+    calls = _counting(engine)
+    for _step in range(3):
+        batch = _batch([atoms])
+        got, want = engine.compute(batch, as_numpy=True), ref.compute(batch, to_host=True)
+        _close(got, {k: v.numpy() for k, v in want.items()})
+        atoms.positions += 0.01 * got["forces"]
+    (md,) = engine._md_runners.values()
+    assert md.dense and len(fake_graphs) == 1 and calls and all(c[3] == 32 for c in calls)
+
+
 def test_when_the_engine_makes_no_dense_step(model3, cpu_triton):
     assert ForceEngine(model3, device="cpu", pad=True, precision="fp64")._dense is None  # default: CUDA only
     assert ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=False)._dense is None
