@@ -947,7 +947,7 @@ case "${1:-}" in
   stop70f)
     # the scratch rows written in joined tiles (DenseStep(join=True): the forward's barriers 87 -> 63 on sm_90):
     # the dense kernel and engine CUDA tests, then benzene against stop 70's rows-only launch. Dropped after it
-    # (no gain): apply benchmarks/results/stop70_gpu/join_dropped.diff to run it again.
+    # (no gain): check out 5ad5164 to run it again (benchmarks/results/stop70_gpu/join_dropped.diff applies at 167881f).
     timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_dense.py tests/kernels/test_dense_step.py \
       >"$OUT/pytest_dense_engine.log" 2>&1
     tail -2 "$OUT/pytest_dense_engine.log"
