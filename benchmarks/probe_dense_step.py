@@ -62,6 +62,10 @@ VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults; the
     "geometry kept": ({"geometry": True}, False),
     "pdl": ({"pdl": True}, True),
     "geometry kept, pdl": ({"geometry": True, "pdl": True}, True),
+    "no geometry": ({"geometry": False}, False),
+    "fan": ({"fan": True}, False),
+    "fan forward": ({"fan": (True, False)}, False),
+    "fan backward": ({"fan": (False, True)}, False),
 }
 
 
@@ -220,7 +224,7 @@ def main() -> None:
                     tg = time_graph(call, dev, rep_ms=300)
                     graph = capture_graph(call)
                     tw = warm_us(graph.replay)
-                    if var == variants[0] and mol == "C6H6":
+                    if mol == "C6H6":
                         tables += ["", f"{name}, {mol}, dense step ({var}):", "", *replay_kernels(graph.replay)]
                     del graph
                 tg = tg.median_us if tg is not None else float("nan")
@@ -259,7 +263,7 @@ def main() -> None:
                     )
                     print(lines[-1], flush=True)
                     del calc, e
-    lines += ["", "## Device time per kernel (one benzene step, the first variant)", *tables]
+    lines += ["", "## Device time per kernel (one benzene step, each variant)", *tables]
     write_lines(lines, args.out, args.name)
     lines += [
         "",

@@ -205,14 +205,12 @@ if HAS_TRITON:
         return valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, real_i, ix_i, ix
 
     @triton.jit
-    def _update_fwd(s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr, MV: tl.constexpr):
-        """One atom's update block."""
+    def _update_head(s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, MV: tl.constexpr):
+        """One atom's update block up to ``M1``'s activation: ``(uv (3), vv (3), |vv|, h2, a2, <uv, vv>)``."""
         ut = lw + 8 * F * F + 4 * F + 6 * F * RP
         vt = ut + 2 * F * F
         m1t = vt + 2 * F * F
         mb1 = m1t + 4 * F * F
-        m2t = mb1 + F
-        mb2 = m2t + 6 * F * F
         uv0, uv1, uv2 = _mvx3(vm0, vm1, vm2, ut, F, ut + F * F, F, F, F, MV)
         vv0, vv1, vv2 = _mvx3(vm0, vm1, vm2, vt, F, vt + F * F, F, F, F, MV)
         vnorm = tl.sqrt(vv0 * vv0 + vv1 * vv1 + vv2 * vv2 + 1e-8)
@@ -221,26 +219,94 @@ if HAS_TRITON:
         h2 += _vec(mb1, F)
         a2 = h2 * _sig(h2)
         dot = uv0 * vv0 + uv1 * vv1 + uv2 * vv2
-        m2 = m2t + 3 * F * F
-        a_sv = _mvx(a2, m2t + F, 3 * F, m2 + F * F, F, F, F, MV) + _vec(mb2 + F, F)
-        a_ss = _mvx(a2, m2t + 2 * F, 3 * F, m2 + 2 * F * F, F, F, F, MV) + _vec(mb2 + 2 * F, F)
+        return uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a2, dot
+
+    @triton.jit
+    def _m2(a2, lw, k, F: tl.constexpr, RP: tl.constexpr, MV: tl.constexpr):
+        """Block ``k`` of the update block's ``M2`` (0 a_vv, 1 a_sv, 2 a_ss; ``k`` may be a runtime value)."""
+        m2t = lw + 8 * F * F + 4 * F + 6 * F * RP + 8 * F * F + F
+        return _mvx(a2, m2t + k * F, 3 * F, m2t + 3 * F * F + k * F * F, F, F, F, MV) + _vec(m2t + 6 * F * F + k * F, F)
+
+    @triton.jit
+    def _update_fwd(s_mid, vm0, vm1, vm2, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr, MV: tl.constexpr):
+        """One atom's update block."""
+        uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a2, dot = _update_head(s_mid, vm0, vm1, vm2, lw, F, RP, MV)
+        a_sv = _m2(a2, lw, 1, F, RP, MV)
+        a_ss = _m2(a2, lw, 2, F, RP, MV)
         s = s_mid + a_ss + a_sv * dot
         if LAST:
             a_vv = a_sv * 0.0
             v0, v1, v2 = vm0, vm1, vm2
         else:
-            a_vv = _mvx(a2, m2t, 3 * F, m2, F, F, F, MV) + _vec(mb2, F)
+            a_vv = _m2(a2, lw, 0, F, RP, MV)
             v0 = vm0 + a_vv * uv0
             v1 = vm1 + a_vv * uv1
             v2 = vm2 + a_vv * uv2
         return s, v0, v1, v2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot
 
     @triton.jit
+    def _update_bwd_of(
+        g_s, gv0, gv1, gv2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot, lw, F: tl.constexpr,
+        RP: tl.constexpr, LAST: tl.constexpr, MV: tl.constexpr, PART: tl.constexpr = -1,
+    ):  # fmt: skip
+        """One atom's update block backward from its saved values: ``(dE/ds_mid, dE/dvm (3))``. ``PART`` -1 makes
+        all of it; else one of the three parts that ``fan`` gives programs of their own (the others zero): 0
+        dE/ds_mid, 1 ``U``'s share of dE/dvm (with the pass-through ``gv``), 2 ``V``'s share."""
+        u = lw + 8 * F * F + 4 * F + 6 * F * RP + F * F
+        v = u + 2 * F * F
+        m1 = v + 3 * F * F
+        m2 = m1 + 2 * F * F + F + 3 * F * F
+        zero = g_s * 0.0
+        g_smid = zero
+        g_dot = g_s * a_sv
+        g_uv0 = g_dot * vv0
+        g_uv1 = g_dot * vv1
+        g_uv2 = g_dot * vv2
+        g_vv0 = g_dot * uv0
+        g_vv1 = g_dot * uv1
+        g_vv2 = g_dot * uv2
+        if not LAST:
+            g_uv0 += gv0 * a_vv
+            g_uv1 += gv1 * a_vv
+            g_uv2 += gv2 * a_vv
+        if PART != 1:  # dE/dh2
+            m2t = m2 - 3 * F * F
+            g_mix = _mvx(g_s * dot, m2 + F * F, F, m2t + F, 3 * F, F, F, MV)
+            g_mix += _mvx(g_s, m2 + 2 * F * F, F, m2t + 2 * F, 3 * F, F, F, MV)
+            if not LAST:
+                g_mix += _mvx(gv0 * uv0 + gv1 * uv1 + gv2 * uv2, m2, F, m2t, 3 * F, F, F, MV)
+            g_h2 = g_mix * _silu_grad(h2)
+            m1t = m1 - 2 * F * F
+            if PART != 2:
+                g_smid = g_s + _mvx(g_h2, m1, 2 * F, m1t, F, F, F, MV)
+            if PART != 0:
+                g_n = _mvx(g_h2, m1 + F, 2 * F, m1t + F * F, F, F, F, MV) / vnorm
+                g_vv0 += g_n * vv0
+                g_vv1 += g_n * vv1
+                g_vv2 += g_n * vv2
+        g_vm0, g_vm1, g_vm2 = zero, zero, zero
+        if PART == -1:
+            a0, a1, a2 = _mvx3(g_uv0, g_uv1, g_uv2, u, F, u - F * F, F, F, F, MV)
+            b0, b1, b2 = _mvx3(g_vv0, g_vv1, g_vv2, v, F, v - F * F, F, F, F, MV)
+            g_vm0 = a0 + b0
+            g_vm1 = a1 + b1
+            g_vm2 = a2 + b2
+        elif PART == 1:
+            g_vm0, g_vm1, g_vm2 = _mvx3(g_uv0, g_uv1, g_uv2, u, F, u - F * F, F, F, F, MV)
+        elif PART == 2:
+            g_vm0, g_vm1, g_vm2 = _mvx3(g_vv0, g_vv1, g_vv2, v, F, v - F * F, F, F, F, MV)
+        if not LAST and PART != 0 and PART != 2:
+            g_vm0 += gv0
+            g_vm1 += gv1
+            g_vm2 += gv2
+        return g_smid, g_vm0, g_vm1, g_vm2
+
+    @triton.jit
     def _update_bwd(
-        g_s, gv0, gv1, gv2, row, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr, MV: tl.constexpr
-    ):
-        """One atom's update block backward from its saved values at ``row`` (the update block's slots): dE/ds_mid and
-        dE/dvm."""
+        g_s, gv0, gv1, gv2, row, lw, F: tl.constexpr, RP: tl.constexpr, LAST: tl.constexpr, MV: tl.constexpr,
+        PART: tl.constexpr = -1,
+    ):  # fmt: skip
+        """:func:`_update_bwd_of` from the saved values at ``row`` (the update block's slots)."""
         f = tl.arange(0, F)
         uv0 = tl.load(row + f)
         uv1 = tl.load(row + F + f)
@@ -250,45 +316,15 @@ if HAS_TRITON:
         vv2 = tl.load(row + 5 * F + f)
         vnorm = tl.load(row + 6 * F + f)
         h2 = tl.load(row + 7 * F + f)
+        if LAST:
+            a_vv = g_s * 0.0
+        else:
+            a_vv = tl.load(row + 8 * F + f)
         a_sv = tl.load(row + 9 * F + f)
         dot = tl.load(row + 10 * F + f)
-        u = lw + 8 * F * F + 4 * F + 6 * F * RP + F * F
-        v = u + 2 * F * F
-        m1 = v + 3 * F * F
-        m2 = m1 + 2 * F * F + F + 3 * F * F
-        g_dot = g_s * a_sv
-        g_uv0 = g_dot * vv0
-        g_uv1 = g_dot * vv1
-        g_uv2 = g_dot * vv2
-        g_vv0 = g_dot * uv0
-        g_vv1 = g_dot * uv1
-        g_vv2 = g_dot * uv2
-        m2t = m2 - 3 * F * F
-        g_mix = _mvx(g_s * dot, m2 + F * F, F, m2t + F, 3 * F, F, F, MV)
-        g_mix += _mvx(g_s, m2 + 2 * F * F, F, m2t + 2 * F, 3 * F, F, F, MV)
-        if not LAST:
-            a_vv = tl.load(row + 8 * F + f)
-            g_uv0 += gv0 * a_vv
-            g_uv1 += gv1 * a_vv
-            g_uv2 += gv2 * a_vv
-            g_mix += _mvx(gv0 * uv0 + gv1 * uv1 + gv2 * uv2, m2, F, m2t, 3 * F, F, F, MV)
-        g_h2 = g_mix * _silu_grad(h2)
-        m1t = m1 - 2 * F * F
-        g_smid = g_s + _mvx(g_h2, m1, 2 * F, m1t, F, F, F, MV)
-        g_n = _mvx(g_h2, m1 + F, 2 * F, m1t + F * F, F, F, F, MV) / vnorm
-        g_vv0 += g_n * vv0
-        g_vv1 += g_n * vv1
-        g_vv2 += g_n * vv2
-        a0, a1, a2 = _mvx3(g_uv0, g_uv1, g_uv2, u, F, u - F * F, F, F, F, MV)
-        b0, b1, b2 = _mvx3(g_vv0, g_vv1, g_vv2, v, F, v - F * F, F, F, F, MV)
-        g_vm0 = a0 + b0
-        g_vm1 = a1 + b1
-        g_vm2 = a2 + b2
-        if not LAST:
-            g_vm0 += gv0
-            g_vm1 += gv1
-            g_vm2 += gv2
-        return g_smid, g_vm0, g_vm1, g_vm2
+        return _update_bwd_of(
+            g_s, gv0, gv1, gv2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot, lw, F, RP, LAST, MV, PART
+        )
 
     @triton.jit
     def _store_rows(row, F: tl.constexpr, x0, x1, x2):
@@ -302,17 +338,21 @@ if HAS_TRITON:
         pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, geo_ptr, atomic_ptr, n_species,
         n_weights, LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr,
         RP: tl.constexpr, SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-        FROM_Z: tl.constexpr, MV: tl.constexpr = 0, GEO: tl.constexpr = False,
+        FROM_Z: tl.constexpr, MV: tl.constexpr = 0, GEO: tl.constexpr = False, FAN: tl.constexpr = False,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
-        the readout, its backward and the last update block's backward (its gradient slots)."""
+        the readout, its backward and the last update block's backward (its gradient slots). ``FAN``: program 2
+        names one of the tails that programs of their own make after a shared head (the messages and the update
+        block up to ``M1``): below the last layer 0 the update's saved values and v, 1-3 s and one of the next φ's
+        three blocks each; at the last layer 0-2 the parts of the update block's backward (:func:`_update_bwd_of`)."""
         pdl_prologue(PDL)
         i = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
+        role = tl.program_id(2)
         if PREFETCH > 0 and LAYER == 0:
             # the first launch asks L2 for every weight of the step (128-byte lines, PREFETCH of them per program of
             # the first molecule), so that the later products' loads hit L2 rather than memory
-            if b == 0:
+            if b == 0 and role == 0:
                 line = i * PREFETCH + tl.arange(0, PREFETCH)
                 ptrs = w_ptr + tl.minimum(line * 32, n_weights - 1)
                 tl.inline_asm_elementwise(
@@ -330,7 +370,8 @@ if HAS_TRITON:
                 pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, i, NP, R, RP, FROM_Z
             )
             if GEO:
-                _geo_store(geo_ptr, b, i, valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, NP, RP)
+                if role == 0:
+                    _geo_store(geo_ptr, b, i, valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, NP, RP)
         a = tl.arange(0, NP)
         f = tl.arange(0, F)
         tiles = sc_ptr + ((b * NP + a[:, None]) * SL) * F + f[None, :]
@@ -365,62 +406,119 @@ if HAS_TRITON:
                 mb * tl.load(tiles + ((4 * (NL - 1) + 3 * LAYER - 3) + 2) * F), axis=0
             )
         LAST: tl.constexpr = LAYER == NL - 1
-        s, v0, v1, v2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot = _update_fwd(
-            s_mid, vm0, vm1, vm2, lw, F, RP, LAST, MV
-        )
         upd = own + (8 * (NL - 1) + 11 * LAYER) * F
-        _store_rows(upd, F, uv0, uv1, uv2)
-        _store_rows(upd + 3 * F, F, vv0, vv1, vv2)
-        _store_rows(upd + 6 * F, F, vnorm, h2, a_vv)
-        tl.store(upd + 9 * F + f, a_sv)
-        tl.store(upd + 10 * F + f, dot)
-        if not LAST:
-            nw = w_ptr + (LAYER + 1) * LS
-            h1 = _mvx(s, nw, F, nw + F * F, F, F, F, MV) + _vec(nw + 2 * F * F, F)
-            act = h1 * _sig(h1)
-            w2t = nw + 2 * F * F + F
-            b2 = w2t + 6 * F * F
-            w2 = w2t + 3 * F * F
-            xa_n = _mvx(act, w2t, 3 * F, w2, F, F, F, MV) + _vec(b2, F)
-            xb_n = _mvx(act, w2t + F, 3 * F, w2 + F * F, F, F, F, MV) + _vec(b2 + F, F)
-            xc_n = _mvx(act, w2t + 2 * F, 3 * F, w2 + 2 * F * F, F, F, F, MV) + _vec(b2 + 2 * F, F)
-            _store_rows(own + (3 * (LAYER + 1) - 3) * F, F, xa_n, xb_n, xc_n)
-            _store_rows(own + (4 * (NL - 1) + 3 * LAYER) * F, F, v0, v1, v2)
-            tl.store(own + (3 * (NL - 1) + LAYER) * F + f, h1)
-            tl.store(own + (7 * (NL - 1) + LAYER) * F + f, s)
+        GL: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (NL - 1)  # the last layer's gradient slots
+        GB: tl.constexpr = 8 * (NL - 1) + 15 * NL + 3 * (NL - 1)  # and its V share with FAN
+        nw = w_ptr + (LAYER + 1) * LS
+        w2t = nw + 2 * F * F + F
+        if FAN:
+            uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a2, dot = _update_head(s_mid, vm0, vm1, vm2, lw, F, RP, MV)
+            a_sv = _m2(a2, lw, 1, F, RP, MV)
+            if not LAST:
+                if role == 0:
+                    a_vv = _m2(a2, lw, 0, F, RP, MV)
+                    _store_rows(upd, F, uv0, uv1, uv2)
+                    _store_rows(upd + 3 * F, F, vv0, vv1, vv2)
+                    _store_rows(upd + 6 * F, F, vnorm, h2, a_vv)
+                    tl.store(upd + 9 * F + f, a_sv)
+                    tl.store(upd + 10 * F + f, dot)
+                    _store_rows(
+                        own + (4 * (NL - 1) + 3 * LAYER) * F, F, vm0 + a_vv * uv0, vm1 + a_vv * uv1, vm2 + a_vv * uv2
+                    )
+                else:
+                    s = s_mid + _m2(a2, lw, 2, F, RP, MV) + a_sv * dot
+                    h1 = _mvx(s, nw, F, nw + F * F, F, F, F, MV) + _vec(nw + 2 * F * F, F)
+                    act = h1 * _sig(h1)
+                    k = role - 1  # the next φ's block
+                    xk = _mvx(act, w2t + k * F, 3 * F, w2t + 3 * F * F + k * F * F, F, F, F, MV)
+                    tl.store(own + (3 * LAYER + k) * F + f, xk + _vec(w2t + 6 * F * F + k * F, F))
+                    if role == 1:
+                        tl.store(own + (3 * (NL - 1) + LAYER) * F + f, h1)
+                        tl.store(own + (7 * (NL - 1) + LAYER) * F + f, s)
+            else:
+                s = s_mid + _m2(a2, lw, 2, F, RP, MV) + a_sv * dot
+                g_s = _readout(s, g, n_species, ix_i, real_i, e_row, atomic_ptr + b * NP + i, role == 0, F, MV)
+                zero = g_s * 0.0
+                if role == 0:
+                    g_sm, _g0, _g1, _g2 = _update_bwd_of(
+                        g_s, zero, zero, zero, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, zero, a_sv, dot, lw, F, RP,
+                        True, MV, 0,
+                    )  # fmt: skip
+                    tl.store(own + GL * F + f, g_sm)
+                elif role == 1:
+                    _g, g0, g1, g2 = _update_bwd_of(
+                        g_s, zero, zero, zero, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, zero, a_sv, dot, lw, F, RP,
+                        True, MV, 1,
+                    )  # fmt: skip
+                    _store_rows(own + (GL + 1) * F, F, g0, g1, g2)
+                else:
+                    _g, g0, g1, g2 = _update_bwd_of(
+                        g_s, zero, zero, zero, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, zero, a_sv, dot, lw, F, RP,
+                        True, MV, 2,
+                    )  # fmt: skip
+                    _store_rows(own + GB * F, F, g0, g1, g2)
         else:
-            # readout: atomic = (r2 . silu(R1 s + rb1) + rb2) scale_z + shift_z (+ the wall's half pair energies)
-            H: tl.constexpr = F // 2
-            r1t = g + n_species * F + n_species * 3 * F
-            r1 = r1t + F * H
-            rb1 = r1 + H * F
-            r2 = rb1 + H
-            rb2 = r2 + H
-            scale_p = rb2 + 1
-            h = _mvx(s, r1t, H, r1, F, F, H, MV) + _vec(rb1, H)
-            w_r2 = _vec(r2, H)
-            scale = tl.load(scale_p + ix_i)
-            shift = tl.load(scale_p + n_species + ix_i)
+            s, v0, v1, v2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot = _update_fwd(
+                s_mid, vm0, vm1, vm2, lw, F, RP, LAST, MV
+            )
+            if not LAST:
+                _store_rows(upd, F, uv0, uv1, uv2)
+                _store_rows(upd + 3 * F, F, vv0, vv1, vv2)
+                _store_rows(upd + 6 * F, F, vnorm, h2, a_vv)
+                tl.store(upd + 9 * F + f, a_sv)
+                tl.store(upd + 10 * F + f, dot)
+                h1 = _mvx(s, nw, F, nw + F * F, F, F, F, MV) + _vec(nw + 2 * F * F, F)
+                act = h1 * _sig(h1)
+                b2 = w2t + 6 * F * F
+                w2 = w2t + 3 * F * F
+                xa_n = _mvx(act, w2t, 3 * F, w2, F, F, F, MV) + _vec(b2, F)
+                xb_n = _mvx(act, w2t + F, 3 * F, w2 + F * F, F, F, F, MV) + _vec(b2 + F, F)
+                xc_n = _mvx(act, w2t + 2 * F, 3 * F, w2 + 2 * F * F, F, F, F, MV) + _vec(b2 + 2 * F, F)
+                _store_rows(own + (3 * (LAYER + 1) - 3) * F, F, xa_n, xb_n, xc_n)
+                _store_rows(own + (4 * (NL - 1) + 3 * LAYER) * F, F, v0, v1, v2)
+                tl.store(own + (3 * (NL - 1) + LAYER) * F + f, h1)
+                tl.store(own + (7 * (NL - 1) + LAYER) * F + f, s)
+            else:
+                g_s = _readout(s, g, n_species, ix_i, real_i, e_row, atomic_ptr + b * NP + i, True, F, MV)
+                zero = g_s * 0.0
+                g_sm, g0, g1, g2 = _update_bwd_of(
+                    g_s, zero, zero, zero, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot, lw, F, RP, True,
+                    MV,
+                )  # fmt: skip
+                tl.store(own + GL * F + f, g_sm)
+                _store_rows(own + (GL + 1) * F, F, g0, g1, g2)
+
+    @triton.jit
+    def _readout(s, g, n_species, ix_i, real_i, e_row, atomic_out, store, F: tl.constexpr, MV: tl.constexpr):
+        """The readout of atom ``i``: atomic = (r2 . silu(R1 s + rb1) + rb2) scale_z + shift_z (+ the wall's half
+        pair energies), stored at ``atomic_out`` where ``store``; returns dE/ds."""
+        H: tl.constexpr = F // 2
+        r1t = g + n_species * F + n_species * 3 * F
+        r1 = r1t + F * H
+        rb1 = r1 + H * F
+        r2 = rb1 + H
+        rb2 = r2 + H
+        scale_p = rb2 + 1
+        h = _mvx(s, r1t, H, r1, F, F, H, MV) + _vec(rb1, H)
+        w_r2 = _vec(r2, H)
+        scale = tl.load(scale_p + ix_i)
+        shift = tl.load(scale_p + n_species + ix_i)
+        keep = real_i.to(h.dtype)
+        if store:
             out = tl.sum(h * _sig(h) * w_r2, axis=0) + tl.load(rb2)
-            keep = real_i.to(out.dtype)
-            atomic = (out * scale + shift + tl.sum(e_row, axis=0)) * keep
-            tl.store(atomic_ptr + b * NP + i, atomic)
-            g_h = _silu_grad(h) * w_r2 * (scale * keep)
-            g_s = _mvx(g_h, r1, F, r1t, H, H, F, MV)
-            zero = g_s * 0.0
-            g_sm, g0, g1, g2 = _update_bwd(g_s, zero, zero, zero, upd, lw, F, RP, True, MV)
-            GL: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (NL - 1)
-            tl.store(own + GL * F + f, g_sm)
-            _store_rows(own + (GL + 1) * F, F, g0, g1, g2)
+            tl.store(atomic_out, (out * scale + shift + tl.sum(e_row, axis=0)) * keep)
+        g_h = _silu_grad(h) * w_r2 * (scale * keep)
+        return _mvx(g_h, r1, F, r1t, H, H, F, MV)
 
     @triton.jit
     def _bwd_features(
         rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
         LAYER: tl.constexpr, NL: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
-        MV: tl.constexpr,
+        MV: tl.constexpr, PART: tl.constexpr = -1,
     ):  # fmt: skip
         """Atom ``j``'s φ and v as a sender (sums over its receivers k), its φ backward, and the previous layer's
-        update block backward of atom ``j``, stored in that layer's gradient slots."""
+        update block backward of atom ``j``, stored in that layer's gradient slots (``PART``: one part of it, see
+        :func:`_update_bwd_of`; part 2 goes to that layer's V-share slots)."""
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         wft = lw + 8 * F * F + 4 * F
         XS: tl.constexpr = 3 * LAYER - 3
@@ -448,20 +546,16 @@ if HAS_TRITON:
         h1 = tl.load(own + (3 * (NL - 1) + LAYER - 1) * F + f)
         g_sj = gsm_j + _mvx(g_act * _silu_grad(h1), w1, F, w1 - F * F, F, F, F, MV)
         g_sm, g0, g1, g2 = _update_bwd(
-            g_sj,
-            g_vj0,
-            g_vj1,
-            g_vj2,
-            own + (8 * (NL - 1) + 11 * (LAYER - 1)) * F,
-            w_ptr + (LAYER - 1) * LS,
-            F,
-            RP,
-            False,
-            MV,
-        )
+            g_sj, g_vj0, g_vj1, g_vj2, own + (8 * (NL - 1) + 11 * (LAYER - 1)) * F, w_ptr + (LAYER - 1) * LS, F, RP,
+            False, MV, PART,
+        )  # fmt: skip
         GS: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (LAYER - 1)
-        tl.store(own + GS * F + f, g_sm)
-        _store_rows(own + (GS + 1) * F, F, g0, g1, g2)
+        if PART == -1 or PART == 0:
+            tl.store(own + GS * F + f, g_sm)
+        if PART == -1 or PART == 1:
+            _store_rows(own + (GS + 1) * F, F, g0, g1, g2)
+        if PART == 2:
+            _store_rows(own + (8 * (NL - 1) + 15 * NL + 3 * (LAYER - 1)) * F, F, g0, g1, g2)
 
     @triton.jit
     def _bwd_geometry(
@@ -538,11 +632,13 @@ if HAS_TRITON:
         energy_ptr, forces_ptr, n_species,
         LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr, FROM_Z: tl.constexpr,
-        MV: tl.constexpr = 0, GEO: tl.constexpr = False,
+        MV: tl.constexpr = 0, GEO: tl.constexpr = False, FAN: tl.constexpr = False, FAN_IN: tl.constexpr = False,
     ):  # fmt: skip
         """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
         ``k <- j`` (j the sender) and ``j <- k`` (j the receiver). Above the first layer, ``SPLIT`` gives the two
-        parts to two programs (program 2: 0 the features, 1 the geometry), which run side by side."""
+        parts to two programs (program 2: 0 the features, 1 the geometry), which run side by side; ``FAN`` gives
+        the features' three parts (:func:`_update_bwd_of`) to programs 0-2 and the geometry to 3. ``FAN_IN``: this
+        layer's gradients came with a V share of dE/dvm of their own (from a launch with ``FAN``)."""
         pdl_prologue(PDL)
         j = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
@@ -572,8 +668,39 @@ if HAS_TRITON:
         gvj0 = tl.load(own + (GS + 1) * F + f)
         gvj1 = tl.load(own + (GS + 2) * F + f)
         gvj2 = tl.load(own + (GS + 3) * F + f)
-        if SPLIT and LAYER > 0:
-            if tl.program_id(2) == 0:
+        if FAN_IN:
+            GB: tl.constexpr = 8 * (NL - 1) + 15 * NL + 3 * LAYER
+            gv0 += tl.load(tiles + GB * F)
+            gv1 += tl.load(tiles + (GB + 1) * F)
+            gv2 += tl.load(tiles + (GB + 2) * F)
+            gvj0 += tl.load(own + GB * F + f)
+            gvj1 += tl.load(own + (GB + 1) * F + f)
+            gvj2 += tl.load(own + (GB + 2) * F + f)
+        role = tl.program_id(2)
+        if SPLIT and LAYER > 0 and FAN:
+            if role == 0:
+                _bwd_features(
+                    rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
+                    LAYER, NL, F, RP, DOT, MV, 0,
+                )  # fmt: skip
+            elif role == 1:
+                _bwd_features(
+                    rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
+                    LAYER, NL, F, RP, DOT, MV, 1,
+                )  # fmt: skip
+            elif role == 2:
+                _bwd_features(
+                    rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
+                    LAYER, NL, F, RP, DOT, MV, 2,
+                )  # fmt: skip
+            else:
+                _bwd_geometry(
+                    rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1,
+                    gv2, gsm_j, gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
+                    LAYER, NL, NP, F, RP, DOT,
+                )  # fmt: skip
+        elif SPLIT and LAYER > 0:
+            if role == 0:
                 _bwd_features(
                     rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
                     LAYER, NL, F, RP, DOT, MV,

@@ -57,12 +57,13 @@ MAX_ATOMS = 64  # an atom's row is [NP, F]: 64 partners x 128 features still fit
 # constexprs: Triton kernels read no global tuples): φ_l's three blocks at 3 (l - 1) (layers 1 to NL - 1; layer 0's
 # come from the species table), φ_l's hidden at 3 (NL - 1) + l - 1, v_l's three components at 4 (NL - 1) + 3 (l - 1),
 # s_l at 7 (NL - 1) + l - 1, the update block's saved values at 8 (NL - 1) + 11 l (uv (3), vv (3), |vv|, h2, a_vv,
-# a_sv, <uv, vv>), dE/ds_mid and dE/dvm (3) of the layer's messages at 8 (NL - 1) + 11 NL + 4 l.
+# a_sv, <uv, vv>), dE/ds_mid and dE/dvm (3) of the layer's messages at 8 (NL - 1) + 11 NL + 4 l, and with ``fan``
+# the V share of that dE/dvm (3; the slots before hold the U share) at 8 (NL - 1) + 15 NL + 3 l.
 
 
 def slots(nl: int) -> int:
-    """Scratch slots per atom of a student of ``nl`` layers (61 for 3)."""
-    return 8 * (nl - 1) + 15 * nl
+    """Scratch slots per atom of a student of ``nl`` layers (70 for 3)."""
+    return 8 * (nl - 1) + 18 * nl
 
 
 def padded_atoms(n: int) -> int:
@@ -153,15 +154,21 @@ class DenseStep:
     - ``rows`` (off; or a pair: forward, backward): the node products read each weight's transpose and sum along
       a tile row, within a warp, rather than along a column across warps and then convert the result's layout (on
       sm_90: about half the barriers, 15 % more instructions);
-    - ``geometry`` (off: not timed yet): the first forward keeps each pair's basis, its derivative, direction,
-      distance and wall terms in a ``[B, NP, NP, 2 RP + 8]`` scratch and the other launches read them instead of
-      computing them again (on sm_90, 8 warps: ~700 instructions a thread in a forward, ~1,080 in a backward, of
-      2,400-4,300)."""
+    - ``geometry`` (on): the first forward keeps each pair's basis, its derivative, direction, distance and wall
+      terms in a ``[B, NP, NP, 2 RP + 8]`` scratch and the other launches read them instead of computing them again
+      (on sm_90, 8 warps: ~700 instructions a thread in a forward, ~1,080 in a backward, of 2,400-4,300; stop 71:
+      benzene 69.1 → 67.1 µs, biphenyl 92.5 → 72.7);
+    - ``fan`` (off: not timed yet; or a pair: forward, backward; the backward's only with ``split``): the serial
+      tail of each launch goes to programs of their own after a head they all compute: below the last layer the
+      update's saved values and v in one program and each of the next φ's three blocks in another (15 → 12
+      matrix-vector products on the longest chain), in the last forward and in each backward's feature part the
+      update block's backward in three (dE/ds_mid; dE/dvm's U share; its V share, which the next launch adds:
+      22 → 18 and 15 → 11)."""
 
     def __init__(
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | tuple[int, int] | None = None,
         prefetch: bool = True, split: bool = True, pdl: bool = False, rows: bool | tuple[bool, bool] = True,
-        geometry: bool = False,
+        geometry: bool = True, fan: bool | tuple[bool, bool] = False,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -186,6 +193,8 @@ class DenseStep:
         self.split, self.pdl = split, pdl
         self.rows = (rows, rows) if isinstance(rows, bool) else tuple(rows)
         self.geometry = geometry
+        fan = (fan, fan) if isinstance(fan, bool) else tuple(fan)
+        self.fan = (bool(fan[0]), bool(fan[1]) and split)
         z2i = torch.full((max(c.species) + 1,), -1, dtype=torch.int32)
         z2i[torch.as_tensor(c.species)] = torch.arange(len(c.species), dtype=torch.int32)
         self.z2i = z2i.to(self.device)
@@ -243,28 +252,37 @@ class DenseStep:
         [1, np_], forces [1, np_, 3]): a launch sequence with no other operation, for a captured step."""
         self._launch(positions, numbers, batch, True, 1, np_, out)
 
-    def _launch(self, pos: Tensor, ix: Tensor, batch: Tensor, from_z: bool, b: int, np_: int, out) -> None:
-        energy, atomic, forces = out
-        sc, gpos, geo = self.scratch(b, np_)
+    def plan(self, b: int, np_: int, from_z: bool, pdl: dict | None = None) -> list[tuple]:
+        """The launches of a step, in order: ``(kernel, grid, constexprs and launch options)`` (the kernels'
+        tensor and integer arguments are :meth:`_launch`'s); ``pdl``: :func:`pdl_args`'s (off where None)."""
         nl = self.layers
         meta = dict(NL=nl, NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=slots(nl), DOT=self.dot)
         meta["FROM_Z"], meta["GEO"] = from_z, self.geometry
-        meta |= pdl_args(pos) if self.pdl else {"PDL": False}
-        grid = (np_, b)
+        meta |= pdl if pdl is not None else {"PDL": False}
         n_w = self.weights.numel()
         pf = _pow2(-(-n_w // (32 * np_)), 1) if self.prefetch else 0
-        common = (pos, ix, batch, self.z2i, self.weights, self.table, self.consts, sc, geo)
+        fan_f, fan_b = self.fan
+        out = []
         for layer in range(nl):
-            _dense_fwd_kernel[grid](
-                *common, atomic, self.n_species, n_w, LAYER=layer, PREFETCH=pf, MV=int(self.rows[0]),
-                num_warps=self.num_warps[0], **meta,
-            )  # fmt: skip
+            roles = (3 if layer == nl - 1 else 4) if fan_f else 1
+            kw = dict(LAYER=layer, PREFETCH=pf, MV=int(self.rows[0]), FAN=fan_f, num_warps=self.num_warps[0])
+            out.append((_dense_fwd_kernel, (np_, b, roles), kw | meta))
         for layer in reversed(range(nl)):
             split = self.split and layer > 0
-            _dense_bwd_kernel[(np_, b, 2 if split else 1)](
-                *common, gpos, atomic, energy, forces, self.n_species, LAYER=layer, SPLIT=split,
-                MV=int(self.rows[1]), num_warps=self.num_warps[1], **meta,
-            )  # fmt: skip
+            kw = dict(LAYER=layer, SPLIT=split, MV=int(self.rows[1]), FAN=fan_b and split, num_warps=self.num_warps[1])
+            kw["FAN_IN"] = fan_f if layer == nl - 1 else fan_b
+            out.append((_dense_bwd_kernel, (np_, b, (4 if fan_b else 2) if split else 1), kw | meta))
+        return out
+
+    def _launch(self, pos: Tensor, ix: Tensor, batch: Tensor, from_z: bool, b: int, np_: int, out) -> None:
+        energy, atomic, forces = out
+        sc, gpos, geo = self.scratch(b, np_)
+        common = (pos, ix, batch, self.z2i, self.weights, self.table, self.consts, sc, geo)
+        for kernel, grid, kw in self.plan(b, np_, from_z, pdl_args(pos) if self.pdl else None):
+            if kernel is _dense_fwd_kernel:
+                kernel[grid](*common, atomic, self.n_species, self.weights.numel(), **kw)
+            else:
+                kernel[grid](*common, gpos, atomic, energy, forces, self.n_species, **kw)
 
 
 def dense_step(model, positions: Tensor, idx: Tensor, **kw) -> tuple[Tensor, Tensor, Tensor]:

@@ -187,45 +187,58 @@ def test_packed_weights_hold_every_weight_once_in_each_orientation():
 
 _COMPILE_SM90 = """
 import sys
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mlff_distiller.kernels import dense_step as ds
+from mlff_distiller.model.painn import StudentModel
 
-consts = dict(NL=3, NP=16, F=32, R=20, RP=32, SL=ds.slots(3), DOT=0, PDL=False, FROM_Z=True, MV=1)
-cases = ((ds._dense_fwd_kernel, dict(LAYER=0, PREFETCH=4)), (ds._dense_bwd_kernel, dict(LAYER=1, SPLIT=True)))
+model = StudentModel(hidden=32, layers=3, n_rbf=20, cutoff=5.0).eval()
+for p in model.parameters():
+    p.requires_grad_(False)
+steps = [("default", ds.DenseStep(model)), ("fan", ds.DenseStep(model, fan=True))]
+seen = set()
 for dtype in ("fp64", "fp32"):
-    for kernel, extra in cases:
-        names, const = kernel.arg_names, consts | extra
+    for label, step in steps:
+        for kernel, grid, kw in step.plan(1, 16, True):
+            kw = dict(kw)
+            num_warps = kw.pop("num_warps")
+            key = (dtype, kernel.fn.__name__, tuple(sorted(kw.items())))
+            if key in seen or (dtype == "fp64" and label != "default"):
+                continue
+            seen.add(key)
+            names = kernel.arg_names
 
-        def ty(n):
-            if n in ("idx_ptr", "batch_ptr"):
-                return "*i64"
-            if n == "z2i_ptr":
-                return "*i32"
-            if n == "energy_ptr":
-                return "*fp64"
-            return f"*{dtype}" if n.endswith("_ptr") else "i32"
+            def ty(n):
+                if n in ("idx_ptr", "batch_ptr"):
+                    return "*i64"
+                if n == "z2i_ptr":
+                    return "*i32"
+                if n == "energy_ptr":
+                    return "*fp64"
+                return f"*{dtype}" if n.endswith("_ptr") else "i32"
 
-        src = ASTSource(
-            fn=kernel,
-            signature={n: "constexpr" if n in const else ty(n) for n in names},
-            constexprs={(names.index(c),): v for c, v in const.items()},
-            attrs={(names.index(p),): [["tt.divisibility", 16]] for p in names if p.endswith("_ptr")},
-        )
-        try:
-            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-        except (ImportError, FileNotFoundError) as exc:  # a Triton without its NVIDIA backend or ptxas
-            print("SKIP", exc)
-            sys.exit(0)
-        print("compiled", kernel.fn.__name__, dtype, len(compiled.asm["cubin"]))
+            src = ASTSource(
+                fn=kernel,
+                signature={n: "constexpr" if n in kw else ty(n) for n in names},
+                constexprs={(names.index(c),): v for c, v in kw.items()},
+                attrs={(names.index(p),): [["tt.divisibility", 16]] for p in names if p.endswith("_ptr")},
+            )
+            try:
+                compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+            except (ImportError, FileNotFoundError) as exc:  # a Triton without its NVIDIA backend or ptxas
+                print("SKIP", exc)
+                sys.exit(0)
+            print("compiled", label, kernel.fn.__name__, dtype, kw["LAYER"], len(compiled.asm["cubin"]))
 """
 
 
 def test_the_engines_launches_compile_for_sm90():
-    """The kernels as the engine launches them (``FROM_Z``: int64 atomic numbers and structure indices), in float64
-    and float32, compile for sm_90 with the installed Triton on a host with no GPU (in a process of its own: the
-    interpreter, which the suite selects, never compiles). Triton 3.6 could not compile the float64 forward's
+    """The kernels as the engine launches them (``FROM_Z``: int64 atomic numbers and structure indices; every launch
+    of :meth:`DenseStep.plan`, the defaults in float64 and float32, ``fan`` in float32) compile for sm_90 with the
+    installed Triton on a host with no GPU (in a process of its own: the interpreter, which the suite selects, never
+    compiles). Triton 3.6 could not compile the float64 forward's
     geometry (``rx / d``: "'arith.divf' op requires the same encoding") until stop 70; the engine found out on the
     GPU, at its first molecule."""
     import os
@@ -238,4 +251,5 @@ def test_the_engines_launches_compile_for_sm90():
     if run.stdout.startswith("SKIP"):
         pytest.skip(f"no sm_90 compiler here: {run.stdout[5:].strip()}")
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("compiled") == 4, run.stdout
+    # float64: the default step's six launches; float32: those and the six with fan
+    assert run.stdout.count("compiled") == 18, run.stdout
