@@ -339,13 +339,19 @@ if HAS_TRITON:
         n_weights, LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr,
         RP: tl.constexpr, SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
         FROM_Z: tl.constexpr, MV: tl.constexpr = 0, GEO: tl.constexpr = False, FAN: tl.constexpr = False,
+        EARLY: tl.constexpr = False,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
         the readout, its backward and the last update block's backward (its gradient slots). ``FAN``: program 2
         names one of the tails that programs of their own make after a shared head (the messages and the update
         block up to ``M1``): below the last layer 0 the update's saved values and v, 1-3 s and one of the next φ's
-        three blocks each; at the last layer 0-2 the parts of the update block's backward (:func:`_update_bwd_of`)."""
-        pdl_prologue(PDL)
+        three blocks each; at the last layer 0-2 the parts of the update block's backward (:func:`_update_bwd_of`).
+        ``EARLY`` (with PDL, above the first layer): the geometry and the filter products, which read nothing the
+        previous launch writes, come before the wait for it (the kept geometry from the second launch on; the first
+        is the previous launch's own, so layer 1 computes its geometry again)."""
+        PRE: tl.constexpr = EARLY and LAYER > 0
+        if not PRE:
+            pdl_prologue(PDL)
         i = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
         role = tl.program_id(2)
@@ -361,7 +367,7 @@ if HAS_TRITON:
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         lw = w_ptr + LAYER * LS
         g = w_ptr + NL * LS
-        if GEO and LAYER > 0:  # the first forward's geometry, kept
+        if GEO and LAYER > 0 and not (PRE and LAYER == 1):  # the first forward's geometry, kept
             _valid, _d, ux, uy, uz, rbf, _drbf, e_row, _de_row, real_i, ix_i, ix = _geo_load(
                 geo_ptr, idx_ptr, batch_ptr, z2i_ptr, b, i, NP, RP, FROM_Z, False
             )
@@ -369,7 +375,7 @@ if HAS_TRITON:
             valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, real_i, ix_i, ix = _geometry(
                 pos_ptr, idx_ptr, batch_ptr, z2i_ptr, table_ptr, consts_ptr, n_species, b, i, NP, R, RP, FROM_Z
             )
-            if GEO:
+            if GEO and LAYER == 0:
                 if role == 0:
                     _geo_store(geo_ptr, b, i, valid, d, ux, uy, uz, rbf, drbf, e_row, de_row, NP, RP)
         a = tl.arange(0, NP)
@@ -379,6 +385,10 @@ if HAS_TRITON:
         wft = lw + 8 * F * F + 4 * F
         w_a = _mm(rbf, _mat(wft, RP, F, 3 * F), DOT)
         w_c = _mm(rbf, _mat(wft + 2 * F, RP, F, 3 * F), DOT)
+        if LAYER > 0:
+            w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
+        if PRE:
+            pdl_prologue(PDL)
         if LAYER == 0:
             phi = g + n_species * F
             xa = tl.load(phi + ix[:, None] * (3 * F) + f[None, :])
@@ -394,7 +404,6 @@ if HAS_TRITON:
         vm1 = tl.sum(mc * uy[:, None], axis=0)
         vm2 = tl.sum(mc * uz[:, None], axis=0)
         if LAYER > 0:
-            w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
             mb = w_b * tl.load(tiles + ((3 * (LAYER) - 3) + 1) * F)
             vm0 += tl.load(own + (4 * (NL - 1) + 3 * LAYER - 3) * F + f) + tl.sum(
                 mb * tl.load(tiles + (4 * (NL - 1) + 3 * LAYER - 3) * F), axis=0
@@ -511,14 +520,38 @@ if HAS_TRITON:
         return _mvx(g_h, r1, F, r1t, H, H, F, MV)
 
     @triton.jit
+    def _grads(tiles, own, f, LAYER: tl.constexpr, NL: tl.constexpr, F: tl.constexpr, FAN_IN: tl.constexpr):
+        """Layer ``LAYER``'s upstream gradients: the receivers' dE/ds_mid and dE/dvm ``[NP, F]`` and atom j's own
+        rows (with ``FAN_IN``, dE/dvm's V share added)."""
+        GS: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * LAYER
+        gsm = tl.load(tiles + GS * F)
+        gv0 = tl.load(tiles + (GS + 1) * F)
+        gv1 = tl.load(tiles + (GS + 2) * F)
+        gv2 = tl.load(tiles + (GS + 3) * F)
+        gsm_j = tl.load(own + GS * F + f)
+        gvj0 = tl.load(own + (GS + 1) * F + f)
+        gvj1 = tl.load(own + (GS + 2) * F + f)
+        gvj2 = tl.load(own + (GS + 3) * F + f)
+        if FAN_IN:
+            GB: tl.constexpr = 8 * (NL - 1) + 15 * NL + 3 * LAYER
+            gv0 += tl.load(tiles + GB * F)
+            gv1 += tl.load(tiles + (GB + 1) * F)
+            gv2 += tl.load(tiles + (GB + 2) * F)
+            gvj0 += tl.load(own + GB * F + f)
+            gvj1 += tl.load(own + (GB + 1) * F + f)
+            gvj2 += tl.load(own + (GB + 2) * F + f)
+        return gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2
+
+    @triton.jit
     def _bwd_features(
-        rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
+        rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f,
         LAYER: tl.constexpr, NL: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
-        MV: tl.constexpr, PART: tl.constexpr = -1,
+        MV: tl.constexpr, PART: tl.constexpr, FAN_IN: tl.constexpr, WAIT: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """Atom ``j``'s φ and v as a sender (sums over its receivers k), its φ backward, and the previous layer's
         update block backward of atom ``j``, stored in that layer's gradient slots (``PART``: one part of it, see
-        :func:`_update_bwd_of`; part 2 goes to that layer's V-share slots)."""
+        :func:`_update_bwd_of`; part 2 goes to that layer's V-share slots). ``WAIT``: the wait for the previous
+        launch (PDL) comes here, after what reads nothing that launch writes."""
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         wft = lw + 8 * F * F + 4 * F
         XS: tl.constexpr = 3 * LAYER - 3
@@ -529,6 +562,10 @@ if HAS_TRITON:
         vj0 = tl.load(own + VS * F + f)
         vj1 = tl.load(own + (VS + 1) * F + f)
         vj2 = tl.load(own + (VS + 2) * F + f)
+        h1 = tl.load(own + (3 * (NL - 1) + LAYER - 1) * F + f)
+        if WAIT:
+            pdl_prologue(PDL)
+        gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2 = _grads(tiles, own, f, LAYER, NL, F, FAN_IN)
         gamma_s = -(gv0 * ux[:, None] + gv1 * uy[:, None] + gv2 * uz[:, None])
         gmb_s = gv0 * vj0[None, :] + gv1 * vj1[None, :] + gv2 * vj2[None, :]
         g_xa = tl.sum(gsm * w_a, axis=0)
@@ -543,7 +580,6 @@ if HAS_TRITON:
         w2t = w2 - 3 * F * F
         g_act = _mvx(g_xa, w2, F, w2t, 3 * F, F, F, MV) + _mvx(g_xb, w2 + F * F, F, w2t + F, 3 * F, F, F, MV)
         g_act += _mvx(g_xc, w2 + 2 * F * F, F, w2t + 2 * F, 3 * F, F, F, MV)
-        h1 = tl.load(own + (3 * (NL - 1) + LAYER - 1) * F + f)
         g_sj = gsm_j + _mvx(g_act * _silu_grad(h1), w1, F, w1 - F * F, F, F, F, MV)
         g_sm, g0, g1, g2 = _update_bwd(
             g_sj, g_vj0, g_vj1, g_vj2, own + (8 * (NL - 1) + 11 * (LAYER - 1)) * F, w_ptr + (LAYER - 1) * LS, F, RP,
@@ -559,10 +595,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _bwd_geometry(
-        rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1, gv2, gsm_j,
-        gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
-        LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, RP: tl.constexpr,
-        DOT: tl.constexpr,
+        rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, w_c, f, a, b, j, gpos_ptr,
+        forces_ptr, energy_ptr, atomic_ptr, LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr,
+        RP: tl.constexpr, DOT: tl.constexpr, FAN_IN: tl.constexpr, WAIT: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """Atom ``j``'s position gradient from the pairs ``k <- j`` (j the sender, u_kj = -u_jk) and ``j <- k``:
         dE/dpos_j = sum_k [-(dE/dd) u_jk + P_u(g_u^sender - g_u^receiver) / d], the wall on both pairs; added to
@@ -581,15 +616,6 @@ if HAS_TRITON:
             xc = tl.load(tiles + (XS + 2) * F)
             xa_j = tl.load(own + XS * F + f)
             xc_j = tl.load(own + (XS + 2) * F + f)
-        gamma_s = -(gv0 * ux[:, None] + gv1 * uy[:, None] + gv2 * uz[:, None])
-        gamma_r = gvj0[None, :] * ux[:, None] + gvj1[None, :] * uy[:, None] + gvj2[None, :] * uz[:, None]
-        g_rbf = _mm(gsm * xa_j[None, :] + gsm_j[None, :] * xa, _mat(wf, F, RP, RP), DOT)
-        g_rbf += _mm(gamma_s * xc_j[None, :] + gamma_r * xc, _mat(wf + 2 * F * RP, F, RP, RP), DOT)
-        mc_s = w_c * xc_j[None, :]
-        mc_r = w_c * xc
-        gu0 = tl.sum(mc_s * gv0 - mc_r * gvj0[None, :], axis=1)
-        gu1 = tl.sum(mc_s * gv1 - mc_r * gvj1[None, :], axis=1)
-        gu2 = tl.sum(mc_s * gv2 - mc_r * gvj2[None, :], axis=1)
         if LAYER > 0:
             xb = tl.load(tiles + (XS + 1) * F)
             xb_j = tl.load(own + (XS + 1) * F + f)
@@ -599,6 +625,19 @@ if HAS_TRITON:
             vj0 = tl.load(own + VS * F + f)
             vj1 = tl.load(own + (VS + 1) * F + f)
             vj2 = tl.load(own + (VS + 2) * F + f)
+        mc_s = w_c * xc_j[None, :]
+        mc_r = w_c * xc
+        if WAIT:
+            pdl_prologue(PDL)
+        gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2 = _grads(tiles, own, f, LAYER, NL, F, FAN_IN)
+        gamma_s = -(gv0 * ux[:, None] + gv1 * uy[:, None] + gv2 * uz[:, None])
+        gamma_r = gvj0[None, :] * ux[:, None] + gvj1[None, :] * uy[:, None] + gvj2[None, :] * uz[:, None]
+        g_rbf = _mm(gsm * xa_j[None, :] + gsm_j[None, :] * xa, _mat(wf, F, RP, RP), DOT)
+        g_rbf += _mm(gamma_s * xc_j[None, :] + gamma_r * xc, _mat(wf + 2 * F * RP, F, RP, RP), DOT)
+        gu0 = tl.sum(mc_s * gv0 - mc_r * gvj0[None, :], axis=1)
+        gu1 = tl.sum(mc_s * gv1 - mc_r * gvj1[None, :], axis=1)
+        gu2 = tl.sum(mc_s * gv2 - mc_r * gvj2[None, :], axis=1)
+        if LAYER > 0:
             gmb_s = gv0 * vj0[None, :] + gv1 * vj1[None, :] + gv2 * vj2[None, :]
             gmb_r = gvj0[None, :] * v0 + gvj1[None, :] * v1 + gvj2[None, :] * v2
             g_rbf += _mm(gmb_s * xb_j[None, :] + gmb_r * xb, _mat(wf + F * RP, F, RP, RP), DOT)
@@ -633,13 +672,18 @@ if HAS_TRITON:
         LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr, FROM_Z: tl.constexpr,
         MV: tl.constexpr = 0, GEO: tl.constexpr = False, FAN: tl.constexpr = False, FAN_IN: tl.constexpr = False,
+        EARLY: tl.constexpr = False,
     ):  # fmt: skip
         """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
         ``k <- j`` (j the sender) and ``j <- k`` (j the receiver). Above the first layer, ``SPLIT`` gives the two
         parts to two programs (program 2: 0 the features, 1 the geometry), which run side by side; ``FAN`` gives
         the features' three parts (:func:`_update_bwd_of`) to programs 0-2 and the geometry to 3. ``FAN_IN``: this
-        layer's gradients came with a V share of dE/dvm of their own (from a launch with ``FAN``)."""
-        pdl_prologue(PDL)
+        layer's gradients came with a V share of dE/dvm of their own (from a launch with ``FAN``). ``EARLY`` (with
+        PDL; the host sets it only where the first launch is not this one's predecessor, two layers or more): the
+        kept geometry, the filter products and the forward's values come before the wait for the previous launch,
+        whose gradients come after it."""
+        if not EARLY:
+            pdl_prologue(PDL)
         j = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
@@ -658,67 +702,42 @@ if HAS_TRITON:
         tiles = sc_ptr + ((b * NP + a[:, None]) * SL) * F + f[None, :]
         own = sc_ptr + ((b * NP + j) * SL) * F
         w_c = _mm(rbf, _mat(lw + 8 * F * F + 4 * F + 2 * F, RP, F, 3 * F), DOT)
-        # the receivers' upstream gradients [NP, F] and atom j's own rows
-        GS: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * LAYER
-        gsm = tl.load(tiles + GS * F)
-        gv0 = tl.load(tiles + (GS + 1) * F)
-        gv1 = tl.load(tiles + (GS + 2) * F)
-        gv2 = tl.load(tiles + (GS + 3) * F)
-        gsm_j = tl.load(own + GS * F + f)
-        gvj0 = tl.load(own + (GS + 1) * F + f)
-        gvj1 = tl.load(own + (GS + 2) * F + f)
-        gvj2 = tl.load(own + (GS + 3) * F + f)
-        if FAN_IN:
-            GB: tl.constexpr = 8 * (NL - 1) + 15 * NL + 3 * LAYER
-            gv0 += tl.load(tiles + GB * F)
-            gv1 += tl.load(tiles + (GB + 1) * F)
-            gv2 += tl.load(tiles + (GB + 2) * F)
-            gvj0 += tl.load(own + GB * F + f)
-            gvj1 += tl.load(own + (GB + 1) * F + f)
-            gvj2 += tl.load(own + (GB + 2) * F + f)
         role = tl.program_id(2)
         if SPLIT and LAYER > 0 and FAN:
             if role == 0:
                 _bwd_features(
-                    rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, NL, F, RP, DOT, MV, 0,
-                )  # fmt: skip
+                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 0, FAN_IN, EARLY, PDL
+                )
             elif role == 1:
                 _bwd_features(
-                    rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, NL, F, RP, DOT, MV, 1,
-                )  # fmt: skip
+                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 1, FAN_IN, EARLY, PDL
+                )
             elif role == 2:
                 _bwd_features(
-                    rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, NL, F, RP, DOT, MV, 2,
-                )  # fmt: skip
+                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 2, FAN_IN, EARLY, PDL
+                )
             else:
                 _bwd_geometry(
-                    rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1,
-                    gv2, gsm_j, gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
-                    LAYER, NL, NP, F, RP, DOT,
+                    rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, w_c, f, a, b, j,
+                    gpos_ptr, forces_ptr, energy_ptr, atomic_ptr, LAYER, NL, NP, F, RP, DOT, FAN_IN, EARLY, PDL,
                 )  # fmt: skip
         elif SPLIT and LAYER > 0:
             if role == 0:
                 _bwd_features(
-                    rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, NL, F, RP, DOT, MV,
-                )  # fmt: skip
+                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, -1, FAN_IN, EARLY, PDL
+                )
             else:
                 _bwd_geometry(
-                    rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1,
-                    gv2, gsm_j, gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
-                    LAYER, NL, NP, F, RP, DOT,
+                    rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, w_c, f, a, b, j,
+                    gpos_ptr, forces_ptr, energy_ptr, atomic_ptr, LAYER, NL, NP, F, RP, DOT, FAN_IN, EARLY, PDL,
                 )  # fmt: skip
         else:
             if LAYER > 0:
                 _bwd_features(
-                    rbf, own, tiles, lw, w_ptr, gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2, w_c, ux, uy, uz, f,
-                    LAYER, NL, F, RP, DOT, MV,
-                )  # fmt: skip
+                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, -1, FAN_IN, EARLY, PDL
+                )
             _bwd_geometry(
-                rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, gsm, gv0, gv1, gv2,
-                gsm_j, gvj0, gvj1, gvj2, w_c, f, a, b, j, gpos_ptr, forces_ptr, energy_ptr, atomic_ptr,
-                LAYER, NL, NP, F, RP, DOT,
+                rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, w_c, f, a, b, j,
+                gpos_ptr, forces_ptr, energy_ptr, atomic_ptr, LAYER, NL, NP, F, RP, DOT, FAN_IN, EARLY and LAYER == 0,
+                PDL,
             )  # fmt: skip

@@ -158,17 +158,21 @@ class DenseStep:
       terms in a ``[B, NP, NP, 2 RP + 8]`` scratch and the other launches read them instead of computing them again
       (on sm_90, 8 warps: ~700 instructions a thread in a forward, ~1,080 in a backward, of 2,400-4,300; stop 71:
       benzene 69.1 → 67.1 µs, biphenyl 92.5 → 72.7);
-    - ``fan`` (off: not timed yet; or a pair: forward, backward; the backward's only with ``split``): the serial
-      tail of each launch goes to programs of their own after a head they all compute: below the last layer the
-      update's saved values and v in one program and each of the next φ's three blocks in another (15 → 12
-      matrix-vector products on the longest chain), in the last forward and in each backward's feature part the
-      update block's backward in three (dE/ds_mid; dE/dvm's U share; its V share, which the next launch adds:
-      22 → 18 and 15 → 11)."""
+    - ``fan`` (forward on, backward off; a bool sets both; the backward's only with ``split``): the serial tail of
+      each launch goes to programs of their own after a head they all compute: below the last layer the update's
+      saved values and v in one program and each of the next φ's three blocks in another (15 → 12 matrix-vector
+      products on the longest chain), in the last forward and in each backward's feature part the update block's
+      backward in three (dE/ds_mid; dE/dvm's U share; its V share, which the next launch adds: 22 → 18 and
+      15 → 11). Stop 71 (``stop71_gpu/b/``): forward benzene 65.5 → 62.6 µs, biphenyl 72.6 → 68.5; the
+      backward's is slower (72.8 and 87.3: its geometry part is the longer one);
+    - ``early`` (off: not timed yet; with ``pdl``): what a launch reads that its predecessor does not write (the
+      kept geometry, the filter products, the forward's values in a backward) comes before its wait for that
+      launch, so that it overlaps the predecessor's work."""
 
     def __init__(
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | tuple[int, int] | None = None,
         prefetch: bool = True, split: bool = True, pdl: bool = False, rows: bool | tuple[bool, bool] = True,
-        geometry: bool = True, fan: bool | tuple[bool, bool] = False,
+        geometry: bool = True, fan: bool | tuple[bool, bool] = (True, False), early: bool = False,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -195,6 +199,7 @@ class DenseStep:
         self.geometry = geometry
         fan = (fan, fan) if isinstance(fan, bool) else tuple(fan)
         self.fan = (bool(fan[0]), bool(fan[1]) and split)
+        self.early = early
         z2i = torch.full((max(c.species) + 1,), -1, dtype=torch.int32)
         z2i[torch.as_tensor(c.species)] = torch.arange(len(c.species), dtype=torch.int32)
         self.z2i = z2i.to(self.device)
@@ -265,12 +270,14 @@ class DenseStep:
         out = []
         for layer in range(nl):
             roles = (3 if layer == nl - 1 else 4) if fan_f else 1
-            kw = dict(LAYER=layer, PREFETCH=pf, MV=int(self.rows[0]), FAN=fan_f, num_warps=self.num_warps[0])
+            kw = dict(LAYER=layer, PREFETCH=pf, MV=int(self.rows[0]), FAN=fan_f, EARLY=self.early)
+            kw["num_warps"] = self.num_warps[0]
             out.append((_dense_fwd_kernel, (np_, b, roles), kw | meta))
         for layer in reversed(range(nl)):
             split = self.split and layer > 0
             kw = dict(LAYER=layer, SPLIT=split, MV=int(self.rows[1]), FAN=fan_b and split, num_warps=self.num_warps[1])
             kw["FAN_IN"] = fan_f if layer == nl - 1 else fan_b
+            kw["EARLY"] = self.early and nl > 1  # (one layer: the kept geometry is the previous launch's)
             out.append((_dense_bwd_kernel, (np_, b, (4 if fan_b else 2) if split else 1), kw | meta))
         return out
 

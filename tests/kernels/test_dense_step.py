@@ -197,11 +197,11 @@ from mlff_distiller.model.painn import StudentModel
 model = StudentModel(hidden=32, layers=3, n_rbf=20, cutoff=5.0).eval()
 for p in model.parameters():
     p.requires_grad_(False)
-steps = [("default", ds.DenseStep(model)), ("fan", ds.DenseStep(model, fan=True))]
+steps = [("default", ds.DenseStep(model), None), ("other", ds.DenseStep(model, fan=True, early=True), {"PDL": True})]
 seen = set()
 for dtype in ("fp64", "fp32"):
-    for label, step in steps:
-        for kernel, grid, kw in step.plan(1, 16, True):
+    for label, step, pdl in steps:
+        for kernel, grid, kw in step.plan(1, 16, True, pdl):
             kw = dict(kw)
             num_warps = kw.pop("num_warps")
             key = (dtype, kernel.fn.__name__, tuple(sorted(kw.items())))
@@ -236,7 +236,8 @@ for dtype in ("fp64", "fp32"):
 
 def test_the_engines_launches_compile_for_sm90():
     """The kernels as the engine launches them (``FROM_Z``: int64 atomic numbers and structure indices; every launch
-    of :meth:`DenseStep.plan`, the defaults in float64 and float32, ``fan`` in float32) compile for sm_90 with the
+    of :meth:`DenseStep.plan`, the defaults in float64 and float32, ``fan`` both ways with ``early`` and PDL in
+    float32) compile for sm_90 with the
     installed Triton on a host with no GPU (in a process of its own: the interpreter, which the suite selects, never
     compiles). Triton 3.6 could not compile the float64 forward's
     geometry (``rx / d``: "'arith.divf' op requires the same encoding") until stop 70; the engine found out on the
@@ -251,5 +252,5 @@ def test_the_engines_launches_compile_for_sm90():
     if run.stdout.startswith("SKIP"):
         pytest.skip(f"no sm_90 compiler here: {run.stdout[5:].strip()}")
     assert run.returncode == 0, run.stderr[-3000:]
-    # float64: the default step's six launches; float32: those and the six with fan
+    # float64: the default step's six launches; float32: those and the six others
     assert run.stdout.count("compiled") == 18, run.stdout
