@@ -34,7 +34,9 @@ from probe_kernel_order import replay_kernels
 from mlff_distiller import load_model
 
 G2_SPECIES = (1, 3, 4, 5, 6, 7, 8, 9, 11, 13, 14, 15, 16, 17)
-VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults; the stop-69 ones without rows
+VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults at the run's commit (stop 71: pdl,
+    # early, fan forward and the kept geometry on; stop 71's runs "a" to "c" had them off until each was timed); the
+    # stop-69 ones without rows
     "shipped": ({}, False),
     "default": ({"rows": False, "prefetch": False, "split": False, "pdl": True}, True),
     "pdl off": ({"rows": False, "prefetch": False, "split": False}, False),
@@ -60,7 +62,7 @@ VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults; the
     "rows, 16 / 8 warps": ({"num_warps": (16, 8)}, False),
     "rows, 8 / 16 warps": ({"num_warps": (8, 16)}, False),
     "geometry kept": ({"geometry": True}, False),
-    "pdl": ({"pdl": True}, True),
+    "pdl": ({"pdl": True, "early": False}, True),  # (stop 71's early on: its "pdl" row had it off)
     "geometry kept, pdl": ({"geometry": True, "pdl": True}, True),
     "no geometry": ({"geometry": False}, False),
     "fan": ({"fan": True}, False),

@@ -147,11 +147,13 @@ class DenseStep:
     - ``prefetch`` (on): the first launch asks L2 for every weight of the step (133 → 113 µs, L2 flushed before
       each step as the benchmarks do);
     - ``split`` (on): each backward's feature and geometry parts in programs of their own (113 → 92 µs);
-    - ``pdl`` (off): programmatic dependent launch, which the engine's other kernels take (here 135 → 158 µs);
+    - ``pdl`` (on, where :func:`pdl_args` allows it: sm_90 and later, ``MLFF_DISTILLER_PDL``): programmatic
+      dependent launch, which the engine's other kernels take (stop 69: 135 → 158 µs with the wait first; stop 71:
+      65.1 → 63.3 for benzene, 70.2 → 81.0 for biphenyl, and with ``early`` 55.7 and 66.2);
     - ``num_warps`` (an int, or a pair: forward, backward; by default 8 up to 64 features, else 16, with ``rows``;
       4 and 8 without);
     - ``dot``: the filter products' ``tl.dot`` precision (0 ``ieee``, the default; 1 ``tf32x3``: no faster);
-    - ``rows`` (off; or a pair: forward, backward): the node products read each weight's transpose and sum along
+    - ``rows`` (on; or a pair: forward, backward): the node products read each weight's transpose and sum along
       a tile row, within a warp, rather than along a column across warps and then convert the result's layout (on
       sm_90: about half the barriers, 15 % more instructions);
     - ``geometry`` (on): the first forward keeps each pair's basis, its derivative, direction, distance and wall
@@ -165,14 +167,17 @@ class DenseStep:
       backward in three (dE/ds_mid; dE/dvm's U share; its V share, which the next launch adds: 22 → 18 and
       15 → 11). Stop 71 (``stop71_gpu/b/``): forward benzene 65.5 → 62.6 µs, biphenyl 72.6 → 68.5; the
       backward's is slower (72.8 and 87.3: its geometry part is the longer one);
-    - ``early`` (off: not timed yet; with ``pdl``): what a launch reads that its predecessor does not write (the
-      kept geometry, the filter products, the forward's values in a backward) comes before its wait for that
-      launch, so that it overlaps the predecessor's work."""
+    - ``early`` (on; with ``pdl``): what a launch reads that its predecessor does not write (the kept geometry, the
+      filter products, the forward's values in a backward) comes before its wait for that launch, so that it
+      overlaps the predecessor's work (``stop71_gpu/c/``: benzene 65.1 → 55.7 µs, biphenyl 70.2 → 66.2; results
+      equal after back-to-back replays). Safe because a launch starts only after its predecessor has passed its own
+      wait, so every launch before the predecessor has finished: the kept geometry (the first launch's) is read early
+      from the third launch on (the second computes its own), and nothing is written before the wait."""
 
     def __init__(
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | tuple[int, int] | None = None,
-        prefetch: bool = True, split: bool = True, pdl: bool = False, rows: bool | tuple[bool, bool] = True,
-        geometry: bool = True, fan: bool | tuple[bool, bool] = (True, False), early: bool = False,
+        prefetch: bool = True, split: bool = True, pdl: bool = True, rows: bool | tuple[bool, bool] = True,
+        geometry: bool = True, fan: bool | tuple[bool, bool] = (True, False), early: bool = True,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)

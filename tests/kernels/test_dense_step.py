@@ -41,22 +41,26 @@ def _close(got, want, rtol, atol=0.0):
 
 
 @pytest.mark.parametrize(
-    ("wall", "split", "rows", "geometry"),
+    ("wall", "options"),
     [
-        (WALL, False, True, False),
-        (None, False, True, False),
-        (WALL, True, True, False),
-        (WALL, True, False, False),
-        (WALL, True, (False, True), False),
-        (WALL, True, True, True),
+        (WALL, {}),
+        (WALL, {"split": False, "geometry": False}),
+        (None, {"split": False}),
+        (WALL, {"geometry": False, "fan": False, "early": False}),
+        (WALL, {"rows": False}),
+        (WALL, {"rows": (False, True), "fan": True}),
     ],
+    ids=["defaults", "unsplit", "no wall", "stop 70", "columns", "fan both"],
 )
-def test_float64_equals_the_models_autograd(triton_device, wall, split, rows, geometry):
+def test_float64_equals_the_models_autograd(triton_device, wall, options):
     """Molecules of 16, 12, 7, 2 and 1 atoms (padding programs, a lone atom) with a pair inside the ZBL wall and
-    pairs beyond the cutoff: energies, atomic energies and forces to float64 rounding. Without a wall the step takes
-    a table of radius 0; ``split`` gives each backward's two parts their own programs; ``rows`` (forward, backward)
-    sums the node products along the rows of the weights' transposes (the default) or along the columns;
-    ``geometry`` keeps the first forward's pair geometry for the other launches."""
+    pairs beyond the cutoff: energies, atomic energies and forces to float64 rounding, for the launch options (the
+    defaults and others; on the interpreter ``early`` orders nothing, so its overlap is the CUDA tests'). Without a
+    wall the step takes a table of radius 0; ``split`` gives each backward's two parts their own programs; ``rows``
+    (forward, backward) sums the node products along the rows of the weights' transposes (the default) or along the
+    columns; ``geometry`` keeps the first forward's pair geometry for the other launches; ``fan`` gives each launch's
+    tail programs of their own (the forward's by default, both here), the backward's in three parts whose V share
+    the next launch adds."""
     model = _model(repulsion=wall)
     pos, idx = _molecules([16, 12, 7, 2, 1], spread=2.2)
     pos[1, 1] = pos[1, 0] + torch.tensor([0.85, 0.1, 0.0], dtype=torch.float64)  # inside a wall
@@ -64,7 +68,7 @@ def test_float64_equals_the_models_autograd(triton_device, wall, split, rows, ge
     d = torch.cdist(pos[0, :16], pos[0, :16])
     assert (d > model.cutoff).any(), "the test wants pairs beyond the cutoff"
     er, ar, fr = ds.dense_step_reference(model, pos, idx)
-    step = ds.DenseStep(model, torch.float64, triton_device, split=split, rows=rows, geometry=geometry)
+    step = ds.DenseStep(model, torch.float64, triton_device, **options)
     e, a, f = step(pos.to(triton_device), idx.to(triton_device))
     _close(e, er, rtol=1e-12)
     _close(a, ar, rtol=1e-12, atol=1e-12)
@@ -77,7 +81,7 @@ def test_32_slots_and_repeated_calls(triton_device):
     """A molecule of 23 atoms in 32 slots beside one of 5; a second call on other positions through the same kept
     scratch gives that call's own results (nothing stale: the kept geometry is the first forward's of each call)."""
     model = _model(seed=1)
-    step = ds.DenseStep(model, torch.float64, triton_device, geometry=True)
+    step = ds.DenseStep(model, torch.float64, triton_device)
     for seed in (1, 2):
         pos, idx = _molecules([23, 5], np_=32, seed=seed, spread=1.8)
         er, ar, fr = ds.dense_step_reference(model, pos, idx)
@@ -127,18 +131,55 @@ def test_shipped_student_on_benzene_in_float32(triton_device):
     assert (f.double().cpu() - fr).abs().max() < 2e-5
 
 
-@pytest.mark.parametrize("layers", [1, 2, 4])
-def test_other_depths(triton_device, layers):
-    """Students of 1, 2 and 4 layers (a launch per layer each way; the scratch's slots follow the depth): float64
-    against autograd."""
+@pytest.mark.parametrize(("layers", "fan"), [(1, True), (2, True), (4, (True, False))])
+def test_other_depths(triton_device, layers, fan):
+    """Students of 1, 2 and 4 layers (a launch per layer each way; the scratch's slots follow the depth; one layer:
+    the last forward's fan feeds the only backward, which takes no ``early``): float64 against autograd."""
     model = _model(seed=layers, layers=layers)
     pos, idx = _molecules([11, 4], seed=layers, spread=1.9)
     er, ar, fr = ds.dense_step_reference(model, pos, idx)
-    e, a, f = ds.DenseStep(model, torch.float64, triton_device)(pos.to(triton_device), idx.to(triton_device))
+    step = ds.DenseStep(model, torch.float64, triton_device, fan=fan)
+    assert [kw["EARLY"] for _, _, kw in step.plan(2, 16, False)] == [True] * layers + [layers > 1] * layers
+    e, a, f = step(pos.to(triton_device), idx.to(triton_device))
     _close(e, er, rtol=1e-12)
     _close(a, ar, rtol=1e-12, atol=1e-12)
     _close(f, fr, rtol=1e-10, atol=1e-11)
-    assert [ds.slots(n) for n in (1, 2, 3, 4)] == [15, 38, 61, 84]
+    assert [ds.slots(n) for n in (1, 2, 3, 4)] == [18, 44, 70, 96]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_overlapping_launches_replayed_back_to_back_on_cuda():
+    """With PDL and ``early`` (the defaults) each launch starts while its predecessor runs and reads what that one
+    does not write before its wait. Captured in a CUDA graph and replayed 20 times back to back on each of four
+    position sets, the last replay's results equal the float64 autograd's every time (a race would not)."""
+    import os
+
+    from mlff_distiller.kernels._triton_utils import pdl_args, sm90
+
+    dev = torch.device("cuda")
+    model = _model(seed=5)
+    step = ds.DenseStep(model, torch.float64, dev)
+    pos0, idx = _molecules([16, 9], seed=5, spread=1.8)
+    pos_in, idx_in = pos0.to(dev), idx.to(dev)
+    if sm90(dev) and os.environ.get("MLFF_DISTILLER_PDL", "1").strip() != "0":
+        assert pdl_args(pos_in)["PDL"], "the launches this test is about do not overlap here"
+    step(pos_in, idx_in)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        e, a, f = step(pos_in, idx_in)
+    gen = torch.Generator().manual_seed(6)
+    for _ in range(4):
+        pos = pos0 + 0.05 * torch.randn(pos0.shape, generator=gen, dtype=torch.float64) * (idx >= 0)[..., None]
+        pos_in.copy_(pos)
+        for _ in range(20):
+            graph.replay()
+        torch.cuda.synchronize()
+        er, ar, fr = ds.dense_step_reference(model, pos, idx)
+        _close(e, er, rtol=1e-12)
+        _close(a, ar, rtol=1e-12, atol=1e-12)
+        _close(f, fr, rtol=1e-10, atol=1e-11)
 
 
 def test_rejects_what_it_does_not_compute():
@@ -165,8 +206,13 @@ def test_rejects_what_it_does_not_compute():
 
 def test_launch_options_default_to_the_measured_ones():
     """rows on, 8 warps up to 64 features and 16 above (stop 70 on the H200: benzene 69 µs against 92 for stop 69's
-    column sums on 4 warps); without rows stop 69's 4 and 8; a pair sets the two directions apart."""
-    assert (ds.DenseStep(_model()).rows, ds.DenseStep(_model()).num_warps) == ((True, True), (8, 8))
+    column sums on 4 warps); without rows stop 69's 4 and 8; a pair sets the two directions apart. Stop 71: the kept
+    geometry, the forward's fan and the early loads under PDL on (benzene 69.1 → 65.1 → 62.6 → 55.7 µs); the
+    backward's fan (slower) off, and never without ``split``."""
+    step = ds.DenseStep(_model())
+    assert (step.rows, step.num_warps) == ((True, True), (8, 8))
+    assert (step.geometry, step.fan, step.pdl, step.early) == (True, (True, False), True, True)
+    assert ds.DenseStep(_model(), fan=True, split=False).fan == (True, False)
     assert ds.DenseStep(_model(hidden=128, n_rbf=8)).num_warps == (16, 16)
     assert ds.DenseStep(_model(), rows=False).num_warps == (4, 4)
     assert ds.DenseStep(_model(hidden=128, n_rbf=8), rows=False).num_warps == (8, 8)
