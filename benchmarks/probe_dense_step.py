@@ -37,7 +37,7 @@ G2_SPECIES = (1, 3, 4, 5, 6, 7, 8, 9, 11, 13, 14, 15, 16, 17)
 VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults at the run's commit (stop 71: pdl,
     # early, fan forward and the kept geometry on; stop 71's runs "a" to "c" had them off until each was timed); the
     # stop-69 ones without rows
-    "shipped": ({}, False),
+    "shipped": ({}, True),  # (PDL off before stop 71's run "e": its run "d" timed "shipped" without PDL)
     "default": ({"rows": False, "prefetch": False, "split": False, "pdl": True}, True),
     "pdl off": ({"rows": False, "prefetch": False, "split": False}, False),
     "pdl off + L2 prefetch": ({"rows": False, "split": False}, False),
@@ -71,6 +71,8 @@ VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults at t
     "early": ({"pdl": True, "early": True}, True),
     "early, fan both": ({"pdl": True, "early": True, "fan": True}, True),
     "early, no geometry": ({"pdl": True, "early": True, "geometry": False}, True),
+    "no fan": ({"fan": False}, True),
+    "stop 70 launch": ({"geometry": False, "fan": False, "early": False, "pdl": False}, False),
 }
 
 
