@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 MAX_ATOMS = 64  # an atom's row is [NP, F]: 64 partners x 128 features still fits a program's registers
+FAN_SMS = 132  # the SMs "auto" fan assumes off CUDA (an H100's or H200's; on CUDA the device's own count)
 
 # Scratch slots (each F floats) per atom, for layer l of NL (the kernels compute them from their LAYER and NL
 # constexprs: Triton kernels read no global tuples): φ_l's three blocks at 3 (l - 1) (layers 1 to NL - 1; layer 0's
@@ -160,13 +161,15 @@ class DenseStep:
       terms in a ``[B, NP, NP, 2 RP + 8]`` scratch and the other launches read them instead of computing them again
       (on sm_90, 8 warps: ~700 instructions a thread in a forward, ~1,080 in a backward, of 2,400-4,300; stop 71:
       benzene 69.1 → 67.1 µs, biphenyl 92.5 → 72.7);
-    - ``fan`` (forward on, backward off; a bool sets both; the backward's only with ``split``): the serial tail of
+    - ``fan`` ("auto": the forward's where its programs, four an atom, fit one an SM, the backward's off; a bool
+      sets both, a pair each; the backward's only with ``split``): the serial tail of
       each launch goes to programs of their own after a head they all compute: below the last layer the update's
       saved values and v in one program and each of the next φ's three blocks in another (15 → 12 matrix-vector
       products on the longest chain), in the last forward and in each backward's feature part the update block's
       backward in three (dE/ds_mid; dE/dvm's U share; its V share, which the next launch adds: 22 → 18 and
-      15 → 11). Stop 71 (``stop71_gpu/b/``): forward benzene 65.5 → 62.6 µs, biphenyl 72.6 → 68.5; the
-      backward's is slower (72.8 and 87.3: its geometry part is the longer one);
+      15 → 11). Stop 71 (``stop71_gpu/b/``): forward benzene 65.5 → 62.6 µs, biphenyl 72.6 → 68.5 (128
+      programs); the backward's is slower (72.8 and 87.3: its geometry part is the longer one); C60 in 64 slots
+      (256 programs, two waves; ``e/``): 159.5 with it, 110.3 without;
     - ``early`` (on; with ``pdl``): what a launch reads that its predecessor does not write (the kept geometry, the
       filter products, the forward's values in a backward) comes before its wait for that launch, so that it
       overlaps the predecessor's work (``stop71_gpu/c/``: benzene 65.1 → 55.7 µs, biphenyl 70.2 → 66.2; results
@@ -177,7 +180,7 @@ class DenseStep:
     def __init__(
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | tuple[int, int] | None = None,
         prefetch: bool = True, split: bool = True, pdl: bool = True, rows: bool | tuple[bool, bool] = True,
-        geometry: bool = True, fan: bool | tuple[bool, bool] = (True, False), early: bool = True,
+        geometry: bool = True, fan: bool | str | tuple = "auto", early: bool = True,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -202,8 +205,16 @@ class DenseStep:
         self.split, self.pdl = split, pdl
         self.rows = (rows, rows) if isinstance(rows, bool) else tuple(rows)
         self.geometry = geometry
+        if fan == "auto":
+            fan = ("auto", False)
         fan = (fan, fan) if isinstance(fan, bool) else tuple(fan)
-        self.fan = (bool(fan[0]), bool(fan[1]) and split)
+        if fan[0] not in (True, False, "auto"):
+            raise ValueError(f"dense_step: fan {fan!r}: a bool, 'auto' or a pair (forward, backward) expected")
+        self.fan = (fan[0], bool(fan[1]) and split)
+        # a forward's programs with "auto" fan: at most one an SM (each takes a whole SM's registers at 8 warps)
+        self.sm_count = FAN_SMS
+        if self.device.type == "cuda":
+            self.sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.early = early
         z2i = torch.full((max(c.species) + 1,), -1, dtype=torch.int32)
         z2i[torch.as_tensor(c.species)] = torch.arange(len(c.species), dtype=torch.int32)
@@ -272,6 +283,8 @@ class DenseStep:
         n_w = self.weights.numel()
         pf = _pow2(-(-n_w // (32 * np_)), 1) if self.prefetch else 0
         fan_f, fan_b = self.fan
+        if fan_f == "auto":
+            fan_f = b * np_ * 4 <= self.sm_count
         out = []
         for layer in range(nl):
             roles = (3 if layer == nl - 1 else 4) if fan_f else 1

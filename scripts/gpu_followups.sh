@@ -1023,10 +1023,21 @@ case "${1:-}" in
       >"$OUT/probe_dense_step.log" 2>&1
     grep -E "^\| " "$OUT/probe_dense_64slots_h200.md" | head -14 || tail -8 "$OUT/probe_dense_step.log"
     ;;
+  stop71f)
+    # the engine's dense step up to 64 atoms (DENSE_SLOTS 16, 32, 64) and fan "auto" (off at 64 slots): C60 and
+    # benzene through the engine, then the engine's CUDA test in fp32 (benzene, biphenyl, C60, MD)
+    timeout 120 python3 benchmarks/probe_dense_step.py --out "$OUT" --name probe_dense_engine64_h200 \
+      --students builtin:chno-gfn2-small --molecules C60,C6H6 --g2 "" --variants "shipped" \
+      >"$OUT/probe_dense_step.log" 2>&1
+    grep -E "^\| " "$OUT/probe_dense_engine64_h200.md" | head -8 || tail -8 "$OUT/probe_dense_step.log"
+    timeout 110 python3 -m pytest -q -p no:cacheprovider -k "cuda and fp32" tests/test_engine_dense.py \
+      >"$OUT/pytest_engine_dense.log" 2>&1
+    tail -3 "$OUT/pytest_engine_dense.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

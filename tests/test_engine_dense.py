@@ -59,9 +59,9 @@ def _batch(mols):
 
 
 def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3, cpu_triton):
-    """Benzene, water, a 16-atom cluster (16 slots) and a 17-atom one (32 slots), one at a time, take the dense
-    step, equal to the model's autograd; two molecules in one batch, a periodic cell and a 33-atom molecule take the
-    model's step."""
+    """Benzene, water, a 16-atom cluster (16 slots), a 17-atom one (32 slots) and a 33-atom one (64 slots), one at
+    a time, take the dense step, equal to the model's autograd; two molecules in one batch, a periodic cell and a
+    65-atom molecule take the model's step."""
     ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
     engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
     calls = _counting(engine)
@@ -73,16 +73,18 @@ def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3, c
     cluster16.set_positions(rng.normal(size=(16, 3)) * 1.7)
     cluster17 = cluster16 + molecule("H2O")[:1]
     cluster17.positions[-1] = [3.0, 0.0, 0.0]
-    for k, mol in enumerate([molecule("C6H6"), molecule("H2O"), cluster16, cluster17]):
+    cluster33 = cluster16 + cluster17
+    cluster33.set_positions(rng.normal(size=(33, 3)) * 2.2)
+    for k, mol in enumerate([molecule("C6H6"), molecule("H2O"), cluster16, cluster17, cluster33]):
         _close(engine.compute(_batch([mol]), to_host=True), ref.compute(_batch([mol]), to_host=True))
         assert len(calls) == k + 1, mol
-    assert [c[3] for c in calls] == [16, 16, 16, 32]  # the slots each took
-    big = cluster16 + cluster17
-    big.set_positions(rng.normal(size=(33, 3)) * 2.2)
+    assert [c[3] for c in calls] == [16, 16, 16, 32, 64]  # the slots each took
+    big = cluster33 + cluster16 + cluster16
+    big.set_positions(rng.normal(size=(65, 3)) * 2.8)
     cell = bulk("Si", "diamond", a=5.43, cubic=True)
     for batch in ([molecule("C6H6"), molecule("H2O")], [cell], [big]):
         _close(engine.compute(_batch(batch), to_host=True), ref.compute(_batch(batch), to_host=True))
-    assert len(calls) == 4
+    assert len(calls) == 5
 
 
 def test_a_float32_engine_takes_it_within_float32s_tolerance(model3, cpu_triton):
@@ -276,8 +278,9 @@ def test_an_out_of_memory_dense_step_is_raised_as_it_is(model3, cpu_triton):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("precision", ["fp32", "fp64"])
 def test_the_shipped_small_student_takes_it_on_cuda(precision):
-    """The shipped 64 x 3 student on CUDA, mode auto: benzene's step (16 slots) and biphenyl's (32) are the captured
-    dense step, within fp32's tolerance of the float64 eager engine; MD through the calculator takes it too."""
+    """The shipped 64 x 3 student on CUDA, mode auto: benzene's step (16 slots), biphenyl's (32) and C60's (64) are
+    the captured dense step, within fp32's tolerance of the float64 eager engine; MD through the calculator takes it
+    too."""
     from ase import units
     from ase.md.verlet import VelocityVerlet
 
@@ -300,6 +303,13 @@ def test_the_shipped_small_student_takes_it_on_cuda(precision):
     assert engine.last_bucket in engine._dense_runners[32]
     np.testing.assert_allclose(got["forces"].double().numpy(), want["forces"].numpy(), atol=1e-4)
     assert abs(float(got["energy"][0]) - float(want["energy"][0])) < 2e-4
+    c60 = molecule("C60")  # 60 atoms: 64 slots
+    for _ in range(2):
+        got = engine.compute(AtomsBatch.from_atoms([c60]), to_host=True)
+    want = ref.compute(_batch([c60]), to_host=True)
+    assert engine.last_bucket in engine._dense_runners[64]
+    np.testing.assert_allclose(got["forces"].double().numpy(), want["forces"].numpy(), atol=2e-4)
+    assert abs(float(got["energy"][0]) - float(want["energy"][0])) < 1e-3
     atoms = molecule("CH3CH2OH")
     atoms.calc = StudentCalculator(model, device="cuda", precision=precision)
     maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(0))

@@ -201,13 +201,13 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
             ``predict_file`` use 1, because a stream of varied batches meets most large buckets once and a capture
             costs ~25 of their steps (100,000 g2 molecules: 20 buckets, 2.9 s of captures). ``warmup`` always
             captures.
-        dense_small: padded steps of one non-periodic molecule of at most ``DENSE_MAX_ATOMS`` (32) atoms take the
+        dense_small: padded steps of one non-periodic molecule of at most ``DENSE_MAX_ATOMS`` (64) atoms take the
             dense step (:mod:`mlff_distiller.kernels.dense_step`: two launches a layer, one program per atom, all pairs
             within the cutoff, no neighbour list) instead of the model's forward and ``autograd.grad``; the same
             energies and forces to float32 rounding. Default (None): on CUDA for a student of the shipped
             architecture up to ``DENSE_MAX_HIDDEN`` (64) features in fp32 or fp64, where it measured faster (64 x 3
-            on an H200: benzene 70 against 131 µs, biphenyl 91 against 136; 128 x 3: benzene 194 against 159, so
-            not there); True: also wider students; False: never.
+            on an H200, stop 71: benzene 56 against 129 µs, biphenyl 68 against 135, C60 110 against 141; 128 x 3:
+            benzene 175 against 157, so not there); True: also wider students; False: never.
     """
 
     def __init__(
@@ -638,8 +638,8 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
     def _warms_dense(self, bucket: Bucket, stress: bool) -> bool:
         """Whether ``warmup`` captures the dense step of ``bucket`` beside its step (on the bucket's current
         content, whatever it is: the capture records launches, and a molecule's call replays them on its own): the
-        step of 16 slots only (molecules of up to 16 atoms); a molecule of 17-32 atoms captures its own at its
-        first call, as its kernels (compiled per slot count) are not compiled before one comes."""
+        step of 16 slots only (molecules of up to 16 atoms); a molecule of 17-64 atoms captures its own (32 or 64
+        slots) at its first call, as its kernels (compiled per slot count) are not compiled before one comes."""
         return (
             self._dense is not None
             and self.dense_small is not False

@@ -34,11 +34,11 @@ __all__ = ["COMPACT_MIN_EDGES", "PaddedPaths"]
 COMPACT_MIN_EDGES = 1024
 
 
-# The dense step (kernels/dense_step.py) for one small molecule: its atoms (one program each, in NP = 16 or 32
-# slots, DENSE_SLOTS) and the students it measured faster for (benchmarks/results/stop70_gpu/, H200, 64 x 3:
-# benzene 69.5 µs and biphenyl, 22 atoms in 32 slots, 91.4 against the captured step's 130.8 and 136.1; 128 x 3:
-# benzene 194 against 159).
-DENSE_SLOTS = (16, 32)
+# The dense step (kernels/dense_step.py) for one small molecule: its atoms (one program each, in NP = 16, 32 or 64
+# slots, DENSE_SLOTS) and the students it measured faster for (H200, 64 x 3, against the captured step in the same
+# runs: benzene 56.4 µs against 129-131, biphenyl (22 atoms, 32 slots) 67.6 against 135, benchmarks/results/
+# stop71_gpu/d/; C60 (60 atoms, 64 slots) 110.3 against 140.5, e/; 128 x 3: benzene 175 against 157, c/).
+DENSE_SLOTS = (16, 32, 64)
 DENSE_MAX_ATOMS = DENSE_SLOTS[-1]
 DENSE_MAX_HIDDEN = 64
 

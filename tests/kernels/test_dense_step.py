@@ -92,6 +92,20 @@ def test_32_slots_and_repeated_calls(triton_device):
     assert len(step._scratch) == 1
 
 
+def test_64_slots(triton_device):
+    """A molecule of 40 atoms in 64 slots (the forward without fan: 256 programs would not fit one an SM) against
+    autograd in float64."""
+    model = _model(seed=2)
+    pos, idx = _molecules([40], np_=64, seed=2, spread=2.0)
+    er, ar, fr = ds.dense_step_reference(model, pos, idx)
+    step = ds.DenseStep(model, torch.float64, triton_device)
+    assert not step.plan(1, 64, False)[0][2]["FAN"]
+    e, a, f = step(pos.to(triton_device), idx.to(triton_device))
+    _close(e, er, rtol=1e-12)
+    _close(a, ar, rtol=1e-12, atol=1e-12)
+    _close(f, fr, rtol=1e-10, atol=1e-11)
+
+
 def test_forces_are_minus_the_energys_finite_differences(triton_device):
     model = _model(seed=3)
     pos, idx = _molecules([9], seed=3, spread=1.3)
@@ -211,8 +225,20 @@ def test_launch_options_default_to_the_measured_ones():
     backward's fan (slower) off, and never without ``split``."""
     step = ds.DenseStep(_model())
     assert (step.rows, step.num_warps) == ((True, True), (8, 8))
-    assert (step.geometry, step.fan, step.pdl, step.early) == (True, (True, False), True, True)
+    assert (step.geometry, step.fan, step.pdl, step.early) == (True, ("auto", False), True, True)
     assert ds.DenseStep(_model(), fan=True, split=False).fan == (True, False)
+    # "auto": the forward's fan where its programs (four an atom) fit one an SM (C60 in 64 slots: 159.5 µs with
+    # it, 110.3 without; stop71_gpu/e/)
+    fans = {(b, n): step.plan(b, n, False)[0][2]["FAN"] for b, n in [(1, 16), (1, 32), (2, 16), (1, 64), (2, 32)]}
+    assert step.sm_count == ds.FAN_SMS == 132 and fans == {(1, 16): True, (1, 32): True, (2, 16): True} | {
+        (1, 64): False,
+        (2, 32): False,
+    }
+    assert [g for _, g, _ in step.plan(1, 32, False)] == [(32, 1, 4), (32, 1, 4), (32, 1, 3)] + [(32, 1, 2)] * 2 + [
+        (32, 1, 1)
+    ]
+    with pytest.raises(ValueError, match="fan"):
+        ds.DenseStep(_model(), fan="sometimes")
     assert ds.DenseStep(_model(hidden=128, n_rbf=8)).num_warps == (16, 16)
     assert ds.DenseStep(_model(), rows=False).num_warps == (4, 4)
     assert ds.DenseStep(_model(hidden=128, n_rbf=8), rows=False).num_warps == (8, 8)
