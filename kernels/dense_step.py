@@ -24,8 +24,8 @@ The algebra is :mod:`mlff_distiller.model.analytic`'s (the chain rule of the for
 architecture, with the ZBL wall and its gate on the basis (:mod:`.repulsion`): PaiNN message and update blocks, the
 first layer's φ from the species table, the last layer's update scalars only, the readout with the per-species
 scale and shift; any number of layers. Molecules of up to ``MAX_ATOMS`` atoms, no periodic images. The engine takes
-it for one small molecule (``ForceEngine(dense_small=...)``); measured in ``benchmarks/results/stop69_gpu/`` and
-``stop70_gpu/``. The jit kernels are in :mod:`._dense_kernels`; this module is the host side.
+it for one small molecule (``ForceEngine(dense_small=...)``); measured in ``benchmarks/results/stop69_gpu/`` to
+``stop71_gpu/``. The jit kernels are in :mod:`._dense_kernels`; this module is the host side.
 """
 
 from __future__ import annotations
