@@ -73,6 +73,9 @@ VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults at t
     "early, no geometry": ({"pdl": True, "early": True, "geometry": False}, True),
     "no fan": ({"fan": False}, True),
     "stop 70 launch": ({"geometry": False, "fan": False, "early": False, "pdl": False}, False),
+    # timing instruments (wrong results): a split backward's feature or geometry programs left out
+    "ablate features": ({"ablate": 1}, True),
+    "ablate geometry": ({"ablate": 2}, True),
 }
 
 
@@ -146,10 +149,16 @@ def main() -> None:
         default=0,
         help="set the engine's DENSE_MAX_HIDDEN (the widest student its dense step takes by default) for this run",
     )
+    ap.add_argument(
+        "--dense-zero",
+        choices=("off", "on", "both"),
+        default="off",
+        help="the engine's rows with DENSE_ZERO_IN_KERNEL off (its default), on, or both in turn",
+    )
     args = ap.parse_args()
-    if args.dense_max_hidden:
-        from mlff_distiller import engine_padded
+    from mlff_distiller import engine_padded
 
+    if args.dense_max_hidden:
         engine_padded.DENSE_MAX_HIDDEN = args.dense_max_hidden
     if args.loop:
         from ase.build import molecule
@@ -202,15 +211,19 @@ def main() -> None:
             impl, run = _engine_step(model, [atoms])
             t_engine = time_fn(run, dev, rep_ms=300).median_us
             t_engine_warm = warm_us(run)
-            impl_d, run_d = _engine_step(model, [atoms], dense_small=None)
-            t_auto = time_fn(run_d, dev, rep_ms=300).median_us
-            eng = impl_d.engine
-            auto_rows.append(
-                f"| {name} | {mol} | {'dense' if any(eng._dense_runners.values()) else 'graph'} | {t_auto:.1f} | "
-                f"{warm_us(run_d):.1f} | {t_engine:.1f} | {t_engine / t_auto:.2f} |"
-            )
-            print(auto_rows[-1], flush=True)
-            del impl_d, run_d
+            for zero in dict(off=[False], on=[True], both=[False, True])[args.dense_zero]:
+                engine_padded.DENSE_ZERO_IN_KERNEL = zero
+                impl_d, run_d = _engine_step(model, [atoms], dense_small=None)
+                t_auto = time_fn(run_d, dev, rep_ms=300).median_us
+                eng = impl_d.engine
+                taken = "dense" if any(eng._dense_runners.values()) else "graph"
+                auto_rows.append(
+                    f"| {name} | {mol} | {taken}{', zeroed in its first launch' if zero else ''} | {t_auto:.1f} | "
+                    f"{warm_us(run_d):.1f} | {t_engine:.1f} | {t_engine / t_auto:.2f} |"
+                )
+                print(auto_rows[-1], flush=True)
+                del impl_d, run_d
+            engine_padded.DENSE_ZERO_IN_KERNEL = False
             for var in variants:
                 kw, pdl = VARIANTS[var]
                 with pdl_enabled(pdl):

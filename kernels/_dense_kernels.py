@@ -336,10 +336,11 @@ if HAS_TRITON:
     @triton.jit
     def _dense_fwd_kernel(
         pos_ptr, idx_ptr, batch_ptr, z2i_ptr, w_ptr, table_ptr, consts_ptr, sc_ptr, geo_ptr, atomic_ptr, n_species,
-        n_weights, LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr,
+        n_weights, zero_ptr, z_e0, z_e1, z_a0, z_a1, z_f0, z_f1,
+        LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr,
         RP: tl.constexpr, SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
         FROM_Z: tl.constexpr, MV: tl.constexpr = 0, GEO: tl.constexpr = False, FAN: tl.constexpr = False,
-        EARLY: tl.constexpr = False,
+        EARLY: tl.constexpr = False, ZERO: tl.constexpr = False,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
         the readout, its backward and the last update block's backward (its gradient slots). ``FAN``: program 2
@@ -348,7 +349,9 @@ if HAS_TRITON:
         three blocks each; at the last layer 0-2 the parts of the update block's backward (:func:`_update_bwd_of`).
         ``EARLY`` (with PDL, above the first layer): the geometry and the filter products, which read nothing the
         previous launch writes, come before the wait for it (the kept geometry from the second launch on; the first
-        is the previous launch's own, so layer 1 computes its geometry again)."""
+        is the previous launch's own, so layer 1 computes its geometry again). ``ZERO`` (layer 0): the programs
+        also zero ``zero_ptr``'s ranges ``[z_e0, z_e1)``, ``[z_a0, z_a1)`` and ``[z_f0, z_f1)`` (the parts of the
+        engine's packed output that no launch writes), so that the engine needs no fill before the step."""
         PRE: tl.constexpr = EARLY and LAYER > 0
         if not PRE:
             pdl_prologue(PDL)
@@ -364,6 +367,11 @@ if HAS_TRITON:
                 tl.inline_asm_elementwise(
                     "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
                 )
+        if ZERO and LAYER == 0:
+            if role == 0:
+                _zero_range(zero_ptr, z_e0, z_e1, i, NP)
+                _zero_range(zero_ptr, z_a0, z_a1, i, NP)
+                _zero_range(zero_ptr, z_f0, z_f1, i, NP)
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         lw = w_ptr + LAYER * LS
         g = w_ptr + NL * LS
@@ -496,6 +504,13 @@ if HAS_TRITON:
                 )  # fmt: skip
                 tl.store(own + GL * F + f, g_sm)
                 _store_rows(own + (GL + 1) * F, F, g0, g1, g2)
+
+    @triton.jit
+    def _zero_range(ptr, lo, hi, i, NP: tl.constexpr):
+        """Zeros in ``ptr[lo:hi]``, program ``i`` of ``NP`` taking every ``NP``-th block of 64."""
+        k = tl.arange(0, 64)
+        for start in range(lo + i * 64, hi, NP * 64):
+            tl.store(ptr + start + k, tl.zeros([64], dtype=ptr.dtype.element_ty), mask=start + k < hi)
 
     @triton.jit
     def _readout(s, g, n_species, ix_i, real_i, e_row, atomic_out, store, F: tl.constexpr, MV: tl.constexpr):
@@ -672,7 +687,7 @@ if HAS_TRITON:
         LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr, FROM_Z: tl.constexpr,
         MV: tl.constexpr = 0, GEO: tl.constexpr = False, FAN: tl.constexpr = False, FAN_IN: tl.constexpr = False,
-        EARLY: tl.constexpr = False,
+        EARLY: tl.constexpr = False, ABLATE: tl.constexpr = 0,
     ):  # fmt: skip
         """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
         ``k <- j`` (j the sender) and ``j <- k`` (j the receiver). Above the first layer, ``SPLIT`` gives the two
@@ -681,7 +696,9 @@ if HAS_TRITON:
         layer's gradients came with a V share of dE/dvm of their own (from a launch with ``FAN``). ``EARLY`` (with
         PDL; the host sets it only where the first launch is not this one's predecessor, two layers or more): the
         kept geometry, the filter products and the forward's values come before the wait for the previous launch,
-        whose gradients come after it."""
+        whose gradients come after it. ``ABLATE`` (a timing instrument, wrong results: the probe's "ablate"
+        variants): with ``SPLIT``, 1 leaves the feature programs' work out, 2 the geometry program's, to time each
+        program kind alone."""
         if not EARLY:
             pdl_prologue(PDL)
         j = tl.program_id(0)
@@ -705,28 +722,36 @@ if HAS_TRITON:
         role = tl.program_id(2)
         if SPLIT and LAYER > 0 and FAN:
             if role == 0:
-                _bwd_features(
-                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 0, FAN_IN, EARLY, PDL
-                )
+                if ABLATE != 1:
+                    _bwd_features(
+                        rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 0, FAN_IN,
+                        EARLY, PDL,
+                    )  # fmt: skip
             elif role == 1:
-                _bwd_features(
-                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 1, FAN_IN, EARLY, PDL
-                )
+                if ABLATE != 1:
+                    _bwd_features(
+                        rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 1, FAN_IN,
+                        EARLY, PDL,
+                    )  # fmt: skip
             elif role == 2:
-                _bwd_features(
-                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 2, FAN_IN, EARLY, PDL
-                )
-            else:
+                if ABLATE != 1:
+                    _bwd_features(
+                        rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 2, FAN_IN,
+                        EARLY, PDL,
+                    )  # fmt: skip
+            elif ABLATE != 2:
                 _bwd_geometry(
                     rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, w_c, f, a, b, j,
                     gpos_ptr, forces_ptr, energy_ptr, atomic_ptr, LAYER, NL, NP, F, RP, DOT, FAN_IN, EARLY, PDL,
                 )  # fmt: skip
         elif SPLIT and LAYER > 0:
             if role == 0:
-                _bwd_features(
-                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, -1, FAN_IN, EARLY, PDL
-                )
-            else:
+                if ABLATE != 1:
+                    _bwd_features(
+                        rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, -1, FAN_IN,
+                        EARLY, PDL,
+                    )  # fmt: skip
+            elif ABLATE != 2:
                 _bwd_geometry(
                     rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, w_c, f, a, b, j,
                     gpos_ptr, forces_ptr, energy_ptr, atomic_ptr, LAYER, NL, NP, F, RP, DOT, FAN_IN, EARLY, PDL,

@@ -175,12 +175,15 @@ class DenseStep:
       overlaps the predecessor's work (``stop71_gpu/c/``: benzene 65.1 → 55.7 µs, biphenyl 70.2 → 66.2; results
       equal after back-to-back replays). Safe because a launch starts only after its predecessor has passed its own
       wait, so every launch before the predecessor has finished: the kept geometry (the first launch's) is read early
-      from the third launch on (the second computes its own), and nothing is written before the wait."""
+      from the third launch on (the second computes its own), and nothing is written before the wait.
+
+    ``ablate`` (0) is a timing instrument, not an option: 1 leaves a split backward's feature programs' work out, 2
+    its geometry program's, so that a probe can time each kind of program alone (the results are wrong)."""
 
     def __init__(
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | tuple[int, int] | None = None,
         prefetch: bool = True, split: bool = True, pdl: bool = True, rows: bool | tuple[bool, bool] = True,
-        geometry: bool = True, fan: bool | str | tuple = "auto", early: bool = True,
+        geometry: bool = True, fan: bool | str | tuple = "auto", early: bool = True, ablate: int = 0,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -216,6 +219,7 @@ class DenseStep:
         if self.device.type == "cuda":
             self.sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.early = early
+        self.ablate = int(ablate)  # a timing instrument (wrong results): see the docstring
         z2i = torch.full((max(c.species) + 1,), -1, dtype=torch.int32)
         z2i[torch.as_tensor(c.species)] = torch.arange(len(c.species), dtype=torch.int32)
         self.z2i = z2i.to(self.device)
@@ -266,16 +270,22 @@ class DenseStep:
             self._launch(positions.contiguous(), idx.contiguous(), idx, False, b, np_, out)
         return out
 
-    def from_numbers(self, positions: Tensor, numbers: Tensor, batch: Tensor, np_: int, out) -> None:
+    def from_numbers(
+        self, positions: Tensor, numbers: Tensor, batch: Tensor, np_: int, out, zero: tuple | None = None
+    ) -> None:
         """The step of structure 0 of the engine's padded buffers (``positions [A, 3]``, ``numbers [A]`` and
         ``batch [A]``, int64, A ≥ ``np_``): its atoms are the slots among the first ``np_`` whose ``batch`` is 0,
         their species from their atomic numbers in the kernels. Writes ``out`` = (energy [1] float64, atomic
-        [1, np_], forces [1, np_, 3]): a launch sequence with no other operation, for a captured step."""
-        self._launch(positions, numbers, batch, True, 1, np_, out)
+        [1, np_], forces [1, np_, 3]): a launch sequence with no other operation, for a captured step. ``zero``:
+        ``(flat, ranges)``, a flat tensor in the step's dtype and three ``(start, end)`` element ranges of it that
+        the first launch fills with zeros (the engine's packed output beyond what the step writes, so that it needs
+        no fill kernel of its own)."""
+        self._launch(positions, numbers, batch, True, 1, np_, out, zero)
 
-    def plan(self, b: int, np_: int, from_z: bool, pdl: dict | None = None) -> list[tuple]:
+    def plan(self, b: int, np_: int, from_z: bool, pdl: dict | None = None, zero: bool = False) -> list[tuple]:
         """The launches of a step, in order: ``(kernel, grid, constexprs and launch options)`` (the kernels'
-        tensor and integer arguments are :meth:`_launch`'s); ``pdl``: :func:`pdl_args`'s (off where None)."""
+        tensor and integer arguments are :meth:`_launch`'s); ``pdl``: :func:`pdl_args`'s (off where None);
+        ``zero``: the first launch zeros ranges of the engine's output (:meth:`from_numbers`)."""
         nl = self.layers
         meta = dict(NL=nl, NP=np_, F=self.hidden, R=self.n_rbf, RP=_pow2(self.n_rbf), SL=slots(nl), DOT=self.dot)
         meta["FROM_Z"], meta["GEO"] = from_z, self.geometry
@@ -289,6 +299,7 @@ class DenseStep:
         for layer in range(nl):
             roles = (3 if layer == nl - 1 else 4) if fan_f else 1
             kw = dict(LAYER=layer, PREFETCH=pf, MV=int(self.rows[0]), FAN=fan_f, EARLY=self.early)
+            kw["ZERO"] = zero and layer == 0
             kw["num_warps"] = self.num_warps[0]
             out.append((_dense_fwd_kernel, (np_, b, roles), kw | meta))
         for layer in reversed(range(nl)):
@@ -296,16 +307,24 @@ class DenseStep:
             kw = dict(LAYER=layer, SPLIT=split, MV=int(self.rows[1]), FAN=fan_b and split, num_warps=self.num_warps[1])
             kw["FAN_IN"] = fan_f if layer == nl - 1 else fan_b
             kw["EARLY"] = self.early and nl > 1  # (one layer: the kept geometry is the previous launch's)
+            kw["ABLATE"] = self.ablate
             out.append((_dense_bwd_kernel, (np_, b, (4 if fan_b else 2) if split else 1), kw | meta))
         return out
 
-    def _launch(self, pos: Tensor, ix: Tensor, batch: Tensor, from_z: bool, b: int, np_: int, out) -> None:
+    def _launch(self, pos: Tensor, ix: Tensor, batch: Tensor, from_z: bool, b: int, np_: int, out, zero=None) -> None:
         energy, atomic, forces = out
         sc, gpos, geo = self.scratch(b, np_)
         common = (pos, ix, batch, self.z2i, self.weights, self.table, self.consts, sc, geo)
-        for kernel, grid, kw in self.plan(b, np_, from_z, pdl_args(pos) if self.pdl else None):
+        if zero is None:
+            zargs = (atomic, 0, 0, 0, 0, 0, 0)
+        else:
+            flat, ranges = zero
+            if flat.dtype != self.dtype or flat.dim() != 1 or len(ranges) != 3:
+                raise ValueError("dense_step: zero = (a flat tensor in the step's dtype, three (start, end) ranges)")
+            zargs = (flat, *(int(v) for r in ranges for v in r))
+        for kernel, grid, kw in self.plan(b, np_, from_z, pdl_args(pos) if self.pdl else None, zero is not None):
             if kernel is _dense_fwd_kernel:
-                kernel[grid](*common, atomic, self.n_species, self.weights.numel(), **kw)
+                kernel[grid](*common, atomic, self.n_species, self.weights.numel(), *zargs, **kw)
             else:
                 kernel[grid](*common, gpos, atomic, energy, forces, self.n_species, **kw)
 

@@ -194,6 +194,45 @@ def test_md_of_a_molecule_in_32_slots(model3, cpu_triton, fake_graphs):
     assert md.dense and len(fake_graphs) == 1 and calls and all(c[3] == 32 for c in calls)
 
 
+def test_the_first_launch_zeros_the_engines_output_without_a_fill(model3, cpu_triton, monkeypatch):
+    """``DENSE_ZERO_IN_KERNEL`` (prepared at stop 71, off until timed): the engine's packed output comes from
+    ``torch.empty`` (here poisoned with NaN) and the dense step's first launch zeros what no launch writes. Benzene
+    (16 slots) and a 17-atom molecule (32): no NaN left in the packed output, results equal to the eager engine."""
+    from mlff_distiller import engine_padded
+
+    monkeypatch.setattr(engine_padded, "DENSE_ZERO_IN_KERNEL", True)
+    ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
+    engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
+    inner, packed = engine._dense.from_numbers, []
+
+    def checked(*args):
+        inner(*args)
+        flat, ranges = args[5]
+        packed.append((flat.isnan().any().item(), [flat[lo:hi].abs().max().item() for lo, hi in ranges if hi > lo]))
+
+    engine._dense.from_numbers = checked
+    empty = torch.empty
+
+    def poisoned(*args, **kw):
+        out = empty(*args, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    rng = np.random.default_rng(5)
+    mol17 = molecule("CH4") + molecule("H2O") + molecule("CH4") + molecule("H2O")[:1]
+    mol17.set_positions(rng.normal(size=(14, 3)) * 1.6)
+    mol17 = mol17 + molecule("H2O")
+    mol17.positions[-3:] += [3.0, 0.0, 0.0]
+    assert len(mol17) == 17
+    for mol in (molecule("C6H6"), mol17):
+        want = ref.compute(_batch([mol]), to_host=True)
+        monkeypatch.setattr(torch, "empty", poisoned)
+        got = engine.compute(_batch([mol]), to_host=True)
+        monkeypatch.setattr(torch, "empty", empty)
+        _close(got, want)
+    assert [(nan, any(m != 0 for m in maxima)) for nan, maxima in packed] == [(False, False)] * 2
+    assert all(maxima for _, maxima in packed)  # (each call had slots to zero: the other structures' energies)
+
+
 def test_when_the_engine_makes_no_dense_step(model3, cpu_triton):
     assert ForceEngine(model3, device="cpu", pad=True, precision="fp64")._dense is None  # default: CUDA only
     assert ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=False)._dense is None

@@ -41,6 +41,10 @@ COMPACT_MIN_EDGES = 1024
 DENSE_SLOTS = (16, 32, 64)
 DENSE_MAX_ATOMS = DENSE_SLOTS[-1]
 DENSE_MAX_HIDDEN = 64
+# The dense step's first launch zeros the parts of the packed output that no launch writes, so that the step needs no
+# fill kernel (a graph node, ~1-2 µs, before its first launch). Prepared at stop 71 (tested on the interpreter,
+# compiled for sm_90 on Triton 3.6 and 3.9), not yet timed or run on a GPU: off until recipe stop72a has.
+DENSE_ZERO_IN_KERNEL = False
 
 
 class PaddedPaths:
@@ -103,20 +107,25 @@ class PaddedPaths:
     ) -> torch.Tensor:
         """:meth:`_step` by the dense step: the same packed output ``[W + A + 3A]`` of structure 0 (its atoms the
         first of ``np_`` slots whose ``batch`` is 0; the edges, the seed and the CSR are not read: the step takes
-        every pair within the cutoff). One zero fill and two launches a layer."""
+        every pair within the cutoff). A zero fill and two launches a layer (with ``DENSE_ZERO_IN_KERNEL`` the first
+        launch zeros the output's other slots instead of the fill)."""
         dense = self._dense
         if dense is None:  # given up below, by an earlier call of a step captured as this one
             return self._step(numbers, positions, edge_index, shift_vectors, batch, seed, *csr)
         a, dtype = numbers.shape[0], self.dtype
         w = a * 8 // dtype.itemsize
-        out = torch.zeros(w + 4 * a, dtype=dtype, device=positions.device)
+        # DENSE_ZERO_IN_KERNEL: not zero-filled here; the first launch zeros what no launch writes (the other
+        # structures' energies, the slots beyond np_), one graph node fewer
+        fill = torch.empty if DENSE_ZERO_IN_KERNEL else torch.zeros
+        out = fill(w + 4 * a, dtype=dtype, device=positions.device)
         views = (
             out[:w].view(torch.float64)[:1],
             out[w : w + a][:np_].view(1, np_),
             out[w + a :].view(a, 3)[:np_].view(1, np_, 3),
         )
+        zero = (out, ((w // a, w), (w + np_, w + a), (w + a + 3 * np_, w + 4 * a))) if DENSE_ZERO_IN_KERNEL else None
         try:
-            dense.from_numbers(positions, numbers, batch, np_, views)
+            dense.from_numbers(positions, numbers, batch, np_, views, zero)
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:

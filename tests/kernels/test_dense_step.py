@@ -106,6 +106,50 @@ def test_64_slots(triton_device):
     _close(f, fr, rtol=1e-10, atol=1e-11)
 
 
+def test_the_engines_launch_zeros_what_it_does_not_write(triton_device):
+    """``from_numbers`` as the engine calls it: the step of structure 0 of padded buffers of A = 32 slots (a
+    molecule of 9 atoms in 16 slots, then another structure), written into views of one packed output ``[W + A +
+    3A]`` that starts as NaN; the first launch zeros the other structures' energies and the slots beyond 16, so the
+    engine needs no fill (float64 against autograd for the molecule)."""
+    model = _model(seed=4)
+    pos16, idx16 = _molecules([9], seed=4, spread=1.7)
+    er, ar, fr = ds.dense_step_reference(model, pos16, idx16)
+    a, np_ = 32, 16
+    species = torch.as_tensor(model.config.species)
+    pos = torch.randn(a, 3, dtype=torch.float64) * 3.0
+    pos[:np_] = pos16[0]
+    numbers = torch.full((a,), 1, dtype=torch.int64)
+    numbers[:9] = species[idx16[0, :9].long()]
+    batch = torch.ones(a, dtype=torch.int64)  # slots 9-31: structure 1 (not structure 0's atoms)
+    batch[:9] = 0
+    step = ds.DenseStep(model, torch.float64, triton_device)
+    w = a  # float64: one element an energy
+    out = torch.full((w + 4 * a,), float("nan"), dtype=torch.float64, device=triton_device)
+    views = (out[:w][:1], out[w : w + a][:np_].view(1, np_), out[w + a :].view(a, 3)[:np_].view(1, np_, 3))
+    zero = (out, ((1, w), (w + np_, w + a), (w + a + 3 * np_, w + 4 * a)))
+    dev = triton_device
+    step.from_numbers(pos.to(dev), numbers.to(dev), batch.to(dev), np_, views, zero)
+    out = out.cpu()
+    assert not out.isnan().any()
+    assert out[1:w].eq(0).all() and out[w + np_ : w + a].eq(0).all() and out[w + a + 3 * np_ :].eq(0).all()
+    _close(out[:1], er, rtol=1e-12)
+    _close(out[w : w + np_], ar[0], rtol=1e-12, atol=1e-12)
+    _close(out[w + a : w + a + 3 * np_].view(np_, 3), fr[0], rtol=1e-10, atol=1e-11)
+    with pytest.raises(ValueError, match="zero"):
+        step.from_numbers(pos.to(dev), numbers.to(dev), batch.to(dev), np_, views, (out.float(), zero[1]))
+
+
+def test_the_ablation_instrument_leaves_out_what_it_names():
+    """``ablate`` (a probe's timing instrument): 1 leaves the split backwards' feature programs out, 2 their geometry
+    programs; each changes the forces (its results are wrong), the energy stays the forward's."""
+    model = _model(seed=6)
+    pos, idx = _molecules([6], seed=6, spread=1.4)
+    e, _, f = ds.DenseStep(model, torch.float64)(pos, idx)
+    for ablate in (1, 2):
+        e2, _, f2 = ds.DenseStep(model, torch.float64, ablate=ablate)(pos, idx)
+        assert e2 == e and not torch.allclose(f2, f), ablate
+
+
 def test_forces_are_minus_the_energys_finite_differences(triton_device):
     model = _model(seed=3)
     pos, idx = _molecules([9], seed=3, spread=1.3)
@@ -270,10 +314,11 @@ model = StudentModel(hidden=32, layers=3, n_rbf=20, cutoff=5.0).eval()
 for p in model.parameters():
     p.requires_grad_(False)
 steps = [("default", ds.DenseStep(model), None), ("other", ds.DenseStep(model, fan=True, early=True), {"PDL": True})]
+zeros = {"default": True, "other": False}  # (the engine's launch zeros its output's other slots)
 seen = set()
 for dtype in ("fp64", "fp32"):
     for label, step, pdl in steps:
-        for kernel, grid, kw in step.plan(1, 16, True, pdl):
+        for kernel, grid, kw in step.plan(1, 16, True, pdl, zeros[label]):
             kw = dict(kw)
             num_warps = kw.pop("num_warps")
             key = (dtype, kernel.fn.__name__, tuple(sorted(kw.items())))
