@@ -14,6 +14,11 @@ small_step_dropped.diff``). Here the step is cut only where the algebra needs ev
   the position gradient of atom ``j`` from both (no atomics, no scatter), and then the previous layer's update
   block backward of atom ``j`` (with ``split``, the feature part and the geometry part in programs of their own).
 
+Since stop 71 a third program axis fans each forward's serial tail out over programs that share its head (``fan``),
+the first forward keeps the pair geometry for the other launches (``geometry``), and under programmatic dependent
+launch each launch does what reads nothing its predecessor writes before it waits for that launch (``early``): the
+six launches overlap. :meth:`DenseStep.plan` lists them with their grids and constexprs.
+
 Between launches the values live in a scratch of ``[B, NP, slots, F]`` (written once, read by the next launch: in
 L2 for a small molecule). Pairs are dense: all ``NP`` partners of an atom, a pair beyond the cutoff or with a padding
 slot gets a zero basis, so no neighbour list is needed. The node products are matrix-vector products of one atom's
