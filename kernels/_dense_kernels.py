@@ -424,8 +424,6 @@ if HAS_TRITON:
             )
         LAST: tl.constexpr = LAYER == NL - 1
         upd = own + (8 * (NL - 1) + 11 * LAYER) * F
-        GL: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (NL - 1)  # the last layer's gradient slots
-        GB: tl.constexpr = 8 * (NL - 1) + 15 * NL + 3 * (NL - 1)  # and its V share with FAN
         nw = w_ptr + (LAYER + 1) * LS
         w2t = nw + 2 * F * F + F
         if FAN:
@@ -456,24 +454,13 @@ if HAS_TRITON:
                 s = s_mid + _m2(a2, lw, 2, F, RP, MV) + a_sv * dot
                 g_s = _readout(s, g, n_species, ix_i, real_i, e_row, atomic_ptr + b * NP + i, role == 0, F, MV)
                 zero = g_s * 0.0
-                if role == 0:
-                    g_sm, _g0, _g1, _g2 = _update_bwd_of(
-                        g_s, zero, zero, zero, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, zero, a_sv, dot, lw, F, RP,
-                        True, MV, 0,
-                    )  # fmt: skip
-                    tl.store(own + GL * F + f, g_sm)
-                elif role == 1:
-                    _g, g0, g1, g2 = _update_bwd_of(
-                        g_s, zero, zero, zero, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, zero, a_sv, dot, lw, F, RP,
-                        True, MV, 1,
-                    )  # fmt: skip
-                    _store_rows(own + (GL + 1) * F, F, g0, g1, g2)
-                else:
-                    _g, g0, g1, g2 = _update_bwd_of(
-                        g_s, zero, zero, zero, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, zero, a_sv, dot, lw, F, RP,
-                        True, MV, 2,
-                    )  # fmt: skip
-                    _store_rows(own + GB * F, F, g0, g1, g2)
+                for part in tl.static_range(3):  # (the part a constexpr: each program runs only its own)
+                    if role == part:
+                        g_sm, g0, g1, g2 = _update_bwd_of(
+                            g_s, zero, zero, zero, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, zero, a_sv, dot, lw, F,
+                            RP, True, MV, part,
+                        )  # fmt: skip
+                        _store_grads(own, f, g_sm, g0, g1, g2, LAYER, NL, F, part)
         else:
             s, v0, v1, v2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot = _update_fwd(
                 s_mid, vm0, vm1, vm2, lw, F, RP, LAST, MV
@@ -502,8 +489,20 @@ if HAS_TRITON:
                     g_s, zero, zero, zero, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot, lw, F, RP, True,
                     MV,
                 )  # fmt: skip
-                tl.store(own + GL * F + f, g_sm)
-                _store_rows(own + (GL + 1) * F, F, g0, g1, g2)
+                _store_grads(own, f, g_sm, g0, g1, g2, LAYER, NL, F, -1)
+
+    @triton.jit
+    def _store_grads(own, f, g_sm, g0, g1, g2, LAYER: tl.constexpr, NL: tl.constexpr, F: tl.constexpr,
+                     PART: tl.constexpr):  # fmt: skip
+        """Layer ``LAYER``'s gradient slots of atom ``own``: dE/ds_mid and dE/dvm (``PART`` -1), or one part of
+        them (:func:`_update_bwd_of`; part 2, dE/dvm's V share, to its own slots)."""
+        GS: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * LAYER
+        if PART == -1 or PART == 0:
+            tl.store(own + GS * F + f, g_sm)
+        if PART == -1 or PART == 1:
+            _store_rows(own + (GS + 1) * F, F, g0, g1, g2)
+        if PART == 2:
+            _store_rows(own + (8 * (NL - 1) + 15 * NL + 3 * LAYER) * F, F, g0, g1, g2)
 
     @triton.jit
     def _zero_range(ptr, lo, hi, i, NP: tl.constexpr):
@@ -600,13 +599,7 @@ if HAS_TRITON:
             g_sj, g_vj0, g_vj1, g_vj2, own + (8 * (NL - 1) + 11 * (LAYER - 1)) * F, w_ptr + (LAYER - 1) * LS, F, RP,
             False, MV, PART,
         )  # fmt: skip
-        GS: tl.constexpr = 8 * (NL - 1) + 11 * NL + 4 * (LAYER - 1)
-        if PART == -1 or PART == 0:
-            tl.store(own + GS * F + f, g_sm)
-        if PART == -1 or PART == 1:
-            _store_rows(own + (GS + 1) * F, F, g0, g1, g2)
-        if PART == 2:
-            _store_rows(own + (8 * (NL - 1) + 15 * NL + 3 * (LAYER - 1)) * F, F, g0, g1, g2)
+        _store_grads(own, f, g_sm, g0, g1, g2, LAYER - 1, NL, F, PART)
 
     @triton.jit
     def _bwd_geometry(
@@ -720,37 +713,17 @@ if HAS_TRITON:
         own = sc_ptr + ((b * NP + j) * SL) * F
         w_c = _mm(rbf, _mat(lw + 8 * F * F + 4 * F + 2 * F, RP, F, 3 * F), DOT)
         role = tl.program_id(2)
-        if SPLIT and LAYER > 0 and FAN:
-            if role == 0:
+        if SPLIT and LAYER > 0:
+            NF: tl.constexpr = 1 + 2 * FAN  # feature programs: the whole, or FAN's three parts
+            if role < NF:
                 if ABLATE != 1:
-                    _bwd_features(
-                        rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 0, FAN_IN,
-                        EARLY, PDL,
-                    )  # fmt: skip
-            elif role == 1:
-                if ABLATE != 1:
-                    _bwd_features(
-                        rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 1, FAN_IN,
-                        EARLY, PDL,
-                    )  # fmt: skip
-            elif role == 2:
-                if ABLATE != 1:
-                    _bwd_features(
-                        rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, 2, FAN_IN,
-                        EARLY, PDL,
-                    )  # fmt: skip
-            elif ABLATE != 2:
-                _bwd_geometry(
-                    rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, w_c, f, a, b, j,
-                    gpos_ptr, forces_ptr, energy_ptr, atomic_ptr, LAYER, NL, NP, F, RP, DOT, FAN_IN, EARLY, PDL,
-                )  # fmt: skip
-        elif SPLIT and LAYER > 0:
-            if role == 0:
-                if ABLATE != 1:
-                    _bwd_features(
-                        rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, -1, FAN_IN,
-                        EARLY, PDL,
-                    )  # fmt: skip
+                    for p in tl.static_range(NF):
+                        if role == p:
+                            PART: tl.constexpr = p + FAN - 1  # -1 (the whole) without FAN, else part p
+                            _bwd_features(
+                                rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, PART,
+                                FAN_IN, EARLY, PDL,
+                            )  # fmt: skip
             elif ABLATE != 2:
                 _bwd_geometry(
                     rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, w_c, f, a, b, j,

@@ -216,7 +216,7 @@ class DenseStep:
         if fan == "auto":
             fan = ("auto", False)
         fan = (fan, fan) if isinstance(fan, bool) else tuple(fan)
-        if fan[0] not in (True, False, "auto"):
+        if len(fan) != 2 or fan[0] not in (True, False, "auto") or fan[1] not in (True, False):
             raise ValueError(f"dense_step: fan {fan!r}: a bool, 'auto' or a pair (forward, backward) expected")
         self.fan = (fan[0], bool(fan[1]) and split)
         # a forward's programs with "auto" fan: at most one an SM (each takes a whole SM's registers at 8 warps)
