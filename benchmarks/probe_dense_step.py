@@ -76,6 +76,10 @@ VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults at t
     # timing instruments (wrong results): a split backward's feature or geometry programs left out
     "ablate features": ({"ablate": 1}, True),
     "ablate geometry": ({"ablate": 2}, True),
+    # stop 72: the weight tiles of the products after a launch's wait asked into L1 before it
+    "l1": ({"l1": True}, True),
+    "l1, fan both": ({"l1": True, "fan": True}, True),
+    "fan both": ({"fan": True}, True),
 }
 
 
