@@ -94,58 +94,6 @@ if HAS_TRITON:
         return tl.load(ptr + tl.arange(0, F))
 
     @triton.jit
-    def _pfx(ptr, ld, ptr_t, ld_t, K: tl.constexpr, N: tl.constexpr, MV: tl.constexpr):
-        """Ask L1 for the tile that :func:`_mvx` with the same arguments reads (``prefetch.global.L1``, one a
-        128-byte line: no register, no wait), so that a product on a launch's serial chain finds its weights there
-        rather than in L2. PTX: CUDA only (the host sets ``L1`` off the interpreter)."""
-        EPL: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth  # elements a line
-        if MV == 0:
-            R: tl.constexpr = K
-            C: tl.constexpr = N
-            base = ptr
-            stride = ld
-        else:
-            R: tl.constexpr = N
-            C: tl.constexpr = K
-            base = ptr_t
-            stride = ld_t
-        CL: tl.constexpr = (C + EPL - 1) // EPL
-        r = tl.arange(0, R)
-        c = tl.arange(0, CL)
-        ptrs = base + r[:, None] * stride + c[None, :] * EPL
-        tl.inline_asm_elementwise(
-            "prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-        )
-
-    @triton.jit
-    def _pf_update(lw, F: tl.constexpr, RP: tl.constexpr, MV: tl.constexpr, HEAD: tl.constexpr, M2: tl.constexpr,
-                   BWD: tl.constexpr):  # fmt: skip
-        """L1 prefetches (:func:`_pfx`) of a layer's update block: with ``HEAD`` :func:`_update_head`'s tiles,
-        ``M2``'s blocks (a bit mask: 1 a_vv, 2 a_sv, 4 a_ss) of :func:`_m2`, with ``BWD`` (a bit mask: 1 dE/dh2's
-        M2 and M1 tiles, 2 U's, 4 V's) those of :func:`_update_bwd_of`."""
-        ut = lw + 8 * F * F + 4 * F + 6 * F * RP
-        vt = ut + 2 * F * F
-        m1t = vt + 2 * F * F
-        m2t = m1t + 4 * F * F + F
-        if HEAD:
-            _pfx(ut, F, ut + F * F, F, F, F, MV)
-            _pfx(vt, F, vt + F * F, F, F, F, MV)
-            _pfx(m1t, F, m1t + 2 * F * F, 2 * F, F, F, MV)
-            _pfx(m1t + F * F, F, m1t + 2 * F * F + F, 2 * F, F, F, MV)
-        for k in tl.static_range(3):
-            if (M2 >> k) & 1:
-                _pfx(m2t + k * F, 3 * F, m2t + 3 * F * F + k * F * F, F, F, F, MV)
-        if BWD & 1:
-            for k in tl.static_range(3):
-                _pfx(m2t + 3 * F * F + k * F * F, F, m2t + k * F, 3 * F, F, F, MV)
-            _pfx(m1t + 2 * F * F, 2 * F, m1t, F, F, F, MV)
-            _pfx(m1t + 2 * F * F + F, 2 * F, m1t + F * F, F, F, F, MV)
-        if BWD & 2:
-            _pfx(ut + F * F, F, ut, F, F, F, MV)
-        if BWD & 4:
-            _pfx(vt + F * F, F, vt, F, F, F, MV)
-
-    @triton.jit
     def _silu_grad(h):
         sg = _sig(h)
         return sg * (1.0 + h * (1.0 - sg))
@@ -388,7 +336,7 @@ if HAS_TRITON:
         LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr,
         RP: tl.constexpr, SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
         FROM_Z: tl.constexpr, MV: tl.constexpr = 0, GEO: tl.constexpr = False, FAN: tl.constexpr = False,
-        EARLY: tl.constexpr = False, ZERO: tl.constexpr = False, L1: tl.constexpr = False,
+        EARLY: tl.constexpr = False, ZERO: tl.constexpr = False,
     ):  # fmt: skip
         """Layer ``LAYER`` forward for atom ``i`` (program 0) of molecule ``b`` (program 1); the last layer adds
         the readout, its backward and the last update block's backward (its gradient slots). ``FAN``: program 2
@@ -423,37 +371,6 @@ if HAS_TRITON:
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         lw = w_ptr + LAYER * LS
         g = w_ptr + NL * LS
-        LAST: tl.constexpr = LAYER == NL - 1
-        nw = w_ptr + (LAYER + 1) * LS
-        w2t = nw + 2 * F * F + F
-        if L1 and LAYER > 0:  # the update block's and the next φ's tiles (this role's) into L1, before the wait
-            if LAST:
-                _pf_update(lw, F, RP, MV, True, 6, 0)
-                H: tl.constexpr = F // 2
-                r1t = g + n_species * F + n_species * 3 * F
-                _pfx(r1t, F, r1t + F * H, F, F, H, MV)
-                _pfx(r1t + F * H, H, r1t, H, H, F, MV)
-                if FAN:
-                    for p in tl.static_range(3):
-                        if role == p:
-                            BWP: tl.constexpr = 1 if p == 0 else (2 if p == 1 else 5)
-                            _pf_update(lw, F, RP, MV, False, 0, BWP)
-                else:
-                    _pf_update(lw, F, RP, MV, False, 0, 7)
-            elif FAN:
-                if role == 0:
-                    _pf_update(lw, F, RP, MV, True, 3, 0)
-                else:
-                    _pf_update(lw, F, RP, MV, True, 6, 0)
-                    _pfx(nw, F, nw + F * F, F, F, F, MV)
-                    for k in tl.static_range(3):
-                        if role == k + 1:
-                            _pfx(w2t + k * F, 3 * F, w2t + 3 * F * F + k * F * F, F, F, F, MV)
-            else:
-                _pf_update(lw, F, RP, MV, True, 7, 0)
-                _pfx(nw, F, nw + F * F, F, F, F, MV)
-                for k in tl.static_range(3):
-                    _pfx(w2t + k * F, 3 * F, w2t + 3 * F * F + k * F * F, F, F, F, MV)
         if GEO and LAYER > 0 and not (PRE and LAYER == 1):  # the first forward's geometry, kept
             _valid, _d, ux, uy, uz, rbf, _drbf, e_row, _de_row, real_i, ix_i, ix = _geo_load(
                 geo_ptr, idx_ptr, batch_ptr, z2i_ptr, b, i, NP, RP, FROM_Z, False
@@ -501,7 +418,10 @@ if HAS_TRITON:
             vm2 += tl.load(own + ((4 * (NL - 1) + 3 * LAYER - 3) + 2) * F + f) + tl.sum(
                 mb * tl.load(tiles + ((4 * (NL - 1) + 3 * LAYER - 3) + 2) * F), axis=0
             )
+        LAST: tl.constexpr = LAYER == NL - 1
         upd = own + (8 * (NL - 1) + 11 * LAYER) * F
+        nw = w_ptr + (LAYER + 1) * LS
+        w2t = nw + 2 * F * F + F
         if FAN:
             uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a2, dot = _update_head(s_mid, vm0, vm1, vm2, lw, F, RP, MV)
             a_sv = _m2(a2, lw, 1, F, RP, MV)
@@ -637,13 +557,12 @@ if HAS_TRITON:
         rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f,
         LAYER: tl.constexpr, NL: tl.constexpr, F: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
         MV: tl.constexpr, PART: tl.constexpr, FAN_IN: tl.constexpr, WAIT: tl.constexpr, PDL: tl.constexpr,
-        L1: tl.constexpr = False,
     ):  # fmt: skip
         """Atom ``j``'s φ and v as a sender (sums over its receivers k), its φ backward, and the previous layer's
         update block backward of atom ``j``, stored in that layer's gradient slots (``PART``: one part of it, see
         :func:`_update_bwd_of`; part 2 goes to that layer's V-share slots). ``WAIT``: the wait for the previous
         launch (PDL) comes here, after what reads nothing that launch writes (the forward's values too: the
-        update block's saved rows). ``L1``: first ask L1 for every weight tile of the products after the wait."""
+        update block's saved rows)."""
         LS: tl.constexpr = 22 * F * F + 8 * F + 6 * F * RP
         wft = lw + 8 * F * F + 4 * F
         XS: tl.constexpr = 3 * LAYER - 3
@@ -652,12 +571,6 @@ if HAS_TRITON:
         w2 = w1 + 4 * F * F + F
         w2t = w2 - 3 * F * F
         pw = w_ptr + (LAYER - 1) * LS
-        if L1:
-            for k in tl.static_range(3):
-                _pfx(w2 + k * F * F, F, w2t + k * F, 3 * F, F, F, MV)
-            _pfx(w1, F, w1 - F * F, F, F, F, MV)
-            BW: tl.constexpr = 7 if PART == -1 else (1 if PART == 0 else (2 if PART == 1 else 5))
-            _pf_update(pw, F, RP, MV, False, 0, BW)
         w_a = _mm(rbf, _mat(wft, RP, F, 3 * F), DOT)
         w_b = _mm(rbf, _mat(wft + F, RP, F, 3 * F), DOT)
         xb_j = tl.load(own + (XS + 1) * F + f)
@@ -768,7 +681,7 @@ if HAS_TRITON:
         LAYER: tl.constexpr, NL: tl.constexpr, NP: tl.constexpr, F: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
         SL: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, SPLIT: tl.constexpr, FROM_Z: tl.constexpr,
         MV: tl.constexpr = 0, GEO: tl.constexpr = False, FAN: tl.constexpr = False, FAN_IN: tl.constexpr = False,
-        EARLY: tl.constexpr = False, ABLATE: tl.constexpr = 0, L1: tl.constexpr = False,
+        EARLY: tl.constexpr = False, ABLATE: tl.constexpr = 0,
     ):  # fmt: skip
         """Layer ``LAYER``'s message backward for atom ``j`` (program 0) of molecule ``b`` (program 1): the pairs
         ``k <- j`` (j the sender) and ``j <- k`` (j the receiver). Above the first layer, ``SPLIT`` gives the two
@@ -810,7 +723,7 @@ if HAS_TRITON:
                             PART: tl.constexpr = p + FAN - 1  # -1 (the whole) without FAN, else part p
                             _bwd_features(
                                 rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, PART,
-                                FAN_IN, EARLY, PDL, L1,
+                                FAN_IN, EARLY, PDL,
                             )  # fmt: skip
             elif ABLATE != 2:
                 _bwd_geometry(
@@ -820,9 +733,8 @@ if HAS_TRITON:
         else:
             if LAYER > 0:
                 _bwd_features(
-                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, -1, FAN_IN, EARLY, PDL,
-                    L1,
-                )  # fmt: skip
+                    rbf, own, tiles, lw, w_ptr, w_c, ux, uy, uz, f, LAYER, NL, F, RP, DOT, MV, -1, FAN_IN, EARLY, PDL
+                )
             _bwd_geometry(
                 rbf, drbf, valid, d, ux, uy, uz, de_row, own, tiles, lw, g, ix, ix_j, n_species, w_c, f, a, b, j,
                 gpos_ptr, forces_ptr, energy_ptr, atomic_ptr, LAYER, NL, NP, F, RP, DOT, FAN_IN, EARLY and LAYER == 0,

@@ -189,7 +189,6 @@ class DenseStep:
         self, model, dtype=torch.float32, device="cpu", *, dot: int = 0, num_warps: int | tuple[int, int] | None = None,
         prefetch: bool = True, split: bool = True, pdl: bool = True, rows: bool | tuple[bool, bool] = True,
         geometry: bool = True, fan: bool | str | tuple = "auto", early: bool = True, ablate: int = 0,
-        l1: bool = False,
     ):  # fmt: skip
         with torch.no_grad():
             reason = supports(model)
@@ -212,7 +211,6 @@ class DenseStep:
         self.dot = dot
         self.prefetch = prefetch and self.device.type == "cuda"  # (PTX: not on the interpreter)
         self.split, self.pdl = split, pdl
-        self.l1 = l1 and self.device.type == "cuda"  # (PTX: not on the interpreter)
         self.rows = (rows, rows) if isinstance(rows, bool) else tuple(rows)
         self.geometry = geometry
         if fan == "auto":
@@ -307,7 +305,6 @@ class DenseStep:
             roles = (3 if layer == nl - 1 else 4) if fan_f else 1
             kw = dict(LAYER=layer, PREFETCH=pf, MV=int(self.rows[0]), FAN=fan_f, EARLY=self.early)
             kw["ZERO"] = zero and layer == 0
-            kw["L1"] = self.l1
             kw["num_warps"] = self.num_warps[0]
             out.append((_dense_fwd_kernel, (np_, b, roles), kw | meta))
         for layer in reversed(range(nl)):
@@ -316,7 +313,6 @@ class DenseStep:
             kw["FAN_IN"] = fan_f if layer == nl - 1 else fan_b
             kw["EARLY"] = self.early and nl > 1  # (one layer: the kept geometry is the previous launch's)
             kw["ABLATE"] = self.ablate
-            kw["L1"] = self.l1
             out.append((_dense_bwd_kernel, (np_, b, (4 if fan_b else 2) if split else 1), kw | meta))
         return out
 
