@@ -13,6 +13,7 @@ from ._triton_utils import HAS_TRITON, tl, triton
 __all__ = ["_dense_bwd_kernel", "_dense_fwd_kernel"]
 
 if HAS_TRITON:
+    from ._backend import interpreter_enabled
     from ._triton_utils import pdl_prologue
     from .repulsion import _pair_terms
 
@@ -39,6 +40,65 @@ if HAS_TRITON:
     def _sig(x):
         return 1.0 / (1.0 + tl.exp(-x))
 
+    # Several sums along one axis go through one variadic reduction (one round trip through shared memory, and its
+    # barriers, where the axis spans warps, rather than one a sum). The interpreter reduces a tuple element by
+    # element in Python (~100x slower than its numpy sum), so there each is a sum of its own: the same values, and
+    # the GPU's form is compiled by the sm_90 test and run by the CUDA tests.
+    ONE_REDUCTION = tl.constexpr(not interpreter_enabled())
+
+    @triton.jit
+    def _add2(a0, a1, b0, b1):
+        return a0 + b0, a1 + b1
+
+    @triton.jit
+    def _add3(a0, a1, a2, b0, b1, b2):
+        return a0 + b0, a1 + b1, a2 + b2
+
+    @triton.jit
+    def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+        return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+    @triton.jit
+    def _add6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
+        return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5
+
+    @triton.jit
+    def _sum2(x0, x1, axis: tl.constexpr):
+        if ONE_REDUCTION:
+            y0, y1 = tl.reduce((x0, x1), axis, _add2)
+        else:
+            y0 = tl.sum(x0, axis)
+            y1 = tl.sum(x1, axis)
+        return y0, y1
+
+    @triton.jit
+    def _sum3(x0, x1, x2, axis: tl.constexpr):
+        if ONE_REDUCTION:
+            y0, y1, y2 = tl.reduce((x0, x1, x2), axis, _add3)
+        else:
+            y0 = tl.sum(x0, axis)
+            y1 = tl.sum(x1, axis)
+            y2 = tl.sum(x2, axis)
+        return y0, y1, y2
+
+    @triton.jit
+    def _sum4(x0, x1, x2, x3, axis: tl.constexpr):
+        if ONE_REDUCTION:
+            y0, y1, y2, y3 = tl.reduce((x0, x1, x2, x3), axis, _add4)
+        else:
+            y0, y1, y2 = _sum3(x0, x1, x2, axis)
+            y3 = tl.sum(x3, axis)
+        return y0, y1, y2, y3
+
+    @triton.jit
+    def _sum6(x0, x1, x2, x3, x4, x5, axis: tl.constexpr):
+        if ONE_REDUCTION:
+            y0, y1, y2, y3, y4, y5 = tl.reduce((x0, x1, x2, x3, x4, x5), axis, _add6)
+        else:
+            y0, y1, y2 = _sum3(x0, x1, x2, axis)
+            y3, y4, y5 = _sum3(x3, x4, x5, axis)
+        return y0, y1, y2, y3, y4, y5
+
     @triton.jit
     def _mv(x, ptr, K: tl.constexpr, N: tl.constexpr, ld):
         """``x [K] @ M [K, N]`` (row-major at ``ptr``, rows ``ld`` apart) on the CUDA cores."""
@@ -53,7 +113,7 @@ if HAS_TRITON:
         k = tl.arange(0, K)
         n = tl.arange(0, N)
         w = tl.load(ptr + k[:, None] * ld + n[None, :])
-        return tl.sum(x0[:, None] * w, axis=0), tl.sum(x1[:, None] * w, axis=0), tl.sum(x2[:, None] * w, axis=0)
+        return _sum3(x0[:, None] * w, x1[:, None] * w, x2[:, None] * w, 0)
 
     @triton.jit
     def _mvr(x, ptr_t, K: tl.constexpr, N: tl.constexpr, ld_t):
@@ -69,7 +129,7 @@ if HAS_TRITON:
         k = tl.arange(0, K)
         n = tl.arange(0, N)
         w = tl.load(ptr_t + n[:, None] * ld_t + k[None, :])
-        return tl.sum(w * x0[None, :], axis=1), tl.sum(w * x1[None, :], axis=1), tl.sum(w * x2[None, :], axis=1)
+        return _sum3(w * x0[None, :], w * x1[None, :], w * x2[None, :], 1)
 
     @triton.jit
     def _mvx(x, ptr, ld, ptr_t, ld_t, K: tl.constexpr, N: tl.constexpr, MV: tl.constexpr):
@@ -88,6 +148,62 @@ if HAS_TRITON:
         else:
             y0, y1, y2 = _mvr3(x0, x1, x2, ptr_t, K, N, ld_t)
         return y0, y1, y2
+
+    @triton.jit
+    def _tile(ptr, ld, ptr_t, ld_t, K: tl.constexpr, N: tl.constexpr, MV: tl.constexpr):
+        """The tile of ``M [K, N]`` that :func:`_mvx` reads: ``M`` itself (MV 0) or its transpose (MV 1)."""
+        if MV == 0:
+            w = _mat(ptr, K, N, ld)
+        else:
+            w = _mat(ptr_t, N, K, ld_t)
+        return w
+
+    @triton.jit
+    def _xw(x, w, MV: tl.constexpr):
+        """The products ``x_k M_kn`` that :func:`_mvx` sums (along axis ``MV``), from :func:`_tile`'s tile."""
+        if MV == 0:
+            out = x[:, None] * w
+        else:
+            out = w * x[None, :]
+        return out
+
+    @triton.jit
+    def _mvs(x0, x1, x2, ptr, dp, ld, ptr_t, dp_t, ld_t, K: tl.constexpr, N: tl.constexpr, MV: tl.constexpr,
+             NT: tl.constexpr):  # fmt: skip
+        """``sum_t x_t @ M_t`` over ``NT`` (2 or 3) terms, ``M_t`` at ``ptr + t dp`` (its transpose at ``ptr_t + t
+        dp_t``): the products summed before one reduction, not reduced one by one and added."""
+        acc = _xw(x0, _tile(ptr, ld, ptr_t, ld_t, K, N, MV), MV)
+        acc += _xw(x1, _tile(ptr + dp, ld, ptr_t + dp_t, ld_t, K, N, MV), MV)
+        if NT == 3:
+            acc += _xw(x2, _tile(ptr + 2 * dp, ld, ptr_t + 2 * dp_t, ld_t, K, N, MV), MV)
+        return tl.sum(acc, axis=MV)
+
+    @triton.jit
+    def _mv2o(x, ptr, dp, ld, ptr_t, dp_t, ld_t, K: tl.constexpr, N: tl.constexpr, MV: tl.constexpr):
+        """``(x @ M_0, x @ M_1)`` (as :func:`_mvs`'s ``M_t``) in one reduction."""
+        w0 = _tile(ptr, ld, ptr_t, ld_t, K, N, MV)
+        w1 = _tile(ptr + dp, ld, ptr_t + dp_t, ld_t, K, N, MV)
+        return _sum2(_xw(x, w0, MV), _xw(x, w1, MV), MV)
+
+    @triton.jit
+    def _mv3x2(x0, x1, x2, ptr, dp, ld, ptr_t, dp_t, ld_t, K: tl.constexpr, N: tl.constexpr, MV: tl.constexpr):
+        """``x_i @ M_0`` and ``x_i @ M_1`` for three vectors (as :func:`_mvs`'s ``M_t``): six results, one
+        reduction."""
+        w0 = _tile(ptr, ld, ptr_t, ld_t, K, N, MV)
+        w1 = _tile(ptr + dp, ld, ptr_t + dp_t, ld_t, K, N, MV)
+        return _sum6(
+            _xw(x0, w0, MV), _xw(x1, w0, MV), _xw(x2, w0, MV), _xw(x0, w1, MV), _xw(x1, w1, MV), _xw(x2, w1, MV), MV
+        )
+
+    @triton.jit
+    def _mvs3v(a0, a1, a2, b0, b1, b2, ptr, dp, ld, ptr_t, dp_t, ld_t, K: tl.constexpr, N: tl.constexpr,
+               MV: tl.constexpr):  # fmt: skip
+        """``a_i @ M_0 + b_i @ M_1`` for three pairs of vectors: three results, one reduction."""
+        w0 = _tile(ptr, ld, ptr_t, ld_t, K, N, MV)
+        w1 = _tile(ptr + dp, ld, ptr_t + dp_t, ld_t, K, N, MV)
+        return _sum3(
+            _xw(a0, w0, MV) + _xw(b0, w1, MV), _xw(a1, w0, MV) + _xw(b1, w1, MV), _xw(a2, w0, MV) + _xw(b2, w1, MV), MV
+        )
 
     @triton.jit
     def _vec(ptr, F: tl.constexpr):
@@ -211,11 +327,11 @@ if HAS_TRITON:
         vt = ut + 2 * F * F
         m1t = vt + 2 * F * F
         mb1 = m1t + 4 * F * F
-        uv0, uv1, uv2 = _mvx3(vm0, vm1, vm2, ut, F, ut + F * F, F, F, F, MV)
-        vv0, vv1, vv2 = _mvx3(vm0, vm1, vm2, vt, F, vt + F * F, F, F, F, MV)
+        # U and V (their blocks 2 F^2 apart in both orientations) on the three components, one reduction
+        uv0, uv1, uv2, vv0, vv1, vv2 = _mv3x2(vm0, vm1, vm2, ut, 2 * F * F, F, ut + F * F, 2 * F * F, F, F, F, MV)
         vnorm = tl.sqrt(vv0 * vv0 + vv1 * vv1 + vv2 * vv2 + 1e-8)
         m1 = m1t + 2 * F * F
-        h2 = _mvx(s_mid, m1t, F, m1, 2 * F, F, F, MV) + _mvx(vnorm, m1t + F * F, F, m1 + F, 2 * F, F, F, MV)
+        h2 = _mvs(s_mid, vnorm, vnorm, m1t, F * F, F, m1, F, 2 * F, F, F, MV, 2)
         h2 += _vec(mb1, F)
         a2 = h2 * _sig(h2)
         dot = uv0 * vv0 + uv1 * vv1 + uv2 * vv2
@@ -271,26 +387,30 @@ if HAS_TRITON:
             g_uv2 += gv2 * a_vv
         if PART != 1:  # dE/dh2
             m2t = m2 - 3 * F * F
-            g_mix = _mvx(g_s * dot, m2 + F * F, F, m2t + F, 3 * F, F, F, MV)
-            g_mix += _mvx(g_s, m2 + 2 * F * F, F, m2t + 2 * F, 3 * F, F, F, MV)
-            if not LAST:
-                g_mix += _mvx(gv0 * uv0 + gv1 * uv1 + gv2 * uv2, m2, F, m2t, 3 * F, F, F, MV)
+            if LAST:  # M2's a_sv and a_ss blocks
+                g_mix = _mvs(g_s * dot, g_s, g_s, m2 + F * F, F * F, F, m2t + F, F, 3 * F, F, F, MV, 2)
+            else:  # and its a_vv block
+                g_vu = gv0 * uv0 + gv1 * uv1 + gv2 * uv2
+                g_mix = _mvs(g_vu, g_s * dot, g_s, m2, F * F, F, m2t, F, 3 * F, F, F, MV, 3)
             g_h2 = g_mix * _silu_grad(h2)
             m1t = m1 - 2 * F * F
-            if PART != 2:
+            if PART == -1:  # M1's two blocks, one reduction
+                g_m, g_n = _mv2o(g_h2, m1, F, 2 * F, m1t, F * F, F, F, F, MV)
+                g_smid = g_s + g_m
+            elif PART == 0:
                 g_smid = g_s + _mvx(g_h2, m1, 2 * F, m1t, F, F, F, MV)
+            else:
+                g_n = _mvx(g_h2, m1 + F, 2 * F, m1t + F * F, F, F, F, MV)
             if PART != 0:
-                g_n = _mvx(g_h2, m1 + F, 2 * F, m1t + F * F, F, F, F, MV) / vnorm
+                g_n = g_n / vnorm
                 g_vv0 += g_n * vv0
                 g_vv1 += g_n * vv1
                 g_vv2 += g_n * vv2
         g_vm0, g_vm1, g_vm2 = zero, zero, zero
         if PART == -1:
-            a0, a1, a2 = _mvx3(g_uv0, g_uv1, g_uv2, u, F, u - F * F, F, F, F, MV)
-            b0, b1, b2 = _mvx3(g_vv0, g_vv1, g_vv2, v, F, v - F * F, F, F, F, MV)
-            g_vm0 = a0 + b0
-            g_vm1 = a1 + b1
-            g_vm2 = a2 + b2
+            g_vm0, g_vm1, g_vm2 = _mvs3v(
+                g_uv0, g_uv1, g_uv2, g_vv0, g_vv1, g_vv2, u, 2 * F * F, F, u - F * F, 2 * F * F, F, F, F, MV
+            )
         elif PART == 1:
             g_vm0, g_vm1, g_vm2 = _mvx3(g_uv0, g_uv1, g_uv2, u, F, u - F * F, F, F, F, MV)
         elif PART == 2:
@@ -402,22 +522,23 @@ if HAS_TRITON:
             xa = tl.load(tiles + (3 * (LAYER) - 3) * F)
             xc = tl.load(tiles + ((3 * (LAYER) - 3) + 2) * F)
             s = tl.load(own + (7 * (NL - 1) + LAYER - 1) * F + f)
-        s_mid = s + tl.sum(w_a * xa, axis=0)
         mc = w_c * xc
-        vm0 = tl.sum(mc * ux[:, None], axis=0)
-        vm1 = tl.sum(mc * uy[:, None], axis=0)
-        vm2 = tl.sum(mc * uz[:, None], axis=0)
+        t0 = mc * ux[:, None]
+        t1 = mc * uy[:, None]
+        t2 = mc * uz[:, None]
+        if LAYER > 0:  # (v's own part and the b messages: summed before the one reduction)
+            VS: tl.constexpr = 4 * (NL - 1) + 3 * LAYER - 3
+            mb = w_b * tl.load(tiles + (3 * LAYER - 2) * F)
+            t0 += mb * tl.load(tiles + VS * F)
+            t1 += mb * tl.load(tiles + (VS + 1) * F)
+            t2 += mb * tl.load(tiles + (VS + 2) * F)
+        # the four sums over the slots in one reduction (they span warps: one round trip, not four)
+        s_mid, vm0, vm1, vm2 = _sum4(w_a * xa, t0, t1, t2, 0)
+        s_mid += s
         if LAYER > 0:
-            mb = w_b * tl.load(tiles + ((3 * (LAYER) - 3) + 1) * F)
-            vm0 += tl.load(own + (4 * (NL - 1) + 3 * LAYER - 3) * F + f) + tl.sum(
-                mb * tl.load(tiles + (4 * (NL - 1) + 3 * LAYER - 3) * F), axis=0
-            )
-            vm1 += tl.load(own + ((4 * (NL - 1) + 3 * LAYER - 3) + 1) * F + f) + tl.sum(
-                mb * tl.load(tiles + ((4 * (NL - 1) + 3 * LAYER - 3) + 1) * F), axis=0
-            )
-            vm2 += tl.load(own + ((4 * (NL - 1) + 3 * LAYER - 3) + 2) * F + f) + tl.sum(
-                mb * tl.load(tiles + ((4 * (NL - 1) + 3 * LAYER - 3) + 2) * F), axis=0
-            )
+            vm0 += tl.load(own + VS * F + f)
+            vm1 += tl.load(own + (VS + 1) * F + f)
+            vm2 += tl.load(own + (VS + 2) * F + f)
         LAST: tl.constexpr = LAYER == NL - 1
         upd = own + (8 * (NL - 1) + 11 * LAYER) * F
         nw = w_ptr + (LAYER + 1) * LS
@@ -586,15 +707,15 @@ if HAS_TRITON:
         gsm, gv0, gv1, gv2, gsm_j, gvj0, gvj1, gvj2 = _grads(tiles, own, f, LAYER, NL, F, FAN_IN)
         gamma_s = -(gv0 * ux[:, None] + gv1 * uy[:, None] + gv2 * uz[:, None])
         gmb_s = gv0 * vj0[None, :] + gv1 * vj1[None, :] + gv2 * vj2[None, :]
-        g_xa = tl.sum(gsm * w_a, axis=0)
-        g_xb = tl.sum(gmb_s * w_b, axis=0)
-        g_xc = tl.sum(gamma_s * w_c, axis=0)
         bw = w_b * xb_j[None, :]
-        g_vj0 = gvj0 + tl.sum(bw * gv0, axis=0)
-        g_vj1 = gvj1 + tl.sum(bw * gv1, axis=0)
-        g_vj2 = gvj2 + tl.sum(bw * gv2, axis=0)
-        g_act = _mvx(g_xa, w2, F, w2t, 3 * F, F, F, MV) + _mvx(g_xb, w2 + F * F, F, w2t + F, 3 * F, F, F, MV)
-        g_act += _mvx(g_xc, w2 + 2 * F * F, F, w2t + 2 * F, 3 * F, F, F, MV)
+        # the six sums over the receivers in one reduction (one round trip through shared memory, not six)
+        g_xa, g_xb, g_xc, g_vj0, g_vj1, g_vj2 = _sum6(
+            gsm * w_a, gmb_s * w_b, gamma_s * w_c, bw * gv0, bw * gv1, bw * gv2, 0
+        )
+        g_vj0 += gvj0
+        g_vj1 += gvj1
+        g_vj2 += gvj2
+        g_act = _mvs(g_xa, g_xb, g_xc, w2, F * F, F, w2t, F, 3 * F, F, F, MV, 3)
         g_sj = gsm_j + _mvx(g_act * _silu_grad(h1), w1, F, w1 - F * F, F, F, F, MV)
         g_sm, g0, g1, g2 = _update_bwd_of(
             g_sj, g_vj0, g_vj1, g_vj2, uv0, uv1, uv2, vv0, vv1, vv2, vnorm, h2, a_vv, a_sv, dot, pw, F, RP, False, MV,

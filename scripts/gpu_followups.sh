@@ -1082,10 +1082,23 @@ case "${1:-}" in
       uptime
     done
     ;;
+  stop72e)
+    # stop 72's fused reductions (the sums over the slots in one variadic reduction a launch; summed node products
+    # reduced once; U and V, M1's two blocks, M2's blocks one reduction each; sm_90 SASS: the backward 3,064 -> 2,824
+    # instructions, 87 -> 77 barriers): the CUDA cases of the dense tests, then benzene, biphenyl and C60 alone
+    # (shipped and fan both ways) and through the engine, against stop72c (54.1 / 54.8, 65.1 / 66.8, 108.3 / 111.5).
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -k cuda tests/kernels/test_dense_step.py \
+      tests/test_engine_dense.py >"$OUT/pytest_dense.log" 2>&1
+    tail -3 "$OUT/pytest_dense.log"
+    timeout 300 python3 benchmarks/probe_dense_step.py --out "$OUT" --name probe_dense_fused_h200 \
+      --students builtin:chno-gfn2-small --molecules C6H6,biphenyl,C60 --g2 "" --variants "shipped;fan both" \
+      >"$OUT/probe_dense_step.log" 2>&1
+    grep -E "^\| " "$OUT/probe_dense_fused_h200.md" | head -16 || tail -8 "$OUT/probe_dense_step.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
