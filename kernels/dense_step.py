@@ -176,11 +176,17 @@ class DenseStep:
       programs); the backward's is slower (72.8 and 87.3: its geometry part is the longer one); C60 in 64 slots
       (256 programs, two waves; ``e/``): 159.5 with it, 110.3 without;
     - ``early`` (on; with ``pdl``): what a launch reads that its predecessor does not write (the kept geometry, the
-      filter products, the forward's values in a backward) comes before its wait for that launch, so that it
-      overlaps the predecessor's work (``stop71_gpu/c/``: benzene 65.1 → 55.7 µs, biphenyl 70.2 → 66.2; results
-      equal after back-to-back replays). Safe because a launch starts only after its predecessor has passed its own
+      filter products, the forward's values in a backward and, since stop 72, the backward's update-block rows) comes
+      before its wait for that launch, so that it overlaps the predecessor's work (``stop71_gpu/c/``: benzene
+      65.1 → 55.7 µs, biphenyl 70.2 → 66.2; the update rows ``stop72_gpu/b/``: 55.6 → 54.1; results equal after
+      back-to-back replays; an L1 prefetch of the weight tiles before the wait as well measured no faster, 55.1). Safe because a launch starts only after its predecessor has passed its own
       wait, so every launch before the predecessor has finished: the kept geometry (the first launch's) is read early
       from the third launch on (the second computes its own), and nothing is written before the wait.
+
+    Not an option: the kernels sum along one axis in one variadic ``tl.reduce`` where several sums share it (a
+    launch's slot sums, U and V, M1's blocks) and reduce summed node products once (``_dense_kernels._sum2`` ...;
+    the interpreter sums each alone, its generic reduce being ~100x slower): on sm_90 the backward's 3,072 → 2,824
+    instructions, 87 → 77 barriers; ``stop72_gpu/e/``: benzene 54.1 → 47.8 µs alone, 48.8 through the engine.
 
     ``ablate`` (0) is a timing instrument, not an option: 1 leaves a split backward's feature programs' work out, 2
     its geometry program's, so that a probe can time each kind of program alone (the results are wrong)."""

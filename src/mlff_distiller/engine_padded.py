@@ -37,13 +37,15 @@ COMPACT_MIN_EDGES = 1024
 # The dense step (kernels/dense_step.py) for one small molecule: its atoms (one program each, in NP = 16, 32 or 64
 # slots, DENSE_SLOTS) and the students it measured faster for (H200, 64 x 3, against the captured step in the same
 # runs: benzene 56.4 µs against 129-131, biphenyl (22 atoms, 32 slots) 67.6 against 135, benchmarks/results/
-# stop71_gpu/d/; C60 (60 atoms, 64 slots) 110.3 against 140.5, e/; 128 x 3: benzene 175 against 157, c/).
+# stop71_gpu/d/; C60 (60 atoms, 64 slots) 110.3 against 140.5, e/; 128 x 3: benzene 175 against 157, c/; since
+# stop 72's fused reductions benzene 48.8, biphenyl 61.1, C60 106.0 against 129.7-141.7, stop72_gpu/e/).
 DENSE_SLOTS = (16, 32, 64)
 DENSE_MAX_ATOMS = DENSE_SLOTS[-1]
 DENSE_MAX_HIDDEN = 64
 # The dense step's first launch zeros the parts of the packed output that no launch writes, so that the step needs no
 # fill kernel (a graph node, ~1-2 µs, before its first launch). Prepared at stop 71 (tested on the interpreter,
-# compiled for sm_90 on Triton 3.6 and 3.9), not yet timed or run on a GPU: off until recipe stop72a has.
+# compiled for sm_90 on Triton 3.6 and 3.9); timed at stop 72 (stop72_gpu/a/): benzene through the engine 56.5 ->
+# 58.3 µs, biphenyl 67.9 -> 66.6: no clear gain, so off.
 DENSE_ZERO_IN_KERNEL = False
 
 
