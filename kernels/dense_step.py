@@ -179,9 +179,10 @@ class DenseStep:
       filter products, the forward's values in a backward and, since stop 72, the backward's update-block rows) comes
       before its wait for that launch, so that it overlaps the predecessor's work (``stop71_gpu/c/``: benzene
       65.1 → 55.7 µs, biphenyl 70.2 → 66.2; the update rows ``stop72_gpu/b/``: 55.6 → 54.1; results equal after
-      back-to-back replays; an L1 prefetch of the weight tiles before the wait as well measured no faster, 55.1). Safe because a launch starts only after its predecessor has passed its own
-      wait, so every launch before the predecessor has finished: the kept geometry (the first launch's) is read early
-      from the third launch on (the second computes its own), and nothing is written before the wait.
+      back-to-back replays; an L1 prefetch of the weight tiles before the wait as well measured no faster, 55.1).
+      Safe because a launch starts only after its predecessor has passed its own wait, so every launch before the
+      predecessor has finished: the kept geometry (the first launch's) is read early from the third launch on (the
+      second computes its own), and nothing is written before the wait.
 
     Not an option: the kernels sum along one axis in one variadic ``tl.reduce`` where several sums share it (a
     launch's slot sums, U and V, M1's blocks) and reduce summed node products once (``_dense_kernels._sum2`` ...;
