@@ -1099,7 +1099,10 @@ case "${1:-}" in
     # stop72e's rows again (benzene 47.8 us alone, 48.8 through the engine: one run, 1.2 us under the 0.05 ms target)
     # in two processes, with the MD step; then the 128 x 3 student's dense step against its engine step (stop 71:
     # 175.0 against 156.9, before the update rows and the fused reductions), which the engine does not take
-    # (engine_padded.DENSE_MAX_HIDDEN = 64).
+    # (engine_padded.DENSE_MAX_HIDDEN = 64). First the grouped sums' own test on CUDA (new at stop 73).
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -k cuda tests/kernels/test_dense_reductions.py \
+      >"$OUT/pytest_reductions.log" 2>&1
+    tail -2 "$OUT/pytest_reductions.log"
     for k in 1 2; do
       timeout 200 python3 benchmarks/probe_dense_step.py --out "$OUT" --name probe_dense_repeat${k}_h200 \
         --students builtin:chno-gfn2-small --molecules C6H6,biphenyl,C60 --g2 "" --variants "shipped" \
@@ -1110,6 +1113,11 @@ case "${1:-}" in
       --students builtin:chno-gfn2 --molecules C6H6,biphenyl --g2 "" --variants "shipped" \
       >"$OUT/probe_dense_step_128.log" 2>&1
     grep -E "^\| builtin" "$OUT/probe_dense_128_h200.md" | head -6 || tail -8 "$OUT/probe_dense_step_128.log"
+    # issue 5's benchmark table for a 64 x 3 student (random weights, the g2 species: the dense step applies), every
+    # mode beside the torch reference (the last such table, engine_small_h100.md, predates the dense step)
+    timeout 230 python3 benchmarks/bench_engine.py --hidden 64 --sections latency,md --budget-s 200 --out "$OUT" \
+      --name engine_small_h200 >"$OUT/bench_engine_small.log" 2>&1
+    grep -E "^\| (cudagraph|auto|reference)" "$OUT/engine_small_h200.md" | head -16 || tail -8 "$OUT/bench_engine_small.log"
     ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
