@@ -1099,9 +1099,10 @@ case "${1:-}" in
     # stop72e's rows again (benzene 47.8 us alone, 48.8 through the engine: one run, 1.2 us under the 0.05 ms target)
     # in two processes, with the MD step; then the 128 x 3 student's dense step against its engine step (stop 71:
     # 175.0 against 156.9, before the update rows and the fused reductions), which the engine does not take
-    # (engine_padded.DENSE_MAX_HIDDEN = 64). First the grouped sums' own test on CUDA (new at stop 73).
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -k cuda tests/kernels/test_dense_reductions.py \
-      >"$OUT/pytest_reductions.log" 2>&1
+    # (engine_padded.DENSE_MAX_HIDDEN = 64). First the grouped sums' own test on CUDA and warmup's dense steps of
+    # every slot count replayed (both new at stop 73).
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -k "cuda and (reductions or products or sums or warmed)" \
+      tests/kernels/test_dense_reductions.py tests/test_engine_dense.py >"$OUT/pytest_reductions.log" 2>&1
     tail -2 "$OUT/pytest_reductions.log"
     for k in 1 2; do
       timeout 200 python3 benchmarks/probe_dense_step.py --out "$OUT" --name probe_dense_repeat${k}_h200 \

@@ -122,24 +122,44 @@ def test_a_captured_dense_step_has_its_own_runner(model3, cpu_triton, fake_graph
 
 
 def test_warmup_captures_the_dense_step_of_its_buckets(model3, cpu_triton, fake_graphs):
-    """warmup(buckets=...) captures each bucket's dense step beside its step, so that a molecule's first call there
-    captures nothing; a bucket below the dense step's 16 slots gets none."""
+    """warmup(buckets=...) captures, beside each bucket's step, the dense step of each slot count the bucket holds
+    (16, 32, 64: each compiles kernels of its own), so that a molecule's first call there captures nothing, benzene's
+    (16 slots) and biphenyl's (32) alike; warming again captures nothing more; a bucket below 16 atom slots gets
+    none, and neither does an engine whose kernels are torch's (where the dense step never runs)."""
+    from mlff_distiller.engine_padded import DENSE_SLOTS
+
     ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
     engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
     engine.mode = "cudagraph"
-    mol = [molecule("C6H6")]
+    mols = [[molecule("C6H6")], [molecule("biphenyl")]]
     probe = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=False)
-    probe.compute(_batch(mol))  # the bucket a benzene lands in
-    engine.warmup(buckets=[probe.last_bucket])
-    (bucket,) = engine._dense_runners[16]
-    assert bucket == probe.last_bucket and list(engine._runners) == [bucket]
+    buckets = []
+    for mol in mols:  # the buckets they land in
+        probe.compute(_batch(mol))
+        buckets.append(probe.last_bucket)
+    assert buckets[1].atoms >= 32  # (biphenyl's 22 atoms take 32 slots)
+    engine.warmup(buckets=buckets)
+    for bucket in set(buckets):
+        held = [np_ for np_ in DENSE_SLOTS if np_ <= bucket.atoms]
+        assert [np_ for np_ in DENSE_SLOTS if bucket in engine._dense_runners[np_]] == held, bucket
+    assert set(engine._runners) == set(buckets)
     made = len(fake_graphs)
-    _close(engine.compute(_batch(mol), to_host=True), ref.compute(_batch(mol), to_host=True))
-    assert len(fake_graphs) == made and engine.last_bucket == bucket
+    calls = _counting(engine)
+    for mol, bucket in zip(mols, buckets, strict=True):
+        _close(engine.compute(_batch(mol), to_host=True), ref.compute(_batch(mol), to_host=True))
+        assert engine.last_bucket == bucket
+    assert [c[3] for c in calls] == [16, 32] and len(fake_graphs) == made  # replayed, not captured
+    engine.warmup(buckets=buckets)
+    assert len(fake_graphs) == made
     small = engine.buckets.select(2, 2)
     if small.atoms < 16:
         engine.warmup(buckets=[small])
-        assert small not in engine._dense_runners[16]
+        assert not any(small in runners for runners in engine._dense_runners.values())
+    other = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
+    other.mode = "cudagraph"
+    with kernels.use_backend("torch"):
+        other.warmup(buckets=buckets[:1])
+    assert not any(other._dense_runners.values()) and list(other._runners) == buckets[:1]
 
 
 def test_md_through_the_zero_copy_dense_step(model3, cpu_triton, fake_graphs):
@@ -347,3 +367,35 @@ def test_the_shipped_small_student_takes_it_on_cuda(precision):
     f = atoms.get_forces()
     fr = ref.compute(_batch([atoms]), to_host=True)["forces"].numpy()
     np.testing.assert_allclose(f, fr, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_warmed_dense_steps_replay_on_cuda():
+    """warmup(buckets=...) on CUDA captures the dense steps of 16, 32 and 64 slots on the buckets' content before
+    any molecule came; benzene, biphenyl and C60 then replay those graphs (no capture at their first call), within
+    fp32's tolerance of the float64 eager engine."""
+    from mlff_distiller import load_model
+
+    model = load_model("builtin:chno-gfn2-small")
+    engine = ForceEngine(model, device="cuda", mode="cudagraph")
+    ref = ForceEngine(load_model("builtin:chno-gfn2-small"), device="cpu", precision="fp64", mode="eager")
+    probe = ForceEngine(model, device="cuda", mode="eager", pad=True, dense_small=False)
+    slots = {"C6H6": 16, "biphenyl": 32, "C60": 64}
+    buckets = {}
+    for name in slots:
+        probe.compute(AtomsBatch.from_atoms([molecule(name)]))
+        buckets[name] = probe.last_bucket
+    engine.warmup(buckets=list(buckets.values()))
+    runners = {np_: dict(held) for np_, held in engine._dense_runners.items()}
+    for name, np_ in slots.items():
+        assert buckets[name] in runners[np_], name
+        mol = molecule(name)
+        got = engine.compute(AtomsBatch.from_atoms([mol]), to_host=True)
+        want = ref.compute(_batch([mol]), to_host=True)
+        assert (
+            engine.last_bucket == buckets[name]
+            and engine._dense_runners[np_][buckets[name]] is runners[np_][buckets[name]]
+        )
+        np.testing.assert_allclose(got["forces"].double().numpy(), want["forces"].numpy(), atol=2e-4, err_msg=name)
+        assert abs(float(got["energy"][0]) - float(want["energy"][0])) < 1e-3, name

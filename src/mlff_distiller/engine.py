@@ -615,39 +615,45 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
                 times[self.last_bucket] = time.perf_counter() - t0
         todo = [b for b in dict.fromkeys(todo) if b not in times]
         captured = self._stress_runners if stress else self._runners
-        if sum(b not in captured for b in todo) > 1 and self.mode == "cudagraph" and self.compile_mode is None:
-            # One dry run over every bucket's step compiles all their Triton kernels on one thread pool (each
-            # capture below would otherwise compile its bucket's own in parallel, but the buckets one after another).
-            step = self._step_stress if stress else self._step
-            inputs = [self._graph(b).inputs() for b in todo if b not in captured]
+        step = self._step_stress if stress else self._step
+        jobs = [(step, b) for b in todo if b not in captured]
+        jobs += [(self._dense_call(np_), b) for b in todo for np_ in self._warm_dense_slots(b, stress)]
+        if len(jobs) > 1 and self.mode == "cudagraph" and self.compile_mode is None:
+            # One dry run over every bucket's step (and each dense step, compiled per slot count) compiles all their
+            # Triton kernels on one thread pool (each capture below would otherwise compile its own in parallel, but
+            # the captures one after another).
+            inputs = [(fn, self._graph(b).inputs()) for fn, b in jobs]
             t0 = time.perf_counter()
-            kernels.precompile(lambda: [step(*x) for x in inputs], device=self.device)
+            kernels.precompile(lambda: [fn(*x) for fn, x in inputs], device=self.device)
             shared = (time.perf_counter() - t0) / len(todo)
         else:
             shared = 0.0
         for bucket in todo:
             t0 = time.perf_counter()
             self._run(bucket, self._graph(bucket), stress, capture=True)
-            if self._warms_dense(bucket, stress):  # one molecule in this bucket takes the dense step: capture it too
-                runners = self._dense_runners[DENSE_SLOTS[0]]
-                runners[bucket] = self._capture(self._dense_step, self._graph(bucket), bucket, runners)
+            for np_ in self._warm_dense_slots(bucket, stress):  # (after _run, which may have captured one)
+                runners = self._dense_runners[np_]
+                runners[bucket] = self._capture(self._dense_call(np_), self._graph(bucket), bucket, runners)
             self._sync()
             times[bucket] = time.perf_counter() - t0 + shared
         return times
 
-    def _warms_dense(self, bucket: Bucket, stress: bool) -> bool:
-        """Whether ``warmup`` captures the dense step of ``bucket`` beside its step (on the bucket's current
-        content, whatever it is: the capture records launches, and a molecule's call replays them on its own): the
-        step of 16 slots only (molecules of up to 16 atoms); a molecule of 17-64 atoms captures its own (32 or 64
-        slots) at its first call, as its kernels (compiled per slot count) are not compiled before one comes."""
-        return (
-            self._dense is not None
-            and self.dense_small is not False
-            and not stress
-            and self.mode == "cudagraph"
-            and bucket.atoms >= DENSE_SLOTS[0]
-            and bucket not in self._dense_runners[DENSE_SLOTS[0]]
-        )
+    def _warm_dense_slots(self, bucket: Bucket, stress: bool) -> list[int]:
+        """The dense steps (their slot counts) that ``warmup`` captures in ``bucket`` beside its step: each of
+        ``DENSE_SLOTS`` that the bucket holds and that is not captured there yet, so that a molecule of up to 64
+        atoms captures nothing at its first call (each slot count compiles kernels of its own: 13-22 s cold on the
+        H200 host, stop 72). A capture records launches on the bucket's current content, whatever it is; a molecule's
+        call replays them on its own. None where the dense step would not run: the energy + stress step, modes other
+        than cudagraph, the dense step off or not prepared, kernels other than Triton's."""
+        if (
+            self._dense is None
+            or self.dense_small is False
+            or stress
+            or self.mode != "cudagraph"
+            or kernels.resolve_backend(self.device) != "triton"
+        ):
+            return []
+        return [np_ for np_ in DENSE_SLOTS if np_ <= bucket.atoms and bucket not in self._dense_runners[np_]]
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

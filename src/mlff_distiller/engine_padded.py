@@ -97,8 +97,10 @@ class PaddedPaths:
         packed output, one per slot count: ``functools.partial(self._dense_step, np_=...)``, made once), or None
         (:meth:`_dense_slots`)."""
         np_ = self._dense_slots(graph)
-        if np_ is None:
-            return None
+        return None if np_ is None else self._dense_call(np_)
+
+    def _dense_call(self, np_: int):
+        """The dense step of ``np_`` slots as a step: :meth:`_step`'s signature and packed output (made once)."""
         call = self._dense_calls.get(np_)
         if call is None:
             call = self._dense_calls[np_] = functools.partial(self._dense_step, np_=np_)
