@@ -644,14 +644,8 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
         atoms captures nothing at its first call (each slot count compiles kernels of its own: 13-22 s cold on the
         H200 host, stop 72). A capture records launches on the bucket's current content, whatever it is; a molecule's
         call replays them on its own. None where the dense step would not run: the energy + stress step, modes other
-        than cudagraph, the dense step off or not prepared, kernels other than Triton's."""
-        if (
-            self._dense is None
-            or self.dense_small is False
-            or stress
-            or self.mode != "cudagraph"
-            or kernels.resolve_backend(self.device) != "triton"
-        ):
+        than cudagraph, where :meth:`_dense_on` is not."""
+        if stress or self.mode != "cudagraph" or not self._dense_on():
             return []
         return [np_ for np_ in DENSE_SLOTS if np_ <= bucket.atoms and bucket not in self._dense_runners[np_]]
 

@@ -79,16 +79,22 @@ class PaddedPaths:
             )
             return None
 
+    def _dense_on(self) -> bool:
+        """Whether the dense step runs at all: prepared, not switched off, the Triton kernels selected."""
+        return (
+            self._dense is not None
+            and self.dense_small is not False
+            and kernels.resolve_backend(self.device) == "triton"
+        )
+
     def _dense_slots(self, graph: PaddedGraph) -> int | None:
         """The dense step's slots (NP, one of ``DENSE_SLOTS``) for the current content of ``graph``, or None where
         it does not apply: one structure without periodic images (``graph.molecule``) of at most
-        ``DENSE_MAX_ATOMS`` atoms in a bucket of at least NP atom slots, with the Triton kernels selected."""
-        if self._dense is None or self.dense_small is False or not graph.molecule or graph.n_structures != 1:
+        ``DENSE_MAX_ATOMS`` atoms in a bucket of at least NP atom slots, where :meth:`_dense_on`."""
+        if not graph.molecule or graph.n_structures != 1 or not self._dense_on():
             return None
         np_ = next((s for s in DENSE_SLOTS if graph.n_atoms <= s), None)
         if np_ is None or graph.bucket.atoms < np_:
-            return None
-        if kernels.resolve_backend(self.device) != "triton":
             return None
         return np_
 
