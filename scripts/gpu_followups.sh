@@ -1124,10 +1124,24 @@ case "${1:-}" in
       --out "$OUT" --name engine_small_h200 >"$OUT/bench_engine_small.log" 2>&1
     grep -E "^\| " "$OUT/engine_small_h200.md" | head -40 || tail -8 "$OUT/bench_engine_small.log"
     ;;
+  stop73c)
+    # issue 5's table for a 64 x 3 student again (b/ timed the model's step in its "step" column where compute
+    # takes the dense step: fixed), each row naming the step it took, the start-up rows too (was b/'s cold 4.21 s
+    # the dense step's compile, or the model's step?); then the batch sweep (1, 16, 1,024, 4,096 g2 molecules) and
+    # the precision table for the same student, fp32 / tf32 / bf16 captured
+    timeout 290 python3 benchmarks/bench_engine.py --hidden 64 --sections latency,md,startup \
+      --variants "=cudagraph,=eager (triton)" --budget-s 260 --out "$OUT" --name engine_small_h200 \
+      >"$OUT/bench_engine_small.log" 2>&1
+    grep -E "^\| " "$OUT/engine_small_h200.md" | head -30 || tail -8 "$OUT/bench_engine_small.log"
+    timeout 230 python3 benchmarks/bench_engine.py --hidden 64 --sections sweep,errors --sizes 1,16,1024,4096 \
+      --variants "=cudagraph fp32,=cudagraph tf32,=cudagraph bf16" --budget-s 200 --out "$OUT" \
+      --name engine_small_h200 >"$OUT/bench_engine_small_sweep.log" 2>&1
+    grep -E "^\| " "$OUT/engine_small_h200.md" | tail -28 || tail -8 "$OUT/bench_engine_small_sweep.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
