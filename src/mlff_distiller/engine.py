@@ -33,8 +33,9 @@ filter, message aggregation, residual feature streams, energies and the force ac
 Triton kernels the GEMMs round their float32 tiles to 16 bits in registers (every fusion kept; see
 ``kernels/_precision.py``) and the message-passing dots take one TF32 pass, as under ``tf32``; elsewhere (the torch
 kernels, torch.compile'd steps) the MLP layers become 16-bit copies for cuBLAS. (Not ``torch.autocast``: it would
-hand the message-passing kernel mixed dtypes and re-cast every weight on every call.) An unsupported precision
-warns and falls back to ``fp32``.
+hand the message-passing kernel mixed dtypes and re-cast every weight on every call.) One small molecule's dense
+step (``dense_small``) computes strict float32 under ``tf32``, ``bf16`` and ``fp16`` too: faster there than their
+model step, and within their tolerances. An unsupported precision warns and falls back to ``fp32``.
 ``TOLERANCES`` documents the accepted
 deviation from fp64 (the tests enforce it; the benchmark writes the measured error table).
 """
@@ -205,9 +206,13 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
             dense step (:mod:`mlff_distiller.kernels.dense_step`: two launches a layer, one program per atom, all pairs
             within the cutoff, no neighbour list) instead of the model's forward and ``autograd.grad``; the same
             energies and forces to float32 rounding. Default (None): on CUDA for a student of the shipped
-            architecture up to ``DENSE_MAX_HIDDEN`` (64) features in fp32 or fp64, where it measured faster (64 x 3
-            on an H200, stop 71: benzene 56 against 129 µs, biphenyl 68 against 135, C60 110 against 141; 128 x 3:
-            benzene 175 against 157, so not there); True: also wider students; False: never.
+            architecture up to ``DENSE_MAX_HIDDEN`` (64) features, where it measured faster (64 x 3 on an H200,
+            stop 72: benzene 49 against 130 µs, biphenyl 61 against 135, C60 106 against 142; 128 x 3 at stop 73:
+            benzene 155 against 157, biphenyl 298 against 164, so not there); True: also wider students; False:
+            never. Under ``tf32``, ``bf16`` and ``fp16`` it computes in strict float32 (within their tolerances,
+            and faster than the model's step in them: one g2 molecule 52 against 117 µs in tf32 and 116 in bf16,
+            64 x 3, stop 73), where the model keeps float32 weights (the Triton GEMMs'; the torch kernels' 16-bit
+            copy of the MLP layers does not take it).
     """
 
     def __init__(
