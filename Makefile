@@ -8,6 +8,8 @@ PYTEST_WORKERS ?= 2
 # the environment sets them: two workers of two threads each on a 2-core machine contend (four test files: 207 s, one
 # thread each: 158 s; stop 51).
 TEST_THREADS ?= 1
+# The test log ends with the 25 slowest tests (--durations): where CI's time goes (stop 73: the dense step's
+# interpreter tests were half of it).
 
 .PHONY: setup demo test lint bench gpu-check
 
@@ -21,7 +23,7 @@ test:
 	bash scripts/setup.sh test
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-$(TEST_THREADS)} \
 	MKL_NUM_THREADS=$${MKL_NUM_THREADS:-$(TEST_THREADS)} \
-	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=25 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint:
 	$(PY) -m ruff check src kernels tests benchmarks examples scripts
