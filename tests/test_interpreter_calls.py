@@ -66,3 +66,18 @@ def test_helper_calls_skip_the_repeated_patch_with_the_same_results(monkeypatch)
     del patches[:]
     again, _ = _run()
     assert torch.equal(again, fast) and patches == ["_helpers_kernel", "sum"]
+
+
+def test_the_type_map_memo_answers_as_tritons_own():
+    """Scalars, blocks, pointers and blocks of pointers: the memo's NumPy type is the interpreter's own."""
+    import interpreter_calls
+    from triton.runtime import interpreter as it
+
+    assert interpreter_calls.install()
+    memo = it._get_np_dtype
+    stock = memo._mlff_stock
+    types = [tl.float32, tl.float64, tl.int32, tl.int64, tl.int1, tl.bfloat16, tl.float16, tl.uint8]
+    types += [tl.block_type(t, [4, 8]) for t in types]
+    types += [tl.pointer_type(tl.float32), tl.block_type(tl.pointer_type(tl.float64), [16])]
+    for t in types * 2:  # the second pass from the memo
+        assert memo(t) == stock(t), t
