@@ -66,9 +66,12 @@ class PaddedPaths:
         from mlff_distiller.kernels import dense_step
         from mlff_distiller.model import analytic
 
-        if dense_small is False or compiled or self.dtype not in (torch.float32, torch.float64):
-            return None
-        if not dense_step.HAS_TRITON:  # (Triton not installed)
+        if (
+            dense_small is False
+            or compiled
+            or self.dtype not in (torch.float32, torch.float64)
+            or not dense_step.HAS_TRITON
+        ):
             return None
         if dense_small is None and (self.device.type != "cuda" or self.model.config.hidden > DENSE_MAX_HIDDEN):
             return None
