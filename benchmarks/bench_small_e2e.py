@@ -7,7 +7,12 @@ alone (replay + sync) of the same bucket, so the difference is the host path. Al
 ``predict_forces`` runs) on single molecules: ``ase.Atoms`` in, dicts out. Median and p20 of wall-clock calls
 (each waits for its results).
 
-    python benchmarks/bench_small_e2e.py --out benchmarks/results [--name small_e2e_h100]
+``--parts`` (stop 74) adds, per case, the host pieces of one call timed alone: the host all-pairs list
+(``molecular_pairs``), the fill of the bucket, and beside them the device alternatives (``molecular_pairs_device``
+and the engine's general device list on positions already on the GPU, each synchronised), so the crossover between
+a host and a device list can be read off.
+
+    python benchmarks/bench_small_e2e.py --out benchmarks/results [--name small_e2e_h100] [--hidden 64] [--parts]
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ def main() -> None:
     p.add_argument("--name", default="small_e2e_h100")
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--profile", action="store_true", help="also a cProfile table of the host side (one benzene)")
+    p.add_argument("--hidden", type=int, default=128, help="the student's width (64: the dense step for molecules)")
+    p.add_argument("--batches", default="4,16,64,256,1024", help="g2 batch sizes, comma-separated")
+    p.add_argument("--parts", action="store_true", help="also the host and device pieces of each call (see above)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench_small_e2e: needs CUDA")
@@ -38,17 +46,17 @@ def main() -> None:
     import triton
     from ase.build import molecule
 
-    model = make_student().to("cuda")
+    model = make_student(hidden=args.hidden).to("cuda")
     engine = ForceEngine(model, device="cuda", precision="fp32", mode="cudagraph")
     cases = [(name, [molecule(name)]) for name in ("H2", "H2O", "CH4", "C6H6")]
-    cases += [(f"g2 x {b}", g2_batch(b)) for b in (4, 16, 64, 256, 1024)]
-    rows = []
+    cases += [(f"g2 x {b}", g2_batch(int(b))) for b in args.batches.split(",")]
+    rows, parts = [], []
     for name, structs in cases:
         batch = AtomsBatch.from_atoms(structs, dtype=engine.dtype)
         engine.compute(batch, to_host=True)  # capture
         e2e, e2e20 = wall_us(lambda b=batch: engine.compute(b, to_host=True), args.reps)
         bucket = engine.last_bucket
-        runner = engine._runners.get(bucket)
+        runner = _runner_of(engine, bucket)
 
         def replay(r=runner):
             r.replay()
@@ -60,17 +68,27 @@ def main() -> None:
         rows.append(
             f"| {name} | {batch.num_atoms} | {e2e:.1f} | {e2e20:.1f} | {step:.1f} | {host:.1f} | {e2e / per:.2f} |"
         )
+        if args.parts:
+            parts.append(_parts_row(engine, name, batch, bucket, args.reps))
     pf = []
     for name in ("H2O", "C6H6"):
         atoms = [molecule(name)]
         engine.predict(atoms)
         t = wall_us(lambda a=atoms: engine.predict(a), args.reps)
         pf.append(f"| engine.predict, one {name} (ase.Atoms in, dict out) | {t[0]:.1f} | {t[1]:.1f} |")
+    for b in args.batches.split(",")[-1:]:
+        mols = g2_batch(int(b))
+        engine.predict(mols)
+        t = wall_us(lambda m=mols: engine.predict(m), max(20, args.reps // 10), warmup=3)
+        pf.append(
+            f"| engine.predict, g2 x {b} (ase.Atoms in, dicts out; µs a structure) | {t[0] / int(b):.2f} | "
+            f"{t[1] / int(b):.2f} |"
+        )
     lines = [
         "# bench_small_e2e.py: small molecules end to end through ForceEngine (cudagraph, fp32)",
         "",
         f"{torch.cuda.get_device_name()} · torch {torch.__version__} · triton {triton.__version__} · "
-        f"{args.reps} calls each",
+        f"{args.reps} calls each · random-weight student {args.hidden} x 3 (bench_engine.make_student)",
         "",
         "| case | atoms | e2e µs (median) | e2e p20 | replay + sync µs | host path µs | e2e µs / structure |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -80,6 +98,18 @@ def main() -> None:
         "|---|---:|---:|",
         *pf,
     ]
+    if parts:
+        lines += [
+            "",
+            "One call's pieces, each timed alone (median µs of wall-clock calls; the device ones synchronised): the "
+            "host list (`molecular_pairs` on host tensors, what the engine builds for molecules given on the host), "
+            "the bucket's fill from it, and the device alternatives on positions already on the GPU.",
+            "",
+            "| case | edges | host list µs | fill µs (host fill or device fill) | `molecular_pairs_device` µs | "
+            "engine's device list µs | positions to the GPU µs |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            *parts,
+        ]
     if args.profile:
         import cProfile
         import io
@@ -96,6 +126,72 @@ def main() -> None:
         what = f"cProfile of {args.reps} calls of engine.compute (one benzene, to_host), by internal time:"
         lines += ["", what, "```", buf.getvalue(), "```"]
     write_lines(lines, args.out, args.name)
+
+
+def _runner_of(engine: ForceEngine, bucket):
+    """The captured runner of ``bucket``'s last step: the dense step's where the engine took it, else the model's."""
+    from mlff_distiller.engine_padded import DENSE_SLOTS
+
+    graph = engine._graphs.get(bucket)
+    np_ = engine._dense_slots(graph) if graph is not None else None
+    if np_ is not None and np_ in DENSE_SLOTS:
+        return engine._dense_runners[np_].get(bucket)
+    return engine._runners.get(bucket)
+
+
+def _parts_row(engine: ForceEngine, name: str, batch: AtomsBatch, bucket, reps: int) -> str:
+    from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, fill_padded, fill_padded_host
+    from mlff_distiller.neighbors.molecular import molecular_pairs, molecular_pairs_device
+
+    reps = max(20, reps // 4)
+    host_list = wall_us(lambda: molecular_pairs(batch.positions, batch.ptr, engine.cutoff), reps)[0]
+    nl = molecular_pairs(batch.positions, batch.ptr, engine.cutoff)
+    graph = engine._graph(bucket)
+    if bucket.edges <= HOST_FILL_MAX_EDGES:
+
+        def fill():
+            fill_padded_host(
+                graph,
+                batch.numbers.numpy(),
+                batch.positions.numpy(),
+                batch.batch.numpy(),
+                batch.num_structures,
+                nl.edge_index.numpy(),
+                nl.row_ptr.numpy(),
+                record=False,
+            )
+            torch.cuda.synchronize()
+
+        how = "host"
+    else:
+        dev = batch.to("cuda", engine.dtype)
+        dnl = engine._nl_to_device(nl)
+
+        def fill():
+            fill_padded(
+                graph, dev.numbers, dev.positions, dev.batch, dev.num_structures, dnl.edge_index, dnl.shift_vectors
+            )
+            torch.cuda.synchronize()
+
+        how = "device"
+    filled = wall_us(fill, reps)[0]
+    engine._graph_tokens[bucket] = -1  # the probe's fills leave no topology the engine may reuse
+    dev = batch.to("cuda", engine.dtype)
+
+    def synced(fn):
+        def run():
+            fn()
+            torch.cuda.synchronize()
+
+        return run
+
+    dev_pairs = wall_us(synced(lambda: molecular_pairs_device(dev.positions, dev.ptr, engine.cutoff)), reps)[0]
+    dev_list = wall_us(synced(lambda: engine._neighbors(dev)), reps)[0]
+    to_gpu = wall_us(synced(lambda: batch.positions.to("cuda", non_blocking=False)), reps)[0]
+    return (
+        f"| {name} | {nl.num_edges} | {host_list:.1f} | {filled:.1f} ({how}) | {dev_pairs:.1f} | {dev_list:.1f} "
+        f"| {to_gpu:.1f} |"
+    )
 
 
 if __name__ == "__main__":
