@@ -10,9 +10,18 @@ from helpers import assert_bucket_csr, make_model, random_molecule, silicon_cell
 from mlff_distiller.kernels import use_backend
 
 from mlff_distiller import AtomsBatch, ForceEngine
-from mlff_distiller.buckets import Bucket, BucketLadder, PaddedGraph, fill_padded, fill_padded_host, pad_graph
+from mlff_distiller.buckets import (
+    Bucket,
+    BucketLadder,
+    PaddedGraph,
+    fill_molecule_host,
+    fill_padded,
+    fill_padded_host,
+    pad_graph,
+)
 from mlff_distiller.engine_padded import unpack
 from mlff_distiller.neighbors import neighbor_list_batch
+from mlff_distiller.neighbors.molecular import molecular_pairs
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # CPU, and CUDA as a gpu-marked case (reported as skipped without a GPU): the padded step there is a CUDA-graph replay.
@@ -268,6 +277,43 @@ def test_host_fill_equals_device_fill(device, dtype, sender_csr):
         nl = molecular_pairs(big.positions, big.ptr, 4.0)
         fill_padded_host(g, big.numbers.numpy(), big.positions.numpy(), big.batch.numpy(), 1, nl.edge_index.numpy(),
                          nl.row_ptr.numpy())  # fmt: skip
+
+
+@pytest.mark.parametrize("sender_csr", [True, False], ids=["sender-csr", "symmetric"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("device", CSR_DEVICES)
+def test_molecule_fill_equals_the_host_fill_of_no_edges(device, dtype, sender_csr):
+    """fill_molecule_host (one molecule without its list, for the dense step) leaves every buffer equal to
+    fill_padded_host given no edges: molecules of several atom counts and the same count twice in a row (whose
+    edge-free form the mirrors keep), interleaved with fills of real lists in the same buffers (after which that
+    form must be written again), a lone atom and a molecule that fills the bucket's atoms."""
+    bucket = Bucket(24, 400)
+    g = PaddedGraph.empty(bucket, dtype=dtype, device=device, cutoff=4.0, pad_z=1, sender_csr=sender_csr)
+    ref = PaddedGraph.empty(bucket, dtype=dtype, device=device, cutoff=4.0, pad_z=1, sender_csr=sender_csr)
+    storage = [t.data_ptr() for t in g.inputs()]
+    rng = np.random.default_rng(12)
+    mols = [molecule("C6H6"), molecule("C6H6"), molecule("H2O"), random_molecule(12, rng), random_molecule(1, rng)]
+    mols += [random_molecule(23, rng, spacing=1.6), molecule("CH4"), molecule("CH4")]
+    none = np.zeros((2, 0), dtype=np.int64)
+    for k, mol in enumerate(mols):
+        batch = AtomsBatch.from_atoms([mol], dtype=dtype)
+        if k in (3, 7):  # a list in these buffers first: the edge-free form is gone from the mirrors
+            other = AtomsBatch.from_atoms([molecule("CH4"), molecule("H2O")], dtype=dtype)
+            nl = molecular_pairs(other.positions, other.ptr, 4.0)
+            fill_padded_host(g, other.numbers.numpy(), other.positions.numpy(), other.batch.numpy(), 2,
+                             nl.edge_index.numpy(), nl.row_ptr.numpy())  # fmt: skip
+        fill_molecule_host(g, batch.numbers.numpy(), batch.positions.numpy())
+        row_ptr = np.zeros(batch.num_atoms + 1, dtype=np.int64)
+        fill_padded_host(ref, batch.numbers.numpy(), batch.positions.numpy(), batch.batch.numpy(), 1, none, row_ptr)
+        assert (g.n_atoms, g.n_edges, g.n_structures, g.molecule) == (ref.n_atoms, 0, 1, True)
+        for name, a, b in zip(_INPUT_NAMES, g.inputs(), ref.inputs(), strict=True):
+            assert torch.equal(a, b), f"molecule {k}: {name} differs"
+        assert_bucket_csr(g)
+    assert storage == [t.data_ptr() for t in g.inputs()]
+    with pytest.raises(ValueError, match="does not fit"):
+        fill_molecule_host(g, np.ones(24, dtype=np.int64), np.zeros((24, 3)))
+    with pytest.raises(ValueError, match="positions must be"):
+        fill_molecule_host(g, np.ones(3, dtype=np.int64), np.zeros((4, 3)))
 
 
 _INPUT_NAMES = ("numbers", "positions", "edge_index", "shift_vectors", "batch", "seed", "row_ptr", "sender_perm",

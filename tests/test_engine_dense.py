@@ -58,13 +58,20 @@ def _batch(mols):
     return AtomsBatch.from_atoms(mols, dtype=torch.float64)
 
 
-def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3, cpu_triton):
+def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3, cpu_triton, monkeypatch):
     """Benzene, water, a 16-atom cluster (16 slots), a 17-atom one (32 slots) and a 33-atom one (64 slots), one at
-    a time, take the dense step, equal to the model's autograd; two molecules in one batch, a periodic cell and a
-    65-atom molecule take the model's step."""
+    a time, take the dense step, equal to the model's autograd, with no neighbour list made (since stop 74 the
+    bucket gets the atoms alone, ``fill_molecule_host``); two molecules in one batch, a periodic cell and a
+    65-atom molecule take the model's step on their list."""
+    from mlff_distiller import engine_padded
+
     ref = ForceEngine(model3, device="cpu", precision="fp64", mode="eager")
     engine = ForceEngine(model3, device="cpu", pad=True, precision="fp64", dense_small=True)
     calls = _counting(engine)
+    fills, lists = [], []
+    real_fill, real_list = engine_padded.fill_molecule_host, engine._neighbors
+    monkeypatch.setattr(engine_padded, "fill_molecule_host", lambda *a, **k: fills.append(1) or real_fill(*a, **k))
+    engine._neighbors = lambda *a: lists.append(1) or real_list(*a)
     rng = np.random.default_rng(0)
     cluster = molecule("CH4")
     cluster = cluster + molecule("H2O") + molecule("CH4")  # (a 13-atom template, moved apart below)
@@ -79,12 +86,13 @@ def test_one_small_molecule_takes_the_dense_step_and_nothing_else_does(model3, c
         _close(engine.compute(_batch([mol]), to_host=True), ref.compute(_batch([mol]), to_host=True))
         assert len(calls) == k + 1, mol
     assert [c[3] for c in calls] == [16, 16, 16, 32, 64]  # the slots each took
+    assert len(fills) == 5 and not lists
     big = cluster33 + cluster16 + cluster16
     big.set_positions(rng.normal(size=(65, 3)) * 2.8)
     cell = bulk("Si", "diamond", a=5.43, cubic=True)
     for batch in ([molecule("C6H6"), molecule("H2O")], [cell], [big]):
         _close(engine.compute(_batch(batch), to_host=True), ref.compute(_batch(batch), to_host=True))
-    assert len(calls) == 5
+    assert len(calls) == 5 and len(fills) == 5 and len(lists) == 3
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

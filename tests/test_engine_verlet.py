@@ -200,6 +200,76 @@ def test_host_built_molecular_list_equals_device_list_on_cuda(model):
         np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-10)
 
 
+def _lists_by_receiver_then_sender(nl) -> np.ndarray:
+    i, j = nl.edge_index.cpu().numpy()
+    return np.stack([i, j])[:, np.lexsort((j, i))]
+
+
+def test_molecules_beyond_the_host_lists_size_get_the_device_enumeration():
+    """Molecules given on the host for a GPU engine: the host list up to ``HOST_LIST_MAX_PAIRS`` candidate pairs
+    (Σ n_b²), the device enumeration from there (stop 74: 9.4-12.5 ms on the host against ~1 ms for 4,096 g2
+    molecules). Decided on the CPU with a stand-in for the engine's attributes (a CUDA device object, no GPU); the
+    device enumeration run on CPU tensors gives the host list's pairs."""
+    from types import SimpleNamespace
+
+    from helpers import random_molecule
+
+    import mlff_distiller.engine_eager as eager
+    from mlff_distiller.engine_eager import EagerPaths
+
+    rng = np.random.default_rng(74)
+    fake = SimpleNamespace(verlet=None, neighbor_method="auto", device=torch.device("cuda"), cutoff=4.0)
+    small = AtomsBatch.from_atoms([random_molecule(int(n), rng) for n in rng.integers(2, 12, 20)])
+    counts = np.diff(small.ptr.numpy())
+    assert (counts * counts).sum() <= eager.HOST_LIST_MAX_PAIRS
+    host = EagerPaths._host_molecular_neighbors(fake, small, to_device=False)
+    assert host is not None and host.edge_index.device.type == "cpu"
+    assert EagerPaths._device_molecular_neighbors(fake, small, small) is not None  # the padded path asks host first
+    # one molecule of 182 atoms: 33,124 candidates, past the host list's limit
+    big = AtomsBatch.from_atoms([random_molecule(182, rng)])
+    assert 182 * 182 > eager.HOST_LIST_MAX_PAIRS
+    assert EagerPaths._host_molecular_neighbors(fake, big, to_device=False) is None
+    got = EagerPaths._device_molecular_neighbors(fake, big, big)
+    want = eager.molecular_pairs(big.positions, big.ptr, 4.0)
+    assert got is not None and got.num_edges == want.num_edges > 0
+    np.testing.assert_array_equal(_lists_by_receiver_then_sender(got), _lists_by_receiver_then_sender(want))
+    np.testing.assert_array_equal(got.row_ptr.numpy(), want.row_ptr.numpy())
+    # periodic structures, a CPU engine, a Verlet list or another method: neither molecular path
+    for other in (
+        SimpleNamespace(verlet=None, neighbor_method="auto", device=torch.device("cpu"), cutoff=4.0),
+        SimpleNamespace(verlet=object(), neighbor_method="auto", device=torch.device("cuda"), cutoff=4.0),
+        SimpleNamespace(verlet=None, neighbor_method="brute", device=torch.device("cuda"), cutoff=4.0),
+    ):
+        assert EagerPaths._device_molecular_neighbors(other, big, big) is None
+    periodic = AtomsBatch.from_atoms([silicon_cell()])
+    assert EagerPaths._device_molecular_neighbors(fake, periodic, periodic) is None
+
+
+@pytest.mark.gpu
+def test_large_molecular_batches_from_the_host_equal_the_device_batch_on_cuda(model, monkeypatch):
+    """A molecular batch past ``HOST_LIST_MAX_PAIRS`` given on the host takes the device enumeration (spied) in the
+    padded path; results equal the same batch given on the device, which takes ``neighbor_list``."""
+    from helpers import random_molecule
+
+    import mlff_distiller.engine_eager as eager
+
+    used = []
+    real = eager.molecular_pairs_device
+    monkeypatch.setattr(eager, "molecular_pairs_device", lambda *a, **k: used.append(1) or real(*a, **k))
+    rng = np.random.default_rng(9)
+    mols = [random_molecule(int(n), rng) for n in rng.integers(20, 40, 60)]
+    host = AtomsBatch.from_atoms(mols, dtype=torch.float64)
+    counts = np.diff(host.ptr.numpy())
+    assert (counts * counts).sum() > eager.HOST_LIST_MAX_PAIRS
+    eng = ForceEngine(model, device="cuda", precision="fp64", mode="cudagraph")
+    for _ in range(2):  # the eager first call, then the capture
+        got = eng.compute(host, to_host=True)
+    assert len(used) == 2 and eng.last_bucket is not None
+    want = eng.compute(host.to("cuda"), to_host=True)
+    for key in ("energy", "forces", "atomic_energies"):
+        np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=0, atol=1e-10, err_msg=key)
+
+
 @pytest.mark.gpu
 def test_host_filled_buckets_equal_the_device_path_on_cuda(model, monkeypatch):
     """Small molecular batches given on the host go into their bucket through fill_padded_host (one transfer per

@@ -44,6 +44,7 @@ __all__ = [
     "BucketLadder",
     "PaddedGraph",
     "far_shift",
+    "fill_molecule_host",
     "fill_padded",
     "fill_padded_host",
     "pad_graph",
@@ -294,7 +295,8 @@ class PaddedGraph:
         iv["batch"].fill_(a - 1)
         g = cls(bucket=bucket, **iv, **fv, sender_csr=bool(sender_csr), pad_z=int(pad_z), far=far_shift(cutoff))
         g._ints, g._floats = ints, floats
-        g._host = None  # fill_padded_host's page-locked mirrors of the two buffers and its copy event
+        g._host = None  # fill_padded_host's page-locked mirrors of the two buffers, its copy event, their views
+        g._host_form = None  # fill_molecule_host: the atom count whose edge-free form the mirrors hold
         g._arange = torch.arange(c, dtype=torch.long, device=device)
         # Search keys 0..A for the offsets: int64 for the receivers, int32 for the int32 sender keys.
         g._bounds = torch.arange(a + 1, dtype=torch.long, device=device)
@@ -432,18 +434,8 @@ def fill_padded_host(
         raise ValueError("fill_padded_host: positions [N,3], batch [N] and row_ptr [N+1] must match numbers")
     if not 0 <= num_structures <= n:
         raise ValueError(f"fill_padded_host: num_structures must be in 0..{n}, got {num_structures}")
-    host = dst._host
-    if host is None:
-        pin = dst._ints.is_cuda
-        h_ints = torch.zeros(dst._ints.shape, dtype=torch.long, pin_memory=pin)
-        h_floats = torch.zeros(dst._floats.shape, dtype=dst._floats.dtype, pin_memory=pin)
-        event = torch.cuda.Event() if pin else None
-        host = dst._host = (h_ints, h_floats, event)
-    h_ints, h_floats, event = host
-    if event is not None:
-        event.synchronize()  # the previous transfer out of the mirrors has been made
-    iv = _int_views(h_ints.numpy(), a, c)
-    fv = _float_views(h_floats.numpy(), a, c)
+    h_ints, h_floats, event, iv, fv = _host_mirrors(dst)
+    dst._host_form = None  # the mirrors hold a list now (fill_molecule_host's edge-free form is gone)
     iv["numbers"][:n] = numbers
     iv["numbers"][n:] = dst.pad_z
     iv["batch"][:n] = batch
@@ -469,13 +461,83 @@ def fill_padded_host(
     sv[e:, 0] = dst.far
     fv["seed"][:] = 0.0
     fv["seed"][:num_structures] = -1.0
+    _send_mirrors(dst, h_ints, h_floats, event, record)
+    dst.n_atoms, dst.n_edges, dst.n_structures = n, e, int(num_structures)
+    dst.molecule = True  # zero shifts: the caller's structures have no periodic images
+    return dst
+
+
+def fill_molecule_host(dst: PaddedGraph, numbers: np.ndarray, positions: np.ndarray, *, record: bool = True):
+    """:func:`fill_padded_host` for one molecule without its neighbour list: its atoms as structure 0 and every
+    edge slot padding (a valid graph of no edges), for a step that finds the pairs itself (the engine's dense step
+    reads only the numbers, positions and ``batch``). The same buffers as :func:`fill_padded_host` given no edges.
+
+    Since that edge-free form depends only on the atom count, the mirrors keep it between calls of the same count
+    (``_host_form``) and a call rewrites only the numbers and positions: four NumPy writes and the two transfers,
+    against ~25 writes with a list (stop 74)."""
+    n = int(numbers.shape[0])
+    a, c = dst.bucket.atoms, dst.bucket.edges
+    if not dst.bucket.fits(n, 0):
+        raise ValueError(f"a molecule of {n} atoms does not fit bucket {dst.bucket}")
+    if c > HOST_FILL_MAX_EDGES:
+        raise ValueError(f"fill_molecule_host: bucket {dst.bucket} has more than {HOST_FILL_MAX_EDGES} edge slots")
+    if tuple(positions.shape) != (n, 3):
+        raise ValueError(f"fill_molecule_host: positions must be [{n}, 3], got {tuple(positions.shape)}")
+    h_ints, h_floats, event, iv, fv = _host_mirrors(dst)
+    if dst._host_form != n:
+        iv["numbers"][n:] = dst.pad_z
+        iv["batch"][:n] = 0
+        iv["batch"][n:] = a - 1
+        iv["edge_index"][:] = n + (np.arange(c, dtype=np.int64) * (a - n)) // max(c, 1)  # as _fill_edge_tail
+        iv["row_ptr"][:] = 0
+        if dst.sender_csr:
+            iv["sender_perm"][:] = np.arange(c)
+            iv["sender_ptr"][:] = 0
+        fv["positions"][n:] = 0.0
+        sv = fv["shift_vectors"]
+        sv[:] = 0.0
+        sv[:, 0] = dst.far
+        fv["seed"][:] = 0.0
+        fv["seed"][:1] = -1.0
+        dst._host_form = n
+    iv["numbers"][:n] = numbers
+    fv["positions"][:n] = positions
+    _send_mirrors(dst, h_ints, h_floats, event, record)
+    dst.n_atoms, dst.n_edges, dst.n_structures = n, 0, 1
+    dst.molecule = True
+    return dst
+
+
+def _host_mirrors(dst: PaddedGraph) -> tuple:
+    """The page-locked (on CUDA) host mirrors of ``dst``'s two flat buffers, their copy event and the fields'
+    NumPy views of them (made once per graph), after waiting for the previous transfer out of them."""
+    host = dst._host
+    if host is None:
+        a, c = dst.bucket.atoms, dst.bucket.edges
+        pin = dst._ints.is_cuda
+        h_ints = torch.zeros(dst._ints.shape, dtype=torch.long, pin_memory=pin)
+        h_floats = torch.zeros(dst._floats.shape, dtype=dst._floats.dtype, pin_memory=pin)
+        event = torch.cuda.Event() if pin else None
+        host = dst._host = (
+            h_ints,
+            h_floats,
+            event,
+            _int_views(h_ints.numpy(), a, c),
+            _float_views(h_floats.numpy(), a, c),
+        )
+        dst._host_form = None
+    if host[2] is not None:
+        host[2].synchronize()  # the previous transfer out of the mirrors has been made
+    return host
+
+
+def _send_mirrors(dst: PaddedGraph, h_ints, h_floats, event, record: bool) -> None:
+    """Send both mirrors to ``dst``'s buffers (asynchronous from page-locked memory); ``record``: record the event
+    the next fill waits for."""
     dst._ints.copy_(h_ints, non_blocking=True)
     dst._floats.copy_(h_floats, non_blocking=True)
     if event is not None and record:
         event.record()
-    dst.n_atoms, dst.n_edges, dst.n_structures = n, e, int(num_structures)
-    dst.molecule = True  # zero shifts: the caller's structures have no periodic images
-    return dst
 
 
 def pad_graph(

@@ -17,9 +17,16 @@ from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.engine_padded import edge_virial, exact_pairs, stress_from_strain_gradient
 from mlff_distiller.model import analytic as analytic_path
 from mlff_distiller.neighbors import NeighborList, neighbor_list
-from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs
+from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs, molecular_pairs_device
 from mlff_distiller.ordering import spatial_order
 from mlff_distiller.precision import _matmul_precision
+
+# Candidate pairs (Σ n_b²) up to which molecules given on the host for a GPU engine get their list on the host
+# (molecular_pairs); larger batches get it on the device (molecular_pairs_device). Stop 74, H200 host, g2 molecules
+# (benchmarks/results/stop74_gpu/a/): the host list took 314-525 µs for 256 molecules (10,545 candidates), 1.58-1.69
+# ms for 1,024 (40,464), 9.4-12.5 ms for 4,096 (161,545), the device enumeration 0.73-1.40 ms at every size (its
+# launches and waits): the crossover near 20,000-30,000 candidates. One molecule of up to 181 atoms stays on the host.
+HOST_LIST_MAX_PAIRS = 32_768
 
 
 @contextlib.contextmanager
@@ -98,10 +105,23 @@ class EagerPaths:
         itself). ``None`` when that does not apply."""
         if self.verlet is not None or self.neighbor_method != "auto" or batch.device.type != "cpu":
             return None
-        if self.device.type == "cpu" or not molecular_applicable(batch.positions, batch.pbc, batch.ptr):
+        if self.device.type == "cpu" or not molecular_applicable(
+            batch.positions, batch.pbc, batch.ptr, HOST_LIST_MAX_PAIRS
+        ):
             return None
         nl = molecular_pairs(batch.positions, batch.ptr, self.cutoff)
         return self._nl_to_device(nl) if to_device else nl
+
+    def _device_molecular_neighbors(self, batch: AtomsBatch, dev: AtomsBatch) -> NeighborList | None:
+        """Molecules given on the host for an engine on another device, too many for the host list
+        (:data:`HOST_LIST_MAX_PAIRS`): the same enumeration on the device (``molecular_pairs_device``) from ``dev``,
+        the batch on the device, with the host's ``ptr`` (no device read to size it; ``neighbor_list`` would first
+        read ``pbc`` and ``ptr`` back to decide). ``None`` when that does not apply."""
+        if self.verlet is not None or self.neighbor_method != "auto" or batch.device.type != "cpu":
+            return None
+        if self.device.type == "cpu" or not molecular_applicable(batch.positions, batch.pbc, batch.ptr):
+            return None
+        return molecular_pairs_device(dev.positions, batch.ptr, self.cutoff)
 
     def _compute_eager(self, batch: AtomsBatch, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
         inv = None

@@ -21,10 +21,18 @@ import torch
 
 from mlff_distiller import kernels
 from mlff_distiller.batch import AtomsBatch
-from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, Bucket, PaddedGraph, fill_padded, fill_padded_host
+from mlff_distiller.buckets import (
+    HOST_FILL_MAX_EDGES,
+    Bucket,
+    PaddedGraph,
+    fill_molecule_host,
+    fill_padded,
+    fill_padded_host,
+)
 from mlff_distiller.cudagraph import GraphRunner, is_capture_failure
 from mlff_distiller.kernels import _compile_ahead
 from mlff_distiller.neighbors import NeighborList
+from mlff_distiller.neighbors.molecular import molecular_pair_count
 from mlff_distiller.precision import _matmul_precision
 
 __all__ = ["COMPACT_MIN_EDGES", "PaddedPaths"]
@@ -411,6 +419,10 @@ class PaddedPaths:
         return len(dropped)
 
     def _compute_padded(self, batch: AtomsBatch, to_host: bool, stress: bool = False) -> dict[str, torch.Tensor] | None:
+        if not stress and self._dense is not None:
+            out = self._compute_dense_molecule(batch, to_host)
+            if out is not None:
+                return out
         host_nl = self._host_molecular_neighbors(batch, to_device=False)
         if host_nl is not None:
             bucket = self.buckets.select(batch.num_atoms, host_nl.num_edges)
@@ -446,7 +458,9 @@ class PaddedPaths:
         # still 0.905 / 0.967 / 0.980x at 12,000 / 24,000 / 36,000 atoms 128 wide, 0.85-0.93x 64 wide.
         dev, same = self._device_topology(batch)
         with torch.no_grad():
-            nl = host_nl if host_nl is not None else self._neighbors(dev)
+            nl = host_nl if host_nl is not None else self._device_molecular_neighbors(batch, dev)
+            if nl is None:
+                nl = self._neighbors(dev)
         n, b, e = dev.num_atoms, dev.num_structures, nl.num_edges
         bucket = self.buckets.select(n, e)
         if bucket is None:
@@ -480,6 +494,31 @@ class PaddedPaths:
         out = self._run_padded(bucket, graph, n, b, to_host, stress=stress)
         # The cell from the side the outputs are on: no host-to-device copy that would wait for the step.
         return _with_stress(out, batch if to_host else dev) if stress else out
+
+    def _compute_dense_molecule(self, batch: AtomsBatch, to_host: bool) -> dict[str, torch.Tensor] | None:
+        """One molecule given on the host for the dense step, which finds its pairs itself: the pairs are only
+        counted (the bucket is chosen by them, as for the list) and the bucket gets the atoms and no edges
+        (:func:`~mlff_distiller.buckets.fill_molecule_host`), instead of the host list and its fill (stop 74: 30-66
+        and 38-84 µs of a ~250-430 µs call on the H200 host, ``benchmarks/results/stop74_gpu/a/``). None where the
+        dense step would not take the molecule (:meth:`_dense_slots`'s conditions, checked before the fill), and
+        where it gave up at this call's launch (its stand-in, the model's step, needs the list: the caller's path
+        runs the call again with it)."""
+        if batch.num_structures != 1 or batch.device.type != "cpu" or batch.positions64 is not None:
+            return None
+        n = batch.num_atoms
+        if n > DENSE_MAX_ATOMS or batch.pbc.numpy().any() or not self._dense_on():
+            return None
+        positions = batch.positions.detach().numpy()
+        bucket = self.buckets.select(n, molecular_pair_count(positions, self.cutoff))
+        np_ = next(s for s in DENSE_SLOTS if n <= s)
+        if bucket is None or bucket.atoms < np_ or bucket.edges > HOST_FILL_MAX_EDGES:
+            return None
+        graph = self._graph(bucket)
+        fill_molecule_host(graph, batch.numbers.numpy(), positions, record=not to_host)
+        self._graph_tokens[bucket] = -1  # the device path must rewrite everything in this bucket
+        self._verlet_fill = None
+        out = self._run_padded(bucket, graph, n, 1, to_host)
+        return None if self._dense is None else out
 
     def _run_padded(
         self,

@@ -26,6 +26,7 @@ __all__ = [
     "MOLECULAR_MAX_PAIRS",
     "molecular_applicable",
     "molecular_device_applicable",
+    "molecular_pair_count",
     "molecular_pairs",
     "molecular_pairs_device",
 ]
@@ -34,15 +35,17 @@ __all__ = [
 MOLECULAR_MAX_PAIRS = 4_000_000
 
 
-def molecular_applicable(positions: torch.Tensor, pbc: torch.Tensor, ptr: torch.Tensor) -> bool:
+def molecular_applicable(
+    positions: torch.Tensor, pbc: torch.Tensor, ptr: torch.Tensor, max_pairs: int = MOLECULAR_MAX_PAIRS
+) -> bool:
     """Whether :func:`molecular_pairs` serves this batch: CPU tensors, no periodic direction anywhere, and at
-    most :data:`MOLECULAR_MAX_PAIRS` candidate pairs."""
+    most ``max_pairs`` candidate pairs (Σ n_b²; by default :data:`MOLECULAR_MAX_PAIRS`)."""
     if positions.device.type != "cpu" or pbc.device.type != "cpu" or ptr.device.type != "cpu":
         return False
     if pbc.numpy().any():  # (NumPy on the same memory: a few µs less than torch's CPU ops, once per list build)
         return False
     counts = np.diff(ptr.numpy()).astype(np.int64)
-    return int((counts * counts).sum()) <= MOLECULAR_MAX_PAIRS
+    return int((counts * counts).sum()) <= max_pairs
 
 
 def molecular_device_applicable(positions: torch.Tensor, pbc: torch.Tensor, ptr: torch.Tensor) -> bool:
@@ -137,10 +140,28 @@ def _one_structure(pos: np.ndarray, cutoff: float, dtype: torch.dtype) -> Neighb
     candidates by broadcasting, in a third of the NumPy calls (the same float64 differences and squared
     lengths, so the same pairs)."""
     n = pos.shape[0]
+    i, j = np.nonzero(_within(pos, cutoff))  # row-major: by receiver, then sender
+    return _pair_list(i.astype(np.int64, copy=False), j.astype(np.int64, copy=False), n, dtype)
+
+
+def _within(pos: np.ndarray, cutoff: float) -> np.ndarray:
+    """``[n, n]`` whether ``0 < |r_j - r_i| < cutoff`` for the float64 positions ``[n, 3]`` of one structure."""
+    n = pos.shape[0]
     d = (pos[None, :, :] - pos[:, None, :]).reshape(n * n, 3)  # row i * n + j: r_j - r_i
     r2 = np.einsum("ij,ij->i", d, d)
-    i, j = np.nonzero(((r2 > 0.0) & (r2 < cutoff**2)).reshape(n, n))  # row-major: by receiver, then sender
-    return _pair_list(i.astype(np.int64, copy=False), j.astype(np.int64, copy=False), n, dtype)
+    return ((r2 > 0.0) & (r2 < cutoff**2)).reshape(n, n)
+
+
+def molecular_pair_count(positions: np.ndarray, cutoff: float) -> int:
+    """The number of pairs :func:`molecular_pairs` finds in one structure of ``positions [n, 3]`` (a NumPy array on
+    the host; decided in float64 by the same arithmetic), without making the list: for a caller that only sizes a
+    bucket by it (the engine's dense step, which finds the pairs itself)."""
+    pos = np.asarray(positions).astype(np.float64, copy=False)
+    if pos.ndim != 2 or pos.shape[1] != 3:
+        raise ValueError(f"molecular_pair_count: positions must be [N, 3], got {tuple(pos.shape)}")
+    if not np.isfinite(pos).all():
+        raise ValueError("molecular_pairs: positions contain NaN or inf")
+    return int(np.count_nonzero(_within(pos, float(cutoff))))
 
 
 def _pair_list(i: np.ndarray, j: np.ndarray, n: int, dtype: torch.dtype) -> NeighborList:
