@@ -39,6 +39,9 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=128, help="the student's width (64: the dense step for molecules)")
     p.add_argument("--batches", default="4,16,64,256,1024", help="g2 batch sizes, comma-separated")
     p.add_argument("--parts", action="store_true", help="also the host and device pieces of each call (see above)")
+    p.add_argument(
+        "--ab", action="store_true", help="also each call against stop 73's lists, alternating in this process (below)"
+    )
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench_small_e2e: needs CUDA")
@@ -50,7 +53,7 @@ def main() -> None:
     engine = ForceEngine(model, device="cuda", precision="fp32", mode="cudagraph")
     cases = [(name, [molecule(name)]) for name in ("H2", "H2O", "CH4", "C6H6")]
     cases += [(f"g2 x {b}", g2_batch(int(b))) for b in args.batches.split(",")]
-    rows, parts = [], []
+    rows, parts, ab = [], [], []
     for name, structs in cases:
         batch = AtomsBatch.from_atoms(structs, dtype=engine.dtype)
         engine.compute(batch, to_host=True)  # capture
@@ -70,6 +73,8 @@ def main() -> None:
         )
         if args.parts:
             parts.append(_parts_row(engine, name, batch, bucket, args.reps))
+        if args.ab:
+            ab.append(_ab_row(engine, name, batch, args.reps))
     pf = []
     for name in ("H2O", "C6H6"):
         atoms = [molecule(name)]
@@ -98,6 +103,17 @@ def main() -> None:
         "|---|---:|---:|",
         *pf,
     ]
+    if ab:
+        lines += [
+            "",
+            "This stop's lists against stop 73's, alternating in this process (`--ab`: 6 rounds of `reps / 6` timed "
+            "calls each way after 10 untimed; stop 73's way: a host list for every molecular batch of up to 4M "
+            "candidate pairs and, for one molecule of the dense step, the list and its fill as for any molecule):",
+            "",
+            "| case | e2e µs, stop 74 (median) | e2e µs, stop 73's lists (median) | stop 73 / stop 74 |",
+            "|---|---:|---:|---:|",
+            *ab,
+        ]
     if parts:
         lines += [
             "",
@@ -137,6 +153,36 @@ def _runner_of(engine: ForceEngine, bucket):
     if np_ is not None and np_ in DENSE_SLOTS:
         return engine._dense_runners[np_].get(bucket)
     return engine._runners.get(bucket)
+
+
+def _ab_row(engine: ForceEngine, name: str, batch: AtomsBatch, reps: int) -> str:
+    """``compute(batch, to_host=True)`` with this stop's lists and with stop 73's, alternating (see ``--ab``)."""
+    import time
+
+    import numpy as np
+
+    import mlff_distiller.engine_eager as eager
+    from mlff_distiller.neighbors.molecular import MOLECULAR_MAX_PAIRS
+
+    limit = eager.HOST_LIST_MAX_PAIRS
+    times = {"new": [], "old": []}
+    per = max(10, reps // 6)
+    for _round in range(6):
+        for way in ("new", "old"):
+            if way == "old":
+                eager.HOST_LIST_MAX_PAIRS = MOLECULAR_MAX_PAIRS
+                engine._compute_dense_molecule = lambda *a: None
+            try:
+                for k in range(10 + per):
+                    t0 = time.perf_counter()
+                    engine.compute(batch, to_host=True)
+                    if k >= 10:
+                        times[way].append(time.perf_counter() - t0)
+            finally:
+                eager.HOST_LIST_MAX_PAIRS = limit
+                engine.__dict__.pop("_compute_dense_molecule", None)
+    new, old = (float(np.median(times[w])) * 1e6 for w in ("new", "old"))
+    return f"| {name} | {new:.1f} | {old:.1f} | {old / new:.2f}x |"
 
 
 def _parts_row(engine: ForceEngine, name: str, batch: AtomsBatch, bucket, reps: int) -> str:

@@ -1209,10 +1209,26 @@ case "${1:-}" in
       >"$OUT/pytest_gpu.log" 2>&1
     tail -2 "$OUT/pytest_gpu.log"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -10
     ;;
+  stop74d)
+    # Stop 74: this stop's lists against stop 73's in one process (bench_small_e2e --ab), 64 and 128 wide; then the
+    # -m gpu tests outside tests/kernels that stop74c's 300 s did not reach (it passed the first 46, to
+    # test_engine_modes.py's 11th), from test_engine_modes.py on
+    for h in 64 128; do
+      timeout 100 python3 benchmarks/bench_small_e2e.py --hidden $h --batches 16,256,1024,4096 --ab \
+        --reps 300 --out "$OUT" --name small_e2e_ab_h${h}_h200 >>"$OUT/small_e2e_ab.log" 2>&1
+      grep -E "^\| " "$OUT/small_e2e_ab_h${h}_h200.md" | tail -9 || tail -15 "$OUT/small_e2e_ab.log"
+    done
+    timeout 390 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_verlet.py tests/test_engine_modes.py \
+      tests/test_engine_npt.py tests/test_engine_stress.py tests/test_engine_zero_copy.py tests/test_predict_cache.py \
+      tests/test_predict_stream.py tests/test_exact_pairs.py tests/test_first_layer_moments.py \
+      tests/test_launch_ahead.py tests/test_model_repulsion.py tests/test_neighbors_periodic.py \
+      >"$OUT/pytest_gpu_rest.log" 2>&1
+    tail -2 "$OUT/pytest_gpu_rest.log"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_rest.log" | head -10
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
