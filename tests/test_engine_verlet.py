@@ -283,7 +283,9 @@ def test_host_filled_buckets_equal_the_device_path_on_cuda(model, monkeypatch):
     real = engine_mod.fill_padded_host
     monkeypatch.setattr(engine_mod, "fill_padded_host", lambda *a, **k: used.append(1) or real(*a, **k))
     rng = np.random.default_rng(21)
-    eng = ForceEngine(model, device="cuda", precision="fp64", mode="cudagraph")
+    # dense_small=False: the model's step, which reads the list (one molecule would take the dense step without a
+    # list since stop 74, fill_molecule_host; tests/test_engine_dense.py covers that)
+    eng = ForceEngine(model, device="cuda", precision="fp64", mode="cudagraph", dense_small=False)
     calls = [[molecule("C6H6")], [molecule("H2O")], [random_molecule(int(n), rng) for n in rng.integers(2, 20, 30)]]
     calls += [[random_molecule(int(rng.integers(1, 12)), rng)] for _ in range(6)] + [[molecule("C6H6")]]
     for k, mols in enumerate(calls):
