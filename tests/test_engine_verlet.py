@@ -245,6 +245,48 @@ def test_molecules_beyond_the_host_lists_size_get_the_device_enumeration():
     assert EagerPaths._device_molecular_neighbors(fake, periodic, periodic) is None
 
 
+def test_a_large_molecules_verlet_list_is_built_on_the_device():
+    """MD of a molecule past ``HOST_LIST_MAX_PAIRS`` candidate pairs rebuilds its Verlet list on the engine's
+    device (the host's all-pairs list grows as n²: 183 ms for 1,500 atoms on the development CPU); smaller ones and
+    every batch of a CPU engine on the host (``device=None``). Decided with stand-ins for the engine and its list."""
+    from types import SimpleNamespace
+
+    from helpers import random_molecule
+
+    from mlff_distiller.engine_eager import EagerPaths
+
+    asked = []
+    verlet = SimpleNamespace(rebuild=lambda *a, device=None: asked.append(device))
+    rng = np.random.default_rng(3)
+    small = AtomsBatch.from_atoms([random_molecule(100, rng)])
+    big = AtomsBatch.from_atoms([random_molecule(182, rng)])
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for device, batch in ((cuda, small), (cuda, big), (cpu, big)):
+        EagerPaths._rebuild_verlet(SimpleNamespace(verlet=verlet, device=device), batch)
+    assert asked == [None, cuda, cpu]
+
+
+@pytest.mark.gpu
+def test_md_of_a_large_molecule_with_its_list_on_the_device_equals_fresh_lists_on_cuda(model):
+    """A 200-atom molecule's MD through the padded Verlet path (list built on the device since stop 74) gives a fresh
+    list's forces every step, across rebuilds."""
+    from helpers import random_molecule
+
+    rng = np.random.default_rng(4)
+    atoms = random_molecule(200, rng, species=(1, 6, 8))
+    maxwell_boltzmann(atoms, 1500, rng=rng)
+    fast, ref = _engines(model, "cuda", skin=0.3)
+    dt, masses = 1.0 * units.fs, atoms.get_masses()[:, None]
+    for _step in range(30):
+        batch = AtomsBatch.from_atoms([atoms], dtype=torch.float64)
+        got, want = fast.compute(batch, to_host=True), ref.compute(batch, to_host=True)
+        np.testing.assert_allclose(got["forces"].numpy(), want["forces"].numpy(), rtol=0, atol=1e-10)
+        np.testing.assert_allclose(got["energy"].numpy(), want["energy"].numpy(), rtol=0, atol=1e-9)
+        atoms.set_momenta(atoms.get_momenta() + dt * got["forces"].numpy())
+        atoms.set_positions(atoms.positions + dt * atoms.get_momenta() / masses)
+    assert fast.verlet.last.edge_index.device.type == "cuda" and fast.verlet.n_builds >= 2
+
+
 @pytest.mark.gpu
 def test_large_molecular_batches_from_the_host_equal_the_device_batch_on_cuda(model, monkeypatch):
     """A molecular batch past ``HOST_LIST_MAX_PAIRS`` given on the host takes the device enumeration (spied) in the
