@@ -42,7 +42,7 @@ import torch
 
 from ._triton_utils import HAS_TRITON
 
-__all__ = ["compile_ahead", "compile_ahead_supported", "dry_run_active", "dry_run_for_capture", "precompile"]
+__all__ = ["compile_ahead", "compile_ahead_supported", "dry_run_active", "precompile"]
 
 _LOCK = threading.Lock()  # one dry run at a time in the process
 # What the last dry run did (for tests and diagnostics): kernels submitted and compiled, failed compiles, and the
@@ -56,7 +56,6 @@ TOTAL: dict = {"dry_runs": 0, "compiled": 0}  # over the process
 # ``torch.autograd.grad`` hands the caller's thread-local state to the engine; torch 2.11 cannot erase a
 # thread-local Python object, and one left behind crashes the process at exit.)
 _STREAM: list = [None]  # (device index, raw stream handle) while a dry run is open
-_FOR_CAPTURE = [False]  # the open dry run stands in for a CUDA-graph capture (precompile's for_capture)
 
 
 def _marked() -> bool:
@@ -76,13 +75,6 @@ MAX_WORKERS = 16
 def dry_run_active() -> bool:
     """True inside :func:`compile_ahead` (in the code it runs, the backward included): Triton launches do not run."""
     return _marked()
-
-
-def dry_run_for_capture() -> bool:
-    """True inside a dry run that stands in for a CUDA-graph capture (:func:`precompile` with ``for_capture``): code
-    that launches other kernels inside a capture than outside one (the GEMM's tensor-descriptor kernel,
-    ``linear.tma_launches``) takes the capture's, so that the dry run compiles what the capture will launch."""
-    return _FOR_CAPTURE[0] and _marked()
 
 
 def compile_ahead_supported() -> bool:
@@ -235,14 +227,10 @@ def _build_launcher(kernel) -> None:
         pass
 
 
-def precompile(fn, *args, device: torch.device | str | None = None, for_capture: bool = False, **kwargs) -> bool:
+def precompile(fn, *args, device: torch.device | str | None = None, **kwargs) -> bool:
     """``fn(*args, **kwargs)`` once as a dry run (results discarded); True if it ran as one.
 
     ``device``: the CUDA device it runs on (default: that of the first CUDA tensor among ``args``; none: no dry run).
-    ``for_capture``: the run stands in for a CUDA-graph capture that follows (:func:`dry_run_for_capture`). Stop 74
-    found a cold ``warmup`` compiling the GEMM's tensor-descriptor kernels in its captures, one by one, after its dry
-    run: that kernel is launched inside captures only (below 65,536 rows), so the dry run had launched the pointer
-    kernel instead.
     An exception inside the dry run (or from the dry run's own machinery) is swallowed: the real run that follows
     raises it, with real data. Used by the engine before a bucket's first (captured) step, over the buckets of its
     warm-up and before its first eager step, and by the training step: the parts of a cold start that compile.
@@ -257,11 +245,7 @@ def precompile(fn, *args, device: torch.device | str | None = None, for_capture:
         with compile_ahead(device) as on:
             if not on:
                 return False
-            _FOR_CAPTURE[0] = bool(for_capture)
-            try:
-                fn(*args, **kwargs)
-            finally:
-                _FOR_CAPTURE[0] = False
+            fn(*args, **kwargs)
     except Exception as exc:  # the real run reports what it raises; a dry run must never end the caller's run
         LAST["error"] = repr(exc)
         return False

@@ -465,12 +465,3 @@ def test_a_new_edge_count_compiles_nothing_new():
         assert compiles.count("_mp_sum_split_kernel") == 1, compiles
     finally:
         JITFunction._do_compile = do_compile
-
-
-def test_a_dry_run_stands_in_for_a_capture_only_while_it_runs():
-    """``precompile(..., for_capture=True)``: ``dry_run_for_capture()`` is False outside every dry run, and a call
-    that makes no dry run (no CUDA device given) leaves it False (the GEMM asks it to pick the capture's kernel)."""
-    assert not kernels.dry_run_for_capture()
-    seen = []
-    assert not kernels.precompile(lambda: seen.append(kernels.dry_run_for_capture()), device="cpu", for_capture=True)
-    assert seen == [] and not kernels.dry_run_for_capture() and _compile_ahead._FOR_CAPTURE == [False]
