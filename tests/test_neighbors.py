@@ -291,6 +291,28 @@ def test_molecular_path_equals_brute_force(dtype):
         neighbor_list(bad, batch.cell, batch.pbc, batch.batch, batch.ptr, CUTOFF)
 
 
+def test_a_large_molecule_on_the_cpu_takes_the_cell_list():
+    """auto on the CPU: the all-pairs path for molecules of up to 724 atoms (n² <= MOLECULAR_MAX_STRUCTURE_PAIRS:
+    it grows as n², the cell list as n; stop 74), the cell list beyond, with the same pairs; many small molecules
+    stay on the all-pairs path however many candidates they sum to."""
+    from mlff_distiller.neighbors.molecular import MOLECULAR_MAX_STRUCTURE_PAIRS, molecular_pairs
+
+    rng = np.random.default_rng(74)
+    side = 22.0  # ~0.07 atoms per Å³: a cluster's density, 60-70 neighbours within 5 Å
+    for n, method in ((724, "molecular"), (725, "cell_list")):
+        assert (n * n <= MOLECULAR_MAX_STRUCTURE_PAIRS) == (method == "molecular")
+        one = AtomsBatch.from_atoms(Atoms(numbers=[1] * n, positions=rng.uniform(0, side, (n, 3))))
+        got = neighbor_list_batch(one, 5.0)
+        want = molecular_pairs(one.positions, one.ptr, 5.0)
+        assert got.method == method and got.num_edges == want.num_edges > 10 * n
+        pairs = [set(zip(*nl.edge_index.tolist(), strict=True)) for nl in (got, want)]
+        assert pairs[0] == pairs[1] and not got.shifts.any()
+    many = [Atoms(numbers=[1] * 24, positions=rng.uniform(0, 6, (24, 3))) for _ in range(1000)]
+    batch = AtomsBatch.from_atoms(many)
+    assert 1000 * 24 * 24 > MOLECULAR_MAX_STRUCTURE_PAIRS
+    assert neighbor_list_batch(batch, 5.0).method == "molecular"
+
+
 DEVICE_KINDS = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 

@@ -17,7 +17,12 @@ from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.engine_padded import edge_virial, exact_pairs, stress_from_strain_gradient
 from mlff_distiller.model import analytic as analytic_path
 from mlff_distiller.neighbors import NeighborList, neighbor_list
-from mlff_distiller.neighbors.molecular import molecular_applicable, molecular_pairs, molecular_pairs_device
+from mlff_distiller.neighbors.molecular import (
+    MOLECULAR_MAX_PAIRS,
+    molecular_applicable,
+    molecular_pairs,
+    molecular_pairs_device,
+)
 from mlff_distiller.ordering import spatial_order
 from mlff_distiller.precision import _matmul_precision
 
@@ -27,6 +32,8 @@ from mlff_distiller.precision import _matmul_precision
 # ms for 1,024 (40,464), 9.4-12.5 ms for 4,096 (161,545), the device enumeration 0.73-1.40 ms at every size (its
 # launches and waits): the crossover near 20,000-30,000 candidates. One molecule of up to 181 atoms stays on the host.
 HOST_LIST_MAX_PAIRS = 32_768
+# The device enumeration's limits, decided on the host: neighbor_list's on device tensors (Σ n_b² only).
+_DEVICE_LIMITS = {"max_pairs": MOLECULAR_MAX_PAIRS, "max_structure_pairs": None}
 
 
 @contextlib.contextmanager
@@ -121,7 +128,9 @@ class EagerPaths:
         read ``pbc`` and ``ptr`` back to decide). ``None`` when that does not apply."""
         if self.verlet is not None or self.neighbor_method != "auto" or batch.device.type != "cpu":
             return None
-        if self.device.type == "cpu" or not molecular_applicable(batch.positions, batch.pbc, batch.ptr):
+        if self.device.type == "cpu" or not molecular_applicable(
+            batch.positions, batch.pbc, batch.ptr, **_DEVICE_LIMITS
+        ):
             return None
         return molecular_pairs_device(dev.positions, batch.ptr, self.cutoff)
 

@@ -48,7 +48,8 @@ Backends (``BACKENDS`` maps name -> supported devices; :func:`available_backends
   contract (:mod:`.vesin_backend`). Asking for it without vesin-torch installed is a ``ValueError``.
 * ``molecular`` (not selectable by name): :mod:`.molecular`, all pairs per structure in NumPy; ``auto`` takes it
   first for CPU tensors of structures with no periodic direction (at most ``MOLECULAR_MAX_PAIRS`` candidate
-  pairs): same pairs, same order, a fraction of the fixed cost. For such structures on a GPU, the same
+  pairs, and no structure of more than ``MOLECULAR_MAX_STRUCTURE_PAIRS``, 724 atoms, where the cell list wins on
+  the CPU): same pairs, same order, a fraction of the fixed cost. For such structures on a GPU, the same
   enumeration in torch on that device (``molecular_pairs_device``; three small host reads instead of the general
   backends' ~8).
 * ``auto``: ``brute`` when every structure satisfies ``n_b * M_b <= AUTO_BRUTE_MAX[device type]`` (each

@@ -24,6 +24,7 @@ from mlff_distiller.neighbors._common import NeighborList
 
 __all__ = [
     "MOLECULAR_MAX_PAIRS",
+    "MOLECULAR_MAX_STRUCTURE_PAIRS",
     "molecular_applicable",
     "molecular_device_applicable",
     "molecular_pair_count",
@@ -33,19 +34,34 @@ __all__ = [
 
 # Candidate pairs (Σ n_b²) up to which the host all-pairs path is used (~100 MB of transient index arrays).
 MOLECULAR_MAX_PAIRS = 4_000_000
+# ...and the candidate pairs of any one structure (n_b², here 724 atoms) up to which it is used on the host: one
+# molecule's all pairs grow as n², the cell list's work as n. Stop 74, development CPU (2 threads), one water
+# cluster, 5 Å: all pairs 6.6 / 26.4 / 64.2 / 84.4 ms at 501 / 999 / 1,500 / 1,998 atoms, the cell list 10.7 / 13.1
+# / 23.6 / 28.1 ms; many small molecules stay on the all-pairs path whatever their sum (4,096 / 16,384 g2
+# molecules: 11.3 / 40.0 ms against the cell list's 57.0 / 278.5 and brute force's 26.3 / 127.8).
+MOLECULAR_MAX_STRUCTURE_PAIRS = 1 << 19
 
 
 def molecular_applicable(
-    positions: torch.Tensor, pbc: torch.Tensor, ptr: torch.Tensor, max_pairs: int = MOLECULAR_MAX_PAIRS
+    positions: torch.Tensor,
+    pbc: torch.Tensor,
+    ptr: torch.Tensor,
+    max_pairs: int = MOLECULAR_MAX_PAIRS,
+    max_structure_pairs: int | None = MOLECULAR_MAX_STRUCTURE_PAIRS,
 ) -> bool:
-    """Whether :func:`molecular_pairs` serves this batch: CPU tensors, no periodic direction anywhere, and at
-    most ``max_pairs`` candidate pairs (Σ n_b²; by default :data:`MOLECULAR_MAX_PAIRS`)."""
+    """Whether :func:`molecular_pairs` serves this batch: CPU tensors, no periodic direction anywhere, at most
+    ``max_pairs`` candidate pairs (Σ n_b²; by default :data:`MOLECULAR_MAX_PAIRS`) and at most
+    ``max_structure_pairs`` in any one structure (n_b²; by default :data:`MOLECULAR_MAX_STRUCTURE_PAIRS`; None: no
+    such limit)."""
     if positions.device.type != "cpu" or pbc.device.type != "cpu" or ptr.device.type != "cpu":
         return False
     if pbc.numpy().any():  # (NumPy on the same memory: a few µs less than torch's CPU ops, once per list build)
         return False
     counts = np.diff(ptr.numpy()).astype(np.int64)
-    return int((counts * counts).sum()) <= max_pairs
+    squares = counts * counts
+    if max_structure_pairs is not None and squares.size and int(squares.max()) > max_structure_pairs:
+        return False
+    return int(squares.sum()) <= max_pairs
 
 
 def molecular_device_applicable(positions: torch.Tensor, pbc: torch.Tensor, ptr: torch.Tensor) -> bool:
