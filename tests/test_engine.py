@@ -231,8 +231,21 @@ def test_batched_validation_names_the_first_bad_structure():
     for bad, message in cases:
         with pytest.raises(ValueError, match=message):
             AtomsBatch.from_atoms([good, silicon_cell(), bad, nan_pos, flat])
+        # one structure alone (its own shorter path since stop 74): the same error, as structure 0
+        with pytest.raises(ValueError, match=message.replace("structure 2", "structure 0")):
+            AtomsBatch.from_atoms(bad)
     with pytest.raises(ValueError, match="structure 1 has no atoms"):
         AtomsBatch.from_atoms([good, Atoms(), nan_pos])
+    big_z = Atoms("H2", positions=[[0, 0, 0], [0.7, 0, 0]])
+    big_z.numbers[0] = 119
+    with pytest.raises(ValueError, match="atomic numbers must be in 1..118"):
+        AtomsBatch.from_atoms(big_z)
+    # accepted alone: a slab whose non-periodic vector is zero, a wire along a real vector, a full cell, element 118
+    slab = Atoms("Si2", positions=[[0, 0, 0], [1.3, 1.3, 1.3]], cell=[[5, 0, 0], [0, 5, 0], [0, 0, 0]], pbc=[1, 1, 0])
+    line = Atoms("Si2", positions=[[0, 0, 0], [1.3, 1.3, 1.3]], cell=[[0, 0, 0], [0, 6, 0], [0, 0, 0]], pbc=[0, 1, 0])
+    og = Atoms("Og", positions=[[0, 0, 0]])
+    for fine in (slab, line, silicon_cell(), og, good):
+        assert AtomsBatch.from_atoms(fine).num_atoms == len(fine)
 
 
 def test_from_atoms_reads_subclasses_through_their_getters_and_copies():
