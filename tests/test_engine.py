@@ -238,7 +238,7 @@ def test_batched_validation_names_the_first_bad_structure():
         AtomsBatch.from_atoms([good, Atoms(), nan_pos])
     big_z = Atoms("H2", positions=[[0, 0, 0], [0.7, 0, 0]])
     big_z.numbers[0] = 119
-    with pytest.raises(ValueError, match="atomic numbers must be in 1..118"):
+    with pytest.raises(ValueError, match=r"atomic numbers must be in 1\.\.118"):
         AtomsBatch.from_atoms(big_z)
     # accepted alone: a slab whose non-periodic vector is zero, a wire along a real vector, a full cell, element 118
     slab = Atoms("Si2", positions=[[0, 0, 0], [1.3, 1.3, 1.3]], cell=[[5, 0, 0], [0, 5, 0], [0, 0, 0]], pbc=[1, 1, 0])
