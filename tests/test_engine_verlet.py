@@ -217,8 +217,15 @@ def test_molecules_beyond_the_host_lists_size_get_the_device_enumeration():
     import mlff_distiller.engine_eager as eager
     from mlff_distiller.engine_eager import EagerPaths
 
+    def stand_in(**kw):  # the engine's attributes, and the shared test both list paths ask
+        engine = SimpleNamespace(**kw)
+        engine._host_molecules_for_device = lambda b, **limits: EagerPaths._host_molecules_for_device(
+            engine, b, **limits
+        )
+        return engine
+
     rng = np.random.default_rng(74)
-    fake = SimpleNamespace(verlet=None, neighbor_method="auto", device=torch.device("cuda"), cutoff=4.0)
+    fake = stand_in(verlet=None, neighbor_method="auto", device=torch.device("cuda"), cutoff=4.0)
     small = AtomsBatch.from_atoms([random_molecule(int(n), rng) for n in rng.integers(2, 12, 20)])
     counts = np.diff(small.ptr.numpy())
     assert (counts * counts).sum() <= eager.HOST_LIST_MAX_PAIRS
@@ -236,9 +243,9 @@ def test_molecules_beyond_the_host_lists_size_get_the_device_enumeration():
     np.testing.assert_array_equal(got.row_ptr.numpy(), want.row_ptr.numpy())
     # periodic structures, a CPU engine, a Verlet list or another method: neither molecular path
     for other in (
-        SimpleNamespace(verlet=None, neighbor_method="auto", device=torch.device("cpu"), cutoff=4.0),
-        SimpleNamespace(verlet=object(), neighbor_method="auto", device=torch.device("cuda"), cutoff=4.0),
-        SimpleNamespace(verlet=None, neighbor_method="brute", device=torch.device("cuda"), cutoff=4.0),
+        stand_in(verlet=None, neighbor_method="auto", device=torch.device("cpu"), cutoff=4.0),
+        stand_in(verlet=object(), neighbor_method="auto", device=torch.device("cuda"), cutoff=4.0),
+        stand_in(verlet=None, neighbor_method="brute", device=torch.device("cuda"), cutoff=4.0),
     ):
         assert EagerPaths._device_molecular_neighbors(other, big, big) is None
     periodic = AtomsBatch.from_atoms([silicon_cell()])

@@ -112,11 +112,7 @@ class EagerPaths:
         all-pairs NumPy path (:mod:`mlff_distiller.neighbors.molecular`) and its edges copied over once, instead
         of ~100 small device operations with several device→host syncs (``to_device=False``: the host list
         itself). ``None`` when that does not apply."""
-        if self.verlet is not None or self.neighbor_method != "auto" or batch.device.type != "cpu":
-            return None
-        if self.device.type == "cpu" or not molecular_applicable(
-            batch.positions, batch.pbc, batch.ptr, HOST_LIST_MAX_PAIRS
-        ):
+        if not self._host_molecules_for_device(batch, max_pairs=HOST_LIST_MAX_PAIRS):
             return None
         nl = molecular_pairs(batch.positions, batch.ptr, self.cutoff)
         return self._nl_to_device(nl) if to_device else nl
@@ -126,13 +122,16 @@ class EagerPaths:
         (:data:`HOST_LIST_MAX_PAIRS`): the same enumeration on the device (``molecular_pairs_device``) from ``dev``,
         the batch on the device, with the host's ``ptr`` (no device read to size it; ``neighbor_list`` would first
         read ``pbc`` and ``ptr`` back to decide). ``None`` when that does not apply."""
-        if self.verlet is not None or self.neighbor_method != "auto" or batch.device.type != "cpu":
-            return None
-        if self.device.type == "cpu" or not molecular_applicable(
-            batch.positions, batch.pbc, batch.ptr, **_DEVICE_LIMITS
-        ):
+        if not self._host_molecules_for_device(batch, **_DEVICE_LIMITS):
             return None
         return molecular_pairs_device(dev.positions, batch.ptr, self.cutoff)
+
+    def _host_molecules_for_device(self, batch: AtomsBatch, **limits) -> bool:
+        """Whether ``batch`` is molecules given on the host for an engine on another device, with a fresh list
+        (no Verlet list, method ``auto``) within ``limits`` (:func:`molecular_applicable`'s)."""
+        if self.verlet is not None or self.neighbor_method != "auto" or batch.device.type != "cpu":
+            return False
+        return self.device.type != "cpu" and molecular_applicable(batch.positions, batch.pbc, batch.ptr, **limits)
 
     def _compute_eager(self, batch: AtomsBatch, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
         inv = None

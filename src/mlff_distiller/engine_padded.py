@@ -110,10 +110,7 @@ class PaddedPaths:
         ``DENSE_MAX_ATOMS`` atoms in a bucket of at least NP atom slots, where :meth:`_dense_on`."""
         if not graph.molecule or graph.n_structures != 1 or not self._dense_on():
             return None
-        np_ = next((s for s in DENSE_SLOTS if graph.n_atoms <= s), None)
-        if np_ is None or graph.bucket.atoms < np_:
-            return None
-        return np_
+        return _slots_for(graph.n_atoms, graph.bucket)
 
     def _dense_of(self, graph: PaddedGraph):
         """The dense step for the current content of ``graph`` (a callable with :meth:`_step`'s signature and
@@ -510,8 +507,7 @@ class PaddedPaths:
             return None
         positions = batch.positions.detach().numpy()
         bucket = self.buckets.select(n, molecular_pair_count(positions, self.cutoff))
-        np_ = next(s for s in DENSE_SLOTS if n <= s)
-        if bucket is None or bucket.atoms < np_ or bucket.edges > HOST_FILL_MAX_EDGES:
+        if bucket is None or _slots_for(n, bucket) is None or bucket.edges > HOST_FILL_MAX_EDGES:
             return None
         graph = self._graph(bucket)
         fill_molecule_host(graph, batch.numbers.numpy(), positions, record=not to_host)
@@ -568,6 +564,13 @@ try:  # the C++ engine's entry that torch.autograd.grad calls after checking its
     from torch.autograd.graph import _engine_run_backward
 except ImportError:  # pragma: no cover - a torch without it takes _Seeded
     _engine_run_backward = None
+
+
+def _slots_for(n_atoms: int, bucket: Bucket) -> int | None:
+    """The dense step's slots (the smallest of ``DENSE_SLOTS`` holding ``n_atoms``) where ``bucket`` has that many
+    atom slots; None where no slot count holds them or the bucket is smaller."""
+    np_ = next((s for s in DENSE_SLOTS if n_atoms <= s), None)
+    return None if np_ is None or bucket.atoms < np_ else np_
 
 
 def _energy_words(energy: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
