@@ -4,7 +4,7 @@ Select the backend with ``MLFF_DISTILLER_KERNELS=auto|triton|torch`` or :func:`s
 """
 
 from ._backend import BACKENDS, get_backend, resolve_backend, set_backend, triton_available, use_backend
-from ._compile_ahead import compile_ahead, dry_run_active, precompile
+from ._compile_ahead import compile_ahead, dry_run_active, dry_run_for_capture, precompile
 from .edge_compact import edge_compact, edge_compact_reference
 from .edge_features import edge_basis, edge_basis_reference, edge_features, edge_features_reference
 from .linear import gemm, gemm_fusable, mlp, mlp_reference
@@ -29,6 +29,7 @@ __all__ = [
     "compile_ahead",
     "defer_edge_grads",
     "dry_run_active",
+    "dry_run_for_capture",
     "edge_basis",
     "edge_basis_reference",
     "edge_compact",

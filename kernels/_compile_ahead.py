@@ -42,7 +42,7 @@ import torch
 
 from ._triton_utils import HAS_TRITON
 
-__all__ = ["compile_ahead", "compile_ahead_supported", "dry_run_active", "precompile"]
+__all__ = ["compile_ahead", "compile_ahead_supported", "dry_run_active", "dry_run_for_capture", "precompile"]
 
 _LOCK = threading.Lock()  # one dry run at a time in the process
 # What the last dry run did (for tests and diagnostics): kernels submitted and compiled, failed compiles, and the
@@ -56,6 +56,7 @@ TOTAL: dict = {"dry_runs": 0, "compiled": 0}  # over the process
 # ``torch.autograd.grad`` hands the caller's thread-local state to the engine; torch 2.11 cannot erase a
 # thread-local Python object, and one left behind crashes the process at exit.)
 _STREAM: list = [None]  # (device index, raw stream handle) while a dry run is open
+_FOR_CAPTURE = [False]  # the open dry run's pass stands in for a CUDA-graph capture (precompile's for_capture)
 
 
 def _marked() -> bool:
@@ -75,6 +76,13 @@ MAX_WORKERS = 16
 def dry_run_active() -> bool:
     """True inside :func:`compile_ahead` (in the code it runs, the backward included): Triton launches do not run."""
     return _marked()
+
+
+def dry_run_for_capture() -> bool:
+    """True in the pass of a dry run that stands in for a CUDA-graph capture (:func:`precompile` with
+    ``for_capture``). Code that launches other kernels inside a capture than outside one (the GEMM's
+    tensor-descriptor kernel, ``linear.tma_launches``) takes the capture's kernels there."""
+    return _FOR_CAPTURE[0] and _marked()
 
 
 def compile_ahead_supported() -> bool:
@@ -227,10 +235,16 @@ def _build_launcher(kernel) -> None:
         pass
 
 
-def precompile(fn, *args, device: torch.device | str | None = None, **kwargs) -> bool:
+def precompile(fn, *args, device: torch.device | str | None = None, for_capture: bool = False, **kwargs) -> bool:
     """``fn(*args, **kwargs)`` once as a dry run (results discarded); True if it ran as one.
 
     ``device``: the CUDA device it runs on (default: that of the first CUDA tensor among ``args``; none: no dry run).
+    ``for_capture``: a CUDA-graph capture follows, whose warm-up runs ``fn`` eagerly before the capture launches it
+    again; the two launch different kernels (below 65,536 rows the GEMM takes its tensor-descriptor kernel inside
+    captures only, ``linear.tma_launches``). The dry run then makes both passes, the second one as the capture
+    (:func:`dry_run_for_capture`), and their compiles overlap. (Stop 74 found a cold ``warmup`` compiling the
+    descriptor kernels one by one in its captures; a single pass as the capture left the pointer kernels to the
+    eager warm-up instead.)
     An exception inside the dry run (or from the dry run's own machinery) is swallowed: the real run that follows
     raises it, with real data. Used by the engine before a bucket's first (captured) step, over the buckets of its
     warm-up and before its first eager step, and by the training step: the parts of a cold start that compile.
@@ -246,6 +260,12 @@ def precompile(fn, *args, device: torch.device | str | None = None, **kwargs) ->
             if not on:
                 return False
             fn(*args, **kwargs)
+            if for_capture:
+                _FOR_CAPTURE[0] = True
+                try:
+                    fn(*args, **kwargs)
+                finally:
+                    _FOR_CAPTURE[0] = False
     except Exception as exc:  # the real run reports what it raises; a dry run must never end the caller's run
         LAST["error"] = repr(exc)
         return False

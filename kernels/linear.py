@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.nn import functional as nnf
 
 from ._backend import resolve_backend
+from ._compile_ahead import dry_run_for_capture
 from ._frozen import derived, tf32_exact, tf32_parts
 from ._precision import dot_mode
 from ._triton_utils import (
@@ -497,11 +498,14 @@ def gemm(
 def tma_launches(ref: Tensor, m: int) -> bool:
     """Whether :func:`gemm`'s large-M launches of ``m`` rows go through tensor descriptors now (when their operands
     allow, :func:`_tma_ok`): ``_CONFIG["tma"]`` on a Hopper or newer GPU with Triton's host-side descriptors,
-    inside a capture or from ``tma_eager_min_rows`` rows. A caller choosing a form by what it costs on that kernel
-    asks this (the update block's norm prologue)."""
+    inside a capture (or a dry run's pass standing in for one, so that it compiles the capture's kernels) or from
+    ``tma_eager_min_rows`` rows. A caller choosing a form by what it costs on that kernel asks this (the update
+    block's norm prologue)."""
     if not (ref.is_cuda and _CONFIG["tma"] and _TensorDescriptor is not None and sm90(ref.device)):
         return False
-    return m >= _CONFIG["tma_eager_min_rows"] or torch.cuda.is_current_stream_capturing()
+    if m >= _CONFIG["tma_eager_min_rows"] or torch.cuda.is_current_stream_capturing():
+        return True
+    return dry_run_for_capture()
 
 
 def tma_norm_prologue(ref: Tensor, m: int, f: int) -> bool:

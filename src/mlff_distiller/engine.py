@@ -629,7 +629,7 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
             # the captures one after another).
             inputs = [(fn, self._graph(b).inputs()) for fn, b in jobs]
             t0 = time.perf_counter()
-            kernels.precompile(lambda: [fn(*x) for fn, x in inputs], device=self.device)
+            kernels.precompile(lambda: [fn(*x) for fn, x in inputs], device=self.device, for_capture=True)
             shared = (time.perf_counter() - t0) / len(todo)
         else:
             shared = 0.0

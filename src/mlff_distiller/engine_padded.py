@@ -312,7 +312,7 @@ class PaddedPaths:
         nothing to compile, the engine stops: a later bucket that still needs a kernel compiles it in its step."""
         if self.compile_mode is not None or self._idle_dry_runs[stress] >= IDLE_DRY_RUNS:
             return
-        if kernels.precompile(step, *graph.inputs()):
+        if kernels.precompile(step, *graph.inputs(), for_capture=self.mode == "cudagraph"):
             last = _compile_ahead.LAST  # what this dry run handed to the compiler
             idle = not (last.get("submitted") or last.get("compiled"))
             self._idle_dry_runs[stress] = self._idle_dry_runs[stress] + 1 if idle else 0

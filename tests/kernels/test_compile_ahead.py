@@ -465,3 +465,32 @@ def test_a_new_edge_count_compiles_nothing_new():
         assert compiles.count("_mp_sum_split_kernel") == 1, compiles
     finally:
         JITFunction._do_compile = do_compile
+
+
+def test_a_dry_run_stands_in_for_a_capture_only_in_its_second_pass():
+    """``precompile(..., for_capture=True)``: ``dry_run_for_capture()`` is False outside every dry run, and a call
+    that makes no dry run (no CUDA device) runs nothing and leaves it False (the GEMM asks it to pick the capture's
+    kernel)."""
+    assert not kernels.dry_run_for_capture()
+    seen = []
+    assert not kernels.precompile(lambda: seen.append(kernels.dry_run_for_capture()), device="cpu", for_capture=True)
+    assert seen == [] and not kernels.dry_run_for_capture() and _compile_ahead._FOR_CAPTURE == [False]
+
+
+@needs_compiled_triton
+@pytest.mark.gpu
+def test_a_dry_run_for_a_capture_makes_both_passes():
+    """The capture's warm-up launches the pointer kernels and the capture the descriptor kernels: a dry run for a
+    capture runs its function twice, the second time as the capture (and only the dry run's stream sees it)."""
+    seen = []
+
+    def fn(x):
+        seen.append((kernels.dry_run_active(), kernels.dry_run_for_capture()))
+        return x * 2
+
+    x = torch.ones(4, device="cuda")
+    assert kernels.precompile(fn, x, for_capture=True)
+    assert seen == [(True, False), (True, True)]
+    seen.clear()
+    assert kernels.precompile(fn, x)
+    assert seen == [(True, False)] and not kernels.dry_run_for_capture()

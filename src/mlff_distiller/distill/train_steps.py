@@ -239,7 +239,7 @@ class _StaticStep:
             # A capacity's first step: its Triton kernels compile in parallel first, in a dry run of the loss and
             # its backward (kernels/_compile_ahead.py; ~27 s of one-by-one compiles in a cold process otherwise).
             t0 = time.perf_counter()
-            if kernels.precompile(self._dry_backward, cap, device=self.device):
+            if kernels.precompile(self._dry_backward, cap, device=self.device, for_capture=self.mode == "cudagraph"):
                 self.opt.zero_grad(set_to_none=True)
             self.capture_seconds += time.perf_counter() - t0
         if self.mode != "cudagraph" or cap.graph is False:
