@@ -1239,10 +1239,21 @@ case "${1:-}" in
       >"$OUT/pytest_kernels_gpu.log" 2>&1; tail -2 "$OUT/pytest_kernels_gpu.log"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest_kernels_gpu.log" | head -10
     ;;
+  stop75a)
+    # Stop 75: the dry run for a capture in two passes (the warm-up's pointer kernels and the capture's descriptor
+    # kernels): every test of test_compile_ahead on the GPU (cold children), then stop 74's review (the dense step's
+    # slot helper, the molecular list guard) under the GPU tests of the engine's Verlet, dense and bucket files
+    timeout 400 python3 -m pytest -q -p no:cacheprovider -rs tests/kernels/test_compile_ahead.py \
+      >"$OUT/pytest_compile_ahead.log" 2>&1
+    tail -2 "$OUT/pytest_compile_ahead.log"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/pytest_compile_ahead.log" | head -12
+    timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_verlet.py tests/test_engine_dense.py \
+      tests/test_buckets.py >"$OUT/pytest_engine_gpu.log" 2>&1
+    tail -2 "$OUT/pytest_engine_gpu.log"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_engine_gpu.log" | head -10
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
