@@ -9,8 +9,14 @@ alone (replay + sync) of the same bucket, so the difference is the host path. Al
 
 ``--parts`` (stop 74) adds, per case, the host pieces of one call timed alone: the host all-pairs list
 (``molecular_pairs``), the fill of the bucket, and beside them the device alternatives (``molecular_pairs_device``
-and the engine's general device list on positions already on the GPU, each synchronised), so the crossover between
-a host and a device list can be read off.
+with the host's ``ptr`` as the engine calls it, in the Triton kernels and in torch ops, and the engine's general
+device list on positions already on the GPU, each synchronised), so the crossover between a host and a device list
+can be read off.
+
+``--ab`` (stop 76) times each call with this tree's lists against stop 75's, alternating in one process (the host's
+noise between calls is 1.5-2x): stop 75's way is a host list up to 32,768 candidate pairs and the torch device
+enumeration beyond; this tree's is ``HOST_LIST_MAX_PAIRS`` and the Triton enumeration, and ``--ab-limits`` adds
+columns with other host-list limits (the Triton enumeration beyond each), to choose the limit.
 
     python benchmarks/bench_small_e2e.py --out benchmarks/results [--name small_e2e_h100] [--hidden 64] [--parts]
 """
@@ -40,7 +46,10 @@ def main() -> None:
     p.add_argument("--batches", default="4,16,64,256,1024", help="g2 batch sizes, comma-separated")
     p.add_argument("--parts", action="store_true", help="also the host and device pieces of each call (see above)")
     p.add_argument(
-        "--ab", action="store_true", help="also each call against stop 73's lists, alternating in this process (below)"
+        "--ab", action="store_true", help="also each call against stop 75's lists, alternating in this process (above)"
+    )
+    p.add_argument(
+        "--ab-limits", default="", help="with --ab: other host-list limits (candidate pairs), comma-separated"
     )
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -54,6 +63,7 @@ def main() -> None:
     cases = [(name, [molecule(name)]) for name in ("H2", "H2O", "CH4", "C6H6")]
     cases += [(f"g2 x {b}", g2_batch(int(b))) for b in args.batches.split(",")]
     rows, parts, ab = [], [], []
+    limits = [int(x) for x in args.ab_limits.split(",") if x]
     for name, structs in cases:
         batch = AtomsBatch.from_atoms(structs, dtype=engine.dtype)
         engine.compute(batch, to_host=True)  # capture
@@ -74,7 +84,7 @@ def main() -> None:
         if args.parts:
             parts.append(_parts_row(engine, name, batch, bucket, args.reps))
         if args.ab:
-            ab.append(_ab_row(engine, name, batch, args.reps))
+            ab.append(_ab_row(engine, name, batch, args.reps, limits))
     pf = []
     for name in ("H2O", "C6H6"):
         atoms = [molecule(name)]
@@ -104,14 +114,18 @@ def main() -> None:
         *pf,
     ]
     if ab:
+        import mlff_distiller.engine_eager as eager
+
+        heads = [f"host list to {eager.HOST_LIST_MAX_PAIRS:,} (this tree)"] + [f"host list to {n:,}" for n in limits]
         lines += [
             "",
-            "This stop's lists against stop 73's, alternating in this process (`--ab`: 6 rounds of `reps / 6` timed "
-            "calls each way after 10 untimed; stop 73's way: a host list for every molecular batch of up to 4M "
-            "candidate pairs and, for one molecule of the dense step, the list and its fill as for any molecule):",
+            "This tree's lists against stop 75's, alternating in this process (`--ab`: 6 rounds of `reps / 6` timed "
+            "calls each way after 10 untimed; median µs end to end). Stop 75's way: the host list up to 32,768 "
+            "candidate pairs, the torch device enumeration beyond; the other columns: the host list up to the "
+            "limit named, the Triton enumeration beyond.",
             "",
-            "| case | e2e µs, stop 74 (median) | e2e µs, stop 73's lists (median) | stop 73 / stop 74 |",
-            "|---|---:|---:|---:|",
+            "| case | " + " | ".join(heads) + " | stop 75's lists | stop 75 / this tree |",
+            "|---|" + "---:|" * (len(heads) + 2),
             *ab,
         ]
     if parts:
@@ -121,9 +135,9 @@ def main() -> None:
             "host list (`molecular_pairs` on host tensors, what the engine builds for molecules given on the host), "
             "the bucket's fill from it, and the device alternatives on positions already on the GPU.",
             "",
-            "| case | edges | host list µs | fill µs (host fill or device fill) | `molecular_pairs_device` µs | "
-            "engine's device list µs | positions to the GPU µs |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| case | edges | host list µs | fill µs (host fill or device fill) | `molecular_pairs_device` µs "
+            "(Triton) | the same in torch ops µs | engine's device list µs | positions to the GPU µs |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
             *parts,
         ]
     if args.profile:
@@ -155,39 +169,43 @@ def _runner_of(engine: ForceEngine, bucket):
     return engine._runners.get(bucket)
 
 
-def _ab_row(engine: ForceEngine, name: str, batch: AtomsBatch, reps: int) -> str:
-    """``compute(batch, to_host=True)`` with this stop's lists and with stop 73's, alternating (see ``--ab``)."""
+def _ab_row(engine: ForceEngine, name: str, batch: AtomsBatch, reps: int, limits: list[int]) -> str:
+    """``compute(batch, to_host=True)`` with this tree's lists, with each other host-list limit in ``limits`` and
+    with stop 75's lists, alternating (see ``--ab``)."""
     import time
 
     import numpy as np
 
     import mlff_distiller.engine_eager as eager
-    from mlff_distiller.neighbors.molecular import MOLECULAR_MAX_PAIRS
+    from mlff_distiller.neighbors.molecular import _molecular_pairs_device_torch
 
-    limit = eager.HOST_LIST_MAX_PAIRS
-    times = {"new": [], "old": []}
+    limit, device_pairs = eager.HOST_LIST_MAX_PAIRS, eager.molecular_pairs_device
+    ways = [("this", limit, device_pairs)] + [(n, n, device_pairs) for n in limits]
+    ways.append(("stop 75", 32_768, _molecular_pairs_device_torch))
+    times = {key: [] for key, _, _ in ways}
     per = max(10, reps // 6)
     for _round in range(6):
-        for way in ("new", "old"):
-            if way == "old":
-                eager.HOST_LIST_MAX_PAIRS = MOLECULAR_MAX_PAIRS
-                engine._compute_dense_molecule = lambda *a: None
+        for key, host_limit, pairs in ways:
+            eager.HOST_LIST_MAX_PAIRS, eager.molecular_pairs_device = host_limit, pairs
             try:
                 for k in range(10 + per):
                     t0 = time.perf_counter()
                     engine.compute(batch, to_host=True)
                     if k >= 10:
-                        times[way].append(time.perf_counter() - t0)
+                        times[key].append(time.perf_counter() - t0)
             finally:
-                eager.HOST_LIST_MAX_PAIRS = limit
-                engine.__dict__.pop("_compute_dense_molecule", None)
-    new, old = (float(np.median(times[w])) * 1e6 for w in ("new", "old"))
-    return f"| {name} | {new:.1f} | {old:.1f} | {old / new:.2f}x |"
+                eager.HOST_LIST_MAX_PAIRS, eager.molecular_pairs_device = limit, device_pairs
+    med = [float(np.median(times[key])) * 1e6 for key, _, _ in ways]
+    return f"| {name} | " + " | ".join(f"{t:.1f}" for t in med) + f" | {med[-1] / med[0]:.2f}x |"
 
 
 def _parts_row(engine: ForceEngine, name: str, batch: AtomsBatch, bucket, reps: int) -> str:
     from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, fill_padded, fill_padded_host
-    from mlff_distiller.neighbors.molecular import molecular_pairs, molecular_pairs_device
+    from mlff_distiller.neighbors.molecular import (
+        _molecular_pairs_device_torch,
+        molecular_pairs,
+        molecular_pairs_device,
+    )
 
     reps = max(20, reps // 4)
     host_list = wall_us(lambda: molecular_pairs(batch.positions, batch.ptr, engine.cutoff), reps)[0]
@@ -231,11 +249,15 @@ def _parts_row(engine: ForceEngine, name: str, batch: AtomsBatch, bucket, reps: 
 
         return run
 
-    dev_pairs = wall_us(synced(lambda: molecular_pairs_device(dev.positions, dev.ptr, engine.cutoff)), reps)[0]
+    dev_pairs = wall_us(synced(lambda: molecular_pairs_device(dev.positions, batch.ptr, engine.cutoff)), reps)[0]
+    torch_pairs = wall_us(synced(lambda: _molecular_pairs_device_torch(dev.positions, batch.ptr, engine.cutoff)), reps)[
+        0
+    ]
     dev_list = wall_us(synced(lambda: engine._neighbors(dev)), reps)[0]
     to_gpu = wall_us(synced(lambda: batch.positions.to("cuda", non_blocking=False)), reps)[0]
     return (
-        f"| {name} | {nl.num_edges} | {host_list:.1f} | {filled:.1f} ({how}) | {dev_pairs:.1f} | {dev_list:.1f} "
+        f"| {name} | {nl.num_edges} | {host_list:.1f} | {filled:.1f} ({how}) | {dev_pairs:.1f} | {torch_pairs:.1f} | "
+        f"{dev_list:.1f} "
         f"| {to_gpu:.1f} |"
     )
 

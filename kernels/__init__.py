@@ -9,6 +9,7 @@ from .edge_compact import edge_compact, edge_compact_reference
 from .edge_features import edge_basis, edge_basis_reference, edge_features, edge_features_reference
 from .linear import gemm, gemm_fusable, mlp, mlp_reference
 from .message_passing import defer_edge_grads, message_passing, message_passing_reference, symmetric_walk
+from .molecular_pairs import molecular_pairs_triton
 from .painn_update import painn_update, painn_update_fusable, painn_update_reference
 from .rbf_cutoff import BASES, ENVELOPES, rbf_cutoff, rbf_cutoff_reference
 from .repulsion import (
@@ -43,6 +44,7 @@ __all__ = [
     "message_passing_reference",
     "mlp",
     "mlp_reference",
+    "molecular_pairs_triton",
     "painn_update",
     "painn_update_fusable",
     "painn_update_reference",

@@ -10,9 +10,12 @@ structures without any periodic direction and at most :data:`MOLECULAR_MAX_PAIRS
 uses it to build the list on the host before one copy of the edges to the GPU.
 
 Structures whose positions already live on a GPU (:class:`~mlff_distiller.batched_md.BatchedMD`: many molecules,
-state on the device) take :func:`molecular_pairs_device`, the same enumeration in torch on that device: two tiny
-host reads (``ptr``, ``pbc``) and one for the pair count, where the general device backends cost 2-3.5 ms for
-1-4,096 g2 molecules on an H100, most of it ~8 device->host syncs (``results/batched_md_h100_rebuild.md``).
+state on the device) take :func:`molecular_pairs_device`, where the general device backends cost 2-3.5 ms for
+1-4,096 g2 molecules on an H100, most of it ~8 device->host syncs (``results/batched_md_h100_rebuild.md``). With the
+Triton backend it is ``mlff_distiller.kernels.molecular_pairs``: a count kernel, a cumsum, one host read of the
+total, a write kernel, without ever storing the candidates. The same enumeration in torch
+(:func:`_molecular_pairs_device_torch`: the torch backend, the fallback, the oracle) measured 0.75-1.5 ms on an H200
+at any batch size: ~20 ops, a host read of ``ptr``, two syncs (finiteness, ``nonzero``) and host->device copies.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mlff_distiller.kernels import resolve_backend
+from mlff_distiller.kernels._compile_ahead import dry_run_active
+from mlff_distiller.kernels.molecular_pairs import MOLECULAR_TRITON_MAX_ATOMS, molecular_pairs_triton
 from mlff_distiller.neighbors._common import NeighborList
 
 __all__ = [
@@ -75,9 +81,41 @@ def molecular_device_applicable(positions: torch.Tensor, pbc: torch.Tensor, ptr:
 
 @torch.no_grad()
 def molecular_pairs_device(positions: torch.Tensor, ptr: torch.Tensor, cutoff: float) -> NeighborList:
-    """:func:`molecular_pairs` computed where ``positions`` are (any device): the same Σ n_b² candidates in the same
-    order, the same float64 differences and test ``0 < |r|² < cutoff²``, so the same pairs (up to the last bit of
-    a squared length at the cutoff, which NumPy and torch may sum in another order)."""
+    """:func:`molecular_pairs` computed where ``positions`` are (any device): the same pairs in the same order, from
+    the same float64 differences and test ``0 < |r|² < cutoff²`` (up to the last bit of a squared length at the
+    cutoff, which NumPy may sum in another order). ``ptr [B + 1]`` may be on the host (the engine's case: no copy
+    back) or on the device.
+
+    The Triton backend (CUDA; the CPU under the interpreter when asked for) runs
+    :func:`~mlff_distiller.kernels.molecular_pairs.molecular_pairs_triton`: three launches and one host sync. The
+    torch backend, and inputs that path does not take (no structure in ``ptr``, more than
+    :data:`~mlff_distiller.kernels.molecular_pairs.MOLECULAR_TRITON_MAX_ATOMS` atoms, tracing by torch.compile, a
+    compile-ahead dry run, whose kernels do not run while this reads their counts), take
+    :func:`_molecular_pairs_device_torch`."""
+    if positions.dim() != 2 or positions.shape[1] != 3:
+        raise ValueError(f"molecular_pairs: positions must be [N, 3], got {tuple(positions.shape)}")
+    if (
+        ptr.shape[0] > 1
+        and positions.shape[0] <= MOLECULAR_TRITON_MAX_ATOMS
+        and not torch.compiler.is_compiling()
+        and resolve_backend(positions.device) == "triton"
+        and not dry_run_active()
+    ):
+        edge_index, row_ptr, shifts, shift_vectors = molecular_pairs_triton(positions, ptr, cutoff)
+        return NeighborList(
+            edge_index=edge_index,
+            shifts=shifts,
+            shift_vectors=shift_vectors,
+            row_ptr=row_ptr,
+            method="molecular",
+        )
+    return _molecular_pairs_device_torch(positions, ptr, cutoff)
+
+
+def _molecular_pairs_device_torch(positions: torch.Tensor, ptr: torch.Tensor, cutoff: float) -> NeighborList:
+    """:func:`molecular_pairs_device` in torch ops on any device: the Σ n_b² candidates enumerated as
+    :func:`molecular_pairs` does, the pairs kept with ``nonzero`` (the torch backend's path and the Triton path's
+    oracle)."""
     if positions.dim() != 2 or positions.shape[1] != 3:
         raise ValueError(f"molecular_pairs: positions must be [N, 3], got {tuple(positions.shape)}")
     dev = positions.device
