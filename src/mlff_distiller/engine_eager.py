@@ -31,6 +31,9 @@ from mlff_distiller.precision import _matmul_precision
 # (benchmarks/results/stop74_gpu/a/): the host list took 314-525 µs for 256 molecules (10,545 candidates), 1.58-1.69
 # ms for 1,024 (40,464), 9.4-12.5 ms for 4,096 (161,545), the device enumeration 0.73-1.40 ms at every size (its
 # launches and waits): the crossover near 20,000-30,000 candidates. One molecule of up to 181 atoms stays on the host.
+# Stop 76 (benchmarks/results/stop76_gpu/): the device enumeration is now Triton (kernels/molecular_pairs.py), 175-340
+# µs at every size; the host list stays cheaper up to about 256 g2 molecules (9,128 edges: 602 µs host, the engine's
+# device list 478 µs, within this host's noise), and limits of 2,048 or 8,192 won nothing clear end to end.
 HOST_LIST_MAX_PAIRS = 32_768
 # The device enumeration's limits, decided on the host: neighbor_list's on device tensors (Σ n_b² only).
 _DEVICE_LIMITS = {"max_pairs": MOLECULAR_MAX_PAIRS, "max_structure_pairs": None}
