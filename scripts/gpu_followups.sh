@@ -1287,10 +1287,33 @@ case "${1:-}" in
       tests/kernels/test_message_passing.py::test_matches_reference >"$OUT/bisect_group1.log" 2>&1
     tail -1 "$OUT/bisect_group1.log"; grep -E "^FAILED|^E  " "$OUT/bisect_group1.log" | head -12
     ;;
+  stop77a)
+    # Stop 77: why the benzene MD step (64 x 3, the dense step) takes ~135 µs in one process and ~230 in the next on
+    # one machine: the machine's CPUs and the GPU's affinity, then probe_md_affinity in fresh processes, unpinned and
+    # pinned to each CPU (taskset), one JSON line each; the table of them
+    { nproc; lscpu | head -25; cat /sys/devices/system/node/node*/cpulist 2>/dev/null; nvidia-smi topo -m;
+      grep MHz /proc/cpuinfo | head -32; cat /proc/loadavg; } >"$OUT/machine.txt" 2>&1
+    head -12 "$OUT/machine.txt"
+    rows="$OUT/md_affinity.jsonl"
+    timeout 60 python3 benchmarks/probe_md_affinity.py --label "unpinned (cold)" --steps 300 >>"$rows" 2>"$OUT/md_affinity.err"
+    for k in 1 2 3; do
+      timeout 60 python3 benchmarks/probe_md_affinity.py --label "unpinned $k" >>"$rows" 2>>"$OUT/md_affinity.err"
+    done
+    n=$(nproc)
+    for c in $(seq 0 $((n - 1))); do
+      timeout 60 taskset -c "$c" python3 benchmarks/probe_md_affinity.py --label "core $c" >>"$rows" 2>>"$OUT/md_affinity.err"
+      [ "$SECONDS" -gt 480 ] && { echo "time: stopped before core $((c + 1))"; break; }
+    done
+    for k in 4 5; do
+      timeout 60 python3 benchmarks/probe_md_affinity.py --label "unpinned $k" >>"$rows" 2>>"$OUT/md_affinity.err"
+    done
+    python3 benchmarks/probe_md_affinity.py --table "$rows" | tee "$OUT/md_affinity.md"
+    tail -5 "$OUT/md_affinity.err"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
