@@ -1310,10 +1310,36 @@ case "${1:-}" in
     python3 benchmarks/probe_md_affinity.py --table "$rows" | tee "$OUT/md_affinity.md"
     tail -5 "$OUT/md_affinity.err"
     ;;
+  stop77c)
+    # Stop 77: every GPU test of the tree in one call, six pytest processes side by side spread over the machine's GPUs
+    # (CUDA_VISIBLE_DEVICES; two on one GPU where there are fewer than six): three shards of tests/kernels' CUDA cases,
+    # test_compile_ahead, and the rest's -m gpu tests in two halves (before / from test_engine_modes.py)
+    g=$(nvidia-smi -L | wc -l); echo "GPUs: $g"
+    k1="tests/kernels/test_backend.py tests/kernels/test_dense_reductions.py tests/kernels/test_dense_step.py
+      tests/kernels/test_edge_compact.py tests/kernels/test_edge_sink.py tests/kernels/test_frozen.py
+      tests/kernels/test_half_gathers.py"
+    k2="tests/kernels/test_edge_features.py tests/kernels/test_linear.py"
+    k3=$(ls tests/kernels/test_*.py | grep -v -e test_compile_ahead $(for f in $k1 $k2; do echo "-e $f"; done) | tr '\n' ' ')
+    n1=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 < "tests/test_engine_modes.py"' | tr '\n' ' ')
+    n2=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 >= "tests/test_engine_modes.py"' | tr '\n' ' ')
+    i=0
+    for job in "kernels1|-k cuda or gpu|$k1" "kernels2|-k cuda or gpu|$k2" "kernels3|-k cuda or gpu|$k3" \
+      "compile_ahead||tests/kernels/test_compile_ahead.py" "gpu1|-m gpu|$n1" "gpu2|-m gpu|$n2"; do
+      name=${job%%|*}; rest=${job#*|}; sel=${rest%%|*}; files=${rest#*|}
+      if [ -n "$sel" ]; then set -- "${sel%% *}" "${sel#* }"; else set --; fi
+      CUDA_VISIBLE_DEVICES=$((i % g)) timeout 540 python3 -m pytest -q -p no:cacheprovider -rs --tb=short "$@" \
+        $files >"$OUT/pytest_$name.log" 2>&1 &
+      i=$((i + 1))
+    done
+    wait
+    for name in kernels1 kernels2 kernels3 compile_ahead gpu1 gpu2; do
+      echo "== $name: $(tail -1 "$OUT/pytest_$name.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_$name.log" | head -8
+    done
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
