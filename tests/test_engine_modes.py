@@ -413,6 +413,48 @@ def test_pipelined_predict_on_cuda(model, mode):
         _rows_equal(got, want, mols, rtol=1e-5)
 
 
+def test_the_default_pipeline_needs_more_than_one_batch(model, monkeypatch):
+    """``pipeline=None`` asks :func:`~mlff_distiller.batching.pipelined` with the call's number of batches: on CUDA
+    the pipeline runs for more than one batch only (one has nothing to overlap; its page-locked outputs cost ~0.6 ms
+    of a small molecule's call). The default's rows equal the sequential loop's either way."""
+    from mlff_distiller import batching
+
+    assert batching.pipelined(torch.device("cuda"), 2) and not batching.pipelined(torch.device("cuda"), 1)
+    assert not batching.pipelined(torch.device("cpu"), 5)
+    asked, launched = [], []
+    real_launch = batching._launch
+    monkeypatch.setattr(batching, "pipelined", lambda device, n: asked.append(n) or n > 1)  # CUDA's rule
+    monkeypatch.setattr(batching, "_launch", lambda *a: launched.append(1) or real_launch(*a))
+    engine = ForceEngine(model, device="cpu", precision="fp64")
+    mols = _mols(7, seed=41)
+    want = engine.predict(mols, batch_size=3, pipeline=False)
+    assert not launched
+    _rows_equal(engine.predict(mols, batch_size=3), want, mols)
+    assert asked == [3] and len(launched) == 3  # three batches: pipelined
+    want = engine.predict(mols, batch_size=7, pipeline=False)  # one batch (its sums, to the last bit)
+    _rows_equal(engine.predict(mols, batch_size=7), want, mols)
+    assert asked == [3, 1] and len(launched) == 3  # one batch: the sequential loop
+    _rows_equal(engine.predict(mols, batch_size=7, pipeline=True), want, mols)
+    assert asked == [3, 1] and len(launched) == 4  # asked for: pipelined all the same
+
+
+@gpu
+def test_one_batch_on_cuda_is_not_pipelined(model, monkeypatch):
+    """On CUDA the default pipelines a call of several batches and not a call of one (the same rows)."""
+    from mlff_distiller import batching
+
+    launched = []
+    real_launch = batching._launch
+    monkeypatch.setattr(batching, "_launch", lambda *a: launched.append(1) or real_launch(*a))
+    engine = ForceEngine(model, device="cuda")
+    mols = _mols(6, seed=42)
+    want = engine.predict(mols, batch_size=2, pipeline=False)
+    _rows_equal(engine.predict(mols, batch_size=2), want, mols, rtol=1e-5)
+    assert len(launched) == 3
+    _rows_equal(engine.predict(mols[:2], batch_size=2), want[:2], mols[:2], rtol=1e-5)
+    assert len(launched) == 3
+
+
 def test_auto_mode_ladder_stops_at_auto_max_edges():
     """Mode "auto" pads only batches of up to ~auto_max_edges(width) edges (larger ones run eager: the captured
     pools' memory): edges x width up to AUTO_MAX_EDGE_FEATURES, never below AUTO_MAX_EDGES nor above

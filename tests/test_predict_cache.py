@@ -3,6 +3,7 @@ student, a changed checkpoint file, other settings or another thread; bounded an
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 
@@ -62,7 +63,9 @@ def test_other_settings_and_threads_get_their_own_engine(built):
     assert built["n"] == 3  # an engine is not shared between threads (its buffers are not)
 
 
-@pytest.mark.parametrize("edit", ["in_place", "load_state_dict", "optimizer_step", "data_swap"])
+@pytest.mark.parametrize(
+    "edit", ["in_place", "load_state_dict", "optimizer_step", "data_swap", "new_parameter", "new_submodule"]
+)
 def test_an_edited_student_gets_a_new_engine(built, edit):
     """The padded path (mode 'cudagraph', the padded eager step on a CPU) computes with a frozen copy of the
     weights: a kept engine would give the old student's forces."""
@@ -78,9 +81,19 @@ def test_an_edited_student_gets_a_new_engine(built, edit):
         for p in model.parameters():
             p.grad = torch.ones_like(p)
         opt.step()
-    else:  # new storage under the same parameter, its version counter unchanged
+    elif edit == "data_swap":  # new storage under the same parameter, its version counter unchanged
         p = next(model.parameters())
         p.data = p.data * 1.5
+    elif edit == "new_parameter":  # a parameter replaced by attribute assignment deep in the module tree
+        owner, name = next((m, n) for m in model.modules() for n, p in m._parameters.items() if p is not None)
+        setattr(owner, name, torch.nn.Parameter(getattr(owner, name).detach() * 1.5))
+    else:  # a whole submodule replaced by a copy of other weights
+        parent, name = next((m, n) for m in model.modules() for n, c in m._modules.items() if c is not None)
+        child = copy.deepcopy(getattr(parent, name))
+        with torch.no_grad():
+            for p in child.parameters():
+                p.mul_(1.5)
+        setattr(parent, name, child)
     after = predict_forces(model, _structures(), device="cpu", mode="cudagraph", precision="fp64")
     assert built["n"] == 2
     fresh = ForceEngine(model, device="cpu", mode="eager", precision="fp64").predict(_structures())

@@ -96,16 +96,19 @@ def predict_structures(
     atom_budget: int | None = None,
     pipeline: bool | None = None,
 ) -> list[dict]:
-    """The loop of :meth:`ForceEngine.predict` (see there); ``pipeline`` None: on for a CUDA engine."""
+    """The loop of :meth:`ForceEngine.predict` (see there); ``pipeline`` None: on for a CUDA engine given more
+    than one batch (:func:`pipelined`)."""
     if not isinstance(structures, FrameTable):
         structures = list(structures)
     if batch_size is None and not atom_budget:
         atom_budget = engine.atom_budget()  # a device query on CUDA: only when batches are sized by atoms
+    batches = chunks(structures, batch_size, atom_budget or 1)
     if pipeline is None:
-        pipeline = engine.device.type == "cuda"
+        batches = list(batches)  # slices of the input (lists of references, FrameTable views)
+        pipeline = pipelined(engine.device, len(batches))
     results: list[dict] = []
     pending: _Launched | None = None
-    for chunk in chunks(structures, batch_size, atom_budget or 1):
+    for chunk in batches:
         if not pipeline:
             results.extend(_predict_chunk(engine, chunk, stress))
             continue
@@ -133,6 +136,14 @@ def predict_structures(
             results,
         )
     return results
+
+
+def pipelined(device: torch.device, n_batches: int) -> bool:
+    """Whether :func:`predict_structures` pipelines by default: on CUDA, for more than one batch. One batch has
+    nothing to overlap, and the pipeline's per-batch page-locked outputs and event cost more than the engine's
+    own copy: ``engine.predict`` of one benzene took 974 µs pipelined against 366 µs not (H200, the 64 x 3 student,
+    stop 77, benchmarks/results/stop77_gpu/d/predict_one.txt)."""
+    return device.type == "cuda" and n_batches > 1
 
 
 class _Launched:

@@ -108,9 +108,9 @@ class BudgetMixin:
         ``batch_size`` is a number of structures per batch; when None, batches are filled up to an atom budget
         (``atom_budget``, else :meth:`atom_budget`). A batch that runs out of device memory is split in halves
         and retried (``oom_splits`` counts it), and later batches start no larger than the half that fit.
-        ``pipeline`` (default: on for CUDA): the next batch is read and launched on the host while the device
-        computes the current one (:mod:`mlff_distiller.batching`); the same results either way. A NaN or inf
-        output is never returned: :class:`~mlff_distiller.batching.NonFiniteOutputError` comes after all other
+        ``pipeline`` (default: on for CUDA, given more than one batch): the next batch is read and launched on the host
+        while the device computes the current one (:mod:`mlff_distiller.batching`); the same results either way. A NaN
+        or inf output is never returned: :class:`~mlff_distiller.batching.NonFiniteOutputError` comes after all other
         structures are done and carries their results. (:meth:`compute` returns the device tensors unchecked.)
         """
         return predict_structures(

@@ -75,7 +75,8 @@ def predict_forces(
         memory_budget: bytes one batch may use (default: half the free device memory on CUDA); a batch that
             still runs out of memory is split and retried.
         pipeline: read and launch the next batch on the host while the device computes the current one
-            (default: on for CUDA; :mod:`mlff_distiller.batching`). The same results either way.
+            (default: on for CUDA, given more than one batch; :mod:`mlff_distiller.batching`). The same results
+            either way.
         check_domain: also check each structure against the student's training envelope
             (:class:`~mlff_distiller.domain.DomainEnvelope`, stored by training since stop 29: element pairs never
             seen, pairs much shorter than the shortest seen, atoms with many more neighbours than seen). Each
@@ -133,11 +134,25 @@ def clear_engine_cache() -> None:
 
 def _state(model: StudentModel) -> tuple | None:
     """What a kept engine must find unchanged: each parameter's and buffer's identity, storage and version (None
-    for inference tensors, which have no version counter: such a student is never kept)."""
+    for inference tensors, which have no version counter: such a student is never kept).
+
+    The modules' own ``_parameters`` / ``_buffers`` / ``_modules`` dicts are walked directly: ``model.parameters()``
+    and ``model.buffers()`` (two recursive walks with memo sets) took 106 µs for the shipped 64 x 3 student (47
+    modules, 43 tensors) on the GPU host and the development CPU alike, more than ``compute`` of a small molecule's
+    dense step end to end (~170 µs, stop 77); this walk 38 µs. A tensor or module shared between modules appears
+    once per place (the same answer from call to call)."""
+    rows = []
+    stack = [model]
     try:
-        return tuple((id(t), t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
+        while stack:
+            module = stack.pop()
+            for t in (*module._parameters.values(), *module._buffers.values()):
+                if t is not None:
+                    rows.append((id(t), t.data_ptr(), t._version))
+            stack.extend(m for m in module._modules.values() if m is not None)
     except RuntimeError:
         return None
+    return tuple(rows)
 
 
 def _engine_for(model: StudentModel, settings: dict, make=None) -> ForceEngine:
