@@ -346,3 +346,18 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str) -> i
     fn()
     torch.cuda.synchronize(device)
     return int(torch.cuda.max_memory_allocated(device) - base)
+
+
+def profile_tables(prof, top: int, keys: tuple[str, ...] = ("tottime", "cumtime"), title: str = "") -> str:
+    """A ``cProfile.Profile``'s functions sorted by each of ``keys`` (the ``top`` rows each), as markdown sections
+    under ``## {title} by {key}``: the host's view of a probe's calls (cProfile inflates small Python functions:
+    read the ranking, not the µs)."""
+    import io
+    import pstats
+
+    parts = []
+    for key in keys:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(top)
+        parts.append(f"\n## {(title + ' ') if title else ''}by {key}\n\n{buf.getvalue()}")
+    return "\n".join(parts)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
-import pstats
 import sys
 import time
 import warnings
@@ -20,6 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import profile_tables
 from probe_md_step import _benzene
 
 
@@ -57,11 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; {args.steps} steps")
     print(f"# mean µs a step without the profiler: {plain:.1f} before, {after:.1f} after")
     print(f"# launches ahead taken {eng.n_ahead_taken}, missed {eng.n_ahead_missed}; list builds {eng.verlet.n_builds}")
-    for key in ("tottime", "cumtime"):
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(args.top)
-        print(f"\n## by {key}\n")
-        print(s.getvalue())
+    print(profile_tables(prof, args.top))
 
 
 if __name__ == "__main__":

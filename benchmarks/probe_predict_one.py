@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
-import pstats
 import sys
 import warnings
 from pathlib import Path
@@ -19,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import wall_us
+from harness import profile_tables, wall_us
 
 
 def _state_walk(model) -> tuple:
@@ -74,11 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(args.calls):
         predict_forces(model, [atoms])
     prof.disable()
-    for key in ("tottime", "cumtime"):
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(args.top)
-        print(f"\n## predict_forces by {key}\n")
-        print(s.getvalue())
+    print(profile_tables(prof, args.top, title="predict_forces"))
 
 
 if __name__ == "__main__":

@@ -814,3 +814,34 @@ def test_probe_sass_constexprs_take_defaults_and_refuse_a_missing_one():
     del const["BLOCK_F"]
     with pytest.raises(ValueError, match="BLOCK_F"):
         probe_sass.constexprs(_mp_kernels._mp_bwd_sender_kernel, const)
+
+
+def test_stop77_probes_report_what_they_measured(tmp_path, capsys):
+    """probe_md_affinity's table shows each process's rows as written (its JSON lines), harness.profile_tables
+    sorts a profile by each key, and the CUDA probes say so on a CPU-only machine instead of failing."""
+    import cProfile
+
+    import harness
+    import probe_md_affinity
+    import probe_md_profile
+    import probe_predict_one
+
+    row = {
+        "label": "core 3", "allowed": [3], "cpus_seen": [3], "host_work_us": 47.6, "host_work_us_after": 94.5,
+        "ase_floor_us": 602.0, "launch_sync_us": 24.7, "md_us_rounds": [231.3, 294.9, 303.4], "md_us": 294.9,
+    }  # fmt: skip
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("noise from a child process\n" + json.dumps(row) + "\n")
+    text = probe_md_affinity.table(rows)
+    assert text.count("\n") == 3 and "| core 3 | 3 | 3 | 47.6 / 94.5 | 602.0 | 24.7 |" in text
+    assert "231.3 / 294.9 / 303.4 | **294.9** |" in text
+    prof = cProfile.Profile()
+    prof.enable()
+    sorted(range(100), key=lambda x: -x)
+    prof.disable()
+    out = harness.profile_tables(prof, 5, title="calls")
+    assert "## calls by tottime" in out and "## calls by cumtime" in out and "sorted" in out
+    if not torch.cuda.is_available():
+        for probe in (probe_md_profile, probe_predict_one, probe_md_affinity):
+            probe.main([])
+        assert capsys.readouterr().out.count("needs CUDA") == 3

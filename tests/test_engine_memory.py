@@ -43,6 +43,7 @@ def test_oom_splits_and_keeps_order(model, monkeypatch):
     sizes.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=DeprecationWarning)  # NumPy 2.5 in ASE 3.29's Atoms
         with pytest.raises(torch.OutOfMemoryError):
             engine.predict([mols[0] + mols[1] + mols[2] + mols[3]], atom_budget=10_000)
     assert len(sizes) == 1 and _update_module()._CONFIG["recompute_uv_min_atoms"] is None
@@ -140,6 +141,7 @@ def test_the_calculator_tries_a_structure_again_with_the_recompute(model, monkey
         monkeypatch.setattr(batching, "_recompute_helps", lambda engine: False)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
+            warnings.filterwarnings("ignore", category=DeprecationWarning)  # NumPy 2.5 in ASE 3.29's Atoms
             with pytest.raises(torch.OutOfMemoryError):
                 atoms.get_forces()
         assert calls == [len(atoms)] and _update_module()._CONFIG["recompute_uv_min_atoms"] is None
@@ -306,4 +308,5 @@ def test_a_structure_out_of_memory_first_releases_the_captured_graphs(model, mon
     assert list(engine._runners) == [other] and engine.captures_released == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=DeprecationWarning)  # NumPy 2.5 in ASE 3.29's Atoms
         assert not batching.recompute_before_retry(engine, 5000, err)
