@@ -51,3 +51,17 @@ def test_frame_table_batches_are_views_of_the_same_cuts():
     cells, pbc = np.zeros((50, 3, 3)), np.zeros((50, 3), bool)
     table = FrameTable(np.ones(n, dtype=int), rng.normal(size=(n, 3)), cells, pbc, counts)
     assert [c.atom_counts() for c in chunks(table, None, 40)] == _cut(counts.tolist(), 40)
+
+
+def test_input_within_the_budget_is_one_batch():
+    """Structures whose atoms fit the budget together are one batch (the single molecule of an interactive call
+    takes no cutting), a list slice or a table view of all of them; nothing for no structures."""
+    assert _cut([3, 4, 5], 12) == [[3, 4, 5]] and _cut([12], 12) == [[12]] and _cut([], 5) == []
+    assert _cut([3, 4, 6], 12) == [[3, 4], [6]]
+    mols = [[0] * 3, [0] * 4]
+    (only,) = list(chunks(mols, None, 7))
+    assert only == mols and only is not mols  # a slice, as every batch is
+    counts = np.array([3, 4])
+    table = FrameTable(np.ones(7, dtype=int), np.zeros((7, 3)), np.zeros((2, 3, 3)), np.zeros((2, 3), bool), counts)
+    (view,) = list(chunks(table, None, 7))
+    assert view.atom_counts() == [3, 4]
