@@ -310,3 +310,37 @@ def test_a_structure_out_of_memory_first_releases_the_captured_graphs(model, mon
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", category=DeprecationWarning)  # NumPy 2.5 in ASE 3.29's Atoms
         assert not batching.recompute_before_retry(engine, 5000, err)
+
+
+def test_a_small_call_on_cuda_makes_no_free_memory_query(model, monkeypatch):
+    """A call of at most SMALL_CALL_ATOMS atoms on a CUDA engine sized by free memory is one batch without asking
+    the device (``atom_budget_for``); larger calls, a cap from an out-of-memory error, or a memory budget the caller
+    set take the budget as before. predict() asks it with the call's atoms in all."""
+    from mlff_distiller import engine_budget
+
+    queries = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: queries.append(1) or (8 * 10**9, 80 * 10**9))
+
+    class Stand(engine_budget.BudgetMixin):  # the state BudgetMixin reads, on a "CUDA" device (no GPU needed)
+        def __init__(self, memory_budget=None):
+            self.model, self.dtype, self.device = model, torch.float32, torch.device("cuda")
+            self.memory_budget, self._bytes_scale = memory_budget, 1.0
+            self._atom_budget_cap = self._atom_budget_at_oom = None
+
+    small = engine_budget.SMALL_CALL_ATOMS
+    eng = Stand()
+    assert eng.atom_budget_for(small) == small and eng.atom_budget_for(0) == 1 and not queries
+    full = eng.atom_budget()
+    assert len(queries) == 1 and full > small  # 4 GB of half the free memory: many more atoms
+    assert eng.atom_budget_for(small + 1) == full and len(queries) == 2
+    eng._atom_budget_cap, eng._atom_budget_at_oom = 40, full
+    assert eng.atom_budget_for(10) == 40 and len(queries) == 3  # capped: asked, and the cap holds
+    assert Stand(memory_budget=10**9).atom_budget_for(10) == Stand(memory_budget=10**9).atom_budget() > 10
+    assert len(queries) == 3  # the caller's budget: no device query either way
+    asked = []
+    cpu = ForceEngine(model, device="cpu", precision="fp64")
+    monkeypatch.setattr(cpu, "atom_budget_for", lambda n: asked.append(n) or 10**6)
+    mols = _mols(3, seed=8)
+    cpu.predict(mols)
+    cpu.predict(mols, batch_size=2)  # sized by structures: no budget
+    assert asked == [sum(len(m) for m in mols)]

@@ -101,7 +101,8 @@ def predict_structures(
     if not isinstance(structures, FrameTable):
         structures = list(structures)
     if batch_size is None and not atom_budget:
-        atom_budget = engine.atom_budget()  # a device query on CUDA: only when batches are sized by atoms
+        # a device query on CUDA: only when batches are sized by atoms, and not for a small call's one batch
+        atom_budget = engine.atom_budget_for(sum(atom_counts(structures)))
     batches = chunks(structures, batch_size, atom_budget or 1)
     if pipeline is None:
         batches = list(batches)  # slices of the input (lists of references, FrameTable views)

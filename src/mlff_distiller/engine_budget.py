@@ -12,7 +12,14 @@ import torch
 from mlff_distiller.batch import AtomsBatch
 from mlff_distiller.batching import predict_structures
 
-__all__ = ["DEFAULT_ATOM_BUDGET", "DEFAULT_MEMORY_FRACTION", "EDGES_PER_ATOM_GUESS", "OOM_CAP_LIFT", "BudgetMixin"]
+__all__ = [
+    "DEFAULT_ATOM_BUDGET",
+    "DEFAULT_MEMORY_FRACTION",
+    "EDGES_PER_ATOM_GUESS",
+    "OOM_CAP_LIFT",
+    "SMALL_CALL_ATOMS",
+    "BudgetMixin",
+]
 
 # Atoms per chunk when predict() is given no batch_size and no memory budget: keeps the reference path's
 # [E, 3F] tensors in memory.
@@ -21,6 +28,11 @@ DEFAULT_ATOM_BUDGET = {"cuda": 8192, "cpu": 2048}
 DEFAULT_MEMORY_FRACTION = 0.5
 # Neighbours per atom assumed before a batch's neighbour list is known (organic molecules, 5 Å: 10-40).
 EDGES_PER_ATOM_GUESS = 40
+# Calls of at most this many atoms in all are one batch on CUDA without the free-memory query (cudaMemGetInfo: 15-45
+# µs of a small molecule's ~0.4-0.8 ms predict_forces on the H200 host, stop 77), unless an out-of-memory error set
+# a cap. Any budget from half of a GPU's free memory holds them: the estimate is ~0.34 MB an atom for a 64 x 3 float32
+# student, ~0.7 MB for 128 x 3 (under 0.4 GB here); where it would not, the out-of-memory path splits the batch.
+SMALL_CALL_ATOMS = 512
 # A batch cap lowered after an out-of-memory error is lifted when the atom budget found later is at least this
 # many times the one found at the error (twice: the memory once freed by a dropped kept engine, or another
 # process ending; not the noise of the caching allocator between calls).
@@ -74,6 +86,19 @@ class BudgetMixin:
         if cap is not None and atoms >= OOM_CAP_LIFT * self._atom_budget_at_oom:
             self._atom_budget_cap = cap = None
         return atoms if cap is None else min(atoms, cap)
+
+    def atom_budget_for(self, n_atoms: int) -> int:
+        """:meth:`atom_budget` for a call of ``n_atoms`` atoms in all: without the device query where it cannot
+        matter (a CUDA engine sized by free memory, no cap from an out-of-memory error, at most
+        ``SMALL_CALL_ATOMS`` atoms: one batch of them)."""
+        if (
+            n_atoms <= SMALL_CALL_ATOMS
+            and self.memory_budget is None
+            and self._atom_budget_cap is None
+            and self.device.type == "cuda"
+        ):
+            return max(int(n_atoms), 1)
+        return self.atom_budget()
 
     def _lower_atom_budget(self, n_atoms: int) -> None:
         """A batch of ``n_atoms`` ran out of device memory: later batches start no larger than half of it (see
