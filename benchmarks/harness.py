@@ -361,3 +361,21 @@ def profile_tables(prof, top: int, keys: tuple[str, ...] = ("tottime", "cumtime"
         pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(top)
         parts.append(f"\n## {(title + ' ') if title else ''}by {key}\n\n{buf.getvalue()}")
     return "\n".join(parts)
+
+
+def host_work_us(reps: int = 400) -> float:
+    """Median µs of a fixed piece of host work the size of a calculator's bookkeeping (20 small NumPy ops and float
+    reads): how fast the host runs right now. On the H200 guests here it takes either ~47 µs or ~90 µs, by phase
+    (stop 77, benchmarks/results/stop77_gpu/a/), and host-bound rows such as the ASE MD step follow it."""
+    import numpy as np
+
+    a = np.random.default_rng(0).normal(size=(12, 3))
+
+    def one() -> float:
+        s = 0.0
+        for _ in range(20):
+            b = a * 1.0001 + 0.5
+            s += float(np.abs(b).max())
+        return s
+
+    return wall_us(one, reps)[0]

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import wall_us
+from harness import host_work_us, wall_us
 from probe_md_step import _benzene, _md_us
 
 
@@ -38,27 +38,13 @@ def _cpu_now() -> int:
         return -1
 
 
-def _host_work_us(reps: int = 400) -> float:
-    """A fixed piece of host work of the size of a calculator's bookkeeping: median µs."""
-    a = np.random.default_rng(0).normal(size=(12, 3))
-
-    def one():
-        s = 0.0
-        for _ in range(20):
-            b = a * 1.0001 + 0.5
-            s += float(np.abs(b).max())
-        return s
-
-    return wall_us(one, reps)[0]
-
-
 def measure(label: str, steps: int, model: str) -> dict:
     from ase.calculators.calculator import Calculator, all_changes
 
     from mlff_distiller import StudentCalculator, load_model
 
     seen = {_cpu_now()}
-    row = {"label": label, "allowed": sorted(os.sched_getaffinity(0)), "host_work_us": _host_work_us()}
+    row = {"label": label, "allowed": sorted(os.sched_getaffinity(0)), "host_work_us": host_work_us()}
 
     class Stored(Calculator):
         implemented_properties = ("energy", "forces")
@@ -95,7 +81,7 @@ def measure(label: str, steps: int, model: str) -> dict:
         torch.cuda.synchronize()
 
     row["launch_sync_us"] = wall_us(launch_sync, 3000)[0]
-    row["host_work_us_after"] = _host_work_us()
+    row["host_work_us_after"] = host_work_us()
     row["cpus_seen"] = sorted(seen)
     return row
 
