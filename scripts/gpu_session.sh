@@ -94,7 +94,7 @@ case "$part" in
     # -v: each test's name and outcome as it finishes, so a run cut by the time box still names its failures.
     # -m "not slow": the compile-ahead file's cold-process tests (~3.5 min) have their own part, ahead.
     timeout $(box 330) python3 -m pytest -v -p no:cacheprovider --timeout=300 --tb=short -k "cuda or gpu" -m "not slow" \
-      tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py tests/test_calculator.py tests/test_neighbors.py tests/test_buckets.py \
+      tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py tests/test_calculator.py tests/test_neighbors.py tests/test_neighbors_verlet.py tests/test_buckets.py \
       tests/test_physics.py tests/kernels >"$res/pytest_gpu.log" 2>&1
     grep -cE " PASSED" "$res/pytest_gpu.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu.log" | head -20
     tail -3 "$res/pytest_gpu.log"
@@ -206,7 +206,7 @@ print(json.dumps(out, indent=1))
     ;;
   nlcheck)
     timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 --tb=short -k "cuda or gpu" \
-      tests/test_neighbors.py tests/test_neighbors_periodic.py tests/test_engine_verlet.py tests/test_calculator.py \
+      tests/test_neighbors.py tests/test_neighbors_verlet.py tests/test_neighbors_periodic.py tests/test_engine_verlet.py tests/test_calculator.py \
       >"$res/pytest_nl.log" 2>&1
     grep -cE " PASSED" "$res/pytest_nl.log"; grep -E " (FAILED|ERROR)" "$res/pytest_nl.log" | head -20
     tail -3 "$res/pytest_nl.log"
@@ -401,7 +401,7 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     timeout $(box 150) python3 -m pytest -v -p no:cacheprovider --timeout=140 --tb=short tests/test_batched_md.py \
       tests/test_md_frames.py >"$res/pytest_gpu.log" 2>&1
     timeout $(box 150) python3 -m pytest -v -p no:cacheprovider --timeout=140 --tb=short -k "cuda or gpu" \
-      tests/test_neighbors.py tests/test_engine_verlet.py tests/test_engine.py >"$res/pytest_gpu_nl.log" 2>&1
+      tests/test_neighbors.py tests/test_neighbors_verlet.py tests/test_engine_verlet.py tests/test_engine.py >"$res/pytest_gpu_nl.log" 2>&1
     grep -cE " PASSED" "$res/pytest_gpu_nl.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu_nl.log" | head -20
     tail -1 "$res/pytest_gpu_nl.log"
     timeout $(box 60) python3 benchmarks/probe_batched_rebuild.py --out "$res" >"$res/probe_rebuild.log" 2>&1

@@ -168,3 +168,12 @@ class FakeRunner:
 
     def replay(self):
         return self.fn(*self.graph.inputs())
+
+
+def our_pairs(nl, lo: int = 0, hi: int | None = None) -> list[tuple]:
+    """Edges of the :class:`~mlff_distiller.neighbors.NeighborList` ``nl`` whose receiver lies in [lo, hi), with
+    indices relative to ``lo``, as (i, j, S) tuples (S: the integer image shift)."""
+    i, j = nl.edge_index.cpu().tolist()
+    shifts = nl.shifts.cpu().tolist()
+    hi = len(nl.row_ptr) - 1 if hi is None else hi
+    return [(a - lo, b - lo, tuple(s)) for a, b, s in zip(i, j, shifts, strict=True) if lo <= a < hi]
