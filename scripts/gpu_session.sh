@@ -94,7 +94,7 @@ case "$part" in
     # -v: each test's name and outcome as it finishes, so a run cut by the time box still names its failures.
     # -m "not slow": the compile-ahead file's cold-process tests (~3.5 min) have their own part, ahead.
     timeout $(box 330) python3 -m pytest -v -p no:cacheprovider --timeout=300 --tb=short -k "cuda or gpu" -m "not slow" \
-      tests/test_engine_verlet.py tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py tests/test_calculator.py tests/test_neighbors.py tests/test_neighbors_verlet.py tests/test_buckets.py \
+      tests/test_engine_verlet.py tests/test_engine_molecular_lists.py tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py tests/test_calculator.py tests/test_neighbors.py tests/test_neighbors_verlet.py tests/test_buckets.py \
       tests/test_physics.py tests/kernels >"$res/pytest_gpu.log" 2>&1
     grep -cE " PASSED" "$res/pytest_gpu.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu.log" | head -20
     tail -3 "$res/pytest_gpu.log"
@@ -206,7 +206,7 @@ print(json.dumps(out, indent=1))
     ;;
   nlcheck)
     timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 --tb=short -k "cuda or gpu" \
-      tests/test_neighbors.py tests/test_neighbors_verlet.py tests/test_neighbors_periodic.py tests/test_engine_verlet.py tests/test_calculator.py \
+      tests/test_neighbors.py tests/test_neighbors_verlet.py tests/test_neighbors_periodic.py tests/test_engine_verlet.py tests/test_engine_molecular_lists.py tests/test_calculator.py \
       >"$res/pytest_nl.log" 2>&1
     grep -cE " PASSED" "$res/pytest_nl.log"; grep -E " (FAILED|ERROR)" "$res/pytest_nl.log" | head -20
     tail -3 "$res/pytest_nl.log"
@@ -282,7 +282,7 @@ print(json.dumps(out, indent=1))
     # NPT with the Verlet list kept across cell changes: CUDA tests, bench_stress (random 128 x 3, all sections),
     # then the NPT step of the trained water NPT student against SevenNet-0 (needs .whl7).
     timeout $(box 200) python3 -m pytest -v -p no:cacheprovider --timeout=180 tests/test_engine_stress.py tests/test_engine_npt.py tests/test_verlet_strain.py \
-      tests/test_engine_verlet.py -k "cuda or gpu or npt or strain" >"$res/pytest_npt.log" 2>&1
+      tests/test_engine_verlet.py tests/test_engine_molecular_lists.py -k "cuda or gpu or npt or strain" >"$res/pytest_npt.log" 2>&1
     grep -cE " PASSED" "$res/pytest_npt.log"; grep -E " (FAILED|ERROR)" "$res/pytest_npt.log" | head; tail -2 "$res/pytest_npt.log"
     timeout $(box 170) python3 benchmarks/bench_stress.py --out "$res" --name stress_npt_h100 >"$res/bench_stress.log" 2>&1
     grep -E "^\| |speed-up" "$res/stress_npt_h100.md" | tail -8
@@ -302,7 +302,7 @@ print(json.dumps(out, indent=1))
     grep -cE " PASSED" "$res/pytest_capture.log"; grep -E " (FAILED|ERROR)" "$res/pytest_capture.log" | head; tail -2 "$res/pytest_capture.log"
     # 2. The seven-file sequence in which stop 23 saw the invalidation, with one capture attempt (no retry: an
     #    invalidation fails its test and names the live Python threads), repeated while the box lasts.
-    seven="tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py tests/test_calculator.py tests/test_engine.py tests/test_engine_verlet.py \
+    seven="tests/test_engine_modes.py tests/test_engine_capture.py tests/test_engine_memory.py tests/test_calculator.py tests/test_engine.py tests/test_engine_verlet.py tests/test_engine_molecular_lists.py \
       tests/test_engine_stress.py tests/test_engine_npt.py tests/test_physics.py tests/test_buckets.py"
     end=$(( $(date +%s) + $(box 320) ))
     k=0
@@ -328,7 +328,7 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     # `bash scripts/ab_package.sh prepare <old commit>`; carry .ab and .whl. The CUDA NPT tests of the tree, then
     # AB_PAIRS (default 4) pairs of fresh processes, each timing the phases of 600 NPTBerendsen steps.
     timeout $(box 150) python3 -m pytest -q -p no:cacheprovider -k "cuda or gpu or npt or strain" tests/test_engine_stress.py tests/test_engine_npt.py \
-      tests/test_verlet_strain.py tests/test_engine_verlet.py >"$res/pytest_npt.log" 2>&1
+      tests/test_verlet_strain.py tests/test_engine_verlet.py tests/test_engine_molecular_lists.py >"$res/pytest_npt.log" 2>&1
     tail -1 "$res/pytest_npt.log"; grep -E "^FAILED" "$res/pytest_npt.log" | head
     timeout $(box 420) bash scripts/ab_package.sh run ${AB_PAIRS:-4} "$res/ab" -- bash -c \
       'python3 benchmarks/probe_stress_step.py --sizes --npt-steps 600 --out "$0" --name "npt_${AB_RUN}_${AB_SIDE}"' "$res/ab"
@@ -401,7 +401,7 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE', '--timeout=150', '
     timeout $(box 150) python3 -m pytest -v -p no:cacheprovider --timeout=140 --tb=short tests/test_batched_md.py \
       tests/test_md_frames.py >"$res/pytest_gpu.log" 2>&1
     timeout $(box 150) python3 -m pytest -v -p no:cacheprovider --timeout=140 --tb=short -k "cuda or gpu" \
-      tests/test_neighbors.py tests/test_neighbors_verlet.py tests/test_engine_verlet.py tests/test_engine.py >"$res/pytest_gpu_nl.log" 2>&1
+      tests/test_neighbors.py tests/test_neighbors_verlet.py tests/test_engine_verlet.py tests/test_engine_molecular_lists.py tests/test_engine.py >"$res/pytest_gpu_nl.log" 2>&1
     grep -cE " PASSED" "$res/pytest_gpu_nl.log"; grep -E " (FAILED|ERROR)" "$res/pytest_gpu_nl.log" | head -20
     tail -1 "$res/pytest_gpu_nl.log"
     timeout $(box 60) python3 benchmarks/probe_batched_rebuild.py --out "$res" >"$res/probe_rebuild.log" 2>&1

@@ -177,3 +177,13 @@ def our_pairs(nl, lo: int = 0, hi: int | None = None) -> list[tuple]:
     shifts = nl.shifts.cpu().tolist()
     hi = len(nl.row_ptr) - 1 if hi is None else hi
     return [(a - lo, b - lo, tuple(s)) for a, b, s in zip(i, j, shifts, strict=True) if lo <= a < hi]
+
+
+def skin_and_fresh_engines(model, device, skin):
+    """Two float64 eager engines of ``model``: the padded one with a Verlet skin of ``skin`` Å (None: a fresh list
+    per call) and the plain reference with a fresh list every call."""
+    from mlff_distiller import ForceEngine
+
+    fast = ForceEngine(model, device=device, precision="fp64", mode="eager", pad=True, neighbor_skin=skin)
+    ref = ForceEngine(model, device=device, precision="fp64", mode="eager")
+    return fast, ref
