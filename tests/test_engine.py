@@ -172,6 +172,40 @@ def test_mismatched_shapes_are_a_value_error():
         )
 
 
+@pytest.mark.parametrize(
+    ("field", "bad", "message"),
+    [
+        ("numbers", torch.ones(2, 1, dtype=torch.long), r"numbers must be \[N\], got \(2, 1\)"),
+        ("positions", torch.zeros(3, 3), r"positions must be \[2, 3\], got \(3, 3\)"),
+        ("cell", torch.zeros(1, 3), r"cell must be \[B, 3, 3\], got \(1, 3\)"),
+        ("pbc", torch.zeros(1, 2, dtype=torch.bool), r"pbc must be \[1, 3\], got \(1, 2\)"),
+        ("batch", torch.zeros(3, dtype=torch.long), r"batch must be \[2\], got \(3,\)"),
+        ("ptr", torch.tensor([0, 1, 2]), r"ptr must be \[2\], got \(3,\)"),
+        ("positions64", torch.zeros(2, 3, dtype=torch.float64), "positions64 and cell64 come together"),
+        ("both64", (torch.zeros(3, 3, dtype=torch.float64), torch.zeros(1, 3, 3)), r"positions64 must be \[2, 3\]"),
+        ("both64", (torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 3, 3)), r"cell64 must be \[1, 3, 3\]"),
+    ],
+)
+def test_each_mismatched_field_is_named(field, bad, message):
+    """Every shape the batch contract fixes, broken alone, gives its own message (the first broken one in the
+    contract's order), and a well-formed batch passes."""
+    fields = dict(
+        numbers=torch.tensor([1, 1]),
+        positions=torch.zeros(2, 3),
+        cell=torch.zeros(1, 3, 3),
+        pbc=torch.zeros(1, 3, dtype=torch.bool),
+        batch=torch.zeros(2, dtype=torch.long),
+        ptr=torch.tensor([0, 2]),
+    )
+    AtomsBatch(**fields)
+    if field == "both64":
+        fields["positions64"], fields["cell64"] = bad
+    else:
+        fields[field] = bad
+    with pytest.raises(ValueError, match=f"AtomsBatch: {message}"):
+        AtomsBatch(**fields)
+
+
 def test_a_bad_device_is_a_value_error(model, monkeypatch):
     """Unknown, unsupported or unavailable devices are a ValueError that says what to use, from every entry point
     (engine, predict_forces, calculator, training config), not a torch error at the first tensor."""
