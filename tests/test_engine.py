@@ -160,18 +160,6 @@ def test_zero_volume_cell_is_a_value_error(model):
     assert np.isfinite(predict_forces(model, [slab])[0]["forces"]).all()  # a slab's zero c-vector is fine
 
 
-def test_mismatched_shapes_are_a_value_error():
-    with pytest.raises(ValueError, match="positions must be"):
-        AtomsBatch(
-            numbers=torch.tensor([1, 1]),
-            positions=torch.zeros(3, 3),
-            cell=torch.zeros(1, 3, 3),
-            pbc=torch.zeros(1, 3, dtype=torch.bool),
-            batch=torch.zeros(2, dtype=torch.long),
-            ptr=torch.tensor([0, 2]),
-        )
-
-
 @pytest.mark.parametrize(
     ("field", "bad", "message"),
     [
@@ -186,7 +174,7 @@ def test_mismatched_shapes_are_a_value_error():
         ("both64", (torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 3, 3)), r"cell64 must be \[1, 3, 3\]"),
     ],
 )
-def test_each_mismatched_field_is_named(field, bad, message):
+def test_mismatched_shapes_are_a_value_error_naming_the_field(field, bad, message):
     """Every shape the batch contract fixes, broken alone, gives its own message (the first broken one in the
     contract's order), and a well-formed batch passes."""
     fields = dict(
