@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import host_work_us, wall_us
-from probe_md_step import _benzene, _md_us
+from probe_md_step import _benzene, _md_us, stored_calculator
 
 
 def _cpu_now() -> int:
@@ -39,23 +39,10 @@ def _cpu_now() -> int:
 
 
 def measure(label: str, steps: int, model: str) -> dict:
-    from ase.calculators.calculator import Calculator, all_changes
-
     from mlff_distiller import StudentCalculator, load_model
 
     seen = {_cpu_now()}
     row = {"label": label, "allowed": sorted(os.sched_getaffinity(0)), "host_work_us": host_work_us()}
-
-    class Stored(Calculator):
-        implemented_properties = ("energy", "forces")
-
-        def __init__(self, forces):
-            super().__init__()
-            self.forces = forces
-
-        def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
-            super().calculate(atoms, properties, system_changes)
-            self.results = {"energy": 0.0, "forces": self.forces.copy()}
 
     atoms = _benzene()
     with warnings.catch_warnings():
@@ -64,7 +51,7 @@ def measure(label: str, steps: int, model: str) -> dict:
     atoms.calc = calc
     forces = atoms.get_forces().copy()
     floor = _benzene()
-    row["ase_floor_us"] = _md_us(floor, Stored(forces), steps)[0]
+    row["ase_floor_us"] = _md_us(floor, stored_calculator(forces), steps)[0]
     seen.add(_cpu_now())
     md = []
     for _ in range(3):  # three rounds: does one process stay fast or slow?

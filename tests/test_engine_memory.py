@@ -344,3 +344,6 @@ def test_a_small_call_on_cuda_makes_no_free_memory_query(model, monkeypatch):
     cpu.predict(mols)
     cpu.predict(mols, batch_size=2)  # sized by structures: no budget
     assert asked == [sum(len(m) for m in mols)]
+    many = [mols[0]] * (engine_budget.SMALL_CALL_ATOMS + 1)  # more structures than a small call's atoms
+    cpu.predict(many)
+    assert asked[-1] == len(many)  # no small call: their count stands in for the atoms (not counted twice)

@@ -83,19 +83,18 @@ class AtomsBatch:
         )
         if all(shapes):
             return
-        messages = (
-            lambda: f"numbers must be [N], got {tuple(self.numbers.shape)}",
-            lambda: f"positions must be [{n}, 3], got {tuple(self.positions.shape)}",
-            lambda: f"cell must be [B, 3, 3], got {tuple(self.cell.shape)}",
-            lambda: f"pbc must be [{b}, 3], got {tuple(self.pbc.shape)}",
-            lambda: f"batch must be [{n}], got {tuple(self.batch.shape)}",
-            lambda: f"ptr must be [{b + 1}], got {tuple(self.ptr.shape)}",
-            lambda: "positions64 and cell64 come together (both or neither)",
-            lambda: f"positions64 must be [{n}, 3]",
-            lambda: f"cell64 must be [{b}, 3, 3]",
+        messages = (  # (made only here, for a batch that fails)
+            f"numbers must be [N], got {tuple(self.numbers.shape)}",
+            f"positions must be [{n}, 3], got {tuple(self.positions.shape)}",
+            f"cell must be [B, 3, 3], got {tuple(self.cell.shape)}",
+            f"pbc must be [{b}, 3], got {tuple(self.pbc.shape)}",
+            f"batch must be [{n}], got {tuple(self.batch.shape)}",
+            f"ptr must be [{b + 1}], got {tuple(self.ptr.shape)}",
+            "positions64 and cell64 come together (both or neither)",
+            f"positions64 must be [{n}, 3]",
+            f"cell64 must be [{b}, 3, 3]",
         )
-        first = shapes.index(False)
-        raise ValueError(f"AtomsBatch: {messages[first]()}")
+        raise ValueError(f"AtomsBatch: {messages[shapes.index(False)]}")
 
     # ----------------------------------------------------------------------------------------------- build
     @classmethod
@@ -278,13 +277,14 @@ def pair_vectors64(
     return vec
 
 
-# NumPy's casts into a new array cost a few µs less than torch's ``.to`` of a wrapped array (the same IEEE rounding).
-_NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
+# The NumPy dtypes of the float dtypes a batch takes: NumPy's casts into a new array cost a few µs less than torch's
+# ``.to`` of a wrapped array (the same IEEE rounding; also the calculator's MD positions).
+NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _as_tensor(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """The float64 array ``a`` as a tensor of ``dtype`` (no copy for float64)."""
-    np_dtype = _NUMPY_FLOATS.get(dtype)
+    np_dtype = NUMPY_FLOATS.get(dtype)
     if np_dtype is None:
         return torch.from_numpy(a).to(dtype)
     return torch.from_numpy(a.astype(np_dtype, copy=False))

@@ -27,7 +27,6 @@ from mlff_distiller.model import StudentModel
 __all__ = ["StudentCalculator"]
 
 # The per-atom arrays that ASE's compare_atoms checks (all_changes less cell and pbc), sorted as it reports them.
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 _ARRAY_CHANGES = tuple(sorted(set(all_changes) - {"cell", "pbc"}))
 _SNAPSHOT_ORDER = ("positions", *(p for p in _ARRAY_CHANGES if p != "positions"))
 
@@ -228,7 +227,7 @@ class StudentCalculator(Calculator):
         if pos.shape != last.positions.shape:
             return None
         dtype = self.engine.dtype
-        np_dtype = _NUMPY_DTYPES.get(dtype)
+        np_dtype = batch_module.NUMPY_FLOATS.get(dtype)
         batch = object.__new__(AtomsBatch)
         batch.__dict__.update(last.__dict__)
         # Always a copy (fp64 too): ``atoms`` may be the caller's, whose positions ASE's integrators update in place.

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from mlff_distiller.batch import AtomsBatch
-from mlff_distiller.batching import predict_structures
+from mlff_distiller.batching import SMALL_CALL_ATOMS, predict_structures
 
 __all__ = [
     "DEFAULT_ATOM_BUDGET",
@@ -28,11 +28,6 @@ DEFAULT_ATOM_BUDGET = {"cuda": 8192, "cpu": 2048}
 DEFAULT_MEMORY_FRACTION = 0.5
 # Neighbours per atom assumed before a batch's neighbour list is known (organic molecules, 5 Å: 10-40).
 EDGES_PER_ATOM_GUESS = 40
-# Calls of at most this many atoms in all are one batch on CUDA without the free-memory query (cudaMemGetInfo: 15-45
-# µs of a small molecule's ~0.4-0.8 ms predict_forces on the H200 host, stop 77), unless an out-of-memory error set
-# a cap. Any budget from half of a GPU's free memory holds them: the estimate is ~0.34 MB an atom for a 64 x 3 float32
-# student, ~0.7 MB for 128 x 3 (under 0.4 GB here); where it would not, the out-of-memory path splits the batch.
-SMALL_CALL_ATOMS = 512
 # A batch cap lowered after an out-of-memory error is lifted when the atom budget found later is at least this
 # many times the one found at the error (twice: the memory once freed by a dropped kept engine, or another
 # process ending; not the noise of the caching allocator between calls).
