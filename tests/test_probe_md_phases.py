@@ -1,0 +1,53 @@
+"""The MD step's phase timers (benchmarks/probe_md_phases.py): they time what they wrap, leave the results unchanged
+and restore every method they wrapped, inherited or not."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from ase.build import molecule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import probe_md_phases  # noqa: E402
+
+from mlff_distiller import ForceEngine, StudentCalculator  # noqa: E402
+from mlff_distiller.calculator import StudentCalculator as _Calc  # noqa: E402
+
+
+def test_timers_wrap_count_and_restore(model):
+    before = {(m, c, a): None for m, c, a in probe_md_phases.PIECES}
+    own_compute = "compute" in vars(ForceEngine)
+    inherited = "_verlet_list" in vars(ForceEngine)
+    originals = (_Calc.calculate, ForceEngine.compute, ForceEngine._verlet_list)
+    atoms = molecule("H2O")
+    atoms.calc = StudentCalculator(model, device="cpu")
+    reference = atoms.get_forces().copy()
+    timers = probe_md_phases.Timers()
+    timers.install()
+    try:
+        atoms.positions[0, 0] += 0.01
+        moved = atoms.get_forces().copy()
+        atoms.positions[0, 0] -= 0.01
+        again = atoms.get_forces().copy()
+    finally:
+        timers.remove()
+    assert len(before) == len(timers.ns)
+    assert timers.calls["StudentCalculator.calculate"] == 2 and timers.calls["ForceEngine.compute"] == 2
+    assert timers.ns["StudentCalculator.calculate"] >= timers.ns["ForceEngine.compute"] > 0
+    np.testing.assert_allclose(again, reference, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(moved, reference)
+    assert (_Calc.calculate, ForceEngine.compute, ForceEngine._verlet_list) == originals
+    assert ("compute" in vars(ForceEngine)) == own_compute and ("_verlet_list" in vars(ForceEngine)) == inherited
+    timers.reset()
+    assert set(timers.ns.values()) == {0} and set(timers.calls.values()) == {0}
+
+
+def test_probe_runs_on_cpu():
+    lines = probe_md_phases.run(3, "builtin:chno-gfn2-small", "cpu")
+    text = "\n".join(lines)
+    assert "| StudentCalculator.calculate |" in text and "| ASE: step minus calculate |" in text
+    row = next(line for line in lines if line.startswith("| ForceEngine.compute |"))
+    assert float(row.split("|")[2]) > 0 and float(row.split("|")[3]) == 1.0
