@@ -11,17 +11,16 @@ from ase.build import molecule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import probe_md_phases  # noqa: E402
+import probe_md_phases
 
-from mlff_distiller import ForceEngine, StudentCalculator  # noqa: E402
-from mlff_distiller.calculator import StudentCalculator as _Calc  # noqa: E402
+from mlff_distiller import ForceEngine, StudentCalculator
 
 
 def test_timers_wrap_count_and_restore(model):
     before = {(m, c, a): None for m, c, a in probe_md_phases.PIECES}
     own_compute = "compute" in vars(ForceEngine)
     inherited = "_verlet_list" in vars(ForceEngine)
-    originals = (_Calc.calculate, ForceEngine.compute, ForceEngine._verlet_list)
+    originals = (StudentCalculator.calculate, ForceEngine.compute, ForceEngine._verlet_list)
     atoms = molecule("H2O")
     atoms.calc = StudentCalculator(model, device="cpu")
     reference = atoms.get_forces().copy()
@@ -39,7 +38,7 @@ def test_timers_wrap_count_and_restore(model):
     assert timers.ns["StudentCalculator.calculate"] >= timers.ns["ForceEngine.compute"] > 0
     np.testing.assert_allclose(again, reference, rtol=1e-6, atol=1e-7)
     assert not np.allclose(moved, reference)
-    assert (_Calc.calculate, ForceEngine.compute, ForceEngine._verlet_list) == originals
+    assert (StudentCalculator.calculate, ForceEngine.compute, ForceEngine._verlet_list) == originals
     assert ("compute" in vars(ForceEngine)) == own_compute and ("_verlet_list" in vars(ForceEngine)) == inherited
     timers.reset()
     assert set(timers.ns.values()) == {0} and set(timers.calls.values()) == {0}
