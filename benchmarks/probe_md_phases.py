@@ -108,7 +108,24 @@ def _mean_step_us(dyn, steps: int) -> float:
     return (time.perf_counter() - t0) / steps * 1e6
 
 
-def run(steps: int, model: str, device: str) -> list[str]:
+def ab_rows(dyn, steps: int, rounds: int) -> list[str]:
+    """``StudentCalculator.reuse_ahead`` off and on, alternating for ``rounds`` rounds of ``steps`` steps each: the
+    mean µs a step of each, with the host's speed before the round."""
+    calc_cls = type(dyn.atoms.calc)
+    lines = ["", "| round | reuse_ahead | host work µs | mean µs a step |", "|---|---|---:|---:|"]
+    try:
+        for k in range(rounds):
+            for on in (False, True):
+                calc_cls.reuse_ahead = on
+                dyn.run(20)
+                host = host_work_us(200)
+                lines.append(f"| {k + 1} | {'on' if on else 'off'} | {host:.1f} | {_mean_step_us(dyn, steps):.1f} |")
+    finally:
+        calc_cls.reuse_ahead = True
+    return lines
+
+
+def run(steps: int, model: str, device: str, rounds: int = 0) -> list[str]:
     from ase import units
     from ase.md.verlet import VelocityVerlet
 
@@ -150,6 +167,8 @@ def run(steps: int, model: str, device: str) -> list[str]:
     lines.append(f"| ASE: step minus calculate | {timed - calc_us:.1f} | |")
     for key, ns in timers.ns.items():
         lines.append(f"| {key} | {ns / steps / 1e3:.1f} | {timers.calls[key] / steps:.2f} |")
+    if rounds:
+        lines += ab_rows(dyn, steps, rounds)
     return lines
 
 
@@ -158,9 +177,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--model", default="builtin:chno-gfn2-small")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--ab-rounds", type=int, default=0, help="then StudentCalculator.reuse_ahead off / on, alternating")
     args = p.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    print("\n".join(run(args.steps, args.model, device)))
+    print("\n".join(run(args.steps, args.model, device, args.ab_rounds)))
 
 
 if __name__ == "__main__":

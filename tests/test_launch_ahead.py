@@ -231,6 +231,100 @@ def test_a_taken_launch_skips_the_second_displacement_test(fake_graphs, monkeypa
         assert eng.verlet.n_calls == calls + 1
 
 
+def _counting_moved(calc, monkeypatch) -> list:
+    """Count the calculator's casts of positions into a batch (``_moved``) and of the time step read off the
+    trajectory (``np.vdot`` calls in the calculator module)."""
+    counts = {"moved": 0, "vdot": 0}
+    moved = calc._moved
+
+    def counted_moved(*a, **k):
+        counts["moved"] += 1
+        return moved(*a, **k)
+
+    real_vdot = np.vdot
+
+    def counted_vdot(*a, **k):
+        counts["vdot"] += 1
+        return real_vdot(*a, **k)
+
+    monkeypatch.setattr(calc, "_moved", counted_moved)
+    monkeypatch.setattr(calculator_module.np, "vdot", counted_vdot)
+    return counts
+
+
+def test_the_launched_batch_and_time_step_are_reused(fake_graphs, monkeypatch):
+    """``reuse_ahead``: in velocity Verlet's steady state (every launch taken) a step casts its positions once (the
+    prediction's batch serves the next calculation, whose step then finds the very tensor it launched) and reads the
+    time step off the trajectory only until a prediction with it was taken. The trajectory is the one without reuse
+    (bit for bit) and without launches ahead at all. A new time step mid-run misses one launch, then is read again."""
+    model = make_model()
+    runs = {}
+    for reuse in (True, False):
+        atoms = molecule("C6H6")
+        maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(2))
+        calc = _calc(model, True)
+        calc.reuse_ahead = reuse
+        atoms.calc = calc
+        dyn = VelocityVerlet(atoms, timestep=1.0 * units.fs)
+        dyn.run(5)
+        with monkeypatch.context() as m:
+            counts = _counting_moved(calc, m)
+            dyn.run(30)
+            assert calc.engine.n_ahead_missed == 0 and calc.engine.n_ahead_taken >= 32
+            # ASE's VelocityVerlet.run(30) makes one calculation (its first step reuses the last forces: none), so
+            # 30 calculations, each taking the launch made by the one before it
+            if reuse:
+                assert counts == {"moved": 30, "vdot": 0}, counts
+            else:
+                assert counts == {"moved": 60, "vdot": 60}, counts
+        dyn.dt = 0.5 * units.fs  # the time step changed: the next launch misses, the one after is taken again
+        dyn.run(10)
+        eng = calc.engine
+        assert eng.n_ahead_missed == 1, eng.n_ahead_missed
+        assert eng.last_ahead is True
+        runs[reuse] = (atoms.positions.copy(), atoms.get_momenta().copy(), atoms.get_forces().copy())
+    atoms = molecule("C6H6")
+    maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(2))
+    atoms.calc = _calc(model, False)
+    dyn = VelocityVerlet(atoms, timestep=1.0 * units.fs)
+    dyn.run(35)
+    dyn.dt = 0.5 * units.fs
+    dyn.run(10)
+    runs["off"] = (atoms.positions, atoms.get_momenta(), atoms.get_forces())
+    for a, b, c in zip(runs[True], runs[False], runs["off"], strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+
+def test_a_launched_tensor_changed_in_place_is_compared_by_its_bytes(fake_graphs):
+    """The engine takes a launch by identity only for the very tensor launched, unmodified: the same tensor written
+    in place after the launch (other bytes) throws the launch away and computes its own positions; written back to
+    the launched bytes in place, it is taken (compared by its bytes)."""
+    import dataclasses
+
+    from mlff_distiller import AtomsBatch
+
+    model = make_model()
+    atoms = molecule("CH4")
+    eng = _calc(model, True).engine
+    ref = ForceEngine(model, device="cpu", precision="fp32", mode="eager")
+    first = AtomsBatch.from_atoms(atoms, dtype=torch.float32)
+    eng.compute(first, as_numpy=True)
+    eng.compute(first, as_numpy=True)  # the zero-copy step captured
+    shifted = (atoms.positions + 0.01 - first.origin.numpy()).astype(np.float32)
+    batch = dataclasses.replace(first, positions=torch.from_numpy(shifted))
+    assert eng.launch_ahead(batch)
+    batch.positions[1, 2] += 0.02
+    got = eng.compute(batch, as_numpy=True)
+    assert eng.last_ahead is False and eng.n_ahead_missed == 1
+    want = ref.compute(batch, to_host=True)["forces"].numpy()
+    np.testing.assert_allclose(got["forces"], want, atol=1e-5)
+    assert eng.launch_ahead(batch)
+    batch.positions[1, 2] += 0.0  # a write of the same bytes: the version moves, the bytes do not
+    eng.compute(batch, as_numpy=True)
+    assert eng.last_ahead is True and eng.n_ahead_taken == 1
+
+
 def _cuda_runs(make_dyn) -> list:
     """Benzene at 1,500 K for 100 steps on CUDA, twice: ``make_dyn(atoms, calc, on)`` sets up each run's integrator
     (``on`` True, then False); returns ``[(atoms, engine)]`` of the two."""

@@ -45,8 +45,10 @@ def test_timers_wrap_count_and_restore(model):
 
 
 def test_probe_runs_on_cpu():
-    lines = probe_md_phases.run(3, "builtin:chno-gfn2-small", "cpu")
+    lines = probe_md_phases.run(3, "builtin:chno-gfn2-small", "cpu", rounds=1)
     text = "\n".join(lines)
     assert "| StudentCalculator.calculate |" in text and "| ASE: step minus calculate |" in text
     row = next(line for line in lines if line.startswith("| ForceEngine.compute |"))
     assert float(row.split("|")[2]) > 0 and float(row.split("|")[3]) == 1.0
+    assert sum("| 1 | off |" in line or "| 1 | on |" in line for line in lines) == 2
+    assert StudentCalculator.reuse_ahead is True

@@ -286,10 +286,10 @@ class VerletPaths:
         md = self._md_runners.get((fill.bucket, batch.num_atoms))
         if md is None or md.dense != (self._dense_of(fill.graph) is not None):
             return False
-        positions = batch.positions.numpy()
-        np.copyto(md.positions.array, positions)
+        tensor = batch.positions
+        np.copyto(md.positions.array, tensor.numpy())
         md.runner.replay()
-        self._ahead = (md, positions, fill.builds, fill.cell_updates, tested)
+        self._ahead = (md, fill.builds, fill.cell_updates, tested, tensor, tensor._version)
         return True
 
     def _take_ahead(self, fill, batch: AtomsBatch):
@@ -299,15 +299,17 @@ class VerletPaths:
         self._ahead_tested = False
         if ahead is None:
             return None
-        md, positions, builds, cell_updates, tested = ahead
-        pos = batch.positions.numpy()
-        same = (
-            builds == fill.builds
-            and cell_updates == fill.cell_updates
-            and pos.shape == positions.shape
-            and pos.dtype == positions.dtype
-            and pos.tobytes() == positions.tobytes()
-        )
+        md, builds, cell_updates, tested, tensor, version = ahead
+        same = builds == fill.builds and cell_updates == fill.cell_updates
+        if same and not (batch.positions is tensor and tensor._version == version):
+            # The very tensor launched, unmodified since, is the same input without a look at its bytes (the
+            # calculator hands the batch it launched back to the next call, StudentCalculator.reuse_ahead). Any
+            # other is compared with what the launched step read: its host buffer, not the launched tensor (whose
+            # memory a caller may have written in place since the launch).
+            positions = md.positions.array
+            pos = batch.positions.numpy()
+            same = pos.shape == positions.shape and pos.dtype == positions.dtype
+            same = same and pos.tobytes() == positions.tobytes()
         self.last_ahead = same
         if not same:
             self.n_ahead_missed += 1
