@@ -252,11 +252,13 @@ def _counting_moved(calc, monkeypatch) -> list:
     return counts
 
 
-def test_the_launched_batch_and_time_step_are_reused(fake_graphs, monkeypatch):
+@pytest.mark.parametrize("step_fs", [1.0, 0.013])
+def test_the_launched_batch_and_time_step_are_reused(fake_graphs, monkeypatch, step_fs):
     """``reuse_ahead``: in velocity Verlet's steady state (every launch taken) a step casts its positions once (the
     prediction's batch serves the next calculation, whose step then finds the very tensor it launched) and reads the
     time step off the trajectory only until a prediction with it was taken. The trajectory is the one without reuse
-    (bit for bit) and without launches ahead at all. A new time step mid-run misses one launch, then is read again."""
+    (bit for bit) and without launches ahead at all. A new time step mid-run misses one launch, then is read again.
+    At 0.013 fs the least-squares time step is ~70 ulps off ASE's: the exact one is found (``_exact_step``)."""
     model = make_model()
     runs = {}
     for reuse in (True, False):
@@ -265,7 +267,7 @@ def test_the_launched_batch_and_time_step_are_reused(fake_graphs, monkeypatch):
         calc = _calc(model, True)
         calc.reuse_ahead = reuse
         atoms.calc = calc
-        dyn = VelocityVerlet(atoms, timestep=1.0 * units.fs)
+        dyn = VelocityVerlet(atoms, timestep=step_fs * units.fs)
         dyn.run(5)
         with monkeypatch.context() as m:
             counts = _counting_moved(calc, m)
@@ -286,7 +288,7 @@ def test_the_launched_batch_and_time_step_are_reused(fake_graphs, monkeypatch):
     atoms = molecule("C6H6")
     maxwell_boltzmann(atoms, 1500, rng=np.random.default_rng(2))
     atoms.calc = _calc(model, False)
-    dyn = VelocityVerlet(atoms, timestep=1.0 * units.fs)
+    dyn = VelocityVerlet(atoms, timestep=step_fs * units.fs)
     dyn.run(35)
     dyn.dt = 0.5 * units.fs
     dyn.run(10)
@@ -294,6 +296,32 @@ def test_the_launched_batch_and_time_step_are_reused(fake_graphs, monkeypatch):
     for a, b, c in zip(runs[True], runs[False], runs["off"], strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+
+
+def test_the_exact_time_step_of_a_velocity_verlet_move():
+    """``_exact_step`` gives the time step that reproduces ASE's move bit for bit: a decimal number of femtoseconds
+    from an estimate ~1e-11 off, a raw step from an estimate a few ulps off; where nothing reproduces the move (the
+    estimate too far off, or not ASE's expression), the estimate itself."""
+    rng = np.random.default_rng(4)
+    prev = rng.normal(0.0, 3.0, (12, 3))
+    p = rng.normal(0.0, 0.05, (12, 3))
+    m = rng.uniform(1.0, 16.0, (12, 1))
+    for dt in (0.013 * units.fs, 0.5 * units.fs, 2.0 * units.fs, 0.0123456789123):
+        x = prev + dt * p / m  # ASE's expression
+        for off in (1, 3, -5):
+            estimate = dt + off * np.spacing(dt)
+            got = calculator_module._exact_step(estimate, prev, x, p, m)
+            assert (prev + got * p / m).tobytes() == x.tobytes()
+            if dt < 0.01:  # a decimal number of femtoseconds: ASE's own step, not only one that reproduces it
+                assert got == dt
+    dt = 0.5 * units.fs
+    x = prev + dt * p / m
+    far = dt * (1 + 1e-11)
+    assert calculator_module._exact_step(far, prev, x, p, m) == dt  # the decimal femtoseconds
+    raw = 0.0123456789123
+    x = prev + raw * p / m
+    assert calculator_module._exact_step(raw * (1 + 1e-11), prev, x, p, m) == raw * (1 + 1e-11)
+    assert calculator_module._exact_step(dt, prev, x + 1e-3, p, m) == dt
 
 
 def test_a_launched_tensor_changed_in_place_is_compared_by_its_bytes(fake_graphs):

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+from ase import units
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
 from mlff_distiller import _langevin_ahead
@@ -42,6 +43,8 @@ DOMAIN_CHECK_EVERY = 1000
 # that the next calculation did not take, the calculator stops predicting for AHEAD_PAUSE calculations.
 AHEAD_MISSES = 3
 AHEAD_PAUSE = 256
+# _exact_step: how many float64 ulps on each side of the least-squares time step are tried.
+EXACT_STEP_ULPS = 8
 
 
 class StudentCalculator(Calculator):
@@ -452,6 +455,8 @@ class StudentCalculator(Calculator):
             dt = float(np.vdot(x - prev, v)) / vv
             if not (dt > 0.0 and math.isfinite(dt)):
                 return None
+            if self.reuse_ahead:
+                dt = _exact_step(dt, prev, x, p, m)
             self._ahead_dt = dt
         kick = 0.5 * dt * self.results["forces"]
         p_next = p + kick  # the second half kick of this step, then the first of the next (ASE's order)
@@ -497,6 +502,31 @@ class StudentCalculator(Calculator):
                 ),
                 stacklevel=4,
             )
+
+
+def _exact_step(dt: float, prev: np.ndarray, x: np.ndarray, p: np.ndarray, m: np.ndarray) -> float:
+    """The time step of ASE's velocity-Verlet move ``x = prev + dt * p / m`` (its own expression: ``p`` the
+    half-kicked momenta it stored, ``m`` the masses as a column) reproduced to the last bit, or ``dt``, the
+    least-squares estimate, where none is found (another integrator). The estimate is good to ~1e-16 Å over the
+    move (``x - prev`` is rounded at the coordinates' scale), so ~1e-11 relative at 0.5 fs: too far for a search
+    by ulps. Steps are written as a decimal number of femtoseconds (``0.5 * units.fs``), so that number, rounded
+    from the estimate, is tried first, then the estimate and ``EXACT_STEP_ULPS`` float64 ulps on each side of it
+    (large moves); the first that reproduces the move is taken (several may: the move's rounding absorbs an ulp).
+    With the exact step the predicted positions are ASE's next ones in float64 too, not only after the float32
+    cast, so the next calculation takes the prediction's batch (``reuse_ahead``). Run once per run of taken
+    predictions."""
+    target = x.tobytes()
+    fs = units.fs
+    candidates = [round(dt / fs, digits) * fs for digits in (3, 6, 9)]
+    up = down = dt
+    for _ in range(EXACT_STEP_ULPS):
+        up, down = math.nextafter(up, math.inf), math.nextafter(down, 0.0)
+        candidates += (up, down)
+    candidates.insert(3, dt)
+    for c in candidates:
+        if c > 0.0 and (prev + c * p / m).tobytes() == target:
+            return c
+    return dt
 
 
 def _snapshot(own, nan_free: dict) -> tuple | None:
