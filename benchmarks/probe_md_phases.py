@@ -51,6 +51,17 @@ PIECES = (
     ("mlff_distiller.cudagraph", "GraphRunner", "replay"),
     ("torch.cuda", "Stream", "synchronize"),
     ("mlff_distiller.engine_verlet", None, "unpack"),
+    # finer: what launch_ahead and the Verlet path check around the launch; the calculator's side of ASE's requests
+    ("mlff_distiller.engine", "ForceEngine", "_speculates"),
+    ("mlff_distiller.engine", "ForceEngine", "_dense_of"),
+    ("mlff_distiller.engine", "ForceEngine", "_verlet_list_order"),
+    ("mlff_distiller.engine_verlet", None, "_verlet_args"),
+    ("mlff_distiller.neighbors.verlet", "VerletNeighborList", "needs_rebuild"),
+    ("mlff_distiller.neighbors.verlet", "VerletNeighborList", "same_inputs"),
+    ("mlff_distiller.neighbors.verlet", "_HostDisplacement", "moved_far"),
+    ("torch.cuda", None, "current_stream"),
+    ("mlff_distiller.calculator", "StudentCalculator", "get_property"),
+    ("mlff_distiller.calculator", "StudentCalculator", "check_state"),
 )
 
 
