@@ -80,14 +80,28 @@ def triton_available(device: torch.device | str) -> bool:
 
 # resolve_backend's answers by (requested backend, device type, TRITON_INTERPRET): every kernel call asks, and the
 # full rule (device parsing, an import check, environment reads) cost ~15 µs of a ~70 µs forward's host time.
-_RESOLVED: dict[tuple[str, str, str], str] = {}
+_RESOLVED: dict[tuple, str] = {}
+
+
+# The environment as os.environ keeps it: on POSIX a dict of bytes that os.environ updates in place on every change
+# made through it (os.environ[...] = ..., del, pytest's monkeypatch). os.environ.get encodes the key and decodes the
+# value on each call, ~1.5 µs on the GPU host; resolve_backend reads two variables per call (every kernel call, and
+# the MD step's dense-step check: results/stop78_gpu/c/). The raw values key the memo instead; elsewhere (no such
+# dict) os.environ.get as before.
+_ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
+if not (isinstance(_ENV_BYTES, dict) and all(isinstance(k, bytes) for k in list(_ENV_BYTES)[:1])):
+    _ENV_BYTES = None
+_ENV_KEY, _INTERPRET_KEY = _ENV.encode(), b"TRITON_INTERPRET"
 
 
 def resolve_backend(device: torch.device | str) -> str:
     """The backend that will actually run for tensors on ``device``: ``"triton"`` or ``"torch"``."""
-    requested = _override if _override is not None else os.environ.get(_ENV, "auto")
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    key = (requested, kind, os.environ.get("TRITON_INTERPRET", "0"))
+    env = _ENV_BYTES
+    if env is not None:
+        key = (_override, env.get(_ENV_KEY), kind, env.get(_INTERPRET_KEY))
+    else:
+        key = (_override, os.environ.get(_ENV), kind, os.environ.get("TRITON_INTERPRET"))
     hit = _RESOLVED.get(key)
     if hit is None:
         hit = _RESOLVED[key] = _resolve(torch.device(kind))  # errors propagate and are not cached

@@ -242,3 +242,61 @@ def test_calculator_md_takes_the_zero_copy_step_on_cuda(precision):
     assert builds >= 2 and eng.n_discarded + eng.n_rebuilt_ahead == builds - 1, (builds, eng.n_discarded)
     assert eng.n_rebuilt_ahead == (builds - 1 if precision == "fp32" else 0)
     assert np.isfinite(seen).all()
+
+
+def test_the_current_stream_wait_reads_the_current_stream_each_time(monkeypatch):
+    """``synchronize_current_stream`` waits on whatever stream is current at the call (read each time, as
+    ``torch.cuda.current_stream`` reads it), keeps one ``Stream`` object per stream (at most ``STREAMS_KEPT``), and
+    without the binding or a device index goes through ``current_stream``. The CUDA calls are stand-ins here."""
+    cudagraph = cudagraph_module
+    current = [(3, 0, 1)]
+    made, waited = [], []
+
+    class FakeStream:
+        def __init__(self, stream_id, device_index, device_type):
+            made.append((stream_id, device_index, device_type))
+            self.key = (stream_id, device_index, device_type)
+
+        def synchronize(self):
+            waited.append(self.key)
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentStream", lambda index: current[0], raising=False)
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(cudagraph, "_STREAMS", {})
+    monkeypatch.setattr(cudagraph, "STREAMS_KEPT", 2)
+    dev = torch.device("cuda", 0)
+    cudagraph.synchronize_current_stream(dev)
+    cudagraph.synchronize_current_stream(dev)
+    current[0] = [5, 0, 1]  # (a list: keyed as a tuple)
+    cudagraph.synchronize_current_stream(dev)
+    assert waited == [(3, 0, 1), (3, 0, 1), (5, 0, 1)] and made == [(3, 0, 1), (5, 0, 1)]
+    current[0] = (7, 0, 1)
+    cudagraph.synchronize_current_stream(dev)  # a third stream: the kept ones are dropped first
+    assert list(cudagraph._STREAMS) == [(7, 0, 1)] and waited[-1] == (7, 0, 1)
+    slow = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: slow.append(device) or FakeStream(9, 0, 1))
+    cudagraph.synchronize_current_stream(torch.device("cuda"))  # no index: the plain way
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentStream")
+    cudagraph.synchronize_current_stream(dev)  # no binding: the plain way
+    assert slow == [torch.device("cuda"), dev] and waited[-2:] == [(9, 0, 1), (9, 0, 1)]
+
+
+@pytest.mark.gpu
+def test_the_current_stream_wait_on_cuda():
+    """On CUDA: the wait is on the stream current at the call, inside a ``torch.cuda.stream`` context too (work queued
+    there is done when it returns), and the kept object is the current stream."""
+    cudagraph = cudagraph_module
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    side = torch.cuda.Stream(dev)
+    x = torch.randn(4096, 4096, device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        y = x @ x
+        cudagraph.synchronize_current_stream(dev)
+        assert side.query()
+        key = tuple(torch._C._cuda_getCurrentStream(dev.index))
+        assert cudagraph._STREAMS[key] == torch.cuda.current_stream(dev)
+    cudagraph.synchronize_current_stream(dev)
+    assert torch.cuda.current_stream(dev).query() and y.shape == (4096, 4096)

@@ -17,7 +17,7 @@ import torch
 
 from mlff_distiller.batch import AtomsBatch, pair_vectors64
 from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, Bucket, PaddedGraph, fill_padded, fill_padded_host
-from mlff_distiller.cudagraph import HostBuffer, copy_bits, host_views_work
+from mlff_distiller.cudagraph import HostBuffer, copy_bits, host_views_work, synchronize_current_stream
 from mlff_distiller.engine_padded import _verlet_args, _with_stress, exact_pairs, unpack
 
 __all__ = ["VERLET_EDGE_HEADROOM", "ZERO_COPY_COUNTS_PER_BUCKET", "ZERO_COPY_MAX_ATOMS", "VerletPaths"]
@@ -144,7 +144,7 @@ class VerletPaths:
             self.last_bucket = bucket
             self._overlap()  # the caller's host work while the device computes (unless the speculative launch ran it)
             if self.device.type == "cuda":
-                torch.cuda.current_stream(self.device).synchronize()  # the step's writes into md.packed, visible
+                synchronize_current_stream(self.device)  # the step's writes into md.packed, visible
             host = md.packed.array.copy()  # the next step writes the buffer again
             return unpack(host if as_numpy else torch.from_numpy(host), bucket.atoms, n, b)
         if packed is None and kept:  # (a rebuild's fill wrote the positions)
@@ -240,7 +240,7 @@ class VerletPaths:
         device-side one would wait for it)."""
         on = self.speculative_verlet
         if on is None:
-            on = fill.graph.positions.is_cuda and batch.positions.device.type == "cpu"
+            on = fill.graph.positions.is_cuda and batch.positions.is_cpu
         return on
 
     def may_launch_ahead(self) -> bool:
@@ -329,7 +329,7 @@ class VerletPaths:
         if not (on and self.mode == "cudagraph" and to_host and not stress and not exact):
             return False
         pos = batch.positions
-        if pos.device.type != "cpu" or pos.dtype != self.dtype or batch.positions64 is not None:
+        if not pos.is_cpu or pos.dtype != self.dtype or batch.positions64 is not None:
             return False
         if self._zero_copy_works is None:
             self._zero_copy_works = host_views_work(self.device)

@@ -57,3 +57,35 @@ def test_auto_picks_triton_for_cuda_tensors(monkeypatch):
     set_backend(None)
     monkeypatch.setenv("MLFF_DISTILLER_KERNELS", "auto")
     assert resolve_backend("cuda") == "triton" and resolve_backend("cpu") == "torch"
+
+
+@pytest.mark.parametrize("raw_environment", [True, False])
+def test_the_memo_follows_every_environment_change(monkeypatch, raw_environment):
+    """The memo is keyed by the environment's raw bytes where os.environ keeps them (POSIX), else by
+    ``os.environ.get``: either way setting, changing and deleting the variables through ``os.environ`` gives the
+    answer of the full rule at once, and a value that once failed fails again."""
+    import os
+
+    if not raw_environment:
+        monkeypatch.setattr(_backend, "_ENV_BYTES", None)
+    elif _backend._ENV_BYTES is None:
+        pytest.skip("os.environ keeps no dict of bytes here")
+    set_backend(None)
+    monkeypatch.setenv("MLFF_DISTILLER_KERNELS", "torch")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert resolve_backend("cpu") == "torch"
+    os.environ["MLFF_DISTILLER_KERNELS"] = "no-such"
+    for _ in range(2):
+        with pytest.raises(ValueError, match="unknown kernel backend 'no-such'"):
+            resolve_backend("cpu")
+    del os.environ["MLFF_DISTILLER_KERNELS"]
+    assert resolve_backend("cpu") == "torch"  # auto on a CPU tensor
+    if _backend._triton_importable():
+        os.environ["MLFF_DISTILLER_KERNELS"] = "triton"
+        with pytest.raises(RuntimeError, match="cannot run here"):
+            resolve_backend("cpu")
+        os.environ["TRITON_INTERPRET"] = "1"
+        assert resolve_backend("cpu") == "triton"
+        with use_backend("torch"):
+            assert resolve_backend("cpu") == "torch"
+        assert resolve_backend("cpu") == "triton"
