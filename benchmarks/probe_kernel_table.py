@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     p.add_argument("--ops", action="store_true", help="add the aten ops of the step (needs --step-mode eager)")
     p.add_argument("--hidden", type=int, default=None)
     p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--precisions", default="fp32", help="comma-separated engine precisions (fp32, tf32, bf16, ...)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--name", default="probe_kernel_table")
     args = p.parse_args(argv)
@@ -66,16 +67,19 @@ def main(argv=None) -> int:
     report = [f"{torch.cuda.get_device_name(dev)} torch {torch.__version__} triton {triton.__version__}"]
     for name in args.systems.split(","):
         atoms, model = structures(name, args.hidden, args.layers)
-        run = step(name, atoms, model.to(dev), dev, args.step_mode)
-        run()
-        ms = triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
-        width = model.config.hidden if args.hidden is None else args.hidden
-        report.append(f"\n===== {name}, hidden {width}, {args.step_mode}: {ms:.3f} ms (do_bench median)")
-        report.append(_kernel_table(run, groups=True))
-        if args.ops:
-            report += ["", f"--- aten ops of the {name} step", "", op_table(run)]
-        del run
-        torch.cuda.empty_cache()
+        model = model.to(dev)
+        for precision in args.precisions.split(","):
+            run = step(name, atoms, model, dev, args.step_mode, precision)
+            run()
+            ms = triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
+            width = model.config.hidden if args.hidden is None else args.hidden
+            head = f"{name}, hidden {width}, {precision}, {args.step_mode}"
+            report.append(f"\n===== {head}: {ms:.3f} ms (do_bench median)")
+            report.append(_kernel_table(run, groups=True))
+            if args.ops:
+                report += ["", f"--- aten ops of the {name} step", "", op_table(run)]
+            del run
+            torch.cuda.empty_cache()
     text = "\n".join(report)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
