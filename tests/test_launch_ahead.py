@@ -322,6 +322,23 @@ def test_the_exact_time_step_of_a_velocity_verlet_move():
     x = prev + raw * p / m
     assert calculator_module._exact_step(raw * (1 + 1e-11), prev, x, p, m) == raw * (1 + 1e-11)
     assert calculator_module._exact_step(dt, prev, x + 1e-3, p, m) == dt
+    # the step found before is tried first: one check where it still reproduces the move, the search where not
+    x = prev + dt * p / m
+    calls = []
+    real = calculator_module.units
+
+    class CountingUnits:  # the search reads units.fs once; the shortcut does not get that far
+        @property
+        def fs(self):
+            calls.append(1)
+            return real.fs
+
+    calculator_module.units = CountingUnits()
+    try:
+        assert calculator_module._exact_step(dt * (1 + 1e-11), prev, x, p, m, last=dt) == dt and not calls
+        assert calculator_module._exact_step(dt * (1 + 1e-11), prev, x, p, m, last=2 * dt) == dt and calls
+    finally:
+        calculator_module.units = real
 
 
 def test_a_launched_tensor_changed_in_place_is_compared_by_its_bytes(fake_graphs):

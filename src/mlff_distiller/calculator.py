@@ -449,14 +449,14 @@ class StudentCalculator(Calculator):
             # it too, to the last bit of the float32 positions (a changed time step misses once, then is read again).
             v = p / m
             vv = float(np.vdot(v, v))
-            self._ahead_dt = dt = None
+            last, self._ahead_dt = self._ahead_dt, None
             if not vv > 0.0:
                 return None
             dt = float(np.vdot(x - prev, v)) / vv
             if not (dt > 0.0 and math.isfinite(dt)):
                 return None
             if self.reuse_ahead:
-                dt = _exact_step(dt, prev, x, p, m)
+                dt = _exact_step(dt, prev, x, p, m, last)
             self._ahead_dt = dt
         kick = 0.5 * dt * self.results["forces"]
         p_next = p + kick  # the second half kick of this step, then the first of the next (ASE's order)
@@ -504,7 +504,9 @@ class StudentCalculator(Calculator):
             )
 
 
-def _exact_step(dt: float, prev: np.ndarray, x: np.ndarray, p: np.ndarray, m: np.ndarray) -> float:
+def _exact_step(
+    dt: float, prev: np.ndarray, x: np.ndarray, p: np.ndarray, m: np.ndarray, last: float | None = None
+) -> float:
     """The time step of ASE's velocity-Verlet move ``x = prev + dt * p / m`` (its own expression: ``p`` the
     half-kicked momenta it stored, ``m`` the masses as a column) reproduced to the last bit, or ``dt``, the
     least-squares estimate, where none is found (another integrator). The estimate is good to ~1e-16 Å over the
@@ -514,8 +516,11 @@ def _exact_step(dt: float, prev: np.ndarray, x: np.ndarray, p: np.ndarray, m: np
     (large moves); the first that reproduces the move is taken (several may: the move's rounding absorbs an ulp).
     With the exact step the predicted positions are ASE's next ones in float64 too, not only after the float32
     cast, so the next calculation takes the prediction's batch (``reuse_ahead``). Run once per run of taken
-    predictions."""
+    predictions. ``last``: the step found before, tried first where it is within 1e-9 of the estimate (a run whose
+    launches go untaken, e.g. none launched, reads the step every calculation: one check then, not the search)."""
     target = x.tobytes()
+    if last is not None and abs(last - dt) <= 1e-9 * dt and (prev + last * p / m).tobytes() == target:
+        return last
     fs = units.fs
     candidates = [round(dt / fs, digits) * fs for digits in (3, 6, 9)]
     up = down = dt
