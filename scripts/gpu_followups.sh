@@ -1420,10 +1420,25 @@ case "${1:-}" in
       grep -E "auto = cudagraph" "$OUT/engine_md${k}_h200.md" || tail -5 "$OUT/bench_engine_md${k}.log"
     done
     ;;
+  stop79a)
+    # Prepared at stop 78 for the next stop: issue 5's tf32 / bf16 row for the 64 x 3 student (g2 x 4,096: 0.311 /
+    # 0.299 µs a structure at stop 78, target 0.3). The launch configurations were tuned on the 128-wide student;
+    # this sweeps the GEMM's large tile, K step and stages and the message kernels' tiles on the 64-wide step, in tf32
+    # and bf16 (each variant against a fresh shipped run of the same system, probe_ncu.py's ratio).
+    v="gemm:large=128x64x4;gemm:large=128x64x8;gemm:large=64x128x4;gemm:large_block_k=64;gemm:stages=3"
+    v="$v;gemm:stages=2;mp:bwd_edge_block_e=32;mp:bwd_edge_block_e=128;mp:bwd_edge_warps=8;mp:bwd_edge_stages=3"
+    v="$v;mp:fwd_block_e=64;mp:fwd_block_e=16;mp:fwd_block_a=32;mp:bwd_sender_block_a=32;mp:bwd_sender_warps=8"
+    for prec in tf32 bf16; do
+      timeout 280 python3 benchmarks/probe_ncu.py --mode sweep --systems g2x4096 --hidden 64 --precision $prec \
+        --budget-s 240 --variants "$v" --out "$OUT" >"$OUT/sweep_$prec.log" 2>&1
+      mv "$OUT/probe_ncu_sweep.md" "$OUT/sweep_$prec.md" 2>/dev/null
+      grep -E "^\| g2" "$OUT/sweep_$prec.md" | head -20 || tail -8 "$OUT/sweep_$prec.log"
+    done
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
