@@ -303,6 +303,15 @@ def test_check_state_answers_unchanged_atoms_from_the_stored_bytes(model, monkey
         got = calc.check_state(other)
         assert general, "a difference must go the general way"
         assert sorted(got) == sorted(compare_atoms(calc.atoms, other, tol=1e-15))
+    # an MD step's first request (the positions moved): the positions alone go through _close, the other contents
+    # (cell, pbc, numbers) are settled by their bytes
+    other = atoms.copy()
+    other.positions[1, 1] += 1e-3
+    general.clear()
+    assert calc.check_state(other) == ["positions"] and len(general) == 1
+    other.set_cell(other.cell.array * 1.001)
+    general.clear()
+    assert calc.check_state(other) == ["cell", "positions"] and len(general) == 2
     # the stored copy replaced (ASE's reset, a caller's assignment): the snapshot no longer speaks for it
     calc.atoms = calc.atoms.copy()
     calc.atoms.positions[0, 0] += 1.0
