@@ -267,13 +267,15 @@ class VerletPaths:
         fill, v = self._verlet_fill, self.verlet
         if fill is None or v is None or fill.builds != v.n_builds or fill.cell_updates != v.cell_updates:
             return False
-        if batch.num_atoms != fill.positions.shape[0] or batch.cell is not self._spec_cell:
+        n = batch.num_atoms
+        if n != fill.positions.shape[0] or batch.cell is not self._spec_cell:
             return False
         if not self._speculates(fill, batch):  # the next call takes it where it launches before its test
             return False
         if not self._zero_copy_for(batch, to_host=True, stress=False, exact=fill.exact):
             return False
-        if (fill.bucket, batch.num_atoms) not in self._md_runners:
+        md = self._md_runners.get((fill.bucket, n))
+        if md is None:
             return False
         tested = self.rebuild_ahead
         if tested and v.needs_rebuild(*_verlet_args(batch)):
@@ -283,7 +285,7 @@ class VerletPaths:
             self.n_rebuilt_ahead += 1
             if fill is None:
                 return False
-        md = self._md_runners.get((fill.bucket, batch.num_atoms))
+            md = self._md_runners.get((fill.bucket, n))
         if md is None or md.dense != (self._dense_of(fill.graph) is not None):
             return False
         tensor = batch.positions
