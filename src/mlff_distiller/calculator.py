@@ -589,6 +589,72 @@ def _changes_from(snap: tuple, atoms, tol: float, ignored, memo: dict) -> list[s
     own = snap[0]
     changes = []
     cell = atoms.cell.array
+    if cell.tobytes() != snap[2] and "cell" not in ignored and not _close(own.cell.array, cell, tol, memo, "cell"):
+        changes.append("cell")
+    if atoms.pbc.tobytes() != snap[3] and "pbc" not in ignored and not _close(own.pbc, atoms.pbc, tol):
+        changes.append("pbc")
+    moved = None
+    for name, dtype, shape, raw in snap[4]:
+        a = arrays[name]
+        if a.dtype == dtype and a.shape == shape and a.tobytes() == raw:
+            continue
+        if name not in ignored and not _close(own.arrays[name], a, tol, memo, name):
+            moved = [name] if moved is None else [*moved, name]
+    if moved is not None:
+        changes += sorted(moved)
+    return changes
+
+
+def _snapshot(own, nan_free: dict, finite: bool = False) -> tuple | None:
+    """``(own, array names, cell bytes, pbc bytes, ((name, dtype, shape, bytes), ...))`` of the calculator's stored
+    copy ``own``: its cell, pbc and each array ASE's ``compare_atoms`` looks at; None where a float holds NaN
+    (NaN is never close to itself, so such contents never compare as unchanged). ``nan_free``: check_state's memo
+    (name -> (dtype, bytes) last found free of NaN), which spares the NaN test of contents seen before (the cell
+    of an MD run; ~4 µs each). Only this calculator writes ``own`` (ASE hands out copies of it), so the bytes stay
+    what ``own`` holds until the next ``_store_atoms``, which runs while the device computes the step. ``finite``: the
+    positions are known finite (the calculation's batch was built from them, which refuses NaN and inf: its NaN test
+    is not made again, ~2 µs of an MD step on the development CPU)."""
+    arrays = own.arrays
+    rows = []
+    for name in _SNAPSHOT_ORDER:
+        a = arrays.get(name)
+        if a is not None:
+            raw = a.tobytes()
+            known = finite and name == "positions"
+            if a.dtype.kind in "fc" and not known and not _free_of_nan(a, raw, nan_free, name):
+                return None
+            rows.append((name, a.dtype, a.shape, raw))
+    cell = own.cell.array
+    raw = cell.tobytes()
+    if not _free_of_nan(cell, raw, nan_free, "cell"):
+        return None
+    return own, tuple(arrays), raw, own.pbc.tobytes(), tuple(rows)
+
+
+def _free_of_nan(a, raw: bytes, memo: dict, key: str) -> bool:
+    """Whether float ``a`` (bytes ``raw``) holds no NaN: known from ``memo[key]``, else tested and remembered."""
+    seen = memo.get(key)
+    if seen is not None and seen[0] == a.dtype and seen[1] == raw:
+        return True
+    if np.isnan(a).any():
+        return False
+    memo[key] = (a.dtype, raw)
+    return True
+
+
+def _changes_from(snap: tuple, atoms, tol: float, ignored, memo: dict) -> list[str] | None:
+    """``check_state``'s answer for ``atoms`` against the stored copy ``snap[0]`` by its snapshot (:func:`_snapshot`),
+    or None where the array names differ from the copy's. Each compared content whose dtype, shape and bytes are
+    the snapshot's is unchanged (the snapshot holds no NaN); any other goes through :func:`_close`, as
+    ``check_state``'s general path does, and the list comes in that path's order (cell, pbc, then the arrays
+    sorted). For benzene's MD step on the development CPU: the moved positions' request ~2.5 instead of ~9 µs
+    (four ``_close`` calls, three of them on equal contents); an unchanged request ~1.2 µs."""
+    arrays = atoms.arrays
+    if tuple(arrays) != snap[1]:
+        return None
+    own = snap[0]
+    changes = []
+    cell = atoms.cell.array
     if "cell" not in ignored and cell.tobytes() != snap[2] and not _close(own.cell.array, cell, tol, memo, "cell"):
         changes.append("cell")
     if "pbc" not in ignored and atoms.pbc.tobytes() != snap[3] and not _close(own.pbc, atoms.pbc, tol):
