@@ -52,3 +52,19 @@ def test_probe_runs_on_cpu():
     assert float(row.split("|")[2]) > 0 and float(row.split("|")[3]) == 1.0
     assert sum("| 1 | off |" in line or "| 1 | on |" in line for line in lines) == 2
     assert StudentCalculator.reuse_ahead is True
+
+
+def test_the_cpu_host_probe_takes_every_launch_and_restores_the_runner():
+    """probe_md_host_cpu: the CPU stand-in of the GPU path's MD step takes every launch ahead, builds the list once,
+    and leaves the engine's GraphRunner as it was."""
+    import probe_md_host_cpu
+
+    from mlff_distiller import engine_padded
+
+    real = engine_padded.GraphRunner
+    lines = probe_md_host_cpu.main(["--steps", "20", "--rounds", "2", "--profile", "--top", "5"])
+    assert engine_padded.GraphRunner is real
+    assert "missed 0; list builds 1" in lines[1] and "MD step, host only: min" in lines[1]
+    taken = int(lines[1].split("taken ")[1].split(",")[0])
+    assert taken >= 100
+    assert sum(line.startswith("| ") for line in lines) == 1 + 5  # the header and five rows

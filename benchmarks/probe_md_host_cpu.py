@@ -1,0 +1,122 @@
+"""The host's side of an ASE MD step through ``StudentCalculator``, on the CPU: no device needed.
+
+On the GPU host the benzene MD step is host-bound (the 49 µs dense step is launched ahead and overlaps the host's
+work: stop 77, stop 78's ``probe_md_phases.py``), so its time is that of the integrator, the calculator and the
+engine's bookkeeping. This probe runs the same CUDA-path code on the CPU: the engine on the padded Verlet path's
+zero-copy step with a stand-in capture whose "replay" hands back one stored step's output (the forces then stay
+those of the first step; a time step of 0.02 fs keeps the atoms near where they started, so the list is built once
+and every launch ahead is taken). What is left is the host work of the GPU path without the GPU. The development
+CPU runs it at about the GPU host's fast phase (``harness.host_work_us`` 41-46 µs here, 40-50 there).
+
+    python benchmarks/probe_md_host_cpu.py [--steps 2000] [--rounds 5] [--profile]
+
+Prints the min and median µs a step over the rounds, the launches ahead taken, and with ``--profile`` the top
+functions by their own time under cProfile (calls a step, own µs, cumulative µs). Stop 78: 66.8-70.3 µs a step
+(min of 5) at the start of the stop, 52.9-56.4 at its end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import host_work_us
+
+
+class StoredRunner:
+    """A stand-in for :class:`~mlff_distiller.cudagraph.GraphRunner`: the first replay runs the step, every later
+    one returns that output (the device's share of a step taken out)."""
+
+    def __init__(self, fn, graph) -> None:
+        self.fn, self.graph, self.out = fn, graph, None
+
+    def replay(self):
+        if self.out is None:
+            self.out = self.fn(*self.graph.inputs())
+        return self.out
+
+
+def setup(model: str = "builtin:chno-gfn2-small", warm: int = 70):
+    """``(dyn, calc)``: velocity Verlet of benzene through a CPU calculator on the zero-copy Verlet path, with
+    :class:`StoredRunner` captures, after ``warm`` steps (captured, launches ahead taken)."""
+    from ase import units
+    from ase.build import molecule
+    from ase.md.verlet import VelocityVerlet
+
+    from mlff_distiller import ForceEngine, StudentCalculator, engine_padded, load_model
+    from mlff_distiller.ase_compat import maxwell_boltzmann
+
+    student = load_model(model)
+    atoms = molecule("C6H6")
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(2))
+    calc = StudentCalculator(student, device="cpu", precision="fp32", check_domain=None)
+    calc.engine = ForceEngine(student, device="cpu", precision="fp32", pad=True, neighbor_skin=1.0)
+    calc.engine.mode, calc.engine.zero_copy, calc.engine.speculative_verlet = "cudagraph", True, True
+    engine_padded.GraphRunner, real = StoredRunner, engine_padded.GraphRunner
+    try:
+        atoms.calc = calc
+        dyn = VelocityVerlet(atoms, timestep=0.02 * units.fs)
+        dyn.run(warm)
+    finally:
+        engine_padded.GraphRunner = real
+    return dyn, calc
+
+
+def step_us(dyn, steps: int, rounds: int) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        dyn.run(steps)
+        out.append((time.perf_counter() - t0) / steps * 1e6)
+    return out
+
+
+def profile_rows(dyn, steps: int, top: int) -> list[str]:
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    dyn.run(steps)
+    prof.disable()
+    rows = []
+    for (path, line, name), (_, calls, own, cum, _) in pstats.Stats(prof).stats.items():
+        rows.append((calls / steps, own / steps * 1e6, cum / steps * 1e6, f"{Path(path).name}:{line}:{name}"))
+    rows.sort(key=lambda r: -r[1])
+    lines = ["", "| function | calls a step | own µs | cumulative µs |", "|---|---:|---:|---:|"]
+    lines += [f"| {r[3]} | {r[0]:.2f} | {r[1]:.2f} | {r[2]:.2f} |" for r in rows[:top]]
+    lines.append(f"\n{sum(r[0] for r in rows):.0f} Python-level calls a step (under the profiler)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> list[str]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--model", default="builtin:chno-gfn2-small")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--top", type=int, default=30)
+    args = p.parse_args(argv)
+    dyn, calc = setup(args.model)
+    host = host_work_us()
+    times = step_us(dyn, args.steps, args.rounds)
+    eng = calc.engine
+    lines = [
+        f"host work µs (harness.host_work_us): {host:.1f}",
+        f"MD step, host only: min {min(times):.1f} µs, median {float(np.median(times)):.1f} µs over {args.rounds} "
+        f"rounds of {args.steps} steps; launches ahead taken {eng.n_ahead_taken}, missed {eng.n_ahead_missed}; "
+        f"list builds {eng.verlet.n_builds}",
+    ]
+    if args.profile:
+        lines += profile_rows(dyn, args.steps, args.top)
+    print("\n".join(lines))
+    return lines
+
+
+if __name__ == "__main__":
+    main()
