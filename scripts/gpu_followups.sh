@@ -1439,12 +1439,8 @@ case "${1:-}" in
     # Prepared at stop 78 for the next stop: the MD step after stop 78's last host cuts (measured on the development
     # CPU only: check_state against the snapshot for changed atoms, no NaN test of known-finite positions, one runner
     # lookup; probe_md_host_cpu.py 58.9-60.0 -> 52.9-54.5 µs a step there): bench_engine's MD section in four fresh
-    # processes, then the pieces' timers once (the host's phase read beside each).
-    for k in 1 2 3 4; do
-      timeout 100 python3 benchmarks/bench_engine.py --hidden 64 --sections md --budget-s 80 --out "$OUT" \
-        --name engine_md${k}_h200 >"$OUT/bench_engine_md${k}.log" 2>&1
-      grep -E "auto = cudagraph" "$OUT/engine_md${k}_h200.md" || tail -5 "$OUT/bench_engine_md${k}.log"
-    done
+    # processes (recipe stop78g), then the pieces' timers once (the host's phase read beside each).
+    bash scripts/gpu_followups.sh stop78g
     timeout 120 python3 benchmarks/probe_md_phases.py --steps 3000 >"$OUT/md_phases.txt" 2>&1
     sed -n 1,40p "$OUT/md_phases.txt"
     ;;
