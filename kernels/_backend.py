@@ -87,8 +87,9 @@ _RESOLVED: dict[tuple, str] = {}
 # made through it (os.environ[...] = ..., del, pytest's monkeypatch). os.environ.get encodes the key and decodes the
 # value on each call, ~1.5 µs on the GPU host; resolve_backend reads two variables per call (every kernel call, and
 # the MD step's dense-step check: results/stop78_gpu/c/). The raw values key the memo instead; elsewhere (no such
-# dict) os.environ.get as before.
-_ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
+# dict, or os.environ itself replaced by another object since import) os.environ.get as before.
+_ENVIRON = os.environ
+_ENV_BYTES = getattr(_ENVIRON, "_data", None) if os.name == "posix" else None
 if not (isinstance(_ENV_BYTES, dict) and all(isinstance(k, bytes) for k in list(_ENV_BYTES)[:1])):
     _ENV_BYTES = None
 _ENV_KEY, _INTERPRET_KEY = _ENV.encode(), b"TRITON_INTERPRET"
@@ -98,7 +99,7 @@ def resolve_backend(device: torch.device | str) -> str:
     """The backend that will actually run for tensors on ``device``: ``"triton"`` or ``"torch"``."""
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type
     env = _ENV_BYTES
-    if env is not None:
+    if env is not None and os.environ is _ENVIRON:
         key = (_override, env.get(_ENV_KEY), kind, env.get(_INTERPRET_KEY))
     else:
         key = (_override, os.environ.get(_ENV), kind, os.environ.get("TRITON_INTERPRET"))

@@ -89,3 +89,16 @@ def test_the_memo_follows_every_environment_change(monkeypatch, raw_environment)
         with use_backend("torch"):
             assert resolve_backend("cpu") == "torch"
         assert resolve_backend("cpu") == "triton"
+
+
+def test_an_environ_replaced_by_another_object_is_read_as_it_is(monkeypatch):
+    """Code that replaces ``os.environ`` itself (a plain dict, as some test set-ups do) is read through it, not
+    through the raw bytes of the environment it replaced."""
+    import os
+
+    set_backend(None)
+    monkeypatch.setenv("MLFF_DISTILLER_KERNELS", "torch")
+    assert resolve_backend("cpu") == "torch"
+    monkeypatch.setattr(os, "environ", {"MLFF_DISTILLER_KERNELS": "no-such"})
+    with pytest.raises(ValueError, match="unknown kernel backend 'no-such'"):
+        resolve_backend("cpu")
