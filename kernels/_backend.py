@@ -90,7 +90,7 @@ _RESOLVED: dict[tuple, str] = {}
 # dict, or os.environ itself replaced by another object since import) os.environ.get as before.
 _ENVIRON = os.environ
 _ENV_BYTES = getattr(_ENVIRON, "_data", None) if os.name == "posix" else None
-if not (isinstance(_ENV_BYTES, dict) and all(isinstance(k, bytes) for k in list(_ENV_BYTES)[:1])):
+if not (isinstance(_ENV_BYTES, dict) and isinstance(next(iter(_ENV_BYTES), b""), bytes)):
     _ENV_BYTES = None
 _ENV_KEY, _INTERPRET_KEY = _ENV.encode(), b"TRITON_INTERPRET"
 

@@ -581,8 +581,9 @@ def _changes_from(snap: tuple, atoms, tol: float, ignored, memo: dict) -> list[s
     or None where the array names differ from the copy's. Each compared content whose dtype, shape and bytes are
     the snapshot's is unchanged (the snapshot holds no NaN); any other goes through :func:`_close`, as
     ``check_state``'s general path does, and the list comes in that path's order (cell, pbc, then the arrays
-    sorted). For benzene's MD step on the development CPU: the moved positions' request ~2.5 instead of ~9 µs
-    (four ``_close`` calls, three of them on equal contents); an unchanged request ~1.2 µs."""
+    sorted). Benzene on the development CPU, in a tight loop: moved positions 2.8 µs against the general path's 3.6
+    (one ``_close`` call instead of four), unchanged atoms 0.7 against 2.1; an MD step's three requests under
+    cProfile, 23 -> 16 µs."""
     arrays = atoms.arrays
     if tuple(arrays) != snap[1]:
         return None
