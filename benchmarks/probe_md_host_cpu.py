@@ -76,6 +76,30 @@ def step_us(dyn, steps: int, rounds: int) -> list[float]:
     return out
 
 
+def ab_express_rows(dyn, steps: int, rounds: int) -> list[str]:
+    """``ForceEngine.express_take`` off and on, alternating for ``rounds`` pairs of ``steps`` steps (the development
+    CPU's speed drifts, so the pairs are compared, not the rounds' overall spread): each pair's µs a step and their
+    ratio, then the median ratio."""
+    eng = dyn.atoms.calc.engine
+    lines = ["", "| pair | express_take off µs | on µs | on / off |", "|---|---:|---:|---:|"]
+    ratios = []
+    try:
+        for k in range(rounds):
+            pair = []
+            for on in (False, True):
+                eng.express_take = on
+                dyn.run(20)
+                pair.append(step_us(dyn, steps, 1)[0])
+            ratios.append(pair[1] / pair[0])
+            lines.append(f"| {k + 1} | {pair[0]:.1f} | {pair[1]:.1f} | {ratios[-1]:.3f} |")
+    finally:
+        del eng.express_take  # (the instance attribute set above: the class's default again)
+    lines.append(
+        f"\nmedian on / off {float(np.median(ratios)):.3f}; on faster in {sum(r < 1 for r in ratios)} of {rounds}"
+    )
+    return lines
+
+
 def profile_rows(dyn, steps: int, top: int) -> list[str]:
     import cProfile
     import pstats
@@ -100,20 +124,31 @@ def main(argv: list[str] | None = None) -> list[str]:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--model", default="builtin:chno-gfn2-small")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--ab-express", type=int, default=0, help="then this many pairs of express_take off / on")
     p.add_argument("--top", type=int, default=30)
     args = p.parse_args(argv)
-    dyn, calc = setup(args.model)
-    host = host_work_us()
-    times = step_us(dyn, args.steps, args.rounds)
-    eng = calc.engine
-    lines = [
-        f"host work µs (harness.host_work_us): {host:.1f}",
-        f"MD step, host only: min {min(times):.1f} µs, median {float(np.median(times)):.1f} µs over {args.rounds} "
-        f"rounds of {args.steps} steps; launches ahead taken {eng.n_ahead_taken}, missed {eng.n_ahead_missed}; "
-        f"list builds {eng.verlet.n_builds}",
-    ]
-    if args.profile:
-        lines += profile_rows(dyn, args.steps, args.top)
+    from mlff_distiller import engine_padded
+
+    # The stand-in stays for the whole run: a long one (some 14,000 steps) rebuilds its list, and a new bucket's
+    # capture then takes a StoredRunner too.
+    engine_padded.GraphRunner, real = StoredRunner, engine_padded.GraphRunner
+    try:
+        dyn, calc = setup(args.model)
+        host = host_work_us()
+        times = step_us(dyn, args.steps, args.rounds)
+        eng = calc.engine
+        lines = [
+            f"host work µs (harness.host_work_us): {host:.1f}",
+            f"MD step, host only: min {min(times):.1f} µs, median {float(np.median(times)):.1f} µs over "
+            f"{args.rounds} rounds of {args.steps} steps; launches ahead taken {eng.n_ahead_taken}, missed "
+            f"{eng.n_ahead_missed}; list builds {eng.verlet.n_builds}",
+        ]
+        if args.profile:
+            lines += profile_rows(dyn, args.steps, args.top)
+        if args.ab_express:
+            lines += ab_express_rows(dyn, args.steps, args.ab_express)
+    finally:
+        engine_padded.GraphRunner = real
     print("\n".join(lines))
     return lines
 

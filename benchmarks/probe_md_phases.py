@@ -44,6 +44,7 @@ PIECES = (
     ("mlff_distiller.engine", "ForceEngine", "_compute_padded_verlet"),
     ("mlff_distiller.engine", "ForceEngine", "_zero_copy_for"),
     ("mlff_distiller.engine", "ForceEngine", "_take_ahead"),
+    ("mlff_distiller.engine", "ForceEngine", "_take_launched"),
     ("mlff_distiller.engine", "ForceEngine", "_md_launch"),
     ("mlff_distiller.engine", "ForceEngine", "_verlet_list"),
     ("mlff_distiller.engine", "ForceEngine", "launch_ahead"),
@@ -119,24 +120,30 @@ def _mean_step_us(dyn, steps: int) -> float:
     return (time.perf_counter() - t0) / steps * 1e6
 
 
-def ab_rows(dyn, steps: int, rounds: int) -> list[str]:
-    """``StudentCalculator.reuse_ahead`` off and on, alternating for ``rounds`` rounds of ``steps`` steps each: the
-    mean µs a step of each, with the host's speed before the round."""
-    calc_cls = type(dyn.atoms.calc)
-    lines = ["", "| round | reuse_ahead | host work µs | mean µs a step |", "|---|---|---:|---:|"]
+# The switches --ab-switch alternates: class attributes, on by default, of the calculator or of its engine.
+AB_SWITCHES = {"reuse_ahead": "calculator", "express_take": "engine"}
+
+
+def ab_rows(dyn, steps: int, rounds: int, switch: str = "reuse_ahead") -> list[str]:
+    """The class switch ``switch`` (``StudentCalculator.reuse_ahead`` or ``ForceEngine.express_take``) off and on,
+    alternating for ``rounds`` rounds of ``steps`` steps each: the mean µs a step of each, with the host's speed
+    before the round."""
+    calc = dyn.atoms.calc
+    owner = type(calc) if AB_SWITCHES[switch] == "calculator" else type(calc.engine)
+    lines = ["", f"| round | {switch} | host work µs | mean µs a step |", "|---|---|---:|---:|"]
     try:
         for k in range(rounds):
             for on in (False, True):
-                calc_cls.reuse_ahead = on
+                setattr(owner, switch, on)
                 dyn.run(20)
                 host = host_work_us(200)
                 lines.append(f"| {k + 1} | {'on' if on else 'off'} | {host:.1f} | {_mean_step_us(dyn, steps):.1f} |")
     finally:
-        calc_cls.reuse_ahead = True
+        setattr(owner, switch, True)
     return lines
 
 
-def run(steps: int, model: str, device: str, rounds: int = 0) -> list[str]:
+def run(steps: int, model: str, device: str, rounds: int = 0, switch: str = "reuse_ahead") -> list[str]:
     from ase import units
     from ase.md.verlet import VelocityVerlet
 
@@ -179,7 +186,7 @@ def run(steps: int, model: str, device: str, rounds: int = 0) -> list[str]:
     for key, ns in timers.ns.items():
         lines.append(f"| {key} | {ns / steps / 1e3:.1f} | {timers.calls[key] / steps:.2f} |")
     if rounds:
-        lines += ab_rows(dyn, steps, rounds)
+        lines += ab_rows(dyn, steps, rounds, switch)
     return lines
 
 
@@ -188,10 +195,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--model", default="builtin:chno-gfn2-small")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--ab-rounds", type=int, default=0, help="then StudentCalculator.reuse_ahead off / on, alternating")
+    p.add_argument("--ab-rounds", type=int, default=0, help="then --ab-switch off / on, alternating")
+    p.add_argument("--ab-switch", choices=sorted(AB_SWITCHES), default="reuse_ahead")
     args = p.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    print("\n".join(run(args.steps, args.model, device, args.ab_rounds)))
+    print("\n".join(run(args.steps, args.model, device, args.ab_rounds, args.ab_switch)))
 
 
 if __name__ == "__main__":

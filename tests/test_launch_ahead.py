@@ -370,6 +370,72 @@ def test_a_launched_tensor_changed_in_place_is_compared_by_its_bytes(fake_graphs
     assert eng.last_ahead is True and eng.n_ahead_taken == 1
 
 
+_COUNTERS = ("n_ahead_taken", "n_ahead_missed", "n_speculated", "n_discarded", "n_rebuilt_ahead", "last_ahead")
+
+
+@pytest.mark.parametrize("dyn_kind", ["verlet", "langevin-followed"])
+def test_the_express_take_is_the_general_path(fake_graphs, monkeypatch, dyn_kind):
+    """``ForceEngine.express_take``: a call on the very batch launched ahead takes the launch without the general
+    path (``_compute`` not called), and the trajectory, the engine's counters and the Verlet list's are bit for bit
+    those of the general path, across the list's rebuilds ahead."""
+    model = make_model()
+    runs = {}
+    for express in (True, False):
+        monkeypatch.setattr(ForceEngine, "express_take", express, raising=False)
+        general = []
+        real = ForceEngine._compute
+        with monkeypatch.context() as m:
+            m.setattr(ForceEngine, "_compute", lambda self, *a, g=general, f=real, **k: g.append(1) or f(self, *a, **k))
+            atoms, calc, energies = _run(model, True, dyn_kind, 50)
+        eng = calc.engine
+        assert eng.express_take is express
+        counters = [getattr(eng, k) for k in _COUNTERS]
+        counters += [eng.verlet.n_builds, eng.verlet.n_calls, eng.last_bucket]
+        runs[express] = (atoms.positions, atoms.get_momenta(), atoms.get_forces(), energies, counters, len(general))
+    on, off = runs[True], runs[False]
+    for a, b in zip(on[:4], off[:4], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert on[4] == off[4]
+    assert on[4][0] >= 45 and on[4][1] == 0 and on[4][6] >= 3, on[4]  # taken, none missed, rebuilt ahead
+    # the general path: 51 calculations; the express take: only those before the first launch taken (and the last)
+    assert off[5] == 51 and on[5] == 51 - on[4][0], (on[5], off[5], on[4][0])
+
+
+def test_the_express_take_falls_back_where_the_inputs_changed(fake_graphs):
+    """The launched positions tensor with other atomic numbers (a new numbers tensor), or a launch made without its
+    displacement test (``rebuild_ahead`` off): the call goes the general path, which computes the new inputs' step
+    (against an eager reference); the launched batch itself takes the express path, with the same results."""
+    import dataclasses
+
+    from mlff_distiller import AtomsBatch
+
+    model = make_model()
+    atoms = molecule("CH3OH")
+    eng = _calc(model, True).engine
+    ref = ForceEngine(model, device="cpu", precision="fp32", mode="eager")
+    first = AtomsBatch.from_atoms(atoms, dtype=torch.float32)
+    eng.compute(first, as_numpy=True)
+    eng.compute(first, as_numpy=True)  # the zero-copy step captured
+    shifted = (atoms.positions + 0.01 - first.origin.numpy()).astype(np.float32)
+    launched = dataclasses.replace(first, positions=torch.from_numpy(shifted))
+    numbers = first.numbers.clone()
+    numbers[1] = 7  # O -> N: other species, the same positions tensor
+    general = []
+    real = eng._compute
+    eng._compute = lambda *a, **k: general.append(1) or real(*a, **k)  # (an instance attribute over the method)
+    for case in ("numbers", "untested", "express"):
+        eng.rebuild_ahead = case != "untested"
+        assert eng.launch_ahead(launched)
+        batch = dataclasses.replace(launched, numbers=numbers) if case == "numbers" else launched
+        general.clear()
+        got = eng.compute(batch, as_numpy=True)
+        assert len(general) == (0 if case == "express" else 1), case
+        assert eng.last_ahead is True, case  # (the general path takes the launch too, by identity)
+        want = ref.compute(batch, to_host=True)
+        np.testing.assert_allclose(got["forces"], want["forces"].numpy(), atol=1e-5, err_msg=case)
+        np.testing.assert_allclose(got["energy"], want["energy"].numpy(), rtol=1e-6, err_msg=case)
+
+
 def _cuda_runs(make_dyn) -> list:
     """Benzene at 1,500 K for 100 steps on CUDA, twice: ``make_dyn(atoms, calc, on)`` sets up each run's integrator
     (``on`` True, then False); returns ``[(atoms, engine)]`` of the two."""

@@ -62,9 +62,20 @@ def test_the_cpu_host_probe_takes_every_launch_and_restores_the_runner():
     from mlff_distiller import engine_padded
 
     real = engine_padded.GraphRunner
-    lines = probe_md_host_cpu.main(["--steps", "20", "--rounds", "2", "--profile", "--top", "5"])
+    lines = probe_md_host_cpu.main(["--steps", "20", "--rounds", "2", "--profile", "--top", "5", "--ab-express", "2"])
     assert engine_padded.GraphRunner is real
     assert "missed 0; list builds 1" in lines[1] and "MD step, host only: min" in lines[1]
     taken = int(lines[1].split("taken ")[1].split(",")[0])
     assert taken >= 100
-    assert sum(line.startswith("| ") for line in lines) == 1 + 5  # the header and five rows
+    assert sum(line.startswith("| ") for line in lines) == 1 + 5 + 1 + 2  # the profile's and the pairs' tables
+    pairs = [line for line in lines if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert len(pairs) == 2 and all(float(p.split("|")[4]) > 0 for p in pairs)
+    assert "median on / off" in lines[-1]
+
+
+def test_the_phases_probe_switches_the_express_take():
+    """--ab-switch express_take alternates ForceEngine.express_take (a class attribute) and restores it."""
+    lines = probe_md_phases.run(3, "builtin:chno-gfn2-small", "cpu", rounds=1, switch="express_take")
+    assert sum("| 1 | off |" in line or "| 1 | on |" in line for line in lines) == 2
+    assert "| round | express_take |" in "\n".join(lines)
+    assert ForceEngine.express_take is True
