@@ -1454,10 +1454,36 @@ case "${1:-}" in
       grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large_h$h.log" | tail -12
     done
     ;;
+  stop79d)
+    # Stop 79: the MD step with the engine's express take of the launch ahead (ForceEngine.express_take): the phase
+    # timers with express_take off / on alternating in one process (three pairs), then bench_engine's MD section in
+    # three fresh processes (the host's phase read beside each).
+    timeout 150 python3 benchmarks/probe_md_phases.py --steps 3000 --ab-rounds 3 --ab-switch express_take \
+      >"$OUT/md_phases_ab.txt" 2>&1
+    sed -n 1,8p "$OUT/md_phases_ab.txt"; grep -E "Engine.compute|_take_launched|_compute_padded_verlet" "$OUT/md_phases_ab.txt"
+    tail -8 "$OUT/md_phases_ab.txt"
+    for k in 1 2 3; do
+      timeout 100 python3 benchmarks/bench_engine.py --hidden 64 --sections md --budget-s 80 --out "$OUT" \
+        --name engine_md${k}_h200 >"$OUT/bench_engine_md${k}.log" 2>&1
+      grep -E "auto = cudagraph" "$OUT/engine_md${k}_h200.md" || tail -5 "$OUT/bench_engine_md${k}.log"
+    done
+    ;;
+  stop79e)
+    # Stop 79: the GPU tests outside tests/kernels (-m gpu; the express take is host code) in two processes, as stop
+    # 77c's gpu1 / gpu2 halves.
+    n1=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 < "tests/test_engine_modes.py"' | tr '\n' ' ')
+    n2=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 >= "tests/test_engine_modes.py"' | tr '\n' ' ')
+    timeout 560 python3 -m pytest -q -p no:cacheprovider -rs --tb=short -m gpu $n1 >"$OUT/pytest_gpu1.log" 2>&1 &
+    timeout 560 python3 -m pytest -q -p no:cacheprovider -rs --tb=short -m gpu $n2 >"$OUT/pytest_gpu2.log" 2>&1 &
+    wait
+    for name in gpu1 gpu2; do
+      echo "== $name: $(tail -1 "$OUT/pytest_$name.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_$name.log" | head -8
+    done
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
