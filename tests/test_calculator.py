@@ -273,6 +273,7 @@ def test_check_state_answers_unchanged_atoms_from_the_stored_bytes(model, monkey
     goes the general way, whose answer is ASE's."""
     from ase.calculators.calculator import compare_atoms
 
+    from mlff_distiller import _atoms_state
     from mlff_distiller import calculator as calc_module
 
     atoms = silicon_cell(rattle=0.05)
@@ -281,7 +282,9 @@ def test_check_state_answers_unchanged_atoms_from_the_stored_bytes(model, monkey
     atoms.get_forces()
     general = []
     real_close = calc_module._close
-    monkeypatch.setattr(calc_module, "_close", lambda *a, **k: general.append(1) or real_close(*a, **k))
+    counted = lambda *a, **k: general.append(1) or real_close(*a, **k)  # noqa: E731
+    monkeypatch.setattr(calc_module, "_close", counted)  # check_state's general path
+    monkeypatch.setattr(_atoms_state, "_close", counted)  # _changes_from's
     assert calc.check_state(atoms) == [] and calc.check_state(atoms.copy()) == [] and not general
     evals = calc._calculations
     for _ in range(2):  # what ASE's MD loop asks after a step: the cached forces, no new calculation
