@@ -341,23 +341,30 @@ def test_the_exact_time_step_of_a_velocity_verlet_move():
         calculator_module.units = real
 
 
-def test_a_launched_tensor_changed_in_place_is_compared_by_its_bytes(fake_graphs):
-    """The engine takes a launch by identity only for the very tensor launched, unmodified: the same tensor written
-    in place after the launch (other bytes) throws the launch away and computes its own positions; written back to
-    the launched bytes in place, it is taken (compared by its bytes)."""
+def _captured(name: str):
+    """``(engine, reference, first, moved)``: a CPU engine on the zero-copy step, its capture made by two calls on the
+    molecule ``name`` (``first``, its batch), an eager reference engine, and the batch of the positions moved by
+    0.01 Å as the calculator makes an MD step's batch (the same tensors but the positions)."""
     import dataclasses
 
     from mlff_distiller import AtomsBatch
 
     model = make_model()
-    atoms = molecule("CH4")
+    atoms = molecule(name)
     eng = _calc(model, True).engine
     ref = ForceEngine(model, device="cpu", precision="fp32", mode="eager")
     first = AtomsBatch.from_atoms(atoms, dtype=torch.float32)
     eng.compute(first, as_numpy=True)
     eng.compute(first, as_numpy=True)  # the zero-copy step captured
     shifted = (atoms.positions + 0.01 - first.origin.numpy()).astype(np.float32)
-    batch = dataclasses.replace(first, positions=torch.from_numpy(shifted))
+    return eng, ref, first, dataclasses.replace(first, positions=torch.from_numpy(shifted))
+
+
+def test_a_launched_tensor_changed_in_place_is_compared_by_its_bytes(fake_graphs):
+    """The engine takes a launch by identity only for the very tensor launched, unmodified: the same tensor written
+    in place after the launch (other bytes) throws the launch away and computes its own positions; written back to
+    the launched bytes in place, it is taken (compared by its bytes)."""
+    eng, ref, _, batch = _captured("CH4")
     assert eng.launch_ahead(batch)
     batch.positions[1, 2] += 0.02
     got = eng.compute(batch, as_numpy=True)
@@ -407,17 +414,7 @@ def test_the_express_take_falls_back_where_the_inputs_changed(fake_graphs):
     (against an eager reference); the launched batch itself takes the express path, with the same results."""
     import dataclasses
 
-    from mlff_distiller import AtomsBatch
-
-    model = make_model()
-    atoms = molecule("CH3OH")
-    eng = _calc(model, True).engine
-    ref = ForceEngine(model, device="cpu", precision="fp32", mode="eager")
-    first = AtomsBatch.from_atoms(atoms, dtype=torch.float32)
-    eng.compute(first, as_numpy=True)
-    eng.compute(first, as_numpy=True)  # the zero-copy step captured
-    shifted = (atoms.positions + 0.01 - first.origin.numpy()).astype(np.float32)
-    launched = dataclasses.replace(first, positions=torch.from_numpy(shifted))
+    eng, ref, first, launched = _captured("CH3OH")
     numbers = first.numbers.clone()
     numbers[1] = 7  # O -> N: other species, the same positions tensor
     general = []
