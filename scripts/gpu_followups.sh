@@ -1486,9 +1486,9 @@ case "${1:-}" in
     # then the phase timers once.
     for k in 1 2 3 4 5; do
       timeout 100 python3 benchmarks/bench_engine.py --hidden 64 --sections md --budget-s 80 --out "$OUT" \
-        --name engine_md${k}_h200 >"$OUT/bench_engine_md${k}.log" 2>&1
-      grep -E "auto = cudagraph" "$OUT/engine_md${k}_h200.md" || tail -5 "$OUT/bench_engine_md${k}.log"
-      rm -f "$OUT/engine_md${k}_h200.json"  # (the device returns at most 8 files: the tables and the timers)
+        --name engine_md${k}_h200 >"/tmp/bench_engine_md${k}.log" 2>&1
+      grep -E "auto = cudagraph" "$OUT/engine_md${k}_h200.md" || tail -5 "/tmp/bench_engine_md${k}.log"
+      rm -f "$OUT/engine_md${k}_h200.json"  # (at most 8 files come back: the five tables and the timers; the logs stay in /tmp)
     done
     timeout 120 python3 benchmarks/probe_md_phases.py --steps 3000 >"$OUT/md_phases.txt" 2>&1
     sed -n 1,45p "$OUT/md_phases.txt"
