@@ -409,9 +409,11 @@ def test_the_express_take_is_the_general_path(fake_graphs, monkeypatch, dyn_kind
 
 
 def test_the_express_take_falls_back_where_the_inputs_changed(fake_graphs):
-    """The launched positions tensor with other atomic numbers (a new numbers tensor), or a launch made without its
-    displacement test (``rebuild_ahead`` off): the call goes the general path, which computes the new inputs' step
-    (against an eager reference); the launched batch itself takes the express path, with the same results."""
+    """The launched positions tensor with other atomic numbers (a new numbers tensor), with a new cell tensor (the
+    same values) or with float64 positions beside it, a launch made without its displacement test (``rebuild_ahead``
+    off), or a list since marked as built in the other atom order: the call goes the general path, which computes
+    the inputs' step (against an eager reference; the last case drops the list and the launch); the launched batch
+    itself takes the express path, with the same results."""
     import dataclasses
 
     eng, ref, first, launched = _captured("CH3OH")
@@ -420,17 +422,31 @@ def test_the_express_take_falls_back_where_the_inputs_changed(fake_graphs):
     general = []
     real = eng._compute
     eng._compute = lambda *a, **k: general.append(1) or real(*a, **k)  # (an instance attribute over the method)
-    for case in ("numbers", "untested", "express"):
+    for case in ("numbers", "cell", "float64", "untested", "order", "express"):
         eng.rebuild_ahead = case != "untested"
         assert eng.launch_ahead(launched)
-        batch = dataclasses.replace(launched, numbers=numbers) if case == "numbers" else launched
+        batch = launched
+        if case == "numbers":
+            batch = dataclasses.replace(launched, numbers=numbers)
+        elif case == "cell":
+            batch = dataclasses.replace(launched, cell=launched.cell.clone())
+        elif case == "float64":  # the same positions tensor with float64 ones beside it: pair vectors in float64
+            batch = dataclasses.replace(
+                launched, positions64=launched.positions.double(), cell64=launched.cell.double()
+            )
+        elif case == "order":
+            eng._verlet_sorted = True  # (as if the eager path had since built the list in Morton order)
         general.clear()
         got = eng.compute(batch, as_numpy=True)
         assert len(general) == (0 if case == "express" else 1), case
-        assert eng.last_ahead is True, case  # (the general path takes the launch too, by identity)
+        # the general path takes the launch too (by identity), except where it drops the list (the other order) or
+        # the fill (float64 pair vectors are written as the shift vectors of a fill of their own)
+        assert eng.last_ahead is (case not in ("float64", "order")), case
         want = ref.compute(batch, to_host=True)
         np.testing.assert_allclose(got["forces"], want["forces"].numpy(), atol=1e-5, err_msg=case)
         np.testing.assert_allclose(got["energy"], want["energy"].numpy(), rtol=1e-6, err_msg=case)
+        if case in ("cell", "float64"):
+            eng.compute(launched, as_numpy=True)  # the launched batch's cell and float32 path the engine's again
 
 
 def _cuda_runs(make_dyn) -> list:

@@ -301,8 +301,10 @@ class VerletPaths:
         hands the launched batch back): :meth:`_compute`'s path for it would repeat, call by call, what
         :meth:`launch_ahead` established (the species, the float64 test, the path, the fill, the displacement test
         on these positions), ~20 µs of a ~60 µs host step on the development CPU. Every condition the general path
-        checks for a taken launch is checked here in its cheapest form, and the same counters move
-        (``test_launch_ahead.py``: bit for bit the same trajectory and counters with ``express_take`` off)."""
+        checks for a taken launch is checked here in its cheapest form (the cell by ``same_inputs``, which takes the
+        list's cell, pbc, batch, ptr and numbers by identity and version, as the launch left them), and the same
+        counters move (``test_launch_ahead.py``: bit for bit the same trajectory and counters with ``express_take``
+        off)."""
         md, builds, cell_updates, tested, tensor, version = self._ahead
         fill, v = self._verlet_fill, self.verlet
         sort_min = self.spatial_sort_min_atoms
@@ -313,10 +315,8 @@ class VerletPaths:
             and tensor._version == version
             and batch.positions64 is None
             and fill is not None
-            and not fill.exact
             and fill.builds == builds == v.n_builds
             and fill.cell_updates == cell_updates == v.cell_updates
-            and batch.cell is self._spec_cell
             and self._verlet_sorted is False
             and (sort_min is None or batch.num_atoms < sort_min)
             and self._speculates(fill, batch)
