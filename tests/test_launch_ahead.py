@@ -411,9 +411,10 @@ def test_the_express_take_is_the_general_path(fake_graphs, monkeypatch, dyn_kind
 def test_the_express_take_falls_back_where_the_inputs_changed(fake_graphs):
     """The launched positions tensor with other atomic numbers (a new numbers tensor), with a new cell tensor (the
     same values) or with float64 positions beside it, a launch made without its displacement test (``rebuild_ahead``
-    off), or a list since marked as built in the other atom order: the call goes the general path, which computes
-    the inputs' step (against an eager reference; the last case drops the list and the launch); the launched batch
-    itself takes the express path, with the same results."""
+    off), a list since marked as built in the other atom order, or the speculation or the Verlet list switched off by
+    hand after the launch: the call goes the general path, which computes the inputs' step (against an eager
+    reference; some of these drop the launch); the launched batch itself takes the express path, with the same
+    results."""
     import dataclasses
 
     eng, ref, first, launched = _captured("CH3OH")
@@ -422,7 +423,7 @@ def test_the_express_take_falls_back_where_the_inputs_changed(fake_graphs):
     general = []
     real = eng._compute
     eng._compute = lambda *a, **k: general.append(1) or real(*a, **k)  # (an instance attribute over the method)
-    for case in ("numbers", "cell", "float64", "untested", "order", "express"):
+    for case in ("numbers", "cell", "float64", "untested", "order", "speculation", "express", "no list"):
         eng.rebuild_ahead = case != "untested"
         assert eng.launch_ahead(launched)
         batch = launched
@@ -436,12 +437,17 @@ def test_the_express_take_falls_back_where_the_inputs_changed(fake_graphs):
             )
         elif case == "order":
             eng._verlet_sorted = True  # (as if the eager path had since built the list in Morton order)
+        elif case == "speculation":
+            eng.speculative_verlet = False  # set by hand between the launch and the call: the step is launched again
+        elif case == "no list":
+            eng.verlet = None  # likewise: the plain padded path (its own molecular list)
         general.clear()
         got = eng.compute(batch, as_numpy=True)
         assert len(general) == (0 if case == "express" else 1), case
         # the general path takes the launch too (by identity), except where it drops the list (the other order) or
         # the fill (float64 pair vectors are written as the shift vectors of a fill of their own)
-        assert eng.last_ahead is (case not in ("float64", "order")), case
+        assert eng.last_ahead is (case not in ("float64", "order", "speculation", "no list")), case
+        eng.speculative_verlet = True
         want = ref.compute(batch, to_host=True)
         np.testing.assert_allclose(got["forces"], want["forces"].numpy(), atol=1e-5, err_msg=case)
         np.testing.assert_allclose(got["energy"], want["energy"].numpy(), rtol=1e-6, err_msg=case)

@@ -307,7 +307,6 @@ class VerletPaths:
         off)."""
         md, builds, cell_updates, tested, tensor, version = self._ahead
         fill, v = self._verlet_fill, self.verlet
-        sort_min = self.spatial_sort_min_atoms
         if not (
             tested
             and v is not None
@@ -318,7 +317,6 @@ class VerletPaths:
             and fill.builds == builds == v.n_builds
             and fill.cell_updates == cell_updates == v.cell_updates
             and self._verlet_sorted is False
-            and (sort_min is None or batch.num_atoms < sort_min)
             and self._speculates(fill, batch)
             and v.same_inputs(*_verlet_args(batch))
         ):
