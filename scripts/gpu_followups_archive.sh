@@ -1048,7 +1048,7 @@ case "${1:-}" in
     # probe_md_step.py after the packed output's new layout (its smoke test failed in stop53c), a large box's
     # float32-engine energy against its own float64 atomic sum and a float64 engine's (stop 50's probe; float64
     # energies returned since stop 53), then the benzene MD step's row.
-    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_benchmarks_smoke.py -k "probe_md_step" \
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_probes_smoke.py -k "probe_md_step" \
       >"$OUT/pytest_probe_md_step.log" 2>&1
     grep -E "passed|failed|^FAILED" "$OUT/pytest_probe_md_step.log" | tail -3
     timeout 240 python3 benchmarks/probe_energy_sum.py --out "$OUT" >"$OUT/probe_energy_sum.log" 2>&1

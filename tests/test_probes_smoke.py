@@ -1,0 +1,612 @@
+"""Fast CPU checks of the probes in benchmarks/ (probe_*.py and the harness they share): each runs on a small case,
+reports what it measured and restores what it patched; the GPU-only ones say so on a machine without CUDA. Split
+from test_benchmarks_smoke.py at stop 79 (size)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from mlff_distiller import kernels  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_probe_stress_step_on_cpu_restores_what_it_times(tmp_path):
+    """probe_stress_step.py end to end on a CPU (the padded steps run eagerly there): both calls checked against
+    each other, the phase tables written, and every method and module function it timed put back afterwards."""
+    import probe_stress_step
+
+    from mlff_distiller import ForceEngine, engine_padded
+
+    before = (engine_padded.fill_padded, engine_padded._with_stress)
+    argv = ["--sizes", "48", "--hidden", "8", "--layers", "1", "--reps", "2", "--prof", "1", "--npt-steps", "2"]
+    probe_stress_step.main([*argv, "--out", str(tmp_path), "--name", "probe"])
+    text = (tmp_path / "probe.md").read_text()
+    assert "| energy + forces |" in text and "| stress |" in text and "`whole call`" in text
+    assert "One NPTBerendsen step" in text and "`needs_rebuild`" in text
+    assert (engine_padded.fill_padded, engine_padded._with_stress) == before
+    engine = ForceEngine(probe_stress_step.make_student(hidden=8, layers=1), device="cpu")
+    with probe_stress_step._PhaseTimer([(engine, "_run"), (engine_padded, "_with_stress")]) as timer:
+        assert "_run" in vars(engine)
+    assert "_run" not in vars(engine) and engine_padded._with_stress is before[1] and not timer.saved
+
+
+def test_probe_cpu_md_students_only(tmp_path):
+    """probe_cpu_md.py without the teacher: both shipped students step ethanol and a water cluster on the CPU, and
+    the table is written."""
+    import probe_cpu_md
+
+    cluster = probe_cpu_md.water_cluster(4)
+    assert len(cluster) == 12 and cluster.get_all_distances()[np.triu_indices(12, 1)].min() > 0.7
+    argv = ["--sizes", "2", "--steps", "1", "--warmup", "1", "--no-teacher", "--threads", "1", "--autograd"]
+    lines = probe_cpu_md.main([*argv, "--out", str(tmp_path), "--name", "cpu"])
+    text = (tmp_path / "cpu.md").read_text()
+    assert "| ethanol | 9 |" in text and "| (H2O)2 | 6 |" in text and lines[-1].startswith("| (H2O)2")
+    assert "builtin:chno-gfn2 (autograd) ms" in text and lines[-1].count("|") == 9  # 4 students' paths, 2 ratios
+
+
+def test_probe_cpu_analytic_compares_both_paths(tmp_path, monkeypatch):
+    import probe_cpu_analytic
+
+    monkeypatch.setattr(probe_cpu_analytic, "water_cluster", lambda n: probe_cpu_analytic.molecule("H2O"))
+    lines = probe_cpu_analytic.main(["--threads", "1", "--out", str(tmp_path), "--name", "ab"])
+    rows = [line for line in lines if line.startswith("| builtin")]
+    assert len(rows) == 6 and all(float(r.split("|")[-2]) < 1e-4 for r in rows)  # the two paths' forces agree
+
+
+def test_probe_domain_quick(tmp_path):
+    """probe_domain.py --quick: one molecule inside the shipped students' training set, one outside, GFN2-xTB."""
+    pytest.importorskip("tblite")
+    import probe_domain
+
+    assert probe_domain.main(["--quick", "--out", str(tmp_path), "--name", "dom"]) == 0
+    rows = [
+        line for line in (tmp_path / "dom.md").read_text().splitlines() if line.startswith("| H2O") or "BDA" in line
+    ]
+    assert len(rows) == 2 and rows[0].endswith("| 0 / 6 |") and rows[1].endswith("| 6 / 6 |")
+
+
+@pytest.mark.gpu
+def test_probe_md_step_runs_on_cuda(tmp_path):
+    """probe_md_step.py end to end with a few repetitions (it reaches into the engine's Verlet-path buffers, so it
+    breaks when they change: stop 27 found it crashing on the GPU). Its in-graph copies must give the engine's
+    forces."""
+    import probe_md_step
+
+    probe_md_step.main(["--steps", "5", "--out", str(tmp_path), "--name", "probe"])
+    text = (tmp_path / "probe.md").read_text()
+    assert "| replay + sync |" in text and "| 192-atom water random walk" in text
+    diff = float(text.rsplit("max |ΔF| = ", 1)[1].split()[0])
+    assert diff < 1e-4
+
+
+def test_probe_label_progress_quick(tmp_path, monkeypatch):
+    """probe_label_progress.py on two tiny sizes: both variants label every frame, and the emulated former behaviour
+    rewrites progress.json once per task (the write it is meant to time) while the journal does not."""
+    import probe_label_progress
+
+    from mlff_distiller.distill import frame_store as labelling  # the record and its file names live there
+
+    writes = []
+    real = labelling._atomic_write_text
+    monkeypatch.setattr(labelling, "_atomic_write_text", lambda p, t: (writes.append(p.name), real(p, t))[1])
+    assert probe_label_progress.main(["--sizes", "5", "--out", str(tmp_path)]) == 0
+    rows = [line for line in (tmp_path / "probe_label_progress.md").read_text().splitlines() if line.startswith("| 5 ")]
+    assert len(rows) == 1
+    assert writes.count(labelling.PROGRESS_NAME) == 2 + (2 + 5)  # the journal's run, then the emulated one
+
+
+def test_probe_relax_file_quick(tmp_path):
+    """probe_relax_file.py on a few structures (CPU): every variant writes every structure at the same positions."""
+    import probe_relax_file
+
+    argv = ["--structures", "6", "--chunks", "4", "--reps", "1", "--ase-path", "--out", str(tmp_path)]
+    lines = probe_relax_file.main(argv)
+    rows = [line for line in lines if line.startswith("| one call") or line.startswith("| relax_file")]
+    assert len(rows) == 3 and all(r.endswith("| 6 |") for r in rows) and "through ASE's reader" in rows[2]
+    assert all(float(r.split("|")[-3]) < 1e-4 for r in rows[1:])  # max |Δpos| against the one call
+
+
+def test_probe_first_call_compiles_quick(tmp_path, monkeypatch):
+    """probe_first_call_compiles.py on the CPU (no Triton compiles there): two relaxations, the table written, and
+    the process's cache settings as they were."""
+    import os
+
+    import probe_first_call_compiles
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    argv = ["--structures", "4", "--model", "builtin:chno-gfn2-small", "--out", str(tmp_path), "--name", "p"]
+    lines = probe_first_call_compiles.main(argv)
+    assert any("relax_batch twice" in line for line in lines) and "| where | seconds |" in lines
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_probe_relax_first_call_quick(tmp_path):
+    """probe_relax_first_call.py on a few structures (CPU, eager): two calls per setting, every engine call counted,
+    and the engine it made for a setting is not kept for the next (a fresh engine each)."""
+    import probe_relax_first_call
+
+    from mlff_distiller import predict
+
+    argv = ["--structures", "4", "--settings", "capture_after=1,eager", "--model", "builtin:chno-gfn2-small"]
+    lines = probe_relax_first_call.main([*argv, "--out", str(tmp_path), "--name", "p"])
+    rows = [line for line in lines if line.startswith("| capture_after=1") or line.startswith("| eager")]
+    assert len(rows) == 4 and all(int(r.split("|")[4]) > 0 for r in rows)
+    assert not predict._engines  # cleared after the last setting
+
+
+def test_bench_gemm_floor_is_the_larger_of_bytes_and_products():
+    """bench_gemm.py's floor column: bytes at the copy bandwidth or three TF32 passes at the TF32 rate."""
+    import bench_gemm
+
+    # 7,200 x 128 -> 384: 14.9 MB, 0.708 GFLOP
+    assert bench_gemm._bytes("linear", 7200, 128, 384) == 4 * (7200 * 128 + 128 * 384 + 7200 * 384)
+    mem = bench_gemm.floor_us("linear", 7200, 128, 384, bw_gbs=1000.0, tf32_tflops=1e6)
+    assert mem == pytest.approx(14.942208, rel=1e-9)  # bytes / (1 TB/s), the products free
+    tc = bench_gemm.floor_us("linear", 7200, 128, 384, bw_gbs=1e9, tf32_tflops=100.0)
+    assert tc == pytest.approx(3 * 2 * 7200 * 128 * 384 / 1e8, rel=1e-9)  # 21.2 µs at 100 TFLOP/s
+    # the SiLU' prologue reads P [M, K] too, an accumulation reads C
+    assert bench_gemm._bytes("silu'(p)*g@W", 10, 4, 3) - bench_gemm._bytes("g@W", 10, 4, 3) == 4 * 10 * 4
+    assert bench_gemm._bytes("+= g@W", 10, 4, 3) - bench_gemm._bytes("g@W", 10, 4, 3) == 4 * 10 * 3
+
+
+def test_probe_large_capture_quick(tmp_path):
+    """probe_large_capture.py on the CPU (no capture there: the harness itself): its three systems, both ladders,
+    finite results, the table written."""
+    import probe_large_capture
+
+    argv = ["--device", "cpu", "--replicas", "2", "--water", "192", "--rounds", "1", "--blocks", "1"]
+    lines = probe_large_capture.main(
+        [*argv, "--out", str(tmp_path), "--name", "p", "--model", "builtin:chno-gfn2-small"]
+    )
+    rows = [line for line in lines if line.startswith("| BatchedMD") or line.startswith("| ForceEngine")]
+    assert len(rows) == 3 and all(float(r.split("|")[-2]) > 0 for r in rows)
+    assert (tmp_path / "p.md").exists()
+
+
+def test_profile_step_host_section_on_cpu():
+    """``profile_step.py --sections host`` runs the calculator's MD path with the engine's step stubbed out (the
+    stub must keep the engine's ``_run`` signature, stress included): a median and a host profile come back."""
+    import profile_step
+
+    lines = profile_step._host_md_steps(n_atoms=24, steps=30)
+    assert "host cost of an MD step without the model, 24-atom water: median" in lines[0]
+    assert "StudentCalculator.check_state" in lines[-1] or "calculator.py" in lines[-1]
+
+
+def test_probe_kernel_order_names_our_frames(capsys):
+    """``probe_kernel_order.py``: an operator's source line in this package is found among its profiler ancestors
+    (the Python calls with_stack records as events); without CUDA the probe says so and stops."""
+    import probe_kernel_order
+    from torch.profiler import ProfilerActivity, profile
+
+    x, v = torch.randn(5, 12), torch.zeros(5, 3, 4)
+    rbf, w, unit = torch.randn(8, 6), torch.randn(12, 6), torch.randn(8, 3)
+    edge_index = torch.tensor([[0, 0, 1, 1, 2, 3, 4, 4], [1, 2, 0, 3, 4, 1, 0, 2]])
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        kernels.message_passing_reference(x, v, rbf, w, unit, edge_index)
+    ops = [e for e in prof.events() if e.name == "aten::index_select"]
+    assert ops and "message_passing.py(" in probe_kernel_order._frames(ops[0])
+    assert "message_passing_reference" in probe_kernel_order._frames(ops[0])
+    if not torch.cuda.is_available():
+        probe_kernel_order.main([])
+        assert "needs CUDA" in capsys.readouterr().out
+
+
+def test_sender_reuse_counts_on_a_hand_graph_and_a_small_box(tmp_path):
+    """probe_sender_reuse.py: its block counts on a graph small enough to count by hand, then a smoke run."""
+    import probe_sender_reuse
+
+    # 4 atoms, blocks of 2 receivers: block 0 (atoms 0, 1) has edges 0<-1, 0<-2, 1<-0, 1<-2 (senders {0, 1, 2}),
+    # block 1 (atoms 2, 3) has 2<-0, 3<-0 (sender {0}).
+    i = np.array([0, 0, 1, 1, 2, 3])
+    j = np.array([1, 2, 0, 2, 0, 0])
+    st = probe_sender_reuse.block_stats(i, j, n_atoms=4, ba=2, bs=2)
+    assert st["edges"] == 3 and st["senders"] == 2  # (4 + 2) / 2 blocks, (3 + 1) / 2
+    assert st["reuse"] == pytest.approx(6 / 4) and st["density"] == pytest.approx(6 / (2 * 4))
+    assert st["tiles"] == pytest.approx(1.5) and st["tile_density"] == pytest.approx(6 / (2 * 2 * 3))
+    probe_sender_reuse.main(["--out", str(tmp_path), "--name", "t", "--sizes", "96", "--blocks", "8"])
+    rows = [r for r in (tmp_path / "t.md").read_text().splitlines() if r.startswith("| 96 ")]
+    assert len(rows) == 2 and all(float(r.split("|")[6]) >= 1.0 for r in rows)  # reuse >= 1 in both orders
+
+
+def test_cluster_edge_probe_kernel_equals_the_reference_backward():
+    """probe_cluster_edge.py's cluster-pair edge kernel (Triton interpreter, float64): ∂rbf and ∂u equal
+    ``message_passing_backward_reference`` for several block and sender-tile sizes, every edge in exactly one
+    (block, tile); a graph with a repeated (receiver, sender) pair is refused."""
+    import importlib
+
+    import probe_cluster_edge
+
+    mp = importlib.import_module("mlff_distiller.kernels.message_passing")
+    gen = torch.Generator().manual_seed(0)
+    n, e, f, r = 21, 150, 32, 5
+    key = torch.randperm(n * n, generator=gen)[:e]
+    ei = torch.stack([key // n, key % n])
+    ei = ei[:, torch.argsort(ei[0], stable=True)]
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    x, v, rbf, w = rand(n, 3 * f), rand(n, 3, f), rand(e, r), rand(3 * f, r)
+    unit = torch.nn.functional.normalize(rand(e, 3), dim=1)
+    gs, gv = rand(n, f), rand(n, 3, f)
+    ref = mp.message_passing_backward_reference(gs, gv, x, v, rbf, w, unit, ei)
+    for ba, bs in ((4, 4), (8, 2), (2, 8)):
+        pairs = probe_cluster_edge.cluster_pairs(ei, n, ba, bs)
+        placed = pairs["pair_edge"][pairs["pair_edge"] >= 0]
+        assert torch.equal(torch.sort(placed.long()).values, torch.arange(e))  # each edge exactly once
+        g_rbf, g_unit = probe_cluster_edge.cluster_edge_grads(gs, gv, x, v, rbf, w, unit, pairs, block_f=16)
+        torch.testing.assert_close(g_rbf, ref[2], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g_unit, ref[4], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="twice"):
+        probe_cluster_edge.cluster_pairs(torch.tensor([[0, 0], [1, 1]]), 2, 2, 2)
+
+
+def test_memory_peak_replay_and_sites():
+    """probe_memory_peak.py: the trace replay finds the peak and the blocks live at it (a block freed before the
+    peak is not counted; one freed after is), and attributes each block to the innermost frame in our code."""
+    import probe_memory_peak as pm
+
+    ours = {"filename": "/x/src/mlff_distiller/engine.py", "line": 7, "name": "compute"}
+    kern = {"filename": "/x/kernels/message_passing.py", "line": 3, "name": "bwd"}
+    torch_fr = {"filename": "/usr/lib/torch/autograd/__init__.py", "line": 1, "name": "grad"}
+    events = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": [torch_fr, ours]},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": [kern, ours]},
+        {"action": "free_requested", "addr": 1, "size": 100},
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "alloc", "addr": 3, "size": 120, "frames": [kern, ours]},  # peak: 2 + 3 = 170
+        {"action": "free_completed", "addr": 3, "size": 120},
+        {"action": "alloc", "addr": 4, "size": 60, "frames": [torch_fr]},
+    ]
+    peak, blocks = pm.peak_of_trace(events)
+    assert peak == 170 and sorted(b["addr"] for b in blocks) == [2, 3]
+    sites = pm.by_site(blocks)
+    assert sites == [("kernels/message_passing.py:3 bwd", 170, 2, 120)]
+    assert pm.site_of([torch_fr, ours]) == "engine.py:7 compute"
+    assert pm.site_of([torch_fr]) == "(outside our code)"
+    # free_requested stands in only for a trace without any free_completed
+    peak2, _ = pm.peak_of_trace([*[e for e in events if e["action"] != "free_completed"][:3], events[4]])
+    assert peak2 == 170
+    assert pm.main(["--atoms", "24"]) == 0  # without CUDA: one line, no error
+
+
+def test_probe_ncu_variants_patch_each_switch_and_restore_it():
+    """probe_ncu's variant specs: each prefix patches its module's switch inside the context and restores it, and
+    ``+`` joins several into one variant; an unknown key or prefix is an error."""
+    import importlib
+
+    import probe_ncu
+
+    k = "mlff_distiller.kernels."
+    switches = {
+        "edge:zero_in_forward=0": (importlib.import_module(k + "edge_features")._OPTIONS, "zero_in_forward"),
+        "moments:into_sink=0": (importlib.import_module(k + "species_moments")._CONFIG, "into_sink"),
+        "gemm:readout_zero_in_gemm=0": (importlib.import_module(k + "linear")._CONFIG, "readout_zero_in_gemm"),
+    }
+    got = probe_ncu.variants(";".join(switches))
+    assert [label for label, _ in got] == list(switches)
+    for (label, ctx), (config, key) in zip(got, switches.values(), strict=True):
+        before = config[key]
+        with ctx():
+            assert before and not config[key], label  # each ships on; the variant turns it off
+        assert config[key] == before
+    ((label, ctx),) = probe_ncu.variants("edge:zero_in_forward=0+moments:into_sink=0")
+    joined = [switches["edge:zero_in_forward=0"], switches["moments:into_sink=0"]]
+    with ctx():
+        assert not any(config[key] for config, key in joined), label
+    assert all(config[key] for config, key in joined)
+    with pytest.raises(ValueError, match="unknown keys"):
+        probe_ncu.variants("edge:nope=1")
+    with pytest.raises(ValueError, match="want mp:"):
+        probe_ncu.variants("nowhere:x=1")
+
+
+def test_probe_large_replica_on_cpu(tmp_path, monkeypatch):
+    """probe_large_replica.py on the CPU (its --device cpu check of the probe itself): a 192-atom water box and its
+    two-fold replica pass (E_B = 2 E_A, each copy's forces A's), with either kind of pair vectors; one force of the
+    second copy off by 0.01 eV/Å fails."""
+    import probe_large_replica
+
+    from mlff_distiller import batch as batch_module
+
+    argv = ["--device", "cpu", "--atoms", "192", "--out", str(tmp_path), "--name", "r"]
+    assert probe_large_replica.main([*argv, "--pairs", "both"]) == 0
+    rows = (tmp_path / "r.md").read_text().splitlines()[-2:]
+    for row, kind in zip(rows, ("float64", "float32"), strict=True):
+        assert row.startswith(f"| 192 | 384 | {kind} |") and row.endswith("| yes |"), row
+    assert batch_module.PRECISE_PAIRS_FROM == 100.0  # restored after the float32 rows
+    real = probe_large_replica.compute
+
+    def wrong_second_copy(engine, atoms):
+        energy, forces, seconds = real(engine, atoms)
+        if len(atoms) == 384:
+            forces = forces.copy()
+            forces[200, 1] += 0.01
+        return energy, forces, seconds
+
+    monkeypatch.setattr(probe_large_replica, "compute", wrong_second_copy)
+    assert probe_large_replica.main(argv) == 1
+    assert (tmp_path / "r.md").read_text().splitlines()[-1].endswith("| NO |")
+
+
+def test_probe_stress_sum_on_cpu(tmp_path):
+    """probe_stress_sum.py end to end on a CPU (a 96-atom water box): both sums' rows against the float64 engine,
+    finite, within float32's reach of it, and the sums' switch left on."""
+    import probe_stress_sum
+    from mlff_distiller.kernels import linear
+
+    assert probe_stress_sum.main(["--atoms", "96", "--repeats", "1", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    rows = [line for line in (tmp_path / "probe_stress_sum.md").read_text().splitlines() if line.startswith("| 96 ")]
+    assert [r.split("|")[2].strip() for r in rows] == ["float32", "float64"]
+    for r in rows:
+        scale, diff = float(r.split("|")[3]), float(r.split("|")[5])
+        assert scale > 0 and diff < 1e-5 * scale + 1e-9, r
+    assert linear._CONFIG["energy_sum_f64"] is True
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message of the GPU probes")
+def test_stop51_gpu_probes_say_they_need_cuda(capsys):
+    """probe_eager_host.py, probe_auto_capture.py and probe_md_large.py need a CUDA device: on a CPU each says so
+    and returns 0 (the GPU runs are in results/stop51_gpu/)."""
+    import probe_auto_capture
+    import probe_eager_host
+    import probe_md_large
+
+    for probe in (probe_eager_host, probe_auto_capture, probe_md_large):
+        assert probe.main([]) == 0
+        assert "needs a CUDA device" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message of the GPU probes")
+def test_stop52_gpu_probes_say_they_need_cuda(capsys):
+    """probe_launch_cost.py, probe_capture_limit.py, probe_e2e_profile.py, probe_capture_pressure.py,
+    probe_relax_limit.py and probe_single_point.py need a CUDA device: on a CPU each says so and returns 0 (the GPU
+    runs: results/stop52_gpu/)."""
+    import probe_capture_limit
+    import probe_capture_pressure
+    import probe_e2e_profile
+    import probe_launch_cost
+    import probe_relax_limit
+    import probe_single_point
+
+    probes = (
+        probe_launch_cost,
+        probe_capture_limit,
+        probe_e2e_profile,
+        probe_capture_pressure,
+        probe_relax_limit,
+        probe_single_point,
+    )
+    for probe in probes:
+        assert probe.main([]) == 0
+        assert "needs a CUDA device" in capsys.readouterr().out
+
+
+def test_host_us_times_calls_back_to_back(monkeypatch):
+    """harness.host_us: the mean wall µs per call between two synchronisations (stubbed on a CPU)."""
+    import harness
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
+    calls = []
+    us = harness.host_us(lambda: calls.append(time.sleep(0.002)), 5)
+    assert len(calls) == 5 and len(syncs) == 2 and 1_900 <= us <= 50_000
+
+
+def test_back_to_back_us_takes_the_median_round(monkeypatch):
+    """harness.back_to_back_us: warm-up calls, then rounds of calls each ended by a synchronisation (stubbed on a
+    CPU), the median round's µs per call; calls that take 2 ms and one round of 20 ms calls read about 2,000."""
+    import harness
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
+    calls = []
+    slow = iter([0.0] * 2 + [0.02] * 3 + [0.002] * 12)  # warm-up, one slow round, four quick rounds of 3 calls
+
+    us = harness.back_to_back_us(lambda: calls.append(time.sleep(next(slow))), 3, warmup=2)
+    assert len(calls) == 17 and len(syncs) == 6 and 1_900 <= us <= 15_000
+
+
+def test_probe_gemm_persistent_kernel_on_the_interpreter(capsys):
+    """probe_gemm_persistent.py (stop 53): its persistent kernel gives act(x Wᵀ + b) for every tiling it times, on
+    the Triton interpreter (odd row counts, K 128 and 256, both epilogues); on a CPU its main says it needs CUDA."""
+    import probe_gemm_persistent as probe
+
+    if not probe.HAS_TRITON:
+        pytest.skip("needs triton")
+    from torch.nn import functional as nnf
+
+    gen = torch.Generator().manual_seed(0)
+    for m, k, n, act in ((77, 128, 384, "none"), (45, 256, 128, "silu")):
+        x = torch.randn(m, k, generator=gen)
+        w = torch.randn(n, k, generator=gen) * k**-0.5
+        b = torch.randn(n, generator=gen)
+        want = nnf.linear(x, w, b)
+        want = nnf.silu(want) if act == "silu" else want
+        for label, kw in probe.VARIANTS.items():
+            got = probe.persistent_gemm(x, w, b, act, **kw)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=label)
+    assert probe.main([]) == 0
+    assert "needs a CUDA device" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message of the GPU probes")
+def test_stop56_gpu_probe_says_it_needs_cuda(capsys):
+    """probe_kernel_table.py needs a CUDA device: on a CPU it says so and returns 0 (its GPU runs are in
+    results/stop56_gpu/ and later; stop62_gpu/e/ is its ``--ops`` table, then probe_torch_ops.py). ``--ops`` asks
+    for an eager step: with the captured one it stops with a usage error before anything runs."""
+    import probe_kernel_table
+
+    for argv in ([], ["--ops", "--step-mode", "eager"]):
+        assert probe_kernel_table.main(argv) == 0
+        assert "needs a CUDA device" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        probe_kernel_table.main(["--ops"])
+    assert exc.value.code == 2
+    assert "--ops needs --step-mode eager" in capsys.readouterr().err
+
+
+def test_probe_last_update_cpu_runs(tmp_path):
+    """probe_last_update_cpu.py on ethanol: a row per shipped student, the two settings' forces within rounding."""
+    import probe_last_update_cpu
+
+    lines = probe_last_update_cpu.main(["--systems", "ethanol", "--reps", "0.05", "--out", str(tmp_path)])
+    rows = [line for line in lines if line.startswith("| builtin:")]
+    assert len(rows) == 2
+    for row in rows:
+        assert float(row.split("|")[7]) < 1e-4, row
+    assert (tmp_path / "probe_last_update_cpu.md").exists()
+
+
+def test_probe_gemm_tma_kernel_on_the_interpreter(capsys):
+    """probe_gemm_tma.py (stop 60): its descriptor GEMM gives act(x Wᵀ + b) for every one-program-per-tile tiling
+    it times and for the three launches of its --launches section (host descriptors on 1-D and 2-D grids,
+    descriptors made in the kernel), on the Triton interpreter (rows and columns that leave the last tiles partial,
+    K 128 and 256, both epilogues; the persistent tilings ask the GPU for its multiprocessor count); on a CPU its
+    main says it needs CUDA."""
+    import probe_gemm_tma as probe
+
+    if not probe.HAS_TRITON:
+        pytest.skip("needs triton")
+    from mlff_distiller.kernels._frozen import round_tf32_
+    from torch.nn import functional as nnf
+
+    gen = torch.Generator().manual_seed(1)
+    for m, k, n, act in ((77, 128, 384, "none"), (45, 256, 128, "silu")):
+        x = torch.randn(m, k, generator=gen)
+        w = round_tf32_(torch.randn(n, k, generator=gen) * k**-0.5)
+        b = torch.randn(n, generator=gen)
+        want = nnf.linear(x.double(), w.double(), b.double())
+        want = nnf.silu(want) if act == "silu" else want
+        for tile in probe.TILES:
+            if tile[-1]:
+                continue
+            got, pre = probe.gemm_tma(x, w, b, act, tile)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, msg=str(tile))
+            if act == "silu":
+                lin = nnf.linear(x.double(), w.double(), b.double())
+                torch.testing.assert_close(pre.double(), lin, rtol=1e-5, atol=1e-5, msg=str(tile))
+        for how in ("host", "host-2d", "device"):  # the --launches section's three launches of one tile
+            got, _ = probe.gemm_variant(x, w, b, act, how, tile=(64, 32, 32, 4, 3, 0))
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, msg=how)
+    assert probe.main([]) == 0
+    assert probe.main(["--launches"]) == 0
+    assert "needs CUDA" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU message of the GPU probes")
+def test_stop59_60_gpu_probes_say_they_need_cuda(capsys):
+    """probe_tf32_grid.py (stop 59) needs a CUDA device: on a CPU it says so and returns 0 (its GPU run is in
+    results/stop59_gpu/d/)."""
+    import probe_tf32_grid
+
+    assert probe_tf32_grid.main([]) == 0
+    assert "needs a CUDA device" in capsys.readouterr().out
+
+
+def test_probe_sass_compiles_for_hopper_without_a_gpu():
+    """probe_sass.py (stop 60) compiles a kernel for sm_90 with Triton's own ptxas on this machine and reads its
+    registers, stack and instruction mix (a separate process: the interpreter this session runs under cannot
+    compile); its --set changes a constexpr, and the GEMM's two-MMA tiles are warpgroup MMAs (HGMMA)."""
+    import os
+    import subprocess
+
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_sass.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--kernels", "gemm", "--set", "BN=32"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    if run.returncode != 0 and "ptxas" in run.stderr:
+        pytest.skip(f"no ptxas for sm_90 here: {run.stderr[-200:]}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| gemm |")]
+    assert len(rows) == 1 and "BN=32" in rows[0], run.stdout
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    reg, stack, hgmma = int(cells[4]), int(cells[5]), int(cells[6])
+    assert 32 <= reg <= 255 and stack >= 0 and hgmma > 0, rows[0]
+    interp = subprocess.run(
+        [sys.executable, str(script), "--kernels", "gemm"],
+        capture_output=True, text=True, env={**env, "TRITON_INTERPRET": "1"}, timeout=600,
+    )  # fmt: skip
+    assert interp.returncode == 2 and "unset TRITON_INTERPRET" in interp.stdout
+
+
+def test_probe_sass_constexprs_take_defaults_and_refuse_a_missing_one():
+    """probe_sass.constexprs: a kernel's constexprs not given take their defaults (the sender's FOLD_HALF
+    False when the probe does not set it, its SYM as given), and one without a default is an error, not a
+    runtime argument compiling both branches."""
+    pytest.importorskip("triton")
+    import probe_sass
+    from mlff_distiller.kernels import _mp_kernels
+
+    const = dict(probe_sass.KERNELS["sender"][2])
+    assert const.pop("FOLD_HALF") is True  # the shipped launch (sender_fold_half)
+    got = probe_sass.constexprs(_mp_kernels._mp_bwd_sender_kernel, const)
+    assert got["FOLD_HALF"] is False and got["SYM"] is True and got["BLOCK_E"] == 16
+    del const["BLOCK_F"]
+    with pytest.raises(ValueError, match="BLOCK_F"):
+        probe_sass.constexprs(_mp_kernels._mp_bwd_sender_kernel, const)
+
+
+def test_stop77_probes_report_what_they_measured(tmp_path, capsys):
+    """probe_md_affinity's table shows each process's rows as written (its JSON lines), harness.profile_tables
+    sorts a profile by each key, and the CUDA probes say so on a CPU-only machine instead of failing."""
+    import cProfile
+
+    import harness
+    import probe_md_affinity
+    import probe_md_profile
+    import probe_predict_one
+
+    row = {
+        "label": "core 3", "allowed": [3], "cpus_seen": [3], "host_work_us": 47.6, "host_work_us_after": 94.5,
+        "ase_floor_us": 602.0, "launch_sync_us": 24.7, "md_us_rounds": [231.3, 294.9, 303.4], "md_us": 294.9,
+    }  # fmt: skip
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("noise from a child process\n" + json.dumps(row) + "\n")
+    text = probe_md_affinity.table(rows)
+    assert text.count("\n") == 3 and "| core 3 | 3 | 3 | 47.6 / 94.5 | 602.0 | 24.7 |" in text
+    assert "231.3 / 294.9 / 303.4 | **294.9** |" in text
+    prof = cProfile.Profile()
+    prof.enable()
+    sorted(range(100), key=lambda x: -x)
+    prof.disable()
+    out = harness.profile_tables(prof, 5, title="calls")
+    assert "## calls by tottime" in out and "## calls by cumtime" in out and "sorted" in out
+    if not torch.cuda.is_available():
+        for probe in (probe_md_profile, probe_predict_one, probe_md_affinity):
+            probe.main([])
+        assert capsys.readouterr().out.count("needs CUDA") == 3
+
+
+def test_bench_engine_reports_the_host_speed_beside_the_md_step(tmp_path):
+    """bench_engine's MD table carries each variant's fixed host work before and after its run (the step is
+    host-bound, and the GPU guests' host runs at two speeds); a skipped variant leaves the column empty."""
+    import bench_engine
+    import harness
+
+    rows = [
+        dict(section="md", variant="auto = cudagraph", molecule="C6H6", step_us=160.0, mean_us=170.0, graphs=1,
+             builds=1, ahead="300 taken, 0 missed", dense=True, host_us=(47.5, 91.0)),
+        dict(section="md", variant="cudagraph+compile", skipped="time budget"),
+    ]  # fmt: skip
+    bench_engine.write_report({"rows": rows}, tmp_path / "engine.md")
+    text = (tmp_path / "engine.md").read_text()
+    assert "| auto = cudagraph | 160.0 | 170.0 | 1 | 300 taken, 0 missed | 1 | yes | 47.5 / 91.0 |" in text
+    assert "| cudagraph+compile | — | — |  |  | time budget |  |  |" in text
+    assert 0.0 < harness.host_work_us(20) < 1e5
