@@ -1318,7 +1318,7 @@ case "${1:-}" in
     k1="tests/kernels/test_backend.py tests/kernels/test_dense_reductions.py tests/kernels/test_dense_step.py
       tests/kernels/test_edge_compact.py tests/kernels/test_edge_sink.py tests/kernels/test_frozen.py
       tests/kernels/test_half_gathers.py"
-    k2="tests/kernels/test_edge_features.py tests/kernels/test_linear.py"
+    k2="tests/kernels/test_edge_features.py tests/kernels/test_linear.py tests/kernels/test_linear_tma.py"
     k3=$(ls tests/kernels/test_*.py | grep -v -e test_compile_ahead $(for f in $k1 $k2; do echo "-e $f"; done) | tr '\n' ' ')
     n1=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 < "tests/test_engine_modes.py"' | tr '\n' ' ')
     n2=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 >= "tests/test_engine_modes.py"' | tr '\n' ' ')
