@@ -9,6 +9,19 @@ from linear_helpers import TOL, _close, _rand
 from mlff_distiller.kernels import gemm, gemm_fusable, use_backend
 from torch.nn import functional as nnf
 
+def _interpreter_linear(triton_device, cuda_test: str):
+    """``kernels.linear`` for a test of the descriptor kernel on the interpreter: skipped on CUDA (where ``cuda_test``
+    runs the kernel) and on a Triton without host-side tensor descriptors."""
+    import importlib
+
+    lin = importlib.import_module("mlff_distiller.kernels.linear")
+    if triton_device.type != "cpu":
+        pytest.skip(f"the interpreter's case; on CUDA {cuda_test} runs the kernel")
+    if lin._TensorDescriptor is None:
+        pytest.skip("this Triton has no host-side tensor descriptors")
+    return lin
+
+
 _TMA_FORMS = ["linear", "silu", "pro_silu", "pro_add", "addend", "accumulate", "zero"]
 
 
@@ -59,13 +72,7 @@ def test_gemm_tma_kernel_on_the_interpreter(triton_device, form):
     interpreter on CPU tensors: every form it takes (bias, SiLU with its pre-activation, the SiLU' and add
     prologues, an addend, accumulating into the output, the side zeroing) against float64, with rows and columns
     that do not fill the last tiles (the descriptors' zero fill and clipped stores)."""
-    import importlib
-
-    lin = importlib.import_module("mlff_distiller.kernels.linear")
-    if triton_device.type != "cpu":
-        pytest.skip("the interpreter's case; on CUDA test_gemm_tma_equals_pointer_path_on_cuda runs the kernel")
-    if lin._TensorDescriptor is None:
-        pytest.skip("this Triton has no host-side tensor descriptors")
+    lin = _interpreter_linear(triton_device, "test_gemm_tma_equals_pointer_path_on_cuda")
     m, k, n = 150, 64, 96
     gen = torch.Generator().manual_seed(7)
     kw, w, a = _tma_case(form, m, k, n, torch.device("cpu"), gen, grid_w=False)
@@ -292,13 +299,7 @@ def test_gemm_norm_prologue_rejects_bad_operands():
 def test_gemm_tma_norm_prologue_on_the_interpreter(triton_device, with_d):
     """The descriptor kernel's norm prologue (S, D through their descriptors, the vv halves through U viewed
     [M, 6F]) on the interpreter, with rows that leave the last tile partial, against float64."""
-    import importlib
-
-    lin = importlib.import_module("mlff_distiller.kernels.linear")
-    if triton_device.type != "cpu":
-        pytest.skip("the interpreter's case; on CUDA test_gemm_norm_prologue_equals_the_norm_kernel_on_cuda")
-    if lin._TensorDescriptor is None:
-        pytest.skip("this Triton has no host-side tensor descriptors")
+    lin = _interpreter_linear(triton_device, "test_gemm_norm_prologue_equals_the_norm_kernel_on_cuda")
     m, f, n = 150, 64, 96
     gen = torch.Generator().manual_seed(17 + with_d)
     s, d, u, w, b = _norm_case(m, f, n, torch.float32, torch.device("cpu"), gen, with_d)
