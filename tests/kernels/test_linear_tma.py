@@ -9,6 +9,7 @@ from linear_helpers import TOL, _close, _rand
 from mlff_distiller.kernels import gemm, gemm_fusable, use_backend
 from torch.nn import functional as nnf
 
+
 def _interpreter_linear(triton_device, cuda_test: str):
     """``kernels.linear`` for a test of the descriptor kernel on the interpreter: skipped on CUDA (where ``cuda_test``
     runs the kernel) and on a Triton without host-side tensor descriptors."""
