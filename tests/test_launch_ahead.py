@@ -388,7 +388,7 @@ def test_the_express_take_is_the_general_path(fake_graphs, monkeypatch, dyn_kind
     model = make_model()
     runs = {}
     for express in (True, False):
-        monkeypatch.setattr(ForceEngine, "express_take", express, raising=False)
+        monkeypatch.setattr(ForceEngine, "express_take", express)
         general = []
         real = ForceEngine._compute
         with monkeypatch.context() as m:
@@ -414,7 +414,7 @@ def test_the_express_take_falls_back_where_the_inputs_changed(fake_graphs):
     off), a list since marked as built in the other atom order, or the speculation or the Verlet list switched off by
     hand after the launch: the call goes the general path, which computes the inputs' step (against an eager
     reference; some of these drop the launch); the launched batch itself takes the express path, with the same
-    results."""
+    results, as NumPy arrays or CPU tensors."""
     import dataclasses
 
     eng, ref, first, launched = _captured("CH3OH")
@@ -423,7 +423,7 @@ def test_the_express_take_falls_back_where_the_inputs_changed(fake_graphs):
     general = []
     real = eng._compute
     eng._compute = lambda *a, **k: general.append(1) or real(*a, **k)  # (an instance attribute over the method)
-    for case in ("numbers", "cell", "float64", "untested", "order", "speculation", "express", "no list"):
+    for case in ("numbers", "cell", "float64", "untested", "order", "speculation", "express", "tensors", "no list"):
         eng.rebuild_ahead = case != "untested"
         assert eng.launch_ahead(launched)
         batch = launched
@@ -442,8 +442,13 @@ def test_the_express_take_falls_back_where_the_inputs_changed(fake_graphs):
         elif case == "no list":
             eng.verlet = None  # likewise: the plain padded path (its own molecular list)
         general.clear()
-        got = eng.compute(batch, as_numpy=True)
-        assert len(general) == (0 if case == "express" else 1), case
+        if case == "tensors":  # the express take with CPU tensors out (to_host) instead of NumPy arrays
+            got = eng.compute(batch, to_host=True)
+            assert isinstance(got["forces"], torch.Tensor) and got["forces"].device.type == "cpu"
+            got = {k: v.numpy() for k, v in got.items()}
+        else:
+            got = eng.compute(batch, as_numpy=True)
+        assert len(general) == (0 if case in ("express", "tensors") else 1), case
         # the general path takes the launch too (by identity), except where it drops the list (the other order) or
         # the fill (float64 pair vectors are written as the shift vectors of a fill of their own)
         assert eng.last_ahead is (case not in ("float64", "order", "speculation", "no list")), case

@@ -494,7 +494,14 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
         self.last_ahead = None
         try:
             out = None
-            if self._ahead is not None and forces and not stress and as_numpy and self.pad and self.express_take:
+            if (
+                self._ahead is not None
+                and forces
+                and not stress
+                and (to_host or as_numpy)
+                and self.pad
+                and self.express_take
+            ):
                 out = self._take_launched(batch, as_numpy)
             if out is None:
                 out = self._compute(batch, forces, stress, to_host, as_numpy)

@@ -141,12 +141,7 @@ class VerletPaths:
             # still be reading: the same bytes.)
             packed = md = self._md_launch(fill, batch)
         if md is not None:
-            self.last_bucket = bucket
-            self._overlap()  # the caller's host work while the device computes (unless the speculative launch ran it)
-            if self.device.type == "cuda":
-                synchronize_current_stream(self.device)  # the step's writes into md.packed, visible
-            host = md.packed.array.copy()  # the next step writes the buffer again
-            return unpack(host if as_numpy else torch.from_numpy(host), bucket.atoms, n, b)
+            return self._md_results(md, bucket, n, b, as_numpy)
         if packed is None and kept:  # (a rebuild's fill wrote the positions)
             self._write_step(fill, batch, to_host)
         if stress:
@@ -327,12 +322,18 @@ class VerletPaths:
         self.n_ahead_taken += 1
         self.n_speculated += 1
         v.n_calls += 1
-        bucket = self.last_bucket = fill.bucket
-        self._overlap()  # the caller's host work while the device computes
+        return self._md_results(md, fill.bucket, batch.num_atoms, batch.num_structures, as_numpy)
+
+    def _md_results(self, md: _MDStep, bucket: Bucket, n: int, b: int, as_numpy: bool) -> dict:
+        """The results of the launched zero-copy step ``md``: the caller's host work run while the device computes
+        (unless the speculative launch ran it), then the stream's wait and one copy of the packed output (the next
+        step writes the buffer again), unpacked as NumPy arrays or CPU tensors."""
+        self.last_bucket = bucket
+        self._overlap()
         if self.device.type == "cuda":
             synchronize_current_stream(self.device)  # the step's writes into md.packed, visible
-        host = md.packed.array.copy()  # the next step writes the buffer again
-        return unpack(host if as_numpy else torch.from_numpy(host), bucket.atoms, batch.num_atoms, batch.num_structures)
+        host = md.packed.array.copy()
+        return unpack(host if as_numpy else torch.from_numpy(host), bucket.atoms, n, b)
 
     def _take_ahead(self, fill, batch: AtomsBatch):
         """The step launched ahead (:meth:`launch_ahead`) if it ran on ``batch``'s positions and ``fill``'s list,
