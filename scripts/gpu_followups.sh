@@ -1503,10 +1503,31 @@ case "${1:-}" in
       grep -E "auto = cudagraph" "$OUT/engine_md128_${k}_h200.md" || tail -5 "/tmp/bench_engine_md128_${k}.log"
     done
     ;;
+  stop80b)
+    # Stop 80: issue 5's whole benchmark at today's tree for the shipped 64 x 3 student's shape (random weights, the
+    # g2 species): the single-molecule table in every mode beside the torch reference, the MD step, cold / warm start
+    timeout 575 python3 benchmarks/bench_engine.py --hidden 64 --sections latency,md,startup --budget-s 545 \
+      --out "$OUT" --name engine_small_h200 >"$OUT/bench_engine_small.log" 2>&1
+    grep -E "^\| " "$OUT/engine_small_h200.md" | head -60 || tail -8 "$OUT/bench_engine_small.log"
+    ;;
+  stop80c)
+    # Stop 80: issue 5's batch sweep (all nine sizes) and precision error table for the 64 x 3 student, then the
+    # 128 x 3 student's MD step with the express take in two fresh processes (stop80a's measurement, shortened)
+    timeout 330 python3 benchmarks/bench_engine.py --hidden 64 --sections sweep,errors \
+      --variants "=eager fp32,=cudagraph fp32,=cudagraph tf32,=cudagraph bf16,=cudagraph fp16" --budget-s 300 \
+      --out "$OUT" --name engine_small_sweep_h200 >"$OUT/bench_engine_small_sweep.log" 2>&1
+    grep -E "^\| " "$OUT/engine_small_sweep_h200.md" | tail -60 || tail -8 "$OUT/bench_engine_small_sweep.log"
+    for k in 1 2; do
+      timeout 105 python3 benchmarks/bench_engine.py --hidden 128 --sections md --budget-s 85 --out "$OUT" \
+        --name engine_md128_${k}_h200 >"/tmp/bench_engine_md128_${k}.log" 2>&1
+      grep -E "auto = cudagraph" "$OUT/engine_md128_${k}_h200.md" || tail -5 "/tmp/bench_engine_md128_${k}.log"
+      rm -f "$OUT/engine_md128_${k}_h200.json"
+    done
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
