@@ -156,6 +156,23 @@ def test_configure_compile_cache(tmp_path, monkeypatch):
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith(f"kernels-{kernels_source_digest()[:16]}")
 
 
+def test_configure_compile_cache_replaces_the_directories_inductor_set_itself(tmp_path, monkeypatch):
+    """Inductor writes TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) into os.environ on its first compile, and a
+    child process inherits them: the engine's cache_dir must still take effect after that."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setattr(cache_dir_utils, "default_cache_dir", lambda: str(tmp_path / "inductor_default"))
+    cache_dir_utils.cache_dir()  # what Inductor's first compile does
+    monkeypatch.setenv("TRITON_CACHE_DIR", cache_dir_utils.triton_cache_dir(0))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor_default")
+    path = configure_compile_cache(tmp_path / "mine")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(str(path) + os.sep)
+    assert os.environ["TRITON_CACHE_DIR"] == str(path / "triton")
+    assert cache_dir_utils.cache_dir().startswith(str(path) + os.sep)  # Inductor now reads ours
+
+
 def test_configure_compile_cache_in_a_fresh_process_imports_no_inductor(tmp_path):
     """A process that sets the cache up but never compiles pays no Inductor import; one that compiles later still
     gets the FX-graph and AOTAutograd caches switched on."""

@@ -23,9 +23,16 @@ def configure_compile_cache(cache_dir: str | Path) -> Path:
     """Persist ``torch.compile`` and Triton artifacts under ``cache_dir`` so a second process starts fast.
 
     Sets ``TORCHINDUCTOR_CACHE_DIR`` (Inductor's FX-graph and AOTAutograd caches) and ``TRITON_CACHE_DIR``
-    (compiled kernels, including this package's own Triton ops) unless already set, and switches the FX-graph
-    and AOTAutograd caches on. Call it before the first compilation of the process (``ForceEngine(cache_dir=)``
-    does). Returns the directory.
+    (compiled kernels, including this package's own Triton ops) to directories under ``cache_dir``, replacing
+    values they had, and switches the FX-graph and AOTAutograd caches on. Call it before the first compilation of
+    the process (``ForceEngine(cache_dir=)`` does). Returns the directory. Without a ``cache_dir`` the engine
+    leaves both variables alone: set them yourself to place torch's and Triton's caches.
+
+    Replacing, not keeping, values already there: Inductor writes both variables into ``os.environ`` itself on its
+    first compile (its default directory under ``/tmp``), so after any compile in this process, or in a parent
+    that started this one, "already set" says nothing about the caller's choice. Keeping them sent a
+    ``ForceEngine(cache_dir=...)`` made after such a compile to ``/tmp`` without a word (found at stop 80, when
+    bench_engine's "cold" compiled start-up read the parent process's warm cache).
     """
     path = Path(cache_dir).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
@@ -35,8 +42,8 @@ def configure_compile_cache(cache_dir: str | Path) -> Path:
     # the table for it; this directory key also covers a torch without it. Triton's own cache is keyed by kernel
     # source already.
     inductor = path / "inductor" / f"kernels-{kernels_source_digest()[:16]}"
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor)
+    os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
     # The FX-graph and AOTAutograd caches on. Importing Inductor's config imports torch._dynamo and Inductor (~1.4 s
     # on the development CPU), which a process that never compiles should not pay: before that import, the same
     # switches are set through the environment variables those configs read when they are first imported.
