@@ -412,6 +412,50 @@ def _fmt(x, spec=".1f"):
     return "—" if x is None else format(x, spec)
 
 
+# Issue 5's targets (H100, fp32): (what, goal, unit, the rows it reads, the value of a row). Each is read off this
+# run's own rows: the fastest of ours (never the torch reference) where the issue asks for "through the engine".
+def _ours(r: dict) -> bool:
+    return r.get("variant") != REFERENCE[0] and "skipped" not in r
+
+
+def _sweep_rows(batch: int, precisions: tuple[str, ...]):
+    return lambda r: (
+        r["section"] == "sweep" and r.get("batch") == batch and any(p in r["variant"].split() for p in precisions)
+    )
+
+
+TARGETS = [
+    ("benzene energy + forces, fp32, the step through the engine", 50.0, "µs",
+     lambda r: r["section"] == "latency" and r.get("molecule") == "C6H6" and "e2e_us" in r, lambda r: r["step_us"]),
+    ("ASE MD step through StudentCalculator, benzene", 200.0, "µs",
+     lambda r: r["section"] == "md" and r.get("step_us") is not None, lambda r: r["step_us"]),
+    ("g2 x 4,096, step per structure, strict fp32", 0.6, "µs",
+     _sweep_rows(4096, ("fp32",)), lambda r: r["step_us_per_structure"]),
+    ("g2 x 4,096, step per structure, tf32 or bf16 matmuls", 0.3, "µs",
+     _sweep_rows(4096, ("tf32", "bf16")), lambda r: r["step_us_per_structure"]),
+    ("g2 x 1,024, step per structure, strict fp32", 0.8, "µs",
+     _sweep_rows(1024, ("fp32",)), lambda r: r["step_us_per_structure"]),
+    ("warm start: a second process, load → first benzene result (fast path)", 2.0, "s",
+     lambda r: r["section"] == "startup" and r.get("phase") == "warm" and r.get("first_result_s") is not None,
+     lambda r: r["first_result_s"]),
+]  # fmt: skip
+
+
+def target_rows(rows: list[dict]) -> list[tuple[str, str, str, str]]:
+    """Issue 5's targets against this run's rows: ``(target, measured (by which variant), goal, result)``, the
+    result ``pass``, ``FAIL`` or ``not measured`` (no row of ours in the run for it)."""
+    out = []
+    for what, goal, unit, picks, value in TARGETS:
+        cands = [(value(r), r["variant"]) for r in rows if _ours(r) and picks(r)]
+        if not cands:
+            out.append((what, "—", f"≤ {goal:g} {unit}", "not measured"))
+            continue
+        best, variant = min(cands)
+        shown = f"{best:.3f}" if unit == "µs" and best < 10 else f"{best:.2f}" if unit == "s" else f"{best:.1f}"
+        out.append((what, f"{shown} {unit} ({variant})", f"≤ {goal:g} {unit}", "pass" if best <= goal else "FAIL"))
+    return out
+
+
 def write_report(data: dict, md_path: Path) -> None:
     env, rows = data.get("env", {}), data["rows"]
     lines = [
@@ -426,6 +470,15 @@ def write_report(data: dict, md_path: Path) -> None:
         "Times: median of `triton.testing.do_bench` (CUDA events) unless noted. `e2e` = `engine.compute` from a "
         "host batch to host results (GPU neighbour list + padding + step + one copy back); `step` = the energy + "
         "forces step alone (a graph replay in the padded modes).",
+        "",
+        "## Targets (issue 5; set for an H100 in fp32, measured on the device named above)",
+        "",
+        "Each is the fastest of ours in this file's rows (never the torch reference); a section not run this time "
+        "reads `not measured`.",
+        "",
+        "| target | measured | goal | result |",
+        "|---|---|---|---|",
+        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in target_rows(rows)),
         "",
     ]
     lat = [r for r in rows if r["section"] == "latency"]

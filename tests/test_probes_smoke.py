@@ -592,21 +592,3 @@ def test_stop77_probes_report_what_they_measured(tmp_path, capsys):
         for probe in (probe_md_profile, probe_predict_one, probe_md_affinity):
             probe.main([])
         assert capsys.readouterr().out.count("needs CUDA") == 3
-
-
-def test_bench_engine_reports_the_host_speed_beside_the_md_step(tmp_path):
-    """bench_engine's MD table carries each variant's fixed host work before and after its run (the step is
-    host-bound, and the GPU guests' host runs at two speeds); a skipped variant leaves the column empty."""
-    import bench_engine
-    import harness
-
-    rows = [
-        dict(section="md", variant="auto = cudagraph", molecule="C6H6", step_us=160.0, mean_us=170.0, graphs=1,
-             builds=1, ahead="300 taken, 0 missed", dense=True, host_us=(47.5, 91.0)),
-        dict(section="md", variant="cudagraph+compile", skipped="time budget"),
-    ]  # fmt: skip
-    bench_engine.write_report({"rows": rows}, tmp_path / "engine.md")
-    text = (tmp_path / "engine.md").read_text()
-    assert "| auto = cudagraph | 160.0 | 170.0 | 1 | 300 taken, 0 missed | 1 | yes | 47.5 / 91.0 |" in text
-    assert "| cudagraph+compile | — | — |  |  | time budget |  |  |" in text
-    assert 0.0 < harness.host_work_us(20) < 1e5
