@@ -22,6 +22,7 @@ except ImportError:  # the torch path must not depend on Triton
 
 __all__ = [
     "HAS_TRITON",
+    "INTERPRETING",
     "LIB",
     "FirstOrderOnly",
     "cdiv",
@@ -44,11 +45,65 @@ __all__ = [
     "tuning",
     "unspecialized",
     "widest_chunk",
+    "wrap_triton",
 ]
 
 HAS_TRITON = triton is not None
 # Namespace of every custom op of the package: torch.ops.mlff_distiller.<name>.
 LIB = "mlff_distiller"
+# The Triton interpreter (CPU tensors; the tests' way to run the kernels without a GPU): triton.jit reads this when a
+# kernel is defined, so it holds for the kernels of this process (kernels/_backend.py reads it the same way).
+INTERPRETING = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _wrap_interpreted(kernel):
+    """``torch.library.wrap_triton`` that passes an interpreted kernel through unwrapped, as torch 2.13 and later do.
+    torch 2.11 and 2.12 raise for one ("wrap_triton only works on functions annotated with triton.jit"), which
+    failed every interpreted test of our triton_ops there (stop 80: the CPU suite on torch 2.11). Interpreted
+    kernels run eagerly only (torch.compile over them fails: fake tensors have no data), so nothing traceable is
+    lost."""
+    if isinstance(kernel, _interpreted_function()):
+        return kernel
+    return torch.library.wrap_triton(kernel)
+
+
+def mend_interpreter_index(module=None) -> bool:
+    """Triton 3.6's interpreter makes a tensor used as a Python index (a loop bound, a ``range`` argument) an int by
+    ``int()`` of its one-element 1-D array. NumPy 2.4 refuses that ("only 0-dimensional arrays can be converted to
+    Python scalars"), so under Triton 3.6 with NumPy >= 2.4 every interpreted kernel of ours with such a bound
+    failed (stop 80: torch 2.11's pinned Triton). Triton 3.7 squeezes the array first; this wraps the interpreter's
+    ``_patch_lang_tensor`` (``module``: ``triton.runtime.interpreter`` by default) to set that attribute the same way
+    after Triton's own patching, where its source still has the unsqueezed form. Returns whether it wrapped."""
+    import inspect
+
+    if module is None:
+        from triton.runtime import interpreter as module
+    patch = getattr(module, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_squeezed_index", False):
+        return False
+    try:
+        source = inspect.getsource(patch)
+    except (OSError, TypeError):
+        return False
+    if "int(self.handle.data)" not in source:
+        return False
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched._squeezed_index = True
+    module._patch_lang_tensor = patched
+    return True
+
+
+if INTERPRETING:
+    wrap_triton = _wrap_interpreted
+    mend_interpreter_index()
+elif HAS_TRITON:
+    from torch.library import wrap_triton
+else:
+    wrap_triton = None
 
 
 # Triton specialises each int argument of a kernel on divisibility by 16 (and on == 1) and each pointer on 16-byte

@@ -34,10 +34,8 @@ from .rbf_cutoff import _check_args, _check_float, _rbf_constexprs_cached, rbf_c
 from .repulsion import _n_species, wall_gate_reference, wall_touched
 
 if HAS_TRITON:
-    from torch.library import wrap_triton
-
     from ._edge_kernels import _edge_bwd_bwd_kernel, _edge_bwd_kernel, _edge_fwd_kernel
-    from ._triton_utils import triton_op
+    from ._triton_utils import triton_op, wrap_triton
 
 __all__ = ["edge_basis", "edge_basis_reference", "edge_features", "edge_features_reference"]
 

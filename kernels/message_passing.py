@@ -52,9 +52,7 @@ from ._triton_utils import HAS_TRITON, LIB, cdiv, check_launchable, pdl_args
 from .edge_sink import EdgeGradSink, defer_edge_grads
 
 if HAS_TRITON:
-    from torch.library import wrap_triton
-
-    from ._triton_utils import triton_op
+    from ._triton_utils import triton_op, wrap_triton
 
 __all__ = [
     "EdgeGradSink",

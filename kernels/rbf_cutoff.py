@@ -38,9 +38,7 @@ from ._triton_utils import (
 )
 
 if HAS_TRITON:
-    from torch.library import wrap_triton
-
-    from ._triton_utils import triton_op
+    from ._triton_utils import triton_op, wrap_triton
 
 __all__ = ["BASES", "ENVELOPES", "rbf_cutoff", "rbf_cutoff_reference"]
 
