@@ -20,6 +20,10 @@ def test_editable_install_imports_kernels():
 @pytest.mark.slow
 def test_wheel_contains_kernels_and_data(tmp_path):
     pytest.importorskip("setuptools")
+    try:  # pip wheel --no-build-isolation builds with this environment's tools: bdist_wheel is needed
+        import setuptools.command.bdist_wheel  # noqa: F401  (setuptools >= 70.1)
+    except ImportError:
+        pytest.importorskip("wheel", reason="no bdist_wheel here: setuptools < 70.1 without the wheel package")
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
     cmd.append(str(ROOT))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -195,6 +195,9 @@ def test_probe_kernel_order_names_our_frames(capsys):
     edge_index = torch.tensor([[0, 0, 1, 1, 2, 3, 4, 4], [1, 2, 0, 3, 4, 1, 0, 2]])
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         kernels.message_passing_reference(x, v, rbf, w, unit, edge_index)
+    if not any(".py(" in e.name or getattr(e, "stack", None) for e in prof.events()):
+        # torch 2.11's CUDA build on a machine without a GPU records no Python events at all (stop 80)
+        pytest.skip("this torch's profiler recorded no Python frames here")
     ops = [e for e in prof.events() if e.name == "aten::index_select"]
     assert ops and "message_passing.py(" in probe_kernel_order._frames(ops[0])
     assert "message_passing_reference" in probe_kernel_order._frames(ops[0])
