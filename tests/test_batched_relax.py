@@ -411,7 +411,8 @@ def test_structures_that_end_outside_the_training_data_are_named():
     structures = [molecule("CH3CH2OH"), squeezed]
     with pytest.warns(OutOfDomainWarning, match=r"structure\(s\) \[1\] ended outside .*H-O pair at 0.44") as seen:
         out = relax_batch("builtin:chno-gfn2", structures, steps=0)
-    assert seen[0].filename == __file__  # the warning names the caller's line
+    (ours,) = [w for w in seen if issubclass(w.category, OutOfDomainWarning)]  # (NumPy 2.5 adds ASE's deprecations)
+    assert ours.filename == __file__  # the warning names the caller's line
     assert "domain" not in out[0].info and "H-O pair at 0.44" in out[1].info["domain"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", OutOfDomainWarning)

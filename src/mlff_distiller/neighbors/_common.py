@@ -302,7 +302,8 @@ def cell_geometry(
         for c in range(3):
             inv[c][a] = cof[a][c] * scale
     # Fractional coordinate a is x @ inv[:, a]; its gradient has norm 1/h_a, h_a the lattice-plane spacing.
-    heights = 1.0 / np.sqrt(inv[0] ** 2 + inv[1] ** 2 + inv[2] ** 2)  # [3, B]
+    with np.errstate(divide="ignore"):  # a degenerate cell (caught by the callers' volume checks) has no planes
+        heights = 1.0 / np.sqrt(inv[0] ** 2 + inv[1] ** 2 + inv[2] ** 2)  # [3, B]
     ratio = cutoff / heights * (1.0 + IMAGE_SLACK)
     n_images = np.where(pbc.numpy().T, np.ceil(ratio), 0.0).astype(np.int64)
     as_t = torch.from_numpy
