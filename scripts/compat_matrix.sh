@@ -24,7 +24,8 @@ for spec in "${specs[@]}"; do
   fi
   PYTHON="$venv/bin/python" bash scripts/setup.sh test >>"$venv.install.log" 2>&1 || {
     echo "== $name: setup failed (see $venv.install.log)"; continue; }
-  versions=$("$venv/bin/python" -c "import sys, torch, triton, numpy; print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__)")
+  versions=$("$venv/bin/python" -c "import sys, torch, triton, numpy
+print(sys.version.split()[0], torch.__version__, triton.__version__, numpy.__version__)")
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
     --timeout=900 -n 2 --dist loadfile -rs ${COMPAT_PYTEST_ARGS:-} >"$venv.pytest.log" 2>&1
   echo "== $name ($versions): $(tail -1 "$venv.pytest.log")"
