@@ -1540,10 +1540,27 @@ case "${1:-}" in
       >"$OUT/bench_engine_startup.log" 2>&1
     grep -E "^\| " "$OUT/engine_startup_h200.md" | tail -16 || tail -8 "$OUT/bench_engine_startup.log"
     ;;
+  stop81a)
+    # Prepared at stop 80 for the next stop: the GPU tests of what stop 80 changed after its device calls (the
+    # explicit compile cache directory, the kernels' wrap_triton import, the Triton compatibility tests, the
+    # neighbour list's degenerate cell), then bench_engine's start-up rows with the targets table
+    timeout 420 python3 -m pytest -q -p no:cacheprovider -rs --tb=short -m gpu tests/test_engine_modes.py \
+      tests/test_neighbors.py tests/test_bench_engine_report.py >"$OUT/pytest_engine_modes.log" 2>&1 &
+    timeout 420 python3 -m pytest -q -p no:cacheprovider -rs --tb=short -k "cuda or gpu" \
+      tests/kernels/test_rbf_cutoff.py tests/kernels/test_edge_features.py tests/kernels/test_message_passing.py \
+      tests/kernels/test_triton_compat.py tests/kernels/test_compile_ahead.py >"$OUT/pytest_kernels.log" 2>&1 &
+    wait
+    for f in engine_modes kernels; do
+      echo "== $f: $(tail -1 "$OUT/pytest_$f.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_$f.log" | head
+    done
+    timeout 150 python3 benchmarks/bench_engine.py --hidden 64 --sections startup --budget-s 130 --out "$OUT" \
+      --name engine_startup_h200 >"$OUT/bench_engine_startup.log" 2>&1
+    grep -E "^\| " "$OUT/engine_startup_h200.md" | head -20 || tail -8 "$OUT/bench_engine_startup.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c|stop80d|stop80e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c|stop80d|stop80e|stop81a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
