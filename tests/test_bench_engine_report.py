@@ -1,5 +1,5 @@
-"""bench_engine's report (benchmarks/bench_engine.py): its tables and issue 5's targets read off a run's rows, on the
-CPU (the benchmark itself needs a GPU)."""
+"""bench_engine's report (benchmarks/engine_report.py, re-exported by bench_engine.py): its tables and issue 5's
+targets read off a run's rows, on the CPU (the benchmark itself needs a GPU)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_engine
+import engine_report
 import harness
 
 pytestmark = pytest.mark.timeout(120)
 
-REF = bench_engine.REFERENCE[0]
+REF = engine_report.REFERENCE_LABEL
+assert bench_engine.REFERENCE[0] == REF and bench_engine.write_report is engine_report.write_report
 
 
 def test_bench_engine_reports_the_host_speed_beside_the_md_step(tmp_path):
@@ -26,7 +28,7 @@ def test_bench_engine_reports_the_host_speed_beside_the_md_step(tmp_path):
              builds=1, ahead="300 taken, 0 missed", dense=True, host_us=(47.5, 91.0)),
         dict(section="md", variant="cudagraph+compile", skipped="time budget"),
     ]  # fmt: skip
-    bench_engine.write_report({"rows": rows}, tmp_path / "engine.md")
+    engine_report.write_report({"rows": rows}, tmp_path / "engine.md")
     text = (tmp_path / "engine.md").read_text()
     assert "| auto = cudagraph | 160.0 | 170.0 | 1 | 300 taken, 0 missed | 1 | yes | 47.5 / 91.0 |" in text
     assert "| cudagraph+compile | — | — |  |  | time budget |  |  |" in text
@@ -64,8 +66,8 @@ def test_bench_engine_reads_issue_5s_targets_off_its_own_rows(tmp_path):
     """Each target takes the fastest of ours for its row: never the torch reference (here faster than anything),
     never another molecule, batch or precision (fp16 is neither tf32 nor bf16), never a skipped row; a missed goal
     reads FAIL, a row without a measurement of ours `not measured`."""
-    got = {t[0]: t[1:] for t in bench_engine.target_rows(_rows())}
-    assert len(got) == len(bench_engine.TARGETS) == 6
+    got = {t[0]: t[1:] for t in engine_report.target_rows(_rows())}
+    assert len(got) == len(engine_report.TARGETS) == 6
     t = iter(got.values())
     assert next(t) == ("48.8 µs (cudagraph)", "≤ 50 µs", "pass")  # benzene, not H2's 10 µs or the reference's 1
     assert next(t) == ("230.0 µs (auto = cudagraph)", "≤ 200 µs", "FAIL")
@@ -73,7 +75,7 @@ def test_bench_engine_reads_issue_5s_targets_off_its_own_rows(tmp_path):
     assert next(t) == ("0.298 µs (cudagraph bf16)", "≤ 0.3 µs", "pass")  # not fp16's 0.1
     assert next(t) == ("—", "≤ 0.8 µs", "not measured")  # batch 1,024 was skipped
     assert next(t) == ("1.13 s (cudagraph)", "≤ 2 s", "pass")
-    bench_engine.write_report({"rows": _rows()}, tmp_path / "engine.md")
+    engine_report.write_report({"rows": _rows()}, tmp_path / "engine.md")
     text = (tmp_path / "engine.md").read_text()
     assert "## Targets (issue 5" in text
     row = "| g2 x 4,096, step per structure, tf32 or bf16 matmuls | 0.298 µs (cudagraph bf16) | ≤ 0.3 µs | pass |"
