@@ -13,9 +13,8 @@ def _fmt(x, spec=".1f"):
     return "—" if x is None else format(x, spec)
 
 
-# Issue 5's targets (H100, fp32): (what, goal, unit, the rows it reads, the value of a row). Each is read off this
-# run's own rows: the fastest of ours (never the torch reference) where the issue asks for "through the engine".
 def _ours(r: dict) -> bool:
+    """A row of ours that ran: not the torch reference, not skipped."""
     return r.get("variant") != REFERENCE_LABEL and "skipped" not in r
 
 
@@ -25,6 +24,8 @@ def _sweep_rows(batch: int, precisions: tuple[str, ...]):
     )
 
 
+# Issue 5's targets (H100, fp32): (what, goal, unit, the rows it reads, the value of a row). Each is read off this
+# run's own rows: the fastest of ours (never the torch reference) where the issue asks for "through the engine".
 TARGETS = [
     ("benzene energy + forces, fp32, the step through the engine", 50.0, "µs",
      lambda r: r["section"] == "latency" and r.get("molecule") == "C6H6" and "e2e_us" in r, lambda r: r["step_us"]),

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import torch
 
+from ._backend import interpreter_enabled
+
 try:
     import triton
     import triton.language as tl
@@ -51,9 +53,9 @@ __all__ = [
 HAS_TRITON = triton is not None
 # Namespace of every custom op of the package: torch.ops.mlff_distiller.<name>.
 LIB = "mlff_distiller"
-# The Triton interpreter (CPU tensors; the tests' way to run the kernels without a GPU): triton.jit reads this when a
-# kernel is defined, so it holds for the kernels of this process (kernels/_backend.py reads it the same way).
-INTERPRETING = HAS_TRITON and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# The Triton interpreter (CPU tensors; the tests' way to run the kernels without a GPU), as at this import: triton.jit
+# reads the same variable when a kernel is defined, so it holds for the kernels of this process.
+INTERPRETING = HAS_TRITON and interpreter_enabled()
 
 
 def _wrap_interpreted(kernel):
