@@ -1557,10 +1557,34 @@ case "${1:-}" in
       --name engine_startup_h200 >"$OUT/bench_engine_startup.log" 2>&1
     grep -E "^\| " "$OUT/engine_startup_h200.md" | head -20 || tail -8 "$OUT/bench_engine_startup.log"
     ;;
+  stop81b)
+    # Stop 81: issue 7's whole benchmark for the 128 x 3 student at today's tree in one run (the correctness check,
+    # energy + forces at 192 / 3,000 / 24,000 / 100,008 atoms, the neighbour lists with vesin beside ours, the
+    # largest box at 1,000,002 atoms), then the CUDA tests stop81a's kernel shard had no time left for
+    # (test_triton_compat, test_compile_ahead), after the timing so they do not share the GPU with it.
+    timeout 270 python3 benchmarks/bench_large.py --out "$OUT/large_h128" --budget-s 240 \
+      --sections check,ef,nl,grow --sizes 192 3000 24000 100008 --grow-sizes 1000002 --hidden 128 \
+      >"$OUT/bench_large_h128.log" 2>&1
+    grep -E "^\| " "$OUT/large_h128/bench_large.md" | head -12 || tail -8 "$OUT/bench_large_h128.log"
+    timeout 270 python3 -m pytest -q -p no:cacheprovider -rs --tb=short -k "cuda or gpu" \
+      tests/kernels/test_triton_compat.py tests/kernels/test_compile_ahead.py >"$OUT/pytest_compat_ahead.log" 2>&1
+    echo "== compat_ahead: $(tail -1 "$OUT/pytest_compat_ahead.log")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_compat_ahead.log" | head
+    ;;
+  stop81c)
+    # Stop 81: where the 128 x 3 student's eager 24,000-atom step goes at today's tree (the kernel table with the
+    # aten ops; stop 63's was the last), then issue 7's water rows for the 64 x 3 student at the same tree.
+    timeout 150 python3 benchmarks/probe_kernel_table.py --systems water24000 --step-mode eager --ops --out "$OUT" \
+      --name kernel_table_24k_eager >"$OUT/kernel_table_24k_eager.log" 2>&1
+    grep -E "=====|^group" "$OUT/kernel_table_24k_eager.txt" || tail -5 "$OUT/kernel_table_24k_eager.log"
+    timeout 200 python3 benchmarks/bench_large.py --out "$OUT/large_h64" --budget-s 170 --sections check,ef \
+      --sizes 3000 24000 --hidden 64 >"$OUT/bench_large_h64.log" 2>&1
+    grep -E "^\| " "$OUT/large_h64/bench_large.md" | head -6 || tail -8 "$OUT/bench_large_h64.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c|stop80d|stop80e|stop81a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c|stop80d|stop80e|stop81a|stop81b|stop81c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
