@@ -15,7 +15,8 @@ forms, and counts the coordinates that differ in float64 and after the float32 c
 - ``torch graph``: those ops captured in a CUDA graph and replayed (CUDA only);
 - ``triton``: one Triton kernel, the compiler's default floating-point fusion (it may contract ``x + a * b`` into
   an FMA, rounded once instead of twice);
-- ``triton, no fusion``: the same kernel launched with ``enable_fp_fusion=False``.
+- ``triton, no fusion``: the same kernel launched with ``enable_fp_fusion=False``, eager and captured in a CUDA graph
+  (``triton graph, no fusion``: what one more node of the MD step's graph would cost).
 
 It also times each device form (CUDA events, median), beside NumPy on the host.
 
@@ -43,8 +44,11 @@ FS = 0.09822694788464063  # ase.units.fs (ASE time units per femtosecond), as a 
 if HAS_TRITON:
 
     @triton.jit
-    def _verlet_kernel(x_ptr, p_ptr, f_ptr, m_ptr, origin_ptr, out64_ptr, out32_ptr, half_dt, dt, n3,
+    def _verlet_kernel(x_ptr, p_ptr, f_ptr, m_ptr, origin_ptr, coef_ptr, out64_ptr, out32_ptr, n3,
                        BLOCK: tl.constexpr):  # fmt: skip
+        # The two coefficients come from a float64 tensor: Triton passes a Python float as a float32 scalar.
+        half_dt = tl.load(coef_ptr)
+        dt = tl.load(coef_ptr + 1)
         k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = k < n3
         x = tl.load(x_ptr + k, mask=ok, other=0.0)
@@ -80,12 +84,14 @@ def torch_predict(x, p, f32, m, origin, half_dt, dt, out64, out32):
     out32.copy_(out64 - origin)
 
 
-def triton_predict(x, p, f32, m, origin, half_dt, dt, out64, out32, fusion: bool):
+def triton_predict(x, p, f32, m, origin, half_dt, dt, out64, out32, fusion: bool, coef=None):
+    """One Triton kernel; ``coef``: the float64 tensor (half_dt, dt) on the device (made here if None)."""
     n3 = x.numel()
     block = 128
     extra = {} if fusion or INTERPRETING else {"enable_fp_fusion": False}
+    coef = torch.tensor([half_dt, dt], dtype=torch.float64, device=x.device) if coef is None else coef
     _verlet_kernel[(triton.cdiv(n3, block),)](
-        x, p, f32, m.reshape(-1), origin, out64, out32, half_dt, dt, n3, BLOCK=block, **extra
+        x, p, f32, m.reshape(-1), origin, coef, out64, out32, n3, BLOCK=block, **extra
     )
 
 
@@ -134,8 +140,9 @@ def _forms(dev: list[torch.Tensor], dt: float, device: torch.device) -> tuple[di
     args = (*dev, 0.5 * dt, dt, out64, out32)
     forms = {"torch": functools.partial(torch_predict, *args)}
     if HAS_TRITON and (device.type == "cuda" or INTERPRETING):
-        forms["triton"] = functools.partial(triton_predict, *args, True)
-        forms["triton, no fusion"] = functools.partial(triton_predict, *args, False)
+        coef = torch.tensor([0.5 * dt, dt], dtype=torch.float64, device=device)
+        forms["triton"] = functools.partial(triton_predict, *args, True, coef)
+        forms["triton, no fusion"] = functools.partial(triton_predict, *args, False, coef)
     if device.type == "cuda":
         torch_predict(*args)  # warm-up before the capture
         torch.cuda.synchronize(device)
@@ -143,6 +150,13 @@ def _forms(dev: list[torch.Tensor], dt: float, device: torch.device) -> tuple[di
         with torch.cuda.graph(graph):
             torch_predict(*args)
         forms["torch graph"] = graph.replay
+        if "triton, no fusion" in forms:
+            forms["triton, no fusion"]()  # compiled before the capture
+            torch.cuda.synchronize(device)
+            tgraph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(tgraph):
+                forms["triton, no fusion"]()
+            forms["triton graph, no fusion"] = tgraph.replay
     return forms, out64, out32
 
 
