@@ -57,6 +57,10 @@ def setup(model: str = "builtin:chno-gfn2-small", warm: int = 70):
     calc = StudentCalculator(student, device="cpu", precision="fp32", check_domain=None)
     calc.engine = ForceEngine(student, device="cpu", precision="fp32", pad=True, neighbor_skin=1.0)
     calc.engine.mode, calc.engine.zero_copy, calc.engine.speculative_verlet = "cudagraph", True, True
+    # No chained steps (ForceEngine.chain_ahead): a stored output cannot stand in for a step that predicts its own
+    # positions (they would stay the first ones, and every chained step would be dropped). The GPU's probe_md_phases.py
+    # times the chain's host work.
+    calc.engine.chain = False
     engine_padded.GraphRunner, real = StoredRunner, engine_padded.GraphRunner
     try:
         atoms.calc = calc

@@ -61,6 +61,10 @@ PIECES = (
     ("mlff_distiller.neighbors.verlet", "VerletNeighborList", "same_inputs"),
     ("mlff_distiller.neighbors.verlet", "_HostDisplacement", "moved_far"),
     ("torch.cuda", None, "current_stream"),
+    ("mlff_distiller.calculator", "StudentCalculator", "_chain_ahead"),
+    ("mlff_distiller.engine", "ForceEngine", "chain_ahead"),
+    ("mlff_distiller._md_chain", "MDChain", "queue"),
+    ("mlff_distiller.engine", "ForceEngine", "_wait"),
     ("mlff_distiller.calculator", "StudentCalculator", "get_property"),
     ("mlff_distiller.calculator", "StudentCalculator", "check_state"),
 )
@@ -121,11 +125,12 @@ def _mean_step_us(dyn, steps: int) -> float:
 
 
 # The switches --ab-switch alternates: class attributes, on by default, of the calculator or of its engine.
-AB_SWITCHES = {"reuse_ahead": "calculator", "express_take": "engine"}
+AB_SWITCHES = {"reuse_ahead": "calculator", "express_take": "engine", "chain": "engine"}
 
 
 def ab_rows(dyn, steps: int, rounds: int, switch: str = "reuse_ahead") -> list[str]:
-    """The class switch ``switch`` (``StudentCalculator.reuse_ahead`` or ``ForceEngine.express_take``) off and on,
+    """The class switch ``switch`` (``StudentCalculator.reuse_ahead``, ``ForceEngine.express_take`` or
+    ``ForceEngine.chain``) off and on,
     alternating for ``rounds`` rounds of ``steps`` steps each: the mean µs a step of each, with the host's speed
     before the round."""
     calc = dyn.atoms.calc

@@ -361,6 +361,8 @@ class StudentCalculator(Calculator):
             store = functools.partial(self._store_atoms, atoms, properties, system_changes, True)
         else:
             self._store_atoms(atoms, properties, system_changes, True)
+        if self.launch_ahead and not want_stress:
+            self._chain_ahead(src, system_changes, batch)
         try:
             out = self.engine.compute(batch, forces=True, stress=want_stress, as_numpy=True, while_running=store)
         except torch.OutOfMemoryError as err:
@@ -437,6 +439,23 @@ class StudentCalculator(Calculator):
             if self.reuse_ahead:
                 self._ahead_reuse = (last, x_next.tobytes(), batch)
             eng.launch_ahead(batch)
+
+    def _chain_ahead(self, atoms, system_changes, batch: AtomsBatch) -> None:
+        """Before this calculation waits for its step (launched ahead at the last one), queue the step after it with
+        its positions predicted on the device (:meth:`ForceEngine.chain_ahead`), so that the device goes from one
+        step to the next without the host's wait, prediction and launch in between. The same prediction
+        :meth:`_verlet_next` makes on the host after this calculation, from the same positions, momenta, masses and
+        time step; the next calculation takes the queued step only on the bytes of that host prediction. Velocity
+        Verlet with its time step found (``reuse_ahead``), no constraints, a float32 engine."""
+        dt = self._ahead_dt
+        if dt is None or not self.reuse_ahead or self._followed is not None or self._ahead_pause > 0:
+            return
+        eng = self.engine
+        if eng.dtype != torch.float32 or set(system_changes) != {"positions"} or atoms.constraints:
+            return
+        p = atoms.arrays.get("momenta")
+        if p is not None:
+            eng.chain_ahead(batch, atoms.arrays["positions"], p, self._masses(atoms), dt)
 
     def _verlet_next(self, atoms, x: np.ndarray, prev: np.ndarray | None) -> np.ndarray | None:
         """The positions of ASE's next velocity-Verlet call (see :meth:`_launch_ahead`), or None where the motion is

@@ -220,6 +220,9 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
     # path's checks where identities and counters show nothing changed (VerletPaths._take_launched); False: every
     # call goes the general path (tests and probes compare the two).
     express_take: ClassVar[bool] = True
+    # The calculator's MD step queues the step after the one it takes, with its positions predicted on the device
+    # (VerletPaths.chain_ahead, mlff_distiller._md_chain); False: the host predicts and launches after each step.
+    chain: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -376,6 +379,17 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
         # so built: n_rebuilt_ahead.
         self.rebuild_ahead = True
         self.n_rebuilt_ahead = 0
+        # The step after the one launched ahead, queued with its positions predicted on the device (chain_ahead):
+        # the chains per Verlet bucket and atom count, the one queued in this call (_chained), the step the last
+        # call took (_taken_md), and counts of queued, kept and dropped ones.
+        self._md_chains: dict = {}
+        self._chained: tuple | None = None
+        self._chain_event = None
+        self._taken_md = None
+        self._n_computes = 0
+        self.n_chained = 0
+        self.n_chain_adopted = 0
+        self.n_chain_dropped = 0
         self._ahead_tested = False  # the step launched ahead that this call took had its displacement test run
         self._verlet_inputs = KeptCopies()  # VerletPaths._fill_inputs: a Verlet fill's numbers and batch vector
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call
@@ -492,6 +506,8 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
         """
         self._while_running = while_running
         self.last_ahead = None
+        self._taken_md = None
+        self._n_computes += 1
         try:
             out = None
             if (

@@ -409,6 +409,7 @@ class PaddedPaths:
         dropped = self._captured(keep)
         for runners, bucket in dropped:
             del runners[bucket]
+        self._md_chains = {key: c for key, c in self._md_chains.items() if self._md_runners.get(key) is c.md}
         self.captures_released += len(dropped)
         if dropped and self.device.type == "cuda":
             gc.collect()  # a dropped graph's outputs may still be referenced from a cycle

@@ -15,10 +15,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from mlff_distiller._md_chain import MDChain
 from mlff_distiller.batch import AtomsBatch, pair_vectors64
 from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, Bucket, PaddedGraph, fill_padded, fill_padded_host
 from mlff_distiller.cudagraph import HostBuffer, copy_bits, host_views_work, synchronize_current_stream
-from mlff_distiller.engine_padded import _verlet_args, _with_stress, exact_pairs, unpack
+from mlff_distiller.engine_padded import _EagerRunner, _verlet_args, _with_stress, exact_pairs, unpack
 
 __all__ = ["VERLET_EDGE_HEADROOM", "ZERO_COPY_COUNTS_PER_BUCKET", "ZERO_COPY_MAX_ATOMS", "VerletPaths"]
 
@@ -257,7 +258,18 @@ class VerletPaths:
         for them now and written into the bucket, and its step launched: the next call on those positions finds
         the list current (built where its atoms are) and takes the step, where it would otherwise throw a step on
         the old list away and rebuild. A prediction that misses leaves a list built at positions near the
-        caller's, which the displacement test keeps or rebuilds as any other (exact either way)."""
+        caller's, which the displacement test keeps or rebuilds as any other (exact either way).
+
+        Where :meth:`chain_ahead` queued the step after the one this call took, on the device's own prediction of
+        the positions, that step is kept as the launch instead of a new one: the next call takes it where the
+        positions it read are ``batch``'s, byte for byte."""
+        chained, self._chained = self._chained, None
+        launched = self._launch_ahead(batch, chained)
+        if chained is not None and (self._ahead is None or self._ahead[6] is None):
+            self.n_chain_dropped += 1  # queued on forces this call did not take, or before a rebuild
+        return launched
+
+    def _launch_ahead(self, batch: AtomsBatch, chained: tuple | None) -> bool:
         self._ahead = None
         fill, v = self._verlet_fill, self.verlet
         if fill is None or v is None or fill.builds != v.n_builds or fill.cell_updates != v.cell_updates:
@@ -272,8 +284,11 @@ class VerletPaths:
         md = self._md_runners.get((fill.bucket, n))
         if md is None:
             return False
-        tested = self.rebuild_ahead
+        tested, rebuilt = self.rebuild_ahead, False
         if tested and v.needs_rebuild(*_verlet_args(batch)):
+            rebuilt = True
+            if chained is not None:  # a queued chained step reads the list's buffers: let it finish first
+                self._wait(None)
             with torch.no_grad():
                 self._rebuild_verlet(batch)
                 fill = self._fill_verlet(batch, fill, exact=False)
@@ -284,9 +299,69 @@ class VerletPaths:
         if md is None or md.dense != (self._dense_of(fill.graph) is not None):
             return False
         tensor = batch.positions
+        if (
+            chained is not None
+            and not rebuilt
+            and chained[3] == self._n_computes
+            and self._taken_md is chained[1]
+            and chained[0].md is md
+        ):
+            # The step after the one this call took is queued already (chain_ahead), on the device's prediction of
+            # these positions: taken at the next call where the bytes agree (_take_launched, _take_ahead).
+            chain, k = chained[0], chained[2]
+            self._ahead = (chain.steps[k], fill.builds, fill.cell_updates, tested, tensor, tensor._version, k, None)
+            self.n_chain_adopted += 1
+            return True
         np.copyto(md.positions.array, tensor.numpy())
         md.runner.replay()
-        self._ahead = (md, fill.builds, fill.cell_updates, tested, tensor, tensor._version)
+        self._ahead = (md, fill.builds, fill.cell_updates, tested, tensor, tensor._version, None, None)
+        return True
+
+    def chain_ahead(
+        self, batch: AtomsBatch, positions: np.ndarray, momenta: np.ndarray, masses: np.ndarray, dt: float
+    ) -> bool:
+        """Queue the step after the one launched ahead, before this call's ``compute(batch)`` waits for that one:
+        the device predicts its positions (ASE's velocity Verlet from the launched step's forces and these float64
+        ``positions``, ``momenta``, ``masses [n, 1]`` and time step ``dt``, :mod:`mlff_distiller._md_chain`) and
+        runs it, with no host work between the two steps. True if queued. :meth:`launch_ahead`, after the compute,
+        keeps it as the launch ahead where the call took the step it chains from (else it is dropped:
+        ``n_chain_dropped``), and the next call takes it only on the bytes of the positions the caller predicts.
+
+        Only for the call that takes the very step launched ahead for ``batch`` (:meth:`_take_launched`'s tests),
+        with ``chain`` on. The first such call of a bucket and atom count captures the two chained steps and queues
+        nothing."""
+        stale, self._chained = self._chained, None
+        if stale is not None:
+            self.n_chain_dropped += 1
+        ahead = self._ahead
+        if not self.chain or ahead is None or not self.express_take or batch.origin is None:
+            return False
+        if not self._launch_takeable(batch):
+            return False
+        fill, n = self._verlet_fill, batch.num_atoms
+        key = (fill.bucket, n)
+        md = self._md_runners.get(key)
+        if md is None or isinstance(md.runner, _EagerRunner):
+            return False
+        chain, parity = self._md_chains.get(key), ahead[6]
+        if chain is None or chain.md is not md:
+            if parity is not None or ahead[0] is not md:
+                return False
+            self._md_chains[key] = MDChain(self, md, fill, n, self._dense_of(fill.graph) or self._step)
+            return False  # (its captures waited for the device; chained from the next call on)
+        if ahead[0] is not (md if parity is None else chain.steps[parity]):
+            return False
+        if not chain.set_consts(dt, batch.origin.numpy(), masses, busy=parity is not None):
+            return False
+        event = None
+        if self.device.type == "cuda":
+            event = self._chain_event = self._chain_event or torch.cuda.Event()
+            event.record()  # the end of the step this call takes
+        k = 0 if parity is None else 1 - parity
+        chain.queue(k, positions, momenta, source=md if parity is None else None)
+        self._ahead = (*ahead[:7], event)
+        self._chained = (chain, ahead[0], k, self._n_computes + 1)
+        self.n_chained += 1
         return True
 
     def _take_launched(self, batch: AtomsBatch, as_numpy: bool) -> dict | None:
@@ -300,9 +375,33 @@ class VerletPaths:
         list's cell, pbc, batch, ptr and numbers by identity and version, as the launch left them), and the same
         counters move (``test_launch_ahead.py``: bit for bit the same trajectory and counters with ``express_take``
         off)."""
-        md, builds, cell_updates, tested, tensor, version = self._ahead
+        if not self._launch_takeable(batch):
+            return None
+        md, _, _, _, tensor, _, parity, event = self._ahead
+        if parity is not None:
+            # A chained step (chain_ahead): it predicted its positions on the device. Taken only on the bytes the
+            # calculator predicted on the host (the launched tensor's): the caller's work first, then the wait.
+            self._overlap()
+            self._wait(event)  # (again in _md_results: a finished event's wait costs ~1 µs)
+            if md.positions.array.tobytes() != tensor.numpy().tobytes():
+                self.n_chain_dropped += 1
+                return None  # the general path compares the same bytes: a miss, and a fresh step
         fill, v = self._verlet_fill, self.verlet
-        if not (
+        self._check_species(batch.numbers)  # (the very tensor checked before: an identity test)
+        self._ahead = None
+        self.last_ahead = True
+        self._taken_md = md
+        self.n_ahead_taken += 1
+        self.n_speculated += 1
+        v.n_calls += 1
+        return self._md_results(md, fill.bucket, batch.num_atoms, batch.num_structures, as_numpy, event)
+
+    def _launch_takeable(self, batch: AtomsBatch) -> bool:
+        """Whether :meth:`_take_launched` takes the step launched ahead for ``batch`` (its identity and counter
+        tests; for a chained step the bytes of its positions are compared after the wait)."""
+        _, builds, cell_updates, tested, tensor, version, _, _ = self._ahead
+        fill, v = self._verlet_fill, self.verlet
+        return bool(
             tested
             and v is not None
             and batch.positions is tensor
@@ -314,23 +413,25 @@ class VerletPaths:
             and self._verlet_sorted is False
             and self._speculates(fill, batch)
             and v.same_inputs(*_verlet_args(batch))
-        ):
-            return None
-        self._check_species(batch.numbers)  # (the very tensor checked before: an identity test)
-        self._ahead = None
-        self.last_ahead = True
-        self.n_ahead_taken += 1
-        self.n_speculated += 1
-        v.n_calls += 1
-        return self._md_results(md, fill.bucket, batch.num_atoms, batch.num_structures, as_numpy)
+        )
 
-    def _md_results(self, md: _MDStep, bucket: Bucket, n: int, b: int, as_numpy: bool) -> dict:
+    def _wait(self, event) -> None:
+        """Wait for ``event`` (a step's end, recorded by :meth:`chain_ahead`), or for the stream where None."""
+        if event is not None:
+            event.synchronize()
+        elif self.device.type == "cuda":
+            synchronize_current_stream(self.device)
+
+    def _md_results(self, md: _MDStep, bucket: Bucket, n: int, b: int, as_numpy: bool, event=None) -> dict:
         """The results of the launched zero-copy step ``md``: the caller's host work run while the device computes
-        (unless the speculative launch ran it), then the stream's wait and one copy of the packed output (the next
-        step writes the buffer again), unpacked as NumPy arrays or CPU tensors."""
+        (unless the speculative launch ran it), then the wait and one copy of the packed output (the next step
+        writes the buffer again), unpacked as NumPy arrays or CPU tensors. ``event``: recorded right after ``md``
+        where a chained step was queued behind it (:meth:`chain_ahead`), waited for instead of the whole stream."""
         self.last_bucket = bucket
         self._overlap()
-        if self.device.type == "cuda":
+        if event is not None:
+            event.synchronize()  # md's writes into md.packed, visible (the chained step may still run)
+        elif self.device.type == "cuda":
             synchronize_current_stream(self.device)  # the step's writes into md.packed, visible
         host = md.packed.array.copy()
         return unpack(host if as_numpy else torch.from_numpy(host), bucket.atoms, n, b)
@@ -342,9 +443,14 @@ class VerletPaths:
         self._ahead_tested = False
         if ahead is None:
             return None
-        md, builds, cell_updates, tested, tensor, version = ahead
+        md, builds, cell_updates, tested, tensor, version, parity, _ = ahead
         same = builds == fill.builds and cell_updates == fill.cell_updates
-        if same and not (batch.positions is tensor and tensor._version == version):
+        if same and parity is not None:
+            # A chained step wrote its positions on the device: read them once it has (the stream may hold a chained
+            # step queued after it, whose wait is the price of this rare path).
+            self._wait(None)
+            same = md.positions.array.tobytes() == batch.positions.numpy().tobytes()
+        elif same and not (batch.positions is tensor and tensor._version == version):
             # The very tensor launched, unmodified since, is the same input without a look at its bytes (the
             # calculator hands the batch it launched back to the next call, StudentCalculator.reuse_ahead). Any
             # other is compared with what the launched step read: its host buffer, not the launched tensor (whose

@@ -1,0 +1,180 @@
+"""The MD step queued behind the one in flight with its positions predicted on the device (``ForceEngine.chain_ahead``,
+:mod:`mlff_distiller._md_chain`).
+
+On the CPU the engine runs the padded Verlet path's zero-copy step with the stand-in capture (``fake_graphs``), as in
+``test_launch_ahead.py``: a queued step runs at its "replay", in order, so every decision is tested here. What must
+hold: a trajectory with chained steps is the trajectory without them, bit for bit (a kept step computed exactly what
+the calculator would have launched); a chained step whose positions differ from the host's prediction is never taken;
+steps are chained only behind a step the call takes. ``test_*_on_cuda`` runs the real captured chain.
+"""
+
+import numpy as np
+import pytest
+import torch
+from ase import units
+from ase.build import molecule
+from ase.md.verlet import VelocityVerlet
+from helpers import make_model
+
+from mlff_distiller import ForceEngine, StudentCalculator
+from mlff_distiller._md_chain import MDChain
+from mlff_distiller.ase_compat import maxwell_boltzmann
+
+
+def _calc(model, chain: bool, skin: float = 1.0) -> StudentCalculator:
+    """A CPU calculator on the padded Verlet path's zero-copy step (what a CUDA calculator runs), float32."""
+    calc = StudentCalculator(model, device="cpu", precision="fp32", skin=skin, check_domain=None)
+    calc.engine = ForceEngine(model, device="cpu", precision="fp32", pad=True, neighbor_skin=skin)
+    calc.engine.mode = "cudagraph"
+    calc.engine.zero_copy = True
+    calc.engine.speculative_verlet = True
+    calc.engine.chain = chain
+    return calc
+
+
+def _run(model, chain: bool, steps: int = 40, skin: float = 1.0, temperature: float = 300.0, dt_fs: float = 0.5):
+    atoms = molecule("C6H6")
+    maxwell_boltzmann(atoms, temperature, rng=np.random.default_rng(4))
+    calc = _calc(model, chain, skin)
+    atoms.calc = calc
+    dyn = VelocityVerlet(atoms, timestep=dt_fs * units.fs)
+    energies = []
+    dyn.attach(lambda: energies.append(atoms.get_potential_energy()), interval=1)
+    dyn.run(steps)
+    return atoms, calc, dyn, np.array(energies)
+
+
+def _same(run_a, run_b) -> None:
+    (a, _, _, e_a), (b, _, _, e_b) = run_a, run_b
+    np.testing.assert_array_equal(a.positions, b.positions)
+    np.testing.assert_array_equal(a.get_momenta(), b.get_momenta())
+    np.testing.assert_array_equal(a.get_forces(), b.get_forces())
+    np.testing.assert_array_equal(e_a, e_b)
+
+
+def test_a_chained_trajectory_is_the_trajectory_without(fake_graphs):
+    """Bit for bit the same trajectory; from the fourth calculation on (dt found, the chain captured) every step is
+    a chained one, kept and taken."""
+    model = make_model()
+    on, off = _run(model, True), _run(model, False)
+    _same(on, off)
+    eng = on[1].engine
+    assert eng.verlet.n_builds == 1  # (300 K, a 1 Å skin: the list is kept, so no rebuild drops a chained step)
+    assert eng.n_ahead_taken == off[1].engine.n_ahead_taken and eng.n_ahead_missed == 0
+    assert eng.n_chained >= 36 and eng.n_chain_adopted == eng.n_chained, (eng.n_chained, eng.n_chain_adopted)
+    assert eng.n_chain_dropped == 0
+    assert off[1].engine.n_chained == 0
+    assert len(eng._md_chains) == 1
+
+
+def test_rebuilds_drop_the_chained_step_and_keep_the_trajectory(fake_graphs):
+    """Hot benzene with a small skin rebuilds its list every few steps: a rebuild ahead drops the step chained on
+    the old list (launched again on the new one), and the trajectory is still the one without chains."""
+    model = make_model()
+    on = _run(model, True, steps=40, skin=0.3, temperature=1500.0, dt_fs=1.0)
+    off = _run(model, False, steps=40, skin=0.3, temperature=1500.0, dt_fs=1.0)
+    _same(on, off)
+    eng = on[1].engine
+    assert eng.n_rebuilt_ahead > 5 and eng.n_chain_dropped > 5 and eng.n_chain_adopted > 5
+    assert eng.n_chained == eng.n_chain_adopted + eng.n_chain_dropped
+
+
+def test_a_chained_step_on_other_positions_is_never_taken(fake_graphs, monkeypatch):
+    """A device prediction that differs from the host's (here: the chain's time step 1 % off; one ulp off moves no
+    float32 coordinate) makes the chained step read other positions: it is dropped and a fresh step computed, so
+    the trajectory is still the one without chains. Without the byte compare the trajectory differs (the mutation
+    check below)."""
+    model = make_model()
+    real = MDChain.set_consts
+
+    def off(self, dt, origin, masses, busy):
+        return real(self, dt * 1.01, origin, masses, busy)
+
+    monkeypatch.setattr(MDChain, "set_consts", off)
+    on, off = _run(model, True), _run(model, False)
+    _same(on, off)
+    eng = on[1].engine
+    # Every chained step dropped: a kept one is missed at its take (then the step chained behind it, on its forces,
+    # is dropped too, and the calculation after launches on the host's prediction as without chains).
+    assert eng.n_chained >= 30 and eng.n_chain_dropped == eng.n_chained and eng.n_chain_adopted > 15
+    assert eng.n_ahead_missed == eng.n_chain_adopted, (eng.n_ahead_missed, eng.n_chain_adopted)
+    assert eng.n_ahead_taken < off[1].engine.n_ahead_taken
+
+    # The mutation check: a take that trusted the chained step's positions returns its results.
+    from mlff_distiller import engine_verlet
+
+    monkeypatch.setattr(engine_verlet.VerletPaths, "_take_ahead", _trusting_take_ahead)
+    monkeypatch.setattr(engine_verlet.VerletPaths, "_launch_takeable", lambda self, batch: True)
+    bad = _run(model, True)
+    assert not np.array_equal(bad[0].positions, off[0].positions)
+
+
+def _trusting_take_ahead(self, fill, batch):
+    ahead, self._ahead = self._ahead, None
+    return None if ahead is None else ahead[0]
+
+
+def test_chains_only_behind_a_step_the_call_takes(fake_graphs):
+    """No chained step before a launch ahead is taken with its time step found; the first call that takes one
+    captures the chain and queues nothing; each call after queues one. A changed time step misses one launch (no
+    chain behind it) and the chain resumes with the new step. None with the express take or the switch off."""
+    model = make_model()
+    _, calc, dyn, _ = _run(model, True, steps=1)
+    eng = calc.engine
+    assert eng.n_chained == 0 and not eng._md_chains and eng.n_ahead_taken == 0
+    dyn.run(1)  # the third calculation takes the launch ahead made with the time step read at the second
+    assert eng.n_chained == 0 and len(eng._md_chains) == 1 and eng.n_ahead_taken == 1
+    dyn.run(4)
+    assert eng.n_chained == eng.n_chain_adopted == 4 and eng.n_ahead_taken == 5
+    dyn.dt = 0.7 * units.fs
+    dyn.run(1)
+    assert eng.n_ahead_missed == 1 and eng.n_chained == 4
+    dyn.run(4)
+    assert eng.n_chained == eng.n_chain_adopted == 8 and eng.n_chain_dropped == 0 and eng.n_ahead_missed == 1
+    chain = next(iter(eng._md_chains.values()))
+    assert chain.consts.array[1] == dyn.dt  # rewritten while no chained step was in flight
+    eng.express_take = False
+    dyn.run(3)
+    assert eng.n_chained == 8
+    eng.express_take, eng.chain = True, False
+    dyn.run(3)
+    assert eng.n_chained == 8
+
+
+def test_release_captures_drops_the_chains(fake_graphs):
+    model = make_model()
+    _, calc, dyn, _ = _run(model, True, steps=6)
+    eng = calc.engine
+    assert len(eng._md_chains) == 1
+    eng.release_captures()
+    assert not eng._md_chains and not eng._md_runners
+    dyn.run(8)  # captured again, chained again
+    assert len(eng._md_chains) == 1 and eng.n_chain_adopted >= 3
+
+
+def _cuda_md(chain: bool, hidden: int = 32, steps: int = 200):
+    atoms = molecule("C6H6")
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(2))
+    calc = StudentCalculator(make_model(hidden=hidden), device="cuda", skin=1.0, check_domain=None)
+    calc.engine.chain = chain
+    atoms.calc = calc
+    VelocityVerlet(atoms, timestep=0.5 * units.fs).run(steps)
+    return atoms, calc.engine
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_chained_steps_on_cuda():
+    """On CUDA (captured steps, zero-copy buffers, an event per queued step): the device's predictions equal the
+    host's bit for bit (every chained step kept and taken), and the trajectory equals the one without chains to the
+    float32 steps' sums (1e-5 Å after 200 steps)."""
+    a_on, eng = _cuda_md(True)
+    a_off, eng_off = _cuda_md(False)
+    assert eng.mode == "cudagraph" and eng._md_chains
+    assert eng.n_chained >= 190 and eng.n_chain_adopted == eng.n_chained and eng.n_chain_dropped == 0, (
+        eng.n_chained,
+        eng.n_chain_adopted,
+        eng.n_chain_dropped,
+    )
+    assert eng.n_ahead_missed == 0 and eng_off.n_chained == 0
+    np.testing.assert_allclose(a_on.positions, a_off.positions, rtol=0, atol=1e-5)
