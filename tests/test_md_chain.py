@@ -152,7 +152,7 @@ def test_release_captures_drops_the_chains(fake_graphs):
     assert len(eng._md_chains) == 1 and eng.n_chain_adopted >= 3
 
 
-def _cuda_md(chain: bool, hidden: int = 32, steps: int = 200):
+def _cuda_md(chain: bool, hidden: int = 128, steps: int = 200):
     atoms = molecule("C6H6")
     maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(2))
     calc = StudentCalculator(make_model(hidden=hidden), device="cuda", skin=1.0, check_domain=None)
@@ -167,10 +167,10 @@ def _cuda_md(chain: bool, hidden: int = 32, steps: int = 200):
 def test_chained_steps_on_cuda():
     """On CUDA (captured steps, zero-copy buffers, an event per queued step): the device's predictions equal the
     host's bit for bit (every chained step kept and taken), and the trajectory equals the one without chains to the
-    float32 steps' sums (1e-5 Å after 200 steps)."""
+    float32 steps' sums (1e-5 Å after 200 steps). 128 features: the model's captured step (no dense step)."""
     a_on, eng = _cuda_md(True)
     a_off, eng_off = _cuda_md(False)
-    assert eng.mode == "cudagraph" and eng._md_chains
+    assert eng.mode == "cudagraph" and eng._md_chains and not next(iter(eng._md_runners.values())).dense
     assert eng.n_chained >= 190 and eng.n_chain_adopted == eng.n_chained and eng.n_chain_dropped == 0, (
         eng.n_chained,
         eng.n_chain_adopted,
@@ -178,3 +178,12 @@ def test_chained_steps_on_cuda():
     )
     assert eng.n_ahead_missed == 0 and eng_off.n_chained == 0
     np.testing.assert_allclose(a_on.positions, a_off.positions, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_no_chain_behind_the_dense_step_on_cuda():
+    """A 32-wide student's benzene runs the dense step, whose MD step is host-bound: nothing is chained there."""
+    _, eng = _cuda_md(True, hidden=32, steps=50)
+    assert next(iter(eng._md_runners.values())).dense
+    assert eng.n_chained == 0 and not eng._md_chains and eng.n_ahead_taken >= 45

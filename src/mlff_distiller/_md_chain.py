@@ -85,17 +85,23 @@ class MDChain:
 
         return chained_step
 
-    def set_consts(self, dt: float, origin: np.ndarray, masses: np.ndarray, busy: bool) -> bool:
-        """Write the time step, origin and masses if they changed; False where they changed while a chained step may
-        still read them (``busy``: the step in flight is one of this chain's)."""
-        key = (dt, origin.tobytes(), masses.tobytes())
-        if key == self.consts_key:
+    def set_consts(self, dt: float, origin: torch.Tensor, masses: np.ndarray, busy: bool) -> bool:
+        """Write the time step, origin (the batch's ``[1, 3]`` float64 tensor) and masses ``[n, 1]`` if they changed;
+        False where they changed while a chained step may still read them (``busy``: the step in flight is one of
+        this chain's)."""
+        kept = self.consts_key
+        if kept is not None and dt == kept[0] and origin is kept[3] and masses is kept[4]:
+            return True  # (the calculator's MD step hands the same objects each call: their bytes not read again)
+        origin_values = origin.numpy()
+        key = (dt, origin_values.tobytes(), masses.tobytes(), origin, masses)
+        if kept is not None and key[:3] == kept[:3]:
+            self.consts_key = key
             return True
         if busy:
             return False
         c = self.consts.array
         c[0], c[1] = 0.5 * dt, dt
-        c[2:5] = origin.reshape(3)
+        c[2:5] = origin_values.reshape(3)
         c[5:] = masses.reshape(-1)
         self.consts_key = key
         return True

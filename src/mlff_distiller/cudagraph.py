@@ -153,17 +153,12 @@ _STREAMS: dict[tuple, torch.cuda.Stream] = {}
 STREAMS_KEPT = 64
 
 
-def synchronize_current_stream(device: torch.device) -> None:
-    """``torch.cuda.current_stream(device).synchronize()`` for less host time: the current stream read as
-    ``current_stream`` reads it (``torch._C._cuda_getCurrentStream`` of the device index), without its
-    initialisation check and device parsing, and its ``Stream`` object made once per stream instead of on every
-    call. ``current_stream`` took ~7 µs of a ~120 µs benzene MD step on the H200 host (results/stop78_gpu/c/), for
-    the step's one wait. ``device``: a CUDA device with its index (the engine's); anything else, or a torch without
-    that binding, goes through ``current_stream``."""
+def current_stream_cached(device: torch.device) -> torch.cuda.Stream:
+    """``torch.cuda.current_stream(device)`` for less host time (see :func:`synchronize_current_stream`): the
+    current stream read through ``torch._C._cuda_getCurrentStream``, its ``Stream`` object made once per stream."""
     get = getattr(torch._C, "_cuda_getCurrentStream", None)
     if get is None or device.index is None:
-        torch.cuda.current_stream(device).synchronize()
-        return
+        return torch.cuda.current_stream(device)
     data = get(device.index)
     key = data if isinstance(data, tuple) else tuple(data)
     stream = _STREAMS.get(key)
@@ -171,7 +166,17 @@ def synchronize_current_stream(device: torch.device) -> None:
         if len(_STREAMS) >= STREAMS_KEPT:
             _STREAMS.clear()
         stream = _STREAMS[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
-    stream.synchronize()
+    return stream
+
+
+def synchronize_current_stream(device: torch.device) -> None:
+    """``torch.cuda.current_stream(device).synchronize()`` for less host time: the current stream read as
+    ``current_stream`` reads it (``torch._C._cuda_getCurrentStream`` of the device index), without its
+    initialisation check and device parsing, and its ``Stream`` object made once per stream instead of on every
+    call. ``current_stream`` took ~7 µs of a ~120 µs benzene MD step on the H200 host (results/stop78_gpu/c/), for
+    the step's one wait. ``device``: a CUDA device with its index (the engine's); anything else, or a torch without
+    that binding, goes through ``current_stream``."""
+    current_stream_cached(device).synchronize()
 
 
 def host_views_work(device: torch.device) -> bool:

@@ -18,7 +18,13 @@ import torch
 from mlff_distiller._md_chain import MDChain
 from mlff_distiller.batch import AtomsBatch, pair_vectors64
 from mlff_distiller.buckets import HOST_FILL_MAX_EDGES, Bucket, PaddedGraph, fill_padded, fill_padded_host
-from mlff_distiller.cudagraph import HostBuffer, copy_bits, host_views_work, synchronize_current_stream
+from mlff_distiller.cudagraph import (
+    HostBuffer,
+    copy_bits,
+    current_stream_cached,
+    host_views_work,
+    synchronize_current_stream,
+)
 from mlff_distiller.engine_padded import _EagerRunner, _verlet_args, _with_stress, exact_pairs, unpack
 
 __all__ = ["VERLET_EDGE_HEADROOM", "ZERO_COPY_COUNTS_PER_BUCKET", "ZERO_COPY_MAX_ATOMS", "VerletPaths"]
@@ -341,7 +347,9 @@ class VerletPaths:
         fill, n = self._verlet_fill, batch.num_atoms
         key = (fill.bucket, n)
         md = self._md_runners.get(key)
-        if md is None or isinstance(md.runner, _EagerRunner):
+        if md is None or md.dense or isinstance(md.runner, _EagerRunner):
+            # Not behind the dense step (~50 µs): its MD step is host-bound, and the chain's host work made the
+            # 64 x 3 student's benzene step slower, 156-250 against 106-157 µs (results/stop81_gpu/e/).
             return False
         chain, parity = self._md_chains.get(key), ahead[6]
         if chain is None or chain.md is not md:
@@ -351,12 +359,12 @@ class VerletPaths:
             return False  # (its captures waited for the device; chained from the next call on)
         if ahead[0] is not (md if parity is None else chain.steps[parity]):
             return False
-        if not chain.set_consts(dt, batch.origin.numpy(), masses, busy=parity is not None):
+        if not chain.set_consts(dt, batch.origin, masses, busy=parity is not None):
             return False
         event = None
         if self.device.type == "cuda":
             event = self._chain_event = self._chain_event or torch.cuda.Event()
-            event.record()  # the end of the step this call takes
+            event.record(current_stream_cached(self.device))  # the end of the step this call takes
         k = 0 if parity is None else 1 - parity
         chain.queue(k, positions, momenta, source=md if parity is None else None)
         self._ahead = (*ahead[:7], event)
