@@ -273,6 +273,7 @@ def test_the_current_stream_wait_reads_the_current_stream_each_time(monkeypatch)
     current[0] = (7, 0, 1)
     cudagraph.synchronize_current_stream(dev)  # a third stream: the kept ones are dropped first
     assert list(cudagraph._STREAMS) == [(7, 0, 1)] and waited[-1] == (7, 0, 1)
+    assert cudagraph.current_stream_cached(dev) is cudagraph._STREAMS[(7, 0, 1)]  # (the chain's event records there)
     slow = []
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: slow.append(device) or FakeStream(9, 0, 1))
     cudagraph.synchronize_current_stream(torch.device("cuda"))  # no index: the plain way
