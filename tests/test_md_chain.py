@@ -152,6 +152,23 @@ def test_release_captures_drops_the_chains(fake_graphs):
     assert len(eng._md_chains) == 1 and eng.n_chain_adopted >= 3
 
 
+def test_a_chain_that_cannot_be_captured_leaves_md_as_it_was(fake_graphs, monkeypatch):
+    """Out of memory while capturing the two chained steps: the engine goes on without chains (its switch off), and
+    the trajectory is the one without them."""
+    from mlff_distiller import _md_chain
+
+    def no_memory(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+
+    monkeypatch.setattr(_md_chain.MDChain, "__init__", no_memory)
+    model = make_model()
+    on, off = _run(model, True, steps=12), _run(model, False, steps=12)
+    _same(on, off)
+    eng = on[1].engine
+    assert eng.chain is False and not eng._md_chains and eng.n_chained == 0
+    assert eng.n_ahead_taken == off[1].engine.n_ahead_taken
+
+
 def _cuda_md(chain: bool, hidden: int = 128, steps: int = 200):
     atoms = molecule("C6H6")
     maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(2))

@@ -355,7 +355,16 @@ class VerletPaths:
         if chain is None or chain.md is not md:
             if parity is not None or ahead[0] is not md:
                 return False
-            self._md_chains[key] = MDChain(self, md, fill, n, self._dense_of(fill.graph) or self._step)
+            try:
+                chain = MDChain(self, md, fill, n, self._dense_of(fill.graph) or self._step)
+            except torch.OutOfMemoryError:
+                chain = None
+            if chain is None or any(isinstance(s.runner, _EagerRunner) for s in chain.steps):
+                # Two more captures did not fit, or failed: this engine goes on without chained steps (an eager
+                # "chained" step would cost more host time than it saves).
+                self.chain = False
+                return False
+            self._md_chains[key] = chain
             return False  # (its captures waited for the device; chained from the next call on)
         if ahead[0] is not (md if parity is None else chain.steps[parity]):
             return False
