@@ -141,6 +141,33 @@ def test_chains_only_behind_a_step_the_call_takes(fake_graphs):
     assert eng.n_chained == 8
 
 
+def test_nothing_is_chained_where_the_host_predicts_other_motion(fake_graphs):
+    """Followed Langevin (its noise is the host's to draw) takes its launches ahead but chains nothing; a float64
+    engine makes no launches ahead at all."""
+    from ase.constraints import FixCom
+    from ase.md.langevin import Langevin
+
+    model = make_model()
+    atoms = molecule("C6H6")
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(4))
+    atoms.set_constraint(FixCom())
+    calc = _calc(model, True)
+    atoms.calc = calc
+    dyn = Langevin(atoms, 0.5 * units.fs, temperature_K=300, friction=0.05, rng=np.random.default_rng(7), fixcm=False)
+    calc.follow(dyn)
+    dyn.run(15)
+    assert calc.engine.n_ahead_taken >= 12 and calc.engine.n_chained == 0 and not calc.engine._md_chains
+
+    atoms = molecule("C6H6")
+    maxwell_boltzmann(atoms, 300, rng=np.random.default_rng(4))
+    calc = StudentCalculator(model, device="cpu", precision="fp64", skin=1.0, check_domain=None)
+    calc.engine = ForceEngine(model, device="cpu", precision="fp64", pad=True, neighbor_skin=1.0)
+    calc.engine.mode, calc.engine.zero_copy, calc.engine.speculative_verlet = "cudagraph", True, True
+    atoms.calc = calc
+    VelocityVerlet(atoms, timestep=0.5 * units.fs).run(10)
+    assert calc.engine.n_chained == 0 and calc.engine.n_ahead_taken == 0
+
+
 def test_release_captures_drops_the_chains(fake_graphs):
     model = make_model()
     _, calc, dyn, _ = _run(model, True, steps=6)
