@@ -85,7 +85,8 @@ def torch_predict(x, p, f32, m, origin, half_dt, dt, out64, out32):
 
 
 def triton_predict(x, p, f32, m, origin, half_dt, dt, out64, out32, fusion: bool, coef=None):
-    """One Triton kernel; ``coef``: the float64 tensor (half_dt, dt) on the device (made here if None)."""
+    """One Triton kernel; ``coef``: the float64 tensor (half_dt, dt) on the device (``_forms`` makes it once; made
+    here if None)."""
     n3 = x.numel()
     block = 128
     extra = {} if fusion or INTERPRETING else {"enable_fp_fusion": False}

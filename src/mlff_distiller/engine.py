@@ -370,7 +370,7 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
         self.n_discarded = 0  # speculative steps thrown away because the list was rebuilt (or took a new cell)
         # Steps launched ahead by the caller on positions it predicted (launch_ahead), and how the next call found
         # them: the same positions (taken) or others (thrown away). last_ahead: the last call's (None: none launched).
-        self._ahead: tuple | None = None
+        self._ahead = None  # engine_verlet._Launch
         self.n_ahead_taken = 0
         self.n_ahead_missed = 0
         self.last_ahead: bool | None = None
@@ -383,7 +383,7 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
         # the chains per Verlet bucket and atom count, the one queued in this call (_chained), the step the last
         # call took (_taken_md), and counts of queued, kept and dropped ones.
         self._md_chains: dict = {}
-        self._chained: tuple | None = None
+        self._chained = None  # engine_verlet._Chained
         self._chain_event = None
         self._taken_md = None
         self._n_computes = 0

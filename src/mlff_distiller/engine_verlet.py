@@ -65,6 +65,28 @@ class _MDStep(NamedTuple):
     dense: bool = False  # the captured step is the dense step (PaddedPaths._dense_of)
 
 
+class _Launch(NamedTuple):
+    """The step launched ahead (``ForceEngine._ahead``): what the next call checks before it takes it."""
+
+    md: _MDStep  # the zero-copy step launched (the bucket's own, or one of an MDChain's two)
+    builds: int  # the list's build count at the launch
+    cell_updates: int  # and its cell updates
+    tested: bool  # the launch ran the displacement test on these positions
+    tensor: torch.Tensor  # the launched positions (the calculator's batch hands the same tensor back)
+    version: int  # its _version at the launch
+    parity: int | None = None  # a chained step's (chain_ahead): its positions predicted on the device
+    event: object = None  # recorded after it where a chained step was queued behind it (waited for, not the stream)
+
+
+class _Chained(NamedTuple):
+    """The chained step queued in this call (:meth:`VerletPaths.chain_ahead`), until ``launch_ahead`` keeps it."""
+
+    chain: MDChain
+    source: _MDStep  # the step it read its forces from (this call must take it)
+    parity: int
+    call: int  # the engine call it was queued for (``_n_computes`` of that call)
+
+
 class VerletPaths:
     def _compute_padded_verlet(
         self, batch: AtomsBatch, to_host: bool, as_numpy: bool = False, stress: bool = False
@@ -271,11 +293,11 @@ class VerletPaths:
         positions it read are ``batch``'s, byte for byte."""
         chained, self._chained = self._chained, None
         launched = self._launch_ahead(batch, chained)
-        if chained is not None and (self._ahead is None or self._ahead[6] is None):
+        if chained is not None and (self._ahead is None or self._ahead.parity is None):
             self.n_chain_dropped += 1  # queued on forces this call did not take, or before a rebuild
         return launched
 
-    def _launch_ahead(self, batch: AtomsBatch, chained: tuple | None) -> bool:
+    def _launch_ahead(self, batch: AtomsBatch, chained: _Chained | None) -> bool:
         self._ahead = None
         fill, v = self._verlet_fill, self.verlet
         if fill is None or v is None or fill.builds != v.n_builds or fill.cell_updates != v.cell_updates:
@@ -308,19 +330,19 @@ class VerletPaths:
         if (
             chained is not None
             and not rebuilt
-            and chained[3] == self._n_computes
-            and self._taken_md is chained[1]
-            and chained[0].md is md
+            and chained.call == self._n_computes
+            and self._taken_md is chained.source
+            and chained.chain.md is md
         ):
             # The step after the one this call took is queued already (chain_ahead), on the device's prediction of
             # these positions: taken at the next call where the bytes agree (_take_launched, _take_ahead).
-            chain, k = chained[0], chained[2]
-            self._ahead = (chain.steps[k], fill.builds, fill.cell_updates, tested, tensor, tensor._version, k, None)
+            step, k = chained.chain.steps[chained.parity], chained.parity
+            self._ahead = _Launch(step, fill.builds, fill.cell_updates, tested, tensor, tensor._version, k)
             self.n_chain_adopted += 1
             return True
         np.copyto(md.positions.array, tensor.numpy())
         md.runner.replay()
-        self._ahead = (md, fill.builds, fill.cell_updates, tested, tensor, tensor._version, None, None)
+        self._ahead = _Launch(md, fill.builds, fill.cell_updates, tested, tensor, tensor._version)
         return True
 
     def chain_ahead(
@@ -351,9 +373,9 @@ class VerletPaths:
             # Not behind the dense step (~50 µs): its MD step is host-bound, and the chain's host work made the
             # 64 x 3 student's benzene step slower, 156-250 against 106-157 µs (results/stop81_gpu/e/).
             return False
-        chain, parity = self._md_chains.get(key), ahead[6]
+        chain, parity = self._md_chains.get(key), ahead.parity
         if chain is None or chain.md is not md:
-            if parity is not None or ahead[0] is not md:
+            if parity is not None or ahead.md is not md:
                 return False
             try:
                 chain = MDChain(self, md, fill, n, self._dense_of(fill.graph) or self._step)
@@ -366,7 +388,7 @@ class VerletPaths:
                 return False
             self._md_chains[key] = chain
             return False  # (its captures waited for the device; chained from the next call on)
-        if ahead[0] is not (md if parity is None else chain.steps[parity]):
+        if ahead.md is not (md if parity is None else chain.steps[parity]):
             return False
         if not chain.set_consts(dt, batch.origin, masses, busy=parity is not None):
             return False
@@ -376,8 +398,8 @@ class VerletPaths:
             event.record(current_stream_cached(self.device))  # the end of the step this call takes
         k = 0 if parity is None else 1 - parity
         chain.queue(k, positions, momenta, source=md if parity is None else None)
-        self._ahead = (*ahead[:7], event)
-        self._chained = (chain, ahead[0], k, self._n_computes + 1)
+        self._ahead = ahead._replace(event=event)
+        self._chained = _Chained(chain, ahead.md, k, self._n_computes + 1)
         self.n_chained += 1
         return True
 
