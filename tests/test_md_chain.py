@@ -15,6 +15,8 @@ from ase import units
 from ase.build import molecule
 from ase.md.verlet import VelocityVerlet
 from helpers import make_model
+from mlff_distiller.kernels import triton_available, use_backend
+from mlff_distiller.kernels.verlet_predict import verlet_predict
 
 from mlff_distiller import ForceEngine, StudentCalculator
 from mlff_distiller._md_chain import MDChain
@@ -65,6 +67,28 @@ def test_a_chained_trajectory_is_the_trajectory_without(fake_graphs):
     assert eng.n_chain_dropped == 0
     assert off[1].engine.n_chained == 0
     assert len(eng._md_chains) == 1
+
+
+@pytest.mark.skipif(not triton_available("cpu"), reason="the Triton interpreter (TRITON_INTERPRET=1) is not on")
+def test_the_chain_predicts_with_the_triton_kernel(fake_graphs, monkeypatch):
+    """The chained steps' prediction through the Triton kernel (interpreted here; compiled without FMA contraction
+    on the GPU) is taken every time, and the trajectory is the one without chains, bit for bit."""
+    from mlff_distiller import _md_chain
+
+    calls = []
+
+    def triton_predict(*args):
+        calls.append(1)
+        with use_backend("triton"):
+            verlet_predict(*args)
+
+    monkeypatch.setattr(_md_chain, "verlet_predict", triton_predict)
+    model = make_model()
+    on, off = _run(model, True), _run(model, False)
+    _same(on, off)
+    eng = on[1].engine
+    assert eng.n_chained >= 36 and eng.n_chain_adopted == eng.n_chained and eng.n_chain_dropped == 0
+    assert len(calls) >= eng.n_chained
 
 
 def test_rebuilds_drop_the_chained_step_and_keep_the_trajectory(fake_graphs):

@@ -10,8 +10,9 @@ predict ASE's next positions as ``StudentCalculator._verlet_next`` and ``_moved`
 zero-copy step on them. So the next step is queued before the host waits for the current one.
 
 The prediction is ASE's arithmetic op for op, in float64: ``kick = F * (0.5 dt)``, ``p' = p + kick``, ``p' += kick``,
-``x' = x + (p' * dt) / m``, then ``x' - origin`` cast to the engine's float32, each op a torch elementwise kernel
-(no contraction into FMAs). On the H200 these gave NumPy's bits for every coordinate tried
+``x' = x + (p' * dt) / m``, then ``x' - origin`` cast to the engine's float32
+(:func:`mlff_distiller.kernels.verlet_predict.verlet_predict`: one Triton kernel compiled without contraction into
+FMAs, or the same ops as torch elementwise kernels). On the H200 both gave NumPy's bits for every coordinate tried
 (``benchmarks/results/stop81_gpu/d/probe_verlet_predict.md``). The engine takes a chained step only where the positions
 it read equal, byte for byte, the ones the calculator predicted on the host: a difference costs a fresh step, never a
 wrong result.
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from mlff_distiller.cudagraph import HostBuffer, copy_bits
+from mlff_distiller.kernels.verlet_predict import verlet_predict
 
 __all__ = ["MDChain"]
 
@@ -68,17 +70,11 @@ class MDChain:
     def _chained(self, k: int, positions, packed, static, step):
         n = self.n
         prev = packed[1 - k].view[self.rows].view(-1, 3)[:n]
-        c = self.consts.view
-        half_dt, dt, origin, m = c[0], c[1], c[2:5], c[5:].view(n, 1)
-        x, p, out = self.x[k].view, self.p[k].view, positions[k].view
+        consts, x, p, out = self.consts.view, self.x[k].view, self.p[k].view, positions[k].view
 
         def chained_step(*inputs):
-            kick = prev.to(torch.float64) * half_dt
-            pn = p + kick
-            pn += kick
-            xn = x + (pn * dt) / m
-            out.copy_(xn - origin)  # rounded once to the engine's dtype, as _moved's NumPy cast
-            copy_bits(out, static)
+            # one Triton kernel on the GPU (kernels/verlet_predict.py), the same bits as the torch ops elsewhere
+            verlet_predict(prev, x, p, consts, out, static)
             result = step(*inputs)
             copy_bits(result, packed[k].view)
             return result
