@@ -125,21 +125,25 @@ def _mean_step_us(dyn, steps: int) -> float:
 
 
 # The switches --ab-switch alternates: class attributes, on by default, of the calculator or of its engine.
-AB_SWITCHES = {"reuse_ahead": "calculator", "express_take": "engine", "chain": "engine"}
+AB_SWITCHES = {"reuse_ahead": "calculator", "express_take": "engine", "chain": "engine", "device_kernel": "chain"}
 
 
 def ab_rows(dyn, steps: int, rounds: int, switch: str = "reuse_ahead") -> list[str]:
-    """The class switch ``switch`` (``StudentCalculator.reuse_ahead``, ``ForceEngine.express_take`` or
-    ``ForceEngine.chain``) off and on,
+    """The class switch ``switch`` (``StudentCalculator.reuse_ahead``, ``ForceEngine.express_take``,
+    ``ForceEngine.chain`` or ``MDChain.device_kernel``: the chains captured again) off and on,
     alternating for ``rounds`` rounds of ``steps`` steps each: the mean µs a step of each, with the host's speed
     before the round."""
+    from mlff_distiller._md_chain import MDChain
+
     calc = dyn.atoms.calc
-    owner = type(calc) if AB_SWITCHES[switch] == "calculator" else type(calc.engine)
+    owner = {"calculator": type(calc), "engine": type(calc.engine), "chain": MDChain}[AB_SWITCHES[switch]]
     lines = ["", f"| round | {switch} | host work µs | mean µs a step |", "|---|---|---:|---:|"]
     try:
         for k in range(rounds):
             for on in (False, True):
                 setattr(owner, switch, on)
+                if owner is MDChain:
+                    calc.engine._md_chains.clear()  # captured again, with the switch as set, in the warm-up steps
                 dyn.run(20)
                 host = host_work_us(200)
                 lines.append(f"| {k + 1} | {'on' if on else 'off'} | {host:.1f} | {_mean_step_us(dyn, steps):.1f} |")

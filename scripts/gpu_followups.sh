@@ -1626,13 +1626,17 @@ case "${1:-}" in
     # chained step in more fresh processes (stop 81: 189.9 / 177.4 µs in two), each with the host's phase beside it,
     # and the chain off / on in one process for the 128 x 3 student (stop 81: 0.86x in the pair at one host speed).
     for k in 1 2 3; do
-      timeout 100 python3 benchmarks/bench_engine.py --hidden 128 --sections md --budget-s 80 --out "$OUT" \
+      timeout 95 python3 benchmarks/bench_engine.py --hidden 128 --sections md --budget-s 75 --out "$OUT" \
         --name engine_md128_chain${k}_h200 >"$OUT/bench_engine_md128_${k}.log" 2>&1
       grep -E "auto = cudagraph" "$OUT/engine_md128_chain${k}_h200.md" || tail -5 "$OUT/bench_engine_md128_${k}.log"
     done
-    timeout 150 python3 benchmarks/probe_md_phases.py --steps 2000 --model builtin:chno-gfn2 --ab-rounds 4 \
+    timeout 100 python3 benchmarks/probe_md_phases.py --steps 2000 --model builtin:chno-gfn2 --ab-rounds 4 \
       --ab-switch chain >"$OUT/md_phases_chain_ab.txt" 2>&1
     tail -10 "$OUT/md_phases_chain_ab.txt"
+    # Stop 82: the chain's prediction as one Triton kernel (kernels/verlet_predict.py) against the torch ops
+    timeout 100 python3 benchmarks/probe_md_phases.py --steps 2000 --model builtin:chno-gfn2 --ab-rounds 4 \
+      --ab-switch device_kernel >"$OUT/md_phases_kernel_ab.txt" 2>&1
+    tail -10 "$OUT/md_phases_kernel_ab.txt"
     ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then

@@ -79,3 +79,13 @@ def test_the_phases_probe_switches_the_express_take():
     assert sum("| 1 | off |" in line or "| 1 | on |" in line for line in lines) == 2
     assert "| round | express_take |" in "\n".join(lines)
     assert ForceEngine.express_take is True
+
+
+def test_the_phases_probe_switches_the_chains_prediction_kernel():
+    """--ab-switch device_kernel alternates MDChain.device_kernel (the chains captured again) and restores it."""
+    from mlff_distiller._md_chain import MDChain
+
+    lines = probe_md_phases.run(3, "builtin:chno-gfn2-small", "cpu", rounds=1, switch="device_kernel")
+    assert sum("| 1 | off |" in line or "| 1 | on |" in line for line in lines) == 2
+    assert "| round | device_kernel |" in "\n".join(lines)
+    assert MDChain.device_kernel is True

@@ -20,11 +20,13 @@ wrong result.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 
 from mlff_distiller.cudagraph import HostBuffer, copy_bits
-from mlff_distiller.kernels.verlet_predict import verlet_predict
+from mlff_distiller.kernels.verlet_predict import verlet_predict, verlet_predict_reference
 
 __all__ = ["MDChain"]
 
@@ -38,6 +40,10 @@ class MDChain:
     (host buffers the host fills when it queues step k). ``consts``: ``0.5 dt``, ``dt``, the origin (3) and the
     masses (n), float64, rewritten only while no chained step is in flight.
     """
+
+    # The prediction as one Triton kernel where the kernel backend is Triton (kernels/verlet_predict.py); False: as
+    # torch's elementwise ops, ~10 kernels in the graph (probes time the two; the same bits either way).
+    device_kernel: ClassVar[bool] = True
 
     def __init__(self, engine, md, fill, n: int, step) -> None:
         from mlff_distiller.engine_verlet import _MDStep
@@ -71,10 +77,10 @@ class MDChain:
         n = self.n
         prev = packed[1 - k].view[self.rows].view(-1, 3)[:n]
         consts, x, p, out = self.consts.view, self.x[k].view, self.p[k].view, positions[k].view
+        predict = verlet_predict if self.device_kernel else verlet_predict_reference
 
         def chained_step(*inputs):
-            # one Triton kernel on the GPU (kernels/verlet_predict.py), the same bits as the torch ops elsewhere
-            verlet_predict(prev, x, p, consts, out, static)
+            predict(prev, x, p, consts, out, static)
             result = step(*inputs)
             copy_bits(result, packed[k].view)
             return result
