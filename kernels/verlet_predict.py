@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ._backend import resolve_backend
-from ._triton_utils import HAS_TRITON, INTERPRETING, tl, triton
+from ._triton_utils import HAS_TRITON, INTERPRETING, cdiv, tl, triton
 
 __all__ = ["verlet_predict", "verlet_predict_reference"]
 
@@ -101,5 +101,5 @@ def verlet_predict(forces: Tensor, x: Tensor, p: Tensor, consts: Tensor, out: Te
         verlet_predict_reference(forces, x, p, consts, out, also)
         return
     options = {} if INTERPRETING else {"enable_fp_fusion": False}
-    _verlet_predict_kernel[(triton.cdiv(3 * n, _BLOCK),)](forces, x, p, consts, out, also, 3 * n, BLOCK=_BLOCK,
+    _verlet_predict_kernel[(cdiv(3 * n, _BLOCK),)](forces, x, p, consts, out, also, 3 * n, BLOCK=_BLOCK,
                                                           **options)  # fmt: skip
