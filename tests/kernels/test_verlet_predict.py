@@ -1,9 +1,13 @@
 """kernels/verlet_predict.py: ASE's velocity-Verlet prediction on the device, bit for bit.
 
-The oracle is the calculator's own NumPy arithmetic (``StudentCalculator._verlet_next``, then ``_moved``'s float32
-cast). The Triton kernel (CPU interpreter, and CUDA when present) and the torch reference must give its bits exactly,
-since the chained MD step is taken only where they do.
+The oracle is the calculator's NumPy arithmetic (``StudentCalculator._verlet_next``, then ``_moved``'s float32
+cast), as ``benchmarks/probe_verlet_predict.numpy_predict`` writes it (checked against ASE's VelocityVerlet). The
+Triton kernel (CPU interpreter, and CUDA when present) and the torch reference must give its bits exactly, since the
+chained MD step is taken only where they do.
 """
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,18 +15,16 @@ import torch
 from mlff_distiller.kernels import use_backend
 from mlff_distiller.kernels.verlet_predict import verlet_predict, verlet_predict_reference
 
-FS = 0.09822694788464063  # ase.units.fs
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import probe_verlet_predict as probe
+
+FS = probe.FS  # ase.units.fs
 
 
 def _numpy_predict(f32, x, p, m, origin, dt):
-    """``StudentCalculator._verlet_next`` and ``_moved``'s cast, as the calculator runs them."""
-    kick = 0.5 * dt * f32.astype(np.float64)
-    pn = p + kick
-    pn += kick
-    xn = x + dt * pn / m
-    out = np.empty(xn.shape, dtype=np.float32)
-    np.subtract(xn, origin, out=out, casting="unsafe")
-    return out
+    """The calculator's float32 input: the probe's NumPy reference, which tests/test_probe_verlet_predict.py checks
+    against ASE's VelocityVerlet bit for bit."""
+    return probe.numpy_predict(x, p, f32, m, origin, dt)[1]
 
 
 def _inputs(n: int, seed: int, dt_fs: float):
