@@ -271,7 +271,8 @@ def bench_md(model, clock: Clock, rows: list, steps: int = 300) -> None:
                 graphs=len(eng.captured_buckets),
                 builds=eng.verlet.n_builds,
                 ahead=f"{eng.n_ahead_taken} taken, {eng.n_ahead_missed} missed"
-                + (f", {eng.n_chain_adopted} chained" if getattr(eng, "n_chained", 0) else ""),
+                + (f", {eng.n_chain_adopted} chained" if getattr(eng, "n_chained", 0) else "")
+                + (f" ({eng.n_chain_kept} kept unpredicted)" if getattr(eng, "n_chain_kept", 0) else ""),
                 dense=any(md.dense for md in getattr(eng, "_md_runners", {}).values()),
                 host_us=(host_before, host_work_us()),
             )

@@ -63,6 +63,8 @@ PIECES = (
     ("torch.cuda", None, "current_stream"),
     ("mlff_distiller.calculator", "StudentCalculator", "_chain_ahead"),
     ("mlff_distiller.engine", "ForceEngine", "chain_ahead"),
+    ("mlff_distiller.engine", "ForceEngine", "keep_chained"),
+    ("mlff_distiller.engine", "ForceEngine", "_launch_takeable"),
     ("mlff_distiller._md_chain", "MDChain", "queue"),
     ("mlff_distiller.engine", "ForceEngine", "_wait"),
     ("mlff_distiller.calculator", "StudentCalculator", "get_property"),
@@ -125,12 +127,19 @@ def _mean_step_us(dyn, steps: int) -> float:
 
 
 # The switches --ab-switch alternates: class attributes, on by default, of the calculator or of its engine.
-AB_SWITCHES = {"reuse_ahead": "calculator", "express_take": "engine", "chain": "engine", "device_kernel": "chain"}
+AB_SWITCHES = {
+    "reuse_ahead": "calculator",
+    "express_take": "engine",
+    "chain": "engine",
+    "keep_chained_steps": "engine",
+    "device_kernel": "chain",
+}
 
 
 def ab_rows(dyn, steps: int, rounds: int, switch: str = "reuse_ahead") -> list[str]:
     """The class switch ``switch`` (``StudentCalculator.reuse_ahead``, ``ForceEngine.express_take``,
-    ``ForceEngine.chain`` or ``MDChain.device_kernel``: the chains captured again) off and on,
+    ``ForceEngine.chain``, ``ForceEngine.keep_chained_steps`` or ``MDChain.device_kernel``: the chains captured
+    again) off and on,
     alternating for ``rounds`` rounds of ``steps`` steps each: the mean µs a step of each, with the host's speed
     before the round."""
     from mlff_distiller._md_chain import MDChain

@@ -54,9 +54,18 @@ def _same(run_a, run_b) -> None:
     np.testing.assert_array_equal(e_a, e_b)
 
 
-def test_a_chained_trajectory_is_the_trajectory_without(fake_graphs):
+@pytest.fixture(params=[True, False], ids=["kept", "host-predicted"])
+def keep(request, monkeypatch):
+    """Both ways of keeping a chained step as the launch ahead: without the host's prediction of its positions
+    (``ForceEngine.keep_chained``: the next call compares its own positions with the device's) and with it."""
+    monkeypatch.setattr(ForceEngine, "keep_chained_steps", request.param)
+    return request.param
+
+
+def test_a_chained_trajectory_is_the_trajectory_without(fake_graphs, keep):
     """Bit for bit the same trajectory; from the fourth calculation on (dt found, the chain captured) every step is
-    a chained one, kept and taken."""
+    a chained one, kept and taken: without the host's prediction where ``keep_chained_steps`` is on (the list of
+    benzene is complete, never near a rebuild)."""
     model = make_model()
     on, off = _run(model, True), _run(model, False)
     _same(on, off)
@@ -65,6 +74,7 @@ def test_a_chained_trajectory_is_the_trajectory_without(fake_graphs):
     assert eng.n_ahead_taken == off[1].engine.n_ahead_taken and eng.n_ahead_missed == 0
     assert eng.n_chained >= 36 and eng.n_chain_adopted == eng.n_chained, (eng.n_chained, eng.n_chain_adopted)
     assert eng.n_chain_dropped == 0
+    assert eng.n_chain_kept == (eng.n_chain_adopted if keep else 0)
     assert off[1].engine.n_chained == 0
     assert len(eng._md_chains) == 1
 
@@ -91,9 +101,10 @@ def test_the_chain_predicts_with_the_triton_kernel(fake_graphs, monkeypatch):
     assert len(calls) >= eng.n_chained
 
 
-def test_rebuilds_drop_the_chained_step_and_keep_the_trajectory(fake_graphs):
+def test_rebuilds_drop_the_chained_step_and_keep_the_trajectory(fake_graphs, keep):
     """Hot benzene with a small skin rebuilds its list every few steps: a rebuild ahead drops the step chained on
-    the old list (launched again on the new one), and the trajectory is still the one without chains."""
+    the old list (launched again on the new one), and the trajectory is still the one without chains. (Its atoms
+    move ~0.06 Å a step against the rebuild distance of 0.15: always near a rebuild, so the host predicts.)"""
     model = make_model()
     on = _run(model, True, steps=40, skin=0.3, temperature=1500.0, dt_fs=1.0)
     off = _run(model, False, steps=40, skin=0.3, temperature=1500.0, dt_fs=1.0)
@@ -103,7 +114,37 @@ def test_rebuilds_drop_the_chained_step_and_keep_the_trajectory(fake_graphs):
     assert eng.n_chained == eng.n_chain_adopted + eng.n_chain_dropped
 
 
-def test_a_chained_step_on_other_positions_is_never_taken(fake_graphs, monkeypatch):
+def test_chained_steps_are_kept_unpredicted_away_from_a_rebuild(fake_graphs, monkeypatch):
+    """Benzene at 300 K with a 0.3 Å skin rebuilds every ~8 steps. Away from a rebuild the chained step is kept
+    without the host's prediction (``keep_chained``), near one (``VerletNeighborList.near_rebuild``) the host
+    predicts and rebuilds ahead: every rebuild after the first is made ahead and no launch is missed, as with the
+    host's prediction every step (the same counts), and the trajectory is the one without chains, bit for bit."""
+    model = make_model()
+    args = dict(steps=60, skin=0.3, temperature=300.0, dt_fs=0.5)
+    kept = _run(model, True, **args)
+    monkeypatch.setattr(ForceEngine, "keep_chained_steps", False)
+    predicted = _run(model, True, **args)
+    _same(kept, _run(model, False, **args))
+    _same(kept, predicted)
+    a, b = kept[1].engine, predicted[1].engine
+    assert a.verlet.n_builds > 5 and a.n_rebuilt_ahead == a.verlet.n_builds - 1 and a.n_ahead_missed == 0
+    assert 10 <= a.n_chain_kept < a.n_chain_adopted and b.n_chain_kept == 0
+    for name in ("n_rebuilt_ahead", "n_chained", "n_chain_adopted", "n_chain_dropped", "n_ahead_taken"):
+        assert getattr(a, name) == getattr(b, name), name
+
+    # Without the hint (never near), the rebuilds are found at the takes instead: the step taken there is thrown
+    # away and run again on the rebuilt list (n_discarded), none rebuilt ahead.
+    from mlff_distiller.neighbors.verlet import VerletNeighborList
+
+    monkeypatch.setattr(ForceEngine, "keep_chained_steps", True)
+    monkeypatch.setattr(VerletNeighborList, "near_rebuild", lambda self: False)
+    blind = _run(model, True, **args)
+    _same(blind, predicted)
+    assert a.n_discarded == 0 and blind[1].engine.n_discarded == a.verlet.n_builds - 1
+    assert blind[1].engine.n_rebuilt_ahead == 0 and blind[1].engine.n_chain_kept > a.n_chain_kept
+
+
+def test_a_chained_step_on_other_positions_is_never_taken(fake_graphs, monkeypatch, keep):
     """A device prediction that differs from the host's (here: the chain's time step 1 % off; one ulp off moves no
     float32 coordinate) makes the chained step read other positions: it is dropped and a fresh step computed, so
     the trajectory is still the one without chains. Without the byte compare the trajectory differs (the mutation
@@ -138,10 +179,13 @@ def _trusting_take_ahead(self, fill, batch):
     return None if ahead is None else ahead[0]
 
 
-def test_chains_only_behind_a_step_the_call_takes(fake_graphs):
+def test_chains_only_behind_a_step_the_call_takes(fake_graphs, keep):
     """No chained step before a launch ahead is taken with its time step found; the first call that takes one
-    captures the chain and queues nothing; each call after queues one. A changed time step misses one launch (no
-    chain behind it) and the chain resumes with the new step. None with the express take or the switch off."""
+    captures the chain and queues nothing; each call after queues one. A changed time step misses one launch and
+    the chain resumes with the new step: with the host's prediction, the call that misses queues no chained step
+    (its positions are not the predicted ones); kept without it, that call queues one before its take finds the
+    miss, and drops it after (two drops: the step missed and the one queued behind it). None with the express take
+    or the switch off."""
     model = make_model()
     _, calc, dyn, _ = _run(model, True, steps=1)
     eng = calc.engine
@@ -150,19 +194,22 @@ def test_chains_only_behind_a_step_the_call_takes(fake_graphs):
     assert eng.n_chained == 0 and len(eng._md_chains) == 1 and eng.n_ahead_taken == 1
     dyn.run(4)
     assert eng.n_chained == eng.n_chain_adopted == 4 and eng.n_ahead_taken == 5
+    assert eng.n_chain_kept == (4 if keep else 0)
     dyn.dt = 0.7 * units.fs
     dyn.run(1)
-    assert eng.n_ahead_missed == 1 and eng.n_chained == 4
+    assert eng.n_ahead_missed == 1 and eng.n_chained == (5 if keep else 4)
     dyn.run(4)
-    assert eng.n_chained == eng.n_chain_adopted == 8 and eng.n_chain_dropped == 0 and eng.n_ahead_missed == 1
+    assert eng.n_chain_adopted == 8 and eng.n_chained == (9 if keep else 8) and eng.n_ahead_missed == 1
+    assert eng.n_chain_dropped == (2 if keep else 0)
     chain = next(iter(eng._md_chains.values()))
     assert chain.consts.array[1] == dyn.dt  # rewritten while no chained step was in flight
+    chained = eng.n_chained
     eng.express_take = False
     dyn.run(3)
-    assert eng.n_chained == 8
+    assert eng.n_chained == chained
     eng.express_take, eng.chain = True, False
     dyn.run(3)
-    assert eng.n_chained == 8
+    assert eng.n_chained == chained
 
 
 def test_nothing_is_chained_where_the_host_predicts_other_motion(fake_graphs):

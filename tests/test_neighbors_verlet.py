@@ -268,3 +268,35 @@ def test_verlet_host_fast_path_decides_as_the_reference_formula(monkeypatch):
             assert len(generic) == n_generic + 1
             b.cell[0, 0, 0] += 0.01  # an in-place change of the cell rebuilds
             assert vl.needs_rebuild(built, b.cell, b.pbc, b.batch, b.ptr, numbers)
+
+
+def test_near_rebuild_extrapolates_the_largest_displacement():
+    """``near_rebuild``: near after a build until two displacement tests on different positions ran; then near
+    where the largest displacement plus ``steps`` times its growth between those tests reaches half the skin; a
+    second test of the same positions keeps the growth; never for a complete list. A hint only: the rebuild
+    itself stays the displacement test's."""
+    chain = Atoms("C12", positions=[[1.5 * k, 0.0, 0.0] for k in range(12)])
+    b = AtomsBatch.from_atoms(chain, dtype=torch.float32)
+    vl = VerletNeighborList(5.0, skin=1.0)  # rebuild distance 0.5 Å
+    vl(b.positions, b.cell, b.pbc, b.batch, b.ptr)
+    assert not vl.complete and vl.near_rebuild()  # no test yet
+
+    def test_at(shift: float) -> bool:
+        moved = b.positions.clone()
+        moved[3, 2] += shift
+        return vl.needs_rebuild(moved, b.cell, b.pbc, b.batch, b.ptr)
+
+    assert not test_at(0.05) and vl.near_rebuild()  # one test: no growth known
+    assert not test_at(0.10) and not vl.near_rebuild()  # 0.10 + 3 x 0.05 = 0.25 < 0.5
+    assert not test_at(0.10) and not vl.near_rebuild()  # the same positions again: the growth kept
+    assert not test_at(0.25) and vl.near_rebuild()  # 0.25 + 3 x 0.15 = 0.70
+    assert not vl.near_rebuild(steps=1.0)  # 0.25 + 0.15 = 0.40
+    assert not test_at(0.20) and not vl.near_rebuild()  # shrinking: 0.20 < 0.5
+    assert not test_at(0.45) and vl.near_rebuild(steps=0.5)  # 0.45 + 0.125
+    assert test_at(0.55) and vl.n_builds == 1  # a test decides; the hint rebuilt nothing
+    assert vl.n_builds == 1
+
+    small = AtomsBatch.from_atoms(Atoms("H2", positions=[[0, 0, 0], [0.74, 0, 0]]), dtype=torch.float32)
+    vl = VerletNeighborList(5.0, skin=0.3)
+    vl(small.positions, small.cell, small.pbc, small.batch, small.ptr)
+    assert vl.complete and not vl.near_rebuild()

@@ -89,3 +89,11 @@ def test_the_phases_probe_switches_the_chains_prediction_kernel():
     assert sum("| 1 | off |" in line or "| 1 | on |" in line for line in lines) == 2
     assert "| round | device_kernel |" in "\n".join(lines)
     assert MDChain.device_kernel is True
+
+
+def test_the_phases_probe_switches_the_kept_chained_steps():
+    """--ab-switch keep_chained_steps alternates ForceEngine.keep_chained_steps and restores it."""
+    lines = probe_md_phases.run(3, "builtin:chno-gfn2-small", "cpu", rounds=1, switch="keep_chained_steps")
+    assert sum("| 1 | off |" in line or "| 1 | on |" in line for line in lines) == 2
+    assert "| round | keep_chained_steps |" in "\n".join(lines)
+    assert ForceEngine.keep_chained_steps is True

@@ -223,6 +223,10 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
     # The calculator's MD step queues the step after the one it takes, with its positions predicted on the device
     # (VerletPaths.chain_ahead, mlff_distiller._md_chain); False: the host predicts and launches after each step.
     chain: ClassVar[bool] = True
+    # Where the calculator would predict the chained step's positions on the host only to compare them with the
+    # device's, it keeps the chained step without (VerletPaths.keep_chained) and the next call compares its own
+    # positions with the device's; False: the host predicts them every step (probes time the two).
+    keep_chained_steps: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -390,6 +394,7 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
         self.n_chained = 0
         self.n_chain_adopted = 0
         self.n_chain_dropped = 0
+        self.n_chain_kept = 0  # of the adopted ones, kept without the caller's prediction (keep_chained)
         self._ahead_tested = False  # the step launched ahead that this call took had its displacement test run
         self._verlet_inputs = KeptCopies()  # VerletPaths._fill_inputs: a Verlet fill's numbers and batch vector
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call

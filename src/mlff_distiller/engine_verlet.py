@@ -72,8 +72,10 @@ class _Launch(NamedTuple):
     builds: int  # the list's build count at the launch
     cell_updates: int  # and its cell updates
     tested: bool  # the launch ran the displacement test on these positions
-    tensor: torch.Tensor  # the launched positions (the calculator's batch hands the same tensor back)
-    version: int  # its _version at the launch
+    # The launched positions (the calculator's batch hands the same tensor back); None for a chained step kept
+    # without the caller's prediction (keep_chained): its positions are the device's, compared after its wait.
+    tensor: torch.Tensor | None
+    version: int | None  # the tensor's _version at the launch
     parity: int | None = None  # a chained step's (chain_ahead): its positions predicted on the device
     event: object = None  # recorded after it where a chained step was queued behind it (waited for, not the stream)
 
@@ -345,6 +347,41 @@ class VerletPaths:
         self._ahead = _Launch(md, fill.builds, fill.cell_updates, tested, tensor, tensor._version)
         return True
 
+    def keep_chained(self) -> bool:
+        """Keep the step :meth:`chain_ahead` queued in this call as the launch ahead, without positions of the
+        caller's: where the calculator would predict the next positions on the host (ASE's velocity Verlet, as the
+        device did) only to compare them with the device's, the next call compares its own positions with the
+        device's instead (:meth:`_take_launched`, after the wait), and runs the displacement test on them. True if
+        kept; else the chained step stays for :meth:`launch_ahead` (a list near its rebuild: the host's prediction
+        rebuilds it ahead) or is dropped (not queued behind the step this call took, or the list changed since).
+
+        The same decisions as the host's prediction where the two predictions agree (every step on the H200's
+        chained MD): the same step is taken on the same positions, bit for bit; where they would not, the chained
+        step is dropped at the take instead of at the launch, and the call computes a fresh step."""
+        chained = self._chained
+        if chained is None or not self.keep_chained_steps:
+            return False
+        fill, v = self._verlet_fill, self.verlet
+        if fill is not None and v is not None and v.near_rebuild():
+            return False  # launch_ahead's host prediction rebuilds the list ahead where its positions need it
+        self._chained, self._ahead = None, None
+        if (
+            fill is None
+            or v is None
+            or fill.builds != v.n_builds
+            or fill.cell_updates != v.cell_updates
+            or chained.call != self._n_computes
+            or self._taken_md is not chained.source
+            or self._md_runners.get((fill.bucket, chained.chain.n)) is not chained.chain.md
+        ):
+            self.n_chain_dropped += 1
+            return False
+        k = chained.parity
+        self._ahead = _Launch(chained.chain.steps[k], fill.builds, fill.cell_updates, False, None, None, k)
+        self.n_chain_adopted += 1
+        self.n_chain_kept += 1
+        return True
+
     def chain_ahead(
         self, batch: AtomsBatch, positions: np.ndarray, momenta: np.ndarray, masses: np.ndarray, dt: float
     ) -> bool:
@@ -416,13 +453,14 @@ class VerletPaths:
         off)."""
         if not self._launch_takeable(batch):
             return None
-        md, _, _, _, tensor, _, parity, event = self._ahead
+        md, _, _, _, _, _, parity, event = self._ahead
         if parity is not None:
-            # A chained step (chain_ahead): it predicted its positions on the device. Taken only on the bytes the
-            # calculator predicted on the host (the launched tensor's): the caller's work first, then the wait.
+            # A chained step (chain_ahead): it predicted its positions on the device. Taken only on the bytes of this
+            # call's positions (the launched tensor's where the calculator predicted them on the host): the caller's
+            # work first, then the wait.
             self._overlap()
             self._wait(event)  # (again in _md_results: a finished event's wait costs ~1 µs)
-            if md.positions.array.tobytes() != tensor.numpy().tobytes():
+            if md.positions.array.tobytes() != batch.positions.numpy().tobytes():
                 self.n_chain_dropped += 1
                 return None  # the general path compares the same bytes: a miss, and a fresh step
         fill, v = self._verlet_fill, self.verlet
@@ -437,14 +475,18 @@ class VerletPaths:
 
     def _launch_takeable(self, batch: AtomsBatch) -> bool:
         """Whether :meth:`_take_launched` takes the step launched ahead for ``batch`` (its identity and counter
-        tests; for a chained step the bytes of its positions are compared after the wait)."""
-        _, builds, cell_updates, tested, tensor, version, _, _ = self._ahead
+        tests; for a chained step the bytes of its positions are compared after the wait). A chained step kept
+        without the caller's positions (:meth:`keep_chained`) had no displacement test: it runs here, on
+        ``batch``'s positions (the general path's test of the call)."""
+        _, builds, cell_updates, tested, tensor, version, parity, _ = self._ahead
         fill, v = self._verlet_fill, self.verlet
-        return bool(
-            tested
+        if tensor is None:
+            same = parity is not None and batch.positions.shape == (fill.positions.shape if fill else None)
+        else:
+            same = tested and batch.positions is tensor and tensor._version == version
+        if not (
+            same
             and v is not None
-            and batch.positions is tensor
-            and tensor._version == version
             and batch.positions64 is None
             and fill is not None
             and fill.builds == builds == v.n_builds
@@ -452,7 +494,9 @@ class VerletPaths:
             and self._verlet_sorted is False
             and self._speculates(fill, batch)
             and v.same_inputs(*_verlet_args(batch))
-        )
+        ):
+            return False
+        return tensor is not None or not v.needs_rebuild(*_verlet_args(batch))
 
     def _wait(self, event) -> None:
         """Wait for ``event`` (a step's end, recorded by :meth:`chain_ahead`), or for the stream where None."""

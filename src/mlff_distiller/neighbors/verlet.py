@@ -59,7 +59,14 @@ import torch
 from mlff_distiller.devices import KeptCopies
 from mlff_distiller.neighbors._common import NeighborList
 
-__all__ = ["VerletNeighborList"]
+__all__ = ["NEAR_REBUILD_STEPS", "VerletNeighborList"]
+
+# VerletNeighborList.near_rebuild: the list counts as near its rebuild where the largest displacement, grown this
+# many more times by its growth between the last two tests, would reach the rebuild distance (skin / 2). A caller
+# that prepares the next step without the host's look at its positions (ForceEngine.keep_chained) does so only
+# short of that, so that the host's prediction, which rebuilds the list ahead where its positions need it, runs over
+# the last steps before a rebuild.
+NEAR_REBUILD_STEPS = 3.0
 
 
 class VerletNeighborList:
@@ -211,6 +218,20 @@ class VerletNeighborList:
             return not self._keeps_complete() and self._host.moved_far(positions, 0.5 * self.skin)
         with torch.no_grad():
             return self._needs_rebuild(positions, cell, pbc, batch, ptr, numbers)
+
+    def near_rebuild(self, steps: float = NEAR_REBUILD_STEPS) -> bool:
+        """Whether the list may rebuild within the next ``steps`` steps: the largest displacement from the build
+        that the last displacement test on host positions found, ``d``, plus ``steps`` times its growth since the
+        test before (on other positions), reaches half the skin; or fewer than two such tests ran since the build.
+        Never for a complete list (kept whatever the motion). A hint for a caller that prepares a step ahead
+        (``ForceEngine.keep_chained``); the decision to rebuild is :meth:`needs_rebuild`'s."""
+        if self._keeps_complete():
+            return False
+        host = self._host
+        if host is None or not math.isfinite(host.prev_sq):
+            return True
+        d = math.sqrt(host.last_sq)
+        return not d + steps * max(d - math.sqrt(host.prev_sq), 0.0) < 0.5 * self.skin
 
     def same_inputs(self, positions, cell, pbc, batch, ptr, numbers=None) -> bool:
         """Whether these arguments differ from the last decision's in the positions' values alone: host positions
@@ -411,7 +432,7 @@ class _HostDisplacement:
     ``(dx^2 + dy^2) + dz^2``). Also remembers the other inputs of the last build or no-rebuild decision (identity
     and in-place version), so that a call with those same objects skips straight to the positions."""
 
-    __slots__ = ("cols", "diff", "dtype", "inputs", "ref", "shape", "sq", "versions")
+    __slots__ = ("cols", "diff", "dtype", "inputs", "last_sq", "prev_sq", "ref", "shape", "sq", "versions")
 
     @classmethod
     def of(cls, ref_positions: torch.Tensor, seen: dict, has_numbers: bool) -> _HostDisplacement | None:
@@ -426,6 +447,8 @@ class _HostDisplacement:
         self.diff = np.empty_like(self.ref)
         self.cols = (self.diff[:, 0], self.diff[:, 1], self.diff[:, 2]) if self.ref.shape[1:] == (3,) else None
         self.sq = np.empty(self.ref.shape[0])
+        # The largest squared displacement the last test found, and the one before on other positions (none: inf).
+        self.last_sq = self.prev_sq = math.inf
         self.remember(seen, has_numbers)
 
     def remember(self, seen: dict, has_numbers: bool) -> None:
@@ -450,8 +473,10 @@ class _HostDisplacement:
 
     def moved_far(self, positions: torch.Tensor, half_skin: float) -> bool:
         """Some atom of ``positions`` (shape and dtype of the build's) is further than ``half_skin`` from its
-        position at the build."""
+        position at the build. Keeps the largest squared displacement in ``last_sq`` (the one before in
+        ``prev_sq``, unless this one is the same: a second test of the same positions)."""
         if not self.shape[0]:
+            self.last_sq = self.prev_sq = 0.0
             return False
         p = positions.detach().numpy() if positions.requires_grad else positions.numpy()
         d, s = self.diff, self.sq
@@ -463,7 +488,10 @@ class _HostDisplacement:
             x, y, z = self.cols
             np.add(x, y, out=s)
             np.add(s, z, out=s)
-        return bool(np.maximum.reduce(s) > half_skin**2)
+        sq = float(np.maximum.reduce(s))
+        if sq != self.last_sq:
+            self.prev_sq, self.last_sq = self.last_sq, sq
+        return sq > half_skin**2
 
 
 class _StrainTest:
