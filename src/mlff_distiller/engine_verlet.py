@@ -496,7 +496,7 @@ class VerletPaths:
             and v.same_inputs(*_verlet_args(batch))
         ):
             return False
-        return tensor is not None or not v.needs_rebuild(*_verlet_args(batch))
+        return tensor is not None or not v.moved_far(batch.positions)
 
     def _wait(self, event) -> None:
         """Wait for ``event`` (a step's end, recorded by :meth:`chain_ahead`), or for the stream where None."""

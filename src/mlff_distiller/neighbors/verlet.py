@@ -215,9 +215,14 @@ class VerletNeighborList:
         # ~60 µs per call for 192 atoms on the 2-core development CPU (no dict / list building, no torch.equal,
         # no grad-mode context).
         if self.same_inputs(positions, cell, pbc, batch, ptr, numbers):
-            return not self._keeps_complete() and self._host.moved_far(positions, 0.5 * self.skin)
+            return self.moved_far(positions)
         with torch.no_grad():
             return self._needs_rebuild(positions, cell, pbc, batch, ptr, numbers)
+
+    def moved_far(self, positions) -> bool:
+        """:meth:`needs_rebuild`'s answer for a caller that found :meth:`same_inputs` true of these positions and
+        the other inputs: the displacement test alone (none for a complete list)."""
+        return not self._keeps_complete() and self._host.moved_far(positions, 0.5 * self.skin)
 
     def near_rebuild(self, steps: float = NEAR_REBUILD_STEPS) -> bool:
         """Whether the list may rebuild within the next ``steps`` steps: the largest displacement from the build
