@@ -78,7 +78,9 @@ class StudentCalculator(Calculator):
     model's captured one (not the dense step of a small student), a calculation that takes its launch first queues
     the step after it, with the positions predicted on the device (:meth:`_chain_ahead`,
     ``ForceEngine.chain_ahead``), so that the device runs one step after the other without waiting for the host:
-    the 128 x 3 student's benzene MD step 0.86-0.94x (benchmarks/results/stop81_gpu/f/).
+    the 128 x 3 student's benzene MD step 0.86-0.94x (benchmarks/results/stop81_gpu/f/). Away from a rebuild of the
+    neighbour list the calculator then makes no prediction of its own: the next calculation compares its positions
+    with the device's (``ForceEngine.keep_chained``).
 
     Properties: ``energy``, ``free_energy`` (eV), ``forces`` (eV/Å), ``energies`` (per atom, eV) and, for fully
     periodic structures, ``stress`` (eV/Å³, Voigt, ASE sign). Stress runs the engine's padded stress step (a CUDA
