@@ -1,0 +1,18 @@
+"""benchmarks/probe_keep_chained.py's plumbing on the CPU (no chain there: every counter zero, the same bits)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import probe_keep_chained  # noqa: E402
+
+from mlff_distiller import ForceEngine  # noqa: E402
+
+
+def test_the_keep_probe_runs_both_ways_and_restores_the_switch():
+    lines = probe_keep_chained.run(["benzene"], 2, 1, [1.0], "builtin:chno-gfn2-small", "cpu")
+    rows = [line for line in lines if line.startswith("| benzene |")]
+    assert [r.split("|")[4].strip() for r in rows] == ["on", "off"]
+    assert all(r.rstrip().endswith("| yes |") for r in rows)
+    assert ForceEngine.keep_chained_steps is True
