@@ -5,9 +5,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import probe_keep_chained  # noqa: E402
+import probe_keep_chained
 
-from mlff_distiller import ForceEngine  # noqa: E402
+from mlff_distiller import ForceEngine
 
 
 def test_the_keep_probe_runs_both_ways_and_restores_the_switch():
