@@ -5,9 +5,11 @@ complete (benzene).
 For each system and skin, velocity Verlet (0.5 fs, 300 K, the same seeded start) runs ``--steps`` steps through
 ``StudentCalculator`` twice in one process, keep on and off, alternating ``--rounds`` times. Reported per run: the
 mean µs a step, the list's builds and those made ahead of the launch, the launches ahead taken and missed, the
-chained steps queued / kept as the launch ahead / of those kept without the host's prediction / dropped, and
-whether the final positions and forces of the two runs are the same bits (they must be: both take the same steps
-on the same positions, or compute fresh ones).
+chained steps queued / kept as the launch ahead / of those kept without the host's prediction / dropped, and the
+largest difference of the final positions from the keep-off run's, beside that of a second keep-off run: on the
+GPU the step's sums (atomics) are not bit-reproducible, so two runs of one trajectory part by float32 roundings
+and chaos; keep on / off should part no more than off / off. (On the CPU's stand-in capture the tests hold the two
+to the bit: tests/test_md_chain.py.)
 
     python benchmarks/probe_keep_chained.py --systems benzene,water192,water1500 --steps 400 --rounds 2
 
@@ -88,19 +90,19 @@ def run(systems: list[str], steps: int, rounds: int, skins: list[float], model_n
         f"# probe_keep_chained.py: {name}, torch {torch.__version__}, {model_name}, fp32, {steps} steps a run",
         "",
         "| system | skin Å | round | keep | µs a step | builds (ahead) | taken / missed | chained / adopted / "
-        "kept / dropped | discarded | same bits as keep off |",
-        "|---|---:|---:|---|---:|---|---|---|---:|---|",
+        "kept / dropped | discarded | max abs dx from keep off, Å |",
+        "|---|---:|---:|---|---:|---|---|---|---:|---:|",
     ]
     for s in systems:
         for skin in skins:
             for k in range(rounds):
-                on, off = (run_once(model, s, steps, skin, keep, device) for keep in (True, False))
-                same = np.array_equal(on["positions"], off["positions"]) and np.array_equal(on["forces"], off["forces"])
-                for keep, r in (("on", on), ("off", off)):
+                on, off, again = (run_once(model, s, steps, skin, keep, device) for keep in (True, False, False))
+                for keep, r in (("on", on), ("off", off), ("off again", again)):
+                    dx = float(np.abs(r["positions"] - off["positions"]).max())
                     lines.append(
                         f"| {s} | {skin:g} | {k + 1} | {keep} | {r['us']:.1f} | {r['builds']} ({r['ahead']}) | "
                         f"{r['taken']} / {r['missed']} | {r['chained']} / {r['adopted']} / {r['kept']} / "
-                        f"{r['dropped']} | {r['discarded']} | {'yes' if same else 'NO'} |"
+                        f"{r['dropped']} | {r['discarded']} | {dx:.1e} |"
                     )
                     print(lines[-1], flush=True)
     return lines

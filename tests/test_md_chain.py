@@ -119,9 +119,16 @@ def test_chained_steps_are_kept_unpredicted_away_from_a_rebuild(fake_graphs, mon
     without the host's prediction (``keep_chained``), near one (``VerletNeighborList.near_rebuild``) the host
     predicts and rebuilds ahead: every rebuild after the first is made ahead and no launch is missed, as with the
     host's prediction every step (the same counts), and the trajectory is the one without chains, bit for bit."""
+    from mlff_distiller.neighbors import verlet
+
     model = make_model()
     args = dict(steps=60, skin=0.3, temperature=300.0, dt_fs=0.5)
+    tests, real = [], verlet._HostDisplacement.moved_far
+    monkeypatch.setattr(verlet._HostDisplacement, "moved_far", lambda self, *a: tests.append(1) or real(self, *a))
     kept = _run(model, True, **args)
+    # One displacement test per calculation after the first (a kept step's take asks twice: chain_ahead, compute).
+    assert len(tests) == 60
+    monkeypatch.setattr(verlet._HostDisplacement, "moved_far", real)
     monkeypatch.setattr(ForceEngine, "keep_chained_steps", False)
     predicted = _run(model, True, **args)
     _same(kept, _run(model, False, **args))

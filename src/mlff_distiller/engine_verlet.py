@@ -496,7 +496,13 @@ class VerletPaths:
             and v.same_inputs(*_verlet_args(batch))
         ):
             return False
-        return tensor is not None or not v.moved_far(batch.positions)
+        if tensor is not None:
+            return True
+        # The displacement test once per positions (chain_ahead and _take_launched ask for the same call's batch).
+        pos, memo = batch.positions, self._kept_test
+        if memo is None or memo[0] is not pos or memo[1] != pos._version or memo[2] != v.n_builds:
+            memo = self._kept_test = (pos, pos._version, v.n_builds, not v.moved_far(pos))
+        return memo[3]
 
     def _wait(self, event) -> None:
         """Wait for ``event`` (a step's end, recorded by :meth:`chain_ahead`), or for the stream where None."""
