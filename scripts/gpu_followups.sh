@@ -18,6 +18,31 @@ rows() {
   grep -E "ours|reference|check|pass|FAIL" "$OUT/bench_large.log" | tail -12
 }
 
+# Issue 5's MD row in three fresh processes (bench_engine's MD section): $1 student width, $2 the reports' name stem
+# (engine_<stem><k>_h200.md), $3 / $4 each process's time limit / budget (s), $5 the logs' folder, $6 "rm": a log
+# removed where its report came back (the device returns 8 files a call).
+md_rows() {
+  local k md log
+  for k in 1 2 3; do
+    md="$OUT/engine_$2${k}_h200.md"; log="$5/bench_engine_md$1_${k}.log"
+    [ "$1" = 64 ] && log="$5/bench_engine_md${k}.log"
+    timeout "$3" python3 benchmarks/bench_engine.py --hidden "$1" --sections md --budget-s "$4" --out "$OUT" \
+      --name "engine_$2${k}_h200" >"$log" 2>&1
+    grep -E "auto = cudagraph" "$md" || tail -5 "$log"
+    [ "${6:-}" = rm ] && [ -f "$md" ] && rm -f "$log"
+  done
+}
+
+# The -m gpu tests outside tests/kernels in two processes side by side (stop77c's gpu1 / gpu2 halves, split at
+# tests/test_engine_modes.py); $1 each one's time limit (s); more pytest jobs of the caller's may run beside them.
+gpu_halves() {
+  local n1 n2
+  n1=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 < "tests/test_engine_modes.py"' | tr '\n' ' ')
+  n2=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 >= "tests/test_engine_modes.py"' | tr '\n' ' ')
+  timeout "$1" python3 -m pytest -q -p no:cacheprovider -rs --tb=short -m gpu $n1 >"$OUT/pytest_gpu1.log" 2>&1 &
+  timeout "$1" python3 -m pytest -q -p no:cacheprovider -rs --tb=short -m gpu $n2 >"$OUT/pytest_gpu2.log" 2>&1 &
+}
+
 case "${1:-}" in
   stop60)
     # The large-M GEMM against its ceiling (weights on the TF32 grid: ours with two MMAs and with one, cuBLAS TF32 and
@@ -1462,19 +1487,12 @@ case "${1:-}" in
       >"$OUT/md_phases_ab.txt" 2>&1
     sed -n 1,8p "$OUT/md_phases_ab.txt"; grep -E "Engine.compute|_take_launched|_compute_padded_verlet" "$OUT/md_phases_ab.txt"
     tail -8 "$OUT/md_phases_ab.txt"
-    for k in 1 2 3; do
-      timeout 100 python3 benchmarks/bench_engine.py --hidden 64 --sections md --budget-s 80 --out "$OUT" \
-        --name engine_md${k}_h200 >"$OUT/bench_engine_md${k}.log" 2>&1
-      grep -E "auto = cudagraph" "$OUT/engine_md${k}_h200.md" || tail -5 "$OUT/bench_engine_md${k}.log"
-    done
+    md_rows 64 md 100 80 "$OUT"
     ;;
   stop79e)
     # Stop 79: the GPU tests outside tests/kernels (-m gpu; the express take is host code) in two processes, as stop
     # 77c's gpu1 / gpu2 halves.
-    n1=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 < "tests/test_engine_modes.py"' | tr '\n' ' ')
-    n2=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 >= "tests/test_engine_modes.py"' | tr '\n' ' ')
-    timeout 560 python3 -m pytest -q -p no:cacheprovider -rs --tb=short -m gpu $n1 >"$OUT/pytest_gpu1.log" 2>&1 &
-    timeout 560 python3 -m pytest -q -p no:cacheprovider -rs --tb=short -m gpu $n2 >"$OUT/pytest_gpu2.log" 2>&1 &
+    gpu_halves 560
     wait
     for name in gpu1 gpu2; do
       echo "== $name: $(tail -1 "$OUT/pytest_$name.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_$name.log" | head -8
@@ -1497,11 +1515,7 @@ case "${1:-}" in
     # Prepared at stop 79 for the next stop: the 128 x 3 student's MD step with the express take (last measured at
     # stop 66: 0.181-0.192 ms; it runs the model's captured step, ~150 µs of device work, not the dense step), three
     # fresh processes of bench_engine's MD section, the host's phase beside each.
-    for k in 1 2 3; do
-      timeout 110 python3 benchmarks/bench_engine.py --hidden 128 --sections md --budget-s 90 --out "$OUT" \
-        --name engine_md128_${k}_h200 >"/tmp/bench_engine_md128_${k}.log" 2>&1
-      grep -E "auto = cudagraph" "$OUT/engine_md128_${k}_h200.md" || tail -5 "/tmp/bench_engine_md128_${k}.log"
-    done
+    md_rows 128 md128_ 110 90 /tmp
     ;;
   stop80b)
     # Stop 80: issue 5's whole benchmark at today's tree for the shipped 64 x 3 student's shape (random weights, the
@@ -1625,11 +1639,7 @@ case "${1:-}" in
     # Prepared at stop 81 for the next stop (after stop77c's every GPU test): the 128 x 3 student's MD row with the
     # chained step in more fresh processes (stop 81: 189.9 / 177.4 µs in two), each with the host's phase beside it,
     # and the chain off / on in one process for the 128 x 3 student (stop 81: 0.86x in the pair at one host speed).
-    for k in 1 2 3; do
-      timeout 95 python3 benchmarks/bench_engine.py --hidden 128 --sections md --budget-s 75 --out "$OUT" \
-        --name engine_md128_chain${k}_h200 >"$OUT/bench_engine_md128_${k}.log" 2>&1
-      grep -E "auto = cudagraph" "$OUT/engine_md128_chain${k}_h200.md" || tail -5 "$OUT/bench_engine_md128_${k}.log"
-    done
+    md_rows 128 md128_chain 95 75 "$OUT"
     timeout 100 python3 benchmarks/probe_md_phases.py --steps 2000 --model builtin:chno-gfn2 --ab-rounds 4 \
       --ab-switch chain >"$OUT/md_phases_chain_ab.txt" 2>&1
     tail -10 "$OUT/md_phases_chain_ab.txt"
@@ -1661,21 +1671,13 @@ case "${1:-}" in
     timeout 110 python3 benchmarks/probe_md_phases.py --steps 2000 --model builtin:chno-gfn2 --ab-rounds 4 \
       --ab-switch keep_chained_steps >"$OUT/md_phases_keep_ab.txt" 2>&1
     head -4 "$OUT/md_phases_keep_ab.txt"; tail -10 "$OUT/md_phases_keep_ab.txt"
-    for k in 1 2 3; do
-      timeout 95 python3 benchmarks/bench_engine.py --hidden 128 --sections md --budget-s 75 --out "$OUT" \
-        --name engine_md128_keep${k}_h200 >"$OUT/bench_engine_md128_${k}.log" 2>&1
-      grep -E "auto = cudagraph" "$OUT/engine_md128_keep${k}_h200.md" || tail -5 "$OUT/bench_engine_md128_${k}.log"
-      [ -f "$OUT/engine_md128_keep${k}_h200.md" ] && rm -f "$OUT/bench_engine_md128_${k}.log"  # (8 files come back)
-    done
+    md_rows 128 md128_keep 95 75 "$OUT" rm
     ;;
   stop83b)
     # Stop 83: every -m gpu test outside tests/kernels (stop77c's gpu1 and gpu2 halves, side by side) and the chain's
     # prediction kernel's CUDA tests, at the tree with keep_chained (the kernels unchanged since stop 82's a/); then
     # keep_chained_steps off / on again for the 128 x 3 student (stop83a's pairs ran at a fast-phase host)
-    n1=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 < "tests/test_engine_modes.py"' | tr '\n' ' ')
-    n2=$(find tests -name 'test_*.py' -not -path 'tests/kernels/*' | sort | awk '$0 >= "tests/test_engine_modes.py"' | tr '\n' ' ')
-    timeout 420 python3 -m pytest -q -p no:cacheprovider -rs --tb=short -m gpu $n1 >"$OUT/pytest_gpu1.log" 2>&1 &
-    timeout 420 python3 -m pytest -q -p no:cacheprovider -rs --tb=short -m gpu $n2 >"$OUT/pytest_gpu2.log" 2>&1 &
+    gpu_halves 420
     timeout 420 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/kernels/test_verlet_predict.py \
       >"$OUT/pytest_verlet_predict.log" 2>&1 &
     wait
