@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import host_work_us
@@ -41,9 +42,77 @@ class StoredRunner:
         return self.out
 
 
-def setup(model: str = "builtin:chno-gfn2-small", warm: int = 70):
+class ChainRunner:
+    """The stand-in for the chained steps' captures (``--chain``): every replay runs the step, whose model part
+    (:func:`_stored_step`) hands back one stored output while the device's prediction of the positions runs."""
+
+    def __init__(self, fn, graph) -> None:
+        self.fn, self.graph = fn, graph
+
+    def replay(self):
+        return self.fn(*self.graph.inputs())
+
+
+def _stored_step(step):
+    """``step`` run once; every later call returns (a copy of) that first output: the model's share taken out."""
+    kept = []
+
+    def stored(*inputs):
+        if not kept:
+            kept.append(step(*inputs))
+        return kept[0].clone()
+
+    return stored
+
+
+def _chain_stand_in():
+    """Patch :class:`~mlff_distiller._md_chain.MDChain` so that its captures are :class:`ChainRunner` replays of a
+    stored model output (:func:`_stored_step`) behind the device's prediction of the positions made in NumPy (ASE's
+    arithmetic, as ``verlet_predict``: the same bits; torch's CPU ops for it cost ~350 µs a step here, a captured
+    kernel on the GPU): the chained MD regime (``ForceEngine.chain_ahead``, ``keep_chained``) on the CPU, its host
+    work as on the GPU host. Returns the undo."""
+    from mlff_distiller import _md_chain, engine_padded
+    from mlff_distiller.cudagraph import copy_bits
+
+    real_init = _md_chain.MDChain.__init__
+
+    def chained(self, k, positions, packed, static, step):
+        n, stored = self.n, _stored_step(step)
+        prev = packed[1 - k].array[self.rows].reshape(-1, 3)[:n]
+        consts, x, p, out = self.consts.array, self.x[k].array, self.p[k].array, positions[k].array
+
+        def chained_step(*inputs):
+            kick = prev.astype(np.float64) * consts[0]
+            pn = p + kick
+            pn += kick
+            np.subtract(x + (pn * consts[1]) / consts[5:].reshape(n, 1), consts[2:5], out=out, casting="unsafe")
+            static.copy_(torch.from_numpy(out))
+            result = stored(*inputs)
+            copy_bits(result, packed[k].view)
+            return result
+
+        return chained_step
+
+    def init(self, engine, md, fill, n, step):
+        runner, engine_padded.GraphRunner = engine_padded.GraphRunner, ChainRunner
+        try:
+            real_init(self, engine, md, fill, n, step)
+        finally:
+            engine_padded.GraphRunner = runner
+
+    real_chained = _md_chain.MDChain._chained
+    _md_chain.MDChain._chained, _md_chain.MDChain.__init__ = chained, init
+
+    def undo():
+        _md_chain.MDChain._chained, _md_chain.MDChain.__init__ = real_chained, real_init
+
+    return undo
+
+
+def setup(model: str = "builtin:chno-gfn2-small", warm: int = 70, chain: bool = False):
     """``(dyn, calc)``: velocity Verlet of benzene through a CPU calculator on the zero-copy Verlet path, with
-    :class:`StoredRunner` captures, after ``warm`` steps (captured, launches ahead taken)."""
+    :class:`StoredRunner` captures, after ``warm`` steps (captured, launches ahead taken). ``chain``: the chained
+    steps on (:func:`_chain_stand_in`, which the caller has applied)."""
     from ase import units
     from ase.build import molecule
     from ase.md.verlet import VelocityVerlet
@@ -57,10 +126,10 @@ def setup(model: str = "builtin:chno-gfn2-small", warm: int = 70):
     calc = StudentCalculator(student, device="cpu", precision="fp32", check_domain=None)
     calc.engine = ForceEngine(student, device="cpu", precision="fp32", pad=True, neighbor_skin=1.0)
     calc.engine.mode, calc.engine.zero_copy, calc.engine.speculative_verlet = "cudagraph", True, True
-    # No chained steps (ForceEngine.chain_ahead): a stored output cannot stand in for a step that predicts its own
-    # positions (they would stay the first ones, and every chained step would be dropped). The GPU's probe_md_phases.py
-    # times the chain's host work.
-    calc.engine.chain = False
+    # Chained steps (ForceEngine.chain_ahead) only with --chain: a plain stored output cannot stand in for a step
+    # that predicts its own positions (they would stay the first ones, and every chained step would be dropped);
+    # _chain_stand_in runs the prediction around a stored model output.
+    calc.engine.chain = chain
     engine_padded.GraphRunner, real = StoredRunner, engine_padded.GraphRunner
     try:
         atoms.calc = calc
@@ -130,14 +199,16 @@ def main(argv: list[str] | None = None) -> list[str]:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--ab-express", type=int, default=0, help="then this many pairs of express_take off / on")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--chain", action="store_true", help="the chained MD regime (the 128 x 3 student's on the GPU)")
     args = p.parse_args(argv)
     from mlff_distiller import engine_padded
 
     # The stand-in stays for the whole run: a long one (some 14,000 steps) rebuilds its list, and a new bucket's
     # capture then takes a StoredRunner too.
     engine_padded.GraphRunner, real = StoredRunner, engine_padded.GraphRunner
+    undo = _chain_stand_in() if args.chain else (lambda: None)
     try:
-        dyn, calc = setup(args.model)
+        dyn, calc = setup(args.model, chain=args.chain)
         host = host_work_us()
         times = step_us(dyn, args.steps, args.rounds)
         eng = calc.engine
@@ -145,7 +216,8 @@ def main(argv: list[str] | None = None) -> list[str]:
             f"host work µs (harness.host_work_us): {host:.1f}",
             f"MD step, host only: min {min(times):.1f} µs, median {float(np.median(times)):.1f} µs over "
             f"{args.rounds} rounds of {args.steps} steps; launches ahead taken {eng.n_ahead_taken}, missed "
-            f"{eng.n_ahead_missed}; list builds {eng.verlet.n_builds}",
+            f"{eng.n_ahead_missed}; list builds {eng.verlet.n_builds}; chained {eng.n_chained}, kept unpredicted "
+            f"{eng.n_chain_kept}, dropped {eng.n_chain_dropped}",
         ]
         if args.profile:
             lines += profile_rows(dyn, args.steps, args.top)
@@ -153,6 +225,7 @@ def main(argv: list[str] | None = None) -> list[str]:
             lines += ab_express_rows(dyn, args.steps, args.ab_express)
     finally:
         engine_padded.GraphRunner = real
+        undo()
     print("\n".join(lines))
     return lines
 

@@ -151,6 +151,41 @@ def test_chained_steps_are_kept_unpredicted_away_from_a_rebuild(fake_graphs, mon
     assert blind[1].engine.n_rebuilt_ahead == 0 and blind[1].engine.n_chain_kept > a.n_chain_kept
 
 
+def test_a_chained_call_asks_whether_its_step_is_takeable_once(fake_graphs, monkeypatch, keep):
+    """``chain_ahead`` tests that the call's step launched ahead is takeable, and keeps the answer by identities,
+    versions and counters (``_takeable_key``): the same call's take does not test again, and the trajectory is the
+    one without chains. A key that differs in anything (here: the positions written in place after chain_ahead)
+    sends the take through the full test."""
+    import sys
+
+    from mlff_distiller import engine_verlet
+
+    model = make_model()
+    callers, real = [], ForceEngine._launch_takeable
+
+    def counted(self, batch):
+        callers.append(sys._getframe(1).f_code.co_name)
+        return real(self, batch)
+
+    monkeypatch.setattr(ForceEngine, "_launch_takeable", counted)
+    on = _run(model, True)
+    asked = list(callers)
+    eng = on[1].engine
+    _same(on, _run(model, False))
+    assert eng.n_chained >= 36 and eng.n_chain_dropped == 0 and eng.n_ahead_missed == 0
+    # chain_ahead's tests (one per chained call); the takes test only the steps that no chain_ahead tested (the
+    # calls before the chain is captured).
+    assert asked.count("chain_ahead") >= eng.n_chained
+    assert asked.count("_take_launched") <= eng.n_ahead_taken - eng.n_chained, asked.count("_take_launched")
+
+    batch = on[1]._last_batch
+    key = eng._takeable_key(batch)
+    assert engine_verlet._same_key(key, eng._takeable_key(batch))
+    batch.positions.add_(0.0)  # an in-place write: a new version, the same tensor
+    assert not engine_verlet._same_key(key, eng._takeable_key(batch))
+    assert not engine_verlet._same_key(key, eng._takeable_key(batch, eng._n_computes + 1))
+
+
 def test_a_chained_step_on_other_positions_is_never_taken(fake_graphs, monkeypatch, keep):
     """A device prediction that differs from the host's (here: the chain's time step 1 % off; one ulp off moves no
     float32 coordinate) makes the chained step read other positions: it is dropped and a fresh step computed, so
