@@ -51,6 +51,25 @@ __all__ = [
 ]
 
 HAS_TRITON = triton is not None
+
+
+def keep_fp_fusion_default(version: str | None = None, environ=os.environ) -> bool:
+    """Set ``TRITON_DEFAULT_FP_FUSION=1`` where Triton 3.9 would otherwise warn that it is unset (once a process,
+    at our kernels' first compile: "The default will change to DISABLED in Triton 3.10"). 1 is the default Triton
+    3.9 applies anyway, so nothing compiles differently in this process: our kernels are tuned and tested with
+    fusion on (as under Triton 3.6 to 3.8), and other Triton code keeps what it had. A value the user set stays;
+    other Triton versions are left alone (3.10's new default is outside the versions we support). Passing
+    ``enable_fp_fusion`` at each launch instead would not cover the launches traced by ``torch.compile``
+    (``wrap_triton`` takes no launch options). Returns whether it set the variable."""
+    version = version if version is not None else getattr(triton, "__version__", "")
+    if not version.startswith("3.9") or "TRITON_DEFAULT_FP_FUSION" in environ:
+        return False
+    environ["TRITON_DEFAULT_FP_FUSION"] = "1"
+    return True
+
+
+if HAS_TRITON:
+    keep_fp_fusion_default()
 # Namespace of every custom op of the package: torch.ops.mlff_distiller.<name>.
 LIB = "mlff_distiller"
 # The Triton interpreter (CPU tensors; the tests' way to run the kernels without a GPU), as at this import: triton.jit

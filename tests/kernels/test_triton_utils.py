@@ -136,3 +136,40 @@ def test_no_host_call_of_tritons_constexpr_functions():
             if not any(d.startswith("triton.jit") for d in deco_of_def):
                 offenders.append(f"{f.name}: {m.group(0).strip()}")
     assert offenders == []
+
+
+def test_fp_fusion_default_is_kept_on_triton_3_9_only():
+    """Triton 3.9 warns that ``TRITON_DEFAULT_FP_FUSION`` is unset (3.10 turns fusion off by default): the kernels'
+    import sets the 3.9 default, 1, where the variable is unset; a user's value stays, other versions are left."""
+    env: dict = {}
+    assert _triton_utils.keep_fp_fusion_default("3.9.0", env) and env == {"TRITON_DEFAULT_FP_FUSION": "1"}
+    env = {"TRITON_DEFAULT_FP_FUSION": "0"}
+    assert not _triton_utils.keep_fp_fusion_default("3.9.1", env) and env == {"TRITON_DEFAULT_FP_FUSION": "0"}
+    for version in ("3.6.0", "3.8.0", "3.10.0"):
+        env = {}
+        assert not _triton_utils.keep_fp_fusion_default(version, env) and env == {}
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+def test_no_fp_fusion_warning_after_the_import():
+    """In a fresh process with the variable unset, Triton's default fusion (what a launch without
+    ``enable_fp_fusion`` compiles with) is on and raises no warning once the kernels are imported; a user's 0 is
+    kept. On a Triton without the 3.9 knob there is nothing to check."""
+    import triton
+
+    if not hasattr(getattr(getattr(triton, "knobs", None), "language", None), "fp_fusion_enabled"):
+        pytest.skip(f"Triton {triton.__version__} has no fp_fusion_enabled knob")
+    code = (
+        "import os, warnings, triton; warnings.simplefilter('error'); import mlff_distiller.kernels; "
+        "print(triton.knobs.language.fp_fusion_enabled(None), os.environ.get('TRITON_DEFAULT_FP_FUSION'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_DEFAULT_FP_FUSION"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    expect = "1" if triton.__version__.startswith("3.9") else "None"
+    assert out.stdout.split() == ["True", expect], out.stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code.replace("'error'", "'ignore'")], capture_output=True, text=True, timeout=120,
+        env={**env, "TRITON_DEFAULT_FP_FUSION": "0"},
+    )  # fmt: skip
+    assert out.stdout.split() == ["False", "0"], out.stdout + out.stderr
