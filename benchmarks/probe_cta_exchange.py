@@ -53,8 +53,9 @@ def _exchange_kernel(buf, flags, x_ptr, out_ptr, G, ROUNDS: tl.constexpr, S: tl.
         while seen < target:
             seen = tl.atomic_add(flags + g, 0, sem="acquire", scope="gpu")
         full = tl.load(row + every, cache_modifier=".cg")
-        # the next block from the whole vector (as a product would read it): a rotation plus the vector's mean
-        x = tl.load(row + (cols + 1) % F, cache_modifier=".cg") + tl.sum(full, axis=0) / F
+        # the next block from the whole vector (as a product would read it): a rotation less the vector's mean, plus
+        # one (the mean stays 1: bounded values over any number of rounds)
+        x = tl.load(row + (cols + 1) % F, cache_modifier=".cg") - tl.sum(full, axis=0) / F + 1.0
     tl.store(out_ptr + g * F + cols, x)
 
 
@@ -68,7 +69,7 @@ def _empty_kernel(x_ptr, out_ptr, F: tl.constexpr):
 def reference(x: torch.Tensor, rounds: int) -> torch.Tensor:
     x = x.double()
     for _ in range(rounds):
-        x = torch.roll(x, -1, dims=1) + x.mean(dim=1, keepdim=True)
+        x = torch.roll(x, -1, dims=1) - x.mean(dim=1, keepdim=True) + 1.0
     return x
 
 
