@@ -121,9 +121,11 @@ def write_report(data: dict, md_path: Path) -> None:
             )
         lines += [
             "",
-            "The step is host-bound. The last column times a fixed piece of host work (`harness.host_work_us`) before "
-            "and after the variant's run. The H200 guests here run it in ~47 µs or ~90 µs by phase, and the step "
-            "follows (stop 77: 151-170 µs against 244-381).",
+            "The step is host-bound where the host's work a step exceeds the device's (the 64-wide students' dense "
+            "step of ~50 µs, and the 128 x 3 student's ~150 µs captured step at slow-phase hosts), else device-bound "
+            "(the 128 x 3 student at fast-phase hosts: stop 84, 138.5-138.9 µs). The last column times a fixed piece "
+            "of host work (`harness.host_work_us`) before and after the variant's run. The H200 guests here run it in "
+            "~40-47 µs or ~80-100 µs by phase, and a host-bound step follows (stop 77: 151-170 µs against 244-381).",
         ]
         lines.append("")
     sw = [r for r in rows if r["section"] == "sweep"]

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import triton
 import triton.language as tl
+from harness import capture_graph
 
 
 @triton.jit
@@ -74,17 +75,9 @@ def reference(x: torch.Tensor, rounds: int) -> torch.Tensor:
 
 
 def replay_us(fn, launches: int, reps: int = 50) -> float:
-    """Median µs of one launch: a CUDA graph of ``launches`` calls of ``fn``, replayed ``reps`` times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
+    """Median µs of one launch: a CUDA graph of ``launches`` calls of ``fn`` (``harness.capture_graph``), replayed
+    ``reps`` times."""
+    graph = capture_graph(fn, calls=launches)
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
@@ -108,6 +101,10 @@ def main(argv: list[str] | None = None) -> list[str]:
     p.add_argument("--warps", type=int, default=8)
     p.add_argument("--launches", type=int, default=20)
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("probe_cta_exchange needs CUDA (its programs spin on each other: the Triton interpreter runs them one "
+              "after the other)")  # fmt: skip
+        return []
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     g, f = args.groups, args.features

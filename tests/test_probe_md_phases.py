@@ -97,3 +97,21 @@ def test_the_phases_probe_switches_the_kept_chained_steps():
     assert sum("| 1 | off |" in line or "| 1 | on |" in line for line in lines) == 2
     assert "| round | keep_chained_steps |" in "\n".join(lines)
     assert ForceEngine.keep_chained_steps is True
+
+
+def test_the_cpu_host_probe_runs_the_chained_regime_and_restores_the_chain():
+    """probe_md_host_cpu --chain: the chained steps with a stored model output and the positions predicted in NumPy
+    (ASE's arithmetic): every chained step after the first is kept unpredicted and taken, none dropped, and MDChain
+    is put back as it was."""
+    import probe_md_host_cpu
+
+    from mlff_distiller import engine_padded
+    from mlff_distiller._md_chain import MDChain
+
+    real = (engine_padded.GraphRunner, MDChain.__init__, MDChain._chained)
+    lines = probe_md_host_cpu.main(["--steps", "20", "--rounds", "2", "--chain"])
+    assert (engine_padded.GraphRunner, MDChain.__init__, MDChain._chained) == real
+    assert "missed 0; list builds 1" in lines[1] and "dropped 0" in lines[1]
+    chained = int(lines[1].split("chained ")[1].split(",")[0])
+    kept = int(lines[1].split("kept unpredicted ")[1].split(",")[0])
+    assert chained >= 100 and kept == chained

@@ -595,3 +595,19 @@ def test_stop77_probes_report_what_they_measured(tmp_path, capsys):
         for probe in (probe_md_profile, probe_predict_one, probe_md_affinity):
             probe.main([])
         assert capsys.readouterr().out.count("needs CUDA") == 3
+
+
+def test_probe_cta_exchange_model_and_cpu_guard(capsys):
+    """probe_cta_exchange.py: its float64 model of the rounds keeps the mean at 1 (bounded over any number of
+    rounds) and rotates the vector; on a machine without CUDA its main says it needs CUDA (the interpreter would
+    hang on programs that wait for each other)."""
+    import probe_cta_exchange
+
+    x = torch.arange(8.0).reshape(2, 4)
+    one = probe_cta_exchange.reference(x, 1)
+    assert torch.allclose(one[0], torch.tensor([1.0, 2.0, 3.0, 0.0], dtype=torch.float64) - 1.5 + 1.0)
+    many = probe_cta_exchange.reference(torch.randn(3, 128, generator=torch.Generator().manual_seed(0)), 64)
+    assert torch.allclose(many.mean(dim=1), torch.ones(3, dtype=torch.float64)) and many.abs().max() < 50
+    if not torch.cuda.is_available():
+        assert probe_cta_exchange.main([]) == []
+        assert "needs CUDA" in capsys.readouterr().out
