@@ -611,3 +611,24 @@ def test_probe_cta_exchange_model_and_cpu_guard(capsys):
     if not torch.cuda.is_available():
         assert probe_cta_exchange.main([]) == []
         assert "needs CUDA" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs Triton (the interpreter on a CPU)")
+def test_probe_split_dense_layer_matches_its_float64_model():
+    """probe_split_dense.py: its unsplit layer (S = 1: the exchanges are no-ops) equals the float64 torch model of
+    the layer to float32 rounding, 32 and 64 features; the split layers (S > 1) run on the GPU only (their programs
+    wait for each other). A wrong weight slice in the kernel (M2's columns swapped) is caught."""
+    import probe_split_dense
+
+    if torch.cuda.is_available():
+        pytest.skip("the probe's GPU rows run on the device; this checks the interpreter's")
+    lines = probe_split_dense.main(["--features", "32,64", "--splits", "1,2"])
+    rows = [line for line in lines if line.startswith("| 32 |") or line.startswith("| 64 |")]
+    assert len(rows) == 2 and all(float(r.split("|")[5]) < 1e-5 for r in rows), rows
+    t = probe_split_dense.make_inputs(12, 32, torch.device("cpu"))
+    want = probe_split_dense.reference(t, 12, 32)
+    *got, _ = probe_split_dense.run_layer(t, 12, 32, 1)
+    assert probe_split_dense.max_error(got, want) < 1e-5
+    t["m2"] = torch.cat([t["m2"][:, 32:64], t["m2"][:, :32], t["m2"][:, 64:]], 1).contiguous()
+    *got, _ = probe_split_dense.run_layer(t, 12, 32, 1)
+    assert probe_split_dense.max_error(got, want) > 1e-3
