@@ -210,6 +210,8 @@ def run_layer(t: dict, n: int, f: int, split: int, warps: int = 8, launches: int
             "xh": torch.empty(NP * split, f, device=dev), "xg": torch.empty(NP * split, f, device=dev),
             "flags": torch.zeros(launches, NP * 3, dtype=torch.int32, device=dev),
         }  # fmt: skip
+    if scratch["flags"].shape[0] < launches:
+        scratch["flags"] = torch.zeros(launches, NP * 3, dtype=torch.int32, device=dev)
     scratch["flags"].zero_()
     for k in range(launches):
         _split_layer_kernel[(n, split)](

@@ -627,8 +627,10 @@ def test_probe_split_dense_layer_matches_its_float64_model():
     assert len(rows) == 2 and all(float(r.split("|")[5]) < 1e-5 for r in rows), rows
     t = probe_split_dense.make_inputs(12, 32, torch.device("cpu"))
     want = probe_split_dense.reference(t, 12, 32)
-    *got, _ = probe_split_dense.run_layer(t, 12, 32, 1)
+    *got, scratch = probe_split_dense.run_layer(t, 12, 32, 1)
     assert probe_split_dense.max_error(got, want) < 1e-5
+    *got, scratch = probe_split_dense.run_layer(t, 12, 32, 1, launches=3, scratch=scratch)  # (the timed form)
+    assert scratch["flags"].shape[0] == 3 and probe_split_dense.max_error(got, want) < 1e-5
     t["m2"] = torch.cat([t["m2"][:, 32:64], t["m2"][:, :32], t["m2"][:, 64:]], 1).contiguous()
     *got, _ = probe_split_dense.run_layer(t, 12, 32, 1)
     assert probe_split_dense.max_error(got, want) > 1e-3
