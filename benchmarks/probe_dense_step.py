@@ -79,6 +79,14 @@ VARIANTS = {  # name: (DenseStep keywords, PDL on); "shipped": the defaults at t
     # stop 72's run "b" also timed "l1" and "l1, fan both": an L1 prefetch of the weight tiles of the products after
     # each launch's wait, before it (DenseStep(l1=True) at ceba0df; no faster, removed)
     "fan both": ({"fan": True}, True),
+    # stop 84: warps a program with the shipped launch (PDL, early loads), for the 128-wide student, whose dense step
+    # stop 73 timed only with its default 16 warps (probe_split_dense.py's unsplit 128-wide layer: 4 warps 21.1 µs
+    # against 8 warps' 33.8)
+    "4 warps, pdl": ({"num_warps": 4}, True),
+    "8 warps, pdl": ({"num_warps": 8}, True),
+    "4 / 8 warps, pdl": ({"num_warps": (4, 8)}, True),
+    "8 / 16 warps, pdl": ({"num_warps": (8, 16)}, True),
+    "16 / 8 warps, pdl": ({"num_warps": (16, 8)}, True),
 }
 
 
