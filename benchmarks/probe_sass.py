@@ -2,6 +2,7 @@
 
     python benchmarks/probe_sass.py [--kernels gemm,gemm_tma,edge,fwd,fwd_atom,sender,sender_block]
                                     [--set KEY=VALUE ...]
+    python benchmarks/probe_sass.py --dense builtin:chno-gfn2 --warps 16   (the dense step's launches)
 
 Triton compiles for a target named in code (``GPUTarget("cuda", 90, 32)``) with the ``ptxas`` its wheel carries, so
 the machine code of a kernel can be read where no GPU is: this prints each kernel's registers per thread, its stack
@@ -93,8 +94,10 @@ def constexprs(kernel, const: dict) -> dict:
     return given
 
 
-def compile_counts(kernel, const: dict, warps: int, stages: int) -> dict:
-    """``{REG, STACK, HGMMA, ...}`` of ``kernel`` (a ``triton.jit`` function) compiled for sm_90 with ``const``."""
+def compile_counts(kernel, const: dict, warps: int, stages: int, types: dict | None = None) -> dict:
+    """``{REG, STACK, HGMMA, ...}`` of ``kernel`` (a ``triton.jit`` function) compiled for sm_90 with ``const``;
+    ``types``: arguments whose type is not the default (float32 pointers, int32 scalars, the int64 pointers named in
+    ``_INT64_PTRS``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -105,6 +108,8 @@ def compile_counts(kernel, const: dict, warps: int, stages: int) -> dict:
     for n in names:
         if n in const:
             sig[n] = "constexpr"
+        elif types and n in types:
+            sig[n] = types[n]
         elif n.endswith("_ptr"):
             sig[n] = "*i64" if n in _INT64_PTRS else ("*i32" if n == "flag_ptr" else "*fp32")
         else:
@@ -131,12 +136,38 @@ def compile_counts(kernel, const: dict, warps: int, stages: int) -> dict:
     return out
 
 
+# The dense step's launches as the engine makes them (FROM_Z: int64 atomic numbers; the energies float64).
+_DENSE_TYPES = {"idx_ptr": "*i64", "batch_ptr": "*i64", "z2i_ptr": "*i32", "energy_ptr": "*fp64"}
+
+
+def dense_rows(student: str, warps: int, slots: int = 16) -> list[str]:
+    """Registers and stack of each launch of ``student``'s dense step (:meth:`DenseStep.plan`: one molecule of
+    ``slots`` slots, PDL with early loads, the fan as "auto" decides on an H200) at ``warps`` warps a program."""
+    from mlff_distiller.kernels import dense_step as ds
+
+    from mlff_distiller import load_model
+
+    model = load_model(student).eval()
+    step = ds.DenseStep(model, num_warps=warps)
+    rows = []
+    for kernel, _, kw in step.plan(1, slots, True, {"PDL": True}):
+        kw = dict(kw)
+        nw = kw.pop("num_warps")
+        c = compile_counts(kernel, kw, nw, 3, _DENSE_TYPES)
+        rows.append(
+            f"| {kernel.fn.__name__} | layer {kw['LAYER']}, fan {kw.get('FAN')} | {nw} | 3 | {c['REG']} | "
+            f"{c['STACK']} | " + " | ".join(str(c[k]) for k in _COUNTS) + " |"
+        )
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", default="gemm,edge,fwd,fwd_atom,sender,sender_block")
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE: one constexpr changed (Python literal)")
     p.add_argument("--warps", type=int, default=4)
     p.add_argument("--stages", type=int, default=3)
+    p.add_argument("--dense", default="", help="a student: its dense step's launches instead of --kernels")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("probe_sass.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
@@ -152,6 +183,9 @@ def main(argv=None) -> int:
             changes[key] = value
     print("| kernel | changes | warps | stages | REG | STACK | " + " | ".join(_COUNTS) + " |")
     print("|---|---|---:|---:|---:|---:|" + "---:|" * len(_COUNTS))
+    if args.dense:
+        print("\n".join(dense_rows(args.dense, args.warps)), flush=True)
+        return 0
     for name in args.kernels.split(","):
         module, kname, const = KERNELS[name]
         kernel = getattr(importlib.import_module(f"mlff_distiller.kernels.{module}"), kname)

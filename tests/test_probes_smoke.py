@@ -634,3 +634,25 @@ def test_probe_split_dense_layer_matches_its_float64_model():
     t["m2"] = torch.cat([t["m2"][:, 32:64], t["m2"][:, :32], t["m2"][:, 64:]], 1).contiguous()
     *got, _ = probe_split_dense.run_layer(t, 12, 32, 1)
     assert probe_split_dense.max_error(got, want) > 1e-3
+
+
+def test_probe_sass_dense_rows_compile_every_launch_of_the_plan(monkeypatch):
+    """probe_sass --dense: one row per launch of the student's dense step (DenseStep.plan: three forwards, three
+    backwards for three layers) at the warps asked for, with the engine's argument types (int64 numbers, float64
+    energies). The compile itself (~1 min a launch at 128 features) is stubbed here: the GEMM's compile above checks
+    compile_counts on this machine."""
+    pytest.importorskip("triton")
+    import probe_sass
+
+    seen = []
+
+    def stub(kernel, const, warps, stages, types=None):
+        seen.append((kernel.fn.__name__, const["LAYER"], warps, types))
+        return {"REG": 128, "STACK": 0, **dict.fromkeys(probe_sass._COUNTS, 0)}
+
+    monkeypatch.setattr(probe_sass, "compile_counts", stub)
+    rows = probe_sass.dense_rows("builtin:chno-gfn2-small", 4)
+    assert len(rows) == 6 and all(r.startswith("| _dense_") for r in rows)
+    fwd, bwd = "_dense_fwd_kernel", "_dense_bwd_kernel"
+    assert [s[:2] for s in seen] == [(fwd, 0), (fwd, 1), (fwd, 2), (bwd, 2), (bwd, 1), (bwd, 0)]
+    assert all(s[2] == 4 and s[3]["idx_ptr"] == "*i64" and s[3]["energy_ptr"] == "*fp64" for s in seen)
