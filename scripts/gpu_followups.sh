@@ -1743,13 +1743,17 @@ case "${1:-}" in
     done
     ;;
   stop84d)
-    # Stop 84: the 128-wide dense step (one program an atom) at 4, 8 and 16 warps with the shipped launch: stop 73
-    # timed it only at its default 16 (154.7 µs for benzene against the model's captured 157)
-    # (4 warps left out: compiled for sm_90 here they spill up to 9 KB a thread, results/stop84_gpu/sass_dense128.md)
-    timeout 300 python3 benchmarks/probe_dense_step.py --students builtin:chno-gfn2 --molecules C6H6 --g2 "" \
-      --variants "shipped;8 warps, pdl;8 / 16 warps, pdl;16 / 8 warps, pdl" \
-      --out "$OUT" --name probe_dense_128_warps >"$OUT/probe_dense_128_warps.log" 2>&1
-    grep -E "^\| builtin" "$OUT/probe_dense_128_warps.md" | head -20; tail -3 "$OUT/probe_dense_128_warps.log"
+    # Stop 84: the dense step's warps with the shipped launch (PDL, early loads), benzene: the 64 x 3 student at 4
+    # (shipped 8; probe_split_dense's layer ran 1.6x faster at 4, and compiled for sm_90 its launches keep 202-255
+    # registers with at most 16 bytes of stack there) and the 128 x 3 at 8 (shipped 16; 4 spills up to 9 KB a thread,
+    # results/stop84_gpu/sass_dense128.md)
+    timeout 200 python3 benchmarks/probe_dense_step.py --students builtin:chno-gfn2-small --molecules C6H6 --g2 "" \
+      --variants "shipped;4 warps, pdl;4 / 8 warps, pdl" --out "$OUT" --name probe_dense_64_warps \
+      >"$OUT/probe_dense_64_warps.log" 2>&1
+    grep -E "^\| builtin" "$OUT/probe_dense_64_warps.md" | head -8; tail -2 "$OUT/probe_dense_64_warps.log"
+    timeout 200 python3 benchmarks/probe_dense_step.py --students builtin:chno-gfn2 --molecules C6H6 --g2 "" \
+      --variants "shipped;8 warps, pdl" --out "$OUT" --name probe_dense_128_warps >"$OUT/probe_dense_128_warps.log" 2>&1
+    grep -E "^\| builtin" "$OUT/probe_dense_128_warps.md" | head -8; tail -2 "$OUT/probe_dense_128_warps.log"
     ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
