@@ -615,25 +615,32 @@ def test_probe_cta_exchange_model_and_cpu_guard(capsys):
 
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs Triton (the interpreter on a CPU)")
 def test_probe_split_dense_layer_matches_its_float64_model():
-    """probe_split_dense.py: its unsplit layer (S = 1: the exchanges are no-ops) equals the float64 torch model of
-    the layer to float32 rounding, 32 and 64 features; the split layers (S > 1) run on the GPU only (their programs
-    wait for each other). A wrong weight slice in the kernel (M2's columns swapped) is caught."""
-    import probe_split_dense
+    """probe_split_dense.py: the layer equals the float64 torch model of it to float32 rounding, unsplit (S = 1, one
+    launch: the exchanges are no-ops) and split over S = 2 programs an atom in its four-launch form (the exchanges as
+    launch boundaries: the column blocks and the all-reduced row sums checked here; the spinning one-launch form runs
+    on the GPU only, where the probe checks it against the same model). A wrong weight slice (M2's columns swapped)
+    is caught; so was, by hand at stop 84, a kernel whose W1 all-reduce read one program's part only (0.70 at S = 2,
+    while S = 1 still passed)."""
+    import probe_split_dense as psd
 
     if torch.cuda.is_available():
         pytest.skip("the probe's GPU rows run on the device; this checks the interpreter's")
-    lines = probe_split_dense.main(["--features", "32,64", "--splits", "1,2"])
-    rows = [line for line in lines if line.startswith("| 32 |") or line.startswith("| 64 |")]
-    assert len(rows) == 2 and all(float(r.split("|")[5]) < 1e-5 for r in rows), rows
-    t = probe_split_dense.make_inputs(12, 32, torch.device("cpu"))
-    want = probe_split_dense.reference(t, 12, 32)
-    *got, scratch = probe_split_dense.run_layer(t, 12, 32, 1)
-    assert probe_split_dense.max_error(got, want) < 1e-5
-    *got, scratch = probe_split_dense.run_layer(t, 12, 32, 1, launches=3, scratch=scratch)  # (the timed form)
-    assert scratch["flags"].shape[0] == 3 and probe_split_dense.max_error(got, want) < 1e-5
-    t["m2"] = torch.cat([t["m2"][:, 32:64], t["m2"][:, :32], t["m2"][:, 64:]], 1).contiguous()
-    *got, _ = probe_split_dense.run_layer(t, 12, 32, 1)
-    assert probe_split_dense.max_error(got, want) > 1e-3
+    lines = psd.main(["--features", "32", "--splits", "1,2", "--phased"])
+    rows = [line for line in lines if line.startswith("| 32 |")]
+    assert [r.split("|")[2:4] for r in rows] == [[" 1 ", " one launch "], [" 1 ", " four launches "],
+                                                 [" 2 ", " four launches "]]  # fmt: skip
+    assert all(float(r.split("|")[6]) < 1e-5 for r in rows), rows
+    t = psd.make_inputs(12, 32, torch.device("cpu"))
+    want = psd.reference(t, 12, 32)
+    *got, scratch = psd.run_layer(t, 12, 32, 1)
+    assert psd.max_error(got, want) < 1e-5
+    *got, scratch = psd.run_layer(t, 12, 32, 1, launches=3, scratch=scratch)  # (the timed form)
+    assert scratch["flags"].shape[0] == 3 and psd.max_error(got, want) < 1e-5
+    *got, _ = psd.run_layer(t, 12, 32, 2, phased=True)
+    assert psd.max_error(got, want) < 1e-5
+    swapped = dict(t, m2=torch.cat([t["m2"][:, 32:64], t["m2"][:, :32], t["m2"][:, 64:]], 1).contiguous())
+    *got, _ = psd.run_layer(swapped, 12, 32, 1)
+    assert psd.max_error(got, want) > 1e-3
 
 
 def test_probe_sass_dense_rows_compile_every_launch_of_the_plan(monkeypatch):
