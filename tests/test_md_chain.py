@@ -126,7 +126,7 @@ def test_chained_steps_are_kept_unpredicted_away_from_a_rebuild(fake_graphs, mon
     tests, real = [], verlet._HostDisplacement.moved_far
     monkeypatch.setattr(verlet._HostDisplacement, "moved_far", lambda self, *a: tests.append(1) or real(self, *a))
     kept = _run(model, True, **args)
-    # One displacement test per calculation after the first (a kept step's take asks twice: chain_ahead, compute).
+    # One displacement test per calculation after the first (chain_ahead tests; the same call's take keeps its yes).
     assert len(tests) == 60
     monkeypatch.setattr(verlet._HostDisplacement, "moved_far", real)
     monkeypatch.setattr(ForceEngine, "keep_chained_steps", False)

@@ -396,7 +396,6 @@ class ForceEngine(EagerPaths, PaddedPaths, VerletPaths, BudgetMixin):
         self.n_chain_dropped = 0
         self.n_chain_kept = 0  # of the adopted ones, kept without the caller's prediction (keep_chained)
         self._takeable = None  # chain_ahead's _launch_takeable answer (yes) for this call's batch: _takeable_key
-        self._kept_test = None  # _launch_takeable's displacement test of a kept chained step: (positions, version, ...)
         self._ahead_tested = False  # the step launched ahead that this call took had its displacement test run
         self._verlet_inputs = KeptCopies()  # VerletPaths._fill_inputs: a Verlet fill's numbers and batch vector
         self._spec_cell: torch.Tensor | None = None  # the cell tensor of the last Verlet-path call

@@ -409,6 +409,7 @@ class VerletPaths:
             return False
         if not self._launch_takeable(batch):
             return False
+        self._takeable = self._takeable_key(batch)  # this call's take: tested here already (also where none is queued)
         fill, n = self._verlet_fill, batch.num_atoms
         key = (fill.bucket, n)
         md = self._md_runners.get(key)
@@ -442,7 +443,7 @@ class VerletPaths:
         k = 0 if parity is None else 1 - parity
         chain.queue(k, positions, momenta, source=md if parity is None else None)
         self._ahead = ahead._replace(event=event)
-        self._takeable = self._takeable_key(batch)  # _take_launched of this call's compute: tested here already
+        self._takeable = self._takeable_key(batch)  # (the launch ahead is a new tuple now: its key again)
         self._chained = _Chained(chain, ahead.md, k, self._n_computes + 1)
         self.n_chained += 1
         return True
@@ -506,13 +507,8 @@ class VerletPaths:
             and v.same_inputs(*_verlet_args(batch))
         ):
             return False
-        if tensor is not None:
-            return True
-        # The displacement test once per positions (chain_ahead and _take_launched ask for the same call's batch).
-        pos, memo = batch.positions, self._kept_test
-        if memo is None or memo[0] is not pos or memo[1] != pos._version or memo[2] != v.n_builds:
-            memo = self._kept_test = (pos, pos._version, v.n_builds, not v.moved_far(pos))
-        return memo[3]
+        # (once per call: chain_ahead keeps its yes for the same call's take, _takeable_key)
+        return tensor is not None or not v.moved_far(batch.positions)
 
     def _takeable_key(self, batch: AtomsBatch, call: int | None = None) -> tuple:
         """What :meth:`_launch_takeable`'s answer for ``batch`` rests on, by identities, versions and counters: the
