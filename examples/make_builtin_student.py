@@ -49,6 +49,9 @@ def main() -> None:
     ap.add_argument("--name", default="chno-gfn2", help="builtin name: writes <name>.pt (builtin:<name>)")
     ap.add_argument("--hidden", type=int, default=None, help="student width (default: the training config's)")
     ap.add_argument("--layers", type=int, default=None, help="interaction layers (default: the config's)")
+    ap.add_argument("--batch-size", type=int, default=None, help="training batch (default: the config's)")
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the config's)")
+    ap.add_argument("--seed", type=int, default=None, help="training seed (default: the config's)")
     ap.add_argument("--quick", action="store_true", help="tiny end-to-end check")
     args = ap.parse_args()
 
@@ -94,6 +97,9 @@ def main() -> None:
         train_job.train.model.hidden = args.hidden
     if args.layers is not None:
         train_job.train.model.layers = args.layers
+    for key in ("batch_size", "lr", "seed"):
+        if getattr(args, key) is not None:
+            setattr(train_job.train, key, getattr(args, key))
     ckpt_name = f"{args.name}.pt"
     model_cfg = train_job.train.model
     summary: dict = {
@@ -104,6 +110,9 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "name": args.name,
         "model": {"hidden": model_cfg.hidden, "layers": model_cfg.layers, "n_rbf": model_cfg.n_rbf},
+        "train_config": {
+            k: getattr(train_job.train, k) for k in ("batch_size", "lr", "seed", "time_limit_s", "ema_decay")
+        },
     }
     try:
         import triton

@@ -1762,10 +1762,33 @@ case "${1:-}" in
       >"$OUT/probe_split_dense_phased.md" 2>&1
     tail -9 "$OUT/probe_split_dense_phased.md"
     ;;
+  stop85a)
+    # Stop 85: can a 64 x 3 student (the width the dense step serves) trained longer be as accurate as the shipped
+    # 128 x 3? Three trainings side by side on the one GPU, each on its own copy of the carried labels (runs/
+    # chno_gfn2, made with 2 workers): 64 x 3 with the shipped recipe (a), 64 x 3 at batch 32 (b), 128 x 3 with the
+    # recipe (c, the control at the same wall clock), each ${T85:-320} s of training. Then every new checkpoint and
+    # both shipped students on the same held-out frames in one process (compare_students.py). One tarball back.
+    T=${T85:-320}; mkdir -p "$OUT/s85"; tar xzf runs/labels.tgz -C runs
+    for v in a b c; do rm -rf runs/s85$v; cp -r runs/chno_gfn2 runs/s85$v; done
+    opts=(a "--hidden 64" b "--hidden 64 --batch-size 32 --lr 1.4e-3" c "--hidden 128")
+    for i in 0 2 4; do
+      v=${opts[$i]}
+      timeout 560 python3 examples/make_builtin_student.py --workers 2 --work runs/s85$v --name chno-gfn2-85$v \
+        --layers 3 ${opts[$((i + 1))]} --time-limit "$T" --results "$OUT/s85/$v" >"$OUT/s85/train_$v.log" 2>&1 &
+    done
+    wait
+    for v in a b c; do tail -3 "$OUT/s85/train_$v.log"; done
+    timeout 90 python3 benchmarks/compare_students.py --test runs/chno_gfn2/test_labels --by temperature \
+      --model shipped128=builtin:chno-gfn2 --model shipped64=builtin:chno-gfn2-small \
+      --model new64a="$OUT/s85/a/chno-gfn2-85a.pt" --model new64b="$OUT/s85/b/chno-gfn2-85b.pt" \
+      --model new128c="$OUT/s85/c/chno-gfn2-85c.pt" --out "$OUT/compare_students" >"$OUT/s85/compare.log" 2>&1
+    cat "$OUT/compare_students.md" || tail -20 "$OUT/s85/compare.log"
+    tar czf "$OUT/s85.tgz" -C "$OUT" s85 && rm -rf "$OUT/s85"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c|stop80d|stop80e|stop81a|stop81b|stop81c|stop81d|stop81e|stop81f|stop82b|stop82c|stop83a|stop83b|stop83c|stop83d|stop83e|stop84a|stop84b|stop84c|stop84d|stop84e (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c|stop80d|stop80e|stop81a|stop81b|stop81c|stop81d|stop81e|stop81f|stop82b|stop82c|stop83a|stop83b|stop83c|stop83d|stop83e|stop84a|stop84b|stop84c|stop84d|stop84e|stop85a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
