@@ -120,9 +120,7 @@ def markdown(result: dict) -> str:
         ]
         for v in values:
             frames = next(s["by"][key][v]["frames"] for s in result["students"].values() if v in s["by"].get(key, {}))
-            cells = [
-                _fmt(s["by"].get(key, {}).get(v, {}).get("force_mae_mev_a")) for s in result["students"].values()
-            ]
+            cells = [_fmt(s["by"].get(key, {}).get(v, {}).get("force_mae_mev_a")) for s in result["students"].values()]
             lines.append(f"| {v} | {frames} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -14,7 +14,7 @@ from mlff_distiller.distill import error_metrics, predict_frames, read_frames
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import compare_students  # noqa: E402
+import compare_students
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,9 +52,9 @@ def test_compare_students_tables_every_student_on_the_same_frames(emt_test_label
             assert len(groups) >= 2
             assert sum(g["frames"] for g in groups.values()) == len(frames)
     # Two different random students: different errors (the table is not one student's numbers twice).
-    assert result["students"]["wide"]["all"]["force_mae_mev_a"] != result["students"]["narrow"]["all"][
-        "force_mae_mev_a"
-    ]
+    assert (
+        result["students"]["wide"]["all"]["force_mae_mev_a"] != result["students"]["narrow"]["all"]["force_mae_mev_a"]
+    )
     text = out.with_suffix(".md").read_text()
     assert "| wide |" in text and "| narrow |" in text and "by `temperature`" in text and "by `formula`" in text
 
@@ -65,5 +65,5 @@ def test_compare_students_refuses_a_model_without_a_name(emt_test_labels):
 
 
 def test_compare_students_refuses_an_empty_folder(tmp_path):
-    with pytest.raises(ValueError, match="without frames|no labelled frames"):
+    with pytest.raises(ValueError, match=r"without frames|no labelled frames"):
         compare_students.compare(str(tmp_path), [("x", "builtin:chno-gfn2")], device="cpu", precision="fp32", by=[])
