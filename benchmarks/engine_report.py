@@ -66,7 +66,8 @@ def write_report(data: dict, md_path: Path) -> None:
         f"{env.get('device')} · torch {env.get('torch')} · triton {env.get('triton')} · commit {env.get('commit')}"
         f" · Python {env.get('python')} · student weights {env.get('weights', 'as-trained')} · {data.get('timestamp')}",
         "",
-        f"Model: student of {data.get('model', '128 x 3')} (features x layers; the default is 128 x 3), 20 Bessel, "
+        f"Model: student of {data.get('model', '128 x 3')} (features x layers; the default student is 64 x 3 since "
+        "stop 85, builtin:chno-gfn2 is 128 x 3), 20 Bessel, "
         "5 Å cutoff, 14 g2 species, random weights.",
         "Reference = the same model with torch-reference kernels in eager mode, measured in the same run.",
         "Times: median of `triton.testing.do_bench` (CUDA events) unless noted. `e2e` = `engine.compute` from a "

@@ -15,15 +15,15 @@ from ase.md.langevin import Langevin
 from ase.md.verlet import VelocityVerlet
 from ase.units import fs
 
-from mlff_distiller import StudentCalculator, StudentModel, builtin_models
+from mlff_distiller import DEFAULT_MODEL, StudentCalculator, StudentModel, builtin_models
 from mlff_distiller.ase_compat import maxwell_boltzmann
 
 
 def main() -> None:
     if len(sys.argv) > 1:
         model = sys.argv[1]
-    elif "chno-gfn2" in builtin_models():
-        model = "builtin:chno-gfn2"
+    elif DEFAULT_MODEL.split(":", 1)[1] in builtin_models():
+        model = DEFAULT_MODEL
     else:
         torch.manual_seed(0)
         model = StudentModel(species=[1, 6, 7, 8])

@@ -15,7 +15,7 @@ import ase.io
 import numpy as np
 import torch
 
-from mlff_distiller import BatchedMD, StudentModel, builtin_models
+from mlff_distiller import DEFAULT_MODEL, BatchedMD, StudentModel, builtin_models
 from mlff_distiller.distill.seeds import g2_chno
 
 
@@ -25,8 +25,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--output", default="")
     args = ap.parse_args()
-    if "chno-gfn2" in builtin_models():
-        model = "builtin:chno-gfn2"
+    if DEFAULT_MODEL.split(":", 1)[1] in builtin_models():
+        model = DEFAULT_MODEL
     else:
         torch.manual_seed(0)
         model = StudentModel(species=[1, 6, 7, 8])

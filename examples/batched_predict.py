@@ -12,14 +12,14 @@ import numpy as np
 import torch
 from ase.build import bulk, molecule
 
-from mlff_distiller import StudentModel, builtin_models, load_model, predict_forces
+from mlff_distiller import DEFAULT_MODEL, StudentModel, builtin_models, load_model, predict_forces
 
 
 def main() -> None:
     if len(sys.argv) > 1:
         model = load_model(sys.argv[1])
-    elif "chno-gfn2" in builtin_models():
-        model = load_model("builtin:chno-gfn2")
+    elif DEFAULT_MODEL.split(":", 1)[1] in builtin_models():
+        model = load_model(DEFAULT_MODEL)
     else:
         torch.manual_seed(0)
         model = StudentModel(species=[1, 6, 7, 8, 14])

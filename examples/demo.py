@@ -2,7 +2,8 @@
 
     python examples/demo.py              # (or: make demo)
 
-Loads ``builtin:chno-gfn2`` (a student distilled from GFN2-xTB, shipped inside the package). If this build has no
+Loads the default student ``mlff_distiller.DEFAULT_MODEL`` (``builtin:chno-gfn2-small``, 64 x 3: distilled from
+GFN2-xTB, shipped inside the package). If this build has no
 built-in student, a freshly initialised one stands in (its energies are then meaningless, but every code path
 runs). It prints, for a few molecules: time per ASE MD step, batched-prediction throughput, whether the two shipped
 students agree on a molecule inside and one outside their training set, and, when ``tblite`` is installed, the
@@ -20,15 +21,15 @@ from ase.constraints import FixCom
 from ase.md.langevin import Langevin
 from ase.units import fs
 
-from mlff_distiller import StudentCalculator, StudentModel, builtin_models, load_model, predict_forces
+from mlff_distiller import DEFAULT_MODEL, StudentCalculator, StudentModel, builtin_models, load_model, predict_forces
 from mlff_distiller.ase_compat import maxwell_boltzmann
 
 MOLECULES = ["CH4", "H2O", "CH3CH2OH", "C6H6", "CH3COOH", "HCOOH"]
 
 
 def _student() -> tuple[StudentModel, str]:
-    if "chno-gfn2" in builtin_models():
-        return load_model("builtin:chno-gfn2"), "builtin:chno-gfn2"
+    if DEFAULT_MODEL.split(":", 1)[1] in builtin_models():  # the default student (builtin:chno-gfn2-small, 64 x 3)
+        return load_model(DEFAULT_MODEL), DEFAULT_MODEL
     torch.manual_seed(0)
     return StudentModel(species=[1, 6, 7, 8]), "freshly initialised (no built-in student in this build)"
 

@@ -172,6 +172,11 @@ def main() -> None:
         "train_seconds": result.seconds,
         "train_device": summary["device"],
     }
+    # What the trainer recorded with its student: where the training data lies (``domain``, mlff_distiller.domain:
+    # the domain check of StudentCalculator, predict_forces and `mlff-distill check` reads it from the checkpoint)
+    # and whether its weights are on the TF32 grid (``tf32_grid``, ``val_tf32_grid``).
+    trained = getattr(result.model, "metadata", None) or {}
+    meta.update({k: trained[k] for k in ("domain", "tf32_grid", "val_tf32_grid") if trained.get(k) is not None})
 
     def save_model() -> None:
         model.save(results / ckpt_name, metadata=meta)

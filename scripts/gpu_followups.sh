@@ -1785,10 +1785,36 @@ case "${1:-}" in
     cat "$OUT/compare_students.md" || tail -20 "$OUT/s85/compare.log"
     tar czf "$OUT/s85.tgz" -C "$OUT" s85 && rm -rf "$OUT/s85"
     ;;
+  stop85b)
+    # Stop 85: issue 5's benchmark at today's tree for the default student's shape (64 x 3, random weights on the
+    # TF32 grid, the g2 species; since stop 85 builtin:chno-gfn2-small is the default): the MD step, cold / warm start,
+    # the batch sweep (fp32, tf32, bf16, fp16, beside the torch reference), the precision errors of the shipped
+    # default student itself, then the single-molecule table (eager, cudagraph and the reference; stop 80 timed every
+    # compiled mode). Sections in that order, so that the budget cuts the last one first.
+    timeout 580 python3 benchmarks/bench_engine.py --hidden 64 --sections md,startup,sweep,errors_builtin,latency \
+      --variants "=eager (triton),=cudagraph,=eager fp32,=cudagraph fp32,=cudagraph tf32,=cudagraph bf16,=cudagraph fp16" \
+      --budget-s 520 --out "$OUT" --name engine_default_h200 >"$OUT/bench_engine_default.log" 2>&1
+    grep -E "^\| " "$OUT/engine_default_h200.md" | head -90 || tail -8 "$OUT/bench_engine_default.log"
+    ;;
+  stop85c)
+    # Stop 85: what tf32 / bf16 / fp16 cost the default student (retrained at stop 85) against its fp64 result, beside
+    # the 128 x 3 student and the stop-22 64 x 3 one (runs/old-small.pt, carried): probe_precision's error columns
+    # (g2 CHNO molecules as built and rattled, a water box). Then the -m gpu tests of the files that load the
+    # shipped students.
+    for s in default:"" wide:builtin:chno-gfn2 old64:runs/old-small.pt; do
+      n=${s%%:*}; m=${s#*:}
+      timeout 150 python3 benchmarks/probe_precision.py --errors-only ${m:+--student "$m"} --out "$OUT" \
+        --name "precision_$n" >"/tmp/precision_$n.log" 2>&1 || tail -5 "/tmp/precision_$n.log"
+      grep -E "^\| (fp32|tf32|bf16|fp16) " "$OUT/precision_$n.md" | cut -c1-400
+    done
+    timeout 280 python3 -m pytest -q -p no:cacheprovider -rs --tb=short -m gpu tests/kernels/test_dense_step.py \
+      tests/test_engine_dense.py tests/test_md_chain.py tests/distill/test_builtin.py tests/test_probe_md_phases.py \
+      >"$OUT/pytest_gpu85.log" 2>&1; tail -5 "$OUT/pytest_gpu85.log"
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c|stop80d|stop80e|stop81a|stop81b|stop81c|stop81d|stop81e|stop81f|stop82b|stop82c|stop83a|stop83b|stop83c|stop83d|stop83e|stop84a|stop84b|stop84c|stop84d|stop84e|stop85a (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c|stop80d|stop80e|stop81a|stop81b|stop81c|stop81d|stop81e|stop81f|stop82b|stop82c|stop83a|stop83b|stop83c|stop83d|stop83e|stop84a|stop84b|stop84c|stop84d|stop84e|stop85a|stop85b|stop85c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"

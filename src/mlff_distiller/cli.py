@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from mlff_distiller import DEFAULT_MODEL
 from mlff_distiller._committee_defaults import DEFAULT_COMMITTEE, DISAGREEMENT_THRESHOLD
 
 __all__ = [
@@ -156,7 +157,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="errors vs teacher labels; plots; optional timing and NVE drift")
     _add_common(p)
-    p.add_argument("--model", help="checkpoint path or builtin:NAME")
+    p.add_argument("--model", help=f"checkpoint path or builtin:NAME (default: {DEFAULT_MODEL})")
     p.add_argument("--data", help="held-out labelled frames")
     p.add_argument("--out", help="output directory (metrics.json, parity.png)")
     p.add_argument("--device")
@@ -175,7 +176,7 @@ def make_parser() -> argparse.ArgumentParser:
         "predict", help="energies/forces of a structures file, written as extxyz in chunks (an interrupted run resumes)"
     )
     _add_common(p)
-    p.add_argument("--model", help="checkpoint path or builtin:NAME")
+    p.add_argument("--model", help=f"checkpoint path or builtin:NAME (default: {DEFAULT_MODEL})")
     p.add_argument("--input", help="structures file (any format ASE reads; file@INDEX selects frames)")
     p.add_argument("--output", help="output extxyz")
     p.add_argument("--device")
@@ -210,7 +211,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("md", help="molecular dynamics with the student, trajectory as extxyz (or .traj)")
     _add_common(p)
-    p.add_argument("--model", help="checkpoint path or builtin:NAME")
+    p.add_argument("--model", help=f"checkpoint path or builtin:NAME (default: {DEFAULT_MODEL})")
     p.add_argument(
         "--input",
         help="starting structure: the first frame of the file, or file@INDEX (file@-1: the last); several frames "
@@ -254,7 +255,7 @@ def make_parser() -> argparse.ArgumentParser:
         "relax", help="relax every structure of a file (FIRE, fixed cell), in chunks (an interrupted run resumes)"
     )
     _add_common(p)
-    p.add_argument("--model", help="checkpoint path or builtin:NAME")
+    p.add_argument("--model", help=f"checkpoint path or builtin:NAME (default: {DEFAULT_MODEL})")
     p.add_argument("--input", help="structures file (any format ASE reads; file@INDEX selects frames)")
     p.add_argument("--output", help="relaxed structures, extxyz (info relax_converged, relax_steps)")
     p.add_argument("--fmax", type=float, help="converged below this largest atomic force, eV/Å (0.05)")

@@ -414,6 +414,7 @@ def _run_domain_check(job: CheckJob, frames) -> dict:
 
 def run_models() -> list[dict]:
     """One entry per built-in student: what ``load_model("builtin:<name>")`` gives, from its checkpoint."""
+    from mlff_distiller import DEFAULT_MODEL
     from mlff_distiller.checkpoint import builtin_models, load_model
 
     out = []
@@ -423,6 +424,8 @@ def run_models() -> list[dict]:
         out.append(
             {
                 "model": f"builtin:{name}",
+                # the student the commands use when none is named (mlff_distiller.DEFAULT_MODEL)
+                "default": f"builtin:{name}" == DEFAULT_MODEL,
                 "hidden": model.config.hidden,
                 "layers": model.config.layers,
                 "parameters": sum(p.numel() for p in model.parameters()),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mlff_distiller import DEFAULT_MODEL
 from mlff_distiller._committee_defaults import DEFAULT_COMMITTEE, DISAGREEMENT_THRESHOLD
 from mlff_distiller.distill.sampling import SamplingConfig
 from mlff_distiller.distill.training import TrainConfig
@@ -68,7 +69,7 @@ class TrainJob:
 class EvaluateJob:
     """``evaluate``: errors vs the teacher labels, parity plot, optional timing and NVE drift."""
 
-    model: str = "builtin:chno-gfn2"
+    model: str = DEFAULT_MODEL
     data: str = "labels"
     out: str = "eval"
     device: str | None = None
@@ -88,7 +89,7 @@ class PredictJob:
     """``predict``: energies and forces of every structure in ``input``, written as extxyz to ``output`` chunk by
     chunk; an interrupted run continues where it stopped (:mod:`mlff_distiller.predict_stream`)."""
 
-    model: str = "builtin:chno-gfn2"
+    model: str = DEFAULT_MODEL
     input: str = ""
     output: str = "predictions.extxyz"
     device: str | None = None
@@ -105,7 +106,7 @@ class PredictJob:
 class MDJob:
     """``md``: ASE molecular dynamics with the student; trajectory written as extxyz."""
 
-    model: str = "builtin:chno-gfn2"
+    model: str = DEFAULT_MODEL
     input: str = ""
     output: str = "md.extxyz"
     ensemble: str = "langevin"
@@ -142,7 +143,7 @@ class RelaxJob:
     """``relax``: every structure of ``input`` relaxed (FIRE, fixed cell), written as extxyz with its convergence,
     chunk by chunk; an interrupted run continues where it stopped (:mod:`mlff_distiller.relax_stream`)."""
 
-    model: str = "builtin:chno-gfn2"
+    model: str = DEFAULT_MODEL
     input: str = ""
     output: str = "relaxed.extxyz"
     fmax: float = 0.05

@@ -180,6 +180,9 @@ def test_models_lists_the_builtin_students(capsys, monkeypatch):
     assert small["elements"] == [1, 6, 7, 8] and small["teacher"] == "gfn2-xtb"
     assert 0 < small["test_force_mae_mev_a"] < 40 and 0 < default["test_force_mae_mev_a"] < 40
     assert small["tf32_grid"] is True and default["tf32_grid"] is True
+    # Since stop 85 the 64 x 3 student is the one the commands use when none is named.
+    assert small["default"] is True and default["default"] is False
+    assert sum(r["default"] for r in rows.values()) == 1
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8")
     assert main(["models"]) == 0
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.8"
