@@ -1811,10 +1811,29 @@ case "${1:-}" in
       tests/test_engine_dense.py tests/test_md_chain.py tests/distill/test_builtin.py tests/test_probe_md_phases.py \
       >"$OUT/pytest_gpu85.log" 2>&1; tail -5 "$OUT/pytest_gpu85.log"
     ;;
+  stop85d)
+    # Stop 85: the edge kernel's accumulating epilogue (mp._CONFIG["edge_acc_epilogue"]: one slice adds its ∂rbf, ∂u
+    # into the sink itself, in place of four torch adds a step for the 64-wide student). Its CUDA tests first, then
+    # the whole step with it off against on (probe_ncu's sweep, fp32 and bf16, g2 x 1,024 and x 4,096, 64 x 3), then
+    # issue 5's two g2 rows in bench_engine's sweep beside the torch reference.
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -rs --tb=short tests/kernels/test_edge_sink.py \
+      tests/kernels/test_half_gathers.py tests/kernels/test_message_passing_launch.py >"$OUT/pytest_acc.log" 2>&1
+    tail -3 "$OUT/pytest_acc.log"
+    for prec in fp32 bf16; do
+      timeout 100 python3 benchmarks/probe_ncu.py --mode sweep --systems g2x1024,g2x4096 --hidden 64 \
+        --precision $prec --budget-s 80 --variants "mp:edge_acc_epilogue=0" --out "$OUT" >"/tmp/sweep_$prec.log" 2>&1
+      mv "$OUT/probe_ncu_sweep.md" "$OUT/sweep_acc_$prec.md" 2>/dev/null
+      grep -E "^\| g2" "$OUT/sweep_acc_$prec.md" || tail -8 "/tmp/sweep_$prec.log"
+    done
+    timeout 150 python3 benchmarks/bench_engine.py --hidden 64 --sections sweep --sizes 1024,4096 \
+      --variants "=cudagraph fp32,=cudagraph tf32,=cudagraph bf16,=cudagraph fp16" --budget-s 130 --out "$OUT" \
+      --name engine_g2_h200 >"/tmp/bench_engine_g2.log" 2>&1
+    grep -E "^\| " "$OUT/engine_g2_h200.md" | head -30 || tail -8 /tmp/bench_engine_g2.log
+    ;;
   *)
     if [ -n "${1:-}" ] && grep -qxF "  $1)" scripts/gpu_followups_archive.sh; then
       exec bash scripts/gpu_followups_archive.sh "$1"
     fi
-    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c|stop80d|stop80e|stop81a|stop81b|stop81c|stop81d|stop81e|stop81f|stop82b|stop82c|stop83a|stop83b|stop83c|stop83d|stop83e|stop84a|stop84b|stop84c|stop84d|stop84e|stop85a|stop85b|stop85c (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_followups.sh stop60|stop60b|stop60c|stop60d|stop60e|stop60f|stop60g|stop60h|stop60i|tmalaunch|stop61b|stop61c|stop61d|stop61e|stop61f|stop61g|stop61h|stop61i|stop61j|stop61k|prepared61|stop62|stop62c|stop62d|stop62e|stop62f|stop62g|stop62h|stop62i|prepared62|stop63a|stop63b|stop63c|stop63d|stop63e|stop63f|stop63g|prepared63|stop64a|stop64b|stop64d|stop64e|stop64f|stop64g|stop64h|stop64i|stop65a|stop65b|stop65c|stop65d|stop65e|stop65f|stop66a|stop66b|stop66c|stop66d|stop66e|stop66f|stop66g|stop66h|stop66i|stop66j|stop66k|stop66l|stop67a|stop67b|stop67c|stop67d|stop67e|stop67f|stop67g|stop67h|stop67i|stop68d|stop68e|stop68f|stop68g|stop69a|stop69b|stop69c|stop69d|stop69e|stop69f|stop69g|stop70b|stop70c|stop70d|stop70e|stop70f|stop71a|stop71b|stop71c|stop71d|stop71e|stop71f|stop72a|stop72b|stop72c|stop72d|stop72e|stop73a|stop73b|stop73c|stop73d|stop73e|stop74a|stop74b|stop74c|stop74d|stop74e|stop75a|stop76a|stop76b|stop76c|stop77a|stop77c|stop77e|stop77f|stop78a|stop78b|stop78c|stop78d|stop78e|stop78g|stop79a|stop79b|stop79c|stop79d|stop79e|stop79f|stop80a|stop80b|stop80c|stop80d|stop80e|stop81a|stop81b|stop81c|stop81d|stop81e|stop81f|stop82b|stop82c|stop83a|stop83b|stop83c|stop83d|stop83e|stop84a|stop84b|stop84c|stop84d|stop84e|stop85a|stop85b|stop85c|stop85d (older: scripts/gpu_followups_archive.sh)" >&2; exit 2 ;;
 esac
 echo "total ${SECONDS}s"
