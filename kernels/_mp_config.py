@@ -196,12 +196,11 @@ _CONFIG = {
     # 0.999-1.001x at 1,024 g2 molecules and 192 water atoms. Its edge and sender stages re-swept under it: 0.98-1.00x.
     "edge_split_chain": "fold",
     "edge_chain_min_tiles": 1024,
-    # edge_acc_epilogue: where the edge kernel runs as one slice (no sum kernel: the 64-wide student's tiles) and
-    # its rows are added into what a sink already holds (the layers after the first one to run), the kernel adds
-    # them itself (ACC: out + rows, the same bits) instead of writing them to a new pair of tensors that two torch
-    # adds then put into the sink. Stop 78's kernel table of the 64 x 3 g2 x 4,096 step had four such adds
-    # (~30 µs of 1.22 ms under bf16). False: the kernel's rows, then the adds, as before stop 85.
-    "edge_acc_epilogue": True,
+    # Measured and dropped (stop 85, benchmarks/results/stop85_gpu/d/, edge_acc_epilogue_dropped.diff): an edge
+    # kernel of one slice (the 64-wide student's) adding its ∂rbf, ∂u into the sink in its own epilogue, in place of
+    # the four torch adds a step of stop 78's kernel table (~30 µs of 1.22 ms, g2 x 4,096 under bf16). The same bits;
+    # but the adds run on the second stream beside the critical path: off against on 1.000-1.003x (g2 x 1,024 and
+    # x 4,096, fp32 and bf16, 64 x 3).
     # sender_fold_half: the atom sender backward keeps its five sums as [BLOCK_E / 2, BLOCK_F] tiles, adding each
     # edge tile's two row halves into them in the loop (in-thread in the MMA's layout) and summing across rows once
     # after it (FOLD_HALF in _mp_kernels), instead of a sum across the tile's rows (lanes and warps) each iteration.

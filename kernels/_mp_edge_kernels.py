@@ -195,7 +195,6 @@ if HAS_TRITON:
         # tile); slice 1 waits for it and writes p0 + p1 (ACC: out + (p0 + p1)), the sum kernel's bits. Slice 1's
         # programs come after every slice-0 program in the grid's order (the waiting one's partner is resident or
         # done: CUTLASS's serial split-K semaphore relies on the same), and read the rows past L1 (".cg").
-        # ACC without CHAIN (SPLIT 1, edge_acc_epilogue): the tile's rows are added to what the outputs hold.
         e0 = tl.program_id(0).to(tl.int64) * BLOCK_E
         e = e0 + tl.arange(0, BLOCK_E)
         if LIVE:
@@ -255,12 +254,6 @@ if HAS_TRITON:
                     gu_2 = tl.load(out_unit_ptr + e * 3 + 2, mask=em, other=0.0) + gu_2
                 _store_edge_rows(out_rbf_ptr, out_unit_ptr, rows, m2, e, em, g_rbf, gu_0, gu_1, gu_2)
         else:
-            if ACC:  # one slice adding into the outputs (edge_acc_epilogue): out + rows, the bits of autograd's add
-                tl.static_assert(SPLIT == 1, "ACC without CHAIN: one slice per tile")
-                g_rbf = tl.load(grbf_ptr + rows, mask=m2, other=0.0) + g_rbf
-                gu_0 = tl.load(gunit_ptr + e * 3, mask=em, other=0.0) + gu_0
-                gu_1 = tl.load(gunit_ptr + e * 3 + 1, mask=em, other=0.0) + gu_1
-                gu_2 = tl.load(gunit_ptr + e * 3 + 2, mask=em, other=0.0) + gu_2
             _store_edge_rows(grbf_ptr, gunit_ptr, rows, m2, e, em, g_rbf, gu_0, gu_1, gu_2)
 
     @triton.jit(**unspecialized("E"))

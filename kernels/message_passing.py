@@ -462,8 +462,7 @@ if HAS_TRITON:
         tiles = cdiv(e, c["BLOCK_E"])
         split = _edge_split(x, tiles, f, c["BLOCK_F"])
         g_rbf, g_unit = (torch.empty_like(rbf), torch.empty_like(unit)) if out is None else out
-        acc1 = accumulate and split == 1 and _CONFIG["edge_acc_epilogue"]  # the kernel adds its rows into out
-        if accumulate and split == 1 and not acc1:  # no sum kernel to add in: the kernel's rows, then one add each
+        if accumulate and split == 1:  # no sum kernel to add in: the kernel's rows, then one add each
             sums = _edge_grads(grad_s, grad_v, x, v, rbf, w, unit, edge_index, row_ptr, has_v, launch, rows=rows)
             g_rbf.add_(sums[0])
             g_unit.add_(sums[1])
@@ -494,7 +493,7 @@ if HAS_TRITON:
             gs_g, gv_g, xg, vg, rbf, w, unit, edge_index, part_rbf, part_unit,
             g_rbf, g_unit, row_ptr[n:] if live else part_unit, flags, e, edge_index.stride(0), num_warps=warps,
             SPLIT=split, LIVE=live, HAS_V=has_v, FOLD=fold, OUT0=out0, GUARD=_edge_guard(fold),
-            CHAIN=chain, ACC=(chain and accumulate) or acc1, **c, **pdl_args(x),
+            CHAIN=chain, ACC=chain and accumulate, **c, **pdl_args(x),
         )  # fmt: skip
         if split > 1 and not chain:  # one launch for both sums (two torch reductions cost ~3.4 µs each, 192-atom MD)
             launch(_mp_sum_split_kernel)[(cdiv(e, 128),)](

@@ -133,54 +133,6 @@ def test_layers_add_into_a_sink_on_one_stream(triton_device, split, monkeypatch)
         assert (a - b).abs().max() <= 1e-12 * b.abs().max(), name
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_one_slice_adds_into_the_sink_in_its_epilogue(triton_device, dtype, monkeypatch):
-    """``edge_acc_epilogue``: an edge kernel of one slice (no sum kernel) that adds into a sink's rows (the second
-    layer to run its backward) adds them in its own epilogue, with the bits of the two torch adds it replaces, and
-    no torch add is left in the backward."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Adds(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.shapes = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in (torch.ops.aten.add_.Tensor, torch.ops.aten.add.Tensor):
-                self.shapes.append(tuple(args[0].shape))
-            return func(*args, **(kwargs or {}))
-
-    n, e, f, r = 12, 70, 32, 8
-    x1, v1, w1, rbf, unit, ei = _layer_inputs(n, e, f, r, seed=5)
-    x2, v2, w2, _, _, _ = _layer_inputs(n, e, f, r, seed=6)
-    leaves = [t.to(triton_device, dtype) for t in (rbf, unit, x1, v1, x2, v2)]
-    w1, w2, ei = w1.to(triton_device, dtype), w2.to(triton_device, dtype), ei.to(triton_device)
-    gen = torch.Generator().manual_seed(7)
-    up = [torch.randn(n, k, generator=gen, dtype=dtype).to(triton_device) for k in (f, 3 * f, f, 3 * f)]
-
-    def grads(on):
-        ins = [t.clone().requires_grad_(True) for t in leaves]
-        rbf_, unit_, x1_, v1_, x2_, v2_ = ins
-        sink = edge_sink.EdgeGradSink(None, rbf_, unit_, lazy=True)
-        rbf_, unit_ = edge_sink._DeferredEdgeGrads.apply(rbf_, unit_, sink)
-        sink.node = weakref.ref(rbf_.grad_fn)
-        adds = _Adds()
-        with use_backend("triton"), mp._configured(bwd_edge_split=1, edge_acc_epilogue=on):
-            ds1, dv1 = mp.message_passing(x1_, v1_, rbf_, w1, unit_, ei, edge_sink=sink)
-            ds2, dv2 = mp.message_passing(x2_, v2_, rbf_, w2, unit_, ei, edge_sink=sink)
-            loss = sum((o.reshape(n, -1) * u).sum() for o, u in zip((ds1, dv1, ds2, dv2), up, strict=True))
-            with adds:
-                out = torch.autograd.grad(loss, ins)
-        return out, adds.shapes
-
-    fused, fused_adds = grads(True)
-    plain, plain_adds = grads(False)
-    assert {(e, r), (e, 3)} <= set(plain_adds)  # the old path: the second layer's rows added by torch
-    assert (e, r) not in fused_adds and (e, 3) not in fused_adds
-    for name, a, b in zip(("rbf", "unit", "x1", "v1", "x2", "v2"), fused, plain, strict=True):
-        assert torch.equal(a, b), name
-
-
 # -- GPU ----------------------------------------------------------------------------------------------------------
 
 
