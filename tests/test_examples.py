@@ -26,7 +26,8 @@ def _run(name: str, *args: str) -> str:
 
 def test_demo_runs_md_and_batched_prediction():
     out = _run("demo.py")
-    assert "student: builtin:chno-gfn2" in out, out  # the embedded student, no download
+    # the embedded default student (mlff_distiller.DEFAULT_MODEL, 64 x 3 since stop 85), no download
+    assert "student: builtin:chno-gfn2-small on" in out, out
     assert "MD: ethanol, 200 Langevin steps" in out, out
     assert "predict_forces: 256 structures" in out, out
     assert "check: ethanol (in the training set): students differ by" in out and "the students agree" in out, out
