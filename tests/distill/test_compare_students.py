@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlff_distiller import StudentModel
+from mlff_distiller import StudentModel, load_model
 from mlff_distiller.distill import error_metrics, predict_frames, read_frames
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -40,8 +40,6 @@ def test_compare_students_tables_every_student_on_the_same_frames(emt_test_label
     for name, path, hidden in (("wide", wide, 16), ("narrow", narrow, 8)):
         s = result["students"][name]
         assert (s["hidden"], s["layers"]) == (hidden, 2)
-        from mlff_distiller import load_model
-
         model = load_model(path)
         assert s["parameters"] == sum(p.numel() for p in model.parameters())
         direct = error_metrics(frames, predict_frames(model, frames, device="cpu", precision="fp32"))
